@@ -1,0 +1,106 @@
+"""Agent endpoints of wire protocol v1 (DESIGN §3). Thin: parse, one service call, render."""
+
+from __future__ import annotations
+
+import threading
+
+from django.conf import settings
+from django.utils import timezone
+from drf_spectacular.utils import OpenApiResponse, extend_schema, inline_serializer
+from rest_framework import serializers
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from billing.api.errors import domain_error_response
+from billing.errors import DomainError, Overloaded, PayloadTooLarge
+from billing.services.ingest import decode_body, record_usage_batch
+from billing.services.node_events import record_node_events
+from billing.services.policy import get_node_policy
+from billing.services.tokens import authenticate_node
+
+__all__ = ["NodeEventsView", "NodePolicyView", "UsageBatchView"]
+
+_in_flight = threading.BoundedSemaphore(settings.VGPU_INGEST_MAX_IN_FLIGHT)
+
+_errors_schema = inline_serializer(
+    "Errors",
+    {"errors": serializers.ListField(child=inline_serializer("Error", {"path": serializers.CharField(), "message": serializers.CharField()}))},
+)
+
+
+class _AgentView(APIView):
+    # Agents authenticate with node bearer tokens (billing.services.tokens), not sessions:
+    # no CSRF applies and DRF's own authentication is bypassed.
+    authentication_classes: list = []
+    permission_classes: list = []
+    parser_classes: list = []
+
+    def handle_exception(self, exc: Exception) -> Response:
+        if isinstance(exc, DomainError):
+            return domain_error_response(exc)
+        return super().handle_exception(exc)
+
+
+class UsageBatchView(_AgentView):
+    @extend_schema(
+        operation_id="upload_usage_batch",
+        summary="Upload one usage batch (vgpu-ledger/usage-batch/v1)",
+        request={"application/json": {"type": "object"}},
+        responses={
+            201: inline_serializer("Stored", {"status": serializers.CharField(), "accepted": serializers.IntegerField()}),
+            200: inline_serializer("Duplicate", {"status": serializers.CharField()}),
+            400: OpenApiResponse(_errors_schema, description="Invalid batch; nothing stored"),
+            401: OpenApiResponse(_errors_schema, description="Missing or unknown token"),
+            403: OpenApiResponse(_errors_schema, description="Revoked token or another node's"),
+            409: OpenApiResponse(_errors_schema, description="Same (node, batch_seq), different content"),
+            413: OpenApiResponse(_errors_schema, description="Too large"),
+            415: OpenApiResponse(_errors_schema, description="Not JSON"),
+            429: OpenApiResponse(_errors_schema, description="Shedding load; see Retry-After"),
+        },
+    )
+    def post(self, request: Request) -> Response:
+        if not _in_flight.acquire(blocking=False):
+            raise Overloaded("ingest is at capacity", retry_after_s=settings.VGPU_INGEST_RETRY_AFTER_S)
+        try:
+            node = authenticate_node(authorization=request.headers.get("Authorization"), node_name=None)
+            length = int(request.headers.get("Content-Length") or 0)
+            if length > settings.VGPU_INGEST_MAX_BODY_BYTES:
+                raise PayloadTooLarge(f"body of {length} bytes is above {settings.VGPU_INGEST_MAX_BODY_BYTES}")
+            payload, content = decode_body(
+                body=request._request.body,
+                content_type=request.headers.get("Content-Type"),
+                content_encoding=request.headers.get("Content-Encoding"),
+            )
+            result = record_usage_batch(node=node, payload=payload, content=content, now=timezone.now())
+        finally:
+            _in_flight.release()
+        if result.status == "duplicate":
+            return Response({"status": "duplicate"}, status=200)
+        return Response({"status": "stored", "accepted": result.accepted}, status=201)
+
+
+class NodePolicyView(_AgentView):
+    @extend_schema(operation_id="get_node_policy", summary="The node's policy (SLA weights, budgets, enforcement); ETag")
+    def get(self, request: Request, node: str) -> Response:
+        authenticate_node(authorization=request.headers.get("Authorization"), node_name=node)
+        policy = get_node_policy(node_name=node)
+        etag = f'"{policy.etag}"'
+        if request.headers.get("If-None-Match") == etag:
+            return Response(status=304, headers={"ETag": etag})
+        return Response(policy.body, headers={"ETag": etag, "Cache-Control": "no-cache"})
+
+
+class NodeEventsView(_AgentView):
+    parser_classes: list = []
+
+    @extend_schema(operation_id="post_node_events", summary="Enforcement actions taken by the node, for the audit log")
+    def post(self, request: Request, node: str) -> Response:
+        node_row = authenticate_node(authorization=request.headers.get("Authorization"), node_name=node)
+        payload, _ = decode_body(
+            body=request._request.body,
+            content_type=request.headers.get("Content-Type"),
+            content_encoding=request.headers.get("Content-Encoding"),
+        )
+        count = record_node_events(node=node_row, payload=payload, now=timezone.now())
+        return Response({"status": "stored", "accepted": count}, status=201)

@@ -1,0 +1,8 @@
+from django.apps import AppConfig
+from django.utils.translation import gettext_lazy as _
+
+
+class BillingConfig(AppConfig):
+    name = "billing"
+    verbose_name = _("vGPU Ledger billing")
+    default_auto_field = "django.db.models.BigAutoField"

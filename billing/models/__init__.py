@@ -1,0 +1,27 @@
+"""ORM models only; rules live in billing.services (writes) and billing.queries (reads)."""
+
+from billing.models.audit import AuditEvent
+from billing.models.fleet import Gpu, Node, NodeToken
+from billing.models.ledger import GpuHour, GpuMinute, UsageHour, UsageMinute
+from billing.models.pricing import BilledBasis, IdlePolicy, RateCard
+from billing.models.tenancy import SlaTier, Tenant, TenantMembership
+from billing.models.usage import BatchGpu, UsageBatch
+
+__all__ = [
+    "AuditEvent",
+    "BatchGpu",
+    "BilledBasis",
+    "Gpu",
+    "GpuHour",
+    "GpuMinute",
+    "IdlePolicy",
+    "Node",
+    "NodeToken",
+    "RateCard",
+    "SlaTier",
+    "Tenant",
+    "TenantMembership",
+    "UsageBatch",
+    "UsageHour",
+    "UsageMinute",
+]

@@ -1,0 +1,73 @@
+from decimal import Decimal
+
+from django.contrib.postgres.constraints import ExclusionConstraint
+from django.contrib.postgres.fields import DateTimeRangeField, RangeOperators
+from django.core.validators import MaxValueValidator, MinValueValidator
+from django.db import models
+from django.db.models import Func, Q
+from django.utils.translation import gettext_lazy as _
+
+
+class BilledBasis(models.TextChoices):
+    MAX = "max", _("max(used, granted)")
+    GRANTED = "granted", _("granted")
+    USED = "used", _("used")
+
+
+class IdlePolicy(models.TextChoices):
+    PLATFORM = "platform", _("charged to the platform account")
+    PROPORTIONAL = "proportional", _("spread over the tenants on the GPU")
+
+
+class TsTzRange(Func):
+    function = "TSTZRANGE"
+    output_field = DateTimeRangeField()
+
+
+class RateCard(models.Model):
+    """Price per GPU-hour of one GPU model over an effective period (DESIGN §4).
+
+    `effective_to` is exclusive; NULL means open-ended. Periods of one model never overlap
+    (exclusion constraint), so every GPU-second has at most one price.
+    """
+
+    gpu_model = models.CharField(max_length=128, help_text=_("Exactly as NVML names it"))
+    currency = models.CharField(max_length=3)
+    price_per_gpu_hour = models.DecimalField(
+        max_digits=14, decimal_places=6, validators=[MinValueValidator(Decimal("0"))]
+    )
+    effective_from = models.DateTimeField()
+    effective_to = models.DateTimeField(null=True, blank=True)
+    alpha = models.DecimalField(
+        max_digits=4,
+        decimal_places=3,
+        default=Decimal("0.5"),
+        validators=[MinValueValidator(Decimal("0")), MaxValueValidator(Decimal("1"))],
+        help_text=_("Weight of memory against SM share in a workload's share of the card"),
+    )
+    billed_basis = models.CharField(max_length=10, choices=BilledBasis.choices, default=BilledBasis.MAX)
+    idle_policy = models.CharField(max_length=16, choices=IdlePolicy.choices, default=IdlePolicy.PLATFORM)
+    source_url = models.URLField(max_length=500)
+    source_note = models.TextField(blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["gpu_model", "-effective_from"]
+        constraints = [
+            models.CheckConstraint(condition=Q(price_per_gpu_hour__gte=0), name="rate_card_price_nonnegative"),
+            models.CheckConstraint(condition=Q(alpha__gte=0) & Q(alpha__lte=1), name="rate_card_alpha_0_1"),
+            models.CheckConstraint(
+                condition=Q(effective_to__isnull=True) | Q(effective_to__gt=models.F("effective_from")),
+                name="rate_card_period_ordered",
+            ),
+            ExclusionConstraint(
+                name="rate_card_no_overlap",
+                expressions=[
+                    ("gpu_model", RangeOperators.EQUAL),
+                    (TsTzRange("effective_from", "effective_to"), RangeOperators.OVERLAPS),
+                ],
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.gpu_model} {self.price_per_gpu_hour} {self.currency}/GPU-h from {self.effective_from:%Y-%m-%d}"

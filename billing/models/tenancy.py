@@ -1,0 +1,55 @@
+from decimal import Decimal
+
+from django.conf import settings
+from django.core.validators import MinValueValidator, RegexValidator
+from django.db import models
+from django.utils.translation import gettext_lazy as _
+
+slug_validator = RegexValidator(
+    r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$",
+    _("Use lower-case letters, digits and '-', at most 63 characters (a DNS label)."),
+)
+
+
+class SlaTier(models.Model):
+    """A service tier; its weight drives weighted fair sharing on every GPU (DESIGN §5)."""
+
+    slug = models.CharField(max_length=63, unique=True, validators=[slug_validator])
+    name = models.CharField(max_length=100)
+    weight = models.DecimalField(
+        max_digits=8, decimal_places=3, validators=[MinValueValidator(Decimal("0.001"))]
+    )
+    description = models.TextField(blank=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["-weight", "slug"]
+        constraints = [models.CheckConstraint(condition=models.Q(weight__gt=0), name="sla_tier_weight_positive")]
+
+    def __str__(self) -> str:
+        return self.slug
+
+
+class Tenant(models.Model):
+    """A chargeback unit. Samples name tenants by slug; unknown slugs are still metered and billed."""
+
+    slug = models.CharField(max_length=63, unique=True, validators=[slug_validator])
+    name = models.CharField(max_length=200)
+    default_sla_tier = models.ForeignKey(SlaTier, on_delete=models.PROTECT, null=True, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["slug"]
+
+    def __str__(self) -> str:
+        return self.slug
+
+
+class TenantMembership(models.Model):
+    """A user who belongs to a tenant sees that tenant's data and nothing else."""
+
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="tenant_memberships")
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="memberships")
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["user", "tenant"], name="tenant_membership_unique")]

@@ -1,0 +1,1 @@
+"""Writes and business rules. Plain functions with keyword arguments and an explicit `now`."""

@@ -1,0 +1,308 @@
+"""Validation of a usage batch against wire protocol v1 (DESIGN §3). Pure: no ORM.
+
+Every rule violation is collected (up to MAX_ERRORS) with a JSON path, so an agent author
+sees all problems at once; any error means nothing of the batch is stored.
+
+This is the ingest hot path: per-sample work is kept to dictionary look-ups, float
+comparisons and caches of repeated strings (timestamps, names).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections import defaultdict
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from billing.errors import FieldError, InvalidBatch
+
+__all__ = ["SCHEMA", "BatchGpuDecl", "ValidatedBatch", "validate_batch"]
+
+SCHEMA = "vgpu-ledger/usage-batch/v1"
+MAX_ERRORS = 50
+MAX_SAMPLE_SECONDS = 3600.0
+# Relative slack for float integrals compared against capacity × seconds.
+_TOLERANCE = 1e-9
+_QUANTITIES = ("mem_used_mb_s", "mem_granted_mb_s", "sm_used_s", "sm_granted_s", "pcie_mb")
+_NAME_FIELDS = ("tenant", "namespace", "pod", "container", "pod_uid", "sla_tier")
+# Names we accept in samples: Kubernetes-style names and UIDs, plus '_' for synthetic ones
+# ("unattributed", "pid-123"). No whitespace or control characters, so COPY needs no escaping.
+_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/-]{0,252}$")
+_OPTIONAL_NAMES = frozenset({"container", "pod_uid", "sla_tier"})
+_MINUTE = timedelta(minutes=1)
+
+
+@dataclass(frozen=True)
+class BatchGpuDecl:
+    uuid: str
+    model: str
+    memory_mb: int
+    sm_count: int
+
+
+@dataclass(frozen=True)
+class ValidatedBatch:
+    node: str
+    batch_seq: int
+    window_start: datetime
+    window_end: datetime
+    gpus: tuple[BatchGpuDecl, ...]
+    # COPY rows: (gpu_uuid, start, seconds, tenant, namespace, pod, container, pod_uid,
+    # sla_tier, mem_used_mb_s, mem_granted_mb_s, sm_used_s, sm_granted_s, pcie_mb).
+    # A sample that crosses a UTC minute boundary is split pro rata (integrals are
+    # assumed uniform inside a sample), so every row lies inside one minute.
+    rows: list[tuple[Any, ...]]
+    sample_count: int
+
+
+class _Errors:
+    def __init__(self) -> None:
+        self.items: list[FieldError] = []
+
+    def add(self, path: str, message: str) -> None:
+        if len(self.items) < MAX_ERRORS:
+            self.items.append(FieldError(path, message))
+
+    def __bool__(self) -> bool:
+        return bool(self.items)
+
+
+def _parse_time(value: Any) -> datetime:
+    if not isinstance(value, str) or not value.endswith("Z"):
+        raise ValueError("must be an ISO-8601 UTC timestamp ending in 'Z'")
+    parsed = datetime.fromisoformat(value)
+    if parsed.tzinfo is None:
+        raise ValueError("must carry a UTC offset")
+    return parsed.astimezone(UTC)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _validate_header(payload: Any, errors: _Errors, *, now: datetime, max_skew: timedelta) -> tuple[Any, ...] | None:
+    if not isinstance(payload, dict):
+        errors.add("$", "the body must be a JSON object")
+        return None
+    if payload.get("schema") != SCHEMA:
+        errors.add("$.schema", f"must be {SCHEMA!r}")
+    node = payload.get("node")
+    if not isinstance(node, str) or not node:
+        errors.add("$.node", "must be a non-empty string")
+    seq = payload.get("batch_seq")
+    if not isinstance(seq, int) or isinstance(seq, bool) or not 0 <= seq < 2**63:
+        errors.add("$.batch_seq", "must be an integer in [0, 2^63)")
+    window = payload.get("window")
+    start = end = None
+    if not isinstance(window, dict):
+        errors.add("$.window", "must be an object with 'start' and 'end'")
+    else:
+        for key in ("start", "end"):
+            try:
+                parsed = _parse_time(window.get(key))
+            except (ValueError, TypeError) as exc:
+                errors.add(f"$.window.{key}", str(exc))
+                continue
+            if key == "start":
+                start = parsed
+            else:
+                end = parsed
+        if start is not None and end is not None:
+            if end <= start:
+                errors.add("$.window", "end must be after start")
+            elif end - start > timedelta(hours=1):
+                errors.add("$.window", "a batch window may span at most one hour")
+            if end > now + max_skew:
+                errors.add(
+                    "$.window.end",
+                    f"is {(end - now).total_seconds():.0f} s in the future; allowed clock skew is "
+                    f"{max_skew.total_seconds():.0f} s",
+                )
+    return node, seq, start, end
+
+
+def _validate_gpus(raw: Any, errors: _Errors) -> dict[str, BatchGpuDecl]:
+    gpus: dict[str, BatchGpuDecl] = {}
+    if not isinstance(raw, list) or not raw:
+        errors.add("$.gpus", "must be a non-empty list")
+        return gpus
+    for i, gpu in enumerate(raw):
+        path = f"$.gpus[{i}]"
+        if not isinstance(gpu, dict):
+            errors.add(path, "must be an object")
+            continue
+        uuid, model = gpu.get("uuid"), gpu.get("model")
+        memory_mb, sm_count = gpu.get("memory_mb"), gpu.get("sm_count")
+        ok = True
+        if not isinstance(uuid, str) or not _NAME_RE.match(uuid):
+            errors.add(f"{path}.uuid", "must be a GPU UUID string")
+            ok = False
+        elif uuid in gpus:
+            errors.add(f"{path}.uuid", f"duplicate GPU {uuid}")
+            ok = False
+        if not isinstance(model, str) or not model or len(model) > 128 or not model.isprintable():
+            errors.add(f"{path}.model", "must be the GPU model name (1-128 printable characters)")
+            ok = False
+        for key, value in (("memory_mb", memory_mb), ("sm_count", sm_count)):
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                errors.add(f"{path}.{key}", "must be a positive integer")
+                ok = False
+        if ok:
+            gpus[uuid] = BatchGpuDecl(uuid=uuid, model=model, memory_mb=memory_mb, sm_count=sm_count)
+    return gpus
+
+
+def _split_at_minutes(start: datetime, seconds: float) -> list[tuple[datetime, float]]:
+    """Pieces of [start, start+seconds) that each lie inside one UTC minute."""
+    pieces = []
+    end = start + timedelta(seconds=seconds)
+    cursor = start
+    while cursor < end:
+        boundary = cursor.replace(second=0, microsecond=0) + _MINUTE
+        piece_end = min(end, boundary)
+        pieces.append((cursor, (piece_end - cursor).total_seconds()))
+        cursor = piece_end
+    return pieces
+
+
+def validate_batch(
+    payload: Any, *, now: datetime, max_skew: timedelta, max_samples: int
+) -> ValidatedBatch:
+    """Check every rule of DESIGN §3; raise InvalidBatch listing the violations."""
+    errors = _Errors()
+    header = _validate_header(payload, errors, now=now, max_skew=max_skew)
+    if header is None:
+        raise InvalidBatch(errors.items)
+    node, seq, window_start, window_end = header
+    gpus = _validate_gpus(payload.get("gpus"), errors)
+    samples = payload.get("samples")
+    if not isinstance(samples, list):
+        errors.add("$.samples", "must be a list (it may be empty)")
+        raise InvalidBatch(errors.items)
+    if len(samples) > max_samples:
+        errors.add("$.samples", f"holds {len(samples)} samples; at most {max_samples} per batch")
+        raise InvalidBatch(errors.items)
+
+    times: dict[str, datetime] = {}
+    good_names: set[str] = set()
+    rows: list[tuple[Any, ...]] = []
+    # Σ granted rate per GPU over intervals: (gpu, start, end) -> [mem MB, SM].
+    granted: dict[tuple[str, datetime, datetime], list[float]] = defaultdict(lambda: [0.0, 0.0])
+    for i, sample in enumerate(samples):
+        if not isinstance(sample, dict):
+            errors.add(f"$.samples[{i}]", "must be an object")
+            continue
+        bad = False
+        start_text = sample.get("start")
+        start = times.get(start_text) if isinstance(start_text, str) else None
+        if start is None:
+            try:
+                start = _parse_time(start_text)
+            except (ValueError, TypeError) as exc:
+                errors.add(f"$.samples[{i}].start", str(exc))
+                bad = True
+            else:
+                times[start_text] = start
+        seconds = sample.get("seconds")
+        if not _is_number(seconds) or not 0 < seconds <= MAX_SAMPLE_SECONDS:
+            errors.add(f"$.samples[{i}].seconds", f"must be a number in (0, {MAX_SAMPLE_SECONDS:.0f}]")
+            bad = True
+        gpu_id = sample.get("gpu")
+        gpu = gpus.get(gpu_id) if isinstance(gpu_id, str) else None
+        if gpu is None:
+            errors.add(f"$.samples[{i}].gpu", f"unknown GPU {gpu_id!r}: not listed in $.gpus")
+            bad = True
+        names = []
+        for key in _NAME_FIELDS:
+            value = sample.get(key)
+            if value in good_names:
+                names.append(value)
+                continue
+            if value == "" and key in _OPTIONAL_NAMES:
+                names.append(value)
+                continue
+            if not isinstance(value, str) or not _NAME_RE.match(value):
+                errors.add(
+                    f"$.samples[{i}].{key}",
+                    "must be a name of letters, digits and . _ : / - (at most 253 characters)",
+                )
+                bad = True
+            else:
+                good_names.add(value)
+                names.append(value)
+        values = []
+        for key in _QUANTITIES:
+            value = sample.get(key)
+            if not _is_number(value) or value < 0:
+                errors.add(f"$.samples[{i}].{key}", "must be a finite number >= 0")
+                bad = True
+            values.append(value)
+        if bad:
+            continue
+        assert gpu is not None and start is not None  # narrowed by `bad` above
+        end = start + timedelta(seconds=seconds)
+        if window_start is not None and window_end is not None and (start < window_start or end > window_end):
+            errors.add(f"$.samples[{i}]", "lies outside the batch window")
+            continue
+        mem_cap = gpu.memory_mb * seconds * (1 + _TOLERANCE)
+        sm_cap = gpu.sm_count * seconds * (1 + _TOLERANCE)
+        mem_used, mem_granted, sm_used, sm_granted, pcie = values
+        if mem_used > mem_cap or mem_granted > mem_cap:
+            errors.add(f"$.samples[{i}]", f"memory above capacity × seconds ({gpu.memory_mb} MB × {seconds} s)")
+            continue
+        if sm_used > sm_cap or sm_granted > sm_cap:
+            errors.add(f"$.samples[{i}]", f"SM·s above capacity × seconds ({gpu.sm_count} SMs × {seconds} s)")
+            continue
+        acc = granted[(gpu.uuid, start, end)]
+        acc[0] += mem_granted / seconds
+        acc[1] += sm_granted / seconds
+        if start.second + start.microsecond / 1e6 + seconds <= 60:
+            rows.append((gpu.uuid, start, seconds, *names, mem_used, mem_granted, sm_used, sm_granted, pcie))
+        else:
+            for piece_start, piece_seconds in _split_at_minutes(start, seconds):
+                f = piece_seconds / seconds
+                rows.append(
+                    (gpu.uuid, piece_start, piece_seconds, *names, *(v * f for v in values))
+                )
+    if not errors:
+        _check_granted_within_capacity(granted, gpus, errors)
+    if errors:
+        raise InvalidBatch(errors.items)
+    return ValidatedBatch(
+        node=node,
+        batch_seq=seq,
+        window_start=window_start,
+        window_end=window_end,
+        gpus=tuple(gpus.values()),
+        rows=rows,
+        sample_count=len(samples),
+    )
+
+
+def _check_granted_within_capacity(
+    granted: dict[tuple[str, datetime, datetime], list[float]],
+    gpus: dict[str, BatchGpuDecl],
+    errors: _Errors,
+) -> None:
+    """Σ granted rate on a GPU must not exceed its capacity at any instant (sweep line)."""
+    events: dict[str, list[tuple[datetime, int, float, float]]] = defaultdict(list)
+    for (uuid, start, end), (mem, sm) in granted.items():
+        # At equal times, ends (0) sort before starts (1): back-to-back samples do not overlap.
+        events[uuid].append((start, 1, mem, sm))
+        events[uuid].append((end, 0, -mem, -sm))
+    for uuid, evs in events.items():
+        gpu = gpus[uuid]
+        mem_cap = gpu.memory_mb * (1 + _TOLERANCE)
+        sm_cap = gpu.sm_count * (1 + _TOLERANCE)
+        mem = sm = 0.0
+        for at, _kind, d_mem, d_sm in sorted(evs, key=lambda e: (e[0], e[1])):
+            mem += d_mem
+            sm += d_sm
+            if mem > mem_cap:
+                errors.add("$.samples", f"Σ granted memory on GPU {uuid} at {at.isoformat()} is {mem:.1f} MB, above its {gpu.memory_mb} MB")
+                break
+            if sm > sm_cap:
+                errors.add("$.samples", f"Σ granted SMs on GPU {uuid} at {at.isoformat()} is {sm:.2f}, above its {gpu.sm_count}")
+                break

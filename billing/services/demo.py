@@ -1,0 +1,99 @@
+"""The demo data set: SLA tiers, tenants, an A100 80GB rate card with its public source,
+and one user per role. Idempotent: running it again resets the demo users' passwords."""
+
+from __future__ import annotations
+
+import secrets
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from decimal import Decimal
+
+from django.contrib.auth.models import Group, User
+from django.db import transaction
+
+from billing.models import RateCard, SlaTier, Tenant, TenantMembership
+from billing.queries.scope import ADMIN_GROUP, FINANCE_GROUP
+from billing.services.audit import record_audit_event
+
+__all__ = ["DEMO_TENANTS", "DemoLogin", "load_demo_data"]
+
+SLA_TIERS = [
+    ("gold", "Gold", Decimal("4"), "Latency-critical inference; largest share under contention."),
+    ("silver", "Silver", Decimal("2"), "Standard online inference."),
+    ("bronze", "Bronze", Decimal("1"), "Batch and offline work."),
+    ("best-effort", "Best effort", Decimal("0.5"), "Runs on spare capacity; first to be throttled."),
+]
+# (slug, display name, default SLA tier)
+DEMO_TENANTS = [
+    ("acme", "Acme Robotics", "gold"),
+    ("globex", "Globex Research", "silver"),
+    ("initech", "Initech AI", "bronze"),
+    ("xinghe", "星河智能 (Xinghe AI)", "silver"),
+]
+A100_80GB_MODEL = "NVIDIA A100-SXM4-80GB"
+# AWS EC2 p4de.24xlarge (8 × A100 80GB) on-demand in us-east-1 was listed at USD 40.96 per
+# instance-hour on the EC2 P4 page (2024): 40.96 / 8 = 5.12 per GPU-hour.
+A100_80GB_PRICE_PER_GPU_HOUR = Decimal("5.12")
+A100_80GB_SOURCE_URL = "https://aws.amazon.com/ec2/instance-types/p4/"
+A100_80GB_SOURCE_NOTE = (
+    "AWS EC2 p4de.24xlarge (8 x NVIDIA A100 80GB), Linux on-demand, us-east-1, USD 40.96 per "
+    "instance-hour as listed on the EC2 P4 instance page in 2024; 40.96 / 8 GPUs = 5.12 per GPU-hour. "
+    "Replace with your own contract price."
+)
+
+
+@dataclass(frozen=True)
+class DemoLogin:
+    role: str
+    username: str
+    password: str
+
+
+def load_demo_data(*, now: datetime) -> list[DemoLogin]:
+    with transaction.atomic():
+        tiers = {}
+        for slug, name, weight, description in SLA_TIERS:
+            tiers[slug], _ = SlaTier.objects.get_or_create(
+                slug=slug, defaults={"name": name, "weight": weight, "description": description}
+            )
+        tenants = {}
+        for slug, name, tier in DEMO_TENANTS:
+            tenants[slug], _ = Tenant.objects.get_or_create(
+                slug=slug, defaults={"name": name, "default_sla_tier": tiers[tier]}
+            )
+        Tenant.objects.get_or_create(slug="unattributed", defaults={"name": "Unattributed processes"})
+        if not RateCard.objects.filter(gpu_model=A100_80GB_MODEL).exists():
+            card = RateCard.objects.create(
+                gpu_model=A100_80GB_MODEL,
+                currency="USD",
+                price_per_gpu_hour=A100_80GB_PRICE_PER_GPU_HOUR,
+                effective_from=datetime(2026, 1, 1, tzinfo=UTC),
+                source_url=A100_80GB_SOURCE_URL,
+                source_note=A100_80GB_SOURCE_NOTE,
+            )
+            record_audit_event(
+                at=now, actor_label="demo", action="rate_card.created", object_type="rate_card",
+                object_id=str(card.pk), before=None,
+                after={"gpu_model": card.gpu_model, "price_per_gpu_hour": str(card.price_per_gpu_hour),
+                       "currency": card.currency},
+            )
+        finance_group, _ = Group.objects.get_or_create(name=FINANCE_GROUP)
+        admin_group, _ = Group.objects.get_or_create(name=ADMIN_GROUP)
+        logins = []
+        for role, username, group, staff in (
+            ("finance", "finance", finance_group, False),
+            ("tenant member (acme)", "acme-engineer", None, False),
+            ("admin", "admin", admin_group, True),
+        ):
+            password = secrets.token_urlsafe(9)
+            user, _ = User.objects.get_or_create(username=username)
+            user.set_password(password)
+            user.is_staff = staff
+            user.is_superuser = staff
+            user.save()
+            if group is not None:
+                user.groups.add(group)
+            else:
+                TenantMembership.objects.get_or_create(user=user, tenant=tenants["acme"])
+            logins.append(DemoLogin(role=role, username=username, password=password))
+    return logins

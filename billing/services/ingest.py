@@ -1,0 +1,150 @@
+"""Ingest of usage batches (wire protocol v1, DESIGN §3).
+
+A batch is written in one transaction: the batch row (unique per node and batch_seq),
+its GPUs, and its samples through COPY into the day-partitioned raw table. Retries of the
+same content answer "duplicate"; a concurrent upload of the same batch waits on the
+unique index and then answers "duplicate" too.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import zlib
+from dataclasses import dataclass
+from datetime import datetime
+
+from django.conf import settings
+from django.db import IntegrityError, connection, transaction
+import psycopg2.errors
+from psycopg2.extras import execute_values
+
+from billing.errors import (
+    BatchConflict,
+    FieldError,
+    Forbidden,
+    InvalidBatch,
+    PayloadTooLarge,
+    UnsupportedMediaType,
+)
+from billing.models import Node
+from billing.services.batch_validation import ValidatedBatch, validate_batch
+from billing.services.partitions import RAW_TABLE, ensure_raw_partitions
+
+__all__ = ["IngestResult", "decode_body", "record_usage_batch"]
+
+_COPY_COLUMNS = (
+    "batch_id, node_id, gpu_uuid, start, seconds, tenant, namespace, pod, container, pod_uid, "
+    "sla_tier, mem_used_mb_s, mem_granted_mb_s, sm_used_s, sm_granted_s, pcie_mb"
+)
+
+
+@dataclass(frozen=True)
+class IngestResult:
+    status: str  # "stored" | "duplicate"
+    accepted: int
+    batch_id: int
+
+
+def decode_body(*, body: bytes, content_type: str | None, content_encoding: str | None) -> tuple[object, bytes]:
+    """Undo Content-Encoding and parse JSON. Returns (payload, decoded bytes)."""
+    media = (content_type or "").split(";")[0].strip().lower()
+    if media != "application/json":
+        raise UnsupportedMediaType(f"Content-Type must be application/json, not {media or 'missing'!r}")
+    encoding = (content_encoding or "identity").strip().lower()
+    limit = settings.VGPU_INGEST_MAX_JSON_BYTES
+    if encoding == "gzip":
+        try:
+            decoder = zlib.decompressobj(wbits=16 + zlib.MAX_WBITS)
+            raw = decoder.decompress(body, limit + 1)
+        except zlib.error as exc:
+            raise InvalidBatch([FieldError("$", f"body is not valid gzip: {exc}")]) from exc
+        if len(raw) > limit or decoder.unconsumed_tail:
+            raise PayloadTooLarge(f"decompressed body is above {limit} bytes")
+    elif encoding == "identity":
+        raw = body
+    else:
+        raise UnsupportedMediaType(f"Content-Encoding {encoding!r} is not supported (use gzip or none)")
+    try:
+        return json.loads(raw), raw
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise UnsupportedMediaType(f"body is not valid JSON: {exc}") from exc
+
+
+def _copy_buffer(batch_id: int, node_id: int, batch: ValidatedBatch) -> io.StringIO:
+    # Names were validated against a pattern without tabs, newlines or backslashes, so
+    # COPY's text format needs no escaping. Floats use repr (shortest round-trip form).
+    prefix = f"{batch_id}\t{node_id}\t"
+    lines = [
+        f"{prefix}{r[0]}\t{r[1].isoformat()}\t{r[2]!r}\t{r[3]}\t{r[4]}\t{r[5]}\t{r[6]}\t{r[7]}\t{r[8]}"
+        f"\t{float(r[9])!r}\t{float(r[10])!r}\t{float(r[11])!r}\t{float(r[12])!r}\t{float(r[13])!r}\n"
+        for r in batch.rows
+    ]
+    return io.StringIO("".join(lines))
+
+
+def record_usage_batch(*, node: Node, payload: object, content: bytes, now: datetime) -> IngestResult:
+    """Validate and store one batch for `node` (already authenticated)."""
+    batch = validate_batch(
+        payload,
+        now=now,
+        max_skew=settings.VGPU_INGEST_MAX_CLOCK_SKEW,
+        max_samples=settings.VGPU_INGEST_MAX_SAMPLES,
+    )
+    if batch.node != node.name:
+        raise Forbidden(f"this token belongs to node {node.name!r}, the batch names {batch.node!r}")
+    digest = hashlib.sha256(content).hexdigest()
+    try:
+        with transaction.atomic():
+            return _store(node=node, batch=batch, digest=digest, now=now)
+    except (IntegrityError, psycopg2.errors.ExclusionViolation) as exc:
+        if "batch_gpu_no_overlap" in str(exc):
+            raise InvalidBatch(
+                [FieldError("$.window", "overlaps an earlier batch of this node for the same GPU; "
+                            "a GPU-second may be metered once")]
+            ) from exc
+        raise
+
+
+def _store(*, node: Node, batch: ValidatedBatch, digest: str, now: datetime) -> IngestResult:
+    with connection.cursor() as cur:
+        cur.execute(
+            "INSERT INTO billing_usagebatch (node_id, batch_seq, content_sha256, window_start, window_end, "
+            "sample_count, received_at) VALUES (%s, %s, %s, %s, %s, %s, %s) "
+            "ON CONFLICT (node_id, batch_seq) DO NOTHING RETURNING id",
+            [node.pk, batch.batch_seq, digest, batch.window_start, batch.window_end, batch.sample_count, now],
+        )
+        row = cur.fetchone()
+        if row is None:
+            cur.execute(
+                "SELECT id, content_sha256, sample_count FROM billing_usagebatch WHERE node_id = %s AND batch_seq = %s",
+                [node.pk, batch.batch_seq],
+            )
+            existing_id, existing_digest, count = cur.fetchone()
+            if existing_digest != digest:
+                raise BatchConflict(
+                    f"batch_seq {batch.batch_seq} of node {node.name} was already stored with different content"
+                )
+            return IngestResult(status="duplicate", accepted=count, batch_id=existing_id)
+        batch_id = row[0]
+        execute_values(
+            cur.cursor,
+            "INSERT INTO billing_batchgpu (batch_id, gpu_uuid, model, memory_mb, sm_count, window_start, window_end) "
+            "VALUES %s",
+            [(batch_id, g.uuid, g.model, g.memory_mb, g.sm_count, batch.window_start, batch.window_end)
+             for g in batch.gpus],
+        )
+        execute_values(
+            cur.cursor,
+            "INSERT INTO billing_gpu (uuid, node_id, model, memory_mb, sm_count, first_seen_at, last_seen_at) "
+            "VALUES %s ON CONFLICT (uuid) DO UPDATE SET node_id = EXCLUDED.node_id, model = EXCLUDED.model, "
+            "memory_mb = EXCLUDED.memory_mb, sm_count = EXCLUDED.sm_count, last_seen_at = EXCLUDED.last_seen_at",
+            [(g.uuid, node.pk, g.model, g.memory_mb, g.sm_count, now, now) for g in batch.gpus],
+        )
+        cur.execute("UPDATE billing_node SET last_seen_at = %s WHERE id = %s", [now, node.pk])
+        if batch.rows:
+            ensure_raw_partitions({r[1].date() for r in batch.rows})
+            cur.copy_expert(f"COPY {RAW_TABLE} ({_COPY_COLUMNS}) FROM STDIN", _copy_buffer(batch_id, node.pk, batch))
+    return IngestResult(status="stored", accepted=batch.sample_count, batch_id=batch_id)
+

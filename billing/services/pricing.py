@@ -1,0 +1,131 @@
+"""Pricing of one GPU window (DESIGN §4). Pure: no ORM, no clock.
+
+    p = price_per_gpu_hour / 3600                       (price per GPU-second)
+    share_i = α · M_i / memory_mb + (1 − α) · S_i / sm_count     (GPU-seconds)
+    charge_i = p × share_i × scale,  scale = min(1, seconds / Σ share)
+    idle = p × seconds − Σ charge_i   (≥ 0, never hidden)
+
+M_i and S_i are the workload's billed MB·s and SM·s: max(used, granted) by default, or
+`granted` / `used`. A workload holding the whole card for s seconds pays exactly p × s.
+Under the `proportional` idle policy the idle amount is spread over the window's
+workloads pro rata to their charge; with no workload it stays with the platform.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from decimal import Context, Decimal, localcontext
+
+from billing.money import allocate, ledger_amount
+
+__all__ = ["GpuWindowUsage", "PricedWindow", "Rate", "WorkloadQuantities", "price_gpu_window"]
+
+_CONTEXT = Context(prec=50)
+_SECONDS_PER_HOUR = Decimal(3600)
+BILLED_BASES = ("max", "granted", "used")
+IDLE_POLICIES = ("platform", "proportional")
+
+
+@dataclass(frozen=True)
+class Rate:
+    price_per_gpu_hour: Decimal
+    alpha: Decimal = Decimal("0.5")
+    billed_basis: str = "max"
+    idle_policy: str = "platform"
+
+    def __post_init__(self) -> None:
+        if self.price_per_gpu_hour < 0:
+            raise ValueError("price_per_gpu_hour must not be negative")
+        if not Decimal(0) <= self.alpha <= Decimal(1):
+            raise ValueError("alpha must lie in [0, 1]")
+        if self.billed_basis not in BILLED_BASES:
+            raise ValueError(f"billed_basis must be one of {BILLED_BASES}")
+        if self.idle_policy not in IDLE_POLICIES:
+            raise ValueError(f"idle_policy must be one of {IDLE_POLICIES}")
+
+
+@dataclass(frozen=True)
+class WorkloadQuantities:
+    """Integrals of one workload on one GPU over the window. `*_max_*` is Σ per-sample max(used, granted)."""
+
+    mem_used_mb_s: Decimal
+    mem_granted_mb_s: Decimal
+    mem_max_mb_s: Decimal
+    sm_used_s: Decimal
+    sm_granted_s: Decimal
+    sm_max_s: Decimal
+
+    def billed(self, basis: str) -> tuple[Decimal, Decimal]:
+        if basis == "max":
+            return self.mem_max_mb_s, self.sm_max_s
+        if basis == "granted":
+            return self.mem_granted_mb_s, self.sm_granted_s
+        return self.mem_used_mb_s, self.sm_used_s
+
+
+@dataclass(frozen=True)
+class GpuWindowUsage:
+    memory_mb: int
+    sm_count: int
+    metered_seconds: Decimal
+    workloads: Sequence[WorkloadQuantities]
+
+
+@dataclass(frozen=True)
+class PricedWindow:
+    card_cost: Decimal
+    billed_mem_mb_s: tuple[Decimal, ...]
+    billed_sm_s: tuple[Decimal, ...]
+    share_gpu_s: tuple[Decimal, ...]
+    charges: tuple[Decimal, ...]
+    idle_cost: Decimal
+    idle_shares: tuple[Decimal, ...]
+
+    @property
+    def charged(self) -> Decimal:
+        return sum(self.charges, Decimal(0))
+
+    @property
+    def idle_allocated(self) -> Decimal:
+        return sum(self.idle_shares, Decimal(0))
+
+
+def price_gpu_window(*, window: GpuWindowUsage, rate: Rate) -> PricedWindow:
+    if window.memory_mb <= 0 or window.sm_count <= 0:
+        raise ValueError("a GPU needs positive memory_mb and sm_count")
+    if window.metered_seconds < 0:
+        raise ValueError("metered_seconds must not be negative")
+    with localcontext(_CONTEXT):
+        p = rate.price_per_gpu_hour / _SECONDS_PER_HOUR
+        card_cost = ledger_amount(p * window.metered_seconds)
+        billed = [w.billed(rate.billed_basis) for w in window.workloads]
+        alpha = rate.alpha
+        raw_shares = [
+            alpha * mem / window.memory_mb + (1 - alpha) * sm / window.sm_count for mem, sm in billed
+        ]
+        total_share = sum(raw_shares, Decimal(0))
+        if total_share > window.metered_seconds and total_share > 0:
+            # Billed shares exceed the card (possible with `max`): scale down pro rata,
+            # so the whole card is charged once and idle is zero.
+            scale = window.metered_seconds / total_share
+            charged_total = card_cost
+        else:
+            scale = Decimal(1)
+            charged_total = min(card_cost, ledger_amount(p * total_share))
+        shares = [ledger_amount(s * scale) for s in raw_shares]
+        charges = allocate(charged_total, raw_shares) if raw_shares else []
+        idle_cost = card_cost - charged_total
+        if rate.idle_policy == "proportional" and charges and idle_cost > 0:
+            idle_shares = allocate(idle_cost, charges if any(charges) else raw_shares)
+        else:
+            idle_shares = [Decimal(0)] * len(charges)
+    return PricedWindow(
+        card_cost=card_cost,
+        billed_mem_mb_s=tuple(m for m, _ in billed),
+        billed_sm_s=tuple(s for _, s in billed),
+        share_gpu_s=tuple(shares),
+        charges=tuple(charges),
+        idle_cost=idle_cost,
+        idle_shares=tuple(idle_shares),
+    )

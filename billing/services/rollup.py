@@ -1,0 +1,238 @@
+"""Rollup of raw samples into the priced minute and hour ledgers (DESIGN §4, §8).
+
+The unit of work is a GPU-minute. Each run takes the batches not yet rolled up, finds the
+GPU-minutes they touch, and recomputes those minutes wholesale from raw samples (then
+their hours from minutes). Recomputing instead of adding makes the rollup idempotent —
+running it twice changes nothing — and lets late batches land in already-rolled minutes.
+One rollup runs at a time (transaction-level advisory lock).
+"""
+
+from __future__ import annotations
+
+import io
+from collections import defaultdict
+from dataclasses import dataclass
+from datetime import datetime
+from decimal import Decimal
+
+from django.db import connection, transaction
+
+from billing.models import RateCard
+from billing.services.pricing import GpuWindowUsage, Rate, WorkloadQuantities, price_gpu_window
+
+__all__ = ["RollupResult", "rebuild_ledger", "rollup_usage"]
+
+_LOCK_KEY = 0x726F6C6C  # "roll"
+_WORKLOAD_KEY = ("tenant", "namespace", "pod", "container", "pod_uid", "sla_tier")
+_USAGE_COLUMNS = (
+    "gpu_uuid", "node_id", "tenant", "namespace", "pod", "container", "pod_uid", "sla_tier", "seconds",
+    "mem_used_mb_s", "mem_granted_mb_s", "mem_billed_mb_s", "sm_used_s", "sm_granted_s", "sm_billed_s",
+    "pcie_mb", "share_gpu_s", "charge", "idle_share",
+)
+_GPU_COLUMNS = (
+    "gpu_uuid", "node_id", "gpu_model", "metered_seconds", "card_cost", "charged", "idle_cost",
+    "idle_allocated", "currency", "priced",
+)
+
+
+@dataclass(frozen=True)
+class RollupResult:
+    batches: int
+    gpu_minutes: int
+    gpu_hours: int
+    skipped: bool = False
+
+
+@dataclass(frozen=True)
+class _Card:
+    id: int
+    gpu_model: str
+    start: datetime
+    end: datetime | None
+    currency: str
+    rate: Rate
+
+
+def _load_cards() -> dict[str, list[_Card]]:
+    cards: dict[str, list[_Card]] = defaultdict(list)
+    for rc in RateCard.objects.order_by("effective_from"):
+        cards[rc.gpu_model].append(
+            _Card(
+                id=rc.pk,
+                gpu_model=rc.gpu_model,
+                start=rc.effective_from,
+                end=rc.effective_to,
+                currency=rc.currency,
+                rate=Rate(
+                    price_per_gpu_hour=rc.price_per_gpu_hour,
+                    alpha=rc.alpha,
+                    billed_basis=rc.billed_basis,
+                    idle_policy=rc.idle_policy,
+                ),
+            )
+        )
+    return cards
+
+
+def _card_for(cards: dict[str, list[_Card]], model: str, minute: datetime) -> _Card | None:
+    for card in cards.get(model, ()):
+        if card.start <= minute and (card.end is None or minute < card.end):
+            return card
+    return None
+
+
+def rollup_usage(*, now: datetime, max_batches: int = 5000) -> RollupResult:
+    """Roll up pending batches (at most `max_batches`, oldest first)."""
+    with transaction.atomic(), connection.cursor() as cur:
+        cur.execute("SELECT pg_try_advisory_xact_lock(%s)", [_LOCK_KEY])
+        if not cur.fetchone()[0]:
+            return RollupResult(batches=0, gpu_minutes=0, gpu_hours=0, skipped=True)
+        cur.execute(
+            "SELECT id FROM billing_usagebatch WHERE rolled_up_at IS NULL ORDER BY id LIMIT %s", [max_batches]
+        )
+        batch_ids = [r[0] for r in cur.fetchall()]
+        if not batch_ids:
+            return RollupResult(batches=0, gpu_minutes=0, gpu_hours=0)
+        cur.execute(
+            "CREATE TEMP TABLE rollup_affected ON COMMIT DROP AS "
+            "SELECT DISTINCT bg.gpu_uuid, m.minute FROM billing_batchgpu bg, "
+            "generate_series(date_trunc('minute', bg.window_start), bg.window_end - interval '1 microsecond', "
+            "interval '1 minute') AS m(minute) WHERE bg.batch_id = ANY(%s)",
+            [batch_ids],
+        )
+        minutes, hours = _recompute(cur)
+        cur.execute("UPDATE billing_usagebatch SET rolled_up_at = %s WHERE id = ANY(%s)", [now, batch_ids])
+    return RollupResult(batches=len(batch_ids), gpu_minutes=minutes, gpu_hours=hours)
+
+
+def rebuild_ledger(*, start: datetime, end: datetime) -> RollupResult:
+    """Recompute every GPU-minute in [start, end) from raw samples (after a rate-card change)."""
+    if end <= start:
+        raise ValueError("end must be after start")
+    with transaction.atomic(), connection.cursor() as cur:
+        cur.execute("SELECT pg_advisory_xact_lock(%s)", [_LOCK_KEY])
+        cur.execute(
+            "CREATE TEMP TABLE rollup_affected ON COMMIT DROP AS "
+            "SELECT DISTINCT bg.gpu_uuid, m.minute FROM billing_batchgpu bg, "
+            "generate_series(date_trunc('minute', greatest(bg.window_start, %s)), "
+            "least(bg.window_end, %s) - interval '1 microsecond', interval '1 minute') AS m(minute) "
+            "WHERE bg.window_start < %s AND bg.window_end > %s",
+            [start, end, end, start],
+        )
+        minutes, hours = _recompute(cur)
+    return RollupResult(batches=0, gpu_minutes=minutes, gpu_hours=hours)
+
+
+def _recompute(cur) -> tuple[int, int]:  # type: ignore[no-untyped-def]
+    cur.execute("CREATE INDEX ON rollup_affected (gpu_uuid, minute)")
+    cur.execute("ANALYZE rollup_affected")
+    cur.execute("SELECT min(minute), max(minute) + interval '1 minute' FROM rollup_affected")
+    lo, hi = cur.fetchone()
+    if lo is None:
+        return 0, 0
+    # Card seconds per GPU-minute: overlap of the GPU's batch windows with the minute.
+    cur.execute(
+        "SELECT a.gpu_uuid, a.minute, max(b.node_id), max(bg.model), max(bg.memory_mb), max(bg.sm_count), "
+        "sum(extract(epoch FROM least(bg.window_end, a.minute + interval '1 minute') "
+        "- greatest(bg.window_start, a.minute))) "
+        "FROM rollup_affected a JOIN billing_batchgpu bg ON bg.gpu_uuid = a.gpu_uuid "
+        "AND bg.window_start < a.minute + interval '1 minute' AND bg.window_end > a.minute "
+        "JOIN billing_usagebatch b ON b.id = bg.batch_id GROUP BY a.gpu_uuid, a.minute"
+    )
+    windows = {(r[0], r[1]): r[2:] for r in cur.fetchall()}
+    cur.execute(
+        "SELECT r.gpu_uuid, date_trunc('minute', r.start), r.tenant, r.namespace, r.pod, r.container, "
+        "r.pod_uid, r.sla_tier, sum(r.seconds::numeric), sum(r.mem_used_mb_s::numeric), "
+        "sum(r.mem_granted_mb_s::numeric), sum(greatest(r.mem_used_mb_s, r.mem_granted_mb_s)::numeric), "
+        "sum(r.sm_used_s::numeric), sum(r.sm_granted_s::numeric), "
+        "sum(greatest(r.sm_used_s, r.sm_granted_s)::numeric), sum(r.pcie_mb::numeric) "
+        "FROM billing_raw_sample r JOIN rollup_affected a ON a.gpu_uuid = r.gpu_uuid "
+        "AND a.minute = date_trunc('minute', r.start) WHERE r.start >= %s AND r.start < %s "
+        "GROUP BY 1, 2, 3, 4, 5, 6, 7, 8 ORDER BY 1, 2, 3, 4, 5, 6, 7, 8",
+        [lo, hi],
+    )
+    workloads: dict[tuple[str, datetime], list[tuple]] = defaultdict(list)  # type: ignore[type-arg]
+    for r in cur.fetchall():
+        workloads[(r[0], r[1])].append(r[2:])
+
+    cards = _load_cards()
+    usage_buf, gpu_buf = io.StringIO(), io.StringIO()
+    for (gpu_uuid, minute), (node_id, model, memory_mb, sm_count, seconds) in windows.items():
+        rows = workloads.get((gpu_uuid, minute), [])
+        card = _card_for(cards, model, minute)
+        quantities = [
+            WorkloadQuantities(
+                mem_used_mb_s=r[7], mem_granted_mb_s=r[8], mem_max_mb_s=r[9],
+                sm_used_s=r[10], sm_granted_s=r[11], sm_max_s=r[12],
+            )
+            for r in rows
+        ]
+        rate = card.rate if card else Rate(price_per_gpu_hour=Decimal(0))
+        priced = price_gpu_window(
+            window=GpuWindowUsage(memory_mb=memory_mb, sm_count=sm_count, metered_seconds=seconds, workloads=quantities),
+            rate=rate,
+        )
+        for i, r in enumerate(rows):
+            usage_buf.write(
+                "\t".join(
+                    str(v)
+                    for v in (
+                        minute.isoformat(), gpu_uuid, node_id, *r[:6], r[6],
+                        r[7], r[8], priced.billed_mem_mb_s[i], r[10], r[11], priced.billed_sm_s[i], r[13],
+                        priced.share_gpu_s[i], priced.charges[i], priced.idle_shares[i],
+                        card.id if card else "\\N",
+                    )
+                )
+                + "\n"
+            )
+        gpu_buf.write(
+            "\t".join(
+                str(v)
+                for v in (
+                    minute.isoformat(), gpu_uuid, node_id, model, seconds, priced.card_cost, priced.charged,
+                    priced.idle_cost, priced.idle_allocated, card.currency if card else "",
+                    "t" if card else "f", card.id if card else "\\N",
+                )
+            )
+            + "\n"
+        )
+    cur.execute(
+        "DELETE FROM billing_usageminute m USING rollup_affected a WHERE m.gpu_uuid = a.gpu_uuid AND m.minute = a.minute"
+    )
+    cur.execute(
+        "DELETE FROM billing_gpuminute m USING rollup_affected a WHERE m.gpu_uuid = a.gpu_uuid AND m.minute = a.minute"
+    )
+    usage_buf.seek(0)
+    gpu_buf.seek(0)
+    cur.copy_expert(
+        f"COPY billing_usageminute (minute, {', '.join(_USAGE_COLUMNS)}, rate_card_id) FROM STDIN", usage_buf
+    )
+    cur.copy_expert(f"COPY billing_gpuminute (minute, {', '.join(_GPU_COLUMNS)}, rate_card_id) FROM STDIN", gpu_buf)
+    return len(windows), _recompute_hours(cur)
+
+
+def _recompute_hours(cur) -> int:  # type: ignore[no-untyped-def]
+    cur.execute(
+        "CREATE TEMP TABLE rollup_hours ON COMMIT DROP AS "
+        "SELECT DISTINCT gpu_uuid, date_trunc('hour', minute) AS hour FROM rollup_affected"
+    )
+    cur.execute("DELETE FROM billing_usagehour h USING rollup_hours a WHERE h.gpu_uuid = a.gpu_uuid AND h.hour = a.hour")
+    cur.execute("DELETE FROM billing_gpuhour h USING rollup_hours a WHERE h.gpu_uuid = a.gpu_uuid AND h.hour = a.hour")
+    keys = ", ".join(f"m.{k}" for k in _WORKLOAD_KEY)
+    sums = ", ".join(f"sum(m.{c})" for c in _USAGE_COLUMNS[8:])
+    cur.execute(
+        f"INSERT INTO billing_usagehour (hour, {', '.join(_USAGE_COLUMNS)}) "  # noqa: S608 - fixed column names
+        f"SELECT a.hour, m.gpu_uuid, max(m.node_id), {keys}, {sums} FROM billing_usageminute m "
+        "JOIN rollup_hours a ON m.gpu_uuid = a.gpu_uuid AND m.minute >= a.hour AND m.minute < a.hour + interval '1 hour' "
+        f"GROUP BY a.hour, m.gpu_uuid, {keys}"
+    )
+    cur.execute(
+        "INSERT INTO billing_gpuhour (hour, gpu_uuid, node_id, gpu_model, metered_seconds, card_cost, charged, "
+        "idle_cost, idle_allocated, currency, priced) "
+        "SELECT a.hour, m.gpu_uuid, max(m.node_id), max(m.gpu_model), sum(m.metered_seconds), sum(m.card_cost), "
+        "sum(m.charged), sum(m.idle_cost), sum(m.idle_allocated), max(m.currency), bool_and(m.priced) "
+        "FROM billing_gpuminute m JOIN rollup_hours a ON m.gpu_uuid = a.gpu_uuid AND m.minute >= a.hour "
+        "AND m.minute < a.hour + interval '1 hour' GROUP BY a.hour, m.gpu_uuid"
+    )
+    cur.execute("SELECT count(*) FROM rollup_hours")
+    return int(cur.fetchone()[0])

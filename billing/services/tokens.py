@@ -1,0 +1,98 @@
+"""Node tokens: issued once in clear, stored as SHA-256, revocable, every change audited."""
+
+from __future__ import annotations
+
+import hashlib
+import secrets
+from dataclasses import dataclass
+from datetime import datetime
+
+from django.core.exceptions import ValidationError
+from django.db import transaction
+
+from billing.errors import Forbidden, InvalidInput, NotAuthenticated
+from billing.models import Node, NodeToken
+from billing.models.tenancy import slug_validator
+from billing.services.audit import record_audit_event
+
+__all__ = ["IssuedToken", "authenticate_node", "issue_node_token", "revoke_node_token", "token_sha256"]
+
+TOKEN_PREFIX = "vgl_"
+
+
+def token_sha256(token: str) -> str:
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+@dataclass(frozen=True)
+class IssuedToken:
+    token: str
+    token_id: int
+    prefix: str
+    node: str
+
+
+def issue_node_token(*, node_name: str, now: datetime, actor_label: str, actor_id: int | None = None) -> IssuedToken:
+    """Create the node if needed and a new token for it. The clear token is returned once, never stored."""
+    try:
+        slug_validator(node_name)
+    except ValidationError as exc:
+        raise InvalidInput(f"node name {node_name!r}: {exc.messages[0]}") from exc
+    token = TOKEN_PREFIX + secrets.token_urlsafe(32)
+    with transaction.atomic():
+        node, _ = Node.objects.get_or_create(name=node_name)
+        row = NodeToken.objects.create(
+            node=node, token_sha256=token_sha256(token), prefix=token[:12], created_at=now
+        )
+        record_audit_event(
+            at=now,
+            actor_id=actor_id,
+            actor_label=actor_label,
+            action="node_token.issued",
+            object_type="node_token",
+            object_id=str(row.pk),
+            before=None,
+            after={"node": node.name, "prefix": row.prefix},
+        )
+    return IssuedToken(token=token, token_id=row.pk, prefix=row.prefix, node=node.name)
+
+
+def revoke_node_token(*, token_id: int, now: datetime, actor_label: str, actor_id: int | None = None) -> None:
+    with transaction.atomic():
+        row = NodeToken.objects.select_for_update().select_related("node").filter(pk=token_id).first()
+        if row is None:
+            raise InvalidInput(f"no node token with id {token_id}")
+        if row.revoked_at is not None:
+            return
+        row.revoked_at = now
+        row.save(update_fields=["revoked_at"])
+        record_audit_event(
+            at=now,
+            actor_id=actor_id,
+            actor_label=actor_label,
+            action="node_token.revoked",
+            object_type="node_token",
+            object_id=str(row.pk),
+            before={"node": row.node.name, "prefix": row.prefix, "revoked_at": None},
+            after={"node": row.node.name, "prefix": row.prefix, "revoked_at": now.isoformat()},
+        )
+
+
+def authenticate_node(*, authorization: str | None, node_name: str | None) -> Node:
+    """Resolve `Authorization: Bearer <token>` to its node.
+
+    401 for a missing or unknown token; 403 for a revoked token or one of another node.
+    """
+    if not authorization:
+        raise NotAuthenticated("missing Authorization header (expected 'Bearer <node token>')")
+    scheme, _, token = authorization.partition(" ")
+    if scheme.lower() != "bearer" or not token.strip():
+        raise NotAuthenticated("Authorization must be 'Bearer <node token>'")
+    row = NodeToken.objects.select_related("node").filter(token_sha256=token_sha256(token.strip())).first()
+    if row is None:
+        raise NotAuthenticated("unknown node token")
+    if row.revoked_at is not None:
+        raise Forbidden(f"node token {row.prefix}… was revoked; issue a new one with create_node_token")
+    if node_name is not None and node_name != row.node.name:
+        raise Forbidden(f"this token belongs to node {row.node.name!r}, not {node_name!r}")
+    return row.node

@@ -1,0 +1,21 @@
+from django.contrib.auth import views as auth_views
+from django.urls import include, path
+from django.views.generic import RedirectView
+from drf_spectacular.views import SpectacularAPIView
+
+from billing.api.agent import NodeEventsView, NodePolicyView, UsageBatchView
+from billing.web import health, views
+
+urlpatterns = [
+    path("", RedirectView.as_view(pattern_name="finance-overview", permanent=False)),
+    path("healthz", health.healthz, name="healthz"),
+    path("api/v1/usage/batches", UsageBatchView.as_view(), name="usage-batches"),
+    path("api/v1/nodes/<str:node>/policy", NodePolicyView.as_view(), name="node-policy"),
+    path("api/v1/nodes/<str:node>/events", NodeEventsView.as_view(), name="node-events"),
+    path("api/v1/schema", SpectacularAPIView.as_view(), name="openapi-schema"),
+    path("finance/", views.finance_overview, name="finance-overview"),
+    path("accounts/login/", auth_views.LoginView.as_view(), name="login"),
+    path("accounts/logout/", auth_views.LogoutView.as_view(), name="logout"),
+    path("accounts/password/", auth_views.PasswordChangeView.as_view(success_url="/finance/"), name="password_change"),
+    path("i18n/", include("django.conf.urls.i18n")),
+]

@@ -1,0 +1,189 @@
+"""Django settings.
+
+Everything that differs between machines comes from the environment:
+DATABASE_URL, REDIS_URL (required; `python -m config.embedded` or the demo launcher
+provide embedded servers when unset), DJANGO_SECRET_KEY, DJANGO_DEBUG,
+DJANGO_ALLOWED_HOSTS, VGPU_PRODUCTION.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+from datetime import timedelta
+from pathlib import Path
+
+import dj_database_url
+from django.core.exceptions import ImproperlyConfigured
+from django.utils.translation import gettext_lazy as _
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+DATA_DIR = Path(os.environ.get("VGPU_DATA_DIR", BASE_DIR / ".data"))
+
+PRODUCTION = os.environ.get("VGPU_PRODUCTION", "") == "1"
+DEBUG = os.environ.get("DJANGO_DEBUG", "") == "1" and not PRODUCTION
+
+
+def _secret_key() -> str:
+    key = os.environ.get("DJANGO_SECRET_KEY", "")
+    if key:
+        return key
+    if PRODUCTION:
+        raise ImproperlyConfigured("DJANGO_SECRET_KEY must be set when VGPU_PRODUCTION=1")
+    # Development: a random key kept beside the embedded data, never in the repository.
+    path = DATA_DIR / "secret_key"
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(secrets.token_urlsafe(50))
+        path.chmod(0o600)
+    return path.read_text().strip()
+
+
+SECRET_KEY = _secret_key()
+ALLOWED_HOSTS = [h for h in os.environ.get("DJANGO_ALLOWED_HOSTS", "127.0.0.1,localhost,testserver").split(",") if h]
+
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "django.contrib.postgres",
+    "django.contrib.humanize",
+    "rest_framework",
+    "drf_spectacular",
+    "billing",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "whitenoise.middleware.WhiteNoiseMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.locale.LocaleMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+]
+
+ROOT_URLCONF = "config.urls"
+WSGI_APPLICATION = "config.wsgi.application"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+                "django.template.context_processors.i18n",
+            ],
+        },
+    },
+]
+
+_database_url = os.environ.get("DATABASE_URL", "")
+if not _database_url:
+    raise ImproperlyConfigured(
+        "DATABASE_URL is not set. Run through `make demo` / `make test`, or "
+        "`python -m config.embedded -- COMMAND` to start an embedded Postgres."
+    )
+DATABASES = {"default": dj_database_url.parse(_database_url, conn_max_age=60, conn_health_checks=True)}
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+REDIS_URL = os.environ.get("REDIS_URL", "")
+if not REDIS_URL:
+    raise ImproperlyConfigured("REDIS_URL is not set (see DATABASE_URL above for how to get embedded servers).")
+
+CACHES = {"default": {"BACKEND": "django.core.cache.backends.redis.RedisCache", "LOCATION": REDIS_URL}}
+
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+    {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
+    {"NAME": "django.contrib.auth.password_validation.NumericPasswordValidator"},
+]
+LOGIN_URL = "login"
+LOGIN_REDIRECT_URL = "finance-overview"
+LOGOUT_REDIRECT_URL = "login"
+
+LANGUAGE_CODE = "en"
+LANGUAGES = [("en", _("English")), ("zh-hans", _("Simplified Chinese"))]
+LOCALE_PATHS = [BASE_DIR / "locale"]
+TIME_ZONE = "UTC"
+USE_I18N = True
+USE_TZ = True
+
+STATIC_URL = "static/"
+STATIC_ROOT = BASE_DIR / "staticfiles"
+STATICFILES_DIRS = [BASE_DIR / "templates" / "static"]
+# Serve from the source folders too, so `collectstatic` is optional for the demo.
+WHITENOISE_USE_FINDERS = True
+
+# Security defaults. Production (VGPU_PRODUCTION=1) turns on the HTTPS-only parts.
+CSRF_COOKIE_HTTPONLY = True
+SESSION_COOKIE_HTTPONLY = True
+SECURE_CONTENT_TYPE_NOSNIFF = True
+X_FRAME_OPTIONS = "DENY"
+if PRODUCTION:
+    SESSION_COOKIE_SECURE = True
+    CSRF_COOKIE_SECURE = True
+    SECURE_SSL_REDIRECT = os.environ.get("VGPU_SSL_REDIRECT", "1") == "1"
+    SECURE_HSTS_SECONDS = 31536000
+    SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+
+REST_FRAMEWORK = {
+    "DEFAULT_AUTHENTICATION_CLASSES": ["rest_framework.authentication.SessionAuthentication"],
+    "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
+    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    "EXCEPTION_HANDLER": "billing.api.errors.exception_handler",
+}
+SPECTACULAR_SETTINGS = {
+    "TITLE": "vGPU Ledger API",
+    "DESCRIPTION": "Agent wire protocol v1 (usage batches, node policy, node events). See docs/protocol.md.",
+    "VERSION": "1.0.0",
+    "SERVE_INCLUDE_SCHEMA": False,
+}
+
+# Ingest limits (DESIGN §3). Bodies above the limit answer 413; the decompressed size is bounded too.
+VGPU_INGEST_MAX_BODY_BYTES = int(os.environ.get("VGPU_INGEST_MAX_BODY_BYTES", 8 * 1024 * 1024))
+VGPU_INGEST_MAX_JSON_BYTES = int(os.environ.get("VGPU_INGEST_MAX_JSON_BYTES", 64 * 1024 * 1024))
+VGPU_INGEST_MAX_SAMPLES = int(os.environ.get("VGPU_INGEST_MAX_SAMPLES", 200_000))
+VGPU_INGEST_MAX_CLOCK_SKEW = timedelta(seconds=int(os.environ.get("VGPU_INGEST_MAX_CLOCK_SKEW_S", 120)))
+# Load shedding: at most this many ingest requests in flight per process before answering 429.
+VGPU_INGEST_MAX_IN_FLIGHT = int(os.environ.get("VGPU_INGEST_MAX_IN_FLIGHT", 8))
+VGPU_INGEST_RETRY_AFTER_S = int(os.environ.get("VGPU_INGEST_RETRY_AFTER_S", 5))
+DATA_UPLOAD_MAX_MEMORY_SIZE = VGPU_INGEST_MAX_BODY_BYTES
+# Raw partitions are created this many days ahead by the beat task (and on demand by ingest).
+VGPU_PARTITION_DAYS_AHEAD = int(os.environ.get("VGPU_PARTITION_DAYS_AHEAD", 7))
+
+CELERY_BROKER_URL = REDIS_URL
+CELERY_RESULT_BACKEND = REDIS_URL
+CELERY_TASK_ACKS_LATE = True
+CELERY_TASK_REJECT_ON_WORKER_LOST = True
+CELERY_WORKER_PREFETCH_MULTIPLIER = 1
+CELERY_TASK_SERIALIZER = "json"
+CELERY_RESULT_SERIALIZER = "json"
+CELERY_ACCEPT_CONTENT = ["json"]
+CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+CELERY_BEAT_SCHEDULE = {
+    "rollup-usage": {
+        "task": "billing.tasks.rollup_usage",
+        "schedule": float(os.environ.get("VGPU_ROLLUP_EVERY_S", 15)),
+    },
+    "ensure-raw-partitions": {"task": "billing.tasks.ensure_raw_partitions", "schedule": 3600.0},
+}
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "root": {"handlers": ["console"], "level": os.environ.get("VGPU_LOG_LEVEL", "INFO")},
+    "loggers": {"django.db.backends": {"level": "WARNING"}},
+}

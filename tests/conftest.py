@@ -1,0 +1,86 @@
+"""Shared fixtures. Tests run on real Postgres and Redis: DATABASE_URL / REDIS_URL, or the
+embedded servers that `make test` starts (python -m config.embedded)."""
+
+from __future__ import annotations
+
+import gzip
+import json
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+from django.test import Client
+from django.utils import timezone
+
+from billing.services.tokens import IssuedToken, issue_node_token
+
+A100 = {"model": "NVIDIA A100-SXM4-80GB", "memory_mb": 81920, "sm_count": 108}
+
+
+@pytest.fixture
+def node_token(db) -> IssuedToken:  # type: ignore[no-untyped-def]
+    return issue_node_token(node_name="gpu-node-1", now=timezone.now(), actor_label="test")
+
+
+def iso(t: datetime) -> str:
+    return t.astimezone(UTC).isoformat().replace("+00:00", "Z")
+
+
+def make_batch(
+    *,
+    node: str = "gpu-node-1",
+    seq: int = 1,
+    start: datetime,
+    seconds: int = 10,
+    gpus: int = 1,
+    workloads: list[dict[str, Any]] | None = None,
+) -> dict[str, Any]:
+    """A valid batch: `seconds` 1-second samples per workload. Workload dicts give the GPU
+    index and per-second rates (mem_used, mem_granted, sm_used, sm_granted, pcie)."""
+    gpu_list = [{"uuid": f"GPU-{node}-{i}", **A100} for i in range(gpus)]
+    workloads = workloads if workloads is not None else [
+        {"gpu": 0, "tenant": "acme", "pod": "bert-1", "mem_used": 312.5, "mem_granted": 512.0,
+         "sm_used": 7.8, "sm_granted": 13.5, "pcie": 3.1},
+    ]
+    samples = []
+    for s in range(seconds):
+        for w in workloads:
+            samples.append({
+                "start": iso(start + timedelta(seconds=s)), "seconds": 1, "gpu": gpu_list[w["gpu"]]["uuid"],
+                "tenant": w["tenant"], "namespace": w.get("namespace", f"{w['tenant']}-prod"), "pod": w["pod"],
+                "container": "server", "pod_uid": w.get("pod_uid", f"uid-{w['pod']}"),
+                "sla_tier": w.get("sla_tier", "gold"),
+                "mem_used_mb_s": w["mem_used"], "mem_granted_mb_s": w["mem_granted"],
+                "sm_used_s": w["sm_used"], "sm_granted_s": w["sm_granted"], "pcie_mb": w.get("pcie", 0.0),
+            })
+    return {
+        "schema": "vgpu-ledger/usage-batch/v1",
+        "node": node,
+        "batch_seq": seq,
+        "window": {"start": iso(start), "end": iso(start + timedelta(seconds=seconds))},
+        "gpus": gpu_list,
+        "samples": samples,
+    }
+
+
+@pytest.fixture
+def post_batch(client: Client, node_token: IssuedToken) -> Callable[..., Any]:
+    def post(payload: Any, *, token: str | None = None, gzip_body: bool = False, raw: bytes | None = None,
+             content_type: str = "application/json", **headers: str) -> Any:
+        body = raw if raw is not None else json.dumps(payload).encode()
+        extra = {"HTTP_AUTHORIZATION": f"Bearer {token or node_token.token}"} if token != "" else {}
+        if gzip_body:
+            body = gzip.compress(body)
+            extra["HTTP_CONTENT_ENCODING"] = "gzip"
+        for k, v in headers.items():
+            extra[f"HTTP_{k.upper()}"] = v
+        return client.generic("POST", "/api/v1/usage/batches", body, content_type=content_type, **extra)
+
+    return post
+
+
+@pytest.fixture
+def minute_start() -> datetime:
+    """A whole UTC minute a little in the past, so windows are never in the future."""
+    return timezone.now().replace(second=0, microsecond=0) - timedelta(minutes=10)
