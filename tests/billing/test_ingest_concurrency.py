@@ -1,0 +1,43 @@
+"""Exactly-once ingest under concurrent uploads of the same batch (real Postgres, real threads)."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+from django.db import connection, connections
+from django.test import Client
+
+from tests.conftest import make_batch
+
+
+@pytest.mark.django_db(transaction=True)
+def test_two_concurrent_uploads_of_one_batch_store_it_once(node_token, minute_start):
+    import json
+
+    body = json.dumps(make_batch(start=minute_start, seconds=30)).encode()
+    barrier = threading.Barrier(4)
+    codes: list[int] = []
+    lock = threading.Lock()
+
+    def upload() -> None:
+        try:
+            barrier.wait()
+            resp = Client().generic("POST", "/api/v1/usage/batches", body, content_type="application/json",
+                                    HTTP_AUTHORIZATION=f"Bearer {node_token.token}")
+            with lock:
+                codes.append(resp.status_code)
+        finally:
+            connections.close_all()
+
+    threads = [threading.Thread(target=upload) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(codes) == [200, 200, 200, 201]
+    with connection.cursor() as cur:
+        cur.execute("SELECT count(*) FROM billing_raw_sample")
+        assert cur.fetchone()[0] == 30
+        cur.execute("SELECT count(*) FROM billing_usagebatch")
+        assert cur.fetchone()[0] == 1
