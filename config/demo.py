@@ -1,0 +1,148 @@
+"""The demo launcher behind `make demo`.
+
+Starts (or reuses, with DATABASE_URL / REDIS_URL) Postgres and Redis, migrates, loads the
+demo data set, issues node tokens, and runs the whole product as child processes:
+gunicorn (web), a Celery worker, Celery beat, and one simulated agent per node running
+the real agent code with its `sim` backend. Prints the URL and logins, runs until
+Ctrl-C, then stops every child cleanly (agents first, so they flush their spools).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+from agents.backends.sim import demo_scenario
+from config.embedded import DATA_DIR, embedded_services
+
+ROOT = Path(__file__).resolve().parent.parent
+DEMO_DIR = DATA_DIR / "demo"
+LOG_DIR = DEMO_DIR / "logs"
+NODES = [f"sim-a100-{i}" for i in range(1, 4)]
+TENANTS = [("acme", "gold"), ("globex", "silver"), ("initech", "bronze"), ("xinghe", "silver")]
+STOP_ORDER = ("agent", "web", "beat", "worker")
+
+
+def _run(args: list[str], env: dict[str, str]) -> str:
+    result = subprocess.run(args, env=env, cwd=ROOT, capture_output=True, text=True, check=False)  # noqa: S603
+    if result.returncode != 0:
+        sys.stderr.write(result.stdout + result.stderr)
+        raise SystemExit(f"demo: `{' '.join(args[1:3])}` failed with exit code {result.returncode}")
+    return result.stdout
+
+
+def _wait_healthy(url: str, procs: dict[str, subprocess.Popen], timeout_s: float = 120) -> dict:
+    deadline = time.monotonic() + timeout_s
+    last = "no answer yet"
+    while time.monotonic() < deadline:
+        for name, proc in procs.items():
+            if proc.poll() is not None:
+                raise SystemExit(f"demo: {name} exited with code {proc.returncode}; see {LOG_DIR / (name + '.log')}")
+        try:
+            with urllib.request.urlopen(url, timeout=3) as resp:  # noqa: S310 - our own loopback URL
+                return json.loads(resp.read())
+        except Exception as exc:  # noqa: BLE001 - keep polling until healthy or out of time
+            last = str(exc)
+        time.sleep(1)
+    raise SystemExit(f"demo: {url} did not report healthy within {timeout_s:.0f} s ({last})")
+
+
+def _stop(procs: dict[str, subprocess.Popen]) -> None:
+    for prefix in STOP_ORDER:
+        group = {n: p for n, p in procs.items() if n.startswith(prefix) and p.poll() is None}
+        for proc in group.values():
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGTERM)
+        for name, proc in group.items():
+            try:
+                proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                print(f"demo: {name} did not stop in 20 s; killing it", flush=True)
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+
+
+def main() -> int:
+    port = int(os.environ.get("PORT", "8000"))
+    py = sys.executable
+    bindir = Path(py).parent
+    LOG_DIR.mkdir(parents=True, exist_ok=True)
+    with embedded_services() as env:
+        env.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
+        env.setdefault("VGPU_ROLLUP_EVERY_S", "10")
+        env["PYTHONUNBUFFERED"] = "1"
+        print("demo: migrating the database…", flush=True)
+        _run([py, "manage.py", "migrate", "--noinput"], env)
+        logins = _run([py, "manage.py", "load_demo"], env)
+        agents = []
+        for seed, node in enumerate(NODES, start=1):
+            token_file = DEMO_DIR / f"{node}.token"
+            token_file.write_text(_run([py, "manage.py", "create_node_token", node], env).strip() + "\n")
+            token_file.chmod(0o600)
+            scenario_file = DEMO_DIR / f"{node}.scenario.json"
+            scenario_file.write_text(json.dumps(demo_scenario(node, seed=seed, tenants=TENANTS), indent=1))
+            agents.append((node, token_file, scenario_file))
+        url = f"http://127.0.0.1:{port}"
+        commands: dict[str, list[str]] = {
+            "worker": [str(bindir / "celery"), "-A", "config", "worker", "--loglevel", "INFO", "--concurrency", "2",
+                       "--hostname", "demo-worker@%h"],
+            "beat": [str(bindir / "celery"), "-A", "config", "beat", "--loglevel", "INFO",
+                     "--schedule", str(DEMO_DIR / "celerybeat-schedule")],
+            "web": [str(bindir / "gunicorn"), "config.wsgi", "--bind", f"127.0.0.1:{port}", "--workers", "2",
+                    "--threads", "4", "--access-logfile", "-"],
+        }
+        for node, token_file, scenario_file in agents:
+            commands[f"agent-{node}"] = [
+                py, "-m", "agents", "run", "--server", url, "--token-file", str(token_file), "--backend", "sim",
+                "--scenario", str(scenario_file), "--spool", str(DEMO_DIR / f"{node}.spool.sqlite"),
+            ]
+        procs: dict[str, subprocess.Popen] = {}
+        interrupted = False
+
+        def on_signal(signum: int, frame: object) -> None:
+            nonlocal interrupted
+            interrupted = True
+
+        signal.signal(signal.SIGINT, on_signal)
+        signal.signal(signal.SIGTERM, on_signal)
+        try:
+            for name, args in commands.items():
+                log = open(LOG_DIR / f"{name}.log", "ab")  # noqa: SIM115 - closed with the process
+                # Own session: Ctrl-C reaches only this launcher, which stops children in order.
+                procs[name] = subprocess.Popen(  # noqa: S603
+                    args, env=env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+                )
+            health = _wait_healthy(f"{url}/healthz", procs)
+            print(
+                f"\nvGPU Ledger demo is running: {url}/finance/\n"
+                f"health: {url}/healthz ({health.get('status')})\n"
+                f"fleet: {len(NODES)} simulated nodes x 8 NVIDIA A100-SXM4-80GB; logs in {LOG_DIR}\n\n"
+                f"logins:\n{logins}\n"
+                "numbers grow as agents upload (every 10 s) and the ledger rolls up (every 10 s).\n"
+                "Press Ctrl-C to stop.",
+                flush=True,
+            )
+            while not interrupted:
+                for name, proc in procs.items():
+                    if proc.poll() is not None:
+                        print(f"demo: {name} exited with code {proc.returncode}; see {LOG_DIR / (name + '.log')}")
+                        interrupted = True
+                        break
+                time.sleep(0.5)
+        finally:
+            print("\ndemo: stopping agents, web, beat and worker…", flush=True)
+            _stop(procs)
+            print("demo: stopped.", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
