@@ -1,0 +1,101 @@
+"""The finance page: behind login, numbers from the ledger, tenant scope enforced in queries."""
+
+from __future__ import annotations
+
+import csv
+import io
+from datetime import UTC, datetime, timedelta
+from decimal import Decimal
+
+import pytest
+from django.contrib.auth.models import Group, User
+from django.utils import timezone
+
+from billing.models import RateCard, Tenant, TenantMembership
+from billing.queries.finance import get_cost_summary
+from billing.queries.scope import FINANCE_GROUP, get_scope
+from billing.services.rollup import rollup_usage
+from tests.conftest import A100, make_batch
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def ledger(post_batch, minute_start):
+    RateCard.objects.create(gpu_model=A100["model"], currency="USD", price_per_gpu_hour=Decimal("3.6"),
+                            effective_from=datetime(2020, 1, 1, tzinfo=UTC), source_url="https://example.org")
+    Tenant.objects.create(slug="acme", name="Acme Robotics")
+    workloads = [
+        {"gpu": 0, "tenant": "acme", "pod": "bert-1", "mem_used": 8192.0, "mem_granted": 8192.0, "sm_used": 10.8, "sm_granted": 10.8},
+        {"gpu": 0, "tenant": "globex", "pod": "llm-1", "mem_used": 16384.0, "mem_granted": 16384.0, "sm_used": 21.6, "sm_granted": 21.6},
+    ]
+    assert post_batch(make_batch(start=minute_start, seconds=10, workloads=workloads)).status_code == 201
+    rollup_usage(now=timezone.now())
+    return minute_start
+
+
+def user_in(group: str | None = None, tenant: str | None = None) -> User:
+    user = User.objects.create_user(username=f"u-{group}-{tenant}", password="pw-not-used-123")
+    if group:
+        user.groups.add(Group.objects.get_or_create(name=group)[0])
+    if tenant:
+        TenantMembership.objects.create(user=user, tenant=Tenant.objects.get(slug=tenant))
+    return user
+
+
+def period(start):
+    return {"start": start.date().isoformat(), "end": start.date().isoformat()}
+
+
+def test_finance_page_requires_login(client):
+    resp = client.get("/finance/")
+    assert resp.status_code == 302 and "/accounts/login/" in resp["Location"]
+
+
+def test_finance_sees_cost_by_tenant_idle_and_total_that_reconcile(client, ledger):
+    client.force_login(user_in(FINANCE_GROUP))
+    resp = client.get("/finance/", period(ledger))
+    assert resp.status_code == 200
+    summary = resp.context["summary"]
+    by_tenant = {t.tenant: t.total for t in summary.tenants}
+    # 10 s at p = 0.001/s: acme holds 10 % of the card, globex 20 %.
+    assert by_tenant == {"acme": Decimal("0.001"), "globex": Decimal("0.002")}
+    assert summary.total_gpu_cost == Decimal("0.01")
+    assert summary.idle_platform == Decimal("0.007")
+    assert summary.attributed + summary.idle_platform == summary.total_gpu_cost
+    html = resp.content.decode()
+    assert "Acme Robotics" in html and "globex" in html
+
+
+def test_tenant_member_sees_only_their_tenant_and_no_platform_totals(client, ledger):
+    member = user_in(tenant="acme")
+    hour = ledger.replace(minute=0)
+    summary = get_cost_summary(scope=get_scope(member), start=hour, end=hour + timedelta(hours=1))
+    assert [t.tenant for t in summary.tenants] == ["acme"]
+    assert summary.total_gpu_cost is None and summary.idle_platform is None
+    client.force_login(member)
+    html = client.get("/finance/", period(ledger)).content.decode()
+    assert "globex" not in html
+    assert "Idle (platform)" not in html
+
+
+def test_user_with_no_role_sees_nothing(client, ledger):
+    client.force_login(User.objects.create_user(username="nobody", password="pw-not-used-123"))
+    summary = client.get("/finance/", period(ledger)).context["summary"]
+    assert summary.tenants == [] and summary.total_gpu_cost is None
+
+
+def test_csv_export_has_one_row_per_tenant_plus_idle_and_total(client, ledger):
+    client.force_login(user_in(FINANCE_GROUP))
+    resp = client.get("/finance/", {**period(ledger), "format": "csv"})
+    assert resp["Content-Type"].startswith("text/csv")
+    rows = list(csv.reader(io.StringIO(resp.content.decode())))
+    assert rows[0][:3] == ["tenant", "name", "charge"]
+    assert [r[0] for r in rows[1:]] == ["globex", "acme", "(idle, platform)", "(total)"]
+
+
+def test_bad_period_answers_400_with_a_message(client, ledger):
+    client.force_login(user_in(FINANCE_GROUP))
+    resp = client.get("/finance/", {"start": "2026-05-02", "end": "2026-05-01"})
+    assert resp.status_code == 400
+    assert "must not be before" in resp.content.decode()
