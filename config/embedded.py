@@ -41,7 +41,7 @@ def _embedded_postgres(data_dir: Path) -> Iterator[str]:
     pgdata = data_dir / "pg"
     pgdata.mkdir(parents=True, exist_ok=True)
     server = pgserver.get_server(pgdata, cleanup_mode="stop")
-    exists = server.psql(f"SELECT 1 FROM pg_database WHERE datname = '{DATABASE_NAME}';")
+    exists = server.psql(f"SELECT 1 FROM pg_database WHERE datname = '{DATABASE_NAME}';")  # noqa: S608 - a constant
     if "(1 row)" not in exists:
         server.psql(f"CREATE DATABASE {DATABASE_NAME};")
     parsed = urllib.parse.urlsplit(server.get_uri())

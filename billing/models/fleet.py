@@ -30,6 +30,10 @@ class NodeToken(models.Model):
     class Meta:
         ordering = ["-created_at"]
 
+    def __str__(self) -> str:
+        state = "revoked" if self.revoked_at else "active"
+        return f"{self.prefix}… ({state})"
+
 
 class Gpu(models.Model):
     """A physical GPU (or MIG instance) as last declared by its node's batches."""
@@ -44,3 +48,6 @@ class Gpu(models.Model):
 
     class Meta:
         ordering = ["node__name", "uuid"]
+
+    def __str__(self) -> str:
+        return f"{self.uuid} ({self.model})"

@@ -70,6 +70,9 @@ class UsageMinute(_WorkloadUsage):
             models.Index(fields=["minute", "tenant"], name="usage_minute_tenant_idx"),
         ]
 
+    def __str__(self) -> str:
+        return f"{self.minute:%Y-%m-%d %H:%M} {self.gpu_uuid} {self.tenant}/{self.pod}"
+
 
 class GpuMinute(_GpuWindow):
     minute = models.DateTimeField()
@@ -78,6 +81,9 @@ class GpuMinute(_GpuWindow):
     class Meta:
         constraints = [models.UniqueConstraint(fields=["gpu_uuid", "minute"], name="gpu_minute_unique")]
         indexes = [models.Index(fields=["minute"], name="gpu_minute_minute_idx")]
+
+    def __str__(self) -> str:
+        return f"{self.minute:%Y-%m-%d %H:%M} {self.gpu_uuid}"
 
 
 class UsageHour(_WorkloadUsage):
@@ -89,6 +95,9 @@ class UsageHour(_WorkloadUsage):
             models.Index(fields=["hour", "tenant"], name="usage_hour_tenant_idx"),
         ]
 
+    def __str__(self) -> str:
+        return f"{self.hour:%Y-%m-%d %H}h {self.gpu_uuid} {self.tenant}/{self.pod}"
+
 
 class GpuHour(_GpuWindow):
     hour = models.DateTimeField()
@@ -96,3 +105,6 @@ class GpuHour(_GpuWindow):
     class Meta:
         constraints = [models.UniqueConstraint(fields=["gpu_uuid", "hour"], name="gpu_hour_unique")]
         indexes = [models.Index(fields=["hour"], name="gpu_hour_hour_idx")]
+
+    def __str__(self) -> str:
+        return f"{self.hour:%Y-%m-%d %H}h {self.gpu_uuid}"

@@ -53,3 +53,6 @@ class TenantMembership(models.Model):
 
     class Meta:
         constraints = [models.UniqueConstraint(fields=["user", "tenant"], name="tenant_membership_unique")]
+
+    def __str__(self) -> str:
+        return f"{self.user_id} → {self.tenant_id}"

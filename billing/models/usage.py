@@ -31,6 +31,9 @@ class UsageBatch(models.Model):
             models.Index(fields=["window_start"], name="usage_batch_window_idx"),
         ]
 
+    def __str__(self) -> str:
+        return f"batch {self.node_id}/{self.batch_seq}"
+
 
 class BatchGpu(models.Model):
     """A GPU present and metered for a whole batch window, with the capacity the agent declared.
@@ -59,3 +62,6 @@ class BatchGpu(models.Model):
             ),
         ]
         indexes = [models.Index(fields=["gpu_uuid", "window_start"], name="batch_gpu_uuid_start_idx")]
+
+    def __str__(self) -> str:
+        return f"{self.gpu_uuid} in batch {self.batch_id}"

@@ -239,9 +239,8 @@ def validate_batch(
                 errors.add(f"$.samples[{i}].{key}", "must be a finite number >= 0")
                 bad = True
             values.append(value)
-        if bad:
+        if bad or gpu is None or start is None:
             continue
-        assert gpu is not None and start is not None  # narrowed by `bad` above
         end = start + timedelta(seconds=seconds)
         if window_start is not None and window_end is not None and (start < window_start or end > window_end):
             errors.add(f"$.samples[{i}]", "lies outside the batch window")

@@ -15,9 +15,9 @@ import zlib
 from dataclasses import dataclass
 from datetime import datetime
 
+import psycopg2.errors
 from django.conf import settings
 from django.db import IntegrityError, connection, transaction
-import psycopg2.errors
 from psycopg2.extras import execute_values
 
 from billing.errors import (

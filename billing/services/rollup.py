@@ -93,6 +93,8 @@ def rollup_usage(*, now: datetime, max_batches: int = 5000) -> RollupResult:
         batch_ids = [r[0] for r in cur.fetchall()]
         if not batch_ids:
             return RollupResult(batches=0, gpu_minutes=0, gpu_hours=0)
+        # ON COMMIT DROP does not fire when the caller's transaction is still open (a savepoint).
+        cur.execute("DROP TABLE IF EXISTS rollup_affected, rollup_hours")
         cur.execute(
             "CREATE TEMP TABLE rollup_affected ON COMMIT DROP AS "
             "SELECT DISTINCT bg.gpu_uuid, m.minute FROM billing_batchgpu bg, "
@@ -111,6 +113,7 @@ def rebuild_ledger(*, start: datetime, end: datetime) -> RollupResult:
         raise ValueError("end must be after start")
     with transaction.atomic(), connection.cursor() as cur:
         cur.execute("SELECT pg_advisory_xact_lock(%s)", [_LOCK_KEY])
+        cur.execute("DROP TABLE IF EXISTS rollup_affected, rollup_hours")
         cur.execute(
             "CREATE TEMP TABLE rollup_affected ON COMMIT DROP AS "
             "SELECT DISTINCT bg.gpu_uuid, m.minute FROM billing_batchgpu bg, "

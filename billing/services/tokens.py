@@ -17,7 +17,7 @@ from billing.services.audit import record_audit_event
 
 __all__ = ["IssuedToken", "authenticate_node", "issue_node_token", "revoke_node_token", "token_sha256"]
 
-TOKEN_PREFIX = "vgl_"
+TOKEN_PREFIX = "vgl_"  # noqa: S105 - a public marker that makes leaked tokens greppable, not a secret
 
 
 def token_sha256(token: str) -> str:
