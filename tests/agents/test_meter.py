@@ -61,9 +61,7 @@ def at(seconds: float) -> datetime:
 def test_integrals_are_exact_for_rates_that_change_inside_a_second() -> None:
     meter = Meter(gpus=[GPU], start=T0)
     meter.update(at=at(0), rates=[rate(mem=312.5, mem_granted=512, sm=7.5, sm_granted=13.5)])
-    meter.update(
-        at=at(0.25), rates=[rate(mem=400, mem_granted=512, sm=10, sm_granted=13.5, pcie=4)]
-    )
+    meter.update(at=at(0.25), rates=[rate(mem=400, mem_granted=512, sm=10, sm_granted=13.5, pcie=4)])
     (sample,) = meter.update(at=at(1), rates=[])
     assert sample.start == T0
     assert sample.seconds == 1
@@ -199,9 +197,7 @@ def test_granted_per_gpu_per_second_never_exceeds_capacity(
         assert 0 <= s.mem_used_mb_s <= GPU.memory_mb
         assert 0 <= s.sm_used_s <= GPU.sm_count
         by_second.setdefault(s.start, []).append(s.sm_granted_s)
-        by_second.setdefault(s.start + timedelta(microseconds=1), []).append(
-            s.mem_granted_mb_s
-        )
+        by_second.setdefault(s.start + timedelta(microseconds=1), []).append(s.mem_granted_mb_s)
         for value in (s.mem_used_mb_s, s.mem_granted_mb_s, s.sm_used_s, s.sm_granted_s):
             assert (value / QUANTUM).is_integer()  # exact in binary floating point
     for key, granted in by_second.items():

@@ -1,0 +1,132 @@
+"""The ``vgpu-agent`` command line (no server: uploads go to a closed loopback port)."""
+
+from __future__ import annotations
+
+import json
+import socket
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+
+from agents.__main__ import EXIT_PENDING, main
+from agents.backends.sim import demo_scenario
+from agents.spool import Spool
+
+
+@pytest.fixture
+def closed_port_url() -> str:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    return f"http://127.0.0.1:{port}"  # nothing listens here any more: connection refused
+
+
+@pytest.fixture
+def files(tmp_path: Path) -> dict[str, Path]:
+    token = tmp_path / "token"
+    token.write_text("  node-token-123\n")
+    scenario = tmp_path / "scenario.json"
+    scenario.write_text(json.dumps(demo_scenario("gpu-node-03", seed=5, gpu_count=2, tenants=[("acme", "gold")])))
+    return {"token": token, "scenario": scenario, "spool": tmp_path / "spool.sqlite"}
+
+
+def run_args(url: str, files: dict[str, Path], *extra: str) -> list[str]:
+    return [
+        "run",
+        "--server",
+        url,
+        "--token-file",
+        str(files["token"]),
+        "--backend",
+        "sim",
+        "--scenario",
+        str(files["scenario"]),
+        "--spool",
+        str(files["spool"]),
+        *extra,
+    ]
+
+
+def test_scenario_command_prints_the_demo_scenario(capsys: pytest.CaptureFixture[str]) -> None:
+    code = main(["scenario", "--node", "gpu-node-01", "--seed", "7", "--tenants", "acme:gold,globex:silver"])
+    assert code == 0
+    printed = json.loads(capsys.readouterr().out)
+    assert printed == demo_scenario("gpu-node-01", seed=7, tenants=[("acme", "gold"), ("globex", "silver")])
+
+
+def test_scenario_command_rejects_an_unknown_tier(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        main(["scenario", "--node", "n", "--seed", "1", "--tenants", "acme:platinum"])
+    assert "slug:tier" in capsys.readouterr().err
+
+
+def test_once_with_the_server_down_keeps_every_batch_pending(closed_port_url: str, files: dict[str, Path]) -> None:
+    before = datetime.now(UTC)
+    assert main(run_args(closed_port_url, files, "--once-seconds", "25")) == EXIT_PENDING
+    spool = Spool(files["spool"], node="gpu-node-03", now=lambda: before)
+    stored = spool.list_batches(state="pending")
+    pending = [json.loads(b.json_bytes()) for b in stored]
+    spans = [
+        (
+            datetime.fromisoformat(b["window"]["start"][:-1] + "+00:00"),
+            datetime.fromisoformat(b["window"]["end"][:-1] + "+00:00"),
+        )
+        for b in pending
+    ]
+    assert [(end - start).total_seconds() for start, end in spans] == [10.0, 10.0, 5.0]
+    assert spans[-1][1] <= datetime.now(UTC)  # the metered past ends now, never in the future
+    assert spans[-1][1] >= before - timedelta(seconds=2)
+    assert [b.attempts for b in stored] == [1, 0, 0]  # the final flush stops at the first refusal
+
+
+def test_a_second_once_run_continues_after_the_first(closed_port_url: str, files: dict[str, Path]) -> None:
+    start = "2026-11-30T03:00:00Z"
+    assert main(run_args(closed_port_url, files, "--once-seconds", "10", "--start", start)) == EXIT_PENDING
+    assert main(run_args(closed_port_url, files, "--once-seconds", "10", "--start", start)) == EXIT_PENDING
+    spool = Spool(files["spool"], node="gpu-node-03", now=lambda: datetime.now(UTC))
+    windows = [json.loads(b.json_bytes())["window"] for b in spool.list_batches()]
+    assert windows == [
+        {"start": "2026-11-30T03:00:00Z", "end": "2026-11-30T03:00:10Z"},
+        {"start": "2026-11-30T03:00:10Z", "end": "2026-11-30T03:00:20Z"},
+    ]
+
+
+def test_a_missing_token_file_is_one_clear_error(
+    closed_port_url: str, files: dict[str, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    files["token"].unlink()
+    assert main(run_args(closed_port_url, files, "--once-seconds", "5")) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1] == f"vgpu-agent: error: token file {files['token']} does not exist"
+
+
+def test_an_empty_token_file_is_one_clear_error(
+    closed_port_url: str, files: dict[str, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    files["token"].write_text("\n  \n")
+    assert main(run_args(closed_port_url, files, "--once-seconds", "5")) == 1
+    assert capsys.readouterr().err.strip().endswith("is empty")
+
+
+def test_nvml_backend_without_a_gpu_names_the_sim_backend(
+    closed_port_url: str, files: dict[str, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    if _nvml_works():
+        pytest.skip("this machine has a working NVML")
+    args = ["run", "--server", closed_port_url, "--token-file", str(files["token"]), "--backend", "nvml"]
+    assert main([*args, "--node", "gpu-node-03", "--spool", str(files["spool"])]) == 1
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert line.startswith("vgpu-agent: error: NVML is not available on this machine")
+    assert "--backend sim" in line
+
+
+def _nvml_works() -> bool:
+    import pynvml
+
+    try:
+        pynvml.nvmlInit()
+    except pynvml.NVMLError:
+        return False
+    pynvml.nvmlShutdown()
+    return True
