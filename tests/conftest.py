@@ -87,7 +87,7 @@ def minute_start() -> datetime:
 
 
 @pytest.fixture(autouse=True)
-def _truncate_raw_samples_after_transactional_tests(request):
+def _truncate_raw_samples_after_transactional_tests(request, django_db_blocker):
     """Django's flush after a transactional test empties model tables only; the raw sample
     table is not a model, so empty it too, or its rows would leak into later rollups."""
     yield
@@ -98,5 +98,5 @@ def _truncate_raw_samples_after_transactional_tests(request):
     if transactional:
         from django.db import connection
 
-        with connection.cursor() as cur:
+        with django_db_blocker.unblock(), connection.cursor() as cur:
             cur.execute("TRUNCATE billing_raw_sample")

@@ -109,9 +109,7 @@ def _run_and_die(path: Path, body: str) -> None:
         spool = Spool({str(path)!r}, node="gpu-node-17", now=lambda: T0)
         """
     ) + textwrap.dedent(body)
-    result = subprocess.run(
-        [sys.executable, "-c", script], cwd=REPO, capture_output=True, timeout=60, check=False
-    )
+    result = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, timeout=60, check=False)
     assert result.returncode == 17, result.stderr.decode()
 
 
