@@ -2,7 +2,9 @@
 # install what they need; neither needs a system Postgres or Redis (embedded ones start
 # under .data/ unless DATABASE_URL / REDIS_URL point to running servers).
 
-PYTHON ?= $(shell command -v python3.12 || command -v python3.11 || command -v python3)
+# The first of these that runs and is 3.11 or 3.12 (a shim that exists but fails is skipped).
+PYTHON ?= $(shell for p in python3.12 python3.11 python3; do \
+	$$p -c 'import sys; assert (3, 11) <= sys.version_info[:2] <= (3, 12)' >/dev/null 2>&1 && { command -v $$p; break; }; done)
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
@@ -10,7 +12,7 @@ STAMP := $(VENV)/.installed
 .PHONY: demo test lint install bench clean
 
 $(STAMP): pyproject.toml
-	@$(PYTHON) -c 'import sys; assert (3, 11) <= sys.version_info[:2] <= (3, 12), "Python 3.11 or 3.12 is required"'
+	@test -n "$(PYTHON)" || { echo "Python 3.11 or 3.12 is required (set PYTHON=/path/to/python3.x)"; exit 1; }
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e '.[dev]'

@@ -12,7 +12,8 @@ from billing.models.fleet import Node
 from billing.models.pricing import RateCard
 
 AMOUNT = {"max_digits": 30, "decimal_places": 12}
-QUANTITY = {"max_digits": 30, "decimal_places": 6}
+# 10 places keep agent integrals exact: agents quantise to multiples of 2^-10 (agents/meter.py).
+QUANTITY = {"max_digits": 30, "decimal_places": 10}
 
 
 class _WorkloadUsage(models.Model):

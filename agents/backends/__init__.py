@@ -1,0 +1,3 @@
+"""GPU backends: ``sim`` (trace-driven simulated GPUs) and ``nvml`` (real GPUs)."""
+
+__all__: list[str] = []

@@ -1,0 +1,133 @@
+"""Real GPUs through NVML (``nvidia-ml-py``, module ``pynvml``).
+
+Per-process memory comes from ``nvmlDeviceGetComputeRunningProcesses`` and
+per-process SM utilisation from ``nvmlDeviceGetProcessUtilization`` (samples
+since the previous read). NVML has no per-process PCIe counter, so readings
+carry a PCIe rate of 0 MB/s.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from datetime import datetime
+from types import ModuleType
+from typing import Any
+
+from agents.attribution import PidAttributor
+from agents.interfaces import Attributor, GpuInfo, UsageReading
+
+__all__ = ["NvmlBackend", "NvmlUnavailable", "cuda_cores_per_sm"]
+
+log = logging.getLogger(__name__)
+
+_MIB = 1024 * 1024
+
+
+class NvmlUnavailable(RuntimeError):
+    """NVML cannot be used on this machine; the message names the way out."""
+
+
+def cuda_cores_per_sm(major: int, minor: int) -> int:
+    """FP32 cores per SM by compute capability (CUDA C Programming Guide, table 'Throughput')."""
+    if (major, minor) in ((6, 0), (7, 0), (7, 2), (7, 5), (8, 0)):
+        return 64
+    if major in (6, 8, 9, 10, 12):
+        return 128
+    raise ValueError(f"unknown SM layout for compute capability {major}.{minor}")
+
+
+def _load_pynvml() -> ModuleType:
+    try:
+        import pynvml
+    except ImportError as error:
+        raise NvmlUnavailable(
+            f"NVML backend needs nvidia-ml-py ({error}); use --backend sim to run on simulated GPUs"
+        ) from error
+    try:
+        pynvml.nvmlInit()
+    except pynvml.NVMLError as error:
+        raise NvmlUnavailable(
+            f"NVML is not available on this machine ({error}); use --backend sim to run on simulated GPUs"
+        ) from error
+    module: ModuleType = pynvml  # untyped third-party module
+    return module
+
+
+class NvmlBackend:
+    """``GpuBackend`` over the node's NVIDIA GPUs."""
+
+    def __init__(self, *, attributor: Attributor | None = None, nvml: Any = None) -> None:
+        # ``nvml``: the pynvml module, or a stand-in such as ``agents.testing.FakeNvml``.
+        self._nvml = nvml if nvml is not None else _load_pynvml()
+        self._attributor = attributor if attributor is not None else PidAttributor()
+        self._handles: list[tuple[GpuInfo, Any]] = []
+        for index in range(self._nvml.nvmlDeviceGetCount()):
+            handle = self._nvml.nvmlDeviceGetHandleByIndex(index)
+            self._handles.append((self._describe(handle), handle))
+        # NVML timestamp (µs) of the newest utilisation sample seen, per GPU.
+        self._last_sample_us: dict[str, int] = {gpu.uuid: 0 for gpu, _ in self._handles}
+
+    def close(self) -> None:
+        self._nvml.nvmlShutdown()
+
+    def inventory(self) -> Sequence[GpuInfo]:
+        return tuple(gpu for gpu, _ in self._handles)
+
+    def read(self, *, now: datetime) -> Sequence[UsageReading]:
+        readings: list[UsageReading] = []
+        for gpu, handle in self._handles:
+            memory = {
+                p.pid: (p.usedGpuMemory or 0) / _MIB  # None: driver withholds it (no permission)
+                for p in self._nvml.nvmlDeviceGetComputeRunningProcesses(handle)
+            }
+            sm_percent = self._sm_percent(gpu, handle)
+            for pid in sorted(memory.keys() | sm_percent.keys()):
+                readings.append(
+                    UsageReading(
+                        workload=self._attributor.attribute(pid=pid),
+                        gpu=gpu.uuid,
+                        mem_used_mb=min(memory.get(pid, 0.0), float(gpu.memory_mb)),
+                        sm_used=min(sm_percent.get(pid, 0.0), 100.0) / 100.0 * gpu.sm_count,
+                        pcie_mb_per_s=0.0,
+                    )
+                )
+        return readings
+
+    def _sm_percent(self, gpu: GpuInfo, handle: Any) -> dict[int, float]:  # handle: opaque NVML device handle
+        """Mean SM utilisation (%) per pid over the samples since the previous read."""
+        nvml = self._nvml
+        try:
+            samples = nvml.nvmlDeviceGetProcessUtilization(handle, self._last_sample_us[gpu.uuid])
+        except nvml.NVMLError as error:
+            if error.value in (nvml.NVML_ERROR_NOT_FOUND, nvml.NVML_SUCCESS):
+                return {}  # no samples since the previous read: nothing ran
+            raise
+        totals: dict[int, list[float]] = {}
+        for s in samples:
+            totals.setdefault(s.pid, []).append(float(s.smUtil))
+            self._last_sample_us[gpu.uuid] = max(self._last_sample_us[gpu.uuid], s.timeStamp)
+        return {pid: sum(values) / len(values) for pid, values in totals.items()}
+
+    def _describe(self, handle: Any) -> GpuInfo:  # handle: opaque NVML device handle
+        nvml = self._nvml
+        uuid = nvml.nvmlDeviceGetUUID(handle)
+        name = nvml.nvmlDeviceGetName(handle)
+        memory_mb = nvml.nvmlDeviceGetMemoryInfo(handle).total // _MIB
+        return GpuInfo(
+            uuid=uuid.decode() if isinstance(uuid, bytes) else uuid,
+            model=name.decode() if isinstance(name, bytes) else name,
+            memory_mb=int(memory_mb),
+            sm_count=self._sm_count(handle),
+        )
+
+    def _sm_count(self, handle: Any) -> int:  # handle: opaque NVML device handle
+        nvml = self._nvml
+        try:
+            return int(nvml.nvmlDeviceGetAttributes(handle).multiprocessorCount)
+        except nvml.NVMLError as error:
+            # Attributes are only served for MIG devices on many drivers; derive the
+            # SM count from CUDA cores and the architecture's cores per SM instead.
+            log.debug("event=nvml_attributes_unavailable error=%s", error)
+        major, minor = nvml.nvmlDeviceGetCudaComputeCapability(handle)
+        return int(nvml.nvmlDeviceGetNumGpuCores(handle)) // cuda_cores_per_sm(major, minor)

@@ -1,0 +1,267 @@
+"""Trace-driven simulated GPUs: a scenario file plus the study's workload profiles.
+
+Scenario file (JSON)::
+
+    {"node": "gpu-node-01", "seed": 7,
+     "gpus": [{"uuid": "GPU-…", "model": "NVIDIA A100-SXM4-80GB",
+               "memory_mb": 81920, "sm_count": 108}],
+     "workloads": [{"tenant": "acme", "namespace": "acme-prod",
+                    "pod": "bert-7f9c4-x2k9p", "container": "server",
+                    "pod_uid": "…", "sla_tier": "gold", "gpu": "GPU-…",
+                    "profile": "bert-base",
+                    "guarantee_mem_mb": 384, "limit_mem_mb": 1024, "weight": 4}]}
+
+The last three workload keys are optional. Readings are a function of the
+seed and of the seconds elapsed since ``epoch``: no wall clock inside.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from agents.backends._profiles import PROFILES, profile_usage
+from agents.interfaces import Entitlement, GpuInfo, UsageReading, Workload
+
+__all__ = [
+    "SLA_TIERS",
+    "Scenario",
+    "SimBackend",
+    "SimWorkload",
+    "demo_scenario",
+    "load_scenario",
+    "parse_scenario",
+]
+
+SLA_TIERS = ("gold", "silver", "bronze", "best-effort")
+A100_80GB = GpuInfo(uuid="", model="NVIDIA A100-SXM4-80GB", memory_mb=81920, sm_count=108)
+
+_WORKLOAD_KEYS = ("tenant", "namespace", "pod", "container", "pod_uid", "sla_tier", "gpu", "profile")
+_OPTIONAL_KEYS = ("guarantee_mem_mb", "limit_mem_mb", "weight")
+# Characters Kubernetes uses for generated name suffixes (no vowels, no look-alikes).
+_NAME_ALPHABET = "bcdfghjklmnpqrstvwxz2456789"
+_APPS = {  # profile -> (app name, container name, guarantee MiB, limit MiB)
+    "bert-base": ("bert", "server", 384, 1024),
+    "resnet50": ("resnet50", "worker", 1024, 2048),
+    "llama2-7b-q4": ("llama2-7b", "llm", 4096, 8192),
+}
+_PROFILE_MIX = (0.4, 0.3, 0.3)  # share of bert-base, resnet50, llama2-7b-q4 pods
+
+
+@dataclass(frozen=True, slots=True)
+class SimWorkload:
+    workload: Workload
+    gpu: str
+    profile: str
+    entitlement: Entitlement
+    key: int  # seeds this workload's randomness
+
+
+@dataclass(frozen=True, slots=True)
+class Scenario:
+    node: str
+    seed: int
+    gpus: tuple[GpuInfo, ...]
+    workloads: tuple[SimWorkload, ...]
+
+
+def _stable_int(*parts: object) -> int:
+    """A non-negative 64-bit integer from text, stable across processes and platforms."""
+    digest = hashlib.sha256("/".join(str(p) for p in parts).encode("utf-8")).digest()
+    return int.from_bytes(digest[:8], "big")
+
+
+def _require(mapping: Any, key: str, kind: type, path: str) -> Any:
+    """``mapping[key]`` checked to be of JSON type ``kind`` (ints accepted as floats)."""
+    if not isinstance(mapping, Mapping):
+        raise ValueError(f"{path}: expected a JSON object, got {mapping!r}")
+    if key not in mapping:
+        raise ValueError(f"{path}.{key}: required")
+    value = mapping[key]
+    if kind is float and isinstance(value, int) and not isinstance(value, bool):
+        value = float(value)
+    if not isinstance(value, kind) or isinstance(value, bool) and kind is not bool:
+        raise ValueError(f"{path}.{key}: expected {kind.__name__}, got {value!r}")
+    if kind is str and not value:
+        raise ValueError(f"{path}.{key}: must not be empty")
+    return value
+
+
+def parse_scenario(data: Mapping[str, Any]) -> Scenario:
+    """Validate a scenario document; errors name the offending path."""
+    if not isinstance(data, Mapping):
+        raise ValueError("scenario: expected a JSON object")
+    node = _require(data, "node", str, "scenario")
+    seed = _require(data, "seed", int, "scenario")
+    if seed < 0:
+        raise ValueError(f"scenario.seed: must be >= 0, got {seed}")
+    gpus: list[GpuInfo] = []
+    for i, raw in enumerate(_require(data, "gpus", list, "scenario")):
+        path = f"gpus[{i}]"
+        gpu = GpuInfo(
+            uuid=_require(raw, "uuid", str, path),
+            model=_require(raw, "model", str, path),
+            memory_mb=_require(raw, "memory_mb", int, path),
+            sm_count=_require(raw, "sm_count", int, path),
+        )
+        if gpu.memory_mb <= 0 or gpu.sm_count <= 0:
+            raise ValueError(f"{path}: memory_mb and sm_count must be > 0")
+        if any(g.uuid == gpu.uuid for g in gpus):
+            raise ValueError(f"{path}.uuid: duplicate GPU {gpu.uuid!r}")
+        gpus.append(gpu)
+    if not gpus:
+        raise ValueError("scenario.gpus: at least one GPU is required")
+    known_gpus = {g.uuid for g in gpus}
+    workloads: list[SimWorkload] = []
+    seen: set[tuple[str, str]] = set()
+    for i, raw in enumerate(_require(data, "workloads", list, "scenario")):
+        path = f"workloads[{i}]"
+        fields = {k: _require(raw, k, str, path) for k in _WORKLOAD_KEYS}
+        unknown = set(raw) - set(_WORKLOAD_KEYS) - set(_OPTIONAL_KEYS)
+        if unknown:
+            raise ValueError(f"{path}: unknown keys {sorted(unknown)}")
+        if fields["gpu"] not in known_gpus:
+            raise ValueError(f"{path}.gpu: unknown GPU {fields['gpu']!r}")
+        if fields["profile"] not in PROFILES:
+            raise ValueError(f"{path}.profile: unknown {fields['profile']!r} (known: {sorted(PROFILES)})")
+        if fields["sla_tier"] not in SLA_TIERS:
+            raise ValueError(f"{path}.sla_tier: unknown {fields['sla_tier']!r} (known: {SLA_TIERS})")
+        workload = Workload(**{k: fields[k] for k in _WORKLOAD_KEYS[:6]})
+        if (fields["gpu"], workload.key) in seen:
+            raise ValueError(f"{path}: {workload.key} appears twice on {fields['gpu']}")
+        seen.add((fields["gpu"], workload.key))
+        guarantee = _require(raw, "guarantee_mem_mb", float, path) if "guarantee_mem_mb" in raw else 0.0
+        limit = _require(raw, "limit_mem_mb", float, path) if "limit_mem_mb" in raw else None
+        weight = _require(raw, "weight", float, path) if "weight" in raw else None
+        if not math.isfinite(guarantee) or guarantee < 0:
+            raise ValueError(f"{path}.guarantee_mem_mb: must be >= 0")
+        if limit is not None and not limit >= guarantee:
+            raise ValueError(f"{path}.limit_mem_mb: must be >= guarantee_mem_mb ({guarantee})")
+        if weight is not None and not (math.isfinite(weight) and weight > 0):
+            raise ValueError(f"{path}.weight: must be > 0")
+        workloads.append(
+            SimWorkload(
+                workload=workload,
+                gpu=fields["gpu"],
+                profile=fields["profile"],
+                entitlement=Entitlement(guarantee_mem_mb=guarantee, limit_mem_mb=limit, weight=weight),
+                key=_stable_int(seed, workload.pod_uid, workload.container, fields["gpu"]),
+            )
+        )
+    return Scenario(node=node, seed=seed, gpus=tuple(gpus), workloads=tuple(workloads))
+
+
+def load_scenario(path: str | Path) -> Scenario:
+    """Read and validate a scenario file; errors name the file and the offending path."""
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+        return parse_scenario(data)
+    except json.JSONDecodeError as error:
+        raise ValueError(f"scenario {path}: not valid JSON ({error})") from error
+    except ValueError as error:
+        raise ValueError(f"scenario {path}: {error}") from error
+
+
+class SimBackend:
+    """``GpuBackend`` over a scenario; ``epoch`` is elapsed time zero of the profiles."""
+
+    def __init__(self, scenario: Scenario, *, epoch: datetime) -> None:
+        if epoch.tzinfo is None:
+            raise ValueError("epoch must be an aware UTC datetime")
+        self._scenario = scenario
+        self._epoch = epoch
+        self._gpus = {g.uuid: g for g in scenario.gpus}
+
+    def inventory(self) -> Sequence[GpuInfo]:
+        return self._scenario.gpus
+
+    def read(self, *, now: datetime) -> Sequence[UsageReading]:
+        elapsed_s = (now - self._epoch).total_seconds()
+        if elapsed_s < 0:
+            raise ValueError(f"{now.isoformat()} is before the simulation epoch")
+        readings: list[UsageReading] = []
+        for gpu in self._scenario.gpus:
+            on_gpu = [w for w in self._scenario.workloads if w.gpu == gpu.uuid]
+            usage = [profile_usage(w.profile, key=w.key, elapsed_s=elapsed_s) for w in on_gpu]
+            # A card cannot hold or run more than it has: an over-full scenario is scaled
+            # down pro rata (allocations fail, kernels time-slice).
+            mem_scale = _fit(sum(u.mem_mb for u in usage), gpu.memory_mb)
+            sm_scale = _fit(sum(u.sm_fraction for u in usage), 1.0)
+            readings.extend(
+                UsageReading(
+                    workload=w.workload,
+                    gpu=gpu.uuid,
+                    mem_used_mb=min(u.mem_mb * mem_scale, gpu.memory_mb),
+                    sm_used=min(u.sm_fraction * sm_scale * gpu.sm_count, gpu.sm_count),
+                    pcie_mb_per_s=u.pcie_mb_per_s,
+                    entitlement=w.entitlement,
+                )
+                for w, u in zip(on_gpu, usage, strict=True)
+            )
+        return readings
+
+
+def _fit(total: float, capacity: float) -> float:
+    """Scale factor bringing ``total`` within ``capacity``; 1e-9 below exact so that the
+    rounded float sum of the scaled parts stays <= capacity too."""
+    return 1.0 if total <= capacity else capacity / total * (1.0 - 1e-9)
+
+
+def _name(rng: np.random.Generator, length: int) -> str:
+    return "".join(_NAME_ALPHABET[i] for i in rng.integers(0, len(_NAME_ALPHABET), length))
+
+
+def demo_scenario(node: str, *, seed: int, gpu_count: int = 8, tenants: Sequence[tuple[str, str]]) -> dict[str, Any]:
+    """A realistic node: A100 80GB cards, 2-4 pods each, mixed profiles across ``tenants``.
+
+    ``tenants`` are ``(slug, sla_tier)`` pairs. The same arguments give the same
+    document.
+    """
+    if not tenants:
+        raise ValueError("tenants: at least one (slug, sla_tier) pair is required")
+    for slug, tier in tenants:
+        if not slug or tier not in SLA_TIERS:
+            raise ValueError(f"tenant {slug!r}: tier {tier!r} not in {SLA_TIERS}")
+    if gpu_count < 1:
+        raise ValueError(f"gpu_count must be >= 1, got {gpu_count}")
+    rng = np.random.default_rng([seed, _stable_int("demo", node)])
+    gpus = [
+        {
+            "uuid": "GPU-" + str(uuid.uuid5(uuid.NAMESPACE_URL, f"vgpu-ledger:{node}:gpu:{index}")),
+            "model": A100_80GB.model,
+            "memory_mb": A100_80GB.memory_mb,
+            "sm_count": A100_80GB.sm_count,
+        }
+        for index in range(gpu_count)
+    ]
+    profiles = list(_APPS)
+    workloads: list[dict[str, Any]] = []
+    for gpu in gpus:
+        for _ in range(int(rng.integers(2, 5))):
+            slug, tier = tenants[int(rng.integers(0, len(tenants)))]
+            profile = profiles[int(rng.choice(len(profiles), p=_PROFILE_MIX))]
+            app, container, guarantee_mb, limit_mb = _APPS[profile]
+            workloads.append(
+                {
+                    "tenant": slug,
+                    "namespace": f"{slug}-prod" if rng.random() < 0.8 else f"{slug}-staging",
+                    "pod": f"{app}-{_name(rng, 5)}-{_name(rng, 5)}",
+                    "container": container,
+                    "pod_uid": str(uuid.UUID(bytes=rng.bytes(16), version=4)),
+                    "sla_tier": tier,
+                    "gpu": gpu["uuid"],
+                    "profile": profile,
+                    "guarantee_mem_mb": guarantee_mb,
+                    "limit_mem_mb": limit_mb,
+                }
+            )
+    return {"node": node, "seed": seed, "gpus": gpus, "workloads": workloads}

@@ -1,0 +1,82 @@
+"""Wire format v1 of a usage batch (DESIGN §3): one place renders it."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from agents.interfaces import GpuInfo, Workload
+
+__all__ = ["SCHEMA", "Sample", "format_utc", "render_batch"]
+
+SCHEMA = "vgpu-ledger/usage-batch/v1"
+
+
+def format_utc(moment: datetime) -> str:
+    """``2026-11-30T03:00:00Z``; the wire carries whole UTC seconds only."""
+    if moment.tzinfo is None or moment.utcoffset() != UTC.utcoffset(None):
+        raise ValueError(f"{moment!r} is not an aware UTC datetime")
+    if moment.microsecond:
+        raise ValueError(f"{moment.isoformat()} is not aligned to a whole second")
+    return moment.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+@dataclass(frozen=True, slots=True)
+class Sample:
+    """Integrals of one workload on one GPU over ``[start, start + seconds)``."""
+
+    start: datetime
+    seconds: int
+    gpu: str
+    workload: Workload
+    mem_used_mb_s: float
+    mem_granted_mb_s: float
+    sm_used_s: float  # one SM fully busy for one second = 1 SM·s
+    sm_granted_s: float
+    pcie_mb: float
+
+    def to_wire(self) -> dict[str, Any]:
+        w = self.workload
+        return {
+            "start": format_utc(self.start),
+            "seconds": self.seconds,
+            "gpu": self.gpu,
+            "tenant": w.tenant,
+            "namespace": w.namespace,
+            "pod": w.pod,
+            "container": w.container,
+            "pod_uid": w.pod_uid,
+            "sla_tier": w.sla_tier,
+            "mem_used_mb_s": self.mem_used_mb_s,
+            "mem_granted_mb_s": self.mem_granted_mb_s,
+            "sm_used_s": self.sm_used_s,
+            "sm_granted_s": self.sm_granted_s,
+            "pcie_mb": self.pcie_mb,
+        }
+
+
+def render_batch(
+    *,
+    node: str,
+    batch_seq: int,
+    window_start: datetime,
+    window_end: datetime,
+    gpus: Sequence[GpuInfo],
+    samples: Sequence[Sample],
+) -> bytes:
+    """The exact bytes sent for a batch (compact JSON, stable ordering)."""
+    if window_end <= window_start:
+        raise ValueError(f"empty batch window [{window_start}, {window_end})")
+    ordered = sorted(samples, key=lambda s: (s.start, s.gpu, s.workload.key))
+    document: Mapping[str, Any] = {
+        "schema": SCHEMA,
+        "node": node,
+        "batch_seq": batch_seq,
+        "window": {"start": format_utc(window_start), "end": format_utc(window_end)},
+        "gpus": [{"uuid": g.uuid, "model": g.model, "memory_mb": g.memory_mb, "sm_count": g.sm_count} for g in gpus],
+        "samples": [s.to_wire() for s in ordered],
+    }
+    return json.dumps(document, separators=(",", ":"), allow_nan=False).encode("utf-8")

@@ -1,0 +1,24 @@
+"""The node token, read from a file (a mounted Kubernetes Secret in production)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+__all__ = ["TokenError", "read_token"]
+
+
+class TokenError(Exception):
+    """The token file is missing, unreadable or empty."""
+
+
+def read_token(path: str | Path) -> str:
+    """The token with surrounding whitespace stripped; re-read on every upload (rotation)."""
+    try:
+        token = Path(path).read_text(encoding="utf-8").strip()
+    except FileNotFoundError:
+        raise TokenError(f"token file {path} does not exist") from None
+    except OSError as error:
+        raise TokenError(f"token file {path} cannot be read: {error.strerror}") from error
+    if not token:
+        raise TokenError(f"token file {path} is empty")
+    return token

@@ -1,0 +1,129 @@
+"""Value types and the Protocols at the agent's edges (NVML, clock, enforcement).
+
+Fakes for these seams live in ``agents.testing``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Protocol
+
+__all__ = [
+    "Attributor",
+    "Clock",
+    "Enforcer",
+    "Entitlement",
+    "GpuBackend",
+    "GpuInfo",
+    "Grant",
+    "Prediction",
+    "Predictor",
+    "UsageReading",
+    "Workload",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class GpuInfo:
+    """One physical GPU as it appears in a batch's ``gpus`` list."""
+
+    uuid: str
+    model: str
+    memory_mb: int  # total device memory, MiB
+    sm_count: int  # streaming multiprocessors
+
+
+@dataclass(frozen=True, slots=True)
+class Workload:
+    """One container using GPUs; the identity a usage sample is billed to."""
+
+    tenant: str
+    namespace: str
+    pod: str
+    container: str
+    pod_uid: str
+    sla_tier: str
+
+    @property
+    def key(self) -> str:
+        """Unique per node: a container is one workload."""
+        return f"{self.namespace}/{self.pod}/{self.container}"
+
+
+@dataclass(frozen=True, slots=True)
+class Entitlement:
+    """What a workload was promised on one GPU (pod request, annotation, claim)."""
+
+    guarantee_mem_mb: float = 0.0
+    limit_mem_mb: float | None = None  # None: up to the card
+    guarantee_sm: float = 0.0
+    limit_sm: float | None = None  # None: up to the card
+    weight: float | None = None  # None: the SLA tier's weight from the policy
+
+
+@dataclass(frozen=True, slots=True)
+class UsageReading:
+    """A workload's use of one GPU at one instant; held constant until the next tick."""
+
+    workload: Workload
+    gpu: str  # GPU uuid
+    mem_used_mb: float  # MiB allocated now
+    sm_used: float  # SMs busy on average (0..sm_count), i.e. SM utilisation x sm_count
+    pcie_mb_per_s: float  # host<->device traffic rate, MB/s
+    entitlement: Entitlement = field(default_factory=Entitlement)
+
+
+@dataclass(frozen=True, slots=True)
+class Grant:
+    """What the allocation loop grants a workload on one GPU for the next tick."""
+
+    workload: Workload
+    gpu: str
+    mem_mb: float  # MiB
+    sm: float  # SMs
+
+
+@dataclass(frozen=True, slots=True)
+class Prediction:
+    """Predicted peak use over the look-ahead horizon (0.5-2 s, DESIGN §5)."""
+
+    mem_peak_mb: float
+    sm_peak: float
+
+
+class GpuBackend(Protocol):
+    """Source of GPU inventory and per-workload usage (NVML or the simulator)."""
+
+    def inventory(self) -> Sequence[GpuInfo]: ...
+
+    def read(self, *, now: datetime) -> Sequence[UsageReading]: ...
+
+
+class Clock(Protocol):
+    """Wall time for timestamps, monotonic time for intervals."""
+
+    def now(self) -> datetime: ...  # aware, UTC
+
+    def monotonic(self) -> float: ...  # seconds, arbitrary origin
+
+    def sleep(self, seconds: float) -> None: ...
+
+
+class Enforcer(Protocol):
+    """Applies grants on the node (MPS limits, watchdog, or dry-run logging)."""
+
+    def apply(self, grants: Sequence[Grant]) -> None: ...
+
+
+class Attributor(Protocol):
+    """Maps a GPU process to the workload that owns it (pid -> cgroup -> pod)."""
+
+    def attribute(self, *, pid: int) -> Workload: ...
+
+
+class Predictor(Protocol):
+    """Predicts a workload's near-term peak from its readings."""
+
+    def predict(self, *, reading: UsageReading, now: datetime) -> Prediction: ...

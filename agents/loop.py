@@ -1,0 +1,244 @@
+"""The agent: tick loop of backend -> allocation -> enforcer -> meter -> spool.
+
+Every tick (``tick_ms``) the backend is read, grants are computed and applied,
+and the meter holds the new rates until the next tick. Every ``batch_seconds``
+the completed metering periods are closed into a batch in the spool. Uploading
+runs elsewhere (``agents.uploader``), so a down server never delays metering.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+
+from agents.allocation import CurrentUsePredictor, Policy, compute_grants
+from agents.batch import Sample, render_batch
+from agents.clock import ceil_to_seconds, from_us, to_us
+from agents.interfaces import Clock, Enforcer, GpuBackend, GpuInfo, Grant, Predictor, UsageReading
+from agents.meter import Meter, Rate
+from agents.spool import Spool
+
+__all__ = ["Agent", "AgentConfig", "RunSummary"]
+
+log = logging.getLogger(__name__)
+
+_US_PER_MS = 1000
+
+
+@dataclass(frozen=True, slots=True)
+class AgentConfig:
+    node: str
+    tick_ms: int = 500  # allocation period
+    meter_ms: int = 1000  # width of one usage sample; whole seconds
+    batch_seconds: int = 10  # width of one batch window; a multiple of the sample width
+    policy: Policy = field(default_factory=Policy)
+
+    def __post_init__(self) -> None:
+        if not self.node:
+            raise ValueError("node must not be empty")
+        if self.meter_ms < 1000 or self.meter_ms % 1000 or self.meter_ms > 60_000:
+            raise ValueError(f"meter_ms must be whole seconds in [1000, 60000], got {self.meter_ms}")
+        if not 10 <= self.tick_ms <= self.meter_ms:
+            raise ValueError(f"tick_ms must be in [10, meter_ms={self.meter_ms}], got {self.tick_ms}")
+        if self.batch_seconds < 1 or (self.batch_seconds * 1000) % self.meter_ms:
+            raise ValueError(f"batch_seconds must be a positive multiple of meter_ms/1000, got {self.batch_seconds}")
+
+    @property
+    def period_s(self) -> int:
+        return self.meter_ms // 1000
+
+
+@dataclass(frozen=True, slots=True)
+class RunSummary:
+    start: datetime  # first metered instant
+    metered_until: datetime  # end of the last closed batch window
+    batches: tuple[int, ...]  # batch_seq of every batch spooled by this run
+    ticks: int
+
+
+class Agent:
+    def __init__(
+        self,
+        *,
+        config: AgentConfig,
+        backend: GpuBackend,
+        clock: Clock,
+        enforcer: Enforcer,
+        spool: Spool,
+        predictor: Predictor | None = None,
+        on_batch: Callable[[int], None] | None = None,
+    ) -> None:
+        self._config = config
+        self._backend = backend
+        self._clock = clock
+        self._enforcer = enforcer
+        self._spool = spool
+        self._predictor = predictor if predictor is not None else CurrentUsePredictor()
+        self._on_batch = on_batch
+
+    def run(
+        self,
+        *,
+        stop: threading.Event,
+        start: datetime | None = None,
+        until: datetime | None = None,
+    ) -> RunSummary:
+        """Meter from ``start`` (default: the next whole period) until ``until`` or ``stop``.
+
+        On the way out the partial batch of completed periods is spooled.
+        """
+        config = self._config
+        gpus = tuple(self._backend.inventory())
+        if not gpus:
+            raise ValueError("the backend reports no GPUs")
+        origin_us = to_us(self._clock.now())
+        origin_mono = self._clock.monotonic()
+
+        def now_us() -> int:
+            # Wall time anchored once, advanced by the monotonic clock: immune to clock steps.
+            return origin_us + round((self._clock.monotonic() - origin_mono) * 1_000_000)
+
+        begin = start if start is not None else ceil_to_seconds(from_us(origin_us), seconds=config.period_s)
+        last_end = self._spool.last_window_end
+        if last_end is not None and begin < last_end:
+            log.info("event=start_moved from=%s to=%s reason=spooled_history", begin, last_end)
+            begin = ceil_to_seconds(last_end, seconds=config.period_s)
+        meter = Meter(gpus=gpus, start=begin, period_s=config.period_s)
+        batch = _OpenBatch(start=begin, seconds=config.batch_seconds)
+        tick_us = config.tick_ms * _US_PER_MS
+        begin_us = to_us(begin)
+        until_us = None if until is None else to_us(until)
+        batches: list[int] = []
+        ticks = 0
+        log.info(
+            "event=agent_started node=%s gpus=%d start=%s tick_ms=%d batch_seconds=%d",
+            config.node,
+            len(gpus),
+            begin.isoformat(),
+            config.tick_ms,
+            config.batch_seconds,
+        )
+        # The first tick lands one tick before ``begin`` so that rates are known from its first instant.
+        next_tick_us = begin_us - tick_us
+        try:
+            while not stop.is_set():
+                if until_us is not None and next_tick_us > until_us:
+                    break
+                self._clock.sleep(max(0, next_tick_us - now_us()) / 1_000_000)
+                if stop.is_set():
+                    break
+                at = from_us(now_us())
+                samples = meter.update(at=at, rates=self._tick(gpus=gpus, at=at))
+                ticks += 1
+                batches.extend(self._close_full(batch=batch, samples=samples, meter=meter, gpus=gpus))
+                # Missed ticks (a stall) are skipped, not replayed: rates are piecewise constant.
+                next_tick_us = begin_us + ((to_us(at) - begin_us) // tick_us + 1) * tick_us
+        finally:
+            end = from_us(now_us() if until_us is None else min(now_us(), until_us))
+            samples = meter.advance(to=max(end, meter.start))
+            batches.extend(self._close_full(batch=batch, samples=samples, meter=meter, gpus=gpus))
+            batches.extend(self._close_partial(batch=batch, until=meter.completed_until, gpus=gpus))
+            log.info(
+                "event=agent_stopped node=%s metered_until=%s batches=%d",
+                config.node,
+                batch.start.isoformat(),
+                len(batches),
+            )
+        return RunSummary(start=begin, metered_until=batch.start, batches=tuple(batches), ticks=ticks)
+
+    def _tick(self, *, gpus: Sequence[GpuInfo], at: datetime) -> list[Rate]:
+        readings = self._backend.read(now=at)
+        allocation = compute_grants(
+            gpus=gpus, readings=readings, policy=self._config.policy, predictor=self._predictor, now=at
+        )
+        self._enforcer.apply(allocation.grants)
+        for uuid in allocation.mem_overcommitted:
+            log.warning("event=memory_overcommitted gpu=%s detail='use above capacity'", uuid)
+        return _rates(readings=readings, grants=allocation.grants, gpus=gpus)
+
+    def _close_full(
+        self, *, batch: _OpenBatch, samples: list[Sample], meter: Meter, gpus: Sequence[GpuInfo]
+    ) -> list[int]:
+        """Spool every batch window the meter has completed (several after a stall)."""
+        batch.samples.extend(samples)
+        closed: list[int] = []
+        while meter.completed_until >= batch.end:
+            closed.append(self._store(batch=batch, end=batch.end, gpus=gpus))
+        return closed
+
+    def _close_partial(self, *, batch: _OpenBatch, until: datetime, gpus: Sequence[GpuInfo]) -> list[int]:
+        if until <= batch.start:
+            return []
+        return [self._store(batch=batch, end=until, gpus=gpus)]
+
+    def _store(self, *, batch: _OpenBatch, end: datetime, gpus: Sequence[GpuInfo]) -> int:
+        window_start = batch.start
+        inside = [s for s in batch.samples if s.start < end]
+        seq = self._spool.store_batch(
+            window_start=window_start,
+            window_end=end,
+            render=lambda batch_seq: render_batch(
+                node=self._config.node,
+                batch_seq=batch_seq,
+                window_start=window_start,
+                window_end=end,
+                gpus=gpus,
+                samples=inside,
+            ),
+        )
+        batch.advance(to=end)
+        log.info(
+            "event=batch_closed batch_seq=%d window_start=%s window_end=%s samples=%d",
+            seq,
+            window_start.isoformat(),
+            end.isoformat(),
+            len(inside),
+        )
+        if self._on_batch is not None:
+            self._on_batch(seq)
+        return seq
+
+
+@dataclass(slots=True)
+class _OpenBatch:
+    """Samples of the batch window being filled: ``[start, start + seconds)``."""
+
+    start: datetime
+    seconds: int
+    samples: list[Sample] = field(default_factory=list)
+
+    @property
+    def end(self) -> datetime:
+        return self.start + timedelta(seconds=self.seconds)
+
+    def advance(self, *, to: datetime) -> None:
+        self.samples = [s for s in self.samples if s.start >= to]
+        self.start = to
+
+
+def _rates(*, readings: Sequence[UsageReading], grants: Sequence[Grant], gpus: Sequence[GpuInfo]) -> list[Rate]:
+    """Meter rates; memory granted on an overcommitted card is scaled to fit its capacity."""
+    granted = {(g.gpu, g.workload.key): g for g in grants}
+    capacity = {g.uuid: float(g.memory_mb) for g in gpus}
+    mem_total: dict[str, float] = {}
+    for g in grants:
+        mem_total[g.gpu] = mem_total.get(g.gpu, 0.0) + g.mem_mb
+    rates: list[Rate] = []
+    for r in readings:
+        grant = granted[(r.gpu, r.workload.key)]
+        scale = min(1.0, capacity[r.gpu] / mem_total[r.gpu]) if mem_total[r.gpu] > 0 else 1.0
+        rates.append(
+            Rate(
+                workload=r.workload,
+                gpu=r.gpu,
+                mem_used_mb=r.mem_used_mb,
+                mem_granted_mb=grant.mem_mb * scale,
+                sm_used=r.sm_used,
+                sm_granted=grant.sm,
+                pcie_mb_per_s=r.pcie_mb_per_s,
+            )
+        )
+    return rates
