@@ -1,10 +1,8 @@
 from decimal import Decimal
 
-from django.contrib.postgres.constraints import ExclusionConstraint
-from django.contrib.postgres.fields import DateTimeRangeField, RangeOperators
 from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
-from django.db.models import Func, Q
+from django.db.models import Q
 from django.utils.translation import gettext_lazy as _
 
 
@@ -19,16 +17,11 @@ class IdlePolicy(models.TextChoices):
     PROPORTIONAL = "proportional", _("spread over the tenants on the GPU")
 
 
-class TsTzRange(Func):
-    function = "TSTZRANGE"
-    output_field = DateTimeRangeField()
-
-
 class RateCard(models.Model):
     """Price per GPU-hour of one GPU model over an effective period (DESIGN §4).
 
     `effective_to` is exclusive; NULL means open-ended. Periods of one model never overlap
-    (exclusion constraint), so every GPU-second has at most one price.
+    (trigger `rate_card_no_overlap`, migration 0003), so every GPU-second has at most one price.
     """
 
     gpu_model = models.CharField(max_length=128, help_text=_("Exactly as NVML names it"))
@@ -59,13 +52,6 @@ class RateCard(models.Model):
             models.CheckConstraint(
                 condition=Q(effective_to__isnull=True) | Q(effective_to__gt=models.F("effective_from")),
                 name="rate_card_period_ordered",
-            ),
-            ExclusionConstraint(
-                name="rate_card_no_overlap",
-                expressions=[
-                    ("gpu_model", RangeOperators.EQUAL),
-                    (TsTzRange("effective_from", "effective_to"), RangeOperators.OVERLAPS),
-                ],
             ),
         ]
 

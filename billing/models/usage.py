@@ -1,9 +1,6 @@
-from django.contrib.postgres.constraints import ExclusionConstraint
-from django.contrib.postgres.fields import RangeOperators
 from django.db import models
 
 from billing.models.fleet import Node
-from billing.models.pricing import TsTzRange
 
 
 class UsageBatch(models.Model):
@@ -52,16 +49,10 @@ class BatchGpu(models.Model):
     class Meta:
         constraints = [
             models.UniqueConstraint(fields=["batch", "gpu_uuid"], name="batch_gpu_unique"),
-            # A GPU-second is metered once: windows of one GPU never overlap across batches.
-            ExclusionConstraint(
-                name="batch_gpu_no_overlap",
-                expressions=[
-                    ("gpu_uuid", RangeOperators.EQUAL),
-                    (TsTzRange("window_start", "window_end"), RangeOperators.OVERLAPS),
-                ],
-            ),
         ]
-        indexes = [models.Index(fields=["gpu_uuid", "window_start"], name="batch_gpu_uuid_start_idx")]
+        # A GPU-second is metered once: windows of one GPU never overlap across batches
+        # (trigger `batch_gpu_no_overlap`, migration 0003, looks up by this index).
+        indexes = [models.Index(fields=["gpu_uuid", "window_end"], name="batch_gpu_uuid_end_idx")]
 
     def __str__(self) -> str:
         return f"{self.gpu_uuid} in batch {self.batch_id}"

@@ -132,15 +132,17 @@ def _store(*, node: Node, batch: ValidatedBatch, digest: str, now: datetime) -> 
             cur.cursor,
             "INSERT INTO billing_batchgpu (batch_id, gpu_uuid, model, memory_mb, sm_count, window_start, window_end) "
             "VALUES %s",
+            # Sorted: the overlap trigger locks per GPU, and one lock order means no deadlocks.
             [(batch_id, g.uuid, g.model, g.memory_mb, g.sm_count, batch.window_start, batch.window_end)
-             for g in batch.gpus],
+             for g in sorted(batch.gpus, key=lambda g: g.uuid)],
         )
         execute_values(
             cur.cursor,
             "INSERT INTO billing_gpu (uuid, node_id, model, memory_mb, sm_count, first_seen_at, last_seen_at) "
             "VALUES %s ON CONFLICT (uuid) DO UPDATE SET node_id = EXCLUDED.node_id, model = EXCLUDED.model, "
             "memory_mb = EXCLUDED.memory_mb, sm_count = EXCLUDED.sm_count, last_seen_at = EXCLUDED.last_seen_at",
-            [(g.uuid, node.pk, g.model, g.memory_mb, g.sm_count, now, now) for g in batch.gpus],
+            [(g.uuid, node.pk, g.model, g.memory_mb, g.sm_count, now, now)
+             for g in sorted(batch.gpus, key=lambda g: g.uuid)],
         )
         cur.execute("UPDATE billing_node SET last_seen_at = %s WHERE id = %s", [now, node.pk])
         if batch.rows:

@@ -107,3 +107,17 @@ def test_usage_without_a_rate_card_is_kept_unpriced_and_priced_after_a_rebuild(p
     rebuild_ledger(start=minute_start, end=minute_start + timedelta(minutes=1))
     gm = GpuMinute.objects.get()
     assert gm.priced and gm.card_cost == Decimal("0.010000000000")
+
+
+def test_overlapping_rate_cards_for_one_model_are_refused_by_the_database(rate_card):
+    from django.db import IntegrityError, transaction
+
+    with pytest.raises(IntegrityError, match="rate_card_no_overlap"), transaction.atomic():
+        RateCard.objects.create(gpu_model=A100["model"], currency="USD", price_per_gpu_hour=Decimal("4"),
+                                effective_from=datetime(2025, 1, 1, tzinfo=UTC), source_url="https://example.org")
+    # Closing the first card makes room for the next one.
+    rate_card.effective_to = datetime(2025, 1, 1, tzinfo=UTC)
+    rate_card.save()
+    RateCard.objects.create(gpu_model=A100["model"], currency="USD", price_per_gpu_hour=Decimal("4"),
+                            effective_from=datetime(2025, 1, 1, tzinfo=UTC), source_url="https://example.org")
+    assert RateCard.objects.count() == 2

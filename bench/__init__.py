@@ -1,0 +1,1 @@
+"""Benchmarks (not tests: they report numbers and never assert on speed). See bench/README.md."""

@@ -1,0 +1,59 @@
+"""No two rate cards of one GPU model overlap in time, and no GPU-second is metered twice.
+
+These are exclusion constraints in spirit. They are triggers because an exclusion
+constraint on `text = AND range &&` needs the btree_gist extension, which the embedded
+Postgres (pgserver) does not ship. Each trigger takes a transaction-level advisory lock on
+its key (GPU model / GPU UUID) before looking for an overlap, so two concurrent inserts
+cannot both pass. Violations raise SQLSTATE 23P01 (exclusion_violation) naming the rule.
+"""
+
+from django.db import migrations
+
+SQL = """
+CREATE FUNCTION billing_rate_card_no_overlap() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM pg_advisory_xact_lock(hashtext('billing_ratecard:' || NEW.gpu_model));
+    IF EXISTS (
+        SELECT 1 FROM billing_ratecard r
+        WHERE r.gpu_model = NEW.gpu_model AND r.id <> NEW.id
+          AND tstzrange(r.effective_from, r.effective_to) && tstzrange(NEW.effective_from, NEW.effective_to)
+    ) THEN
+        RAISE EXCEPTION 'rate_card_no_overlap: another rate card for % overlaps [%, %)',
+            NEW.gpu_model, NEW.effective_from, coalesce(NEW.effective_to::text, 'open end')
+            USING ERRCODE = 'exclusion_violation';
+    END IF;
+    RETURN NEW;
+END $$;
+CREATE TRIGGER rate_card_no_overlap BEFORE INSERT OR UPDATE ON billing_ratecard
+    FOR EACH ROW EXECUTE FUNCTION billing_rate_card_no_overlap();
+
+CREATE FUNCTION billing_batch_gpu_no_overlap() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM pg_advisory_xact_lock(hashtext('billing_batchgpu:' || NEW.gpu_uuid));
+    IF EXISTS (
+        SELECT 1 FROM billing_batchgpu g
+        WHERE g.gpu_uuid = NEW.gpu_uuid AND g.window_end > NEW.window_start
+          AND g.window_start < NEW.window_end AND g.id <> NEW.id
+    ) THEN
+        RAISE EXCEPTION 'batch_gpu_no_overlap: GPU % already metered inside [%, %)',
+            NEW.gpu_uuid, NEW.window_start, NEW.window_end
+            USING ERRCODE = 'exclusion_violation';
+    END IF;
+    RETURN NEW;
+END $$;
+CREATE TRIGGER batch_gpu_no_overlap BEFORE INSERT OR UPDATE ON billing_batchgpu
+    FOR EACH ROW EXECUTE FUNCTION billing_batch_gpu_no_overlap();
+"""
+
+REVERSE = """
+DROP TRIGGER batch_gpu_no_overlap ON billing_batchgpu;
+DROP FUNCTION billing_batch_gpu_no_overlap();
+DROP TRIGGER rate_card_no_overlap ON billing_ratecard;
+DROP FUNCTION billing_rate_card_no_overlap();
+"""
+
+
+class Migration(migrations.Migration):
+    dependencies = [("billing", "0002_raw_sample_partitioned")]
+
+    operations = [migrations.RunSQL(SQL, reverse_sql=REVERSE)]
