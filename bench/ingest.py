@@ -123,7 +123,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--threads", type=int, default=4, help="threads per gthread worker")
     p.add_argument("--compare", type=ServerConfig.parse, nargs="*", default=[], metavar="SPEC",
                    help="further gunicorn configs measured in the same run, e.g. sync:2 gthread:3x2")
-    p.add_argument("--profile-batches", type=int, default=200, help="batches for the in-process stage timing")
+    p.add_argument("--profile-batches", type=int, default=240, help="batches for the in-process stage timing")
     p.add_argument("--seed", type=int, default=20261130)
     p.add_argument("--keep-db", action="store_true", help="keep the <dbname>_bench database afterwards")
     p.add_argument("--write-docs", action="store_true", help=f"replace the '## Ingest' section of {DOCS_FILE.relative_to(REPO)}")
@@ -594,13 +594,12 @@ def _wsgi_one(token: str, body: bytes) -> None:
         raise RuntimeError(f"in-process request answered {statuses}")
 
 
-def _record_stages(work: list[tuple[Agent, Any, bytes]]) -> dict[str, float]:
-    """Each stage of record_usage_batch timed by wrapping the names ingest.py looks up at call time."""
+@contextlib.contextmanager
+def _stage_timers(sink: dict[str, float]) -> Iterator[None]:
+    """Time each stage of record_usage_batch by wrapping the names ingest.py looks up at call time."""
     from django.db import connection
 
     from billing.services import ingest
-
-    sink: dict[str, float] = defaultdict(float)
 
     def sql_timer(execute: Callable[..., Any], sql: str, params: Any, many: bool, context: Any) -> Any:
         started = time.perf_counter()
@@ -613,8 +612,10 @@ def _record_stages(work: list[tuple[Agent, Any, bytes]]) -> dict[str, float]:
           _timed(ingest, "_copy_buffer", sink, "COPY buffer build"),
           _timed(ingest, "execute_values", sink, lambda _cur, sql, *_rest: _sql_key(sql)),
           connection.execute_wrapper(sql_timer)):
-        for _agent, node, body in work:
-            _ingest_one(node, body, sink)
+        yield
+
+
+def _stage_seconds(sink: dict[str, float], wsgi: float) -> dict[str, float]:
     sql = {k: v for k, v in sink.items() if k.startswith("SQL")}
     seconds = {s: sink[s] for s in PYTHON_STAGES[:4]}
     seconds.update(sorted(sql.items()))
@@ -622,35 +623,33 @@ def _record_stages(work: list[tuple[Agent, Any, bytes]]) -> dict[str, float]:
     seconds["COPY (client + server)"] = sink["store"] - sum(sql.values()) - sink["COPY buffer build"]
     # record_usage_batch = validation + SHA-256 (again) + _store + commit.
     seconds["commit"] = sink["record"] - sink["validation"] - sink["store"] - sink["SHA-256"]
+    seconds[DJANGO_STAGE] = max(0.0, wsgi - sum(seconds.values()))
     return seconds
 
 
 def time_stages(agents: list[Agent], bodies: list[list[bytes]], samples_per_batch: int) -> StageTiming:
-    """In-process, one thread: a third of the batches with every stage of record_usage_batch timed, a
-    third through the WSGI application (the rest is Django, DRF and the token lookup), a third under cProfile."""
+    """In-process, one thread, batches taken in turn: one with every stage of record_usage_batch timed,
+    one through the WSGI application (its excess over the stages is Django, DRF and the token lookup),
+    one under cProfile; interleaved, so that a noisy neighbour hits all three alike."""
     from billing.models import Node
 
     nodes = {a.node: Node.objects.get(name=a.node) for a in agents}
     work = [(a, nodes[a.node], body) for a, batch_bodies in zip(agents, bodies, strict=True) for body in batch_bodies]
-    third = len(work) // 3
-    seconds = _record_stages(work[:third])
-    started = time.perf_counter()
-    for agent, _node, body in work[third:2 * third]:
-        _wsgi_one(agent.token, body)
-    wsgi = time.perf_counter() - started
-    seconds[DJANGO_STAGE] = max(0.0, wsgi - sum(seconds.values()))
-    return StageTiming(third, third * samples_per_batch, seconds, _cprofile(work[2 * third:]))
-
-
-def _cprofile(work: list[tuple[Agent, Any, bytes]]) -> str:
+    sink: dict[str, float] = defaultdict(float)
     profiler = cProfile.Profile()
-    profiler.enable()
-    for agent, _node, body in work:
-        _wsgi_one(agent.token, body)
-    profiler.disable()
+    wsgi = 0.0
+    rounds = len(work) // 3
+    for i in range(rounds):
+        (_, node, body), (agent, _, wsgi_body), (profiled_agent, _, profiled_body) = work[3 * i:3 * i + 3]
+        with _stage_timers(sink):
+            _ingest_one(node, body, sink)
+        started = time.perf_counter()
+        _wsgi_one(agent.token, wsgi_body)
+        wsgi += time.perf_counter() - started
+        profiler.runcall(_wsgi_one, profiled_agent.token, profiled_body)
     out = io.StringIO()
     pstats.Stats(profiler, stream=out).strip_dirs().sort_stats("tottime").print_stats(25)
-    return out.getvalue()
+    return StageTiming(rounds, rounds * samples_per_batch, _stage_seconds(sink, wsgi), out.getvalue())
 
 
 # --------------------------------------------------------------------------------------------
@@ -950,7 +949,7 @@ def print_report(report: Report) -> None:
     print()
     print(analysis(report))
     print()
-    print("cProfile of record_usage_batch path, in-process (top by own time):")
+    print("cProfile of the WSGI application, in-process (top by own time):")
     print(report.stages.profile)
 
 

@@ -19,6 +19,7 @@ import subprocess
 import sys
 import time
 import urllib.parse
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -36,6 +37,8 @@ def _free_loopback_port() -> int:
 
 @contextlib.contextmanager
 def _embedded_postgres(data_dir: Path) -> Iterator[str]:
+    # platformdirs warns when XDG_RUNTIME_DIR is unset (containers, CI); pgserver copes.
+    warnings.filterwarnings("ignore", message=".*XDG_RUNTIME_DIR.*")
     import pgserver  # imported lazily: only needed without DATABASE_URL
 
     pgdata = data_dir / "pg"

@@ -1,0 +1,106 @@
+"""`make demo` as a newcomer runs it: the launcher starts web, worker, beat and three
+simulated agents, the finance page shows live, growing numbers, and Ctrl-C stops it all."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.parse
+from decimal import Decimal
+from pathlib import Path
+
+import psycopg2
+import pytest
+import requests
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@pytest.fixture
+def demo_env(tmp_path):
+    """The demo on its own database and Redis db, so it never touches the test database."""
+    url = urllib.parse.urlsplit(os.environ["DATABASE_URL"])
+    admin = psycopg2.connect(os.environ["DATABASE_URL"])
+    admin.autocommit = True
+    with admin.cursor() as cur:
+        cur.execute("DROP DATABASE IF EXISTS vgpu_demo_test WITH (FORCE)")
+        cur.execute("CREATE DATABASE vgpu_demo_test")
+    env = dict(os.environ)
+    env["DATABASE_URL"] = urllib.parse.urlunsplit(url._replace(path="/vgpu_demo_test"))
+    redis = urllib.parse.urlsplit(os.environ["REDIS_URL"])
+    env["REDIS_URL"] = urllib.parse.urlunsplit(redis._replace(path="/13"))
+    env["VGPU_DATA_DIR"] = str(tmp_path)
+    env["PORT"] = str(_free_port())
+    env["VGPU_ROLLUP_EVERY_S"] = "3"
+    env.pop("DJANGO_SETTINGS_MODULE", None)
+    yield env
+    with admin.cursor() as cur:
+        cur.execute("DROP DATABASE IF EXISTS vgpu_demo_test WITH (FORCE)")
+    admin.close()
+
+
+def _total_cost(session: requests.Session, base: str) -> Decimal:
+    html = session.get(f"{base}/finance/", timeout=10).text
+    match = re.search(r'data-testid="total-gpu-cost">([\d,.]+)', html)
+    assert match, html[:2000]
+    return Decimal(match.group(1).replace(",", ""))
+
+
+def test_demo_serves_growing_numbers_and_stops_cleanly_on_ctrl_c(demo_env):
+    proc = subprocess.Popen([sys.executable, "-m", "config.demo"], cwd=ROOT, env=demo_env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    out: list[str] = []
+    try:
+        deadline = time.monotonic() + 150
+        while not any("Press Ctrl-C" in line for line in out):
+            line = proc.stdout.readline()
+            assert line or proc.poll() is None, "".join(out)
+            out.append(line)
+            assert time.monotonic() < deadline, "".join(out)
+        text = "".join(out)
+        password = re.search(r"user finance\s+password (\S+)", text).group(1)
+        base = f"http://127.0.0.1:{demo_env['PORT']}"
+        health = requests.get(f"{base}/healthz", timeout=10)
+        assert health.status_code == 200 and health.json()["worker"]["ok"]
+        s = requests.Session()
+        s.get(f"{base}/accounts/login/", timeout=10)
+        resp = s.post(f"{base}/accounts/login/", timeout=10, headers={"Referer": f"{base}/accounts/login/"},
+                      data={"username": "finance", "password": password, "next": "/finance/",
+                            "csrfmiddlewaretoken": s.cookies["csrftoken"]})
+        assert resp.url.endswith("/finance/")
+        first = Decimal(0)
+        deadline = time.monotonic() + 60
+        while first == 0 and time.monotonic() < deadline:
+            time.sleep(2)
+            first = _total_cost(s, base)
+        assert first > 0, "no priced usage within a minute of the demo starting"
+        deadline = time.monotonic() + 60
+        later = first
+        while later <= first and time.monotonic() < deadline:
+            time.sleep(3)
+            later = _total_cost(s, base)
+        assert later > first, "the finance page's numbers did not grow"
+    finally:
+        proc.send_signal(signal.SIGINT)
+        try:
+            rest, _ = proc.communicate(timeout=90)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            raise
+    assert proc.returncode == 0, rest
+    assert "demo: stopped." in rest
+    with socket.socket() as sock:
+        assert sock.connect_ex(("127.0.0.1", int(demo_env["PORT"]))) != 0, "the web server still listens"
+    leftovers = subprocess.run(["pgrep", "-f", str(demo_env["VGPU_DATA_DIR"])], capture_output=True, text=True)
+    assert leftovers.stdout.strip() == "", leftovers.stdout
