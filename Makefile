@@ -26,6 +26,7 @@ demo: $(STAMP)
 lint: $(STAMP)
 	$(PY) -m ruff check .
 	$(VENV)/bin/lint-imports --no-cache
+	$(PY) -m config.embedded -- $(PY) -m mypy config billing agents allocator
 
 test: lint
 	$(PY) -m config.embedded -- $(PY) -m pytest

@@ -11,9 +11,15 @@ from django.db import models
 from billing.models.fleet import Node
 from billing.models.pricing import RateCard
 
-AMOUNT = {"max_digits": 30, "decimal_places": 12}
-# 10 places keep agent integrals exact: agents quantise to multiples of 2^-10 (agents/meter.py).
-QUANTITY = {"max_digits": 30, "decimal_places": 10}
+
+def _amount() -> models.DecimalField:
+    """Money at ledger precision (billing.money.LEDGER_PLACES)."""
+    return models.DecimalField(max_digits=30, decimal_places=12)
+
+
+def _quantity() -> models.DecimalField:
+    # 10 places keep agent integrals exact: agents quantise to multiples of 2^-10 (agents/meter.py).
+    return models.DecimalField(max_digits=30, decimal_places=10)
 
 
 class _WorkloadUsage(models.Model):
@@ -25,19 +31,19 @@ class _WorkloadUsage(models.Model):
     container = models.CharField(max_length=253)
     pod_uid = models.CharField(max_length=64)
     sla_tier = models.CharField(max_length=63)
-    seconds = models.DecimalField(**QUANTITY)
-    mem_used_mb_s = models.DecimalField(**QUANTITY)
-    mem_granted_mb_s = models.DecimalField(**QUANTITY)
-    mem_billed_mb_s = models.DecimalField(**QUANTITY)
-    sm_used_s = models.DecimalField(**QUANTITY)
-    sm_granted_s = models.DecimalField(**QUANTITY)
-    sm_billed_s = models.DecimalField(**QUANTITY)
-    pcie_mb = models.DecimalField(**QUANTITY)
+    seconds = _quantity()
+    mem_used_mb_s = _quantity()
+    mem_granted_mb_s = _quantity()
+    mem_billed_mb_s = _quantity()
+    sm_used_s = _quantity()
+    sm_granted_s = _quantity()
+    sm_billed_s = _quantity()
+    pcie_mb = _quantity()
     # The workload's share of the card in GPU-seconds after any pro-rata scaling.
-    share_gpu_s = models.DecimalField(**AMOUNT)
-    charge = models.DecimalField(**AMOUNT)
+    share_gpu_s = _amount()
+    charge = _amount()
     # Idle spread onto this workload under the `proportional` idle policy, else 0.
-    idle_share = models.DecimalField(**AMOUNT)
+    idle_share = _amount()
 
     class Meta:
         abstract = True
@@ -47,12 +53,12 @@ class _GpuWindow(models.Model):
     gpu_uuid = models.CharField(max_length=128)
     node = models.ForeignKey(Node, on_delete=models.PROTECT, related_name="+")
     gpu_model = models.CharField(max_length=128)
-    metered_seconds = models.DecimalField(**QUANTITY)
-    card_cost = models.DecimalField(**AMOUNT)
-    charged = models.DecimalField(**AMOUNT)
-    idle_cost = models.DecimalField(**AMOUNT)
+    metered_seconds = _quantity()
+    card_cost = _amount()
+    charged = _amount()
+    idle_cost = _amount()
     # Part of idle_cost spread onto tenants (proportional policy); the rest is the platform's.
-    idle_allocated = models.DecimalField(**AMOUNT)
+    idle_allocated = _amount()
     currency = models.CharField(max_length=3, blank=True)
     # False when no rate card covered this window: amounts are 0 and the page says so.
     priced = models.BooleanField()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
+from django.contrib.auth.models import AbstractBaseUser, AnonymousUser, User
 
 from billing.models import TenantMembership
 
@@ -28,9 +28,9 @@ class Scope:
 
 
 def get_scope(user: AbstractBaseUser | AnonymousUser) -> Scope:
-    if not user.is_authenticated:
+    if not isinstance(user, User) or not user.is_authenticated:
         return Scope(tenants=frozenset(), is_finance=False, is_admin=False)
-    groups = set(user.groups.values_list("name", flat=True))  # type: ignore[union-attr]
+    groups = set(user.groups.values_list("name", flat=True))
     is_admin = bool(getattr(user, "is_superuser", False)) or ADMIN_GROUP in groups
     is_finance = FINANCE_GROUP in groups
     if is_admin or is_finance:

@@ -14,7 +14,7 @@ import re
 from collections import defaultdict
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, TypeGuard
 
 from billing.errors import FieldError, InvalidBatch
 
@@ -78,7 +78,7 @@ def _parse_time(value: Any) -> datetime:
     return parsed.astimezone(UTC)
 
 
-def _is_number(value: Any) -> bool:
+def _is_number(value: Any) -> TypeGuard[float]:
     return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
 
 
@@ -133,8 +133,10 @@ def _validate_gpus(raw: Any, errors: _Errors) -> dict[str, BatchGpuDecl]:
         if not isinstance(gpu, dict):
             errors.add(path, "must be an object")
             continue
-        uuid, model = gpu.get("uuid"), gpu.get("model")
-        memory_mb, sm_count = gpu.get("memory_mb"), gpu.get("sm_count")
+        uuid: Any = gpu.get("uuid")
+        model: Any = gpu.get("model")
+        memory_mb: Any = gpu.get("memory_mb")
+        sm_count: Any = gpu.get("sm_count")
         ok = True
         if not isinstance(uuid, str) or not _NAME_RE.match(uuid):
             errors.add(f"{path}.uuid", "must be a GPU UUID string")
@@ -195,7 +197,7 @@ def validate_batch(
             errors.add(f"$.samples[{i}]", "must be an object")
             continue
         bad = False
-        start_text = sample.get("start")
+        start_text: Any = sample.get("start")
         start = times.get(start_text) if isinstance(start_text, str) else None
         if start is None:
             try:
@@ -232,14 +234,15 @@ def validate_batch(
             else:
                 good_names.add(value)
                 names.append(value)
-        values = []
+        values: list[float] = []
         for key in _QUANTITIES:
             value = sample.get(key)
-            if not _is_number(value) or value < 0:
+            if _is_number(value) and value >= 0:
+                values.append(value)
+            else:
                 errors.add(f"$.samples[{i}].{key}", "must be a finite number >= 0")
                 bad = True
-            values.append(value)
-        if bad or gpu is None or start is None:
+        if bad or gpu is None or start is None or not _is_number(seconds):
             continue
         end = start + timedelta(seconds=seconds)
         if window_start is not None and window_end is not None and (start < window_start or end > window_end):

@@ -126,7 +126,7 @@ def rebuild_ledger(*, start: datetime, end: datetime) -> RollupResult:
     return RollupResult(batches=0, gpu_minutes=minutes, gpu_hours=hours)
 
 
-def _recompute(cur) -> tuple[int, int]:  # type: ignore[no-untyped-def]
+def _recompute(cur) -> tuple[int, int]:
     cur.execute("CREATE INDEX ON rollup_affected (gpu_uuid, minute)")
     cur.execute("ANALYZE rollup_affected")
     cur.execute("SELECT min(minute), max(minute) + interval '1 minute' FROM rollup_affected")
@@ -154,7 +154,7 @@ def _recompute(cur) -> tuple[int, int]:  # type: ignore[no-untyped-def]
         "GROUP BY 1, 2, 3, 4, 5, 6, 7, 8 ORDER BY 1, 2, 3, 4, 5, 6, 7, 8",
         [lo, hi],
     )
-    workloads: dict[tuple[str, datetime], list[tuple]] = defaultdict(list)  # type: ignore[type-arg]
+    workloads: dict[tuple[str, datetime], list[tuple]] = defaultdict(list)
     for r in cur.fetchall():
         workloads[(r[0], r[1])].append(r[2:])
 
@@ -214,7 +214,7 @@ def _recompute(cur) -> tuple[int, int]:  # type: ignore[no-untyped-def]
     return len(windows), _recompute_hours(cur)
 
 
-def _recompute_hours(cur) -> int:  # type: ignore[no-untyped-def]
+def _recompute_hours(cur) -> int:
     cur.execute(
         "CREATE TEMP TABLE rollup_hours ON COMMIT DROP AS "
         "SELECT DISTINCT gpu_uuid, date_trunc('hour', minute) AS hour FROM rollup_affected"

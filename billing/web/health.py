@@ -13,7 +13,7 @@ from django.views.decorators.cache import never_cache
 from config.celery import app as celery_app
 
 
-def _check(fn) -> dict:  # type: ignore[no-untyped-def]
+def _check(fn) -> dict:
     started = time.monotonic()
     try:
         detail = fn()

@@ -38,7 +38,7 @@ def finance_overview(request: HttpRequest) -> HttpResponse:
     )
 
 
-def _summary_csv(summary) -> HttpResponse:  # type: ignore[no-untyped-def]
+def _summary_csv(summary) -> HttpResponse:
     response = HttpResponse(content_type="text/csv; charset=utf-8")
     name = f"gpu-cost-{summary.start:%Y%m%d}-{summary.end:%Y%m%d}.csv"
     response["Content-Disposition"] = f'attachment; filename="{name}"'

@@ -8,10 +8,10 @@ from billing.services.tokens import issue_node_token
 class Command(BaseCommand):
     help = "Issue a new bearer token for NODE (created if new). Prints only the token; it is stored hashed."
 
-    def add_arguments(self, parser):  # type: ignore[no-untyped-def]
+    def add_arguments(self, parser):
         parser.add_argument("node", help="Kubernetes node name")
 
-    def handle(self, *args, **options):  # type: ignore[no-untyped-def]
+    def handle(self, *args, **options):
         try:
             issued = issue_node_token(node_name=options["node"], now=timezone.now(), actor_label="cli")
         except InvalidInput as exc:

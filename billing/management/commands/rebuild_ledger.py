@@ -16,11 +16,11 @@ def _utc(text: str) -> datetime:
 class Command(BaseCommand):
     help = "Recompute the minute and hour ledgers of [--from, --to) from raw samples (e.g. after a rate-card fix)."
 
-    def add_arguments(self, parser):  # type: ignore[no-untyped-def]
+    def add_arguments(self, parser):
         parser.add_argument("--from", dest="start", required=True, help="UTC date or timestamp, inclusive")
         parser.add_argument("--to", dest="end", required=True, help="UTC date or timestamp, exclusive")
 
-    def handle(self, *args, **options):  # type: ignore[no-untyped-def]
+    def handle(self, *args, **options):
         start, end = _utc(options["start"]), _utc(options["end"])
         if end <= start:
             raise CommandError("--to must be after --from")

@@ -9,13 +9,13 @@ from billing.services.tokens import revoke_node_token
 class Command(BaseCommand):
     help = "Revoke node tokens: by token id, by prefix (vgl_…), or every token of --node."
 
-    def add_arguments(self, parser):  # type: ignore[no-untyped-def]
+    def add_arguments(self, parser):
         group = parser.add_mutually_exclusive_group(required=True)
         group.add_argument("--id", type=int)
         group.add_argument("--prefix")
         group.add_argument("--node")
 
-    def handle(self, *args, **options):  # type: ignore[no-untyped-def]
+    def handle(self, *args, **options):
         if options["id"] is not None:
             ids = [options["id"]]
         elif options["prefix"]:

@@ -7,7 +7,7 @@ from billing.services.rollup import rollup_usage
 class Command(BaseCommand):
     help = "Roll pending usage batches into the priced minute and hour ledgers (what the beat task runs)."
 
-    def handle(self, *args, **options):  # type: ignore[no-untyped-def]
+    def handle(self, *args, **options):
         total = 0
         while True:
             result = rollup_usage(now=timezone.now())
