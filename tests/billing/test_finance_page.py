@@ -99,3 +99,10 @@ def test_bad_period_answers_400_with_a_message(client, ledger):
     resp = client.get("/finance/", {"start": "2026-05-02", "end": "2026-05-01"})
     assert resp.status_code == 400
     assert "must not be before" in resp.content.decode()
+
+
+def test_finance_page_speaks_simplified_chinese_when_asked(client, ledger):
+    client.force_login(user_in(FINANCE_GROUP))
+    resp = client.get("/finance/", period(ledger), HTTP_ACCEPT_LANGUAGE="zh-hans")
+    html = resp.content.decode()
+    assert "GPU 总成本" in html and "按租户的成本" in html
