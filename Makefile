@@ -7,23 +7,30 @@ PYTHON ?= $(shell for p in python3.12 python3.11 python3; do \
 	$$p -c 'import sys; assert (3, 11) <= sys.version_info[:2] <= (3, 12)' >/dev/null 2>&1 && { command -v $$p; break; }; done)
 VENV := .venv
 PY := $(VENV)/bin/python
-STAMP := $(VENV)/.installed
+# The demo needs the runtime dependencies only; tests add the dev extra.
+RUNTIME := $(VENV)/.installed-runtime
+DEV := $(VENV)/.installed-dev
 
 .PHONY: demo test lint install bench clean
 
-$(STAMP): pyproject.toml
+$(PY):
 	@test -n "$(PYTHON)" || { echo "Python 3.11 or 3.12 is required (set PYTHON=/path/to/python3.x)"; exit 1; }
 	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[dev]'
-	@touch $(STAMP)
 
-install: $(STAMP)
+$(RUNTIME): pyproject.toml | $(PY)
+	$(PY) -m pip install --quiet --disable-pip-version-check -e .
+	@touch $(RUNTIME)
 
-demo: $(STAMP)
+$(DEV): pyproject.toml | $(PY)
+	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[dev]'
+	@touch $(DEV) $(RUNTIME)
+
+install: $(DEV)
+
+demo: $(RUNTIME)
 	$(PY) -m config.demo
 
-lint: $(STAMP)
+lint: $(DEV)
 	$(PY) -m ruff check .
 	$(VENV)/bin/lint-imports --no-cache
 	$(PY) -m config.embedded -- $(PY) -m mypy config billing agents allocator
@@ -31,7 +38,7 @@ lint: $(STAMP)
 test: lint
 	$(PY) -m config.embedded -- $(PY) -m pytest
 
-bench: $(STAMP)
+bench: $(DEV)
 	$(PY) -m config.embedded -- $(PY) bench/ingest.py --write-docs
 
 clean:
