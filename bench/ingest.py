@@ -1,8 +1,8 @@
 """Ingest benchmark: usage samples per second through the HTTP API against raw COPY.
 
     python bench/ingest.py [--agents 4] [--batches-per-agent 250] [--seconds-per-batch 10]
-                           [--gpus 8] [--workloads-per-gpu 3] [--worker-class gthread]
-                           [--workers 2] [--threads 4] [--compare sync:2 ...] [--write-docs]
+                           [--gpus 8] [--workloads-per-gpu 3] [--worker-class sync]
+                           [--workers 3] [--threads 1] [--compare sync:2 gthread:2x4] [--write-docs]
 
 DATABASE_URL and REDIS_URL must be set (`make bench` runs this under `python -m config.embedded`,
 which provides them). Nothing is written to that database: the benchmark drops and creates
@@ -15,8 +15,9 @@ Phases, all in one run so that the numbers compare on the same (shared, noisy) m
    `billing_raw_sample` on one connection, once as one transaction per batch and once as a
    single big COPY. The rows come from the same generator, nodes and GPUs as the HTTP batches,
    in an earlier time range, formatted exactly as the service formats them.
-2. in-process stages: a few batches through `record_usage_batch` with each stage timed
-   (gunzip, JSON, validation, SQL statements, COPY buffer, COPY, commit), plus a cProfile listing.
+2. in-process stages: requests through the WSGI application (as gunicorn calls it, without the
+   socket), every stage timed (token lookup, gunzip + JSON, validation, each SQL statement, COPY
+   buffer, COPY, commit, the Django/DRF rest), alternating with requests under cProfile.
 3. HTTP end-to-end: gunicorn (config.wsgi) on a free loopback port; one thread per simulated
    agent (own node, own token, own keep-alive connection) posting pre-built, pre-gzipped
    batches as fast as the server answers. CPU seconds of the client, the gunicorn workers and
@@ -31,7 +32,6 @@ import argparse
 import contextlib
 import cProfile
 import gzip
-import hashlib
 import http.client
 import io
 import json
@@ -51,7 +51,6 @@ import threading
 import time
 import urllib.parse
 import uuid
-import zlib
 from collections import defaultdict
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -90,6 +89,8 @@ its own baseline in the same run), and rerun before drawing conclusions from a f
 
 @dataclass(frozen=True)
 class ServerConfig:
+    """One gunicorn configuration: worker class, worker processes, threads per worker."""
+
     worker_class: str
     workers: int
     threads: int
@@ -110,6 +111,9 @@ class ServerConfig:
         return cls(worker_class, workers, 1 if worker_class == "sync" else threads)
 
 
+DEFAULT_COMPARE = (ServerConfig("sync", 2, 1), ServerConfig("gthread", 2, 4))
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--agents", type=int, default=4, help="concurrent simulated agents (one node each)")
@@ -118,11 +122,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--seconds-per-batch", type=int, default=10, help="batch window, s (1-second samples)")
     p.add_argument("--gpus", type=int, default=8, help="A100-80GB GPUs per node")
     p.add_argument("--workloads-per-gpu", type=int, default=3, help="workloads (containers) per GPU")
-    p.add_argument("--worker-class", choices=("gthread", "sync"), default="gthread")
-    p.add_argument("--workers", type=int, default=2, help="gunicorn worker processes")
-    p.add_argument("--threads", type=int, default=4, help="threads per gthread worker")
-    p.add_argument("--compare", type=ServerConfig.parse, nargs="*", default=[], metavar="SPEC",
-                   help="further gunicorn configs measured in the same run, e.g. sync:2 gthread:3x2")
+    p.add_argument("--worker-class", choices=("gthread", "sync"), default="sync",
+                   help="gunicorn worker class of the headline run (sync: see bench/README.md)")
+    p.add_argument("--workers", type=int, default=3, help="gunicorn worker processes")
+    p.add_argument("--threads", type=int, default=1, help="threads per gthread worker")
+    p.add_argument("--compare", type=ServerConfig.parse, nargs="*", default=list(DEFAULT_COMPARE), metavar="SPEC",
+                   help="further gunicorn configs measured in the same run (default: sync:2 gthread:2x4, the "
+                        "Dockerfile's; none: --compare with no SPEC)")
     p.add_argument("--profile-batches", type=int, default=240, help="batches for the in-process stage timing")
     p.add_argument("--seed", type=int, default=20261130)
     p.add_argument("--keep-db", action="store_true", help="keep the <dbname>_bench database afterwards")
@@ -502,9 +508,12 @@ def raw_copy(database_url: str, database: str, texts: list[tuple[str, int]], *, 
 # Phase 2: in-process stage timing
 
 
-PYTHON_STAGES = ("gunzip", "JSON decode", "validation", "SHA-256", "COPY buffer build")
-DJANGO_STAGE = "Django, DRF, token lookup, response"
-_SQL_TABLE = re.compile(r"^\s*(INSERT INTO|UPDATE|SELECT .*? FROM)\s+(\w+)", re.S)
+DECODE_STAGE = "gunzip + JSON decode"
+PYTHON_STAGES = (DECODE_STAGE, "validation", "COPY buffer build")
+AUTH_STAGE = "token lookup (authenticate_node)"
+WARMUP_REQUESTS = 8
+DJANGO_STAGE = "Django, DRF, middleware, response"
+_SQL_TABLE = re.compile(r'^\s*(INSERT INTO|UPDATE|SELECT .*? FROM)\s+"?(\w+)', re.S)
 
 
 def _sql_key(sql: str) -> str:
@@ -552,26 +561,6 @@ class StageTiming:
         return sum(self.ms_per_batch(s) for s in self.seconds)
 
 
-def _ingest_one(node: Any, body: bytes, sink: dict[str, float]) -> None:
-    from django.utils import timezone
-
-    from billing.services.ingest import record_usage_batch
-
-    t0 = time.perf_counter()
-    raw = zlib.decompress(body, 16 + zlib.MAX_WBITS)
-    t1 = time.perf_counter()
-    payload = json.loads(raw)
-    t2 = time.perf_counter()
-    hashlib.sha256(raw).hexdigest()
-    t3 = time.perf_counter()
-    record_usage_batch(node=node, payload=payload, content=raw, now=timezone.now())
-    t4 = time.perf_counter()
-    sink["gunzip"] += t1 - t0
-    sink["JSON decode"] += t2 - t1
-    sink["SHA-256"] += t3 - t2
-    sink["record"] += t4 - t3
-
-
 def _wsgi_one(token: str, body: bytes) -> None:
     """One request through the WSGI application exactly as gunicorn calls it, minus the socket."""
     from config.wsgi import application
@@ -596,9 +585,10 @@ def _wsgi_one(token: str, body: bytes) -> None:
 
 @contextlib.contextmanager
 def _stage_timers(sink: dict[str, float]) -> Iterator[None]:
-    """Time each stage of record_usage_batch by wrapping the names ingest.py looks up at call time."""
+    """Time each stage of a request by wrapping the names the view and ingest.py look up at call time."""
     from django.db import connection
 
+    from billing.api import agent as view
     from billing.services import ingest
 
     def sql_timer(execute: Callable[..., Any], sql: str, params: Any, many: bool, context: Any) -> Any:
@@ -608,48 +598,48 @@ def _stage_timers(sink: dict[str, float]) -> Iterator[None]:
         finally:
             sink[_sql_key(sql)] += time.perf_counter() - started
 
-    with (_timed(ingest, "validate_batch", sink, "validation"), _timed(ingest, "_store", sink, "store"),
-          _timed(ingest, "_copy_buffer", sink, "COPY buffer build"),
+    with (_timed(view, "authenticate_node", sink, AUTH_STAGE), _timed(view, "decode_body", sink, DECODE_STAGE),
+          _timed(view, "record_usage_batch", sink, "record"), _timed(ingest, "validate_batch", sink, "validation"),
+          _timed(ingest, "_store", sink, "store"), _timed(ingest, "_copy_buffer", sink, "COPY buffer build"),
           _timed(ingest, "execute_values", sink, lambda _cur, sql, *_rest: _sql_key(sql)),
           connection.execute_wrapper(sql_timer)):
         yield
 
 
-def _stage_seconds(sink: dict[str, float], wsgi: float) -> dict[str, float]:
+def _stage_seconds(sink: dict[str, float]) -> dict[str, float]:
+    """Stages in request order; the derived ones are what is left of their enclosing call."""
     sql = {k: v for k, v in sink.items() if k.startswith("SQL")}
-    seconds = {s: sink[s] for s in PYTHON_STAGES[:4]}
+    sql.pop("SQL SELECT billing_nodetoken", None)  # the token lookup's own query, inside AUTH_STAGE
+    seconds = {AUTH_STAGE: sink[AUTH_STAGE], DECODE_STAGE: sink[DECODE_STAGE], "validation": sink["validation"]}
     seconds.update(sorted(sql.items()))
     seconds["COPY buffer build"] = sink["COPY buffer build"]
     seconds["COPY (client + server)"] = sink["store"] - sum(sql.values()) - sink["COPY buffer build"]
-    # record_usage_batch = validation + SHA-256 (again) + _store + commit.
-    seconds["commit"] = sink["record"] - sink["validation"] - sink["store"] - sink["SHA-256"]
-    seconds[DJANGO_STAGE] = max(0.0, wsgi - sum(seconds.values()))
+    # record_usage_batch = validation + SHA-256 of the body + _store + commit.
+    seconds["SHA-256 + commit"] = sink["record"] - sink["validation"] - sink["store"]
+    seconds[DJANGO_STAGE] = sink["wsgi"] - sink[AUTH_STAGE] - sink[DECODE_STAGE] - sink["record"]
     return seconds
 
 
 def time_stages(agents: list[Agent], bodies: list[list[bytes]], samples_per_batch: int) -> StageTiming:
-    """In-process, one thread, batches taken in turn: one with every stage of record_usage_batch timed,
-    one through the WSGI application (its excess over the stages is Django, DRF and the token lookup),
-    one under cProfile; interleaved, so that a noisy neighbour hits all three alike."""
-    from billing.models import Node
-
-    nodes = {a.node: Node.objects.get(name=a.node) for a in agents}
-    work = [(a, nodes[a.node], body) for a, batch_bodies in zip(agents, bodies, strict=True) for body in batch_bodies]
+    """In-process, one thread, no socket: requests through the WSGI application as gunicorn calls it,
+    alternately with every stage timed and under cProfile."""
+    work = [(a.token, body) for a, batch_bodies in zip(agents, bodies, strict=True) for body in batch_bodies]
+    for token, body in work[:WARMUP_REQUESTS]:  # the first requests import the URLconf, DRF, ...
+        _wsgi_one(token, body)
+    work = work[WARMUP_REQUESTS:]
     sink: dict[str, float] = defaultdict(float)
     profiler = cProfile.Profile()
-    wsgi = 0.0
-    rounds = len(work) // 3
-    for i in range(rounds):
-        (_, node, body), (agent, _, wsgi_body), (profiled_agent, _, profiled_body) = work[3 * i:3 * i + 3]
+    timed = work[0::2]
+    for i, (token, body) in enumerate(timed):
         with _stage_timers(sink):
-            _ingest_one(node, body, sink)
-        started = time.perf_counter()
-        _wsgi_one(agent.token, wsgi_body)
-        wsgi += time.perf_counter() - started
-        profiler.runcall(_wsgi_one, profiled_agent.token, profiled_body)
+            started = time.perf_counter()
+            _wsgi_one(token, body)
+            sink["wsgi"] += time.perf_counter() - started
+        if 2 * i + 1 < len(work):
+            profiler.runcall(_wsgi_one, *work[2 * i + 1])
     out = io.StringIO()
     pstats.Stats(profiler, stream=out).strip_dirs().sort_stats("tottime").print_stats(25)
-    return StageTiming(rounds, rounds * samples_per_batch, _stage_seconds(sink, wsgi), out.getvalue())
+    return StageTiming(len(timed), len(timed) * samples_per_batch, _stage_seconds(sink), out.getvalue())
 
 
 # --------------------------------------------------------------------------------------------
@@ -798,10 +788,16 @@ def _short(label: str) -> str:
     return label.split("gunicorn ", 1)[-1] if label.startswith("HTTP") else label
 
 
+def _split(cpu: CpuUse) -> str:
+    """Share of the gunicorn CPU per worker process (the master, first, is left out)."""
+    workers = cpu.gunicorn_per_process[1:]
+    return "/".join(f"{100 * w / sum(workers):.0f}" for w in workers) if sum(workers) > 0 else "-"
+
+
 def cpu_table(report: Report) -> str:
     """CPU milliseconds per batch of `samples_per_batch` samples, by process group, from /proc."""
-    rows = ["| path | latency p50 / p99 ms | client | gunicorn | Postgres | sum | whole machine | busy cores |",
-            "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    rows = ["| path | latency p50 / p99 ms | client | gunicorn | Postgres | sum | whole machine | busy cores "
+            "| split over workers |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for m in (report.copy_single, report.copy_per_batch, *report.http):
         if m.cpu is None or not m.samples:
             continue
@@ -814,7 +810,7 @@ def cpu_table(report: Report) -> str:
         busy = f"{m.cpu.busy / m.seconds:.2f}" if m.cpu.busy is not None else "n/a"
         rows.append(f"| {_short(m.label)} | {latency} | {_ms(m.cpu.client, per)} | "
                     f"{_ms(m.cpu.gunicorn, per) if m.latencies else '-'} | {_ms(m.cpu.postgres, per)} | "
-                    f"{_ms(total, per)} | {_ms(m.cpu.busy, per)} | {busy} |")
+                    f"{_ms(total, per)} | {_ms(m.cpu.busy, per)} | {busy} | {_split(m.cpu)} |")
     return "\n".join(rows)
 
 
@@ -845,7 +841,7 @@ def analysis(report: Report) -> str:
     st, best, raw, spb = report.stages, best_http(report), report.copy_per_batch, report.samples_per_batch
     python_ms = sum(st.ms_per_batch(s) for s in PYTHON_STAGES)
     sql_ms = st.ms_matching("SQL")
-    copy_ms = st.ms_per_batch("COPY (client + server)") + st.ms_per_batch("commit")
+    copy_ms = st.ms_per_batch("COPY (client + server)") + st.ms_per_batch("SHA-256 + commit")
     top = sorted(st.seconds, key=st.ms_per_batch, reverse=True)[:4]
     budget_50k = 1000 * report.cores * spb / 50_000
     parts = [
@@ -854,12 +850,12 @@ def analysis(report: Report) -> str:
         f"{best.rate / report.copy_single.rate:.0%} of one big COPY; the targets are >= 50 % of raw COPY and "
         f">= 50,000 samples/s on 2 cores.",
         f"In process (one thread, no socket) a batch of {spb} samples costs {st.total_ms:.1f} ms: "
-        f"{python_ms:.1f} ms of ingest Python before any database work (validation "
-        f"{st.ms_per_batch('validation'):.1f}, JSON {st.ms_per_batch('JSON decode'):.1f}, COPY buffer "
-        f"{st.ms_per_batch('COPY buffer build'):.1f}, gunzip and SHA-256 the rest), {sql_ms:.1f} ms in the "
+        f"{python_ms:.1f} ms of ingest Python (validation {st.ms_per_batch('validation'):.1f}, gunzip and JSON "
+        f"{st.ms_per_batch(DECODE_STAGE):.1f}, COPY buffer {st.ms_per_batch('COPY buffer build'):.1f}), "
+        f"{st.ms_per_batch(AUTH_STAGE):.1f} ms for the token lookup, {sql_ms:.1f} ms in the "
         f"{sum(1 for s in st.seconds if s.startswith('SQL'))} statements around the COPY (batch row, its GPUs "
-        f"with the exclusion constraint, the GPU upsert, the node's last_seen_at), {copy_ms:.1f} ms in COPY and "
-        f"commit, and {st.ms_per_batch(DJANGO_STAGE):.1f} ms in Django, DRF, the token lookup and the response. "
+        f"with the overlap trigger, the GPU upsert, the node's last_seen_at), {copy_ms:.1f} ms in COPY and "
+        f"commit, and {st.ms_per_batch(DJANGO_STAGE):.1f} ms in Django, DRF, middleware and the response. "
         f"The largest items: " + ", ".join(f"{s} ({st.ms_per_batch(s):.1f} ms)" for s in top) + ".",
     ]
     if best.cpu is not None and raw.cpu is not None and best.samples:
@@ -909,11 +905,21 @@ psycopg2 `copy_expert` of the same kind and number of rows (same generator, node
 earlier time range, the text the service builds) into the same partitioned `billing_raw_sample`,
 on one connection.
 
-CPU per batch while posting (ms, from /proc):
+gunicorn: the headline config uses sync workers, one more than cores. A sync worker closes the
+connection after each response, so every batch goes to whichever worker is free. With gthread an
+agent's keep-alive connection stays with the worker process that accepted it, and with a few
+agents one process (one GIL, so one core of Python) can end up serving all of them: see the split
+column. Threads also buy little here, since a request is mostly Python under the GIL.
+
+CPU milliseconds per batch of {report.samples_per_batch} samples while posting, from /proc ("sum" is the
+client, gunicorn and this database's Postgres backends plus the Postgres auxiliaries; "whole machine"
+also counts whatever else ran on the shared machine; "split" is each gunicorn worker's share, in %):
 
 {cpu_table(report)}
 
-Where the time goes in the service, per batch, measured in-process (no HTTP):
+Where the time goes in the service, per batch: requests through the WSGI application in-process, as
+gunicorn calls it but without the socket, one at a time; wall time, so database stages include the
+round trip and Postgres' own work:
 
 {stage_table(report.stages)}
 
