@@ -96,8 +96,8 @@ def main() -> int:
                        "--hostname", "demo-worker@%h"],
             "beat": [str(bindir / "celery"), "-A", "config", "beat", "--loglevel", "INFO",
                      "--schedule", str(DEMO_DIR / "celerybeat-schedule")],
-            "web": [str(bindir / "gunicorn"), "config.wsgi", "--bind", f"127.0.0.1:{port}", "--workers", "2",
-                    "--threads", "4", "--access-logfile", "-"],
+            "web": [str(bindir / "gunicorn"), "config.wsgi", "--bind", f"127.0.0.1:{port}", "--workers", "3",
+                    "--worker-class", "sync", "--access-logfile", "-"],
         }
         for node, token_file, scenario_file in agents:
             commands[f"agent-{node}"] = [

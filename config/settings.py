@@ -92,7 +92,9 @@ if not _database_url:
         "DATABASE_URL is not set. Run through `make demo` / `make test`, or "
         "`python -m config.embedded -- COMMAND` to start an embedded Postgres."
     )
-DATABASES = {"default": dj_database_url.parse(_database_url, conn_max_age=60, conn_health_checks=True)}
+# Persistent connections without a per-request health check: the check is a round trip on
+# every ingest request; a connection broken by a database restart fails one request.
+DATABASES = {"default": dj_database_url.parse(_database_url, conn_max_age=60)}
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 REDIS_URL = os.environ.get("REDIS_URL", "")

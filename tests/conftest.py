@@ -100,3 +100,14 @@ def _truncate_raw_samples_after_transactional_tests(request, django_db_blocker):
 
         with django_db_blocker.unblock(), connection.cursor() as cur:
             cur.execute("TRUNCATE billing_raw_sample")
+
+
+@pytest.fixture(autouse=True)
+def _forget_per_process_ingest_caches():
+    """Ingest remembers, per process, partitions it created and inventory it wrote recently;
+    flushes between tests remove those rows, so each test starts with empty memories."""
+    from billing.services import ingest, partitions
+
+    ingest._seen.clear()
+    partitions._known.clear()
+    yield

@@ -9,12 +9,12 @@ comparisons and caches of repeated strings (timestamps, names).
 
 from __future__ import annotations
 
-import math
 import re
+import sys
 from collections import defaultdict
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Any, TypeGuard
+from typing import Any
 
 from billing.errors import FieldError, InvalidBatch
 
@@ -32,6 +32,7 @@ _NAME_FIELDS = ("tenant", "namespace", "pod", "container", "pod_uid", "sla_tier"
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/-]{0,252}$")
 _OPTIONAL_NAMES = frozenset({"container", "pod_uid", "sla_tier"})
 _MINUTE = timedelta(minutes=1)
+_FLOAT_MAX = sys.float_info.max
 
 
 @dataclass(frozen=True)
@@ -76,10 +77,6 @@ def _parse_time(value: Any) -> datetime:
     if parsed.tzinfo is None:
         raise ValueError("must carry a UTC offset")
     return parsed.astimezone(UTC)
-
-
-def _is_number(value: Any) -> TypeGuard[float]:
-    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def _validate_header(payload: Any, errors: _Errors, *, now: datetime, max_skew: timedelta) -> tuple[Any, ...] | None:
@@ -188,6 +185,8 @@ def validate_batch(
         raise InvalidBatch(errors.items)
 
     times: dict[str, datetime] = {}
+    # (start, seconds) -> (end, lies inside one UTC minute); samples of one batch share few spans.
+    spans: dict[tuple[datetime, float], tuple[datetime, bool]] = {}
     good_names: set[str] = set()
     rows: list[tuple[Any, ...]] = []
     # Σ granted rate per GPU over intervals: (gpu, start, end) -> [mem MB, SM].
@@ -207,8 +206,9 @@ def validate_batch(
                 bad = True
             else:
                 times[start_text] = start
-        seconds = sample.get("seconds")
-        if not _is_number(seconds) or not 0 < seconds <= MAX_SAMPLE_SECONDS:
+        seconds: Any = sample.get("seconds")
+        # Exact type checks: bool is not a number here, and they are the fastest test.
+        if (type(seconds) is not float and type(seconds) is not int) or not 0 < seconds <= MAX_SAMPLE_SECONDS:
             errors.add(f"$.samples[{i}].seconds", f"must be a number in (0, {MAX_SAMPLE_SECONDS:.0f}]")
             bad = True
         gpu_id = sample.get("gpu")
@@ -237,14 +237,19 @@ def validate_batch(
         values: list[float] = []
         for key in _QUANTITIES:
             value = sample.get(key)
-            if _is_number(value) and value >= 0:
+            # NaN fails both comparisons, ±inf and ints beyond float range fail the upper one.
+            if (type(value) is float or type(value) is int) and 0 <= value <= _FLOAT_MAX:
                 values.append(value)
             else:
                 errors.add(f"$.samples[{i}].{key}", "must be a finite number >= 0")
                 bad = True
-        if bad or gpu is None or start is None or not _is_number(seconds):
+        if bad or gpu is None or start is None:
             continue
-        end = start + timedelta(seconds=seconds)
+        span = spans.get((start, seconds))
+        if span is None:
+            span = (start + timedelta(seconds=seconds), start.second + start.microsecond / 1e6 + seconds <= 60)
+            spans[(start, seconds)] = span
+        end, in_one_minute = span
         if window_start is not None and window_end is not None and (start < window_start or end > window_end):
             errors.add(f"$.samples[{i}]", "lies outside the batch window")
             continue
@@ -260,7 +265,7 @@ def validate_batch(
         acc = granted[(gpu.uuid, start, end)]
         acc[0] += mem_granted / seconds
         acc[1] += sm_granted / seconds
-        if start.second + start.microsecond / 1e6 + seconds <= 60:
+        if in_one_minute:
             rows.append((gpu.uuid, start, seconds, *names, mem_used, mem_granted, sm_used, sm_granted, pcie))
         else:
             for piece_start, piece_seconds in _split_at_minutes(start, seconds):

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from django.core.exceptions import ValidationError
-from django.db import transaction
+from django.db import connection, transaction
 
 from billing.errors import Forbidden, InvalidInput, NotAuthenticated
 from billing.models import Node, NodeToken
@@ -88,11 +88,19 @@ def authenticate_node(*, authorization: str | None, node_name: str | None) -> No
     scheme, _, token = authorization.partition(" ")
     if scheme.lower() != "bearer" or not token.strip():
         raise NotAuthenticated("Authorization must be 'Bearer <node token>'")
-    row = NodeToken.objects.select_related("node").filter(token_sha256=token_sha256(token.strip())).first()
+    # One indexed look-up on the hashed token (hot path of every agent request).
+    with connection.cursor() as cur:
+        cur.execute(
+            "SELECT t.prefix, t.revoked_at, n.id, n.name FROM billing_nodetoken t "
+            "JOIN billing_node n ON n.id = t.node_id WHERE t.token_sha256 = %s",
+            [token_sha256(token.strip())],
+        )
+        row = cur.fetchone()
     if row is None:
         raise NotAuthenticated("unknown node token")
-    if row.revoked_at is not None:
-        raise Forbidden(f"node token {row.prefix}… was revoked; issue a new one with create_node_token")
-    if node_name is not None and node_name != row.node.name:
-        raise Forbidden(f"this token belongs to node {row.node.name!r}, not {node_name!r}")
-    return row.node
+    prefix, revoked_at, node_id, name = row
+    if revoked_at is not None:
+        raise Forbidden(f"node token {prefix}… was revoked; issue a new one with create_node_token")
+    if node_name is not None and node_name != name:
+        raise Forbidden(f"this token belongs to node {name!r}, not {node_name!r}")
+    return Node.from_db("default", ["id", "name"], [node_id, name])

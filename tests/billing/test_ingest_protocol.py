@@ -88,6 +88,8 @@ def _mutations(start):
         ("negative quantity", sample("mem_used_mb_s", -1.0), "$.samples[3].mem_used_mb_s"),
         ("nan quantity", sample("sm_used_s", math.nan), "$.samples[3].sm_used_s"),
         ("infinite quantity", sample("pcie_mb", math.inf), "$.samples[3].pcie_mb"),
+        ("integer beyond float range", sample("pcie_mb", 10**400), "$.samples[3].pcie_mb"),
+        ("boolean quantity", sample("sm_used_s", True), "$.samples[3].sm_used_s"),
         ("used above capacity", sample("mem_used_mb_s", 81921.0), "$.samples[3]"),
         ("granted SM above capacity", sample("sm_granted_s", 108.5), "$.samples[3]"),
         ("sum of grants above capacity", add_over_grant, "$.samples"),
@@ -105,7 +107,7 @@ def _mutations(start):
     ]
 
 
-@pytest.mark.parametrize("index", range(17))
+@pytest.mark.parametrize("index", range(19))
 def test_invalid_batch_answers_400_with_a_path_and_stores_nothing(post_batch, minute_start, index):
     name, mutate, path = _mutations(minute_start)[index]
     payload = make_batch(start=minute_start)
@@ -235,3 +237,20 @@ def test_node_events_land_in_the_audit_log_all_or_nothing(client, node_token):
     resp = client.post("/api/v1/nodes/gpu-node-1/events", json.dumps(bad), content_type="application/json", **auth)
     assert resp.status_code == 400
     assert AuditEvent.objects.filter(actor_label="node:gpu-node-1").count() == 1
+
+
+def test_gpu_inventory_and_node_liveness_are_written_at_most_once_a_minute(
+    post_batch, minute_start, django_capture_on_commit_callbacks
+):
+    from billing.models import Node
+
+    with django_capture_on_commit_callbacks(execute=True):
+        assert post_batch(make_batch(start=minute_start, seq=1)).status_code == 201
+    first = Gpu.objects.get().last_seen_at
+    assert Node.objects.get(name="gpu-node-1").last_seen_at == first
+    with django_capture_on_commit_callbacks(execute=True):
+        assert post_batch(make_batch(start=minute_start + timedelta(seconds=10), seq=2)).status_code == 201
+    # Same GPUs within the minute: inventory untouched, yet the batch and its GPU rows are stored.
+    assert Gpu.objects.get().last_seen_at == first
+    assert UsageBatch.objects.count() == 2
+    assert raw_rows() == 20
