@@ -513,11 +513,12 @@ PYTHON_STAGES = (DECODE_STAGE, "validation", "COPY buffer build")
 AUTH_STAGE = "token lookup (authenticate_node)"
 WARMUP_REQUESTS = 8
 DJANGO_STAGE = "Django, DRF, middleware, response"
-_SQL_TABLE = re.compile(r'^\s*(INSERT INTO|UPDATE|SELECT .*? FROM)\s+"?(\w+)', re.S)
+# The first statement a query runs names it ("WITH b AS (INSERT INTO x ...)" -> INSERT x).
+_SQL_TABLE = re.compile(r'(INSERT INTO|UPDATE|SELECT .*? FROM)\s+"?(\w+)', re.S)
 
 
 def _sql_key(sql: str) -> str:
-    match = _SQL_TABLE.match(sql)
+    match = _SQL_TABLE.search(sql)
     if not match:
         return "SQL other"
     verb = match.group(1).split()[0]
@@ -601,7 +602,6 @@ def _stage_timers(sink: dict[str, float]) -> Iterator[None]:
     with (_timed(view, "authenticate_node", sink, AUTH_STAGE), _timed(view, "decode_body", sink, DECODE_STAGE),
           _timed(view, "record_usage_batch", sink, "record"), _timed(ingest, "validate_batch", sink, "validation"),
           _timed(ingest, "_store", sink, "store"), _timed(ingest, "_copy_buffer", sink, "COPY buffer build"),
-          _timed(ingest, "execute_values", sink, lambda _cur, sql, *_rest: _sql_key(sql)),
           connection.execute_wrapper(sql_timer)):
         yield
 
@@ -878,9 +878,14 @@ def analysis(report: Report) -> str:
     return "\n\n".join(parts)
 
 
-def render_section(report: Report) -> str:
+def section_title(seconds_per_batch: int) -> str:
+    """One docs section per batch window: the default (10 s, as DESIGN §3's example) and wider ones."""
+    return "## Ingest" if seconds_per_batch == 10 else f"## Ingest, {seconds_per_batch}-second batches"
+
+
+def render_section(report: Report, title: str) -> str:
     machine = "\n".join(f"- {k}: {v}" for k, v in report.machine.items())
-    return f"""## Ingest
+    return f"""{title}
 
 Measured {report.started:%Y-%m-%d %H:%M} UTC with
 
@@ -929,9 +934,9 @@ round trip and Postgres' own work:
 """
 
 
-def write_docs(section: str, path: Path = DOCS_FILE) -> None:
+def write_docs(section: str, title: str, path: Path = DOCS_FILE) -> None:
     text = path.read_text() if path.exists() else DOCS_HEADER
-    match = re.search(r"^## Ingest\n.*?(?=^## |\Z)", text, re.M | re.S)
+    match = re.search(rf"^{re.escape(title)}\n.*?(?=^## |\Z)", text, re.M | re.S)
     if match:
         text = text[: match.start()] + section + ("\n" if match.end() < len(text) else "") + text[match.end():]
     else:
@@ -1055,8 +1060,9 @@ def main(argv: list[str] | None = None) -> int:
     report = run(args)
     print_report(report)
     if args.write_docs:
-        write_docs(render_section(report))
-        log(f"wrote the '## Ingest' section of {DOCS_FILE}")
+        title = section_title(args.seconds_per_batch)
+        write_docs(render_section(report, title), title)
+        log(f"wrote the '{title}' section of {DOCS_FILE}")
     return 0
 
 

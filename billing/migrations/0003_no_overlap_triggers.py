@@ -27,25 +27,42 @@ END $$;
 CREATE TRIGGER rate_card_no_overlap BEFORE INSERT OR UPDATE ON billing_ratecard
     FOR EACH ROW EXECUTE FUNCTION billing_rate_card_no_overlap();
 
+-- Batch GPU rows are checked once per INSERT statement (a batch inserts all its GPUs in one
+-- statement): lock every GPU of the statement in UUID order, then look for any overlap.
+-- AFTER ... FOR EACH STATEMENT with a transition table; statements in PL/pgSQL take a fresh
+-- snapshot, so once the locks are held, a concurrent batch that committed is visible.
 CREATE FUNCTION billing_batch_gpu_no_overlap() RETURNS trigger LANGUAGE plpgsql AS $$
+DECLARE
+    clash record;
 BEGIN
-    PERFORM pg_advisory_xact_lock(hashtext('billing_batchgpu:' || NEW.gpu_uuid));
-    IF EXISTS (
-        SELECT 1 FROM billing_batchgpu g
-        WHERE g.gpu_uuid = NEW.gpu_uuid AND g.window_end > NEW.window_start
-          AND g.window_start < NEW.window_end AND g.id <> NEW.id
-    ) THEN
+    PERFORM pg_advisory_xact_lock(hashtext('billing_batchgpu:' || u.gpu_uuid))
+        FROM (SELECT DISTINCT gpu_uuid FROM new_rows ORDER BY gpu_uuid) u;
+    SELECT n.gpu_uuid, n.window_start, n.window_end INTO clash
+        FROM new_rows n JOIN billing_batchgpu g ON g.gpu_uuid = n.gpu_uuid AND g.id <> n.id
+         AND g.window_end > n.window_start AND g.window_start < n.window_end
+        LIMIT 1;
+    IF FOUND THEN
         RAISE EXCEPTION 'batch_gpu_no_overlap: GPU % already metered inside [%, %)',
-            NEW.gpu_uuid, NEW.window_start, NEW.window_end
+            clash.gpu_uuid, clash.window_start, clash.window_end
             USING ERRCODE = 'exclusion_violation';
     END IF;
-    RETURN NEW;
+    RETURN NULL;
 END $$;
-CREATE TRIGGER batch_gpu_no_overlap BEFORE INSERT OR UPDATE ON billing_batchgpu
-    FOR EACH ROW EXECUTE FUNCTION billing_batch_gpu_no_overlap();
+CREATE TRIGGER batch_gpu_no_overlap AFTER INSERT ON billing_batchgpu
+    REFERENCING NEW TABLE AS new_rows FOR EACH STATEMENT EXECUTE FUNCTION billing_batch_gpu_no_overlap();
+
+-- What was metered is history: batch GPU rows are never edited.
+CREATE FUNCTION billing_batch_gpu_immutable() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    RAISE EXCEPTION 'billing_batchgpu rows are immutable' USING ERRCODE = 'restrict_violation';
+END $$;
+CREATE TRIGGER batch_gpu_immutable BEFORE UPDATE ON billing_batchgpu
+    FOR EACH ROW EXECUTE FUNCTION billing_batch_gpu_immutable();
 """
 
 REVERSE = """
+DROP TRIGGER batch_gpu_immutable ON billing_batchgpu;
+DROP FUNCTION billing_batch_gpu_immutable();
 DROP TRIGGER batch_gpu_no_overlap ON billing_batchgpu;
 DROP FUNCTION billing_batch_gpu_no_overlap();
 DROP TRIGGER rate_card_no_overlap ON billing_ratecard;

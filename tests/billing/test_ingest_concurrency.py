@@ -43,3 +43,35 @@ def test_two_concurrent_uploads_of_one_batch_store_it_once(node_token, minute_st
         # tests' rows behind: count this batch's rows.
         cur.execute("SELECT count(*) FROM billing_raw_sample WHERE batch_id = %s", [batch.pk])
         assert cur.fetchone()[0] == 30
+
+
+@pytest.mark.django_db(transaction=True)
+def test_two_concurrent_batches_covering_the_same_gpu_seconds_store_only_one(node_token, minute_start):
+    import json
+    from datetime import timedelta
+
+    bodies = [
+        json.dumps(make_batch(start=minute_start, seq=1, seconds=20)).encode(),
+        json.dumps(make_batch(start=minute_start + timedelta(seconds=10), seq=2, seconds=20)).encode(),
+    ]
+    barrier = threading.Barrier(2)
+    codes: list[int] = []
+    lock = threading.Lock()
+
+    def upload(body: bytes) -> None:
+        try:
+            barrier.wait()
+            resp = Client().generic("POST", "/api/v1/usage/batches", body, content_type="application/json",
+                                    HTTP_AUTHORIZATION=f"Bearer {node_token.token}")
+            with lock:
+                codes.append(resp.status_code)
+        finally:
+            connections.close_all()
+
+    threads = [threading.Thread(target=upload, args=(b,)) for b in bodies]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(codes) == [201, 400]
+    assert UsageBatch.objects.count() == 1
