@@ -77,7 +77,10 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--spool", type=Path, help="spool database (default .data/agent/<node>.sqlite)")
     run.add_argument("--tick-ms", type=int, default=500, help="allocation tick, ms")
     run.add_argument("--meter-ms", type=int, default=1000, help="usage sample width, whole seconds in ms")
-    run.add_argument("--batch-seconds", type=int, default=10, help="batch window width, s")
+    run.add_argument(
+        "--batch-seconds", type=int, default=60,
+        help="batch window width, s (default 60: a fifth of the ingest CPU per sample of 10 s batches, docs/benchmarks.md)",
+    )
     run.add_argument("--timeout-s", type=float, default=10.0, help="HTTP timeout per upload, s")
     run.add_argument("--gzip", action=argparse.BooleanOptionalAction, default=True)
     run.add_argument(

@@ -33,7 +33,7 @@ class AgentConfig:
     node: str
     tick_ms: int = 500  # allocation period
     meter_ms: int = 1000  # width of one usage sample; whole seconds
-    batch_seconds: int = 10  # width of one batch window; a multiple of the sample width
+    batch_seconds: int = 60  # width of one batch window; a multiple of the sample width
     policy: Policy = field(default_factory=Policy)
 
     def __post_init__(self) -> None:

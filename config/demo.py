@@ -103,6 +103,8 @@ def main() -> int:
             commands[f"agent-{node}"] = [
                 py, "-m", "agents", "run", "--server", url, "--token-file", str(token_file), "--backend", "sim",
                 "--scenario", str(scenario_file), "--spool", str(DEMO_DIR / f"{node}.spool.sqlite"),
+                # 10 s batches (the default is 60 s) so the demo's numbers move every few seconds.
+                "--batch-seconds", "10",
             ]
         procs: dict[str, subprocess.Popen] = {}
         interrupted = False

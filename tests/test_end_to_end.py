@@ -43,7 +43,7 @@ def run_agent(files: dict[str, Path], server: str, seconds: int, start: datetime
     return agent_main([
         "run", "--server", server, "--token-file", str(files["token"]), "--backend", "sim",
         "--scenario", str(files["scenario"]), "--spool", str(files["spool"]),
-        "--once-seconds", str(seconds), "--start", start.isoformat().replace("+00:00", "Z"),
+        "--batch-seconds", "10", "--once-seconds", str(seconds), "--start", start.isoformat().replace("+00:00", "Z"),
     ])
 
 

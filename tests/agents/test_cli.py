@@ -63,7 +63,7 @@ def test_scenario_command_rejects_an_unknown_tier(capsys: pytest.CaptureFixture[
 
 def test_once_with_the_server_down_keeps_every_batch_pending(closed_port_url: str, files: dict[str, Path]) -> None:
     before = datetime.now(UTC)
-    assert main(run_args(closed_port_url, files, "--once-seconds", "25")) == EXIT_PENDING
+    assert main(run_args(closed_port_url, files, "--batch-seconds", "10", "--once-seconds", "25")) == EXIT_PENDING
     spool = Spool(files["spool"], node="gpu-node-03", now=lambda: before)
     stored = spool.list_batches(state="pending")
     pending = [json.loads(b.json_bytes()) for b in stored]
