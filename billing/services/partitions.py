@@ -6,6 +6,7 @@ from collections.abc import Iterable
 from datetime import UTC, date, datetime, timedelta
 
 from django.db import connection
+from django.db.backends.utils import CursorWrapper
 
 __all__ = ["RAW_TABLE", "ensure_raw_partitions", "partition_name", "drop_raw_partitions_before"]
 
@@ -20,6 +21,16 @@ def partition_name(day: date) -> str:
     return f"{RAW_TABLE}_p{day:%Y%m%d}"
 
 
+def _partitions(cur: CursorWrapper) -> list[str]:
+    """Names of the raw table's partitions, sorted (names sort by day)."""
+    cur.execute(
+        "SELECT c.relname FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid "
+        "JOIN pg_class p ON p.oid = i.inhparent WHERE p.relname = %s ORDER BY 1",
+        [RAW_TABLE],
+    )
+    return [row[0] for row in cur.fetchall()]
+
+
 def ensure_raw_partitions(days: Iterable[date]) -> list[date]:
     """Create missing day partitions (inside the caller's transaction). Returns the days created."""
     wanted = sorted(set(days) - _known)
@@ -28,12 +39,7 @@ def ensure_raw_partitions(days: Iterable[date]) -> list[date]:
     created = []
     with connection.cursor() as cur:
         cur.execute("SELECT pg_advisory_xact_lock(%s)", [_PARTITION_LOCK_KEY])
-        cur.execute(
-            "SELECT c.relname FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid "
-            "JOIN pg_class p ON p.oid = i.inhparent WHERE p.relname = %s",
-            [RAW_TABLE],
-        )
-        existing = {row[0] for row in cur.fetchall()}
+        existing = set(_partitions(cur))
         for day in wanted:
             name = partition_name(day)
             if name not in existing:
@@ -56,12 +62,7 @@ def drop_raw_partitions_before(day: date) -> list[str]:
     dropped = []
     with connection.cursor() as cur:
         cur.execute("SELECT pg_advisory_xact_lock(%s)", [_PARTITION_LOCK_KEY])
-        cur.execute(
-            "SELECT c.relname FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid "
-            "JOIN pg_class p ON p.oid = i.inhparent WHERE p.relname = %s ORDER BY 1",
-            [RAW_TABLE],
-        )
-        for (name,) in cur.fetchall():
+        for name in _partitions(cur):
             if name < partition_name(day):
                 cur.execute(f'DROP TABLE "{name}"')
                 dropped.append(name)
