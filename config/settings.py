@@ -14,6 +14,7 @@ from datetime import timedelta
 from pathlib import Path
 
 import dj_database_url
+from celery.schedules import crontab
 from django.core.exceptions import ImproperlyConfigured
 from django.utils.translation import gettext_lazy as _
 
@@ -178,6 +179,10 @@ CELERY_BEAT_SCHEDULE = {
         "schedule": float(os.environ.get("VGPU_ROLLUP_EVERY_S", 15)),
     },
     "ensure-raw-partitions": {"task": "billing.tasks.ensure_raw_partitions", "schedule": 3600.0},
+    "close-previous-month": {
+        "task": "billing.tasks.close_previous_month",
+        "schedule": crontab(day_of_month="2", hour="1", minute="0"),
+    },
 }
 
 LOGGING = {

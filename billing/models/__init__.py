@@ -2,6 +2,7 @@
 
 from billing.models.audit import AuditEvent
 from billing.models.fleet import Gpu, Node, NodeToken
+from billing.models.invoicing import BillingPeriod, Invoice, InvoiceLine
 from billing.models.ledger import GpuHour, GpuMinute, UsageHour, UsageMinute
 from billing.models.pricing import BilledBasis, IdlePolicy, RateCard
 from billing.models.tenancy import SlaTier, Tenant, TenantMembership
@@ -10,11 +11,14 @@ from billing.models.usage import BatchGpu, UsageBatch
 __all__ = [
     "AuditEvent",
     "BatchGpu",
+    "BillingPeriod",
     "BilledBasis",
     "Gpu",
     "GpuHour",
     "GpuMinute",
     "IdlePolicy",
+    "Invoice",
+    "InvoiceLine",
     "Node",
     "NodeToken",
     "RateCard",

@@ -1,0 +1,81 @@
+"""Billing periods and invoices (DESIGN §4).
+
+An invoice is per tenant per month. Draft invoices may be rebuilt; a finalized invoice and
+its lines are immutable — enforced in the database (migration 0004), not only here.
+Corrections are never edits: usage that arrives after a month was finalized becomes an
+adjustment line on a later invoice. Amounts are integer minor units, rounded once per line.
+"""
+
+from django.db import models
+from django.utils.translation import gettext_lazy as _
+
+from billing.models.tenancy import Tenant
+
+
+class BillingPeriod(models.Model):
+    class Status(models.TextChoices):
+        OPEN = "open", _("open")
+        CLOSING = "closing", _("closing")
+        CLOSED = "closed", _("closed")
+
+    # First day of the month (UTC).
+    month = models.DateField(unique=True)
+    status = models.CharField(max_length=10, choices=Status.choices, default=Status.OPEN)
+    close_started_at = models.DateTimeField(null=True, blank=True)
+    closed_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-month"]
+        constraints = [
+            models.CheckConstraint(condition=models.Q(month__day=1), name="billing_period_first_of_month"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.month:%Y-%m} ({self.status})"
+
+
+class Invoice(models.Model):
+    class Status(models.TextChoices):
+        DRAFT = "draft", _("draft")
+        FINALIZED = "finalized", _("finalized")
+
+    tenant = models.ForeignKey(Tenant, on_delete=models.PROTECT, related_name="invoices")
+    period = models.ForeignKey(BillingPeriod, on_delete=models.PROTECT, related_name="invoices")
+    number = models.CharField(max_length=64, unique=True)
+    currency = models.CharField(max_length=3)
+    status = models.CharField(max_length=10, choices=Status.choices, default=Status.DRAFT)
+    total_minor = models.BigIntegerField(default=0)
+    created_at = models.DateTimeField()
+    finalized_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-period__month", "tenant__slug"]
+        constraints = [models.UniqueConstraint(fields=["tenant", "period"], name="invoice_tenant_period_unique")]
+
+    def __str__(self) -> str:
+        return f"{self.number} ({self.status})"
+
+
+class InvoiceLine(models.Model):
+    class Kind(models.TextChoices):
+        USAGE = "usage", _("GPU usage")
+        IDLE = "idle", _("idle capacity (proportional)")
+        ADJUSTMENT = "adjustment", _("adjustment for late usage")
+
+    invoice = models.ForeignKey(Invoice, on_delete=models.PROTECT, related_name="lines")
+    kind = models.CharField(max_length=12, choices=Kind.choices)
+    gpu_model = models.CharField(max_length=128)
+    sla_tier = models.CharField(max_length=63)
+    # The month whose usage this line charges: the invoice's own, or an earlier one for adjustments.
+    usage_month = models.DateField()
+    # Equivalent whole-GPU hours billed (Σ share_gpu_s / 3600), for the reader.
+    gpu_hours = models.DecimalField(max_digits=24, decimal_places=6)
+    # Unrounded ledger amount, then the one rounding to minor units (billing.money).
+    amount = models.DecimalField(max_digits=30, decimal_places=12)
+    amount_minor = models.BigIntegerField()
+
+    class Meta:
+        ordering = ["usage_month", "kind", "gpu_model", "sla_tier"]
+
+    def __str__(self) -> str:
+        return f"{self.invoice_id} {self.kind} {self.gpu_model}/{self.sla_tier} {self.amount_minor}"

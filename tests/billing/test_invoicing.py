@@ -1,0 +1,152 @@
+"""Closing a month: one immutable invoice per tenant, rounded once per line, late usage as
+adjustments on the next invoice, safe to rerun after a crash."""
+
+from __future__ import annotations
+
+from datetime import UTC, date, datetime, timedelta
+from decimal import Decimal
+from io import StringIO
+
+import pytest
+from django.core.management import call_command
+from django.db import DatabaseError, transaction
+from django.utils import timezone
+
+from billing.errors import InvalidInput
+from billing.models import AuditEvent, BillingPeriod, Invoice, InvoiceLine, RateCard, Tenant
+from billing.services.invoicing import close_period
+from billing.services.rollup import rollup_usage
+from tests.conftest import A100, make_batch
+
+pytestmark = pytest.mark.django_db
+
+OCT = date(2026, 10, 1)
+NOV = date(2026, 11, 1)
+AFTER_NOV = datetime(2026, 12, 2, tzinfo=UTC)
+WORKLOADS = [
+    # 10 % and 20 % of the card for 10 s at p = 0.001/s: 0.001 and 0.002.
+    {"gpu": 0, "tenant": "acme", "pod": "bert-1", "sla_tier": "gold", "mem_used": 8192.0, "mem_granted": 8192.0,
+     "sm_used": 10.8, "sm_granted": 10.8},
+    {"gpu": 0, "tenant": "globex", "pod": "llm-1", "sla_tier": "silver", "mem_used": 16384.0,
+     "mem_granted": 16384.0, "sm_used": 21.6, "sm_granted": 21.6},
+]
+
+
+@pytest.fixture
+def priced(db):
+    return RateCard.objects.create(gpu_model=A100["model"], currency="USD", price_per_gpu_hour=Decimal("3600"),
+                                   effective_from=datetime(2020, 1, 1, tzinfo=UTC), source_url="https://example.org")
+
+
+def _raw(sql: str, *params: object) -> None:
+    # Below the ORM (whose PROTECT would stop a delete first): the database itself refuses.
+    from django.db import connection
+
+    with connection.cursor() as cur:
+        cur.execute(sql, list(params))
+
+
+def usage(post_batch, *, at: datetime, seq: int, seconds: int = 10):
+    assert post_batch(make_batch(start=at, seq=seq, seconds=seconds, workloads=WORKLOADS)).status_code == 201
+    rollup_usage(now=timezone.now())
+
+
+def test_closing_a_month_finalizes_one_invoice_per_tenant_with_lines_rounded_once(post_batch, priced):
+    # p = 1 USD per GPU-second: acme 10 % × 10 s = 1.00, globex 20 % × 10 s = 2.00.
+    usage(post_batch, at=datetime(2026, 11, 15, 12, tzinfo=UTC), seq=1)
+    result = close_period(month=NOV, now=AFTER_NOV)
+    assert (result.invoices_finalized, result.already_closed) == (2, False)
+    invoices = {i.tenant.slug: i for i in Invoice.objects.select_related("tenant")}
+    assert invoices["acme"].total_minor == 100 and invoices["globex"].total_minor == 200
+    assert all(i.status == Invoice.Status.FINALIZED and i.currency == "USD" for i in invoices.values())
+    line = invoices["acme"].lines.get()
+    assert (line.kind, line.gpu_model, line.sla_tier, line.amount) == ("usage", A100["model"], "gold", Decimal("1"))
+    assert line.gpu_hours == Decimal("0.000278")  # 10 % of a card for 10 s = 1 GPU-second
+    assert BillingPeriod.objects.get(month=NOV).status == BillingPeriod.Status.CLOSED
+    assert AuditEvent.objects.filter(action="invoice.finalized").count() == 2
+
+
+def test_finalized_invoices_and_their_lines_are_immutable_in_the_database(post_batch, priced):
+    usage(post_batch, at=datetime(2026, 11, 15, 12, tzinfo=UTC), seq=1)
+    close_period(month=NOV, now=AFTER_NOV)
+    invoice = Invoice.objects.get(tenant__slug="acme")
+    for attempt in (
+        lambda: Invoice.objects.filter(pk=invoice.pk).update(total_minor=1),
+        lambda: _raw("DELETE FROM billing_invoice WHERE id = %s", invoice.pk),
+        lambda: _raw("DELETE FROM billing_invoiceline WHERE invoice_id = %s", invoice.pk),
+        lambda: InvoiceLine.objects.filter(invoice=invoice).update(amount_minor=1),
+        lambda: InvoiceLine.objects.create(invoice=invoice, kind="usage", gpu_model="x", sla_tier="y",
+                                           usage_month=NOV, gpu_hours=0, amount=1, amount_minor=1),
+    ):
+        with pytest.raises(DatabaseError, match="immutable"), transaction.atomic():
+            attempt()
+    assert Invoice.objects.get(pk=invoice.pk).total_minor == 100
+
+
+def test_late_usage_for_a_closed_month_becomes_an_adjustment_on_the_next_invoice(post_batch, priced):
+    usage(post_batch, at=datetime(2026, 10, 20, 12, tzinfo=UTC), seq=1)
+    close_period(month=OCT, now=datetime(2026, 11, 2, tzinfo=UTC))
+    # A batch for October arrives late (after the close), then November usage.
+    usage(post_batch, at=datetime(2026, 10, 31, 23, 59, 40, tzinfo=UTC), seq=2, seconds=20)
+    usage(post_batch, at=datetime(2026, 11, 10, tzinfo=UTC), seq=3)
+    close_period(month=NOV, now=AFTER_NOV)
+    october = Invoice.objects.get(tenant__slug="acme", period__month=OCT)
+    assert october.total_minor == 100  # untouched
+    november = Invoice.objects.get(tenant__slug="acme", period__month=NOV)
+    kinds = {(line.kind, line.usage_month): line.amount_minor for line in november.lines.all()}
+    assert kinds == {("usage", NOV): 100, ("adjustment", OCT): 200}
+    assert november.total_minor == 300
+
+
+def test_closing_again_changes_nothing_and_a_crashed_close_resumes(post_batch, priced):
+    usage(post_batch, at=datetime(2026, 11, 15, 12, tzinfo=UTC), seq=1)
+    close_period(month=NOV, now=AFTER_NOV)
+    again = close_period(month=NOV, now=AFTER_NOV + timedelta(hours=1))
+    assert again.already_closed and Invoice.objects.count() == 2
+    # Simulate a crash after one tenant: period CLOSING, one invoice gone.
+    with transaction.atomic():
+        period = BillingPeriod.objects.get(month=NOV)
+        BillingPeriod.objects.filter(pk=period.pk).update(status=BillingPeriod.Status.CLOSING, closed_at=None)
+    Tenant.objects.create(slug="late-tenant", name="Late")
+    resumed = close_period(month=NOV, now=AFTER_NOV)
+    assert (resumed.invoices_finalized, resumed.invoices_already_final) == (0, 2)
+    assert BillingPeriod.objects.get(month=NOV).status == BillingPeriod.Status.CLOSED
+
+
+def test_a_month_that_is_not_over_or_has_unpriced_usage_is_refused_with_the_reason(post_batch):
+    with pytest.raises(InvalidInput, match="not over yet"):
+        close_period(month=NOV, now=datetime(2026, 11, 20, tzinfo=UTC))
+    usage(post_batch, at=datetime(2026, 11, 15, 12, tzinfo=UTC), seq=1)  # no rate card: unpriced
+    with pytest.raises(InvalidInput, match="without a rate card"):
+        close_period(month=NOV, now=AFTER_NOV)
+    assert not Invoice.objects.exists() and not BillingPeriod.objects.exists()
+
+
+def test_proportional_idle_policy_adds_an_explicit_idle_line(post_batch, priced):
+    RateCard.objects.filter(pk=priced.pk).update(idle_policy="proportional")
+    usage(post_batch, at=datetime(2026, 11, 15, 12, tzinfo=UTC), seq=1)
+    close_period(month=NOV, now=AFTER_NOV)
+    acme = Invoice.objects.get(tenant__slug="acme")
+    amounts = {line.kind: line.amount_minor for line in acme.lines.all()}
+    # The card costs 10.00 for the 10 s; 7.00 is idle, spread 1:2 over acme and globex.
+    assert amounts == {"usage": 100, "idle": 233}
+
+
+def test_close_period_command_reports_and_rejects_bad_months(post_batch, priced):
+    with pytest.raises(Exception, match="YYYY-MM"):
+        call_command("close_period", "--month", "2026/11")
+    usage(post_batch, at=datetime(2026, 10, 15, 12, tzinfo=UTC), seq=1)
+    out = StringIO()
+    call_command("close_period", "--month", "2026-10", stdout=out)
+    assert "2 invoice(s) finalized" in out.getvalue()
+
+
+def test_close_period_task_run_twice_finalizes_once(post_batch, priced):
+    from billing import tasks
+
+    usage(post_batch, at=datetime(2026, 10, 15, 12, tzinfo=UTC), seq=1)
+    first = tasks.close_period.apply(args=["2026-10"]).get()
+    second = tasks.close_period.apply(args=["2026-10"]).get()
+    assert (first["finalized"], first["already_closed"]) == (2, False)
+    assert (second["finalized"], second["already_closed"]) == (0, True)
+    assert Invoice.objects.count() == 2
