@@ -1,0 +1,1 @@
+"""Reproducible experiments on public traces (run as ``python -m allocator.experiments.<name>``)."""
