@@ -2,17 +2,27 @@
 
 from __future__ import annotations
 
+import logging
+import smtplib
+import time
 from datetime import timedelta
 
+import requests
 from celery import shared_task
 from django.conf import settings
+from django.core.mail import send_mail
 from django.db import OperationalError, transaction
 from django.utils import timezone
 
+from billing.models import Budget
+from billing.services.budgets import evaluate_budgets as _evaluate_budgets
+from billing.services.budgets import sign_webhook, webhook_body
 from billing.services.invoicing import close_period as _close_period
 from billing.services.invoicing import parse_month
 from billing.services.partitions import ensure_raw_partitions as _ensure_raw_partitions
 from billing.services.rollup import rollup_usage as _rollup_usage
+
+log = logging.getLogger(__name__)
 
 
 @shared_task(
@@ -63,3 +73,61 @@ def close_previous_month() -> dict[str, object]:
     first = timezone.now().date().replace(day=1)
     previous = (first - timedelta(days=1)).replace(day=1)
     return close_period(f"{previous:%Y-%m}")
+
+
+@shared_task(name="billing.tasks.evaluate_budgets", acks_late=True, autoretry_for=(OperationalError,),
+             retry_backoff=True, max_retries=5)
+def evaluate_budgets() -> list[dict[str, object]]:
+    """Every minute: move budgets between ok / warned / enforced and notify on each change."""
+    transitions = _evaluate_budgets(now=timezone.now())
+    for t in transitions:
+        payload = t.payload()
+        send_budget_email.delay(t.budget_id, payload)
+        deliver_budget_webhook.delay(t.budget_id, payload)
+    return [t.payload() for t in transitions]
+
+
+class WebhookRetry(Exception):
+    """The receiver answered 429 or 5xx: try again later."""
+
+
+@shared_task(name="billing.tasks.send_budget_email", acks_late=True,
+             autoretry_for=(smtplib.SMTPException, OSError), retry_backoff=True, max_retries=8)
+def send_budget_email(budget_id: int, payload: dict[str, object]) -> int:
+    budget = Budget.objects.select_related("tenant").filter(pk=budget_id).first()
+    if budget is None or not budget.notify_emails.strip():
+        return 0
+    recipients = [a.strip() for a in budget.notify_emails.split(",") if a.strip()]
+    subject = f"[vGPU Ledger] Budget of {budget.tenant.name}: {payload['to']}"
+    lines = [
+        f"The GPU budget of {budget.tenant.name} ({budget.tenant.slug}) moved from {payload['from']} "
+        f"to {payload['to']} for {payload['month']}.",
+        f"Month-to-date spend: {payload['spend']} {payload['currency']} of {payload['amount']} "
+        f"(forecast to month end: {payload['forecast']}).",
+    ]
+    if payload.get("action"):
+        lines.append(f"Enforcement action: {payload['action']}.")
+    lines.append(f"To raise the budget, contact {budget.owner}.")
+    return send_mail(subject, "\n".join(lines), None, recipients)
+
+
+@shared_task(name="billing.tasks.deliver_budget_webhook", acks_late=True,
+             autoretry_for=(requests.RequestException, WebhookRetry), retry_backoff=True, retry_jitter=True,
+             max_retries=8)
+def deliver_budget_webhook(budget_id: int, payload: dict[str, object]) -> int | None:
+    """POST the HMAC-signed event; retried with backoff on network errors, 429 and 5xx."""
+    budget = Budget.objects.filter(pk=budget_id).first()
+    if budget is None or not budget.webhook_url:
+        return None
+    body = webhook_body(payload)
+    timestamp = str(int(time.time()))
+    headers = {"Content-Type": "application/json", "X-VGPU-Timestamp": timestamp,
+               "X-VGPU-Event": str(payload["event"])}
+    if budget.webhook_secret:
+        headers["X-VGPU-Signature"] = sign_webhook(secret=budget.webhook_secret, timestamp=timestamp, body=body)
+    response = requests.post(budget.webhook_url, data=body, headers=headers, timeout=10)
+    if response.status_code == 429 or response.status_code >= 500:
+        raise WebhookRetry(f"{budget.webhook_url} answered {response.status_code}")
+    if response.status_code >= 400:
+        log.error("event=budget_webhook_rejected url=%s status=%s", budget.webhook_url, response.status_code)
+    return response.status_code

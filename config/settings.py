@@ -179,11 +179,24 @@ CELERY_BEAT_SCHEDULE = {
         "schedule": float(os.environ.get("VGPU_ROLLUP_EVERY_S", 15)),
     },
     "ensure-raw-partitions": {"task": "billing.tasks.ensure_raw_partitions", "schedule": 3600.0},
+    "evaluate-budgets": {"task": "billing.tasks.evaluate_budgets", "schedule": 60.0},
     "close-previous-month": {
         "task": "billing.tasks.close_previous_month",
         "schedule": crontab(day_of_month="2", hour="1", minute="0"),
     },
 }
+
+# Admission webhook: an optional bearer token the API server presents, and what to answer
+# when the budget cannot be checked (default: admit, log an error and return a warning).
+VGPU_ADMISSION_TOKEN = os.environ.get("VGPU_ADMISSION_TOKEN", "")
+VGPU_ADMISSION_FAIL_CLOSED = os.environ.get("VGPU_ADMISSION_FAIL_CLOSED", "") == "1"
+
+# Budget notifications. The SMTP server and sender come from the environment.
+EMAIL_BACKEND = os.environ.get("VGPU_EMAIL_BACKEND", "django.core.mail.backends.smtp.EmailBackend")
+EMAIL_HOST = os.environ.get("VGPU_EMAIL_HOST", "127.0.0.1")
+EMAIL_PORT = int(os.environ.get("VGPU_EMAIL_PORT", 25))
+EMAIL_TIMEOUT = 10
+DEFAULT_FROM_EMAIL = os.environ.get("VGPU_EMAIL_FROM", "vgpu-ledger@localhost")
 
 LOGGING = {
     "version": 1,

@@ -84,7 +84,7 @@ class NodePolicyView(_AgentView):
     @extend_schema(operation_id="get_node_policy", summary="The node's policy (SLA weights, budgets, enforcement); ETag")
     def get(self, request: Request, node: str) -> Response:
         authenticate_node(authorization=request.headers.get("Authorization"), node_name=node)
-        policy = get_node_policy(node_name=node)
+        policy = get_node_policy(node_name=node, now=timezone.now())
         etag = f'"{policy.etag}"'
         if request.headers.get("If-None-Match") == etag:
             return Response(status=304, headers={"ETag": etag})

@@ -1,6 +1,7 @@
 """ORM models only; rules live in billing.services (writes) and billing.queries (reads)."""
 
 from billing.models.audit import AuditEvent
+from billing.models.budgets import Budget, BudgetAction, BudgetState, BudgetStatus
 from billing.models.fleet import Gpu, Node, NodeToken
 from billing.models.invoicing import BillingPeriod, Invoice, InvoiceLine
 from billing.models.ledger import GpuHour, GpuMinute, UsageHour, UsageMinute
@@ -12,6 +13,10 @@ __all__ = [
     "AuditEvent",
     "BatchGpu",
     "BillingPeriod",
+    "Budget",
+    "BudgetAction",
+    "BudgetState",
+    "BudgetStatus",
     "BilledBasis",
     "Gpu",
     "GpuHour",

@@ -1,6 +1,7 @@
 from decimal import Decimal
 
 from django.conf import settings
+from django.contrib.postgres.fields import ArrayField
 from django.core.validators import MinValueValidator, RegexValidator
 from django.db import models
 from django.utils.translation import gettext_lazy as _
@@ -36,6 +37,10 @@ class Tenant(models.Model):
     slug = models.CharField(max_length=63, unique=True, validators=[slug_validator])
     name = models.CharField(max_length=200)
     default_sla_tier = models.ForeignKey(SlaTier, on_delete=models.PROTECT, null=True, blank=True)
+    # Kubernetes namespaces that belong to this tenant besides the one named like its slug
+    # (agents read the namespace label vgpu-ledger.io/tenant; the admission webhook sees only
+    # the namespace name, so the mapping lives here too).
+    namespaces = ArrayField(models.CharField(max_length=63), default=list, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:

@@ -1,0 +1,82 @@
+"""Budgets: monthly spend limits per tenant that act (DESIGN §6)."""
+
+from decimal import Decimal
+
+from django.core.validators import MaxValueValidator, MinValueValidator
+from django.db import models
+from django.db.models import F, Q
+from django.utils.translation import gettext_lazy as _
+
+from billing.models.tenancy import Tenant
+
+
+class BudgetAction(models.TextChoices):
+    THROTTLE = "throttle", _("throttle")
+    BLOCK = "block", _("block new GPU pods")
+    EVICT_BEST_EFFORT = "evict-best-effort", _("evict best-effort pods")
+
+
+class BudgetState(models.TextChoices):
+    OK = "ok", _("ok")
+    WARNED = "warned", _("warned")
+    ENFORCED = "enforced", _("enforced")
+
+
+class Budget(models.Model):
+    """A tenant's monthly budget. Thresholds are percentages of `amount`."""
+
+    tenant = models.OneToOneField(Tenant, on_delete=models.CASCADE, related_name="budget")
+    amount = models.DecimalField(max_digits=14, decimal_places=2, validators=[MinValueValidator(Decimal("0.01"))])
+    currency = models.CharField(max_length=3)
+    soft_threshold_pct = models.DecimalField(
+        max_digits=5, decimal_places=2, default=Decimal("80"),
+        validators=[MinValueValidator(Decimal("1")), MaxValueValidator(Decimal("1000"))],
+    )
+    hard_threshold_pct = models.DecimalField(
+        max_digits=5, decimal_places=2, default=Decimal("100"),
+        validators=[MinValueValidator(Decimal("1")), MaxValueValidator(Decimal("1000"))],
+    )
+    hard_action = models.CharField(max_length=20, choices=BudgetAction.choices, default=BudgetAction.THROTTLE)
+    # Under `throttle` the tenant's SLA weight is multiplied by this factor.
+    throttle_factor = models.DecimalField(
+        max_digits=4, decimal_places=3, default=Decimal("0.5"),
+        validators=[MinValueValidator(Decimal("0.001")), MaxValueValidator(Decimal("1"))],
+    )
+    # Who can raise the budget: named in admission denials and notifications.
+    owner = models.CharField(max_length=200)
+    notify_emails = models.TextField(blank=True, help_text=_("Comma-separated addresses"))
+    webhook_url = models.URLField(max_length=500, blank=True)
+    webhook_secret = models.CharField(max_length=200, blank=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["tenant__slug"]
+        constraints = [
+            models.CheckConstraint(condition=Q(amount__gt=0), name="budget_amount_positive"),
+            models.CheckConstraint(condition=Q(soft_threshold_pct__lte=F("hard_threshold_pct")),
+                                   name="budget_soft_not_above_hard"),
+            models.CheckConstraint(condition=Q(throttle_factor__gt=0) & Q(throttle_factor__lte=1),
+                                   name="budget_throttle_factor_0_1"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.tenant_id}: {self.amount} {self.currency}/month"
+
+
+class BudgetStatus(models.Model):
+    """Where a budget stands in one month; a new month starts a new row in state ok."""
+
+    budget = models.ForeignKey(Budget, on_delete=models.CASCADE, related_name="statuses")
+    month = models.DateField()
+    state = models.CharField(max_length=10, choices=BudgetState.choices, default=BudgetState.OK)
+    spend = models.DecimalField(max_digits=30, decimal_places=12, default=Decimal(0))
+    forecast = models.DecimalField(max_digits=30, decimal_places=12, default=Decimal(0))
+    evaluated_at = models.DateTimeField()
+    changed_at = models.DateTimeField()
+
+    class Meta:
+        ordering = ["-month"]
+        constraints = [models.UniqueConstraint(fields=["budget", "month"], name="budget_status_month_unique")]
+
+    def __str__(self) -> str:
+        return f"{self.budget_id} {self.month:%Y-%m} {self.state}"

@@ -1,0 +1,160 @@
+"""Budgets that act: month-to-date spend → ok / warned / enforced, audited and notified.
+
+Spend is the tenant's charges plus any idle spread onto it, from the hour ledger (the
+current hour is rolled up continuously). The forecast extrapolates the month-to-date rate
+linearly to the end of the month. States move both ways: raising a budget or a new month
+brings a tenant back to ok.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+from dataclasses import dataclass
+from datetime import datetime
+from decimal import Decimal
+from typing import Any
+
+from django.core.exceptions import ValidationError
+from django.db import transaction
+from django.db.models import Sum
+
+from billing.errors import InvalidInput
+from billing.models import Budget, BudgetState, BudgetStatus, Tenant, UsageHour
+from billing.services.audit import record_audit_event
+from billing.services.invoicing import month_bounds
+
+__all__ = [
+    "BudgetTransition",
+    "budget_state_for",
+    "evaluate_budgets",
+    "get_month_to_date_spend",
+    "set_budget",
+    "sign_webhook",
+]
+
+_BUDGET_FIELDS = ("amount", "currency", "soft_threshold_pct", "hard_threshold_pct", "hard_action",
+                  "throttle_factor", "owner", "notify_emails", "webhook_url")
+
+
+@dataclass(frozen=True)
+class BudgetTransition:
+    budget_id: int
+    tenant: str
+    month: str
+    before: str
+    after: str
+    spend: Decimal
+    forecast: Decimal
+    amount: Decimal
+    currency: str
+    action: str
+    owner: str
+    at: datetime
+
+    def payload(self) -> dict[str, Any]:
+        return {
+            "event": "budget.state_changed", "tenant": self.tenant, "month": self.month, "from": self.before,
+            "to": self.after, "spend": str(self.spend.quantize(Decimal("0.01"))),
+            "forecast": str(self.forecast.quantize(Decimal("0.01"))), "amount": str(self.amount),
+            "currency": self.currency, "action": self.action if self.after == BudgetState.ENFORCED else None,
+            "owner": self.owner, "at": self.at.isoformat(),
+        }
+
+
+def budget_state_for(*, spend: Decimal, amount: Decimal, soft_pct: Decimal, hard_pct: Decimal) -> str:
+    """The state a spend puts a budget in: thresholds are inclusive."""
+    used_pct = spend / amount * 100
+    if used_pct >= hard_pct:
+        return BudgetState.ENFORCED
+    if used_pct >= soft_pct:
+        return BudgetState.WARNED
+    return BudgetState.OK
+
+
+def get_month_to_date_spend(*, tenant: str, now: datetime) -> Decimal:
+    start, _ = month_bounds(now.date().replace(day=1))
+    sums = UsageHour.objects.filter(tenant=tenant, hour__gte=start, hour__lte=now).aggregate(
+        charge=Sum("charge"), idle=Sum("idle_share")
+    )
+    return (sums["charge"] or Decimal(0)) + (sums["idle"] or Decimal(0))
+
+
+def _forecast(*, spend: Decimal, now: datetime) -> Decimal:
+    start, end = month_bounds(now.date().replace(day=1))
+    elapsed = Decimal((now - start).total_seconds())
+    if elapsed < 3600:  # under an hour of history a linear forecast says nothing
+        return spend
+    return spend * Decimal((end - start).total_seconds()) / elapsed
+
+
+def set_budget(*, tenant_slug: str, values: dict[str, Any], now: datetime, actor_label: str,
+               actor_id: int | None = None) -> Budget:
+    """Create or change a tenant's budget, validated and audited in one transaction."""
+    unknown = set(values) - set(_BUDGET_FIELDS) - {"webhook_secret"}
+    if unknown:
+        raise InvalidInput(f"unknown budget fields: {', '.join(sorted(unknown))}")
+    with transaction.atomic():
+        tenant = Tenant.objects.filter(slug=tenant_slug).first()
+        if tenant is None:
+            raise InvalidInput(f"no tenant {tenant_slug!r}")
+        budget = Budget.objects.select_for_update().filter(tenant=tenant).first()
+        before = {f: str(getattr(budget, f)) for f in _BUDGET_FIELDS} if budget else None
+        budget = budget or Budget(tenant=tenant)
+        for key, value in values.items():
+            setattr(budget, key, value)
+        try:
+            budget.full_clean()
+        except ValidationError as exc:
+            raise InvalidInput("; ".join(f"{k}: {' '.join(v)}" for k, v in exc.message_dict.items())) from exc
+        budget.save()
+        record_audit_event(
+            at=now, actor_id=actor_id, actor_label=actor_label, action="budget.set", object_type="budget",
+            object_id=tenant.slug, before=before, after={f: str(getattr(budget, f)) for f in _BUDGET_FIELDS},
+        )
+    return budget
+
+
+def evaluate_budgets(*, now: datetime) -> list[BudgetTransition]:
+    """Recompute every budget's month-to-date state; audit each change. Returns the transitions
+    (the caller notifies after commit)."""
+    month = now.date().replace(day=1)
+    transitions = []
+    for budget in Budget.objects.select_related("tenant").order_by("pk"):
+        spend = get_month_to_date_spend(tenant=budget.tenant.slug, now=now)
+        forecast = _forecast(spend=spend, now=now)
+        state = budget_state_for(spend=spend, amount=budget.amount, soft_pct=budget.soft_threshold_pct,
+                                 hard_pct=budget.hard_threshold_pct)
+        with transaction.atomic():
+            status, _ = BudgetStatus.objects.select_for_update().get_or_create(
+                budget=budget, month=month, defaults={"evaluated_at": now, "changed_at": now}
+            )
+            before = status.state
+            status.spend, status.forecast, status.evaluated_at = spend, forecast, now
+            if state != before:
+                status.state, status.changed_at = state, now
+                transition = BudgetTransition(
+                    budget_id=budget.pk, tenant=budget.tenant.slug, month=f"{month:%Y-%m}", before=before,
+                    after=state, spend=spend, forecast=forecast, amount=budget.amount, currency=budget.currency,
+                    action=budget.hard_action, owner=budget.owner, at=now,
+                )
+                record_audit_event(
+                    at=now, actor_label="system", action="budget.state_changed", object_type="budget",
+                    object_id=budget.tenant.slug, before={"state": before},
+                    after={"state": state, "spend": str(spend.quantize(Decimal("0.01"))),
+                           "amount": str(budget.amount), "action": budget.hard_action},
+                )
+                transitions.append(transition)
+            status.save()
+    return transitions
+
+
+def sign_webhook(*, secret: str, timestamp: str, body: bytes) -> str:
+    """HMAC-SHA256 over "<timestamp>.<body>", hex; receivers recompute it and compare in constant time."""
+    mac = hmac.new(secret.encode(), timestamp.encode() + b"." + body, hashlib.sha256)
+    return "sha256=" + mac.hexdigest()
+
+
+def webhook_body(transition_payload: dict[str, Any]) -> bytes:
+    return json.dumps(transition_payload, sort_keys=True, separators=(",", ":")).encode()

@@ -1,0 +1,261 @@
+"""Budgets that act: the state machine, notifications over real SMTP and HTTP on loopback,
+propagation through the node policy API, and the admission webhook."""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import hmac
+import json
+import threading
+from datetime import UTC, datetime, timedelta
+from decimal import Decimal
+from http.server import BaseHTTPRequestHandler, HTTPServer
+from pathlib import Path
+
+import pytest
+from django.test import override_settings
+from django.utils import timezone
+from hypothesis import given
+from hypothesis import strategies as st
+
+from billing import tasks
+from billing.models import AuditEvent, BudgetState, BudgetStatus, RateCard, Tenant
+from billing.services.budgets import budget_state_for, evaluate_budgets, set_budget
+from billing.services.rollup import rollup_usage
+from tests.conftest import A100, make_batch
+
+FIXTURES = Path(__file__).parent / "fixtures"
+pct = st.decimals(min_value=1, max_value=200, places=2)
+
+
+@given(spend=st.decimals(min_value=0, max_value=10**6, places=4), amount=st.decimals(min_value="0.01", max_value=10**5, places=2),
+       soft=pct, extra=st.decimals(min_value=0, max_value=100, places=2))
+def test_state_is_monotonic_in_spend_and_thresholds_are_inclusive(spend, amount, soft, extra):
+    hard = soft + extra
+    state = budget_state_for(spend=spend, amount=amount, soft_pct=soft, hard_pct=hard)
+    more = budget_state_for(spend=spend + amount, amount=amount, soft_pct=soft, hard_pct=hard)
+    order = [BudgetState.OK, BudgetState.WARNED, BudgetState.ENFORCED]
+    assert order.index(more) >= order.index(state)
+    assert budget_state_for(spend=amount * hard / 100, amount=amount, soft_pct=soft, hard_pct=hard) == BudgetState.ENFORCED
+
+
+@pytest.fixture
+def acme(db):
+    RateCard.objects.create(gpu_model=A100["model"], currency="USD", price_per_gpu_hour=Decimal("3600"),
+                            effective_from=datetime(2020, 1, 1, tzinfo=UTC), source_url="https://example.org")
+    return Tenant.objects.create(slug="acme", name="Acme Robotics", namespaces=["acme-prod"])
+
+
+def spend(post_batch, minute_start, *, seq: int, seconds: int = 10):
+    """acme holds 10 % of the card: 0.10 USD per second at 3600 USD/GPU-h."""
+    workloads = [{"gpu": 0, "tenant": "acme", "pod": "bert-1", "mem_used": 8192.0, "mem_granted": 8192.0,
+                  "sm_used": 10.8, "sm_granted": 10.8}]
+    start = minute_start + timedelta(seconds=10 * (seq - 1))
+    assert post_batch(make_batch(start=start, seq=seq, seconds=seconds, workloads=workloads)).status_code == 201
+    rollup_usage(now=timezone.now())
+
+
+def budget(amount: str, action: str = "throttle", **extra):
+    return set_budget(tenant_slug="acme", now=timezone.now(), actor_label="test",
+                      values={"amount": Decimal(amount), "currency": "USD", "hard_action": action,
+                              "owner": "finops@acme.example", **extra})
+
+
+@pytest.mark.django_db
+def test_budget_moves_ok_warned_enforced_and_back_when_raised_each_step_audited(acme, post_batch, minute_start):
+    budget("2.00")
+    spend(post_batch, minute_start, seq=1)  # 1.00 = 50 %
+    assert [t.after for t in evaluate_budgets(now=timezone.now())] == []  # ok → ok: no transition
+    spend(post_batch, minute_start, seq=2)  # 2.00 = 100 %... of which 80 % passed too
+    moves = evaluate_budgets(now=timezone.now())
+    assert [(t.before, t.after) for t in moves] == [("ok", "enforced")]
+    assert evaluate_budgets(now=timezone.now()) == []  # evaluating again changes nothing
+    budget("2.40")  # 2.00 / 2.40 = 83 %: warned
+    assert [(t.before, t.after) for t in evaluate_budgets(now=timezone.now())] == [("enforced", "warned")]
+    budget("100")
+    assert [(t.before, t.after) for t in evaluate_budgets(now=timezone.now())] == [("warned", "ok")]
+    actions = list(AuditEvent.objects.filter(object_type="budget").order_by("id").values_list("action", flat=True))
+    assert actions.count("budget.set") == 3 and actions.count("budget.state_changed") == 3
+
+
+@pytest.mark.django_db
+def test_a_new_month_starts_in_ok(acme, post_batch, minute_start):
+    budget("0.50")
+    spend(post_batch, minute_start, seq=1)
+    evaluate_budgets(now=timezone.now())
+    next_month = (timezone.now().replace(day=1) + timedelta(days=32)).replace(day=2)
+    assert evaluate_budgets(now=next_month) == []
+    status = BudgetStatus.objects.get(month=next_month.date().replace(day=1))
+    assert status.state == BudgetState.OK and status.spend == 0
+
+
+@pytest.mark.django_db
+def test_invalid_budget_is_refused_with_the_field_and_nothing_changes(acme):
+    from billing.errors import InvalidInput
+
+    with pytest.raises(InvalidInput, match="throttle_factor"):
+        budget("10", throttle_factor=Decimal("1.5"))
+    with pytest.raises(InvalidInput, match="no tenant"):
+        set_budget(tenant_slug="nope", values={}, now=timezone.now(), actor_label="test")
+    assert not AuditEvent.objects.filter(action="budget.set").exists()
+
+
+@pytest.mark.django_db
+def test_enforced_throttle_reaches_agents_through_the_policy_api(acme, post_batch, minute_start, client, node_token):
+    auth = {"HTTP_AUTHORIZATION": f"Bearer {node_token.token}"}
+    before = client.get("/api/v1/nodes/gpu-node-1/policy", **auth)
+    assert before.json()["tenants"]["acme"]["budget"] == {"state": "ok"}
+    budget("0.50", throttle_factor=Decimal("0.25"))
+    spend(post_batch, minute_start, seq=1)
+    evaluate_budgets(now=timezone.now())
+    after = client.get("/api/v1/nodes/gpu-node-1/policy", HTTP_IF_NONE_MATCH=before["ETag"], **auth)
+    assert after.status_code == 200 and after["ETag"] != before["ETag"]
+    assert after.json()["tenants"]["acme"]["budget"] == {"state": "enforced", "action": "throttle",
+                                                          "throttle_factor": "0.250"}
+
+
+class _Receiver(BaseHTTPRequestHandler):
+    answers: list[int] = []
+    received: list[tuple[dict[str, str], bytes]] = []
+
+    def do_POST(self):  # noqa: N802 - http.server's naming
+        body = self.rfile.read(int(self.headers["Content-Length"]))
+        type(self).received.append((dict(self.headers), body))
+        self.send_response(type(self).answers.pop(0) if type(self).answers else 204)
+        self.end_headers()
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture
+def webhook_receiver():
+    _Receiver.answers, _Receiver.received = [503, 500], []
+    server = HTTPServer(("127.0.0.1", 0), _Receiver)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_port}/hooks/budget", _Receiver
+    server.shutdown()
+
+
+@pytest.fixture
+def smtp_server():
+    from aiosmtpd.controller import Controller
+    from aiosmtpd.handlers import Message
+
+    class Inbox(Message):
+        def __init__(self):
+            super().__init__()
+            self.messages = []
+
+        def handle_message(self, message):
+            self.messages.append(message)
+
+    import socket
+
+    with socket.socket() as sock:  # aiosmtpd connects to its own port to check it started: no port 0
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    inbox = Inbox()
+    controller = Controller(inbox, hostname="127.0.0.1", port=port)
+    controller.start()
+    yield controller, inbox
+    controller.stop()
+
+
+@pytest.mark.django_db
+def test_transition_is_notified_by_email_and_by_a_signed_webhook_that_is_retried(
+    acme, post_batch, minute_start, webhook_receiver, smtp_server
+):
+    url, receiver = webhook_receiver
+    controller, inbox = smtp_server
+    budget("0.50", notify_emails="finops@acme.example, cto@acme.example", webhook_url=url,
+           webhook_secret="s3cret-for-tests")
+    spend(post_batch, minute_start, seq=1)
+    with override_settings(EMAIL_BACKEND="django.core.mail.backends.smtp.EmailBackend",
+                           EMAIL_HOST="127.0.0.1", EMAIL_PORT=controller.port):
+        result = tasks.evaluate_budgets.apply().get()
+        payload = result[0]
+        sent = tasks.send_budget_email.apply(args=[acme.budget.pk, payload]).get()
+        status = tasks.deliver_budget_webhook.apply(args=[acme.budget.pk, payload]).get()
+    assert payload["to"] == "enforced" and payload["action"] == "throttle"
+    assert sent == 1
+    mail = inbox.messages[0]
+    assert "Acme Robotics" in mail["Subject"] and "finops@acme.example" in mail["To"]
+    assert "contact finops@acme.example" in mail.get_payload()
+    # 503, then 500, then 204: two retries, and every delivery is signed the same way.
+    assert status == 204 and len(receiver.received) == 3
+    headers, body = receiver.received[-1]
+    expected = hmac.new(b"s3cret-for-tests", headers["X-VGPU-Timestamp"].encode() + b"." + body, hashlib.sha256)
+    assert headers["X-VGPU-Signature"] == "sha256=" + expected.hexdigest()
+    assert json.loads(body)["tenant"] == "acme"
+
+
+def review(**changes) -> dict:
+    doc = json.loads((FIXTURES / "admission_review_gpu_pod.json").read_text())
+    for path, value in changes.items():
+        target = doc["request"]
+        keys = path.split("__")
+        for key in keys[:-1]:
+            target = target[key]
+        target[keys[-1]] = value
+    return doc
+
+
+def admit(client, doc) -> dict:
+    resp = client.post("/api/v1/admission/pods", json.dumps(doc), content_type="application/json")
+    assert resp.status_code == 200, resp.content
+    return resp.json()["response"]
+
+
+@pytest.mark.django_db
+def test_admission_denies_new_gpu_pods_of_a_blocked_tenant_naming_the_budget_and_its_owner(
+    acme, post_batch, minute_start, client
+):
+    budget("0.50", action="block")
+    spend(post_batch, minute_start, seq=1)
+    evaluate_budgets(now=timezone.now())
+    answer = admit(client, review())
+    assert answer["uid"] == "705ab4f5-6393-11e8-b7cc-42010a800002" and answer["allowed"] is False
+    assert "acme" in answer["status"]["message"] and "finops@acme.example" in answer["status"]["message"]
+    # Everything else is allowed: pods without GPUs, updates, other tenants.
+    no_gpu = review()
+    no_gpu["request"]["object"]["spec"]["containers"][0]["resources"] = {}
+    assert admit(client, no_gpu)["allowed"] is True
+    assert admit(client, review(operation="UPDATE"))["allowed"] is True
+    assert admit(client, review(namespace="globex-prod"))["allowed"] is True
+    claim = copy.deepcopy(no_gpu)
+    claim["request"]["object"]["spec"]["resourceClaims"] = [{"name": "gpu", "resourceClaimName": "llm-gpu"}]
+    assert admit(client, claim)["allowed"] is False
+    annotated = copy.deepcopy(no_gpu)
+    annotated["request"]["object"]["metadata"]["annotations"] = {"vgpu-ledger.io/memory-mb": "4096"}
+    assert admit(client, annotated)["allowed"] is False
+
+
+@pytest.mark.django_db
+def test_admission_allows_gpu_pods_when_the_budget_throttles_instead_of_blocking(acme, post_batch, minute_start, client):
+    budget("0.50", action="throttle")
+    spend(post_batch, minute_start, seq=1)
+    evaluate_budgets(now=timezone.now())
+    assert admit(client, review())["allowed"] is True
+
+
+@pytest.mark.django_db
+def test_admission_rejects_a_malformed_review_with_400(client):
+    resp = client.post("/api/v1/admission/pods", json.dumps({"kind": "Pod"}), content_type="application/json")
+    assert resp.status_code == 400
+
+
+@pytest.mark.django_db
+def test_admission_fails_open_with_a_warning_and_closed_when_configured(client, monkeypatch):
+    from billing.api import admission
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("database unavailable")
+
+    monkeypatch.setattr(admission, "review_pod", broken)
+    answer = admit(client, review())
+    assert answer["allowed"] is True and answer["warnings"]
+    with override_settings(VGPU_ADMISSION_FAIL_CLOSED=True):
+        assert admit(client, review())["allowed"] is False
