@@ -9,10 +9,11 @@ from datetime import datetime
 from types import MappingProxyType
 
 from agents.interfaces import GpuInfo, Grant, Prediction, Predictor, UsageReading
-from allocator import Claim, fair_share
+from allocator import UNLIMITED, AllocationPolicy, GpuCapacity, PredictedPeak, Resources, WorkloadState, allocate_gpu
 
 __all__ = [
     "DEFAULT_SLA_WEIGHTS",
+    "PREDICTION_HORIZON_S",
     "AllocationRound",
     "CurrentUsePredictor",
     "Policy",
@@ -23,6 +24,11 @@ DEFAULT_SLA_WEIGHTS: Mapping[str, float] = MappingProxyType(
     {"gold": 4.0, "silver": 2.0, "bronze": 1.0, "best-effort": 0.5}
 )
 
+# ``Predictor.predict`` returns one peak over the whole look-ahead (0.5-2 s, interfaces.Prediction):
+# it is handed to the allocator as the peak of its longest horizon.
+PREDICTION_HORIZON_S = 2.0
+_NOTHING = Resources()
+
 
 @dataclass(frozen=True, slots=True)
 class Policy:
@@ -30,13 +36,14 @@ class Policy:
 
     sla_weights: Mapping[str, float] = field(default_factory=lambda: DEFAULT_SLA_WEIGHTS)
     headroom: float = 0.2  # demand = predicted peak x (1 + headroom)
+    throttled_tenants: frozenset[str] = frozenset()  # budgets in ``throttle`` state (DESIGN §6)
+    throttle_weight_factor: float = 0.5  # a throttled tenant's weight x this; in (0, 1]
 
     def __post_init__(self) -> None:
-        if not math.isfinite(self.headroom) or self.headroom < 0:
-            raise ValueError(f"headroom must be finite and >= 0, got {self.headroom!r}")
         for tier, weight in self.sla_weights.items():
             if not math.isfinite(weight) or weight <= 0:
                 raise ValueError(f"SLA tier {tier!r}: weight must be finite and > 0, got {weight!r}")
+        self.allocation_policy()  # validates headroom and throttle_weight_factor
 
     def weight_for(self, tier: str) -> float:
         try:
@@ -44,6 +51,14 @@ class Policy:
         except KeyError:
             known = ", ".join(sorted(self.sla_weights))
             raise ValueError(f"unknown SLA tier {tier!r} (known: {known})") from None
+
+    def allocation_policy(self) -> AllocationPolicy:
+        """The allocator's policy: the ``Predictor``'s one peak stands for the whole look-ahead."""
+        return AllocationPolicy(
+            headroom=self.headroom,
+            horizons_s=(PREDICTION_HORIZON_S,),
+            throttle_weight_factor=self.throttle_weight_factor,
+        )
 
 
 class CurrentUsePredictor:
@@ -69,60 +84,39 @@ def compute_grants(
     predictor: Predictor,
     now: datetime,
 ) -> AllocationRound:
-    """Fair-share memory (non-preemptible) and SMs (preemptible) on every GPU."""
+    """Fair-share memory (non-preemptible) and SMs (preemptible) on every GPU.
+
+    PCIe bandwidth is carried (current use) but not constrained: ``GpuInfo`` has no
+    link capacity and ``Grant`` no bandwidth field, so nothing could enforce it yet.
+    """
     by_gpu: dict[str, list[UsageReading]] = {g.uuid: [] for g in gpus}
     for reading in readings:
         if reading.gpu not in by_gpu:
             raise ValueError(f"reading for unknown GPU {reading.gpu!r} ({reading.workload.key})")
         by_gpu[reading.gpu].append(reading)
 
+    allocation_policy = policy.allocation_policy()
     grants: list[Grant] = []
     mem_headroom: dict[str, float] = {}
     sm_headroom: dict[str, float] = {}
     overcommitted: list[str] = []
-    grow = 1.0 + policy.headroom
     for gpu in gpus:
         on_gpu = by_gpu[gpu.uuid]
-        mem_claims: list[Claim] = []
-        sm_claims: list[Claim] = []
-        for r in on_gpu:
-            e = r.entitlement
-            weight = e.weight if e.weight is not None else policy.weight_for(r.workload.sla_tier)
-            peak = predictor.predict(reading=r, now=now)
-            mem_claims.append(
-                Claim(
-                    key=r.workload.key,
-                    weight=weight,
-                    demand=max(r.mem_used_mb, peak.mem_peak_mb) * grow,
-                    guarantee=e.guarantee_mem_mb,
-                    limit=e.limit_mem_mb if e.limit_mem_mb is not None else math.inf,
-                    current_use=r.mem_used_mb,
-                    preemptible=False,
-                )
-            )
-            sm_claims.append(
-                Claim(
-                    key=r.workload.key,
-                    weight=weight,
-                    demand=max(r.sm_used, peak.sm_peak) * grow,
-                    guarantee=e.guarantee_sm,
-                    limit=e.limit_sm if e.limit_sm is not None else math.inf,
-                    current_use=r.sm_used,
-                    preemptible=True,
-                )
-            )
-        mem = fair_share(capacity=float(gpu.memory_mb), claims=mem_claims)
-        sm = fair_share(capacity=float(gpu.sm_count), claims=sm_claims)
-        mem_headroom[gpu.uuid] = mem.headroom
-        sm_headroom[gpu.uuid] = sm.headroom
-        if mem.overcommitted:
+        result = allocate_gpu(
+            capacity=GpuCapacity(mem_mb=float(gpu.memory_mb), sm=float(gpu.sm_count)),
+            workloads=[_state(reading=r, policy=policy, predictor=predictor, now=now) for r in on_gpu],
+            policy=allocation_policy,
+        )
+        mem_headroom[gpu.uuid] = result.memory.headroom
+        sm_headroom[gpu.uuid] = result.sm.headroom
+        if result.memory.overcommitted:
             overcommitted.append(gpu.uuid)
         grants.extend(
             Grant(
                 workload=r.workload,
                 gpu=gpu.uuid,
-                mem_mb=mem.grants[r.workload.key],
-                sm=sm.grants[r.workload.key],
+                mem_mb=result.memory.grants[r.workload.key],
+                sm=result.sm.grants[r.workload.key],
             )
             for r in on_gpu
         )
@@ -131,4 +125,35 @@ def compute_grants(
         mem_headroom_mb=MappingProxyType(mem_headroom),
         sm_headroom=MappingProxyType(sm_headroom),
         mem_overcommitted=tuple(overcommitted),
+    )
+
+
+def _state(*, reading: UsageReading, policy: Policy, predictor: Predictor, now: datetime) -> WorkloadState:
+    e = reading.entitlement
+    peak = predictor.predict(reading=reading, now=now)
+    if e.guarantee_mem_mb or e.guarantee_sm:
+        guarantee = Resources(mem_mb=e.guarantee_mem_mb, sm=e.guarantee_sm)
+    else:
+        guarantee = _NOTHING  # the common case; shared rather than rebuilt every tick
+    if e.limit_mem_mb is None and e.limit_sm is None:
+        limit = UNLIMITED
+    else:
+        limit = Resources(
+            mem_mb=e.limit_mem_mb if e.limit_mem_mb is not None else math.inf,
+            sm=e.limit_sm if e.limit_sm is not None else math.inf,
+            pcie_mbps=math.inf,
+        )
+    return WorkloadState(
+        key=reading.workload.key,
+        weight=e.weight if e.weight is not None else policy.weight_for(reading.workload.sla_tier),
+        current=Resources(mem_mb=reading.mem_used_mb, sm=reading.sm_used, pcie_mbps=reading.pcie_mb_per_s),
+        predicted=(
+            PredictedPeak(
+                horizon_s=PREDICTION_HORIZON_S,
+                peak=Resources(mem_mb=peak.mem_peak_mb, sm=peak.sm_peak, pcie_mbps=reading.pcie_mb_per_s),
+            ),
+        ),
+        guarantee=guarantee,
+        limit=limit,
+        throttled=reading.workload.tenant in policy.throttled_tenants,
     )

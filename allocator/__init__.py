@@ -1,9 +1,36 @@
 """Allocation algorithms shared by the node agent and the service.
 
-Pure Python (+numpy), deterministic, frozen dataclasses in and out; no Django,
-no ``agents``, no ``billing`` imports.
+Pure Python (+numpy), deterministic, frozen dataclasses in and out; no Django, no
+``agents``, no ``billing`` imports. The per-GPU fair share is exported here (the agent's
+hot path); the heavier subpackages are imported by name: ``allocator.packing`` (placement
+and the FGD experiment), ``allocator.predict`` (load prediction), ``allocator.replay``
+(static vs dynamic trace replay).
 """
 
-from allocator.fairshare import Allocation, Claim, fair_share
+from allocator.fairshare import (
+    UNLIMITED,
+    Allocation,
+    AllocationPolicy,
+    Claim,
+    GpuCapacity,
+    GpuGrants,
+    PredictedPeak,
+    Resources,
+    WorkloadState,
+    allocate_gpu,
+    fair_share,
+)
 
-__all__ = ["Allocation", "Claim", "fair_share"]
+__all__ = [
+    "UNLIMITED",
+    "Allocation",
+    "AllocationPolicy",
+    "Claim",
+    "GpuCapacity",
+    "GpuGrants",
+    "PredictedPeak",
+    "Resources",
+    "WorkloadState",
+    "allocate_gpu",
+    "fair_share",
+]

@@ -1,4 +1,4 @@
-"""One allocation round: SLA weights, memory floors, capacity."""
+"""One allocation round: SLA weights, memory floors, capacity, budget throttling, prediction."""
 
 from __future__ import annotations
 
@@ -8,19 +8,28 @@ from datetime import UTC, datetime
 import pytest
 
 from agents.allocation import CurrentUsePredictor, Policy, compute_grants
-from agents.interfaces import Entitlement, GpuInfo, UsageReading, Workload
+from agents.interfaces import Entitlement, GpuInfo, Prediction, UsageReading, Workload
 
 NOW = datetime(2026, 11, 30, 3, 0, 0, tzinfo=UTC)
 GPU = GpuInfo(uuid="GPU-a", model="NVIDIA A100-SXM4-80GB", memory_mb=81920, sm_count=108)
 
 
-def reading(pod: str, tier: str, *, mem: float, sm: float, entitlement: Entitlement | None = None) -> UsageReading:
+def reading(
+    pod: str,
+    tier: str,
+    *,
+    mem: float,
+    sm: float,
+    entitlement: Entitlement | None = None,
+    tenant: str = "t",
+    pcie: float = 0.0,
+) -> UsageReading:
     return UsageReading(
-        workload=Workload(tenant="t", namespace="ns", pod=pod, container="c", pod_uid=pod, sla_tier=tier),
+        workload=Workload(tenant=tenant, namespace="ns", pod=pod, container="c", pod_uid=pod, sla_tier=tier),
         gpu=GPU.uuid,
         mem_used_mb=mem,
         sm_used=sm,
-        pcie_mb_per_s=0.0,
+        pcie_mb_per_s=pcie,
         entitlement=entitlement or Entitlement(),
     )
 
@@ -79,3 +88,75 @@ def test_unknown_sla_tier_is_a_clear_error() -> None:
 def test_policy_rejects_non_positive_weights() -> None:
     with pytest.raises(ValueError, match="SLA tier 'gold': weight must be finite and > 0"):
         Policy(sla_weights={"gold": 0.0})
+
+
+def test_policy_rejects_a_throttle_factor_outside_zero_to_one() -> None:
+    with pytest.raises(ValueError, match=r"throttle_weight_factor must be in \(0, 1\], got 2.0"):
+        Policy(throttle_weight_factor=2.0)
+
+
+def test_policy_rejects_negative_headroom() -> None:
+    with pytest.raises(ValueError, match="headroom must be finite and >= 0, got -0.5"):
+        Policy(headroom=-0.5)
+
+
+def test_a_throttled_tenant_gets_its_guarantee_and_memory_in_use_but_no_burst() -> None:
+    policy = Policy(throttled_tenants=frozenset({"over-budget"}))
+    grants = grants_of(
+        [
+            reading(
+                "spender", "gold", mem=10_000, sm=50, tenant="over-budget", entitlement=Entitlement(guarantee_sm=8)
+            ),
+            reading("payer", "bronze", mem=10_000, sm=50, tenant="paying"),
+        ],
+        policy,
+    )
+    assert grants["spender"] == pytest.approx((10_000.0, 8.0))
+    assert grants["payer"] == pytest.approx((12_000.0, 60.0))
+
+
+def test_a_throttled_tenant_loses_weight_when_guarantees_contend() -> None:
+    policy = Policy(throttled_tenants=frozenset({"over-budget"}), throttle_weight_factor=0.25)
+    full = Entitlement(guarantee_sm=108)
+    grants = grants_of(
+        [
+            reading("spender", "bronze", mem=1, sm=1, tenant="over-budget", entitlement=full),
+            reading("payer", "bronze", mem=1, sm=1, tenant="paying", entitlement=full),
+        ],
+        policy,
+    )
+    assert grants["payer"][1] == pytest.approx(4 * grants["spender"][1])
+    assert grants["payer"][1] + grants["spender"][1] == pytest.approx(108.0)
+
+
+class RisingPredictor:
+    """Expects every workload to double its use within the look-ahead."""
+
+    def predict(self, *, reading: UsageReading, now: datetime) -> Prediction:
+        return Prediction(mem_peak_mb=reading.mem_used_mb * 2, sm_peak=reading.sm_used * 2)
+
+
+def test_a_predicted_peak_is_granted_before_it_arrives() -> None:
+    result = compute_grants(
+        gpus=[GPU],
+        readings=[reading("llm", "gold", mem=1000, sm=10)],
+        policy=Policy(),
+        predictor=RisingPredictor(),
+        now=NOW,
+    )
+    assert (result.grants[0].mem_mb, result.grants[0].sm) == pytest.approx((2400.0, 24.0))
+
+
+def test_pcie_traffic_does_not_limit_grants_while_bandwidth_is_unconstrained() -> None:
+    grants = grants_of([reading("copy-heavy", "bronze", mem=100, sm=2, pcie=1_000_000.0)])
+    assert grants["copy-heavy"] == pytest.approx((120.0, 2.4))
+
+
+def test_grants_on_each_gpu_stay_within_its_capacity_and_headroom_is_the_rest() -> None:
+    readings = [reading(f"p{i}", tier, mem=8000 + 300 * i, sm=20 + i) for i, tier in enumerate(["gold", "silver"] * 4)]
+    result = compute_grants(gpus=[GPU], readings=readings, policy=Policy(), predictor=CurrentUsePredictor(), now=NOW)
+    mem = math.fsum(g.mem_mb for g in result.grants)
+    sm = math.fsum(g.sm for g in result.grants)
+    assert mem <= GPU.memory_mb and sm <= GPU.sm_count
+    assert mem + result.mem_headroom_mb[GPU.uuid] == pytest.approx(GPU.memory_mb)
+    assert sm + result.sm_headroom[GPU.uuid] == pytest.approx(GPU.sm_count)

@@ -1,14 +1,30 @@
-"""Properties of weighted max-min fair share (DESIGN §5)."""
+"""Properties of weighted max-min fair share and of one GPU tick (DESIGN §5, §6)."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
+import random
+from collections.abc import Callable
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from allocator import Allocation, Claim, fair_share
+from allocator import (
+    UNLIMITED,
+    Allocation,
+    AllocationPolicy,
+    Claim,
+    GpuCapacity,
+    GpuGrants,
+    PredictedPeak,
+    Resources,
+    WorkloadState,
+    allocate_gpu,
+    fair_share,
+    workload_demand,
+)
 
 EPS = 1e-6
 
@@ -193,3 +209,414 @@ def test_invalid_claims_are_rejected_with_a_precise_message(claims: list[Claim],
 def test_non_positive_capacity_is_rejected() -> None:
     with pytest.raises(ValueError, match="capacity must be finite and > 0"):
         fair_share(capacity=0.0, claims=[])
+
+
+# ----------------------------------------------------------------------------- one GPU tick
+
+RESOURCES = ("mem_mb", "sm", "pcie_mbps")
+POLICY = AllocationPolicy()
+amount = st.floats(min_value=0.0, max_value=100_000.0)
+
+
+@st.composite
+def resources(draw: st.DrawFn, top: float = 100_000.0) -> Resources:
+    value = st.floats(min_value=0.0, max_value=top)
+    return Resources(mem_mb=draw(value), sm=draw(value), pcie_mbps=draw(value))
+
+
+@st.composite
+def workload(draw: st.DrawFn, key: str) -> WorkloadState:
+    guarantee = draw(resources(top=20_000.0))
+    limit = Resources(
+        **{
+            name: draw(st.one_of(st.just(math.inf), st.floats(min_value=getattr(guarantee, name), max_value=150_000.0)))
+            for name in RESOURCES
+        }
+    )
+    horizons = draw(st.lists(st.sampled_from([0.5, 1.0, 2.0, 5.0]), unique=True, max_size=3))
+    return WorkloadState(
+        key=key,
+        weight=draw(weight),
+        current=draw(resources()),
+        predicted=tuple(PredictedPeak(horizon_s=h, peak=draw(resources())) for h in horizons),
+        guarantee=guarantee,
+        limit=limit,
+        throttled=draw(st.booleans()),
+    )
+
+
+@st.composite
+def gpu_tick(draw: st.DrawFn, max_workloads: int = 10) -> tuple[GpuCapacity, list[WorkloadState], AllocationPolicy]:
+    capacity = GpuCapacity(
+        mem_mb=draw(st.floats(min_value=1.0, max_value=200_000.0)),
+        sm=draw(st.floats(min_value=1.0, max_value=200_000.0)),
+        pcie_mbps=draw(st.none() | st.floats(min_value=1.0, max_value=200_000.0)),
+    )
+    count = draw(st.integers(min_value=0, max_value=max_workloads))
+    policy = AllocationPolicy(
+        headroom=draw(st.sampled_from([0.0, 0.2, 1.0])),
+        horizons_s=draw(st.sampled_from([(0.5,), (0.5, 1.0, 2.0), (2.0,)])),
+        throttle_weight_factor=draw(st.sampled_from([0.25, 0.5, 1.0])),
+    )
+    return capacity, [draw(workload(f"ns/pod-{i}/c")) for i in range(count)], policy
+
+
+def _capacity_of(capacity: GpuCapacity, name: str) -> float | None:
+    return {"mem_mb": capacity.mem_mb, "sm": capacity.sm, "pcie_mbps": capacity.pcie_mbps}[name]
+
+
+def _allocations(result: GpuGrants) -> dict[str, Allocation | None]:
+    return {"mem_mb": result.memory, "sm": result.sm, "pcie_mbps": result.pcie}
+
+
+@given(gpu_tick())
+def test_a_tick_never_grants_more_than_a_gpu_has(
+    case: tuple[GpuCapacity, list[WorkloadState], AllocationPolicy],
+) -> None:
+    capacity, workloads, policy = case
+    result = allocate_gpu(capacity=capacity, workloads=workloads, policy=policy)
+    for name, allocation in _allocations(result).items():
+        cap = _capacity_of(capacity, name)
+        if allocation is None:
+            assert cap is None
+            continue
+        assert cap is not None
+        if allocation.overcommitted:
+            assert name == "mem_mb"
+            assert math.fsum(w.current.mem_mb for w in workloads) > cap
+        else:
+            assert math.fsum(allocation.grants.values()) <= cap
+            assert sum(allocation.grants.values()) <= cap
+            assert 0.0 <= allocation.headroom <= cap
+
+
+@given(gpu_tick())
+def test_a_tick_grants_no_workload_more_than_its_demand_nor_less_memory_than_it_uses(
+    case: tuple[GpuCapacity, list[WorkloadState], AllocationPolicy],
+) -> None:
+    capacity, workloads, policy = case
+    result = allocate_gpu(capacity=capacity, workloads=workloads, policy=policy)
+    for w in workloads:
+        demand = workload_demand(w, policy)
+        granted = result.for_workload(w.key)
+        assert w.current.mem_mb <= granted.mem_mb <= demand.mem_mb
+        assert 0.0 <= granted.sm <= demand.sm
+        if result.pcie is not None:
+            assert 0.0 <= granted.pcie_mbps <= demand.pcie_mbps
+
+
+@given(gpu_tick())
+def test_a_tick_meets_every_guarantee_whenever_the_gpu_can(
+    case: tuple[GpuCapacity, list[WorkloadState], AllocationPolicy],
+) -> None:
+    capacity, workloads, policy = case
+    result = allocate_gpu(capacity=capacity, workloads=workloads, policy=policy)
+    for name, allocation in _allocations(result).items():
+        cap = _capacity_of(capacity, name)
+        if allocation is None or cap is None:
+            continue
+        floor = (lambda w: w.current.mem_mb) if name == "mem_mb" else (lambda w: 0.0)
+        needed = math.fsum(max(getattr(w.guarantee, name), floor(w)) for w in workloads)
+        if needed <= cap * (1 - 1e-9):
+            for w in workloads:
+                g = getattr(w.guarantee, name)
+                assert allocation.grants[w.key] >= g - EPS * max(1.0, g)
+
+
+@given(gpu_tick(), st.randoms(use_true_random=False))
+def test_a_tick_depends_on_the_workloads_not_on_their_order(
+    case: tuple[GpuCapacity, list[WorkloadState], AllocationPolicy], rng: random.Random
+) -> None:
+    capacity, workloads, policy = case
+    shuffled = list(workloads)
+    rng.shuffle(shuffled)
+    assert allocate_gpu(capacity=capacity, workloads=workloads, policy=policy) == allocate_gpu(
+        capacity=capacity, workloads=shuffled, policy=policy
+    )
+
+
+@given(
+    weights=st.lists(st.floats(min_value=0.1, max_value=10.0), min_size=1, max_size=8),
+    throttled=st.lists(st.booleans(), min_size=8, max_size=8),
+)
+def test_contended_sms_are_shared_in_proportion_to_effective_weights(
+    weights: list[float], throttled: list[bool]
+) -> None:
+    """Throttled workloads without an SM guarantee get none; the rest split SMs by weight."""
+    workloads = [
+        WorkloadState(key=f"w{i}", weight=w, current=Resources(sm=500.0), throttled=throttled[i])
+        for i, w in enumerate(weights)
+    ]
+    result = allocate_gpu(capacity=GpuCapacity(mem_mb=1.0, sm=108.0), workloads=workloads, policy=POLICY)
+    bursting = [w for w in workloads if not w.throttled]
+    for w in workloads:
+        if w.throttled:
+            assert result.sm.grants[w.key] == 0.0
+    if bursting:
+        per_weight = [result.sm.grants[w.key] / w.weight for w in bursting]
+        assert max(per_weight) - min(per_weight) <= EPS * max(per_weight)
+        assert math.fsum(result.sm.grants.values()) == pytest.approx(108.0, rel=1e-9)
+
+
+def test_guarantee_contention_is_settled_by_weight_times_the_throttle_factor() -> None:
+    policy = AllocationPolicy(throttle_weight_factor=0.25)
+    result = allocate_gpu(
+        capacity=GpuCapacity(mem_mb=1.0, sm=100.0),
+        workloads=[
+            WorkloadState(key="paying", weight=1.0, current=Resources(), guarantee=Resources(sm=100.0)),
+            WorkloadState(
+                key="over-budget", weight=1.0, current=Resources(), guarantee=Resources(sm=100.0), throttled=True
+            ),
+        ],
+        policy=policy,
+    )
+    assert result.sm.grants["paying"] == pytest.approx(80.0)
+    assert result.sm.grants["over-budget"] == pytest.approx(20.0)
+
+
+def test_a_throttled_tenant_keeps_memory_in_use_and_its_guarantees_but_cannot_burst() -> None:
+    throttled = WorkloadState(
+        key="t",
+        weight=4.0,
+        current=Resources(mem_mb=6000.0, sm=30.0, pcie_mbps=900.0),
+        predicted=(PredictedPeak(horizon_s=1.0, peak=Resources(mem_mb=9000.0, sm=60.0, pcie_mbps=2000.0)),),
+        guarantee=Resources(mem_mb=4000.0, sm=10.0, pcie_mbps=500.0),
+        throttled=True,
+    )
+    result = allocate_gpu(
+        capacity=GpuCapacity(mem_mb=80_000.0, sm=108.0, pcie_mbps=16_000.0), workloads=[throttled], policy=POLICY
+    )
+    assert result.for_workload("t") == Resources(mem_mb=6000.0, sm=10.0, pcie_mbps=500.0)
+    assert result.sm.headroom == 98.0  # the rest is shown as headroom, not given away
+
+
+def test_a_predicted_peak_reserves_capacity_before_it_arrives() -> None:
+    steady = WorkloadState(key="a", weight=1.0, current=Resources(mem_mb=1000.0, sm=10.0))
+    rising = WorkloadState(
+        key="a",
+        weight=1.0,
+        current=Resources(mem_mb=1000.0, sm=10.0),
+        predicted=(
+            PredictedPeak(horizon_s=0.5, peak=Resources(mem_mb=1500.0, sm=12.0)),
+            PredictedPeak(horizon_s=2.0, peak=Resources(mem_mb=3000.0, sm=20.0)),
+        ),
+    )
+    capacity = GpuCapacity(mem_mb=81_920.0, sm=108.0)
+    now = allocate_gpu(capacity=capacity, workloads=[steady], policy=POLICY).for_workload("a")
+    ahead = allocate_gpu(capacity=capacity, workloads=[rising], policy=POLICY).for_workload("a")
+    assert (now.mem_mb, now.sm) == pytest.approx((1200.0, 12.0))
+    assert (ahead.mem_mb, ahead.sm) == pytest.approx((3600.0, 24.0))  # max over 0.5, 1 and 2 s, x 1.2
+
+
+def test_only_the_horizons_the_policy_selects_pre_reserve() -> None:
+    rising = WorkloadState(
+        key="a",
+        weight=1.0,
+        current=Resources(mem_mb=1000.0),
+        predicted=(
+            PredictedPeak(horizon_s=0.5, peak=Resources(mem_mb=1500.0)),
+            PredictedPeak(horizon_s=2.0, peak=Resources(mem_mb=3000.0)),
+        ),
+    )
+    policy = AllocationPolicy(headroom=0.0, horizons_s=(0.5,))
+    demand = workload_demand(rising, policy)
+    assert demand.mem_mb == 1500.0
+
+
+def test_demand_is_clamped_between_guarantee_and_limit_but_memory_never_below_use() -> None:
+    w = WorkloadState(
+        key="a",
+        weight=1.0,
+        current=Resources(mem_mb=5000.0, sm=1.0, pcie_mbps=100.0),
+        guarantee=Resources(mem_mb=0.0, sm=8.0, pcie_mbps=0.0),
+        limit=Resources(mem_mb=4000.0, sm=50.0, pcie_mbps=50.0),
+    )
+    assert workload_demand(w, POLICY) == Resources(mem_mb=5000.0, sm=8.0, pcie_mbps=50.0)
+
+
+def test_unconstrained_bandwidth_is_reported_as_no_pcie_allocation() -> None:
+    result = allocate_gpu(
+        capacity=GpuCapacity(mem_mb=100.0, sm=10.0),
+        workloads=[WorkloadState(key="a", weight=1.0, current=Resources(pcie_mbps=50_000.0))],
+        policy=POLICY,
+    )
+    assert result.pcie is None
+    assert result.for_workload("a").pcie_mbps == math.inf
+
+
+def test_pcie_bandwidth_is_shared_by_weight_when_a_capacity_is_known() -> None:
+    result = allocate_gpu(
+        capacity=GpuCapacity(mem_mb=100.0, sm=10.0, pcie_mbps=12_000.0),
+        workloads=[
+            WorkloadState(key="gold", weight=2.0, current=Resources(pcie_mbps=10_000.0)),
+            WorkloadState(key="bronze", weight=1.0, current=Resources(pcie_mbps=10_000.0)),
+        ],
+        policy=POLICY,
+    )
+    assert result.pcie is not None
+    assert dict(result.pcie.grants) == pytest.approx({"gold": 8000.0, "bronze": 4000.0})
+
+
+def test_memory_in_use_beyond_the_card_is_granted_as_is_and_flagged() -> None:
+    result = allocate_gpu(
+        capacity=GpuCapacity(mem_mb=1000.0, sm=10.0),
+        workloads=[
+            WorkloadState(key="a", weight=1.0, current=Resources(mem_mb=700.0, sm=5.0)),
+            WorkloadState(key="b", weight=1.0, current=Resources(mem_mb=600.0, sm=5.0)),
+        ],
+        policy=POLICY,
+    )
+    assert result.memory == Allocation(grants={"a": 700.0, "b": 600.0}, headroom=0.0, overcommitted=True)
+    assert math.fsum(result.sm.grants.values()) <= 10.0
+
+
+def test_the_worked_example_in_the_docs_holds() -> None:
+    """docs/allocation.md, "A worked example": keep the two in step."""
+    result = allocate_gpu(
+        capacity=GpuCapacity(mem_mb=40_000.0, sm=100.0, pcie_mbps=16_000.0),
+        workloads=[
+            WorkloadState(
+                key="a",
+                weight=4.0,
+                current=Resources(mem_mb=10_000.0, sm=40.0, pcie_mbps=2000.0),
+                predicted=(PredictedPeak(horizon_s=2.0, peak=Resources(mem_mb=15_000.0, sm=35.0, pcie_mbps=1000.0)),),
+                guarantee=Resources(sm=20.0),
+            ),
+            WorkloadState(key="b", weight=1.0, current=Resources(mem_mb=12_000.0, sm=50.0, pcie_mbps=5000.0)),
+            WorkloadState(
+                key="c",
+                weight=2.0,
+                current=Resources(mem_mb=8000.0, sm=30.0, pcie_mbps=1000.0),
+                guarantee=Resources(mem_mb=10_000.0, sm=10.0, pcie_mbps=500.0),
+                throttled=True,
+            ),
+        ],
+        policy=AllocationPolicy(headroom=0.2, throttle_weight_factor=0.5),
+    )
+    assert dict(result.memory.grants) == pytest.approx({"a": 16_400.0, "b": 13_600.0, "c": 10_000.0})
+    assert dict(result.sm.grants) == pytest.approx({"a": 48.0, "b": 42.0, "c": 10.0})
+    assert result.pcie is not None
+    assert dict(result.pcie.grants) == pytest.approx({"a": 2400.0, "b": 6000.0, "c": 500.0})
+    assert (result.memory.headroom, result.sm.headroom, result.pcie.headroom) == pytest.approx((0.0, 0.0, 7100.0))
+
+
+@given(gpu_tick(max_workloads=6))
+def test_a_tick_shares_each_resource_as_fair_share_does_on_the_same_claims(
+    case: tuple[GpuCapacity, list[WorkloadState], AllocationPolicy],
+) -> None:
+    """The one-resource primitive and the tick are one algorithm, not two."""
+    capacity, workloads, policy = case
+    result = allocate_gpu(capacity=capacity, workloads=workloads, policy=policy)
+    demands = {w.key: workload_demand(w, policy) for w in workloads}
+    factor = policy.throttle_weight_factor
+    memory = fair_share(
+        capacity=capacity.mem_mb,
+        claims=[
+            Claim(
+                key=w.key,
+                weight=w.weight * (factor if w.throttled else 1.0),
+                demand=demands[w.key].mem_mb,
+                guarantee=w.guarantee.mem_mb,
+                limit=math.inf,
+                current_use=w.current.mem_mb,
+                preemptible=False,
+            )
+            for w in workloads
+        ],
+    )
+    sm = fair_share(
+        capacity=capacity.sm,
+        claims=[
+            Claim(
+                key=w.key,
+                weight=w.weight * (factor if w.throttled else 1.0),
+                demand=demands[w.key].sm,
+                guarantee=min(w.guarantee.sm, demands[w.key].sm),
+            )
+            for w in workloads
+        ],
+    )
+    assert result.memory == memory
+    assert result.sm == sm
+
+
+@pytest.mark.parametrize(
+    ("make", "message"),
+    [
+        (lambda: GpuCapacity(mem_mb=0.0, sm=1.0), "capacity mem_mb must be finite and > 0, got 0.0"),
+        (lambda: GpuCapacity(mem_mb=1.0, sm=math.inf), "capacity sm must be finite and > 0, got inf"),
+        (lambda: GpuCapacity(mem_mb=1.0, sm=1.0, pcie_mbps=-5.0), "capacity pcie_mbps must be finite and > 0"),
+        (lambda: WorkloadState(key="", weight=1.0, current=Resources()), "workload key must not be empty"),
+        (
+            lambda: WorkloadState(key="a", weight=-1.0, current=Resources()),
+            "workload 'a': weight must be finite and > 0, got -1.0",
+        ),
+        (
+            lambda: WorkloadState(key="a", weight=1.0, current=Resources(sm=math.nan)),
+            "workload 'a': current.sm must be finite and >= 0, got nan",
+        ),
+        (
+            lambda: WorkloadState(key="a", weight=1.0, current=Resources(), guarantee=Resources(pcie_mbps=-1.0)),
+            "workload 'a': guarantee.pcie_mbps must be finite and >= 0",
+        ),
+        (
+            lambda: WorkloadState(
+                key="a",
+                weight=1.0,
+                current=Resources(),
+                guarantee=Resources(mem_mb=10.0),
+                limit=dataclasses.replace(UNLIMITED, mem_mb=5.0),
+            ),
+            "workload 'a': limit.mem_mb 5.0 must be >= guarantee.mem_mb 10.0",
+        ),
+        (
+            lambda: WorkloadState(
+                key="a", weight=1.0, current=Resources(), predicted=(PredictedPeak(horizon_s=0.0, peak=Resources()),)
+            ),
+            "workload 'a': prediction horizon_s must be finite and > 0, got 0.0",
+        ),
+        (
+            lambda: WorkloadState(
+                key="a",
+                weight=1.0,
+                current=Resources(),
+                predicted=(
+                    PredictedPeak(horizon_s=1.0, peak=Resources()),
+                    PredictedPeak(horizon_s=1.0, peak=Resources()),
+                ),
+            ),
+            "workload 'a': more than one prediction for horizon 1.0 s",
+        ),
+        (
+            lambda: WorkloadState(
+                key="a",
+                weight=1.0,
+                current=Resources(),
+                predicted=(PredictedPeak(horizon_s=1.0, peak=Resources(mem_mb=-2.0)),),
+            ),
+            r"workload 'a': predicted peak at 1.0 s.mem_mb must be finite and >= 0",
+        ),
+        (lambda: AllocationPolicy(headroom=-0.1), "headroom must be finite and >= 0, got -0.1"),
+        (lambda: AllocationPolicy(horizons_s=()), "horizons_s must select at least one horizon"),
+        (lambda: AllocationPolicy(horizons_s=(1.0, math.inf)), "horizons_s must be finite and > 0, got inf"),
+        (lambda: AllocationPolicy(throttle_weight_factor=0.0), r"throttle_weight_factor must be in \(0, 1\], got 0.0"),
+        (lambda: AllocationPolicy(throttle_weight_factor=1.5), r"throttle_weight_factor must be in \(0, 1\], got 1.5"),
+    ],
+)
+def test_invalid_tick_inputs_are_rejected_with_a_precise_message(make: Callable[[], object], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        make()
+
+
+def test_a_workload_key_twice_on_one_gpu_is_rejected() -> None:
+    w = WorkloadState(key="ns/p/c", weight=1.0, current=Resources())
+    with pytest.raises(ValueError, match="workload key 'ns/p/c' appears more than once"):
+        allocate_gpu(capacity=GpuCapacity(mem_mb=1.0, sm=1.0), workloads=[w, w], policy=POLICY)
+
+
+def test_an_idle_gpu_is_all_headroom() -> None:
+    result = allocate_gpu(
+        capacity=GpuCapacity(mem_mb=81_920.0, sm=108.0, pcie_mbps=25_000.0), workloads=[], policy=POLICY
+    )
+    assert (result.memory.headroom, result.sm.headroom) == (81_920.0, 108.0)
+    assert result.pcie is not None and result.pcie.headroom == 25_000.0

@@ -1,0 +1,360 @@
+"""Trace replay of static and dynamic allocation (allocator.replay, docs/replay.md)."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from collections import defaultdict
+from decimal import Decimal
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from allocator.replay import (
+    MIG_PROFILES,
+    AzureRequests,
+    GpuPod,
+    Policy,
+    ReplayConfig,
+    TraceError,
+    UsageModel,
+    WorkloadClass,
+    build_burst_signals,
+    build_pod_usage,
+    dynamic_grants,
+    read_pod_trace,
+    replay,
+    select_profile,
+)
+from allocator.replay.__main__ import main
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _requests(seconds: int = 600, seed: int = 7) -> AzureRequests:
+    """A bursty synthetic request stream: a Poisson rate that doubles every other minute."""
+    rng = np.random.default_rng(seed)
+    arrivals: list[float] = []
+    for second in range(seconds):
+        rate = 8 if (second // 60) % 2 else 3
+        arrivals += sorted(second + rng.random(rng.poisson(rate)))
+    n = len(arrivals)
+    return AzureRequests(
+        arrival_s=np.asarray(arrivals, dtype=np.float64),
+        context_tokens=rng.integers(100, 3000, n).astype(np.float64),
+        generated_tokens=rng.integers(10, 400, n).astype(np.float64),
+    )
+
+
+SIGNALS = build_burst_signals(_requests(), step_s=60)
+MODEL = UsageModel(step_s=60)
+
+
+def _replay(pods: list[GpuPod], policy: Policy, model: UsageModel = MODEL, **knobs: Any) -> dict[str, object]:
+    usage = build_pod_usage(pods, model, SIGNALS)
+    config = ReplayConfig(policy=policy, **knobs)
+    return replay(usage, model, SIGNALS, config).to_dict()
+
+
+def test_static_whole_charges_a_whole_card_per_gpu_even_for_a_sharing_pod() -> None:
+    pods = [
+        GpuPod("a", num_gpu=1, gpu_milli=500, start_s=0, end_s=3_600),
+        GpuPod("b", num_gpu=1, gpu_milli=250, start_s=1_800, end_s=5_400),
+        GpuPod("c", num_gpu=2, gpu_milli=1_000, start_s=0, end_s=1_800),
+    ]
+    result = _replay(pods, "static-whole", usd_per_gpu_hour=Decimal("5.12"))
+    # a: 1 card × 1 h; b: 1 card × 1 h (a share of 0.25 still holds a card); c: 2 cards × 0.5 h.
+    assert result["gpu_hours"] == pytest.approx(3.0, abs=1e-12)
+    assert result["cost_usd"] == "15.36"
+    assert result["gpus_peak"] == 3  # a + both of c in the first half hour
+    assert result["gpus_time_avg"] == pytest.approx(3.0 * 3_600 / 5_400)
+    assert result["containers_per_card"] == pytest.approx(1.0)
+    assert result["slo_violation_workload_s"] == 0.0
+    assert result["workload_seconds"] == pytest.approx(3_600 + 3_600 + 2 * 1_800)
+
+
+def test_static_whole_reuses_a_card_only_after_its_pod_left() -> None:
+    pods = [
+        GpuPod("a", num_gpu=1, gpu_milli=100, start_s=0, end_s=100),
+        GpuPod("b", num_gpu=1, gpu_milli=100, start_s=100, end_s=250),
+    ]
+    result = _replay(pods, "static-whole")
+    assert result["gpus_peak"] == 1
+    assert result["gpu_hours"] == pytest.approx(250 / 3_600)
+
+
+@pytest.mark.parametrize(
+    ("peak_mb", "profile"),
+    [
+        (0.0, "1g.10gb"),
+        (10_240.0, "1g.10gb"),
+        (10_240.5, "2g.20gb"),
+        (20_480.0, "2g.20gb"),
+        (20_481.0, "3g.40gb"),
+        (40_960.0, "3g.40gb"),  # never 4g.40gb: same memory, more slices
+        (40_961.0, "7g.80gb"),
+        (81_920.0, "7g.80gb"),
+    ],
+)
+def test_select_profile_picks_the_smallest_profile_that_holds_peak_memory(peak_mb: float, profile: str) -> None:
+    assert select_profile(peak_mb).name == profile
+
+
+def test_select_profile_rejects_memory_beyond_a_card() -> None:
+    with pytest.raises(ValueError, match="does not fit any profile"):
+        select_profile(81_921.0)
+    with pytest.raises(ValueError, match="finite and >= 0"):
+        select_profile(math.nan)
+
+
+def test_profiles_cover_seven_slices_with_proportional_sm() -> None:
+    assert [p.slices for p in MIG_PROFILES] == [1, 2, 3, 4, 7]
+    assert MIG_PROFILES[-1].sm_fraction == 1.0
+
+
+def _heavy_model(mem_base_mb: float, mem_burst_mb: float = 0.0) -> UsageModel:
+    driver: Literal["tokens", "none"] = "tokens" if mem_burst_mb else "none"
+    heavy = WorkloadClass(
+        name="heavy",
+        weight=1.0,
+        mem_base_mb=mem_base_mb,
+        mem_burst_mb=mem_burst_mb,
+        mem_driver=driver,
+        sm_base=0.05,
+        sm_burst=0.10,
+        sm_driver="requests",
+    )
+    return UsageModel(step_s=60, classes=(heavy,))
+
+
+def test_static_profile_packs_profiles_first_fit_on_seven_slices() -> None:
+    model = _heavy_model(30_000.0)  # every whole-card pod peaks at 30 GB: 3g.40gb (3 slices)
+    pods = [GpuPod(f"p{i}", num_gpu=1, gpu_milli=1_000, start_s=0, end_s=3_600) for i in range(3)]
+    pods.append(GpuPod("small", num_gpu=1, gpu_milli=250, start_s=0, end_s=3_600))  # 7.5 GB: 1g.10gb
+    result = _replay(pods, "static-profile", model=model)
+    assert result["profiles"] == {"1g.10gb": 1, "3g.40gb": 3}
+    # Card 0: 3g + 3g + 1g = 7 slices; card 1: the third 3g.
+    assert result["gpus_peak"] == 2
+    assert result["gpu_hours"] == pytest.approx(2.0)
+    assert result["containers_per_card"] == pytest.approx(2.0)
+
+
+def test_static_profile_counts_sm_above_the_profile_as_violations() -> None:
+    # Whole-card ResNet-like pods peak at 16 % of the SMs; 1g.10gb gives 1/7 = 14.3 %.
+    resnet = WorkloadClass("resnet", 1.0, 1_180.0, 0.0, "none", 0.06, 0.10, "requests")
+    model = UsageModel(step_s=60, classes=(resnet,))
+    pods = [GpuPod("r", num_gpu=1, gpu_milli=1_000, start_s=0, end_s=3_600)]
+    result = _replay(pods, "static-profile", model=model)
+    assert result["profiles"] == {"1g.10gb": 1}
+    assert 0 < result["slo_violation_sm_workload_s"] <= 3_600  # type: ignore[operator]
+    assert _replay(pods, "static-whole", model=model)["slo_violation_workload_s"] == 0.0
+
+
+def test_dynamic_packs_small_pods_onto_one_card() -> None:
+    pods = [GpuPod(f"p{i}", num_gpu=1, gpu_milli=300, start_s=0, end_s=7_200) for i in range(6)]
+    whole = _replay(pods, "static-whole")
+    dynamic = _replay(pods, "dynamic")
+    assert whole["gpus_peak"] == 6
+    assert dynamic["gpus_peak"] == 1
+    assert dynamic["gpu_hours"] == pytest.approx(2.0)
+    assert dynamic["containers_per_card"] == pytest.approx(6.0)
+
+
+def test_dynamic_keeps_a_pods_shards_on_distinct_cards() -> None:
+    pods = [GpuPod("multi", num_gpu=4, gpu_milli=1_000, start_s=0, end_s=600)]
+    usage = build_pod_usage(pods, MODEL, SIGNALS)
+    grants, peak, _ = dynamic_grants(usage, MODEL, ReplayConfig(policy="dynamic"))
+    assert peak == 4
+    for step in np.unique(grants.global_step):
+        assert sorted(grants.slots[grants.global_step == step]) == [0, 1, 2, 3]
+
+
+pod_strategy = st.builds(
+    lambda start, duration, num_gpu, milli: (start, duration, num_gpu, milli),
+    st.integers(0, 3_000),
+    st.integers(1, 2_400),
+    st.integers(1, 3),
+    st.sampled_from([100, 230, 470, 810, 1_000]),
+)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    specs=st.lists(pod_strategy, min_size=1, max_size=14),
+    heavy=st.booleans(),
+    headroom=st.sampled_from([0.0, 0.2, 1.0]),
+    window=st.integers(1, 4),
+)
+def test_dynamic_never_grants_beyond_a_card_nor_memory_below_use(
+    specs: list[tuple[int, int, int, int]], heavy: bool, headroom: float, window: int
+) -> None:
+    # The heavy class bursts to 70 GB, so cards can run out of memory; the default cannot.
+    model = _heavy_model(20_000.0, 50_000.0) if heavy else MODEL
+    pods = [
+        GpuPod(f"p{i}", num_gpu=n, gpu_milli=milli, start_s=float(start), end_s=float(start + duration))
+        for i, (start, duration, n, milli) in enumerate(specs)
+    ]
+    usage = build_pod_usage(pods, model, SIGNALS)
+    config = ReplayConfig(policy="dynamic", headroom=headroom, predictor_window_steps=window)
+    grants, _, _ = dynamic_grants(usage, model, config)
+    sm_sum: dict[tuple[int, int], float] = defaultdict(float)
+    mem_sum: dict[tuple[int, int], float] = defaultdict(float)
+    for row, slot, step, sm, mem in zip(
+        grants.rows, grants.slots, grants.global_step, grants.sm, grants.mem, strict=True
+    ):
+        sm_sum[(int(slot), int(step))] += float(sm)
+        mem_sum[(int(slot), int(step))] += float(mem)
+        assert sm >= 0 and mem >= 0
+        if not grants.overcommitted[grants.rows == row].any():
+            assert mem >= usage.mem_peak_mb[row] - 1e-6
+    assert max(sm_sum.values()) <= model.card_sm_count * (1 + 1e-9)
+    assert max(mem_sum.values()) <= model.card_memory_mb * (1 + 1e-9)
+    result = replay(usage, model, SIGNALS, config)
+    if grants.overcommitted.any():
+        assert result.slo_violation_memory_workload_s > 0
+    else:
+        assert result.invariants is not None and result.invariants.min_memory_grant_minus_use_mb >= -1e-6
+    assert result.slo_violation_workload_s <= result.workload_seconds
+
+
+def test_replay_is_deterministic_for_a_seed_and_independent_of_pod_order() -> None:
+    pods = [GpuPod(f"p{i}", num_gpu=1, gpu_milli=470, start_s=60.0 * i, end_s=60.0 * i + 1_800) for i in range(12)]
+    first = _replay(pods, "dynamic")
+    assert _replay(list(reversed(pods)), "dynamic") == first
+    other_seed = UsageModel(step_s=60, seed=MODEL.seed + 1)
+    usage_a = build_pod_usage(pods, MODEL, SIGNALS)
+    usage_b = build_pod_usage(pods, other_seed, SIGNALS)
+    assert not np.array_equal(usage_a.sm_mean, usage_b.sm_mean)
+    # A pod's class and bursts depend on its name only, not on the other pods.
+    alone = build_pod_usage(pods[3:4], MODEL, SIGNALS)  # pods are already in (start, name) order
+    rows = slice(int(usage_a.offset[3]), int(usage_a.offset[3] + usage_a.steps[3]))
+    assert np.array_equal(alone.sm_peak, usage_a.sm_peak[rows])
+
+
+def test_usage_stays_within_the_request() -> None:
+    pods = [GpuPod(f"p{i}", num_gpu=1, gpu_milli=m, start_s=0, end_s=4_000) for i, m in enumerate([50, 470, 1_000])]
+    usage = build_pod_usage(pods, MODEL, SIGNALS)
+    share = usage.share[usage.pod_of_row()]
+    assert np.all(usage.mem_peak_mb <= share * MODEL.card_memory_mb)
+    assert np.all(usage.sm_peak <= share * MODEL.card_sm_count)
+    assert np.all(usage.sm_mean <= usage.sm_peak + 1e-12)
+    assert np.all(usage.mem_mean_mb <= usage.mem_peak_mb + 1e-12)
+
+
+def test_config_and_inputs_are_validated_with_precise_errors() -> None:
+    with pytest.raises(ValueError, match="policy must be one of"):
+        ReplayConfig(policy="dynamic-ish")  # type: ignore[arg-type]  # the point of the test
+    with pytest.raises(ValueError, match="headroom"):
+        ReplayConfig(policy="dynamic", headroom=-0.1)
+    with pytest.raises(TraceError, match="end_s"):
+        GpuPod("x", num_gpu=1, gpu_milli=500, start_s=10, end_s=10)
+    with pytest.raises(TraceError, match="gpu_milli"):
+        GpuPod("x", num_gpu=1, gpu_milli=1_500, start_s=0, end_s=10)
+    with pytest.raises(ValueError, match="step_s"):
+        UsageModel(step_s=0)
+    with pytest.raises(ValueError, match="sm_base \\+ sm_burst"):
+        WorkloadClass("x", 1.0, 100.0, 0.0, "none", 0.6, 0.6, "requests")
+
+
+POD_CSV = """name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec,qos,pod_phase,creation_time,deletion_time,scheduled_time
+pod-0,1000,100,1,1000,,LS,Running,0,3600,10
+pod-1,1000,100,1,470,,LS,Running,100,1900,100
+pod-2,1000,100,0,0,,BE,Running,0,500,0
+pod-3,1000,100,1,500,,BE,Pending,0,300,
+pod-4,1000,100,2,1000,,LS,Failed,200,2000,200
+pod-5,1000,100,1,230,,LS,Running,300,,300
+"""
+NODE_CSV = "sn,cpu_milli,memory_mib,gpu,model\nnode-0,96000,393216,8,G2\nnode-1,96000,393216,2,T4\n"
+
+
+def _write_traces(tmp_path: Path) -> tuple[Path, Path, Path]:
+    pods = tmp_path / "pods.csv"
+    nodes = tmp_path / "nodes.csv"
+    azure = tmp_path / "azure.csv"
+    pods.write_text(POD_CSV, encoding="utf-8")
+    nodes.write_text(NODE_CSV, encoding="utf-8")
+    requests = _requests(seconds=300)
+    lines = ["TIMESTAMP,ContextTokens,GeneratedTokens"]
+    for t, c, g in zip(requests.arrival_s, requests.context_tokens, requests.generated_tokens, strict=True):
+        minutes, seconds = divmod(float(t), 60.0)
+        lines.append(f"2023-11-16 18:{int(minutes):02d}:{seconds:09.6f},{int(c)},{int(g)}")
+    azure.write_text("\n".join(lines), encoding="utf-8")
+    return pods, nodes, azure
+
+
+def test_pod_trace_rules_for_pending_cpu_only_and_still_running(tmp_path: Path) -> None:
+    pods_path, _, _ = _write_traces(tmp_path)
+    trace = read_pod_trace(pods_path)
+    assert (trace.rows, trace.cpu_only, trace.pending, trace.still_running) == (6, 1, 1, 1)
+    by_name = {p.name: p for p in trace.pods}
+    assert sorted(by_name) == ["pod-0", "pod-1", "pod-4", "pod-5"]
+    assert by_name["pod-0"].start_s == 10  # held from scheduling, not creation
+    assert by_name["pod-5"].end_s == 3_600  # still running: held to the last timestamp
+
+
+def test_pod_trace_names_a_missing_column(tmp_path: Path) -> None:
+    path = tmp_path / "bad.csv"
+    path.write_text("name,num_gpu\npod-0,1\n", encoding="utf-8")
+    with pytest.raises(TraceError, match="missing column"):
+        read_pod_trace(path)
+
+
+REQUIRED_KEYS = {
+    "gpus_peak",
+    "gpus_time_avg",
+    "gpu_hours",
+    "cost_usd",
+    "usd_per_gpu_hour",
+    "sm_utilisation",
+    "memory_utilisation",
+    "idle_memory_share",
+    "containers_per_card",
+    "slo_violation_workload_s",
+    "slo_violation_sm_workload_s",
+    "slo_violation_memory_workload_s",
+    "slo_violation_share",
+}
+
+
+def test_cli_prints_json_with_every_metric(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    pods, nodes, azure = _write_traces(tmp_path)
+    args = ["--pods", str(pods), "--nodes", str(nodes), "--azure", str(azure), "--json", "--rate", "4.00"]
+    assert main([*args, "--policy", "static-whole"]) == 0
+    payload = json.loads(capsys.readouterr().out)
+    assert REQUIRED_KEYS <= payload.keys()
+    assert payload["policy"] == "static-whole"
+    assert payload["usd_per_gpu_hour"] == "4.00"
+    assert payload["trace"]["gpu_pods_replayed"] == 4
+    assert payload["fleet"]["gpus"] == 10
+    assert main([*args, "--compare"]) == 0
+    compared = json.loads(capsys.readouterr().out)
+    assert set(compared["policies"]) == {"static-whole", "static-profile", "dynamic"}
+    for figures in compared["policies"].values():
+        assert REQUIRED_KEYS <= figures.keys()
+    assert {"cost_reduction_vs_static_whole", "density_ratio_vs_static_whole"} <= compared["comparison"].keys()
+
+
+def test_cli_reports_a_bad_file_without_a_traceback(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["--pods", str(tmp_path / "missing.csv"), "--policy", "dynamic"]) == 2
+    assert "error:" in capsys.readouterr().err
+
+
+def test_python_dash_m_runs_the_comparison_table(tmp_path: Path) -> None:
+    pods, nodes, azure = _write_traces(tmp_path)
+    completed = subprocess.run(
+        [sys.executable, "-m", "allocator.replay", "--pods", str(pods), "--nodes", str(nodes), "--azure", str(azure)]
+        + ["--compare"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+    )
+    assert "| containers per card" in completed.stdout
+    assert "dynamic vs static-whole" in completed.stdout
