@@ -1,11 +1,11 @@
 from django.contrib.auth import views as auth_views
-from django.urls import include, path
+from django.urls import include, path, re_path
 from django.views.generic import RedirectView
 from drf_spectacular.views import SpectacularAPIView
 
 from billing.api.admission import PodAdmissionView
 from billing.api.agent import NodeEventsView, NodePolicyView, UsageBatchView
-from billing.web import health, views
+from billing.web import health, invoices, views
 
 urlpatterns = [
     path("", RedirectView.as_view(pattern_name="finance-overview", permanent=False)),
@@ -16,6 +16,9 @@ urlpatterns = [
     path("api/v1/admission/pods", PodAdmissionView.as_view(), name="admission-pods"),
     path("api/v1/schema", SpectacularAPIView.as_view(), name="openapi-schema"),
     path("finance/", views.finance_overview, name="finance-overview"),
+    path("invoices/", invoices.invoice_list, name="invoice-list"),
+    re_path(r"^invoices/(?P<number>[^/]+)\.(?P<fmt>pdf|csv|focus)$", invoices.invoice_download,
+            name="invoice-download"),
     path("accounts/login/", auth_views.LoginView.as_view(), name="login"),
     path("accounts/logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("accounts/password/", auth_views.PasswordChangeView.as_view(success_url="/finance/"), name="password_change"),

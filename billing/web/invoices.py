@@ -1,0 +1,31 @@
+"""Invoice list and downloads. Thin: scope from the user, one call into billing.services.exports.
+
+An invoice outside the user's scope answers 404, exactly like one that does not exist.
+"""
+
+from __future__ import annotations
+
+from django.contrib.auth.decorators import login_required
+from django.http import Http404, HttpRequest, HttpResponse
+from django.shortcuts import render
+
+from billing.errors import InvalidInput
+from billing.queries.scope import get_scope
+from billing.services.exports import EXPORT_FORMATS, InvoiceNotFound, export_invoice, list_invoices
+
+
+@login_required
+def invoice_list(request: HttpRequest) -> HttpResponse:
+    invoices = list_invoices(scope=get_scope(request.user))
+    return render(request, "billing/invoices.html", {"invoices": invoices, "formats": EXPORT_FORMATS})
+
+
+@login_required
+def invoice_download(request: HttpRequest, number: str, fmt: str) -> HttpResponse:
+    try:
+        export = export_invoice(scope=get_scope(request.user), number=number, fmt=fmt)
+    except (InvoiceNotFound, InvalidInput) as exc:
+        raise Http404("no such invoice") from exc
+    response = HttpResponse(export.content, content_type=export.content_type)
+    response["Content-Disposition"] = f'attachment; filename="{export.filename}"'
+    return response

@@ -1,0 +1,385 @@
+"""Invoice downloads: PDF with a shipped Chinese font, CSV, and a FOCUS 1.3 cost-and-usage CSV
+that follows the spec's column rules and reconciles to the invoice total; tenants download
+only their own invoices, finance any; the export_invoice command validates its arguments."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import re
+from collections import defaultdict
+from datetime import UTC, date, datetime
+from decimal import Decimal
+from io import StringIO
+
+import pytest
+from django.contrib.auth.models import Group, User
+from django.core.management import CommandError, call_command
+from django.utils import timezone
+
+from billing.models import Invoice, RateCard, Tenant, TenantMembership
+from billing.queries.scope import FINANCE_GROUP, Scope
+from billing.services.exports import ALLOCATED_METHOD_ID, export_invoice
+from billing.services.invoicing import close_period
+from billing.services.rollup import rollup_usage
+from tests.conftest import A100, make_batch
+
+pytestmark = pytest.mark.django_db
+
+OCT = date(2026, 10, 1)
+NOV = date(2026, 11, 1)
+AFTER_NOV = datetime(2026, 12, 2, tzinfo=UTC)
+EVERYONE = Scope(tenants=None, is_finance=True, is_admin=True)
+CHINESE_NAME = "星河智算科技"
+WORKLOADS = [
+    # 10 % and 20 % of the card for 10 s at p = 1 USD per GPU-second: 1.00 and 2.00; the card costs 10.00.
+    {"gpu": 0, "tenant": "acme", "pod": "bert-1", "sla_tier": "gold", "mem_used": 8192.0, "mem_granted": 8192.0,
+     "sm_used": 10.8, "sm_granted": 10.8},
+    {"gpu": 0, "tenant": "globex", "pod": "llm-1", "sla_tier": "silver", "mem_used": 16384.0,
+     "mem_granted": 16384.0, "sm_used": 21.6, "sm_granted": 21.6},
+]
+
+
+@pytest.fixture
+def card(db):
+    return RateCard.objects.create(gpu_model=A100["model"], currency="USD", price_per_gpu_hour=Decimal("3600"),
+                                   effective_from=datetime(2020, 1, 1, tzinfo=UTC), source_url="https://example.org")
+
+
+@pytest.fixture
+def tenants(db):
+    Tenant.objects.create(slug="acme", name=CHINESE_NAME)
+    Tenant.objects.create(slug="globex", name="Globex")
+
+
+def usage(post_batch, *, at: datetime, seq: int, seconds: int = 10) -> None:
+    assert post_batch(make_batch(start=at, seq=seq, seconds=seconds, workloads=WORKLOADS)).status_code == 201
+    rollup_usage(now=timezone.now())
+
+
+@pytest.fixture
+def november(post_batch, card, tenants):
+    usage(post_batch, at=datetime(2026, 11, 15, 12, tzinfo=UTC), seq=1)
+    close_period(month=NOV, now=AFTER_NOV)
+    return Invoice.objects.get(tenant__slug="acme", period__month=NOV)
+
+
+@pytest.fixture
+def proportional(card):
+    RateCard.objects.filter(pk=card.pk).update(idle_policy="proportional")
+
+
+def focus(number: str, scope: Scope = EVERYONE) -> tuple[list[str], list[dict[str, str | None]]]:
+    content = export_invoice(scope=scope, number=number, fmt="focus").content.decode("utf-8")
+    reader = csv.reader(io.StringIO(content))
+    header = next(reader)
+    rows = [{c: (v if v != "" else None) for c, v in zip(header, values, strict=True)} for values in reader]
+    return header, rows
+
+
+# --- FOCUS 1.3 column rules (specification/datasets/cost_and_usage/columns/*.md) -----------------
+
+MANDATORY = {
+    "BilledCost", "BillingAccountId", "BillingAccountName", "BillingCurrency", "BillingPeriodEnd",
+    "BillingPeriodStart", "ChargeCategory", "ChargeClass", "ChargeDescription", "ChargePeriodEnd",
+    "ChargePeriodStart", "ContractedCost", "EffectiveCost", "HostProviderName", "InvoiceIssuerName", "ListCost",
+    "ListUnitPrice", "PricingQuantity", "PricingUnit", "ServiceCategory", "ServiceName", "ServiceProviderName",
+    # Deprecated in 1.3 (replaced by ServiceProviderName / HostProviderName) but still required.
+    "ProviderName", "PublisherName",
+}
+# Conditional or recommended columns that apply to this data generator.
+APPLICABLE = {
+    # Split cost allocation is supported, so all of these must be present (1.3).
+    "AllocatedMethodId", "AllocatedMethodDetails", "AllocatedResourceId", "AllocatedResourceName", "AllocatedTags",
+    "ResourceId", "ResourceName", "ResourceType", "SkuId", "SkuPriceId", "PricingCategory", "SubAccountId",
+    "SubAccountName", "Tags", "ConsumedQuantity", "ConsumedUnit", "InvoiceId", "ChargeFrequency",
+    "ServiceSubcategory", "ContractedUnitPrice",
+}
+NOT_NULL = {
+    "BilledCost", "BillingAccountId", "BillingCurrency", "BillingPeriodEnd", "BillingPeriodStart", "ChargeCategory",
+    "ChargeFrequency", "ChargePeriodEnd", "ChargePeriodStart", "ContractedCost", "EffectiveCost", "HostProviderName",
+    "InvoiceIssuerName", "ListCost", "ProviderName", "PublisherName", "ServiceCategory", "ServiceName",
+    "ServiceProviderName", "ServiceSubcategory", "InvoiceId", "ChargeDescription",
+}
+DECIMALS = {"BilledCost", "EffectiveCost", "ListCost", "ContractedCost", "ListUnitPrice", "ContractedUnitPrice",
+            "PricingQuantity", "ConsumedQuantity"}
+DATETIMES = {"BillingPeriodStart", "BillingPeriodEnd", "ChargePeriodStart", "ChargePeriodEnd"}
+JSON_OBJECTS = {"Tags", "AllocatedTags", "AllocatedMethodDetails"}
+ALLOWED = {
+    "ChargeCategory": {"Usage", "Purchase", "Tax", "Credit", "Adjustment"},
+    "ChargeClass": {None, "Correction"},
+    "ChargeFrequency": {"One-Time", "Recurring", "Usage-Based"},
+    "PricingCategory": {None, "Standard", "Dynamic", "Committed", "Other"},
+    "ServiceCategory": {"AI and Machine Learning", "Analytics", "Business Applications", "Compute", "Databases",
+                        "Developer Tools", "Multicloud", "Identity", "Integration", "Internet of Things",
+                        "Management and Governance", "Media", "Migration", "Mobile", "Networking", "Security",
+                        "Storage", "Web", "Other"},
+}
+SUBCATEGORY_PARENT = {"Containers": "Compute", "Virtual Machines": "Compute", "Other (Compute)": "Compute"}
+ALLOCATION = ("AllocatedMethodId", "AllocatedMethodDetails", "AllocatedResourceId", "AllocatedResourceName")
+DECIMAL_RE = re.compile(r"^-?\d+(\.\d+)?$")  # NumericFormat: no exponent, '+', commas or units
+DATETIME_RE = re.compile(r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}Z$")  # DateTimeFormat: UTC, 'Z'
+
+
+def when(text: str) -> datetime:
+    return datetime.strptime(text, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC)
+
+
+def assert_follows_focus_1_3(header: list[str], rows: list[dict[str, str | None]], invoice: Invoice) -> None:
+    # Presence, then order: FOCUS columns first (alphabetical), custom x_ columns after.
+    assert MANDATORY | APPLICABLE <= set(header)
+    focus_columns = [c for c in header if not c.startswith("x_")]
+    assert focus_columns == sorted(focus_columns)
+    assert header[: len(focus_columns)] == focus_columns
+    assert all(re.fullmatch(r"x_[A-Z][A-Za-z0-9]*", c) for c in header[len(focus_columns):])
+    assert rows, "an invoice with lines has FOCUS rows"
+    for row in rows:
+        for column in NOT_NULL:
+            assert row[column] is not None, (column, row)
+        for column in DECIMALS:
+            assert row[column] is None or DECIMAL_RE.match(row[column]), (column, row[column])
+        for column in DATETIMES:
+            assert DATETIME_RE.match(row[column]), (column, row[column])
+        for column in JSON_OBJECTS:
+            assert row[column] is None or isinstance(json.loads(row[column]), dict), (column, row[column])
+        for column, allowed in ALLOWED.items():
+            assert row[column] in allowed, (column, row[column])
+        assert SUBCATEGORY_PARENT[row["ServiceSubcategory"]] == row["ServiceCategory"]
+        assert row["BillingCurrency"] == invoice.currency and re.fullmatch(r"[A-Z]{3}", row["BillingCurrency"])
+        assert row["InvoiceId"] == invoice.number and row["BillingAccountId"] == invoice.tenant.slug
+
+        # Periods: [start, end); the billing period is the invoice's month; a charge lies inside it,
+        # except a Correction, which keeps the earlier period its cost was incurred in.
+        b_start, b_end = when(row["BillingPeriodStart"]), when(row["BillingPeriodEnd"])
+        c_start, c_end = when(row["ChargePeriodStart"]), when(row["ChargePeriodEnd"])
+        assert b_start == datetime(invoice.period.month.year, invoice.period.month.month, 1, tzinfo=UTC) < b_end
+        assert c_start < c_end
+        if row["ChargeClass"] == "Correction":
+            assert c_end <= b_start
+        else:
+            assert b_start <= c_start and c_end <= b_end
+
+        # Pricing columns: present for usage that is not a correction, absent with SkuPriceId.
+        priced_usage = row["ChargeCategory"] in {"Usage", "Purchase"} and row["ChargeClass"] != "Correction"
+        if priced_usage:
+            for column in ("SkuId", "SkuPriceId", "ListUnitPrice", "PricingQuantity", "PricingUnit",
+                           "PricingCategory", "ConsumedQuantity", "ConsumedUnit"):
+                assert row[column] is not None, (column, row)
+        if row["SkuPriceId"] is None:
+            for column in ("ListUnitPrice", "PricingQuantity", "PricingCategory", "ConsumedQuantity"):
+                assert row[column] is None, (column, row)
+        assert (row["ListUnitPrice"] is None) == (row["SkuPriceId"] is None)
+        assert (row["PricingUnit"] is None) == (row["PricingQuantity"] is None)
+        assert (row["ConsumedUnit"] is None) == (row["ConsumedQuantity"] is None)
+        if row["ChargeCategory"] != "Usage":
+            assert row["ConsumedQuantity"] is None
+        if row["ListUnitPrice"] is not None:
+            assert Decimal(row["ListUnitPrice"]) >= 0
+            assert Decimal(row["ListCost"]) == Decimal(row["ListUnitPrice"]) * Decimal(row["PricingQuantity"])
+            assert Decimal(row["ContractedCost"]) == Decimal(row["ContractedUnitPrice"]) * Decimal(row["PricingQuantity"])
+        else:
+            assert row["ListCost"] == row["BilledCost"] == row["ContractedCost"]
+        assert row["EffectiveCost"] == row["BilledCost"]  # no commitments: nothing amortised
+
+        # Resources: a type and display name go with an id; the name does not repeat the id.
+        assert (row["ResourceType"] is None) == (row["ResourceId"] is None)
+        assert row["ResourceId"] is not None or row["ResourceName"] is None
+        assert row["ResourceName"] is None or row["ResourceName"] != row["ResourceId"]
+        assert (row["SubAccountName"] is None) == (row["SubAccountId"] is None)
+
+        # Split cost allocation: the allocation columns are null together, and only then.
+        allocated = row["AllocatedMethodId"] is not None
+        assert all((row[c] is not None) == allocated for c in ALLOCATION), row
+        if allocated:
+            assert row["AllocatedMethodId"] == ALLOCATED_METHOD_ID and row["ResourceId"] is not None
+            details = json.loads(row["AllocatedMethodDetails"])
+            assert isinstance(details["Elements"], list) and details["Elements"]
+            for element in details["Elements"]:
+                assert isinstance(element["AllocatedRatio"], int | float) and 0 <= element["AllocatedRatio"] <= 1
+                assert "UsageQuantity" not in element or isinstance(element["UsageUnit"], str)
+                assert all(k in {"AllocatedRatio", "UsageUnit", "UsageQuantity"} or k.startswith("x_")
+                           for k in element)
+            assert all(k == "Elements" or k.startswith("x_") for k in details)
+        else:
+            assert row["AllocatedTags"] is None
+
+        # Tags: key-value JSON objects, generator-defined keys prefixed; AllocatedTags repeat none of Tags.
+        tags = json.loads(row["Tags"]) if row["Tags"] else {}
+        allocated_tags = json.loads(row["AllocatedTags"]) if row["AllocatedTags"] else {}
+        for key, value in {**tags, **allocated_tags}.items():
+            assert key.startswith("vgpu-ledger/") and isinstance(value, str | bool)
+        assert not set(tags) & set(allocated_tags)
+
+    # Σ BilledCost for the InvoiceId is the payable amount on the invoice.
+    total = sum((Decimal(r["BilledCost"]) for r in rows), Decimal(0))
+    assert total == Decimal(invoice.total_minor).scaleb(-2)
+
+
+def ratios_by_origin(rows: list[dict[str, str | None]]) -> dict[tuple[str, str], Decimal]:
+    """Σ AllocatedRatio per origin charge (GPU, charge period), exact."""
+    totals: dict[tuple[str, str], Decimal] = defaultdict(Decimal)
+    for row in rows:
+        if row["AllocatedMethodDetails"]:
+            details = json.loads(row["AllocatedMethodDetails"], parse_float=Decimal, parse_int=Decimal)
+            totals[(row["ResourceId"], row["ChargePeriodStart"])] += sum(e["AllocatedRatio"] for e in details["Elements"])
+    return totals
+
+
+def test_focus_export_follows_the_1_3_column_rules_and_adds_up_to_the_invoice(november):
+    header, rows = focus(november.number)
+    assert_follows_focus_1_3(header, rows, november)
+    (row,) = rows  # one workload, one GPU, one day; 1.00 needs no rounding row
+    assert (row["ChargeCategory"], row["BilledCost"], row["ListUnitPrice"], row["PricingUnit"]) == (
+        "Usage", "1", "3600", "GPU-Hours")
+    assert row["ResourceId"] == "GPU-gpu-node-1-0" and row["AllocatedResourceId"] == "uid-bert-1/server"
+    assert (row["ChargePeriodStart"], row["ChargePeriodEnd"]) == ("2026-11-15T00:00:00Z", "2026-11-16T00:00:00Z")
+    assert row["BillingAccountName"] == CHINESE_NAME and row["SubAccountId"] == "acme-prod"
+    details = json.loads(row["AllocatedMethodDetails"], parse_float=Decimal)
+    # 10 % of the card, half from memory (8192 of 81920 MiB) and half from SMs (10.8 of 108), α = 0.5.
+    assert [(e["UsageUnit"], e["AllocatedRatio"]) for e in details["Elements"]] == [
+        ("MiB-Seconds", Decimal("0.05")), ("SM-Seconds", Decimal("0.05"))]
+    assert details["x_Alpha"] == Decimal("0.5") and details["x_BilledBasis"] == "max"
+
+
+def test_focus_rows_reconcile_to_the_invoice_through_one_rounding_row_per_rounded_line(post_batch, proportional,
+                                                                                       tenants):
+    usage(post_batch, at=datetime(2026, 11, 15, 12, tzinfo=UTC), seq=1)
+    close_period(month=NOV, now=AFTER_NOV)
+    acme = Invoice.objects.get(tenant__slug="acme")
+    header, rows = focus(acme.number)
+    assert_follows_focus_1_3(header, rows, acme)
+    by_kind = defaultdict(list)
+    for row in rows:
+        by_kind[(row["x_InvoiceLineKind"], row["ChargeCategory"])].append(row["BilledCost"])
+    # Idle 7.00 is spread 1:2: acme's part is 2.333333333333 at ledger precision, invoiced as 2.33.
+    assert dict(by_kind) == {
+        ("usage", "Usage"): ["1"],
+        ("idle", "Usage"): ["2.333333333333"],
+        ("idle", "Adjustment"): ["-0.003333333333"],
+    }
+    assert acme.total_minor == 333
+
+
+def test_allocated_ratios_of_every_tenant_on_a_gpu_day_add_up_to_the_whole_card(post_batch, proportional, tenants):
+    usage(post_batch, at=datetime(2026, 11, 15, 12, tzinfo=UTC), seq=1)
+    close_period(month=NOV, now=AFTER_NOV)
+    rows = [row for invoice in Invoice.objects.all() for row in focus(invoice.number)[1]]
+    # Under the proportional idle policy the whole card (usage + idle) is allocated to workloads.
+    totals = ratios_by_origin(rows)
+    assert list(totals) == [("GPU-gpu-node-1-0", "2026-11-15T00:00:00Z")]
+    assert abs(totals[("GPU-gpu-node-1-0", "2026-11-15T00:00:00Z")] - 1) <= Decimal("1e-14")
+
+
+def test_late_usage_is_a_correction_charged_to_its_month_and_the_old_invoice_still_reconciles(post_batch, card,
+                                                                                              tenants):
+    usage(post_batch, at=datetime(2026, 10, 20, 12, tzinfo=UTC), seq=1)
+    close_period(month=OCT, now=datetime(2026, 11, 2, tzinfo=UTC))
+    usage(post_batch, at=datetime(2026, 10, 31, 23, 59, 40, tzinfo=UTC), seq=2, seconds=20)
+    usage(post_batch, at=datetime(2026, 11, 10, tzinfo=UTC), seq=3)
+    close_period(month=NOV, now=AFTER_NOV)
+
+    october = Invoice.objects.get(tenant__slug="acme", period__month=OCT)
+    header, rows = focus(october.number)
+    assert_follows_focus_1_3(header, rows, october)
+    # The ledger now holds 3.00 for October; the 1.00 invoiced is spread over it pro rata.
+    assert [r["BilledCost"] for r in rows] == ["0.333333333333", "0.666666666667"]
+
+    november = Invoice.objects.get(tenant__slug="acme", period__month=NOV)
+    header, rows = focus(november.number)
+    assert_follows_focus_1_3(header, rows, november)
+    (correction,) = [r for r in rows if r["ChargeClass"] == "Correction"]
+    assert (correction["ChargeCategory"], correction["BilledCost"]) == ("Usage", "2")
+    assert (correction["ChargePeriodStart"], correction["ChargePeriodEnd"]) == (
+        "2026-10-01T00:00:00Z", "2026-11-01T00:00:00Z")
+    assert correction["BillingPeriodStart"] == "2026-11-01T00:00:00Z"
+
+
+def test_invoice_csv_has_one_row_per_line_and_a_total_in_minor_and_major_units(post_batch, proportional, tenants):
+    usage(post_batch, at=datetime(2026, 11, 15, 12, tzinfo=UTC), seq=1)
+    close_period(month=NOV, now=AFTER_NOV)
+    acme = Invoice.objects.get(tenant__slug="acme")
+    content = export_invoice(scope=EVERYONE, number=acme.number, fmt="csv").content.decode("utf-8")
+    rows = list(csv.DictReader(io.StringIO(content)))
+    assert [(r["line"], r["kind"], r["amount_minor"], r["amount"], r["currency"]) for r in rows] == [
+        ("1", "idle", "233", "2.33", "USD"),
+        ("2", "usage", "100", "1.00", "USD"),
+        ("total", "", "333", "3.33", "USD"),
+    ]
+    assert rows[0]["amount_ledger"] == "2.333333333333" and rows[0]["tenant_name"] == CHINESE_NAME
+
+
+def test_invoice_pdf_names_the_invoice_and_embeds_a_chinese_font_subset(november):
+    export = export_invoice(scope=EVERYONE, number=november.number, fmt="pdf")
+    pdf = export.content
+    assert pdf.startswith(b"%PDF") and export.filename == f"{november.number}.pdf"
+    assert november.number.encode() in pdf  # in the document title
+    # The shipped Noto Sans SC, embedded as a TrueType subset (no font needed on the reader's side).
+    assert re.search(rb"/BaseFont /[A-Z]{6}\+NotoSansSC-Regular", pdf)
+    assert b"/FontFile2" in pdf
+
+
+def user_in(*, group: str | None = None, tenant: str | None = None) -> User:
+    user = User.objects.create_user(username=f"u-{group}-{tenant}", password="pw-not-used-123")
+    if group:
+        user.groups.add(Group.objects.get_or_create(name=group)[0])
+    if tenant:
+        TenantMembership.objects.create(user=user, tenant=Tenant.objects.get(slug=tenant))
+    return user
+
+
+def test_tenant_member_lists_and_downloads_only_own_invoices_and_others_are_404(client, november):
+    client.force_login(user_in(tenant="acme"))
+    resp = client.get("/invoices/")
+    assert resp.status_code == 200
+    assert [i.number for i in resp.context["invoices"]] == [november.number]
+    assert CHINESE_NAME in resp.content.decode()
+    own = client.get(f"/invoices/{november.number}.csv")
+    assert own.status_code == 200 and own["Content-Disposition"] == f'attachment; filename="{november.number}.csv"'
+    globex = Invoice.objects.get(tenant__slug="globex")
+    for fmt in ("pdf", "csv", "focus"):
+        assert client.get(f"/invoices/{globex.number}.{fmt}").status_code == 404
+    # Exactly what a number that does not exist gets: existence is not revealed.
+    assert client.get("/invoices/VGL-209901-nobody.csv").status_code == 404
+    assert client.get(f"/invoices/{november.number}.xlsx").status_code == 404
+
+
+def test_finance_lists_and_downloads_every_tenants_invoice(client, november):
+    client.force_login(user_in(group=FINANCE_GROUP))
+    resp = client.get("/invoices/")
+    numbers = {i.number for i in resp.context["invoices"]}
+    assert numbers == set(Invoice.objects.values_list("number", flat=True)) and len(numbers) == 2
+    for number in numbers:
+        resp = client.get(f"/invoices/{number}.focus")
+        assert resp.status_code == 200 and resp["Content-Type"].startswith("text/csv")
+        assert resp["Content-Disposition"] == f'attachment; filename="{number}-focus-1.3.csv"'
+
+
+def test_invoice_pages_require_login(client, november):
+    for url in ("/invoices/", f"/invoices/{november.number}.pdf"):
+        resp = client.get(url)
+        assert resp.status_code == 302 and "/accounts/login/" in resp["Location"]
+
+
+def test_export_invoice_command_writes_each_format(november, tmp_path):
+    for fmt, magic in (("pdf", b"%PDF"), ("csv", b"invoice_number,"), ("focus", b"AllocatedMethodDetails,")):
+        out = StringIO()
+        target = tmp_path / f"acme.{fmt}"
+        call_command("export_invoice", "--tenant", "acme", "--month", "2026-11", "--format", fmt,
+                     "--output", str(target), stdout=out)
+        assert target.read_bytes().startswith(magic)
+        assert november.number in out.getvalue()
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--tenant", "nobody", "--month", "2026-11", "--format", "csv"], "unknown tenant 'nobody'"),
+    (["--tenant", "acme", "--month", "2026-09", "--format", "csv"],
+     "tenant 'acme' has no invoice for 2026-09 (invoiced months: 2026-11)"),
+    (["--tenant", "acme", "--month", "2026/11", "--format", "csv"], "must look like YYYY-MM"),
+    (["--tenant", "acme", "--month", "2026-11", "--format", "xlsx"], "invalid choice: 'xlsx'"),
+])
+def test_export_invoice_command_rejects_bad_arguments_with_the_reason(november, tmp_path, args, message):
+    target = tmp_path / "out"
+    with pytest.raises(CommandError, match=re.escape(message)):
+        call_command("export_invoice", *args, "--output", str(target))
+    assert not target.exists()
