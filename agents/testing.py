@@ -2,8 +2,19 @@
 
 from __future__ import annotations
 
+import contextlib
+import copy
+import json
+import logging
+import re
+import threading
+import time
+import urllib.parse
+import uuid
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from types import SimpleNamespace
 from typing import Any
 
@@ -12,7 +23,18 @@ import requests
 
 from agents.clock import from_us, to_us
 
-__all__ = ["FakeClock", "FakeNvml", "FakeNvmlDevice", "RecordedRequest", "ScriptedSession"]
+__all__ = [
+    "FakeClock",
+    "FakeKubernetes",
+    "FakeNvml",
+    "FakeNvmlDevice",
+    "KubeRequest",
+    "RecordedRequest",
+    "ScriptedSession",
+    "wait_until",
+]
+
+log = logging.getLogger(__name__)
 
 
 class FakeClock:
@@ -146,3 +168,601 @@ class ScriptedSession(requests.Session):
         response._content = body
         response.url = str(url)
         return response
+
+
+def wait_until(predicate: Callable[[], bool], *, timeout_s: float = 5.0, what: str = "condition") -> None:
+    """Poll ``predicate`` until true (for effects of background watches); raise after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        if time.monotonic() >= deadline:
+            raise TimeoutError(f"{what} not reached within {timeout_s} s")
+        time.sleep(0.01)
+
+
+# --------------------------------------------------------------------------------------
+# Kubernetes API server fake
+# --------------------------------------------------------------------------------------
+
+_POD_FIELDS = {"spec.nodeName", "metadata.name", "metadata.namespace", "status.phase"}
+_NAMESPACE_FIELDS = {"metadata.name", "status.phase"}
+
+
+def _status_body(*, code: int, reason: str, message: str, details: dict[str, Any] | None = None) -> dict[str, Any]:
+    """A ``meta/v1`` Status object as the API server sends it with an error (or eviction) response."""
+    body: dict[str, Any] = {
+        "kind": "Status",
+        "apiVersion": "v1",
+        "metadata": {},
+        "status": "Success" if code < 400 else "Failure",
+        "code": code,
+    }
+    if code >= 400:
+        body["message"] = message
+        body["reason"] = reason
+    if details is not None:
+        body["details"] = details
+    return body
+
+
+def _field_value(obj: dict[str, Any], path: str) -> str:
+    value: Any = obj
+    for part in path.split("."):
+        value = value.get(part, "") if isinstance(value, dict) else ""
+    return "" if value is None else str(value)
+
+
+@dataclass(frozen=True)
+class _Selector:
+    """A parsed ``fieldSelector``: a conjunction of ``field=value`` / ``field!=value`` terms."""
+
+    terms: tuple[tuple[str, bool, str], ...]  # (field path, equal?, value)
+
+    def matches(self, obj: dict[str, Any] | None) -> bool:
+        if obj is None:
+            return False
+        return all((_field_value(obj, path) == value) == equal for path, equal, value in self.terms)
+
+
+def _parse_field_selector(raw: str | None, *, supported: set[str], resource: str) -> _Selector:
+    terms: list[tuple[str, bool, str]] = []
+    for term in (raw or "").split(","):
+        if not term:
+            continue
+        if "!=" in term:
+            path, value = term.split("!=", 1)
+            equal = False
+        elif "==" in term:
+            path, value = term.split("==", 1)
+            equal = True
+        elif "=" in term:
+            path, value = term.split("=", 1)
+            equal = True
+        else:
+            raise _ApiError(400, "BadRequest", f'invalid selector: "{raw}"; can\'t understand "{term}"')
+        if path not in supported:
+            raise _ApiError(400, "BadRequest", f'"{path}" is not a known field selector: only "{resource}"')
+        terms.append((path, equal, value))
+    return _Selector(tuple(terms))
+
+
+class _ApiError(Exception):
+    def __init__(self, code: int, reason: str, message: str, details: dict[str, Any] | None = None) -> None:
+        super().__init__(message)
+        self.code = code
+        self.reason = reason
+        self.message = message
+        self.details = details
+
+
+@dataclass(frozen=True)
+class _Change:
+    """One entry of the fake's change history (what etcd keeps until compaction)."""
+
+    resource_version: int
+    resource: str  # "pods" | "namespaces"
+    before: dict[str, Any] | None  # None: created
+    after: dict[str, Any] | None  # None: deleted
+
+
+@dataclass(frozen=True)
+class KubeRequest:
+    """One request the fake answered: method, path and decoded query parameters."""
+
+    method: str
+    path: str
+    query: dict[str, str]
+
+
+@dataclass(frozen=True)
+class _Kind:
+    resource: str
+    kind: str
+    api_version: str
+    fields: frozenset[str]
+
+
+_PODS = _Kind("pods", "Pod", "v1", frozenset(_POD_FIELDS))
+_NAMESPACES = _Kind("namespaces", "Namespace", "v1", frozenset(_NAMESPACE_FIELDS))
+_CLAIMS = _Kind(
+    "resourceclaims", "ResourceClaim", "resource.k8s.io/v1", frozenset({"metadata.name", "metadata.namespace"})
+)
+
+_ROUTES: list[tuple[str, re.Pattern[str]]] = [
+    ("pods", re.compile(r"^/api/v1/pods$")),
+    ("namespaced_pods", re.compile(r"^/api/v1/namespaces/(?P<ns>[^/]+)/pods$")),
+    ("pod", re.compile(r"^/api/v1/namespaces/(?P<ns>[^/]+)/pods/(?P<name>[^/]+)$")),
+    ("eviction", re.compile(r"^/api/v1/namespaces/(?P<ns>[^/]+)/pods/(?P<name>[^/]+)/eviction$")),
+    ("core_events", re.compile(r"^/api/v1/namespaces/(?P<ns>[^/]+)/events$")),
+    ("namespaces", re.compile(r"^/api/v1/namespaces$")),
+    ("namespace", re.compile(r"^/api/v1/namespaces/(?P<name>[^/]+)$")),
+    ("events_v1", re.compile(r"^/apis/events\.k8s\.io/v1/namespaces/(?P<ns>[^/]+)/events$")),
+    ("claims", re.compile(r"^/apis/resource\.k8s\.io/v1/resourceclaims$")),
+    ("namespaced_claims", re.compile(r"^/apis/resource\.k8s\.io/v1/namespaces/(?P<ns>[^/]+)/resourceclaims$")),
+    ("claim", re.compile(r"^/apis/resource\.k8s\.io/v1/namespaces/(?P<ns>[^/]+)/resourceclaims/(?P<name>[^/]+)$")),
+]
+
+
+class FakeKubernetes:
+    """A Kubernetes API server on loopback that speaks the real JSON shapes over real HTTP.
+
+    Point the official client at it with ``kubernetes.client.Configuration(host=fake.url)``.
+    It serves pods (list and watch, ``fieldSelector``, ``resourceVersion``), namespaces
+    (get, list, watch), ``pods/eviction`` (``policy/v1`` Eviction), events (``core/v1`` and
+    ``events.k8s.io/v1``) and ``resource.k8s.io/v1`` ResourceClaims (get, list).
+
+    Watches stream newline-delimited JSON events (ADDED / MODIFIED / DELETED, BOOKMARK at a
+    timeout when asked for) in a chunked response, as the API server does. A watch from a
+    ``resourceVersion`` older than the last ``compact()`` gets the API server's
+    ``ERROR`` event with a 410 ``Expired`` Status. Tests drive changes with ``add_pod`` /
+    ``update_pod`` / ``delete_pod`` (and the namespace and claim equivalents) and read what
+    the client did from ``evictions``, ``events`` and ``requests``.
+    """
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._resource_version = 1000  # etcd revisions are large; start away from 0 ("any")
+        self._compacted_rv = 0
+        self._history: list[_Change] = []
+        self._objects: dict[str, dict[tuple[str, str], dict[str, Any]]] = {
+            "pods": {},
+            "namespaces": {},
+            "resourceclaims": {},
+        }
+        self._watch_generation = 0
+        self._watches_held = False
+        self._active_watches = 0
+        self._closing = False
+        self.evictions: list[dict[str, Any]] = []  # Eviction bodies the client posted
+        self.events: list[dict[str, Any]] = []  # Event objects as stored (core/v1 or events.k8s.io/v1)
+        self.requests: list[KubeRequest] = []
+        # True: evictions are refused with 429, as when a PodDisruptionBudget forbids them.
+        self.refuse_evictions = False
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), _handler_for(self))
+        self._server.daemon_threads = True
+        self._thread = threading.Thread(
+            target=self._server.serve_forever, args=(0.05,), name="fake-kube-api", daemon=True
+        )
+        self._thread.start()
+
+    # -- lifecycle ---------------------------------------------------------------------
+
+    @property
+    def url(self) -> str:
+        host, port = self._server.server_address[:2]
+        return f"http://{host!s}:{port}"
+
+    def close(self) -> None:
+        with self._cond:
+            self._closing = True
+            self._cond.notify_all()
+        self._server.shutdown()
+        self._server.server_close()
+        self._thread.join(timeout=5)
+
+    def __enter__(self) -> FakeKubernetes:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    # -- state changes (each one is a watch event) ---------------------------------------
+
+    def add_namespace(self, namespace: dict[str, Any]) -> dict[str, Any]:
+        return self._put(_NAMESPACES, namespace, create=True)
+
+    def update_namespace(self, namespace: dict[str, Any]) -> dict[str, Any]:
+        return self._put(_NAMESPACES, namespace, create=False)
+
+    def delete_namespace(self, name: str) -> None:
+        self._delete(_NAMESPACES, ("", name))
+
+    def add_pod(self, pod: dict[str, Any]) -> dict[str, Any]:
+        """Store a pod (``metadata.uid`` and ``resourceVersion`` are filled in); returns the stored copy."""
+        return self._put(_PODS, pod, create=True)
+
+    def update_pod(self, pod: dict[str, Any]) -> dict[str, Any]:
+        return self._put(_PODS, pod, create=False)
+
+    def delete_pod(self, namespace: str, name: str) -> None:
+        self._delete(_PODS, (namespace, name))
+
+    def add_resource_claim(self, claim: dict[str, Any]) -> dict[str, Any]:
+        return self._put(_CLAIMS, claim, create=True)
+
+    def get_pod(self, namespace: str, name: str) -> dict[str, Any]:
+        with self._cond:
+            return copy.deepcopy(self._objects["pods"][(namespace, name)])
+
+    def compact(self) -> None:
+        """Drop the change history, as etcd compaction does: older watches get 410 Gone."""
+        with self._cond:
+            self._resource_version += 1
+            self._compacted_rv = self._resource_version
+            self._history.clear()
+
+    @contextlib.contextmanager
+    def watches_held(self) -> Iterator[None]:
+        """End every open watch stream and hold new watch requests until the block exits.
+
+        Models a client cut off from the API server: changes made inside the block (and a
+        ``compact()``) are what the client must recover when it reconnects.
+        """
+        with self._cond:
+            self._watches_held = True
+            self._watch_generation += 1
+            self._cond.notify_all()
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._watches_held = False
+                self._cond.notify_all()
+
+    def wait_for_watches(self, count: int, *, timeout_s: float = 5.0) -> None:
+        """Block until ``count`` watch streams are open (a test's sync point)."""
+        with self._cond:
+            if not self._cond.wait_for(lambda: self._active_watches >= count, timeout=timeout_s):
+                raise TimeoutError(f"{self._active_watches} watch streams open after {timeout_s} s, wanted {count}")
+
+    # -- internals -----------------------------------------------------------------------
+
+    def _put(self, kind: _Kind, obj: dict[str, Any], *, create: bool) -> dict[str, Any]:
+        stored = copy.deepcopy(obj)
+        meta = stored.setdefault("metadata", {})
+        namespace = "" if kind is _NAMESPACES else meta.setdefault("namespace", "default")
+        key = (namespace, meta["name"])
+        with self._cond:
+            before = self._objects[kind.resource].get(key)
+            if create and before is not None:
+                raise ValueError(f"{kind.resource} {key} already exists")
+            if not create and before is None:
+                raise KeyError(f"{kind.resource} {key} does not exist")
+            self._resource_version += 1
+            meta["resourceVersion"] = str(self._resource_version)
+            if before is not None:
+                meta["uid"] = before["metadata"]["uid"]
+                meta["creationTimestamp"] = before["metadata"]["creationTimestamp"]
+            else:
+                meta.setdefault("uid", str(uuid.uuid4()))
+                meta.setdefault("creationTimestamp", _rfc3339(datetime.now(UTC)))
+            stored["kind"] = kind.kind
+            stored["apiVersion"] = kind.api_version
+            self._objects[kind.resource][key] = stored
+            if kind is not _CLAIMS:
+                self._history.append(_Change(self._resource_version, kind.resource, before, stored))
+            self._cond.notify_all()
+            return copy.deepcopy(stored)
+
+    def _delete(self, kind: _Kind, key: tuple[str, str]) -> None:
+        with self._cond:
+            before = self._objects[kind.resource].pop(key)
+            self._resource_version += 1
+            gone = copy.deepcopy(before)
+            gone["metadata"]["resourceVersion"] = str(self._resource_version)
+            # The DELETED event carries the object's last state at the deletion's revision.
+            self._history.append(_Change(self._resource_version, kind.resource, gone, None))
+            self._cond.notify_all()
+
+    def _list(self, kind: _Kind, *, namespace: str | None, selector: _Selector) -> dict[str, Any]:
+        with self._cond:
+            items = []
+            for (ns, _), obj in sorted(self._objects[kind.resource].items()):
+                if namespace is not None and ns != namespace:
+                    continue
+                if selector.matches(obj):
+                    item = copy.deepcopy(obj)
+                    # List items carry no kind / apiVersion; the list does.
+                    item.pop("kind", None)
+                    item.pop("apiVersion", None)
+                    items.append(item)
+            return {
+                "kind": f"{kind.kind}List",
+                "apiVersion": kind.api_version,
+                "metadata": {"resourceVersion": str(self._resource_version)},
+                "items": items,
+            }
+
+    def _get(self, kind: _Kind, key: tuple[str, str]) -> dict[str, Any]:
+        with self._cond:
+            obj = self._objects[kind.resource].get(key)
+            if obj is None:
+                raise _ApiError(
+                    404,
+                    "NotFound",
+                    f'{kind.resource} "{key[1]}" not found',
+                    {"name": key[1], "kind": kind.resource},
+                )
+            return copy.deepcopy(obj)
+
+    def _evict(self, namespace: str, name: str, body: dict[str, Any]) -> dict[str, Any]:
+        if body.get("kind") != "Eviction" or body.get("apiVersion") != "policy/v1":
+            raise _ApiError(400, "BadRequest", "the body of a pods/eviction request must be a policy/v1 Eviction")
+        if (body.get("metadata") or {}).get("name") != name:
+            raise _ApiError(400, "BadRequest", "name in URL does not match name in Eviction object")
+        pod = self._get(_PODS, (namespace, name))
+        wanted_uid = ((body.get("deleteOptions") or {}).get("preconditions") or {}).get("uid")
+        if wanted_uid is not None and wanted_uid != pod["metadata"]["uid"]:
+            raise _ApiError(
+                409,
+                "Conflict",
+                f"Precondition failed: UID in precondition: {wanted_uid}, UID in object meta: {pod['metadata']['uid']}",
+            )
+        if self.refuse_evictions:
+            raise _ApiError(
+                429,
+                "TooManyRequests",
+                "Cannot evict pod as it would violate the pod's disruption budget.",
+                {"causes": [{"reason": "DisruptionBudget", "message": "The disruption budget needs 1 healthy pods"}]},
+            )
+        with self._cond:
+            self.evictions.append(copy.deepcopy(body))
+        # Eviction is a graceful delete: the pod stays, marked, until its containers stop.
+        pod["metadata"]["deletionTimestamp"] = _rfc3339(datetime.now(UTC))
+        pod["metadata"]["deletionGracePeriodSeconds"] = 30
+        self._put(_PODS, pod, create=False)
+        return _status_body(code=201, reason="", message="")
+
+    def _create_event(self, namespace: str, body: dict[str, Any], *, api_version: str) -> dict[str, Any]:
+        if body.get("kind") != "Event" or body.get("apiVersion") != api_version:
+            raise _ApiError(400, "BadRequest", f"the body must be an {api_version} Event")
+        subject_field = "involvedObject" if api_version == "v1" else "regarding"
+        if not isinstance(body.get(subject_field), dict):
+            raise _ApiError(422, "Invalid", f"Event.{subject_field}: Required value")
+        stored = copy.deepcopy(body)
+        meta = stored.setdefault("metadata", {})
+        if meta.get("namespace", namespace) != namespace:
+            raise _ApiError(
+                400, "BadRequest", "the namespace of the object does not match the namespace on the request"
+            )
+        meta["namespace"] = namespace
+        if not meta.get("name"):
+            if not meta.get("generateName"):
+                raise _ApiError(422, "Invalid", "metadata.name: Required value: name or generateName is required")
+            meta["name"] = meta["generateName"] + uuid.uuid4().hex[:5]
+        with self._cond:
+            self._resource_version += 1
+            meta["resourceVersion"] = str(self._resource_version)
+            meta["uid"] = str(uuid.uuid4())
+            meta["creationTimestamp"] = _rfc3339(datetime.now(UTC))
+            self.events.append(copy.deepcopy(stored))
+        return stored
+
+    def _watch(
+        self,
+        handler: BaseHTTPRequestHandler,
+        kind: _Kind,
+        *,
+        namespace: str | None,
+        selector: _Selector,
+        query: dict[str, str],
+    ) -> None:
+        timeout_s = float(query.get("timeoutSeconds", "1800"))
+        deadline = time.monotonic() + timeout_s
+        bookmarks = query.get("allowWatchBookmarks") in ("true", "1")
+        requested = query.get("resourceVersion", "")
+        with self._cond:
+            self._cond.wait_for(lambda: not self._watches_held or self._closing)
+            generation = self._watch_generation
+            initial: list[dict[str, Any]] = []
+            expired = False
+            if requested in ("", "0"):
+                # "Any" version: synthetic ADDED events for the current state, then changes.
+                since = self._resource_version
+                for (ns, _), obj in sorted(self._objects[kind.resource].items()):
+                    if (namespace is None or ns == namespace) and selector.matches(obj):
+                        initial.append({"type": "ADDED", "object": copy.deepcopy(obj)})
+            elif not requested.isdigit():
+                raise _ApiError(400, "BadRequest", f'resourceVersion: Invalid value: "{requested}"')
+            elif int(requested) < self._compacted_rv:
+                expired = True
+                since = self._resource_version
+            else:
+                since = int(requested)
+            self._active_watches += 1
+            self._cond.notify_all()
+        try:
+            handler.send_response(200)
+            handler.send_header("Content-Type", "application/json")
+            handler.send_header("Transfer-Encoding", "chunked")
+            handler.end_headers()
+            if expired:
+                error = _status_body(
+                    code=410, reason="Expired", message=f"too old resource version: {requested} ({since})"
+                )
+                _write_chunk(handler, {"type": "ERROR", "object": error})
+            else:
+                for event in initial:
+                    _write_chunk(handler, event)
+                self._stream_changes(
+                    handler,
+                    kind,
+                    since=since,
+                    generation=generation,
+                    deadline=deadline,
+                    namespace=namespace,
+                    selector=selector,
+                    bookmarks=bookmarks,
+                )
+            handler.wfile.write(b"0\r\n\r\n")  # the last chunk: the API server ended the watch
+            handler.wfile.flush()
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # the client hung up (Watch.stop() or a reconnect): the stream just ends
+        finally:
+            handler.close_connection = True
+            with self._cond:
+                self._active_watches -= 1
+
+    def _stream_changes(
+        self,
+        handler: BaseHTTPRequestHandler,
+        kind: _Kind,
+        *,
+        since: int,
+        generation: int,
+        deadline: float,
+        namespace: str | None,
+        selector: _Selector,
+        bookmarks: bool,
+    ) -> None:
+        while True:
+            with self._cond:
+                if self._closing or generation != self._watch_generation:
+                    break  # cut off: nothing more reaches this client
+                pending = [c for c in self._history if c.resource == kind.resource and c.resource_version > since]
+                if not pending:
+                    remaining = deadline - time.monotonic()
+                    if remaining <= 0:
+                        break
+                    self._cond.wait(timeout=min(remaining, 0.5))
+                    continue
+            for change in pending:
+                since = change.resource_version
+                event = _watch_event(change, namespace=namespace, selector=selector)
+                if event is not None:
+                    _write_chunk(handler, event)
+        with self._cond:
+            timed_out = not self._closing and generation == self._watch_generation
+            current = str(self._resource_version)
+        if bookmarks and timed_out:
+            # Sent before a watch times out, so the client resumes from here.
+            bookmark = {"kind": kind.kind, "apiVersion": kind.api_version, "metadata": {"resourceVersion": current}}
+            _write_chunk(handler, {"type": "BOOKMARK", "object": bookmark})
+
+
+def _watch_event(change: _Change, *, namespace: str | None, selector: _Selector) -> dict[str, Any] | None:
+    """The event a watcher with this selector sees for one change (or None).
+
+    As in the API server, an object that starts matching the selector arrives as ADDED and
+    one that stops matching as DELETED.
+    """
+
+    def visible(obj: dict[str, Any] | None) -> bool:
+        if obj is None:
+            return False
+        if namespace is not None and obj["metadata"].get("namespace") != namespace:
+            return False
+        return selector.matches(obj)
+
+    was, now = visible(change.before), visible(change.after)
+    if now and was:
+        return {"type": "MODIFIED", "object": copy.deepcopy(change.after)}
+    if now:
+        return {"type": "ADDED", "object": copy.deepcopy(change.after)}
+    if was and change.before is not None:
+        last = copy.deepcopy(change.after if change.after is not None else change.before)
+        return {"type": "DELETED", "object": last}
+    return None
+
+
+def _write_chunk(handler: BaseHTTPRequestHandler, event: dict[str, Any]) -> None:
+    line = json.dumps(event, separators=(",", ":")).encode() + b"\n"
+    handler.wfile.write(f"{len(line):x}\r\n".encode() + line + b"\r\n")
+    handler.wfile.flush()
+
+
+def _rfc3339(moment: datetime) -> str:
+    return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _handler_for(fake: FakeKubernetes) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"  # keep-alive and chunked watch streams, as the API server
+
+        def log_message(self, format: str, *args: Any) -> None:  # signature of BaseHTTPRequestHandler
+            log.debug("fake kube-apiserver: " + format, *args)
+
+        def do_GET(self) -> None:
+            self._serve("GET")
+
+        def do_POST(self) -> None:
+            self._serve("POST")
+
+        def _serve(self, method: str) -> None:
+            parsed = urllib.parse.urlsplit(self.path)
+            query = dict(urllib.parse.parse_qsl(parsed.query, keep_blank_values=True))
+            length = int(self.headers.get("Content-Length") or 0)
+            raw = self.rfile.read(length) if length else b""
+            with fake._cond:
+                fake.requests.append(KubeRequest(method=method, path=parsed.path, query=query))
+            try:
+                route, match = _route(parsed.path)
+                body = json.loads(raw) if raw else {}
+                status, payload = self._dispatch(method, route, match.groupdict(), query, body)
+            except _ApiError as error:
+                status = error.code
+                payload = _status_body(
+                    code=error.code, reason=error.reason, message=error.message, details=error.details
+                )
+            except json.JSONDecodeError as error:
+                status = 400
+                payload = _status_body(code=400, reason="BadRequest", message=f"invalid JSON body: {error}")
+            if payload is None:  # a watch stream, already written
+                return
+            data = json.dumps(payload).encode()
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def _dispatch(
+            self, method: str, route: str, params: dict[str, str], query: dict[str, str], body: dict[str, Any]
+        ) -> tuple[int, dict[str, Any] | None]:
+            watching = query.get("watch") in ("true", "1")
+            if method == "GET" and route in ("pods", "namespaced_pods", "namespaces", "claims", "namespaced_claims"):
+                kind = {"pods": _PODS, "namespaced_pods": _PODS, "namespaces": _NAMESPACES}.get(route, _CLAIMS)
+                selector = _parse_field_selector(
+                    query.get("fieldSelector"), supported=set(kind.fields), resource=", ".join(sorted(kind.fields))
+                )
+                if query.get("labelSelector"):
+                    raise _ApiError(400, "BadRequest", "FakeKubernetes does not implement labelSelector")
+                namespace = params.get("ns")
+                if watching:
+                    if kind is _CLAIMS:
+                        raise _ApiError(405, "MethodNotAllowed", "FakeKubernetes does not watch resourceclaims")
+                    fake._watch(self, kind, namespace=namespace, selector=selector, query=query)
+                    return 200, None
+                return 200, fake._list(kind, namespace=namespace, selector=selector)
+            if method == "GET" and route == "pod":
+                return 200, fake._get(_PODS, (params["ns"], params["name"]))
+            if method == "GET" and route == "namespace":
+                return 200, fake._get(_NAMESPACES, ("", params["name"]))
+            if method == "GET" and route == "claim":
+                return 200, fake._get(_CLAIMS, (params["ns"], params["name"]))
+            if method == "POST" and route == "eviction":
+                return 201, fake._evict(params["ns"], params["name"], body)
+            if method == "POST" and route == "core_events":
+                return 201, fake._create_event(params["ns"], body, api_version="v1")
+            if method == "POST" and route == "events_v1":
+                return 201, fake._create_event(params["ns"], body, api_version="events.k8s.io/v1")
+            raise _ApiError(405, "MethodNotAllowed", f"{method} is not supported on {route}")
+
+    return Handler
+
+
+def _route(path: str) -> tuple[str, re.Match[str]]:
+    for name, pattern in _ROUTES:
+        match = pattern.match(path)
+        if match is not None:
+            return name, match
+    raise _ApiError(404, "NotFound", f"the server could not find the requested resource ({path})")
