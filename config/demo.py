@@ -78,6 +78,9 @@ def main() -> int:
     with embedded_services() as env:
         env.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
         env.setdefault("VGPU_ROLLUP_EVERY_S", "10")
+        # Budget notification emails land as files under .data/demo/mail, not on a mail server.
+        env.setdefault("VGPU_EMAIL_BACKEND", "django.core.mail.backends.filebased.EmailBackend")
+        env.setdefault("VGPU_EMAIL_FILE_PATH", str(DEMO_DIR / "mail"))
         env["PYTHONUNBUFFERED"] = "1"
         print("demo: migrating the database…", flush=True)
         _run([py, "manage.py", "migrate", "--noinput"], env)

@@ -196,6 +196,9 @@ EMAIL_BACKEND = os.environ.get("VGPU_EMAIL_BACKEND", "django.core.mail.backends.
 EMAIL_HOST = os.environ.get("VGPU_EMAIL_HOST", "127.0.0.1")
 EMAIL_PORT = int(os.environ.get("VGPU_EMAIL_PORT", 25))
 EMAIL_TIMEOUT = 10
+# With VGPU_EMAIL_BACKEND=django.core.mail.backends.filebased.EmailBackend (the demo), mail is
+# written to files here instead of being sent.
+EMAIL_FILE_PATH = os.environ.get("VGPU_EMAIL_FILE_PATH", str(DATA_DIR / "mail"))
 DEFAULT_FROM_EMAIL = os.environ.get("VGPU_EMAIL_FROM", "vgpu-ledger@localhost")
 
 LOGGING = {
