@@ -19,6 +19,7 @@ from allocator.fairshare import (
     WorkloadState,
     allocate_gpu,
     fair_share,
+    workload_demand,
 )
 
 __all__ = [
@@ -33,4 +34,5 @@ __all__ = [
     "WorkloadState",
     "allocate_gpu",
     "fair_share",
+    "workload_demand",
 ]
