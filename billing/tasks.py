@@ -20,6 +20,7 @@ from billing.services.budgets import sign_webhook, webhook_body
 from billing.services.invoicing import close_period as _close_period
 from billing.services.invoicing import parse_month
 from billing.services.partitions import ensure_raw_partitions as _ensure_raw_partitions
+from billing.services.reports import run_paired_report as _run_paired_report
 from billing.services.rollup import rollup_usage as _rollup_usage
 
 log = logging.getLogger(__name__)
@@ -131,3 +132,10 @@ def deliver_budget_webhook(budget_id: int, payload: dict[str, object]) -> int | 
     if response.status_code >= 400:
         log.error("event=budget_webhook_rejected url=%s status=%s", budget.webhook_url, response.status_code)
     return response.status_code
+
+
+@shared_task(name="billing.tasks.run_paired_report", acks_late=True, autoretry_for=(OperationalError,),
+             retry_backoff=True, max_retries=3)
+def run_paired_report(report_id: int) -> dict[str, object]:
+    report = _run_paired_report(report_id=report_id)
+    return {"report": report.pk, "status": report.status}

@@ -1,0 +1,196 @@
+"""The paired static-vs-dynamic cost report (DESIGN §4; definitions in docs/billing.md).
+
+Unit: one workload (tenant/namespace/pod/container/pod UID) on one UTC day. For each unit:
+  x  = static whole-card cost: every GPU-second the workload was present, at the card's price
+  x' = static fixed-profile cost: the same seconds on the smallest A100-style MIG profile
+       whose memory holds the workload's peak memory (minute means) on that card
+  y  = dynamic cost: what the ledger charged (usage charge + any idle spread onto it)
+Cold start: a workload's first COLD_START minutes (from the first minute it appears in the
+ledger, looking back LOOKBACK before the period) are excluded from every figure.
+Paired t-test (scipy.stats.ttest_rel) of x against y: mean saving, 95 % CI, p-value, n.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import date, datetime, timedelta
+from decimal import Decimal
+from typing import Any
+
+from django.db import connection
+from scipy import stats
+
+__all__ = ["COLD_START", "LOOKBACK", "PROFILES", "compute_paired_report", "profile_fraction"]
+
+COLD_START = timedelta(minutes=5)
+LOOKBACK = timedelta(days=7)
+ALPHA = Decimal("0.5")
+# (compute slices of 7, share of the card's memory): A100 80GB 1g.10gb, 2g.20gb, 3g.40gb,
+# 4g.40gb, 7g.80gb. A profile is priced at its share of compute slices (k/7 of the card).
+PROFILES: tuple[tuple[int, Decimal], ...] = (
+    (1, Decimal(1) / 8), (2, Decimal(2) / 8), (3, Decimal(4) / 8), (4, Decimal(4) / 8), (7, Decimal(1)),
+)
+
+
+def profile_fraction(*, peak_mem_mb: Decimal, memory_mb: int) -> Decimal:
+    """Price fraction of the card for the smallest profile whose memory holds the peak."""
+    for slices, mem_share in PROFILES:
+        if peak_mem_mb <= mem_share * memory_mb:
+            return Decimal(slices) / 7
+    return Decimal(1)
+
+
+@dataclass
+class _Unit:
+    static_whole: Decimal = Decimal(0)
+    static_profile: Decimal = Decimal(0)
+    dynamic: Decimal = Decimal(0)
+    seconds: Decimal = Decimal(0)
+    used_gpu_s: Decimal = Decimal(0)
+    mem_used_mb_s: Decimal = Decimal(0)
+    sm_used_s: Decimal = Decimal(0)
+    static_mem_mb_s: Decimal = Decimal(0)
+    static_sm_s: Decimal = Decimal(0)
+    dynamic_billed_gpu_s: Decimal = Decimal(0)
+
+
+_STEADY = """
+WITH m AS (
+    SELECT u.tenant, u.namespace, u.pod, u.container, u.pod_uid, u.gpu_uuid, u.minute, u.seconds,
+           u.charge + u.idle_share AS dyn, u.mem_used_mb_s, u.sm_used_s,
+           g.card_cost / g.metered_seconds AS price_per_s, g.metered_seconds, b.memory_mb, b.sm_count,
+           min(u.minute) OVER (PARTITION BY u.tenant, u.namespace, u.pod, u.container, u.pod_uid) AS first_minute
+    FROM billing_usageminute u
+    JOIN billing_gpuminute g ON g.gpu_uuid = u.gpu_uuid AND g.minute = u.minute
+    JOIN billing_gpu b ON b.uuid = u.gpu_uuid
+    WHERE u.minute >= %(lookback)s AND u.minute < %(end)s AND g.priced AND g.metered_seconds > 0
+), steady AS (
+    SELECT * FROM m WHERE minute >= %(start)s AND minute >= first_minute + %(cold)s::interval
+)
+"""
+
+_QUERY = _STEADY + """
+SELECT tenant, namespace, pod, container, pod_uid, (minute AT TIME ZONE 'UTC')::date AS day, gpu_uuid,
+       sum(dyn), sum(price_per_s * seconds), sum(seconds), max(mem_used_mb_s / seconds),
+       sum(mem_used_mb_s), sum(sm_used_s), max(memory_mb), max(sm_count), sum(dyn / nullif(price_per_s, 0))
+FROM steady
+GROUP BY 1, 2, 3, 4, 5, 6, 7
+"""  # noqa: S608 - constant SQL text; values are bound parameters
+
+# Busy card time under dynamic allocation: GPU-minutes with at least one steady-state workload.
+_BUSY = _STEADY + """
+SELECT coalesce(sum(metered_seconds), 0), coalesce(sum(metered_seconds * memory_mb), 0),
+       coalesce(sum(metered_seconds * sm_count), 0)
+FROM (SELECT DISTINCT gpu_uuid, minute, metered_seconds, memory_mb, sm_count FROM steady) busy
+"""  # noqa: S608 - constant SQL text; values are bound parameters
+
+
+def _ratio(a: Decimal, b: Decimal) -> float | None:
+    return float(a / b) if b else None
+
+
+def _paired_test(x: list[float], y: list[float]) -> dict[str, Any]:
+    n = len(x)
+    if n < 2:
+        return {"n": n, "mean_saving": None, "ci95": None, "p_value": None, "t": None,
+                "note": "fewer than 2 pairs: no test"}
+    diffs = [a - b for a, b in zip(x, y, strict=True)]
+    mean = sum(diffs) / n
+    sd = math.sqrt(sum((d - mean) ** 2 for d in diffs) / (n - 1))
+    if sd == 0:
+        return {"n": n, "mean_saving": mean, "ci95": [mean, mean], "p_value": 0.0 if mean else 1.0, "t": None,
+                "note": "every pair saved the same amount"}
+    result = stats.ttest_rel(x, y)
+    half = float(stats.t.ppf(0.975, n - 1)) * sd / math.sqrt(n)
+    return {"n": n, "mean_saving": mean, "ci95": [mean - half, mean + half], "p_value": float(result.pvalue),
+            "t": float(result.statistic)}
+
+
+def compute_paired_report(
+    *, start: datetime, end: datetime, progress: Callable[[int], None] = lambda pct: None
+) -> dict[str, Any]:
+    if end <= start:
+        raise ValueError("the period's end must be after its start")
+    params: dict[str, datetime | str] = {
+        "start": start, "end": end, "lookback": start - LOOKBACK,
+        "cold": f"{int(COLD_START.total_seconds())} seconds",
+    }
+    units: dict[tuple[str, str, str, str, str, date], _Unit] = defaultdict(_Unit)
+    with connection.cursor() as cur:
+        cur.execute(_QUERY, params)
+        rows = cur.fetchall()
+        progress(60)
+        cur.execute(_BUSY, params)
+        busy_s, busy_mem_mb_s, busy_sm_s = cur.fetchone()
+    workloads_by_day: dict[date, set[tuple[str, ...]]] = defaultdict(set)
+    for (tenant, ns, pod, container, uid, day, _gpu, dyn, whole, seconds, peak_mem, mem, sm, memory_mb,
+         sm_count, dyn_gpu_s) in rows:
+        unit = units[(tenant, ns, pod, container, uid, day)]
+        unit.dynamic += dyn
+        unit.static_whole += whole
+        unit.static_profile += whole * profile_fraction(peak_mem_mb=peak_mem, memory_mb=memory_mb)
+        unit.seconds += seconds
+        unit.mem_used_mb_s += mem
+        unit.sm_used_s += sm
+        unit.static_mem_mb_s += seconds * memory_mb
+        unit.static_sm_s += seconds * sm_count
+        unit.used_gpu_s += ALPHA * mem / memory_mb + (1 - ALPHA) * sm / sm_count
+        unit.dynamic_billed_gpu_s += dyn_gpu_s or Decimal(0)
+        workloads_by_day[day].add((tenant, ns, pod, container, uid))
+    progress(80)
+    keys = sorted(units)
+    x = [float(units[k].static_whole) for k in keys]
+    xp = [float(units[k].static_profile) for k in keys]
+    y = [float(units[k].dynamic) for k in keys]
+    total = _Unit()
+    for u in units.values():
+        for f in ("static_whole", "static_profile", "dynamic", "seconds", "used_gpu_s", "mem_used_mb_s",
+                  "sm_used_s", "static_mem_mb_s", "static_sm_s", "dynamic_billed_gpu_s"):
+            setattr(total, f, getattr(total, f) + getattr(u, f))
+    static_billed_gpu_s = total.seconds  # whole cards: one billed GPU-second per present second
+    summary = {
+        "static_whole_cost": str(total.static_whole.quantize(Decimal("0.000001"))),
+        "static_profile_cost": str(total.static_profile.quantize(Decimal("0.000001"))),
+        "dynamic_cost": str(total.dynamic.quantize(Decimal("0.000001"))),
+        "cost_reduction_pct": _reduction(total.dynamic, total.static_whole),
+        "cost_reduction_vs_profile_pct": _reduction(total.dynamic, total.static_profile),
+        "containers_per_card": _ratio(total.seconds, Decimal(busy_s)),
+        "sm_utilisation_dynamic_pct": _pct(total.sm_used_s, Decimal(busy_sm_s)),
+        "sm_utilisation_static_pct": _pct(total.sm_used_s, total.static_sm_s),
+        "memory_utilisation_dynamic_pct": _pct(total.mem_used_mb_s, Decimal(busy_mem_mb_s)),
+        "memory_utilisation_static_pct": _pct(total.mem_used_mb_s, total.static_mem_mb_s),
+        "idle_memory_share_dynamic_pct": _complement(_pct(total.mem_used_mb_s, Decimal(busy_mem_mb_s))),
+        "idle_memory_share_static_pct": _complement(_pct(total.mem_used_mb_s, total.static_mem_mb_s)),
+        "resource_optimisation_efficiency": _ratio(
+            total.used_gpu_s / total.dynamic_billed_gpu_s if total.dynamic_billed_gpu_s else Decimal(0),
+            total.used_gpu_s / static_billed_gpu_s if static_billed_gpu_s else Decimal(0),
+        ),
+    }
+    result = {
+        "period": {"start": start.isoformat(), "end": end.isoformat()},
+        "method": {"unit": "workload x UTC day", "cold_start_excluded_minutes": COLD_START.total_seconds() / 60,
+                   "lookback_days": LOOKBACK.days, "alpha": str(ALPHA)},
+        "n_units": len(keys),
+        "workloads": len({k[:5] for k in keys}),
+        "summary": summary,
+        "test_whole_vs_dynamic": _paired_test(x, y),
+        "test_profile_vs_dynamic": _paired_test(xp, y),
+    }
+    progress(100)
+    return result
+
+
+def _reduction(dynamic: Decimal, static: Decimal) -> float | None:
+    """Cost reduction of dynamic against static, percent."""
+    return float((1 - dynamic / static) * 100) if static else None
+
+
+def _pct(num: Decimal, den: Decimal) -> float | None:
+    return float(num / den * 100) if den else None
+
+
+def _complement(pct: float | None) -> float | None:
+    return None if pct is None else 100 - pct

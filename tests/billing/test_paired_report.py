@@ -1,0 +1,98 @@
+"""The paired static-vs-dynamic report: exact figures on a hand-computable fleet, cold start
+excluded, the paired t-test, and the job that reports progress and can run twice."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime, timedelta
+from decimal import Decimal
+from io import StringIO
+
+import pytest
+from django.core.management import call_command
+from django.utils import timezone
+
+from billing.errors import InvalidInput
+from billing.models import PairedReport, RateCard
+from billing.services.paired_report import compute_paired_report, profile_fraction
+from billing.services.reports import request_paired_report, run_paired_report
+from billing.services.rollup import rollup_usage
+from tests.conftest import A100, make_batch
+
+pytestmark = pytest.mark.django_db
+
+START = datetime(2026, 11, 20, 10, 0, tzinfo=UTC)
+WORKLOADS = [
+    # 10 % and 20 % of the card; 8 GB and 16 GB of memory.
+    {"gpu": 0, "tenant": "acme", "pod": "bert-1", "mem_used": 8192.0, "mem_granted": 8192.0,
+     "sm_used": 10.8, "sm_granted": 10.8},
+    {"gpu": 0, "tenant": "globex", "pod": "llm-1", "mem_used": 16384.0, "mem_granted": 16384.0,
+     "sm_used": 21.6, "sm_granted": 21.6},
+]
+
+
+@pytest.fixture
+def fifteen_minutes(post_batch):
+    RateCard.objects.create(gpu_model=A100["model"], currency="USD", price_per_gpu_hour=Decimal("3600"),
+                            effective_from=datetime(2020, 1, 1, tzinfo=UTC), source_url="https://example.org")
+    for i in range(15):  # one 60 s batch per minute: p = 1 USD per GPU-second
+        batch = make_batch(start=START + timedelta(minutes=i), seq=i + 1, seconds=60, workloads=WORKLOADS)
+        assert post_batch(batch).status_code == 201
+    rollup_usage(now=timezone.now())
+
+
+@pytest.mark.parametrize(("peak_mb", "fraction"), [(8192, "1/7"), (10240, "1/7"), (10241, "2/7"), (30000, "3/7"),
+                                                    (50000, "7/7")])
+def test_profile_is_the_smallest_that_holds_the_peak(peak_mb, fraction):
+    num, den = fraction.split("/")
+    assert profile_fraction(peak_mem_mb=Decimal(peak_mb), memory_mb=81920) == Decimal(num) / Decimal(den)
+
+
+def test_report_figures_on_a_hand_computable_fleet_with_cold_start_excluded(fifteen_minutes):
+    report = compute_paired_report(start=START, end=START + timedelta(hours=1))
+    # Each workload ran 15 minutes; its first 5 are cold start: 600 s count.
+    assert report["n_units"] == 2
+    summary = report["summary"]
+    assert Decimal(summary["static_whole_cost"]) == Decimal(1200)  # 2 × 600 s × 1 USD
+    assert Decimal(summary["dynamic_cost"]) == Decimal(180)  # 600 × (0.1 + 0.2)
+    assert Decimal(summary["static_profile_cost"]).quantize(Decimal("0.01")) == Decimal("257.14")  # 600/7 + 1200/7
+    assert summary["cost_reduction_pct"] == pytest.approx(85.0)
+    assert summary["containers_per_card"] == pytest.approx(2.0)
+    assert summary["sm_utilisation_dynamic_pct"] == pytest.approx(30.0)
+    assert summary["sm_utilisation_static_pct"] == pytest.approx(15.0)
+    assert summary["idle_memory_share_dynamic_pct"] == pytest.approx(70.0)
+    assert summary["resource_optimisation_efficiency"] == pytest.approx(1200 / 180)
+    test = report["test_whole_vs_dynamic"]
+    assert test["n"] == 2 and test["mean_saving"] == pytest.approx((540 + 480) / 2)
+    low, high = test["ci95"]
+    assert low < test["mean_saving"] < high and 0 <= test["p_value"] <= 1
+
+
+def test_report_job_reports_progress_stores_the_result_and_runs_twice_safely(fifteen_minutes):
+    report = request_paired_report(start=START, end=START + timedelta(hours=1), now=timezone.now(),
+                                   actor_label="test")
+    assert report.status == PairedReport.Status.PENDING
+    from billing import tasks
+
+    first = tasks.run_paired_report.apply(args=[report.pk]).get()
+    second = tasks.run_paired_report.apply(args=[report.pk]).get()
+    assert first == second == {"report": report.pk, "status": "done"}
+    stored = PairedReport.objects.get(pk=report.pk)
+    assert stored.progress_pct == 100 and stored.result["n_units"] == 2
+
+
+def test_bad_periods_are_refused_with_the_reason():
+    now = timezone.now()
+    with pytest.raises(InvalidInput, match="after its start"):
+        request_paired_report(start=now, end=now - timedelta(days=1), now=now, actor_label="test")
+    with pytest.raises(InvalidInput, match="at most"):
+        request_paired_report(start=now - timedelta(days=200), end=now, now=now, actor_label="test")
+    assert not PairedReport.objects.exists()
+
+
+def test_command_prints_the_report_as_json(fifteen_minutes):
+    out = StringIO()
+    call_command("paired_report", "--from", "2026-11-20", "--to", "2026-11-21", "--json", stdout=out)
+    doc = json.loads(out.getvalue())
+    assert doc["n_units"] == 2 and doc["test_whole_vs_dynamic"]["n"] == 2
+    assert run_paired_report(report_id=doc["report"]).status == "done"
