@@ -5,6 +5,11 @@
 default), uploads what it can and exits: 0 when the spool is drained, 75
 (EX_TEMPFAIL) when batches stay pending for a later run.
 ``vgpu-agent scenario`` prints a demo scenario for the sim backend.
+
+A run wires: the backend (NVML attributed through Kubernetes and entitled by the pods'
+requests, or a scenario), the policy client (polled on a thread; once before a
+``--once-seconds`` run), the enforcer (``--enforcer``), the tick observers (watchdog,
+``evict-best-effort``, metrics), the uploader and the event sink. Every flag: docs/agent.md.
 """
 
 from __future__ import annotations
@@ -13,33 +18,50 @@ import argparse
 import json
 import logging
 import os
+import shlex
 import signal
 import sys
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from functools import partial
 from pathlib import Path
 from types import FrameType
 
 import requests
+import urllib3
+from kubernetes import client as kube_client
+from kubernetes import config as kube_config
+from kubernetes.client.exceptions import ApiException
 
+from agents.attribution import KubeAttributor, PidAttributor
 from agents.backends.sim import SLA_TIERS, SimBackend, demo_scenario, load_scenario
+from agents.budget_enforcement import BestEffortEvictor
 from agents.clock import SystemClock, ceil_to_seconds, from_us, to_us, utc_now
 from agents.credentials import TokenError, read_token
 from agents.enforcers import DryRunEnforcer
-from agents.interfaces import Clock, GpuBackend
+from agents.entitlements import EntitledBackend, ProcessBackend
+from agents.events import EventSink
+from agents.gpu_requests import GpuRequest, GpuRequestResolver
+from agents.interfaces import Clock, Enforcer, TickObserver
+from agents.kube import EvictionOutcome, KubeClientPods
 from agents.loop import Agent, AgentConfig
+from agents.metrics import AgentMetrics, MetricsServer, serve_metrics
+from agents.mps import DEFAULT_CONTROL_COMMAND, MpsControlCli, MpsEnforcer
+from agents.policy_client import PolicyClient
 from agents.spool import Spool
 from agents.testing import FakeClock
-from agents.uploader import RetryPolicy, Uploader
+from agents.uploader import Outcome, RetryPolicy, SendResult, Uploader
+from agents.watchdog import Evict, WatchdogAction, WatchdogEnforcer, WatchdogPolicy
 
 __all__ = ["EXIT_PENDING", "main"]
 
 log = logging.getLogger("agents")
 
 EXIT_PENDING = 75  # EX_TEMPFAIL: --once-seconds left batches in the spool
+_ENFORCERS = ("dry-run", "mps", "watchdog")
 _UNIX_EPOCH = from_us(0)
 
 
@@ -93,6 +115,47 @@ def _parser() -> argparse.ArgumentParser:
         type=_aware_datetime,
         help="with --once-seconds: first metered second, ISO-8601 with offset (default: now - N)",
     )
+    policy = run.add_argument_group("policy (GET /api/v1/nodes/{node}/policy)")
+    policy.add_argument("--policy-interval-s", type=float, default=10.0, help="policy poll interval, s")
+    policy.add_argument(
+        "--policy-cache", type=Path, help="last known policy, JSON (default: <spool>.policy.json next to the spool)"
+    )
+    enforce = run.add_argument_group("enforcement (docs/enforcement.md)")
+    enforce.add_argument(
+        "--enforcer",
+        type=_enforcers,
+        default=frozenset({"dry-run"}),
+        help="dry-run, mps, watchdog, or mps,watchdog (default dry-run: log grants, act on nothing)",
+    )
+    enforce.add_argument(
+        "--mps-control",
+        default=" ".join(DEFAULT_CONTROL_COMMAND),
+        help="MPS control front end, split like a shell line (default nvidia-cuda-mps-control)",
+    )
+    enforce.add_argument(
+        "--mps-pipe-directory", type=Path, help="CUDA_MPS_PIPE_DIRECTORY of the node's control daemon"
+    )
+    enforce.add_argument("--watchdog-action", choices=[a.value for a in WatchdogAction], default="evict")
+    enforce.add_argument("--watchdog-grace-s", type=float, default=30.0, help="how long an excess may last, s")
+    enforce.add_argument(
+        "--watchdog-tolerance", type=float, default=0.1, help="over when use > grant x (1 + this)"
+    )
+    enforce.add_argument("--watchdog-kill-grace-s", type=float, default=10.0, help="signal: SIGTERM -> SIGKILL, s")
+    enforce.add_argument(
+        "--watchdog-check-sm", action="store_true", help="also act on SM use above grant (default: memory only)"
+    )
+    kube = run.add_argument_group("Kubernetes (attribution, requests, evictions)")
+    kube.add_argument(
+        "--kube-api",
+        help="API server URL (default: in-cluster service account, else ~/.kube/config; sim: none unless given)",
+    )
+    kube.add_argument("--no-kube", action="store_true", help="nvml without Kubernetes: processes are unattributed")
+    kube.add_argument(
+        "--proc-root", type=Path, default=Path("/proc"), help="the host's /proc (hostPID), for PID -> cgroup"
+    )
+    observe = run.add_argument_group("metrics")
+    observe.add_argument("--metrics-port", type=int, default=0, help="Prometheus /metrics port (default 0: off)")
+    observe.add_argument("--metrics-address", default="127.0.0.1", help="address /metrics binds to")
 
     scenario = commands.add_parser("scenario", help="print a demo scenario for --backend sim")
     scenario.add_argument("--node", required=True)
@@ -131,26 +194,68 @@ def _scenario(args: argparse.Namespace) -> int:
     return 0
 
 
-def _backend(args: argparse.Namespace) -> tuple[GpuBackend, str]:
-    if args.backend == "sim":
-        if args.scenario is None:
-            raise _Fatal("--backend sim needs --scenario FILE (see: vgpu-agent scenario --help)")
-        try:
-            scenario = load_scenario(args.scenario)
-        except OSError as error:
-            raise _Fatal(f"scenario {args.scenario}: {error.strerror}") from error
-        except ValueError as error:
-            raise _Fatal(str(error)) from error
-        # Profiles run on absolute time, so a restarted agent continues the same trace.
-        return SimBackend(scenario, epoch=_UNIX_EPOCH), args.node or scenario.node
-    from agents.backends.nvml import NvmlBackend, NvmlUnavailable
+def _enforcers(text: str) -> frozenset[str]:
+    chosen = frozenset(part.strip() for part in text.split(","))
+    if not chosen <= set(_ENFORCERS) or ("dry-run" in chosen and len(chosen) > 1):
+        raise argparse.ArgumentTypeError(f"{text!r}: expected dry-run, mps, watchdog or mps,watchdog")
+    return chosen
 
-    if not args.node:
-        raise _Fatal("--backend nvml needs --node NAME (or NODE_NAME in the environment)")
+
+def _scenario_backend(args: argparse.Namespace) -> SimBackend:
+    if args.scenario is None:
+        raise _Fatal("--backend sim needs --scenario FILE (see: vgpu-agent scenario --help)")
     try:
-        return NvmlBackend(), args.node
+        scenario = load_scenario(args.scenario)
+    except OSError as error:
+        raise _Fatal(f"scenario {args.scenario}: {error.strerror}") from error
+    except ValueError as error:
+        raise _Fatal(str(error)) from error
+    # Profiles run on absolute time, so a restarted agent continues the same trace.
+    return SimBackend(scenario, epoch=_UNIX_EPOCH)
+
+
+def _load_nvml() -> object:
+    """The initialised NVML module, first thing in nvml mode: no GPU is the first error to report."""
+    from agents.backends.nvml import NvmlUnavailable, load_nvml
+
+    try:
+        return load_nvml()
     except NvmlUnavailable as error:
         raise _Fatal(str(error)) from error
+
+
+def _kube(args: argparse.Namespace, *, node: str) -> KubeClientPods | None:
+    """``--kube-api URL``; for NVML also in-cluster or kubeconfig; none with ``--no-kube`` (or sim without a URL)."""
+    if args.no_kube or (args.backend == "sim" and args.kube_api is None):
+        return None
+    if args.kube_api is not None:
+        configuration = kube_client.Configuration()
+        configuration.host = args.kube_api.rstrip("/")
+        return KubeClientPods(api_client=kube_client.ApiClient(configuration), node=node)
+    try:
+        return KubeClientPods.from_environment(node=node)
+    except kube_config.ConfigException as error:
+        raise _Fatal(f"no Kubernetes configuration ({error}); pass --kube-api URL or --no-kube") from error
+
+
+@dataclass
+class _Parts:
+    """What one run of the agent is made of; ``close`` releases it in reverse order."""
+
+    node: str
+    config: AgentConfig
+    spool: Spool
+    uploader: Uploader
+    policy: PolicyClient
+    events: EventSink
+    kube: KubeClientPods | None = None
+    metrics: AgentMetrics | None = None
+    metrics_server: MetricsServer | None = None
+    closers: list[Callable[[], None]] = field(default_factory=list)
+
+    def close(self) -> None:
+        for close in reversed(self.closers):
+            close()
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -158,40 +263,188 @@ def _run(args: argparse.Namespace) -> int:
         read_token(args.token_file)
     except TokenError as error:
         raise _Fatal(str(error)) from error
-    backend, node = _backend(args)
+    sim = _scenario_backend(args) if args.backend == "sim" else None
+    node = args.node or (sim.scenario.node if sim is not None else None)
+    if not node:
+        raise _Fatal("--backend nvml needs --node NAME (or NODE_NAME in the environment)")
+    nvml = _load_nvml() if sim is None else None
     try:
         config = AgentConfig(node=node, tick_ms=args.tick_ms, meter_ms=args.meter_ms, batch_seconds=args.batch_seconds)
         retry = RetryPolicy(timeout_s=args.timeout_s)
+        watchdog_policy = WatchdogPolicy(
+            action=WatchdogAction(args.watchdog_action),
+            tolerance=args.watchdog_tolerance,
+            grace_s=args.watchdog_grace_s,
+            kill_grace_s=args.watchdog_kill_grace_s,
+            check_sm=args.watchdog_check_sm,
+        )
     except ValueError as error:
         raise _Fatal(str(error)) from error
+    if not args.policy_interval_s > 0:
+        raise _Fatal(f"--policy-interval-s must be > 0, got {args.policy_interval_s}")
+    if args.once_seconds is not None and args.once_seconds < 1:
+        raise _Fatal(f"--once-seconds must be >= 1, got {args.once_seconds}")
     spool_path = args.spool or Path(".data") / "agent" / f"{node}.sqlite"
+    token = partial(read_token, args.token_file)
     spool = Spool(spool_path, node=node, now=utc_now, compress=args.gzip)
-    uploader = Uploader(
+    metrics = AgentMetrics() if args.metrics_port else None
+    parts = _Parts(
+        node=node,
+        config=config,
         spool=spool,
-        server=args.server,
-        token=partial(read_token, args.token_file),
-        session=requests.Session(),
-        retry=retry,
+        uploader=Uploader(
+            spool=spool,
+            server=args.server,
+            token=token,
+            session=requests.Session(),
+            retry=retry,
+            on_result=None if metrics is None else partial(_count_upload_error, metrics),
+        ),
+        policy=PolicyClient(
+            server=args.server,
+            node=node,
+            token=token,
+            cache_path=args.policy_cache or spool_path.with_name(f"{spool_path.stem}.policy.json"),
+            session=requests.Session(),
+            interval_s=args.policy_interval_s,
+            timeout_s=args.timeout_s,
+        ),
+        events=EventSink(server=args.server, node=node, token=token, session=requests.Session(), retry=retry),
+        metrics=metrics,
     )
+    parts.closers.append(spool.close)
     try:
+        parts.kube = _kube(args, node=node)
+        if parts.kube is not None:
+            parts.closers.append(parts.kube.stop)
+        if metrics is not None:
+            metrics.watch_spool(spool)
+            metrics.watch_policy(age_s=parts.policy.age_s, etag=lambda: parts.policy.current().etag)
+            try:
+                parts.metrics_server = serve_metrics(metrics, address=args.metrics_address, port=args.metrics_port)
+            except OSError as error:
+                raise _Fatal(f"metrics on {args.metrics_address}:{args.metrics_port}: {error.strerror}") from error
+            parts.closers.append(parts.metrics_server.close)
+            log.info("event=metrics_serving url=%s", parts.metrics_server.url)
+        backend = sim if sim is not None else _node_backend(args, parts, nvml=nvml)
         if args.once_seconds is not None:
-            return _run_once(args, config=config, backend=backend, spool=spool, uploader=uploader)
-        return _run_forever(config=config, backend=backend, spool=spool, uploader=uploader)
+            return _run_once(args, parts=parts, backend=backend, sim=sim, watchdog_policy=watchdog_policy)
+        return _run_forever(args, parts=parts, backend=backend, sim=sim, watchdog_policy=watchdog_policy)
     finally:
-        spool.close()
+        parts.close()
+
+
+def _node_backend(args: argparse.Namespace, parts: _Parts, *, nvml: object) -> ProcessBackend:
+    """NVML readings attributed to pods and entitled by their requests (``PidAttributor`` without Kubernetes)."""
+    from agents.backends.nvml import NvmlBackend
+
+    kube = parts.kube
+    if kube is None:
+        unattributed = NvmlBackend(attributor=PidAttributor(), nvml=nvml)
+        parts.closers.append(unattributed.close)
+        return unattributed
+    try:
+        kube.start()  # lists the node's pods and namespaces; an unreachable API server fails here
+    except (ApiException, urllib3.exceptions.HTTPError) as error:
+        raise _Fatal(f"Kubernetes API: {error}; pass --kube-api URL or --no-kube") from error
+    policy = parts.policy
+    attributor = KubeAttributor(
+        pods=kube, tenant_default_tier=lambda tenant: policy.current().default_tier(tenant), proc_root=args.proc_root
+    )
+    backend = NvmlBackend(attributor=attributor, nvml=nvml)
+    parts.closers.append(backend.close)
+    # The policy document carries no default request per tenant: unrequested work is promised nothing.
+    resolver = GpuRequestResolver(pods=kube, tenant_default=lambda _tenant: GpuRequest())
+    return EntitledBackend(backend, resolver=resolver)
+
+
+def _evict_callable(*, kube: KubeClientPods | None, sim: SimBackend | None) -> Evict | None:
+    """How this node evicts a pod: the Eviction API; in sim mode the pod's workloads also stop."""
+    if sim is None:
+        return None if kube is None else kube.evict
+
+    def evict(*, namespace: str, pod: str, reason: str, message: str, pod_uid: str | None = None) -> object:
+        outcome: object = EvictionOutcome.EVICTED
+        if kube is not None:
+            outcome = kube.evict(namespace=namespace, pod=pod, reason=reason, message=message, pod_uid=pod_uid)
+        if outcome in (EvictionOutcome.EVICTED, EvictionOutcome.GONE):
+            removed = sim.remove_pod(namespace=namespace, pod=pod)
+            log.info("event=sim_pod_stopped pod=%s/%s workloads=%d", namespace, pod, removed)
+        return outcome
+
+    return evict
+
+
+def _agent(
+    args: argparse.Namespace,
+    *,
+    parts: _Parts,
+    backend: ProcessBackend,
+    sim: SimBackend | None,
+    clock: Clock,
+    watchdog_policy: WatchdogPolicy,
+) -> Agent:
+    enforcers: frozenset[str] = args.enforcer
+    emit = parts.events.emit
+    evict = _evict_callable(kube=parts.kube, sim=sim)
+    observers: list[TickObserver] = []
+    if "watchdog" in enforcers:
+        if watchdog_policy.action is WatchdogAction.EVICT and evict is None:
+            raise _Fatal("--watchdog-action evict needs the Kubernetes API; use --watchdog-action signal with --no-kube")
+        observers.append(
+            WatchdogEnforcer(
+                policy=watchdog_policy, clock=clock, emit=emit, processes=backend.processes, evict=evict
+            )
+        )
+    policy = parts.policy
+    if enforcers != {"dry-run"}:
+        if evict is None:
+            log.warning("event=budget_evictions_unavailable detail='no Kubernetes API: evict-best-effort is not applied'")
+        else:
+            observers.append(
+                BestEffortEvictor(
+                    tenants=lambda: policy.current().evict_best_effort_tenants, evict=evict, emit=emit, clock=clock
+                )
+            )
+    if parts.metrics is not None:
+        observers.append(parts.metrics)
+    enforcer: Enforcer = DryRunEnforcer()
+    if "mps" in enforcers:
+        enforcer = MpsEnforcer(
+            control=MpsControlCli(command=shlex.split(args.mps_control), pipe_directory=args.mps_pipe_directory),
+            gpus=backend.inventory(),
+            client_pids=backend.processes,
+            emit=emit,
+        )
+    uploader = parts.uploader
+    return Agent(
+        config=parts.config,
+        backend=backend,
+        clock=clock,
+        enforcer=enforcer,
+        spool=parts.spool,
+        on_batch=lambda _seq: uploader.notify(),
+        policy=policy.allocation_policy,
+        observers=observers,
+        on_tick_seconds=None if parts.metrics is None else parts.metrics.record_tick,
+    )
+
+
+def _count_upload_error(metrics: AgentMetrics, result: SendResult) -> None:
+    if result.outcome is not Outcome.SENT:
+        metrics.record_upload_error(result.outcome.value)
 
 
 def _run_once(
     args: argparse.Namespace,
     *,
-    config: AgentConfig,
-    backend: GpuBackend,
-    spool: Spool,
-    uploader: Uploader,
+    parts: _Parts,
+    backend: ProcessBackend,
+    sim: SimBackend | None,
+    watchdog_policy: WatchdogPolicy,
 ) -> int:
+    config, spool = parts.config, parts.spool
     seconds = args.once_seconds
-    if seconds < 1:
-        raise _Fatal(f"--once-seconds must be >= 1, got {seconds}")
     period = timedelta(seconds=config.period_s)
     if args.start is not None:
         start = ceil_to_seconds(args.start, seconds=config.period_s)
@@ -203,52 +456,71 @@ def _run_once(
     until = start + max(period, timedelta(seconds=seconds) // period * period)
     if until > utc_now() + timedelta(seconds=1):
         log.warning("event=window_in_future until=%s detail='the server may reject it'", until)
+    # One poll before the run: the simulated seconds pass faster than any polling interval.
+    parts.policy.poll()
     clock = FakeClock(start=start)
-    agent = _agent(config=config, backend=backend, clock=clock, spool=spool, uploader=uploader)
+    agent = _agent(args, parts=parts, backend=backend, sim=sim, clock=clock, watchdog_policy=watchdog_policy)
     with _stop_on_signals() as stop:
         agent.run(stop=stop, start=start, until=until)
-    pending = uploader.flush_once()
-    log.info("event=once_done pending=%d dead=%d", pending, spool.count(state="dead"))
+    pending = parts.uploader.flush_once()
+    events = parts.events.flush()
+    log.info(
+        "event=once_done pending=%d dead=%d events_sent=%d events_pending=%d",
+        pending,
+        spool.count(state="dead"),
+        events.sent,
+        events.pending,
+    )
     return 0 if pending == 0 else EXIT_PENDING
 
 
-def _run_forever(*, config: AgentConfig, backend: GpuBackend, spool: Spool, uploader: Uploader) -> int:
+def _run_forever(
+    args: argparse.Namespace,
+    *,
+    parts: _Parts,
+    backend: ProcessBackend,
+    sim: SimBackend | None,
+    watchdog_policy: WatchdogPolicy,
+) -> int:
     crashed: list[BaseException] = []
+    uploader, events, policy = parts.uploader, parts.events, parts.policy
+    clock = SystemClock()
+    agent = _agent(args, parts=parts, backend=backend, sim=sim, clock=clock, watchdog_policy=watchdog_policy)
 
     with _stop_on_signals() as stop:
 
-        def upload() -> None:
-            try:
-                uploader.run()
-            except Exception as error:  # logged with traceback, then the agent stops and exits 1
-                crashed.append(error)
-                log.exception("event=uploader_crashed")
-                stop.set()
+        def guarded(name: str, work: Callable[[], None]) -> Callable[[], None]:
+            def body() -> None:
+                try:
+                    work()
+                except Exception as error:  # logged with traceback, then the agent stops and exits 1
+                    crashed.append(error)
+                    log.exception("event=%s_crashed", name)
+                    stop.set()
 
-        worker = threading.Thread(target=upload, name="uploader", daemon=True)
-        worker.start()
-        agent = _agent(config=config, backend=backend, clock=SystemClock(), spool=spool, uploader=uploader)
+            return body
+
+        workers = [
+            threading.Thread(target=guarded("uploader", uploader.run), name="uploader", daemon=True),
+            threading.Thread(target=guarded("event_sink", events.run), name="event-sink", daemon=True),
+            threading.Thread(target=guarded("policy_client", policy.run), name="policy-client", daemon=True),
+        ]
+        for worker in workers:
+            worker.start()
         try:
             agent.run(stop=stop)
         finally:
             uploader.stop()
-            worker.join()
+            events.stop()
+            policy.stop()
+            for worker in workers:
+                worker.join()
     if crashed:
         return 1
     pending = uploader.flush_once()
-    log.info("event=agent_exit pending=%d", pending)
+    final = events.flush()  # the last actions (e.g. an eviction just before SIGTERM) reach the audit log
+    log.info("event=agent_exit pending=%d events_pending=%d", pending, final.pending)
     return 0
-
-
-def _agent(*, config: AgentConfig, backend: GpuBackend, clock: Clock, spool: Spool, uploader: Uploader) -> Agent:
-    return Agent(
-        config=config,
-        backend=backend,
-        clock=clock,
-        enforcer=DryRunEnforcer(),
-        spool=spool,
-        on_batch=lambda _seq: uploader.notify(),
-    )
 
 
 @contextmanager

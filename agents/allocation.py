@@ -32,17 +32,23 @@ _NOTHING = Resources()
 
 @dataclass(frozen=True, slots=True)
 class Policy:
-    """Node allocation policy; the service's policy API will supply it per node."""
+    """Node allocation policy; ``agents.policy_client`` builds it from the service's policy API."""
 
     sla_weights: Mapping[str, float] = field(default_factory=lambda: DEFAULT_SLA_WEIGHTS)
     headroom: float = 0.2  # demand = predicted peak x (1 + headroom)
     throttled_tenants: frozenset[str] = frozenset()  # budgets in ``throttle`` state (DESIGN §6)
     throttle_weight_factor: float = 0.5  # a throttled tenant's weight x this; in (0, 1]
+    # Per throttled tenant, its budget's own factor (the policy API's ``throttle_factor``);
+    # a throttled tenant missing here gets ``throttle_weight_factor``. Each in (0, 1].
+    tenant_throttle_factors: Mapping[str, float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         for tier, weight in self.sla_weights.items():
             if not math.isfinite(weight) or weight <= 0:
                 raise ValueError(f"SLA tier {tier!r}: weight must be finite and > 0, got {weight!r}")
+        for tenant, factor in self.tenant_throttle_factors.items():
+            if not (math.isfinite(factor) and 0 < factor <= 1):
+                raise ValueError(f"tenant {tenant!r}: throttle factor must be in (0, 1], got {factor!r}")
         self.allocation_policy()  # validates headroom and throttle_weight_factor
 
     def weight_for(self, tier: str) -> float:
@@ -143,9 +149,16 @@ def _state(*, reading: UsageReading, policy: Policy, predictor: Predictor, now: 
             sm=e.limit_sm if e.limit_sm is not None else math.inf,
             pcie_mbps=math.inf,
         )
+    weight = e.weight if e.weight is not None else policy.weight_for(reading.workload.sla_tier)
+    throttled = reading.workload.tenant in policy.throttled_tenants
+    own_factor = policy.tenant_throttle_factors.get(reading.workload.tenant) if throttled else None
+    if own_factor is not None:
+        # The allocator multiplies every throttled weight by the one node-wide factor; a tenant
+        # with its own factor gets weight x own factor overall.
+        weight *= own_factor / policy.throttle_weight_factor
     return WorkloadState(
         key=reading.workload.key,
-        weight=e.weight if e.weight is not None else policy.weight_for(reading.workload.sla_tier),
+        weight=weight,
         current=Resources(mem_mb=reading.mem_used_mb, sm=reading.sm_used, pcie_mbps=reading.pcie_mb_per_s),
         predicted=(
             PredictedPeak(
@@ -155,5 +168,5 @@ def _state(*, reading: UsageReading, policy: Policy, predictor: Predictor, now: 
         ),
         guarantee=guarantee,
         limit=limit,
-        throttled=reading.workload.tenant in policy.throttled_tenants,
+        throttled=throttled,
     )

@@ -20,6 +20,7 @@ __all__ = [
     "Grant",
     "Prediction",
     "Predictor",
+    "TickObserver",
     "UsageReading",
     "Workload",
 ]
@@ -127,3 +128,9 @@ class Predictor(Protocol):
     """Predicts a workload's near-term peak from its readings."""
 
     def predict(self, *, reading: UsageReading, now: datetime) -> Prediction: ...
+
+
+class TickObserver(Protocol):
+    """Sees each allocation round after the enforcer: the watchdog, budget evictions, metrics."""
+
+    def observe(self, *, grants: Sequence[Grant], readings: Sequence[UsageReading]) -> None: ...

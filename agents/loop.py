@@ -1,6 +1,8 @@
-"""The agent: tick loop of backend -> allocation -> enforcer -> meter -> spool.
+"""The agent: tick loop of backend -> allocation -> enforcer -> observers -> meter -> spool.
 
-Every tick (``tick_ms``) the backend is read, grants are computed and applied,
+Every tick (``tick_ms``) the backend is read, grants are computed under the policy
+in force (``policy()``, read each tick: the policy client swaps it in the background)
+and applied, the observers (watchdog, budget evictions, metrics) see the round,
 and the meter holds the new rates until the next tick. Every ``batch_seconds``
 the completed metering periods are closed into a batch in the spool. Uploading
 runs elsewhere (``agents.uploader``), so a down server never delays metering.
@@ -10,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -17,7 +20,7 @@ from datetime import datetime, timedelta
 from agents.allocation import CurrentUsePredictor, Policy, compute_grants
 from agents.batch import Sample, render_batch
 from agents.clock import ceil_to_seconds, from_us, to_us
-from agents.interfaces import Clock, Enforcer, GpuBackend, GpuInfo, Grant, Predictor, UsageReading
+from agents.interfaces import Clock, Enforcer, GpuBackend, GpuInfo, Grant, Predictor, TickObserver, UsageReading
 from agents.meter import Meter, Rate
 from agents.spool import Spool
 
@@ -70,6 +73,9 @@ class Agent:
         spool: Spool,
         predictor: Predictor | None = None,
         on_batch: Callable[[int], None] | None = None,
+        policy: Callable[[], Policy] | None = None,
+        observers: Sequence[TickObserver] = (),
+        on_tick_seconds: Callable[[float], None] | None = None,
     ) -> None:
         self._config = config
         self._backend = backend
@@ -78,6 +84,10 @@ class Agent:
         self._spool = spool
         self._predictor = predictor if predictor is not None else CurrentUsePredictor()
         self._on_batch = on_batch
+        # Read every tick; default: the configuration's fixed policy.
+        self._policy = policy if policy is not None else (lambda: config.policy)
+        self._observers = tuple(observers)
+        self._on_tick_seconds = on_tick_seconds  # computation time of each tick (real seconds)
 
     def run(
         self,
@@ -150,14 +160,21 @@ class Agent:
         return RunSummary(start=begin, metered_until=batch.start, batches=tuple(batches), ticks=ticks)
 
     def _tick(self, *, gpus: Sequence[GpuInfo], at: datetime) -> list[Rate]:
+        # Real elapsed time, not the agent's clock: a fake clock does not move while computing.
+        began = time.perf_counter()
         readings = self._backend.read(now=at)
         allocation = compute_grants(
-            gpus=gpus, readings=readings, policy=self._config.policy, predictor=self._predictor, now=at
+            gpus=gpus, readings=readings, policy=self._policy(), predictor=self._predictor, now=at
         )
         self._enforcer.apply(allocation.grants)
+        for observer in self._observers:
+            observer.observe(grants=allocation.grants, readings=readings)
         for uuid in allocation.mem_overcommitted:
             log.warning("event=memory_overcommitted gpu=%s detail='use above capacity'", uuid)
-        return _rates(readings=readings, grants=allocation.grants, gpus=gpus)
+        rates = _rates(readings=readings, grants=allocation.grants, gpus=gpus)
+        if self._on_tick_seconds is not None:
+            self._on_tick_seconds(time.perf_counter() - began)
+        return rates
 
     def _close_full(
         self, *, batch: _OpenBatch, samples: list[Sample], meter: Meter, gpus: Sequence[GpuInfo]

@@ -122,8 +122,10 @@ class Uploader:
         retry: RetryPolicy | None = None,
         rng: random.Random | None = None,
         now: Callable[[], datetime] = utc_now,
+        on_result: Callable[[SendResult], None] | None = None,
     ) -> None:
         self._spool = spool
+        self._on_result = on_result  # sees every send's result (the agent's metrics count failures)
         self._url = server.rstrip("/") + BATCHES_PATH
         self._token = token
         self._session = session if session is not None else requests.Session()
@@ -140,6 +142,12 @@ class Uploader:
 
     def send_next(self) -> SendResult | None:
         """Send the oldest pending batch once; ``None`` when nothing is pending."""
+        result = self._send_oldest()
+        if result is not None and self._on_result is not None:
+            self._on_result(result)
+        return result
+
+    def _send_oldest(self) -> SendResult | None:
         batch = self._spool.oldest_pending()
         if batch is None:
             return None

@@ -3,7 +3,9 @@
 Fed every tick with the grants and the readings (NVML per-process use,
 attributed to workloads). A workload is *over* when, on any GPU, its use
 exceeds grant x (1 + tolerance) for a checked resource (memory by default:
-memory cannot be taken back from a process, SM time can). An offence starts at
+memory cannot be taken back from a process, SM time can). The grant is capped at
+the workload's limit (``Entitlement.limit_mem_mb`` / ``limit_sm``): the allocator
+never grants memory below use, so a memory excess is use above the limit. An offence starts at
 the first tick that is over (event ``watchdog.over_grant``) and lasts while
 every tick is over; once it has lasted ``grace_s`` the watchdog acts, once:
 
@@ -182,10 +184,15 @@ class WatchdogEnforcer:
     def _excess(self, reading: UsageReading, grant: Grant) -> list[_Excess]:
         factor = 1.0 + self.policy.tolerance
         found = []
-        if self.policy.check_mem and reading.mem_used_mb > grant.mem_mb * factor:
-            found.append(_Excess(grant.gpu, "mem_mb", reading.mem_used_mb, grant.mem_mb))
-        if self.policy.check_sm and reading.sm_used > grant.sm * factor:
-            found.append(_Excess(grant.gpu, "sm", reading.sm_used, grant.sm))
+        # The allocator never grants memory below use (it cannot be taken back), even above
+        # a workload's limit: what a workload may hold is its grant capped at its limit.
+        limit = reading.entitlement
+        mem_allowed = grant.mem_mb if limit.limit_mem_mb is None else min(grant.mem_mb, limit.limit_mem_mb)
+        sm_allowed = grant.sm if limit.limit_sm is None else min(grant.sm, limit.limit_sm)
+        if self.policy.check_mem and reading.mem_used_mb > mem_allowed * factor:
+            found.append(_Excess(grant.gpu, "mem_mb", reading.mem_used_mb, mem_allowed))
+        if self.policy.check_sm and reading.sm_used > sm_allowed * factor:
+            found.append(_Excess(grant.gpu, "sm", reading.sm_used, sm_allowed))
         return found
 
     def _over(self, workload: Workload, items: list[_Excess], now: float) -> None:

@@ -15,9 +15,9 @@ from types import ModuleType
 from typing import Any
 
 from agents.attribution import PidAttributor
-from agents.interfaces import Attributor, GpuInfo, UsageReading
+from agents.interfaces import Attributor, GpuInfo, UsageReading, Workload
 
-__all__ = ["NvmlBackend", "NvmlUnavailable", "cuda_cores_per_sm"]
+__all__ = ["NvmlBackend", "NvmlUnavailable", "cuda_cores_per_sm", "load_nvml"]
 
 log = logging.getLogger(__name__)
 
@@ -37,7 +37,8 @@ def cuda_cores_per_sm(major: int, minor: int) -> int:
     raise ValueError(f"unknown SM layout for compute capability {major}.{minor}")
 
 
-def _load_pynvml() -> ModuleType:
+def load_nvml() -> ModuleType:
+    """``pynvml``, initialised; ``NvmlUnavailable`` (naming ``--backend sim``) when there is no NVML."""
     try:
         import pynvml
     except ImportError as error:
@@ -59,7 +60,7 @@ class NvmlBackend:
 
     def __init__(self, *, attributor: Attributor | None = None, nvml: Any = None) -> None:
         # ``nvml``: the pynvml module, or a stand-in such as ``agents.testing.FakeNvml``.
-        self._nvml = nvml if nvml is not None else _load_pynvml()
+        self._nvml = nvml if nvml is not None else load_nvml()
         self._attributor = attributor if attributor is not None else PidAttributor()
         self._handles: list[tuple[GpuInfo, Any]] = []
         for index in range(self._nvml.nvmlDeviceGetCount()):
@@ -67,6 +68,8 @@ class NvmlBackend:
             self._handles.append((self._describe(handle), handle))
         # NVML timestamp (µs) of the newest utilisation sample seen, per GPU.
         self._last_sample_us: dict[str, int] = {gpu.uuid: 0 for gpu, _ in self._handles}
+        # Host PIDs of each workload's GPU processes at the last read (the enforcers' process table).
+        self._pids: dict[str, tuple[int, ...]] = {}
 
     def close(self) -> None:
         self._nvml.nvmlShutdown()
@@ -74,8 +77,13 @@ class NvmlBackend:
     def inventory(self) -> Sequence[GpuInfo]:
         return tuple(gpu for gpu, _ in self._handles)
 
+    def processes(self, workload: Workload) -> Sequence[int]:
+        """Host PIDs of ``workload``'s GPU processes as of the last ``read`` (any GPU)."""
+        return self._pids.get(workload.key, ())
+
     def read(self, *, now: datetime) -> Sequence[UsageReading]:
         readings: list[UsageReading] = []
+        pids: dict[str, set[int]] = {}
         for gpu, handle in self._handles:
             memory = {
                 p.pid: (p.usedGpuMemory or 0) / _MIB  # None: driver withholds it (no permission)
@@ -83,15 +91,18 @@ class NvmlBackend:
             }
             sm_percent = self._sm_percent(gpu, handle)
             for pid in sorted(memory.keys() | sm_percent.keys()):
+                workload = self._attributor.attribute(pid=pid)
+                pids.setdefault(workload.key, set()).add(pid)
                 readings.append(
                     UsageReading(
-                        workload=self._attributor.attribute(pid=pid),
+                        workload=workload,
                         gpu=gpu.uuid,
                         mem_used_mb=min(memory.get(pid, 0.0), float(gpu.memory_mb)),
                         sm_used=min(sm_percent.get(pid, 0.0), 100.0) / 100.0 * gpu.sm_count,
                         pcie_mb_per_s=0.0,
                     )
                 )
+        self._pids = {key: tuple(sorted(found)) for key, found in pids.items()}
         return readings
 
     def _sm_percent(self, gpu: GpuInfo, handle: Any) -> dict[int, float]:  # handle: opaque NVML device handle

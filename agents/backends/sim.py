@@ -20,6 +20,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import threading
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -180,6 +181,30 @@ class SimBackend:
         self._scenario = scenario
         self._epoch = epoch
         self._gpus = {g.uuid: g for g in scenario.gpus}
+        self._lock = threading.Lock()
+        self._workloads = scenario.workloads  # shrinks when pods are evicted
+
+    @property
+    def scenario(self) -> Scenario:
+        return self._scenario
+
+    @property
+    def workloads(self) -> tuple[SimWorkload, ...]:
+        """The workloads still running (the scenario's, less evicted pods)."""
+        with self._lock:
+            return self._workloads
+
+    def remove_pod(self, *, namespace: str, pod: str) -> int:
+        """An evicted pod stops: its containers' workloads leave every GPU. Returns how many left."""
+        with self._lock:
+            kept = tuple(w for w in self._workloads if (w.workload.namespace, w.workload.pod) != (namespace, pod))
+            removed = len(self._workloads) - len(kept)
+            self._workloads = kept
+        return removed
+
+    def processes(self, workload: Workload) -> Sequence[int]:
+        """Simulated workloads have no host processes (the watchdog's ``signal`` action has nothing to act on)."""
+        return ()
 
     def inventory(self) -> Sequence[GpuInfo]:
         return self._scenario.gpus
@@ -189,8 +214,9 @@ class SimBackend:
         if elapsed_s < 0:
             raise ValueError(f"{now.isoformat()} is before the simulation epoch")
         readings: list[UsageReading] = []
+        running = self.workloads
         for gpu in self._scenario.gpus:
-            on_gpu = [w for w in self._scenario.workloads if w.gpu == gpu.uuid]
+            on_gpu = [w for w in running if w.gpu == gpu.uuid]
             usage = [profile_usage(w.profile, key=w.key, elapsed_s=elapsed_s) for w in on_gpu]
             # A card cannot hold or run more than it has: an over-full scenario is scaled
             # down pro rata (allocations fail, kernels time-slice).

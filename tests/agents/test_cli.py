@@ -130,3 +130,38 @@ def _nvml_works() -> bool:
         return False
     pynvml.nvmlShutdown()
     return True
+
+
+@pytest.mark.parametrize("value", ["dry-run,mps", "mps,cgroups", "watchdog,dry-run"])
+def test_enforcer_choices_are_dry_run_or_mps_and_or_watchdog(
+    value: str, closed_port_url: str, files: dict[str, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit):
+        main(run_args(closed_port_url, files, "--enforcer", value, "--once-seconds", "5"))
+    assert "expected dry-run, mps, watchdog or mps,watchdog" in capsys.readouterr().err
+
+
+def test_mps_and_watchdog_together_drive_the_mps_control_daemon(
+    closed_port_url: str, files: dict[str, Path], tmp_path: Path
+) -> None:
+    import shlex
+    import sys
+
+    from agents.testing_mps import FakeMpsControlDaemon
+
+    start = datetime.now(UTC).replace(microsecond=0) - timedelta(minutes=2)
+    with FakeMpsControlDaemon(tmp_path / "mps") as daemon:
+        code = main(
+            run_args(
+                closed_port_url, files,
+                "--enforcer", "mps,watchdog",
+                "--mps-control", shlex.join([sys.executable, "-m", "agents.testing_mps"]),
+                "--mps-pipe-directory", str(tmp_path / "mps"),
+                "--once-seconds", "3", "--start", start.isoformat(),
+            )
+        )
+    assert code == EXIT_PENDING  # nothing uploads to a closed port; the MPS commands went through
+    # Simulated workloads have no MPS clients: the daemon gets its defaults once, then queries.
+    assert daemon.commands[0] == "set_default_active_thread_percentage 100"
+    assert daemon.commands.count("set_default_active_thread_percentage 100") == 1
+    assert set(daemon.commands[1:]) == {"get_server_list"}

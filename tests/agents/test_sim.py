@@ -141,3 +141,16 @@ def test_invalid_scenarios_are_refused_with_the_offending_path(mutate: object, m
     mutate(doc)
     with pytest.raises(ValueError, match=message):
         parse_scenario(doc)
+
+
+def test_an_evicted_pod_leaves_every_gpu_and_the_rest_keep_running() -> None:
+    scenario = parse_scenario(demo_scenario("gpu-node-01", seed=4, gpu_count=2, tenants=TENANTS))
+    backend = SimBackend(scenario, epoch=EPOCH)
+    victim = scenario.workloads[0].workload
+    before = backend.read(now=EPOCH + timedelta(seconds=5))
+    assert backend.remove_pod(namespace=victim.namespace, pod=victim.pod) == 1
+    after = backend.read(now=EPOCH + timedelta(seconds=5))
+    assert victim.key not in {r.workload.key for r in after}
+    assert len(after) == len(before) - 1
+    assert backend.remove_pod(namespace=victim.namespace, pod=victim.pod) == 0
+    assert backend.processes(victim) == ()

@@ -312,3 +312,21 @@ def test_signal_policy_without_processes_reports_once_and_keeps_trying() -> None
 def test_proc_start_time_sees_live_processes_only() -> None:
     assert proc_start_time(os.getpid()) is not None
     assert proc_start_time(2**22 + 12345) is None  # above pid_max
+
+
+def test_memory_above_the_workloads_limit_is_an_offence_although_the_grant_covers_use() -> None:
+    # The allocator never grants memory below use, even above the limit: the limit is the ceiling.
+    from agents.interfaces import Entitlement
+
+    clock, events, evict = FakeClock(start=T0), [], Evictions()
+    dog = watchdog(clock, events, evict=evict, grace_s=1.0)
+    limited = UsageReading(
+        workload=BERT, gpu=GPU, mem_used_mb=900.0, sm_used=5.0, pcie_mb_per_s=0.0,
+        entitlement=Entitlement(limit_mem_mb=500.0),
+    )
+    for _ in range(4):
+        dog.observe(grants=[grant(mem_mb=900.0)], readings=[limited])
+        clock.sleep(0.5)
+    assert actions(events) == ["watchdog.over_grant", "watchdog.evicted"]
+    assert events[0].detail["excess"] == [{"gpu": GPU, "resource": "mem_mb", "used": 900.0, "granted": 500.0}]
+    assert len(evict.calls) == 1

@@ -47,12 +47,67 @@ def test_each_manifest_document_validates_against_its_kubernetes_schema(name, in
     model.model_validate(doc)
 
 
-def test_agent_rbac_is_least_privilege():
+def _agent_role_grants() -> set[tuple[str, str, str]]:
     role = next(d for _, _, d in _documents() if d["kind"] == "ClusterRole" and d["metadata"]["name"] == "vgpu-agent")
-    granted = {(g, r, v) for rule in role["rules"] for g in rule["apiGroups"] for r in rule["resources"] for v in rule["verbs"]}
+    return {(g, r, v) for rule in role["rules"] for g in rule["apiGroups"] for r in rule["resources"] for v in rule["verbs"]}
+
+
+def test_agent_rbac_is_least_privilege():
+    granted = _agent_role_grants()
     assert all(v in {"get", "list", "watch", "create", "patch"} for _, _, v in granted)
     writes = {(r, v) for _, r, v in granted if v in {"create", "patch"}}
     assert writes <= {("pods/eviction", "create"), ("events", "create"), ("events", "patch")}
+
+
+def test_agent_rbac_grants_exactly_what_the_agent_calls():
+    # KubeClientPods: list/watch pods (own node) and namespaces; get a ResourceClaim by name;
+    # create pods/eviction (watchdog, evict-best-effort); create Events on those pods.
+    assert _agent_role_grants() == {
+        ("", "pods", "get"), ("", "pods", "list"), ("", "pods", "watch"),
+        ("", "namespaces", "list"), ("", "namespaces", "watch"),
+        ("resource.k8s.io", "resourceclaims", "get"),
+        ("", "pods/eviction", "create"),
+        ("", "events", "create"),
+    }
+
+
+def _agent_daemonset() -> dict:
+    return next(d for _, _, d in _documents() if d["kind"] == "DaemonSet" and d["metadata"]["name"] == "vgpu-agent")
+
+
+def test_agent_daemonset_sees_host_pids_proc_gpus_mps_and_its_config():
+    pod = _agent_daemonset()["spec"]["template"]["spec"]
+    assert pod["hostPID"] is True and pod["runtimeClassName"] == "nvidia"
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    (agent,) = pod["containers"]
+    mounts = {m["name"]: m for m in agent["volumeMounts"]}
+    assert volumes["host-proc"]["hostPath"]["path"] == "/proc" and mounts["host-proc"]["readOnly"] is True
+    assert agent["args"][agent["args"].index("--proc-root") + 1] == mounts["host-proc"]["mountPath"]
+    assert volumes["mps-pipe"]["hostPath"]["path"] == "/tmp/nvidia-mps"  # noqa: S108 -- the MPS daemon's documented default
+    assert agent["args"][agent["args"].index("--mps-pipe-directory") + 1] == mounts["mps-pipe"]["mountPath"]
+    assert volumes["token"]["secret"]["secretName"] == "vgpu-agent-token"
+    # Every $(VAR) in the arguments comes from the ConfigMap (or the downward API).
+    env = {e["name"]: e for e in agent["env"]}
+    config = next(d for _, _, d in _documents() if d["kind"] == "ConfigMap" and d["metadata"]["name"] == "vgpu-agent-config")
+    for arg in agent["args"]:
+        if arg.startswith("$("):
+            ref = env[arg[2:-1]]["valueFrom"]["configMapKeyRef"]
+            assert ref["name"] == "vgpu-agent-config" and ref["key"] in config["data"]
+
+
+def test_agent_daemonset_arguments_parse_as_vgpu_agent_flags():
+    from agents.__main__ import _parser
+
+    pod = _agent_daemonset()["spec"]["template"]["spec"]
+    (agent,) = pod["containers"]
+    config = next(d for _, _, d in _documents() if d["kind"] == "ConfigMap" and d["metadata"]["name"] == "vgpu-agent-config")
+    env = {e["name"]: e for e in agent["env"]}
+    args = [
+        config["data"][env[a[2:-1]]["valueFrom"]["configMapKeyRef"]["key"]] if a.startswith("$(") else a
+        for a in agent["args"]
+    ]
+    parsed = _parser().parse_args(args)
+    assert parsed.backend == "nvml" and parsed.enforcer == {"mps", "watchdog"}
 
 
 def test_validation_rejects_a_field_the_schema_does_not_have():

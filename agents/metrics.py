@@ -1,0 +1,142 @@
+"""Prometheus ``/metrics`` of the agent (``prometheus-client``), off unless ``--metrics-port``.
+
+Per workload and GPU (labels ``tenant``, ``namespace``, ``pod``, ``container``, ``gpu``):
+grants and use of memory (MiB) and SMs, as of the last tick; series of workloads that
+left are removed. Node-wide: tick latency (histogram, seconds of computation per tick),
+spool depth by state (read from the spool at scrape time), upload and event-upload
+errors by outcome, and the policy's age and ETag.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from wsgiref.simple_server import WSGIServer
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from agents.interfaces import Grant, UsageReading
+from agents.spool import Spool
+
+__all__ = ["AgentMetrics", "MetricsServer", "serve_metrics"]
+
+_WORKLOAD_LABELS = ("tenant", "namespace", "pod", "container", "gpu")
+# Tick computation is ~0.1-5 ms on a busy node (docs/benchmarks.md); the top buckets catch stalls.
+_TICK_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
+
+
+class _SpoolCollector(Collector):
+    """Spool depth by state, counted when scraped (the spool is thread-safe)."""
+
+    def __init__(self, spool: Spool) -> None:
+        self._spool = spool
+
+    def collect(self) -> Iterable[GaugeMetricFamily]:
+        family = GaugeMetricFamily(
+            "vgpu_agent_spool_batches", "Usage batches in the spool, by state", labels=["state"]
+        )
+        for state in ("pending", "dead"):
+            family.add_metric([state], float(self._spool.count(state=state)))
+        yield family
+
+
+class _PolicyCollector(Collector):
+    def __init__(self, age_s: Callable[[], float | None], etag: Callable[[], str | None]) -> None:
+        self._age_s = age_s
+        self._etag = etag
+
+    def collect(self) -> Iterable[GaugeMetricFamily]:
+        age = self._age_s()
+        yield GaugeMetricFamily(
+            "vgpu_agent_policy_age_seconds",
+            "Seconds since the service last confirmed the node policy (NaN: never; built-in defaults)",
+            value=math.nan if age is None else age,
+        )
+        info = GaugeMetricFamily("vgpu_agent_policy_info", "The node policy in force (1)", labels=["etag"])
+        info.add_metric([self._etag() or ""], 1.0)
+        yield info
+
+
+class AgentMetrics:
+    """The agent's metrics on their own registry (several agents in one test process stay apart)."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry if registry is not None else CollectorRegistry()
+        r = self.registry
+        self.mem_granted = Gauge(
+            "vgpu_agent_memory_granted_mib", "Memory granted to a workload on a GPU, MiB", _WORKLOAD_LABELS, registry=r
+        )
+        self.mem_used = Gauge(
+            "vgpu_agent_memory_used_mib", "Memory a workload holds on a GPU, MiB", _WORKLOAD_LABELS, registry=r
+        )
+        self.sm_granted = Gauge(
+            "vgpu_agent_sm_granted", "SMs granted to a workload on a GPU", _WORKLOAD_LABELS, registry=r
+        )
+        self.sm_used = Gauge(
+            "vgpu_agent_sm_used", "SMs a workload keeps busy on a GPU (utilisation x SM count)", _WORKLOAD_LABELS,
+            registry=r,
+        )
+        self.tick_seconds = Histogram(
+            "vgpu_agent_tick_seconds", "Computation time of one allocation tick, s", buckets=_TICK_BUCKETS, registry=r
+        )
+        self.upload_errors = Counter(
+            "vgpu_agent_upload_errors", "Usage batch uploads that did not deliver, by outcome", ["outcome"], registry=r
+        )
+        self._series: set[tuple[str, ...]] = set()
+
+    def watch_spool(self, spool: Spool) -> None:
+        self.registry.register(_SpoolCollector(spool))
+
+    def watch_policy(self, *, age_s: Callable[[], float | None], etag: Callable[[], str | None]) -> None:
+        self.registry.register(_PolicyCollector(age_s, etag))
+
+    def observe(self, *, grants: Sequence[Grant], readings: Sequence[UsageReading]) -> None:
+        """Grants and use of this tick; the series of workloads no longer present are removed."""
+        used = {(r.gpu, r.workload.key): r for r in readings}
+        series: set[tuple[str, ...]] = set()
+        for g in grants:
+            w = g.workload
+            labels = (w.tenant, w.namespace, w.pod, w.container, g.gpu)
+            series.add(labels)
+            self.mem_granted.labels(*labels).set(g.mem_mb)
+            self.sm_granted.labels(*labels).set(g.sm)
+            reading = used.get((g.gpu, w.key))
+            self.mem_used.labels(*labels).set(reading.mem_used_mb if reading is not None else 0.0)
+            self.sm_used.labels(*labels).set(reading.sm_used if reading is not None else 0.0)
+        for gone in self._series - series:
+            for gauge in (self.mem_granted, self.mem_used, self.sm_granted, self.sm_used):
+                gauge.remove(*gone)
+        self._series = series
+
+    def record_tick(self, seconds: float) -> None:
+        self.tick_seconds.observe(seconds)
+
+    def record_upload_error(self, outcome: str) -> None:
+        self.upload_errors.labels(outcome).inc()
+
+
+@dataclass
+class MetricsServer:
+    server: WSGIServer
+    address: str
+
+    @property
+    def port(self) -> int:
+        return int(self.server.server_port)
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.address}:{self.port}/metrics"
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def serve_metrics(metrics: AgentMetrics, *, address: str = "127.0.0.1", port: int) -> MetricsServer:
+    """Serve ``/metrics`` on a daemon thread; ``port=0`` takes a free port (see ``MetricsServer.port``)."""
+    server, _thread = start_http_server(port, addr=address, registry=metrics.registry)
+    return MetricsServer(server=server, address=address)
