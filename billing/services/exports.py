@@ -573,7 +573,7 @@ def render_invoice_pdf(doc: InvoiceDocument) -> bytes:
              "the total is the sum of the rounded lines. Late usage for a month already invoiced appears as an "
              "adjustment on a later invoice.")
     strings = [title, note, *(s for pair in header for s in pair), *(c for row in table for c in row)]
-    font = _cjk_font_name("".join(strings))
+    font = cjk_font_name("".join(strings))
 
     body = ParagraphStyle("body", fontName=font, fontSize=9, leading=12)
     number_style = ParagraphStyle("number", parent=body, alignment=TA_RIGHT)
@@ -599,7 +599,7 @@ def render_invoice_pdf(doc: InvoiceDocument) -> bytes:
     return buf.getvalue()
 
 
-def _cjk_font_name(text: str) -> str:
+def cjk_font_name(text: str) -> str:
     """Register (once per character set) a TrueType subset of Noto Sans SC covering `text`."""
     return _register_subset("".join(sorted(set(text))))
 

@@ -96,3 +96,35 @@ def test_command_prints_the_report_as_json(fifteen_minutes):
     doc = json.loads(out.getvalue())
     assert doc["n_units"] == 2 and doc["test_whole_vs_dynamic"]["n"] == 2
     assert run_paired_report(report_id=doc["report"]).status == "done"
+
+
+def test_report_pages_request_show_progress_then_results_and_a_pdf(fifteen_minutes, client, django_capture_on_commit_callbacks):
+    from django.contrib.auth.models import Group, User
+
+    from billing.queries.scope import FINANCE_GROUP
+
+    user = User.objects.create_user(username="fin", password="pw-not-used-123")
+    user.groups.add(Group.objects.get_or_create(name=FINANCE_GROUP)[0])
+    client.force_login(user)
+    from unittest import mock
+
+    with mock.patch("billing.tasks.run_paired_report.delay") as enqueue, \
+            django_capture_on_commit_callbacks(execute=True):
+        resp = client.post("/reports/", {"start": "2026-11-20", "end": "2026-11-20"})
+    report = PairedReport.objects.get()
+    assert resp.status_code == 302 and resp["Location"] == f"/reports/{report.pk}/"
+    enqueue.assert_called_once_with(report.pk)
+    pending = client.get(f"/reports/{report.pk}/").content.decode()
+    assert 'data-testid="report-progress"' in pending and 'http-equiv="refresh"' in pending
+    run_paired_report(report_id=report.pk)
+    done = client.get(f"/reports/{report.pk}/").content.decode()
+    assert 'data-testid="report-summary"' in done and "85.00 %" in done
+    pdf = client.get(f"/reports/{report.pk}.pdf")
+    assert pdf.status_code == 200 and pdf.content.startswith(b"%PDF")
+
+
+def test_report_pages_are_for_finance_and_admins_only(client):
+    from django.contrib.auth.models import User
+
+    client.force_login(User.objects.create_user(username="tenant-user", password="pw-not-used-123"))
+    assert client.get("/reports/").status_code == 403

@@ -1,0 +1,73 @@
+"""The paired report as a PDF (reportlab; Chinese text through the shipped font subset)."""
+
+from __future__ import annotations
+
+import io
+from typing import Any
+
+from django.utils.translation import gettext as _
+
+from billing.models import PairedReport
+from billing.services.exports import cjk_font_name
+
+__all__ = ["render_paired_report_pdf", "summary_rows"]
+
+
+def _fmt(value: Any, suffix: str = "") -> str:
+    if value is None:
+        return "—"
+    if isinstance(value, float):
+        return f"{value:,.2f}{suffix}"
+    return f"{value}{suffix}"
+
+
+def summary_rows(result: dict[str, Any]) -> list[tuple[str, str]]:
+    """(label, value) rows shared by the page and the PDF."""
+    s = result["summary"]
+    t = result["test_whole_vs_dynamic"]
+    ci = t.get("ci95") or [None, None]
+    return [
+        (_("Workload-days compared (n)"), _fmt(t.get("n"))),
+        (_("Static cost, whole cards"), _fmt(s["static_whole_cost"])),
+        (_("Static cost, fixed profiles"), _fmt(s["static_profile_cost"])),
+        (_("Dynamic cost"), _fmt(s["dynamic_cost"])),
+        (_("Cost reduction vs whole cards"), _fmt(s["cost_reduction_pct"], " %")),
+        (_("Cost reduction vs fixed profiles"), _fmt(s["cost_reduction_vs_profile_pct"], " %")),
+        (_("Mean saving per workload-day"), _fmt(t.get("mean_saving"))),
+        (_("Confidence interval (95 per cent)"), f"{_fmt(ci[0])} … {_fmt(ci[1])}"),
+        (_("p-value (paired t-test)"), "—" if t.get("p_value") is None else f"{t['p_value']:.3g}"),
+        (_("Containers per card"), _fmt(s["containers_per_card"])),
+        (_("SM utilisation, static → dynamic"),
+         f"{_fmt(s['sm_utilisation_static_pct'], ' %')} → {_fmt(s['sm_utilisation_dynamic_pct'], ' %')}"),
+        (_("Idle memory, static → dynamic"),
+         f"{_fmt(s['idle_memory_share_static_pct'], ' %')} → {_fmt(s['idle_memory_share_dynamic_pct'], ' %')}"),
+        (_("Resource optimisation efficiency"), _fmt(s["resource_optimisation_efficiency"], "×")),
+    ]
+
+
+def render_paired_report_pdf(report: PairedReport) -> bytes:
+    from reportlab.lib import colors
+    from reportlab.lib.pagesizes import A4
+    from reportlab.lib.styles import ParagraphStyle
+    from reportlab.platypus import Paragraph, SimpleDocTemplate, Spacer, Table, TableStyle
+
+    if report.result is None:
+        raise ValueError("the report has no result yet")
+    title = _("Paired static-vs-dynamic cost report")
+    period = f"{report.period_start:%Y-%m-%d} – {report.period_end:%Y-%m-%d} UTC"
+    rows = summary_rows(report.result)
+    method = _(
+        "Unit: one workload on one UTC day. The first %(cold)s minutes of each workload are excluded "
+        "(cold start). Definitions: docs/billing.md."
+    ) % {"cold": int(report.result["method"]["cold_start_excluded_minutes"])}
+    font = cjk_font_name(title + period + method + "".join(a + b for a, b in rows))
+    body = ParagraphStyle("body", fontName=font, fontSize=9, leading=12)
+    heading = ParagraphStyle("heading", fontName=font, fontSize=16, leading=20, spaceAfter=6)
+    buffer = io.BytesIO()
+    doc = SimpleDocTemplate(buffer, pagesize=A4, title=title)
+    table = Table([[Paragraph(a, body), Paragraph(b, body)] for a, b in rows], colWidths=[250, 220])
+    table.setStyle(TableStyle([("GRID", (0, 0), (-1, -1), 0.3, colors.grey),
+                               ("VALIGN", (0, 0), (-1, -1), "TOP")]))
+    doc.build([Paragraph(title, heading), Paragraph(period, body), Spacer(1, 8), table, Spacer(1, 8),
+               Paragraph(method, body)])
+    return buffer.getvalue()

@@ -1,0 +1,69 @@
+"""Paired report pages (finance and admins): request one, watch its progress, read it, download
+the PDF. Thin: parse, one service call, render."""
+
+from __future__ import annotations
+
+from django.contrib.auth.decorators import login_required
+from django.core.exceptions import PermissionDenied
+from django.db import transaction
+from django.http import Http404, HttpRequest, HttpResponse
+from django.shortcuts import redirect, render
+from django.utils import timezone
+
+from billing import tasks
+from billing.errors import InvalidInput
+from billing.models import PairedReport
+from billing.queries.scope import get_scope
+from billing.services.report_pdf import render_paired_report_pdf, summary_rows
+from billing.services.reports import request_paired_report
+from billing.web.forms import PeriodForm
+
+
+def _require_platform_view(request: HttpRequest) -> None:
+    if not get_scope(request.user).sees_platform:
+        raise PermissionDenied("paired reports cover every tenant: finance and admins only")
+
+
+@login_required
+def report_list(request: HttpRequest) -> HttpResponse:
+    _require_platform_view(request)
+    form = PeriodForm(request.POST or None, initial=PeriodForm.default_initial(timezone.now().date()))
+    if request.method == "POST" and form.is_valid():
+        start, end = form.bounds()
+        try:
+            report = request_paired_report(start=start, end=end, now=timezone.now(),
+                                           actor_label=request.user.get_username(), actor_id=request.user.pk)
+        except InvalidInput as exc:
+            form.add_error(None, str(exc))
+        else:
+            transaction.on_commit(lambda: tasks.run_paired_report.delay(report.pk))
+            return redirect("report-detail", report_id=report.pk)
+    reports = PairedReport.objects.order_by("-created_at")[:50]
+    return render(request, "billing/reports.html", {"form": form, "reports": reports},
+                  status=400 if form.errors else 200)
+
+
+def _get(report_id: int) -> PairedReport:
+    report = PairedReport.objects.filter(pk=report_id).first()
+    if report is None:
+        raise Http404("no such report")
+    return report
+
+
+@login_required
+def report_detail(request: HttpRequest, report_id: int) -> HttpResponse:
+    _require_platform_view(request)
+    report = _get(report_id)
+    rows = summary_rows(report.result) if report.result else []
+    return render(request, "billing/report_detail.html", {"report": report, "rows": rows})
+
+
+@login_required
+def report_pdf(request: HttpRequest, report_id: int) -> HttpResponse:
+    _require_platform_view(request)
+    report = _get(report_id)
+    if report.status != PairedReport.Status.DONE:
+        raise Http404("the report is not finished")
+    response = HttpResponse(render_paired_report_pdf(report), content_type="application/pdf")
+    response["Content-Disposition"] = f'attachment; filename="paired-report-{report.pk}.pdf"'
+    return response
