@@ -18,6 +18,26 @@ from billing.services.tokens import IssuedToken, issue_node_token
 A100 = {"model": "NVIDIA A100-SXM4-80GB", "memory_mb": 81920, "sm_count": 108}
 
 
+# Two workloads sharing GPU 0: 10 % and 20 % of the card (memory and SMs alike).
+SHARED_GPU_WORKLOADS = [
+    {"gpu": 0, "tenant": "acme", "pod": "bert-1", "sla_tier": "gold", "mem_used": 8192.0, "mem_granted": 8192.0,
+     "sm_used": 10.8, "sm_granted": 10.8},
+    {"gpu": 0, "tenant": "globex", "pod": "llm-1", "sla_tier": "silver", "mem_used": 16384.0,
+     "mem_granted": 16384.0, "sm_used": 21.6, "sm_granted": 21.6},
+]
+
+
+@pytest.fixture
+def one_usd_per_gpu_second(db):  # type: ignore[no-untyped-def]
+    """An A100 rate card at 3600 USD per GPU-hour, so charges read as GPU-seconds."""
+    from decimal import Decimal
+
+    from billing.models import RateCard
+
+    return RateCard.objects.create(gpu_model=A100["model"], currency="USD", price_per_gpu_hour=Decimal("3600"),
+                                   effective_from=datetime(2020, 1, 1, tzinfo=UTC), source_url="https://example.org")
+
+
 @pytest.fixture
 def node_token(db) -> IssuedToken:  # type: ignore[no-untyped-def]
     return issue_node_token(node_name="gpu-node-1", now=timezone.now(), actor_label="test")

@@ -23,7 +23,7 @@ from billing.queries.scope import FINANCE_GROUP, Scope
 from billing.services.exports import ALLOCATED_METHOD_ID, export_invoice
 from billing.services.invoicing import close_period
 from billing.services.rollup import rollup_usage
-from tests.conftest import A100, make_batch
+from tests.conftest import SHARED_GPU_WORKLOADS, make_batch
 
 pytestmark = pytest.mark.django_db
 
@@ -32,19 +32,11 @@ NOV = date(2026, 11, 1)
 AFTER_NOV = datetime(2026, 12, 2, tzinfo=UTC)
 EVERYONE = Scope(tenants=None, is_finance=True, is_admin=True)
 CHINESE_NAME = "星河智算科技"
-WORKLOADS = [
-    # 10 % and 20 % of the card for 10 s at p = 1 USD per GPU-second: 1.00 and 2.00; the card costs 10.00.
-    {"gpu": 0, "tenant": "acme", "pod": "bert-1", "sla_tier": "gold", "mem_used": 8192.0, "mem_granted": 8192.0,
-     "sm_used": 10.8, "sm_granted": 10.8},
-    {"gpu": 0, "tenant": "globex", "pod": "llm-1", "sla_tier": "silver", "mem_used": 16384.0,
-     "mem_granted": 16384.0, "sm_used": 21.6, "sm_granted": 21.6},
-]
 
 
 @pytest.fixture
-def card(db):
-    return RateCard.objects.create(gpu_model=A100["model"], currency="USD", price_per_gpu_hour=Decimal("3600"),
-                                   effective_from=datetime(2020, 1, 1, tzinfo=UTC), source_url="https://example.org")
+def card(one_usd_per_gpu_second):
+    return one_usd_per_gpu_second
 
 
 @pytest.fixture
@@ -54,7 +46,7 @@ def tenants(db):
 
 
 def usage(post_batch, *, at: datetime, seq: int, seconds: int = 10) -> None:
-    assert post_batch(make_batch(start=at, seq=seq, seconds=seconds, workloads=WORKLOADS)).status_code == 201
+    assert post_batch(make_batch(start=at, seq=seq, seconds=seconds, workloads=SHARED_GPU_WORKLOADS)).status_code == 201
     rollup_usage(now=timezone.now())
 
 

@@ -16,26 +16,18 @@ from billing.errors import InvalidInput
 from billing.models import AuditEvent, BillingPeriod, Invoice, InvoiceLine, RateCard, Tenant
 from billing.services.invoicing import close_period
 from billing.services.rollup import rollup_usage
-from tests.conftest import A100, make_batch
+from tests.conftest import A100, SHARED_GPU_WORKLOADS, make_batch
 
 pytestmark = pytest.mark.django_db
 
 OCT = date(2026, 10, 1)
 NOV = date(2026, 11, 1)
 AFTER_NOV = datetime(2026, 12, 2, tzinfo=UTC)
-WORKLOADS = [
-    # 10 % and 20 % of the card for 10 s at p = 0.001/s: 0.001 and 0.002.
-    {"gpu": 0, "tenant": "acme", "pod": "bert-1", "sla_tier": "gold", "mem_used": 8192.0, "mem_granted": 8192.0,
-     "sm_used": 10.8, "sm_granted": 10.8},
-    {"gpu": 0, "tenant": "globex", "pod": "llm-1", "sla_tier": "silver", "mem_used": 16384.0,
-     "mem_granted": 16384.0, "sm_used": 21.6, "sm_granted": 21.6},
-]
 
 
 @pytest.fixture
-def priced(db):
-    return RateCard.objects.create(gpu_model=A100["model"], currency="USD", price_per_gpu_hour=Decimal("3600"),
-                                   effective_from=datetime(2020, 1, 1, tzinfo=UTC), source_url="https://example.org")
+def priced(one_usd_per_gpu_second):
+    return one_usd_per_gpu_second
 
 
 def _raw(sql: str, *params: object) -> None:
@@ -47,7 +39,7 @@ def _raw(sql: str, *params: object) -> None:
 
 
 def usage(post_batch, *, at: datetime, seq: int, seconds: int = 10):
-    assert post_batch(make_batch(start=at, seq=seq, seconds=seconds, workloads=WORKLOADS)).status_code == 201
+    assert post_batch(make_batch(start=at, seq=seq, seconds=seconds, workloads=SHARED_GPU_WORKLOADS)).status_code == 201
     rollup_usage(now=timezone.now())
 
 

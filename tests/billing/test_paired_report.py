@@ -13,30 +13,21 @@ from django.core.management import call_command
 from django.utils import timezone
 
 from billing.errors import InvalidInput
-from billing.models import PairedReport, RateCard
+from billing.models import PairedReport
 from billing.services.paired_report import compute_paired_report, profile_fraction
 from billing.services.reports import request_paired_report, run_paired_report
 from billing.services.rollup import rollup_usage
-from tests.conftest import A100, make_batch
+from tests.conftest import SHARED_GPU_WORKLOADS, make_batch
 
 pytestmark = pytest.mark.django_db
 
 START = datetime(2026, 11, 20, 10, 0, tzinfo=UTC)
-WORKLOADS = [
-    # 10 % and 20 % of the card; 8 GB and 16 GB of memory.
-    {"gpu": 0, "tenant": "acme", "pod": "bert-1", "mem_used": 8192.0, "mem_granted": 8192.0,
-     "sm_used": 10.8, "sm_granted": 10.8},
-    {"gpu": 0, "tenant": "globex", "pod": "llm-1", "mem_used": 16384.0, "mem_granted": 16384.0,
-     "sm_used": 21.6, "sm_granted": 21.6},
-]
 
 
 @pytest.fixture
-def fifteen_minutes(post_batch):
-    RateCard.objects.create(gpu_model=A100["model"], currency="USD", price_per_gpu_hour=Decimal("3600"),
-                            effective_from=datetime(2020, 1, 1, tzinfo=UTC), source_url="https://example.org")
+def fifteen_minutes(post_batch, one_usd_per_gpu_second):
     for i in range(15):  # one 60 s batch per minute: p = 1 USD per GPU-second
-        batch = make_batch(start=START + timedelta(minutes=i), seq=i + 1, seconds=60, workloads=WORKLOADS)
+        batch = make_batch(start=START + timedelta(minutes=i), seq=i + 1, seconds=60, workloads=SHARED_GPU_WORKLOADS)
         assert post_batch(batch).status_code == 201
     rollup_usage(now=timezone.now())
 

@@ -1,0 +1,363 @@
+"""Pool rebalancing: plans never overcommit at any step, respect pins, models and K; right-sizing."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import subprocess
+import sys
+from decimal import Decimal
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from allocator.rebalance import (
+    HOURS_PER_MONTH,
+    DemandSeries,
+    GpuRef,
+    Move,
+    Pool,
+    PoolNode,
+    PoolWorkload,
+    RebalancePlan,
+    apply_moves,
+    nearest_rank,
+    parse_rebalance_input,
+    plan_rebalance,
+    right_size,
+)
+from allocator.rebalance.__main__ import main
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "allocator" / "rebalance" / "examples" / "demo_fleet.json"
+A100 = "NVIDIA A100-SXM4-80GB"
+PRICE = Decimal("5.12")
+
+
+def _node(name: str, gpus: int = 2, model: str = A100, **host: int) -> PoolNode:
+    return PoolNode(name=name, model=model, gpus=gpus, gpu_memory_mb=81920, **host)
+
+
+def _w(key: str, node: str, gpu: int, mem: int, sm: int, **extra: object) -> PoolWorkload:
+    return PoolWorkload(key=key, node=node, gpus=(gpu,), memory_mb=mem, sm_milli=sm, **extra)  # type: ignore[arg-type]
+
+
+def _plan(pool: Pool, k: int = 10) -> RebalancePlan:
+    return plan_rebalance(pool, max_moves=k, price_per_gpu_hour=PRICE)
+
+
+# --- hand-made cases with a known best plan ----------------------------------------------------
+
+
+def test_two_half_empty_gpus_merge_into_one_with_a_single_move() -> None:
+    pool = Pool.build([_node("n1")], [_w("a", "n1", 0, 30000, 400), _w("b", "n1", 1, 20000, 300)])
+    plan = _plan(pool)
+    assert plan.moves == (Move(workload="b", from_node="n1", from_gpu=1, to_node="n1", to_gpu=0),)
+    assert plan.freed_gpus == (GpuRef("n1", 1),)
+    assert (plan.gpus_freed, plan.nodes_freed) == (1, 0)
+    assert plan.projected_savings == Decimal(730) * PRICE
+
+
+def test_draining_the_last_gpu_of_a_node_frees_the_node() -> None:
+    pool = Pool.build([_node("n1", 1), _node("n2", 1)], [_w("a", "n1", 0, 1000, 300), _w("b", "n2", 0, 900, 200)])
+    plan = _plan(pool)
+    assert plan.moves == (Move("b", "n2", 0, "n1", 0),)
+    assert plan.freed_nodes == ("n2",)
+    assert (plan.gpus_busy_after, plan.nodes_busy_after) == (1, 1)
+
+
+def test_gpus_that_do_not_fit_together_are_left_alone() -> None:
+    pool = Pool.build([_node("n1")], [_w("a", "n1", 0, 1000, 600), _w("b", "n1", 1, 1000, 500)])
+    plan = _plan(pool)
+    assert plan.moves == ()
+    assert plan.projected_savings == 0
+
+
+def test_a_drain_that_needs_more_moves_than_k_is_not_started() -> None:
+    workloads = [_w("a1", "n1", 0, 100, 100), _w("a2", "n1", 0, 100, 100), _w("b", "n1", 1, 100, 100)]
+    pool = Pool.build([_node("n1")], workloads)
+    assert _plan(pool, k=0).moves == ()
+    one = _plan(pool, k=1)
+    assert [m.workload for m in one.moves] == ["b"]  # the GPU with one workload: one move, one GPU
+
+
+def test_pinned_and_multi_gpu_workloads_are_never_moved() -> None:
+    workloads = [
+        _w("pinned", "n1", 0, 100, 100, movable=False),
+        PoolWorkload(key="wide", node="n1", gpus=(1, 2), memory_mb=100, sm_milli=100),
+        _w("free", "n1", 3, 100, 100),
+    ]
+    plan = _plan(Pool.build([_node("n1", 4)], workloads))
+    assert plan.pinned_workloads == ("pinned", "wide")
+    assert [m.workload for m in plan.moves] == ["free"]
+    assert plan.gpus_busy_after == 3
+
+
+def test_model_constraint_keeps_a_workload_off_other_gpu_models() -> None:
+    nodes = [_node("a100", 1), _node("t4", 1, model="T4")]
+    workloads = [_w("x", "a100", 0, 100, 100, models=(A100,)), _w("y", "t4", 0, 100, 100)]
+    plan = _plan(Pool.build(nodes, workloads))
+    assert plan.moves == (Move("y", "t4", 0, "a100", 0),)  # x may not go to the T4, y may go anywhere
+
+
+def test_host_capacity_of_the_target_node_is_respected() -> None:
+    nodes = [_node("n1", 1, cpu_milli=4000), _node("n2", 1, cpu_milli=4000)]
+    workloads = [_w("a", "n1", 0, 100, 100, cpu_milli=3000), _w("b", "n2", 0, 100, 100, cpu_milli=2000)]
+    assert _plan(Pool.build(nodes, workloads)).moves == ()
+    with pytest.raises(ValueError, match=r"move 1 \(b\): node 'n1' would use 5000 CPU milli of 4000"):
+        apply_moves(Pool.build(nodes, workloads), [Move("b", "n2", 0, "n1", 0)])
+
+
+def test_a_gpu_over_capacity_at_start_is_reported_and_never_given_load() -> None:
+    workloads = [_w("a", "n1", 0, 50000, 700), _w("b", "n1", 0, 50000, 400), _w("c", "n1", 1, 10, 10)]
+    plan = _plan(Pool.build([_node("n1")], workloads))
+    assert plan.overcommitted_at_start == ("n1/0 memory", "n1/0 sm")
+    assert all(m.target != GpuRef("n1", 0) for m in plan.moves)
+
+
+def test_apply_moves_names_the_first_bad_move() -> None:
+    pool = Pool.build([_node("n1")], [_w("a", "n1", 0, 40000, 100), _w("b", "n1", 1, 30000, 100)])
+    with pytest.raises(ValueError, match=r"move 1 \(b\): it runs on n1/1, not on n1/0"):
+        apply_moves(pool, [Move("b", "n1", 0, "n1", 1)])
+    with pytest.raises(ValueError, match=r"move 2 \(c\): unknown workload 'c'"):
+        apply_moves(pool, [Move("b", "n1", 1, "n1", 0), Move("c", "n1", 1, "n1", 0)])
+    with pytest.raises(ValueError, match=r"move 2 \(a\): workload 'a' is already on n1/0"):
+        apply_moves(pool, [Move("b", "n1", 1, "n1", 0), Move("a", "n1", 0, "n1", 0)])
+    crowded = Pool.build([_node("n1")], [*pool.workloads, _w("c", "n1", 1, 45000, 100)])
+    with pytest.raises(ValueError, match=r"move 2 \(c\): n1/0 would hold 115000 MB of 81920 MB"):
+        apply_moves(crowded, [Move("b", "n1", 1, "n1", 0), Move("c", "n1", 1, "n1", 0)])
+    after = apply_moves(pool, [Move("a", "n1", 0, "n1", 1)])
+    assert {w.key: w.gpus for w in after.workloads} == {"a": (1,), "b": (1,)}
+
+
+@pytest.mark.parametrize(
+    ("build", "message"),
+    [
+        (lambda: Pool.build([_node("n"), _node("n")], []), "node 'n' appears more than once"),
+        (lambda: Pool.build([_node("n")], [_w("a", "m", 0, 1, 1)]), "workload 'a': unknown node 'm'"),
+        (lambda: Pool.build([_node("n")], [_w("a", "n", 2, 1, 1)]), "node 'n' has 2 GPU\\(s\\), no GPU 2"),
+        (lambda: Pool.build([_node("n")], [_w("a", "n", 0, 1, 1, models=("T4",))]), "allows only T4"),
+        (lambda: _w("a", "n", 0, -1, 1), "memory_mb must be >= 0, got -1"),
+        (lambda: _w("a", "n", 0, True, 1), "memory_mb must be an integer, got True"),
+        (lambda: PoolNode(name="n", model=A100, gpus=1, gpu_memory_mb=0), "gpu_memory_mb must be >= 1"),
+    ],
+)
+def test_invalid_pools_are_rejected_with_a_precise_message(build: object, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        build()  # type: ignore[operator]
+
+
+def test_plan_arguments_are_validated() -> None:
+    pool = Pool.build([_node("n")], [])
+    with pytest.raises(ValueError, match="max_moves must be an integer >= 0, got -1"):
+        plan_rebalance(pool, max_moves=-1, price_per_gpu_hour=PRICE)
+    with pytest.raises(ValueError, match="price_per_gpu_hour must be a finite Decimal"):
+        plan_rebalance(pool, max_moves=1, price_per_gpu_hour=5.12)  # type: ignore[arg-type]
+
+
+# --- properties -----------------------------------------------------------------------------------
+
+MODELS = ("A", "B")
+
+
+@st.composite
+def pools(draw: st.DrawFn) -> Pool:
+    nodes = []
+    for i in range(draw(st.integers(1, 3))):
+        host = draw(st.booleans())
+        nodes.append(
+            PoolNode(
+                name=f"n{i}",
+                model=draw(st.sampled_from(MODELS)),
+                gpus=draw(st.integers(1, 4)),
+                gpu_memory_mb=1000,
+                gpu_sm_milli=1000,
+                cpu_milli=draw(st.integers(0, 8)) * 1000 if host else None,
+                memory_mib=draw(st.integers(0, 8)) * 1000 if host else None,
+            )
+        )
+    workloads = []
+    for j in range(draw(st.integers(0, 12))):
+        node = draw(st.sampled_from(nodes))
+        wide = node.gpus > 1 and draw(st.integers(0, 9)) == 0
+        gpus = (0, 1) if wide else (draw(st.integers(0, node.gpus - 1)),)
+        models = draw(st.sampled_from([(), (node.model,), MODELS]))
+        workloads.append(
+            PoolWorkload(
+                key=f"w{j}",
+                node=node.name,
+                gpus=gpus,
+                memory_mb=draw(st.integers(0, 6)) * 100,
+                sm_milli=draw(st.integers(0, 6)) * 100,
+                cpu_milli=draw(st.integers(0, 3)) * 1000,
+                memory_mib=draw(st.integers(0, 3)) * 1000,
+                movable=draw(st.integers(0, 4)) > 0,
+                models=models,
+            )
+        )
+    return Pool.build(nodes, workloads)
+
+
+def _replay_independently(pool: Pool, plan: RebalancePlan) -> dict[str, tuple[str, int]]:
+    """Replay with plain dicts (not the planner's state) and check every intermediate state."""
+    nodes = {n.name: n for n in pool.nodes}
+    spec = {w.key: w for w in pool.workloads}
+    gpu_mem: dict[tuple[str, int], int] = {}
+    gpu_sm: dict[tuple[str, int], int] = {}
+    cpu = dict.fromkeys(nodes, 0)
+    mib = dict.fromkeys(nodes, 0)
+    where: dict[str, tuple[str, int]] = {}
+    for w in pool.workloads:
+        for g in w.gpus:
+            gpu_mem[w.node, g] = gpu_mem.get((w.node, g), 0) + w.memory_mb
+            gpu_sm[w.node, g] = gpu_sm.get((w.node, g), 0) + w.sm_milli
+        cpu[w.node] += w.cpu_milli
+        mib[w.node] += w.memory_mib
+        where[w.key] = (w.node, w.gpus[0])
+    for m in plan.moves:
+        w = spec[m.workload]
+        assert w.movable and len(w.gpus) == 1
+        assert where[w.key] == (m.from_node, m.from_gpu)
+        target = nodes[m.to_node]
+        assert 0 <= m.to_gpu < target.gpus
+        assert not w.models or target.model in w.models
+        src, dst = (m.from_node, m.from_gpu), (m.to_node, m.to_gpu)
+        gpu_mem[src] -= w.memory_mb
+        gpu_sm[src] -= w.sm_milli
+        gpu_mem[dst] = gpu_mem.get(dst, 0) + w.memory_mb
+        gpu_sm[dst] = gpu_sm.get(dst, 0) + w.sm_milli
+        assert gpu_mem[dst] <= target.gpu_memory_mb and gpu_sm[dst] <= target.gpu_sm_milli
+        if m.from_node != m.to_node:
+            cpu[m.from_node] -= w.cpu_milli
+            mib[m.from_node] -= w.memory_mib
+            cpu[m.to_node] += w.cpu_milli
+            mib[m.to_node] += w.memory_mib
+            assert target.cpu_milli is None or cpu[m.to_node] <= target.cpu_milli
+            assert target.memory_mib is None or mib[m.to_node] <= target.memory_mib
+        where[w.key] = dst
+    return where
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(pool=pools(), k=st.integers(0, 8))
+def test_replaying_any_plan_never_overcommits_and_respects_pins_models_and_k(pool: Pool, k: int) -> None:
+    plan = _plan(pool, k)
+    assert len(plan.moves) <= k
+    where = _replay_independently(pool, plan)
+    occupied = {(w.node, g) for w in pool.workloads for g in w.gpus if len(w.gpus) > 1} | set(where.values())
+    busy_before = {(w.node, g) for w in pool.workloads for g in w.gpus}
+    for ref in plan.freed_gpus:
+        assert (ref.node, ref.gpu) in busy_before and (ref.node, ref.gpu) not in occupied
+    assert plan.gpus_busy_after == len(occupied) <= plan.gpus_busy_before == len(busy_before)
+    assert plan.nodes_busy_after <= plan.nodes_busy_before
+    assert all(n not in {node for node, _ in occupied} for n in plan.freed_nodes)
+    assert plan.projected_savings == plan.gpus_freed * HOURS_PER_MONTH * PRICE
+
+
+@settings(max_examples=60, deadline=None)
+@given(pool=pools(), k=st.integers(0, 8))
+def test_plans_are_deterministic_and_independent_of_input_order(pool: Pool, k: int) -> None:
+    shuffled = dataclasses.replace(pool, nodes=pool.nodes[::-1], workloads=pool.workloads[::-1])
+    assert _plan(pool, k) == _plan(pool, k) == _plan(shuffled, k)
+
+
+# --- right-sizing --------------------------------------------------------------------------------
+
+
+def test_nearest_rank_percentiles_ignore_rare_spikes() -> None:
+    assert nearest_rank(list(range(1, 101)), 95) == 95
+    assert nearest_rank([10] * 99 + [1000], 99) == 10
+    assert nearest_rank([10] * 98 + [1000, 1000], 99) == 1000
+
+
+def test_right_sizing_a_constant_series_gives_the_exact_ceiling() -> None:
+    series = [DemandSeries(key=f"w{i}", memory_mb=(30000,) * 5, sm_milli=(200,) * 5) for i in range(10)]
+    sizing = right_size(series, gpu_memory_mb=81920, current_gpus=10, price_per_gpu_hour=PRICE)
+    for e in sizing.estimates:
+        assert (e.total_memory_mb, e.total_sm_milli) == (300000, 2000)
+        assert e.lower_bound_gpus == 4  # ceil(300000 / 81920)
+        assert e.ffd_gpus == 5  # two 30000 MB workloads per 81920 MB card
+        assert e.gpus_needed == 5
+        assert e.monthly_cost_difference == 5 * Decimal(730) * PRICE
+    assert [e.percentile for e in sizing.estimates] == [95, 99]
+
+
+def test_right_sizing_uses_the_sm_bound_when_sm_binds() -> None:
+    series = [DemandSeries(key=f"w{i}", memory_mb=(100,), sm_milli=(250,)) for i in range(8)]
+    (p95,) = right_size(
+        series, gpu_memory_mb=81920, current_gpus=1, price_per_gpu_hour=PRICE, percentiles=(95,)
+    ).estimates
+    assert (p95.lower_bound_gpus, p95.ffd_gpus, p95.gpus_saved) == (2, 2, -1)
+    assert p95.monthly_cost_difference == -Decimal(730) * PRICE  # the pool is too small: a cost
+
+
+def test_right_sizing_rejects_a_workload_larger_than_one_gpu() -> None:
+    with pytest.raises(ValueError, match="workload 'big' needs 90000 MB / 1 SM milli at this percentile"):
+        right_size(
+            [DemandSeries(key="big", memory_mb=(90000,), sm_milli=(1,))],
+            gpu_memory_mb=81920,
+            current_gpus=1,
+            price_per_gpu_hour=PRICE,
+        )
+
+
+# --- the JSON format and the CLI -------------------------------------------------------------------
+
+
+def _doc(**workload: object) -> dict[str, object]:
+    base: dict[str, object] = {"key": "a", "node": "n", "gpus": [0], "memory_mb": 10.2, "sm_milli": 5}
+    base.update(workload)
+    return {"nodes": [{"name": "n", "model": A100, "gpus": 1, "gpu_memory_mb": 81920}], "workloads": [base]}
+
+
+def test_json_input_rounds_fractional_demand_up() -> None:
+    parsed = parse_rebalance_input(_doc())
+    assert parsed.pool.workloads[0].memory_mb == 11
+    assert (parsed.price_per_gpu_hour, parsed.hours, parsed.currency) == (Decimal("5.12"), Decimal(730), "USD")
+
+
+@pytest.mark.parametrize(
+    ("doc", "message"),
+    [
+        (_doc(moveable=False), r"workloads\[0\]: unknown key\(s\) moveable"),
+        (_doc(movable="no"), r"workloads\[0\].movable: expected true or false"),
+        (_doc(memory_mb=-1), r"workloads\[0\].memory_mb: expected a finite number >= 0"),
+        (_doc(node="m"), "input: workload 'a': unknown node 'm'"),
+        ({"schema": "other", "nodes": [], "workloads": []}, "input.schema: expected"),
+    ],
+)
+def test_json_input_errors_name_the_path(doc: object, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        parse_rebalance_input(doc)
+
+
+def test_demo_fleet_plan_frees_fourteen_gpus_and_one_node(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["--input", str(EXAMPLE), "--max-moves", "24", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["schema"] == "vgpu-ledger/rebalance-plan/v1" and out["dry_run"] is True
+    assert len(out["moves"]) <= 24
+    assert (out["gpus_busy_before"], out["gpus_busy_after"], out["nodes_freed"]) == (24, 10, 1)
+    assert out["projected_savings"] == {
+        "amount": "52326.40",
+        "currency": "USD",
+        "hours": "730",
+        "price_per_gpu_hour": "5.12",
+    }
+    assert "chatapp/llama2-7b-4wpl7" in out["pinned_workloads"]
+    assert [e["percentile"] for e in out["right_sizing"]["estimates"]] == [95, 99]
+
+
+def test_cli_module_prints_valid_json_and_text() -> None:
+    command = [sys.executable, "-m", "allocator.rebalance", "--input", str(EXAMPLE), "--max-moves", "5"]
+    done = subprocess.run([*command, "--json"], capture_output=True, text=True, check=True, timeout=60)
+    assert len(json.loads(done.stdout)["moves"]) <= 5
+    text = subprocess.run(command, capture_output=True, text=True, check=True, timeout=60).stdout
+    assert text.startswith("Rebalance plan (dry run):") and "Projected savings:" in text
+
+
+def test_cli_reports_a_bad_file_and_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    bad = tmp_path / "pool.json"
+    bad.write_text("{", encoding="utf-8")
+    assert main(["--input", str(bad), "--max-moves", "3"]) == 2
+    assert "not valid JSON" in capsys.readouterr().err
