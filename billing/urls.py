@@ -5,7 +5,7 @@ from drf_spectacular.views import SpectacularAPIView
 
 from billing.api.admission import PodAdmissionView
 from billing.api.agent import NodeEventsView, NodePolicyView, UsageBatchView
-from billing.web import health, invoices, reports, views
+from billing.web import admin_pages, health, invoices, reports, views
 
 urlpatterns = [
     path("", RedirectView.as_view(pattern_name="finance-overview", permanent=False)),
@@ -16,6 +16,8 @@ urlpatterns = [
     path("api/v1/admission/pods", PodAdmissionView.as_view(), name="admission-pods"),
     path("api/v1/schema", SpectacularAPIView.as_view(), name="openapi-schema"),
     path("finance/", views.finance_overview, name="finance-overview"),
+    path("budgets/", admin_pages.budgets, name="budgets"),
+    path("sla-tiers/", admin_pages.sla_tiers, name="sla-tiers"),
     path("reports/", reports.report_list, name="report-list"),
     path("reports/<int:report_id>/", reports.report_detail, name="report-detail"),
     path("reports/<int:report_id>.pdf", reports.report_pdf, name="report-pdf"),

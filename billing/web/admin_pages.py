@@ -1,0 +1,90 @@
+"""Budgets (everyone sees their own; admins set them) and SLA tier weights (admins). Thin:
+forms validate, one service call, render. Every change is audited by the service."""
+
+from __future__ import annotations
+
+from decimal import Decimal
+
+from django import forms
+from django.contrib import messages
+from django.contrib.auth.decorators import login_required
+from django.core.exceptions import PermissionDenied
+from django.db import transaction
+from django.http import HttpRequest, HttpResponse
+from django.shortcuts import redirect, render
+from django.utils import timezone
+from django.utils.translation import gettext as _
+from django.utils.translation import gettext_lazy
+
+from billing import tasks
+from billing.errors import InvalidInput
+from billing.models import BudgetAction, SlaTier, Tenant
+from billing.queries.budgets import list_budgets
+from billing.queries.scope import get_scope
+from billing.services.budgets import set_budget
+from billing.services.sla import set_sla_tier_weight
+
+
+class BudgetForm(forms.Form):
+    tenant = forms.ChoiceField(label=gettext_lazy("Tenant"))
+    amount = forms.DecimalField(label=gettext_lazy("Monthly budget"), min_value=Decimal("0.01"), decimal_places=2)
+    currency = forms.CharField(label=gettext_lazy("Currency"), max_length=3, initial="USD")
+    soft_threshold_pct = forms.DecimalField(label=gettext_lazy("Warn at (%)"), initial=Decimal(80), min_value=1)
+    hard_threshold_pct = forms.DecimalField(label=gettext_lazy("Enforce at (%)"), initial=Decimal(100), min_value=1)
+    hard_action = forms.ChoiceField(label=gettext_lazy("Action when enforced"), choices=BudgetAction.choices)
+    throttle_factor = forms.DecimalField(label=gettext_lazy("Throttle factor"), initial=Decimal("0.5"),
+                                         min_value=Decimal("0.001"), max_value=1)
+    owner = forms.CharField(label=gettext_lazy("Who can raise it"), max_length=200)
+    notify_emails = forms.CharField(label=gettext_lazy("Notify (emails)"), required=False)
+    webhook_url = forms.URLField(label=gettext_lazy("Webhook URL"), required=False)
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+        tenant_field = self.fields["tenant"]
+        assert isinstance(tenant_field, forms.ChoiceField)  # noqa: S101 - narrows the declared field's type
+        tenant_field.choices = [(t.slug, t.name) for t in Tenant.objects.order_by("slug")]
+
+
+@login_required
+def budgets(request: HttpRequest) -> HttpResponse:
+    scope = get_scope(request.user)
+    if request.method == "POST" and not scope.is_admin:
+        raise PermissionDenied("only admins set budgets")
+    form = BudgetForm(request.POST or None) if scope.is_admin else None
+    if request.method == "POST" and form is not None:
+        if form.is_valid():
+            values = dict(form.cleaned_data)
+            slug = values.pop("tenant")
+            try:
+                set_budget(tenant_slug=slug, values=values, now=timezone.now(),
+                           actor_label=request.user.get_username(), actor_id=request.user.pk)
+            except InvalidInput as exc:
+                form.add_error(None, str(exc))
+            else:
+                # Re-evaluate at once rather than at the next minute's beat.
+                transaction.on_commit(tasks.evaluate_budgets.delay)
+                messages.success(request, _("Budget of %(tenant)s saved.") % {"tenant": slug})
+                return redirect("budgets")
+    return render(request, "billing/budgets.html",
+                  {"budgets": list_budgets(scope=scope, now=timezone.now()), "form": form},
+                  status=400 if form is not None and form.errors else 200)
+
+
+@login_required
+def sla_tiers(request: HttpRequest) -> HttpResponse:
+    scope = get_scope(request.user)
+    if not scope.is_admin:
+        raise PermissionDenied("SLA tiers are for admins")
+    error = None
+    if request.method == "POST":
+        try:
+            set_sla_tier_weight(slug=request.POST.get("slug", ""), weight=request.POST.get("weight", ""),
+                                now=timezone.now(), actor_label=request.user.get_username(),
+                                actor_id=request.user.pk)
+        except InvalidInput as exc:
+            error = str(exc)
+        else:
+            messages.success(request, _("Weight saved; agents apply it at their next policy poll."))
+            return redirect("sla-tiers")
+    return render(request, "billing/sla_tiers.html", {"tiers": SlaTier.objects.order_by("-weight"), "error": error},
+                  status=400 if error else 200)
