@@ -1,8 +1,8 @@
 """Budgets that act: month-to-date spend → ok / warned / enforced, audited and notified.
 
 Spend is the tenant's charges plus any idle spread onto it, from the hour ledger (the
-current hour is rolled up continuously). The forecast extrapolates the month-to-date rate
-linearly to the end of the month. States move both ways: raising a budget or a new month
+current hour is rolled up continuously). The forecast adds the recent rate (last 24 h),
+carried to the end of the month, to the month-to-date spend. States move both ways: raising a budget or a new month
 brings a tenant back to ok.
 """
 
@@ -12,7 +12,7 @@ import hashlib
 import hmac
 import json
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from decimal import Decimal
 from typing import Any
 
@@ -81,12 +81,25 @@ def get_month_to_date_spend(*, tenant: str, now: datetime) -> Decimal:
     return (sums["charge"] or Decimal(0)) + (sums["idle"] or Decimal(0))
 
 
-def _forecast(*, spend: Decimal, now: datetime) -> Decimal:
-    start, end = month_bounds(now.date().replace(day=1))
-    elapsed = Decimal((now - start).total_seconds())
-    if elapsed < 3600:  # under an hour of history a linear forecast says nothing
+FORECAST_WINDOW = timedelta(hours=24)
+
+
+def _forecast(*, tenant: str, spend: Decimal, now: datetime) -> Decimal:
+    """Month-to-date spend plus the recent rate (the last 24 h, or since the tenant's first
+    usage this month if that is shorter) carried to the end of the month. A linear
+    extrapolation from the first of the month would understate a tenant that started late."""
+    month_start, month_end = month_bounds(now.date().replace(day=1))
+    window_start = max(month_start, now - FORECAST_WINDOW)
+    recent = UsageHour.objects.filter(tenant=tenant, hour__gte=window_start.replace(minute=0, second=0, microsecond=0),
+                                      hour__lte=now)
+    first = recent.order_by("hour").values_list("hour", flat=True).first()
+    if first is None:
         return spend
-    return spend * Decimal((end - start).total_seconds()) / elapsed
+    sums = recent.aggregate(charge=Sum("charge"), idle=Sum("idle_share"))
+    recent_spend = (sums["charge"] or Decimal(0)) + (sums["idle"] or Decimal(0))
+    observed = Decimal(max((now - max(first, window_start)).total_seconds(), 3600))
+    remaining = Decimal(max((month_end - now).total_seconds(), 0))
+    return spend + recent_spend / observed * remaining
 
 
 def set_budget(*, tenant_slug: str, values: dict[str, Any], now: datetime, actor_label: str,
@@ -123,7 +136,7 @@ def evaluate_budgets(*, now: datetime) -> list[BudgetTransition]:
     transitions = []
     for budget in Budget.objects.select_related("tenant").order_by("pk"):
         spend = get_month_to_date_spend(tenant=budget.tenant.slug, now=now)
-        forecast = _forecast(spend=spend, now=now)
+        forecast = _forecast(tenant=budget.tenant.slug, spend=spend, now=now)
         state = budget_state_for(spend=spend, amount=budget.amount, soft_pct=budget.soft_threshold_pct,
                                  hard_pct=budget.hard_threshold_pct)
         with transaction.atomic():

@@ -348,6 +348,14 @@ def test_demo_fleet_plan_frees_fourteen_gpus_and_one_node(capsys: pytest.Capture
     assert [e["percentile"] for e in out["right_sizing"]["estimates"]] == [95, 99]
 
 
+@pytest.mark.parametrize(("k", "gpus_after", "nodes_freed"), [(8, 16, 0), (14, 10, 0), (17, 10, 1)])
+def test_demo_fleet_under_a_smaller_k_frees_gpus_before_nodes(k: int, gpus_after: int, nodes_freed: int) -> None:
+    pool = parse_rebalance_input(json.loads(EXAMPLE.read_text(encoding="utf-8"))).pool
+    plan = _plan(pool, k)
+    assert len(plan.moves) <= k
+    assert (plan.gpus_busy_after, plan.nodes_freed) == (gpus_after, nodes_freed)
+
+
 def test_cli_module_prints_valid_json_and_text() -> None:
     command = [sys.executable, "-m", "allocator.rebalance", "--input", str(EXAMPLE), "--max-moves", "5"]
     done = subprocess.run([*command, "--json"], capture_output=True, text=True, check=True, timeout=60)
