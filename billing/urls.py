@@ -18,6 +18,7 @@ urlpatterns = [
     path("finance/", views.finance_overview, name="finance-overview"),
     path("budgets/", admin_pages.budgets, name="budgets"),
     path("sla-tiers/", admin_pages.sla_tiers, name="sla-tiers"),
+    path("audit/", admin_pages.audit_log, name="audit-log"),
     path("reports/", reports.report_list, name="report-list"),
     path("reports/<int:report_id>/", reports.report_detail, name="report-detail"),
     path("reports/<int:report_id>.pdf", reports.report_pdf, name="report-pdf"),

@@ -18,7 +18,7 @@ from django.utils.translation import gettext_lazy
 
 from billing import tasks
 from billing.errors import InvalidInput
-from billing.models import BudgetAction, SlaTier, Tenant
+from billing.models import AuditEvent, BudgetAction, SlaTier, Tenant
 from billing.queries.budgets import list_budgets
 from billing.queries.scope import get_scope
 from billing.services.budgets import set_budget
@@ -88,3 +88,15 @@ def sla_tiers(request: HttpRequest) -> HttpResponse:
             return redirect("sla-tiers")
     return render(request, "billing/sla_tiers.html", {"tiers": SlaTier.objects.order_by("-weight"), "error": error},
                   status=400 if error else 200)
+
+
+@login_required
+def audit_log(request: HttpRequest) -> HttpResponse:
+    """The latest audit events, newest first; `?action=budget.` filters by action prefix."""
+    if not get_scope(request.user).is_admin:
+        raise PermissionDenied("the audit log is for admins")
+    action = request.GET.get("action", "").strip()[:100]
+    events = AuditEvent.objects.select_related("actor").order_by("-at", "-id")
+    if action:
+        events = events.filter(action__startswith=action)
+    return render(request, "billing/audit_log.html", {"events": events[:200], "action": action})

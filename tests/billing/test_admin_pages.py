@@ -87,3 +87,13 @@ def test_admin_changes_an_sla_weight_audited_and_visible_in_the_policy_api(clien
 def test_non_admins_cannot_open_sla_tiers(client, tenants):
     login(client, tenant="acme")
     assert client.get("/sla-tiers/").status_code == 403
+
+
+def test_audit_log_shows_admin_changes_to_admins_only(client, tenants):
+    login(client, admin=True)
+    client.post("/sla-tiers/", {"slug": "gold", "weight": "5"})
+    html = client.get("/audit/", {"action": "sla_tier."}).content.decode()
+    assert "sla_tier.weight_changed" in html and "sla_tier:gold" in html
+    client.logout()
+    login(client, tenant="acme")
+    assert client.get("/audit/").status_code == 403
