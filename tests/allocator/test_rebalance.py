@@ -116,6 +116,25 @@ def test_a_gpu_over_capacity_at_start_is_reported_and_never_given_load() -> None
     assert all(m.target != GpuRef("n1", 0) for m in plan.moves)
 
 
+def test_k_stays_a_hard_cap_when_a_workload_moved_twice_cannot_move_once() -> None:
+    # w3 goes n1/0 -> n0/0 (freeing n1/0 for w0), then on to n1/2 when n0 is emptied; moving it
+    # n1/0 -> n1/2 in one go would leave no room for w0 on n1/0, so the plan keeps both moves.
+    nodes = [_node("n0", 3, cpu_milli=2000), _node("n1", 3, cpu_milli=4000)]
+    workloads = [
+        _w("w0", "n0", 1, 600, 400),
+        _w("w1", "n0", 0, 500, 300),
+        _w("w2", "n1", 1, 600, 100, cpu_milli=2000),
+        _w("w3", "n1", 0, 500, 100, cpu_milli=1000),
+    ]
+    pool = Pool.build([dataclasses.replace(n, gpu_memory_mb=1000) for n in nodes], workloads)
+    four = _plan(pool, 4)
+    assert [m.workload for m in four.moves] == ["w3", "w0", "w1", "w3"]
+    assert (four.gpus_busy_after, four.freed_nodes) == (3, ("n0",))
+    three = _plan(pool, 3)
+    assert len(three.moves) <= 3
+    apply_moves(pool, three.moves)
+
+
 def test_apply_moves_names_the_first_bad_move() -> None:
     pool = Pool.build([_node("n1")], [_w("a", "n1", 0, 40000, 100), _w("b", "n1", 1, 30000, 100)])
     with pytest.raises(ValueError, match=r"move 1 \(b\): it runs on n1/1, not on n1/0"):
