@@ -17,6 +17,7 @@ urlpatterns = [
     path("api/v1/schema", SpectacularAPIView.as_view(), name="openapi-schema"),
     path("finance/", views.finance_overview, name="finance-overview"),
     path("budgets/", admin_pages.budgets, name="budgets"),
+    path("budgets/<slug:tenant>/", admin_pages.budget_edit, name="budget-edit"),
     path("sla-tiers/", admin_pages.sla_tiers, name="sla-tiers"),
     path("audit/", admin_pages.audit_log, name="audit-log"),
     path("reports/", reports.report_list, name="report-list"),

@@ -10,13 +10,19 @@ Ctrl-C, then stops every child cleanly (agents first, so they flush their spools
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import hmac
 import json
 import os
+import secrets
 import signal
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
+from datetime import UTC, datetime
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 from agents.backends.sim import demo_scenario
@@ -28,6 +34,39 @@ LOG_DIR = DEMO_DIR / "logs"
 NODES = [f"sim-a100-{i}" for i in range(1, 4)]
 TENANTS = [("acme", "gold"), ("globex", "silver"), ("initech", "bronze"), ("xinghe", "silver")]
 STOP_ORDER = ("agent", "web", "beat", "worker")
+
+
+class _WebhookSink:
+    """A loopback receiver for budget webhooks, written as a customer would write one: it checks
+    the HMAC signature and appends each delivery to .data/demo/webhooks.jsonl."""
+
+    def __init__(self, *, secret: str, path: Path) -> None:
+        sink = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:  # noqa: N802 - http.server's naming
+                body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                timestamp = self.headers.get("X-VGPU-Timestamp", "")
+                expected = "sha256=" + hmac.new(sink.secret.encode(), timestamp.encode() + b"." + body,
+                                                hashlib.sha256).hexdigest()
+                valid = hmac.compare_digest(expected, self.headers.get("X-VGPU-Signature", ""))
+                record = {"received_at": datetime.now(UTC).isoformat(), "valid_signature": valid,
+                          "payload": json.loads(body or b"null")}
+                with sink.path.open("a") as fh:
+                    fh.write(json.dumps(record) + "\n")
+                self.send_response(204 if valid else 401)
+                self.end_headers()
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.secret, self.path = secret, path
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_port}/budget-events"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
 
 
 def _run(args: list[str], env: dict[str, str]) -> str:
@@ -84,7 +123,10 @@ def main() -> int:
         env["PYTHONUNBUFFERED"] = "1"
         print("demo: migrating the database…", flush=True)
         _run([py, "manage.py", "migrate", "--noinput"], env)
-        logins = _run([py, "manage.py", "load_demo"], env)
+        webhooks = _WebhookSink(secret=secrets.token_urlsafe(16), path=DEMO_DIR / "webhooks.jsonl")
+        env["VGPU_DEMO_WEBHOOK_SECRET"] = webhooks.secret
+        logins = _run([py, "manage.py", "load_demo", "--budget-webhook-url", webhooks.url], env)
+        del env["VGPU_DEMO_WEBHOOK_SECRET"]
         agents = []
         for seed, node in enumerate(NODES, start=1):
             token_file = DEMO_DIR / f"{node}.token"
@@ -132,6 +174,8 @@ def main() -> int:
                 f"fleet: {len(NODES)} simulated nodes x 8 NVIDIA A100-SXM4-80GB; logs in {LOG_DIR}\n\n"
                 f"logins:\n{logins}\n"
                 "numbers grow as agents upload (every 10 s) and the ledger rolls up (every 10 s).\n"
+                f"budgets: acme has 1000 USD/month; lower it at {url}/budgets/ as admin to see enforcement.\n"
+                f"  emails -> {DEMO_DIR / 'mail'}, webhooks -> {DEMO_DIR / 'webhooks.jsonl'}\n"
                 "Press Ctrl-C to stop.",
                 flush=True,
             )
@@ -145,6 +189,7 @@ def main() -> int:
         finally:
             print("\ndemo: stopping agents, web, beat and worker…", flush=True)
             _stop(procs)
+            webhooks.close()
             print("demo: stopped.", flush=True)
     return 0
 

@@ -3,6 +3,7 @@ simulated agents, the finance page shows live, growing numbers, and Ctrl-C stops
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -57,6 +58,52 @@ def _total_cost(session: requests.Session, base: str) -> Decimal:
     return Decimal(match.group(1).replace(",", ""))
 
 
+def _login(base: str, username: str, password: str) -> requests.Session:
+    s = requests.Session()
+    s.get(f"{base}/accounts/login/", timeout=10)
+    resp = s.post(f"{base}/accounts/login/", timeout=10, headers={"Referer": f"{base}/accounts/login/"},
+                  data={"username": username, "password": password, "next": "/budgets/",
+                        "csrfmiddlewaretoken": s.cookies["csrftoken"]})
+    assert resp.url.endswith("/budgets/"), resp.url
+    return s
+
+
+def _lower_acme_budget_and_watch_enforcement(banner: str, base: str, demo_dir: Path) -> None:
+    """Issue 6's demo: an admin lowers acme's budget below its spend; the tenant sees it
+    enforced, agents get the throttle in their next policy poll, an email and a signed webhook
+    are delivered, and the audit log has each step."""
+    admin = _login(base, "admin", re.search(r"user admin\s+password (\S+)", banner).group(1))
+    # Start from the budget's current values (the demo configured its email and webhook).
+    page = admin.get(f"{base}/budgets/acme/", timeout=10).text
+    form = dict(re.findall(r'<input type="[^"]*" name="([a-z_]+)" value="([^"]*)"', page))
+    form.update(re.findall(r'<select name="([a-z_]+)"[^>]*>.*?<option value="([^"]*)" selected', page, re.S))
+    assert form.get("webhook_url", "").startswith("http://127.0.0.1:"), form
+    form.update({"amount": "0.01", "csrfmiddlewaretoken": admin.cookies["csrftoken"]})
+    resp = admin.post(f"{base}/budgets/acme/", data=form, timeout=10, headers={"Referer": f"{base}/budgets/acme/"})
+    assert resp.url.endswith("/budgets/"), resp.text[:1000]
+    tenant = _login(base, "acme-engineer", re.search(r"user acme-engineer\s+password (\S+)", banner).group(1))
+    deadline = time.monotonic() + 60
+    state = ""
+    while state != "enforced" and time.monotonic() < deadline:
+        match = re.search(r'data-testid="budget-state-acme"><strong>(\w+)', tenant.get(f"{base}/budgets/").text)
+        state = match.group(1) if match else ""
+        time.sleep(1)
+    assert state == "enforced"
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        throttled = any("throttled=acme" in p.read_text() for p in (demo_dir / "logs").glob("agent-*.log"))
+        mails = list((demo_dir / "mail").glob("*.log"))
+        hooks = (demo_dir / "webhooks.jsonl").read_text().splitlines() if (demo_dir / "webhooks.jsonl").exists() else []
+        if throttled and mails and hooks:
+            break
+        time.sleep(2)
+    assert throttled, "no agent applied the throttle"
+    assert mails, "no budget email"
+    assert hooks and json.loads(hooks[-1])["valid_signature"], "no signed budget webhook"
+    audit = admin.get(f"{base}/audit/", params={"action": "budget."}, timeout=10).text
+    assert "budget.set" in audit and "budget.state_changed" in audit
+
+
 def test_demo_serves_growing_numbers_and_stops_cleanly_on_ctrl_c(demo_env):
     proc = subprocess.Popen([sys.executable, "-m", "config.demo"], cwd=ROOT, env=demo_env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -91,6 +138,7 @@ def test_demo_serves_growing_numbers_and_stops_cleanly_on_ctrl_c(demo_env):
             time.sleep(3)
             later = _total_cost(s, base)
         assert later > first, "the finance page's numbers did not grow"
+        _lower_acme_budget_and_watch_enforcement(text, base, Path(demo_env["VGPU_DATA_DIR"]) / "demo")
     finally:
         proc.send_signal(signal.SIGINT)
         try:

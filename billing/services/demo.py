@@ -14,6 +14,7 @@ from django.db import transaction
 from billing.models import RateCard, SlaTier, Tenant, TenantMembership
 from billing.queries.scope import ADMIN_GROUP, FINANCE_GROUP
 from billing.services.audit import record_audit_event
+from billing.services.budgets import set_budget
 
 __all__ = ["DEMO_TENANTS", "DemoLogin", "load_demo_data"]
 
@@ -49,7 +50,9 @@ class DemoLogin:
     password: str
 
 
-def load_demo_data(*, now: datetime) -> list[DemoLogin]:
+def load_demo_data(*, now: datetime, budget_webhook_url: str = "", budget_webhook_secret: str = "") -> list[DemoLogin]:
+    """Idempotent. With a webhook URL, acme also gets a generous monthly budget that notifies by
+    email and by that webhook, so an admin can lower it and watch enforcement happen."""
     with transaction.atomic():
         tiers = {}
         for slug, name, weight, description in SLA_TIERS:
@@ -96,4 +99,10 @@ def load_demo_data(*, now: datetime) -> list[DemoLogin]:
             else:
                 TenantMembership.objects.get_or_create(user=user, tenant=tenants["acme"])
             logins.append(DemoLogin(role=role, username=username, password=password))
+    if budget_webhook_url:
+        values = {"amount": Decimal("1000"), "currency": "USD", "hard_action": "throttle",
+                  "throttle_factor": Decimal("0.5"), "owner": "finops@acme.example",
+                  "notify_emails": "finops@acme.example", "webhook_url": budget_webhook_url,
+                  "webhook_secret": budget_webhook_secret}
+        set_budget(tenant_slug="acme", values=values, now=now, actor_label="demo")
     return logins

@@ -10,7 +10,7 @@ from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied
 from django.db import transaction
-from django.http import HttpRequest, HttpResponse
+from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.utils import timezone
 from django.utils.translation import gettext as _
@@ -26,7 +26,6 @@ from billing.services.sla import set_sla_tier_weight
 
 
 class BudgetForm(forms.Form):
-    tenant = forms.ChoiceField(label=gettext_lazy("Tenant"))
     amount = forms.DecimalField(label=gettext_lazy("Monthly budget"), min_value=Decimal("0.01"), decimal_places=2)
     currency = forms.CharField(label=gettext_lazy("Currency"), max_length=3, initial="USD")
     soft_threshold_pct = forms.DecimalField(label=gettext_lazy("Warn at (%)"), initial=Decimal(80), min_value=1)
@@ -38,36 +37,42 @@ class BudgetForm(forms.Form):
     notify_emails = forms.CharField(label=gettext_lazy("Notify (emails)"), required=False)
     webhook_url = forms.URLField(label=gettext_lazy("Webhook URL"), required=False)
 
-    def __init__(self, *args: object, **kwargs: object) -> None:
-        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
-        tenant_field = self.fields["tenant"]
-        assert isinstance(tenant_field, forms.ChoiceField)  # noqa: S101 - narrows the declared field's type
-        tenant_field.choices = [(t.slug, t.name) for t in Tenant.objects.order_by("slug")]
-
 
 @login_required
 def budgets(request: HttpRequest) -> HttpResponse:
     scope = get_scope(request.user)
-    if request.method == "POST" and not scope.is_admin:
+    views = list_budgets(scope=scope, now=timezone.now())
+    without = (
+        Tenant.objects.filter(budget__isnull=True).order_by("slug") if scope.is_admin else Tenant.objects.none()
+    )
+    return render(request, "billing/budgets.html", {"budgets": views, "without_budget": without})
+
+
+@login_required
+def budget_edit(request: HttpRequest, tenant: str) -> HttpResponse:
+    """Admins set or change one tenant's budget; the form starts from its current values, and the
+    webhook secret is kept unless changed elsewhere."""
+    if not get_scope(request.user).is_admin:
         raise PermissionDenied("only admins set budgets")
-    form = BudgetForm(request.POST or None) if scope.is_admin else None
-    if request.method == "POST" and form is not None:
-        if form.is_valid():
-            values = dict(form.cleaned_data)
-            slug = values.pop("tenant")
-            try:
-                set_budget(tenant_slug=slug, values=values, now=timezone.now(),
-                           actor_label=request.user.get_username(), actor_id=request.user.pk)
-            except InvalidInput as exc:
-                form.add_error(None, str(exc))
-            else:
-                # Re-evaluate at once rather than at the next minute's beat.
-                transaction.on_commit(tasks.evaluate_budgets.delay)
-                messages.success(request, _("Budget of %(tenant)s saved.") % {"tenant": slug})
-                return redirect("budgets")
-    return render(request, "billing/budgets.html",
-                  {"budgets": list_budgets(scope=scope, now=timezone.now()), "form": form},
-                  status=400 if form is not None and form.errors else 200)
+    row = Tenant.objects.filter(slug=tenant).select_related("budget").first()
+    if row is None:
+        raise Http404("no such tenant")
+    existing = getattr(row, "budget", None)
+    initial = {f: getattr(existing, f) for f in BudgetForm.base_fields} if existing else None
+    form = BudgetForm(request.POST or None, initial=initial)
+    if request.method == "POST" and form.is_valid():
+        try:
+            set_budget(tenant_slug=tenant, values=dict(form.cleaned_data), now=timezone.now(),
+                       actor_label=request.user.get_username(), actor_id=request.user.pk)
+        except InvalidInput as exc:
+            form.add_error(None, str(exc))
+        else:
+            # Re-evaluate at once rather than at the next minute's beat.
+            transaction.on_commit(tasks.evaluate_budgets.delay)
+            messages.success(request, _("Budget of %(tenant)s saved.") % {"tenant": tenant})
+            return redirect("budgets")
+    return render(request, "billing/budget_edit.html", {"tenant": row, "form": form},
+                  status=400 if form.errors else 200)
 
 
 @login_required

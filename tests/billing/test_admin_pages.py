@@ -32,7 +32,7 @@ def tenants(db):
 
 
 def budget_form(**overrides):
-    data = {"tenant": "acme", "amount": "250.00", "currency": "USD", "soft_threshold_pct": "80",
+    data = {"amount": "250.00", "currency": "USD", "soft_threshold_pct": "80",
             "hard_threshold_pct": "100", "hard_action": "throttle", "throttle_factor": "0.5",
             "owner": "finops@acme.example", "notify_emails": "", "webhook_url": ""}
     return {**data, **overrides}
@@ -45,7 +45,7 @@ def test_admin_sets_a_budget_which_is_audited_and_re_evaluated(client, tenants, 
     monkeypatch.setattr(tasks.evaluate_budgets, "delay", lambda: calls.append(1))
     login(client, admin=True)
     with django_capture_on_commit_callbacks(execute=True):
-        resp = client.post("/budgets/", budget_form())
+        resp = client.post("/budgets/acme/", budget_form())
     assert resp.status_code == 302
     assert Budget.objects.get(tenant__slug="acme").amount == Decimal("250.00")
     assert AuditEvent.objects.filter(action="budget.set", object_id="acme").count() == 1
@@ -54,7 +54,7 @@ def test_admin_sets_a_budget_which_is_audited_and_re_evaluated(client, tenants, 
 
 def test_invalid_budget_form_is_refused_with_the_field_and_nothing_saved(client, tenants):
     login(client, admin=True)
-    resp = client.post("/budgets/", budget_form(soft_threshold_pct="120", hard_threshold_pct="100"))
+    resp = client.post("/budgets/acme/", budget_form(soft_threshold_pct="120", hard_threshold_pct="100"))
     assert resp.status_code == 400
     assert not Budget.objects.exists()
 
@@ -70,7 +70,8 @@ def test_tenant_member_sees_only_their_budget_and_cannot_set_one(client, tenants
     login(client, tenant="acme")
     html = client.get("/budgets/").content.decode()
     assert 'data-testid="budget-state-acme"' in html and "globex" not in html
-    assert client.post("/budgets/", budget_form()).status_code == 403
+    assert client.post("/budgets/acme/", budget_form()).status_code == 403
+    assert client.get("/budgets/acme/").status_code == 403
 
 
 def test_admin_changes_an_sla_weight_audited_and_visible_in_the_policy_api(client, tenants, node_token):
@@ -97,3 +98,11 @@ def test_audit_log_shows_admin_changes_to_admins_only(client, tenants):
     client.logout()
     login(client, tenant="acme")
     assert client.get("/audit/").status_code == 403
+
+
+def test_budget_form_starts_from_the_current_values_so_a_change_keeps_the_rest(client, tenants):
+    login(client, admin=True)
+    client.post("/budgets/acme/", budget_form(webhook_url="https://hooks.example/acme", notify_emails="a@example.org"))
+    html = client.get("/budgets/acme/").content.decode()
+    assert 'value="https://hooks.example/acme"' in html and 'value="a@example.org"' in html
+    assert client.get("/budgets/nope/").status_code == 404

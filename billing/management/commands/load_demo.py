@@ -1,3 +1,5 @@
+import os
+
 from django.core.management.base import BaseCommand
 from django.utils import timezone
 
@@ -7,6 +9,13 @@ from billing.services.demo import load_demo_data
 class Command(BaseCommand):
     help = "Load the demo data set (tiers, tenants, A100 rate card, one user per role) and print the logins."
 
+    def add_arguments(self, parser):
+        parser.add_argument("--budget-webhook-url", default="",
+                            help="also give acme a budget that notifies this webhook (secret from "
+                                 "VGPU_DEMO_WEBHOOK_SECRET)")
+
     def handle(self, *args, **options):
-        for login in load_demo_data(now=timezone.now()):
+        logins = load_demo_data(now=timezone.now(), budget_webhook_url=options["budget_webhook_url"],
+                                budget_webhook_secret=os.environ.get("VGPU_DEMO_WEBHOOK_SECRET", ""))
+        for login in logins:
             self.stdout.write(f"{login.role:<22} user {login.username:<14} password {login.password}")
