@@ -75,6 +75,12 @@ class FakeNvmlDevice:
     mig_sm_count: int | None = None  # served by nvmlDeviceGetAttributes only when set
     processes: dict[int, int | None] = field(default_factory=dict)  # pid -> bytes (None: withheld)
     samples: list[tuple[int, int, int]] = field(default_factory=list)  # (pid, timestamp µs, SM %)
+    # Device PCIe throughput as nvmlDeviceGetPcieThroughput reports it, KB/s; None: not supported.
+    pcie_tx_kb_s: int | None = None
+    pcie_rx_kb_s: int | None = None
+    # MIG: when ``mig_instances`` is non-empty the device is in MIG mode and these are its
+    # instances (each a device of its own, with ``mig_sm_count`` set).
+    mig_instances: list[FakeNvmlDevice] = field(default_factory=list)
 
 
 class FakeNvml:
@@ -85,6 +91,10 @@ class FakeNvml:
 
     NVML_SUCCESS = pynvml.NVML_SUCCESS
     NVML_ERROR_NOT_FOUND = pynvml.NVML_ERROR_NOT_FOUND
+    NVML_ERROR_NOT_SUPPORTED = pynvml.NVML_ERROR_NOT_SUPPORTED
+    NVML_DEVICE_MIG_ENABLE = pynvml.NVML_DEVICE_MIG_ENABLE
+    NVML_PCIE_UTIL_TX_BYTES = pynvml.NVML_PCIE_UTIL_TX_BYTES
+    NVML_PCIE_UTIL_RX_BYTES = pynvml.NVML_PCIE_UTIL_RX_BYTES
     NVMLError = pynvml.NVMLError
 
     def __init__(self, *, devices: list[FakeNvmlDevice]) -> None:
@@ -119,6 +129,24 @@ class FakeNvml:
 
     def nvmlDeviceGetNumGpuCores(self, handle: FakeNvmlDevice) -> int:
         return handle.cuda_cores
+
+    def nvmlDeviceGetMigMode(self, handle: FakeNvmlDevice) -> tuple[int, int]:
+        mode = pynvml.NVML_DEVICE_MIG_ENABLE if handle.mig_instances else pynvml.NVML_DEVICE_MIG_DISABLE
+        return mode, mode
+
+    def nvmlDeviceGetMaxMigDeviceCount(self, handle: FakeNvmlDevice) -> int:
+        return 7 if handle.mig_instances else 0
+
+    def nvmlDeviceGetMigDeviceHandleByIndex(self, handle: FakeNvmlDevice, index: int) -> FakeNvmlDevice:
+        if index >= len(handle.mig_instances):
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_FOUND)
+        return handle.mig_instances[index]
+
+    def nvmlDeviceGetPcieThroughput(self, handle: FakeNvmlDevice, counter: int) -> int:
+        value = handle.pcie_tx_kb_s if counter == pynvml.NVML_PCIE_UTIL_TX_BYTES else handle.pcie_rx_kb_s
+        if value is None:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        return value
 
     def nvmlDeviceGetComputeRunningProcesses(self, handle: FakeNvmlDevice) -> list[SimpleNamespace]:
         return [SimpleNamespace(pid=pid, usedGpuMemory=used) for pid, used in handle.processes.items()]

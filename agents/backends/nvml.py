@@ -2,8 +2,12 @@
 
 Per-process memory comes from ``nvmlDeviceGetComputeRunningProcesses`` and
 per-process SM utilisation from ``nvmlDeviceGetProcessUtilization`` (samples
-since the previous read). NVML has no per-process PCIe counter, so readings
-carry a PCIe rate of 0 MB/s.
+since the previous read). NVML has no per-process PCIe counter: the device's
+TX + RX throughput (``nvmlDeviceGetPcieThroughput``, KB/s over NVML's own short
+sampling window) is split over the GPU's processes in proportion to their SM
+use (by memory when no SM use was sampled) — an estimate, documented in
+docs/agent.md. A GPU in MIG mode is metered as its MIG instances (each with
+its own UUID, memory and SM count); the parent GPU is not listed.
 """
 
 from __future__ import annotations
@@ -63,9 +67,14 @@ class NvmlBackend:
         self._nvml = nvml if nvml is not None else load_nvml()
         self._attributor = attributor if attributor is not None else PidAttributor()
         self._handles: list[tuple[GpuInfo, Any]] = []
+        # PCIe is a property of the physical GPU: MIG instances share their parent's link.
+        self._pcie_handle: dict[str, Any] = {}
         for index in range(self._nvml.nvmlDeviceGetCount()):
             handle = self._nvml.nvmlDeviceGetHandleByIndex(index)
-            self._handles.append((self._describe(handle), handle))
+            for device in self._mig_instances(handle) or [handle]:
+                gpu = self._describe(device)
+                self._handles.append((gpu, device))
+                self._pcie_handle[gpu.uuid] = handle
         # NVML timestamp (µs) of the newest utilisation sample seen, per GPU.
         self._last_sample_us: dict[str, int] = {gpu.uuid: 0 for gpu, _ in self._handles}
         # Host PIDs of each workload's GPU processes at the last read (the enforcers' process table).
@@ -90,7 +99,9 @@ class NvmlBackend:
                 for p in self._nvml.nvmlDeviceGetComputeRunningProcesses(handle)
             }
             sm_percent = self._sm_percent(gpu, handle)
-            for pid in sorted(memory.keys() | sm_percent.keys()):
+            present = sorted(memory.keys() | sm_percent.keys())
+            pcie = _split_pcie(self._pcie_mb_per_s(gpu), present, sm_percent, memory)
+            for pid in present:
                 workload = self._attributor.attribute(pid=pid)
                 pids.setdefault(workload.key, set()).add(pid)
                 readings.append(
@@ -99,11 +110,42 @@ class NvmlBackend:
                         gpu=gpu.uuid,
                         mem_used_mb=min(memory.get(pid, 0.0), float(gpu.memory_mb)),
                         sm_used=min(sm_percent.get(pid, 0.0), 100.0) / 100.0 * gpu.sm_count,
-                        pcie_mb_per_s=0.0,
+                        pcie_mb_per_s=pcie.get(pid, 0.0),
                     )
                 )
         self._pids = {key: tuple(sorted(found)) for key, found in pids.items()}
         return readings
+
+    def _mig_instances(self, handle: Any) -> list[Any]:  # handle: opaque NVML device handle
+        """The MIG instances of a GPU in MIG mode; empty when MIG is off or not supported."""
+        nvml = self._nvml
+        try:
+            current, _pending = nvml.nvmlDeviceGetMigMode(handle)
+        except nvml.NVMLError:
+            return []  # not a MIG-capable GPU
+        if current != nvml.NVML_DEVICE_MIG_ENABLE:
+            return []
+        instances = []
+        for index in range(nvml.nvmlDeviceGetMaxMigDeviceCount(handle)):
+            try:
+                instances.append(nvml.nvmlDeviceGetMigDeviceHandleByIndex(handle, index))
+            except nvml.NVMLError as error:
+                if error.value != nvml.NVML_ERROR_NOT_FOUND:
+                    raise
+        return instances
+
+    def _pcie_mb_per_s(self, gpu: GpuInfo) -> float:
+        """Device TX + RX, MB/s; 0 where the driver does not serve the counter."""
+        nvml = self._nvml
+        handle = self._pcie_handle[gpu.uuid]
+        try:
+            kb_s = nvml.nvmlDeviceGetPcieThroughput(handle, nvml.NVML_PCIE_UTIL_TX_BYTES) + \
+                nvml.nvmlDeviceGetPcieThroughput(handle, nvml.NVML_PCIE_UTIL_RX_BYTES)
+        except nvml.NVMLError as error:
+            if error.value == nvml.NVML_ERROR_NOT_SUPPORTED:
+                return 0.0
+            raise
+        return float(kb_s) / 1024.0
 
     def _sm_percent(self, gpu: GpuInfo, handle: Any) -> dict[int, float]:  # handle: opaque NVML device handle
         """Mean SM utilisation (%) per pid over the samples since the previous read."""
@@ -142,3 +184,16 @@ class NvmlBackend:
             log.debug("event=nvml_attributes_unavailable error=%s", error)
         major, minor = nvml.nvmlDeviceGetCudaComputeCapability(handle)
         return int(nvml.nvmlDeviceGetNumGpuCores(handle)) // cuda_cores_per_sm(major, minor)
+
+
+def _split_pcie(
+    total_mb_per_s: float, pids: Sequence[int], sm_percent: dict[int, float], memory_mb: dict[int, float]
+) -> dict[int, float]:
+    """Share a GPU's PCIe rate among its processes by SM use, else by memory, else evenly."""
+    if total_mb_per_s <= 0 or not pids:
+        return {}
+    for weights in ({p: sm_percent.get(p, 0.0) for p in pids}, {p: memory_mb.get(p, 0.0) for p in pids}):
+        total = sum(weights.values())
+        if total > 0:
+            return {p: total_mb_per_s * w / total for p, w in weights.items()}
+    return {p: total_mb_per_s / len(pids) for p in pids}

@@ -69,3 +69,36 @@ def test_cores_per_sm_follow_the_cuda_architecture_table(capability: tuple[int, 
 def test_an_unknown_architecture_is_a_clear_error() -> None:
     with pytest.raises(ValueError, match="compute capability 3.5"):
         cuda_cores_per_sm(3, 5)
+
+
+def test_a_gpu_in_mig_mode_is_metered_as_its_instances_not_the_parent() -> None:
+    instances = [
+        FakeNvmlDevice(uuid="MIG-aaaa", name="NVIDIA A100-SXM4-80GB MIG 3g.40gb", memory_total_bytes=40192 * MIB,
+                       mig_sm_count=42, processes={11: 1024 * MIB}),
+        FakeNvmlDevice(uuid="MIG-bbbb", name="NVIDIA A100-SXM4-80GB MIG 1g.10gb", memory_total_bytes=9856 * MIB,
+                       mig_sm_count=14),
+    ]
+    nvml = FakeNvml(devices=[FakeNvmlDevice(uuid="GPU-parent", mig_instances=instances), FakeNvmlDevice(uuid="GPU-b")])
+    backend = NvmlBackend(nvml=nvml)
+    assert [(g.uuid, g.memory_mb, g.sm_count) for g in backend.inventory()] == [
+        ("MIG-aaaa", 40192, 42), ("MIG-bbbb", 9856, 14), ("GPU-b", 81920, 108),
+    ]
+    (reading,) = backend.read(now=NOW)
+    assert (reading.gpu, reading.mem_used_mb) == ("MIG-aaaa", 1024.0)
+
+
+def test_device_pcie_throughput_is_split_over_processes_by_sm_use() -> None:
+    gpu = FakeNvmlDevice(uuid="GPU-a", processes={1: 100 * MIB, 2: 300 * MIB}, pcie_tx_kb_s=2048, pcie_rx_kb_s=1024)
+    gpu.samples = [(1, 1_000, 30), (2, 1_000, 10)]
+    readings = {r.workload.pod: r.pcie_mb_per_s for r in NvmlBackend(nvml=FakeNvml(devices=[gpu])).read(now=NOW)}
+    # 3 MB/s in all; SM use 30 : 10.
+    assert readings == {"pid-1": pytest.approx(2.25), "pid-2": pytest.approx(0.75)}
+
+
+def test_pcie_falls_back_to_memory_shares_and_to_zero_when_the_counter_is_not_served() -> None:
+    gpu = FakeNvmlDevice(uuid="GPU-a", processes={1: 100 * MIB, 2: 300 * MIB}, pcie_tx_kb_s=1024, pcie_rx_kb_s=0)
+    readings = {r.workload.pod: r.pcie_mb_per_s for r in NvmlBackend(nvml=FakeNvml(devices=[gpu])).read(now=NOW)}
+    assert readings == {"pid-1": pytest.approx(0.25), "pid-2": pytest.approx(0.75)}
+    quiet = FakeNvmlDevice(uuid="GPU-b", processes={3: 100 * MIB})
+    (reading,) = NvmlBackend(nvml=FakeNvml(devices=[quiet])).read(now=NOW)
+    assert reading.pcie_mb_per_s == 0.0
