@@ -1,7 +1,7 @@
 """ORM models only; rules live in billing.services (writes) and billing.queries (reads)."""
 
 from billing.models.audit import AuditEvent
-from billing.models.budgets import Budget, BudgetAction, BudgetState, BudgetStatus
+from billing.models.budgets import AdmittedPod, Budget, BudgetAction, BudgetState, BudgetStatus
 from billing.models.fleet import Gpu, Node, NodeToken
 from billing.models.invoicing import BillingPeriod, Invoice, InvoiceLine
 from billing.models.ledger import GpuHour, GpuMinute, UsageHour, UsageMinute
@@ -11,6 +11,7 @@ from billing.models.tenancy import SlaTier, Tenant, TenantMembership
 from billing.models.usage import BatchGpu, UsageBatch
 
 __all__ = [
+    "AdmittedPod",
     "AuditEvent",
     "BatchGpu",
     "BillingPeriod",

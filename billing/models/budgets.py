@@ -80,3 +80,22 @@ class BudgetStatus(models.Model):
 
     def __str__(self) -> str:
         return f"{self.budget_id} {self.month:%Y-%m} {self.state}"
+
+
+class AdmittedPod(models.Model):
+    """A pod the admission webhook admitted with structured GPU guarantees; the sum per tenant is
+    checked against its quota. Rows leave when the webhook sees the pod's DELETE."""
+
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="admitted_pods")
+    namespace = models.CharField(max_length=253)
+    name = models.CharField(max_length=253)
+    uid = models.CharField(max_length=64, unique=True)
+    guaranteed_mem_mb = models.PositiveBigIntegerField()
+    guaranteed_sm = models.DecimalField(max_digits=12, decimal_places=3)
+    admitted_at = models.DateTimeField()
+
+    class Meta:
+        ordering = ["tenant_id", "namespace", "name"]
+
+    def __str__(self) -> str:
+        return f"{self.namespace}/{self.name}"

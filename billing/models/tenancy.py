@@ -41,6 +41,10 @@ class Tenant(models.Model):
     # (agents read the namespace label vgpu-ledger.io/tenant; the admission webhook sees only
     # the namespace name, so the mapping lives here too).
     namespaces = ArrayField(models.CharField(max_length=63), default=list, blank=True)
+    # Optional caps on what the tenant's admitted pods may be *guaranteed* across the fleet,
+    # checked by the admission webhook (NULL = no cap).
+    quota_guaranteed_mem_mb = models.PositiveBigIntegerField(null=True, blank=True)
+    quota_guaranteed_sm = models.DecimalField(max_digits=12, decimal_places=3, null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:

@@ -1,10 +1,17 @@
-"""The Kubernetes validating admission webhook for budgets (AdmissionReview v1).
+"""The Kubernetes validating admission webhook for budgets and quotas (AdmissionReview v1).
 
 Denies the creation of a pod that requests GPUs — `nvidia.com/gpu` in any container's
 requests or limits, one of our `vgpu-ledger.io/*` request annotations, or a DRA resource
-claim — when its tenant's budget is enforced with the `block` action. Everything else is
-allowed. The tenant of a namespace is the tenant that lists it in `namespaces`, else the
-tenant whose slug is the namespace name.
+claim — when its tenant's budget is enforced with the `block` action, or when its
+*guaranteed* memory / SMs would take the tenant's admitted pods above the tenant's quota.
+Everything else is allowed. Admitted pods with guarantees are remembered (AdmittedPod) until
+the webhook sees their DELETE. The tenant of a namespace is the tenant that lists it in
+`namespaces`, else the tenant whose slug is the namespace name.
+
+Guarantees counted: the `vgpu-ledger.io/memory-mb` and `vgpu-ledger.io/sm-count` annotations,
+or `nvidia.com/gpu: N` as N whole GPUs of the fleet's largest model. DRA claims' parameters
+live in ResourceClaim objects the webhook does not read: their guarantees are enforced by the
+agents at run time, not counted here (docs/requests.md).
 """
 
 from __future__ import annotations
@@ -14,10 +21,11 @@ from datetime import datetime
 from decimal import Decimal
 from typing import Any
 
-from django.db.models import Q
+from django.db import transaction
+from django.db.models import Max, Q, Sum
 
 from billing.errors import FieldError, InvalidBatch
-from billing.models import BudgetAction, BudgetState, BudgetStatus, Tenant
+from billing.models import AdmittedPod, BudgetAction, BudgetState, BudgetStatus, Gpu, Tenant
 
 __all__ = ["AdmissionDecision", "pod_requests_gpu", "review_pod"]
 
@@ -62,6 +70,63 @@ def pod_requests_gpu(pod: dict[str, Any]) -> bool:
     )
 
 
+# The A100 80GB, when the fleet has reported no GPU yet.
+_DEFAULT_GPU = (81920, Decimal(108))
+
+
+@dataclass(frozen=True)
+class Guarantee:
+    mem_mb: int
+    sm: Decimal
+
+    @property
+    def any(self) -> bool:
+        return self.mem_mb > 0 or self.sm > 0
+
+
+def pod_guarantee(pod: dict[str, Any]) -> Guarantee:
+    """What the pod is guaranteed: our annotations win; else whole GPUs; else nothing counted."""
+    annotations = (pod.get("metadata") or {}).get("annotations") or {}
+    mem, sm = annotations.get("vgpu-ledger.io/memory-mb"), annotations.get("vgpu-ledger.io/sm-count")
+    if mem is not None or sm is not None:
+        try:
+            mem_mb = int(str(mem or "0"))
+            sm_count = Decimal(str(sm or "0"))
+        except (ValueError, ArithmeticError) as exc:
+            raise InvalidBatch([FieldError("$.request.object.metadata.annotations",
+                                           f"vgpu-ledger.io request annotations must be numbers: {exc}")]) from exc
+        if mem_mb < 0 or sm_count < 0:
+            raise InvalidBatch([FieldError("$.request.object.metadata.annotations",
+                                           "vgpu-ledger.io request annotations must not be negative")])
+        return Guarantee(mem_mb=mem_mb, sm=sm_count)
+    whole = 0
+    for container in (pod.get("spec") or {}).get("containers") or []:
+        limits = (container.get("resources") or {}).get("limits") or {}
+        try:
+            whole += int(str(limits.get(GPU_RESOURCE, "0")))
+        except ValueError:
+            continue
+    if not whole:
+        return Guarantee(mem_mb=0, sm=Decimal(0))
+    largest = Gpu.objects.aggregate(mem=Max("memory_mb"), sm=Max("sm_count"))
+    mem_mb, sm_count = (largest["mem"], Decimal(largest["sm"])) if largest["mem"] else _DEFAULT_GPU
+    return Guarantee(mem_mb=whole * mem_mb, sm=whole * sm_count)
+
+
+def _quota_denial(tenant: Tenant, uid: str, guarantee: Guarantee) -> str | None:
+    used = AdmittedPod.objects.filter(tenant=tenant).exclude(uid=uid).aggregate(
+        mem=Sum("guaranteed_mem_mb"), sm=Sum("guaranteed_sm")
+    )
+    used_mem, used_sm = used["mem"] or 0, used["sm"] or Decimal(0)
+    if tenant.quota_guaranteed_mem_mb is not None and used_mem + guarantee.mem_mb > tenant.quota_guaranteed_mem_mb:
+        return (f"vGPU Ledger: tenant {tenant.slug} may be guaranteed {tenant.quota_guaranteed_mem_mb} MB of GPU "
+                f"memory across the fleet; admitted pods hold {used_mem} MB and this pod asks {guarantee.mem_mb} MB.")
+    if tenant.quota_guaranteed_sm is not None and used_sm + guarantee.sm > tenant.quota_guaranteed_sm:
+        return (f"vGPU Ledger: tenant {tenant.slug} may be guaranteed {tenant.quota_guaranteed_sm} SMs across the "
+                f"fleet; admitted pods hold {used_sm} and this pod asks {guarantee.sm}.")
+    return None
+
+
 def _parse(review: Any) -> tuple[str, str, str, dict[str, Any]]:
     if not isinstance(review, dict) or review.get("apiVersion") != "admission.k8s.io/v1" \
             or review.get("kind") != "AdmissionReview":
@@ -76,19 +141,53 @@ def _parse(review: Any) -> tuple[str, str, str, dict[str, Any]]:
 
 def review_pod(review: Any, *, now: datetime) -> AdmissionDecision:
     uid, operation, namespace, pod = _parse(review)
-    kind = (review.get("request") or {}).get("kind") or {}
-    if operation != "CREATE" or kind.get("kind") != "Pod" or not pod_requests_gpu(pod):
+    request = review.get("request") or {}
+    kind = request.get("kind") or {}
+    if kind.get("kind") != "Pod":
+        return AdmissionDecision(uid=uid, allowed=True)
+    if operation == "DELETE":
+        raw_old = request.get("oldObject")
+        old: dict[str, Any] = raw_old if isinstance(raw_old, dict) else {}
+        pod_uid = (old.get("metadata") or {}).get("uid")
+        if pod_uid and not request.get("dryRun"):
+            AdmittedPod.objects.filter(uid=pod_uid).delete()
+        return AdmissionDecision(uid=uid, allowed=True)
+    if operation != "CREATE" or not pod_requests_gpu(pod):
         return AdmissionDecision(uid=uid, allowed=True)
     tenant = Tenant.objects.filter(Q(namespaces__contains=[namespace]) | Q(slug=namespace)).order_by("pk").first()
     if tenant is None:
         return AdmissionDecision(uid=uid, allowed=True)
+    blocked = _budget_block(tenant, uid=uid, namespace=namespace, pod=pod, now=now)
+    if blocked is not None:
+        return blocked
+    guarantee = pod_guarantee(pod)
+    if not guarantee.any or (tenant.quota_guaranteed_mem_mb is None and tenant.quota_guaranteed_sm is None):
+        return AdmissionDecision(uid=uid, allowed=True)
+    metadata = pod.get("metadata") or {}
+    pod_uid = str(metadata.get("uid") or "")
+    with transaction.atomic():
+        # One admission at a time per tenant, so two pods cannot both take the last of a quota.
+        Tenant.objects.select_for_update().filter(pk=tenant.pk).first()
+        denial = _quota_denial(tenant, pod_uid, guarantee)
+        if denial is not None:
+            return AdmissionDecision(uid=uid, allowed=False, message=denial)
+        if pod_uid and not request.get("dryRun"):
+            AdmittedPod.objects.update_or_create(uid=pod_uid, defaults={
+                "tenant": tenant, "namespace": namespace, "name": str(metadata.get("name") or ""),
+                "guaranteed_mem_mb": guarantee.mem_mb, "guaranteed_sm": guarantee.sm, "admitted_at": now,
+            })
+    return AdmissionDecision(uid=uid, allowed=True)
+
+
+def _budget_block(tenant: Tenant, *, uid: str, namespace: str, pod: dict[str, Any],
+                  now: datetime) -> AdmissionDecision | None:
     status = (
         BudgetStatus.objects.select_related("budget")
         .filter(budget__tenant=tenant, month=now.date().replace(day=1))
         .first()
     )
     if status is None or status.state != BudgetState.ENFORCED or status.budget.hard_action != BudgetAction.BLOCK:
-        return AdmissionDecision(uid=uid, allowed=True)
+        return None
     budget = status.budget
     name = (pod.get("metadata") or {}).get("name") or (pod.get("metadata") or {}).get("generateName") or "pod"
     message = (

@@ -274,3 +274,45 @@ def test_forecast_carries_the_recent_rate_to_the_end_of_the_month(acme, post_bat
     hours_left = Decimal((month_end - now).total_seconds()) / 3600
     assert Decimal(1) <= forecast <= Decimal(1) + hours_left + Decimal("0.01")
     assert _forecast(tenant="nobody", spend=Decimal(0), now=now) == 0
+
+
+def quota_review(*, uid: str, name: str, mem: str | None = None, sm: str | None = None, gpus: str | None = None,
+                 operation: str = "CREATE", dry_run: bool = False) -> dict:
+    doc = review(operation=operation, dryRun=dry_run)
+    pod = doc["request"]["object"]
+    pod["metadata"].update({"uid": uid, "name": name})
+    annotations = {}
+    if mem is not None:
+        annotations["vgpu-ledger.io/memory-mb"] = mem
+    if sm is not None:
+        annotations["vgpu-ledger.io/sm-count"] = sm
+    pod["metadata"]["annotations"] = annotations
+    pod["spec"]["containers"][0]["resources"] = {"limits": {"nvidia.com/gpu": gpus}} if gpus else {}
+    if operation == "DELETE":
+        doc["request"]["oldObject"], doc["request"]["object"] = pod, None
+    return doc
+
+
+@pytest.mark.django_db
+def test_guarantee_quota_admits_until_full_and_frees_on_delete(acme, client):
+    Tenant.objects.filter(pk=acme.pk).update(quota_guaranteed_mem_mb=10000, quota_guaranteed_sm=Decimal(40))
+    assert admit(client, quota_review(uid="u1", name="a", mem="6000", sm="20"))["allowed"] is True
+    denied = admit(client, quota_review(uid="u2", name="b", mem="6000", sm="10"))
+    assert denied["allowed"] is False and "10000 MB" in denied["status"]["message"]
+    assert "6000 MB" in denied["status"]["message"]
+    # A dry run is answered but admits nothing.
+    assert admit(client, quota_review(uid="u3", name="c", mem="1000", sm="5", dry_run=True))["allowed"] is True
+    assert admit(client, quota_review(uid="u4", name="d", mem="1000", sm="25"))["allowed"] is False  # SMs
+    # Deleting the first pod frees its guarantee.
+    assert admit(client, quota_review(uid="u1", name="a", operation="DELETE"))["allowed"] is True
+    assert admit(client, quota_review(uid="u2", name="b", mem="6000", sm="10"))["allowed"] is True
+
+
+@pytest.mark.django_db
+def test_whole_gpu_requests_count_as_whole_cards_of_the_fleet_and_bad_annotations_are_400(acme, client):
+    Tenant.objects.filter(pk=acme.pk).update(quota_guaranteed_mem_mb=100000)
+    assert admit(client, quota_review(uid="w1", name="one", gpus="1"))["allowed"] is True  # 81920 MB
+    assert admit(client, quota_review(uid="w2", name="two", gpus="1"))["allowed"] is False
+    resp = client.post("/api/v1/admission/pods", json.dumps(quota_review(uid="x", name="x", mem="lots")),
+                       content_type="application/json")
+    assert resp.status_code == 400
