@@ -157,6 +157,9 @@ SPECTACULAR_SETTINGS = {
 VGPU_INGEST_MAX_BODY_BYTES = int(os.environ.get("VGPU_INGEST_MAX_BODY_BYTES", 8 * 1024 * 1024))
 VGPU_INGEST_MAX_JSON_BYTES = int(os.environ.get("VGPU_INGEST_MAX_JSON_BYTES", 64 * 1024 * 1024))
 VGPU_INGEST_MAX_SAMPLES = int(os.environ.get("VGPU_INGEST_MAX_SAMPLES", 200_000))
+# Usage older than this is refused at ingest (400); within it, usage for a month that is already
+# invoiced becomes an adjustment on a later invoice.
+VGPU_LATE_USAGE_HORIZON = timedelta(days=int(os.environ.get("VGPU_LATE_USAGE_HORIZON_DAYS", 45)))
 VGPU_INGEST_MAX_CLOCK_SKEW = timedelta(seconds=int(os.environ.get("VGPU_INGEST_MAX_CLOCK_SKEW_S", 120)))
 # Load shedding: at most this many ingest requests in flight per process before answering 429.
 VGPU_INGEST_MAX_IN_FLIGHT = int(os.environ.get("VGPU_INGEST_MAX_IN_FLIGHT", 8))

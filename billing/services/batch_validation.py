@@ -79,7 +79,9 @@ def _parse_time(value: Any) -> datetime:
     return parsed.astimezone(UTC)
 
 
-def _validate_header(payload: Any, errors: _Errors, *, now: datetime, max_skew: timedelta) -> tuple[Any, ...] | None:
+def _validate_header(
+    payload: Any, errors: _Errors, *, now: datetime, max_skew: timedelta, horizon: timedelta | None
+) -> tuple[Any, ...] | None:
     if not isinstance(payload, dict):
         errors.add("$", "the body must be a JSON object")
         return None
@@ -111,6 +113,11 @@ def _validate_header(payload: Any, errors: _Errors, *, now: datetime, max_skew: 
                 errors.add("$.window", "end must be after start")
             elif end - start > timedelta(hours=1):
                 errors.add("$.window", "a batch window may span at most one hour")
+            if horizon is not None and start < now - horizon:
+                errors.add(
+                    "$.window.start",
+                    f"is older than the late-usage horizon of {horizon.days} days; it can no longer be billed",
+                )
             if end > now + max_skew:
                 errors.add(
                     "$.window.end",
@@ -167,11 +174,11 @@ def _split_at_minutes(start: datetime, seconds: float) -> list[tuple[datetime, f
 
 
 def validate_batch(
-    payload: Any, *, now: datetime, max_skew: timedelta, max_samples: int
+    payload: Any, *, now: datetime, max_skew: timedelta, max_samples: int, horizon: timedelta | None = None
 ) -> ValidatedBatch:
     """Check every rule of DESIGN §3; raise InvalidBatch listing the violations."""
     errors = _Errors()
-    header = _validate_header(payload, errors, now=now, max_skew=max_skew)
+    header = _validate_header(payload, errors, now=now, max_skew=max_skew, horizon=horizon)
     if header is None:
         raise InvalidBatch(errors.items)
     node, seq, window_start, window_end = header

@@ -112,6 +112,7 @@ def record_usage_batch(*, node: Node, payload: object, content: bytes, now: date
         now=now,
         max_skew=settings.VGPU_INGEST_MAX_CLOCK_SKEW,
         max_samples=settings.VGPU_INGEST_MAX_SAMPLES,
+        horizon=settings.VGPU_LATE_USAGE_HORIZON,
     )
     if batch.node != node.name:
         raise Forbidden(f"this token belongs to node {node.name!r}, the batch names {batch.node!r}")

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from datetime import UTC, date, datetime, timedelta
 from decimal import Decimal
 
+from django.conf import settings
 from django.db import connection, transaction
 from django.db.models import Sum
 
@@ -28,7 +29,6 @@ from billing.services.audit import record_audit_event
 __all__ = ["CloseResult", "LineDraft", "close_period", "month_bounds", "parse_month"]
 
 _S_PER_H = Decimal(3600)
-DEFAULT_LATE_USAGE_HORIZON = timedelta(days=45)
 
 
 @dataclass(frozen=True)
@@ -129,9 +129,11 @@ def _adjustment_lines(*, month: date, horizon: timedelta) -> list[LineDraft]:
 
 
 def close_period(
-    *, month: date, now: datetime, horizon: timedelta = DEFAULT_LATE_USAGE_HORIZON, allow_unpriced: bool = False
+    *, month: date, now: datetime, horizon: timedelta | None = None, allow_unpriced: bool = False
 ) -> CloseResult:
-    """Finalize one invoice per tenant for `month` (which must be over)."""
+    """Finalize one invoice per tenant for `month` (which must be over). Late usage for months
+    closed earlier within `horizon` (default: settings.VGPU_LATE_USAGE_HORIZON) is adjusted."""
+    horizon = settings.VGPU_LATE_USAGE_HORIZON if horizon is None else horizon
     if month.day != 1:
         raise InvalidInput("a billing period starts on the first day of a month")
     _, end = month_bounds(month)

@@ -9,7 +9,7 @@ import io
 import json
 import re
 from collections import defaultdict
-from datetime import UTC, date, datetime
+from datetime import UTC, date, datetime, timedelta
 from decimal import Decimal
 from io import StringIO
 
@@ -26,6 +26,12 @@ from billing.services.rollup import rollup_usage
 from tests.conftest import SHARED_GPU_WORKLOADS, make_batch
 
 pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture(autouse=True)
+def _fixed_dates_stay_billable(settings):
+    """These tests post usage on fixed past dates; keep them inside the late-usage horizon."""
+    settings.VGPU_LATE_USAGE_HORIZON = timedelta(days=36500)
 
 OCT = date(2026, 10, 1)
 NOV = date(2026, 11, 1)

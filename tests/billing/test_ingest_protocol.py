@@ -254,3 +254,13 @@ def test_gpu_inventory_and_node_liveness_are_written_at_most_once_a_minute(
     assert Gpu.objects.get().last_seen_at == first
     assert UsageBatch.objects.count() == 2
     assert raw_rows() == 20
+
+
+@override_settings(VGPU_LATE_USAGE_HORIZON=timedelta(days=1))
+def test_usage_older_than_the_late_usage_horizon_is_400_and_stores_nothing(post_batch, minute_start):
+    old = minute_start - timedelta(days=2)
+    resp = post_batch(make_batch(start=old))
+    assert resp.status_code == 400
+    assert resp.json()["errors"][0]["path"] == "$.window.start"
+    assert "horizon" in resp.json()["errors"][0]["message"]
+    assert raw_rows() == 0

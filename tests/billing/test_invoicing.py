@@ -20,6 +20,12 @@ from tests.conftest import A100, SHARED_GPU_WORKLOADS, make_batch
 
 pytestmark = pytest.mark.django_db
 
+
+@pytest.fixture(autouse=True)
+def _fixed_dates_stay_billable(settings):
+    """These tests post usage on fixed past dates; keep them inside the late-usage horizon."""
+    settings.VGPU_LATE_USAGE_HORIZON = timedelta(days=36500)
+
 OCT = date(2026, 10, 1)
 NOV = date(2026, 11, 1)
 AFTER_NOV = datetime(2026, 12, 2, tzinfo=UTC)

@@ -21,6 +21,12 @@ from tests.conftest import SHARED_GPU_WORKLOADS, make_batch
 
 pytestmark = pytest.mark.django_db
 
+
+@pytest.fixture(autouse=True)
+def _fixed_dates_stay_billable(settings):
+    """These tests post usage on fixed past dates; keep them inside the late-usage horizon."""
+    settings.VGPU_LATE_USAGE_HORIZON = timedelta(days=36500)
+
 START = datetime(2026, 11, 20, 10, 0, tzinfo=UTC)
 
 
