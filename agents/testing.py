@@ -311,6 +311,7 @@ class _Kind:
 
 _PODS = _Kind("pods", "Pod", "v1", frozenset(_POD_FIELDS))
 _NAMESPACES = _Kind("namespaces", "Namespace", "v1", frozenset(_NAMESPACE_FIELDS))
+_NODES = _Kind("nodes", "Node", "v1", frozenset({"metadata.name"}))
 _CLAIMS = _Kind(
     "resourceclaims", "ResourceClaim", "resource.k8s.io/v1", frozenset({"metadata.name", "metadata.namespace"})
 )
@@ -322,6 +323,7 @@ _ROUTES: list[tuple[str, re.Pattern[str]]] = [
     ("eviction", re.compile(r"^/api/v1/namespaces/(?P<ns>[^/]+)/pods/(?P<name>[^/]+)/eviction$")),
     ("core_events", re.compile(r"^/api/v1/namespaces/(?P<ns>[^/]+)/events$")),
     ("namespaces", re.compile(r"^/api/v1/namespaces$")),
+    ("node", re.compile(r"^/api/v1/nodes/(?P<name>[^/]+)$")),
     ("namespace", re.compile(r"^/api/v1/namespaces/(?P<name>[^/]+)$")),
     ("events_v1", re.compile(r"^/apis/events\.k8s\.io/v1/namespaces/(?P<ns>[^/]+)/events$")),
     ("claims", re.compile(r"^/apis/resource\.k8s\.io/v1/resourceclaims$")),
@@ -355,6 +357,7 @@ class FakeKubernetes:
             "pods": {},
             "namespaces": {},
             "resourceclaims": {},
+            "nodes": {},
         }
         self._watch_generation = 0
         self._watches_held = False
@@ -414,6 +417,14 @@ class FakeKubernetes:
     def delete_pod(self, namespace: str, name: str) -> None:
         self._delete(_PODS, (namespace, name))
 
+    def add_node(self, node: dict[str, Any]) -> dict[str, Any]:
+        """Store a node (cluster-scoped); the client may GET it and PATCH it (e.g. cordon)."""
+        return self._put(_NODES, node, create=True)
+
+    def get_node(self, name: str) -> dict[str, Any]:
+        with self._cond:
+            return copy.deepcopy(self._objects["nodes"][("", name)])
+
     def add_resource_claim(self, claim: dict[str, Any]) -> dict[str, Any]:
         return self._put(_CLAIMS, claim, create=True)
 
@@ -457,7 +468,7 @@ class FakeKubernetes:
     def _put(self, kind: _Kind, obj: dict[str, Any], *, create: bool) -> dict[str, Any]:
         stored = copy.deepcopy(obj)
         meta = stored.setdefault("metadata", {})
-        namespace = "" if kind is _NAMESPACES else meta.setdefault("namespace", "default")
+        namespace = "" if kind in (_NAMESPACES, _NODES) else meta.setdefault("namespace", "default")
         key = (namespace, meta["name"])
         with self._cond:
             before = self._objects[kind.resource].get(key)
@@ -549,6 +560,28 @@ class FakeKubernetes:
         pod["metadata"]["deletionGracePeriodSeconds"] = 30
         self._put(_PODS, pod, create=False)
         return _status_body(code=201, reason="", message="")
+
+    def _patch_node(self, name: str, patch: Any, content_type: str) -> dict[str, Any]:
+        """JSON merge patch and strategic merge patch (as a merge patch: enough for ``spec``
+        fields); a JSON Patch list of ``add`` / ``replace`` / ``remove`` operations."""
+        node = self._get(_NODES, ("", name))
+        if isinstance(patch, dict) and "json-patch" not in content_type:
+            _merge_patch(node, patch)
+        elif isinstance(patch, list):
+            for op in patch:
+                *parents, leaf = [p for p in str(op.get("path", "")).split("/") if p]
+                target = node
+                for part in parents:
+                    target = target.setdefault(part, {})
+                if op.get("op") in ("add", "replace"):
+                    target[leaf] = op.get("value")
+                elif op.get("op") == "remove":
+                    target.pop(leaf, None)
+                else:
+                    raise _ApiError(422, "Invalid", f"FakeKubernetes does not implement JSON Patch op {op.get('op')!r}")
+        else:
+            raise _ApiError(415, "UnsupportedMediaType", f"the body of a PATCH must match {content_type}")
+        return self._put(_NODES, node, create=False)
 
     def _create_event(self, namespace: str, body: dict[str, Any], *, api_version: str) -> dict[str, Any]:
         if body.get("kind") != "Event" or body.get("apiVersion") != api_version:
@@ -677,6 +710,16 @@ class FakeKubernetes:
             _write_chunk(handler, {"type": "BOOKMARK", "object": bookmark})
 
 
+def _merge_patch(target: dict[str, Any], patch: dict[str, Any]) -> None:
+    for key, value in patch.items():
+        if value is None:
+            target.pop(key, None)
+        elif isinstance(value, dict) and isinstance(target.get(key), dict):
+            _merge_patch(target[key], value)
+        else:
+            target[key] = copy.deepcopy(value)
+
+
 def _watch_event(change: _Change, *, namespace: str | None, selector: _Selector) -> dict[str, Any] | None:
     """The event a watcher with this selector sees for one change (or None).
 
@@ -724,6 +767,9 @@ def _handler_for(fake: FakeKubernetes) -> type[BaseHTTPRequestHandler]:
 
         def do_POST(self) -> None:
             self._serve("POST")
+
+        def do_PATCH(self) -> None:
+            self._serve("PATCH")
 
         def _serve(self, method: str) -> None:
             parsed = urllib.parse.urlsplit(self.path)
@@ -777,6 +823,10 @@ def _handler_for(fake: FakeKubernetes) -> type[BaseHTTPRequestHandler]:
                 return 200, fake._get(_NAMESPACES, ("", params["name"]))
             if method == "GET" and route == "claim":
                 return 200, fake._get(_CLAIMS, (params["ns"], params["name"]))
+            if method == "GET" and route == "node":
+                return 200, fake._get(_NODES, ("", params["name"]))
+            if method == "PATCH" and route == "node":
+                return 200, fake._patch_node(params["name"], body, self.headers.get("Content-Type", ""))
             if method == "POST" and route == "eviction":
                 return 201, fake._evict(params["ns"], params["name"], body)
             if method == "POST" and route == "core_events":

@@ -20,6 +20,8 @@ from billing.services.budgets import sign_webhook, webhook_body
 from billing.services.invoicing import close_period as _close_period
 from billing.services.invoicing import parse_month
 from billing.services.partitions import ensure_raw_partitions as _ensure_raw_partitions
+from billing.services.rebalance import execute_plan, kube_from_settings
+from billing.services.rebalance import propose_rebalance as _propose
 from billing.services.reports import run_paired_report as _run_paired_report
 from billing.services.rollup import rollup_usage as _rollup_usage
 
@@ -139,3 +141,23 @@ def deliver_budget_webhook(budget_id: int, payload: dict[str, object]) -> int | 
 def run_paired_report(report_id: int) -> dict[str, object]:
     report = _run_paired_report(report_id=report_id)
     return {"report": report.pk, "status": report.status}
+
+
+@shared_task(name="billing.tasks.propose_rebalance", acks_late=True, autoretry_for=(OperationalError,),
+             retry_backoff=True, max_retries=3)
+def propose_rebalance() -> dict[str, object]:
+    """Hourly dry run: store a plan of at most VGPU_REBALANCE_MAX_MOVES moves (nothing executed).
+    Running it twice on the same fleet stores one plan."""
+    plan = _propose(now=timezone.now(), max_moves=settings.VGPU_REBALANCE_MAX_MOVES,
+                    window=timedelta(hours=settings.VGPU_REBALANCE_WINDOW_HOURS))
+    if plan is None:
+        return {"plan": None}
+    return {"plan": plan.pk, "moves": len(plan.moves), "gpus_freed": plan.gpus_freed}
+
+
+@shared_task(name="billing.tasks.execute_rebalance", acks_late=True)
+def execute_rebalance(plan_id: int) -> dict[str, object]:
+    """Execute an approved plan; a finished plan is left as it is (safe to run twice)."""
+    plan = execute_plan(plan_id, kube=kube_from_settings(), now=timezone.now(),
+                        window=timedelta(hours=settings.VGPU_REBALANCE_WINDOW_HOURS))
+    return {"plan": plan.pk, "status": plan.status}

@@ -5,7 +5,7 @@ from drf_spectacular.views import SpectacularAPIView
 
 from billing.api.admission import PodAdmissionView
 from billing.api.agent import NodeEventsView, NodePolicyView, UsageBatchView
-from billing.web import admin_pages, health, invoices, reports, views
+from billing.web import admin_pages, health, invoices, rebalance, reports, views
 
 urlpatterns = [
     path("", RedirectView.as_view(pattern_name="finance-overview", permanent=False)),
@@ -20,6 +20,9 @@ urlpatterns = [
     path("budgets/<slug:tenant>/", admin_pages.budget_edit, name="budget-edit"),
     path("sla-tiers/", admin_pages.sla_tiers, name="sla-tiers"),
     path("audit/", admin_pages.audit_log, name="audit-log"),
+    path("rebalance/", rebalance.rebalance_list, name="rebalance"),
+    re_path(r"^rebalance/(?P<plan_id>[0-9]+)/(?P<decision>approve|reject)/$", rebalance.rebalance_decide,
+            name="rebalance-decide"),
     path("reports/", reports.report_list, name="report-list"),
     path("reports/<int:report_id>/", reports.report_detail, name="report-detail"),
     path("reports/<int:report_id>.pdf", reports.report_pdf, name="report-pdf"),

@@ -188,7 +188,18 @@ CELERY_BEAT_SCHEDULE = {
         "task": "billing.tasks.close_previous_month",
         "schedule": crontab(day_of_month="2", hour="1", minute="0"),
     },
+    "propose-rebalance": {
+        "task": "billing.tasks.propose_rebalance",
+        "schedule": float(os.environ.get("VGPU_REBALANCE_EVERY_S", 3600)),
+    },
 }
+
+# Pool rebalance (docs/rebalance.md): at most K moves per plan, demand = peak over the window.
+# Plans are dry runs until an admin approves one; execution talks to VGPU_KUBE_API (a URL,
+# e.g. `kubectl proxy`) or, when empty, to the API server of the cluster it runs in.
+VGPU_REBALANCE_MAX_MOVES = int(os.environ.get("VGPU_REBALANCE_MAX_MOVES", 10))
+VGPU_REBALANCE_WINDOW_HOURS = int(os.environ.get("VGPU_REBALANCE_WINDOW_HOURS", 24))
+VGPU_KUBE_API = os.environ.get("VGPU_KUBE_API", "")
 
 # Admission webhook: an optional bearer token the API server presents, and what to answer
 # when the budget cannot be checked (default: admit, log an error and return a warning).

@@ -6,6 +6,7 @@ from billing.models.fleet import Gpu, Node, NodeToken
 from billing.models.invoicing import BillingPeriod, Invoice, InvoiceLine
 from billing.models.ledger import GpuHour, GpuMinute, UsageHour, UsageMinute
 from billing.models.pricing import BilledBasis, IdlePolicy, RateCard
+from billing.models.rebalance import RebalancePlan, RebalanceStatus
 from billing.models.reports import PairedReport
 from billing.models.tenancy import SlaTier, Tenant, TenantMembership
 from billing.models.usage import BatchGpu, UsageBatch
@@ -30,6 +31,8 @@ __all__ = [
     "NodeToken",
     "PairedReport",
     "RateCard",
+    "RebalancePlan",
+    "RebalanceStatus",
     "SlaTier",
     "Tenant",
     "TenantMembership",
