@@ -10,7 +10,16 @@ from django.utils.translation import gettext as _
 from billing.models import PairedReport
 from billing.services.exports import cjk_font_name
 
-__all__ = ["render_paired_report_pdf", "summary_rows"]
+__all__ = ["render_paired_report_pdf", "study_rows", "summary_rows"]
+
+# The reference study's reported figures (MISSION.md), shown beside ours, never in their place.
+_STUDY = {
+    "cost_reduction_pct": "−37 %",
+    "containers_per_card": "2.8×",
+    "sm_utilisation": "12–18 % → 63–71 %",
+    "idle_memory": "82.3 % → 11.7 %",
+    "efficiency": "> 2.1×",
+}
 
 
 def _fmt(value: Any, suffix: str = "") -> str:
@@ -45,6 +54,21 @@ def summary_rows(result: dict[str, Any]) -> list[tuple[str, str]]:
     ]
 
 
+def study_rows(result: dict[str, Any]) -> list[tuple[str, str, str]]:
+    """(figure, the study's, ours) for the figures the study reports."""
+    s = result["summary"]
+    reduction = s["cost_reduction_pct"]
+    return [
+        (_("Container GPU cost"), _STUDY["cost_reduction_pct"], "—" if reduction is None else f"−{reduction:.1f} %"),
+        (_("Containers per card"), _STUDY["containers_per_card"], _fmt(s["containers_per_card"], "×")),
+        (_("GPU (SM) utilisation, static → dynamic"), _STUDY["sm_utilisation"],
+         f"{_fmt(s['sm_utilisation_static_pct'], ' %')} → {_fmt(s['sm_utilisation_dynamic_pct'], ' %')}"),
+        (_("Idle GPU memory, static → dynamic"), _STUDY["idle_memory"],
+         f"{_fmt(s['idle_memory_share_static_pct'], ' %')} → {_fmt(s['idle_memory_share_dynamic_pct'], ' %')}"),
+        (_("Resource optimisation efficiency"), _STUDY["efficiency"], _fmt(s["resource_optimisation_efficiency"], "×")),
+    ]
+
+
 def render_paired_report_pdf(report: PairedReport) -> bytes:
     from reportlab.lib import colors
     from reportlab.lib.pagesizes import A4
@@ -60,7 +84,10 @@ def render_paired_report_pdf(report: PairedReport) -> bytes:
         "Unit: one workload on one UTC day. The first %(cold)s minutes of each workload are excluded "
         "(cold start). Definitions: docs/billing.md."
     ) % {"cold": int(report.result["method"]["cold_start_excluded_minutes"])}
-    font = cjk_font_name(title + period + method + "".join(a + b for a, b in rows))
+    study = study_rows(report.result)
+    study_title = _("The study's figures beside ours")
+    font = cjk_font_name(title + period + method + study_title + "".join(a + b for a, b in rows)
+                         + "".join(a + b + c for a, b, c in study))
     body = ParagraphStyle("body", fontName=font, fontSize=9, leading=12)
     heading = ParagraphStyle("heading", fontName=font, fontSize=16, leading=20, spaceAfter=6)
     buffer = io.BytesIO()
@@ -68,6 +95,10 @@ def render_paired_report_pdf(report: PairedReport) -> bytes:
     table = Table([[Paragraph(a, body), Paragraph(b, body)] for a, b in rows], colWidths=[250, 220])
     table.setStyle(TableStyle([("GRID", (0, 0), (-1, -1), 0.3, colors.grey),
                                ("VALIGN", (0, 0), (-1, -1), "TOP")]))
+    comparison = Table([[Paragraph(x, body) for x in ("", _("Study"), _("Ours"))]]
+                       + [[Paragraph(a, body), Paragraph(b, body), Paragraph(c, body)] for a, b, c in study],
+                       colWidths=[210, 130, 130])
+    comparison.setStyle(TableStyle([("GRID", (0, 0), (-1, -1), 0.3, colors.grey)]))
     doc.build([Paragraph(title, heading), Paragraph(period, body), Spacer(1, 8), table, Spacer(1, 8),
-               Paragraph(method, body)])
+               Paragraph(study_title, body), comparison, Spacer(1, 8), Paragraph(method, body)])
     return buffer.getvalue()

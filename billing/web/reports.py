@@ -14,7 +14,7 @@ from billing import tasks
 from billing.errors import InvalidInput
 from billing.models import PairedReport
 from billing.queries.scope import get_scope
-from billing.services.report_pdf import render_paired_report_pdf, summary_rows
+from billing.services.report_pdf import render_paired_report_pdf, study_rows, summary_rows
 from billing.services.reports import request_paired_report
 from billing.web.forms import PeriodForm
 
@@ -55,7 +55,8 @@ def report_detail(request: HttpRequest, report_id: int) -> HttpResponse:
     _require_platform_view(request)
     report = _get(report_id)
     rows = summary_rows(report.result) if report.result else []
-    return render(request, "billing/report_detail.html", {"report": report, "rows": rows})
+    study = study_rows(report.result) if report.result else []
+    return render(request, "billing/report_detail.html", {"report": report, "rows": rows, "study": study})
 
 
 @login_required

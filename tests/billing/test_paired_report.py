@@ -116,6 +116,7 @@ def test_report_pages_request_show_progress_then_results_and_a_pdf(fifteen_minut
     run_paired_report(report_id=report.pk)
     done = client.get(f"/reports/{report.pk}/").content.decode()
     assert 'data-testid="report-summary"' in done and "85.00 %" in done
+    assert 'data-testid="study-comparison"' in done and "−37 %" in done and "−85.0 %" in done
     pdf = client.get(f"/reports/{report.pk}.pdf")
     assert pdf.status_code == 200 and pdf.content.startswith(b"%PDF")
 
