@@ -21,7 +21,7 @@ import sys
 import threading
 import time
 import urllib.request
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
@@ -67,6 +67,57 @@ class _WebhookSink:
 
     def close(self) -> None:
         self.server.shutdown()
+
+
+class _History(threading.Thread):
+    """A simulated day of history, so finance has something to close and compare: the real agent
+    code meters the last day of the previous month on a fast simulated clock (60 s samples),
+    then that month is closed, a paired report is computed for the day and a rebalance plan is
+    proposed. Runs once per month of history (a marker file), beside the live demo."""
+
+    def __init__(self, *, py: str, env: dict[str, str], url: str,
+                 agents: list[tuple[str, Path, Path]]) -> None:
+        super().__init__(daemon=True)
+        self.py, self.env, self.url, self.agents = py, env, url, agents
+        self.day = datetime.now(UTC).date().replace(day=1) - timedelta(days=1)
+        self.marker = DEMO_DIR / f"history-{self.day:%Y-%m}.done"
+        self.procs: list[subprocess.Popen[bytes]] = []
+
+    def run(self) -> None:
+        if self.marker.exists():
+            return
+        with open(LOG_DIR / "history.log", "ab") as log:
+            try:
+                for node, token_file, scenario_file in self.agents:
+                    self.procs.append(subprocess.Popen(  # noqa: S603
+                        [self.py, "-m", "agents", "run", "--server", self.url, "--token-file", str(token_file),
+                         "--backend", "sim", "--scenario", str(scenario_file),
+                         "--spool", str(DEMO_DIR / f"{node}.history.sqlite"), "--once-seconds", "86400",
+                         "--start", f"{self.day:%Y-%m-%d}T00:00:00Z", "--tick-ms", "60000", "--meter-ms", "60000",
+                         "--batch-seconds", "3600", "--no-kube", "--enforcer", "dry-run",
+                         "--policy-interval-s", "3600"],
+                        env=self.env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True))
+                for proc in self.procs:
+                    proc.wait()
+                next_day = self.day + timedelta(days=1)
+                for args in (["rollup_usage"], ["close_period", "--month", f"{self.day:%Y-%m}"],
+                             ["paired_report", "--from", f"{self.day}", "--to", f"{next_day}"],
+                             ["propose_rebalance"]):
+                    subprocess.run([self.py, "manage.py", *args], env=self.env, cwd=ROOT, stdout=log,  # noqa: S603
+                                   stderr=subprocess.STDOUT, check=True)
+            except (OSError, subprocess.CalledProcessError) as exc:
+                print(f"demo: the simulated day of history failed ({exc}); see {LOG_DIR / 'history.log'}",
+                      flush=True)
+                return
+        self.marker.touch()
+        print(f"demo: history ready: {self.day:%Y-%m} is closed (see /invoices/), a paired report for "
+              f"{self.day} is at /reports/, a rebalance plan at /rebalance/", flush=True)
+
+    def stop(self) -> None:
+        for proc in self.procs:
+            if proc.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGTERM)
 
 
 def _run(args: list[str], env: dict[str, str]) -> str:
@@ -152,6 +203,7 @@ def main() -> int:
                 "--batch-seconds", "10",
             ]
         procs: dict[str, subprocess.Popen] = {}
+        history: _History | None = None
         interrupted = False
 
         def on_signal(signum: int, frame: object) -> None:
@@ -168,6 +220,8 @@ def main() -> int:
                     args, env=env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
                 )
             health = _wait_healthy(f"{url}/healthz", procs)
+            history = _History(py=py, env=env, url=url, agents=agents)
+            history.start()
             print(
                 f"\nvGPU Ledger demo is running: {url}/finance/\n"
                 f"health: {url}/healthz ({health.get('status')})\n"
@@ -176,6 +230,8 @@ def main() -> int:
                 "numbers grow as agents upload (every 10 s) and the ledger rolls up (every 10 s).\n"
                 f"budgets: acme has 1000 USD/month; lower it at {url}/budgets/ as admin to see enforcement.\n"
                 f"  emails -> {DEMO_DIR / 'mail'}, webhooks -> {DEMO_DIR / 'webhooks.jsonl'}\n"
+                "history: a simulated day of last month is being metered, closed and reported (about a "
+                "minute); a line says when it is ready.\n"
                 "Press Ctrl-C to stop.",
                 flush=True,
             )
@@ -188,6 +244,8 @@ def main() -> int:
                 time.sleep(0.5)
         finally:
             print("\ndemo: stopping agents, web, beat and worker…", flush=True)
+            if history is not None:
+                history.stop()
             _stop(procs)
             webhooks.close()
             print("demo: stopped.", flush=True)

@@ -34,11 +34,13 @@ def demo_env(tmp_path):
     url = urllib.parse.urlsplit(os.environ["DATABASE_URL"])
     admin = psycopg2.connect(os.environ["DATABASE_URL"])
     admin.autocommit = True
+    # Own database per run: two test runs on one server must not drop each other's.
+    name = f"vgpu_demo_test_{os.getpid()}"
     with admin.cursor() as cur:
-        cur.execute("DROP DATABASE IF EXISTS vgpu_demo_test WITH (FORCE)")
-        cur.execute("CREATE DATABASE vgpu_demo_test")
+        cur.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+        cur.execute(f"CREATE DATABASE {name}")
     env = dict(os.environ)
-    env["DATABASE_URL"] = urllib.parse.urlunsplit(url._replace(path="/vgpu_demo_test"))
+    env["DATABASE_URL"] = urllib.parse.urlunsplit(url._replace(path=f"/{name}"))
     redis = urllib.parse.urlsplit(os.environ["REDIS_URL"])
     env["REDIS_URL"] = urllib.parse.urlunsplit(redis._replace(path="/13"))
     env["VGPU_DATA_DIR"] = str(tmp_path)
@@ -47,7 +49,7 @@ def demo_env(tmp_path):
     env.pop("DJANGO_SETTINGS_MODULE", None)
     yield env
     with admin.cursor() as cur:
-        cur.execute("DROP DATABASE IF EXISTS vgpu_demo_test WITH (FORCE)")
+        cur.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
     admin.close()
 
 
@@ -104,6 +106,29 @@ def _lower_acme_budget_and_watch_enforcement(banner: str, base: str, demo_dir: P
     assert "budget.set" in audit and "budget.state_changed" in audit
 
 
+def _finance_sees_the_simulated_day(banner: str, base: str, demo_dir: Path) -> None:
+    """Issue 5's demo: after the simulated day, finance sees a closed period, downloads invoices
+    in all three formats, opens the paired report beside the study's figures, and sees a
+    rebalance plan with its savings."""
+    deadline = time.monotonic() + 240
+    while not list(demo_dir.glob("history-*.done")) and time.monotonic() < deadline:
+        time.sleep(2)
+    assert list(demo_dir.glob("history-*.done")), (demo_dir / "logs" / "history.log").read_text()[-3000:]
+    finance = _login(base, "finance", re.search(r"user finance\s+password (\S+)", banner).group(1))
+    invoices = finance.get(f"{base}/invoices/", timeout=10).text
+    numbers = sorted(set(re.findall(r"/invoices/(VGL-[0-9]{6}-[a-z0-9-]+)\.pdf", invoices)))
+    assert numbers, invoices[:2000]
+    for fmt, magic in (("pdf", b"%PDF"), ("csv", b""), ("focus", b"")):
+        resp = finance.get(f"{base}/invoices/{numbers[0]}.{fmt}", timeout=60)
+        assert resp.status_code == 200 and resp.content.startswith(magic) and resp.content, fmt
+    reports = finance.get(f"{base}/reports/", timeout=10).text
+    report_id = re.search(r'href="/reports/(\d+)/"', reports).group(1)
+    detail = finance.get(f"{base}/reports/{report_id}/", timeout=10).text
+    assert 'data-testid="study-comparison"' in detail and "−37 %" in detail
+    plans = finance.get(f"{base}/rebalance/", timeout=10).text
+    assert 'data-testid="rebalance-plan-' in plans
+
+
 def test_demo_serves_growing_numbers_and_stops_cleanly_on_ctrl_c(demo_env):
     proc = subprocess.Popen([sys.executable, "-m", "config.demo"], cwd=ROOT, env=demo_env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -139,6 +164,7 @@ def test_demo_serves_growing_numbers_and_stops_cleanly_on_ctrl_c(demo_env):
             later = _total_cost(s, base)
         assert later > first, "the finance page's numbers did not grow"
         _lower_acme_budget_and_watch_enforcement(text, base, Path(demo_env["VGPU_DATA_DIR"]) / "demo")
+        _finance_sees_the_simulated_day(text, base, Path(demo_env["VGPU_DATA_DIR"]) / "demo")
     finally:
         proc.send_signal(signal.SIGINT)
         try:

@@ -1,4 +1,4 @@
-"""Pool rebalance plans (admins): the latest plans with their moves, savings and right-sizing;
+"""Pool rebalance plans (finance reads, admins decide): the latest plans with their moves, savings and right-sizing;
 approve / reject by POST. Thin: one service call per action; approval enqueues execution."""
 
 from __future__ import annotations
@@ -27,7 +27,9 @@ def _require_admin(request: HttpRequest) -> None:
 
 @login_required
 def rebalance_list(request: HttpRequest) -> HttpResponse:
-    _require_admin(request)
+    # Finance reads plans and their savings; only admins decide.
+    if not get_scope(request.user).sees_platform:
+        raise PermissionDenied("rebalance plans are for finance and admins")
     plans = RebalancePlan.objects.select_related("decided_by").order_by("-created_at", "-id")[:10]
     return render(request, "billing/rebalance.html", {"plans": plans})
 

@@ -250,3 +250,16 @@ def test_an_unapproved_plan_is_not_executed(fleet):
     with FakeKubernetes() as fake:
         assert execute_plan(plan.pk, kube=_kube(fake), now=NOW).status == "proposed"
         assert fake.requests == []
+
+
+def test_finance_reads_plans_and_savings_but_cannot_decide(client, fleet):
+    from billing.queries.scope import FINANCE_GROUP
+
+    plan = propose_rebalance(now=NOW, max_moves=10)
+    assert plan is not None
+    user = User.objects.create_user(username="fin", password="pw-not-used-123")
+    user.groups.add(Group.objects.get_or_create(name=FINANCE_GROUP)[0])
+    client.force_login(user)
+    html = client.get("/rebalance/").content.decode()
+    assert f'data-testid="rebalance-plan-{plan.pk}"' in html and "Approve and execute" not in html
+    assert client.post(f"/rebalance/{plan.pk}/approve/").status_code == 403

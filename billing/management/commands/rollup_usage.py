@@ -1,3 +1,5 @@
+import time
+
 from django.core.management.base import BaseCommand
 from django.utils import timezone
 
@@ -5,13 +7,17 @@ from billing.services.rollup import rollup_usage
 
 
 class Command(BaseCommand):
-    help = "Roll pending usage batches into the priced minute and hour ledgers (what the beat task runs)."
+    help = "Roll pending usage batches into the priced ledgers until none is pending (what the beat task runs)."
 
     def handle(self, *args, **options):
         total = 0
-        while True:
+        # Another rollup (the beat's) may hold the lock: wait for it; stop once nothing is pending.
+        for _ in range(120):
             result = rollup_usage(now=timezone.now())
             total += result.batches
-            if result.batches == 0 or result.skipped:
+            if result.skipped:
+                time.sleep(0.5)
+                continue
+            if result.batches == 0:
                 break
         self.stdout.write(f"rolled up {total} batch(es)")

@@ -1,0 +1,25 @@
+from datetime import timedelta
+
+from django.conf import settings
+from django.core.management.base import BaseCommand, CommandError
+from django.utils import timezone
+
+from billing.services.rebalance import propose_rebalance
+
+
+class Command(BaseCommand):
+    help = "Store a dry-run pool rebalance plan from the fleet's current state (what the hourly task does)."
+
+    def add_arguments(self, parser):
+        parser.add_argument("--max-moves", type=int, default=settings.VGPU_REBALANCE_MAX_MOVES)
+
+    def handle(self, *args, **options):
+        if options["max_moves"] < 1:
+            raise CommandError("--max-moves must be at least 1")
+        plan = propose_rebalance(now=timezone.now(), max_moves=options["max_moves"],
+                                 window=timedelta(hours=settings.VGPU_REBALANCE_WINDOW_HOURS))
+        if plan is None:
+            self.stdout.write("no plan: the ledger shows no GPU in use")
+            return
+        self.stdout.write(f"plan {plan.pk}: {len(plan.moves)} move(s) free {plan.gpus_freed} GPU(s), "
+                          f"{plan.nodes_freed} node(s); {plan.projected_savings} {plan.currency}/month")
