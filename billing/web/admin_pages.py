@@ -35,7 +35,7 @@ class BudgetForm(forms.Form):
                                          min_value=Decimal("0.001"), max_value=1)
     owner = forms.CharField(label=gettext_lazy("Who can raise it"), max_length=200)
     notify_emails = forms.CharField(label=gettext_lazy("Notify (emails)"), required=False)
-    webhook_url = forms.URLField(label=gettext_lazy("Webhook URL"), required=False)
+    webhook_url = forms.URLField(label=gettext_lazy("Webhook URL"), required=False, assume_scheme="https")
 
 
 @login_required
