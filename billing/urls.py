@@ -1,11 +1,11 @@
 from django.contrib.auth import views as auth_views
-from django.urls import include, path, re_path
+from django.urls import path, re_path
 from django.views.generic import RedirectView
 from drf_spectacular.views import SpectacularAPIView
 
 from billing.api.admission import PodAdmissionView
 from billing.api.agent import NodeEventsView, NodePolicyView, UsageBatchView
-from billing.web import admin_pages, health, invoices, rebalance, reports, views
+from billing.web import admin_pages, health, invoices, language, rebalance, reports, views
 
 urlpatterns = [
     path("", RedirectView.as_view(pattern_name="finance-overview", permanent=False)),
@@ -32,5 +32,5 @@ urlpatterns = [
     path("accounts/login/", auth_views.LoginView.as_view(), name="login"),
     path("accounts/logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("accounts/password/", auth_views.PasswordChangeView.as_view(success_url="/finance/"), name="password_change"),
-    path("i18n/", include("django.conf.urls.i18n")),
+    path("i18n/setlang/", language.set_language, name="set_language"),
 ]

@@ -1,5 +1,6 @@
 """ORM models only; rules live in billing.services (writes) and billing.queries (reads)."""
 
+from billing.models.accounts import UserPreference
 from billing.models.audit import AuditEvent
 from billing.models.budgets import AdmittedPod, Budget, BudgetAction, BudgetState, BudgetStatus
 from billing.models.fleet import Gpu, Node, NodeToken
@@ -37,6 +38,7 @@ __all__ = [
     "Tenant",
     "TenantMembership",
     "UsageBatch",
+    "UserPreference",
     "UsageHour",
     "UsageMinute",
 ]

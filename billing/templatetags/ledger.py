@@ -1,0 +1,39 @@
+"""Display filters. Display only: amounts are shown to 2 places in the active language's number
+format; money records themselves are rounded once, in billing.money."""
+
+from __future__ import annotations
+
+from decimal import ROUND_HALF_EVEN, Decimal, InvalidOperation
+
+from django import template
+from django.utils.formats import number_format
+
+register = template.Library()
+
+_CENT = Decimal("0.01")
+
+
+@register.filter
+def money(value: object, currency: str = "") -> str:
+    """`{{ amount|money:currency }}` → "1,234.57 USD" (grouping and separators per language);
+    an empty string for None, so a missing figure never shows as 0."""
+    if value is None or value == "":
+        return ""
+    try:
+        amount = Decimal(str(value)).quantize(_CENT, rounding=ROUND_HALF_EVEN)
+    except InvalidOperation:
+        return str(value)
+    text = number_format(amount, 2, use_l10n=True, force_grouping=True)
+    return f"{text} {currency}".strip()
+
+
+@register.filter
+def number(value: object, places: int = 2) -> str:
+    """A quantity with grouping and `places` decimals in the active language's format."""
+    if value is None or value == "":
+        return ""
+    try:
+        amount = Decimal(str(value)).quantize(Decimal(1).scaleb(-int(places)), rounding=ROUND_HALF_EVEN)
+    except InvalidOperation:
+        return str(value)
+    return number_format(amount, int(places), use_l10n=True, force_grouping=True)

@@ -1,0 +1,152 @@
+"""Server-side SVG charts: no JavaScript, no CDN, nothing fetched (air-gapped clusters).
+
+Each function returns a complete, accessible `<svg>` (role="img", a <title> per mark for
+hover read-outs) sized by its viewBox so it scales with the page. Colours come from CSS classes
+`s0`…`s7` (templates/static/css/app.css); series beyond eight reuse them. Values are plain numbers
+(Decimal or float); charts are pictures of figures that tables beside them state exactly.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from decimal import Decimal
+
+from django.utils.formats import number_format
+from django.utils.html import escape
+from django.utils.safestring import SafeString, mark_safe
+
+__all__ = ["Series", "line_chart", "nice_ticks", "stacked_bar_chart"]
+
+Number = Decimal | float | int
+
+_PALETTE = 8
+_LEFT, _RIGHT, _TOP, _BOTTOM = 64, 12, 12, 44
+
+
+@dataclass(frozen=True)
+class Series:
+    name: str
+    values: Sequence[Number | None]
+
+
+def nice_ticks(top: float, count: int = 4) -> list[float]:
+    """0 and `count`-ish round steps (1, 2, 2.5, 5 × 10^k) covering `top`."""
+    if top <= 0 or not math.isfinite(top):
+        return [0.0, 1.0]
+    raw = top / count
+    magnitude = 10 ** math.floor(math.log10(raw))
+    step = next(m * magnitude for m in (1, 2, 2.5, 5, 10) if m * magnitude >= raw)
+    n = math.ceil(top / step - 1e-9)
+    return [i * step for i in range(n + 1)]
+
+
+def _fmt(value: float, step: float) -> str:
+    places = 0 if step >= 1 else min(4, max(0, -math.floor(math.log10(step)) + (0 if step * 10 % 1 == 0 else 1)))
+    return number_format(round(value, places), places, use_l10n=True, force_grouping=True)
+
+
+def _frame(*, width: int, height: int, label: str, ticks: list[float], unit: str,
+           categories: Sequence[str], x_of, plot_h: float) -> list[str]:
+    parts = [
+        f'<svg class="chart" viewBox="0 0 {width} {height}" role="img" aria-label="{escape(label)}" '
+        f'xmlns="http://www.w3.org/2000/svg" preserveAspectRatio="xMinYMin meet">',
+        f"<title>{escape(label)}</title>",
+    ]
+    top = ticks[-1]
+    step = ticks[1] - ticks[0] if len(ticks) > 1 else 1.0
+    for t in ticks:
+        y = _TOP + plot_h - (t / top) * plot_h
+        parts.append(f'<line class="grid" x1="{_LEFT}" x2="{width - _RIGHT}" y1="{y:.1f}" y2="{y:.1f}"/>')
+        parts.append(f'<text class="tick" x="{_LEFT - 6}" y="{y + 4:.1f}" text-anchor="end">{_fmt(t, step)}</text>')
+    if unit:
+        parts.append(f'<text class="unit" x="4" y="{_TOP + 4}">{escape(unit)}</text>')
+    # At most ~12 category labels, evenly thinned, so dates never overprint.
+    every = max(1, math.ceil(len(categories) / 12))
+    for i, cat in enumerate(categories):
+        if i % every == 0 or i == len(categories) - 1 and len(categories) <= 12:
+            parts.append(f'<text class="tick" x="{x_of(i):.1f}" y="{height - _BOTTOM + 16}" '
+                         f'text-anchor="middle">{escape(cat)}</text>')
+    return parts
+
+
+def _legend(series: Sequence[Series], *, width: int, height: int) -> list[str]:
+    parts, x = [], _LEFT
+    for i, s in enumerate(series):
+        parts.append(f'<rect class="s{i % _PALETTE}" x="{x}" y="{height - 16}" width="10" height="10"/>')
+        parts.append(f'<text class="legend" x="{x + 14}" y="{height - 7}">{escape(s.name)}</text>')
+        x += 24 + 7 * len(s.name) + (7 * sum(ord(c) > 0x2E80 for c in s.name))
+        if x > width - 80:
+            break
+    return parts
+
+
+def stacked_bar_chart(categories: Sequence[str], series: Sequence[Series], *, label: str, unit: str = "",
+                      width: int = 720, height: int = 240) -> SafeString:
+    """One bar per category, `series` stacked bottom-up in order; None counts as 0."""
+    n = max(1, len(categories))
+    totals = [sum(float(s.values[i] or 0) for s in series) for i in range(len(categories))]
+    ticks = nice_ticks(max(totals, default=0.0))
+    plot_w, plot_h = width - _LEFT - _RIGHT, height - _TOP - _BOTTOM
+    slot = plot_w / n
+    bar_w = max(1.0, slot * 0.72)
+
+    def x_of(i: int) -> float:
+        return _LEFT + slot * i + slot / 2
+
+    parts = _frame(width=width, height=height, label=label, ticks=ticks, unit=unit, categories=categories,
+                   x_of=x_of, plot_h=plot_h)
+    scale = plot_h / ticks[-1]
+    for i, cat in enumerate(categories):
+        base = _TOP + plot_h
+        for k, s in enumerate(series):
+            v = float(s.values[i] or 0)
+            if v <= 0:
+                continue
+            h = v * scale
+            base -= h
+            parts.append(
+                f'<rect class="s{k % _PALETTE}" x="{x_of(i) - bar_w / 2:.1f}" y="{base:.1f}" width="{bar_w:.1f}" '
+                f'height="{h:.1f}"><title>{escape(cat)} · {escape(s.name)}: '
+                f'{number_format(round(v, 2), 2, use_l10n=True, force_grouping=True)} {escape(unit)}</title></rect>'
+            )
+    parts += _legend(series, width=width, height=height)
+    parts.append("</svg>")
+    return mark_safe("".join(parts))  # noqa: S308 — every text above is escaped
+
+
+def line_chart(categories: Sequence[str], series: Sequence[Series], *, label: str, unit: str = "",
+               y_max: float | None = None, width: int = 720, height: int = 240) -> SafeString:
+    """One polyline per series; a None value breaks the line (no data is not zero)."""
+    values = [float(v) for s in series for v in s.values if v is not None]
+    ticks = nice_ticks(y_max if y_max is not None else max(values, default=0.0))
+    plot_w, plot_h = width - _LEFT - _RIGHT, height - _TOP - _BOTTOM
+    n = len(categories)
+
+    def x_of(i: int) -> float:
+        return _LEFT + (plot_w * i / (n - 1) if n > 1 else plot_w / 2)
+
+    parts = _frame(width=width, height=height, label=label, ticks=ticks, unit=unit, categories=categories,
+                   x_of=x_of, plot_h=plot_h)
+    scale = plot_h / ticks[-1]
+    for k, s in enumerate(series):
+        runs: list[list[str]] = [[]]
+        for i, v in enumerate(s.values):
+            if v is None:
+                runs.append([])
+                continue
+            y = _TOP + plot_h - float(v) * scale
+            runs[-1].append(f"{x_of(i):.1f},{y:.1f}")
+            parts.append(
+                f'<circle class="s{k % _PALETTE}" cx="{x_of(i):.1f}" cy="{y:.1f}" r="2.5"><title>'
+                f'{escape(categories[i])} · {escape(s.name)}: '
+                f'{number_format(round(float(v), 2), 2, use_l10n=True, force_grouping=True)} {escape(unit)}'
+                f"</title></circle>"
+            )
+        for run in runs:
+            if len(run) > 1:
+                parts.append(f'<polyline class="line s{k % _PALETTE}" points="{" ".join(run)}"/>')
+    parts += _legend(series, width=width, height=height)
+    parts.append("</svg>")
+    return mark_safe("".join(parts))  # noqa: S308 — every text above is escaped
