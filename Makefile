@@ -11,7 +11,7 @@ PY := $(VENV)/bin/python
 RUNTIME := $(VENV)/.installed-runtime
 DEV := $(VENV)/.installed-dev
 
-.PHONY: demo test lint install bench clean
+.PHONY: demo test lint install bench clean browser-deps screenshots
 
 $(PY):
 	@test -n "$(PYTHON)" || { echo "Python 3.11 or 3.12 is required (set PYTHON=/path/to/python3.x)"; exit 1; }
@@ -35,8 +35,25 @@ lint: $(DEV)
 	$(VENV)/bin/lint-imports --no-cache
 	$(PY) -m config.embedded -- $(PY) -m mypy config billing agents allocator
 
-test: lint
+# Browser tests drive Debian's Chromium (never a browser downloaded by Playwright); the CJK
+# fonts let it render the Simplified Chinese interface.
+SUDO := $(shell [ "$$(id -u)" = 0 ] || command -v sudo >/dev/null && [ "$$(id -u)" != 0 ] && echo sudo)
+APT_BROWSER := chromium fonts-noto-cjk
+
+browser-deps:
+	@if [ ! -x /usr/bin/chromium ] || ! fc-list :lang=zh 2>/dev/null | grep -q .; then \
+	  echo "installing Debian's $(APT_BROWSER) for the browser tests"; \
+	  $(SUDO) apt-get install -y --no-install-recommends $(APT_BROWSER) >/dev/null \
+	  || { $(SUDO) apt-get update >/dev/null && $(SUDO) apt-get install -y --no-install-recommends $(APT_BROWSER) >/dev/null; } \
+	  || { echo "could not install $(APT_BROWSER) with apt-get: the browser tests need them"; exit 1; }; \
+	fi
+
+test: lint browser-deps
 	$(PY) -m config.embedded -- $(PY) -m pytest
+
+# Refreshes the README's screenshots from a live demo (the browser tests take them).
+screenshots: $(DEV) browser-deps
+	VGPU_SCREENSHOTS_DIR=docs/screenshots $(PY) -m config.embedded -- $(PY) -m pytest tests/browser -q
 
 bench: $(DEV)
 	$(PY) -m config.embedded -- $(PY) bench/ingest.py --write-docs

@@ -64,7 +64,8 @@ def ensure_raw_partitions() -> list[str]:
     max_retries=5,
 )
 def close_period(month: str) -> dict[str, object]:
-    """Close a month given as YYYY-MM; rerunning after a crash resumes where it stopped."""
+    """Close a month given as YYYY-MM (beat, or the periods page once a close is requested); the
+    service writes progress on the period row. Rerunning after a crash or a failure resumes."""
     result = _close_period(month=parse_month(month), now=timezone.now())
     return {"month": month, "finalized": result.invoices_finalized, "already_final": result.invoices_already_final,
             "already_closed": result.already_closed}

@@ -1,14 +1,13 @@
 from django.contrib.auth import views as auth_views
 from django.urls import path, re_path
-from django.views.generic import RedirectView
 from drf_spectacular.views import SpectacularAPIView
 
 from billing.api.admission import PodAdmissionView
 from billing.api.agent import NodeEventsView, NodePolicyView, UsageBatchView
-from billing.web import admin_pages, health, invoices, language, rebalance, reports, views
+from billing.web import admin_fleet, admin_pages, health, invoices, language, periods, portal, rebalance, reports, views
 
 urlpatterns = [
-    path("", RedirectView.as_view(pattern_name="finance-overview", permanent=False)),
+    path("", portal.home, name="home"),
     path("healthz", health.healthz, name="healthz"),
     path("api/v1/usage/batches", UsageBatchView.as_view(), name="usage-batches"),
     path("api/v1/nodes/<str:node>/policy", NodePolicyView.as_view(), name="node-policy"),
@@ -16,10 +15,17 @@ urlpatterns = [
     path("api/v1/admission/pods", PodAdmissionView.as_view(), name="admission-pods"),
     path("api/v1/schema", SpectacularAPIView.as_view(), name="openapi-schema"),
     path("finance/", views.finance_overview, name="finance-overview"),
+    path("tenants/", portal.tenant_list, name="tenant-list"),
+    path("tenants/<slug:slug>/", portal.tenant_portal, name="tenant-portal"),
     path("budgets/", admin_pages.budgets, name="budgets"),
     path("budgets/<slug:tenant>/", admin_pages.budget_edit, name="budget-edit"),
     path("sla-tiers/", admin_pages.sla_tiers, name="sla-tiers"),
     path("audit/", admin_pages.audit_log, name="audit-log"),
+    path("rate-cards/", admin_fleet.rate_cards, name="rate-cards"),
+    path("rate-cards/<int:card_id>/end/", admin_fleet.rate_card_end, name="rate-card-end"),
+    path("nodes/", admin_fleet.nodes, name="nodes"),
+    path("nodes/tokens/", admin_fleet.node_token_issue, name="node-token-issue"),
+    path("nodes/tokens/<int:token_id>/revoke/", admin_fleet.node_token_revoke, name="node-token-revoke"),
     path("rebalance/", rebalance.rebalance_list, name="rebalance"),
     re_path(r"^rebalance/(?P<plan_id>[0-9]+)/(?P<decision>approve|reject)/$", rebalance.rebalance_decide,
             name="rebalance-decide"),
@@ -29,6 +35,9 @@ urlpatterns = [
     path("invoices/", invoices.invoice_list, name="invoice-list"),
     re_path(r"^invoices/(?P<number>[^/]+)\.(?P<fmt>pdf|csv|focus)$", invoices.invoice_download,
             name="invoice-download"),
+    path("periods/", periods.period_list, name="period-list"),
+    re_path(r"^periods/(?P<month>[0-9]{4}-[0-9]{2})/close$", periods.period_close, name="period-close"),
+    re_path(r"^periods/(?P<month>[0-9]{4}-[0-9]{2})/status$", periods.period_status, name="period-status"),
     path("accounts/login/", auth_views.LoginView.as_view(), name="login"),
     path("accounts/logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("accounts/password/", auth_views.PasswordChangeView.as_view(success_url="/finance/"), name="password_change"),

@@ -223,10 +223,15 @@ def main() -> int:
             history = _History(py=py, env=env, url=url, agents=agents)
             history.start()
             print(
-                f"\nvGPU Ledger demo is running: {url}/finance/\n"
+                f"\nvGPU Ledger demo is running: {url}/\n"
                 f"health: {url}/healthz ({health.get('status')})\n"
                 f"fleet: {len(NODES)} simulated nodes x 8 NVIDIA A100-SXM4-80GB; logs in {LOG_DIR}\n\n"
-                f"logins:\n{logins}\n"
+                f"logins (each lands on its own start page; the language menu is top right):\n{logins}\n"
+                "  finance        the GPU cost dashboard (cost by tenant over time, idle, savings vs static,\n"
+                "                 top workloads), invoices, savings reports, closing a month\n"
+                "  acme-engineer  Acme's portal: month-to-date cost and forecast, budget, cost per workload,\n"
+                "                 invoices to download\n"
+                "  admin          SLA tiers, rate cards, budgets, nodes and tokens, rebalance approvals, audit log\n"
                 "numbers grow as agents upload (every 10 s) and the ledger rolls up (every 10 s).\n"
                 f"budgets: acme has 1000 USD/month; lower it at {url}/budgets/ as admin to see enforcement.\n"
                 f"  emails -> {DEMO_DIR / 'mail'}, webhooks -> {DEMO_DIR / 'webhooks.jsonl'}\n"

@@ -126,8 +126,9 @@ def _truncate_raw_samples_after_transactional_tests(request, django_db_blocker):
 def _forget_per_process_ingest_caches():
     """Ingest remembers, per process, partitions it created and inventory it wrote recently;
     flushes between tests remove those rows, so each test starts with empty memories."""
-    from billing.services import ingest, partitions
+    from billing.services import ingest, partitions, tokens
 
     ingest._seen.clear()
     partitions._known.clear()
+    tokens._used.clear()
     yield

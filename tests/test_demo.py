@@ -6,51 +6,24 @@ from __future__ import annotations
 import json
 import os
 import re
-import signal
 import socket
 import subprocess
-import sys
 import time
-import urllib.parse
 from decimal import Decimal
 from pathlib import Path
 
-import psycopg2
 import pytest
 import requests
 
-ROOT = Path(__file__).resolve().parent.parent
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+from tests.demo_process import Demo, demo_environment, running_demo
 
 
 @pytest.fixture
 def demo_env(tmp_path):
-    """The demo on its own database and Redis db, so it never touches the test database."""
-    url = urllib.parse.urlsplit(os.environ["DATABASE_URL"])
-    admin = psycopg2.connect(os.environ["DATABASE_URL"])
-    admin.autocommit = True
-    # Own database per run: two test runs on one server must not drop each other's.
-    name = f"vgpu_demo_test_{os.getpid()}"
-    with admin.cursor() as cur:
-        cur.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
-        cur.execute(f"CREATE DATABASE {name}")
-    env = dict(os.environ)
-    env["DATABASE_URL"] = urllib.parse.urlunsplit(url._replace(path=f"/{name}"))
-    redis = urllib.parse.urlsplit(os.environ["REDIS_URL"])
-    env["REDIS_URL"] = urllib.parse.urlunsplit(redis._replace(path="/13"))
-    env["VGPU_DATA_DIR"] = str(tmp_path)
-    env["PORT"] = str(_free_port())
-    env["VGPU_ROLLUP_EVERY_S"] = "3"
-    env.pop("DJANGO_SETTINGS_MODULE", None)
-    yield env
-    with admin.cursor() as cur:
-        cur.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
-    admin.close()
+    """The demo on its own database (per process: two runs on one server must not drop each
+    other's) and Redis db, so it never touches the test database."""
+    with demo_environment(tmp_path, name=f"vgpu_demo_test_{os.getpid()}", redis_db=13) as env:
+        yield env
 
 
 def _total_cost(session: requests.Session, base: str) -> Decimal:
@@ -60,13 +33,13 @@ def _total_cost(session: requests.Session, base: str) -> Decimal:
     return Decimal(match.group(1).replace(",", ""))
 
 
-def _login(base: str, username: str, password: str) -> requests.Session:
+def _login(base: str, username: str, password: str, landing: str = "/budgets/") -> requests.Session:
     s = requests.Session()
     s.get(f"{base}/accounts/login/", timeout=10)
     resp = s.post(f"{base}/accounts/login/", timeout=10, headers={"Referer": f"{base}/accounts/login/"},
-                  data={"username": username, "password": password, "next": "/budgets/",
+                  data={"username": username, "password": password, "next": landing,
                         "csrfmiddlewaretoken": s.cookies["csrftoken"]})
-    assert resp.url.endswith("/budgets/"), resp.url
+    assert resp.url.endswith(landing), resp.url
     return s
 
 
@@ -106,15 +79,13 @@ def _lower_acme_budget_and_watch_enforcement(banner: str, base: str, demo_dir: P
     assert "budget.set" in audit and "budget.state_changed" in audit
 
 
-def _finance_sees_the_simulated_day(banner: str, base: str, demo_dir: Path) -> None:
+def _finance_sees_the_simulated_day(demo: Demo) -> None:
     """Issue 5's demo: after the simulated day, finance sees a closed period, downloads invoices
     in all three formats, opens the paired report beside the study's figures, and sees a
     rebalance plan with its savings."""
-    deadline = time.monotonic() + 240
-    while not list(demo_dir.glob("history-*.done")) and time.monotonic() < deadline:
-        time.sleep(2)
-    assert list(demo_dir.glob("history-*.done")), (demo_dir / "logs" / "history.log").read_text()[-3000:]
-    finance = _login(base, "finance", re.search(r"user finance\s+password (\S+)", banner).group(1))
+    demo.wait_for_history()
+    base = demo.base
+    finance = _login(base, "finance", demo.passwords["finance"])
     invoices = finance.get(f"{base}/invoices/", timeout=10).text
     numbers = sorted(set(re.findall(r"/invoices/(VGL-[0-9]{6}-[a-z0-9-]+)\.pdf", invoices)))
     assert numbers, invoices[:2000]
@@ -130,27 +101,11 @@ def _finance_sees_the_simulated_day(banner: str, base: str, demo_dir: Path) -> N
 
 
 def test_demo_serves_growing_numbers_and_stops_cleanly_on_ctrl_c(demo_env):
-    proc = subprocess.Popen([sys.executable, "-m", "config.demo"], cwd=ROOT, env=demo_env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    out: list[str] = []
-    try:
-        deadline = time.monotonic() + 150
-        while not any("Press Ctrl-C" in line for line in out):
-            line = proc.stdout.readline()
-            assert line or proc.poll() is None, "".join(out)
-            out.append(line)
-            assert time.monotonic() < deadline, "".join(out)
-        text = "".join(out)
-        password = re.search(r"user finance\s+password (\S+)", text).group(1)
-        base = f"http://127.0.0.1:{demo_env['PORT']}"
+    with running_demo(demo_env) as demo:
+        text, base = demo.banner, demo.base
         health = requests.get(f"{base}/healthz", timeout=10)
         assert health.status_code == 200 and health.json()["worker"]["ok"]
-        s = requests.Session()
-        s.get(f"{base}/accounts/login/", timeout=10)
-        resp = s.post(f"{base}/accounts/login/", timeout=10, headers={"Referer": f"{base}/accounts/login/"},
-                      data={"username": "finance", "password": password, "next": "/finance/",
-                            "csrfmiddlewaretoken": s.cookies["csrftoken"]})
-        assert resp.url.endswith("/finance/")
+        s = _login(base, "finance", demo.passwords["finance"], landing="/finance/")
         first = Decimal(0)
         deadline = time.monotonic() + 60
         while first == 0 and time.monotonic() < deadline:
@@ -163,17 +118,10 @@ def test_demo_serves_growing_numbers_and_stops_cleanly_on_ctrl_c(demo_env):
             time.sleep(3)
             later = _total_cost(s, base)
         assert later > first, "the finance page's numbers did not grow"
-        _lower_acme_budget_and_watch_enforcement(text, base, Path(demo_env["VGPU_DATA_DIR"]) / "demo")
-        _finance_sees_the_simulated_day(text, base, Path(demo_env["VGPU_DATA_DIR"]) / "demo")
-    finally:
-        proc.send_signal(signal.SIGINT)
-        try:
-            rest, _ = proc.communicate(timeout=90)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            raise
-    assert proc.returncode == 0, rest
-    assert "demo: stopped." in rest
+        _lower_acme_budget_and_watch_enforcement(text, base, demo.data_dir)
+        _finance_sees_the_simulated_day(demo)
+    assert demo.proc.returncode == 0, demo.rest
+    assert "demo: stopped." in demo.rest
     with socket.socket() as sock:
         assert sock.connect_ex(("127.0.0.1", int(demo_env["PORT"]))) != 0, "the web server still listens"
     leftovers = subprocess.run(["pgrep", "-f", str(demo_env["VGPU_DATA_DIR"])], capture_output=True, text=True)

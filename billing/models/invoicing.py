@@ -6,6 +6,7 @@ Corrections are never edits: usage that arrives after a month was finalized beco
 adjustment line on a later invoice. Amounts are integer minor units, rounded once per line.
 """
 
+from django.conf import settings
 from django.db import models
 from django.utils.translation import gettext_lazy as _
 
@@ -17,17 +18,28 @@ class BillingPeriod(models.Model):
         OPEN = "open", _("open")
         CLOSING = "closing", _("closing")
         CLOSED = "closed", _("closed")
+        # A close stopped on an error (kept in `error`); closing again resumes it.
+        FAILED = "failed", _("failed")
 
     # First day of the month (UTC).
     month = models.DateField(unique=True)
     status = models.CharField(max_length=10, choices=Status.choices, default=Status.OPEN)
     close_started_at = models.DateTimeField(null=True, blank=True)
     closed_at = models.DateTimeField(null=True, blank=True)
+    # Written by the closing job as it goes (0-100), so a page in any web process can show it.
+    progress_pct = models.PositiveSmallIntegerField(default=0)
+    # Who asked for the close from the periods page, and when (empty for the command and beat).
+    requested_by = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, blank=True,
+                                     related_name="+")
+    requested_at = models.DateTimeField(null=True, blank=True)
+    # Why the last close failed; cleared when a close starts again.
+    error = models.TextField(blank=True)
 
     class Meta:
         ordering = ["-month"]
         constraints = [
             models.CheckConstraint(condition=models.Q(month__day=1), name="billing_period_first_of_month"),
+            models.CheckConstraint(condition=models.Q(progress_pct__lte=100), name="billing_period_progress_pct"),
         ]
 
     def __str__(self) -> str:

@@ -29,6 +29,7 @@ __all__ = [
     "BudgetTransition",
     "budget_state_for",
     "evaluate_budgets",
+    "forecast_month_end",
     "get_month_to_date_spend",
     "set_budget",
     "sign_webhook",
@@ -84,7 +85,7 @@ def get_month_to_date_spend(*, tenant: str, now: datetime) -> Decimal:
 FORECAST_WINDOW = timedelta(hours=24)
 
 
-def _forecast(*, tenant: str, spend: Decimal, now: datetime) -> Decimal:
+def forecast_month_end(*, tenant: str, spend: Decimal, now: datetime) -> Decimal:
     """Month-to-date spend plus the recent rate (the last 24 h, or since the tenant's first
     usage this month if that is shorter) carried to the end of the month. A linear
     extrapolation from the first of the month would understate a tenant that started late."""
@@ -136,7 +137,7 @@ def evaluate_budgets(*, now: datetime) -> list[BudgetTransition]:
     transitions = []
     for budget in Budget.objects.select_related("tenant").order_by("pk"):
         spend = get_month_to_date_spend(tenant=budget.tenant.slug, now=now)
-        forecast = _forecast(tenant=budget.tenant.slug, spend=spend, now=now)
+        forecast = forecast_month_end(tenant=budget.tenant.slug, spend=spend, now=now)
         state = budget_state_for(spend=spend, amount=budget.amount, soft_pct=budget.soft_threshold_pct,
                                  hard_pct=budget.hard_threshold_pct)
         with transaction.atomic():

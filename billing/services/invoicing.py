@@ -2,7 +2,13 @@
 
 `close_period` is safe to crash and rerun: the period is marked CLOSING first, each tenant's
 invoice is built and finalized in its own transaction (a finalized one is skipped on rerun,
-a draft one is rebuilt), and the period is marked CLOSED last.
+a draft one is rebuilt), and the period is marked CLOSED last. As it goes it writes
+`progress_pct` on the period row (committed at once, so any web process can show it); an
+error marks the row FAILED with the message, and closing again resumes.
+
+`request_period_close` is the periods page's entry: it checks the month can be closed, marks
+the row CLOSING with who asked, audits, and enqueues the job on commit — once: a second request
+while a close runs changes nothing.
 
 Lines (DESIGN §4): per GPU model and SLA tier, the usage charge; under the `proportional`
 idle policy an explicit idle line; and, for months closed earlier, an adjustment line per
@@ -13,6 +19,7 @@ batches; negative amounts are credits). Each line is rounded once to minor units
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, timedelta
 from decimal import Decimal
@@ -26,7 +33,15 @@ from billing.models import BillingPeriod, Invoice, InvoiceLine, Tenant
 from billing.money import to_minor_units
 from billing.services.audit import record_audit_event
 
-__all__ = ["CloseResult", "LineDraft", "close_period", "month_bounds", "parse_month"]
+__all__ = [
+    "CloseRequest",
+    "CloseResult",
+    "LineDraft",
+    "close_period",
+    "month_bounds",
+    "parse_month",
+    "request_period_close",
+]
 
 _S_PER_H = Decimal(3600)
 
@@ -49,6 +64,20 @@ class CloseResult:
     invoices_finalized: int
     invoices_already_final: int
     already_closed: bool
+
+
+@dataclass(frozen=True)
+class CloseRequest:
+    month: date
+    status: str
+    # False when a close was already running (or done): nothing changed, nothing enqueued.
+    enqueued: bool
+
+
+# Progress while invoices are built runs from _PCT_LINES_READY to _PCT_INVOICES_DONE; 100 is CLOSED.
+_PCT_LINES_READY = 5
+_PCT_INVOICES_DONE = 95
+_ERROR_MAX_CHARS = 2000
 
 
 def parse_month(text: str) -> date:
@@ -128,12 +157,7 @@ def _adjustment_lines(*, month: date, horizon: timedelta) -> list[LineDraft]:
     return lines
 
 
-def close_period(
-    *, month: date, now: datetime, horizon: timedelta | None = None, allow_unpriced: bool = False
-) -> CloseResult:
-    """Finalize one invoice per tenant for `month` (which must be over). Late usage for months
-    closed earlier within `horizon` (default: settings.VGPU_LATE_USAGE_HORIZON) is adjusted."""
-    horizon = settings.VGPU_LATE_USAGE_HORIZON if horizon is None else horizon
+def _check_closable(*, month: date, now: datetime, allow_unpriced: bool) -> None:
     if month.day != 1:
         raise InvalidInput("a billing period starts on the first day of a month")
     _, end = month_bounds(month)
@@ -145,34 +169,107 @@ def close_period(
             f"{month:%Y-%m} has {unpriced:.2f} GPU-hours without a rate card; add the card and run "
             "rebuild_ledger for the month, or close with --allow-unpriced to leave them off the invoices"
         )
+
+
+def request_period_close(
+    *, month: date, now: datetime, actor_label: str, actor_id: int | None, enqueue: Callable[[str], object]
+) -> CloseRequest:
+    """Record a request to close `month` and call `enqueue("YYYY-MM")` once the request commits.
+
+    Idempotent: the row is locked, and only an OPEN or FAILED period (or none yet) starts a close;
+    a CLOSING or CLOSED one is returned unchanged and nothing is enqueued. Refused (InvalidInput,
+    nothing written) for a month that is not over or has unpriced usage."""
+    _check_closable(month=month, now=now, allow_unpriced=False)
+    with transaction.atomic():
+        period, _ = BillingPeriod.objects.select_for_update().get_or_create(month=month)
+        if period.status in (BillingPeriod.Status.CLOSING, BillingPeriod.Status.CLOSED):
+            return CloseRequest(month, period.status, enqueued=False)
+        before = {"status": period.status, "error": period.error}
+        period.status = BillingPeriod.Status.CLOSING
+        period.requested_by_id = actor_id
+        period.requested_at = now
+        period.progress_pct = 0
+        period.error = ""
+        period.save(update_fields=["status", "requested_by", "requested_at", "progress_pct", "error"])
+        record_audit_event(
+            at=now, actor_id=actor_id, actor_label=actor_label, action="period.close_requested",
+            object_type="billing_period", object_id=f"{month:%Y-%m}", before=before, after={"status": period.status},
+        )
+        key = f"{month:%Y-%m}"
+        transaction.on_commit(lambda: enqueue(key))
+    return CloseRequest(month, period.status, enqueued=True)
+
+
+def close_period(
+    *, month: date, now: datetime, horizon: timedelta | None = None, allow_unpriced: bool = False,
+    progress: Callable[[int], None] | None = None,
+) -> CloseResult:
+    """Finalize one invoice per tenant for `month` (which must be over). Late usage for months
+    closed earlier within `horizon` (default: settings.VGPU_LATE_USAGE_HORIZON) is adjusted.
+
+    `progress(pct)` is called after the period row's `progress_pct` is written (each tenant's
+    invoice, then 100 when CLOSED). An error marks a CLOSING row FAILED with its message and is
+    raised again; a month refused up front (not over, unpriced) changes no row that is not
+    already closing."""
+    horizon = settings.VGPU_LATE_USAGE_HORIZON if horizon is None else horizon
+    try:
+        return _close_period(month=month, now=now, horizon=horizon, allow_unpriced=allow_unpriced,
+                             progress=progress or _no_progress)
+    except Exception as exc:
+        # Only a close in flight becomes FAILED: a CLOSED row (another run finished) stays closed.
+        BillingPeriod.objects.filter(month=month, status=BillingPeriod.Status.CLOSING).update(
+            status=BillingPeriod.Status.FAILED, error=str(exc)[:_ERROR_MAX_CHARS] or type(exc).__name__,
+        )
+        raise
+
+
+def _no_progress(pct: int) -> None:
+    """The default progress callback: the row is written anyway."""
+
+
+def _close_period(
+    *, month: date, now: datetime, horizon: timedelta, allow_unpriced: bool, progress: Callable[[int], None]
+) -> CloseResult:
+    _check_closable(month=month, now=now, allow_unpriced=allow_unpriced)
     with transaction.atomic():
         period, _ = BillingPeriod.objects.select_for_update().get_or_create(month=month)
         if period.status == BillingPeriod.Status.CLOSED:
             return CloseResult(month, 0, period.invoices.count(), already_closed=True)
-        if period.status == BillingPeriod.Status.OPEN:
-            period.status = BillingPeriod.Status.CLOSING
-            period.close_started_at = now
-            period.save(update_fields=["status", "close_started_at"])
+        period.status = BillingPeriod.Status.CLOSING
+        period.close_started_at = period.close_started_at or now
+        period.progress_pct = 0
+        period.error = ""
+        period.save(update_fields=["status", "close_started_at", "progress_pct", "error"])
+
+    def report(pct: int) -> None:
+        BillingPeriod.objects.filter(pk=period.pk, status=BillingPeriod.Status.CLOSING).update(progress_pct=pct)
+        progress(pct)
 
     by_tenant: dict[str, list[LineDraft]] = defaultdict(list)
     for line in _month_lines(month) + _adjustment_lines(month=month, horizon=horizon):
         by_tenant[line.tenant].append(line)
+    report(_PCT_LINES_READY)
     finalized = skipped = 0
-    for slug in sorted(by_tenant):
+    slugs = sorted(by_tenant)
+    for done, slug in enumerate(slugs, start=1):
         if _finalize_invoice(period=period, slug=slug, lines=by_tenant[slug], now=now):
             finalized += 1
         else:
             skipped += 1
+        report(_PCT_LINES_READY + (_PCT_INVOICES_DONE - _PCT_LINES_READY) * done // len(slugs))
 
     with transaction.atomic():
         period = BillingPeriod.objects.select_for_update().get(pk=period.pk)
         period.status = BillingPeriod.Status.CLOSED
         period.closed_at = now
-        period.save(update_fields=["status", "closed_at"])
+        period.progress_pct = 100
+        period.error = ""
+        period.save(update_fields=["status", "closed_at", "progress_pct", "error"])
         record_audit_event(
             at=now, actor_label="system", action="billing_period.closed", object_type="billing_period",
             object_id=f"{month:%Y-%m}", before=None, after={"invoices": finalized + skipped},
         )
+    progress(100)
     return CloseResult(month, finalized, skipped, already_closed=False)
 
 

@@ -20,7 +20,7 @@ from django.db import connection, transaction
 from billing.models import RateCard
 from billing.services.pricing import GpuWindowUsage, Rate, WorkloadQuantities, price_gpu_window
 
-__all__ = ["RollupResult", "rebuild_ledger", "rollup_usage"]
+__all__ = ["RollupResult", "lock_ledger", "rebuild_ledger", "rollup_usage"]
 
 _LOCK_KEY = 0x726F6C6C  # "roll"
 _WORKLOAD_KEY = ("tenant", "namespace", "pod", "container", "pod_uid", "sla_tier")
@@ -107,12 +107,19 @@ def rollup_usage(*, now: datetime, max_batches: int = 5000) -> RollupResult:
     return RollupResult(batches=len(batch_ids), gpu_minutes=minutes, gpu_hours=hours)
 
 
+def lock_ledger() -> None:
+    """Hold the rollup's lock until the current transaction ends: no rollup or rebuild runs
+    meanwhile (a rate-card change re-prices under it)."""
+    with connection.cursor() as cur:
+        cur.execute("SELECT pg_advisory_xact_lock(%s)", [_LOCK_KEY])
+
+
 def rebuild_ledger(*, start: datetime, end: datetime) -> RollupResult:
     """Recompute every GPU-minute in [start, end) from raw samples (after a rate-card change)."""
     if end <= start:
         raise ValueError("end must be after start")
     with transaction.atomic(), connection.cursor() as cur:
-        cur.execute("SELECT pg_advisory_xact_lock(%s)", [_LOCK_KEY])
+        lock_ledger()
         cur.execute("DROP TABLE IF EXISTS rollup_affected, rollup_hours")
         cur.execute(
             "CREATE TEMP TABLE rollup_affected ON COMMIT DROP AS "

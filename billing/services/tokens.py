@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import secrets
+import time
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -16,6 +17,11 @@ from billing.models.tenancy import slug_validator
 from billing.services.audit import record_audit_event
 
 __all__ = ["IssuedToken", "authenticate_node", "issue_node_token", "revoke_node_token", "token_sha256"]
+
+# Token id -> monotonic time of this process's last `last_used_at` write: once a minute per
+# process is enough for "when did this node last call in", and keeps the hot path read-only.
+_used: dict[int, float] = {}
+_USE_WRITE_EVERY_S = 60.0
 
 TOKEN_PREFIX = "vgl_"  # noqa: S105 - a public marker that makes leaked tokens greppable, not a secret
 
@@ -78,6 +84,15 @@ def revoke_node_token(*, token_id: int, now: datetime, actor_label: str, actor_i
         )
 
 
+def _note_use(token_id: int) -> None:
+    now = time.monotonic()
+    if now - _used.get(token_id, -_USE_WRITE_EVERY_S) < _USE_WRITE_EVERY_S:
+        return
+    with connection.cursor() as cur:
+        cur.execute("UPDATE billing_nodetoken SET last_used_at = now() WHERE id = %s", [token_id])
+    _used[token_id] = now
+
+
 def authenticate_node(*, authorization: str | None, node_name: str | None) -> Node:
     """Resolve `Authorization: Bearer <token>` to its node.
 
@@ -91,16 +106,17 @@ def authenticate_node(*, authorization: str | None, node_name: str | None) -> No
     # One indexed look-up on the hashed token (hot path of every agent request).
     with connection.cursor() as cur:
         cur.execute(
-            "SELECT t.prefix, t.revoked_at, n.id, n.name FROM billing_nodetoken t "
+            "SELECT t.id, t.prefix, t.revoked_at, n.id, n.name FROM billing_nodetoken t "
             "JOIN billing_node n ON n.id = t.node_id WHERE t.token_sha256 = %s",
             [token_sha256(token.strip())],
         )
         row = cur.fetchone()
     if row is None:
         raise NotAuthenticated("unknown node token")
-    prefix, revoked_at, node_id, name = row
+    token_id, prefix, revoked_at, node_id, name = row
     if revoked_at is not None:
         raise Forbidden(f"node token {prefix}… was revoked; issue a new one with create_node_token")
     if node_name is not None and node_name != name:
         raise Forbidden(f"this token belongs to node {name!r}, not {node_name!r}")
+    _note_use(token_id)
     return Node.from_db("default", ["id", "name"], [node_id, name])

@@ -7,6 +7,7 @@ from decimal import ROUND_HALF_EVEN, Decimal, InvalidOperation
 
 from django import template
 from django.utils.formats import number_format
+from django.utils.safestring import mark_safe
 
 register = template.Library()
 
@@ -37,3 +38,10 @@ def number(value: object, places: int = 2) -> str:
     except InvalidOperation:
         return str(value)
     return number_format(amount, int(places), use_l10n=True, force_grouping=True)
+
+
+@register.simple_tag(takes_context=True)
+def current(context: template.Context, *url_names: str) -> str:
+    """` aria-current="page"` when the request resolved to one of `url_names` (nav highlighting)."""
+    match = getattr(context.get("request"), "resolver_match", None)
+    return mark_safe(' aria-current="page"') if match and match.url_name in url_names else ""  # noqa: S308

@@ -43,14 +43,15 @@ def nice_ticks(top: float, count: int = 4) -> list[float]:
 
 
 def _fmt(value: float, step: float) -> str:
-    places = 0 if step >= 1 else min(4, max(0, -math.floor(math.log10(step)) + (0 if step * 10 % 1 == 0 else 1)))
+    # As many decimals as the step needs (2.5 → one), so ticks never round to wrong labels ("2", "8").
+    places = next((p for p in range(5) if abs(step * 10**p - round(step * 10**p)) < 1e-6), 4)
     return number_format(round(value, places), places, use_l10n=True, force_grouping=True)
 
 
 def _frame(*, width: int, height: int, label: str, ticks: list[float], unit: str,
-           categories: Sequence[str], x_of, plot_h: float) -> list[str]:
+           categories: Sequence[str], x_of, plot_h: float, view_height: int | None = None) -> list[str]:
     parts = [
-        f'<svg class="chart" viewBox="0 0 {width} {height}" role="img" aria-label="{escape(label)}" '
+        f'<svg class="chart" viewBox="0 0 {width} {view_height or height}" role="img" aria-label="{escape(label)}" '
         f'xmlns="http://www.w3.org/2000/svg" preserveAspectRatio="xMinYMin meet">',
         f"<title>{escape(label)}</title>",
     ]
@@ -71,15 +72,33 @@ def _frame(*, width: int, height: int, label: str, ticks: list[float], unit: str
     return parts
 
 
-def _legend(series: Sequence[Series], *, width: int, height: int) -> list[str]:
-    parts, x = [], _LEFT
-    for i, s in enumerate(series):
-        parts.append(f'<rect class="s{i % _PALETTE}" x="{x}" y="{height - 16}" width="10" height="10"/>')
-        parts.append(f'<text class="legend" x="{x + 14}" y="{height - 7}">{escape(s.name)}</text>')
-        x += 24 + 7 * len(s.name) + (7 * sum(ord(c) > 0x2E80 for c in s.name))
-        if x > width - 80:
-            break
-    return parts
+_LEGEND_ROW = 16
+
+
+def _legend_layout(series: Sequence[Series], *, width: int) -> list[tuple[float, int]]:
+    """(x, row) of each series' legend entry: entries wrap onto further rows instead of being cut off."""
+    out: list[tuple[float, int]] = []
+    x, row = float(_LEFT), 0
+    for s in series:
+        # ~7 px per Latin character at 11 px, twice that for CJK ideographs.
+        w = 24 + 7 * len(s.name) + 7 * sum(ord(c) > 0x2E80 for c in s.name)
+        if x > _LEFT and x + w > width - _RIGHT:
+            x, row = float(_LEFT), row + 1
+        out.append((x, row))
+        x += w
+    return out
+
+
+def _legend(series: Sequence[Series], *, width: int, height: int) -> tuple[list[str], int]:
+    """Legend entries from `height - 16` downwards; returns them and the extra height the rows below need."""
+    parts: list[str] = []
+    layout = _legend_layout(series, width=width)
+    for i, (s, (x, row)) in enumerate(zip(series, layout, strict=True)):
+        y = height + row * _LEGEND_ROW
+        parts.append(f'<rect class="s{i % _PALETTE}" x="{x:.0f}" y="{y - 16}" width="10" height="10"/>')
+        parts.append(f'<text class="legend" x="{x + 14:.0f}" y="{y - 7}">{escape(s.name)}</text>')
+    rows = max((row for _, row in layout), default=0)
+    return parts, rows * _LEGEND_ROW
 
 
 def stacked_bar_chart(categories: Sequence[str], series: Sequence[Series], *, label: str, unit: str = "",
@@ -95,11 +114,12 @@ def stacked_bar_chart(categories: Sequence[str], series: Sequence[Series], *, la
     def x_of(i: int) -> float:
         return _LEFT + slot * i + slot / 2
 
+    legend, extra = _legend(series, width=width, height=height)
     parts = _frame(width=width, height=height, label=label, ticks=ticks, unit=unit, categories=categories,
-                   x_of=x_of, plot_h=plot_h)
+                   x_of=x_of, plot_h=plot_h, view_height=height + extra)
     scale = plot_h / ticks[-1]
     for i, cat in enumerate(categories):
-        base = _TOP + plot_h
+        base: float = _TOP + plot_h
         for k, s in enumerate(series):
             v = float(s.values[i] or 0)
             if v <= 0:
@@ -111,7 +131,7 @@ def stacked_bar_chart(categories: Sequence[str], series: Sequence[Series], *, la
                 f'height="{h:.1f}"><title>{escape(cat)} · {escape(s.name)}: '
                 f'{number_format(round(v, 2), 2, use_l10n=True, force_grouping=True)} {escape(unit)}</title></rect>'
             )
-    parts += _legend(series, width=width, height=height)
+    parts += legend
     parts.append("</svg>")
     return mark_safe("".join(parts))  # noqa: S308 — every text above is escaped
 
@@ -127,8 +147,9 @@ def line_chart(categories: Sequence[str], series: Sequence[Series], *, label: st
     def x_of(i: int) -> float:
         return _LEFT + (plot_w * i / (n - 1) if n > 1 else plot_w / 2)
 
+    legend, extra = _legend(series, width=width, height=height)
     parts = _frame(width=width, height=height, label=label, ticks=ticks, unit=unit, categories=categories,
-                   x_of=x_of, plot_h=plot_h)
+                   x_of=x_of, plot_h=plot_h, view_height=height + extra)
     scale = plot_h / ticks[-1]
     for k, s in enumerate(series):
         runs: list[list[str]] = [[]]
@@ -147,6 +168,6 @@ def line_chart(categories: Sequence[str], series: Sequence[Series], *, label: st
         for run in runs:
             if len(run) > 1:
                 parts.append(f'<polyline class="line s{k % _PALETTE}" points="{" ".join(run)}"/>')
-    parts += _legend(series, width=width, height=height)
+    parts += legend
     parts.append("</svg>")
     return mark_safe("".join(parts))  # noqa: S308 — every text above is escaped

@@ -3,15 +3,23 @@
 from __future__ import annotations
 
 import csv
+from collections.abc import Callable
+from datetime import date, datetime, timedelta
+from typing import Any
+from urllib.parse import urlencode
 
 from django.contrib.auth.decorators import login_required
-from django.http import HttpRequest, HttpResponse
+from django.core.exceptions import PermissionDenied
+from django.http import HttpRequest, HttpResponse, HttpResponseBadRequest
 from django.shortcuts import render
 from django.utils import timezone
+from django.utils.safestring import SafeString
 from django.utils.translation import gettext as _
 
-from billing.queries.finance import get_cost_summary
+from billing.queries.dashboard import IDLE_KEY, CostTimeline, FinanceDashboard, UtilisationPoint, get_finance_dashboard
+from billing.queries.finance import CostSummary
 from billing.queries.scope import get_scope
+from billing.web.charts import Series, line_chart, stacked_bar_chart
 from billing.web.forms import PeriodForm
 
 
@@ -21,36 +29,142 @@ def finance_overview(request: HttpRequest) -> HttpResponse:
     form = PeriodForm(request.GET or None, initial=PeriodForm.default_initial(today))
     if not request.GET:
         form = PeriodForm(PeriodForm.default_initial(today))
-    summary = None
+    as_csv = request.GET.get("format") == "csv"
+    table = request.GET.get("table") or "tenants"
+    if as_csv and table not in _CSV_TABLES:
+        return HttpResponseBadRequest(
+            _("Unknown table “%(table)s”: choose one of %(tables)s.") % {"table": table, "tables": ", ".join(_CSV_TABLES)},
+            content_type="text/plain; charset=utf-8",
+        )
+    dashboard = None
     if form.is_valid():
         start, end = form.bounds()
-        summary = get_cost_summary(scope=get_scope(request.user), start=start, end=end)
-        if request.GET.get("format") == "csv":
-            return _summary_csv(summary)
-    status = 200 if form.is_valid() else 400
+        dashboard = get_finance_dashboard(scope=get_scope(request.user), start=start, end=end)
+        if as_csv:
+            return _CSV_TABLES[table](dashboard)
+    summary = dashboard.summary if dashboard else None
     live = summary is not None and summary.end > timezone.now()
     max_total = max((t.total for t in summary.tenants), default=0) if summary else 0
-    return render(
-        request,
-        "billing/finance_overview.html",
-        {"form": form, "summary": summary, "live": live, "max_total": max_total},
-        status=status,
-    )
+    context: dict[str, object] = {
+        "form": form, "dashboard": dashboard, "summary": summary, "live": live, "max_total": max_total,
+        "quick_periods": _quick_periods(today, form),
+    }
+    if dashboard is not None:
+        context.update(_charts(dashboard))
+        context["period_query"] = urlencode({"start": form.cleaned_data["start"].isoformat(),
+                                             "end": form.cleaned_data["end"].isoformat()})
+    return render(request, "billing/finance_overview.html", context, status=200 if form.is_valid() else 400)
 
 
-def _summary_csv(summary) -> HttpResponse:
+def _quick_periods(today: date, form: PeriodForm) -> list[dict[str, object]]:
+    first = today.replace(day=1)
+    last_month_end = first - timedelta(days=1)
+    chosen = (form.cleaned_data.get("start"), form.cleaned_data.get("end")) if form.is_valid() else None
+    periods = [
+        ("this-month", _("This month"), first, today),
+        ("last-month", _("Last month"), last_month_end.replace(day=1), last_month_end),
+        ("last-7-days", _("Last 7 days"), today - timedelta(days=6), today),
+    ]
+    return [
+        {"key": key, "label": label, "query": urlencode({"start": lo.isoformat(), "end": hi.isoformat()}),
+         "active": chosen == (lo, hi)}
+        for key, label, lo, hi in periods
+    ]
+
+
+def _bucket_label(at: datetime, timeline: CostTimeline) -> str:
+    # Hours show the day at midnight so a two-day chart says where the day changes.
+    if timeline.granularity == "day" or at.hour == 0:
+        return f"{at:%m-%d}"
+    return f"{at:%H}:00"
+
+
+def _charts(dashboard: FinanceDashboard) -> dict[str, SafeString]:
+    timeline = dashboard.timeline
+    categories = [_bucket_label(b, timeline) for b in timeline.buckets]
+    out = {
+        "cost_chart": stacked_bar_chart(
+            categories, [Series(s.name, s.values) for s in timeline.series],
+            label=_("Cost by tenant over time"), unit=dashboard.summary.currency,
+        ),
+    }
+    if dashboard.utilisation is not None:
+        by_bucket = {p.bucket: p for p in dashboard.utilisation}
+        points: list[UtilisationPoint | None] = [by_bucket.get(b) for b in timeline.buckets]
+        out["utilisation_chart"] = line_chart(
+            categories,
+            [Series(_("SM utilisation"), [p.sm_utilisation_pct if p else None for p in points]),
+             Series(_("Idle memory"), [p.idle_memory_pct if p else None for p in points])],
+            label=_("Utilisation and idle memory"), unit="%", y_max=100,
+        )
+    return out
+
+
+def _csv_response(summary: CostSummary, table: str) -> tuple[HttpResponse, Any]:  # Any: csv's writer type is private
     response = HttpResponse(content_type="text/csv; charset=utf-8")
-    name = f"gpu-cost-{summary.start:%Y%m%d}-{summary.end:%Y%m%d}.csv"
+    suffix = "" if table == "tenants" else f"-{table}"
+    name = f"gpu-cost{suffix}-{summary.start:%Y%m%d}-{summary.end:%Y%m%d}.csv"
     response["Content-Disposition"] = f'attachment; filename="{name}"'
-    writer = csv.writer(response)
+    return response, csv.writer(response)
+
+
+def _tenants_csv(dashboard: FinanceDashboard) -> HttpResponse:
+    summary = dashboard.summary
+    response, writer = _csv_response(summary, "tenants")
     writer.writerow(["tenant", "name", "charge", "idle_share", "total", "currency", "gpu_hours_equivalent",
                      "mem_used_gb_h", "sm_used_h", "workloads"])
     for t in summary.tenants:
         writer.writerow([t.tenant, t.name, t.charge, t.idle_share, t.total, summary.currency,
                          t.gpu_hours_equivalent, t.mem_used_gb_h, t.sm_used_h, t.workloads])
     if summary.total_gpu_cost is not None:
-        writer.writerow(["(idle, platform)", _("Idle (platform)"), summary.idle_platform, "", summary.idle_platform,
+        writer.writerow([IDLE_KEY, _("Idle (platform)"), summary.idle_platform, "", summary.idle_platform,
                          summary.currency, "", "", "", ""])
         writer.writerow(["(total)", _("Total GPU cost"), "", "", summary.total_gpu_cost, summary.currency,
                          summary.metered_gpu_hours, "", "", ""])
     return response
+
+
+def _timeline_csv(dashboard: FinanceDashboard) -> HttpResponse:
+    """Long format: one row per bucket and series (tenant slug, "(other tenants)", "(idle, platform)")."""
+    timeline, currency = dashboard.timeline, dashboard.summary.currency
+    response, writer = _csv_response(dashboard.summary, "timeline")
+    writer.writerow(["bucket_start", "granularity", "series", "name", "cost", "currency"])
+    for i, bucket in enumerate(timeline.buckets):
+        for s in timeline.series:
+            writer.writerow([bucket.isoformat(), timeline.granularity, s.key, s.name, s.values[i], currency])
+    return response
+
+
+def _utilisation_csv(dashboard: FinanceDashboard) -> HttpResponse:
+    if dashboard.utilisation is None:
+        raise PermissionDenied(_("Fleet utilisation covers every tenant: finance and admins only."))
+    response, writer = _csv_response(dashboard.summary, "utilisation")
+    writer.writerow(["bucket_start", "granularity", "metered_gpu_s", "sm_used_s", "sm_capacity_s",
+                     "sm_utilisation_pct", "mem_used_mb_s", "mem_capacity_mb_s", "idle_memory_pct"])
+    for p in dashboard.utilisation:
+        writer.writerow([p.bucket.isoformat(), dashboard.timeline.granularity, p.metered_gpu_s, p.sm_used_s,
+                         p.sm_capacity_s, _blank(p.sm_utilisation_pct), p.mem_used_mb_s, p.mem_capacity_mb_s,
+                         _blank(p.idle_memory_pct)])
+    return response
+
+
+def _workloads_csv(dashboard: FinanceDashboard) -> HttpResponse:
+    response, writer = _csv_response(dashboard.summary, "workloads")
+    writer.writerow(["rank", "tenant", "name", "namespace", "pod", "pod_uid", "sla_tier", "cost", "currency",
+                     "gpu_hours_equivalent", "mem_used_gb_h", "sm_used_h"])
+    for rank, w in enumerate(dashboard.top_workloads, start=1):
+        writer.writerow([rank, w.tenant, w.name, w.namespace, w.pod, w.pod_uid, w.sla_tier, w.cost,
+                         dashboard.summary.currency, w.gpu_hours_equivalent, w.mem_used_gb_h, w.sm_used_h])
+    return response
+
+
+def _blank(value: object) -> object:
+    return "" if value is None else value
+
+
+_CSV_TABLES: dict[str, Callable[[FinanceDashboard], HttpResponse]] = {
+    "tenants": _tenants_csv,
+    "timeline": _timeline_csv,
+    "utilisation": _utilisation_csv,
+    "workloads": _workloads_csv,
+}

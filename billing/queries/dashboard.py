@@ -1,0 +1,344 @@
+"""The finance dashboard for a period: cost over time by tenant and idle, fleet utilisation and
+idle memory, top workloads, the latest savings-vs-static report and rebalance recommendation.
+
+Everything is aggregated in SQL from the hour ledger (UsageHour, GpuHour) grouped by UTC hour or
+day. Tenant members get their tenants' numbers only; platform figures (idle, utilisation,
+savings, rebalance) are None for them, decided here and not in templates.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from decimal import Decimal
+from typing import Any, Literal
+
+from django.contrib.postgres.aggregates import StringAgg
+from django.db import connection
+from django.db.models import F, QuerySet, Sum
+from django.db.models.functions import Trunc
+from django.utils.translation import gettext as _
+
+from billing.models import GpuHour, PairedReport, RebalancePlan, UsageHour
+from billing.models.rebalance import RebalanceStatus
+from billing.queries.finance import CostSummary, get_cost_summary
+from billing.queries.scope import Scope
+
+__all__ = [
+    "HOURLY_UP_TO",
+    "IDLE_KEY",
+    "OTHER_KEY",
+    "TOP_TENANTS",
+    "TOP_WORKLOADS",
+    "CostTimeline",
+    "FinanceDashboard",
+    "RebalanceRecommendation",
+    "SavingsHeadline",
+    "TimelineSeries",
+    "UtilisationPoint",
+    "WorkloadCost",
+    "get_finance_dashboard",
+]
+
+Granularity = Literal["hour", "day"]
+
+# Periods up to this long are drawn per hour, longer ones per day.
+HOURLY_UP_TO = timedelta(days=2)
+TOP_TENANTS = 6
+TOP_WORKLOADS = 10
+# Series keys that are not tenant slugs (slugs cannot contain parentheses); the CSV uses them too.
+OTHER_KEY = "(other tenants)"
+IDLE_KEY = "(idle, platform)"
+
+_ZERO = Decimal(0)
+_S_PER_H = Decimal(3600)
+_MB_PER_GB = Decimal(1024)
+_STEP = {"hour": timedelta(hours=1), "day": timedelta(days=1)}
+
+
+@dataclass(frozen=True)
+class TimelineSeries:
+    key: str  # tenant slug, OTHER_KEY or IDLE_KEY
+    name: str  # display name (Tenant.name, may be Chinese) or a translated label
+    values: list[Decimal]  # one per bucket, charge + idle share (tenants) or platform idle, ledger precision
+
+    @property
+    def total(self) -> Decimal:
+        return sum(self.values, _ZERO)
+
+
+@dataclass(frozen=True)
+class CostTimeline:
+    granularity: Granularity
+    buckets: list[datetime]  # bucket starts, UTC, every bucket of the period (empty ones too)
+    series: list[TimelineSeries]  # stacking order: top tenants by cost, other tenants, platform idle
+
+
+@dataclass(frozen=True)
+class UtilisationPoint:
+    """Fleet figures for one bucket. SM·s: one SM busy for one second (DESIGN §3); MB are MiB as NVML reports."""
+
+    bucket: datetime
+    metered_gpu_s: Decimal  # Σ GPU-seconds metered (every GPU of every batch, busy or not)
+    sm_used_s: Decimal  # Σ SM·s used by workloads
+    sm_capacity_s: Decimal  # Σ sm_count × metered seconds
+    mem_used_mb_s: Decimal  # Σ MB·s used by workloads
+    mem_capacity_mb_s: Decimal  # Σ memory_mb × metered seconds
+
+    @property
+    def sm_utilisation_pct(self) -> Decimal | None:
+        return self.sm_used_s / self.sm_capacity_s * 100 if self.sm_capacity_s else None
+
+    @property
+    def idle_memory_pct(self) -> Decimal | None:
+        return (1 - self.mem_used_mb_s / self.mem_capacity_mb_s) * 100 if self.mem_capacity_mb_s else None
+
+
+@dataclass(frozen=True)
+class WorkloadCost:
+    """One pod (all its containers, on every GPU) over the period."""
+
+    tenant: str
+    name: str
+    namespace: str
+    pod: str
+    pod_uid: str
+    sla_tier: str  # comma-separated when the pod changed tier during the period
+    cost: Decimal  # charge + idle share
+    gpu_hours_equivalent: Decimal
+    mem_used_gb_h: Decimal
+    sm_used_h: Decimal
+
+
+@dataclass(frozen=True)
+class SavingsHeadline:
+    """Dynamic against whole-card static cost, as the paired report states it (test_whole_vs_dynamic)."""
+
+    report_id: int
+    period_start: datetime
+    period_end: datetime
+    finished_at: datetime | None
+    n: int | None
+    mean_saving: float | None  # per workload-day, in the ledger's currency
+    ci95_low: float | None
+    ci95_high: float | None
+    p_value: float | None
+    note: str
+    cost_reduction_pct: float | None
+    static_whole_cost: Decimal | None
+    dynamic_cost: Decimal | None
+
+
+@dataclass(frozen=True)
+class RebalanceRecommendation:
+    plan_id: int
+    created_at: datetime
+    gpus_freed: int
+    nodes_freed: int
+    projected_savings: Decimal
+    currency: str
+    moves: int
+
+
+@dataclass(frozen=True)
+class FinanceDashboard:
+    summary: CostSummary
+    timeline: CostTimeline
+    top_workloads: list[WorkloadCost]
+    # Platform figures: None for a tenant-scoped caller.
+    utilisation: list[UtilisationPoint] | None
+    savings: SavingsHeadline | None
+    rebalance: RebalanceRecommendation | None
+
+    @property
+    def sees_platform(self) -> bool:
+        return self.summary.total_gpu_cost is not None
+
+
+def granularity_for(start: datetime, end: datetime) -> Granularity:
+    return "hour" if end - start <= HOURLY_UP_TO else "day"
+
+
+def _buckets(start: datetime, end: datetime, granularity: Granularity) -> list[datetime]:
+    step = _STEP[granularity]
+    first = start.astimezone(UTC).replace(minute=0, second=0, microsecond=0)
+    if granularity == "day":
+        first = first.replace(hour=0)
+    out = []
+    at = first
+    while at < end:
+        out.append(at)
+        at += step
+    return out
+
+
+def _scoped_usage(scope: Scope, start: datetime, end: datetime) -> QuerySet[UsageHour]:
+    usage = UsageHour.objects.filter(hour__gte=start, hour__lt=end)
+    if scope.tenants is not None:
+        usage = usage.filter(tenant__in=scope.tenants)
+    return usage
+
+
+def _timeline(scope: Scope, summary: CostSummary, granularity: Granularity) -> CostTimeline:
+    buckets = _buckets(summary.start, summary.end, granularity)
+    index = {b: i for i, b in enumerate(buckets)}
+    top = summary.tenants[:TOP_TENANTS]
+    top_keys = {t.tenant: k for k, t in enumerate(top)}
+    values = [[_ZERO] * len(buckets) for _ in top]
+    other = [_ZERO] * len(buckets)
+    rows = (
+        _scoped_usage(scope, summary.start, summary.end)
+        .annotate(bucket=Trunc("hour", granularity, tzinfo=UTC))
+        .values("bucket", "tenant")
+        .annotate(cost=Sum(F("charge") + F("idle_share")))
+        .order_by()
+    )
+    for r in rows:  # one row per (bucket, tenant)
+        i = index[r["bucket"]]
+        k = top_keys.get(r["tenant"])
+        if k is None:
+            other[i] += r["cost"] or _ZERO
+        else:
+            values[k][i] += r["cost"] or _ZERO
+    series = [TimelineSeries(t.tenant, t.name, v) for t, v in zip(top, values, strict=True)]
+    if len(summary.tenants) > TOP_TENANTS:
+        series.append(TimelineSeries(OTHER_KEY, _("Other tenants"), other))
+    if scope.sees_platform:
+        idle = [_ZERO] * len(buckets)
+        gpu_rows = (
+            GpuHour.objects.filter(hour__gte=summary.start, hour__lt=summary.end)
+            .annotate(bucket=Trunc("hour", granularity, tzinfo=UTC))
+            .values("bucket")
+            .annotate(idle=Sum(F("idle_cost") - F("idle_allocated")))
+            .order_by()
+        )
+        for r in gpu_rows:
+            idle[index[r["bucket"]]] += r["idle"] or _ZERO
+        series.append(TimelineSeries(IDLE_KEY, _("Idle (platform)"), idle))
+    return CostTimeline(granularity, buckets, series)
+
+
+# GPU capacity comes from the inventory (billing_gpu: memory_mb, sm_count per uuid); usage on a GPU
+# missing from it is left out as well, so a ratio never mixes a numerator without its denominator.
+_UTILISATION = """
+WITH cap AS (
+    SELECT date_trunc(%(kind)s, h.hour, 'UTC') AS bucket, sum(h.metered_seconds) AS seconds,
+           sum(h.metered_seconds * g.sm_count) AS sm_cap, sum(h.metered_seconds * g.memory_mb) AS mem_cap
+    FROM billing_gpuhour h JOIN billing_gpu g ON g.uuid = h.gpu_uuid
+    WHERE h.hour >= %(start)s AND h.hour < %(end)s
+    GROUP BY 1
+), used AS (
+    SELECT date_trunc(%(kind)s, u.hour, 'UTC') AS bucket, sum(u.sm_used_s) AS sm, sum(u.mem_used_mb_s) AS mem
+    FROM billing_usagehour u JOIN billing_gpu g ON g.uuid = u.gpu_uuid
+    WHERE u.hour >= %(start)s AND u.hour < %(end)s
+    GROUP BY 1
+)
+SELECT cap.bucket, cap.seconds, coalesce(used.sm, 0), cap.sm_cap, coalesce(used.mem, 0), cap.mem_cap
+FROM cap LEFT JOIN used ON used.bucket = cap.bucket
+ORDER BY cap.bucket
+"""
+
+
+def _utilisation(start: datetime, end: datetime, granularity: Granularity) -> list[UtilisationPoint]:
+    with connection.cursor() as cur:
+        cur.execute(_UTILISATION, {"kind": granularity, "start": start, "end": end})
+        rows = cur.fetchall()
+    return [
+        UtilisationPoint(bucket=b.astimezone(UTC), metered_gpu_s=Decimal(s), sm_used_s=Decimal(sm),
+                         sm_capacity_s=Decimal(sm_cap), mem_used_mb_s=Decimal(mem), mem_capacity_mb_s=Decimal(mem_cap))
+        for b, s, sm, sm_cap, mem, mem_cap in rows
+    ]
+
+
+def _top_workloads(scope: Scope, summary: CostSummary) -> list[WorkloadCost]:
+    names = {t.tenant: t.name for t in summary.tenants}
+    rows = (
+        _scoped_usage(scope, summary.start, summary.end)
+        .values("tenant", "namespace", "pod", "pod_uid")
+        .annotate(
+            cost=Sum(F("charge") + F("idle_share")),
+            share=Sum("share_gpu_s"),
+            mem=Sum("mem_used_mb_s"),
+            sm=Sum("sm_used_s"),
+            tiers=StringAgg("sla_tier", delimiter=", ", distinct=True, order_by="sla_tier"),
+        )
+        .order_by("-cost", "tenant", "namespace", "pod", "pod_uid")[:TOP_WORKLOADS]
+    )
+    return [
+        WorkloadCost(
+            tenant=r["tenant"],
+            name=names.get(r["tenant"], r["tenant"]),
+            namespace=r["namespace"],
+            pod=r["pod"],
+            pod_uid=r["pod_uid"],
+            sla_tier=r["tiers"] or "",
+            cost=r["cost"] or _ZERO,
+            gpu_hours_equivalent=(r["share"] or _ZERO) / _S_PER_H,
+            mem_used_gb_h=(r["mem"] or _ZERO) / _MB_PER_GB / _S_PER_H,
+            sm_used_h=(r["sm"] or _ZERO) / _S_PER_H,
+        )
+        for r in rows
+    ]
+
+
+def _float(value: Any) -> float | None:
+    return float(value) if isinstance(value, int | float) else None
+
+
+def _decimal(value: Any) -> Decimal | None:
+    return Decimal(str(value)) if value is not None else None
+
+
+def _savings(start: datetime, end: datetime) -> SavingsHeadline | None:
+    report = (
+        PairedReport.objects.filter(status=PairedReport.Status.DONE, result__isnull=False,
+                                    period_start__lt=end, period_end__gt=start)
+        .order_by(F("finished_at").desc(nulls_last=True), "-created_at", "-id")
+        .first()
+    )
+    if report is None:
+        return None
+    result: dict[str, Any] = report.result or {}
+    test: dict[str, Any] = result.get("test_whole_vs_dynamic") or {}
+    summary: dict[str, Any] = result.get("summary") or {}
+    ci: Sequence[Any] = test.get("ci95") or (None, None)
+    return SavingsHeadline(
+        report_id=report.pk,
+        period_start=report.period_start,
+        period_end=report.period_end,
+        finished_at=report.finished_at,
+        n=test.get("n"),
+        mean_saving=_float(test.get("mean_saving")),
+        ci95_low=_float(ci[0]),
+        ci95_high=_float(ci[1]),
+        p_value=_float(test.get("p_value")),
+        note=str(test.get("note") or ""),
+        cost_reduction_pct=_float(summary.get("cost_reduction_pct")),
+        static_whole_cost=_decimal(summary.get("static_whole_cost")),
+        dynamic_cost=_decimal(summary.get("dynamic_cost")),
+    )
+
+
+def _rebalance() -> RebalanceRecommendation | None:
+    plan = RebalancePlan.objects.filter(status=RebalanceStatus.PROPOSED).order_by("-created_at", "-id").first()
+    if plan is None:
+        return None
+    return RebalanceRecommendation(plan_id=plan.pk, created_at=plan.created_at, gpus_freed=plan.gpus_freed,
+                                   nodes_freed=plan.nodes_freed, projected_savings=plan.projected_savings,
+                                   currency=plan.currency, moves=len(plan.moves))
+
+
+def get_finance_dashboard(*, scope: Scope, start: datetime, end: datetime) -> FinanceDashboard:
+    summary = get_cost_summary(scope=scope, start=start, end=end)
+    granularity = granularity_for(start, end)
+    platform = scope.sees_platform
+    return FinanceDashboard(
+        summary=summary,
+        timeline=_timeline(scope, summary, granularity),
+        top_workloads=_top_workloads(scope, summary),
+        utilisation=_utilisation(start, end, granularity) if platform else None,
+        savings=_savings(start, end) if platform else None,
+        rebalance=_rebalance() if platform else None,
+    )
+

@@ -1,0 +1,179 @@
+"""Billing periods for the periods page: every month with usage in the hour ledger (or a period
+row), its closing state and, once closed, its invoices. Scoped: a tenant scope sees only its own
+usage and invoices; the page itself is for finance and admins."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import UTC, date, datetime
+from decimal import Decimal
+
+from django.db.models import Count, Q, Sum
+from django.db.models.functions import TruncMonth
+from django.utils.translation import gettext_lazy as _
+
+from billing.models import BillingPeriod, GpuHour, Invoice, UsageHour
+from billing.money import minor_unit_exponent
+from billing.queries.scope import Scope
+from billing.services.invoicing import month_bounds
+
+__all__ = ["PeriodState", "PeriodView", "get_billing_period", "list_billing_periods"]
+
+_S_PER_H = Decimal(3600)
+_ZERO = Decimal(0)
+
+
+class PeriodState:
+    """What the page can do with a month. `ready` = over and not yet closing."""
+
+    OPEN = "open"
+    READY = "ready"
+    CLOSING = "closing"
+    CLOSED = "closed"
+    FAILED = "failed"
+
+    LABELS = {
+        OPEN: _("open"),
+        READY: _("ready to close"),
+        CLOSING: _("closing"),
+        CLOSED: _("closed"),
+        FAILED: _("failed"),
+    }
+
+
+@dataclass(frozen=True)
+class CurrencyTotal:
+    currency: str
+    # Major units, exact (Σ invoice total_minor scaled by the currency's exponent).
+    amount: Decimal
+
+
+@dataclass(frozen=True)
+class PeriodView:
+    month: date
+    state: str
+    progress_pct: int
+    # Metered card-hours (platform scope) or Σ share_gpu_s / 3600 of the tenants' usage.
+    gpu_hours: Decimal
+    # Metered card-hours without a rate card (platform scopes only; None for a tenant scope).
+    unpriced_gpu_hours: Decimal | None
+    ends_at: datetime
+    requested_by: str
+    requested_at: datetime | None
+    close_started_at: datetime | None
+    closed_at: datetime | None
+    error: str
+    invoices: int
+    totals: tuple[CurrencyTotal, ...]
+
+    @property
+    def key(self) -> str:
+        return f"{self.month:%Y-%m}"
+
+    @property
+    def state_label(self) -> str:
+        return str(PeriodState.LABELS[self.state])
+
+    @property
+    def can_close(self) -> bool:
+        return self.state in (PeriodState.READY, PeriodState.FAILED)
+
+    def as_json(self) -> dict[str, object]:
+        return {
+            "month": self.key,
+            "state": self.state,
+            "state_label": self.state_label,
+            "progress_pct": self.progress_pct,
+            "error": self.error,
+            "invoices": self.invoices,
+            "totals": [{"currency": t.currency, "amount": str(t.amount)} for t in self.totals],
+            "requested_by": self.requested_by,
+            "requested_at": self.requested_at.isoformat() if self.requested_at else None,
+            "close_started_at": self.close_started_at.isoformat() if self.close_started_at else None,
+            "closed_at": self.closed_at.isoformat() if self.closed_at else None,
+        }
+
+
+def list_billing_periods(*, scope: Scope, now: datetime) -> list[PeriodView]:
+    """Newest month first."""
+    return _periods(scope=scope, now=now, months=None)
+
+
+def get_billing_period(*, scope: Scope, month: date, now: datetime) -> PeriodView:
+    """One month, also when it has no usage and no row yet (then open or ready by the clock)."""
+    return _periods(scope=scope, now=now, months=(month, month))[0]
+
+
+def _periods(*, scope: Scope, now: datetime, months: tuple[date, date] | None) -> list[PeriodView]:
+    usage = UsageHour.objects.all()
+    cards = GpuHour.objects.all()
+    periods = BillingPeriod.objects.select_related("requested_by")
+    invoices = Invoice.objects.filter(status=Invoice.Status.FINALIZED)
+    if months is not None:
+        start, _end = month_bounds(months[0])
+        _start, end = month_bounds(months[1])
+        usage = usage.filter(hour__gte=start, hour__lt=end)
+        cards = cards.filter(hour__gte=start, hour__lt=end)
+        periods = periods.filter(month__gte=months[0], month__lte=months[1])
+        invoices = invoices.filter(period__month__gte=months[0], period__month__lte=months[1])
+    if scope.tenants is not None:
+        usage = usage.filter(tenant__in=scope.tenants)
+        invoices = invoices.filter(tenant__slug__in=scope.tenants)
+
+    # GPU-hours per month: metered card-hours for the platform (the GPU hour ledger has one row
+    # per card-hour, far fewer than workload-hours); the tenants' own share otherwise.
+    hours_by_month: dict[date, Decimal] = {}
+    unpriced_by_month: dict[date, Decimal] = {}
+    if scope.sees_platform:
+        for r in (cards.annotate(m=TruncMonth("hour", tzinfo=UTC)).values("m")
+                  .annotate(metered=Sum("metered_seconds"), unpriced=Sum("metered_seconds", filter=Q(priced=False)))):
+            hours_by_month[r["m"].date()] = (r["metered"] or _ZERO) / _S_PER_H
+            unpriced_by_month[r["m"].date()] = (r["unpriced"] or _ZERO) / _S_PER_H
+    else:
+        for r in usage.annotate(m=TruncMonth("hour", tzinfo=UTC)).values("m").annotate(share=Sum("share_gpu_s")):
+            hours_by_month[r["m"].date()] = (r["share"] or _ZERO) / _S_PER_H
+    rows_by_month = {p.month: p for p in periods}
+    counts: dict[date, int] = {}
+    totals: dict[date, list[CurrencyTotal]] = {}
+    for r in (invoices.values("period__month", "currency").annotate(n=Count("id"), minor=Sum("total_minor"))
+              .order_by("period__month", "currency")):
+        m = r["period__month"]
+        counts[m] = counts.get(m, 0) + r["n"]
+        amount = Decimal(r["minor"] or 0).scaleb(-minor_unit_exponent(r["currency"]))
+        totals.setdefault(m, []).append(CurrencyTotal(r["currency"], amount))
+
+    all_months = set(hours_by_month) | set(rows_by_month) | set(counts)
+    if months is not None:
+        all_months.add(months[0])
+    views = []
+    for m in sorted(all_months, reverse=True):
+        row = rows_by_month.get(m)
+        _, ends_at = month_bounds(m)
+        views.append(PeriodView(
+            month=m,
+            state=_state(row, over=ends_at <= now),
+            progress_pct=row.progress_pct if row else 0,
+            gpu_hours=hours_by_month.get(m, _ZERO),
+            unpriced_gpu_hours=unpriced_by_month.get(m, _ZERO) if scope.sees_platform else None,
+            ends_at=ends_at,
+            requested_by=row.requested_by.get_username() if row and row.requested_by else "",
+            requested_at=row.requested_at if row else None,
+            close_started_at=row.close_started_at if row else None,
+            closed_at=row.closed_at if row else None,
+            error=row.error if row else "",
+            invoices=counts.get(m, 0),
+            totals=tuple(totals.get(m, ())),
+        ))
+    return views
+
+
+def _state(row: BillingPeriod | None, *, over: bool) -> str:
+    if row is not None and row.status == BillingPeriod.Status.CLOSED:
+        return PeriodState.CLOSED
+    if not over:
+        return PeriodState.OPEN
+    if row is None or row.status == BillingPeriod.Status.OPEN:
+        return PeriodState.READY
+    if row.status == BillingPeriod.Status.CLOSING:
+        return PeriodState.CLOSING
+    return PeriodState.FAILED

@@ -1,0 +1,232 @@
+"""The tenant portal: one tenant's spend, budget, workloads and invoices, scoped like every read.
+
+A tenant outside the caller's scope raises `TenantNotFound`, exactly like a tenant that does not
+exist, so the portal never reveals which tenants there are. Month-to-date spend and the forecast
+use the budget definitions (billing.services.budgets): charge plus idle spread onto the tenant,
+from the hour ledger. A workload is one pod instance: (namespace, pod, pod_uid).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import defaultdict
+from dataclasses import dataclass
+from datetime import UTC, date, datetime, timedelta
+from decimal import Decimal
+
+from django.contrib.postgres.aggregates import ArrayAgg
+from django.db.models import F, Max, Min, Q, QuerySet, Sum
+from django.db.models.functions import TruncDay
+
+from billing.errors import DomainError
+from billing.models import RateCard, Tenant, UsageHour
+from billing.queries.budgets import BudgetView, list_budgets
+from billing.queries.scope import Scope
+from billing.services.budgets import forecast_month_end, get_month_to_date_spend
+from billing.services.exports import InvoiceSummary, list_invoices
+
+__all__ = [
+    "CHART_SERIES",
+    "DailyWorkloadSeries",
+    "TenantNotFound",
+    "TenantPortal",
+    "TenantPortalRow",
+    "WorkloadUsage",
+    "get_tenant_portal",
+    "list_tenant_portals",
+]
+
+# Series in the charts: every workload when they fit, else the costliest CHART_SERIES - 1 and one
+# "other" series summing the rest, so no two series share a colour (charts.py has 8; the 8th, grey,
+# is the other series).
+CHART_SERIES = 8
+
+_ZERO = Decimal(0)
+_MB_PER_GB = Decimal(1024)
+_S_PER_H = Decimal(3600)
+
+
+class TenantNotFound(DomainError):
+    """No such tenant in the caller's scope (a 404 that does not reveal existence)."""
+
+
+@dataclass(frozen=True)
+class WorkloadUsage:
+    namespace: str
+    pod: str
+    pod_uid: str
+    containers: tuple[str, ...]
+    sla_tiers: tuple[str, ...]
+    cost: Decimal  # charge + idle share, ledger precision
+    gpu_hours_equivalent: Decimal
+    mem_used_gb_h: Decimal
+    mem_granted_gb_h: Decimal
+    sm_used_h: Decimal  # SM-hours (one SM busy for one hour)
+    sm_granted_h: Decimal
+    first_hour: datetime  # start of the first ledger hour with usage (hour granularity)
+    last_hour: datetime  # start of the last ledger hour with usage
+    # "namespace/pod", with the start of the pod UID where two pod instances share a name.
+    label: str = ""
+
+    @property
+    def key(self) -> tuple[str, str, str]:
+        return (self.namespace, self.pod, self.pod_uid)
+
+
+@dataclass(frozen=True)
+class DailyWorkloadSeries:
+    """Per-day figures of the top workloads (chart order) and of the rest summed; `None` for a day
+    that has not begun yet (no data is not zero)."""
+
+    days: tuple[date, ...]
+    names: tuple[str, ...]
+    cost: tuple[tuple[Decimal | None, ...], ...]
+    mem_used_gb_h: tuple[tuple[Decimal | None, ...], ...]
+    has_other: bool
+
+
+@dataclass(frozen=True)
+class TenantPortal:
+    slug: str
+    name: str
+    currency: str
+    now: datetime
+    month_to_date: Decimal
+    forecast: Decimal
+    budget: BudgetView | None
+    start: datetime
+    end: datetime
+    workloads: tuple[WorkloadUsage, ...]
+    daily: DailyWorkloadSeries
+    invoices: tuple[InvoiceSummary, ...]
+
+    @property
+    def period_cost(self) -> Decimal:
+        return sum((w.cost for w in self.workloads), _ZERO)
+
+
+@dataclass(frozen=True)
+class TenantPortalRow:
+    slug: str
+    name: str
+    month_to_date: Decimal
+    currency: str
+    budget: BudgetView | None
+
+
+def _visible_tenants(scope: Scope) -> QuerySet[Tenant]:
+    tenants = Tenant.objects.order_by("slug")
+    if scope.tenants is not None:
+        tenants = tenants.filter(slug__in=scope.tenants)
+    return tenants
+
+
+def _currency(now: datetime) -> str:
+    """The currency of the rate cards in effect now (one fleet bills in one currency; invoices
+    enforce that), else of the newest card, else "" (nothing is priced yet)."""
+    cards = RateCard.objects.order_by("-effective_from", "gpu_model")
+    current = cards.filter(Q(effective_to__isnull=True) | Q(effective_to__gt=now), effective_from__lte=now)
+    return (current.values_list("currency", flat=True).first()
+            or cards.values_list("currency", flat=True).first() or "")
+
+
+def list_tenant_portals(*, scope: Scope, now: datetime) -> list[TenantPortalRow]:
+    """Every tenant the caller may see, with month-to-date spend and budget state."""
+    budgets = {b.tenant: b for b in list_budgets(scope=scope, now=now)}
+    currency = _currency(now)
+    return [
+        TenantPortalRow(slug=slug, name=name, month_to_date=get_month_to_date_spend(tenant=slug, now=now),
+                        currency=currency, budget=budgets.get(slug))
+        for slug, name in _visible_tenants(scope).values_list("slug", "name")
+    ]
+
+
+def get_tenant_portal(*, scope: Scope, slug: str, start: datetime, end: datetime, now: datetime) -> TenantPortal:
+    """One tenant's portal: month-to-date spend and forecast at `now`, budget, workloads used in
+    [start, end) and invoices. Raises TenantNotFound outside the caller's scope."""
+    tenant = _visible_tenants(scope).filter(slug=slug).values_list("slug", "name").first()
+    if tenant is None:
+        raise TenantNotFound(f"no tenant {slug!r}")
+    # Everything below reads this one tenant only, whatever the caller may see besides.
+    own = dataclasses.replace(scope, tenants=frozenset({slug}))
+    spend = get_month_to_date_spend(tenant=slug, now=now)
+    budget = next(iter(list_budgets(scope=own, now=now)), None)
+    usage = UsageHour.objects.filter(tenant=slug, hour__gte=start, hour__lt=end)
+    workloads = _workloads(usage)
+    return TenantPortal(
+        slug=slug, name=tenant[1], currency=_currency(now), now=now, month_to_date=spend,
+        forecast=forecast_month_end(tenant=slug, spend=spend, now=now), budget=budget, start=start, end=end,
+        workloads=workloads, daily=_daily(usage, workloads, start=start, end=end, now=now),
+        invoices=tuple(i for i in list_invoices(scope=own) if i.tenant_slug == slug),
+    )
+
+
+def _workloads(usage: QuerySet[UsageHour]) -> tuple[WorkloadUsage, ...]:
+    rows = (
+        usage.values("namespace", "pod", "pod_uid")
+        .annotate(
+            containers=ArrayAgg("container", distinct=True, order_by="container"),
+            tiers=ArrayAgg("sla_tier", distinct=True, order_by="sla_tier"),
+            charge=Sum("charge"), idle=Sum("idle_share"), share=Sum("share_gpu_s"),
+            mem_used=Sum("mem_used_mb_s"), mem_granted=Sum("mem_granted_mb_s"),
+            sm_used=Sum("sm_used_s"), sm_granted=Sum("sm_granted_s"),
+            first=Min("hour"), last=Max("hour"),
+        )
+        .order_by()
+    )
+    workloads = [
+        WorkloadUsage(
+            namespace=r["namespace"], pod=r["pod"], pod_uid=r["pod_uid"], containers=tuple(r["containers"]),
+            sla_tiers=tuple(r["tiers"]), cost=(r["charge"] or _ZERO) + (r["idle"] or _ZERO),
+            gpu_hours_equivalent=(r["share"] or _ZERO) / _S_PER_H,
+            mem_used_gb_h=(r["mem_used"] or _ZERO) / _MB_PER_GB / _S_PER_H,
+            mem_granted_gb_h=(r["mem_granted"] or _ZERO) / _MB_PER_GB / _S_PER_H,
+            sm_used_h=(r["sm_used"] or _ZERO) / _S_PER_H, sm_granted_h=(r["sm_granted"] or _ZERO) / _S_PER_H,
+            first_hour=r["first"], last_hour=r["last"],
+        )
+        for r in rows
+    ]
+    workloads.sort(key=lambda w: (-w.cost, w.namespace, w.pod, w.pod_uid))
+    counts: dict[tuple[str, str], int] = defaultdict(int)
+    for w in workloads:
+        counts[(w.namespace, w.pod)] += 1
+    return tuple(
+        dataclasses.replace(w, label=f"{w.namespace}/{w.pod}"
+                            + (f" ({w.pod_uid[:8]})" if counts[(w.namespace, w.pod)] > 1 else ""))
+        for w in workloads
+    )
+
+
+def _daily(usage: QuerySet[UsageHour], workloads: tuple[WorkloadUsage, ...], *, start: datetime, end: datetime,
+           now: datetime) -> DailyWorkloadSeries:
+    days = tuple(start.date() + timedelta(days=i) for i in range((end - start).days))
+    top = workloads if len(workloads) <= CHART_SERIES else workloads[:CHART_SERIES - 1]
+    index = {w.key: i for i, w in enumerate(top)}
+    has_other = len(workloads) > len(top)
+    n_series = len(top) + has_other
+    day_index = {d: i for i, d in enumerate(days)}
+    cost = [[_ZERO] * len(days) for _ in range(n_series)]
+    mem = [[_ZERO] * len(days) for _ in range(n_series)]
+    rows = (
+        usage.annotate(day=TruncDay("hour", tzinfo=UTC))
+        .values("day", "namespace", "pod", "pod_uid")
+        .annotate(cost=Sum(F("charge") + F("idle_share")), mem=Sum("mem_used_mb_s"))
+        .order_by()
+    )
+    for r in rows:
+        series = index.get((r["namespace"], r["pod"], r["pod_uid"]), len(top))
+        d = day_index.get(r["day"].date())
+        if d is None:
+            continue
+        cost[series][d] += r["cost"] or _ZERO
+        mem[series][d] += (r["mem"] or _ZERO) / _MB_PER_GB / _S_PER_H
+    # Days that have not begun carry no data rather than zero.
+    future = [i for i, d in enumerate(days) if datetime(d.year, d.month, d.day, tzinfo=UTC) > now]
+
+    def blank(values: list[Decimal]) -> tuple[Decimal | None, ...]:
+        return tuple(None if i in future else v for i, v in enumerate(values))
+
+    return DailyWorkloadSeries(
+        days=days, names=tuple(w.label for w in top), cost=tuple(blank(v) for v in cost),
+        mem_used_gb_h=tuple(blank(v) for v in mem), has_other=has_other,
+    )

@@ -1,0 +1,201 @@
+"""Rate cards (finance reads, admins change prices) and nodes with their tokens (admins).
+
+Thin: a form parses the request, one query reads or one service writes (the services
+validate every rule and audit in the change's transaction), then render. A rule broken
+answers 400 with the service's message and changes nothing."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+from django import forms
+from django.contrib import messages
+from django.contrib.auth.decorators import login_required
+from django.core.exceptions import PermissionDenied
+from django.http import Http404, HttpRequest, HttpResponse
+from django.shortcuts import redirect, render
+from django.utils import timezone
+from django.utils.translation import gettext as _
+from django.utils.translation import gettext_lazy
+from django.views.decorators.http import require_POST
+
+from billing.errors import InvalidInput
+from billing.models import BilledBasis, IdlePolicy
+from billing.queries.admin_fleet import get_node_token, get_rate_cards_page, list_nodes
+from billing.queries.scope import Scope, get_scope
+from billing.services.rate_cards import create_rate_card, end_rate_card
+from billing.services.tokens import issue_node_token, revoke_node_token
+
+_DATETIME_LOCAL = "%Y-%m-%dT%H:%M"
+
+
+class UtcDateTimeField(forms.DateTimeField):
+    """A date and time read as UTC whatever the active time zone (prices change on UTC minutes)."""
+
+    widget = forms.DateTimeInput(attrs={"type": "datetime-local"}, format=_DATETIME_LOCAL)
+
+    def to_python(self, value: Any) -> datetime | None:
+        with timezone.override(UTC):
+            return super().to_python(value)
+
+    def prepare_value(self, value: Any) -> Any:
+        if isinstance(value, datetime) and timezone.is_aware(value):
+            return value.astimezone(UTC).strftime(_DATETIME_LOCAL)
+        return value
+
+
+class RateCardForm(forms.Form):
+    """Only shapes here; the rules (decimals, currency, dates, overlaps) are the service's."""
+
+    gpu_model = forms.CharField(label=gettext_lazy("GPU model"), max_length=128,
+                                widget=forms.TextInput(attrs={"list": "known-gpu-models", "size": 28}))
+    price_per_gpu_hour = forms.CharField(label=gettext_lazy("Price per GPU-hour"), max_length=40,
+                                         widget=forms.TextInput(attrs={"inputmode": "decimal", "size": 12}))
+    currency = forms.CharField(label=gettext_lazy("Currency"), max_length=3, initial="USD",
+                               widget=forms.TextInput(attrs={"size": 4}))
+    effective_from = UtcDateTimeField(label=gettext_lazy("Effective from (UTC)"))
+    alpha = forms.CharField(label=gettext_lazy("Alpha (memory weight)"), max_length=10, required=False,
+                            widget=forms.TextInput(attrs={"size": 6}),
+                            help_text=gettext_lazy("Blank: the current card's"))
+    billed_basis = forms.ChoiceField(label=gettext_lazy("Billed basis"), required=False,
+                                     choices=[("", gettext_lazy("as the current card"))] + list(BilledBasis.choices))
+    idle_policy = forms.ChoiceField(label=gettext_lazy("Idle policy"), required=False,
+                                    choices=[("", gettext_lazy("as the current card"))] + list(IdlePolicy.choices))
+    source_url = forms.CharField(label=gettext_lazy("Source URL"), max_length=500,
+                                 widget=forms.URLInput(attrs={"size": 40}))
+    source_note = forms.CharField(label=gettext_lazy("Source note"), max_length=2000,
+                                  widget=forms.Textarea(attrs={"rows": 2, "cols": 40}))
+
+
+class EndRateCardForm(forms.Form):
+    effective_to = UtcDateTimeField(label=gettext_lazy("End at (UTC)"))
+
+
+class IssueTokenForm(forms.Form):
+    node = forms.CharField(label=gettext_lazy("Node name"), max_length=253,
+                           widget=forms.TextInput(attrs={"list": "known-nodes", "size": 28}))
+
+
+def _rate_cards_scope(request: HttpRequest, *, write: bool) -> Scope:
+    scope = get_scope(request.user)
+    if not (scope.is_admin or (scope.is_finance and not write)):
+        raise PermissionDenied("rate cards are for finance (read) and admins")
+    return scope
+
+
+def _render_rate_cards(request: HttpRequest, scope: Scope, *, form: RateCardForm | None = None,
+                       end_error: tuple[int, str] | None = None, status: int = 200) -> HttpResponse:
+    page = get_rate_cards_page(scope=scope, now=timezone.now(), gpu_model=request.GET.get("gpu_model", "")[:128])
+    if form is None and scope.is_admin:
+        form = RateCardForm(initial=page.form_defaults)
+    return render(request, "billing/rate_cards.html", {
+        "page": page, "form": form, "end_error": end_error, "end_form": EndRateCardForm(),
+    }, status=status)
+
+
+@login_required
+def rate_cards(request: HttpRequest) -> HttpResponse:
+    """GET: every card by GPU model. POST (admins): a new price from a date, superseding the open card."""
+    scope = _rate_cards_scope(request, write=request.method == "POST")
+    if request.method != "POST":
+        return _render_rate_cards(request, scope)
+    form = RateCardForm(request.POST)
+    if form.is_valid():
+        data = form.cleaned_data
+        try:
+            change = create_rate_card(
+                gpu_model=data["gpu_model"], price_per_gpu_hour=data["price_per_gpu_hour"],
+                currency=data["currency"], effective_from=data["effective_from"], alpha=data["alpha"],
+                billed_basis=data["billed_basis"], idle_policy=data["idle_policy"], source_url=data["source_url"],
+                source_note=data["source_note"], now=timezone.now(), actor_label=request.user.get_username(),
+                actor_id=request.user.pk,
+            )
+        except InvalidInput as exc:
+            form.add_error(None, str(exc))
+        else:
+            messages.success(request, _("New price for %(model)s saved (card #%(id)s).")
+                             % {"model": data["gpu_model"].strip(), "id": change.card_id})
+            return redirect("rate-cards")
+    return _render_rate_cards(request, scope, form=form, status=400)
+
+
+@login_required
+@require_POST
+def rate_card_end(request: HttpRequest, card_id: int) -> HttpResponse:
+    """Admins end a card at a date (same rules as a new price)."""
+    scope = _rate_cards_scope(request, write=True)
+    form = EndRateCardForm(request.POST)
+    if not form.is_valid():
+        return _render_rate_cards(request, scope, end_error=(card_id, form.errors.as_text()), status=400)
+    try:
+        end_rate_card(card_id=card_id, effective_to=form.cleaned_data["effective_to"], now=timezone.now(),
+                      actor_label=request.user.get_username(), actor_id=request.user.pk)
+    except InvalidInput as exc:
+        return _render_rate_cards(request, scope, end_error=(card_id, str(exc)), status=400)
+    messages.success(request, _("Card #%(id)s ends at the chosen time.") % {"id": card_id})
+    return redirect("rate-cards")
+
+
+def _admin_scope(request: HttpRequest) -> Scope:
+    scope = get_scope(request.user)
+    if not scope.is_admin:
+        raise PermissionDenied("nodes and their tokens are for admins")
+    return scope
+
+
+def _render_nodes(request: HttpRequest, scope: Scope, *, form: IssueTokenForm | None = None,
+                  error: str | None = None, status: int = 200) -> HttpResponse:
+    return render(request, "billing/nodes.html", {
+        "nodes": list_nodes(scope=scope, now=timezone.now()), "form": form or IssueTokenForm(), "error": error,
+    }, status=status)
+
+
+@login_required
+def nodes(request: HttpRequest) -> HttpResponse:
+    return _render_nodes(request, _admin_scope(request))
+
+
+@login_required
+@require_POST
+def node_token_issue(request: HttpRequest) -> HttpResponse:
+    """Issue a token and show it in this response only: it is never stored in clear, put in a URL
+    or in the session, and the page is not cached. Reloading would issue another token."""
+    scope = _admin_scope(request)
+    form = IssueTokenForm(request.POST)
+    if not form.is_valid():
+        return _render_nodes(request, scope, form=form, status=400)
+    try:
+        issued = issue_node_token(node_name=form.cleaned_data["node"].strip(), now=timezone.now(),
+                                  actor_label=request.user.get_username(), actor_id=request.user.pk)
+    except InvalidInput as exc:
+        form.add_error("node", str(exc))
+        return _render_nodes(request, scope, form=form, status=400)
+    response = render(request, "billing/node_token_issued.html", {
+        "issued": issued, "server": request.build_absolute_uri("/").rstrip("/"),
+    })
+    response["Cache-Control"] = "no-store"
+    return response
+
+
+@login_required
+@require_POST
+def node_token_revoke(request: HttpRequest, token_id: int) -> HttpResponse:
+    """Revoke one token; the admin confirms by typing the token's prefix."""
+    scope = _admin_scope(request)
+    found = get_node_token(scope=scope, token_id=token_id)
+    if found is None:
+        raise Http404("no such node token")
+    node, token = found
+    if request.POST.get("confirm", "").strip() != token.prefix:
+        error = _("To revoke token %(prefix)s… of %(node)s, type its prefix %(prefix)s to confirm.") % {
+            "prefix": token.prefix, "node": node}
+        return _render_nodes(request, scope, error=error, status=400)
+    try:
+        revoke_node_token(token_id=token_id, now=timezone.now(), actor_label=request.user.get_username(),
+                          actor_id=request.user.pk)
+    except InvalidInput as exc:
+        return _render_nodes(request, scope, error=str(exc), status=400)
+    messages.success(request, _("Token %(prefix)s… of %(node)s revoked; the agent using it is refused from now on.")
+                     % {"prefix": token.prefix, "node": node})
+    return redirect("nodes")

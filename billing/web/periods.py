@@ -1,0 +1,61 @@
+"""Billing periods page (finance and admins): which months can be closed, close one as a Celery
+job, watch its progress (read from the period row, so it survives a reload and works across web
+processes). Thin: parse, one query or one service call, render."""
+
+from __future__ import annotations
+
+from django.contrib.auth.decorators import login_required
+from django.core.exceptions import PermissionDenied
+from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.shortcuts import redirect, render
+from django.utils import timezone
+from django.views.decorators.http import require_GET, require_POST
+
+from billing import tasks
+from billing.errors import InvalidInput
+from billing.queries.periods import PeriodState, get_billing_period, list_billing_periods
+from billing.queries.scope import Scope, get_scope
+from billing.services.invoicing import parse_month, request_period_close
+
+
+def _platform_scope(request: HttpRequest) -> Scope:
+    scope = get_scope(request.user)
+    if not scope.sees_platform:
+        raise PermissionDenied("closing a billing period invoices every tenant: finance and admins only")
+    return scope
+
+
+def _render_list(request: HttpRequest, scope: Scope, *, error: str = "", status: int = 200) -> HttpResponse:
+    periods = list_billing_periods(scope=scope, now=timezone.now())
+    refresh = any(p.state == PeriodState.CLOSING for p in periods)
+    return render(request, "billing/periods.html", {"periods": periods, "refresh": refresh, "error": error},
+                  status=status)
+
+
+@login_required
+@require_GET
+def period_list(request: HttpRequest) -> HttpResponse:
+    return _render_list(request, _platform_scope(request))
+
+
+@login_required
+@require_POST
+def period_close(request: HttpRequest, month: str) -> HttpResponse:
+    scope = _platform_scope(request)
+    try:
+        request_period_close(month=parse_month(month), now=timezone.now(), actor_label=request.user.get_username(),
+                             actor_id=request.user.pk, enqueue=tasks.close_period.delay)
+    except InvalidInput as exc:
+        return _render_list(request, scope, error=str(exc), status=400)
+    return redirect("period-list")
+
+
+@login_required
+@require_GET
+def period_status(request: HttpRequest, month: str) -> JsonResponse:
+    scope = _platform_scope(request)
+    try:
+        period = get_billing_period(scope=scope, month=parse_month(month), now=timezone.now())
+    except InvalidInput as exc:
+        return JsonResponse({"error": str(exc)}, status=400)
+    return JsonResponse(period.as_json())

@@ -1,0 +1,118 @@
+"""The tenant portal and the landing redirect. Thin: scope from the user, one query, render.
+
+A tenant outside the user's scope answers 404, exactly like one that does not exist.
+"""
+
+from __future__ import annotations
+
+import csv
+from datetime import date, datetime
+
+from django.contrib.auth.decorators import login_required
+from django.contrib.auth.views import redirect_to_login
+from django.http import Http404, HttpRequest, HttpResponse
+from django.shortcuts import redirect, render
+from django.utils import timezone
+from django.utils.safestring import SafeString
+from django.utils.translation import gettext as _
+
+from billing.models import BudgetAction
+from billing.queries.portal import TenantNotFound, TenantPortal, get_tenant_portal, list_tenant_portals
+from billing.queries.scope import get_scope
+from billing.services.exports import EXPORT_FORMATS
+from billing.web.charts import Series, line_chart, stacked_bar_chart
+from billing.web.forms import PeriodForm
+
+_WORKLOAD_CSV_COLUMNS = (
+    "namespace", "pod", "pod_uid", "containers", "sla_tiers", "cost", "currency", "gpu_hours_equivalent",
+    "mem_used_gb_h", "mem_granted_gb_h", "sm_used_h", "sm_granted_h", "first_hour", "last_hour",
+)
+
+
+def home(request: HttpRequest) -> HttpResponse:
+    """The root URL lands each user on the page for their role."""
+    if not request.user.is_authenticated:
+        return redirect_to_login(request.get_full_path())
+    scope = get_scope(request.user)
+    if scope.tenants:  # a tenant member (finance and admins have tenants=None)
+        return redirect("tenant-list")
+    return redirect("finance-overview")
+
+
+@login_required
+def tenant_list(request: HttpRequest) -> HttpResponse:
+    scope = get_scope(request.user)
+    if scope.tenants is not None and len(scope.tenants) == 1:
+        return redirect("tenant-portal", slug=next(iter(scope.tenants)))
+    rows = list_tenant_portals(scope=scope, now=timezone.now())
+    return render(request, "billing/portal.html", {"tenants": rows})
+
+
+@login_required
+def tenant_portal(request: HttpRequest, slug: str) -> HttpResponse:
+    now = timezone.now()
+    default = PeriodForm.default_initial(now.date())
+    form = PeriodForm(request.GET if {"start", "end"} & set(request.GET) else default)
+    valid = form.is_valid()
+    # An invalid period still reads the tenant (at the default period) so that a 400 is never
+    # answered for a tenant the user may not see: scope first, then the period's error.
+    start, end = form.bounds() if valid else _default_bounds(default)
+    try:
+        portal = get_tenant_portal(scope=get_scope(request.user), slug=slug, start=start, end=end, now=now)
+    except TenantNotFound as exc:
+        raise Http404("no such tenant") from exc
+    if valid and request.GET.get("format") == "csv":
+        return _workloads_csv(portal)
+    budget = portal.budget
+    context = {
+        "portal": portal, "form": form, "period_valid": valid, "formats": EXPORT_FORMATS,
+        "budget_bar_pct": min(int(budget.used_pct), 100) if budget else 0,
+        "budget_action_label": BudgetAction(budget.hard_action).label if budget else "",
+        "cost_chart": _cost_chart(portal) if valid and portal.workloads else None,
+        "memory_chart": _memory_chart(portal) if valid and portal.workloads else None,
+    }
+    return render(request, "billing/portal.html", context, status=200 if valid else 400)
+
+
+def _default_bounds(default: dict[str, date]) -> tuple[datetime, datetime]:
+    form = PeriodForm(default)
+    form.is_valid()
+    return form.bounds()
+
+
+def _series_names(portal: TenantPortal) -> list[str]:
+    return list(portal.daily.names) + ([_("Other workloads")] if portal.daily.has_other else [])
+
+
+def _cost_chart(portal: TenantPortal) -> SafeString:
+    daily = portal.daily
+    return stacked_bar_chart(
+        [f"{d:%m-%d}" for d in daily.days],
+        [Series(name, values) for name, values in zip(_series_names(portal), daily.cost, strict=True)],
+        label=_("Daily cost per workload"), unit=portal.currency,
+    )
+
+
+def _memory_chart(portal: TenantPortal) -> SafeString:
+    daily = portal.daily
+    return line_chart(
+        [f"{d:%m-%d}" for d in daily.days],
+        [Series(name, values) for name, values in zip(_series_names(portal), daily.mem_used_gb_h, strict=True)],
+        label=_("Daily memory used per workload"), unit=_("GB·h"),
+    )
+
+
+def _workloads_csv(portal: TenantPortal) -> HttpResponse:
+    """The workload table, figures unrounded as the ledger holds them."""
+    response = HttpResponse(content_type="text/csv; charset=utf-8")
+    name = f"{portal.slug}-workloads-{portal.start:%Y%m%d}-{portal.end:%Y%m%d}.csv"
+    response["Content-Disposition"] = f'attachment; filename="{name}"'
+    writer = csv.writer(response)
+    writer.writerow(_WORKLOAD_CSV_COLUMNS)
+    for w in portal.workloads:
+        writer.writerow([
+            w.namespace, w.pod, w.pod_uid, " ".join(w.containers), " ".join(w.sla_tiers), w.cost, portal.currency,
+            w.gpu_hours_equivalent, w.mem_used_gb_h, w.mem_granted_gb_h, w.sm_used_h, w.sm_granted_h,
+            w.first_hour.isoformat(), w.last_hour.isoformat(),
+        ])
+    return response

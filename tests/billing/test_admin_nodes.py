@@ -1,0 +1,135 @@
+"""Nodes and their tokens in the web app (admins only): a token is shown once and stored only
+hashed, revoking needs the typed prefix and locks the agent out of ingest, all audited."""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from datetime import timedelta
+
+import pytest
+from django.contrib.auth.models import Group, User
+from django.utils import timezone
+
+from billing.models import AuditEvent, Gpu, Node, NodeToken, Tenant, TenantMembership
+from billing.queries.scope import ADMIN_GROUP, FINANCE_GROUP
+from tests.conftest import make_batch
+
+pytestmark = pytest.mark.django_db
+
+TOKEN_RE = re.compile(r'data-testid="issued-token">(vgl_[A-Za-z0-9_-]+)<')
+
+
+def login(client, role: str) -> User:
+    user = User.objects.create_user(username=f"user-{role}", password="pw-not-used-123")
+    if role in ("admin", "finance"):
+        user.groups.add(Group.objects.get_or_create(name=ADMIN_GROUP if role == "admin" else FINANCE_GROUP)[0])
+    elif role == "tenant":
+        TenantMembership.objects.create(user=user, tenant=Tenant.objects.create(slug="acme", name="Acme"))
+    client.force_login(user)
+    return user
+
+
+@pytest.mark.parametrize("role", ["finance", "tenant"])
+def test_only_admins_may_open_or_change_nodes(client, node_token, role):
+    login(client, role)
+    assert client.get("/nodes/").status_code == 403
+    assert client.post("/nodes/tokens/", {"node": "gpu-node-9"}).status_code == 403
+    resp = client.post(f"/nodes/tokens/{node_token.token_id}/revoke/", {"confirm": node_token.prefix})
+    assert resp.status_code == 403
+    assert not Node.objects.filter(name="gpu-node-9").exists()
+    assert NodeToken.objects.get(pk=node_token.token_id).revoked_at is None
+    assert 'data-testid="nav-nodes"' not in client.get("/finance/").content.decode()
+
+
+def test_token_is_shown_once_stored_hashed_and_audited(client):
+    admin = login(client, "admin")
+    resp = client.post("/nodes/tokens/", {"node": "gpu-node-7"})
+    html = resp.content.decode()
+    assert resp.status_code == 200
+    assert resp["Cache-Control"] == "no-store"
+    match = TOKEN_RE.search(html)
+    assert match, html
+    token = match.group(1)
+    # The hint to hand it to the agent, and the warning.
+    assert "python -m agents run" in html and "--token-file" in html and "--node gpu-node-7" in html
+    assert "vgpu-agent-token" in html and "cannot be shown again" in html
+
+    row = NodeToken.objects.get(node__name="gpu-node-7")
+    assert row.token_sha256 == hashlib.sha256(token.encode()).hexdigest()
+    assert token not in (row.token_sha256, row.prefix) and token.startswith(row.prefix)
+    event = AuditEvent.objects.get(action="node_token.issued")
+    assert event.actor_id == admin.pk and token not in str(event.after)
+
+    # Never again: not on the nodes page, not in the session, not in a redirect URL.
+    again = client.get("/nodes/").content.decode()
+    assert token not in again and f"{row.prefix}…" in again
+    assert all(token not in str(v) for v in client.session.values())
+
+
+def test_an_existing_node_gets_a_second_token_and_both_are_listed(client, node_token):
+    login(client, "admin")
+    assert client.post("/nodes/tokens/", {"node": "gpu-node-1"}).status_code == 200
+    assert Node.objects.count() == 1
+    assert NodeToken.objects.filter(node__name="gpu-node-1", revoked_at__isnull=True).count() == 2
+
+
+@pytest.mark.parametrize("name", ["Bad Name!", "-leading-dash", ""])
+def test_an_invalid_node_name_is_a_400_and_creates_nothing(client, name):
+    login(client, "admin")
+    resp = client.post("/nodes/tokens/", {"node": name})
+    assert resp.status_code == 400
+    assert 'data-testid="issue-token-error"' in resp.content.decode()
+    assert not Node.objects.exists() and not NodeToken.objects.exists() and not AuditEvent.objects.exists()
+
+
+def test_revoke_needs_the_typed_prefix_then_the_agent_is_refused_at_ingest(client, post_batch, node_token,
+                                                                         minute_start):
+    assert post_batch(make_batch(start=minute_start, seq=1)).status_code == 201
+    admin = login(client, "admin")
+    url = f"/nodes/tokens/{node_token.token_id}/revoke/"
+    assert client.get(url).status_code == 405
+    resp = client.post(url, {"confirm": "yes"})
+    assert resp.status_code == 400 and "to confirm" in resp.content.decode()
+    assert NodeToken.objects.get(pk=node_token.token_id).revoked_at is None
+
+    assert client.post(url, {"confirm": node_token.prefix}).status_code == 302
+    assert NodeToken.objects.get(pk=node_token.token_id).revoked_at is not None
+    event = AuditEvent.objects.get(action="node_token.revoked")
+    assert event.actor_id == admin.pk
+    assert (event.before["revoked_at"], event.after["revoked_at"] is not None) == (None, True)
+    html = client.get("/nodes/").content.decode()
+    assert f'data-testid="revoke-token-{node_token.token_id}"' not in html
+
+    # The service answers a revoked token with 403 (an unknown token would be 401).
+    resp = post_batch(make_batch(start=minute_start + timedelta(seconds=10), seq=2))
+    assert resp.status_code == 403 and "revoked" in resp.content.decode()
+    assert client.post("/nodes/tokens/999999/revoke/", {"confirm": "x"}).status_code == 404
+
+
+def test_nodes_page_lists_gpus_liveness_and_tokens(client, node_token):
+    now = timezone.now()
+    node = Node.objects.get(name="gpu-node-1")
+    Node.objects.filter(pk=node.pk).update(last_seen_at=now - timedelta(minutes=10))
+    fresh = Node.objects.create(name="gpu-node-2", last_seen_at=now)
+    Node.objects.create(name="gpu-node-3")  # never heard from: "never", not stale
+    for i, model in enumerate(["NVIDIA A100-SXM4-80GB", "NVIDIA A100-SXM4-80GB", "NVIDIA H100 80GB HBM3"]):
+        Gpu.objects.create(uuid=f"GPU-{i}", node=node, model=model, memory_mb=81920, sm_count=108,
+                           first_seen_at=now, last_seen_at=now)
+    login(client, "admin")
+    html = client.get("/nodes/").content.decode()
+    assert 'data-testid="node-table"' in html and 'data-testid="issue-token-form"' in html
+    row = html.split('data-testid="node-gpu-node-1"')[1].split("</tr>")[0]
+    assert "2 × NVIDIA A100-SXM4-80GB" in row and "1 × NVIDIA H100 80GB HBM3" in row
+    assert 'data-testid="node-stale-gpu-node-1"' in row
+    assert f'data-testid="revoke-token-{node_token.token_id}"' in row and f"{node_token.prefix}…" in row
+    assert f'data-testid="node-stale-{fresh.name}"' not in html and 'data-testid="node-stale-gpu-node-3"' not in html
+
+
+def test_a_token_records_when_its_node_last_called_in(client, post_batch, node_token, minute_start):
+    assert NodeToken.objects.get(pk=node_token.token_id).last_used_at is None
+    assert post_batch(make_batch(start=minute_start)).status_code == 201
+    used = NodeToken.objects.get(pk=node_token.token_id).last_used_at
+    assert used is not None and abs(used - timezone.now()) < timedelta(minutes=1)
+    login(client, "admin")
+    assert "no use recorded" not in client.get("/nodes/").content.decode()

@@ -1,0 +1,336 @@
+"""The finance dashboard (/finance/): cost over time by tenant and idle, fleet utilisation and idle
+memory, top workloads, savings against static and the rebalance recommendation, their CSV
+exports, and tenant scope. Ledger rows are written directly with hand-picked figures so every
+expected number below is computed by hand."""
+
+from __future__ import annotations
+
+import csv
+import io
+from datetime import UTC, datetime, timedelta
+from decimal import Decimal
+
+import pytest
+from django.contrib.auth.models import Group, User
+from django.utils import timezone
+
+from billing.models import Gpu, GpuHour, Node, PairedReport, RebalancePlan, Tenant, TenantMembership, UsageHour
+from billing.queries.dashboard import IDLE_KEY, OTHER_KEY, get_finance_dashboard
+from billing.queries.scope import FINANCE_GROUP, Scope, get_scope
+from billing.web.charts import Series, nice_ticks, stacked_bar_chart
+
+pytestmark = pytest.mark.django_db
+
+D = Decimal
+H1 = datetime(2026, 3, 1, 10, tzinfo=UTC)  # day 1
+H2 = datetime(2026, 3, 2, 3, tzinfo=UTC)  # day 2
+FINANCE = Scope(tenants=None, is_finance=True, is_admin=False)
+
+
+def gpu_hour(gpu: Gpu, hour: datetime, *, seconds: str, card: str, idle: str, idle_allocated: str = "0") -> GpuHour:
+    return GpuHour.objects.create(
+        gpu_uuid=gpu.uuid, node=gpu.node, gpu_model=gpu.model, hour=hour, metered_seconds=D(seconds),
+        card_cost=D(card), charged=D(card) - D(idle), idle_cost=D(idle), idle_allocated=D(idle_allocated),
+        currency="USD", priced=True,
+    )
+
+
+def usage_hour(gpu: Gpu, hour: datetime, *, tenant: str, pod: str, charge: str, idle_share: str = "0",
+               sm: str = "0", mem: str = "0", share: str = "0", tier: str = "gold", container: str = "main",
+               seconds: str = "3600") -> UsageHour:
+    q = {f: D(0) for f in ("mem_granted_mb_s", "mem_billed_mb_s", "sm_granted_s", "sm_billed_s", "pcie_mb")}
+    return UsageHour.objects.create(
+        gpu_uuid=gpu.uuid, node=gpu.node, tenant=tenant, namespace=f"{tenant}-ns", pod=pod, container=container,
+        pod_uid=f"uid-{pod}", sla_tier=tier, seconds=D(seconds), mem_used_mb_s=D(mem), sm_used_s=D(sm),
+        share_gpu_s=D(share), charge=D(charge), idle_share=D(idle_share), hour=hour, **q,
+    )
+
+
+@pytest.fixture
+def fleet(db):
+    node = Node.objects.create(name="gpu-node-1")
+    at = datetime(2026, 1, 1, tzinfo=UTC)
+    g1 = Gpu.objects.create(uuid="GPU-1", node=node, model="A100", memory_mb=80000, sm_count=100,
+                            first_seen_at=at, last_seen_at=at)
+    g2 = Gpu.objects.create(uuid="GPU-2", node=node, model="A100", memory_mb=40000, sm_count=50,
+                            first_seen_at=at, last_seen_at=at)
+    Tenant.objects.create(slug="acme", name="Acme Robotics")
+    Tenant.objects.create(slug="globex", name="环球科技")
+    # H1: GPU-1 metered the whole hour (card 10, idle 4 of which 1 spread onto acme), GPU-2 half of it, all idle.
+    gpu_hour(g1, H1, seconds="3600", card="10", idle="4", idle_allocated="1")
+    gpu_hour(g2, H1, seconds="1800", card="5", idle="5")
+    # acme: 30 % of GPU-1's SMs and 25 % of its memory for the hour; globex: 10 % of SMs, 10 % of memory.
+    usage_hour(g1, H1, tenant="acme", pod="bert-1", charge="4", idle_share="1", sm="108000", mem="72000000",
+               share="1800")
+    usage_hour(g1, H1, tenant="globex", pod="llm-1", charge="2", sm="36000", mem="28800000", share="720",
+               tier="silver")
+    # H2 (next day): GPU-1 metered, nobody on it.
+    gpu_hour(g1, H2, seconds="3600", card="10", idle="10")
+    return g1, g2
+
+
+def user_in(group: str | None = None, tenant: str | None = None) -> User:
+    user = User.objects.create_user(username=f"u-{group}-{tenant}", password="pw-not-used-123")
+    if group:
+        user.groups.add(Group.objects.get_or_create(name=group)[0])
+    if tenant:
+        TenantMembership.objects.create(user=user, tenant=Tenant.objects.get(slug=tenant))
+    return user
+
+
+def csv_rows(resp) -> list[list[str]]:  # type: ignore[no-untyped-def]
+    assert resp.status_code == 200 and resp["Content-Type"] == "text/csv; charset=utf-8"
+    assert resp["Content-Disposition"].startswith("attachment;")
+    return list(csv.reader(io.StringIO(resp.content.decode())))
+
+
+TWO_DAYS = {"start": "2026-03-01", "end": "2026-03-02"}
+THREE_DAYS = {"start": "2026-03-01", "end": "2026-03-03"}
+
+
+def test_two_day_period_is_drawn_per_hour_with_tenants_and_platform_idle_stacked(fleet):
+    d = get_finance_dashboard(scope=FINANCE, start=datetime(2026, 3, 1, tzinfo=UTC),
+                              end=datetime(2026, 3, 3, tzinfo=UTC))
+    t = d.timeline
+    assert t.granularity == "hour" and len(t.buckets) == 48 and t.buckets[0] == datetime(2026, 3, 1, tzinfo=UTC)
+    series = {s.key: s for s in t.series}
+    assert [s.key for s in t.series] == ["acme", "globex", IDLE_KEY]  # by cost, idle on top; no "other"
+    assert series["globex"].name == "环球科技"
+    i1, i2 = t.buckets.index(H1), t.buckets.index(H2)
+    assert series["acme"].values[i1] == D(5)  # charge 4 + idle share 1
+    assert series["globex"].values[i1] == D(2)
+    # Platform idle = idle_cost − idle_allocated: (4 − 1) + (5 − 0) at H1, 10 at H2.
+    assert series[IDLE_KEY].values[i1] == D(8) and series[IDLE_KEY].values[i2] == D(10)
+    assert sum(s.values[i1] for s in t.series) == D(15)  # the bar is the whole fleet's cost for the hour
+    assert all(s.values[5] == 0 for s in t.series)
+
+
+def test_longer_period_is_drawn_per_day(fleet):
+    d = get_finance_dashboard(scope=FINANCE, start=datetime(2026, 3, 1, tzinfo=UTC),
+                              end=datetime(2026, 3, 4, tzinfo=UTC))
+    t = d.timeline
+    assert t.granularity == "day" and t.buckets == [datetime(2026, 3, day, tzinfo=UTC) for day in (1, 2, 3)]
+    assert {s.key: s.values for s in t.series} == {
+        "acme": [D(5), D(0), D(0)], "globex": [D(2), D(0), D(0)], IDLE_KEY: [D(8), D(10), D(0)],
+    }
+
+
+def test_tenants_beyond_the_top_six_are_summed_as_other_tenants(fleet):
+    g1, _ = fleet
+    hour = H1 + timedelta(hours=1)
+    for k in range(1, 9):  # t1 costs 8 … t8 costs 1
+        usage_hour(g1, hour, tenant=f"t{k}", pod=f"p{k}", charge=str(9 - k))
+    d = get_finance_dashboard(scope=FINANCE, start=datetime(2026, 3, 1, tzinfo=UTC),
+                              end=datetime(2026, 3, 2, tzinfo=UTC))
+    keys = [s.key for s in d.timeline.series]
+    # Period totals: t1 8, t2 7, t3 6, acme 5, t4 5, t5 4 | t6 3, globex 2, t7 2, t8 1.
+    assert keys == ["t1", "t2", "t3", "acme", "t4", "t5", OTHER_KEY, IDLE_KEY]
+    other = d.timeline.series[6]
+    i = d.timeline.buckets.index(hour)
+    assert other.name == "Other tenants" and other.values[i] == D(3 + 2 + 1)
+    assert other.values[d.timeline.buckets.index(H1)] == D(2)  # globex at H1
+
+
+def test_utilisation_and_idle_memory_are_fleet_ratios_per_bucket(fleet):
+    d = get_finance_dashboard(scope=FINANCE, start=datetime(2026, 3, 1, tzinfo=UTC),
+                              end=datetime(2026, 3, 4, tzinfo=UTC))
+    assert d.utilisation is not None
+    day1, day2 = d.utilisation  # day 3 has no metered GPU: no point at all
+    # SM: (108000 + 36000) SM·s ÷ (100 SMs × 3600 s + 50 SMs × 1800 s) = 144000 ÷ 450000 = 32 %.
+    assert day1.sm_utilisation_pct == D(32)
+    # Memory: 1 − (72e6 + 28.8e6) MB·s ÷ (80000 MB × 3600 s + 40000 MB × 1800 s) = 1 − 100.8 ÷ 360 = 72 %.
+    assert day1.idle_memory_pct == D(72)
+    assert day1.metered_gpu_s == D(5400)
+    assert day2.bucket == datetime(2026, 3, 2, tzinfo=UTC)
+    assert (day2.sm_utilisation_pct, day2.idle_memory_pct) == (D(0), D(100))
+
+
+def test_top_workloads_are_the_ten_costliest_pods_summed_over_containers_gpus_and_hours(fleet):
+    g1, g2 = fleet
+    hour = H1 + timedelta(hours=2)
+    for k in range(11):  # w0 costs 0.1 … w10 costs 1.1
+        usage_hour(g2, hour, tenant="globex", pod=f"w{k}", charge=str(D(k + 1) / 10))
+    # bert-1 gains a second container on another GPU an hour later, as another tier: 5 + 1.5 = 6.5.
+    usage_hour(g2, hour, tenant="acme", pod="bert-1", charge="1.5", container="sidecar", tier="bronze",
+               sm="3600", mem="3686400", share="360")
+    d = get_finance_dashboard(scope=FINANCE, start=datetime(2026, 3, 1, tzinfo=UTC),
+                              end=datetime(2026, 3, 2, tzinfo=UTC))
+    top = d.top_workloads
+    assert [w.pod for w in top] == ["bert-1", "llm-1", "w10", "w9", "w8", "w7", "w6", "w5", "w4", "w3"]
+    bert = top[0]
+    assert (bert.name, bert.namespace, bert.sla_tier, bert.cost) == ("Acme Robotics", "acme-ns", "bronze, gold",
+                                                                     D("6.5"))
+    assert bert.gpu_hours_equivalent == D("0.6")  # (1800 + 360) GPU-s ÷ 3600
+    assert bert.sm_used_h == D(31)  # (108000 + 3600) SM·s ÷ 3600
+    assert bert.mem_used_gb_h == D("20.53125")  # (72000000 + 3686400) MB·s ÷ 1024 ÷ 3600
+
+
+def test_savings_come_from_the_newest_finished_report_overlapping_the_period(fleet, client):
+    def report(start: datetime, end: datetime, finished: datetime, mean: float, status: str = "done") -> PairedReport:
+        return PairedReport.objects.create(
+            created_at=finished, finished_at=finished, period_start=start, period_end=end, status=status,
+            result={"summary": {"cost_reduction_pct": 41.5, "static_whole_cost": "120.000000",
+                                "dynamic_cost": "70.200000"},
+                    "test_whole_vs_dynamic": {"n": 12, "mean_saving": mean, "ci95": [mean - 1, mean + 1],
+                                              "p_value": 0.0004, "t": 5.1}},
+        )
+
+    march = (datetime(2026, 3, 1, tzinfo=UTC), datetime(2026, 3, 2, tzinfo=UTC))
+    old = report(*march, finished=datetime(2026, 3, 5, tzinfo=UTC), mean=3.0)
+    newest = report(datetime(2026, 2, 28, tzinfo=UTC), datetime(2026, 3, 1, 12, tzinfo=UTC),
+                    finished=datetime(2026, 3, 6, tzinfo=UTC), mean=4.5)
+    report(datetime(2026, 4, 1, tzinfo=UTC), datetime(2026, 4, 2, tzinfo=UTC),
+           finished=datetime(2026, 4, 3, tzinfo=UTC), mean=9.0)  # does not overlap
+    report(*march, finished=datetime(2026, 3, 7, tzinfo=UTC), mean=9.0, status="running")  # not finished
+    s = get_finance_dashboard(scope=FINANCE, start=march[0], end=march[1]).savings
+    assert s is not None and s.report_id == newest.pk != old.pk
+    assert (s.n, s.mean_saving, s.ci95_low, s.ci95_high, s.p_value) == (12, 4.5, 3.5, 5.5, 0.0004)
+    assert s.dynamic_cost == D("70.2") and s.cost_reduction_pct == 41.5
+
+    client.force_login(user_in(FINANCE_GROUP))
+    html = client.get("/finance/", {"start": "2026-03-01", "end": "2026-03-01"}).content.decode()
+    block = html.split('data-testid="savings-vs-static"')[1].split("</section>")[0]
+    assert "4.50 USD" in block and "3.50 USD … 5.50 USD" in block and "&lt; 0.001" in block
+    assert f'href="/reports/{newest.pk}/"' in block
+    html = client.get("/finance/", {"start": "2026-05-01", "end": "2026-05-02"}).content.decode()
+    block = html.split('data-testid="savings-vs-static"')[1].split("</section>")[0]
+    assert "No finished paired report covers this period." in block and 'href="/reports/"' in block
+
+
+def test_rebalance_shows_the_newest_proposed_plan_or_no_recommendation(fleet, client):
+    client.force_login(user_in(FINANCE_GROUP))
+    html = client.get("/finance/", TWO_DAYS).content.decode()
+    assert "No recommendation." in html.split('data-testid="rebalance-recommendation"')[1].split("</section>")[0]
+    at = datetime(2026, 3, 1, tzinfo=UTC)
+    RebalancePlan.objects.create(created_at=at, max_moves=5, moves=[{}], gpus_freed=1, projected_savings=D(10),
+                                 currency="USD")
+    plan = RebalancePlan.objects.create(created_at=at + timedelta(hours=1), max_moves=5, moves=[{}, {}, {}],
+                                        gpus_freed=2, nodes_freed=1, projected_savings=D("5068.80"), currency="USD")
+    RebalancePlan.objects.create(created_at=at + timedelta(hours=2), status="approved", max_moves=5, gpus_freed=7)
+    r = get_finance_dashboard(scope=FINANCE, start=at, end=at + timedelta(days=1)).rebalance
+    assert r is not None and (r.plan_id, r.gpus_freed, r.nodes_freed, r.moves) == (plan.pk, 2, 1, 3)
+    html = client.get("/finance/", TWO_DAYS).content.decode()
+    block = html.split('data-testid="rebalance-recommendation"')[1].split("</section>")[0]
+    assert "2 GPUs freed" in block and "5,068.80 USD" in block and 'href="/rebalance/"' in block
+
+
+def test_finance_page_shows_every_part_with_its_test_id(fleet, client):
+    client.force_login(user_in(FINANCE_GROUP))
+    resp = client.get("/finance/", TWO_DAYS)
+    assert resp.status_code == 200
+    html = resp.content.decode()
+    for testid in ("total-gpu-cost", "attributed-cost", "idle-cost", "cost-timeline", "utilisation-trend",
+                   "savings-vs-static", "top-workloads", "rebalance-recommendation", "tenant-costs"):
+        assert f'data-testid="{testid}"' in html, testid
+    assert 'data-testid="total-gpu-cost">25.00 USD<' in html  # 10 + 5 + 10
+    assert 'data-testid="idle-cost">18.00 USD<' in html
+    timeline = html.split('data-testid="cost-timeline"')[1].split("</figure>")[0]
+    assert "<svg" in timeline and "环球科技" in timeline and "Idle (platform)" in timeline
+    assert "SM utilisation" in html.split('data-testid="utilisation-trend"')[1].split("</figure>")[0]
+    for table, testid in (("timeline", "cost-timeline-csv"), ("utilisation", "utilisation-trend-csv"),
+                          ("workloads", "top-workloads-csv")):
+        href = f'href="?start=2026-03-01&amp;end=2026-03-02&amp;format=csv&amp;table={table}" data-testid="{testid}"'
+        assert href in html, table
+
+
+def test_quick_links_choose_this_month_last_month_and_last_seven_days(fleet, client):
+    client.force_login(user_in(FINANCE_GROUP))
+    today = timezone.now().date()
+    first = today.replace(day=1)
+    prev_end = first - timedelta(days=1)
+    html = client.get("/finance/").content.decode()
+    links = html.split('data-testid="quick-periods"')[1].split("</span>")[0]
+    # The default period is this month's.
+    assert f'href="?start={first}&amp;end={today}" data-testid="period-this-month" class="active"' in links
+    assert f'href="?start={prev_end.replace(day=1)}&amp;end={prev_end}" data-testid="period-last-month">' in links
+    assert f'href="?start={today - timedelta(days=6)}&amp;end={today}" data-testid="period-last-7-days"' in links
+
+
+def test_csv_tables_timeline_utilisation_and_workloads(fleet, client):
+    client.force_login(user_in(FINANCE_GROUP))
+    rows = csv_rows(client.get("/finance/", {**THREE_DAYS, "format": "csv", "table": "timeline"}))
+    assert rows[0] == ["bucket_start", "granularity", "series", "name", "cost", "currency"]
+    assert len(rows) == 1 + 3 * 3  # three days × (acme, globex, idle)
+    assert rows[1][:3] == ["2026-03-01T00:00:00+00:00", "day", "acme"] and D(rows[1][4]) == 5
+    assert rows[3][2:4] == [IDLE_KEY, "Idle (platform)"] and D(rows[3][4]) == 8 and rows[3][5] == "USD"
+
+    rows = csv_rows(client.get("/finance/", {**THREE_DAYS, "format": "csv", "table": "utilisation"}))
+    assert rows[0][0] == "bucket_start" and len(rows) == 3
+    assert D(rows[1][5]) == 32 and D(rows[1][8]) == 72
+    assert D(rows[2][5]) == 0 and D(rows[2][8]) == 100
+
+    rows = csv_rows(client.get("/finance/", {**THREE_DAYS, "format": "csv", "table": "workloads"}))
+    assert rows[0][:4] == ["rank", "tenant", "name", "namespace"]
+    assert [(r[0], r[4], r[6], D(r[7]), r[8]) for r in rows[1:]] == [
+        ("1", "bert-1", "gold", D(5), "USD"), ("2", "llm-1", "silver", D(2), "USD")]
+
+    # No table: the tenants CSV as before.
+    rows = csv_rows(client.get("/finance/", {**THREE_DAYS, "format": "csv"}))
+    assert [r[0] for r in rows[1:]] == ["acme", "globex", "(idle, platform)", "(total)"]
+
+
+def test_unknown_csv_table_answers_400_and_names_the_tables(fleet, client):
+    client.force_login(user_in(FINANCE_GROUP))
+    resp = client.get("/finance/", {**TWO_DAYS, "format": "csv", "table": "salaries"})
+    assert resp.status_code == 400
+    body = resp.content.decode()
+    assert "salaries" in body and "tenants, timeline, utilisation, workloads" in body
+
+
+def test_tenant_member_sees_only_their_tenant_and_no_platform_figures(fleet, client):
+    member = user_in(tenant="globex")
+    d = get_finance_dashboard(scope=get_scope(member), start=datetime(2026, 3, 1, tzinfo=UTC),
+                              end=datetime(2026, 3, 3, tzinfo=UTC))
+    assert [s.key for s in d.timeline.series] == ["globex"]
+    assert [w.tenant for w in d.top_workloads] == ["globex"]
+    assert d.utilisation is None and d.savings is None and d.rebalance is None
+
+    RebalancePlan.objects.create(created_at=H1, max_moves=5, gpus_freed=2, projected_savings=D(10), currency="USD")
+    client.force_login(member)
+    resp = client.get("/finance/", TWO_DAYS)
+    html = resp.content.decode()
+    assert resp.status_code == 200 and 'data-testid="cost-timeline"' in html and 'data-testid="top-workloads"' in html
+    for hidden in ("Acme", "acme", "bert-1", "Idle (platform)", 'data-testid="utilisation-trend"',
+                   'data-testid="savings-vs-static"', 'data-testid="rebalance-recommendation"',
+                   'data-testid="idle-cost"', 'data-testid="total-gpu-cost"'):
+        assert hidden not in html, hidden
+
+    rows = csv_rows(client.get("/finance/", {**TWO_DAYS, "format": "csv", "table": "timeline"}))
+    assert {r[2] for r in rows[1:]} == {"globex"}
+    rows = csv_rows(client.get("/finance/", {**TWO_DAYS, "format": "csv", "table": "workloads"}))
+    assert [r[4] for r in rows[1:]] == ["llm-1"]
+    assert client.get("/finance/", {**TWO_DAYS, "format": "csv", "table": "utilisation"}).status_code == 403
+
+
+def test_chart_ticks_on_fractional_steps_are_labelled_exactly():
+    svg = stacked_bar_chart(["a", "b"], [Series("x", [D(10), D(4)])], label="cost", unit="USD")
+    assert nice_ticks(10) == [0, 2.5, 5, 7.5, 10]
+    assert ">2.5</text>" in svg and ">7.5</text>" in svg and ">8</text>" not in svg
+
+
+def test_chart_legend_wraps_onto_more_rows_instead_of_dropping_series():
+    names = [f"Tenant number {k} with a long name" for k in range(7)] + ["环球科技"]
+    svg = stacked_bar_chart(["a"], [Series(n, [D(1)]) for n in names], label="cost", width=720, height=240)
+    assert all(f">{n}</text>" in svg for n in names)
+    view_height = int(svg.split('viewBox="0 0 720 ')[1].split('"')[0])
+    assert view_height > 240
+
+
+def test_dashboard_query_count_does_not_grow_with_hours_tenants_or_workloads(fleet):
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    def count() -> int:
+        with CaptureQueriesContext(connection) as ctx:
+            get_finance_dashboard(scope=FINANCE, start=datetime(2026, 3, 1, tzinfo=UTC),
+                                  end=datetime(2026, 3, 31, tzinfo=UTC))
+        return len(ctx.captured_queries)
+
+    before = count()
+    g1, _ = fleet
+    for h in range(30):
+        hour = datetime(2026, 3, 5, tzinfo=UTC) + timedelta(hours=h)
+        gpu_hour(g1, hour, seconds="3600", card="10", idle="1")
+        for k in range(10):
+            usage_hour(g1, hour, tenant=f"t{k}", pod=f"p{k}-{h}", charge="0.9")
+    assert count() == before

@@ -1,0 +1,262 @@
+"""The billing periods page: finance and admins close a finished month as a Celery job and watch
+its progress, read from the period row (so it survives a reload and any web process shows it).
+A request is recorded once (a second press while closing enqueues nothing), refused months change
+nothing, a failed close shows its error and can be retried, tenant members are refused."""
+
+from __future__ import annotations
+
+import time
+from datetime import UTC, date, datetime, timedelta
+from unittest import mock
+
+import pytest
+from django.contrib.auth.models import Group, User
+from django.utils import timezone
+
+from billing import tasks
+from billing.models import AuditEvent, BillingPeriod, Invoice, Tenant, TenantMembership
+from billing.queries.scope import ADMIN_GROUP, FINANCE_GROUP
+from billing.services.invoicing import close_period
+from billing.services.rollup import rollup_usage
+from tests.conftest import SHARED_GPU_WORKLOADS, make_batch
+
+pytestmark = pytest.mark.django_db
+
+# Months relative to the real clock: the page decides "over" with timezone.now().
+THIS_MONTH = timezone.now().date().replace(day=1)
+LAST_MONTH = (THIS_MONTH - timedelta(days=1)).replace(day=1)
+LAST = f"{LAST_MONTH:%Y-%m}"
+THIS = f"{THIS_MONTH:%Y-%m}"
+
+
+@pytest.fixture(autouse=True)
+def _last_month_stays_billable(settings):
+    settings.VGPU_LATE_USAGE_HORIZON = timedelta(days=36500)
+
+
+def at(month: date, day: int) -> datetime:
+    return datetime(month.year, month.month, day, 12, tzinfo=UTC)
+
+
+@pytest.fixture
+def last_month_usage(post_batch, one_usd_per_gpu_second):
+    """acme 10 % and globex 20 % of a card for 10 s at 1 USD per GPU-second: 1.00 and 2.00 USD."""
+    assert post_batch(make_batch(start=at(LAST_MONTH, 15), seq=1, workloads=SHARED_GPU_WORKLOADS)).status_code == 201
+    rollup_usage(now=timezone.now())
+
+
+def login(client, *, group: str | None = None, tenant: str | None = None) -> User:
+    user = User.objects.create_user(username=f"user-{group or tenant}", password="pw-not-used-123")
+    if group:
+        user.groups.add(Group.objects.get_or_create(name=group)[0])
+    if tenant:
+        TenantMembership.objects.create(user=user, tenant=Tenant.objects.get_or_create(slug=tenant)[0])
+    client.force_login(user)
+    return user
+
+
+def press_close(client, month: str, django_capture_on_commit_callbacks):
+    """POST the close button; returns (response, the mock standing in for the broker)."""
+    with mock.patch("billing.tasks.close_period.delay") as enqueue, \
+            django_capture_on_commit_callbacks(execute=True):
+        resp = client.post(f"/periods/{month}/close")
+    return resp, enqueue
+
+
+def row_html(page: str, month: str) -> str:
+    start = page.index(f'data-month="{month}"')
+    return page[start:page.index("</tr>", start)]
+
+
+def test_close_request_is_recorded_audited_enqueued_then_the_task_closes_the_month(
+        client, post_batch, last_month_usage, minute_start, django_capture_on_commit_callbacks):
+    assert post_batch(make_batch(start=minute_start, seq=2, workloads=SHARED_GPU_WORKLOADS)).status_code == 201
+    rollup_usage(now=timezone.now())
+    user = login(client, group=FINANCE_GROUP)
+    ready = client.get("/periods/").content.decode()
+    assert 'data-state="ready"' in row_html(ready, LAST) and 'data-testid="close-button"' in row_html(ready, LAST)
+    assert f"Close {LAST}" in ready
+    current = f"{minute_start:%Y-%m}"  # the month in progress: listed, not closable
+    assert 'data-state="open"' in row_html(ready, current) and "close-button" not in row_html(ready, current)
+
+    resp, enqueue = press_close(client, LAST, django_capture_on_commit_callbacks)
+    assert resp.status_code == 302 and resp["Location"] == "/periods/"
+    enqueue.assert_called_once_with(LAST)
+    period = BillingPeriod.objects.get(month=LAST_MONTH)
+    assert (period.status, period.progress_pct, period.requested_by_id) == ("closing", 0, user.pk)
+    audit = AuditEvent.objects.get(action="period.close_requested")
+    assert (audit.actor_id, audit.actor_label, audit.object_id) == (user.pk, "user-finance", LAST)
+    assert audit.before == {"status": "open", "error": ""} and audit.after == {"status": "closing"}
+
+    closing = client.get("/periods/").content.decode()  # a reload shows the bar, from the row
+    assert 'http-equiv="refresh"' in closing
+    row = row_html(closing, LAST)
+    assert 'data-testid="close-progress"' in row and 'value="0"' in row and "Waiting for a worker" in row
+    assert 'data-testid="close-button"' not in row
+
+    result = tasks.close_period.apply(args=[LAST]).get()
+    assert (result["finalized"], result["already_closed"]) == (2, False)
+    period.refresh_from_db()
+    assert (period.status, period.progress_pct, period.error) == ("closed", 100, "")
+    assert Invoice.objects.filter(period=period, status="finalized").count() == 2
+
+    closed = client.get("/periods/").content.decode()
+    assert 'http-equiv="refresh"' not in closed
+    row = row_html(closed, LAST)
+    assert 'data-state="closed"' in row and "2 invoices" in row and "3.00 USD" in row
+    assert 'data-testid="period-invoices-link"' in row and 'href="/invoices/"' in row
+    assert 'data-testid="close-button"' not in row
+
+
+def test_progress_is_written_on_the_row_while_invoices_are_finalized(last_month_usage):
+    seen: list[tuple[int, str, int]] = []
+
+    def watch(pct: int) -> None:  # what another web process would read at this moment
+        row = BillingPeriod.objects.get(month=LAST_MONTH)
+        seen.append((pct, row.status, row.progress_pct))
+
+    close_period(month=LAST_MONTH, now=timezone.now(), progress=watch)
+    # Lines computed (5 %), acme's invoice (50 %), globex's (95 %), period closed (100 %).
+    assert seen == [(5, "closing", 5), (50, "closing", 50), (95, "closing", 95), (100, "closed", 100)]
+
+
+def test_a_second_press_while_closing_enqueues_nothing_and_records_nothing(
+        client, last_month_usage, django_capture_on_commit_callbacks):
+    login(client, group=ADMIN_GROUP)
+    _, first = press_close(client, LAST, django_capture_on_commit_callbacks)
+    resp, second = press_close(client, LAST, django_capture_on_commit_callbacks)
+    assert resp.status_code == 302
+    first.assert_called_once_with(LAST)
+    second.assert_not_called()
+    assert AuditEvent.objects.filter(action="period.close_requested").count() == 1
+    tasks.close_period.apply(args=[LAST]).get()
+    _, third = press_close(client, LAST, django_capture_on_commit_callbacks)  # closed: nothing again
+    third.assert_not_called()
+    assert Invoice.objects.count() == 2
+
+
+def test_an_unfinished_month_is_refused_with_the_reason_and_nothing_is_recorded(
+        client, post_batch, one_usd_per_gpu_second, django_capture_on_commit_callbacks):
+    login(client, group=FINANCE_GROUP)
+    resp, enqueue = press_close(client, THIS, django_capture_on_commit_callbacks)
+    assert resp.status_code == 400
+    page = resp.content.decode()
+    assert 'data-testid="close-error"' in page and f"{THIS} is not over yet" in page
+    enqueue.assert_not_called()
+    assert not BillingPeriod.objects.exists() and not AuditEvent.objects.filter(action="period.close_requested")
+    assert client.post("/periods/2026-13/close").status_code == 400  # not a month
+
+
+def test_unpriced_usage_is_refused_with_the_reason(client, post_batch, django_capture_on_commit_callbacks):
+    assert post_batch(make_batch(start=at(LAST_MONTH, 15), seq=1)).status_code == 201  # no rate card
+    rollup_usage(now=timezone.now())
+    login(client, group=FINANCE_GROUP)
+    page = client.get("/periods/").content.decode()
+    assert 'data-testid="period-unpriced"' in row_html(page, LAST)
+    resp, enqueue = press_close(client, LAST, django_capture_on_commit_callbacks)
+    assert resp.status_code == 400 and "without a rate card" in resp.content.decode()
+    enqueue.assert_not_called()
+    assert not BillingPeriod.objects.exists()
+
+
+def test_a_failed_close_shows_its_error_and_retry_resumes_it(
+        client, last_month_usage, django_capture_on_commit_callbacks):
+    login(client, group=FINANCE_GROUP)
+    press_close(client, LAST, django_capture_on_commit_callbacks)
+
+    def crash_after_first_invoice(pct: int) -> None:
+        if pct == 50:
+            raise RuntimeError("worker lost the database at acme")
+
+    with pytest.raises(RuntimeError):
+        close_period(month=LAST_MONTH, now=timezone.now(), progress=crash_after_first_invoice)
+    period = BillingPeriod.objects.get(month=LAST_MONTH)
+    assert (period.status, period.error) == ("failed", "worker lost the database at acme")
+    assert Invoice.objects.filter(status="finalized").count() == 1
+    page = client.get("/periods/").content.decode()
+    row = row_html(page, LAST)
+    assert 'data-state="failed"' in row and "worker lost the database at acme" in row
+    assert 'data-testid="retry-button"' in row and 'http-equiv="refresh"' not in page
+
+    resp, enqueue = press_close(client, LAST, django_capture_on_commit_callbacks)  # the retry button
+    assert resp.status_code == 302
+    enqueue.assert_called_once_with(LAST)
+    period.refresh_from_db()
+    assert (period.status, period.error) == ("closing", "")
+    retry_audit = AuditEvent.objects.filter(action="period.close_requested").order_by("-id").first()
+    assert retry_audit is not None and retry_audit.before == {"status": "failed",
+                                                              "error": "worker lost the database at acme"}
+    result = tasks.close_period.apply(args=[LAST]).get()
+    assert (result["finalized"], result["already_final"]) == (1, 1)  # acme's invoice was kept
+    period.refresh_from_db()
+    assert (period.status, period.progress_pct) == ("closed", 100)
+
+
+def test_usage_that_becomes_unpriced_after_the_request_fails_the_job_with_the_reason(
+        client, post_batch, last_month_usage, django_capture_on_commit_callbacks):
+    login(client, group=FINANCE_GROUP)
+    press_close(client, LAST, django_capture_on_commit_callbacks)
+    late = make_batch(start=at(LAST_MONTH, 16), seq=2, gpus=2, workloads=[
+        {"gpu": 1, "tenant": "acme", "pod": "t4-1", "mem_used": 1.0, "mem_granted": 1.0, "sm_used": 1.0,
+         "sm_granted": 1.0}])
+    late["gpus"][1]["model"] = "NVIDIA T4"  # no rate card for it
+    assert post_batch(late).status_code == 201
+    rollup_usage(now=timezone.now())
+    result = tasks.close_period.apply(args=[LAST])
+    assert result.failed()
+    period = BillingPeriod.objects.get(month=LAST_MONTH)
+    assert period.status == "failed" and "without a rate card" in period.error
+    assert not Invoice.objects.exists()
+
+
+def test_status_endpoint_reports_the_rows_state_as_json(client, last_month_usage, django_capture_on_commit_callbacks):
+    login(client, group=FINANCE_GROUP)
+    assert client.get(f"/periods/{LAST}/status").json()["state"] == "ready"
+    assert client.get(f"/periods/{THIS}/status").json()["state"] == "open"
+    press_close(client, LAST, django_capture_on_commit_callbacks)
+    BillingPeriod.objects.filter(month=LAST_MONTH).update(progress_pct=42)  # as the job writes it
+    doc = client.get(f"/periods/{LAST}/status").json()
+    assert (doc["month"], doc["state"], doc["progress_pct"], doc["requested_by"]) == (LAST, "closing", 42,
+                                                                                      "user-finance")
+    tasks.close_period.apply(args=[LAST]).get()
+    doc = client.get(f"/periods/{LAST}/status").json()
+    assert (doc["state"], doc["progress_pct"], doc["invoices"]) == ("closed", 100, 2)
+    assert doc["totals"] == [{"currency": "USD", "amount": "3.00"}]
+    assert client.get("/periods/2026-13/status").status_code == 400
+
+
+def test_tenant_members_are_refused_and_cannot_close(client, last_month_usage):
+    login(client, tenant="acme")
+    assert client.get("/periods/").status_code == 403
+    assert client.get(f"/periods/{LAST}/status").status_code == 403
+    with mock.patch("billing.tasks.close_period.delay") as enqueue:
+        assert client.post(f"/periods/{LAST}/close").status_code == 403
+    enqueue.assert_not_called()
+    assert not BillingPeriod.objects.exists()
+    assert 'href="/periods/"' not in client.get("/invoices/").content.decode()  # no nav link either
+
+
+def test_nav_links_the_page_for_finance(client, db):
+    login(client, group=FINANCE_GROUP)
+    assert 'data-testid="nav-periods"' in client.get("/invoices/").content.decode()
+
+
+@pytest.fixture
+def celery_worker(transactional_db):
+    from celery.contrib.testing.worker import start_worker
+
+    from config.celery import app as celery_app
+
+    with start_worker(celery_app, pool="solo", concurrency=1, perform_ping_check=False, shutdown_timeout=30) as worker:
+        yield worker
+
+
+def test_a_real_worker_closes_the_month_requested_from_the_page(client, last_month_usage, celery_worker):
+    login(client, group=FINANCE_GROUP)
+    assert client.post(f"/periods/{LAST}/close").status_code == 302
+    deadline = time.monotonic() + 60
+    doc = client.get(f"/periods/{LAST}/status").json()
+    while doc["state"] == "closing" and time.monotonic() < deadline:
+        time.sleep(0.2)
+        doc = client.get(f"/periods/{LAST}/status").json()
+    assert (doc["state"], doc["progress_pct"], doc["invoices"]) == ("closed", 100, 2)

@@ -1,0 +1,305 @@
+"""The tenant portal: a member's spend, budget, workloads and invoices; other tenants stay invisible
+(404, decided in the query); finance sees every tenant; the root URL lands each role on its page."""
+
+from __future__ import annotations
+
+import csv
+import io
+import re
+from datetime import UTC, date, datetime, timedelta
+from decimal import Decimal
+from html.parser import HTMLParser
+from typing import Any
+
+import pytest
+from django.contrib.auth.models import Group, User
+from django.utils import timezone
+
+from billing.models import BillingPeriod, Invoice, Node, RateCard, Tenant, TenantMembership, UsageHour
+from billing.queries.portal import TenantNotFound, get_tenant_portal
+from billing.queries.scope import ADMIN_GROUP, FINANCE_GROUP, get_scope
+from billing.services.budgets import evaluate_budgets, set_budget
+from billing.services.invoicing import month_bounds
+from tests.conftest import A100
+
+pytestmark = pytest.mark.django_db
+
+MB_S_PER_GB_H = 1024 * 3600
+
+
+def usage(hour: datetime, *, tenant: str = "acme", namespace: str = "acme-prod", pod: str = "bert-1",
+          pod_uid: str = "uid-bert-1", container: str = "server", gpu: str = "GPU-0", sla_tier: str = "gold",
+          charge: str = "0", idle: str = "0", share_gpu_s: str = "0", mem_used_gb_h: str = "0",
+          mem_granted_gb_h: str = "0", sm_used_h: str = "0", sm_granted_h: str = "0") -> UsageHour:
+    """One hour-ledger row; quantities given in the units the page shows."""
+    return UsageHour.objects.create(
+        hour=hour, gpu_uuid=gpu, node=Node.objects.get_or_create(name="gpu-node-1")[0], tenant=tenant,
+        namespace=namespace, pod=pod, container=container, pod_uid=pod_uid, sla_tier=sla_tier, seconds=3600,
+        mem_used_mb_s=Decimal(mem_used_gb_h) * MB_S_PER_GB_H, mem_granted_mb_s=Decimal(mem_granted_gb_h) * MB_S_PER_GB_H,
+        mem_billed_mb_s=Decimal(mem_granted_gb_h) * MB_S_PER_GB_H, sm_used_s=Decimal(sm_used_h) * 3600,
+        sm_granted_s=Decimal(sm_granted_h) * 3600, sm_billed_s=Decimal(sm_granted_h) * 3600, pcie_mb=0,
+        share_gpu_s=Decimal(share_gpu_s), charge=Decimal(charge), idle_share=Decimal(idle),
+    )
+
+
+@pytest.fixture
+def ledger(db) -> datetime:
+    """acme: bert-1 (two containers on two GPUs) 2.25 and train-7 3.00 this hour, 100 last month;
+    globex: 9.00 this hour. Returns this hour."""
+    RateCard.objects.create(gpu_model=A100["model"], currency="USD", price_per_gpu_hour=Decimal("3.6"),
+                            effective_from=datetime(2020, 1, 1, tzinfo=UTC), source_url="https://example.org")
+    Tenant.objects.create(slug="acme", name="Acme Robotics")
+    Tenant.objects.create(slug="globex", name="Globex Corp")
+    hour = timezone.now().replace(minute=0, second=0, microsecond=0)
+    month_start, _ = month_bounds(hour.date().replace(day=1))
+    usage(hour, charge="1.50", idle="0.25", share_gpu_s="1800", mem_used_gb_h="2", mem_granted_gb_h="4",
+          sm_used_h="10.8", sm_granted_h="21.6")
+    usage(hour, gpu="GPU-1", container="sidecar", charge="0.50", share_gpu_s="600", mem_used_gb_h="0.5",
+          mem_granted_gb_h="1", sm_used_h="1.2", sm_granted_h="2.4")
+    usage(hour, namespace="acme-dev", pod="train-7", pod_uid="uid-train-7", sla_tier="bronze", charge="3.00",
+          share_gpu_s="3000", mem_used_gb_h="8", mem_granted_gb_h="8", sm_used_h="50", sm_granted_h="54")
+    usage(month_start - timedelta(hours=1), charge="100")  # last month: not month to date
+    usage(hour, tenant="globex", namespace="globex-prod", pod="llm-1", pod_uid="uid-llm-1", charge="9.00")
+    return hour
+
+
+def user_in(*, group: str | None = None, tenants: tuple[str, ...] = ()) -> User:
+    user = User.objects.create_user(username=f"u-{group}-{'-'.join(tenants)}", password="pw-not-used-123")
+    if group:
+        user.groups.add(Group.objects.get_or_create(name=group)[0])
+    for slug in tenants:
+        TenantMembership.objects.create(user=user, tenant=Tenant.objects.get(slug=slug))
+    return user
+
+
+class _Element(HTMLParser):
+    """Collects the text of the first element carrying data-testid=name, nested elements included."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__()
+        self.name, self.depth, self.found = name, 0, False
+        self.text: list[str] = []
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        if tag in _VOID:
+            return
+        if self.depth:
+            self.depth += 1
+        elif not self.found and ("data-testid", self.name) in attrs:
+            self.depth, self.found = 1, True
+
+    def handle_endtag(self, tag: str) -> None:
+        if self.depth and tag not in _VOID:
+            self.depth -= 1
+
+    def handle_data(self, data: str) -> None:
+        if self.depth:
+            self.text.append(data)
+
+
+_VOID = {"input", "br", "img", "meta", "link", "hr", "wbr", "source"}  # HTML elements without an end tag
+
+
+def text_of(html: str, name: str) -> str:
+    """The text inside the first element with data-testid=name, whitespace collapsed."""
+    parser = _Element(name)
+    parser.feed(html)
+    assert parser.found, f"no data-testid={name}"
+    return " ".join("".join(parser.text).split())
+
+
+def expected_forecast(spend: Decimal, recent: Decimal, now: datetime) -> Decimal:
+    """The budget forecast by hand: the rows of this hour are observed for at least an hour."""
+    _, month_end = month_bounds(now.date().replace(day=1))
+    return spend + recent / Decimal(3600) * Decimal((month_end - now).total_seconds())
+
+
+def test_member_sees_month_to_date_forecast_and_workloads_of_their_tenant(client, ledger):
+    client.force_login(user_in(tenants=("acme",)))
+    before = timezone.now()
+    resp = client.get("/tenants/acme/")
+    after = timezone.now()
+    assert resp.status_code == 200
+    portal = resp.context["portal"]
+    # 1.50 + 0.25 idle + 0.50 + 3.00; last month's 100 and globex's 9 are not acme's month to date.
+    assert portal.month_to_date == Decimal("5.25") and portal.currency == "USD"
+    assert expected_forecast(Decimal("5.25"), Decimal("5.25"), after) <= portal.forecast
+    assert portal.forecast <= expected_forecast(Decimal("5.25"), Decimal("5.25"), before)
+    html = resp.content.decode()
+    assert "5.25 USD" in text_of(html, "mtd-cost")
+    assert "USD" in text_of(html, "forecast")
+
+    train, bert = portal.workloads  # most expensive first
+    assert (train.label, train.cost, train.sla_tiers) == ("acme-dev/train-7", Decimal("3.00"), ("bronze",))
+    assert bert.label == "acme-prod/bert-1" and bert.containers == ("server", "sidecar")
+    assert bert.cost == Decimal("2.25")
+    assert bert.gpu_hours_equivalent == Decimal("2400") / 3600
+    assert (bert.mem_used_gb_h, bert.mem_granted_gb_h) == (Decimal("2.5"), Decimal("5"))
+    assert (bert.sm_used_h, bert.sm_granted_h) == (Decimal("12"), Decimal("24"))
+    assert bert.first_hour == bert.last_hour == ledger
+    table = text_of(html, "workload-table")
+    assert "acme-prod/bert-1" in table and "server, sidecar" in table and "2.25 USD" in table
+    assert "globex" not in html and "llm-1" not in html
+    assert 'data-testid="workload-cost-chart"' in html and 'data-testid="workload-memory-chart"' in html
+
+
+def test_another_tenants_portal_is_404_like_a_tenant_that_does_not_exist(client, ledger):
+    member = user_in(tenants=("acme",))
+    client.force_login(member)
+    assert client.get("/tenants/globex/").status_code == 404
+    assert client.get("/tenants/globex/", {"format": "csv"}).status_code == 404
+    # A bad period does not turn the 404 into a 400 that would reveal the tenant exists.
+    assert client.get("/tenants/globex/", {"start": "2026-05-02", "end": "2026-05-01"}).status_code == 404
+    assert client.get("/tenants/no-such-tenant/").status_code == 404
+    # Decided in the query, not the template.
+    now = timezone.now()
+    with pytest.raises(TenantNotFound):
+        get_tenant_portal(scope=get_scope(member), slug="globex", start=now - timedelta(days=1), end=now, now=now)
+
+
+def test_user_without_membership_sees_no_portal(client, ledger):
+    client.force_login(user_in())
+    assert client.get("/tenants/acme/").status_code == 404
+    resp = client.get("/tenants/")
+    assert resp.status_code == 200 and resp.context["tenants"] == []
+
+
+def test_finance_lists_every_tenant_with_month_to_date_and_opens_any_portal(client, ledger):
+    set_budget(tenant_slug="acme", now=timezone.now(), actor_label="test",
+               values={"amount": Decimal("10"), "currency": "USD", "owner": "finops@acme.example"})
+    evaluate_budgets(now=timezone.now())
+    client.force_login(user_in(group=FINANCE_GROUP))
+    resp = client.get("/tenants/")
+    rows = {r.slug: r for r in resp.context["tenants"]}
+    assert {s: r.month_to_date for s, r in rows.items()} == {"acme": Decimal("5.25"), "globex": Decimal("9.00")}
+    assert rows["acme"].budget.state == "ok" and rows["globex"].budget is None
+    html = text_of(resp.content.decode(), "tenant-list")
+    assert "Acme Robotics" in html and "Globex Corp" in html and "No budget set" in html
+    assert 'href="/tenants/globex/"' in resp.content.decode()
+    globex = client.get("/tenants/globex/")
+    assert globex.status_code == 200 and globex.context["portal"].month_to_date == Decimal("9.00")
+    assert [w.label for w in globex.context["portal"].workloads] == ["globex-prod/llm-1"]
+
+
+def test_member_of_one_tenant_is_sent_to_it_and_of_two_sees_only_those(client, ledger):
+    Tenant.objects.create(slug="initech", name="Initech")
+    client.force_login(user_in(tenants=("acme",)))
+    resp = client.get("/tenants/")
+    assert resp.status_code == 302 and resp["Location"] == "/tenants/acme/"
+    client.force_login(user_in(tenants=("acme", "globex")))
+    assert sorted(r.slug for r in client.get("/tenants/").context["tenants"]) == ["acme", "globex"]
+
+
+@pytest.mark.parametrize(("group", "tenants", "landing"), [
+    (None, ("acme",), "/tenants/acme/"),
+    (FINANCE_GROUP, (), "/finance/"),
+    (ADMIN_GROUP, ("acme",), "/finance/"),
+])
+def test_root_lands_each_role_on_its_page(client, ledger, group, tenants, landing):
+    client.force_login(user_in(group=group, tenants=tenants))
+    resp = client.get("/", follow=True)
+    assert resp.redirect_chain[-1][0] == landing and resp.status_code == 200
+
+
+def test_root_sends_anonymous_users_to_login(client):
+    resp = client.get("/")
+    assert resp.status_code == 302 and resp["Location"].startswith("/accounts/login/")
+    assert client.get("/tenants/").status_code == 302
+
+
+def test_budget_status_shows_state_bar_action_and_owner(client, ledger):
+    set_budget(tenant_slug="acme", now=timezone.now(), actor_label="test",
+               values={"amount": Decimal("5"), "currency": "USD", "hard_action": "block",
+                       "owner": "finops@acme.example"})
+    evaluate_budgets(now=timezone.now())
+    client.force_login(user_in(tenants=("acme",)))
+    resp = client.get("/tenants/acme/")
+    html = resp.content.decode()
+    assert re.search(r'class="budget-bar state-enforced" data-testid="budget-bar" data-state="enforced"', html)
+    assert 'aria-valuenow="100"' in html  # 105 % used, the bar is capped at full
+    status = text_of(html, "budget-status")
+    assert "105 % used (5.25 USD)" in status and "enforced" in status
+    assert "block new GPU pods" in html and "finops@acme.example" in html
+
+
+def test_tenant_without_budget_says_so(client, ledger):
+    client.force_login(user_in(tenants=("acme",)))
+    html = client.get("/tenants/acme/").content.decode()
+    assert "No budget set" in html and 'data-testid="budget-bar"' not in html
+
+
+def test_workload_csv_has_the_tables_figures_unrounded_with_currency(client, ledger):
+    client.force_login(user_in(tenants=("acme",)))
+    resp = client.get("/tenants/acme/", {"format": "csv"})
+    assert resp.status_code == 200 and resp["Content-Type"] == "text/csv; charset=utf-8"
+    assert resp["Content-Disposition"].startswith('attachment; filename="acme-workloads-')
+    header, *rows = list(csv.reader(io.StringIO(resp.content.decode())))
+    assert header[:7] == ["namespace", "pod", "pod_uid", "containers", "sla_tiers", "cost", "currency"]
+    by_pod = {r[1]: dict(zip(header, r, strict=True)) for r in rows}
+    assert set(by_pod) == {"train-7", "bert-1"}
+    bert = by_pod["bert-1"]
+    assert Decimal(bert["cost"]) == Decimal("2.25") and bert["currency"] == "USD"
+    assert bert["containers"] == "server sidecar"
+    assert Decimal(bert["gpu_hours_equivalent"]) == Decimal("2400") / 3600  # not rounded to 2 places
+    assert Decimal(bert["mem_used_gb_h"]) == Decimal("2.5") and Decimal(bert["sm_granted_h"]) == Decimal("24")
+    assert datetime.fromisoformat(bert["first_hour"]) == ledger
+
+
+def test_chosen_period_charts_daily_cost_of_the_top_seven_and_the_rest_as_an_eighth(client, ledger):
+    day1 = datetime(2026, 1, 5, 10, tzinfo=UTC)
+    for i in range(10):  # pod-0 costs least … pod-9 most; pod-0, pod-1 and pod-2 fall into "other"
+        usage(day1, pod=f"pod-{i}", pod_uid=f"uid-{i}", charge=str(i + 1), mem_used_gb_h="1")
+    usage(day1 + timedelta(days=2), pod="pod-9", pod_uid="uid-9", charge="5", mem_used_gb_h="3")
+    client.force_login(user_in(tenants=("acme",)))
+    resp = client.get("/tenants/acme/", {"start": "2026-01-05", "end": "2026-01-07"})
+    assert resp.status_code == 200
+    daily = resp.context["portal"].daily
+    assert daily.days == (date(2026, 1, 5), date(2026, 1, 6), date(2026, 1, 7))
+    assert daily.names[0] == "acme-prod/pod-9" and len(daily.names) == 7 and daily.has_other
+    assert daily.cost[0] == (Decimal(10), Decimal(0), Decimal(5))
+    assert daily.cost[-1] == (Decimal(6), Decimal(0), Decimal(0))  # other: pod-0 (1) + pod-1 (2) + pod-2 (3)
+    assert daily.mem_used_gb_h[0] == (Decimal(1), Decimal(0), Decimal(3))
+    assert len(resp.context["portal"].workloads) == 10
+    html = resp.content.decode()
+    assert "Other workloads" in text_of(html, "workload-cost-chart")
+    assert "acme-prod/pod-9" in text_of(html, "workload-memory-chart")
+    # This month's usage is outside the period; month to date is unchanged by the period.
+    assert "bert-1" not in text_of(html, "workload-table")
+    assert resp.context["portal"].month_to_date == Decimal("5.25")
+
+
+def test_eight_workloads_are_all_charted_without_an_other_series(client, ledger):
+    for i in range(6):  # with bert-1 and train-7: eight workloads this month
+        usage(ledger, pod=f"pod-{i}", pod_uid=f"uid-{i}", charge="1")
+    client.force_login(user_in(tenants=("acme",)))
+    daily = client.get("/tenants/acme/").context["portal"].daily
+    assert len(daily.names) == 8 and not daily.has_other and len(daily.cost) == 8
+
+
+def test_bad_period_answers_400_with_the_reason(client, ledger):
+    client.force_login(user_in(tenants=("acme",)))
+    resp = client.get("/tenants/acme/", {"start": "2026-05-02", "end": "2026-05-01"})
+    assert resp.status_code == 400
+    html = resp.content.decode()
+    assert "must not be before" in html and 'data-testid="workload-table"' not in html
+    assert client.get("/tenants/acme/", {"start": "2026-05-02", "end": "2026-05-01", "format": "csv"}).status_code == 400
+
+
+def _invoice(slug: str, month: date) -> Invoice:
+    period = BillingPeriod.objects.get_or_create(month=month)[0]
+    return Invoice.objects.create(tenant=Tenant.objects.get(slug=slug), period=period, currency="USD",
+                                  number=f"VGL-{month:%Y%m}-{slug}", total_minor=12345, created_at=timezone.now())
+
+
+@pytest.mark.parametrize("viewer", [{"tenants": ("acme",)}, {"group": FINANCE_GROUP}])
+def test_invoice_links_point_at_this_tenants_invoices_only(client, ledger, viewer: dict[str, Any]):
+    own = _invoice("acme", date(2026, 1, 1))
+    other = _invoice("globex", date(2026, 1, 1))
+    client.force_login(user_in(**viewer))
+    resp = client.get("/tenants/acme/")
+    assert [i.number for i in resp.context["portal"].invoices] == [own.number]
+    html = resp.content.decode()
+    links = set(re.findall(r'href="(/invoices/[^"]+)"', html))
+    assert links == {f"/invoices/{own.number}.pdf", f"/invoices/{own.number}.csv", f"/invoices/{own.number}.focus"}
+    assert other.number not in html
+    assert client.get(f"/invoices/{own.number}.csv").status_code == 200

@@ -1,0 +1,112 @@
+"""Browser tests: Playwright (Python) driving Debian's Chromium against `make demo` — the real
+product (gunicorn, Celery worker and beat, simulated agents) on loopback.
+
+Never `playwright install`: the browser is the system's /usr/bin/chromium, which `make test`
+installs with apt. Screenshots go to $VGPU_SCREENSHOTS_DIR when set (`make screenshots` sets
+it to docs/screenshots), else to a temporary folder.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from playwright.sync_api import Browser, BrowserContext, Page, sync_playwright
+
+from tests.demo_process import Demo, demo_environment, running_demo
+
+CHROMIUM = os.environ.get("VGPU_CHROMIUM", "/usr/bin/chromium")
+# The flags a headless Chromium needs as root on a machine with no outside network.
+CHROMIUM_ARGS = [
+    "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+    "--disable-background-networking", "--disable-component-update", "--disable-sync",
+]
+
+
+@pytest.fixture(scope="session")
+def demo(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Demo]:
+    data = tmp_path_factory.mktemp("browser-demo")
+    with demo_environment(data, name=f"vgpu_browser_test_{os.getpid()}", redis_db=12) as env:
+        with running_demo(env) as running:
+            running.wait_for_history()
+            yield running
+
+
+@pytest.fixture(scope="session")
+def browser() -> Iterator[Browser]:
+    if not (Path(CHROMIUM).exists() or shutil.which(CHROMIUM)):
+        pytest.fail(f"{CHROMIUM} is missing: `make test` installs Debian's chromium (apt-get install chromium)")
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        yield b
+        b.close()
+
+
+@pytest.fixture(scope="session")
+def screenshot_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    target = os.environ.get("VGPU_SCREENSHOTS_DIR")
+    path = Path(target) if target else tmp_path_factory.mktemp("screenshots")
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+class Session:
+    """One signed-in user in their own browser context (cookies are not shared)."""
+
+    def __init__(self, context: BrowserContext, page: Page, demo: Demo, screenshots: Path) -> None:
+        self.context, self.page, self.demo, self.screenshots = context, page, demo, screenshots
+
+    def goto(self, path: str) -> Page:
+        response = self.page.goto(self.demo.base + path)
+        assert response is not None
+        self.last_status = response.status
+        return self.page
+
+    def shot(self, name: str) -> None:
+        self.page.screenshot(path=str(self.screenshots / f"{name}.png"), full_page=True)
+
+
+@pytest.hookimpl(wrapper=True, tryfirst=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Iterator:
+    report = yield
+    if report.when == "call":
+        item.stash[_FAILED] = report.failed
+    return report
+
+
+_FAILED = pytest.StashKey[bool]()
+
+
+@pytest.fixture
+def sign_in(request: pytest.FixtureRequest, browser: Browser, demo: Demo, screenshot_dir: Path) -> Iterator:
+    contexts: list[BrowserContext] = []
+    sessions: list[Session] = []
+
+    def login(username: str, *, locale: str = "en-US") -> Session:
+        context = browser.new_context(locale=locale, viewport={"width": 1360, "height": 900}, accept_downloads=True)
+        contexts.append(context)
+        page = context.new_page()
+        page.set_default_timeout(20_000)
+        page.goto(demo.base + "/")
+        page.fill("input[name=username]", username)
+        page.fill("input[name=password]", demo.passwords[username])
+        page.click("button[type=submit]")
+        page.wait_for_load_state()
+        assert "/accounts/login/" not in page.url, page.content()[:2000]
+        session = Session(context, page, demo, screenshot_dir)
+        sessions.append(session)
+        return session
+
+    yield login
+    if request.node.stash.get(_FAILED, False):
+        # What each browser showed when the test failed: for whoever reads the CI log.
+        for i, session in enumerate(sessions):
+            name = f"FAILED-{request.node.name}-{i}"
+            session.page.screenshot(path=str(screenshot_dir / f"{name}.png"), full_page=True)
+            (screenshot_dir / f"{name}.html").write_text(session.page.content(), encoding="utf-8")
+            print(f"browser {i} was at {session.page.url}; page saved as {screenshot_dir / name}.html/.png")
+    for context in contexts:
+        context.close()

@@ -1,0 +1,159 @@
+"""Each role's main job in a real browser against `make demo` (issue 7): finance reads the
+dashboard and downloads invoices, a tenant engineer reads their portal and cannot reach another
+tenant, an admin changes an SLA weight that agents then see in the policy API, and the interface
+follows each user's language. Screenshots of each main page are taken on the way."""
+
+from __future__ import annotations
+
+import re
+import time
+from decimal import Decimal
+
+import pytest
+import requests
+from playwright.sync_api import expect
+
+pytestmark = [pytest.mark.browser, pytest.mark.timeout(900)]
+
+
+def _amount(text: str) -> Decimal:
+    match = re.search(r"-?[\d,]+\.\d+", text)
+    assert match, text
+    return Decimal(match.group(0).replace(",", ""))
+
+
+def test_finance_reads_the_dashboard_and_downloads_an_invoice(sign_in):
+    s = sign_in("finance")
+    page = s.page
+    assert page.url.endswith("/finance/"), page.url
+    expect(page.get_by_test_id("total-gpu-cost")).to_be_visible()
+    assert _amount(page.get_by_test_id("total-gpu-cost").inner_text()) > 0
+    expect(page.get_by_test_id("cost-timeline").locator("svg")).to_be_visible()
+    expect(page.get_by_test_id("utilisation-trend").locator("svg")).to_be_visible()
+    expect(page.get_by_test_id("top-workloads")).to_be_visible()
+    s.shot("finance-dashboard")
+
+    # Last month holds the demo's simulated day: closed, reported, with a rebalance plan.
+    page.get_by_test_id("period-last-month").click()
+    page.wait_for_load_state()
+    assert _amount(page.get_by_test_id("total-gpu-cost").inner_text()) > 0
+    expect(page.get_by_test_id("savings-vs-static")).to_contain_text("%")
+    expect(page.get_by_test_id("rebalance-recommendation")).to_be_visible()
+    s.shot("finance-dashboard-last-month")
+    with page.expect_download() as download:
+        page.get_by_test_id("top-workloads-csv").click()
+    assert download.value.suggested_filename.endswith(".csv")
+    assert "tenant" in open(download.value.path(), encoding="utf-8").readline()
+
+    page.get_by_role("link", name="Invoices", exact=True).first.click()
+    expect(page.get_by_test_id("invoices")).to_be_visible()
+    s.shot("invoices")
+    with page.expect_download() as download:
+        page.locator("a[href$='.pdf']").first.click()
+    with open(download.value.path(), "rb") as pdf:
+        assert pdf.read(4) == b"%PDF"
+
+    page.get_by_role("link", name="Savings reports").click()
+    page.locator("a[href^='/reports/']").filter(has_text=re.compile(r"\d")).first.click()
+    expect(page.get_by_test_id("study-comparison")).to_be_visible()
+    s.shot("paired-report")
+
+    page.get_by_role("link", name="Billing periods").click()
+    expect(page.get_by_test_id("periods")).to_contain_text("closed")
+    s.shot("billing-periods")
+
+    page.get_by_role("link", name="Rebalance").click()
+    expect(page.locator("[data-testid^='rebalance-plan-']").first).to_be_visible()
+    s.shot("rebalance")
+
+
+def test_tenant_engineer_sees_their_portal_and_nothing_of_other_tenants(sign_in, demo):
+    s = sign_in("acme-engineer")
+    page = s.page
+    assert page.url.endswith("/tenants/acme/"), page.url
+    expect(page.get_by_test_id("mtd-cost")).to_be_visible()
+    expect(page.get_by_test_id("forecast")).to_be_visible()
+    expect(page.get_by_test_id("budget-status")).to_be_visible()
+    expect(page.get_by_test_id("workload-cost-chart").locator("svg")).to_be_visible()
+    expect(page.get_by_test_id("workload-table")).to_contain_text("acme")
+    s.shot("tenant-portal")
+    invoices = page.get_by_test_id("tenant-invoices")
+    expect(invoices.locator("a[href$='.focus']").first).to_be_visible()
+    hrefs = invoices.locator("a[href^='/invoices/']").evaluate_all("links => links.map(a => a.getAttribute('href'))")
+    assert hrefs and all("-acme." in h for h in hrefs), hrefs
+    with page.expect_download() as download:
+        invoices.locator("a[href$='.csv']").first.click()
+    assert download.value.suggested_filename.endswith(".csv")
+
+    # Another tenant's portal and invoices answer exactly like pages that do not exist.
+    assert s.goto("/tenants/globex/") and s.last_status == 404
+    number = hrefs[0].split("/")[-1].rsplit(".", 1)[0].replace("-acme", "-globex")
+    assert s.goto(f"/invoices/{number}.pdf") and s.last_status == 404
+    for admin_page in ("/sla-tiers/", "/rate-cards/", "/nodes/", "/audit/", "/periods/", "/reports/"):
+        s.goto(admin_page)
+        assert s.last_status == 403, admin_page
+    # The cost page shows only acme.
+    s.goto("/finance/")
+    table = page.get_by_test_id("tenant-costs").inner_text()
+    assert "Acme" in table and "Globex" not in table and "星河" not in table
+
+
+def _policy_weight(demo, tier: str) -> str:
+    node = "sim-a100-1"
+    token = (demo.data_dir / f"{node}.token").read_text().strip()
+    response = requests.get(f"{demo.base}/api/v1/nodes/{node}/policy", timeout=10,
+                            headers={"Authorization": f"Bearer {token}"})
+    assert response.status_code == 200, response.text
+    return response.json()["sla_tiers"][tier]["weight"]
+
+
+def test_admin_changes_an_sla_weight_that_agents_see_within_ten_seconds(sign_in, demo):
+    s = sign_in("admin")
+    page = s.page
+    page.get_by_role("link", name="SLA tiers").click()
+    s.shot("sla-tiers")
+    before = _policy_weight(demo, "silver")
+    new = "3.500" if Decimal(before) != Decimal("3.5") else "2.500"
+    page.get_by_test_id("sla-weight-silver").fill(new)
+    page.get_by_test_id("sla-save-silver").click()
+    expect(page.get_by_test_id("message")).to_be_visible()
+    changed_at = time.monotonic()
+    while Decimal(_policy_weight(demo, "silver")) != Decimal(new):
+        assert time.monotonic() - changed_at < 10, "the policy API did not show the new weight within 10 s"
+        time.sleep(0.5)
+    # A bad weight is refused with a precise message and changes nothing.
+    page.get_by_test_id("sla-weight-silver").fill("-1")
+    page.get_by_test_id("sla-save-silver").click()
+    expect(page.locator(".error")).to_contain_text("weight")
+    assert Decimal(_policy_weight(demo, "silver")) == Decimal(new)
+    page.get_by_role("link", name="Audit log").click()
+    expect(page.get_by_test_id("audit-log")).to_contain_text("sla_tier.weight_changed")
+    s.shot("audit-log")
+
+    page.get_by_role("link", name="Rate cards").click()
+    expect(page.get_by_test_id("rate-card-table")).to_contain_text("A100")
+    s.shot("rate-cards")
+
+    page.get_by_role("link", name="Nodes").click()
+    expect(page.get_by_test_id("node-table")).to_contain_text("sim-a100-1")
+    s.shot("nodes")
+
+    page.get_by_role("link", name="Budgets").click()
+    s.shot("budgets")
+
+
+def test_language_is_kept_per_user_with_localised_money(sign_in, browser, demo):
+    s = sign_in("finance")
+    page = s.page
+    page.select_option("form.lang select", "zh-hans")
+    page.wait_for_load_state()
+    expect(page.locator("html")).to_have_attribute("lang", "zh-hans")
+    expect(page.get_by_role("link", name="发票")).to_be_visible()
+    expect(page.get_by_test_id("total-gpu-cost")).to_contain_text("USD")
+    s.shot("finance-dashboard-zh")
+    # A new browser (no cookies) whose Accept-Language is English still gets Chinese after login.
+    again = sign_in("finance", locale="en-US")
+    expect(again.page.locator("html")).to_have_attribute("lang", "zh-hans")
+    again.page.select_option("form.lang select", "en")
+    again.page.wait_for_load_state()
+    expect(again.page.locator("html")).to_have_attribute("lang", "en")
