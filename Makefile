@@ -53,7 +53,8 @@ test: lint browser-deps
 
 # Refreshes the README's screenshots from a live demo (the browser tests take them).
 screenshots: $(DEV) browser-deps
-	VGPU_SCREENSHOTS_DIR=docs/screenshots $(PY) -m config.embedded -- $(PY) -m pytest tests/browser -q
+	VGPU_SCREENSHOTS_DIR=docs/screenshots VGPU_BROWSER_HISTORY_DAYS=7 \
+	  $(PY) -m config.embedded -- $(PY) -m pytest tests/browser -q
 
 bench: $(DEV)
 	$(PY) -m config.embedded -- $(PY) bench/ingest.py --write-docs

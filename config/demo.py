@@ -21,9 +21,10 @@ import sys
 import threading
 import time
 import urllib.request
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, date, datetime, timedelta
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import BinaryIO
 
 from agents.backends.sim import demo_scenario
 from config.embedded import DATA_DIR, embedded_services
@@ -70,50 +71,78 @@ class _WebhookSink:
 
 
 class _History(threading.Thread):
-    """A simulated day of history, so finance has something to close and compare: the real agent
-    code meters the last day of the previous month on a fast simulated clock (60 s samples),
-    then that month is closed, a paired report is computed for the day and a rebalance plan is
-    proposed. Runs once per month of history (a marker file), beside the live demo."""
+    """History, so finance has something to close, compare and chart from the first minutes.
+
+    The real agent code meters simulated days on a fast clock (60 s samples, dry-run enforcer):
+    first the last day of the previous month, which is then closed, reported (paired report) and
+    rebalanced; then up to VGPU_DEMO_HISTORY_DAYS days of this month before today, one day at a
+    time so the dashboard fills in as they land, followed by a paired report for them. Each day
+    is done once (marker files), so restarting the demo never meters a GPU-second twice."""
 
     def __init__(self, *, py: str, env: dict[str, str], url: str,
-                 agents: list[tuple[str, Path, Path]]) -> None:
+                 agents: list[tuple[str, Path, Path]], recent_days: int) -> None:
         super().__init__(daemon=True)
         self.py, self.env, self.url, self.agents = py, env, url, agents
-        self.day = datetime.now(UTC).date().replace(day=1) - timedelta(days=1)
+        today = datetime.now(UTC).date()
+        self.day = today.replace(day=1) - timedelta(days=1)
         self.marker = DEMO_DIR / f"history-{self.day:%Y-%m}.done"
+        first = max(today.replace(day=1), today - timedelta(days=recent_days))
+        self.recent = [first + timedelta(days=i) for i in range((today - first).days)]
         self.procs: list[subprocess.Popen[bytes]] = []
+        self.stopping = False
+
+    def _meter(self, day: date, log: BinaryIO) -> None:
+        self.procs = [
+            subprocess.Popen(  # noqa: S603
+                [self.py, "-m", "agents", "run", "--server", self.url, "--token-file", str(token_file),
+                 "--backend", "sim", "--scenario", str(scenario_file),
+                 "--spool", str(DEMO_DIR / f"{node}.history-{day}.sqlite"), "--once-seconds", "86400",
+                 "--start", f"{day:%Y-%m-%d}T00:00:00Z", "--tick-ms", "60000", "--meter-ms", "60000",
+                 "--batch-seconds", "3600", "--no-kube", "--enforcer", "dry-run", "--policy-interval-s", "3600"],
+                env=self.env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+            for node, token_file, scenario_file in self.agents
+        ]
+        for proc in self.procs:
+            if proc.wait() != 0:
+                raise subprocess.CalledProcessError(proc.returncode, "agent (history)")
+
+    def _manage(self, log: BinaryIO, *args: str) -> None:
+        subprocess.run([self.py, "manage.py", *args], env=self.env, cwd=ROOT, stdout=log,  # noqa: S603
+                       stderr=subprocess.STDOUT, check=True)
 
     def run(self) -> None:
-        if self.marker.exists():
-            return
+        (DEMO_DIR / "recent.done").unlink(missing_ok=True)
         with open(LOG_DIR / "history.log", "ab") as log:
             try:
-                for node, token_file, scenario_file in self.agents:
-                    self.procs.append(subprocess.Popen(  # noqa: S603
-                        [self.py, "-m", "agents", "run", "--server", self.url, "--token-file", str(token_file),
-                         "--backend", "sim", "--scenario", str(scenario_file),
-                         "--spool", str(DEMO_DIR / f"{node}.history.sqlite"), "--once-seconds", "86400",
-                         "--start", f"{self.day:%Y-%m-%d}T00:00:00Z", "--tick-ms", "60000", "--meter-ms", "60000",
-                         "--batch-seconds", "3600", "--no-kube", "--enforcer", "dry-run",
-                         "--policy-interval-s", "3600"],
-                        env=self.env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True))
-                for proc in self.procs:
-                    proc.wait()
-                next_day = self.day + timedelta(days=1)
-                for args in (["rollup_usage"], ["close_period", "--month", f"{self.day:%Y-%m}"],
-                             ["paired_report", "--from", f"{self.day}", "--to", f"{next_day}"],
-                             ["propose_rebalance"]):
-                    subprocess.run([self.py, "manage.py", *args], env=self.env, cwd=ROOT, stdout=log,  # noqa: S603
-                                   stderr=subprocess.STDOUT, check=True)
+                if not self.marker.exists():
+                    self._meter(self.day, log)
+                    next_day = self.day + timedelta(days=1)
+                    for args in (["rollup_usage"], ["close_period", "--month", f"{self.day:%Y-%m}"],
+                                 ["paired_report", "--from", f"{self.day}", "--to", f"{next_day}"],
+                                 ["propose_rebalance"]):
+                        self._manage(log, *args)
+                    self.marker.touch()
+                    print(f"demo: history ready: {self.day:%Y-%m} is closed (see /invoices/), a paired report "
+                          f"for {self.day} is at /reports/, a rebalance plan at /rebalance/", flush=True)
+                todo = [d for d in self.recent if not (DEMO_DIR / f"day-{d}.done").exists()]
+                for day in todo:
+                    if self.stopping:
+                        return
+                    self._meter(day, log)
+                    self._manage(log, "rollup_usage")
+                    (DEMO_DIR / f"day-{day}.done").touch()
+                if todo and not self.stopping:
+                    self._manage(log, "paired_report", "--from", f"{self.recent[0]}",
+                                 "--to", f"{self.recent[-1] + timedelta(days=1)}")
+                    print(f"demo: this month so far: {len(self.recent)} simulated day(s) from {self.recent[0]} "
+                          "are metered and reported (see /finance/)", flush=True)
+                (DEMO_DIR / "recent.done").touch()
             except (OSError, subprocess.CalledProcessError) as exc:
-                print(f"demo: the simulated day of history failed ({exc}); see {LOG_DIR / 'history.log'}",
-                      flush=True)
-                return
-        self.marker.touch()
-        print(f"demo: history ready: {self.day:%Y-%m} is closed (see /invoices/), a paired report for "
-              f"{self.day} is at /reports/, a rebalance plan at /rebalance/", flush=True)
+                if not self.stopping:
+                    print(f"demo: simulated history failed ({exc}); see {LOG_DIR / 'history.log'}", flush=True)
 
     def stop(self) -> None:
+        self.stopping = True
         for proc in self.procs:
             if proc.poll() is None:
                 with contextlib.suppress(ProcessLookupError):
@@ -220,7 +249,8 @@ def main() -> int:
                     args, env=env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
                 )
             health = _wait_healthy(f"{url}/healthz", procs)
-            history = _History(py=py, env=env, url=url, agents=agents)
+            history = _History(py=py, env=env, url=url, agents=agents,
+                               recent_days=int(os.environ.get("VGPU_DEMO_HISTORY_DAYS", "6")))
             history.start()
             print(
                 f"\nvGPU Ledger demo is running: {url}/\n"
@@ -235,8 +265,8 @@ def main() -> int:
                 "numbers grow as agents upload (every 10 s) and the ledger rolls up (every 10 s).\n"
                 f"budgets: acme has 1000 USD/month; lower it at {url}/budgets/ as admin to see enforcement.\n"
                 f"  emails -> {DEMO_DIR / 'mail'}, webhooks -> {DEMO_DIR / 'webhooks.jsonl'}\n"
-                "history: a simulated day of last month is being metered, closed and reported (about a "
-                "minute); a line says when it is ready.\n"
+                "history: a simulated day of last month is metered, closed and reported (about a minute),\n"
+                "  then the days of this month before today (a few minutes); a line says when each is ready.\n"
                 "Press Ctrl-C to stop.",
                 flush=True,
             )

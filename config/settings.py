@@ -169,6 +169,9 @@ VGPU_INGEST_RETRY_AFTER_S = int(os.environ.get("VGPU_INGEST_RETRY_AFTER_S", 5))
 DATA_UPLOAD_MAX_MEMORY_SIZE = VGPU_INGEST_MAX_BODY_BYTES
 # Raw partitions are created this many days ahead by the beat task (and on demand by ingest).
 VGPU_PARTITION_DAYS_AHEAD = int(os.environ.get("VGPU_PARTITION_DAYS_AHEAD", 7))
+# A month closing with no progress written for this many seconds is shown as stalled (its Celery
+# task was probably lost), and finance or an admin may resume it from the periods page.
+VGPU_PERIOD_CLOSE_STALE_S = int(os.environ.get("VGPU_PERIOD_CLOSE_STALE_S", 900))
 
 CELERY_BROKER_URL = REDIS_URL
 CELERY_RESULT_BACKEND = REDIS_URL

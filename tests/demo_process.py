@@ -28,9 +28,10 @@ def free_port() -> int:
 
 
 @contextmanager
-def demo_environment(data_dir: Path, *, name: str, redis_db: int) -> Iterator[dict[str, str]]:
+def demo_environment(data_dir: Path, *, name: str, redis_db: int, history_days: int = 0) -> Iterator[dict[str, str]]:
     """Environment for one demo run: database `name` (dropped before and after), Redis db
-    `redis_db`, data under `data_dir`, a free loopback port."""
+    `redis_db`, data under `data_dir`, a free loopback port, `history_days` simulated days of
+    this month before today (the demo's default is more; fewer keep the suite quick)."""
     url = urllib.parse.urlsplit(os.environ["DATABASE_URL"])
     admin = psycopg2.connect(os.environ["DATABASE_URL"])
     admin.autocommit = True
@@ -44,6 +45,7 @@ def demo_environment(data_dir: Path, *, name: str, redis_db: int) -> Iterator[di
     env["VGPU_DATA_DIR"] = str(data_dir)
     env["PORT"] = str(free_port())
     env["VGPU_ROLLUP_EVERY_S"] = "3"
+    env["VGPU_DEMO_HISTORY_DAYS"] = str(history_days)
     env.pop("DJANGO_SETTINGS_MODULE", None)
     try:
         yield env
@@ -76,6 +78,14 @@ class Demo:
             time.sleep(2)
         log = self.data_dir / "logs" / "history.log"
         assert list(self.data_dir.glob("history-*.done")), log.read_text()[-3000:] if log.exists() else "no log"
+
+    def wait_for_recent_days(self, timeout_s: float = 420) -> None:
+        """Until the simulated days of this month before today are metered and reported."""
+        deadline = time.monotonic() + timeout_s
+        while not (self.data_dir / "recent.done").exists() and time.monotonic() < deadline:
+            time.sleep(2)
+        log = self.data_dir / "logs" / "history.log"
+        assert (self.data_dir / "recent.done").exists(), log.read_text()[-3000:] if log.exists() else "no log"
 
     def stop(self) -> None:
         """Ctrl-C, as a newcomer stops it; what it printed while stopping lands in `rest`."""

@@ -34,6 +34,10 @@ class BillingPeriod(models.Model):
     requested_at = models.DateTimeField(null=True, blank=True)
     # Why the last close failed; cleared when a close starts again.
     error = models.TextField(blank=True)
+    # When a close last showed it is alive: the request, each progress write, a resume. A CLOSING
+    # row whose progress_at is older than settings.VGPU_PERIOD_CLOSE_STALE_S is "stalled" (its job
+    # was probably lost) and may be resumed from the periods page.
+    progress_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         ordering = ["-month"]

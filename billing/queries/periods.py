@@ -1,6 +1,8 @@
 """Billing periods for the periods page: every month with usage in the hour ledger (or a period
 row), its closing state and, once closed, its invoices. Scoped: a tenant scope sees only its own
-usage and invoices; the page itself is for finance and admins."""
+usage and invoices; the page itself is for finance and admins. A close that has written no
+progress for longer than settings.VGPU_PERIOD_CLOSE_STALE_S is "stalled" (billing.services.invoicing
+`close_is_stalled`: the rule lives there, shared with the resume)."""
 
 from __future__ import annotations
 
@@ -15,7 +17,7 @@ from django.utils.translation import gettext_lazy as _
 from billing.models import BillingPeriod, GpuHour, Invoice, UsageHour
 from billing.money import minor_unit_exponent
 from billing.queries.scope import Scope
-from billing.services.invoicing import month_bounds
+from billing.services.invoicing import close_is_stalled, month_bounds
 
 __all__ = ["PeriodState", "PeriodView", "get_billing_period", "list_billing_periods"]
 
@@ -24,11 +26,13 @@ _ZERO = Decimal(0)
 
 
 class PeriodState:
-    """What the page can do with a month. `ready` = over and not yet closing."""
+    """What the page can do with a month. `ready` = over and not yet closing; `stalled` = closing
+    with no progress for too long (its job was probably lost): it may be resumed."""
 
     OPEN = "open"
     READY = "ready"
     CLOSING = "closing"
+    STALLED = "stalled"
     CLOSED = "closed"
     FAILED = "failed"
 
@@ -36,6 +40,7 @@ class PeriodState:
         OPEN: _("open"),
         READY: _("ready to close"),
         CLOSING: _("closing"),
+        STALLED: _("stalled"),
         CLOSED: _("closed"),
         FAILED: _("failed"),
     }
@@ -62,6 +67,8 @@ class PeriodView:
     requested_at: datetime | None
     close_started_at: datetime | None
     closed_at: datetime | None
+    # When the close last showed it is alive (request, progress write, resume).
+    progress_at: datetime | None
     error: str
     invoices: int
     totals: tuple[CurrencyTotal, ...]
@@ -78,6 +85,10 @@ class PeriodView:
     def can_close(self) -> bool:
         return self.state in (PeriodState.READY, PeriodState.FAILED)
 
+    @property
+    def can_resume(self) -> bool:
+        return self.state == PeriodState.STALLED
+
     def as_json(self) -> dict[str, object]:
         return {
             "month": self.key,
@@ -91,6 +102,7 @@ class PeriodView:
             "requested_at": self.requested_at.isoformat() if self.requested_at else None,
             "close_started_at": self.close_started_at.isoformat() if self.close_started_at else None,
             "closed_at": self.closed_at.isoformat() if self.closed_at else None,
+            "progress_at": self.progress_at.isoformat() if self.progress_at else None,
         }
 
 
@@ -151,7 +163,7 @@ def _periods(*, scope: Scope, now: datetime, months: tuple[date, date] | None) -
         _, ends_at = month_bounds(m)
         views.append(PeriodView(
             month=m,
-            state=_state(row, over=ends_at <= now),
+            state=_state(row, over=ends_at <= now, now=now),
             progress_pct=row.progress_pct if row else 0,
             gpu_hours=hours_by_month.get(m, _ZERO),
             unpriced_gpu_hours=unpriced_by_month.get(m, _ZERO) if scope.sees_platform else None,
@@ -160,6 +172,7 @@ def _periods(*, scope: Scope, now: datetime, months: tuple[date, date] | None) -
             requested_at=row.requested_at if row else None,
             close_started_at=row.close_started_at if row else None,
             closed_at=row.closed_at if row else None,
+            progress_at=row.progress_at if row else None,
             error=row.error if row else "",
             invoices=counts.get(m, 0),
             totals=tuple(totals.get(m, ())),
@@ -167,7 +180,7 @@ def _periods(*, scope: Scope, now: datetime, months: tuple[date, date] | None) -
     return views
 
 
-def _state(row: BillingPeriod | None, *, over: bool) -> str:
+def _state(row: BillingPeriod | None, *, over: bool, now: datetime) -> str:
     if row is not None and row.status == BillingPeriod.Status.CLOSED:
         return PeriodState.CLOSED
     if not over:
@@ -175,5 +188,6 @@ def _state(row: BillingPeriod | None, *, over: bool) -> str:
     if row is None or row.status == BillingPeriod.Status.OPEN:
         return PeriodState.READY
     if row.status == BillingPeriod.Status.CLOSING:
-        return PeriodState.CLOSING
+        stalled = close_is_stalled(status=row.status, progress_at=row.progress_at, now=now)
+        return PeriodState.STALLED if stalled else PeriodState.CLOSING
     return PeriodState.FAILED

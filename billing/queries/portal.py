@@ -4,6 +4,9 @@ A tenant outside the caller's scope raises `TenantNotFound`, exactly like a tena
 exist, so the portal never reveals which tenants there are. Month-to-date spend and the forecast
 use the budget definitions (billing.services.budgets): charge plus idle spread onto the tenant,
 from the hour ledger. A workload is one pod instance: (namespace, pod, pod_uid).
+
+The upcoming invoice of the month in progress is `billing.services.invoicing.preview_invoice`:
+the close's own lines and rounding over the ledger as it is now; nothing is written.
 """
 
 from __future__ import annotations
@@ -18,12 +21,13 @@ from django.contrib.postgres.aggregates import ArrayAgg
 from django.db.models import F, Max, Min, Q, QuerySet, Sum
 from django.db.models.functions import TruncDay
 
-from billing.errors import DomainError
+from billing.errors import DomainError, InvalidInput
 from billing.models import RateCard, Tenant, UsageHour
 from billing.queries.budgets import BudgetView, list_budgets
 from billing.queries.scope import Scope
 from billing.services.budgets import forecast_month_end, get_month_to_date_spend
 from billing.services.exports import InvoiceSummary, list_invoices
+from billing.services.invoicing import InvoicePreview, preview_invoice, preview_invoices
 
 __all__ = [
     "CHART_SERIES",
@@ -31,9 +35,13 @@ __all__ = [
     "TenantNotFound",
     "TenantPortal",
     "TenantPortalRow",
+    "UpcomingInvoiceRow",
+    "UpcomingInvoices",
     "WorkloadUsage",
     "get_tenant_portal",
+    "get_upcoming_invoice",
     "list_tenant_portals",
+    "list_upcoming_invoices",
 ]
 
 # Series in the charts: every workload when they fit, else the costliest CHART_SERIES - 1 and one
@@ -99,10 +107,31 @@ class TenantPortal:
     workloads: tuple[WorkloadUsage, ...]
     daily: DailyWorkloadSeries
     invoices: tuple[InvoiceSummary, ...]
+    # The month in progress as its invoice would be if closed now; None with `upcoming_error` set
+    # when it cannot be computed (e.g. usage priced in two currencies, which the close refuses too).
+    upcoming: InvoicePreview | None
+    upcoming_error: str = ""
 
     @property
     def period_cost(self) -> Decimal:
         return sum((w.cost for w in self.workloads), _ZERO)
+
+
+@dataclass(frozen=True)
+class UpcomingInvoiceRow:
+    slug: str
+    name: str
+    # False for a tenant known only from the ledger (no Tenant row yet): it has no portal page.
+    has_portal: bool
+    # None: no charges so far this month.
+    preview: InvoicePreview | None
+
+
+@dataclass(frozen=True)
+class UpcomingInvoices:
+    month: date
+    rows: tuple[UpcomingInvoiceRow, ...]
+    error: str = ""
 
 
 @dataclass(frozen=True)
@@ -153,12 +182,47 @@ def get_tenant_portal(*, scope: Scope, slug: str, start: datetime, end: datetime
     budget = next(iter(list_budgets(scope=own, now=now)), None)
     usage = UsageHour.objects.filter(tenant=slug, hour__gte=start, hour__lt=end)
     workloads = _workloads(usage)
+    try:
+        upcoming, upcoming_error = preview_invoice(tenant=slug, month=_current_month(now), now=now), ""
+    except InvalidInput as exc:
+        upcoming, upcoming_error = None, str(exc)
     return TenantPortal(
         slug=slug, name=tenant[1], currency=_currency(now), now=now, month_to_date=spend,
         forecast=forecast_month_end(tenant=slug, spend=spend, now=now), budget=budget, start=start, end=end,
         workloads=workloads, daily=_daily(usage, workloads, start=start, end=end, now=now),
         invoices=tuple(i for i in list_invoices(scope=own) if i.tenant_slug == slug),
+        upcoming=upcoming, upcoming_error=upcoming_error,
     )
+
+
+def _current_month(now: datetime) -> date:
+    return now.astimezone(UTC).date().replace(day=1)
+
+
+def get_upcoming_invoice(*, scope: Scope, slug: str, now: datetime) -> InvoicePreview:
+    """The upcoming invoice of one tenant for the month in progress at `now`. Raises TenantNotFound
+    outside the caller's scope (before anything else is read), InvalidInput when it cannot be
+    computed."""
+    if not _visible_tenants(scope).filter(slug=slug).exists():
+        raise TenantNotFound(f"no tenant {slug!r}")
+    return preview_invoice(tenant=slug, month=_current_month(now), now=now)
+
+
+def list_upcoming_invoices(*, scope: Scope, now: datetime) -> UpcomingInvoices:
+    """The upcoming invoice total of every tenant the caller may see, for the month in progress:
+    each tenant with a Tenant row in scope, and, for a platform scope, tenants that so far exist only
+    in the ledger (they are invoiced all the same)."""
+    month = _current_month(now)
+    names = dict(_visible_tenants(scope).values_list("slug", "name"))
+    try:
+        previews = preview_invoices(month=month, now=now, tenants=scope.tenants)
+    except InvalidInput as exc:
+        return UpcomingInvoices(month, (), error=str(exc))
+    return UpcomingInvoices(month, tuple(
+        UpcomingInvoiceRow(slug=slug, name=names.get(slug, slug), has_portal=slug in names,
+                           preview=previews[slug] if previews.get(slug) and previews[slug].lines else None)
+        for slug in sorted(set(names) | set(previews))
+    ))
 
 
 def _workloads(usage: QuerySet[UsageHour]) -> tuple[WorkloadUsage, ...]:

@@ -14,33 +14,52 @@ Lines (DESIGN §4): per GPU model and SLA tier, the usage charge; under the `pro
 idle policy an explicit idle line; and, for months closed earlier, an adjustment line per
 GPU model and tier for whatever the ledger now says beyond what was invoiced (late
 batches; negative amounts are credits). Each line is rounded once to minor units.
+`_invoice_lines` decides the lines and `_price_invoice` rounds them, for the close and for
+`preview_invoices` / `preview_invoice` alike (the "upcoming invoice": what a close would
+finalize with the ledger as it is now; it writes nothing).
+
+A close shows it is alive by writing `progress_at` (the request, each progress write, a
+resume). `close_is_stalled` says when a CLOSING row has gone quiet for longer than
+settings.VGPU_PERIOD_CLOSE_STALE_S; `resume_period_close` then enqueues the job again. Two closes
+of one month may therefore run at once (a job thought lost may be merely slow); that is safe:
+see `_finalize_invoice`.
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, timedelta
 from decimal import Decimal
+from zoneinfo import ZoneInfo
 
+from celery.schedules import crontab
 from django.conf import settings
 from django.db import connection, transaction
-from django.db.models import Sum
+from django.db.models import DateTimeField, Func, Max, Sum
+from django.utils.translation import gettext
 
 from billing.errors import InvalidInput
-from billing.models import BillingPeriod, Invoice, InvoiceLine, Tenant
-from billing.money import to_minor_units
+from billing.models import BillingPeriod, GpuHour, Invoice, InvoiceLine, Tenant
+from billing.money import minor_unit_exponent, to_minor_units
 from billing.services.audit import record_audit_event
 
 __all__ = [
     "CloseRequest",
     "CloseResult",
+    "InvoicePreview",
     "LineDraft",
+    "PricedLine",
+    "close_is_stalled",
     "close_period",
     "month_bounds",
     "parse_month",
+    "preview_invoice",
+    "preview_invoices",
     "request_period_close",
+    "resume_period_close",
+    "scheduled_close_at",
 ]
 
 _S_PER_H = Decimal(3600)
@@ -56,6 +75,73 @@ class LineDraft:
     usage_month: date
     gpu_hours: Decimal
     amount: Decimal
+
+
+@dataclass(frozen=True)
+class PricedLine:
+    """An invoice line as it is (or would be) stored: the unrounded ledger amount and its one
+    rounding to minor units."""
+
+    kind: str
+    gpu_model: str
+    sla_tier: str
+    usage_month: date
+    gpu_hours: Decimal  # quantized to 6 places, as InvoiceLine stores it
+    amount: Decimal  # unrounded, ledger precision
+    amount_minor: int  # rounded once, half-even
+    currency: str
+
+    @property
+    def kind_label(self) -> str:
+        return str(dict(InvoiceLine.Kind.choices).get(self.kind, self.kind))
+
+    @property
+    def rounded_amount(self) -> Decimal:
+        """`amount_minor` in major units, exact (no rounding happens here)."""
+        return Decimal(self.amount_minor).scaleb(-minor_unit_exponent(self.currency))
+
+
+@dataclass(frozen=True)
+class _PricedInvoice:
+    tenant: str
+    currency: str
+    lines: tuple[PricedLine, ...]
+
+    @property
+    def total_minor(self) -> int:
+        return sum(line.amount_minor for line in self.lines)
+
+
+@dataclass(frozen=True)
+class InvoicePreview:
+    """The invoice `tenant` would get for `month` if the month were closed with the ledger as it
+    is at `as_of`: lines and totals rounded exactly as the close rounds them. Not an invoice."""
+
+    tenant: str
+    month: date
+    currency: str
+    lines: tuple[PricedLine, ...]
+    # Σ minor units of the month's own lines (usage, idle) / of every line (adjustments included).
+    subtotal_minor: int
+    total_minor: int
+    # Start of the newest hour of the hour ledger in the month (None: no usage metered yet).
+    as_of: datetime | None
+    # When the scheduled close (celery beat) will finalize the invoice; None if none is scheduled.
+    issue_at: datetime | None
+
+    @property
+    def subtotal(self) -> Decimal:
+        """Major units, exact (minor units scaled; no rounding happens here)."""
+        return Decimal(self.subtotal_minor).scaleb(-minor_unit_exponent(self.currency))
+
+    @property
+    def total(self) -> Decimal:
+        return Decimal(self.total_minor).scaleb(-minor_unit_exponent(self.currency))
+
+    @property
+    def adjustments(self) -> Decimal:
+        """Σ of the adjustment lines for months closed earlier, major units, exact."""
+        return self.total - self.subtotal
 
 
 @dataclass(frozen=True)
@@ -80,6 +166,15 @@ _PCT_INVOICES_DONE = 95
 _ERROR_MAX_CHARS = 2000
 
 
+class _DbClock(Func):
+    """Postgres clock_timestamp(): the database's time at the write itself. A heartbeat needs it:
+    Now() is the start of the enclosing transaction, and `now` is the close's fixed timestamp."""
+
+    function = "clock_timestamp"
+    template = "%(function)s()"
+    output_field = DateTimeField()
+
+
 def parse_month(text: str) -> date:
     try:
         parsed = datetime.strptime(text, "%Y-%m")  # noqa: DTZ007 - a calendar month, no time of day
@@ -94,16 +189,21 @@ def month_bounds(month: date) -> tuple[datetime, datetime]:
     return start, end
 
 
-def _ledger_totals(month: date) -> dict[tuple[str, str, str, str], tuple[Decimal, Decimal, Decimal]]:
-    """(tenant, currency, gpu_model, sla_tier) -> (charge, idle_share, share_gpu_s) of priced usage."""
+def _ledger_totals(
+    month: date, tenants: Collection[str] | None = None
+) -> dict[tuple[str, str, str, str], tuple[Decimal, Decimal, Decimal]]:
+    """(tenant, currency, gpu_model, sla_tier) -> (charge, idle_share, share_gpu_s) of priced usage,
+    of every tenant or of `tenants` only."""
     start, end = month_bounds(month)
+    only = None if tenants is None else sorted(tenants)
     with connection.cursor() as cur:
         cur.execute(
             "SELECT u.tenant, g.currency, g.gpu_model, u.sla_tier, sum(u.charge), sum(u.idle_share), "
             "sum(u.share_gpu_s) FROM billing_usagehour u JOIN billing_gpuhour g "
             "ON g.gpu_uuid = u.gpu_uuid AND g.hour = u.hour "
-            "WHERE u.hour >= %s AND u.hour < %s AND g.priced GROUP BY 1, 2, 3, 4 ORDER BY 1, 2, 3, 4",
-            [start, end],
+            "WHERE u.hour >= %s AND u.hour < %s AND g.priced AND (%s::text[] IS NULL OR u.tenant = ANY(%s::text[])) "
+            "GROUP BY 1, 2, 3, 4 ORDER BY 1, 2, 3, 4",
+            [start, end, only, only],
         )
         return {(r[0], r[1], r[2], r[3]): (r[4], r[5], r[6]) for r in cur.fetchall()}
 
@@ -119,16 +219,16 @@ def _unpriced_gpu_hours(month: date) -> Decimal:
         return Decimal(cur.fetchone()[0]) / _S_PER_H
 
 
-def _month_lines(month: date) -> list[LineDraft]:
+def _month_lines(month: date, tenants: Collection[str] | None) -> list[LineDraft]:
     lines = []
-    for (tenant, currency, model, tier), (charge, idle, share) in _ledger_totals(month).items():
+    for (tenant, currency, model, tier), (charge, idle, share) in _ledger_totals(month, tenants).items():
         lines.append(LineDraft(tenant, currency, InvoiceLine.Kind.USAGE, model, tier, month, share / _S_PER_H, charge))
         if idle:
             lines.append(LineDraft(tenant, currency, InvoiceLine.Kind.IDLE, model, tier, month, Decimal(0), idle))
     return lines
 
 
-def _adjustment_lines(*, month: date, horizon: timedelta) -> list[LineDraft]:
+def _adjustment_lines(*, month: date, horizon: timedelta, tenants: Collection[str] | None) -> list[LineDraft]:
     """For closed months whose late-usage horizon reaches into `month`: ledger now − invoiced."""
     start, _ = month_bounds(month)
     lines = []
@@ -137,15 +237,13 @@ def _adjustment_lines(*, month: date, horizon: timedelta) -> list[LineDraft]:
         if period_end + horizon < start:
             continue
         invoiced: dict[tuple[str, str, str], Decimal] = defaultdict(Decimal)
-        rows = (
-            InvoiceLine.objects.filter(usage_month=period.month, invoice__status=Invoice.Status.FINALIZED)
-            .values("invoice__tenant__slug", "gpu_model", "sla_tier")
-            .annotate(total=Sum("amount"))
-        )
-        for r in rows:
+        rows = InvoiceLine.objects.filter(usage_month=period.month, invoice__status=Invoice.Status.FINALIZED)
+        if tenants is not None:
+            rows = rows.filter(invoice__tenant__slug__in=tenants)
+        for r in rows.values("invoice__tenant__slug", "gpu_model", "sla_tier").annotate(total=Sum("amount")):
             invoiced[(r["invoice__tenant__slug"], r["gpu_model"], r["sla_tier"])] += r["total"]
         now_totals: dict[tuple[str, str, str], tuple[str, Decimal, Decimal]] = {}
-        for (tenant, currency, model, tier), (charge, idle, share) in _ledger_totals(period.month).items():
+        for (tenant, currency, model, tier), (charge, idle, share) in _ledger_totals(period.month, tenants).items():
             now_totals[(tenant, model, tier)] = (currency, charge + idle, share)
         for key in sorted(set(now_totals) | set(invoiced)):
             currency, amount, share = now_totals.get(key, ("", Decimal(0), Decimal(0)))
@@ -155,6 +253,34 @@ def _adjustment_lines(*, month: date, horizon: timedelta) -> list[LineDraft]:
                 lines.append(LineDraft(tenant, currency, InvoiceLine.Kind.ADJUSTMENT, model, tier, period.month,
                                        Decimal(0), delta))
     return lines
+
+
+def _invoice_lines(
+    *, month: date, horizon: timedelta, tenants: Collection[str] | None = None
+) -> dict[str, list[LineDraft]]:
+    """The lines of each tenant's invoice for `month` from the ledger as it is now: the month's own
+    usage (and idle) lines, then adjustments for months closed earlier. The close and the preview
+    both read them here."""
+    by_tenant: dict[str, list[LineDraft]] = defaultdict(list)
+    for line in _month_lines(month, tenants) + _adjustment_lines(month=month, horizon=horizon, tenants=tenants):
+        by_tenant[line.tenant].append(line)
+    return by_tenant
+
+
+def _price_invoice(slug: str, lines: list[LineDraft]) -> _PricedInvoice:
+    """One currency per invoice, each line rounded once to its minor units; the total is the sum of
+    the rounded lines."""
+    currencies = {line.currency for line in lines if line.currency}
+    if len(currencies) > 1:
+        raise InvalidInput(f"tenant {slug} has usage priced in several currencies {sorted(currencies)}; "
+                           "one invoice carries one currency")
+    currency = next(iter(currencies), "USD")
+    return _PricedInvoice(slug, currency, tuple(
+        PricedLine(kind=line.kind, gpu_model=line.gpu_model, sla_tier=line.sla_tier, usage_month=line.usage_month,
+                   gpu_hours=line.gpu_hours.quantize(Decimal("0.000001")), amount=line.amount,
+                   amount_minor=to_minor_units(line.amount, currency), currency=currency)
+        for line in lines
+    ))
 
 
 def _check_closable(*, month: date, now: datetime, allow_unpriced: bool) -> None:
@@ -189,11 +315,55 @@ def request_period_close(
         period.requested_by_id = actor_id
         period.requested_at = now
         period.progress_pct = 0
+        period.progress_at = now
         period.error = ""
-        period.save(update_fields=["status", "requested_by", "requested_at", "progress_pct", "error"])
+        period.save(update_fields=["status", "requested_by", "requested_at", "progress_pct", "progress_at", "error"])
         record_audit_event(
             at=now, actor_id=actor_id, actor_label=actor_label, action="period.close_requested",
             object_type="billing_period", object_id=f"{month:%Y-%m}", before=before, after={"status": period.status},
+        )
+        key = f"{month:%Y-%m}"
+        transaction.on_commit(lambda: enqueue(key))
+    return CloseRequest(month, period.status, enqueued=True)
+
+
+def close_is_stalled(*, status: str, progress_at: datetime | None, now: datetime) -> bool:
+    """A close is stalled when its row is CLOSING and nothing has shown it alive (request, progress
+    write, resume) for more than settings.VGPU_PERIOD_CLOSE_STALE_S seconds at `now`.
+
+    The job writes `progress_at` with the database's clock and the request with the web's; they
+    differ by the hosts' clock skew, negligible against a threshold of minutes."""
+    if status != BillingPeriod.Status.CLOSING:
+        return False
+    return progress_at is None or now - progress_at > timedelta(seconds=settings.VGPU_PERIOD_CLOSE_STALE_S)
+
+
+def resume_period_close(
+    *, month: date, now: datetime, actor_label: str, actor_id: int | None, enqueue: Callable[[str], object]
+) -> CloseRequest:
+    """Enqueue the close of a stalled month again (its job was probably lost) and audit it as
+    `period.close_resumed`; `enqueue("YYYY-MM")` runs once the resume commits.
+
+    The row is locked and `progress_at` set to `now`, so a second press (or a second web process)
+    finds the close no longer stalled: it changes nothing and enqueues nothing, as does a press on a
+    close that is moving or already closed. Resuming a close whose job is in fact still running is
+    safe: two closes of one month finalize each invoice once (`_finalize_invoice`). Refused
+    (InvalidInput) for a month that is not closing at all."""
+    with transaction.atomic():
+        period = BillingPeriod.objects.select_for_update().filter(month=month).first()
+        if period is None or period.status in (BillingPeriod.Status.OPEN, BillingPeriod.Status.FAILED):
+            raise InvalidInput(gettext("%(month)s is not being closed: there is nothing to resume.")
+                               % {"month": f"{month:%Y-%m}"})
+        if not close_is_stalled(status=period.status, progress_at=period.progress_at, now=now):
+            return CloseRequest(month, period.status, enqueued=False)
+        before = {"status": period.status, "progress_pct": period.progress_pct,
+                  "progress_at": period.progress_at.isoformat() if period.progress_at else None}
+        period.progress_at = now
+        period.save(update_fields=["progress_at"])
+        record_audit_event(
+            at=now, actor_id=actor_id, actor_label=actor_label, action="period.close_resumed",
+            object_type="billing_period", object_id=f"{month:%Y-%m}", before=before,
+            after={"status": period.status, "progress_pct": period.progress_pct, "progress_at": now.isoformat()},
         )
         key = f"{month:%Y-%m}"
         transaction.on_commit(lambda: enqueue(key))
@@ -219,6 +389,7 @@ def close_period(
         # Only a close in flight becomes FAILED: a CLOSED row (another run finished) stays closed.
         BillingPeriod.objects.filter(month=month, status=BillingPeriod.Status.CLOSING).update(
             status=BillingPeriod.Status.FAILED, error=str(exc)[:_ERROR_MAX_CHARS] or type(exc).__name__,
+            progress_at=_DbClock(),
         )
         raise
 
@@ -231,6 +402,8 @@ def _close_period(
     *, month: date, now: datetime, horizon: timedelta, allow_unpriced: bool, progress: Callable[[int], None]
 ) -> CloseResult:
     _check_closable(month=month, now=now, allow_unpriced=allow_unpriced)
+    # `progress_at` is a heartbeat: it takes the database's clock at each write (_DbClock), not `now`,
+    # which is the close's timestamp for closed_at / finalized_at.
     with transaction.atomic():
         period, _ = BillingPeriod.objects.select_for_update().get_or_create(month=month)
         if period.status == BillingPeriod.Status.CLOSED:
@@ -238,21 +411,21 @@ def _close_period(
         period.status = BillingPeriod.Status.CLOSING
         period.close_started_at = period.close_started_at or now
         period.progress_pct = 0
+        period.progress_at = _DbClock()
         period.error = ""
-        period.save(update_fields=["status", "close_started_at", "progress_pct", "error"])
+        period.save(update_fields=["status", "close_started_at", "progress_pct", "progress_at", "error"])
 
     def report(pct: int) -> None:
-        BillingPeriod.objects.filter(pk=period.pk, status=BillingPeriod.Status.CLOSING).update(progress_pct=pct)
+        BillingPeriod.objects.filter(pk=period.pk, status=BillingPeriod.Status.CLOSING).update(
+            progress_pct=pct, progress_at=_DbClock())
         progress(pct)
 
-    by_tenant: dict[str, list[LineDraft]] = defaultdict(list)
-    for line in _month_lines(month) + _adjustment_lines(month=month, horizon=horizon):
-        by_tenant[line.tenant].append(line)
+    by_tenant = _invoice_lines(month=month, horizon=horizon)
     report(_PCT_LINES_READY)
     finalized = skipped = 0
     slugs = sorted(by_tenant)
     for done, slug in enumerate(slugs, start=1):
-        if _finalize_invoice(period=period, slug=slug, lines=by_tenant[slug], now=now):
+        if _finalize_invoice(period=period, invoice=_price_invoice(slug, by_tenant[slug]), now=now):
             finalized += 1
         else:
             skipped += 1
@@ -260,11 +433,16 @@ def _close_period(
 
     with transaction.atomic():
         period = BillingPeriod.objects.select_for_update().get(pk=period.pk)
+        if period.status == BillingPeriod.Status.CLOSED:
+            # Another run of this close (a resume of a job that was slow, not lost) got here first;
+            # every invoice is final either way, and the period is closed and audited once.
+            return CloseResult(month, finalized, skipped, already_closed=True)
         period.status = BillingPeriod.Status.CLOSED
         period.closed_at = now
         period.progress_pct = 100
+        period.progress_at = _DbClock()
         period.error = ""
-        period.save(update_fields=["status", "closed_at", "progress_pct", "error"])
+        period.save(update_fields=["status", "closed_at", "progress_pct", "progress_at", "error"])
         record_audit_event(
             at=now, actor_label="system", action="billing_period.closed", object_type="billing_period",
             object_id=f"{month:%Y-%m}", before=None, after={"invoices": finalized + skipped},
@@ -273,42 +451,115 @@ def _close_period(
     return CloseResult(month, finalized, skipped, already_closed=False)
 
 
-def _finalize_invoice(*, period: BillingPeriod, slug: str, lines: list[LineDraft], now: datetime) -> bool:
-    """Build and finalize one tenant's invoice; False if it was already finalized (a rerun)."""
-    currencies = {line.currency for line in lines if line.currency}
-    if len(currencies) > 1:
-        raise InvalidInput(f"tenant {slug} has usage priced in several currencies {sorted(currencies)}; "
-                           "one invoice carries one currency")
+def _finalize_invoice(*, period: BillingPeriod, invoice: _PricedInvoice, now: datetime) -> bool:
+    """Build and finalize one tenant's invoice; False if it was already finalized (a rerun).
+
+    Safe when two closes of the month run at once (a resumed close whose first job was only slow):
+    the invoice row is created with get_or_create on the (tenant, period) unique constraint, so the
+    second INSERT waits for the first transaction and, once it commits, fails inside a savepoint and
+    reads the row that won; the row is then locked (SELECT ... FOR UPDATE), and a run that waited
+    for the lock re-reads it, finds it FINALIZED and returns False. So each tenant gets one invoice,
+    its lines and total written in one transaction from one run's computation (and the database
+    refuses any change to a finalized invoice, migration 0005). A DRAFT row (left by a crash) is
+    rebuilt by whichever run locks it first."""
+    slug, currency = invoice.tenant, invoice.currency
     with transaction.atomic():
         tenant, _ = Tenant.objects.get_or_create(slug=slug, defaults={"name": slug})
-        invoice = Invoice.objects.select_for_update().filter(tenant=tenant, period=period).first()
-        if invoice is not None and invoice.status == Invoice.Status.FINALIZED:
+        row, _ = Invoice.objects.get_or_create(
+            tenant=tenant, period=period,
+            defaults={"number": f"VGL-{period.month:%Y%m}-{slug}", "currency": currency, "created_at": now},
+        )
+        row = Invoice.objects.select_for_update().get(pk=row.pk)
+        if row.status == Invoice.Status.FINALIZED:
             return False
-        currency = next(iter(currencies), "USD")
-        if invoice is None:
-            invoice = Invoice.objects.create(
-                tenant=tenant, period=period, number=f"VGL-{period.month:%Y%m}-{slug}", currency=currency,
-                created_at=now,
-            )
-        else:
-            invoice.lines.all().delete()
-        rows = [
+        row.lines.all().delete()
+        InvoiceLine.objects.bulk_create([
             InvoiceLine(
-                invoice=invoice, kind=line.kind, gpu_model=line.gpu_model, sla_tier=line.sla_tier,
-                usage_month=line.usage_month, gpu_hours=line.gpu_hours.quantize(Decimal("0.000001")),
-                amount=line.amount, amount_minor=to_minor_units(line.amount, currency),
+                invoice=row, kind=line.kind, gpu_model=line.gpu_model, sla_tier=line.sla_tier,
+                usage_month=line.usage_month, gpu_hours=line.gpu_hours, amount=line.amount,
+                amount_minor=line.amount_minor,
             )
-            for line in lines
-        ]
-        InvoiceLine.objects.bulk_create(rows)
-        invoice.currency = currency
-        invoice.total_minor = sum(r.amount_minor for r in rows)
-        invoice.status = Invoice.Status.FINALIZED
-        invoice.finalized_at = now
-        invoice.save(update_fields=["currency", "total_minor", "status", "finalized_at"])
+            for line in invoice.lines
+        ])
+        row.currency = currency
+        row.total_minor = invoice.total_minor
+        row.status = Invoice.Status.FINALIZED
+        row.finalized_at = now
+        row.save(update_fields=["currency", "total_minor", "status", "finalized_at"])
         record_audit_event(
             at=now, actor_label="system", action="invoice.finalized", object_type="invoice",
-            object_id=invoice.number, before=None,
-            after={"total_minor": invoice.total_minor, "currency": currency, "lines": len(rows)},
+            object_id=row.number, before=None,
+            after={"total_minor": row.total_minor, "currency": currency, "lines": len(invoice.lines)},
         )
     return True
+
+
+# --- The upcoming invoice ---------------------------------------------------------------------
+
+# The beat entry that closes last month (config/settings.py CELERY_BEAT_SCHEDULE).
+_CLOSE_BEAT_ENTRY = "close-previous-month"
+
+
+def scheduled_close_at(month: date) -> datetime | None:
+    """When celery beat's `close-previous-month` entry will close `month`: its crontab's day of the
+    month, hour and minute, in the month after, in Celery's time zone (UTC: enable_utc is Celery's
+    default and CELERY_TIMEZONE is unset). None when there is no such entry or it is not one fixed
+    time a month, so a page never states a date nothing will keep."""
+    entry = settings.CELERY_BEAT_SCHEDULE.get(_CLOSE_BEAT_ENTRY) or {}
+    schedule = entry.get("schedule")
+    if not isinstance(schedule, crontab):
+        return None
+    days, hours, minutes = sorted(schedule.day_of_month), sorted(schedule.hour), sorted(schedule.minute)
+    if len(days) != 1 or len(hours) != 1 or len(minutes) != 1 or len(schedule.month_of_year) != 12 \
+            or len(schedule.day_of_week) != 7:
+        return None
+    _, end = month_bounds(month)
+    zone = ZoneInfo(getattr(settings, "CELERY_TIMEZONE", None) or "UTC")
+    return datetime(end.year, end.month, days[0], hours[0], minutes[0], tzinfo=zone)
+
+
+def preview_invoices(
+    *, month: date, now: datetime, tenants: Collection[str] | None = None
+) -> dict[str, InvoicePreview]:
+    """The upcoming invoices for `month`: what closing it now would finalize, by tenant slug, with the
+    close's own line rules and rounding (`_invoice_lines`, `_price_invoice`). Reads only.
+
+    Every tenant with a line, or exactly `tenants` (with no lines, an empty preview). A tenant whose
+    invoice for the month is already finalized (a close in progress) is left out. Refused
+    (InvalidInput) for a month that has not begun or is closed (its invoices exist)."""
+    start, end = month_bounds(month)
+    if month.day != 1:
+        raise InvalidInput(gettext("A billing period starts on the first day of a month."))
+    if start > now:
+        raise InvalidInput(gettext("%(month)s has not begun; there is nothing to invoice yet.") % {"month": f"{month:%Y-%m}"})
+    if BillingPeriod.objects.filter(month=month, status=BillingPeriod.Status.CLOSED).exists():
+        raise InvalidInput(gettext("%(month)s is closed: its invoices exist, see the invoice list.")
+                           % {"month": f"{month:%Y-%m}"})
+    final = set(Invoice.objects.filter(period__month=month, status=Invoice.Status.FINALIZED)
+                .values_list("tenant__slug", flat=True))
+    by_tenant = _invoice_lines(month=month, horizon=settings.VGPU_LATE_USAGE_HORIZON, tenants=tenants)
+    as_of = GpuHour.objects.filter(hour__gte=start, hour__lt=end).aggregate(latest=Max("hour"))["latest"]
+    issue_at = scheduled_close_at(month)
+    previews = {}
+    for slug in sorted((set(by_tenant) | set(tenants or ())) - final):
+        priced = _price_invoice(slug, by_tenant.get(slug, []))
+        previews[slug] = InvoicePreview(
+            tenant=slug, month=month, currency=priced.currency,
+            # In the invoice document's order (billing.services.exports.get_invoice_document).
+            lines=tuple(sorted(priced.lines, key=lambda x: (x.usage_month, x.kind, x.gpu_model, x.sla_tier))),
+            subtotal_minor=sum(line.amount_minor for line in priced.lines if line.usage_month == month),
+            total_minor=priced.total_minor, as_of=as_of, issue_at=issue_at,
+        )
+    return previews
+
+
+def preview_invoice(*, tenant: str, month: date, now: datetime) -> InvoicePreview:
+    """The upcoming invoice of one tenant for `month` (see `preview_invoices`). Refused
+    (InvalidInput) when that invoice already exists: the month is closed, or this tenant's invoice
+    was finalized by a close in progress."""
+    number = (Invoice.objects.filter(tenant__slug=tenant, period__month=month, status=Invoice.Status.FINALIZED)
+              .values_list("number", flat=True).first())
+    if number is not None:
+        raise InvalidInput(gettext("The invoice for %(month)s exists: %(number)s.")
+                           % {"month": f"{month:%Y-%m}", "number": number})
+    return preview_invoices(month=month, now=now, tenants=(tenant,))[tenant]

@@ -1,40 +1,144 @@
-"""SLA tier changes by admins: validated, audited with before and after, visible to agents
-through the node policy API on their next poll."""
+"""SLA tier changes by admins: create a tier, change its name, description or weight.
+
+Every rule is checked before anything is written, and a broken one raises `InvalidInput`
+naming the field. Each change is audited with before and after in its own transaction:
+`sla_tier.created`; `sla_tier.weight_changed` when only the weight changes (agents act on it);
+`sla_tier.changed` otherwise, with the changed fields only. A change that changes nothing
+writes nothing. Agents see tiers and weights through the node policy API
+(`billing.services.policy.get_node_policy` lists every tier) on their next poll; a new tier
+changes the policy's ETag like a new weight does.
+"""
 
 from __future__ import annotations
 
 from datetime import datetime
 from decimal import Decimal, InvalidOperation
+from typing import Any
 
-from django.db import transaction
+from django.core.exceptions import ValidationError
+from django.db import IntegrityError, transaction
+from django.utils.translation import gettext as _
 
 from billing.errors import InvalidInput
 from billing.models import SlaTier
+from billing.models.tenancy import slug_validator
 from billing.services.audit import record_audit_event
 
-__all__ = ["MAX_WEIGHT", "set_sla_tier_weight"]
+__all__ = [
+    "MAX_DESCRIPTION_LENGTH",
+    "MAX_NAME_LENGTH",
+    "MAX_WEIGHT",
+    "MIN_WEIGHT",
+    "change_sla_tier",
+    "create_sla_tier",
+    "set_sla_tier_weight",
+]
 
+MIN_WEIGHT = Decimal("0.001")
 MAX_WEIGHT = Decimal("1000")
+_WEIGHT_PLACES = 3  # SlaTier.weight: decimal_places=3
+MAX_NAME_LENGTH = 100  # SlaTier.name: max_length=100
+MAX_DESCRIPTION_LENGTH = 2000  # a TextField, but a tier's description is a sentence or two
+
+
+def _weight(value: str | Decimal) -> Decimal:
+    text = str(value).strip()
+    try:
+        weight = Decimal(text)
+    except InvalidOperation as exc:
+        raise InvalidInput(_("weight %(value)r is not a number") % {"value": text}) from exc
+    if not weight.is_finite() or not MIN_WEIGHT <= weight <= MAX_WEIGHT:
+        raise InvalidInput(_("weight must lie between %(min)s and %(max)s, not %(value)s")
+                           % {"min": MIN_WEIGHT, "max": MAX_WEIGHT, "value": text})
+    quantum = Decimal(1).scaleb(-_WEIGHT_PLACES)
+    if weight != weight.quantize(quantum):
+        raise InvalidInput(_("weight may have at most %(places)s decimal places, not %(value)s")
+                           % {"places": _WEIGHT_PLACES, "value": text})
+    return weight.quantize(quantum)
+
+
+def _name(value: str) -> str:
+    name = " ".join(value.split())
+    if not name:
+        raise InvalidInput(_("name must not be blank"))
+    if len(name) > MAX_NAME_LENGTH:
+        raise InvalidInput(_("name may have at most %(max)s characters, not %(length)s")
+                           % {"max": MAX_NAME_LENGTH, "length": len(name)})
+    return name
+
+
+def _description(value: str) -> str:
+    # Browsers send a textarea's line breaks as CRLF; stored as LF so an unchanged form changes nothing.
+    description = value.replace("\r\n", "\n").strip()
+    if len(description) > MAX_DESCRIPTION_LENGTH:
+        raise InvalidInput(_("description may have at most %(max)s characters, not %(length)s")
+                           % {"max": MAX_DESCRIPTION_LENGTH, "length": len(description)})
+    return description
+
+
+def _slug(value: str) -> str:
+    slug = value.strip()
+    if not slug:
+        raise InvalidInput(_("slug must not be blank"))
+    try:
+        slug_validator(slug)
+    except ValidationError as exc:
+        raise InvalidInput(_("slug %(slug)r: %(rule)s") % {"slug": slug, "rule": slug_validator.message}) from exc
+    return slug
+
+
+def _snapshot(tier: SlaTier) -> dict[str, Any]:
+    return {"slug": tier.slug, "name": tier.name, "weight": str(tier.weight), "description": tier.description}
+
+
+def create_sla_tier(*, slug: str, name: str, weight: str | Decimal, description: str = "", now: datetime,
+                    actor_label: str, actor_id: int | None = None) -> SlaTier:
+    """A new tier, in the node policy from the next poll; audited as `sla_tier.created`."""
+    tier = SlaTier(slug=_slug(slug), name=_name(name), weight=_weight(weight), description=_description(description))
+    with transaction.atomic():
+        if SlaTier.objects.filter(slug=tier.slug).exists():
+            raise InvalidInput(_("an SLA tier with slug %(slug)r already exists") % {"slug": tier.slug})
+        try:
+            with transaction.atomic():
+                tier.save()
+        except IntegrityError as exc:  # another admin created the same slug in between
+            raise InvalidInput(_("an SLA tier with slug %(slug)r already exists") % {"slug": tier.slug}) from exc
+        record_audit_event(at=now, actor_id=actor_id, actor_label=actor_label, action="sla_tier.created",
+                           object_type="sla_tier", object_id=tier.slug, before=None, after=_snapshot(tier))
+    return tier
+
+
+def change_sla_tier(*, slug: str, now: datetime, actor_label: str, actor_id: int | None = None,
+                    name: str | None = None, description: str | None = None,
+                    weight: str | Decimal | None = None) -> SlaTier:
+    """Change the given fields of tier `slug` (None: keep). The slug never changes: pods and
+    samples name tiers by it. Audited with the changed fields' before and after."""
+    wanted: dict[str, Any] = {}
+    if name is not None:
+        wanted["name"] = _name(name)
+    if description is not None:
+        wanted["description"] = _description(description)
+    if weight is not None:
+        wanted["weight"] = _weight(weight)
+    with transaction.atomic():
+        tier = SlaTier.objects.select_for_update().filter(slug=slug).first()
+        if tier is None:
+            raise InvalidInput(_("no SLA tier %(slug)r") % {"slug": slug})
+        changed = [field for field, value in wanted.items() if getattr(tier, field) != value]
+        if not changed:
+            return tier
+        before = {field: str(getattr(tier, field)) for field in changed}
+        for field in changed:
+            setattr(tier, field, wanted[field])
+        tier.save(update_fields=[*changed, "updated_at"])
+        after = {field: str(getattr(tier, field)) for field in changed}
+        action = "sla_tier.weight_changed" if changed == ["weight"] else "sla_tier.changed"
+        record_audit_event(at=now, actor_id=actor_id, actor_label=actor_label, action=action,
+                           object_type="sla_tier", object_id=slug, before=before, after=after)
+    return tier
 
 
 def set_sla_tier_weight(*, slug: str, weight: str | Decimal, now: datetime, actor_label: str,
                         actor_id: int | None = None) -> SlaTier:
-    try:
-        value = Decimal(str(weight)).quantize(Decimal("0.001"))
-    except InvalidOperation as exc:
-        raise InvalidInput(f"weight {weight!r} is not a number") from exc
-    if not Decimal("0.001") <= value <= MAX_WEIGHT:
-        raise InvalidInput(f"weight must lie between 0.001 and {MAX_WEIGHT}, not {value}")
-    with transaction.atomic():
-        tier = SlaTier.objects.select_for_update().filter(slug=slug).first()
-        if tier is None:
-            raise InvalidInput(f"no SLA tier {slug!r}")
-        before = str(tier.weight)
-        if tier.weight == value:
-            return tier
-        tier.weight = value
-        tier.save(update_fields=["weight", "updated_at"])
-        record_audit_event(at=now, actor_id=actor_id, actor_label=actor_label, action="sla_tier.weight_changed",
-                           object_type="sla_tier", object_id=slug, before={"weight": before},
-                           after={"weight": str(value)})
-    return tier
+    """Change only the weight (audited as `sla_tier.weight_changed`)."""
+    return change_sla_tier(slug=slug, weight=weight, now=now, actor_label=actor_label, actor_id=actor_id)

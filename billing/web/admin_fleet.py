@@ -22,12 +22,19 @@ from django.views.decorators.http import require_POST
 
 from billing.errors import InvalidInput
 from billing.models import BilledBasis, IdlePolicy
-from billing.queries.admin_fleet import get_node_token, get_rate_cards_page, list_nodes
+from billing.queries.admin_fleet import NODE_STALE_AFTER, get_node_token, get_rate_cards_page, list_nodes
 from billing.queries.scope import Scope, get_scope
-from billing.services.rate_cards import create_rate_card, end_rate_card
+from billing.services.rate_cards import create_rate_card, earliest_change, end_rate_card
 from billing.services.tokens import issue_node_token, revoke_node_token
 
 _DATETIME_LOCAL = "%Y-%m-%dT%H:%M"
+# Agents call in every few seconds to a minute; a token used this recently is shown as "in use".
+TOKEN_IN_USE_WITHIN = NODE_STALE_AFTER
+
+
+def _as_local_input(at: datetime) -> str:
+    """`at` as a datetime-local input's value, in UTC."""
+    return at.astimezone(UTC).strftime(_DATETIME_LOCAL)
 
 
 class UtcDateTimeField(forms.DateTimeField):
@@ -41,7 +48,7 @@ class UtcDateTimeField(forms.DateTimeField):
 
     def prepare_value(self, value: Any) -> Any:
         if isinstance(value, datetime) and timezone.is_aware(value):
-            return value.astimezone(UTC).strftime(_DATETIME_LOCAL)
+            return _as_local_input(value)
         return value
 
 
@@ -57,7 +64,7 @@ class RateCardForm(forms.Form):
     effective_from = UtcDateTimeField(label=gettext_lazy("Effective from (UTC)"))
     alpha = forms.CharField(label=gettext_lazy("Alpha (memory weight)"), max_length=10, required=False,
                             widget=forms.TextInput(attrs={"size": 6}),
-                            help_text=gettext_lazy("Blank: the current card's"))
+                            help_text=gettext_lazy("Leave blank to keep the current card's alpha."))
     billed_basis = forms.ChoiceField(label=gettext_lazy("Billed basis"), required=False,
                                      choices=[("", gettext_lazy("as the current card"))] + list(BilledBasis.choices))
     idle_policy = forms.ChoiceField(label=gettext_lazy("Idle policy"), required=False,
@@ -67,9 +74,20 @@ class RateCardForm(forms.Form):
     source_note = forms.CharField(label=gettext_lazy("Source note"), max_length=2000,
                                   widget=forms.Textarea(attrs={"rows": 2, "cols": 40}))
 
+    def __init__(self, *args: Any, earliest: datetime, **kwargs: Any) -> None:
+        """`earliest`: the first instant a price may change at (`rate_cards.earliest_change`); the
+        start is prefilled with it and the browser refuses anything earlier."""
+        super().__init__(*args, **kwargs)
+        field = self.fields["effective_from"]
+        field.widget.attrs["min"] = _as_local_input(earliest)
+        field.help_text = _("Earliest allowed: %(at)s UTC, the next whole minute; minutes already metered keep "
+                             "their price.") % {"at": _as_local_input(earliest).replace("T", " ")}
+        if not self.is_bound and "effective_from" not in self.initial:
+            self.initial = {**self.initial, "effective_from": earliest}
+
 
 class EndRateCardForm(forms.Form):
-    effective_to = UtcDateTimeField(label=gettext_lazy("End at (UTC)"))
+    effective_to = UtcDateTimeField(label=gettext_lazy("Stop pricing at (UTC)"))
 
 
 class IssueTokenForm(forms.Form):
@@ -86,11 +104,14 @@ def _rate_cards_scope(request: HttpRequest, *, write: bool) -> Scope:
 
 def _render_rate_cards(request: HttpRequest, scope: Scope, *, form: RateCardForm | None = None,
                        end_error: tuple[int, str] | None = None, status: int = 200) -> HttpResponse:
-    page = get_rate_cards_page(scope=scope, now=timezone.now(), gpu_model=request.GET.get("gpu_model", "")[:128])
+    now = timezone.now()
+    page = get_rate_cards_page(scope=scope, now=now, gpu_model=request.GET.get("gpu_model", "")[:128])
+    earliest = earliest_change(now)
     if form is None and scope.is_admin:
-        form = RateCardForm(initial=page.form_defaults)
+        form = RateCardForm(initial=page.form_defaults, earliest=earliest)
     return render(request, "billing/rate_cards.html", {
-        "page": page, "form": form, "end_error": end_error, "end_form": EndRateCardForm(),
+        "page": page, "form": form, "end_error": end_error,
+        "earliest_input": _as_local_input(earliest),
     }, status=status)
 
 
@@ -100,7 +121,7 @@ def rate_cards(request: HttpRequest) -> HttpResponse:
     scope = _rate_cards_scope(request, write=request.method == "POST")
     if request.method != "POST":
         return _render_rate_cards(request, scope)
-    form = RateCardForm(request.POST)
+    form = RateCardForm(request.POST, earliest=earliest_change(timezone.now()))
     if form.is_valid():
         data = form.cleaned_data
         try:
@@ -146,8 +167,11 @@ def _admin_scope(request: HttpRequest) -> Scope:
 
 def _render_nodes(request: HttpRequest, scope: Scope, *, form: IssueTokenForm | None = None,
                   error: str | None = None, status: int = 200) -> HttpResponse:
+    now = timezone.now()
     return render(request, "billing/nodes.html", {
-        "nodes": list_nodes(scope=scope, now=timezone.now()), "form": form or IssueTokenForm(), "error": error,
+        "nodes": list_nodes(scope=scope, now=now), "form": form or IssueTokenForm(), "error": error,
+        # A token used since then is shown as "in use" (the same window as a node's liveness).
+        "in_use_since": now - TOKEN_IN_USE_WITHIN,
     }, status=status)
 
 

@@ -1,9 +1,11 @@
-"""Budgets (everyone sees their own; admins set them) and SLA tier weights (admins). Thin:
-forms validate, one service call, render. Every change is audited by the service."""
+"""Budgets (everyone sees their own; admins set them) and SLA tiers (admins create them and change
+their name, description and weight). Thin: forms validate, one service call, render. Every change
+is audited by the service."""
 
 from __future__ import annotations
 
 from decimal import Decimal
+from typing import Any
 
 from django import forms
 from django.contrib import messages
@@ -15,14 +17,24 @@ from django.shortcuts import redirect, render
 from django.utils import timezone
 from django.utils.translation import gettext as _
 from django.utils.translation import gettext_lazy
+from django.views.decorators.http import require_POST
 
 from billing import tasks
 from billing.errors import InvalidInput
-from billing.models import AuditEvent, BudgetAction, SlaTier, Tenant
+from billing.models import AuditEvent, BudgetAction, Tenant
 from billing.queries.budgets import list_budgets
-from billing.queries.scope import get_scope
+from billing.queries.scope import Scope, get_scope
+from billing.queries.sla_tiers import get_sla_tier, list_sla_tiers
 from billing.services.budgets import set_budget
-from billing.services.sla import set_sla_tier_weight
+from billing.services.sla import (
+    MAX_DESCRIPTION_LENGTH,
+    MAX_NAME_LENGTH,
+    MAX_WEIGHT,
+    MIN_WEIGHT,
+    change_sla_tier,
+    create_sla_tier,
+    set_sla_tier_weight,
+)
 
 
 class BudgetForm(forms.Form):
@@ -75,24 +87,105 @@ def budget_edit(request: HttpRequest, tenant: str) -> HttpResponse:
                   status=400 if form.errors else 200)
 
 
-@login_required
-def sla_tiers(request: HttpRequest) -> HttpResponse:
+class SlaTierForm(forms.Form):
+    """Shapes only; the rules (weight range and decimals, blank names) are the service's."""
+
+    name = forms.CharField(label=gettext_lazy("Name"), max_length=MAX_NAME_LENGTH,
+                           widget=forms.TextInput(attrs={"size": 24}))
+    weight = forms.CharField(label=gettext_lazy("Weight"), max_length=40,
+                             widget=forms.TextInput(attrs={"inputmode": "decimal", "size": 8}))
+    description = forms.CharField(label=gettext_lazy("Description"), max_length=MAX_DESCRIPTION_LENGTH,
+                                  required=False, widget=forms.Textarea(attrs={"rows": 2, "cols": 40}))
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.fields["weight"].help_text = _(
+            "A tier's share of a contended GPU relative to the other tiers, from %(min)s to %(max)s."
+        ) % {"min": MIN_WEIGHT, "max": MAX_WEIGHT}
+
+
+class NewSlaTierForm(SlaTierForm):
+    slug = forms.CharField(label=gettext_lazy("Slug"), max_length=63,
+                           help_text=gettext_lazy("Pods name the tier by it in the vgpu-ledger.io/sla-tier label; "
+                                                  "it cannot change later."),
+                           widget=forms.TextInput(attrs={"size": 16, "pattern": "[a-z0-9]([-a-z0-9]*[a-z0-9])?"}))
+    field_order = ["slug", "name", "weight", "description"]
+
+
+def _admin_only(request: HttpRequest) -> Scope:
     scope = get_scope(request.user)
     if not scope.is_admin:
         raise PermissionDenied("SLA tiers are for admins")
-    error = None
-    if request.method == "POST":
+    return scope
+
+
+def _render_sla_tiers(request: HttpRequest, scope: Scope, *, create_form: NewSlaTierForm | None = None,
+                      rejected: tuple[str, str, str] | None = None, status: int = 200) -> HttpResponse:
+    """`rejected`: (slug, weight typed, why) of a refused weight change, shown in that tier's row."""
+    return render(request, "billing/sla_tiers.html", {
+        "tiers": list_sla_tiers(scope=scope), "create_form": create_form or NewSlaTierForm(),
+        "rejected": rejected,
+    }, status=status)
+
+
+@login_required
+def sla_tiers(request: HttpRequest) -> HttpResponse:
+    """GET: every tier. POST (slug, weight): change one tier's weight."""
+    scope = _admin_only(request)
+    if request.method != "POST":
+        return _render_sla_tiers(request, scope)
+    slug, weight = request.POST.get("slug", ""), request.POST.get("weight", "")
+    try:
+        set_sla_tier_weight(slug=slug, weight=weight, now=timezone.now(), actor_label=request.user.get_username(),
+                            actor_id=request.user.pk)
+    except InvalidInput as exc:
+        return _render_sla_tiers(request, scope, rejected=(slug, weight, str(exc)), status=400)
+    messages.success(request, _("Weight saved; agents apply it at their next policy poll."))
+    return redirect("sla-tiers")
+
+
+@login_required
+@require_POST
+def sla_tier_create(request: HttpRequest) -> HttpResponse:
+    scope = _admin_only(request)
+    form = NewSlaTierForm(request.POST)
+    if form.is_valid():
+        data = form.cleaned_data
         try:
-            set_sla_tier_weight(slug=request.POST.get("slug", ""), weight=request.POST.get("weight", ""),
-                                now=timezone.now(), actor_label=request.user.get_username(),
-                                actor_id=request.user.pk)
+            tier = create_sla_tier(slug=data["slug"], name=data["name"], weight=data["weight"],
+                                   description=data["description"], now=timezone.now(),
+                                   actor_label=request.user.get_username(), actor_id=request.user.pk)
         except InvalidInput as exc:
-            error = str(exc)
+            form.add_error(None, str(exc))
         else:
-            messages.success(request, _("Weight saved; agents apply it at their next policy poll."))
+            messages.success(request, _("SLA tier %(slug)s created; agents receive it at their next policy poll.")
+                             % {"slug": tier.slug})
             return redirect("sla-tiers")
-    return render(request, "billing/sla_tiers.html", {"tiers": SlaTier.objects.order_by("-weight"), "error": error},
-                  status=400 if error else 200)
+    return _render_sla_tiers(request, scope, create_form=form, status=400)
+
+
+@login_required
+def sla_tier_edit(request: HttpRequest, slug: str) -> HttpResponse:
+    """Change a tier's name, description and weight (its slug is fixed)."""
+    scope = _admin_only(request)
+    tier = get_sla_tier(scope=scope, slug=slug)
+    if tier is None:
+        raise Http404("no such SLA tier")
+    form = SlaTierForm(request.POST or None,
+                       initial={"name": tier.name, "weight": tier.weight, "description": tier.description})
+    if request.method == "POST" and form.is_valid():
+        data = form.cleaned_data
+        try:
+            change_sla_tier(slug=slug, name=data["name"], description=data["description"], weight=data["weight"],
+                            now=timezone.now(), actor_label=request.user.get_username(), actor_id=request.user.pk)
+        except InvalidInput as exc:
+            form.add_error(None, str(exc))
+        else:
+            messages.success(request, _("SLA tier %(slug)s saved; agents apply a new weight at their next policy "
+                                        "poll.") % {"slug": slug})
+            return redirect("sla-tiers")
+    return render(request, "billing/sla_tier_edit.html", {"tier": tier, "form": form},
+                  status=400 if form.errors else 200)
 
 
 @login_required

@@ -22,7 +22,7 @@ __all__ = ["Series", "line_chart", "nice_ticks", "stacked_bar_chart"]
 Number = Decimal | float | int
 
 _PALETTE = 8
-_LEFT, _RIGHT, _TOP, _BOTTOM = 64, 12, 12, 44
+_LEFT, _RIGHT, _TOP, _BOTTOM = 64, 12, 24, 44
 
 
 @dataclass(frozen=True)
@@ -62,7 +62,7 @@ def _frame(*, width: int, height: int, label: str, ticks: list[float], unit: str
         parts.append(f'<line class="grid" x1="{_LEFT}" x2="{width - _RIGHT}" y1="{y:.1f}" y2="{y:.1f}"/>')
         parts.append(f'<text class="tick" x="{_LEFT - 6}" y="{y + 4:.1f}" text-anchor="end">{_fmt(t, step)}</text>')
     if unit:
-        parts.append(f'<text class="unit" x="4" y="{_TOP + 4}">{escape(unit)}</text>')
+        parts.append(f'<text class="unit" x="4" y="12">{escape(unit)}</text>')
     # At most ~12 category labels, evenly thinned, so dates never overprint.
     every = max(1, math.ceil(len(categories) / 12))
     for i, cat in enumerate(categories):

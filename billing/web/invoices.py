@@ -1,4 +1,5 @@
-"""Invoice list and downloads. Thin: scope from the user, one call into billing.services.exports.
+"""Invoice list and downloads. Thin: scope from the user, one call into billing.services.exports
+(and, for the list, the upcoming invoices of the month in progress from billing.queries.portal).
 
 An invoice outside the user's scope answers 404, exactly like one that does not exist.
 """
@@ -8,16 +9,21 @@ from __future__ import annotations
 from django.contrib.auth.decorators import login_required
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import render
+from django.utils import timezone
 
 from billing.errors import InvalidInput
+from billing.queries.portal import list_upcoming_invoices
 from billing.queries.scope import get_scope
 from billing.services.exports import EXPORT_FORMATS, InvoiceNotFound, export_invoice, list_invoices
 
 
 @login_required
 def invoice_list(request: HttpRequest) -> HttpResponse:
-    invoices = list_invoices(scope=get_scope(request.user))
-    return render(request, "billing/invoices.html", {"invoices": invoices, "formats": EXPORT_FORMATS})
+    scope = get_scope(request.user)
+    invoices = list_invoices(scope=scope)
+    upcoming = list_upcoming_invoices(scope=scope, now=timezone.now())
+    return render(request, "billing/invoices.html",
+                  {"invoices": invoices, "formats": EXPORT_FORMATS, "upcoming": upcoming})
 
 
 @login_required

@@ -1,6 +1,7 @@
 """Billing periods page (finance and admins): which months can be closed, close one as a Celery
 job, watch its progress (read from the period row, so it survives a reload and works across web
-processes). Thin: parse, one query or one service call, render."""
+processes), resume a close whose job went quiet (stalled). Thin: parse, one query or one service
+call, render."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from billing import tasks
 from billing.errors import InvalidInput
 from billing.queries.periods import PeriodState, get_billing_period, list_billing_periods
 from billing.queries.scope import Scope, get_scope
-from billing.services.invoicing import parse_month, request_period_close
+from billing.services.invoicing import parse_month, request_period_close, resume_period_close
 
 
 def _platform_scope(request: HttpRequest) -> Scope:
@@ -45,6 +46,19 @@ def period_close(request: HttpRequest, month: str) -> HttpResponse:
     try:
         request_period_close(month=parse_month(month), now=timezone.now(), actor_label=request.user.get_username(),
                              actor_id=request.user.pk, enqueue=tasks.close_period.delay)
+    except InvalidInput as exc:
+        return _render_list(request, scope, error=str(exc), status=400)
+    return redirect("period-list")
+
+
+@login_required
+@require_POST
+def period_resume(request: HttpRequest, month: str) -> HttpResponse:
+    """Enqueue a stalled close again (audited). A close that is moving or done is left alone."""
+    scope = _platform_scope(request)
+    try:
+        resume_period_close(month=parse_month(month), now=timezone.now(), actor_label=request.user.get_username(),
+                            actor_id=request.user.pk, enqueue=tasks.close_period.delay)
     except InvalidInput as exc:
         return _render_list(request, scope, error=str(exc), status=400)
     return redirect("period-list")

@@ -1,6 +1,7 @@
 """The tenant portal and the landing redirect. Thin: scope from the user, one query, render.
 
-A tenant outside the user's scope answers 404, exactly like one that does not exist.
+A tenant outside the user's scope answers 404, exactly like one that does not exist; so does the
+CSV of its upcoming invoice (`?format=upcoming-csv`).
 """
 
 from __future__ import annotations
@@ -16,16 +17,29 @@ from django.utils import timezone
 from django.utils.safestring import SafeString
 from django.utils.translation import gettext as _
 
+from billing.errors import InvalidInput
 from billing.models import BudgetAction
-from billing.queries.portal import TenantNotFound, TenantPortal, get_tenant_portal, list_tenant_portals
+from billing.queries.portal import (
+    TenantNotFound,
+    TenantPortal,
+    get_tenant_portal,
+    get_upcoming_invoice,
+    list_tenant_portals,
+)
 from billing.queries.scope import get_scope
-from billing.services.exports import EXPORT_FORMATS
+from billing.services.exports import EXPORT_FORMATS, format_major_units
+from billing.services.invoicing import InvoicePreview
 from billing.web.charts import Series, line_chart, stacked_bar_chart
 from billing.web.forms import PeriodForm
 
 _WORKLOAD_CSV_COLUMNS = (
     "namespace", "pod", "pod_uid", "containers", "sla_tiers", "cost", "currency", "gpu_hours_equivalent",
     "mem_used_gb_h", "mem_granted_gb_h", "sm_used_h", "sm_granted_h", "first_hour", "last_hour",
+)
+# Like the invoice CSV (billing.services.exports.INVOICE_CSV_COLUMNS), with no invoice number yet.
+_UPCOMING_CSV_COLUMNS = (
+    "status", "tenant", "billing_period", "as_of", "line", "kind", "gpu_model", "sla_tier", "usage_month",
+    "gpu_hours", "amount_ledger", "amount_minor", "amount", "currency",
 )
 
 
@@ -51,6 +65,8 @@ def tenant_list(request: HttpRequest) -> HttpResponse:
 @login_required
 def tenant_portal(request: HttpRequest, slug: str) -> HttpResponse:
     now = timezone.now()
+    if request.GET.get("format") == "upcoming-csv":
+        return _upcoming_csv(request, slug, now)
     default = PeriodForm.default_initial(now.date())
     form = PeriodForm(request.GET if {"start", "end"} & set(request.GET) else default)
     valid = form.is_valid()
@@ -116,3 +132,30 @@ def _workloads_csv(portal: TenantPortal) -> HttpResponse:
             w.first_hour.isoformat(), w.last_hour.isoformat(),
         ])
     return response
+
+
+def _upcoming_csv(request: HttpRequest, slug: str, now: datetime) -> HttpResponse:
+    """The upcoming invoice as CSV: one row per line, then the total; marked as a preview."""
+    try:
+        preview = get_upcoming_invoice(scope=get_scope(request.user), slug=slug, now=now)
+    except TenantNotFound as exc:
+        raise Http404("no such tenant") from exc
+    except InvalidInput as exc:
+        return HttpResponse(str(exc), status=400, content_type="text/plain; charset=utf-8")
+    response = HttpResponse(content_type="text/csv; charset=utf-8")
+    response["Content-Disposition"] = f'attachment; filename="{slug}-upcoming-{preview.month:%Y-%m}.csv"'
+    writer = csv.writer(response)
+    writer.writerow(_UPCOMING_CSV_COLUMNS)
+    head = _upcoming_head(preview)
+    for i, line in enumerate(preview.lines, start=1):
+        writer.writerow(head + [
+            i, line.kind, line.gpu_model, line.sla_tier, f"{line.usage_month:%Y-%m}", line.gpu_hours, line.amount,
+            line.amount_minor, format_major_units(line.amount_minor, preview.currency), preview.currency,
+        ])
+    writer.writerow(head + ["total", "", "", "", "", "", "", preview.total_minor,
+                            format_major_units(preview.total_minor, preview.currency), preview.currency])
+    return response
+
+
+def _upcoming_head(preview: InvoicePreview) -> list[object]:
+    return ["preview", preview.tenant, f"{preview.month:%Y-%m}", preview.as_of.isoformat() if preview.as_of else ""]

@@ -133,3 +133,36 @@ def test_a_token_records_when_its_node_last_called_in(client, post_batch, node_t
     assert used is not None and abs(used - timezone.now()) < timedelta(minutes=1)
     login(client, "admin")
     assert "no use recorded" not in client.get("/nodes/").content.decode()
+
+
+def test_nodes_page_shows_when_a_node_was_added_and_its_gpus_on_one_line(client, node_token):
+    now = timezone.now()
+    node = Node.objects.get(name="gpu-node-1")
+    single = Node.objects.create(name="gpu-node-2")
+    Node.objects.create(name="gpu-node-3")
+    for i, (owner, model) in enumerate([(node, "NVIDIA A100-SXM4-80GB"), (node, "NVIDIA A100-SXM4-80GB"),
+                                        (node, "NVIDIA H100 80GB HBM3"), (single, "NVIDIA L4")]):
+        Gpu.objects.create(uuid=f"GPU-{i}", node=owner, model=model, memory_mb=81920, sm_count=108,
+                           first_seen_at=now, last_seen_at=now)
+    login(client, "admin")
+    html = client.get("/nodes/").content.decode()
+    row = html.split('data-testid="node-gpu-node-1"')[1].split("</tr>")[0]
+    assert "added " in row and "since " not in row
+    gpus = html.split('data-testid="node-gpus-gpu-node-1"')[1].split("</td>")[0]
+    assert "3 GPUs:" in gpus and "<br>" not in gpus
+    assert gpus.index("2 × NVIDIA A100-SXM4-80GB") < gpus.index("1 × NVIDIA H100 80GB HBM3")
+    # One model: the count says it all, no total.
+    gpus = html.split('data-testid="node-gpus-gpu-node-2"')[1].split("</td>")[0]
+    assert "1 × NVIDIA L4" in gpus and "GPU:" not in gpus
+    assert "none reported" in html.split('data-testid="node-gpus-gpu-node-3"')[1].split("</td>")[0]
+
+
+@pytest.mark.parametrize(("used_ago", "in_use"), [(timedelta(minutes=1), True), (timedelta(minutes=6), False),
+                                                  (None, False)])
+def test_a_token_used_in_the_last_five_minutes_is_shown_in_use(client, node_token, used_ago, in_use):
+    used = timezone.now() - used_ago if used_ago is not None else None
+    NodeToken.objects.filter(pk=node_token.token_id).update(last_used_at=used)
+    login(client, "admin")
+    html = client.get("/nodes/").content.decode()
+    assert (f'data-testid="token-in-use-{node_token.token_id}"' in html) is in_use
+    assert f'data-testid="revoke-token-{node_token.token_id}"' in html

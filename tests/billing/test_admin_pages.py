@@ -106,3 +106,157 @@ def test_budget_form_starts_from_the_current_values_so_a_change_keeps_the_rest(c
     html = client.get("/budgets/acme/").content.decode()
     assert 'value="https://hooks.example/acme"' in html and 'value="a@example.org"' in html
     assert client.get("/budgets/nope/").status_code == 404
+
+
+def tier_form(**overrides: str) -> dict[str, str]:
+    data = {"slug": "platinum", "name": "Platinum", "weight": "8", "description": "Latency-critical inference"}
+    return {**data, **overrides}
+
+
+def sla_snapshot() -> tuple[list[tuple], int]:
+    rows = list(SlaTier.objects.order_by("slug").values_list("slug", "name", "weight", "description"))
+    return rows, AuditEvent.objects.count()
+
+
+def test_admin_creates_a_tier_audited_and_agents_receive_it_in_the_policy(client, tenants, node_token):
+    admin = login(client, admin=True)
+    auth = {"HTTP_AUTHORIZATION": f"Bearer {node_token.token}"}
+    etag_before = client.get("/api/v1/nodes/gpu-node-1/policy", **auth)["ETag"]
+    resp = client.post("/sla-tiers/new/", tier_form())
+    assert resp.status_code == 302, resp.content.decode()
+    tier = SlaTier.objects.get(slug="platinum")
+    assert (tier.name, tier.weight, tier.description) == ("Platinum", Decimal(8), "Latency-critical inference")
+    event = AuditEvent.objects.get(action="sla_tier.created")
+    assert (event.actor_id, event.object_type, event.object_id, event.before) == (admin.pk, "sla_tier", "platinum",
+                                                                                  None)
+    assert event.after == {"slug": "platinum", "name": "Platinum", "weight": "8.000",
+                           "description": "Latency-critical inference"}
+    policy = client.get("/api/v1/nodes/gpu-node-1/policy", **auth)
+    assert policy.json()["sla_tiers"]["platinum"] == {"weight": "8.000"}
+    assert policy["ETag"] != etag_before
+
+
+@pytest.mark.parametrize(("overrides", "message"), [
+    ({"slug": "Gold"}, "a DNS label"),
+    ({"slug": "-gold"}, "a DNS label"),
+    ({"slug": "gold_2"}, "a DNS label"),
+    ({"slug": "x" * 64}, "at most 63 characters"),
+    ({"slug": "gold"}, "already exists"),
+    ({"slug": ""}, "This field is required"),
+    ({"name": "   "}, "This field is required"),
+    ({"name": "n" * 101}, "at most 100 characters"),
+    ({"weight": "0"}, "weight must lie between 0.001 and 1000"),
+    ({"weight": "1000.5"}, "weight must lie between 0.001 and 1000"),
+    ({"weight": "1e30"}, "weight must lie between 0.001 and 1000"),
+    ({"weight": "NaN"}, "weight must lie between 0.001 and 1000"),
+    ({"weight": "1.0005"}, "weight may have at most 3 decimal places"),
+    ({"weight": "heavy"}, "is not a number"),
+    ({"description": "d" * 2001}, "at most 2000 characters"),
+])
+def test_each_broken_tier_rule_is_a_400_with_its_message_and_creates_nothing(client, tenants, overrides, message):
+    login(client, admin=True)
+    before = sla_snapshot()
+    resp = client.post("/sla-tiers/new/", tier_form(**overrides))
+    assert resp.status_code == 400
+    html = resp.content.decode()
+    assert message in html and 'data-testid="sla-create-form"' in html
+    assert sla_snapshot() == before
+
+
+def test_admin_edits_name_and_description_audited_with_only_the_changed_fields(client, tenants):
+    login(client, admin=True)
+    form = client.get("/sla-tiers/gold/edit/").content.decode()
+    assert 'value="Gold"' in form and 'data-testid="sla-tier-edit-form"' in form
+    resp = client.post("/sla-tiers/gold/edit/", {"name": "Gold plus", "description": "Training, guaranteed",
+                                                 "weight": "4"})
+    assert resp.status_code == 302, resp.content.decode()
+    event = AuditEvent.objects.get(action="sla_tier.changed")
+    assert event.object_id == "gold"
+    assert event.before == {"name": "Gold", "description": ""}
+    assert event.after == {"name": "Gold plus", "description": "Training, guaranteed"}
+
+    # Only the weight: the action agents and the audit filter look for.
+    client.post("/sla-tiers/gold/edit/", {"name": "Gold plus", "description": "Training, guaranteed", "weight": "5"})
+    event = AuditEvent.objects.get(action="sla_tier.weight_changed")
+    assert (event.before, event.after) == ({"weight": "4.000"}, {"weight": "5.000"})
+
+    # Saving unchanged values records nothing.
+    count = AuditEvent.objects.count()
+    resp = client.post("/sla-tiers/gold/edit/", {"name": "Gold plus", "description": "Training, guaranteed",
+                                                 "weight": "5.000"})
+    assert resp.status_code == 302 and AuditEvent.objects.count() == count
+
+
+def test_a_refused_edit_applies_none_of_its_fields(client, tenants):
+    login(client, admin=True)
+    before = sla_snapshot()
+    resp = client.post("/sla-tiers/gold/edit/", {"name": "Renamed", "description": "new", "weight": "-1"})
+    assert resp.status_code == 400
+    assert "weight must lie between" in resp.content.decode()
+    assert sla_snapshot() == before
+    assert client.get("/sla-tiers/nope/edit/").status_code == 404
+
+
+def test_a_refused_weight_shows_one_error_naming_the_weight_and_keeps_the_typed_value(client, tenants):
+    login(client, admin=True)
+    resp = client.post("/sla-tiers/", {"slug": "gold", "weight": "-1"})
+    assert resp.status_code == 400
+    html = resp.content.decode()
+    # The browser test expects exactly one `.error` element, containing "weight".
+    assert html.count('class="error"') == 1
+    error = html.split('class="error"')[1].split("</p>")[0]
+    assert "weight must lie between 0.001 and 1000, not -1" in error
+    row = html.split('data-testid="sla-tier-gold"')[1].split("</tr>")[0]
+    assert 'value="-1"' in row and 'aria-invalid="true"' in row
+    assert client.post("/sla-tiers/", {"slug": "nope", "weight": "2"}).status_code == 400
+
+
+def test_tiers_page_shows_tenants_using_each_tier_by_default_and_who_changed_it_last(client, tenants):
+    SlaTier.objects.create(slug="silver", name="Silver", weight=Decimal(2))
+    Tenant.objects.filter(slug__in=["acme", "globex"]).update(default_sla_tier=SlaTier.objects.get(slug="gold"))
+    admin = login(client, admin=True)
+    client.post("/sla-tiers/", {"slug": "gold", "weight": "7"})
+    html = client.get("/sla-tiers/").content.decode()
+    assert 'data-testid="sla-tiers"' in html and 'data-testid="sla-save-gold"' in html
+    assert "2 tenants" in html.split('data-testid="sla-tenants-gold"')[1].split("</td>")[0]
+    assert "0 tenants" in html.split('data-testid="sla-tenants-silver"')[1].split("</td>")[0]
+    last = html.split('data-testid="sla-last-change-gold"')[1].split("</td>")[0]
+    assert admin.get_username() in last and "<time" in last
+    assert "no change recorded" in html.split('data-testid="sla-last-change-silver"')[1].split("</td>")[0]
+    # Heaviest first.
+    assert html.index('data-testid="sla-tier-gold"') < html.index('data-testid="sla-tier-silver"')
+
+
+def test_tenant_members_may_neither_create_nor_edit_tiers(client, tenants):
+    login(client, tenant="acme")
+    before = sla_snapshot()
+    assert client.post("/sla-tiers/new/", tier_form()).status_code == 403
+    assert client.get("/sla-tiers/gold/edit/").status_code == 403
+    assert client.post("/sla-tiers/gold/edit/", {"name": "Mine", "description": "", "weight": "900"}).status_code == 403
+    assert client.post("/sla-tiers/", {"slug": "gold", "weight": "900"}).status_code == 403
+    assert sla_snapshot() == before
+
+
+def test_sla_service_creates_and_refuses_a_duplicate_slug_without_a_second_audit_row(tenants):
+    from django.utils import timezone
+
+    from billing.errors import InvalidInput
+    from billing.services.sla import change_sla_tier, create_sla_tier
+
+    now = timezone.now()
+    create_sla_tier(slug="bronze", name="  Bronze   tier ", weight="0.5", now=now, actor_label="cli")
+    assert SlaTier.objects.get(slug="bronze").name == "Bronze tier"
+    with pytest.raises(InvalidInput, match="already exists"):
+        create_sla_tier(slug="bronze", name="Other", weight="1", now=now, actor_label="cli")
+    with pytest.raises(InvalidInput, match="no SLA tier 'nope'"):
+        change_sla_tier(slug="nope", name="x", now=now, actor_label="cli")
+    assert AuditEvent.objects.filter(object_id="bronze").count() == 1
+
+
+def test_resaving_a_multi_line_description_from_a_browser_records_no_change(client, tenants):
+    SlaTier.objects.filter(slug="gold").update(description="Training.\nGuaranteed memory.")
+    login(client, admin=True)
+    resp = client.post("/sla-tiers/gold/edit/", {"name": "Gold", "weight": "4",
+                                                 "description": "Training.\r\nGuaranteed memory.\r\n"})
+    assert resp.status_code == 302
+    assert not AuditEvent.objects.exists()

@@ -248,3 +248,41 @@ def test_a_price_change_re_prices_minutes_already_rolled_up_from_skewed_batches(
     minute = GpuMinute.objects.get(minute=start)
     assert minute.rate_card_id == change.card_id
     assert minute.card_cost == Decimal("0.1")
+
+
+def test_new_price_form_suggests_known_models_and_prefills_the_earliest_allowed_start(client, open_card):
+    from billing.models import Gpu, Node
+
+    now = timezone.now()
+    Gpu.objects.create(uuid="GPU-l4", node=Node.objects.create(name="gpu-node-5"), model="NVIDIA L4",
+                       memory_mb=23034, sm_count=58, first_seen_at=now, last_seen_at=now)
+    login(client, "admin")
+    before = earliest_change(timezone.now())
+    html = client.get("/rate-cards/").content.decode()
+    after = earliest_change(timezone.now())
+    form = html.split('data-testid="rate-card-form"')[1].split("</form>")[0]
+    # Models seen on nodes and models named by cards; the input still takes any text.
+    datalist = form.split('<datalist id="known-gpu-models">')[1].split("</datalist>")[0]
+    assert '<option value="NVIDIA L4">' in datalist and f'<option value="{MODEL}">' in datalist
+    assert 'list="known-gpu-models"' in form
+    start_input = form.split('name="effective_from"')[1].split(">")[0]
+    assert any(f'value="{local(t)}"' in start_input and f'min="{local(t)}"' in start_input for t in (before, after))
+    earliest = form.split('data-testid="rate-card-earliest">')[1].split("</span>")[0]
+    assert any(local(t).replace("T", " ") + " UTC" in earliest for t in (before, after))
+    assert "Leave blank to keep the current card&#x27;s alpha." in form
+    # A model not suggested is accepted as typed.
+    resp = client.post("/rate-cards/", new_price(gpu_model="AMD Instinct MI300X"))
+    assert resp.status_code == 302, resp.content.decode()
+
+
+def test_end_control_says_the_card_stops_pricing_then_and_shows_a_set_end(client, open_card):
+    login(client, "admin")
+    end = future_minute(hours=3)
+    html = client.get("/rate-cards/").content.decode()
+    control = html.split(f'data-testid="end-rate-card-{open_card.pk}"')[1].split("</form>")[0]
+    assert "Stop pricing at (UTC)" in control and "End the card at this time" in control
+    assert 'name="effective_to"' in control and "min=" in control
+    assert client.post(f"/rate-cards/{open_card.pk}/end/", {"effective_to": local(end)}).status_code == 302
+    control = client.get("/rate-cards/").content.decode().split(
+        f'data-testid="end-rate-card-{open_card.pk}"')[1].split("</form>")[0]
+    assert f'value="{local(end)}"' in control and "Move the end to this time" in control

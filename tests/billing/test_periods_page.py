@@ -260,3 +260,173 @@ def test_a_real_worker_closes_the_month_requested_from_the_page(client, last_mon
         time.sleep(0.2)
         doc = client.get(f"/periods/{LAST}/status").json()
     assert (doc["state"], doc["progress_pct"], doc["invoices"]) == ("closed", 100, 2)
+
+
+# --- A close whose job went quiet: stalled, resumed; two closes at once ------------------------
+
+def backdate_progress(seconds: int) -> datetime:
+    """Make the close look quiet for `seconds` (as if its worker died that long ago)."""
+    progress_at = timezone.now() - timedelta(seconds=seconds)
+    BillingPeriod.objects.filter(month=LAST_MONTH).update(progress_at=progress_at)
+    return progress_at
+
+
+def press_resume(client, month: str, django_capture_on_commit_callbacks):
+    with mock.patch("billing.tasks.close_period.delay") as enqueue, \
+            django_capture_on_commit_callbacks(execute=True):
+        resp = client.post(f"/periods/{month}/resume")
+    return resp, enqueue
+
+
+def test_a_close_is_stalled_by_the_clock_once_quiet_for_longer_than_the_setting(
+        client, settings, last_month_usage, django_capture_on_commit_callbacks):
+    from billing.queries.periods import get_billing_period
+    from billing.queries.scope import get_scope
+
+    settings.VGPU_PERIOD_CLOSE_STALE_S = 600
+    user = login(client, group=FINANCE_GROUP)
+    press_close(client, LAST, django_capture_on_commit_callbacks)
+    requested = BillingPeriod.objects.get(month=LAST_MONTH).progress_at
+    assert requested is not None  # the request itself is the first sign of life
+
+    def state(now: datetime) -> str:
+        return get_billing_period(scope=get_scope(user), month=LAST_MONTH, now=now).state
+
+    assert state(requested + timedelta(seconds=600)) == "closing"
+    assert state(requested + timedelta(seconds=601)) == "stalled"
+    doc = client.get(f"/periods/{LAST}/status").json()
+    assert (doc["state"], doc["progress_at"]) == ("closing", requested.isoformat())
+
+
+def test_every_progress_write_moves_progress_at(last_month_usage):
+    seen: list[datetime] = []
+
+    def watch(pct: int) -> None:
+        at = BillingPeriod.objects.get(month=LAST_MONTH).progress_at
+        assert at is not None
+        seen.append(at)
+
+    start = timezone.now()
+    close_period(month=LAST_MONTH, now=start - timedelta(days=3), progress=watch)  # `now` is not the clock used
+    assert len(seen) == 4 and seen == sorted(seen) and len(set(seen)) == 4
+    assert seen[0] >= start - timedelta(seconds=5)
+
+
+def test_a_non_stalled_close_shows_no_resume_and_a_resume_post_changes_nothing(
+        client, last_month_usage, django_capture_on_commit_callbacks):
+    login(client, group=FINANCE_GROUP)
+    press_close(client, LAST, django_capture_on_commit_callbacks)
+    backdate_progress(60)  # quiet for a minute: still closing
+    row = row_html(client.get("/periods/").content.decode(), LAST)
+    assert 'data-state="closing"' in row and "resume-button" not in row and "period-stalled" not in row
+    resp, enqueue = press_resume(client, LAST, django_capture_on_commit_callbacks)
+    assert resp.status_code == 302
+    enqueue.assert_not_called()
+    assert not AuditEvent.objects.filter(action="period.close_resumed").exists()
+
+
+def test_a_stalled_close_is_resumed_once_audited_and_then_closes(
+        client, last_month_usage, django_capture_on_commit_callbacks):
+    user = login(client, group=ADMIN_GROUP)
+    press_close(client, LAST, django_capture_on_commit_callbacks)  # its task is "lost": never run
+    quiet_since = backdate_progress(901)
+    page = client.get("/periods/").content.decode()
+    row = row_html(page, LAST)
+    assert 'data-state="stalled"' in row and 'data-testid="period-stalled"' in row
+    assert 'data-testid="resume-button"' in row and f'action="/periods/{LAST}/resume"' in row
+    assert "csrfmiddlewaretoken" in row and 'http-equiv="refresh"' not in page
+
+    resp, enqueue = press_resume(client, LAST, django_capture_on_commit_callbacks)
+    assert resp.status_code == 302 and resp["Location"] == "/periods/"
+    enqueue.assert_called_once_with(LAST)
+    period = BillingPeriod.objects.get(month=LAST_MONTH)
+    assert period.status == "closing" and period.progress_at is not None and period.progress_at > quiet_since
+    audit = AuditEvent.objects.get(action="period.close_resumed")
+    assert (audit.actor_id, audit.object_type, audit.object_id) == (user.pk, "billing_period", LAST)
+    assert audit.before == {"status": "closing", "progress_pct": 0, "progress_at": quiet_since.isoformat()}
+    assert audit.after == {"status": "closing", "progress_pct": 0, "progress_at": period.progress_at.isoformat()}
+
+    _, again = press_resume(client, LAST, django_capture_on_commit_callbacks)  # a double click
+    again.assert_not_called()
+    assert AuditEvent.objects.filter(action="period.close_resumed").count() == 1
+    assert 'data-state="closing"' in row_html(client.get("/periods/").content.decode(), LAST)
+
+    result = tasks.close_period.apply(args=[LAST]).get()  # what the enqueued task does
+    assert (result["finalized"], result["already_closed"]) == (2, False)
+    assert BillingPeriod.objects.get(month=LAST_MONTH).status == "closed"
+
+
+def test_resume_by_the_service_clock_enqueues_only_a_stalled_close(
+        last_month_usage, django_capture_on_commit_callbacks):
+    from billing.services.invoicing import request_period_close, resume_period_close
+
+    calls: list[str] = []
+    requested_at = timezone.now()
+    request_period_close(month=LAST_MONTH, now=requested_at, actor_label="t", actor_id=None, enqueue=calls.append)
+
+    def resume(after_s: int) -> bool:
+        with django_capture_on_commit_callbacks(execute=True):
+            return resume_period_close(month=LAST_MONTH, now=requested_at + timedelta(seconds=after_s),
+                                       actor_label="t", actor_id=None, enqueue=calls.append).enqueued
+
+    assert [resume(900), resume(901), resume(902)] == [False, True, False]  # the resume itself is progress
+    assert calls == [LAST]
+    assert BillingPeriod.objects.get(month=LAST_MONTH).progress_at == requested_at + timedelta(seconds=901)
+
+
+def test_resume_is_refused_for_a_month_that_is_not_closing_and_for_tenant_members(
+        client, last_month_usage, django_capture_on_commit_callbacks):
+    login(client, group=FINANCE_GROUP)
+    resp, enqueue = press_resume(client, LAST, django_capture_on_commit_callbacks)
+    assert resp.status_code == 400 and f"{LAST} is not being closed" in resp.content.decode()
+    enqueue.assert_not_called()
+    assert not BillingPeriod.objects.exists() and not AuditEvent.objects.filter(object_type="billing_period")
+    assert client.get(f"/periods/{LAST}/resume").status_code == 405
+
+    client.logout()
+    BillingPeriod.objects.create(month=LAST_MONTH, status="closing", progress_at=timezone.now() - timedelta(hours=2))
+    login(client, tenant="acme")
+    resp, enqueue = press_resume(client, LAST, django_capture_on_commit_callbacks)
+    assert resp.status_code == 403
+    enqueue.assert_not_called()
+    assert not AuditEvent.objects.filter(action="period.close_resumed").exists()
+
+
+def test_two_closes_running_at_once_finalize_each_invoice_once(last_month_usage, transactional_db):
+    """A resumed close whose first job was only slow: both runs compute the lines, then race to
+    finalize the same invoices (a barrier holds each until the other has its lines too)."""
+    import threading
+
+    from django.db import connection
+
+    for slug in ("acme", "globex"):  # tenants usually exist already (else the Tenant INSERT serializes the runs)
+        Tenant.objects.create(slug=slug, name=slug.title())
+    barrier = threading.Barrier(2, timeout=30)
+    results: list[object] = []
+    errors: list[BaseException] = []
+
+    def wait_for_the_other(pct: int) -> None:
+        if pct == 5:  # lines computed, no invoice written yet
+            barrier.wait()
+
+    def run() -> None:
+        try:
+            results.append(close_period(month=LAST_MONTH, now=timezone.now(), progress=wait_for_the_other))
+        except BaseException as exc:  # noqa: BLE001 - reported by the assertion below
+            errors.append(exc)
+        finally:
+            connection.close()  # each thread had its own connection
+
+    threads = [threading.Thread(target=run) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert errors == [] and len(results) == 2
+    assert sum(r.invoices_finalized for r in results) == 2  # type: ignore[attr-defined]
+    invoices = {i.tenant.slug: i for i in Invoice.objects.select_related("tenant")}
+    assert {s: (i.status, i.total_minor, i.lines.count()) for s, i in invoices.items()} == {
+        "acme": ("finalized", 100, 1), "globex": ("finalized", 200, 1)}
+    assert BillingPeriod.objects.get(month=LAST_MONTH).status == "closed"
+    assert AuditEvent.objects.filter(action="invoice.finalized").count() == 2
+    assert AuditEvent.objects.filter(action="billing_period.closed").count() == 1

@@ -29,9 +29,13 @@ CHROMIUM_ARGS = [
 @pytest.fixture(scope="session")
 def demo(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Demo]:
     data = tmp_path_factory.mktemp("browser-demo")
-    with demo_environment(data, name=f"vgpu_browser_test_{os.getpid()}", redis_db=12) as env:
+    # Simulated days of this month give the charts over time something to draw: two keep the
+    # suite quick; `make screenshots` asks for a week.
+    days = int(os.environ.get("VGPU_BROWSER_HISTORY_DAYS", "2"))
+    with demo_environment(data, name=f"vgpu_browser_test_{os.getpid()}", redis_db=12, history_days=days) as env:
         with running_demo(env) as running:
             running.wait_for_history()
+            running.wait_for_recent_days()
             yield running
 
 
