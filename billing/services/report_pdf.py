@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+from decimal import Decimal, InvalidOperation
 from typing import Any
 
 from django.utils.translation import gettext as _
@@ -23,11 +24,17 @@ _STUDY = {
 
 
 def _fmt(value: Any, suffix: str = "") -> str:
+    """Figures to 2 places with grouping (amounts are stored as exact decimal strings); counts
+    stay whole."""
     if value is None:
         return "—"
-    if isinstance(value, float):
-        return f"{value:,.2f}{suffix}"
-    return f"{value}{suffix}"
+    if isinstance(value, int):
+        return f"{value:,}{suffix}"
+    try:
+        number = Decimal(str(value))
+    except InvalidOperation:
+        return f"{value}{suffix}"
+    return f"{number:,.2f}{suffix}"
 
 
 def summary_rows(result: dict[str, Any]) -> list[tuple[str, str]]:
