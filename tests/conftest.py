@@ -10,9 +10,11 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
+from django.contrib.auth.models import Group, User
 from django.test import Client
 from django.utils import timezone
 
+from billing.models import Tenant, TenantMembership
 from billing.services.tokens import IssuedToken, issue_node_token
 
 A100 = {"model": "NVIDIA A100-SXM4-80GB", "memory_mb": 81920, "sm_count": 108}
@@ -41,6 +43,19 @@ def one_usd_per_gpu_second(db):  # type: ignore[no-untyped-def]
 @pytest.fixture
 def node_token(db) -> IssuedToken:  # type: ignore[no-untyped-def]
     return issue_node_token(node_name="gpu-node-1", now=timezone.now(), actor_label="test")
+
+
+def user_in(group: str | None = None, tenant: str | None = None, *, tenants: tuple[str, ...] = ()) -> User:
+    """A user in `group` (finance, platform-admin) and/or a member of `tenant` / `tenants`
+    (created when missing)."""
+    slugs = (*tenants, *((tenant,) if tenant else ()))
+    user = User.objects.create_user(username=f"u-{group}-{'-'.join(slugs)}", password="pw-not-used-123")
+    if group:
+        user.groups.add(Group.objects.get_or_create(name=group)[0])
+    for slug in slugs:
+        TenantMembership.objects.create(user=user, tenant=Tenant.objects.get_or_create(slug=slug,
+                                                                                      defaults={"name": slug})[0])
+    return user
 
 
 def iso(t: datetime) -> str:

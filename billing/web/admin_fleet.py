@@ -26,6 +26,7 @@ from billing.queries.admin_fleet import NODE_STALE_AFTER, get_node_token, get_ra
 from billing.queries.scope import Scope, get_scope
 from billing.services.rate_cards import create_rate_card, earliest_change, end_rate_card
 from billing.services.tokens import issue_node_token, revoke_node_token
+from billing.web.access import require_admin
 
 _DATETIME_LOCAL = "%Y-%m-%dT%H:%M"
 # Agents call in every few seconds to a minute; a token used this recently is shown as "in use".
@@ -159,10 +160,7 @@ def rate_card_end(request: HttpRequest, card_id: int) -> HttpResponse:
 
 
 def _admin_scope(request: HttpRequest) -> Scope:
-    scope = get_scope(request.user)
-    if not scope.is_admin:
-        raise PermissionDenied("nodes and their tokens are for admins")
-    return scope
+    return require_admin(request, "nodes and their tokens are for admins")
 
 
 def _render_nodes(request: HttpRequest, scope: Scope, *, form: IssueTokenForm | None = None,

@@ -10,7 +10,6 @@ from typing import Any
 from django import forms
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
-from django.core.exceptions import PermissionDenied
 from django.db import transaction
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
@@ -35,6 +34,7 @@ from billing.services.sla import (
     create_sla_tier,
     set_sla_tier_weight,
 )
+from billing.web.access import require_admin
 
 
 class BudgetForm(forms.Form):
@@ -64,8 +64,7 @@ def budgets(request: HttpRequest) -> HttpResponse:
 def budget_edit(request: HttpRequest, tenant: str) -> HttpResponse:
     """Admins set or change one tenant's budget; the form starts from its current values, and the
     webhook secret is kept unless changed elsewhere."""
-    if not get_scope(request.user).is_admin:
-        raise PermissionDenied("only admins set budgets")
+    require_admin(request, "only admins set budgets")
     row = Tenant.objects.filter(slug=tenant).select_related("budget").first()
     if row is None:
         raise Http404("no such tenant")
@@ -113,10 +112,7 @@ class NewSlaTierForm(SlaTierForm):
 
 
 def _admin_only(request: HttpRequest) -> Scope:
-    scope = get_scope(request.user)
-    if not scope.is_admin:
-        raise PermissionDenied("SLA tiers are for admins")
-    return scope
+    return require_admin(request, "SLA tiers are for admins")
 
 
 def _render_sla_tiers(request: HttpRequest, scope: Scope, *, create_form: NewSlaTierForm | None = None,
@@ -191,8 +187,7 @@ def sla_tier_edit(request: HttpRequest, slug: str) -> HttpResponse:
 @login_required
 def audit_log(request: HttpRequest) -> HttpResponse:
     """The latest audit events, newest first; `?action=budget.` filters by action prefix."""
-    if not get_scope(request.user).is_admin:
-        raise PermissionDenied("the audit log is for admins")
+    require_admin(request, "the audit log is for admins")
     action = request.GET.get("action", "").strip()[:100]
     events = AuditEvent.objects.select_related("actor").order_by("-at", "-id")
     if action:

@@ -5,8 +5,9 @@ call, render."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from django.contrib.auth.decorators import login_required
-from django.core.exceptions import PermissionDenied
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import redirect, render
 from django.utils import timezone
@@ -15,15 +16,13 @@ from django.views.decorators.http import require_GET, require_POST
 from billing import tasks
 from billing.errors import InvalidInput
 from billing.queries.periods import PeriodState, get_billing_period, list_billing_periods
-from billing.queries.scope import Scope, get_scope
+from billing.queries.scope import Scope
 from billing.services.invoicing import parse_month, request_period_close, resume_period_close
+from billing.web.access import require_platform
 
 
 def _platform_scope(request: HttpRequest) -> Scope:
-    scope = get_scope(request.user)
-    if not scope.sees_platform:
-        raise PermissionDenied("closing a billing period invoices every tenant: finance and admins only")
-    return scope
+    return require_platform(request, "closing a billing period invoices every tenant: finance and admins only")
 
 
 def _render_list(request: HttpRequest, scope: Scope, *, error: str = "", status: int = 200) -> HttpResponse:
@@ -42,23 +41,22 @@ def period_list(request: HttpRequest) -> HttpResponse:
 @login_required
 @require_POST
 def period_close(request: HttpRequest, month: str) -> HttpResponse:
-    scope = _platform_scope(request)
-    try:
-        request_period_close(month=parse_month(month), now=timezone.now(), actor_label=request.user.get_username(),
-                             actor_id=request.user.pk, enqueue=tasks.close_period.delay)
-    except InvalidInput as exc:
-        return _render_list(request, scope, error=str(exc), status=400)
-    return redirect("period-list")
+    return _period_action(request, month, request_period_close)
 
 
 @login_required
 @require_POST
 def period_resume(request: HttpRequest, month: str) -> HttpResponse:
     """Enqueue a stalled close again (audited). A close that is moving or done is left alone."""
+    return _period_action(request, month, resume_period_close)
+
+
+def _period_action(request: HttpRequest, month: str, action: Callable[..., object]) -> HttpResponse:
+    """Request or resume a close; a refusal re-renders the list with its reason and a 400."""
     scope = _platform_scope(request)
     try:
-        resume_period_close(month=parse_month(month), now=timezone.now(), actor_label=request.user.get_username(),
-                            actor_id=request.user.pk, enqueue=tasks.close_period.delay)
+        action(month=parse_month(month), now=timezone.now(), actor_label=request.user.get_username(),
+               actor_id=request.user.pk, enqueue=tasks.close_period.delay)
     except InvalidInput as exc:
         return _render_list(request, scope, error=str(exc), status=400)
     return redirect("period-list")

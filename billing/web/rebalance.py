@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
-from django.core.exceptions import PermissionDenied
 from django.db import transaction
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
@@ -16,20 +15,18 @@ from django.views.decorators.http import require_POST
 from billing import tasks
 from billing.errors import InvalidInput
 from billing.models import RebalancePlan
-from billing.queries.scope import get_scope
 from billing.services.rebalance import approve_plan, reject_plan
+from billing.web.access import require_admin, require_platform
 
 
 def _require_admin(request: HttpRequest) -> None:
-    if not get_scope(request.user).is_admin:
-        raise PermissionDenied("rebalance plans are for admins")
+    require_admin(request, "rebalance plans are for admins")
 
 
 @login_required
 def rebalance_list(request: HttpRequest) -> HttpResponse:
     # Finance reads plans and their savings; only admins decide.
-    if not get_scope(request.user).sees_platform:
-        raise PermissionDenied("rebalance plans are for finance and admins")
+    require_platform(request, "rebalance plans are for finance and admins")
     plans = RebalancePlan.objects.select_related("decided_by").order_by("-created_at", "-id")[:10]
     return render(request, "billing/rebalance.html", {"plans": plans})
 

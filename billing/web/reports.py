@@ -4,7 +4,6 @@ the PDF. Thin: parse, one service call, render."""
 from __future__ import annotations
 
 from django.contrib.auth.decorators import login_required
-from django.core.exceptions import PermissionDenied
 from django.db import transaction
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
@@ -13,15 +12,14 @@ from django.utils import timezone
 from billing import tasks
 from billing.errors import InvalidInput
 from billing.models import PairedReport
-from billing.queries.scope import get_scope
 from billing.services.report_pdf import render_paired_report_pdf, study_rows, summary_rows
 from billing.services.reports import request_paired_report
+from billing.web.access import require_platform
 from billing.web.forms import PeriodForm
 
 
 def _require_platform_view(request: HttpRequest) -> None:
-    if not get_scope(request.user).sees_platform:
-        raise PermissionDenied("paired reports cover every tenant: finance and admins only")
+    require_platform(request, "paired reports cover every tenant: finance and admins only")
 
 
 @login_required

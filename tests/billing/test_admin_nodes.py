@@ -8,12 +8,12 @@ import re
 from datetime import timedelta
 
 import pytest
-from django.contrib.auth.models import Group, User
+from django.contrib.auth.models import User
 from django.utils import timezone
 
-from billing.models import AuditEvent, Gpu, Node, NodeToken, Tenant, TenantMembership
+from billing.models import AuditEvent, Gpu, Node, NodeToken
 from billing.queries.scope import ADMIN_GROUP, FINANCE_GROUP
-from tests.conftest import make_batch
+from tests.conftest import make_batch, user_in
 
 pytestmark = pytest.mark.django_db
 
@@ -21,11 +21,9 @@ TOKEN_RE = re.compile(r'data-testid="issued-token">(vgl_[A-Za-z0-9_-]+)<')
 
 
 def login(client, role: str) -> User:
-    user = User.objects.create_user(username=f"user-{role}", password="pw-not-used-123")
-    if role in ("admin", "finance"):
-        user.groups.add(Group.objects.get_or_create(name=ADMIN_GROUP if role == "admin" else FINANCE_GROUP)[0])
-    elif role == "tenant":
-        TenantMembership.objects.create(user=user, tenant=Tenant.objects.create(slug="acme", name="Acme"))
+    """role: admin, finance or tenant (a member of acme)."""
+    group = {"admin": ADMIN_GROUP, "finance": FINANCE_GROUP}.get(role)
+    user = user_in(group, "acme" if role == "tenant" else None)
     client.force_login(user)
     return user
 

@@ -8,14 +8,14 @@ from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 
 import pytest
-from django.contrib.auth.models import Group, User
+from django.contrib.auth.models import User
 from django.utils import timezone
 
-from billing.models import AuditEvent, BillingPeriod, GpuMinute, RateCard, Tenant, TenantMembership
+from billing.models import AuditEvent, BillingPeriod, GpuMinute, RateCard
 from billing.queries.scope import ADMIN_GROUP, FINANCE_GROUP
 from billing.services.rate_cards import create_rate_card, earliest_change
 from billing.services.rollup import rollup_usage
-from tests.conftest import A100, make_batch
+from tests.conftest import A100, make_batch, user_in
 
 pytestmark = pytest.mark.django_db
 
@@ -24,11 +24,9 @@ H100 = "NVIDIA H100 80GB HBM3"
 
 
 def login(client, role: str) -> User:
-    user = User.objects.create_user(username=f"user-{role}", password="pw-not-used-123")
-    if role in ("admin", "finance"):
-        user.groups.add(Group.objects.get_or_create(name=ADMIN_GROUP if role == "admin" else FINANCE_GROUP)[0])
-    elif role == "tenant":
-        TenantMembership.objects.create(user=user, tenant=Tenant.objects.create(slug="acme", name="Acme"))
+    """role: admin, finance or tenant (a member of acme)."""
+    group = {"admin": ADMIN_GROUP, "finance": FINANCE_GROUP}.get(role)
+    user = user_in(group, "acme" if role == "tenant" else None)
     client.force_login(user)
     return user
 

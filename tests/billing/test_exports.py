@@ -14,16 +14,15 @@ from decimal import Decimal
 from io import StringIO
 
 import pytest
-from django.contrib.auth.models import Group, User
 from django.core.management import CommandError, call_command
 from django.utils import timezone
 
-from billing.models import Invoice, RateCard, Tenant, TenantMembership
+from billing.models import Invoice, RateCard, Tenant
 from billing.queries.scope import FINANCE_GROUP, Scope
 from billing.services.exports import ALLOCATED_METHOD_ID, export_invoice
 from billing.services.invoicing import close_period
 from billing.services.rollup import rollup_usage
-from tests.conftest import SHARED_GPU_WORKLOADS, make_batch
+from tests.conftest import SHARED_GPU_WORKLOADS, make_batch, user_in
 
 pytestmark = pytest.mark.django_db
 
@@ -316,14 +315,6 @@ def test_invoice_pdf_names_the_invoice_and_embeds_a_chinese_font_subset(november
     assert re.search(rb"/BaseFont /[A-Z]{6}\+NotoSansSC-Regular", pdf)
     assert b"/FontFile2" in pdf
 
-
-def user_in(*, group: str | None = None, tenant: str | None = None) -> User:
-    user = User.objects.create_user(username=f"u-{group}-{tenant}", password="pw-not-used-123")
-    if group:
-        user.groups.add(Group.objects.get_or_create(name=group)[0])
-    if tenant:
-        TenantMembership.objects.create(user=user, tenant=Tenant.objects.get(slug=tenant))
-    return user
 
 
 def test_tenant_member_lists_and_downloads_only_own_invoices_and_others_are_404(client, november):

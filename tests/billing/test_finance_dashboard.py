@@ -11,13 +11,13 @@ from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 
 import pytest
-from django.contrib.auth.models import Group, User
 from django.utils import timezone
 
-from billing.models import Gpu, GpuHour, Node, PairedReport, RebalancePlan, Tenant, TenantMembership, UsageHour
+from billing.models import Gpu, GpuHour, Node, PairedReport, RebalancePlan, Tenant, UsageHour
 from billing.queries.dashboard import IDLE_KEY, OTHER_KEY, get_finance_dashboard
 from billing.queries.scope import FINANCE_GROUP, Scope, get_scope
 from billing.web.charts import Series, nice_ticks, stacked_bar_chart
+from tests.conftest import user_in
 
 pytestmark = pytest.mark.django_db
 
@@ -68,14 +68,6 @@ def fleet(db):
     gpu_hour(g1, H2, seconds="3600", card="10", idle="10")
     return g1, g2
 
-
-def user_in(group: str | None = None, tenant: str | None = None) -> User:
-    user = User.objects.create_user(username=f"u-{group}-{tenant}", password="pw-not-used-123")
-    if group:
-        user.groups.add(Group.objects.get_or_create(name=group)[0])
-    if tenant:
-        TenantMembership.objects.create(user=user, tenant=Tenant.objects.get(slug=tenant))
-    return user
 
 
 def csv_rows(resp) -> list[list[str]]:  # type: ignore[no-untyped-def]

@@ -8,14 +8,14 @@ from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 
 import pytest
-from django.contrib.auth.models import Group, User
+from django.contrib.auth.models import User
 from django.utils import timezone
 
-from billing.models import RateCard, Tenant, TenantMembership
+from billing.models import RateCard, Tenant
 from billing.queries.finance import get_cost_summary
 from billing.queries.scope import FINANCE_GROUP, get_scope
 from billing.services.rollup import rollup_usage
-from tests.conftest import A100, make_batch
+from tests.conftest import A100, make_batch, user_in
 
 pytestmark = pytest.mark.django_db
 
@@ -33,14 +33,6 @@ def ledger(post_batch, minute_start):
     rollup_usage(now=timezone.now())
     return minute_start
 
-
-def user_in(group: str | None = None, tenant: str | None = None) -> User:
-    user = User.objects.create_user(username=f"u-{group}-{tenant}", password="pw-not-used-123")
-    if group:
-        user.groups.add(Group.objects.get_or_create(name=group)[0])
-    if tenant:
-        TenantMembership.objects.create(user=user, tenant=Tenant.objects.get(slug=tenant))
-    return user
 
 
 def period(start):

@@ -10,15 +10,15 @@ from datetime import UTC, date, datetime, timedelta
 from unittest import mock
 
 import pytest
-from django.contrib.auth.models import Group, User
+from django.contrib.auth.models import User
 from django.utils import timezone
 
 from billing import tasks
-from billing.models import AuditEvent, BillingPeriod, Invoice, Tenant, TenantMembership
+from billing.models import AuditEvent, BillingPeriod, Invoice, Tenant
 from billing.queries.scope import ADMIN_GROUP, FINANCE_GROUP
 from billing.services.invoicing import close_period
 from billing.services.rollup import rollup_usage
-from tests.conftest import SHARED_GPU_WORKLOADS, make_batch
+from tests.conftest import SHARED_GPU_WORKLOADS, make_batch, user_in
 
 pytestmark = pytest.mark.django_db
 
@@ -46,11 +46,7 @@ def last_month_usage(post_batch, one_usd_per_gpu_second):
 
 
 def login(client, *, group: str | None = None, tenant: str | None = None) -> User:
-    user = User.objects.create_user(username=f"user-{group or tenant}", password="pw-not-used-123")
-    if group:
-        user.groups.add(Group.objects.get_or_create(name=group)[0])
-    if tenant:
-        TenantMembership.objects.create(user=user, tenant=Tenant.objects.get_or_create(slug=tenant)[0])
+    user = user_in(group, tenant)
     client.force_login(user)
     return user
 
@@ -85,7 +81,7 @@ def test_close_request_is_recorded_audited_enqueued_then_the_task_closes_the_mon
     period = BillingPeriod.objects.get(month=LAST_MONTH)
     assert (period.status, period.progress_pct, period.requested_by_id) == ("closing", 0, user.pk)
     audit = AuditEvent.objects.get(action="period.close_requested")
-    assert (audit.actor_id, audit.actor_label, audit.object_id) == (user.pk, "user-finance", LAST)
+    assert (audit.actor_id, audit.actor_label, audit.object_id) == (user.pk, user.username, LAST)
     assert audit.before == {"status": "open", "error": ""} and audit.after == {"status": "closing"}
 
     closing = client.get("/periods/").content.decode()  # a reload shows the bar, from the row
@@ -217,7 +213,7 @@ def test_status_endpoint_reports_the_rows_state_as_json(client, last_month_usage
     BillingPeriod.objects.filter(month=LAST_MONTH).update(progress_pct=42)  # as the job writes it
     doc = client.get(f"/periods/{LAST}/status").json()
     assert (doc["month"], doc["state"], doc["progress_pct"], doc["requested_by"]) == (LAST, "closing", 42,
-                                                                                      "user-finance")
+                                                                                      "u-finance-")
     tasks.close_period.apply(args=[LAST]).get()
     doc = client.get(f"/periods/{LAST}/status").json()
     assert (doc["state"], doc["progress_pct"], doc["invoices"]) == ("closed", 100, 2)

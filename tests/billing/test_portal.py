@@ -12,15 +12,14 @@ from html.parser import HTMLParser
 from typing import Any
 
 import pytest
-from django.contrib.auth.models import Group, User
 from django.utils import timezone
 
-from billing.models import BillingPeriod, Invoice, Node, RateCard, Tenant, TenantMembership, UsageHour
+from billing.models import BillingPeriod, Invoice, Node, RateCard, Tenant, UsageHour
 from billing.queries.portal import TenantNotFound, get_tenant_portal
 from billing.queries.scope import ADMIN_GROUP, FINANCE_GROUP, get_scope
 from billing.services.budgets import evaluate_budgets, set_budget
 from billing.services.invoicing import month_bounds
-from tests.conftest import A100
+from tests.conftest import A100, user_in
 
 pytestmark = pytest.mark.django_db
 
@@ -62,14 +61,6 @@ def ledger(db) -> datetime:
     usage(hour, tenant="globex", namespace="globex-prod", pod="llm-1", pod_uid="uid-llm-1", charge="9.00")
     return hour
 
-
-def user_in(*, group: str | None = None, tenants: tuple[str, ...] = ()) -> User:
-    user = User.objects.create_user(username=f"u-{group}-{'-'.join(tenants)}", password="pw-not-used-123")
-    if group:
-        user.groups.add(Group.objects.get_or_create(name=group)[0])
-    for slug in tenants:
-        TenantMembership.objects.create(user=user, tenant=Tenant.objects.get(slug=slug))
-    return user
 
 
 class _Element(HTMLParser):
