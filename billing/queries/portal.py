@@ -25,7 +25,7 @@ from billing.errors import DomainError, InvalidInput
 from billing.models import RateCard, Tenant, UsageHour
 from billing.queries.budgets import BudgetView, list_budgets
 from billing.queries.scope import Scope
-from billing.services.budgets import forecast_month_end, get_month_to_date_spend
+from billing.services.budgets import forecast_month_end, get_month_to_date_spend, get_month_to_date_spends
 from billing.services.exports import InvoiceSummary, list_invoices
 from billing.services.invoicing import InvoicePreview, preview_invoice, preview_invoices
 
@@ -163,10 +163,12 @@ def list_tenant_portals(*, scope: Scope, now: datetime) -> list[TenantPortalRow]
     """Every tenant the caller may see, with month-to-date spend and budget state."""
     budgets = {b.tenant: b for b in list_budgets(scope=scope, now=now)}
     currency = _currency(now)
+    tenants = list(_visible_tenants(scope).values_list("slug", "name"))
+    # One grouped query, the same figures as get_month_to_date_spend per tenant.
+    spends = get_month_to_date_spends(tenants=[slug for slug, _name in tenants], now=now)
     return [
-        TenantPortalRow(slug=slug, name=name, month_to_date=get_month_to_date_spend(tenant=slug, now=now),
-                        currency=currency, budget=budgets.get(slug))
-        for slug, name in _visible_tenants(scope).values_list("slug", "name")
+        TenantPortalRow(slug=slug, name=name, month_to_date=spends[slug], currency=currency, budget=budgets.get(slug))
+        for slug, name in tenants
     ]
 
 

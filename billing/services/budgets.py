@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
+from collections.abc import Collection
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from decimal import Decimal
@@ -18,7 +19,7 @@ from typing import Any
 
 from django.core.exceptions import ValidationError
 from django.db import transaction
-from django.db.models import Sum
+from django.db.models import QuerySet, Sum
 
 from billing.errors import InvalidInput
 from billing.models import Budget, BudgetState, BudgetStatus, Tenant, UsageHour
@@ -31,6 +32,7 @@ __all__ = [
     "evaluate_budgets",
     "forecast_month_end",
     "get_month_to_date_spend",
+    "get_month_to_date_spends",
     "set_budget",
     "sign_webhook",
 ]
@@ -74,12 +76,24 @@ def budget_state_for(*, spend: Decimal, amount: Decimal, soft_pct: Decimal, hard
     return BudgetState.OK
 
 
-def get_month_to_date_spend(*, tenant: str, now: datetime) -> Decimal:
+def _month_to_date_usage(now: datetime) -> QuerySet[UsageHour]:
     start, _ = month_bounds(now.date().replace(day=1))
-    sums = UsageHour.objects.filter(tenant=tenant, hour__gte=start, hour__lte=now).aggregate(
-        charge=Sum("charge"), idle=Sum("idle_share")
-    )
+    return UsageHour.objects.filter(hour__gte=start, hour__lte=now)
+
+
+def get_month_to_date_spend(*, tenant: str, now: datetime) -> Decimal:
+    sums = _month_to_date_usage(now).filter(tenant=tenant).aggregate(charge=Sum("charge"), idle=Sum("idle_share"))
     return (sums["charge"] or Decimal(0)) + (sums["idle"] or Decimal(0))
+
+
+def get_month_to_date_spends(*, tenants: Collection[str], now: datetime) -> dict[str, Decimal]:
+    """`get_month_to_date_spend` of each of `tenants` in one grouped query (same rows, same sums)."""
+    spends = {slug: Decimal(0) for slug in tenants}
+    rows = (_month_to_date_usage(now).filter(tenant__in=list(spends)).values("tenant")
+            .annotate(charge=Sum("charge"), idle=Sum("idle_share")).order_by())
+    for r in rows:
+        spends[r["tenant"]] = (r["charge"] or Decimal(0)) + (r["idle"] or Decimal(0))
+    return spends
 
 
 FORECAST_WINDOW = timedelta(hours=24)

@@ -55,7 +55,7 @@ def test_finance_reads_the_dashboard_and_downloads_an_invoice(sign_in):
 
     # A paired report for this month: the page follows the Celery task to the result, and a
     # reload while it computes keeps showing its progress.
-    page.get_by_role("link", name="Savings reports").click()
+    page.get_by_role("link", name="Savings reports", exact=True).click()
     page.get_by_role("button", name="Compute a report").click()
     assert re.search(r"/reports/\d+/$", page.url), page.url
     if page.get_by_test_id("report-progress").count():
@@ -64,11 +64,11 @@ def test_finance_reads_the_dashboard_and_downloads_an_invoice(sign_in):
     expect(page.get_by_test_id("study-comparison")).to_contain_text("−37 %")
     s.shot("paired-report")
 
-    page.get_by_role("link", name="Billing periods").click()
+    page.get_by_role("link", name="Billing periods", exact=True).click()
     expect(page.get_by_test_id("periods")).to_contain_text("closed")
     s.shot("billing-periods")
 
-    page.get_by_role("link", name="Rebalance").click()
+    page.get_by_role("link", name="Rebalance", exact=True).click()
     expect(page.locator("[data-testid^='rebalance-plan-']").first).to_be_visible()
     s.shot("rebalance")
 
@@ -82,6 +82,8 @@ def test_tenant_engineer_sees_their_portal_and_nothing_of_other_tenants(sign_in,
     expect(page.get_by_test_id("budget-status")).to_be_visible()
     expect(page.get_by_test_id("workload-cost-chart").locator("svg")).to_be_visible()
     expect(page.get_by_test_id("workload-table")).to_contain_text("acme")
+    expect(page.get_by_test_id("upcoming-invoice")).to_be_visible()
+    assert _amount(page.get_by_test_id("upcoming-total").inner_text()) > 0
     s.shot("tenant-portal")
     invoices = page.get_by_test_id("tenant-invoices")
     expect(invoices.locator("a[href$='.focus']").first).to_be_visible()
@@ -104,11 +106,14 @@ def test_tenant_engineer_sees_their_portal_and_nothing_of_other_tenants(sign_in,
     assert "Acme" in table and "Globex" not in table and "星河" not in table
 
 
+def _policy(demo, node: str, token: str) -> requests.Response:
+    return requests.get(f"{demo.base}/api/v1/nodes/{node}/policy", timeout=10,
+                        headers={"Authorization": f"Bearer {token}"})
+
+
 def _policy_weight(demo, tier: str) -> str:
     node = "sim-a100-1"
-    token = (demo.data_dir / f"{node}.token").read_text().strip()
-    response = requests.get(f"{demo.base}/api/v1/nodes/{node}/policy", timeout=10,
-                            headers={"Authorization": f"Bearer {token}"})
+    response = _policy(demo, node, (demo.data_dir / f"{node}.token").read_text().strip())
     assert response.status_code == 200, response.text
     return response.json()["sla_tiers"][tier]["weight"]
 
@@ -116,7 +121,7 @@ def _policy_weight(demo, tier: str) -> str:
 def test_admin_changes_an_sla_weight_that_agents_see_within_ten_seconds(sign_in, demo):
     s = sign_in("admin")
     page = s.page
-    page.get_by_role("link", name="SLA tiers").click()
+    page.get_by_role("link", name="SLA tiers", exact=True).click()
     s.shot("sla-tiers")
     before = _policy_weight(demo, "silver")
     new = "3.500" if Decimal(before) != Decimal("3.5") else "2.500"
@@ -132,20 +137,53 @@ def test_admin_changes_an_sla_weight_that_agents_see_within_ten_seconds(sign_in,
     page.get_by_test_id("sla-save-silver").click()
     expect(page.locator(".error")).to_contain_text("weight")
     assert Decimal(_policy_weight(demo, "silver")) == Decimal(new)
-    page.get_by_role("link", name="Audit log").click()
+    page.get_by_role("link", name="Audit log", exact=True).click()
     expect(page.get_by_test_id("audit-log")).to_contain_text("sla_tier.weight_changed")
     s.shot("audit-log")
 
-    page.get_by_role("link", name="Rate cards").click()
+    # A new price from the next minute on: the current card ends there, both changes audited.
+    page.get_by_role("link", name="Rate cards", exact=True).click()
     expect(page.get_by_test_id("rate-card-table")).to_contain_text("A100")
+    form = page.get_by_test_id("rate-card-form")
+    form.locator("input[name=gpu_model]").fill("NVIDIA A100-SXM4-80GB")
+    form.locator("input[name=price_per_gpu_hour]").fill("5.50")
+    form.locator("input[name=source_url]").fill("https://example.com/contract-2027")
+    form.locator("[name=source_note]").fill("Negotiated contract price, browser test")
+    page.get_by_test_id("rate-card-submit").click()
+    expect(page.get_by_test_id("message")).to_be_visible()
+    expect(page.get_by_test_id("rate-card-table")).to_contain_text("5.5")
     s.shot("rate-cards")
 
-    page.get_by_role("link", name="Nodes").click()
+    # A token for a new node: shown once, works against the agent API, and stops working when
+    # revoked from the same page.
+    page.get_by_role("link", name="Nodes", exact=True).click()
     expect(page.get_by_test_id("node-table")).to_contain_text("sim-a100-1")
     s.shot("nodes")
+    page.get_by_test_id("issue-token-form").locator("input[name=node]").fill("gpu-node-new")
+    page.get_by_test_id("issue-token-form").get_by_role("button").click()
+    token = page.get_by_test_id("issued-token").inner_text().strip()
+    assert token.startswith("vgl_")
+    assert _policy(demo, "gpu-node-new", token).status_code == 200
+    page.get_by_role("link", name="Nodes", exact=True).click()
+    assert token not in page.content()
+    row = page.get_by_test_id("node-gpu-node-new")
+    row.locator("input[name=confirm]").fill(token[:12])
+    row.get_by_role("button", name="Revoke").click()
+    expect(page.get_by_test_id("message")).to_be_visible()
+    assert _policy(demo, "gpu-node-new", token).status_code == 403
 
-    page.get_by_role("link", name="Budgets").click()
+    # Budgets: raise globex's; the form starts from the current values.
+    page.get_by_role("link", name="Budgets", exact=True).click()
     s.shot("budgets")
+    s.goto("/budgets/globex/")
+    page.locator("input[name=amount]").fill("2500")
+    page.locator("input[name=owner]").fill("finops@globex.example")
+    page.get_by_test_id("budget-form").get_by_role("button").click()
+    expect(page.get_by_test_id("message")).to_contain_text("globex")
+    page.get_by_role("link", name="Audit log", exact=True).click()
+    log = page.get_by_test_id("audit-log")
+    for action in ("rate_card.superseded", "node_token.issued", "node_token.revoked", "budget.set"):
+        expect(log).to_contain_text(action)
 
 
 def test_language_is_kept_per_user_with_localised_money(sign_in, browser, demo):
@@ -154,7 +192,7 @@ def test_language_is_kept_per_user_with_localised_money(sign_in, browser, demo):
     page.select_option("form.lang select", "zh-hans")
     page.wait_for_load_state()
     expect(page.locator("html")).to_have_attribute("lang", "zh-hans")
-    expect(page.get_by_role("link", name="发票")).to_be_visible()
+    expect(page.get_by_role("link", name="发票", exact=True)).to_be_visible()
     expect(page.get_by_test_id("total-gpu-cost")).to_contain_text("USD")
     s.shot("finance-dashboard-zh")
     # A new browser (no cookies) whose Accept-Language is English still gets Chinese after login.
