@@ -105,8 +105,8 @@ class SlaTierForm(forms.Form):
 
 class NewSlaTierForm(SlaTierForm):
     slug = forms.CharField(label=gettext_lazy("Slug"), max_length=63,
-                           help_text=gettext_lazy("Pods name the tier by it in the vgpu-ledger.io/sla-tier label; "
-                                                  "it cannot change later."),
+                           help_text=gettext_lazy("Pods choose this tier with the label vgpu-ledger.io/sla-tier; "
+                                                  "the slug cannot change later."),
                            widget=forms.TextInput(attrs={"size": 16, "pattern": "[a-z0-9]([-a-z0-9]*[a-z0-9])?"}))
     field_order = ["slug", "name", "weight", "description"]
 
