@@ -60,7 +60,7 @@ def _lower_acme_budget_and_watch_enforcement(banner: str, base: str, demo_dir: P
     deadline = time.monotonic() + 60
     state = ""
     while state != "enforced" and time.monotonic() < deadline:
-        match = re.search(r'data-testid="budget-state-acme"><strong>(\w+)', tenant.get(f"{base}/budgets/").text)
+        match = re.search(r'data-testid="budget-state-acme" data-state="(\w+)"', tenant.get(f"{base}/budgets/").text)
         state = match.group(1) if match else ""
         time.sleep(1)
     assert state == "enforced"

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from decimal import Decimal
 
-from billing.models import Budget, BudgetState, BudgetStatus
+from billing.models import Budget, BudgetAction, BudgetState, BudgetStatus
 from billing.queries.scope import Scope
 
 __all__ = ["BudgetView", "list_budgets"]
@@ -24,6 +24,14 @@ class BudgetView:
     spend: Decimal
     forecast: Decimal
     used_pct: Decimal
+
+    @property
+    def state_label(self) -> str:
+        return str(BudgetState(self.state).label)
+
+    @property
+    def action_label(self) -> str:
+        return str(BudgetAction(self.hard_action).label)
 
 
 def list_budgets(*, scope: Scope, now: datetime) -> list[BudgetView]:

@@ -155,7 +155,7 @@ def test_admin_approves_on_the_page_audited_and_execution_enqueued(client, fleet
     monkeypatch.setattr(tasks.execute_rebalance, "delay", lambda plan_id: calls.append(plan_id))
     user = login(client, admin=True)
     page = client.get("/rebalance/")
-    assert page.status_code == 200 and b"11212.80" in page.content and b"bert-" in page.content
+    assert page.status_code == 200 and "11,212.80 USD" in page.content.decode() and b"bert-" in page.content
     assert client.get(f"/rebalance/{plan.pk}/approve/").status_code == 405  # POST only
     with django_capture_on_commit_callbacks(execute=True):
         assert client.post(f"/rebalance/{plan.pk}/approve/").status_code == 302
