@@ -1,4 +1,4 @@
-"""Web pages at fleet scale: the hour-ledger reads behind the finance dashboard, the tenant list and
+"""Web pages at fleet scale: the ledger reads behind the finance dashboard, the tenant list and
 portal, the periods page and the upcoming invoices, against a full month of a real fleet.
 
     python bench/web_pages.py [--gpus 200] [--gpus-per-node 8] [--days 31] [--workloads-per-gpu 6]
@@ -15,7 +15,9 @@ provides them). Nothing is written to that database: the benchmark drops and cre
    of the last --days days up to the end of a 31-day month, --workloads-per-gpu workload slots per
    GPU (a slot's pod is replaced every 12-240 h), charges that reconcile per GPU-hour
    (Σ charge + idle_cost = card_cost, to the 1e-12 unit), with the secondary indexes dropped for the
-   COPY and rebuilt from their own definitions after it, then VACUUM ANALYZE.
+   COPY and rebuilt from their own definitions after it, then VACUUM ANALYZE; then the day ledger
+   (UsageDay, GpuDay) derived from those hours by billing.services.rollup.rebuild_days, as the
+   rollup would have written it, timed apart.
 2. Time, warm, with django.utils.timezone.now fixed at the month's last hour: the queries the pages
    call (get_finance_dashboard for the month to date and for 7 days, get_tenant_portal for the
    biggest tenant, list_tenant_portals, list_billing_periods, preview_invoices), then the pages
@@ -154,6 +156,9 @@ class FillStats:
     usage_hours: int = 0
     pods: int = 0
     seconds: float = 0.0
+    usage_days: int = 0
+    gpu_days: int = 0
+    days_seconds: float = 0.0  # rebuild_days over the whole period + VACUUM ANALYZE of the day tables
     table_mb: dict[str, float] = field(default_factory=dict)
 
 
@@ -203,6 +208,24 @@ GPU_COLUMNS = ("gpu_uuid", "node_id", "gpu_model", "metered_seconds", "card_cost
 USAGE_COLUMNS = ("gpu_uuid", "node_id", "tenant", "namespace", "pod", "container", "pod_uid", "sla_tier", "seconds",
                  "mem_used_mb_s", "mem_granted_mb_s", "mem_billed_mb_s", "sm_used_s", "sm_granted_s", "sm_billed_s",
                  "pcie_mb", "share_gpu_s", "charge", "idle_share", "hour")
+
+
+def fill_days(stats: FillStats, start: datetime, end: datetime) -> None:
+    """Derive the day ledger from the hours just COPYed, as the rollup keeps it (one transaction)."""
+    from django.db import connection
+
+    from billing.models import UsageDay
+    from billing.services.rollup import rebuild_days
+
+    t0 = time.perf_counter()
+    stats.gpu_days = rebuild_days(start=start, end=end)
+    with connection.cursor() as cur:  # autocommit outside atomic(): VACUUM may run
+        for table in ("billing_gpuday", "billing_usageday"):
+            cur.execute(f"VACUUM (ANALYZE) {table}")
+            cur.execute("SELECT pg_total_relation_size(%s)", [table])
+            stats.table_mb[table] = cur.fetchone()[0] / 2**20
+    stats.usage_days = UsageDay.objects.count()
+    stats.days_seconds = time.perf_counter() - t0
 
 
 def fill_ledger(args: argparse.Namespace, database_url: str, ref: dict[str, Any], first_hour: datetime,
@@ -470,39 +493,36 @@ def command_line(argv: list[str]) -> str:
 
 
 ANALYSIS = """\
-What changed (the "before" columns: the same benchmark, data and seed on the code before):
+What changed against the "before" columns (the same benchmark, data and seed, hour ledger only):
 
-- **Tenant list** (`list_tenant_portals`): one month-to-date query per tenant
-  (`get_month_to_date_spend` in a loop, each reading the whole month's rows through the
-  `(hour, tenant)` index) became one grouped query, `billing.services.budgets.get_month_to_date_spends`
-  (same bounds, same sums; tests/billing/test_web_pages_queries.py pins that they agree). About 10x.
-- **Cost summary and top workloads** (`count(DISTINCT pod_uid)`, `string_agg(DISTINCT sla_tier)`):
-  aggregated per pod first, then per tenant / per pod, without DISTINCT over every usage row. A
-  modest gain only: Postgres still sorts the period's rows on disk for the first step (it expects
-  ~10x more pods than there are, so it does not choose a hash aggregate at the default 4 MB work_mem).
-- The portal's code is unchanged, yet it measured slower than before (5.5 s against 4.4 s): the
-  upcoming-invoice join for one tenant (`_ledger_totals`) flipped from a hash join (0.9 s) to a
-  nested loop with 589k index probes of `usage_hour_gpu_idx` (1.8 s, EXPLAIN of this run). Same
-  data and seed: the plan depends on ANALYZE's random sample. Unstable plan, not fixed here.
-- Tried and left out: an index on UsageHour (tenant, hour); the portal was no faster with it at
-  this scale (the biggest tenant has a quarter of the rows). Smaller tenants and a year of history
-  may gain from it: measure with `--days 365` and a small tenant before adding it.
+- **Daily ledger** (UsageDay, GpuDay; billing/models/ledger.py): the hour ledger summed per UTC
+  day, per GPU and workload identity, written by the rollup in the same transaction as the hours it
+  recomputes (billing.services.rollup: days of the touched GPU-days, from their hour rows) and
+  backfilled by migration 0013. Here ~20x fewer usage rows than hours (pods are replaced every
+  12-240 h, so a workload-day is often shorter than 24 h) and 24x fewer GPU rows. Every read of
+  whole UTC days (the period picker gives only those) picks it through one helper,
+  `billing.queries.finance.ledger_for`: cost summary, top workloads, day-bucketed timeline and
+  utilisation, the portal's workloads and daily chart. Hour buckets (periods up to 2 days) and
+  anything not on midnights read hours. The finance dashboard for the month is ~12x faster, the
+  last 7 days ~13x; the portal's workloads and daily chart too (portal 5.5 s -> 3.4 s).
+- The rollup's extra cost: one demo-sized cycle (3 nodes x 8 A100, 6 batches of 10 s, 72 workload
+  series, 23 h of the day already in the hour ledger) took 33 ms instead of 27 ms (median of 10
+  cycles each, alternating, same run; a throwaway timing, not part of this benchmark).
+- Unchanged by design and now the slow part of the tenant pages: the month-to-date spend and
+  budgets (billing.services.budgets: `hour <= now`) and the upcoming-invoice preview
+  (billing.services.invoicing reads hours: every workload-hour of the month joined to its GPU-hour
+  for currency and priced; that join is most of the portal's time, see EXPLAIN).
+- Rows that did not change code (tenant list, periods, invoices) differ only by machine noise.
+- Earlier, kept: the tenant list in one grouped query (`get_month_to_date_spends`, ~10x); cost
+  summary and top workloads aggregated per pod first, without DISTINCT over every row.
 
-What is still slow, plainly: the finance dashboard for a month (~150x the baseline) and the portal
-of a big tenant. Every figure on them is a sum over every workload-hour of the period, read
-several times (summary, timeline, top workloads, utilisation; portal: workloads, daily chart,
-upcoming invoice), and the big groupings sort on disk. The upcoming invoices join every
-workload-hour to its GPU-hour (currency, priced). Indexes cannot help a query that must read every
-row of the period; only reading fewer rows can.
-
-The next lever, for the month to date at this scale in well under 2 s: a **daily rollup table**
-(tenant, namespace, pod, pod_uid, container, sla_tier, gpu_model, currency, priced, day -> sums),
-written by the hourly rollup for the day it touches (idempotent, like the hour ledger) and ~24x
-smaller than the hour ledger: the dashboard, portal, periods page and invoice preview read whole
-days from it and only the hours of a partial first or last day from the hour ledger. Cheaper
-first steps: `SET LOCAL work_mem` of ~64 MB for these reads (the sorts above would run in memory),
-better group estimates (extended statistics on (tenant, namespace, pod, pod_uid)) so Postgres
-hashes instead of sorting, and more cores (the plans are parallel; this machine has 2).
+What is still slow, plainly: the portal of a big tenant (the invoice preview's join over the
+month's workload-hours, and the month-to-date spend from hours) and, near 2 s, the upcoming invoices.
+The next levers there: the invoice preview and month-to-date spend could read whole days from the
+day ledger (GpuDay carries currency, priced and the unpriced seconds) plus the hours of the day in
+progress from the hour ledger; invoices would then have to be shown equal to the hour-based close
+to the 1e-12 unit (tests first). Cheaper first steps remain `SET LOCAL work_mem` for these reads
+and more cores (the plans are parallel; this machine has 2).
 """
 
 
@@ -531,7 +551,10 @@ def render_section(args: argparse.Namespace, argv: list[str], fill: FillStats, r
         f"(month to date = the whole month, `now` = its last hour), {args.workloads_per_gpu} workload slots per GPU, "
         f"{args.tenants} tenants: {fill.gpu_hours:,} GpuHour rows ({fill.table_mb.get('billing_gpuhour', 0):,.0f} MiB "
         f"with indexes) and {fill.usage_hours:,} UsageHour rows ({fill.table_mb.get('billing_usagehour', 0):,.0f} MiB), "
-        f"{fill.pods:,} pods; COPY + VACUUM ANALYZE took {fill.seconds:.0f} s. Warm: median and p95 of {args.runs} "
+        f"{fill.pods:,} pods; COPY + VACUUM ANALYZE took {fill.seconds:.0f} s. Day ledger derived from those hours "
+        f"(`rebuild_days`, + VACUUM ANALYZE) in {fill.days_seconds:.0f} s: {fill.gpu_days:,} GpuDay rows "
+        f"({fill.table_mb.get('billing_gpuday', 0):,.0f} MiB) and {fill.usage_days:,} UsageDay rows "
+        f"({fill.table_mb.get('billing_usageday', 0):,.0f} MiB). Warm: median and p95 of {args.runs} "
         f"runs after one warm-up; queries counted in one more run.",
         before_note,
         results_table(results, before, args.before_label),
@@ -572,6 +595,8 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
         log(f"fill: {args.gpus} GPUs x {args.days} days x {args.workloads_per_gpu} workloads")
         fill = fill_ledger(args, url, ref, first_hour, rng)
         log(f"filled {fill.gpu_hours:,} GPU-hours, {fill.usage_hours:,} usage-hours in {fill.seconds:.0f} s")
+        fill_days(fill, first_hour, month_end)
+        log(f"derived {fill.gpu_days:,} GPU-days, {fill.usage_days:,} usage-days in {fill.days_seconds:.0f} s")
         with mock.patch("django.utils.timezone.now", return_value=now):
             results = run_measurements(args, ref["tenants"], now)
             plans = explain(results, args.explain) if args.explain else ""

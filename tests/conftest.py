@@ -14,7 +14,8 @@ from django.contrib.auth.models import Group, User
 from django.test import Client
 from django.utils import timezone
 
-from billing.models import Tenant, TenantMembership
+from billing.models import GpuHour, Tenant, TenantMembership, UsageHour
+from billing.services.rollup import rebuild_days
 from billing.services.tokens import IssuedToken, issue_node_token
 
 A100 = {"model": "NVIDIA A100-SXM4-80GB", "memory_mb": 81920, "sm_count": 108}
@@ -56,6 +57,13 @@ def user_in(group: str | None = None, tenant: str | None = None, *, tenants: tup
         TenantMembership.objects.create(user=user, tenant=Tenant.objects.get_or_create(slug=slug,
                                                                                       defaults={"name": slug})[0])
     return user
+
+
+def with_day(row: UsageHour | GpuHour) -> UsageHour | GpuHour:
+    """Derive the day ledger for a hour row a test wrote by hand (the rollup derives days itself)."""
+    day = row.hour.astimezone(UTC).replace(hour=0, minute=0, second=0, microsecond=0)
+    rebuild_days(start=day, end=day + timedelta(days=1), gpu_uuid=row.gpu_uuid)
+    return row
 
 
 def iso(t: datetime) -> str:

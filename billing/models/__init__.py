@@ -5,7 +5,7 @@ from billing.models.audit import AuditEvent
 from billing.models.budgets import AdmittedPod, Budget, BudgetAction, BudgetState, BudgetStatus
 from billing.models.fleet import Gpu, Node, NodeToken
 from billing.models.invoicing import BillingPeriod, Invoice, InvoiceLine
-from billing.models.ledger import GpuHour, GpuMinute, UsageHour, UsageMinute
+from billing.models.ledger import GpuDay, GpuHour, GpuMinute, UsageDay, UsageHour, UsageMinute
 from billing.models.pricing import BilledBasis, IdlePolicy, RateCard
 from billing.models.rebalance import RebalancePlan, RebalanceStatus
 from billing.models.reports import PairedReport
@@ -23,6 +23,7 @@ __all__ = [
     "BudgetStatus",
     "BilledBasis",
     "Gpu",
+    "GpuDay",
     "GpuHour",
     "GpuMinute",
     "IdlePolicy",
@@ -39,6 +40,7 @@ __all__ = [
     "TenantMembership",
     "UsageBatch",
     "UserPreference",
+    "UsageDay",
     "UsageHour",
     "UsageMinute",
 ]

@@ -1,10 +1,18 @@
-"""Minute and hour ledgers: rollups of raw samples, priced (DESIGN §4).
+"""Minute, hour and day ledgers: rollups of raw samples, priced (DESIGN §4).
 
 Ledger rows are derived data: the rollup replaces a GPU-minute's rows wholesale from raw
 samples, which makes it idempotent and lets late batches land. Amounts are Decimal with
 LEDGER_PLACES decimal places (billing.money); customer-facing rounding happens once per
 invoice line. Invariant per GPU and window: Σ workload charge + idle_cost = card_cost.
+
+The day ledger (UsageDay, GpuDay) is derived from the hour ledger exactly like hours from minutes
+(billing.services.rollup): sums of exact decimals per UTC day, so Σ days = Σ hours. Reads over whole
+UTC days use it (~24x fewer rows); anything that needs hour precision reads hours. The rollup writes
+hours and days in one transaction; an hour row saved or deleted through the ORM (hand-written ledgers
+in tests) re-derives its GPU-day below. Bulk writes of hours (COPY, bulk_create, QuerySet.update)
+must call billing.services.rollup.rebuild_days themselves.
 """
+
 
 from django.db import models
 
@@ -115,3 +123,37 @@ class GpuHour(_GpuWindow):
 
     def __str__(self) -> str:
         return f"{self.hour:%Y-%m-%d %H}h {self.gpu_uuid}"
+
+
+class UsageDay(_WorkloadUsage):
+    """A workload's usage on one GPU for one UTC day: the sum of its UsageHour rows of that day."""
+
+    day = models.DateTimeField()  # 00:00 UTC
+    # Start of the first and last ledger hour with usage that day, so readers keep hour precision.
+    first_hour = models.DateTimeField()
+    last_hour = models.DateTimeField()
+
+    class Meta:
+        indexes = [
+            models.Index(fields=["gpu_uuid", "day"], name="usage_day_gpu_idx"),
+            models.Index(fields=["day", "tenant"], name="usage_day_tenant_idx"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.day:%Y-%m-%d} {self.gpu_uuid} {self.tenant}/{self.pod}"
+
+
+class GpuDay(_GpuWindow):
+    """One GPU for one UTC day: the sum of its GpuHour rows of that day. `priced` is False when any
+    hour was not (wholly) priced; `unpriced_seconds` are the metered seconds of those hours, so the
+    unpriced figure stays as exact as the hour ledger's."""
+
+    day = models.DateTimeField()  # 00:00 UTC
+    unpriced_seconds = _quantity()
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["gpu_uuid", "day"], name="gpu_day_unique")]
+        indexes = [models.Index(fields=["day"], name="gpu_day_day_idx")]
+
+    def __str__(self) -> str:
+        return f"{self.day:%Y-%m-%d} {self.gpu_uuid}"

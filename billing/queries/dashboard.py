@@ -1,9 +1,11 @@
 """The finance dashboard for a period: cost over time by tenant and idle, fleet utilisation and
 idle memory, top workloads, the latest savings-vs-static report and rebalance recommendation.
 
-Everything is aggregated in SQL from the hour ledger (UsageHour, GpuHour) grouped by UTC hour or
-day. Tenant members get their tenants' numbers only; platform figures (idle, utilisation,
-savings, rebalance) are None for them, decided here and not in templates.
+Everything is aggregated in SQL from the ledger grouped by UTC hour or day: the day ledger (UsageDay,
+GpuDay, ~24x fewer rows) when the period is whole UTC days and the buckets are days or there are no
+buckets (summary, top workloads), else the hour ledger (billing.queries.finance.ledger_for). Tenant
+members get their tenants' numbers only; platform figures (idle, utilisation, savings, rebalance)
+are None for them, decided here and not in templates.
 """
 
 from __future__ import annotations
@@ -19,9 +21,9 @@ from django.db.models import F, QuerySet, Sum
 from django.db.models.functions import Trunc
 from django.utils.translation import gettext as _
 
-from billing.models import GpuHour, PairedReport, RebalancePlan, UsageHour
+from billing.models import PairedReport, RebalancePlan
 from billing.models.rebalance import RebalanceStatus
-from billing.queries.finance import CostSummary, get_cost_summary
+from billing.queries.finance import HOURS, CostSummary, Ledger, get_cost_summary, ledger_for
 from billing.queries.scope import Scope
 
 __all__ = [
@@ -172,8 +174,13 @@ def _buckets(start: datetime, end: datetime, granularity: Granularity) -> list[d
     return out
 
 
-def _scoped_usage(scope: Scope, start: datetime, end: datetime) -> QuerySet[UsageHour]:
-    usage = UsageHour.objects.filter(hour__gte=start, hour__lt=end)
+def _bucketed_ledger(start: datetime, end: datetime, granularity: Granularity) -> Ledger:
+    """Hour buckets need the hour ledger; day buckets read days when the period is whole days."""
+    return ledger_for(start, end) if granularity == "day" else HOURS
+
+
+def _scoped_usage(scope: Scope, ledger: Ledger, start: datetime, end: datetime) -> QuerySet[Any]:
+    usage = ledger.usage_rows(start, end)
     if scope.tenants is not None:
         usage = usage.filter(tenant__in=scope.tenants)
     return usage
@@ -186,9 +193,10 @@ def _timeline(scope: Scope, summary: CostSummary, granularity: Granularity) -> C
     top_keys = {t.tenant: k for k, t in enumerate(top)}
     values = [[_ZERO] * len(buckets) for _ in top]
     other = [_ZERO] * len(buckets)
+    ledger = _bucketed_ledger(summary.start, summary.end, granularity)
     rows = (
-        _scoped_usage(scope, summary.start, summary.end)
-        .annotate(bucket=Trunc("hour", granularity, tzinfo=UTC))
+        _scoped_usage(scope, ledger, summary.start, summary.end)
+        .annotate(bucket=Trunc(ledger.at, granularity, tzinfo=UTC))
         .values("bucket", "tenant")
         .annotate(cost=Sum(F("charge") + F("idle_share")))
         .order_by()
@@ -206,8 +214,8 @@ def _timeline(scope: Scope, summary: CostSummary, granularity: Granularity) -> C
     if scope.sees_platform:
         idle = [_ZERO] * len(buckets)
         gpu_rows = (
-            GpuHour.objects.filter(hour__gte=summary.start, hour__lt=summary.end)
-            .annotate(bucket=Trunc("hour", granularity, tzinfo=UTC))
+            ledger.gpu_rows(summary.start, summary.end)
+            .annotate(bucket=Trunc(ledger.at, granularity, tzinfo=UTC))
             .values("bucket")
             .annotate(idle=Sum(F("idle_cost") - F("idle_allocated")))
             .order_by()
@@ -222,15 +230,15 @@ def _timeline(scope: Scope, summary: CostSummary, granularity: Granularity) -> C
 # missing from it is left out as well, so a ratio never mixes a numerator without its denominator.
 _UTILISATION = """
 WITH cap AS (
-    SELECT date_trunc(%(kind)s, h.hour, 'UTC') AS bucket, sum(h.metered_seconds) AS seconds,
+    SELECT date_trunc(%(kind)s, h.{at}, 'UTC') AS bucket, sum(h.metered_seconds) AS seconds,
            sum(h.metered_seconds * g.sm_count) AS sm_cap, sum(h.metered_seconds * g.memory_mb) AS mem_cap
-    FROM billing_gpuhour h JOIN billing_gpu g ON g.uuid = h.gpu_uuid
-    WHERE h.hour >= %(start)s AND h.hour < %(end)s
+    FROM {gpu_table} h JOIN billing_gpu g ON g.uuid = h.gpu_uuid
+    WHERE h.{at} >= %(start)s AND h.{at} < %(end)s
     GROUP BY 1
 ), used AS (
-    SELECT date_trunc(%(kind)s, u.hour, 'UTC') AS bucket, sum(u.sm_used_s) AS sm, sum(u.mem_used_mb_s) AS mem
-    FROM billing_usagehour u JOIN billing_gpu g ON g.uuid = u.gpu_uuid
-    WHERE u.hour >= %(start)s AND u.hour < %(end)s
+    SELECT date_trunc(%(kind)s, u.{at}, 'UTC') AS bucket, sum(u.sm_used_s) AS sm, sum(u.mem_used_mb_s) AS mem
+    FROM {usage_table} u JOIN billing_gpu g ON g.uuid = u.gpu_uuid
+    WHERE u.{at} >= %(start)s AND u.{at} < %(end)s
     GROUP BY 1
 )
 SELECT cap.bucket, cap.seconds, coalesce(used.sm, 0), cap.sm_cap, coalesce(used.mem, 0), cap.mem_cap
@@ -240,8 +248,10 @@ ORDER BY cap.bucket
 
 
 def _utilisation(start: datetime, end: datetime, granularity: Granularity) -> list[UtilisationPoint]:
+    ledger = _bucketed_ledger(start, end, granularity)
+    sql = _UTILISATION.format(at=ledger.at, gpu_table=ledger.gpu_table, usage_table=ledger.usage_table)
     with connection.cursor() as cur:
-        cur.execute(_UTILISATION, {"kind": granularity, "start": start, "end": end})
+        cur.execute(sql, {"kind": granularity, "start": start, "end": end})
         rows = cur.fetchall()
     return [
         UtilisationPoint(bucket=b.astimezone(UTC), metered_gpu_s=Decimal(s), sm_used_s=Decimal(sm),
@@ -258,8 +268,8 @@ SELECT tenant, namespace, pod, pod_uid, sum(cost), sum(share), sum(mem), sum(sm)
 FROM (
     SELECT tenant, namespace, pod, pod_uid, sla_tier, sum(charge + idle_share) AS cost,
            sum(share_gpu_s) AS share, sum(mem_used_mb_s) AS mem, sum(sm_used_s) AS sm
-    FROM billing_usagehour
-    WHERE hour >= %(start)s AND hour < %(end)s AND (%(tenants)s::text[] IS NULL OR tenant = ANY(%(tenants)s::text[]))
+    FROM {usage_table}
+    WHERE {at} >= %(start)s AND {at} < %(end)s AND (%(tenants)s::text[] IS NULL OR tenant = ANY(%(tenants)s::text[]))
     GROUP BY 1, 2, 3, 4, 5
 ) per_tier
 GROUP BY 1, 2, 3, 4
@@ -271,9 +281,10 @@ LIMIT %(limit)s
 def _top_workloads(scope: Scope, summary: CostSummary) -> list[WorkloadCost]:
     names = {t.tenant: t.name for t in summary.tenants}
     tenants = None if scope.tenants is None else sorted(scope.tenants)
+    ledger = ledger_for(summary.start, summary.end)
+    sql = _TOP_WORKLOADS.format(at=ledger.at, usage_table=ledger.usage_table)
     with connection.cursor() as cur:
-        cur.execute(_TOP_WORKLOADS, {"start": summary.start, "end": summary.end, "tenants": tenants,
-                                     "limit": TOP_WORKLOADS})
+        cur.execute(sql, {"start": summary.start, "end": summary.end, "tenants": tenants, "limit": TOP_WORKLOADS})
         rows = cur.fetchall()
     return [
         WorkloadCost(

@@ -3,7 +3,9 @@
 A tenant outside the caller's scope raises `TenantNotFound`, exactly like a tenant that does not
 exist, so the portal never reveals which tenants there are. Month-to-date spend and the forecast
 use the budget definitions (billing.services.budgets): charge plus idle spread onto the tenant,
-from the hour ledger. A workload is one pod instance: (namespace, pod, pod_uid).
+from the hour ledger. A workload is one pod instance: (namespace, pod, pod_uid). The workloads of the
+period and the daily chart read the day ledger for whole UTC days (billing.queries.finance.ledger_for),
+first/last hour included (UsageDay keeps them), else the hour ledger.
 
 The upcoming invoice of the month in progress is `billing.services.invoicing.preview_invoice`:
 the close's own lines and rounding over the ledger as it is now; nothing is written.
@@ -16,14 +18,16 @@ from collections import defaultdict
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, timedelta
 from decimal import Decimal
+from typing import Any
 
 from django.contrib.postgres.aggregates import ArrayAgg
 from django.db.models import F, Max, Min, Q, QuerySet, Sum
 from django.db.models.functions import TruncDay
 
 from billing.errors import DomainError, InvalidInput
-from billing.models import RateCard, Tenant, UsageHour
+from billing.models import RateCard, Tenant
 from billing.queries.budgets import BudgetView, list_budgets
+from billing.queries.finance import Ledger, ledger_for
 from billing.queries.scope import Scope
 from billing.services.budgets import forecast_month_end, get_month_to_date_spend, get_month_to_date_spends
 from billing.services.exports import InvoiceSummary, list_invoices
@@ -182,8 +186,9 @@ def get_tenant_portal(*, scope: Scope, slug: str, start: datetime, end: datetime
     own = dataclasses.replace(scope, tenants=frozenset({slug}))
     spend = get_month_to_date_spend(tenant=slug, now=now)
     budget = next(iter(list_budgets(scope=own, now=now)), None)
-    usage = UsageHour.objects.filter(tenant=slug, hour__gte=start, hour__lt=end)
-    workloads = _workloads(usage)
+    ledger = ledger_for(start, end)
+    usage = ledger.usage_rows(start, end).filter(tenant=slug)
+    workloads = _workloads(usage, ledger)
     try:
         upcoming, upcoming_error = preview_invoice(tenant=slug, month=_current_month(now), now=now), ""
     except InvalidInput as exc:
@@ -191,7 +196,7 @@ def get_tenant_portal(*, scope: Scope, slug: str, start: datetime, end: datetime
     return TenantPortal(
         slug=slug, name=tenant[1], currency=_currency(now), now=now, month_to_date=spend,
         forecast=forecast_month_end(tenant=slug, spend=spend, now=now), budget=budget, start=start, end=end,
-        workloads=workloads, daily=_daily(usage, workloads, start=start, end=end, now=now),
+        workloads=workloads, daily=_daily(usage, ledger, workloads, start=start, end=end, now=now),
         invoices=tuple(i for i in list_invoices(scope=own) if i.tenant_slug == slug),
         upcoming=upcoming, upcoming_error=upcoming_error,
     )
@@ -227,7 +232,7 @@ def list_upcoming_invoices(*, scope: Scope, now: datetime) -> UpcomingInvoices:
     ))
 
 
-def _workloads(usage: QuerySet[UsageHour]) -> tuple[WorkloadUsage, ...]:
+def _workloads(usage: QuerySet[Any], ledger: Ledger) -> tuple[WorkloadUsage, ...]:
     rows = (
         usage.values("namespace", "pod", "pod_uid")
         .annotate(
@@ -236,7 +241,7 @@ def _workloads(usage: QuerySet[UsageHour]) -> tuple[WorkloadUsage, ...]:
             charge=Sum("charge"), idle=Sum("idle_share"), share=Sum("share_gpu_s"),
             mem_used=Sum("mem_used_mb_s"), mem_granted=Sum("mem_granted_mb_s"),
             sm_used=Sum("sm_used_s"), sm_granted=Sum("sm_granted_s"),
-            first=Min("hour"), last=Max("hour"),
+            first=Min(ledger.first_hour), last=Max(ledger.last_hour),
         )
         .order_by()
     )
@@ -263,7 +268,7 @@ def _workloads(usage: QuerySet[UsageHour]) -> tuple[WorkloadUsage, ...]:
     )
 
 
-def _daily(usage: QuerySet[UsageHour], workloads: tuple[WorkloadUsage, ...], *, start: datetime, end: datetime,
+def _daily(usage: QuerySet[Any], ledger: Ledger, workloads: tuple[WorkloadUsage, ...], *, start: datetime, end: datetime,
            now: datetime) -> DailyWorkloadSeries:
     days = tuple(start.date() + timedelta(days=i) for i in range((end - start).days))
     top = workloads if len(workloads) <= CHART_SERIES else workloads[:CHART_SERIES - 1]
@@ -274,14 +279,14 @@ def _daily(usage: QuerySet[UsageHour], workloads: tuple[WorkloadUsage, ...], *, 
     cost = [[_ZERO] * len(days) for _ in range(n_series)]
     mem = [[_ZERO] * len(days) for _ in range(n_series)]
     rows = (
-        usage.annotate(day=TruncDay("hour", tzinfo=UTC))
-        .values("day", "namespace", "pod", "pod_uid")
+        usage.annotate(bucket=TruncDay(ledger.at, tzinfo=UTC))
+        .values("bucket", "namespace", "pod", "pod_uid")
         .annotate(cost=Sum(F("charge") + F("idle_share")), mem=Sum("mem_used_mb_s"))
         .order_by()
     )
     for r in rows:
         series = index.get((r["namespace"], r["pod"], r["pod_uid"]), len(top))
-        d = day_index.get(r["day"].date())
+        d = day_index.get(r["bucket"].date())
         if d is None:
             continue
         cost[series][d] += r["cost"] or _ZERO

@@ -1,8 +1,8 @@
-"""Rollup of raw samples into the priced minute and hour ledgers (DESIGN §4, §8).
+"""Rollup of raw samples into the priced minute, hour and day ledgers (DESIGN §4, §8).
 
 The unit of work is a GPU-minute. Each run takes the batches not yet rolled up, finds the
 GPU-minutes they touch, and recomputes those minutes wholesale from raw samples (then
-their hours from minutes). Recomputing instead of adding makes the rollup idempotent —
+their hours from minutes and their UTC days from hours, in the same transaction). Recomputing instead of adding makes the rollup idempotent —
 running it twice changes nothing — and lets late batches land in already-rolled minutes.
 One rollup runs at a time (transaction-level advisory lock).
 """
@@ -20,7 +20,7 @@ from django.db import connection, transaction
 from billing.models import RateCard
 from billing.services.pricing import GpuWindowUsage, Rate, WorkloadQuantities, price_gpu_window
 
-__all__ = ["RollupResult", "lock_ledger", "rebuild_ledger", "rollup_usage"]
+__all__ = ["RollupResult", "lock_ledger", "rebuild_days", "rebuild_ledger", "rollup_usage"]
 
 _LOCK_KEY = 0x726F6C6C  # "roll"
 _WORKLOAD_KEY = ("tenant", "namespace", "pod", "container", "pod_uid", "sla_tier")
@@ -94,7 +94,7 @@ def rollup_usage(*, now: datetime, max_batches: int = 5000) -> RollupResult:
         if not batch_ids:
             return RollupResult(batches=0, gpu_minutes=0, gpu_hours=0)
         # ON COMMIT DROP does not fire when the caller's transaction is still open (a savepoint).
-        cur.execute("DROP TABLE IF EXISTS rollup_affected, rollup_hours")
+        cur.execute("DROP TABLE IF EXISTS rollup_affected, rollup_hours, rollup_days")
         cur.execute(
             "CREATE TEMP TABLE rollup_affected ON COMMIT DROP AS "
             "SELECT DISTINCT bg.gpu_uuid, m.minute FROM billing_batchgpu bg, "
@@ -120,7 +120,7 @@ def rebuild_ledger(*, start: datetime, end: datetime) -> RollupResult:
         raise ValueError("end must be after start")
     with transaction.atomic(), connection.cursor() as cur:
         lock_ledger()
-        cur.execute("DROP TABLE IF EXISTS rollup_affected, rollup_hours")
+        cur.execute("DROP TABLE IF EXISTS rollup_affected, rollup_hours, rollup_days")
         cur.execute(
             "CREATE TEMP TABLE rollup_affected ON COMMIT DROP AS "
             "SELECT DISTINCT bg.gpu_uuid, m.minute FROM billing_batchgpu bg, "
@@ -245,4 +245,74 @@ def _recompute_hours(cur) -> int:
         "AND m.minute < a.hour + interval '1 hour' GROUP BY a.hour, m.gpu_uuid"
     )
     cur.execute("SELECT count(*) FROM rollup_hours")
+    hours = int(cur.fetchone()[0])
+    _recompute_days(cur)
+    return hours
+
+
+# Day rows are grouped exactly like hour rows (GPU + workload identity), per UTC day. The
+# migration 0013 backfill freezes the same SQL; tests/billing/test_daily_ledger.py checks both.
+_DAY_OF = "date_trunc('day', h.hour, 'UTC')"
+
+
+def _usage_days_insert(source: str) -> str:
+    keys = ", ".join(f"h.{k}" for k in _WORKLOAD_KEY)
+    sums = ", ".join(f"sum(h.{c})" for c in _USAGE_COLUMNS[8:])
+    return (
+        f"INSERT INTO billing_usageday (day, {', '.join(_USAGE_COLUMNS)}, first_hour, last_hour) "  # noqa: S608
+        f"SELECT {_DAY_OF}, h.gpu_uuid, max(h.node_id), {keys}, {sums}, min(h.hour), max(h.hour) "
+        f"FROM billing_usagehour h {source} GROUP BY {_DAY_OF}, h.gpu_uuid, {keys}"
+    )
+
+
+def _gpu_days_insert(source: str) -> str:
+    return (
+        "INSERT INTO billing_gpuday (day, gpu_uuid, node_id, gpu_model, metered_seconds, card_cost, charged, "  # noqa: S608
+        "idle_cost, idle_allocated, currency, priced, unpriced_seconds) "
+        f"SELECT {_DAY_OF}, h.gpu_uuid, max(h.node_id), max(h.gpu_model), sum(h.metered_seconds), sum(h.card_cost), "
+        "sum(h.charged), sum(h.idle_cost), sum(h.idle_allocated), max(h.currency), bool_and(h.priced), "
+        "coalesce(sum(h.metered_seconds) FILTER (WHERE NOT h.priced), 0) "
+        f"FROM billing_gpuhour h {source} GROUP BY {_DAY_OF}, h.gpu_uuid"
+    )
+
+
+_TOUCHED_DAYS = "JOIN rollup_days a ON h.gpu_uuid = a.gpu_uuid AND h.hour >= a.day AND h.hour < a.day + interval '1 day'"
+
+
+def _recompute_days(cur) -> int:
+    """Replace the day rows of every GPU-day whose hours were just recomputed."""
+    cur.execute(
+        "CREATE TEMP TABLE rollup_days ON COMMIT DROP AS "
+        "SELECT DISTINCT gpu_uuid, date_trunc('day', hour, 'UTC') AS day FROM rollup_hours"
+    )
+    cur.execute("DELETE FROM billing_usageday d USING rollup_days a WHERE d.gpu_uuid = a.gpu_uuid AND d.day = a.day")
+    cur.execute("DELETE FROM billing_gpuday d USING rollup_days a WHERE d.gpu_uuid = a.gpu_uuid AND d.day = a.day")
+    cur.execute(_usage_days_insert(_TOUCHED_DAYS))
+    cur.execute(_gpu_days_insert(_TOUCHED_DAYS))
+    cur.execute("SELECT count(*) FROM rollup_days")
     return int(cur.fetchone()[0])
+
+
+def rebuild_days(*, start: datetime, end: datetime, gpu_uuid: str | None = None) -> int:
+    """Recompute the day ledger for every UTC day that meets [start, end) (of one GPU, or of all)
+    from the hour ledger as it is: for hour rows written other than by the rollup (the web-pages
+    benchmark's COPY, hour rows saved through the ORM). Returns the number of GpuDay rows written.
+    Holds the rollup's lock."""
+    if end <= start:
+        raise ValueError("end must be after start")
+    with transaction.atomic(), connection.cursor() as cur:
+        lock_ledger()
+        cur.execute(
+            "SELECT date_trunc('day', %s::timestamptz, 'UTC'), "
+            "date_trunc('day', %s::timestamptz - interval '1 microsecond', 'UTC') + interval '1 day'",
+            [start, end],
+        )
+        lo, hi = cur.fetchone()
+        gpu = "" if gpu_uuid is None else " AND gpu_uuid = %s"
+        params = [lo, hi] if gpu_uuid is None else [lo, hi, gpu_uuid]
+        cur.execute(f"DELETE FROM billing_usageday WHERE day >= %s AND day < %s{gpu}", params)  # noqa: S608
+        cur.execute(f"DELETE FROM billing_gpuday WHERE day >= %s AND day < %s{gpu}", params)  # noqa: S608
+        in_range = "WHERE h.hour >= %s AND h.hour < %s" + gpu.replace("gpu_uuid", "h.gpu_uuid")
+        cur.execute(_usage_days_insert(in_range), params)
+        cur.execute(_gpu_days_insert(in_range), params)
+        return int(cur.rowcount)

@@ -17,7 +17,7 @@ from billing.models import Gpu, GpuHour, Node, PairedReport, RebalancePlan, Tena
 from billing.queries.dashboard import IDLE_KEY, OTHER_KEY, get_finance_dashboard
 from billing.queries.scope import FINANCE_GROUP, Scope, get_scope
 from billing.web.charts import Series, nice_ticks, stacked_bar_chart
-from tests.conftest import user_in
+from tests.conftest import user_in, with_day
 
 pytestmark = pytest.mark.django_db
 
@@ -28,22 +28,22 @@ FINANCE = Scope(tenants=None, is_finance=True, is_admin=False)
 
 
 def gpu_hour(gpu: Gpu, hour: datetime, *, seconds: str, card: str, idle: str, idle_allocated: str = "0") -> GpuHour:
-    return GpuHour.objects.create(
+    return with_day(GpuHour.objects.create(
         gpu_uuid=gpu.uuid, node=gpu.node, gpu_model=gpu.model, hour=hour, metered_seconds=D(seconds),
         card_cost=D(card), charged=D(card) - D(idle), idle_cost=D(idle), idle_allocated=D(idle_allocated),
         currency="USD", priced=True,
-    )
+    ))
 
 
 def usage_hour(gpu: Gpu, hour: datetime, *, tenant: str, pod: str, charge: str, idle_share: str = "0",
                sm: str = "0", mem: str = "0", share: str = "0", tier: str = "gold", container: str = "main",
                seconds: str = "3600") -> UsageHour:
     q = {f: D(0) for f in ("mem_granted_mb_s", "mem_billed_mb_s", "sm_granted_s", "sm_billed_s", "pcie_mb")}
-    return UsageHour.objects.create(
+    return with_day(UsageHour.objects.create(
         gpu_uuid=gpu.uuid, node=gpu.node, tenant=tenant, namespace=f"{tenant}-ns", pod=pod, container=container,
         pod_uid=f"uid-{pod}", sla_tier=tier, seconds=D(seconds), mem_used_mb_s=D(mem), sm_used_s=D(sm),
         share_gpu_s=D(share), charge=D(charge), idle_share=D(idle_share), hour=hour, **q,
-    )
+    ))
 
 
 @pytest.fixture

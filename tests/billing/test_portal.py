@@ -19,7 +19,7 @@ from billing.queries.portal import TenantNotFound, get_tenant_portal
 from billing.queries.scope import ADMIN_GROUP, FINANCE_GROUP, get_scope
 from billing.services.budgets import evaluate_budgets, set_budget
 from billing.services.invoicing import month_bounds
-from tests.conftest import A100, user_in
+from tests.conftest import A100, user_in, with_day
 
 pytestmark = pytest.mark.django_db
 
@@ -31,14 +31,14 @@ def usage(hour: datetime, *, tenant: str = "acme", namespace: str = "acme-prod",
           charge: str = "0", idle: str = "0", share_gpu_s: str = "0", mem_used_gb_h: str = "0",
           mem_granted_gb_h: str = "0", sm_used_h: str = "0", sm_granted_h: str = "0") -> UsageHour:
     """One hour-ledger row; quantities given in the units the page shows."""
-    return UsageHour.objects.create(
+    return with_day(UsageHour.objects.create(
         hour=hour, gpu_uuid=gpu, node=Node.objects.get_or_create(name="gpu-node-1")[0], tenant=tenant,
         namespace=namespace, pod=pod, container=container, pod_uid=pod_uid, sla_tier=sla_tier, seconds=3600,
         mem_used_mb_s=Decimal(mem_used_gb_h) * MB_S_PER_GB_H, mem_granted_mb_s=Decimal(mem_granted_gb_h) * MB_S_PER_GB_H,
         mem_billed_mb_s=Decimal(mem_granted_gb_h) * MB_S_PER_GB_H, sm_used_s=Decimal(sm_used_h) * 3600,
         sm_granted_s=Decimal(sm_granted_h) * 3600, sm_billed_s=Decimal(sm_granted_h) * 3600, pcie_mb=0,
         share_gpu_s=Decimal(share_gpu_s), charge=Decimal(charge), idle_share=Decimal(idle),
-    )
+    ))
 
 
 @pytest.fixture

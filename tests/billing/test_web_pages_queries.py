@@ -16,6 +16,7 @@ from billing.models import Node, Tenant, UsageHour
 from billing.queries.portal import list_tenant_portals
 from billing.queries.scope import Scope
 from billing.services.budgets import get_month_to_date_spend, get_month_to_date_spends
+from tests.conftest import with_day
 
 pytestmark = pytest.mark.django_db
 
@@ -28,11 +29,11 @@ FINANCE = Scope(tenants=None, is_finance=True, is_admin=False)
 def usage(hour: datetime, tenant: str, charge: str, idle: str = "0", pod: str = "p") -> UsageHour:
     q = {f: D(0) for f in ("seconds", "mem_used_mb_s", "mem_granted_mb_s", "mem_billed_mb_s", "sm_used_s",
                            "sm_granted_s", "sm_billed_s", "pcie_mb", "share_gpu_s")}
-    return UsageHour.objects.create(
+    return with_day(UsageHour.objects.create(
         gpu_uuid="GPU-1", node=Node.objects.get_or_create(name="gpu-node-1")[0], tenant=tenant,
         namespace=f"{tenant}-ns", pod=pod, container="main", pod_uid=f"uid-{pod}", sla_tier="gold",
         charge=D(charge), idle_share=D(idle), hour=hour, **q,
-    )
+    ))
 
 
 @pytest.fixture

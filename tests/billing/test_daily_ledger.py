@@ -1,0 +1,229 @@
+"""The day ledger (UsageDay, GpuDay): derived from the hour ledger by the rollup in the same
+transaction, exactly (Σ days = Σ hours per day and workload identity / per GPU and day), after late
+batches, after rebuild_ledger, by the migration's backfill SQL; and the pages' readers give the same
+figures from days as from hours for whole-day periods."""
+
+from __future__ import annotations
+
+import importlib
+import itertools
+from collections import defaultdict
+from datetime import UTC, datetime, timedelta
+from decimal import Decimal
+from typing import Any
+
+import pytest
+from django.db import connection
+from django.utils import timezone
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from billing.models import GpuDay, GpuHour, RateCard, Tenant, UsageDay, UsageHour
+from billing.queries import dashboard, finance, portal
+from billing.queries.finance import DAYS, HOURS, ledger_for
+from billing.queries.scope import Scope
+from billing.services.rollup import rebuild_days, rebuild_ledger, rollup_usage
+from tests.conftest import A100, make_batch
+
+pytestmark = pytest.mark.django_db
+
+FINANCE = Scope(tenants=None, is_finance=True, is_admin=False)
+ACME = Scope(tenants=frozenset({"acme"}), is_finance=False, is_admin=False)
+WORKLOAD_KEY = ("gpu_uuid", "tenant", "namespace", "pod", "container", "pod_uid", "sla_tier")
+USAGE_SUMS = ("seconds", "mem_used_mb_s", "mem_granted_mb_s", "mem_billed_mb_s", "sm_used_s", "sm_granted_s",
+              "sm_billed_s", "pcie_mb", "share_gpu_s", "charge", "idle_share")
+GPU_SUMS = ("metered_seconds", "card_cost", "charged", "idle_cost", "idle_allocated")
+POD = {  # pod -> tenant, tier
+    "bert-1": ("acme", "gold"), "llm-2": ("globex", "silver"), "resnet-3": ("acme", "bronze"),
+    "sdxl-4": ("initech", "gold"),
+}
+
+
+def base_day() -> datetime:
+    """Midnight UTC three days ago: three whole days of batches, all in the past."""
+    return timezone.now().astimezone(UTC).replace(hour=0, minute=0, second=0, microsecond=0) - timedelta(days=3)
+
+
+def day_of(at: datetime) -> datetime:
+    return at.astimezone(UTC).replace(hour=0, minute=0, second=0, microsecond=0)
+
+
+def assert_days_equal_hours() -> None:
+    """Every UsageDay row is the exact sum of its day's UsageHour rows (same GPU and workload
+    identity), with the first/last hour; every GpuDay row the sum of its GpuHour rows; none missing."""
+    usage: dict[tuple, dict[str, Any]] = defaultdict(lambda: defaultdict(Decimal))
+    for h in UsageHour.objects.values():
+        row = usage[(day_of(h["hour"]), *(h[k] for k in WORKLOAD_KEY))]
+        for c in USAGE_SUMS:
+            row[c] += h[c]
+        row["first_hour"] = min(row.get("first_hour") or h["hour"], h["hour"])
+        row["last_hour"] = max(row.get("last_hour") or h["hour"], h["hour"])
+    days = {(d["day"], *(d[k] for k in WORKLOAD_KEY)): {c: d[c] for c in (*USAGE_SUMS, "first_hour", "last_hour")}
+            for d in UsageDay.objects.values()}
+    assert UsageDay.objects.count() == len(days)  # one row per day and workload identity
+    assert days == {k: dict(v) for k, v in usage.items()}
+    gpus: dict[tuple, dict[str, Any]] = defaultdict(lambda: defaultdict(Decimal))
+    for h in GpuHour.objects.values():
+        row = gpus[(day_of(h["hour"]), h["gpu_uuid"])]
+        for c in GPU_SUMS:
+            row[c] += h[c]
+        row["unpriced_seconds"] += 0 if h["priced"] else h["metered_seconds"]
+        row["priced"] = row.get("priced", True) and h["priced"]
+        row["currency"] = max(row.get("currency", ""), h["currency"])
+    gpu_days = {(d["day"], d["gpu_uuid"]): {c: d[c] for c in (*GPU_SUMS, "unpriced_seconds", "priced", "currency")}
+                for d in GpuDay.objects.values()}
+    assert gpu_days == {k: dict(v) for k, v in gpus.items()}
+    for g in GpuDay.objects.all():  # the hour ledger's invariant holds per day as well
+        assert g.charged + g.idle_cost == g.card_cost
+
+
+def day_snapshot() -> tuple[list[tuple], list[tuple]]:
+    def rows(model: Any) -> list[tuple]:
+        return sorted(tuple(v for k, v in r.items() if k != "id") for r in model.objects.values())
+    return rows(UsageDay), rows(GpuDay)
+
+
+def forced_hours(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Make every reader use the hour ledger, whatever the period."""
+    for module in (dashboard, finance, portal):
+        monkeypatch.setattr(module, "ledger_for", lambda start, end: HOURS)
+
+
+@pytest.fixture
+def rate_card(db):  # type: ignore[no-untyped-def]
+    return RateCard.objects.create(gpu_model=A100["model"], currency="USD", price_per_gpu_hour=Decimal("3.6"),
+                                   effective_from=datetime(2020, 1, 1, tzinfo=UTC), source_url="https://example.org")
+
+
+_seq = itertools.count(1)
+_example = itertools.count(1)
+
+workload_st = st.fixed_dictionaries({
+    "gpu": st.integers(0, 1), "pod": st.sampled_from(sorted(POD)),
+    # At most three workloads per GPU: a third of an A100's memory and SMs each keeps Σ granted valid.
+    "mem_used": st.integers(0, 27000).map(float), "mem_granted": st.integers(0, 27000).map(float),
+    "sm_used": st.integers(0, 36).map(float), "sm_granted": st.integers(0, 36).map(float),
+})
+# A batch: its slot (day 0-2, hour, minute, 10-second block) and 1-10 s of 1-second samples.
+batch_st = st.tuples(st.integers(0, 2), st.sampled_from((0, 1, 13, 23)), st.integers(0, 59), st.integers(0, 5),
+                     st.integers(1, 10), st.lists(workload_st, min_size=0, max_size=3, unique_by=lambda w: w["pod"]))
+
+
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
+                                                                 HealthCheck.too_slow])
+@given(batches=st.lists(batch_st, min_size=1, max_size=7, unique_by=lambda b: b[:4]), split=st.integers(0, 7))
+def test_days_are_the_exact_sums_of_hours_after_rollups_of_random_batches(post_batch, rate_card, monkeypatch,
+                                                                          batches, split):
+    # Examples share the test's database: each one meters its own GPUs (no overlap with earlier
+    # examples) and the invariants are checked over the whole ledger.
+    gpu_prefix = f"GPU-h{next(_example)}-"
+    base = base_day()
+    Tenant.objects.get_or_create(slug="acme", defaults={"name": "Acme"})
+    for i, (day, hour, minute, block, seconds, workloads) in enumerate(batches):
+        start = base + timedelta(days=day, hours=hour, minutes=minute, seconds=10 * block)
+        payload = make_batch(seq=next(_seq), start=start, seconds=seconds, gpus=2, workloads=[
+            {**w, "tenant": POD[w["pod"]][0], "sla_tier": POD[w["pod"]][1]} for w in workloads])
+        for g in payload["gpus"]:
+            g["uuid"] = g["uuid"].replace("GPU-gpu-node-1-", gpu_prefix)
+        for s in payload["samples"]:
+            s["gpu"] = s["gpu"].replace("GPU-gpu-node-1-", gpu_prefix)
+        response = post_batch(payload)
+        assert response.status_code == 201, response.content
+        if i + 1 == split:  # part of the batches land after days were already rolled up
+            rollup_usage(now=timezone.now())
+            assert_days_equal_hours()
+    rollup_usage(now=timezone.now())
+    assert_days_equal_hours()
+
+    # The readers give the same figures from days as from hours for a whole-day period.
+    start, end = base, base + timedelta(days=3)
+    assert ledger_for(start, end) is DAYS
+    now = timezone.now()
+    from_days = (dashboard.get_finance_dashboard(scope=FINANCE, start=start, end=end),
+                 dashboard.get_finance_dashboard(scope=ACME, start=start, end=end),
+                 portal.get_tenant_portal(scope=FINANCE, slug="acme", start=start, end=end, now=now))
+    with monkeypatch.context() as m:
+        forced_hours(m)
+        from_hours = (dashboard.get_finance_dashboard(scope=FINANCE, start=start, end=end),
+                      dashboard.get_finance_dashboard(scope=ACME, start=start, end=end),
+                      portal.get_tenant_portal(scope=FINANCE, slug="acme", start=start, end=end, now=now))
+    assert from_days == from_hours
+
+
+def test_a_late_batch_for_an_earlier_day_updates_that_day_only(post_batch, rate_card):
+    day1 = base_day() + timedelta(hours=5)
+    day2 = day1 + timedelta(days=1)
+    post_batch(make_batch(seq=1, start=day1))
+    post_batch(make_batch(seq=2, start=day2))
+    rollup_usage(now=timezone.now())
+    before = {d.day: (d.seconds, d.charge) for d in UsageDay.objects.all()}
+    assert before[day_of(day1)] == before[day_of(day2)] and before[day_of(day1)][0] == Decimal(10)
+    post_batch(make_batch(seq=3, start=day1 + timedelta(hours=3, minutes=7), seconds=20))  # late, day 1
+    result = rollup_usage(now=timezone.now())
+    assert result.batches == 1
+    after = {d.day: (d.seconds, d.charge, d.first_hour, d.last_hour) for d in UsageDay.objects.all()}
+    assert after[day_of(day1)][0] == Decimal(30) and after[day_of(day1)][1] > before[day_of(day1)][1]
+    assert after[day_of(day1)][2:] == (day1.replace(minute=0), day1.replace(minute=0) + timedelta(hours=3))
+    assert after[day_of(day2)][:2] == before[day_of(day2)]
+    assert GpuDay.objects.get(day=day_of(day1)).metered_seconds == Decimal(30)
+    assert_days_equal_hours()
+
+
+def test_rebuild_ledger_reprices_the_days_too(post_batch):
+    at = base_day() + timedelta(hours=9)
+    post_batch(make_batch(seq=1, start=at))
+    post_batch(make_batch(seq=2, start=at + timedelta(hours=1)))
+    rollup_usage(now=timezone.now())
+    unpriced = GpuDay.objects.get()
+    assert (unpriced.priced, unpriced.card_cost, unpriced.currency, unpriced.unpriced_seconds) == (
+        False, 0, "", Decimal(20))
+    summary = finance.get_cost_summary(scope=FINANCE, start=day_of(at), end=day_of(at) + timedelta(days=1))
+    assert (summary.unpriced_gpu_hours, summary.currency) == (Decimal(20) / 3600, "")
+    RateCard.objects.create(gpu_model=A100["model"], currency="USD", price_per_gpu_hour=Decimal("3.6"),
+                            effective_from=at + timedelta(hours=1), source_url="https://example.org")
+    rebuild_ledger(start=at, end=at + timedelta(hours=2))
+    # The second hour is priced now, the first is not: the day is partly priced.
+    day = GpuDay.objects.get()
+    assert (day.priced, day.card_cost, day.currency, day.unpriced_seconds) == (
+        False, Decimal("0.01"), "USD", Decimal(10))
+    summary = finance.get_cost_summary(scope=FINANCE, start=day_of(at), end=day_of(at) + timedelta(days=1))
+    assert (summary.unpriced_gpu_hours, summary.currency, summary.total_gpu_cost) == (
+        Decimal(10) / 3600, "USD", Decimal("0.01"))
+    assert_days_equal_hours()
+
+
+def test_the_migration_backfill_and_rebuild_days_give_what_the_rollup_wrote(post_batch, rate_card):
+    migration = importlib.import_module("billing.migrations.0013_daily_ledger")
+    base = base_day()
+    workloads = [{"gpu": 0, "tenant": "acme", "pod": "bert-1", "mem_used": 400.0, "mem_granted": 600.0,
+                  "sm_used": 6.0, "sm_granted": 9.0},
+                 {"gpu": 1, "tenant": "globex", "pod": "llm-2", "sla_tier": "silver", "mem_used": 7000.0,
+                  "mem_granted": 6000.0, "sm_used": 40.0, "sm_granted": 30.0}]
+    for seq, offset in enumerate((timedelta(hours=1), timedelta(hours=23, minutes=59, seconds=50),
+                                  timedelta(days=1), timedelta(days=2, hours=12)), start=1):
+        post_batch(make_batch(seq=seq, start=base + offset, gpus=2, workloads=workloads))
+    rollup_usage(now=timezone.now())
+    rolled = day_snapshot()
+    assert len(rolled[1]) == 6  # 2 GPUs x 3 days
+    UsageDay.objects.all().delete()
+    GpuDay.objects.all().delete()
+    with connection.cursor() as cur:
+        cur.execute(migration.BACKFILL_USAGE_DAYS)
+        cur.execute(migration.BACKFILL_GPU_DAYS)
+    assert day_snapshot() == rolled
+    rebuild_days(start=base + timedelta(hours=5), end=base + timedelta(days=2, hours=1))  # whole days it meets
+    assert day_snapshot() == rolled
+    UsageDay.objects.all().delete()
+    GpuDay.objects.all().delete()
+    assert rebuild_days(start=base, end=base + timedelta(days=3)) == 6
+    assert day_snapshot() == rolled
+
+
+def test_whole_days_read_the_day_ledger_and_anything_else_the_hours():
+    midnight = datetime(2026, 3, 1, tzinfo=UTC)
+    assert ledger_for(midnight, midnight + timedelta(days=1)) is DAYS
+    assert ledger_for(midnight, midnight + timedelta(days=1, hours=1)) is HOURS
+    assert ledger_for(midnight + timedelta(microseconds=1), midnight + timedelta(days=1)) is HOURS
+    # Day buckets of a non-midnight period and hour buckets read hours.
+    assert dashboard._bucketed_ledger(midnight, midnight + timedelta(days=2), "hour") is HOURS
+    assert dashboard._bucketed_ledger(midnight, midnight + timedelta(days=3), "day") is DAYS
