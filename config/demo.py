@@ -263,7 +263,7 @@ def main() -> int:
                 "                 invoices to download\n"
                 "  admin          SLA tiers, rate cards, budgets, nodes and tokens, rebalance approvals, audit log\n"
                 "numbers grow as agents upload (every 10 s) and the ledger rolls up (every 10 s).\n"
-                f"budgets: acme has 1000 USD/month; lower it at {url}/budgets/ as admin to see enforcement.\n"
+                f"budgets: acme has 3000 USD/month; lower it at {url}/budgets/ as admin to see enforcement.\n"
                 f"  emails -> {DEMO_DIR / 'mail'}, webhooks -> {DEMO_DIR / 'webhooks.jsonl'}\n"
                 "history: a simulated day of last month is metered, closed and reported (about a minute),\n"
                 "  then the days of this month before today (a few minutes); a line says when each is ready.\n"

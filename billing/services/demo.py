@@ -100,7 +100,7 @@ def load_demo_data(*, now: datetime, budget_webhook_url: str = "", budget_webhoo
                 TenantMembership.objects.get_or_create(user=user, tenant=tenants["acme"])
             logins.append(DemoLogin(role=role, username=username, password=password))
     if budget_webhook_url:
-        values = {"amount": Decimal("1000"), "currency": "USD", "hard_action": "throttle",
+        values = {"amount": Decimal("3000"), "currency": "USD", "hard_action": "throttle",
                   "throttle_factor": Decimal("0.5"), "owner": "finops@acme.example",
                   "notify_emails": "finops@acme.example", "webhook_url": budget_webhook_url,
                   "webhook_secret": budget_webhook_secret}
