@@ -124,14 +124,14 @@ class _History(threading.Thread):
                     self.marker.touch()
                     print(f"demo: history ready: {self.day:%Y-%m} is closed (see /invoices/), a paired report "
                           f"for {self.day} is at /reports/, a rebalance plan at /rebalance/", flush=True)
-                todo = [d for d in self.recent if not (DEMO_DIR / f"day-{d}.done").exists()]
-                for day in todo:
+                pending = [d for d in self.recent if not (DEMO_DIR / f"day-{d}.done").exists()]
+                for day in pending:
                     if self.stopping:
                         return
                     self._meter(day, log)
                     self._manage(log, "rollup_usage")
                     (DEMO_DIR / f"day-{day}.done").touch()
-                if todo and not self.stopping:
+                if pending and not self.stopping:
                     self._manage(log, "paired_report", "--from", f"{self.recent[0]}",
                                  "--to", f"{self.recent[-1] + timedelta(days=1)}")
                     print(f"demo: this month so far: {len(self.recent)} simulated day(s) from {self.recent[0]} "
