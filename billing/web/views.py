@@ -26,9 +26,8 @@ from billing.web.forms import PeriodForm
 @login_required
 def finance_overview(request: HttpRequest) -> HttpResponse:
     today = timezone.now().date()
-    form = PeriodForm(request.GET or None, initial=PeriodForm.default_initial(today))
-    if not request.GET:
-        form = PeriodForm(PeriodForm.default_initial(today))
+    # No query string: the month to date.
+    form = PeriodForm(request.GET or PeriodForm.default_initial(today))
     as_csv = request.GET.get("format") == "csv"
     table = request.GET.get("table") or "tenants"
     if as_csv and table not in _CSV_TABLES:
