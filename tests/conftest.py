@@ -12,11 +12,11 @@ from typing import Any
 import pytest
 from django.contrib.auth.models import Group, User
 from django.test import Client
-from django.utils import timezone
 
 from billing.models import GpuHour, Tenant, TenantMembership, UsageHour
 from billing.services.rollup import rebuild_days
 from billing.services.tokens import IssuedToken, issue_node_token
+from tests import clock
 
 A100 = {"model": "NVIDIA A100-SXM4-80GB", "memory_mb": 81920, "sm_count": 108}
 
@@ -43,7 +43,12 @@ def one_usd_per_gpu_second(db):  # type: ignore[no-untyped-def]
 
 @pytest.fixture
 def node_token(db) -> IssuedToken:  # type: ignore[no-untyped-def]
-    return issue_node_token(node_name="gpu-node-1", now=timezone.now(), actor_label="test")
+    return issue_node_token(node_name="gpu-node-1", now=clock.now(), actor_label="test")
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """From here on tests may read the clock (tests/clock.py refuses while collecting)."""
+    clock.collection_finished()
 
 
 def user_in(group: str | None = None, tenant: str | None = None, *, tenants: tuple[str, ...] = ()) -> User:
@@ -126,7 +131,7 @@ def post_batch(client: Client, node_token: IssuedToken) -> Callable[..., Any]:
 @pytest.fixture
 def minute_start() -> datetime:
     """A whole UTC minute a little in the past, so windows are never in the future."""
-    return timezone.now().replace(second=0, microsecond=0) - timedelta(minutes=10)
+    return clock.now().replace(second=0, microsecond=0) - timedelta(minutes=10)
 
 
 @pytest.fixture(autouse=True)

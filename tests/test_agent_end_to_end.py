@@ -21,7 +21,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from django.utils import timezone
 
 from agents.__main__ import main as agent_main
 from agents.spool import Spool
@@ -31,6 +30,7 @@ from billing.services.budgets import evaluate_budgets, set_budget
 from billing.services.demo import A100_80GB_MODEL
 from billing.services.rollup import rollup_usage
 from billing.services.tokens import issue_node_token
+from tests import clock
 
 NODE = "agent-e2e-node"
 GPU = "GPU-7d1f3c2e-0000-4000-8000-00000000e2e0"
@@ -67,7 +67,7 @@ def kube() -> Iterator[FakeKubernetes]:
 
 @pytest.fixture
 def node_files(tmp_path: Path, transactional_db: None) -> dict[str, Path]:
-    token = issue_node_token(node_name=NODE, now=timezone.now(), actor_label="test").token
+    token = issue_node_token(node_name=NODE, now=clock.now(), actor_label="test").token
     files = {"token": tmp_path / "token", "scenario": tmp_path / "scenario.json", "spool": tmp_path / "spool.sqlite"}
     files["token"].write_text(token + "\n")
     RateCard.objects.create(
@@ -106,7 +106,7 @@ def run_agent(files: dict[str, Path], server: str, kube: FakeKubernetes, *, seco
 
 
 def spooled_samples(spool_path: Path) -> list[dict[str, Any]]:
-    spool = Spool(spool_path, node=NODE, now=timezone.now)
+    spool = Spool(spool_path, node=NODE, now=clock.now)
     try:
         samples = []
         for batch in spool.list_batches():
@@ -125,7 +125,7 @@ def test_watchdog_evicts_a_pod_over_its_grant_through_the_eviction_api_and_audit
     polite = workload("acme", "bert-7f9c4-x2k9p", "gold", limit_mem_mb=1024)
     node_files["scenario"].write_text(json.dumps(scenario([hog, polite])))
     add_pods(kube, [hog, polite])
-    start = timezone.now().replace(microsecond=0) - timedelta(minutes=3)
+    start = clock.now().replace(microsecond=0) - timedelta(minutes=3)
 
     code = run_agent(node_files, live_server.url, kube, seconds=20, start=start,
                      extra=("--enforcer", "watchdog", "--watchdog-grace-s", "3"))
@@ -167,12 +167,12 @@ def test_budget_throttle_shrinks_grants_and_evict_best_effort_evicts_from_the_ne
     ]
     node_files["scenario"].write_text(json.dumps(scenario(workloads)))
     add_pods(kube, workloads)
-    start = timezone.now().replace(microsecond=0) - timedelta(minutes=3)
+    start = clock.now().replace(microsecond=0) - timedelta(minutes=3)
     # First run: no budget anywhere; usage reaches the ledger and is priced.
     assert run_agent(node_files, live_server.url, kube, seconds=30, start=start, extra=("--enforcer", "watchdog")) == 0
     before = spooled_samples(node_files["spool"])
-    rollup_usage(now=timezone.now())
-    now = timezone.now()
+    rollup_usage(now=clock.now())
+    now = clock.now()
     for slug, action in (("acme", "throttle"), ("initech", "evict-best-effort")):
         set_budget(
             tenant_slug=slug,

@@ -13,7 +13,6 @@ from pathlib import Path
 
 import pytest
 from django.db.models import Sum
-from django.utils import timezone
 
 from agents.__main__ import main as agent_main
 from agents.backends.sim import demo_scenario
@@ -22,6 +21,7 @@ from billing.models import GpuMinute, RateCard, UsageBatch, UsageMinute
 from billing.services.demo import A100_80GB_MODEL
 from billing.services.rollup import rollup_usage
 from billing.services.tokens import issue_node_token
+from tests import clock
 
 NODE = "e2e-node"
 QUANTITIES = ("mem_used_mb_s", "mem_granted_mb_s", "sm_used_s", "sm_granted_s", "pcie_mb")
@@ -29,7 +29,7 @@ QUANTITIES = ("mem_used_mb_s", "mem_granted_mb_s", "sm_used_s", "sm_granted_s", 
 
 @pytest.fixture
 def agent_files(tmp_path: Path, transactional_db) -> dict[str, Path]:
-    token = issue_node_token(node_name=NODE, now=timezone.now(), actor_label="test").token
+    token = issue_node_token(node_name=NODE, now=clock.now(), actor_label="test").token
     files = {"token": tmp_path / "token", "scenario": tmp_path / "scenario.json", "spool": tmp_path / "spool.sqlite"}
     files["token"].write_text(token + "\n")
     scenario = demo_scenario(NODE, seed=3, gpu_count=2, tenants=[("acme", "gold"), ("globex", "silver")])
@@ -49,7 +49,7 @@ def run_agent(files: dict[str, Path], server: str, seconds: int, start: datetime
 
 def metered_totals(spool_path: Path) -> tuple[dict[str, Decimal], int, int]:
     """What the agent metered: Σ of each quantity over every spooled batch, samples, batches."""
-    spool = Spool(spool_path, node=NODE, now=timezone.now())
+    spool = Spool(spool_path, node=NODE, now=clock.now())
     try:
         batches = spool.list_batches()
         totals = dict.fromkeys(QUANTITIES, Decimal(0))
@@ -78,13 +78,13 @@ def closed_port() -> int:
 
 
 def test_agent_to_priced_ledger_with_exact_totals(agent_files, live_server):
-    start = timezone.now().replace(microsecond=0) - timedelta(minutes=5)
+    start = clock.now().replace(microsecond=0) - timedelta(minutes=5)
     assert run_agent(agent_files, live_server.url, 60, start) == 0
     expected, samples, batches = metered_totals(agent_files["spool"])
     assert batches == 6 and samples > 0
     assert UsageBatch.objects.count() == 6
     assert UsageBatch.objects.aggregate(n=Sum("sample_count"))["n"] == samples
-    rollup_usage(now=timezone.now())
+    rollup_usage(now=clock.now())
     assert ledger_totals() == expected
     for gm in GpuMinute.objects.all():
         assert gm.priced
@@ -95,7 +95,7 @@ def test_agent_to_priced_ledger_with_exact_totals(agent_files, live_server):
 
 
 def test_spooled_batches_survive_a_server_outage_and_land_exactly_once(agent_files, live_server):
-    start = timezone.now().replace(microsecond=0) - timedelta(minutes=5)
+    start = clock.now().replace(microsecond=0) - timedelta(minutes=5)
     down = f"http://127.0.0.1:{closed_port()}"
     # Server down: the agent meters and spools, and exits 75 with batches pending.
     assert run_agent(agent_files, down, 30, start) == 75
@@ -107,7 +107,7 @@ def test_spooled_batches_survive_a_server_outage_and_land_exactly_once(agent_fil
     assert UsageBatch.objects.count() == 6
     assert UsageBatch.objects.aggregate(n=Sum("sample_count"))["n"] == samples
     # A replay of every batch (e.g. an agent restored from a backup) answers duplicate.
-    spool = Spool(agent_files["spool"], node=NODE, now=timezone.now())
+    spool = Spool(agent_files["spool"], node=NODE, now=clock.now())
     try:
         import requests
 
@@ -121,5 +121,5 @@ def test_spooled_batches_survive_a_server_outage_and_land_exactly_once(agent_fil
             assert resp.status_code == 200 and resp.json() == {"status": "duplicate"}
     finally:
         spool.close()
-    rollup_usage(now=timezone.now())
+    rollup_usage(now=clock.now())
     assert ledger_totals() == expected

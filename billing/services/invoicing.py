@@ -37,7 +37,8 @@ from zoneinfo import ZoneInfo
 from celery.schedules import crontab
 from django.conf import settings
 from django.db import connection, transaction
-from django.db.models import DateTimeField, Func, Max, Sum
+from django.db.models import Max, Sum
+from django.utils import timezone
 from django.utils.translation import gettext
 
 from billing.errors import InvalidInput
@@ -164,15 +165,6 @@ class CloseRequest:
 _PCT_LINES_READY = 5
 _PCT_INVOICES_DONE = 95
 _ERROR_MAX_CHARS = 2000
-
-
-class _DbClock(Func):
-    """Postgres clock_timestamp(): the database's time at the write itself. A heartbeat needs it:
-    Now() is the start of the enclosing transaction, and `now` is the close's fixed timestamp."""
-
-    function = "clock_timestamp"
-    template = "%(function)s()"
-    output_field = DateTimeField()
 
 
 def parse_month(text: str) -> date:
@@ -389,7 +381,7 @@ def close_period(
         # Only a close in flight becomes FAILED: a CLOSED row (another run finished) stays closed.
         BillingPeriod.objects.filter(month=month, status=BillingPeriod.Status.CLOSING).update(
             status=BillingPeriod.Status.FAILED, error=str(exc)[:_ERROR_MAX_CHARS] or type(exc).__name__,
-            progress_at=_DbClock(),
+            progress_at=timezone.now(),
         )
         raise
 
@@ -402,8 +394,8 @@ def _close_period(
     *, month: date, now: datetime, horizon: timedelta, allow_unpriced: bool, progress: Callable[[int], None]
 ) -> CloseResult:
     _check_closable(month=month, now=now, allow_unpriced=allow_unpriced)
-    # `progress_at` is a heartbeat: it takes the database's clock at each write (_DbClock), not `now`,
-    # which is the close's timestamp for closed_at / finalized_at.
+    # `progress_at` is a heartbeat: the clock at each write, not `now`, which is the close's timestamp
+    # for closed_at / finalized_at. It is the service's clock, the one the page compares it with.
     with transaction.atomic():
         period, _ = BillingPeriod.objects.select_for_update().get_or_create(month=month)
         if period.status == BillingPeriod.Status.CLOSED:
@@ -411,13 +403,13 @@ def _close_period(
         period.status = BillingPeriod.Status.CLOSING
         period.close_started_at = period.close_started_at or now
         period.progress_pct = 0
-        period.progress_at = _DbClock()
+        period.progress_at = timezone.now()
         period.error = ""
         period.save(update_fields=["status", "close_started_at", "progress_pct", "progress_at", "error"])
 
     def report(pct: int) -> None:
         BillingPeriod.objects.filter(pk=period.pk, status=BillingPeriod.Status.CLOSING).update(
-            progress_pct=pct, progress_at=_DbClock())
+            progress_pct=pct, progress_at=timezone.now())
         progress(pct)
 
     by_tenant = _invoice_lines(month=month, horizon=horizon)
@@ -440,7 +432,7 @@ def _close_period(
         period.status = BillingPeriod.Status.CLOSED
         period.closed_at = now
         period.progress_pct = 100
-        period.progress_at = _DbClock()
+        period.progress_at = timezone.now()
         period.error = ""
         period.save(update_fields=["status", "closed_at", "progress_pct", "progress_at", "error"])
         record_audit_event(

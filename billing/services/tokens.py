@@ -10,6 +10,7 @@ from datetime import datetime
 
 from django.core.exceptions import ValidationError
 from django.db import connection, transaction
+from django.utils import timezone
 
 from billing.errors import Forbidden, InvalidInput, NotAuthenticated
 from billing.models import Node, NodeToken
@@ -89,7 +90,8 @@ def _note_use(token_id: int) -> None:
     if now - _used.get(token_id, -_USE_WRITE_EVERY_S) < _USE_WRITE_EVERY_S:
         return
     with connection.cursor() as cur:
-        cur.execute("UPDATE billing_nodetoken SET last_used_at = now() WHERE id = %s", [token_id])
+        # The service's clock, not the database's: every instant the service compares is on one clock.
+        cur.execute("UPDATE billing_nodetoken SET last_used_at = %s WHERE id = %s", [timezone.now(), token_id])
     _used[token_id] = now
 
 

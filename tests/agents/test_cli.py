@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import socket
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -12,6 +12,7 @@ import pytest
 from agents.__main__ import EXIT_PENDING, main
 from agents.backends.sim import demo_scenario
 from agents.spool import Spool
+from tests import clock
 
 
 @pytest.fixture
@@ -62,7 +63,7 @@ def test_scenario_command_rejects_an_unknown_tier(capsys: pytest.CaptureFixture[
 
 
 def test_once_with_the_server_down_keeps_every_batch_pending(closed_port_url: str, files: dict[str, Path]) -> None:
-    before = datetime.now(UTC)
+    before = clock.now()
     assert main(run_args(closed_port_url, files, "--batch-seconds", "10", "--once-seconds", "25")) == EXIT_PENDING
     spool = Spool(files["spool"], node="gpu-node-03", now=lambda: before)
     stored = spool.list_batches(state="pending")
@@ -75,7 +76,7 @@ def test_once_with_the_server_down_keeps_every_batch_pending(closed_port_url: st
         for b in pending
     ]
     assert [(end - start).total_seconds() for start, end in spans] == [10.0, 10.0, 5.0]
-    assert spans[-1][1] <= datetime.now(UTC)  # the metered past ends now, never in the future
+    assert spans[-1][1] <= clock.now()  # the metered past ends now, never in the future
     assert spans[-1][1] >= before - timedelta(seconds=2)
     assert [b.attempts for b in stored] == [1, 0, 0]  # the final flush stops at the first refusal
 
@@ -84,7 +85,7 @@ def test_a_second_once_run_continues_after_the_first(closed_port_url: str, files
     start = "2026-11-30T03:00:00Z"
     assert main(run_args(closed_port_url, files, "--once-seconds", "10", "--start", start)) == EXIT_PENDING
     assert main(run_args(closed_port_url, files, "--once-seconds", "10", "--start", start)) == EXIT_PENDING
-    spool = Spool(files["spool"], node="gpu-node-03", now=lambda: datetime.now(UTC))
+    spool = Spool(files["spool"], node="gpu-node-03", now=clock.now)
     windows = [json.loads(b.json_bytes())["window"] for b in spool.list_batches()]
     assert windows == [
         {"start": "2026-11-30T03:00:00Z", "end": "2026-11-30T03:00:10Z"},
@@ -149,7 +150,7 @@ def test_mps_and_watchdog_together_drive_the_mps_control_daemon(
 
     from agents.testing_mps import FakeMpsControlDaemon
 
-    start = datetime.now(UTC).replace(microsecond=0) - timedelta(minutes=2)
+    start = clock.now().replace(microsecond=0) - timedelta(minutes=2)
     with FakeMpsControlDaemon(tmp_path / "mps") as daemon:
         code = main(
             run_args(

@@ -9,11 +9,12 @@ import socket
 import subprocess
 import sys
 import time
-from datetime import UTC, datetime
+from datetime import datetime
 from pathlib import Path
 
 from agents.backends.sim import demo_scenario
 from agents.spool import Spool
+from tests import clock
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -41,7 +42,7 @@ def test_sigterm_spools_the_partial_batch_and_exits_zero(tmp_path: Path) -> None
             agent.kill()
     assert agent.returncode == 0, stderr
     assert "event=shutdown_requested signal=SIGTERM" in stderr
-    spool = Spool(spool_path, node="gpu-node-05", now=lambda: datetime.now(UTC))
+    spool = Spool(spool_path, node="gpu-node-05", now=clock.now)
     (batch,) = spool.list_batches(state="pending")  # never sent: the server was down
     window = json.loads(batch.json_bytes())["window"]
     seconds = (datetime.fromisoformat(window["end"][:-1]) - datetime.fromisoformat(window["start"][:-1])).seconds

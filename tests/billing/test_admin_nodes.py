@@ -9,10 +9,10 @@ from datetime import timedelta
 
 import pytest
 from django.contrib.auth.models import User
-from django.utils import timezone
 
 from billing.models import AuditEvent, Gpu, Node, NodeToken
 from billing.queries.scope import ADMIN_GROUP, FINANCE_GROUP
+from tests import clock
 from tests.conftest import make_batch, user_in
 
 pytestmark = pytest.mark.django_db
@@ -106,7 +106,7 @@ def test_revoke_needs_the_typed_prefix_then_the_agent_is_refused_at_ingest(clien
 
 
 def test_nodes_page_lists_gpus_liveness_and_tokens(client, node_token):
-    now = timezone.now()
+    now = clock.now()
     node = Node.objects.get(name="gpu-node-1")
     Node.objects.filter(pk=node.pk).update(last_seen_at=now - timedelta(minutes=10))
     fresh = Node.objects.create(name="gpu-node-2", last_seen_at=now)
@@ -128,13 +128,13 @@ def test_a_token_records_when_its_node_last_called_in(client, post_batch, node_t
     assert NodeToken.objects.get(pk=node_token.token_id).last_used_at is None
     assert post_batch(make_batch(start=minute_start)).status_code == 201
     used = NodeToken.objects.get(pk=node_token.token_id).last_used_at
-    assert used is not None and abs(used - timezone.now()) < timedelta(minutes=1)
+    assert used is not None and abs(used - clock.now()) < timedelta(minutes=1)
     login(client, "admin")
     assert "no use recorded" not in client.get("/nodes/").content.decode()
 
 
 def test_nodes_page_shows_when_a_node_was_added_and_its_gpus_on_one_line(client, node_token):
-    now = timezone.now()
+    now = clock.now()
     node = Node.objects.get(name="gpu-node-1")
     single = Node.objects.create(name="gpu-node-2")
     Node.objects.create(name="gpu-node-3")
@@ -158,7 +158,7 @@ def test_nodes_page_shows_when_a_node_was_added_and_its_gpus_on_one_line(client,
 @pytest.mark.parametrize(("used_ago", "in_use"), [(timedelta(minutes=1), True), (timedelta(minutes=6), False),
                                                   (None, False)])
 def test_a_token_used_in_the_last_five_minutes_is_shown_in_use(client, node_token, used_ago, in_use):
-    used = timezone.now() - used_ago if used_ago is not None else None
+    used = clock.now() - used_ago if used_ago is not None else None
     NodeToken.objects.filter(pk=node_token.token_id).update(last_used_at=used)
     login(client, "admin")
     html = client.get("/nodes/").content.decode()

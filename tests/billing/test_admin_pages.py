@@ -10,6 +10,7 @@ from django.contrib.auth.models import Group, User
 
 from billing.models import AuditEvent, Budget, SlaTier, Tenant, TenantMembership
 from billing.queries.scope import ADMIN_GROUP
+from tests import clock
 
 pytestmark = pytest.mark.django_db
 
@@ -60,13 +61,12 @@ def test_invalid_budget_form_is_refused_with_the_field_and_nothing_saved(client,
 
 
 def test_tenant_member_sees_only_their_budget_and_cannot_set_one(client, tenants):
-    from django.utils import timezone
 
     from billing.services.budgets import set_budget
 
     for slug in ("acme", "globex"):
         set_budget(tenant_slug=slug, values={"amount": Decimal(100), "currency": "USD", "owner": "x@example.org"},
-                   now=timezone.now(), actor_label="test")
+                   now=clock.now(), actor_label="test")
     login(client, tenant="acme")
     html = client.get("/budgets/").content.decode()
     assert 'data-testid="budget-state-acme"' in html and "globex" not in html
@@ -238,12 +238,11 @@ def test_tenant_members_may_neither_create_nor_edit_tiers(client, tenants):
 
 
 def test_sla_service_creates_and_refuses_a_duplicate_slug_without_a_second_audit_row(tenants):
-    from django.utils import timezone
 
     from billing.errors import InvalidInput
     from billing.services.sla import change_sla_tier, create_sla_tier
 
-    now = timezone.now()
+    now = clock.now()
     create_sla_tier(slug="bronze", name="  Bronze   tier ", weight="0.5", now=now, actor_label="cli")
     assert SlaTier.objects.get(slug="bronze").name == "Bronze tier"
     with pytest.raises(InvalidInput, match="already exists"):

@@ -9,12 +9,12 @@ from decimal import Decimal
 
 import pytest
 from django.contrib.auth.models import User
-from django.utils import timezone
 
 from billing.models import AuditEvent, BillingPeriod, GpuMinute, RateCard
 from billing.queries.scope import ADMIN_GROUP, FINANCE_GROUP
 from billing.services.rate_cards import create_rate_card, earliest_change
 from billing.services.rollup import rollup_usage
+from tests import clock
 from tests.conftest import A100, make_batch, user_in
 
 pytestmark = pytest.mark.django_db
@@ -42,7 +42,7 @@ def open_card(db) -> RateCard:
 
 def future_minute(hours: int = 1) -> datetime:
     """A whole minute well ahead of now and never the first instant of a month (minute 7)."""
-    return (timezone.now() + timedelta(hours=hours)).replace(minute=7, second=0, microsecond=0)
+    return (clock.now() + timedelta(hours=hours)).replace(minute=7, second=0, microsecond=0)
 
 
 def local(t: datetime) -> str:
@@ -105,7 +105,7 @@ def test_new_price_supersedes_the_open_card_writing_both_rows_and_two_audit_even
     ({"source_note": "   "}, "This field is required"),
     ({"gpu_model": ""}, "This field is required"),
     ({"effective_from": "yesterday"}, "Enter a valid date/time"),
-    ({"effective_from": local(timezone.now() - timedelta(hours=1))}, "is in the past"),
+    ({"effective_from": local(clock.now() - timedelta(hours=1))}, "is in the past"),
     ({"effective_from": local(future_minute()) + ":30"}, "must be a whole minute"),
 ])
 def test_each_broken_rule_is_a_400_with_its_message_and_changes_nothing(client, open_card, overrides, message):
@@ -158,7 +158,7 @@ def test_a_new_card_inside_a_card_with_a_set_end_is_refused(client, open_card):
 
 def test_a_currency_change_is_allowed_at_the_start_of_a_month(client, open_card):
     login(client, "admin")
-    now = timezone.now()
+    now = clock.now()
     next_month = datetime(now.year + (now.month == 12), now.month % 12 + 1, 1, tzinfo=UTC)
     resp = client.post("/rate-cards/", new_price(currency="eur", effective_from=local(next_month)))
     assert resp.status_code == 302, resp.content.decode()
@@ -169,7 +169,7 @@ def test_admin_ends_a_card_audited_and_the_same_rules_apply(client, open_card):
     login(client, "admin")
     end = future_minute()
     before = snapshot()
-    resp = client.post(f"/rate-cards/{open_card.pk}/end/", {"effective_to": local(timezone.now() - timedelta(days=1))})
+    resp = client.post(f"/rate-cards/{open_card.pk}/end/", {"effective_to": local(clock.now() - timedelta(days=1))})
     assert resp.status_code == 400 and "is in the past" in resp.content.decode()
     BillingPeriod.objects.create(month=end.date().replace(day=1), status=BillingPeriod.Status.CLOSED)
     resp = client.post(f"/rate-cards/{open_card.pk}/end/", {"effective_to": local(end)})
@@ -232,7 +232,7 @@ def test_finance_may_not_write_and_others_may_not_read(client, open_card):
 def test_a_price_change_re_prices_minutes_already_rolled_up_from_skewed_batches(post_batch, open_card):
     """Ingest accepts batches a little ahead of the server clock: a minute at the change may already
     be in the ledger, priced by the old card. The change re-rolls it in the same transaction."""
-    now = timezone.now()
+    now = clock.now()
     start = earliest_change(now)
     assert post_batch(make_batch(start=start, seconds=10)).status_code == 201
     rollup_usage(now=now)
@@ -251,13 +251,13 @@ def test_a_price_change_re_prices_minutes_already_rolled_up_from_skewed_batches(
 def test_new_price_form_suggests_known_models_and_prefills_the_earliest_allowed_start(client, open_card):
     from billing.models import Gpu, Node
 
-    now = timezone.now()
+    now = clock.now()
     Gpu.objects.create(uuid="GPU-l4", node=Node.objects.create(name="gpu-node-5"), model="NVIDIA L4",
                        memory_mb=23034, sm_count=58, first_seen_at=now, last_seen_at=now)
     login(client, "admin")
-    before = earliest_change(timezone.now())
+    before = earliest_change(clock.now())
     html = client.get("/rate-cards/").content.decode()
-    after = earliest_change(timezone.now())
+    after = earliest_change(clock.now())
     form = html.split('data-testid="rate-card-form"')[1].split("</form>")[0]
     # Models seen on nodes and models named by cards; the input still takes any text.
     datalist = form.split('<datalist id="known-gpu-models">')[1].split("</datalist>")[0]

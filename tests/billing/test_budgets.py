@@ -15,7 +15,6 @@ from pathlib import Path
 
 import pytest
 from django.test import override_settings
-from django.utils import timezone
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -23,6 +22,7 @@ from billing import tasks
 from billing.models import AuditEvent, BudgetState, BudgetStatus, RateCard, Tenant
 from billing.services.budgets import budget_state_for, evaluate_budgets, set_budget
 from billing.services.rollup import rollup_usage
+from tests import clock
 from tests.conftest import A100, make_batch
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -53,11 +53,11 @@ def spend(post_batch, minute_start, *, seq: int, seconds: int = 10):
                   "sm_used": 10.8, "sm_granted": 10.8}]
     start = minute_start + timedelta(seconds=10 * (seq - 1))
     assert post_batch(make_batch(start=start, seq=seq, seconds=seconds, workloads=workloads)).status_code == 201
-    rollup_usage(now=timezone.now())
+    rollup_usage(now=clock.now())
 
 
 def budget(amount: str, action: str = "throttle", **extra):
-    return set_budget(tenant_slug="acme", now=timezone.now(), actor_label="test",
+    return set_budget(tenant_slug="acme", now=clock.now(), actor_label="test",
                       values={"amount": Decimal(amount), "currency": "USD", "hard_action": action,
                               "owner": "finops@acme.example", **extra})
 
@@ -66,15 +66,15 @@ def budget(amount: str, action: str = "throttle", **extra):
 def test_budget_moves_ok_warned_enforced_and_back_when_raised_each_step_audited(acme, post_batch, minute_start):
     budget("2.00")
     spend(post_batch, minute_start, seq=1)  # 1.00 = 50 %
-    assert [t.after for t in evaluate_budgets(now=timezone.now())] == []  # ok → ok: no transition
+    assert [t.after for t in evaluate_budgets(now=clock.now())] == []  # ok → ok: no transition
     spend(post_batch, minute_start, seq=2)  # 2.00 = 100 %... of which 80 % passed too
-    moves = evaluate_budgets(now=timezone.now())
+    moves = evaluate_budgets(now=clock.now())
     assert [(t.before, t.after) for t in moves] == [("ok", "enforced")]
-    assert evaluate_budgets(now=timezone.now()) == []  # evaluating again changes nothing
+    assert evaluate_budgets(now=clock.now()) == []  # evaluating again changes nothing
     budget("2.40")  # 2.00 / 2.40 = 83 %: warned
-    assert [(t.before, t.after) for t in evaluate_budgets(now=timezone.now())] == [("enforced", "warned")]
+    assert [(t.before, t.after) for t in evaluate_budgets(now=clock.now())] == [("enforced", "warned")]
     budget("100")
-    assert [(t.before, t.after) for t in evaluate_budgets(now=timezone.now())] == [("warned", "ok")]
+    assert [(t.before, t.after) for t in evaluate_budgets(now=clock.now())] == [("warned", "ok")]
     actions = list(AuditEvent.objects.filter(object_type="budget").order_by("id").values_list("action", flat=True))
     assert actions.count("budget.set") == 3 and actions.count("budget.state_changed") == 3
 
@@ -83,8 +83,8 @@ def test_budget_moves_ok_warned_enforced_and_back_when_raised_each_step_audited(
 def test_a_new_month_starts_in_ok(acme, post_batch, minute_start):
     budget("0.50")
     spend(post_batch, minute_start, seq=1)
-    evaluate_budgets(now=timezone.now())
-    next_month = (timezone.now().replace(day=1) + timedelta(days=32)).replace(day=2)
+    evaluate_budgets(now=clock.now())
+    next_month = (clock.now().replace(day=1) + timedelta(days=32)).replace(day=2)
     assert evaluate_budgets(now=next_month) == []
     status = BudgetStatus.objects.get(month=next_month.date().replace(day=1))
     assert status.state == BudgetState.OK and status.spend == 0
@@ -97,7 +97,7 @@ def test_invalid_budget_is_refused_with_the_field_and_nothing_changes(acme):
     with pytest.raises(InvalidInput, match="throttle_factor"):
         budget("10", throttle_factor=Decimal("1.5"))
     with pytest.raises(InvalidInput, match="no tenant"):
-        set_budget(tenant_slug="nope", values={}, now=timezone.now(), actor_label="test")
+        set_budget(tenant_slug="nope", values={}, now=clock.now(), actor_label="test")
     assert not AuditEvent.objects.filter(action="budget.set").exists()
 
 
@@ -108,7 +108,7 @@ def test_enforced_throttle_reaches_agents_through_the_policy_api(acme, post_batc
     assert before.json()["tenants"]["acme"]["budget"] == {"state": "ok"}
     budget("0.50", throttle_factor=Decimal("0.25"))
     spend(post_batch, minute_start, seq=1)
-    evaluate_budgets(now=timezone.now())
+    evaluate_budgets(now=clock.now())
     after = client.get("/api/v1/nodes/gpu-node-1/policy", HTTP_IF_NONE_MATCH=before["ETag"], **auth)
     assert after.status_code == 200 and after["ETag"] != before["ETag"]
     assert after.json()["tenants"]["acme"]["budget"] == {"state": "enforced", "action": "throttle",
@@ -215,7 +215,7 @@ def test_admission_denies_new_gpu_pods_of_a_blocked_tenant_naming_the_budget_and
 ):
     budget("0.50", action="block")
     spend(post_batch, minute_start, seq=1)
-    evaluate_budgets(now=timezone.now())
+    evaluate_budgets(now=clock.now())
     answer = admit(client, review())
     assert answer["uid"] == "705ab4f5-6393-11e8-b7cc-42010a800002" and answer["allowed"] is False
     assert "acme" in answer["status"]["message"] and "finops@acme.example" in answer["status"]["message"]
@@ -237,7 +237,7 @@ def test_admission_denies_new_gpu_pods_of_a_blocked_tenant_naming_the_budget_and
 def test_admission_allows_gpu_pods_when_the_budget_throttles_instead_of_blocking(acme, post_batch, minute_start, client):
     budget("0.50", action="throttle")
     spend(post_batch, minute_start, seq=1)
-    evaluate_budgets(now=timezone.now())
+    evaluate_budgets(now=clock.now())
     assert admit(client, review())["allowed"] is True
 
 
@@ -267,7 +267,7 @@ def test_forecast_carries_the_recent_rate_to_the_end_of_the_month(acme, post_bat
     from billing.services.invoicing import month_bounds
 
     spend(post_batch, minute_start, seq=1)  # 1.00 USD in the last hour
-    now = timezone.now()
+    now = clock.now()
     _, month_end = month_bounds(now.date().replace(day=1))
     forecast = forecast_month_end(tenant="acme", spend=Decimal(1), now=now)
     # At least an hour is observed, so the rate is at most 1.00 per hour.

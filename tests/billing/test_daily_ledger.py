@@ -14,7 +14,6 @@ from typing import Any
 
 import pytest
 from django.db import connection
-from django.utils import timezone
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -23,6 +22,7 @@ from billing.queries import dashboard, finance, portal
 from billing.queries.finance import DAYS, HOURS, ledger_for
 from billing.queries.scope import Scope
 from billing.services.rollup import rebuild_days, rebuild_ledger, rollup_usage
+from tests import clock
 from tests.conftest import A100, make_batch
 
 pytestmark = pytest.mark.django_db
@@ -41,7 +41,7 @@ POD = {  # pod -> tenant, tier
 
 def base_day() -> datetime:
     """Midnight UTC three days ago: three whole days of batches, all in the past."""
-    return timezone.now().astimezone(UTC).replace(hour=0, minute=0, second=0, microsecond=0) - timedelta(days=3)
+    return clock.now().astimezone(UTC).replace(hour=0, minute=0, second=0, microsecond=0) - timedelta(days=3)
 
 
 def day_of(at: datetime) -> datetime:
@@ -130,15 +130,15 @@ def test_days_are_the_exact_sums_of_hours_after_rollups_of_random_batches(post_b
         response = post_batch(payload)
         assert response.status_code == 201, response.content
         if i + 1 == split:  # part of the batches land after days were already rolled up
-            rollup_usage(now=timezone.now())
+            rollup_usage(now=clock.now())
             assert_days_equal_hours()
-    rollup_usage(now=timezone.now())
+    rollup_usage(now=clock.now())
     assert_days_equal_hours()
 
     # The readers give the same figures from days as from hours for a whole-day period.
     start, end = base, base + timedelta(days=3)
     assert ledger_for(start, end) is DAYS
-    now = timezone.now()
+    now = clock.now()
     from_days = (dashboard.get_finance_dashboard(scope=FINANCE, start=start, end=end),
                  dashboard.get_finance_dashboard(scope=ACME, start=start, end=end),
                  portal.get_tenant_portal(scope=FINANCE, slug="acme", start=start, end=end, now=now))
@@ -155,11 +155,11 @@ def test_a_late_batch_for_an_earlier_day_updates_that_day_only(post_batch, rate_
     day2 = day1 + timedelta(days=1)
     post_batch(make_batch(seq=1, start=day1))
     post_batch(make_batch(seq=2, start=day2))
-    rollup_usage(now=timezone.now())
+    rollup_usage(now=clock.now())
     before = {d.day: (d.seconds, d.charge) for d in UsageDay.objects.all()}
     assert before[day_of(day1)] == before[day_of(day2)] and before[day_of(day1)][0] == Decimal(10)
     post_batch(make_batch(seq=3, start=day1 + timedelta(hours=3, minutes=7), seconds=20))  # late, day 1
-    result = rollup_usage(now=timezone.now())
+    result = rollup_usage(now=clock.now())
     assert result.batches == 1
     after = {d.day: (d.seconds, d.charge, d.first_hour, d.last_hour) for d in UsageDay.objects.all()}
     assert after[day_of(day1)][0] == Decimal(30) and after[day_of(day1)][1] > before[day_of(day1)][1]
@@ -173,7 +173,7 @@ def test_rebuild_ledger_reprices_the_days_too(post_batch):
     at = base_day() + timedelta(hours=9)
     post_batch(make_batch(seq=1, start=at))
     post_batch(make_batch(seq=2, start=at + timedelta(hours=1)))
-    rollup_usage(now=timezone.now())
+    rollup_usage(now=clock.now())
     unpriced = GpuDay.objects.get()
     assert (unpriced.priced, unpriced.card_cost, unpriced.currency, unpriced.unpriced_seconds) == (
         False, 0, "", Decimal(20))
@@ -202,7 +202,7 @@ def test_the_migration_backfill_and_rebuild_days_give_what_the_rollup_wrote(post
     for seq, offset in enumerate((timedelta(hours=1), timedelta(hours=23, minutes=59, seconds=50),
                                   timedelta(days=1), timedelta(days=2, hours=12)), start=1):
         post_batch(make_batch(seq=seq, start=base + offset, gpus=2, workloads=workloads))
-    rollup_usage(now=timezone.now())
+    rollup_usage(now=clock.now())
     rolled = day_snapshot()
     assert len(rolled[1]) == 6  # 2 GPUs x 3 days
     UsageDay.objects.all().delete()

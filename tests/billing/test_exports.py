@@ -15,13 +15,13 @@ from io import StringIO
 
 import pytest
 from django.core.management import CommandError, call_command
-from django.utils import timezone
 
 from billing.models import Invoice, RateCard, Tenant
 from billing.queries.scope import FINANCE_GROUP, Scope
 from billing.services.exports import ALLOCATED_METHOD_ID, export_invoice
 from billing.services.invoicing import close_period
 from billing.services.rollup import rollup_usage
+from tests import clock
 from tests.conftest import SHARED_GPU_WORKLOADS, make_batch, user_in
 
 pytestmark = pytest.mark.django_db
@@ -52,7 +52,7 @@ def tenants(db):
 
 def usage(post_batch, *, at: datetime, seq: int, seconds: int = 10) -> None:
     assert post_batch(make_batch(start=at, seq=seq, seconds=seconds, workloads=SHARED_GPU_WORKLOADS)).status_code == 201
-    rollup_usage(now=timezone.now())
+    rollup_usage(now=clock.now())
 
 
 @pytest.fixture

@@ -11,12 +11,12 @@ from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 
 import pytest
-from django.utils import timezone
 
 from billing.models import Gpu, GpuHour, Node, PairedReport, RebalancePlan, Tenant, UsageHour
 from billing.queries.dashboard import IDLE_KEY, OTHER_KEY, get_finance_dashboard
 from billing.queries.scope import FINANCE_GROUP, Scope, get_scope
 from billing.web.charts import Series, nice_ticks, stacked_bar_chart
+from tests import clock
 from tests.conftest import user_in, with_day
 
 pytestmark = pytest.mark.django_db
@@ -227,7 +227,7 @@ def test_finance_page_shows_every_part_with_its_test_id(fleet, client):
 
 def test_quick_links_choose_this_month_last_month_and_last_seven_days(fleet, client):
     client.force_login(user_in(FINANCE_GROUP))
-    today = timezone.now().date()
+    today = clock.now().date()
     first = today.replace(day=1)
     prev_end = first - timedelta(days=1)
     html = client.get("/finance/").content.decode()

@@ -9,12 +9,12 @@ from decimal import Decimal
 
 import pytest
 from django.contrib.auth.models import User
-from django.utils import timezone
 
 from billing.models import RateCard, Tenant
 from billing.queries.finance import get_cost_summary
 from billing.queries.scope import FINANCE_GROUP, get_scope
 from billing.services.rollup import rollup_usage
+from tests import clock
 from tests.conftest import A100, make_batch, user_in
 
 pytestmark = pytest.mark.django_db
@@ -30,7 +30,7 @@ def ledger(post_batch, minute_start):
         {"gpu": 0, "tenant": "globex", "pod": "llm-1", "mem_used": 16384.0, "mem_granted": 16384.0, "sm_used": 21.6, "sm_granted": 21.6},
     ]
     assert post_batch(make_batch(start=minute_start, seconds=10, workloads=workloads)).status_code == 201
-    rollup_usage(now=timezone.now())
+    rollup_usage(now=clock.now())
     return minute_start
 
 

@@ -10,11 +10,11 @@ from datetime import timedelta
 import pytest
 from django.db import connection
 from django.test import override_settings
-from django.utils import timezone
 
 from billing.api import agent as agent_api
 from billing.models import AuditEvent, Gpu, UsageBatch
 from billing.services.tokens import issue_node_token, revoke_node_token
+from tests import clock
 from tests.conftest import iso, make_batch
 
 pytestmark = pytest.mark.django_db
@@ -100,7 +100,7 @@ def _mutations(start):
         ("bad tenant name", sample("tenant", "acme corp\t"), "$.samples[3].tenant"),
         ("wrong schema", set_key(["schema"], "v0"), "$.schema"),
         ("window end before start", set_key(["window", "end"], iso(start - timedelta(seconds=1))), "$.window"),
-        ("window in the future", set_key(["window", "end"], iso(timezone.now() + timedelta(hours=1))), "$.window.end"),
+        ("window in the future", set_key(["window", "end"], iso(clock.now() + timedelta(hours=1))), "$.window.end"),
         ("batch_seq not an integer", set_key(["batch_seq"], "7"), "$.batch_seq"),
         ("no gpus", set_key(["gpus"], []), "$.gpus"),
         ("gpu without memory", set_key(["gpus", 0, "memory_mb"], 0), "$.gpus[0].memory_mb"),
@@ -152,7 +152,7 @@ def test_unknown_token_is_401(post_batch, minute_start):
 
 
 def test_revoked_token_is_403_and_the_revocation_is_audited(post_batch, node_token, minute_start):
-    revoke_node_token(token_id=node_token.token_id, now=timezone.now(), actor_label="test")
+    revoke_node_token(token_id=node_token.token_id, now=clock.now(), actor_label="test")
     resp = post_batch(make_batch(start=minute_start))
     assert resp.status_code == 403
     assert "revoked" in resp.json()["errors"][0]["message"]
@@ -160,7 +160,7 @@ def test_revoked_token_is_403_and_the_revocation_is_audited(post_batch, node_tok
 
 
 def test_token_of_another_node_is_403(post_batch, minute_start):
-    other = issue_node_token(node_name="gpu-node-2", now=timezone.now(), actor_label="test")
+    other = issue_node_token(node_name="gpu-node-2", now=clock.now(), actor_label="test")
     resp = post_batch(make_batch(start=minute_start, node="gpu-node-1"), token=other.token)
     assert resp.status_code == 403
     assert raw_rows() == 0
@@ -229,7 +229,7 @@ def test_policy_endpoint_answers_with_etag_and_304_when_unchanged(client, node_t
 
 def test_node_events_land_in_the_audit_log_all_or_nothing(client, node_token):
     auth = {"HTTP_AUTHORIZATION": f"Bearer {node_token.token}"}
-    ok = {"events": [{"at": iso(timezone.now()), "action": "grant.shrunk", "target": "acme-prod/bert-1",
+    ok = {"events": [{"at": iso(clock.now()), "action": "grant.shrunk", "target": "acme-prod/bert-1",
                       "detail": {"mem_mb": 512}}]}
     resp = client.post("/api/v1/nodes/gpu-node-1/events", json.dumps(ok), content_type="application/json", **auth)
     assert resp.status_code == 201

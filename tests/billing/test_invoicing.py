@@ -10,12 +10,12 @@ from io import StringIO
 import pytest
 from django.core.management import call_command
 from django.db import DatabaseError, transaction
-from django.utils import timezone
 
 from billing.errors import InvalidInput
 from billing.models import AuditEvent, BillingPeriod, Invoice, InvoiceLine, RateCard, Tenant
 from billing.services.invoicing import close_period
 from billing.services.rollup import rollup_usage
+from tests import clock
 from tests.conftest import A100, SHARED_GPU_WORKLOADS, make_batch
 
 pytestmark = pytest.mark.django_db
@@ -46,7 +46,7 @@ def _raw(sql: str, *params: object) -> None:
 
 def usage(post_batch, *, at: datetime, seq: int, seconds: int = 10):
     assert post_batch(make_batch(start=at, seq=seq, seconds=seconds, workloads=SHARED_GPU_WORKLOADS)).status_code == 201
-    rollup_usage(now=timezone.now())
+    rollup_usage(now=clock.now())
 
 
 def test_closing_a_month_finalizes_one_invoice_per_tenant_with_lines_rounded_once(post_batch, priced):

@@ -10,13 +10,13 @@ from io import StringIO
 
 import pytest
 from django.core.management import call_command
-from django.utils import timezone
 
 from billing.errors import InvalidInput
 from billing.models import PairedReport
 from billing.services.paired_report import compute_paired_report, profile_fraction
 from billing.services.reports import request_paired_report, run_paired_report
 from billing.services.rollup import rollup_usage
+from tests import clock
 from tests.conftest import SHARED_GPU_WORKLOADS, make_batch
 
 pytestmark = pytest.mark.django_db
@@ -35,7 +35,7 @@ def fifteen_minutes(post_batch, one_usd_per_gpu_second):
     for i in range(15):  # one 60 s batch per minute: p = 1 USD per GPU-second
         batch = make_batch(start=START + timedelta(minutes=i), seq=i + 1, seconds=60, workloads=SHARED_GPU_WORKLOADS)
         assert post_batch(batch).status_code == 201
-    rollup_usage(now=timezone.now())
+    rollup_usage(now=clock.now())
 
 
 @pytest.mark.parametrize(("peak_mb", "fraction"), [(8192, "1/7"), (10240, "1/7"), (10241, "2/7"), (30000, "3/7"),
@@ -66,7 +66,7 @@ def test_report_figures_on_a_hand_computable_fleet_with_cold_start_excluded(fift
 
 
 def test_report_job_reports_progress_stores_the_result_and_runs_twice_safely(fifteen_minutes):
-    report = request_paired_report(start=START, end=START + timedelta(hours=1), now=timezone.now(),
+    report = request_paired_report(start=START, end=START + timedelta(hours=1), now=clock.now(),
                                    actor_label="test")
     assert report.status == PairedReport.Status.PENDING
     from billing import tasks
@@ -79,7 +79,7 @@ def test_report_job_reports_progress_stores_the_result_and_runs_twice_safely(fif
 
 
 def test_bad_periods_are_refused_with_the_reason():
-    now = timezone.now()
+    now = clock.now()
     with pytest.raises(InvalidInput, match="after its start"):
         request_paired_report(start=now, end=now - timedelta(days=1), now=now, actor_label="test")
     with pytest.raises(InvalidInput, match="at most"):

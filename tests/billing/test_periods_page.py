@@ -11,27 +11,29 @@ from unittest import mock
 
 import pytest
 from django.contrib.auth.models import User
-from django.utils import timezone
 
 from billing import tasks
 from billing.models import AuditEvent, BillingPeriod, Invoice, Tenant
 from billing.queries.scope import ADMIN_GROUP, FINANCE_GROUP
 from billing.services.invoicing import close_period
 from billing.services.rollup import rollup_usage
+from tests import clock
 from tests.conftest import SHARED_GPU_WORKLOADS, make_batch, user_in
 
 pytestmark = pytest.mark.django_db
 
-# Months relative to the real clock: the page decides "over" with timezone.now().
-THIS_MONTH = timezone.now().date().replace(day=1)
-LAST_MONTH = (THIS_MONTH - timedelta(days=1)).replace(day=1)
+# The page decides "over" with the clock, so these tests hold it in the middle of a month
+# (ticking) whatever day they run on; the edges of a month have tests of their own at the end.
+MID_MONTH = datetime(2027, 3, 15, 12, 0, tzinfo=UTC)
+THIS_MONTH = date(2027, 3, 1)
+LAST_MONTH = date(2027, 2, 1)
 LAST = f"{LAST_MONTH:%Y-%m}"
 THIS = f"{THIS_MONTH:%Y-%m}"
 
 
 @pytest.fixture(autouse=True)
-def _last_month_stays_billable(settings):
-    settings.VGPU_LATE_USAGE_HORIZON = timedelta(days=36500)
+def _mid_month(time_machine):
+    time_machine.move_to(MID_MONTH, tick=True)
 
 
 def at(month: date, day: int) -> datetime:
@@ -42,7 +44,7 @@ def at(month: date, day: int) -> datetime:
 def last_month_usage(post_batch, one_usd_per_gpu_second):
     """acme 10 % and globex 20 % of a card for 10 s at 1 USD per GPU-second: 1.00 and 2.00 USD."""
     assert post_batch(make_batch(start=at(LAST_MONTH, 15), seq=1, workloads=SHARED_GPU_WORKLOADS)).status_code == 201
-    rollup_usage(now=timezone.now())
+    rollup_usage(now=clock.now())
 
 
 def login(client, *, group: str | None = None, tenant: str | None = None) -> User:
@@ -67,7 +69,7 @@ def row_html(page: str, month: str) -> str:
 def test_close_request_is_recorded_audited_enqueued_then_the_task_closes_the_month(
         client, post_batch, last_month_usage, minute_start, django_capture_on_commit_callbacks):
     assert post_batch(make_batch(start=minute_start, seq=2, workloads=SHARED_GPU_WORKLOADS)).status_code == 201
-    rollup_usage(now=timezone.now())
+    rollup_usage(now=clock.now())
     user = login(client, group=FINANCE_GROUP)
     ready = client.get("/periods/").content.decode()
     assert 'data-state="ready"' in row_html(ready, LAST) and 'data-testid="close-button"' in row_html(ready, LAST)
@@ -111,7 +113,7 @@ def test_progress_is_written_on_the_row_while_invoices_are_finalized(last_month_
         row = BillingPeriod.objects.get(month=LAST_MONTH)
         seen.append((pct, row.status, row.progress_pct))
 
-    close_period(month=LAST_MONTH, now=timezone.now(), progress=watch)
+    close_period(month=LAST_MONTH, now=clock.now(), progress=watch)
     # Lines computed (5 %), acme's invoice (50 %), globex's (95 %), period closed (100 %).
     assert seen == [(5, "closing", 5), (50, "closing", 50), (95, "closing", 95), (100, "closed", 100)]
 
@@ -145,7 +147,7 @@ def test_an_unfinished_month_is_refused_with_the_reason_and_nothing_is_recorded(
 
 def test_unpriced_usage_is_refused_with_the_reason(client, post_batch, django_capture_on_commit_callbacks):
     assert post_batch(make_batch(start=at(LAST_MONTH, 15), seq=1)).status_code == 201  # no rate card
-    rollup_usage(now=timezone.now())
+    rollup_usage(now=clock.now())
     login(client, group=FINANCE_GROUP)
     page = client.get("/periods/").content.decode()
     assert 'data-testid="period-unpriced"' in row_html(page, LAST)
@@ -165,7 +167,7 @@ def test_a_failed_close_shows_its_error_and_retry_resumes_it(
             raise RuntimeError("worker lost the database at acme")
 
     with pytest.raises(RuntimeError):
-        close_period(month=LAST_MONTH, now=timezone.now(), progress=crash_after_first_invoice)
+        close_period(month=LAST_MONTH, now=clock.now(), progress=crash_after_first_invoice)
     period = BillingPeriod.objects.get(month=LAST_MONTH)
     assert (period.status, period.error) == ("failed", "worker lost the database at acme")
     assert Invoice.objects.filter(status="finalized").count() == 1
@@ -197,7 +199,7 @@ def test_usage_that_becomes_unpriced_after_the_request_fails_the_job_with_the_re
          "sm_granted": 1.0}])
     late["gpus"][1]["model"] = "NVIDIA T4"  # no rate card for it
     assert post_batch(late).status_code == 201
-    rollup_usage(now=timezone.now())
+    rollup_usage(now=clock.now())
     result = tasks.close_period.apply(args=[LAST])
     assert result.failed()
     period = BillingPeriod.objects.get(month=LAST_MONTH)
@@ -262,7 +264,7 @@ def test_a_real_worker_closes_the_month_requested_from_the_page(client, last_mon
 
 def backdate_progress(seconds: int) -> datetime:
     """Make the close look quiet for `seconds` (as if its worker died that long ago)."""
-    progress_at = timezone.now() - timedelta(seconds=seconds)
+    progress_at = clock.now() - timedelta(seconds=seconds)
     BillingPeriod.objects.filter(month=LAST_MONTH).update(progress_at=progress_at)
     return progress_at
 
@@ -302,8 +304,9 @@ def test_every_progress_write_moves_progress_at(last_month_usage):
         assert at is not None
         seen.append(at)
 
-    start = timezone.now()
-    close_period(month=LAST_MONTH, now=start - timedelta(days=3), progress=watch)  # `now` is not the clock used
+    start = clock.now()
+    month_end = datetime(THIS_MONTH.year, THIS_MONTH.month, 1, tzinfo=UTC)
+    close_period(month=LAST_MONTH, now=month_end, progress=watch)  # the heartbeat is the clock, not `now`
     assert len(seen) == 4 and seen == sorted(seen) and len(set(seen)) == 4
     assert seen[0] >= start - timedelta(seconds=5)
 
@@ -357,7 +360,7 @@ def test_resume_by_the_service_clock_enqueues_only_a_stalled_close(
     from billing.services.invoicing import request_period_close, resume_period_close
 
     calls: list[str] = []
-    requested_at = timezone.now()
+    requested_at = clock.now()
     request_period_close(month=LAST_MONTH, now=requested_at, actor_label="t", actor_id=None, enqueue=calls.append)
 
     def resume(after_s: int) -> bool:
@@ -380,7 +383,7 @@ def test_resume_is_refused_for_a_month_that_is_not_closing_and_for_tenant_member
     assert client.get(f"/periods/{LAST}/resume").status_code == 405
 
     client.logout()
-    BillingPeriod.objects.create(month=LAST_MONTH, status="closing", progress_at=timezone.now() - timedelta(hours=2))
+    BillingPeriod.objects.create(month=LAST_MONTH, status="closing", progress_at=clock.now() - timedelta(hours=2))
     login(client, tenant="acme")
     resp, enqueue = press_resume(client, LAST, django_capture_on_commit_callbacks)
     assert resp.status_code == 403
@@ -407,7 +410,7 @@ def test_two_closes_running_at_once_finalize_each_invoice_once(last_month_usage,
 
     def run() -> None:
         try:
-            results.append(close_period(month=LAST_MONTH, now=timezone.now(), progress=wait_for_the_other))
+            results.append(close_period(month=LAST_MONTH, now=clock.now(), progress=wait_for_the_other))
         except BaseException as exc:  # noqa: BLE001 - reported by the assertion below
             errors.append(exc)
         finally:
@@ -426,3 +429,37 @@ def test_two_closes_running_at_once_finalize_each_invoice_once(last_month_usage,
     assert BillingPeriod.objects.get(month=LAST_MONTH).status == "closed"
     assert AuditEvent.objects.filter(action="invoice.finalized").count() == 2
     assert AuditEvent.objects.filter(action="billing_period.closed").count() == 1
+
+
+# The edges of a month, where "this month" and "last month" change under the user.
+
+
+def test_in_the_last_minute_of_a_month_it_cannot_be_closed_yet(
+        client, time_machine, post_batch, one_usd_per_gpu_second, django_capture_on_commit_callbacks):
+    time_machine.move_to(datetime(2027, 2, 28, 23, 59, 30, tzinfo=UTC), tick=True)  # 2027 is no leap year
+    assert post_batch(make_batch(start=datetime(2027, 2, 28, 23, 58, tzinfo=UTC), seq=1)).status_code == 201
+    rollup_usage(now=clock.now())
+    login(client, group=FINANCE_GROUP)
+    assert 'data-state="open"' in row_html(client.get("/periods/").content.decode(), "2027-02")
+    resp, enqueue = press_close(client, "2027-02", django_capture_on_commit_callbacks)
+    assert resp.status_code == 400
+    assert "2027-02 is not over yet; it can be closed from 2027-03-01 00:00 UTC" in resp.content.decode()
+    enqueue.assert_not_called()
+    assert not BillingPeriod.objects.exists()
+
+
+def test_in_the_first_minute_of_a_month_the_month_before_closes_with_its_last_second(
+        client, time_machine, post_batch, one_usd_per_gpu_second, django_capture_on_commit_callbacks):
+    time_machine.move_to(datetime(2028, 3, 1, 0, 0, 20, tzinfo=UTC), tick=True)  # after 29 February 2028
+    last_seconds = datetime(2028, 2, 29, 23, 59, 50, tzinfo=UTC)  # 10 s that end at midnight
+    assert post_batch(make_batch(start=last_seconds, seq=1, workloads=SHARED_GPU_WORKLOADS)).status_code == 201
+    rollup_usage(now=clock.now())
+    login(client, group=FINANCE_GROUP)
+    page = client.get("/periods/").content.decode()
+    assert 'data-state="ready"' in row_html(page, "2028-02") and "close-button" in row_html(page, "2028-02")
+    resp, enqueue = press_close(client, "2028-02", django_capture_on_commit_callbacks)
+    assert resp.status_code == 302
+    enqueue.assert_called_once_with("2028-02")
+    tasks.close_period.apply(args=["2028-02"]).get()
+    totals = {i.tenant.slug: i.total_minor for i in Invoice.objects.select_related("tenant")}
+    assert totals == {"acme": 100, "globex": 200}  # 10 % and 20 % of a card for the month's last 10 s

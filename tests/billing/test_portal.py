@@ -12,13 +12,13 @@ from html.parser import HTMLParser
 from typing import Any
 
 import pytest
-from django.utils import timezone
 
 from billing.models import BillingPeriod, Invoice, Node, RateCard, Tenant, UsageHour
 from billing.queries.portal import TenantNotFound, get_tenant_portal
 from billing.queries.scope import ADMIN_GROUP, FINANCE_GROUP, get_scope
 from billing.services.budgets import evaluate_budgets, set_budget
 from billing.services.invoicing import month_bounds
+from tests import clock
 from tests.conftest import A100, user_in, with_day
 
 pytestmark = pytest.mark.django_db
@@ -49,7 +49,7 @@ def ledger(db) -> datetime:
                             effective_from=datetime(2020, 1, 1, tzinfo=UTC), source_url="https://example.org")
     Tenant.objects.create(slug="acme", name="Acme Robotics")
     Tenant.objects.create(slug="globex", name="Globex Corp")
-    hour = timezone.now().replace(minute=0, second=0, microsecond=0)
+    hour = clock.now().replace(minute=0, second=0, microsecond=0)
     month_start, _ = month_bounds(hour.date().replace(day=1))
     usage(hour, charge="1.50", idle="0.25", share_gpu_s="1800", mem_used_gb_h="2", mem_granted_gb_h="4",
           sm_used_h="10.8", sm_granted_h="21.6")
@@ -107,9 +107,9 @@ def expected_forecast(spend: Decimal, recent: Decimal, now: datetime) -> Decimal
 
 def test_member_sees_month_to_date_forecast_and_workloads_of_their_tenant(client, ledger):
     client.force_login(user_in(tenants=("acme",)))
-    before = timezone.now()
+    before = clock.now()
     resp = client.get("/tenants/acme/")
-    after = timezone.now()
+    after = clock.now()
     assert resp.status_code == 200
     portal = resp.context["portal"]
     # 1.50 + 0.25 idle + 0.50 + 3.00; last month's 100 and globex's 9 are not acme's month to date.
@@ -143,7 +143,7 @@ def test_another_tenants_portal_is_404_like_a_tenant_that_does_not_exist(client,
     assert client.get("/tenants/globex/", {"start": "2026-05-02", "end": "2026-05-01"}).status_code == 404
     assert client.get("/tenants/no-such-tenant/").status_code == 404
     # Decided in the query, not the template.
-    now = timezone.now()
+    now = clock.now()
     with pytest.raises(TenantNotFound):
         get_tenant_portal(scope=get_scope(member), slug="globex", start=now - timedelta(days=1), end=now, now=now)
 
@@ -156,9 +156,9 @@ def test_user_without_membership_sees_no_portal(client, ledger):
 
 
 def test_finance_lists_every_tenant_with_month_to_date_and_opens_any_portal(client, ledger):
-    set_budget(tenant_slug="acme", now=timezone.now(), actor_label="test",
+    set_budget(tenant_slug="acme", now=clock.now(), actor_label="test",
                values={"amount": Decimal("10"), "currency": "USD", "owner": "finops@acme.example"})
-    evaluate_budgets(now=timezone.now())
+    evaluate_budgets(now=clock.now())
     client.force_login(user_in(group=FINANCE_GROUP))
     resp = client.get("/tenants/")
     rows = {r.slug: r for r in resp.context["tenants"]}
@@ -199,10 +199,10 @@ def test_root_sends_anonymous_users_to_login(client):
 
 
 def test_budget_status_shows_state_bar_action_and_owner(client, ledger):
-    set_budget(tenant_slug="acme", now=timezone.now(), actor_label="test",
+    set_budget(tenant_slug="acme", now=clock.now(), actor_label="test",
                values={"amount": Decimal("5"), "currency": "USD", "hard_action": "block",
                        "owner": "finops@acme.example"})
-    evaluate_budgets(now=timezone.now())
+    evaluate_budgets(now=clock.now())
     client.force_login(user_in(tenants=("acme",)))
     resp = client.get("/tenants/acme/")
     html = resp.content.decode()
@@ -279,7 +279,7 @@ def test_bad_period_answers_400_with_the_reason(client, ledger):
 def _invoice(slug: str, month: date) -> Invoice:
     period = BillingPeriod.objects.get_or_create(month=month)[0]
     return Invoice.objects.create(tenant=Tenant.objects.get(slug=slug), period=period, currency="USD",
-                                  number=f"VGL-{month:%Y%m}-{slug}", total_minor=12345, created_at=timezone.now())
+                                  number=f"VGL-{month:%Y%m}-{slug}", total_minor=12345, created_at=clock.now())
 
 
 @pytest.mark.parametrize("viewer", [{"tenants": ("acme",)}, {"group": FINANCE_GROUP}])

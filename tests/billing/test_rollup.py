@@ -7,10 +7,10 @@ from decimal import Decimal
 
 import pytest
 from django.db.models import Sum
-from django.utils import timezone
 
 from billing.models import GpuHour, GpuMinute, RateCard, UsageBatch, UsageHour, UsageMinute
 from billing.services.rollup import rebuild_ledger, rollup_usage
+from tests import clock
 from tests.conftest import A100, make_batch
 
 pytestmark = pytest.mark.django_db
@@ -40,7 +40,7 @@ def test_rollup_prices_a_known_workload_exactly(post_batch, minute_start, rate_c
     workload = {"gpu": 0, "tenant": "acme", "pod": "llm-1", "mem_used": 1000.0, "mem_granted": 40960.0,
                 "sm_used": 1.0, "sm_granted": 27.0}
     assert post_batch(make_batch(start=minute_start, workloads=[workload])).status_code == 201
-    result = rollup_usage(now=timezone.now())
+    result = rollup_usage(now=clock.now())
     assert (result.batches, result.gpu_minutes) == (1, 1)
     usage = UsageMinute.objects.get()
     assert usage.charge == Decimal("0.003750000000")
@@ -55,9 +55,9 @@ def test_rollup_prices_a_known_workload_exactly(post_batch, minute_start, rate_c
 def test_running_the_rollup_twice_changes_nothing(post_batch, minute_start, rate_card):
     for seq in range(1, 4):
         post_batch(make_batch(start=minute_start + timedelta(seconds=10 * (seq - 1)), seq=seq))
-    rollup_usage(now=timezone.now())
+    rollup_usage(now=clock.now())
     first = snapshot()
-    second_result = rollup_usage(now=timezone.now())
+    second_result = rollup_usage(now=clock.now())
     assert second_result.batches == 0
     assert snapshot() == first
     rebuild_ledger(start=minute_start - timedelta(hours=1), end=minute_start + timedelta(hours=1))
@@ -73,7 +73,7 @@ def test_ledgers_reconcile_every_gpu_window_and_hours_equal_their_minutes(post_b
     # 150 s across three minutes and two GPUs; the second GPU-0 workload overcommits under `max`.
     for seq in range(15):
         post_batch(make_batch(start=minute_start + timedelta(seconds=10 * seq), seq=seq + 1, gpus=2, workloads=workloads))
-    rollup_usage(now=timezone.now())
+    rollup_usage(now=clock.now())
     for gm in GpuMinute.objects.all():
         assert gm.charged + gm.idle_cost == gm.card_cost
         charged = UsageMinute.objects.filter(gpu_uuid=gm.gpu_uuid, minute=gm.minute).aggregate(s=Sum("charge"))["s"]
@@ -87,10 +87,10 @@ def test_ledgers_reconcile_every_gpu_window_and_hours_equal_their_minutes(post_b
 
 def test_a_late_batch_lands_in_an_already_rolled_minute(post_batch, minute_start, rate_card):
     post_batch(make_batch(start=minute_start, seq=1))
-    rollup_usage(now=timezone.now())
+    rollup_usage(now=clock.now())
     before = GpuMinute.objects.get().metered_seconds
     post_batch(make_batch(start=minute_start + timedelta(seconds=10), seq=2))
-    rollup_usage(now=timezone.now())
+    rollup_usage(now=clock.now())
     gm = GpuMinute.objects.get()
     assert (before, gm.metered_seconds) == (Decimal(10), Decimal(20))
     assert UsageMinute.objects.get().seconds == Decimal(20)
@@ -98,7 +98,7 @@ def test_a_late_batch_lands_in_an_already_rolled_minute(post_batch, minute_start
 
 def test_usage_without_a_rate_card_is_kept_unpriced_and_priced_after_a_rebuild(post_batch, minute_start):
     post_batch(make_batch(start=minute_start))
-    rollup_usage(now=timezone.now())
+    rollup_usage(now=clock.now())
     gm = GpuMinute.objects.get()
     assert not gm.priced and gm.card_cost == 0
     assert UsageMinute.objects.get().mem_used_mb_s == Decimal("3125")

@@ -13,7 +13,6 @@ import pytest
 from django.contrib.auth.models import Group, User
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
-from django.utils import timezone
 from django.utils.formats import date_format
 
 from billing.errors import InvalidInput
@@ -26,6 +25,7 @@ from billing.services.invoicing import (
     scheduled_close_at,
 )
 from billing.services.rollup import rollup_usage
+from tests import clock
 from tests.conftest import A100, SHARED_GPU_WORKLOADS, make_batch
 
 pytestmark = pytest.mark.django_db
@@ -43,7 +43,7 @@ def _fixed_dates_stay_billable(settings):
 def usage(post_batch, *, at: datetime, seq: int, seconds: int = 10, workloads=None) -> None:
     batch = make_batch(start=at, seq=seq, seconds=seconds, workloads=workloads or SHARED_GPU_WORKLOADS)
     assert post_batch(batch).status_code == 201
-    rollup_usage(now=timezone.now())
+    rollup_usage(now=clock.now())
 
 
 def as_stored(lines) -> list[tuple]:
