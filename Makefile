@@ -11,7 +11,7 @@ PY := $(VENV)/bin/python
 RUNTIME := $(VENV)/.installed-runtime
 DEV := $(VENV)/.installed-dev
 
-.PHONY: demo test lint install bench clean browser-deps screenshots
+.PHONY: demo test test-dates lint install bench clean browser-deps screenshots
 
 $(PY):
 	@test -n "$(PYTHON)" || { echo "Python 3.11 or 3.12 is required (set PYTHON=/path/to/python3.x)"; exit 1; }
@@ -40,16 +40,25 @@ lint: $(DEV)
 SUDO := $(shell [ "$$(id -u)" = 0 ] || command -v sudo >/dev/null && [ "$$(id -u)" != 0 ] && echo sudo)
 APT_BROWSER := chromium fonts-noto-cjk
 
+# $(call apt_install,PACKAGES,REASON): Debian packages, with one `apt-get update` only when needed.
+apt_install = $(SUDO) apt-get install -y --no-install-recommends $(1) >/dev/null \
+	  || { $(SUDO) apt-get update >/dev/null && $(SUDO) apt-get install -y --no-install-recommends $(1) >/dev/null; } \
+	  || { echo "could not install $(1) with apt-get: $(2)"; exit 1; }
+
 browser-deps:
 	@if [ ! -x /usr/bin/chromium ] || ! fc-list :lang=zh 2>/dev/null | grep -q .; then \
 	  echo "installing Debian's $(APT_BROWSER) for the browser tests"; \
-	  $(SUDO) apt-get install -y --no-install-recommends $(APT_BROWSER) >/dev/null \
-	  || { $(SUDO) apt-get update >/dev/null && $(SUDO) apt-get install -y --no-install-recommends $(APT_BROWSER) >/dev/null; } \
-	  || { echo "could not install $(APT_BROWSER) with apt-get: the browser tests need them"; exit 1; }; \
+	  $(call apt_install,$(APT_BROWSER),the browser tests need them); \
 	fi
 
 test: lint browser-deps
 	$(PY) -m config.embedded -- $(PY) -m pytest
+
+# The whole suite with the clock of the whole process tree at the edges of months and years
+# (tests/dates.py; Debian's faketime). TEST_DATES_ARGS passes e.g. `--at 2027-06-30T23:59:00Z -- tests/billing`.
+test-dates: lint browser-deps
+	@command -v faketime >/dev/null || { echo "installing Debian's faketime"; $(call apt_install,faketime,make test-dates needs it); }
+	$(PY) -m tests.dates $(TEST_DATES_ARGS)
 
 # Refreshes the README's screenshots from a live demo (the browser tests take them).
 screenshots: $(DEV) browser-deps

@@ -105,12 +105,14 @@ def test_new_price_supersedes_the_open_card_writing_both_rows_and_two_audit_even
     ({"source_note": "   "}, "This field is required"),
     ({"gpu_model": ""}, "This field is required"),
     ({"effective_from": "yesterday"}, "Enter a valid date/time"),
-    ({"effective_from": local(clock.now() - timedelta(hours=1))}, "is in the past"),
-    ({"effective_from": local(future_minute()) + ":30"}, "must be a whole minute"),
+    # Instants are read when the test runs (a callable), never while collecting.
+    ({"effective_from": lambda: local(clock.now() - timedelta(hours=1))}, "is in the past"),
+    ({"effective_from": lambda: local(future_minute()) + ":30"}, "must be a whole minute"),
 ])
 def test_each_broken_rule_is_a_400_with_its_message_and_changes_nothing(client, open_card, overrides, message):
     login(client, "admin")
     before = snapshot()
+    overrides = {key: value() if callable(value) else value for key, value in overrides.items()}
     resp = client.post("/rate-cards/", new_price(**overrides))
     assert resp.status_code == 400
     assert message in resp.content.decode()
