@@ -9,7 +9,8 @@ one month and runs in the next. `make test-dates` runs the whole process tree at
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+import time
+from datetime import UTC, datetime, timedelta
 
 _collecting = True
 
@@ -26,3 +27,16 @@ def now() -> datetime:
         raise RuntimeError("read the clock inside a test or a fixture, not at import time: "
                            "a value taken while collecting is stale by the time the test runs")
     return datetime.now(UTC)  # noqa: TID251 - the one place tests read the wall clock
+
+
+def month_start(at: datetime) -> datetime:
+    return at.astimezone(UTC).replace(day=1, hour=0, minute=0, second=0, microsecond=0)
+
+
+def wait_until_the_month_holds(past: timedelta) -> None:
+    """For tests that run real processes on the real clock and need the last `past` to lie in the
+    current month (budgets count the month to date): in the first `past` of a month, sleep until
+    it does. Waits at most `past`, and only then."""
+    wait = (month_start(now()) + past - now()).total_seconds()
+    if wait > 0:
+        time.sleep(wait)

@@ -129,6 +129,17 @@ def post_batch(client: Client, node_token: IssuedToken) -> Callable[..., Any]:
 
 
 @pytest.fixture
+def mid_month(time_machine) -> datetime:  # type: ignore[no-untyped-def]
+    """Holds this process's clock (ticking) at noon on the 15th of the current month, for tests of
+    "this month" that are not about a month's edges (those have tests of their own). Only for
+    tests that run in this process: a subprocess keeps the real clock."""
+    today = clock.now()
+    noon = datetime(today.year, today.month, 15, 12, tzinfo=UTC)
+    time_machine.move_to(noon, tick=True)
+    return noon
+
+
+@pytest.fixture
 def minute_start() -> datetime:
     """A whole UTC minute a little in the past, so windows are never in the future."""
     return clock.now().replace(second=0, microsecond=0) - timedelta(minutes=10)

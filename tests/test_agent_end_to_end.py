@@ -167,7 +167,9 @@ def test_budget_throttle_shrinks_grants_and_evict_best_effort_evicts_from_the_ne
     ]
     node_files["scenario"].write_text(json.dumps(scenario(workloads)))
     add_pods(kube, workloads)
-    start = clock.now().replace(microsecond=0) - timedelta(minutes=3)
+    # Budgets count this month's spend: the metered minute and a half must lie in this month.
+    clock.wait_until_the_month_holds(timedelta(seconds=90))
+    start = clock.now().replace(microsecond=0) - timedelta(seconds=90)
     # First run: no budget anywhere; usage reaches the ledger and is priced.
     assert run_agent(node_files, live_server.url, kube, seconds=30, start=start, extra=("--enforcer", "watchdog")) == 0
     before = spooled_samples(node_files["spool"])

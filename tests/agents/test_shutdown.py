@@ -31,7 +31,7 @@ def test_sigterm_spools_the_partial_batch_and_exits_zero(tmp_path: Path) -> None
     command = [sys.executable, "-m", "agents", "run", "--server", url, "--token-file", "token"]
     command += ["--backend", "sim", "--scenario", "scenario.json", "--spool", str(spool_path)]
     command += ["--tick-ms", "100", "--batch-seconds", "60"]
-    env = dict(os.environ, PYTHONPATH=str(REPO))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, (str(REPO), os.environ.get("PYTHONPATH")))))
     agent = subprocess.Popen(command, cwd=tmp_path, env=env, stderr=subprocess.PIPE, text=True)
     try:
         time.sleep(3.5)  # at least two whole metered seconds, well inside the 60 s batch

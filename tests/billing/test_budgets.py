@@ -41,7 +41,8 @@ def test_state_is_monotonic_in_spend_and_thresholds_are_inclusive(spend, amount,
 
 
 @pytest.fixture
-def acme(db):
+def acme(db, mid_month):
+    """acme's usage lands in "this month" of a clock held mid-month: budgets count the month to date."""
     RateCard.objects.create(gpu_model=A100["model"], currency="USD", price_per_gpu_hour=Decimal("3600"),
                             effective_from=datetime(2020, 1, 1, tzinfo=UTC), source_url="https://example.org")
     return Tenant.objects.create(slug="acme", name="Acme Robotics", namespaces=["acme-prod"])

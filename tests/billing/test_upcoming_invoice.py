@@ -142,8 +142,9 @@ def test_a_month_that_has_not_begun_has_no_preview(db):
 # --- On the pages ----------------------------------------------------------------------------
 
 @pytest.fixture
-def this_month(post_batch, one_usd_per_gpu_second, minute_start) -> datetime:
-    """acme 1.00 USD and globex 2.00 USD of usage this month; both tenants have portal rows."""
+def this_month(mid_month, post_batch, one_usd_per_gpu_second, minute_start) -> datetime:
+    """acme 1.00 USD and globex 2.00 USD of usage this month (ten minutes before the clock, held
+    mid-month); both tenants have portal rows."""
     Tenant.objects.create(slug="acme", name="Acme Robotics")
     Tenant.objects.create(slug="globex", name="Globex Corp")
     usage(post_batch, at=minute_start, seq=1)

@@ -44,9 +44,16 @@ def browser() -> Iterator[Browser]:
     if not (Path(CHROMIUM).exists() or shutil.which(CHROMIUM)):
         pytest.fail(f"{CHROMIUM} is missing: `make test` installs Debian's chromium (apt-get install chromium)")
     with sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        b = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, env=_browser_env())
         yield b
         b.close()
+
+
+def _browser_env() -> dict[str, str]:
+    """The browser is the user's machine, not the product: under `make test-dates` it keeps the
+    real clock (libfaketime slows Chromium down until page loads time out). The server's cookies
+    still outlive it, since the faked instants lie ahead of the real clock."""
+    return {k: v for k, v in os.environ.items() if k != "LD_PRELOAD" and not k.startswith("FAKETIME")}
 
 
 @pytest.fixture(scope="session")
