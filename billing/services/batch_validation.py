@@ -1,4 +1,5 @@
-"""Validation of a usage batch against wire protocol v1 (DESIGN §3). Pure: no ORM.
+"""Validation of a usage batch against wire protocol v1 (DESIGN §3). Pure: no queries (the
+bounds come from the columns that store each field, billing.services.input_limits).
 
 Every rule violation is collected (up to MAX_ERRORS) with a JSON path, so an agent author
 sees all problems at once; any error means nothing of the batch is stored.
@@ -16,7 +17,9 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from billing.errors import FieldError, InvalidBatch
+from billing.errors import FieldError, InvalidBatch, PayloadTooLarge
+from billing.models import BatchGpu, Node, UsageMinute
+from billing.services.input_limits import integer_max, max_length
 
 __all__ = ["SCHEMA", "BatchGpuDecl", "ValidatedBatch", "validate_batch"]
 
@@ -28,10 +31,25 @@ _TOLERANCE = 1e-9
 _QUANTITIES = ("mem_used_mb_s", "mem_granted_mb_s", "sm_used_s", "sm_granted_s", "pcie_mb")
 _NAME_FIELDS = ("tenant", "namespace", "pod", "container", "pod_uid", "sla_tier")
 # Names we accept in samples: Kubernetes-style names and UIDs, plus '_' for synthetic ones
-# ("unattributed", "pid-123"). No whitespace or control characters, so COPY needs no escaping.
-_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/-]{0,252}$")
+# ("unattributed", "pid-123"). No whitespace or control characters, so COPY needs no escaping;
+# matched whole (fullmatch: `$` would let a trailing newline through).
+_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:/-]*")
 _OPTIONAL_NAMES = frozenset({"container", "pod_uid", "sla_tier"})
+# Each bound is the column the value lands in (raw samples share the ledger's widths).
+_NAME_MAX = {key: max_length(UsageMinute, key) for key in _NAME_FIELDS}
+_NODE_MAX = max_length(Node, "name")
+_UUID_MAX = max_length(BatchGpu, "gpu_uuid")
+_MODEL_MAX = max_length(BatchGpu, "model")
+_CAPACITY_MAX = {key: integer_max(BatchGpu, key) for key in ("memory_mb", "sm_count")}
+# PCIe has no declared capacity, so it gets a physical one: 10 TB/s per GPU, above any link
+# today (NVLink 5 moves 1.8 TB/s). Memory and SM·s are bounded by the card's capacity. Either
+# way a GPU-month of the largest rate fits the ledger's numeric(30, 10) columns, which a rollup
+# could otherwise overflow, stopping billing for the fleet.
+MAX_PCIE_MB_PER_S = 1e7
+# A workload is one container on one GPU: it may be metered once per second.
+_WORKLOAD = (1, 2, 3, 4)  # indexes of namespace, pod, container, pod_uid in a sample's names
 _MINUTE = timedelta(minutes=1)
+_YEARS = (2000, 9000)
 _FLOAT_MAX = sys.float_info.max
 
 
@@ -76,6 +94,9 @@ def _parse_time(value: Any) -> datetime:
     parsed = datetime.fromisoformat(value)
     if parsed.tzinfo is None:
         raise ValueError("must carry a UTC offset")
+    if not _YEARS[0] <= parsed.year <= _YEARS[1]:
+        # Arithmetic on the edges of datetime's range (year 1 or 9999) would overflow.
+        raise ValueError(f"must lie between the years {_YEARS[0]} and {_YEARS[1]}")
     return parsed.astimezone(UTC)
 
 
@@ -88,8 +109,8 @@ def _validate_header(
     if payload.get("schema") != SCHEMA:
         errors.add("$.schema", f"must be {SCHEMA!r}")
     node = payload.get("node")
-    if not isinstance(node, str) or not node:
-        errors.add("$.node", "must be a non-empty string")
+    if not isinstance(node, str) or not 1 <= len(node) <= _NODE_MAX:
+        errors.add("$.node", f"must be a node name of 1 to {_NODE_MAX} characters")
     seq = payload.get("batch_seq")
     if not isinstance(seq, int) or isinstance(seq, bool) or not 0 <= seq < 2**63:
         errors.add("$.batch_seq", "must be an integer in [0, 2^63)")
@@ -142,18 +163,18 @@ def _validate_gpus(raw: Any, errors: _Errors) -> dict[str, BatchGpuDecl]:
         memory_mb: Any = gpu.get("memory_mb")
         sm_count: Any = gpu.get("sm_count")
         ok = True
-        if not isinstance(uuid, str) or not _NAME_RE.match(uuid):
-            errors.add(f"{path}.uuid", "must be a GPU UUID string")
+        if not isinstance(uuid, str) or len(uuid) > _UUID_MAX or not _NAME_RE.fullmatch(uuid):
+            errors.add(f"{path}.uuid", f"must be a GPU UUID of letters, digits and . _ : / - (at most {_UUID_MAX})")
             ok = False
         elif uuid in gpus:
             errors.add(f"{path}.uuid", f"duplicate GPU {uuid}")
             ok = False
-        if not isinstance(model, str) or not model or len(model) > 128 or not model.isprintable():
-            errors.add(f"{path}.model", "must be the GPU model name (1-128 printable characters)")
+        if not isinstance(model, str) or not 1 <= len(model) <= _MODEL_MAX or not model.isprintable():
+            errors.add(f"{path}.model", f"must be the GPU model name (1-{_MODEL_MAX} printable characters)")
             ok = False
         for key, value in (("memory_mb", memory_mb), ("sm_count", sm_count)):
-            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-                errors.add(f"{path}.{key}", "must be a positive integer")
+            if not isinstance(value, int) or isinstance(value, bool) or not 0 < value <= _CAPACITY_MAX[key]:
+                errors.add(f"{path}.{key}", f"must be a positive integer of at most {_CAPACITY_MAX[key]}")
                 ok = False
         if ok:
             gpus[uuid] = BatchGpuDecl(uuid=uuid, model=model, memory_mb=memory_mb, sm_count=sm_count)
@@ -188,16 +209,17 @@ def validate_batch(
         errors.add("$.samples", "must be a list (it may be empty)")
         raise InvalidBatch(errors.items)
     if len(samples) > max_samples:
-        errors.add("$.samples", f"holds {len(samples)} samples; at most {max_samples} per batch")
-        raise InvalidBatch(errors.items)
+        raise PayloadTooLarge(f"$.samples holds {len(samples)} samples; at most {max_samples} per batch")
 
     times: dict[str, datetime] = {}
     # (start, seconds) -> (end, lies inside one UTC minute); samples of one batch share few spans.
     spans: dict[tuple[datetime, float], tuple[datetime, bool]] = {}
     good_names: set[str] = set()
     rows: list[tuple[Any, ...]] = []
-    # Σ granted rate per GPU over intervals: (gpu, start, end) -> [mem MB, SM].
-    granted: dict[tuple[str, datetime, datetime], list[float]] = defaultdict(lambda: [0.0, 0.0])
+    # Σ rate per GPU over intervals: (gpu, start, end) -> [granted mem MB, granted SM, PCIe MB/s].
+    granted: dict[tuple[str, datetime, datetime], list[float]] = defaultdict(lambda: [0.0, 0.0, 0.0])
+    # Intervals metered per (GPU, workload): one workload is metered once per GPU-second.
+    metered: dict[tuple[str, ...], list[tuple[datetime, datetime, int]]] = defaultdict(list)
     for i, sample in enumerate(samples):
         if not isinstance(sample, dict):
             errors.add(f"$.samples[{i}]", "must be an object")
@@ -232,10 +254,10 @@ def validate_batch(
             if value == "" and key in _OPTIONAL_NAMES:
                 names.append(value)
                 continue
-            if not isinstance(value, str) or not _NAME_RE.match(value):
+            if not isinstance(value, str) or len(value) > _NAME_MAX[key] or not _NAME_RE.fullmatch(value):
                 errors.add(
                     f"$.samples[{i}].{key}",
-                    "must be a name of letters, digits and . _ : / - (at most 253 characters)",
+                    f"must be a name of letters, digits and . _ : / - (at most {_NAME_MAX[key]} characters)",
                 )
                 bad = True
             else:
@@ -272,6 +294,8 @@ def validate_batch(
         acc = granted[(gpu.uuid, start, end)]
         acc[0] += mem_granted / seconds
         acc[1] += sm_granted / seconds
+        acc[2] += pcie / seconds
+        metered[(gpu.uuid, *(names[k] for k in _WORKLOAD))].append((start, end, i))
         if in_one_minute:
             rows.append((gpu.uuid, start, seconds, *names, mem_used, mem_granted, sm_used, sm_granted, pcie))
         else:
@@ -282,6 +306,7 @@ def validate_batch(
                 )
     if not errors:
         _check_granted_within_capacity(granted, gpus, errors)
+        _check_metered_once(metered, errors)
     if errors:
         raise InvalidBatch(errors.items)
     return ValidatedBatch(
@@ -295,28 +320,44 @@ def validate_batch(
     )
 
 
+def _check_metered_once(metered: dict[tuple[str, ...], list[tuple[datetime, datetime, int]]], errors: _Errors) -> None:
+    """No two samples of one workload on one GPU cover the same instant: both would be billed."""
+    for (uuid, namespace, pod, container, _uid), spans in metered.items():
+        spans.sort()
+        for (_, prev_end, prev_i), (start, _end, i) in zip(spans, spans[1:], strict=False):
+            if start < prev_end:
+                errors.add(f"$.samples[{i}]", f"meters {namespace}/{pod}/{container} on GPU {uuid} again for "
+                                              f"seconds samples[{prev_i}] already covers")
+                return
+
+
 def _check_granted_within_capacity(
     granted: dict[tuple[str, datetime, datetime], list[float]],
     gpus: dict[str, BatchGpuDecl],
     errors: _Errors,
 ) -> None:
-    """Σ granted rate on a GPU must not exceed its capacity at any instant (sweep line)."""
-    events: dict[str, list[tuple[datetime, int, float, float]]] = defaultdict(list)
-    for (uuid, start, end), (mem, sm) in granted.items():
+    """Σ granted rate (and Σ PCIe rate) on a GPU must not exceed its capacity at any instant (sweep line)."""
+    events: dict[str, list[tuple[datetime, int, float, float, float]]] = defaultdict(list)
+    for (uuid, start, end), (mem, sm, pcie) in granted.items():
         # At equal times, ends (0) sort before starts (1): back-to-back samples do not overlap.
-        events[uuid].append((start, 1, mem, sm))
-        events[uuid].append((end, 0, -mem, -sm))
+        events[uuid].append((start, 1, mem, sm, pcie))
+        events[uuid].append((end, 0, -mem, -sm, -pcie))
     for uuid, evs in events.items():
         gpu = gpus[uuid]
         mem_cap = gpu.memory_mb * (1 + _TOLERANCE)
         sm_cap = gpu.sm_count * (1 + _TOLERANCE)
-        mem = sm = 0.0
-        for at, _kind, d_mem, d_sm in sorted(evs, key=lambda e: (e[0], e[1])):
+        mem = sm = pcie = 0.0
+        for at, _kind, d_mem, d_sm, d_pcie in sorted(evs, key=lambda e: (e[0], e[1])):
             mem += d_mem
             sm += d_sm
+            pcie += d_pcie
             if mem > mem_cap:
                 errors.add("$.samples", f"Σ granted memory on GPU {uuid} at {at.isoformat()} is {mem:.1f} MB, above its {gpu.memory_mb} MB")
                 break
             if sm > sm_cap:
                 errors.add("$.samples", f"Σ granted SMs on GPU {uuid} at {at.isoformat()} is {sm:.2f}, above its {gpu.sm_count}")
+                break
+            if pcie > MAX_PCIE_MB_PER_S * (1 + _TOLERANCE):
+                errors.add("$.samples", f"Σ PCIe traffic on GPU {uuid} at {at.isoformat()} is {pcie:.3g} MB/s, "
+                                        f"above the {MAX_PCIE_MB_PER_S:.0e} MB/s any GPU link carries")
                 break

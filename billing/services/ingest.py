@@ -19,6 +19,7 @@ import orjson
 import psycopg2.errors
 from django.conf import settings
 from django.db import IntegrityError, connection, transaction
+from django.db.backends.utils import CursorWrapper
 
 from billing.errors import (
     BatchConflict,
@@ -55,28 +56,51 @@ def decode_body(*, body: bytes, content_type: str | None, content_encoding: str 
     encoding = (content_encoding or "identity").strip().lower()
     limit = settings.VGPU_INGEST_MAX_JSON_BYTES
     if encoding == "gzip":
-        try:
-            decoder = zlib.decompressobj(wbits=16 + zlib.MAX_WBITS)
-            raw = decoder.decompress(body, limit + 1)
-        except zlib.error as exc:
-            raise InvalidBatch([FieldError("$", f"body is not valid gzip: {exc}")]) from exc
-        if len(raw) > limit or decoder.unconsumed_tail:
-            raise PayloadTooLarge(f"decompressed body is above {limit} bytes")
+        raw = _gunzip(body, limit)
     elif encoding == "identity":
         raw = body
     else:
         raise UnsupportedMediaType(f"Content-Encoding {encoding!r} is not supported (use gzip or none)")
     try:
         # orjson: about 3x faster than json on batch-sized documents (docs/benchmarks.md).
-        # It rejects NaN/Infinity literals, which the protocol forbids anyway; Python's json
-        # takes over only for integers beyond 64 bits, which orjson refuses but validation
-        # must answer with a precise 400.
+        # It rejects NaN/Infinity literals, which the protocol forbids anyway, input that is not
+        # UTF-8, and nesting deeper than 1,024 levels.
         return orjson.loads(raw), raw
     except orjson.JSONDecodeError as exc:
-        try:
-            return json.loads(raw), raw
-        except (UnicodeDecodeError, json.JSONDecodeError):
-            raise UnsupportedMediaType(f"body is not valid JSON: {exc}") from exc
+        return _parse_fallback(raw, exc), raw
+
+
+def _gunzip(body: bytes, limit: int) -> bytes:
+    """One whole gzip member, at most `limit` bytes once decompressed."""
+    decoder = zlib.decompressobj(wbits=16 + zlib.MAX_WBITS)
+    try:
+        raw = decoder.decompress(body, limit + 1)
+    except zlib.error as exc:
+        raise InvalidBatch([FieldError("$", f"body is not valid gzip: {exc}")]) from exc
+    if len(raw) > limit or decoder.unconsumed_tail:
+        raise PayloadTooLarge(f"decompressed body is above {limit} bytes")
+    if not decoder.eof:
+        raise InvalidBatch([FieldError("$", "body is a truncated gzip stream")])
+    if decoder.unused_data:
+        # A second member (or trailing bytes) would otherwise be ignored without a word.
+        raise InvalidBatch([FieldError("$", "body must be exactly one gzip member; bytes follow its end")])
+    return raw
+
+
+def _parse_fallback(raw: bytes, orjson_error: orjson.JSONDecodeError) -> object:
+    """Python's json takes over only for integers beyond 64 bits, which orjson refuses but
+    validation must answer with a precise 400. It reads UTF-8 alone (RFC 8259: json.loads would
+    guess UTF-16 from the bytes) and its own recursion limit is an error, not a crash."""
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise UnsupportedMediaType(f"body must be JSON in UTF-8: {exc}") from exc
+    try:
+        return json.loads(text)
+    except RecursionError as exc:
+        raise InvalidBatch([FieldError("$", "JSON nests too deeply (at most 1,024 levels)")]) from exc
+    except json.JSONDecodeError as exc:
+        raise UnsupportedMediaType(f"body is not valid JSON: {orjson_error}") from exc
 
 
 def _copy_buffer(batch_id: int, node_id: int, batch: ValidatedBatch) -> io.StringIO:
@@ -122,11 +146,50 @@ def record_usage_batch(*, node: Node, payload: object, content: bytes, now: date
             return _store(node=node, batch=batch, digest=digest, now=now)
     except (IntegrityError, psycopg2.errors.ExclusionViolation) as exc:
         if "batch_gpu_no_overlap" in str(exc):
-            raise InvalidBatch(
-                [FieldError("$.window", "overlaps an earlier batch of this node for the same GPU; "
-                            "a GPU-second may be metered once")]
-            ) from exc
+            raise InvalidBatch([FieldError("$.window", _overlap_message(batch))]) from exc
         raise
+
+
+def _overlap_message(batch: ValidatedBatch) -> str:
+    """Which stored batch holds the GPU-seconds this one declares again (read after the rollback)."""
+    with connection.cursor() as cur:
+        cur.execute(
+            "SELECT g.gpu_uuid, n.name, b.batch_seq, g.window_start, g.window_end FROM billing_batchgpu g "
+            "JOIN billing_usagebatch b ON b.id = g.batch_id JOIN billing_node n ON n.id = b.node_id "
+            "WHERE g.gpu_uuid = ANY(%s) AND g.window_start < %s AND g.window_end > %s "
+            "ORDER BY g.window_start LIMIT 1",
+            [[g.uuid for g in batch.gpus], batch.window_end, batch.window_start],
+        )
+        row = cur.fetchone()
+    if row is None:  # the other batch went away since (it cannot: batch GPUs are immutable)
+        return "overlaps a stored batch for the same GPU; a GPU-second may be metered once"
+    uuid, node, seq, start, end = row
+    return (f"overlaps batch_seq {seq} of node {node!r} for GPU {uuid} ({start.isoformat()} to "
+            f"{end.isoformat()}); a GPU-second may be metered once")
+
+
+def _claim_gpus(cur: CursorWrapper, *, node: Node, columns: tuple[list[str], list[str], list[int], list[int]],
+                now: datetime) -> None:
+    """A GPU belongs to the first node that declares it, until an admin reassigns it
+    (billing.services.gpu_ownership). Another node's batch naming it is refused before anything
+    is stored, so it can neither bill usage to that GPU nor block its owner's windows."""
+    cur.execute(
+        "INSERT INTO billing_gpu (uuid, node_id, model, memory_mb, sm_count, first_seen_at, last_seen_at) "
+        "SELECT v.uuid, %s, v.model, v.memory_mb, v.sm_count, %s, %s "
+        "FROM unnest(%s::varchar[], %s::varchar[], %s::int[], %s::int[]) AS v(uuid, model, memory_mb, sm_count) "
+        "ON CONFLICT (uuid) DO NOTHING",
+        [node.pk, now, now, *columns],
+    )
+    # A statement of its own: it sees a claim that a concurrent first batch committed meanwhile.
+    cur.execute(
+        "SELECT g.uuid, n.name FROM billing_gpu g JOIN billing_node n ON n.id = g.node_id "
+        "WHERE g.uuid = ANY(%s) AND g.node_id <> %s ORDER BY g.uuid",
+        [columns[0], node.pk],
+    )
+    foreign = cur.fetchall()
+    if foreign:
+        raise Forbidden("; ".join(f"GPU {uuid} belongs to node {owner!r}, not {node.name!r}" for uuid, owner in foreign)
+                        + " (an admin moves a GPU with `manage.py reassign_gpu`)")
 
 
 # GPU inventory and node liveness are written at most once per this interval per web
@@ -147,6 +210,7 @@ def _store(*, node: Node, batch: ValidatedBatch, digest: str, now: datetime) -> 
         [g.sm_count for g in gpus],
     )
     with connection.cursor() as cur:
+        _claim_gpus(cur, node=node, columns=columns, now=now)
         # One round trip: the batch row and, only if it is new, its GPU rows.
         cur.execute(
             "WITH b AS (INSERT INTO billing_usagebatch (node_id, batch_seq, content_sha256, window_start, "
@@ -181,8 +245,9 @@ def _store(*, node: Node, batch: ValidatedBatch, digest: str, now: datetime) -> 
                 "INSERT INTO billing_gpu (uuid, node_id, model, memory_mb, sm_count, first_seen_at, last_seen_at) "
                 "SELECT v.uuid, %s, v.model, v.memory_mb, v.sm_count, %s, %s "
                 "FROM unnest(%s::varchar[], %s::varchar[], %s::int[], %s::int[]) AS v(uuid, model, memory_mb, sm_count) "
-                "ON CONFLICT (uuid) DO UPDATE SET node_id = EXCLUDED.node_id, model = EXCLUDED.model, "
-                "memory_mb = EXCLUDED.memory_mb, sm_count = EXCLUDED.sm_count, last_seen_at = EXCLUDED.last_seen_at",
+                "ON CONFLICT (uuid) DO UPDATE SET model = EXCLUDED.model, "
+                "memory_mb = EXCLUDED.memory_mb, sm_count = EXCLUDED.sm_count, last_seen_at = EXCLUDED.last_seen_at "
+                "WHERE billing_gpu.node_id = EXCLUDED.node_id",
                 [now, node.pk, node.pk, now, now, *columns],
             )
             connection.on_commit(lambda: _seen.__setitem__(seen_key, now))
