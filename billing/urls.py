@@ -9,6 +9,7 @@ from billing.web import admin_fleet, admin_pages, health, invoices, language, pe
 urlpatterns = [
     path("", portal.home, name="home"),
     path("healthz", health.healthz, name="healthz"),
+    path("readyz", health.readyz, name="readyz"),
     path("api/v1/usage/batches", UsageBatchView.as_view(), name="usage-batches"),
     path("api/v1/nodes/<str:node>/policy", NodePolicyView.as_view(), name="node-policy"),
     path("api/v1/nodes/<str:node>/events", NodeEventsView.as_view(), name="node-events"),

@@ -67,6 +67,7 @@ MIDDLEWARE = [
     "billing.web.language.UserLanguageMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    "billing.api.errors.OutageMiddleware",
 ]
 
 ROOT_URLCONF = "config.urls"
@@ -163,6 +164,11 @@ VGPU_INGEST_MAX_SAMPLES = int(os.environ.get("VGPU_INGEST_MAX_SAMPLES", 200_000)
 # invoiced becomes an adjustment on a later invoice.
 VGPU_LATE_USAGE_HORIZON = timedelta(days=int(os.environ.get("VGPU_LATE_USAGE_HORIZON_DAYS", 45)))
 VGPU_INGEST_MAX_CLOCK_SKEW = timedelta(seconds=int(os.environ.get("VGPU_INGEST_MAX_CLOCK_SKEW_S", 120)))
+# /healthz turns degraded when the oldest batch waiting for the rollup arrived longer ago than this
+# (20 rollup cycles of 15 s): billing has stalled.
+VGPU_HEALTH_MAX_ROLLUP_LAG_S = int(os.environ.get("VGPU_HEALTH_MAX_ROLLUP_LAG_S", 300))
+# Retry-After of a 503 when the database or Redis is down (billing.api.errors.OutageMiddleware).
+VGPU_OUTAGE_RETRY_AFTER_S = int(os.environ.get("VGPU_OUTAGE_RETRY_AFTER_S", 15))
 # Load shedding: at most this many ingest requests in flight per process before answering 429.
 VGPU_INGEST_MAX_IN_FLIGHT = int(os.environ.get("VGPU_INGEST_MAX_IN_FLIGHT", 8))
 VGPU_INGEST_RETRY_AFTER_S = int(os.environ.get("VGPU_INGEST_RETRY_AFTER_S", 5))

@@ -15,6 +15,7 @@ timeouts measure real seconds.
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import re
 import shutil
@@ -58,7 +59,8 @@ def parse_instant(text: str) -> datetime:
 
 def faked(instant: datetime, command: list[str]) -> tuple[list[str], dict[str, str]]:
     """`command` with the clock at `instant`: an offset from now, the same for every child."""
-    offset = round((instant - datetime.now(UTC)).total_seconds())  # noqa: TID251 - the offset needs the real clock
+    # Rounded up: the clock starts at the instant or a moment after it, never before.
+    offset = math.ceil((instant - datetime.now(UTC)).total_seconds())  # noqa: TID251 - the offset needs the real clock
     # Monotonic clocks stay real (timeouts measure real seconds); faketime_site/sitecustomize.py
     # works around libfaketime 0.9.10's time.sleep under that setting in every Python process.
     path = os.pathsep.join(p for p in (_SITE, os.environ.get("PYTHONPATH", "")) if p)

@@ -1,15 +1,25 @@
-"""The one place where domain errors become HTTP responses."""
+"""The one place where domain errors, and outages of what the service depends on, become HTTP
+responses."""
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Callable
 from typing import Any
 
+import kombu.exceptions
+import redis.exceptions
+from django.conf import settings
+from django.db import InterfaceError, OperationalError
+from django.http import HttpRequest, HttpResponse, JsonResponse
 from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
 
 from billing import errors
 
-__all__ = ["domain_error_response", "exception_handler"]
+__all__ = ["OutageMiddleware", "domain_error_response", "exception_handler"]
+
+log = logging.getLogger(__name__)
 
 _STATUS = {
     errors.InvalidBatch: 400,
@@ -41,3 +51,38 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
     if isinstance(exc, errors.DomainError):
         return domain_error_response(exc)
     return drf_exception_handler(exc, context)
+
+
+# What a request may meet when a service it depends on is down, and the name the caller is told.
+_OUTAGES: tuple[tuple[tuple[type[BaseException], ...], str], ...] = (
+    ((OperationalError, InterfaceError), "the database"),
+    ((kombu.exceptions.OperationalError, redis.exceptions.ConnectionError, redis.exceptions.TimeoutError),
+     "the task queue (Redis)"),
+)
+
+
+class OutageMiddleware:
+    """A request that meets a database or Redis outage answers 503 with Retry-After, as JSON (the
+    agent API's error shape) or as a short page: never an HTML 500. Agents keep their batch in
+    the spool and retry after the given seconds; nothing was half-written, since each write is one
+    transaction that the outage rolled back."""
+
+    def __init__(self, get_response: Callable[[HttpRequest], HttpResponse]) -> None:
+        self.get_response = get_response
+
+    def __call__(self, request: HttpRequest) -> HttpResponse:
+        return self.get_response(request)
+
+    def process_exception(self, request: HttpRequest, exception: Exception) -> HttpResponse | None:
+        down = next((name for kinds, name in _OUTAGES if isinstance(exception, kinds)), None)
+        if down is None:
+            return None
+        log.error("event=dependency_down dependency=%r path=%s error=%s", down, request.path, exception)
+        retry = str(settings.VGPU_OUTAGE_RETRY_AFTER_S)
+        message = f"{down} is unavailable; nothing was stored, retry in {retry} s"
+        if request.path.startswith("/api/"):
+            response: HttpResponse = JsonResponse({"errors": [{"path": "$", "message": message}]}, status=503)
+        else:
+            response = HttpResponse(message, status=503, content_type="text/plain; charset=utf-8")
+        response["Retry-After"] = retry
+        return response

@@ -20,12 +20,18 @@ class UsageBatch(models.Model):
     received_at = models.DateTimeField()
     # Set by the rollup once the batch's minutes and hours are in the ledgers.
     rolled_up_at = models.DateTimeField(null=True, blank=True)
+    # Set when the rollup could not roll the batch up: its samples stay out of the ledger, and
+    # out of every other batch's way, until an operator re-drives it (billing.services.quarantine).
+    quarantined_at = models.DateTimeField(null=True, blank=True)
+    quarantine_error = models.TextField(blank=True, default="", db_default="")
 
     class Meta:
         constraints = [models.UniqueConstraint(fields=["node", "batch_seq"], name="usage_batch_node_seq_unique")]
         indexes = [
             models.Index(fields=["id"], condition=models.Q(rolled_up_at__isnull=True), name="usage_batch_pending_idx"),
             models.Index(fields=["window_start"], name="usage_batch_window_idx"),
+            models.Index(fields=["id"], condition=models.Q(quarantined_at__isnull=False),
+                         name="usage_batch_quarantined_idx"),
         ]
 
     def __str__(self) -> str:

@@ -4,13 +4,15 @@ The unit of work is a GPU-minute. Each run takes the batches not yet rolled up, 
 GPU-minutes they touch, and recomputes those minutes wholesale from raw samples (then
 their hours from minutes and their UTC days from hours, in the same transaction). Recomputing instead of adding makes the rollup idempotent —
 running it twice changes nothing — and lets late batches land in already-rolled minutes.
-One rollup runs at a time (transaction-level advisory lock).
+One rollup runs at a time (transaction-level advisory lock). A batch that cannot be rolled
+up is quarantined, never allowed to stop the others.
 """
 
 from __future__ import annotations
 
 import io
 from collections import defaultdict
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from decimal import Decimal
@@ -19,6 +21,7 @@ from django.db import connection, transaction
 
 from billing.models import RateCard
 from billing.services.pricing import GpuWindowUsage, Rate, WorkloadQuantities, price_gpu_window
+from billing.services.quarantine import quarantine_batch
 
 __all__ = ["RollupResult", "lock_ledger", "rebuild_days", "rebuild_ledger", "rollup_usage"]
 
@@ -41,6 +44,7 @@ class RollupResult:
     gpu_minutes: int
     gpu_hours: int
     skipped: bool = False
+    quarantined: int = 0
 
 
 @dataclass(frozen=True)
@@ -82,29 +86,72 @@ def _card_for(cards: dict[str, list[_Card]], model: str, minute: datetime) -> _C
 
 
 def rollup_usage(*, now: datetime, max_batches: int = 5000) -> RollupResult:
-    """Roll up pending batches (at most `max_batches`, oldest first)."""
+    """Roll up pending batches (at most `max_batches`, oldest first).
+
+    A batch that cannot be rolled up, for any reason, must not stop billing for the fleet: when
+    the cycle fails, each batch is rolled up alone and the ones that still fail are quarantined
+    with their error (billing.services.quarantine); every other batch goes on."""
     with transaction.atomic(), connection.cursor() as cur:
         cur.execute("SELECT pg_try_advisory_xact_lock(%s)", [_LOCK_KEY])
         if not cur.fetchone()[0]:
             return RollupResult(batches=0, gpu_minutes=0, gpu_hours=0, skipped=True)
         cur.execute(
-            "SELECT id FROM billing_usagebatch WHERE rolled_up_at IS NULL ORDER BY id LIMIT %s", [max_batches]
+            "SELECT id FROM billing_usagebatch WHERE rolled_up_at IS NULL AND quarantined_at IS NULL "
+            "ORDER BY id LIMIT %s", [max_batches]
         )
         batch_ids = [r[0] for r in cur.fetchall()]
         if not batch_ids:
             return RollupResult(batches=0, gpu_minutes=0, gpu_hours=0)
-        # ON COMMIT DROP does not fire when the caller's transaction is still open (a savepoint).
-        cur.execute("DROP TABLE IF EXISTS rollup_affected, rollup_hours, rollup_days")
-        cur.execute(
-            "CREATE TEMP TABLE rollup_affected ON COMMIT DROP AS "
-            "SELECT DISTINCT bg.gpu_uuid, m.minute FROM billing_batchgpu bg, "
-            "generate_series(date_trunc('minute', bg.window_start), bg.window_end - interval '1 microsecond', "
-            "interval '1 minute') AS m(minute) WHERE bg.batch_id = ANY(%s)",
-            [batch_ids],
-        )
-        minutes, hours = _recompute(cur)
-        cur.execute("UPDATE billing_usagebatch SET rolled_up_at = %s WHERE id = ANY(%s)", [now, batch_ids])
+        try:
+            with transaction.atomic():
+                minutes, hours = _roll_up(cur, batch_ids, now=now, held_back=())
+        except Exception:  # noqa: BLE001 - any failure of one batch is isolated below, not raised
+            return _roll_up_one_by_one(cur, batch_ids, now=now)
     return RollupResult(batches=len(batch_ids), gpu_minutes=minutes, gpu_hours=hours)
+
+
+def _roll_up(cur, batch_ids: list[int], *, now: datetime, held_back: Sequence[int]) -> tuple[int, int]:
+    """Recompute the GPU-minutes `batch_ids` touch, leaving out the samples of quarantined
+    batches and of `held_back` (pending batches not tried yet), and mark `batch_ids` rolled up."""
+    _exclude(cur, held_back)
+    cur.execute(
+        "CREATE TEMP TABLE rollup_affected ON COMMIT DROP AS "
+        "SELECT DISTINCT bg.gpu_uuid, m.minute FROM billing_batchgpu bg, "
+        "generate_series(date_trunc('minute', bg.window_start), bg.window_end - interval '1 microsecond', "
+        "interval '1 minute') AS m(minute) WHERE bg.batch_id = ANY(%s)",
+        [batch_ids],
+    )
+    minutes, hours = _recompute(cur)
+    cur.execute("UPDATE billing_usagebatch SET rolled_up_at = %s WHERE id = ANY(%s)", [now, batch_ids])
+    return minutes, hours
+
+
+def _roll_up_one_by_one(cur, batch_ids: list[int], *, now: datetime) -> RollupResult:
+    """Each batch alone, oldest first, with the batches after it held back: a batch fails here
+    only for what it carries itself, never for a poisoned neighbour in the same GPU-minute.
+    The last recompute of a minute includes every good batch of it, so the ledger ends as if
+    the quarantined batches had never arrived."""
+    minutes = hours = rolled = 0
+    for i, batch_id in enumerate(batch_ids):
+        try:
+            with transaction.atomic():
+                m, h = _roll_up(cur, [batch_id], now=now, held_back=batch_ids[i + 1:])
+        except Exception as exc:  # noqa: BLE001 - the error is kept on the batch and shown
+            quarantine_batch(batch_id=batch_id, error=f"{type(exc).__name__}: {exc}", now=now)
+            continue
+        minutes, hours, rolled = minutes + m, hours + h, rolled + 1
+    return RollupResult(batches=rolled, gpu_minutes=minutes, gpu_hours=hours, quarantined=len(batch_ids) - rolled)
+
+
+def _exclude(cur, held_back: Sequence[int]) -> None:
+    """rollup_excluded: batches whose samples and GPU windows this recompute leaves out."""
+    cur.execute("DROP TABLE IF EXISTS rollup_affected, rollup_hours, rollup_days, rollup_excluded")
+    cur.execute(
+        "CREATE TEMP TABLE rollup_excluded ON COMMIT DROP AS "
+        "SELECT id AS batch_id FROM billing_usagebatch WHERE quarantined_at IS NOT NULL "
+        "UNION SELECT unnest(%s::bigint[])",
+        [list(held_back)],
+    )
 
 
 def lock_ledger() -> None:
@@ -120,7 +167,7 @@ def rebuild_ledger(*, start: datetime, end: datetime) -> RollupResult:
         raise ValueError("end must be after start")
     with transaction.atomic(), connection.cursor() as cur:
         lock_ledger()
-        cur.execute("DROP TABLE IF EXISTS rollup_affected, rollup_hours, rollup_days")
+        _exclude(cur, ())
         cur.execute(
             "CREATE TEMP TABLE rollup_affected ON COMMIT DROP AS "
             "SELECT DISTINCT bg.gpu_uuid, m.minute FROM billing_batchgpu bg, "
@@ -147,7 +194,9 @@ def _recompute(cur) -> tuple[int, int]:
         "- greatest(bg.window_start, a.minute))) "
         "FROM rollup_affected a JOIN billing_batchgpu bg ON bg.gpu_uuid = a.gpu_uuid "
         "AND bg.window_start < a.minute + interval '1 minute' AND bg.window_end > a.minute "
-        "JOIN billing_usagebatch b ON b.id = bg.batch_id GROUP BY a.gpu_uuid, a.minute"
+        "JOIN billing_usagebatch b ON b.id = bg.batch_id "
+        "WHERE NOT EXISTS (SELECT 1 FROM rollup_excluded x WHERE x.batch_id = bg.batch_id) "
+        "GROUP BY a.gpu_uuid, a.minute"
     )
     windows = {(r[0], r[1]): r[2:] for r in cur.fetchall()}
     cur.execute(
@@ -158,6 +207,7 @@ def _recompute(cur) -> tuple[int, int]:
         "sum(greatest(r.sm_used_s, r.sm_granted_s)::numeric), sum(r.pcie_mb::numeric) "
         "FROM billing_raw_sample r JOIN rollup_affected a ON a.gpu_uuid = r.gpu_uuid "
         "AND a.minute = date_trunc('minute', r.start) WHERE r.start >= %s AND r.start < %s "
+        "AND NOT EXISTS (SELECT 1 FROM rollup_excluded x WHERE x.batch_id = r.batch_id) "
         "GROUP BY 1, 2, 3, 4, 5, 6, 7, 8 ORDER BY 1, 2, 3, 4, 5, 6, 7, 8",
         [lo, hi],
     )

@@ -1,4 +1,8 @@
-"""GET /healthz: database, broker and worker status as JSON (200 when all are up, else 503)."""
+"""GET /healthz: database, broker, worker and ledger status as JSON (200 when all are well, else 503).
+
+The ledger is well when the rollup keeps up (the oldest batch waiting for it arrived less than
+VGPU_HEALTH_MAX_ROLLUP_LAG_S ago) and no batch is quarantined: either means money is not reaching
+the books, which is what an SRE must be woken for."""
 
 from __future__ import annotations
 
@@ -8,6 +12,7 @@ import redis
 from django.conf import settings
 from django.db import connection
 from django.http import HttpRequest, JsonResponse
+from django.utils import timezone
 from django.views.decorators.cache import never_cache
 
 from config.celery import app as celery_app
@@ -17,6 +22,8 @@ def _check(fn) -> dict:
     started = time.monotonic()
     try:
         detail = fn()
+    except _Unwell as exc:
+        return {"ok": False, "error": str(exc)[:300], **exc.detail}
     except Exception as exc:  # noqa: BLE001 - a health check reports any failure instead of raising
         return {"ok": False, "error": f"{type(exc).__name__}: {exc}"[:300]}
     return {"ok": True, "ms": round((time.monotonic() - started) * 1000, 1), **(detail or {})}
@@ -43,9 +50,50 @@ def _worker() -> dict:
     return {"workers": sorted(name for reply in replies for name in reply)}
 
 
+def _ledger() -> dict:
+    with connection.cursor() as cur:
+        cur.execute(
+            "SELECT count(*) FILTER (WHERE rolled_up_at IS NULL AND quarantined_at IS NULL), "
+            "min(received_at) FILTER (WHERE rolled_up_at IS NULL AND quarantined_at IS NULL), "
+            "count(*) FILTER (WHERE quarantined_at IS NOT NULL) "
+            "FROM billing_usagebatch WHERE rolled_up_at IS NULL"
+        )
+        backlog, oldest, quarantined = cur.fetchone()
+    lag = max(0.0, (timezone.now() - oldest).total_seconds()) if oldest else 0.0
+    detail = {"backlog_batches": backlog, "rollup_lag_s": round(lag, 1), "quarantined_batches": quarantined,
+              "max_rollup_lag_s": settings.VGPU_HEALTH_MAX_ROLLUP_LAG_S}
+    problems = []
+    if lag > settings.VGPU_HEALTH_MAX_ROLLUP_LAG_S:
+        problems.append(f"the rollup is {lag:.0f} s behind (allowed {settings.VGPU_HEALTH_MAX_ROLLUP_LAG_S} s)")
+    if quarantined:
+        problems.append(f"{quarantined} batch(es) quarantined: `manage.py redrive_batches` lists them")
+    if problems:
+        raise _Unwell("; ".join(problems), detail)
+    return detail
+
+
+class _Unwell(Exception):
+    """A check that answered, with its figures, but found something wrong."""
+
+    def __init__(self, message: str, detail: dict) -> None:
+        super().__init__(message)
+        self.detail = detail
+
+
 @never_cache
 def healthz(request: HttpRequest) -> JsonResponse:
     status = {"database": _check(_database), "broker": _check(_broker)}
+    status["ledger"] = _check(_ledger) if status["database"]["ok"] else {"ok": False, "error": "database down"}
     status["worker"] = _check(_worker) if status["broker"]["ok"] else {"ok": False, "error": "broker down"}
     healthy = all(s["ok"] for s in status.values())
     return JsonResponse({"status": "ok" if healthy else "degraded", **status}, status=200 if healthy else 503)
+
+
+@never_cache
+def readyz(request: HttpRequest) -> JsonResponse:
+    """Readiness of this web process: it can serve ingest when its database answers. A stalled
+    rollup, a quarantined batch or a dead worker make /healthz degraded, but must not take every
+    web pod out of its Service: agents would then have nowhere to upload."""
+    database = _check(_database)
+    return JsonResponse({"status": "ok" if database["ok"] else "degraded", "database": database},
+                        status=200 if database["ok"] else 503)
