@@ -14,6 +14,7 @@ from rest_framework.views import APIView
 
 from billing.api.errors import domain_error_response
 from billing.errors import DomainError, Overloaded, PayloadTooLarge
+from billing.services.batch_schema import usage_batch_schema
 from billing.services.ingest import decode_body, record_usage_batch
 from billing.services.node_events import record_node_events
 from billing.services.policy import get_node_policy
@@ -46,7 +47,7 @@ class UsageBatchView(_AgentView):
     @extend_schema(
         operation_id="upload_usage_batch",
         summary="Upload one usage batch (vgpu-ledger/usage-batch/v1)",
-        request={"application/json": {"type": "object"}},
+        request={"application/json": usage_batch_schema()},
         responses={
             201: inline_serializer("Stored", {"status": serializers.CharField(), "accepted": serializers.IntegerField()}),
             200: inline_serializer("Duplicate", {"status": serializers.CharField()}),
@@ -57,6 +58,7 @@ class UsageBatchView(_AgentView):
             413: OpenApiResponse(_errors_schema, description="Too large"),
             415: OpenApiResponse(_errors_schema, description="Not JSON"),
             429: OpenApiResponse(_errors_schema, description="Shedding load; see Retry-After"),
+            503: OpenApiResponse(_errors_schema, description="The database is down; nothing stored, see Retry-After"),
         },
     )
     def post(self, request: Request) -> Response:

@@ -28,19 +28,20 @@ MAX_ERRORS = 50
 MAX_SAMPLE_SECONDS = 3600.0
 # Relative slack for float integrals compared against capacity × seconds.
 _TOLERANCE = 1e-9
-_QUANTITIES = ("mem_used_mb_s", "mem_granted_mb_s", "sm_used_s", "sm_granted_s", "pcie_mb")
-_NAME_FIELDS = ("tenant", "namespace", "pod", "container", "pod_uid", "sla_tier")
+QUANTITIES = ("mem_used_mb_s", "mem_granted_mb_s", "sm_used_s", "sm_granted_s", "pcie_mb")
+NAME_FIELDS = ("tenant", "namespace", "pod", "container", "pod_uid", "sla_tier")
 # Names we accept in samples: Kubernetes-style names and UIDs, plus '_' for synthetic ones
 # ("unattributed", "pid-123"). No whitespace or control characters, so COPY needs no escaping;
 # matched whole (fullmatch: `$` would let a trailing newline through).
+NAME_PATTERN = "^[A-Za-z0-9][A-Za-z0-9._:/-]*$"  # as JSON Schema (ECMA-262) reads it
 _NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:/-]*")
-_OPTIONAL_NAMES = frozenset({"container", "pod_uid", "sla_tier"})
+OPTIONAL_NAMES = frozenset({"container", "pod_uid", "sla_tier"})
 # Each bound is the column the value lands in (raw samples share the ledger's widths).
-_NAME_MAX = {key: max_length(UsageMinute, key) for key in _NAME_FIELDS}
-_NODE_MAX = max_length(Node, "name")
-_UUID_MAX = max_length(BatchGpu, "gpu_uuid")
-_MODEL_MAX = max_length(BatchGpu, "model")
-_CAPACITY_MAX = {key: integer_max(BatchGpu, key) for key in ("memory_mb", "sm_count")}
+NAME_MAX = {key: max_length(UsageMinute, key) for key in NAME_FIELDS}
+NODE_MAX = max_length(Node, "name")
+UUID_MAX = max_length(BatchGpu, "gpu_uuid")
+MODEL_MAX = max_length(BatchGpu, "model")
+CAPACITY_MAX = {key: integer_max(BatchGpu, key) for key in ("memory_mb", "sm_count")}
 # PCIe has no declared capacity, so it gets a physical one: 10 TB/s per GPU, above any link
 # today (NVLink 5 moves 1.8 TB/s). Memory and SM·s are bounded by the card's capacity. Either
 # way a GPU-month of the largest rate fits the ledger's numeric(30, 10) columns, which a rollup
@@ -49,7 +50,7 @@ MAX_PCIE_MB_PER_S = 1e7
 # A workload is one container on one GPU: it may be metered once per second.
 _WORKLOAD = (1, 2, 3, 4)  # indexes of namespace, pod, container, pod_uid in a sample's names
 _MINUTE = timedelta(minutes=1)
-_YEARS = (2000, 9000)
+YEARS = (2000, 9000)
 _FLOAT_MAX = sys.float_info.max
 
 
@@ -94,9 +95,9 @@ def _parse_time(value: Any) -> datetime:
     parsed = datetime.fromisoformat(value)
     if parsed.tzinfo is None:
         raise ValueError("must carry a UTC offset")
-    if not _YEARS[0] <= parsed.year <= _YEARS[1]:
+    if not YEARS[0] <= parsed.year <= YEARS[1]:
         # Arithmetic on the edges of datetime's range (year 1 or 9999) would overflow.
-        raise ValueError(f"must lie between the years {_YEARS[0]} and {_YEARS[1]}")
+        raise ValueError(f"must lie between the years {YEARS[0]} and {YEARS[1]}")
     return parsed.astimezone(UTC)
 
 
@@ -109,8 +110,8 @@ def _validate_header(
     if payload.get("schema") != SCHEMA:
         errors.add("$.schema", f"must be {SCHEMA!r}")
     node = payload.get("node")
-    if not isinstance(node, str) or not 1 <= len(node) <= _NODE_MAX:
-        errors.add("$.node", f"must be a node name of 1 to {_NODE_MAX} characters")
+    if not isinstance(node, str) or not 1 <= len(node) <= NODE_MAX:
+        errors.add("$.node", f"must be a node name of 1 to {NODE_MAX} characters")
     seq = payload.get("batch_seq")
     if not isinstance(seq, int) or isinstance(seq, bool) or not 0 <= seq < 2**63:
         errors.add("$.batch_seq", "must be an integer in [0, 2^63)")
@@ -163,18 +164,18 @@ def _validate_gpus(raw: Any, errors: _Errors) -> dict[str, BatchGpuDecl]:
         memory_mb: Any = gpu.get("memory_mb")
         sm_count: Any = gpu.get("sm_count")
         ok = True
-        if not isinstance(uuid, str) or len(uuid) > _UUID_MAX or not _NAME_RE.fullmatch(uuid):
-            errors.add(f"{path}.uuid", f"must be a GPU UUID of letters, digits and . _ : / - (at most {_UUID_MAX})")
+        if not isinstance(uuid, str) or len(uuid) > UUID_MAX or not _NAME_RE.fullmatch(uuid):
+            errors.add(f"{path}.uuid", f"must be a GPU UUID of letters, digits and . _ : / - (at most {UUID_MAX})")
             ok = False
         elif uuid in gpus:
             errors.add(f"{path}.uuid", f"duplicate GPU {uuid}")
             ok = False
-        if not isinstance(model, str) or not 1 <= len(model) <= _MODEL_MAX or not model.isprintable():
-            errors.add(f"{path}.model", f"must be the GPU model name (1-{_MODEL_MAX} printable characters)")
+        if not isinstance(model, str) or not 1 <= len(model) <= MODEL_MAX or not model.isprintable():
+            errors.add(f"{path}.model", f"must be the GPU model name (1-{MODEL_MAX} printable characters)")
             ok = False
         for key, value in (("memory_mb", memory_mb), ("sm_count", sm_count)):
-            if not isinstance(value, int) or isinstance(value, bool) or not 0 < value <= _CAPACITY_MAX[key]:
-                errors.add(f"{path}.{key}", f"must be a positive integer of at most {_CAPACITY_MAX[key]}")
+            if not isinstance(value, int) or isinstance(value, bool) or not 0 < value <= CAPACITY_MAX[key]:
+                errors.add(f"{path}.{key}", f"must be a positive integer of at most {CAPACITY_MAX[key]}")
                 ok = False
         if ok:
             gpus[uuid] = BatchGpuDecl(uuid=uuid, model=model, memory_mb=memory_mb, sm_count=sm_count)
@@ -246,25 +247,25 @@ def validate_batch(
             errors.add(f"$.samples[{i}].gpu", f"unknown GPU {gpu_id!r}: not listed in $.gpus")
             bad = True
         names = []
-        for key in _NAME_FIELDS:
+        for key in NAME_FIELDS:
             value = sample.get(key)
             if value in good_names:
                 names.append(value)
                 continue
-            if value == "" and key in _OPTIONAL_NAMES:
+            if value == "" and key in OPTIONAL_NAMES:
                 names.append(value)
                 continue
-            if not isinstance(value, str) or len(value) > _NAME_MAX[key] or not _NAME_RE.fullmatch(value):
+            if not isinstance(value, str) or len(value) > NAME_MAX[key] or not _NAME_RE.fullmatch(value):
                 errors.add(
                     f"$.samples[{i}].{key}",
-                    f"must be a name of letters, digits and . _ : / - (at most {_NAME_MAX[key]} characters)",
+                    f"must be a name of letters, digits and . _ : / - (at most {NAME_MAX[key]} characters)",
                 )
                 bad = True
             else:
                 good_names.add(value)
                 names.append(value)
         values: list[float] = []
-        for key in _QUANTITIES:
+        for key in QUANTITIES:
             value = sample.get(key)
             # NaN fails both comparisons, ±inf and ints beyond float range fail the upper one.
             if (type(value) is float or type(value) is int) and 0 <= value <= _FLOAT_MAX:

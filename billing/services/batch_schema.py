@@ -1,0 +1,64 @@
+"""The usage batch's JSON Schema (wire protocol v1), published in the OpenAPI document.
+
+Built from the same bounds as validation (billing.services.batch_validation), so the schema a
+client generates from and the rules the server checks cannot drift apart. Validation checks
+more than a schema can say (capacity × seconds, Σ grants, windows, overlaps); the schema is the
+shape and every per-field bound. OpenAPI 3.0 dialect (drf-spectacular's)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.conf import settings
+
+from billing.services import batch_validation as rules
+
+__all__ = ["usage_batch_schema"]
+
+
+def _name(key: str) -> dict[str, Any]:
+    name = {"type": "string", "pattern": rules.NAME_PATTERN, "maxLength": rules.NAME_MAX[key]}
+    if key in rules.OPTIONAL_NAMES:
+        return {"anyOf": [name, {"type": "string", "maxLength": 0}]}
+    return name
+
+
+_TIMESTAMP = {"type": "string", "format": "date-time", "pattern": "Z$", "example": "2026-11-30T03:00:00Z",
+              "description": f"ISO-8601 UTC ending in Z, years {rules.YEARS[0]} to {rules.YEARS[1]}"}
+_QUANTITY = {"type": "number", "minimum": 0}
+
+
+def usage_batch_schema() -> dict[str, Any]:
+    gpu = {
+        "type": "object",
+        "required": ["uuid", "model", "memory_mb", "sm_count"],
+        "properties": {
+            "uuid": {"type": "string", "pattern": rules.NAME_PATTERN, "maxLength": rules.UUID_MAX},
+            "model": {"type": "string", "minLength": 1, "maxLength": rules.MODEL_MAX},
+            **{key: {"type": "integer", "minimum": 1, "maximum": top} for key, top in rules.CAPACITY_MAX.items()},
+        },
+    }
+    sample = {
+        "type": "object",
+        "required": ["start", "seconds", "gpu", *rules.NAME_FIELDS, *rules.QUANTITIES],
+        "properties": {
+            "start": _TIMESTAMP,
+            "seconds": {"type": "number", "minimum": 0, "exclusiveMinimum": True, "maximum": rules.MAX_SAMPLE_SECONDS},
+            "gpu": {"type": "string", "description": "the uuid of one of $.gpus"},
+            **{key: _name(key) for key in rules.NAME_FIELDS},
+            **{key: _QUANTITY for key in rules.QUANTITIES},
+        },
+    }
+    return {
+        "type": "object",
+        "required": ["schema", "node", "batch_seq", "window", "gpus", "samples"],
+        "properties": {
+            "schema": {"type": "string", "enum": [rules.SCHEMA]},
+            "node": {"type": "string", "minLength": 1, "maxLength": rules.NODE_MAX},
+            "batch_seq": {"type": "integer", "minimum": 0, "maximum": 2**63 - 1},
+            "window": {"type": "object", "required": ["start", "end"],
+                       "properties": {"start": _TIMESTAMP, "end": _TIMESTAMP}},
+            "gpus": {"type": "array", "minItems": 1, "items": gpu},
+            "samples": {"type": "array", "maxItems": settings.VGPU_INGEST_MAX_SAMPLES, "items": sample},
+        },
+    }
