@@ -17,7 +17,7 @@ from rest_framework.views import exception_handler as drf_exception_handler
 
 from billing import errors
 
-__all__ = ["OutageMiddleware", "domain_error_response", "exception_handler"]
+__all__ = ["QUEUE_DOWN", "OutageMiddleware", "domain_error_response", "exception_handler"]
 
 log = logging.getLogger(__name__)
 
@@ -54,10 +54,10 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
 
 
 # What a request may meet when a service it depends on is down, and the name the caller is told.
+QUEUE_DOWN = (kombu.exceptions.OperationalError, redis.exceptions.ConnectionError, redis.exceptions.TimeoutError)
 _OUTAGES: tuple[tuple[tuple[type[BaseException], ...], str], ...] = (
     ((OperationalError, InterfaceError), "the database"),
-    ((kombu.exceptions.OperationalError, redis.exceptions.ConnectionError, redis.exceptions.TimeoutError),
-     "the task queue (Redis)"),
+    (QUEUE_DOWN, "the task queue (Redis)"),
 )
 
 

@@ -36,6 +36,13 @@ def request_paired_report(*, start: datetime, end: datetime, now: datetime, acto
     return report
 
 
+def report_not_queued(*, report_id: int, error: Exception) -> None:
+    """The report's job could not be enqueued (the broker is down): say so on the report, which
+    would otherwise wait as pending forever."""
+    PairedReport.objects.filter(pk=report_id, status=PairedReport.Status.PENDING).update(
+        status=PairedReport.Status.FAILED, error=f"the job could not be queued ({error}); request the report again")
+
+
 def run_paired_report(*, report_id: int) -> PairedReport:
     """Compute a report; a finished one is returned as it is (the job may run twice)."""
     report = PairedReport.objects.get(pk=report_id)

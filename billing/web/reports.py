@@ -10,10 +10,11 @@ from django.shortcuts import redirect, render
 from django.utils import timezone
 
 from billing import tasks
+from billing.api.errors import QUEUE_DOWN
 from billing.errors import InvalidInput
 from billing.models import PairedReport
 from billing.services.report_pdf import render_paired_report_pdf, study_rows, summary_rows
-from billing.services.reports import request_paired_report
+from billing.services.reports import report_not_queued, request_paired_report
 from billing.web.access import require_platform
 from billing.web.forms import PeriodForm
 
@@ -34,11 +35,19 @@ def report_list(request: HttpRequest) -> HttpResponse:
         except InvalidInput as exc:
             form.add_error(None, str(exc))
         else:
-            transaction.on_commit(lambda: tasks.run_paired_report.delay(report.pk))
+            transaction.on_commit(lambda: _enqueue(report.pk))
             return redirect("report-detail", report_id=report.pk)
     reports = PairedReport.objects.order_by("-created_at")[:50]
     return render(request, "billing/reports.html", {"form": form, "reports": reports},
                   status=400 if form.errors else 200)
+
+
+def _enqueue(report_id: int) -> None:
+    try:
+        tasks.run_paired_report.delay(report_id)
+    except QUEUE_DOWN as exc:
+        report_not_queued(report_id=report_id, error=exc)
+        raise  # billing.api.errors.OutageMiddleware answers 503
 
 
 def _get(report_id: int) -> PairedReport:

@@ -137,3 +137,7 @@ def test_a_page_that_needs_redis_while_it_is_down_is_503_not_500(client, setting
                     side_effect=kombu.exceptions.OperationalError("Error 111 connecting to 127.0.0.1:6379")):
         resp = client.post("/reports/", {"start": start.isoformat(), "end": (start + timedelta(days=1)).isoformat()})
     assert resp.status_code == 503 and "task queue" in resp.content.decode() and resp["Retry-After"]
+    from billing.models import PairedReport
+
+    report = PairedReport.objects.get()  # not left pending forever: it says why, and what to do
+    assert report.status == "failed" and "could not be queued" in report.error
