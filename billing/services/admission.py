@@ -26,6 +26,7 @@ from django.db.models import Max, Q, Sum
 
 from billing.errors import FieldError, InvalidBatch
 from billing.models import AdmittedPod, BudgetAction, BudgetState, BudgetStatus, Gpu, Tenant
+from billing.services.input_limits import integer_max, max_length, text_problem
 
 __all__ = ["AdmissionDecision", "pod_requests_gpu", "review_pod"]
 
@@ -95,10 +96,10 @@ def pod_guarantee(pod: dict[str, Any]) -> Guarantee:
         except (ValueError, ArithmeticError) as exc:
             raise InvalidBatch([FieldError("$.request.object.metadata.annotations",
                                            f"vgpu-ledger.io request annotations must be numbers: {exc}")]) from exc
-        if mem_mb < 0 or sm_count < 0:
+        if not sm_count.is_finite() or mem_mb < 0 or sm_count < 0:
             raise InvalidBatch([FieldError("$.request.object.metadata.annotations",
-                                           "vgpu-ledger.io request annotations must not be negative")])
-        return Guarantee(mem_mb=mem_mb, sm=sm_count)
+                                           "vgpu-ledger.io request annotations must be finite and not negative")])
+        return _bounded(Guarantee(mem_mb=mem_mb, sm=sm_count))
     whole = 0
     for container in (pod.get("spec") or {}).get("containers") or []:
         limits = (container.get("resources") or {}).get("limits") or {}
@@ -110,7 +111,20 @@ def pod_guarantee(pod: dict[str, Any]) -> Guarantee:
         return Guarantee(mem_mb=0, sm=Decimal(0))
     largest = Gpu.objects.aggregate(mem=Max("memory_mb"), sm=Max("sm_count"))
     mem_mb, sm_count = (largest["mem"], Decimal(largest["sm"])) if largest["mem"] else _DEFAULT_GPU
-    return Guarantee(mem_mb=whole * mem_mb, sm=whole * sm_count)
+    return _bounded(Guarantee(mem_mb=whole * mem_mb, sm=whole * sm_count))
+
+
+# What AdmittedPod's columns hold: a guarantee beyond them is refused, not a database error.
+_MEM_MAX = integer_max(AdmittedPod, "guaranteed_mem_mb")
+_SM_LIMIT = Decimal(10) ** (AdmittedPod._meta.get_field("guaranteed_sm").max_digits  # type: ignore[union-attr]
+                            - AdmittedPod._meta.get_field("guaranteed_sm").decimal_places)  # type: ignore[union-attr]
+
+
+def _bounded(guarantee: Guarantee) -> Guarantee:
+    if guarantee.mem_mb > _MEM_MAX or guarantee.sm >= _SM_LIMIT:
+        raise InvalidBatch([FieldError("$.request.object", f"the pod's GPU guarantee is beyond any fleet "
+                                                           f"(at most {_MEM_MAX} MB and {_SM_LIMIT - 1} SMs)")])
+    return guarantee
 
 
 def _quota_denial(tenant: Tenant, uid: str, guarantee: Guarantee) -> str | None:
@@ -136,6 +150,17 @@ def _parse(review: Any) -> tuple[str, str, str, dict[str, Any]]:
         raise InvalidBatch([FieldError("$.request.uid", "must be present")])
     raw_object = request.get("object")
     obj: dict[str, Any] = raw_object if isinstance(raw_object, dict) else {}
+    metadata = obj.get("metadata") if isinstance(obj.get("metadata"), dict) else {}
+    # Strings the webhook looks up or stores: each must fit its column and be text Postgres holds.
+    for path, value, limit in (
+        ("$.request.uid", request["uid"], 200),
+        ("$.request.namespace", request.get("namespace") or "", max_length(AdmittedPod, "namespace")),
+        ("$.request.object.metadata.name", metadata.get("name") or "", max_length(AdmittedPod, "name")),
+        ("$.request.object.metadata.uid", metadata.get("uid") or "", max_length(AdmittedPod, "uid")),
+    ):
+        if not isinstance(value, str) or len(value) > limit or text_problem(value):
+            raise InvalidBatch([FieldError(path, f"must be a string of at most {limit} characters, "
+                                                 "without NUL or lone surrogates")])
     return str(request["uid"]), str(request.get("operation", "")), str(request.get("namespace") or ""), obj
 
 
