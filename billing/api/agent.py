@@ -18,8 +18,9 @@ from billing.services.ingest import decode_body, record_usage_batch
 from billing.services.node_events import record_node_events
 from billing.services.policy import get_node_policy
 from billing.services.tokens import authenticate_node
+from billing.services.undelivered import record_undelivered_batches
 
-__all__ = ["NodeEventsView", "NodePolicyView", "UsageBatchView"]
+__all__ = ["NodeEventsView", "NodePolicyView", "NodeUndeliveredView", "UsageBatchView"]
 
 _in_flight = threading.BoundedSemaphore(settings.VGPU_INGEST_MAX_IN_FLIGHT)
 
@@ -103,4 +104,28 @@ class NodeEventsView(_AgentView):
             content_encoding=request.headers.get("Content-Encoding"),
         )
         count = record_node_events(node=node_row, payload=payload, now=timezone.now())
+        return Response({"status": "stored", "accepted": count}, status=201)
+
+
+class NodeUndeliveredView(_AgentView):
+    @extend_schema(
+        operation_id="post_node_undelivered",
+        summary="Batches the node keeps because this service refused them (upsert on batch_seq)",
+        request={"application/json": {"type": "object"}},
+        responses={
+            201: inline_serializer("Reported", {"status": serializers.CharField(), "accepted": serializers.IntegerField()}),
+            400: OpenApiResponse(_errors_schema, description="Invalid report; nothing stored"),
+            401: OpenApiResponse(_errors_schema, description="Missing or unknown token"),
+            403: OpenApiResponse(_errors_schema, description="Revoked token or another node's"),
+            415: OpenApiResponse(_errors_schema, description="Not JSON"),
+        },
+    )
+    def post(self, request: Request, node: str) -> Response:
+        node_row = authenticate_node(authorization=request.headers.get("Authorization"), node_name=node)
+        payload, _ = decode_body(
+            body=request._request.body,
+            content_type=request.headers.get("Content-Type"),
+            content_encoding=request.headers.get("Content-Encoding"),
+        )
+        count = record_undelivered_batches(node=node_row, payload=payload, now=timezone.now())
         return Response({"status": "stored", "accepted": count}, status=201)

@@ -1,4 +1,8 @@
-"""GET /healthz: database, broker and worker status as JSON (200 when all are up, else 503)."""
+"""GET /healthz: database, broker and worker status as JSON (200 when all are up, else 503).
+
+`undelivered_batches` counts batches agents hold because ingest refused them (billing.queries.undelivered):
+usage not billed until someone re-drives it. It is a number to alert on, not a failure of this process,
+so it does not change the status."""
 
 from __future__ import annotations
 
@@ -10,6 +14,7 @@ from django.db import connection
 from django.http import HttpRequest, JsonResponse
 from django.views.decorators.cache import never_cache
 
+from billing.queries.undelivered import count_open_undelivered
 from config.celery import app as celery_app
 
 
@@ -26,7 +31,7 @@ def _database() -> dict:
     with connection.cursor() as cur:
         cur.execute("SELECT 1")
         cur.fetchone()
-    return {}
+    return {"undelivered_batches": count_open_undelivered()}
 
 
 def _broker() -> dict:
@@ -48,4 +53,6 @@ def healthz(request: HttpRequest) -> JsonResponse:
     status = {"database": _check(_database), "broker": _check(_broker)}
     status["worker"] = _check(_worker) if status["broker"]["ok"] else {"ok": False, "error": "broker down"}
     healthy = all(s["ok"] for s in status.values())
-    return JsonResponse({"status": "ok" if healthy else "degraded", **status}, status=200 if healthy else 503)
+    undelivered = status["database"].pop("undelivered_batches", None)  # None: the database did not answer
+    return JsonResponse({"status": "ok" if healthy else "degraded", "undelivered_batches": undelivered, **status},
+                        status=200 if healthy else 503)
