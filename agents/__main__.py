@@ -5,6 +5,7 @@
 default), uploads what it can and exits: 0 when the spool is drained, 75
 (EX_TEMPFAIL) when batches stay pending for a later run.
 ``vgpu-agent scenario`` prints a demo scenario for the sim backend.
+``vgpu-agent redrive`` resends a spool's undelivered batches after a fix (docs/agent.md).
 
 A run wires: the backend (NVML attributed through Kubernetes and entitled by the pods'
 requests, or a scenario), the policy client (polled on a thread; once before a
@@ -51,8 +52,9 @@ from agents.loop import Agent, AgentConfig
 from agents.metrics import AgentMetrics, MetricsServer, serve_metrics
 from agents.mps import DEFAULT_CONTROL_COMMAND, MpsControlCli, MpsEnforcer
 from agents.policy_client import PolicyClient
-from agents.spool import Spool
+from agents.spool import Spool, SpooledBatch, SpoolKind, spool_node
 from agents.testing import FakeClock
+from agents.undelivered import UndeliveredReporter
 from agents.uploader import Outcome, RetryPolicy, SendResult, Uploader
 from agents.watchdog import Evict, WatchdogAction, WatchdogEnforcer, WatchdogPolicy
 
@@ -75,6 +77,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "scenario":
         return _scenario(args)
     try:
+        if args.command == "redrive":
+            return _redrive(args)
         return _run(args)
     except _Fatal as error:
         print(f"vgpu-agent: error: {error}", file=sys.stderr)
@@ -156,6 +160,18 @@ def _parser() -> argparse.ArgumentParser:
     observe = run.add_argument_group("metrics")
     observe.add_argument("--metrics-port", type=int, default=0, help="Prometheus /metrics port (default 0: off)")
     observe.add_argument("--metrics-address", default="127.0.0.1", help="address /metrics binds to")
+
+    redrive = commands.add_parser(
+        "redrive", help="resend undelivered batches of a spool after a fix (409: under a fresh batch_seq)"
+    )
+    redrive.add_argument("--spool", required=True, type=Path, help="the spool database")
+    redrive.add_argument("--server", help="base URL of the service (required unless --list)")
+    redrive.add_argument("--token-file", type=Path, help="file holding the node token (required unless --list)")
+    redrive.add_argument(
+        "--batch-seq", type=int, action="append", help="only this undelivered batch (repeatable; default: all)"
+    )
+    redrive.add_argument("--list", action="store_true", help="list the undelivered batches, change nothing")
+    redrive.add_argument("--timeout-s", type=float, default=10.0, help="HTTP timeout per request, s")
 
     scenario = commands.add_parser("scenario", help="print a demo scenario for --backend sim")
     scenario.add_argument("--node", required=True)
@@ -286,8 +302,11 @@ def _run(args: argparse.Namespace) -> int:
         raise _Fatal(f"--once-seconds must be >= 1, got {args.once_seconds}")
     spool_path = args.spool or Path(".data") / "agent" / f"{node}.sqlite"
     token = partial(read_token, args.token_file)
-    spool = Spool(spool_path, node=node, now=utc_now, compress=args.gzip)
+    # A replay (history, backfill) gets a sequence space of its own: it may run beside the live agent.
+    kind: SpoolKind = "replay" if args.once_seconds is not None else "live"
+    spool = Spool(spool_path, node=node, now=utc_now, compress=args.gzip, kind=kind)
     metrics = AgentMetrics() if args.metrics_port else None
+    reporter = UndeliveredReporter(spool=spool, server=args.server, node=node, token=token, retry=retry)
     parts = _Parts(
         node=node,
         config=config,
@@ -299,6 +318,7 @@ def _run(args: argparse.Namespace) -> int:
             session=requests.Session(),
             retry=retry,
             on_result=None if metrics is None else partial(_count_upload_error, metrics),
+            report_undelivered=reporter.report_if_due,
         ),
         policy=PolicyClient(
             server=args.server,
@@ -427,6 +447,7 @@ def _agent(
         policy=policy.allocation_policy,
         observers=observers,
         on_tick_seconds=None if parts.metrics is None else parts.metrics.record_tick,
+        checkpoint=args.once_seconds is None,
     )
 
 
@@ -465,9 +486,9 @@ def _run_once(
     pending = parts.uploader.flush_once()
     events = parts.events.flush()
     log.info(
-        "event=once_done pending=%d dead=%d events_sent=%d events_pending=%d",
+        "event=once_done pending=%d undelivered=%d events_sent=%d events_pending=%d",
         pending,
-        spool.count(state="dead"),
+        spool.count_undelivered(),
         events.sent,
         events.pending,
     )
@@ -521,6 +542,65 @@ def _run_forever(
     final = events.flush()  # the last actions (e.g. an eviction just before SIGTERM) reach the audit log
     log.info("event=agent_exit pending=%d events_pending=%d", pending, final.pending)
     return 0
+
+
+def _redrive(args: argparse.Namespace) -> int:
+    """Resend undelivered batches: 0 all delivered, 75 some still pending, 1 some refused again."""
+    try:
+        node = spool_node(args.spool)
+    except ValueError as error:
+        raise _Fatal(str(error)) from error
+    spool = Spool(args.spool, node=node, now=utc_now)
+    try:
+        undelivered = [b for b in spool.list_batches(state="dead") if b.superseded_by is None]
+        if args.batch_seq:
+            unknown = sorted(set(args.batch_seq) - {b.batch_seq for b in undelivered})
+            if unknown:
+                raise _Fatal(f"not undelivered batches of {args.spool}: {', '.join(map(str, unknown))}")
+            undelivered = [b for b in undelivered if b.batch_seq in set(args.batch_seq)]
+        if args.list:
+            for b in undelivered:
+                print(_describe(b))
+            print(f"{len(undelivered)} undelivered batch(es) in {args.spool} (node {node})")
+            return 0
+        if args.server is None or args.token_file is None:
+            raise _Fatal("redrive needs --server and --token-file (or --list)")
+        try:
+            read_token(args.token_file)
+        except TokenError as error:
+            raise _Fatal(str(error)) from error
+        token = partial(read_token, args.token_file)
+        retry = RetryPolicy(timeout_s=args.timeout_s)
+        reporter = UndeliveredReporter(spool=spool, server=args.server, node=node, token=token, retry=retry)
+        uploader = Uploader(
+            spool=spool, server=args.server, token=token, retry=retry, report_undelivered=reporter.report_if_due
+        )
+        # A 409 means the service holds this number for other content: only a fresh number can land.
+        resent = {b.batch_seq: spool.redrive(b.batch_seq, renumber=b.last_status == 409) for b in undelivered}
+        uploader.flush_once()
+        states = {b.batch_seq: b for b in spool.list_batches()}
+        outcome = 0
+        for old, new in resent.items():
+            now_as = states.get(new)
+            state = "sent" if now_as is None else now_as.state  # retention may already have dropped it
+            print(f"batch_seq={old} sent_as={new} state={state} status={now_as.last_status if now_as else ''}")
+            if state == "dead":
+                outcome = 1
+            elif state == "pending" and outcome == 0:
+                outcome = EXIT_PENDING
+        print(f"{len(resent)} batch(es) re-driven to {args.server}")
+        return outcome
+    finally:
+        spool.close()
+
+
+def _describe(batch: SpooledBatch) -> str:
+    reported = "reported" if batch.reported_at is not None else "not reported"
+    reason = (batch.last_error or "").replace("\n", " ")[:160]
+    return (
+        f"batch_seq={batch.batch_seq} window={batch.window_start.isoformat()}/{batch.window_end.isoformat()}"
+        f" bytes={len(batch.body)} status={batch.last_status} {reported} reason={reason!r}"
+    )
 
 
 @contextmanager

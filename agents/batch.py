@@ -10,7 +10,7 @@ from typing import Any
 
 from agents.interfaces import GpuInfo, Workload
 
-__all__ = ["SCHEMA", "Sample", "format_utc", "render_batch"]
+__all__ = ["SCHEMA", "Sample", "format_utc", "gpu_from_wire", "gpu_to_wire", "parse_utc", "render_batch"]
 
 SCHEMA = "vgpu-ledger/usage-batch/v1"
 
@@ -22,6 +22,21 @@ def format_utc(moment: datetime) -> str:
     if moment.microsecond:
         raise ValueError(f"{moment.isoformat()} is not aligned to a whole second")
     return moment.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def parse_utc(text: str) -> datetime:
+    """The inverse of ``format_utc``."""
+    if not text.endswith("Z"):
+        raise ValueError(f"{text!r} is not a UTC timestamp ending in Z")
+    return datetime.fromisoformat(text[:-1] + "+00:00")
+
+
+def gpu_to_wire(gpu: GpuInfo) -> dict[str, Any]:
+    return {"uuid": gpu.uuid, "model": gpu.model, "memory_mb": gpu.memory_mb, "sm_count": gpu.sm_count}
+
+
+def gpu_from_wire(item: Mapping[str, Any]) -> GpuInfo:
+    return GpuInfo(uuid=item["uuid"], model=item["model"], memory_mb=item["memory_mb"], sm_count=item["sm_count"])
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,6 +72,28 @@ class Sample:
             "pcie_mb": self.pcie_mb,
         }
 
+    @classmethod
+    def from_wire(cls, item: Mapping[str, Any]) -> Sample:
+        """A sample as ``to_wire`` wrote it (the spool's checkpoint of an open batch)."""
+        return cls(
+            start=parse_utc(item["start"]),
+            seconds=item["seconds"],
+            gpu=item["gpu"],
+            workload=Workload(
+                tenant=item["tenant"],
+                namespace=item["namespace"],
+                pod=item["pod"],
+                container=item["container"],
+                pod_uid=item["pod_uid"],
+                sla_tier=item["sla_tier"],
+            ),
+            mem_used_mb_s=item["mem_used_mb_s"],
+            mem_granted_mb_s=item["mem_granted_mb_s"],
+            sm_used_s=item["sm_used_s"],
+            sm_granted_s=item["sm_granted_s"],
+            pcie_mb=item["pcie_mb"],
+        )
+
 
 def render_batch(
     *,
@@ -76,7 +113,7 @@ def render_batch(
         "node": node,
         "batch_seq": batch_seq,
         "window": {"start": format_utc(window_start), "end": format_utc(window_end)},
-        "gpus": [{"uuid": g.uuid, "model": g.model, "memory_mb": g.memory_mb, "sm_count": g.sm_count} for g in gpus],
+        "gpus": [gpu_to_wire(g) for g in gpus],
         "samples": [s.to_wire() for s in ordered],
     }
     return json.dumps(document, separators=(",", ":"), allow_nan=False).encode("utf-8")

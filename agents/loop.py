@@ -6,6 +6,10 @@ and applied, the observers (watchdog, budget evictions, metrics) see the round,
 and the meter holds the new rates until the next tick. Every ``batch_seconds``
 the completed metering periods are closed into a batch in the spool. Uploading
 runs elsewhere (``agents.uploader``), so a down server never delays metering.
+
+Between closes, each completed period is checkpointed to the spool: an agent
+killed with SIGKILL loses at most the period it was in, because the next run first
+closes the checkpointed periods into a batch and then meters from their end.
 """
 
 from __future__ import annotations
@@ -18,11 +22,11 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
 from agents.allocation import CurrentUsePredictor, Policy, compute_grants
-from agents.batch import Sample, render_batch
+from agents.batch import Sample, gpu_from_wire, gpu_to_wire, render_batch
 from agents.clock import ceil_to_seconds, from_us, to_us
 from agents.interfaces import Clock, Enforcer, GpuBackend, GpuInfo, Grant, Predictor, TickObserver, UsageReading
 from agents.meter import Meter, Rate
-from agents.spool import Spool
+from agents.spool import CheckpointPeriod, Spool
 
 __all__ = ["Agent", "AgentConfig", "RunSummary"]
 
@@ -76,6 +80,7 @@ class Agent:
         policy: Callable[[], Policy] | None = None,
         observers: Sequence[TickObserver] = (),
         on_tick_seconds: Callable[[float], None] | None = None,
+        checkpoint: bool = True,
     ) -> None:
         self._config = config
         self._backend = backend
@@ -88,6 +93,8 @@ class Agent:
         self._policy = policy if policy is not None else (lambda: config.policy)
         self._observers = tuple(observers)
         self._on_tick_seconds = on_tick_seconds  # computation time of each tick (real seconds)
+        # Off for replays on a fake clock: their seconds cost nothing to meter again, an fsync each does.
+        self._checkpoint = checkpoint
 
     def run(
         self,
@@ -112,6 +119,7 @@ class Agent:
             return origin_us + round((self._clock.monotonic() - origin_mono) * 1_000_000)
 
         begin = start if start is not None else ceil_to_seconds(from_us(origin_us), seconds=config.period_s)
+        recovered = self._recover()
         last_end = self._spool.last_window_end
         if last_end is not None and begin < last_end:
             log.info("event=start_moved from=%s to=%s reason=spooled_history", begin, last_end)
@@ -121,7 +129,7 @@ class Agent:
         tick_us = config.tick_ms * _US_PER_MS
         begin_us = to_us(begin)
         until_us = None if until is None else to_us(until)
-        batches: list[int] = []
+        batches: list[int] = list(recovered)
         ticks = 0
         log.info(
             "event=agent_started node=%s gpus=%d start=%s tick_ms=%d batch_seconds=%d",
@@ -144,6 +152,8 @@ class Agent:
                 samples = meter.update(at=at, rates=self._tick(gpus=gpus, at=at))
                 ticks += 1
                 batches.extend(self._close_full(batch=batch, samples=samples, meter=meter, gpus=gpus))
+                if self._checkpoint:
+                    self._checkpoint_open(batch=batch, until=meter.completed_until, gpus=gpus)
                 # Missed ticks (a stall) are skipped, not replayed: rates are piecewise constant.
                 next_tick_us = begin_us + ((to_us(at) - begin_us) // tick_us + 1) * tick_us
         finally:
@@ -186,6 +196,62 @@ class Agent:
             closed.append(self._store(batch=batch, end=batch.end, gpus=gpus))
         return closed
 
+    def _checkpoint_open(self, *, batch: _OpenBatch, until: datetime, gpus: Sequence[GpuInfo]) -> None:
+        """Persist the open batch's periods completed since the last checkpoint."""
+        since = max(batch.start, batch.checkpointed_until or batch.start)
+        if until <= since:
+            return
+        self._spool.checkpoint(
+            CheckpointPeriod(
+                start=since,
+                end=until,
+                gpus=[gpu_to_wire(g) for g in gpus],
+                samples=[s.to_wire() for s in batch.samples if since <= s.start < until],
+            )
+        )
+        batch.checkpointed_until = until
+
+    def _recover(self) -> list[int]:
+        """Close the periods a killed run checkpointed into batches (one per contiguous run of them)."""
+        runs: list[list[CheckpointPeriod]] = []
+        for period in self._spool.checkpointed():
+            if runs and runs[-1][-1].end == period.start and runs[-1][-1].gpus == period.gpus:
+                runs[-1].append(period)
+            else:
+                runs.append([period])
+        seqs: list[int] = []
+        for run in runs:
+            start, end = run[0].start, run[-1].end
+            seq = self._spool.store_batch(window_start=start, window_end=end, render=self._render_recovered(run))
+            log.warning(
+                "event=checkpoint_recovered batch_seq=%d window_start=%s window_end=%s samples=%d"
+                " detail='the previous run stopped without closing its batch'",
+                seq,
+                start.isoformat(),
+                end.isoformat(),
+                sum(len(p.samples) for p in run),
+            )
+            if self._on_batch is not None:
+                self._on_batch(seq)
+            seqs.append(seq)
+        return seqs
+
+    def _render_recovered(self, run: Sequence[CheckpointPeriod]) -> Callable[[int], bytes]:
+        gpus = [gpu_from_wire(g) for g in run[0].gpus]  # the inventory of the run that metered them
+        samples = [Sample.from_wire(s) for p in run for s in p.samples]
+
+        def render(batch_seq: int) -> bytes:
+            return render_batch(
+                node=self._config.node,
+                batch_seq=batch_seq,
+                window_start=run[0].start,
+                window_end=run[-1].end,
+                gpus=gpus,
+                samples=samples,
+            )
+
+        return render
+
     def _close_partial(self, *, batch: _OpenBatch, until: datetime, gpus: Sequence[GpuInfo]) -> list[int]:
         if until <= batch.start:
             return []
@@ -226,6 +292,7 @@ class _OpenBatch:
     start: datetime
     seconds: int
     samples: list[Sample] = field(default_factory=list)
+    checkpointed_until: datetime | None = None  # end of the periods already in the spool's checkpoint
 
     @property
     def end(self) -> datetime:

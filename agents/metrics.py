@@ -3,7 +3,7 @@
 Per workload and GPU (labels ``tenant``, ``namespace``, ``pod``, ``container``, ``gpu``):
 grants and use of memory (MiB) and SMs, as of the last tick; series of workloads that
 left are removed. Node-wide: tick latency (histogram, seconds of computation per tick),
-spool depth by state (read from the spool at scrape time), upload and event-upload
+spool depth by state and undelivered batches (read from the spool at scrape time), upload and event-upload
 errors by outcome, and the policy's age and ETag.
 """
 
@@ -41,6 +41,17 @@ class _SpoolCollector(Collector):
         for state in ("pending", "dead"):
             family.add_metric([state], float(self._spool.count(state=state)))
         yield family
+        # Refused batches no re-drive has replaced yet: usage the service has not billed.
+        yield GaugeMetricFamily(
+            "vgpu_agent_undelivered_batches",
+            "Batches the service refused (400/409/413/415), kept in the spool until re-driven",
+            value=float(self._spool.count_undelivered()),
+        )
+        yield GaugeMetricFamily(
+            "vgpu_agent_undelivered_unreported_batches",
+            "Undelivered batches the service has not acknowledged a report of yet",
+            value=float(self._spool.count_undelivered(unreported=True)),
+        )
 
 
 class _PolicyCollector(Collector):

@@ -42,7 +42,7 @@ _ANSWER_LIMIT = 4096  # characters of a rejecting answer kept in the spool and t
 
 class Outcome(enum.Enum):
     SENT = "sent"  # 201 stored / 200 duplicate
-    DEAD = "dead"  # 400/409/413/415: resending the same bytes can never succeed
+    DEAD = "dead"  # 400/409/413/415: resending the same bytes can never succeed; kept as undelivered
     AUTH = "auth"  # 401/403: token wrong or revoked; keep the data, back off
     THROTTLED = "throttled"  # 429/503: honour Retry-After
     RETRY = "retry"  # 5xx, unexpected answers, connection errors: back off
@@ -123,8 +123,12 @@ class Uploader:
         rng: random.Random | None = None,
         now: Callable[[], datetime] = utc_now,
         on_result: Callable[[SendResult], None] | None = None,
+        report_undelivered: Callable[[], object] | None = None,
     ) -> None:
         self._spool = spool
+        # Tells the service about refused batches (``UndeliveredReporter.report_if_due``): called
+        # when idle and after each refusal, on this thread, so it never competes with uploads.
+        self._report_undelivered = report_undelivered
         self._on_result = on_result  # sees every send's result (the agent's metrics count failures)
         self._url = server.rstrip("/") + BATCHES_PATH
         self._token = token
@@ -168,6 +172,8 @@ class Uploader:
         while (result := self.send_next()) is not None:
             if result.outcome not in (Outcome.SENT, Outcome.DEAD):
                 break
+        if self._report_undelivered is not None:
+            self._report_undelivered()
         return self._spool.count(state="pending")
 
     def notify(self) -> None:
@@ -182,6 +188,8 @@ class Uploader:
         """Upload until ``stop``; a down server delays uploads, never metering."""
         while not self._stop.is_set():
             result = self.send_next()
+            if self._report_undelivered is not None and (result is None or result.outcome is Outcome.DEAD):
+                self._report_undelivered()
             if result is None:
                 self._wake.wait(self._retry.idle_poll_s)
                 self._wake.clear()
@@ -210,7 +218,13 @@ class Uploader:
         if outcome is Outcome.DEAD:
             self._spool.mark_dead(seq, status=status, answer=answer)
             self._failures = 0
-            log.error("event=batch_dead_lettered batch_seq=%d status=%d answer=%r", seq, status, answer)
+            log.error(
+                "event=batch_undelivered batch_seq=%d status=%d answer=%r"
+                " detail='kept in the spool and reported to the service; see vgpu-agent redrive'",
+                seq,
+                status,
+                answer,
+            )
             return SendResult(batch_seq=seq, outcome=outcome, status=status, delay_s=0.0)
         self._spool.record_attempt(seq, status=status, error=answer)
         if outcome is Outcome.AUTH:

@@ -3,7 +3,7 @@ from django.urls import path, re_path
 from drf_spectacular.views import SpectacularAPIView
 
 from billing.api.admission import PodAdmissionView
-from billing.api.agent import NodeEventsView, NodePolicyView, UsageBatchView
+from billing.api.agent import NodeEventsView, NodePolicyView, NodeUndeliveredView, UsageBatchView
 from billing.web import admin_fleet, admin_pages, health, invoices, language, periods, portal, rebalance, reports, views
 
 urlpatterns = [
@@ -13,6 +13,7 @@ urlpatterns = [
     path("api/v1/usage/batches", UsageBatchView.as_view(), name="usage-batches"),
     path("api/v1/nodes/<str:node>/policy", NodePolicyView.as_view(), name="node-policy"),
     path("api/v1/nodes/<str:node>/events", NodeEventsView.as_view(), name="node-events"),
+    path("api/v1/nodes/<str:node>/undelivered", NodeUndeliveredView.as_view(), name="node-undelivered"),
     path("api/v1/admission/pods", PodAdmissionView.as_view(), name="admission-pods"),
     path("api/v1/schema", SpectacularAPIView.as_view(), name="openapi-schema"),
     path("finance/", views.finance_overview, name="finance-overview"),

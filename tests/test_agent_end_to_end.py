@@ -6,7 +6,9 @@ driven by the official client over HTTP).
     the Eviction API, and the eviction lands in the server's audit log;
 (b) budgets: a tenant over its budget with ``throttle`` gets smaller grants from the agent's
     next policy poll on (weight x factor, no burst above its guarantee), and one with
-    ``evict-best-effort`` loses its best-effort pods, each eviction audited.
+    ``evict-best-effort`` loses its best-effort pods, each eviction audited;
+(c) a batch the service refuses (409) stays in the spool, is reported and shown as undelivered,
+    and ``vgpu-agent redrive`` delivers it under a fresh number, which resolves the report.
 """
 
 from __future__ import annotations
@@ -23,14 +25,17 @@ from typing import Any
 import pytest
 
 from agents.__main__ import main as agent_main
+from agents.backends.sim import demo_scenario
 from agents.spool import Spool
 from agents.testing import FakeKubernetes
-from billing.models import AuditEvent, RateCard, SlaTier, Tenant
+from billing.models import AuditEvent, RateCard, SlaTier, Tenant, UndeliveredBatch
+from billing.queries.undelivered import count_open_undelivered
 from billing.services.budgets import evaluate_budgets, set_budget
 from billing.services.demo import A100_80GB_MODEL
 from billing.services.rollup import rollup_usage
 from billing.services.tokens import issue_node_token
 from tests import clock
+from tests.conftest import iso, make_batch
 
 NODE = "agent-e2e-node"
 GPU = "GPU-7d1f3c2e-0000-4000-8000-00000000e2e0"
@@ -218,3 +223,39 @@ def test_budget_throttle_shrinks_grants_and_evict_best_effort_evicts_from_the_ne
     audit = AuditEvent.objects.get(action="agent.budget.evicted_best_effort")
     assert audit.object_id == "initech-prod/batch-i2" and audit.actor_label == f"node:{NODE}"
     assert audit.after["tenant"] == "initech" and audit.after["outcome"] == "evicted"
+
+
+def test_a_refused_batch_is_kept_reported_and_delivered_by_a_redrive(node_files: dict[str, Path], live_server) -> None:
+    import requests
+
+    files, url = node_files, live_server.url
+    files["scenario"].write_text(json.dumps(demo_scenario(NODE, seed=1, gpu_count=1, tenants=[("acme", "gold")])))
+    t0 = clock.now().replace(second=0, microsecond=0) - timedelta(minutes=10)
+    spool = Spool(files["spool"], node=NODE, now=clock.now)
+    seq = spool.store_batch(window_start=t0, window_end=t0 + timedelta(seconds=10),
+                            render=lambda s: json.dumps(make_batch(node=NODE, seq=s, start=t0)).encode())
+    spool.close()
+    # Another batch already holds that number (what two spools sharing a sequence space did).
+    token = files["token"].read_text().strip()
+    taken = requests.post(f"{url}/api/v1/usage/batches", json=make_batch(node=NODE, seq=seq, start=t0 - timedelta(minutes=1)),
+                          headers={"Authorization": f"Bearer {token}"}, timeout=10)
+    assert taken.status_code == 201
+    common = ["--server", url, "--token-file", str(files["token"])]
+    assert agent_main(["run", *common, "--backend", "sim", "--scenario", str(files["scenario"]),
+                       "--spool", str(files["spool"]), "--batch-seconds", "10", "--once-seconds", "10",
+                       "--start", iso(t0 + timedelta(minutes=1))]) == 0
+    (report,) = UndeliveredBatch.objects.filter(node__name=NODE)
+    assert (report.batch_seq, report.status_code, report.window_start) == (seq, 409, t0)
+    assert report.sample_count == 10 and report.size_bytes > 0 and "different content" in report.reason
+    assert requests.get(f"{url}/healthz", timeout=10).json()["ledger"]["undelivered_batches"] == 1
+
+    assert agent_main(["redrive", "--spool", str(files["spool"]), *common]) == 0
+    assert count_open_undelivered() == 0
+    spool = Spool(files["spool"], node=NODE, now=clock.now)
+    try:
+        kept = {b.batch_seq: b for b in spool.list_batches()}
+    finally:
+        spool.close()
+    assert kept[seq].state == "dead" and kept[seq].superseded_by is not None  # kept, never deleted
+    assert kept[kept[seq].superseded_by].state == "sent"
+    assert UndeliveredBatch.objects.get(batch_seq=seq).superseded_by == kept[seq].superseded_by

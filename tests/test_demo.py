@@ -100,6 +100,16 @@ def _finance_sees_the_simulated_day(demo: Demo) -> None:
     assert 'data-testid="rebalance-plan-' in plans
 
 
+def _every_batch_was_delivered(demo: Demo) -> None:
+    """Issue 12: history and live agents of one node never collide, so no node holds a refused
+    batch — as the service sees it (/healthz and the nodes page), not only the agents' logs."""
+    base = demo.base
+    assert requests.get(f"{base}/healthz", timeout=10).json()["ledger"]["undelivered_batches"] == 0
+    html = _login(base, "admin", demo.passwords["admin"], landing="/nodes/").get(f"{base}/nodes/", timeout=10).text
+    counts = dict(re.findall(r'data-testid="node-undelivered-([\w-]+)" data-count="(\d+)"', html))
+    assert set(counts) >= {"sim-a100-1", "sim-a100-2", "sim-a100-3"} and set(counts.values()) == {"0"}, counts
+
+
 def test_demo_serves_growing_numbers_and_stops_cleanly_on_ctrl_c(demo_env):
     with running_demo(demo_env) as demo:
         text, base = demo.banner, demo.base
@@ -120,6 +130,7 @@ def test_demo_serves_growing_numbers_and_stops_cleanly_on_ctrl_c(demo_env):
         assert later > first, "the finance page's numbers did not grow"
         _lower_acme_budget_and_watch_enforcement(text, base, demo.data_dir)
         _finance_sees_the_simulated_day(demo)
+        _every_batch_was_delivered(demo)
     assert demo.proc.returncode == 0, demo.rest
     assert "demo: stopped." in demo.rest
     with socket.socket() as sock:

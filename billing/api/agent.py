@@ -14,13 +14,15 @@ from rest_framework.views import APIView
 
 from billing.api.errors import domain_error_response
 from billing.errors import DomainError, Overloaded, PayloadTooLarge
+from billing.models import Node
 from billing.services.batch_schema import usage_batch_schema
 from billing.services.ingest import decode_body, record_usage_batch
 from billing.services.node_events import record_node_events
 from billing.services.policy import get_node_policy
 from billing.services.tokens import authenticate_node
+from billing.services.undelivered import record_undelivered_batches
 
-__all__ = ["NodeEventsView", "NodePolicyView", "UsageBatchView"]
+__all__ = ["NodeEventsView", "NodePolicyView", "NodeUndeliveredView", "UsageBatchView"]
 
 _in_flight = threading.BoundedSemaphore(settings.VGPU_INGEST_MAX_IN_FLIGHT)
 
@@ -41,6 +43,16 @@ class _AgentView(APIView):
         if isinstance(exc, DomainError):
             return domain_error_response(exc)
         return super().handle_exception(exc)
+
+    def _node_json(self, request: Request, node: str) -> tuple[Node, object]:
+        """The node whose token this is (it must be `node`'s) and the JSON body it sent."""
+        node_row = authenticate_node(authorization=request.headers.get("Authorization"), node_name=node)
+        payload, _ = decode_body(
+            body=request._request.body,
+            content_type=request.headers.get("Content-Type"),
+            content_encoding=request.headers.get("Content-Encoding"),
+        )
+        return node_row, payload
 
 
 class UsageBatchView(_AgentView):
@@ -98,11 +110,25 @@ class NodeEventsView(_AgentView):
 
     @extend_schema(operation_id="post_node_events", summary="Enforcement actions taken by the node, for the audit log")
     def post(self, request: Request, node: str) -> Response:
-        node_row = authenticate_node(authorization=request.headers.get("Authorization"), node_name=node)
-        payload, _ = decode_body(
-            body=request._request.body,
-            content_type=request.headers.get("Content-Type"),
-            content_encoding=request.headers.get("Content-Encoding"),
-        )
+        node_row, payload = self._node_json(request, node)
         count = record_node_events(node=node_row, payload=payload, now=timezone.now())
+        return Response({"status": "stored", "accepted": count}, status=201)
+
+
+class NodeUndeliveredView(_AgentView):
+    @extend_schema(
+        operation_id="post_node_undelivered",
+        summary="Batches the node keeps because this service refused them (upsert on batch_seq)",
+        request={"application/json": {"type": "object"}},
+        responses={
+            201: inline_serializer("Reported", {"status": serializers.CharField(), "accepted": serializers.IntegerField()}),
+            400: OpenApiResponse(_errors_schema, description="Invalid report; nothing stored"),
+            401: OpenApiResponse(_errors_schema, description="Missing or unknown token"),
+            403: OpenApiResponse(_errors_schema, description="Revoked token or another node's"),
+            415: OpenApiResponse(_errors_schema, description="Not JSON"),
+        },
+    )
+    def post(self, request: Request, node: str) -> Response:
+        node_row, payload = self._node_json(request, node)
+        count = record_undelivered_batches(node=node_row, payload=payload, now=timezone.now())
         return Response({"status": "stored", "accepted": count}, status=201)

@@ -10,6 +10,7 @@ from billing.models.pricing import BilledBasis, IdlePolicy, RateCard
 from billing.models.rebalance import RebalancePlan, RebalanceStatus
 from billing.models.reports import PairedReport
 from billing.models.tenancy import SlaTier, Tenant, TenantMembership
+from billing.models.undelivered import UndeliveredBatch
 from billing.models.usage import BatchGpu, UsageBatch
 
 __all__ = [
@@ -38,6 +39,7 @@ __all__ = [
     "SlaTier",
     "Tenant",
     "TenantMembership",
+    "UndeliveredBatch",
     "UsageBatch",
     "UserPreference",
     "UsageDay",

@@ -12,6 +12,7 @@ from decimal import Decimal
 
 from billing.models import Gpu, Node, NodeToken, RateCard
 from billing.queries.scope import Scope
+from billing.queries.undelivered import UndeliveredView, list_open_undelivered
 
 __all__ = [
     "NODE_STALE_AFTER",
@@ -143,10 +144,12 @@ class NodeView:
     gpu_models: tuple[tuple[str, int], ...]
     active_tokens: tuple[TokenView, ...]
     revoked_tokens: tuple[TokenView, ...]
+    # Batches its agent holds because ingest refused them: usage not billed until re-driven.
+    undelivered: tuple[UndeliveredView, ...]
 
 
 def list_nodes(*, scope: Scope, now: datetime) -> list[NodeView]:
-    """Every node with its GPUs and tokens (admins only; others get an empty list)."""
+    """Every node with its GPUs, tokens and undelivered batches (admins only; others get an empty list)."""
     if not scope.is_admin:
         return []
     gpus: dict[int, Counter[str]] = defaultdict(Counter)
@@ -156,6 +159,7 @@ def list_nodes(*, scope: Scope, now: datetime) -> list[NodeView]:
     for t in NodeToken.objects.order_by("-created_at", "-id"):
         tokens[t.node_id].append(TokenView(id=t.pk, prefix=t.prefix, created_at=t.created_at,
                                            last_used_at=t.last_used_at, revoked_at=t.revoked_at))
+    undelivered = list_open_undelivered()
     views = []
     for n in Node.objects.order_by("name"):
         counts = gpus.get(n.pk, Counter())
@@ -166,6 +170,7 @@ def list_nodes(*, scope: Scope, now: datetime) -> list[NodeView]:
             gpu_models=tuple(sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))),
             active_tokens=tuple(t for t in tokens.get(n.pk, []) if t.revoked_at is None),
             revoked_tokens=tuple(t for t in tokens.get(n.pk, []) if t.revoked_at is not None),
+            undelivered=tuple(undelivered.get(n.name, ())),
         ))
     return views
 

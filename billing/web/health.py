@@ -1,8 +1,9 @@
 """GET /healthz: database, broker, worker and ledger status as JSON (200 when all are well, else 503).
 
 The ledger is well when the rollup keeps up (the oldest batch waiting for it arrived less than
-VGPU_HEALTH_MAX_ROLLUP_LAG_S ago) and no batch is quarantined: either means money is not reaching
-the books, which is what an SRE must be woken for."""
+VGPU_HEALTH_MAX_ROLLUP_LAG_S ago), no batch is quarantined and no agent holds a batch ingest refused
+(billing.queries.undelivered): each means money is not reaching the books, which is what an SRE
+must be woken for."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from django.http import HttpRequest, JsonResponse
 from django.utils import timezone
 from django.views.decorators.cache import never_cache
 
+from billing.queries.undelivered import count_open_undelivered
 from config.celery import app as celery_app
 
 
@@ -60,13 +62,17 @@ def _ledger() -> dict:
         )
         backlog, oldest, quarantined = cur.fetchone()
     lag = max(0.0, (timezone.now() - oldest).total_seconds()) if oldest else 0.0
+    undelivered = count_open_undelivered()
     detail = {"backlog_batches": backlog, "rollup_lag_s": round(lag, 1), "quarantined_batches": quarantined,
-              "max_rollup_lag_s": settings.VGPU_HEALTH_MAX_ROLLUP_LAG_S}
+              "undelivered_batches": undelivered, "max_rollup_lag_s": settings.VGPU_HEALTH_MAX_ROLLUP_LAG_S}
     problems = []
     if lag > settings.VGPU_HEALTH_MAX_ROLLUP_LAG_S:
         problems.append(f"the rollup is {lag:.0f} s behind (allowed {settings.VGPU_HEALTH_MAX_ROLLUP_LAG_S} s)")
     if quarantined:
         problems.append(f"{quarantined} batch(es) quarantined: `manage.py redrive_batches` lists them")
+    if undelivered:
+        problems.append(f"agents hold {undelivered} batch(es) ingest refused: /nodes/ lists them, "
+                        "`vgpu-agent redrive` re-sends them")
     if problems:
         raise _Unwell("; ".join(problems), detail)
     return detail

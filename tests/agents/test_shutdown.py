@@ -47,3 +47,60 @@ def test_sigterm_spools_the_partial_batch_and_exits_zero(tmp_path: Path) -> None
     window = json.loads(batch.json_bytes())["window"]
     seconds = (datetime.fromisoformat(window["end"][:-1]) - datetime.fromisoformat(window["start"][:-1])).seconds
     assert 1 <= seconds < 60
+
+
+def _windows(spool_path: Path, node: str) -> list[tuple[datetime, datetime]]:
+    spool = Spool(spool_path, node=node, now=clock.now)
+    try:
+        return [(b.window_start, b.window_end) for b in spool.list_batches()]
+    finally:
+        spool.close()
+
+
+def test_sigkill_loses_only_the_seconds_the_agent_was_down(tmp_path: Path) -> None:
+    """The open batch is checkpointed each metered second: after ``kill -9`` and a restart the
+    spooled windows never overlap, and the gap is the downtime plus at most one second."""
+    (tmp_path / "token").write_text("t\n")
+    (tmp_path / "scenario.json").write_text(
+        json.dumps(demo_scenario("gpu-node-06", seed=2, gpu_count=2, tenants=[("acme", "gold")]))
+    )
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        url = f"http://127.0.0.1:{s.getsockname()[1]}"  # the server is down: everything stays spooled
+    spool_path = tmp_path / "spool.sqlite"
+    command = [sys.executable, "-m", "agents", "run", "--server", url, "--token-file", "token"]
+    command += ["--backend", "sim", "--scenario", "scenario.json", "--spool", str(spool_path)]
+    command += ["--tick-ms", "100", "--batch-seconds", "60"]
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+
+    def start() -> subprocess.Popen[str]:
+        return subprocess.Popen(command, cwd=tmp_path, env=env, stderr=subprocess.PIPE, text=True)
+
+    first = start()
+    try:
+        time.sleep(4.5)  # a few metered seconds inside a 60 s batch that never closes
+        first.kill()
+        first.communicate(timeout=30)
+        killed_at = time.monotonic()
+        time.sleep(2.0)
+        down_s = time.monotonic() - killed_at
+        second = start()
+        time.sleep(4.5)
+        second.send_signal(signal.SIGTERM)
+        _, stderr = second.communicate(timeout=30)
+    finally:
+        for proc in (first, locals().get("second")):
+            if proc is not None and proc.poll() is None:
+                proc.kill()
+    assert second.returncode == 0, stderr
+    assert "event=checkpoint_recovered" in stderr
+    windows = _windows(spool_path, "gpu-node-06")
+    assert len(windows) == 2  # the killed run's periods, closed at restart, and the second run's batch
+    (a_start, a_end), (b_start, b_end) = windows
+    assert a_start < a_end <= b_start < b_end  # never a second metered twice
+    metered_before_kill = (a_end - a_start).total_seconds()
+    assert metered_before_kill >= 2  # the killed run's seconds were kept
+    gap_s = (b_start - a_end).total_seconds()
+    # Down for `down_s`, plus the new process' start-up (imports, ~1-2 s on a loaded machine),
+    # plus the second the kill interrupted and the wait for the next whole second.
+    assert gap_s <= down_s + 5, (gap_s, down_s)
