@@ -206,9 +206,16 @@ VGPU_REBALANCE_MAX_MOVES = int(os.environ.get("VGPU_REBALANCE_MAX_MOVES", 10))
 VGPU_REBALANCE_WINDOW_HOURS = int(os.environ.get("VGPU_REBALANCE_WINDOW_HOURS", 24))
 VGPU_KUBE_API = os.environ.get("VGPU_KUBE_API", "")
 
-# Admission webhook: an optional bearer token the API server presents, and what to answer
-# when the budget cannot be checked (default: admit, log an error and return a warning).
+# Admission webhook: the API server must authenticate (billing/services/admission_auth.py), with
+# the bearer token (inline, or a file such as a mounted Secret) or a client certificate checked by
+# the TLS-terminating proxy, which passes its subject DN in the named header. With none of them
+# every review answers 401. Also: what to answer when the budget cannot be checked (default:
+# admit, log an error and return a warning).
 VGPU_ADMISSION_TOKEN = os.environ.get("VGPU_ADMISSION_TOKEN", "")
+VGPU_ADMISSION_TOKEN_FILE = os.environ.get("VGPU_ADMISSION_TOKEN_FILE", "")
+VGPU_ADMISSION_CLIENT_CERT_HEADER = os.environ.get("VGPU_ADMISSION_CLIENT_CERT_HEADER", "")
+VGPU_ADMISSION_CLIENT_CERT_CNS = [n.strip() for n in os.environ.get("VGPU_ADMISSION_CLIENT_CERT_CNS", "").split(",")
+                                  if n.strip()]
 VGPU_ADMISSION_FAIL_CLOSED = os.environ.get("VGPU_ADMISSION_FAIL_CLOSED", "") == "1"
 
 # Budget notifications. The SMTP server and sender come from the environment.

@@ -203,8 +203,18 @@ def review(**changes) -> dict:
     return doc
 
 
+# The API server's credential (tests/billing/test_admission_auth.py covers callers without it).
+ADMISSION_TOKEN = "admission-token-for-tests-0123456789abcdef"
+AS_API_SERVER = {"HTTP_AUTHORIZATION": f"Bearer {ADMISSION_TOKEN}"}
+
+
+@pytest.fixture(autouse=True)
+def _admission_token(settings):
+    settings.VGPU_ADMISSION_TOKEN = ADMISSION_TOKEN
+
+
 def admit(client, doc) -> dict:
-    resp = client.post("/api/v1/admission/pods", json.dumps(doc), content_type="application/json")
+    resp = client.post("/api/v1/admission/pods", json.dumps(doc), content_type="application/json", **AS_API_SERVER)
     assert resp.status_code == 200, resp.content
     return resp.json()["response"]
 
@@ -243,7 +253,8 @@ def test_admission_allows_gpu_pods_when_the_budget_throttles_instead_of_blocking
 
 @pytest.mark.django_db
 def test_admission_rejects_a_malformed_review_with_400(client):
-    resp = client.post("/api/v1/admission/pods", json.dumps({"kind": "Pod"}), content_type="application/json")
+    resp = client.post("/api/v1/admission/pods", json.dumps({"kind": "Pod"}), content_type="application/json",
+                       **AS_API_SERVER)
     assert resp.status_code == 400
 
 
@@ -314,5 +325,5 @@ def test_whole_gpu_requests_count_as_whole_cards_of_the_fleet_and_bad_annotation
     assert admit(client, quota_review(uid="w1", name="one", gpus="1"))["allowed"] is True  # 81920 MB
     assert admit(client, quota_review(uid="w2", name="two", gpus="1"))["allowed"] is False
     resp = client.post("/api/v1/admission/pods", json.dumps(quota_review(uid="x", name="x", mem="lots")),
-                       content_type="application/json")
+                       content_type="application/json", **AS_API_SERVER)
     assert resp.status_code == 400
