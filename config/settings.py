@@ -53,6 +53,7 @@ INSTALLED_APPS = [
     "django.contrib.humanize",
     "rest_framework",
     "drf_spectacular",
+    "axes",
     "billing",
 ]
 
@@ -67,6 +68,8 @@ MIDDLEWARE = [
     "billing.web.language.UserLanguageMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    # Last, as django-axes asks: it turns a lockout flagged during authentication into the lockout page.
+    "axes.middleware.AxesMiddleware",
 ]
 
 ROOT_URLCONF = "config.urls"
@@ -112,6 +115,24 @@ AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
     {"NAME": "django.contrib.auth.password_validation.NumericPasswordValidator"},
 ]
+# Login throttling (django-axes): failures counted per username + client address in Postgres (its
+# database handler); at the limit that pair is locked out for the cool-off, restarted by each
+# further attempt, and even the right password is refused. Each lockout is audited
+# (billing.web.lockout); `manage.py axes_reset` (or axes_reset_username USER) unlocks at once.
+AUTHENTICATION_BACKENDS = ["axes.backends.AxesStandaloneBackend", "django.contrib.auth.backends.ModelBackend"]
+AXES_HANDLER = "axes.handlers.database.AxesDatabaseHandler"
+AXES_FAILURE_LIMIT = int(os.environ.get("VGPU_LOGIN_FAILURE_LIMIT", 5))
+AXES_COOLOFF_TIME = timedelta(minutes=int(os.environ.get("VGPU_LOGIN_COOLOFF_MINUTES", 15)))
+# Per pair, not per address alone, so one office behind NAT does not lock out its colleagues.
+AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
+AXES_RESET_ON_SUCCESS = True
+AXES_LOCKOUT_CALLABLE = "billing.web.lockout.locked_out_response"
+AXES_ENABLE_ADMIN = False
+# The client address is REMOTE_ADDR (billing.web.lockout.client_address): X-Forwarded-For is
+# whatever the client wrote. Behind a proxy that overwrites a header with the client's address
+# (nginx: proxy_set_header X-Real-IP $remote_addr), name its META key, e.g. HTTP_X_REAL_IP.
+AXES_CLIENT_IP_CALLABLE = "billing.web.lockout.client_address"
+VGPU_LOGIN_CLIENT_IP_META = os.environ.get("VGPU_LOGIN_CLIENT_IP_META", "").strip()
 LOGIN_URL = "login"
 LOGIN_REDIRECT_URL = "finance-overview"
 LOGOUT_REDIRECT_URL = "login"
