@@ -205,6 +205,7 @@ def main() -> int:
         _run([py, "manage.py", "migrate", "--noinput"], env)
         webhooks = _WebhookSink(secret=secrets.token_urlsafe(16), path=DEMO_DIR / "webhooks.jsonl")
         env["VGPU_DEMO_WEBHOOK_SECRET"] = webhooks.secret
+        env["VGPU_WEBHOOK_ALLOWED_HOSTS"] = "127.0.0.1"  # budget webhooks reach loopback only when allow-listed
         logins = _run([py, "manage.py", "load_demo", "--budget-webhook-url", webhooks.url], env)
         del env["VGPU_DEMO_WEBHOOK_SECRET"]
         agents = []

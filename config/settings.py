@@ -239,6 +239,12 @@ VGPU_ADMISSION_CLIENT_CERT_CNS = [n.strip() for n in os.environ.get("VGPU_ADMISS
                                   if n.strip()]
 VGPU_ADMISSION_FAIL_CLOSED = os.environ.get("VGPU_ADMISSION_FAIL_CLOSED", "") == "1"
 
+# Budget webhooks go only to public addresses (billing/services/webhooks.py) unless this list
+# names the host, the address or a network holding it: comma-separated, e.g.
+# "hooks.internal,10.20.0.0/16". The demo lists its loopback receiver.
+VGPU_WEBHOOK_ALLOWED_HOSTS = [h.strip() for h in os.environ.get("VGPU_WEBHOOK_ALLOWED_HOSTS", "").split(",")
+                              if h.strip()]
+
 # Budget notifications. The SMTP server and sender come from the environment.
 EMAIL_BACKEND = os.environ.get("VGPU_EMAIL_BACKEND", "django.core.mail.backends.smtp.EmailBackend")
 EMAIL_HOST = os.environ.get("VGPU_EMAIL_HOST", "127.0.0.1")

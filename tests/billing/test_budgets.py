@@ -173,8 +173,9 @@ def test_transition_is_notified_by_email_and_by_a_signed_webhook_that_is_retried
     budget("0.50", notify_emails="finops@acme.example, cto@acme.example", webhook_url=url,
            webhook_secret="s3cret-for-tests")
     spend(post_batch, minute_start, seq=1)
+    # The receiver is on loopback, which budget webhooks may reach only when allow-listed.
     with override_settings(EMAIL_BACKEND="django.core.mail.backends.smtp.EmailBackend",
-                           EMAIL_HOST="127.0.0.1", EMAIL_PORT=controller.port):
+                           EMAIL_HOST="127.0.0.1", EMAIL_PORT=controller.port, VGPU_WEBHOOK_ALLOWED_HOSTS=["127.0.0.1"]):
         result = tasks.evaluate_budgets.apply().get()
         payload = result[0]
         sent = tasks.send_budget_email.apply(args=[acme.budget.pk, payload]).get()
