@@ -7,7 +7,7 @@ import smtplib
 import time
 from datetime import timedelta
 
-import requests
+import urllib3
 from celery import shared_task
 from django.conf import settings
 from django.core.mail import send_mail
@@ -24,6 +24,13 @@ from billing.services.rebalance import execute_plan, kube_from_settings
 from billing.services.rebalance import propose_rebalance as _propose
 from billing.services.reports import run_paired_report as _run_paired_report
 from billing.services.rollup import rollup_usage as _rollup_usage
+from billing.services.webhooks import (
+    DestinationRefused,
+    parse_allow_list,
+    post_to_destination,
+    record_webhook_refusal,
+    resolve_destination,
+)
 
 log = logging.getLogger(__name__)
 
@@ -116,25 +123,44 @@ def send_budget_email(budget_id: int, payload: dict[str, object]) -> int:
 
 
 @shared_task(name="billing.tasks.deliver_budget_webhook", acks_late=True,
-             autoretry_for=(requests.RequestException, WebhookRetry), retry_backoff=True, retry_jitter=True,
+             autoretry_for=(urllib3.exceptions.HTTPError, WebhookRetry), retry_backoff=True, retry_jitter=True,
              max_retries=8)
 def deliver_budget_webhook(budget_id: int, payload: dict[str, object]) -> int | None:
-    """POST the HMAC-signed event; retried with backoff on network errors, 429 and 5xx."""
-    budget = Budget.objects.filter(pk=budget_id).first()
+    """POST the HMAC-signed event to the destination checked at send time (billing/services/webhooks.py);
+    retried with backoff on network errors, 429 and 5xx. A refused destination or a redirect is
+    audited and not retried: only an admin can change either."""
+    budget = Budget.objects.select_related("tenant").filter(pk=budget_id).first()
     if budget is None or not budget.webhook_url:
         return None
+    url, event = budget.webhook_url, str(payload["event"])
+    try:
+        destination = resolve_destination(url, allow_list=parse_allow_list(settings.VGPU_WEBHOOK_ALLOWED_HOSTS))
+    except DestinationRefused as exc:
+        _refuse_webhook(budget.tenant.slug, url, event, str(exc))
+        return None
+    except OSError as exc:  # socket.gaierror: the name did not resolve, perhaps only for now
+        raise WebhookRetry(f"{url}: cannot resolve its host: {exc}") from exc
     body = webhook_body(payload)
     timestamp = str(int(time.time()))
-    headers = {"Content-Type": "application/json", "X-VGPU-Timestamp": timestamp,
-               "X-VGPU-Event": str(payload["event"])}
+    headers = {"Content-Type": "application/json", "X-VGPU-Timestamp": timestamp, "X-VGPU-Event": event}
     if budget.webhook_secret:
         headers["X-VGPU-Signature"] = sign_webhook(secret=budget.webhook_secret, timestamp=timestamp, body=body)
-    response = requests.post(budget.webhook_url, data=body, headers=headers, timeout=10)
-    if response.status_code == 429 or response.status_code >= 500:
-        raise WebhookRetry(f"{budget.webhook_url} answered {response.status_code}")
-    if response.status_code >= 400:
-        log.error("event=budget_webhook_rejected url=%s status=%s", budget.webhook_url, response.status_code)
-    return response.status_code
+    answer = post_to_destination(destination, body=body, headers=headers, timeout_s=10)
+    if answer.status == 429 or answer.status >= 500:
+        raise WebhookRetry(f"{url} answered {answer.status}")
+    if 300 <= answer.status < 400:
+        # Following it would send the event to a place nobody checked.
+        _refuse_webhook(budget.tenant.slug, url, event,
+                        f"{url} answered {answer.status} redirecting to {answer.location or '(no Location)'}; "
+                        "redirects are not followed: set the final URL on the budget")
+    elif answer.status >= 400:
+        log.error("event=budget_webhook_rejected url=%s status=%s", url, answer.status)
+    return answer.status
+
+
+def _refuse_webhook(tenant: str, url: str, event: str, reason: str) -> None:
+    log.error("event=budget_webhook_refused tenant=%s url=%s reason=%s", tenant, url, reason)
+    record_webhook_refusal(tenant=tenant, url=url, event=event, reason=reason, now=timezone.now())
 
 
 @shared_task(name="billing.tasks.run_paired_report", acks_late=True, autoretry_for=(OperationalError,),

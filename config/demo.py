@@ -201,10 +201,14 @@ def main() -> int:
         env.setdefault("VGPU_EMAIL_BACKEND", "django.core.mail.backends.filebased.EmailBackend")
         env.setdefault("VGPU_EMAIL_FILE_PATH", str(DEMO_DIR / "mail"))
         env["PYTHONUNBUFFERED"] = "1"
+        # The admission webhook answers only an API server that presents this token; the demo has
+        # no API server, but a product without a credential warns at every command (billing.W001).
+        env.setdefault("VGPU_ADMISSION_TOKEN", secrets.token_urlsafe(32))
         print("demo: migrating the database…", flush=True)
         _run([py, "manage.py", "migrate", "--noinput"], env)
         webhooks = _WebhookSink(secret=secrets.token_urlsafe(16), path=DEMO_DIR / "webhooks.jsonl")
         env["VGPU_DEMO_WEBHOOK_SECRET"] = webhooks.secret
+        env["VGPU_WEBHOOK_ALLOWED_HOSTS"] = "127.0.0.1"  # budget webhooks reach loopback only when allow-listed
         logins = _run([py, "manage.py", "load_demo", "--budget-webhook-url", webhooks.url], env)
         del env["VGPU_DEMO_WEBHOOK_SECRET"]
         agents = []

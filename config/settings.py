@@ -53,6 +53,7 @@ INSTALLED_APPS = [
     "django.contrib.humanize",
     "rest_framework",
     "drf_spectacular",
+    "axes",
     "billing",
 ]
 
@@ -68,6 +69,8 @@ MIDDLEWARE = [
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "billing.api.errors.OutageMiddleware",
+    # Last, as django-axes asks: it turns a lockout flagged during authentication into the lockout page.
+    "axes.middleware.AxesMiddleware",
 ]
 
 ROOT_URLCONF = "config.urls"
@@ -113,6 +116,24 @@ AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
     {"NAME": "django.contrib.auth.password_validation.NumericPasswordValidator"},
 ]
+# Login throttling (django-axes): failures counted per username + client address in Postgres (its
+# database handler); at the limit that pair is locked out for the cool-off, restarted by each
+# further attempt, and even the right password is refused. Each lockout is audited
+# (billing.web.lockout); `manage.py axes_reset` (or axes_reset_username USER) unlocks at once.
+AUTHENTICATION_BACKENDS = ["axes.backends.AxesStandaloneBackend", "django.contrib.auth.backends.ModelBackend"]
+AXES_HANDLER = "axes.handlers.database.AxesDatabaseHandler"
+AXES_FAILURE_LIMIT = int(os.environ.get("VGPU_LOGIN_FAILURE_LIMIT", 5))
+AXES_COOLOFF_TIME = timedelta(minutes=int(os.environ.get("VGPU_LOGIN_COOLOFF_MINUTES", 15)))
+# Per pair, not per address alone, so one office behind NAT does not lock out its colleagues.
+AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
+AXES_RESET_ON_SUCCESS = True
+AXES_LOCKOUT_CALLABLE = "billing.web.lockout.locked_out_response"
+AXES_ENABLE_ADMIN = False
+# The client address is REMOTE_ADDR (billing.web.lockout.client_address): X-Forwarded-For is
+# whatever the client wrote. Behind a proxy that overwrites a header with the client's address
+# (nginx: proxy_set_header X-Real-IP $remote_addr), name its META key, e.g. HTTP_X_REAL_IP.
+AXES_CLIENT_IP_CALLABLE = "billing.web.lockout.client_address"
+VGPU_LOGIN_CLIENT_IP_META = os.environ.get("VGPU_LOGIN_CLIENT_IP_META", "").strip()
 LOGIN_URL = "login"
 LOGIN_REDIRECT_URL = "finance-overview"
 LOGOUT_REDIRECT_URL = "login"
@@ -212,10 +233,23 @@ VGPU_REBALANCE_MAX_MOVES = int(os.environ.get("VGPU_REBALANCE_MAX_MOVES", 10))
 VGPU_REBALANCE_WINDOW_HOURS = int(os.environ.get("VGPU_REBALANCE_WINDOW_HOURS", 24))
 VGPU_KUBE_API = os.environ.get("VGPU_KUBE_API", "")
 
-# Admission webhook: an optional bearer token the API server presents, and what to answer
-# when the budget cannot be checked (default: admit, log an error and return a warning).
+# Admission webhook: the API server must authenticate (billing/services/admission_auth.py), with
+# the bearer token (inline, or a file such as a mounted Secret) or a client certificate checked by
+# the TLS-terminating proxy, which passes its subject DN in the named header. With none of them
+# every review answers 401. Also: what to answer when the budget cannot be checked (default:
+# admit, log an error and return a warning).
 VGPU_ADMISSION_TOKEN = os.environ.get("VGPU_ADMISSION_TOKEN", "")
+VGPU_ADMISSION_TOKEN_FILE = os.environ.get("VGPU_ADMISSION_TOKEN_FILE", "")
+VGPU_ADMISSION_CLIENT_CERT_HEADER = os.environ.get("VGPU_ADMISSION_CLIENT_CERT_HEADER", "")
+VGPU_ADMISSION_CLIENT_CERT_CNS = [n.strip() for n in os.environ.get("VGPU_ADMISSION_CLIENT_CERT_CNS", "").split(",")
+                                  if n.strip()]
 VGPU_ADMISSION_FAIL_CLOSED = os.environ.get("VGPU_ADMISSION_FAIL_CLOSED", "") == "1"
+
+# Budget webhooks go only to public addresses (billing/services/webhooks.py) unless this list
+# names the host, the address or a network holding it: comma-separated, e.g.
+# "hooks.internal,10.20.0.0/16". The demo lists its loopback receiver.
+VGPU_WEBHOOK_ALLOWED_HOSTS = [h.strip() for h in os.environ.get("VGPU_WEBHOOK_ALLOWED_HOSTS", "").split(",")
+                              if h.strip()]
 
 # Budget notifications. The SMTP server and sender come from the environment.
 EMAIL_BACKEND = os.environ.get("VGPU_EMAIL_BACKEND", "django.core.mail.backends.smtp.EmailBackend")

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hmac
 import logging
 
 import orjson
@@ -15,6 +14,7 @@ from rest_framework.views import APIView
 from billing.api.errors import domain_error_response
 from billing.errors import DomainError, FieldError, InvalidBatch, NotAuthenticated
 from billing.services.admission import AdmissionDecision, review_pod
+from billing.services.admission_auth import authenticate_admission_caller, load_admission_credentials
 
 __all__ = ["PodAdmissionView"]
 
@@ -22,19 +22,23 @@ log = logging.getLogger(__name__)
 
 
 class PodAdmissionView(APIView):
-    # Called by the Kubernetes API server, not by browsers or agents. When
-    # VGPU_ADMISSION_TOKEN is set the caller must present it as a bearer token.
+    # Called by the Kubernetes API server, not by browsers or agents; it authenticates with the
+    # webhook kubeconfig's bearer token or a client certificate (billing/services/admission_auth.py).
     authentication_classes: list[type] = []
     permission_classes: list[type] = []
     parser_classes: list[type] = []
 
     def post(self, request: Request) -> Response:
+        credentials = load_admission_credentials()
         try:
-            expected = settings.VGPU_ADMISSION_TOKEN
-            if expected:
-                given = request.headers.get("Authorization", "").removeprefix("Bearer ").strip()
-                if not hmac.compare_digest(given.encode(), expected.encode()):
-                    raise NotAuthenticated("admission webhook token missing or wrong")
+            # Before the body is read: an unauthenticated review must change nothing.
+            authenticate_admission_caller(
+                credentials=credentials, authorization=request.headers.get("Authorization", ""),
+                client_cert_dn=request.headers.get(credentials.cert_header) if credentials.cert_header else None)
+        except NotAuthenticated as exc:
+            log.warning("event=admission_review_unauthenticated remote=%s reason=%s", request.META.get("REMOTE_ADDR"), exc)
+            return _unauthenticated(request, exc)
+        try:
             try:
                 review = orjson.loads(request._request.body)
             except orjson.JSONDecodeError as exc:
@@ -52,6 +56,17 @@ class PodAdmissionView(APIView):
                 decision = AdmissionDecision(uid=uid, allowed=True,
                                              warnings=("vGPU Ledger could not check the GPU budget; admitted",))
         return Response(decision.response())
+
+
+def _unauthenticated(request: Request, exc: NotAuthenticated) -> Response:
+    """401 with the protocol's error body, shaped as an AdmissionReview too, so whoever reads it
+    (the API server's log, an operator with curl) sees the reason."""
+    response = domain_error_response(exc)
+    response.data |= {
+        "apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+        "response": {"uid": _uid(request), "allowed": False, "status": {"code": 401, "message": str(exc)}},
+    }
+    return response
 
 
 def _uid(request: Request) -> str:

@@ -174,8 +174,9 @@ def test_transition_is_notified_by_email_and_by_a_signed_webhook_that_is_retried
     budget("0.50", notify_emails="finops@acme.example, cto@acme.example", webhook_url=url,
            webhook_secret="s3cret-for-tests")
     spend(post_batch, minute_start, seq=1)
+    # The receiver is on loopback, which budget webhooks may reach only when allow-listed.
     with override_settings(EMAIL_BACKEND="django.core.mail.backends.smtp.EmailBackend",
-                           EMAIL_HOST="127.0.0.1", EMAIL_PORT=controller.port):
+                           EMAIL_HOST="127.0.0.1", EMAIL_PORT=controller.port, VGPU_WEBHOOK_ALLOWED_HOSTS=["127.0.0.1"]):
         result = tasks.evaluate_budgets.apply().get()
         payload = result[0]
         sent = tasks.send_budget_email.apply(args=[acme.budget.pk, payload]).get()
@@ -204,8 +205,18 @@ def review(**changes) -> dict:
     return doc
 
 
+# The API server's credential (tests/billing/test_admission_auth.py covers callers without it).
+ADMISSION_TOKEN = "admission-token-for-tests-0123456789abcdef"
+AS_API_SERVER = {"HTTP_AUTHORIZATION": f"Bearer {ADMISSION_TOKEN}"}
+
+
+@pytest.fixture(autouse=True)
+def _admission_token(settings):
+    settings.VGPU_ADMISSION_TOKEN = ADMISSION_TOKEN
+
+
 def admit(client, doc) -> dict:
-    resp = client.post("/api/v1/admission/pods", json.dumps(doc), content_type="application/json")
+    resp = client.post("/api/v1/admission/pods", json.dumps(doc), content_type="application/json", **AS_API_SERVER)
     assert resp.status_code == 200, resp.content
     return resp.json()["response"]
 
@@ -244,7 +255,8 @@ def test_admission_allows_gpu_pods_when_the_budget_throttles_instead_of_blocking
 
 @pytest.mark.django_db
 def test_admission_rejects_a_malformed_review_with_400(client):
-    resp = client.post("/api/v1/admission/pods", json.dumps({"kind": "Pod"}), content_type="application/json")
+    resp = client.post("/api/v1/admission/pods", json.dumps({"kind": "Pod"}), content_type="application/json",
+                       **AS_API_SERVER)
     assert resp.status_code == 400
 
 
@@ -315,5 +327,5 @@ def test_whole_gpu_requests_count_as_whole_cards_of_the_fleet_and_bad_annotation
     assert admit(client, quota_review(uid="w1", name="one", gpus="1"))["allowed"] is True  # 81920 MB
     assert admit(client, quota_review(uid="w2", name="two", gpus="1"))["allowed"] is False
     resp = client.post("/api/v1/admission/pods", json.dumps(quota_review(uid="x", name="x", mem="lots")),
-                       content_type="application/json")
+                       content_type="application/json", **AS_API_SERVER)
     assert resp.status_code == 400

@@ -121,3 +121,31 @@ def test_validation_rejects_a_field_the_schema_does_not_have():
 def test_compose_file_runs_every_process_of_the_product():
     compose = yaml.safe_load((DEPLOY.parent / "docker-compose.yml").read_text())
     assert {"postgres", "redis", "web", "worker", "beat", "agent"} <= set(compose["services"])
+
+
+def _apiserver_file(name: str) -> dict:
+    return yaml.safe_load((DEPLOY / "apiserver" / name).read_text())
+
+
+def test_the_api_server_presents_the_token_the_web_deployment_reads_to_the_admission_webhook():
+    """Anonymous admission reviews answer 401, so the API server's admission configuration must
+    name a credential for exactly the Service the webhook calls, and the web pods must read the
+    matching token from the Secret."""
+    webhook = next(d for _, _, d in _documents() if d["kind"] == "ValidatingWebhookConfiguration")
+    (hook,) = webhook["webhooks"]
+    service = hook["clientConfig"]["service"]
+    config = _apiserver_file("admission-config.yaml")
+    plugin = next(p for p in config["plugins"] if p["name"] == "ValidatingAdmissionWebhook")
+    kubeconfig_path = plugin["configuration"]["kubeConfigFile"]
+    kubeconfig = _apiserver_file(Path(kubeconfig_path).name)
+    users = {u["name"]: u["user"] for u in kubeconfig["users"]}
+    assert users[f"{service['name']}.{service['namespace']}.svc:{service['port']}"]["tokenFile"]
+
+    web = next(d for _, _, d in _documents() if d["kind"] == "Deployment" and d["metadata"]["name"] == "vgpu-ledger-web")
+    pod = web["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    token_file = Path(next(e["value"] for e in container["env"] if e["name"] == "VGPU_ADMISSION_TOKEN_FILE"))
+    mount = next(m for m in container["volumeMounts"] if token_file.parent == Path(m["mountPath"]))
+    volume = next(v for v in pod["volumes"] if v["name"] == mount["name"])
+    assert volume["secret"]["secretName"] == "vgpu-ledger-admission-token"
+    assert {"key": "token", "path": token_file.name} in volume["secret"]["items"]

@@ -1,0 +1,53 @@
+"""System checks (`manage.py check`, and before migrate / runserver): configuration that would
+leave a guard open or refuse every caller, said to the operator before the first request."""
+
+from __future__ import annotations
+
+import ipaddress
+from typing import Any
+
+from django.conf import settings
+from django.core.checks import CheckMessage, Error, Tags, Warning, register
+
+from billing.services.admission_auth import HOW_TO_CONFIGURE, load_admission_credentials
+
+__all__ = ["check_admission_credentials", "check_webhook_allow_list"]
+
+# A token shorter than this is guessable enough to be worth a warning (secrets.token_urlsafe(32) is 43).
+MIN_TOKEN_CHARS = 32
+
+
+@register(Tags.security)
+def check_admission_credentials(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
+    credentials = load_admission_credentials()
+    if credentials.problem:
+        return [Error(f"Admission webhook credentials are misconfigured: {credentials.problem}. "
+                      "Every admission review answers 401.", id="billing.E001")]
+    if not credentials.configured:
+        # A warning, not an error: a cluster without the webhook needs no credential, and the
+        # webhook itself already refuses every review (401) until one is set.
+        return [Warning("The admission webhook has no credential configured, so it answers 401 to every "
+                        "review (budgets and GPU quotas are not enforced at admission).",
+                        hint=HOW_TO_CONFIGURE, id="billing.W001")]
+    if credentials.token and len(credentials.token) < MIN_TOKEN_CHARS:
+        return [Warning(f"The admission webhook token is shorter than {MIN_TOKEN_CHARS} characters.",
+                        hint="Generate one with: python -c 'import secrets; print(secrets.token_urlsafe(32))'",
+                        id="billing.W002")]
+    return []
+
+
+@register(Tags.security)
+def check_webhook_allow_list(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
+    """An entry that is neither a host name nor a network would silently allow nothing."""
+    bad = []
+    for entry in settings.VGPU_WEBHOOK_ALLOWED_HOSTS:
+        if "/" in entry or ":" in entry:
+            try:
+                ipaddress.ip_network(entry, strict=False)
+            except ValueError:
+                bad.append(entry)
+    if not bad:
+        return []
+    return [Error(f"VGPU_WEBHOOK_ALLOWED_HOSTS has entries that are neither a host name, an address nor a network: "
+                  f"{', '.join(bad)}", hint='e.g. "hooks.internal,10.20.0.0/16,fd00::/8" (no scheme, no port)',
+                  id="billing.E002")]

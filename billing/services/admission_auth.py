@@ -1,0 +1,110 @@
+"""Who may call the admission webhook: the API server, by bearer token or by client certificate.
+
+A review is not read-only: a CREATE reserves a tenant's guaranteed GPU quota (an AdmittedPod
+row) and a DELETE frees it, so an anonymous caller could deny a tenant's real pods or overrun
+its quota. Every review therefore needs a credential, and with none configured every review is
+refused: the operator learns why from `manage.py check` (billing/checks.py) and from the 401.
+
+Two credentials, either one enough:
+- a bearer token, from VGPU_ADMISSION_TOKEN or the file VGPU_ADMISSION_TOKEN_FILE (a mounted
+  Secret; read on every review, so a rotated Secret takes effect without a restart);
+- a client certificate verified by the TLS-terminating proxy, which passes the certificate's
+  subject DN (RFC 4514) in the header VGPU_ADMISSION_CLIENT_CERT_HEADER; its CN must be one of
+  VGPU_ADMISSION_CLIENT_CERT_CNS. Only safe when that proxy overwrites the header and is the
+  only way in, hence off unless both settings are given.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from django.conf import settings
+
+from billing.errors import NotAuthenticated
+
+__all__ = ["AdmissionCredentials", "authenticate_admission_caller", "common_name_of", "load_admission_credentials"]
+
+HOW_TO_CONFIGURE = ("set VGPU_ADMISSION_TOKEN_FILE (or VGPU_ADMISSION_TOKEN), or VGPU_ADMISSION_CLIENT_CERT_HEADER "
+                    "with VGPU_ADMISSION_CLIENT_CERT_CNS; see docs/operations.md")
+
+
+@dataclass(frozen=True)
+class AdmissionCredentials:
+    token: str  # "" when no usable token is configured
+    problem: str  # why the configured credentials cannot be used; "" when they can
+    cert_header: str  # the HTTP header the proxy sets, e.g. X-Client-Cert-DN; "" when off
+    cert_common_names: frozenset[str]
+
+    @property
+    def configured(self) -> bool:
+        return not self.problem and bool(self.token or self.cert_header)
+
+
+def load_admission_credentials() -> AdmissionCredentials:
+    header = settings.VGPU_ADMISSION_CLIENT_CERT_HEADER.strip()
+    names = frozenset(settings.VGPU_ADMISSION_CLIENT_CERT_CNS)
+    token, problem = _configured_token()
+    if header and not names:
+        problem = problem or "VGPU_ADMISSION_CLIENT_CERT_HEADER is set but VGPU_ADMISSION_CLIENT_CERT_CNS is empty"
+    if names and not header:
+        problem = problem or "VGPU_ADMISSION_CLIENT_CERT_CNS is set but VGPU_ADMISSION_CLIENT_CERT_HEADER is empty"
+    return AdmissionCredentials(token=token, problem=problem, cert_header=header, cert_common_names=names)
+
+
+def _configured_token() -> tuple[str, str]:
+    """(token, problem). Two sources at once would leave it unclear which one the API server holds."""
+    inline, path = settings.VGPU_ADMISSION_TOKEN.strip(), settings.VGPU_ADMISSION_TOKEN_FILE.strip()
+    if inline and path:
+        return "", "set VGPU_ADMISSION_TOKEN or VGPU_ADMISSION_TOKEN_FILE, not both"
+    if not path:
+        return inline, ""
+    try:
+        token = Path(path).read_text().strip()
+    except OSError as exc:
+        return "", f"VGPU_ADMISSION_TOKEN_FILE {path} cannot be read: {exc.strerror or exc}"
+    if not token:
+        return "", f"VGPU_ADMISSION_TOKEN_FILE {path} is empty"
+    return token, ""
+
+
+def authenticate_admission_caller(*, credentials: AdmissionCredentials, authorization: str,
+                                  client_cert_dn: str | None) -> str:
+    """Who called ("bearer-token" or "client-cert:<CN>"), or NotAuthenticated with the reason."""
+    if credentials.problem:
+        raise NotAuthenticated(f"admission webhook credentials are misconfigured ({credentials.problem}); "
+                               "every review is refused")
+    if not credentials.configured:
+        raise NotAuthenticated(f"admission webhook has no credential configured, so every review is refused: "
+                               f"{HOW_TO_CONFIGURE}")
+    scheme, _, given = authorization.strip().partition(" ")
+    if credentials.token and scheme.lower() == "bearer" and _same_secret(given.strip(), credentials.token):
+        return "bearer-token"
+    if credentials.cert_header and client_cert_dn:
+        name = common_name_of(client_cert_dn)
+        if name is not None and name in credentials.cert_common_names:
+            return f"client-cert:{name}"
+    raise NotAuthenticated("admission webhook credential missing or wrong: present the bearer token from the "
+                           "webhook kubeconfig, or a client certificate the proxy accepts")
+
+
+def _same_secret(given: str, expected: str) -> bool:
+    # Compare digests so the time taken does not depend on the lengths or on the first byte that differs.
+    return hmac.compare_digest(hashlib.sha256(given.encode()).digest(), hashlib.sha256(expected.encode()).digest())
+
+
+_RDN_SPLIT = re.compile(r"(?<!\\),")
+
+
+def common_name_of(subject_dn: str) -> str | None:
+    """The CN of an RFC 4514 subject DN ("CN=kube-apiserver,O=k8s"); None when it has none or
+    several (an ambiguous subject is no identity)."""
+    names = []
+    for rdn in _RDN_SPLIT.split(subject_dn):
+        key, sep, value = rdn.strip().partition("=")
+        if sep and key.strip().upper() == "CN":
+            names.append(re.sub(r"\\(.)", r"\1", value.strip()))
+    return names[0] if len(names) == 1 and names[0] else None
