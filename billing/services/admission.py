@@ -116,8 +116,8 @@ def pod_guarantee(pod: dict[str, Any]) -> Guarantee:
 
 # What AdmittedPod's columns hold: a guarantee beyond them is refused, not a database error.
 _MEM_MAX = integer_max(AdmittedPod, "guaranteed_mem_mb")
-_SM_LIMIT = Decimal(10) ** (AdmittedPod._meta.get_field("guaranteed_sm").max_digits  # type: ignore[union-attr]
-                            - AdmittedPod._meta.get_field("guaranteed_sm").decimal_places)  # type: ignore[union-attr]
+_SM_FIELD = AdmittedPod._meta.get_field("guaranteed_sm")
+_SM_LIMIT = Decimal(10) ** (_SM_FIELD.max_digits - _SM_FIELD.decimal_places)
 
 
 def _bounded(guarantee: Guarantee) -> Guarantee:
@@ -150,7 +150,8 @@ def _parse(review: Any) -> tuple[str, str, str, dict[str, Any]]:
         raise InvalidBatch([FieldError("$.request.uid", "must be present")])
     raw_object = request.get("object")
     obj: dict[str, Any] = raw_object if isinstance(raw_object, dict) else {}
-    metadata = obj.get("metadata") if isinstance(obj.get("metadata"), dict) else {}
+    raw_metadata = obj.get("metadata")
+    metadata: dict[str, Any] = raw_metadata if isinstance(raw_metadata, dict) else {}
     # Strings the webhook looks up or stores: each must fit its column and be text Postgres holds.
     for path, value, limit in (
         ("$.request.uid", request["uid"], 200),
