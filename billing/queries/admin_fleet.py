@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from decimal import Decimal
 
-from billing.models import Gpu, Node, NodeToken, RateCard
+from billing.models import Gpu, Node, NodeToken, RateCard, UsageBatch
 from billing.queries.scope import Scope
 from billing.queries.undelivered import UndeliveredView, list_open_undelivered
 
@@ -146,10 +146,23 @@ class NodeView:
     revoked_tokens: tuple[TokenView, ...]
     # Batches its agent holds because ingest refused them: usage not billed until re-driven.
     undelivered: tuple[UndeliveredView, ...]
+    # Batches stored but quarantined by the rollup: left out of the ledger until re-driven.
+    quarantined: tuple[QuarantinedView, ...] = ()
+
+
+@dataclass(frozen=True)
+class QuarantinedView:
+    batch_id: int
+    batch_seq: int
+    window_start: datetime
+    window_end: datetime
+    quarantined_at: datetime
+    error: str
 
 
 def list_nodes(*, scope: Scope, now: datetime) -> list[NodeView]:
-    """Every node with its GPUs, tokens and undelivered batches (admins only; others get an empty list)."""
+    """Every node with its GPUs, tokens, undelivered and quarantined batches (admins only; others get an
+    empty list)."""
     if not scope.is_admin:
         return []
     gpus: dict[int, Counter[str]] = defaultdict(Counter)
@@ -160,6 +173,11 @@ def list_nodes(*, scope: Scope, now: datetime) -> list[NodeView]:
         tokens[t.node_id].append(TokenView(id=t.pk, prefix=t.prefix, created_at=t.created_at,
                                            last_used_at=t.last_used_at, revoked_at=t.revoked_at))
     undelivered = list_open_undelivered()
+    quarantined: dict[int, list[QuarantinedView]] = defaultdict(list)
+    for b in UsageBatch.objects.filter(quarantined_at__isnull=False).order_by("node_id", "batch_seq"):
+        quarantined[b.node_id].append(QuarantinedView(
+            batch_id=b.pk, batch_seq=b.batch_seq, window_start=b.window_start, window_end=b.window_end,
+            quarantined_at=b.quarantined_at, error=b.quarantine_error))  # type: ignore[arg-type]
     views = []
     for n in Node.objects.order_by("name"):
         counts = gpus.get(n.pk, Counter())
@@ -171,6 +189,7 @@ def list_nodes(*, scope: Scope, now: datetime) -> list[NodeView]:
             active_tokens=tuple(t for t in tokens.get(n.pk, []) if t.revoked_at is None),
             revoked_tokens=tuple(t for t in tokens.get(n.pk, []) if t.revoked_at is not None),
             undelivered=tuple(undelivered.get(n.name, ())),
+            quarantined=tuple(quarantined.get(n.pk, ())),
         ))
     return views
 

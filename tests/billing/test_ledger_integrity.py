@@ -141,3 +141,16 @@ def test_a_page_that_needs_redis_while_it_is_down_is_503_not_500(client, setting
 
     report = PairedReport.objects.get()  # not left pending forever: it says why, and what to do
     assert report.status == "failed" and "could not be queued" in report.error
+
+
+def test_admins_see_each_nodes_quarantined_batches_with_their_error(client, poisoned_neighbour):
+    from tests.conftest import user_in
+
+    rollup_usage(now=clock.now())
+    client.force_login(user_in("platform-admin"))
+    page = client.get("/nodes/").content.decode()
+    cell = page[page.index('data-testid="node-quarantined-gpu-node-1"'):]
+    cell = cell[:cell.index("</td>\n  </tr>")]
+    assert 'data-count="1"' in cell and "1 batch quarantined" in cell
+    assert 'data-testid="quarantined-gpu-node-1-1"' in cell and "NumericValueOutOfRange" in cell
+    assert "redrive_batches --id" in page
