@@ -68,5 +68,8 @@ screenshots: $(DEV) browser-deps
 bench: $(DEV)
 	$(PY) -m config.embedded -- $(PY) bench/ingest.py --write-docs
 
+soak: $(DEV)
+	$(PY) bench/soak.py --minutes $(or $(SOAK_MINUTES),20) --write-docs
+
 clean:
 	rm -rf .data staticfiles .pytest_cache .ruff_cache
