@@ -145,7 +145,8 @@ def _share(
             caps=[t - b for t, b in zip(targets, base, strict=True)],
             weights=weights,
         )
-        grants = [b + e for b, e in zip(base, extra, strict=True)]
+        # b + (t - b) can round one ulp above t: a grant never exceeds its target (the demand).
+        grants = [t if b + e > t else b + e for b, e, t in zip(base, extra, targets, strict=True)]
     granted = _trim_to_capacity(grants=grants, floors=floors, capacity=capacity)
     left = capacity - granted
     return grants, (left if left > 0 else 0.0), False

@@ -19,6 +19,12 @@ from tests import clock
 REPO = Path(__file__).resolve().parents[2]
 
 
+def agent_env() -> dict[str, str]:
+    """This environment with the repository importable, keeping what PYTHONPATH already holds
+    (make test-dates puts its faketime site there)."""
+    return dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, (str(REPO), os.environ.get("PYTHONPATH")))))
+
+
 def test_sigterm_spools_the_partial_batch_and_exits_zero(tmp_path: Path) -> None:
     (tmp_path / "token").write_text("t\n")
     (tmp_path / "scenario.json").write_text(
@@ -31,8 +37,7 @@ def test_sigterm_spools_the_partial_batch_and_exits_zero(tmp_path: Path) -> None
     command = [sys.executable, "-m", "agents", "run", "--server", url, "--token-file", "token"]
     command += ["--backend", "sim", "--scenario", "scenario.json", "--spool", str(spool_path)]
     command += ["--tick-ms", "100", "--batch-seconds", "60"]
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, (str(REPO), os.environ.get("PYTHONPATH")))))
-    agent = subprocess.Popen(command, cwd=tmp_path, env=env, stderr=subprocess.PIPE, text=True)
+    agent = subprocess.Popen(command, cwd=tmp_path, env=agent_env(), stderr=subprocess.PIPE, text=True)
     try:
         time.sleep(3.5)  # at least two whole metered seconds, well inside the 60 s batch
         agent.send_signal(signal.SIGTERM)
@@ -71,7 +76,7 @@ def test_sigkill_loses_only_the_seconds_the_agent_was_down(tmp_path: Path) -> No
     command = [sys.executable, "-m", "agents", "run", "--server", url, "--token-file", "token"]
     command += ["--backend", "sim", "--scenario", "scenario.json", "--spool", str(spool_path)]
     command += ["--tick-ms", "100", "--batch-seconds", "60"]
-    env = dict(os.environ, PYTHONPATH=str(REPO))
+    env = agent_env()
 
     def start() -> subprocess.Popen[str]:
         return subprocess.Popen(command, cwd=tmp_path, env=env, stderr=subprocess.PIPE, text=True)
