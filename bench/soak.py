@@ -818,7 +818,7 @@ def _rogue_summary(by_kind: dict[str, Counter[str]]) -> str:
 
 
 def write_docs(result: dict[str, Any], *, command: str, report: str, failed: list[str]) -> None:
-    machine = f"{platform.platform()}, {os.cpu_count()} CPU(s), Python {platform.python_version()}"
+    machine = f"{platform.system()} {platform.machine()}, {os.cpu_count()} CPU(s), Python {platform.python_version()}"
     events = "\n".join(f"    {e}" for e in result["events"])
     verdict = "passed: nothing lost, duplicated or undelivered" if not failed else "FAILED:\n\n" + "\n".join(
         f"- {f}" for f in failed)
