@@ -173,23 +173,28 @@ def _claim_gpus(cur: CursorWrapper, *, node: Node, columns: tuple[list[str], lis
     """A GPU belongs to the first node that declares it, until an admin reassigns it
     (billing.services.gpu_ownership). Another node's batch naming it is refused before anything
     is stored, so it can neither bill usage to that GPU nor block its owner's windows."""
-    cur.execute(
-        "INSERT INTO billing_gpu (uuid, node_id, model, memory_mb, sm_count, first_seen_at, last_seen_at) "
-        "SELECT v.uuid, %s, v.model, v.memory_mb, v.sm_count, %s, %s "
-        "FROM unnest(%s::varchar[], %s::varchar[], %s::int[], %s::int[]) AS v(uuid, model, memory_mb, sm_count) "
-        "ON CONFLICT (uuid) DO NOTHING",
-        [node.pk, now, now, *columns],
-    )
-    # A statement of its own: it sees a claim that a concurrent first batch committed meanwhile.
-    cur.execute(
-        "SELECT g.uuid, n.name FROM billing_gpu g JOIN billing_node n ON n.id = g.node_id "
-        "WHERE g.uuid = ANY(%s) AND g.node_id <> %s ORDER BY g.uuid",
-        [columns[0], node.pk],
-    )
-    foreign = cur.fetchall()
+    owners = _owners(cur, columns[0])
+    if len(owners) < len(columns[0]):  # a GPU seen for the first time: claim it, then look again
+        cur.execute(
+            "INSERT INTO billing_gpu (uuid, node_id, model, memory_mb, sm_count, first_seen_at, last_seen_at) "
+            "SELECT v.uuid, %s, v.model, v.memory_mb, v.sm_count, %s, %s "
+            "FROM unnest(%s::varchar[], %s::varchar[], %s::int[], %s::int[]) AS v(uuid, model, memory_mb, sm_count) "
+            "ON CONFLICT (uuid) DO NOTHING",
+            [node.pk, now, now, *columns],
+        )
+        # A statement of its own: it sees a claim that a concurrent first batch committed meanwhile.
+        owners = _owners(cur, columns[0])
+    foreign = sorted((uuid, name) for uuid, (node_id, name) in owners.items() if node_id != node.pk)
     if foreign:
         raise Forbidden("; ".join(f"GPU {uuid} belongs to node {owner!r}, not {node.name!r}" for uuid, owner in foreign)
                         + " (an admin moves a GPU with `manage.py reassign_gpu`)")
+
+
+def _owners(cur: CursorWrapper, uuids: list[str]) -> dict[str, tuple[int, str]]:
+    """uuid -> (node id, node name) of the GPUs already claimed: one index read per batch."""
+    cur.execute("SELECT g.uuid, g.node_id, n.name FROM billing_gpu g JOIN billing_node n ON n.id = g.node_id "
+                "WHERE g.uuid = ANY(%s)", [uuids])
+    return {uuid: (node_id, name) for uuid, node_id, name in cur.fetchall()}
 
 
 # GPU inventory and node liveness are written at most once per this interval per web

@@ -14,23 +14,25 @@ from billing.models import UsageBatch
 from tests.conftest import make_batch
 
 
-def upload_concurrently(bodies: list[bytes], token: str) -> list[int]:
-    """POST every body at the same instant, each from its own thread and connection."""
+def upload_concurrently(bodies: list[bytes], token: str | list[str]) -> list[int]:
+    """POST every body at the same instant, each from its own thread and connection (with one
+    token for all, or one each)."""
+    tokens = token if isinstance(token, list) else [token] * len(bodies)
     barrier = threading.Barrier(len(bodies))
     codes: list[int] = []
     lock = threading.Lock()
 
-    def upload(body: bytes) -> None:
+    def upload(body: bytes, bearer: str) -> None:
         try:
             barrier.wait()
             resp = Client().generic("POST", "/api/v1/usage/batches", body, content_type="application/json",
-                                    HTTP_AUTHORIZATION=f"Bearer {token}")
+                                    HTTP_AUTHORIZATION=f"Bearer {bearer}")
             with lock:
                 codes.append(resp.status_code)
         finally:
             connections.close_all()
 
-    threads = [threading.Thread(target=upload, args=(b,)) for b in bodies]
+    threads = [threading.Thread(target=upload, args=(b, t)) for b, t in zip(bodies, tokens, strict=True)]
     for t in threads:
         t.start()
     for t in threads:
@@ -58,3 +60,21 @@ def test_two_concurrent_batches_covering_the_same_gpu_seconds_store_only_one(nod
     ]
     assert upload_concurrently(bodies, node_token.token) == [201, 400]
     assert UsageBatch.objects.count() == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_two_nodes_claiming_one_new_gpu_at_once_leave_it_to_exactly_one(node_token, minute_start):
+    from billing.models import Gpu
+    from billing.services.tokens import issue_node_token
+    from tests import clock
+
+    other = issue_node_token(node_name="gpu-node-2", now=clock.now(), actor_label="test")
+    mine = make_batch(start=minute_start, seq=1)
+    theirs = dict(make_batch(start=minute_start + timedelta(seconds=10), seq=1), node="gpu-node-2")
+    theirs["gpus"] = mine["gpus"]  # the same new GPU, declared by both nodes at the same instant
+    theirs["samples"] = [dict(s, gpu=mine["gpus"][0]["uuid"]) for s in theirs["samples"]]
+    codes = upload_concurrently([json.dumps(mine).encode(), json.dumps(theirs).encode()],
+                                [node_token.token, other.token])
+    assert codes == [201, 403]
+    owner = Gpu.objects.select_related("node").get().node.name
+    assert [b.node.name for b in UsageBatch.objects.select_related("node")] == [owner]
