@@ -62,6 +62,7 @@ class Demo:
     banner: str = ""
     rest: str = ""
     passwords: dict[str, str] = field(default_factory=dict)
+    stopped: bool = False
 
     @property
     def base(self) -> str:
@@ -89,6 +90,9 @@ class Demo:
 
     def stop(self) -> None:
         """Ctrl-C, as a newcomer stops it; what it printed while stopping lands in `rest`."""
+        if self.stopped:
+            return
+        self.stopped = True
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGINT)
         try:
@@ -113,6 +117,13 @@ def running_demo(env: dict[str, str], *, startup_timeout_s: float = 150) -> Iter
             assert time.monotonic() < deadline, "".join(out)
         demo.banner = "".join(out)
         demo.passwords = dict(re.findall(r"user (\S+)\s+password (\S+)", demo.banner))
-        yield demo
+        try:
+            yield demo
+        except BaseException as exc:
+            # What the launcher said after its banner (a child that exited, a failed history)
+            # is the first thing to read when a test against it fails.
+            demo.stop()
+            exc.add_note(f"make demo printed after its banner:\n{demo.rest[-3000:]}")
+            raise
     finally:
         demo.stop()
