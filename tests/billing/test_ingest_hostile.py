@@ -11,7 +11,6 @@ from decimal import Decimal
 
 import pytest
 from django.core.management import call_command
-from django.db import connection
 from django.test import override_settings
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -21,15 +20,10 @@ from billing.services.batch_validation import MAX_PCIE_MB_PER_S
 from billing.services.rollup import rollup_usage
 from billing.services.tokens import issue_node_token
 from tests import clock
+from tests.billing.test_ingest_protocol import raw_rows
 from tests.conftest import make_batch
 
 pytestmark = pytest.mark.django_db
-
-
-def raw_rows() -> int:
-    with connection.cursor() as cur:
-        cur.execute("SELECT count(*) FROM billing_raw_sample")
-        return int(cur.fetchone()[0])
 
 
 def nothing_stored() -> bool:

@@ -1,14 +1,22 @@
 """The published OpenAPI schema documents the agent endpoints of wire protocol v1."""
 
+import json
+
 import pytest
+import schemathesis
+from hypothesis import HealthCheck, given, settings
+from openapi_spec_validator import validate
+from schemathesis.checks import not_a_server_error
+
+from billing.models import Gpu, UsageBatch
+from billing.services.batch_schema import usage_batch_schema
+from tests.billing.test_ingest_protocol import raw_rows
 
 
 @pytest.mark.django_db
 def test_openapi_schema_lists_the_agent_endpoints_and_their_status_codes(client):
     resp = client.get("/api/v1/schema", HTTP_ACCEPT="application/vnd.oai.openapi+json")
     assert resp.status_code == 200
-    import json
-
     schema = json.loads(resp.content)
     paths = schema["paths"]
     assert set(paths) >= {"/api/v1/usage/batches", "/api/v1/nodes/{node}/policy", "/api/v1/nodes/{node}/events"}
@@ -17,17 +25,6 @@ def test_openapi_schema_lists_the_agent_endpoints_and_their_status_codes(client)
 
 
 # --- The batch schema, and inputs generated from it (issue 12) ---------------------------------
-
-import json  # noqa: E402
-
-import schemathesis  # noqa: E402
-from hypothesis import HealthCheck, given, settings  # noqa: E402
-from openapi_spec_validator import validate  # noqa: E402
-from schemathesis.checks import not_a_server_error  # noqa: E402
-
-from billing.models import Gpu, UsageBatch  # noqa: E402
-from billing.services.batch_schema import usage_batch_schema  # noqa: E402
-from tests.billing.test_ingest_hostile import raw_rows  # noqa: E402
 
 BATCHES = "/api/v1/usage/batches"
 
