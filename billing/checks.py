@@ -11,7 +11,7 @@ from django.core.checks import CheckMessage, Error, Tags, Warning, register
 
 from billing.services.admission_auth import HOW_TO_CONFIGURE, load_admission_credentials
 
-__all__ = ["check_admission_credentials", "check_webhook_allow_list"]
+__all__ = ["check_admission_credentials", "check_node_identity", "check_webhook_allow_list"]
 
 # A token shorter than this is guessable enough to be worth a warning (secrets.token_urlsafe(32) is 43).
 MIN_TOKEN_CHARS = 32
@@ -51,3 +51,26 @@ def check_webhook_allow_list(app_configs: Any = None, **kwargs: Any) -> list[Che
     return [Error(f"VGPU_WEBHOOK_ALLOWED_HOSTS has entries that are neither a host name, an address nor a network: "
                   f"{', '.join(bad)}", hint='e.g. "hooks.internal,10.20.0.0/16,fd00::/8" (no scheme, no port)',
                   id="billing.E002")]
+
+
+@register(Tags.security)
+def check_node_identity(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
+    """ServiceAccount-token settings (billing/services/node_identity.py) that would refuse every
+    agent, or keep a refused pod's token working long after its pod is gone."""
+    if not settings.VGPU_NODE_TOKENREVIEW:
+        return []
+    problems = []
+    if not settings.VGPU_NODE_TOKEN_AUDIENCE:
+        problems.append("VGPU_NODE_TOKEN_AUDIENCE is empty")
+    malformed = [a for a in settings.VGPU_NODE_SERVICE_ACCOUNTS if len(a.split(":")) != 2 or not all(a.split(":"))]
+    if malformed or not settings.VGPU_NODE_SERVICE_ACCOUNTS:
+        problems.append(f"VGPU_NODE_SERVICE_ACCOUNTS must list namespace:name entries, got {malformed or 'none'}")
+    if not 0 <= settings.VGPU_NODE_TOKENREVIEW_CACHE_S <= 600:
+        problems.append(f"VGPU_NODE_TOKENREVIEW_CACHE_S must lie in [0, 600], got {settings.VGPU_NODE_TOKENREVIEW_CACHE_S}")
+    if not settings.VGPU_KUBE_API_TIMEOUT_S > 0:
+        problems.append(f"VGPU_KUBE_API_TIMEOUT_S must be > 0, got {settings.VGPU_KUBE_API_TIMEOUT_S}")
+    if not problems:
+        return []
+    return [Error(f"Node identity by TokenReview is misconfigured: {'; '.join(problems)}.",
+                  hint='e.g. VGPU_NODE_TOKEN_AUDIENCE=vgpu-ledger VGPU_NODE_SERVICE_ACCOUNTS=vgpu-ledger:vgpu-agent',
+                  id="billing.E003")]

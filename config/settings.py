@@ -245,6 +245,20 @@ VGPU_ADMISSION_CLIENT_CERT_CNS = [n.strip() for n in os.environ.get("VGPU_ADMISS
                                   if n.strip()]
 VGPU_ADMISSION_FAIL_CLOSED = os.environ.get("VGPU_ADMISSION_FAIL_CLOSED", "") == "1"
 
+# Node identity in Kubernetes (docs/operations.md, "Node identity"). With VGPU_NODE_TOKENREVIEW=1
+# an agent may present its projected ServiceAccount token instead of a node token (vgl_…): the
+# service asks the API server (VGPU_KUBE_API, else the cluster it runs in) for a TokenReview with
+# this audience, accepts only these ServiceAccounts ("namespace:name", comma-separated) and binds
+# the token to the node its pod runs on. A successful review is reused for at most
+# VGPU_NODE_TOKENREVIEW_CACHE_S seconds (never beyond the token's expiry); each call to the API
+# server gives up after VGPU_KUBE_API_TIMEOUT_S (the agent's own timeout is 10 s).
+VGPU_NODE_TOKENREVIEW = os.environ.get("VGPU_NODE_TOKENREVIEW", "") == "1"
+VGPU_NODE_TOKEN_AUDIENCE = os.environ.get("VGPU_NODE_TOKEN_AUDIENCE", "vgpu-ledger").strip()
+VGPU_NODE_SERVICE_ACCOUNTS = [a.strip() for a in os.environ.get("VGPU_NODE_SERVICE_ACCOUNTS",
+                                                                "vgpu-ledger:vgpu-agent").split(",") if a.strip()]
+VGPU_NODE_TOKENREVIEW_CACHE_S = int(os.environ.get("VGPU_NODE_TOKENREVIEW_CACHE_S", 60))
+VGPU_KUBE_API_TIMEOUT_S = float(os.environ.get("VGPU_KUBE_API_TIMEOUT_S", 5))
+
 # Budget webhooks go only to public addresses (billing/services/webhooks.py) unless this list
 # names the host, the address or a network holding it: comma-separated, e.g.
 # "hooks.internal,10.20.0.0/16". The demo lists its loopback receiver.

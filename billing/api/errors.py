@@ -16,6 +16,7 @@ from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
 
 from billing import errors
+from billing.services.node_identity import KubeApiUnavailable
 
 __all__ = ["QUEUE_DOWN", "OutageMiddleware", "domain_error_response", "exception_handler"]
 
@@ -58,6 +59,7 @@ QUEUE_DOWN = (kombu.exceptions.OperationalError, redis.exceptions.ConnectionErro
 _OUTAGES: tuple[tuple[tuple[type[BaseException], ...], str], ...] = (
     ((OperationalError, InterfaceError), "the database"),
     (QUEUE_DOWN, "the task queue (Redis)"),
+    ((KubeApiUnavailable,), "the Kubernetes API server (TokenReview)"),
 )
 
 

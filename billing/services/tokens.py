@@ -16,6 +16,7 @@ from billing.errors import Forbidden, InvalidInput, NotAuthenticated
 from billing.models import Node, NodeToken
 from billing.models.tenancy import slug_validator
 from billing.services.audit import record_audit_event
+from billing.services.node_identity import authenticate_service_account_token
 
 __all__ = ["IssuedToken", "authenticate_node", "issue_node_token", "revoke_node_token", "token_sha256"]
 
@@ -98,19 +99,24 @@ def _note_use(token_id: int) -> None:
 def authenticate_node(*, authorization: str | None, node_name: str | None) -> Node:
     """Resolve `Authorization: Bearer <token>` to its node.
 
+    A node token (`vgl_…`) is looked up here; any other bearer token is taken for the agent's
+    Kubernetes ServiceAccount token and checked with a TokenReview (billing.services.node_identity).
     401 for a missing or unknown token; 403 for a revoked token or one of another node.
     """
     if not authorization:
         raise NotAuthenticated("missing Authorization header (expected 'Bearer <node token>')")
     scheme, _, token = authorization.partition(" ")
-    if scheme.lower() != "bearer" or not token.strip():
+    token = token.strip()
+    if scheme.lower() != "bearer" or not token:
         raise NotAuthenticated("Authorization must be 'Bearer <node token>'")
+    if not token.startswith(TOKEN_PREFIX):
+        return authenticate_service_account_token(token=token, node_name=node_name, now=timezone.now())
     # One indexed look-up on the hashed token (hot path of every agent request).
     with connection.cursor() as cur:
         cur.execute(
             "SELECT t.id, t.prefix, t.revoked_at, n.id, n.name FROM billing_nodetoken t "
             "JOIN billing_node n ON n.id = t.node_id WHERE t.token_sha256 = %s",
-            [token_sha256(token.strip())],
+            [token_sha256(token)],
         )
         row = cur.fetchone()
     if row is None:
