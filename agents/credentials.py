@@ -1,4 +1,10 @@
-"""The node token, read from a file (a mounted Kubernetes Secret in production)."""
+"""The agent's bearer token, read from a file.
+
+In Kubernetes the file is the pod's projected ServiceAccount token, which the kubelet replaces
+before it expires (an atomic swap of the volume's ``..data`` link); elsewhere it holds a node
+token (``vgl_…``). Every client (uploads, policy, events, undelivered reports) calls
+``read_token`` per request, so a rotated file applies to the next request, with no restart.
+"""
 
 from __future__ import annotations
 
@@ -12,7 +18,7 @@ class TokenError(Exception):
 
 
 def read_token(path: str | Path) -> str:
-    """The token with surrounding whitespace stripped; re-read on every upload (rotation)."""
+    """The token with surrounding whitespace stripped; re-read on every request (rotation)."""
     try:
         token = Path(path).read_text(encoding="utf-8").strip()
     except FileNotFoundError:

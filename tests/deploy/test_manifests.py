@@ -85,7 +85,7 @@ def test_agent_daemonset_sees_host_pids_proc_gpus_mps_and_its_config():
     assert agent["args"][agent["args"].index("--proc-root") + 1] == mounts["host-proc"]["mountPath"]
     assert volumes["mps-pipe"]["hostPath"]["path"] == "/tmp/nvidia-mps"  # noqa: S108 -- the MPS daemon's documented default
     assert agent["args"][agent["args"].index("--mps-pipe-directory") + 1] == mounts["mps-pipe"]["mountPath"]
-    assert volumes["token"]["secret"]["secretName"] == "vgpu-agent-token"
+    assert agent["args"][agent["args"].index("--token-file") + 1] == mounts["token"]["mountPath"] + "/token"
     # Every $(VAR) in the arguments comes from the ConfigMap (or the downward API).
     env = {e["name"]: e for e in agent["env"]}
     config = next(d for _, _, d in _documents() if d["kind"] == "ConfigMap" and d["metadata"]["name"] == "vgpu-agent-config")
@@ -149,3 +149,57 @@ def test_the_api_server_presents_the_token_the_web_deployment_reads_to_the_admis
     volume = next(v for v in pod["volumes"] if v["name"] == mount["name"])
     assert volume["secret"]["secretName"] == "vgpu-ledger-admission-token"
     assert {"key": "token", "path": token_file.name} in volume["secret"]["items"]
+
+
+# -- Node identity: projected ServiceAccount token, TokenReview by the web pods ---------------
+
+
+def test_agent_daemonset_authenticates_with_a_projected_service_account_token_for_the_service_audience():
+    from django.conf import settings as defaults
+
+    pod = _agent_daemonset()["spec"]["template"]["spec"]
+    (agent,) = pod["containers"]
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert not [v for v in pod["volumes"] if "secret" in v], "no Secret may carry the agent's identity"
+    (source,) = volumes["token"]["projected"]["sources"]
+    token = source["serviceAccountToken"]
+    assert token["audience"] == defaults.VGPU_NODE_TOKEN_AUDIENCE
+    assert 600 <= token["expirationSeconds"] <= 86400  # the API server's bounds for a projected token
+    token_file = agent["args"][agent["args"].index("--token-file") + 1]
+    mount = next(m for m in agent["volumeMounts"] if m["name"] == "token")
+    assert token_file == f"{mount['mountPath']}/{token['path']}"
+    # The token's ServiceAccount is the one the service accepts by default.
+    namespace = _agent_daemonset()["metadata"]["namespace"]
+    assert f"{namespace}:{pod['serviceAccountName']}" in defaults.VGPU_NODE_SERVICE_ACCOUNTS
+
+
+def _grants_of(account: str, namespace: str) -> set[tuple[str, str, str, str]]:
+    """(scope, apiGroup, resource, verb) granted to a ServiceAccount; scope is "cluster" or a namespace."""
+    docs = [d for _, _, d in _documents()]
+    roles = {(d["kind"], d["metadata"].get("namespace", ""), d["metadata"]["name"]): d
+             for d in docs if d["kind"] in ("Role", "ClusterRole")}
+    grants = set()
+    for binding in (d for d in docs if d["kind"] in ("RoleBinding", "ClusterRoleBinding")):
+        if {"kind": "ServiceAccount", "name": account, "namespace": namespace} not in binding["subjects"]:
+            continue
+        ref = binding["roleRef"]
+        scope = "cluster" if binding["kind"] == "ClusterRoleBinding" else binding["metadata"]["namespace"]
+        role = roles[(ref["kind"], "" if ref["kind"] == "ClusterRole" else scope, ref["name"])]
+        grants |= {(scope, g, r, v) for rule in role["rules"] for g in rule["apiGroups"]
+                   for r in rule["resources"] for v in rule["verbs"]}
+    return grants
+
+
+def test_web_rbac_allows_the_calls_of_node_identity_and_reads_pods_only_in_the_agents_namespace():
+    # billing/services/node_identity.py: create a TokenReview (cluster-scoped) and get the
+    # token's pod, which runs in the agents' namespace.
+    web = next(d for _, _, d in _documents() if d["kind"] == "Deployment" and d["metadata"]["name"] == "vgpu-ledger-web")
+    pod = web["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    assert {"name": "VGPU_NODE_TOKENREVIEW", "value": "1"} in container["env"]
+    agents_namespace = _agent_daemonset()["metadata"]["namespace"]
+    assert _grants_of(pod["serviceAccountName"], web["metadata"]["namespace"]) >= {
+        ("cluster", "authentication.k8s.io", "tokenreviews", "create"),
+        (agents_namespace, "", "pods", "get"),
+    }
+    assert ("cluster", "", "pods", "get") not in _grants_of(pod["serviceAccountName"], web["metadata"]["namespace"])
