@@ -33,8 +33,9 @@ _errors_schema = inline_serializer(
 
 
 class _AgentView(APIView):
-    # Agents authenticate with node bearer tokens (billing.services.tokens), not sessions:
-    # no CSRF applies and DRF's own authentication is bypassed.
+    # Agents authenticate with bearer tokens, not sessions: a node token or their Kubernetes
+    # ServiceAccount token (billing.services.tokens.authenticate_node dispatches). No CSRF
+    # applies and DRF's own authentication is bypassed.
     authentication_classes: list = []
     permission_classes: list = []
     parser_classes: list = []
@@ -64,13 +65,15 @@ class UsageBatchView(_AgentView):
             201: inline_serializer("Stored", {"status": serializers.CharField(), "accepted": serializers.IntegerField()}),
             200: inline_serializer("Duplicate", {"status": serializers.CharField()}),
             400: OpenApiResponse(_errors_schema, description="Invalid batch; nothing stored"),
-            401: OpenApiResponse(_errors_schema, description="Missing or unknown token"),
+            401: OpenApiResponse(_errors_schema, description="Missing or unknown token; a ServiceAccount token the "
+                                 "TokenReview rejects (expired, wrong audience, pod gone, not an agent's)"),
             403: OpenApiResponse(_errors_schema, description="Revoked token or another node's"),
             409: OpenApiResponse(_errors_schema, description="Same (node, batch_seq), different content"),
             413: OpenApiResponse(_errors_schema, description="Too large"),
             415: OpenApiResponse(_errors_schema, description="Not JSON"),
             429: OpenApiResponse(_errors_schema, description="Shedding load; see Retry-After"),
-            503: OpenApiResponse(_errors_schema, description="The database is down; nothing stored, see Retry-After"),
+            503: OpenApiResponse(_errors_schema, description="The database, or the Kubernetes API server that "
+                                 "reviews ServiceAccount tokens, is down; nothing stored, see Retry-After"),
         },
     )
     def post(self, request: Request) -> Response:
