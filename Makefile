@@ -73,3 +73,10 @@ soak: $(DEV)
 
 clean:
 	rm -rf .data staticfiles .pytest_cache .ruff_cache
+
+# On a machine with an NVIDIA driver (no CUDA toolkit needed): the agent's NVML readings beside
+# nvidia-smi's and its MPS commands against a private daemon, under a load it starts itself
+# (docs/agent.md, "Checking on a real GPU"). GPU_CHECK_ARGS passes e.g. `--save-fixtures DIR`.
+.PHONY: gpu-check
+gpu-check: $(RUNTIME)
+	$(PY) -m agents.gpu_check $(GPU_CHECK_ARGS)

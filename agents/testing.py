@@ -33,6 +33,7 @@ __all__ = [
     "FakeKubernetes",
     "FakeNvml",
     "FakeNvmlDevice",
+    "NVML_FIXTURE_SCHEMA",
     "KubeRequest",
     "RecordedRequest",
     "ScriptedSession",
@@ -40,6 +41,9 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
+
+# JSON written by ``python -m agents.gpu_check --save-fixtures`` from a real driver's answers.
+NVML_FIXTURE_SCHEMA = "vgpu-ledger/nvml-fixture/v1"
 
 
 class FakeClock:
@@ -93,6 +97,21 @@ class FakeNvml:
 
     Errors are real ``pynvml.NVMLError`` instances with NVML's codes.
     """
+
+    @classmethod
+    def from_fixture(cls, fixture: dict[str, Any]) -> FakeNvml:
+        """The devices of an NVML fixture (``NVML_FIXTURE_SCHEMA``; ``nvml_fixture`` writes one)."""
+        if fixture.get("schema") != NVML_FIXTURE_SCHEMA:
+            raise ValueError(f"not an NVML fixture: schema {fixture.get('schema')!r}, expected {NVML_FIXTURE_SCHEMA!r}")
+        return cls(devices=[_device_from_json(d) for d in fixture["devices"]])
+
+    def to_fixture(self, **source: Any) -> dict[str, Any]:
+        """These devices as an NVML fixture; ``source`` says where the answers came from."""
+        return {
+            "schema": NVML_FIXTURE_SCHEMA,
+            "source": source,
+            "devices": [_device_to_json(d) for d in self.devices],
+        }
 
     NVML_SUCCESS = pynvml.NVML_SUCCESS
     NVML_ERROR_NOT_FOUND = pynvml.NVML_ERROR_NOT_FOUND
@@ -163,6 +182,40 @@ class FakeNvml:
         if not fresh:
             raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_FOUND)
         return fresh
+
+
+def _device_to_json(device: FakeNvmlDevice) -> dict[str, Any]:
+    return {
+        "uuid": device.uuid,
+        "name": device.name,
+        "memory_total_bytes": device.memory_total_bytes,
+        "compute_capability": list(device.compute_capability),
+        "cuda_cores": device.cuda_cores,
+        "mig_sm_count": device.mig_sm_count,
+        # JSON keys are strings: [pid, bytes or null] pairs keep the pid an integer.
+        "processes": [[pid, used] for pid, used in sorted(device.processes.items())],
+        "samples": [list(s) for s in device.samples],
+        "pcie_tx_kb_s": device.pcie_tx_kb_s,
+        "pcie_rx_kb_s": device.pcie_rx_kb_s,
+        "mig_instances": [_device_to_json(m) for m in device.mig_instances],
+    }
+
+
+def _device_from_json(raw: dict[str, Any]) -> FakeNvmlDevice:
+    major, minor = raw["compute_capability"]
+    return FakeNvmlDevice(
+        uuid=raw["uuid"],
+        name=raw["name"],
+        memory_total_bytes=int(raw["memory_total_bytes"]),
+        compute_capability=(int(major), int(minor)),
+        cuda_cores=int(raw["cuda_cores"]),
+        mig_sm_count=raw["mig_sm_count"],
+        processes={int(pid): used for pid, used in raw["processes"]},
+        samples=[(int(pid), int(ts), int(sm)) for pid, ts, sm in raw["samples"]],
+        pcie_tx_kb_s=raw["pcie_tx_kb_s"],
+        pcie_rx_kb_s=raw["pcie_rx_kb_s"],
+        mig_instances=[_device_from_json(m) for m in raw["mig_instances"]],
+    )
 
 
 @dataclass(frozen=True)

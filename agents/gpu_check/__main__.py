@@ -1,0 +1,3 @@
+from agents.gpu_check.cli import main
+
+raise SystemExit(main())
