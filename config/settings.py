@@ -245,6 +245,11 @@ VGPU_ADMISSION_CLIENT_CERT_CNS = [n.strip() for n in os.environ.get("VGPU_ADMISS
                                   if n.strip()]
 VGPU_ADMISSION_FAIL_CLOSED = os.environ.get("VGPU_ADMISSION_FAIL_CLOSED", "") == "1"
 
+# Prometheus scrapes /metrics with this bearer token (billing/web/metrics.py): inline, or a file
+# such as a mounted Secret (read at every scrape). With neither, /metrics answers 403.
+VGPU_METRICS_TOKEN = os.environ.get("VGPU_METRICS_TOKEN", "")
+VGPU_METRICS_TOKEN_FILE = os.environ.get("VGPU_METRICS_TOKEN_FILE", "")
+
 # Budget webhooks go only to public addresses (billing/services/webhooks.py) unless this list
 # names the host, the address or a network holding it: comma-separated, e.g.
 # "hooks.internal,10.20.0.0/16". The demo lists its loopback receiver.
