@@ -11,7 +11,7 @@ PY := $(VENV)/bin/python
 RUNTIME := $(VENV)/.installed-runtime
 DEV := $(VENV)/.installed-dev
 
-.PHONY: demo test test-dates soak lint install bench clean browser-deps screenshots
+.PHONY: demo test test-dates soak lint install bench clean browser-deps monitoring-deps screenshots
 
 $(PY):
 	@test -n "$(PYTHON)" || { echo "Python 3.11 or 3.12 is required (set PYTHON=/path/to/python3.x)"; exit 1; }
@@ -51,7 +51,12 @@ browser-deps:
 	  $(call apt_install,$(APT_BROWSER),the browser tests need them); \
 	fi
 
-test: lint browser-deps
+# promtool checks the alert rules, their unit tests and real /metrics expositions (tests/deploy/test_monitoring.py).
+monitoring-deps:
+	@command -v promtool >/dev/null || { echo "installing Debian's prometheus for promtool"; \
+	  $(call apt_install,prometheus,the monitoring tests need promtool); }
+
+test: lint browser-deps monitoring-deps
 	$(PY) -m config.embedded -- $(PY) -m pytest
 
 # The whole suite with the clock of the whole process tree at the edges of months and years

@@ -1,7 +1,8 @@
 """Prometheus ``/metrics`` of the agent (``prometheus-client``), off unless ``--metrics-port``.
 
 Per workload and GPU (labels ``tenant``, ``namespace``, ``pod``, ``container``, ``gpu``):
-grants and use of memory (MiB) and SMs, as of the last tick; series of workloads that
+grants and use of memory (bytes: Prometheus wants base units; the agent's MB are MiB) and SMs, as
+of the last tick; series of workloads that
 left are removed. Node-wide: tick latency (histogram, seconds of computation per tick),
 spool depth by state and undelivered batches (read from the spool at scrape time), upload and event-upload
 errors by outcome, and the policy's age and ETag.
@@ -24,6 +25,8 @@ from agents.spool import Spool
 __all__ = ["AgentMetrics", "MetricsServer", "serve_metrics"]
 
 _WORKLOAD_LABELS = ("tenant", "namespace", "pod", "container", "gpu")
+# The agent's "MB" (grants, readings, the wire protocol) are MiB: NVML's bytes / 2^20.
+_BYTES_PER_MB = 1024 * 1024
 # Tick computation is ~0.1-5 ms on a busy node (docs/benchmarks.md); the top buckets catch stalls.
 _TICK_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
 
@@ -78,10 +81,11 @@ class AgentMetrics:
         self.registry = registry if registry is not None else CollectorRegistry()
         r = self.registry
         self.mem_granted = Gauge(
-            "vgpu_agent_memory_granted_mib", "Memory granted to a workload on a GPU, MiB", _WORKLOAD_LABELS, registry=r
+            "vgpu_agent_memory_granted_bytes", "Memory granted to a workload on a GPU, bytes", _WORKLOAD_LABELS,
+            registry=r,
         )
         self.mem_used = Gauge(
-            "vgpu_agent_memory_used_mib", "Memory a workload holds on a GPU, MiB", _WORKLOAD_LABELS, registry=r
+            "vgpu_agent_memory_used_bytes", "Memory a workload holds on a GPU, bytes", _WORKLOAD_LABELS, registry=r
         )
         self.sm_granted = Gauge(
             "vgpu_agent_sm_granted", "SMs granted to a workload on a GPU", _WORKLOAD_LABELS, registry=r
@@ -112,10 +116,10 @@ class AgentMetrics:
             w = g.workload
             labels = (w.tenant, w.namespace, w.pod, w.container, g.gpu)
             series.add(labels)
-            self.mem_granted.labels(*labels).set(g.mem_mb)
+            self.mem_granted.labels(*labels).set(g.mem_mb * _BYTES_PER_MB)
             self.sm_granted.labels(*labels).set(g.sm)
             reading = used.get((g.gpu, w.key))
-            self.mem_used.labels(*labels).set(reading.mem_used_mb if reading is not None else 0.0)
+            self.mem_used.labels(*labels).set(reading.mem_used_mb * _BYTES_PER_MB if reading is not None else 0.0)
             self.sm_used.labels(*labels).set(reading.sm_used if reading is not None else 0.0)
         for gone in self._series - series:
             for gauge in (self.mem_granted, self.mem_used, self.sm_granted, self.sm_used):

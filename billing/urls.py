@@ -4,12 +4,25 @@ from drf_spectacular.views import SpectacularAPIView
 
 from billing.api.admission import PodAdmissionView
 from billing.api.agent import NodeEventsView, NodePolicyView, NodeUndeliveredView, UsageBatchView
-from billing.web import admin_fleet, admin_pages, health, invoices, language, periods, portal, rebalance, reports, views
+from billing.web import (
+    admin_fleet,
+    admin_pages,
+    health,
+    invoices,
+    language,
+    metrics,
+    periods,
+    portal,
+    rebalance,
+    reports,
+    views,
+)
 
 urlpatterns = [
     path("", portal.home, name="home"),
     path("healthz", health.healthz, name="healthz"),
     path("readyz", health.readyz, name="readyz"),
+    path("metrics", metrics.metrics, name="metrics"),
     path("api/v1/usage/batches", UsageBatchView.as_view(), name="usage-batches"),
     path("api/v1/nodes/<str:node>/policy", NodePolicyView.as_view(), name="node-policy"),
     path("api/v1/nodes/<str:node>/events", NodeEventsView.as_view(), name="node-events"),

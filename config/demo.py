@@ -16,6 +16,7 @@ import json
 import os
 import secrets
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -149,6 +150,13 @@ class _History(threading.Thread):
                     os.killpg(proc.pid, signal.SIGTERM)
 
 
+def _free_loopback_port() -> int:
+    """A port free on 127.0.0.1 now (the agent binds it a moment later; a clash fails it loudly)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
 def _run(args: list[str], env: dict[str, str]) -> str:
     result = subprocess.run(args, env=env, cwd=ROOT, capture_output=True, text=True, check=False)  # noqa: S603
     if result.returncode != 0:
@@ -204,6 +212,8 @@ def main() -> int:
         # The admission webhook answers only an API server that presents this token; the demo has
         # no API server, but a product without a credential warns at every command (billing.W001).
         env.setdefault("VGPU_ADMISSION_TOKEN", secrets.token_urlsafe(32))
+        # /metrics answers only a scraper with this token; the banner prints it for curl.
+        env.setdefault("VGPU_METRICS_TOKEN", secrets.token_urlsafe(24))
         print("demo: migrating the database…", flush=True)
         _run([py, "manage.py", "migrate", "--noinput"], env)
         webhooks = _WebhookSink(secret=secrets.token_urlsafe(16), path=DEMO_DIR / "webhooks.jsonl")
@@ -225,15 +235,20 @@ def main() -> int:
                        "--hostname", "demo-worker@%h"],
             "beat": [str(bindir / "celery"), "-A", "config", "beat", "--loglevel", "INFO",
                      "--schedule", str(DEMO_DIR / "celerybeat-schedule")],
-            "web": [str(bindir / "gunicorn"), "config.wsgi", "--bind", f"127.0.0.1:{port}", "--workers", "3",
-                    "--worker-class", "sync", "--access-logfile", "-"],
+            # config/gunicorn.conf.py: counters in /metrics summed over the 3 workers.
+            "web": [str(bindir / "gunicorn"), "config.wsgi", "-c", str(ROOT / "config" / "gunicorn.conf.py"),
+                    "--bind", f"127.0.0.1:{port}", "--workers", "3", "--worker-class", "sync", "--access-logfile", "-"],
         }
+        agent_metrics: dict[str, str] = {}
         for node, token_file, scenario_file in agents:
+            metrics_port = _free_loopback_port()
+            agent_metrics[node] = f"http://127.0.0.1:{metrics_port}/metrics"
             commands[f"agent-{node}"] = [
                 py, "-m", "agents", "run", "--server", url, "--token-file", str(token_file), "--backend", "sim",
                 "--scenario", str(scenario_file), "--spool", str(DEMO_DIR / f"{node}.spool.sqlite"),
                 # 10 s batches (the default is 60 s) so the demo's numbers move every few seconds.
                 "--batch-seconds", "10",
+                "--metrics-address", "127.0.0.1", "--metrics-port", str(metrics_port),
             ]
         procs: dict[str, subprocess.Popen] = {}
         history: _History | None = None
@@ -256,9 +271,12 @@ def main() -> int:
             history = _History(py=py, env=env, url=url, agents=agents,
                                recent_days=int(os.environ.get("VGPU_DEMO_HISTORY_DAYS", "6")))
             history.start()
+            metrics_lines = (f"metrics: curl -H 'Authorization: Bearer {env['VGPU_METRICS_TOKEN']}' {url}/metrics\n"
+                             + "".join(f"  agent {node}: {agent_url}\n" for node, agent_url in agent_metrics.items()))
             print(
                 f"\nvGPU Ledger demo is running: {url}/\n"
                 f"health: {url}/healthz ({health.get('status')})\n"
+                f"{metrics_lines}"
                 f"fleet: {len(NODES)} simulated nodes x 8 NVIDIA A100-SXM4-80GB; logs in {LOG_DIR}\n\n"
                 f"logins (each lands on its own start page; the language menu is top right):\n{logins}\n"
                 "  finance        the GPU cost dashboard (cost by tenant over time, idle, savings vs static,\n"

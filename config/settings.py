@@ -259,6 +259,11 @@ VGPU_NODE_SERVICE_ACCOUNTS = [a.strip() for a in os.environ.get("VGPU_NODE_SERVI
 VGPU_NODE_TOKENREVIEW_CACHE_S = int(os.environ.get("VGPU_NODE_TOKENREVIEW_CACHE_S", 60))
 VGPU_KUBE_API_TIMEOUT_S = float(os.environ.get("VGPU_KUBE_API_TIMEOUT_S", 5))
 
+# Prometheus scrapes /metrics with this bearer token (billing/web/metrics.py): inline, or a file
+# such as a mounted Secret (read at every scrape). With neither, /metrics answers 403.
+VGPU_METRICS_TOKEN = os.environ.get("VGPU_METRICS_TOKEN", "")
+VGPU_METRICS_TOKEN_FILE = os.environ.get("VGPU_METRICS_TOKEN_FILE", "")
+
 # Budget webhooks go only to public addresses (billing/services/webhooks.py) unless this list
 # names the host, the address or a network holding it: comma-separated, e.g.
 # "hooks.internal,10.20.0.0/16". The demo lists its loopback receiver.

@@ -13,6 +13,7 @@ from rest_framework.views import APIView
 
 from billing.api.errors import domain_error_response
 from billing.errors import DomainError, FieldError, InvalidBatch, NotAuthenticated
+from billing.metrics import count_admission_review
 from billing.services.admission import AdmissionDecision, review_pod
 from billing.services.admission_auth import authenticate_admission_caller, load_admission_credentials
 
@@ -37,6 +38,7 @@ class PodAdmissionView(APIView):
                 client_cert_dn=request.headers.get(credentials.cert_header) if credentials.cert_header else None)
         except NotAuthenticated as exc:
             log.warning("event=admission_review_unauthenticated remote=%s reason=%s", request.META.get("REMOTE_ADDR"), exc)
+            count_admission_review("unauthenticated")
             return _unauthenticated(request, exc)
         try:
             try:
@@ -45,6 +47,7 @@ class PodAdmissionView(APIView):
                 raise InvalidBatch([FieldError("$", f"body is not JSON: {exc}")]) from exc
             decision = review_pod(review, now=timezone.now())
         except DomainError as exc:
+            count_admission_review("invalid")
             return domain_error_response(exc)
         except Exception:  # noqa: BLE001 - the webhook must answer; the configured policy decides how
             uid = _uid(request)
@@ -55,6 +58,9 @@ class PodAdmissionView(APIView):
             else:
                 decision = AdmissionDecision(uid=uid, allowed=True,
                                              warnings=("vGPU Ledger could not check the GPU budget; admitted",))
+            count_admission_review("failed_closed" if settings.VGPU_ADMISSION_FAIL_CLOSED else "failed_open")
+        else:
+            count_admission_review("allowed" if decision.allowed else "denied")
         return Response(decision.response())
 
 

@@ -14,6 +14,7 @@ from rest_framework.views import APIView
 
 from billing.api.errors import domain_error_response
 from billing.errors import DomainError, Overloaded, PayloadTooLarge
+from billing.metrics import count_ingest_answer, count_ingested_samples
 from billing.models import Node
 from billing.services.batch_schema import usage_batch_schema
 from billing.services.ingest import decode_body, record_usage_batch
@@ -94,7 +95,13 @@ class UsageBatchView(_AgentView):
             _in_flight.release()
         if result.status == "duplicate":
             return Response({"status": "duplicate"}, status=200)
+        count_ingested_samples(result.accepted)
         return Response({"status": "stored", "accepted": result.accepted}, status=201)
+
+    def finalize_response(self, request: Request, response: Response, *args: object, **kwargs: object) -> Response:
+        # Every answer of this view, refusals included (an outage's 503 comes from OutageMiddleware, after it).
+        count_ingest_answer(response.status_code)
+        return super().finalize_response(request, response, *args, **kwargs)
 
 
 class NodePolicyView(_AgentView):

@@ -10,11 +10,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime
 
-from django.db.models import Exists, OuterRef, QuerySet
+from django.db.models import Count, Exists, OuterRef, QuerySet
 
 from billing.models import UndeliveredBatch, UsageBatch
 
-__all__ = ["UndeliveredView", "count_open_undelivered", "list_open_undelivered"]
+__all__ = ["UndeliveredView", "count_open_undelivered", "count_open_undelivered_by_node", "list_open_undelivered"]
 
 
 @dataclass(frozen=True)
@@ -55,3 +55,9 @@ def list_open_undelivered() -> dict[str, list[UndeliveredView]]:
 
 def count_open_undelivered() -> int:
     return _open().count()
+
+
+def count_open_undelivered_by_node() -> dict[str, int]:
+    """Open reports per node name; nodes with none are absent."""
+    rows = _open().values_list("node__name").annotate(n=Count("id")).order_by("node__name")
+    return {name: int(n) for name, n in rows}

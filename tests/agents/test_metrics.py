@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import requests
+from prometheus_client.parser import text_string_to_metric_families
 
 from agents.interfaces import Grant, UsageReading, Workload
 from agents.metrics import AgentMetrics, MetricsServer, serve_metrics
@@ -51,6 +52,14 @@ def scrape(server: MetricsServer) -> str:
     return response.text
 
 
+def value_of(text: str, name: str, **labels: str) -> float:
+    """The one sample of `name` whose labels include `labels`."""
+    values = [s.value for family in text_string_to_metric_families(text) for s in family.samples
+              if s.name == name and labels.items() <= s.labels.items()]
+    assert len(values) == 1, (name, labels, values)
+    return float(values[0])
+
+
 def test_grants_use_ticks_spool_uploads_and_policy_are_exposed(
     served: tuple[AgentMetrics, MetricsServer], spool: Spool
 ) -> None:
@@ -65,8 +74,9 @@ def test_grants_use_ticks_spool_uploads_and_policy_are_exposed(
     spool.store_batch(window_start=NOW, window_end=NOW + timedelta(seconds=10), render=lambda seq: b"{}")
     text = scrape(server)
     labels = 'container="server",gpu="GPU-1",namespace="acme-prod",pod="bert-1",tenant="acme"'
-    assert f"vgpu_agent_memory_granted_mib{{{labels}}} 512.0" in text
-    assert f"vgpu_agent_memory_used_mib{{{labels}}} 312.5" in text
+    # Bytes, Prometheus's base unit: the agent's MB are MiB.
+    assert value_of(text, "vgpu_agent_memory_granted_bytes", pod="bert-1") == 512 * 2**20
+    assert value_of(text, "vgpu_agent_memory_used_bytes", pod="bert-1") == 312.5 * 2**20
     assert f"vgpu_agent_sm_granted{{{labels}}} 13.5" in text
     assert f"vgpu_agent_sm_used{{{labels}}} 7.75" in text
     assert "vgpu_agent_tick_seconds_count 1.0" in text

@@ -1,0 +1,169 @@
+"""The service's Prometheus metrics, served at /metrics (billing.web.metrics).
+
+Two kinds, each made correct under several gunicorn workers in its own way:
+
+- **State of the ledger** (backlog, rollup lag, quarantined and undelivered batches, billing
+  periods, budgets, this month's cost) is read from Postgres by `LedgerCollector` at each scrape,
+  so it is the same answer whichever worker serves the scrape, and is never stale.
+- **Events seen by a process** (samples ingested, ingest answers, admission reviews) are
+  prometheus_client counters. Under gunicorn they run in multiprocess mode: config/gunicorn.conf.py
+  points PROMETHEUS_MULTIPROC_DIR at a directory, wiped when the master starts, where every worker
+  keeps its counts in a memory-mapped file; a scrape sums the files of all workers, live and dead,
+  so a counter never goes back while the master lives (Prometheus's rate() handles a pod restart).
+  Without that variable (runserver, tests in one process) the counters are the process's own.
+
+The ingest counter is not derived from the database (Σ sample_count of stored batches would be
+exact too) because that sum reads every batch ever stored at every scrape of every pod.
+
+Every figure is in base units (seconds; money in the currency's major unit, as a float: display
+only, never billing). No tenant name is in a label: budgets are counted by state and action.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import os
+import time
+from collections.abc import Iterable
+from pathlib import Path
+
+from django.conf import settings
+from django.utils import timezone
+from prometheus_client import CollectorRegistry, Counter, generate_latest
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from billing.queries.ledger_state import PERIOD_STATES, get_ledger_state
+
+__all__ = [
+    "ADMISSION_RESULTS",
+    "LedgerCollector",
+    "count_admission_review",
+    "count_ingest_answer",
+    "count_ingested_samples",
+    "render_metrics",
+    "scrape_token",
+]
+
+ADMISSION_RESULTS = ("allowed", "denied", "unauthenticated", "invalid", "failed_open", "failed_closed")
+
+# registry=None: the counters are not in prometheus_client's global registry; render_metrics
+# builds the registry of each scrape (multiprocess files, or these objects).
+_INGEST_SAMPLES = Counter("vgpu_ledger_ingest_samples", "Samples stored by ingest (duplicates not counted)",
+                          registry=None)
+_INGEST_BATCHES = Counter("vgpu_ledger_ingest_batches", "Answers of the batch upload endpoint, by HTTP status",
+                          ["code"], registry=None)
+_ADMISSION_REVIEWS = Counter("vgpu_ledger_admission_reviews",
+                             "Admission reviews answered, by result (failed_*: the check raised; the "
+                             "configured policy admitted or denied)", ["result"], registry=None)
+_PROCESS_COUNTERS = (_INGEST_SAMPLES, _INGEST_BATCHES, _ADMISSION_REVIEWS)
+
+# Zero series from the start, so rate() and the alerts see the first increment.
+for _result in ADMISSION_RESULTS:
+    _ADMISSION_REVIEWS.labels(_result)
+for _code in ("201", "200"):
+    _INGEST_BATCHES.labels(_code)
+
+
+def count_ingested_samples(samples: int) -> None:
+    _INGEST_SAMPLES.inc(samples)
+
+
+def count_ingest_answer(status_code: int) -> None:
+    _INGEST_BATCHES.labels(str(status_code)).inc()
+
+
+def count_admission_review(result: str) -> None:
+    if result not in ADMISSION_RESULTS:
+        raise ValueError(f"unknown admission result {result!r}")
+    _ADMISSION_REVIEWS.labels(result).inc()
+
+
+class LedgerCollector(Collector):
+    """The ledger's state, read from the database when scraped."""
+
+    def collect(self) -> Iterable[Metric]:
+        started = time.monotonic()
+        state = get_ledger_state(now=timezone.now())
+        yield GaugeMetricFamily("vgpu_ledger_batches_pending", "Stored batches waiting for the rollup",
+                                value=state.pending_batches)
+        yield GaugeMetricFamily("vgpu_ledger_rollup_lag_seconds",
+                                "Age of the oldest batch waiting for the rollup (0: none waits)",
+                                value=state.rollup_lag_s)
+        yield GaugeMetricFamily("vgpu_ledger_batches_quarantined",
+                                "Batches the rollup could not roll up, kept out of the books until re-driven",
+                                value=state.quarantined_batches)
+        undelivered = GaugeMetricFamily("vgpu_ledger_undelivered_batches",
+                                        "Batches a node holds that ingest refused, until a re-drive lands them "
+                                        "(nodes with none have no series)", labels=["node"])
+        for node, count in state.undelivered_by_node.items():
+            undelivered.add_metric([node], count)
+        yield undelivered
+        periods = GaugeMetricFamily("vgpu_ledger_billing_periods",
+                                    "Billing periods by state (stalled: closing, no progress for "
+                                    "VGPU_PERIOD_CLOSE_STALE_S)", labels=["state"])
+        for period_state in PERIOD_STATES:
+            periods.add_metric([period_state], state.periods_by_state[period_state])
+        yield periods
+        budgets = GaugeMetricFamily("vgpu_ledger_budgets", "Budgets by this month's state and their hard action",
+                                    labels=["state", "action"])
+        for (budget_state, action), count in sorted(state.budgets_by_state_action.items()):
+            budgets.add_metric([budget_state, action], count)
+        yield budgets
+        cost = GaugeMetricFamily("vgpu_ledger_month_cost", "This month's priced GPU cost so far, major currency "
+                                 "units (card: whole cards; charged: to tenants; idle: not used)",
+                                 labels=["currency", "part"])
+        for (currency, part), amount in sorted(state.month_cost.items()):
+            cost.add_metric([currency, part], float(amount))
+        yield cost
+        seconds = GaugeMetricFamily("vgpu_ledger_month_gpu_seconds", "GPU-seconds metered this month (priced=false: "
+                                    "no rate card covered them)", labels=["priced"])
+        for priced in (True, False):
+            seconds.add_metric([str(priced).lower()], float(state.month_gpu_seconds[priced]))
+        yield seconds
+        yield GaugeMetricFamily("vgpu_ledger_metrics_collect_seconds",
+                                "Time this scrape spent reading the ledger's state", value=time.monotonic() - started)
+
+
+class _ProcessCounters(Collector):
+    """This process's counters, for a server that is not gunicorn under config/gunicorn.conf.py."""
+
+    def collect(self) -> Iterable[Metric]:
+        for counter in _PROCESS_COUNTERS:
+            yield from counter.collect()
+
+
+def render_metrics() -> bytes:
+    """The exposition of one scrape: the counters of every worker, then the ledger's state."""
+    registry = CollectorRegistry(auto_describe=False)
+    if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+        from prometheus_client import multiprocess
+
+        multiprocess.MultiProcessCollector(registry)
+    else:
+        registry.register(_ProcessCounters())
+    registry.register(LedgerCollector())
+    return generate_latest(registry)
+
+
+def scrape_token() -> tuple[str, str]:
+    """(token, problem): the bearer token a scrape must present, from VGPU_METRICS_TOKEN or the file
+    VGPU_METRICS_TOKEN_FILE (a mounted Secret, read at every scrape so rotating it needs no restart)."""
+    inline, path = settings.VGPU_METRICS_TOKEN.strip(), settings.VGPU_METRICS_TOKEN_FILE.strip()
+    if inline and path:
+        return "", "set VGPU_METRICS_TOKEN or VGPU_METRICS_TOKEN_FILE, not both"
+    if not path:
+        return inline, "" if inline else "no scrape token is configured: set VGPU_METRICS_TOKEN_FILE"
+    try:
+        token = Path(path).read_text().strip()
+    except OSError as exc:
+        return "", f"VGPU_METRICS_TOKEN_FILE {path} cannot be read: {exc.strerror or exc}"
+    return token, "" if token else f"VGPU_METRICS_TOKEN_FILE {path} is empty"
+
+
+def presents_token(authorization: str, token: str) -> bool:
+    scheme, _, given = authorization.strip().partition(" ")
+    # Digests: the time taken does not depend on the lengths or on the first byte that differs.
+    return scheme.lower() == "bearer" and hmac.compare_digest(
+        hashlib.sha256(given.strip().encode()).digest(), hashlib.sha256(token.encode()).digest())

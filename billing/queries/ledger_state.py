@@ -1,0 +1,100 @@
+"""Where the ledger stands, for Prometheus (billing.metrics): what /healthz reports and more.
+
+Read at every scrape from the database, so every web process answers the same whichever one
+Prometheus reaches. Each figure is one indexed aggregate over small sets (batches waiting for
+the rollup, period and budget rows, this month's GPU-day rows), so a scrape stays cheap as the
+ledger grows. No tenant name is in any figure: whoever scrapes sees counts and fleet totals.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+from datetime import datetime
+from decimal import Decimal
+
+from django.db import connection
+from django.db.models import Sum
+
+from billing.models import BillingPeriod, Budget, BudgetAction, BudgetState, BudgetStatus, GpuDay
+from billing.queries.undelivered import count_open_undelivered_by_node
+from billing.services.invoicing import close_is_stalled, month_bounds
+
+__all__ = ["PERIOD_STATES", "LedgerState", "get_ledger_state"]
+
+# A closing period whose job went quiet is reported apart from one that is making progress.
+PERIOD_STATES = ("open", "closing", "stalled", "closed", "failed")
+COST_PARTS = ("card", "charged", "idle")
+
+
+@dataclass(frozen=True)
+class LedgerState:
+    pending_batches: int  # stored, waiting for the rollup (not quarantined)
+    rollup_lag_s: float  # how long ago the oldest pending batch arrived; 0 when none
+    quarantined_batches: int
+    undelivered_by_node: dict[str, int]  # open undelivered reports; nodes with none are absent
+    periods_by_state: dict[str, int]  # every PERIOD_STATES key
+    budgets_by_state_action: dict[tuple[str, str], int]  # (state, hard action) this month; every pair
+    month_cost: dict[tuple[str, str], Decimal]  # (currency, COST_PARTS) this month, major units
+    month_gpu_seconds: dict[bool, Decimal]  # priced → metered GPU-seconds this month
+
+
+def get_ledger_state(*, now: datetime) -> LedgerState:
+    pending, lag_s, quarantined = _batches(now=now)
+    return LedgerState(
+        pending_batches=pending, rollup_lag_s=lag_s, quarantined_batches=quarantined,
+        undelivered_by_node=count_open_undelivered_by_node(), periods_by_state=_periods(now=now),
+        budgets_by_state_action=_budgets(now=now), **_month_ledger(now=now),
+    )
+
+
+def _batches(*, now: datetime) -> tuple[int, float, int]:
+    # The same statement as /healthz: both partial indexes on rolled_up_at IS NULL keep it to the
+    # batches not yet billed, however many were.
+    with connection.cursor() as cur:
+        cur.execute(
+            "SELECT count(*) FILTER (WHERE quarantined_at IS NULL), "
+            "min(received_at) FILTER (WHERE quarantined_at IS NULL), "
+            "count(*) FILTER (WHERE quarantined_at IS NOT NULL) "
+            "FROM billing_usagebatch WHERE rolled_up_at IS NULL"
+        )
+        pending, oldest, quarantined = cur.fetchone()
+    lag_s = max(0.0, (now - oldest).total_seconds()) if oldest else 0.0
+    return int(pending), lag_s, int(quarantined)
+
+
+def _periods(*, now: datetime) -> dict[str, int]:
+    counts = dict.fromkeys(PERIOD_STATES, 0)
+    for status, progress_at in BillingPeriod.objects.values_list("status", "progress_at"):
+        stalled = close_is_stalled(status=status, progress_at=progress_at, now=now)
+        counts["stalled" if stalled else status] += 1
+    return counts
+
+
+def _budgets(*, now: datetime) -> dict[tuple[str, str], int]:
+    """Budgets by this month's state and their hard action. A budget not evaluated yet this month
+    is ok: the month's status row starts in state ok (billing.models.BudgetStatus)."""
+    month = now.date().replace(day=1)
+    states = dict(BudgetStatus.objects.filter(month=month).values_list("budget_id", "state"))
+    counts: Counter[tuple[str, str]] = Counter(
+        (states.get(budget_id, BudgetState.OK), action)
+        for budget_id, action in Budget.objects.values_list("id", "hard_action")
+    )
+    return {(s, a): counts[(s, a)] for s in BudgetState.values for a in BudgetAction.values}
+
+
+def _month_ledger(*, now: datetime) -> dict[str, dict]:
+    """This month's cost and metered GPU-seconds from the day ledger (GPUs x days rows; the rollup
+    keeps it current with the hours)."""
+    start, end = month_bounds(now.date().replace(day=1))
+    rows = (GpuDay.objects.filter(day__gte=start, day__lt=end).values("currency", "priced")
+            .annotate(seconds=Sum("metered_seconds"), card=Sum("card_cost"), charged=Sum("charged"),
+                      idle=Sum("idle_cost")).order_by("currency", "priced"))
+    cost: dict[tuple[str, str], Decimal] = {}
+    seconds = {True: Decimal(0), False: Decimal(0)}
+    for row in rows:
+        seconds[row["priced"]] += row["seconds"]
+        if row["priced"] and row["currency"]:
+            for part in COST_PARTS:
+                cost[(row["currency"], part)] = cost.get((row["currency"], part), Decimal(0)) + row[part]
+    return {"month_cost": cost, "month_gpu_seconds": seconds}
