@@ -375,7 +375,8 @@ def _nvidia_sharing_config(
             continue
         pick = next((i for i in reversed(range(len(candidates))) if _applies_to(candidates[i], device.request)), None)
         picks.setdefault(pick, []).append(device)
-    if len(picks) > 1:
+    settings = [None if i is None else candidates[i].parameters for i in picks]
+    if any(other != settings[0] for other in settings[1:]):  # the same settings twice are one
         requests = sorted({d.request for devices in picks.values() for d in devices})
         raise InvalidGpuRequest(
             pod=pod,
@@ -386,8 +387,9 @@ def _nvidia_sharing_config(
         )
     if not picks:
         return None  # no device of NVIDIA's driver was allocated: its configs apply to nothing
-    ((pick, devices),) = picks.items()
-    return None if pick is None else (candidates[pick], tuple(devices))
+    pick = next(iter(picks))
+    devices = tuple(d for group in picks.values() for d in group)
+    return None if pick is None else (candidates[pick], devices)
 
 
 def _only_keys(mapping: Mapping[str, Any], allowed: Sequence[str], *, pod: str, field: Callable[[str], str]) -> None:

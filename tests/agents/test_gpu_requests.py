@@ -6,6 +6,7 @@ import copy
 import json
 import logging
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -518,6 +519,30 @@ def test_invalid_sharing_settings_are_refused_as_the_driver_refuses_them(
         parse_nvidia_sharing(claim, pod=POD)
     assert raised.value.field == f"resourceclaim/{CLAIM} gpu.nvidia.com parameters.{field}"
     assert problem in str(raised.value)
+
+
+def test_gpus_of_one_claim_with_different_sharing_settings_are_reported() -> None:
+    def mps(percent: int, request: str) -> ClaimConfig:
+        parameters = {
+            "apiVersion": "resource.nvidia.com/v1beta1",
+            "kind": "GpuConfig",
+            "sharing": {"strategy": "MPS", "mpsConfig": {"defaultActiveThreadPercentage": percent}},
+        }
+        return ClaimConfig(driver="gpu.nvidia.com", parameters=parameters, source="FromClaim", requests=(request,))
+
+    small = AllocatedDevice(driver="gpu.nvidia.com", pool="p", device="gpu-0", request="small")
+    large = AllocatedDevice(driver="gpu.nvidia.com", pool="p", device="gpu-1", request="large")
+    mixed = ResourceClaimInfo(
+        namespace="n", name=CLAIM, allocated=True, configs=(mps(20, "small"), mps(80, "large")), devices=(small, large)
+    )
+    with pytest.raises(InvalidGpuRequest) as raised:
+        parse_nvidia_sharing(mixed, pod=POD)
+    assert raised.value.field == f"resourceclaim/{CLAIM} gpu.nvidia.com config"
+    assert raised.value.value == ["large", "small"] and "different sharing settings" in str(raised.value)
+    # The same settings written for each request are one setting.
+    alike = replace(mixed, configs=(mps(20, "small"), mps(20, "large")))
+    request = parse_nvidia_sharing(alike, pod=POD)
+    assert request is not None and request.sm_limit_percent == 20
 
 
 def test_a_gpu_config_without_sharing_or_for_no_allocated_gpu_gives_no_request() -> None:
