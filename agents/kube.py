@@ -5,8 +5,10 @@ official ``kubernetes`` client. It lists the node's pods (``spec.nodeName=<node>
 namespaces, then keeps both current with watches that resume from the last
 ``resourceVersion`` and relist when the API server answers 410 Gone. Lookups are served
 from that cache (no API call on the attribution path); evictions go through the Eviction
-API (``policy/v1``) and events are ``core/v1`` Events. ``agents.testing.FakeKubernetes``
-is an API server the tests point the real client at.
+API (``policy/v1``) and events are ``core/v1`` Events. ResourceClaims are read from the
+``resource.k8s.io`` version the API server serves (v1 > v1beta2 > v1beta1, found by
+discovery and found again when a read answers 404, as after an upgrade).
+``agents.testing.FakeKubernetes`` is an API server the tests point the real client at.
 """
 
 from __future__ import annotations
@@ -29,6 +31,9 @@ from agents.clock import utc_now
 
 __all__ = [
     "COMPONENT",
+    "RESOURCE_API_VERSIONS",
+    "AllocatedDevice",
+    "ClaimApiUnavailable",
     "ClaimConfig",
     "ContainerInfo",
     "EvictionOutcome",
@@ -44,6 +49,10 @@ log = logging.getLogger(__name__)
 
 COMPONENT = "vgpu-ledger-agent"  # Event source / reportingComponent
 GPU_RESOURCE = "nvidia.com/gpu"
+# HAMi's names for a share of each vGPU that nvidia.com/gpu counts (docs/requests.md).
+HAMI_RESOURCES = ("nvidia.com/gpumem", "nvidia.com/gpumem-percentage", "nvidia.com/gpucores")
+RESOURCE_GROUP = "resource.k8s.io"
+RESOURCE_API_VERSIONS = ("v1", "v1beta2", "v1beta1")  # the DRA versions read, most preferred first
 
 # containerStatuses[].containerID is "<runtime>://<id>"; cgroups name the bare id.
 _RUNTIME_SCHEMES = ("containerd://", "cri-o://", "docker://")
@@ -57,6 +66,7 @@ class ContainerInfo:
     container_id: str | None  # runtime id without the scheme; None until the container has started
     gpu_limit: str | None  # resources.limits["nvidia.com/gpu"] as written (a quantity), None when absent
     claims: tuple[str, ...] = ()  # names of the ResourceClaim objects (pod's namespace) the container uses
+    hami_limits: tuple[tuple[str, str], ...] = ()  # (name, quantity as written) of HAMI_RESOURCES in limits
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,11 +91,26 @@ class PodInfo:
 
 @dataclass(frozen=True, slots=True)
 class ClaimConfig:
-    """One opaque device configuration of a ResourceClaim (``resource.k8s.io/v1``)."""
+    """One opaque device configuration of a ResourceClaim (the same shape in every version read)."""
 
     driver: str
     parameters: Mapping[str, Any]  # the JSON object as stored in the claim
     source: str  # "FromClass" | "FromClaim" (allocation) or "Spec" (unallocated claim's spec)
+    requests: tuple[str, ...] = ()  # the device requests it applies to; () means all of them
+
+
+@dataclass(frozen=True, slots=True)
+class AllocatedDevice:
+    """One ``status.allocation.devices.results[]`` entry: a device the scheduler gave the claim."""
+
+    driver: str
+    pool: str
+    device: str
+    request: str  # the claim's request name ("<request>/<subrequest>" for a firstAvailable choice)
+    # Capacity name -> quantity the allocation consumed of a device shared between claims
+    # (consumable capacity, Kubernetes 1.34+); empty for a device allocated whole.
+    consumed_capacity: Mapping[str, str] = field(default_factory=dict)
+    share_id: str | None = None  # tells apart the shares of one multi-allocatable device
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,6 +121,12 @@ class ResourceClaimInfo:
     name: str
     allocated: bool
     configs: tuple[ClaimConfig, ...]  # allocation configs when allocated, else the spec's, in API order
+    devices: tuple[AllocatedDevice, ...] = ()  # the allocation's results, in API order
+    api_version: str = f"{RESOURCE_GROUP}/v1"  # the version it was read in
+
+
+class ClaimApiUnavailable(Exception):
+    """The API server serves no ``resource.k8s.io`` version this agent reads (so no claim can be)."""
 
 
 class EvictionOutcome(Enum):
@@ -169,6 +200,7 @@ def pod_info_from_model(pod: client.V1Pod) -> PodInfo:
                     container_id=ids.get(spec_container.name),
                     gpu_limit=limits.get(GPU_RESOURCE),
                     claims=tuple(claim_objects[ref.name] for ref in claim_refs if ref.name in claim_objects),
+                    hami_limits=tuple((name, limits[name]) for name in HAMI_RESOURCES if name in limits),
                 )
             )
         for ephemeral in spec.ephemeral_containers or ():
@@ -184,22 +216,127 @@ def pod_info_from_model(pod: client.V1Pod) -> PodInfo:
     )
 
 
-def _claim_info_from_model(claim: client.ResourceV1ResourceClaim, *, namespace: str, name: str) -> ResourceClaimInfo:
+# The claim models of each version read; their status and config parts have the same fields.
+_ClaimModel = client.ResourceV1ResourceClaim | client.V1beta2ResourceClaim | client.V1beta1ResourceClaim
+
+
+def _claim_info_from_model(claim: _ClaimModel, *, namespace: str, name: str, version: str) -> ResourceClaimInfo:
+    """The request-bearing parts of a claim read in ``version``.
+
+    v1beta1 keeps ``deviceClassName`` / ``count`` on ``spec.devices.requests[]`` where v1beta2
+    and v1 have them under ``exactly``; nothing read here lies there: configs
+    (``opaque.driver`` / ``parameters`` / ``requests``) and allocation results are alike.
+    """
+    api_version = f"{RESOURCE_GROUP}/{version}"
     allocation = claim.status.allocation if claim.status is not None else None
     if allocation is not None:
+        allocated = allocation.devices
         configs = tuple(
-            ClaimConfig(driver=c.opaque.driver, parameters=dict(c.opaque.parameters), source=c.source)
-            for c in ((allocation.devices.config if allocation.devices is not None else None) or ())
+            ClaimConfig(
+                driver=c.opaque.driver,
+                parameters=dict(c.opaque.parameters),
+                source=c.source,
+                requests=tuple(c.requests or ()),
+            )
+            for c in ((allocated.config if allocated is not None else None) or ())
             if c.opaque is not None
         )
-        return ResourceClaimInfo(namespace=namespace, name=name, allocated=True, configs=configs)
-    devices = claim.spec.devices if claim.spec is not None else None
+        devices = tuple(
+            AllocatedDevice(
+                driver=r.driver,
+                pool=r.pool,
+                device=r.device,
+                request=r.request,
+                consumed_capacity=dict(r.consumed_capacity or {}),
+                share_id=r.share_id,
+            )
+            for r in ((allocated.results if allocated is not None else None) or ())
+        )
+        return ResourceClaimInfo(
+            namespace=namespace, name=name, allocated=True, configs=configs, devices=devices, api_version=api_version
+        )
+    spec_devices = claim.spec.devices if claim.spec is not None else None
     configs = tuple(
-        ClaimConfig(driver=c.opaque.driver, parameters=dict(c.opaque.parameters), source="Spec")
-        for c in ((devices.config if devices is not None else None) or ())
+        ClaimConfig(
+            driver=c.opaque.driver,
+            parameters=dict(c.opaque.parameters),
+            source="Spec",
+            requests=tuple(c.requests or ()),
+        )
+        for c in ((spec_devices.config if spec_devices is not None else None) or ())
         if c.opaque is not None
     )
-    return ResourceClaimInfo(namespace=namespace, name=name, allocated=False, configs=configs)
+    return ResourceClaimInfo(namespace=namespace, name=name, allocated=False, configs=configs, api_version=api_version)
+
+
+class _ClaimReader:
+    """Reads ResourceClaims in the best ``resource.k8s.io`` version the API server serves.
+
+    Discovery (``GET /apis/resource.k8s.io``) runs on the first read and again when a read
+    answers 404: the version may have stopped being served (an upgrade that turned a beta
+    off), in which case the read is retried in the new one; a 404 in a version still served
+    means the claim does not exist.
+    """
+
+    def __init__(self, api_client: client.ApiClient) -> None:
+        self._group = client.ResourceApi(api_client)
+        self._apis: dict[str, Callable[..., _ClaimModel]] = {
+            "v1": client.ResourceV1Api(api_client).read_namespaced_resource_claim,
+            "v1beta2": client.ResourceV1beta2Api(api_client).read_namespaced_resource_claim,
+            "v1beta1": client.ResourceV1beta1Api(api_client).read_namespaced_resource_claim,
+        }
+        self._lock = threading.Lock()
+        self._version: str | None = None
+
+    def read(self, *, namespace: str, name: str) -> ResourceClaimInfo | None:
+        version = self._current_version()
+        try:
+            return self._read_in(version, namespace=namespace, name=name)
+        except ApiException as error:
+            if error.status != 404:
+                raise
+        rediscovered = self._discover()
+        if rediscovered == version:
+            return None
+        log.info("resource.k8s.io is now read in %s (was %s)", rediscovered, version)
+        try:
+            return self._read_in(rediscovered, namespace=namespace, name=name)
+        except ApiException as error:
+            if error.status == 404:
+                return None
+            raise
+
+    def _read_in(self, version: str, *, namespace: str, name: str) -> ResourceClaimInfo:
+        claim = self._apis[version](name=name, namespace=namespace)
+        return _claim_info_from_model(claim, namespace=namespace, name=name, version=version)
+
+    def _current_version(self) -> str:
+        with self._lock:
+            version = self._version
+        return version if version is not None else self._discover()
+
+    def _discover(self) -> str:
+        """The most preferred version served; ``ClaimApiUnavailable`` when there is none."""
+        try:
+            group = self._group.get_api_group()
+        except ApiException as error:
+            if error.status != 404:
+                raise
+            with self._lock:
+                self._version = None
+            raise ClaimApiUnavailable(
+                f"the API server does not serve the {RESOURCE_GROUP} API group (dynamic resource allocation is off)"
+            ) from error
+        served = [v.version for v in (group.versions or ())]
+        version = next((v for v in RESOURCE_API_VERSIONS if v in served), None)
+        with self._lock:
+            self._version = version
+        if version is None:
+            raise ClaimApiUnavailable(
+                f"the API server serves {RESOURCE_GROUP} {', '.join(served) or 'in no version'}, "
+                f"none of {', '.join(RESOURCE_API_VERSIONS)}"
+            )
+        return version
 
 
 def _list_resource_version(meta: client.V1ListMeta | None) -> str:
@@ -231,7 +368,7 @@ class KubeClientPods:
         if watch_timeout_s < 1:
             raise ValueError(f"watch_timeout_s must be >= 1 s, got {watch_timeout_s}")
         self._core = client.CoreV1Api(api_client)
-        self._resource = client.ResourceV1Api(api_client)
+        self._claims = _ClaimReader(api_client)
         self._node = node
         self._field_selector = f"spec.nodeName={node}"
         self._watch_timeout_s = watch_timeout_s
@@ -341,14 +478,12 @@ class KubeClientPods:
     # -- API calls -----------------------------------------------------------------------
 
     def get_resource_claim(self, *, namespace: str, name: str) -> ResourceClaimInfo | None:
-        """The claim, or None when it does not exist (404). Other API errors raise ``ApiException``."""
-        try:
-            claim = self._resource.read_namespaced_resource_claim(name=name, namespace=namespace)
-        except ApiException as error:
-            if error.status == 404:
-                return None
-            raise
-        return _claim_info_from_model(claim, namespace=namespace, name=name)
+        """The claim, or None when it does not exist (404).
+
+        Other API errors raise ``ApiException``; an API server with no ``resource.k8s.io``
+        version this agent reads raises ``ClaimApiUnavailable``.
+        """
+        return self._claims.read(namespace=namespace, name=name)
 
     def evict(
         self, *, namespace: str, pod: str, reason: str, message: str, pod_uid: str | None = None

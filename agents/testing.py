@@ -374,6 +374,97 @@ _CLAIMS = _Kind(
     "resourceclaims", "ResourceClaim", "resource.k8s.io/v1", frozenset({"metadata.name", "metadata.namespace"})
 )
 
+
+# -- Dynamic resource allocation (resource.k8s.io) -------------------------------------------
+# Served in the versions of ``FakeKubernetes.resource_api_versions``, as API servers of
+# different releases do (1.32: v1beta1; 1.33: v1beta1, v1beta2; 1.34+: v1 as well). Claims
+# are stored in the v1 shape and converted on the way in and out, as the API server
+# converts between versions: only ``spec.devices.requests[]`` differs (v1beta1 has no
+# ``exactly``).
+
+RESOURCE_GROUP_VERSIONS = ("v1", "v1beta2", "v1beta1")  # what the fake can serve, newest first
+_CLAIM_VERSION = r"(?P<version>v1|v1beta2|v1beta1)"
+_DRA_ROUTES: list[tuple[str, re.Pattern[str]]] = [
+    ("resource_group", re.compile(r"^/apis/resource\.k8s\.io/?$")),
+    ("claims", re.compile(rf"^/apis/resource\.k8s\.io/{_CLAIM_VERSION}/resourceclaims$")),
+    (
+        "namespaced_claims",
+        re.compile(rf"^/apis/resource\.k8s\.io/{_CLAIM_VERSION}/namespaces/(?P<ns>[^/]+)/resourceclaims$"),
+    ),
+    (
+        "claim",
+        re.compile(
+            rf"^/apis/resource\.k8s\.io/{_CLAIM_VERSION}/namespaces/(?P<ns>[^/]+)/resourceclaims/(?P<name>[^/]+)$"
+        ),
+    ),
+]
+_DRA_ROUTE_NAMES = frozenset(name for name, _ in _DRA_ROUTES)
+
+
+def _not_served(path: str) -> _ApiError:
+    """The API server's answer for a group or version it does not serve (as for any unknown path)."""
+    return _ApiError(404, "NotFound", f"the server could not find the requested resource ({path})")
+
+
+def _resource_group(versions: tuple[str, ...]) -> dict[str, Any]:
+    """The ``APIGroup`` discovery document for resource.k8s.io; the first version is the preferred one."""
+    listed = [{"groupVersion": f"resource.k8s.io/{v}", "version": v} for v in versions]
+    return {
+        "kind": "APIGroup",
+        "apiVersion": "v1",
+        "name": "resource.k8s.io",
+        "versions": listed,
+        "preferredVersion": listed[0],
+    }
+
+
+def _claim_to_v1(claim: dict[str, Any]) -> dict[str, Any]:
+    """A claim in any served version's shape, as stored (v1)."""
+    stored = copy.deepcopy(claim)
+    if stored.get("apiVersion", "resource.k8s.io/v1") == "resource.k8s.io/v1beta1":
+        for request in (stored.get("spec") or {}).get("devices", {}).get("requests") or ():
+            if "firstAvailable" not in request:
+                exactly = {k: request.pop(k) for k in list(request) if k != "name"}
+                request["exactly"] = exactly
+    return stored
+
+
+def _claim_in_version(stored: dict[str, Any], version: str) -> dict[str, Any]:
+    """A stored (v1) claim as the API server returns it in ``version``."""
+    claim = copy.deepcopy(stored)
+    if "apiVersion" in claim:  # list items carry none
+        claim["apiVersion"] = f"resource.k8s.io/{version}"
+    if version == "v1beta1":
+        for request in (claim.get("spec") or {}).get("devices", {}).get("requests") or ():
+            request.update(request.pop("exactly", {}))
+    return claim
+
+
+def _serve_dra(
+    fake: FakeKubernetes, route: str, params: dict[str, str], query: dict[str, str], path: str
+) -> dict[str, Any]:
+    """GET of the discovery document, a claim, or a list of claims (watches are not served)."""
+    versions = fake.resource_api_versions
+    if not versions:
+        raise _not_served(path)
+    if route == "resource_group":
+        return _resource_group(versions)
+    version = params["version"]
+    if version not in versions:
+        raise _not_served(path)
+    if route == "claim":
+        return _claim_in_version(fake._get(_CLAIMS, (params["ns"], params["name"])), version)
+    if query.get("watch") in ("true", "1"):
+        raise _ApiError(405, "MethodNotAllowed", "FakeKubernetes does not watch resourceclaims")
+    selector = _parse_field_selector(
+        query.get("fieldSelector"), supported=set(_CLAIMS.fields), resource=", ".join(sorted(_CLAIMS.fields))
+    )
+    listed = fake._list(_CLAIMS, namespace=params.get("ns"), selector=selector)
+    listed["apiVersion"] = f"resource.k8s.io/{version}"
+    listed["items"] = [_claim_in_version(item, version) for item in listed["items"]]
+    return listed
+
+
 _ROUTES: list[tuple[str, re.Pattern[str]]] = [
     ("pods", re.compile(r"^/api/v1/pods$")),
     ("namespaced_pods", re.compile(r"^/api/v1/namespaces/(?P<ns>[^/]+)/pods$")),
@@ -385,9 +476,7 @@ _ROUTES: list[tuple[str, re.Pattern[str]]] = [
     ("node", re.compile(r"^/api/v1/nodes/(?P<name>[^/]+)$")),
     ("namespace", re.compile(r"^/api/v1/namespaces/(?P<name>[^/]+)$")),
     ("events_v1", re.compile(r"^/apis/events\.k8s\.io/v1/namespaces/(?P<ns>[^/]+)/events$")),
-    ("claims", re.compile(r"^/apis/resource\.k8s\.io/v1/resourceclaims$")),
-    ("namespaced_claims", re.compile(r"^/apis/resource\.k8s\.io/v1/namespaces/(?P<ns>[^/]+)/resourceclaims$")),
-    ("claim", re.compile(r"^/apis/resource\.k8s\.io/v1/namespaces/(?P<ns>[^/]+)/resourceclaims/(?P<name>[^/]+)$")),
+    *_DRA_ROUTES,
 ]
 
 
@@ -397,7 +486,8 @@ class FakeKubernetes:
     Point the official client at it with ``kubernetes.client.Configuration(host=fake.url)``.
     It serves pods (list and watch, ``fieldSelector``, ``resourceVersion``), namespaces
     (get, list, watch), ``pods/eviction`` (``policy/v1`` Eviction), events (``core/v1`` and
-    ``events.k8s.io/v1``) and ``resource.k8s.io/v1`` ResourceClaims (get, list).
+    ``events.k8s.io/v1``) and ``resource.k8s.io`` ResourceClaims (get, list, and the group's
+    discovery document) in the versions of ``resource_api_versions``.
 
     Watches stream newline-delimited JSON events (ADDED / MODIFIED / DELETED, BOOKMARK at a
     timeout when asked for) in a chunked response, as the API server does. A watch from a
@@ -427,6 +517,9 @@ class FakeKubernetes:
         self.requests: list[KubeRequest] = []
         # True: evictions are refused with 429, as when a PodDisruptionBudget forbids them.
         self.refuse_evictions = False
+        # resource.k8s.io versions discovery lists, preferred first; claims are served in those of
+        # RESOURCE_GROUP_VERSIONS among them. () serves no DRA API at all.
+        self.resource_api_versions: tuple[str, ...] = ("v1",)
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), _handler_for(self))
         self._server.daemon_threads = True
         self._thread = threading.Thread(
@@ -485,7 +578,8 @@ class FakeKubernetes:
             return copy.deepcopy(self._objects["nodes"][("", name)])
 
     def add_resource_claim(self, claim: dict[str, Any]) -> dict[str, Any]:
-        return self._put(_CLAIMS, claim, create=True)
+        """Store a claim written in any resource.k8s.io version (``apiVersion``; v1 when absent)."""
+        return self._put(_CLAIMS, _claim_to_v1(claim), create=True)
 
     def get_pod(self, namespace: str, name: str) -> dict[str, Any]:
         with self._cond:
@@ -1075,8 +1169,10 @@ def _handler_for(fake: FakeKubernetes) -> type[BaseHTTPRequestHandler]:
             watching = query.get("watch") in ("true", "1")
             if method == "POST" and route == "tokenreviews":
                 return 201, fake._review_token(body)
-            if method == "GET" and route in ("pods", "namespaced_pods", "namespaces", "claims", "namespaced_claims"):
-                kind = {"pods": _PODS, "namespaced_pods": _PODS, "namespaces": _NAMESPACES}.get(route, _CLAIMS)
+            if method == "GET" and route in _DRA_ROUTE_NAMES:
+                return 200, _serve_dra(fake, route, params, query, urllib.parse.urlsplit(self.path).path)
+            if method == "GET" and route in ("pods", "namespaced_pods", "namespaces"):
+                kind = {"pods": _PODS, "namespaced_pods": _PODS, "namespaces": _NAMESPACES}[route]
                 selector = _parse_field_selector(
                     query.get("fieldSelector"), supported=set(kind.fields), resource=", ".join(sorted(kind.fields))
                 )
@@ -1084,8 +1180,6 @@ def _handler_for(fake: FakeKubernetes) -> type[BaseHTTPRequestHandler]:
                     raise _ApiError(400, "BadRequest", "FakeKubernetes does not implement labelSelector")
                 namespace = params.get("ns")
                 if watching:
-                    if kind is _CLAIMS:
-                        raise _ApiError(405, "MethodNotAllowed", "FakeKubernetes does not watch resourceclaims")
                     fake._watch(self, kind, namespace=namespace, selector=selector, query=query)
                     return 200, None
                 return 200, fake._list(kind, namespace=namespace, selector=selector)
@@ -1093,8 +1187,6 @@ def _handler_for(fake: FakeKubernetes) -> type[BaseHTTPRequestHandler]:
                 return 200, fake._get(_PODS, (params["ns"], params["name"]))
             if method == "GET" and route == "namespace":
                 return 200, fake._get(_NAMESPACES, ("", params["name"]))
-            if method == "GET" and route == "claim":
-                return 200, fake._get(_CLAIMS, (params["ns"], params["name"]))
             if method == "GET" and route == "node":
                 return 200, fake._get(_NODES, ("", params["name"]))
             if method == "PATCH" and route == "node":

@@ -13,7 +13,14 @@ import pytest
 import requests
 from kubernetes import client
 
-from agents.kube import EvictionOutcome, KubeClientPods, container_id_from_status, pod_info_from_model
+from agents.kube import (
+    AllocatedDevice,
+    ClaimApiUnavailable,
+    EvictionOutcome,
+    KubeClientPods,
+    container_id_from_status,
+    pod_info_from_model,
+)
 from agents.testing import FakeKubernetes, wait_until
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -271,3 +278,114 @@ def test_fake_rejects_field_selectors_the_api_server_does_not_support(fake: Fake
     with pytest.raises(client.ApiException) as raised:
         core.list_pod_for_all_namespaces(field_selector="spec.schedulerName=default-scheduler")
     assert raised.value.status == 400
+
+
+# -- resource.k8s.io in whichever version is served ------------------------------------------
+
+CLAIM = "trainer-0-gpu-7x2lq"
+DISCOVERY = "/apis/resource.k8s.io/"
+
+
+def _reads(fake: FakeKubernetes, path_part: str) -> list[str]:
+    return [r.path for r in fake.requests if path_part in r.path]
+
+
+@pytest.mark.parametrize(
+    ("served", "expected"),
+    [
+        (("v1", "v1beta2", "v1beta1"), "v1"),  # 1.34+
+        (("v1beta1", "v1beta2"), "v1beta2"),  # 1.33, whichever the server prefers
+        (("v1beta1",), "v1beta1"),  # 1.32
+    ],
+)
+def test_claims_are_read_in_the_most_preferred_version_served_discovered_once(
+    fake: FakeKubernetes, pods: KubeClientPods, served: tuple[str, ...], expected: str
+) -> None:
+    fake.resource_api_versions = served
+    fake.add_resource_claim(fixture("resourceclaim_v1beta1_mps.json"))  # stored as the API server converts it
+
+    first = pods.get_resource_claim(namespace="acme-research", name=CLAIM)
+    again = pods.get_resource_claim(namespace="acme-research", name=CLAIM)
+
+    assert first == again and first is not None
+    assert first.api_version == f"resource.k8s.io/{expected}" and first.allocated
+    assert [(c.source, c.driver, c.requests) for c in first.configs] == [("FromClaim", "gpu.nvidia.com", ("gpu",))]
+    assert first.configs[0].parameters["sharing"]["mpsConfig"]["defaultPinnedDeviceMemoryLimit"] == "10Gi"
+    assert (
+        _reads(fake, "/resourceclaims/")
+        == [f"/apis/resource.k8s.io/{expected}/namespaces/acme-research/resourceclaims/{CLAIM}"] * 2
+    )
+    assert _reads(fake, DISCOVERY).count(DISCOVERY) == 1
+
+
+def test_the_fake_serves_v1beta1_claims_in_their_own_shape(fake: FakeKubernetes) -> None:
+    fake.resource_api_versions = ("v1", "v1beta1")
+    fake.add_resource_claim(fixture("resourceclaim_v1_allocated.json"))
+    url = f"{fake.url}/apis/resource.k8s.io/{{}}/namespaces/acme-research/resourceclaims/{CLAIM}"
+    beta = requests.get(url.format("v1beta1"), timeout=5).json()
+    ga = requests.get(url.format("v1"), timeout=5).json()
+    assert beta["apiVersion"] == "resource.k8s.io/v1beta1"
+    assert beta["spec"]["devices"]["requests"] == [
+        {"name": "gpu", "deviceClassName": "gpu.nvidia.com", "allocationMode": "ExactCount", "count": 1}
+    ]
+    assert ga["spec"]["devices"]["requests"][0]["exactly"]["deviceClassName"] == "gpu.nvidia.com"
+    assert requests.get(url.format("v1beta2"), timeout=5).status_code == 404  # not served
+
+
+def test_a_claim_is_read_in_the_new_version_when_an_upgrade_stops_serving_the_old_one(
+    fake: FakeKubernetes, pods: KubeClientPods
+) -> None:
+    fake.resource_api_versions = ("v1beta1",)
+    fake.add_resource_claim(fixture("resourceclaim_v1_allocated.json"))
+    before = pods.get_resource_claim(namespace="acme-research", name=CLAIM)
+    assert before is not None and before.api_version == "resource.k8s.io/v1beta1"
+
+    fake.resource_api_versions = ("v1",)  # the beta turned off by the upgrade
+    after = pods.get_resource_claim(namespace="acme-research", name=CLAIM)
+
+    assert after is not None and after.api_version == "resource.k8s.io/v1"
+    assert after.configs == before.configs and after.devices == before.devices
+    assert _reads(fake, DISCOVERY).count(DISCOVERY) == 2
+    # A claim missing in a version still served is missing: one more discovery, no retry loop.
+    assert pods.get_resource_claim(namespace="acme-research", name="absent") is None
+    assert _reads(fake, DISCOVERY).count(DISCOVERY) == 3
+
+
+@pytest.mark.parametrize(
+    ("served", "problem"),
+    [
+        ((), "does not serve the resource.k8s.io API group"),
+        (("v1alpha3",), "serves resource.k8s.io v1alpha3, none of v1, v1beta2, v1beta1"),
+    ],
+)
+def test_an_api_server_without_a_readable_dra_version_is_an_error_not_a_missing_claim(
+    fake: FakeKubernetes, pods: KubeClientPods, served: tuple[str, ...], problem: str
+) -> None:
+    fake.resource_api_versions = served
+    with pytest.raises(ClaimApiUnavailable, match=problem):
+        pods.get_resource_claim(namespace="acme-research", name=CLAIM)
+
+
+def test_allocation_results_carry_consumed_capacity_and_the_share_id(
+    fake: FakeKubernetes, pods: KubeClientPods
+) -> None:
+    fake.add_resource_claim(fixture("resourceclaim_v1_consumed_capacity.json"))
+    claim = pods.get_resource_claim(namespace="acme-research", name=CLAIM)
+    assert claim is not None
+    assert claim.devices == (
+        AllocatedDevice(
+            driver="gpu.nvidia.com",
+            pool="gpu-node-17",
+            device="gpu-0",
+            request="gpu",
+            consumed_capacity={"memory": "10Gi"},
+            share_id="5f0c2a9e-7b41-4d8e-9a63-2c1e0b7d4f85",
+        ),
+    )
+
+
+def test_pod_info_keeps_hamis_share_limits_with_the_vgpu_count() -> None:
+    pod = pod_info_from_model(client.V1Pod.model_validate(fixture("pod_hami.json")))
+    resnet = pod.container("resnet")
+    assert resnet is not None and resnet.gpu_limit == "2"
+    assert resnet.hami_limits == (("nvidia.com/gpumem", "3000"), ("nvidia.com/gpucores", "30"))
