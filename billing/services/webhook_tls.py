@@ -96,8 +96,9 @@ def service_dns_names(*, service: str, namespace: str, extra: Sequence[str] = ()
 
 def plan_certificates(*, stored: StoredCertificates, dns_names: Sequence[str], now: datetime,
                       serving_validity: timedelta, renew_before: timedelta) -> WebhookCertificates:
-    """Keep what is still good, issue what is not. Raises CertificateError when the stored CA is
-    not a usable CA: it is the root of trust, so it is never replaced silently."""
+    """Keep what is still good, issue what is not. A CA near its end (or past it) is replaced;
+    one that is not a usable CA at all raises CertificateError: it is the root of trust, so it
+    is never replaced silently."""
     if not dns_names:
         raise CertificateError("at least one DNS name is needed for the serving certificate")
     if renew_before >= serving_validity:
@@ -107,10 +108,12 @@ def plan_certificates(*, stored: StoredCertificates, dns_names: Sequence[str], n
     previous_ca: Issued | None = None
     ca = stored.ca
     if ca is not None:
-        _check_ca(ca, now=now)
-        if ca.certificate.not_valid_after_utc < now + serving_validity:
+        _check_ca(ca)
+        ends = ca.certificate.not_valid_after_utc
+        if ends < now + serving_validity:
+            # An expired CA vouches for nothing any more, so replacing it takes nothing from anyone.
             previous_ca, ca = ca, None
-            reasons.append("the CA expires before a new serving certificate would")
+            reasons.append("the CA expired" if ends <= now else "the CA expires before a new serving certificate would")
     ca_issued = ca is None
     if ca is None:
         ca = _issue_ca(now=now)
@@ -131,7 +134,7 @@ def plan_certificates(*, stored: StoredCertificates, dns_names: Sequence[str], n
 # -- checks ---------------------------------------------------------------------------------
 
 
-def _check_ca(ca: Issued, *, now: datetime) -> None:
+def _check_ca(ca: Issued) -> None:
     try:
         cert = ca.certificate
         key = serialization.load_pem_private_key(ca.key_pem, password=None)
@@ -146,9 +149,6 @@ def _check_ca(ca: Issued, *, now: datetime) -> None:
         raise CertificateError("the stored CA certificate is not a CA (no basicConstraints CA:TRUE)")
     if _public_bytes(key.public_key()) != _public_bytes(cert.public_key()):
         raise CertificateError("the stored CA key does not belong to the stored CA certificate")
-    if cert.not_valid_after_utc <= now:
-        raise CertificateError(f"the stored CA expired at {cert.not_valid_after_utc.isoformat()}; delete it to "
-                               "have a new one made")
 
 
 def _why_reissue(serving: Issued | None, *, ca: Issued, dns_names: Sequence[str], now: datetime,
@@ -260,9 +260,10 @@ class CertificateStore(Protocol):
         ...
 
 
-def apply_webhook_certificates(*, store: CertificateStore, dns_names: Sequence[str], now: datetime,
-                               serving_validity: timedelta, renew_before: timedelta) -> tuple[WebhookCertificates,
-                                                                                               list[str]]:
+def apply_webhook_certificates(
+    *, store: CertificateStore, dns_names: Sequence[str], now: datetime, serving_validity: timedelta,
+    renew_before: timedelta,
+) -> tuple[WebhookCertificates, list[str]]:
     """Read, plan, write: the whole run, safe to repeat (a second run changes nothing)."""
     planned = plan_certificates(stored=store.read(), dns_names=dns_names, now=now,
                                 serving_validity=serving_validity, renew_before=renew_before)
@@ -312,24 +313,23 @@ def _pair(cert: bytes | None, key: bytes | None, *, what: str | None) -> Issued 
         raise CertificateError(f"{what} has a {'certificate' if key is None else 'key'} but no "
                                f"{'key' if key is None else 'certificate'}; restore it, or delete both to have a new "
                                "CA made")
-    if what is not None:
-        # A bundle stores the current CA first; the CA proper is its first certificate.
-        cert = x509.load_pem_x509_certificates(cert)[0].public_bytes(serialization.Encoding.PEM) \
-            if _is_pem_certificate(cert) else cert
-    return Issued(cert_pem=cert, key_pem=key)
+    return Issued(cert_pem=_first_certificate(cert) if what is not None else cert, key_pem=key)
 
 
-def _is_pem_certificate(data: bytes) -> bool:
+def _first_certificate(pem: bytes) -> bytes:
+    """A CA file may be a bundle (the current CA first, then the previous one): the CA is its first
+    certificate. Unreadable data is passed on as it is, for _check_ca to report."""
     try:
-        x509.load_pem_x509_certificates(data)
+        return x509.load_pem_x509_certificates(pem)[0].public_bytes(serialization.Encoding.PEM)
     except ValueError:
-        return False
-    return True
+        return pem
 
 
 def _write_atomically(path: Path, content: bytes, *, secret: bool) -> None:
     tmp = path.with_name(f".{path.name}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600 if secret else 0o644)
+    # A leftover of an interrupted run could carry other permissions (or be a link): start afresh.
+    tmp.unlink(missing_ok=True)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600 if secret else 0o644)
     with os.fdopen(fd, "wb") as handle:
         handle.write(content)
     os.replace(tmp, path)

@@ -299,6 +299,11 @@ def test_a_ca_near_its_end_is_replaced_and_the_old_one_stays_in_the_bundle_until
     after = plan_certificates(stored=StoredCertificates(ca=second.ca, serving=second.serving),
                               now=t0 + CA_VALIDITY + timedelta(days=1), **plan)
     assert not after.ca_issued and x509.load_pem_x509_certificates(after.ca_bundle) == [second.ca.certificate]
+    # A CA left to expire (no run for months) is replaced too, and the dead one is not bundled.
+    revived = plan_certificates(stored=StoredCertificates(ca=first.ca, serving=first.serving),
+                                now=t0 + CA_VALIDITY + timedelta(days=1), **plan)
+    assert revived.ca_issued and "the CA expired" in revived.reasons
+    assert x509.load_pem_x509_certificates(revived.ca_bundle) == [revived.ca.certificate]
 
 
 def _ca_secret(data: dict[str, bytes]) -> dict:
@@ -319,7 +324,7 @@ def test_a_stored_ca_that_cannot_be_used_is_refused_and_nothing_is_written(kube,
         "caBundle"] == ""
 
 
-def test_half_a_ca_or_a_serving_certificate_as_ca_is_refused(kube, tmp_path):
+def test_half_a_ca_a_garbled_one_or_a_serving_certificate_as_ca_is_refused(kube, tmp_path):
     call_command("webhook_certificate", "--out", str(tmp_path), stdout=StringIO())
     kube.add_secret(_ca_secret({"ca.crt": (tmp_path / "tls.crt").read_bytes(),
                                 "ca.key": (tmp_path / "tls.key").read_bytes()}))
@@ -329,6 +334,10 @@ def test_half_a_ca_or_a_serving_certificate_as_ca_is_refused(kube, tmp_path):
                      "metadata": {"name": "half-a-ca", "namespace": NAMESPACE}})
     with pytest.raises(CommandError, match="has a certificate but no key"):
         apply(kube, "--ca-secret", "half-a-ca")
+    kube.add_secret({**_ca_secret({"ca.crt": b"not a certificate", "ca.key": b"nor a key"}),
+                     "metadata": {"name": "garbled-ca", "namespace": NAMESPACE}})
+    with pytest.raises(CommandError, match="the stored CA cannot be read"):
+        apply(kube, "--ca-secret", "garbled-ca")
     assert writes(kube) == []
 
 
