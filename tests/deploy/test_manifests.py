@@ -143,7 +143,7 @@ def test_the_api_server_presents_the_token_the_web_deployment_reads_to_the_admis
 
     web = next(d for _, _, d in _documents() if d["kind"] == "Deployment" and d["metadata"]["name"] == "vgpu-ledger-web")
     pod = web["spec"]["template"]["spec"]
-    (container,) = pod["containers"]
+    container, _ = _webhook_container()
     token_file = Path(next(e["value"] for e in container["env"] if e["name"] == "VGPU_ADMISSION_TOKEN_FILE"))
     mount = next(m for m in container["volumeMounts"] if token_file.parent == Path(m["mountPath"]))
     volume = next(v for v in pod["volumes"] if v["name"] == mount["name"])
@@ -195,7 +195,7 @@ def test_web_rbac_allows_the_calls_of_node_identity_and_reads_pods_only_in_the_a
     # token's pod, which runs in the agents' namespace.
     web = next(d for _, _, d in _documents() if d["kind"] == "Deployment" and d["metadata"]["name"] == "vgpu-ledger-web")
     pod = web["spec"]["template"]["spec"]
-    (container,) = pod["containers"]
+    container = next(c for c in pod["containers"] if c["name"] == "web")
     assert {"name": "VGPU_NODE_TOKENREVIEW", "value": "1"} in container["env"]
     agents_namespace = _agent_daemonset()["metadata"]["namespace"]
     assert _grants_of(pod["serviceAccountName"], web["metadata"]["namespace"]) >= {
@@ -203,3 +203,135 @@ def test_web_rbac_allows_the_calls_of_node_identity_and_reads_pods_only_in_the_a
         (agents_namespace, "", "pods", "get"),
     }
     assert ("cluster", "", "pods", "get") not in _grants_of(pod["serviceAccountName"], web["metadata"]["namespace"])
+
+
+# --- The admission webhook over TLS (issue 13) --------------------------------------------------
+
+
+def _one(kind: str, name: str, docs: list[dict] | None = None) -> dict:
+    docs = docs if docs is not None else [d for _, _, d in _documents()]
+    return next(d for d in docs if d["kind"] == kind and d["metadata"]["name"] == name)
+
+
+def _webhook_hook(docs: list[dict] | None = None) -> dict:
+    (hook,) = _one("ValidatingWebhookConfiguration", "vgpu-ledger-budgets", docs)["webhooks"]
+    return hook
+
+
+def _webhook_container(docs: list[dict] | None = None) -> tuple[dict, dict]:
+    """The container, and its port, that serve the port the webhook configuration calls, followed
+    through the Service: VWC port -> Service port -> targetPort (by name or number) -> a
+    containerPort of a pod the Service selects. AssertionError when a link is missing."""
+    docs = docs if docs is not None else [d for _, _, d in _documents()]
+    target = _webhook_hook(docs)["clientConfig"]["service"]
+    service = _one("Service", target["name"], docs)
+    assert service["metadata"]["namespace"] == target["namespace"]
+    ports = [p for p in service["spec"]["ports"] if p["port"] == target["port"]]
+    assert len(ports) == 1, f"Service {target['name']} exposes port {target['port']} {len(ports)} times"
+    wanted = ports[0].get("targetPort", ports[0]["port"])
+    served = []
+    for doc in docs:
+        if doc["kind"] != "Deployment" or doc["metadata"]["namespace"] != target["namespace"]:
+            continue
+        if not service["spec"]["selector"].items() <= doc["spec"]["template"]["metadata"]["labels"].items():
+            continue
+        for container in doc["spec"]["template"]["spec"]["containers"]:
+            served += [(container, cp) for cp in container.get("ports", [])
+                       if wanted in (cp["containerPort"], cp.get("name"))]
+    assert len(served) == 1, f"Service port {target['port']} (targetPort {wanted}) reaches {len(served)} containers"
+    return served[0]
+
+
+@pytest.mark.parametrize("break_it", [
+    lambda docs: _one("Service", "vgpu-ledger-web", docs)["spec"]["ports"].pop(),
+    lambda docs: _webhook_hook(docs)["clientConfig"]["service"].update(port=8444),
+    lambda docs: _webhook_container(docs)[1].update(name="https"),
+], ids=["service-lacks-the-port", "webhook-calls-another-port", "no-container-port-of-that-name"])
+def test_the_webhook_port_chain_check_catches_a_broken_link(break_it):
+    docs = [d for _, _, d in _documents()]
+    _webhook_container(docs)
+    break_it(docs)
+    with pytest.raises(AssertionError):
+        _webhook_container(docs)
+
+
+def test_every_port_of_the_webhook_path_leads_to_one_container_that_serves_tls_on_it():
+    container, port = _webhook_container()
+    number = port["containerPort"]
+    command = container["command"]
+    assert command[:2] == ["gunicorn", "config.wsgi"]
+    assert command[command.index("--bind") + 1].endswith(f":{number}")
+    # The certificate and key are files of the mounted TLS Secret (a whole-volume mount, so renewals arrive).
+    volumes = {v["name"]: v for v in _one("Deployment", "vgpu-ledger-web")["spec"]["template"]["spec"]["volumes"]}
+    for flag, key in (("--certfile", "tls.crt"), ("--keyfile", "tls.key")):
+        path = Path(command[command.index(flag) + 1])
+        assert path.name == key
+        mount = next(m for m in container["volumeMounts"] if Path(m["mountPath"]) == path.parent)
+        assert "subPath" not in mount
+        assert volumes[mount["name"]]["secret"] == {"secretName": "vgpu-ledger-webhook-tls"}
+    probe = container["readinessProbe"]["httpGet"]
+    assert probe["scheme"] == "HTTPS" and probe["port"] in (number, port.get("name"))
+    # Django answers only for the Host the API server sends, and the probe sends it too.
+    hosts = next(e["value"] for e in container["env"] if e["name"] == "DJANGO_ALLOWED_HOSTS").split(",")
+    target = _webhook_hook()["clientConfig"]["service"]
+    assert f"{target['name']}.{target['namespace']}.svc" in hosts
+    assert {h["value"] for h in probe["httpHeaders"] if h["name"] == "Host"} <= set(hosts)
+
+
+def _certificate_command() -> tuple[dict, object]:
+    from billing.management.commands.webhook_certificate import Command
+
+    cronjob = _one("CronJob", "vgpu-ledger-webhook-certificate")
+    pod = cronjob["spec"]["jobTemplate"]["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    command = container["command"]
+    assert command[:3] == ["python", "manage.py", "webhook_certificate"]
+    return pod, Command().create_parser("manage.py", "webhook_certificate").parse_args(command[3:])
+
+
+def test_the_certificate_job_stores_what_the_web_pods_mount_and_the_webhook_configuration_uses():
+    pod, options = _certificate_command()
+    assert options.apply
+    target = _webhook_hook()["clientConfig"]["service"]
+    assert (options.service, options.namespace) == (target["name"], target["namespace"])
+    assert options.webhook_configuration == "vgpu-ledger-budgets"
+    assert options.secret == "vgpu-ledger-webhook-tls"
+    assert pod["serviceAccountName"] == "vgpu-ledger-webhook-certificate"
+
+
+def test_the_certificate_job_rbac_is_least_privilege():
+    _, options = _certificate_command()
+    role = _one("Role", "vgpu-ledger-webhook-certificate")
+    assert role["metadata"]["namespace"] == options.namespace
+    grants = {(g, r, v, tuple(sorted(rule.get("resourceNames", [])))) for rule in role["rules"]
+              for g in rule["apiGroups"] for r in rule["resources"] for v in rule["verbs"]}
+    names = tuple(sorted([options.ca_secret, options.secret]))
+    # create cannot be limited by name in RBAC; everything else is, to the two Secrets.
+    assert grants == {("", "secrets", "get", names), ("", "secrets", "update", names), ("", "secrets", "create", ())}
+    cluster_role = _one("ClusterRole", "vgpu-ledger-webhook-certificate")
+    assert cluster_role["rules"] == [{"apiGroups": ["admissionregistration.k8s.io"],
+                                      "resources": ["validatingwebhookconfigurations"],
+                                      "resourceNames": [options.webhook_configuration], "verbs": ["get", "patch"]}]
+    for kind, role_kind in (("RoleBinding", "Role"), ("ClusterRoleBinding", "ClusterRole")):
+        binding = _one(kind, "vgpu-ledger-webhook-certificate")
+        assert binding["roleRef"]["kind"] == role_kind
+        assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "vgpu-ledger-webhook-certificate",
+                                        "namespace": options.namespace}]
+
+
+def test_the_cert_manager_option_issues_the_same_secret_for_the_same_names():
+    from billing.services.webhook_tls import service_dns_names
+
+    docs = [d for d in yaml.safe_load_all((DEPLOY / "cert-manager" / "webhook-certificate.yaml").read_text()) if d]
+    serving = next(d for d in docs if d["kind"] == "Certificate" and not d["spec"].get("isCA"))
+    target = _webhook_hook()["clientConfig"]["service"]
+    assert serving["spec"]["secretName"] == "vgpu-ledger-webhook-tls"
+    assert serving["spec"]["dnsNames"] == service_dns_names(service=target["name"], namespace=target["namespace"])
+    issuers = {d["metadata"]["name"]: d for d in docs if d["kind"] == "Issuer"}
+    ca_issuer = issuers[serving["spec"]["issuerRef"]["name"]]
+    ca_certificate = next(d for d in docs if d["kind"] == "Certificate" and d["spec"].get("isCA"))
+    assert ca_issuer["spec"]["ca"]["secretName"] == ca_certificate["spec"]["secretName"]
+    assert ca_certificate["spec"]["issuerRef"]["name"] in issuers
+    # The annotation the webhook configuration's comment tells operators to add names this Certificate.
+    annotation = f"cert-manager.io/inject-ca-from: {serving['metadata']['namespace']}/{serving['metadata']['name']}"
+    assert annotation in (DEPLOY / "k8s" / "admission-webhook.yaml").read_text()
