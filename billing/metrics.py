@@ -134,13 +134,28 @@ class _ProcessCounters(Collector):
             yield from counter.collect()
 
 
+class _WorkerFiles(Collector):
+    """The counters of every gunicorn worker: this server's (PROMETHEUS_MULTIPROC_DIR) and those of
+    the other gunicorns named in VGPU_METRICS_MORE_DIRS, such as the web pod's webhook container,
+    whose admission reviews would otherwise be scraped from nowhere. One merge over all the files,
+    so a counter counted by both servers is one series, summed."""
+
+    def __init__(self, directories: list[str]) -> None:
+        self.directories = directories
+
+    def collect(self) -> Iterable[Metric]:
+        from prometheus_client import multiprocess
+
+        files = [str(f) for directory in self.directories for f in sorted(Path(directory).glob("*.db"))]
+        return multiprocess.MultiProcessCollector.merge(files, accumulate=True)
+
+
 def render_metrics() -> bytes:
     """The exposition of one scrape: the counters of every worker, then the ledger's state."""
     registry = CollectorRegistry(auto_describe=False)
-    if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
-        from prometheus_client import multiprocess
-
-        multiprocess.MultiProcessCollector(registry)
+    if own := os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+        more = [d.strip() for d in settings.VGPU_METRICS_MORE_DIRS.split(",") if d.strip()]
+        registry.register(_WorkerFiles([own, *more]))
     else:
         registry.register(_ProcessCounters())
     registry.register(LedgerCollector())

@@ -42,6 +42,10 @@ def _secret_key() -> str:
 
 SECRET_KEY = _secret_key()
 ALLOWED_HOSTS = [h for h in os.environ.get("DJANGO_ALLOWED_HOSTS", "127.0.0.1,localhost,testserver").split(",") if h]
+# Callers inside the cluster name the web pod by its Service or its IP, not by the public host:
+# agents (http://vgpu-ledger-web.vgpu-ledger.svc:8000), the kubelet's probes and Prometheus (the
+# pod IP). deploy/k8s/control-plane.yaml sets this to "$(POD_IP),<the Service's names>".
+ALLOWED_HOSTS += [h.strip() for h in os.environ.get("VGPU_INTERNAL_HOSTS", "").split(",") if h.strip()]
 
 INSTALLED_APPS = [
     "django.contrib.auth",
@@ -163,6 +167,11 @@ if PRODUCTION:
     SECURE_SSL_REDIRECT = os.environ.get("VGPU_SSL_REDIRECT", "1") == "1"
     SECURE_HSTS_SECONDS = 31536000
     SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+    # Machine callers inside the cluster speak plain HTTP to the Service: a redirect would turn an
+    # agent's POST into a GET and a probe into a check of nothing. They authenticate with bearer
+    # tokens, never cookies; browsers reach the rest through the TLS-terminating ingress.
+    SECURE_REDIRECT_EXEMPT = [r"^healthz$", r"^readyz$", r"^metrics$", r"^api/v1/usage/", r"^api/v1/nodes/",
+                              r"^api/v1/admission/"]
 
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": ["rest_framework.authentication.SessionAuthentication"],
@@ -263,6 +272,9 @@ VGPU_KUBE_API_TIMEOUT_S = float(os.environ.get("VGPU_KUBE_API_TIMEOUT_S", 5))
 # such as a mounted Secret (read at every scrape). With neither, /metrics answers 403.
 VGPU_METRICS_TOKEN = os.environ.get("VGPU_METRICS_TOKEN", "")
 VGPU_METRICS_TOKEN_FILE = os.environ.get("VGPU_METRICS_TOKEN_FILE", "")
+# Other gunicorns' multiprocess directories whose counters this server's /metrics reports too
+# (comma-separated): the web pod's webhook container counts admission reviews in its own.
+VGPU_METRICS_MORE_DIRS = os.environ.get("VGPU_METRICS_MORE_DIRS", "")
 
 # Budget webhooks go only to public addresses (billing/services/webhooks.py) unless this list
 # names the host, the address or a network holding it: comma-separated, e.g.
