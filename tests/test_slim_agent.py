@@ -36,9 +36,23 @@ AGENT_IMPORTS = ("agents.__main__", "allocator", "numpy", "pynvml", "prometheus_
 
 
 def _outside_env() -> dict[str, str]:
-    """The environment of a node: nothing that points Python at this checkout or its settings."""
+    """The environment of a node: nothing that points Python at this checkout or its settings.
+    (Other PYTHONPATH entries stay: `make test-dates` puts its clock shim there.)"""
     env = {k: v for k, v in os.environ.items() if k not in {"PYTHONPATH", "DJANGO_SETTINGS_MODULE", "VIRTUAL_ENV"}}
+    path = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p and Path(p).resolve() != ROOT]
+    if path:
+        env["PYTHONPATH"] = os.pathsep.join(path)
     env["PYTHONNOUSERSITE"] = "1"
+    return env
+
+
+def _real_clock_env() -> dict[str, str]:
+    """For pip: the real clock even under `make test-dates` (libfaketime), since PyPI's TLS
+    certificates are valid for the real date, not for a faked one a year ahead."""
+    env = {k: v for k, v in _outside_env().items() if not k.startswith("FAKETIME")}
+    preload = [p for p in env.pop("LD_PRELOAD", "").split() if "faketime" not in p]
+    if preload:
+        env["LD_PRELOAD"] = " ".join(preload)
     return env
 
 
@@ -47,11 +61,11 @@ def _start_agent_install(tmp_path: Path) -> tuple[subprocess.Popen[str], Path]:
     it, in the background. The context is a copy, so the build writes nothing into the checkout."""
     context = build_context(AGENT, tmp_path / "context")
     venv = tmp_path / "venv"
-    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, cwd=tmp_path, env=_outside_env())
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, cwd=tmp_path, env=_real_clock_env())
     install = subprocess.Popen(
         [str(venv / "bin" / "python"), "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
          f"{context}[agent]"],
-        cwd=tmp_path, env=_outside_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        cwd=tmp_path, env=_real_clock_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )
     return install, venv
 
