@@ -7,7 +7,8 @@ PYTHON ?= $(shell for p in python3.12 python3.11 python3; do \
 	$$p -c 'import sys; assert (3, 11) <= sys.version_info[:2] <= (3, 12)' >/dev/null 2>&1 && { command -v $$p; break; }; done)
 VENV := .venv
 PY := $(VENV)/bin/python
-# The demo needs the runtime dependencies only; tests add the dev extra.
+# The demo needs the service extra only; tests add the dev extra. (A GPU node's agent needs
+# neither: `pip install '.[agent]'`, docs/agent.md.)
 RUNTIME := $(VENV)/.installed-runtime
 DEV := $(VENV)/.installed-dev
 
@@ -18,11 +19,11 @@ $(PY):
 	$(PYTHON) -m venv $(VENV)
 
 $(RUNTIME): pyproject.toml | $(PY)
-	$(PY) -m pip install --quiet --disable-pip-version-check -e .
+	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[service]'
 	@touch $(RUNTIME)
 
 $(DEV): pyproject.toml | $(PY)
-	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[dev]'
+	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[service,dev]'
 	@touch $(DEV) $(RUNTIME)
 
 install: $(DEV)
