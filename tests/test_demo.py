@@ -16,6 +16,7 @@ import pytest
 import requests
 
 from tests.demo_process import Demo, demo_environment, running_demo
+from tests.promtool import promtool
 
 
 @pytest.fixture
@@ -110,6 +111,25 @@ def _every_batch_was_delivered(demo: Demo) -> None:
     assert set(counts) >= {"sim-a100-1", "sim-a100-2", "sim-a100-3"} and set(counts.values()) == {"0"}, counts
 
 
+def _the_service_and_every_agent_serve_valid_metrics(demo: Demo) -> None:
+    """The banner's curl line and agent URLs work, and each exposition passes `promtool check metrics`."""
+    token = re.search(r"metrics: curl -H 'Authorization: Bearer (\S+)' (\S+)", demo.banner)
+    assert token, demo.banner
+    agents = re.findall(r"^  agent (\S+): (http://127\.0\.0\.1:\d+/metrics)$", demo.banner, flags=re.M)
+    assert len(agents) == 3, demo.banner
+    scrapes = {"service": requests.get(token.group(2), headers={"Authorization": f"Bearer {token.group(1)}"},
+                                       timeout=30)}
+    scrapes |= {node: requests.get(url, timeout=10) for node, url in agents}
+    for name, response in scrapes.items():
+        assert response.status_code == 200, (name, response.text[:500])
+        checked = subprocess.run([promtool(), "check", "metrics"], input=response.text, capture_output=True,
+                                 text=True, timeout=60, check=False)
+        assert checked.returncode == 0, (name, checked.stdout, checked.stderr)
+    assert "vgpu_ledger_ingest_samples_total" in scrapes["service"].text
+    for node, _ in agents:
+        assert re.search(r"^vgpu_agent_memory_granted_bytes\{", scrapes[node].text, flags=re.M), node
+
+
 def test_demo_serves_growing_numbers_and_stops_cleanly_on_ctrl_c(demo_env):
     with running_demo(demo_env) as demo:
         text, base = demo.banner, demo.base
@@ -131,6 +151,7 @@ def test_demo_serves_growing_numbers_and_stops_cleanly_on_ctrl_c(demo_env):
         _lower_acme_budget_and_watch_enforcement(text, base, demo.data_dir)
         _finance_sees_the_simulated_day(demo)
         _every_batch_was_delivered(demo)
+        _the_service_and_every_agent_serve_valid_metrics(demo)
     assert demo.proc.returncode == 0, demo.rest
     assert "demo: stopped." in demo.rest
     with socket.socket() as sock:
