@@ -43,7 +43,7 @@ _ANSWER_LIMIT = 4096  # characters of a rejecting answer kept in the spool and t
 class Outcome(enum.Enum):
     SENT = "sent"  # 201 stored / 200 duplicate
     DEAD = "dead"  # 400/409/413/415: resending the same bytes can never succeed; kept as undelivered
-    AUTH = "auth"  # 401/403: token wrong or revoked; keep the data, back off
+    AUTH = "auth"  # 401/403: token refused (wrong, revoked, expired, another node's); keep the data, back off
     THROTTLED = "throttled"  # 429/503: honour Retry-After
     RETRY = "retry"  # 5xx, unexpected answers, connection errors: back off
 
@@ -230,7 +230,7 @@ class Uploader:
         if outcome is Outcome.AUTH:
             log.error(
                 "event=upload_unauthorized batch_seq=%d status=%d url=%s"
-                " detail='node token wrong or revoked; batches stay spooled'",
+                " detail='token refused (wrong, revoked, expired or for another node: the answer says which); batches stay spooled'",
                 seq,
                 status,
                 self._url,

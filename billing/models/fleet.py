@@ -1,12 +1,21 @@
+from django.core.validators import RegexValidator
 from django.db import models
+from django.utils.translation import gettext_lazy as _
 
-from billing.models.tenancy import slug_validator
+# A Kubernetes node name is a DNS subdomain (RFC 1123): EKS names nodes like
+# ip-10-0-1-5.ec2.internal. Both ways a node comes to exist accept the same names: a node token
+# issued for a host, and a ServiceAccount token whose pod runs on that node.
+node_name_validator = RegexValidator(
+    r"^(?=.{1,253}$)[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?(\.[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?)*$",
+    _("Use a Kubernetes node name: lower-case letters, digits, '-' and '.', labels of at most 63 "
+      "characters, at most 253 in all."),
+)
 
 
 class Node(models.Model):
     """A GPU node running the agent. `name` is the Kubernetes node name."""
 
-    name = models.CharField(max_length=253, unique=True, validators=[slug_validator])
+    name = models.CharField(max_length=253, unique=True, validators=[node_name_validator])
     created_at = models.DateTimeField(auto_now_add=True)
     last_seen_at = models.DateTimeField(null=True, blank=True)
 

@@ -14,7 +14,7 @@ from django.utils import timezone
 
 from billing.errors import Forbidden, InvalidInput, NotAuthenticated
 from billing.models import Node, NodeToken
-from billing.models.tenancy import slug_validator
+from billing.models.fleet import node_name_validator
 from billing.services.audit import record_audit_event
 from billing.services.node_identity import authenticate_service_account_token
 
@@ -43,7 +43,7 @@ class IssuedToken:
 def issue_node_token(*, node_name: str, now: datetime, actor_label: str, actor_id: int | None = None) -> IssuedToken:
     """Create the node if needed and a new token for it. The clear token is returned once, never stored."""
     try:
-        slug_validator(node_name)
+        node_name_validator(node_name)
     except ValidationError as exc:
         raise InvalidInput(f"node name {node_name!r}: {exc.messages[0]}") from exc
     token = TOKEN_PREFIX + secrets.token_urlsafe(32)

@@ -96,7 +96,7 @@ def test_an_unauthorised_answer_keeps_the_batch_and_backs_off(
     assert result is not None and result.outcome is Outcome.AUTH and result.delay_s >= 0
     assert spool.count(state="pending") == 3
     (line,) = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
-    assert "token wrong or revoked" in line
+    assert "token refused" in line
 
 
 @pytest.mark.parametrize(("status", "header", "delay"), [(429, "7", 7.0), (503, "Mon, 30 Nov 2026 03:00:30 GMT", 30.0)])

@@ -74,13 +74,20 @@ def test_an_existing_node_gets_a_second_token_and_both_are_listed(client, node_t
     assert NodeToken.objects.filter(node__name="gpu-node-1", revoked_at__isnull=True).count() == 2
 
 
-@pytest.mark.parametrize("name", ["Bad Name!", "-leading-dash", ""])
+@pytest.mark.parametrize("name", ["Bad Name!", "-leading-dash", "", "trailing.", "a..b", "UPPER.example", "x" * 64])
 def test_an_invalid_node_name_is_a_400_and_creates_nothing(client, name):
     login(client, "admin")
     resp = client.post("/nodes/tokens/", {"node": name})
     assert resp.status_code == 400
     assert 'data-testid="issue-token-error"' in resp.content.decode()
     assert not Node.objects.exists() and not NodeToken.objects.exists() and not AuditEvent.objects.exists()
+
+
+def test_a_dotted_kubernetes_node_name_gets_a_token(client):
+    # The name EKS gives a node; the same node an agent's ServiceAccount token can speak for.
+    login(client, "admin")
+    assert client.post("/nodes/tokens/", {"node": "ip-10-0-1-5.ec2.internal"}).status_code == 200
+    assert NodeToken.objects.filter(node__name="ip-10-0-1-5.ec2.internal").count() == 1
 
 
 def test_revoke_needs_the_typed_prefix_then_the_agent_is_refused_at_ingest(client, post_batch, node_token,
