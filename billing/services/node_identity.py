@@ -37,6 +37,7 @@ from django.utils.translation import gettext as _
 from billing.errors import Forbidden, NotAuthenticated
 from billing.models import Node
 from billing.services.audit import record_audit_event
+from billing.services.kube_api import new_api_client
 
 __all__ = [
     "POD_NAME_EXTRA",
@@ -264,23 +265,13 @@ def _call(what: str, request: Any, *, passing: tuple[int, ...] = ()) -> Any:
 
 
 def _api_client() -> Any:
-    """One client per API server URL and process: its connection pool is reused across requests."""
-    from kubernetes import client, config
-
+    """One client per API server URL and process: its connection pool is reused across requests.
+    No retries: a down API server answers 503 now, and the agent retries later."""
     url = settings.VGPU_KUBE_API
     with _clients_lock:
         api = _clients.get(url)
         if api is None:
-            configuration = client.Configuration()
-            if url:
-                configuration.host = url
-            else:
-                # Inside the cluster: the pod's own ServiceAccount token (re-read as the kubelet
-                # rotates it) and the cluster CA.
-                config.load_incluster_config(client_configuration=configuration)
-            configuration.retries = 0  # a down API server answers 503 now; the agent retries later
-            api = client.ApiClient(configuration)
-            _clients[url] = api
+            api = _clients[url] = new_api_client(url, retries=0)
         return api
 
 

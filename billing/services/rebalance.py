@@ -26,7 +26,6 @@ from datetime import datetime, timedelta
 from decimal import Decimal
 from typing import Any, Protocol
 
-from django.conf import settings
 from django.db import connection, transaction
 from django.db.models import F, Sum
 
@@ -44,6 +43,7 @@ from allocator.rebalance import (
 from billing.errors import InvalidInput
 from billing.models import Gpu, RateCard, RebalancePlan, RebalanceStatus, UsageMinute
 from billing.services.audit import record_audit_event
+from billing.services.kube_api import new_api_client
 
 __all__ = [
     "EvictionBlocked",
@@ -362,15 +362,7 @@ class KubernetesApi:
 
 def kube_from_settings() -> KubernetesApi:
     """``VGPU_KUBE_API`` (a URL, e.g. a ``kubectl proxy``) when set, else the in-cluster config."""
-    from kubernetes import client, config
-
-    url = getattr(settings, "VGPU_KUBE_API", "")
-    if url:
-        configuration = client.Configuration()
-        configuration.host = url
-        return KubernetesApi(client.ApiClient(configuration))
-    config.load_incluster_config()
-    return KubernetesApi(client.ApiClient())
+    return KubernetesApi(new_api_client())
 
 
 _FINISHED = {RebalanceStatus.DONE, RebalanceStatus.FAILED, RebalanceStatus.REJECTED}

@@ -33,6 +33,8 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
+from billing.services.kube_api import new_api_client
+
 __all__ = [
     "CA_VALIDITY",
     "CertificateError",
@@ -336,19 +338,14 @@ def _write_atomically(path: Path, content: bytes, *, secret: bool) -> None:
 
 
 def kube_api_client(url: str = "") -> Any:
-    """The official client for `url` (e.g. a `kubectl proxy`) when given, else the in-cluster
-    configuration (the pod's ServiceAccount token and the cluster CA)."""
-    from kubernetes import client, config
+    """The official client for `url` (e.g. a `kubectl proxy`) or VGPU_KUBE_API, else the
+    in-cluster configuration; outside a cluster with neither, a CertificateError saying so."""
+    from kubernetes import config
 
-    if url:
-        configuration = client.Configuration()
-        configuration.host = url
-        return client.ApiClient(configuration)
     try:
-        config.load_incluster_config()
+        return new_api_client(url)
     except config.ConfigException as exc:
         raise CertificateError(f"not running in a cluster ({exc}); pass --kube-api URL or set VGPU_KUBE_API") from exc
-    return client.ApiClient()
 
 
 CERT_MANAGER_ANNOTATION = "cert-manager.io/inject-ca-from"

@@ -7,7 +7,6 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.utils import timezone
 
@@ -56,7 +55,7 @@ class Command(BaseCommand):
                                   extra=options["dns_name"])
         try:
             store = DirectoryStore(options["out"]) if options["out"] else KubernetesStore(
-                kube_api_client(options["kube_api"] or settings.VGPU_KUBE_API), namespace=options["namespace"],
+                kube_api_client(options["kube_api"]), namespace=options["namespace"],
                 tls_secret=options["secret"], ca_secret=options["ca_secret"],
                 webhook_configuration=options["webhook_configuration"])
             planned, changes = apply_webhook_certificates(
