@@ -21,8 +21,6 @@ only, never billing). No tenant name is in a label: budgets are counted by state
 
 from __future__ import annotations
 
-import hashlib
-import hmac
 import os
 import time
 from collections.abc import Iterable
@@ -35,6 +33,7 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from billing.queries.ledger_state import PERIOD_STATES, get_ledger_state
+from billing.services.bearer import configured_token
 
 __all__ = [
     "ADMISSION_RESULTS",
@@ -165,20 +164,7 @@ def render_metrics() -> bytes:
 def scrape_token() -> tuple[str, str]:
     """(token, problem): the bearer token a scrape must present, from VGPU_METRICS_TOKEN or the file
     VGPU_METRICS_TOKEN_FILE (a mounted Secret, read at every scrape so rotating it needs no restart)."""
-    inline, path = settings.VGPU_METRICS_TOKEN.strip(), settings.VGPU_METRICS_TOKEN_FILE.strip()
-    if inline and path:
-        return "", "set VGPU_METRICS_TOKEN or VGPU_METRICS_TOKEN_FILE, not both"
-    if not path:
-        return inline, "" if inline else "no scrape token is configured: set VGPU_METRICS_TOKEN_FILE"
-    try:
-        token = Path(path).read_text().strip()
-    except OSError as exc:
-        return "", f"VGPU_METRICS_TOKEN_FILE {path} cannot be read: {exc.strerror or exc}"
-    return token, "" if token else f"VGPU_METRICS_TOKEN_FILE {path} is empty"
-
-
-def presents_token(authorization: str, token: str) -> bool:
-    scheme, _, given = authorization.strip().partition(" ")
-    # Digests: the time taken does not depend on the lengths or on the first byte that differs.
-    return scheme.lower() == "bearer" and hmac.compare_digest(
-        hashlib.sha256(given.strip().encode()).digest(), hashlib.sha256(token.encode()).digest())
+    token, problem = configured_token("VGPU_METRICS_TOKEN")
+    if not token and not problem:
+        problem = "no scrape token is configured: set VGPU_METRICS_TOKEN_FILE"
+    return token, problem

@@ -16,15 +16,13 @@ Two credentials, either one enough:
 
 from __future__ import annotations
 
-import hashlib
-import hmac
 import re
 from dataclasses import dataclass
-from pathlib import Path
 
 from django.conf import settings
 
 from billing.errors import NotAuthenticated
+from billing.services.bearer import configured_token, presents_bearer
 
 __all__ = ["AdmissionCredentials", "authenticate_admission_caller", "common_name_of", "load_admission_credentials"]
 
@@ -47,28 +45,12 @@ class AdmissionCredentials:
 def load_admission_credentials() -> AdmissionCredentials:
     header = settings.VGPU_ADMISSION_CLIENT_CERT_HEADER.strip()
     names = frozenset(settings.VGPU_ADMISSION_CLIENT_CERT_CNS)
-    token, problem = _configured_token()
+    token, problem = configured_token("VGPU_ADMISSION_TOKEN")
     if header and not names:
         problem = problem or "VGPU_ADMISSION_CLIENT_CERT_HEADER is set but VGPU_ADMISSION_CLIENT_CERT_CNS is empty"
     if names and not header:
         problem = problem or "VGPU_ADMISSION_CLIENT_CERT_CNS is set but VGPU_ADMISSION_CLIENT_CERT_HEADER is empty"
     return AdmissionCredentials(token=token, problem=problem, cert_header=header, cert_common_names=names)
-
-
-def _configured_token() -> tuple[str, str]:
-    """(token, problem). Two sources at once would leave it unclear which one the API server holds."""
-    inline, path = settings.VGPU_ADMISSION_TOKEN.strip(), settings.VGPU_ADMISSION_TOKEN_FILE.strip()
-    if inline and path:
-        return "", "set VGPU_ADMISSION_TOKEN or VGPU_ADMISSION_TOKEN_FILE, not both"
-    if not path:
-        return inline, ""
-    try:
-        token = Path(path).read_text().strip()
-    except OSError as exc:
-        return "", f"VGPU_ADMISSION_TOKEN_FILE {path} cannot be read: {exc.strerror or exc}"
-    if not token:
-        return "", f"VGPU_ADMISSION_TOKEN_FILE {path} is empty"
-    return token, ""
 
 
 def authenticate_admission_caller(*, credentials: AdmissionCredentials, authorization: str,
@@ -80,8 +62,7 @@ def authenticate_admission_caller(*, credentials: AdmissionCredentials, authoriz
     if not credentials.configured:
         raise NotAuthenticated(f"admission webhook has no credential configured, so every review is refused: "
                                f"{HOW_TO_CONFIGURE}")
-    scheme, _, given = authorization.strip().partition(" ")
-    if credentials.token and scheme.lower() == "bearer" and _same_secret(given.strip(), credentials.token):
+    if presents_bearer(authorization, credentials.token):
         return "bearer-token"
     if credentials.cert_header and client_cert_dn:
         name = common_name_of(client_cert_dn)
@@ -90,10 +71,6 @@ def authenticate_admission_caller(*, credentials: AdmissionCredentials, authoriz
     raise NotAuthenticated("admission webhook credential missing or wrong: present the bearer token from the "
                            "webhook kubeconfig, or a client certificate the proxy accepts")
 
-
-def _same_secret(given: str, expected: str) -> bool:
-    # Compare digests so the time taken does not depend on the lengths or on the first byte that differs.
-    return hmac.compare_digest(hashlib.sha256(given.encode()).digest(), hashlib.sha256(expected.encode()).digest())
 
 
 _RDN_SPLIT = re.compile(r"(?<!\\),")

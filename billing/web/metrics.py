@@ -10,7 +10,8 @@ from django.http import HttpRequest, HttpResponse
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET
 
-from billing.metrics import presents_token, render_metrics, scrape_token
+from billing.metrics import render_metrics, scrape_token
+from billing.services.bearer import presents_bearer
 
 # The classic text format, which every Prometheus 2.x parses; render_metrics writes it (our names
 # need none of the 1.0.0 format's escaping).
@@ -24,7 +25,7 @@ def metrics(request: HttpRequest) -> HttpResponse:
     if problem:
         return HttpResponse(f"/metrics is off: {problem} (docs/operations.md, Metrics)\n", status=403,
                             content_type="text/plain; charset=utf-8")
-    if not presents_token(request.headers.get("Authorization", ""), token):
+    if not presents_bearer(request.headers.get("Authorization", ""), token):
         response = HttpResponse("/metrics needs the scrape bearer token\n", status=401,
                                 content_type="text/plain; charset=utf-8")
         response["WWW-Authenticate"] = 'Bearer realm="vgpu-ledger-metrics"'
