@@ -13,7 +13,6 @@ from __future__ import annotations
 import os
 import shutil
 import signal
-import subprocess
 import tempfile
 import time
 from collections.abc import Callable, Sequence
@@ -26,6 +25,7 @@ from agents.events import Event
 from agents.gpu_check.compare import Check
 from agents.gpu_check.load import LoadOutcome, LoadProcess
 from agents.gpu_check.report import SKIP, StageResult, Table, stage_from_checks
+from agents.gpu_check.smi import run_driver_tool
 from agents.interfaces import GpuInfo, Grant
 from agents.mps import MpsCommandError, MpsControl, MpsControlCli, MpsDefaults, MpsEnforcer
 
@@ -113,22 +113,8 @@ class PrivateMpsDaemon:
     def start(self) -> None:
         self.pipe_directory.mkdir()
         self.log_directory.mkdir()
-        try:
-            done = subprocess.run(  # noqa: S603 -- the configured control executable, no shell
-                [*self._control, "-d"],
-                env={**os.environ, **self.env},
-                capture_output=True,
-                text=True,
-                timeout=self._timeout_s,
-                check=False,
-            )
-        except FileNotFoundError:
-            raise MpsStartError(f"{self._control[0]} not found (it comes with the NVIDIA driver)") from None
-        except subprocess.TimeoutExpired:
-            raise MpsStartError(f"{' '.join(self._control)} -d did not return within {self._timeout_s} s") from None
-        if done.returncode != 0:
-            said = (done.stderr.strip() or done.stdout.strip())[:300]
-            raise MpsStartError(f"{' '.join(self._control)} -d exited {done.returncode}: {said} {self.log_tail()}")
+        run_driver_tool([*self._control, "-d"], env={**os.environ, **self.env}, timeout_s=self._timeout_s,
+                        error=MpsStartError, after_failure=self.log_tail)
 
     def control(self) -> MpsControlCli:
         return MpsControlCli(command=self._control, pipe_directory=self.pipe_directory, timeout_s=self._timeout_s)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 import subprocess
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 __all__ = [
@@ -156,15 +156,31 @@ class NvidiaSmi:
         return self._run(["--query-gpu=driver_version", "--format=csv,noheader"]).splitlines()[0].strip()
 
     def _run(self, args: Sequence[str]) -> str:
-        try:
-            done = subprocess.run(  # noqa: S603 -- the configured nvidia-smi, no shell
-                [self.executable, *args], capture_output=True, text=True, timeout=self._timeout_s, check=False
-            )
-        except FileNotFoundError:
-            raise NvidiaSmiError(f"{self.executable} not found (it comes with the NVIDIA driver)") from None
-        except subprocess.TimeoutExpired:
-            raise NvidiaSmiError(f"{self.executable} {' '.join(args)}: no answer within {self._timeout_s} s") from None
-        if done.returncode != 0:
-            said = (done.stderr.strip() or done.stdout.strip())[:300]
-            raise NvidiaSmiError(f"{self.executable} {' '.join(args)} failed (exit {done.returncode}): {said}")
-        return done.stdout
+        return run_driver_tool([self.executable, *args], timeout_s=self._timeout_s, error=NvidiaSmiError)
+
+
+def run_driver_tool(
+    argv: Sequence[str],
+    *,
+    timeout_s: float,
+    error: type[Exception],
+    env: Mapping[str, str] | None = None,
+    after_failure: Callable[[], str] = lambda: "",
+) -> str:
+    """Stdout of one of the driver's tools (nvidia-smi, nvidia-cuda-mps-control), or `error` saying
+    what went wrong: not installed, no answer in time, or a non-zero exit with what it said (and
+    `after_failure()`, e.g. the tail of the tool's own log)."""
+    command = " ".join(argv)
+    try:
+        done = subprocess.run(  # noqa: S603 -- the driver's own tool, no shell
+            list(argv), env=None if env is None else dict(env), capture_output=True, text=True,
+            timeout=timeout_s, check=False,
+        )
+    except FileNotFoundError:
+        raise error(f"{argv[0]} not found (it comes with the NVIDIA driver)") from None
+    except subprocess.TimeoutExpired:
+        raise error(f"{command}: no answer within {timeout_s} s") from None
+    if done.returncode != 0:
+        said = (done.stderr.strip() or done.stdout.strip())[:300]
+        raise error(f"{command} failed (exit {done.returncode}): {said} {after_failure()}".rstrip())
+    return done.stdout
