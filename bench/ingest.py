@@ -343,7 +343,9 @@ def _wait_until_serving(server: Server, timeout_s: float = 60.0) -> None:
 @contextlib.contextmanager
 def gunicorn(env: dict[str, str], config: ServerConfig) -> Iterator[Server]:
     port = free_port()
-    cmd = [sys.executable, "-m", "gunicorn", "config.wsgi:application", "--bind", f"127.0.0.1:{port}",
+    # The product's gunicorn settings (config/gunicorn.conf.py: /metrics counters in multiprocess mode).
+    cmd = [sys.executable, "-m", "gunicorn", "config.wsgi:application", "-c", str(REPO / "config" / "gunicorn.conf.py"),
+           "--bind", f"127.0.0.1:{port}",
            "--worker-class", config.worker_class, "--workers", str(config.workers),
            "--threads", str(config.threads), "--keep-alive", "75", "--timeout", "120", "--log-level", "warning"]
     server = Server(subprocess.Popen(cmd, cwd=REPO, env=env), port)

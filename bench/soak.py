@@ -481,7 +481,8 @@ def prepare(run: Run) -> None:
     bindir = Path(sys.executable).parent
     logs = run.dir / "logs"
     logs.mkdir(parents=True, exist_ok=True)
-    run.web = Child("web", [str(bindir / "gunicorn"), "config.wsgi", "--bind", f"127.0.0.1:{run.port}",
+    run.web = Child("web", [str(bindir / "gunicorn"), "config.wsgi", "-c", str(REPO / "config" / "gunicorn.conf.py"),
+                            "--bind", f"127.0.0.1:{run.port}",
                             "--workers", "2", "--worker-class", "sync", "--timeout", "60",
                             "--access-logfile", str(logs / "access.log"), "--access-logformat", ACCESS_FORMAT],
                     logs / "web.log")
