@@ -37,6 +37,7 @@ from kubernetes import client as kube_client
 from kubernetes import config as kube_config
 from kubernetes.client.exceptions import ApiException
 
+from agents.allocation import CurrentUsePredictor
 from agents.attribution import KubeAttributor, PidAttributor
 from agents.backends.sim import SLA_TIERS, SimBackend, demo_scenario, load_scenario
 from agents.budget_enforcement import BestEffortEvictor
@@ -46,12 +47,19 @@ from agents.enforcers import DryRunEnforcer
 from agents.entitlements import EntitledBackend, ProcessBackend
 from agents.events import EventSink
 from agents.gpu_requests import GpuRequest, GpuRequestResolver
-from agents.interfaces import Clock, Enforcer, TickObserver
+from agents.interfaces import Clock, Enforcer, GpuInfo, Predictor, TickObserver
 from agents.kube import EvictionOutcome, KubeClientPods
 from agents.loop import Agent, AgentConfig
 from agents.metrics import AgentMetrics, MetricsServer, serve_metrics
 from agents.mps import DEFAULT_CONTROL_COMMAND, MpsControlCli, MpsEnforcer
 from agents.policy_client import PolicyClient
+from agents.prediction import (
+    DEFAULT_UNDERPREDICTION_TARGET,
+    PREDICTOR_CHOICES,
+    Calibration,
+    WorkloadPredictors,
+    make_workload_predictors,
+)
 from agents.spool import Spool, SpooledBatch, SpoolKind, spool_node
 from agents.testing import FakeClock
 from agents.undelivered import UndeliveredReporter
@@ -118,6 +126,25 @@ def _parser() -> argparse.ArgumentParser:
         "--start",
         type=_aware_datetime,
         help="with --once-seconds: first metered second, ISO-8601 with offset (default: now - N)",
+    )
+    predict = run.add_argument_group("prediction (docs/prediction.md)")
+    predict.add_argument(
+        "--predictor",
+        choices=PREDICTOR_CHOICES,
+        default="lstm",
+        help="peak predictor per workload (default lstm: memory the LSTM, SMs last value + margin, calibrated)",
+    )
+    predict.add_argument(
+        "--online-calibration",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="hold each workload's under-prediction rate at --underprediction-target by moving its margin",
+    )
+    predict.add_argument(
+        "--underprediction-target",
+        type=float,
+        default=DEFAULT_UNDERPREDICTION_TARGET,
+        help="under-prediction rate online calibration holds, in (0, 1)",
     )
     policy = run.add_argument_group("policy (GET /api/v1/nodes/{node}/policy)")
     policy.add_argument("--policy-interval-s", type=float, default=10.0, help="policy poll interval, s")
@@ -426,6 +453,11 @@ def _agent(
                     tenants=lambda: policy.current().evict_best_effort_tenants, evict=evict, emit=emit, clock=clock
                 )
             )
+    predictor = _predictor(args, gpus=backend.inventory())
+    if isinstance(predictor, WorkloadPredictors):
+        observers.insert(0, predictor)  # forgets the workloads that left before the others see the tick
+        if parts.metrics is not None:
+            parts.metrics.watch_predictions(predictor.stats)
     if parts.metrics is not None:
         observers.append(parts.metrics)
     enforcer: Enforcer = DryRunEnforcer()
@@ -443,12 +475,24 @@ def _agent(
         clock=clock,
         enforcer=enforcer,
         spool=parts.spool,
+        predictor=predictor,
         on_batch=lambda _seq: uploader.notify(),
         policy=policy.allocation_policy,
         observers=observers,
         on_tick_seconds=None if parts.metrics is None else parts.metrics.record_tick,
         checkpoint=args.once_seconds is None,
     )
+
+
+def _predictor(args: argparse.Namespace, *, gpus: Sequence[GpuInfo]) -> Predictor:
+    """``--predictor``: per-workload predictors from the shipped bundle, or current use (no prediction)."""
+    if args.predictor == "current-use":
+        return CurrentUsePredictor()
+    try:
+        calibration = Calibration(enabled=args.online_calibration, target=args.underprediction_target)
+    except ValueError as error:
+        raise _Fatal(f"--underprediction-target: {error}") from error
+    return make_workload_predictors(args.predictor, gpus=gpus, calibration=calibration)
 
 
 def _count_upload_error(metrics: AgentMetrics, result: SendResult) -> None:

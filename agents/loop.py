@@ -21,11 +21,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
-from agents.allocation import CurrentUsePredictor, Policy, compute_grants
+from agents.allocation import Policy, compute_grants
 from agents.batch import Sample, gpu_from_wire, gpu_to_wire, render_batch
 from agents.clock import ceil_to_seconds, from_us, to_us
 from agents.interfaces import Clock, Enforcer, GpuBackend, GpuInfo, Grant, Predictor, TickObserver, UsageReading
 from agents.meter import Meter, Rate
+from agents.prediction import WorkloadPredictors, make_workload_predictors
 from agents.spool import CheckpointPeriod, Spool
 
 __all__ = ["Agent", "AgentConfig", "RunSummary"]
@@ -87,14 +88,26 @@ class Agent:
         self._clock = clock
         self._enforcer = enforcer
         self._spool = spool
-        self._predictor = predictor if predictor is not None else CurrentUsePredictor()
+        # None: the calibrated default (``agents.prediction``), built in ``run`` once the GPUs are known.
+        self._predictor = predictor
         self._on_batch = on_batch
         # Read every tick; default: the configuration's fixed policy.
         self._policy = policy if policy is not None else (lambda: config.policy)
         self._observers = tuple(observers)
+        self._with_predictor_observer()
         self._on_tick_seconds = on_tick_seconds  # computation time of each tick (real seconds)
         # Off for replays on a fake clock: their seconds cost nothing to meter again, an fsync each does.
         self._checkpoint = checkpoint
+
+    @property
+    def predictor(self) -> Predictor | None:
+        """The predictor in use; ``None`` until ``run`` has built the default."""
+        return self._predictor
+
+    def _with_predictor_observer(self) -> None:
+        # Per-workload predictors forget a workload when a tick's readings no longer have it.
+        if isinstance(self._predictor, WorkloadPredictors) and self._predictor not in self._observers:
+            self._observers = (self._predictor, *self._observers)
 
     def run(
         self,
@@ -111,6 +124,10 @@ class Agent:
         gpus = tuple(self._backend.inventory())
         if not gpus:
             raise ValueError("the backend reports no GPUs")
+        if self._predictor is None:
+            self._predictor = make_workload_predictors("lstm", gpus=gpus)
+            self._with_predictor_observer()
+        predictor = self._predictor
         origin_us = to_us(self._clock.now())
         origin_mono = self._clock.monotonic()
 
@@ -149,7 +166,7 @@ class Agent:
                 if stop.is_set():
                     break
                 at = from_us(now_us())
-                samples = meter.update(at=at, rates=self._tick(gpus=gpus, at=at))
+                samples = meter.update(at=at, rates=self._tick(gpus=gpus, at=at, predictor=predictor))
                 ticks += 1
                 batches.extend(self._close_full(batch=batch, samples=samples, meter=meter, gpus=gpus))
                 if self._checkpoint:
@@ -169,12 +186,12 @@ class Agent:
             )
         return RunSummary(start=begin, metered_until=batch.start, batches=tuple(batches), ticks=ticks)
 
-    def _tick(self, *, gpus: Sequence[GpuInfo], at: datetime) -> list[Rate]:
+    def _tick(self, *, gpus: Sequence[GpuInfo], at: datetime, predictor: Predictor) -> list[Rate]:
         # Real elapsed time, not the agent's clock: a fake clock does not move while computing.
         began = time.perf_counter()
         readings = self._backend.read(now=at)
         allocation = compute_grants(
-            gpus=gpus, readings=readings, policy=self._policy(), predictor=self._predictor, now=at
+            gpus=gpus, readings=readings, policy=self._policy(), predictor=predictor, now=at
         )
         self._enforcer.apply(allocation.grants)
         for observer in self._observers:

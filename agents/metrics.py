@@ -5,7 +5,10 @@ grants and use of memory (bytes: Prometheus wants base units; the agent's MB are
 of the last tick; series of workloads that
 left are removed. Node-wide: tick latency (histogram, seconds of computation per tick),
 spool depth by state and undelivered batches (read from the spool at scrape time), upload and event-upload
-errors by outcome, and the policy's age and ETag.
+errors by outcome, and the policy's age and ETag. With per-workload prediction
+(``agents.prediction``): the predicted peak over the look-ahead, the rolling under-prediction
+rate, the mean over-reservation (forecast above the realised peak) and the online margin, read
+from the predictors at scrape time.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from agents.interfaces import Grant, UsageReading
+from agents.prediction import PredictionStats
 from agents.spool import Spool
 
 __all__ = ["AgentMetrics", "MetricsServer", "serve_metrics"]
@@ -74,6 +78,60 @@ class _PolicyCollector(Collector):
         yield info
 
 
+class _PredictionCollector(Collector):
+    """Per workload and GPU: what its predictors forecast and how well, as of the last tick."""
+
+    def __init__(self, stats: Callable[[], Sequence[PredictionStats]]) -> None:
+        self._stats = stats
+
+    def collect(self) -> Iterable[GaugeMetricFamily]:
+        labels = list(_WORKLOAD_LABELS)
+
+        def family(name: str, documentation: str) -> GaugeMetricFamily:
+            return GaugeMetricFamily(name, documentation, labels=labels)
+
+        mem_predicted = family(
+            "vgpu_agent_memory_predicted_bytes", "Predicted peak memory over the look-ahead (0.5-2 s), bytes"
+        )
+        sm_predicted = family("vgpu_agent_sm_predicted", "Predicted peak SMs over the look-ahead (0.5-2 s)")
+        mem_under = family(
+            "vgpu_agent_memory_underprediction_ratio",
+            "Share of recent memory forecasts below the use read over their look-ahead",
+        )
+        sm_under = family(
+            "vgpu_agent_sm_underprediction_ratio", "Share of recent SM forecasts below the use read over their look-ahead"
+        )
+        mem_over = family(
+            "vgpu_agent_memory_over_reservation_bytes",
+            "Mean of recent memory forecasts above the peak use of their look-ahead (0 if below), bytes",
+        )
+        sm_over = family(
+            "vgpu_agent_sm_over_reservation",
+            "Mean of recent SM forecasts above the peak use of their look-ahead (0 if below)",
+        )
+        mem_margin = family(
+            "vgpu_agent_memory_prediction_margin_bytes", "Online calibration margin added to the memory forecast, bytes"
+        )
+        sm_margin = family("vgpu_agent_sm_prediction_margin", "Online calibration margin added to the SM forecast")
+        for s in self._stats():
+            w = s.workload
+            values = [w.tenant, w.namespace, w.pod, w.container, s.gpu]
+            mem_predicted.add_metric(values, s.mem_predicted_mb * _BYTES_PER_MB)
+            sm_predicted.add_metric(values, s.sm_predicted)
+            mem_margin.add_metric(values, s.mem_margin_mb * _BYTES_PER_MB)
+            sm_margin.add_metric(values, s.sm_margin)
+            # No series before a workload's first forecast has been checked (2 s after it appeared).
+            if s.mem_underprediction_rate is not None:
+                mem_under.add_metric(values, s.mem_underprediction_rate)
+            if s.sm_underprediction_rate is not None:
+                sm_under.add_metric(values, s.sm_underprediction_rate)
+            if s.mem_over_reservation_mb is not None:
+                mem_over.add_metric(values, s.mem_over_reservation_mb * _BYTES_PER_MB)
+            if s.sm_over_reservation is not None:
+                sm_over.add_metric(values, s.sm_over_reservation)
+        yield from (mem_predicted, sm_predicted, mem_under, sm_under, mem_over, sm_over, mem_margin, sm_margin)
+
+
 class AgentMetrics:
     """The agent's metrics on their own registry (several agents in one test process stay apart)."""
 
@@ -107,6 +165,10 @@ class AgentMetrics:
 
     def watch_policy(self, *, age_s: Callable[[], float | None], etag: Callable[[], str | None]) -> None:
         self.registry.register(_PolicyCollector(age_s, etag))
+
+    def watch_predictions(self, stats: Callable[[], Sequence[PredictionStats]]) -> None:
+        """Export the per-workload predictors' ``stats`` (``WorkloadPredictors.stats``) at scrape time."""
+        self.registry.register(_PredictionCollector(stats))
 
     def observe(self, *, grants: Sequence[Grant], readings: Sequence[UsageReading]) -> None:
         """Grants and use of this tick; the series of workloads no longer present are removed."""

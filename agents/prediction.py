@@ -1,0 +1,295 @@
+"""Per-workload peak prediction in the agent, with online calibration (docs/prediction.md).
+
+:class:`WorkloadPredictors` is the agent's ``Predictor``: it keeps, per (workload, GPU), one
+``allocator.predict`` predictor per resource (memory, SMs), feeds it from every reading and
+returns the predicted peak over the look-ahead (the largest of the 0.5, 1 and 2 s forecasts),
+so that grants rise before a burst arrives. The predictors consume one sample per 100 ms;
+the agent reads once per tick, so the samples between two readings are interpolated linearly
+(a 500 ms tick feeds five, the last one the reading itself).
+
+Online calibration: each forecast is later checked against the largest use actually read over
+its look-ahead. A forecast below that peak is an under-prediction; each workload's additive
+margin per resource moves up by ``gain × (1 − target)`` error scales after one and down by
+``gain × target`` after a hit, so over a window of n outcomes it moves by ``gain × n × (rate −
+target)`` error scales: it rises while the rolling rate is above the target and falls while it
+is below, and it settles where the rate is the target. The margin stays within ±
+``max_margin_fraction`` of the GPU's capacity.
+
+The state of a workload is dropped at the first tick it is absent from (``observe``, a
+``TickObserver``); the agent loop calls it every tick.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from collections import deque
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Literal
+
+from agents.interfaces import GpuInfo, Grant, Prediction, UsageReading, Workload
+from allocator.predict import DEFAULT_KIND, STEP_S, PeakPredictor, PredictorKind, Resource, make_predictor
+from allocator.predict import shipped_bundle as _shipped_bundle
+
+__all__ = [
+    "DEFAULT_UNDERPREDICTION_TARGET",
+    "PREDICTOR_CHOICES",
+    "Calibration",
+    "PredictionStats",
+    "WorkloadPredictors",
+    "make_workload_predictors",
+]
+
+# The rate the shipped margins were fitted for (docs/prediction.md, "Calibration").
+DEFAULT_UNDERPREDICTION_TARGET = 0.05
+LOOKAHEAD_S = 2.0  # the longest horizon: a forecast is checked against the use read over the next 2 s
+# ``vgpu-agent run --predictor``: "lstm" is the calibrated default (memory: the LSTM, SMs: last value +
+# margin, ``allocator.predict.DEFAULT_KIND``); the baselines use that kind for both resources.
+PREDICTOR_CHOICES = ("lstm", "last-value", "ewma", "holt", "current-use")
+
+PredictorFactory = Callable[[Resource], PeakPredictor]
+
+
+@dataclass(frozen=True, slots=True)
+class Calibration:
+    """Online calibration of each workload's margin; ``enabled=False`` keeps the shipped margins only."""
+
+    enabled: bool = True
+    target: float = DEFAULT_UNDERPREDICTION_TARGET  # under-prediction rate held per workload and resource
+    window: int = 200  # outcomes in the rolling rate (100 s of 500 ms ticks)
+    gain: float = 0.1  # margin step, in error scales (EWMA of |peak − forecast|)
+    max_margin_fraction: float = 0.25  # |margin| <= this x the GPU's capacity of the resource
+
+    def __post_init__(self) -> None:
+        if not 0 < self.target < 1:
+            raise ValueError(f"calibration target must be in (0, 1), got {self.target!r}")
+        if self.window < 1:
+            raise ValueError(f"calibration window must be >= 1, got {self.window!r}")
+        if not (math.isfinite(self.gain) and self.gain > 0):
+            raise ValueError(f"calibration gain must be finite and > 0, got {self.gain!r}")
+        if not 0 <= self.max_margin_fraction <= 1:
+            raise ValueError(f"max_margin_fraction must be in [0, 1], got {self.max_margin_fraction!r}")
+
+
+@dataclass(frozen=True, slots=True)
+class PredictionStats:
+    """One workload's prediction on one GPU as of the last tick (resource units: MiB, SMs)."""
+
+    workload: Workload
+    gpu: str
+    mem_predicted_mb: float
+    mem_used_mb: float
+    sm_predicted: float
+    sm_used: float
+    mem_underprediction_rate: float | None  # over the checked window; None before the first check
+    sm_underprediction_rate: float | None
+    mem_over_reservation_mb: float | None  # mean of max(forecast − realised peak, 0) over the window
+    sm_over_reservation: float | None
+    mem_margin_mb: float  # the online margin in force
+    sm_margin: float
+
+
+@dataclass(slots=True)
+class _Pending:
+    at_s: float
+    forecast: float
+    peak: float = 0.0  # largest use read in (at, at + look-ahead]
+    seen: bool = False
+
+
+@dataclass(slots=True)
+class _Track:
+    """One resource of one workload: its predictor, online margin and checked outcomes."""
+
+    predictor: PeakPredictor
+    margin: float = 0.0
+    error_scale: float = 0.0  # EWMA of |realised peak − forecast|; 0 until the first check
+    last_value: float | None = None
+    last_at_s: float | None = None
+    forecast: float = 0.0  # the last forecast handed out (with the margin, clipped)
+    pending: deque[_Pending] = field(default_factory=deque)
+    under: deque[bool] = field(default_factory=deque)
+    over: deque[float] = field(default_factory=deque)
+    under_count: int = 0
+    over_sum: float = 0.0
+
+
+@dataclass(slots=True)
+class _State:
+    workload: Workload
+    memory: _Track
+    sm: _Track
+    mem_used_mb: float = 0.0
+    sm_used: float = 0.0
+
+
+class WorkloadPredictors:
+    """The agent's ``Predictor`` (and ``TickObserver``): one predictor per workload and resource.
+
+    ``memory`` and ``sm`` build a fresh ``PeakPredictor`` for a workload that appears; their
+    forecasts are in the shipped model's units: memory in MiB, SMs of a ``model_sm_count``-SM
+    card, so SM readings are rescaled by each GPU's own SM count on the way in and out. Forecasts
+    are clipped to ``[0, capacity]`` of the GPU. Thread-safe: metrics read :meth:`stats` while the
+    loop ticks.
+    """
+
+    def __init__(
+        self,
+        *,
+        gpus: Sequence[GpuInfo],
+        memory: PredictorFactory,
+        sm: PredictorFactory,
+        model_sm_count: float,
+        calibration: Calibration | None = None,
+    ) -> None:
+        if not (math.isfinite(model_sm_count) and model_sm_count > 0):
+            raise ValueError(f"model_sm_count must be finite and > 0, got {model_sm_count!r}")
+        self._gpus: Mapping[str, GpuInfo] = {g.uuid: g for g in gpus}
+        self._factories = {"memory_mb": memory, "sm": sm}
+        self._model_sm = float(model_sm_count)
+        self._calibration = calibration if calibration is not None else Calibration()
+        self._origin: datetime | None = None
+        self._states: dict[tuple[str, str], _State] = {}
+        self._lock = threading.Lock()
+
+    @property
+    def calibration(self) -> Calibration:
+        return self._calibration
+
+    def predict(self, *, reading: UsageReading, now: datetime) -> Prediction:
+        gpu = self._gpus.get(reading.gpu)
+        if gpu is None:
+            raise ValueError(f"reading for unknown GPU {reading.gpu!r} ({reading.workload.key})")
+        with self._lock:
+            if self._origin is None:
+                self._origin = now
+            at_s = (now - self._origin).total_seconds()
+            key = (reading.workload.key, reading.gpu)
+            state = self._states.get(key)
+            if state is None:
+                state = _State(
+                    workload=reading.workload,
+                    memory=_Track(predictor=self._factories["memory_mb"]("memory_mb")),
+                    sm=_Track(predictor=self._factories["sm"]("sm")),
+                )
+                self._states[key] = state
+            state.workload = reading.workload
+            state.mem_used_mb, state.sm_used = reading.mem_used_mb, reading.sm_used
+            sm_scale = self._model_sm / gpu.sm_count
+            mem = self._step(state.memory, value=reading.mem_used_mb, at_s=at_s, scale=1.0, capacity=gpu.memory_mb)
+            sm = self._step(state.sm, value=reading.sm_used, at_s=at_s, scale=sm_scale, capacity=gpu.sm_count)
+        return Prediction(mem_peak_mb=mem, sm_peak=sm)
+
+    def observe(self, *, grants: Sequence[Grant], readings: Sequence[UsageReading]) -> None:
+        """Forget the workloads absent from this tick's readings."""
+        present = {(r.workload.key, r.gpu) for r in readings}
+        with self._lock:
+            for key in [k for k in self._states if k not in present]:
+                del self._states[key]
+
+    def stats(self) -> list[PredictionStats]:
+        with self._lock:
+            return [
+                PredictionStats(
+                    workload=s.workload,
+                    gpu=gpu,
+                    mem_predicted_mb=s.memory.forecast,
+                    mem_used_mb=s.mem_used_mb,
+                    sm_predicted=s.sm.forecast,
+                    sm_used=s.sm_used,
+                    mem_underprediction_rate=_rate(s.memory),
+                    sm_underprediction_rate=_rate(s.sm),
+                    mem_over_reservation_mb=_over(s.memory),
+                    sm_over_reservation=_over(s.sm),
+                    mem_margin_mb=s.memory.margin,
+                    sm_margin=s.sm.margin,
+                )
+                for (_key, gpu), s in self._states.items()
+            ]
+
+    def _step(self, track: _Track, *, value: float, at_s: float, scale: float, capacity: float) -> float:
+        """Check the pending forecasts against ``value``, feed the predictor, return the new forecast."""
+        self._check(track, value=value, at_s=at_s, capacity=capacity)
+        scaled = value * scale
+        if track.last_value is None or track.last_at_s is None:
+            track.predictor.observe(scaled)
+        else:
+            # One sample per STEP_S since the last reading, on the line from it to this one.
+            steps = max(1, min(round((at_s - track.last_at_s) / STEP_S), round(LOOKAHEAD_S / STEP_S) * 2))
+            previous = track.last_value * scale
+            for i in range(1, steps + 1):
+                track.predictor.observe(previous + (scaled - previous) * i / steps)
+        track.last_value, track.last_at_s = value, at_s
+        forecast = max(track.predictor.predict().as_tuple()) / scale
+        if self._calibration.enabled:
+            forecast += track.margin
+        forecast = min(float(capacity), max(0.0, forecast))
+        track.forecast = forecast
+        track.pending.append(_Pending(at_s=at_s, forecast=forecast))
+        return forecast
+
+    def _check(self, track: _Track, *, value: float, at_s: float, capacity: float) -> None:
+        for p in track.pending:
+            if at_s <= p.at_s + LOOKAHEAD_S + 1e-9:
+                p.peak = max(p.peak, value) if p.seen else value
+                p.seen = True
+        while track.pending and (at_s >= track.pending[0].at_s + LOOKAHEAD_S - 1e-9):
+            done = track.pending.popleft()
+            if done.seen:
+                self._record(track, done, capacity=capacity)
+
+    def _record(self, track: _Track, done: _Pending, *, capacity: float) -> None:
+        c = self._calibration
+        error = done.peak - done.forecast
+        under = error > 1e-9 * max(1.0, capacity)
+        track.under.append(under)
+        track.under_count += under
+        over = max(-error, 0.0)
+        track.over.append(over)
+        track.over_sum += over
+        if len(track.under) > c.window:
+            track.under_count -= track.under.popleft()
+            track.over_sum -= track.over.popleft()
+        # Error scale: the step of the margin; seeded by the first error (or 0.1 % of the card).
+        magnitude = max(abs(error), 1e-3 * capacity)
+        track.error_scale = magnitude if track.error_scale == 0 else 0.9 * track.error_scale + 0.1 * magnitude
+        if c.enabled:
+            step = c.gain * track.error_scale * ((1 - c.target) if under else -c.target)
+            bound = c.max_margin_fraction * capacity
+            track.margin = min(bound, max(-bound, track.margin + step))
+
+
+def _rate(track: _Track) -> float | None:
+    return track.under_count / len(track.under) if track.under else None
+
+
+def _over(track: _Track) -> float | None:
+    return track.over_sum / len(track.over) if track.over else None
+
+
+def make_workload_predictors(
+    kind: Literal["lstm", "last-value", "ewma", "holt"],
+    *,
+    gpus: Sequence[GpuInfo],
+    calibration: Calibration | None = None,
+) -> WorkloadPredictors:
+    """The agent's predictors from the shipped bundle: ``lstm`` is the calibrated default pair."""
+    bundle = _shipped_bundle()
+    if kind == "lstm":
+        kinds: Mapping[Resource, PredictorKind] = DEFAULT_KIND
+    else:
+        baseline: PredictorKind = "last_value" if kind == "last-value" else kind
+        kinds = {"memory_mb": baseline, "sm": baseline}
+
+    def factory(resource: Resource) -> PeakPredictor:
+        return make_predictor(kinds[resource], resource, bundle=bundle, calibrated=True)
+
+    return WorkloadPredictors(
+        gpus=gpus,
+        memory=factory,
+        sm=factory,
+        model_sm_count=bundle.resources["sm"].capacity,
+        calibration=calibration,
+    )
