@@ -166,3 +166,29 @@ def test_mps_and_watchdog_together_drive_the_mps_control_daemon(
     assert daemon.commands[0] == "set_default_active_thread_percentage 100"
     assert daemon.commands.count("set_default_active_thread_percentage 100") == 1
     assert set(daemon.commands[1:]) == {"get_server_list"}
+
+
+def granted_over_used(spool_path: Path) -> float:
+    """Memory granted ÷ memory used over every spooled sample."""
+    spool = Spool(spool_path, node="gpu-node-03", now=clock.now)
+    samples = [s for b in spool.list_batches() for s in json.loads(b.json_bytes())["samples"]]
+    return sum(s["mem_granted_mb_s"] for s in samples) / sum(s["mem_used_mb_s"] for s in samples)
+
+
+def test_the_default_predictor_reserves_ahead_and_current_use_does_not(
+    closed_port_url: str, files: dict[str, Path], tmp_path: Path
+) -> None:
+    start = "2026-11-30T03:00:00Z"
+    assert main(run_args(closed_port_url, files, "--once-seconds", "20", "--start", start)) == EXIT_PENDING
+    current = {**files, "spool": tmp_path / "current.sqlite"}
+    args = run_args(closed_port_url, current, "--once-seconds", "20", "--start", start, "--predictor", "current-use")
+    assert main(args) == EXIT_PENDING
+    # Both grant use x (1 + headroom 0.2) at least; the default adds the predicted peak above use.
+    assert granted_over_used(files["spool"]) > granted_over_used(current["spool"]) + 0.05
+
+
+def test_an_underprediction_target_outside_0_1_is_one_clear_error(
+    closed_port_url: str, files: dict[str, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(run_args(closed_port_url, files, "--once-seconds", "5", "--underprediction-target", "1.5")) == 1
+    assert "--underprediction-target: calibration target must be in (0, 1), got 1.5" in capsys.readouterr().err
