@@ -14,6 +14,7 @@ from allocator.packing._model import (
     Cluster,
     NodeSpec,
     PodSpec,
+    TraceFormatError,
     read_nodes_csv,
     read_pods_csv,
 )
@@ -41,6 +42,7 @@ __all__ = [
     "FragmentationModel",
     "NodeSpec",
     "PodSpec",
+    "TraceFormatError",
     "Policy",
     "SimulationResult",
     "allocation_at",
