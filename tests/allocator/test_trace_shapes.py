@@ -8,6 +8,8 @@ the file, the row and the column.
 
 from __future__ import annotations
 
+import csv
+import json
 from pathlib import Path
 
 import pytest
@@ -157,3 +159,100 @@ def test_the_real_default_trace_still_reads_unchanged() -> None:
     header, rows, pods = read_pods_csv(PODS_CSV)
     assert len(pods) == 8152 and header[0] == "name" and len(header) == 11
     assert len(read_nodes_csv(NODES_CSV)) == 1213
+
+
+# --- several traces in one command -------------------------------------------------------------
+
+NODES_BODY = "sn,cpu_milli,memory_mib,gpu,model\nn0,64000,262144,4,T4\nn1,96000,393216,8,G2\nn2,32000,65536,0,\n"
+
+
+def test_several_traces_and_policies_make_one_table(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    nodes = _write(tmp_path / "nodes.csv", NODES_BODY)
+    full = _write(
+        tmp_path / "full.csv",
+        "name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec,qos,pod_phase,creation_time,deletion_time,scheduled_time\n"
+        "a,4000,8192,1,500,,LS,Running,0,10,0\nb,2000,4096,1,1000,T4,BE,Running,1,9,1\n"
+        "c,1000,1024,0,0,,LS,Failed,2,8,2\nd,8000,8192,2,1000,,LS,Running,3,7,3\n",
+    )
+    multigpu = _write(
+        tmp_path / "multigpu.csv",
+        "name,cpu_milli,memory_mib,num_gpu,gpu_milli\na,4000,8192,4,1000\nb,2000,4096,1,300\nc,1000,1024,8,1000\n",
+    )
+    table = tmp_path / "out" / "table.csv"
+    argv = ["--nodes", str(nodes), "--pods", str(full), str(multigpu), "--seeds", "1-2", "--policy", "bestfit,random"]
+    assert main([*argv, "--outdir", str(tmp_path / "runs"), "--table", str(table), "--json"]) == 0
+    lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [(d["trace"], d["policy"]) for d in lines] == [
+        ("full", "bestfit"),
+        ("full", "random"),
+        ("multigpu", "bestfit"),
+        ("multigpu", "random"),
+    ]
+    with table.open() as handle:
+        reader = csv.DictReader(handle)
+        assert reader.fieldnames is not None and reader.fieldnames[:3] == ["trace", "policy", "seeds"]
+        rows = list(reader)
+    assert [(r["trace"], r["policy"], r["seeds"]) for r in rows] == [(d["trace"], d["policy"], "1-2") for d in lines]
+    for row, data in zip(rows, lines, strict=True):
+        assert int(row["pods_placed"]) == data["pods_placed"] and int(row["pods_failed"]) == data["pods_failed"]
+        for level in ("alloc_at_100", "alloc_at_130"):  # empty where a seed never reached the level
+            mean = data[level]["mean"]
+            assert row[f"{level}_mean"] == ("" if mean is None else str(mean))
+    for trace, originals in (("full", "abcd"), ("multigpu", "abc")):
+        for policy in ("bestfit", "random"):
+            with (tmp_path / "runs" / trace / policy / "seed2" / "placements.csv").open() as handle:
+                placed = list(csv.DictReader(handle))
+            assert placed and all(p["pod"].split("-tuned-")[0] in originals for p in placed)
+    # every multigpu placement of a 4- or 8-GPU pod went to the one 8-GPU node or the 4-GPU one
+    with (tmp_path / "runs" / "multigpu" / "bestfit" / "seed1" / "placements.csv").open() as handle:
+        assert all(p["node"] in {"", "n0", "n1"} for p in csv.DictReader(handle))
+
+
+def test_plain_output_is_the_same_table(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    nodes = _write(tmp_path / "nodes.csv", NODES_BODY)
+    pods = _write(tmp_path / "p.csv", "name,cpu_milli,num_gpu\na,1000,1\nb,1000,2\n")
+    assert main(["--nodes", str(nodes), "--pods", str(pods), "--seeds", "3,5-6", "--policy", "fgd,strand"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].split() == [
+        "trace",
+        "policy",
+        "seeds",
+        "alloc_at_100_mean",
+        "alloc_at_100_sd",
+        "alloc_at_130_mean",
+        "alloc_at_130_sd",
+        "pods_placed",
+        "pods_failed",
+        "seconds",
+    ]
+    assert [line.split()[:3] for line in out[1:]] == [["p", "fgd", "3,5-6"], ["p", "strand", "3,5-6"]]
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--policy", "bestfit,nope"], "nope"),
+        (["--policy", "bestfit,,fgd"], "empty item in policy list"),
+    ],
+)
+def test_bad_policy_lists_fail_before_any_run(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], extra: list[str], message: str
+) -> None:
+    nodes = _write(tmp_path / "nodes.csv", NODES_BODY)
+    pods = _write(tmp_path / "p.csv", "name,cpu_milli,num_gpu\na,1000,1\n")
+    table = tmp_path / "table.csv"
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--nodes", str(nodes), "--pods", str(pods), "--seeds", "1", "--table", str(table), *extra])
+    assert exit_info.value.code == 2
+    assert message in capsys.readouterr().err and not table.exists()
+
+
+def test_two_pod_files_with_the_same_name_are_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    nodes = _write(tmp_path / "nodes.csv", NODES_BODY)
+    (tmp_path / "x").mkdir()
+    first = _write(tmp_path / "p.csv", "name,cpu_milli,num_gpu\na,1000,1\n")
+    second = _write(tmp_path / "x" / "p.csv", "name,cpu_milli,num_gpu\na,1000,1\n")
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--nodes", str(nodes), "--pods", str(first), str(second), "--seeds", "1", "--policy", "bestfit"])
+    assert exit_info.value.code == 2
+    assert "share the name 'p'" in capsys.readouterr().err
