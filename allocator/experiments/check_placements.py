@@ -149,8 +149,10 @@ def main(argv: list[str] | None = None) -> int:
     else:
         for r in results:
             state = "OK" if not r.violations else f"{len(r.violations)} violation(s): {r.violations[0]}"
-            print(f"{r.seed_dir}: {r.placed}/{r.pods} placed, alloc@100 {r.alloc_at_100}, "
-                  f"alloc@130 {r.alloc_at_130}: {state}")
+            print(
+                f"{r.seed_dir}: {r.placed}/{r.pods} placed, alloc@100 {r.alloc_at_100}, "
+                f"alloc@130 {r.alloc_at_130}: {state}"
+            )
     return 1 if bad else 0
 
 

@@ -1,12 +1,15 @@
 """The FGD allocation experiment (shared FGD_EXPERIMENT.md; docs/packing.md).
 
-    python -m allocator.experiments.fgd --nodes FILE --pods FILE --tune 1.3 --seeds 42-51 \\
-        --policy NAME --outdir DIR --json
+    python -m allocator.experiments.fgd --nodes FILE --pods FILE [FILE ...] --tune 1.3 \\
+        --seeds 42-51 --policy NAME[,NAME...] --outdir DIR --table FILE --json
 
-Per seed it writes ``DIR/<policy>/seed<S>/arrived.csv`` (the arrived workload in arrival
-order, the pod CSV's columns, clones named ``<orig>-tuned-<i>``) and ``placements.csv``
-(``pod,node,gpus,gpu_milli``; ``gpus`` ``|``-separated GPU indices on the node, ``gpu_milli``
-the per-GPU share; an empty ``node`` means the pod was not placed).
+Every pod file is run with every policy; the result is one table, one row per trace ×
+policy (``--table`` writes it as CSV; ``--json`` prints one JSON object per row). Per seed
+it writes ``DIR/<policy>/seed<S>/arrived.csv`` (``DIR/<trace>/<policy>/seed<S>/`` when several
+pod files are given; ``<trace>`` is the file name without ``.csv``): the arrived workload in
+arrival order, the pod CSV's columns, clones named ``<orig>-tuned-<i>``; and
+``placements.csv`` (``pod,node,gpus,gpu_milli``; ``gpus`` ``|``-separated GPU indices on the
+node, ``gpu_milli`` the per-GPU share; an empty ``node`` means the pod was not placed).
 """
 
 from __future__ import annotations
@@ -37,9 +40,31 @@ from allocator.packing import (
     simulate,
 )
 
-__all__ = ["ExperimentSummary", "SeedOutcome", "main", "parse_seeds", "run_experiment", "run_seed"]
+__all__ = [
+    "TABLE_COLUMNS",
+    "ExperimentSummary",
+    "SeedOutcome",
+    "main",
+    "parse_policies",
+    "parse_seeds",
+    "run_experiment",
+    "run_seed",
+    "trace_names",
+]
 
 PLACEMENT_COLUMNS = ("pod", "node", "gpus", "gpu_milli")
+TABLE_COLUMNS = (
+    "trace",
+    "policy",
+    "seeds",
+    "alloc_at_100_mean",
+    "alloc_at_100_sd",
+    "alloc_at_130_mean",
+    "alloc_at_130_sd",
+    "pods_placed",
+    "pods_failed",
+    "seconds",
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,6 +95,34 @@ class ExperimentSummary:
             "seconds": round(self.seconds, 3),
         }
 
+    def table_row(self, trace: str) -> dict[str, object]:
+        """This summary as one row of the ``--table`` CSV (``TABLE_COLUMNS``; empty when never reached)."""
+        row: dict[str, object] = {"trace": trace, "policy": self.policy, "seeds": _seed_text(self.seeds)}
+        for level, values in (
+            ("alloc_at_100", [o.alloc_at_100 for o in self.outcomes]),
+            ("alloc_at_130", [o.alloc_at_130 for o in self.outcomes]),
+        ):
+            stats = _mean_sd(values)
+            row[f"{level}_mean"] = "" if stats["mean"] is None else stats["mean"]
+            row[f"{level}_sd"] = "" if stats["sd"] is None else stats["sd"]
+        row["pods_placed"] = sum(o.pods_placed for o in self.outcomes)
+        row["pods_failed"] = sum(o.pods_failed for o in self.outcomes)
+        row["seconds"] = round(self.seconds, 3)
+        return row
+
+
+def _seed_text(seeds: Sequence[int]) -> str:
+    """Seeds in the ``--seeds`` syntax, runs collapsed: (42, 43, 44, 50) → ``42-44,50``."""
+    parts: list[str] = []
+    i = 0
+    while i < len(seeds):
+        j = i
+        while j + 1 < len(seeds) and seeds[j + 1] == seeds[j] + 1:
+            j += 1
+        parts.append(str(seeds[i]) if i == j else f"{seeds[i]}-{seeds[j]}")
+        i = j + 1
+    return ",".join(parts)
+
 
 def _mean_sd(values: Sequence[float]) -> dict[str, float | None]:
     """Mean and sample standard deviation (0 for one seed); None when a seed never reached the level."""
@@ -96,6 +149,28 @@ def parse_seeds(text: str) -> tuple[int, ...]:
             raise ValueError(f"seed range {part!r} must be ascending and >= 0")
         seeds.extend(s for s in range(first, last + 1) if s not in seeds)
     return tuple(seeds)
+
+
+def parse_policies(text: str) -> tuple[str, ...]:
+    """``bestfit,fgd`` → the policy names in that order, without repeats; unknown names fail."""
+    names: list[str] = []
+    for part in text.split(","):
+        name = part.strip()
+        if not name:
+            raise ValueError(f"empty item in policy list {text!r}")
+        resolve_policy_name(name)
+        if name not in names:
+            names.append(name)
+    return tuple(names)
+
+
+def trace_names(pods_paths: Sequence[Path]) -> tuple[str, ...]:
+    """Each pod file's name without ``.csv``: the ``trace`` column and, with several files, the folder."""
+    names = tuple(p.stem for p in pods_paths)
+    for i, name in enumerate(names):
+        if name in names[:i]:
+            raise ValueError(f"pod files {pods_paths[names.index(name)]} and {pods_paths[i]} share the name {name!r}")
+    return names
 
 
 def run_seed(
@@ -170,46 +245,63 @@ def run_experiment(
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m allocator.experiments.fgd", description=__doc__.split("\n\n")[0])
     parser.add_argument("--nodes", type=Path, required=True, help="node list CSV (sn,cpu_milli,memory_mib,gpu,model)")
-    parser.add_argument("--pods", type=Path, required=True, help="pod list CSV (name,cpu_milli,memory_mib,num_gpu,...)")
+    parser.add_argument(
+        "--pods", type=Path, nargs="+", required=True, help="one or more pod list CSVs (name,cpu_milli,num_gpu,...)"
+    )
     parser.add_argument("--tune", type=float, default=1.3, help="arrived GPU milli as a multiple of the cluster's")
     parser.add_argument("--seeds", default="42-51", help="e.g. 42-51 or 42,45,50-51")
-    parser.add_argument("--policy", default="best", help="bestfit, random, fgd, strand or best (= strand)")
     parser.add_argument(
-        "--outdir", type=Path, default=None, help="write <policy>/seed<S>/{arrived,placements}.csv here"
+        "--policy", default="best", help="comma-separated: bestfit, random, fgd, strand or best (= strand)"
     )
-    parser.add_argument("--json", action="store_true", help="print the summary as one JSON object")
+    parser.add_argument(
+        "--outdir", type=Path, default=None, help="write [<trace>/]<policy>/seed<S>/{arrived,placements}.csv here"
+    )
+    parser.add_argument("--table", type=Path, default=None, help="write the trace × policy table here as CSV")
+    parser.add_argument("--json", action="store_true", help="print one JSON object per trace × policy")
     parser.add_argument("--jobs", type=int, default=1, help="seeds run in parallel (processes)")
     return parser
+
+
+def _print_table(rows: Sequence[dict[str, object]]) -> None:
+    widths = {c: max(len(c), *(len(str(r[c])) for r in rows)) for c in TABLE_COLUMNS}
+    print("  ".join(c.ljust(widths[c]) for c in TABLE_COLUMNS).rstrip())
+    for row in rows:
+        print("  ".join(str(row[c]).ljust(widths[c]) for c in TABLE_COLUMNS).rstrip())
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
+    rows: list[dict[str, object]] = []
     try:
         seeds = parse_seeds(args.seeds)
-        summary = run_experiment(
-            nodes_path=args.nodes,
-            pods_path=args.pods,
-            tune=args.tune,
-            seeds=seeds,
-            policy=args.policy,
-            outdir=args.outdir,
-            jobs=args.jobs,
-        )
+        policies = parse_policies(args.policy)
+        names = trace_names(args.pods)
+        for pods_path, trace in zip(args.pods, names, strict=True):
+            outdir = args.outdir / trace if args.outdir is not None and len(args.pods) > 1 else args.outdir
+            for policy in policies:
+                summary = run_experiment(
+                    nodes_path=args.nodes,
+                    pods_path=pods_path,
+                    tune=args.tune,
+                    seeds=seeds,
+                    policy=policy,
+                    outdir=outdir,
+                    jobs=args.jobs,
+                )
+                rows.append(summary.table_row(trace))
+                if args.json:
+                    print(json.dumps({"trace": trace, "pods": str(pods_path), **summary.as_json()}), flush=True)
+        if args.table is not None:
+            args.table.parent.mkdir(parents=True, exist_ok=True)
+            with args.table.open("w", newline="", encoding="utf-8") as handle:
+                writer = csv.DictWriter(handle, fieldnames=TABLE_COLUMNS, lineterminator="\n")
+                writer.writeheader()
+                writer.writerows(rows)
     except (ValueError, OSError) as error:
         parser.exit(2, f"error: {error}\n")
-    if args.json:
-        print(json.dumps(summary.as_json()))
-        return 0
-    print(f"policy {summary.policy}")
-    print("seed  arrived%  alloc@100  alloc@130  placed  failed")
-    for o in summary.outcomes:
-        print(
-            f"{o.seed:<5} {o.arrived_percent:8.2f}  {o.alloc_at_100:9.2f}  {o.alloc_at_130:9.2f}"
-            f"  {o.pods_placed:6d}  {o.pods_failed:6d}"
-        )
-    data = summary.as_json()
-    print(f"alloc_at_100 {data['alloc_at_100']}  alloc_at_130 {data['alloc_at_130']}  seconds {data['seconds']}")
+    if not args.json:
+        _print_table(rows)
     return 0
 
 

@@ -7,13 +7,14 @@ See ``docs/packing.md`` and ``allocator.experiments.fgd``.
 """
 
 from allocator.packing._arrival import Arrival, arrival_rng, build_arrival, tuned_name
-from allocator.packing._fragmentation import FragmentationModel
+from allocator.packing._fragmentation import TYPICAL_POD_THRESHOLD, FragmentationModel, typical_pods
 from allocator.packing._model import (
     GPU_MILLI,
     MAX_PODS_PER_NODE,
     Cluster,
     NodeSpec,
     PodSpec,
+    TraceFormatError,
     read_nodes_csv,
     read_pods_csv,
 )
@@ -30,6 +31,7 @@ from allocator.packing._simulate import SimulationResult, allocation_at, percent
 from allocator.packing._state import ClusterState
 
 __all__ = [
+    "TYPICAL_POD_THRESHOLD",
     "BEST_POLICY",
     "GPU_MILLI",
     "MAX_PODS_PER_NODE",
@@ -41,6 +43,7 @@ __all__ = [
     "FragmentationModel",
     "NodeSpec",
     "PodSpec",
+    "TraceFormatError",
     "Policy",
     "SimulationResult",
     "allocation_at",
@@ -54,4 +57,5 @@ __all__ = [
     "resolve_policy_name",
     "simulate",
     "tuned_name",
+    "typical_pods",
 ]

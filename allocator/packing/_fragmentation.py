@@ -17,6 +17,7 @@ score is exact for the observed distribution and costs ``O(groups)`` per candida
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -26,9 +27,38 @@ import numpy.typing as npt
 from allocator.packing._model import GPU_MILLI, MAX_PODS_PER_NODE, Cluster, IntArray, PodSpec
 from allocator.packing._state import is_whole_gpu_request
 
-__all__ = ["FragmentationModel"]
+__all__ = ["TYPICAL_POD_THRESHOLD", "FragmentationModel", "typical_pods"]
 
 FloatArray = npt.NDArray[np.float64]
+
+TYPICAL_POD_THRESHOLD = 0.95  # the simulator's podPopularityThreshold default (95 %, step 1)
+
+
+def typical_pods(pods: Sequence[PodSpec], threshold: float = TYPICAL_POD_THRESHOLD) -> tuple[PodSpec, ...]:
+    """The pods of the most popular request shapes, as the FGD simulator's ``GetTypicalPods``.
+
+    A shape is ``(cpu_milli, gpu_milli, num_gpu, gpu_spec)`` (memory is not part of it). Shapes
+    are taken most frequent first (equal counts: the larger shape first, as the simulator's
+    reversed sort) one at a time until they cover at least ``threshold`` of the pods; the pods
+    of the other shapes are left out of the target workload.
+    """
+    if not 0 < threshold <= 1:
+        raise ValueError(f"typical-pod threshold must be in (0, 1], got {threshold}")
+    if not pods:
+        raise ValueError("the target workload has no pods")
+
+    def shape(p: PodSpec) -> tuple[int, int, int, str]:
+        return (p.cpu_milli, p.gpu_milli, p.num_gpu, "|".join(p.gpu_spec))
+
+    counts = Counter(shape(p) for p in pods)
+    kept: set[tuple[int, int, int, str]] = set()
+    covered = 0
+    for key, count in sorted(counts.items(), key=lambda kv: (kv[1], kv[0]), reverse=True):
+        if covered >= threshold * len(pods):
+            break
+        kept.add(key)
+        covered += count
+    return tuple(p for p in pods if shape(p) in kept)
 
 
 @dataclass(frozen=True, slots=True, eq=False)

@@ -13,7 +13,7 @@ from typing import Any, Protocol
 import numpy as np
 import numpy.typing as npt
 
-from allocator.packing._fragmentation import FloatArray, FragmentationModel
+from allocator.packing._fragmentation import FloatArray, FragmentationModel, typical_pods
 from allocator.packing._model import GPU_MILLI, Cluster, IntArray, PodSpec
 from allocator.packing._state import ClusterState, is_whole_gpu_request, lowest_whole_gpus, tightest_gpu
 
@@ -160,14 +160,15 @@ class FgdPolicy(_Prioritised):
     The pod goes to the (node, GPU) whose expected fragmented GPU milli against the target
     workload (``FragmentationModel``) grows least; ties go to the node priority, then the
     lower GPU index. As in the paper, CPU is the only host resource in the fragmentation
-    measure (``use_memory=False``).
+    measure (``use_memory=False``), and as in the simulator the target workload is the
+    typical pods only (``typical_pods``: the most popular shapes covering 95 % of pods).
     """
 
     name = "fgd"
 
     def __init__(self, cluster: Cluster, workload: Sequence[PodSpec], rng: np.random.Generator) -> None:
         super().__init__(cluster, rng)
-        self.model = FragmentationModel.from_workload(workload, cluster, use_memory=False)
+        self.model = FragmentationModel.from_workload(typical_pods(workload), cluster, use_memory=False)
         self._base: FloatArray | None = None
 
     def _score_nodes(self, state: ClusterState, nodes: IntArray) -> FloatArray:

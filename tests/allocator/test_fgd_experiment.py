@@ -146,7 +146,18 @@ def test_cli_writes_arrived_and_placements_per_seed(tmp_path: Path, capsys: pyte
     argv = ["--nodes", str(nodes), "--pods", str(pods), "--tune", "1.3", "--seeds", "1-2", "--policy", "best"]
     assert main([*argv, "--outdir", str(out), "--json"]) == 0
     summary = json.loads(capsys.readouterr().out)
-    assert set(summary) == {"policy", "seeds", "alloc_at_100", "alloc_at_130", "pods_placed", "pods_failed", "seconds"}
+    assert set(summary) == {
+        "trace",
+        "pods",
+        "policy",
+        "seeds",
+        "alloc_at_100",
+        "alloc_at_130",
+        "pods_placed",
+        "pods_failed",
+        "seconds",
+    }
+    assert summary["trace"] == "pods" and summary["pods"] == str(pods)
     assert summary["policy"] == "best" and summary["seeds"] == [1, 2]
     assert set(summary["alloc_at_130"]) == {"mean", "sd"}
     total = 0

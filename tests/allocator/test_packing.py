@@ -23,6 +23,7 @@ from allocator.packing import (
     policy_rng,
     resolve_policy_name,
     simulate,
+    typical_pods,
 )
 
 MODELS = ("A100", "T4", "V100")
@@ -214,6 +215,27 @@ def test_pod_count_limit_blocks_the_node() -> None:
 
 
 # --- fragmentation -----------------------------------------------------------------------------
+
+
+def test_typical_pods_keep_the_most_popular_shapes_until_95_percent() -> None:
+    # 19 pods of shape A, 1 of shape B: A alone covers 95 %, so B leaves the target workload.
+    pods = [_pod(f"a{i}", 4000, 1, 500) for i in range(19)] + [_pod("b", 4000, 1, 300)]
+    assert typical_pods(pods) == tuple(pods[:19])
+    # 18 + 2: A covers 90 % < 95 %, so B is taken as well.
+    assert typical_pods(pods[:18] + [pods[19], _pod("b2", 4000, 1, 300)]) == (
+        *pods[:18],
+        pods[19],
+        _pod("b2", 4000, 1, 300),
+    )
+
+
+def test_typical_pod_shapes_include_cpu_but_not_memory_and_equal_counts_prefer_the_larger_shape() -> None:
+    same_shape = [_pod("m1", 2000, 1, 500, mem=1), _pod("m2", 2000, 1, 500, mem=99)]
+    assert typical_pods(same_shape, threshold=0.5) == tuple(same_shape)  # one shape: memory differs only
+    tie = [_pod("small", 1000, 1, 500), _pod("large", 2000, 1, 500)]
+    assert typical_pods(tie, threshold=0.5) == (tie[1],)  # CPU is the first key of the shape
+    with pytest.raises(ValueError, match="threshold"):
+        typical_pods(tie, threshold=0)
 
 
 def test_fragmentation_counts_free_milli_below_each_groups_share() -> None:
