@@ -20,7 +20,7 @@ from billing.models import BillingPeriod, Budget, BudgetAction, BudgetState, Bud
 from billing.queries.undelivered import count_open_undelivered_by_node
 from billing.services.invoicing import close_is_stalled, month_bounds
 
-__all__ = ["PERIOD_STATES", "LedgerState", "get_ledger_state"]
+__all__ = ["PERIOD_STATES", "LedgerState", "batch_backlog", "get_ledger_state"]
 
 # A closing period whose job went quiet is reported apart from one that is making progress.
 PERIOD_STATES = ("open", "closing", "stalled", "closed", "failed")
@@ -40,7 +40,7 @@ class LedgerState:
 
 
 def get_ledger_state(*, now: datetime) -> LedgerState:
-    pending, lag_s, quarantined = _batches(now=now)
+    pending, lag_s, quarantined = batch_backlog(now=now)
     return LedgerState(
         pending_batches=pending, rollup_lag_s=lag_s, quarantined_batches=quarantined,
         undelivered_by_node=count_open_undelivered_by_node(), periods_by_state=_periods(now=now),
@@ -48,9 +48,9 @@ def get_ledger_state(*, now: datetime) -> LedgerState:
     )
 
 
-def _batches(*, now: datetime) -> tuple[int, float, int]:
-    # The same statement as /healthz: both partial indexes on rolled_up_at IS NULL keep it to the
-    # batches not yet billed, however many were.
+def batch_backlog(*, now: datetime) -> tuple[int, float, int]:
+    """(pending, rollup lag in s, quarantined), for /healthz and /metrics alike. The partial
+    indexes on rolled_up_at IS NULL keep it to the batches not yet billed, however many were."""
     with connection.cursor() as cur:
         cur.execute(
             "SELECT count(*) FILTER (WHERE quarantined_at IS NULL), "

@@ -16,6 +16,7 @@ from django.http import HttpRequest, JsonResponse
 from django.utils import timezone
 from django.views.decorators.cache import never_cache
 
+from billing.queries.ledger_state import batch_backlog
 from billing.queries.undelivered import count_open_undelivered
 from config.celery import app as celery_app
 
@@ -53,15 +54,7 @@ def _worker() -> dict:
 
 
 def _ledger() -> dict:
-    with connection.cursor() as cur:
-        cur.execute(
-            "SELECT count(*) FILTER (WHERE rolled_up_at IS NULL AND quarantined_at IS NULL), "
-            "min(received_at) FILTER (WHERE rolled_up_at IS NULL AND quarantined_at IS NULL), "
-            "count(*) FILTER (WHERE quarantined_at IS NOT NULL) "
-            "FROM billing_usagebatch WHERE rolled_up_at IS NULL"
-        )
-        backlog, oldest, quarantined = cur.fetchone()
-    lag = max(0.0, (timezone.now() - oldest).total_seconds()) if oldest else 0.0
+    backlog, lag, quarantined = batch_backlog(now=timezone.now())
     undelivered = count_open_undelivered()
     detail = {"backlog_batches": backlog, "rollup_lag_s": round(lag, 1), "quarantined_batches": quarantined,
               "undelivered_batches": undelivered, "max_rollup_lag_s": settings.VGPU_HEALTH_MAX_ROLLUP_LAG_S}
