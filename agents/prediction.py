@@ -30,7 +30,16 @@ from datetime import datetime
 from typing import Literal
 
 from agents.interfaces import GpuInfo, Grant, Prediction, UsageReading, Workload
-from allocator.predict import DEFAULT_KIND, STEP_S, PeakPredictor, PredictorKind, Resource, make_predictor
+from allocator.predict import (
+    DEFAULT_KIND,
+    STEP_S,
+    PeakForecast,
+    PeakPredictor,
+    PredictorKind,
+    Resource,
+    make_predictor,
+    predict_peaks,
+)
 from allocator.predict import shipped_bundle as _shipped_bundle
 
 __all__ = [
@@ -159,28 +168,58 @@ class WorkloadPredictors:
         return self._calibration
 
     def predict(self, *, reading: UsageReading, now: datetime) -> Prediction:
-        gpu = self._gpus.get(reading.gpu)
-        if gpu is None:
-            raise ValueError(f"reading for unknown GPU {reading.gpu!r} ({reading.workload.key})")
+        """One reading: its predictors forecast one at a time (the LSTM: one ``lstm_forward`` call)."""
+        return self._predict((reading,), now=now, forecast=_one_by_one)[0]
+
+    def predict_many(self, *, readings: Sequence[UsageReading], now: datetime) -> list[Prediction]:
+        """A tick's readings at once: the same predictions, with one batched LSTM pass for all of them."""
+        if len({(r.workload.key, r.gpu) for r in readings}) < len(readings):
+            # A workload read twice in one call: each reading sees the one before, as with ``predict``.
+            return [self.predict(reading=r, now=now) for r in readings]
+        return self._predict(readings, now=now, forecast=predict_peaks)
+
+    def _predict(
+        self,
+        readings: Sequence[UsageReading],
+        *,
+        now: datetime,
+        forecast: Callable[[Sequence[PeakPredictor]], list[PeakForecast]],
+    ) -> list[Prediction]:
+        gpus = []
+        for reading in readings:
+            gpu = self._gpus.get(reading.gpu)
+            if gpu is None:
+                raise ValueError(f"reading for unknown GPU {reading.gpu!r} ({reading.workload.key})")
+            gpus.append(gpu)
         with self._lock:
             if self._origin is None:
                 self._origin = now
             at_s = (now - self._origin).total_seconds()
-            key = (reading.workload.key, reading.gpu)
-            state = self._states.get(key)
-            if state is None:
-                state = _State(
-                    workload=reading.workload,
-                    memory=_Track(predictor=self._factories["memory_mb"]("memory_mb")),
-                    sm=_Track(predictor=self._factories["sm"]("sm")),
-                )
-                self._states[key] = state
-            state.workload = reading.workload
-            state.mem_used_mb, state.sm_used = reading.mem_used_mb, reading.sm_used
-            sm_scale = self._model_sm / gpu.sm_count
-            mem = self._step(state.memory, value=reading.mem_used_mb, at_s=at_s, scale=1.0, capacity=gpu.memory_mb)
-            sm = self._step(state.sm, value=reading.sm_used, at_s=at_s, scale=sm_scale, capacity=gpu.sm_count)
-        return Prediction(mem_peak_mb=mem, sm_peak=sm)
+            # Per reading: memory then SMs, as (track, scale, capacity); fed first, forecast together.
+            jobs: list[tuple[_Track, float, float]] = []
+            for reading, gpu in zip(readings, gpus, strict=True):
+                key = (reading.workload.key, reading.gpu)
+                state = self._states.get(key)
+                if state is None:
+                    state = _State(
+                        workload=reading.workload,
+                        memory=_Track(predictor=self._factories["memory_mb"]("memory_mb")),
+                        sm=_Track(predictor=self._factories["sm"]("sm")),
+                    )
+                    self._states[key] = state
+                state.workload = reading.workload
+                state.mem_used_mb, state.sm_used = reading.mem_used_mb, reading.sm_used
+                sm_scale = self._model_sm / gpu.sm_count
+                self._feed(state.memory, value=reading.mem_used_mb, at_s=at_s, scale=1.0, capacity=gpu.memory_mb)
+                self._feed(state.sm, value=reading.sm_used, at_s=at_s, scale=sm_scale, capacity=gpu.sm_count)
+                jobs.append((state.memory, 1.0, gpu.memory_mb))
+                jobs.append((state.sm, sm_scale, gpu.sm_count))
+            peaks = forecast([track.predictor for track, _, _ in jobs])
+            values = [
+                self._finish(track, peak, at_s=at_s, scale=scale, capacity=capacity)
+                for (track, scale, capacity), peak in zip(jobs, peaks, strict=True)
+            ]
+        return [Prediction(mem_peak_mb=values[k], sm_peak=values[k + 1]) for k in range(0, len(values), 2)]
 
     def observe(self, *, grants: Sequence[Grant], readings: Sequence[UsageReading]) -> None:
         """Forget the workloads absent from this tick's readings."""
@@ -209,8 +248,8 @@ class WorkloadPredictors:
                 for (_key, gpu), s in self._states.items()
             ]
 
-    def _step(self, track: _Track, *, value: float, at_s: float, scale: float, capacity: float) -> float:
-        """Check the pending forecasts against ``value``, feed the predictor, return the new forecast."""
+    def _feed(self, track: _Track, *, value: float, at_s: float, scale: float, capacity: float) -> None:
+        """Check the pending forecasts against ``value`` and feed the predictor the samples up to it."""
         self._check(track, value=value, at_s=at_s, capacity=capacity)
         scaled = value * scale
         if track.last_value is None or track.last_at_s is None:
@@ -222,7 +261,10 @@ class WorkloadPredictors:
             for i in range(1, steps + 1):
                 track.predictor.observe(previous + (scaled - previous) * i / steps)
         track.last_value, track.last_at_s = value, at_s
-        forecast = max(track.predictor.predict().as_tuple()) / scale
+
+    def _finish(self, track: _Track, peak: PeakForecast, *, at_s: float, scale: float, capacity: float) -> float:
+        """The predictor's forecast → the one handed out: largest horizon, margin, clipped; remembered."""
+        forecast = max(peak.as_tuple()) / scale
         if self._calibration.enabled:
             forecast += track.margin
         forecast = min(float(capacity), max(0.0, forecast))
@@ -259,6 +301,10 @@ class WorkloadPredictors:
             step = c.gain * track.error_scale * ((1 - c.target) if under else -c.target)
             bound = c.max_margin_fraction * capacity
             track.margin = min(bound, max(-bound, track.margin + step))
+
+
+def _one_by_one(predictors: Sequence[PeakPredictor]) -> list[PeakForecast]:
+    return [p.predict() for p in predictors]
 
 
 def _rate(track: _Track) -> float | None:
