@@ -169,14 +169,15 @@ class WorkloadPredictors:
 
     def predict(self, *, reading: UsageReading, now: datetime) -> Prediction:
         """One reading: its predictors forecast one at a time (the LSTM: one ``lstm_forward`` call)."""
-        return self._predict((reading,), now=now, forecast=_one_by_one)[0]
+        return self._predict((reading,), now=now, forecast=_one_by_one, keys=[(reading.workload.key, reading.gpu)])[0]
 
     def predict_many(self, *, readings: Sequence[UsageReading], now: datetime) -> list[Prediction]:
         """A tick's readings at once: the same predictions, with one batched LSTM pass for all of them."""
-        if len({(r.workload.key, r.gpu) for r in readings}) < len(readings):
+        keys = [(r.workload.key, r.gpu) for r in readings]
+        if len(set(keys)) < len(keys):
             # A workload read twice in one call: each reading sees the one before, as with ``predict``.
             return [self.predict(reading=r, now=now) for r in readings]
-        return self._predict(readings, now=now, forecast=predict_peaks)
+        return self._predict(readings, now=now, forecast=predict_peaks, keys=keys)
 
     def _predict(
         self,
@@ -184,6 +185,7 @@ class WorkloadPredictors:
         *,
         now: datetime,
         forecast: Callable[[Sequence[PeakPredictor]], list[PeakForecast]],
+        keys: Sequence[tuple[str, str]],
     ) -> list[Prediction]:
         gpus = []
         for reading in readings:
@@ -197,8 +199,7 @@ class WorkloadPredictors:
             at_s = (now - self._origin).total_seconds()
             # Per reading: memory then SMs, as (track, scale, capacity); fed first, forecast together.
             jobs: list[tuple[_Track, float, float]] = []
-            for reading, gpu in zip(readings, gpus, strict=True):
-                key = (reading.workload.key, reading.gpu)
+            for reading, gpu, key in zip(readings, gpus, keys, strict=True):
                 state = self._states.get(key)
                 if state is None:
                     state = _State(
@@ -258,13 +259,15 @@ class WorkloadPredictors:
             # One sample per STEP_S since the last reading, on the line from it to this one.
             steps = max(1, min(round((at_s - track.last_at_s) / STEP_S), round(LOOKAHEAD_S / STEP_S) * 2))
             previous = track.last_value * scale
+            rise, observe = scaled - previous, track.predictor.observe
             for i in range(1, steps + 1):
-                track.predictor.observe(previous + (scaled - previous) * i / steps)
+                observe(previous + rise * i / steps)
         track.last_value, track.last_at_s = value, at_s
 
     def _finish(self, track: _Track, peak: PeakForecast, *, at_s: float, scale: float, capacity: float) -> float:
         """The predictor's forecast → the one handed out: largest horizon, margin, clipped; remembered."""
-        forecast = max(peak.as_tuple()) / scale
+        top = peak.h0_5 if peak.h0_5 >= peak.h1 else peak.h1  # max() of the three, without the tuple
+        forecast = (top if top >= peak.h2 else peak.h2) / scale
         if self._calibration.enabled:
             forecast += track.margin
         forecast = min(float(capacity), max(0.0, forecast))
@@ -275,8 +278,10 @@ class WorkloadPredictors:
     def _check(self, track: _Track, *, value: float, at_s: float, capacity: float) -> None:
         for p in track.pending:
             if at_s <= p.at_s + LOOKAHEAD_S + 1e-9:
-                p.peak = max(p.peak, value) if p.seen else value
-                p.seen = True
+                if not p.seen:
+                    p.peak, p.seen = value, True
+                elif value > p.peak:
+                    p.peak = value
         while track.pending and (at_s >= track.pending[0].at_s + LOOKAHEAD_S - 1e-9):
             done = track.pending.popleft()
             if done.seen:
