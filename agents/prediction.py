@@ -104,6 +104,8 @@ class PredictionStats:
 class _Pending:
     at_s: float
     forecast: float
+    until: float  # at_s + look-ahead (+ tolerance): readings up to here count towards the peak
+    due: float  # at_s + look-ahead (- tolerance): checked at the first reading from here on
     peak: float = 0.0  # largest use read in (at, at + look-ahead]
     seen: bool = False
 
@@ -272,40 +274,47 @@ class WorkloadPredictors:
             forecast += track.margin
         forecast = min(float(capacity), max(0.0, forecast))
         track.forecast = forecast
-        track.pending.append(_Pending(at_s=at_s, forecast=forecast))
+        track.pending.append(
+            _Pending(at_s=at_s, forecast=forecast, until=at_s + LOOKAHEAD_S + 1e-9, due=at_s + LOOKAHEAD_S - 1e-9)
+        )
         return forecast
 
     def _check(self, track: _Track, *, value: float, at_s: float, capacity: float) -> None:
-        for p in track.pending:
-            if at_s <= p.at_s + LOOKAHEAD_S + 1e-9:
+        pending = track.pending
+        for p in pending:
+            if at_s <= p.until:
                 if not p.seen:
                     p.peak, p.seen = value, True
                 elif value > p.peak:
                     p.peak = value
-        while track.pending and (at_s >= track.pending[0].at_s + LOOKAHEAD_S - 1e-9):
-            done = track.pending.popleft()
+        while pending and at_s >= pending[0].due:
+            done = pending.popleft()
             if done.seen:
                 self._record(track, done, capacity=capacity)
 
     def _record(self, track: _Track, done: _Pending, *, capacity: float) -> None:
         c = self._calibration
+        # Conditionals rather than min()/max() calls: this runs per workload and resource every tick.
         error = done.peak - done.forecast
-        under = error > 1e-9 * max(1.0, capacity)
+        under = error > 1e-9 * (capacity if capacity > 1.0 else 1.0)
         track.under.append(under)
         track.under_count += under
-        over = max(-error, 0.0)
+        over = -error if error < 0.0 else 0.0
         track.over.append(over)
         track.over_sum += over
         if len(track.under) > c.window:
             track.under_count -= track.under.popleft()
             track.over_sum -= track.over.popleft()
         # Error scale: the step of the margin; seeded by the first error (or 0.1 % of the card).
-        magnitude = max(abs(error), 1e-3 * capacity)
+        magnitude, floor = abs(error), 1e-3 * capacity
+        if magnitude < floor:
+            magnitude = floor
         track.error_scale = magnitude if track.error_scale == 0 else 0.9 * track.error_scale + 0.1 * magnitude
         if c.enabled:
             step = c.gain * track.error_scale * ((1 - c.target) if under else -c.target)
             bound = c.max_margin_fraction * capacity
-            track.margin = min(bound, max(-bound, track.margin + step))
+            margin = track.margin + step
+            track.margin = bound if margin > bound else (-bound if margin < -bound else margin)
 
 
 def _one_by_one(predictors: Sequence[PeakPredictor]) -> list[PeakForecast]:
