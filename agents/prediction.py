@@ -17,6 +17,10 @@ is below, and it settles where the rate is the target. The margin stays within Â
 
 The state of a workload is dropped at the first tick it is absent from (``observe``, a
 ``TickObserver``); the agent loop calls it every tick.
+
+It is also a ``BatchPredictor``: ``compute_grants`` hands it a tick's readings at once
+(``predict_many``), which feeds them all and then runs every LSTM of the tick in one batched
+forward (``allocator.predict.predict_peaks``); ``predict`` is the same, one reading at a time.
 """
 
 from __future__ import annotations
