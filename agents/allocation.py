@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from types import MappingProxyType
 
-from agents.interfaces import GpuInfo, Grant, Prediction, Predictor, UsageReading
+from agents.interfaces import BatchPredictor, GpuInfo, Grant, Prediction, Predictor, UsageReading
 from allocator import UNLIMITED, AllocationPolicy, GpuCapacity, PredictedPeak, Resources, WorkloadState, allocate_gpu
 
 __all__ = [
@@ -95,11 +95,17 @@ def compute_grants(
     PCIe bandwidth is carried (current use) but not constrained: ``GpuInfo`` has no
     link capacity and ``Grant`` no bandwidth field, so nothing could enforce it yet.
     """
-    by_gpu: dict[str, list[UsageReading]] = {g.uuid: [] for g in gpus}
+    by_gpu: dict[str, list[tuple[UsageReading, Prediction]]] = {g.uuid: [] for g in gpus}
     for reading in readings:
         if reading.gpu not in by_gpu:
             raise ValueError(f"reading for unknown GPU {reading.gpu!r} ({reading.workload.key})")
-        by_gpu[reading.gpu].append(reading)
+    # One call for the whole round where the predictor batches (one LSTM pass for every workload).
+    if isinstance(predictor, BatchPredictor):
+        peaks = predictor.predict_many(readings=readings, now=now)
+    else:
+        peaks = [predictor.predict(reading=r, now=now) for r in readings]
+    for reading, peak in zip(readings, peaks, strict=True):
+        by_gpu[reading.gpu].append((reading, peak))
 
     allocation_policy = policy.allocation_policy()
     grants: list[Grant] = []
@@ -110,7 +116,7 @@ def compute_grants(
         on_gpu = by_gpu[gpu.uuid]
         result = allocate_gpu(
             capacity=GpuCapacity(mem_mb=float(gpu.memory_mb), sm=float(gpu.sm_count)),
-            workloads=[_state(reading=r, policy=policy, predictor=predictor, now=now) for r in on_gpu],
+            workloads=[_state(reading=r, policy=policy, peak=peak) for r, peak in on_gpu],
             policy=allocation_policy,
         )
         mem_headroom[gpu.uuid] = result.memory.headroom
@@ -124,7 +130,7 @@ def compute_grants(
                 mem_mb=result.memory.grants[r.workload.key],
                 sm=result.sm.grants[r.workload.key],
             )
-            for r in on_gpu
+            for r, _ in on_gpu
         )
     return AllocationRound(
         grants=tuple(grants),
@@ -134,9 +140,8 @@ def compute_grants(
     )
 
 
-def _state(*, reading: UsageReading, policy: Policy, predictor: Predictor, now: datetime) -> WorkloadState:
+def _state(*, reading: UsageReading, policy: Policy, peak: Prediction) -> WorkloadState:
     e = reading.entitlement
-    peak = predictor.predict(reading=reading, now=now)
     if e.guarantee_mem_mb or e.guarantee_sm:
         guarantee = Resources(mem_mb=e.guarantee_mem_mb, sm=e.guarantee_sm)
     else:

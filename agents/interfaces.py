@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 __all__ = [
     "Attributor",
@@ -19,6 +19,7 @@ __all__ = [
     "GpuInfo",
     "Grant",
     "Prediction",
+    "BatchPredictor",
     "Predictor",
     "TickObserver",
     "UsageReading",
@@ -128,6 +129,17 @@ class Predictor(Protocol):
     """Predicts a workload's near-term peak from its readings."""
 
     def predict(self, *, reading: UsageReading, now: datetime) -> Prediction: ...
+
+
+@runtime_checkable
+class BatchPredictor(Predictor, Protocol):
+    """A ``Predictor`` that also predicts a whole tick's readings in one call (one model pass for all).
+
+    ``predict_many`` returns one ``Prediction`` per reading, in order, equal to what ``predict``
+    would give reading by reading; ``compute_grants`` uses it when the predictor has it.
+    """
+
+    def predict_many(self, *, readings: Sequence[UsageReading], now: datetime) -> Sequence[Prediction]: ...
 
 
 class TickObserver(Protocol):

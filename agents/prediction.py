@@ -17,6 +17,10 @@ is below, and it settles where the rate is the target. The margin stays within Â
 
 The state of a workload is dropped at the first tick it is absent from (``observe``, a
 ``TickObserver``); the agent loop calls it every tick.
+
+It is also a ``BatchPredictor``: ``compute_grants`` hands it a tick's readings at once
+(``predict_many``), which feeds them all and then runs every LSTM of the tick in one batched
+forward (``allocator.predict.predict_peaks``); ``predict`` is the same, one reading at a time.
 """
 
 from __future__ import annotations
@@ -30,7 +34,16 @@ from datetime import datetime
 from typing import Literal
 
 from agents.interfaces import GpuInfo, Grant, Prediction, UsageReading, Workload
-from allocator.predict import DEFAULT_KIND, STEP_S, PeakPredictor, PredictorKind, Resource, make_predictor
+from allocator.predict import (
+    DEFAULT_KIND,
+    STEP_S,
+    PeakForecast,
+    PeakPredictor,
+    PredictorKind,
+    Resource,
+    make_predictor,
+    predict_peaks,
+)
 from allocator.predict import shipped_bundle as _shipped_bundle
 
 __all__ = [
@@ -95,6 +108,8 @@ class PredictionStats:
 class _Pending:
     at_s: float
     forecast: float
+    until: float  # at_s + look-ahead (+ tolerance): readings up to here count towards the peak
+    due: float  # at_s + look-ahead (- tolerance): checked at the first reading from here on
     peak: float = 0.0  # largest use read in (at, at + look-ahead]
     seen: bool = False
 
@@ -159,28 +174,59 @@ class WorkloadPredictors:
         return self._calibration
 
     def predict(self, *, reading: UsageReading, now: datetime) -> Prediction:
-        gpu = self._gpus.get(reading.gpu)
-        if gpu is None:
-            raise ValueError(f"reading for unknown GPU {reading.gpu!r} ({reading.workload.key})")
+        """One reading: its predictors forecast one at a time (the LSTM: one ``lstm_forward`` call)."""
+        return self._predict((reading,), now=now, forecast=_one_by_one, keys=[(reading.workload.key, reading.gpu)])[0]
+
+    def predict_many(self, *, readings: Sequence[UsageReading], now: datetime) -> list[Prediction]:
+        """A tick's readings at once: the same predictions, with one batched LSTM pass for all of them."""
+        keys = [(r.workload.key, r.gpu) for r in readings]
+        if len(set(keys)) < len(keys):
+            # A workload read twice in one call: each reading sees the one before, as with ``predict``.
+            return [self.predict(reading=r, now=now) for r in readings]
+        return self._predict(readings, now=now, forecast=predict_peaks, keys=keys)
+
+    def _predict(
+        self,
+        readings: Sequence[UsageReading],
+        *,
+        now: datetime,
+        forecast: Callable[[Sequence[PeakPredictor]], list[PeakForecast]],
+        keys: Sequence[tuple[str, str]],
+    ) -> list[Prediction]:
+        gpus = []
+        for reading in readings:
+            gpu = self._gpus.get(reading.gpu)
+            if gpu is None:
+                raise ValueError(f"reading for unknown GPU {reading.gpu!r} ({reading.workload.key})")
+            gpus.append(gpu)
         with self._lock:
             if self._origin is None:
                 self._origin = now
             at_s = (now - self._origin).total_seconds()
-            key = (reading.workload.key, reading.gpu)
-            state = self._states.get(key)
-            if state is None:
-                state = _State(
-                    workload=reading.workload,
-                    memory=_Track(predictor=self._factories["memory_mb"]("memory_mb")),
-                    sm=_Track(predictor=self._factories["sm"]("sm")),
-                )
-                self._states[key] = state
-            state.workload = reading.workload
-            state.mem_used_mb, state.sm_used = reading.mem_used_mb, reading.sm_used
-            sm_scale = self._model_sm / gpu.sm_count
-            mem = self._step(state.memory, value=reading.mem_used_mb, at_s=at_s, scale=1.0, capacity=gpu.memory_mb)
-            sm = self._step(state.sm, value=reading.sm_used, at_s=at_s, scale=sm_scale, capacity=gpu.sm_count)
-        return Prediction(mem_peak_mb=mem, sm_peak=sm)
+            # Per reading: memory then SMs, as (track, scale, capacity); fed first, forecast together.
+            jobs: list[tuple[_Track, float, float]] = []
+            for reading, gpu, key in zip(readings, gpus, keys, strict=True):
+                state = self._states.get(key)
+                if state is None:
+                    state = _State(
+                        workload=reading.workload,
+                        memory=_Track(predictor=self._factories["memory_mb"]("memory_mb")),
+                        sm=_Track(predictor=self._factories["sm"]("sm")),
+                    )
+                    self._states[key] = state
+                state.workload = reading.workload
+                state.mem_used_mb, state.sm_used = reading.mem_used_mb, reading.sm_used
+                sm_scale = self._model_sm / gpu.sm_count
+                self._feed(state.memory, value=reading.mem_used_mb, at_s=at_s, scale=1.0, capacity=gpu.memory_mb)
+                self._feed(state.sm, value=reading.sm_used, at_s=at_s, scale=sm_scale, capacity=gpu.sm_count)
+                jobs.append((state.memory, 1.0, gpu.memory_mb))
+                jobs.append((state.sm, sm_scale, gpu.sm_count))
+            peaks = forecast([track.predictor for track, _, _ in jobs])
+            values = [
+                self._finish(track, peak, at_s=at_s, scale=scale, capacity=capacity)
+                for (track, scale, capacity), peak in zip(jobs, peaks, strict=True)
+            ]
+        return [Prediction(mem_peak_mb=values[k], sm_peak=values[k + 1]) for k in range(0, len(values), 2)]
 
     def observe(self, *, grants: Sequence[Grant], readings: Sequence[UsageReading]) -> None:
         """Forget the workloads absent from this tick's readings."""
@@ -209,8 +255,8 @@ class WorkloadPredictors:
                 for (_key, gpu), s in self._states.items()
             ]
 
-    def _step(self, track: _Track, *, value: float, at_s: float, scale: float, capacity: float) -> float:
-        """Check the pending forecasts against ``value``, feed the predictor, return the new forecast."""
+    def _feed(self, track: _Track, *, value: float, at_s: float, scale: float, capacity: float) -> None:
+        """Check the pending forecasts against ``value`` and feed the predictor the samples up to it."""
         self._check(track, value=value, at_s=at_s, capacity=capacity)
         scaled = value * scale
         if track.last_value is None or track.last_at_s is None:
@@ -219,46 +265,64 @@ class WorkloadPredictors:
             # One sample per STEP_S since the last reading, on the line from it to this one.
             steps = max(1, min(round((at_s - track.last_at_s) / STEP_S), round(LOOKAHEAD_S / STEP_S) * 2))
             previous = track.last_value * scale
+            rise, observe = scaled - previous, track.predictor.observe
             for i in range(1, steps + 1):
-                track.predictor.observe(previous + (scaled - previous) * i / steps)
+                observe(previous + rise * i / steps)
         track.last_value, track.last_at_s = value, at_s
-        forecast = max(track.predictor.predict().as_tuple()) / scale
+
+    def _finish(self, track: _Track, peak: PeakForecast, *, at_s: float, scale: float, capacity: float) -> float:
+        """The predictor's forecast â†’ the one handed out: largest horizon, margin, clipped; remembered."""
+        top = peak.h0_5 if peak.h0_5 >= peak.h1 else peak.h1  # max() of the three, without the tuple
+        forecast = (top if top >= peak.h2 else peak.h2) / scale
         if self._calibration.enabled:
             forecast += track.margin
         forecast = min(float(capacity), max(0.0, forecast))
         track.forecast = forecast
-        track.pending.append(_Pending(at_s=at_s, forecast=forecast))
+        track.pending.append(
+            _Pending(at_s=at_s, forecast=forecast, until=at_s + LOOKAHEAD_S + 1e-9, due=at_s + LOOKAHEAD_S - 1e-9)
+        )
         return forecast
 
     def _check(self, track: _Track, *, value: float, at_s: float, capacity: float) -> None:
-        for p in track.pending:
-            if at_s <= p.at_s + LOOKAHEAD_S + 1e-9:
-                p.peak = max(p.peak, value) if p.seen else value
-                p.seen = True
-        while track.pending and (at_s >= track.pending[0].at_s + LOOKAHEAD_S - 1e-9):
-            done = track.pending.popleft()
+        pending = track.pending
+        for p in pending:
+            if at_s <= p.until:
+                if not p.seen:
+                    p.peak, p.seen = value, True
+                elif value > p.peak:
+                    p.peak = value
+        while pending and at_s >= pending[0].due:
+            done = pending.popleft()
             if done.seen:
                 self._record(track, done, capacity=capacity)
 
     def _record(self, track: _Track, done: _Pending, *, capacity: float) -> None:
         c = self._calibration
+        # Conditionals rather than min()/max() calls: this runs per workload and resource every tick.
         error = done.peak - done.forecast
-        under = error > 1e-9 * max(1.0, capacity)
+        under = error > 1e-9 * (capacity if capacity > 1.0 else 1.0)
         track.under.append(under)
         track.under_count += under
-        over = max(-error, 0.0)
+        over = -error if error < 0.0 else 0.0
         track.over.append(over)
         track.over_sum += over
         if len(track.under) > c.window:
             track.under_count -= track.under.popleft()
             track.over_sum -= track.over.popleft()
         # Error scale: the step of the margin; seeded by the first error (or 0.1 % of the card).
-        magnitude = max(abs(error), 1e-3 * capacity)
+        magnitude, floor = abs(error), 1e-3 * capacity
+        if magnitude < floor:
+            magnitude = floor
         track.error_scale = magnitude if track.error_scale == 0 else 0.9 * track.error_scale + 0.1 * magnitude
         if c.enabled:
             step = c.gain * track.error_scale * ((1 - c.target) if under else -c.target)
             bound = c.max_margin_fraction * capacity
-            track.margin = min(bound, max(-bound, track.margin + step))
+            margin = track.margin + step
+            track.margin = bound if margin > bound else (-bound if margin < -bound else margin)
+
+
+def _one_by_one(predictors: Sequence[PeakPredictor]) -> list[PeakForecast]:
+    return [p.predict() for p in predictors]
 
 
 def _rate(track: _Track) -> float | None:

@@ -19,6 +19,7 @@ from allocator.predict._model import (
     default_predictor,
     load_bundle,
     make_predictor,
+    predict_peaks,
     save_bundle,
     shipped_bundle,
 )
@@ -46,6 +47,7 @@ __all__ = [
     "default_predictor",
     "load_bundle",
     "make_predictor",
+    "predict_peaks",
     "read_azure_llm_trace",
     "save_bundle",
     "shipped_bundle",

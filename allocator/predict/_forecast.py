@@ -58,8 +58,14 @@ def horizon_steps(step_s: float = STEP_S) -> tuple[int, int, int]:
 
 def finish_forecast(points: Sequence[float], margins: Sequence[float], capacity: float) -> PeakForecast:
     """Point forecast + calibrated margin, clipped to ``[0, capacity]``."""
-    values = [min(capacity, max(0.0, float(p) + float(m))) for p, m in zip(points, margins, strict=True)]
-    return PeakForecast(h0_5=values[0], h1=values[1], h2=values[2])
+    if len(points) != 3 or len(margins) != 3:
+        raise ValueError(f"expected 3 points and 3 margins, got {len(points)} and {len(margins)}")
+    # min(capacity, max(0.0, point + margin)) per horizon, unrolled: this runs per workload and resource every tick.
+    a, b, c = float(points[0]) + float(margins[0]), float(points[1]) + float(margins[1]), float(points[2]) + float(margins[2])
+    a = 0.0 if not a > 0.0 else (a if a < capacity else capacity)
+    b = 0.0 if not b > 0.0 else (b if b < capacity else capacity)
+    c = 0.0 if not c > 0.0 else (c if c < capacity else capacity)
+    return PeakForecast(h0_5=a, h1=b, h2=c)
 
 
 def validate_observation(value: float) -> float:

@@ -26,7 +26,7 @@ from allocator.predict._forecast import (
     validate_margins,
     validate_observation,
 )
-from allocator.predict._lstm import LstmParams, lstm_forward
+from allocator.predict._lstm import LstmInference, LstmParams, lstm_forward
 
 __all__ = [
     "DEFAULT_KIND",
@@ -38,6 +38,7 @@ __all__ = [
     "load_bundle",
     "lstm_point_forecasts",
     "make_predictor",
+    "predict_peaks",
     "save_bundle",
     "shipped_bundle",
     "window_features",
@@ -103,10 +104,40 @@ def lstm_point_forecasts(
     return out
 
 
+def window_features_time_major(windows: FloatArray, mean: float, std: float) -> FloatArray:
+    """:func:`window_features` laid out for :class:`LstmInference`: (batch, window + 1) → (window, 3, batch)."""
+    x = np.asarray(windows, dtype=np.float64).T
+    out = np.empty((x.shape[0] - 1, 3, x.shape[1]))
+    out[:, 0] = (x[1:] - x[-1:]) / std
+    out[:, 1] = (x[1:] - x[:-1]) / std
+    out[:, 2] = (x[1:] - mean) / std
+    return out
+
+
+_INFERENCE_CACHE = 16  # models whose inference layout is kept: a process loads one bundle, tests a few
+_inference_cache: dict[int, tuple[LstmParams, LstmInference]] = {}
+
+
+def _inference(params: LstmParams) -> LstmInference:
+    """The inference layout of ``params``, built once per parameter set (keyed by identity: arrays don't hash)."""
+    hit = _inference_cache.get(id(params))
+    if hit is not None and hit[0] is params:
+        return hit[1]
+    if len(_inference_cache) >= _INFERENCE_CACHE:
+        _inference_cache.pop(next(iter(_inference_cache)))
+    inference = LstmInference(params)
+    _inference_cache[id(params)] = (params, inference)
+    return inference
+
+
 class LstmPredictor:
     """Streaming LSTM forecaster; before ``window + 1`` samples the history is padded with the first one.
 
     ``upper`` forecasts with the upper-quantile head (used with calibrated margins), otherwise the median.
+    :meth:`predict` runs one window through :func:`lstm_forward`; :meth:`predict_batch` gives the same
+    forecasts (to rounding) for many predictors of one model with one :class:`LstmInference` forward.
+    The window is recomputed from a zero state at every forecast, and has to be: every step's inputs are
+    relative to the window's newest value (:func:`window_features`), so no hidden state carries over.
     """
 
     def __init__(
@@ -119,6 +150,7 @@ class LstmPredictor:
         self._upper = upper
         self._size = window + 1
         self._history: deque[float] = deque(maxlen=self._size)
+        self._inference = _inference(model.lstm)
 
     def observe(self, value: float) -> None:
         self._history.append(validate_observation(value))
@@ -130,6 +162,44 @@ class LstmPredictor:
         window = np.asarray([values[0]] * (self._size - len(values)) + values, dtype=np.float64)[None, :]
         points = lstm_point_forecasts(self._model, window, upper=self._upper)[0]
         return finish_forecast(points.tolist(), self._margins, self._model.capacity)
+
+    @staticmethod
+    def predict_batch(predictors: Sequence[LstmPredictor]) -> list[PeakForecast]:
+        """``[p.predict() for p in predictors]``, with one batched forward per model (and head) among them."""
+        out: list[PeakForecast | None] = [None] * len(predictors)
+        groups: dict[tuple[int, bool], list[int]] = {}
+        for k, p in enumerate(predictors):
+            if p._history:
+                groups.setdefault((id(p._model), p._upper), []).append(k)
+            else:
+                out[k] = p.predict()
+        for members in groups.values():
+            first = predictors[members[0]]
+            model, size = first._model, first._size
+            rows = []
+            for k in members:
+                values = list(predictors[k]._history)
+                rows.append([values[0]] * (size - len(values)) + values if len(values) < size else values)
+            windows = np.array(rows, dtype=np.float64)
+            y = first._inference.forward(window_features_time_major(windows, model.mean, model.std))
+            head = y[3:6] if first._upper else y[0:3]
+            points = windows[:, -1:] + model.std * head.T
+            for k, row in zip(members, points.tolist(), strict=True):
+                p = predictors[k]
+                out[k] = finish_forecast(row, p._margins, p._model.capacity)
+        return [f for f in out if f is not None]
+
+
+def predict_peaks(predictors: Sequence[PeakPredictor]) -> list[PeakForecast]:
+    """``[p.predict() for p in predictors]``: the LSTMs among them batched (:meth:`LstmPredictor.predict_batch`)."""
+    lstm = [k for k, p in enumerate(predictors) if isinstance(p, LstmPredictor)]
+    if not lstm:
+        return [p.predict() for p in predictors]
+    out: list[PeakForecast | None] = [None] * len(predictors)
+    batched = LstmPredictor.predict_batch([cast(LstmPredictor, predictors[k]) for k in lstm])
+    for k, forecast in zip(lstm, batched, strict=True):
+        out[k] = forecast
+    return [f if f is not None else p.predict() for f, p in zip(out, predictors, strict=True)]
 
 
 def make_predictor(

@@ -12,8 +12,8 @@ import pytest
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from agents.allocation import CurrentUsePredictor, Policy
-from agents.interfaces import GpuInfo, Grant, Predictor, UsageReading, Workload
+from agents.allocation import CurrentUsePredictor, Policy, compute_grants
+from agents.interfaces import GpuInfo, Grant, Prediction, Predictor, UsageReading, Workload
 from agents.loop import Agent, AgentConfig
 from agents.metrics import AgentMetrics
 from agents.prediction import Calibration, WorkloadPredictors, make_workload_predictors
@@ -195,3 +195,64 @@ def test_prediction_metrics_are_exported_in_base_units() -> None:
     assert series[("vgpu_agent_sm_prediction_margin", "llm-0")] == pytest.approx(s.sm_margin)
     predictors.observe(grants=(), readings=())
     assert scrape(metrics) == {}
+
+
+class _OneByOne:
+    """A plain ``Predictor``: hides ``predict_many``, so ``compute_grants`` asks reading by reading."""
+
+    def __init__(self, inner: WorkloadPredictors) -> None:
+        self.inner = inner
+
+    def predict(self, *, reading: UsageReading, now: datetime) -> Prediction:
+        return self.inner.predict(reading=reading, now=now)
+
+
+def test_a_batched_tick_predicts_and_grants_what_reading_by_reading_does() -> None:
+    """``predict_many`` (one LSTM pass for the tick) against ``predict`` per reading, over a workload churn."""
+    small = GpuInfo(uuid="GPU-1", model="half an A100", memory_mb=40960, sm_count=54)
+    gpus = [GPU, small]
+    batched, single = (make_workload_predictors("lstm", gpus=gpus) for _ in range(2))
+    one_by_one = _OneByOne(single)
+    workloads = [
+        Workload(tenant=f"t{k % 3}", namespace="ns", pod=f"p{k}", container="c", pod_uid=f"u{k}", sla_tier="silver")
+        for k in range(10)
+    ]
+    rng = random.Random(5)
+    policy = Policy()
+    for i in range(120):
+        now = T0 + timedelta(seconds=0.5 * i + rng.uniform(0, 0.3))
+        present = [w for k, w in enumerate(workloads) if (i // 20 + k) % 4 != 0]  # some leave and come back
+        readings = [
+            UsageReading(
+                workload=w,
+                gpu=gpus[k % 2].uuid,
+                mem_used_mb=rng.uniform(1000, 6000),
+                sm_used=rng.uniform(0, 20),
+                pcie_mb_per_s=0.0,
+            )
+            for k, w in enumerate(present)
+        ]
+        a = compute_grants(gpus=gpus, readings=readings, policy=policy, predictor=batched, now=now)
+        b = compute_grants(gpus=gpus, readings=readings, policy=policy, predictor=one_by_one, now=now)
+        assert [g.workload for g in a.grants] == [g.workload for g in b.grants]
+        for x, y in zip(a.grants, b.grants, strict=True):
+            assert (x.mem_mb, x.sm) == pytest.approx((y.mem_mb, y.sm), rel=1e-9, abs=1e-9)
+        for predictors in (batched, single):
+            predictors.observe(grants=a.grants, readings=readings)
+        for x, y in zip(batched.stats(), single.stats(), strict=True):
+            assert (x.workload, x.gpu) == (y.workload, y.gpu)
+            assert (x.mem_predicted_mb, x.sm_predicted, x.mem_margin_mb, x.sm_margin) == pytest.approx(
+                (y.mem_predicted_mb, y.sm_predicted, y.mem_margin_mb, y.sm_margin), rel=1e-9, abs=1e-9
+            )
+            assert (x.mem_underprediction_rate, x.sm_underprediction_rate) == (
+                y.mem_underprediction_rate,
+                y.sm_underprediction_rate,
+            )
+
+
+def test_predict_many_with_a_workload_read_twice_is_reading_by_reading() -> None:
+    batched, single = (make_workload_predictors("lstm", gpus=[GPU]) for _ in range(2))
+    readings = [reading(LLM, mem_mb=9000.0, sm=10.0), reading(OTHER, mem_mb=2000.0, sm=5.0), reading(LLM, mem_mb=9500.0, sm=12.0)]
+    for i in range(5):
+        now = T0 + timedelta(seconds=0.5 * i)
+        assert batched.predict_many(readings=readings, now=now) == [single.predict(reading=r, now=now) for r in readings]

@@ -27,13 +27,14 @@ from allocator.predict import (
     default_predictor,
     load_bundle,
     make_predictor,
+    predict_peaks,
     read_azure_llm_trace,
     save_bundle,
     shipped_bundle,
 )
 from allocator.predict._baselines import ewma_peak_forecasts, holt_peak_forecasts, last_value_peak_forecasts
 from allocator.predict._evaluation import Origins, peak_targets, point_forecasts, score
-from allocator.predict._lstm import LstmParams, lstm_backward, lstm_forward, lstm_init, pinball_loss
+from allocator.predict._lstm import LstmInference, LstmParams, lstm_backward, lstm_forward, lstm_init, pinball_loss
 from allocator.predict._training import TrainingConfig, train_lstm
 
 # ---------------------------------------------------------------- LSTM maths
@@ -355,3 +356,41 @@ def test_shipped_model_predicts_finite_non_negative_peaks(resource: str) -> None
     assert isinstance(default.predict(), PeakForecast)
     assert DEFAULT_KIND[resource] in ("last_value", "ewma", "holt", "lstm")  # type: ignore[index]
     assert bundle.resources[resource].lstm.outputs == 6  # type: ignore[index]
+
+
+@pytest.mark.parametrize("hidden", [1, 5, 24])
+def test_inference_forward_equals_lstm_forward(hidden: int) -> None:
+    rng = np.random.default_rng(hidden)
+    params = lstm_init(features=3, hidden=hidden, outputs=6, rng=rng)
+    params = params.map(lambda a: a + rng.normal(0, 0.3, size=a.shape))  # not only the initial biases
+    x = rng.normal(size=(11, 9, 3))  # (batch, steps, features)
+    expected, _ = lstm_forward(params, x)
+    got = LstmInference(params).forward(np.ascontiguousarray(x.transpose(1, 2, 0)))
+    np.testing.assert_allclose(got.T, expected, rtol=1e-12, atol=1e-14)
+    single = LstmInference(params).forward(np.ascontiguousarray(x[:1].transpose(1, 2, 0)))
+    np.testing.assert_allclose(single.T, expected[:1], rtol=1e-12, atol=1e-14)
+
+
+def test_batched_predictions_equal_one_at_a_time() -> None:
+    """``predict_peaks``: LSTMs of two models, both heads, empty/short/full histories, and a baseline."""
+    rng = np.random.default_rng(3)
+    bundles = (_small_bundle(), shipped_bundle())
+    predictors = []
+    for bundle in bundles:
+        for resource in ("memory_mb", "sm"):
+            capacity = bundle.resources[resource].capacity  # type: ignore[index]
+            for calibrated in (True, False):
+                for samples in (0, 1, 3, bundle.window + 1, 40):
+                    p = make_predictor("lstm", resource, bundle=bundle, calibrated=calibrated)  # type: ignore[arg-type]
+                    for v in rng.uniform(0, capacity, size=samples):
+                        p.observe(float(v))
+                    predictors.append(p)
+    baseline = make_predictor("holt", "sm", bundle=bundles[0])
+    for v in (10.0, 30.0, 20.0):
+        baseline.observe(v)
+    predictors.insert(7, baseline)
+    expected = [p.predict().as_tuple() for p in predictors]
+    got = [f.as_tuple() for f in predict_peaks(predictors)]
+    np.testing.assert_allclose(got, expected, rtol=1e-12, atol=1e-9)
+    assert predict_peaks([baseline]) == [baseline.predict()]
+    assert predict_peaks([]) == []
