@@ -1,8 +1,9 @@
 """Trace replay of static and dynamic GPU allocation (docs/replay.md).
 
 Replays the Alibaba ``openb`` pod trace in time with a usage model (workload classes
-from the study, bursts from the Azure LLM inference trace) under three policies —
-``static-whole``, ``static-profile`` and ``dynamic`` — and reports GPUs needed,
+from the study, bursts from the Azure LLM inference trace) under five policies —
+``static-whole``, ``static-request``, ``static-profile``, ``dynamic-current-use`` and
+``dynamic-predicted`` — and reports GPUs needed,
 GPU-hours, cost, utilisation, idle memory, containers per card and SLO violations.
 ``python -m allocator.replay --help`` is the command-line entry point.
 """
@@ -17,6 +18,7 @@ from allocator.replay._compare import (
     run_policy,
 )
 from allocator.replay._replay import (
+    DYNAMIC_POLICIES,
     MIG_PROFILES,
     POLICIES,
     SLICES_PER_CARD,
@@ -26,9 +28,11 @@ from allocator.replay._replay import (
     Policy,
     ReplayConfig,
     ReplayResult,
+    StaticGrants,
     dynamic_grants,
     replay,
     select_profile,
+    static_grants,
 )
 from allocator.replay._trace import (
     AzureRequests,
@@ -57,6 +61,7 @@ __all__ = [
     "A100_SM_COUNT",
     "DEFAULT_CLASSES",
     "DEFAULT_TRACES",
+    "DYNAMIC_POLICIES",
     "MIG_PROFILES",
     "POLICIES",
     "SLICES_PER_CARD",
@@ -74,6 +79,7 @@ __all__ = [
     "ReplayConfig",
     "ReplayInputs",
     "ReplayResult",
+    "StaticGrants",
     "TraceError",
     "UsageModel",
     "WorkloadClass",
@@ -89,4 +95,5 @@ __all__ = [
     "replay",
     "run_policy",
     "select_profile",
+    "static_grants",
 ]

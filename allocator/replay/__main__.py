@@ -26,6 +26,7 @@ from allocator.replay._compare import (
     load_inputs,
     run_policy,
 )
+from allocator.replay._predicted import PREDICTOR_CHOICES
 from allocator.replay._replay import POLICIES, ReplayConfig
 from allocator.replay._trace import TraceError
 from allocator.replay._usage import UsageModel
@@ -44,7 +45,7 @@ def _rate(text: str) -> Decimal:
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m allocator.replay",
-        description="Replay GPU pods in time under static-whole, static-profile or dynamic allocation "
+        description="Replay GPU pods in time under static and dynamic allocation policies "
         "(usage model and metrics: docs/replay.md).",
     )
     parser.add_argument("--pods", type=Path, default=DEFAULT_TRACES / "openb_pod_list_default.csv")
@@ -57,12 +58,20 @@ def _parser() -> argparse.ArgumentParser:
     )
     mode = parser.add_mutually_exclusive_group(required=True)
     mode.add_argument("--policy", choices=POLICIES)
-    mode.add_argument("--compare", action="store_true", help="replay all three policies and compare them")
+    mode.add_argument("--compare", action="store_true", help="replay every policy and compare them")
     parser.add_argument("--json", action="store_true", help="print JSON instead of text")
     parser.add_argument("--seed", type=int, default=UsageModel().seed, help="seed of class and burst assignment")
     parser.add_argument("--step-seconds", type=int, default=60, help="time step of the use model (1..3600)")
     parser.add_argument("--headroom", type=float, default=0.2, help="dynamic: reservation = peak × (1 + headroom)")
-    parser.add_argument("--window-steps", type=int, default=5, help="dynamic: steps the recent-peak predictor sees")
+    parser.add_argument(
+        "--lag-steps", type=int, default=0, help="dynamic: a grant for step t uses use up to step t-1-lag (control lag)"
+    )
+    parser.add_argument(
+        "--predictor",
+        choices=PREDICTOR_CHOICES,
+        default="default",
+        help="dynamic-predicted: the agent's calibrated default predictors, or the same uncalibrated",
+    )
     parser.add_argument(
         "--rate", type=_rate, default=Decimal("5.12"), help="USD per A100-80GB GPU-hour (default: demo rate card)"
     )
@@ -100,7 +109,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             comparison = compare_policies(
                 inputs,
                 headroom=args.headroom,
-                predictor_window_steps=args.window_steps,
+                lag_steps=args.lag_steps,
+                predictor=args.predictor,
                 usd_per_gpu_hour=args.rate,
             )
             payload = comparison.to_dict()
@@ -111,7 +121,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 ReplayConfig(
                     policy=args.policy,
                     headroom=args.headroom,
-                    predictor_window_steps=args.window_steps,
+                    lag_steps=args.lag_steps,
+                    predictor=args.predictor,
                     usd_per_gpu_hour=args.rate,
                 ),
             )
