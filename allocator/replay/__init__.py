@@ -17,6 +17,17 @@ from allocator.replay._compare import (
     load_inputs,
     run_policy,
 )
+from allocator.replay._predicted import PREDICTOR_CHOICES, PredictorChoice
+from allocator.replay._pricing import (
+    DEFAULT_RATE,
+    GPU_RATES,
+    GpuRate,
+    ModelPool,
+    PricedComparison,
+    assign_models,
+    compare_per_model,
+    format_per_model,
+)
 from allocator.replay._replay import (
     DYNAMIC_POLICIES,
     MIG_PROFILES,
@@ -57,6 +68,16 @@ from allocator.replay._usage import (
 )
 
 __all__ = [
+    "DEFAULT_RATE",
+    "GPU_RATES",
+    "PREDICTOR_CHOICES",
+    "GpuRate",
+    "ModelPool",
+    "PredictorChoice",
+    "PricedComparison",
+    "assign_models",
+    "compare_per_model",
+    "format_per_model",
     "A100_MEMORY_MB",
     "A100_SM_COUNT",
     "DEFAULT_CLASSES",

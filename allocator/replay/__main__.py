@@ -27,6 +27,7 @@ from allocator.replay._compare import (
     run_policy,
 )
 from allocator.replay._predicted import PREDICTOR_CHOICES
+from allocator.replay._pricing import compare_per_model, format_per_model
 from allocator.replay._replay import POLICIES, ReplayConfig
 from allocator.replay._trace import TraceError
 from allocator.replay._usage import UsageModel
@@ -59,6 +60,11 @@ def _parser() -> argparse.ArgumentParser:
     mode = parser.add_mutually_exclusive_group(required=True)
     mode.add_argument("--policy", choices=POLICIES)
     mode.add_argument("--compare", action="store_true", help="replay every policy and compare them")
+    parser.add_argument(
+        "--per-model",
+        action="store_true",
+        help="with --compare: also replay each GPU model of the fleet as its own pool, priced at its rate",
+    )
     parser.add_argument("--json", action="store_true", help="print JSON instead of text")
     parser.add_argument("--seed", type=int, default=UsageModel().seed, help="seed of class and burst assignment")
     parser.add_argument("--step-seconds", type=int, default=60, help="time step of the use model (1..3600)")
@@ -101,6 +107,8 @@ def _context(inputs: ReplayInputs) -> dict[str, object]:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
+    if args.per_model and not args.compare:
+        parser.error("--per-model needs --compare")
     started = time.perf_counter()  # the reported run time; results never depend on it
     try:
         model = UsageModel(step_s=args.step_seconds, seed=args.seed)
@@ -115,6 +123,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             )
             payload = comparison.to_dict()
             text = format_comparison(comparison)
+            if args.per_model:
+                priced = compare_per_model(
+                    inputs, headroom=args.headroom, lag_steps=args.lag_steps, predictor=args.predictor
+                )
+                payload["per_model"] = priced.to_dict()
+                text += "\n\nPer GPU model of the fleet (each its own pool, priced at its rate):\n\n"
+                text += format_per_model(priced)
         else:
             result = run_policy(
                 inputs,
@@ -142,7 +157,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(
             f"\n{len(inputs.trace.pods):,} GPU pods replayed of {inputs.trace.rows:,} rows "
             f"({inputs.trace.cpu_only:,} CPU-only and {inputs.trace.pending:,} Pending left out); "
-            f"fleet {fleet:,} GPUs, priced as A100-80GB; run time {run_time:.1f} s"
+            f"fleet {fleet:,} GPUs; the first table sizes and prices every card as an A100-80GB; run time {run_time:.1f} s"
         )
     return 0
 

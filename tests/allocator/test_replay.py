@@ -20,19 +20,25 @@ from hypothesis import strategies as st
 
 from allocator.predict import make_predictor
 from allocator.replay import (
+    GPU_RATES,
     MIG_PROFILES,
     POLICIES,
     AzureRequests,
     BurstSignals,
+    Fleet,
     GpuPod,
+    PodTrace,
     PodUsage,
     Policy,
     ReplayConfig,
+    ReplayInputs,
     TraceError,
     UsageModel,
     WorkloadClass,
+    assign_models,
     build_burst_signals,
     build_pod_usage,
+    compare_per_model,
     dynamic_grants,
     read_pod_trace,
     replay,
@@ -488,3 +494,49 @@ def test_dynamic_predicted_reserves_what_the_agents_streaming_predictors_forecas
                 want_sm = max(usage.sm_peak[known], max(sm.predict().as_tuple())) * 1.2
                 assert res_mem[row] == pytest.approx(min(want_mem, share * MODEL.card_memory_mb), rel=1e-9)
                 assert res_sm[row] == pytest.approx(min(want_sm, share * MODEL.card_sm_count), rel=1e-9)
+
+
+# --- per-model pricing ----------------------------------------------------------------------------
+
+
+def _inputs(pods: list[GpuPod], fleet: Fleet) -> ReplayInputs:
+    trace = PodTrace(rows=len(pods), pods=tuple(pods), cpu_only=0, pending=0, empty_interval=0, still_running=0)
+    usage = build_pod_usage(pods, MODEL, SIGNALS)
+    return ReplayInputs(trace=trace, fleet=fleet, model=MODEL, signals=SIGNALS, usage=usage)
+
+
+def test_models_are_drawn_in_proportion_to_the_fleets_gpus_and_never_from_an_empty_model() -> None:
+    pods = [GpuPod(f"p{i}", 1, 500, 0.0, 60.0) for i in range(4_000)]
+    fleet = Fleet(nodes=3, gpus=400, gpus_by_model={"T4": 300, "V100M16": 100, "P100": 0})
+    drawn = assign_models(pods, fleet, seed=1)
+    counts = {m: sum(1 for v in drawn.values() if v == m) for m in ("T4", "V100M16", "P100")}
+    assert counts["P100"] == 0
+    assert counts["T4"] / len(pods) == pytest.approx(0.75, abs=0.03)
+    assert assign_models(pods[:10], fleet, seed=1) == {p.name: drawn[p.name] for p in pods[:10]}  # keyed by name
+
+
+def test_per_model_costs_are_each_pools_gpu_hours_at_its_rate_and_sum_to_the_total() -> None:
+    pods = [
+        GpuPod(f"p{i}", num_gpu=1 + (i % 3 == 0), gpu_milli=(1_000, 470, 230)[i % 3], start_s=60.0 * i, end_s=3_000.0)
+        for i in range(24)
+    ]
+    fleet = Fleet(nodes=2, gpus=16, gpus_by_model={"T4": 8, "V100M32": 8})
+    priced = compare_per_model(_inputs(pods, fleet))
+    assert {p.model for p in priced.pools} == {"T4", "V100M32"}
+    assert sum(p.pods for p in priced.pools) == len(pods)
+    for policy in POLICIES:
+        total = Decimal("0")
+        for pool in priced.pools:
+            result = pool.comparison.result(policy)
+            assert result.usd_per_gpu_hour == GPU_RATES[pool.model].usd_per_gpu_hour
+            exact = Decimal(repr(result.gpu_hours)) * GPU_RATES[pool.model].usd_per_gpu_hour
+            assert abs(result.cost_usd - exact) <= Decimal("0.005")
+            total += result.cost_usd
+        assert priced.cost_usd(policy) == total
+        assert priced.gpu_hours(policy) == pytest.approx(
+            sum(p.comparison.result(policy).gpu_hours for p in priced.pools)
+        )
+    # A pool holds only its own model's pods: whole cards on the T4 pool cost 0.526 each.
+    t4 = next(p for p in priced.pools if p.model == "T4")
+    whole = t4.comparison.result("static-whole")
+    assert whole.cost_usd == (Decimal(repr(whole.gpu_hours)) * Decimal("0.526")).quantize(Decimal("0.01"))
