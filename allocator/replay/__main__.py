@@ -23,8 +23,10 @@ from allocator.replay._compare import (
     ReplayInputs,
     compare_policies,
     format_comparison,
+    format_sensitivity,
     load_inputs,
     run_policy,
+    sensitivity,
 )
 from allocator.replay._predicted import PREDICTOR_CHOICES
 from allocator.replay._pricing import compare_per_model, format_per_model
@@ -60,6 +62,11 @@ def _parser() -> argparse.ArgumentParser:
     mode = parser.add_mutually_exclusive_group(required=True)
     mode.add_argument("--policy", choices=POLICIES)
     mode.add_argument("--compare", action="store_true", help="replay every policy and compare them")
+    mode.add_argument(
+        "--sensitivity",
+        action="store_true",
+        help="both dynamic policies over headroom 0/0.2/0.5 x lag 0/1/5 steps (and both predictor choices)",
+    )
     parser.add_argument(
         "--per-model",
         action="store_true",
@@ -113,7 +120,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         model = UsageModel(step_s=args.step_seconds, seed=args.seed)
         inputs = load_inputs(pods_path=args.pods, nodes_path=args.nodes, azure_path=args.azure, model=model)
-        if args.compare:
+        if args.sensitivity:
+            rows = sensitivity(inputs)
+            payload: dict[str, object] = {
+                "sensitivity": [
+                    {
+                        "policy": row.config.policy,
+                        "predictor": row.config.predictor,
+                        "headroom": row.config.headroom,
+                        "lag_steps": row.config.lag_steps,
+                        "cost_change_vs_static_whole": row.cost_change_vs_static_whole,
+                        "cost_change_vs_static_request": row.cost_change_vs_static_request,
+                        "result": row.result.to_dict(),
+                    }
+                    for row in rows
+                ]
+            }
+            text = format_sensitivity(rows)
+        elif args.compare:
             comparison = compare_policies(
                 inputs,
                 headroom=args.headroom,
