@@ -126,6 +126,7 @@ def format_comparison(comparison: Comparison) -> str:
     """A Markdown table of the policies plus dynamic-predicted's cost and density against each other one."""
     res = comparison.results
     rate = res[0].usd_per_gpu_hour
+    whole = comparison.result("static-whole")
     rows: list[tuple[str, ...]] = [
         ("figure", *(r.policy for r in res)),
         ("GPUs needed, peak", *(f"{r.gpus_peak:,}" for r in res)),
@@ -137,6 +138,10 @@ def format_comparison(comparison: Comparison) -> str:
         ("idle memory (1 − used)", *(f"{r.idle_memory_share:.1%}" for r in res)),
         ("memory granted", *(f"{r.memory_granted_share:.1%}" for r in res)),
         ("containers per card", *(f"{r.containers_per_card:.2f}" for r in res)),
+        (
+            "efficiency: SM used per card-s, × static-whole",
+            *(f"×{r.sm_utilisation / whole.sm_utilisation:.2f}" if whole.sm_utilisation else "-" for r in res),
+        ),
         ("SLO misses, workload-s", *(f"{r.slo_miss_workload_s:,.0f}" for r in res)),
         ("SLO misses, share of workload-s", *(f"{r.slo_miss_share:.3%}" for r in res)),
         ("  SM misses, workload-s", *(f"{r.slo_miss_sm_workload_s:,.0f}" for r in res)),
