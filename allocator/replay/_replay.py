@@ -441,6 +441,7 @@ def _grant_dynamic(
     group = group.reshape(-1)
     groups = int(group.max(initial=-1)) + 1
     _, known, has = _known_rows(usage, config.lag_steps)
+    # Memory in use as last known; a shard with no known step yet counts its admission reservation.
     known_mem = np.where(has, usage.mem_peak_mb[np.where(has, known, 0)], res_mem)[rows]
     grant_sm = res_sm[rows].copy()
     grant_mem = res_mem[rows].copy()
