@@ -1,8 +1,9 @@
 """Trace replay of static and dynamic GPU allocation (docs/replay.md).
 
 Replays the Alibaba ``openb`` pod trace in time with a usage model (workload classes
-from the study, bursts from the Azure LLM inference trace) under three policies —
-``static-whole``, ``static-profile`` and ``dynamic`` — and reports GPUs needed,
+from the study, bursts from the Azure LLM inference trace) under five policies —
+``static-whole``, ``static-request``, ``static-profile``, ``dynamic-current-use`` and
+``dynamic-predicted`` — and reports GPUs needed,
 GPU-hours, cost, utilisation, idle memory, containers per card and SLO violations.
 ``python -m allocator.replay --help`` is the command-line entry point.
 """
@@ -16,7 +17,19 @@ from allocator.replay._compare import (
     load_inputs,
     run_policy,
 )
+from allocator.replay._predicted import PREDICTOR_CHOICES, PredictorChoice
+from allocator.replay._pricing import (
+    DEFAULT_RATE,
+    GPU_RATES,
+    GpuRate,
+    ModelPool,
+    PricedComparison,
+    assign_models,
+    compare_per_model,
+    format_per_model,
+)
 from allocator.replay._replay import (
+    DYNAMIC_POLICIES,
     MIG_PROFILES,
     POLICIES,
     SLICES_PER_CARD,
@@ -26,9 +39,11 @@ from allocator.replay._replay import (
     Policy,
     ReplayConfig,
     ReplayResult,
+    StaticGrants,
     dynamic_grants,
     replay,
     select_profile,
+    static_grants,
 )
 from allocator.replay._trace import (
     AzureRequests,
@@ -53,10 +68,21 @@ from allocator.replay._usage import (
 )
 
 __all__ = [
+    "DEFAULT_RATE",
+    "GPU_RATES",
+    "PREDICTOR_CHOICES",
+    "GpuRate",
+    "ModelPool",
+    "PredictorChoice",
+    "PricedComparison",
+    "assign_models",
+    "compare_per_model",
+    "format_per_model",
     "A100_MEMORY_MB",
     "A100_SM_COUNT",
     "DEFAULT_CLASSES",
     "DEFAULT_TRACES",
+    "DYNAMIC_POLICIES",
     "MIG_PROFILES",
     "POLICIES",
     "SLICES_PER_CARD",
@@ -74,6 +100,7 @@ __all__ = [
     "ReplayConfig",
     "ReplayInputs",
     "ReplayResult",
+    "StaticGrants",
     "TraceError",
     "UsageModel",
     "WorkloadClass",
@@ -89,4 +116,5 @@ __all__ = [
     "replay",
     "run_policy",
     "select_profile",
+    "static_grants",
 ]

@@ -23,9 +23,13 @@ from allocator.replay._compare import (
     ReplayInputs,
     compare_policies,
     format_comparison,
+    format_sensitivity,
     load_inputs,
     run_policy,
+    sensitivity,
 )
+from allocator.replay._predicted import PREDICTOR_CHOICES
+from allocator.replay._pricing import compare_per_model, format_per_model
 from allocator.replay._replay import POLICIES, ReplayConfig
 from allocator.replay._trace import TraceError
 from allocator.replay._usage import UsageModel
@@ -44,7 +48,7 @@ def _rate(text: str) -> Decimal:
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m allocator.replay",
-        description="Replay GPU pods in time under static-whole, static-profile or dynamic allocation "
+        description="Replay GPU pods in time under static and dynamic allocation policies "
         "(usage model and metrics: docs/replay.md).",
     )
     parser.add_argument("--pods", type=Path, default=DEFAULT_TRACES / "openb_pod_list_default.csv")
@@ -57,12 +61,30 @@ def _parser() -> argparse.ArgumentParser:
     )
     mode = parser.add_mutually_exclusive_group(required=True)
     mode.add_argument("--policy", choices=POLICIES)
-    mode.add_argument("--compare", action="store_true", help="replay all three policies and compare them")
+    mode.add_argument("--compare", action="store_true", help="replay every policy and compare them")
+    mode.add_argument(
+        "--sensitivity",
+        action="store_true",
+        help="both dynamic policies over headroom 0/0.2/0.5 x lag 0/1/5 steps (and both predictor choices)",
+    )
+    parser.add_argument(
+        "--per-model",
+        action="store_true",
+        help="with --compare: also replay each GPU model of the fleet as its own pool, priced at its rate",
+    )
     parser.add_argument("--json", action="store_true", help="print JSON instead of text")
     parser.add_argument("--seed", type=int, default=UsageModel().seed, help="seed of class and burst assignment")
     parser.add_argument("--step-seconds", type=int, default=60, help="time step of the use model (1..3600)")
     parser.add_argument("--headroom", type=float, default=0.2, help="dynamic: reservation = peak × (1 + headroom)")
-    parser.add_argument("--window-steps", type=int, default=5, help="dynamic: steps the recent-peak predictor sees")
+    parser.add_argument(
+        "--lag-steps", type=int, default=0, help="dynamic: a grant for step t uses use up to step t-1-lag (control lag)"
+    )
+    parser.add_argument(
+        "--predictor",
+        choices=PREDICTOR_CHOICES,
+        default="default",
+        help="dynamic-predicted: the agent's calibrated default predictors, or the same uncalibrated",
+    )
     parser.add_argument(
         "--rate", type=_rate, default=Decimal("5.12"), help="USD per A100-80GB GPU-hour (default: demo rate card)"
     )
@@ -92,26 +114,54 @@ def _context(inputs: ReplayInputs) -> dict[str, object]:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
+    if args.per_model and not args.compare:
+        parser.error("--per-model needs --compare")
     started = time.perf_counter()  # the reported run time; results never depend on it
     try:
         model = UsageModel(step_s=args.step_seconds, seed=args.seed)
         inputs = load_inputs(pods_path=args.pods, nodes_path=args.nodes, azure_path=args.azure, model=model)
-        if args.compare:
+        if args.sensitivity:
+            rows = sensitivity(inputs)
+            payload: dict[str, object] = {
+                "sensitivity": [
+                    {
+                        "policy": row.config.policy,
+                        "predictor": row.config.predictor,
+                        "headroom": row.config.headroom,
+                        "lag_steps": row.config.lag_steps,
+                        "cost_change_vs_static_whole": row.cost_change_vs_static_whole,
+                        "cost_change_vs_static_request": row.cost_change_vs_static_request,
+                        "result": row.result.to_dict(),
+                    }
+                    for row in rows
+                ]
+            }
+            text = format_sensitivity(rows)
+        elif args.compare:
             comparison = compare_policies(
                 inputs,
                 headroom=args.headroom,
-                predictor_window_steps=args.window_steps,
+                lag_steps=args.lag_steps,
+                predictor=args.predictor,
                 usd_per_gpu_hour=args.rate,
             )
             payload = comparison.to_dict()
             text = format_comparison(comparison)
+            if args.per_model:
+                priced = compare_per_model(
+                    inputs, headroom=args.headroom, lag_steps=args.lag_steps, predictor=args.predictor
+                )
+                payload["per_model"] = priced.to_dict()
+                text += "\n\nPer GPU model of the fleet (each its own pool, priced at its rate):\n\n"
+                text += format_per_model(priced)
         else:
             result = run_policy(
                 inputs,
                 ReplayConfig(
                     policy=args.policy,
                     headroom=args.headroom,
-                    predictor_window_steps=args.window_steps,
+                    lag_steps=args.lag_steps,
+                    predictor=args.predictor,
                     usd_per_gpu_hour=args.rate,
                 ),
             )
@@ -131,7 +181,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(
             f"\n{len(inputs.trace.pods):,} GPU pods replayed of {inputs.trace.rows:,} rows "
             f"({inputs.trace.cpu_only:,} CPU-only and {inputs.trace.pending:,} Pending left out); "
-            f"fleet {fleet:,} GPUs, priced as A100-80GB; run time {run_time:.1f} s"
+            f"fleet {fleet:,} GPUs; the first table sizes and prices every card as an A100-80GB; run time {run_time:.1f} s"
         )
     return 0
 

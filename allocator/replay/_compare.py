@@ -2,23 +2,30 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from decimal import Decimal
 from pathlib import Path
 
-from allocator.replay._replay import POLICIES, ReplayConfig, ReplayResult, replay
+from allocator.replay._predicted import PREDICTOR_CHOICES, PredictorChoice
+from allocator.replay._replay import POLICIES, Policy, ReplayConfig, ReplayResult, replay
 from allocator.replay._trace import Fleet, PodTrace, read_azure_requests, read_fleet, read_pod_trace
 from allocator.replay._usage import BurstSignals, PodUsage, UsageModel, build_burst_signals, build_pod_usage
 
 __all__ = [
     "DEFAULT_TRACES",
     "Comparison",
+    "SensitivityRow",
     "ReplayInputs",
     "compare_policies",
     "format_comparison",
+    "format_sensitivity",
     "load_inputs",
     "run_policy",
+    "sensitivity",
 ]
+
+DYNAMIC_ORDER: tuple[Policy, ...] = ("dynamic-current-use", "dynamic-predicted")
 
 # data/traces in the repository (copies of the public traces; see their README).
 DEFAULT_TRACES = Path(__file__).resolve().parents[2] / "data" / "traces"
@@ -61,96 +68,86 @@ def run_policy(inputs: ReplayInputs, config: ReplayConfig) -> ReplayResult:
 
 @dataclass(frozen=True, slots=True)
 class Comparison:
-    """The three policies on one usage, and dynamic's savings against each static one."""
+    """Every policy on one usage, in ``POLICIES`` order."""
 
-    static_whole: ReplayResult
-    static_profile: ReplayResult
-    dynamic: ReplayResult
+    results: tuple[ReplayResult, ...]
 
-    @property
-    def results(self) -> tuple[ReplayResult, ReplayResult, ReplayResult]:
-        return (self.static_whole, self.static_profile, self.dynamic)
+    def result(self, policy: Policy) -> ReplayResult:
+        return next(r for r in self.results if r.policy == policy)
 
-    @property
-    def cost_reduction_vs_static_whole(self) -> float:
-        return _reduction(self.static_whole, self.dynamic)
+    def cost_change(self, policy: Policy, baseline: Policy) -> float:
+        """policy's cost / baseline's cost − 1 (the same rate on both sides, so GPU-hours suffice)."""
+        base = self.result(baseline).gpu_hours
+        return self.result(policy).gpu_hours / base - 1.0 if base else 0.0
 
-    @property
-    def cost_reduction_vs_static_profile(self) -> float:
-        return _reduction(self.static_profile, self.dynamic)
-
-    @property
-    def density_ratio_vs_static_whole(self) -> float:
-        return _density(self.static_whole, self.dynamic)
-
-    @property
-    def density_ratio_vs_static_profile(self) -> float:
-        return _density(self.static_profile, self.dynamic)
+    def density_ratio(self, policy: Policy, baseline: Policy) -> float:
+        base = self.result(baseline).containers_per_card
+        return self.result(policy).containers_per_card / base if base else 0.0
 
     def to_dict(self) -> dict[str, object]:
+        dynamic: Policy = "dynamic-predicted"
         return {
             "policies": {r.policy: r.to_dict() for r in self.results},
             "comparison": {
-                "cost_reduction_vs_static_whole": self.cost_reduction_vs_static_whole,
-                "cost_reduction_vs_static_profile": self.cost_reduction_vs_static_profile,
-                "density_ratio_vs_static_whole": self.density_ratio_vs_static_whole,
-                "density_ratio_vs_static_profile": self.density_ratio_vs_static_profile,
-                "gpus_peak": {r.policy: r.gpus_peak for r in self.results},
-            },
+                f"{dynamic}_cost_change_vs_{b}": self.cost_change(dynamic, b) for b in POLICIES if b != dynamic
+            }
+            | {f"{dynamic}_density_ratio_vs_{b}": self.density_ratio(dynamic, b) for b in POLICIES if b != dynamic}
+            | {"gpus_peak": {r.policy: r.gpus_peak for r in self.results}},
         }
-
-
-def _reduction(static: ReplayResult, dynamic: ReplayResult) -> float:
-    """1 - dynamic cost / static cost (the same rate on both sides, so GPU-hours suffice)."""
-    return 1.0 - dynamic.gpu_hours / static.gpu_hours if static.gpu_hours else 0.0
-
-
-def _density(static: ReplayResult, dynamic: ReplayResult) -> float:
-    return dynamic.containers_per_card / static.containers_per_card if static.containers_per_card else 0.0
 
 
 def compare_policies(
     inputs: ReplayInputs,
     *,
     headroom: float = 0.2,
-    predictor_window_steps: int = 5,
+    lag_steps: int = 0,
+    predictor: PredictorChoice = "default",
     usd_per_gpu_hour: Decimal = Decimal("5.12"),
 ) -> Comparison:
-    """Replay static-whole, static-profile and dynamic on the same usage."""
-    results = {
-        policy: run_policy(
-            inputs,
-            ReplayConfig(
-                policy=policy,
-                headroom=headroom,
-                predictor_window_steps=predictor_window_steps,
-                usd_per_gpu_hour=usd_per_gpu_hour,
-            ),
-        )
-        for policy in POLICIES
-    }
+    """Replay every policy in ``POLICIES`` on the same usage."""
     return Comparison(
-        static_whole=results["static-whole"], static_profile=results["static-profile"], dynamic=results["dynamic"]
+        results=tuple(
+            run_policy(
+                inputs,
+                ReplayConfig(
+                    policy=policy,
+                    headroom=headroom,
+                    lag_steps=lag_steps,
+                    predictor=predictor,
+                    usd_per_gpu_hour=usd_per_gpu_hour,
+                ),
+            )
+            for policy in POLICIES
+        )
     )
 
 
 def format_comparison(comparison: Comparison) -> str:
-    """A Markdown table of the three policies plus dynamic's savings."""
+    """A Markdown table of the policies plus dynamic-predicted's cost and density against each other one."""
+    res = comparison.results
+    rate = res[0].usd_per_gpu_hour
+    whole = comparison.result("static-whole")
     rows: list[tuple[str, ...]] = [
-        ("figure", *(r.policy for r in comparison.results)),
-        ("GPUs needed, peak", *(f"{r.gpus_peak:,}" for r in comparison.results)),
-        ("GPUs needed, time-averaged", *(f"{r.gpus_time_avg:,.2f}" for r in comparison.results)),
-        ("GPU-hours", *(f"{r.gpu_hours:,.0f}" for r in comparison.results)),
+        ("figure", *(r.policy for r in res)),
+        ("GPUs needed, peak", *(f"{r.gpus_peak:,}" for r in res)),
+        ("GPUs needed, time-averaged", *(f"{r.gpus_time_avg:,.2f}" for r in res)),
+        ("GPU-hours", *(f"{r.gpu_hours:,.0f}" for r in res)),
+        (f"cost, USD at {rate}/GPU-h", *(f"{r.cost_usd:,}" for r in res)),
+        ("SM utilisation", *(f"{r.sm_utilisation:.1%}" for r in res)),
+        ("memory utilisation (used)", *(f"{r.memory_utilisation:.1%}" for r in res)),
+        ("idle memory (1 − used)", *(f"{r.idle_memory_share:.1%}" for r in res)),
+        ("memory granted", *(f"{r.memory_granted_share:.1%}" for r in res)),
+        ("containers per card", *(f"{r.containers_per_card:.2f}" for r in res)),
         (
-            f"cost, USD at {comparison.dynamic.usd_per_gpu_hour}/GPU-h",
-            *(f"{r.cost_usd:,}" for r in comparison.results),
+            "efficiency: SM used per card-s, × static-whole",
+            *(f"×{r.sm_utilisation / whole.sm_utilisation:.2f}" if whole.sm_utilisation else "-" for r in res),
         ),
-        ("SM utilisation", *(f"{r.sm_utilisation:.1%}" for r in comparison.results)),
-        ("memory utilisation", *(f"{r.memory_utilisation:.1%}" for r in comparison.results)),
-        ("idle-memory share", *(f"{r.idle_memory_share:.1%}" for r in comparison.results)),
-        ("containers per card", *(f"{r.containers_per_card:.2f}" for r in comparison.results)),
-        ("SLO violations, workload-s", *(f"{r.slo_violation_workload_s:,.0f}" for r in comparison.results)),
-        ("SLO violations, share of workload-s", *(f"{r.slo_violation_share:.3%}" for r in comparison.results)),
+        ("SLO misses, workload-s", *(f"{r.slo_miss_workload_s:,.0f}" for r in res)),
+        ("SLO misses, share of workload-s", *(f"{r.slo_miss_share:.3%}" for r in res)),
+        ("  SM misses, workload-s", *(f"{r.slo_miss_sm_workload_s:,.0f}" for r in res)),
+        ("  SM short, SM-s per missed s", *(_per(r.sm_short_sm_s, r.slo_miss_sm_workload_s) for r in res)),
+        ("  memory misses, workload-s", *(f"{r.slo_miss_memory_workload_s:,.0f}" for r in res)),
+        ("  memory short, MB per missed s", *(_per(r.memory_short_mb_s, r.slo_miss_memory_workload_s) for r in res)),
     ]
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
 
@@ -166,10 +163,74 @@ def format_comparison(comparison: Comparison) -> str:
     table = [line(rows[0]), "|" + "|".join("-" * (w + 1) + (":" if i else "-") for i, w in enumerate(widths)) + "|"]
     table += [line(row) for row in rows[1:]]
     table.append("")
+    dynamic: Policy = "dynamic-predicted"
     table.append(
-        f"dynamic vs static-whole: cost {-comparison.cost_reduction_vs_static_whole:+.1%}, "
-        f"containers per card ×{comparison.density_ratio_vs_static_whole:.2f}; "
-        f"vs static-profile: cost {-comparison.cost_reduction_vs_static_profile:+.1%}, "
-        f"containers per card ×{comparison.density_ratio_vs_static_profile:.2f}"
+        f"{dynamic}: "
+        + "; ".join(
+            f"vs {b} cost {comparison.cost_change(dynamic, b):+.1%}, containers per card "
+            f"×{comparison.density_ratio(dynamic, b):.2f}"
+            for b in POLICIES
+            if b != dynamic
+        )
     )
     return "\n".join(table)
+
+
+def _per(total: float, seconds: float) -> str:
+    return f"{total / seconds:,.1f}" if seconds else "-"
+
+
+@dataclass(frozen=True, slots=True)
+class SensitivityRow:
+    """One dynamic policy under one (headroom, lag, predictor), against the static baselines of the same usage."""
+
+    config: ReplayConfig
+    result: ReplayResult
+    cost_change_vs_static_whole: float
+    cost_change_vs_static_request: float
+
+
+def sensitivity(
+    inputs: ReplayInputs,
+    *,
+    headrooms: Sequence[float] = (0.0, 0.2, 0.5),
+    lags: Sequence[int] = (0, 1, 5),
+    predictors: Sequence[PredictorChoice] = PREDICTOR_CHOICES,
+) -> tuple[SensitivityRow, ...]:
+    """Both dynamic policies over headroom × lag (dynamic-predicted also over ``predictors``)."""
+    whole = run_policy(inputs, ReplayConfig(policy="static-whole")).gpu_hours
+    request = run_policy(inputs, ReplayConfig(policy="static-request")).gpu_hours
+    rows: list[SensitivityRow] = []
+    for policy in DYNAMIC_ORDER:
+        for predictor in predictors if policy == "dynamic-predicted" else ("default",):
+            for headroom in headrooms:
+                for lag in lags:
+                    config = ReplayConfig(policy=policy, headroom=headroom, lag_steps=lag, predictor=predictor)
+                    result = run_policy(inputs, config)
+                    rows.append(
+                        SensitivityRow(
+                            config=config,
+                            result=result,
+                            cost_change_vs_static_whole=result.gpu_hours / whole - 1.0 if whole else 0.0,
+                            cost_change_vs_static_request=result.gpu_hours / request - 1.0 if request else 0.0,
+                        )
+                    )
+    return tuple(rows)
+
+
+def format_sensitivity(rows: Sequence[SensitivityRow]) -> str:
+    lines = [
+        "| policy | predictor | headroom | lag (steps) | cost vs static-whole | cost vs static-request "
+        "| GPUs peak | containers per card | SLO misses, share | SM misses, workload-s "
+        "| memory misses, workload-s |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for row in rows:
+        c, r = row.config, row.result
+        predictor = c.predictor if c.policy == "dynamic-predicted" else "-"
+        lines.append(
+            f"| {c.policy} | {predictor} | {c.headroom:g} | {c.lag_steps} | {row.cost_change_vs_static_whole:+.1%} "
+            f"| {row.cost_change_vs_static_request:+.1%} | {r.gpus_peak} | {r.containers_per_card:.2f} "
+            f"| {r.slo_miss_share:.3%} | {r.slo_miss_sm_workload_s:,.0f} | {r.slo_miss_memory_workload_s:,.0f} |"
+        )
+    return "\n".join(lines)

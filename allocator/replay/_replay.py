@@ -1,4 +1,4 @@
-"""Replaying GPU pods under a static or a dynamic allocation policy (docs/replay.md).
+"""Replaying GPU pods under static and dynamic allocation policies (docs/replay.md).
 
 Time is continuous for occupancy (a card is busy from the moment its first pod is
 placed until its last pod leaves, to the second) and stepped for use (``step_s``
@@ -9,19 +9,24 @@ shards, on distinct cards):
 
 - ``static-whole``: each shard holds a whole card, whatever its share (the study's
   baseline: ``nvidia.com/gpu: 1``).
-- ``static-profile``: each shard holds the smallest MIG-like profile whose memory fits
-  the shard's peak memory over its life; profiles are 1, 2, 3, 4 or 7 of a card's 7
-  slices, with that fraction of its SMs; placed first-fit by slices as pods arrive.
-- ``dynamic``: each step a shard reserves its predicted peak × (1 + headroom) (the
-  predictor is the peak of the last ``predictor_window_steps`` steps; the class's
-  profile peak before any history), clamped to its request. An arriving shard goes to
-  the busy card with the most reserved SM where its reservation fits in SM and memory,
-  else to a new card. Pods never move. On each card and step, grants follow DESIGN §5
-  through :func:`allocator.fairshare.fair_share`: SM is water-filled with each shard's
-  peak use served first, memory is never granted below use.
+- ``static-request``: each shard holds the fraction of a card its pod asked for
+  (``gpu_milli``), SM and memory, as time-slicing with limits or HAMi would give.
+- ``static-profile``: each shard holds the smallest MIG-like profile (1, 2, 3, 4 or 7 of
+  7 slices) whose SM share and memory both cover the request; chosen at admission from
+  the request alone.
+- ``dynamic-current-use``: each step a shard reserves the last known step's peak use ×
+  (1 + headroom), clamped to its request.
+- ``dynamic-predicted``: the same with the agent's predictors (:mod:`allocator.predict`)
+  fed the step peaks known so far: max(last use, forecast) × (1 + headroom).
 
-An SLO violation is a second in which a shard's use exceeds its grant; violated
-workload-seconds add SM and memory seconds, capped at the length of the step.
+Dynamic grants for step ``t`` are decided from use up to step ``t − 1 − lag_steps``
+(``lag_steps`` models control lag); before anything is known a shard reserves its class's
+profile peak scaled to its request. Placement is online best fit on reserved SM; on each
+card and step the reservations are granted as they are where they fit, else through
+:func:`allocator.fairshare.fair_share`. Grants never look at the step's own use.
+
+An SLO miss is a second in which a shard's use exceeds its grant, counted in
+workload-seconds for SM and memory apart, with the amount short (SM-seconds, MB-seconds).
 """
 
 from __future__ import annotations
@@ -37,29 +42,36 @@ import numpy as np
 import numpy.typing as npt
 
 from allocator.fairshare import Claim, fair_share
-from allocator.replay._usage import BurstSignals, PodUsage, UsageModel, seconds_above
+from allocator.predict import Resource
+from allocator.replay._predicted import PREDICTOR_CHOICES, PredictorChoice, history_window, step_forecasts
+from allocator.replay._usage import BurstSignals, PodUsage, UsageModel, shortfall
 
 __all__ = [
     "MIG_PROFILES",
     "POLICIES",
     "SLICES_PER_CARD",
+    "DYNAMIC_POLICIES",
     "DynamicGrants",
     "Invariants",
     "MigProfile",
     "Policy",
     "ReplayConfig",
     "ReplayResult",
+    "StaticGrants",
     "dynamic_grants",
     "replay",
     "select_profile",
+    "static_grants",
 ]
 
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
-Policy = Literal["static-whole", "static-profile", "dynamic"]
+Policy = Literal["static-whole", "static-request", "static-profile", "dynamic-current-use", "dynamic-predicted"]
 POLICIES: tuple[Policy, ...] = get_args(Policy)
+DYNAMIC_POLICIES: frozenset[Policy] = frozenset({"dynamic-current-use", "dynamic-predicted"})
 
 SLICES_PER_CARD = 7
+_UNITS = 7_000  # a card in placement units: 1,000 per slice, 7 per gpu_milli
 _EPS = 1e-9
 _CENT = Decimal("0.01")
 
@@ -86,14 +98,14 @@ MIG_PROFILES: tuple[MigProfile, ...] = (
 )
 
 
-def select_profile(peak_memory_mb: float) -> MigProfile:
-    """The smallest profile (fewest slices) whose memory holds ``peak_memory_mb``."""
-    if not (math.isfinite(peak_memory_mb) and peak_memory_mb >= 0):
-        raise ValueError(f"peak_memory_mb must be finite and >= 0, got {peak_memory_mb!r}")
+def select_profile(share: float, card_memory_mb: float = 81_920.0) -> MigProfile:
+    """The smallest profile (fewest slices) whose SM share and memory both cover a request of ``share``."""
+    if not (math.isfinite(share) and 0 < share <= 1):
+        raise ValueError(f"share must be in (0, 1], got {share!r}")
     for profile in MIG_PROFILES:
-        if peak_memory_mb <= profile.memory_mb:
+        if share <= profile.sm_fraction + _EPS and share * card_memory_mb <= profile.memory_mb + _EPS:
             return profile
-    raise ValueError(f"peak memory {peak_memory_mb:.0f} MB does not fit any profile (largest 81920 MB)")
+    raise AssertionError("7g.80gb covers every share <= 1")  # unreachable: the last profile is the card
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,7 +114,8 @@ class ReplayConfig:
 
     policy: Policy
     headroom: float = 0.2  # dynamic: reservation = predicted peak × (1 + headroom)
-    predictor_window_steps: int = 5  # dynamic: recent-peak predictor looks this many steps back
+    lag_steps: int = 0  # dynamic: a grant for step t is decided from use up to step t - 1 - lag_steps
+    predictor: PredictorChoice = "default"  # dynamic-predicted: calibrated default predictors, or raw
     usd_per_gpu_hour: Decimal = Decimal("5.12")  # the project's demo A100-80GB rate card
 
     def __post_init__(self) -> None:
@@ -110,20 +123,21 @@ class ReplayConfig:
             raise ValueError(f"policy must be one of {', '.join(POLICIES)}, got {self.policy!r}")
         if not (math.isfinite(self.headroom) and 0 <= self.headroom <= 10):
             raise ValueError(f"headroom must be in [0, 10], got {self.headroom!r}")
-        if not 1 <= self.predictor_window_steps <= 10_000:
-            raise ValueError(f"predictor_window_steps must be in 1..10000, got {self.predictor_window_steps!r}")
+        if not 0 <= self.lag_steps <= 1_000:
+            raise ValueError(f"lag_steps must be in 0..1000, got {self.lag_steps!r}")
+        if self.predictor not in PREDICTOR_CHOICES:
+            raise ValueError(f"predictor must be one of {', '.join(PREDICTOR_CHOICES)}, got {self.predictor!r}")
         if not (self.usd_per_gpu_hour.is_finite() and self.usd_per_gpu_hour >= 0):
             raise ValueError(f"usd_per_gpu_hour must be finite and >= 0, got {self.usd_per_gpu_hour!r}")
 
 
 @dataclass(frozen=True, slots=True)
 class Invariants:
-    """Checks the dynamic policy must pass on every card and step (trivial for static ones)."""
+    """Checks a dynamic policy must pass on every card and step (trivial for static ones)."""
 
     max_sm_granted_fraction: float  # Σ SM grants / SMs, worst card-step; <= 1
     max_memory_granted_fraction: float  # Σ memory grants / card memory, worst card-step; <= 1
-    min_memory_grant_minus_use_mb: float  # worst shard-step where the card is not overcommitted; >= 0
-    memory_overcommitted_card_steps: int  # Σ peak memory use above the card: counted as violations
+    memory_overcommitted_card_steps: int  # Σ known memory use above the card: granted pro rata to it
     contended_card_steps: int  # Σ reservations or uses above the card: resolved by fair share
 
 
@@ -145,11 +159,14 @@ class ReplayResult:
     sm_utilisation: float  # SM-seconds served / (busy card-seconds × SMs)
     memory_utilisation: float  # MB-seconds used / (busy card-seconds × card MB)
     idle_memory_share: float  # 1 - memory_utilisation
+    memory_granted_share: float  # MB-seconds granted / (busy card-seconds × card MB)
     containers_per_card: float  # workload_seconds / busy card-seconds
-    slo_violation_workload_s: float
-    slo_violation_sm_workload_s: float
-    slo_violation_memory_workload_s: float
-    slo_violation_share: float  # slo_violation_workload_s / workload_seconds
+    slo_miss_workload_s: float  # seconds with SM or memory use above grant, ≤ step per shard-step
+    slo_miss_sm_workload_s: float
+    slo_miss_memory_workload_s: float
+    slo_miss_share: float  # slo_miss_workload_s / workload_seconds
+    sm_short_sm_s: float  # Σ over missed seconds of (SM use − SM grant)
+    memory_short_mb_s: float  # Σ over missed seconds of (memory use − memory grant)
     profiles: Mapping[str, int] = field(default_factory=dict)  # static-profile: shards per profile
     invariants: Invariants | None = None  # dynamic only
 
@@ -170,11 +187,14 @@ class ReplayResult:
             "sm_utilisation": self.sm_utilisation,
             "memory_utilisation": self.memory_utilisation,
             "idle_memory_share": self.idle_memory_share,
+            "memory_granted_share": self.memory_granted_share,
             "containers_per_card": self.containers_per_card,
-            "slo_violation_workload_s": self.slo_violation_workload_s,
-            "slo_violation_sm_workload_s": self.slo_violation_sm_workload_s,
-            "slo_violation_memory_workload_s": self.slo_violation_memory_workload_s,
-            "slo_violation_share": self.slo_violation_share,
+            "slo_miss_workload_s": self.slo_miss_workload_s,
+            "slo_miss_sm_workload_s": self.slo_miss_sm_workload_s,
+            "slo_miss_memory_workload_s": self.slo_miss_memory_workload_s,
+            "slo_miss_share": self.slo_miss_share,
+            "sm_short_sm_s": self.sm_short_sm_s,
+            "memory_short_mb_s": self.memory_short_mb_s,
             "profiles": dict(self.profiles),
         }
         if self.invariants is not None:
@@ -182,9 +202,6 @@ class ReplayResult:
             result["invariants"] = {
                 "max_sm_granted_fraction": inv.max_sm_granted_fraction,
                 "max_memory_granted_fraction": inv.max_memory_granted_fraction,
-                "min_memory_grant_minus_use_mb": (
-                    inv.min_memory_grant_minus_use_mb if math.isfinite(inv.min_memory_grant_minus_use_mb) else None
-                ),
                 "memory_overcommitted_card_steps": inv.memory_overcommitted_card_steps,
                 "contended_card_steps": inv.contended_card_steps,
             }
@@ -196,7 +213,7 @@ class _Cards:
     """Occupancy of card slots over time; slots are reused lowest-first once empty."""
 
     members: list[set[int]] = field(default_factory=list)
-    free_slices: list[int] = field(default_factory=list)
+    free_units: list[int] = field(default_factory=list)
     empty_slots: list[int] = field(default_factory=list)  # heap
     busy: int = 0
     peak: int = 0
@@ -214,19 +231,19 @@ class _Cards:
         if self.empty_slots:
             return heapq.heappop(self.empty_slots)
         self.members.append(set())
-        self.free_slices.append(SLICES_PER_CARD)
+        self.free_units.append(_UNITS)
         return len(self.members) - 1
 
-    def add(self, slot: int, pod: int, slices: int) -> None:
+    def add(self, slot: int, pod: int, units: int) -> None:
         if not self.members[slot]:
             self.busy += 1
             self.peak = max(self.peak, self.busy)
         self.members[slot].add(pod)
-        self.free_slices[slot] -= slices
+        self.free_units[slot] -= units
 
-    def remove(self, slot: int, pod: int, slices: int) -> None:
+    def remove(self, slot: int, pod: int, units: int) -> None:
         self.members[slot].discard(pod)
-        self.free_slices[slot] += slices
+        self.free_units[slot] += units
         if not self.members[slot]:
             self.busy -= 1
             heapq.heappush(self.empty_slots, slot)
@@ -240,8 +257,8 @@ def _events(usage: PodUsage) -> list[tuple[float, int, int]]:
     return events
 
 
-def _place_static(usage: PodUsage, slices: Sequence[int]) -> tuple[_Cards, list[tuple[int, ...]]]:
-    """First-fit by slices; a pod's shards on distinct cards."""
+def _place_static(usage: PodUsage, units: Sequence[int]) -> tuple[_Cards, list[tuple[int, ...]]]:
+    """First-fit by units of a card (``_UNITS`` per card); a pod's shards on distinct cards."""
     cards = _Cards()
     placement: list[tuple[int, ...]] = [() for _ in usage.pods]
     events = _events(usage)
@@ -249,7 +266,7 @@ def _place_static(usage: PodUsage, slices: Sequence[int]) -> tuple[_Cards, list[
         cards.last_time = events[0][0]
     for time, kind, pod in events:
         cards.advance(time)
-        need = slices[pod]
+        need = units[pod]
         if kind == 0:
             for slot in placement[pod]:
                 cards.remove(slot, pod, need)
@@ -257,11 +274,7 @@ def _place_static(usage: PodUsage, slices: Sequence[int]) -> tuple[_Cards, list[
         chosen: list[int] = []
         for _ in range(usage.pods[pod].num_gpu):
             fitting = next(
-                (
-                    s
-                    for s, held in enumerate(cards.members)
-                    if held and s not in chosen and cards.free_slices[s] >= need
-                ),
+                (s for s, held in enumerate(cards.members) if held and s not in chosen and cards.free_units[s] >= need),
                 None,
             )
             slot = cards.open_slot() if fitting is None else fitting
@@ -271,24 +284,65 @@ def _place_static(usage: PodUsage, slices: Sequence[int]) -> tuple[_Cards, list[
     return cards, placement
 
 
+def _known_rows(usage: PodUsage, lag_steps: int) -> tuple[IntArray, IntArray, npt.NDArray[np.bool_]]:
+    """Per row: its step within the pod, the latest row whose use is known when its grant is decided, and
+    whether there is one (the grant for step t is decided from steps up to t − 1 − lag)."""
+    index = np.arange(usage.rows, dtype=np.int64)
+    local = index - np.repeat(usage.offset, usage.steps)
+    known = local - 1 - lag_steps
+    return local, index - 1 - lag_steps, known >= 0
+
+
+def _forecast(
+    usage: PodUsage,
+    peaks: FloatArray,
+    known_row: IntArray,
+    has: npt.NDArray[np.bool_],
+    resource: Literal["memory", "sm"],
+    choice: PredictorChoice,
+) -> FloatArray:
+    """The predictor's forecast for each row that has a known row, fed the step peaks up to it."""
+    res: Resource = "memory_mb" if resource == "memory" else "sm"
+    size = history_window(res)
+    out = np.zeros(usage.rows)
+    rows = np.flatnonzero(has)
+    if not rows.size:
+        return out
+    end = known_row[rows]
+    first = np.repeat(usage.offset, usage.steps)[rows]
+    if size == 1:
+        out[rows] = step_forecasts(peaks[end][:, None], res, choice)
+        return out
+    # A row's history is fixed by its class, share, the burst window of its last known step and
+    # how many steps it has seen (capped at the window): evaluate each distinct history once.
+    pod = usage.pod_of_row()[rows]
+    seen = np.minimum(end - first, size - 1)
+    milli = np.array([p.gpu_milli for p in usage.pods], dtype=np.int64)[pod]
+    key = (usage.class_index[pod] * 1_001 + milli) * (int(usage.window.max(initial=0)) + 1) + usage.window[end]
+    key = key * size + seen
+    _, pick, inverse = np.unique(key, return_index=True, return_inverse=True)
+    ends, firsts = end[pick], first[pick]
+    idx = np.maximum(ends[:, None] - np.arange(size - 1, -1, -1, dtype=np.int64)[None, :], firsts[:, None])
+    out[rows] = step_forecasts(peaks[idx], res, choice)[inverse.reshape(-1)]
+    return out
+
+
 def _reservations(usage: PodUsage, model: UsageModel, config: ReplayConfig) -> tuple[FloatArray, FloatArray]:
-    """Per row: SM and memory reserved for the step (recent-peak predictor × (1 + headroom))."""
-    rows = usage.rows
+    """Per row: SM and memory reserved for the step, from use known before it (``_known_rows``)."""
     pod = usage.pod_of_row()
-    local = np.arange(rows, dtype=np.int64) - np.repeat(usage.offset, usage.steps)
     share = usage.share[pod]
     classes = model.classes
     prior_sm = np.array([c.sm_base + c.sm_burst for c in classes])[usage.class_index][pod] * model.card_sm_count
     prior_mem = np.array([c.mem_base_mb + c.mem_burst_mb for c in classes])[usage.class_index][pod]
-    seen_sm = np.full(rows, -np.inf)
-    seen_mem = np.full(rows, -np.inf)
-    index = np.arange(rows, dtype=np.int64)
-    for back in range(1, min(config.predictor_window_steps, int(usage.steps.max(initial=0))) + 1):
-        has = local >= back
-        seen_sm[has] = np.maximum(seen_sm[has], usage.sm_peak[index[has] - back])
-        seen_mem[has] = np.maximum(seen_mem[has], usage.mem_peak_mb[index[has] - back])
-    predicted_sm = np.where(local == 0, share * prior_sm, seen_sm)
-    predicted_mem = np.where(local == 0, share * prior_mem, seen_mem)
+    _, known, has = _known_rows(usage, config.lag_steps)
+    safe = np.where(has, known, 0)
+    last_sm = np.where(has, usage.sm_peak[safe], 0.0)
+    last_mem = np.where(has, usage.mem_peak_mb[safe], 0.0)
+    if config.policy == "dynamic-predicted":
+        last_sm = np.maximum(last_sm, _forecast(usage, usage.sm_peak, known, has, "sm", config.predictor))
+        last_mem = np.maximum(last_mem, _forecast(usage, usage.mem_peak_mb, known, has, "memory", config.predictor))
+    predicted_sm = np.where(has, last_sm, share * prior_sm)
+    predicted_mem = np.where(has, last_mem, share * prior_mem)
     factor = 1.0 + config.headroom
     return (
         np.minimum(share * model.card_sm_count, predicted_sm * factor),
@@ -344,14 +398,14 @@ def _place_dynamic(
 
 @dataclass(frozen=True, slots=True)
 class DynamicGrants:
-    """The dynamic policy's grants, one entry per (GPU shard, step); see :func:`dynamic_grants`."""
+    """A dynamic policy's grants, one entry per (GPU shard, step); see :func:`dynamic_grants`."""
 
     rows: IntArray  # row of the PodUsage (pod and step) each entry belongs to
     slots: IntArray  # card slot the shard sits on
     global_step: IntArray
     sm: FloatArray  # SMs granted for the step
     mem: FloatArray  # MB granted for the step
-    overcommitted: npt.NDArray[np.bool_]  # the card's peak memory use exceeds the card in this step
+    overcommitted: npt.NDArray[np.bool_]  # memory known in use on the card exceeded it when granting
     invariants: Invariants
 
 
@@ -368,20 +422,29 @@ def _shard_rows(usage: PodUsage, placement: Sequence[tuple[int, ...]]) -> tuple[
 def _grant_dynamic(
     usage: PodUsage,
     model: UsageModel,
+    config: ReplayConfig,
     rows: IntArray,
     slots: IntArray,
     res_sm: FloatArray,
     res_mem: FloatArray,
 ) -> DynamicGrants:
+    """Grant each card-step's reservations; where they exceed the card, share it (DESIGN §5).
+
+    Only what is known when the grant is decided is read: the reservations and the memory use
+    of the latest known step (memory in use is not taken back).
+    """
     cap_sm, cap_mem = float(model.card_sm_count), model.card_memory_mb
     row_pod = usage.pod_of_row()[rows]
     global_step = usage.first_step[row_pod] + (rows - usage.offset[row_pod])
     key = slots * (int(global_step.max(initial=0)) + 1) + global_step
     _, group = np.unique(key, return_inverse=True)
+    group = group.reshape(-1)
     groups = int(group.max(initial=-1)) + 1
-    peak_sm, peak_mem = usage.sm_peak[rows], usage.mem_peak_mb[rows]
-    grant_sm = np.maximum(res_sm[rows], peak_sm)
-    grant_mem = np.maximum(res_mem[rows], peak_mem)
+    _, known, has = _known_rows(usage, config.lag_steps)
+    # Memory in use as last known; a shard with no known step yet counts its admission reservation.
+    known_mem = np.where(has, usage.mem_peak_mb[np.where(has, known, 0)], res_mem)[rows]
+    grant_sm = res_sm[rows].copy()
+    grant_mem = res_mem[rows].copy()
     want_sm = np.bincount(group, weights=grant_sm, minlength=groups)
     want_mem = np.bincount(group, weights=grant_mem, minlength=groups)
     sm_contended = want_sm > cap_sm + _EPS
@@ -395,45 +458,34 @@ def _grant_dynamic(
             members = order[bounds[g] : bounds[g + 1]]
             keys = [str(int(m)) for m in members]
             if sm_contended[g]:
-                # Peak use is served first (guarantee); reservations above it share the rest.
                 sm = fair_share(
                     capacity=cap_sm,
                     claims=[
-                        Claim(key=k, weight=1.0, demand=float(grant_sm[m]), guarantee=float(peak_sm[m]))
-                        for k, m in zip(keys, members, strict=True)
+                        Claim(key=k, weight=1.0, demand=float(grant_sm[m])) for k, m in zip(keys, members, strict=True)
                     ],
                 )
                 grant_sm[members] = [sm.grants[k] for k in keys]
             if not mem_contended[g]:
                 continue
+            in_use = np.minimum(known_mem[members], grant_mem[members])
             mem = fair_share(
                 capacity=cap_mem,
                 claims=[
-                    Claim(
-                        key=k,
-                        weight=1.0,
-                        demand=float(grant_mem[m]),
-                        current_use=float(peak_mem[m]),
-                        preemptible=False,
-                    )
-                    for k, m in zip(keys, members, strict=True)
+                    Claim(key=k, weight=1.0, demand=float(grant_mem[m]), current_use=float(u), preemptible=False)
+                    for k, m, u in zip(keys, members, in_use, strict=True)
                 ],
             )
             if mem.overcommitted:
-                # Memory in use cannot be taken back and does not fit: the card runs out
-                # (an OOM in practice). Grants are the card pro rata to use; every second
-                # above them is a violation.
+                # Memory known in use does not fit: grants are the card pro rata to it.
                 overcommitted[members] = True
-                grant_mem[members] = peak_mem[members] * (cap_mem / float(peak_mem[members].sum()))
+                grant_mem[members] = in_use * (cap_mem / float(in_use.sum()))
             else:
                 grant_mem[members] = [mem.grants[k] for k in keys]
     sum_sm = np.bincount(group, weights=grant_sm, minlength=groups)
     sum_mem = np.bincount(group, weights=grant_mem, minlength=groups)
-    safe = ~overcommitted
     invariants = Invariants(
         max_sm_granted_fraction=float(sum_sm.max(initial=0.0)) / cap_sm,
         max_memory_granted_fraction=float(sum_mem.max(initial=0.0)) / cap_mem,
-        min_memory_grant_minus_use_mb=float((grant_mem[safe] - peak_mem[safe]).min(initial=math.inf)),
         memory_overcommitted_card_steps=int(np.unique(group[overcommitted]).size),
         contended_card_steps=int(contended.size),
     )
@@ -449,13 +501,60 @@ def _grant_dynamic(
 
 
 def dynamic_grants(usage: PodUsage, model: UsageModel, config: ReplayConfig) -> tuple[DynamicGrants, int, float]:
-    """Place and grant under the dynamic policy: (grants, peak busy cards, busy card-seconds)."""
-    if config.policy != "dynamic":
-        raise ValueError(f"dynamic_grants needs policy 'dynamic', got {config.policy!r}")
+    """Place and grant under a dynamic policy: (grants, peak busy cards, busy card-seconds)."""
+    if config.policy not in DYNAMIC_POLICIES:
+        raise ValueError(f"dynamic_grants needs a dynamic policy, got {config.policy!r}")
     res_sm, res_mem = _reservations(usage, model, config)
     cards, placement = _place_dynamic(usage, model, res_sm, res_mem)
     rows, slots = _shard_rows(usage, placement)
-    return _grant_dynamic(usage, model, rows, slots, res_sm, res_mem), cards.peak, cards.busy_seconds
+    return _grant_dynamic(usage, model, config, rows, slots, res_sm, res_mem), cards.peak, cards.busy_seconds
+
+
+@dataclass(frozen=True, slots=True)
+class StaticGrants:
+    """A static policy's grant per pod shard (the same every step) and its placement units."""
+
+    sm: FloatArray  # per pod
+    mem: FloatArray  # per pod
+    units: tuple[int, ...]  # per pod, of ``_UNITS`` per card
+    profiles: Mapping[str, int]  # static-profile: shards per profile
+
+
+def static_grants(usage: PodUsage, model: UsageModel, policy: Policy) -> StaticGrants:
+    """Grants of ``static-whole``, ``static-request`` or ``static-profile``, decided at admission."""
+    cap_sm, cap_mem = float(model.card_sm_count), model.card_memory_mb
+    n = len(usage.pods)
+    if policy == "static-whole":
+        return StaticGrants(np.full(n, cap_sm), np.full(n, cap_mem), (_UNITS,) * n, {})
+    if policy == "static-request":
+        milli = [p.gpu_milli for p in usage.pods]
+        share = np.asarray(milli, dtype=np.float64) / 1_000.0
+        return StaticGrants(share * cap_sm, share * cap_mem, tuple(7 * m for m in milli), {})
+    if policy != "static-profile":
+        raise ValueError(f"static_grants needs a static policy, got {policy!r}")
+    chosen = [select_profile(p.share, cap_mem) for p in usage.pods]
+    counts: dict[str, int] = {}
+    for c, p in zip(chosen, usage.pods, strict=True):
+        counts[c.name] = counts.get(c.name, 0) + p.num_gpu
+    return StaticGrants(
+        np.array([c.sm_fraction * cap_sm for c in chosen], dtype=np.float64),
+        np.array([c.memory_mb for c in chosen], dtype=np.float64),
+        tuple(c.slices * (_UNITS // SLICES_PER_CARD) for c in chosen),
+        {p.name: counts[p.name] for p in MIG_PROFILES if p.name in counts},
+    )
+
+
+def _misses(
+    usage: PodUsage, model: UsageModel, signals: BurstSignals, rows: IntArray, sm: FloatArray, mem: FloatArray
+) -> tuple[FloatArray, FloatArray, FloatArray, FloatArray]:
+    """Per entry: seconds above the SM grant and the memory grant, and the amounts short."""
+    sm_s, sm_amount = np.zeros(rows.shape[0]), np.zeros(rows.shape[0])
+    mem_s, mem_amount = np.zeros(rows.shape[0]), np.zeros(rows.shape[0])
+    short = np.flatnonzero(usage.sm_peak[rows] > sm + _EPS)
+    sm_s[short], sm_amount[short] = shortfall(usage, model, signals, rows[short], resource="sm", grant=sm[short])
+    short = np.flatnonzero(usage.mem_peak_mb[rows] > mem + _EPS)
+    mem_s[short], mem_amount[short] = shortfall(usage, model, signals, rows[short], resource="memory", grant=mem[short])
+    return sm_s, mem_s, sm_amount, mem_amount
 
 
 def replay(
@@ -469,59 +568,36 @@ def replay(
         raise ValueError("usage, signals and model must share one step length")
     n = len(usage.pods)
     num_gpu = np.array([p.num_gpu for p in usage.pods], dtype=np.int64)
-    pod = usage.pod_of_row()
-    profiles: dict[str, int] = {}
+    profiles: Mapping[str, int] = {}
     invariants: Invariants | None = None
     cap_sm = float(model.card_sm_count)
 
-    if config.policy == "dynamic":
+    if config.policy in DYNAMIC_POLICIES:
         grants, gpus_peak, busy = dynamic_grants(usage, model, config)
-        rows = grants.rows
+        rows, grant_sm, grant_mem = grants.rows, grants.sm, grants.mem
         invariants = grants.invariants
-        seconds = usage.seconds[rows]
-        served_sm = float(np.sum(np.minimum(usage.sm_mean[rows], grants.sm) * seconds))
-        used_mem = float(np.sum(usage.mem_mean_mb[rows] * seconds))
-        short_sm = np.flatnonzero(usage.sm_peak[rows] > grants.sm + _EPS)
-        short_mem = np.flatnonzero(usage.mem_peak_mb[rows] > grants.mem + _EPS)
-        over_sm = np.zeros(rows.shape[0])
-        over_mem = np.zeros(rows.shape[0])
-        over_sm[short_sm] = seconds_above(
-            usage, model, signals, rows[short_sm], resource="sm", grant=grants.sm[short_sm]
-        )
-        over_mem[short_mem] = seconds_above(
-            usage, model, signals, rows[short_mem], resource="memory", grant=grants.mem[short_mem]
-        )
-        violated = float(np.minimum(over_sm + over_mem, seconds).sum())
-        violated_sm, violated_mem = float(over_sm.sum()), float(over_mem.sum())
+        weight = np.ones(rows.shape[0])  # one entry per shard
     else:
-        if config.policy == "static-whole":
-            pod_slices = [SLICES_PER_CARD] * n
-            grant_sm = np.full(n, cap_sm)
-        else:
-            peak_mem = np.maximum.reduceat(usage.mem_peak_mb, usage.offset) if n else np.zeros(0)
-            chosen = [select_profile(float(m)) for m in peak_mem]
-            pod_slices = [c.slices for c in chosen]
-            grant_sm = np.array([c.sm_fraction * cap_sm for c in chosen], dtype=np.float64)
-            for c, g in zip(chosen, num_gpu, strict=True):
-                profiles[c.name] = profiles.get(c.name, 0) + int(g)
-            profiles = {p.name: profiles[p.name] for p in MIG_PROFILES if p.name in profiles}
-        cards, _ = _place_static(usage, pod_slices)
+        fixed = static_grants(usage, model, config.policy)
+        profiles = fixed.profiles
+        cards, _ = _place_static(usage, fixed.units)
         gpus_peak, busy = cards.peak, cards.busy_seconds
-        shards = num_gpu[pod].astype(np.float64)
-        seconds = usage.seconds
-        row_grant = grant_sm[pod]
-        served_sm = float(np.sum(np.minimum(usage.sm_mean, row_grant) * seconds * shards))
-        used_mem = float(np.sum(usage.mem_mean_mb * seconds * shards))
-        short = np.flatnonzero(usage.sm_peak > row_grant + _EPS)
-        over = seconds_above(usage, model, signals, short, resource="sm", grant=row_grant[short])
-        violated_sm = float(np.sum(over * shards[short]))
-        violated_mem = 0.0  # a profile holds the shard's lifetime peak memory by construction
-        violated = violated_sm
+        rows = np.arange(usage.rows, dtype=np.int64)
+        pod = usage.pod_of_row()
+        grant_sm, grant_mem = fixed.sm[pod], fixed.mem[pod]
+        weight = num_gpu[pod].astype(np.float64)  # every shard of a pod uses and holds the same
+    seconds = usage.seconds[rows]
+    served_sm = float(np.sum(np.minimum(usage.sm_mean[rows], grant_sm) * seconds * weight))
+    used_mem = float(np.sum(usage.mem_mean_mb[rows] * seconds * weight))
+    granted_mem = float(np.sum(grant_mem * seconds * weight))
+    over_sm, over_mem, short_sm, short_mem = _misses(usage, model, signals, rows, grant_sm, grant_mem)
+    missed = float(np.sum(np.minimum(over_sm + over_mem, seconds) * weight))
 
     span = (max(p.end_s for p in usage.pods) - min(p.start_s for p in usage.pods)) if n else 0.0
     workload = float(sum(p.num_gpu * p.duration_s for p in usage.pods))
     gpu_hours = busy / 3_600.0
-    memory_util = used_mem / (busy * model.card_memory_mb) if busy else 0.0
+    card_mb_s = busy * model.card_memory_mb
+    memory_util = used_mem / card_mb_s if busy else 0.0
     return ReplayResult(
         policy=config.policy,
         step_s=model.step_s,
@@ -537,11 +613,14 @@ def replay(
         sm_utilisation=served_sm / (busy * cap_sm) if busy else 0.0,
         memory_utilisation=memory_util,
         idle_memory_share=1.0 - memory_util if busy else 0.0,
+        memory_granted_share=granted_mem / card_mb_s if busy else 0.0,
         containers_per_card=workload / busy if busy else 0.0,
-        slo_violation_workload_s=violated,
-        slo_violation_sm_workload_s=violated_sm,
-        slo_violation_memory_workload_s=violated_mem,
-        slo_violation_share=violated / workload if workload else 0.0,
+        slo_miss_workload_s=missed,
+        slo_miss_sm_workload_s=float(np.sum(over_sm * weight)),
+        slo_miss_memory_workload_s=float(np.sum(over_mem * weight)),
+        slo_miss_share=missed / workload if workload else 0.0,
+        sm_short_sm_s=float(np.sum(short_sm * weight)),
+        memory_short_mb_s=float(np.sum(short_mem * weight)),
         profiles=profiles,
         invariants=invariants,
     )

@@ -44,6 +44,7 @@ __all__ = [
     "build_burst_signals",
     "build_pod_usage",
     "seconds_above",
+    "shortfall",
 ]
 
 FloatArray = npt.NDArray[np.float64]
@@ -350,14 +351,28 @@ def seconds_above(
     resource: Literal["memory", "sm"],
     grant: FloatArray,
 ) -> FloatArray:
-    """Seconds of each row in ``rows`` whose per-second use exceeds ``grant`` (same units).
+    """Seconds of each row in ``rows`` whose per-second use exceeds ``grant`` (same units)."""
+    return shortfall(usage, model, signals, rows, resource=resource, grant=grant)[0]
 
-    Counted exactly on the row's burst window, then scaled to the seconds the pod held
-    its GPUs in that step.
+
+def shortfall(
+    usage: PodUsage,
+    model: UsageModel,
+    signals: BurstSignals,
+    rows: IntArray,
+    *,
+    resource: Literal["memory", "sm"],
+    grant: FloatArray,
+) -> tuple[FloatArray, FloatArray]:
+    """Per row in ``rows``: seconds whose use exceeds ``grant``, and Σ (use − grant) over them.
+
+    The second is in unit-seconds (SM-seconds or MB-seconds). Both are counted exactly on
+    the row's burst window, then scaled to the seconds the pod held its GPUs in that step.
     """
-    result = np.zeros(rows.shape[0])
+    seconds = np.zeros(rows.shape[0])
+    amount = np.zeros(rows.shape[0])
     if not rows.size:
-        return result
+        return seconds, amount
     pod = usage.pod_of_row()[rows]
     row_class = usage.class_index[pod]
     share = usage.share[pod]
@@ -375,9 +390,13 @@ def seconds_above(
         g = grant[mask]
         if driver == "none":
             count = np.where(base > g, float(model.step_s), 0.0)
+            short = np.maximum(base - g, 0.0) * float(model.step_s)
         else:
             threshold = (g - base) / burst
             values = signals.sorted_windows(driver)[usage.window[rows[mask]]]
-            count = (values > threshold[:, None]).sum(axis=1).astype(np.float64)
-        result[mask] = count * scale[mask]
-    return result
+            above = values > threshold[:, None]
+            count = above.sum(axis=1).astype(np.float64)
+            short = burst * np.where(above, values - threshold[:, None], 0.0).sum(axis=1)
+        seconds[mask] = count * scale[mask]
+        amount[mask] = short * scale[mask]
+    return seconds, amount
