@@ -128,6 +128,9 @@ def _the_service_and_every_agent_serve_valid_metrics(demo: Demo) -> None:
     assert "vgpu_ledger_ingest_samples_total" in scrapes["service"].text
     for node, _ in agents:
         assert re.search(r"^vgpu_agent_memory_granted_bytes\{", scrapes[node].text, flags=re.M), node
+        # The agents run the load predictor by default (docs/prediction.md): its forecasts are exported.
+        assert re.search(r"^vgpu_agent_memory_predicted_bytes\{", scrapes[node].text, flags=re.M), node
+        assert re.search(r"^vgpu_agent_sm_predicted\{", scrapes[node].text, flags=re.M), node
 
 
 def test_demo_serves_growing_numbers_and_stops_cleanly_on_ctrl_c(demo_env):
