@@ -43,7 +43,6 @@ __all__ = [
     "assign_classes",
     "build_burst_signals",
     "build_pod_usage",
-    "seconds_above",
     "shortfall",
 ]
 
@@ -340,19 +339,6 @@ def build_pod_usage(pods: Sequence[GpuPod], model: UsageModel, signals: BurstSig
         sm_mean=sm_mean,
         sm_peak=sm_peak,
     )
-
-
-def seconds_above(
-    usage: PodUsage,
-    model: UsageModel,
-    signals: BurstSignals,
-    rows: IntArray,
-    *,
-    resource: Literal["memory", "sm"],
-    grant: FloatArray,
-) -> FloatArray:
-    """Seconds of each row in ``rows`` whose per-second use exceeds ``grant`` (same units)."""
-    return shortfall(usage, model, signals, rows, resource=resource, grant=grant)[0]
 
 
 def shortfall(
