@@ -307,7 +307,7 @@ def setup_django(env: dict[str, str]) -> None:
 def ensure_partitions(days: set[date]) -> None:
     from django.db import transaction
 
-    from billing.services.partitions import ensure_raw_partitions
+    from billing.ledger.partitions import ensure_raw_partitions
 
     with transaction.atomic():
         ensure_raw_partitions(days)
@@ -459,8 +459,8 @@ def copy_texts(agents: list[Agent], payloads: list[list[dict[str, Any]]], first_
     """Per batch, (COPY text exactly as the service builds it, sample count)."""
     from django.conf import settings
 
+    from billing.ledger.batches import _copy_buffer
     from billing.services.batch_validation import validate_batch
-    from billing.services.ingest import _copy_buffer
 
     texts = []
     now = datetime.now(UTC)
@@ -475,8 +475,8 @@ def copy_texts(agents: list[Agent], payloads: list[list[dict[str, Any]]], first_
 
 
 def _copy_sql() -> str:
-    from billing.services.ingest import _COPY_COLUMNS
-    from billing.services.partitions import RAW_TABLE
+    from billing.ledger.batches import COPY_COLUMNS as _COPY_COLUMNS
+    from billing.ledger.partitions import RAW_TABLE
 
     return f"COPY {RAW_TABLE} ({_COPY_COLUMNS}) FROM STDIN"
 
@@ -592,6 +592,7 @@ def _stage_timers(sink: dict[str, float]) -> Iterator[None]:
     from django.db import connection
 
     from billing.api import agent as view
+    from billing.ledger import batches
     from billing.services import ingest
 
     def sql_timer(execute: Callable[..., Any], sql: str, params: Any, many: bool, context: Any) -> Any:
@@ -603,7 +604,7 @@ def _stage_timers(sink: dict[str, float]) -> Iterator[None]:
 
     with (_timed(view, "authenticate_node", sink, AUTH_STAGE), _timed(view, "decode_body", sink, DECODE_STAGE),
           _timed(view, "record_usage_batch", sink, "record"), _timed(ingest, "validate_batch", sink, "validation"),
-          _timed(ingest, "_store", sink, "store"), _timed(ingest, "_copy_buffer", sink, "COPY buffer build"),
+          _timed(ingest, "store_batch", sink, "store"), _timed(batches, "_copy_buffer", sink, "COPY buffer build"),
           connection.execute_wrapper(sql_timer)):
         yield
 
@@ -616,7 +617,7 @@ def _stage_seconds(sink: dict[str, float]) -> dict[str, float]:
     seconds.update(sorted(sql.items()))
     seconds["COPY buffer build"] = sink["COPY buffer build"]
     seconds["COPY (client + server)"] = sink["store"] - sum(sql.values()) - sink["COPY buffer build"]
-    # record_usage_batch = validation + SHA-256 of the body + _store + commit.
+    # record_usage_batch = validation + SHA-256 of the body + store_batch + commit.
     seconds["SHA-256 + commit"] = sink["record"] - sink["validation"] - sink["store"]
     seconds[DJANGO_STAGE] = sink["wsgi"] - sink[AUTH_STAGE] - sink[DECODE_STAGE] - sink["record"]
     return seconds

@@ -71,9 +71,9 @@ def main(argv: list[str] | None = None) -> int:
 def run(args: argparse.Namespace) -> int:
     from django.utils import timezone
 
+    from billing.ledger.rollup import rebuild_ledger, rollup_usage
     from billing.models import GpuMinute, Node, RateCard
     from billing.services.ingest import record_usage_batch
-    from billing.services.rollup import rebuild_ledger, rollup_usage
     from billing.services.tokens import issue_node_token
 
     rng = random.Random(args.seed)

@@ -16,7 +16,7 @@ provides them). Nothing is written to that database: the benchmark drops and cre
    GPU (a slot's pod is replaced every 12-240 h), charges that reconcile per GPU-hour
    (Σ charge + idle_cost = card_cost, to the 1e-12 unit), with the secondary indexes dropped for the
    COPY and rebuilt from their own definitions after it, then VACUUM ANALYZE; then the day ledger
-   (UsageDay, GpuDay) derived from those hours by billing.services.rollup.rebuild_days, as the
+   (UsageDay, GpuDay) derived from those hours by billing.ledger.rollup.rebuild_days, as the
    rollup would have written it, timed apart.
 2. Time, warm, with django.utils.timezone.now fixed at the month's last hour: the queries the pages
    call (get_finance_dashboard for the month to date and for 7 days, get_tenant_portal for the
@@ -214,8 +214,8 @@ def fill_days(stats: FillStats, start: datetime, end: datetime) -> None:
     """Derive the day ledger from the hours just COPYed, as the rollup keeps it (one transaction)."""
     from django.db import connection
 
+    from billing.ledger.rollup import rebuild_days
     from billing.models import UsageDay
-    from billing.services.rollup import rebuild_days
 
     t0 = time.perf_counter()
     stats.gpu_days = rebuild_days(start=start, end=end)
@@ -373,13 +373,13 @@ def run_measurements(args: argparse.Namespace, tenants: list[str], now: datetime
     from django.db import connection
     from django.test import Client
 
+    from billing.ledger.rollup import rebuild_days
     from billing.models import TenantMembership, UsageHour
     from billing.queries.dashboard import get_finance_dashboard
     from billing.queries.periods import list_billing_periods
     from billing.queries.portal import get_tenant_portal, list_tenant_portals
     from billing.queries.scope import get_scope
     from billing.services.invoicing import month_bounds, preview_invoices
-    from billing.services.rollup import rebuild_days
 
     if "testserver" not in settings.ALLOWED_HOSTS:
         settings.ALLOWED_HOSTS = [*settings.ALLOWED_HOSTS, "testserver"]
@@ -502,7 +502,7 @@ What changed against the "before" columns (the same benchmark, data and seed, ho
 
 - **Daily ledger** (UsageDay, GpuDay; billing/models/ledger.py): the hour ledger summed per UTC
   day, per GPU and workload identity, written by the rollup in the same transaction as the hours it
-  recomputes (billing.services.rollup: days of the touched GPU-days, from their hour rows) and
+  recomputes (billing.ledger.rollup: days of the touched GPU-days, from their hour rows) and
   backfilled by migration 0013. Here ~20x fewer usage rows than hours (pods are replaced every
   12-240 h, so a workload-day is often shorter than 24 h) and 24x fewer GPU rows. Every read of
   whole UTC days (the period picker gives only those) picks it through one helper,

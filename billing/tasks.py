@@ -14,16 +14,16 @@ from django.core.mail import send_mail
 from django.db import OperationalError, transaction
 from django.utils import timezone
 
+from billing.ledger.partitions import ensure_raw_partitions as _ensure_raw_partitions
+from billing.ledger.rollup import rollup_usage as _rollup_usage
 from billing.models import Budget
 from billing.services.budgets import evaluate_budgets as _evaluate_budgets
 from billing.services.budgets import sign_webhook, webhook_body
 from billing.services.invoicing import close_period as _close_period
 from billing.services.invoicing import parse_month
-from billing.services.partitions import ensure_raw_partitions as _ensure_raw_partitions
 from billing.services.rebalance import execute_plan, kube_from_settings
 from billing.services.rebalance import propose_rebalance as _propose
 from billing.services.reports import run_paired_report as _run_paired_report
-from billing.services.rollup import rollup_usage as _rollup_usage
 from billing.services.webhooks import (
     DestinationRefused,
     parse_allow_list,

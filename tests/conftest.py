@@ -13,8 +13,8 @@ import pytest
 from django.contrib.auth.models import Group, User
 from django.test import Client
 
+from billing.ledger.rollup import rebuild_days
 from billing.models import GpuHour, Tenant, TenantMembership, UsageHour
-from billing.services.rollup import rebuild_days
 from billing.services.tokens import IssuedToken, issue_node_token
 from tests import clock
 
@@ -165,9 +165,10 @@ def _truncate_raw_samples_after_transactional_tests(request, django_db_blocker):
 def _forget_per_process_ingest_caches():
     """Ingest remembers, per process, partitions it created and inventory it wrote recently;
     flushes between tests remove those rows, so each test starts with empty memories."""
-    from billing.services import ingest, partitions, tokens
+    from billing.ledger import batches, partitions
+    from billing.services import tokens
 
-    ingest._seen.clear()
+    batches._seen.clear()
     partitions._known.clear()
     tokens._used.clear()
     yield

@@ -28,11 +28,11 @@ from agents.__main__ import main as agent_main
 from agents.backends.sim import demo_scenario
 from agents.spool import Spool
 from agents.testing import FakeKubernetes
+from billing.ledger.rollup import rollup_usage
 from billing.models import AuditEvent, RateCard, SlaTier, Tenant, UndeliveredBatch
 from billing.queries.undelivered import count_open_undelivered
 from billing.services.budgets import evaluate_budgets, set_budget
 from billing.services.demo import A100_80GB_MODEL
-from billing.services.rollup import rollup_usage
 from billing.services.tokens import issue_node_token
 from tests import clock
 from tests.conftest import iso, make_batch

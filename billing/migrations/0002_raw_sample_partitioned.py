@@ -2,7 +2,7 @@
 
 Not a Django model: it is written only with COPY (billing.services.ingest) and read only
 by the rollup's SQL. Partitions are created ahead by a beat task and on demand by ingest
-(billing.services.partitions); retention drops whole partitions.
+(billing.ledger.partitions); retention drops whole partitions.
 """
 
 from django.db import migrations

@@ -1,17 +1,16 @@
 """ORM models only; rules live in billing.services (writes) and billing.queries (reads)."""
 
+from billing.ledger.models import BatchGpu, GpuDay, GpuHour, GpuMinute, UsageBatch, UsageDay, UsageHour, UsageMinute
 from billing.models.accounts import UserPreference
 from billing.models.audit import AuditEvent
 from billing.models.budgets import AdmittedPod, Budget, BudgetAction, BudgetState, BudgetStatus
 from billing.models.fleet import Gpu, Node, NodeToken
 from billing.models.invoicing import BillingPeriod, Invoice, InvoiceLine
-from billing.models.ledger import GpuDay, GpuHour, GpuMinute, UsageDay, UsageHour, UsageMinute
 from billing.models.pricing import BilledBasis, IdlePolicy, RateCard
 from billing.models.rebalance import RebalancePlan, RebalanceStatus
 from billing.models.reports import PairedReport
 from billing.models.tenancy import SlaTier, Tenant, TenantMembership
 from billing.models.undelivered import UndeliveredBatch
-from billing.models.usage import BatchGpu, UsageBatch
 
 __all__ = [
     "AdmittedPod",

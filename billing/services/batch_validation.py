@@ -13,11 +13,11 @@ from __future__ import annotations
 import re
 import sys
 from collections import defaultdict
-from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from billing.errors import FieldError, InvalidBatch, PayloadTooLarge
+from billing.ledger.batches import BatchGpuDecl, ValidatedBatch
 from billing.models import BatchGpu, Node, UsageMinute
 from billing.services.input_limits import integer_max, max_length
 
@@ -52,29 +52,6 @@ _WORKLOAD = (1, 2, 3, 4)  # indexes of namespace, pod, container, pod_uid in a s
 _MINUTE = timedelta(minutes=1)
 YEARS = (2000, 9000)
 _FLOAT_MAX = sys.float_info.max
-
-
-@dataclass(frozen=True)
-class BatchGpuDecl:
-    uuid: str
-    model: str
-    memory_mb: int
-    sm_count: int
-
-
-@dataclass(frozen=True)
-class ValidatedBatch:
-    node: str
-    batch_seq: int
-    window_start: datetime
-    window_end: datetime
-    gpus: tuple[BatchGpuDecl, ...]
-    # COPY rows: (gpu_uuid, start, seconds, tenant, namespace, pod, container, pod_uid,
-    # sla_tier, mem_used_mb_s, mem_granted_mb_s, sm_used_s, sm_granted_s, pcie_mb).
-    # A sample that crosses a UTC minute boundary is split pro rata (integrals are
-    # assumed uniform inside a sample), so every row lies inside one minute.
-    rows: list[tuple[Any, ...]]
-    sample_count: int
 
 
 class _Errors:

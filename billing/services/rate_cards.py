@@ -31,9 +31,9 @@ from django.db.models import Max, Q
 from django.utils.translation import gettext as _
 
 from billing.errors import InvalidInput
+from billing.ledger.rollup import lock_ledger, rebuild_ledger
 from billing.models import BilledBasis, BillingPeriod, GpuMinute, IdlePolicy, RateCard
 from billing.services.audit import record_audit_event
-from billing.services.rollup import lock_ledger, rebuild_ledger
 
 __all__ = ["RateCardChange", "create_rate_card", "earliest_change", "end_rate_card"]
 

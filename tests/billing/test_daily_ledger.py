@@ -17,11 +17,11 @@ from django.db import connection
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from billing.ledger.rollup import rebuild_days, rebuild_ledger, rollup_usage
 from billing.models import GpuDay, GpuHour, RateCard, Tenant, UsageDay, UsageHour
 from billing.queries import dashboard, finance, portal
 from billing.queries.finance import DAYS, HOURS, ledger_for
 from billing.queries.scope import Scope
-from billing.services.rollup import rebuild_days, rebuild_ledger, rollup_usage
 from tests import clock
 from tests.conftest import A100, make_batch
 

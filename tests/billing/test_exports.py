@@ -16,11 +16,11 @@ from io import StringIO
 import pytest
 from django.core.management import CommandError, call_command
 
+from billing.ledger.rollup import rollup_usage
 from billing.models import Invoice, RateCard, Tenant
 from billing.queries.scope import FINANCE_GROUP, Scope
 from billing.services.exports import ALLOCATED_METHOD_ID, export_invoice
 from billing.services.invoicing import close_period
-from billing.services.rollup import rollup_usage
 from tests import clock
 from tests.conftest import SHARED_GPU_WORKLOADS, make_batch, user_in
 

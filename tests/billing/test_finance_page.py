@@ -10,10 +10,10 @@ from decimal import Decimal
 import pytest
 from django.contrib.auth.models import User
 
+from billing.ledger.rollup import rollup_usage
 from billing.models import RateCard, Tenant
 from billing.queries.finance import get_cost_summary
 from billing.queries.scope import FINANCE_GROUP, get_scope
-from billing.services.rollup import rollup_usage
 from tests import clock
 from tests.conftest import A100, make_batch, user_in
 

@@ -12,9 +12,9 @@ from django.core.management import call_command
 from django.db import DatabaseError, transaction
 
 from billing.errors import InvalidInput
+from billing.ledger.rollup import rollup_usage
 from billing.models import AuditEvent, BillingPeriod, Invoice, InvoiceLine, RateCard, Tenant
 from billing.services.invoicing import close_period
-from billing.services.rollup import rollup_usage
 from tests import clock
 from tests.conftest import A100, SHARED_GPU_WORKLOADS, make_batch
 

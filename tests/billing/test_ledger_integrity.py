@@ -12,8 +12,8 @@ import pytest
 from django.core.management import call_command
 from django.db import OperationalError, connection
 
+from billing.ledger.rollup import rebuild_ledger, rollup_usage
 from billing.models import AuditEvent, GpuMinute, UsageBatch, UsageMinute
-from billing.services.rollup import rebuild_ledger, rollup_usage
 from tests import clock
 from tests.conftest import make_batch
 

@@ -12,10 +12,10 @@ import pytest
 from django.core.management import call_command
 
 from billing.errors import InvalidInput
+from billing.ledger.rollup import rollup_usage
 from billing.models import PairedReport
 from billing.services.paired_report import compute_paired_report, profile_fraction
 from billing.services.reports import request_paired_report, run_paired_report
-from billing.services.rollup import rollup_usage
 from tests import clock
 from tests.conftest import SHARED_GPU_WORKLOADS, make_batch
 

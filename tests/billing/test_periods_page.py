@@ -13,10 +13,10 @@ import pytest
 from django.contrib.auth.models import User
 
 from billing import tasks
+from billing.ledger.rollup import rollup_usage
 from billing.models import AuditEvent, BillingPeriod, Invoice, Tenant
 from billing.queries.scope import ADMIN_GROUP, FINANCE_GROUP
 from billing.services.invoicing import close_period
-from billing.services.rollup import rollup_usage
 from tests import clock
 from tests.conftest import SHARED_GPU_WORKLOADS, make_batch, user_in
 

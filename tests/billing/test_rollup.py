@@ -8,8 +8,8 @@ from decimal import Decimal
 import pytest
 from django.db.models import Sum
 
+from billing.ledger.rollup import rebuild_ledger, rollup_usage
 from billing.models import GpuHour, GpuMinute, RateCard, UsageBatch, UsageHour, UsageMinute
-from billing.services.rollup import rebuild_ledger, rollup_usage
 from tests import clock
 from tests.conftest import A100, make_batch
 

@@ -16,6 +16,7 @@ from django.test.utils import CaptureQueriesContext
 from django.utils.formats import date_format
 
 from billing.errors import InvalidInput
+from billing.ledger.rollup import rollup_usage
 from billing.models import AuditEvent, BillingPeriod, Invoice, InvoiceLine, RateCard, Tenant, TenantMembership
 from billing.queries.scope import FINANCE_GROUP
 from billing.services.invoicing import (
@@ -24,7 +25,6 @@ from billing.services.invoicing import (
     preview_invoices,
     scheduled_close_at,
 )
-from billing.services.rollup import rollup_usage
 from tests import clock
 from tests.conftest import A100, SHARED_GPU_WORKLOADS, make_batch
 

@@ -33,9 +33,9 @@ from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 
 from agents.testing import FakeKubernetes
+from billing.ledger.rollup import rollup_usage
 from billing.models import RateCard, Tenant
 from billing.services.budgets import evaluate_budgets, set_budget
-from billing.services.rollup import rollup_usage
 from billing.services.webhook_tls import CA_VALIDITY, StoredCertificates, plan_certificates, service_dns_names
 from tests import clock
 from tests.billing.test_budgets import review

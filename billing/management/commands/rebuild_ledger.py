@@ -2,7 +2,7 @@ from datetime import UTC, datetime
 
 from django.core.management.base import BaseCommand, CommandError
 
-from billing.services.rollup import rebuild_ledger
+from billing.ledger.rollup import rebuild_ledger
 
 
 def _utc(text: str) -> datetime:

@@ -3,7 +3,7 @@ import time
 from django.core.management.base import BaseCommand
 from django.utils import timezone
 
-from billing.services.rollup import rollup_usage
+from billing.ledger.rollup import rollup_usage
 
 
 class Command(BaseCommand):

@@ -1,0 +1,195 @@
+"""Accepted batches, their GPUs and their raw samples: how ingest writes them (DESIGN §3).
+
+One call stores one validated batch inside the caller's transaction: the GPU claims, the batch
+row (unique per node and batch_seq), its GPU rows and its samples through COPY into the
+day-partitioned raw table. A retry of the same content answers "duplicate".
+"""
+
+from __future__ import annotations
+
+import io
+from dataclasses import dataclass
+from datetime import date, datetime, timedelta
+from typing import Any
+
+from django.db import connection
+from django.db.backends.utils import CursorWrapper
+
+from billing.errors import BatchConflict, Forbidden
+from billing.ledger.partitions import RAW_TABLE, ensure_raw_partitions
+from billing.models import Node
+
+__all__ = ["COPY_COLUMNS", "BatchGpuDecl", "IngestResult", "ValidatedBatch", "overlap_message", "store_batch"]
+
+COPY_COLUMNS = (
+    "batch_id, node_id, gpu_uuid, start, seconds, tenant, namespace, pod, container, pod_uid, "
+    "sla_tier, mem_used_mb_s, mem_granted_mb_s, sm_used_s, sm_granted_s, pcie_mb"
+)
+
+
+@dataclass(frozen=True)
+class BatchGpuDecl:
+    uuid: str
+    model: str
+    memory_mb: int
+    sm_count: int
+
+
+@dataclass(frozen=True)
+class ValidatedBatch:
+    node: str
+    batch_seq: int
+    window_start: datetime
+    window_end: datetime
+    gpus: tuple[BatchGpuDecl, ...]
+    # COPY rows: (gpu_uuid, start, seconds, tenant, namespace, pod, container, pod_uid,
+    # sla_tier, mem_used_mb_s, mem_granted_mb_s, sm_used_s, sm_granted_s, pcie_mb).
+    # A sample that crosses a UTC minute boundary is split pro rata (integrals are
+    # assumed uniform inside a sample), so every row lies inside one minute.
+    rows: list[tuple[Any, ...]]
+    sample_count: int
+
+
+@dataclass(frozen=True)
+class IngestResult:
+    status: str  # "stored" | "duplicate"
+    accepted: int
+    batch_id: int
+
+
+def _copy_buffer(batch_id: int, node_id: int, batch: ValidatedBatch) -> io.StringIO:
+    # Names were validated against a pattern without tabs, newlines or backslashes, so
+    # COPY's text format needs no escaping. Numbers use repr (shortest round-trip form).
+    # Timestamps and name tuples repeat across a batch's samples: render each once.
+    prefix = f"{batch_id}\t{node_id}\t"
+    times: dict[datetime, str] = {}
+    names: dict[tuple[str, ...], str] = {}
+    lines = []
+    for r in batch.rows:
+        start = times.get(r[1])
+        if start is None:
+            start = times[r[1]] = r[1].isoformat()
+        key = r[3:9]
+        named = names.get(key)
+        if named is None:
+            named = names[key] = "\t".join(key)
+        lines.append(f"{prefix}{r[0]}\t{start}\t{r[2]!r}\t{named}\t{r[9]!r}\t{r[10]!r}\t{r[11]!r}\t{r[12]!r}\t{r[13]!r}\n")
+    return io.StringIO("".join(lines))
+
+
+def _partition_days(batch: ValidatedBatch) -> set[date]:
+    """UTC days the batch window touches; every sample lies inside the window."""
+    last = batch.window_end - timedelta(microseconds=1)
+    return {batch.window_start.date() + timedelta(days=d) for d in range((last.date() - batch.window_start.date()).days + 1)}
+
+
+def overlap_message(batch: ValidatedBatch) -> str:
+    """Which stored batch holds the GPU-seconds this one declares again (read after the rollback)."""
+    with connection.cursor() as cur:
+        cur.execute(
+            "SELECT g.gpu_uuid, n.name, b.batch_seq, g.window_start, g.window_end FROM billing_batchgpu g "
+            "JOIN billing_usagebatch b ON b.id = g.batch_id JOIN billing_node n ON n.id = b.node_id "
+            "WHERE g.gpu_uuid = ANY(%s) AND g.window_start < %s AND g.window_end > %s "
+            "ORDER BY g.window_start LIMIT 1",
+            [[g.uuid for g in batch.gpus], batch.window_end, batch.window_start],
+        )
+        row = cur.fetchone()
+    if row is None:  # the other batch went away since (it cannot: batch GPUs are immutable)
+        return "overlaps a stored batch for the same GPU; a GPU-second may be metered once"
+    uuid, node, seq, start, end = row
+    return (f"overlaps batch_seq {seq} of node {node!r} for GPU {uuid} ({start.isoformat()} to "
+            f"{end.isoformat()}); a GPU-second may be metered once")
+
+
+def _claim_gpus(cur: CursorWrapper, *, node: Node, columns: tuple[list[str], list[str], list[int], list[int]],
+                now: datetime) -> None:
+    """A GPU belongs to the first node that declares it, until an admin reassigns it
+    (billing.services.gpu_ownership). Another node's batch naming it is refused before anything
+    is stored, so it can neither bill usage to that GPU nor block its owner's windows."""
+    owners = _owners(cur, columns[0])
+    if len(owners) < len(columns[0]):  # a GPU seen for the first time: claim it, then look again
+        cur.execute(
+            "INSERT INTO billing_gpu (uuid, node_id, model, memory_mb, sm_count, first_seen_at, last_seen_at) "
+            "SELECT v.uuid, %s, v.model, v.memory_mb, v.sm_count, %s, %s "
+            "FROM unnest(%s::varchar[], %s::varchar[], %s::int[], %s::int[]) AS v(uuid, model, memory_mb, sm_count) "
+            "ON CONFLICT (uuid) DO NOTHING",
+            [node.pk, now, now, *columns],
+        )
+        # A statement of its own: it sees a claim that a concurrent first batch committed meanwhile.
+        owners = _owners(cur, columns[0])
+    foreign = sorted((uuid, name) for uuid, (node_id, name) in owners.items() if node_id != node.pk)
+    if foreign:
+        raise Forbidden("; ".join(f"GPU {uuid} belongs to node {owner!r}, not {node.name!r}" for uuid, owner in foreign)
+                        + " (an admin moves a GPU with `manage.py reassign_gpu`)")
+
+
+def _owners(cur: CursorWrapper, uuids: list[str]) -> dict[str, tuple[int, str]]:
+    """uuid -> (node id, node name) of the GPUs already claimed: one index read per batch."""
+    cur.execute("SELECT g.uuid, g.node_id, n.name FROM billing_gpu g JOIN billing_node n ON n.id = g.node_id "
+                "WHERE g.uuid = ANY(%s)", [uuids])
+    return {uuid: (node_id, name) for uuid, node_id, name in cur.fetchall()}
+
+
+# GPU inventory and node liveness are written at most once per this interval per web
+# process for an unchanged (node, GPUs) declaration: they are inventory, not billing data
+# (billing uses each batch's own GPU rows), and rewriting 9 rows per batch costs ingest
+# about a millisecond (docs/benchmarks.md).
+_SEEN_REFRESH = timedelta(seconds=60)
+_seen: dict[tuple[object, ...], datetime] = {}
+
+
+def store_batch(*, node: Node, batch: ValidatedBatch, digest: str, now: datetime) -> IngestResult:
+    # Sorted: the overlap trigger locks per GPU, and one lock order means no deadlocks.
+    gpus = sorted(batch.gpus, key=lambda g: g.uuid)
+    columns = (
+        [g.uuid for g in gpus],
+        [g.model for g in gpus],
+        [g.memory_mb for g in gpus],
+        [g.sm_count for g in gpus],
+    )
+    with connection.cursor() as cur:
+        _claim_gpus(cur, node=node, columns=columns, now=now)
+        # One round trip: the batch row and, only if it is new, its GPU rows.
+        cur.execute(
+            "WITH b AS (INSERT INTO billing_usagebatch (node_id, batch_seq, content_sha256, window_start, "
+            "window_end, sample_count, received_at) VALUES (%s, %s, %s, %s, %s, %s, %s) "
+            "ON CONFLICT (node_id, batch_seq) DO NOTHING RETURNING id), "
+            "g AS (INSERT INTO billing_batchgpu (batch_id, gpu_uuid, model, memory_mb, sm_count, window_start, "
+            "window_end) SELECT b.id, v.uuid, v.model, v.memory_mb, v.sm_count, %s, %s FROM b, "
+            "unnest(%s::varchar[], %s::varchar[], %s::int[], %s::int[]) WITH ORDINALITY "
+            "AS v(uuid, model, memory_mb, sm_count, ord) ORDER BY v.ord) "
+            "SELECT id FROM b",
+            [node.pk, batch.batch_seq, digest, batch.window_start, batch.window_end, batch.sample_count, now,
+             batch.window_start, batch.window_end, *columns],
+        )
+        row = cur.fetchone()
+        if row is None:
+            cur.execute(
+                "SELECT id, content_sha256, sample_count FROM billing_usagebatch WHERE node_id = %s AND batch_seq = %s",
+                [node.pk, batch.batch_seq],
+            )
+            existing_id, existing_digest, count = cur.fetchone()
+            if existing_digest != digest:
+                raise BatchConflict(
+                    f"batch_seq {batch.batch_seq} of node {node.name} was already stored with different content"
+                )
+            return IngestResult(status="duplicate", accepted=count, batch_id=existing_id)
+        batch_id = row[0]
+        seen_key = (node.pk, *(tuple(c) for c in columns))
+        last = _seen.get(seen_key)
+        if last is None or now - last >= _SEEN_REFRESH:
+            cur.execute(
+                "WITH n AS (UPDATE billing_node SET last_seen_at = %s WHERE id = %s) "
+                "INSERT INTO billing_gpu (uuid, node_id, model, memory_mb, sm_count, first_seen_at, last_seen_at) "
+                "SELECT v.uuid, %s, v.model, v.memory_mb, v.sm_count, %s, %s "
+                "FROM unnest(%s::varchar[], %s::varchar[], %s::int[], %s::int[]) AS v(uuid, model, memory_mb, sm_count) "
+                "ON CONFLICT (uuid) DO UPDATE SET model = EXCLUDED.model, "
+                "memory_mb = EXCLUDED.memory_mb, sm_count = EXCLUDED.sm_count, last_seen_at = EXCLUDED.last_seen_at "
+                "WHERE billing_gpu.node_id = EXCLUDED.node_id",
+                [now, node.pk, node.pk, now, now, *columns],
+            )
+            connection.on_commit(lambda: _seen.__setitem__(seen_key, now))
+        if batch.rows:
+            ensure_raw_partitions(_partition_days(batch))
+            cur.copy_expert(f"COPY {RAW_TABLE} ({COPY_COLUMNS}) FROM STDIN", _copy_buffer(batch_id, node.pk, batch))
+    return IngestResult(status="stored", accepted=batch.sample_count, batch_id=batch_id)
