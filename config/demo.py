@@ -25,7 +25,7 @@ import urllib.request
 from datetime import UTC, date, datetime, timedelta
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 from agents.backends.sim import demo_scenario
 from config.embedded import DATA_DIR, embedded_services
@@ -165,7 +165,7 @@ def _run(args: list[str], env: dict[str, str]) -> str:
     return result.stdout
 
 
-def _wait_healthy(url: str, procs: dict[str, subprocess.Popen], timeout_s: float = 120) -> dict:
+def _wait_healthy(url: str, procs: dict[str, subprocess.Popen[bytes]], timeout_s: float = 120) -> dict[str, Any]:
     deadline = time.monotonic() + timeout_s
     last = "no answer yet"
     while time.monotonic() < deadline:
@@ -174,14 +174,15 @@ def _wait_healthy(url: str, procs: dict[str, subprocess.Popen], timeout_s: float
                 raise SystemExit(f"demo: {name} exited with code {proc.returncode}; see {LOG_DIR / (name + '.log')}")
         try:
             with urllib.request.urlopen(url, timeout=3) as resp:  # noqa: S310 - our own loopback URL
-                return json.loads(resp.read())
+                health: dict[str, Any] = json.loads(resp.read())
+                return health
         except Exception as exc:  # noqa: BLE001 - keep polling until healthy or out of time
             last = str(exc)
         time.sleep(1)
     raise SystemExit(f"demo: {url} did not report healthy within {timeout_s:.0f} s ({last})")
 
 
-def _stop(procs: dict[str, subprocess.Popen]) -> None:
+def _stop(procs: dict[str, subprocess.Popen[bytes]]) -> None:
     for prefix in STOP_ORDER:
         group = {n: p for n, p in procs.items() if n.startswith(prefix) and p.poll() is None}
         for proc in group.values():
@@ -250,7 +251,7 @@ def main() -> int:
                 "--batch-seconds", "10",
                 "--metrics-address", "127.0.0.1", "--metrics-port", str(metrics_port),
             ]
-        procs: dict[str, subprocess.Popen] = {}
+        procs: dict[str, subprocess.Popen[bytes]] = {}
         history: _History | None = None
         interrupted = False
 

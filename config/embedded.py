@@ -39,11 +39,11 @@ def _free_loopback_port() -> int:
 def _embedded_postgres(data_dir: Path) -> Iterator[str]:
     # platformdirs warns when XDG_RUNTIME_DIR is unset (containers, CI); pgserver copes.
     warnings.filterwarnings("ignore", message=".*XDG_RUNTIME_DIR.*")
-    import pgserver  # imported lazily: only needed without DATABASE_URL
+    from pgserver.postgres_server import get_server  # imported lazily: only needed without DATABASE_URL
 
     pgdata = data_dir / "pg"
     pgdata.mkdir(parents=True, exist_ok=True)
-    server = pgserver.get_server(pgdata, cleanup_mode="stop")
+    server = get_server(pgdata, cleanup_mode="stop")
     exists = server.psql(f"SELECT 1 FROM pg_database WHERE datname = '{DATABASE_NAME}';")  # noqa: S608 - a constant
     if "(1 row)" not in exists:
         server.psql(f"CREATE DATABASE {DATABASE_NAME};")

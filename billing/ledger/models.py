@@ -17,18 +17,20 @@ must call billing.ledger.rollup.rebuild_days themselves.
 """
 
 
+from decimal import Decimal
+
 from django.db import models
 
 from billing.models.fleet import Node
 from billing.models.pricing import RateCard
 
 
-def _amount() -> models.DecimalField:
+def _amount() -> "models.DecimalField[Decimal | int | str, Decimal]":
     """Money at ledger precision (billing.money.LEDGER_PLACES)."""
     return models.DecimalField(max_digits=30, decimal_places=12)
 
 
-def _quantity() -> models.DecimalField:
+def _quantity() -> "models.DecimalField[Decimal | int | str, Decimal]":
     # 10 places keep agent integrals exact: agents quantise to multiples of 2^-10 (agents/meter.py).
     return models.DecimalField(max_digits=30, decimal_places=10)
 
