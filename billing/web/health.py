@@ -16,7 +16,7 @@ from django.http import HttpRequest, JsonResponse
 from django.utils import timezone
 from django.views.decorators.cache import never_cache
 
-from billing.queries.ledger_state import batch_backlog
+from billing.ledger.state import get_batch_backlog
 from billing.queries.undelivered import count_open_undelivered
 from config.celery import app as celery_app
 
@@ -54,9 +54,10 @@ def _worker() -> dict:
 
 
 def _ledger() -> dict:
-    backlog, lag, quarantined = batch_backlog(now=timezone.now())
+    backlog = get_batch_backlog()
+    lag, quarantined = backlog.rollup_lag_s(timezone.now()), backlog.quarantined
     undelivered = count_open_undelivered()
-    detail = {"backlog_batches": backlog, "rollup_lag_s": round(lag, 1), "quarantined_batches": quarantined,
+    detail = {"backlog_batches": backlog.pending, "rollup_lag_s": round(lag, 1), "quarantined_batches": quarantined,
               "undelivered_batches": undelivered, "max_rollup_lag_s": settings.VGPU_HEALTH_MAX_ROLLUP_LAG_S}
     problems = []
     if lag > settings.VGPU_HEALTH_MAX_ROLLUP_LAG_S:

@@ -3,7 +3,7 @@ from pathlib import Path
 from django.core.management.base import BaseCommand, CommandError
 
 from billing.errors import DomainError
-from billing.queries.scope import Scope
+from billing.scope import Scope
 from billing.services.exports import EXPORT_FORMATS, export_invoice, find_invoice_number
 
 # Commands run as an operator: every tenant is in scope.

@@ -2,7 +2,7 @@ from django.core.management.base import BaseCommand, CommandError
 from django.utils import timezone
 
 from billing.errors import InvalidInput
-from billing.models import UsageBatch
+from billing.ledger.state import list_quarantined_batches
 from billing.services.quarantine import redrive_batches
 
 
@@ -18,9 +18,9 @@ class Command(BaseCommand):
 
     def handle(self, *args, **options):
         if not (options["ids"] or options["node"] or options["all"]):
-            for b in UsageBatch.objects.filter(quarantined_at__isnull=False).select_related("node").order_by("pk"):
-                self.stdout.write(f"{b.pk}\t{b.node.name}\t{b.batch_seq}\t{b.quarantined_at:%Y-%m-%dT%H:%M:%SZ}\t"
-                                  f"{b.quarantine_error}")
+            for b in sorted(list_quarantined_batches(), key=lambda b: b.batch_id):
+                self.stdout.write(f"{b.batch_id}\t{b.node}\t{b.batch_seq}\t{b.quarantined_at:%Y-%m-%dT%H:%M:%SZ}\t"
+                                  f"{b.error}")
             return
         try:
             count = redrive_batches(batch_ids=options["ids"], node=options["node"], now=timezone.now(),
