@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime
+from typing import cast
 
 from django.db import connection
 from django.db.models import Exists, OuterRef, QuerySet
@@ -62,7 +63,9 @@ def list_quarantined_batches() -> list[QuarantinedBatch]:
                          "quarantined_at", "quarantine_error", named=True))
     return [
         QuarantinedBatch(batch_id=r.pk, node_id=r.node_id, node=r.node__name, batch_seq=r.batch_seq,
-                         window_start=r.window_start, window_end=r.window_end, quarantined_at=r.quarantined_at,
+                         window_start=r.window_start, window_end=r.window_end,
+                         # Never None: the filter above.
+                         quarantined_at=cast(datetime, r.quarantined_at),
                          error=r.quarantine_error)
         for r in rows
     ]

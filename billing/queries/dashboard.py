@@ -194,8 +194,9 @@ def _timeline(scope: Scope, summary: CostSummary, granularity: Granularity) -> C
         lines.append(TimelineSeries(OTHER_KEY, _("Other tenants"), other))
     if scope.sees_platform:
         idle = [_ZERO] * len(buckets)
-        for r in series.list_platform_idle_buckets(start=summary.start, end=summary.end, granularity=granularity):
-            idle[index[r.bucket]] += r.idle_platform
+        for bucket in series.list_platform_idle_buckets(start=summary.start, end=summary.end,
+                                                        granularity=granularity):
+            idle[index[bucket.bucket]] += bucket.idle_platform
         lines.append(TimelineSeries(IDLE_KEY, _("Idle (platform)"), idle))
     return CostTimeline(granularity, buckets, lines)
 

@@ -134,12 +134,12 @@ def _periods(*, scope: Scope, now: datetime, months: tuple[date, date] | None) -
     hours_by_month: dict[date, Decimal] = {}
     unpriced_by_month: dict[date, Decimal] = {}
     if scope.sees_platform:
-        for m in list_monthly_card_seconds(start=start, end=end):
-            hours_by_month[m.month] = m.seconds / _S_PER_H
-            unpriced_by_month[m.month] = m.unpriced_seconds / _S_PER_H
+        for card_month in list_monthly_card_seconds(start=start, end=end):
+            hours_by_month[card_month.month] = card_month.seconds / _S_PER_H
+            unpriced_by_month[card_month.month] = card_month.unpriced_seconds / _S_PER_H
     else:
-        for m in list_monthly_share_seconds(start=start, end=end, tenants=scope.tenants):
-            hours_by_month[m.month] = m.seconds / _S_PER_H
+        for share_month in list_monthly_share_seconds(start=start, end=end, tenants=scope.tenants):
+            hours_by_month[share_month.month] = share_month.seconds / _S_PER_H
     rows_by_month = {p.month: p for p in periods}
     counts: dict[date, int] = {}
     totals: dict[date, list[CurrencyTotal]] = {}

@@ -1,0 +1,45 @@
+"""The ledger's reads hand back frozen rows matched to the statement's columns by name
+(billing.ledger.reads.fetch_rows), never read by position."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+import pytest
+from django.db import connection
+
+from billing.ledger.reads import DAYS, HOURS, fetch_rows, ledger_for
+
+
+@dataclass(frozen=True)
+class _Pair:
+    a: int
+    b: str
+
+
+@pytest.mark.django_db
+def test_rows_are_matched_to_fields_by_column_name_whatever_the_column_order():
+    with connection.cursor() as cur:
+        cur.execute("SELECT 'x' AS b, 1 AS a UNION ALL SELECT 'y', 2 ORDER BY 2")
+        rows = fetch_rows(cur, _Pair)
+    assert rows == [_Pair(a=1, b="x"), _Pair(a=2, b="y")]
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        rows[0].a = 3  # type: ignore[misc]  # the point: rows are frozen
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("sql", ["SELECT 1 AS a", "SELECT 1 AS a, 'x' AS b, 2 AS c", "SELECT 1 AS a, 'x' AS z"])
+def test_a_statement_whose_columns_are_not_the_rows_fields_is_an_error(sql: str):
+    with connection.cursor() as cur:
+        cur.execute(sql)
+        with pytest.raises(TypeError):
+            fetch_rows(cur, _Pair)
+
+
+def test_whole_utc_days_read_the_day_ledger_anything_else_the_hours():
+    midnight = datetime(2026, 3, 1, tzinfo=UTC)
+    assert ledger_for(midnight, midnight.replace(day=8)) is DAYS
+    assert ledger_for(midnight, midnight.replace(hour=5)) is HOURS
+    assert ledger_for(midnight.replace(minute=30), midnight.replace(day=2)) is HOURS
