@@ -15,6 +15,7 @@ import subprocess
 import sys
 import tomllib
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -67,7 +68,7 @@ def _string_constants(tree: ast.AST) -> list[tuple[int, str]]:
             if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings]
 
 
-def test_no_module_outside_the_ledger_names_a_ledger_table_in_sql():
+def test_no_module_outside_the_ledger_names_a_ledger_table_in_sql() -> None:
     found = []
     for path in _service_modules():
         rel = path.relative_to(ROOT).as_posix()
@@ -78,7 +79,7 @@ def test_no_module_outside_the_ledger_names_a_ledger_table_in_sql():
     assert found == [], "ledger tables named outside billing/ledger/:\n" + "\n".join(found)
 
 
-def test_the_sql_check_sees_a_table_in_a_statement_but_not_in_a_docstring():
+def test_the_sql_check_sees_a_table_in_a_statement_but_not_in_a_docstring() -> None:
     tree = ast.parse('"""Reads billing_usagehour."""\nSQL = f"SELECT 1 FROM billing_gpuday_x WHERE {x}"\n')
     names = [m.group(0) for _line, text in _string_constants(tree) for m in _TABLE.finditer(text)]
     assert names == ["billing_gpuday_x"]
@@ -101,7 +102,7 @@ def _ledger_model_imports(tree: ast.AST) -> list[tuple[int, str]]:
     return out
 
 
-def test_no_module_outside_the_ledger_imports_a_ledger_model():
+def test_no_module_outside_the_ledger_imports_a_ledger_model() -> None:
     found = []
     for path in _service_modules():
         rel = path.relative_to(ROOT).as_posix()
@@ -111,7 +112,7 @@ def test_no_module_outside_the_ledger_imports_a_ledger_model():
     assert found == [], "ledger models imported outside billing/ledger/:\n" + "\n".join(found)
 
 
-def test_billing_models_registers_the_ledger_models_without_exporting_them():
+def test_billing_models_registers_the_ledger_models_without_exporting_them() -> None:
     import billing.models
 
     assert LEDGER_MODELS.isdisjoint(billing.models.__all__)
@@ -121,12 +122,12 @@ def test_billing_models_registers_the_ledger_models_without_exporting_them():
     assert registered >= LEDGER_MODELS
 
 
-def _contracts() -> dict[str, dict]:
+def _contracts() -> dict[str, dict[str, Any]]:
     config = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
     return {c["name"]: c for c in config["tool"]["importlinter"]["contracts"]}
 
 
-def test_the_layers_run_one_way_from_the_edges_to_the_models():
+def test_the_layers_run_one_way_from_the_edges_to_the_models() -> None:
     contract = _contracts()[LAYERS_CONTRACT]
     assert contract["type"] == "layers"
     layers = [re.split(r"\s*[|:]\s*", layer) for layer in contract["layers"]]
@@ -136,7 +137,7 @@ def test_the_layers_run_one_way_from_the_edges_to_the_models():
     ]
 
 
-def test_only_the_ledger_may_import_its_models():
+def test_only_the_ledger_may_import_its_models() -> None:
     contract = _contracts()[LEDGER_MODELS_CONTRACT]
     assert contract["type"] == "forbidden"
     assert contract["forbidden_modules"] == ["billing.ledger.models"]
@@ -147,7 +148,7 @@ def test_only_the_ledger_may_import_its_models():
     assert packages - {"billing.ledger", "billing.migrations"} <= set(contract["source_modules"])
 
 
-def test_every_ignored_import_but_registration_is_in_flight_and_says_so():
+def test_every_ignored_import_but_registration_is_in_flight_and_says_so() -> None:
     text = (ROOT / "pyproject.toml").read_text(encoding="utf-8")
     for contract in _contracts().values():
         for ignored in contract.get("ignore_imports", []):
@@ -164,7 +165,7 @@ def _lint_imports(cwd: Path) -> subprocess.CompletedProcess[str]:
                           check=False)
 
 
-def test_the_import_contracts_hold():
+def test_the_import_contracts_hold() -> None:
     result = _lint_imports(ROOT)
     assert result.returncode == 0, result.stdout + result.stderr
     for name in (LAYERS_CONTRACT, LEDGER_MODELS_CONTRACT):
@@ -180,7 +181,7 @@ def tree_copy(tmp_path: Path) -> Path:
     return tmp_path
 
 
-def test_the_contracts_fail_when_a_service_imports_a_query_or_a_page_imports_a_ledger_model(tree_copy: Path):
+def test_the_contracts_fail_when_a_service_imports_a_query_or_a_page_imports_a_ledger_model(tree_copy: Path) -> None:
     (tree_copy / "billing" / "services" / "layering_probe.py").write_text("import billing.queries.finance\n")
     (tree_copy / "billing" / "ledger" / "layering_probe.py").write_text("import billing.services.audit\n")
     (tree_copy / "billing" / "web" / "layering_probe.py").write_text("from billing.ledger.models import UsageHour\n")

@@ -20,7 +20,7 @@ class _Pair:
 
 
 @pytest.mark.django_db
-def test_rows_are_matched_to_fields_by_column_name_whatever_the_column_order():
+def test_rows_are_matched_to_fields_by_column_name_whatever_the_column_order() -> None:
     with connection.cursor() as cur:
         cur.execute("SELECT 'x' AS b, 1 AS a UNION ALL SELECT 'y', 2 ORDER BY 2")
         rows = fetch_rows(cur, _Pair)
@@ -31,14 +31,14 @@ def test_rows_are_matched_to_fields_by_column_name_whatever_the_column_order():
 
 @pytest.mark.django_db
 @pytest.mark.parametrize("sql", ["SELECT 1 AS a", "SELECT 1 AS a, 'x' AS b, 2 AS c", "SELECT 1 AS a, 'x' AS z"])
-def test_a_statement_whose_columns_are_not_the_rows_fields_is_an_error(sql: str):
+def test_a_statement_whose_columns_are_not_the_rows_fields_is_an_error(sql: str) -> None:
     with connection.cursor() as cur:
         cur.execute(sql)
         with pytest.raises(TypeError):
             fetch_rows(cur, _Pair)
 
 
-def test_whole_utc_days_read_the_day_ledger_anything_else_the_hours():
+def test_whole_utc_days_read_the_day_ledger_anything_else_the_hours() -> None:
     midnight = datetime(2026, 3, 1, tzinfo=UTC)
     assert ledger_for(midnight, midnight.replace(day=8)) is DAYS
     assert ledger_for(midnight, midnight.replace(hour=5)) is HOURS

@@ -25,7 +25,7 @@ ledger_amounts = st.decimals(min_value=Decimal("-1e9"), max_value=Decimal("1e9")
 
 
 @given(minor=st.integers(min_value=-(10**15), max_value=10**15), currency=currencies)
-def test_minor_units_go_to_major_units_and_back_exactly(minor: int, currency: str):
+def test_minor_units_go_to_major_units_and_back_exactly(minor: int, currency: str) -> None:
     major = from_minor_units(minor, currency)
     assert major == Decimal(minor) / Decimal(10) ** minor_unit_exponent(currency)
     assert to_minor_units(major, currency) == minor
@@ -36,13 +36,13 @@ def test_minor_units_go_to_major_units_and_back_exactly(minor: int, currency: st
 
 
 @given(amount=ledger_amounts, currency=currencies)
-def test_a_displayed_amount_is_the_amount_an_invoice_line_rounds_to(amount: Decimal, currency: str):
+def test_a_displayed_amount_is_the_amount_an_invoice_line_rounds_to(amount: Decimal, currency: str) -> None:
     # Pages and invoices round with one rule: half-even to the currency's minor unit.
     assert display_amount(amount, currency) == from_minor_units(to_minor_units(amount, currency), currency)
     assert abs(display_amount(amount, currency) - amount) <= Decimal(1).scaleb(-minor_unit_exponent(currency)) / 2
 
 
-def test_amounts_show_with_the_currencys_decimals():
+def test_amounts_show_with_the_currencys_decimals() -> None:
     assert format_minor_units(12345, "USD") == "123.45"
     assert format_minor_units(500, "JPY") == "500"
     assert format_minor_units(-5, "EUR") == "-0.05"
