@@ -87,5 +87,7 @@ def ledger_for(start: datetime, end: datetime) -> Ledger:
 
 
 def bucketed_ledger(start: datetime, end: datetime, granularity: Granularity) -> Ledger:
-    """Hour buckets need the hour ledger; day buckets read days when the period is whole days."""
+    """Hour buckets need the hour ledger; day buckets read days when the period is whole days.
+    (Every read of the ledger picks through this module's `ledger_for`, so one patch of it makes
+    them all read hours: tests/billing/test_daily_ledger.py proves days equal hours that way.)"""
     return ledger_for(start, end) if granularity == "day" else HOURS

@@ -17,8 +17,9 @@ from django.db import connection
 from django.db.models import Q, Sum
 from django.db.models.functions import TruncMonth
 
+from billing.ledger import reads
 from billing.ledger.models import GpuDay, GpuHour, UsageHour
-from billing.ledger.reads import fetch_rows, ledger_for
+from billing.ledger.reads import fetch_rows
 
 __all__ = [
     "DayLedgerTotals",
@@ -72,7 +73,7 @@ _TENANT_TOTALS = (
 
 def list_tenant_totals(*, start: datetime, end: datetime, tenants: Collection[str] | None) -> list[TenantTotals]:
     """Per tenant over [start, end), `tenants` only unless None; unordered."""
-    ledger = ledger_for(start, end)
+    ledger = reads.ledger_for(start, end)
     with connection.cursor() as cur:
         cur.execute(_TENANT_TOTALS.format(usage_table=ledger.usage_table, at=ledger.at),
                     {"start": start, "end": end, "tenants": _tenant_list(tenants)})
@@ -97,13 +98,13 @@ class GpuTotals:
 def get_priced_currency(*, start: datetime, end: datetime) -> str:
     """The currency of the period's priced GPU rows, "" when nothing is priced (one fleet bills in
     one currency; the close enforces it)."""
-    ledger = ledger_for(start, end)
+    ledger = reads.ledger_for(start, end)
     currency = ledger.gpu_rows(start, end).filter(ledger.priced_rows()).values_list("currency", flat=True).first()
     return str(currency or "")
 
 
 def get_gpu_totals(*, start: datetime, end: datetime) -> GpuTotals:
-    ledger = ledger_for(start, end)
+    ledger = reads.ledger_for(start, end)
     agg = ledger.gpu_rows(start, end).aggregate(
         card=Sum("card_cost"), idle=Sum("idle_cost"), idle_allocated=Sum("idle_allocated"),
         seconds=Sum("metered_seconds"), unpriced=ledger.unpriced_seconds(),
@@ -156,7 +157,7 @@ LIMIT %(limit)s
 def list_top_workloads(*, start: datetime, end: datetime, tenants: Collection[str] | None,
                        limit: int) -> list[WorkloadTotals]:
     """The `limit` costliest pod instances of [start, end), costliest first."""
-    ledger = ledger_for(start, end)
+    ledger = reads.ledger_for(start, end)
     with connection.cursor() as cur:
         cur.execute(_TOP_WORKLOADS.format(at=ledger.at, usage_table=ledger.usage_table),
                     {"start": start, "end": end, "tenants": _tenant_list(tenants), "limit": limit})

@@ -5,12 +5,11 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from datetime import UTC, datetime
 
 import pytest
 from django.db import connection
 
-from billing.ledger.reads import DAYS, HOURS, fetch_rows, ledger_for
+from billing.ledger.reads import fetch_rows
 
 
 @dataclass(frozen=True)
@@ -37,9 +36,3 @@ def test_a_statement_whose_columns_are_not_the_rows_fields_is_an_error(sql: str)
         with pytest.raises(TypeError):
             fetch_rows(cur, _Pair)
 
-
-def test_whole_utc_days_read_the_day_ledger_anything_else_the_hours() -> None:
-    midnight = datetime(2026, 3, 1, tzinfo=UTC)
-    assert ledger_for(midnight, midnight.replace(day=8)) is DAYS
-    assert ledger_for(midnight, midnight.replace(hour=5)) is HOURS
-    assert ledger_for(midnight.replace(minute=30), midnight.replace(day=2)) is HOURS
