@@ -6,6 +6,9 @@
   and shares are allocated with the largest-remainder method.
 - Customer-facing amounts (invoice lines) are rounded exactly once, to the currency's
   minor unit, with ROUND_HALF_EVEN (`to_minor_units`).
+- Integer minor units go back to major units exactly (`from_minor_units`, no rounding) and are
+  written with the currency's number of decimals (`format_minor_units`). Pages show ledger
+  amounts to the currency's minor unit (`display_amount`): display only, never stored.
 """
 
 from __future__ import annotations
@@ -18,6 +21,9 @@ __all__ = [
     "LEDGER_QUANTUM",
     "MINOR_UNIT_EXPONENT",
     "allocate",
+    "display_amount",
+    "format_minor_units",
+    "from_minor_units",
     "ledger_amount",
     "minor_unit_exponent",
     "to_minor_units",
@@ -45,6 +51,23 @@ def to_minor_units(amount: Decimal, currency: str) -> int:
     exponent = minor_unit_exponent(currency)
     with localcontext(_CONTEXT):
         return int(amount.scaleb(exponent).quantize(Decimal(1), rounding=ROUND_HALF_EVEN))
+
+
+def from_minor_units(minor: int, currency: str) -> Decimal:
+    """Integer minor units as an exact Decimal in major units: `12345, "USD"` -> `123.45`."""
+    return Decimal(minor).scaleb(-minor_unit_exponent(currency))
+
+
+def format_minor_units(minor: int, currency: str) -> str:
+    """`12345, "USD"` -> `"123.45"`, `500, "JPY"` -> `"500"`: exact, with the currency's decimals."""
+    return f"{from_minor_units(minor, currency):.{minor_unit_exponent(currency)}f}"
+
+
+def display_amount(amount: Decimal, currency: str = "") -> Decimal:
+    """A ledger amount rounded (half-even) to the currency's minor unit, for showing only; an
+    unknown or empty currency shows 2 places. Stored amounts are never rounded here."""
+    with localcontext(_CONTEXT):
+        return amount.quantize(Decimal(1).scaleb(-minor_unit_exponent(currency)), rounding=ROUND_HALF_EVEN)
 
 
 def allocate(total: Decimal, weights: Sequence[Decimal]) -> list[Decimal]:

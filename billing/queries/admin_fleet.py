@@ -10,9 +10,10 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from decimal import Decimal
 
-from billing.models import Gpu, Node, NodeToken, RateCard, UsageBatch
-from billing.queries.scope import Scope
+from billing.ledger.state import list_quarantined_batches
+from billing.models import Gpu, Node, NodeToken, RateCard
 from billing.queries.undelivered import UndeliveredView, list_open_undelivered
+from billing.scope import Scope
 
 __all__ = [
     "NODE_STALE_AFTER",
@@ -174,10 +175,10 @@ def list_nodes(*, scope: Scope, now: datetime) -> list[NodeView]:
                                            last_used_at=t.last_used_at, revoked_at=t.revoked_at))
     undelivered = list_open_undelivered()
     quarantined: dict[int, list[QuarantinedView]] = defaultdict(list)
-    for b in UsageBatch.objects.filter(quarantined_at__isnull=False).order_by("node_id", "batch_seq"):
+    for b in list_quarantined_batches():
         quarantined[b.node_id].append(QuarantinedView(
-            batch_id=b.pk, batch_seq=b.batch_seq, window_start=b.window_start, window_end=b.window_end,
-            quarantined_at=b.quarantined_at, error=b.quarantine_error))  # type: ignore[arg-type]
+            batch_id=b.batch_id, batch_seq=b.batch_seq, window_start=b.window_start, window_end=b.window_end,
+            quarantined_at=b.quarantined_at, error=b.error))
     views = []
     for n in Node.objects.order_by("name"):
         counts = gpus.get(n.pk, Counter())

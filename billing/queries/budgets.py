@@ -7,7 +7,7 @@ from datetime import datetime
 from decimal import Decimal
 
 from billing.models import Budget, BudgetAction, BudgetState, BudgetStatus
-from billing.queries.scope import Scope
+from billing.scope import Scope
 
 __all__ = ["BudgetView", "list_budgets"]
 

@@ -3,7 +3,8 @@ idle memory, top workloads, the latest savings-vs-static report and rebalance re
 
 Everything is aggregated in SQL from the ledger grouped by UTC hour or day: the day ledger (UsageDay,
 GpuDay, ~24x fewer rows) when the period is whole UTC days and the buckets are days or there are no
-buckets (summary, top workloads), else the hour ledger (billing.queries.finance.ledger_for). Tenant
+buckets (summary, top workloads), else the hour ledger (billing.ledger.reads picks; the sums are
+billing.ledger.totals and billing.ledger.series). Tenant
 members get their tenants' numbers only; platform figures (idle, utilisation, savings, rebalance)
 are None for them, decided here and not in templates.
 """
@@ -14,17 +15,17 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
-from typing import Any, Literal
+from typing import Any
 
-from django.db import connection
-from django.db.models import F, QuerySet, Sum
-from django.db.models.functions import Trunc
+from django.db.models import F
 from django.utils.translation import gettext as _
 
+from billing.ledger import series, totals
+from billing.ledger.reads import Granularity
 from billing.models import PairedReport, RebalancePlan
 from billing.models.rebalance import RebalanceStatus
-from billing.queries.finance import HOURS, CostSummary, Ledger, get_cost_summary, ledger_for
-from billing.queries.scope import Scope
+from billing.queries.finance import CostSummary, get_cost_summary
+from billing.scope import Scope
 
 __all__ = [
     "HOURLY_UP_TO",
@@ -41,8 +42,6 @@ __all__ = [
     "WorkloadCost",
     "get_finance_dashboard",
 ]
-
-Granularity = Literal["hour", "day"]
 
 # Periods up to this long are drawn per hour, longer ones per day.
 HOURLY_UP_TO = timedelta(days=2)
@@ -174,18 +173,6 @@ def _buckets(start: datetime, end: datetime, granularity: Granularity) -> list[d
     return out
 
 
-def _bucketed_ledger(start: datetime, end: datetime, granularity: Granularity) -> Ledger:
-    """Hour buckets need the hour ledger; day buckets read days when the period is whole days."""
-    return ledger_for(start, end) if granularity == "day" else HOURS
-
-
-def _scoped_usage(scope: Scope, ledger: Ledger, start: datetime, end: datetime) -> QuerySet[Any]:
-    usage = ledger.usage_rows(start, end)
-    if scope.tenants is not None:
-        usage = usage.filter(tenant__in=scope.tenants)
-    return usage
-
-
 def _timeline(scope: Scope, summary: CostSummary, granularity: Granularity) -> CostTimeline:
     buckets = _buckets(summary.start, summary.end, granularity)
     index = {b: i for i, b in enumerate(buckets)}
@@ -193,113 +180,53 @@ def _timeline(scope: Scope, summary: CostSummary, granularity: Granularity) -> C
     top_keys = {t.tenant: k for k, t in enumerate(top)}
     values = [[_ZERO] * len(buckets) for _ in top]
     other = [_ZERO] * len(buckets)
-    ledger = _bucketed_ledger(summary.start, summary.end, granularity)
-    rows = (
-        _scoped_usage(scope, ledger, summary.start, summary.end)
-        .annotate(bucket=Trunc(ledger.at, granularity, tzinfo=UTC))
-        .values("bucket", "tenant")
-        .annotate(cost=Sum(F("charge") + F("idle_share")))
-        .order_by()
-    )
+    rows = series.list_tenant_cost_buckets(start=summary.start, end=summary.end, granularity=granularity,
+                                           tenants=scope.tenants)
     for r in rows:  # one row per (bucket, tenant)
-        i = index[r["bucket"]]
-        k = top_keys.get(r["tenant"])
+        i = index[r.bucket]
+        k = top_keys.get(r.tenant)
         if k is None:
-            other[i] += r["cost"] or _ZERO
+            other[i] += r.cost
         else:
-            values[k][i] += r["cost"] or _ZERO
-    series = [TimelineSeries(t.tenant, t.name, v) for t, v in zip(top, values, strict=True)]
+            values[k][i] += r.cost
+    lines = [TimelineSeries(t.tenant, t.name, v) for t, v in zip(top, values, strict=True)]
     if len(summary.tenants) > TOP_TENANTS:
-        series.append(TimelineSeries(OTHER_KEY, _("Other tenants"), other))
+        lines.append(TimelineSeries(OTHER_KEY, _("Other tenants"), other))
     if scope.sees_platform:
         idle = [_ZERO] * len(buckets)
-        gpu_rows = (
-            ledger.gpu_rows(summary.start, summary.end)
-            .annotate(bucket=Trunc(ledger.at, granularity, tzinfo=UTC))
-            .values("bucket")
-            .annotate(idle=Sum(F("idle_cost") - F("idle_allocated")))
-            .order_by()
-        )
-        for r in gpu_rows:
-            idle[index[r["bucket"]]] += r["idle"] or _ZERO
-        series.append(TimelineSeries(IDLE_KEY, _("Idle (platform)"), idle))
-    return CostTimeline(granularity, buckets, series)
-
-
-# GPU capacity comes from the inventory (billing_gpu: memory_mb, sm_count per uuid); usage on a GPU
-# missing from it is left out as well, so a ratio never mixes a numerator without its denominator.
-_UTILISATION = """
-WITH cap AS (
-    SELECT date_trunc(%(kind)s, h.{at}, 'UTC') AS bucket, sum(h.metered_seconds) AS seconds,
-           sum(h.metered_seconds * g.sm_count) AS sm_cap, sum(h.metered_seconds * g.memory_mb) AS mem_cap
-    FROM {gpu_table} h JOIN billing_gpu g ON g.uuid = h.gpu_uuid
-    WHERE h.{at} >= %(start)s AND h.{at} < %(end)s
-    GROUP BY 1
-), used AS (
-    SELECT date_trunc(%(kind)s, u.{at}, 'UTC') AS bucket, sum(u.sm_used_s) AS sm, sum(u.mem_used_mb_s) AS mem
-    FROM {usage_table} u JOIN billing_gpu g ON g.uuid = u.gpu_uuid
-    WHERE u.{at} >= %(start)s AND u.{at} < %(end)s
-    GROUP BY 1
-)
-SELECT cap.bucket, cap.seconds, coalesce(used.sm, 0), cap.sm_cap, coalesce(used.mem, 0), cap.mem_cap
-FROM cap LEFT JOIN used ON used.bucket = cap.bucket
-ORDER BY cap.bucket
-"""
+        for bucket in series.list_platform_idle_buckets(start=summary.start, end=summary.end,
+                                                        granularity=granularity):
+            idle[index[bucket.bucket]] += bucket.idle_platform
+        lines.append(TimelineSeries(IDLE_KEY, _("Idle (platform)"), idle))
+    return CostTimeline(granularity, buckets, lines)
 
 
 def _utilisation(start: datetime, end: datetime, granularity: Granularity) -> list[UtilisationPoint]:
-    ledger = _bucketed_ledger(start, end, granularity)
-    sql = _UTILISATION.format(at=ledger.at, gpu_table=ledger.gpu_table, usage_table=ledger.usage_table)
-    with connection.cursor() as cur:
-        cur.execute(sql, {"kind": granularity, "start": start, "end": end})
-        rows = cur.fetchall()
     return [
-        UtilisationPoint(bucket=b.astimezone(UTC), metered_gpu_s=Decimal(s), sm_used_s=Decimal(sm),
-                         sm_capacity_s=Decimal(sm_cap), mem_used_mb_s=Decimal(mem), mem_capacity_mb_s=Decimal(mem_cap))
-        for b, s, sm, sm_cap, mem, mem_cap in rows
+        UtilisationPoint(bucket=b.bucket, metered_gpu_s=b.metered_gpu_s, sm_used_s=b.sm_used_s,
+                         sm_capacity_s=b.sm_capacity_s, mem_used_mb_s=b.mem_used_mb_s,
+                         mem_capacity_mb_s=b.mem_capacity_mb_s)
+        for b in series.list_utilisation_buckets(start=start, end=end, granularity=granularity)
     ]
-
-
-# Per (pod, tier) first, then per pod over those rows, whose tiers are already distinct: no
-# string_agg(DISTINCT ...) over every usage row of the period (~15 % faster, bench/web_pages.py).
-_TOP_WORKLOADS = """
-SELECT tenant, namespace, pod, pod_uid, sum(cost), sum(share), sum(mem), sum(sm),
-       string_agg(sla_tier, ', ' ORDER BY sla_tier)
-FROM (
-    SELECT tenant, namespace, pod, pod_uid, sla_tier, sum(charge + idle_share) AS cost,
-           sum(share_gpu_s) AS share, sum(mem_used_mb_s) AS mem, sum(sm_used_s) AS sm
-    FROM {usage_table}
-    WHERE {at} >= %(start)s AND {at} < %(end)s AND (%(tenants)s::text[] IS NULL OR tenant = ANY(%(tenants)s::text[]))
-    GROUP BY 1, 2, 3, 4, 5
-) per_tier
-GROUP BY 1, 2, 3, 4
-ORDER BY 5 DESC, 1, 2, 3, 4
-LIMIT %(limit)s
-"""
 
 
 def _top_workloads(scope: Scope, summary: CostSummary) -> list[WorkloadCost]:
     names = {t.tenant: t.name for t in summary.tenants}
-    tenants = None if scope.tenants is None else sorted(scope.tenants)
-    ledger = ledger_for(summary.start, summary.end)
-    sql = _TOP_WORKLOADS.format(at=ledger.at, usage_table=ledger.usage_table)
-    with connection.cursor() as cur:
-        cur.execute(sql, {"start": summary.start, "end": summary.end, "tenants": tenants, "limit": TOP_WORKLOADS})
-        rows = cur.fetchall()
+    rows = totals.list_top_workloads(start=summary.start, end=summary.end, tenants=scope.tenants, limit=TOP_WORKLOADS)
     return [
         WorkloadCost(
-            tenant=tenant,
-            name=names.get(tenant, tenant),
-            namespace=namespace,
-            pod=pod,
-            pod_uid=pod_uid,
-            sla_tier=tiers or "",
-            cost=cost or _ZERO,
-            gpu_hours_equivalent=(share or _ZERO) / _S_PER_H,
-            mem_used_gb_h=(mem or _ZERO) / _MB_PER_GB / _S_PER_H,
-            sm_used_h=(sm or _ZERO) / _S_PER_H,
+            tenant=w.tenant,
+            name=names.get(w.tenant, w.tenant),
+            namespace=w.namespace,
+            pod=w.pod,
+            pod_uid=w.pod_uid,
+            sla_tier=w.sla_tiers,
+            cost=w.cost,
+            gpu_hours_equivalent=w.share_gpu_s / _S_PER_H,
+            mem_used_gb_h=w.mem_used_mb_s / _MB_PER_GB / _S_PER_H,
+            sm_used_h=w.sm_used_s / _S_PER_H,
         )
-        for tenant, namespace, pod, pod_uid, cost, share, mem, sm, tiers in rows
+        for w in rows
     ]
 
 

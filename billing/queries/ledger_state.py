@@ -13,14 +13,13 @@ from dataclasses import dataclass
 from datetime import datetime
 from decimal import Decimal
 
-from django.db import connection
-from django.db.models import Sum
-
-from billing.models import BillingPeriod, Budget, BudgetAction, BudgetState, BudgetStatus, GpuDay
+from billing.ledger.state import get_batch_backlog
+from billing.ledger.totals import list_day_ledger_totals
+from billing.models import BillingPeriod, Budget, BudgetAction, BudgetState, BudgetStatus
 from billing.queries.undelivered import count_open_undelivered_by_node
 from billing.services.invoicing import close_is_stalled, month_bounds
 
-__all__ = ["PERIOD_STATES", "LedgerState", "batch_backlog", "get_ledger_state"]
+__all__ = ["PERIOD_STATES", "LedgerState", "get_ledger_state"]
 
 # A closing period whose job went quiet is reported apart from one that is making progress.
 PERIOD_STATES = ("open", "closing", "stalled", "closed", "failed")
@@ -40,27 +39,15 @@ class LedgerState:
 
 
 def get_ledger_state(*, now: datetime) -> LedgerState:
-    pending, lag_s, quarantined = batch_backlog(now=now)
+    backlog = get_batch_backlog()
+    month_cost, month_gpu_seconds = _month_ledger(now=now)
     return LedgerState(
-        pending_batches=pending, rollup_lag_s=lag_s, quarantined_batches=quarantined,
+        pending_batches=backlog.pending, rollup_lag_s=backlog.rollup_lag_s(now),
+        quarantined_batches=backlog.quarantined,
         undelivered_by_node=count_open_undelivered_by_node(), periods_by_state=_periods(now=now),
-        budgets_by_state_action=_budgets(now=now), **_month_ledger(now=now),
+        budgets_by_state_action=_budgets(now=now), month_cost=month_cost,
+        month_gpu_seconds=month_gpu_seconds,
     )
-
-
-def batch_backlog(*, now: datetime) -> tuple[int, float, int]:
-    """(pending, rollup lag in s, quarantined), for /healthz and /metrics alike. The partial
-    indexes on rolled_up_at IS NULL keep it to the batches not yet billed, however many were."""
-    with connection.cursor() as cur:
-        cur.execute(
-            "SELECT count(*) FILTER (WHERE quarantined_at IS NULL), "
-            "min(received_at) FILTER (WHERE quarantined_at IS NULL), "
-            "count(*) FILTER (WHERE quarantined_at IS NOT NULL) "
-            "FROM billing_usagebatch WHERE rolled_up_at IS NULL"
-        )
-        pending, oldest, quarantined = cur.fetchone()
-    lag_s = max(0.0, (now - oldest).total_seconds()) if oldest else 0.0
-    return int(pending), lag_s, int(quarantined)
 
 
 def _periods(*, now: datetime) -> dict[str, int]:
@@ -83,18 +70,15 @@ def _budgets(*, now: datetime) -> dict[tuple[str, str], int]:
     return {(s, a): counts[(s, a)] for s in BudgetState.values for a in BudgetAction.values}
 
 
-def _month_ledger(*, now: datetime) -> dict[str, dict]:
+def _month_ledger(*, now: datetime) -> tuple[dict[tuple[str, str], Decimal], dict[bool, Decimal]]:
     """This month's cost and metered GPU-seconds from the day ledger (GPUs x days rows; the rollup
     keeps it current with the hours)."""
     start, end = month_bounds(now.date().replace(day=1))
-    rows = (GpuDay.objects.filter(day__gte=start, day__lt=end).values("currency", "priced")
-            .annotate(seconds=Sum("metered_seconds"), card=Sum("card_cost"), charged=Sum("charged"),
-                      idle=Sum("idle_cost")).order_by("currency", "priced"))
     cost: dict[tuple[str, str], Decimal] = {}
     seconds = {True: Decimal(0), False: Decimal(0)}
-    for row in rows:
-        seconds[row["priced"]] += row["seconds"]
-        if row["priced"] and row["currency"]:
-            for part in COST_PARTS:
-                cost[(row["currency"], part)] = cost.get((row["currency"], part), Decimal(0)) + row[part]
-    return {"month_cost": cost, "month_gpu_seconds": seconds}
+    for row in list_day_ledger_totals(start=start, end=end):
+        seconds[row.priced] += row.metered_seconds
+        if row.priced and row.currency:
+            for part, amount in zip(COST_PARTS, (row.card_cost, row.charged, row.idle_cost), strict=True):
+                cost[(row.currency, part)] = cost.get((row.currency, part), Decimal(0)) + amount
+    return cost, seconds

@@ -1,5 +1,5 @@
 """Billing periods for the periods page: every month with usage in the hour ledger (or a period
-row), its closing state and, once closed, its invoices. Scoped: a tenant scope sees only its own
+row), its closing state and, once closed, its invoices (monthly sums: billing.ledger.totals). Scoped: a tenant scope sees only its own
 usage and invoices; the page itself is for finance and admins. A close that has written no
 progress for longer than settings.VGPU_PERIOD_CLOSE_STALE_S is "stalled" (billing.services.invoicing
 `close_is_stalled`: the rule lives there, shared with the resume)."""
@@ -7,16 +7,16 @@ progress for longer than settings.VGPU_PERIOD_CLOSE_STALE_S is "stalled" (billin
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import UTC, date, datetime
+from datetime import date, datetime
 from decimal import Decimal
 
-from django.db.models import Count, Q, Sum
-from django.db.models.functions import TruncMonth
+from django.db.models import Count, Sum
 from django.utils.translation import gettext_lazy as _
 
-from billing.models import BillingPeriod, GpuHour, Invoice, UsageHour
-from billing.money import minor_unit_exponent
-from billing.queries.scope import Scope
+from billing.ledger.totals import list_monthly_card_seconds, list_monthly_share_seconds
+from billing.models import BillingPeriod, Invoice
+from billing.money import from_minor_units
+from billing.scope import Scope
 from billing.services.invoicing import close_is_stalled, month_bounds
 
 __all__ = ["PeriodState", "PeriodView", "get_billing_period", "list_billing_periods"]
@@ -117,19 +117,16 @@ def get_billing_period(*, scope: Scope, month: date, now: datetime) -> PeriodVie
 
 
 def _periods(*, scope: Scope, now: datetime, months: tuple[date, date] | None) -> list[PeriodView]:
-    usage = UsageHour.objects.all()
-    cards = GpuHour.objects.all()
     periods = BillingPeriod.objects.select_related("requested_by")
     invoices = Invoice.objects.filter(status=Invoice.Status.FINALIZED)
+    start: datetime | None = None
+    end: datetime | None = None
     if months is not None:
         start, _end = month_bounds(months[0])
         _start, end = month_bounds(months[1])
-        usage = usage.filter(hour__gte=start, hour__lt=end)
-        cards = cards.filter(hour__gte=start, hour__lt=end)
         periods = periods.filter(month__gte=months[0], month__lte=months[1])
         invoices = invoices.filter(period__month__gte=months[0], period__month__lte=months[1])
     if scope.tenants is not None:
-        usage = usage.filter(tenant__in=scope.tenants)
         invoices = invoices.filter(tenant__slug__in=scope.tenants)
 
     # GPU-hours per month: metered card-hours for the platform (the GPU hour ledger has one row
@@ -137,13 +134,12 @@ def _periods(*, scope: Scope, now: datetime, months: tuple[date, date] | None) -
     hours_by_month: dict[date, Decimal] = {}
     unpriced_by_month: dict[date, Decimal] = {}
     if scope.sees_platform:
-        for r in (cards.annotate(m=TruncMonth("hour", tzinfo=UTC)).values("m")
-                  .annotate(metered=Sum("metered_seconds"), unpriced=Sum("metered_seconds", filter=Q(priced=False)))):
-            hours_by_month[r["m"].date()] = (r["metered"] or _ZERO) / _S_PER_H
-            unpriced_by_month[r["m"].date()] = (r["unpriced"] or _ZERO) / _S_PER_H
+        for card_month in list_monthly_card_seconds(start=start, end=end):
+            hours_by_month[card_month.month] = card_month.seconds / _S_PER_H
+            unpriced_by_month[card_month.month] = card_month.unpriced_seconds / _S_PER_H
     else:
-        for r in usage.annotate(m=TruncMonth("hour", tzinfo=UTC)).values("m").annotate(share=Sum("share_gpu_s")):
-            hours_by_month[r["m"].date()] = (r["share"] or _ZERO) / _S_PER_H
+        for share_month in list_monthly_share_seconds(start=start, end=end, tenants=scope.tenants):
+            hours_by_month[share_month.month] = share_month.seconds / _S_PER_H
     rows_by_month = {p.month: p for p in periods}
     counts: dict[date, int] = {}
     totals: dict[date, list[CurrencyTotal]] = {}
@@ -151,7 +147,7 @@ def _periods(*, scope: Scope, now: datetime, months: tuple[date, date] | None) -
               .order_by("period__month", "currency")):
         m = r["period__month"]
         counts[m] = counts.get(m, 0) + r["n"]
-        amount = Decimal(r["minor"] or 0).scaleb(-minor_unit_exponent(r["currency"]))
+        amount = from_minor_units(r["minor"] or 0, r["currency"])
         totals.setdefault(m, []).append(CurrencyTotal(r["currency"], amount))
 
     all_months = set(hours_by_month) | set(rows_by_month) | set(counts)

@@ -10,7 +10,7 @@ from decimal import Decimal
 from django.db.models import Count
 
 from billing.models import AuditEvent, SlaTier
-from billing.queries.scope import Scope
+from billing.scope import Scope
 
 __all__ = ["SlaTierView", "get_sla_tier", "list_sla_tiers"]
 

@@ -10,9 +10,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime
 
-from django.db.models import Count, Exists, OuterRef, QuerySet
+from django.db.models import Count, QuerySet
 
-from billing.models import UndeliveredBatch, UsageBatch
+from billing.ledger.state import unresolved
+from billing.models import UndeliveredBatch
 
 __all__ = ["UndeliveredView", "count_open_undelivered", "count_open_undelivered_by_node", "list_open_undelivered"]
 
@@ -33,11 +34,7 @@ class UndeliveredView:
 
 
 def _open() -> QuerySet[UndeliveredBatch]:
-    same_bytes = UsageBatch.objects.filter(
-        node_id=OuterRef("node_id"), batch_seq=OuterRef("batch_seq"), content_sha256=OuterRef("content_sha256")
-    )
-    renumbered = UsageBatch.objects.filter(node_id=OuterRef("node_id"), batch_seq=OuterRef("superseded_by"))
-    return UndeliveredBatch.objects.filter(~Exists(same_bytes), ~Exists(renumbered))
+    return unresolved(UndeliveredBatch.objects.all())
 
 
 def list_open_undelivered() -> dict[str, list[UndeliveredView]]:

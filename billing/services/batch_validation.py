@@ -1,5 +1,5 @@
 """Validation of a usage batch against wire protocol v1 (DESIGN §3). Pure: no queries (the
-bounds come from the columns that store each field, billing.services.input_limits).
+bounds come from the columns that store each field, billing.ledger.columns).
 
 Every rule violation is collected (up to MAX_ERRORS) with a JSON path, so an agent author
 sees all problems at once; any error means nothing of the batch is stored.
@@ -18,8 +18,9 @@ from typing import Any
 
 from billing.errors import FieldError, InvalidBatch, PayloadTooLarge
 from billing.ledger.batches import BatchGpuDecl, ValidatedBatch
-from billing.models import BatchGpu, Node, UsageMinute
-from billing.services.input_limits import integer_max, max_length
+from billing.ledger.columns import gpu_capacity_max, gpu_model_max_length, gpu_uuid_max_length, workload_name_max_length
+from billing.models import Node
+from billing.services.input_limits import max_length
 
 __all__ = ["SCHEMA", "BatchGpuDecl", "ValidatedBatch", "validate_batch"]
 
@@ -37,11 +38,11 @@ NAME_PATTERN = "^[A-Za-z0-9][A-Za-z0-9._:/-]*$"  # as JSON Schema (ECMA-262) rea
 _NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:/-]*")
 OPTIONAL_NAMES = frozenset({"container", "pod_uid", "sla_tier"})
 # Each bound is the column the value lands in (raw samples share the ledger's widths).
-NAME_MAX = {key: max_length(UsageMinute, key) for key in NAME_FIELDS}
+NAME_MAX = {key: workload_name_max_length(key) for key in NAME_FIELDS}
 NODE_MAX = max_length(Node, "name")
-UUID_MAX = max_length(BatchGpu, "gpu_uuid")
-MODEL_MAX = max_length(BatchGpu, "model")
-CAPACITY_MAX = {key: integer_max(BatchGpu, key) for key in ("memory_mb", "sm_count")}
+UUID_MAX = gpu_uuid_max_length()
+MODEL_MAX = gpu_model_max_length()
+CAPACITY_MAX = {key: gpu_capacity_max(key) for key in ("memory_mb", "sm_count")}
 # PCIe has no declared capacity, so it gets a physical one: 10 TB/s per GPU, above any link
 # today (NVLink 5 moves 1.8 TB/s). Memory and SM·s are bounded by the card's capacity. Either
 # way a GPU-month of the largest rate fits the ledger's numeric(30, 10) columns, which a rollup

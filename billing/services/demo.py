@@ -12,7 +12,7 @@ from django.contrib.auth.models import Group, User
 from django.db import transaction
 
 from billing.models import RateCard, SlaTier, Tenant, TenantMembership
-from billing.queries.scope import ADMIN_GROUP, FINANCE_GROUP
+from billing.scope import ADMIN_GROUP, FINANCE_GROUP
 from billing.services.audit import record_audit_event
 from billing.services.budgets import set_budget
 

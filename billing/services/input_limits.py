@@ -2,33 +2,17 @@
 
 Validation at every edge (batches, events, the policy and admission APIs) takes its bounds from
 here, so an input either fits its column or is refused with a 4xx that names the field; it never
-reaches the database to fail there as a 500. Pure: reads model metadata, never queries.
+reaches the database to fail there as a 500. Pure: reads model metadata, never queries. A column's
+bound is read by billing.ledger.columns (which also names the ledger's own), re-exported here.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from django.db import connection, models
+from billing.ledger.columns import integer_max, max_length
 
 __all__ = ["integer_max", "json_problem", "max_length", "text_problem"]
-
-
-def max_length(model: type[models.Model], field: str) -> int:
-    """The length of a character column."""
-    length = model._meta.get_field(field).max_length  # type: ignore[union-attr]
-    if not isinstance(length, int):
-        raise TypeError(f"{model.__name__}.{field} has no max_length")
-    return length
-
-
-def integer_max(model: type[models.Model], field: str) -> int:
-    """The largest value an integer column holds (int4 for PositiveIntegerField, and so on)."""
-    internal_type = model._meta.get_field(field).get_internal_type()  # type: ignore[union-attr]
-    _, upper = connection.ops.integer_field_range(internal_type)
-    if upper is None:
-        raise TypeError(f"{model.__name__}.{field} is not an integer column")
-    return int(upper)
 
 
 def text_problem(value: str) -> str | None:

@@ -20,8 +20,9 @@ from datetime import date, datetime, timedelta
 from decimal import Decimal
 from typing import Any
 
-from django.db import connection
 from scipy import stats
+
+from billing.ledger.minutes import get_busy_card_time, list_steady_workload_gpu_days
 
 __all__ = ["COLD_START", "LOOKBACK", "PROFILES", "compute_paired_report", "profile_fraction"]
 
@@ -57,37 +58,6 @@ class _Unit:
     dynamic_billed_gpu_s: Decimal = Decimal(0)
 
 
-_STEADY = """
-WITH m AS (
-    SELECT u.tenant, u.namespace, u.pod, u.container, u.pod_uid, u.gpu_uuid, u.minute, u.seconds,
-           u.charge + u.idle_share AS dyn, u.mem_used_mb_s, u.sm_used_s,
-           g.card_cost / g.metered_seconds AS price_per_s, g.metered_seconds, b.memory_mb, b.sm_count,
-           min(u.minute) OVER (PARTITION BY u.tenant, u.namespace, u.pod, u.container, u.pod_uid) AS first_minute
-    FROM billing_usageminute u
-    JOIN billing_gpuminute g ON g.gpu_uuid = u.gpu_uuid AND g.minute = u.minute
-    JOIN billing_gpu b ON b.uuid = u.gpu_uuid
-    WHERE u.minute >= %(lookback)s AND u.minute < %(end)s AND g.priced AND g.metered_seconds > 0
-), steady AS (
-    SELECT * FROM m WHERE minute >= %(start)s AND minute >= first_minute + %(cold)s::interval
-)
-"""
-
-_QUERY = _STEADY + """
-SELECT tenant, namespace, pod, container, pod_uid, (minute AT TIME ZONE 'UTC')::date AS day, gpu_uuid,
-       sum(dyn), sum(price_per_s * seconds), sum(seconds), max(mem_used_mb_s / seconds),
-       sum(mem_used_mb_s), sum(sm_used_s), max(memory_mb), max(sm_count), sum(dyn / nullif(price_per_s, 0))
-FROM steady
-GROUP BY 1, 2, 3, 4, 5, 6, 7
-"""  # noqa: S608 - constant SQL text; values are bound parameters
-
-# Busy card time under dynamic allocation: GPU-minutes with at least one steady-state workload.
-_BUSY = _STEADY + """
-SELECT coalesce(sum(metered_seconds), 0), coalesce(sum(metered_seconds * memory_mb), 0),
-       coalesce(sum(metered_seconds * sm_count), 0)
-FROM (SELECT DISTINCT gpu_uuid, minute, metered_seconds, memory_mb, sm_count FROM steady) busy
-"""  # noqa: S608 - constant SQL text; values are bound parameters
-
-
 def _ratio(a: Decimal, b: Decimal) -> float | None:
     return float(a / b) if b else None
 
@@ -114,32 +84,25 @@ def compute_paired_report(
 ) -> dict[str, Any]:
     if end <= start:
         raise ValueError("the period's end must be after its start")
-    params: dict[str, datetime | str] = {
-        "start": start, "end": end, "lookback": start - LOOKBACK,
-        "cold": f"{int(COLD_START.total_seconds())} seconds",
-    }
     units: dict[tuple[str, str, str, str, str, date], _Unit] = defaultdict(_Unit)
-    with connection.cursor() as cur:
-        cur.execute(_QUERY, params)
-        rows = cur.fetchall()
-        progress(60)
-        cur.execute(_BUSY, params)
-        busy_s, busy_mem_mb_s, busy_sm_s = cur.fetchone()
+    rows = list_steady_workload_gpu_days(start=start, end=end, lookback=LOOKBACK, cold_start=COLD_START)
+    progress(60)
+    busy = get_busy_card_time(start=start, end=end, lookback=LOOKBACK, cold_start=COLD_START)
     workloads_by_day: dict[date, set[tuple[str, ...]]] = defaultdict(set)
-    for (tenant, ns, pod, container, uid, day, _gpu, dyn, whole, seconds, peak_mem, mem, sm, memory_mb,
-         sm_count, dyn_gpu_s) in rows:
-        unit = units[(tenant, ns, pod, container, uid, day)]
-        unit.dynamic += dyn
-        unit.static_whole += whole
-        unit.static_profile += whole * profile_fraction(peak_mem_mb=peak_mem, memory_mb=memory_mb)
-        unit.seconds += seconds
-        unit.mem_used_mb_s += mem
-        unit.sm_used_s += sm
-        unit.static_mem_mb_s += seconds * memory_mb
-        unit.static_sm_s += seconds * sm_count
-        unit.used_gpu_s += ALPHA * mem / memory_mb + (1 - ALPHA) * sm / sm_count
-        unit.dynamic_billed_gpu_s += dyn_gpu_s or Decimal(0)
-        workloads_by_day[day].add((tenant, ns, pod, container, uid))
+    for r in rows:
+        unit = units[(r.tenant, r.namespace, r.pod, r.container, r.pod_uid, r.day)]
+        unit.dynamic += r.dynamic_cost
+        unit.static_whole += r.static_whole_cost
+        unit.static_profile += r.static_whole_cost * profile_fraction(peak_mem_mb=r.peak_mem_mb,
+                                                                      memory_mb=r.memory_mb)
+        unit.seconds += r.seconds
+        unit.mem_used_mb_s += r.mem_used_mb_s
+        unit.sm_used_s += r.sm_used_s
+        unit.static_mem_mb_s += r.seconds * r.memory_mb
+        unit.static_sm_s += r.seconds * r.sm_count
+        unit.used_gpu_s += ALPHA * r.mem_used_mb_s / r.memory_mb + (1 - ALPHA) * r.sm_used_s / r.sm_count
+        unit.dynamic_billed_gpu_s += r.dynamic_billed_gpu_s or Decimal(0)
+        workloads_by_day[r.day].add((r.tenant, r.namespace, r.pod, r.container, r.pod_uid))
     progress(80)
     keys = sorted(units)
     x = [float(units[k].static_whole) for k in keys]
@@ -157,12 +120,12 @@ def compute_paired_report(
         "dynamic_cost": str(total.dynamic.quantize(Decimal("0.000001"))),
         "cost_reduction_pct": _reduction(total.dynamic, total.static_whole),
         "cost_reduction_vs_profile_pct": _reduction(total.dynamic, total.static_profile),
-        "containers_per_card": _ratio(total.seconds, Decimal(busy_s)),
-        "sm_utilisation_dynamic_pct": _pct(total.sm_used_s, Decimal(busy_sm_s)),
+        "containers_per_card": _ratio(total.seconds, busy.seconds),
+        "sm_utilisation_dynamic_pct": _pct(total.sm_used_s, busy.sm_s),
         "sm_utilisation_static_pct": _pct(total.sm_used_s, total.static_sm_s),
-        "memory_utilisation_dynamic_pct": _pct(total.mem_used_mb_s, Decimal(busy_mem_mb_s)),
+        "memory_utilisation_dynamic_pct": _pct(total.mem_used_mb_s, busy.mem_mb_s),
         "memory_utilisation_static_pct": _pct(total.mem_used_mb_s, total.static_mem_mb_s),
-        "idle_memory_share_dynamic_pct": _complement(_pct(total.mem_used_mb_s, Decimal(busy_mem_mb_s))),
+        "idle_memory_share_dynamic_pct": _complement(_pct(total.mem_used_mb_s, busy.mem_mb_s)),
         "idle_memory_share_static_pct": _complement(_pct(total.mem_used_mb_s, total.static_mem_mb_s)),
         "resource_optimisation_efficiency": _ratio(
             total.used_gpu_s / total.dynamic_billed_gpu_s if total.dynamic_billed_gpu_s else Decimal(0),

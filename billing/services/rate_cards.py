@@ -27,12 +27,13 @@ from typing import Any
 from django.core.exceptions import ValidationError
 from django.core.validators import URLValidator
 from django.db import IntegrityError, connection, transaction
-from django.db.models import Max, Q
+from django.db.models import Q
 from django.utils.translation import gettext as _
 
 from billing.errors import InvalidInput
+from billing.ledger.minutes import get_last_ledger_minute
 from billing.ledger.rollup import lock_ledger, rebuild_ledger
-from billing.models import BilledBasis, BillingPeriod, GpuMinute, IdlePolicy, RateCard
+from billing.models import BilledBasis, BillingPeriod, IdlePolicy, RateCard
 from billing.services.audit import record_audit_event
 
 __all__ = ["RateCardChange", "create_rate_card", "earliest_change", "end_rate_card"]
@@ -134,7 +135,7 @@ def _reroll_from(*, gpu_model: str, start: datetime) -> int:
 
     Holds the rollup's lock until commit, so no rollup prices with the old cards meanwhile."""
     lock_ledger()
-    last = GpuMinute.objects.filter(gpu_model=gpu_model, minute__gte=start).aggregate(last=Max("minute"))["last"]
+    last = get_last_ledger_minute(gpu_model=gpu_model, since=start)
     if last is None:
         return 0
     return rebuild_ledger(start=start, end=last + timedelta(minutes=1)).gpu_minutes

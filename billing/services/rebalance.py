@@ -2,7 +2,7 @@
 ``allocator.rebalance``, admin approval, execution through the Kubernetes API.
 
 * ``build_pool(now)``: GPUs from ``Gpu`` (seen within the demand window), workloads = pods seen
-  on a GPU in the last ``placement`` minutes of ``UsageMinute``, demand = each pod's peak over
+  on a GPU in the last ``placement`` minutes of the minute ledger (billing.ledger.minutes), demand = each pod's peak over
   the window of its per-minute mean memory (MB) and SM use (SM milli), rounded up.
 * ``propose_rebalance(now, max_moves)``: a dry-run plan plus right-sizing, stored; nothing runs.
 * ``approve_plan`` / ``reject_plan``: admin decisions, audited in the same transaction.
@@ -27,7 +27,6 @@ from decimal import Decimal
 from typing import Any, Protocol
 
 from django.db import connection, transaction
-from django.db.models import F, Sum
 
 from allocator.rebalance import (
     SM_MILLI,
@@ -41,7 +40,8 @@ from allocator.rebalance import (
     right_size,
 )
 from billing.errors import InvalidInput
-from billing.models import Gpu, RateCard, RebalancePlan, RebalanceStatus, UsageMinute
+from billing.ledger.minutes import list_pod_minute_use, list_recent_placements
+from billing.models import Gpu, RateCard, RebalancePlan, RebalanceStatus
 from billing.services.audit import record_audit_event
 from billing.services.kube_api import new_api_client
 
@@ -117,29 +117,19 @@ def build_pool(
             sm_count[card.uuid] = max(1, card.sm_count)
 
     # Per (pod, GPU, minute): the sum over the pod's containers of their mean use that minute.
-    rows = (
-        UsageMinute.objects.filter(minute__gte=start, minute__lt=now, seconds__gt=0, gpu_uuid__in=list(where))
-        .values("pod_uid", "gpu_uuid", "minute")
-        .annotate(mem=Sum(F("mem_used_mb_s") / F("seconds")), sm=Sum(F("sm_used_s") / F("seconds")))
-    )
     per_minute: dict[tuple[str, str], dict[datetime, tuple[int, int]]] = defaultdict(dict)
     minutes: set[datetime] = set()
-    for row in rows:
-        sm_milli = _ceil(Decimal(row["sm"]) * SM_MILLI / sm_count[row["gpu_uuid"]])
-        per_minute[(row["pod_uid"], row["gpu_uuid"])][row["minute"]] = (_ceil(row["mem"]), sm_milli)
-        minutes.add(row["minute"])
+    for use in list_pod_minute_use(start=start, end=now, gpus=where):
+        sm_milli = _ceil(use.sm * SM_MILLI / sm_count[use.gpu_uuid])
+        per_minute[(use.pod_uid, use.gpu_uuid)][use.minute] = (_ceil(use.mem_mb), sm_milli)
+        minutes.add(use.minute)
 
     # Who runs where now: the latest identity of each pod seen in the last `placement`.
-    recent = (
-        UsageMinute.objects.filter(minute__gte=now - placement, minute__lt=now, gpu_uuid__in=list(where))
-        .values("pod_uid", "gpu_uuid", "namespace", "pod", "tenant")
-        .distinct()
-    )
     placed: dict[str, dict[str, Any]] = {}
-    for ident in recent:
-        entry = placed.setdefault(ident["pod_uid"], {"namespace": ident["namespace"], "pod": ident["pod"],
-                                                      "tenant": ident["tenant"], "gpus": set()})
-        entry["gpus"].add(ident["gpu_uuid"])
+    for ident in list_recent_placements(start=now - placement, end=now, gpus=where):
+        entry = placed.setdefault(ident.pod_uid, {"namespace": ident.namespace, "pod": ident.pod,
+                                                  "tenant": ident.tenant, "gpus": set()})
+        entry["gpus"].add(ident.gpu_uuid)
     workloads: list[PoolWorkload] = []
     pods: dict[str, dict[str, str]] = {}
     series: list[DemandSeries] = []

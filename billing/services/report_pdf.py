@@ -9,7 +9,7 @@ from typing import Any
 from django.utils.translation import gettext as _
 
 from billing.models import PairedReport
-from billing.services.exports import cjk_font_name
+from billing.services.exports.fonts import cjk_font_name
 
 __all__ = ["render_paired_report_pdf", "study_rows", "summary_rows"]
 

@@ -1,5 +1,6 @@
-"""Display filters. Display only: amounts are shown to 2 places in the active language's number
-format; money records themselves are rounded once, in billing.money."""
+"""Display filters. Display only: amounts are shown to the currency's minor unit (2 places when
+no currency is given) in the active language's number format; money records themselves are
+rounded once, in billing.money, which also holds this display rounding."""
 
 from __future__ import annotations
 
@@ -9,9 +10,9 @@ from django import template
 from django.utils.formats import number_format
 from django.utils.safestring import mark_safe
 
-register = template.Library()
+from billing.money import display_amount, minor_unit_exponent
 
-_CENT = Decimal("0.01")
+register = template.Library()
 
 
 @register.filter
@@ -21,10 +22,10 @@ def money(value: object, currency: str = "") -> str:
     if value is None or value == "":
         return ""
     try:
-        amount = Decimal(str(value)).quantize(_CENT, rounding=ROUND_HALF_EVEN)
+        amount = display_amount(Decimal(str(value)), currency)
     except InvalidOperation:
         return str(value)
-    text = number_format(amount, 2, use_l10n=True, force_grouping=True)
+    text = number_format(amount, minor_unit_exponent(currency), use_l10n=True, force_grouping=True)
     return f"{text} {currency}".strip()
 
 

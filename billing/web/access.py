@@ -6,7 +6,7 @@ from __future__ import annotations
 from django.core.exceptions import PermissionDenied
 from django.http import HttpRequest
 
-from billing.queries.scope import Scope, get_scope
+from billing.scope import Scope, get_scope
 
 __all__ = ["require_admin", "require_platform"]
 

@@ -23,7 +23,7 @@ from django.views.decorators.http import require_POST
 from billing.errors import InvalidInput
 from billing.models import BilledBasis, IdlePolicy
 from billing.queries.admin_fleet import NODE_STALE_AFTER, get_node_token, get_rate_cards_page, list_nodes
-from billing.queries.scope import Scope, get_scope
+from billing.scope import Scope, get_scope
 from billing.services.rate_cards import create_rate_card, earliest_change, end_rate_card
 from billing.services.tokens import issue_node_token, revoke_node_token
 from billing.web.access import require_admin

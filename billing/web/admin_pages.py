@@ -22,8 +22,8 @@ from billing import tasks
 from billing.errors import InvalidInput
 from billing.models import AuditEvent, BudgetAction, Tenant
 from billing.queries.budgets import list_budgets
-from billing.queries.scope import Scope, get_scope
 from billing.queries.sla_tiers import get_sla_tier, list_sla_tiers
+from billing.scope import Scope, get_scope
 from billing.services.budgets import set_budget
 from billing.services.sla import (
     MAX_DESCRIPTION_LENGTH,

@@ -5,7 +5,7 @@ from __future__ import annotations
 from django.http import HttpRequest
 from django.utils.functional import SimpleLazyObject
 
-from billing.queries.scope import get_scope
+from billing.scope import get_scope
 
 
 def scope(request: HttpRequest) -> dict[str, object]:

@@ -8,6 +8,8 @@ must be woken for."""
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
+from typing import Any
 
 import redis
 from django.conf import settings
@@ -16,12 +18,12 @@ from django.http import HttpRequest, JsonResponse
 from django.utils import timezone
 from django.views.decorators.cache import never_cache
 
-from billing.queries.ledger_state import batch_backlog
+from billing.ledger.state import get_batch_backlog
 from billing.queries.undelivered import count_open_undelivered
 from config.celery import app as celery_app
 
 
-def _check(fn) -> dict:
+def _check(fn: Callable[[], dict[str, Any]]) -> dict[str, Any]:
     started = time.monotonic()
     try:
         detail = fn()
@@ -32,20 +34,20 @@ def _check(fn) -> dict:
     return {"ok": True, "ms": round((time.monotonic() - started) * 1000, 1), **(detail or {})}
 
 
-def _database() -> dict:
+def _database() -> dict[str, Any]:
     with connection.cursor() as cur:
         cur.execute("SELECT 1")
         cur.fetchone()
     return {}
 
 
-def _broker() -> dict:
+def _broker() -> dict[str, Any]:
     client = redis.Redis.from_url(settings.CELERY_BROKER_URL, socket_timeout=1, socket_connect_timeout=1)
     client.ping()
     return {}
 
 
-def _worker() -> dict:
+def _worker() -> dict[str, Any]:
     # limit=1: answer as soon as one worker replies instead of waiting out the timeout.
     replies = celery_app.control.ping(timeout=1.0, limit=1)
     if not replies:
@@ -53,10 +55,11 @@ def _worker() -> dict:
     return {"workers": sorted(name for reply in replies for name in reply)}
 
 
-def _ledger() -> dict:
-    backlog, lag, quarantined = batch_backlog(now=timezone.now())
+def _ledger() -> dict[str, Any]:
+    backlog = get_batch_backlog()
+    lag, quarantined = backlog.rollup_lag_s(timezone.now()), backlog.quarantined
     undelivered = count_open_undelivered()
-    detail = {"backlog_batches": backlog, "rollup_lag_s": round(lag, 1), "quarantined_batches": quarantined,
+    detail = {"backlog_batches": backlog.pending, "rollup_lag_s": round(lag, 1), "quarantined_batches": quarantined,
               "undelivered_batches": undelivered, "max_rollup_lag_s": settings.VGPU_HEALTH_MAX_ROLLUP_LAG_S}
     problems = []
     if lag > settings.VGPU_HEALTH_MAX_ROLLUP_LAG_S:
@@ -74,7 +77,7 @@ def _ledger() -> dict:
 class _Unwell(Exception):
     """A check that answered, with its figures, but found something wrong."""
 
-    def __init__(self, message: str, detail: dict) -> None:
+    def __init__(self, message: str, detail: dict[str, Any]) -> None:
         super().__init__(message)
         self.detail = detail
 

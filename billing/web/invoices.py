@@ -13,7 +13,7 @@ from django.utils import timezone
 
 from billing.errors import InvalidInput
 from billing.queries.portal import list_upcoming_invoices
-from billing.queries.scope import get_scope
+from billing.scope import get_scope
 from billing.services.exports import EXPORT_FORMATS, InvoiceNotFound, export_invoice, list_invoices
 
 

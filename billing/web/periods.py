@@ -16,7 +16,7 @@ from django.views.decorators.http import require_GET, require_POST
 from billing import tasks
 from billing.errors import InvalidInput
 from billing.queries.periods import PeriodState, get_billing_period, list_billing_periods
-from billing.queries.scope import Scope
+from billing.scope import Scope
 from billing.services.invoicing import parse_month, request_period_close, resume_period_close
 from billing.web.access import require_platform
 

@@ -19,6 +19,7 @@ from django.utils.translation import gettext as _
 
 from billing.errors import InvalidInput
 from billing.models import BudgetAction
+from billing.money import format_minor_units
 from billing.queries.portal import (
     TenantNotFound,
     TenantPortal,
@@ -26,8 +27,8 @@ from billing.queries.portal import (
     get_upcoming_invoice,
     list_tenant_portals,
 )
-from billing.queries.scope import get_scope
-from billing.services.exports import EXPORT_FORMATS, format_major_units
+from billing.scope import get_scope
+from billing.services.exports import EXPORT_FORMATS
 from billing.services.invoicing import InvoicePreview
 from billing.web.charts import Series, line_chart, stacked_bar_chart
 from billing.web.forms import PeriodForm
@@ -150,10 +151,10 @@ def _upcoming_csv(request: HttpRequest, slug: str, now: datetime) -> HttpRespons
     for i, line in enumerate(preview.lines, start=1):
         writer.writerow(head + [
             i, line.kind, line.gpu_model, line.sla_tier, f"{line.usage_month:%Y-%m}", line.gpu_hours, line.amount,
-            line.amount_minor, format_major_units(line.amount_minor, preview.currency), preview.currency,
+            line.amount_minor, format_minor_units(line.amount_minor, preview.currency), preview.currency,
         ])
     writer.writerow(head + ["total", "", "", "", "", "", "", preview.total_minor,
-                            format_major_units(preview.total_minor, preview.currency), preview.currency])
+                            format_minor_units(preview.total_minor, preview.currency), preview.currency])
     return response
 
 

@@ -18,7 +18,7 @@ from django.utils.translation import gettext as _
 
 from billing.queries.dashboard import IDLE_KEY, CostTimeline, FinanceDashboard, UtilisationPoint, get_finance_dashboard
 from billing.queries.finance import CostSummary
-from billing.queries.scope import get_scope
+from billing.scope import get_scope
 from billing.web.charts import Series, line_chart, stacked_bar_chart
 from billing.web.forms import PeriodForm
 

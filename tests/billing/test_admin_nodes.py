@@ -11,7 +11,7 @@ import pytest
 from django.contrib.auth.models import User
 
 from billing.models import AuditEvent, Gpu, Node, NodeToken
-from billing.queries.scope import ADMIN_GROUP, FINANCE_GROUP
+from billing.scope import ADMIN_GROUP, FINANCE_GROUP
 from tests import clock
 from tests.conftest import make_batch, user_in
 

@@ -9,7 +9,7 @@ import pytest
 from django.contrib.auth.models import Group, User
 
 from billing.models import AuditEvent, Budget, SlaTier, Tenant, TenantMembership
-from billing.queries.scope import ADMIN_GROUP
+from billing.scope import ADMIN_GROUP
 from tests import clock
 
 pytestmark = pytest.mark.django_db

@@ -10,9 +10,10 @@ from decimal import Decimal
 import pytest
 from django.contrib.auth.models import User
 
+from billing.ledger.models import GpuMinute
 from billing.ledger.rollup import rollup_usage
-from billing.models import AuditEvent, BillingPeriod, GpuMinute, RateCard
-from billing.queries.scope import ADMIN_GROUP, FINANCE_GROUP
+from billing.models import AuditEvent, BillingPeriod, RateCard
+from billing.scope import ADMIN_GROUP, FINANCE_GROUP
 from billing.services.rate_cards import create_rate_card, earliest_change
 from tests import clock
 from tests.conftest import A100, make_batch, user_in

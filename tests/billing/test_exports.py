@@ -18,7 +18,7 @@ from django.core.management import CommandError, call_command
 
 from billing.ledger.rollup import rollup_usage
 from billing.models import Invoice, RateCard, Tenant
-from billing.queries.scope import FINANCE_GROUP, Scope
+from billing.scope import FINANCE_GROUP, Scope
 from billing.services.exports import ALLOCATED_METHOD_ID, export_invoice
 from billing.services.invoicing import close_period
 from tests import clock

@@ -12,9 +12,10 @@ from decimal import Decimal
 
 import pytest
 
-from billing.models import Gpu, GpuHour, Node, PairedReport, RebalancePlan, Tenant, UsageHour
+from billing.ledger.models import GpuHour, UsageHour
+from billing.models import Gpu, Node, PairedReport, RebalancePlan, Tenant
 from billing.queries.dashboard import IDLE_KEY, OTHER_KEY, get_finance_dashboard
-from billing.queries.scope import FINANCE_GROUP, Scope, get_scope
+from billing.scope import FINANCE_GROUP, Scope, get_scope
 from billing.web.charts import Series, nice_ticks, stacked_bar_chart
 from tests import clock
 from tests.conftest import user_in, with_day

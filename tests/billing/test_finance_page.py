@@ -13,7 +13,7 @@ from django.contrib.auth.models import User
 from billing.ledger.rollup import rollup_usage
 from billing.models import RateCard, Tenant
 from billing.queries.finance import get_cost_summary
-from billing.queries.scope import FINANCE_GROUP, get_scope
+from billing.scope import FINANCE_GROUP, get_scope
 from tests import clock
 from tests.conftest import A100, make_batch, user_in
 

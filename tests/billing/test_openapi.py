@@ -8,7 +8,8 @@ from hypothesis import HealthCheck, given, settings
 from openapi_spec_validator import validate
 from schemathesis.checks import not_a_server_error
 
-from billing.models import Gpu, UsageBatch
+from billing.ledger.models import UsageBatch
+from billing.models import Gpu
 from billing.services.batch_schema import usage_batch_schema
 from tests.billing.test_ingest_protocol import raw_rows
 

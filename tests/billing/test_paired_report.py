@@ -98,7 +98,7 @@ def test_command_prints_the_report_as_json(fifteen_minutes):
 def test_report_pages_request_show_progress_then_results_and_a_pdf(fifteen_minutes, client, django_capture_on_commit_callbacks):
     from django.contrib.auth.models import Group, User
 
-    from billing.queries.scope import FINANCE_GROUP
+    from billing.scope import FINANCE_GROUP
 
     user = User.objects.create_user(username="fin", password="pw-not-used-123")
     user.groups.add(Group.objects.get_or_create(name=FINANCE_GROUP)[0])

@@ -15,7 +15,7 @@ from django.contrib.auth.models import User
 from billing import tasks
 from billing.ledger.rollup import rollup_usage
 from billing.models import AuditEvent, BillingPeriod, Invoice, Tenant
-from billing.queries.scope import ADMIN_GROUP, FINANCE_GROUP
+from billing.scope import ADMIN_GROUP, FINANCE_GROUP
 from billing.services.invoicing import close_period
 from tests import clock
 from tests.conftest import SHARED_GPU_WORKLOADS, make_batch, user_in
@@ -279,7 +279,7 @@ def press_resume(client, month: str, django_capture_on_commit_callbacks):
 def test_a_close_is_stalled_by_the_clock_once_quiet_for_longer_than_the_setting(
         client, settings, last_month_usage, django_capture_on_commit_callbacks):
     from billing.queries.periods import get_billing_period
-    from billing.queries.scope import get_scope
+    from billing.scope import get_scope
 
     settings.VGPU_PERIOD_CLOSE_STALE_S = 600
     user = login(client, group=FINANCE_GROUP)

@@ -12,9 +12,10 @@ import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
-from billing.models import Node, Tenant, UsageHour
+from billing.ledger.models import UsageHour
+from billing.models import Node, Tenant
 from billing.queries.portal import list_tenant_portals
-from billing.queries.scope import Scope
+from billing.scope import Scope
 from billing.services.budgets import get_month_to_date_spend, get_month_to_date_spends
 from tests.conftest import with_day
 

@@ -1,0 +1,172 @@
+"""Reads of the minute ledger (billing_usageminute, billing_gpuminute): the per-minute detail the
+paired report, the pool rebalance and a rate-card change need, which the hour and day ledgers
+have summed away. Each function is one statement; rows are frozen dataclasses.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+from dataclasses import dataclass
+from datetime import date, datetime, timedelta
+from decimal import Decimal
+
+from django.db import connection
+from django.db.models import F, Max, Sum
+
+from billing.ledger.models import GpuMinute, UsageMinute
+from billing.ledger.reads import fetch_rows
+
+__all__ = [
+    "BusyCardTime",
+    "PodMinuteUse",
+    "PodPlacement",
+    "SteadyWorkloadGpuDay",
+    "get_busy_card_time",
+    "get_last_ledger_minute",
+    "list_pod_minute_use",
+    "list_recent_placements",
+    "list_steady_workload_gpu_days",
+]
+
+
+# -- the paired report ---------------------------------------------------------------------
+
+# Steady state: a workload's minutes from `cold` after its first minute in the ledger (looking
+# back to `lookback`), within [start, end), on priced GPU-minutes with metered time.
+_STEADY = """
+WITH m AS (
+    SELECT u.tenant, u.namespace, u.pod, u.container, u.pod_uid, u.gpu_uuid, u.minute, u.seconds,
+           u.charge + u.idle_share AS dyn, u.mem_used_mb_s, u.sm_used_s,
+           g.card_cost / g.metered_seconds AS price_per_s, g.metered_seconds, b.memory_mb, b.sm_count,
+           min(u.minute) OVER (PARTITION BY u.tenant, u.namespace, u.pod, u.container, u.pod_uid) AS first_minute
+    FROM billing_usageminute u
+    JOIN billing_gpuminute g ON g.gpu_uuid = u.gpu_uuid AND g.minute = u.minute
+    JOIN billing_gpu b ON b.uuid = u.gpu_uuid
+    WHERE u.minute >= %(lookback)s AND u.minute < %(end)s AND g.priced AND g.metered_seconds > 0
+), steady AS (
+    SELECT * FROM m WHERE minute >= %(start)s AND minute >= first_minute + %(cold)s::interval
+)
+"""
+
+_WORKLOAD_GPU_DAYS = _STEADY + """
+SELECT tenant, namespace, pod, container, pod_uid, (minute AT TIME ZONE 'UTC')::date AS day, gpu_uuid,
+       sum(dyn) AS dynamic_cost, sum(price_per_s * seconds) AS static_whole_cost, sum(seconds) AS seconds,
+       max(mem_used_mb_s / seconds) AS peak_mem_mb, sum(mem_used_mb_s) AS mem_used_mb_s,
+       sum(sm_used_s) AS sm_used_s, max(memory_mb) AS memory_mb, max(sm_count) AS sm_count,
+       sum(dyn / nullif(price_per_s, 0)) AS dynamic_billed_gpu_s
+FROM steady
+GROUP BY 1, 2, 3, 4, 5, 6, 7
+"""  # noqa: S608 - constant SQL text; values are bound parameters
+
+# Busy card time under dynamic allocation: GPU-minutes with at least one steady-state workload.
+_BUSY = _STEADY + """
+SELECT coalesce(sum(metered_seconds), 0) AS seconds, coalesce(sum(metered_seconds * memory_mb), 0) AS mem_mb_s,
+       coalesce(sum(metered_seconds * sm_count), 0) AS sm_s
+FROM (SELECT DISTINCT gpu_uuid, minute, metered_seconds, memory_mb, sm_count FROM steady) busy
+"""  # noqa: S608 - constant SQL text; values are bound parameters
+
+
+@dataclass(frozen=True)
+class SteadyWorkloadGpuDay:
+    """One workload (container instance) on one GPU for one UTC day, steady-state minutes only."""
+
+    tenant: str
+    namespace: str
+    pod: str
+    container: str
+    pod_uid: str
+    day: date
+    gpu_uuid: str
+    dynamic_cost: Decimal  # charge + idle share
+    static_whole_cost: Decimal  # the card's price for every second the workload was present
+    seconds: Decimal
+    peak_mem_mb: Decimal  # the largest minute mean
+    mem_used_mb_s: Decimal
+    sm_used_s: Decimal
+    memory_mb: int
+    sm_count: int
+    dynamic_billed_gpu_s: Decimal | None  # dynamic cost in GPU-seconds at the card's price
+
+
+@dataclass(frozen=True)
+class BusyCardTime:
+    """Card time of the GPU-minutes with a steady-state workload."""
+
+    seconds: Decimal
+    mem_mb_s: Decimal  # Σ memory_mb × metered seconds
+    sm_s: Decimal  # Σ sm_count × metered seconds
+
+
+def _steady_params(*, start: datetime, end: datetime, lookback: timedelta,
+                   cold_start: timedelta) -> dict[str, datetime | str]:
+    return {"start": start, "end": end, "lookback": start - lookback,
+            "cold": f"{int(cold_start.total_seconds())} seconds"}
+
+
+def list_steady_workload_gpu_days(*, start: datetime, end: datetime, lookback: timedelta,
+                                  cold_start: timedelta) -> list[SteadyWorkloadGpuDay]:
+    with connection.cursor() as cur:
+        cur.execute(_WORKLOAD_GPU_DAYS, _steady_params(start=start, end=end, lookback=lookback, cold_start=cold_start))
+        return fetch_rows(cur, SteadyWorkloadGpuDay)
+
+
+def get_busy_card_time(*, start: datetime, end: datetime, lookback: timedelta, cold_start: timedelta) -> BusyCardTime:
+    with connection.cursor() as cur:
+        cur.execute(_BUSY, _steady_params(start=start, end=end, lookback=lookback, cold_start=cold_start))
+        (busy,) = fetch_rows(cur, BusyCardTime)
+    return busy
+
+
+# -- the pool rebalance ----------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class PodMinuteUse:
+    """One pod on one GPU in one minute: the sum over its containers of their mean use."""
+
+    pod_uid: str
+    gpu_uuid: str
+    minute: datetime
+    mem_mb: Decimal
+    sm: Decimal  # SMs busy (SM·s per second)
+
+
+def list_pod_minute_use(*, start: datetime, end: datetime, gpus: Collection[str]) -> list[PodMinuteUse]:
+    """Minutes in [start, end) with metered time, on these GPUs."""
+    rows = (
+        UsageMinute.objects.filter(minute__gte=start, minute__lt=end, seconds__gt=0, gpu_uuid__in=list(gpus))
+        .values("pod_uid", "gpu_uuid", "minute")
+        .annotate(mem=Sum(F("mem_used_mb_s") / F("seconds")), sm=Sum(F("sm_used_s") / F("seconds")))
+    )
+    return [PodMinuteUse(pod_uid=r["pod_uid"], gpu_uuid=r["gpu_uuid"], minute=r["minute"], mem_mb=Decimal(r["mem"]),
+                         sm=Decimal(r["sm"])) for r in rows]
+
+
+@dataclass(frozen=True)
+class PodPlacement:
+    """A pod seen on a GPU (one row per pod identity and GPU)."""
+
+    pod_uid: str
+    gpu_uuid: str
+    namespace: str
+    pod: str
+    tenant: str
+
+
+def list_recent_placements(*, start: datetime, end: datetime, gpus: Collection[str]) -> list[PodPlacement]:
+    """Who ran where in [start, end), on these GPUs."""
+    rows = (
+        UsageMinute.objects.filter(minute__gte=start, minute__lt=end, gpu_uuid__in=list(gpus))
+        .values("pod_uid", "gpu_uuid", "namespace", "pod", "tenant")
+        .distinct()
+    )
+    return [PodPlacement(**r) for r in rows]
+
+
+# -- rate cards ------------------------------------------------------------------------------
+
+def get_last_ledger_minute(*, gpu_model: str, since: datetime) -> datetime | None:
+    """The newest ledger minute of `gpu_model` at or after `since`: how far a price change must
+    re-price the ledger."""
+    last: datetime | None = (GpuMinute.objects.filter(gpu_model=gpu_model, minute__gte=since)
+                             .aggregate(last=Max("minute"))["last"])
+    return last

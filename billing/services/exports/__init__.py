@@ -1,0 +1,75 @@
+"""Invoice downloads: PDF, CSV and a FOCUS 1.3 cost-and-usage CSV (docs/exports.md).
+
+Reads only, one module per concern: the scoped invoice reads (`invoices`), the invoice CSV
+(`invoice_csv`), the FOCUS rows and file (`focus`, from billing.ledger.exports), the PDF
+(`pdf`) and its CJK font subset (`fonts`). Every entry point takes the caller's `Scope` and
+filters in the query, so an invoice outside the scope is indistinguishable from one that does
+not exist.
+
+Reconciliation (DESIGN §4): an invoice line is rounded once, half-even, to minor units.
+The FOCUS rows of a usage or idle line carry ledger amounts (12 decimal places) that add up
+to the line's unrounded amount exactly; one "rounding" row per line carries the difference
+to the rounded amount. So Σ BilledCost over the file = Σ amount_minor = the invoice total.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from billing.errors import InvalidInput
+from billing.scope import Scope
+from billing.services.exports.focus import ALLOCATED_METHOD_ID, FOCUS_COLUMNS, build_focus_rows, render_focus_csv
+from billing.services.exports.fonts import cjk_font_name
+from billing.services.exports.invoice_csv import INVOICE_CSV_COLUMNS, render_invoice_csv
+from billing.services.exports.invoices import (
+    InvoiceDocument,
+    InvoiceLineView,
+    InvoiceNotFound,
+    InvoiceSummary,
+    find_invoice_number,
+    get_invoice_document,
+    list_invoices,
+)
+from billing.services.exports.pdf import render_invoice_pdf
+
+__all__ = [
+    "ALLOCATED_METHOD_ID",
+    "EXPORT_FORMATS",
+    "FOCUS_COLUMNS",
+    "INVOICE_CSV_COLUMNS",
+    "ExportFile",
+    "InvoiceDocument",
+    "InvoiceLineView",
+    "InvoiceNotFound",
+    "InvoiceSummary",
+    "build_focus_rows",
+    "cjk_font_name",
+    "export_invoice",
+    "find_invoice_number",
+    "get_invoice_document",
+    "list_invoices",
+    "render_focus_csv",
+    "render_invoice_csv",
+    "render_invoice_pdf",
+]
+
+EXPORT_FORMATS = ("pdf", "csv", "focus")
+
+
+@dataclass(frozen=True)
+class ExportFile:
+    filename: str
+    content_type: str
+    content: bytes
+
+
+def export_invoice(*, scope: Scope, number: str, fmt: str) -> ExportFile:
+    """Render one invoice in `fmt` (pdf, csv or focus) for a caller with `scope`."""
+    if fmt not in EXPORT_FORMATS:
+        raise InvalidInput(f"format {fmt!r} must be one of {', '.join(EXPORT_FORMATS)}")
+    doc = get_invoice_document(scope=scope, number=number)
+    if fmt == "pdf":
+        return ExportFile(f"{doc.number}.pdf", "application/pdf", render_invoice_pdf(doc))
+    if fmt == "csv":
+        return ExportFile(f"{doc.number}.csv", "text/csv; charset=utf-8", render_invoice_csv(doc))
+    return ExportFile(f"{doc.number}-focus-1.3.csv", "text/csv; charset=utf-8", render_focus_csv(doc))

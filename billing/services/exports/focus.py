@@ -1,0 +1,248 @@
+"""The FOCUS 1.3 cost-and-usage rows of one invoice (docs/exports.md), from the ledger rows behind
+its lines (billing.ledger.exports): each usage or idle line is spread over its ledger rows at
+ledger precision, plus one rounding row per line, so Σ BilledCost = the invoice total."""
+
+from __future__ import annotations
+
+import csv
+import io
+from collections import defaultdict
+from collections.abc import Mapping
+from datetime import UTC, datetime, timedelta
+from decimal import Context, Decimal, localcontext
+from typing import Any
+
+from billing.ledger.exports import FocusLedgerRow, list_focus_ledger_rows, list_origin_costs
+from billing.models import InvoiceLine
+from billing.money import allocate, from_minor_units
+from billing.services.exports.invoices import InvoiceDocument, InvoiceLineView
+from billing.services.exports.numbers import compact_json, plain_decimal
+from billing.services.invoicing import month_bounds
+
+__all__ = ["ALLOCATED_METHOD_ID", "FOCUS_COLUMNS", "SERVICE_NAME", "TAG_PREFIX", "build_focus_rows",
+           "render_focus_csv"]
+
+# Documented in docs/exports.md; a new method gets a new id, this one never changes meaning.
+ALLOCATED_METHOD_ID = "vgpu-ledger-share-v1"
+SERVICE_NAME = "Shared GPU"
+# Tag key prefix of the tags this generator defines (FOCUS Tags / AllocatedTags).
+TAG_PREFIX = "vgpu-ledger/"
+
+_S_PER_H = Decimal(3600)
+# PricingQuantity / ConsumedQuantity precision (GPU-hours); ListCost is the exact product.
+_QUANTITY_QUANTUM = Decimal("1e-12")
+_RATIO_QUANTUM = Decimal("1e-15")
+_CONTEXT = Context(prec=50)
+
+# FOCUS columns first, in alphabetical order, then custom x_ columns (FOCUS ColumnHandling).
+FOCUS_COLUMNS: tuple[str, ...] = tuple(sorted([
+    "AllocatedMethodDetails", "AllocatedMethodId", "AllocatedResourceId", "AllocatedResourceName",
+    "AllocatedTags", "BilledCost", "BillingAccountId", "BillingAccountName", "BillingCurrency",
+    "BillingPeriodEnd", "BillingPeriodStart", "ChargeCategory", "ChargeClass", "ChargeDescription",
+    "ChargeFrequency", "ChargePeriodEnd", "ChargePeriodStart", "ConsumedQuantity", "ConsumedUnit",
+    "ContractedCost", "ContractedUnitPrice", "EffectiveCost", "HostProviderName", "InvoiceId",
+    "InvoiceIssuerName", "ListCost", "ListUnitPrice", "PricingCategory", "PricingQuantity", "PricingUnit",
+    "ProviderName", "PublisherName", "ResourceId", "ResourceName", "ResourceType", "ServiceCategory",
+    "ServiceName", "ServiceProviderName", "ServiceSubcategory", "SkuId", "SkuPriceId", "SubAccountId",
+    "SubAccountName", "Tags",
+])) + ("x_GpuModel", "x_InvoiceLineKind", "x_SlaTier")
+
+
+
+def _sku_id(gpu_model: str) -> str:
+    return f"gpu-share:{gpu_model}"
+
+
+def _idle_sku_id(gpu_model: str) -> str:
+    return f"gpu-idle:{gpu_model}"
+
+
+def _ratio(numerator: Decimal, denominator: Decimal) -> Decimal:
+    if denominator == 0:
+        return Decimal(0)
+    with localcontext(_CONTEXT):
+        return (numerator / denominator).quantize(_RATIO_QUANTUM)
+
+
+def _usage_method_details(row: FocusLedgerRow, origin: tuple[Decimal, Decimal]) -> dict[str, Any]:
+    """AllocatedMethodDetails of a usage row: the workload's share of the GPU split into its memory
+    and SM parts (α · M / memory_mb and (1 − α) · S / sm_count), as fractions of the origin charge."""
+    card_cost, metered_s = origin
+    ratio = _ratio(row.charge, card_cost) if card_cost else _ratio(row.share_gpu_s, metered_s)
+    with localcontext(_CONTEXT):
+        mem_w = row.alpha * row.mem_billed_mb_s / row.memory_mb if row.memory_mb else Decimal(0)
+        sm_w = (1 - row.alpha) * row.sm_billed_s / row.sm_count if row.sm_count else Decimal(0)
+        if mem_w + sm_w > 0:
+            mem_ratio = (ratio * mem_w / (mem_w + sm_w)).quantize(_RATIO_QUANTUM)
+            elements = [
+                {"AllocatedRatio": mem_ratio, "UsageUnit": "MiB-Seconds", "UsageQuantity": row.mem_billed_mb_s},
+                {"AllocatedRatio": ratio - mem_ratio, "UsageUnit": "SM-Seconds", "UsageQuantity": row.sm_billed_s},
+            ]
+        else:  # the GPU's size is unknown: one element in GPU-seconds
+            elements = [{"AllocatedRatio": ratio, "UsageUnit": "GPU-Seconds", "UsageQuantity": row.share_gpu_s}]
+    return {
+        "Elements": elements, "x_Component": "Usage", "x_Alpha": row.alpha, "x_BilledBasis": row.billed_basis,
+        "x_ShareGpuSeconds": row.share_gpu_s, "x_OriginCost": card_cost, "x_OriginMeteredSeconds": metered_s,
+    }
+
+
+def _idle_method_details(row: FocusLedgerRow, origin: tuple[Decimal, Decimal]) -> dict[str, Any]:
+    card_cost, metered_s = origin
+    return {
+        "Elements": [{"AllocatedRatio": _ratio(row.idle_share, card_cost)}],
+        "x_Component": "IdleCapacity", "x_IdlePolicy": row.idle_policy, "x_OriginCost": card_cost,
+        "x_OriginMeteredSeconds": metered_s,
+    }
+
+
+def build_focus_rows(doc: InvoiceDocument) -> list[dict[str, Any]]:
+    """The FOCUS 1.3 rows of one invoice, as typed values (Decimal, datetime, dict, str or None)."""
+    billing_start, billing_end = doc.period_bounds
+    common: dict[str, Any] = dict.fromkeys(FOCUS_COLUMNS)
+    common.update({
+        "BillingAccountId": doc.tenant_slug, "BillingAccountName": doc.tenant_name,
+        "BillingCurrency": doc.currency, "BillingPeriodStart": billing_start, "BillingPeriodEnd": billing_end,
+        "ChargeFrequency": "Usage-Based", "HostProviderName": doc.issuer_name, "InvoiceId": doc.number,
+        "InvoiceIssuerName": doc.issuer_name, "ProviderName": doc.issuer_name, "PublisherName": doc.issuer_name,
+        "ServiceCategory": "Compute", "ServiceName": SERVICE_NAME, "ServiceProviderName": doc.issuer_name,
+        "ServiceSubcategory": "Containers",
+    })
+    ledger = list_focus_ledger_rows(tenant=doc.tenant_slug, start=billing_start, end=billing_end)
+    origins = {o.key: (o.card_cost, o.metered_seconds)
+               for o in list_origin_costs(start=billing_start, end=billing_end, gpus={r.gpu_uuid for r in ledger})}
+    by_line: dict[tuple[str, str], list[FocusLedgerRow]] = defaultdict(list)
+    for r in ledger:
+        by_line[(r.gpu_model, r.sla_tier)].append(r)
+
+    rows: list[dict[str, Any]] = []
+    for line in doc.lines:
+        line_common = {**common, "x_GpuModel": line.gpu_model, "x_InvoiceLineKind": line.kind,
+                       "x_SlaTier": line.sla_tier}
+        if line.kind == InvoiceLine.Kind.ADJUSTMENT:
+            rows.append(_correction_row(line_common, line, doc.currency))
+            continue
+        is_idle = line.kind == InvoiceLine.Kind.IDLE
+        parts = [r for r in by_line.get((line.gpu_model, line.sla_tier), []) if (r.idle_share if is_idle else True)]
+        weights = [r.idle_share if is_idle else r.charge for r in parts]
+        if parts and line.amount >= 0:
+            # Equal to the ledger amounts unless usage arrived after the invoice was finalized; then the
+            # invoiced amount is spread pro rata over today's ledger (the late part is on a later invoice).
+            for r, billed in zip(parts, allocate(line.amount, weights), strict=True):
+                origin = origins.get(r.origin_key, (Decimal(0), Decimal(0)))
+                rows.append(_idle_row(line_common, r, billed, origin) if is_idle
+                            else _usage_row(line_common, r, billed, origin))
+        elif line.amount:
+            rows.append(_unbacked_row(line_common, line))
+        rounding = from_minor_units(line.amount_minor, doc.currency) - line.amount
+        if rounding:
+            rows.append(_rounding_row(line_common, line, rounding))
+    return rows
+
+
+def _allocated_columns(r: FocusLedgerRow, *, sku_id: str, quantity: Decimal) -> dict[str, Any]:
+    workload = f"{r.namespace}/{r.pod}/{r.container}"
+    list_cost = r.price_per_gpu_hour * quantity  # exact: both factors are finite decimals
+    return {
+        "AllocatedMethodId": ALLOCATED_METHOD_ID,
+        "AllocatedResourceId": f"{r.pod_uid}/{r.container}",
+        "AllocatedResourceName": workload,
+        "AllocatedTags": {f"{TAG_PREFIX}namespace": r.namespace, f"{TAG_PREFIX}pod": r.pod,
+                          f"{TAG_PREFIX}container": r.container, f"{TAG_PREFIX}sla-tier": r.sla_tier},
+        "ChargeCategory": "Usage",
+        "ChargePeriodStart": r.day, "ChargePeriodEnd": r.day + timedelta(days=1),
+        "ConsumedQuantity": quantity, "ConsumedUnit": "GPU-Hours",
+        "ContractedCost": list_cost, "ContractedUnitPrice": r.price_per_gpu_hour,
+        "ListCost": list_cost, "ListUnitPrice": r.price_per_gpu_hour,
+        "PricingCategory": "Standard", "PricingQuantity": quantity, "PricingUnit": "GPU-Hours",
+        "ResourceId": r.gpu_uuid, "ResourceName": f"{r.gpu_model} on {r.node}", "ResourceType": "GPU",
+        "SkuId": sku_id, "SkuPriceId": sku_id,
+        "SubAccountId": r.namespace, "SubAccountName": r.namespace,
+        "Tags": {f"{TAG_PREFIX}node": r.node, f"{TAG_PREFIX}gpu-model": r.gpu_model},
+    }
+
+
+def _usage_row(base: Mapping[str, Any], r: FocusLedgerRow, billed: Decimal,
+               origin: tuple[Decimal, Decimal]) -> dict[str, Any]:
+    with localcontext(_CONTEXT):
+        quantity = (r.share_gpu_s / _S_PER_H).quantize(_QUANTITY_QUANTUM)
+    return {
+        **base, **_allocated_columns(r, sku_id=_sku_id(r.gpu_model), quantity=quantity),
+        "AllocatedMethodDetails": _usage_method_details(r, origin),
+        "BilledCost": billed, "EffectiveCost": billed,
+        "ChargeDescription": (f"{r.gpu_model} share for {r.namespace}/{r.pod}/{r.container} ({r.sla_tier}) "
+                              f"at {plain_decimal(r.price_per_gpu_hour)} per GPU-hour"),
+    }
+
+
+def _idle_row(base: Mapping[str, Any], r: FocusLedgerRow, billed: Decimal,
+              origin: tuple[Decimal, Decimal]) -> dict[str, Any]:
+    with localcontext(_CONTEXT):
+        hours = r.idle_share / r.price_per_gpu_hour if r.price_per_gpu_hour else Decimal(0)
+        quantity = hours.quantize(_QUANTITY_QUANTUM)
+    return {
+        **base, **_allocated_columns(r, sku_id=_idle_sku_id(r.gpu_model), quantity=quantity),
+        "AllocatedMethodDetails": _idle_method_details(r, origin),
+        "BilledCost": billed, "EffectiveCost": billed,
+        "ChargeDescription": (f"Idle capacity of {r.gpu_model} apportioned to {r.namespace}/{r.pod}/{r.container} "
+                              f"(proportional idle policy) at {plain_decimal(r.price_per_gpu_hour)} per GPU-hour"),
+    }
+
+
+def _month_columns(line: InvoiceLineView) -> dict[str, Any]:
+    start, end = month_bounds(line.usage_month)
+    return {"ChargePeriodStart": start, "ChargePeriodEnd": end}
+
+
+def _correction_row(base: Mapping[str, Any], line: InvoiceLineView, currency: str) -> dict[str, Any]:
+    """Late usage for a closed month: a Correction charged to the month it was incurred in,
+    billed in this period at the rounded amount the invoice line carries."""
+    billed = from_minor_units(line.amount_minor, currency)
+    return {
+        **base, **_month_columns(line),
+        "BilledCost": billed, "EffectiveCost": billed, "ListCost": billed, "ContractedCost": billed,
+        "ChargeCategory": "Usage", "ChargeClass": "Correction", "SkuId": _sku_id(line.gpu_model),
+        "ChargeDescription": (f"Correction for {line.gpu_model} usage ({line.sla_tier}) in {line.usage_month:%Y-%m} "
+                              "that arrived after that month was invoiced"),
+    }
+
+
+def _rounding_row(base: Mapping[str, Any], line: InvoiceLineView, rounding: Decimal) -> dict[str, Any]:
+    return {
+        **base, **_month_columns(line),
+        "BilledCost": rounding, "EffectiveCost": rounding, "ListCost": rounding, "ContractedCost": rounding,
+        "ChargeCategory": "Adjustment",
+        "ChargeDescription": (f"Rounding of the invoice line '{line.kind} {line.gpu_model} {line.sla_tier}' to minor "
+                              "units (half-even, once per line)"),
+    }
+
+
+def _unbacked_row(base: Mapping[str, Any], line: InvoiceLineView) -> dict[str, Any]:
+    """An invoiced amount the hour ledger no longer holds (e.g. rebuilt as unpriced): shown, not hidden."""
+    return {
+        **base, **_month_columns(line),
+        "BilledCost": line.amount, "EffectiveCost": line.amount, "ListCost": line.amount,
+        "ContractedCost": line.amount, "ChargeCategory": "Adjustment",
+        "ChargeDescription": (f"Invoiced {line.kind} of {line.gpu_model} ({line.sla_tier}) that the hour ledger "
+                              "no longer holds"),
+    }
+
+
+def render_focus_csv(doc: InvoiceDocument) -> bytes:
+    out = io.StringIO()
+    writer = csv.writer(out, lineterminator="\n")
+    writer.writerow(FOCUS_COLUMNS)
+    for row in build_focus_rows(doc):
+        writer.writerow([_focus_cell(row[c]) for c in FOCUS_COLUMNS])
+    return out.getvalue().encode("utf-8")
+
+
+def _focus_cell(value: Any) -> str:
+    if value is None:
+        return ""  # a null in CSV
+    if isinstance(value, datetime):
+        return value.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    if isinstance(value, Decimal):
+        return plain_decimal(value)
+    if isinstance(value, dict):
+        return compact_json(value)
+    return str(value)

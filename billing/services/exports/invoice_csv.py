@@ -1,0 +1,35 @@
+"""The invoice CSV: one row per invoice line, then a total row; amounts in minor units and in
+formatted major units (billing.money)."""
+
+from __future__ import annotations
+
+import csv
+import io
+
+from billing.money import format_minor_units
+from billing.services.exports.invoices import InvoiceDocument
+from billing.services.exports.numbers import plain_decimal
+
+__all__ = ["INVOICE_CSV_COLUMNS", "render_invoice_csv"]
+
+INVOICE_CSV_COLUMNS = (
+    "invoice_number", "tenant", "tenant_name", "billing_period", "line", "kind", "gpu_model", "sla_tier",
+    "usage_month", "gpu_hours", "amount_ledger", "amount_minor", "amount", "currency",
+)
+
+
+def render_invoice_csv(doc: InvoiceDocument) -> bytes:
+    """One row per invoice line, then a total row; amounts in minor units and formatted major units."""
+    out = io.StringIO()
+    writer = csv.writer(out, lineterminator="\n")
+    writer.writerow(INVOICE_CSV_COLUMNS)
+    head = [doc.number, doc.tenant_slug, doc.tenant_name, f"{doc.month:%Y-%m}"]
+    for i, line in enumerate(doc.lines, start=1):
+        writer.writerow(head + [
+            i, line.kind, line.gpu_model, line.sla_tier, f"{line.usage_month:%Y-%m}", plain_decimal(line.gpu_hours),
+            plain_decimal(line.amount), line.amount_minor, format_minor_units(line.amount_minor, doc.currency), doc.currency,
+        ])
+    writer.writerow(head + ["total", "", "", "", "", "", "", doc.total_minor,
+                            format_minor_units(doc.total_minor, doc.currency), doc.currency])
+    return out.getvalue().encode("utf-8")
+
