@@ -22,7 +22,7 @@ __all__ = ["PodAdmissionView"]
 log = logging.getLogger(__name__)
 
 
-class PodAdmissionView(APIView):
+class PodAdmissionView(APIView):  # type: ignore[misc]  # DRF ships no type hints
     # Called by the Kubernetes API server, not by browsers or agents; it authenticates with the
     # webhook kubeconfig's bearer token or a client certificate (billing/services/admission_auth.py).
     authentication_classes: list[type] = []

@@ -33,13 +33,13 @@ _errors_schema = inline_serializer(
 )
 
 
-class _AgentView(APIView):
+class _AgentView(APIView):  # type: ignore[misc]  # DRF ships no type hints
     # Agents authenticate with bearer tokens, not sessions: a node token or their Kubernetes
     # ServiceAccount token (billing.services.tokens.authenticate_node dispatches). No CSRF
     # applies and DRF's own authentication is bypassed.
-    authentication_classes: list = []
-    permission_classes: list = []
-    parser_classes: list = []
+    authentication_classes: list[type] = []
+    permission_classes: list[type] = []
+    parser_classes: list[type] = []
 
     def handle_exception(self, exc: Exception) -> Response:
         if isinstance(exc, DomainError):
@@ -116,7 +116,7 @@ class NodePolicyView(_AgentView):
 
 
 class NodeEventsView(_AgentView):
-    parser_classes: list = []
+    parser_classes: list[type] = []
 
     @extend_schema(operation_id="post_node_events", summary="Enforcement actions taken by the node, for the audit log")
     def post(self, request: Request, node: str) -> Response:

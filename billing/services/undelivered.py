@@ -96,7 +96,8 @@ def _integer(value: Any, path: str, low: int, high: int, errors: list[FieldError
     if isinstance(value, bool) or not isinstance(value, int) or not low <= value < high:
         errors.append(FieldError(path, f"must be an integer in [{low}, {high})"))
         return None
-    return value
+    number: int = value
+    return number
 
 
 def _time(value: Any, path: str, errors: list[FieldError]) -> datetime | None:

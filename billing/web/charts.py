@@ -9,7 +9,7 @@ hover read-outs) sized by its viewBox so it scales with the page. Colours come f
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from decimal import Decimal
 
@@ -49,7 +49,7 @@ def _fmt(value: float, step: float) -> str:
 
 
 def _frame(*, width: int, height: int, label: str, ticks: list[float], unit: str,
-           categories: Sequence[str], x_of, plot_h: float, view_height: int | None = None) -> list[str]:
+           categories: Sequence[str], x_of: Callable[[int], float], plot_h: float, view_height: int | None = None) -> list[str]:
     parts = [
         f'<svg class="chart" viewBox="0 0 {width} {view_height or height}" role="img" aria-label="{escape(label)}" '
         f'xmlns="http://www.w3.org/2000/svg" preserveAspectRatio="xMinYMin meet">',

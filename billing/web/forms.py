@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 from datetime import UTC, date, datetime, timedelta
+from typing import Any
 
 from django import forms
 from django.utils.translation import gettext_lazy as _
@@ -18,7 +19,7 @@ class PeriodForm(forms.Form):
     def default_initial(today: date) -> dict[str, date]:
         return {"start": today.replace(day=1), "end": today}
 
-    def clean(self) -> dict:
+    def clean(self) -> dict[str, Any]:
         data = super().clean() or {}
         start, end = data.get("start"), data.get("end")
         if start and end:

@@ -1,4 +1,6 @@
-from django.core.management.base import BaseCommand, CommandError
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.utils import timezone
 
 from billing.errors import InvalidInput
@@ -8,12 +10,12 @@ from billing.services.invoicing import close_period, parse_month
 class Command(BaseCommand):
     help = "Close a month: finalize one invoice per tenant (safe to rerun after a crash)."
 
-    def add_arguments(self, parser):
+    def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("--month", required=True, help="YYYY-MM, a month that is over")
         parser.add_argument("--allow-unpriced", action="store_true",
                             help="close even if some GPU-hours have no rate card (they stay off the invoices)")
 
-    def handle(self, *args, **options):
+    def handle(self, *args: Any, **options: Any) -> None:
         try:
             result = close_period(month=parse_month(options["month"]), now=timezone.now(),
                                   allow_unpriced=options["allow_unpriced"])

@@ -1,7 +1,8 @@
 import json
 from datetime import UTC, datetime
+from typing import Any
 
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.utils import timezone
 
 from billing.errors import InvalidInput
@@ -19,12 +20,12 @@ def _day(text: str) -> datetime:
 class Command(BaseCommand):
     help = "Compute a paired static-vs-dynamic cost report for [--from, --to) (UTC days) and store it."
 
-    def add_arguments(self, parser):
+    def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("--from", dest="start", required=True, help="first day, YYYY-MM-DD (UTC)")
         parser.add_argument("--to", dest="end", required=True, help="day after the last, YYYY-MM-DD (UTC)")
         parser.add_argument("--json", action="store_true", help="print the whole report as JSON")
 
-    def handle(self, *args, **options):
+    def handle(self, *args: Any, **options: Any) -> None:
         try:
             report = request_paired_report(start=_day(options["start"]), end=_day(options["end"]),
                                            now=timezone.now(), actor_label="cli")

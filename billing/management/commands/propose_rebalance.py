@@ -1,7 +1,8 @@
 from datetime import timedelta
+from typing import Any
 
 from django.conf import settings
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.utils import timezone
 
 from billing.services.rebalance import propose_rebalance
@@ -10,10 +11,10 @@ from billing.services.rebalance import propose_rebalance
 class Command(BaseCommand):
     help = "Store a dry-run pool rebalance plan from the fleet's current state (what the hourly task does)."
 
-    def add_arguments(self, parser):
+    def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("--max-moves", type=int, default=settings.VGPU_REBALANCE_MAX_MOVES)
 
-    def handle(self, *args, **options):
+    def handle(self, *args: Any, **options: Any) -> None:
         if options["max_moves"] < 1:
             raise CommandError("--max-moves must be at least 1")
         plan = propose_rebalance(now=timezone.now(), max_moves=options["max_moves"],

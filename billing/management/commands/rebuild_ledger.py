@@ -1,6 +1,7 @@
 from datetime import UTC, datetime
+from typing import Any
 
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from billing.ledger.rollup import rebuild_ledger
 
@@ -16,11 +17,11 @@ def _utc(text: str) -> datetime:
 class Command(BaseCommand):
     help = "Recompute the minute and hour ledgers of [--from, --to) from raw samples (e.g. after a rate-card fix)."
 
-    def add_arguments(self, parser):
+    def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("--from", dest="start", required=True, help="UTC date or timestamp, inclusive")
         parser.add_argument("--to", dest="end", required=True, help="UTC date or timestamp, exclusive")
 
-    def handle(self, *args, **options):
+    def handle(self, *args: Any, **options: Any) -> None:
         start, end = _utc(options["start"]), _utc(options["end"])
         if end <= start:
             raise CommandError("--to must be after --from")

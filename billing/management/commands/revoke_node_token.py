@@ -1,4 +1,6 @@
-from django.core.management.base import BaseCommand, CommandError
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.utils import timezone
 
 from billing.errors import InvalidInput
@@ -9,13 +11,13 @@ from billing.services.tokens import revoke_node_token
 class Command(BaseCommand):
     help = "Revoke node tokens: by token id, by prefix (vgl_…), or every token of --node."
 
-    def add_arguments(self, parser):
+    def add_arguments(self, parser: CommandParser) -> None:
         group = parser.add_mutually_exclusive_group(required=True)
         group.add_argument("--id", type=int)
         group.add_argument("--prefix")
         group.add_argument("--node")
 
-    def handle(self, *args, **options):
+    def handle(self, *args: Any, **options: Any) -> None:
         if options["id"] is not None:
             ids = [options["id"]]
         elif options["prefix"]:
