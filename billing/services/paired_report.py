@@ -23,6 +23,8 @@ from typing import Any
 from django.db import connection
 from scipy import stats
 
+from billing.ledger.retention import require_minutes_retained
+
 __all__ = ["COLD_START", "LOOKBACK", "PROFILES", "compute_paired_report", "profile_fraction"]
 
 COLD_START = timedelta(minutes=5)
@@ -114,6 +116,8 @@ def compute_paired_report(
 ) -> dict[str, Any]:
     if end <= start:
         raise ValueError("the period's end must be after its start")
+    # Pruned minutes would read as no usage: refuse with the earliest start that has them all.
+    require_minutes_retained(start=start, lookback=LOOKBACK)
     params: dict[str, datetime | str] = {
         "start": start, "end": end, "lookback": start - LOOKBACK,
         "cold": f"{int(COLD_START.total_seconds())} seconds",
