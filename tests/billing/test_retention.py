@@ -315,7 +315,9 @@ def _flush_stats() -> None:
 
 
 @pytest.mark.django_db(transaction=True)
-def test_partitions_with_rows_and_no_or_stale_statistics_are_analysed_and_no_others(post_batch: PostBatch, minute_start: datetime) -> None:
+def test_partitions_with_rows_and_no_or_stale_statistics_are_analysed_and_no_others(
+        mid_month: datetime, post_batch: PostBatch, minute_start: datetime) -> None:
+    # mid_month first: minute_start is then noon on the 15th, far from a day's edge.
     assert post_batch(make_batch(start=minute_start, seconds=30)).status_code == 201
     rollup_usage(now=clock.now())
     day = minute_start.date()
