@@ -50,9 +50,10 @@ from billing.metrics import render_metrics
 from billing.models import GpuMinute, Node, UsageBatch, UsageMinute
 from billing.services.paired_report import LOOKBACK, compute_paired_report
 from billing.services.quarantine import quarantine_batch
+from billing.services.rate_cards import create_rate_card, earliest_change
 from billing.services.reports import request_paired_report
 from tests import clock
-from tests.conftest import make_batch
+from tests.conftest import A100, make_batch
 
 ROOT = Path(__file__).resolve().parents[2]
 LEDGER_TABLES = (RAW_TABLE, *MINUTE_TABLES)
@@ -254,6 +255,25 @@ def test_a_rebuild_over_dropped_raw_samples_is_refused_naming_the_earliest_repri
     assert f"the earliest instant that can be re-priced is {earliest.isoformat()}" in str(refused.value)
     assert list(GpuMinute.objects.values_list("minute", "card_cost")) == minutes  # nothing was zeroed
     rebuild_ledger(start=earliest, end=earliest + timedelta(hours=1))  # from there on it may
+
+
+@pytest.mark.django_db
+def test_a_rate_card_change_after_retention_reprices_from_its_start_which_always_has_raw_samples(
+        post_batch: PostBatch, minute_start: datetime, one_usd_per_gpu_second: Any) -> None:
+    """A price changes from the next whole minute on (billing.services.rate_cards), and raw samples
+    are kept for at least the late-usage horizon plus a day, so re-pricing is never refused."""
+    old_day = clock.now().date() - policy().raw_retention - timedelta(days=2)
+    ensure_raw_partitions([old_day])
+    assert partition_name(old_day) in apply_retention(now=clock.now()).dropped
+    # A batch skewed into the future (allowed clock skew) is already rolled up and must be re-priced.
+    skewed = earliest_change(clock.now())
+    assert post_batch(make_batch(start=skewed, seconds=10)).status_code == 201
+    rollup_usage(now=clock.now())
+    change = create_rate_card(gpu_model=A100["model"], price_per_gpu_hour="7200", currency="USD",
+                              effective_from=skewed, source_url="https://example.org/new", source_note="list price, test",
+                              now=clock.now(), actor_label="test")
+    assert change.reprice_minutes == 1
+    assert GpuMinute.objects.get(minute=skewed).card_cost == Decimal(20)
 
 
 @pytest.mark.django_db
