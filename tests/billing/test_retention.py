@@ -269,7 +269,7 @@ def test_a_rate_card_change_after_retention_reprices_from_its_start_which_always
     skewed = earliest_change(clock.now())
     assert post_batch(make_batch(start=skewed, seconds=10)).status_code == 201
     rollup_usage(now=clock.now())
-    change = create_rate_card(gpu_model=A100["model"], price_per_gpu_hour="7200", currency="USD",
+    change = create_rate_card(gpu_model=str(A100["model"]), price_per_gpu_hour="7200", currency="USD",
                               effective_from=skewed, source_url="https://example.org/new", source_note="list price, test",
                               now=clock.now(), actor_label="test")
     assert change.reprice_minutes == 1
