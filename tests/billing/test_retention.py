@@ -41,6 +41,7 @@ from billing.ledger.retention import (
     MinutesPruned,
     RawSamplesDropped,
     RetentionPolicy,
+    analyze_stale_partitions,
     apply_retention,
     get_retention_state,
     is_past_retention,
@@ -378,6 +379,47 @@ def test_partitions_with_rows_and_no_or_stale_statistics_are_analysed_and_no_oth
     time.sleep(0.1)
     assert partition_name(day) in tasks.analyze_ledger_partitions.apply().get()
     assert _stats(partition_name(day))[0] == 30 + 1200
+
+
+def _other_connection() -> Any:
+    """A second session, as an ingest worker would hold one."""
+    import psycopg2
+
+    db = connection.settings_dict
+    return psycopg2.connect(dbname=db["NAME"], user=db["USER"], password=db["PASSWORD"], host=db["HOST"],
+                            port=db["PORT"])
+
+
+_RAW_ROW = ("INSERT INTO billing_raw_sample (batch_id, node_id, gpu_uuid, start, seconds, tenant, namespace, pod, "
+            "container, pod_uid, sla_tier, mem_used_mb_s, mem_granted_mb_s, sm_used_s, sm_granted_s, pcie_mb) "
+            "VALUES (0, 0, 'GPU-x', %s, 1, 't', 'n', 'p', 'c', 'u', 'gold', 0, 0, 0, 0, 0)")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_drop_gives_way_to_ingest_in_flight_and_analysing_does_not_wait_for_it() -> None:
+    old = clock.now().date() - policy().minute_retention - timedelta(days=3)
+    today = clock.now().date()
+    ensure_raw_partitions([old, today])
+    with connection.cursor() as cur:
+        cur.execute(_RAW_ROW, [clock.now()])
+    ingest = _other_connection()
+    try:
+        with ingest.cursor() as cur:  # an ingest transaction still open on the raw table
+            cur.execute(_RAW_ROW, [clock.now()])
+        began = time.monotonic()
+        result = apply_retention(now=clock.now())
+        assert result.lock_busy == (partition_name(old),) and result.dropped == ()
+        assert time.monotonic() - began < 10  # it waited its 2 s lock timeout, not for the ingest
+        began = time.monotonic()
+        assert partition_name(today) in {a.name for a in analyze_stale_partitions()}
+        assert time.monotonic() - began < 2  # ANALYZE's lock does not conflict with the ingest's
+        ingest.commit()
+        assert apply_retention(now=clock.now()).dropped == (partition_name(old),)
+    finally:
+        ingest.close()
+        with connection.cursor() as cur:  # retention's bookkeeping is not a model: no flush empties it
+            cur.execute("DELETE FROM billing_ledger_retention")
+            cur.execute("DELETE FROM billing_ledger_retention_hold")
 
 
 # --- the schema change ------------------------------------------------------------------------
