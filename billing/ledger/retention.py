@@ -159,7 +159,7 @@ class AnalyzedPartition:
 class RetentionState:
     """For /metrics: what retention holds back, and from when raw samples and minutes are complete."""
 
-    held_partitions: dict[str, int]  # "raw" / "minute" -> partitions past retention still present
+    held_partitions: dict[str, int]  # "raw" / "minute" -> partitions past retention kept for their batches
     held_bytes: dict[str, int]
     raw_retained_from: datetime | None  # None: nothing was ever dropped
     minutes_retained_from: datetime | None
@@ -311,21 +311,22 @@ def apply_retention(*, now: datetime) -> RetentionResult:
 
 
 def get_retention_state(*, now: datetime) -> RetentionState:
-    """Read-only, from the catalogue and the watermark table: cheap enough for every scrape."""
+    """Read-only, from the catalogue, the batches' partial indexes and the watermark table: cheap
+    enough for every scrape. A partition counts as held when it is past its retention and batches
+    in it are not rolled up, as the next run would find it (not merely due: the task runs hourly)."""
     policy = RetentionPolicy.from_settings()
     held: dict[str, int] = {"raw": 0, "minute": 0}
     held_bytes: dict[str, int] = {"raw": 0, "minute": 0}
-    names = []
-    for table, keep_from in ((RAW_TABLE, policy.raw_keep_from(now)),
-                             *((t, policy.minute_keep_from(now)) for t in MINUTE_TABLES)):
-        for partition in list_day_partitions(table):
-            if is_past_retention(partition.day, keep_from=keep_from):
-                held[_kind(table)] += 1
-                names.append((_kind(table), partition.name))
     with connection.cursor() as cur:
-        for kind, name in names:
-            cur.execute("SELECT pg_total_relation_size(%s::regclass)", [f'"{name}"'])
-            held_bytes[kind] += int(cur.fetchone()[0])
+        for table, keep_from in ((RAW_TABLE, policy.raw_keep_from(now)),
+                                 *((t, policy.minute_keep_from(now)) for t in MINUTE_TABLES)):
+            for partition in list_day_partitions(table):
+                if not is_past_retention(partition.day, keep_from=keep_from):
+                    break
+                if _blocking_batches(cur, partition.day)[0]:
+                    held[_kind(table)] += 1
+                    cur.execute("SELECT pg_total_relation_size(%s::regclass)", [f'"{partition.name}"'])
+                    held_bytes[_kind(table)] += int(cur.fetchone()[0])
         raw_from, minute_from = _watermark(cur, "raw"), _watermark(cur, "minute")
     return RetentionState(held_partitions=held, held_bytes=held_bytes, raw_retained_from=raw_from,
                           minutes_retained_from=minute_from)

@@ -117,6 +117,7 @@ def test_raw_then_minute_days_are_dropped_at_the_exact_instant_their_retention_e
         assert apply_retention(now=raw_due - timedelta(microseconds=1)).dropped == ()
         assert partition_name(day) in names(RAW_TABLE)
 
+        assert get_retention_state(now=raw_due).held_partitions == {"raw": 0, "minute": 0}  # due, not held
         dropped = apply_retention(now=raw_due).dropped
         assert dropped == (partition_name(day),)  # the next day is not due yet; the minutes neither
         assert partition_name(day + timedelta(days=1)) in names(RAW_TABLE)
@@ -162,7 +163,8 @@ def test_a_day_with_a_pending_batch_is_kept_logged_once_counted_and_dropped_once
     assert [h.batch_ids for h in first.held if h.name == raw] == [(UsageBatch.objects.get().pk,)]
     held_logs = [r for r in caplog.records if "retention_partition_held" in r.getMessage()]
     assert len(held_logs) == 1 and raw in held_logs[0].getMessage()
-    assert get_retention_state(now=later).held_partitions["raw"] == 1
+    state = get_retention_state(now=later)
+    assert state.held_partitions["raw"] == 1 and state.held_bytes["raw"] > 0
     time_machine.move_to(later, tick=False)  # a scrape reads the clock
     assert 'vgpu_ledger_retention_held_partitions{ledger="raw"} 1.0' in render_metrics().decode()
 
