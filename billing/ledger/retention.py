@@ -1,7 +1,7 @@
 """The ledger's data lifecycle: how long raw samples and minutes are kept, dropping whole day
 partitions past that, and analysing partitions whose statistics are missing or stale.
 
-Kept for (docs/operations.md, "Retention"):
+Kept for (docs/operations.md, "Retention and disk"):
 - raw samples: the late-usage horizon (ingest refuses older usage) plus a margin
   (VGPU_RAW_RETENTION_MARGIN): as long as a batch may still arrive, be rolled up, or be re-priced;
 - minutes: VGPU_MINUTE_RETENTION (at least as long as raw samples, so any minute the rollup or a

@@ -44,6 +44,13 @@ TABLES: dict[str, tuple[str | None, str | None]] = {
 UNIQUE_NAME = "gpu_minute_unique"
 
 
+def _unique_name(cur: CursorWrapper, table: str) -> str:
+    """The name the table's unique key has now (0017 may rename it), else the model's name."""
+    cur.execute("SELECT conname FROM pg_constraint WHERE conrelid = %s::regclass AND contype = 'u'", [table])
+    names = [row[0] for row in cur.fetchall()]
+    return names[0] if len(names) == 1 else UNIQUE_NAME
+
+
 def _definitions(cur: CursorWrapper, table: str) -> tuple[list[str], list[str]]:
     """CREATE INDEX and ADD CONSTRAINT ... FOREIGN KEY statements that recreate the table's
     secondary indexes and foreign keys under their own names (keys are recreated apart)."""
@@ -67,6 +74,7 @@ def _definitions(cur: CursorWrapper, table: str) -> tuple[list[str], list[str]]:
 
 def _to_partitioned(cur: CursorWrapper, table: str) -> None:
     unique, _ = TABLES[table]
+    unique_name = _unique_name(cur, table)
     indexes, foreign_keys = _definitions(cur, table)
     old = f"{table}__unpartitioned"
     cur.execute(f"ALTER TABLE {table} RENAME TO {old}")
@@ -88,13 +96,14 @@ def _to_partitioned(cur: CursorWrapper, table: str) -> None:
     cur.execute(f"ALTER TABLE {table} ALTER COLUMN id SET DEFAULT nextval('{table}_id_seq')")
     cur.execute(f"ALTER TABLE {table} ADD CONSTRAINT {table}_pkey PRIMARY KEY (id, minute)")
     if unique:
-        cur.execute(f"ALTER TABLE {table} ADD CONSTRAINT {UNIQUE_NAME} UNIQUE {unique}")
+        cur.execute(f"ALTER TABLE {table} ADD CONSTRAINT {unique_name} UNIQUE {unique}")
     for statement in indexes + foreign_keys:
         cur.execute(statement)
 
 
 def _to_plain(cur: CursorWrapper, table: str) -> None:
     _, unique = TABLES[table]
+    unique_name = _unique_name(cur, table)
     indexes, foreign_keys = _definitions(cur, table)
     old = f"{table}__partitioned"
     cur.execute(f"ALTER TABLE {table} RENAME TO {old}")
@@ -107,7 +116,7 @@ def _to_plain(cur: CursorWrapper, table: str) -> None:
     cur.execute("SELECT setval(pg_get_serial_sequence(%s, 'id'), %s, %s)", [table, max(last_id, 1), last_id > 0])
     cur.execute(f"ALTER TABLE {table} ADD CONSTRAINT {table}_pkey PRIMARY KEY (id)")
     if unique:
-        cur.execute(f"ALTER TABLE {table} ADD CONSTRAINT {UNIQUE_NAME} UNIQUE {unique}")
+        cur.execute(f"ALTER TABLE {table} ADD CONSTRAINT {unique_name} UNIQUE {unique}")
     for statement in indexes + foreign_keys:
         cur.execute(statement)
 
