@@ -248,22 +248,36 @@ def _hold(cur: CursorWrapper, partition: DayPartition, count: int, ids: tuple[in
                          batch_ids=ids)
 
 
-def _drop(cur: CursorWrapper, partition: DayPartition) -> bool:
-    """Drop one day partition and raise its table's watermark, in a savepoint: False when the
-    lock was not granted in time (nothing changed)."""
+def _drop(cur: CursorWrapper, partition: DayPartition) -> None:
+    """Drop one day partition and raise its table's watermark. Raises OperationalError when the
+    table lock is not granted within _DROP_LOCK_TIMEOUT."""
     _, hi = day_bounds(partition.day)
+    cur.execute(f"SET LOCAL lock_timeout = '{_DROP_LOCK_TIMEOUT}'")
+    cur.execute(f'DROP TABLE "{partition.name}"')
+    cur.execute(
+        f"INSERT INTO {_WATERMARKS} (kind, dropped_before) VALUES (%s, %s) "  # noqa: S608 - fixed name
+        f"ON CONFLICT (kind) DO UPDATE SET dropped_before = greatest({_WATERMARKS}.dropped_before, "
+        "EXCLUDED.dropped_before)",
+        [_kind(partition.table), hi],
+    )
+    cur.execute(f"DELETE FROM {_HOLDS} WHERE partition_name = %s", [partition.name])  # noqa: S608 - fixed name
+    cur.execute("SET LOCAL lock_timeout = DEFAULT")
+
+
+def _retire(partition: DayPartition, *, now: datetime) -> HeldPartition | bool:
+    """Hold the day (its batches are not rolled up) or drop it, in a transaction of its own: a
+    drop locks the parent table until commit, so ingest waits for one drop at most, never for a
+    whole run. Under the rollup's lock, so no rollup or rebuild reads the day while it goes and
+    every later rebuild sees the raised watermark. False: the lock was busy, try next run."""
+    from billing.ledger.rollup import lock_ledger  # the rollup imports this module
+
     try:
-        with transaction.atomic():
-            cur.execute(f"SET LOCAL lock_timeout = '{_DROP_LOCK_TIMEOUT}'")
-            cur.execute(f'DROP TABLE "{partition.name}"')
-            cur.execute(
-                f"INSERT INTO {_WATERMARKS} (kind, dropped_before) VALUES (%s, %s) "  # noqa: S608 - fixed name
-                f"ON CONFLICT (kind) DO UPDATE SET dropped_before = greatest({_WATERMARKS}.dropped_before, "
-                "EXCLUDED.dropped_before)",
-                [_kind(partition.table), hi],
-            )
-            cur.execute(f"DELETE FROM {_HOLDS} WHERE partition_name = %s", [partition.name])  # noqa: S608
-            cur.execute("SET LOCAL lock_timeout = DEFAULT")
+        with transaction.atomic(), connection.cursor() as cur:
+            lock_ledger()
+            count, ids = _blocking_batches(cur, partition.day)
+            if count:
+                return _hold(cur, partition, count, ids, now)
+            _drop(cur, partition)
     except OperationalError as exc:  # lock_not_available: busy now, the next run tries again
         log.info("event=retention_drop_deferred partition=%s error=%s", partition.name, exc)
         return False
@@ -273,10 +287,7 @@ def _drop(cur: CursorWrapper, partition: DayPartition) -> bool:
 
 def apply_retention(*, now: datetime) -> RetentionResult:
     """Drop the raw and minute day partitions past their retention, except those held by batches
-    not rolled up. Idempotent. Holds the rollup's lock, so no rollup or rebuild reads a day while
-    it goes (and rebuilds see the raised watermark)."""
-    from billing.ledger.rollup import lock_ledger  # the rollup imports this module
-
+    not rolled up (pending or quarantined). Idempotent: a second run finds nothing to drop."""
     policy = RetentionPolicy.from_settings()
     if problems := policy.problems():
         # Celery processes do not run Django's system checks: refuse here too, dropping nothing.
@@ -284,27 +295,25 @@ def apply_retention(*, now: datetime) -> RetentionResult:
     dropped: list[str] = []
     held: list[HeldPartition] = []
     busy: list[str] = []
-    with transaction.atomic(), connection.cursor() as cur:
-        lock_ledger()
-        raw_days = {p.day for p in list_day_partitions(RAW_TABLE)}
-        for table, keep_from in ((RAW_TABLE, policy.raw_keep_from(now)),
-                                 *((t, policy.minute_keep_from(now)) for t in MINUTE_TABLES)):
-            for partition in list_day_partitions(table):
-                if not is_past_retention(partition.day, keep_from=keep_from):
-                    break  # sorted by day: the rest are younger
-                if table != RAW_TABLE and partition.day in raw_days:
-                    # Its raw day is still here (held, or its drop was deferred), so its minutes may
-                    # still be recomputed: they go after it.
-                    continue
-                count, ids = _blocking_batches(cur, partition.day)
-                if count:
-                    held.append(_hold(cur, partition, count, ids, now))
-                elif _drop(cur, partition):
-                    dropped.append(partition.name)
-                    if table == RAW_TABLE:
-                        raw_days.discard(partition.day)
-                else:
-                    busy.append(partition.name)
+    raw_days = {p.day for p in list_day_partitions(RAW_TABLE)}
+    for table, keep_from in ((RAW_TABLE, policy.raw_keep_from(now)),
+                             *((t, policy.minute_keep_from(now)) for t in MINUTE_TABLES)):
+        for partition in list_day_partitions(table):
+            if not is_past_retention(partition.day, keep_from=keep_from):
+                break  # sorted by day: the rest are younger
+            if table != RAW_TABLE and partition.day in raw_days:
+                # Its raw day is still here (held, or its drop was deferred), so its minutes may
+                # still be recomputed: they go after it.
+                continue
+            outcome = _retire(partition, now=now)
+            if isinstance(outcome, HeldPartition):
+                held.append(outcome)
+            elif outcome:
+                dropped.append(partition.name)
+                if table == RAW_TABLE:
+                    raw_days.discard(partition.day)
+            else:
+                busy.append(partition.name)
     if dropped:
         log.info("event=retention_dropped partitions=%s", ",".join(dropped))
     return RetentionResult(dropped=tuple(dropped), held=tuple(held), lock_busy=tuple(busy))
