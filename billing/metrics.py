@@ -164,7 +164,10 @@ class _WorkerFiles(Collector):
         from prometheus_client import multiprocess
 
         files = [str(f) for directory in self.directories for f in sorted(Path(directory).glob("*.db"))]
-        return multiprocess.MultiProcessCollector.merge(files, accumulate=True)
+        # prometheus_client leaves merge() unannotated; it returns the merged metric families.
+        merged: Iterable[Metric] = multiprocess.MultiProcessCollector.merge(  # type: ignore[no-untyped-call]
+            files, accumulate=True)
+        return merged
 
 
 def render_metrics() -> bytes:
