@@ -9,9 +9,10 @@ from typing import Any
 from django.conf import settings
 from django.core.checks import CheckMessage, Error, Tags, Warning, register
 
+from billing.ledger.retention import RetentionPolicy
 from billing.services.admission_auth import HOW_TO_CONFIGURE, load_admission_credentials
 
-__all__ = ["check_admission_credentials", "check_node_identity", "check_webhook_allow_list"]
+__all__ = ["check_admission_credentials", "check_node_identity", "check_retention", "check_webhook_allow_list"]
 
 # A token shorter than this is guessable enough to be worth a warning (secrets.token_urlsafe(32) is 43).
 MIN_TOKEN_CHARS = 32
@@ -74,3 +75,15 @@ def check_node_identity(app_configs: Any = None, **kwargs: Any) -> list[CheckMes
     return [Error(f"Node identity by TokenReview is misconfigured: {'; '.join(problems)}.",
                   hint='e.g. VGPU_NODE_TOKEN_AUDIENCE=vgpu-ledger VGPU_NODE_SERVICE_ACCOUNTS=vgpu-ledger:vgpu-agent',
                   id="billing.E003")]
+
+
+@register()
+def check_retention(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
+    """Retention settings that would drop raw samples or minutes still needed (billing.ledger.retention
+    refuses to drop anything while they hold, so the operator hears it here first)."""
+    problems = RetentionPolicy.from_settings().problems()
+    if not problems:
+        return []
+    return [Error(f"Retention is misconfigured, so nothing is dropped: {'; '.join(problems)}.",
+                  hint="e.g. VGPU_RAW_RETENTION_MARGIN_DAYS=2 VGPU_MINUTE_RETENTION_DAYS=100 (docs/operations.md, "
+                       "Retention)", id="billing.E004")]

@@ -32,6 +32,7 @@ from prometheus_client import CollectorRegistry, Counter, generate_latest
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from billing.ledger.retention import get_retention_state
 from billing.queries.ledger_state import PERIOD_STATES, get_ledger_state
 from billing.services.bearer import configured_token
 
@@ -121,8 +122,25 @@ class LedgerCollector(Collector):
         for priced in (True, False):
             seconds.add_metric([str(priced).lower()], float(state.month_gpu_seconds[priced]))
         yield seconds
+        yield from _retention_metrics()
         yield GaugeMetricFamily("vgpu_ledger_metrics_collect_seconds",
                                 "Time this scrape spent reading the ledger's state", value=time.monotonic() - started)
+
+
+def _retention_metrics() -> Iterable[Metric]:
+    """Day partitions past their retention that are still there: held because batches with
+    samples in them are pending or quarantined (docs/operations.md, "A partition is kept")."""
+    state = get_retention_state(now=timezone.now())
+    held = GaugeMetricFamily("vgpu_ledger_retention_held_partitions",
+                             "Day partitions past their retention kept because batches in them are not rolled up "
+                             "(ledger: raw or minute)", labels=["ledger"])
+    held_bytes = GaugeMetricFamily("vgpu_ledger_retention_held_bytes",
+                                   "Disk held by those partitions, bytes (indexes included)", labels=["ledger"])
+    for ledger in ("raw", "minute"):
+        held.add_metric([ledger], state.held_partitions[ledger])
+        held_bytes.add_metric([ledger], state.held_bytes[ledger])
+    yield held
+    yield held_bytes
 
 
 class _ProcessCounters(Collector):
@@ -146,7 +164,10 @@ class _WorkerFiles(Collector):
         from prometheus_client import multiprocess
 
         files = [str(f) for directory in self.directories for f in sorted(Path(directory).glob("*.db"))]
-        return multiprocess.MultiProcessCollector.merge(files, accumulate=True)
+        # prometheus_client leaves merge() unannotated; it returns the merged metric families.
+        merged: Iterable[Metric] = multiprocess.MultiProcessCollector.merge(  # type: ignore[no-untyped-call]
+            files, accumulate=True)
+        return merged
 
 
 def render_metrics() -> bytes:

@@ -14,7 +14,10 @@ from django.core.mail import send_mail
 from django.db import OperationalError, transaction
 from django.utils import timezone
 
+from billing.ledger.partitions import ensure_minute_partitions as _ensure_minute_partitions
 from billing.ledger.partitions import ensure_raw_partitions as _ensure_raw_partitions
+from billing.ledger.retention import analyze_stale_partitions as _analyze_stale_partitions
+from billing.ledger.retention import apply_retention as _apply_retention
 from billing.ledger.rollup import rollup_usage as _rollup_usage
 from billing.models import Budget
 from billing.services.budgets import evaluate_budgets as _evaluate_budgets
@@ -54,13 +57,36 @@ def rollup_usage() -> dict:
     autoretry_for=(OperationalError,),
     retry_backoff=True,
     max_retries=5,
-)
+)  # type: ignore[untyped-decorator]  # celery ships no type hints
 def ensure_raw_partitions() -> list[str]:
+    """Hourly: the raw and minute day partitions from yesterday to VGPU_PARTITION_DAYS_AHEAD days
+    ahead (the name is kept for running beats' schedules). Returns the days created, ISO."""
     today = timezone.now().date()
     days = [today + timedelta(days=i) for i in range(-1, settings.VGPU_PARTITION_DAYS_AHEAD + 1)]
     with transaction.atomic():
-        created = _ensure_raw_partitions(days)
-    return [d.isoformat() for d in created]
+        created = set(_ensure_raw_partitions(days)) | set(_ensure_minute_partitions(days))
+    return [d.isoformat() for d in sorted(created)]
+
+
+@shared_task(
+    name="billing.tasks.apply_retention",
+    acks_late=True,
+    autoretry_for=(OperationalError,),
+    retry_backoff=True,
+    max_retries=5,
+)  # type: ignore[untyped-decorator]  # celery ships no type hints
+def apply_retention() -> dict[str, list[str]]:
+    """Hourly: drop raw and minute day partitions past their retention, keeping those that hold
+    samples of pending or quarantined batches. Idempotent: a second run finds nothing to drop."""
+    result = _apply_retention(now=timezone.now())
+    return {"dropped": list(result.dropped), "held": [h.name for h in result.held],
+            "lock_busy": list(result.lock_busy)}
+
+
+@shared_task(name="billing.tasks.analyze_ledger_partitions", acks_late=True)  # type: ignore[untyped-decorator]  # celery ships no type hints
+def analyze_ledger_partitions() -> list[str]:
+    """Every 5 minutes: ANALYZE the raw and minute partitions with missing or stale statistics."""
+    return [a.name for a in _analyze_stale_partitions()]
 
 
 @shared_task(

@@ -203,8 +203,27 @@ VGPU_OUTAGE_RETRY_AFTER_S = int(os.environ.get("VGPU_OUTAGE_RETRY_AFTER_S", 15))
 VGPU_INGEST_MAX_IN_FLIGHT = int(os.environ.get("VGPU_INGEST_MAX_IN_FLIGHT", 8))
 VGPU_INGEST_RETRY_AFTER_S = int(os.environ.get("VGPU_INGEST_RETRY_AFTER_S", 5))
 DATA_UPLOAD_MAX_MEMORY_SIZE = VGPU_INGEST_MAX_BODY_BYTES
-# Raw partitions are created this many days ahead by the beat task (and on demand by ingest).
+# Raw and minute partitions are created this many days ahead by the beat task (and on demand by
+# ingest and the rollup).
 VGPU_PARTITION_DAYS_AHEAD = int(os.environ.get("VGPU_PARTITION_DAYS_AHEAD", 7))
+
+
+def _days(name: str, default: int) -> timedelta:
+    """A whole number of days from the environment; anything else stops every process at startup."""
+    text = os.environ.get(name, str(default)).strip()
+    if not text.isdigit():
+        raise ImproperlyConfigured(f"{name} must be a whole number of days (0 or more), got {text!r}")
+    return timedelta(days=int(text))
+
+
+# Retention (billing.ledger.retention, docs/operations.md "Retention"): raw samples are kept for the
+# late-usage horizon plus this margin (at least 1 day: a batch accepted at the horizon's edge must
+# still be rolled up and re-priceable), then their day partitions are dropped; minutes are kept
+# this long (at least the raw retention; the default covers a paired report over either of the two
+# previous months with its 7-day look-back). Hours and days are kept forever. billing.E004 checks
+# the rules at startup and the task refuses to drop anything while they are broken.
+VGPU_RAW_RETENTION_MARGIN = _days("VGPU_RAW_RETENTION_MARGIN_DAYS", 2)
+VGPU_MINUTE_RETENTION = _days("VGPU_MINUTE_RETENTION_DAYS", 100)
 # A month closing with no progress written for this many seconds is shown as stalled (its Celery
 # task was probably lost), and finance or an admin may resume it from the periods page.
 VGPU_PERIOD_CLOSE_STALE_S = int(os.environ.get("VGPU_PERIOD_CLOSE_STALE_S", 900))
@@ -224,6 +243,13 @@ CELERY_BEAT_SCHEDULE = {
         "schedule": float(os.environ.get("VGPU_ROLLUP_EVERY_S", 15)),
     },
     "ensure-raw-partitions": {"task": "billing.tasks.ensure_raw_partitions", "schedule": 3600.0},
+    # Drops raw and minute day partitions past their retention (cheap when there is none to drop).
+    "apply-retention": {
+        "task": "billing.tasks.apply_retention",
+        "schedule": float(os.environ.get("VGPU_RETENTION_EVERY_S", 3600)),
+    },
+    # Every 5 minutes: today's partitions fill all day and the rollup plans on their statistics.
+    "analyze-ledger-partitions": {"task": "billing.tasks.analyze_ledger_partitions", "schedule": 300.0},
     "evaluate-budgets": {"task": "billing.tasks.evaluate_budgets", "schedule": 60.0},
     "close-previous-month": {
         "task": "billing.tasks.close_previous_month",

@@ -19,6 +19,8 @@ from decimal import Decimal
 
 from django.db import connection, transaction
 
+from billing.ledger.partitions import days_between, ensure_minute_partitions
+from billing.ledger.retention import require_raw_samples
 from billing.models import RateCard
 from billing.services.pricing import GpuWindowUsage, Rate, WorkloadQuantities, price_gpu_window
 from billing.services.quarantine import quarantine_batch
@@ -167,6 +169,7 @@ def rebuild_ledger(*, start: datetime, end: datetime) -> RollupResult:
         raise ValueError("end must be after start")
     with transaction.atomic(), connection.cursor() as cur:
         lock_ledger()
+        require_raw_samples(start=start)  # retention may have dropped the samples: refuse, never guess
         _exclude(cur, ())
         cur.execute(
             "CREATE TEMP TABLE rollup_affected ON COMMIT DROP AS "
@@ -187,6 +190,7 @@ def _recompute(cur) -> tuple[int, int]:
     lo, hi = cur.fetchone()
     if lo is None:
         return 0, 0
+    ensure_minute_partitions(days_between(lo, hi))  # the minute ledger is day-partitioned (retention)
     # Card seconds per GPU-minute: overlap of the GPU's batch windows with the minute.
     cur.execute(
         "SELECT a.gpu_uuid, a.minute, max(b.node_id), max(bg.model), max(bg.memory_mb), max(bg.sm_count), "

@@ -23,6 +23,7 @@ from typing import Any
 from scipy import stats
 
 from billing.ledger.minutes import get_busy_card_time, list_steady_workload_gpu_days
+from billing.ledger.retention import require_minutes_retained
 
 __all__ = ["COLD_START", "LOOKBACK", "PROFILES", "compute_paired_report", "profile_fraction"]
 
@@ -84,6 +85,8 @@ def compute_paired_report(
 ) -> dict[str, Any]:
     if end <= start:
         raise ValueError("the period's end must be after its start")
+    # Pruned minutes would read as no usage: refuse with the earliest start that has them all.
+    require_minutes_retained(start=start, lookback=LOOKBACK)
     units: dict[tuple[str, str, str, str, str, date], _Unit] = defaultdict(_Unit)
     rows = list_steady_workload_gpu_days(start=start, end=end, lookback=LOOKBACK, cold_start=COLD_START)
     progress(60)

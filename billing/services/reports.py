@@ -10,9 +10,10 @@ from django.db import transaction
 from django.utils import timezone
 
 from billing.errors import InvalidInput
+from billing.ledger.retention import require_minutes_retained
 from billing.models import PairedReport
 from billing.services.audit import record_audit_event
-from billing.services.paired_report import compute_paired_report
+from billing.services.paired_report import LOOKBACK, compute_paired_report
 
 __all__ = ["MAX_REPORT_DAYS", "request_paired_report", "run_paired_report"]
 
@@ -27,6 +28,7 @@ def request_paired_report(*, start: datetime, end: datetime, now: datetime, acto
         raise InvalidInput(f"a paired report covers at most {MAX_REPORT_DAYS} days")
     if start > now:
         raise InvalidInput("the report's period starts in the future")
+    require_minutes_retained(start=start, lookback=LOOKBACK)  # said on the form, not later by the job
     with transaction.atomic():
         report = PairedReport.objects.create(created_at=now, created_by_id=actor_id, period_start=start,
                                              period_end=end)
