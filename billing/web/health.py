@@ -18,6 +18,7 @@ from django.http import HttpRequest, JsonResponse
 from django.utils import timezone
 from django.views.decorators.cache import never_cache
 
+from billing.ledger.retention import get_retention_state
 from billing.ledger.state import get_batch_backlog
 from billing.queries.undelivered import count_open_undelivered
 from config.celery import app as celery_app
@@ -59,8 +60,12 @@ def _ledger() -> dict[str, Any]:
     backlog = get_batch_backlog()
     lag, quarantined = backlog.rollup_lag_s(timezone.now()), backlog.quarantined
     undelivered = count_open_undelivered()
+    # Shown, never a failure of its own: the batches that hold a partition past its retention
+    # already make this check fail (quarantined, or the rollup's lag).
+    held = get_retention_state(now=timezone.now()).held_partitions
     detail = {"backlog_batches": backlog.pending, "rollup_lag_s": round(lag, 1), "quarantined_batches": quarantined,
-              "undelivered_batches": undelivered, "max_rollup_lag_s": settings.VGPU_HEALTH_MAX_ROLLUP_LAG_S}
+              "undelivered_batches": undelivered, "max_rollup_lag_s": settings.VGPU_HEALTH_MAX_ROLLUP_LAG_S,
+              "retention_held_partitions": sum(held.values())}
     problems = []
     if lag > settings.VGPU_HEALTH_MAX_ROLLUP_LAG_S:
         problems.append(f"the rollup is {lag:.0f} s behind (allowed {settings.VGPU_HEALTH_MAX_ROLLUP_LAG_S} s)")

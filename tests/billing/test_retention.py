@@ -22,6 +22,7 @@ import pytest
 from django.core.management import call_command
 from django.db import connection
 from django.db.migrations.executor import MigrationExecutor
+from django.test import Client
 from django.test.utils import CaptureQueriesContext, override_settings
 from hypothesis import given
 from hypothesis import strategies as st
@@ -167,6 +168,9 @@ def test_a_day_with_a_pending_batch_is_kept_logged_once_counted_and_dropped_once
     assert state.held_partitions["raw"] == 1 and state.held_bytes["raw"] > 0
     time_machine.move_to(later, tick=False)  # a scrape reads the clock
     assert 'vgpu_ledger_retention_held_partitions{ledger="raw"} 1.0' in render_metrics().decode()
+    # The SRE's first look: /healthz fails for the pending batch and shows the partition it holds.
+    ledger = Client().get("/healthz").json()["ledger"]
+    assert ledger["ok"] is False and ledger["retention_held_partitions"] == 1
 
     rollup_usage(now=later)
     assert raw in apply_retention(now=later).dropped
