@@ -84,7 +84,7 @@ from datetime import UTC, date, datetime, timedelta
 from decimal import Decimal
 from multiprocessing.synchronize import Event as EventType
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import psutil
@@ -234,9 +234,11 @@ class Load:
 def _piecewise(rng: np.random.Generator, shape: tuple[int, int, int], every_s: float,
                low: float, high: float) -> np.ndarray[Any, np.dtype[np.float64]]:
     """A level per second that changes about every `every_s` seconds, uniform in [low, high)."""
-    segment = np.cumsum(rng.random(shape) < 1 / every_s, axis=2)
+    # Index of each second's level: the number of changes so far (never past the last level).
+    segment = np.minimum(np.cumsum(rng.random(shape) < 1 / every_s, axis=2), shape[2] - 1).astype(np.int64)
     levels = rng.uniform(low, high, shape)
-    return np.take_along_axis(levels, segment, axis=2)
+    out: np.ndarray[Any, np.dtype[np.float64]] = np.take_along_axis(levels, segment, axis=2)
+    return out
 
 
 def _bursts(rng: np.random.Generator, shape: tuple[int, int, int]) -> np.ndarray[Any, np.dtype[np.bool_]]:
@@ -252,11 +254,13 @@ def _bursts(rng: np.random.Generator, shape: tuple[int, int, int]) -> np.ndarray
 def _use(rng: np.random.Generator, granted: np.ndarray[Any, np.dtype[np.float64]]) -> np.ndarray[Any, np.dtype[np.float64]]:
     below = granted * rng.uniform(*USE_RANGE, granted.shape)
     above = granted * rng.uniform(*BURST_RANGE, granted.shape)
-    return np.where(_bursts(rng, granted.shape), above, below)
+    use: np.ndarray[Any, np.dtype[np.float64]] = np.where(_bursts(rng, granted.shape), above, below)
+    return use
 
 
 def _quanta(values: np.ndarray[Any, np.dtype[np.float64]]) -> np.ndarray[Any, np.dtype[np.int64]]:
-    return np.floor(values * Q).astype(np.int64)
+    quanta: np.ndarray[Any, np.dtype[np.int64]] = np.floor(values * Q).astype(np.int64)
+    return quanta
 
 
 def make_load(shape: Shape, seed: int) -> Load:
@@ -279,7 +283,7 @@ def make_load(shape: Shape, seed: int) -> Load:
                 "pod_uid": str(uuid.UUID(int=names_rng.getrandbits(128))), "sla_tier": names_rng.choice(TIERS)[0],
             })
         names.append(gpu_names)
-    mem, sms = float(A100["memory_mb"]), float(A100["sm_count"])
+    mem, sms = float(cast(int, A100["memory_mb"])), float(cast(int, A100["sm_count"]))
     return Load(
         gpu_uuids=[f"GPU-{uuid.UUID(int=names_rng.getrandbits(128))}" for _ in range(g)],
         names=names,
@@ -773,6 +777,21 @@ def table_bytes(database_url: str) -> dict[str, int]:
         conn.close()
 
 
+def vacuum_full(database_url: str) -> None:
+    """Rewrite the batch, minute, hour and day tables compactly (not the raw samples: written once,
+    never updated). Every rollup cycle deletes and rewrites the hour and day rows of each GPU it
+    touches, and in a run of minutes autovacuum has not reclaimed those dead rows: measured before,
+    they inflate the bytes per row of a short run far beyond a steady fleet's."""
+    conn = psycopg2.connect(database_url)
+    try:
+        conn.autocommit = True
+        with conn.cursor() as cur:
+            for m in LEDGER_MODELS:
+                cur.execute(f'VACUUM FULL "{_model(m)._meta.db_table}"')
+    finally:
+        conn.close()
+
+
 def table_rows(samples: int) -> dict[str, int]:
     """Rows of each ledger table (raw samples: the samples accepted, every one a row)."""
     return {"raw samples": samples, **{m: int(_model(m).objects.count()) for m in LEDGER_MODELS}}
@@ -899,11 +918,12 @@ class Setting:
     rollup: RollupRun
     accounting: dict[str, str]
     problems: list[str]
-    table_bytes: dict[str, int]
+    table_bytes: dict[str, int]  # after VACUUM FULL of every table but the raw samples
     table_rows: dict[str, int]
     wal_bytes: int
     pages_s: dict[str, float]
     precision: Precision | None = None
+    table_bytes_before_vacuum: dict[str, int] = field(default_factory=dict)
     # The same ingested rows rolled up again with each further --rollup-workers count (1-second setting).
     rollup_scaling: list[RollupRun] = field(default_factory=list)
 
@@ -942,13 +962,15 @@ def run_setting(env: dict[str, str], dbs: Databases, tokens: dict[str, str], loa
         recreate_database(dbs.admin_url, dbs.after_ingest, drop_only=True)
     # WAL of ingest and of the headline rollup (the repeated rollups' own WAL is left out).
     wal = wal_lsn(dbs.url) - wal_start + ingest_wal
+    sizes_before = table_bytes(dbs.url)
+    vacuum_full(dbs.url)
     sizes = table_bytes(dbs.url)
     log(f"meter {meter_ms} ms: pages")
     pages = time_pages(args.page_runs)
     setting = Setting(meter_ms, run.accepted, run.batches, sum(len(b.body) for node in batches for b in node), run,
                       runs[0], {k: str(v) for k, v in asdict(acc).items()}, problems, sizes,
                       table_rows(run.accepted), wal, pages,
-                      rollup_scaling=runs[1:])
+                      rollup_scaling=runs[1:], table_bytes_before_vacuum=sizes_before)
     return setting, per_workload()
 
 
@@ -1101,17 +1123,20 @@ def bytes_per_gpu_day(report: Report, s: Setting, table: str) -> float:
 
 def disk_table(report: Report) -> str:
     head = " | ".join(f"{s.meter_ms} ms" for s in report.settings)
-    rows = [f"| table (heap + indexes + TOAST) | bytes per row, {report.settings[0].meter_ms} ms | bytes per GPU-day: "
-            f"{head} | GB/day per 1,000 GPUs: {head} |", "|---|---:|" + "---:|" * (2 * len(report.settings))]
+    rows = [f"| table (heap + indexes + TOAST) | bytes per row, {report.settings[0].meter_ms} ms | before VACUUM FULL "
+            f"| bytes per GPU-day: {head} | GB/day per 1,000 GPUs: {head} |",
+            "|---|---:|---:|" + "---:|" * (2 * len(report.settings))]
     first = report.settings[0]
     for label, names in (*DISK_ROWS, ("**all ledger tables**", tuple(n for _, ns in DISK_ROWS for n in ns))):
         per_day = [sum(bytes_per_gpu_day(report, s, n) for n in names) for s in report.settings]
         n_rows = sum(first.table_rows[n] for n in names)
         per_row = f"{sum(first.table_bytes[n] for n in names) / n_rows:,.0f}" if n_rows and len(names) < 3 else "-"
-        rows.append(f"| {label} | {per_row} | " + " | ".join(f"{b:,.0f}" for b in per_day) + " | "
+        before = sum(first.table_bytes_before_vacuum.get(n, 0) for n in names)
+        bloat = f"x {before / sum(first.table_bytes[n] for n in names):.1f}" if before and len(names) < 3 else "-"
+        rows.append(f"| {label} | {per_row} | {bloat} | " + " | ".join(f"{b:,.0f}" for b in per_day) + " | "
                     + " | ".join(f"{b * 1000 / 1e9:,.2f}" for b in per_day) + " |")
     wal = [s.wal_bytes for s in report.settings]
-    rows.append("| WAL written, ingest + rollup (cluster-wide, upper bound) | - | "
+    rows.append("| WAL written, ingest + rollup (cluster-wide, upper bound) | - | - | "
                 + " | ".join(f"{b / gpu_days(report):,.0f}" for b in wal) + " | "
                 + " | ".join(f"{_gb_day(report, b):,.2f}" for b in wal) + " |")
     return "\n".join(rows)
@@ -1190,7 +1215,8 @@ def tables(report: Report) -> str:
             f"{report.shape['gpus']} GPUs):\n\n{cores_table(report)}\n\nDisk per GPU-day and per 1,000 GPUs a day: "
             f"bytes per row (pg_total_relation_size / rows after the run) x rows per GPU-day of a steady fleet "
             f"(raw: 86400 / meter s x workloads; minute, hour, day ledgers: one row per workload and window; "
-            f"batch GPUs: one per batch window); WAL scaled by GPU-days:\n\n{disk_table(report)}\n\nMemory (peaks sampled "
+            f"batch GPUs: one per batch window), all but the raw samples measured after VACUUM FULL (\"before\": the size "
+            f"the run left, dead rows of the rollup's rewrites included); WAL scaled by GPU-days:\n\n{disk_table(report)}\n\nMemory (peaks sampled "
             f"every {SAMPLE_EVERY_S} s; Postgres' shared_buffers come on top):\n\n{memory_table(report)}\n\n"
             f"Billing precision against 1-second samples of the same load (charges per workload from the day "
             f"ledger; negative = billed less):\n\n{precision_table(report)}{scaling}\n\n"
