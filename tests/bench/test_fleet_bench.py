@@ -11,9 +11,12 @@ import sys
 import urllib.parse
 from decimal import Decimal
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
+import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 REPO = Path(__file__).resolve().parents[2]
 GPUS, PER_NODE, WORKLOADS, MINUTES, BATCH_S = 4, 2, 3, 2, 60
@@ -83,3 +86,26 @@ def test_fleet_benchmark_accounts_for_every_sample_and_cent_at_each_meter_width(
     assert p["charge_rel_mean"] < 0 and p["total_charge_rel"] < 0
     assert p["mem_billed_rel_mean"] < 0 and p["sm_billed_rel_mean"] < 0
     assert abs(p["charge_rel_mean"]) <= p["charge_rel_max_abs"] < 0.5
+
+
+@given(seed=st.integers(0, 2**32 - 1), gpus=st.integers(1, 3), workloads=st.integers(1, 16),
+       period_s=st.sampled_from((1, 2, 5, 10, 15, 30, 60)))
+@settings(max_examples=25, deadline=None)
+def test_any_synthetic_load_is_valid_and_coarsens_as_the_meter_integrates(seed: int, gpus: int, workloads: int,
+                                                                          period_s: int) -> None:
+    from bench.fleet import Q, Shape, make_load
+    from bench.ingest import A100
+
+    load = make_load(Shape(gpus, 8, workloads, 60, 60), seed)
+    memory_mb, sm_count = cast(int, A100["memory_mb"]) * Q, cast(int, A100["sm_count"]) * Q  # in 1/1024 units
+    # What ingest would refuse (DESIGN §3): use or grant above the card, Σ granted on a GPU above it.
+    for used, granted, capacity in ((load.mem_used, load.mem_granted, memory_mb),
+                                    (load.sm_used, load.sm_granted, sm_count)):
+        assert used.min() >= 0 and used.max() <= capacity and granted.max() <= capacity
+        assert granted.sum(axis=1).max() <= capacity
+    coarse = load.coarsened(period_s)
+    for name in ("mem_used", "mem_granted", "sm_used", "sm_granted", "pcie"):
+        assert int(coarse[name].sum()) == int(getattr(load, name).sum())  # integrals add, exactly
+    # billed = max(used, granted): per coarse sample never more than the sum of its seconds' maxima.
+    fine_max = np.maximum(load.mem_used, load.mem_granted).reshape(gpus, workloads, -1, period_s).sum(axis=3)
+    assert (np.maximum(coarse["mem_used"], coarse["mem_granted"]) <= fine_max).all()
