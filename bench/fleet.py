@@ -5,8 +5,8 @@ costs in billing precision.
 
     python bench/fleet.py [--gpus 200] [--gpus-per-node 8] [--workloads-per-gpu 16] [--minutes 10]
                           [--meter-ms 1000 5000 15000 60000] [--batch-seconds 60] [--agents 4]
-                          [--gunicorn-workers 3] [--rollup-workers 1] [--rollup-batches N]
-                          [--page-runs 3] [--seed 14] [--db-name NAME] [--keep-db]
+                          [--gunicorn-workers 3] [--rollup-workers 1 [2 ...]] [--rollup-batches N]
+                          [--parallel-query] [--page-runs 3] [--seed 14] [--db-name NAME] [--keep-db]
                           [--json-out FILE] [--from-json FILE] [--write-docs]
 
 DATABASE_URL and REDIS_URL must be set. Nothing is written to DATABASE_URL's database: the
@@ -34,15 +34,20 @@ Per meter setting, in order:
 1. ingest: gunicorn (config.wsgi, sync workers, the product's gunicorn.conf.py) on loopback;
    --agents client threads post the nodes' batches in time order as fast as answered. CPU of the
    gunicorn tree, this database's Postgres backends (+ auxiliaries) and the client, from /proc.
+   Parallel query is off (PGOPTIONS) unless --parallel-query: a parallel worker's CPU cannot be
+   attributed to this database and leaves /proc with the worker.
 2. rollup: --rollup-workers processes, each with its own connection, call
    billing.ledger.rollup.rollup_usage(now=..., max_batches=--rollup-batches) until nothing is
    pending. A cycle answered skipped=True (another worker holds the rollup's lock) sleeps 0.2 s
    and tries again; skipped cycles are counted and reported. Default --rollup-batches: what one
-   beat cycle (VGPU_ROLLUP_EVERY_S, 15 s) finds when nodes upload evenly.
+   beat cycle (VGPU_ROLLUP_EVERY_S, 15 s) finds when nodes upload evenly. With several counts
+   (--rollup-workers 1 2) the 1-second setting is rolled up once per count, each time from a copy
+   of the database taken after ingest; the first count's run is the headline.
 3. checks: every batch rolled up, none quarantined; samples accepted x seconds = seconds in the
    minute ledger; per GPU-day Σ charges + idle = card cost; card cost = price x GPU-seconds.
 4. disk: pg_total_relation_size (indexes and TOAST included, summed over partitions) of raw
-   samples, batches, batch GPUs and the minute, hour and day ledgers; WAL from
+   samples, batches, batch GPUs and the minute, hour and day ledgers, the last five after VACUUM
+   FULL (the rollup's rewrites leave dead rows a short run has not vacuumed); WAL from
    pg_current_wal_lsn() around ingest + rollup (cluster-wide: on a shared server it includes other
    databases' writes, so it is an upper bound).
 5. memory: the largest RSS of a gunicorn worker and of a rollup worker, and the private memory (USS)
@@ -53,7 +58,9 @@ Per meter setting, in order:
    the 1-second setting of the same load.
 
 Per 1,000 GPUs: CPU seconds per second of fleet time x 1000 / --gpus (the cores a fleet of 1,000
-such GPUs keeps busy), bytes per GPU-day = bytes x 86400 / (GPUs x fleet seconds).
+such GPUs keeps busy); bytes per GPU-day = bytes per row x rows per GPU-day of a steady fleet (a
+run of minutes already holds whole hour and day rows, so bytes do not scale with its length); WAL
+bytes x 86400 / (GPUs x fleet seconds). A plan table scales it all to PLAN_GPUS GPUs.
 
 A benchmark is not a test: it reports numbers and never fails on speed. It fails (exit 1) when
 the ledger does not account for what was sent, because then its numbers mean nothing.
