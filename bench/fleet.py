@@ -1237,8 +1237,9 @@ def tables(report: Report) -> str:
 def render_section(report: Report) -> str:
     machine = "\n".join(f"- {k}: {v}" for k, v in report.machine.items())
     sh = report.shape
-    problems = "\n".join(f"- {p}" for p in report.problems) or "none: every sample sent is in the ledger, " \
-        "every batch rolled up, and per GPU-day charges + idle = card cost = price x GPU-seconds."
+    problems = ("failed:\n\n" + "\n".join(f"- {p}" for p in report.problems) if report.problems else
+                "all passed: every sample sent is in the ledger, every batch rolled up, and per GPU-day "
+                "charges + idle = card cost = price x GPU-seconds.")
     return f"""{SECTION_TITLE}
 
 Measured {report.started} with
@@ -1255,7 +1256,8 @@ same Postgres server during the run; compare ratios within the run):
 Fleet: {sh['gpus']} A100-80GB GPUs on {-(-sh['gpus'] // sh['gpus_per_node'])} nodes of {sh['gpus_per_node']},
 {sh['workloads_per_gpu']} workloads per GPU, {sh['seconds'] // 60} simulated minutes, one batch per node
 per {sh['batch_seconds']} s; {report.rollup_workers[0]} rollup worker process(es) in the headline rows. The load and what each
-column means: `bench/fleet.py`'s docstring and `bench/README.md`.
+column means: `bench/fleet.py`'s docstring and `bench/README.md`; what the numbers mean for
+10,000 GPUs, and the design for a distributed Postgres: `docs/scaling.md`.
 
 Checks: {problems}
 
