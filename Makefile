@@ -74,6 +74,12 @@ screenshots: $(DEV) browser-deps
 bench: $(DEV)
 	$(PY) -m config.embedded -- $(PY) bench/ingest.py --write-docs
 
+# The synthetic fleet through ingest, rollup and pages, per 1,000 GPUs (bench/README.md, docs/scaling.md).
+# FLEET_ARGS passes e.g. `--gpus 400 --minutes 20 --rollup-workers 1 2`.
+.PHONY: bench-fleet
+bench-fleet: $(DEV)
+	$(PY) -m config.embedded -- $(PY) bench/fleet.py --write-docs $(FLEET_ARGS)
+
 soak: $(DEV)
 	$(PY) bench/soak.py --minutes $(or $(SOAK_MINUTES),20) --write-docs
 

@@ -1,0 +1,111 @@
+"""The fleet benchmark (bench/fleet.py, issue 14 item 4) at a tiny size, so that it cannot rot: a
+real gunicorn, real agent-shaped batches, two rollup processes at once, the pages; and the report
+it writes must account for every sample and every cent, or its capacity figures mean nothing."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import urllib.parse
+from decimal import Decimal
+from pathlib import Path
+from typing import Any, cast
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+REPO = Path(__file__).resolve().parents[2]
+GPUS, PER_NODE, WORKLOADS, MINUTES, BATCH_S = 4, 2, 3, 2, 60
+METERS_MS = (1000, 5000)
+CENT = Decimal("1e-6")  # the ledger keeps 12 decimals; sums over a few hundred rows
+
+
+def _run_harness(tmp_path: Path) -> tuple[dict[str, Any], str]:
+    base = os.environ["DATABASE_URL"]
+    db_name = (urllib.parse.urlsplit(base).path.lstrip("/") or "postgres") + "_fleetsmoke"
+    out = tmp_path / "fleet.json"
+    command = [sys.executable, "bench/fleet.py", "--gpus", str(GPUS), "--gpus-per-node", str(PER_NODE),
+               "--workloads-per-gpu", str(WORKLOADS), "--minutes", str(MINUTES), "--batch-seconds", str(BATCH_S),
+               "--meter-ms", *map(str, METERS_MS), "--agents", "2", "--gunicorn-workers", "1",
+               "--rollup-workers", "2", "--page-runs", "1", "--db-name", db_name, "--json-out", str(out)]
+    done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=110, check=False)
+    log = (done.stdout + done.stderr)[-6000:]
+    assert done.returncode == 0, log
+    return json.loads(out.read_text()), log
+
+
+@pytest.mark.timeout(120)
+def test_fleet_benchmark_accounts_for_every_sample_and_cent_at_each_meter_width(tmp_path: Path) -> None:
+    report, log = _run_harness(tmp_path)
+    assert report["problems"] == [], log
+    fleet_seconds = MINUTES * 60
+    nodes = GPUS // PER_NODE
+    by_meter = {s["meter_ms"]: s for s in report["settings"]}
+    assert list(by_meter) == list(METERS_MS)
+    for meter_ms, s in by_meter.items():
+        period_s = meter_ms // 1000
+        samples = GPUS * WORKLOADS * fleet_seconds // period_s
+        ingest, acc = s["ingest"], {k: Decimal(v) for k, v in s["accounting"].items()}
+        # Samples in = samples stored = samples rolled up (as workload-seconds in both ledgers).
+        assert ingest["sent"] == ingest["accepted"] == s["samples"] == samples, meter_ms
+        assert ingest["batches"] == s["batches"] == nodes * fleet_seconds // BATCH_S and ingest["errors"] == []
+        assert acc["seconds_in_minutes"] == acc["seconds_in_days"] == samples * period_s
+        assert acc["pending_batches"] == acc["quarantined_batches"] == 0
+        # Money reconciles: Σ charges + idle = Σ card cost = price x every GPU-second of the run.
+        assert acc["gpu_seconds"] == GPUS * fleet_seconds
+        assert abs(acc["charges"] + acc["idle"] - acc["card_cost"]) < CENT
+        assert abs(acc["card_cost"] - acc["expected_card_cost"]) < CENT
+        assert abs(acc["charges_in_minutes"] - acc["charges"]) < CENT
+        assert Decimal(0) < acc["charges"] < acc["card_cost"]
+        # Two rollup processes at once: every batch rolled up exactly once between them.
+        workers = s["rollup"]["workers"]
+        assert len(workers) == 2 and all(w["error"] == "" for w in workers)
+        assert sum(w["batches"] for w in workers) == s["batches"]
+        # What the capacity figures are made of was measured, not left at zero.
+        assert ingest["cpu_gunicorn_s"] > 0 and s["rollup"]["cpu_workers_s"] > 0
+        assert ingest["gunicorn_worker_rss_max"] > 0 and min(w["max_rss"] for w in workers) > 0
+        assert all(s["table_bytes"][t] > 0 for t in ("raw samples", "UsageBatch", "BatchGpu", "UsageMinute",
+                                                      "GpuMinute", "UsageHour", "GpuHour", "UsageDay", "GpuDay"))
+        rows = s["table_rows"]  # one row per workload (GPU) and minute, hour, day; one batch GPU per window
+        assert rows["raw samples"] == samples and rows["BatchGpu"] == GPUS * fleet_seconds // BATCH_S
+        assert rows["UsageMinute"] == GPUS * WORKLOADS * MINUTES and rows["GpuMinute"] == GPUS * MINUTES
+        assert rows["UsageDay"] >= GPUS * WORKLOADS and rows["GpuDay"] >= GPUS  # two when the run spans midnight
+        assert set(s["pages_s"]) == {"finance", "tenants", "portal", "invoices"}
+        assert all(v > 0 for v in s["pages_s"].values())
+    fine, coarse = by_meter[1000], by_meter[5000]
+    assert coarse["table_bytes"]["raw samples"] < fine["table_bytes"]["raw samples"]
+    assert fine["precision"] is None
+    p = coarse["precision"]
+    assert p["workloads"] == GPUS * WORKLOADS
+    # billed = max(used, granted): a coarse sample's max of sums never exceeds the sum of the
+    # 1-second maxima, so coarser metering can only bill less, and this load's bursts make it so.
+    assert p["charge_rel_mean"] < 0 and p["total_charge_rel"] < 0
+    assert p["mem_billed_rel_mean"] < 0 and p["sm_billed_rel_mean"] < 0
+    assert abs(p["charge_rel_mean"]) <= p["charge_rel_max_abs"] < 0.5
+
+
+@given(seed=st.integers(0, 2**32 - 1), gpus=st.integers(1, 3), workloads=st.integers(1, 16),
+       period_s=st.sampled_from((1, 2, 5, 10, 15, 30, 60)))
+@settings(max_examples=25, deadline=None)
+def test_any_synthetic_load_is_valid_and_coarsens_as_the_meter_integrates(seed: int, gpus: int, workloads: int,
+                                                                          period_s: int) -> None:
+    from bench.fleet import Q, Shape, make_load
+    from bench.ingest import A100
+
+    load = make_load(Shape(gpus, 8, workloads, 60, 60), seed)
+    memory_mb, sm_count = cast(int, A100["memory_mb"]) * Q, cast(int, A100["sm_count"]) * Q  # in 1/1024 units
+    # What ingest would refuse (DESIGN §3): use or grant above the card, Σ granted on a GPU above it.
+    for used, granted, capacity in ((load.mem_used, load.mem_granted, memory_mb),
+                                    (load.sm_used, load.sm_granted, sm_count)):
+        assert used.min() >= 0 and used.max() <= capacity and granted.max() <= capacity
+        assert granted.sum(axis=1).max() <= capacity
+    coarse = load.coarsened(period_s)
+    for name in ("mem_used", "mem_granted", "sm_used", "sm_granted", "pcie"):
+        assert int(coarse[name].sum()) == int(getattr(load, name).sum())  # integrals add, exactly
+    # billed = max(used, granted): per coarse sample never more than the sum of its seconds' maxima.
+    fine_max = np.maximum(load.mem_used, load.mem_granted).reshape(gpus, workloads, -1, period_s).sum(axis=3)
+    assert (np.maximum(coarse["mem_used"], coarse["mem_granted"]) <= fine_max).all()
