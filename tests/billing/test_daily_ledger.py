@@ -17,6 +17,7 @@ from django.db import connection
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from billing.ledger import spend
 from billing.ledger.rollup import rebuild_days, rebuild_ledger, rollup_usage
 from billing.models import GpuDay, GpuHour, RateCard, Tenant, UsageDay, UsageHour
 from billing.queries import dashboard, finance, portal
@@ -85,8 +86,9 @@ def day_snapshot() -> tuple[list[tuple], list[tuple]]:
 
 def forced_hours(monkeypatch: pytest.MonkeyPatch) -> None:
     """Make every reader use the hour ledger, whatever the period."""
-    for module in (dashboard, finance, portal):
+    for module in (dashboard, finance):
         monkeypatch.setattr(module, "ledger_for", lambda start, end: HOURS)
+    monkeypatch.setattr(spend, "closed_days", lambda start, end, now: None)
 
 
 @pytest.fixture

@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from billing.models import BillingPeriod, Invoice, Node, RateCard, Tenant, UsageHour
+from billing.queries import portal as portal_queries
 from billing.queries.portal import TenantNotFound, get_tenant_portal
 from billing.queries.scope import ADMIN_GROUP, FINANCE_GROUP, get_scope
 from billing.services.budgets import evaluate_budgets, set_budget
@@ -294,3 +295,20 @@ def test_invoice_links_point_at_this_tenants_invoices_only(client, ledger, viewe
     assert links == {f"/invoices/{own.number}.pdf", f"/invoices/{own.number}.csv", f"/invoices/{own.number}.focus"}
     assert other.number not in html
     assert client.get(f"/invoices/{own.number}.csv").status_code == 200
+
+
+def test_the_workload_table_shows_the_costliest_and_says_the_csv_has_them_all(client, ledger, monkeypatch):
+    monkeypatch.setattr(portal_queries, "WORKLOAD_TABLE_ROWS", 1)
+    client.force_login(user_in(tenants=("acme",)))
+    html = client.get("/tenants/acme/").content.decode()
+    assert html.count('data-testid="workload-row"') == 1
+    assert "train-7" in text_of(html, "workload-table") and "bert-1" not in text_of(html, "workload-table")
+    assert text_of(html, "workload-table-cut") == "The 1 costliest of 2 workloads are shown; the CSV lists them all."
+    rows = list(csv.reader(io.StringIO(client.get("/tenants/acme/", {"format": "csv"}).content.decode())))
+    assert sorted(r[1] for r in rows[1:]) == ["bert-1", "train-7"]
+
+
+def test_a_table_of_every_workload_says_nothing_about_a_cut(client, ledger):
+    client.force_login(user_in(tenants=("acme",)))
+    html = client.get("/tenants/acme/").content.decode()
+    assert html.count('data-testid="workload-row"') == 2 and 'data-testid="workload-table-cut"' not in html
