@@ -40,6 +40,7 @@ __all__ = [
     "RecentSpend",
     "WorkloadDay",
     "WorkloadTotals",
+    "WorkloadTotalsPage",
     "closed_days",
     "get_latest_hour",
     "get_recent_spend",
@@ -96,6 +97,22 @@ class WorkloadTotals:
     sm_granted_s: Decimal
     first_hour: datetime  # start of the first ledger hour with usage
     last_hour: datetime  # start of the last ledger hour with usage
+    # Pod instances of the period with this namespace and pod name (this one included).
+    same_name_instances: int
+
+    @property
+    def cost(self) -> Decimal:
+        return self.charge + self.idle_share
+
+
+@dataclass(frozen=True)
+class WorkloadTotalsPage:
+    """The costliest pod instances of a period (all of them, or the first `limit`), costliest first
+    (ties by namespace, pod, pod UID), with the count and cost of every pod instance of the period."""
+
+    workloads: tuple[WorkloadTotals, ...]
+    count: int
+    cost: Decimal  # charge + idle share of every pod instance, ledger precision
 
 
 @dataclass(frozen=True)
@@ -174,10 +191,11 @@ _PERIOD_READ_SETTINGS = {"enable_nestloop": "off", "jit": "off", "work_mem": "32
 def _fetch(sql: str, params: dict[str, Any], *, period_read: bool = False) -> list[tuple[Any, ...]]:
     """Rows of `sql`; with `period_read`, under _PERIOD_READ_SETTINGS for this statement only (put
     back as they were afterwards, for a transaction that was already open)."""
-    with transaction.atomic(), connection.cursor() as cur:
-        if not period_read:
+    if not period_read:
+        with connection.cursor() as cur:
             cur.execute(sql, params)
             return list(cur.fetchall())
+    with transaction.atomic(), connection.cursor() as cur:  # set_config(..., true) lasts a transaction
         names = list(_PERIOD_READ_SETTINGS)
         cur.execute("SELECT " + ", ".join(f"current_setting('{n}')" for n in names))  # noqa: S608 - fixed names
         before = cur.fetchone()
@@ -338,28 +356,39 @@ def get_recent_spend(*, tenant: str, since: datetime, now: datetime) -> RecentSp
 # --- A tenant's workloads ---------------------------------------------------------------------
 
 
-def list_workload_totals(*, tenant: str, start: datetime, end: datetime, now: datetime) -> list[WorkloadTotals]:
-    """Each pod instance (namespace, pod, pod_uid) of `tenant` with usage in [start, end): its
-    containers, SLA tiers, sums and first/last ledger hour. Unordered."""
-    params: dict[str, Any] = {"tenants": [tenant]}
+def list_workload_totals(
+    *, tenant: str, start: datetime, end: datetime, now: datetime, limit: int | None = None
+) -> WorkloadTotalsPage:
+    """The pod instances (namespace, pod, pod_uid) of `tenant` with usage in [start, end), costliest
+    first, at most `limit` of them (None: all): containers, SLA tiers, sums, first/last ledger hour;
+    with the count and the cost of all of them."""
+    params: dict[str, Any] = {"tenants": [tenant], "limit": limit}
     # Per container and tier first (hashed), then per pod: the DISTINCT lists sort a few rows per pod.
+    # Names order as Python orders str (code points: "C"), whatever the database's collation.
     rows = _fetch(
         "SELECT namespace, pod, pod_uid, array_agg(DISTINCT container ORDER BY container), "  # noqa: S608
         "array_agg(DISTINCT sla_tier ORDER BY sla_tier), sum(charge), sum(idle_share), sum(share_gpu_s), "
-        "sum(mem_used_mb_s), sum(mem_granted_mb_s), sum(sm_used_s), sum(sm_granted_s), min(first_hour), max(last_hour) "
+        "sum(mem_used_mb_s), sum(mem_granted_mb_s), sum(sm_used_s), sum(sm_granted_s), min(first_hour), "
+        "max(last_hour), count(*) OVER (PARTITION BY namespace, pod), count(*) OVER (), "
+        "sum(sum(charge) + sum(idle_share)) OVER () "
         "FROM (SELECT namespace, pod, pod_uid, container, sla_tier, sum(charge) AS charge, "
         "sum(idle_share) AS idle_share, sum(share_gpu_s) AS share_gpu_s, sum(mem_used_mb_s) AS mem_used_mb_s, "
         "sum(mem_granted_mb_s) AS mem_granted_mb_s, sum(sm_used_s) AS sm_used_s, sum(sm_granted_s) AS sm_granted_s, "
         "min(first_hour) AS first_hour, max(last_hour) AS last_hour "
-        f"FROM {_usage_rows(_split(start, end, now), params)} u GROUP BY 1, 2, 3, 4, 5) per_container GROUP BY 1, 2, 3",
+        f"FROM {_usage_rows(_split(start, end, now), params)} u GROUP BY 1, 2, 3, 4, 5) per_container "
+        'GROUP BY 1, 2, 3 ORDER BY sum(charge) + sum(idle_share) DESC, namespace COLLATE "C", pod COLLATE "C", '
+        'pod_uid COLLATE "C" LIMIT %(limit)s',
         params, period_read=True,
     )
-    return [
+    workloads = tuple(
         WorkloadTotals(namespace=r[0], pod=r[1], pod_uid=r[2], containers=tuple(r[3]), sla_tiers=tuple(r[4]),
                        charge=r[5], idle_share=r[6], share_gpu_s=r[7], mem_used_mb_s=r[8], mem_granted_mb_s=r[9],
-                       sm_used_s=r[10], sm_granted_s=r[11], first_hour=r[12], last_hour=r[13])
+                       sm_used_s=r[10], sm_granted_s=r[11], first_hour=r[12], last_hour=r[13],
+                       same_name_instances=r[14])
         for r in rows
-    ]
+    )
+    return WorkloadTotalsPage(workloads=workloads, count=rows[0][15] if rows else 0,
+                              cost=rows[0][16] if rows else _ZERO)
 
 
 def list_workload_days(

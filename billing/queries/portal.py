@@ -5,7 +5,7 @@ exist, so the portal never reveals which tenants there are. Month-to-date spend 
 use the budget definitions (billing.services.budgets): charge plus idle spread onto the tenant.
 A workload is one pod instance: (namespace, pod, pod_uid). The workloads of the period and the
 daily chart read the closed UTC days of the period from the day ledger, first/last hour included
-(UsageDay keeps them), and the rest from the hour ledger (billing.ledger.spend).
+(the day rows keep them), and the rest from the hour ledger (billing.ledger.spend).
 
 The upcoming invoice of the month in progress is `billing.services.invoicing.preview_invoice`:
 the close's own lines and rounding over the ledger as it is now; nothing is written.
@@ -14,7 +14,6 @@ the close's own lines and rounding over the ledger as it is now; nothing is writ
 from __future__ import annotations
 
 import dataclasses
-from collections import defaultdict
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, timedelta
 from decimal import Decimal
@@ -110,7 +109,10 @@ class TenantPortal:
     budget: BudgetView | None
     start: datetime
     end: datetime
+    # The costliest workloads of [start, end): all of them, or the first `workload_limit` asked for.
     workloads: tuple[WorkloadUsage, ...]
+    workload_count: int  # every workload of the period
+    period_cost: Decimal  # of every workload of the period, ledger precision
     daily: DailyWorkloadSeries
     invoices: tuple[InvoiceSummary, ...]
     # The month in progress as its invoice would be if closed now; None with `upcoming_error` set
@@ -118,14 +120,6 @@ class TenantPortal:
     upcoming: InvoicePreview | None
     upcoming_error: str = ""
 
-    @property
-    def period_cost(self) -> Decimal:
-        return sum((w.cost for w in self.workloads), _ZERO)
-
-    @property
-    def table_workloads(self) -> tuple[WorkloadUsage, ...]:
-        """The costliest WORKLOAD_TABLE_ROWS workloads, for the page's table."""
-        return self.workloads[:WORKLOAD_TABLE_ROWS]
 
 
 @dataclass(frozen=True)
@@ -183,9 +177,11 @@ def list_tenant_portals(*, scope: Scope, now: datetime) -> list[TenantPortalRow]
     ]
 
 
-def get_tenant_portal(*, scope: Scope, slug: str, start: datetime, end: datetime, now: datetime) -> TenantPortal:
+def get_tenant_portal(*, scope: Scope, slug: str, start: datetime, end: datetime, now: datetime,
+                      workload_limit: int | None = None) -> TenantPortal:
     """One tenant's portal: month-to-date spend and forecast at `now`, budget, workloads used in
-    [start, end) and invoices. Raises TenantNotFound outside the caller's scope."""
+    [start, end) (the costliest `workload_limit`, or all) and invoices. Raises TenantNotFound outside
+    the caller's scope."""
     tenant = _visible_tenants(scope).filter(slug=slug).values_list("slug", "name").first()
     if tenant is None:
         raise TenantNotFound(f"no tenant {slug!r}")
@@ -193,7 +189,10 @@ def get_tenant_portal(*, scope: Scope, slug: str, start: datetime, end: datetime
     own = dataclasses.replace(scope, tenants=frozenset({slug}))
     spend = get_month_to_date_spend(tenant=slug, now=now)
     budget = next(iter(list_budgets(scope=own, now=now)), None)
-    workloads = _workloads(list_workload_totals(tenant=slug, start=start, end=end, now=now))
+    # The chart's series are the costliest workloads: never fewer than it shows.
+    limit = None if workload_limit is None else max(workload_limit, CHART_SERIES)
+    page = list_workload_totals(tenant=slug, start=start, end=end, now=now, limit=limit)
+    workloads = _workloads(page.workloads)
     try:
         upcoming, upcoming_error = preview_invoice(tenant=slug, month=_current_month(now), now=now), ""
     except InvalidInput as exc:
@@ -201,8 +200,8 @@ def get_tenant_portal(*, scope: Scope, slug: str, start: datetime, end: datetime
     return TenantPortal(
         slug=slug, name=tenant[1], currency=_currency(now), now=now, month_to_date=spend,
         forecast=forecast_month_end(tenant=slug, spend=spend, now=now), budget=budget, start=start, end=end,
-        workloads=workloads,
-        daily=_daily(slug, workloads, start=start, end=end, now=now),
+        workloads=workloads[:workload_limit], workload_count=page.count, period_cost=page.cost,
+        daily=_daily(slug, workloads, page.count, start=start, end=end, now=now),
         invoices=tuple(i for i in list_invoices(scope=own) if i.tenant_slug == slug),
         upcoming=upcoming, upcoming_error=upcoming_error,
     )
@@ -238,32 +237,31 @@ def list_upcoming_invoices(*, scope: Scope, now: datetime) -> UpcomingInvoices:
     ))
 
 
-def _workloads(rows: list[WorkloadTotals]) -> tuple[WorkloadUsage, ...]:
-    counts: dict[tuple[str, str], int] = defaultdict(int)
-    for r in rows:
-        counts[(r.namespace, r.pod)] += 1
+def _workloads(rows: tuple[WorkloadTotals, ...]) -> tuple[WorkloadUsage, ...]:
     workloads = [
         WorkloadUsage(
             namespace=r.namespace, pod=r.pod, pod_uid=r.pod_uid, containers=r.containers, sla_tiers=r.sla_tiers,
-            cost=r.charge + r.idle_share, gpu_hours_equivalent=r.share_gpu_s / _S_PER_H,
+            cost=r.cost, gpu_hours_equivalent=r.share_gpu_s / _S_PER_H,
             mem_used_gb_h=r.mem_used_mb_s / _MB_PER_GB / _S_PER_H,
             mem_granted_gb_h=r.mem_granted_mb_s / _MB_PER_GB / _S_PER_H,
             sm_used_h=r.sm_used_s / _S_PER_H, sm_granted_h=r.sm_granted_s / _S_PER_H,
             first_hour=r.first_hour, last_hour=r.last_hour,
-            label=f"{r.namespace}/{r.pod}" + (f" ({r.pod_uid[:8]})" if counts[(r.namespace, r.pod)] > 1 else ""),
+            label=f"{r.namespace}/{r.pod}" + (f" ({r.pod_uid[:8]})" if r.same_name_instances > 1 else ""),
         )
         for r in rows
     ]
+    # The ledger's order already (costliest first, then by name); kept explicit for the chart's series.
     workloads.sort(key=lambda w: (-w.cost, w.namespace, w.pod, w.pod_uid))
     return tuple(workloads)
 
 
-def _daily(slug: str, workloads: tuple[WorkloadUsage, ...], *, start: datetime, end: datetime,
+def _daily(slug: str, workloads: tuple[WorkloadUsage, ...], count: int, *, start: datetime, end: datetime,
            now: datetime) -> DailyWorkloadSeries:
+    """`workloads`: the costliest (at least CHART_SERIES of them when there are); `count`: all of them."""
     days = tuple(start.date() + timedelta(days=i) for i in range((end - start).days))
-    top = workloads if len(workloads) <= CHART_SERIES else workloads[:CHART_SERIES - 1]
+    top = workloads if count <= CHART_SERIES else workloads[:CHART_SERIES - 1]
     index = {w.key: i for i, w in enumerate(top)}
-    has_other = len(workloads) > len(top)
+    has_other = count > len(top)
     n_series = len(top) + has_other
     day_index = {d: i for i, d in enumerate(days)}
     cost = [[_ZERO] * len(days) for _ in range(n_series)]

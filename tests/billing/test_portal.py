@@ -14,11 +14,11 @@ from typing import Any
 import pytest
 
 from billing.models import BillingPeriod, Invoice, Node, RateCard, Tenant, UsageHour
-from billing.queries import portal as portal_queries
 from billing.queries.portal import TenantNotFound, get_tenant_portal
 from billing.queries.scope import ADMIN_GROUP, FINANCE_GROUP, get_scope
 from billing.services.budgets import evaluate_budgets, set_budget
 from billing.services.invoicing import month_bounds
+from billing.web import portal as portal_views
 from tests import clock
 from tests.conftest import A100, user_in, with_day
 
@@ -298,7 +298,7 @@ def test_invoice_links_point_at_this_tenants_invoices_only(client, ledger, viewe
 
 
 def test_the_workload_table_shows_the_costliest_and_says_the_csv_has_them_all(client, ledger, monkeypatch):
-    monkeypatch.setattr(portal_queries, "WORKLOAD_TABLE_ROWS", 1)
+    monkeypatch.setattr(portal_views, "WORKLOAD_TABLE_ROWS", 1)
     client.force_login(user_in(tenants=("acme",)))
     html = client.get("/tenants/acme/").content.decode()
     assert html.count('data-testid="workload-row"') == 1
@@ -312,3 +312,13 @@ def test_a_table_of_every_workload_says_nothing_about_a_cut(client, ledger):
     client.force_login(user_in(tenants=("acme",)))
     html = client.get("/tenants/acme/").content.decode()
     assert html.count('data-testid="workload-row"') == 2 and 'data-testid="workload-table-cut"' not in html
+
+
+def test_a_portal_of_the_costliest_workloads_keeps_the_count_cost_and_chart_of_all(ledger):
+    start, end = month_bounds(ledger.date().replace(day=1))
+    scope = get_scope(user_in(group=FINANCE_GROUP))
+    full = get_tenant_portal(scope=scope, slug="acme", start=start, end=end, now=clock.now())
+    top = get_tenant_portal(scope=scope, slug="acme", start=start, end=end, now=clock.now(), workload_limit=1)
+    assert [w.pod for w in full.workloads] == ["train-7", "bert-1"] and top.workloads == full.workloads[:1]
+    assert (top.workload_count, top.period_cost) == (full.workload_count, full.period_cost) == (2, Decimal("5.25"))
+    assert top.daily == full.daily
