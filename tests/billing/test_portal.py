@@ -12,6 +12,7 @@ from html.parser import HTMLParser
 from typing import Any
 
 import pytest
+from django.test import Client
 
 from billing.models import BillingPeriod, Invoice, Node, RateCard, Tenant, UsageHour
 from billing.queries.portal import TenantNotFound, get_tenant_portal
@@ -297,7 +298,8 @@ def test_invoice_links_point_at_this_tenants_invoices_only(client, ledger, viewe
     assert client.get(f"/invoices/{own.number}.csv").status_code == 200
 
 
-def test_the_workload_table_shows_the_costliest_and_says_the_csv_has_them_all(client, ledger, monkeypatch):
+def test_the_workload_table_shows_the_costliest_and_says_the_csv_has_them_all(
+        client: Client, ledger: datetime, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(portal_views, "WORKLOAD_TABLE_ROWS", 1)
     client.force_login(user_in(tenants=("acme",)))
     html = client.get("/tenants/acme/").content.decode()
@@ -308,13 +310,13 @@ def test_the_workload_table_shows_the_costliest_and_says_the_csv_has_them_all(cl
     assert sorted(r[1] for r in rows[1:]) == ["bert-1", "train-7"]
 
 
-def test_a_table_of_every_workload_says_nothing_about_a_cut(client, ledger):
+def test_a_table_of_every_workload_says_nothing_about_a_cut(client: Client, ledger: datetime) -> None:
     client.force_login(user_in(tenants=("acme",)))
     html = client.get("/tenants/acme/").content.decode()
     assert html.count('data-testid="workload-row"') == 2 and 'data-testid="workload-table-cut"' not in html
 
 
-def test_a_portal_of_the_costliest_workloads_keeps_the_count_cost_and_chart_of_all(ledger):
+def test_a_portal_of_the_costliest_workloads_keeps_the_count_cost_and_chart_of_all(ledger: datetime) -> None:
     start, end = month_bounds(ledger.date().replace(day=1))
     scope = get_scope(user_in(group=FINANCE_GROUP))
     full = get_tenant_portal(scope=scope, slug="acme", start=start, end=end, now=clock.now())
