@@ -38,6 +38,7 @@ from billing.models.pricing import RateCard
 __all__ = [
     "InvoiceTotal",
     "RecentSpend",
+    "TenantSpend",
     "WorkloadDay",
     "WorkloadTotals",
     "WorkloadTotalsPage",
@@ -69,6 +70,14 @@ class InvoiceTotal:
     charge: Decimal
     idle_share: Decimal
     share_gpu_s: Decimal
+
+
+@dataclass(frozen=True)
+class TenantSpend:
+    """Charge plus idle share of a tenant over a period, ledger precision."""
+
+    tenant: str
+    spend: Decimal
 
 
 @dataclass(frozen=True)
@@ -326,19 +335,17 @@ def _usage_rows(split: _Split, params: dict[str, Any]) -> str:
     )
 
 
-def list_month_to_date_spends(*, tenants: Collection[str], start: datetime, now: datetime) -> dict[str, Decimal]:
-    """Charge plus idle share of each of `tenants` over the ledger hours in [start, now] (the hour of
-    `now` counts, later hours not yet); a tenant without usage has 0. One query whatever the number
-    of tenants."""
-    spends = {slug: _ZERO for slug in tenants}
-    if not spends or now < start:
-        return spends
-    params: dict[str, Any] = {"tenants": sorted(spends)}
-    rows = _fetch(f"SELECT tenant, sum(charge) + sum(idle_share) FROM {_usage_rows(_split(start, now + _TICK, now), params)}"  # noqa: S608
-                  " u GROUP BY 1", params, period_read=True)
-    for tenant, spend in rows:
-        spends[tenant] = spend
-    return spends
+def list_month_to_date_spends(*, tenants: Collection[str], start: datetime, now: datetime) -> list[TenantSpend]:
+    """Charge plus idle share of each of `tenants` (sorted by slug) over the ledger hours in
+    [start, now] (the hour of `now` counts, later hours not yet); a tenant without usage has 0. One
+    query whatever the number of tenants."""
+    spends = dict.fromkeys(sorted(set(tenants)), _ZERO)
+    if spends and now >= start:
+        params: dict[str, Any] = {"tenants": list(spends)}
+        rows = _fetch(f"SELECT tenant, sum(charge) + sum(idle_share) FROM {_usage_rows(_split(start, now + _TICK, now), params)}"  # noqa: S608
+                      " u GROUP BY 1", params, period_read=True)
+        spends.update({tenant: spend for tenant, spend in rows})
+    return [TenantSpend(tenant=slug, spend=spend) for slug, spend in spends.items()]
 
 
 def get_recent_spend(*, tenant: str, since: datetime, now: datetime) -> RecentSpend:

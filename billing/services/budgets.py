@@ -89,7 +89,7 @@ def get_month_to_date_spends(*, tenants: Collection[str], now: datetime) -> dict
     """Month-to-date spend (charge + idle share, ledger hours from the first of the month up to and
     including the hour of `now`) of each of `tenants`, in one query: closed days from the day ledger,
     today's hours from the hour ledger (billing.ledger.spend)."""
-    return list_month_to_date_spends(tenants=tenants, start=_month_start(now), now=now)
+    return {s.tenant: s.spend for s in list_month_to_date_spends(tenants=tenants, start=_month_start(now), now=now)}
 
 
 FORECAST_WINDOW = timedelta(hours=24)
