@@ -2,10 +2,10 @@
 
 A tenant outside the caller's scope raises `TenantNotFound`, exactly like a tenant that does not
 exist, so the portal never reveals which tenants there are. Month-to-date spend and the forecast
-use the budget definitions (billing.services.budgets): charge plus idle spread onto the tenant,
-from the hour ledger. A workload is one pod instance: (namespace, pod, pod_uid). The workloads of the
-period and the daily chart read the day ledger for whole UTC days (billing.queries.finance.ledger_for),
-first/last hour included (UsageDay keeps them), else the hour ledger.
+use the budget definitions (billing.services.budgets): charge plus idle spread onto the tenant.
+A workload is one pod instance: (namespace, pod, pod_uid). The workloads of the period and the
+daily chart read the closed UTC days of the period from the day ledger, first/last hour included
+(the day rows keep them), and the rest from the hour ledger (billing.ledger.spend).
 
 The upcoming invoice of the month in progress is `billing.services.invoicing.preview_invoice`:
 the close's own lines and rounding over the ledger as it is now; nothing is written.
@@ -14,20 +14,16 @@ the close's own lines and rounding over the ledger as it is now; nothing is writ
 from __future__ import annotations
 
 import dataclasses
-from collections import defaultdict
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, timedelta
 from decimal import Decimal
-from typing import Any
 
-from django.contrib.postgres.aggregates import ArrayAgg
-from django.db.models import F, Max, Min, Q, QuerySet, Sum
-from django.db.models.functions import TruncDay
+from django.db.models import Q, QuerySet
 
 from billing.errors import DomainError, InvalidInput
+from billing.ledger.spend import WorkloadTotals, list_workload_days, list_workload_totals
 from billing.models import RateCard, Tenant
 from billing.queries.budgets import BudgetView, list_budgets
-from billing.queries.finance import Ledger, ledger_for
 from billing.queries.scope import Scope
 from billing.services.budgets import forecast_month_end, get_month_to_date_spend, get_month_to_date_spends
 from billing.services.exports import InvoiceSummary, list_invoices
@@ -41,6 +37,7 @@ __all__ = [
     "TenantPortalRow",
     "UpcomingInvoiceRow",
     "UpcomingInvoices",
+    "WORKLOAD_TABLE_ROWS",
     "WorkloadUsage",
     "get_tenant_portal",
     "get_upcoming_invoice",
@@ -52,6 +49,10 @@ __all__ = [
 # "other" series summing the rest, so no two series share a colour (charts.py has 8; the 8th, grey,
 # is the other series).
 CHART_SERIES = 8
+# Rows of the workload table on the page: the costliest, the CSV has every workload. A big tenant
+# runs thousands of pods a month (7,686 for the biggest at 800 GPUs, bench/web_pages.py), and
+# rendering them all took ~4 s.
+WORKLOAD_TABLE_ROWS = 100
 
 _ZERO = Decimal(0)
 _MB_PER_GB = Decimal(1024)
@@ -108,7 +109,10 @@ class TenantPortal:
     budget: BudgetView | None
     start: datetime
     end: datetime
+    # The costliest workloads of [start, end): all of them, or the first `workload_limit` asked for.
     workloads: tuple[WorkloadUsage, ...]
+    workload_count: int  # every workload of the period
+    period_cost: Decimal  # of every workload of the period, ledger precision
     daily: DailyWorkloadSeries
     invoices: tuple[InvoiceSummary, ...]
     # The month in progress as its invoice would be if closed now; None with `upcoming_error` set
@@ -116,9 +120,6 @@ class TenantPortal:
     upcoming: InvoicePreview | None
     upcoming_error: str = ""
 
-    @property
-    def period_cost(self) -> Decimal:
-        return sum((w.cost for w in self.workloads), _ZERO)
 
 
 @dataclass(frozen=True)
@@ -176,9 +177,11 @@ def list_tenant_portals(*, scope: Scope, now: datetime) -> list[TenantPortalRow]
     ]
 
 
-def get_tenant_portal(*, scope: Scope, slug: str, start: datetime, end: datetime, now: datetime) -> TenantPortal:
+def get_tenant_portal(*, scope: Scope, slug: str, start: datetime, end: datetime, now: datetime,
+                      workload_limit: int | None = None) -> TenantPortal:
     """One tenant's portal: month-to-date spend and forecast at `now`, budget, workloads used in
-    [start, end) and invoices. Raises TenantNotFound outside the caller's scope."""
+    [start, end) (the costliest `workload_limit`, or all) and invoices. Raises TenantNotFound outside
+    the caller's scope."""
     tenant = _visible_tenants(scope).filter(slug=slug).values_list("slug", "name").first()
     if tenant is None:
         raise TenantNotFound(f"no tenant {slug!r}")
@@ -186,9 +189,10 @@ def get_tenant_portal(*, scope: Scope, slug: str, start: datetime, end: datetime
     own = dataclasses.replace(scope, tenants=frozenset({slug}))
     spend = get_month_to_date_spend(tenant=slug, now=now)
     budget = next(iter(list_budgets(scope=own, now=now)), None)
-    ledger = ledger_for(start, end)
-    usage = ledger.usage_rows(start, end).filter(tenant=slug)
-    workloads = _workloads(usage, ledger)
+    # The chart's series are the costliest workloads: never fewer than it shows.
+    limit = None if workload_limit is None else max(workload_limit, CHART_SERIES)
+    page = list_workload_totals(tenant=slug, start=start, end=end, now=now, limit=limit)
+    workloads = _workloads(page.workloads)
     try:
         upcoming, upcoming_error = preview_invoice(tenant=slug, month=_current_month(now), now=now), ""
     except InvalidInput as exc:
@@ -196,7 +200,8 @@ def get_tenant_portal(*, scope: Scope, slug: str, start: datetime, end: datetime
     return TenantPortal(
         slug=slug, name=tenant[1], currency=_currency(now), now=now, month_to_date=spend,
         forecast=forecast_month_end(tenant=slug, spend=spend, now=now), budget=budget, start=start, end=end,
-        workloads=workloads, daily=_daily(usage, ledger, workloads, start=start, end=end, now=now),
+        workloads=workloads[:workload_limit], workload_count=page.count, period_cost=page.cost,
+        daily=_daily(slug, workloads, page.count, start=start, end=end, now=now),
         invoices=tuple(i for i in list_invoices(scope=own) if i.tenant_slug == slug),
         upcoming=upcoming, upcoming_error=upcoming_error,
     )
@@ -232,65 +237,43 @@ def list_upcoming_invoices(*, scope: Scope, now: datetime) -> UpcomingInvoices:
     ))
 
 
-def _workloads(usage: QuerySet[Any], ledger: Ledger) -> tuple[WorkloadUsage, ...]:
-    rows = (
-        usage.values("namespace", "pod", "pod_uid")
-        .annotate(
-            containers=ArrayAgg("container", distinct=True, order_by="container"),
-            tiers=ArrayAgg("sla_tier", distinct=True, order_by="sla_tier"),
-            charge=Sum("charge"), idle=Sum("idle_share"), share=Sum("share_gpu_s"),
-            mem_used=Sum("mem_used_mb_s"), mem_granted=Sum("mem_granted_mb_s"),
-            sm_used=Sum("sm_used_s"), sm_granted=Sum("sm_granted_s"),
-            first=Min(ledger.first_hour), last=Max(ledger.last_hour),
-        )
-        .order_by()
-    )
+def _workloads(rows: tuple[WorkloadTotals, ...]) -> tuple[WorkloadUsage, ...]:
     workloads = [
         WorkloadUsage(
-            namespace=r["namespace"], pod=r["pod"], pod_uid=r["pod_uid"], containers=tuple(r["containers"]),
-            sla_tiers=tuple(r["tiers"]), cost=(r["charge"] or _ZERO) + (r["idle"] or _ZERO),
-            gpu_hours_equivalent=(r["share"] or _ZERO) / _S_PER_H,
-            mem_used_gb_h=(r["mem_used"] or _ZERO) / _MB_PER_GB / _S_PER_H,
-            mem_granted_gb_h=(r["mem_granted"] or _ZERO) / _MB_PER_GB / _S_PER_H,
-            sm_used_h=(r["sm_used"] or _ZERO) / _S_PER_H, sm_granted_h=(r["sm_granted"] or _ZERO) / _S_PER_H,
-            first_hour=r["first"], last_hour=r["last"],
+            namespace=r.namespace, pod=r.pod, pod_uid=r.pod_uid, containers=r.containers, sla_tiers=r.sla_tiers,
+            cost=r.cost, gpu_hours_equivalent=r.share_gpu_s / _S_PER_H,
+            mem_used_gb_h=r.mem_used_mb_s / _MB_PER_GB / _S_PER_H,
+            mem_granted_gb_h=r.mem_granted_mb_s / _MB_PER_GB / _S_PER_H,
+            sm_used_h=r.sm_used_s / _S_PER_H, sm_granted_h=r.sm_granted_s / _S_PER_H,
+            first_hour=r.first_hour, last_hour=r.last_hour,
+            label=f"{r.namespace}/{r.pod}" + (f" ({r.pod_uid[:8]})" if r.same_name_instances > 1 else ""),
         )
         for r in rows
     ]
+    # The ledger's order already (costliest first, then by name); kept explicit for the chart's series.
     workloads.sort(key=lambda w: (-w.cost, w.namespace, w.pod, w.pod_uid))
-    counts: dict[tuple[str, str], int] = defaultdict(int)
-    for w in workloads:
-        counts[(w.namespace, w.pod)] += 1
-    return tuple(
-        dataclasses.replace(w, label=f"{w.namespace}/{w.pod}"
-                            + (f" ({w.pod_uid[:8]})" if counts[(w.namespace, w.pod)] > 1 else ""))
-        for w in workloads
-    )
+    return tuple(workloads)
 
 
-def _daily(usage: QuerySet[Any], ledger: Ledger, workloads: tuple[WorkloadUsage, ...], *, start: datetime, end: datetime,
+def _daily(slug: str, workloads: tuple[WorkloadUsage, ...], count: int, *, start: datetime, end: datetime,
            now: datetime) -> DailyWorkloadSeries:
+    """`workloads`: the costliest (at least CHART_SERIES of them when there are); `count`: all of them."""
     days = tuple(start.date() + timedelta(days=i) for i in range((end - start).days))
-    top = workloads if len(workloads) <= CHART_SERIES else workloads[:CHART_SERIES - 1]
+    top = workloads if count <= CHART_SERIES else workloads[:CHART_SERIES - 1]
     index = {w.key: i for i, w in enumerate(top)}
-    has_other = len(workloads) > len(top)
+    has_other = count > len(top)
     n_series = len(top) + has_other
     day_index = {d: i for i, d in enumerate(days)}
     cost = [[_ZERO] * len(days) for _ in range(n_series)]
     mem = [[_ZERO] * len(days) for _ in range(n_series)]
-    rows = (
-        usage.annotate(bucket=TruncDay(ledger.at, tzinfo=UTC))
-        .values("bucket", "namespace", "pod", "pod_uid")
-        .annotate(cost=Sum(F("charge") + F("idle_share")), mem=Sum("mem_used_mb_s"))
-        .order_by()
-    )
+    rows = list_workload_days(tenant=slug, start=start, end=end, now=now, workloads=[w.key for w in top])
     for r in rows:
-        series = index.get((r["namespace"], r["pod"], r["pod_uid"]), len(top))
-        d = day_index.get(r["bucket"].date())
+        series = len(top) if r.workload is None else index[r.workload]
+        d = day_index.get(r.day)
         if d is None:
             continue
-        cost[series][d] += r["cost"] or _ZERO
-        mem[series][d] += (r["mem"] or _ZERO) / _MB_PER_GB / _S_PER_H
+        cost[series][d] += r.cost
+        mem[series][d] += r.mem_used_mb_s / _MB_PER_GB / _S_PER_H
     # Days that have not begun carry no data rather than zero.
     future = [i for i, d in enumerate(days) if datetime(d.year, d.month, d.day, tzinfo=UTC) > now]
 

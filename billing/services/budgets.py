@@ -1,7 +1,7 @@
 """Budgets that act: month-to-date spend → ok / warned / enforced, audited and notified.
 
-Spend is the tenant's charges plus any idle spread onto it, from the hour ledger (the
-current hour is rolled up continuously). The forecast adds the recent rate (last 24 h),
+Spend is the tenant's charges plus any idle spread onto it: the closed days of the month from the
+day ledger, today's hours from the hour ledger (the current hour is rolled up continuously). The forecast adds the recent rate (last 24 h),
 carried to the end of the month, to the month-to-date spend. States move both ways: raising a budget or a new month
 brings a tenant back to ok.
 """
@@ -19,10 +19,10 @@ from typing import Any
 
 from django.core.exceptions import ValidationError
 from django.db import transaction
-from django.db.models import QuerySet, Sum
 
 from billing.errors import InvalidInput
-from billing.models import Budget, BudgetState, BudgetStatus, Tenant, UsageHour
+from billing.ledger.spend import get_recent_spend, list_month_to_date_spends
+from billing.models import Budget, BudgetState, BudgetStatus, Tenant
 from billing.services.audit import record_audit_event
 from billing.services.invoicing import month_bounds
 
@@ -76,24 +76,20 @@ def budget_state_for(*, spend: Decimal, amount: Decimal, soft_pct: Decimal, hard
     return BudgetState.OK
 
 
-def _month_to_date_usage(now: datetime) -> QuerySet[UsageHour]:
+def _month_start(now: datetime) -> datetime:
     start, _ = month_bounds(now.date().replace(day=1))
-    return UsageHour.objects.filter(hour__gte=start, hour__lte=now)
+    return start
 
 
 def get_month_to_date_spend(*, tenant: str, now: datetime) -> Decimal:
-    sums = _month_to_date_usage(now).filter(tenant=tenant).aggregate(charge=Sum("charge"), idle=Sum("idle_share"))
-    return (sums["charge"] or Decimal(0)) + (sums["idle"] or Decimal(0))
+    return get_month_to_date_spends(tenants=[tenant], now=now)[tenant]
 
 
 def get_month_to_date_spends(*, tenants: Collection[str], now: datetime) -> dict[str, Decimal]:
-    """`get_month_to_date_spend` of each of `tenants` in one grouped query (same rows, same sums)."""
-    spends = {slug: Decimal(0) for slug in tenants}
-    rows = (_month_to_date_usage(now).filter(tenant__in=list(spends)).values("tenant")
-            .annotate(charge=Sum("charge"), idle=Sum("idle_share")).order_by())
-    for r in rows:
-        spends[r["tenant"]] = (r["charge"] or Decimal(0)) + (r["idle"] or Decimal(0))
-    return spends
+    """Month-to-date spend (charge + idle share, ledger hours from the first of the month up to and
+    including the hour of `now`) of each of `tenants`, in one query: closed days from the day ledger,
+    today's hours from the hour ledger (billing.ledger.spend)."""
+    return {s.tenant: s.spend for s in list_month_to_date_spends(tenants=tenants, start=_month_start(now), now=now)}
 
 
 FORECAST_WINDOW = timedelta(hours=24)
@@ -105,16 +101,12 @@ def forecast_month_end(*, tenant: str, spend: Decimal, now: datetime) -> Decimal
     extrapolation from the first of the month would understate a tenant that started late."""
     month_start, month_end = month_bounds(now.date().replace(day=1))
     window_start = max(month_start, now - FORECAST_WINDOW)
-    recent = UsageHour.objects.filter(tenant=tenant, hour__gte=window_start.replace(minute=0, second=0, microsecond=0),
-                                      hour__lte=now)
-    first = recent.order_by("hour").values_list("hour", flat=True).first()
-    if first is None:
+    recent = get_recent_spend(tenant=tenant, since=window_start.replace(minute=0, second=0, microsecond=0), now=now)
+    if recent.first_hour is None:
         return spend
-    sums = recent.aggregate(charge=Sum("charge"), idle=Sum("idle_share"))
-    recent_spend = (sums["charge"] or Decimal(0)) + (sums["idle"] or Decimal(0))
-    observed = Decimal(max((now - max(first, window_start)).total_seconds(), 3600))
+    observed = Decimal(max((now - max(recent.first_hour, window_start)).total_seconds(), 3600))
     remaining = Decimal(max((month_end - now).total_seconds(), 0))
-    return spend + recent_spend / observed * remaining
+    return spend + recent.spend / observed * remaining
 
 
 def set_budget(*, tenant_slug: str, values: dict[str, Any], now: datetime, actor_label: str,

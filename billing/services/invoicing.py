@@ -16,7 +16,9 @@ GPU model and tier for whatever the ledger now says beyond what was invoiced (la
 batches; negative amounts are credits). Each line is rounded once to minor units.
 `_invoice_lines` decides the lines and `_price_invoice` rounds them, for the close and for
 `preview_invoices` / `preview_invoice` alike (the "upcoming invoice": what a close would
-finalize with the ledger as it is now; it writes nothing).
+finalize with the ledger as it is now; it writes nothing). The close reads every workload-hour of
+the month; the preview reads the closed UTC days from the day ledger and the rest from hours
+(billing.ledger.spend), the same sums to the ledger unit, so the same lines after the one rounding.
 
 A close shows it is alive by writing `progress_at` (the request, each progress write, a
 resume). `close_is_stalled` says when a CLOSING row has gone quiet for longer than
@@ -36,13 +38,19 @@ from zoneinfo import ZoneInfo
 
 from celery.schedules import crontab
 from django.conf import settings
-from django.db import connection, transaction
-from django.db.models import Max, Sum
+from django.db import transaction
+from django.db.models import Sum
 from django.utils import timezone
 from django.utils.translation import gettext
 
 from billing.errors import InvalidInput
-from billing.models import BillingPeriod, GpuHour, Invoice, InvoiceLine, Tenant
+from billing.ledger.spend import (
+    get_latest_hour,
+    get_unpriced_seconds,
+    list_invoice_totals,
+    list_invoice_totals_from_hours,
+)
+from billing.models import BillingPeriod, Invoice, InvoiceLine, Tenant
 from billing.money import minor_unit_exponent, to_minor_units
 from billing.services.audit import record_audit_event
 
@@ -182,45 +190,35 @@ def month_bounds(month: date) -> tuple[datetime, datetime]:
 
 
 def _ledger_totals(
-    month: date, tenants: Collection[str] | None = None
+    month: date, tenants: Collection[str] | None = None, *, now: datetime | None = None
 ) -> dict[tuple[str, str, str, str], tuple[Decimal, Decimal, Decimal]]:
     """(tenant, currency, gpu_model, sla_tier) -> (charge, idle_share, share_gpu_s) of priced usage,
-    of every tenant or of `tenants` only."""
+    of every tenant or of `tenants` only. With `now` (the preview): closed days from the day ledger
+    plus the rest from hours, equal to the hour-based read to the ledger unit; without (the close):
+    every workload-hour of the month."""
     start, end = month_bounds(month)
-    only = None if tenants is None else sorted(tenants)
-    with connection.cursor() as cur:
-        cur.execute(
-            "SELECT u.tenant, g.currency, g.gpu_model, u.sla_tier, sum(u.charge), sum(u.idle_share), "
-            "sum(u.share_gpu_s) FROM billing_usagehour u JOIN billing_gpuhour g "
-            "ON g.gpu_uuid = u.gpu_uuid AND g.hour = u.hour "
-            "WHERE u.hour >= %s AND u.hour < %s AND g.priced AND (%s::text[] IS NULL OR u.tenant = ANY(%s::text[])) "
-            "GROUP BY 1, 2, 3, 4 ORDER BY 1, 2, 3, 4",
-            [start, end, only, only],
-        )
-        return {(r[0], r[1], r[2], r[3]): (r[4], r[5], r[6]) for r in cur.fetchall()}
+    totals = (list_invoice_totals_from_hours(start=start, end=end, tenants=tenants) if now is None
+              else list_invoice_totals(start=start, end=end, now=now, tenants=tenants))
+    return {(t.tenant, t.currency, t.gpu_model, t.sla_tier): (t.charge, t.idle_share, t.share_gpu_s) for t in totals}
 
 
 def _unpriced_gpu_hours(month: date) -> Decimal:
     start, end = month_bounds(month)
-    with connection.cursor() as cur:
-        cur.execute(
-            "SELECT coalesce(sum(metered_seconds), 0) FROM billing_gpuhour WHERE hour >= %s AND hour < %s "
-            "AND NOT priced",
-            [start, end],
-        )
-        return Decimal(cur.fetchone()[0]) / _S_PER_H
+    return get_unpriced_seconds(start=start, end=end) / _S_PER_H
 
 
-def _month_lines(month: date, tenants: Collection[str] | None) -> list[LineDraft]:
+def _month_lines(month: date, tenants: Collection[str] | None, now: datetime | None) -> list[LineDraft]:
     lines = []
-    for (tenant, currency, model, tier), (charge, idle, share) in _ledger_totals(month, tenants).items():
+    for (tenant, currency, model, tier), (charge, idle, share) in _ledger_totals(month, tenants, now=now).items():
         lines.append(LineDraft(tenant, currency, InvoiceLine.Kind.USAGE, model, tier, month, share / _S_PER_H, charge))
         if idle:
             lines.append(LineDraft(tenant, currency, InvoiceLine.Kind.IDLE, model, tier, month, Decimal(0), idle))
     return lines
 
 
-def _adjustment_lines(*, month: date, horizon: timedelta, tenants: Collection[str] | None) -> list[LineDraft]:
+def _adjustment_lines(
+    *, month: date, horizon: timedelta, tenants: Collection[str] | None, now: datetime | None
+) -> list[LineDraft]:
     """For closed months whose late-usage horizon reaches into `month`: ledger now − invoiced."""
     start, _ = month_bounds(month)
     lines = []
@@ -235,7 +233,7 @@ def _adjustment_lines(*, month: date, horizon: timedelta, tenants: Collection[st
         for r in rows.values("invoice__tenant__slug", "gpu_model", "sla_tier").annotate(total=Sum("amount")):
             invoiced[(r["invoice__tenant__slug"], r["gpu_model"], r["sla_tier"])] += r["total"]
         now_totals: dict[tuple[str, str, str], tuple[str, Decimal, Decimal]] = {}
-        for (tenant, currency, model, tier), (charge, idle, share) in _ledger_totals(period.month, tenants).items():
+        for (tenant, currency, model, tier), (charge, idle, share) in _ledger_totals(period.month, tenants, now=now).items():
             now_totals[(tenant, model, tier)] = (currency, charge + idle, share)
         for key in sorted(set(now_totals) | set(invoiced)):
             currency, amount, share = now_totals.get(key, ("", Decimal(0), Decimal(0)))
@@ -248,13 +246,16 @@ def _adjustment_lines(*, month: date, horizon: timedelta, tenants: Collection[st
 
 
 def _invoice_lines(
-    *, month: date, horizon: timedelta, tenants: Collection[str] | None = None
+    *, month: date, horizon: timedelta, tenants: Collection[str] | None = None, now: datetime | None = None
 ) -> dict[str, list[LineDraft]]:
     """The lines of each tenant's invoice for `month` from the ledger as it is now: the month's own
     usage (and idle) lines, then adjustments for months closed earlier. The close and the preview
-    both read them here."""
+    both build them here; the close reads hours (`now` None), the preview closed days plus hours at
+    `now` (the same sums, tests/billing/test_spend_equivalence.py)."""
     by_tenant: dict[str, list[LineDraft]] = defaultdict(list)
-    for line in _month_lines(month, tenants) + _adjustment_lines(month=month, horizon=horizon, tenants=tenants):
+    lines = (_month_lines(month, tenants, now)
+             + _adjustment_lines(month=month, horizon=horizon, tenants=tenants, now=now))
+    for line in lines:
         by_tenant[line.tenant].append(line)
     return by_tenant
 
@@ -529,8 +530,8 @@ def preview_invoices(
                            % {"month": f"{month:%Y-%m}"})
     final = set(Invoice.objects.filter(period__month=month, status=Invoice.Status.FINALIZED)
                 .values_list("tenant__slug", flat=True))
-    by_tenant = _invoice_lines(month=month, horizon=settings.VGPU_LATE_USAGE_HORIZON, tenants=tenants)
-    as_of = GpuHour.objects.filter(hour__gte=start, hour__lt=end).aggregate(latest=Max("hour"))["latest"]
+    by_tenant = _invoice_lines(month=month, horizon=settings.VGPU_LATE_USAGE_HORIZON, tenants=tenants, now=now)
+    as_of = get_latest_hour(start=start, end=end)
     issue_at = scheduled_close_at(month)
     previews = {}
     for slug in sorted((set(by_tenant) | set(tenants or ())) - final):

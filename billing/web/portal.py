@@ -21,6 +21,7 @@ from billing.errors import InvalidInput
 from billing.models import BudgetAction
 from billing.money import format_minor_units
 from billing.queries.portal import (
+    WORKLOAD_TABLE_ROWS,
     TenantNotFound,
     TenantPortal,
     get_tenant_portal,
@@ -75,7 +76,10 @@ def tenant_portal(request: HttpRequest, slug: str) -> HttpResponse:
     # answered for a tenant the user may not see: scope first, then the period's error.
     start, end = form.bounds() if valid else _default_bounds(default)
     try:
-        portal = get_tenant_portal(scope=get_scope(request.user), slug=slug, start=start, end=end, now=now)
+        # The page's table shows the costliest workloads; the CSV has every one.
+        limit = None if valid and request.GET.get("format") == "csv" else WORKLOAD_TABLE_ROWS
+        portal = get_tenant_portal(scope=get_scope(request.user), slug=slug, start=start, end=end, now=now,
+                                   workload_limit=limit)
     except TenantNotFound as exc:
         raise Http404("no such tenant") from exc
     if valid and request.GET.get("format") == "csv":

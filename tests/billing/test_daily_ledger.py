@@ -18,6 +18,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from billing.ledger import reads as ledger_reads
+from billing.ledger import spend
 from billing.ledger.reads import DAYS, HOURS, ledger_for
 from billing.ledger.rollup import rebuild_days, rebuild_ledger, rollup_usage
 from billing.models import GpuDay, GpuHour, RateCard, Tenant, UsageDay, UsageHour
@@ -86,10 +87,10 @@ def day_snapshot() -> tuple[list[tuple], list[tuple]]:
 
 def forced_hours(monkeypatch: pytest.MonkeyPatch) -> None:
     """Make every reader use the hour ledger, whatever the period."""
-    # The ledger's reads all pick through billing.ledger.reads; the portal (in flight, issue 14)
-    # still picks itself.
-    for module in (ledger_reads, portal):
-        monkeypatch.setattr(module, "ledger_for", lambda start, end: HOURS)
+    # The ledger's reads all pick their table through billing.ledger.reads; spend reads closed
+    # days only where billing.ledger.spend.closed_days says so.
+    monkeypatch.setattr(ledger_reads, "ledger_for", lambda start, end: HOURS)
+    monkeypatch.setattr(spend, "closed_days", lambda start, end, now: None)
 
 
 @pytest.fixture

@@ -12,12 +12,14 @@ from html.parser import HTMLParser
 from typing import Any
 
 import pytest
+from django.test import Client
 
 from billing.models import BillingPeriod, Invoice, Node, RateCard, Tenant, UsageHour
 from billing.queries.portal import TenantNotFound, get_tenant_portal
 from billing.queries.scope import ADMIN_GROUP, FINANCE_GROUP, get_scope
 from billing.services.budgets import evaluate_budgets, set_budget
 from billing.services.invoicing import month_bounds
+from billing.web import portal as portal_views
 from tests import clock
 from tests.conftest import A100, user_in, with_day
 
@@ -294,3 +296,31 @@ def test_invoice_links_point_at_this_tenants_invoices_only(client, ledger, viewe
     assert links == {f"/invoices/{own.number}.pdf", f"/invoices/{own.number}.csv", f"/invoices/{own.number}.focus"}
     assert other.number not in html
     assert client.get(f"/invoices/{own.number}.csv").status_code == 200
+
+
+def test_the_workload_table_shows_the_costliest_and_says_the_csv_has_them_all(
+        client: Client, ledger: datetime, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(portal_views, "WORKLOAD_TABLE_ROWS", 1)
+    client.force_login(user_in(tenants=("acme",)))
+    html = client.get("/tenants/acme/").content.decode()
+    assert html.count('data-testid="workload-row"') == 1
+    assert "train-7" in text_of(html, "workload-table") and "bert-1" not in text_of(html, "workload-table")
+    assert text_of(html, "workload-table-cut") == "The 1 costliest of 2 workloads are shown; the CSV lists them all."
+    rows = list(csv.reader(io.StringIO(client.get("/tenants/acme/", {"format": "csv"}).content.decode())))
+    assert sorted(r[1] for r in rows[1:]) == ["bert-1", "train-7"]
+
+
+def test_a_table_of_every_workload_says_nothing_about_a_cut(client: Client, ledger: datetime) -> None:
+    client.force_login(user_in(tenants=("acme",)))
+    html = client.get("/tenants/acme/").content.decode()
+    assert html.count('data-testid="workload-row"') == 2 and 'data-testid="workload-table-cut"' not in html
+
+
+def test_a_portal_of_the_costliest_workloads_keeps_the_count_cost_and_chart_of_all(ledger: datetime) -> None:
+    start, end = month_bounds(ledger.date().replace(day=1))
+    scope = get_scope(user_in(group=FINANCE_GROUP))
+    full = get_tenant_portal(scope=scope, slug="acme", start=start, end=end, now=clock.now())
+    top = get_tenant_portal(scope=scope, slug="acme", start=start, end=end, now=clock.now(), workload_limit=1)
+    assert [w.pod for w in full.workloads] == ["train-7", "bert-1"] and top.workloads == full.workloads[:1]
+    assert (top.workload_count, top.period_cost) == (full.workload_count, full.period_cost) == (2, Decimal("5.25"))
+    assert top.daily == full.daily

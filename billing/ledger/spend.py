@@ -1,0 +1,418 @@
+"""Ledger reads for money: invoice lines, the upcoming-invoice preview, month-to-date spend, and a
+tenant's workloads, as frozen rows.
+
+Two ways to read a period:
+
+- **From hours** (`list_invoice_totals_from_hours`, `get_unpriced_seconds`): every workload-hour of
+  the period joined to its GPU-hour. The close of a month reads this way; it is the reference.
+- **Closed days plus hours** (every other read here): the UTC days of the period that are over at
+  `now` and lie wholly inside it come from the day ledger (UsageDay, GpuDay: exact sums of their
+  hours, billing.ledger.rollup), the rest (the day in progress, the hours after it, partial days at
+  the edges) from the hour ledger. ~24x fewer rows for a month, and the same sums to the ledger
+  unit: sums of exact decimals do not depend on how they are grouped.
+
+One refinement keeps the invoice totals equal to the hour-based close: the close groups by the
+GPU-hour's currency and model and keeps priced hours only. A GPU-day row carries one currency and
+`priced = every hour priced`, so the days on which some GPU has both priced and unpriced hours, and
+every day in which a rate card starts or ends other than at midnight (the currency may change inside
+it), are read from their hours instead. A GPU's model does not change inside a day (a GPU UUID names
+one card), and every GPU-hour row has metered seconds (the rollup writes none without).
+
+The key of a row is (gpu_uuid, window) as the ledger stores it today; when the ledger carries
+node_id in its keys (migration 0017_distribution_key), the GPU joins here take node_id too.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass
+from datetime import UTC, date, datetime, timedelta
+from decimal import Decimal
+from typing import Any
+
+from django.db import connection, transaction
+from django.db.models import Q
+
+from billing.models.pricing import RateCard
+
+__all__ = [
+    "InvoiceTotal",
+    "RecentSpend",
+    "TenantSpend",
+    "WorkloadDay",
+    "WorkloadTotals",
+    "WorkloadTotalsPage",
+    "closed_days",
+    "get_latest_hour",
+    "get_recent_spend",
+    "get_unpriced_seconds",
+    "list_invoice_totals",
+    "list_invoice_totals_from_hours",
+    "list_month_to_date_spends",
+    "list_workload_days",
+    "list_workload_totals",
+]
+
+_ZERO = Decimal(0)
+_DAY = timedelta(days=1)
+# PostgreSQL timestamps have microsecond resolution: `< at + 1 µs` is `<= at`.
+_TICK = timedelta(microseconds=1)
+
+
+@dataclass(frozen=True)
+class InvoiceTotal:
+    """Priced usage of one tenant on one GPU model and SLA tier, ledger precision."""
+
+    tenant: str
+    currency: str
+    gpu_model: str
+    sla_tier: str
+    charge: Decimal
+    idle_share: Decimal
+    share_gpu_s: Decimal
+
+
+@dataclass(frozen=True)
+class TenantSpend:
+    """Charge plus idle share of a tenant over a period, ledger precision."""
+
+    tenant: str
+    spend: Decimal
+
+
+@dataclass(frozen=True)
+class RecentSpend:
+    """Charge plus idle share of a tenant over a window, and the first ledger hour with usage in it."""
+
+    first_hour: datetime | None
+    spend: Decimal
+
+
+@dataclass(frozen=True)
+class WorkloadTotals:
+    """One pod instance's usage in a period (sums at ledger precision, agent units)."""
+
+    namespace: str
+    pod: str
+    pod_uid: str
+    containers: tuple[str, ...]
+    sla_tiers: tuple[str, ...]
+    charge: Decimal
+    idle_share: Decimal
+    share_gpu_s: Decimal
+    mem_used_mb_s: Decimal
+    mem_granted_mb_s: Decimal
+    sm_used_s: Decimal
+    sm_granted_s: Decimal
+    first_hour: datetime  # start of the first ledger hour with usage
+    last_hour: datetime  # start of the last ledger hour with usage
+    # Pod instances of the period with this namespace and pod name (this one included).
+    same_name_instances: int
+
+    @property
+    def cost(self) -> Decimal:
+        return self.charge + self.idle_share
+
+
+@dataclass(frozen=True)
+class WorkloadTotalsPage:
+    """The costliest pod instances of a period (all of them, or the first `limit`), costliest first
+    (ties by namespace, pod, pod UID), with the count and cost of every pod instance of the period."""
+
+    workloads: tuple[WorkloadTotals, ...]
+    count: int
+    cost: Decimal  # charge + idle share of every pod instance, ledger precision
+
+
+@dataclass(frozen=True)
+class WorkloadDay:
+    """Cost (charge + idle share) and memory used on one UTC day of one pod instance, (namespace,
+    pod, pod_uid), or of the tenant's other pod instances together (`workload` None)."""
+
+    day: date
+    workload: tuple[str, str, str] | None
+    cost: Decimal
+    mem_used_mb_s: Decimal
+
+
+# --- Which part of a period comes from days -------------------------------------------------
+
+
+def _midnight_floor(at: datetime) -> datetime:
+    return at.astimezone(UTC).replace(hour=0, minute=0, second=0, microsecond=0)
+
+
+def _midnight_ceil(at: datetime) -> datetime:
+    floor = _midnight_floor(at)
+    return floor if floor == at else floor + _DAY
+
+
+def closed_days(start: datetime, end: datetime, now: datetime) -> tuple[datetime, datetime] | None:
+    """[first, last) midnights: the UTC days wholly inside [start, end) and over at `now`, which the
+    day ledger answers for; None when there is no such day (everything is read from hours)."""
+    first = _midnight_ceil(start)
+    last = min(_midnight_floor(end), _midnight_floor(now))
+    return (first, last) if first < last else None
+
+
+@dataclass(frozen=True)
+class _Split:
+    """A period as day rows of [days_from, days_to) and hour rows of `hour_ranges`."""
+
+    days_from: datetime
+    days_to: datetime
+    hour_ranges: tuple[tuple[datetime, datetime], ...]
+
+
+def _split(start: datetime, end: datetime, now: datetime | None) -> _Split:
+    days = None if now is None else closed_days(start, end, now)
+    if days is None:
+        return _Split(start, start, ((start, end),))
+    first, last = days
+    return _Split(first, last, tuple(r for r in ((start, first), (last, end)) if r[0] < r[1]))
+
+
+def _hour_ranges_sql(ranges: Sequence[tuple[datetime, datetime]], column: str, params: dict[str, Any]) -> str:
+    """`(column >= a AND column < b) OR ...` for `ranges`, parameters added to `params`; FALSE for none."""
+    parts = []
+    for i, (lo, hi) in enumerate(ranges):
+        params[f"h{i}_lo"], params[f"h{i}_hi"] = lo, hi
+        parts.append(f"({column} >= %(h{i}_lo)s AND {column} < %(h{i}_hi)s)")
+    return "(" + " OR ".join(parts) + ")" if parts else "FALSE"
+
+
+_TENANTS = "(%(tenants)s::text[] IS NULL OR {col} = ANY(%(tenants)s::text[]))"
+
+
+def _tenants_param(tenants: Collection[str] | None) -> list[str] | None:
+    return None if tenants is None else sorted(tenants)
+
+
+# Planner settings for the reads over a period's rows (`_fetch(..., period_read=True)`), measured at
+# 800 GPUs x 31 days (bench/web_pages.py). The planner estimates the join of usage rows to their GPU
+# rows on (gpu_uuid, window) as the product of the two columns' selectivities, far too few rows, and
+# probes an index once per row in a nested loop: hash joins were 2-5x faster. The sorts of the
+# per-workload groups spilled to disk at the default 4 MB. JIT compilation (~0.3 s) cost more than it
+# saved on these sub-second reads.
+_PERIOD_READ_SETTINGS = {"enable_nestloop": "off", "jit": "off", "work_mem": "32MB"}
+
+
+def _fetch(sql: str, params: dict[str, Any], *, period_read: bool = False) -> list[tuple[Any, ...]]:
+    """Rows of `sql`; with `period_read`, under _PERIOD_READ_SETTINGS for this statement only (put
+    back as they were afterwards, for a transaction that was already open)."""
+    if not period_read:
+        with connection.cursor() as cur:
+            cur.execute(sql, params)
+            return list(cur.fetchall())
+    with transaction.atomic(), connection.cursor() as cur:  # set_config(..., true) lasts a transaction
+        names = list(_PERIOD_READ_SETTINGS)
+        cur.execute("SELECT " + ", ".join(f"current_setting('{n}')" for n in names))  # noqa: S608 - fixed names
+        before = cur.fetchone()
+        _set_local(cur, dict(_PERIOD_READ_SETTINGS))
+        cur.execute(sql, params)
+        rows = list(cur.fetchall())
+        _set_local(cur, dict(zip(names, before, strict=True)))
+        return rows
+
+
+def _set_local(cur: Any, values: dict[str, str]) -> None:
+    cur.execute("SELECT " + ", ".join(["set_config(%s, %s, true)"] * len(values)),
+                [x for item in values.items() for x in item])
+
+
+# --- Invoice lines ----------------------------------------------------------------------------
+
+_TOTALS_FROM_HOURS = (
+    "SELECT u.tenant, g.currency, g.gpu_model, u.sla_tier, sum(u.charge), sum(u.idle_share), sum(u.share_gpu_s) "
+    "FROM billing_usagehour u JOIN billing_gpuhour g ON g.gpu_uuid = u.gpu_uuid AND g.hour = u.hour "
+    "WHERE u.hour >= %(start)s AND u.hour < %(end)s AND g.hour >= %(start)s AND g.hour < %(end)s AND g.priced AND " + _TENANTS.format(col="u.tenant") + " "
+    "GROUP BY 1, 2, 3, 4 ORDER BY 1, 2, 3, 4"
+)
+
+
+def _totals(rows: list[tuple[Any, ...]]) -> list[InvoiceTotal]:
+    return [InvoiceTotal(tenant=r[0], currency=r[1], gpu_model=r[2], sla_tier=r[3], charge=r[4], idle_share=r[5],
+                         share_gpu_s=r[6]) for r in rows]
+
+
+def list_invoice_totals_from_hours(
+    *, start: datetime, end: datetime, tenants: Collection[str] | None = None
+) -> list[InvoiceTotal]:
+    """Priced usage of [start, end) per (tenant, currency, GPU model, SLA tier), from every
+    workload-hour joined to its GPU-hour; of every tenant or of `tenants` only. Sorted by that key."""
+    return _totals(_fetch(_TOTALS_FROM_HOURS, {"start": start, "end": end, "tenants": _tenants_param(tenants)},
+                          period_read=True))
+
+
+def list_invoice_totals(
+    *, start: datetime, end: datetime, now: datetime, tenants: Collection[str] | None = None
+) -> list[InvoiceTotal]:
+    """`list_invoice_totals_from_hours` to the ledger unit, read from closed days plus hours (module
+    docstring): GPU-days not wholly priced and days with a rate-card change inside are read from
+    their hours."""
+    split = _split(start, end, now)
+    hour_days = sorted(_days_with_card_changes(split.days_from, split.days_to)
+                       | _days_partly_priced(split.days_from, split.days_to))
+    params: dict[str, Any] = {"days_from": split.days_from, "days_to": split.days_to, "hour_days": hour_days,
+                              "tenants": _tenants_param(tenants)}
+    ranges = [*split.hour_ranges, *((day, day + _DAY) for day in hour_days)]
+    tenant_u = _TENANTS.format(col="u.tenant")
+    sql = (
+        "SELECT tenant, currency, gpu_model, sla_tier, sum(charge), sum(idle_share), sum(share_gpu_s) FROM ("  # noqa: S608
+        # Closed days, wholly priced, but for the days read from hours.
+        " SELECT u.tenant, g.currency, g.gpu_model, u.sla_tier, u.charge, u.idle_share, u.share_gpu_s"
+        " FROM billing_usageday u JOIN billing_gpuday g ON g.gpu_uuid = u.gpu_uuid AND g.day = u.day"
+        " WHERE u.day >= %(days_from)s AND u.day < %(days_to)s AND g.day >= %(days_from)s AND g.day < %(days_to)s"
+        f" AND g.priced AND NOT (u.day = ANY(%(hour_days)s::timestamptz[])) AND {tenant_u}"
+        # The hours of the rest of the period and of those days.
+        " UNION ALL SELECT u.tenant, g.currency, g.gpu_model, u.sla_tier, u.charge, u.idle_share, u.share_gpu_s"
+        " FROM billing_usagehour u JOIN billing_gpuhour g ON g.gpu_uuid = u.gpu_uuid AND g.hour = u.hour"
+        f" WHERE g.priced AND {_hour_ranges_sql(ranges, 'u.hour', params)}"
+        f" AND {_hour_ranges_sql(ranges, 'g.hour', params)} AND {tenant_u}"
+        ") rows GROUP BY 1, 2, 3, 4 ORDER BY 1, 2, 3, 4"
+    )
+    return _totals(_fetch(sql, params, period_read=True))
+
+
+def _days_with_card_changes(days_from: datetime, days_to: datetime) -> set[datetime]:
+    """Midnights of the days in [days_from, days_to) in which a rate card starts or ends other
+    than at midnight: a GPU's hours may carry two currencies that day."""
+    if days_from >= days_to:
+        return set()
+    cards = RateCard.objects.filter(Q(effective_from__gt=days_from, effective_from__lt=days_to)
+                                    | Q(effective_to__gt=days_from, effective_to__lt=days_to))
+    days = set()
+    for card in cards.only("effective_from", "effective_to"):
+        for at in (card.effective_from, card.effective_to):
+            if at is not None and days_from < at < days_to and _midnight_floor(at) != at:
+                days.add(_midnight_floor(at))
+    return days
+
+
+def _days_partly_priced(days_from: datetime, days_to: datetime) -> set[datetime]:
+    """Midnights of the days in [days_from, days_to) on which some GPU has priced and unpriced hours:
+    the day row cannot tell them apart. (A rate card that starts or ends inside a day does this, and
+    is found by _days_with_card_changes; this finds any other.) A GPU-day with no priced hour at all
+    (a model without a card) needs no hours: the close leaves all of it out, as the day rows do."""
+    if days_from >= days_to:
+        return set()
+    rows = _fetch("SELECT DISTINCT day FROM billing_gpuday WHERE day >= %(lo)s AND day < %(hi)s AND NOT priced "
+                  "AND metered_seconds > unpriced_seconds", {"lo": days_from, "hi": days_to})
+    return {r[0] for r in rows}
+
+
+def get_unpriced_seconds(*, start: datetime, end: datetime) -> Decimal:
+    """Metered seconds of [start, end) that no rate card priced (whole GPU-hours, as the close counts them)."""
+    rows = _fetch("SELECT coalesce(sum(metered_seconds), 0) FROM billing_gpuhour WHERE hour >= %(start)s "
+                  "AND hour < %(end)s AND NOT priced", {"start": start, "end": end})
+    return Decimal(rows[0][0])
+
+
+def get_latest_hour(*, start: datetime, end: datetime) -> datetime | None:
+    """Start of the newest GPU-hour of the hour ledger in [start, end); None when there is none."""
+    rows = _fetch("SELECT max(hour) FROM billing_gpuhour WHERE hour >= %(start)s AND hour < %(end)s",
+                  {"start": start, "end": end})
+    latest: datetime | None = rows[0][0]
+    return latest
+
+
+# --- Spend ------------------------------------------------------------------------------------
+
+_USAGE_COLUMNS = ("tenant", "namespace", "pod", "container", "pod_uid", "sla_tier", "charge", "idle_share",
+                  "share_gpu_s", "mem_used_mb_s", "mem_granted_mb_s", "sm_used_s", "sm_granted_s")
+
+
+def _usage_rows(split: _Split, params: dict[str, Any]) -> str:
+    """A subquery of usage rows over `split`, of `params["tenants"]`: the day rows of its days and the
+    hour rows of its hour ranges, with `at` (day or hour), `first_hour`, `last_hour` and _USAGE_COLUMNS."""
+    params["days_from"], params["days_to"] = split.days_from, split.days_to
+    columns = ", ".join(_USAGE_COLUMNS)
+    return (
+        f"(SELECT day AS at, first_hour, last_hour, {columns} FROM billing_usageday"  # noqa: S608 - fixed names
+        f" WHERE day >= %(days_from)s AND day < %(days_to)s AND {_TENANTS.format(col='tenant')}"
+        f" UNION ALL SELECT hour, hour, hour, {columns} FROM billing_usagehour"
+        f" WHERE {_hour_ranges_sql(split.hour_ranges, 'hour', params)} AND {_TENANTS.format(col='tenant')})"
+    )
+
+
+def list_month_to_date_spends(*, tenants: Collection[str], start: datetime, now: datetime) -> list[TenantSpend]:
+    """Charge plus idle share of each of `tenants` (sorted by slug) over the ledger hours in
+    [start, now] (the hour of `now` counts, later hours not yet); a tenant without usage has 0. One
+    query whatever the number of tenants."""
+    spends = dict.fromkeys(sorted(set(tenants)), _ZERO)
+    if spends and now >= start:
+        params: dict[str, Any] = {"tenants": list(spends)}
+        rows = _fetch(f"SELECT tenant, sum(charge) + sum(idle_share) FROM {_usage_rows(_split(start, now + _TICK, now), params)}"  # noqa: S608
+                      " u GROUP BY 1", params, period_read=True)
+        spends.update({tenant: spend for tenant, spend in rows})
+    return [TenantSpend(tenant=slug, spend=spend) for slug, spend in spends.items()]
+
+
+def get_recent_spend(*, tenant: str, since: datetime, now: datetime) -> RecentSpend:
+    """Charge plus idle share of `tenant` over the ledger hours in [since, now], from the hour ledger
+    (a short window: the budget forecast's last 24 hours), and the first such hour."""
+    rows = _fetch(
+        "SELECT min(hour), coalesce(sum(charge), 0) + coalesce(sum(idle_share), 0) FROM billing_usagehour "
+        "WHERE tenant = %(tenant)s AND hour >= %(since)s AND hour <= %(now)s",
+        {"tenant": tenant, "since": since, "now": now},
+    )
+    first, spend = rows[0]
+    return RecentSpend(first_hour=first, spend=spend if first is not None else _ZERO)
+
+
+# --- A tenant's workloads ---------------------------------------------------------------------
+
+
+def list_workload_totals(
+    *, tenant: str, start: datetime, end: datetime, now: datetime, limit: int | None = None
+) -> WorkloadTotalsPage:
+    """The pod instances (namespace, pod, pod_uid) of `tenant` with usage in [start, end), costliest
+    first, at most `limit` of them (None: all): containers, SLA tiers, sums, first/last ledger hour;
+    with the count and the cost of all of them."""
+    params: dict[str, Any] = {"tenants": [tenant], "limit": limit}
+    # Per container and tier first (hashed), then per pod: the DISTINCT lists sort a few rows per pod.
+    # Names order as Python orders str (code points: "C"), whatever the database's collation.
+    rows = _fetch(
+        "SELECT namespace, pod, pod_uid, array_agg(DISTINCT container ORDER BY container), "  # noqa: S608
+        "array_agg(DISTINCT sla_tier ORDER BY sla_tier), sum(charge), sum(idle_share), sum(share_gpu_s), "
+        "sum(mem_used_mb_s), sum(mem_granted_mb_s), sum(sm_used_s), sum(sm_granted_s), min(first_hour), "
+        "max(last_hour), count(*) OVER (PARTITION BY namespace, pod), count(*) OVER (), "
+        "sum(sum(charge) + sum(idle_share)) OVER () "
+        "FROM (SELECT namespace, pod, pod_uid, container, sla_tier, sum(charge) AS charge, "
+        "sum(idle_share) AS idle_share, sum(share_gpu_s) AS share_gpu_s, sum(mem_used_mb_s) AS mem_used_mb_s, "
+        "sum(mem_granted_mb_s) AS mem_granted_mb_s, sum(sm_used_s) AS sm_used_s, sum(sm_granted_s) AS sm_granted_s, "
+        "min(first_hour) AS first_hour, max(last_hour) AS last_hour "
+        f"FROM {_usage_rows(_split(start, end, now), params)} u GROUP BY 1, 2, 3, 4, 5) per_container "
+        'GROUP BY 1, 2, 3 ORDER BY sum(charge) + sum(idle_share) DESC, namespace COLLATE "C", pod COLLATE "C", '
+        'pod_uid COLLATE "C" LIMIT %(limit)s',
+        params, period_read=True,
+    )
+    workloads = tuple(
+        WorkloadTotals(namespace=r[0], pod=r[1], pod_uid=r[2], containers=tuple(r[3]), sla_tiers=tuple(r[4]),
+                       charge=r[5], idle_share=r[6], share_gpu_s=r[7], mem_used_mb_s=r[8], mem_granted_mb_s=r[9],
+                       sm_used_s=r[10], sm_granted_s=r[11], first_hour=r[12], last_hour=r[13],
+                       same_name_instances=r[14])
+        for r in rows
+    )
+    return WorkloadTotalsPage(workloads=workloads, count=rows[0][15] if rows else 0,
+                              cost=rows[0][16] if rows else _ZERO)
+
+
+def list_workload_days(
+    *, tenant: str, start: datetime, end: datetime, now: datetime, workloads: Sequence[tuple[str, str, str]]
+) -> list[WorkloadDay]:
+    """Per UTC day of [start, end) with usage of `tenant`: the cost (charge + idle share) and memory
+    used of each of `workloads` ((namespace, pod, pod_uid) keys: the charted ones) and, with
+    `workload` None, of all its other workloads together."""
+    params: dict[str, Any] = {"tenants": [tenant], "namespaces": [w[0] for w in workloads],
+                              "pods": [w[1] for w in workloads], "pod_uids": [w[2] for w in workloads]}
+    rows = _fetch(
+        "SELECT date_trunc('day', u.at, 'UTC'), k.i, sum(u.charge) + sum(u.idle_share), sum(u.mem_used_mb_s) "  # noqa: S608
+        f"FROM {_usage_rows(_split(start, end, now), params)} u "
+        "LEFT JOIN unnest(%(namespaces)s::text[], %(pods)s::text[], %(pod_uids)s::text[]) WITH ORDINALITY "
+        "AS k(namespace, pod, pod_uid, i) ON k.namespace = u.namespace AND k.pod = u.pod AND k.pod_uid = u.pod_uid "
+        "GROUP BY 1, 2",
+        params, period_read=True,
+    )
+    return [WorkloadDay(day=r[0].astimezone(UTC).date(), workload=None if r[1] is None else workloads[r[1] - 1],
+                        cost=r[2], mem_used_mb_s=r[3]) for r in rows]
