@@ -30,9 +30,10 @@ from datetime import UTC, date, datetime, timedelta
 from decimal import Decimal
 from typing import Any
 
-from django.db import connection, transaction
+from django.db import connection
 from django.db.models import Q
 
+from billing.ledger.reads import period_read_cursor
 from billing.models.pricing import RateCard
 
 __all__ = [
@@ -188,36 +189,15 @@ def _tenants_param(tenants: Collection[str] | None) -> list[str] | None:
     return None if tenants is None else sorted(tenants)
 
 
-# Planner settings for the reads over a period's rows (`_fetch(..., period_read=True)`), measured at
-# 800 GPUs x 31 days (bench/web_pages.py). The planner estimates the join of usage rows to their GPU
-# rows on (gpu_uuid, window) as the product of the two columns' selectivities, far too few rows, and
-# probes an index once per row in a nested loop: hash joins were 2-5x faster. The sorts of the
-# per-workload groups spilled to disk at the default 4 MB. JIT compilation (~0.3 s) cost more than it
-# saved on these sub-second reads.
-_PERIOD_READ_SETTINGS = {"enable_nestloop": "off", "jit": "off", "work_mem": "32MB"}
-
-
 def _fetch(sql: str, params: dict[str, Any], *, period_read: bool = False) -> list[tuple[Any, ...]]:
-    """Rows of `sql`; with `period_read`, under _PERIOD_READ_SETTINGS for this statement only (put
-    back as they were afterwards, for a transaction that was already open)."""
+    """Rows of `sql`; with `period_read`, under the ledger's period-read planner settings."""
     if not period_read:
         with connection.cursor() as cur:
             cur.execute(sql, params)
             return list(cur.fetchall())
-    with transaction.atomic(), connection.cursor() as cur:  # set_config(..., true) lasts a transaction
-        names = list(_PERIOD_READ_SETTINGS)
-        cur.execute("SELECT " + ", ".join(f"current_setting('{n}')" for n in names))  # noqa: S608 - fixed names
-        before = cur.fetchone()
-        _set_local(cur, dict(_PERIOD_READ_SETTINGS))
+    with period_read_cursor() as cur:
         cur.execute(sql, params)
-        rows = list(cur.fetchall())
-        _set_local(cur, dict(zip(names, before, strict=True)))
-        return rows
-
-
-def _set_local(cur: Any, values: dict[str, str]) -> None:
-    cur.execute("SELECT " + ", ".join(["set_config(%s, %s, true)"] * len(values)),
-                [x for item in values.items() for x in item])
+        return list(cur.fetchall())
 
 
 # --- Invoice lines ----------------------------------------------------------------------------

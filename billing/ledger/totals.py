@@ -13,7 +13,6 @@ from dataclasses import dataclass
 from datetime import UTC, date, datetime
 from decimal import Decimal
 
-from django.db import connection
 from django.db.models import Q, Sum
 from django.db.models.functions import TruncMonth
 
@@ -26,6 +25,7 @@ __all__ = [
     "GpuTotals",
     "MonthSeconds",
     "TenantTotals",
+    "WorkloadSummary",
     "WorkloadTotals",
     "get_gpu_totals",
     "get_last_ledger_hour",
@@ -33,8 +33,7 @@ __all__ = [
     "list_day_ledger_totals",
     "list_monthly_card_seconds",
     "list_monthly_share_seconds",
-    "list_tenant_totals",
-    "list_top_workloads",
+    "summarise_workloads",
 ]
 
 _ZERO = Decimal(0)
@@ -56,28 +55,6 @@ class TenantTotals:
     mem_used_mb_s: Decimal
     sm_used_s: Decimal
     workloads: int  # pod instances (pod_uid) with usage
-
-
-# Per (tenant, pod) first, then per tenant with count(*): no count(DISTINCT pod_uid) over every
-# usage row of the period (~12 % faster at 3.4M rows, bench/web_pages.py).
-_TENANT_TOTALS = (
-    "SELECT tenant, sum(charge) AS charge, sum(idle_share) AS idle_share, sum(share) AS share_gpu_s,"
-    " sum(mem) AS mem_used_mb_s, sum(sm) AS sm_used_s, count(*) AS workloads FROM ("
-    " SELECT tenant, pod_uid, sum(charge) AS charge, sum(idle_share) AS idle_share,"
-    " sum(share_gpu_s) AS share, sum(mem_used_mb_s) AS mem, sum(sm_used_s) AS sm"
-    " FROM {usage_table} WHERE {at} >= %(start)s AND {at} < %(end)s"
-    " AND (%(tenants)s::text[] IS NULL OR tenant = ANY(%(tenants)s::text[])) GROUP BY 1, 2"
-    ") per_pod GROUP BY 1"
-)
-
-
-def list_tenant_totals(*, start: datetime, end: datetime, tenants: Collection[str] | None) -> list[TenantTotals]:
-    """Per tenant over [start, end), `tenants` only unless None; unordered."""
-    ledger = reads.ledger_for(start, end)
-    with connection.cursor() as cur:
-        cur.execute(_TENANT_TOTALS.format(usage_table=ledger.usage_table, at=ledger.at),
-                    {"start": start, "end": end, "tenants": _tenant_list(tenants)})
-        return fetch_rows(cur, TenantTotals)
 
 
 @dataclass(frozen=True)
@@ -136,32 +113,81 @@ class WorkloadTotals:
     sm_used_s: Decimal
 
 
-# Per (pod, tier) first, then per pod over those rows, whose tiers are already distinct: no
-# string_agg(DISTINCT ...) over every usage row of the period (~15 % faster, bench/web_pages.py).
-_TOP_WORKLOADS = """
-SELECT tenant, namespace, pod, pod_uid, string_agg(sla_tier, ', ' ORDER BY sla_tier) AS sla_tiers,
-       sum(cost) AS cost, sum(share) AS share_gpu_s, sum(mem) AS mem_used_mb_s, sum(sm) AS sm_used_s
-FROM (
-    SELECT tenant, namespace, pod, pod_uid, sla_tier, sum(charge + idle_share) AS cost,
+@dataclass(frozen=True)
+class WorkloadSummary:
+    """A period's usage per tenant, and its costliest pod instances."""
+
+    tenants: list[TenantTotals]  # unordered
+    top: list[WorkloadTotals]  # costliest first
+
+
+# One statement for both, because both are sums over the same per-pod groups and the aggregation of
+# a month's usage rows is most of a dashboard's time (bench/web_pages.py: the two apart took ~1 s at
+# 800 GPUs x 31 days). Per (pod, tier) first, then per pod over those rows, whose tiers are already
+# distinct: no string_agg(DISTINCT ...) over every usage row; the tiers are joined for the top rows only.
+_WORKLOAD_SUMMARY = """
+WITH per_tier AS MATERIALIZED (
+    SELECT tenant, namespace, pod, pod_uid, sla_tier, sum(charge) AS charge, sum(idle_share) AS idle_share,
            sum(share_gpu_s) AS share, sum(mem_used_mb_s) AS mem, sum(sm_used_s) AS sm
     FROM {usage_table}
     WHERE {at} >= %(start)s AND {at} < %(end)s AND (%(tenants)s::text[] IS NULL OR tenant = ANY(%(tenants)s::text[]))
-    GROUP BY 1, 2, 3, 4, 5
-) per_tier
-GROUP BY 1, 2, 3, 4
-ORDER BY 6 DESC, 1, 2, 3, 4
-LIMIT %(limit)s
+    GROUP BY pod_uid, sla_tier, tenant, namespace, pod
+), per_pod AS MATERIALIZED (
+    SELECT tenant, namespace, pod, pod_uid, sum(charge) AS charge, sum(idle_share) AS idle_share,
+           sum(share) AS share, sum(mem) AS mem, sum(sm) AS sm
+    FROM per_tier GROUP BY pod_uid, tenant, namespace, pod
+), top AS (
+    SELECT * FROM per_pod ORDER BY charge + idle_share DESC, tenant, namespace, pod, pod_uid LIMIT %(limit)s
+)
+SELECT 'tenant' AS kind, tenant, '' AS namespace, '' AS pod, '' AS pod_uid, '' AS sla_tiers,
+       sum(charge) + sum(idle_share) AS cost, sum(charge) AS charge, sum(idle_share) AS idle_share, sum(share) AS share_gpu_s, sum(mem) AS mem_used_mb_s,
+       sum(sm) AS sm_used_s, count(DISTINCT pod_uid) AS workloads
+FROM per_pod GROUP BY tenant
+UNION ALL
+SELECT 'workload', t.tenant, t.namespace, t.pod, t.pod_uid,
+       (SELECT string_agg(p.sla_tier, ', ' ORDER BY p.sla_tier) FROM per_tier p WHERE p.pod_uid = t.pod_uid
+        AND p.tenant = t.tenant AND p.namespace = t.namespace AND p.pod = t.pod),
+       t.charge + t.idle_share, t.charge, t.idle_share, t.share, t.mem, t.sm, 1
+FROM top t
+ORDER BY kind, cost DESC, tenant, namespace, pod, pod_uid
 """
 
 
-def list_top_workloads(*, start: datetime, end: datetime, tenants: Collection[str] | None,
-                       limit: int) -> list[WorkloadTotals]:
-    """The `limit` costliest pod instances of [start, end), costliest first."""
+@dataclass(frozen=True)
+class _SummaryRow:
+    kind: str  # "tenant" | "workload"
+    tenant: str
+    namespace: str
+    pod: str
+    pod_uid: str
+    sla_tiers: str
+    cost: Decimal
+    charge: Decimal
+    idle_share: Decimal
+    share_gpu_s: Decimal
+    mem_used_mb_s: Decimal
+    sm_used_s: Decimal
+    workloads: int
+
+
+def summarise_workloads(*, start: datetime, end: datetime, tenants: Collection[str] | None,
+                        top: int) -> WorkloadSummary:
+    """Per tenant over [start, end) (`tenants` only unless None), and the `top` costliest pod
+    instances, in one statement under the period-read planner settings."""
     ledger = reads.ledger_for(start, end)
-    with connection.cursor() as cur:
-        cur.execute(_TOP_WORKLOADS.format(at=ledger.at, usage_table=ledger.usage_table),
-                    {"start": start, "end": end, "tenants": _tenant_list(tenants), "limit": limit})
-        return fetch_rows(cur, WorkloadTotals)
+    with reads.period_read_cursor() as cur:
+        cur.execute(_WORKLOAD_SUMMARY.format(at=ledger.at, usage_table=ledger.usage_table),
+                    {"start": start, "end": end, "tenants": _tenant_list(tenants), "limit": top})
+        rows = fetch_rows(cur, _SummaryRow)
+    return WorkloadSummary(
+        tenants=[TenantTotals(tenant=r.tenant, charge=r.charge, idle_share=r.idle_share, share_gpu_s=r.share_gpu_s,
+                              mem_used_mb_s=r.mem_used_mb_s, sm_used_s=r.sm_used_s, workloads=r.workloads)
+                 for r in rows if r.kind == "tenant"],
+        top=[WorkloadTotals(tenant=r.tenant, namespace=r.namespace, pod=r.pod, pod_uid=r.pod_uid,
+                            sla_tiers=r.sla_tiers, cost=r.cost, share_gpu_s=r.share_gpu_s,
+                            mem_used_mb_s=r.mem_used_mb_s, sm_used_s=r.sm_used_s)
+             for r in rows if r.kind == "workload"],
+    )
 
 
 @dataclass(frozen=True)

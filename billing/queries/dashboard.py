@@ -24,7 +24,7 @@ from billing.ledger import series, totals
 from billing.ledger.reads import Granularity
 from billing.models import PairedReport, RebalancePlan
 from billing.models.rebalance import RebalanceStatus
-from billing.queries.finance import CostSummary, get_cost_summary
+from billing.queries.finance import CostSummary, get_cost_summary_and_top
 from billing.scope import Scope
 
 __all__ = [
@@ -210,9 +210,8 @@ def _utilisation(start: datetime, end: datetime, granularity: Granularity) -> li
     ]
 
 
-def _top_workloads(scope: Scope, summary: CostSummary) -> list[WorkloadCost]:
+def _top_workloads(summary: CostSummary, rows: list[totals.WorkloadTotals]) -> list[WorkloadCost]:
     names = {t.tenant: t.name for t in summary.tenants}
-    rows = totals.list_top_workloads(start=summary.start, end=summary.end, tenants=scope.tenants, limit=TOP_WORKLOADS)
     return [
         WorkloadCost(
             tenant=w.tenant,
@@ -278,13 +277,13 @@ def _rebalance() -> RebalanceRecommendation | None:
 
 
 def get_finance_dashboard(*, scope: Scope, start: datetime, end: datetime) -> FinanceDashboard:
-    summary = get_cost_summary(scope=scope, start=start, end=end)
+    summary, top = get_cost_summary_and_top(scope=scope, start=start, end=end, top=TOP_WORKLOADS)
     granularity = granularity_for(start, end)
     platform = scope.sees_platform
     return FinanceDashboard(
         summary=summary,
         timeline=_timeline(scope, summary, granularity),
-        top_workloads=_top_workloads(scope, summary),
+        top_workloads=_top_workloads(summary, top),
         utilisation=_utilisation(start, end, granularity) if platform else None,
         savings=_savings(start, end) if platform else None,
         rebalance=_rebalance() if platform else None,

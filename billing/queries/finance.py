@@ -15,7 +15,7 @@ from billing.scope import Scope
 
 # DAYS, HOURS, Ledger and ledger_for are re-exported for queries/portal.py only: in flight
 # (issue 14), removed at merge, when the portal reads through billing.ledger itself.
-__all__ = ["DAYS", "HOURS", "CostSummary", "Ledger", "TenantCost", "get_cost_summary", "ledger_for"]
+__all__ = ["DAYS", "HOURS", "CostSummary", "Ledger", "TenantCost", "get_cost_summary", "get_cost_summary_and_top", "ledger_for"]
 
 _ZERO = Decimal(0)
 _MB_PER_GB = Decimal(1024)
@@ -61,8 +61,15 @@ class CostSummary:
 
 
 def get_cost_summary(*, scope: Scope, start: datetime, end: datetime) -> CostSummary:
+    return get_cost_summary_and_top(scope=scope, start=start, end=end, top=0)[0]
+
+
+def get_cost_summary_and_top(*, scope: Scope, start: datetime, end: datetime,
+                             top: int) -> tuple[CostSummary, list[totals.WorkloadTotals]]:
+    """The cost summary and the `top` costliest workloads, from one pass over the period's usage."""
     names = dict(Tenant.objects.values_list("slug", "name"))
-    rows = totals.list_tenant_totals(start=start, end=end, tenants=scope.tenants)
+    workloads = totals.summarise_workloads(start=start, end=end, tenants=scope.tenants, top=top)
+    rows = workloads.tenants
     tenants = [
         TenantCost(
             tenant=r.tenant,
@@ -80,7 +87,7 @@ def get_cost_summary(*, scope: Scope, start: datetime, end: datetime) -> CostSum
     attributed = sum((t.total for t in tenants), _ZERO)
     currency = totals.get_priced_currency(start=start, end=end)
     if not scope.sees_platform:
-        return CostSummary(start, end, currency, tenants, attributed, None, None, None, None, None, None)
+        return CostSummary(start, end, currency, tenants, attributed, None, None, None, None, None, None), workloads.top
     gpu = totals.get_gpu_totals(start=start, end=end)
     return CostSummary(
         start=start,
@@ -94,4 +101,4 @@ def get_cost_summary(*, scope: Scope, start: datetime, end: datetime) -> CostSum
         metered_gpu_hours=gpu.metered_seconds / _S_PER_H,
         unpriced_gpu_hours=gpu.unpriced_seconds / _S_PER_H,
         last_data_at=totals.get_last_ledger_hour(),
-    )
+    ), workloads.top
