@@ -406,7 +406,7 @@ def run_measurements(args: argparse.Namespace, tenants: list[str], now: datetime
     from billing.queries.dashboard import get_finance_dashboard
     from billing.queries.periods import list_billing_periods
     from billing.queries.portal import WORKLOAD_TABLE_ROWS, get_tenant_portal, list_tenant_portals
-    from billing.queries.scope import get_scope
+    from billing.scope import get_scope
     from billing.services.invoicing import month_bounds, preview_invoices
 
     if "testserver" not in settings.ALLOWED_HOSTS:

@@ -9,13 +9,10 @@ from datetime import datetime
 from decimal import Decimal
 
 from billing.ledger import totals
-from billing.ledger.reads import DAYS, HOURS, Ledger, ledger_for
 from billing.models import Tenant
 from billing.scope import Scope
 
-# DAYS, HOURS, Ledger and ledger_for are re-exported for queries/portal.py only: in flight
-# (issue 14), removed at merge, when the portal reads through billing.ledger itself.
-__all__ = ["DAYS", "HOURS", "CostSummary", "Ledger", "TenantCost", "get_cost_summary", "get_cost_summary_and_top", "ledger_for"]
+__all__ = ["CostSummary", "TenantCost", "get_cost_summary", "get_cost_summary_and_top"]
 
 _ZERO = Decimal(0)
 _MB_PER_GB = Decimal(1024)

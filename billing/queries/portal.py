@@ -24,7 +24,7 @@ from billing.errors import DomainError, InvalidInput
 from billing.ledger.spend import WorkloadTotals, list_workload_days, list_workload_totals
 from billing.models import RateCard, Tenant
 from billing.queries.budgets import BudgetView, list_budgets
-from billing.queries.scope import Scope
+from billing.scope import Scope
 from billing.services.budgets import forecast_month_end, get_month_to_date_spend, get_month_to_date_spends
 from billing.services.exports import InvoiceSummary, list_invoices
 from billing.services.invoicing import InvoicePreview, preview_invoice, preview_invoices

@@ -51,7 +51,7 @@ from billing.ledger.spend import (
     list_invoice_totals_from_hours,
 )
 from billing.models import BillingPeriod, Invoice, InvoiceLine, Tenant
-from billing.money import minor_unit_exponent, to_minor_units
+from billing.money import from_minor_units, to_minor_units
 from billing.services.audit import record_audit_event
 
 __all__ = [
@@ -107,7 +107,7 @@ class PricedLine:
     @property
     def rounded_amount(self) -> Decimal:
         """`amount_minor` in major units, exact (no rounding happens here)."""
-        return Decimal(self.amount_minor).scaleb(-minor_unit_exponent(self.currency))
+        return from_minor_units(self.amount_minor, self.currency)
 
 
 @dataclass(frozen=True)
@@ -141,11 +141,11 @@ class InvoicePreview:
     @property
     def subtotal(self) -> Decimal:
         """Major units, exact (minor units scaled; no rounding happens here)."""
-        return Decimal(self.subtotal_minor).scaleb(-minor_unit_exponent(self.currency))
+        return from_minor_units(self.subtotal_minor, self.currency)
 
     @property
     def total(self) -> Decimal:
-        return Decimal(self.total_minor).scaleb(-minor_unit_exponent(self.currency))
+        return from_minor_units(self.total_minor, self.currency)
 
     @property
     def adjustments(self) -> Decimal:

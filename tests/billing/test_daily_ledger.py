@@ -23,7 +23,7 @@ from billing.ledger.reads import DAYS, HOURS, ledger_for
 from billing.ledger.rollup import rebuild_days, rebuild_ledger, rollup_usage
 from billing.models import GpuDay, GpuHour, RateCard, Tenant, UsageDay, UsageHour
 from billing.queries import dashboard, finance, portal
-from billing.queries.scope import Scope
+from billing.scope import Scope
 from tests import clock
 from tests.conftest import A100, make_batch
 

@@ -16,7 +16,7 @@ from django.test import Client
 
 from billing.models import BillingPeriod, Invoice, Node, RateCard, Tenant, UsageHour
 from billing.queries.portal import TenantNotFound, get_tenant_portal
-from billing.queries.scope import ADMIN_GROUP, FINANCE_GROUP, get_scope
+from billing.scope import ADMIN_GROUP, FINANCE_GROUP, get_scope
 from billing.services.budgets import evaluate_budgets, set_budget
 from billing.services.invoicing import month_bounds
 from billing.web import portal as portal_views

@@ -12,7 +12,7 @@ from kubernetes import client as kube_client
 
 from agents.testing import FakeKubernetes
 from billing.models import AuditEvent, Gpu, Node, RateCard, RebalancePlan, UsageMinute
-from billing.queries.scope import ADMIN_GROUP
+from billing.scope import ADMIN_GROUP
 from billing.services.rebalance import (
     KubernetesApi,
     approve_plan,
@@ -253,7 +253,7 @@ def test_an_unapproved_plan_is_not_executed(fleet):
 
 
 def test_finance_reads_plans_and_savings_but_cannot_decide(client, fleet):
-    from billing.queries.scope import FINANCE_GROUP
+    from billing.scope import FINANCE_GROUP
 
     plan = propose_rebalance(now=NOW, max_moves=10)
     assert plan is not None

@@ -18,7 +18,7 @@ from django.utils.formats import date_format
 from billing.errors import InvalidInput
 from billing.ledger.rollup import rollup_usage
 from billing.models import AuditEvent, BillingPeriod, Invoice, InvoiceLine, RateCard, Tenant, TenantMembership
-from billing.queries.scope import FINANCE_GROUP
+from billing.scope import FINANCE_GROUP
 from billing.services.invoicing import (
     close_period,
     preview_invoice,
