@@ -165,7 +165,7 @@ class _WorkerFiles(Collector):
 
         files = [str(f) for directory in self.directories for f in sorted(Path(directory).glob("*.db"))]
         # prometheus_client leaves merge() unannotated; it returns the merged metric families.
-        merged: Iterable[Metric] = multiprocess.MultiProcessCollector.merge(  # type: ignore[no-untyped-call]
+        merged: Iterable[Metric] = multiprocess.MultiProcessCollector.merge(
             files, accumulate=True)
         return merged
 

@@ -502,9 +502,12 @@ def scheduled_close_at(month: date) -> datetime | None:
     schedule = entry.get("schedule")
     if not isinstance(schedule, crontab):
         return None
-    days, hours, minutes = sorted(schedule.day_of_month), sorted(schedule.hour), sorted(schedule.minute)
-    if len(days) != 1 or len(hours) != 1 or len(minutes) != 1 or len(schedule.month_of_year) != 12 \
-            or len(schedule.day_of_week) != 7:
+    # crontab's parsed fields (sets of ints); celery-types does not declare them.
+    fields: dict[str, set[int]] = {f: getattr(schedule, f)
+                                   for f in ("day_of_month", "hour", "minute", "month_of_year", "day_of_week")}
+    days, hours, minutes = sorted(fields["day_of_month"]), sorted(fields["hour"]), sorted(fields["minute"])
+    if len(days) != 1 or len(hours) != 1 or len(minutes) != 1 or len(fields["month_of_year"]) != 12 \
+            or len(fields["day_of_week"]) != 7:
         return None
     _, end = month_bounds(month)
     zone = ZoneInfo(getattr(settings, "CELERY_TIMEZONE", None) or "UTC")
