@@ -28,12 +28,12 @@ from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, timedelta
 from decimal import Decimal
-from typing import Any
+from typing import Any, TypeVar
 
 from django.db import connection
 from django.db.models import Q
 
-from billing.ledger.reads import period_read_cursor
+from billing.ledger.reads import fetch_rows, period_read_cursor
 from billing.models.pricing import RateCard
 
 __all__ = [
@@ -55,6 +55,7 @@ __all__ = [
 ]
 
 _ZERO = Decimal(0)
+_Row = TypeVar("_Row")
 _DAY = timedelta(days=1)
 # PostgreSQL timestamps have microsecond resolution: `< at + 1 µs` is `<= at`.
 _TICK = timedelta(microseconds=1)
@@ -200,19 +201,21 @@ def _fetch(sql: str, params: dict[str, Any], *, period_read: bool = False) -> li
         return list(cur.fetchall())
 
 
+def _fetch_as(sql: str, params: dict[str, Any], row_type: type[_Row]) -> list[_Row]:
+    """Rows of `sql` as `row_type` (fields matched to column names), under the period-read settings."""
+    with period_read_cursor() as cur:
+        cur.execute(sql, params)
+        return fetch_rows(cur, row_type)
+
+
 # --- Invoice lines ----------------------------------------------------------------------------
 
 _TOTALS_FROM_HOURS = (
-    "SELECT u.tenant, g.currency, g.gpu_model, u.sla_tier, sum(u.charge), sum(u.idle_share), sum(u.share_gpu_s) "
-    "FROM billing_usagehour u JOIN billing_gpuhour g ON g.gpu_uuid = u.gpu_uuid AND g.hour = u.hour "
+    "SELECT u.tenant, g.currency, g.gpu_model, u.sla_tier, sum(u.charge) AS charge, sum(u.idle_share) AS idle_share, "  # noqa: S608 - fixed SQL
+    "sum(u.share_gpu_s) AS share_gpu_s FROM billing_usagehour u JOIN billing_gpuhour g ON g.gpu_uuid = u.gpu_uuid AND g.hour = u.hour "
     "WHERE u.hour >= %(start)s AND u.hour < %(end)s AND g.hour >= %(start)s AND g.hour < %(end)s AND g.priced AND " + _TENANTS.format(col="u.tenant") + " "
     "GROUP BY 1, 2, 3, 4 ORDER BY 1, 2, 3, 4"
 )
-
-
-def _totals(rows: list[tuple[Any, ...]]) -> list[InvoiceTotal]:
-    return [InvoiceTotal(tenant=r[0], currency=r[1], gpu_model=r[2], sla_tier=r[3], charge=r[4], idle_share=r[5],
-                         share_gpu_s=r[6]) for r in rows]
 
 
 def list_invoice_totals_from_hours(
@@ -220,8 +223,8 @@ def list_invoice_totals_from_hours(
 ) -> list[InvoiceTotal]:
     """Priced usage of [start, end) per (tenant, currency, GPU model, SLA tier), from every
     workload-hour joined to its GPU-hour; of every tenant or of `tenants` only. Sorted by that key."""
-    return _totals(_fetch(_TOTALS_FROM_HOURS, {"start": start, "end": end, "tenants": _tenants_param(tenants)},
-                          period_read=True))
+    return _fetch_as(_TOTALS_FROM_HOURS, {"start": start, "end": end, "tenants": _tenants_param(tenants)},
+                     InvoiceTotal)
 
 
 def list_invoice_totals(
@@ -238,7 +241,8 @@ def list_invoice_totals(
     ranges = [*split.hour_ranges, *((day, day + _DAY) for day in hour_days)]
     tenant_u = _TENANTS.format(col="u.tenant")
     sql = (
-        "SELECT tenant, currency, gpu_model, sla_tier, sum(charge), sum(idle_share), sum(share_gpu_s) FROM ("  # noqa: S608
+        "SELECT tenant, currency, gpu_model, sla_tier, sum(charge) AS charge, sum(idle_share) AS idle_share,"  # noqa: S608
+        " sum(share_gpu_s) AS share_gpu_s FROM ("
         # Closed days, wholly priced, but for the days read from hours.
         " SELECT u.tenant, g.currency, g.gpu_model, u.sla_tier, u.charge, u.idle_share, u.share_gpu_s"
         " FROM billing_usageday u JOIN billing_gpuday g ON g.gpu_uuid = u.gpu_uuid AND g.day = u.day"
@@ -251,7 +255,7 @@ def list_invoice_totals(
         f" AND {_hour_ranges_sql(ranges, 'g.hour', params)} AND {tenant_u}"
         ") rows GROUP BY 1, 2, 3, 4 ORDER BY 1, 2, 3, 4"
     )
-    return _totals(_fetch(sql, params, period_read=True))
+    return _fetch_as(sql, params, InvoiceTotal)
 
 
 def _days_with_card_changes(days_from: datetime, days_to: datetime) -> set[datetime]:
@@ -352,12 +356,14 @@ def list_workload_totals(
     params: dict[str, Any] = {"tenants": [tenant], "limit": limit}
     # Per container and tier first (hashed), then per pod: the DISTINCT lists sort a few rows per pod.
     # Names order as Python orders str (code points: "C"), whatever the database's collation.
-    rows = _fetch(
-        "SELECT namespace, pod, pod_uid, array_agg(DISTINCT container ORDER BY container), "  # noqa: S608
-        "array_agg(DISTINCT sla_tier ORDER BY sla_tier), sum(charge), sum(idle_share), sum(share_gpu_s), "
-        "sum(mem_used_mb_s), sum(mem_granted_mb_s), sum(sm_used_s), sum(sm_granted_s), min(first_hour), "
-        "max(last_hour), count(*) OVER (PARTITION BY namespace, pod), count(*) OVER (), "
-        "sum(sum(charge) + sum(idle_share)) OVER () "
+    rows = _fetch_as(
+        "SELECT namespace, pod, pod_uid, array_agg(DISTINCT container ORDER BY container) AS containers, "  # noqa: S608
+        "array_agg(DISTINCT sla_tier ORDER BY sla_tier) AS sla_tiers, sum(charge) AS charge, "
+        "sum(idle_share) AS idle_share, sum(share_gpu_s) AS share_gpu_s, sum(mem_used_mb_s) AS mem_used_mb_s, "
+        "sum(mem_granted_mb_s) AS mem_granted_mb_s, sum(sm_used_s) AS sm_used_s, sum(sm_granted_s) AS sm_granted_s, "
+        "min(first_hour) AS first_hour, max(last_hour) AS last_hour, "
+        "count(*) OVER (PARTITION BY namespace, pod) AS same_name_instances, count(*) OVER () AS count_all, "
+        "sum(sum(charge) + sum(idle_share)) OVER () AS cost_all "
         "FROM (SELECT namespace, pod, pod_uid, container, sla_tier, sum(charge) AS charge, "
         "sum(idle_share) AS idle_share, sum(share_gpu_s) AS share_gpu_s, sum(mem_used_mb_s) AS mem_used_mb_s, "
         "sum(mem_granted_mb_s) AS mem_granted_mb_s, sum(sm_used_s) AS sm_used_s, sum(sm_granted_s) AS sm_granted_s, "
@@ -365,17 +371,41 @@ def list_workload_totals(
         f"FROM {_usage_rows(_split(start, end, now), params)} u GROUP BY 1, 2, 3, 4, 5) per_container "
         'GROUP BY 1, 2, 3 ORDER BY sum(charge) + sum(idle_share) DESC, namespace COLLATE "C", pod COLLATE "C", '
         'pod_uid COLLATE "C" LIMIT %(limit)s',
-        params, period_read=True,
+        params, _WorkloadRow,
     )
     workloads = tuple(
-        WorkloadTotals(namespace=r[0], pod=r[1], pod_uid=r[2], containers=tuple(r[3]), sla_tiers=tuple(r[4]),
-                       charge=r[5], idle_share=r[6], share_gpu_s=r[7], mem_used_mb_s=r[8], mem_granted_mb_s=r[9],
-                       sm_used_s=r[10], sm_granted_s=r[11], first_hour=r[12], last_hour=r[13],
-                       same_name_instances=r[14])
+        WorkloadTotals(namespace=r.namespace, pod=r.pod, pod_uid=r.pod_uid, containers=tuple(r.containers),
+                       sla_tiers=tuple(r.sla_tiers), charge=r.charge, idle_share=r.idle_share,
+                       share_gpu_s=r.share_gpu_s, mem_used_mb_s=r.mem_used_mb_s, mem_granted_mb_s=r.mem_granted_mb_s,
+                       sm_used_s=r.sm_used_s, sm_granted_s=r.sm_granted_s, first_hour=r.first_hour,
+                       last_hour=r.last_hour, same_name_instances=r.same_name_instances)
         for r in rows
     )
-    return WorkloadTotalsPage(workloads=workloads, count=rows[0][15] if rows else 0,
-                              cost=rows[0][16] if rows else _ZERO)
+    return WorkloadTotalsPage(workloads=workloads, count=rows[0].count_all if rows else 0,
+                              cost=rows[0].cost_all if rows else _ZERO)
+
+
+@dataclass(frozen=True)
+class _WorkloadRow:
+    """A row of list_workload_totals' statement: one pod instance, and the count and cost of all."""
+
+    namespace: str
+    pod: str
+    pod_uid: str
+    containers: list[str]
+    sla_tiers: list[str]
+    charge: Decimal
+    idle_share: Decimal
+    share_gpu_s: Decimal
+    mem_used_mb_s: Decimal
+    mem_granted_mb_s: Decimal
+    sm_used_s: Decimal
+    sm_granted_s: Decimal
+    first_hour: datetime
+    last_hour: datetime
+    same_name_instances: int
+    count_all: int
+    cost_all: Decimal
 
 
 def list_workload_days(
@@ -386,13 +416,22 @@ def list_workload_days(
     `workload` None, of all its other workloads together."""
     params: dict[str, Any] = {"tenants": [tenant], "namespaces": [w[0] for w in workloads],
                               "pods": [w[1] for w in workloads], "pod_uids": [w[2] for w in workloads]}
-    rows = _fetch(
-        "SELECT date_trunc('day', u.at, 'UTC'), k.i, sum(u.charge) + sum(u.idle_share), sum(u.mem_used_mb_s) "  # noqa: S608
+    rows = _fetch_as(
+        "SELECT date_trunc('day', u.at, 'UTC') AS day, k.i AS workload, sum(u.charge) + sum(u.idle_share) AS cost, "  # noqa: S608
+        "sum(u.mem_used_mb_s) AS mem_used_mb_s "
         f"FROM {_usage_rows(_split(start, end, now), params)} u "
         "LEFT JOIN unnest(%(namespaces)s::text[], %(pods)s::text[], %(pod_uids)s::text[]) WITH ORDINALITY "
         "AS k(namespace, pod, pod_uid, i) ON k.namespace = u.namespace AND k.pod = u.pod AND k.pod_uid = u.pod_uid "
         "GROUP BY 1, 2",
-        params, period_read=True,
+        params, _WorkloadDayRow,
     )
-    return [WorkloadDay(day=r[0].astimezone(UTC).date(), workload=None if r[1] is None else workloads[r[1] - 1],
-                        cost=r[2], mem_used_mb_s=r[3]) for r in rows]
+    return [WorkloadDay(day=r.day.astimezone(UTC).date(), workload=None if r.workload is None else workloads[r.workload - 1],
+                        cost=r.cost, mem_used_mb_s=r.mem_used_mb_s) for r in rows]
+
+
+@dataclass(frozen=True)
+class _WorkloadDayRow:
+    day: datetime
+    workload: int | None  # 1-based index into the charted workloads; None: all the others
+    cost: Decimal
+    mem_used_mb_s: Decimal
