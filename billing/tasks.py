@@ -5,22 +5,23 @@ from __future__ import annotations
 import logging
 import smtplib
 import time
+from collections.abc import Callable
 from datetime import timedelta
+from typing import TYPE_CHECKING, Any, ParamSpec, Protocol, TypeVar
 
 import urllib3
-from celery import shared_task
 from django.conf import settings
 from django.core.mail import send_mail
 from django.db import OperationalError, transaction
 from django.utils import timezone
 
 from billing.ledger.partitions import ensure_raw_partitions as _ensure_raw_partitions
-from billing.ledger.rollup import rollup_usage as _rollup_usage
 from billing.models import Budget
 from billing.services.budgets import evaluate_budgets as _evaluate_budgets
 from billing.services.budgets import sign_webhook, webhook_body
 from billing.services.invoicing import close_period as _close_period
 from billing.services.invoicing import parse_month
+from billing.services.quarantine import run_rollup
 from billing.services.rebalance import execute_plan, kube_from_settings
 from billing.services.rebalance import propose_rebalance as _propose
 from billing.services.reports import run_paired_report as _run_paired_report
@@ -34,17 +35,45 @@ from billing.services.webhooks import (
 
 log = logging.getLogger(__name__)
 
+_P = ParamSpec("_P")
+_R_co = TypeVar("_R_co", covariant=True)
+
+
+class TaskFunction(Protocol[_P, _R_co]):
+    """What @shared_task makes of a function, as far as this module uses it (Celery ships no types)."""
+
+    def __call__(self, *args: _P.args, **kwargs: _P.kwargs) -> _R_co: ...
+
+    def delay(self, *args: _P.args, **kwargs: _P.kwargs) -> Any: ...  # celery.result.AsyncResult
+
+
+if TYPE_CHECKING:
+    def shared_task(**options: Any) -> Callable[[Callable[_P, _R_co]], TaskFunction[_P, _R_co]]: ...
+else:
+    from celery import shared_task
+
+
+@shared_task(name="billing.tasks.rollup_usage", acks_late=True)
+def rollup_usage() -> list[str]:
+    """Beat entry: fan the cycle out into VGPU_ROLLUP_SHARDS shard tasks, which any number of
+    workers run in parallel (billing.ledger.rollup: no global lock, one worker per node at a time).
+    Each task carries its own (shard, shards), so a change of N between beat and workers, or a
+    redelivered task, only makes some node's lock be tried twice."""
+    shards = settings.VGPU_ROLLUP_SHARDS
+    return [rollup_shard.delay(shard, shards).id for shard in range(shards)]
+
 
 @shared_task(
-    name="billing.tasks.rollup_usage",
+    name="billing.tasks.rollup_shard",
     acks_late=True,
     autoretry_for=(OperationalError,),
     retry_backoff=True,
     max_retries=5,
 )
-def rollup_usage() -> dict:
-    result = _rollup_usage(now=timezone.now())
-    return {"batches": result.batches, "gpu_minutes": result.gpu_minutes, "gpu_hours": result.gpu_hours,
+def rollup_shard(shard: int, shards: int) -> dict[str, object]:
+    result = run_rollup(now=timezone.now(), shard=shard, shards=shards, max_batches=settings.VGPU_ROLLUP_MAX_BATCHES)
+    return {"shard": shard, "shards": shards, "nodes": result.nodes, "batches": result.batches,
+            "gpu_minutes": result.gpu_minutes, "gpu_hours": result.gpu_hours, "quarantined": result.quarantined,
             "skipped": result.skipped}
 
 
