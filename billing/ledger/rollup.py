@@ -443,26 +443,50 @@ def _windows(cur: CursorWrapper, node_id: int, gpus: list[str], lo: datetime, hi
     return windows, sorted(included)
 
 
+# The integrals each workload-minute sums, in the ledger's column order.
+_RAW_SUMS = ("r.seconds", "r.mem_used_mb_s", "r.mem_granted_mb_s", "greatest(r.mem_used_mb_s, r.mem_granted_mb_s)",
+             "r.sm_used_s", "r.sm_granted_s", "greatest(r.sm_used_s, r.sm_granted_s)", "r.pcie_mb")
+
+
+def _exact_sum(expr: str) -> str:
+    """Two aggregates whose total is Σ expr::numeric, the ledger's exact sum of raw samples.
+
+    Casting every float8 to numeric costs the rollup most of its time (2/3 of the raw GROUP BY
+    measured, docs/benchmarks.md), so it is kept for the values where it is needed. Agents report
+    integrals in multiples of 2^-10 (agents/meter.py); such a value below 10^5 has at most 15
+    significant digits, so its numeric cast (15 digits) is the value itself, and float8 adds such
+    values exactly (every partial sum is a multiple of 2^-10 far below 2^43). Those rows are summed
+    in float8, the rest (anything else a client sent) through numeric; the caller adds the two
+    exactly (Decimal(float) is the float's exact value). Same total as summing the casts."""
+    fast = f"{expr} < 1e5 AND {expr} * 1024 = trunc({expr} * 1024)"
+    return f"sum({expr}) FILTER (WHERE {fast}), sum({expr}::numeric) FILTER (WHERE NOT ({fast}))"
+
+
+_WORKLOADS_SQL = (
+    "SELECT r.gpu_uuid, date_trunc('minute', r.start), r.tenant, r.namespace, r.pod, r.container, "  # noqa: S608
+    f"r.pod_uid, r.sla_tier, {', '.join(_exact_sum(e) for e in _RAW_SUMS)} "
+    "FROM billing_raw_sample r WHERE r.node_id = %s AND r.gpu_uuid = ANY(%s) AND r.start >= %s AND r.start < %s "
+    "AND r.batch_id = ANY(%s) GROUP BY 1, 2, 3, 4, 5, 6, 7, 8 ORDER BY 1, 2, 3, 4, 5, 6, 7, 8"
+)
+_ZERO = Decimal(0)
+
+
+def _total(fast: float | None, exact: Decimal | None) -> Decimal:
+    return (_ZERO if fast is None else Decimal(fast)) + (_ZERO if exact is None else exact)
+
+
 def _workloads(cur: CursorWrapper, node_id: int, gpus: list[str], lo: datetime, hi: datetime, affected: set[Key],
                included: list[int]) -> dict[Key, list[tuple[Any, ...]]]:
-    """Each workload's integrals per affected GPU-minute, summed exactly (numeric), from the raw
-    samples of `included` batches. Ordered by workload identity within a minute: the order the
-    largest-remainder allocation breaks ties in."""
-    cur.execute(
-        "SELECT r.gpu_uuid, date_trunc('minute', r.start), r.tenant, r.namespace, r.pod, r.container, "
-        "r.pod_uid, r.sla_tier, sum(r.seconds::numeric), sum(r.mem_used_mb_s::numeric), "
-        "sum(r.mem_granted_mb_s::numeric), sum(greatest(r.mem_used_mb_s, r.mem_granted_mb_s)::numeric), "
-        "sum(r.sm_used_s::numeric), sum(r.sm_granted_s::numeric), "
-        "sum(greatest(r.sm_used_s, r.sm_granted_s)::numeric), sum(r.pcie_mb::numeric) "
-        "FROM billing_raw_sample r WHERE r.node_id = %s AND r.gpu_uuid = ANY(%s) AND r.start >= %s AND r.start < %s "
-        "AND r.batch_id = ANY(%s) GROUP BY 1, 2, 3, 4, 5, 6, 7, 8 ORDER BY 1, 2, 3, 4, 5, 6, 7, 8",
-        [node_id, gpus, lo, hi, included],
-    )
+    """Each workload's integrals per affected GPU-minute, summed exactly, from the raw samples of
+    `included` batches: (tenant, namespace, pod, container, pod_uid, sla_tier, seconds, mem used,
+    granted, max, sm used, granted, max, pcie). Ordered by workload identity within a minute: the
+    order the largest-remainder allocation breaks ties in."""
+    cur.execute(_WORKLOADS_SQL, [node_id, gpus, lo, hi, included])
     workloads: dict[Key, list[tuple[Any, ...]]] = defaultdict(list)
     for r in cur.fetchall():
         key = (r[0], r[1])
         if key in affected:
-            workloads[key].append(r[2:])
+            workloads[key].append((*r[2:8], *(_total(r[i], r[i + 1]) for i in range(8, 24, 2))))
     return workloads
 
 
