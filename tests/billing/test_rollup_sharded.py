@@ -382,3 +382,38 @@ def test_a_bad_shard_count_stops_the_service_at_startup_with_a_clear_error(value
 def test_a_shard_outside_its_count_is_refused(db, shard, shards):
     with pytest.raises(ValueError, match="shard must lie in"):
         rollup_usage(now=clock.now(), shard=shard, shards=shards)
+
+
+# --------------------------------------------------------------------------------------------
+# Exact sums
+
+
+@pytest.mark.django_db
+def test_minute_sums_equal_the_exact_numeric_sums_of_the_raw_samples_whatever_the_values(
+        post_batch, minute_start, rate_card):
+    # Quantized agent values (multiples of 2^-10), values no agent sends (0.1, 1/3) and 60-second
+    # samples whose integrals pass 10^5: the rollup's float fast path must not change any sum.
+    workloads = [
+        {"gpu": 0, "tenant": "acme", "pod": "bert-1", "mem_used": 312.5, "mem_granted": 512.0009765625,
+         "sm_used": 7.8, "sm_granted": 13.5, "pcie": 0.1},
+        {"gpu": 0, "tenant": "globex", "pod": "llm-2", "mem_used": 1 / 3, "mem_granted": 1000.0,
+         "sm_used": 1.0009765625, "sm_granted": 2.0, "pcie": 3.0},
+    ]
+    assert post_batch(make_batch(start=minute_start, seconds=30, workloads=workloads)).status_code == 201
+    long = make_batch(seq=2, start=minute_start + timedelta(minutes=1), seconds=1, workloads=workloads[:1])
+    long["window"]["end"] = (minute_start + timedelta(minutes=2)).isoformat().replace("+00:00", "Z")
+    long["samples"][0].update(seconds=60, mem_used_mb_s=4_000_000.0009765625, mem_granted_mb_s=4_915_200.0,
+                              sm_used_s=6000.5, sm_granted_s=6480.0, pcie_mb=123_456.75)
+    assert post_batch(long).status_code == 201, post_batch(long).content
+    rollup_usage(now=clock.now())
+    with connection.cursor() as cur:
+        cur.execute(
+            "SELECT date_trunc('minute', start), pod, sum(seconds::numeric), sum(mem_used_mb_s::numeric), "
+            "sum(mem_granted_mb_s::numeric), sum(greatest(mem_used_mb_s, mem_granted_mb_s)::numeric), "
+            "sum(sm_used_s::numeric), sum(sm_granted_s::numeric), sum(pcie_mb::numeric) "
+            "FROM billing_raw_sample GROUP BY 1, 2")
+        # Stored at the ledger's 10 places, as the rollup always stored them.
+        expected = {(r[0], r[1]): tuple(v.quantize(Decimal("1e-10")) for v in r[2:]) for r in cur.fetchall()}
+    rows = {(u.minute, u.pod): (u.seconds, u.mem_used_mb_s, u.mem_granted_mb_s, u.mem_billed_mb_s, u.sm_used_s,
+                                u.sm_granted_s, u.pcie_mb) for u in UsageMinute.objects.all()}
+    assert len(rows) == 3 and rows == expected
