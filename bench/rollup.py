@@ -1,7 +1,7 @@
 """Rollup benchmark (issue 14): the sharded rollup against end-to-end ingest of the same rows.
 
     python bench/rollup.py [--agents 8] [--gpus 4] [--workloads-per-gpu 16] [--seconds-per-batch 60]
-                           [--batches-per-agent 15] [--warmup-batches 2] [--repeats 2] [--write-docs]
+                           [--batches-per-agent 30] [--warmup-batches 2] [--repeats 2] [--write-docs]
 
 DATABASE_URL and REDIS_URL must be set (`python -m config.embedded -- python bench/rollup.py`
 provides them). The benchmark drops and creates `<dbname>_bench` on that server and drops it
@@ -76,7 +76,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--gpus", type=int, default=4, help="A100-80GB GPUs per node")
     p.add_argument("--workloads-per-gpu", type=int, default=16)
     p.add_argument("--seconds-per-batch", type=int, default=60, help="batch window, s (1-second samples)")
-    p.add_argument("--batches-per-agent", type=int, default=15, help="timed batches per agent")
+    p.add_argument("--batches-per-agent", type=int, default=30, help="timed batches per agent")
     p.add_argument("--warmup-batches", type=int, default=2, help="untimed batches per agent (rolled up too)")
     p.add_argument("--repeats", type=int, default=2, help="rollup runs per worker count, alternating")
     p.add_argument("--seed", type=int, default=20261201)
@@ -175,6 +175,22 @@ def ledger_digest() -> str:
     return digest.hexdigest()[:16]
 
 
+def steady_cycle() -> RollupRun:
+    """A cycle as the beat runs it once caught up: the newest batch of every node pending again
+    (its minutes, hours and days re-derived), one in-process worker."""
+    from django.db import connection
+    from django.utils import timezone
+
+    from billing.ledger.rollup import rollup_usage
+
+    with connection.cursor() as cur:
+        cur.execute("UPDATE billing_usagebatch SET rolled_up_at = NULL WHERE id IN "
+                    "(SELECT max(id) FROM billing_usagebatch GROUP BY node_id)")
+    began = time.perf_counter()
+    result = rollup_usage(now=timezone.now())
+    return RollupRun(1, time.perf_counter() - began, result.batches, result.gpu_minutes)
+
+
 # --------------------------------------------------------------------------------------------
 # The run
 
@@ -191,6 +207,7 @@ class Result:
     ingest_seconds: float
     runs: list[RollupRun]
     digests: set[str]
+    steady: RollupRun
 
 
 def run(args: argparse.Namespace) -> Result:
@@ -243,6 +260,8 @@ def run(args: argparse.Namespace) -> Result:
                 runs.append(run_workers(env, workers))
                 digests.add(ledger_digest())
                 log(f"  rollup, {workers} worker(s): {runs[-1].seconds:.2f} s, {runs[-1].batches} batches")
+        steady = steady_cycle()
+        log(f"  steady cycle, one new batch per node: {steady.seconds:.2f} s")
         machine = machine_info(bench_url)
     finally:
         if not args.keep_db:
@@ -257,7 +276,7 @@ def run(args: argparse.Namespace) -> Result:
                 f"{per_agent} batches per node ({args.warmup_batches} of them ingest warm-up, rolled up too)")
     command = "python bench/rollup.py" + ("" if len(sys.argv) < 2 else " " + shlex.join(sys.argv[1:]))
     return Result(command, started, machine, workload, samples, runs[0].gpu_minutes, ingest.samples,
-                  ingest.seconds, runs, digests)
+                  ingest.seconds, runs, digests, steady)
 
 
 # --------------------------------------------------------------------------------------------
@@ -296,6 +315,10 @@ def render(result: Result) -> str:
     for i, r in enumerate(result.runs, start=1):
         lines.append(f"| rollup, {r.workers} worker{'s' if r.workers > 1 else ''} (run {i}) | {r.seconds:.2f} "
                      f"| {result.samples / r.seconds:,.0f} | {r.gpu_minutes / r.seconds:,.1f} |")
+    st = result.steady
+    lines.append(f"| steady cycle: the newest batch of each node, 1 worker in-process | {st.seconds:.2f} "
+                 f"| {st.batches * result.samples / result.runs[0].batches / st.seconds:,.0f} "
+                 f"| {st.gpu_minutes / st.seconds:,.1f} |")
     lines += [
         "",
         f"- rollup / ingest (samples/s, medians): 1 worker **{result.samples / one / ingest_rate:.2f}x**, "

@@ -211,7 +211,7 @@ def _roll_up_node(node_id: int, *, now: datetime, max_batches: int, on_quarantin
         batch_ids = [r[0] for r in cur.fetchall()]
         if not batch_ids:  # another worker rolled this node up between the listing and the lock
             return _NOTHING
-        _set_work_mem(cur)
+        _tune_transaction(cur)
         cards = _load_cards()  # under the ledger lock: no rate-card change commits meanwhile
         try:
             with transaction.atomic():
@@ -232,10 +232,24 @@ def _lock_for_rollup(cur: CursorWrapper, node_id: int) -> bool:
     return bool(cur.fetchone()[0])
 
 
-def _set_work_mem(cur: CursorWrapper) -> None:
-    # The raw GROUP BY of a node's cycle holds one group per workload-minute: enough memory keeps
-    # it a hash aggregate in memory instead of a sort spilled to disk.
-    cur.execute("SELECT set_config('work_mem', %s, true)", [settings.VGPU_ROLLUP_WORK_MEM])
+# Planner settings of a rollup transaction (SET LOCAL: they end with it), from EXPLAIN ANALYZE of the
+# raw GROUP BY (docs/benchmarks.md, "Rollup: sharded by node"):
+# - work_mem: one group per workload-minute of the node's cycle stays in memory, never spilled;
+# - no sort-based aggregation: the planner underestimates a node's rows (node and batch are
+#   correlated and it multiplies their selectivities: 1,036 rows expected, 65,280 read) and sorts
+#   the raw rows on eight collated text keys for a GroupAggregate, 2-4x slower than hashing them;
+#   with sorts penalised it hashes, and sorts only the groups for the ORDER BY;
+# - no JIT: the penalty lifts the plan's cost past jit_above_cost, and compiling takes 0.4-0.9 s
+#   for a 0.2 s statement;
+# - no parallel query: the rollup's parallelism is its shards, one core each. One worker that took
+#   every core with parallel workers (it did: Gather, 2 workers) left nothing to a second shard.
+_TRANSACTION_SETTINGS = (("enable_sort", "off"), ("enable_incremental_sort", "off"), ("jit", "off"),
+                         ("max_parallel_workers_per_gather", "0"))
+
+
+def _tune_transaction(cur: CursorWrapper) -> None:
+    names = [("work_mem", settings.VGPU_ROLLUP_WORK_MEM), *_TRANSACTION_SETTINGS]
+    cur.execute("SELECT " + ", ".join("set_config(%s, %s, true)" for _ in names), [v for pair in names for v in pair])
 
 
 def _roll_up(cur: CursorWrapper, node_id: int, batch_ids: list[int], *, now: datetime,
@@ -315,7 +329,7 @@ def rebuild_ledger(*, start: datetime, end: datetime) -> RollupResult:
     total = _NOTHING
     with transaction.atomic(), connection.cursor() as cur:
         lock_ledger()
-        _set_work_mem(cur)
+        _tune_transaction(cur)
         cards = _load_cards()
         cur.execute(
             "SELECT node_id, gpu_uuid, greatest(window_start, %s), least(window_end, %s) FROM billing_batchgpu "
