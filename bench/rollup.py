@@ -330,16 +330,27 @@ def render(result: Result) -> str:
     return "\n".join(lines) + "\n"
 
 
+LATEST_RUN = "### Latest run (`bench/rollup.py --write-docs`)"
+
+
 def write_docs(section: str, path: Path = DOCS_FILE) -> None:
-    """Replace the section (up to the next '## ') or append it at the end."""
+    """Replace the latest-run subsection of the rollup section (the analysis above it is written
+    by hand), or append the section at the end of the file."""
     text = path.read_text()
-    if SECTION_TITLE in text:
-        head, rest = text.split(SECTION_TITLE, 1)
-        tail = rest[rest.find("\n## "):] if "\n## " in rest else ""
-        text = head + section.rstrip("\n") + "\n" + tail
+    body = section.split("\n", 1)[1].lstrip("\n")  # without the section title
+    latest = f"{LATEST_RUN}\n\n{body}"
+    if SECTION_TITLE not in text:
+        path.write_text(text.rstrip("\n") + f"\n\n{SECTION_TITLE}\n\n{latest}")
+        return
+    head, rest = text.split(SECTION_TITLE, 1)
+    if LATEST_RUN in rest:
+        before, after = rest.split(LATEST_RUN, 1)
+        ends = [i for i in (after.find("\n## "), after.find("\n### ")) if i >= 0]
+        tail = after[min(ends):] if ends else ""
+        rest = before + latest.rstrip("\n") + "\n" + tail
     else:
-        text = text.rstrip("\n") + "\n\n" + section
-    path.write_text(text)
+        rest = rest.rstrip("\n") + f"\n\n{latest}"
+    path.write_text(head + SECTION_TITLE + rest)
 
 
 def main(argv: list[str] | None = None) -> int:
