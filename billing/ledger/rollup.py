@@ -77,7 +77,7 @@ _GPU_COLUMNS = (
 )
 _QUARANTINE_ERROR_MAX_CHARS = 2000
 
-Key = tuple[str, datetime]  # (gpu_uuid, minute | hour | day) of one node
+Key = tuple[int, str, datetime]  # (node_id, gpu_uuid, minute | hour | day): the ledger's key
 
 
 @dataclass(frozen=True)
@@ -172,9 +172,9 @@ def rollup_usage(*, now: datetime, max_batches: int = 5000, shard: int = 0, shar
         return _NOTHING
     analyze_raw_partitions(_pending_days(node_ids))
     total = _NOTHING
-    for node_id in node_ids:
-        result = _roll_up_node(node_id, now=now, max_batches=max_batches, on_quarantine=on_quarantine)
-        total += result
+    per = settings.VGPU_ROLLUP_NODES_PER_TRANSACTION
+    for group in (node_ids[i:i + per] for i in range(0, len(node_ids), per)):
+        total += _roll_up_nodes(group, now=now, max_batches=max_batches, on_quarantine=on_quarantine)
     return total
 
 
@@ -199,37 +199,49 @@ def _pending_days(node_ids: list[int]) -> set[date]:
         return {r[0] for r in cur.fetchall()}
 
 
-def _roll_up_node(node_id: int, *, now: datetime, max_batches: int, on_quarantine: OnQuarantine | None) -> RollupResult:
+def _roll_up_nodes(node_ids: list[int], *, now: datetime, max_batches: int,
+                   on_quarantine: OnQuarantine | None) -> RollupResult:
+    """One transaction for a group of nodes: a transaction's fixed cost (some twenty statements)
+    would otherwise dominate a cycle that finds one batch per node. The nodes another worker holds
+    are left to it."""
     with transaction.atomic(), connection.cursor() as cur:
-        if not _lock_for_rollup(cur, node_id):
+        locked = _lock_for_rollup(cur, node_ids)
+        if not locked:
             return _SKIPPED
         cur.execute(
-            "SELECT id FROM billing_usagebatch WHERE node_id = %s AND rolled_up_at IS NULL AND quarantined_at IS NULL "
-            "ORDER BY id LIMIT %s",
-            [node_id, max_batches],
+            "SELECT id FROM billing_usagebatch WHERE node_id = ANY(%s) AND rolled_up_at IS NULL "
+            "AND quarantined_at IS NULL ORDER BY id LIMIT %s",
+            [locked, max_batches],
         )
         batch_ids = [r[0] for r in cur.fetchall()]
-        if not batch_ids:  # another worker rolled this node up between the listing and the lock
-            return _NOTHING
+        skipped = len(locked) < len(node_ids)
+        if not batch_ids:  # another worker rolled these nodes up between the listing and the lock
+            return RollupResult(batches=0, gpu_minutes=0, gpu_hours=0, skipped=skipped)
         _tune_transaction(cur)
         cards = _load_cards()  # under the ledger lock: no rate-card change commits meanwhile
         try:
             with transaction.atomic():
-                minutes, hours = _roll_up(cur, node_id, batch_ids, now=now, cards=cards)
+                minutes, hours = _roll_up(cur, batch_ids, now=now, cards=cards)
         except Exception:  # noqa: BLE001 - any failure of one batch is isolated below, not raised
-            return _roll_up_one_by_one(cur, node_id, batch_ids, now=now, cards=cards, on_quarantine=on_quarantine)
-    return RollupResult(batches=len(batch_ids), gpu_minutes=minutes, gpu_hours=hours, nodes=1)
+            result = _roll_up_one_by_one(cur, batch_ids, now=now, cards=cards, on_quarantine=on_quarantine)
+            return RollupResult(batches=result.batches, gpu_minutes=result.gpu_minutes, gpu_hours=result.gpu_hours,
+                                quarantined=result.quarantined, nodes=len(locked), skipped=skipped)
+    return RollupResult(batches=len(batch_ids), gpu_minutes=minutes, gpu_hours=hours, nodes=len(locked),
+                        skipped=skipped)
 
 
-def _lock_for_rollup(cur: CursorWrapper, node_id: int) -> bool:
-    """The ledger lock (shared) and the node's lock, until the transaction ends; False if either is
-    taken (re-pricing runs, or another worker rolls this node)."""
+def _lock_for_rollup(cur: CursorWrapper, node_ids: list[int]) -> list[int]:
+    """The ledger lock (shared) and the locks of the nodes no other worker holds, until the
+    transaction ends. Returns those nodes: none while re-pricing runs."""
     cur.execute("SELECT pg_try_advisory_xact_lock_shared(%s)", [_LEDGER_LOCK_KEY])
     if not cur.fetchone()[0]:
-        return False
-    # Node ids past int4 share a lock with another node: that only serialises the two.
-    cur.execute("SELECT pg_try_advisory_xact_lock(%s, %s)", [_NODE_LOCK_CLASS, node_id % _INT4])
-    return bool(cur.fetchone()[0])
+        return []
+    # One try per node, in id order. Node ids past int4 share a lock with another node: that only
+    # serialises the two.
+    cur.execute("SELECT n FROM unnest(%s::bigint[]) WITH ORDINALITY AS u(n, i) "
+                "WHERE pg_try_advisory_xact_lock(%s, (n %% %s)::int) ORDER BY i",
+                [sorted(node_ids), _NODE_LOCK_CLASS, _INT4])
+    return [r[0] for r in cur.fetchall()]
 
 
 # Planner settings of a rollup transaction (SET LOCAL: they end with it), from EXPLAIN ANALYZE of the
@@ -252,20 +264,20 @@ def _tune_transaction(cur: CursorWrapper) -> None:
     cur.execute("SELECT " + ", ".join("set_config(%s, %s, true)" for _ in names), [v for pair in names for v in pair])
 
 
-def _roll_up(cur: CursorWrapper, node_id: int, batch_ids: list[int], *, now: datetime,
+def _roll_up(cur: CursorWrapper, batch_ids: list[int], *, now: datetime,
              cards: dict[str, list[_Card]]) -> tuple[int, int]:
-    """Recompute the GPU-minutes of the node that `batch_ids` touch, and mark them rolled up."""
-    cur.execute("SELECT gpu_uuid, window_start, window_end FROM billing_batchgpu WHERE node_id = %s "
-                "AND batch_id = ANY(%s)", [node_id, batch_ids])
+    """Recompute the node-GPU-minutes that `batch_ids` touch, and mark them rolled up."""
+    cur.execute("SELECT node_id, gpu_uuid, window_start, window_end FROM billing_batchgpu "
+                "WHERE batch_id = ANY(%s)", [batch_ids])
     affected: set[Key] = set()
-    for gpu_uuid, start, end in cur.fetchall():
-        affected.update((gpu_uuid, m) for m in _minutes(start, end))
-    minutes, hours = _recompute(cur, node_id, affected, rolling=batch_ids, cards=cards)
+    for node_id, gpu_uuid, start, end in cur.fetchall():
+        affected.update((node_id, gpu_uuid, m) for m in _minutes(start, end))
+    minutes, hours = _recompute(cur, affected, rolling=batch_ids, cards=cards)
     cur.execute("UPDATE billing_usagebatch SET rolled_up_at = %s WHERE id = ANY(%s)", [now, batch_ids])
     return minutes, hours
 
 
-def _roll_up_one_by_one(cur: CursorWrapper, node_id: int, batch_ids: list[int], *, now: datetime,
+def _roll_up_one_by_one(cur: CursorWrapper, batch_ids: list[int], *, now: datetime,
                         cards: dict[str, list[_Card]], on_quarantine: OnQuarantine | None) -> RollupResult:
     """Each batch alone, oldest first: the batches after it are still pending, so left out. A batch
     fails here only for what it carries itself, never for a poisoned neighbour in the same
@@ -275,13 +287,12 @@ def _roll_up_one_by_one(cur: CursorWrapper, node_id: int, batch_ids: list[int], 
     for batch_id in batch_ids:
         try:
             with transaction.atomic():
-                m, h = _roll_up(cur, node_id, [batch_id], now=now, cards=cards)
+                m, h = _roll_up(cur, [batch_id], now=now, cards=cards)
         except Exception as exc:  # noqa: BLE001 - the error is kept on the batch and shown
             _quarantine(cur, batch_id, error=f"{type(exc).__name__}: {exc}", now=now, on_quarantine=on_quarantine)
             continue
         minutes, hours, rolled = minutes + m, hours + h, rolled + 1
-    return RollupResult(batches=rolled, gpu_minutes=minutes, gpu_hours=hours,
-                        quarantined=len(batch_ids) - rolled, nodes=1)
+    return RollupResult(batches=rolled, gpu_minutes=minutes, gpu_hours=hours, quarantined=len(batch_ids) - rolled)
 
 
 def _quarantine(cur: CursorWrapper, batch_id: int, *, error: str, now: datetime,
@@ -322,8 +333,8 @@ def lock_ledger() -> None:
 
 
 def rebuild_ledger(*, start: datetime, end: datetime) -> RollupResult:
-    """Recompute every GPU-minute in [start, end) from raw samples (after a rate-card change), node
-    by node and day by day, under the exclusive ledger lock."""
+    """Recompute every GPU-minute in [start, end) from raw samples (after a rate-card change), day
+    by day, under the exclusive ledger lock."""
     if end <= start:
         raise ValueError("end must be after start")
     total = _NOTHING
@@ -336,13 +347,13 @@ def rebuild_ledger(*, start: datetime, end: datetime) -> RollupResult:
             "WHERE window_start < %s AND window_end > %s",
             [start, end, end, start],
         )
-        chunks: dict[tuple[int, date], set[Key]] = defaultdict(set)
+        chunks: dict[date, set[Key]] = defaultdict(set)  # a UTC day of every node at a time
         for node_id, gpu_uuid, lo, hi in cur.fetchall():
             for minute in _minutes(lo, hi):
-                chunks[(node_id, minute.date())].add((gpu_uuid, minute))
-        analyze_raw_partitions({day for _, day in chunks}, cur=cur)
-        for (node_id, _day), affected in sorted(chunks.items()):
-            minutes, hours = _recompute(cur, node_id, affected, rolling=[], cards=cards)
+                chunks[minute.date()].add((node_id, gpu_uuid, minute))
+        analyze_raw_partitions(set(chunks), cur=cur)
+        for _day, affected in sorted(chunks.items()):
+            minutes, hours = _recompute(cur, affected, rolling=[], cards=cards)
             total += RollupResult(batches=0, gpu_minutes=minutes, gpu_hours=hours)
     return total
 
@@ -393,56 +404,61 @@ def _minutes(start: datetime, end: datetime) -> Iterable[datetime]:
         minute += _MINUTE
 
 
-def _arrays(keys: Iterable[Key]) -> tuple[list[str], list[datetime]]:
+def _arrays(keys: Iterable[Key]) -> tuple[list[int], list[str], list[datetime]]:
     ordered = sorted(keys)
-    return [k[0] for k in ordered], [k[1] for k in ordered]
+    return [k[0] for k in ordered], [k[1] for k in ordered], [k[2] for k in ordered]
 
 
-def _recompute(cur: CursorWrapper, node_id: int, affected: set[Key], *, rolling: Sequence[int],
+_UNNEST = "unnest(%s::bigint[], %s::varchar[], %s::timestamptz[])"
+
+
+def _recompute(cur: CursorWrapper, affected: set[Key], *, rolling: Sequence[int],
                cards: dict[str, list[_Card]]) -> tuple[int, int]:
-    """Replace the node's minute rows of `affected`, then their hours and days. Reads the batches of
-    the node that are rolled up and not quarantined, plus `rolling` (the ones being rolled up)."""
+    """Replace the minute rows of `affected` (node, GPU, minute), then their hours and days. Reads
+    the batches of those nodes that are rolled up and not quarantined, plus `rolling` (the ones
+    being rolled up)."""
     if not affected:
         return 0, 0
-    lo = min(m for _, m in affected)
-    hi = max(m for _, m in affected) + _MINUTE
-    gpus = sorted({g for g, _ in affected})
-    windows, included = _windows(cur, node_id, gpus, lo, hi, affected, rolling=rolling)
-    workloads = _workloads(cur, node_id, gpus, lo, hi, affected, included) if included else {}
-    usage_buf, gpu_buf = _priced_rows(node_id, windows, workloads, cards)
-    gpu_col, minute_col = _arrays(affected)
+    lo = min(k[2] for k in affected)
+    hi = max(k[2] for k in affected) + _MINUTE
+    nodes = sorted({k[0] for k in affected})
+    gpus = sorted({k[1] for k in affected})
+    windows, included = _windows(cur, nodes, gpus, lo, hi, affected, rolling=rolling)
+    workloads = _workloads(cur, nodes, gpus, lo, hi, affected, included) if included else {}
+    usage_buf, gpu_buf = _priced_rows(windows, workloads, cards)
     for table in ("billing_usageminute", "billing_gpuminute"):
         cur.execute(
-            f"DELETE FROM {table} m USING unnest(%s::varchar[], %s::timestamptz[]) AS a(gpu_uuid, minute) "  # noqa: S608
-            "WHERE m.node_id = %s AND m.gpu_uuid = a.gpu_uuid AND m.minute = a.minute",
-            [gpu_col, minute_col, node_id],
+            f"DELETE FROM {table} m USING {_UNNEST} AS a(node_id, gpu_uuid, minute) "  # noqa: S608 - fixed names
+            "WHERE m.node_id = a.node_id AND m.gpu_uuid = a.gpu_uuid AND m.minute = a.minute",
+            [*_arrays(affected)],
         )
     cur.copy_expert(f"COPY billing_usageminute (minute, {', '.join(_USAGE_COLUMNS)}, rate_card_id) FROM STDIN",
                     usage_buf)
     cur.copy_expert(f"COPY billing_gpuminute (minute, {', '.join(_GPU_COLUMNS)}, rate_card_id) FROM STDIN", gpu_buf)
-    hours = {(g, m.replace(minute=0)) for g, m in affected}
-    _recompute_hours(cur, node_id, hours)
-    _recompute_days(cur, node_id, {(g, h.replace(hour=0)) for g, h in hours})
+    hours = {(n, g, m.replace(minute=0)) for n, g, m in affected}
+    _recompute_hours(cur, hours)
+    _recompute_days(cur, {(n, g, h.replace(hour=0)) for n, g, h in hours})
     return len(windows), len(hours)
 
 
-def _windows(cur: CursorWrapper, node_id: int, gpus: list[str], lo: datetime, hi: datetime, affected: set[Key], *,
-             rolling: Sequence[int]) -> tuple[dict[Key, _Window], list[int]]:
-    """Card seconds per affected GPU-minute (the overlap of the GPU's batch windows with the minute),
-    and the ids of the batches they come from: the only batches whose samples count."""
+def _windows(cur: CursorWrapper, nodes: list[int], gpus: list[str], lo: datetime, hi: datetime, affected: set[Key],
+             *, rolling: Sequence[int]) -> tuple[dict[Key, _Window], list[int]]:
+    """Card seconds per affected node-GPU-minute (the overlap of the GPU's batch windows on that
+    node with the minute), and the ids of the batches they come from: the only batches whose
+    samples count."""
     cur.execute(
-        "SELECT bg.batch_id, bg.gpu_uuid, bg.window_start, bg.window_end, bg.model, bg.memory_mb, bg.sm_count "
-        "FROM billing_batchgpu bg JOIN billing_usagebatch b ON b.node_id = bg.node_id AND b.id = bg.batch_id "
-        "WHERE bg.node_id = %s AND bg.gpu_uuid = ANY(%s) AND bg.window_end > %s AND bg.window_start < %s "
-        "AND b.quarantined_at IS NULL AND (b.rolled_up_at IS NOT NULL OR b.id = ANY(%s))",
-        [node_id, gpus, lo, hi, list(rolling)],
+        "SELECT bg.batch_id, bg.node_id, bg.gpu_uuid, bg.window_start, bg.window_end, bg.model, bg.memory_mb, "
+        "bg.sm_count FROM billing_batchgpu bg JOIN billing_usagebatch b ON b.node_id = bg.node_id "
+        "AND b.id = bg.batch_id WHERE bg.node_id = ANY(%s) AND bg.gpu_uuid = ANY(%s) AND bg.window_end > %s "
+        "AND bg.window_start < %s AND b.quarantined_at IS NULL AND (b.rolled_up_at IS NOT NULL OR b.id = ANY(%s))",
+        [nodes, gpus, lo, hi, list(rolling)],
     )
     seconds: dict[Key, Decimal] = defaultdict(Decimal)
     card: dict[Key, tuple[str, int, int]] = {}
     included: set[int] = set()
-    for batch_id, gpu_uuid, start, end, model, memory_mb, sm_count in cur.fetchall():
+    for batch_id, node_id, gpu_uuid, start, end, model, memory_mb, sm_count in cur.fetchall():
         for minute in _minutes(max(start, lo), min(end, hi)):
-            key = (gpu_uuid, minute)
+            key = (node_id, gpu_uuid, minute)
             if key not in affected:
                 continue
             overlap = min(end, minute + _MINUTE) - max(start, minute)
@@ -477,10 +493,10 @@ def _exact_sum(expr: str) -> str:
 
 
 _WORKLOADS_SQL = (
-    "SELECT r.gpu_uuid, date_trunc('minute', r.start), r.tenant, r.namespace, r.pod, r.container, "  # noqa: S608
+    "SELECT r.node_id, r.gpu_uuid, date_trunc('minute', r.start), r.tenant, r.namespace, r.pod, r.container, "  # noqa: S608
     f"r.pod_uid, r.sla_tier, {', '.join(_exact_sum(e) for e in _RAW_SUMS)} "
-    "FROM billing_raw_sample r WHERE r.node_id = %s AND r.gpu_uuid = ANY(%s) AND r.start >= %s AND r.start < %s "
-    "AND r.batch_id = ANY(%s) GROUP BY 1, 2, 3, 4, 5, 6, 7, 8 ORDER BY 1, 2, 3, 4, 5, 6, 7, 8"
+    "FROM billing_raw_sample r WHERE r.node_id = ANY(%s) AND r.gpu_uuid = ANY(%s) AND r.start >= %s "
+    "AND r.start < %s AND r.batch_id = ANY(%s) GROUP BY 1, 2, 3, 4, 5, 6, 7, 8, 9 ORDER BY 1, 2, 3, 4, 5, 6, 7, 8, 9"
 )
 _ZERO = Decimal(0)
 
@@ -489,29 +505,29 @@ def _total(fast: float | None, exact: Decimal | None) -> Decimal:
     return (_ZERO if fast is None else Decimal(fast)) + (_ZERO if exact is None else exact)
 
 
-def _workloads(cur: CursorWrapper, node_id: int, gpus: list[str], lo: datetime, hi: datetime, affected: set[Key],
-               included: list[int]) -> dict[Key, list[tuple[Any, ...]]]:
+def _workloads(cur: CursorWrapper, nodes: list[int], gpus: list[str], lo: datetime, hi: datetime,
+               affected: set[Key], included: list[int]) -> dict[Key, list[tuple[Any, ...]]]:
     """Each workload's integrals per affected GPU-minute, summed exactly, from the raw samples of
     `included` batches: (tenant, namespace, pod, container, pod_uid, sla_tier, seconds, mem used,
     granted, max, sm used, granted, max, pcie). Ordered by workload identity within a minute: the
     order the largest-remainder allocation breaks ties in."""
-    cur.execute(_WORKLOADS_SQL, [node_id, gpus, lo, hi, included])
+    cur.execute(_WORKLOADS_SQL, [nodes, gpus, lo, hi, included])
     workloads: dict[Key, list[tuple[Any, ...]]] = defaultdict(list)
     for r in cur.fetchall():
-        key = (r[0], r[1])
+        key = (r[0], r[1], r[2])
         if key in affected:
-            workloads[key].append((*r[2:8], *(_total(r[i], r[i + 1]) for i in range(8, 24, 2))))
+            workloads[key].append((*r[3:9], *(_total(r[i], r[i + 1]) for i in range(9, 25, 2))))
     return workloads
 
 
-def _priced_rows(node_id: int, windows: dict[Key, _Window], workloads: dict[Key, list[tuple[Any, ...]]],
+def _priced_rows(windows: dict[Key, _Window], workloads: dict[Key, list[tuple[Any, ...]]],
                  cards: dict[str, list[_Card]]) -> tuple[io.StringIO, io.StringIO]:
     """COPY text of the minute rows: each GPU-minute priced by the card in force (DESIGN §4)."""
     usage_lines: list[str] = []
     gpu_lines: list[str] = []
     no_rate = Rate(price_per_gpu_hour=Decimal(0))
-    for (gpu_uuid, minute), w in windows.items():
-        rows = workloads.get((gpu_uuid, minute), [])
+    for (node_id, gpu_uuid, minute), w in windows.items():
+        rows = workloads.get((node_id, gpu_uuid, minute), [])
         card = _card_for(cards, w.model, minute)
         priced = price_gpu_window(
             window=GpuWindowUsage(memory_mb=w.memory_mb, sm_count=w.sm_count, metered_seconds=w.seconds,
@@ -536,21 +552,22 @@ def _priced_rows(node_id: int, windows: dict[Key, _Window], workloads: dict[Key,
     return io.StringIO("".join(usage_lines)), io.StringIO("".join(gpu_lines))
 
 
-def _recompute_hours(cur: CursorWrapper, node_id: int, hours: set[Key]) -> None:
-    gpu_col, hour_col = _arrays(hours)
-    touched = "unnest(%s::varchar[], %s::timestamptz[]) AS a(gpu_uuid, hour)"
+def _recompute_hours(cur: CursorWrapper, hours: set[Key]) -> None:
+    node_col, gpu_col, hour_col = _arrays(hours)
+    keys: list[Any] = [node_col, gpu_col, hour_col]
+    touched = f"{_UNNEST} AS a(node_id, gpu_uuid, hour)"
     for table in ("billing_usagehour", "billing_gpuhour"):
-        cur.execute(f"DELETE FROM {table} h USING {touched} WHERE h.node_id = %s "  # noqa: S608 - fixed names
-                    "AND h.gpu_uuid = a.gpu_uuid AND h.hour = a.hour", [gpu_col, hour_col, node_id])
-    keys = ", ".join(f"m.{k}" for k in _WORKLOAD_KEY)
+        cur.execute(f"DELETE FROM {table} h USING {touched} WHERE h.node_id = a.node_id "  # noqa: S608 - fixed names
+                    "AND h.gpu_uuid = a.gpu_uuid AND h.hour = a.hour", keys)
+    workload = ", ".join(f"m.{k}" for k in _WORKLOAD_KEY)
     sums = ", ".join(f"sum(m.{c})" for c in _USAGE_COLUMNS[8:])
-    of_touched = (f"JOIN {touched} ON m.gpu_uuid = a.gpu_uuid AND m.minute >= a.hour "
-                  "AND m.minute < a.hour + interval '1 hour' WHERE m.node_id = %s")
+    of_touched = (f"JOIN {touched} ON m.node_id = a.node_id AND m.gpu_uuid = a.gpu_uuid AND m.minute >= a.hour "
+                  "AND m.minute < a.hour + interval '1 hour'")
     cur.execute(
         f"INSERT INTO billing_usagehour (hour, {', '.join(_USAGE_COLUMNS)}) "  # noqa: S608 - fixed column names
-        f"SELECT a.hour, m.gpu_uuid, m.node_id, {keys}, {sums} FROM billing_usageminute m {of_touched} "
-        f"GROUP BY a.hour, m.gpu_uuid, m.node_id, {keys}",
-        [gpu_col, hour_col, node_id],
+        f"SELECT a.hour, m.gpu_uuid, m.node_id, {workload}, {sums} FROM billing_usageminute m {of_touched} "
+        f"GROUP BY a.hour, m.gpu_uuid, m.node_id, {workload}",
+        keys,
     )
     cur.execute(
         "INSERT INTO billing_gpuhour (hour, gpu_uuid, node_id, gpu_model, metered_seconds, card_cost, charged, "  # noqa: S608
@@ -558,7 +575,7 @@ def _recompute_hours(cur: CursorWrapper, node_id: int, hours: set[Key]) -> None:
         "SELECT a.hour, m.gpu_uuid, m.node_id, max(m.gpu_model), sum(m.metered_seconds), sum(m.card_cost), "
         "sum(m.charged), sum(m.idle_cost), sum(m.idle_allocated), max(m.currency), bool_and(m.priced) "
         f"FROM billing_gpuminute m {of_touched} GROUP BY a.hour, m.gpu_uuid, m.node_id",
-        [gpu_col, hour_col, node_id],
+        keys,
     )
 
 
@@ -589,18 +606,19 @@ def _gpu_days_insert(source: str) -> str:
     )
 
 
-_TOUCHED_DAYS = ("JOIN unnest(%s::varchar[], %s::timestamptz[]) AS a(gpu_uuid, day) ON h.gpu_uuid = a.gpu_uuid "
-                 "AND h.hour >= a.day AND h.hour < a.day + interval '1 day' WHERE h.node_id = %s")
+_TOUCHED_DAYS = (f"JOIN {_UNNEST} AS a(node_id, gpu_uuid, day) ON h.node_id = a.node_id "
+                 "AND h.gpu_uuid = a.gpu_uuid AND h.hour >= a.day AND h.hour < a.day + interval '1 day'")
 
 
-def _recompute_days(cur: CursorWrapper, node_id: int, days: set[Key]) -> None:
+def _recompute_days(cur: CursorWrapper, days: set[Key]) -> None:
     """Replace the day rows of every node-GPU-day whose hours were just recomputed."""
-    gpu_col, day_col = _arrays(days)
+    node_col, gpu_col, day_col = _arrays(days)
+    keys: list[Any] = [node_col, gpu_col, day_col]
     for table in ("billing_usageday", "billing_gpuday"):
-        cur.execute(f"DELETE FROM {table} d USING unnest(%s::varchar[], %s::timestamptz[]) AS a(gpu_uuid, day) "  # noqa: S608
-                    "WHERE d.node_id = %s AND d.gpu_uuid = a.gpu_uuid AND d.day = a.day", [gpu_col, day_col, node_id])
-    cur.execute(_usage_days_insert(_TOUCHED_DAYS), [gpu_col, day_col, node_id])
-    cur.execute(_gpu_days_insert(_TOUCHED_DAYS), [gpu_col, day_col, node_id])
+        cur.execute(f"DELETE FROM {table} d USING {_UNNEST} AS a(node_id, gpu_uuid, day) "  # noqa: S608
+                    "WHERE d.node_id = a.node_id AND d.gpu_uuid = a.gpu_uuid AND d.day = a.day", keys)
+    cur.execute(_usage_days_insert(_TOUCHED_DAYS), keys)
+    cur.execute(_gpu_days_insert(_TOUCHED_DAYS), keys)
 
 
 def rebuild_days(*, start: datetime, end: datetime, gpu_uuid: str | None = None) -> int:

@@ -101,9 +101,9 @@ def database_url() -> str:
     return urllib.parse.urlunsplit(url._replace(path=f"/{connection.settings_dict['NAME']}"))
 
 
-def start_worker(shard: int, shards: int, *, app: str = "rollup-worker") -> subprocess.Popen[str]:
+def start_worker(shard: int, shards: int, *, app: str = "rollup-worker", **settings: str) -> subprocess.Popen[str]:
     env = dict(os.environ, DATABASE_URL=database_url(), DJANGO_SETTINGS_MODULE="config.settings",
-               PGAPPNAME=app, PYTHONPATH=str(ROOT))
+               PGAPPNAME=app, PYTHONPATH=str(ROOT), **settings)
     return subprocess.Popen([sys.executable, "-m", "tests.billing.rollup_worker", str(shard), str(shards)],
                             cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
@@ -160,9 +160,10 @@ def test_a_worker_killed_mid_rollup_leaves_nothing_half_applied_and_a_rerun_comp
     first, second = sorted(Node.objects.filter(name__in=NODES).values_list("pk", flat=True))[:2]
     with transaction.atomic(), connection.cursor() as cur:
         # The second node's batches are row-locked: its rollup blocks on marking them rolled up,
-        # after writing its minutes, hours and days; the first node has committed by then.
+        # after writing its minutes, hours and days; the first node, in a transaction of its own
+        # (one node per transaction here), has committed by then.
         cur.execute("SELECT id FROM billing_usagebatch WHERE node_id = %s FOR UPDATE", [second])
-        worker = start_worker(0, 1, app="rollup-killed")
+        worker = start_worker(0, 1, app="rollup-killed", VGPU_ROLLUP_NODES_PER_TRANSACTION="1")
         wait_for(lambda: backends("rollup-killed", waiting=True) == 1, "the worker waits inside its transaction")
         os.kill(worker.pid, signal.SIGKILL)
         worker.wait(timeout=30)
