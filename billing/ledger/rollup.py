@@ -476,27 +476,24 @@ def _windows(cur: CursorWrapper, nodes: list[int], gpus: list[str], lo: datetime
 # The integrals each workload-minute sums, in the ledger's column order.
 _RAW_SUMS = ("r.seconds", "r.mem_used_mb_s", "r.mem_granted_mb_s", "greatest(r.mem_used_mb_s, r.mem_granted_mb_s)",
              "r.sm_used_s", "r.sm_granted_s", "greatest(r.sm_used_s, r.sm_granted_s)", "r.pcie_mb")
-
-
-def _exact_sum(expr: str) -> str:
-    """Two aggregates whose total is Σ expr::numeric, the ledger's exact sum of raw samples.
-
-    Casting every float8 to numeric costs the rollup most of its time (2/3 of the raw GROUP BY
-    measured, docs/benchmarks.md), so it is kept for the values where it is needed. Agents report
-    integrals in multiples of 2^-10 (agents/meter.py); such a value below 10^5 has at most 15
-    significant digits, so its numeric cast (15 digits) is the value itself, and float8 adds such
-    values exactly (every partial sum is a multiple of 2^-10 far below 2^43). Those rows are summed
-    in float8, the rest (anything else a client sent) through numeric; the caller adds the two
-    exactly (Decimal(float) is the float's exact value). Same total as summing the casts."""
-    fast = f"{expr} < 1e5 AND {expr} * 1024 = trunc({expr} * 1024)"
-    return f"sum({expr}) FILTER (WHERE {fast}), sum({expr}::numeric) FILTER (WHERE NOT ({fast}))"
-
-
+_RAW_COLUMNS = ("seconds", "mem_used_mb_s", "mem_granted_mb_s", "sm_used_s", "sm_granted_s", "pcie_mb")
+# Casting every float8 to numeric cost the rollup most of its time (2/3 of the raw GROUP BY,
+# docs/benchmarks.md), so it is kept for the rows that need it. Agents report integrals in
+# multiples of 2^-10 (agents/meter.py); such a value below 10^5 has at most 15 significant digits,
+# so its numeric cast (15 digits) is the value itself, and float8 adds such values exactly (every
+# partial sum is a multiple of 2^-10, far below 2^43); the greater of two such values is one too.
+# A row whose values all are (`q`, computed once per row: OFFSET 0 keeps the planner from copying
+# it into every aggregate) is summed in float8, any other row (what else a client sent) through
+# numeric, and the caller adds the two exactly (Decimal(float) is the float's exact value): the
+# same totals as summing the casts.
+_QUANTIZED = " AND ".join(f"{c} < 1e5 AND {c} * 1024 = trunc({c} * 1024)" for c in _RAW_COLUMNS)
 _WORKLOADS_SQL = (
     "SELECT r.node_id, r.gpu_uuid, date_trunc('minute', r.start), r.tenant, r.namespace, r.pod, r.container, "  # noqa: S608
-    f"r.pod_uid, r.sla_tier, {', '.join(_exact_sum(e) for e in _RAW_SUMS)} "
-    "FROM billing_raw_sample r WHERE r.node_id = ANY(%s) AND r.gpu_uuid = ANY(%s) AND r.start >= %s "
-    "AND r.start < %s AND r.batch_id = ANY(%s) GROUP BY 1, 2, 3, 4, 5, 6, 7, 8, 9 ORDER BY 1, 2, 3, 4, 5, 6, 7, 8, 9"
+    "r.pod_uid, r.sla_tier, "
+    + ", ".join(f"sum({e}) FILTER (WHERE r.q), sum({e}::numeric) FILTER (WHERE NOT r.q)" for e in _RAW_SUMS)
+    + f" FROM (SELECT *, {_QUANTIZED} AS q FROM billing_raw_sample WHERE node_id = ANY(%s) AND gpu_uuid = ANY(%s) "  # noqa: S608
+    "AND start >= %s AND start < %s AND batch_id = ANY(%s) OFFSET 0) r "
+    "GROUP BY 1, 2, 3, 4, 5, 6, 7, 8, 9 ORDER BY 1, 2, 3, 4, 5, 6, 7, 8, 9"
 )
 _ZERO = Decimal(0)
 
