@@ -228,9 +228,11 @@ def _rollup_shards(raw: str) -> int:
 # tasks, which any number of workers take; a node is rolled up by one worker at a time whatever N
 # is. Match it to the rollup workers' concurrency (more shards than workers only queues tasks).
 VGPU_ROLLUP_SHARDS = _rollup_shards(os.environ.get("VGPU_ROLLUP_SHARDS", "2"))
-# Nodes rolled up in one transaction (a transaction costs some twenty statements whatever its size)
-# and batches per transaction; the rest wait for the shard's next transaction or cycle.
-VGPU_ROLLUP_NODES_PER_TRANSACTION = int(os.environ.get("VGPU_ROLLUP_NODES_PER_TRANSACTION", 16))
+# Nodes rolled up in one transaction (a transaction costs some twenty statements whatever its size,
+# which dominates a cycle of one batch per node) and batches per transaction; the rest wait for the
+# shard's next transaction or cycle. More nodes per transaction read more raw rows per statement:
+# 8 nodes' backlog (200 MB) outgrew the benchmark's shared_buffers and ran 2.3x slower than 4.
+VGPU_ROLLUP_NODES_PER_TRANSACTION = int(os.environ.get("VGPU_ROLLUP_NODES_PER_TRANSACTION", 4))
 VGPU_ROLLUP_MAX_BATCHES = int(os.environ.get("VGPU_ROLLUP_MAX_BATCHES", 5000))
 # work_mem of a rollup transaction: the raw GROUP BY stays a hash aggregate in memory.
 VGPU_ROLLUP_WORK_MEM = os.environ.get("VGPU_ROLLUP_WORK_MEM", "64MB")

@@ -1,11 +1,11 @@
 """Rollup of raw samples into the priced minute, hour and day ledgers (DESIGN §4, §8).
 
 The unit of work is a node-GPU-minute: the ledger's key is (node, GPU, window), the distribution
-key first (docs/scaling.md). Each node is rolled up in a transaction of its own: it takes the
-node's pending batches, finds the GPU-minutes they touch, and recomputes those minutes wholesale
-from raw samples, then their hours from minutes and their UTC days from hours. Recomputing
-instead of adding makes the rollup idempotent (running it twice changes nothing) and lets late
-batches land in already-rolled minutes.
+key first (docs/scaling.md). Nodes are rolled up a few at a time, in one transaction per group
+(VGPU_ROLLUP_NODES_PER_TRANSACTION): it takes the nodes' pending batches, finds the node-GPU-minutes
+they touch, and recomputes those minutes wholesale from raw samples, then their hours from minutes
+and their UTC days from hours. Recomputing instead of adding makes the rollup idempotent (running
+it twice changes nothing) and lets late batches land in already-rolled minutes.
 
 What a recompute reads is a function of the batches, not of timing: the batches of the node that
 are rolled up and not quarantined, plus the ones this transaction rolls up. A batch another
@@ -158,11 +158,12 @@ OnQuarantine = Callable[[QuarantinedBatch], None]
 def rollup_usage(*, now: datetime, max_batches: int = 5000, shard: int = 0, shards: int = 1,
                  on_quarantine: OnQuarantine | None = None) -> RollupResult:
     """Roll up the pending batches of the nodes of shard `shard` of `shards` (node_id % shards),
-    at most `max_batches` per node per call, oldest first, one transaction per node.
+    oldest first, at most `max_batches` per transaction of VGPU_ROLLUP_NODES_PER_TRANSACTION nodes.
 
     A batch that cannot be rolled up, for any reason, must not stop billing for the fleet: when a
     node's cycle fails, each of its batches is rolled up alone and the ones that still fail are
-    quarantined with their error and passed to `on_quarantine` inside the same transaction."""
+    quarantined with their error and passed to `on_quarantine` inside the same transaction. A node
+    another worker holds is left to it (`skipped`)."""
     if shards < 1 or not 0 <= shard < shards:
         raise ValueError(f"shard must lie in [0, shards) and shards be >= 1, got shard {shard} of {shards}")
     if max_batches < 1:
