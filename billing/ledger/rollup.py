@@ -427,6 +427,8 @@ def _recompute(cur: CursorWrapper, affected: set[Key], *, rolling: Sequence[int]
     windows, included = _windows(cur, nodes, gpus, lo, hi, affected, rolling=rolling)
     workloads = _workloads(cur, nodes, gpus, lo, hi, affected, included) if included else {}
     usage_buf, gpu_buf = _priced_rows(windows, workloads, cards)
+    # (Retention, issue 14: the minute ledger's partitions for these minutes are ensured here,
+    # before the minute rows are replaced.)
     for table in ("billing_usageminute", "billing_gpuminute"):
         cur.execute(
             f"DELETE FROM {table} m USING {_UNNEST} AS a(node_id, gpu_uuid, minute) "  # noqa: S608 - fixed names
