@@ -18,12 +18,12 @@ from billing.ledger.partitions import ensure_minute_partitions as _ensure_minute
 from billing.ledger.partitions import ensure_raw_partitions as _ensure_raw_partitions
 from billing.ledger.retention import analyze_stale_partitions as _analyze_stale_partitions
 from billing.ledger.retention import apply_retention as _apply_retention
-from billing.ledger.rollup import rollup_usage as _rollup_usage
 from billing.models import Budget
 from billing.services.budgets import evaluate_budgets as _evaluate_budgets
 from billing.services.budgets import sign_webhook, webhook_body
 from billing.services.invoicing import close_period as _close_period
 from billing.services.invoicing import parse_month
+from billing.services.quarantine import run_rollup
 from billing.services.rebalance import execute_plan, kube_from_settings
 from billing.services.rebalance import propose_rebalance as _propose
 from billing.services.reports import run_paired_report as _run_paired_report
@@ -37,17 +37,27 @@ from billing.services.webhooks import (
 
 log = logging.getLogger(__name__)
 
+@shared_task(name="billing.tasks.rollup_usage", acks_late=True)
+def rollup_usage() -> list[str]:
+    """Beat entry: fan the cycle out into VGPU_ROLLUP_SHARDS shard tasks, which any number of
+    workers run in parallel (billing.ledger.rollup: no global lock, one worker per node at a time).
+    Each task carries its own (shard, shards), so a change of N between beat and workers, or a
+    redelivered task, only makes some node's lock be tried twice."""
+    shards = settings.VGPU_ROLLUP_SHARDS
+    return [rollup_shard.delay(shard, shards).id for shard in range(shards)]
+
 
 @shared_task(
-    name="billing.tasks.rollup_usage",
+    name="billing.tasks.rollup_shard",
     acks_late=True,
     autoretry_for=(OperationalError,),
     retry_backoff=True,
     max_retries=5,
 )
-def rollup_usage() -> dict:
-    result = _rollup_usage(now=timezone.now())
-    return {"batches": result.batches, "gpu_minutes": result.gpu_minutes, "gpu_hours": result.gpu_hours,
+def rollup_shard(shard: int, shards: int) -> dict[str, object]:
+    result = run_rollup(now=timezone.now(), shard=shard, shards=shards, max_batches=settings.VGPU_ROLLUP_MAX_BATCHES)
+    return {"shard": shard, "shards": shards, "nodes": result.nodes, "batches": result.batches,
+            "gpu_minutes": result.gpu_minutes, "gpu_hours": result.gpu_hours, "quarantined": result.quarantined,
             "skipped": result.skipped}
 
 
@@ -57,7 +67,7 @@ def rollup_usage() -> dict:
     autoretry_for=(OperationalError,),
     retry_backoff=True,
     max_retries=5,
-)  # type: ignore[untyped-decorator]  # celery ships no type hints
+)
 def ensure_raw_partitions() -> list[str]:
     """Hourly: the raw and minute day partitions from yesterday to VGPU_PARTITION_DAYS_AHEAD days
     ahead (the name is kept for running beats' schedules). Returns the days created, ISO."""
@@ -74,7 +84,7 @@ def ensure_raw_partitions() -> list[str]:
     autoretry_for=(OperationalError,),
     retry_backoff=True,
     max_retries=5,
-)  # type: ignore[untyped-decorator]  # celery ships no type hints
+)
 def apply_retention() -> dict[str, list[str]]:
     """Hourly: drop raw and minute day partitions past their retention, keeping those that hold
     samples of pending or quarantined batches. Idempotent: a second run finds nothing to drop."""
@@ -83,7 +93,7 @@ def apply_retention() -> dict[str, list[str]]:
             "lock_busy": list(result.lock_busy)}
 
 
-@shared_task(name="billing.tasks.analyze_ledger_partitions", acks_late=True)  # type: ignore[untyped-decorator]  # celery ships no type hints
+@shared_task(name="billing.tasks.analyze_ledger_partitions", acks_late=True)
 def analyze_ledger_partitions() -> list[str]:
     """Every 5 minutes: ANALYZE the raw and minute partitions with missing or stale statistics."""
     return [a.name for a in _analyze_stale_partitions()]

@@ -228,6 +228,34 @@ VGPU_MINUTE_RETENTION = _days("VGPU_MINUTE_RETENTION_DAYS", 100)
 # task was probably lost), and finance or an admin may resume it from the periods page.
 VGPU_PERIOD_CLOSE_STALE_S = int(os.environ.get("VGPU_PERIOD_CLOSE_STALE_S", 900))
 
+
+
+def _rollup_shards(raw: str) -> int:
+    """VGPU_ROLLUP_SHARDS: how many shard tasks each rollup cycle fans out into (billing.tasks)."""
+    try:
+        shards = int(raw)
+    except ValueError:
+        shards = 0
+    if not 1 <= shards <= 1024:
+        raise ImproperlyConfigured(f"VGPU_ROLLUP_SHARDS must be a whole number from 1 to 1024, got {raw!r}: "
+                                   "the rollup cycle fans out into that many shard tasks, each rolling up the "
+                                   "nodes with node_id % VGPU_ROLLUP_SHARDS == its shard")
+    return shards
+
+
+# The rollup (billing.ledger.rollup) is sharded by node: every cycle runs VGPU_ROLLUP_SHARDS shard
+# tasks, which any number of workers take; a node is rolled up by one worker at a time whatever N
+# is. Match it to the rollup workers' concurrency (more shards than workers only queues tasks).
+VGPU_ROLLUP_SHARDS = _rollup_shards(os.environ.get("VGPU_ROLLUP_SHARDS", "2"))
+# Nodes rolled up in one transaction (a transaction costs some twenty statements whatever its size,
+# which dominates a cycle of one batch per node) and batches per transaction; the rest wait for the
+# shard's next transaction or cycle. More nodes per transaction read more raw rows per statement:
+# 8 nodes' backlog (200 MB) outgrew the benchmark's shared_buffers and ran 2.3x slower than 4.
+VGPU_ROLLUP_NODES_PER_TRANSACTION = int(os.environ.get("VGPU_ROLLUP_NODES_PER_TRANSACTION", 4))
+VGPU_ROLLUP_MAX_BATCHES = int(os.environ.get("VGPU_ROLLUP_MAX_BATCHES", 5000))
+# work_mem of a rollup transaction: the raw GROUP BY stays a hash aggregate in memory.
+VGPU_ROLLUP_WORK_MEM = os.environ.get("VGPU_ROLLUP_WORK_MEM", "64MB")
+
 CELERY_BROKER_URL = REDIS_URL
 CELERY_RESULT_BACKEND = REDIS_URL
 CELERY_TASK_ACKS_LATE = True

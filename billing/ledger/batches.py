@@ -154,13 +154,13 @@ def store_batch(*, node: Node, batch: ValidatedBatch, digest: str, now: datetime
             "WITH b AS (INSERT INTO billing_usagebatch (node_id, batch_seq, content_sha256, window_start, "
             "window_end, sample_count, received_at) VALUES (%s, %s, %s, %s, %s, %s, %s) "
             "ON CONFLICT (node_id, batch_seq) DO NOTHING RETURNING id), "
-            "g AS (INSERT INTO billing_batchgpu (batch_id, gpu_uuid, model, memory_mb, sm_count, window_start, "
-            "window_end) SELECT b.id, v.uuid, v.model, v.memory_mb, v.sm_count, %s, %s FROM b, "
+            "g AS (INSERT INTO billing_batchgpu (batch_id, node_id, gpu_uuid, model, memory_mb, sm_count, "
+            "window_start, window_end) SELECT b.id, %s, v.uuid, v.model, v.memory_mb, v.sm_count, %s, %s FROM b, "
             "unnest(%s::varchar[], %s::varchar[], %s::int[], %s::int[]) WITH ORDINALITY "
             "AS v(uuid, model, memory_mb, sm_count, ord) ORDER BY v.ord) "
             "SELECT id FROM b",
             [node.pk, batch.batch_seq, digest, batch.window_start, batch.window_end, batch.sample_count, now,
-             batch.window_start, batch.window_end, *columns],
+             node.pk, batch.window_start, batch.window_end, *columns],
         )
         row = cur.fetchone()
         if row is None:

@@ -16,7 +16,6 @@ in tests) re-derives its GPU-day below. Bulk writes of hours (COPY, bulk_create,
 must call billing.ledger.rollup.rebuild_days themselves.
 """
 
-
 from decimal import Decimal
 
 from django.db import models
@@ -99,7 +98,7 @@ class GpuMinute(_GpuWindow):
     rate_card = models.ForeignKey(RateCard, on_delete=models.PROTECT, null=True, related_name="+")
 
     class Meta:
-        constraints = [models.UniqueConstraint(fields=["gpu_uuid", "minute"], name="gpu_minute_unique")]
+        constraints = [models.UniqueConstraint(fields=["node", "gpu_uuid", "minute"], name="gpu_minute_unique")]
         indexes = [models.Index(fields=["minute"], name="gpu_minute_minute_idx")]
 
     def __str__(self) -> str:
@@ -111,7 +110,8 @@ class UsageHour(_WorkloadUsage):
 
     class Meta:
         indexes = [
-            models.Index(fields=["gpu_uuid", "hour"], name="usage_hour_gpu_idx"),
+            # Node first: the distribution key (docs/scaling.md), and the rollup's per-node lookups.
+            models.Index(fields=["node", "gpu_uuid", "hour"], name="usage_hour_node_gpu_idx"),
             models.Index(fields=["hour", "tenant"], name="usage_hour_tenant_idx"),
         ]
 
@@ -123,7 +123,9 @@ class GpuHour(_GpuWindow):
     hour = models.DateTimeField()
 
     class Meta:
-        constraints = [models.UniqueConstraint(fields=["gpu_uuid", "hour"], name="gpu_hour_unique")]
+        # Keyed by node (the distribution key): a GPU moved to another node inside an hour has one
+        # row per node for that hour, each priced on its own metered seconds.
+        constraints = [models.UniqueConstraint(fields=["node", "gpu_uuid", "hour"], name="gpu_hour_node_unique")]
         indexes = [models.Index(fields=["hour"], name="gpu_hour_hour_idx")]
 
     def __str__(self) -> str:
@@ -140,7 +142,7 @@ class UsageDay(_WorkloadUsage):
 
     class Meta:
         indexes = [
-            models.Index(fields=["gpu_uuid", "day"], name="usage_day_gpu_idx"),
+            models.Index(fields=["node", "gpu_uuid", "day"], name="usage_day_node_gpu_idx"),
             models.Index(fields=["day", "tenant"], name="usage_day_tenant_idx"),
         ]
 
@@ -157,7 +159,7 @@ class GpuDay(_GpuWindow):
     unpriced_seconds = _quantity()
 
     class Meta:
-        constraints = [models.UniqueConstraint(fields=["gpu_uuid", "day"], name="gpu_day_unique")]
+        constraints = [models.UniqueConstraint(fields=["node", "gpu_uuid", "day"], name="gpu_day_node_unique")]
         indexes = [models.Index(fields=["day"], name="gpu_day_day_idx")]
 
     def __str__(self) -> str:
@@ -192,6 +194,9 @@ class UsageBatch(models.Model):
             models.Index(fields=["window_start"], name="usage_batch_window_idx"),
             models.Index(fields=["id"], condition=models.Q(quarantined_at__isnull=False),
                          name="usage_batch_quarantined_idx"),
+            # A rollup shard lists the nodes with pending batches, then each node's pending batches.
+            models.Index(fields=["node", "id"], condition=models.Q(rolled_up_at__isnull=True, quarantined_at__isnull=True),
+                         name="usage_batch_node_pending_idx"),
         ]
 
     def __str__(self) -> str:
@@ -205,6 +210,9 @@ class BatchGpu(models.Model):
     """
 
     batch = models.ForeignKey(UsageBatch, on_delete=models.PROTECT, related_name="gpus")
+    # The batch's node, repeated: the distribution key, so the rollup reads a node's windows
+    # without joining billing_usagebatch.
+    node = models.ForeignKey(Node, on_delete=models.PROTECT, related_name="+")
     gpu_uuid = models.CharField(max_length=128)
     model = models.CharField(max_length=128)
     memory_mb = models.PositiveIntegerField()
@@ -214,11 +222,15 @@ class BatchGpu(models.Model):
 
     class Meta:
         constraints = [
-            models.UniqueConstraint(fields=["batch", "gpu_uuid"], name="batch_gpu_unique"),
+            models.UniqueConstraint(fields=["node", "batch", "gpu_uuid"], name="batch_gpu_node_unique"),
         ]
-        # A GPU-second is metered once: windows of one GPU never overlap across batches
-        # (trigger `batch_gpu_no_overlap`, migration 0003, looks up by this index).
-        indexes = [models.Index(fields=["gpu_uuid", "window_end"], name="batch_gpu_uuid_end_idx")]
+        indexes = [
+            # A GPU-second is metered once: windows of one GPU never overlap across batches, of any
+            # node (trigger `batch_gpu_no_overlap`, migration 0003, looks up by this index).
+            models.Index(fields=["gpu_uuid", "window_end"], name="batch_gpu_uuid_end_idx"),
+            # The rollup's card seconds: a node's GPU windows meeting a range of minutes.
+            models.Index(fields=["node", "gpu_uuid", "window_end"], name="batch_gpu_node_end_idx"),
+        ]
 
     def __str__(self) -> str:
         return f"{self.gpu_uuid} in batch {self.batch_id}"

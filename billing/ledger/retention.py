@@ -23,6 +23,7 @@ watermark too (MinutesPruned): recomputing from what is left would give wrong nu
 from __future__ import annotations
 
 import logging
+from collections.abc import Collection
 from dataclasses import dataclass
 from datetime import date, datetime, timedelta
 
@@ -363,8 +364,9 @@ def _needs_analyze(cur: CursorWrapper, name: str, reltuples: float, never: bool,
     return None
 
 
-def analyze_stale_partitions() -> tuple[AnalyzedPartition, ...]:
-    """ANALYZE each raw and minute partition that holds rows but has no statistics, or whose rows
+def analyze_stale_partitions(*, only: Collection[str] | None = None) -> tuple[AnalyzedPartition, ...]:
+    """ANALYZE each raw and minute partition (of the names in `only`, when given: the rollup asks
+    for the raw partitions it is about to read) that holds rows but has no statistics, or whose rows
     changed by more than a tenth since its last ANALYZE (a day partition is created empty and
     filled all day; with no statistics the planner took 1.15 M rows for 524 and the rollup's
     GROUP BY sorted on disk). Leaf partitions only: the planner estimates a partitioned scan from
@@ -379,13 +381,17 @@ def analyze_stale_partitions() -> tuple[AnalyzedPartition, ...]:
         cur.execute(_CANDIDATES, [[RAW_TABLE, *MINUTE_TABLES]])
         candidates = cur.fetchall()
         for name, reltuples, never, modified in candidates:
+            if only is not None and name not in only:
+                continue
             reason = _needs_analyze(cur, name, float(reltuples), bool(never), int(modified))
             if reason is None:
                 continue
             try:
                 with transaction.atomic():
                     cur.execute(f"SET LOCAL lock_timeout = '{_ANALYZE_LOCK_TIMEOUT}'")
-                    cur.execute(f'ANALYZE "{name}"')
+                    # SKIP_LOCKED: a partition another session is analysing (a second shard, the
+                    # beat task) is left to it rather than queued behind.
+                    cur.execute(f'ANALYZE (SKIP_LOCKED) "{name}"')
             except OperationalError as exc:  # a DDL holds the partition: the next run analyses it
                 log.info("event=analyze_deferred partition=%s error=%s", name, exc)
                 continue

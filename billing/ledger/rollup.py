@@ -1,33 +1,70 @@
 """Rollup of raw samples into the priced minute, hour and day ledgers (DESIGN §4, §8).
 
-The unit of work is a GPU-minute. Each run takes the batches not yet rolled up, finds the
-GPU-minutes they touch, and recomputes those minutes wholesale from raw samples (then
-their hours from minutes and their UTC days from hours, in the same transaction). Recomputing instead of adding makes the rollup idempotent —
-running it twice changes nothing — and lets late batches land in already-rolled minutes.
-One rollup runs at a time (transaction-level advisory lock). A batch that cannot be rolled
-up is quarantined, never allowed to stop the others.
+The unit of work is a node-GPU-minute: the ledger's key is (node, GPU, window), the distribution
+key first (docs/scaling.md). Nodes are rolled up a few at a time, in one transaction per group
+(VGPU_ROLLUP_NODES_PER_TRANSACTION): it takes the nodes' pending batches, finds the node-GPU-minutes
+they touch, and recomputes those minutes wholesale from raw samples, then their hours from minutes
+and their UTC days from hours. Recomputing instead of adding makes the rollup idempotent (running
+it twice changes nothing) and lets late batches land in already-rolled minutes.
+
+What a recompute reads is a function of the batches, not of timing: the batches of the node that
+are rolled up and not quarantined, plus the ones this transaction rolls up. A batch another
+connection is still storing, or one waiting for a later cycle, stays out until its own rollup.
+
+Locks (transaction-level advisory locks, so a worker killed mid-rollup releases them with its
+connection and leaves nothing half-applied):
+
+- one per node, taken with a try-lock: two workers never roll the same node at once, whatever
+  shard arithmetic each was given (N may change between the beat and the workers, a task may be
+  redelivered); the one that does not get it skips the node, which the holder is rolling up;
+- the ledger lock, shared by every rollup transaction and exclusive for `lock_ledger` (a rate-card
+  change, `rebuild_ledger`, `rebuild_days`): re-pricing waits for the rollups in flight and no
+  rollup starts meanwhile. There is no global lock between rollups.
+
+Work is sharded by node: shard k of N rolls the nodes with node_id % N == k (billing.tasks fans
+the beat's cycle out into N shard tasks). A batch that cannot be rolled up is quarantined, never
+allowed to stop the others: the ledger marks it and hands it to the caller's `on_quarantine`,
+which records the audit event in the same transaction (billing.services.quarantine).
 """
 
 from __future__ import annotations
 
 import io
+import logging
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, date, datetime, timedelta
 from decimal import Decimal
+from typing import Any
 
+from django.conf import settings
 from django.db import connection, transaction
+from django.db.backends.utils import CursorWrapper
 
-from billing.ledger.partitions import days_between, ensure_minute_partitions
-from billing.ledger.retention import require_raw_samples
+from billing.ledger.partitions import days_between, ensure_minute_partitions, partition_name
+from billing.ledger.pricing import GpuWindowUsage, Rate, WorkloadQuantities, price_gpu_window
+from billing.ledger.retention import analyze_stale_partitions, require_raw_samples
 from billing.models import RateCard
-from billing.services.pricing import GpuWindowUsage, Rate, WorkloadQuantities, price_gpu_window
-from billing.services.quarantine import quarantine_batch
 
-__all__ = ["RollupResult", "lock_ledger", "rebuild_days", "rebuild_ledger", "rollup_usage"]
+__all__ = [
+    "QuarantinedBatch",
+    "RollupResult",
+    "lock_ledger",
+    "quarantine_batch",
+    "rebuild_days",
+    "rebuild_ledger",
+    "rollup_usage",
+]
 
-_LOCK_KEY = 0x726F6C6C  # "roll"
+log = logging.getLogger(__name__)
+
+_LEDGER_LOCK_KEY = 0x726F6C6C  # "roll": shared by rollups, exclusive for re-pricing
+# Two-key advisory locks (class, node id) live in their own key space, apart from one-key locks.
+_NODE_LOCK_CLASS = 0x6E6F6465  # "node"
+_INT4 = 2**31
+_MINUTE = timedelta(minutes=1)
+_MICROSECONDS = Decimal(1_000_000)
 _WORKLOAD_KEY = ("tenant", "namespace", "pod", "container", "pod_uid", "sla_tier")
 _USAGE_COLUMNS = (
     "gpu_uuid", "node_id", "tenant", "namespace", "pod", "container", "pod_uid", "sla_tier", "seconds",
@@ -38,6 +75,20 @@ _GPU_COLUMNS = (
     "gpu_uuid", "node_id", "gpu_model", "metered_seconds", "card_cost", "charged", "idle_cost",
     "idle_allocated", "currency", "priced",
 )
+_QUARANTINE_ERROR_MAX_CHARS = 2000
+
+Key = tuple[int, str, datetime]  # (node_id, gpu_uuid, minute | hour | day): the ledger's key
+
+
+@dataclass(frozen=True)
+class QuarantinedBatch:
+    """A batch the rollup could not roll up: marked quarantined, its samples left out."""
+
+    batch_id: int
+    node_id: int
+    node_name: str
+    batch_seq: int
+    error: str
 
 
 @dataclass(frozen=True)
@@ -45,38 +96,48 @@ class RollupResult:
     batches: int
     gpu_minutes: int
     gpu_hours: int
+    # True when some node was left to another worker (it held the node) or the ledger was locked
+    # for re-pricing: a caller that wants everything rolled up tries again shortly.
     skipped: bool = False
     quarantined: int = 0
+    nodes: int = 0
+
+    def __add__(self, other: RollupResult) -> RollupResult:
+        return RollupResult(batches=self.batches + other.batches, gpu_minutes=self.gpu_minutes + other.gpu_minutes,
+                            gpu_hours=self.gpu_hours + other.gpu_hours, skipped=self.skipped or other.skipped,
+                            quarantined=self.quarantined + other.quarantined, nodes=self.nodes + other.nodes)
+
+
+_NOTHING = RollupResult(batches=0, gpu_minutes=0, gpu_hours=0)
+_SKIPPED = RollupResult(batches=0, gpu_minutes=0, gpu_hours=0, skipped=True)
 
 
 @dataclass(frozen=True)
 class _Card:
     id: int
-    gpu_model: str
     start: datetime
     end: datetime | None
     currency: str
     rate: Rate
 
 
+@dataclass(frozen=True)
+class _Window:
+    """A GPU's card over one minute: what its batch GPU rows declared, and the seconds they cover."""
+
+    model: str
+    memory_mb: int
+    sm_count: int
+    seconds: Decimal
+
+
 def _load_cards() -> dict[str, list[_Card]]:
     cards: dict[str, list[_Card]] = defaultdict(list)
     for rc in RateCard.objects.order_by("effective_from"):
         cards[rc.gpu_model].append(
-            _Card(
-                id=rc.pk,
-                gpu_model=rc.gpu_model,
-                start=rc.effective_from,
-                end=rc.effective_to,
-                currency=rc.currency,
-                rate=Rate(
-                    price_per_gpu_hour=rc.price_per_gpu_hour,
-                    alpha=rc.alpha,
-                    billed_basis=rc.billed_basis,
-                    idle_policy=rc.idle_policy,
-                ),
-            )
-        )
+            _Card(id=rc.pk, start=rc.effective_from, end=rc.effective_to, currency=rc.currency,
+                  rate=Rate(price_per_gpu_hour=rc.price_per_gpu_hour, alpha=rc.alpha,
+                            billed_basis=rc.billed_basis, idle_policy=rc.idle_policy)))
     return cards
 
 
@@ -87,225 +148,410 @@ def _card_for(cards: dict[str, list[_Card]], model: str, minute: datetime) -> _C
     return None
 
 
-def rollup_usage(*, now: datetime, max_batches: int = 5000) -> RollupResult:
-    """Roll up pending batches (at most `max_batches`, oldest first).
+# --------------------------------------------------------------------------------------------
+# Entry points
 
-    A batch that cannot be rolled up, for any reason, must not stop billing for the fleet: when
-    the cycle fails, each batch is rolled up alone and the ones that still fail are quarantined
-    with their error (billing.services.quarantine); every other batch goes on."""
-    with transaction.atomic(), connection.cursor() as cur:
-        cur.execute("SELECT pg_try_advisory_xact_lock(%s)", [_LOCK_KEY])
-        if not cur.fetchone()[0]:
-            return RollupResult(batches=0, gpu_minutes=0, gpu_hours=0, skipped=True)
+
+OnQuarantine = Callable[[QuarantinedBatch], None]
+
+
+def rollup_usage(*, now: datetime, max_batches: int = 5000, shard: int = 0, shards: int = 1,
+                 on_quarantine: OnQuarantine | None = None) -> RollupResult:
+    """Roll up the pending batches of the nodes of shard `shard` of `shards` (node_id % shards),
+    oldest first, at most `max_batches` per transaction of VGPU_ROLLUP_NODES_PER_TRANSACTION nodes.
+
+    A batch that cannot be rolled up, for any reason, must not stop billing for the fleet: when a
+    node's cycle fails, each of its batches is rolled up alone and the ones that still fail are
+    quarantined with their error and passed to `on_quarantine` inside the same transaction. A node
+    another worker holds is left to it (`skipped`)."""
+    if shards < 1 or not 0 <= shard < shards:
+        raise ValueError(f"shard must lie in [0, shards) and shards be >= 1, got shard {shard} of {shards}")
+    if max_batches < 1:
+        raise ValueError("max_batches must be >= 1")
+    node_ids = _pending_nodes(shard=shard, shards=shards)
+    if not node_ids:
+        return _NOTHING
+    analyze_stale_partitions(only={partition_name(d) for d in _pending_days(node_ids)})
+    total = _NOTHING
+    per = settings.VGPU_ROLLUP_NODES_PER_TRANSACTION
+    for group in (node_ids[i:i + per] for i in range(0, len(node_ids), per)):
+        total += _roll_up_nodes(group, now=now, max_batches=max_batches, on_quarantine=on_quarantine)
+    return total
+
+
+def _pending_nodes(*, shard: int, shards: int) -> list[int]:
+    with connection.cursor() as cur:
         cur.execute(
-            "SELECT id FROM billing_usagebatch WHERE rolled_up_at IS NULL AND quarantined_at IS NULL "
-            "ORDER BY id LIMIT %s", [max_batches]
+            "SELECT DISTINCT node_id FROM billing_usagebatch WHERE rolled_up_at IS NULL AND quarantined_at IS NULL "
+            "AND node_id %% %s = %s ORDER BY 1",
+            [shards, shard],
+        )
+        return [r[0] for r in cur.fetchall()]
+
+
+def _pending_days(node_ids: list[int]) -> set[date]:
+    with connection.cursor() as cur:
+        cur.execute(
+            "SELECT DISTINCT d::date FROM billing_usagebatch b, generate_series(date_trunc('day', b.window_start, 'UTC'), "
+            "b.window_end - interval '1 microsecond', interval '1 day') AS d WHERE b.node_id = ANY(%s) "
+            "AND b.rolled_up_at IS NULL AND b.quarantined_at IS NULL",
+            [node_ids],
+        )
+        return {r[0] for r in cur.fetchall()}
+
+
+def _roll_up_nodes(node_ids: list[int], *, now: datetime, max_batches: int,
+                   on_quarantine: OnQuarantine | None) -> RollupResult:
+    """One transaction for a group of nodes: a transaction's fixed cost (some twenty statements)
+    would otherwise dominate a cycle that finds one batch per node. The nodes another worker holds
+    are left to it."""
+    with transaction.atomic(), connection.cursor() as cur:
+        locked = _lock_for_rollup(cur, node_ids)
+        if not locked:
+            return _SKIPPED
+        cur.execute(
+            "SELECT id FROM billing_usagebatch WHERE node_id = ANY(%s) AND rolled_up_at IS NULL "
+            "AND quarantined_at IS NULL ORDER BY id LIMIT %s",
+            [locked, max_batches],
         )
         batch_ids = [r[0] for r in cur.fetchall()]
-        if not batch_ids:
-            return RollupResult(batches=0, gpu_minutes=0, gpu_hours=0)
+        skipped = len(locked) < len(node_ids)
+        if not batch_ids:  # another worker rolled these nodes up between the listing and the lock
+            return RollupResult(batches=0, gpu_minutes=0, gpu_hours=0, skipped=skipped)
+        _tune_transaction(cur)
+        cards = _load_cards()  # under the ledger lock: no rate-card change commits meanwhile
         try:
             with transaction.atomic():
-                minutes, hours = _roll_up(cur, batch_ids, now=now, held_back=())
+                minutes, hours = _roll_up(cur, batch_ids, now=now, cards=cards)
         except Exception:  # noqa: BLE001 - any failure of one batch is isolated below, not raised
-            return _roll_up_one_by_one(cur, batch_ids, now=now)
-    return RollupResult(batches=len(batch_ids), gpu_minutes=minutes, gpu_hours=hours)
+            result = _roll_up_one_by_one(cur, batch_ids, now=now, cards=cards, on_quarantine=on_quarantine)
+            return RollupResult(batches=result.batches, gpu_minutes=result.gpu_minutes, gpu_hours=result.gpu_hours,
+                                quarantined=result.quarantined, nodes=len(locked), skipped=skipped)
+    return RollupResult(batches=len(batch_ids), gpu_minutes=minutes, gpu_hours=hours, nodes=len(locked),
+                        skipped=skipped)
 
 
-def _roll_up(cur, batch_ids: list[int], *, now: datetime, held_back: Sequence[int]) -> tuple[int, int]:
-    """Recompute the GPU-minutes `batch_ids` touch, leaving out the samples of quarantined
-    batches and of `held_back` (pending batches not tried yet), and mark `batch_ids` rolled up."""
-    _exclude(cur, held_back)
-    cur.execute(
-        "CREATE TEMP TABLE rollup_affected ON COMMIT DROP AS "
-        "SELECT DISTINCT bg.gpu_uuid, m.minute FROM billing_batchgpu bg, "
-        "generate_series(date_trunc('minute', bg.window_start), bg.window_end - interval '1 microsecond', "
-        "interval '1 minute') AS m(minute) WHERE bg.batch_id = ANY(%s)",
-        [batch_ids],
-    )
-    minutes, hours = _recompute(cur)
+def _lock_for_rollup(cur: CursorWrapper, node_ids: list[int]) -> list[int]:
+    """The ledger lock (shared) and the locks of the nodes no other worker holds, until the
+    transaction ends. Returns those nodes: none while re-pricing runs."""
+    cur.execute("SELECT pg_try_advisory_xact_lock_shared(%s)", [_LEDGER_LOCK_KEY])
+    if not cur.fetchone()[0]:
+        return []
+    # One try per node, in id order. Node ids past int4 share a lock with another node: that only
+    # serialises the two.
+    cur.execute("SELECT n FROM unnest(%s::bigint[]) WITH ORDINALITY AS u(n, i) "
+                "WHERE pg_try_advisory_xact_lock(%s, (n %% %s)::int) ORDER BY i",
+                [sorted(node_ids), _NODE_LOCK_CLASS, _INT4])
+    return [r[0] for r in cur.fetchall()]
+
+
+# Planner settings of a rollup transaction (SET LOCAL: they end with it), from EXPLAIN ANALYZE of the
+# raw GROUP BY (docs/benchmarks.md, "Rollup: sharded by node"):
+# - work_mem: one group per workload-minute of the node's cycle stays in memory, never spilled;
+# - no sort-based aggregation: the planner underestimates a node's rows (node and batch are
+#   correlated and it multiplies their selectivities: 1,036 rows expected, 65,280 read) and sorts
+#   the raw rows on eight collated text keys for a GroupAggregate, 2-4x slower than hashing them;
+#   with sorts penalised it hashes, and sorts only the groups for the ORDER BY;
+# - no JIT: the penalty lifts the plan's cost past jit_above_cost, and compiling takes 0.4-0.9 s
+#   for a 0.2 s statement;
+# - no parallel query: the rollup's parallelism is its shards, one core each. One worker that took
+#   every core with parallel workers (it did: Gather, 2 workers) left nothing to a second shard.
+_TRANSACTION_SETTINGS = (("enable_sort", "off"), ("enable_incremental_sort", "off"), ("jit", "off"),
+                         ("max_parallel_workers_per_gather", "0"))
+
+
+def _tune_transaction(cur: CursorWrapper) -> None:
+    names = [("work_mem", settings.VGPU_ROLLUP_WORK_MEM), *_TRANSACTION_SETTINGS]
+    cur.execute("SELECT " + ", ".join("set_config(%s, %s, true)" for _ in names), [v for pair in names for v in pair])
+
+
+def _roll_up(cur: CursorWrapper, batch_ids: list[int], *, now: datetime,
+             cards: dict[str, list[_Card]]) -> tuple[int, int]:
+    """Recompute the node-GPU-minutes that `batch_ids` touch, and mark them rolled up."""
+    cur.execute("SELECT node_id, gpu_uuid, window_start, window_end FROM billing_batchgpu "
+                "WHERE batch_id = ANY(%s)", [batch_ids])
+    affected: set[Key] = set()
+    for node_id, gpu_uuid, start, end in cur.fetchall():
+        affected.update((node_id, gpu_uuid, m) for m in _minutes(start, end))
+    minutes, hours = _recompute(cur, affected, rolling=batch_ids, cards=cards)
     cur.execute("UPDATE billing_usagebatch SET rolled_up_at = %s WHERE id = ANY(%s)", [now, batch_ids])
     return minutes, hours
 
 
-def _roll_up_one_by_one(cur, batch_ids: list[int], *, now: datetime) -> RollupResult:
-    """Each batch alone, oldest first, with the batches after it held back: a batch fails here
-    only for what it carries itself, never for a poisoned neighbour in the same GPU-minute.
-    The last recompute of a minute includes every good batch of it, so the ledger ends as if
-    the quarantined batches had never arrived."""
+def _roll_up_one_by_one(cur: CursorWrapper, batch_ids: list[int], *, now: datetime,
+                        cards: dict[str, list[_Card]], on_quarantine: OnQuarantine | None) -> RollupResult:
+    """Each batch alone, oldest first: the batches after it are still pending, so left out. A batch
+    fails here only for what it carries itself, never for a poisoned neighbour in the same
+    GPU-minute. The last recompute of a minute includes every good batch of it, so the ledger ends
+    as if the quarantined batches had never arrived."""
     minutes = hours = rolled = 0
-    for i, batch_id in enumerate(batch_ids):
+    for batch_id in batch_ids:
         try:
             with transaction.atomic():
-                m, h = _roll_up(cur, [batch_id], now=now, held_back=batch_ids[i + 1:])
+                m, h = _roll_up(cur, [batch_id], now=now, cards=cards)
         except Exception as exc:  # noqa: BLE001 - the error is kept on the batch and shown
-            quarantine_batch(batch_id=batch_id, error=f"{type(exc).__name__}: {exc}", now=now)
+            _quarantine(cur, batch_id, error=f"{type(exc).__name__}: {exc}", now=now, on_quarantine=on_quarantine)
             continue
         minutes, hours, rolled = minutes + m, hours + h, rolled + 1
     return RollupResult(batches=rolled, gpu_minutes=minutes, gpu_hours=hours, quarantined=len(batch_ids) - rolled)
 
 
-def _exclude(cur, held_back: Sequence[int]) -> None:
-    """rollup_excluded: batches whose samples and GPU windows this recompute leaves out."""
-    cur.execute("DROP TABLE IF EXISTS rollup_affected, rollup_hours, rollup_days, rollup_excluded")
+def _quarantine(cur: CursorWrapper, batch_id: int, *, error: str, now: datetime,
+                on_quarantine: OnQuarantine | None) -> None:
+    batch = _mark_quarantined(cur, batch_id=batch_id, error=error, now=now)
+    # An SRE reads logs before pages: say which batch and why, once.
+    log.error("event=batch_quarantined node=%s batch_seq=%s batch_id=%s error=%s",
+              batch.node_name, batch.batch_seq, batch_id, batch.error)
+    if on_quarantine is not None:
+        on_quarantine(batch)
+
+
+def quarantine_batch(*, batch_id: int, error: str, now: datetime) -> QuarantinedBatch:
+    """Keep a batch out of the ledger with its error, inside the caller's transaction (the caller
+    audits it: billing.services.quarantine)."""
+    with connection.cursor() as cur:
+        return _mark_quarantined(cur, batch_id=batch_id, error=error, now=now)
+
+
+def _mark_quarantined(cur: CursorWrapper, *, batch_id: int, error: str, now: datetime) -> QuarantinedBatch:
     cur.execute(
-        "CREATE TEMP TABLE rollup_excluded ON COMMIT DROP AS "
-        "SELECT id AS batch_id FROM billing_usagebatch WHERE quarantined_at IS NOT NULL "
-        "UNION SELECT unnest(%s::bigint[])",
-        [list(held_back)],
+        "UPDATE billing_usagebatch b SET quarantined_at = %s, quarantine_error = %s FROM billing_node n "
+        "WHERE b.id = %s AND n.id = b.node_id RETURNING b.node_id, n.name, b.batch_seq, b.quarantine_error",
+        [now, error[:_QUARANTINE_ERROR_MAX_CHARS], batch_id],
     )
+    row = cur.fetchone()
+    if row is None:
+        raise ValueError(f"no usage batch {batch_id}")
+    node_id, node_name, batch_seq, kept = row
+    return QuarantinedBatch(batch_id=batch_id, node_id=node_id, node_name=node_name, batch_seq=batch_seq, error=kept)
 
 
 def lock_ledger() -> None:
-    """Hold the rollup's lock until the current transaction ends: no rollup or rebuild runs
-    meanwhile (a rate-card change re-prices under it)."""
+    """Hold the ledger lock exclusively until the current transaction ends: waits for the rollups
+    in flight, and no rollup or rebuild runs meanwhile (a rate-card change re-prices under it)."""
     with connection.cursor() as cur:
-        cur.execute("SELECT pg_advisory_xact_lock(%s)", [_LOCK_KEY])
+        cur.execute("SELECT pg_advisory_xact_lock(%s)", [_LEDGER_LOCK_KEY])
 
 
 def rebuild_ledger(*, start: datetime, end: datetime) -> RollupResult:
-    """Recompute every GPU-minute in [start, end) from raw samples (after a rate-card change)."""
+    """Recompute every GPU-minute in [start, end) from raw samples (after a rate-card change), day
+    by day, under the exclusive ledger lock."""
     if end <= start:
         raise ValueError("end must be after start")
+    total = _NOTHING
     with transaction.atomic(), connection.cursor() as cur:
         lock_ledger()
         require_raw_samples(start=start)  # retention may have dropped the samples: refuse, never guess
-        _exclude(cur, ())
+        _tune_transaction(cur)
+        cards = _load_cards()
         cur.execute(
-            "CREATE TEMP TABLE rollup_affected ON COMMIT DROP AS "
-            "SELECT DISTINCT bg.gpu_uuid, m.minute FROM billing_batchgpu bg, "
-            "generate_series(date_trunc('minute', greatest(bg.window_start, %s)), "
-            "least(bg.window_end, %s) - interval '1 microsecond', interval '1 minute') AS m(minute) "
-            "WHERE bg.window_start < %s AND bg.window_end > %s",
+            "SELECT node_id, gpu_uuid, greatest(window_start, %s), least(window_end, %s) FROM billing_batchgpu "
+            "WHERE window_start < %s AND window_end > %s",
             [start, end, end, start],
         )
-        minutes, hours = _recompute(cur)
-    return RollupResult(batches=0, gpu_minutes=minutes, gpu_hours=hours)
+        chunks: dict[date, set[Key]] = defaultdict(set)  # a UTC day of every node at a time
+        for node_id, gpu_uuid, lo, hi in cur.fetchall():
+            for minute in _minutes(lo, hi):
+                chunks[minute.date()].add((node_id, gpu_uuid, minute))
+        analyze_stale_partitions(only={partition_name(d) for d in chunks})
+        for _day, affected in sorted(chunks.items()):
+            minutes, hours = _recompute(cur, affected, rolling=[], cards=cards)
+            total += RollupResult(batches=0, gpu_minutes=minutes, gpu_hours=hours)
+    return total
 
 
-def _recompute(cur) -> tuple[int, int]:
-    cur.execute("CREATE INDEX ON rollup_affected (gpu_uuid, minute)")
-    cur.execute("ANALYZE rollup_affected")
-    cur.execute("SELECT min(minute), max(minute) + interval '1 minute' FROM rollup_affected")
-    lo, hi = cur.fetchone()
-    if lo is None:
+# --------------------------------------------------------------------------------------------
+# Raw partitions' statistics
+
+
+# --------------------------------------------------------------------------------------------
+# The recompute
+
+
+def _minutes(start: datetime, end: datetime) -> Iterable[datetime]:
+    """The UTC minutes [start, end) meets."""
+    minute = start.astimezone(UTC).replace(second=0, microsecond=0)
+    while minute < end:
+        yield minute
+        minute += _MINUTE
+
+
+def _arrays(keys: Iterable[Key]) -> tuple[list[int], list[str], list[datetime]]:
+    ordered = sorted(keys)
+    return [k[0] for k in ordered], [k[1] for k in ordered], [k[2] for k in ordered]
+
+
+_UNNEST = "unnest(%s::bigint[], %s::varchar[], %s::timestamptz[])"
+
+
+def _recompute(cur: CursorWrapper, affected: set[Key], *, rolling: Sequence[int],
+               cards: dict[str, list[_Card]]) -> tuple[int, int]:
+    """Replace the minute rows of `affected` (node, GPU, minute), then their hours and days. Reads
+    the batches of those nodes that are rolled up and not quarantined, plus `rolling` (the ones
+    being rolled up)."""
+    if not affected:
         return 0, 0
+    lo = min(k[2] for k in affected)
+    hi = max(k[2] for k in affected) + _MINUTE
+    nodes = sorted({k[0] for k in affected})
+    gpus = sorted({k[1] for k in affected})
+    windows, included = _windows(cur, nodes, gpus, lo, hi, affected, rolling=rolling)
+    workloads = _workloads(cur, nodes, gpus, lo, hi, affected, included) if included else {}
+    usage_buf, gpu_buf = _priced_rows(windows, workloads, cards)
     ensure_minute_partitions(days_between(lo, hi))  # the minute ledger is day-partitioned (retention)
-    # Card seconds per GPU-minute: overlap of the GPU's batch windows with the minute.
-    cur.execute(
-        "SELECT a.gpu_uuid, a.minute, max(b.node_id), max(bg.model), max(bg.memory_mb), max(bg.sm_count), "
-        "sum(extract(epoch FROM least(bg.window_end, a.minute + interval '1 minute') "
-        "- greatest(bg.window_start, a.minute))) "
-        "FROM rollup_affected a JOIN billing_batchgpu bg ON bg.gpu_uuid = a.gpu_uuid "
-        "AND bg.window_start < a.minute + interval '1 minute' AND bg.window_end > a.minute "
-        "JOIN billing_usagebatch b ON b.id = bg.batch_id "
-        "WHERE NOT EXISTS (SELECT 1 FROM rollup_excluded x WHERE x.batch_id = bg.batch_id) "
-        "GROUP BY a.gpu_uuid, a.minute"
-    )
-    windows = {(r[0], r[1]): r[2:] for r in cur.fetchall()}
-    cur.execute(
-        "SELECT r.gpu_uuid, date_trunc('minute', r.start), r.tenant, r.namespace, r.pod, r.container, "
-        "r.pod_uid, r.sla_tier, sum(r.seconds::numeric), sum(r.mem_used_mb_s::numeric), "
-        "sum(r.mem_granted_mb_s::numeric), sum(greatest(r.mem_used_mb_s, r.mem_granted_mb_s)::numeric), "
-        "sum(r.sm_used_s::numeric), sum(r.sm_granted_s::numeric), "
-        "sum(greatest(r.sm_used_s, r.sm_granted_s)::numeric), sum(r.pcie_mb::numeric) "
-        "FROM billing_raw_sample r JOIN rollup_affected a ON a.gpu_uuid = r.gpu_uuid "
-        "AND a.minute = date_trunc('minute', r.start) WHERE r.start >= %s AND r.start < %s "
-        "AND NOT EXISTS (SELECT 1 FROM rollup_excluded x WHERE x.batch_id = r.batch_id) "
-        "GROUP BY 1, 2, 3, 4, 5, 6, 7, 8 ORDER BY 1, 2, 3, 4, 5, 6, 7, 8",
-        [lo, hi],
-    )
-    workloads: dict[tuple[str, datetime], list[tuple]] = defaultdict(list)
-    for r in cur.fetchall():
-        workloads[(r[0], r[1])].append(r[2:])
-
-    cards = _load_cards()
-    usage_buf, gpu_buf = io.StringIO(), io.StringIO()
-    for (gpu_uuid, minute), (node_id, model, memory_mb, sm_count, seconds) in windows.items():
-        rows = workloads.get((gpu_uuid, minute), [])
-        card = _card_for(cards, model, minute)
-        quantities = [
-            WorkloadQuantities(
-                mem_used_mb_s=r[7], mem_granted_mb_s=r[8], mem_max_mb_s=r[9],
-                sm_used_s=r[10], sm_granted_s=r[11], sm_max_s=r[12],
-            )
-            for r in rows
-        ]
-        rate = card.rate if card else Rate(price_per_gpu_hour=Decimal(0))
-        priced = price_gpu_window(
-            window=GpuWindowUsage(memory_mb=memory_mb, sm_count=sm_count, metered_seconds=seconds, workloads=quantities),
-            rate=rate,
+    for table in ("billing_usageminute", "billing_gpuminute"):
+        cur.execute(
+            f"DELETE FROM {table} m USING {_UNNEST} AS a(node_id, gpu_uuid, minute) "  # noqa: S608 - fixed names
+            "WHERE m.node_id = a.node_id AND m.gpu_uuid = a.gpu_uuid AND m.minute = a.minute",
+            [*_arrays(affected)],
         )
-        for i, r in enumerate(rows):
-            usage_buf.write(
-                "\t".join(
-                    str(v)
-                    for v in (
-                        minute.isoformat(), gpu_uuid, node_id, *r[:6], r[6],
-                        r[7], r[8], priced.billed_mem_mb_s[i], r[10], r[11], priced.billed_sm_s[i], r[13],
-                        priced.share_gpu_s[i], priced.charges[i], priced.idle_shares[i],
-                        card.id if card else "\\N",
-                    )
-                )
-                + "\n"
-            )
-        gpu_buf.write(
-            "\t".join(
-                str(v)
-                for v in (
-                    minute.isoformat(), gpu_uuid, node_id, model, seconds, priced.card_cost, priced.charged,
-                    priced.idle_cost, priced.idle_allocated, card.currency if card else "",
-                    "t" if card else "f", card.id if card else "\\N",
-                )
-            )
-            + "\n"
-        )
-    cur.execute(
-        "DELETE FROM billing_usageminute m USING rollup_affected a WHERE m.gpu_uuid = a.gpu_uuid AND m.minute = a.minute"
-    )
-    cur.execute(
-        "DELETE FROM billing_gpuminute m USING rollup_affected a WHERE m.gpu_uuid = a.gpu_uuid AND m.minute = a.minute"
-    )
-    usage_buf.seek(0)
-    gpu_buf.seek(0)
-    cur.copy_expert(
-        f"COPY billing_usageminute (minute, {', '.join(_USAGE_COLUMNS)}, rate_card_id) FROM STDIN", usage_buf
-    )
+    cur.copy_expert(f"COPY billing_usageminute (minute, {', '.join(_USAGE_COLUMNS)}, rate_card_id) FROM STDIN",
+                    usage_buf)
     cur.copy_expert(f"COPY billing_gpuminute (minute, {', '.join(_GPU_COLUMNS)}, rate_card_id) FROM STDIN", gpu_buf)
-    return len(windows), _recompute_hours(cur)
+    hours = {(n, g, m.replace(minute=0)) for n, g, m in affected}
+    _recompute_hours(cur, hours)
+    _recompute_days(cur, {(n, g, h.replace(hour=0)) for n, g, h in hours})
+    return len(windows), len(hours)
 
 
-def _recompute_hours(cur) -> int:
+def _windows(cur: CursorWrapper, nodes: list[int], gpus: list[str], lo: datetime, hi: datetime, affected: set[Key],
+             *, rolling: Sequence[int]) -> tuple[dict[Key, _Window], list[int]]:
+    """Card seconds per affected node-GPU-minute (the overlap of the GPU's batch windows on that
+    node with the minute), and the ids of the batches they come from: the only batches whose
+    samples count."""
     cur.execute(
-        "CREATE TEMP TABLE rollup_hours ON COMMIT DROP AS "
-        "SELECT DISTINCT gpu_uuid, date_trunc('hour', minute) AS hour FROM rollup_affected"
+        "SELECT bg.batch_id, bg.node_id, bg.gpu_uuid, bg.window_start, bg.window_end, bg.model, bg.memory_mb, "
+        "bg.sm_count FROM billing_batchgpu bg JOIN billing_usagebatch b ON b.node_id = bg.node_id "
+        "AND b.id = bg.batch_id WHERE bg.node_id = ANY(%s) AND bg.gpu_uuid = ANY(%s) AND bg.window_end > %s "
+        "AND bg.window_start < %s AND b.quarantined_at IS NULL AND (b.rolled_up_at IS NOT NULL OR b.id = ANY(%s))",
+        [nodes, gpus, lo, hi, list(rolling)],
     )
-    cur.execute("DELETE FROM billing_usagehour h USING rollup_hours a WHERE h.gpu_uuid = a.gpu_uuid AND h.hour = a.hour")
-    cur.execute("DELETE FROM billing_gpuhour h USING rollup_hours a WHERE h.gpu_uuid = a.gpu_uuid AND h.hour = a.hour")
-    keys = ", ".join(f"m.{k}" for k in _WORKLOAD_KEY)
+    seconds: dict[Key, Decimal] = defaultdict(Decimal)
+    card: dict[Key, tuple[str, int, int]] = {}
+    included: set[int] = set()
+    for batch_id, node_id, gpu_uuid, start, end, model, memory_mb, sm_count in cur.fetchall():
+        for minute in _minutes(max(start, lo), min(end, hi)):
+            key = (node_id, gpu_uuid, minute)
+            if key not in affected:
+                continue
+            overlap = min(end, minute + _MINUTE) - max(start, minute)
+            seconds[key] += Decimal(overlap // timedelta(microseconds=1)) / _MICROSECONDS
+            # As the SQL it replaces: max() of each declared figure when batches of one minute differ.
+            seen = card.get(key)
+            card[key] = (model, memory_mb, sm_count) if seen is None else (
+                max(seen[0], model), max(seen[1], memory_mb), max(seen[2], sm_count))
+            included.add(batch_id)
+    windows = {k: _Window(model=card[k][0], memory_mb=card[k][1], sm_count=card[k][2], seconds=s)
+               for k, s in seconds.items()}
+    return windows, sorted(included)
+
+
+# The integrals each workload-minute sums, in the ledger's column order.
+_RAW_SUMS = ("r.seconds", "r.mem_used_mb_s", "r.mem_granted_mb_s", "greatest(r.mem_used_mb_s, r.mem_granted_mb_s)",
+             "r.sm_used_s", "r.sm_granted_s", "greatest(r.sm_used_s, r.sm_granted_s)", "r.pcie_mb")
+_RAW_COLUMNS = ("seconds", "mem_used_mb_s", "mem_granted_mb_s", "sm_used_s", "sm_granted_s", "pcie_mb")
+# Casting every float8 to numeric cost the rollup most of its time (2/3 of the raw GROUP BY,
+# docs/benchmarks.md), so it is kept for the rows that need it. Agents report integrals in
+# multiples of 2^-10 (agents/meter.py); such a value below 10^5 has at most 15 significant digits,
+# so its numeric cast (15 digits) is the value itself, and float8 adds such values exactly (every
+# partial sum is a multiple of 2^-10, far below 2^43); the greater of two such values is one too.
+# A row whose values all are (`q`, computed once per row: OFFSET 0 keeps the planner from copying
+# it into every aggregate) is summed in float8, any other row (what else a client sent) through
+# numeric, and the caller adds the two exactly (Decimal(float) is the float's exact value): the
+# same totals as summing the casts.
+_QUANTIZED = " AND ".join(f"{c} < 1e5 AND {c} * 1024 = trunc({c} * 1024)" for c in _RAW_COLUMNS)
+_WORKLOADS_SQL = (
+    "SELECT r.node_id, r.gpu_uuid, date_trunc('minute', r.start), r.tenant, r.namespace, r.pod, r.container, "  # noqa: S608
+    "r.pod_uid, r.sla_tier, "
+    + ", ".join(f"sum({e}) FILTER (WHERE r.q), sum({e}::numeric) FILTER (WHERE NOT r.q)" for e in _RAW_SUMS)
+    + f" FROM (SELECT *, {_QUANTIZED} AS q FROM billing_raw_sample WHERE node_id = ANY(%s) AND gpu_uuid = ANY(%s) "  # noqa: S608
+    "AND start >= %s AND start < %s AND batch_id = ANY(%s) OFFSET 0) r "
+    "GROUP BY 1, 2, 3, 4, 5, 6, 7, 8, 9 ORDER BY 1, 2, 3, 4, 5, 6, 7, 8, 9"
+)
+_ZERO = Decimal(0)
+
+
+def _total(fast: float | None, exact: Decimal | None) -> Decimal:
+    return (_ZERO if fast is None else Decimal(fast)) + (_ZERO if exact is None else exact)
+
+
+def _workloads(cur: CursorWrapper, nodes: list[int], gpus: list[str], lo: datetime, hi: datetime,
+               affected: set[Key], included: list[int]) -> dict[Key, list[tuple[Any, ...]]]:
+    """Each workload's integrals per affected GPU-minute, summed exactly, from the raw samples of
+    `included` batches: (tenant, namespace, pod, container, pod_uid, sla_tier, seconds, mem used,
+    granted, max, sm used, granted, max, pcie). Ordered by workload identity within a minute: the
+    order the largest-remainder allocation breaks ties in."""
+    cur.execute(_WORKLOADS_SQL, [nodes, gpus, lo, hi, included])
+    workloads: dict[Key, list[tuple[Any, ...]]] = defaultdict(list)
+    for r in cur.fetchall():
+        key = (r[0], r[1], r[2])
+        if key in affected:
+            workloads[key].append((*r[3:9], *(_total(r[i], r[i + 1]) for i in range(9, 25, 2))))
+    return workloads
+
+
+def _priced_rows(windows: dict[Key, _Window], workloads: dict[Key, list[tuple[Any, ...]]],
+                 cards: dict[str, list[_Card]]) -> tuple[io.StringIO, io.StringIO]:
+    """COPY text of the minute rows: each GPU-minute priced by the card in force (DESIGN §4)."""
+    usage_lines: list[str] = []
+    gpu_lines: list[str] = []
+    no_rate = Rate(price_per_gpu_hour=Decimal(0))
+    for (node_id, gpu_uuid, minute), w in windows.items():
+        rows = workloads.get((node_id, gpu_uuid, minute), [])
+        card = _card_for(cards, w.model, minute)
+        priced = price_gpu_window(
+            window=GpuWindowUsage(memory_mb=w.memory_mb, sm_count=w.sm_count, metered_seconds=w.seconds,
+                                  workloads=[WorkloadQuantities(mem_used_mb_s=r[7], mem_granted_mb_s=r[8],
+                                                                mem_max_mb_s=r[9], sm_used_s=r[10],
+                                                                sm_granted_s=r[11], sm_max_s=r[12]) for r in rows]),
+            rate=card.rate if card else no_rate,
+        )
+        at = minute.isoformat()
+        card_id = str(card.id) if card else "\\N"
+        prefix = f"{at}\t{gpu_uuid}\t{node_id}\t"
+        for i, r in enumerate(rows):
+            usage_lines.append(
+                f"{prefix}{r[0]}\t{r[1]}\t{r[2]}\t{r[3]}\t{r[4]}\t{r[5]}\t{r[6]}\t{r[7]}\t{r[8]}\t"
+                f"{priced.billed_mem_mb_s[i]}\t{r[10]}\t{r[11]}\t{priced.billed_sm_s[i]}\t{r[13]}\t"
+                f"{priced.share_gpu_s[i]}\t{priced.charges[i]}\t{priced.idle_shares[i]}\t{card_id}\n"
+            )
+        gpu_lines.append(
+            f"{prefix}{w.model}\t{w.seconds}\t{priced.card_cost}\t{priced.charged}\t{priced.idle_cost}\t"
+            f"{priced.idle_allocated}\t{card.currency if card else ''}\t{'t' if card else 'f'}\t{card_id}\n"
+        )
+    return io.StringIO("".join(usage_lines)), io.StringIO("".join(gpu_lines))
+
+
+def _recompute_hours(cur: CursorWrapper, hours: set[Key]) -> None:
+    node_col, gpu_col, hour_col = _arrays(hours)
+    keys: list[Any] = [node_col, gpu_col, hour_col]
+    touched = f"{_UNNEST} AS a(node_id, gpu_uuid, hour)"
+    for table in ("billing_usagehour", "billing_gpuhour"):
+        cur.execute(f"DELETE FROM {table} h USING {touched} WHERE h.node_id = a.node_id "  # noqa: S608 - fixed names
+                    "AND h.gpu_uuid = a.gpu_uuid AND h.hour = a.hour", keys)
+    workload = ", ".join(f"m.{k}" for k in _WORKLOAD_KEY)
     sums = ", ".join(f"sum(m.{c})" for c in _USAGE_COLUMNS[8:])
+    of_touched = (f"JOIN {touched} ON m.node_id = a.node_id AND m.gpu_uuid = a.gpu_uuid AND m.minute >= a.hour "
+                  "AND m.minute < a.hour + interval '1 hour'")
     cur.execute(
         f"INSERT INTO billing_usagehour (hour, {', '.join(_USAGE_COLUMNS)}) "  # noqa: S608 - fixed column names
-        f"SELECT a.hour, m.gpu_uuid, max(m.node_id), {keys}, {sums} FROM billing_usageminute m "
-        "JOIN rollup_hours a ON m.gpu_uuid = a.gpu_uuid AND m.minute >= a.hour AND m.minute < a.hour + interval '1 hour' "
-        f"GROUP BY a.hour, m.gpu_uuid, {keys}"
+        f"SELECT a.hour, m.gpu_uuid, m.node_id, {workload}, {sums} FROM billing_usageminute m {of_touched} "
+        f"GROUP BY a.hour, m.gpu_uuid, m.node_id, {workload}",
+        keys,
     )
     cur.execute(
-        "INSERT INTO billing_gpuhour (hour, gpu_uuid, node_id, gpu_model, metered_seconds, card_cost, charged, "
+        "INSERT INTO billing_gpuhour (hour, gpu_uuid, node_id, gpu_model, metered_seconds, card_cost, charged, "  # noqa: S608
         "idle_cost, idle_allocated, currency, priced) "
-        "SELECT a.hour, m.gpu_uuid, max(m.node_id), max(m.gpu_model), sum(m.metered_seconds), sum(m.card_cost), "
+        "SELECT a.hour, m.gpu_uuid, m.node_id, max(m.gpu_model), sum(m.metered_seconds), sum(m.card_cost), "
         "sum(m.charged), sum(m.idle_cost), sum(m.idle_allocated), max(m.currency), bool_and(m.priced) "
-        "FROM billing_gpuminute m JOIN rollup_hours a ON m.gpu_uuid = a.gpu_uuid AND m.minute >= a.hour "
-        "AND m.minute < a.hour + interval '1 hour' GROUP BY a.hour, m.gpu_uuid"
+        f"FROM billing_gpuminute m {of_touched} GROUP BY a.hour, m.gpu_uuid, m.node_id",
+        keys,
     )
-    cur.execute("SELECT count(*) FROM rollup_hours")
-    hours = int(cur.fetchone()[0])
-    _recompute_days(cur)
-    return hours
 
 
-# Day rows are grouped exactly like hour rows (GPU + workload identity), per UTC day. The
-# migration 0013 backfill freezes the same SQL; tests/billing/test_daily_ledger.py checks both.
+# Day rows are grouped exactly like hour rows (node, GPU + workload identity), per UTC day. The
+# migration 0013 backfill froze the same SQL before the node joined the key (one node per GPU-day
+# then); tests/billing/test_daily_ledger.py checks they agree.
 _DAY_OF = "date_trunc('day', h.hour, 'UTC')"
 
 
@@ -314,8 +560,8 @@ def _usage_days_insert(source: str) -> str:
     sums = ", ".join(f"sum(h.{c})" for c in _USAGE_COLUMNS[8:])
     return (
         f"INSERT INTO billing_usageday (day, {', '.join(_USAGE_COLUMNS)}, first_hour, last_hour) "  # noqa: S608
-        f"SELECT {_DAY_OF}, h.gpu_uuid, max(h.node_id), {keys}, {sums}, min(h.hour), max(h.hour) "
-        f"FROM billing_usagehour h {source} GROUP BY {_DAY_OF}, h.gpu_uuid, {keys}"
+        f"SELECT {_DAY_OF}, h.gpu_uuid, h.node_id, {keys}, {sums}, min(h.hour), max(h.hour) "
+        f"FROM billing_usagehour h {source} GROUP BY {_DAY_OF}, h.gpu_uuid, h.node_id, {keys}"
     )
 
 
@@ -323,35 +569,33 @@ def _gpu_days_insert(source: str) -> str:
     return (
         "INSERT INTO billing_gpuday (day, gpu_uuid, node_id, gpu_model, metered_seconds, card_cost, charged, "  # noqa: S608
         "idle_cost, idle_allocated, currency, priced, unpriced_seconds) "
-        f"SELECT {_DAY_OF}, h.gpu_uuid, max(h.node_id), max(h.gpu_model), sum(h.metered_seconds), sum(h.card_cost), "
+        f"SELECT {_DAY_OF}, h.gpu_uuid, h.node_id, max(h.gpu_model), sum(h.metered_seconds), sum(h.card_cost), "
         "sum(h.charged), sum(h.idle_cost), sum(h.idle_allocated), max(h.currency), bool_and(h.priced), "
         "coalesce(sum(h.metered_seconds) FILTER (WHERE NOT h.priced), 0) "
-        f"FROM billing_gpuhour h {source} GROUP BY {_DAY_OF}, h.gpu_uuid"
+        f"FROM billing_gpuhour h {source} GROUP BY {_DAY_OF}, h.gpu_uuid, h.node_id"
     )
 
 
-_TOUCHED_DAYS = "JOIN rollup_days a ON h.gpu_uuid = a.gpu_uuid AND h.hour >= a.day AND h.hour < a.day + interval '1 day'"
+_TOUCHED_DAYS = (f"JOIN {_UNNEST} AS a(node_id, gpu_uuid, day) ON h.node_id = a.node_id "
+                 "AND h.gpu_uuid = a.gpu_uuid AND h.hour >= a.day AND h.hour < a.day + interval '1 day'")
 
 
-def _recompute_days(cur) -> int:
-    """Replace the day rows of every GPU-day whose hours were just recomputed."""
-    cur.execute(
-        "CREATE TEMP TABLE rollup_days ON COMMIT DROP AS "
-        "SELECT DISTINCT gpu_uuid, date_trunc('day', hour, 'UTC') AS day FROM rollup_hours"
-    )
-    cur.execute("DELETE FROM billing_usageday d USING rollup_days a WHERE d.gpu_uuid = a.gpu_uuid AND d.day = a.day")
-    cur.execute("DELETE FROM billing_gpuday d USING rollup_days a WHERE d.gpu_uuid = a.gpu_uuid AND d.day = a.day")
-    cur.execute(_usage_days_insert(_TOUCHED_DAYS))
-    cur.execute(_gpu_days_insert(_TOUCHED_DAYS))
-    cur.execute("SELECT count(*) FROM rollup_days")
-    return int(cur.fetchone()[0])
+def _recompute_days(cur: CursorWrapper, days: set[Key]) -> None:
+    """Replace the day rows of every node-GPU-day whose hours were just recomputed."""
+    node_col, gpu_col, day_col = _arrays(days)
+    keys: list[Any] = [node_col, gpu_col, day_col]
+    for table in ("billing_usageday", "billing_gpuday"):
+        cur.execute(f"DELETE FROM {table} d USING {_UNNEST} AS a(node_id, gpu_uuid, day) "  # noqa: S608
+                    "WHERE d.node_id = a.node_id AND d.gpu_uuid = a.gpu_uuid AND d.day = a.day", keys)
+    cur.execute(_usage_days_insert(_TOUCHED_DAYS), keys)
+    cur.execute(_gpu_days_insert(_TOUCHED_DAYS), keys)
 
 
 def rebuild_days(*, start: datetime, end: datetime, gpu_uuid: str | None = None) -> int:
     """Recompute the day ledger for every UTC day that meets [start, end) (of one GPU, or of all)
     from the hour ledger as it is: for hour rows written other than by the rollup (the web-pages
     benchmark's COPY, hour rows saved through the ORM). Returns the number of GpuDay rows written.
-    Holds the rollup's lock."""
+    Holds the ledger lock exclusively."""
     if end <= start:
         raise ValueError("end must be after start")
     with transaction.atomic(), connection.cursor() as cur:

@@ -5,7 +5,7 @@ Existing rows are kept: each table is rebuilt as a partitioned table with one pa
 that has rows, plus a DEFAULT partition (rows written through the ORM for a day not created yet;
 billing.ledger.partitions moves them out when their day is created), and the rows copied over.
 
-Database-only (SeparateDatabaseAndState): Django's model state is unchanged. In the database the
+Database-first (SeparateDatabaseAndState): Django's state changes only GpuMinute's key. In the database the
 primary key becomes (id, minute) (a unique key of a partitioned table must hold the partition key),
 `id` draws from a sequence owned by the column (Postgres 15 has no identity columns on partitioned
 tables), and GpuMinute's unique key becomes (node_id, gpu_uuid, minute): the ledger's key is
@@ -16,7 +16,7 @@ Reversible: the reverse rebuilds plain tables with the old keys.
 
 from typing import Any
 
-from django.db import migrations
+from django.db import migrations, models
 from django.db.backends.utils import CursorWrapper
 
 # Retention's watermarks ("raw samples / minutes before this instant may be gone") and the
@@ -136,13 +136,18 @@ def backward(apps: Any, schema_editor: Any) -> None:
 
 
 class Migration(migrations.Migration):
-    # Issue 14: this must follow ("billing", "0017_distribution_key") once that migration lands
-    # (the lead switches it at merge).
-    dependencies = [("billing", "0016_node_name_kubernetes")]
+    dependencies = [("billing", "0017_distribution_key")]
 
     operations = [
         migrations.SeparateDatabaseAndState(
             database_operations=[migrations.RunPython(forward, backward)],
-            state_operations=[],
+            # The model states GpuMinute's key as the database has it now; the key keeps its name.
+            state_operations=[
+                migrations.RemoveConstraint(model_name="gpuminute", name=UNIQUE_NAME),
+                migrations.AddConstraint(
+                    model_name="gpuminute",
+                    constraint=models.UniqueConstraint(fields=("node", "gpu_uuid", "minute"), name=UNIQUE_NAME),
+                ),
+            ],
         ),
     ]

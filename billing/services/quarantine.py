@@ -1,35 +1,42 @@
 """Batches the rollup could not roll up (issue 12): kept with their error, left out of the ledger,
-shown to operators (node page, /healthz, audit log), and re-driven once the cause is fixed."""
+shown to operators (node page, /healthz, audit log), and re-driven once the cause is fixed.
+
+The ledger (billing.ledger.rollup) marks a batch quarantined and hands it back; this module records
+the audit event in the same transaction. `run_rollup` is the rollup as the service runs it: the
+ledger's, with every quarantine audited."""
 
 from __future__ import annotations
 
-import logging
 from datetime import datetime
 
 from django.db import transaction
 
 from billing.errors import InvalidInput
+from billing.ledger import rollup as ledger_rollup
+from billing.ledger.rollup import QuarantinedBatch, RollupResult
 from billing.models import UsageBatch
 from billing.services.audit import record_audit_event
 
-__all__ = ["quarantine_batch", "redrive_batches"]
+__all__ = ["quarantine_batch", "record_quarantine", "redrive_batches", "run_rollup"]
 
-log = logging.getLogger(__name__)
-_ERROR_MAX_CHARS = 2000
+
+def run_rollup(*, now: datetime, shard: int = 0, shards: int = 1, max_batches: int = 5000) -> RollupResult:
+    """Roll up shard `shard` of `shards` (node_id % shards), auditing each batch quarantined."""
+    return ledger_rollup.rollup_usage(now=now, shard=shard, shards=shards, max_batches=max_batches,
+                                      on_quarantine=lambda batch: record_quarantine(batch, now=now))
+
+
+def record_quarantine(batch: QuarantinedBatch, *, now: datetime) -> None:
+    """The audit event of a quarantine; called inside the transaction that quarantined it."""
+    record_audit_event(at=now, actor_label="system", action="usage_batch.quarantined", object_type="usage_batch",
+                       object_id=f"{batch.node_name}/{batch.batch_seq}", before=None,
+                       after={"batch_id": batch.batch_id, "error": batch.error})
 
 
 def quarantine_batch(*, batch_id: int, error: str, now: datetime) -> None:
-    """Called by the rollup inside its transaction, after the failed savepoint rolled back."""
-    batch = UsageBatch.objects.select_related("node").get(pk=batch_id)
-    batch.quarantined_at = now
-    batch.quarantine_error = error[:_ERROR_MAX_CHARS]
-    batch.save(update_fields=["quarantined_at", "quarantine_error"])
-    record_audit_event(at=now, actor_label="system", action="usage_batch.quarantined", object_type="usage_batch",
-                       object_id=f"{batch.node.name}/{batch.batch_seq}", before=None,
-                       after={"batch_id": batch_id, "error": batch.quarantine_error})
-    # An SRE reads logs before pages: say which batch and why, once.
-    log.error("event=batch_quarantined node=%s batch_seq=%s batch_id=%s error=%s",
-              batch.node.name, batch.batch_seq, batch_id, batch.quarantine_error)
+    """Quarantine one batch by hand (an operator, a test), audited."""
+    with transaction.atomic():
+        record_quarantine(ledger_rollup.quarantine_batch(batch_id=batch_id, error=error, now=now), now=now)
 
 
 def redrive_batches(*, batch_ids: list[int] | None, node: str | None, now: datetime, actor_label: str,

@@ -35,11 +35,18 @@ def test_healthz_is_200_with_database_broker_and_worker_up(client, celery_worker
     assert body["worker"]["workers"]
 
 
-def test_rollup_task_through_a_real_worker_is_idempotent(post_batch, minute_start, celery_worker):
+def rollup_cycle() -> list[dict]:
+    """The beat's task through the worker: it fans out one task per shard; their results."""
+    shard_ids = tasks.rollup_usage.delay().get(timeout=60)
+    return [celery_app.AsyncResult(i).get(timeout=60) for i in shard_ids]
+
+
+def test_rollup_task_through_a_real_worker_is_idempotent(post_batch, minute_start, celery_worker, settings):
+    settings.VGPU_ROLLUP_SHARDS = 3
     assert post_batch(make_batch(start=minute_start)).status_code == 201
-    first = tasks.rollup_usage.delay().get(timeout=60)
-    second = tasks.rollup_usage.delay().get(timeout=60)
-    assert first["batches"] == 1 and second["batches"] == 0
+    first, second = rollup_cycle(), rollup_cycle()
+    assert [r["shard"] for r in first] == [0, 1, 2] and {r["shards"] for r in first} == {3}
+    assert sum(r["batches"] for r in first) == 1 and sum(r["batches"] for r in second) == 0
     assert GpuMinute.objects.count() == 1
     assert UsageBatch.objects.filter(rolled_up_at__isnull=True).count() == 0
 

@@ -12,8 +12,9 @@ import pytest
 from django.core.management import call_command
 from django.db import OperationalError, connection
 
-from billing.ledger.rollup import rebuild_ledger, rollup_usage
+from billing.ledger.rollup import rebuild_ledger
 from billing.models import AuditEvent, GpuMinute, UsageBatch, UsageMinute
+from billing.services.quarantine import run_rollup
 from tests import clock
 from tests.conftest import make_batch
 
@@ -50,7 +51,7 @@ def poisoned_neighbour(post_batch, minute_start, one_usd_per_gpu_second):
 
 def test_a_poisoned_batch_is_quarantined_and_its_neighbour_in_the_same_minute_is_billed(
         client, poisoned_neighbour, minute_start):
-    result = rollup_usage(now=clock.now())
+    result = run_rollup(now=clock.now())
     assert (result.batches, result.quarantined) == (1, 1)
     poisoned = UsageBatch.objects.get(batch_seq=1)
     assert poisoned.quarantined_at is not None and "NumericValueOutOfRange" in poisoned.quarantine_error
@@ -66,32 +67,32 @@ def test_a_poisoned_batch_is_quarantined_and_its_neighbour_in_the_same_minute_is
 
 def test_billing_goes_on_after_a_quarantine_and_a_rebuild_leaves_the_batch_out(
         post_batch, poisoned_neighbour, minute_start):
-    rollup_usage(now=clock.now())
+    run_rollup(now=clock.now())
     later = minute_start + timedelta(minutes=2)
     assert post_batch(make_batch(start=later, seq=3)).status_code == 201
-    assert rollup_usage(now=clock.now()).batches == 1 and pods_in(later) == {"bert-1"}
+    assert run_rollup(now=clock.now()).batches == 1 and pods_in(later) == {"bert-1"}
     rebuild_ledger(start=minute_start, end=minute_start + timedelta(minutes=5))
     assert pods_in(minute_start) == {"llm-1"}
 
 
 def test_a_quarantined_batch_re_driven_after_the_fix_is_billed_once(poisoned_neighbour, minute_start, capsys):
-    rollup_usage(now=clock.now())
+    run_rollup(now=clock.now())
     call_command("redrive_batches")  # lists
     assert "gpu-node-1\t1\t" in capsys.readouterr().out
     cure(1)
     call_command("redrive_batches", "--node", "gpu-node-1")
     assert "re-driven 1 batch(es)" in capsys.readouterr().out
     assert AuditEvent.objects.filter(action="usage_batch.redriven", object_id="gpu-node-1/1").count() == 1
-    assert rollup_usage(now=clock.now()).batches == 1
+    assert run_rollup(now=clock.now()).batches == 1
     assert pods_in(minute_start) == {"bert-1", "llm-1"}
     assert GpuMinute.objects.get(minute=minute_start).metered_seconds == 20
-    assert rollup_usage(now=clock.now()).batches == 0  # nothing left, nothing twice
+    assert run_rollup(now=clock.now()).batches == 0  # nothing left, nothing twice
 
 
 def test_re_driving_a_batch_that_is_not_quarantined_changes_nothing(poisoned_neighbour):
     from django.core.management.base import CommandError
 
-    rollup_usage(now=clock.now())
+    run_rollup(now=clock.now())
     good = UsageBatch.objects.get(batch_seq=2).pk
     with pytest.raises(CommandError, match="not quarantined"):
         call_command("redrive_batches", "--id", str(good), "--id", str(UsageBatch.objects.get(batch_seq=1).pk))
@@ -107,7 +108,7 @@ def test_healthz_turns_degraded_when_the_rollup_falls_behind(client, post_batch,
     UsageBatch.objects.update(received_at=clock.now() - timedelta(minutes=6))
     ledger = client.get("/healthz").json()["ledger"]
     assert not ledger["ok"] and ledger["rollup_lag_s"] >= 360 and "behind" in ledger["error"]
-    rollup_usage(now=clock.now())
+    run_rollup(now=clock.now())
     ledger = client.get("/healthz").json()["ledger"]
     assert (ledger["ok"], ledger["backlog_batches"], ledger["rollup_lag_s"]) == (True, 0, 0)
 
@@ -146,7 +147,7 @@ def test_a_page_that_needs_redis_while_it_is_down_is_503_not_500(client, setting
 def test_admins_see_each_nodes_quarantined_batches_with_their_error(client, poisoned_neighbour):
     from tests.conftest import user_in
 
-    rollup_usage(now=clock.now())
+    run_rollup(now=clock.now())
     client.force_login(user_in("platform-admin"))
     page = client.get("/nodes/").content.decode()
     cell = page[page.index('data-testid="node-quarantined-gpu-node-1"'):]

@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from billing.ledger.pricing import GpuWindowUsage, Rate, WorkloadQuantities, price_gpu_window
 from billing.money import allocate, to_minor_units
-from billing.services.pricing import GpuWindowUsage, Rate, WorkloadQuantities, price_gpu_window
 
 MEM, SM = 81920, 108
 

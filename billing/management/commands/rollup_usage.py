@@ -4,7 +4,7 @@ from typing import Any
 from django.core.management.base import BaseCommand
 from django.utils import timezone
 
-from billing.ledger.rollup import rollup_usage
+from billing.services.quarantine import run_rollup
 
 
 class Command(BaseCommand):
@@ -12,9 +12,9 @@ class Command(BaseCommand):
 
     def handle(self, *args: Any, **options: Any) -> None:
         total = 0
-        # Another rollup (the beat's) may hold the lock: wait for it; stop once nothing is pending.
+        # A worker may hold a node, or re-pricing the ledger: wait for it; stop once nothing is pending.
         for _ in range(120):
-            result = rollup_usage(now=timezone.now())
+            result = run_rollup(now=timezone.now())  # every shard: shards=1
             total += result.batches
             if result.skipped:
                 time.sleep(0.5)
