@@ -242,8 +242,8 @@ def fill_days(stats: FillStats, start: datetime, end: datetime) -> None:
     """Derive the day ledger from the hours just COPYed, as the rollup keeps it (one transaction)."""
     from django.db import connection
 
+    from billing.ledger.models import UsageDay
     from billing.ledger.rollup import rebuild_days
-    from billing.models import UsageDay
 
     t0 = time.perf_counter()
     stats.gpu_days = rebuild_days(start=start, end=end)
@@ -401,8 +401,9 @@ def run_measurements(args: argparse.Namespace, tenants: list[str], now: datetime
     from django.db import connection
     from django.test import Client
 
+    from billing.ledger.models import UsageHour
     from billing.ledger.rollup import rebuild_days
-    from billing.models import TenantMembership, UsageHour
+    from billing.models import TenantMembership
     from billing.queries.dashboard import get_finance_dashboard
     from billing.queries.periods import list_billing_periods
     from billing.queries.portal import WORKLOAD_TABLE_ROWS, get_tenant_portal, list_tenant_portals

@@ -13,8 +13,9 @@ import pytest
 from django.contrib.auth.models import Group, User
 from django.test import Client
 
+from billing.ledger.models import GpuHour, UsageHour
 from billing.ledger.rollup import rebuild_days
-from billing.models import GpuHour, Tenant, TenantMembership, UsageHour
+from billing.models import Tenant, TenantMembership
 from billing.services.tokens import IssuedToken, issue_node_token
 from tests import clock
 

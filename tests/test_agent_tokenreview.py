@@ -25,7 +25,8 @@ import pytest
 
 from agents.spool import Spool
 from agents.testing import FakeKubernetes
-from billing.models import AuditEvent, Node, UsageBatch
+from billing.ledger.models import UsageBatch
+from billing.models import AuditEvent, Node
 from billing.services import node_identity
 from billing.services.demo import A100_80GB_MODEL
 from tests import clock

@@ -17,8 +17,9 @@ from django.db.models import Sum
 from agents.__main__ import main as agent_main
 from agents.backends.sim import demo_scenario
 from agents.spool import Spool
+from billing.ledger.models import GpuMinute, UsageBatch, UsageMinute
 from billing.ledger.rollup import rollup_usage
-from billing.models import GpuMinute, RateCard, UsageBatch, UsageMinute
+from billing.models import RateCard
 from billing.services.demo import A100_80GB_MODEL
 from billing.services.tokens import issue_node_token
 from tests import clock

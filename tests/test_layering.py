@@ -31,11 +31,6 @@ _TABLE = re.compile(r"\b(" + "|".join(LEDGER_TABLES) + r")\w*\b")
 LEDGER_MODELS = frozenset({"UsageBatch", "BatchGpu", "UsageMinute", "GpuMinute", "UsageHour", "GpuHour",
                            "UsageDay", "GpuDay"})
 
-# In flight (issue 14), removed at merge: files another engineer changes on another branch.
-IN_FLIGHT_SQL: frozenset[str] = frozenset()
-IN_FLIGHT_MODEL_IMPORTS = frozenset({
-    "billing/services/quarantine.py",
-})
 # Django registers the ledger's models through billing.models (registration, not use).
 REGISTRATION = "billing/models/__init__.py"
 
@@ -72,8 +67,6 @@ def test_no_module_outside_the_ledger_names_a_ledger_table_in_sql() -> None:
     found = []
     for path in _service_modules():
         rel = path.relative_to(ROOT).as_posix()
-        if rel in IN_FLIGHT_SQL:
-            continue
         for line, text in _string_constants(ast.parse(path.read_text(encoding="utf-8"))):
             found += [f"{rel}:{line}: {m.group(0)}" for m in _TABLE.finditer(text)]
     assert found == [], "ledger tables named outside billing/ledger/:\n" + "\n".join(found)
@@ -106,7 +99,7 @@ def test_no_module_outside_the_ledger_imports_a_ledger_model() -> None:
     found = []
     for path in _service_modules():
         rel = path.relative_to(ROOT).as_posix()
-        if rel in IN_FLIGHT_MODEL_IMPORTS or rel == REGISTRATION:
+        if rel == REGISTRATION:
             continue
         found += [f"{rel}:{line}: {what}" for line, what in _ledger_model_imports(ast.parse(path.read_text("utf-8")))]
     assert found == [], "ledger models imported outside billing/ledger/:\n" + "\n".join(found)
@@ -148,16 +141,9 @@ def test_only_the_ledger_may_import_its_models() -> None:
     assert packages - {"billing.ledger", "billing.migrations"} <= set(contract["source_modules"])
 
 
-def test_every_ignored_import_but_registration_is_in_flight_and_says_so() -> None:
-    text = (ROOT / "pyproject.toml").read_text(encoding="utf-8")
-    for contract in _contracts().values():
-        for ignored in contract.get("ignore_imports", []):
-            if ignored == "billing.models -> billing.ledger.models":
-                continue
-            # The comment above the entry says why it is there and when it goes.
-            before = text[:text.index(f'"{ignored}"')]
-            comment = before[before.rindex("ignore_imports"):]
-            assert "in flight (issue 14), removed at merge" in comment.lower(), ignored
+def test_no_contract_ignores_an_import_but_the_registration() -> None:
+    for name, contract in _contracts().items():
+        assert contract.get("ignore_imports", []) in ([], ["billing.models -> billing.ledger.models"]), name
 
 
 def _lint_imports(cwd: Path) -> subprocess.CompletedProcess[str]:

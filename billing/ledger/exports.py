@@ -65,7 +65,7 @@ _FOCUS_ROWS = (
     "coalesce(rc.billed_basis, 'max') AS billed_basis, coalesce(rc.idle_policy, 'platform') AS idle_policy, "
     "gpu.memory_mb, gpu.sm_count, sum(u.mem_billed_mb_s) AS mem_billed_mb_s, sum(u.sm_billed_s) AS sm_billed_s, "
     "sum(u.share_gpu_s) AS share_gpu_s, sum(u.charge) AS charge, sum(u.idle_share) AS idle_share "
-    "FROM billing_usagehour u JOIN billing_gpuhour g ON g.gpu_uuid = u.gpu_uuid AND g.hour = u.hour "
+    "FROM billing_usagehour u JOIN billing_gpuhour g ON g.node_id = u.node_id AND g.gpu_uuid = u.gpu_uuid AND g.hour = u.hour "
     "JOIN billing_node n ON n.id = u.node_id LEFT JOIN billing_gpu gpu ON gpu.uuid = u.gpu_uuid "
     + _CARD_OF_HOUR
     + "WHERE u.tenant = %s AND u.hour >= %s AND u.hour < %s AND g.priced "

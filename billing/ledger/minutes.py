@@ -40,7 +40,7 @@ WITH m AS (
            g.card_cost / g.metered_seconds AS price_per_s, g.metered_seconds, b.memory_mb, b.sm_count,
            min(u.minute) OVER (PARTITION BY u.tenant, u.namespace, u.pod, u.container, u.pod_uid) AS first_minute
     FROM billing_usageminute u
-    JOIN billing_gpuminute g ON g.gpu_uuid = u.gpu_uuid AND g.minute = u.minute
+    JOIN billing_gpuminute g ON g.node_id = u.node_id AND g.gpu_uuid = u.gpu_uuid AND g.minute = u.minute
     JOIN billing_gpu b ON b.uuid = u.gpu_uuid
     WHERE u.minute >= %(lookback)s AND u.minute < %(end)s AND g.priced AND g.metered_seconds > 0
 ), steady AS (

@@ -42,8 +42,10 @@ from django.conf import settings
 from django.db import connection, transaction
 from django.db.backends.utils import CursorWrapper
 
+from billing.errors import InvalidInput
 from billing.ledger.partitions import days_between, ensure_minute_partitions, partition_name
 from billing.ledger.pricing import GpuWindowUsage, Rate, WorkloadQuantities, price_gpu_window
+from billing.ledger.reads import fetch_rows
 from billing.ledger.retention import analyze_stale_partitions, require_raw_samples
 from billing.models import RateCard
 
@@ -53,6 +55,7 @@ __all__ = [
     "lock_ledger",
     "quarantine_batch",
     "rebuild_days",
+    "release_quarantined",
     "rebuild_ledger",
     "rollup_usage",
 ]
@@ -324,6 +327,27 @@ def _mark_quarantined(cur: CursorWrapper, *, batch_id: int, error: str, now: dat
         raise ValueError(f"no usage batch {batch_id}")
     node_id, node_name, batch_seq, kept = row
     return QuarantinedBatch(batch_id=batch_id, node_id=node_id, node_name=node_name, batch_seq=batch_seq, error=kept)
+
+
+def release_quarantined(*, batch_ids: list[int] | None, node: str | None) -> list[QuarantinedBatch]:
+    """Give quarantined batches back to the rollup (by id, or every one of `node`, or all when both
+    are None), inside the caller's transaction, which audits them. Each returned batch carries the
+    error it was quarantined with. Ids that are not quarantined batches are refused, none released."""
+    with connection.cursor() as cur:
+        cur.execute(
+            "SELECT b.id AS batch_id, b.node_id, n.name AS node_name, b.batch_seq, b.quarantine_error AS error "
+            "FROM billing_usagebatch b JOIN billing_node n ON n.id = b.node_id WHERE b.quarantined_at IS NOT NULL "
+            "AND (%(ids)s::bigint[] IS NULL OR b.id = ANY(%(ids)s::bigint[])) AND (%(node)s::text IS NULL OR n.name = %(node)s) "
+            "ORDER BY b.id FOR UPDATE OF b",
+            {"ids": batch_ids, "node": node},
+        )
+        chosen = fetch_rows(cur, QuarantinedBatch)
+        if batch_ids is not None and len(chosen) != len(set(batch_ids)):
+            missing = sorted(set(batch_ids) - {b.batch_id for b in chosen})
+            raise InvalidInput(f"batch ids {missing} are not quarantined")
+        cur.execute("UPDATE billing_usagebatch SET quarantined_at = NULL, quarantine_error = '' WHERE id = ANY(%s)",
+                    [[b.batch_id for b in chosen]])
+    return chosen
 
 
 def lock_ledger() -> None:

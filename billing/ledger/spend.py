@@ -212,7 +212,7 @@ def _fetch_as(sql: str, params: dict[str, Any], row_type: type[_Row]) -> list[_R
 
 _TOTALS_FROM_HOURS = (
     "SELECT u.tenant, g.currency, g.gpu_model, u.sla_tier, sum(u.charge) AS charge, sum(u.idle_share) AS idle_share, "  # noqa: S608 - fixed SQL
-    "sum(u.share_gpu_s) AS share_gpu_s FROM billing_usagehour u JOIN billing_gpuhour g ON g.gpu_uuid = u.gpu_uuid AND g.hour = u.hour "
+    "sum(u.share_gpu_s) AS share_gpu_s FROM billing_usagehour u JOIN billing_gpuhour g ON g.node_id = u.node_id AND g.gpu_uuid = u.gpu_uuid AND g.hour = u.hour "
     "WHERE u.hour >= %(start)s AND u.hour < %(end)s AND g.hour >= %(start)s AND g.hour < %(end)s AND g.priced AND " + _TENANTS.format(col="u.tenant") + " "
     "GROUP BY 1, 2, 3, 4 ORDER BY 1, 2, 3, 4"
 )
@@ -245,12 +245,12 @@ def list_invoice_totals(
         " sum(share_gpu_s) AS share_gpu_s FROM ("
         # Closed days, wholly priced, but for the days read from hours.
         " SELECT u.tenant, g.currency, g.gpu_model, u.sla_tier, u.charge, u.idle_share, u.share_gpu_s"
-        " FROM billing_usageday u JOIN billing_gpuday g ON g.gpu_uuid = u.gpu_uuid AND g.day = u.day"
+        " FROM billing_usageday u JOIN billing_gpuday g ON g.node_id = u.node_id AND g.gpu_uuid = u.gpu_uuid AND g.day = u.day"
         " WHERE u.day >= %(days_from)s AND u.day < %(days_to)s AND g.day >= %(days_from)s AND g.day < %(days_to)s"
         f" AND g.priced AND NOT (u.day = ANY(%(hour_days)s::timestamptz[])) AND {tenant_u}"
         # The hours of the rest of the period and of those days.
         " UNION ALL SELECT u.tenant, g.currency, g.gpu_model, u.sla_tier, u.charge, u.idle_share, u.share_gpu_s"
-        " FROM billing_usagehour u JOIN billing_gpuhour g ON g.gpu_uuid = u.gpu_uuid AND g.hour = u.hour"
+        " FROM billing_usagehour u JOIN billing_gpuhour g ON g.node_id = u.node_id AND g.gpu_uuid = u.gpu_uuid AND g.hour = u.hour"
         f" WHERE g.priced AND {_hour_ranges_sql(ranges, 'u.hour', params)}"
         f" AND {_hour_ranges_sql(ranges, 'g.hour', params)} AND {tenant_u}"
         ") rows GROUP BY 1, 2, 3, 4 ORDER BY 1, 2, 3, 4"

@@ -5,19 +5,8 @@ are not part of this package's API: every read and write of them goes through bi
 (pyproject.toml's import-linter contracts, tests/test_layering.py).
 """
 
-# Registration. In flight (issue 14), removed at merge: the names stay importable from here for
-# services/invoicing.py, budgets.py and quarantine.py until they read through billing.ledger; then
-# this becomes `from billing.ledger import models as _ledger_models`.
-from billing.ledger.models import (  # noqa: F401
-    BatchGpu,
-    GpuDay,
-    GpuHour,
-    GpuMinute,
-    UsageBatch,
-    UsageDay,
-    UsageHour,
-    UsageMinute,
-)
+# Registration only (Django finds a model when its module is imported).
+from billing.ledger import models as _ledger_models  # noqa: F401
 from billing.models.accounts import UserPreference
 from billing.models.audit import AuditEvent
 from billing.models.budgets import AdmittedPod, Budget, BudgetAction, BudgetState, BudgetStatus

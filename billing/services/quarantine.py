@@ -11,10 +11,8 @@ from datetime import datetime
 
 from django.db import transaction
 
-from billing.errors import InvalidInput
 from billing.ledger import rollup as ledger_rollup
 from billing.ledger.rollup import QuarantinedBatch, RollupResult
-from billing.models import UsageBatch
 from billing.services.audit import record_audit_event
 
 __all__ = ["quarantine_batch", "record_quarantine", "redrive_batches", "run_rollup"]
@@ -44,18 +42,9 @@ def redrive_batches(*, batch_ids: list[int] | None, node: str | None, now: datet
     """Give quarantined batches back to the rollup (by id, or every one of `node`, or all when both
     are None). Audited per batch; returns how many."""
     with transaction.atomic():
-        batches = UsageBatch.objects.select_for_update().select_related("node").filter(quarantined_at__isnull=False)
-        if batch_ids is not None:
-            batches = batches.filter(pk__in=batch_ids)
-        if node is not None:
-            batches = batches.filter(node__name=node)
-        chosen = list(batches.order_by("pk"))
-        if batch_ids is not None and len(chosen) != len(set(batch_ids)):
-            missing = sorted(set(batch_ids) - {b.pk for b in chosen})
-            raise InvalidInput(f"batch ids {missing} are not quarantined")
+        chosen = ledger_rollup.release_quarantined(batch_ids=batch_ids, node=node)
         for batch in chosen:
             record_audit_event(at=now, actor_id=actor_id, actor_label=actor_label, action="usage_batch.redriven",
-                               object_type="usage_batch", object_id=f"{batch.node.name}/{batch.batch_seq}",
-                               before={"error": batch.quarantine_error}, after=None)
-        UsageBatch.objects.filter(pk__in=[b.pk for b in chosen]).update(quarantined_at=None, quarantine_error="")
+                               object_type="usage_batch", object_id=f"{batch.node_name}/{batch.batch_seq}",
+                               before={"error": batch.error}, after=None)
     return len(chosen)

@@ -6,7 +6,7 @@ import pytest
 from celery.contrib.testing.worker import start_worker
 
 from billing import tasks
-from billing.models import GpuMinute, UsageBatch
+from billing.ledger.models import GpuMinute, UsageBatch
 from config.celery import app as celery_app
 from tests.conftest import make_batch
 

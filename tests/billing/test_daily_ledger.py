@@ -19,9 +19,10 @@ from hypothesis import strategies as st
 
 from billing.ledger import reads as ledger_reads
 from billing.ledger import spend
+from billing.ledger.models import GpuDay, GpuHour, UsageDay, UsageHour
 from billing.ledger.reads import DAYS, HOURS, ledger_for
 from billing.ledger.rollup import rebuild_days, rebuild_ledger, rollup_usage
-from billing.models import GpuDay, GpuHour, RateCard, Tenant, UsageDay, UsageHour
+from billing.models import RateCard, Tenant
 from billing.queries import dashboard, finance, portal
 from billing.scope import Scope
 from tests import clock

@@ -10,7 +10,7 @@ import pytest
 from django.db import connection, connections
 from django.test import Client
 
-from billing.models import UsageBatch
+from billing.ledger.models import UsageBatch
 from tests.conftest import make_batch
 
 

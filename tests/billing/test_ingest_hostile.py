@@ -15,8 +15,9 @@ from django.test import override_settings
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from billing.ledger.models import UsageBatch, UsageMinute
 from billing.ledger.rollup import rollup_usage
-from billing.models import AuditEvent, Gpu, UsageBatch, UsageMinute
+from billing.models import AuditEvent, Gpu
 from billing.services.batch_validation import MAX_PCIE_MB_PER_S
 from billing.services.tokens import issue_node_token
 from tests import clock

@@ -12,8 +12,9 @@ import pytest
 from django.core.management import call_command
 from django.db import OperationalError, connection
 
+from billing.ledger.models import GpuMinute, UsageBatch, UsageMinute
 from billing.ledger.rollup import rebuild_ledger
-from billing.models import AuditEvent, GpuMinute, UsageBatch, UsageMinute
+from billing.models import AuditEvent
 from billing.services.quarantine import run_rollup
 from tests import clock
 from tests.conftest import make_batch

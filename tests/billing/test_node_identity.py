@@ -17,7 +17,8 @@ from django.test import Client
 
 from agents.testing import FakeKubernetes
 from billing.errors import NotAuthenticated
-from billing.models import AuditEvent, Node, UsageBatch
+from billing.ledger.models import UsageBatch
+from billing.models import AuditEvent, Node
 from billing.services import node_identity
 from billing.services.node_identity import review_service_account_token
 from billing.services.tokens import issue_node_token

@@ -14,7 +14,8 @@ from typing import Any
 import pytest
 from django.test import Client
 
-from billing.models import BillingPeriod, Invoice, Node, RateCard, Tenant, UsageHour
+from billing.ledger.models import UsageHour
+from billing.models import BillingPeriod, Invoice, Node, RateCard, Tenant
 from billing.queries.portal import TenantNotFound, get_tenant_portal
 from billing.scope import ADMIN_GROUP, FINANCE_GROUP, get_scope
 from billing.services.budgets import evaluate_budgets, set_budget

@@ -11,7 +11,8 @@ from django.contrib.auth.models import Group, User
 from kubernetes import client as kube_client
 
 from agents.testing import FakeKubernetes
-from billing.models import AuditEvent, Gpu, Node, RateCard, RebalancePlan, UsageMinute
+from billing.ledger.models import UsageMinute
+from billing.models import AuditEvent, Gpu, Node, RateCard, RebalancePlan
 from billing.scope import ADMIN_GROUP
 from billing.services.rebalance import (
     KubernetesApi,

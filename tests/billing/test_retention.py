@@ -29,6 +29,7 @@ from hypothesis import strategies as st
 
 from billing import tasks
 from billing.checks import check_retention
+from billing.ledger.models import GpuMinute, UsageBatch, UsageMinute
 from billing.ledger.partitions import (
     MINUTE_TABLES,
     RAW_TABLE,
@@ -49,7 +50,7 @@ from billing.ledger.retention import (
 )
 from billing.ledger.rollup import rebuild_ledger, rollup_usage
 from billing.metrics import render_metrics
-from billing.models import GpuMinute, Node, UsageBatch, UsageMinute
+from billing.models import Node
 from billing.services.paired_report import LOOKBACK, compute_paired_report
 from billing.services.quarantine import quarantine_batch
 from billing.services.rate_cards import create_rate_card, earliest_change

@@ -8,8 +8,9 @@ from decimal import Decimal
 import pytest
 from django.db.models import Sum
 
+from billing.ledger.models import GpuHour, GpuMinute, UsageBatch, UsageHour, UsageMinute
 from billing.ledger.rollup import rebuild_ledger, rollup_usage
-from billing.models import GpuHour, GpuMinute, RateCard, UsageBatch, UsageHour, UsageMinute
+from billing.models import RateCard
 from tests import clock
 from tests.conftest import A100, make_batch
 

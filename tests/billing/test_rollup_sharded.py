@@ -28,8 +28,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from billing.ledger import rollup as ledger_rollup
+from billing.ledger.models import GpuDay, GpuHour, GpuMinute, UsageBatch, UsageDay, UsageHour, UsageMinute
 from billing.ledger.rollup import rebuild_ledger, rollup_usage
-from billing.models import GpuDay, GpuHour, GpuMinute, Node, RateCard, UsageBatch, UsageDay, UsageHour, UsageMinute
+from billing.models import Node, RateCard
 from billing.services.gpu_ownership import reassign_gpu
 from billing.services.tokens import issue_node_token
 from tests import clock

@@ -21,8 +21,9 @@ from hypothesis import strategies as st
 
 from billing.errors import InvalidInput
 from billing.ledger import spend
+from billing.ledger.models import GpuHour, UsageHour
 from billing.ledger.rollup import rebuild_days
-from billing.models import GpuHour, Invoice, Node, RateCard, UsageHour
+from billing.models import Invoice, Node, RateCard
 from billing.services.budgets import get_month_to_date_spends
 from billing.services.invoicing import close_period, month_bounds, preview_invoices
 
