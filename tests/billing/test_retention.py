@@ -357,19 +357,27 @@ def test_partitions_with_rows_and_no_or_stale_statistics_are_analysed_and_no_oth
         mid_month: datetime, post_batch: PostBatch, minute_start: datetime) -> None:
     # mid_month first: minute_start is then noon on the 15th, far from a day's edge.
     assert post_batch(make_batch(start=minute_start, seconds=30)).status_code == 201
-    rollup_usage(now=clock.now())
     day = minute_start.date()
-    filled = {partition_name(day, t) for t in LEDGER_TABLES}
-    with connection.cursor() as cur:
-        for name in filled:  # so autovacuum cannot analyse them first and the test sees only the task
-            cur.execute(f'ALTER TABLE "{name}" SET (autovacuum_enabled = false)')
-    ensure_raw_partitions([day + timedelta(days=3)])  # empty, made ahead
-    assert all(_stats(name) == (-1.0, None) for name in filled)
+    raw = partition_name(day)
+    minutes = {partition_name(day, t) for t in MINUTE_TABLES}
 
+    def no_autovacuum(names: set[str]) -> None:  # so autovacuum cannot analyse them first
+        with connection.cursor() as cur:
+            for name in names:
+                cur.execute(f'ALTER TABLE "{name}" SET (autovacuum_enabled = false)')
+
+    no_autovacuum({raw})
+    assert _stats(raw) == (-1.0, None)
     assert _planned_rows(day) != 30  # without statistics the planner guesses from the table's pages
+    # The rollup analyses the stale raw partitions it is about to read, before it plans on them.
+    rollup_usage(now=clock.now())
+    assert _stats(raw)[0] == 30 and _stats(raw)[1] is not None
+    no_autovacuum(minutes)
+    ensure_raw_partitions([day + timedelta(days=3)])  # empty, made ahead
+    assert all(_stats(name) == (-1.0, None) for name in minutes)
 
     analysed = set(tasks.analyze_ledger_partitions.apply().get())
-    assert filled <= analysed
+    assert minutes <= analysed and raw not in analysed  # the raw partition's statistics are fresh
     assert partition_name(day + timedelta(days=3)) not in analysed
     raw_rows, raw_analysed = _stats(partition_name(day))
     assert raw_rows == 30 and raw_analysed is not None
