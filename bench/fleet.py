@@ -36,10 +36,11 @@ Per meter setting, in order:
    gunicorn tree, this database's Postgres backends (+ auxiliaries) and the client, from /proc.
    Parallel query is off (PGOPTIONS) unless --parallel-query: a parallel worker's CPU cannot be
    attributed to this database and leaves /proc with the worker.
-2. rollup: --rollup-workers processes, each with its own connection, call
-   billing.ledger.rollup.rollup_usage(now=..., max_batches=--rollup-batches) until nothing is
-   pending. A cycle answered skipped=True (another worker holds the rollup's lock) sleeps 0.2 s
-   and tries again; skipped cycles are counted and reported. Default --rollup-batches: what one
+2. rollup: --rollup-workers N processes, each with its own connection, call
+   billing.ledger.rollup.rollup_usage(now=..., shard=k, shards=N, max_batches=--rollup-batches),
+   as the service's shard tasks do, until nothing of their shard is pending. A call answered
+   skipped=True (a node of it was held by another session) sleeps 0.2 s and tries again; such
+   calls are counted and reported. Default --rollup-batches: what one
    beat cycle (VGPU_ROLLUP_EVERY_S, 15 s) finds when nodes upload evenly. With several counts
    (--rollup-workers 1 2) the 1-second setting is rolled up once per count, each time from a copy
    of the database taken after ingest; the first count's run is the headline.
@@ -604,7 +605,7 @@ def ingest(env: dict[str, str], database: str, tokens: dict[str, str], batches: 
 @dataclass(frozen=True)
 class WorkerReport:
     cycles: int  # rollup_usage calls that rolled something up
-    skipped: int  # calls answered skipped=True (another worker held the lock)
+    skipped: int  # calls answered skipped=True (another session held one of the shard's nodes)
     batches: int
     gpu_minutes: int
     quarantined: int
@@ -619,11 +620,12 @@ def _cpu_self() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def rollup_worker(env: dict[str, str], max_batches: int, start: EventType, finish: EventType,
+def rollup_worker(env: dict[str, str], shard: tuple[int, int], max_batches: int, start: EventType, finish: EventType,
                   ready: multiprocessing.Queue[int], queue: multiprocessing.Queue[WorkerReport]) -> None:
-    """One rollup process: its own Django connection, rollup_usage until nothing is pending. The
-    connection stays open until `finish`: a backend that exits takes its CPU time out of /proc
-    before the parent's last snapshot."""
+    """One rollup process: its own Django connection, rolling up its shard (k of N, as the service's
+    shard tasks do: the nodes with node_id % N == k) until nothing of it is pending. The connection
+    stays open until `finish`: a backend that exits takes its CPU time out of /proc before the
+    parent's last snapshot."""
     cycles = skipped = batches = minutes = quarantined = 0
     busy = cpu_at_start = 0.0
     error = ""
@@ -639,16 +641,18 @@ def rollup_worker(env: dict[str, str], max_batches: int, start: EventType, finis
         cpu_at_start = _cpu_self()  # Django's start-up is not the rollup's cost
         while True:
             began = time.perf_counter()
-            result = rollup_usage(now=datetime.now(UTC), max_batches=max_batches)
+            result = rollup_usage(now=datetime.now(UTC), shard=shard[0], shards=shard[1], max_batches=max_batches)
+            # A call can roll some nodes up and find others held (skipped): count what it did.
+            if result.batches or result.quarantined:
+                busy += time.perf_counter() - began
+                cycles, batches = cycles + 1, batches + result.batches
+                minutes, quarantined = minutes + result.gpu_minutes, quarantined + result.quarantined
             if result.skipped:
                 skipped += 1
                 time.sleep(SKIPPED_RETRY_S)
                 continue
             if result.batches == 0 and result.quarantined == 0:
                 break
-            busy += time.perf_counter() - began
-            cycles, batches = cycles + 1, batches + result.batches
-            minutes, quarantined = minutes + result.gpu_minutes, quarantined + result.quarantined
     except Exception as exc:  # noqa: BLE001 - reported by the parent, which fails the run
         error = f"{type(exc).__name__}: {exc}"
         ready.put(os.getpid())
@@ -673,7 +677,8 @@ def rollup(env: dict[str, str], database: str, workers: int, max_batches: int) -
     start, finish = ctx.Event(), ctx.Event()
     ready: multiprocessing.Queue[int] = ctx.Queue()
     queue: multiprocessing.Queue[WorkerReport] = ctx.Queue()
-    procs = [ctx.Process(target=rollup_worker, args=(env, max_batches, start, finish, ready, queue)) for _ in range(workers)]
+    procs = [ctx.Process(target=rollup_worker, args=(env, (k, workers), max_batches, start, finish, ready, queue))
+             for k in range(workers)]
     for proc in procs:
         proc.start()
     for _ in procs:

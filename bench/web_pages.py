@@ -529,7 +529,8 @@ def command_line(argv: list[str]) -> str:
 
 
 ANALYSIS = """\
-What changed against the "before" columns (issue 14, deliver item 5; the same benchmark, data and seed):
+What changed against the "before" columns (issue 14; the same benchmark, data generator and seed; the
+"before" run is of commit b65687e, the start of issue 14):
 
 - **The upcoming invoice and month-to-date spend read closed days plus today's hours**
   (billing/ledger/spend.py). The UTC days of the month that are over come from the day ledger
@@ -549,12 +550,14 @@ What changed against the "before" columns (issue 14, deliver item 5; the same be
   row per workload-day, ~43k for the biggest tenant), and its workload table shows the 100 costliest
   of the period (the biggest tenant ran 7,686 pods this month; rendering them all took ~4 s); the
   CSV still lists every workload.
-- Rows whose code did not change (finance dashboard, periods, the rollup's day step) differ only by
-  machine noise: compare the "x baseline" columns.
-
-Still over 1 s, if listed above: the finance dashboard for the whole month (billing.queries.dashboard,
-moved into billing/ledger by another change of issue 14) reads every workload-day of the month for
-its top workloads and timeline; it was not part of this change.
+- **The finance dashboard** takes its tenant totals and its top workloads from one pass over the
+  period's usage (billing.ledger.totals.summarise_workloads: per pod and tier once, then per pod,
+  then per tenant and the costliest pods from those groups), under the same planner settings;
+  apart, the two aggregations of the month's ~174k workload-days took ~1 s of its ~1.2 s.
+- The ledger is keyed by node since this change (every usage-to-GPU join carries node_id), and the
+  rollup writes days as before: the day step's row is the same work.
+- Rows whose code did not change (periods) differ only by machine noise: compare the "x baseline"
+  columns.
 """
 
 
