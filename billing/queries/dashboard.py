@@ -12,7 +12,7 @@ are None for them, decided here and not in templates.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from typing import Any
@@ -76,15 +76,8 @@ class CostTimeline:
 
 
 @dataclass(frozen=True)
-class UtilisationPoint:
-    """Fleet figures for one bucket. SM·s: one SM busy for one second (DESIGN §3); MB are MiB as NVML reports."""
-
-    bucket: datetime
-    metered_gpu_s: Decimal  # Σ GPU-seconds metered (every GPU of every batch, busy or not)
-    sm_used_s: Decimal  # Σ SM·s used by workloads
-    sm_capacity_s: Decimal  # Σ sm_count × metered seconds
-    mem_used_mb_s: Decimal  # Σ MB·s used by workloads
-    mem_capacity_mb_s: Decimal  # Σ memory_mb × metered seconds
+class UtilisationPoint(series.UtilisationBucket):
+    """The ledger's figures for one bucket, with the percentages the dashboard shows."""
 
     @property
     def sm_utilisation_pct(self) -> Decimal | None:
@@ -202,12 +195,8 @@ def _timeline(scope: Scope, summary: CostSummary, granularity: Granularity) -> C
 
 
 def _utilisation(start: datetime, end: datetime, granularity: Granularity) -> list[UtilisationPoint]:
-    return [
-        UtilisationPoint(bucket=b.bucket, metered_gpu_s=b.metered_gpu_s, sm_used_s=b.sm_used_s,
-                         sm_capacity_s=b.sm_capacity_s, mem_used_mb_s=b.mem_used_mb_s,
-                         mem_capacity_mb_s=b.mem_capacity_mb_s)
-        for b in series.list_utilisation_buckets(start=start, end=end, granularity=granularity)
-    ]
+    return [UtilisationPoint(**asdict(b))
+            for b in series.list_utilisation_buckets(start=start, end=end, granularity=granularity)]
 
 
 def _top_workloads(summary: CostSummary, rows: list[totals.WorkloadTotals]) -> list[WorkloadCost]:

@@ -13,6 +13,7 @@ import sys
 import time
 import urllib.parse
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -108,16 +109,27 @@ def _ingested(text: str) -> float:
 
 def test_every_worker_scrapes_the_samples_stored_through_all_workers(gunicorn):
     start = clock.now().replace(second=0, microsecond=0) - timedelta(minutes=30)
-    expected = 0
-    for n in range(3):
-        node = f"gpu-node-{n}"
-        token = issue_node_token(node_name=node, now=clock.now(), actor_label="test").token
-        for seq in range(1, 6):
+    tokens = {f"gpu-node-{n}": issue_node_token(node_name=f"gpu-node-{n}", now=clock.now(), actor_label="test").token
+              for n in range(3)}
+
+    def upload(node: str, seqs: range) -> int:
+        samples = 0
+        for seq in seqs:
             batch = make_batch(node=node, seq=seq, start=start + timedelta(seconds=10 * seq), seconds=10)
             status, body = gunicorn.request("POST", "/api/v1/usage/batches", body=json.dumps(batch).encode(),
-                                            token=token)
+                                            token=tokens[node])
             assert status == 201, body
-            expected += len(batch["samples"])
+            samples += len(batch["samples"])
+        return samples
+
+    # The nodes upload at once, as real ones do, so more than one worker has a request to take (the
+    # kernel hands a lone client's sequential requests to whichever worker waits, often the same).
+    expected, first = 0, 1
+    with ThreadPoolExecutor(max_workers=len(tokens)) as pool:
+        while first == 1 or (len(gunicorn.worker_pids("/api/v1/usage/batches")) < 2 and first < 60):
+            nodes = list(tokens)
+            expected += sum(pool.map(upload, nodes, [range(first, first + 5)] * len(nodes)))
+            first += 5
     # The point of the test: the batches and the scrapes really were spread over the workers. The
     # kernel picks the worker that accepts: on a busy machine one may win 20 in a row, so scrape
     # until two workers have answered (every answer must be the whole count).
