@@ -268,6 +268,16 @@ def with_database(url: str, name: str) -> str:
     return urllib.parse.urlsplit(url)._replace(path=f"/{name}").geturl()
 
 
+def drop_bench_database(admin_url: str, name: str) -> None:
+    """Drop a benchmark's database after closing this process's Django connections to it (a
+    connection left open would make DROP DATABASE fail; one already broken is no reason to keep it)."""
+    with contextlib.suppress(Exception):
+        from django.db import connections
+
+        connections.close_all()
+    recreate_database(admin_url, name, drop_only=True)
+
+
 def recreate_database(admin_url: str, name: str, *, drop_only: bool = False) -> None:
     conn = psycopg2.connect(admin_url)
     try:
@@ -1043,11 +1053,7 @@ def run(args: argparse.Namespace) -> Report:
         machine = machine_info(bench_url)
     finally:
         if not args.keep_db:
-            with contextlib.suppress(Exception):
-                from django.db import connections
-
-                connections.close_all()
-            recreate_database(admin_url, bench_name, drop_only=True)
+            drop_bench_database(admin_url, bench_name)
     workload = (f"{args.agents} agents (one node each), {args.gpus} x A100-80GB per node (81920 MB, 108 SMs), "
                 f"{args.workloads_per_gpu} workloads per GPU, 1-second samples, {args.seconds_per_batch}-second "
                 f"windows = {spb} samples per batch; {n} timed batches per agent after {args.warmup_batches} "

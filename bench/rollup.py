@@ -28,7 +28,6 @@ day row), so a faster rollup cannot be a wrong one. A benchmark never fails on s
 from __future__ import annotations
 
 import argparse
-import contextlib
 import hashlib
 import json
 import os
@@ -54,6 +53,7 @@ from bench.ingest import (  # noqa: E402
     bench_database,
     build_payloads,
     child_env,
+    drop_bench_database,
     encode,
     ensure_partitions,
     gunicorn,
@@ -273,11 +273,7 @@ def run(args: argparse.Namespace) -> Result:
         machine = machine_info(bench_url)
     finally:
         if not args.keep_db:
-            with contextlib.suppress(Exception):
-                from django.db import connections
-
-                connections.close_all()
-            recreate_database(admin_url, bench_name, drop_only=True)
+            drop_bench_database(admin_url, bench_name)
     samples = args.agents * per_agent * spb
     workload = (f"{args.agents} nodes (one agent each) x {args.gpus} A100-80GB x {args.workloads_per_gpu} workloads "
                 f"per GPU, 1-second samples, {args.seconds_per_batch}-second batches ({spb:,} samples each), "
