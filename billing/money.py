@@ -9,6 +9,13 @@
 - Integer minor units go back to major units exactly (`from_minor_units`, no rounding) and are
   written with the currency's number of decimals (`format_minor_units`). Pages show ledger
   amounts to the currency's minor unit (`display_amount`): display only, never stored.
+- How shown numbers add (one rule for every table, page and CSV): each amount is rounded once
+  to the currency's minor unit; a total, across a row or down a column, is the sum of the
+  rounded amounts it totals (`round_parts`), so the parts shown always add to the total shown,
+  as an invoice's lines add to its total. Quantities follow the same rule at a stated number
+  of places (`round_quantities`, `QUANTITY_PLACES`). Percentage shares use the largest
+  remainder so they add to exactly 100 (`shares_percent`). CSVs write amounts with the
+  currency's decimals (`amount_text`) and quantities with their stated places (`quantity_text`).
 """
 
 from __future__ import annotations
@@ -20,12 +27,18 @@ __all__ = [
     "LEDGER_PLACES",
     "LEDGER_QUANTUM",
     "MINOR_UNIT_EXPONENT",
+    "QUANTITY_PLACES",
     "allocate",
+    "amount_text",
     "display_amount",
     "format_minor_units",
     "from_minor_units",
     "ledger_amount",
     "minor_unit_exponent",
+    "quantity_text",
+    "round_parts",
+    "round_quantities",
+    "shares_percent",
     "to_minor_units",
 ]
 
@@ -34,6 +47,10 @@ LEDGER_QUANTUM = Decimal(1).scaleb(-LEDGER_PLACES)
 # ISO 4217 minor units for the currencies a rate card may use; default 2.
 MINOR_UNIT_EXPONENT = {"JPY": 0, "KRW": 0, "CNY": 2, "USD": 2, "EUR": 2, "GBP": 2}
 _CONTEXT = Context(prec=50)
+# The stated precision of each kind of quantity on the pages and in the CSVs (docs/exports.md):
+# GPU-hours and GB·h / SM·h to 4 places (0.36 s of a card), MB·s and SM·s to whole units,
+# percentages to 1 place.
+QUANTITY_PLACES = {"gpu_hours": 4, "gb_h": 4, "sm_h": 4, "mb_s": 0, "sm_s": 0, "percent": 1}
 
 
 def ledger_amount(value: Decimal) -> Decimal:
@@ -96,3 +113,58 @@ def allocate(total: Decimal, weights: Sequence[Decimal]) -> list[Decimal]:
         for i in order[:left]:
             floors[i] += 1
         return [Decimal(u).scaleb(-LEDGER_PLACES) for u in floors]
+
+
+def round_parts(parts: Sequence[Decimal], currency: str = "") -> tuple[list[Decimal], Decimal]:
+    """The one rule for a table of amounts and its total: each part rounded once (half-even) to
+    the currency's minor unit, the total the exact sum of those rounded parts. So the figures a
+    page or CSV shows always add to the total it shows (a total may then differ from the
+    unrounded total rounded, by at most half a minor unit per part)."""
+    rounded = [display_amount(p, currency) for p in parts]
+    return rounded, _exact_sum(rounded, minor_unit_exponent(currency))
+
+
+def round_quantities(parts: Sequence[Decimal], places: int) -> tuple[list[Decimal], Decimal]:
+    """`round_parts` for quantities (GPU-hours, GB·h...): each to `places` decimals, half-even,
+    and the total the sum of the rounded parts."""
+    quantum = Decimal(1).scaleb(-places)
+    with localcontext(_CONTEXT):
+        rounded = [p.quantize(quantum, rounding=ROUND_HALF_EVEN) for p in parts]
+    return rounded, _exact_sum(rounded, places)
+
+
+def shares_percent(parts: Sequence[Decimal], places: int = 1) -> list[Decimal]:
+    """Each part's share of their sum in percent, to `places` decimals, by the largest remainder:
+    the shares add to exactly 100 (all zero when the parts sum to zero). Parts must not be
+    negative: a share of a negative amount is not a share."""
+    if any(p < 0 for p in parts):
+        raise ValueError("shares of negative amounts are undefined")
+    if not parts or sum(parts, Decimal(0)) == 0:
+        return [Decimal(0).scaleb(-places) for _ in parts]
+    with localcontext(_CONTEXT):
+        units = 100 * 10**places
+        weight_sum = sum(parts, Decimal(0))
+        exact = [Decimal(units) * p / weight_sum for p in parts]
+        floors = [int(x.to_integral_value(rounding=ROUND_FLOOR)) for x in exact]
+        # Hand the left-over units to the largest fractional parts; ties by position.
+        order = sorted(range(len(exact)), key=lambda i: (-(exact[i] - floors[i]), i))
+        for i in order[: units - sum(floors)]:
+            floors[i] += 1
+        return [Decimal(u).scaleb(-places) for u in floors]
+
+
+def amount_text(amount: Decimal, currency: str) -> str:
+    """An amount as a CSV writes it: rounded once (half-even) to the currency's minor unit and
+    written with exactly its decimals, no grouping, no exponent: `2949.119999988480` -> `2949.12`."""
+    return f"{display_amount(amount, currency):.{minor_unit_exponent(currency)}f}"
+
+
+def quantity_text(value: Decimal, places: int) -> str:
+    """A quantity as a CSV writes it: `places` decimals (half-even), no grouping, no exponent."""
+    with localcontext(_CONTEXT):
+        return f"{value.quantize(Decimal(1).scaleb(-places), rounding=ROUND_HALF_EVEN):.{places}f}"
+
+
+def _exact_sum(values: Sequence[Decimal], places: int) -> Decimal:
+    with localcontext(_CONTEXT):
+        return sum(values, Decimal(0)).quantize(Decimal(1).scaleb(-places))

@@ -5,16 +5,23 @@ from __future__ import annotations
 
 from decimal import Decimal
 
+import pytest
 from django.utils import translation
 from hypothesis import given
 from hypothesis import strategies as st
 
 from billing.money import (
     MINOR_UNIT_EXPONENT,
+    QUANTITY_PLACES,
+    amount_text,
     display_amount,
     format_minor_units,
     from_minor_units,
     minor_unit_exponent,
+    quantity_text,
+    round_parts,
+    round_quantities,
+    shares_percent,
     to_minor_units,
 )
 from billing.templatetags.ledger import money
@@ -51,3 +58,75 @@ def test_amounts_show_with_the_currencys_decimals() -> None:
         assert money(Decimal("1234.5"), "JPY") == "1,234 JPY"  # yen have no minor unit
         assert money(Decimal("0.125")) == "0.12"  # no currency: 2 places
         assert money(None, "USD") == ""
+
+
+# How shown numbers add (issue 16): each part rounded once, a total is the sum of the rounded parts.
+amount_lists = st.lists(ledger_amounts, max_size=30)
+
+
+@given(parts=amount_lists, currency=currencies)
+def test_rounded_parts_add_to_the_total_shown(parts: list[Decimal], currency: str) -> None:
+    rounded, total = round_parts(parts, currency)
+    assert rounded == [display_amount(p, currency) for p in parts]
+    assert total == sum(rounded, Decimal(0))
+    # The total carries the currency's decimals, as it is shown, and strays from the exact total
+    # by at most half a minor unit per part.
+    assert total.as_tuple().exponent == -minor_unit_exponent(currency)
+    half = Decimal(1).scaleb(-minor_unit_exponent(currency)) / 2
+    assert abs(total - sum(parts, Decimal(0))) <= half * len(parts)
+
+
+def test_the_issue_case_adds_up() -> None:
+    # November's tenant rows summed to 951.02 while "Attributed" said 951.04 (each rounded alone).
+    parts = [Decimal("317.006"), Decimal("317.006"), Decimal("317.006")]
+    assert display_amount(sum(parts, Decimal(0)), "USD") == Decimal("951.02")
+    rounded, total = round_parts(parts, "USD")
+    assert rounded == [Decimal("317.01")] * 3 and total == Decimal("951.03")
+    assert round_parts([], "JPY") == ([], Decimal(0))
+    assert str(round_parts([Decimal("1.5"), Decimal("2.5")], "JPY")[1]) == "4"
+
+
+@given(parts=st.lists(st.decimals(min_value=0, max_value=Decimal("1e6"), places=6), max_size=12),
+       places=st.integers(min_value=0, max_value=4))
+def test_rounded_quantities_add_to_their_total(parts: list[Decimal], places: int) -> None:
+    rounded, total = round_quantities(parts, places)
+    assert total == sum(rounded, Decimal(0)) and total.as_tuple().exponent == -places
+    assert all(abs(r - p) <= Decimal(1).scaleb(-places) / 2 for r, p in zip(rounded, parts, strict=True))
+
+
+@given(parts=st.lists(st.decimals(min_value=0, max_value=Decimal("1e9"), places=6), min_size=1, max_size=20),
+       places=st.integers(min_value=0, max_value=3))
+def test_shares_add_to_exactly_one_hundred_percent(parts: list[Decimal], places: int) -> None:
+    shares = shares_percent(parts, places)
+    unit = Decimal(1).scaleb(-places)
+    if sum(parts, Decimal(0)) == 0:
+        assert all(s == 0 for s in shares)
+        return
+    assert sum(shares, Decimal(0)) == 100
+    # Each share is its exact share rounded down or up by less than one unit, never negative.
+    exact = [100 * p / sum(parts, Decimal(0)) for p in parts]
+    assert all(0 <= s and abs(s - e) < unit for s, e in zip(shares, exact, strict=True))
+
+
+def test_shares_use_the_largest_remainder() -> None:
+    # Thirds rounded alone show 33.3 + 33.3 + 33.3 = 99.9; the first largest remainder takes the 0.1.
+    assert shares_percent([Decimal(1)] * 3) == [Decimal("33.4"), Decimal("33.3"), Decimal("33.3")]
+    assert shares_percent([Decimal(2), Decimal(1)], 0) == [Decimal(67), Decimal(33)]
+    assert shares_percent([]) == []
+    with pytest.raises(ValueError, match="negative"):
+        shares_percent([Decimal(-1), Decimal(2)])
+
+
+@given(amount=ledger_amounts, currency=currencies)
+def test_csv_amounts_carry_the_currencys_minor_precision(amount: Decimal, currency: str) -> None:
+    text = amount_text(amount, currency)
+    assert Decimal(text) == display_amount(amount, currency) and "E" not in text and "," not in text
+    assert len(text.partition(".")[2]) == minor_unit_exponent(currency)
+
+
+def test_csv_numbers_are_written_plainly() -> None:
+    assert amount_text(Decimal("2949.119999988480"), "USD") == "2949.12"
+    assert amount_text(Decimal("1234.5"), "JPY") == "1234"
+    assert amount_text(Decimal(0), "USD") == "0.00"
+    assert quantity_text(Decimal("12.345678"), QUANTITY_PLACES["gpu_hours"]) == "12.3457"
+    assert quantity_text(Decimal("1E+3"), 0) == "1000"
