@@ -48,9 +48,9 @@ LEDGER_QUANTUM = Decimal(1).scaleb(-LEDGER_PLACES)
 MINOR_UNIT_EXPONENT = {"JPY": 0, "KRW": 0, "CNY": 2, "USD": 2, "EUR": 2, "GBP": 2}
 _CONTEXT = Context(prec=50)
 # The stated precision of each kind of quantity on the pages and in the CSVs (docs/exports.md):
-# GPU-hours and GB·h / SM·h to 4 places (0.36 s of a card), MB·s and SM·s to whole units,
-# percentages to 1 place.
-QUANTITY_PLACES = {"gpu_hours": 4, "gb_h": 4, "sm_h": 4, "mb_s": 0, "sm_s": 0, "percent": 1}
+# GPU-hours and GB·h / SM·h to 4 places (0.36 s of a card), seconds, MB·s and SM·s to whole
+# units, percentages to 1 place.
+QUANTITY_PLACES = {"gpu_hours": 4, "gb_h": 4, "sm_h": 4, "seconds": 0, "mb_s": 0, "sm_s": 0, "percent": 1}
 
 
 def ledger_amount(value: Decimal) -> Decimal:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 from collections.abc import Callable
 from datetime import date, datetime, timedelta
+from decimal import Decimal
 from typing import Any
 from urllib.parse import urlencode
 
@@ -16,11 +17,13 @@ from django.utils import timezone
 from django.utils.safestring import SafeString
 from django.utils.translation import gettext as _
 
+from billing.money import QUANTITY_PLACES, amount_text, quantity_text, round_quantities
 from billing.queries.dashboard import IDLE_KEY, CostTimeline, FinanceDashboard, UtilisationPoint, get_finance_dashboard
 from billing.queries.finance import CostSummary
 from billing.scope import get_scope
 from billing.web.charts import Series, line_chart, stacked_bar_chart
 from billing.web.forms import PeriodForm
+from billing.web.tables import shown_costs
 
 
 @login_required
@@ -43,10 +46,10 @@ def finance_overview(request: HttpRequest) -> HttpResponse:
             return _CSV_TABLES[table](dashboard)
     summary = dashboard.summary if dashboard else None
     live = summary is not None and summary.end > timezone.now()
-    max_total = max((t.total for t in summary.tenants), default=0) if summary else 0
+    shown = shown_costs(summary) if summary else None
     context: dict[str, object] = {
-        "form": form, "dashboard": dashboard, "summary": summary, "live": live, "max_total": max_total,
-        "quick_periods": _quick_periods(today, form),
+        "form": form, "dashboard": dashboard, "summary": summary, "live": live, "shown": shown,
+        "max_total": shown.max_row_total if shown else 0, "quick_periods": _quick_periods(today, form),
     }
     if dashboard is not None:
         context.update(_charts(dashboard))
@@ -108,29 +111,46 @@ def _csv_response(summary: CostSummary, table: str) -> tuple[HttpResponse, Any]:
 
 
 def _tenants_csv(dashboard: FinanceDashboard) -> HttpResponse:
+    """The page's table as it shows it: amounts to the currency's minor unit, quantities to 4
+    places; a last row totals every column (docs/exports.md, "How totals add")."""
     summary = dashboard.summary
+    currency, shown = summary.currency, shown_costs(summary)
     response, writer = _csv_response(summary, "tenants")
     writer.writerow(["tenant", "name", "charge", "idle_share", "total", "currency", "gpu_hours_equivalent",
-                     "mem_used_gb_h", "sm_used_h", "workloads"])
-    for t in summary.tenants:
-        writer.writerow([t.tenant, t.name, t.charge, t.idle_share, t.total, summary.currency,
-                         t.gpu_hours_equivalent, t.mem_used_gb_h, t.sm_used_h, t.workloads])
-    if summary.total_gpu_cost is not None:
-        writer.writerow([IDLE_KEY, _("Idle (platform)"), summary.idle_platform, "", summary.idle_platform,
-                         summary.currency, "", "", "", ""])
-        writer.writerow(["(total)", _("Total GPU cost"), "", "", summary.total_gpu_cost, summary.currency,
-                         summary.metered_gpu_hours, "", "", ""])
+                     "mem_used_gb_h", "sm_used_h", "workloads", "metered_gpu_hours"])
+    places = QUANTITY_PLACES["gpu_hours"]
+    quantities = [round_quantities([getattr(r.tenant, name) for r in shown.rows], places)
+                  for name in ("gpu_hours_equivalent", "mem_used_gb_h", "sm_used_h")]
+    for i, r in enumerate(shown.rows):
+        writer.writerow([r.tenant.tenant, r.tenant.name, amount_text(r.charge, currency),
+                         amount_text(r.idle_share, currency), amount_text(r.total, currency), currency,
+                         *(f"{q[0][i]:.{places}f}" for q in quantities), r.tenant.workloads, ""])
+    sums = [f"{q[1]:.{places}f}" for q in quantities]
+    workloads = sum(r.tenant.workloads for r in shown.rows)
+    if shown.total_gpu_cost is None or shown.idle_platform is None or summary.metered_gpu_hours is None:
+        writer.writerow(["(total)", _("Your cost"), amount_text(shown.charge, currency),
+                         amount_text(shown.idle_share, currency), amount_text(shown.attributed, currency),
+                         currency, *sums, workloads, ""])
+        return response
+    # Idle nobody was charged for sits in the charge column, so every column still adds.
+    idle = amount_text(shown.idle_platform, currency)
+    writer.writerow([IDLE_KEY, _("Idle (platform)"), idle, "", idle, currency, "", "", "", "", ""])
+    writer.writerow(["(total)", _("Total GPU cost"), amount_text(shown.charge + shown.idle_platform, currency),
+                     amount_text(shown.idle_share, currency), amount_text(shown.total_gpu_cost, currency),
+                     currency, *sums, workloads, quantity_text(summary.metered_gpu_hours, places)])
     return response
 
 
 def _timeline_csv(dashboard: FinanceDashboard) -> HttpResponse:
-    """Long format: one row per bucket and series (tenant slug, "(other tenants)", "(idle, platform)")."""
+    """Long format: one row per bucket and series (tenant slug, "(other tenants)", "(idle, platform)");
+    each cost rounded once to the currency's minor unit."""
     timeline, currency = dashboard.timeline, dashboard.summary.currency
     response, writer = _csv_response(dashboard.summary, "timeline")
     writer.writerow(["bucket_start", "granularity", "series", "name", "cost", "currency"])
     for i, bucket in enumerate(timeline.buckets):
         for s in timeline.series:
-            writer.writerow([bucket.isoformat(), timeline.granularity, s.key, s.name, s.values[i], currency])
+            writer.writerow([bucket.isoformat(), timeline.granularity, s.key, s.name, amount_text(s.values[i], currency),
+                             currency])
     return response
 
 
@@ -140,10 +160,12 @@ def _utilisation_csv(dashboard: FinanceDashboard) -> HttpResponse:
     response, writer = _csv_response(dashboard.summary, "utilisation")
     writer.writerow(["bucket_start", "granularity", "metered_gpu_s", "sm_used_s", "sm_capacity_s",
                      "sm_utilisation_pct", "mem_used_mb_s", "mem_capacity_mb_s", "idle_memory_pct"])
+    whole, pct = QUANTITY_PLACES["mb_s"], QUANTITY_PLACES["percent"]  # seconds, MB·s and SM·s alike
     for p in dashboard.utilisation:
-        writer.writerow([p.bucket.isoformat(), dashboard.timeline.granularity, p.metered_gpu_s, p.sm_used_s,
-                         p.sm_capacity_s, _blank(p.sm_utilisation_pct), p.mem_used_mb_s, p.mem_capacity_mb_s,
-                         _blank(p.idle_memory_pct)])
+        writer.writerow([p.bucket.isoformat(), dashboard.timeline.granularity, quantity_text(p.metered_gpu_s, whole),
+                         quantity_text(p.sm_used_s, whole), quantity_text(p.sm_capacity_s, whole),
+                         _percent(p.sm_utilisation_pct, pct), quantity_text(p.mem_used_mb_s, whole),
+                         quantity_text(p.mem_capacity_mb_s, whole), _percent(p.idle_memory_pct, pct)])
     return response
 
 
@@ -151,14 +173,16 @@ def _workloads_csv(dashboard: FinanceDashboard) -> HttpResponse:
     response, writer = _csv_response(dashboard.summary, "workloads")
     writer.writerow(["rank", "tenant", "name", "namespace", "pod", "pod_uid", "sla_tier", "cost", "currency",
                      "gpu_hours_equivalent", "mem_used_gb_h", "sm_used_h"])
+    currency, places = dashboard.summary.currency, QUANTITY_PLACES["gpu_hours"]
     for rank, w in enumerate(dashboard.top_workloads, start=1):
-        writer.writerow([rank, w.tenant, w.name, w.namespace, w.pod, w.pod_uid, w.sla_tier, w.cost,
-                         dashboard.summary.currency, w.gpu_hours_equivalent, w.mem_used_gb_h, w.sm_used_h])
+        writer.writerow([rank, w.tenant, w.name, w.namespace, w.pod, w.pod_uid, w.sla_tier, amount_text(w.cost, currency),
+                         currency, quantity_text(w.gpu_hours_equivalent, places), quantity_text(w.mem_used_gb_h, places),
+                         quantity_text(w.sm_used_h, places)])
     return response
 
 
-def _blank(value: object) -> object:
-    return "" if value is None else value
+def _percent(value: Decimal | None, places: int) -> str:
+    return "" if value is None else quantity_text(value, places)
 
 
 _CSV_TABLES: dict[str, Callable[[FinanceDashboard], HttpResponse]] = {

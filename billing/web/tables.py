@@ -1,0 +1,51 @@
+"""What the pages and their CSVs show of a table of amounts and its totals, by billing.money's one
+rule: each amount rounded once to the currency's minor unit, every total (across a row, down a
+column, or of the totals) the sum of the rounded amounts it totals, so the figures shown always
+add up. Display only: the ledger keeps its precision."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from decimal import Decimal
+
+from billing.money import display_amount, round_parts
+from billing.queries.finance import CostSummary, TenantCost
+
+__all__ = ["ShownCosts", "ShownTenantCost", "shown_costs"]
+
+
+@dataclass(frozen=True)
+class ShownTenantCost:
+    tenant: TenantCost
+    charge: Decimal
+    idle_share: Decimal
+    total: Decimal  # charge + idle_share as shown
+
+
+@dataclass(frozen=True)
+class ShownCosts:
+    """The finance page's cost by tenant, its totals and the fleet's: every figure as shown."""
+
+    rows: list[ShownTenantCost]
+    charge: Decimal  # Σ rows' charge
+    idle_share: Decimal  # Σ rows' idle share
+    attributed: Decimal  # Σ rows' total = charge + idle_share
+    # Platform figures: None for a tenant-scoped caller.
+    idle_platform: Decimal | None
+    total_gpu_cost: Decimal | None  # attributed + idle_platform
+
+    @property
+    def max_row_total(self) -> Decimal:
+        return max((r.total for r in self.rows), default=Decimal(0))
+
+
+def shown_costs(summary: CostSummary) -> ShownCosts:
+    currency = summary.currency
+    charges, charge = round_parts([t.charge for t in summary.tenants], currency)
+    idles, idle_share = round_parts([t.idle_share for t in summary.tenants], currency)
+    rows = [ShownTenantCost(t, c, i, c + i) for t, c, i in zip(summary.tenants, charges, idles, strict=True)]
+    attributed = charge + idle_share
+    if summary.idle_platform is None:
+        return ShownCosts(rows, charge, idle_share, attributed, None, None)
+    idle_platform = display_amount(summary.idle_platform, currency)
+    return ShownCosts(rows, charge, idle_share, attributed, idle_platform, attributed + idle_platform)
