@@ -348,12 +348,17 @@ def get_recent_spend(*, tenant: str, since: datetime, now: datetime) -> RecentSp
 
 
 def list_workload_totals(
-    *, tenant: str, start: datetime, end: datetime, now: datetime, limit: int | None = None
+    *, tenant: str, start: datetime, end: datetime, now: datetime, limit: int | None = None,
+    cost_places: int | None = None,
 ) -> WorkloadTotalsPage:
     """The pod instances (namespace, pod, pod_uid) of `tenant` with usage in [start, end), costliest
     first, at most `limit` of them (None: all): containers, SLA tiers, sums, first/last ledger hour;
-    with the count and the cost of all of them."""
-    params: dict[str, Any] = {"tenants": [tenant], "limit": limit}
+    with the count and the cost of all of them. With `cost_places`, that cost is the sum of each pod
+    instance's cost rounded half-even to that many places, as a page shows them
+    (billing.money.round_parts), so it is the total of the full list shown, cut or not."""
+    params: dict[str, Any] = {"tenants": [tenant], "limit": limit, "places": cost_places}
+    pod_cost = "sum(charge) + sum(idle_share)"
+    cost_all = pod_cost if cost_places is None else _half_even_sql(pod_cost, "%(places)s")
     # Per container and tier first (hashed), then per pod: the DISTINCT lists sort a few rows per pod.
     # Names order as Python orders str (code points: "C"), whatever the database's collation.
     rows = _fetch_as(
@@ -363,7 +368,7 @@ def list_workload_totals(
         "sum(mem_granted_mb_s) AS mem_granted_mb_s, sum(sm_used_s) AS sm_used_s, sum(sm_granted_s) AS sm_granted_s, "
         "min(first_hour) AS first_hour, max(last_hour) AS last_hour, "
         "count(*) OVER (PARTITION BY namespace, pod) AS same_name_instances, count(*) OVER () AS count_all, "
-        "sum(sum(charge) + sum(idle_share)) OVER () AS cost_all "
+        f"sum({cost_all}) OVER () AS cost_all "
         "FROM (SELECT namespace, pod, pod_uid, container, sla_tier, sum(charge) AS charge, "
         "sum(idle_share) AS idle_share, sum(share_gpu_s) AS share_gpu_s, sum(mem_used_mb_s) AS mem_used_mb_s, "
         "sum(mem_granted_mb_s) AS mem_granted_mb_s, sum(sm_used_s) AS sm_used_s, sum(sm_granted_s) AS sm_granted_s, "
@@ -383,6 +388,14 @@ def list_workload_totals(
     )
     return WorkloadTotalsPage(workloads=workloads, count=rows[0].count_all if rows else 0,
                               cost=rows[0].cost_all if rows else _ZERO)
+
+
+def _half_even_sql(expr: str, places: str) -> str:
+    """SQL rounding `expr` half to even at `places` decimals (Postgres' round() takes halves away
+    from zero): a tie whose truncation is even keeps the truncation, any other value round()s."""
+    scaled = f"(({expr}) * power(10::numeric, {places}))"
+    return (f"CASE WHEN abs({scaled} - trunc({scaled})) = 0.5 AND mod(trunc({scaled}), 2) = 0 "
+            f"THEN trunc({scaled}) / power(10::numeric, {places}) ELSE round({expr}, {places}) END")
 
 
 @dataclass(frozen=True)

@@ -23,6 +23,7 @@ from django.db.models import Q, QuerySet
 from billing.errors import DomainError, InvalidInput
 from billing.ledger.spend import WorkloadTotals, list_workload_days, list_workload_totals
 from billing.models import RateCard, Tenant
+from billing.money import minor_unit_exponent
 from billing.queries.budgets import BudgetView, list_budgets
 from billing.scope import Scope
 from billing.services.budgets import forecast_month_end, get_month_to_date_spend, get_month_to_date_spends
@@ -112,7 +113,7 @@ class TenantPortal:
     # The costliest workloads of [start, end): all of them, or the first `workload_limit` asked for.
     workloads: tuple[WorkloadUsage, ...]
     workload_count: int  # every workload of the period
-    period_cost: Decimal  # of every workload of the period, ledger precision
+    period_cost: Decimal  # Σ of every workload's cost of the period, each rounded to the minor unit
     daily: DailyWorkloadSeries
     invoices: tuple[InvoiceSummary, ...]
     # The month in progress as its invoice would be if closed now; None with `upcoming_error` set
@@ -191,14 +192,17 @@ def get_tenant_portal(*, scope: Scope, slug: str, start: datetime, end: datetime
     budget = next(iter(list_budgets(scope=own, now=now)), None)
     # The chart's series are the costliest workloads: never fewer than it shows.
     limit = None if workload_limit is None else max(workload_limit, CHART_SERIES)
-    page = list_workload_totals(tenant=slug, start=start, end=end, now=now, limit=limit)
+    currency = _currency(now)
+    # The period's cost is the total of the workload list as shown: each cost rounded to the cent.
+    page = list_workload_totals(tenant=slug, start=start, end=end, now=now, limit=limit,
+                                cost_places=minor_unit_exponent(currency))
     workloads = _workloads(page.workloads)
     try:
         upcoming, upcoming_error = preview_invoice(tenant=slug, month=_current_month(now), now=now), ""
     except InvalidInput as exc:
         upcoming, upcoming_error = None, str(exc)
     return TenantPortal(
-        slug=slug, name=tenant[1], currency=_currency(now), now=now, month_to_date=spend,
+        slug=slug, name=tenant[1], currency=currency, now=now, month_to_date=spend,
         forecast=forecast_month_end(tenant=slug, spend=spend, now=now), budget=budget, start=start, end=end,
         workloads=workloads[:workload_limit], workload_count=page.count, period_cost=page.cost,
         daily=_daily(slug, workloads, page.count, start=start, end=end, now=now),

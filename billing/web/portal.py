@@ -19,7 +19,7 @@ from django.utils.translation import gettext as _
 
 from billing.errors import InvalidInput
 from billing.models import BudgetAction
-from billing.money import format_minor_units
+from billing.money import QUANTITY_PLACES, amount_text, format_minor_units, round_parts, round_quantities
 from billing.queries.portal import (
     WORKLOAD_TABLE_ROWS,
     TenantNotFound,
@@ -30,6 +30,7 @@ from billing.queries.portal import (
 )
 from billing.scope import get_scope
 from billing.services.exports import EXPORT_FORMATS
+from billing.services.exports.invoice_csv import line_number_cells
 from billing.services.invoicing import InvoicePreview
 from billing.web.charts import Series, line_chart, stacked_bar_chart
 from billing.web.forms import PeriodForm
@@ -38,6 +39,7 @@ _WORKLOAD_CSV_COLUMNS = (
     "namespace", "pod", "pod_uid", "containers", "sla_tiers", "cost", "currency", "gpu_hours_equivalent",
     "mem_used_gb_h", "mem_granted_gb_h", "sm_used_h", "sm_granted_h", "first_hour", "last_hour",
 )
+_WORKLOAD_QUANTITIES = ("gpu_hours_equivalent", "mem_used_gb_h", "mem_granted_gb_h", "sm_used_h", "sm_granted_h")
 # Like the invoice CSV (billing.services.exports.INVOICE_CSV_COLUMNS), with no invoice number yet.
 _UPCOMING_CSV_COLUMNS = (
     "status", "tenant", "billing_period", "as_of", "line", "kind", "gpu_model", "sla_tier", "usage_month",
@@ -124,18 +126,24 @@ def _memory_chart(portal: TenantPortal) -> SafeString:
 
 
 def _workloads_csv(portal: TenantPortal) -> HttpResponse:
-    """The workload table, figures unrounded as the ledger holds them."""
+    """The workload table, every workload: cost to the currency's minor unit, quantities to 4
+    places, then a total row that is the sum of the rows as written (docs/exports.md)."""
     response = HttpResponse(content_type="text/csv; charset=utf-8")
     name = f"{portal.slug}-workloads-{portal.start:%Y%m%d}-{portal.end:%Y%m%d}.csv"
     response["Content-Disposition"] = f'attachment; filename="{name}"'
     writer = csv.writer(response)
     writer.writerow(_WORKLOAD_CSV_COLUMNS)
-    for w in portal.workloads:
+    currency, places = portal.currency, QUANTITY_PLACES["gpu_hours"]
+    costs, cost = round_parts([w.cost for w in portal.workloads], currency)
+    quantities = [round_quantities([getattr(w, q) for w in portal.workloads], places) for q in _WORKLOAD_QUANTITIES]
+    for i, w in enumerate(portal.workloads):
         writer.writerow([
-            w.namespace, w.pod, w.pod_uid, " ".join(w.containers), " ".join(w.sla_tiers), w.cost, portal.currency,
-            w.gpu_hours_equivalent, w.mem_used_gb_h, w.mem_granted_gb_h, w.sm_used_h, w.sm_granted_h,
+            w.namespace, w.pod, w.pod_uid, " ".join(w.containers), " ".join(w.sla_tiers),
+            amount_text(costs[i], currency), currency, *(f"{q[0][i]:.{places}f}" for q in quantities),
             w.first_hour.isoformat(), w.last_hour.isoformat(),
         ])
+    writer.writerow(["(total)", "", "", "", "", amount_text(cost, currency), currency,
+                     *(f"{q[1]:.{places}f}" for q in quantities), "", ""])
     return response
 
 
@@ -154,8 +162,8 @@ def _upcoming_csv(request: HttpRequest, slug: str, now: datetime) -> HttpRespons
     head = _upcoming_head(preview)
     for i, line in enumerate(preview.lines, start=1):
         writer.writerow(head + [
-            i, line.kind, line.gpu_model, line.sla_tier, f"{line.usage_month:%Y-%m}", line.gpu_hours, line.amount,
-            line.amount_minor, format_minor_units(line.amount_minor, preview.currency), preview.currency,
+            i, line.kind, line.gpu_model, line.sla_tier, f"{line.usage_month:%Y-%m}",
+            *line_number_cells(line.gpu_hours, line.amount, line.amount_minor, preview.currency), preview.currency,
         ])
     writer.writerow(head + ["total", "", "", "", "", "", "", preview.total_minor,
                             format_minor_units(preview.total_minor, preview.currency), preview.currency])

@@ -222,21 +222,26 @@ def test_tenant_without_budget_says_so(client, ledger):
     assert "No budget set" in html and 'data-testid="budget-bar"' not in html
 
 
-def test_workload_csv_has_the_tables_figures_unrounded_with_currency(client, ledger):
+def test_workload_csv_has_every_workload_rounded_as_stated_and_a_total_row(client, ledger):
     client.force_login(user_in(tenants=("acme",)))
     resp = client.get("/tenants/acme/", {"format": "csv"})
     assert resp.status_code == 200 and resp["Content-Type"] == "text/csv; charset=utf-8"
     assert resp["Content-Disposition"].startswith('attachment; filename="acme-workloads-')
-    header, *rows = list(csv.reader(io.StringIO(resp.content.decode())))
+    header, *rows, total = list(csv.reader(io.StringIO(resp.content.decode())))
     assert header[:7] == ["namespace", "pod", "pod_uid", "containers", "sla_tiers", "cost", "currency"]
     by_pod = {r[1]: dict(zip(header, r, strict=True)) for r in rows}
     assert set(by_pod) == {"train-7", "bert-1"}
     bert = by_pod["bert-1"]
-    assert Decimal(bert["cost"]) == Decimal("2.25") and bert["currency"] == "USD"
+    assert bert["cost"] == "2.25" and bert["currency"] == "USD"  # the currency's minor unit
     assert bert["containers"] == "server sidecar"
-    assert Decimal(bert["gpu_hours_equivalent"]) == Decimal("2400") / 3600  # not rounded to 2 places
-    assert Decimal(bert["mem_used_gb_h"]) == Decimal("2.5") and Decimal(bert["sm_granted_h"]) == Decimal("24")
+    assert bert["gpu_hours_equivalent"] == "0.6667"  # 2400 s: 4 places, as docs/exports.md states
+    assert bert["mem_used_gb_h"] == "2.5000" and bert["sm_granted_h"] == "24.0000"
     assert datetime.fromisoformat(bert["first_hour"]) == ledger
+    # The total row is the sum of the rows as written, column by column.
+    total_row = dict(zip(header, total, strict=True))
+    assert total_row["namespace"] == "(total)" and total_row["currency"] == "USD"
+    for column in ("cost", "gpu_hours_equivalent", "mem_used_gb_h", "sm_used_h", "sm_granted_h"):
+        assert Decimal(total_row[column]) == sum(Decimal(r[column]) for r in by_pod.values()), column
 
 
 def test_chosen_period_charts_daily_cost_of_the_top_seven_and_the_rest_as_an_eighth(client, ledger):
@@ -308,7 +313,9 @@ def test_the_workload_table_shows_the_costliest_and_says_the_csv_has_them_all(
     assert "train-7" in text_of(html, "workload-table") and "bert-1" not in text_of(html, "workload-table")
     assert text_of(html, "workload-table-cut") == "The 1 costliest of 2 workloads are shown; the CSV lists them all."
     rows = list(csv.reader(io.StringIO(client.get("/tenants/acme/", {"format": "csv"}).content.decode())))
-    assert sorted(r[1] for r in rows[1:]) == ["bert-1", "train-7"]
+    assert sorted(r[1] for r in rows[1:-1]) == ["bert-1", "train-7"] and rows[-1][0] == "(total)"
+    # The cut table's footer is still the cost of every workload, as the CSV's total row.
+    assert text_of(html, "workload-total") == f"{rows[-1][5]} USD"
 
 
 def test_a_table_of_every_workload_says_nothing_about_a_cut(client: Client, ledger: datetime) -> None:
