@@ -12,7 +12,8 @@ from django.shortcuts import render
 from django.utils import timezone
 
 from billing.errors import InvalidInput
-from billing.queries.portal import list_upcoming_invoices
+from billing.money import from_minor_units
+from billing.queries.portal import UpcomingInvoices, list_upcoming_invoices
 from billing.scope import get_scope
 from billing.services.exports import EXPORT_FORMATS, InvoiceNotFound, export_invoice, list_invoices
 
@@ -23,7 +24,19 @@ def invoice_list(request: HttpRequest) -> HttpResponse:
     invoices = list_invoices(scope=scope)
     upcoming = list_upcoming_invoices(scope=scope, now=timezone.now())
     return render(request, "billing/invoices.html",
-                  {"invoices": invoices, "formats": EXPORT_FORMATS, "upcoming": upcoming})
+                  {"invoices": invoices, "formats": EXPORT_FORMATS, "upcoming": upcoming,
+                   "upcoming_total": _upcoming_total(upcoming)})
+
+
+def _upcoming_total(upcoming: UpcomingInvoices) -> dict[str, object] | None:
+    """The upcoming invoices' totals summed, exactly (each is already in minor units), when they
+    share one currency (the close refuses two); None when there is nothing to add."""
+    previews = [row.preview for row in upcoming.rows if row.preview is not None]
+    currencies = {p.currency for p in previews}
+    if not previews or len(currencies) != 1:
+        return None
+    currency = currencies.pop()
+    return {"amount": from_minor_units(sum(p.total_minor for p in previews), currency), "currency": currency}
 
 
 @login_required

@@ -1,0 +1,354 @@
+"""Every number adds up (issue 16): a real demo, walked over HTTP as finance, a tenant member and an
+admin, in English and Simplified Chinese. On every page, the figures a table or tile marks as parts
+(`data-sum="G"`) add up, exactly as displayed, to the figure it marks as their total
+(`data-sum-total="G"`); every CSV writes money with the currency's decimals and quantities with
+their stated places (docs/exports.md), and its total rows are the sums of its rows as written.
+
+The rule (billing.money.round_parts): each amount is rounded once; every total is the sum of the
+rounded amounts shown. The markup is in the templates, so a page whose total is computed any other
+way (the unrounded total, rounded) fails here on the first cent that does not add."""
+
+from __future__ import annotations
+
+import csv
+import io
+import os
+import re
+from collections import defaultdict
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from datetime import timedelta
+from decimal import Decimal
+from html.parser import HTMLParser
+from urllib.parse import urljoin, urlsplit
+
+import pytest
+import requests
+
+from tests import clock
+from tests.demo_process import Demo, demo_environment, running_demo
+
+# The demo meters a simulated day of last month and one of this month before the walk starts.
+pytestmark = pytest.mark.timeout(900)
+
+MINOR_DECIMALS = {"USD": 2}  # the demo's rate cards are in USD
+QUANTITY_DECIMALS = 4  # GPU-hours, GB·h, SM·h in the CSVs (billing.money.QUANTITY_PLACES)
+SEEDS = ("/", "/finance/", "/tenants/", "/invoices/", "/periods/", "/reports/", "/rebalance/", "/budgets/",
+         "/nodes/", "/rate-cards/", "/sla-tiers/", "/audit/")
+# Not pages: signing out, switching language, the API, probes, static files, PDFs (checked by the
+# invoices' own tests).
+SKIP = re.compile(r"^/(accounts/logout|i18n/|api/|static/|metrics|healthz|readyz)|\.pdf$")
+MAX_VARIANTS_PER_PATH = 12  # query strings followed per path (the audit log pages on and on)
+NUMBER = re.compile(r"[−-]?\d[\d,]*(?:\.\d+)?")
+
+
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Demo]:
+    data = tmp_path_factory.mktemp("page-sums-demo")
+    with demo_environment(data, name=f"vgpu_sums_test_{os.getpid()}", redis_db=14, history_days=1) as env:
+        with running_demo(env) as running:
+            running.wait_for_history()
+            running.wait_for_recent_days()
+            yield running
+
+
+def _login(demo: Demo, username: str, language: str) -> requests.Session:
+    s = requests.Session()
+    s.headers["Accept-Language"] = language
+    s.get(f"{demo.base}/accounts/login/", timeout=10)
+    resp = s.post(f"{demo.base}/accounts/login/", timeout=10, headers={"Referer": f"{demo.base}/accounts/login/"},
+                  data={"username": username, "password": demo.passwords[username],
+                        "csrfmiddlewaretoken": s.cookies["csrftoken"]})
+    assert resp.status_code == 200 and "sessionid" in s.cookies, resp.text[:1000]
+    return s
+
+
+# --- pages -----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Mark:
+    parts: tuple[str, ...]  # groups this figure is a part of
+    totals: tuple[str, ...]  # groups this figure is the total of
+    text: str
+
+
+class _MarkParser(HTMLParser):
+    """The text of every element carrying data-sum / data-sum-total, and the page's links."""
+
+    VOID = frozenset({"area", "base", "br", "col", "embed", "hr", "img", "input", "link", "meta", "source",
+                      "track", "wbr"})
+
+    def __init__(self) -> None:
+        super().__init__(convert_charrefs=True)
+        self.stack: list[tuple[str, str, str, list[str]]] = []
+        self.marks: list[Mark] = []
+        self.links: list[str] = []
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        a = {k: v or "" for k, v in attrs}
+        if tag == "a" and a.get("href"):
+            self.links.append(a["href"])
+        if tag not in self.VOID:
+            self.stack.append((tag, a.get("data-sum", ""), a.get("data-sum-total", ""), []))
+
+    def handle_data(self, data: str) -> None:
+        for _tag, part, total, text in self.stack:
+            if part or total:
+                text.append(data)
+
+    def handle_endtag(self, tag: str) -> None:
+        if tag not in {t for t, *_ in self.stack}:
+            return  # a stray end tag closes nothing
+        while self.stack:
+            name, part, total, text = self.stack.pop()
+            if part or total:
+                self.marks.append(Mark(tuple(part.split()), tuple(total.split()), " ".join("".join(text).split())))
+            if name == tag:
+                return
+
+
+def _figure(text: str) -> Decimal:
+    """The number an element shows: "1,234.57 USD" -> 1234.57, "−3.10" -> -3.10, "3 GPUs:" -> 3."""
+    match = NUMBER.search(text)
+    assert match, f"no number in {text!r}"
+    return Decimal(match.group(0).replace("−", "-").replace(",", ""))
+
+
+def _decimals(value: Decimal) -> int:
+    exponent = value.as_tuple().exponent
+    return -exponent if isinstance(exponent, int) and exponent < 0 else 0
+
+
+@dataclass
+class Walk:
+    """What one user saw: page marks by URL, the CSVs by URL, and the cross-page figures."""
+
+    pages: dict[str, list[Mark]] = field(default_factory=dict)
+    csvs: dict[str, tuple[str, list[list[str]]]] = field(default_factory=dict)  # url -> (filename, rows)
+    groups_checked: set[str] = field(default_factory=set)
+
+
+def _walk(demo: Demo, session: requests.Session, seeds: tuple[str, ...], *, follow: bool) -> Walk:
+    walk = Walk()
+    queue = [urljoin(demo.base, s) for s in seeds]
+    seen: set[str] = set()
+    variants: dict[str, int] = defaultdict(int)
+    while queue:
+        url = queue.pop(0)
+        parts = urlsplit(url)
+        if url in seen or parts.netloc != urlsplit(demo.base).netloc or SKIP.search(parts.path):
+            continue
+        seen.add(url)
+        if parts.query:
+            variants[parts.path] += 1
+            if variants[parts.path] > MAX_VARIANTS_PER_PATH:
+                continue
+        resp = session.get(url, timeout=60)
+        if resp.status_code != 200:
+            continue  # a page this user may not see, or a bad period: nothing to add up
+        kind = resp.headers.get("Content-Type", "")
+        if kind.startswith("text/csv"):
+            name = re.search(r'filename="([^"]+)"', resp.headers.get("Content-Disposition", ""))
+            walk.csvs[url] = (name.group(1) if name else "", list(csv.reader(io.StringIO(resp.text))))
+            continue
+        if not kind.startswith("text/html"):
+            continue
+        parser = _MarkParser()
+        parser.feed(resp.text)
+        walk.pages[url] = parser.marks
+        _check_page(url, parser.marks, walk)
+        if follow:
+            queue.extend(urljoin(url, href) for href in parser.links if not href.startswith("#"))
+    return walk
+
+
+def _check_page(url: str, marks: list[Mark], walk: Walk) -> None:
+    """Each group's parts add to its total exactly as shown, at the total's precision."""
+    parts: dict[str, list[Decimal]] = defaultdict(list)
+    totals: dict[str, list[Decimal]] = defaultdict(list)
+    for m in marks:
+        for g in m.parts:
+            parts[g].append(_figure(m.text))
+        for g in m.totals:
+            totals[g].append(_figure(m.text))
+    for g in parts:
+        # A part with no total on its page is a table that lost its footer; x- groups add up
+        # across pages (invoices to their period's total) and are checked by _check_cross_pages.
+        assert g.startswith("x-") or g in totals, f"{url}: {g!r} has parts but no total"
+    for g, shown in totals.items():
+        if g.startswith("x-"):
+            continue
+        assert len(shown) == 1, f"{url}: {g!r} has {len(shown)} totals"
+        total = shown[0]
+        assert all(_decimals(p) == _decimals(total) for p in parts[g]), (url, g, parts[g], total)
+        assert sum(parts[g], Decimal(0)) == total, f"{url}: {g!r}: {' + '.join(map(str, parts[g]))} ≠ {total}"
+        walk.groups_checked.add(re.sub(r"^row-.*", "row", re.sub(r"^gpus-.*", "gpus", g)))
+
+
+def _check_cross_pages(walk: Walk) -> int:
+    """Invoice totals on the invoices page add up to their period's total on the periods page."""
+    parts: dict[str, list[Decimal]] = defaultdict(list)
+    totals: dict[str, Decimal] = {}
+    for marks in walk.pages.values():
+        for m in marks:
+            for g in m.parts:
+                if g.startswith("x-"):
+                    parts[g].append(_figure(m.text))
+            for g in m.totals:
+                if g.startswith("x-"):
+                    totals[g] = _figure(m.text)
+    for g, total in totals.items():
+        assert sum(parts[g], Decimal(0)) == total, f"{g}: invoices {parts[g]} do not add to the period's {total}"
+    return len(totals)
+
+
+# --- CSVs ------------------------------------------------------------------------------------
+
+
+def _exact(text: str, places: int, what: str) -> Decimal:
+    assert re.fullmatch(r"-?\d+" + (rf"\.\d{{{places}}}" if places else ""), text), f"{what}: {text!r} is not to {places} places"
+    return Decimal(text)
+
+
+def _money(row: dict[str, str], column: str, what: str) -> Decimal:
+    return _exact(row[column], MINOR_DECIMALS[row["currency"]], f"{what} {column}")
+
+
+def _check_csv(name: str, rows: list[list[str]]) -> str:
+    """Check one CSV by its kind (from its file name); returns the kind."""
+    header, *body = rows
+    records = [dict(zip(header, r, strict=True)) for r in body]
+    if re.fullmatch(r"gpu-cost-\d{8}-\d{8}\.csv", name):
+        _check_tenant_costs_csv(name, records)
+        return "tenants"
+    if re.fullmatch(r"gpu-cost-(timeline|workloads)-\d{8}-\d{8}\.csv", name):
+        for r in records:
+            _money(r, "cost", name)
+            for q in ("gpu_hours_equivalent", "mem_used_gb_h", "sm_used_h"):
+                if q in r:
+                    _exact(r[q], QUANTITY_DECIMALS, f"{name} {q}")
+        return name.split("-")[2]
+    if re.fullmatch(r"gpu-cost-utilisation-\d{8}-\d{8}\.csv", name):
+        for r in records:
+            for q in ("metered_gpu_s", "sm_used_s", "sm_capacity_s", "mem_used_mb_s", "mem_capacity_mb_s"):
+                _exact(r[q], 0, f"{name} {q}")
+            for q in ("sm_utilisation_pct", "idle_memory_pct"):
+                if r[q]:
+                    _exact(r[q], 1, f"{name} {q}")
+        return "utilisation"
+    if re.fullmatch(r"[a-z0-9-]+-workloads-\d{8}-\d{8}\.csv", name):
+        _check_sum_row(name, records, "namespace", ["cost"],
+                       ["gpu_hours_equivalent", "mem_used_gb_h", "mem_granted_gb_h", "sm_used_h", "sm_granted_h"])
+        return "portal-workloads"
+    if name.endswith("-focus-1.3.csv"):
+        return "focus"
+    if re.fullmatch(r"[a-z0-9-]+-upcoming-\d{4}-\d{2}\.csv|VGL-.*\.csv", name):
+        _check_invoice_csv(name, records)
+        return "invoice"
+    raise AssertionError(f"a CSV this test does not know: {name}")
+
+
+def _check_tenant_costs_csv(name: str, records: list[dict[str, str]]) -> None:
+    *rows, total = records
+    assert total["tenant"] == "(total)", name
+    for r in [*rows, total]:
+        charge, idle, row_total = (_money(r, c, name) if r[c] else Decimal(0) for c in ("charge", "idle_share", "total"))
+        assert charge + idle == row_total, f"{name} {r['tenant']}: {charge} + {idle} ≠ {row_total}"
+    _check_sum_row(name, records, "tenant", ["charge", "idle_share", "total"],
+                   ["gpu_hours_equivalent", "mem_used_gb_h", "sm_used_h"])
+
+
+def _check_sum_row(name: str, records: list[dict[str, str]], key: str, money: list[str], quantities: list[str]) -> None:
+    """The last row is "(total)": each column the sum of the rows above as written."""
+    *rows, total = records
+    assert total[key] == "(total)", f"{name}: no total row"
+    for column in money:
+        cells = [_money(r, column, name) for r in rows if r[column]]
+        assert sum(cells, Decimal(0)) == _money(total, column, name), f"{name} {column}"
+    for column in quantities:
+        cells = [_exact(r[column], QUANTITY_DECIMALS, f"{name} {column}") for r in rows if r[column]]
+        assert sum(cells, Decimal(0)) == _exact(total[column], QUANTITY_DECIMALS, f"{name} {column}"), f"{name} {column}"
+
+
+def _check_invoice_csv(name: str, records: list[dict[str, str]]) -> None:
+    *lines, total = records
+    assert total["line"] == "total", name
+    for r in lines:
+        _exact(r["gpu_hours"], QUANTITY_DECIMALS, f"{name} gpu_hours")
+        assert _money(r, "amount", name) == Decimal(int(r["amount_minor"])).scaleb(-MINOR_DECIMALS[r["currency"]])
+    assert sum(int(r["amount_minor"]) for r in lines) == int(total["amount_minor"]), name
+    assert sum((_money(r, "amount", name) for r in lines), Decimal(0)) == _money(total, "amount", name), name
+
+
+def _check_focus_matches_invoice(walk: Walk) -> int:
+    """Σ BilledCost of an invoice's FOCUS file is its CSV total (FOCUS carries ledger precision by its
+    spec, with one rounding row per line; docs/exports.md)."""
+    by_number = {n.removesuffix(".csv"): rows for n, rows in walk.csvs.values() if n.startswith("VGL-")
+                 and not n.endswith("-focus-1.3.csv")}
+    checked = 0
+    for name, rows in walk.csvs.values():
+        if not name.endswith("-focus-1.3.csv"):
+            continue
+        header, *body = rows
+        billed = sum((Decimal(dict(zip(header, r, strict=True))["BilledCost"]) for r in body), Decimal(0))
+        invoice = by_number[name.removesuffix("-focus-1.3.csv")]
+        assert billed == Decimal(invoice[-1][invoice[0].index("amount")]), name
+        checked += 1
+    return checked
+
+
+# --- the walk ----------------------------------------------------------------------------------
+
+
+def _last_month_query() -> str:
+    first = clock.now().date().replace(day=1)
+    last = first - timedelta(days=1)
+    return f"start={last.replace(day=1).isoformat()}&end={last.isoformat()}"
+
+
+def test_every_page_and_csv_of_the_demo_adds_up(demo: Demo) -> None:
+    kinds: set[str] = set()
+    groups: set[str] = set()
+    for username in ("finance", "acme-engineer", "admin"):
+        walk = _walk(demo, _login(demo, username, "en"), SEEDS, follow=True)
+        assert walk.pages and walk.csvs, username
+        for name, rows in walk.csvs.values():
+            kinds.add(_check_csv(name, rows))
+        groups |= walk.groups_checked
+        if username == "finance":
+            assert _check_cross_pages(walk) >= 1, "no closed period's total was checked against its invoices"
+            assert _check_focus_matches_invoice(walk) >= 1
+        if username == "acme-engineer":
+            assert "attributed" in walk.groups_checked  # the tenant's own "Your cost" adds up too
+    # Every kind of table with a total was met and checked, and every kind of CSV.
+    assert {"fleet", "attributed", "total", "charge", "idle-share", "foot", "row", "workloads",
+            "upcoming"} <= groups, groups
+    assert {"tenants", "timeline", "workloads", "utilisation", "portal-workloads", "invoice", "focus"} <= kinds, kinds
+
+
+def test_pages_and_their_csvs_show_the_same_totals_in_both_languages(demo: Demo) -> None:
+    """Last month is closed, so its figures hold still: the page's totals are its CSV's, in English
+    and in Simplified Chinese (no grouping there, the same digits)."""
+    query = _last_month_query()
+    shown: dict[str, list[Decimal]] = {}
+    for language in ("en", "zh-hans"):
+        session = _login(demo, "finance", language)
+        walk = _walk(demo, session, (f"/finance/?{query}", f"/tenants/acme/?{query}", "/invoices/", "/periods/"),
+                     follow=False)
+        finance, portal = (walk.pages[urljoin(demo.base, p)] for p in (f"/finance/?{query}", f"/tenants/acme/?{query}"))
+        fleet = next(_figure(m.text) for m in finance if "fleet" in m.totals)
+        workloads = next(_figure(m.text) for m in portal if "workloads" in m.totals)
+        shown[language] = [fleet, workloads]
+        assert _check_cross_pages(walk) >= 1
+        tenants_csv = _records(session, f"{demo.base}/finance/?{query}&format=csv")
+        _check_tenant_costs_csv("tenants CSV", tenants_csv)
+        assert Decimal(tenants_csv[-1]["total"]) == fleet
+        workloads_csv = _records(session, f"{demo.base}/tenants/acme/?{query}&format=csv")
+        assert workloads_csv[-1]["namespace"] == "(total)" and Decimal(workloads_csv[-1]["cost"]) == workloads
+    assert shown["en"] == shown["zh-hans"]
+
+
+def _records(session: requests.Session, url: str) -> list[dict[str, str]]:
+    header, *rows = list(csv.reader(io.StringIO(session.get(url, timeout=60).text)))
+    return [dict(zip(header, r, strict=True)) for r in rows]
