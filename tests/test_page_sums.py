@@ -28,8 +28,9 @@ import requests
 from tests import clock
 from tests.demo_process import Demo, demo_environment, running_demo
 
-# The demo meters a simulated day of last month and one of this month before the walk starts.
-pytestmark = pytest.mark.timeout(900)
+# The demo migrates, then meters a simulated day of last month and one of this month before the
+# walk starts: minutes on a loaded machine.
+pytestmark = pytest.mark.timeout(1800)
 
 MINOR_DECIMALS = {"USD": 2}  # the demo's rate cards are in USD
 QUANTITY_DECIMALS = 4  # GPU-hours, GB·h, SM·h in the CSVs (billing.money.QUANTITY_PLACES)
@@ -46,9 +47,9 @@ NUMBER = re.compile(r"[−-]?\d[\d,]*(?:\.\d+)?")
 def demo(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Demo]:
     data = tmp_path_factory.mktemp("page-sums-demo")
     with demo_environment(data, name=f"vgpu_sums_test_{os.getpid()}", redis_db=14, history_days=1) as env:
-        with running_demo(env) as running:
-            running.wait_for_history()
-            running.wait_for_recent_days()
+        with running_demo(env, startup_timeout_s=600) as running:
+            running.wait_for_history(timeout_s=600)
+            running.wait_for_recent_days(timeout_s=600)
             yield running
 
 
