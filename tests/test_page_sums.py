@@ -25,7 +25,11 @@ from urllib.parse import urljoin, urlsplit
 import pytest
 import requests
 
+from billing.ledger.models import GpuHour, UsageHour
+from billing.models import Gpu, Node
+from billing.scope import FINANCE_GROUP
 from tests import clock
+from tests.conftest import user_in, with_day
 from tests.demo_process import Demo, demo_environment, running_demo
 
 # The demo migrates, then meters a simulated day of last month and one of this month before the
@@ -353,3 +357,59 @@ def test_pages_and_their_csvs_show_the_same_totals_in_both_languages(demo: Demo)
 def _records(session: requests.Session, url: str) -> list[dict[str, str]]:
     header, *rows = list(csv.reader(io.StringIO(session.get(url, timeout=60).text)))
     return [dict(zip(header, r, strict=True)) for r in rows]
+
+
+# --- the rule on hand-made figures (fast, no demo) ------------------------------------------------
+
+
+def _marks(html: str) -> list[Mark]:
+    parser = _MarkParser()
+    parser.feed(html)
+    return parser.marks
+
+
+def test_the_checker_fails_on_a_total_that_does_not_add() -> None:
+    html = ('<table><tr><td data-sum="t">317.01 USD</td></tr><tr><td data-sum="t">317.01 USD</td></tr>'
+            '<tr><td data-sum="t">317.01 USD</td></tr><tfoot><td data-sum-total="t"><strong>951.02</strong> USD'
+            '</td></tfoot></table>')
+    with pytest.raises(AssertionError, match="≠ 951.02"):
+        _check_page("/x", _marks(html), Walk())
+    with pytest.raises(AssertionError, match="no total"):
+        _check_page("/x", _marks('<p data-sum="lost">1.00</p>'), Walk())
+    _check_page("/x", _marks(html.replace("951.02", "951.03")), Walk())
+
+
+@pytest.mark.django_db
+def test_three_tenants_of_a_third_each_add_up_on_the_page_and_in_the_csv(client) -> None:  # type: ignore[no-untyped-def]
+    """The issue's November: rows that each round up summed to 951.02 beside "Attributed" 951.04,
+    because the total was the unrounded sum rounded. Now the total is the sum of the rows shown."""
+    hour = clock.now().replace(minute=0, second=0, microsecond=0) - timedelta(days=40)
+    node = Node.objects.create(name="n1")
+    gpu = Gpu.objects.create(uuid="GPU-1", node=node, model="A100", memory_mb=80000, sm_count=100,
+                             first_seen_at=hour, last_seen_at=hour)
+    with_day(GpuHour.objects.create(gpu_uuid=gpu.uuid, node=node, gpu_model=gpu.model, hour=hour,
+                                    metered_seconds=Decimal(3600), card_cost=Decimal("1000.004"),
+                                    charged=Decimal("951.018"), idle_cost=Decimal("48.986"),
+                                    idle_allocated=Decimal(0), currency="USD", priced=True))
+    zero = {f: Decimal(0) for f in ("mem_granted_mb_s", "mem_billed_mb_s", "sm_granted_s", "sm_billed_s", "pcie_mb",
+                                    "mem_used_mb_s", "sm_used_s", "share_gpu_s", "idle_share")}
+    for tenant in ("t1", "t2", "t3"):
+        with_day(UsageHour.objects.create(gpu_uuid=gpu.uuid, node=node, tenant=tenant, namespace="ns", pod="p",
+                                          container="c", pod_uid=f"uid-{tenant}", sla_tier="gold", hour=hour,
+                                          seconds=Decimal(3600), charge=Decimal("317.006"), **zero))
+    client.force_login(user_in(FINANCE_GROUP))
+    day = hour.date().isoformat()
+    html = client.get("/finance/", {"start": day, "end": day}).content.decode()
+    marks = _marks(html)
+    walk = Walk()
+    _check_page("/finance/", marks, walk)
+    assert {"fleet", "attributed", "total", "charge", "foot", "row"} <= walk.groups_checked
+    shown = {g: _figure(m.text) for m in marks for g in m.totals}
+    assert shown["attributed"] == Decimal("951.03")  # 3 × 317.01, not round(951.018) = 951.02
+    assert shown["fleet"] == Decimal("1000.02")  # 951.03 + idle 48.99, not round(1000.004) = 1000.00
+    assert 'data-testid="totals-rule"' in html
+    resp = client.get("/finance/", {"start": day, "end": day, "format": "csv"})
+    header, *rows = list(csv.reader(io.StringIO(resp.content.decode())))
+    records = [dict(zip(header, r, strict=True)) for r in rows]
+    _check_tenant_costs_csv("tenants CSV", records)
+    assert [r["total"] for r in records] == ["317.01", "317.01", "317.01", "48.99", "1000.02"]
