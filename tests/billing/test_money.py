@@ -3,13 +3,15 @@ billing.money, and the pages, the invoice CSV and the FOCUS export all go throug
 
 from __future__ import annotations
 
-from decimal import Decimal
+from decimal import ROUND_HALF_EVEN, Decimal
 
 import pytest
+from django.db import connection
 from django.utils import translation
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from billing.ledger.spend import _half_even_sql
 from billing.money import (
     MINOR_UNIT_EXPONENT,
     QUANTITY_PLACES,
@@ -130,3 +132,18 @@ def test_csv_numbers_are_written_plainly() -> None:
     assert amount_text(Decimal(0), "USD") == "0.00"
     assert quantity_text(Decimal("12.345678"), QUANTITY_PLACES["gpu_hours"]) == "12.3457"
     assert quantity_text(Decimal("1E+3"), 0) == "1000"
+
+
+@pytest.mark.django_db
+@settings(max_examples=30, deadline=None)
+@given(values=st.lists(ledger_amounts, min_size=1, max_size=10), places=st.sampled_from([0, 2, 3]))
+def test_the_sql_rounding_of_a_listed_total_is_half_even_as_the_page_rounds(values: list[Decimal], places: int) -> None:
+    # The portal's period cost is summed in SQL (billing.ledger.spend): ties must go to even, as
+    # billing.money rounds them, not away from zero as Postgres' round() does.
+    ties = [Decimal("0.125"), Decimal("0.135"), Decimal("-0.125"), Decimal("2.5"), Decimal("3.5"), Decimal("-2.5")]
+    rows = [*ties, *values]
+    with connection.cursor() as cur:
+        cur.execute("SELECT " + ", ".join(_half_even_sql(f"%(v{i})s::numeric", "%(places)s") for i in range(len(rows))),
+                    {"places": places, **{f"v{i}": v for i, v in enumerate(rows)}})
+        got = list(cur.fetchone())
+    assert got == [v.quantize(Decimal(1).scaleb(-places), rounding=ROUND_HALF_EVEN) for v in rows]
