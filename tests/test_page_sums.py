@@ -51,6 +51,9 @@ NUMBER = re.compile(r"[−-]?\d[\d,]*(?:\.\d+)?")
 def demo(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Demo]:
     data = tmp_path_factory.mktemp("page-sums-demo")
     with demo_environment(data, name=f"vgpu_sums_test_{os.getpid()}", redis_db=14, history_days=1) as env:
+        # A web worker's first request imports the whole service (scipy included); on a loaded
+        # machine that outlasts gunicorn's default 30 s worker timeout, and the demo never gets healthy.
+        env["GUNICORN_CMD_ARGS"] = "--timeout 300"
         with running_demo(env, startup_timeout_s=600) as running:
             running.wait_for_history(timeout_s=600)
             running.wait_for_recent_days(timeout_s=600)
