@@ -16,6 +16,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from decimal import ROUND_FLOOR, ROUND_HALF_EVEN, Context, Decimal, localcontext
 
+from billing.currencies import MINOR_UNITS
+
 __all__ = [
     "LEDGER_PLACES",
     "LEDGER_QUANTUM",
@@ -31,8 +33,8 @@ __all__ = [
 
 LEDGER_PLACES = 12
 LEDGER_QUANTUM = Decimal(1).scaleb(-LEDGER_PLACES)
-# ISO 4217 minor units for the currencies a rate card may use; default 2.
-MINOR_UNIT_EXPONENT = {"JPY": 0, "KRW": 0, "CNY": 2, "USD": 2, "EUR": 2, "GBP": 2}
+# ISO 4217 minor units (billing.currencies, the one list); an unknown code gets 2.
+MINOR_UNIT_EXPONENT = MINOR_UNITS
 _CONTEXT = Context(prec=50)
 
 
