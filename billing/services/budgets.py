@@ -139,15 +139,21 @@ def _webhook_url(text: str) -> str:
     url = text.strip()
     if not url:
         return ""
+    not_a_url = InvalidInput(_("webhook URL %(url)r is not a URL with a host, such as "
+                               "https://hooks.example.com/budget") % {"url": url})
+    try:
+        parts = urlsplit(url)
+        scheme, host = parts.scheme.lower(), parts.hostname or ""
+    except ValueError as exc:  # e.g. an unclosed [IPv6 literal
+        raise not_a_url from exc
+    if scheme != "https" and not (scheme == "http" and _allow_listed(host)):
+        raise InvalidInput(_("webhook URL %(url)r must use https: the payload names the tenant and its spend "
+                             "(plain http only to a host an operator lists in VGPU_WEBHOOK_ALLOWED_HOSTS)")
+                           % {"url": url})
     try:
         URLValidator(schemes=["https", "http"])(url)
     except ValidationError as exc:
-        raise InvalidInput(_("webhook URL %(url)r is not a URL with a host, such as https://hooks.example.com/budget")
-                           % {"url": url}) from exc
-    parts = urlsplit(url)
-    if parts.scheme == "http" and not _allow_listed(parts.hostname or ""):
-        raise InvalidInput(_("webhook URL %(url)r must use https: the payload names the tenant and its spend, and "
-                             "its signature must not travel in clear") % {"url": url})
+        raise not_a_url from exc
     return url
 
 
