@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import pytest
 from django.utils import translation
+from hypothesis import given
+from hypothesis import strategies as st
 
 from billing.currencies import CURRENCY_CHOICES, MINOR_UNITS, check_currency
 from billing.errors import InvalidInput
@@ -41,3 +43,10 @@ def test_check_currency_speaks_chinese() -> None:
     with translation.override("zh-hans"), pytest.raises(InvalidInput, match="ISO 4217") as caught:
         check_currency("zz")
     assert "币种 'zz'" in str(caught.value)
+
+
+@given(code=st.sampled_from(sorted(MINOR_UNITS)), minor=st.integers(min_value=-(10**12), max_value=10**12))
+def test_every_listed_code_is_accepted_in_any_case_and_formats_with_its_minor_unit(code: str, minor: int) -> None:
+    assert check_currency(code.lower()) == code
+    decimals = format_minor_units(minor, code).lstrip("-").partition(".")[2]
+    assert len(decimals) == MINOR_UNITS[code]
