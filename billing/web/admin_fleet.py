@@ -102,7 +102,6 @@ class RateCardForm(forms.Form):
         if not self.is_bound and "effective_from" not in self.initial:
             self.initial = {**self.initial, "effective_from": earliest}
 
-
     def clean(self) -> dict[str, Any]:
         data = super().clean() or {}
         chosen, typed = data.get("gpu_model", ""), data.get("new_gpu_model", "").strip()
