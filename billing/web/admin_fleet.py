@@ -74,7 +74,7 @@ class RateCardForm(forms.Form):
                                          widget=forms.TextInput(attrs={"inputmode": "decimal", "size": 12}))
     confirm_free = forms.BooleanField(label=gettext_lazy("I confirm this GPU model is free"), required=False,
                                       help_text=gettext_lazy("Needed for a price of 0 only."))
-    currency = forms.ChoiceField(label=gettext_lazy("Currency"), choices=CURRENCY_CHOICES, initial="USD")
+    currency = forms.ChoiceField(label=gettext_lazy("Currency"), choices=[("", "—"), *CURRENCY_CHOICES], initial="USD")
     effective_from = UtcDateTimeField(label=gettext_lazy("Effective from (UTC)"))
     alpha = forms.CharField(label=gettext_lazy("Alpha (memory weight)"), max_length=10, required=False,
                             widget=forms.TextInput(attrs={"size": 6}),

@@ -42,7 +42,8 @@ from billing.web.forms import RetireForm
 
 class BudgetForm(forms.Form):
     amount = forms.DecimalField(label=gettext_lazy("Monthly budget"), min_value=Decimal("0.01"), decimal_places=2)
-    currency = forms.ChoiceField(label=gettext_lazy("Currency"), choices=CURRENCY_CHOICES, initial="USD")
+    # A blank first option: a budget saved with a code not on the list is never silently changed to the first code.
+    currency = forms.ChoiceField(label=gettext_lazy("Currency"), choices=[("", "—"), *CURRENCY_CHOICES], initial="USD")
     soft_threshold_pct = forms.DecimalField(label=gettext_lazy("Warn at (%)"), initial=Decimal(80), min_value=1)
     hard_threshold_pct = forms.DecimalField(label=gettext_lazy("Enforce at (%)"), initial=Decimal(100), min_value=1)
     hard_action = forms.ChoiceField(label=gettext_lazy("Action when enforced"), choices=BudgetAction.choices)

@@ -315,3 +315,12 @@ def test_retirement_messages_are_translated(tiers):
     with translation.override("zh-hans"), pytest.raises(InvalidInput) as caught:
         retire_sla_tier(slug="gold", reason="r", now=clock.now(), actor_label="admin")
     assert "默认" in str(caught.value)
+
+
+def test_a_budget_with_a_code_off_the_list_is_not_silently_changed_to_another(acme):
+    Budget.objects.create(tenant=acme, amount=Decimal(10), currency="zz", owner="finops@acme.example")
+    admin = logged_in(ADMIN_GROUP)
+    select = admin.get("/budgets/acme/").content.decode().split('<select name="currency"')[1].split("</select>")[0]
+    assert " selected" not in select and '<option value="">' in select
+    resp = admin.post("/budgets/acme/", budget_form(currency=""))
+    assert resp.status_code == 400 and Budget.objects.get(tenant=acme).currency == "zz"
