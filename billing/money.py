@@ -23,6 +23,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from decimal import ROUND_FLOOR, ROUND_HALF_EVEN, Context, Decimal, localcontext
 
+from billing.currencies import MINOR_UNITS
+
 __all__ = [
     "LEDGER_PLACES",
     "LEDGER_QUANTUM",
@@ -44,8 +46,8 @@ __all__ = [
 
 LEDGER_PLACES = 12
 LEDGER_QUANTUM = Decimal(1).scaleb(-LEDGER_PLACES)
-# ISO 4217 minor units for the currencies a rate card may use; default 2.
-MINOR_UNIT_EXPONENT = {"JPY": 0, "KRW": 0, "CNY": 2, "USD": 2, "EUR": 2, "GBP": 2}
+# ISO 4217 minor units (billing.currencies, the one list); an unknown code gets 2.
+MINOR_UNIT_EXPONENT = MINOR_UNITS
 _CONTEXT = Context(prec=50)
 # The stated precision of each kind of quantity on the pages and in the CSVs (docs/exports.md):
 # GPU-hours and GB·h / SM·h to 4 places (0.36 s of a card), seconds, MB·s and SM·s to whole

@@ -22,6 +22,9 @@ class RateCard(models.Model):
 
     `effective_to` is exclusive; NULL means open-ended. Periods of one model never overlap
     (trigger `rate_card_no_overlap`, migration 0003), so every GPU-second has at most one price.
+    A retired card (`retired_at` set) stopped applying at its `effective_to`; one retired before
+    it started has `effective_to == effective_from` and prices nothing. It stays on the invoices
+    and ledger rows it priced.
     """
 
     gpu_model = models.CharField(max_length=128, help_text=_("Exactly as NVML names it"))
@@ -43,6 +46,9 @@ class RateCard(models.Model):
     source_url = models.URLField(max_length=500)
     source_note = models.TextField(blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
+    retired_at = models.DateTimeField(null=True, blank=True)
+    retired_by = models.CharField(max_length=150, blank=True)
+    retire_reason = models.TextField(blank=True)
 
     class Meta:
         ordering = ["gpu_model", "-effective_from"]
@@ -50,7 +56,8 @@ class RateCard(models.Model):
             models.CheckConstraint(condition=Q(price_per_gpu_hour__gte=0), name="rate_card_price_nonnegative"),
             models.CheckConstraint(condition=Q(alpha__gte=0) & Q(alpha__lte=1), name="rate_card_alpha_0_1"),
             models.CheckConstraint(
-                condition=Q(effective_to__isnull=True) | Q(effective_to__gt=models.F("effective_from")),
+                condition=Q(effective_to__isnull=True) | Q(effective_to__gt=models.F("effective_from"))
+                | Q(retired_at__isnull=False, effective_to=models.F("effective_from")),
                 name="rate_card_period_ordered",
             ),
         ]

@@ -22,6 +22,11 @@ class SlaTier(models.Model):
     )
     description = models.TextField(blank=True)
     updated_at = models.DateTimeField(auto_now=True)
+    # A retired tier is no longer offered (no edits, no new default tenants); it stays in the node
+    # policy so agents keep weighting pods that still carry its label.
+    retired_at = models.DateTimeField(null=True, blank=True)
+    retired_by = models.CharField(max_length=150, blank=True)
+    retire_reason = models.TextField(blank=True)
 
     class Meta:
         ordering = ["-weight", "slug"]

@@ -14,6 +14,7 @@ from billing.ledger.state import list_quarantined_batches
 from billing.models import Gpu, Node, NodeToken, RateCard
 from billing.queries.undelivered import UndeliveredView, list_open_undelivered
 from billing.scope import Scope
+from billing.services.rate_cards import known_gpu_models
 
 __all__ = [
     "NODE_STALE_AFTER",
@@ -50,8 +51,11 @@ class RateCardView:
     source_note: str
     is_current: bool
     is_future: bool
-    # Still changeable: not yet ended (an end in the future may move).
+    # Still changeable: not yet ended (an end in the future may move) and not retired.
     may_end: bool
+    retired_at: datetime | None = None
+    retired_by: str = ""
+    retire_reason: str = ""
 
 
 @dataclass(frozen=True)
@@ -81,7 +85,8 @@ def _list_rate_cards(*, scope: Scope, now: datetime) -> list[RateCardGroup]:
             source_url=c.source_url, source_note=c.source_note,
             is_current=c.effective_from <= now and (c.effective_to is None or now < c.effective_to),
             is_future=c.effective_from > now,
-            may_end=c.effective_to is None or c.effective_to > now,
+            may_end=c.retired_at is None and (c.effective_to is None or c.effective_to > now),
+            retired_at=c.retired_at, retired_by=c.retired_by, retire_reason=c.retire_reason,
         ))
     return [
         RateCardGroup(gpu_model=model, current=next((c for c in cards if c.is_current), None), cards=tuple(cards))
@@ -89,17 +94,11 @@ def _list_rate_cards(*, scope: Scope, now: datetime) -> list[RateCardGroup]:
     ]
 
 
-def _known_gpu_models() -> list[str]:
-    """GPU models seen on nodes or named by a card, for the form's suggestions."""
-    models = set(Gpu.objects.values_list("model", flat=True)) | set(RateCard.objects.values_list("gpu_model", flat=True))
-    return sorted(models)
-
-
 def _form_defaults(*, gpu_model: str, now: datetime) -> dict[str, object]:
     """Initial values of the new-price form for `gpu_model`: those of its current card (else its latest)."""
     if not gpu_model:
         return {}
-    cards = RateCard.objects.filter(gpu_model=gpu_model).order_by("-effective_from")
+    cards = RateCard.objects.filter(gpu_model=gpu_model, retired_at__isnull=True).order_by("-effective_from")
     card = next((c for c in cards if c.effective_from <= now and (c.effective_to is None or now < c.effective_to)),
                 None) or cards.first()
     if card is None:
@@ -111,7 +110,7 @@ def _form_defaults(*, gpu_model: str, now: datetime) -> dict[str, object]:
 @dataclass(frozen=True)
 class RateCardsPage:
     groups: list[RateCardGroup]
-    # For admins only (empty otherwise): suggestions and the form's initial values.
+    # For admins only (empty otherwise): the form's GPU models (the fleet's and the cards') and initial values.
     known_models: list[str]
     form_defaults: dict[str, object]
 
@@ -121,7 +120,7 @@ def get_rate_cards_page(*, scope: Scope, now: datetime, gpu_model: str = "") -> 
     groups = _list_rate_cards(scope=scope, now=now)
     if not scope.is_admin:
         return RateCardsPage(groups=groups, known_models=[], form_defaults={})
-    return RateCardsPage(groups=groups, known_models=_known_gpu_models(),
+    return RateCardsPage(groups=groups, known_models=known_gpu_models(),
                          form_defaults=_form_defaults(gpu_model=gpu_model, now=now))
 
 

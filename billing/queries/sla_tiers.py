@@ -27,6 +27,9 @@ class SlaTierView:
     last_changed_at: datetime | None
     last_changed_by: str | None
     last_change_action: str | None
+    retired_at: datetime | None = None
+    retired_by: str = ""
+    retire_reason: str = ""
 
 
 def _views(scope: Scope, *, slug: str | None = None) -> list[SlaTierView]:
@@ -47,12 +50,13 @@ def _views(scope: Scope, *, slug: str | None = None) -> list[SlaTierView]:
             last_changed_at=event.at if event else None,
             last_changed_by=event.actor_label if event else None,
             last_change_action=event.action if event else None,
+            retired_at=t.retired_at, retired_by=t.retired_by, retire_reason=t.retire_reason,
         ))
     return views
 
 
 def list_sla_tiers(*, scope: Scope) -> list[SlaTierView]:
-    """Every tier, heaviest first."""
+    """Every tier, heaviest first (retired ones too, marked)."""
     return _views(scope)
 
 

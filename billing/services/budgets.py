@@ -10,25 +10,33 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import ipaddress
 import json
 from collections.abc import Collection
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from decimal import Decimal
+from decimal import Decimal, InvalidOperation
 from typing import Any
+from urllib.parse import urlsplit
 
+from django.conf import settings
 from django.core.exceptions import ValidationError
+from django.core.validators import URLValidator, validate_email
 from django.db import transaction
+from django.utils.translation import gettext as _
 
+from billing.currencies import check_currency
 from billing.errors import InvalidInput
 from billing.ledger.spend import get_recent_spend, list_month_to_date_spends
 from billing.models import Budget, BudgetState, BudgetStatus, Tenant
 from billing.services.audit import record_audit_event
 from billing.services.invoicing import month_bounds
+from billing.services.webhooks import parse_allow_list
 
 __all__ = [
     "BudgetTransition",
     "budget_state_for",
+    "check_budget_values",
     "evaluate_budgets",
     "forecast_month_end",
     "get_month_to_date_spend",
@@ -109,12 +117,84 @@ def forecast_month_end(*, tenant: str, spend: Decimal, now: datetime) -> Decimal
     return spend + recent.spend / observed * remaining
 
 
+MAX_NOTIFY_EMAILS = 20
+
+
+def _notify_emails(text: str) -> str:
+    """A comma-separated list of addresses, each checked; stored as "a@x, b@y"."""
+    addresses = [a.strip() for a in text.replace(";", ",").split(",") if a.strip()]
+    for address in addresses:
+        try:
+            validate_email(address)
+        except ValidationError as exc:
+            raise InvalidInput(_("notify emails: %(address)r is not an email address") % {"address": address}) from exc
+    if len(addresses) > MAX_NOTIFY_EMAILS:
+        raise InvalidInput(_("notify emails: at most %(n)s addresses") % {"n": MAX_NOTIFY_EMAILS})
+    return ", ".join(addresses)
+
+
+def _webhook_url(text: str) -> str:
+    """An https URL with a host. Plain http only to a host the operator allow-listed in
+    VGPU_WEBHOOK_ALLOWED_HOSTS (a receiver inside the cluster, as the demo's)."""
+    url = text.strip()
+    if not url:
+        return ""
+    not_a_url = InvalidInput(_("webhook URL %(url)r is not a URL with a host, such as "
+                               "https://hooks.example.com/budget") % {"url": url})
+    try:
+        parts = urlsplit(url)
+        scheme, host = parts.scheme.lower(), parts.hostname or ""
+    except ValueError as exc:  # e.g. an unclosed [IPv6 literal
+        raise not_a_url from exc
+    if scheme != "https" and not (scheme == "http" and _allow_listed(host)):
+        raise InvalidInput(_("webhook URL %(url)r must use https: the payload names the tenant and its spend "
+                             "(plain http only to a host an operator lists in VGPU_WEBHOOK_ALLOWED_HOSTS)")
+                           % {"url": url})
+    try:
+        URLValidator(schemes=["https", "http"])(url)
+    except ValidationError as exc:
+        raise not_a_url from exc
+    return url
+
+
+def _allow_listed(host: str) -> bool:
+    allow = parse_allow_list(settings.VGPU_WEBHOOK_ALLOWED_HOSTS)
+    try:
+        return host in allow.hosts or allow.allows_address(ipaddress.ip_address(host))
+    except ValueError:
+        return False
+
+
+def check_budget_values(values: dict[str, Any]) -> dict[str, Any]:
+    """The rules a form alone cannot be trusted with, for every caller (form, command, API):
+    an ISO 4217 currency, email addresses, an https webhook, warn at or below enforce."""
+    checked = dict(values)
+    if "currency" in checked:
+        checked["currency"] = check_currency(str(checked["currency"]))
+    if "notify_emails" in checked:
+        checked["notify_emails"] = _notify_emails(str(checked["notify_emails"] or ""))
+    if "webhook_url" in checked:
+        checked["webhook_url"] = _webhook_url(str(checked["webhook_url"] or ""))
+    return checked
+
+
+def _check_thresholds(budget: Budget) -> None:
+    try:
+        soft, hard = Decimal(str(budget.soft_threshold_pct)), Decimal(str(budget.hard_threshold_pct))
+    except InvalidOperation:
+        return  # not numbers: full_clean names the field
+    if soft > hard:
+        raise InvalidInput(_("warn at (%(soft)s %%) must not be above enforce at (%(hard)s %%): a budget warns "
+                             "before it acts") % {"soft": budget.soft_threshold_pct, "hard": budget.hard_threshold_pct})
+
+
 def set_budget(*, tenant_slug: str, values: dict[str, Any], now: datetime, actor_label: str,
                actor_id: int | None = None) -> Budget:
     """Create or change a tenant's budget, validated and audited in one transaction."""
     unknown = set(values) - set(_BUDGET_FIELDS) - {"webhook_secret"}
     if unknown:
         raise InvalidInput(f"unknown budget fields: {', '.join(sorted(unknown))}")
+    values = check_budget_values(values)
     with transaction.atomic():
         tenant = Tenant.objects.filter(slug=tenant_slug).first()
         if tenant is None:
@@ -124,6 +204,7 @@ def set_budget(*, tenant_slug: str, values: dict[str, Any], now: datetime, actor
         budget = budget or Budget(tenant=tenant)
         for key, value in values.items():
             setattr(budget, key, value)
+        _check_thresholds(budget)
         try:
             budget.full_clean()
         except ValidationError as exc:

@@ -11,9 +11,22 @@ ledger holds any minute of that GPU model at or after T it re-rolls [T, last suc
 `rebuild_ledger` in the same transaction, so the ledger always matches the cards.
 
 A period that is closed or closing (BillingPeriod) is refused as well, whatever its month.
+A price of 0 (a free GPU model) is saved only with `confirm_free=True`, the form's explicit
+"I confirm this GPU model is free", and the audit event records that confirmation. A GPU model
+is one of the fleet's (or of an existing card) or a new name in NVML's shape
+(`check_gpu_model`); a name that differs from a known one only in case or spacing is refused,
+since a card for a misspelt model prices nothing.
+
+Retiring a card (`retire_rate_card`, for a mistaken card) stops it applying from the next
+whole minute; minutes already priced by it keep its price, and it stays on every invoice it
+priced. An upcoming card that never applied is retired whole, and the card that ends where it
+starts (the one it superseded) prices its time again. Retiring never takes a price away from a
+GPU that has one: retiring the card in effect now is refused while the fleet has GPUs of its
+model; save the correct price first (it supersedes the card), then retire the card.
+
 Every rule failure raises `InvalidInput` before anything is written; each change is audited
-("rate_card.created", "rate_card.superseded", "rate_card.ended") with before and after, in
-the change's transaction.
+("rate_card.created", "rate_card.superseded", "rate_card.ended", "rate_card.retired",
+"rate_card.resumed") with before and after, in the change's transaction.
 """
 
 from __future__ import annotations
@@ -27,18 +40,28 @@ from typing import Any
 from django.core.exceptions import ValidationError
 from django.core.validators import URLValidator
 from django.db import IntegrityError, connection, transaction
-from django.db.models import Q
+from django.db.models import F, Q
 from django.utils.translation import gettext as _
 
+from billing.currencies import check_currency
 from billing.errors import InvalidInput
 from billing.ledger.minutes import get_last_ledger_minute
 from billing.ledger.rollup import lock_ledger, rebuild_ledger
-from billing.models import BilledBasis, BillingPeriod, IdlePolicy, RateCard
+from billing.models import BilledBasis, BillingPeriod, Gpu, IdlePolicy, RateCard
 from billing.services.audit import record_audit_event
 
-__all__ = ["RateCardChange", "create_rate_card", "earliest_change", "end_rate_card"]
+__all__ = [
+    "RateCardChange",
+    "check_gpu_model",
+    "create_rate_card",
+    "earliest_change",
+    "end_rate_card",
+    "known_gpu_models",
+    "retire_rate_card",
+]
 
-_CURRENCY = re.compile(r"^[A-Z]{3}$")
+# NVML's names: "NVIDIA A100-SXM4-80GB", "NVIDIA H100 80GB HBM3", "Tesla V100-SXM2-16GB".
+_GPU_MODEL = re.compile(r"^[A-Za-z0-9][A-Za-z0-9 ._()/+-]*$")
 _PRICE_PLACES = 6  # RateCard.price_per_gpu_hour: max_digits=14, decimal_places=6
 _PRICE_BELOW = Decimal(10) ** (14 - _PRICE_PLACES)
 _ALPHA_PLACES = 3
@@ -74,7 +97,41 @@ def _snapshot(card: RateCard) -> dict[str, Any]:
         "idle_policy": card.idle_policy,
         "source_url": card.source_url,
         "source_note": card.source_note,
+        "retired_at": card.retired_at.isoformat() if card.retired_at else None,
+        "retire_reason": card.retire_reason,
     }
+
+
+def known_gpu_models() -> list[str]:
+    """GPU models the fleet has (GPUs seen on nodes) or a card names, in name order."""
+    return sorted(set(Gpu.objects.values_list("model", flat=True))
+                  | set(RateCard.objects.values_list("gpu_model", flat=True)))
+
+
+def _fold(name: str) -> str:
+    return " ".join(name.split()).casefold()
+
+
+def check_gpu_model(name: str) -> str:
+    """`name` trimmed, if it is a known model or a new name in NVML's shape; else `InvalidInput`."""
+    name = name.strip()
+    if not name:
+        raise InvalidInput(_("GPU model is required (exactly as NVML names it)"))
+    if len(name) > _MODEL_MAX_LEN:
+        raise InvalidInput(_("GPU model may have at most %(n)s characters") % {"n": _MODEL_MAX_LEN})
+    known = known_gpu_models()
+    if name in known:
+        return name
+    if not _GPU_MODEL.match(name):
+        raise InvalidInput(
+            _("GPU model %(model)r is not a GPU model name: use letters, digits, spaces and . _ ( ) / + - "
+              "exactly as NVML names it, such as NVIDIA H100 80GB HBM3") % {"model": name})
+    twin = next((k for k in known if _fold(k) == _fold(name)), None)
+    if twin is not None:
+        raise InvalidInput(
+            _("GPU model %(model)r differs from the known model %(known)r only in case or spacing; choose "
+              "%(known)r (a card for a misspelt model prices nothing)") % {"model": name, "known": twin})
+    return name
 
 
 def _decimal(text: str | Decimal, *, field: str, places: int, below: Decimal) -> Decimal:
@@ -156,6 +213,7 @@ def _check_currency_in_month(*, gpu_model: str, currency: str, start: datetime) 
         RateCard.objects.filter(gpu_model=gpu_model, effective_from__lt=start)
         .filter(Q(effective_to__isnull=True) | Q(effective_to__gt=month_start))
         .exclude(currency=currency)
+        .exclude(effective_to=F("effective_from"))  # retired before it started: it never priced
         .first()
     )
     if other is not None:
@@ -181,6 +239,7 @@ def create_rate_card(
     alpha: str | Decimal | None = None,
     billed_basis: str | None = None,
     idle_policy: str | None = None,
+    confirm_free: bool = False,
 ) -> RateCardChange:
     """A new price for `gpu_model` from `effective_from` on, open-ended.
 
@@ -190,17 +249,16 @@ def create_rate_card(
     card starting at or after it (the new open-ended card would overlap it), a currency change
     inside a month, and every rule of `_check_instant`.
     """
-    gpu_model = gpu_model.strip()
-    if not gpu_model:
-        raise InvalidInput(_("GPU model is required (exactly as NVML names it)"))
-    if len(gpu_model) > _MODEL_MAX_LEN:
-        raise InvalidInput(_("GPU model may have at most %(n)s characters") % {"n": _MODEL_MAX_LEN})
+    gpu_model = check_gpu_model(gpu_model)
     price = _decimal(price_per_gpu_hour, field=_("price per GPU-hour"), places=_PRICE_PLACES, below=_PRICE_BELOW)
     if price < 0:
         raise InvalidInput(_("price per GPU-hour must not be negative, not %(price)s") % {"price": price})
-    currency = currency.strip().upper()
-    if not _CURRENCY.match(currency):
-        raise InvalidInput(_("currency must be an ISO 4217 code of 3 letters, such as USD, not %(c)r") % {"c": currency})
+    if price == 0 and not confirm_free:
+        raise InvalidInput(
+            _("a price of 0 makes every GPU-minute of %(model)s free from %(start)s; if that is intended, tick "
+              "“I confirm this GPU model is free” and save again")
+            % {"model": gpu_model, "start": effective_from.isoformat()})
+    currency = check_currency(currency)
     source_url = source_url.strip()
     if not source_url:
         raise InvalidInput(_("source URL is required: every price must cite where it comes from"))
@@ -226,7 +284,9 @@ def create_rate_card(
 
     with transaction.atomic():
         _lock_model(gpu_model)
-        cards = list(RateCard.objects.select_for_update().filter(gpu_model=gpu_model).order_by("effective_from"))
+        # Retired cards price nothing from their retirement on, so they never block a new card.
+        cards = list(RateCard.objects.select_for_update().filter(gpu_model=gpu_model, retired_at__isnull=True)
+                     .order_by("effective_from"))
         covering = next(
             (c for c in cards if c.effective_from <= start and (c.effective_to is None or start < c.effective_to)),
             None,
@@ -266,8 +326,9 @@ def create_rate_card(
         except IntegrityError as exc:  # the trigger: another admin's change committed in between
             raise InvalidInput(_("this card would overlap another card for %(model)s: %(error)s")
                                % {"model": gpu_model, "error": str(exc).splitlines()[0]}) from exc
+        after = {**_snapshot(card), "confirmed_free": True} if price == 0 else _snapshot(card)
         _audit(now=now, actor_label=actor_label, actor_id=actor_id, action="rate_card.created", card=card,
-               before=None, after=_snapshot(card))
+               before=None, after=after)
         if covering is not None:
             _audit(now=now, actor_label=actor_label, actor_id=actor_id, action="rate_card.superseded",
                    card=covering, before=before, after={**_snapshot(covering), "superseded_by": card.pk})
@@ -288,6 +349,8 @@ def end_rate_card(
             raise InvalidInput(_("no rate card with id %(id)s") % {"id": card_id})
         _lock_model(row.gpu_model)
         card = RateCard.objects.select_for_update().get(pk=card_id)
+        if card.retired_at is not None:
+            raise InvalidInput(_("card #%(id)s is retired; it cannot be changed") % {"id": card.pk})
         if card.effective_to is not None and card.effective_to <= now:
             raise InvalidInput(
                 _("card #%(id)s already ended at %(to)s; its past is billed and cannot change")
@@ -316,4 +379,88 @@ def end_rate_card(
                before=before, after=_snapshot(card))
         minutes = _reroll_from(gpu_model=card.gpu_model, start=end if old_end is None else min(end, old_end))
     return RateCardChange(card_id=card.pk, superseded_id=None, reprice_minutes=minutes)
+
+
+_REASON_MAX_LEN = 500
+
+
+def _reason(text: str) -> str:
+    reason = " ".join(text.split())
+    if not reason:
+        raise InvalidInput(_("say why the card is retired: the reason is kept in the audit log and shown on the page"))
+    if len(reason) > _REASON_MAX_LEN:
+        raise InvalidInput(_("the reason may have at most %(n)s characters") % {"n": _REASON_MAX_LEN})
+    return reason
+
+
+def _predecessor(card: RateCard) -> RateCard | None:
+    """The card that ends exactly where `card` starts (usually the one it superseded)."""
+    return (RateCard.objects.select_for_update()
+            .filter(gpu_model=card.gpu_model, effective_to=card.effective_from, retired_at__isnull=True)
+            .exclude(pk=card.pk).first())
+
+
+def _refuse_unpriced_gpus(card: RateCard, stop: datetime) -> None:
+    gpus = Gpu.objects.filter(model=card.gpu_model).count()
+    if gpus:
+        raise InvalidInput(
+            _("card #%(id)s prices %(model)s from %(stop)s on and the fleet has %(gpus)s GPU(s) of this model: "
+              "retiring it would leave them without a price. Save the correct price from %(stop)s first (it "
+              "supersedes this card), then retire this card.")
+            % {"id": card.pk, "model": card.gpu_model, "stop": stop.isoformat(), "gpus": gpus})
+
+
+def retire_rate_card(*, card_id: int, reason: str, now: datetime, actor_label: str,
+                     actor_id: int | None = None) -> RateCardChange:
+    """Retire card `card_id` (a mistaken card): it stops applying from the next whole minute, or
+    never applies if it starts later. Minutes it priced keep its price (and its invoices keep it).
+    Retiring never takes a price away from a GPU that has one: a card in effect now is refused while
+    the fleet has GPUs of its model (save the correct price first; it supersedes this card), and the
+    time an upcoming card gives up is priced by the card that ends where it starts, if any. Audited
+    as `rate_card.retired` (and `rate_card.resumed` for the card before)."""
+    reason = _reason(reason)
+    with transaction.atomic():
+        row = RateCard.objects.filter(pk=card_id).first()
+        if row is None:
+            raise InvalidInput(_("no rate card with id %(id)s") % {"id": card_id})
+        _lock_model(row.gpu_model)
+        card = RateCard.objects.select_for_update().get(pk=card_id)
+        if card.retired_at is not None:
+            raise InvalidInput(_("card #%(id)s was already retired at %(at)s")
+                               % {"id": card.pk, "at": card.retired_at.isoformat()})
+        stop = max(earliest_change(now), card.effective_from)
+        gives_up_time = card.effective_to is None or card.effective_to > stop
+        resumed = None
+        if gives_up_time:
+            _check_instant(stop, field=_("retirement"), now=now)
+            if card.effective_from < stop:  # it prices now: the fleet's GPUs of the model would lose their price
+                _refuse_unpriced_gpus(card, stop)
+            else:
+                resumed = _predecessor(card)
+        before, old_end = _snapshot(card), card.effective_to
+        if gives_up_time:
+            card.effective_to = stop
+        card.retired_at, card.retired_by, card.retire_reason = now, actor_label, reason
+        card.save(update_fields=["effective_to", "retired_at", "retired_by", "retire_reason"])
+        _audit(now=now, actor_label=actor_label, actor_id=actor_id, action="rate_card.retired", card=card,
+               before=before, after=_snapshot(card))
+        if resumed is not None:
+            _resume(resumed, until=old_end, retired=card, now=now, actor_label=actor_label, actor_id=actor_id)
+        minutes = _reroll_from(gpu_model=card.gpu_model, start=stop) if gives_up_time else 0
+    return RateCardChange(card_id=card.pk, superseded_id=None, reprice_minutes=minutes)
+
+
+def _resume(card: RateCard, *, until: datetime | None, retired: RateCard, now: datetime, actor_label: str,
+            actor_id: int | None) -> None:
+    """`card` prices the time a retired card gave up, up to `until` (None: open-ended)."""
+    before = _snapshot(card)
+    card.effective_to = until
+    card.save(update_fields=["effective_to"])
+    if until is not None:
+        following = RateCard.objects.filter(gpu_model=card.gpu_model, effective_from=until,
+                                            retired_at__isnull=True).first()
+        if following is not None:  # invoices are single-currency: the card after must still fit its month
+            _check_currency_in_month(gpu_model=card.gpu_model, currency=following.currency, start=until)
+    _audit(now=now, actor_label=actor_label, actor_id=actor_id, action="rate_card.resumed", card=card,
+           before=before, after={**_snapshot(card), "resumed_after": retired.pk})
 

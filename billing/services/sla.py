@@ -7,6 +7,12 @@ naming the field. Each change is audited with before and after in its own transa
 writes nothing. Agents see tiers and weights through the node policy API
 (`billing.services.policy.get_node_policy` lists every tier) on their next poll; a new tier
 changes the policy's ETag like a new weight does.
+
+Retiring a tier (`retire_sla_tier`, audited `sla_tier.retired`) withdraws it: it can no longer be
+edited, and it is shown as retired. It stays in the node policy, because agents refuse a pod
+labelled with a tier they do not know, and pods that still carry its label keep its weight. A
+tier some tenant uses by default is refused (change those tenants first), and so is
+`best-effort`, the tier agents fall back to and `evict-best-effort` budgets evict.
 """
 
 from __future__ import annotations
@@ -31,8 +37,12 @@ __all__ = [
     "MIN_WEIGHT",
     "change_sla_tier",
     "create_sla_tier",
+    "retire_sla_tier",
     "set_sla_tier_weight",
 ]
+
+FALLBACK_TIER = "best-effort"  # agents' tier for tenants without one (agents.policy_client.BEST_EFFORT_TIER)
+_REASON_MAX_LENGTH = 500
 
 MIN_WEIGHT = Decimal("0.001")
 MAX_WEIGHT = Decimal("1000")
@@ -124,6 +134,8 @@ def change_sla_tier(*, slug: str, now: datetime, actor_label: str, actor_id: int
         tier = SlaTier.objects.select_for_update().filter(slug=slug).first()
         if tier is None:
             raise InvalidInput(_("no SLA tier %(slug)r") % {"slug": slug})
+        if tier.retired_at is not None:
+            raise InvalidInput(_("SLA tier %(slug)r is retired; it cannot be changed") % {"slug": slug})
         changed = [field for field, value in wanted.items() if getattr(tier, field) != value]
         if not changed:
             return tier
@@ -142,3 +154,34 @@ def set_sla_tier_weight(*, slug: str, weight: str | Decimal, now: datetime, acto
                         actor_id: int | None = None) -> SlaTier:
     """Change only the weight (audited as `sla_tier.weight_changed`)."""
     return change_sla_tier(slug=slug, weight=weight, now=now, actor_label=actor_label, actor_id=actor_id)
+
+
+def retire_sla_tier(*, slug: str, reason: str, now: datetime, actor_label: str,
+                    actor_id: int | None = None) -> SlaTier:
+    """Withdraw tier `slug` (see the module docstring); audited as `sla_tier.retired`."""
+    why = " ".join(reason.split())
+    if not why:
+        raise InvalidInput(_("say why the tier is retired: the reason is kept in the audit log and shown on the page"))
+    if len(why) > _REASON_MAX_LENGTH:
+        raise InvalidInput(_("the reason may have at most %(n)s characters") % {"n": _REASON_MAX_LENGTH})
+    with transaction.atomic():
+        tier = SlaTier.objects.select_for_update().filter(slug=slug).first()
+        if tier is None:
+            raise InvalidInput(_("no SLA tier %(slug)r") % {"slug": slug})
+        if tier.retired_at is not None:
+            raise InvalidInput(_("SLA tier %(slug)r was already retired at %(at)s")
+                               % {"slug": slug, "at": tier.retired_at.isoformat()})
+        if slug == FALLBACK_TIER:
+            raise InvalidInput(_("SLA tier %(slug)r cannot be retired: agents run every pod without a tier in it, "
+                                 "and evict-best-effort budgets evict its pods") % {"slug": slug})
+        tenants = list(tier.tenant_set.order_by("slug").values_list("slug", flat=True))
+        if tenants:
+            raise InvalidInput(_("SLA tier %(slug)r is the default tier of %(tenants)s; give them another default "
+                                 "tier before retiring it") % {"slug": slug, "tenants": ", ".join(tenants)})
+        tier.retired_at, tier.retired_by, tier.retire_reason = now, actor_label, why
+        tier.save(update_fields=["retired_at", "retired_by", "retire_reason", "updated_at"])
+        record_audit_event(at=now, actor_id=actor_id, actor_label=actor_label, action="sla_tier.retired",
+                           object_type="sla_tier", object_id=slug, before=_snapshot(tier) | {"retired_at": None},
+                           after=_snapshot(tier) | {"retired_at": now.isoformat(), "retire_reason": why})
+    return tier
+

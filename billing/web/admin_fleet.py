@@ -7,7 +7,7 @@ answers 400 with the service's message and changes nothing."""
 from __future__ import annotations
 
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, cast
 
 from django import forms
 from django.contrib import messages
@@ -20,13 +20,21 @@ from django.utils.translation import gettext as _
 from django.utils.translation import gettext_lazy
 from django.views.decorators.http import require_POST
 
+from billing.currencies import CURRENCY_CHOICES
 from billing.errors import InvalidInput
 from billing.models import BilledBasis, IdlePolicy
 from billing.queries.admin_fleet import NODE_STALE_AFTER, get_node_token, get_rate_cards_page, list_nodes
 from billing.scope import Scope, get_scope
-from billing.services.rate_cards import create_rate_card, earliest_change, end_rate_card
+from billing.services.rate_cards import (
+    create_rate_card,
+    earliest_change,
+    end_rate_card,
+    known_gpu_models,
+    retire_rate_card,
+)
 from billing.services.tokens import issue_node_token, revoke_node_token
 from billing.web.access import require_admin
+from billing.web.forms import RetireForm
 
 _DATETIME_LOCAL = "%Y-%m-%dT%H:%M"
 # Agents call in every few seconds to a minute; a token used this recently is shown as "in use".
@@ -54,14 +62,19 @@ class UtcDateTimeField(forms.DateTimeField):
 
 
 class RateCardForm(forms.Form):
-    """Only shapes here; the rules (decimals, currency, dates, overlaps) are the service's."""
+    """Only shapes here; the rules (decimals, currency, GPU model names, a free price, dates,
+    overlaps) are the service's. The GPU model is chosen from the fleet's models (and those the
+    cards name); a model not seen yet is typed in `new_gpu_model`, which the service validates."""
 
-    gpu_model = forms.CharField(label=gettext_lazy("GPU model"), max_length=128,
-                                widget=forms.TextInput(attrs={"list": "known-gpu-models", "size": 28}))
+    gpu_model = forms.ChoiceField(label=gettext_lazy("GPU model"), required=False)
+    new_gpu_model = forms.CharField(label=gettext_lazy("Or a model not in the fleet yet"), max_length=128,
+                                    required=False, widget=forms.TextInput(attrs={"size": 28}),
+                                    help_text=gettext_lazy("Exactly as NVML names it, such as NVIDIA H100 80GB HBM3."))
     price_per_gpu_hour = forms.CharField(label=gettext_lazy("Price per GPU-hour"), max_length=40,
                                          widget=forms.TextInput(attrs={"inputmode": "decimal", "size": 12}))
-    currency = forms.CharField(label=gettext_lazy("Currency"), max_length=3, initial="USD",
-                               widget=forms.TextInput(attrs={"size": 4}))
+    confirm_free = forms.BooleanField(label=gettext_lazy("I confirm this GPU model is free"), required=False,
+                                      help_text=gettext_lazy("Needed for a price of 0 only."))
+    currency = forms.ChoiceField(label=gettext_lazy("Currency"), choices=[("", "—"), *CURRENCY_CHOICES], initial="USD")
     effective_from = UtcDateTimeField(label=gettext_lazy("Effective from (UTC)"))
     alpha = forms.CharField(label=gettext_lazy("Alpha (memory weight)"), max_length=10, required=False,
                             widget=forms.TextInput(attrs={"size": 6}),
@@ -75,16 +88,29 @@ class RateCardForm(forms.Form):
     source_note = forms.CharField(label=gettext_lazy("Source note"), max_length=2000,
                                   widget=forms.Textarea(attrs={"rows": 2, "cols": 40}))
 
-    def __init__(self, *args: Any, earliest: datetime, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, earliest: datetime, known_models: list[str], **kwargs: Any) -> None:
         """`earliest`: the first instant a price may change at (`rate_cards.earliest_change`); the
-        start is prefilled with it and the browser refuses anything earlier."""
+        start is prefilled with it and the browser refuses anything earlier. `known_models`: the
+        GPU models to choose from (`rate_cards.known_gpu_models`)."""
         super().__init__(*args, **kwargs)
+        model = cast(forms.ChoiceField, self.fields["gpu_model"])
+        model.choices = [("", _("another model (type it below)")), *((m, m) for m in known_models)]
         field = self.fields["effective_from"]
         field.widget.attrs["min"] = _as_local_input(earliest)
         field.help_text = _("Earliest allowed: %(at)s UTC, the next whole minute; minutes already metered keep "
                              "their price.") % {"at": _as_local_input(earliest).replace("T", " ")}
         if not self.is_bound and "effective_from" not in self.initial:
             self.initial = {**self.initial, "effective_from": earliest}
+
+    def clean(self) -> dict[str, Any]:
+        data = super().clean() or {}
+        chosen, typed = data.get("gpu_model", ""), data.get("new_gpu_model", "").strip()
+        if chosen and typed:
+            raise forms.ValidationError(_("Choose a GPU model or type a new one, not both."))
+        if not chosen and not typed:
+            self.add_error("gpu_model", _("Choose a GPU model, or type a model not in the fleet yet."))
+        data["gpu_model"] = chosen or typed
+        return data
 
 
 class EndRateCardForm(forms.Form):
@@ -109,7 +135,7 @@ def _render_rate_cards(request: HttpRequest, scope: Scope, *, form: RateCardForm
     page = get_rate_cards_page(scope=scope, now=now, gpu_model=request.GET.get("gpu_model", "")[:128])
     earliest = earliest_change(now)
     if form is None and scope.is_admin:
-        form = RateCardForm(initial=page.form_defaults, earliest=earliest)
+        form = RateCardForm(initial=page.form_defaults, earliest=earliest, known_models=page.known_models)
     return render(request, "billing/rate_cards.html", {
         "page": page, "form": form, "end_error": end_error,
         "earliest_input": _as_local_input(earliest),
@@ -122,7 +148,7 @@ def rate_cards(request: HttpRequest) -> HttpResponse:
     scope = _rate_cards_scope(request, write=request.method == "POST")
     if request.method != "POST":
         return _render_rate_cards(request, scope)
-    form = RateCardForm(request.POST, earliest=earliest_change(timezone.now()))
+    form = RateCardForm(request.POST, earliest=earliest_change(timezone.now()), known_models=known_gpu_models())
     if form.is_valid():
         data = form.cleaned_data
         try:
@@ -130,8 +156,8 @@ def rate_cards(request: HttpRequest) -> HttpResponse:
                 gpu_model=data["gpu_model"], price_per_gpu_hour=data["price_per_gpu_hour"],
                 currency=data["currency"], effective_from=data["effective_from"], alpha=data["alpha"],
                 billed_basis=data["billed_basis"], idle_policy=data["idle_policy"], source_url=data["source_url"],
-                source_note=data["source_note"], now=timezone.now(), actor_label=request.user.get_username(),
-                actor_id=request.user.pk,
+                source_note=data["source_note"], confirm_free=data["confirm_free"], now=timezone.now(),
+                actor_label=request.user.get_username(), actor_id=request.user.pk,
             )
         except InvalidInput as exc:
             form.add_error(None, str(exc))
@@ -156,6 +182,24 @@ def rate_card_end(request: HttpRequest, card_id: int) -> HttpResponse:
     except InvalidInput as exc:
         return _render_rate_cards(request, scope, end_error=(card_id, str(exc)), status=400)
     messages.success(request, _("Card #%(id)s ends at the chosen time.") % {"id": card_id})
+    return redirect("rate-cards")
+
+
+@login_required
+@require_POST
+def rate_card_retire(request: HttpRequest, card_id: int) -> HttpResponse:
+    """Admins retire a mistaken card, confirming it and saying why (audited)."""
+    scope = _rate_cards_scope(request, write=True)
+    form = RetireForm(request.POST)
+    if not form.is_valid():
+        return _render_rate_cards(request, scope, end_error=(card_id, form.error_text()), status=400)
+    try:
+        retire_rate_card(card_id=card_id, reason=form.cleaned_data["reason"], now=timezone.now(),
+                         actor_label=request.user.get_username(), actor_id=request.user.pk)
+    except InvalidInput as exc:
+        return _render_rate_cards(request, scope, end_error=(card_id, str(exc)), status=400)
+    messages.success(request, _("Card #%(id)s retired: it prices nothing from the next whole minute on.")
+                     % {"id": card_id})
     return redirect("rate-cards")
 
 

@@ -19,6 +19,7 @@ from django.utils.translation import gettext_lazy
 from django.views.decorators.http import require_POST
 
 from billing import tasks
+from billing.currencies import CURRENCY_CHOICES
 from billing.errors import InvalidInput
 from billing.models import AuditEvent, BudgetAction, Tenant
 from billing.queries.budgets import list_budgets
@@ -32,22 +33,27 @@ from billing.services.sla import (
     MIN_WEIGHT,
     change_sla_tier,
     create_sla_tier,
+    retire_sla_tier,
     set_sla_tier_weight,
 )
 from billing.web.access import require_admin
+from billing.web.forms import RetireForm
 
 
 class BudgetForm(forms.Form):
     amount = forms.DecimalField(label=gettext_lazy("Monthly budget"), min_value=Decimal("0.01"), decimal_places=2)
-    currency = forms.CharField(label=gettext_lazy("Currency"), max_length=3, initial="USD")
+    # A blank first option: a budget saved with a code not on the list is never silently changed to the first code.
+    currency = forms.ChoiceField(label=gettext_lazy("Currency"), choices=[("", "—"), *CURRENCY_CHOICES], initial="USD")
     soft_threshold_pct = forms.DecimalField(label=gettext_lazy("Warn at (%)"), initial=Decimal(80), min_value=1)
     hard_threshold_pct = forms.DecimalField(label=gettext_lazy("Enforce at (%)"), initial=Decimal(100), min_value=1)
     hard_action = forms.ChoiceField(label=gettext_lazy("Action when enforced"), choices=BudgetAction.choices)
     throttle_factor = forms.DecimalField(label=gettext_lazy("Throttle factor"), initial=Decimal("0.5"),
                                          min_value=Decimal("0.001"), max_value=1)
     owner = forms.CharField(label=gettext_lazy("Who can raise it"), max_length=200)
-    notify_emails = forms.CharField(label=gettext_lazy("Notify (emails)"), required=False)
-    webhook_url = forms.URLField(label=gettext_lazy("Webhook URL"), required=False, assume_scheme="https")
+    notify_emails = forms.CharField(label=gettext_lazy("Notify (emails)"), required=False,
+                                    help_text=gettext_lazy("Addresses separated by commas."))
+    webhook_url = forms.URLField(label=gettext_lazy("Webhook URL"), required=False, assume_scheme="https",
+                                 help_text=gettext_lazy("https only; the payload is signed with the budget's secret."))
 
 
 @login_required
@@ -116,11 +122,13 @@ def _admin_only(request: HttpRequest) -> Scope:
 
 
 def _render_sla_tiers(request: HttpRequest, scope: Scope, *, create_form: NewSlaTierForm | None = None,
-                      rejected: tuple[str, str, str] | None = None, status: int = 200) -> HttpResponse:
-    """`rejected`: (slug, weight typed, why) of a refused weight change, shown in that tier's row."""
+                      rejected: tuple[str, str, str] | None = None, retire_error: tuple[str, str] | None = None,
+                      status: int = 200) -> HttpResponse:
+    """`rejected`: (slug, weight typed, why) of a refused weight change, shown in that tier's row;
+    `retire_error`: (slug, why) of a refused retirement."""
     return render(request, "billing/sla_tiers.html", {
         "tiers": list_sla_tiers(scope=scope), "create_form": create_form or NewSlaTierForm(),
-        "rejected": rejected,
+        "rejected": rejected, "retire_error": retire_error,
     }, status=status)
 
 
@@ -158,6 +166,24 @@ def sla_tier_create(request: HttpRequest) -> HttpResponse:
                              % {"slug": tier.slug})
             return redirect("sla-tiers")
     return _render_sla_tiers(request, scope, create_form=form, status=400)
+
+
+@login_required
+@require_POST
+def sla_tier_retire(request: HttpRequest, slug: str) -> HttpResponse:
+    """Admins retire a tier, confirming it and saying why (audited)."""
+    scope = _admin_only(request)
+    form = RetireForm(request.POST)
+    if not form.is_valid():
+        return _render_sla_tiers(request, scope, retire_error=(slug, form.error_text()), status=400)
+    try:
+        retire_sla_tier(slug=slug, reason=form.cleaned_data["reason"], now=timezone.now(),
+                        actor_label=request.user.get_username(), actor_id=request.user.pk)
+    except InvalidInput as exc:
+        return _render_sla_tiers(request, scope, retire_error=(slug, str(exc)), status=400)
+    messages.success(request, _("SLA tier %(slug)s retired; pods that still carry its label keep its weight.")
+                     % {"slug": slug})
+    return redirect("sla-tiers")
 
 
 @login_required

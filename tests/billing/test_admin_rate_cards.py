@@ -51,7 +51,10 @@ def local(t: datetime) -> str:
 
 
 def new_price(**overrides: str) -> dict[str, str]:
-    data = {"gpu_model": MODEL, "price_per_gpu_hour": "3.125", "currency": "USD",
+    """The form's fields; `gpu_model` other than the fleet's A100 is typed as a model not seen yet."""
+    model = overrides.pop("gpu_model", MODEL)
+    chosen = {"gpu_model": MODEL, "new_gpu_model": ""} if model == MODEL else {"gpu_model": "", "new_gpu_model": model}
+    data = {**chosen, "price_per_gpu_hour": "3.125", "currency": "USD",
             "effective_from": local(future_minute()), "alpha": "", "billed_basis": "", "idle_policy": "",
             "source_url": "https://cloud.example/pricing/a100", "source_note": "on-demand list price, us-east"}
     return {**data, **overrides}
@@ -95,8 +98,8 @@ def test_new_price_supersedes_the_open_card_writing_both_rows_and_two_audit_even
     ({"price_per_gpu_hour": "two"}, "is not a number"),
     ({"price_per_gpu_hour": "NaN"}, "finite number"),
     ({"price_per_gpu_hour": "123456789"}, "must be below"),
-    ({"currency": "US"}, "ISO 4217 code of 3 letters"),
-    ({"currency": "U$D"}, "ISO 4217 code of 3 letters"),
+    ({"currency": "US"}, "Select a valid choice"),
+    ({"currency": "ZZZ"}, "Select a valid choice"),
     ({"currency": "EUR"}, "invoices are single-currency"),
     ({"alpha": "1.5"}, "between 0 and 1"),
     ({"billed_basis": "most"}, "Select a valid choice"),
@@ -104,7 +107,10 @@ def test_new_price_supersedes_the_open_card_writing_both_rows_and_two_audit_even
     ({"source_url": "not a url"}, "is not an http(s) URL"),
     ({"source_url": "ftp://example.org/p"}, "is not an http(s) URL"),
     ({"source_note": "   "}, "This field is required"),
-    ({"gpu_model": ""}, "This field is required"),
+    ({"gpu_model": ""}, "Choose a GPU model, or type a model not in the fleet yet."),
+    ({"gpu_model": "NVIDIA\tH100"}, "is not a GPU model name"),
+    ({"gpu_model": "nvidia a100-sxm4-80gb"}, "only in case or spacing"),
+    ({"price_per_gpu_hour": "0"}, "I confirm this GPU model is free"),
     ({"effective_from": "yesterday"}, "Enter a valid date/time"),
     # Instants are read when the test runs (a callable), never while collecting.
     ({"effective_from": lambda: local(clock.now() - timedelta(hours=1))}, "is in the past"),
@@ -163,7 +169,7 @@ def test_a_currency_change_is_allowed_at_the_start_of_a_month(client, open_card)
     login(client, "admin")
     now = clock.now()
     next_month = datetime(now.year + (now.month == 12), now.month % 12 + 1, 1, tzinfo=UTC)
-    resp = client.post("/rate-cards/", new_price(currency="eur", effective_from=local(next_month)))
+    resp = client.post("/rate-cards/", new_price(currency="EUR", effective_from=local(next_month)))
     assert resp.status_code == 302, resp.content.decode()
     assert RateCard.objects.get(effective_from=next_month).currency == "EUR"
 
@@ -262,16 +268,16 @@ def test_new_price_form_suggests_known_models_and_prefills_the_earliest_allowed_
     html = client.get("/rate-cards/").content.decode()
     after = earliest_change(clock.now())
     form = html.split('data-testid="rate-card-form"')[1].split("</form>")[0]
-    # Models seen on nodes and models named by cards; the input still takes any text.
-    datalist = form.split('<datalist id="known-gpu-models">')[1].split("</datalist>")[0]
-    assert '<option value="NVIDIA L4">' in datalist and f'<option value="{MODEL}">' in datalist
-    assert 'list="known-gpu-models"' in form
+    # A select of the models seen on nodes and named by cards; a model not seen yet is typed apart.
+    select = form.split('<select name="gpu_model"')[1].split("</select>")[0]
+    assert '<option value="NVIDIA L4">' in select and f'<option value="{MODEL}">' in select
+    assert 'name="new_gpu_model"' in form
     start_input = form.split('name="effective_from"')[1].split(">")[0]
     assert any(f'value="{local(t)}"' in start_input and f'min="{local(t)}"' in start_input for t in (before, after))
     earliest = form.split('data-testid="rate-card-earliest">')[1].split("</span>")[0]
     assert any(local(t).replace("T", " ") + " UTC" in earliest for t in (before, after))
     assert "Leave blank to keep the current card&#x27;s alpha." in form
-    # A model not suggested is accepted as typed.
+    # A model not seen yet is accepted as typed.
     resp = client.post("/rate-cards/", new_price(gpu_model="AMD Instinct MI300X"))
     assert resp.status_code == 302, resp.content.decode()
 

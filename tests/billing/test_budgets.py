@@ -171,8 +171,10 @@ def test_transition_is_notified_by_email_and_by_a_signed_webhook_that_is_retried
 ):
     url, receiver = webhook_receiver
     controller, inbox = smtp_server
-    budget("0.50", notify_emails="finops@acme.example, cto@acme.example", webhook_url=url,
-           webhook_secret="s3cret-for-tests")
+    # A plain-http receiver on loopback: budgets accept http only to an allow-listed host.
+    with override_settings(VGPU_WEBHOOK_ALLOWED_HOSTS=["127.0.0.1"]):
+        budget("0.50", notify_emails="finops@acme.example, cto@acme.example", webhook_url=url,
+               webhook_secret="s3cret-for-tests")
     spend(post_batch, minute_start, seq=1)
     # The receiver is on loopback, which budget webhooks may reach only when allow-listed.
     with override_settings(EMAIL_BACKEND="django.core.mail.backends.smtp.EmailBackend",

@@ -135,9 +135,12 @@ def test_the_post_goes_to_the_checked_address_with_the_urls_host_whatever_dns_sa
 def acme_budget(db):
     def configure(url: str):
         tenant = Tenant.objects.get_or_create(slug="acme", defaults={"name": "Acme"})[0]
-        set_budget(tenant_slug=tenant.slug, now=clock.now(), actor_label="test",
-                   values={"amount": Decimal("10"), "currency": "USD", "owner": "finops@acme.example",
-                           "webhook_url": url, "webhook_secret": "s3cret"})
+        # Saved while loopback is allow-listed (budgets take plain http only to such a host); the
+        # tests then check the send-time refusal against the allow-list as it is at sending.
+        with override_settings(VGPU_WEBHOOK_ALLOWED_HOSTS=["127.0.0.1"]):
+            set_budget(tenant_slug=tenant.slug, now=clock.now(), actor_label="test",
+                       values={"amount": Decimal("10"), "currency": "USD", "owner": "finops@acme.example",
+                               "webhook_url": url, "webhook_secret": "s3cret"})
         return tenant.budget.pk
     return configure
 

@@ -145,7 +145,7 @@ def test_admin_changes_an_sla_weight_that_agents_see_within_ten_seconds(sign_in,
     page.get_by_role("link", name="Rate cards", exact=True).click()
     expect(page.get_by_test_id("rate-card-table")).to_contain_text("A100")
     form = page.get_by_test_id("rate-card-form")
-    form.locator("input[name=gpu_model]").fill("NVIDIA A100-SXM4-80GB")
+    form.locator("select[name=gpu_model]").select_option("NVIDIA A100-SXM4-80GB")
     form.locator("input[name=price_per_gpu_hour]").fill("5.50")
     form.locator("input[name=source_url]").fill("https://example.com/contract-2027")
     form.locator("[name=source_note]").fill("Negotiated contract price, browser test")
