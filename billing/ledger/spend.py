@@ -38,17 +38,17 @@ from billing.models.pricing import RateCard
 
 __all__ = [
     "InvoiceTotal",
-    "RecentSpend",
+    "HourSpend",
     "TenantSpend",
     "WorkloadDay",
     "WorkloadTotals",
     "WorkloadTotalsPage",
     "closed_days",
     "get_latest_hour",
-    "get_recent_spend",
     "get_unpriced_seconds",
     "list_invoice_totals",
     "list_invoice_totals_from_hours",
+    "list_hour_spends",
     "list_month_to_date_spends",
     "list_workload_days",
     "list_workload_totals",
@@ -83,10 +83,11 @@ class TenantSpend:
 
 
 @dataclass(frozen=True)
-class RecentSpend:
-    """Charge plus idle share of a tenant over a window, and the first ledger hour with usage in it."""
+class HourSpend:
+    """Charge plus idle share of a tenant in one ledger hour."""
 
-    first_hour: datetime | None
+    tenant: str
+    hour: datetime
     spend: Decimal
 
 
@@ -332,16 +333,17 @@ def list_month_to_date_spends(*, tenants: Collection[str], start: datetime, now:
     return [TenantSpend(tenant=slug, spend=spend) for slug, spend in spends.items()]
 
 
-def get_recent_spend(*, tenant: str, since: datetime, now: datetime) -> RecentSpend:
-    """Charge plus idle share of `tenant` over the ledger hours in [since, now], from the hour ledger
-    (a short window: the budget forecast's last 24 hours), and the first such hour."""
-    rows = _fetch(
-        "SELECT min(hour), coalesce(sum(charge), 0) + coalesce(sum(idle_share), 0) FROM billing_usagehour "
-        "WHERE tenant = %(tenant)s AND hour >= %(since)s AND hour <= %(now)s",
-        {"tenant": tenant, "since": since, "now": now},
+def list_hour_spends(*, tenants: Collection[str], since: datetime, until: datetime) -> list[HourSpend]:
+    """Charge plus idle share of each of `tenants` in each ledger hour of [since, until) with usage,
+    from the hour ledger (a short window: the forecast's recent complete hours), sorted by tenant
+    and hour. One query whatever the number of tenants."""
+    if not tenants or since >= until:
+        return []
+    return _fetch_as(
+        "SELECT tenant, hour, sum(charge) + sum(idle_share) AS spend FROM billing_usagehour "
+        "WHERE tenant = ANY(%(tenants)s::text[]) AND hour >= %(since)s AND hour < %(until)s GROUP BY 1, 2 ORDER BY 1, 2",
+        {"tenants": sorted(set(tenants)), "since": since, "until": until}, HourSpend,
     )
-    first, spend = rows[0]
-    return RecentSpend(first_hour=first, spend=spend if first is not None else _ZERO)
 
 
 # --- A tenant's workloads ---------------------------------------------------------------------

@@ -2,7 +2,8 @@
 
 A tenant outside the caller's scope raises `TenantNotFound`, exactly like a tenant that does not
 exist, so the portal never reveals which tenants there are. Month-to-date spend and the forecast
-use the budget definitions (billing.services.budgets): charge plus idle spread onto the tenant.
+are the budgets' one definition (billing.services.budgets.get_month_spends): charge plus idle spread
+onto the tenant; the budget card reads the same, so both show one number.
 A workload is one pod instance: (namespace, pod, pod_uid). The workloads of the period and the
 daily chart read the closed UTC days of the period from the day ledger, first/last hour included
 (the day rows keep them), and the rest from the hour ledger (billing.ledger.spend).
@@ -25,7 +26,7 @@ from billing.ledger.spend import WorkloadTotals, list_workload_days, list_worklo
 from billing.models import RateCard, Tenant
 from billing.queries.budgets import BudgetView, list_budgets
 from billing.scope import Scope
-from billing.services.budgets import forecast_month_end, get_month_to_date_spend, get_month_to_date_spends
+from billing.services.budgets import get_month_spend, get_month_to_date_spends
 from billing.services.exports import InvoiceSummary, list_invoices
 from billing.services.invoicing import InvoicePreview, preview_invoice, preview_invoices
 
@@ -106,6 +107,7 @@ class TenantPortal:
     now: datetime
     month_to_date: Decimal
     forecast: Decimal
+    forecast_rate_hours: int  # complete hours the forecast's rate is taken over (0: forecast = month to date)
     budget: BudgetView | None
     start: datetime
     end: datetime
@@ -187,7 +189,7 @@ def get_tenant_portal(*, scope: Scope, slug: str, start: datetime, end: datetime
         raise TenantNotFound(f"no tenant {slug!r}")
     # Everything below reads this one tenant only, whatever the caller may see besides.
     own = dataclasses.replace(scope, tenants=frozenset({slug}))
-    spend = get_month_to_date_spend(tenant=slug, now=now)
+    spend = get_month_spend(tenant=slug, now=now)
     budget = next(iter(list_budgets(scope=own, now=now)), None)
     # The chart's series are the costliest workloads: never fewer than it shows.
     limit = None if workload_limit is None else max(workload_limit, CHART_SERIES)
@@ -198,8 +200,8 @@ def get_tenant_portal(*, scope: Scope, slug: str, start: datetime, end: datetime
     except InvalidInput as exc:
         upcoming, upcoming_error = None, str(exc)
     return TenantPortal(
-        slug=slug, name=tenant[1], currency=_currency(now), now=now, month_to_date=spend,
-        forecast=forecast_month_end(tenant=slug, spend=spend, now=now), budget=budget, start=start, end=end,
+        slug=slug, name=tenant[1], currency=_currency(now), now=now, month_to_date=spend.month_to_date,
+        forecast=spend.forecast, forecast_rate_hours=spend.rate_hours, budget=budget, start=start, end=end,
         workloads=workloads[:workload_limit], workload_count=page.count, period_cost=page.cost,
         daily=_daily(slug, workloads, page.count, start=start, end=end, now=now),
         invoices=tuple(i for i in list_invoices(scope=own) if i.tenant_slug == slug),
