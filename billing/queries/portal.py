@@ -190,7 +190,7 @@ def get_tenant_portal(*, scope: Scope, slug: str, start: datetime, end: datetime
     # Everything below reads this one tenant only, whatever the caller may see besides.
     own = dataclasses.replace(scope, tenants=frozenset({slug}))
     spend = get_month_spend(tenant=slug, now=now)
-    budget = next(iter(list_budgets(scope=own, now=now)), None)
+    budget = next(iter(list_budgets(scope=own, now=now, spends={slug: spend})), None)
     # The chart's series are the costliest workloads: never fewer than it shows.
     limit = None if workload_limit is None else max(workload_limit, CHART_SERIES)
     page = list_workload_totals(tenant=slug, start=start, end=end, now=now, limit=limit)
