@@ -114,14 +114,17 @@ def summary_rows(result: dict[str, Any]) -> list[tuple[str, str]]:
     t = result["test_whole_vs_dynamic"]
     ci = t.get("ci95") or [None, None]
     currency = str(result.get("currency") or "")
+    # A report computed before the test kept to complete days says what it counted.
+    complete = "per_workload_day" in result
     return [
-        (_("Complete workload-days compared (n)"), _fmt(t.get("n"))),
+        (_("Complete workload-days compared (n)") if complete else _("Workload-days compared (n)"), _fmt(t.get("n"))),
         (_("Static cost, whole cards"), _amount(s["static_whole_cost"], currency)),
         (_("Static cost, fixed profiles"), _amount(s["static_profile_cost"], currency)),
         (_("Dynamic cost (charged)"), _amount(s["dynamic_cost"], currency)),
         (_("Chargeback reduction vs whole cards"), _fmt(s["cost_reduction_pct"], " %")),
         (_("Chargeback reduction vs fixed profiles"), _fmt(s["cost_reduction_vs_profile_pct"], " %")),
-        (_("Mean saving per complete workload-day"), _amount(t.get("mean_saving"), currency)),
+        (_("Mean saving per complete workload-day") if complete else _("Mean saving per workload-day"),
+         _amount(t.get("mean_saving"), currency)),
         (_("Confidence interval (95 per cent)"), f"{_amount(ci[0], currency)} … {_amount(ci[1], currency)}"),
         (_("p-value (paired t-test)"), "—" if t.get("p_value") is None else f"{t['p_value']:.3g}"),
         (_("Containers per card"), _fmt(s["containers_per_card"])),
