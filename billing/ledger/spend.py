@@ -76,10 +76,15 @@ class InvoiceTotal:
 
 @dataclass(frozen=True)
 class TenantSpend:
-    """Charge plus idle share of a tenant over a period, ledger precision."""
+    """Charge and idle share of a tenant over a period, ledger precision."""
 
     tenant: str
-    spend: Decimal
+    charge: Decimal
+    idle_share: Decimal
+
+    @property
+    def spend(self) -> Decimal:
+        return self.charge + self.idle_share
 
 
 @dataclass(frozen=True)
@@ -321,16 +326,16 @@ def _usage_rows(split: _Split, params: dict[str, Any]) -> str:
 
 
 def list_month_to_date_spends(*, tenants: Collection[str], start: datetime, now: datetime) -> list[TenantSpend]:
-    """Charge plus idle share of each of `tenants` (sorted by slug) over the ledger hours in
+    """Charge and idle share of each of `tenants` (sorted by slug) over the ledger hours in
     [start, now] (the hour of `now` counts, later hours not yet); a tenant without usage has 0. One
     query whatever the number of tenants."""
-    spends = dict.fromkeys(sorted(set(tenants)), _ZERO)
+    spends = {slug: TenantSpend(slug, _ZERO, _ZERO) for slug in sorted(set(tenants))}
     if spends and now >= start:
         params: dict[str, Any] = {"tenants": list(spends)}
-        rows = _fetch(f"SELECT tenant, sum(charge) + sum(idle_share) FROM {_usage_rows(_split(start, now + _TICK, now), params)}"  # noqa: S608
+        rows = _fetch(f"SELECT tenant, sum(charge), sum(idle_share) FROM {_usage_rows(_split(start, now + _TICK, now), params)}"  # noqa: S608
                       " u GROUP BY 1", params, period_read=True)
-        spends.update({tenant: spend for tenant, spend in rows})
-    return [TenantSpend(tenant=slug, spend=spend) for slug, spend in spends.items()]
+        spends.update({tenant: TenantSpend(tenant, charge, idle) for tenant, charge, idle in rows})
+    return list(spends.values())
 
 
 def list_hour_spends(*, tenants: Collection[str], since: datetime, until: datetime) -> list[HourSpend]:

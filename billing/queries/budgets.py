@@ -26,7 +26,8 @@ class BudgetView:
     hard_action: str
     owner: str
     state: str
-    spend: Decimal
+    spend: Decimal  # month to date, ledger precision (the state and used_pct come from it)
+    spend_shown: Decimal  # month to date as every page shows it (MonthSpend.month_to_date_shown)
     forecast: Decimal
     rate_hours: int  # complete hours the forecast's rate is taken over (0: forecast = spend)
     used_pct: Decimal
@@ -59,7 +60,8 @@ def list_budgets(*, scope: Scope, now: datetime, spends: dict[str, MonthSpend] |
         views.append(BudgetView(
             tenant=b.tenant.slug, tenant_name=b.tenant.name, amount=b.amount, currency=b.currency,
             hard_action=b.hard_action, owner=b.owner, state=status.state if status else BudgetState.OK,
-            spend=spend.month_to_date, forecast=spend.forecast, rate_hours=spend.rate_hours,
+            spend=spend.month_to_date, spend_shown=spend.month_to_date_shown(b.currency), forecast=spend.forecast,
+            rate_hours=spend.rate_hours,
             used_pct=(spend.month_to_date / b.amount * 100) if b.amount else Decimal(0),
         ))
     return views

@@ -26,7 +26,7 @@ from billing.ledger.spend import WorkloadTotals, list_workload_days, list_worklo
 from billing.models import RateCard, Tenant
 from billing.queries.budgets import BudgetView, list_budgets
 from billing.scope import Scope
-from billing.services.budgets import get_month_spend, get_month_to_date_spends
+from billing.services.budgets import get_month_spend, get_month_to_date_parts, shown_spend
 from billing.services.exports import InvoiceSummary, list_invoices
 from billing.services.invoicing import InvoicePreview, preview_invoice, preview_invoices
 
@@ -105,7 +105,8 @@ class TenantPortal:
     name: str
     currency: str
     now: datetime
-    month_to_date: Decimal
+    month_to_date: Decimal  # ledger precision
+    month_to_date_shown: Decimal  # as every page shows it (MonthSpend.month_to_date_shown)
     forecast: Decimal
     forecast_rate_hours: int  # complete hours the forecast's rate is taken over (0: forecast = month to date)
     budget: BudgetView | None
@@ -145,7 +146,7 @@ class UpcomingInvoices:
 class TenantPortalRow:
     slug: str
     name: str
-    month_to_date: Decimal
+    month_to_date: Decimal  # as every page shows it (MonthSpend.month_to_date_shown)
     currency: str
     budget: BudgetView | None
 
@@ -172,9 +173,10 @@ def list_tenant_portals(*, scope: Scope, now: datetime) -> list[TenantPortalRow]
     currency = _currency(now)
     tenants = list(_visible_tenants(scope).values_list("slug", "name"))
     # One grouped query, the same figures as get_month_to_date_spend per tenant.
-    spends = get_month_to_date_spends(tenants=[slug for slug, _name in tenants], now=now)
+    spends = get_month_to_date_parts(tenants=[slug for slug, _name in tenants], now=now)
     return [
-        TenantPortalRow(slug=slug, name=name, month_to_date=spends[slug], currency=currency, budget=budgets.get(slug))
+        TenantPortalRow(slug=slug, name=name, month_to_date=shown_spend(spends[slug], currency),
+                        currency=currency, budget=budgets.get(slug))
         for slug, name in tenants
     ]
 
@@ -190,6 +192,7 @@ def get_tenant_portal(*, scope: Scope, slug: str, start: datetime, end: datetime
     # Everything below reads this one tenant only, whatever the caller may see besides.
     own = dataclasses.replace(scope, tenants=frozenset({slug}))
     spend = get_month_spend(tenant=slug, now=now)
+    currency = _currency(now)
     budget = next(iter(list_budgets(scope=own, now=now, spends={slug: spend})), None)
     # The chart's series are the costliest workloads: never fewer than it shows.
     limit = None if workload_limit is None else max(workload_limit, CHART_SERIES)
@@ -200,7 +203,8 @@ def get_tenant_portal(*, scope: Scope, slug: str, start: datetime, end: datetime
     except InvalidInput as exc:
         upcoming, upcoming_error = None, str(exc)
     return TenantPortal(
-        slug=slug, name=tenant[1], currency=_currency(now), now=now, month_to_date=spend.month_to_date,
+        slug=slug, name=tenant[1], currency=currency, now=now, month_to_date=spend.month_to_date,
+        month_to_date_shown=spend.month_to_date_shown(currency),
         forecast=spend.forecast, forecast_rate_hours=spend.rate_hours, budget=budget, start=start, end=end,
         workloads=workloads[:workload_limit], workload_count=page.count, period_cost=page.cost,
         daily=_daily(slug, workloads, page.count, start=start, end=end, now=now),

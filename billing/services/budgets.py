@@ -22,8 +22,9 @@ from django.core.exceptions import ValidationError
 from django.db import transaction
 
 from billing.errors import InvalidInput
-from billing.ledger.spend import HourSpend, list_hour_spends, list_month_to_date_spends
+from billing.ledger.spend import HourSpend, TenantSpend, list_hour_spends, list_month_to_date_spends
 from billing.models import Budget, BudgetState, BudgetStatus, Tenant
+from billing.money import display_amount
 from billing.services.audit import record_audit_event
 from billing.services.invoicing import month_bounds
 
@@ -35,9 +36,11 @@ __all__ = [
     "MonthSpend",
     "get_month_spend",
     "get_month_spends",
+    "get_month_to_date_parts",
     "get_month_to_date_spend",
     "get_month_to_date_spends",
     "set_budget",
+    "shown_spend",
     "sign_webhook",
 ]
 
@@ -90,10 +93,15 @@ def get_month_to_date_spend(*, tenant: str, now: datetime) -> Decimal:
 
 
 def get_month_to_date_spends(*, tenants: Collection[str], now: datetime) -> dict[str, Decimal]:
-    """Month-to-date spend (charge + idle share, ledger hours from the first of the month up to and
+    """Month-to-date spend (charge + idle share) of each of `tenants` (get_month_to_date_parts)."""
+    return {t: s.spend for t, s in get_month_to_date_parts(tenants=tenants, now=now).items()}
+
+
+def get_month_to_date_parts(*, tenants: Collection[str], now: datetime) -> dict[str, TenantSpend]:
+    """Month-to-date charge and idle share (ledger hours from the first of the month up to and
     including the hour of `now`) of each of `tenants`, in one query: closed days from the day ledger,
     today's hours from the hour ledger (billing.ledger.spend)."""
-    return {s.tenant: s.spend for s in list_month_to_date_spends(tenants=tenants, start=_month_start(now), now=now)}
+    return {s.tenant: s for s in list_month_to_date_spends(tenants=tenants, start=_month_start(now), now=now)}
 
 
 FORECAST_WINDOW = timedelta(hours=24)
@@ -113,10 +121,23 @@ class MonthSpend:
     there is no rate, and the forecast is the month to date."""
 
     tenant: str
-    month_to_date: Decimal
+    month_to_date: Decimal  # charge + idle_share
     forecast: Decimal
     rate_per_hour: Decimal | None  # None: no complete hour to take a rate from yet
     rate_hours: int  # complete hours the rate is taken over
+    charge: Decimal
+    idle_share: Decimal
+
+    def month_to_date_shown(self, currency: str) -> Decimal:
+        return shown_spend(TenantSpend(self.tenant, self.charge, self.idle_share), currency)
+
+
+def shown_spend(spend: TenantSpend, currency: str) -> Decimal:
+    """A tenant's spend as every page shows it: the charge and the idle share each rounded once to
+    the currency's minor unit, then added, as the finance page's tenant row adds its two columns (a
+    shown total is the sum of its shown parts); so the portal, its budget card, the budgets page
+    and the finance page show one month to date, to the cent."""
+    return display_amount(spend.charge, currency) + display_amount(spend.idle_share, currency)
 
 
 def get_month_spend(*, tenant: str, now: datetime) -> MonthSpend:
@@ -126,7 +147,7 @@ def get_month_spend(*, tenant: str, now: datetime) -> MonthSpend:
 def get_month_spends(*, tenants: Collection[str], now: datetime) -> dict[str, MonthSpend]:
     """Month to date and forecast (MonthSpend) of each of `tenants`, in two queries."""
     month_start, month_end = month_bounds(now.date().replace(day=1))
-    month_to_date = get_month_to_date_spends(tenants=tenants, now=now)
+    month_to_date = get_month_to_date_parts(tenants=tenants, now=now)
     hour = now.replace(minute=0, second=0, microsecond=0)
     window_start = max(month_start, hour - FORECAST_WINDOW)
     hours: dict[str, list[HourSpend]] = {}
@@ -134,10 +155,11 @@ def get_month_spends(*, tenants: Collection[str], now: datetime) -> dict[str, Mo
         hours.setdefault(row.tenant, []).append(row)
     hours_left = Decimal(max((month_end - now).total_seconds(), 0)) / 3600
     spends = {}
-    for tenant, spend in month_to_date.items():
+    for tenant, parts in month_to_date.items():
         rate, rate_hours = _hourly_rate(hours.get(tenant, []), window_start=window_start, until=hour)
+        spend = parts.spend
         forecast = spend if rate is None else spend + rate * hours_left
-        spends[tenant] = MonthSpend(tenant, spend, forecast, rate, rate_hours)
+        spends[tenant] = MonthSpend(tenant, spend, forecast, rate, rate_hours, parts.charge, parts.idle_share)
     return spends
 
 

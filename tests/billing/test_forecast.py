@@ -138,3 +138,31 @@ def test_month_to_date_is_one_number_on_the_portal_budget_card_budgets_page_and_
     finance = client.get(f"/finance/?start={day.replace(day=1)}&end={day}").content.decode()
     tenant_row = re.search(r'title="acme">Acme Robotics</td>.*?<strong>(?P<total>[\d,.]+) USD</strong>', finance, re.S)
     assert tenant_row and tenant_row["total"] == "252.00"
+
+
+def test_the_month_to_date_shown_is_the_sum_of_its_shown_parts_on_every_page(client, time_machine, hour):
+    """Charge and idle share of 0.125 each: the finance page's tenant row shows 0.12 + 0.12 = 0.24
+    (each amount rounded once, a total the sum of what is shown), and so do the portal's card, its
+    budget card, the tenant list and the budgets page, never 0.25 beside it."""
+    from tests.billing.test_portal import usage
+
+    RateCard.objects.create(gpu_model=A100["model"], currency="USD", price_per_gpu_hour=Decimal("3.6"),
+                            effective_from=datetime(2020, 1, 1, tzinfo=UTC), source_url="https://example.org")
+    Tenant.objects.create(slug="acme", name="Acme Robotics")
+    time_machine.move_to(hour + timedelta(minutes=30), tick=False)
+    usage(hour, charge="0.125", idle="0.125")
+    set_budget(tenant_slug="acme", now=clock.now(), actor_label="test",
+               values={"amount": Decimal("100"), "currency": "USD", "hard_action": "throttle",
+                       "owner": "finops@acme.example"})
+    spend = get_month_spend(tenant="acme", now=clock.now())
+    assert spend.month_to_date == Decimal("0.25") and spend.month_to_date_shown("USD") == Decimal("0.24")
+
+    client.force_login(user_in(group="finance"))
+    portal = client.get("/tenants/acme/").content.decode()
+    card = re.search(r'data-testid="budget-status".*?\((?P<spend>[\d,.]+) USD\)', portal, re.S)
+    assert card and card["spend"] == _number(portal, "mtd-cost") == "0.24"
+    listing = client.get("/tenants/").content.decode()
+    assert re.search(r"<td class=\"num\">0\.24 USD</td>", listing)
+    budgets = client.get("/budgets/").content.decode()
+    row = re.search(r'data-testid="budget-state-acme".*?<td class="num">(?P<spend>[\d,.]+) USD', budgets, re.S)
+    assert row and row["spend"] == "0.24"
