@@ -1,4 +1,6 @@
-"""The paired report as a PDF (reportlab; Chinese text through the shipped font subset)."""
+"""The paired report for people: its savings tables, the paired test's rows, the definitions of every
+figure (shared by the page, the CSV and the PDF) and the PDF itself (reportlab; Chinese text through
+the shipped font subset)."""
 
 from __future__ import annotations
 
@@ -6,6 +8,7 @@ import io
 from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
 from typing import Any
+from xml.sax.saxutils import escape
 
 from django.utils.translation import gettext as _
 
@@ -264,23 +267,24 @@ def render_paired_report_pdf(report: PairedReport, *, tenant_names: dict[str, st
     grid = TableStyle([("GRID", (0, 0), (-1, -1), 0.3, colors.grey), ("VALIGN", (0, 0), (-1, -1), "TOP")])
 
     def table(cells: list[list[str]], widths: list[int]) -> Table:
-        out = Table([[Paragraph(c, body) for c in row] for row in cells], colWidths=widths)
+        # Cells are text, never markup: a tenant named "R&D <lab>" prints as it is named.
+        out = Table([[Paragraph(escape(c), body) for c in row] for row in cells], colWidths=widths)
         out.setStyle(grid)
         return out
 
-    story: list[Any] = [Paragraph(title, heading), Paragraph(period, body), Spacer(1, 8)]
+    story: list[Any] = [Paragraph(escape(title), heading), Paragraph(escape(period), body), Spacer(1, 8)]
     if tables:
         widths = [150, 85, 85, 85, 65]
-        story += [Paragraph(_("The organisation's view: fleet cost"), body), table(fleet, widths), Spacer(1, 8),
+        story += [Paragraph(escape(_("The organisation's view: fleet cost")), body), table(fleet, widths), Spacer(1, 8),
                   table(chargeback, widths), Spacer(1, 8)]
-    story += [Paragraph(_("Per workload-day (steady state, paired test)"), body),
+    story += [Paragraph(escape(_("Per workload-day (steady state, paired test)")), body),
               table([[a, b] for a, b in rows], [250, 220])]
     if note:
-        story.append(Paragraph(note, body))
-    story += [Spacer(1, 8), Paragraph(study_title, body),
+        story.append(Paragraph(escape(note), body))
+    story += [Spacer(1, 8), Paragraph(escape(study_title), body),
               table([["", _("Study"), _("Ours")], *([a, b, c] for a, b, c in study)], [210, 130, 130]),
-              Spacer(1, 8), Paragraph(_("Definitions"), body)]
-    story += [Paragraph(f"<b>{term}</b>: {text}", body) for term, text in terms]
+              Spacer(1, 8), Paragraph(escape(_("Definitions")), body)]
+    story += [Paragraph(escape(f"{term}: {text}"), body) for term, text in terms]
     buffer = io.BytesIO()
     SimpleDocTemplate(buffer, pagesize=A4, title=title).build(story)
     return buffer.getvalue()
