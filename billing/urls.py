@@ -51,6 +51,7 @@ urlpatterns = [
     path("reports/", reports.report_list, name="report-list"),
     path("reports/<int:report_id>/", reports.report_detail, name="report-detail"),
     path("reports/<int:report_id>.pdf", reports.report_pdf, name="report-pdf"),
+    path("reports/<int:report_id>.csv", reports.report_csv, name="report-csv"),
     path("invoices/", invoices.invoice_list, name="invoice-list"),
     re_path(r"^invoices/(?P<number>[^/]+)\.(?P<fmt>pdf|csv|focus)$", invoices.invoice_download,
             name="invoice-download"),

@@ -18,14 +18,18 @@ from billing.ledger.reads import fetch_rows
 
 __all__ = [
     "BusyCardTime",
+    "FleetCardCost",
+    "TenantCardCost",
     "PodMinuteUse",
     "PodPlacement",
     "SteadyWorkloadGpuDay",
     "get_busy_card_time",
+    "get_fleet_card_cost",
     "get_last_ledger_minute",
     "list_pod_minute_use",
     "list_recent_placements",
     "list_steady_workload_gpu_days",
+    "list_tenant_card_costs",
 ]
 
 
@@ -115,6 +119,60 @@ def get_busy_card_time(*, start: datetime, end: datetime, lookback: timedelta, c
         cur.execute(_BUSY, _steady_params(start=start, end=end, lookback=lookback, cold_start=cold_start))
         (busy,) = fetch_rows(cur, BusyCardTime)
     return busy
+
+
+# The organisation's view: every priced GPU-minute of [start, end) with metered time, cold start
+# included (the organisation pays for those minutes too).
+_FLEET = """
+SELECT coalesce(sum(g.card_cost), 0) AS card_cost,
+       coalesce(sum(g.card_cost) FILTER (WHERE NOT EXISTS (
+           SELECT 1 FROM billing_usageminute u
+           WHERE u.node_id = g.node_id AND u.gpu_uuid = g.gpu_uuid AND u.minute = g.minute
+             AND u.minute >= %(start)s AND u.minute < %(end)s)), 0) AS empty_card_cost
+FROM billing_gpuminute g
+WHERE g.minute >= %(start)s AND g.minute < %(end)s AND g.priced AND g.metered_seconds > 0
+"""
+
+_TENANT_CARDS = """
+SELECT u.tenant, sum(u.seconds * g.card_cost / g.metered_seconds) AS whole_card_cost,
+       sum(u.charge + u.idle_share) AS dynamic_cost
+FROM billing_usageminute u
+JOIN billing_gpuminute g ON g.node_id = u.node_id AND g.gpu_uuid = u.gpu_uuid AND g.minute = u.minute
+WHERE u.minute >= %(start)s AND u.minute < %(end)s AND g.minute >= %(start)s AND g.minute < %(end)s
+  AND g.priced AND g.metered_seconds > 0
+GROUP BY 1 ORDER BY 1
+"""
+
+
+@dataclass(frozen=True)
+class FleetCardCost:
+    """What the organisation paid for its priced cards in a period, busy or idle."""
+
+    card_cost: Decimal  # every priced GPU-minute with metered time
+    empty_card_cost: Decimal  # the GPU-minutes no workload was on
+
+
+@dataclass(frozen=True)
+class TenantCardCost:
+    """A tenant's workloads in a period, priced two ways (ledger precision)."""
+
+    tenant: str
+    whole_card_cost: Decimal  # each workload (container) holding its card for every second it ran
+    dynamic_cost: Decimal  # what the ledger charged: charge + idle spread onto the tenant
+
+
+def get_fleet_card_cost(*, start: datetime, end: datetime) -> FleetCardCost:
+    with connection.cursor() as cur:
+        cur.execute(_FLEET, {"start": start, "end": end})
+        (fleet,) = fetch_rows(cur, FleetCardCost)
+    return fleet
+
+
+def list_tenant_card_costs(*, start: datetime, end: datetime) -> list[TenantCardCost]:
+    """Per tenant with usage on priced GPU-minutes of [start, end), sorted by tenant."""
+    with connection.cursor() as cur:
+        cur.execute(_TENANT_CARDS, {"start": start, "end": end})
+        return fetch_rows(cur, TenantCardCost)
 
 
 # -- the pool rebalance ----------------------------------------------------------------------

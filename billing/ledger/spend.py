@@ -38,17 +38,17 @@ from billing.models.pricing import RateCard
 
 __all__ = [
     "InvoiceTotal",
-    "RecentSpend",
+    "HourSpend",
     "TenantSpend",
     "WorkloadDay",
     "WorkloadTotals",
     "WorkloadTotalsPage",
     "closed_days",
     "get_latest_hour",
-    "get_recent_spend",
     "get_unpriced_seconds",
     "list_invoice_totals",
     "list_invoice_totals_from_hours",
+    "list_hour_spends",
     "list_month_to_date_spends",
     "list_workload_days",
     "list_workload_totals",
@@ -76,17 +76,23 @@ class InvoiceTotal:
 
 @dataclass(frozen=True)
 class TenantSpend:
-    """Charge plus idle share of a tenant over a period, ledger precision."""
+    """Charge and idle share of a tenant over a period, ledger precision."""
 
     tenant: str
-    spend: Decimal
+    charge: Decimal
+    idle_share: Decimal
+
+    @property
+    def spend(self) -> Decimal:
+        return self.charge + self.idle_share
 
 
 @dataclass(frozen=True)
-class RecentSpend:
-    """Charge plus idle share of a tenant over a window, and the first ledger hour with usage in it."""
+class HourSpend:
+    """Charge plus idle share of a tenant in one ledger hour."""
 
-    first_hour: datetime | None
+    tenant: str
+    hour: datetime
     spend: Decimal
 
 
@@ -320,28 +326,29 @@ def _usage_rows(split: _Split, params: dict[str, Any]) -> str:
 
 
 def list_month_to_date_spends(*, tenants: Collection[str], start: datetime, now: datetime) -> list[TenantSpend]:
-    """Charge plus idle share of each of `tenants` (sorted by slug) over the ledger hours in
+    """Charge and idle share of each of `tenants` (sorted by slug) over the ledger hours in
     [start, now] (the hour of `now` counts, later hours not yet); a tenant without usage has 0. One
     query whatever the number of tenants."""
-    spends = dict.fromkeys(sorted(set(tenants)), _ZERO)
+    spends = {slug: TenantSpend(slug, _ZERO, _ZERO) for slug in sorted(set(tenants))}
     if spends and now >= start:
         params: dict[str, Any] = {"tenants": list(spends)}
-        rows = _fetch(f"SELECT tenant, sum(charge) + sum(idle_share) FROM {_usage_rows(_split(start, now + _TICK, now), params)}"  # noqa: S608
+        rows = _fetch(f"SELECT tenant, sum(charge), sum(idle_share) FROM {_usage_rows(_split(start, now + _TICK, now), params)}"  # noqa: S608
                       " u GROUP BY 1", params, period_read=True)
-        spends.update({tenant: spend for tenant, spend in rows})
-    return [TenantSpend(tenant=slug, spend=spend) for slug, spend in spends.items()]
+        spends.update({tenant: TenantSpend(tenant, charge, idle) for tenant, charge, idle in rows})
+    return list(spends.values())
 
 
-def get_recent_spend(*, tenant: str, since: datetime, now: datetime) -> RecentSpend:
-    """Charge plus idle share of `tenant` over the ledger hours in [since, now], from the hour ledger
-    (a short window: the budget forecast's last 24 hours), and the first such hour."""
-    rows = _fetch(
-        "SELECT min(hour), coalesce(sum(charge), 0) + coalesce(sum(idle_share), 0) FROM billing_usagehour "
-        "WHERE tenant = %(tenant)s AND hour >= %(since)s AND hour <= %(now)s",
-        {"tenant": tenant, "since": since, "now": now},
+def list_hour_spends(*, tenants: Collection[str], since: datetime, until: datetime) -> list[HourSpend]:
+    """Charge plus idle share of each of `tenants` in each ledger hour of [since, until) with usage,
+    from the hour ledger (a short window: the forecast's recent complete hours), sorted by tenant
+    and hour. One query whatever the number of tenants."""
+    if not tenants or since >= until:
+        return []
+    return _fetch_as(
+        "SELECT tenant, hour, sum(charge) + sum(idle_share) AS spend FROM billing_usagehour "
+        "WHERE tenant = ANY(%(tenants)s::text[]) AND hour >= %(since)s AND hour < %(until)s GROUP BY 1, 2 ORDER BY 1, 2",
+        {"tenants": sorted(set(tenants)), "since": since, "until": until}, HourSpend,
     )
-    first, spend = rows[0]
-    return RecentSpend(first_hour=first, spend=spend if first is not None else _ZERO)
 
 
 # --- A tenant's workloads ---------------------------------------------------------------------

@@ -1,5 +1,7 @@
 """Paired static-vs-dynamic cost reports (DESIGN §4), computed by a Celery job."""
 
+from datetime import UTC, date, timedelta
+
 from django.conf import settings
 from django.db import models
 from django.utils.translation import gettext_lazy as _
@@ -30,4 +32,10 @@ class PairedReport(models.Model):
         ]
 
     def __str__(self) -> str:
-        return f"paired report {self.pk} {self.period_start:%Y-%m-%d}..{self.period_end:%Y-%m-%d} {self.status}"
+        return f"paired report {self.pk} {self.period_start:%Y-%m-%d}..{self.last_day:%Y-%m-%d} {self.status}"
+
+    @property
+    def last_day(self) -> date:
+        """The period's last day, included: the form asks "to 2026-12-01 inclusive" and stores the
+        instant after it, 2026-12-02 00:00, as `period_end`."""
+        return (self.period_end - timedelta(microseconds=1)).astimezone(UTC).date()

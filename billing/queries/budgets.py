@@ -1,4 +1,8 @@
-"""Budget status for pages, scoped like every tenant read."""
+"""Budget status for pages, scoped like every tenant read.
+
+Spend and forecast are read live with the one definition (billing.services.budgets.get_month_spends)
+the portal's month-to-date card uses too, so both show the same number; the state is the one the
+last evaluation acted on (evaluate_budgets runs every minute and on every budget change)."""
 
 from __future__ import annotations
 
@@ -8,6 +12,7 @@ from decimal import Decimal
 
 from billing.models import Budget, BudgetAction, BudgetState, BudgetStatus
 from billing.scope import Scope
+from billing.services.budgets import MonthSpend, get_month_spends
 
 __all__ = ["BudgetView", "list_budgets"]
 
@@ -21,8 +26,10 @@ class BudgetView:
     hard_action: str
     owner: str
     state: str
-    spend: Decimal
+    spend: Decimal  # month to date, ledger precision (the state and used_pct come from it)
+    spend_shown: Decimal  # month to date as every page shows it (MonthSpend.month_to_date_shown)
     forecast: Decimal
+    rate_hours: int  # complete hours the forecast's rate is taken over (0: forecast = spend)
     used_pct: Decimal
 
     @property
@@ -34,20 +41,27 @@ class BudgetView:
         return str(BudgetAction(self.hard_action).label)
 
 
-def list_budgets(*, scope: Scope, now: datetime) -> list[BudgetView]:
-    budgets = Budget.objects.select_related("tenant").order_by("tenant__slug")
+def list_budgets(*, scope: Scope, now: datetime, spends: dict[str, MonthSpend] | None = None) -> list[BudgetView]:
+    """The budgets the caller may see; `spends`: the month's spends already read for this page (the
+    portal's own card), so that one read is shown twice rather than two reads that a rollup landing
+    between them would tell apart."""
+    rows = Budget.objects.select_related("tenant").order_by("tenant__slug")
     if scope.tenants is not None:
-        budgets = budgets.filter(tenant__slug__in=scope.tenants)
+        rows = rows.filter(tenant__slug__in=scope.tenants)
+    budgets = list(rows)
     month = now.date().replace(day=1)
     statuses = {s.budget_id: s for s in BudgetStatus.objects.filter(month=month, budget__in=budgets)}
+    missing = [b.tenant.slug for b in budgets if spends is None or b.tenant.slug not in spends]
+    spends = {**(spends or {}), **get_month_spends(tenants=missing, now=now)}
     views = []
     for b in budgets:
         status = statuses.get(b.pk)
-        spend = status.spend if status else Decimal(0)
+        spend = spends[b.tenant.slug]
         views.append(BudgetView(
             tenant=b.tenant.slug, tenant_name=b.tenant.name, amount=b.amount, currency=b.currency,
             hard_action=b.hard_action, owner=b.owner, state=status.state if status else BudgetState.OK,
-            spend=spend, forecast=status.forecast if status else Decimal(0),
-            used_pct=(spend / b.amount * 100) if b.amount else Decimal(0),
+            spend=spend.month_to_date, spend_shown=spend.month_to_date_shown(b.currency), forecast=spend.forecast,
+            rate_hours=spend.rate_hours,
+            used_pct=(spend.month_to_date / b.amount * 100) if b.amount else Decimal(0),
         ))
     return views

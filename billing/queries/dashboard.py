@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, date, datetime, timedelta
 from decimal import Decimal
 from typing import Any
 
@@ -26,6 +26,7 @@ from billing.models import PairedReport, RebalancePlan
 from billing.models.rebalance import RebalanceStatus
 from billing.queries.finance import CostSummary, get_cost_summary_and_top
 from billing.scope import Scope
+from billing.services.report_pdf import CostComparison, savings_tables
 
 __all__ = [
     "HOURLY_UP_TO",
@@ -106,21 +107,22 @@ class WorkloadCost:
 
 @dataclass(frozen=True)
 class SavingsHeadline:
-    """Dynamic against whole-card static cost, as the paired report states it (test_whole_vs_dynamic)."""
+    """The latest paired report over the period: the fleet's cost under whole-card and dynamic
+    allocation (the organisation's view, as the report page shows it) and the paired test's mean
+    saving per complete workload-day (test_whole_vs_dynamic)."""
 
     report_id: int
     period_start: datetime
-    period_end: datetime
+    last_day: date  # the period's last day, included
     finished_at: datetime | None
+    currency: str
+    fleet: CostComparison | None  # None for a report computed before the fleet view existed
     n: int | None
-    mean_saving: float | None  # per workload-day, in the ledger's currency
+    mean_saving: float | None  # per complete workload-day, in `currency`
     ci95_low: float | None
     ci95_high: float | None
     p_value: float | None
     note: str
-    cost_reduction_pct: float | None
-    static_whole_cost: Decimal | None
-    dynamic_cost: Decimal | None
 
 
 @dataclass(frozen=True)
@@ -222,11 +224,8 @@ def _float(value: Any) -> float | None:
     return float(value) if isinstance(value, int | float) else None
 
 
-def _decimal(value: Any) -> Decimal | None:
-    return Decimal(str(value)) if value is not None else None
-
-
-def _savings(start: datetime, end: datetime) -> SavingsHeadline | None:
+def _savings(start: datetime, end: datetime, currency: str) -> SavingsHeadline | None:
+    """`currency`: the period's, for a report computed before reports carried their own."""
     report = (
         PairedReport.objects.filter(status=PairedReport.Status.DONE, result__isnull=False,
                                     period_start__lt=end, period_end__gt=start)
@@ -237,22 +236,21 @@ def _savings(start: datetime, end: datetime) -> SavingsHeadline | None:
         return None
     result: dict[str, Any] = report.result or {}
     test: dict[str, Any] = result.get("test_whole_vs_dynamic") or {}
-    summary: dict[str, Any] = result.get("summary") or {}
     ci: Sequence[Any] = test.get("ci95") or (None, None)
+    tables = savings_tables(result, {})
     return SavingsHeadline(
         report_id=report.pk,
         period_start=report.period_start,
-        period_end=report.period_end,
+        last_day=report.last_day,
         finished_at=report.finished_at,
+        currency=str(result.get("currency") or currency),
+        fleet=tables.fleet_total if tables else None,
         n=test.get("n"),
         mean_saving=_float(test.get("mean_saving")),
         ci95_low=_float(ci[0]),
         ci95_high=_float(ci[1]),
         p_value=_float(test.get("p_value")),
         note=str(test.get("note") or ""),
-        cost_reduction_pct=_float(summary.get("cost_reduction_pct")),
-        static_whole_cost=_decimal(summary.get("static_whole_cost")),
-        dynamic_cost=_decimal(summary.get("dynamic_cost")),
     )
 
 
@@ -274,7 +272,7 @@ def get_finance_dashboard(*, scope: Scope, start: datetime, end: datetime) -> Fi
         timeline=_timeline(scope, summary, granularity),
         top_workloads=_top_workloads(summary, top),
         utilisation=_utilisation(start, end, granularity) if platform else None,
-        savings=_savings(start, end) if platform else None,
+        savings=_savings(start, end, summary.currency) if platform else None,
         rebalance=_rebalance() if platform else None,
     )
 

@@ -2,7 +2,8 @@
 
 A tenant outside the caller's scope raises `TenantNotFound`, exactly like a tenant that does not
 exist, so the portal never reveals which tenants there are. Month-to-date spend and the forecast
-use the budget definitions (billing.services.budgets): charge plus idle spread onto the tenant.
+are the budgets' one definition (billing.services.budgets.get_month_spends): charge plus idle spread
+onto the tenant; the budget card reads the same, so both show one number.
 A workload is one pod instance: (namespace, pod, pod_uid). The workloads of the period and the
 daily chart read the closed UTC days of the period from the day ledger, first/last hour included
 (the day rows keep them), and the rest from the hour ledger (billing.ledger.spend).
@@ -26,7 +27,7 @@ from billing.models import RateCard, Tenant
 from billing.money import minor_unit_exponent
 from billing.queries.budgets import BudgetView, list_budgets
 from billing.scope import Scope
-from billing.services.budgets import forecast_month_end, get_month_to_date_spend, get_month_to_date_spends
+from billing.services.budgets import get_month_spend, get_month_to_date_parts, shown_spend
 from billing.services.exports import InvoiceSummary, list_invoices
 from billing.services.invoicing import InvoicePreview, preview_invoice, preview_invoices
 
@@ -105,8 +106,10 @@ class TenantPortal:
     name: str
     currency: str
     now: datetime
-    month_to_date: Decimal
+    month_to_date: Decimal  # ledger precision
+    month_to_date_shown: Decimal  # as every page shows it (MonthSpend.month_to_date_shown)
     forecast: Decimal
+    forecast_rate_hours: int  # complete hours the forecast's rate is taken over (0: forecast = month to date)
     budget: BudgetView | None
     start: datetime
     end: datetime
@@ -144,7 +147,7 @@ class UpcomingInvoices:
 class TenantPortalRow:
     slug: str
     name: str
-    month_to_date: Decimal
+    month_to_date: Decimal  # as every page shows it (MonthSpend.month_to_date_shown)
     currency: str
     budget: BudgetView | None
 
@@ -171,9 +174,10 @@ def list_tenant_portals(*, scope: Scope, now: datetime) -> list[TenantPortalRow]
     currency = _currency(now)
     tenants = list(_visible_tenants(scope).values_list("slug", "name"))
     # One grouped query, the same figures as get_month_to_date_spend per tenant.
-    spends = get_month_to_date_spends(tenants=[slug for slug, _name in tenants], now=now)
+    spends = get_month_to_date_parts(tenants=[slug for slug, _name in tenants], now=now)
     return [
-        TenantPortalRow(slug=slug, name=name, month_to_date=spends[slug], currency=currency, budget=budgets.get(slug))
+        TenantPortalRow(slug=slug, name=name, month_to_date=shown_spend(spends[slug], currency),
+                        currency=currency, budget=budgets.get(slug))
         for slug, name in tenants
     ]
 
@@ -188,11 +192,11 @@ def get_tenant_portal(*, scope: Scope, slug: str, start: datetime, end: datetime
         raise TenantNotFound(f"no tenant {slug!r}")
     # Everything below reads this one tenant only, whatever the caller may see besides.
     own = dataclasses.replace(scope, tenants=frozenset({slug}))
-    spend = get_month_to_date_spend(tenant=slug, now=now)
-    budget = next(iter(list_budgets(scope=own, now=now)), None)
+    spend = get_month_spend(tenant=slug, now=now)
+    currency = _currency(now)
+    budget = next(iter(list_budgets(scope=own, now=now, spends={slug: spend})), None)
     # The chart's series are the costliest workloads: never fewer than it shows.
     limit = None if workload_limit is None else max(workload_limit, CHART_SERIES)
-    currency = _currency(now)
     # The period's cost is the total of the workload list as shown: each cost rounded to the cent.
     page = list_workload_totals(tenant=slug, start=start, end=end, now=now, limit=limit,
                                 cost_places=minor_unit_exponent(currency))
@@ -202,8 +206,9 @@ def get_tenant_portal(*, scope: Scope, slug: str, start: datetime, end: datetime
     except InvalidInput as exc:
         upcoming, upcoming_error = None, str(exc)
     return TenantPortal(
-        slug=slug, name=tenant[1], currency=currency, now=now, month_to_date=spend,
-        forecast=forecast_month_end(tenant=slug, spend=spend, now=now), budget=budget, start=start, end=end,
+        slug=slug, name=tenant[1], currency=currency, now=now, month_to_date=spend.month_to_date,
+        month_to_date_shown=spend.month_to_date_shown(currency),
+        forecast=spend.forecast, forecast_rate_hours=spend.rate_hours, budget=budget, start=start, end=end,
         workloads=workloads[:workload_limit], workload_count=page.count, period_cost=page.cost,
         daily=_daily(slug, workloads, page.count, start=start, end=end, now=now),
         invoices=tuple(i for i in list_invoices(scope=own) if i.tenant_slug == slug),

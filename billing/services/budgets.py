@@ -1,9 +1,10 @@
 """Budgets that act: month-to-date spend → ok / warned / enforced, audited and notified.
 
 Spend is the tenant's charges plus any idle spread onto it: the closed days of the month from the
-day ledger, today's hours from the hour ledger (the current hour is rolled up continuously). The forecast adds the recent rate (last 24 h),
-carried to the end of the month, to the month-to-date spend. States move both ways: raising a budget or a new month
-brings a tenant back to ok.
+day ledger, today's hours from the hour ledger (the current hour is rolled up continuously). The
+forecast (`get_month_spends`, the one definition the portal, the budgets page and the evaluation
+share) adds the rate of the recent *complete* hours, carried to the end of the month, to the
+month-to-date spend. States move both ways: raising a budget or a new month brings a tenant back to ok.
 """
 
 from __future__ import annotations
@@ -27,8 +28,9 @@ from django.utils.translation import gettext as _
 
 from billing.currencies import check_currency
 from billing.errors import InvalidInput
-from billing.ledger.spend import get_recent_spend, list_month_to_date_spends
+from billing.ledger.spend import HourSpend, TenantSpend, list_hour_spends, list_month_to_date_spends
 from billing.models import Budget, BudgetState, BudgetStatus, Tenant
+from billing.money import display_amount
 from billing.services.audit import record_audit_event
 from billing.services.invoicing import month_bounds
 from billing.services.webhooks import parse_allow_list
@@ -38,10 +40,15 @@ __all__ = [
     "budget_state_for",
     "check_budget_values",
     "evaluate_budgets",
-    "forecast_month_end",
+    "FORECAST_WINDOW",
+    "MonthSpend",
+    "get_month_spend",
+    "get_month_spends",
+    "get_month_to_date_parts",
     "get_month_to_date_spend",
     "get_month_to_date_spends",
     "set_budget",
+    "shown_spend",
     "sign_webhook",
 ]
 
@@ -94,27 +101,86 @@ def get_month_to_date_spend(*, tenant: str, now: datetime) -> Decimal:
 
 
 def get_month_to_date_spends(*, tenants: Collection[str], now: datetime) -> dict[str, Decimal]:
-    """Month-to-date spend (charge + idle share, ledger hours from the first of the month up to and
+    """Month-to-date spend (charge + idle share) of each of `tenants` (get_month_to_date_parts)."""
+    return {t: s.spend for t, s in get_month_to_date_parts(tenants=tenants, now=now).items()}
+
+
+def get_month_to_date_parts(*, tenants: Collection[str], now: datetime) -> dict[str, TenantSpend]:
+    """Month-to-date charge and idle share (ledger hours from the first of the month up to and
     including the hour of `now`) of each of `tenants`, in one query: closed days from the day ledger,
     today's hours from the hour ledger (billing.ledger.spend)."""
-    return {s.tenant: s.spend for s in list_month_to_date_spends(tenants=tenants, start=_month_start(now), now=now)}
+    return {s.tenant: s for s in list_month_to_date_spends(tenants=tenants, start=_month_start(now), now=now)}
 
 
 FORECAST_WINDOW = timedelta(hours=24)
+_HOUR = timedelta(hours=1)
 
 
-def forecast_month_end(*, tenant: str, spend: Decimal, now: datetime) -> Decimal:
-    """Month-to-date spend plus the recent rate (the last 24 h, or since the tenant's first
-    usage this month if that is shorter) carried to the end of the month. A linear
-    extrapolation from the first of the month would understate a tenant that started late."""
+@dataclass(frozen=True)
+class MonthSpend:
+    """A tenant's month to date at `now` and its forecast to the end of the month.
+
+    forecast = month to date + rate × hours left in the month. The rate is the mean spend per hour
+    of the complete UTC hours of the last FORECAST_WINDOW (never before the first of the month),
+    counted from the tenant's first hour with usage there; when the tenant's usage began inside the
+    window, that first hour is partial (it started during it) and is left out too. The hour in
+    progress counts in the month to date, never in the rate: with steady use the forecast stays put
+    as the hour goes by (its spend grows as the hours left shrink). Without such a complete hour
+    there is no rate, and the forecast is the month to date."""
+
+    tenant: str
+    month_to_date: Decimal  # charge + idle_share
+    forecast: Decimal
+    rate_per_hour: Decimal | None  # None: no complete hour to take a rate from yet
+    rate_hours: int  # complete hours the rate is taken over
+    charge: Decimal
+    idle_share: Decimal
+
+    def month_to_date_shown(self, currency: str) -> Decimal:
+        return shown_spend(TenantSpend(self.tenant, self.charge, self.idle_share), currency)
+
+
+def shown_spend(spend: TenantSpend, currency: str) -> Decimal:
+    """A tenant's spend as every page shows it: the charge and the idle share each rounded once to
+    the currency's minor unit, then added, as the finance page's tenant row adds its two columns (a
+    shown total is the sum of its shown parts); so the portal, its budget card, the budgets page
+    and the finance page show one month to date, to the cent."""
+    return display_amount(spend.charge, currency) + display_amount(spend.idle_share, currency)
+
+
+def get_month_spend(*, tenant: str, now: datetime) -> MonthSpend:
+    return get_month_spends(tenants=[tenant], now=now)[tenant]
+
+
+def get_month_spends(*, tenants: Collection[str], now: datetime) -> dict[str, MonthSpend]:
+    """Month to date and forecast (MonthSpend) of each of `tenants`, in two queries."""
     month_start, month_end = month_bounds(now.date().replace(day=1))
-    window_start = max(month_start, now - FORECAST_WINDOW)
-    recent = get_recent_spend(tenant=tenant, since=window_start.replace(minute=0, second=0, microsecond=0), now=now)
-    if recent.first_hour is None:
-        return spend
-    observed = Decimal(max((now - max(recent.first_hour, window_start)).total_seconds(), 3600))
-    remaining = Decimal(max((month_end - now).total_seconds(), 0))
-    return spend + recent.spend / observed * remaining
+    month_to_date = get_month_to_date_parts(tenants=tenants, now=now)
+    hour = now.replace(minute=0, second=0, microsecond=0)
+    window_start = max(month_start, hour - FORECAST_WINDOW)
+    hours: dict[str, list[HourSpend]] = {}
+    for row in list_hour_spends(tenants=tenants, since=window_start, until=hour):
+        hours.setdefault(row.tenant, []).append(row)
+    hours_left = Decimal(max((month_end - now).total_seconds(), 0)) / 3600
+    spends = {}
+    for tenant, parts in month_to_date.items():
+        rate, rate_hours = _hourly_rate(hours.get(tenant, []), window_start=window_start, until=hour)
+        spend = parts.spend
+        forecast = spend if rate is None else spend + rate * hours_left
+        spends[tenant] = MonthSpend(tenant, spend, forecast, rate, rate_hours, parts.charge, parts.idle_share)
+    return spends
+
+
+def _hourly_rate(hours: list[HourSpend], *, window_start: datetime, until: datetime) -> tuple[Decimal | None, int]:
+    """(mean spend per hour, number of hours) over the complete hours (MonthSpend); `hours` sorted."""
+    if not hours:
+        return None, 0
+    first = hours[0].hour
+    start = first if first == window_start else first + _HOUR  # usage began during `first`
+    rate_hours = (until - start) // _HOUR
+    if rate_hours <= 0:
+        return None, 0
+    return sum((h.spend for h in hours if h.hour >= start), Decimal(0)) / rate_hours, rate_hours
 
 
 MAX_NOTIFY_EMAILS = 20
@@ -222,9 +288,10 @@ def evaluate_budgets(*, now: datetime) -> list[BudgetTransition]:
     (the caller notifies after commit)."""
     month = now.date().replace(day=1)
     transitions = []
-    for budget in Budget.objects.select_related("tenant").order_by("pk"):
-        spend = get_month_to_date_spend(tenant=budget.tenant.slug, now=now)
-        forecast = forecast_month_end(tenant=budget.tenant.slug, spend=spend, now=now)
+    budgets = list(Budget.objects.select_related("tenant").order_by("pk"))
+    spends = get_month_spends(tenants=[b.tenant.slug for b in budgets], now=now)
+    for budget in budgets:
+        spend, forecast = spends[budget.tenant.slug].month_to_date, spends[budget.tenant.slug].forecast
         state = budget_state_for(spend=spend, amount=budget.amount, soft_pct=budget.soft_threshold_pct,
                                  hard_pct=budget.hard_threshold_pct)
         with transaction.atomic():

@@ -6,8 +6,19 @@ Unit: one workload (tenant/namespace/pod/container/pod UID) on one UTC day. For 
        whose memory holds the workload's peak memory (minute means) on that card
   y  = dynamic cost: what the ledger charged (usage charge + any idle spread onto it)
 Cold start: a workload's first COLD_START minutes (from the first minute it appears in the
-ledger, looking back LOOKBACK before the period) are excluded from every figure.
-Paired t-test (scipy.stats.ttest_rel) of x against y: mean saving, 95 % CI, p-value, n.
+ledger, looking back LOOKBACK before the period) are excluded from every figure of the paired test.
+Paired t-test (scipy.stats.ttest_rel) of x against y: mean saving, 95 % CI, p-value, n, over the
+complete workload-days only: the UTC days that were over when the report was computed (a report
+that reaches today leaves today's workload-days out of every per-workload-day figure).
+
+The organisation's view (`fleet`, `chargeback`), every priced GPU-minute of the period, cold start
+included, since the organisation pays for those minutes too:
+  fleet cost, whole-card = Σ over workloads of every second on its own card at that card's price
+                           + the cost of the card-minutes no workload was on (held either way)
+  fleet cost, dynamic    = the cost of every card-minute the fleet held, busy or idle
+  chargeback per tenant  = the tenant's workloads priced whole-card, and what the ledger charged
+                           (charge + idle spread onto it); the platform row is the rest: the empty
+                           cards under whole-card, the idle nobody was charged for under dynamic.
 """
 
 from __future__ import annotations
@@ -16,14 +27,21 @@ import math
 from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import date, datetime, timedelta
+from datetime import UTC, date, datetime, timedelta
 from decimal import Decimal
 from typing import Any
 
 from scipy import stats
 
-from billing.ledger.minutes import get_busy_card_time, list_steady_workload_gpu_days
+from billing.ledger.minutes import (
+    get_busy_card_time,
+    get_fleet_card_cost,
+    list_steady_workload_gpu_days,
+    list_tenant_card_costs,
+)
 from billing.ledger.retention import require_minutes_retained
+from billing.ledger.totals import get_priced_currency
+from billing.money import ledger_amount
 
 __all__ = ["COLD_START", "LOOKBACK", "PROFILES", "compute_paired_report", "profile_fraction"]
 
@@ -81,7 +99,7 @@ def _paired_test(x: list[float], y: list[float]) -> dict[str, Any]:
 
 
 def compute_paired_report(
-    *, start: datetime, end: datetime, progress: Callable[[int], None] = lambda pct: None
+    *, start: datetime, end: datetime, now: datetime, progress: Callable[[int], None] = lambda pct: None
 ) -> dict[str, Any]:
     if end <= start:
         raise ValueError("the period's end must be after its start")
@@ -106,11 +124,18 @@ def compute_paired_report(
         unit.used_gpu_s += ALPHA * r.mem_used_mb_s / r.memory_mb + (1 - ALPHA) * r.sm_used_s / r.sm_count
         unit.dynamic_billed_gpu_s += r.dynamic_billed_gpu_s or Decimal(0)
         workloads_by_day[r.day].add((r.tenant, r.namespace, r.pod, r.container, r.pod_uid))
+    progress(70)
+    organisation = _organisation_view(start=start, end=end)
     progress(80)
+    # Per workload-day figures count the days that were over at `now` only.
+    today = now.astimezone(UTC).replace(hour=0, minute=0, second=0, microsecond=0)
+    complete_until = min(end, today)
+    partial = sorted({k for k in units if k[5] >= today.date()})
+    tested = sorted(set(units) - set(partial))
     keys = sorted(units)
-    x = [float(units[k].static_whole) for k in keys]
-    xp = [float(units[k].static_profile) for k in keys]
-    y = [float(units[k].dynamic) for k in keys]
+    x = [float(units[k].static_whole) for k in tested]
+    xp = [float(units[k].static_profile) for k in tested]
+    y = [float(units[k].dynamic) for k in tested]
     total = _Unit()
     for u in units.values():
         for f in ("static_whole", "static_profile", "dynamic", "seconds", "used_gpu_s", "mem_used_mb_s",
@@ -137,16 +162,50 @@ def compute_paired_report(
     }
     result = {
         "period": {"start": start.isoformat(), "end": end.isoformat()},
+        "as_of": now.isoformat(),
+        "currency": get_priced_currency(start=start, end=end),
         "method": {"unit": "workload x UTC day", "cold_start_excluded_minutes": COLD_START.total_seconds() / 60,
                    "lookback_days": LOOKBACK.days, "alpha": str(ALPHA)},
         "n_units": len(keys),
         "workloads": len({k[:5] for k in keys}),
+        "per_workload_day": {"complete_until": complete_until.isoformat(), "partial_units_excluded": len(partial),
+                             "partial_days_excluded": sorted({k[5].isoformat() for k in partial})},
+        **organisation,
         "summary": summary,
         "test_whole_vs_dynamic": _paired_test(x, y),
         "test_profile_vs_dynamic": _paired_test(xp, y),
     }
     progress(100)
     return result
+
+
+def _organisation_view(*, start: datetime, end: datetime) -> dict[str, Any]:
+    """The fleet's cost under whole-card and dynamic allocation, and each tenant's chargeback under
+    both (module docstring), as exact ledger amounts (strings); parts add to the totals exactly."""
+    fleet = get_fleet_card_cost(start=start, end=end)
+    tenants = list_tenant_card_costs(start=start, end=end)
+    whole_card = {t.tenant: ledger_amount(t.whole_card_cost) for t in tenants}
+    workload_cards = sum(whole_card.values(), Decimal(0))
+    charged = sum((t.dynamic_cost for t in tenants), Decimal(0))
+    busy = fleet.card_cost - fleet.empty_card_cost
+    whole_total = workload_cards + fleet.empty_card_cost
+    return {
+        "fleet": {
+            "whole_card": {"workload_cards": str(workload_cards), "empty_cards": str(fleet.empty_card_cost),
+                           "total": str(whole_total)},
+            "dynamic": {"busy_cards": str(busy), "empty_cards": str(fleet.empty_card_cost),
+                        "total": str(fleet.card_cost)},
+            "saving": str(whole_total - fleet.card_cost),
+            "reduction_pct": _reduction(fleet.card_cost, whole_total),
+        },
+        "chargeback": {
+            "tenants": [{"tenant": t.tenant, "whole_card": str(whole_card[t.tenant]),
+                         "dynamic": str(t.dynamic_cost)} for t in tenants],
+            # Under whole cards the platform holds the empty cards; under dynamic, the idle that was
+            # not spread onto a tenant.
+            "platform": {"whole_card": str(fleet.empty_card_cost), "dynamic": str(fleet.card_cost - charged)},
+        },
+    }
 
 
 def _reduction(dynamic: Decimal, static: Decimal) -> float | None:

@@ -11,11 +11,11 @@ from django.utils import timezone
 
 from billing.errors import InvalidInput
 from billing.ledger.retention import require_minutes_retained
-from billing.models import PairedReport
+from billing.models import PairedReport, Tenant
 from billing.services.audit import record_audit_event
 from billing.services.paired_report import LOOKBACK, compute_paired_report
 
-__all__ = ["MAX_REPORT_DAYS", "request_paired_report", "run_paired_report"]
+__all__ = ["MAX_REPORT_DAYS", "request_paired_report", "run_paired_report", "tenant_names"]
 
 MAX_REPORT_DAYS = 92
 
@@ -56,7 +56,8 @@ def run_paired_report(*, report_id: int) -> PairedReport:
         PairedReport.objects.filter(pk=report_id).update(progress_pct=pct)
 
     try:
-        result = compute_paired_report(start=report.period_start, end=report.period_end, progress=progress)
+        result = compute_paired_report(start=report.period_start, end=report.period_end, now=timezone.now(),
+                                       progress=progress)
     except Exception as exc:
         PairedReport.objects.filter(pk=report_id).update(status=PairedReport.Status.FAILED, error=str(exc)[:2000],
                                                          finished_at=timezone.now())
@@ -67,3 +68,8 @@ def run_paired_report(*, report_id: int) -> PairedReport:
         finished_at=timezone.now(),
     )
     return PairedReport.objects.get(pk=report_id)
+
+
+def tenant_names() -> dict[str, str]:
+    """Tenant slug → display name, for the report's chargeback rows (a report covers every tenant)."""
+    return dict(Tenant.objects.values_list("slug", "name"))

@@ -3,6 +3,8 @@ the PDF. Thin: parse, one service call, render."""
 
 from __future__ import annotations
 
+import csv
+
 from django.contrib.auth.decorators import login_required
 from django.db import transaction
 from django.http import Http404, HttpRequest, HttpResponse
@@ -13,8 +15,19 @@ from billing import tasks
 from billing.api.errors import QUEUE_DOWN
 from billing.errors import InvalidInput
 from billing.models import PairedReport
-from billing.services.report_pdf import render_paired_report_pdf, study_rows, summary_rows
-from billing.services.reports import report_not_queued, request_paired_report
+from billing.services.paired_report import COLD_START
+from billing.services.report_pdf import (
+    SAVINGS_CSV_COLUMNS,
+    definitions,
+    partial_days_note,
+    period_text,
+    render_paired_report_pdf,
+    savings_csv_rows,
+    savings_tables,
+    study_rows,
+    summary_rows,
+)
+from billing.services.reports import report_not_queued, request_paired_report, tenant_names
 from billing.web.access import require_platform
 from billing.web.forms import PeriodForm
 
@@ -38,8 +51,12 @@ def report_list(request: HttpRequest) -> HttpResponse:
             transaction.on_commit(lambda: _enqueue(report.pk))
             return redirect("report-detail", report_id=report.pk)
     reports = PairedReport.objects.order_by("-created_at")[:50]
-    return render(request, "billing/reports.html", {"form": form, "reports": reports},
+    return render(request, "billing/reports.html", {"form": form, "reports": reports, "definitions": _definitions()},
                   status=400 if form.errors else 200)
+
+
+def _definitions() -> list[tuple[str, str]]:
+    return definitions(int(COLD_START.total_seconds() // 60))
 
 
 def _enqueue(report_id: int) -> None:
@@ -61,17 +78,39 @@ def _get(report_id: int) -> PairedReport:
 def report_detail(request: HttpRequest, report_id: int) -> HttpResponse:
     _require_platform_view(request)
     report = _get(report_id)
-    rows = summary_rows(report.result) if report.result else []
-    study = study_rows(report.result) if report.result else []
-    return render(request, "billing/report_detail.html", {"report": report, "rows": rows, "study": study})
+    result = report.result
+    return render(request, "billing/report_detail.html", {
+        "report": report, "period": period_text(report), "definitions": _definitions(),
+        "rows": summary_rows(result) if result else [], "study": study_rows(result) if result else [],
+        "tables": savings_tables(result, tenant_names()) if result else None,
+        "partial_note": partial_days_note(result) if result else "",
+    })
+
+
+def _finished(report_id: int) -> PairedReport:
+    report = _get(report_id)
+    if report.status != PairedReport.Status.DONE or report.result is None:
+        raise Http404("the report is not finished")
+    return report
 
 
 @login_required
 def report_pdf(request: HttpRequest, report_id: int) -> HttpResponse:
     _require_platform_view(request)
-    report = _get(report_id)
-    if report.status != PairedReport.Status.DONE:
-        raise Http404("the report is not finished")
-    response = HttpResponse(render_paired_report_pdf(report), content_type="application/pdf")
+    report = _finished(report_id)
+    response = HttpResponse(render_paired_report_pdf(report, tenant_names=tenant_names()),
+                            content_type="application/pdf")
     response["Content-Disposition"] = f'attachment; filename="paired-report-{report.pk}.pdf"'
+    return response
+
+
+@login_required
+def report_csv(request: HttpRequest, report_id: int) -> HttpResponse:
+    _require_platform_view(request)
+    report = _finished(report_id)
+    response = HttpResponse(content_type="text/csv; charset=utf-8")
+    response["Content-Disposition"] = f'attachment; filename="paired-report-{report.pk}.csv"'
+    writer = csv.writer(response)
+    writer.writerow(SAVINGS_CSV_COLUMNS)
+    writer.writerows(savings_csv_rows(report.result or {}, tenant_names()))
     return response

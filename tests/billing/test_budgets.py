@@ -276,21 +276,6 @@ def test_admission_fails_open_with_a_warning_and_closed_when_configured(client, 
         assert admit(client, review())["allowed"] is False
 
 
-@pytest.mark.django_db
-def test_forecast_carries_the_recent_rate_to_the_end_of_the_month(acme, post_batch, minute_start):
-    from billing.services.budgets import forecast_month_end
-    from billing.services.invoicing import month_bounds
-
-    spend(post_batch, minute_start, seq=1)  # 1.00 USD in the last hour
-    now = clock.now()
-    _, month_end = month_bounds(now.date().replace(day=1))
-    forecast = forecast_month_end(tenant="acme", spend=Decimal(1), now=now)
-    # At least an hour is observed, so the rate is at most 1.00 per hour.
-    hours_left = Decimal((month_end - now).total_seconds()) / 3600
-    assert Decimal(1) <= forecast <= Decimal(1) + hours_left + Decimal("0.01")
-    assert forecast_month_end(tenant="nobody", spend=Decimal(0), now=now) == 0
-
-
 def quota_review(*, uid: str, name: str, mem: str | None = None, sm: str | None = None, gpus: str | None = None,
                  operation: str = "CREATE", dry_run: bool = False) -> dict:
     doc = review(operation=operation, dryRun=dry_run)

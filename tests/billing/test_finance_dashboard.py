@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import csv
 import io
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, date, datetime, timedelta
 from decimal import Decimal
 
 import pytest
@@ -164,6 +164,10 @@ def test_savings_come_from_the_newest_finished_report_overlapping_the_period(fle
             created_at=finished, finished_at=finished, period_start=start, period_end=end, status=status,
             result={"summary": {"cost_reduction_pct": 41.5, "static_whole_cost": "120.000000",
                                 "dynamic_cost": "70.200000"},
+                    "currency": "USD",
+                    "fleet": {"whole_card": {"workload_cards": "120.004", "empty_cards": "9.996", "total": "130"},
+                              "dynamic": {"busy_cards": "60.006", "empty_cards": "9.996", "total": "70.002"}},
+                    "chargeback": {"tenants": [], "platform": {"whole_card": "9.996", "dynamic": "70.002"}},
                     "test_whole_vs_dynamic": {"n": 12, "mean_saving": mean, "ci95": [mean - 1, mean + 1],
                                               "p_value": 0.0004, "t": 5.1}},
         )
@@ -178,13 +182,17 @@ def test_savings_come_from_the_newest_finished_report_overlapping_the_period(fle
     s = get_finance_dashboard(scope=FINANCE, start=march[0], end=march[1]).savings
     assert s is not None and s.report_id == newest.pk != old.pk
     assert (s.n, s.mean_saving, s.ci95_low, s.ci95_high, s.p_value) == (12, 4.5, 3.5, 5.5, 0.0004)
-    assert s.dynamic_cost == D("70.2") and s.cost_reduction_pct == 41.5
+    # The fleet's cost as the report page shows it: each row rounded to cents, the total their sum.
+    assert s.fleet is not None and (s.fleet.whole_card, s.fleet.dynamic) == (D("130.00"), D("70.01"))
+    assert s.last_day == date(2026, 3, 1) and s.currency == "USD"
 
     client.force_login(user_in(FINANCE_GROUP))
     html = client.get("/finance/", {"start": "2026-03-01", "end": "2026-03-01"}).content.decode()
     block = html.split('data-testid="savings-vs-static"')[1].split("</section>")[0]
     assert "4.50 USD" in block and "3.50 USD … 5.50 USD" in block and "&lt; 0.001" in block
-    assert f'href="/reports/{newest.pk}/"' in block
+    assert "59.99 USD (46.1 %)" in block and "130.00 USD" in block and "70.01 USD" in block
+    assert "(2026-02-28 – 2026-03-01 UTC, both days included)" in block
+    assert f'href="/reports/{newest.pk}/"' in block and f'href="/reports/{newest.pk}/#definitions"' in block
     html = client.get("/finance/", {"start": "2026-05-01", "end": "2026-05-02"}).content.decode()
     block = html.split('data-testid="savings-vs-static"')[1].split("</section>")[0]
     assert "No finished paired report covers this period." in block and 'href="/reports/"' in block

@@ -3,18 +3,23 @@ excluded, the paired t-test, and the job that reports progress and can run twice
 
 from __future__ import annotations
 
+import csv
+import io
 import json
+import re
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from io import StringIO
 
 import pytest
 from django.core.management import call_command
+from django.utils import translation
 
 from billing.errors import InvalidInput
 from billing.ledger.rollup import rollup_usage
-from billing.models import PairedReport
+from billing.models import PairedReport, Tenant
 from billing.services.paired_report import compute_paired_report, profile_fraction
+from billing.services.report_pdf import render_paired_report_pdf
 from billing.services.reports import request_paired_report, run_paired_report
 from tests import clock
 from tests.conftest import SHARED_GPU_WORKLOADS, make_batch
@@ -46,7 +51,7 @@ def test_profile_is_the_smallest_that_holds_the_peak(peak_mb, fraction):
 
 
 def test_report_figures_on_a_hand_computable_fleet_with_cold_start_excluded(fifteen_minutes):
-    report = compute_paired_report(start=START, end=START + timedelta(hours=1))
+    report = compute_paired_report(start=START, end=START + timedelta(hours=1), now=clock.now())
     # Each workload ran 15 minutes; its first 5 are cold start: 600 s count.
     assert report["n_units"] == 2
     summary = report["summary"]
@@ -93,6 +98,94 @@ def test_command_prints_the_report_as_json(fifteen_minutes):
     doc = json.loads(out.getvalue())
     assert doc["n_units"] == 2 and doc["test_whole_vs_dynamic"]["n"] == 2
     assert run_paired_report(report_id=doc["report"]).status == "done"
+
+
+@pytest.fixture
+def with_an_empty_card(post_batch, one_usd_per_gpu_second):
+    """The fifteen minutes on GPU 0 while GPU 1 of the node is metered with no workload on it."""
+    for i in range(15):
+        batch = make_batch(start=START + timedelta(minutes=i), seq=i + 1, seconds=60, gpus=2,
+                           workloads=SHARED_GPU_WORKLOADS)
+        assert post_batch(batch).status_code == 201
+    rollup_usage(now=clock.now())
+
+
+def test_the_organisations_view_counts_every_card_it_holds_idle_or_not(with_an_empty_card):
+    report = compute_paired_report(start=START, end=START + timedelta(hours=1), now=clock.now())
+    assert report["currency"] == "USD"
+    fleet = report["fleet"]
+    # Whole cards: each of the two workloads holds a card 900 s (cold start included: the
+    # organisation pays for it), plus GPU 1's 900 s with no workload, held either way.
+    assert {k: Decimal(v) for k, v in fleet["whole_card"].items()} == {
+        "workload_cards": Decimal(1800), "empty_cards": Decimal(900), "total": Decimal(2700)}
+    # Dynamic: the two cards the fleet held, busy or idle, 900 s each.
+    assert {k: Decimal(v) for k, v in fleet["dynamic"].items()} == {
+        "busy_cards": Decimal(900), "empty_cards": Decimal(900), "total": Decimal(1800)}
+    assert Decimal(fleet["saving"]) == 900 and fleet["reduction_pct"] == pytest.approx(100 / 3)
+    # Chargeback: acme holds 10 % and globex 20 % of GPU 0; the platform keeps the rest.
+    tenants = {t["tenant"]: (Decimal(t["whole_card"]), Decimal(t["dynamic"])) for t in report["chargeback"]["tenants"]}
+    assert tenants == {"acme": (900, 90), "globex": (900, 180)}
+    platform = report["chargeback"]["platform"]
+    assert (Decimal(platform["whole_card"]), Decimal(platform["dynamic"])) == (900, 1530)
+    # The rows add up to the fleet's cost under each allocation, exactly.
+    assert sum(w for w, _ in tenants.values()) + Decimal(platform["whole_card"]) == Decimal(fleet["whole_card"]["total"])
+    assert sum(d for _, d in tenants.values()) + Decimal(platform["dynamic"]) == Decimal(fleet["dynamic"]["total"])
+
+
+def test_per_workload_day_figures_count_complete_days_only(fifteen_minutes):
+    same_day = START + timedelta(hours=2)  # 2026-11-20 is not over yet
+    report = compute_paired_report(start=START.replace(hour=0), end=START.replace(hour=0) + timedelta(days=1),
+                                   now=same_day)
+    assert report["n_units"] == 2 and report["test_whole_vs_dynamic"]["n"] == 0
+    assert report["per_workload_day"] == {"complete_until": START.replace(hour=0).isoformat(),
+                                          "partial_units_excluded": 2, "partial_days_excluded": ["2026-11-20"]}
+    # The totals still cover the period as it stood.
+    assert Decimal(report["summary"]["static_whole_cost"]) == Decimal(1200)
+    next_day = compute_paired_report(start=START.replace(hour=0), end=START.replace(hour=0) + timedelta(days=1),
+                                     now=START + timedelta(days=1))
+    assert next_day["test_whole_vs_dynamic"]["n"] == 2 and next_day["per_workload_day"]["partial_units_excluded"] == 0
+
+
+def test_a_report_shows_the_last_day_asked_for_its_currency_and_its_definitions(
+        with_an_empty_card, client, time_machine):
+    from billing.scope import FINANCE_GROUP
+    from tests.conftest import user_in
+
+    Tenant.objects.create(slug="acme", name="Acme Robotics")
+    client.force_login(user_in(FINANCE_GROUP))
+    report = request_paired_report(start=START.replace(hour=0), end=START.replace(hour=0) + timedelta(days=1),
+                                   now=clock.now(), actor_label="test")
+    time_machine.move_to(START + timedelta(hours=3), tick=False)  # computed on the day itself
+    run_paired_report(report_id=report.pk)
+    html = client.get(f"/reports/{report.pk}/").content.decode()
+    # Asked "from 2026-11-20 to 2026-11-20 inclusive": the page says so, never 2026-11-21.
+    assert "2026-11-20 – 2026-11-20 (UTC, both days included)" in html and "2026-11-21" not in html
+    fleet = html.split('data-testid="fleet-cost"')[1].split("</table>")[0]
+    assert "2,700.00 USD" in fleet and "1,800.00 USD" in fleet and "900.00 USD" in fleet and "33.3 %" in fleet
+    chargeback = html.split('data-testid="chargeback"')[1].split("</table>")[0]
+    assert "Acme Robotics" in chargeback and "globex" in chargeback and "1,530.00 USD" in chargeback
+    summary = html.split('data-testid="report-summary"')[1].split("</table>")[0]
+    cells = dict(re.findall(r"<tr><th>(.*?)</th><td class=\"num\">(.*?)</td></tr>", summary))
+    assert cells["Static cost, whole cards"] == "1,200.00 USD" and cells["Dynamic cost (charged)"] == "180.00 USD"
+    assert cells["Static cost, fixed profiles"] == "257.14 USD"
+    # Computed on 2026-11-20 itself: no complete workload-day yet, so no mean saving.
+    assert cells["Complete workload-days compared (n)"] == "0" and cells["Mean saving per complete workload-day"] == "—"
+    assert "2026-11-20 are left out of the per-workload-day figures" in html
+    assert 'id="definitions"' in html and "Fleet cost" in html and "Chargeback" in html
+    assert "docs/" not in html and "MISSION.md" not in html  # nothing a web user cannot open
+
+    rows = list(csv.reader(io.StringIO(client.get(f"/reports/{report.pk}.csv").content.decode())))
+    assert rows[0] == ["section", "row", "whole_card", "dynamic", "saving", "reduction_pct", "currency"]
+    fleet_total = next(r for r in rows if r[0] == "fleet" and r[1] == "Fleet cost")
+    assert fleet_total == ["fleet", "Fleet cost", "2700.00", "1800.00", "900.00", "33.33", "USD"]
+    for row in rows[1:]:
+        for amount in row[2:5]:
+            assert amount == "" or re.fullmatch(r"-?\d+(\.\d{2})?", amount), row
+    pdf = client.get(f"/reports/{report.pk}.pdf")
+    assert pdf.status_code == 200 and pdf.content.startswith(b"%PDF")
+    with translation.override("zh-hans"):  # and a tenant name that is not markup
+        stored = PairedReport.objects.get(pk=report.pk)
+        assert render_paired_report_pdf(stored, tenant_names={"acme": "R&D <lab>"}).startswith(b"%PDF")
 
 
 def test_report_pages_request_show_progress_then_results_and_a_pdf(fifteen_minutes, client, django_capture_on_commit_callbacks):

@@ -291,10 +291,11 @@ def test_a_paired_report_over_pruned_minutes_is_refused_naming_the_earliest_star
     apply_retention(now=clock.now())
     retained = day_bounds(day)[1]
     with pytest.raises(MinutesPruned) as refused:
-        compute_paired_report(start=retained + timedelta(days=2), end=retained + timedelta(days=3))
+        compute_paired_report(start=retained + timedelta(days=2), end=retained + timedelta(days=3), now=clock.now())
     assert refused.value.retained_from == retained
     assert f"the earliest start it may have is {(retained + LOOKBACK).isoformat()}" in str(refused.value)
-    report = compute_paired_report(start=retained + LOOKBACK, end=retained + LOOKBACK + timedelta(days=1))
+    report = compute_paired_report(start=retained + LOOKBACK, end=retained + LOOKBACK + timedelta(days=1),
+                                   now=clock.now())
     assert report["n_units"] == 0
     with pytest.raises(MinutesPruned):  # the request is refused at once, before a job is queued
         request_paired_report(start=retained, end=retained + timedelta(days=1), now=clock.now(), actor_label="t")

@@ -16,7 +16,7 @@ from billing.ledger.models import UsageHour
 from billing.models import Node, Tenant
 from billing.queries.portal import list_tenant_portals
 from billing.scope import Scope
-from billing.services.budgets import get_month_to_date_spend, get_month_to_date_spends
+from billing.services.budgets import get_month_spend, get_month_to_date_spend, get_month_to_date_spends
 from tests.conftest import with_day
 
 pytestmark = pytest.mark.django_db
@@ -70,10 +70,11 @@ def test_tenant_list_shows_the_budget_definition_of_month_to_date_spend(ledger):
     rows = list_tenant_portals(scope=FINANCE, now=NOW)
     assert [(r.slug, r.name) for r in rows] == [("acme", "Acme Robotics"), ("globex", "Globex"),
                                                 ("huaxia", "华夏智算")]
+    # As every page shows it: charge and idle share each to the cent, then added.
     assert {r.slug: r.month_to_date for r in rows} == {
-        r.slug: get_month_to_date_spend(tenant=r.slug, now=NOW) for r in rows
+        r.slug: get_month_spend(tenant=r.slug, now=NOW).month_to_date_shown("USD") for r in rows
     }
-    assert rows[0].month_to_date == D("3.750000000001")
+    assert rows[0].month_to_date == D("3.75")
 
 
 def test_tenant_list_reads_the_ledger_once_whatever_the_number_of_tenants(ledger):

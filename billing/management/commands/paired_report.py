@@ -35,9 +35,11 @@ class Command(BaseCommand):
         if options["json"]:
             self.stdout.write(json.dumps({"report": report.pk, **(report.result or {})}, indent=1))
             return
-        summary = (report.result or {}).get("summary", {})
-        test = (report.result or {}).get("test_whole_vs_dynamic", {})
+        result = report.result or {}
+        fleet, test = result.get("fleet", {}), result.get("test_whole_vs_dynamic", {})
         self.stdout.write(
-            f"report {report.pk}: cost reduction {summary.get('cost_reduction_pct')} % over n={test.get('n')} "
-            f"workload-days, p={test.get('p_value')}"
+            f"report {report.pk}: fleet cost {fleet.get('whole_card', {}).get('total')} {result.get('currency')} "
+            f"with whole cards, {fleet.get('dynamic', {}).get('total')} dynamic (reduction "
+            f"{fleet.get('reduction_pct')} %); chargeback reduction {result.get('summary', {}).get('cost_reduction_pct')} % "
+            f"over n={test.get('n')} complete workload-days, p={test.get('p_value')}"
         )
