@@ -18,6 +18,7 @@ from billing.services.rebalance import (
     KubernetesApi,
     approve_plan,
     build_pool,
+    confirmation_code,
     execute_plan,
     propose_rebalance,
     reject_plan,
@@ -157,9 +158,10 @@ def test_admin_approves_on_the_page_audited_and_execution_enqueued(client, fleet
     user = login(client, admin=True)
     page = client.get("/rebalance/")
     assert page.status_code == 200 and "11,212.80 USD" in page.content.decode() and b"bert-" in page.content
-    assert client.get(f"/rebalance/{plan.pk}/approve/").status_code == 405  # POST only
+    assert client.get(f"/rebalance/{plan.pk}/reject/").status_code == 405  # POST only
     with django_capture_on_commit_callbacks(execute=True):
-        assert client.post(f"/rebalance/{plan.pk}/approve/").status_code == 302
+        assert client.post(f"/rebalance/{plan.pk}/approve/",
+                           {"confirmation": confirmation_code(plan)}).status_code == 302
     plan.refresh_from_db()
     assert plan.status == "approved" and plan.decided_by == user
     assert calls == [plan.pk]
@@ -198,7 +200,7 @@ def _cluster(fake: FakeKubernetes, fleet) -> None:
 def test_execution_cordons_freed_nodes_and_evicts_moved_pods_once(fleet):
     plan = propose_rebalance(now=NOW, max_moves=10)
     assert plan is not None
-    approve_plan(plan.pk, now=NOW, actor_label="ops")
+    approve_plan(plan.pk, confirmation=confirmation_code(plan), now=NOW, actor_label="ops")
     freed = plan.summary["freed_nodes"][0]
     with FakeKubernetes() as fake:
         _cluster(fake, fleet)
@@ -223,7 +225,7 @@ def test_execution_cordons_freed_nodes_and_evicts_moved_pods_once(fleet):
 def test_a_pod_disruption_budget_refusal_is_recorded_and_the_rest_continues(fleet):
     plan = propose_rebalance(now=NOW, max_moves=10)
     assert plan is not None
-    approve_plan(plan.pk, now=NOW, actor_label="ops")
+    approve_plan(plan.pk, confirmation=confirmation_code(plan), now=NOW, actor_label="ops")
     with FakeKubernetes() as fake:
         _cluster(fake, fleet)
         fake.refuse_evictions = True
@@ -238,7 +240,7 @@ def test_a_pod_disruption_budget_refusal_is_recorded_and_the_rest_continues(flee
 def test_a_stale_plan_is_refused_before_touching_the_cluster(fleet):
     plan = propose_rebalance(now=NOW, max_moves=10)
     assert plan is not None
-    approve_plan(plan.pk, now=NOW, actor_label="ops")
+    approve_plan(plan.pk, confirmation=confirmation_code(plan), now=NOW, actor_label="ops")
     with FakeKubernetes() as fake:
         # An hour later the pods are gone from the ledger: the moves no longer replay.
         done = execute_plan(plan.pk, kube=_kube(fake), now=NOW + timedelta(hours=1))
