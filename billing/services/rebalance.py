@@ -25,7 +25,6 @@ skipped; any other error stops the plan as ``failed``. A plan that finished (``d
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import hmac
 import json
@@ -320,8 +319,7 @@ def capacity_lines(plan: RebalancePlan) -> list[CapacityLine]:
         lines.append(CapacityLine(f"p{estimate['percentile']}", estimate["gpus_needed"],
                                   plan.pool_gpus - estimate["gpus_needed"],
                                   Decimal(estimate["monthly_cost_difference"])))
-    return [dataclasses.replace(line, amount=line.amount.quantize(_CENT)) if line.amount is not None else line
-            for line in lines]
+    return lines  # exact; the page rounds each amount once, to the currency's minor unit
 
 
 # -- deciding -------------------------------------------------------------------------------
