@@ -3,7 +3,9 @@ admin decisions, and execution against a Kubernetes API server over real HTTP.""
 
 from __future__ import annotations
 
+import re
 import socket
+import subprocess
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 
@@ -25,6 +27,7 @@ from billing.services.rebalance import (
     capacity_lines,
     confirmation_code,
     execute_plan,
+    kube_from_settings,
     plan_steps,
     propose_rebalance,
     reject_plan,
@@ -526,3 +529,18 @@ def test_a_short_pool_is_explained_where_right_sizing_needs_more_than_the_plan_k
     html = client.get("/rebalance/").content.decode()
     assert f'data-testid="rebalance-why-{plan.pk}-p95"' in html
     assert "1 GPU is already over capacity at its workloads' peaks" in html
+
+
+def test_the_service_exposition_with_rebalance_executions_passes_promtool(client, fleet, settings):
+    from tests.promtool import promtool
+
+    plan = _approved(fleet)
+    settings.VGPU_KUBE_API = ""
+    run_execution(plan.pk, connect=kube_from_settings, now=NOW)  # outside a cluster: failed
+    settings.VGPU_METRICS_TOKEN, settings.VGPU_METRICS_TOKEN_FILE = "scrape-token-for-tests", ""
+    text = client.get("/metrics", HTTP_AUTHORIZATION="Bearer scrape-token-for-tests").content.decode()
+    assert re.search(r"^# TYPE vgpu_rebalance_executions(_total)? counter$", text, re.M)
+    assert 'vgpu_rebalance_executions_total{outcome="failed"} 1.0' in text
+    result = subprocess.run([promtool(), "check", "metrics"], input=text, capture_output=True, text=True,
+                            check=False, timeout=60)
+    assert result.returncode == 0 and not (result.stdout + result.stderr).strip(), result.stdout + result.stderr
