@@ -510,6 +510,7 @@ def test_savings_and_right_sizing_are_one_rule_on_one_pool_and_explained(client,
     html = client.get("/rebalance/").content.decode()
     assert f'data-testid="rebalance-capacity-{plan.pk}"' in html and "What these numbers mean" in html
     assert "the pool is short by that many GPUs" in html
+    assert 'data-testid="rebalance-why-' not in html  # nothing over capacity: nothing to reconcile
 
 
 def test_a_short_pool_is_explained_where_right_sizing_needs_more_than_the_plan_keeps(client, fleet):
