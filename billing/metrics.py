@@ -3,7 +3,8 @@
 Two kinds, each made correct under several gunicorn workers in its own way:
 
 - **State of the ledger** (backlog, rollup lag, quarantined and undelivered batches, billing
-  periods, budgets, this month's cost) is read from Postgres by `LedgerCollector` at each scrape,
+  periods, budgets, this month's cost, rebalance executions by outcome) is read from Postgres by
+  `LedgerCollector` at each scrape,
   so it is the same answer whichever worker serves the scrape, and is never stale.
 - **Events seen by a process** (samples ingested, ingest answers, admission reviews) are
   prometheus_client counters. Under gunicorn they run in multiprocess mode: config/gunicorn.conf.py
@@ -29,12 +30,13 @@ from pathlib import Path
 from django.conf import settings
 from django.utils import timezone
 from prometheus_client import CollectorRegistry, Counter, generate_latest
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from billing.ledger.retention import get_retention_state
 from billing.queries.ledger_state import PERIOD_STATES, get_ledger_state
 from billing.services.bearer import configured_token
+from billing.services.rebalance import count_executions
 
 __all__ = [
     "ADMISSION_RESULTS",
@@ -123,6 +125,7 @@ class LedgerCollector(Collector):
             seconds.add_metric([str(priced).lower()], float(state.month_gpu_seconds[priced]))
         yield seconds
         yield from _retention_metrics()
+        yield from _rebalance_metrics()
         yield GaugeMetricFamily("vgpu_ledger_metrics_collect_seconds",
                                 "Time this scrape spent reading the ledger's state", value=time.monotonic() - started)
 
@@ -141,6 +144,17 @@ def _retention_metrics() -> Iterable[Metric]:
         held_bytes.add_metric([ledger], state.held_bytes[ledger])
     yield held
     yield held_bytes
+
+
+def _rebalance_metrics() -> Iterable[Metric]:
+    """Rebalance executions by outcome, counted from the plans (an execution runs in a Celery
+    worker, which no scrape reaches, and a plan is never deleted, so the count never goes back)."""
+    executions = CounterMetricFamily("vgpu_rebalance_executions",
+                                     "Rebalance plan executions that ended, by outcome (partial: done, "
+                                     "some evictions not carried out)", labels=["outcome"])
+    for outcome, count in count_executions().items():
+        executions.add_metric([outcome], count)
+    yield executions
 
 
 class _ProcessCounters(Collector):

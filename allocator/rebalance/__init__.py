@@ -17,7 +17,7 @@ from allocator.rebalance._io import (
     right_sizing_to_json,
 )
 from allocator.rebalance._model import SM_MILLI, GpuRef, Move, Pool, PoolNode, PoolWorkload
-from allocator.rebalance._plan import HOURS_PER_MONTH, RebalancePlan, apply_moves, plan_rebalance
+from allocator.rebalance._plan import HOURS_PER_MONTH, RebalancePlan, apply_moves, gpu_cost, plan_rebalance
 from allocator.rebalance._rightsize import DemandSeries, RightSizeEstimate, RightSizing, nearest_rank, right_size
 from allocator.rebalance._state import PoolState
 
@@ -38,6 +38,7 @@ __all__ = [
     "RightSizeEstimate",
     "RightSizing",
     "apply_moves",
+    "gpu_cost",
     "load_rebalance_input",
     "nearest_rank",
     "parse_rebalance_input",

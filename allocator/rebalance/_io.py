@@ -215,6 +215,7 @@ def pool_right_sizing(data: RebalanceInput) -> RightSizing | None:
         gpu_sm_milli=sm_milli,
         current_gpus=data.pool.total_gpus,
         price_per_gpu_hour=data.price_per_gpu_hour,
+        hours=data.hours,  # the plan's horizon, so its savings and this difference compare
     )
 
 

@@ -29,9 +29,17 @@ from decimal import Decimal
 from allocator.rebalance._model import GpuRef, Move, Pool, PoolWorkload
 from allocator.rebalance._state import PoolState
 
-__all__ = ["HOURS_PER_MONTH", "RebalancePlan", "apply_moves", "plan_rebalance"]
+__all__ = ["HOURS_PER_MONTH", "RebalancePlan", "apply_moves", "gpu_cost", "plan_rebalance"]
 
 HOURS_PER_MONTH = Decimal(730)  # 365 days × 24 h / 12, the usual cloud-billing month
+
+
+def gpu_cost(gpus: int, *, price_per_gpu_hour: Decimal, hours: Decimal = HOURS_PER_MONTH) -> Decimal:
+    """What ``gpus`` GPUs cost over ``hours`` at ``price_per_gpu_hour``, exact (negative for a
+    negative count). The one money rule of this package: a plan's ``projected_savings`` and
+    right-sizing's ``monthly_cost_difference`` are both this, of a GPU count against the same
+    pool, so one rate and one horizon give numbers that can be read side by side."""
+    return gpus * hours * price_per_gpu_hour
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,7 +144,7 @@ def plan_rebalance(
         overcommitted_at_start=overcommitted,
         price_per_gpu_hour=price_per_gpu_hour,
         hours=hours,
-        projected_savings=gpus_freed * hours * price_per_gpu_hour,
+        projected_savings=gpu_cost(gpus_freed, price_per_gpu_hour=price_per_gpu_hour, hours=hours),
     )
 
 

@@ -12,7 +12,10 @@ Two numbers per percentile, both on GPUs of one capacity:
 ``gpus_needed = max(lower bound, FFD)``: a sum of per-workload percentiles is usually above the
 percentile of the sum, but need not be, so the larger of the two is the estimate. Percentiles
 are nearest-rank (the smallest sample with at least p % of samples at or below it), exact on
-integers. Money: ``(current − needed) × 730 h × price``, a month being 730 hours.
+integers. Money: ``gpu_cost(current − needed)`` (``(current − needed) × hours × price``, by
+default 730 h, a month): the rule of a plan's projected savings, so both read against the
+same pool at the same rate over the same horizon. Positive: GPUs the pool could give up;
+negative: the pool is short, and growing it to the estimate costs that much.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ from dataclasses import dataclass
 from decimal import Decimal
 
 from allocator.rebalance._model import SM_MILLI
-from allocator.rebalance._plan import HOURS_PER_MONTH
+from allocator.rebalance._plan import HOURS_PER_MONTH, gpu_cost
 
 __all__ = ["DemandSeries", "RightSizeEstimate", "RightSizing", "nearest_rank", "right_size"]
 
@@ -62,7 +65,7 @@ class RightSizeEstimate:
     ffd_gpus: int
     gpus_needed: int
     current_gpus: int
-    monthly_cost_difference: Decimal  # (current − needed) × 730 h × price; > 0 is a saving
+    monthly_cost_difference: Decimal  # gpu_cost(current − needed); > 0 a saving, < 0 the cost to grow
 
     @property
     def gpus_saved(self) -> int:
@@ -117,8 +120,10 @@ def right_size(
     price_per_gpu_hour: Decimal,
     gpu_sm_milli: int = SM_MILLI,
     percentiles: Sequence[int] = (95, 99),
+    hours: Decimal = HOURS_PER_MONTH,
 ) -> RightSizing:
-    """GPUs needed at each percentile and the monthly cost difference with ``current_gpus``."""
+    """GPUs needed at each percentile and the cost difference with ``current_gpus`` over
+    ``hours`` (a plan's horizon: pass the plan's ``hours`` to read both side by side)."""
     if not series:
         raise ValueError("right_size needs at least one demand series")
     for name, value in (("gpu_memory_mb", gpu_memory_mb), ("gpu_sm_milli", gpu_sm_milli)):
@@ -128,6 +133,8 @@ def right_size(
         raise ValueError(f"current_gpus must be an integer >= 0, got {current_gpus!r}")
     if not isinstance(price_per_gpu_hour, Decimal) or not price_per_gpu_hour.is_finite() or price_per_gpu_hour < 0:
         raise ValueError(f"price_per_gpu_hour must be a finite Decimal >= 0, got {price_per_gpu_hour!r}")
+    if not isinstance(hours, Decimal) or not hours.is_finite() or hours < 0:
+        raise ValueError(f"hours must be a finite Decimal >= 0, got {hours!r}")
     if not percentiles:
         raise ValueError("percentiles must name at least one percentile")
     steps = len(series[0].memory_mb)
@@ -158,7 +165,8 @@ def right_size(
                 ffd_gpus=ffd,
                 gpus_needed=needed,
                 current_gpus=current_gpus,
-                monthly_cost_difference=(current_gpus - needed) * HOURS_PER_MONTH * price_per_gpu_hour,
+                monthly_cost_difference=gpu_cost(current_gpus - needed, price_per_gpu_hour=price_per_gpu_hour,
+                                                 hours=hours),
             )
         )
     return RightSizing(
@@ -167,6 +175,6 @@ def right_size(
         steps=steps,
         workloads=len(series),
         price_per_gpu_hour=price_per_gpu_hour,
-        hours_per_month=HOURS_PER_MONTH,
+        hours_per_month=hours,
         estimates=tuple(estimates),
     )

@@ -10,25 +10,39 @@
   fleet as it is now, cordon the nodes the plan frees, evict every moved pod through the
   Eviction API. Every step is appended to the plan's log and audited as it happens.
 
+* ``run_execution(plan_id, connect, now)``: ``execute_plan`` as the Celery task runs it; no
+  failure (no API client, an error the steps do not expect, a timeout) leaves a plan
+  ``approved`` or ``executing``: it ends ``failed`` with the reason, on the page and audited.
+* ``plan_steps(plan)``: every cordon and eviction an approval commits to, with what became of
+  each; ``confirmation_code(plan)``: the digest of that list an approval must carry.
+
 Eviction rule: a 429 (a PodDisruptionBudget forbids it now) is recorded as ``blocked`` and the
 next pod is tried; a 404 (pod gone) or 409 (a different pod of that name) is recorded and
 skipped; any other error stops the plan as ``failed``. A plan that finished (``done``,
-``failed``, ``rejected``) is never executed again.
+``failed``, ``rejected``) is never executed again. Outcomes of an execution: ``succeeded``
+(every step ok), ``partial`` (done, some evictions not carried out), ``failed``.
 """
 
 from __future__ import annotations
 
+import hashlib
+import hmac
+import json
 import logging
 import math
-from collections import defaultdict
+from collections import Counter, defaultdict
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from decimal import Decimal
 from typing import Any, Protocol
 
 from django.db import connection, transaction
+from django.db.models import Count, Q
 
 from allocator.rebalance import (
+    HOURS_PER_MONTH,
     SM_MILLI,
     DemandSeries,
     Move,
@@ -36,9 +50,11 @@ from allocator.rebalance import (
     PoolNode,
     PoolWorkload,
     apply_moves,
+    gpu_cost,
     plan_rebalance,
     right_size,
 )
+from allocator.rebalance import RebalancePlan as Plan
 from billing.errors import InvalidInput
 from billing.ledger.minutes import list_pod_minute_use, list_recent_placements
 from billing.models import Gpu, RateCard, RebalancePlan, RebalanceStatus
@@ -53,12 +69,22 @@ __all__ = [
     "LedgerPool",
     "PodGone",
     "PodReplaced",
+    "OUTCOMES",
+    "CapacityLine",
+    "ExecutionStep",
     "approve_plan",
     "build_pool",
+    "capacity_lines",
+    "confirmation_code",
+    "count_executions",
     "execute_plan",
+    "execution_outcome",
+    "fail_execution",
     "kube_from_settings",
+    "plan_steps",
     "propose_rebalance",
     "reject_plan",
+    "run_execution",
 ]
 
 log = logging.getLogger(__name__)
@@ -182,13 +208,16 @@ def _price(pool: Pool, now: datetime) -> tuple[Decimal, str]:
 # -- proposing ------------------------------------------------------------------------------
 
 
-def _right_sizing(ledger: LedgerPool, price: Decimal) -> dict[str, Any]:
+def _right_sizing(ledger: LedgerPool, plan: Plan) -> dict[str, Any]:
+    """Right-sizing of the plan's own pool at the plan's rate over the plan's horizon, so its
+    difference and the plan's savings are one rule (``gpu_cost``) on one pool size."""
     if not ledger.series:
         return {"error": "no usage in the window"}
     pool = ledger.pool
     try:
         sizing = right_size(ledger.series, gpu_memory_mb=min(n.gpu_memory_mb for n in pool.nodes),
-                            current_gpus=pool.total_gpus, price_per_gpu_hour=price)
+                            current_gpus=pool.total_gpus, price_per_gpu_hour=plan.price_per_gpu_hour,
+                            hours=plan.hours)
     except ValueError as exc:
         return {"error": str(exc)}
     return {
@@ -196,6 +225,7 @@ def _right_sizing(ledger: LedgerPool, price: Decimal) -> dict[str, Any]:
         "workloads": sizing.workloads,
         "gpu_memory_mb": sizing.gpu_memory_mb,
         "hours_per_month": str(sizing.hours_per_month),
+        "price_per_gpu_hour": str(sizing.price_per_gpu_hour),
         "estimates": [
             {"percentile": e.percentile, "gpus_needed": e.gpus_needed, "current_gpus": e.current_gpus,
              "gpus_saved": e.gpus_saved, "lower_bound_gpus": e.lower_bound_gpus, "ffd_gpus": e.ffd_gpus,
@@ -243,7 +273,7 @@ def propose_rebalance(
         "max_moves": max_moves, "moves": moves, "gpus_freed": plan.gpus_freed, "nodes_freed": plan.nodes_freed,
         "projected_savings": plan.projected_savings.quantize(_CENT), "currency": currency,
         "price_per_gpu_hour": price, "pool_gpus": ledger.pool.total_gpus, "pool_nodes": len(ledger.pool.nodes),
-        "summary": summary, "right_sizing": _right_sizing(ledger, price),
+        "summary": summary, "right_sizing": _right_sizing(ledger, plan),
     }
     with transaction.atomic():
         latest = RebalancePlan.objects.select_for_update().order_by("-created_at", "-id").first()
@@ -253,11 +283,95 @@ def propose_rebalance(
         return RebalancePlan.objects.create(created_at=now, status=RebalanceStatus.PROPOSED, **values)
 
 
+# -- reading a plan -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class CapacityLine:
+    """One line of a plan's capacity table, every line on the plan's pool, rate and horizon.
+
+    ``key``: ``pool`` (``gpus`` in the pool; ``amount`` what they cost), ``busy`` (busy now;
+    ``difference`` the idle GPUs), ``after_plan`` (busy after the moves; ``difference`` the
+    GPUs the moves free, ``amount`` the plan's projected savings) or ``p95`` / ``p99``
+    (right-sizing's estimate; ``difference`` pool − needed, negative when the pool is short,
+    ``amount`` its monthly difference: a saving, or what growing the pool costs).
+    """
+
+    key: str
+    gpus: int
+    difference: int | None
+    amount: Decimal | None
+
+
+def capacity_lines(plan: RebalancePlan) -> list[CapacityLine]:
+    """The plan's GPU counts side by side: each amount is ``gpu_cost`` of its line's GPU count
+    at ``plan.price_per_gpu_hour`` over the plan's hours (the very figures stored)."""
+    hours = Decimal(plan.summary.get("hours", HOURS_PER_MONTH))
+    price = plan.price_per_gpu_hour
+    busy = int(plan.summary.get("gpus_busy_before", plan.pool_gpus))
+    after = int(plan.summary.get("gpus_busy_after", busy - plan.gpus_freed))
+    lines = [
+        CapacityLine("pool", plan.pool_gpus, None, gpu_cost(plan.pool_gpus, price_per_gpu_hour=price, hours=hours)),
+        CapacityLine("busy", busy, plan.pool_gpus - busy, None),
+        CapacityLine("after_plan", after, plan.gpus_freed, plan.projected_savings),
+    ]
+    for estimate in plan.right_sizing.get("estimates", []):
+        lines.append(CapacityLine(f"p{estimate['percentile']}", estimate["gpus_needed"],
+                                  plan.pool_gpus - estimate["gpus_needed"],
+                                  Decimal(estimate["monthly_cost_difference"])))
+    return lines  # exact; the page rounds each amount once, to the currency's minor unit
+
+
 # -- deciding -------------------------------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class ExecutionStep:
+    """One action an approval commits to, and what became of it.
+
+    ``kind``: ``cordon`` (``target`` a node) or ``evict`` (``target`` ``namespace/pod``,
+    ``planned`` the move it makes room for). ``outcome``: ``pending`` (not attempted), ``ok``,
+    ``blocked`` (PodDisruptionBudget), ``gone`` (404), ``replaced`` (409) or ``error``.
+    """
+
+    kind: str
+    target: str
+    planned: str = ""
+    outcome: str = "pending"
+    detail: str = ""
+
+    @property
+    def carried_out(self) -> bool:
+        return self.outcome == "ok"
+
+
+def plan_steps(plan: RebalancePlan) -> list[ExecutionStep]:
+    """Every cordon, then every eviction, in the order ``execute_plan`` runs them, each with the
+    outcome of its last log entry (a resumed execution may have logged it twice)."""
+    outcomes: dict[tuple[str, str], tuple[str, str]] = {}
+    for entry in plan.log:
+        if entry.get("step") in ("cordon", "evict"):
+            outcomes[(entry["step"], entry.get("target", ""))] = (entry["outcome"], entry.get("detail", ""))
+    steps = [ExecutionStep("cordon", node, "", *outcomes.get(("cordon", node), ("pending", "")))
+             for node in plan.summary.get("freed_nodes", [])]
+    for move in plan.moves:
+        target = f"{move['namespace']}/{move['pod']}"
+        planned = f"{move['from_node']}/{move['from_gpu']} -> {move['to_node']}/{move['to_gpu']}"
+        steps.append(ExecutionStep("evict", target, planned, *outcomes.get(("evict", target), ("pending", ""))))
+    return steps
+
+
+def confirmation_code(plan: RebalancePlan) -> str:
+    """A digest of exactly what approving ``plan`` cordons and evicts (nodes; pods by namespace,
+    name and UID). The confirmation page that lists them posts it back, so an approval is of
+    that list: an approval without it, or of another list, is refused."""
+    targets = [plan.pk, sorted(plan.summary.get("freed_nodes", [])),
+               [[m["namespace"], m["pod"], m["pod_uid"]] for m in plan.moves]]
+    return hashlib.sha256(json.dumps(targets).encode()).hexdigest()[:20]
+
+
 def _decide(plan_id: int, *, now: datetime, actor_label: str, actor_id: int | None, status: str,
-            action: str) -> RebalancePlan:
+            action: str, confirmation: str | None = None) -> RebalancePlan:
     with transaction.atomic():
         plan = RebalancePlan.objects.select_for_update().filter(pk=plan_id).first()
         if plan is None:
@@ -266,6 +380,9 @@ def _decide(plan_id: int, *, now: datetime, actor_label: str, actor_id: int | No
             return plan  # the same decision twice changes nothing
         if plan.status != RebalanceStatus.PROPOSED:
             raise InvalidInput(f"plan {plan_id} is {plan.status}; only a proposed plan can be decided")
+        if confirmation is not None and not hmac.compare_digest(confirmation, confirmation_code(plan)):
+            raise InvalidInput(f"plan {plan_id} was not approved: confirm the list of nodes to cordon and "
+                               "pods to evict on its confirmation page first")
         before = {"status": plan.status}
         plan.status = status
         plan.decided_at = now
@@ -277,10 +394,12 @@ def _decide(plan_id: int, *, now: datetime, actor_label: str, actor_id: int | No
     return plan
 
 
-def approve_plan(plan_id: int, *, now: datetime, actor_label: str, actor_id: int | None = None) -> RebalancePlan:
-    """Approve a proposed plan (audited); the caller enqueues its execution."""
+def approve_plan(plan_id: int, *, confirmation: str, now: datetime, actor_label: str,
+                 actor_id: int | None = None) -> RebalancePlan:
+    """Approve a proposed plan (audited); the caller enqueues its execution. ``confirmation``
+    must be the plan's ``confirmation_code``: what the admin saw listed is what will run."""
     return _decide(plan_id, now=now, actor_label=actor_label, actor_id=actor_id,
-                   status=RebalanceStatus.APPROVED, action="rebalance.approve")
+                   status=RebalanceStatus.APPROVED, action="rebalance.approve", confirmation=confirmation)
 
 
 def reject_plan(plan_id: int, *, now: datetime, actor_label: str, actor_id: int | None = None) -> RebalancePlan:
@@ -356,11 +475,45 @@ def kube_from_settings() -> KubernetesApi:
 
 
 _FINISHED = {RebalanceStatus.DONE, RebalanceStatus.FAILED, RebalanceStatus.REJECTED}
+_ENDED = (RebalanceStatus.DONE, RebalanceStatus.FAILED)
+OUTCOMES = ("succeeded", "partial", "failed")
+# Why an eviction was not carried out, for the note of a plan that ended done anyway.
+_NOT_CARRIED_OUT = {
+    "blocked": "{n} eviction(s) blocked by a PodDisruptionBudget",
+    "gone": "{n} pod(s) gone before their eviction",
+    "replaced": "{n} pod(s) replaced by another pod of that name",
+}
+
+
+def execution_outcome(plan: RebalancePlan) -> str | None:
+    """``succeeded`` / ``partial`` / ``failed`` once an execution ended, else None.
+
+    A ``done`` plan's ``error`` holds the note on evictions not carried out, and is empty
+    exactly when every step was carried out (``_finish``), so SQL can count outcomes too."""
+    if plan.status == RebalanceStatus.FAILED:
+        return "failed"
+    if plan.status == RebalanceStatus.DONE:
+        return "partial" if plan.error else "succeeded"
+    return None
+
+
+def count_executions() -> dict[str, int]:
+    """Ended executions by outcome, for the metric ``vgpu_rebalance_executions_total``."""
+    done = Q(status=RebalanceStatus.DONE)
+    counts = RebalancePlan.objects.aggregate(
+        succeeded=Count("pk", filter=done & Q(error="")),
+        partial=Count("pk", filter=done & ~Q(error="")),
+        failed=Count("pk", filter=Q(status=RebalanceStatus.FAILED)),
+    )
+    return {outcome: int(counts[outcome]) for outcome in OUTCOMES}
 
 
 def _step(plan_id: int, now: datetime, entry: dict[str, Any], *, status: str | None = None,
           error: str | None = None) -> None:
-    """Append one step to the plan's log (and change its status), audited, in one transaction."""
+    """Append one step to the plan's log (and change its status), audited, in one transaction.
+
+    The step that ends an execution is audited as ``rebalance.succeeded`` / ``.partial`` /
+    ``.failed``, with the reason and which steps were carried out and which not."""
     with transaction.atomic():
         plan = RebalancePlan.objects.select_for_update().get(pk=plan_id)
         before = {"status": plan.status}
@@ -373,15 +526,35 @@ def _step(plan_id: int, now: datetime, entry: dict[str, Any], *, status: str | N
             plan.error = error
             fields.append("error")
         plan.save(update_fields=fields)
-        record_audit_event(at=now, actor_label="system:rebalance", action=f"rebalance.{entry['step']}",
-                           object_type="rebalance_plan", object_id=str(plan_id), before=before,
-                           after={"status": plan.status, **entry})
+        after: dict[str, Any] = {"status": plan.status, **entry}
+        outcome = execution_outcome(plan) if status in _ENDED else None
+        if outcome is not None:
+            steps = plan_steps(plan)
+            after |= {"error": plan.error,
+                      "carried_out": [f"{s.kind} {s.target}" for s in steps if s.carried_out],
+                      "not_carried_out": [f"{s.kind} {s.target}: {s.outcome}" for s in steps if not s.carried_out]}
+        record_audit_event(at=now, actor_label="system:rebalance", action=f"rebalance.{outcome or entry['step']}",
+                           object_type="rebalance_plan", object_id=str(plan_id), before=before, after=after)
 
 
 def _done_steps(plan: RebalancePlan) -> set[tuple[str, str]]:
     """(step, target) pairs already finished, so a resumed execution does not repeat them."""
     final = {"ok", "blocked", "gone", "replaced"}
     return {(e["step"], e.get("target", "")) for e in plan.log if e.get("outcome") in final}
+
+
+@contextmanager
+def _execution_lock(plan_id: int) -> Iterator[bool]:
+    """Whether this process holds the plan's execution lock (a Postgres advisory lock) inside."""
+    with connection.cursor() as cursor:
+        cursor.execute("select pg_try_advisory_lock(%s, %s)", [_LOCK_NAMESPACE, plan_id])
+        held = bool(cursor.fetchone()[0])
+    try:
+        yield held
+    finally:
+        if held:
+            with connection.cursor() as cursor:
+                cursor.execute("select pg_advisory_unlock(%s, %s)", [_LOCK_NAMESPACE, plan_id])
 
 
 def execute_plan(plan_id: int, *, kube: KubeApi, now: datetime,
@@ -392,15 +565,44 @@ def execute_plan(plan_id: int, *, kube: KubeApi, now: datetime,
     mid-way) resumes and skips the steps its log shows finished; two executions of one plan
     never run at once (a Postgres advisory lock).
     """
-    with connection.cursor() as cursor:
-        cursor.execute("select pg_try_advisory_lock(%s, %s)", [_LOCK_NAMESPACE, plan_id])
-        if not cursor.fetchone()[0]:
+    with _execution_lock(plan_id) as held:
+        if not held:
             return RebalancePlan.objects.get(pk=plan_id)
-    try:
         return _execute(plan_id, kube=kube, now=now, window=window)
-    finally:
-        with connection.cursor() as cursor:
-            cursor.execute("select pg_advisory_unlock(%s, %s)", [_LOCK_NAMESPACE, plan_id])
+
+
+def run_execution(plan_id: int, *, connect: Callable[[], KubeApi], now: datetime,
+                  window: timedelta = DEFAULT_WINDOW) -> RebalancePlan:
+    """``execute_plan`` with a client from ``connect``, as the Celery task runs it.
+
+    Nothing leaves an approved plan looking approved: a client that cannot be built (no
+    ``VGPU_KUBE_API`` outside a cluster) or an error the steps do not expect (a timeout of the
+    task, a bug) ends the plan ``failed`` with the reason, on the page and in the audit log.
+    """
+    try:
+        kube = connect()
+    except Exception as exc:  # kubernetes.config.ConfigException and whatever a bad URL raises
+        return fail_execution(plan_id, now=now, reason=f"no Kubernetes API client: {type(exc).__name__}: {exc}")
+    try:
+        return execute_plan(plan_id, kube=kube, now=now, window=window)
+    except Exception as exc:
+        log.exception("rebalance plan %s: execution stopped by an unexpected error", plan_id)
+        return fail_execution(plan_id, now=now, reason=f"execution stopped: {type(exc).__name__}: {exc}")
+
+
+def fail_execution(plan_id: int, *, now: datetime, reason: str) -> RebalancePlan:
+    """End an ``approved`` or ``executing`` plan as ``failed`` with ``reason`` (logged as an
+    ``abort`` step, audited). A plan in another status, or one another process is executing
+    now, is returned as it is."""
+    with _execution_lock(plan_id) as held:
+        plan = RebalancePlan.objects.filter(pk=plan_id).first()
+        if plan is None:
+            raise InvalidInput(f"no rebalance plan {plan_id}")
+        if held and plan.status in (RebalanceStatus.APPROVED, RebalanceStatus.EXECUTING):
+            _step(plan_id, now, {"step": "abort", "outcome": "error", "detail": reason},
+                  status=RebalanceStatus.FAILED, error=reason)
+            plan.refresh_from_db()
+        return plan
 
 
 def _execute(plan_id: int, *, kube: KubeApi, now: datetime, window: timedelta) -> RebalancePlan:
@@ -410,17 +612,7 @@ def _execute(plan_id: int, *, kube: KubeApi, now: datetime, window: timedelta) -
     if plan.status in _FINISHED or plan.status == RebalanceStatus.PROPOSED:
         return plan  # done, failed, rejected: never again; proposed: not approved yet
     if plan.status == RebalanceStatus.APPROVED:
-        # The fleet may have changed since the plan: replay its moves on the pool as it is now.
-        ledger = build_pool(now, window=window)
-        problem = None
-        if ledger is None:
-            problem = "no fleet in the ledger"
-        else:
-            try:
-                apply_moves(ledger.pool, [Move(m["workload"], m["from_node"], m["from_gpu"], m["to_node"],
-                                               m["to_gpu"]) for m in plan.moves])
-            except ValueError as exc:
-                problem = f"the plan no longer fits the fleet: {exc}"
+        problem = _stale(plan, now=now, window=window)
         if problem is not None:
             _step(plan_id, now, {"step": "check", "outcome": "stale", "detail": problem},
                   status=RebalanceStatus.FAILED, error=problem)
@@ -429,7 +621,6 @@ def _execute(plan_id: int, *, kube: KubeApi, now: datetime, window: timedelta) -
               status=RebalanceStatus.EXECUTING)
         plan.refresh_from_db()
     finished = _done_steps(plan)
-    blocked = 0
     for node in plan.summary.get("freed_nodes", []):
         if ("cordon", node) in finished:
             continue
@@ -443,14 +634,12 @@ def _execute(plan_id: int, *, kube: KubeApi, now: datetime, window: timedelta) -
     for move in plan.moves:
         target = f"{move['namespace']}/{move['pod']}"
         if ("evict", target) in finished:
-            blocked += any(e.get("target") == target and e.get("outcome") == "blocked" for e in plan.log)
             continue
         entry = {"step": "evict", "target": target, "uid": move["pod_uid"],
                  "planned": f"{move['from_node']}/{move['from_gpu']} -> {move['to_node']}/{move['to_gpu']}"}
         try:
             kube.evict_pod(namespace=move["namespace"], name=move["pod"], uid=move["pod_uid"])
         except EvictionBlocked as exc:
-            blocked += 1
             _step(plan_id, now, {**entry, "outcome": "blocked", "detail": str(exc)})
         except PodGone as exc:
             _step(plan_id, now, {**entry, "outcome": "gone", "detail": str(exc)})
@@ -462,7 +651,27 @@ def _execute(plan_id: int, *, kube: KubeApi, now: datetime, window: timedelta) -
             return RebalancePlan.objects.get(pk=plan_id)
         else:
             _step(plan_id, now, {**entry, "outcome": "ok"})
-    note = f"{blocked} eviction(s) blocked by a PodDisruptionBudget" if blocked else ""
-    _step(plan_id, now, {"step": "finish", "outcome": "ok", "blocked": blocked},
+    return _finish(plan_id, now)
+
+
+def _stale(plan: RebalancePlan, *, now: datetime, window: timedelta) -> str | None:
+    """Why the plan's moves no longer replay on the fleet as the ledger sees it now, or None."""
+    ledger = build_pool(now, window=window)
+    if ledger is None:
+        return "no fleet in the ledger"
+    try:
+        apply_moves(ledger.pool, [Move(m["workload"], m["from_node"], m["from_gpu"], m["to_node"], m["to_gpu"])
+                                  for m in plan.moves])
+    except ValueError as exc:
+        return f"the plan no longer fits the fleet: {exc}"
+    return None
+
+
+def _finish(plan_id: int, now: datetime) -> RebalancePlan:
+    """Every step was tried: the plan is done; its note says which evictions were not carried out."""
+    plan = RebalancePlan.objects.get(pk=plan_id)
+    missed = Counter(s.outcome for s in plan_steps(plan) if not s.carried_out)
+    note = "; ".join(text.format(n=missed[why]) for why, text in _NOT_CARRIED_OUT.items() if missed[why])
+    _step(plan_id, now, {"step": "finish", "outcome": "ok", "blocked": missed["blocked"]},
           status=RebalanceStatus.DONE, error=note)
     return RebalancePlan.objects.get(pk=plan_id)

@@ -23,6 +23,7 @@ from allocator.rebalance import (
     PoolWorkload,
     RebalancePlan,
     apply_moves,
+    gpu_cost,
     nearest_rank,
     parse_rebalance_input,
     plan_rebalance,
@@ -309,6 +310,41 @@ def test_right_sizing_uses_the_sm_bound_when_sm_binds() -> None:
     ).estimates
     assert (p95.lower_bound_gpus, p95.ffd_gpus, p95.gpus_saved) == (2, 2, -1)
     assert p95.monthly_cost_difference == -Decimal(730) * PRICE  # the pool is too small: a cost
+
+
+def test_savings_and_right_sizing_price_gpu_counts_by_one_rule_over_one_horizon() -> None:
+    # One pool of 4 GPUs, four workloads on their own GPU, half a GPU of SM each at every step.
+    pool = Pool.build([_node("a", gpus=2), _node("b", gpus=2)],
+                      [PoolWorkload(key=f"w{i}", node="ab"[i // 2], gpus=(i % 2,), memory_mb=100, sm_milli=500)
+                       for i in range(4)])
+    series = [DemandSeries(key=f"w{i}", memory_mb=(100,) * 4, sm_milli=(500,) * 4) for i in range(4)]
+    week = Decimal(168)
+    plan = plan_rebalance(pool, max_moves=4, price_per_gpu_hour=PRICE, hours=week)
+    sizing = right_size(series, gpu_memory_mb=81920, current_gpus=pool.total_gpus, price_per_gpu_hour=PRICE,
+                        hours=week)
+    assert plan.gpus_freed == 2 and plan.projected_savings == gpu_cost(2, price_per_gpu_hour=PRICE, hours=week)
+    for e in sizing.estimates:
+        # The moves reach exactly what right-sizing needs: the same count prices the same.
+        assert e.gpus_needed == plan.gpus_busy_after == 2
+        assert e.monthly_cost_difference == plan.projected_savings == 2 * week * PRICE
+    assert sizing.hours_per_month == week
+    assert gpu_cost(-3, price_per_gpu_hour=PRICE) == -3 * HOURS_PER_MONTH * PRICE  # a short pool: a cost
+    with pytest.raises(ValueError, match="hours must be a finite Decimal >= 0"):
+        right_size(series, gpu_memory_mb=81920, current_gpus=4, price_per_gpu_hour=PRICE, hours=Decimal(-1))
+
+
+def test_the_cli_right_sizes_over_the_inputs_hours_as_it_plans(capsys: pytest.CaptureFixture[str],
+                                                               tmp_path: Path) -> None:
+    doc = json.loads(EXAMPLE.read_text(encoding="utf-8"))
+    doc["hours"] = 24
+    day = tmp_path / "day.json"
+    day.write_text(json.dumps(doc), encoding="utf-8")
+    assert main(["--input", str(day), "--max-moves", "24", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["projected_savings"]["amount"] == "1720.32"  # 14 GPUs x 24 h x 5.12
+    assert out["right_sizing"]["hours_per_month"] == "24"
+    for e in out["right_sizing"]["estimates"]:
+        assert Decimal(e["monthly_cost_difference"]) == (24 - e["gpus_needed"]) * 24 * PRICE
 
 
 def test_right_sizing_rejects_a_workload_larger_than_one_gpu() -> None:

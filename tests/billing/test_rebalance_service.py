@@ -3,24 +3,35 @@ admin decisions, and execution against a Kubernetes API server over real HTTP.""
 
 from __future__ import annotations
 
+import re
+import socket
+import subprocess
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 
 import pytest
+import time_machine
 from django.contrib.auth.models import Group, User
 from kubernetes import client as kube_client
 
 from agents.testing import FakeKubernetes
+from billing.errors import InvalidInput
 from billing.ledger.models import UsageMinute
 from billing.models import AuditEvent, Gpu, Node, RateCard, RebalancePlan
 from billing.scope import ADMIN_GROUP
+from billing.services.kube_api import new_api_client
 from billing.services.rebalance import (
     KubernetesApi,
     approve_plan,
     build_pool,
+    capacity_lines,
+    confirmation_code,
     execute_plan,
+    kube_from_settings,
+    plan_steps,
     propose_rebalance,
     reject_plan,
+    run_execution,
 )
 
 pytestmark = pytest.mark.django_db
@@ -157,9 +168,10 @@ def test_admin_approves_on_the_page_audited_and_execution_enqueued(client, fleet
     user = login(client, admin=True)
     page = client.get("/rebalance/")
     assert page.status_code == 200 and "11,212.80 USD" in page.content.decode() and b"bert-" in page.content
-    assert client.get(f"/rebalance/{plan.pk}/approve/").status_code == 405  # POST only
+    assert client.get(f"/rebalance/{plan.pk}/reject/").status_code == 405  # POST only
     with django_capture_on_commit_callbacks(execute=True):
-        assert client.post(f"/rebalance/{plan.pk}/approve/").status_code == 302
+        assert client.post(f"/rebalance/{plan.pk}/approve/",
+                           {"confirmation": confirmation_code(plan)}).status_code == 302
     plan.refresh_from_db()
     assert plan.status == "approved" and plan.decided_by == user
     assert calls == [plan.pk]
@@ -198,7 +210,7 @@ def _cluster(fake: FakeKubernetes, fleet) -> None:
 def test_execution_cordons_freed_nodes_and_evicts_moved_pods_once(fleet):
     plan = propose_rebalance(now=NOW, max_moves=10)
     assert plan is not None
-    approve_plan(plan.pk, now=NOW, actor_label="ops")
+    approve_plan(plan.pk, confirmation=confirmation_code(plan), now=NOW, actor_label="ops")
     freed = plan.summary["freed_nodes"][0]
     with FakeKubernetes() as fake:
         _cluster(fake, fleet)
@@ -223,7 +235,7 @@ def test_execution_cordons_freed_nodes_and_evicts_moved_pods_once(fleet):
 def test_a_pod_disruption_budget_refusal_is_recorded_and_the_rest_continues(fleet):
     plan = propose_rebalance(now=NOW, max_moves=10)
     assert plan is not None
-    approve_plan(plan.pk, now=NOW, actor_label="ops")
+    approve_plan(plan.pk, confirmation=confirmation_code(plan), now=NOW, actor_label="ops")
     with FakeKubernetes() as fake:
         _cluster(fake, fleet)
         fake.refuse_evictions = True
@@ -238,7 +250,7 @@ def test_a_pod_disruption_budget_refusal_is_recorded_and_the_rest_continues(flee
 def test_a_stale_plan_is_refused_before_touching_the_cluster(fleet):
     plan = propose_rebalance(now=NOW, max_moves=10)
     assert plan is not None
-    approve_plan(plan.pk, now=NOW, actor_label="ops")
+    approve_plan(plan.pk, confirmation=confirmation_code(plan), now=NOW, actor_label="ops")
     with FakeKubernetes() as fake:
         # An hour later the pods are gone from the ledger: the moves no longer replay.
         done = execute_plan(plan.pk, kube=_kube(fake), now=NOW + timedelta(hours=1))
@@ -264,3 +276,272 @@ def test_finance_reads_plans_and_savings_but_cannot_decide(client, fleet):
     html = client.get("/rebalance/").content.decode()
     assert f'data-testid="rebalance-plan-{plan.pk}"' in html and "Approve and execute" not in html
     assert client.post(f"/rebalance/{plan.pk}/approve/").status_code == 403
+
+
+# -- the confirmation step ------------------------------------------------------------------
+
+
+def test_approving_goes_through_a_confirmation_page_that_names_every_cordon_and_eviction(
+        client, fleet, monkeypatch, django_capture_on_commit_callbacks):
+    from billing import tasks
+
+    plan = propose_rebalance(now=NOW, max_moves=10)
+    assert plan is not None
+    calls: list[int] = []
+    monkeypatch.setattr(tasks.execute_rebalance, "delay", lambda plan_id: calls.append(plan_id))
+    login(client, admin=True)
+    listing = client.get("/rebalance/").content.decode()
+    assert f'href="/rebalance/{plan.pk}/approve/"' in listing  # a link to the confirmation, not a POST
+
+    page = client.get(f"/rebalance/{plan.pk}/approve/")
+    html = page.content.decode()
+    assert page.status_code == 200
+    assert html.count('data-testid="confirm-cordon"') == 1 and plan.summary["freed_nodes"][0] in html
+    assert html.count('data-testid="confirm-eviction"') == 3
+    for move in plan.moves:
+        assert f"acme-prod/{move['pod']}" in html
+    assert 'name="csrfmiddlewaretoken"' in html and confirmation_code(plan) in html
+    assert 'data-testid="rebalance-cancel" ' in html or 'data-testid="rebalance-cancel"' in html
+
+    # A POST without the page's code, or with another plan's list, approves nothing.
+    with django_capture_on_commit_callbacks(execute=True):
+        refused = client.post(f"/rebalance/{plan.pk}/approve/")
+        assert refused.status_code == 302 and refused["Location"] == f"/rebalance/{plan.pk}/approve/"
+        client.post(f"/rebalance/{plan.pk}/approve/", {"confirmation": "0" * 20})
+    plan.refresh_from_db()
+    assert plan.status == "proposed" and calls == [] and not AuditEvent.objects.exists()
+
+    with django_capture_on_commit_callbacks(execute=True):
+        client.post(f"/rebalance/{plan.pk}/approve/", {"confirmation": confirmation_code(plan)})
+    plan.refresh_from_db()
+    assert plan.status == "approved" and calls == [plan.pk]
+    # The confirmation page of a decided plan sends the admin back to the list.
+    assert client.get(f"/rebalance/{plan.pk}/approve/")["Location"] == "/rebalance/"
+
+
+def test_the_confirmation_code_changes_with_what_would_be_evicted(fleet):
+    plan = propose_rebalance(now=NOW, max_moves=10)
+    small = propose_rebalance(now=NOW, max_moves=1)
+    assert plan is not None and small is not None
+    assert confirmation_code(plan) != confirmation_code(small)
+    with pytest.raises(InvalidInput, match="confirmation page"):
+        approve_plan(small.pk, confirmation=confirmation_code(plan), now=NOW, actor_label="ops")
+
+
+def test_finance_gets_no_confirmation_page(client, fleet):
+    from billing.scope import FINANCE_GROUP
+
+    plan = propose_rebalance(now=NOW, max_moves=10)
+    assert plan is not None
+    user = User.objects.create_user(username="fin", password="pw-not-used-123")
+    user.groups.add(Group.objects.get_or_create(name=FINANCE_GROUP)[0])
+    client.force_login(user)
+    assert client.get(f"/rebalance/{plan.pk}/approve/").status_code == 403
+
+
+# -- execution outcomes ---------------------------------------------------------------------
+
+
+def _approved(fleet) -> RebalancePlan:
+    plan = propose_rebalance(now=NOW, max_moves=10)
+    assert plan is not None
+    return approve_plan(plan.pk, confirmation=confirmation_code(plan), now=NOW, actor_label="ops")
+
+
+def _metric(client, settings, outcome: str) -> float:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    settings.VGPU_METRICS_TOKEN, settings.VGPU_METRICS_TOKEN_FILE = "scrape-token-for-tests", ""
+    resp = client.get("/metrics", HTTP_AUTHORIZATION="Bearer scrape-token-for-tests")
+    assert resp.status_code == 200
+    for family in text_string_to_metric_families(resp.content.decode()):
+        for sample in family.samples:
+            if sample.name == "vgpu_rebalance_executions_total" and sample.labels == {"outcome": outcome}:
+                return float(sample.value)
+    raise AssertionError(f"no vgpu_rebalance_executions_total{{outcome={outcome!r}}} in the exposition")
+
+
+def test_a_failed_execution_shows_as_failed_on_the_page_in_the_audit_log_and_in_metrics(client, fleet, settings):
+    plan = _approved(fleet)
+    assert _metric(client, settings, "failed") == 0
+    freed = plan.summary["freed_nodes"][0]
+    with FakeKubernetes() as fake:
+        # The node to cordon is not in the cluster: the API server answers 404.
+        fake.add_node({"metadata": {"name": ({"node-a", "node-b"} - {freed}).pop()}, "spec": {}})
+        done = execute_plan(plan.pk, kube=_kube(fake), now=NOW)
+        assert fake.evictions == []
+    assert done.status == "failed" and done.error.startswith(f"cordon {freed}:") and "404" in done.error
+
+    event = AuditEvent.objects.get(action="rebalance.failed", object_id=str(plan.pk))
+    assert event.after["status"] == "failed" and event.after["error"] == done.error
+    assert event.after["carried_out"] == []
+    assert len(event.after["not_carried_out"]) == 4  # one cordon, three evictions
+    assert not AuditEvent.objects.filter(action="rebalance.succeeded").exists()
+
+    login(client, admin=True)
+    html = client.get("/rebalance/").content.decode()
+    assert f'data-testid="rebalance-failure-{plan.pk}"' in html and "Execution failed" in html
+    assert done.error.split(":")[0] in html and "0 of 4 steps carried out" in html
+    audit = client.get("/audit/").content.decode()
+    assert "rebalance.failed" in audit
+    assert _metric(client, settings, "failed") == 1 and _metric(client, settings, "succeeded") == 0
+
+
+class _ApiGoesAway:
+    """The real client against the fake API server for `calls` requests, then against a port
+    where nothing listens (connection refused), as when the API server goes away mid-plan."""
+
+    def __init__(self, fake: FakeKubernetes, calls: int) -> None:
+        self.kube, self.calls = _kube(fake), calls
+
+    def _count(self) -> None:
+        self.calls -= 1
+        if self.calls < 0:
+            with socket.socket() as s:
+                s.bind(("127.0.0.1", 0))
+                closed = s.getsockname()[1]
+            self.kube = KubernetesApi(new_api_client(f"http://127.0.0.1:{closed}", retries=0))
+
+    def cordon_node(self, name: str) -> None:
+        self._count()
+        self.kube.cordon_node(name)
+
+    def evict_pod(self, *, namespace: str, name: str, uid: str) -> None:
+        self._count()
+        self.kube.evict_pod(namespace=namespace, name=name, uid=uid)
+
+
+def test_a_partly_executed_plan_says_what_was_done_and_what_not(client, fleet):
+    plan = _approved(fleet)
+    with FakeKubernetes() as fake:
+        _cluster(fake, fleet)
+        done = execute_plan(plan.pk, kube=_ApiGoesAway(fake, calls=2), now=NOW)  # cordon, one eviction
+        assert len(fake.evictions) == 1
+    assert done.status == "failed" and done.error.startswith("evict acme-prod/")
+    outcomes = [s.outcome for s in plan_steps(done)]
+    assert outcomes == ["ok", "ok", "error", "pending"]
+    event = AuditEvent.objects.get(action="rebalance.failed", object_id=str(plan.pk))
+    assert len(event.after["carried_out"]) == 2 and event.after["not_carried_out"][-1].endswith(": pending")
+
+    login(client, admin=True)
+    html = client.get("/rebalance/").content.decode()
+    assert "2 of 4 steps carried out" in html
+    assert html.count('data-outcome="ok"') == 2 and html.count('data-outcome="pending"') == 1
+    assert 'data-outcome="error"' in html and "not done" in html
+
+
+def test_no_kubernetes_api_fails_the_plan_instead_of_leaving_it_approved(fleet, settings):
+    from billing import tasks
+
+    plan = _approved(fleet)
+    settings.VGPU_KUBE_API = ""  # and this is no pod in a cluster: the client cannot be built
+    with time_machine.travel(NOW, tick=False):
+        result = tasks.execute_rebalance(plan.pk)
+    plan.refresh_from_db()
+    assert result == {"plan": plan.pk, "status": "failed"}
+    assert plan.error.startswith("no Kubernetes API client: ConfigException")
+    assert [e["step"] for e in plan.log] == ["abort"]
+    assert AuditEvent.objects.filter(action="rebalance.failed", object_id=str(plan.pk)).count() == 1
+    # Failed is final: running the task again changes nothing.
+    with time_machine.travel(NOW, tick=False):
+        assert tasks.execute_rebalance(plan.pk)["status"] == "failed"
+    plan.refresh_from_db()
+    assert len(plan.log) == 1
+
+
+def test_an_unexpected_error_mid_execution_fails_the_plan_with_the_reason(fleet):
+    plan = _approved(fleet)
+
+    class Broken:
+        def cordon_node(self, name: str) -> None:
+            raise RuntimeError("a bug, not an API answer")
+
+        def evict_pod(self, *, namespace: str, name: str, uid: str) -> None:
+            raise AssertionError("never reached")
+
+    done = run_execution(plan.pk, connect=Broken, now=NOW)
+    assert done.status == "failed" and done.error == "execution stopped: RuntimeError: a bug, not an API answer"
+    assert [e["step"] for e in done.log] == ["start", "abort"]
+    assert [s.outcome for s in plan_steps(done)] == ["pending"] * 4
+
+
+def test_outcomes_succeeded_and_partial_are_audited_and_counted(client, fleet, settings):
+    plan = _approved(fleet)
+    with FakeKubernetes() as fake:
+        _cluster(fake, fleet)
+        assert execute_plan(plan.pk, kube=_kube(fake), now=NOW).status == "done"
+    event = AuditEvent.objects.get(action="rebalance.succeeded", object_id=str(plan.pk))
+    assert len(event.after["carried_out"]) == 4 and event.after["not_carried_out"] == []
+    assert _metric(client, settings, "succeeded") == 1
+
+    second = _approved(fleet)  # the same moves again (the ledger has not changed)
+    with FakeKubernetes() as fake:
+        _cluster(fake, fleet)
+        fake.delete_pod("acme-prod", second.moves[0]["pod"])  # gone: 404, skipped
+        done = execute_plan(second.pk, kube=_kube(fake), now=NOW)
+    assert done.status == "done" and done.error == "1 pod(s) gone before their eviction"
+    assert AuditEvent.objects.filter(action="rebalance.partial", object_id=str(second.pk)).count() == 1
+    assert (_metric(client, settings, "succeeded"), _metric(client, settings, "partial"),
+            _metric(client, settings, "failed")) == (1, 1, 0)
+    login(client, admin=True)
+    assert "not every eviction was carried out" in client.get("/rebalance/").content.decode()
+
+
+# -- the plan's savings and right-sizing, one rule ------------------------------------------
+
+
+def test_savings_and_right_sizing_are_one_rule_on_one_pool_and_explained(client, fleet):
+    plan = propose_rebalance(now=NOW, max_moves=1)
+    assert plan is not None
+    lines = {line.key: line for line in capacity_lines(plan)}
+    assert list(lines) == ["pool", "busy", "after_plan", "p95", "p99"]
+    month = Decimal(730) * Decimal("5.12")
+    assert lines["pool"].gpus == 4 and lines["pool"].amount == 4 * month
+    assert (lines["busy"].gpus, lines["busy"].difference) == (4, 0)
+    assert (lines["after_plan"].gpus, lines["after_plan"].difference) == (3, 1)
+    assert lines["after_plan"].amount == plan.projected_savings == month
+    p95 = plan.right_sizing["estimates"][0]
+    assert (lines["p95"].gpus, lines["p95"].difference) == (p95["gpus_needed"], 4 - p95["gpus_needed"])
+    assert lines["p95"].amount == Decimal(p95["monthly_cost_difference"]) == (4 - p95["gpus_needed"]) * month
+    assert plan.right_sizing["hours_per_month"] == plan.summary["hours"] == "730"
+    assert Decimal(plan.right_sizing["price_per_gpu_hour"]) == plan.price_per_gpu_hour
+
+    login(client, admin=True)
+    html = client.get("/rebalance/").content.decode()
+    assert f'data-testid="rebalance-capacity-{plan.pk}"' in html and "What these numbers mean" in html
+    assert "the pool is short by that many GPUs" in html
+    assert 'data-testid="rebalance-why-' not in html  # nothing over capacity: nothing to reconcile
+
+
+def test_a_short_pool_is_explained_where_right_sizing_needs_more_than_the_plan_keeps(client, fleet):
+    # Two more pods on node-a/0, each near a whole GPU of SM at its own peak, at different minutes:
+    # the GPU is over capacity at the pods' peaks, and right-sizing packs each at its P95.
+    node_a = Node.objects.get(name="node-a")
+    for k, pod in enumerate(("big-1", "big-2")):
+        for m in range(30):
+            usage(node_a, "GPU-node-a-0", NOW - timedelta(minutes=30 - m), pod=pod, uid=f"uid-{pod}",
+                  mem_mb=1000, sms=100 if m % 2 == k else 10)
+    plan = propose_rebalance(now=NOW, max_moves=10)
+    assert plan is not None
+    assert plan.summary["overcommitted_at_start"] == ["node-a/0 sm"]
+    p95 = plan.right_sizing["estimates"][0]
+    assert p95["gpus_needed"] > plan.summary["gpus_busy_after"]
+    login(client, admin=True)
+    html = client.get("/rebalance/").content.decode()
+    assert f'data-testid="rebalance-why-{plan.pk}-p95"' in html
+    assert "1 GPU is already over capacity at its workloads' peaks" in html
+
+
+def test_the_service_exposition_with_rebalance_executions_passes_promtool(client, fleet, settings):
+    from tests.promtool import promtool
+
+    plan = _approved(fleet)
+    settings.VGPU_KUBE_API = ""
+    run_execution(plan.pk, connect=kube_from_settings, now=NOW)  # outside a cluster: failed
+    settings.VGPU_METRICS_TOKEN, settings.VGPU_METRICS_TOKEN_FILE = "scrape-token-for-tests", ""
+    text = client.get("/metrics", HTTP_AUTHORIZATION="Bearer scrape-token-for-tests").content.decode()
+    assert re.search(r"^# TYPE vgpu_rebalance_executions(_total)? counter$", text, re.M)
+    assert 'vgpu_rebalance_executions_total{outcome="failed"} 1.0' in text
+    result = subprocess.run([promtool(), "check", "metrics"], input=text, capture_output=True, text=True,
+                            check=False, timeout=60)
+    assert result.returncode == 0 and not (result.stdout + result.stderr).strip(), result.stdout + result.stderr
