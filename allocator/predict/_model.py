@@ -104,16 +104,6 @@ def lstm_point_forecasts(
     return out
 
 
-def window_features_time_major(windows: FloatArray, mean: float, std: float) -> FloatArray:
-    """:func:`window_features` laid out for :class:`LstmInference`: (batch, window + 1) → (window, 3, batch)."""
-    x = np.asarray(windows, dtype=np.float64).T
-    out = np.empty((x.shape[0] - 1, 3, x.shape[1]))
-    out[:, 0] = (x[1:] - x[-1:]) / std
-    out[:, 1] = (x[1:] - x[:-1]) / std
-    out[:, 2] = (x[1:] - mean) / std
-    return out
-
-
 _INFERENCE_CACHE = 16  # models whose inference layout is kept: a process loads one bundle, tests a few
 _inference_cache: dict[int, tuple[LstmParams, LstmInference]] = {}
 
@@ -181,9 +171,8 @@ class LstmPredictor:
                 values = list(predictors[k]._history)
                 rows.append([values[0]] * (size - len(values)) + values if len(values) < size else values)
             windows = np.array(rows, dtype=np.float64)
-            y = first._inference.forward(window_features_time_major(windows, model.mean, model.std))
-            head = y[3:6] if first._upper else y[0:3]
-            points = windows[:, -1:] + model.std * head.T
+            y = first._inference.forward(window_features(windows, model.mean, model.std))
+            points = windows[:, -1:] + model.std * (y[:, 3:6] if first._upper else y[:, 0:3])
             for k, row in zip(members, points.tolist(), strict=True):
                 p = predictors[k]
                 out[k] = finish_forecast(row, p._margins, p._model.capacity)

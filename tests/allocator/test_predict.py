@@ -365,10 +365,10 @@ def test_inference_forward_equals_lstm_forward(hidden: int) -> None:
     params = params.map(lambda a: a + rng.normal(0, 0.3, size=a.shape))  # not only the initial biases
     x = rng.normal(size=(11, 9, 3))  # (batch, steps, features)
     expected, _ = lstm_forward(params, x)
-    got = LstmInference(params).forward(np.ascontiguousarray(x.transpose(1, 2, 0)))
-    np.testing.assert_allclose(got.T, expected, rtol=1e-12, atol=1e-14)
-    single = LstmInference(params).forward(np.ascontiguousarray(x[:1].transpose(1, 2, 0)))
-    np.testing.assert_allclose(single.T, expected[:1], rtol=1e-12, atol=1e-14)
+    got = LstmInference(params).forward(x)
+    np.testing.assert_allclose(got, expected, rtol=1e-12, atol=1e-14)
+    single = LstmInference(params).forward(x[:1])
+    np.testing.assert_allclose(single, expected[:1], rtol=1e-12, atol=1e-14)
 
 
 def test_batched_predictions_equal_one_at_a_time() -> None:

@@ -1,0 +1,133 @@
+"""The LSTM's inference forward, compiled (numba): one loop nest per window, no numpy call per step.
+
+At the agent's tick (a few dozen windows of ~30 steps, hidden 24) numpy's per-call cost and,
+on CPUs without AVX-512, its scalar ``tanh`` for float64 were most of the tick
+(docs/allocation.md, "Tick latency"). Here each window runs its recurrence in compiled loops
+over contiguous rows that LLVM vectorises, and ``tanh`` is computed in vectorisable arithmetic
+to double precision (:func:`_tanh`), so the forward is one call for the whole batch.
+
+``fastmath={"contract"}`` only lets LLVM fuse a multiply and an add (one rounding instead of
+two); sums keep their order, so results match ``lstm_forward`` to rounding (the tests hold it
+to 1e-12). ``error_model="numpy"``: a division by zero gives inf instead of raising, which lets
+the loops vectorise (nothing here divides by zero: ``1 + exp(-y) >= 1``).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, cast
+
+import numba
+import numpy as np
+
+from allocator.predict._forecast import FloatArray
+
+__all__ = ["lstm_batch_forward", "tanh_into"]
+
+_LN2_HI = 6.93147180369123816490e-01  # ln 2 split in two (fdlibm's): k × _LN2_HI is exact for |k| < 2**20
+_LN2_LO = 1.90821492927058770002e-10
+_LOG2E = 1.4426950408889634
+_ROUND = 6755399441055744.0  # 1.5 × 2**52: (v + _ROUND) − _ROUND is v rounded to an integer, in float
+_TANH_ONE = 40.0  # tanh(x) rounds to ±1 for |x| >= 19.1, so 2|x| is capped here (keeps 2**-k exact)
+_JIT: dict[str, Any] = {"fastmath": {"contract"}, "error_model": "numpy", "nogil": True}
+
+
+@numba.njit(inline="always", **_JIT)  # type: ignore[untyped-decorator]  # numba is untyped
+def _tanh(x: float) -> float:
+    """tanh to ~1 ulp in arithmetic LLVM vectorises (libm's tanh is a scalar call).
+
+    tanh|x| = (1 − e^−y) / (1 + e^−y) with y = 2|x|; e^−y = 2^−k e^r with k the nearest integer
+    to y / ln 2 and |r| <= ln 2 / 2; e^r − 1 by its Taylor series to r^12 (error below 2e-17 on
+    that range), kept apart from the 1 so that small |x| loses nothing to cancellation; 2^−k is
+    the product of the powers of two of k's bits (k <= 58), exact.
+    """
+    y = 2.0 * abs(x)
+    y = y if y < _TANH_ONE else _TANH_ONE
+    k = (y * _LOG2E + _ROUND) - _ROUND
+    r = (k * _LN2_HI - y) + k * _LN2_LO
+    q = 1.0 / 479001600.0
+    q = q * r + 1.0 / 39916800.0
+    q = q * r + 1.0 / 3628800.0
+    q = q * r + 1.0 / 362880.0
+    q = q * r + 1.0 / 40320.0
+    q = q * r + 1.0 / 5040.0
+    q = q * r + 1.0 / 720.0
+    q = q * r + 1.0 / 120.0
+    q = q * r + 1.0 / 24.0
+    q = q * r + 1.0 / 6.0
+    q = q * r + 0.5
+    q = q * r + 1.0
+    q = q * r  # e^r − 1
+    scale = 1.0
+    for bit, power in ((32.0, 2.0**-32), (16.0, 2.0**-16), (8.0, 2.0**-8), (4.0, 2.0**-4), (2.0, 0.25), (1.0, 0.5)):
+        on = 1.0 if k >= bit else 0.0  # arithmetic, not a branch: the loop stays vectorisable
+        scale *= 1.0 + on * (power - 1.0)  # × power or × 1, both exact
+        k -= on * bit
+    t = (q + 1.0) * scale  # e^−y
+    num = -q if scale == 1.0 else 1.0 - t  # 1 − e^−y; for k = 0 straight from e^r − 1
+    return math.copysign(num / (1.0 + t), x)
+
+
+@numba.njit(**_JIT)  # type: ignore[untyped-decorator]
+def _tanh_into(values: FloatArray, out: FloatArray) -> None:
+    for i in range(values.size):
+        out.flat[i] = _tanh(values.flat[i])
+
+
+def tanh_into(values: FloatArray, out: FloatArray) -> None:
+    """``out[...] = tanh(values)`` with the kernel's own tanh (for its tests)."""
+    _tanh_into(np.ascontiguousarray(values, dtype=np.float64), out)
+
+
+@numba.njit(**_JIT)  # type: ignore[untyped-decorator]
+def _forward(weights: FloatArray, head_w: FloatArray, head_b: FloatArray, x: FloatArray, out: FloatArray) -> None:
+    """``x`` (batch, steps, features) → ``out`` (batch, outputs).
+
+    ``weights`` (rows, 4 × hidden): row k multiplies entry k of the stacked input [h; x_t; 1; 0…]
+    (rows a multiple of 4, padded with zero rows); columns are the gates i, f, o, g, the first three
+    scaled by ½ so that one tanh gives σ(a) = ½ (1 + tanh(a/2)). ``head_w`` (outputs, hidden).
+    """
+    batch, steps, feat = x.shape
+    rows, gates = weights.shape
+    hid = gates // 4
+    stacked = np.zeros(rows)
+    pre = np.empty(gates)
+    cell = np.empty(hid)
+    for b in range(batch):
+        stacked[:] = 0.0
+        stacked[hid + feat] = 1.0
+        cell[:] = 0.0
+        for t in range(steps):
+            for f in range(feat):
+                stacked[hid + f] = x[b, t, f]
+            # pre = weightsᵀ · stacked, four rows at a time: one load and store of pre per four
+            # multiply-adds, each over the contiguous gate columns.
+            s0, s1, s2, s3 = stacked[0], stacked[1], stacked[2], stacked[3]
+            for g in range(gates):
+                pre[g] = weights[0, g] * s0 + weights[1, g] * s1 + weights[2, g] * s2 + weights[3, g] * s3
+            for k in range(4, rows, 4):
+                s0, s1, s2, s3 = stacked[k], stacked[k + 1], stacked[k + 2], stacked[k + 3]
+                for g in range(gates):
+                    pre[g] += weights[k, g] * s0 + weights[k + 1, g] * s1 + weights[k + 2, g] * s2 + weights[k + 3, g] * s3
+            for g in range(3 * hid):
+                pre[g] = 0.5 * (1.0 + _tanh(pre[g]))
+            for g in range(3 * hid, gates):
+                pre[g] = _tanh(pre[g])
+            for j in range(hid):
+                c = pre[hid + j] * cell[j] + pre[j] * pre[3 * hid + j]
+                cell[j] = c
+                stacked[j] = pre[2 * hid + j] * _tanh(c)
+        for o in range(head_w.shape[0]):
+            acc = 0.0
+            for j in range(hid):
+                acc += stacked[j] * head_w[o, j]
+            out[b, o] = acc + head_b[o]
+
+
+def lstm_batch_forward(
+    weights: FloatArray, head_w: FloatArray, head_b: FloatArray, x: FloatArray
+) -> FloatArray:
+    """Run :func:`_forward` (compiled on the first call: about a second) and return ``(batch, outputs)``."""
+    out = np.empty((x.shape[0], head_w.shape[0]))
+    _forward(weights, head_w, head_b, np.ascontiguousarray(x, dtype=np.float64), out)
+    return cast(FloatArray, out)
