@@ -24,7 +24,7 @@ from allocator.predict._forecast import (
     Resource,
     finish_forecast,
     validate_margins,
-    validate_observation,
+    validate_observations,
 )
 from allocator.predict._lstm import LstmInference, LstmParams, lstm_forward
 
@@ -143,7 +143,10 @@ class LstmPredictor:
         self._inference = _inference(model.lstm)
 
     def observe(self, value: float) -> None:
-        self._history.append(validate_observation(value))
+        self.observe_many((value,))
+
+    def observe_many(self, values: Sequence[float]) -> None:
+        self._history.extend(validate_observations(values))
 
     def predict(self) -> PeakForecast:
         if not self._history:
