@@ -22,7 +22,7 @@ import numpy as np
 
 from allocator.predict._forecast import FloatArray
 
-__all__ = ["lstm_batch_forward", "tanh_into"]
+__all__ = ["lstm_window_forecasts", "tanh_into"]
 
 _LN2_HI = 6.93147180369123816490e-01  # ln 2 split in two (fdlibm's): k × _LN2_HI is exact for |k| < 2**20
 _LN2_LO = 1.90821492927058770002e-10
@@ -80,14 +80,25 @@ def tanh_into(values: FloatArray, out: FloatArray) -> None:
 
 
 @numba.njit(**_JIT)  # type: ignore[untyped-decorator]
-def _forward(weights: FloatArray, head_w: FloatArray, head_b: FloatArray, x: FloatArray, out: FloatArray) -> None:
-    """``x`` (batch, steps, features) → ``out`` (batch, outputs).
+def _forward(
+    weights: FloatArray,
+    head_w: FloatArray,
+    head_b: FloatArray,
+    windows: FloatArray,
+    mean: float,
+    std: float,
+    head_from: int,
+    out: FloatArray,
+) -> None:
+    """Raw windows (batch, window + 1) → ``out`` (batch, k): last value + std × outputs ``head_from…+k``.
 
-    ``weights`` (rows, 4 × hidden): row k multiplies entry k of the stacked input [h; x_t; 1; 0…]
-    (rows a multiple of 4, padded with zero rows); columns are the gates i, f, o, g, the first three
-    scaled by ½ so that one tanh gives σ(a) = ½ (1 + tanh(a/2)). ``head_w`` (outputs, hidden).
+    The inputs of each step are ``window_features``' (value relative to the window's last, step
+    change, level; same operations, so the same numbers). ``weights`` (rows, 4 × hidden): row r
+    multiplies entry r of the stacked input [h; x_t; 1; 0…] (rows a multiple of 4, padded with zero
+    rows); columns are the gates i, f, o, g, the first three scaled by ½ so that one tanh gives
+    σ(a) = ½ (1 + tanh(a/2)). ``head_w`` (outputs, hidden).
     """
-    batch, steps, feat = x.shape
+    batch, size = windows.shape
     rows, gates = weights.shape
     hid = gates // 4
     stacked = np.zeros(rows)
@@ -95,20 +106,23 @@ def _forward(weights: FloatArray, head_w: FloatArray, head_b: FloatArray, x: Flo
     cell = np.empty(hid)
     for b in range(batch):
         stacked[:] = 0.0
-        stacked[hid + feat] = 1.0
+        stacked[hid + 3] = 1.0
         cell[:] = 0.0
-        for t in range(steps):
-            for f in range(feat):
-                stacked[hid + f] = x[b, t, f]
+        last = windows[b, size - 1]
+        for t in range(size - 1):
+            value = windows[b, t + 1]
+            stacked[hid] = (value - last) / std
+            stacked[hid + 1] = (value - windows[b, t]) / std
+            stacked[hid + 2] = (value - mean) / std
             # pre = weightsᵀ · stacked, four rows at a time: one load and store of pre per four
             # multiply-adds, each over the contiguous gate columns.
             s0, s1, s2, s3 = stacked[0], stacked[1], stacked[2], stacked[3]
             for g in range(gates):
                 pre[g] = weights[0, g] * s0 + weights[1, g] * s1 + weights[2, g] * s2 + weights[3, g] * s3
-            for k in range(4, rows, 4):
-                s0, s1, s2, s3 = stacked[k], stacked[k + 1], stacked[k + 2], stacked[k + 3]
+            for r in range(4, rows, 4):
+                s0, s1, s2, s3 = stacked[r], stacked[r + 1], stacked[r + 2], stacked[r + 3]
                 for g in range(gates):
-                    pre[g] += weights[k, g] * s0 + weights[k + 1, g] * s1 + weights[k + 2, g] * s2 + weights[k + 3, g] * s3
+                    pre[g] += weights[r, g] * s0 + weights[r + 1, g] * s1 + weights[r + 2, g] * s2 + weights[r + 3, g] * s3
             for g in range(3 * hid):
                 pre[g] = 0.5 * (1.0 + _tanh(pre[g]))
             for g in range(3 * hid, gates):
@@ -117,17 +131,25 @@ def _forward(weights: FloatArray, head_w: FloatArray, head_b: FloatArray, x: Flo
                 c = pre[hid + j] * cell[j] + pre[j] * pre[3 * hid + j]
                 cell[j] = c
                 stacked[j] = pre[2 * hid + j] * _tanh(c)
-        for o in range(head_w.shape[0]):
+        for k in range(out.shape[1]):
             acc = 0.0
             for j in range(hid):
-                acc += stacked[j] * head_w[o, j]
-            out[b, o] = acc + head_b[o]
+                acc += stacked[j] * head_w[head_from + k, j]
+            out[b, k] = last + std * (acc + head_b[head_from + k])
 
 
-def lstm_batch_forward(
-    weights: FloatArray, head_w: FloatArray, head_b: FloatArray, x: FloatArray
+def lstm_window_forecasts(
+    weights: FloatArray,
+    head_w: FloatArray,
+    head_b: FloatArray,
+    windows: FloatArray,
+    *,
+    mean: float,
+    std: float,
+    head: slice,
 ) -> FloatArray:
-    """Run :func:`_forward` (compiled on the first call: about a second) and return ``(batch, outputs)``."""
-    out = np.empty((x.shape[0], head_w.shape[0]))
-    _forward(weights, head_w, head_b, np.ascontiguousarray(x, dtype=np.float64), out)
+    """Run :func:`_forward` (compiled on the first call: seconds) over ``windows``; ``head``: the outputs to read."""
+    start, stop, _ = head.indices(head_w.shape[0])
+    out = np.empty((windows.shape[0], stop - start))
+    _forward(weights, head_w, head_b, np.ascontiguousarray(windows, dtype=np.float64), mean, std, start, out)
     return cast(FloatArray, out)

@@ -16,7 +16,7 @@ from dataclasses import dataclass, fields
 import numpy as np
 
 from allocator.predict._forecast import FloatArray
-from allocator.predict._kernel import lstm_batch_forward
+from allocator.predict._kernel import lstm_window_forecasts
 
 __all__ = [
     "Adam",
@@ -77,6 +77,9 @@ def lstm_init(*, features: int, hidden: int, outputs: int, rng: np.random.Genera
     )
 
 
+_WINDOW_FEATURES = 3  # what ``allocator.predict._model.window_features`` gives per step
+
+
 def _sigmoid(a: FloatArray) -> FloatArray:
     out: FloatArray = 0.5 * (1.0 + np.tanh(0.5 * a))  # overflow-free logistic
     return out
@@ -102,21 +105,24 @@ def lstm_forward(params: LstmParams, x: FloatArray) -> tuple[FloatArray, _Cache]
 
 
 class LstmInference:
-    """The forward pass of :func:`lstm_forward` for inference only, compiled for many small windows.
+    """The forecasts of :func:`lstm_forward` on raw windows, for inference only, compiled for many small windows.
 
-    Equal to ``lstm_forward(params, x)[0]`` to rounding (the sums run in another order, and
-    :mod:`allocator.predict._kernel` computes tanh itself). The parameters are laid out once for
-    the kernel: the input projection, the bias and the recurrence are one product with the
-    stacked input ``[h; x_t; 1]``, and the three logistic gates' weights are pre-scaled by ½
-    (exact in binary floating point: σ(a) = ½ (1 + tanh(a/2))), so one tanh serves all four gates.
-    Building one compiles the kernel if this process has not yet (about a second): an agent pays
-    that when it builds its predictors, not at its first tick.
+    ``forecasts(windows, …)`` is ``last + std × lstm_forward(params, window_features(windows, mean,
+    std))[0][:, head]`` to rounding (the sums run in another order, and :mod:`allocator.predict._kernel`
+    computes tanh itself), where ``last`` is each window's newest value. The parameters are laid out once
+    for the kernel: the input projection, the bias and the recurrence are one product with the stacked
+    input ``[h; x_t; 1]``, and the three logistic gates' weights are pre-scaled by ½ (exact in binary
+    floating point: σ(a) = ½ (1 + tanh(a/2))), so one tanh serves all four gates. Building one
+    compiles the kernel if this process has not yet (seconds): an agent pays that when it builds its
+    predictors, not at its first tick.
     """
 
-    __slots__ = ("_features", "_head_b", "_head_w", "_weights")
+    __slots__ = ("_head_b", "_head_w", "_weights")
 
     def __init__(self, params: LstmParams) -> None:
         hid, feat = params.hidden, params.features
+        if feat != _WINDOW_FEATURES:
+            raise ValueError(f"the inference kernel reads {_WINDOW_FEATURES} window features per step, got {feat}")
         scale = np.ones(4 * hid)
         scale[: 3 * hid] = 0.5
         # Rows of the stacked input [h; x_t; 1]: hidden state first, then the features, then the bias,
@@ -127,18 +133,13 @@ class LstmInference:
         self._weights: FloatArray = stacked
         self._head_w: FloatArray = np.ascontiguousarray(params.v.T)  # (outputs, hidden)
         self._head_b: FloatArray = params.c.copy()
-        self._features = feat
-        self.forward(np.zeros((1, 1, feat)))  # compile now (once per process), not at the first forecast
+        self.forecasts(np.zeros((1, 2)), mean=0.0, std=1.0, head=slice(0, 1))  # compile now, once per process
 
-    @property
-    def features(self) -> int:
-        return self._features
-
-    def forward(self, x: FloatArray) -> FloatArray:
-        """Inputs ``(batch, steps, features)``, as :func:`lstm_forward` → outputs ``(batch, outputs)``."""
-        if x.ndim != 3 or x.shape[2] != self._features:
-            raise ValueError(f"expected inputs (batch, steps, {self._features}), got shape {x.shape}")
-        return lstm_batch_forward(self._weights, self._head_w, self._head_b, x)
+    def forecasts(self, windows: FloatArray, *, mean: float, std: float, head: slice) -> FloatArray:
+        """Raw windows ``(batch, window + 1)`` → ``(batch, outputs in head)``: newest value + std × output."""
+        if windows.ndim != 2 or windows.shape[1] < 2:
+            raise ValueError(f"expected windows (batch, >= 2 values), got shape {windows.shape}")
+        return lstm_window_forecasts(self._weights, self._head_w, self._head_b, windows, mean=mean, std=std, head=head)
 
 
 def lstm_backward(params: LstmParams, cache: _Cache, dy: FloatArray) -> LstmParams:

@@ -174,8 +174,8 @@ class LstmPredictor:
                 values = list(predictors[k]._history)
                 rows.append([values[0]] * (size - len(values)) + values if len(values) < size else values)
             windows = np.array(rows, dtype=np.float64)
-            y = first._inference.forward(window_features(windows, model.mean, model.std))
-            points = windows[:, -1:] + model.std * (y[:, 3:6] if first._upper else y[:, 0:3])
+            head = slice(3, 6) if first._upper else slice(0, 3)
+            points = first._inference.forecasts(windows, mean=model.mean, std=model.std, head=head)
             for k, row in zip(members, points.tolist(), strict=True):
                 p = predictors[k]
                 out[k] = finish_forecast(row, p._margins, p._model.capacity)
