@@ -28,7 +28,9 @@ _LN2_HI = 6.93147180369123816490e-01  # ln 2 split in two (fdlibm's): k × _LN2_
 _LN2_LO = 1.90821492927058770002e-10
 _LOG2E = 1.4426950408889634
 _ROUND = 6755399441055744.0  # 1.5 × 2**52: (v + _ROUND) − _ROUND is v rounded to an integer, in float
-_TANH_ONE = 40.0  # tanh(x) rounds to ±1 for |x| >= 19.1, so 2|x| is capped here (keeps 2**-k exact)
+_ROUND_BITS = int(np.float64(_ROUND).view(np.int64))
+_ONE_BITS = int(np.float64(1.0).view(np.int64))
+_TANH_ONE = 40.0  # tanh(x) rounds to ±1 for |x| >= 19.1, so 2|x| is capped here (k <= 58)
 _JIT: dict[str, Any] = {"fastmath": {"contract"}, "error_model": "numpy", "nogil": True}
 
 
@@ -39,11 +41,12 @@ def _tanh(x: float) -> float:
     tanh|x| = (1 − e^−y) / (1 + e^−y) with y = 2|x|; e^−y = 2^−k e^r with k the nearest integer
     to y / ln 2 and |r| <= ln 2 / 2; e^r − 1 by its Taylor series to r^12 (error below 2e-17 on
     that range), kept apart from the 1 so that small |x| loses nothing to cancellation; 2^−k is
-    the product of the powers of two of k's bits (k <= 58), exact.
+    written straight into the exponent bits (k <= 58: a normal number, exact).
     """
     y = 2.0 * abs(x)
     y = y if y < _TANH_ONE else _TANH_ONE
-    k = (y * _LOG2E + _ROUND) - _ROUND
+    rounded = y * _LOG2E + _ROUND  # k in the low bits of the significand
+    k = rounded - _ROUND
     r = (k * _LN2_HI - y) + k * _LN2_LO
     q = 1.0 / 479001600.0
     q = q * r + 1.0 / 39916800.0
@@ -58,13 +61,11 @@ def _tanh(x: float) -> float:
     q = q * r + 0.5
     q = q * r + 1.0
     q = q * r  # e^r − 1
-    scale = 1.0
-    for bit, power in ((32.0, 2.0**-32), (16.0, 2.0**-16), (8.0, 2.0**-8), (4.0, 2.0**-4), (2.0, 0.25), (1.0, 0.5)):
-        on = 1.0 if k >= bit else 0.0  # arithmetic, not a branch: the loop stays vectorisable
-        scale *= 1.0 + on * (power - 1.0)  # × power or × 1, both exact
-        k -= on * bit
+    # 2^−k built in the exponent field: 1.0's bits less k << 52 (integer vector ops, no conversion).
+    k_bits = np.float64(rounded).view(np.int64) - _ROUND_BITS
+    scale = np.int64(_ONE_BITS - (k_bits << 52)).view(np.float64)
     t = (q + 1.0) * scale  # e^−y
-    num = -q if scale == 1.0 else 1.0 - t  # 1 − e^−y; for k = 0 straight from e^r − 1
+    num = -q if k == 0.0 else 1.0 - t  # 1 − e^−y; for k = 0 straight from e^r − 1
     return math.copysign(num / (1.0 + t), x)
 
 
