@@ -169,6 +169,10 @@ class WorkloadPredictors:
         self._origin: datetime | None = None
         self._states: dict[tuple[str, str], _State] = {}
         self._lock = threading.Lock()
+        # One predictor of each resource now, thrown away: what they prepare once per process (the
+        # LSTM's compiled forward) is then ready when the agent starts, not inside its first tick.
+        for resource, factory in self._factories.items():
+            factory(resource)
 
     @property
     def calibration(self) -> Calibration:

@@ -34,7 +34,7 @@ _TANH_ONE = 40.0  # tanh(x) rounds to ±1 for |x| >= 19.1, so 2|x| is capped her
 _JIT: dict[str, Any] = {"fastmath": {"contract"}, "error_model": "numpy", "nogil": True}
 
 
-@numba.njit(inline="always", **_JIT)  # type: ignore[untyped-decorator]  # numba is untyped
+@numba.njit(**_JIT)  # type: ignore[untyped-decorator]  # numba is untyped
 def _tanh(x: float) -> float:
     """tanh to ~1 ulp in arithmetic LLVM vectorises (libm's tanh is a scalar call).
 
