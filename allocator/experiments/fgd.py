@@ -45,6 +45,7 @@ __all__ = [
     "ExperimentSummary",
     "SeedOutcome",
     "main",
+    "mean_sd",
     "parse_policies",
     "parse_seeds",
     "run_experiment",
@@ -88,8 +89,8 @@ class ExperimentSummary:
         return {
             "policy": self.policy,
             "seeds": list(self.seeds),
-            "alloc_at_100": _mean_sd([o.alloc_at_100 for o in self.outcomes]),
-            "alloc_at_130": _mean_sd([o.alloc_at_130 for o in self.outcomes]),
+            "alloc_at_100": mean_sd([o.alloc_at_100 for o in self.outcomes]),
+            "alloc_at_130": mean_sd([o.alloc_at_130 for o in self.outcomes]),
             "pods_placed": sum(o.pods_placed for o in self.outcomes),
             "pods_failed": sum(o.pods_failed for o in self.outcomes),
             "seconds": round(self.seconds, 3),
@@ -102,7 +103,7 @@ class ExperimentSummary:
             ("alloc_at_100", [o.alloc_at_100 for o in self.outcomes]),
             ("alloc_at_130", [o.alloc_at_130 for o in self.outcomes]),
         ):
-            stats = _mean_sd(values)
+            stats = mean_sd(values)
             row[f"{level}_mean"] = "" if stats["mean"] is None else stats["mean"]
             row[f"{level}_sd"] = "" if stats["sd"] is None else stats["sd"]
         row["pods_placed"] = sum(o.pods_placed for o in self.outcomes)
@@ -124,7 +125,7 @@ def _seed_text(seeds: Sequence[int]) -> str:
     return ",".join(parts)
 
 
-def _mean_sd(values: Sequence[float]) -> dict[str, float | None]:
+def mean_sd(values: Sequence[float]) -> dict[str, float | None]:
     """Mean and sample standard deviation (0 for one seed); None when a seed never reached the level."""
     if not values or any(math.isnan(v) for v in values):
         return {"mean": None, "sd": None}

@@ -22,10 +22,12 @@ from allocator.packing._policies import (
     BEST_POLICY,
     POLICY_NAMES,
     Choice,
+    FgdPolicy,
     Policy,
     make_policy,
     policy_rng,
     resolve_policy_name,
+    simulator_score,
 )
 from allocator.packing._simulate import SimulationResult, allocation_at, percent_events, simulate
 from allocator.packing._state import ClusterState
@@ -40,6 +42,7 @@ __all__ = [
     "Choice",
     "Cluster",
     "ClusterState",
+    "FgdPolicy",
     "FragmentationModel",
     "NodeSpec",
     "PodSpec",
@@ -56,6 +59,7 @@ __all__ = [
     "read_pods_csv",
     "resolve_policy_name",
     "simulate",
+    "simulator_score",
     "tuned_name",
     "typical_pods",
 ]

@@ -8,7 +8,8 @@ free GPU milli that ``m`` cannot use there:
 * all free milli when ``m`` cannot run on ``n`` at all (CPU, memory, GPU model, pod count,
   or too few fully free GPUs for a whole-GPU request, or no GPU with enough free milli);
 * otherwise the free milli of the GPUs whose free milli is below ``m``'s share (a CPU pod
-  that fits leaves no fragment).
+  that fits leaves no fragment, unless ``cpu_pods_fragment_all``: then a CPU pod counts all
+  free milli, fit or not, as the FGD simulator counts it, since it can use none of it).
 
 ``F_n`` is the popularity-weighted mean over the workload. Within a group the chance that a
 pod's CPU and memory fit is read from a cumulative table built once from the workload, so the
@@ -74,9 +75,12 @@ class FragmentationModel:
     mem_values: IntArray  # sorted distinct memory requests
     fit_table: FloatArray  # (k, len(cpu_values)+1, len(mem_values)+1) share of the group that fits
     use_memory: bool
+    cpu_pods_fragment_all: bool  # a CPU pod of the workload counts every free GPU milli as fragment
 
     @classmethod
-    def from_workload(cls, pods: Sequence[PodSpec], cluster: Cluster, *, use_memory: bool = True) -> FragmentationModel:
+    def from_workload(
+        cls, pods: Sequence[PodSpec], cluster: Cluster, *, use_memory: bool = True, cpu_pods_fragment_all: bool = False
+    ) -> FragmentationModel:
         if not pods:
             raise ValueError("the target workload has no pods")
         keys: dict[tuple[int, int, tuple[str, ...]], int] = {}
@@ -114,6 +118,7 @@ class FragmentationModel:
             mem_values=mem_values,
             fit_table=table,
             use_memory=use_memory,
+            cpu_pods_fragment_all=cpu_pods_fragment_all,
         )
 
     def fit_share(self, cpu_free: IntArray, mem_free: IntArray) -> FloatArray:
@@ -129,7 +134,7 @@ class FragmentationModel:
     def usable(
         self, *, cpu_free: IntArray, mem_free: IntArray, gpu_free: IntArray, model_index: IntArray, pod_count: IntArray
     ) -> FloatArray:
-        """``(c, k)``: probability that a pod of each group can run on each candidate node state."""
+        """``(c, k)``: probability that a pod of each group can run on each candidate node state and use its GPUs."""
         whole_free = np.count_nonzero(gpu_free == GPU_MILLI, axis=1)
         max_free = gpu_free.max(axis=1)
         gpu_ok = np.where(
@@ -137,7 +142,11 @@ class FragmentationModel:
             whole_free[:, None] >= self.num_gpu[None, :],
             max_free[:, None] >= self.share[None, :],
         )
-        gpu_ok |= (self.num_gpu == 0)[None, :]
+        gpu_pod = (self.num_gpu > 0)[None, :]
+        if self.cpu_pods_fragment_all:
+            gpu_ok &= gpu_pod  # a CPU pod can use none of the free milli, so all of it is its fragment
+        else:
+            gpu_ok |= ~gpu_pod
         ok = gpu_ok & self.model_ok[:, model_index].T & (pod_count < MAX_PODS_PER_NODE)[:, None]
         out: FloatArray = ok * self.fit_share(cpu_free, mem_free)
         return out

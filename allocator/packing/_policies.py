@@ -21,10 +21,12 @@ __all__ = [
     "BEST_POLICY",
     "POLICY_NAMES",
     "Choice",
+    "FgdPolicy",
     "Policy",
     "make_policy",
     "policy_rng",
     "resolve_policy_name",
+    "simulator_score",
 ]
 
 
@@ -154,21 +156,46 @@ def _candidate_states(state: ClusterState, pod: PodSpec, candidates: IntArray) -
     )
 
 
+def simulator_score(delta: FloatArray) -> FloatArray:
+    """The FGD simulator's node score for a change ``delta`` of fragmented GPU milli (higher is better).
+
+    ``int(sigmoid(−delta / 1000) × 100)``, truncated: 0–100 in steps that are about 40 milli
+    wide near ``delta = 0`` and wider further out, so near-equal placements tie and go to the
+    node priority.
+    """
+    out: FloatArray = np.trunc(100.0 / (1.0 + np.exp(delta / 1000.0)))
+    return out
+
+
 class FgdPolicy(_Prioritised):
     """Fragmentation Gradient Descent: the placement that least increases expected fragmentation.
 
     The pod goes to the (node, GPU) whose expected fragmented GPU milli against the target
-    workload (``FragmentationModel``) grows least; ties go to the node priority, then the
-    lower GPU index. As in the paper, CPU is the only host resource in the fragmentation
-    measure (``use_memory=False``), and as in the simulator the target workload is the
-    typical pods only (``typical_pods``: the most popular shapes covering 95 % of pods).
+    workload (``FragmentationModel``) grows least, scored as the simulator scores it
+    (``simulator_score``); ties go to the node priority, then the lower GPU index. As in the
+    paper, CPU is the only host resource in the fragmentation measure (``use_memory=False``);
+    as in the simulator the target workload is the typical pods only (``typical_pods``: the
+    most popular shapes covering 95 % of pods) and a CPU pod of it counts all free GPU milli as
+    fragment. ``integer_score=False`` and ``cpu_pods_fragment_all=False`` give the exact-float
+    score and the fit-aware CPU-pod rule instead (the ablations in docs/packing.md).
     """
 
     name = "fgd"
 
-    def __init__(self, cluster: Cluster, workload: Sequence[PodSpec], rng: np.random.Generator) -> None:
+    def __init__(
+        self,
+        cluster: Cluster,
+        workload: Sequence[PodSpec],
+        rng: np.random.Generator,
+        *,
+        integer_score: bool = True,
+        cpu_pods_fragment_all: bool = True,
+    ) -> None:
         super().__init__(cluster, rng)
-        self.model = FragmentationModel.from_workload(typical_pods(workload), cluster, use_memory=False)
+        self.model = FragmentationModel.from_workload(
+            typical_pods(workload), cluster, use_memory=False, cpu_pods_fragment_all=cpu_pods_fragment_all
+        )
+        self.integer_score = integer_score
         self._base: FloatArray | None = None
 
     def _score_nodes(self, state: ClusterState, nodes: IntArray) -> FloatArray:
@@ -195,7 +222,8 @@ class FgdPolicy(_Prioritised):
 
     def choose(self, state: ClusterState, pod: PodSpec, candidates: IntArray) -> Choice:
         cand = _candidate_states(state, pod, candidates)
-        cost = np.round(self._delta(state, cand), 6)
+        delta = np.round(self._delta(state, cand), 6)  # float noise must not split exact ties or steps
+        cost = -simulator_score(delta) if self.integer_score else delta
         return _pick(state, pod, cand, (cand.gpu, self.rank[cand.node], cost))
 
     def placed(self, state: ClusterState, choice: Choice) -> None:
@@ -221,6 +249,7 @@ class StrandAwarePolicy(FgdPolicy):
     def __init__(self, cluster: Cluster, workload: Sequence[PodSpec], rng: np.random.Generator) -> None:
         _Prioritised.__init__(self, cluster, rng)
         self.model = FragmentationModel.from_workload(workload, cluster, use_memory=True)
+        self.integer_score = False  # exact floats: the stranding term is finer than the simulator's steps
         self._base = None
         gpu_pods = [p for p in workload if p.num_gpu > 0]
         cpu_per_milli = np.zeros(len(cluster.models))

@@ -23,8 +23,10 @@ from allocator.packing import (
     policy_rng,
     resolve_policy_name,
     simulate,
+    simulator_score,
     typical_pods,
 )
+from allocator.packing._policies import FgdPolicy
 
 MODELS = ("A100", "T4", "V100")
 
@@ -254,6 +256,47 @@ def test_fragmentation_counts_free_milli_below_each_groups_share() -> None:
     )
     # GPU 1 has 300 free < 500: a fragment for the 500-share half of the workload; the CPU pods fit.
     assert frag.tolist() == [pytest.approx(0.5 * 300)]
+
+
+def test_simulators_cpu_pod_rule_counts_all_free_milli_for_cpu_pods_that_fit() -> None:
+    cluster = Cluster.from_nodes([_node("n", gpus=2)])
+    workload = [_pod("half", 1000, 1, 500), _pod("cpu", 1000)]
+    model = FragmentationModel.from_workload(workload, cluster, cpu_pods_fragment_all=True)
+    state = ClusterState(cluster)
+    state.place(_pod("x", 0, 1, 700), 0, (1,))
+    frag = model.score(
+        cpu_free=state.cpu_free,
+        mem_free=state.mem_free,
+        gpu_free=state.gpu_free,
+        model_index=cluster.model_index,
+        pod_count=state.pod_count,
+    )
+    # The share half as before (300 below 500); the CPU half counts all 1,300 free milli, though it fits.
+    assert frag.tolist() == [pytest.approx(0.5 * 300 + 0.5 * 1300)]
+
+
+def test_simulator_score_is_a_truncated_sigmoid_of_the_fragmentation_change() -> None:
+    delta = np.array([0.0, 1.0, -39.0, -41.0, 1000.0, -1000.0, 8000.0])
+    # sigmoid(-delta/1000) * 100, truncated: 50 at no change, one step below for any growth.
+    assert simulator_score(delta).tolist() == [50, 49, 50, 51, 26, 73, 0]
+
+
+def test_fgd_ties_placements_within_one_score_step_and_follows_the_node_priority() -> None:
+    # Two 1-GPU nodes with 600 and 610 milli free; a 300 share leaves 300 or 310, both below the
+    # target's 500: the fragment grows by 300 or 310 milli. Exact floats prefer "a"; the
+    # simulator's score gives both 42, so the node priority decides.
+    cluster = Cluster.from_nodes([_node("a", gpus=1), _node("b", gpus=1)])
+    workload = [_pod(f"w{i}", 1000, 1, 500) for i in range(4)]
+    pod = _pod("p", 1000, 1, 300)
+    seed = next(s for s in range(50) if FgdPolicy(cluster, workload, policy_rng(s)).rank.tolist() == [1, 0])
+    state = ClusterState(cluster)
+    state.place(_pod("x", 0, 1, 400), 0, (0,))
+    state.place(_pod("y", 0, 1, 390), 1, (0,))
+    candidates = np.array([0, 1])
+    assert simulator_score(np.array([300.0, 310.0])).tolist() == [42, 42]
+    exact = FgdPolicy(cluster, workload, policy_rng(seed), integer_score=False)
+    assert exact.choose(state, pod, candidates).node == 0
+    assert FgdPolicy(cluster, workload, policy_rng(seed)).choose(state, pod, candidates).node == 1
 
 
 def test_fragmentation_counts_all_free_milli_when_cpu_is_gone() -> None:
