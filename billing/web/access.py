@@ -8,7 +8,7 @@ from django.http import HttpRequest
 
 from billing.scope import Scope, get_scope
 
-__all__ = ["require_admin", "require_platform"]
+__all__ = ["landing_page", "require_admin", "require_platform"]
 
 
 def require_admin(request: HttpRequest, reason: str) -> Scope:
@@ -25,3 +25,16 @@ def require_platform(request: HttpRequest, reason: str) -> Scope:
     if not scope.sees_platform:
         raise PermissionDenied(reason)
     return scope
+
+
+def landing_page(scope: Scope) -> str:
+    """The URL name a role starts on after login: finance the cost dashboard (also when the user is an
+    admin too: invoicing is the job that has a deadline), admins the fleet (nodes, agents, tokens),
+    a tenant member their portal; a user with no role yet the dashboard, which shows them nothing."""
+    if scope.is_finance:
+        return "finance-overview"
+    if scope.is_admin:
+        return "nodes"
+    if scope.tenants:
+        return "tenant-list"  # which opens the portal straight away for a member of one tenant
+    return "finance-overview"
