@@ -100,7 +100,7 @@ class IssueTokenForm(forms.Form):
 def _rate_cards_scope(request: HttpRequest, *, write: bool) -> Scope:
     scope = get_scope(request.user)
     if not (scope.is_admin or (scope.is_finance and not write)):
-        raise PermissionDenied("rate cards are for finance (read) and admins")
+        raise PermissionDenied(_("Rate cards are for finance (to read) and platform admins (to change)."))
     return scope
 
 

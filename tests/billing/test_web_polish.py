@@ -91,6 +91,14 @@ def test_403_is_a_styled_page_with_the_users_navigation(client, settings):
     assert 'data-testid="error-403"' in html and "Your account may not open this page" in html
     assert 'data-testid="nav-my-tenant"' in html and 'data-testid="nav-nodes"' not in html
     assert 'href="/"' in html and 'data-testid="error-home"' in html
+    assert '<p data-testid="error-reason">This page is for platform admins.</p>' in html
+
+
+@pytest.mark.django_db
+def test_403_of_a_finance_page_names_finance_and_a_views_own_message_is_shown(client):
+    client.force_login(user_in(None, "acme"))
+    assert "This page is for finance and platform admins." in client.get("/periods/").content.decode()
+    assert "Rate cards are for finance (to read) and platform admins" in client.get("/rate-cards/").content.decode()
 
 
 @pytest.mark.django_db
@@ -100,6 +108,7 @@ def test_403_and_404_speak_the_users_language(client):
     client.force_login(user)
     forbidden, missing = client.get("/audit/").content.decode(), client.get("/no-such-page/").content.decode()
     assert 'lang="zh-hans"' in forbidden and "你的账户无权打开此页面" in forbidden
+    assert "此页面仅供平台管理员使用。" in forbidden and "for admins" not in forbidden
     assert 'lang="zh-hans"' in missing and "找不到页面" in missing and "/no-such-page/" in missing
 
 
@@ -140,7 +149,8 @@ def test_500_is_styled_in_the_users_language():
 
 def test_500_renders_without_a_database_or_a_request_context():
     # No django_db mark: any database query while rendering would fail this test.
-    response = server_error(RequestFactory().get("/"))
+    with translation.override("en"):
+        response = server_error(RequestFactory().get("/"))
     html = response.content.decode()
     assert response.status_code == 500 and "Something went wrong on our side" in html
     assert 'class="lang"' not in html  # the switch needs a CSRF token, which a 500 cannot have
