@@ -139,7 +139,9 @@ AXES_ENABLE_ADMIN = False
 AXES_CLIENT_IP_CALLABLE = "billing.web.lockout.client_address"
 VGPU_LOGIN_CLIENT_IP_META = os.environ.get("VGPU_LOGIN_CLIENT_IP_META", "").strip()
 LOGIN_URL = "login"
-LOGIN_REDIRECT_URL = "finance-overview"
+# The root URL sends each role to its own start page (billing.web.access.landing_page); an explicit
+# `?next=` still wins, as LoginView honours it before this setting.
+LOGIN_REDIRECT_URL = "home"
 LOGOUT_REDIRECT_URL = "login"
 
 LANGUAGE_CODE = "en"

@@ -5,3 +5,6 @@ from django.urls import include, path
 urlpatterns = [
     path("", include("billing.urls")),
 ]
+
+# Says whom a page is for in the reader's language (404 and 500: Django's, with our templates).
+handler403 = "billing.web.error_pages.permission_denied"

@@ -5,17 +5,27 @@ from __future__ import annotations
 
 from django.core.exceptions import PermissionDenied
 from django.http import HttpRequest
+from django.utils.translation import gettext as _
 
 from billing.scope import Scope, get_scope
 
-__all__ = ["require_admin", "require_platform"]
+__all__ = ["RoleRequired", "landing_page", "require_admin", "require_platform"]
+
+
+class RoleRequired(PermissionDenied):
+    """A page for some roles only. `audience` says whom, in the reader's language, for the 403 page;
+    the message is the view's own note (English, for logs)."""
+
+    def __init__(self, reason: str, *, audience: str) -> None:
+        super().__init__(reason)
+        self.audience = audience
 
 
 def require_admin(request: HttpRequest, reason: str) -> Scope:
-    """Platform admins only; `reason` is the 403's message."""
+    """Platform admins only; `reason` is the exception's message (logs), the page names the audience."""
     scope = get_scope(request.user)
     if not scope.is_admin:
-        raise PermissionDenied(reason)
+        raise RoleRequired(reason, audience=_("This page is for platform admins."))
     return scope
 
 
@@ -23,5 +33,18 @@ def require_platform(request: HttpRequest, reason: str) -> Scope:
     """Finance or admins: pages about every tenant at once."""
     scope = get_scope(request.user)
     if not scope.sees_platform:
-        raise PermissionDenied(reason)
+        raise RoleRequired(reason, audience=_("This page is for finance and platform admins."))
     return scope
+
+
+def landing_page(scope: Scope) -> str:
+    """The URL name a role starts on after login: finance the cost dashboard (also when the user is an
+    admin too: invoicing is the job that has a deadline), admins the fleet (nodes, agents, tokens),
+    a tenant member their portal; a user with no role yet the dashboard, which shows them nothing."""
+    if scope.is_finance:
+        return "finance-overview"
+    if scope.is_admin:
+        return "nodes"
+    if scope.tenants:
+        return "tenant-list"  # which opens the portal straight away for a member of one tenant
+    return "finance-overview"

@@ -16,6 +16,7 @@ from django.core.exceptions import PermissionDenied
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.utils import timezone
+from django.utils.formats import date_format
 from django.utils.translation import gettext as _
 from django.utils.translation import gettext_lazy
 from django.views.decorators.http import require_POST
@@ -98,7 +99,7 @@ class RateCardForm(forms.Form):
         field = self.fields["effective_from"]
         field.widget.attrs["min"] = _as_local_input(earliest)
         field.help_text = _("Earliest allowed: %(at)s UTC, the next whole minute; minutes already metered keep "
-                             "their price.") % {"at": _as_local_input(earliest).replace("T", " ")}
+                             "their price.") % {"at": date_format(earliest.astimezone(UTC), "DATETIME_FORMAT")}
         if not self.is_bound and "effective_from" not in self.initial:
             self.initial = {**self.initial, "effective_from": earliest}
 
@@ -125,7 +126,7 @@ class IssueTokenForm(forms.Form):
 def _rate_cards_scope(request: HttpRequest, *, write: bool) -> Scope:
     scope = get_scope(request.user)
     if not (scope.is_admin or (scope.is_finance and not write)):
-        raise PermissionDenied("rate cards are for finance (read) and admins")
+        raise PermissionDenied(_("Rate cards are for finance (to read) and platform admins (to change)."))
     return scope
 
 

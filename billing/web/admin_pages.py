@@ -21,7 +21,8 @@ from django.views.decorators.http import require_POST
 from billing import tasks
 from billing.currencies import CURRENCY_CHOICES
 from billing.errors import InvalidInput
-from billing.models import AuditEvent, BudgetAction, Tenant
+from billing.models import BudgetAction, Tenant
+from billing.queries.audit import list_audit_events
 from billing.queries.budgets import list_budgets
 from billing.queries.sla_tiers import get_sla_tier, list_sla_tiers
 from billing.scope import Scope, get_scope
@@ -215,7 +216,5 @@ def audit_log(request: HttpRequest) -> HttpResponse:
     """The latest audit events, newest first; `?action=budget.` filters by action prefix."""
     require_admin(request, "the audit log is for admins")
     action = request.GET.get("action", "").strip()[:100]
-    events = AuditEvent.objects.select_related("actor").order_by("-at", "-id")
-    if action:
-        events = events.filter(action__startswith=action)
-    return render(request, "billing/audit_log.html", {"events": events[:200], "action": action})
+    return render(request, "billing/audit_log.html",
+                  {"events": list_audit_events(action_prefix=action), "action": action})

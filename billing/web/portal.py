@@ -14,6 +14,7 @@ from django.contrib.auth.views import redirect_to_login
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.utils import timezone
+from django.utils.formats import date_format
 from django.utils.safestring import SafeString
 from django.utils.translation import gettext as _
 
@@ -32,6 +33,7 @@ from billing.scope import get_scope
 from billing.services.exports import EXPORT_FORMATS
 from billing.services.exports.invoice_csv import line_number_cells
 from billing.services.invoicing import InvoicePreview
+from billing.web.access import landing_page
 from billing.web.charts import Series, line_chart, stacked_bar_chart
 from billing.web.forms import PeriodForm
 
@@ -51,10 +53,7 @@ def home(request: HttpRequest) -> HttpResponse:
     """The root URL lands each user on the page for their role."""
     if not request.user.is_authenticated:
         return redirect_to_login(request.get_full_path())
-    scope = get_scope(request.user)
-    if scope.tenants:  # a tenant member (finance and admins have tenants=None)
-        return redirect("tenant-list")
-    return redirect("finance-overview")
+    return redirect(landing_page(get_scope(request.user)))
 
 
 @login_required
@@ -110,7 +109,7 @@ def _series_names(portal: TenantPortal) -> list[str]:
 def _cost_chart(portal: TenantPortal) -> SafeString:
     daily = portal.daily
     return stacked_bar_chart(
-        [f"{d:%m-%d}" for d in daily.days],
+        [date_format(d, "MONTH_DAY_FORMAT") for d in daily.days],
         [Series(name, values) for name, values in zip(_series_names(portal), daily.cost, strict=True)],
         label=_("Daily cost per workload"), unit=portal.currency,
     )
@@ -119,7 +118,7 @@ def _cost_chart(portal: TenantPortal) -> SafeString:
 def _memory_chart(portal: TenantPortal) -> SafeString:
     daily = portal.daily
     return line_chart(
-        [f"{d:%m-%d}" for d in daily.days],
+        [date_format(d, "MONTH_DAY_FORMAT") for d in daily.days],
         [Series(name, values) for name, values in zip(_series_names(portal), daily.mem_used_gb_h, strict=True)],
         label=_("Daily memory used per workload"), unit=_("GB·h"),
     )

@@ -14,6 +14,7 @@ from django.core.exceptions import PermissionDenied
 from django.http import HttpRequest, HttpResponse, HttpResponseBadRequest
 from django.shortcuts import render
 from django.utils import timezone
+from django.utils.formats import date_format
 from django.utils.safestring import SafeString
 from django.utils.translation import gettext as _
 
@@ -77,7 +78,7 @@ def _quick_periods(today: date, form: PeriodForm) -> list[dict[str, object]]:
 def _bucket_label(at: datetime, timeline: CostTimeline) -> str:
     # Hours show the day at midnight so a two-day chart says where the day changes.
     if timeline.granularity == "day" or at.hour == 0:
-        return f"{at:%m-%d}"
+        return date_format(at, "MONTH_DAY_FORMAT")
     return f"{at:%H}:00"
 
 

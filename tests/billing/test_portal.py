@@ -181,7 +181,7 @@ def test_member_of_one_tenant_is_sent_to_it_and_of_two_sees_only_those(client, l
 @pytest.mark.parametrize(("group", "tenants", "landing"), [
     (None, ("acme",), "/tenants/acme/"),
     (FINANCE_GROUP, (), "/finance/"),
-    (ADMIN_GROUP, ("acme",), "/finance/"),
+    (ADMIN_GROUP, ("acme",), "/nodes/"),  # an admin starts on the fleet (billing.web.access.landing_page)
 ])
 def test_root_lands_each_role_on_its_page(client, ledger, group, tenants, landing):
     client.force_login(user_in(group=group, tenants=tenants))
