@@ -163,7 +163,7 @@ class WorkloadPredictors:
         if not (math.isfinite(model_sm_count) and model_sm_count > 0):
             raise ValueError(f"model_sm_count must be finite and > 0, got {model_sm_count!r}")
         self._gpus: Mapping[str, GpuInfo] = {g.uuid: g for g in gpus}
-        self._factories = {"memory_mb": memory, "sm": sm}
+        self._factories: dict[Resource, PredictorFactory] = {"memory_mb": memory, "sm": sm}
         self._model_sm = float(model_sm_count)
         self._calibration = calibration if calibration is not None else Calibration()
         self._origin: datetime | None = None
