@@ -10,6 +10,12 @@ error marks the row FAILED with the message, and closing again resumes.
 the row CLOSING with who asked, audits, and enqueues the job on commit — once: a second request
 while a close runs changes nothing.
 
+An invoice, when finalized, copies its issuer (settings), bill-to name, terms (issue date = the
+close's UTC date, due date = issue + the tenant's payment terms), PO number, cost centre and tax
+rate (`_issue_terms`); its tax is rounded once on the subtotal (`tax_minor_units`) and its total is
+subtotal + tax. A correction of an issued invoice is a credit note (billing.services.credit_notes);
+late usage still becomes adjustment lines on the next invoice, as below.
+
 Lines (DESIGN §4): per GPU model and SLA tier, the usage charge; under the `proportional`
 idle policy an explicit idle line; and, for months closed earlier, an adjustment line per
 GPU model and tier for whatever the ledger now says beyond what was invoiced (late
@@ -55,13 +61,16 @@ from billing.money import from_minor_units, to_minor_units
 from billing.services.audit import record_audit_event
 
 __all__ = [
+    "DEFAULT_ISSUER_NAME",
     "CloseRequest",
     "CloseResult",
     "InvoicePreview",
+    "Issuer",
     "LineDraft",
     "PricedLine",
     "close_is_stalled",
     "close_period",
+    "current_issuer",
     "month_bounds",
     "parse_month",
     "preview_invoice",
@@ -69,9 +78,12 @@ __all__ = [
     "request_period_close",
     "resume_period_close",
     "scheduled_close_at",
+    "tax_minor_units",
 ]
 
 _S_PER_H = Decimal(3600)
+# The issuer a document names when VGPU_ISSUER_NAME is unset (development, the tests).
+DEFAULT_ISSUER_NAME = "vGPU Ledger"
 
 
 @dataclass(frozen=True)
@@ -474,17 +486,60 @@ def _finalize_invoice(*, period: BillingPeriod, invoice: _PricedInvoice, now: da
             )
             for line in invoice.lines
         ])
+        terms = _issue_terms(tenant, subtotal_minor=invoice.total_minor, currency=currency, now=now)
+        for field, value in terms.items():
+            setattr(row, field, value)
         row.currency = currency
-        row.total_minor = invoice.total_minor
+        row.total_minor = invoice.total_minor + row.tax_minor
         row.status = Invoice.Status.FINALIZED
         row.finalized_at = now
-        row.save(update_fields=["currency", "total_minor", "status", "finalized_at"])
+        row.save(update_fields=["currency", "total_minor", "status", "finalized_at", *terms])
         record_audit_event(
             at=now, actor_label="system", action="invoice.finalized", object_type="invoice",
             object_id=row.number, before=None,
-            after={"total_minor": row.total_minor, "currency": currency, "lines": len(invoice.lines)},
+            after={"total_minor": row.total_minor, "tax_minor": row.tax_minor, "currency": currency,
+                   "lines": len(invoice.lines)},
         )
     return True
+
+
+@dataclass(frozen=True)
+class Issuer:
+    """Who issues invoices and credit notes (settings VGPU_ISSUER_*), as copied onto each one."""
+
+    name: str
+    address: str
+    tax_id: str
+
+
+def current_issuer() -> Issuer:
+    """The issuer as configured now; without VGPU_ISSUER_NAME, the product's name (so a document
+    always names someone; production warns, billing.checks.check_invoice_issuer)."""
+    return Issuer(name=settings.VGPU_ISSUER_NAME or DEFAULT_ISSUER_NAME, address=settings.VGPU_ISSUER_ADDRESS,
+                  tax_id=settings.VGPU_ISSUER_TAX_ID)
+
+
+def tax_minor_units(net_minor: int, rate_pct: Decimal, currency: str) -> int:
+    """Tax on a net amount in minor units at `rate_pct` percent, rounded once (half-even) to minor
+    units by billing.money: on an invoice's subtotal (never line by line), or on a credit's net."""
+    return to_minor_units(from_minor_units(net_minor, currency) * rate_pct / 100, currency)
+
+
+def _issue_terms(tenant: Tenant, *, subtotal_minor: int, currency: str, now: datetime) -> dict[str, object]:
+    """What an invoice copies when it is finalized: issuer, bill-to name, issue and due dates,
+    payment terms, PO number, cost centre, tax rate and the tax on the subtotal. Issued on the UTC
+    date of the close; due `payment_terms_days` later (the tenant's, else the default)."""
+    issuer = current_issuer()
+    issue_date = now.astimezone(UTC).date()
+    terms_days = (tenant.payment_terms_days if tenant.payment_terms_days is not None
+                  else settings.VGPU_INVOICE_PAYMENT_TERMS_DAYS)
+    return {
+        "issuer_name": issuer.name, "issuer_address": issuer.address, "issuer_tax_id": issuer.tax_id,
+        "bill_to_name": tenant.name, "issue_date": issue_date, "due_date": issue_date + timedelta(days=terms_days),
+        "payment_terms_days": terms_days, "po_number": tenant.po_number, "cost_centre": tenant.cost_centre,
+        "tax_rate_pct": tenant.tax_rate_pct,
+        "tax_minor": tax_minor_units(subtotal_minor, tenant.tax_rate_pct, currency),
+    }
 
 
 # --- The upcoming invoice ---------------------------------------------------------------------

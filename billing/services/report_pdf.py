@@ -9,7 +9,7 @@ from typing import Any
 from django.utils.translation import gettext as _
 
 from billing.models import PairedReport
-from billing.services.exports.fonts import cjk_font_name
+from billing.services.exports.fonts import pdf_font
 
 __all__ = ["render_paired_report_pdf", "study_rows", "summary_rows"]
 
@@ -80,7 +80,7 @@ def render_paired_report_pdf(report: PairedReport) -> bytes:
     from reportlab.lib import colors
     from reportlab.lib.pagesizes import A4
     from reportlab.lib.styles import ParagraphStyle
-    from reportlab.platypus import Paragraph, SimpleDocTemplate, Spacer, Table, TableStyle
+    from reportlab.platypus import SimpleDocTemplate, Spacer, Table, TableStyle
 
     if report.result is None:
         raise ValueError("the report has no result yet")
@@ -93,19 +93,23 @@ def render_paired_report_pdf(report: PairedReport) -> bytes:
     ) % {"cold": int(report.result["method"]["cold_start_excluded_minutes"])}
     study = study_rows(report.result)
     study_title = _("The study's figures beside ours")
-    font = cjk_font_name(title + period + method + study_title + "".join(a + b for a, b in rows)
-                         + "".join(a + b + c for a, b, c in study))
-    body = ParagraphStyle("body", fontName=font, fontSize=9, leading=12)
-    heading = ParagraphStyle("heading", fontName=font, fontSize=16, leading=20, spaceAfter=6)
+    study_head = ("", _("Study"), _("Ours"))
+    # Every string drawn goes into the font subset (the "Ours" header once did not, so its "O"
+    # was drawn as the empty .notdef glyph); PdfFont.paragraph refuses any character left out.
+    font = pdf_font([title, period, method, study_title, *study_head, *(a + b for a, b in rows),
+                     *(a + b + c for a, b, c in study)])
+    body = ParagraphStyle("body", fontName=font.name, fontSize=9, leading=12)
+    heading = ParagraphStyle("heading", fontName=font.name, fontSize=16, leading=20, spaceAfter=6)
     buffer = io.BytesIO()
-    doc = SimpleDocTemplate(buffer, pagesize=A4, title=title)
-    table = Table([[Paragraph(a, body), Paragraph(b, body)] for a, b in rows], colWidths=[250, 220])
-    table.setStyle(TableStyle([("GRID", (0, 0), (-1, -1), 0.3, colors.grey),
+    doc = SimpleDocTemplate(buffer, pagesize=A4, title=title, **font.template_options())
+    table = Table([[font.paragraph(a, body), font.paragraph(b, body)] for a, b in rows], colWidths=[250, 220])
+    table.setStyle(TableStyle([*font.table_commands(), ("GRID", (0, 0), (-1, -1), 0.3, colors.grey),
                                ("VALIGN", (0, 0), (-1, -1), "TOP")]))
-    comparison = Table([[Paragraph(x, body) for x in ("", _("Study"), _("Ours"))]]
-                       + [[Paragraph(a, body), Paragraph(b, body), Paragraph(c, body)] for a, b, c in study],
+    comparison = Table([[font.paragraph(x, body) for x in study_head]]
+                       + [[font.paragraph(a, body), font.paragraph(b, body), font.paragraph(c, body)]
+                          for a, b, c in study],
                        colWidths=[210, 130, 130])
-    comparison.setStyle(TableStyle([("GRID", (0, 0), (-1, -1), 0.3, colors.grey)]))
-    doc.build([Paragraph(title, heading), Paragraph(period, body), Spacer(1, 8), table, Spacer(1, 8),
-               Paragraph(study_title, body), comparison, Spacer(1, 8), Paragraph(method, body)])
+    comparison.setStyle(TableStyle([*font.table_commands(), ("GRID", (0, 0), (-1, -1), 0.3, colors.grey)]))
+    doc.build([font.paragraph(title, heading), font.paragraph(period, body), Spacer(1, 8), table, Spacer(1, 8),
+               font.paragraph(study_title, body), comparison, Spacer(1, 8), font.paragraph(method, body)])
     return buffer.getvalue()
