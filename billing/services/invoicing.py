@@ -136,19 +136,23 @@ class _PricedInvoice:
 @dataclass(frozen=True)
 class InvoicePreview:
     """The invoice `tenant` would get for `month` if the month were closed with the ledger as it
-    is at `as_of`: lines and totals rounded exactly as the close rounds them. Not an invoice."""
+    is at `as_of`: lines, tax and totals rounded exactly as the close rounds them. Not an invoice."""
 
     tenant: str
     month: date
     currency: str
     lines: tuple[PricedLine, ...]
-    # Σ minor units of the month's own lines (usage, idle) / of every line (adjustments included).
+    # Σ minor units of the month's own lines (usage, idle); the total is Σ of every line
+    # (adjustments included) + tax, as Invoice.total_minor.
     subtotal_minor: int
     total_minor: int
     # Start of the newest hour of the hour ledger in the month (None: no usage metered yet).
     as_of: datetime | None
     # When the scheduled close (celery beat) will finalize the invoice; None if none is scheduled.
     issue_at: datetime | None
+    # The tenant's tax rate now and the tax on Σ of every line, rounded once (tax_minor_units).
+    tax_rate_pct: Decimal = Decimal(0)
+    tax_minor: int = 0
 
     @property
     def subtotal(self) -> Decimal:
@@ -160,9 +164,13 @@ class InvoicePreview:
         return from_minor_units(self.total_minor, self.currency)
 
     @property
+    def tax(self) -> Decimal:
+        return from_minor_units(self.tax_minor, self.currency)
+
+    @property
     def adjustments(self) -> Decimal:
         """Σ of the adjustment lines for months closed earlier, major units, exact."""
-        return self.total - self.subtotal
+        return self.total - self.tax - self.subtotal
 
 
 @dataclass(frozen=True)
@@ -591,15 +599,19 @@ def preview_invoices(
     by_tenant = _invoice_lines(month=month, horizon=settings.VGPU_LATE_USAGE_HORIZON, tenants=tenants, now=now)
     as_of = get_latest_hour(start=start, end=end)
     issue_at = scheduled_close_at(month)
+    slugs = sorted((set(by_tenant) | set(tenants or ())) - final)
+    rates = dict(Tenant.objects.filter(slug__in=slugs).values_list("slug", "tax_rate_pct"))
     previews = {}
-    for slug in sorted((set(by_tenant) | set(tenants or ())) - final):
+    for slug in slugs:
         priced = _price_invoice(slug, by_tenant.get(slug, []))
+        rate = rates.get(slug, Decimal(0))
+        tax = tax_minor_units(priced.total_minor, rate, priced.currency)  # as _issue_terms will
         previews[slug] = InvoicePreview(
             tenant=slug, month=month, currency=priced.currency,
             # In the invoice document's order (billing.services.exports.get_invoice_document).
             lines=tuple(sorted(priced.lines, key=lambda x: (x.usage_month, x.kind, x.gpu_model, x.sla_tier))),
             subtotal_minor=sum(line.amount_minor for line in priced.lines if line.usage_month == month),
-            total_minor=priced.total_minor, as_of=as_of, issue_at=issue_at,
+            total_minor=priced.total_minor + tax, as_of=as_of, issue_at=issue_at, tax_rate_pct=rate, tax_minor=tax,
         )
     return previews
 

@@ -26,6 +26,7 @@ from billing.scope import Scope, get_scope
 from billing.services.credit_notes import REASON_MAX_CHARS, get_credit_room, issue_credit_note
 from billing.services.exports import (
     EXPORT_FORMATS,
+    GPU_HOURS_PLACES,
     CreditNoteNotFound,
     ExportFile,
     InvoiceNotFound,
@@ -87,7 +88,7 @@ def _render_invoice(request: HttpRequest, scope: Scope, number: str, *, form: Cr
     except InvoiceNotFound as exc:
         raise Http404("no such invoice") from exc
     context: dict[str, Any] = {"doc": doc, "formats": EXPORT_FORMATS, "can_credit": False,
-                               "can_edit_terms": scope.is_admin}
+                               "can_edit_terms": scope.is_admin, "gpu_hours_places": GPU_HOURS_PLACES}
     if scope.sees_platform and doc.status == "finalized":
         room = get_credit_room(invoice_number=number)
         context.update({"can_credit": room.net_minor > 0, "room": room, "form": form or CreditNoteForm()})

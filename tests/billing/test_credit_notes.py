@@ -27,7 +27,7 @@ from billing.models import AuditEvent, BillingPeriod, CreditNote, Invoice, Invoi
 from billing.scope import ADMIN_GROUP, FINANCE_GROUP, Scope
 from billing.services.credit_notes import CreditRoom, credit_tax_minor, issue_credit_note
 from billing.services.exports import export_credit_note, export_invoice
-from billing.services.invoicing import close_period, tax_minor_units
+from billing.services.invoicing import close_period, preview_invoice, tax_minor_units
 from billing.services.report_pdf import render_paired_report_pdf
 from tests import clock
 from tests.conftest import SHARED_GPU_WORKLOADS, make_batch, user_in
@@ -86,9 +86,13 @@ def test_an_issued_invoice_copies_issuer_terms_and_tax_and_later_changes_never_c
     assert post_batch(make_batch(start=datetime(2026, 11, 15, 12, tzinfo=UTC), seq=1, seconds=3600,
                                  workloads=SHARED_GPU_WORKLOADS)).status_code == 201
     rollup_usage(now=clock.now())
+    upcoming = preview_invoice(tenant="acme", month=NOV, now=AFTER_NOV)
     close_period(month=NOV, now=AFTER_NOV)
 
     acme = Invoice.objects.get(tenant__slug="acme")
+    # The upcoming invoice said what the close finalized, tax included.
+    assert (upcoming.tax_rate_pct, upcoming.tax_minor, upcoming.total_minor) == (
+        Decimal(20), acme.tax_minor, acme.total_minor)
     lines_minor = sum(acme.lines.values_list("amount_minor", flat=True))
     assert acme.subtotal_minor == lines_minor and acme.tax_minor == tax_minor_units(lines_minor, Decimal(20), "USD")
     assert acme.total_minor == lines_minor + acme.tax_minor and acme.tax_minor > 0

@@ -34,6 +34,7 @@ from billing.services.exports.invoice_csv import (
     render_invoice_csv,
 )
 from billing.services.exports.invoices import (
+    GPU_HOURS_PLACES,
     CreditNoteDocument,
     CreditNoteNotFound,
     CreditNoteSummary,
@@ -58,6 +59,7 @@ __all__ = [
     "CreditNoteNotFound",
     "CreditNoteSummary",
     "ExportFile",
+    "GPU_HOURS_PLACES",
     "InvoiceDocument",
     "InvoiceLineView",
     "InvoiceNotFound",
