@@ -17,6 +17,7 @@ import pytest
 from django.core.management import CommandError, call_command
 from django.db import IntegrityError, transaction
 from django.test import Client
+from django.utils import translation
 from hypothesis import HealthCheck, given
 from hypothesis import settings as hypothesis_settings
 from hypothesis import strategies as st
@@ -254,6 +255,20 @@ def test_invoice_focus_has_a_tax_row_and_still_adds_up_to_the_invoice_total():
     tax = [r for r in rows if r["ChargeCategory"] == "Tax"]
     assert [r["BilledCost"] for r in tax] == ["0.67"] and tax[0]["ChargePeriodStart"] == "2026-11-01T00:00:00Z"
     assert sum(Decimal(r["BilledCost"]) for r in rows) == Decimal(invoice.total_minor).scaleb(-2) == Decimal("4.00")
+
+
+def test_invoice_and_credit_note_pdfs_in_simplified_chinese_embed_every_glyph_they_draw(issuer, tmp_path):
+    invoice = finalized_invoice()
+    issued = credit(invoice, "3")
+    with translation.override("zh-hans"):
+        invoice_text = check_pdf(export_invoice(scope=EVERYONE, number=invoice.number, fmt="pdf").content,
+                                 tmp_path).text
+        note_text = check_pdf(export_credit_note(scope=EVERYONE, number=issued.number, fmt="pdf").content,
+                              tmp_path).text
+    for shown in ("开具日期2026-12-02", "到期日2027-01-01", "30 天内付款", "税额（20 %）", "开票方Issuer Ltd"):
+        assert shown in invoice_text, shown
+    for shown in ("贷项通知单 CN-2026-0001", "更正的发票VGL-202611-acme", "贷记总额-3.60 USD", "星河 GPU Cloud Ltd"):
+        assert shown in note_text, shown
 
 
 def test_paired_report_pdf_draws_every_string_in_its_embedded_font(tmp_path):

@@ -240,6 +240,20 @@ def test_focus_export_follows_the_1_3_column_rules_and_adds_up_to_the_invoice(no
     assert details["x_Alpha"] == Decimal("0.5") and details["x_BilledBasis"] == "max"
 
 
+def test_focus_tax_row_follows_the_1_3_column_rules_and_the_file_adds_up_to_subtotal_plus_tax(
+        post_batch, proportional, tenants):
+    Tenant.objects.filter(slug="acme").update(tax_rate_pct=Decimal("20"))
+    usage(post_batch, at=datetime(2026, 11, 15, 12, tzinfo=UTC), seq=1)
+    close_period(month=NOV, now=AFTER_NOV)
+    acme = Invoice.objects.get(tenant__slug="acme")
+    header, rows = focus(acme.number)
+    assert_follows_focus_1_3(header, rows, acme)  # Σ BilledCost = the invoice total, tax included
+    (tax,) = [r for r in rows if r["ChargeCategory"] == "Tax"]
+    assert (tax["BilledCost"], tax["ChargeClass"], tax["SkuId"]) == ("0.67", None, None)
+    assert (tax["ChargePeriodStart"], tax["ChargePeriodEnd"]) == ("2026-11-01T00:00:00Z", "2026-12-01T00:00:00Z")
+    assert "20% of the invoice subtotal 3.33 USD" in tax["ChargeDescription"]
+
+
 def test_focus_rows_reconcile_to_the_invoice_through_one_rounding_row_per_rounded_line(post_batch, proportional,
                                                                                        tenants):
     usage(post_batch, at=datetime(2026, 11, 15, 12, tzinfo=UTC), seq=1)

@@ -16,7 +16,8 @@ from playwright.sync_api import expect
 from tests.demo_process import Demo, demo_environment, running_demo
 from tests.pdf_check import check_pdf
 
-pytestmark = [pytest.mark.browser, pytest.mark.timeout(900)]
+# The demo starts inside the first test (its fixture): minutes on shared CPUs.
+pytestmark = [pytest.mark.browser, pytest.mark.timeout(1800)]
 
 # What the demo configures (config/demo.py, billing/services/demo.py DEMO_INVOICE_TERMS).
 ISSUER = "Example GPU Cloud Ltd"
@@ -39,9 +40,11 @@ def demo(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Demo]:
     data = tmp_path_factory.mktemp("invoices-demo")
     days = int(os.environ.get("VGPU_BROWSER_HISTORY_DAYS", "2"))
     with demo_environment(data, name=f"vgpu_browser_invoices_{os.getpid()}", redis_db=12,
-                          history_days=days) as env, running_demo(env, startup_timeout_s=patience) as running:
-        running.wait_for_history(timeout_s=patience)
-        yield running
+                          history_days=days) as env:
+        env.setdefault("VGPU_DEMO_HEALTHY_TIMEOUT_S", str(patience))
+        with running_demo(env, startup_timeout_s=patience) as running:
+            running.wait_for_history(timeout_s=patience)
+            yield running
 
 
 def _set_language(page, language: str) -> None:
