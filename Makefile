@@ -12,7 +12,7 @@ PY := $(VENV)/bin/python
 RUNTIME := $(VENV)/.installed-runtime
 DEV := $(VENV)/.installed-dev
 
-.PHONY: demo test test-dates soak lint install bench clean browser-deps monitoring-deps screenshots
+.PHONY: demo test test-dates soak lint install bench clean browser-deps monitoring-deps pdf-deps screenshots
 
 $(PY):
 	@test -n "$(PYTHON)" || { echo "Python 3.11 or 3.12 is required (set PYTHON=/path/to/python3.x)"; exit 1; }
@@ -57,12 +57,17 @@ monitoring-deps:
 	@command -v promtool >/dev/null || { echo "installing Debian's prometheus for promtool"; \
 	  $(call apt_install,prometheus,the monitoring tests need promtool); }
 
-test: lint browser-deps monitoring-deps
+# qpdf checks every PDF we ship: structure, embedded fonts, no missing glyph (tests/pdf_check.py).
+pdf-deps:
+	@command -v qpdf >/dev/null || { echo "installing Debian's qpdf"; \
+	  $(call apt_install,qpdf,the PDF tests need qpdf); }
+
+test: lint browser-deps monitoring-deps pdf-deps
 	$(PY) -m config.embedded -- $(PY) -m pytest
 
 # The whole suite with the clock of the whole process tree at the edges of months and years
 # (tests/dates.py; Debian's faketime). TEST_DATES_ARGS passes e.g. `--at 2027-06-30T23:59:00Z -- tests/billing`.
-test-dates: lint browser-deps
+test-dates: lint browser-deps pdf-deps
 	@command -v faketime >/dev/null || { echo "installing Debian's faketime"; $(call apt_install,faketime,make test-dates needs it); }
 	$(PY) -m tests.dates $(TEST_DATES_ARGS)
 

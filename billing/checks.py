@@ -12,7 +12,8 @@ from django.core.checks import CheckMessage, Error, Tags, Warning, register
 from billing.ledger.retention import RetentionPolicy
 from billing.services.admission_auth import HOW_TO_CONFIGURE, load_admission_credentials
 
-__all__ = ["check_admission_credentials", "check_node_identity", "check_retention", "check_webhook_allow_list"]
+__all__ = ["check_admission_credentials", "check_invoice_issuer", "check_node_identity", "check_retention",
+           "check_webhook_allow_list"]
 
 # A token shorter than this is guessable enough to be worth a warning (secrets.token_urlsafe(32) is 43).
 MIN_TOKEN_CHARS = 32
@@ -87,3 +88,19 @@ def check_retention(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage
     return [Error(f"Retention is misconfigured, so nothing is dropped: {'; '.join(problems)}.",
                   hint="e.g. VGPU_RAW_RETENTION_MARGIN_DAYS=2 VGPU_MINUTE_RETENTION_DAYS=100 (docs/operations.md, "
                        "Retention)", id="billing.E004")]
+
+
+@register()
+def check_invoice_issuer(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
+    """In production an invoice must name its issuer: legal entity, address and tax id (copied onto
+    every invoice and credit note when it is issued, so a later fix does not mend those)."""
+    if not settings.PRODUCTION:
+        return []
+    unset = [name for name in ("VGPU_ISSUER_NAME", "VGPU_ISSUER_ADDRESS", "VGPU_ISSUER_TAX_ID")
+             if not getattr(settings, name)]
+    if not unset:
+        return []
+    return [Warning(f"{', '.join(unset)} unset: invoices and credit notes issued now will not name the issuer's "
+                    "legal entity, address or tax id, and issued documents never change.",
+                    hint='e.g. VGPU_ISSUER_NAME="Example GPU Cloud Ltd" VGPU_ISSUER_ADDRESS="1 Main St|London" '
+                         "VGPU_ISSUER_TAX_ID=GB123456789 (docs/exports.md, Invoices)", id="billing.W010")]

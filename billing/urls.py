@@ -53,6 +53,12 @@ urlpatterns = [
     path("reports/<int:report_id>.pdf", reports.report_pdf, name="report-pdf"),
     path("reports/<int:report_id>.csv", reports.report_csv, name="report-csv"),
     path("invoices/", invoices.invoice_list, name="invoice-list"),
+    # Numbers have no dot (VGL-YYYYMM-slug), so "<number>.<fmt>" is a download, never a page.
+    re_path(r"^invoices/(?P<number>[^/.]+)/$", invoices.invoice_detail, name="invoice-detail"),
+    re_path(r"^invoices/(?P<number>[^/.]+)/credit-notes/$", invoices.credit_note_issue, name="credit-note-issue"),
+    re_path(r"^credit-notes/(?P<number>[^/]+)\.(?P<fmt>pdf|csv|focus)$", invoices.credit_note_download,
+            name="credit-note-download"),
+    path("tenants/<slug:slug>/billing/", invoices.tenant_billing_edit, name="tenant-billing"),
     re_path(r"^invoices/(?P<number>[^/]+)\.(?P<fmt>pdf|csv|focus)$", invoices.invoice_download,
             name="invoice-download"),
     path("periods/", periods.period_list, name="period-list"),

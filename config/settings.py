@@ -188,6 +188,17 @@ SPECTACULAR_SETTINGS = {
     "SERVE_INCLUDE_SCHEMA": False,
 }
 
+# The invoice issuer (docs/exports.md "Invoices"): legal entity, postal address (lines separated by
+# "\n" or "|") and tax id, copied onto each invoice and credit note when it is issued. Unset in
+# production, `manage.py check` warns (billing.W010): invoices would name no legal entity.
+VGPU_ISSUER_NAME = os.environ.get("VGPU_ISSUER_NAME", "").strip()
+VGPU_ISSUER_ADDRESS = "\n".join(part.strip() for part in
+                                os.environ.get("VGPU_ISSUER_ADDRESS", "").replace("|", "\n").splitlines()
+                                if part.strip())
+VGPU_ISSUER_TAX_ID = os.environ.get("VGPU_ISSUER_TAX_ID", "").strip()
+# Days from an invoice's issue date to its due date, for tenants without their own terms.
+VGPU_INVOICE_PAYMENT_TERMS_DAYS = int(os.environ.get("VGPU_INVOICE_PAYMENT_TERMS_DAYS", 30))
+
 # Ingest limits (DESIGN §3). Bodies above the limit answer 413; the decompressed size is bounded too.
 VGPU_INGEST_MAX_BODY_BYTES = int(os.environ.get("VGPU_INGEST_MAX_BODY_BYTES", 8 * 1024 * 1024))
 VGPU_INGEST_MAX_JSON_BYTES = int(os.environ.get("VGPU_INGEST_MAX_JSON_BYTES", 64 * 1024 * 1024))

@@ -11,7 +11,7 @@ from billing.models.accounts import UserPreference
 from billing.models.audit import AuditEvent
 from billing.models.budgets import AdmittedPod, Budget, BudgetAction, BudgetState, BudgetStatus
 from billing.models.fleet import Gpu, Node, NodeToken
-from billing.models.invoicing import BillingPeriod, Invoice, InvoiceLine
+from billing.models.invoicing import BillingPeriod, CreditNote, Invoice, InvoiceLine
 from billing.models.pricing import BilledBasis, IdlePolicy, RateCard
 from billing.models.rebalance import RebalancePlan, RebalanceStatus
 from billing.models.reports import PairedReport
@@ -27,6 +27,7 @@ __all__ = [
     "BudgetState",
     "BudgetStatus",
     "BilledBasis",
+    "CreditNote",
     "Gpu",
     "IdlePolicy",
     "Invoice",

@@ -1,10 +1,16 @@
 """Billing periods and invoices (DESIGN §4).
 
 An invoice is per tenant per month. Draft invoices may be rebuilt; a finalized invoice and
-its lines are immutable — enforced in the database (migration 0004), not only here.
+its lines are immutable — enforced in the database (migration 0005), not only here. When it is
+finalized the invoice copies what its document shows (issuer, bill-to name, terms, PO number, cost
+centre, tax rate), so a later change of settings or of the tenant never changes an issued invoice.
 Corrections are never edits: usage that arrives after a month was finalized becomes an
-adjustment line on a later invoice. Amounts are integer minor units, rounded once per line.
+adjustment line on a later invoice, and a finance user corrects an issued invoice with a credit
+note, its own numbered, immutable document. Amounts are integer minor units, rounded once per line;
+tax is rounded once on the subtotal.
 """
+
+from decimal import Decimal
 
 from django.conf import settings
 from django.db import models
@@ -60,9 +66,23 @@ class Invoice(models.Model):
     number = models.CharField(max_length=64, unique=True)
     currency = models.CharField(max_length=3)
     status = models.CharField(max_length=10, choices=Status.choices, default=Status.DRAFT)
+    # Σ line amount_minor + tax_minor (so the subtotal is total_minor - tax_minor).
     total_minor = models.BigIntegerField(default=0)
     created_at = models.DateTimeField()
     finalized_at = models.DateTimeField(null=True, blank=True)
+    # Copied when the invoice is finalized (empty / NULL on invoices finalized before they existed).
+    issuer_name = models.CharField(max_length=200, blank=True)
+    issuer_address = models.TextField(blank=True)
+    issuer_tax_id = models.CharField(max_length=64, blank=True)
+    bill_to_name = models.CharField(max_length=200, blank=True)
+    issue_date = models.DateField(null=True, blank=True)
+    due_date = models.DateField(null=True, blank=True)
+    payment_terms_days = models.PositiveSmallIntegerField(null=True, blank=True)
+    po_number = models.CharField(max_length=64, blank=True)
+    cost_centre = models.CharField(max_length=64, blank=True)
+    tax_rate_pct = models.DecimalField(max_digits=6, decimal_places=3, default=Decimal(0))
+    # Tax on the subtotal, rounded once to minor units (billing.money.to_minor_units).
+    tax_minor = models.BigIntegerField(default=0)
 
     class Meta:
         ordering = ["-period__month", "tenant__slug"]
@@ -70,6 +90,10 @@ class Invoice(models.Model):
 
     def __str__(self) -> str:
         return f"{self.number} ({self.status})"
+
+    @property
+    def subtotal_minor(self) -> int:
+        return self.total_minor - self.tax_minor
 
 
 class InvoiceLine(models.Model):
@@ -95,3 +119,39 @@ class InvoiceLine(models.Model):
 
     def __str__(self) -> str:
         return f"{self.invoice_id} {self.kind} {self.gpu_model}/{self.sla_tier} {self.amount_minor}"
+
+
+class CreditNote(models.Model):
+    """A correction of an issued invoice: its own document, numbered in its own sequence
+    (CN-YYYY-NNNN by year of issue), immutable once written (migration trigger: no update, no
+    delete). It credits a net amount and the tax on it; the credits of an invoice never exceed the
+    invoice (billing.services.credit_notes)."""
+
+    number = models.CharField(max_length=32, unique=True)
+    invoice = models.ForeignKey(Invoice, on_delete=models.PROTECT, related_name="credit_notes")
+    currency = models.CharField(max_length=3)
+    # Positive minor units credited: net, tax on it, and their sum.
+    amount_minor = models.BigIntegerField()
+    tax_minor = models.BigIntegerField()
+    total_minor = models.BigIntegerField()
+    reason = models.TextField()
+    issued_at = models.DateTimeField()
+    issue_date = models.DateField()
+    issued_by = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, blank=True,
+                                  related_name="+")
+    issued_by_label = models.CharField(max_length=150)
+    issuer_name = models.CharField(max_length=200)
+    issuer_address = models.TextField(blank=True)
+    issuer_tax_id = models.CharField(max_length=64, blank=True)
+
+    class Meta:
+        ordering = ["issued_at", "number"]
+        constraints = [
+            models.CheckConstraint(condition=models.Q(amount_minor__gt=0), name="credit_note_amount_positive"),
+            models.CheckConstraint(condition=models.Q(tax_minor__gte=0), name="credit_note_tax_not_negative"),
+            models.CheckConstraint(condition=models.Q(total_minor=models.F("amount_minor") + models.F("tax_minor")),
+                                   name="credit_note_total_is_amount_plus_tax"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.number} → {self.invoice_id}"

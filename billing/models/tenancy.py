@@ -2,7 +2,7 @@ from decimal import Decimal
 
 from django.conf import settings
 from django.contrib.postgres.fields import ArrayField
-from django.core.validators import MinValueValidator, RegexValidator
+from django.core.validators import MaxValueValidator, MinValueValidator, RegexValidator
 from django.db import models
 from django.utils.translation import gettext_lazy as _
 
@@ -51,9 +51,23 @@ class Tenant(models.Model):
     quota_guaranteed_mem_mb = models.PositiveBigIntegerField(null=True, blank=True)
     quota_guaranteed_sm = models.DecimalField(max_digits=12, decimal_places=3, null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
+    # Invoice terms (edited by admins on the tenant's billing page, copied onto each invoice when it
+    # is issued, so a later edit never changes an issued invoice). Tax: percent of the invoice
+    # subtotal, 0 allowed (e.g. reverse charge); payment terms: days from issue to due, NULL = the
+    # default (settings.VGPU_INVOICE_PAYMENT_TERMS_DAYS).
+    tax_rate_pct = models.DecimalField(max_digits=6, decimal_places=3, default=Decimal(0),
+                                       validators=[MinValueValidator(Decimal(0)), MaxValueValidator(Decimal(100))])
+    payment_terms_days = models.PositiveSmallIntegerField(null=True, blank=True,
+                                                          validators=[MaxValueValidator(365)])
+    po_number = models.CharField(max_length=64, blank=True)
+    cost_centre = models.CharField(max_length=64, blank=True)
 
     class Meta:
         ordering = ["slug"]
+        constraints = [
+            models.CheckConstraint(condition=models.Q(tax_rate_pct__gte=0, tax_rate_pct__lte=100),
+                                   name="tenant_tax_rate_pct_range"),
+        ]
 
     def __str__(self) -> str:
         return self.slug

@@ -31,6 +31,16 @@ DEMO_TENANTS = [
     ("initech", "Initech AI", "bronze"),
     ("xinghe", "星河智能 (Xinghe AI)", "silver"),
 ]
+# Invoice terms a finance team would set (tax rate %, payment terms in days, PO number, cost
+# centre); initech keeps the defaults (no tax, net 30), which an invoice shows as 0 % and "—".
+DEMO_INVOICE_TERMS = {
+    "acme": {"tax_rate_pct": Decimal("20"), "payment_terms_days": 30, "po_number": "PO-2026-0142",
+             "cost_centre": "CC-ROBOTICS-7"},
+    "globex": {"tax_rate_pct": Decimal("8.875"), "payment_terms_days": 45, "po_number": "GX-4471",
+               "cost_centre": "RND-GPU"},
+    "xinghe": {"tax_rate_pct": Decimal("6"), "payment_terms_days": 60, "po_number": "XH-采购-0093",
+               "cost_centre": "研发-03"},
+}
 A100_80GB_MODEL = "NVIDIA A100-SXM4-80GB"
 # AWS EC2 p4de.24xlarge (8 × A100 80GB) on-demand in us-east-1 was listed at USD 40.96 per
 # instance-hour on the EC2 P4 page (2024): 40.96 / 8 = 5.12 per GPU-hour.
@@ -62,7 +72,7 @@ def load_demo_data(*, now: datetime, budget_webhook_url: str = "", budget_webhoo
         tenants = {}
         for slug, name, tier in DEMO_TENANTS:
             tenants[slug], _ = Tenant.objects.get_or_create(
-                slug=slug, defaults={"name": name, "default_sla_tier": tiers[tier]}
+                slug=slug, defaults={"name": name, "default_sla_tier": tiers[tier], **DEMO_INVOICE_TERMS.get(slug, {})}
             )
         Tenant.objects.get_or_create(slug="unattributed", defaults={"name": "Unattributed processes"})
         if not RateCard.objects.filter(gpu_model=A100_80GB_MODEL).exists():

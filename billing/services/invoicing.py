@@ -10,6 +10,12 @@ error marks the row FAILED with the message, and closing again resumes.
 the row CLOSING with who asked, audits, and enqueues the job on commit — once: a second request
 while a close runs changes nothing.
 
+An invoice, when finalized, copies its issuer (settings), bill-to name, terms (issue date = the
+close's UTC date, due date = issue + the tenant's payment terms), PO number, cost centre and tax
+rate (`_issue_terms`); its tax is rounded once on the subtotal (`tax_minor_units`) and its total is
+subtotal + tax. A correction of an issued invoice is a credit note (billing.services.credit_notes);
+late usage still becomes adjustment lines on the next invoice, as below.
+
 Lines (DESIGN §4): per GPU model and SLA tier, the usage charge; under the `proportional`
 idle policy an explicit idle line; and, for months closed earlier, an adjustment line per
 GPU model and tier for whatever the ledger now says beyond what was invoiced (late
@@ -55,13 +61,16 @@ from billing.money import from_minor_units, to_minor_units
 from billing.services.audit import record_audit_event
 
 __all__ = [
+    "DEFAULT_ISSUER_NAME",
     "CloseRequest",
     "CloseResult",
     "InvoicePreview",
+    "Issuer",
     "LineDraft",
     "PricedLine",
     "close_is_stalled",
     "close_period",
+    "current_issuer",
     "month_bounds",
     "parse_month",
     "preview_invoice",
@@ -69,9 +78,12 @@ __all__ = [
     "request_period_close",
     "resume_period_close",
     "scheduled_close_at",
+    "tax_minor_units",
 ]
 
 _S_PER_H = Decimal(3600)
+# The issuer a document names when VGPU_ISSUER_NAME is unset (development, the tests).
+DEFAULT_ISSUER_NAME = "vGPU Ledger"
 
 
 @dataclass(frozen=True)
@@ -124,19 +136,23 @@ class _PricedInvoice:
 @dataclass(frozen=True)
 class InvoicePreview:
     """The invoice `tenant` would get for `month` if the month were closed with the ledger as it
-    is at `as_of`: lines and totals rounded exactly as the close rounds them. Not an invoice."""
+    is at `as_of`: lines, tax and totals rounded exactly as the close rounds them. Not an invoice."""
 
     tenant: str
     month: date
     currency: str
     lines: tuple[PricedLine, ...]
-    # Σ minor units of the month's own lines (usage, idle) / of every line (adjustments included).
+    # Σ minor units of the month's own lines (usage, idle); the total is Σ of every line
+    # (adjustments included) + tax, as Invoice.total_minor.
     subtotal_minor: int
     total_minor: int
     # Start of the newest hour of the hour ledger in the month (None: no usage metered yet).
     as_of: datetime | None
     # When the scheduled close (celery beat) will finalize the invoice; None if none is scheduled.
     issue_at: datetime | None
+    # The tenant's tax rate now and the tax on Σ of every line, rounded once (tax_minor_units).
+    tax_rate_pct: Decimal = Decimal(0)
+    tax_minor: int = 0
 
     @property
     def subtotal(self) -> Decimal:
@@ -148,9 +164,13 @@ class InvoicePreview:
         return from_minor_units(self.total_minor, self.currency)
 
     @property
+    def tax(self) -> Decimal:
+        return from_minor_units(self.tax_minor, self.currency)
+
+    @property
     def adjustments(self) -> Decimal:
         """Σ of the adjustment lines for months closed earlier, major units, exact."""
-        return self.total - self.subtotal
+        return self.total - self.tax - self.subtotal
 
 
 @dataclass(frozen=True)
@@ -474,17 +494,60 @@ def _finalize_invoice(*, period: BillingPeriod, invoice: _PricedInvoice, now: da
             )
             for line in invoice.lines
         ])
+        terms = _issue_terms(tenant, subtotal_minor=invoice.total_minor, currency=currency, now=now)
+        for field, value in terms.items():
+            setattr(row, field, value)
         row.currency = currency
-        row.total_minor = invoice.total_minor
+        row.total_minor = invoice.total_minor + row.tax_minor
         row.status = Invoice.Status.FINALIZED
         row.finalized_at = now
-        row.save(update_fields=["currency", "total_minor", "status", "finalized_at"])
+        row.save(update_fields=["currency", "total_minor", "status", "finalized_at", *terms])
         record_audit_event(
             at=now, actor_label="system", action="invoice.finalized", object_type="invoice",
             object_id=row.number, before=None,
-            after={"total_minor": row.total_minor, "currency": currency, "lines": len(invoice.lines)},
+            after={"total_minor": row.total_minor, "tax_minor": row.tax_minor, "currency": currency,
+                   "lines": len(invoice.lines)},
         )
     return True
+
+
+@dataclass(frozen=True)
+class Issuer:
+    """Who issues invoices and credit notes (settings VGPU_ISSUER_*), as copied onto each one."""
+
+    name: str
+    address: str
+    tax_id: str
+
+
+def current_issuer() -> Issuer:
+    """The issuer as configured now; without VGPU_ISSUER_NAME, the product's name (so a document
+    always names someone; production warns, billing.checks.check_invoice_issuer)."""
+    return Issuer(name=settings.VGPU_ISSUER_NAME or DEFAULT_ISSUER_NAME, address=settings.VGPU_ISSUER_ADDRESS,
+                  tax_id=settings.VGPU_ISSUER_TAX_ID)
+
+
+def tax_minor_units(net_minor: int, rate_pct: Decimal, currency: str) -> int:
+    """Tax on a net amount in minor units at `rate_pct` percent, rounded once (half-even) to minor
+    units by billing.money: on an invoice's subtotal (never line by line), or on a credit's net."""
+    return to_minor_units(from_minor_units(net_minor, currency) * rate_pct / 100, currency)
+
+
+def _issue_terms(tenant: Tenant, *, subtotal_minor: int, currency: str, now: datetime) -> dict[str, object]:
+    """What an invoice copies when it is finalized: issuer, bill-to name, issue and due dates,
+    payment terms, PO number, cost centre, tax rate and the tax on the subtotal. Issued on the UTC
+    date of the close; due `payment_terms_days` later (the tenant's, else the default)."""
+    issuer = current_issuer()
+    issue_date = now.astimezone(UTC).date()
+    terms_days = (tenant.payment_terms_days if tenant.payment_terms_days is not None
+                  else settings.VGPU_INVOICE_PAYMENT_TERMS_DAYS)
+    return {
+        "issuer_name": issuer.name, "issuer_address": issuer.address, "issuer_tax_id": issuer.tax_id,
+        "bill_to_name": tenant.name, "issue_date": issue_date, "due_date": issue_date + timedelta(days=terms_days),
+        "payment_terms_days": terms_days, "po_number": tenant.po_number, "cost_centre": tenant.cost_centre,
+        "tax_rate_pct": tenant.tax_rate_pct,
+        "tax_minor": tax_minor_units(subtotal_minor, tenant.tax_rate_pct, currency),
+    }
 
 
 # --- The upcoming invoice ---------------------------------------------------------------------
@@ -536,15 +599,19 @@ def preview_invoices(
     by_tenant = _invoice_lines(month=month, horizon=settings.VGPU_LATE_USAGE_HORIZON, tenants=tenants, now=now)
     as_of = get_latest_hour(start=start, end=end)
     issue_at = scheduled_close_at(month)
+    slugs = sorted((set(by_tenant) | set(tenants or ())) - final)
+    rates = dict(Tenant.objects.filter(slug__in=slugs).values_list("slug", "tax_rate_pct"))
     previews = {}
-    for slug in sorted((set(by_tenant) | set(tenants or ())) - final):
+    for slug in slugs:
         priced = _price_invoice(slug, by_tenant.get(slug, []))
+        rate = rates.get(slug, Decimal(0))
+        tax = tax_minor_units(priced.total_minor, rate, priced.currency)  # as _issue_terms will
         previews[slug] = InvoicePreview(
             tenant=slug, month=month, currency=priced.currency,
             # In the invoice document's order (billing.services.exports.get_invoice_document).
             lines=tuple(sorted(priced.lines, key=lambda x: (x.usage_month, x.kind, x.gpu_model, x.sla_tier))),
             subtotal_minor=sum(line.amount_minor for line in priced.lines if line.usage_month == month),
-            total_minor=priced.total_minor, as_of=as_of, issue_at=issue_at,
+            total_minor=priced.total_minor + tax, as_of=as_of, issue_at=issue_at, tax_rate_pct=rate, tax_minor=tax,
         )
     return previews
 

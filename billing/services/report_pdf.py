@@ -8,13 +8,12 @@ import io
 from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
 from typing import Any
-from xml.sax.saxutils import escape
 
 from django.utils.translation import gettext as _
 
 from billing.models import PairedReport
 from billing.money import display_amount
-from billing.services.exports.fonts import cjk_font_name
+from billing.services.exports.fonts import pdf_font
 from billing.templatetags.ledger import money
 
 __all__ = ["SAVINGS_CSV_COLUMNS", "CostComparison", "SavingsTables", "definitions", "partial_days_note", "period_text",
@@ -240,7 +239,7 @@ def render_paired_report_pdf(report: PairedReport, *, tenant_names: dict[str, st
     from reportlab.lib import colors
     from reportlab.lib.pagesizes import A4
     from reportlab.lib.styles import ParagraphStyle
-    from reportlab.platypus import Paragraph, SimpleDocTemplate, Spacer, Table, TableStyle
+    from reportlab.platypus import SimpleDocTemplate, Spacer, Table, TableStyle
 
     if report.result is None:
         raise ValueError("the report has no result yet")
@@ -259,32 +258,38 @@ def render_paired_report_pdf(report: PairedReport, *, tenant_names: dict[str, st
     study = study_rows(result)
     study_title = _("The study's figures beside ours")
     terms = definitions(int(result["method"]["cold_start_excluded_minutes"]))
-    texts = [title, period, note, study_title, *header, *(c for row in fleet + chargeback for c in row),
-             *(a + b for a, b in rows), *(a + b + c for a, b, c in study), *(a + b for a, b in terms)]
-    font = cjk_font_name("".join(texts))
-    body = ParagraphStyle("body", fontName=font, fontSize=9, leading=12)
-    heading = ParagraphStyle("heading", fontName=font, fontSize=16, leading=20, spaceAfter=6)
-    grid = TableStyle([("GRID", (0, 0), (-1, -1), 0.3, colors.grey), ("VALIGN", (0, 0), (-1, -1), "TOP")])
+    study_head = ["", _("Study"), _("Ours")]
+    # Every string drawn goes into the font subset (the "Ours" header once did not, so its "O"
+    # was drawn as the empty .notdef glyph); PdfFont.paragraph refuses any character left out.
+    font = pdf_font([title, period, note, study_title, *header, *study_head,
+                     *(c for row in fleet + chargeback for c in row), *(a + b for a, b in rows),
+                     *(a + b + c for a, b, c in study), *(f"{a}: {b}" for a, b in terms),
+                     _("The organisation's view: fleet cost"), _("Per workload-day (steady state, paired test)"),
+                     _("Definitions")])
+    body = ParagraphStyle("body", fontName=font.name, fontSize=9, leading=12)
+    heading = ParagraphStyle("heading", fontName=font.name, fontSize=16, leading=20, spaceAfter=6)
+    grid = TableStyle([*font.table_commands(), ("GRID", (0, 0), (-1, -1), 0.3, colors.grey),
+                       ("VALIGN", (0, 0), (-1, -1), "TOP")])
 
     def table(cells: list[list[str]], widths: list[int]) -> Table:
         # Cells are text, never markup: a tenant named "R&D <lab>" prints as it is named.
-        out = Table([[Paragraph(escape(c), body) for c in row] for row in cells], colWidths=widths)
+        out = Table([[font.paragraph(c, body) for c in row] for row in cells], colWidths=widths)
         out.setStyle(grid)
         return out
 
-    story: list[Any] = [Paragraph(escape(title), heading), Paragraph(escape(period), body), Spacer(1, 8)]
+    story: list[Any] = [font.paragraph(title, heading), font.paragraph(period, body), Spacer(1, 8)]
     if tables:
         widths = [150, 85, 85, 85, 65]
-        story += [Paragraph(escape(_("The organisation's view: fleet cost")), body), table(fleet, widths), Spacer(1, 8),
+        story += [font.paragraph(_("The organisation's view: fleet cost"), body), table(fleet, widths), Spacer(1, 8),
                   table(chargeback, widths), Spacer(1, 8)]
-    story += [Paragraph(escape(_("Per workload-day (steady state, paired test)")), body),
+    story += [font.paragraph(_("Per workload-day (steady state, paired test)"), body),
               table([[a, b] for a, b in rows], [250, 220])]
     if note:
-        story.append(Paragraph(escape(note), body))
-    story += [Spacer(1, 8), Paragraph(escape(study_title), body),
-              table([["", _("Study"), _("Ours")], *([a, b, c] for a, b, c in study)], [210, 130, 130]),
-              Spacer(1, 8), Paragraph(escape(_("Definitions")), body)]
-    story += [Paragraph(escape(f"{term}: {text}"), body) for term, text in terms]
+        story.append(font.paragraph(note, body))
+    story += [Spacer(1, 8), font.paragraph(study_title, body), table([study_head, *([a, b, c] for a, b, c in study)],
+                                                                      [210, 130, 130]),
+              Spacer(1, 8), font.paragraph(_("Definitions"), body)]
+    story += [font.paragraph(f"{term}: {text}", body) for term, text in terms]
     buffer = io.BytesIO()
-    SimpleDocTemplate(buffer, pagesize=A4, title=title).build(story)
+    SimpleDocTemplate(buffer, pagesize=A4, title=title, **font.template_options()).build(story)
     return buffer.getvalue()

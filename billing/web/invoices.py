@@ -1,21 +1,43 @@
-"""Invoice list and downloads. Thin: scope from the user, one call into billing.services.exports
-(and, for the list, the upcoming invoices of the month in progress from billing.queries.portal).
+"""Invoices, credit notes and a tenant's invoice terms. Thin: scope from the user, one call into
+billing.services (exports for reads and downloads, credit_notes and tenant_billing for writes; the
+list also shows the upcoming invoices of the month in progress from billing.queries.portal).
 
-An invoice outside the user's scope answers 404, exactly like one that does not exist.
+An invoice or credit note outside the user's scope answers 404, exactly like one that does not
+exist. Finance and admins issue credit notes (POST, CSRF, audited); admins edit invoice terms.
 """
 
 from __future__ import annotations
 
+from typing import Any
+
+from django import forms
+from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.http import Http404, HttpRequest, HttpResponse
-from django.shortcuts import render
+from django.shortcuts import redirect, render
 from django.utils import timezone
+from django.utils.translation import gettext as _
+from django.utils.translation import gettext_lazy
+from django.views.decorators.http import require_POST
 
 from billing.errors import InvalidInput
 from billing.money import from_minor_units
 from billing.queries.portal import UpcomingInvoices, list_upcoming_invoices
-from billing.scope import get_scope
-from billing.services.exports import EXPORT_FORMATS, InvoiceNotFound, export_invoice, list_invoices
+from billing.scope import Scope, get_scope
+from billing.services.credit_notes import REASON_MAX_CHARS, get_credit_room, issue_credit_note
+from billing.services.exports import (
+    EXPORT_FORMATS,
+    GPU_HOURS_PLACES,
+    CreditNoteNotFound,
+    ExportFile,
+    InvoiceNotFound,
+    export_credit_note,
+    export_invoice,
+    get_invoice_document,
+    list_invoices,
+)
+from billing.services.tenant_billing import get_tenant_billing, update_tenant_billing
+from billing.web.access import require_admin, require_platform
 
 
 @login_required
@@ -39,12 +61,108 @@ def _upcoming_total(upcoming: UpcomingInvoices) -> dict[str, object] | None:
     return {"amount": from_minor_units(sum(p.total_minor for p in previews), currency), "currency": currency}
 
 
+def _attachment(export: ExportFile) -> HttpResponse:
+    response = HttpResponse(export.content, content_type=export.content_type)
+    response["Content-Disposition"] = f'attachment; filename="{export.filename}"'
+    return response
+
+
 @login_required
 def invoice_download(request: HttpRequest, number: str, fmt: str) -> HttpResponse:
     try:
         export = export_invoice(scope=get_scope(request.user), number=number, fmt=fmt)
     except (InvoiceNotFound, InvalidInput) as exc:
         raise Http404("no such invoice") from exc
-    response = HttpResponse(export.content, content_type=export.content_type)
-    response["Content-Disposition"] = f'attachment; filename="{export.filename}"'
-    return response
+    return _attachment(export)
+
+
+@login_required
+def credit_note_download(request: HttpRequest, number: str, fmt: str) -> HttpResponse:
+    try:
+        export = export_credit_note(scope=get_scope(request.user), number=number, fmt=fmt)
+    except (CreditNoteNotFound, InvalidInput) as exc:
+        raise Http404("no such credit note") from exc
+    return _attachment(export)
+
+
+class CreditNoteForm(forms.Form):
+    """Shapes only; the amount's rules (positive, the currency's decimals, what is left) are the service's."""
+
+    amount = forms.CharField(label=gettext_lazy("Amount to credit (net, before tax)"), max_length=32,
+                             widget=forms.TextInput(attrs={"inputmode": "decimal", "size": 12}))
+    reason = forms.CharField(label=gettext_lazy("Reason (printed on the credit note)"), max_length=REASON_MAX_CHARS,
+                             widget=forms.Textarea(attrs={"rows": 2, "cols": 48}))
+
+
+def _render_invoice(request: HttpRequest, scope: Scope, number: str, *, form: CreditNoteForm | None = None,
+                    status: int = 200) -> HttpResponse:
+    try:
+        doc = get_invoice_document(scope=scope, number=number)
+    except InvoiceNotFound as exc:
+        raise Http404("no such invoice") from exc
+    context: dict[str, Any] = {"doc": doc, "formats": EXPORT_FORMATS, "can_credit": False,
+                               "can_edit_terms": scope.is_admin, "gpu_hours_places": GPU_HOURS_PLACES}
+    if scope.sees_platform and doc.status == "finalized":
+        room = get_credit_room(invoice_number=number)
+        context.update({"can_credit": room.net_minor > 0, "room": room, "form": form or CreditNoteForm()})
+    return render(request, "billing/invoice_detail.html", context, status=status)
+
+
+@login_required
+def invoice_detail(request: HttpRequest, number: str) -> HttpResponse:
+    """One invoice: its terms, lines, tax and credit notes; finance and admins may credit it."""
+    return _render_invoice(request, get_scope(request.user), number)
+
+
+@login_required
+@require_POST
+def credit_note_issue(request: HttpRequest, number: str) -> HttpResponse:
+    scope = require_platform(request, _("Only finance and admins issue credit notes."))
+    form = CreditNoteForm(request.POST)
+    if form.is_valid():
+        try:
+            issued = issue_credit_note(invoice_number=number, amount_text=form.cleaned_data["amount"],
+                                       reason=form.cleaned_data["reason"], now=timezone.now(),
+                                       actor_label=request.user.get_username(), actor_id=request.user.pk)
+        except InvalidInput as exc:
+            form.add_error(None, str(exc))
+        else:
+            messages.success(request, _("Credit note %(number)s issued against %(invoice)s.")
+                             % {"number": issued.number, "invoice": issued.invoice_number})
+            return redirect("invoice-detail", number=number)
+    return _render_invoice(request, scope, number, form=form, status=400)
+
+
+class TenantBillingForm(forms.Form):
+    tax_rate_pct = forms.DecimalField(label=gettext_lazy("Tax rate (%)"), min_value=0, max_value=100,
+                                      decimal_places=3, max_digits=6)
+    payment_terms_days = forms.IntegerField(
+        label=gettext_lazy("Payment terms (days)"), min_value=0, max_value=365, required=False,
+        help_text=gettext_lazy("Days from issue to due date; empty for the default."))
+    po_number = forms.CharField(label=gettext_lazy("PO number"), max_length=64, required=False)
+    cost_centre = forms.CharField(label=gettext_lazy("Cost centre"), max_length=64, required=False)
+
+
+@login_required
+def tenant_billing_edit(request: HttpRequest, slug: str) -> HttpResponse:
+    """Admins set a tenant's tax rate, payment terms, PO number and cost centre; each invoice copies
+    them when it is issued, so the change applies from the next invoice on."""
+    require_admin(request, _("Only admins change a tenant's invoice terms."))
+    current = get_tenant_billing(slug=slug)
+    if current is None:
+        raise Http404("no such tenant")
+    initial = {"tax_rate_pct": current.tax_rate_pct, "payment_terms_days": current.payment_terms_days,
+               "po_number": current.po_number, "cost_centre": current.cost_centre}
+    form = TenantBillingForm(request.POST or None, initial=initial)
+    if request.method == "POST" and form.is_valid():
+        try:
+            update_tenant_billing(slug=slug, now=timezone.now(), actor_label=request.user.get_username(),
+                                  actor_id=request.user.pk, **form.cleaned_data)
+        except InvalidInput as exc:
+            form.add_error(None, str(exc))
+        else:
+            messages.success(request, _("Invoice terms of %(tenant)s saved; invoices issued from now on use them.")
+                             % {"tenant": current.name})
+            return redirect("tenant-billing", slug=slug)
+    return render(request, "billing/tenant_billing.html", {"tenant": current, "form": form},
+                  status=400 if form.errors else 200)

@@ -32,6 +32,7 @@ from billing.queries.portal import (
 from billing.scope import get_scope
 from billing.services.exports import EXPORT_FORMATS
 from billing.services.exports.invoice_csv import line_number_cells
+from billing.services.exports.numbers import plain_decimal
 from billing.services.invoicing import InvoicePreview
 from billing.web.access import landing_page
 from billing.web.charts import Series, line_chart, stacked_bar_chart
@@ -164,6 +165,10 @@ def _upcoming_csv(request: HttpRequest, slug: str, now: datetime) -> HttpRespons
             i, line.kind, line.gpu_model, line.sla_tier, f"{line.usage_month:%Y-%m}",
             *line_number_cells(line.gpu_hours, line.amount, line.amount_minor, preview.currency), preview.currency,
         ])
+    if preview.tax_minor:
+        writer.writerow(head + ["tax", f"tax {plain_decimal(preview.tax_rate_pct)}%", "", "", "", "", "",
+                                preview.tax_minor, format_minor_units(preview.tax_minor, preview.currency),
+                                preview.currency])
     writer.writerow(head + ["total", "", "", "", "", "", "", preview.total_minor,
                             format_minor_units(preview.total_minor, preview.currency), preview.currency])
     return response

@@ -23,6 +23,7 @@ from billing.services.exports import ALLOCATED_METHOD_ID, export_invoice
 from billing.services.invoicing import close_period
 from tests import clock
 from tests.conftest import SHARED_GPU_WORKLOADS, make_batch, user_in
+from tests.pdf_check import check_pdf
 
 pytestmark = pytest.mark.django_db
 
@@ -239,6 +240,20 @@ def test_focus_export_follows_the_1_3_column_rules_and_adds_up_to_the_invoice(no
     assert details["x_Alpha"] == Decimal("0.5") and details["x_BilledBasis"] == "max"
 
 
+def test_focus_tax_row_follows_the_1_3_column_rules_and_the_file_adds_up_to_subtotal_plus_tax(
+        post_batch, proportional, tenants):
+    Tenant.objects.filter(slug="acme").update(tax_rate_pct=Decimal("20"))
+    usage(post_batch, at=datetime(2026, 11, 15, 12, tzinfo=UTC), seq=1)
+    close_period(month=NOV, now=AFTER_NOV)
+    acme = Invoice.objects.get(tenant__slug="acme")
+    header, rows = focus(acme.number)
+    assert_follows_focus_1_3(header, rows, acme)  # Σ BilledCost = the invoice total, tax included
+    (tax,) = [r for r in rows if r["ChargeCategory"] == "Tax"]
+    assert (tax["BilledCost"], tax["ChargeClass"], tax["SkuId"]) == ("0.67", None, None)
+    assert (tax["ChargePeriodStart"], tax["ChargePeriodEnd"]) == ("2026-11-01T00:00:00Z", "2026-12-01T00:00:00Z")
+    assert "20% of the invoice subtotal 3.33 USD" in tax["ChargeDescription"]
+
+
 def test_focus_rows_reconcile_to_the_invoice_through_one_rounding_row_per_rounded_line(post_batch, proportional,
                                                                                        tenants):
     usage(post_batch, at=datetime(2026, 11, 15, 12, tzinfo=UTC), seq=1)
@@ -292,28 +307,38 @@ def test_late_usage_is_a_correction_charged_to_its_month_and_the_old_invoice_sti
     assert correction["BillingPeriodStart"] == "2026-11-01T00:00:00Z"
 
 
-def test_invoice_csv_has_one_row_per_line_and_a_total_in_minor_and_major_units(post_batch, proportional, tenants):
+def test_invoice_csv_has_one_row_per_line_then_subtotal_tax_and_total_in_minor_and_major_units(
+        post_batch, proportional, tenants):
+    Tenant.objects.filter(slug="acme").update(tax_rate_pct=Decimal("20"), po_number="PO-77", cost_centre="CC-9")
     usage(post_batch, at=datetime(2026, 11, 15, 12, tzinfo=UTC), seq=1)
     close_period(month=NOV, now=AFTER_NOV)
     acme = Invoice.objects.get(tenant__slug="acme")
     content = export_invoice(scope=EVERYONE, number=acme.number, fmt="csv").content.decode("utf-8")
     rows = list(csv.DictReader(io.StringIO(content)))
+    # 20 % of 3.33 is 0.666, rounded once on the subtotal: 0.67.
     assert [(r["line"], r["kind"], r["amount_minor"], r["amount"], r["currency"]) for r in rows] == [
         ("1", "idle", "233", "2.33", "USD"),
         ("2", "usage", "100", "1.00", "USD"),
-        ("total", "", "333", "3.33", "USD"),
+        ("subtotal", "", "333", "3.33", "USD"),
+        ("tax", "tax 20%", "67", "0.67", "USD"),
+        ("total", "", "400", "4.00", "USD"),
     ]
     assert rows[0]["amount_ledger"] == "2.333333333333" and rows[0]["tenant_name"] == CHINESE_NAME
+    # GPU-hours to the documents' stated 2 places; the invoice's header fields on every row.
+    assert rows[1]["gpu_hours"] == "0.00"
+    assert {(r["issue_date"], r["due_date"], r["payment_terms_days"], r["po_number"], r["cost_centre"])
+            for r in rows} == {("2026-12-02", "2027-01-01", "30", "PO-77", "CC-9")}
 
 
-def test_invoice_pdf_names_the_invoice_and_embeds_a_chinese_font_subset(november):
+def test_invoice_pdf_names_the_invoice_embeds_every_font_and_draws_no_missing_glyph(november, tmp_path):
     export = export_invoice(scope=EVERYONE, number=november.number, fmt="pdf")
     pdf = export.content
     assert pdf.startswith(b"%PDF") and export.filename == f"{november.number}.pdf"
     assert november.number.encode() in pdf  # in the document title
-    # The shipped Noto Sans SC, embedded as a TrueType subset (no font needed on the reader's side).
-    assert re.search(rb"/BaseFont /[A-Z]{6}\+NotoSansSC-Regular", pdf)
-    assert b"/FontFile2" in pdf
+    facts = check_pdf(pdf, tmp_path)
+    # Only the shipped Noto Sans SC, embedded as a TrueType subset (no Helvetica left to the reader).
+    assert len(facts.fonts) == 1 and re.fullmatch(r"/[A-Z]{6}\+NotoSansSC-[0-9a-f]{12}", facts.fonts[0])
+    assert CHINESE_NAME in facts.text and november.number in facts.text
 
 
 

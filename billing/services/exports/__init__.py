@@ -1,4 +1,4 @@
-"""Invoice downloads: PDF, CSV and a FOCUS 1.3 cost-and-usage CSV (docs/exports.md).
+"""Invoice and credit note downloads: PDF, CSV and a FOCUS 1.3 cost-and-usage CSV (docs/exports.md).
 
 Reads only, one module per concern: the scoped invoice reads (`invoices`), the invoice CSV
 (`invoice_csv`), the FOCUS rows and file (`focus`, from billing.ledger.exports), the PDF
@@ -18,36 +18,64 @@ from dataclasses import dataclass
 
 from billing.errors import InvalidInput
 from billing.scope import Scope
-from billing.services.exports.focus import ALLOCATED_METHOD_ID, FOCUS_COLUMNS, build_focus_rows, render_focus_csv
+from billing.services.exports.focus import (
+    ALLOCATED_METHOD_ID,
+    FOCUS_COLUMNS,
+    build_credit_note_focus_rows,
+    build_focus_rows,
+    render_credit_note_focus_csv,
+    render_focus_csv,
+)
 from billing.services.exports.fonts import cjk_font_name
-from billing.services.exports.invoice_csv import INVOICE_CSV_COLUMNS, render_invoice_csv
+from billing.services.exports.invoice_csv import (
+    CREDIT_NOTE_CSV_COLUMNS,
+    INVOICE_CSV_COLUMNS,
+    render_credit_note_csv,
+    render_invoice_csv,
+)
 from billing.services.exports.invoices import (
+    GPU_HOURS_PLACES,
+    CreditNoteDocument,
+    CreditNoteNotFound,
+    CreditNoteSummary,
     InvoiceDocument,
     InvoiceLineView,
     InvoiceNotFound,
     InvoiceSummary,
     find_invoice_number,
+    get_credit_note_document,
     get_invoice_document,
     list_invoices,
 )
-from billing.services.exports.pdf import render_invoice_pdf
+from billing.services.exports.pdf import render_credit_note_pdf, render_invoice_pdf
 
 __all__ = [
     "ALLOCATED_METHOD_ID",
+    "CREDIT_NOTE_CSV_COLUMNS",
     "EXPORT_FORMATS",
     "FOCUS_COLUMNS",
     "INVOICE_CSV_COLUMNS",
+    "CreditNoteDocument",
+    "CreditNoteNotFound",
+    "CreditNoteSummary",
     "ExportFile",
+    "GPU_HOURS_PLACES",
     "InvoiceDocument",
     "InvoiceLineView",
     "InvoiceNotFound",
     "InvoiceSummary",
+    "build_credit_note_focus_rows",
     "build_focus_rows",
     "cjk_font_name",
+    "export_credit_note",
     "export_invoice",
     "find_invoice_number",
+    "get_credit_note_document",
     "get_invoice_document",
     "list_invoices",
+    "render_credit_note_csv",
+    "render_credit_note_focus_csv",
+    "render_credit_note_pdf",
     "render_focus_csv",
     "render_invoice_csv",
     "render_invoice_pdf",
@@ -73,3 +101,15 @@ def export_invoice(*, scope: Scope, number: str, fmt: str) -> ExportFile:
     if fmt == "csv":
         return ExportFile(f"{doc.number}.csv", "text/csv; charset=utf-8", render_invoice_csv(doc))
     return ExportFile(f"{doc.number}-focus-1.3.csv", "text/csv; charset=utf-8", render_focus_csv(doc))
+
+
+def export_credit_note(*, scope: Scope, number: str, fmt: str) -> ExportFile:
+    """Render one credit note in `fmt` (pdf, csv or focus) for a caller with `scope`."""
+    if fmt not in EXPORT_FORMATS:
+        raise InvalidInput(f"format {fmt!r} must be one of {', '.join(EXPORT_FORMATS)}")
+    note = get_credit_note_document(scope=scope, number=number)
+    if fmt == "pdf":
+        return ExportFile(f"{note.number}.pdf", "application/pdf", render_credit_note_pdf(note))
+    if fmt == "csv":
+        return ExportFile(f"{note.number}.csv", "text/csv; charset=utf-8", render_credit_note_csv(note))
+    return ExportFile(f"{note.number}-focus-1.3.csv", "text/csv; charset=utf-8", render_credit_note_focus_csv(note))

@@ -1,6 +1,8 @@
 """The FOCUS 1.3 cost-and-usage rows of one invoice (docs/exports.md), from the ledger rows behind
 its lines (billing.ledger.exports): each usage or idle line is spread over its ledger rows at
-ledger precision, plus one rounding row per line, so Σ BilledCost = the invoice total."""
+ledger precision, plus one rounding row per line and one Tax row, so Σ BilledCost = the invoice
+total. A credit note's file has a Credit row (its net) and a Tax row (the tax credited), both
+negative Corrections of the invoice's month, so Σ BilledCost = − the credit note's total."""
 
 from __future__ import annotations
 
@@ -14,13 +16,13 @@ from typing import Any
 
 from billing.ledger.exports import FocusLedgerRow, list_focus_ledger_rows, list_origin_costs
 from billing.models import InvoiceLine
-from billing.money import allocate, from_minor_units
-from billing.services.exports.invoices import InvoiceDocument, InvoiceLineView
+from billing.money import allocate, format_minor_units, from_minor_units
+from billing.services.exports.invoices import CreditNoteDocument, InvoiceDocument, InvoiceLineView
 from billing.services.exports.numbers import compact_json, plain_decimal
 from billing.services.invoicing import month_bounds
 
-__all__ = ["ALLOCATED_METHOD_ID", "FOCUS_COLUMNS", "SERVICE_NAME", "TAG_PREFIX", "build_focus_rows",
-           "render_focus_csv"]
+__all__ = ["ALLOCATED_METHOD_ID", "FOCUS_COLUMNS", "SERVICE_NAME", "TAG_PREFIX", "build_credit_note_focus_rows",
+           "build_focus_rows", "render_credit_note_focus_csv", "render_focus_csv"]
 
 # Documented in docs/exports.md; a new method gets a new id, this one never changes meaning.
 ALLOCATED_METHOD_ID = "vgpu-ledger-share-v1"
@@ -45,7 +47,7 @@ FOCUS_COLUMNS: tuple[str, ...] = tuple(sorted([
     "ProviderName", "PublisherName", "ResourceId", "ResourceName", "ResourceType", "ServiceCategory",
     "ServiceName", "ServiceProviderName", "ServiceSubcategory", "SkuId", "SkuPriceId", "SubAccountId",
     "SubAccountName", "Tags",
-])) + ("x_GpuModel", "x_InvoiceLineKind", "x_SlaTier")
+])) + ("x_CorrectsInvoiceId", "x_GpuModel", "x_InvoiceLineKind", "x_SlaTier")
 
 
 
@@ -95,18 +97,25 @@ def _idle_method_details(row: FocusLedgerRow, origin: tuple[Decimal, Decimal]) -
     }
 
 
-def build_focus_rows(doc: InvoiceDocument) -> list[dict[str, Any]]:
-    """The FOCUS 1.3 rows of one invoice, as typed values (Decimal, datetime, dict, str or None)."""
-    billing_start, billing_end = doc.period_bounds
+def _common_columns(doc: InvoiceDocument, *, number: str, issuer: str, billing: tuple[datetime, datetime],
+                    frequency: str) -> dict[str, Any]:
     common: dict[str, Any] = dict.fromkeys(FOCUS_COLUMNS)
     common.update({
         "BillingAccountId": doc.tenant_slug, "BillingAccountName": doc.tenant_name,
-        "BillingCurrency": doc.currency, "BillingPeriodStart": billing_start, "BillingPeriodEnd": billing_end,
-        "ChargeFrequency": "Usage-Based", "HostProviderName": doc.issuer_name, "InvoiceId": doc.number,
-        "InvoiceIssuerName": doc.issuer_name, "ProviderName": doc.issuer_name, "PublisherName": doc.issuer_name,
-        "ServiceCategory": "Compute", "ServiceName": SERVICE_NAME, "ServiceProviderName": doc.issuer_name,
+        "BillingCurrency": doc.currency, "BillingPeriodStart": billing[0], "BillingPeriodEnd": billing[1],
+        "ChargeFrequency": frequency, "HostProviderName": issuer, "InvoiceId": number,
+        "InvoiceIssuerName": issuer, "ProviderName": issuer, "PublisherName": issuer,
+        "ServiceCategory": "Compute", "ServiceName": SERVICE_NAME, "ServiceProviderName": issuer,
         "ServiceSubcategory": "Containers",
     })
+    return common
+
+
+def build_focus_rows(doc: InvoiceDocument) -> list[dict[str, Any]]:
+    """The FOCUS 1.3 rows of one invoice, as typed values (Decimal, datetime, dict, str or None)."""
+    billing_start, billing_end = doc.period_bounds
+    common = _common_columns(doc, number=doc.number, issuer=doc.issuer_name, billing=doc.period_bounds,
+                             frequency="Usage-Based")
     ledger = list_focus_ledger_rows(tenant=doc.tenant_slug, start=billing_start, end=billing_end)
     origins = {o.key: (o.card_cost, o.metered_seconds)
                for o in list_origin_costs(start=billing_start, end=billing_end, gpus={r.gpu_uuid for r in ledger})}
@@ -136,6 +145,36 @@ def build_focus_rows(doc: InvoiceDocument) -> list[dict[str, Any]]:
         rounding = from_minor_units(line.amount_minor, doc.currency) - line.amount
         if rounding:
             rows.append(_rounding_row(line_common, line, rounding))
+    if doc.tax_minor:
+        tax = from_minor_units(doc.tax_minor, doc.currency)
+        rows.append({
+            **common, "ChargePeriodStart": billing_start, "ChargePeriodEnd": billing_end,
+            "BilledCost": tax, "EffectiveCost": tax, "ListCost": tax, "ContractedCost": tax, "ChargeCategory": "Tax",
+            "ChargeDescription": (f"Tax at {plain_decimal(doc.tax_rate_pct)}% of the invoice subtotal "
+                                  f"{format_minor_units(doc.subtotal_minor, doc.currency)} {doc.currency}, rounded once"),
+        })
+    return rows
+
+
+def build_credit_note_focus_rows(note: CreditNoteDocument) -> list[dict[str, Any]]:
+    """The FOCUS 1.3 rows of a credit note: its net as a Credit and the tax credited as Tax, both
+    negative, ChargeClass Correction, charged to the corrected invoice's month and billed in the
+    month the credit note is issued; x_CorrectsInvoiceId names the invoice."""
+    invoice = note.invoice
+    issued = month_bounds(note.issue_date.replace(day=1))
+    common = _common_columns(invoice, number=note.number, issuer=note.issuer_name, billing=issued,
+                             frequency="One-Time")
+    start, end = invoice.period_bounds
+    common.update({"ChargePeriodStart": start, "ChargePeriodEnd": end, "ChargeClass": "Correction",
+                   "x_CorrectsInvoiceId": invoice.number})
+    rows = []
+    for category, minor, what in (("Credit", note.amount_minor, "Credit"), ("Tax", note.tax_minor, "Tax credited")):
+        if not minor:
+            continue
+        cost = -from_minor_units(minor, note.currency)
+        rows.append({**common, "BilledCost": cost, "EffectiveCost": cost, "ListCost": cost, "ContractedCost": cost,
+                     "ChargeCategory": category,
+                     "ChargeDescription": f"{what} on invoice {invoice.number} ({invoice.month:%Y-%m}): {note.reason}"})
     return rows
 
 
@@ -228,10 +267,18 @@ def _unbacked_row(base: Mapping[str, Any], line: InvoiceLineView) -> dict[str, A
 
 
 def render_focus_csv(doc: InvoiceDocument) -> bytes:
+    return _focus_csv(build_focus_rows(doc))
+
+
+def render_credit_note_focus_csv(note: CreditNoteDocument) -> bytes:
+    return _focus_csv(build_credit_note_focus_rows(note))
+
+
+def _focus_csv(rows: list[dict[str, Any]]) -> bytes:
     out = io.StringIO()
     writer = csv.writer(out, lineterminator="\n")
     writer.writerow(FOCUS_COLUMNS)
-    for row in build_focus_rows(doc):
+    for row in rows:
         writer.writerow([_focus_cell(row[c]) for c in FOCUS_COLUMNS])
     return out.getvalue().encode("utf-8")
 

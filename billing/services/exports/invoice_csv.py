@@ -1,6 +1,8 @@
-"""The invoice CSV: one row per invoice line, then a total row; amounts in minor units and in
-formatted major units (billing.money), GPU-hours to QUANTITY_PLACES["gpu_hours"] places.
-`line_number_cells` writes a line's numbers for this CSV and for the upcoming invoice's."""
+"""The invoice CSV: one row per invoice line, then subtotal, tax and total rows; amounts in minor
+units and in formatted major units (billing.money), GPU-hours to the documents' GPU_HOURS_PLACES.
+Each row repeats the invoice's header fields (number, tenant, period, issue and due dates, payment
+terms, PO number, cost centre). `line_number_cells` writes a line's numbers for this CSV and for the
+upcoming invoice's. The credit note CSV: one row per credit note, in the same money columns."""
 
 from __future__ import annotations
 
@@ -8,29 +10,52 @@ import csv
 import io
 from decimal import Decimal
 
-from billing.money import QUANTITY_PLACES, format_minor_units, quantity_text
-from billing.services.exports.invoices import InvoiceDocument
+from billing.money import format_minor_units
+from billing.services.exports.invoices import CreditNoteDocument, InvoiceDocument, gpu_hours_text
 from billing.services.exports.numbers import plain_decimal
 
-__all__ = ["INVOICE_CSV_COLUMNS", "line_number_cells", "render_invoice_csv"]
+__all__ = ["CREDIT_NOTE_CSV_COLUMNS", "INVOICE_CSV_COLUMNS", "line_number_cells", "render_credit_note_csv",
+           "render_invoice_csv"]
 
-INVOICE_CSV_COLUMNS = (
-    "invoice_number", "tenant", "tenant_name", "billing_period", "line", "kind", "gpu_model", "sla_tier",
+_HEADER_COLUMNS = ("invoice_number", "tenant", "tenant_name", "billing_period", "issue_date", "due_date",
+                   "payment_terms_days", "po_number", "cost_centre")
+INVOICE_CSV_COLUMNS = _HEADER_COLUMNS + (
+    "line", "kind", "gpu_model", "sla_tier",
     "usage_month", "gpu_hours", "amount_ledger", "amount_minor", "amount", "currency",
+)
+CREDIT_NOTE_CSV_COLUMNS = (
+    "credit_note_number", "issue_date", "corrects_invoice", "tenant", "tenant_name", "billing_period", "reason",
+    "tax_rate_pct", "amount_minor", "tax_minor", "total_minor", "amount", "tax", "total", "currency",
 )
 
 
+def _day(value: object) -> str:
+    return f"{value:%Y-%m-%d}" if value else ""
+
+
+def _head(doc: InvoiceDocument) -> list[object]:
+    terms = "" if doc.payment_terms_days is None else doc.payment_terms_days
+    return [doc.number, doc.tenant_slug, doc.tenant_name, f"{doc.month:%Y-%m}", _day(doc.issue_date),
+            _day(doc.due_date), terms, doc.po_number, doc.cost_centre]
+
+
 def render_invoice_csv(doc: InvoiceDocument) -> bytes:
-    """One row per invoice line, then a total row; amounts in minor units and formatted major units."""
+    """One row per invoice line, then subtotal, tax and total rows; GPU-hours to the documents'
+    stated places, amounts in minor units and formatted major units."""
     out = io.StringIO()
     writer = csv.writer(out, lineterminator="\n")
     writer.writerow(INVOICE_CSV_COLUMNS)
-    head = [doc.number, doc.tenant_slug, doc.tenant_name, f"{doc.month:%Y-%m}"]
+    head = _head(doc)
     for i, line in enumerate(doc.lines, start=1):
         writer.writerow(head + [
             i, line.kind, line.gpu_model, line.sla_tier, f"{line.usage_month:%Y-%m}",
             *line_number_cells(line.gpu_hours, line.amount, line.amount_minor, doc.currency), doc.currency,
         ])
+    # The tax row's kind column carries its rate, e.g. "tax 20%".
+    for label, kind, minor in (("subtotal", "", doc.subtotal_minor),
+                               ("tax", f"tax {plain_decimal(doc.tax_rate_pct)}%", doc.tax_minor)):
+        writer.writerow(head + [label, kind, "", "", "", "", "", minor, format_minor_units(minor, doc.currency),
+                                doc.currency])
     writer.writerow(head + ["total", "", "", "", "", "", "", doc.total_minor,
                             format_minor_units(doc.total_minor, doc.currency), doc.currency])
     return out.getvalue().encode("utf-8")
@@ -38,8 +63,24 @@ def render_invoice_csv(doc: InvoiceDocument) -> bytes:
 
 
 def line_number_cells(gpu_hours: Decimal, amount: Decimal, amount_minor: int, currency: str) -> list[object]:
-    """`gpu_hours`, `amount_ledger`, `amount_minor`, `amount` of one line: GPU-hours to 4 places,
+    """`gpu_hours`, `amount_ledger`, `amount_minor`, `amount` of one line: GPU-hours to the documents' places,
     the ledger amount exactly (what the one rounding started from; docs/exports.md), the rounded
     amount in minor units and in major units with the currency's decimals."""
-    return [quantity_text(gpu_hours, QUANTITY_PLACES["gpu_hours"]), plain_decimal(amount), amount_minor,
+    return [gpu_hours_text(gpu_hours), plain_decimal(amount), amount_minor,
             format_minor_units(amount_minor, currency)]
+
+
+def render_credit_note_csv(note: CreditNoteDocument) -> bytes:
+    """The credit note as one row: positive amounts credited, net, tax and total."""
+    out = io.StringIO()
+    writer = csv.writer(out, lineterminator="\n")
+    writer.writerow(CREDIT_NOTE_CSV_COLUMNS)
+    invoice = note.invoice
+    writer.writerow([
+        note.number, _day(note.issue_date), invoice.number, invoice.tenant_slug, invoice.tenant_name,
+        f"{invoice.month:%Y-%m}", note.reason, plain_decimal(invoice.tax_rate_pct), note.amount_minor,
+        note.tax_minor, note.total_minor, *(format_minor_units(m, note.currency)
+                                            for m in (note.amount_minor, note.tax_minor, note.total_minor)),
+        note.currency,
+    ])
+    return out.getvalue().encode("utf-8")

@@ -1,36 +1,80 @@
-"""The invoices a caller may read, as frozen views: the list, one invoice's document (its lines in
-the order every rendering shows them), and an invoice number from tenant and month."""
+"""The invoices and credit notes a caller may read, as frozen views: the list, one invoice's
+document (its lines in the order every rendering shows them, its terms, tax and credit notes), one
+credit note's document, and an invoice number from tenant and month.
+
+Documents show what was copied onto the invoice when it was issued (issuer, bill-to name, terms,
+PO number, cost centre, tax rate). An invoice finalized before those fields existed shows its
+finalization date as its issue date and the issuer configured now, and no due date."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import date, datetime
-from decimal import Decimal
+from decimal import ROUND_HALF_EVEN, Decimal
 
-from django.conf import settings
 from django.db.models import QuerySet
 
 from billing.errors import DomainError, InvalidInput
-from billing.models import Invoice, InvoiceLine, Tenant
+from billing.models import CreditNote, Invoice, InvoiceLine, Tenant
 from billing.money import format_minor_units
 from billing.scope import Scope
-from billing.services.invoicing import month_bounds, parse_month
+from billing.services.invoicing import current_issuer, month_bounds, parse_month
 
 __all__ = [
+    "GPU_HOURS_PLACES",
+    "CreditNoteDocument",
+    "CreditNoteNotFound",
+    "CreditNoteSummary",
     "InvoiceDocument",
     "InvoiceLineView",
     "InvoiceNotFound",
     "InvoiceSummary",
     "find_invoice_number",
+    "get_credit_note_document",
     "get_invoice_document",
+    "gpu_hours_text",
     "list_invoices",
 ]
 
-DEFAULT_ISSUER_NAME = "vGPU Ledger"
+# GPU-hours on invoice and credit note documents (PDF, invoice CSV): 2 decimal places, half-even,
+# stated on each document; the stored quantity keeps 6 and FOCUS keeps 12.
+GPU_HOURS_PLACES = 2
+
+
+def gpu_hours_text(value: Decimal) -> str:
+    """GPU-hours as the documents state them: GPU_HOURS_PLACES decimals, half-even."""
+    return f"{value.quantize(Decimal(1).scaleb(-GPU_HOURS_PLACES), rounding=ROUND_HALF_EVEN):.{GPU_HOURS_PLACES}f}"
 
 
 class InvoiceNotFound(DomainError):
     """No invoice with that number in the caller's scope (a 404 that does not reveal existence)."""
+
+
+class CreditNoteNotFound(DomainError):
+    """No credit note with that number in the caller's scope (a 404, as for invoices)."""
+
+
+@dataclass(frozen=True)
+class CreditNoteSummary:
+    number: str
+    issue_date: date
+    currency: str
+    amount_minor: int  # net credited, positive
+    tax_minor: int
+    total_minor: int
+    reason: str
+
+    @property
+    def total_display(self) -> str:
+        return format_minor_units(self.total_minor, self.currency)
+
+    @property
+    def amount_display(self) -> str:
+        return format_minor_units(self.amount_minor, self.currency)
+
+    @property
+    def tax_display(self) -> str:
+        return format_minor_units(self.tax_minor, self.currency)
 
 
 @dataclass(frozen=True)
@@ -54,14 +98,75 @@ class InvoiceDocument:
     currency: str
     status: str
     status_label: str
-    total_minor: int
+    total_minor: int  # subtotal + tax
     finalized_at: datetime | None
     issuer_name: str
     lines: tuple[InvoiceLineView, ...]
+    issuer_address: str = ""
+    issuer_tax_id: str = ""
+    issue_date: date | None = None
+    due_date: date | None = None
+    payment_terms_days: int | None = None
+    po_number: str = ""
+    cost_centre: str = ""
+    tax_rate_pct: Decimal = Decimal(0)
+    tax_minor: int = 0
+    credit_notes: tuple[CreditNoteSummary, ...] = ()
 
     @property
     def period_bounds(self) -> tuple[datetime, datetime]:
         return month_bounds(self.month)
+
+    @property
+    def subtotal_minor(self) -> int:
+        return self.total_minor - self.tax_minor
+
+    @property
+    def credited_minor(self) -> int:
+        return sum(n.total_minor for n in self.credit_notes)
+
+    # Major-unit texts for the page (exact, the currency's decimals).
+    @property
+    def subtotal_display(self) -> str:
+        return format_minor_units(self.subtotal_minor, self.currency)
+
+    @property
+    def tax_display(self) -> str:
+        return format_minor_units(self.tax_minor, self.currency)
+
+    @property
+    def total_display(self) -> str:
+        return format_minor_units(self.total_minor, self.currency)
+
+    @property
+    def credited_display(self) -> str:
+        return format_minor_units(self.credited_minor, self.currency)
+
+    @property
+    def line_rows(self) -> tuple[tuple[InvoiceLineView, str, str], ...]:
+        """(line, its GPU-hours as documents state them or "", its amount) for the page."""
+        return tuple(
+            (line, gpu_hours_text(line.gpu_hours) if line.kind == InvoiceLine.Kind.USAGE else "",
+             format_minor_units(line.amount_minor, self.currency))
+            for line in self.lines
+        )
+
+
+@dataclass(frozen=True)
+class CreditNoteDocument:
+    number: str
+    invoice: InvoiceDocument  # the invoice it corrects
+    issue_date: date
+    issued_at: datetime
+    currency: str
+    amount_minor: int  # net credited, positive
+    tax_minor: int
+    total_minor: int
+    reason: str
+    issued_by: str
+    issuer_name: str
+    issuer_address: str
+    issuer_tax_id: str
 
 
 @dataclass(frozen=True)
@@ -78,11 +183,6 @@ class InvoiceSummary:
     @property
     def total_display(self) -> str:
         return format_minor_units(self.total_minor, self.currency)
-
-
-
-def _issuer_name() -> str:
-    return str(getattr(settings, "INVOICE_ISSUER_NAME", DEFAULT_ISSUER_NAME))
 
 
 
@@ -108,6 +208,10 @@ def get_invoice_document(*, scope: Scope, number: str) -> InvoiceDocument:
     invoice = _scoped_invoices(scope).filter(number=number).first()
     if invoice is None:
         raise InvoiceNotFound(f"no invoice {number!r}")
+    return _document(invoice)
+
+
+def _document(invoice: Invoice) -> InvoiceDocument:
     kind_labels = dict(InvoiceLine.Kind.choices)
     lines = tuple(
         InvoiceLineView(
@@ -117,11 +221,42 @@ def get_invoice_document(*, scope: Scope, number: str) -> InvoiceDocument:
         )
         for line in invoice.lines.order_by("usage_month", "kind", "gpu_model", "sla_tier")
     )
+    # Invoices finalized before the terms were copied onto them: the issuer as configured now, the
+    # finalization date as the issue date.
+    legacy = current_issuer() if not invoice.issuer_name else None
+    issue_date = invoice.issue_date or (invoice.finalized_at.date() if invoice.finalized_at else None)
+    credit_notes = tuple(
+        CreditNoteSummary(number=n.number, issue_date=n.issue_date, currency=n.currency, amount_minor=n.amount_minor,
+                          tax_minor=n.tax_minor, total_minor=n.total_minor, reason=n.reason)
+        for n in invoice.credit_notes.order_by("issued_at", "number")
+    )
     return InvoiceDocument(
-        number=invoice.number, tenant_slug=invoice.tenant.slug, tenant_name=invoice.tenant.name,
-        month=invoice.period.month, currency=invoice.currency, status=invoice.status,
-        status_label=str(invoice.get_status_display()),
-        total_minor=invoice.total_minor, finalized_at=invoice.finalized_at, issuer_name=_issuer_name(), lines=lines,
+        number=invoice.number, tenant_slug=invoice.tenant.slug,
+        tenant_name=invoice.bill_to_name or invoice.tenant.name, month=invoice.period.month,
+        currency=invoice.currency, status=invoice.status, status_label=str(invoice.get_status_display()),
+        total_minor=invoice.total_minor, finalized_at=invoice.finalized_at,
+        issuer_name=legacy.name if legacy else invoice.issuer_name, lines=lines,
+        issuer_address=legacy.address if legacy else invoice.issuer_address,
+        issuer_tax_id=legacy.tax_id if legacy else invoice.issuer_tax_id,
+        issue_date=issue_date, due_date=invoice.due_date, payment_terms_days=invoice.payment_terms_days,
+        po_number=invoice.po_number, cost_centre=invoice.cost_centre, tax_rate_pct=invoice.tax_rate_pct,
+        tax_minor=invoice.tax_minor, credit_notes=credit_notes,
+    )
+
+
+def get_credit_note_document(*, scope: Scope, number: str) -> CreditNoteDocument:
+    """One credit note, for a caller who may read the invoice it corrects."""
+    notes = CreditNote.objects.select_related("invoice__tenant", "invoice__period")
+    if scope.tenants is not None:
+        notes = notes.filter(invoice__tenant__slug__in=scope.tenants)
+    note = notes.filter(number=number).first()
+    if note is None:
+        raise CreditNoteNotFound(f"no credit note {number!r}")
+    return CreditNoteDocument(
+        number=note.number, invoice=_document(note.invoice), issue_date=note.issue_date, issued_at=note.issued_at,
+        currency=note.currency, amount_minor=note.amount_minor, tax_minor=note.tax_minor,
+        total_minor=note.total_minor, reason=note.reason, issued_by=note.issued_by_label,
+        issuer_name=note.issuer_name, issuer_address=note.issuer_address, issuer_tax_id=note.issuer_tax_id,
     )
 
 

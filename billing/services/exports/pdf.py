@@ -1,74 +1,161 @@
-"""The invoice as a PDF (reportlab), with its Chinese text in an embedded font subset
-(billing.services.exports.fonts)."""
+"""The invoice and the credit note as PDFs (reportlab), every string in one embedded font subset
+(billing.services.exports.fonts.PdfFont: no standard font referenced, no glyph missing)."""
 
 from __future__ import annotations
 
 import io
-from datetime import timedelta
-from xml.sax.saxutils import escape
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import date, timedelta
+from decimal import Decimal
 
 from django.utils.translation import gettext as _
 
 from billing.models import InvoiceLine
 from billing.money import format_minor_units
-from billing.services.exports.fonts import cjk_font_name
-from billing.services.exports.invoices import InvoiceDocument
+from billing.services.exports.fonts import pdf_font
+from billing.services.exports.invoices import GPU_HOURS_PLACES, CreditNoteDocument, InvoiceDocument, gpu_hours_text
 from billing.services.exports.numbers import plain_decimal
 
-__all__ = ["render_invoice_pdf"]
+__all__ = ["render_credit_note_pdf", "render_invoice_pdf", "tax_label"]
+
+_MM = 72 / 25.4  # points per millimetre
 
 
-def render_invoice_pdf(doc: InvoiceDocument) -> bytes:
+def tax_label(rate_pct: Decimal) -> str:
+    return _("Tax (%(rate)s %%)") % {"rate": plain_decimal(rate_pct)}
+
+
+def _day(value: date | None) -> str:
+    return f"{value:%Y-%m-%d}" if value else "—"
+
+
+def _issuer_rows(name: str, address: str, tax_id: str) -> list[tuple[str, str]]:
+    return [(_("Issuer"), name), (_("Issuer address"), address.replace("\n", ", ") or "—"),
+            (_("Issuer tax ID"), tax_id or "—")]
+
+
+def _terms_text(days: int | None) -> str:
+    return "—" if days is None else _("Net %(days)s days") % {"days": days}
+
+
+@dataclass(frozen=True)
+class _Layout:
+    """One document: a title, label/value rows, a table whose last `totals` rows are totals (its
+    columns from `numeric_from` on right-aligned) and notes under it."""
+
+    title: str
+    subject: str
+    author: str
+    header: Sequence[tuple[str, str]]
+    table: Sequence[Sequence[str]]
+    col_widths_mm: Sequence[float]
+    numeric_from: int
+    totals: int
+    notes: Sequence[str]
+
+
+def _render(layout: _Layout) -> bytes:
     from reportlab.lib import colors
     from reportlab.lib.enums import TA_RIGHT
     from reportlab.lib.pagesizes import A4
     from reportlab.lib.styles import ParagraphStyle
-    from reportlab.lib.units import mm
-    from reportlab.platypus import Paragraph, SimpleDocTemplate, Spacer, Table, TableStyle
+    from reportlab.platypus import SimpleDocTemplate, Spacer, Table, TableStyle
 
+    font = pdf_font([layout.title, *layout.notes, *(s for pair in layout.header for s in pair),
+                     *(c for row in layout.table for c in row)])
+    body = ParagraphStyle("body", fontName=font.name, fontSize=9, leading=12)
+    number_style = ParagraphStyle("number", parent=body, alignment=TA_RIGHT)
+    heading = ParagraphStyle("heading", fontName=font.name, fontSize=18, leading=22, spaceAfter=8)
+    buf = io.BytesIO()
+    pdf = SimpleDocTemplate(buf, pagesize=A4, title=layout.title, author=layout.author, subject=layout.subject,
+                            leftMargin=18 * _MM, rightMargin=18 * _MM, topMargin=18 * _MM, bottomMargin=18 * _MM,
+                            **font.template_options())
+    head_table = Table([[font.paragraph(k, body), font.paragraph(v, body)] for k, v in layout.header],
+                       colWidths=[40 * _MM, 134 * _MM])
+    head_table.setStyle(TableStyle([*font.table_commands(), ("VALIGN", (0, 0), (-1, -1), "TOP"),
+                                    ("TEXTCOLOR", (0, 0), (0, -1), colors.grey)]))
+    lines_table = Table([[font.paragraph(c, number_style if i >= layout.numeric_from else body)
+                          for i, c in enumerate(row)] for row in layout.table],
+                        colWidths=[w * _MM for w in layout.col_widths_mm], repeatRows=1)
+    lines_table.setStyle(TableStyle([
+        *font.table_commands(),
+        ("LINEBELOW", (0, 0), (-1, 0), 0.6, colors.black),
+        ("LINEABOVE", (0, -layout.totals), (-1, -layout.totals), 0.6, colors.black),
+        ("VALIGN", (0, 0), (-1, -1), "TOP"),
+    ]))
+    story = [font.paragraph(layout.title, heading), head_table, Spacer(1, 8 * _MM), lines_table, Spacer(1, 6 * _MM)]
+    story += [font.paragraph(note, body) for note in layout.notes]
+    pdf.build(story)
+    return buf.getvalue()
+
+
+def render_invoice_pdf(doc: InvoiceDocument) -> bytes:
     start, end = doc.period_bounds
+    money = doc.currency
     header = [
-        (_("Issuer"), doc.issuer_name),
-        (_("Tenant"), f"{doc.tenant_name} ({doc.tenant_slug})"),
+        *_issuer_rows(doc.issuer_name, doc.issuer_address, doc.issuer_tax_id),
+        (_("Bill to"), f"{doc.tenant_name} ({doc.tenant_slug})"),
         (_("Invoice number"), doc.number),
+        (_("Issue date"), _day(doc.issue_date)),
+        (_("Due date"), _day(doc.due_date)),
+        (_("Payment terms"), _terms_text(doc.payment_terms_days)),
+        (_("PO number"), doc.po_number or "—"),
+        (_("Cost centre"), doc.cost_centre or "—"),
         (_("Billing period"), f"{start:%Y-%m-%d} – {end - timedelta(days=1):%Y-%m-%d} (UTC)"),
-        (_("Currency"), doc.currency),
+        (_("Currency"), money),
         (_("Status"), doc.status_label + (f" {doc.finalized_at:%Y-%m-%d %H:%M} UTC" if doc.finalized_at else "")),
     ]
     table = [[_("Line"), _("GPU model"), _("SLA tier"), _("Usage month"), _("GPU-hours"), _("Amount")]]
     for line in doc.lines:
         table.append([line.kind_label, line.gpu_model, line.sla_tier, f"{line.usage_month:%Y-%m}",
-                      plain_decimal(line.gpu_hours) if line.kind == InvoiceLine.Kind.USAGE else "",
-                      format_minor_units(line.amount_minor, doc.currency)])
-    total = format_minor_units(doc.total_minor, doc.currency)
-    table.append([_("Total"), "", "", "", "", f"{total} {doc.currency}"])
+                      gpu_hours_text(line.gpu_hours) if line.kind == InvoiceLine.Kind.USAGE else "",
+                      format_minor_units(line.amount_minor, money)])
+    table += [
+        [_("Subtotal"), "", "", "", "", format_minor_units(doc.subtotal_minor, money)],
+        [tax_label(doc.tax_rate_pct), "", "", "", "", format_minor_units(doc.tax_minor, money)],
+        [_("Total"), "", "", "", "", f"{format_minor_units(doc.total_minor, money)} {money}"],
+    ]
+    notes = [
+        _("Amounts are rounded once per invoice line to the currency's minor unit (round half to even); the "
+          "subtotal is the sum of the rounded lines, the tax is rounded once on the subtotal, and the total is "
+          "subtotal + tax. GPU-hours are shown to %(places)s decimal places (round half to even). Late usage for "
+          "a month already invoiced appears as an adjustment on a later invoice; a correction of this invoice is "
+          "a credit note that names it.") % {"places": GPU_HOURS_PLACES},
+    ]
     title = _("Invoice")
-    note = _("Amounts are rounded once per invoice line to the currency's minor unit (round half to even); "
-             "the total is the sum of the rounded lines. Late usage for a month already invoiced appears as an "
-             "adjustment on a later invoice.")
-    strings = [title, note, *(s for pair in header for s in pair), *(c for row in table for c in row)]
-    font = cjk_font_name("".join(strings))
+    return _render(_Layout(title=f"{title} {doc.number}", subject=f"{doc.number} {doc.tenant_slug} {doc.month:%Y-%m}",
+                           author=doc.issuer_name, header=header, table=table,
+                           col_widths_mm=[38, 46, 20, 20, 20, 30], numeric_from=4, totals=3, notes=notes))
 
-    body = ParagraphStyle("body", fontName=font, fontSize=9, leading=12)
-    number_style = ParagraphStyle("number", parent=body, alignment=TA_RIGHT)
-    heading = ParagraphStyle("heading", fontName=font, fontSize=18, leading=22, spaceAfter=8)
-    buf = io.BytesIO()
-    pdf = SimpleDocTemplate(buf, pagesize=A4, title=f"{title} {doc.number}", author=doc.issuer_name,
-                            subject=f"{doc.number} {doc.tenant_slug} {doc.month:%Y-%m}",
-                            leftMargin=18 * mm, rightMargin=18 * mm, topMargin=18 * mm, bottomMargin=18 * mm)
-    head_table = Table([[Paragraph(escape(k), body), Paragraph(escape(v), body)] for k, v in header],
-                       colWidths=[40 * mm, 130 * mm])
-    head_table.setStyle(TableStyle([("VALIGN", (0, 0), (-1, -1), "TOP"), ("TEXTCOLOR", (0, 0), (0, -1), colors.grey)]))
-    lines_table = Table([[Paragraph(escape(c), number_style if i >= 4 else body) for i, c in enumerate(row)]
-                         for row in table],
-                        colWidths=[36 * mm, 46 * mm, 20 * mm, 20 * mm, 22 * mm, 30 * mm], repeatRows=1)
-    lines_table.setStyle(TableStyle([
-        ("LINEBELOW", (0, 0), (-1, 0), 0.6, colors.black),
-        ("LINEABOVE", (0, -1), (-1, -1), 0.6, colors.black),
-        ("VALIGN", (0, 0), (-1, -1), "TOP"),
-    ]))
-    story = [Paragraph(escape(title), heading), head_table, Spacer(1, 8 * mm), lines_table, Spacer(1, 6 * mm),
-             Paragraph(escape(note), body)]
-    pdf.build(story)
-    return buf.getvalue()
 
+def render_credit_note_pdf(note: CreditNoteDocument) -> bytes:
+    invoice = note.invoice
+    money = note.currency
+    header = [
+        *_issuer_rows(note.issuer_name, note.issuer_address, note.issuer_tax_id),
+        (_("Bill to"), f"{invoice.tenant_name} ({invoice.tenant_slug})"),
+        (_("Credit note number"), note.number),
+        (_("Issue date"), _day(note.issue_date)),
+        (_("Corrects invoice"), _("%(number)s, issued %(date)s") % {"number": invoice.number,
+                                                                      "date": _day(invoice.issue_date)}),
+        (_("Billing period"), f"{invoice.month:%Y-%m}"),
+        (_("PO number"), invoice.po_number or "—"),
+        (_("Cost centre"), invoice.cost_centre or "—"),
+        (_("Currency"), money),
+        (_("Reason"), note.reason),
+    ]
+    table = [
+        [_("Description"), _("Amount")],
+        [_("Credit against invoice %(number)s") % {"number": invoice.number},
+         f"-{format_minor_units(note.amount_minor, money)}"],
+        [tax_label(invoice.tax_rate_pct), f"-{format_minor_units(note.tax_minor, money)}"],
+        [_("Total credited"), f"-{format_minor_units(note.total_minor, money)} {money}"],
+    ]
+    notes = [_("This credit note reduces the amount due on invoice %(number)s by the total credited. It is a "
+               "document of its own: it is never changed, and a further correction is a further credit note.")
+             % {"number": invoice.number}]
+    title = _("Credit note")
+    return _render(_Layout(title=f"{title} {note.number}", subject=f"{note.number} {invoice.number}",
+                           author=note.issuer_name, header=header, table=table, col_widths_mm=[134, 40],
+                           numeric_from=1, totals=1, notes=notes))

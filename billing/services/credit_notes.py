@@ -1,0 +1,169 @@
+"""Credit notes: the correction of an issued invoice, as its own document (DESIGN §4).
+
+A credit note credits a net amount of one finalized invoice, with the tax on it at the invoice's
+rate, for a stated reason. It is numbered in its own sequence, CN-YYYY-NNNN by the year of issue
+(gapless: numbers are taken under a table lock), and immutable once written (the database refuses
+an update or a delete, migration 0019). An invoice's credit notes never exceed it: their net
+amounts add up to at most its subtotal and their tax to at most its tax. Each credit's tax is
+rounded once on its net (billing.services.invoicing.tax_minor_units), capped at the tax still
+uncredited, and the credit that takes the last of the net takes the last of the tax, so crediting
+an invoice in full, in any number of parts, credits exactly its total.
+
+Late usage for a month already invoiced is still an adjustment line on the next invoice
+(billing.services.invoicing): it is the ledger catching up, found by the close, not a decision.
+A credit note is a person's decision about an issued invoice (a dispute, an outage credit, a
+mistaken rate) and is audited as one.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from decimal import Decimal, InvalidOperation
+
+from django.db import connection, transaction
+from django.db.models import Sum
+from django.utils.translation import gettext
+
+from billing.errors import InvalidInput
+from billing.models import CreditNote, Invoice
+from billing.money import format_minor_units, minor_unit_exponent
+from billing.services.audit import record_audit_event
+from billing.services.invoicing import current_issuer, tax_minor_units
+
+__all__ = ["REASON_MAX_CHARS", "CreditNoteIssued", "CreditRoom", "credit_tax_minor", "get_credit_room",
+           "issue_credit_note", "parse_credit_amount"]
+
+REASON_MAX_CHARS = 500
+
+
+@dataclass(frozen=True)
+class CreditRoom:
+    """What is left to credit on an invoice, in minor units: net (of its subtotal) and tax."""
+
+    currency: str
+    net_minor: int
+    tax_minor: int
+
+    @property
+    def net_display(self) -> str:
+        return format_minor_units(max(self.net_minor, 0), self.currency)
+
+
+@dataclass(frozen=True)
+class CreditNoteIssued:
+    number: str
+    invoice_number: str
+    currency: str
+    amount_minor: int
+    tax_minor: int
+    total_minor: int
+
+
+def _credited(invoice: Invoice) -> tuple[int, int]:
+    sums = invoice.credit_notes.aggregate(net=Sum("amount_minor"), tax=Sum("tax_minor"))
+    return int(sums["net"] or 0), int(sums["tax"] or 0)
+
+
+def _room(invoice: Invoice) -> CreditRoom:
+    net, tax = _credited(invoice)
+    return CreditRoom(currency=invoice.currency, net_minor=invoice.subtotal_minor - net,
+                      tax_minor=invoice.tax_minor - tax)
+
+
+def credit_tax_minor(*, amount_minor: int, room: CreditRoom, rate_pct: Decimal) -> int:
+    """The tax a credit of `amount_minor` (net, 0 < amount <= room.net_minor) credits: rounded once on
+    its net, at most the tax still uncredited, and all of it when the credit takes the last of the
+    net. So the credits of an invoice never exceed its tax, and crediting it in full credits its
+    tax exactly, however it is split."""
+    if amount_minor == room.net_minor:
+        return room.tax_minor
+    return min(tax_minor_units(amount_minor, rate_pct, room.currency), room.tax_minor)
+
+
+def get_credit_room(*, invoice_number: str) -> CreditRoom:
+    """What may still be credited on a finalized invoice (refused for a draft or an unknown one)."""
+    return _room(_finalized_invoice(invoice_number))
+
+
+def _finalized_invoice(number: str) -> Invoice:
+    invoice = Invoice.objects.filter(number=number).first()
+    if invoice is None:
+        raise InvalidInput(gettext("There is no invoice %(number)s.") % {"number": number})
+    if invoice.status != Invoice.Status.FINALIZED:
+        raise InvalidInput(gettext("Invoice %(number)s is a draft: only an issued invoice can be credited.")
+                           % {"number": number})
+    return invoice
+
+
+def parse_credit_amount(text: str, currency: str) -> int:
+    """A net amount typed in major units ("12.5", "12.50") as positive minor units; refused with
+    the reason when it is not a number, not above zero, or finer than the currency's minor unit."""
+    places = minor_unit_exponent(currency)
+    try:
+        amount = Decimal(text.strip().replace(",", ""))
+    except InvalidOperation:
+        raise InvalidInput(gettext("The amount %(text)s is not a number; write it like 12.50.")
+                           % {"text": repr(text)}) from None
+    if not amount.is_finite() or amount <= 0:
+        raise InvalidInput(gettext("The amount must be more than zero."))
+    minor = amount.scaleb(places)
+    if minor != minor.to_integral_value():
+        raise InvalidInput(gettext("The amount %(text)s has more decimals than %(currency)s has (%(places)s).")
+                           % {"text": text.strip(), "currency": currency, "places": places})
+    return int(minor)
+
+
+def _next_number(year: int) -> str:
+    """CN-YYYY-NNNN: one more than the year's highest (the caller holds the table lock)."""
+    prefix = f"CN-{year:04d}-"
+    numbers = CreditNote.objects.filter(number__startswith=prefix).values_list("number", flat=True)
+    highest = max((int(n.removeprefix(prefix)) for n in numbers), default=0)
+    return f"{prefix}{highest + 1:04d}"
+
+
+def issue_credit_note(
+    *, invoice_number: str, amount_text: str, reason: str, now: datetime, actor_label: str,
+    actor_id: int | None = None,
+) -> CreditNoteIssued:
+    """Issue a credit note of `amount_text` (net, major units) on a finalized invoice, for `reason`,
+    numbered, audited (`credit_note.issued`) and written in one transaction. Refused (InvalidInput,
+    nothing written) for an unknown or draft invoice, an amount that is not a positive amount of
+    the invoice's currency or exceeds what is left to credit, or an empty or overlong reason."""
+    reason = reason.strip()
+    if not reason:
+        raise InvalidInput(gettext("Give the reason for the credit note; it is printed on it."))
+    if len(reason) > REASON_MAX_CHARS:
+        raise InvalidInput(gettext("The reason is %(n)s characters long; at most %(max)s fit on the credit note.")
+                           % {"n": len(reason), "max": REASON_MAX_CHARS})
+    with transaction.atomic():
+        # One credit note at a time, fleet-wide: its number is gapless and its invoice's room exact.
+        with connection.cursor() as cursor:
+            cursor.execute("LOCK TABLE billing_creditnote IN EXCLUSIVE MODE")
+        invoice = _finalized_invoice(invoice_number)
+        amount_minor = parse_credit_amount(amount_text, invoice.currency)
+        room = _room(invoice)
+        if amount_minor > room.net_minor:
+            left = room.net_display
+            raise InvalidInput(gettext("A credit note of %(amount)s %(currency)s exceeds what is left to credit on "
+                                       "%(number)s: %(left)s %(currency)s (net, before tax).")
+                               % {"amount": format_minor_units(amount_minor, invoice.currency),
+                                  "currency": invoice.currency, "number": invoice.number, "left": left})
+        tax_minor = credit_tax_minor(amount_minor=amount_minor, room=room, rate_pct=invoice.tax_rate_pct)
+        issuer = current_issuer()
+        note = CreditNote.objects.create(
+            number=_next_number(now.astimezone(UTC).year), invoice=invoice, currency=invoice.currency,
+            amount_minor=amount_minor, tax_minor=tax_minor, total_minor=amount_minor + tax_minor, reason=reason,
+            issued_at=now, issue_date=now.astimezone(UTC).date(), issued_by_id=actor_id, issued_by_label=actor_label,
+            issuer_name=issuer.name, issuer_address=issuer.address, issuer_tax_id=issuer.tax_id,
+        )
+        record_audit_event(
+            at=now, actor_id=actor_id, actor_label=actor_label, action="credit_note.issued",
+            object_type="credit_note", object_id=note.number, before=None,
+            after={"invoice": invoice.number, "amount": format_minor_units(amount_minor, invoice.currency),
+                   "tax": format_minor_units(tax_minor, invoice.currency),
+                   "total": format_minor_units(note.total_minor, invoice.currency),
+                   "currency": invoice.currency, "reason": reason},
+        )
+    return CreditNoteIssued(number=note.number, invoice_number=invoice.number, currency=note.currency,
+                            amount_minor=note.amount_minor, tax_minor=note.tax_minor, total_minor=note.total_minor)
