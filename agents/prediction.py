@@ -58,7 +58,6 @@ __all__ = [
 # The rate the shipped margins were fitted for (docs/prediction.md, "Calibration").
 DEFAULT_UNDERPREDICTION_TARGET = 0.05
 LOOKAHEAD_S = 2.0  # the longest horizon: a forecast is checked against the use read over the next 2 s
-_MAX_STEPS = round(LOOKAHEAD_S / STEP_S) * 2  # samples interpolated after a gap, at most (twice the look-ahead)
 # ``vgpu-agent run --predictor``: "lstm" is the calibrated default (memory: the LSTM, SMs: last value +
 # margin, ``allocator.predict.DEFAULT_KIND``); the baselines use that kind for both resources.
 PREDICTOR_CHOICES = ("lstm", "last-value", "ewma", "holt", "current-use")
@@ -163,16 +162,12 @@ class WorkloadPredictors:
         if not (math.isfinite(model_sm_count) and model_sm_count > 0):
             raise ValueError(f"model_sm_count must be finite and > 0, got {model_sm_count!r}")
         self._gpus: Mapping[str, GpuInfo] = {g.uuid: g for g in gpus}
-        self._factories: dict[Resource, PredictorFactory] = {"memory_mb": memory, "sm": sm}
+        self._factories = {"memory_mb": memory, "sm": sm}
         self._model_sm = float(model_sm_count)
         self._calibration = calibration if calibration is not None else Calibration()
         self._origin: datetime | None = None
         self._states: dict[tuple[str, str], _State] = {}
         self._lock = threading.Lock()
-        # One predictor of each resource now, thrown away: what they prepare once per process (the
-        # LSTM's compiled forward) is then ready when the agent starts, not inside its first tick.
-        for resource, factory in self._factories.items():
-            factory(resource)
 
     @property
     def calibration(self) -> Calibration:
@@ -265,13 +260,14 @@ class WorkloadPredictors:
         self._check(track, value=value, at_s=at_s, capacity=capacity)
         scaled = value * scale
         if track.last_value is None or track.last_at_s is None:
-            track.predictor.observe_many((scaled,))
+            track.predictor.observe(scaled)
         else:
             # One sample per STEP_S since the last reading, on the line from it to this one.
-            steps = max(1, min(round((at_s - track.last_at_s) / STEP_S), _MAX_STEPS))
+            steps = max(1, min(round((at_s - track.last_at_s) / STEP_S), round(LOOKAHEAD_S / STEP_S) * 2))
             previous = track.last_value * scale
-            rise = scaled - previous
-            track.predictor.observe_many([previous + rise * i / steps for i in range(1, steps + 1)])
+            rise, observe = scaled - previous, track.predictor.observe
+            for i in range(1, steps + 1):
+                observe(previous + rise * i / steps)
         track.last_value, track.last_at_s = value, at_s
 
     def _finish(self, track: _Track, peak: PeakForecast, *, at_s: float, scale: float, capacity: float) -> float:

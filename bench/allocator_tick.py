@@ -27,8 +27,7 @@ pool of 64 different inputs per size is cycled through, so no tick repeats the p
 
 Wall time (perf_counter) and the thread's CPU time (thread_time) are recorded per tick: on a
 shared machine the wall-clock tail is mostly time spent descheduled, the CPU time is what
-the tick costs. A third table times the batched LSTM pass alone (``predict_peaks`` over one
-memory LSTM per workload, fed the pool's readings), and a fourth the water-filling of one resource in plain Python
+the tick costs. A third table times the water-filling of one resource in plain Python
 against the same algorithm in numpy, on the same inputs, to back the choice of loops.
 
 A benchmark is not a test: it reports numbers and never fails on speed. ``--write-docs``
@@ -73,7 +72,6 @@ from allocator import (  # noqa: E402
     WorkloadState,
     allocate_gpu,
 )
-from allocator import predict as peak_prediction  # noqa: E402
 from allocator.fairshare import _water_fill  # noqa: E402  (the private kernel, timed on its own)
 
 DOCS = ROOT / "docs" / "allocation.md"
@@ -252,7 +250,6 @@ def run_benchmark(
         "allocate_gpu": [],
         "agent round": [],
         **{f"agent round + {name}": [] for name in PREDICTORS},
-        "lstm pass": [],
         "python": [],
         "numpy": [],
     }
@@ -276,7 +273,6 @@ def run_benchmark(
                 (n, measure(_predicted_round(pool, name, agent_policy, now), predictor_ticks))
             )
         _check_batched_equals_one_by_one(pool, agent_policy, now, n=n)
-        results["lstm pass"].append((n, measure(_lstm_pass(pool), predictor_ticks)))
 
         fills = [
             ([s.current.sm * 1.2 for s in t.states], [s.weight for s in t.states]) for t in pool
@@ -330,26 +326,6 @@ def _predicted_round(pool: list[Tick], name: str, policy: Policy, start: datetim
         if observer is not None:
             observer.observe(grants=result.grants, readings=tick.readings)
         return result
-
-    return run
-
-
-def _lstm_pass(pool: list[Tick]) -> Callable[[int], object]:
-    """The batched LSTM pass alone: ``predict_peaks`` over one memory LSTM per workload (windows → forecasts),
-    each fed the pool's memory readings as the agent feeds them (five samples per 500 ms reading)."""
-    steps = round(TICK_S / 0.1)
-    predictors: list[peak_prediction.PeakPredictor] = [
-        peak_prediction.make_predictor("lstm", "memory_mb") for _ in pool[0].readings
-    ]
-    previous = [r.mem_used_mb for r in pool[0].readings]
-    for tick in pool[1:]:
-        for k, (p, r) in enumerate(zip(predictors, tick.readings, strict=True)):
-            rise = r.mem_used_mb - previous[k]
-            p.observe_many([previous[k] + rise * i / steps for i in range(1, steps + 1)])
-            previous[k] = r.mem_used_mb
-
-    def run(_i: int) -> object:
-        return peak_prediction.predict_peaks(predictors)
 
     return run
 
@@ -472,12 +448,6 @@ def render(
         "predictor asked reading by reading, as before the batched pass (same run, same inputs):",
         "",
         *prediction_table(results),
-        "",
-        "The batched LSTM pass alone (`predict_peaks` over one memory LSTM per workload: windows →",
-        "forecasts, the compiled forward included, no agent bookkeeping), same run:",
-        "",
-        *_HEADER,
-        *(_row(n, "lstm pass", t) for n, t in results["lstm pass"]),
         "",
         "Water-filling of one resource (the SM burst phase, same inputs), plain Python against numpy:",
         "",

@@ -28,6 +28,7 @@ import requests
 from billing.ledger.models import GpuHour, UsageHour
 from billing.models import Gpu, Node
 from billing.scope import FINANCE_GROUP
+from billing.services.exports import GPU_HOURS_PLACES
 from tests import clock
 from tests.conftest import user_in, with_day
 from tests.demo_process import Demo, demo_environment, running_demo
@@ -251,6 +252,12 @@ def _check_csv(name: str, rows: list[list[str]]) -> str:
         return "portal-workloads"
     if name.endswith("-focus-1.3.csv"):
         return "focus"
+    if re.fullmatch(r"CN-\d{4}-\d+\.csv", name):
+        _check_credit_note_csv(name, records)
+        return "credit-note"
+    if re.fullmatch(r"paired-report-\d+\.csv", name):
+        _check_savings_csv(name, records)
+        return "savings"
     if re.fullmatch(r"[a-z0-9-]+-upcoming-\d{4}-\d{2}\.csv|VGL-.*\.csv", name):
         _check_invoice_csv(name, records)
         return "invoice"
@@ -280,13 +287,46 @@ def _check_sum_row(name: str, records: list[dict[str, str]], key: str, money: li
 
 
 def _check_invoice_csv(name: str, records: list[dict[str, str]]) -> None:
-    *lines, total = records
-    assert total["line"] == "total", name
+    """Lines add to the subtotal row, subtotal + tax to the total row (the upcoming invoice's CSV
+    has no subtotal row when there is no tax: its lines add to the total)."""
+    by_label = {r["line"]: r for r in records if r["line"] in {"subtotal", "tax", "total"}}
+    lines = [r for r in records if r["line"] not in by_label]
+    total = by_label["total"]
     for r in lines:
-        _exact(r["gpu_hours"], QUANTITY_DECIMALS, f"{name} gpu_hours")
+        if r["gpu_hours"]:
+            _exact(r["gpu_hours"], GPU_HOURS_PLACES, f"{name} gpu_hours")
         assert _money(r, "amount", name) == Decimal(int(r["amount_minor"])).scaleb(-MINOR_DECIMALS[r["currency"]])
-    assert sum(int(r["amount_minor"]) for r in lines) == int(total["amount_minor"]), name
-    assert sum((_money(r, "amount", name) for r in lines), Decimal(0)) == _money(total, "amount", name), name
+    lines_minor = sum(int(r["amount_minor"]) for r in lines)
+    lines_major = sum((_money(r, "amount", name) for r in lines), Decimal(0))
+    if "subtotal" in by_label:
+        assert lines_minor == int(by_label["subtotal"]["amount_minor"]), f"{name}: lines ≠ subtotal"
+        assert lines_major == _money(by_label["subtotal"], "amount", name), f"{name}: lines ≠ subtotal"
+    tax = by_label.get("tax")
+    tax_minor, tax_major = (int(tax["amount_minor"]), _money(tax, "amount", name)) if tax else (0, Decimal(0))
+    assert lines_minor + tax_minor == int(total["amount_minor"]), f"{name}: lines + tax ≠ total"
+    assert lines_major + tax_major == _money(total, "amount", name), f"{name}: lines + tax ≠ total"
+
+
+def _check_credit_note_csv(name: str, records: list[dict[str, str]]) -> None:
+    """Net + tax = total, in minor units and as written with the currency's decimals."""
+    for r in records:
+        assert int(r["amount_minor"]) + int(r["tax_minor"]) == int(r["total_minor"]), name
+        assert _money(r, "amount", name) + _money(r, "tax", name) == _money(r, "total", name), name
+
+
+def _check_savings_csv(name: str, records: list[dict[str, str]]) -> None:
+    """Each section's rows add to its "Fleet cost" row (its last), saving = whole-card − dynamic per
+    row, every amount with the currency's decimals."""
+    for section in ("fleet", "chargeback"):
+        *rows, total = [r for r in records if r["section"] == section]
+        for column in ("whole_card", "dynamic", "saving"):
+            cells = [_money(r, column, f"{name} {r['row']}") for r in rows]
+            assert sum(cells, Decimal(0)) == _money(total, column, name), f"{name} {section} {column}"
+        for r in [*rows, total]:
+            assert _money(r, "whole_card", name) - _money(r, "dynamic", name) == _money(r, "saving", name), r
+    for r in records:
+        if r["section"] == "paired_test" and r["currency"] and r["saving"]:
+            _money(r, "saving", name)
 
 
 def _check_focus_matches_invoice(walk: Walk) -> int:
@@ -296,7 +336,7 @@ def _check_focus_matches_invoice(walk: Walk) -> int:
                  and not n.endswith("-focus-1.3.csv")}
     checked = 0
     for name, rows in walk.csvs.values():
-        if not name.endswith("-focus-1.3.csv"):
+        if not (name.startswith("VGL-") and name.endswith("-focus-1.3.csv")):
             continue
         header, *body = rows
         billed = sum((Decimal(dict(zip(header, r, strict=True))["BilledCost"]) for r in body), Decimal(0))

@@ -23,7 +23,7 @@ from allocator.predict._forecast import (
     finish_forecast,
     horizon_steps,
     validate_margins,
-    validate_observations,
+    validate_observation,
 )
 
 __all__ = [
@@ -53,12 +53,7 @@ class LastValuePredictor:
         self._last: float | None = None
 
     def observe(self, value: float) -> None:
-        self.observe_many((value,))
-
-    def observe_many(self, values: Sequence[float]) -> None:
-        checked = validate_observations(values)
-        if checked:
-            self._last = checked[-1]
+        self._last = validate_observation(value)
 
     def predict(self) -> PeakForecast:
         last = 0.0 if self._last is None else self._last
@@ -75,11 +70,8 @@ class EwmaPredictor:
         self._level: float | None = None
 
     def observe(self, value: float) -> None:
-        self.observe_many((value,))
-
-    def observe_many(self, values: Sequence[float]) -> None:
-        for value in validate_observations(values):
-            self._level = value if self._level is None else self.alpha * value + (1.0 - self.alpha) * self._level
+        value = validate_observation(value)
+        self._level = value if self._level is None else self.alpha * value + (1.0 - self.alpha) * self._level
 
     def predict(self) -> PeakForecast:
         level = 0.0 if self._level is None else self._level
@@ -108,19 +100,16 @@ class HoltPredictor:
         self._trend = 0.0
 
     def observe(self, value: float) -> None:
-        self.observe_many((value,))
-
-    def observe_many(self, values: Sequence[float]) -> None:
-        for value in validate_observations(values):
-            if self._seen == 0:
-                self._level, self._trend = value, 0.0
-            elif self._seen == 1:
-                self._level, self._trend = value, value - self._level
-            else:
-                level = self.alpha * value + (1.0 - self.alpha) * (self._level + self._trend)
-                self._trend = self.beta * (level - self._level) + (1.0 - self.beta) * self._trend
-                self._level = level
-            self._seen += 1
+        value = validate_observation(value)
+        if self._seen == 0:
+            self._level, self._trend = value, 0.0
+        elif self._seen == 1:
+            self._level, self._trend = value, value - self._level
+        else:
+            level = self.alpha * value + (1.0 - self.alpha) * (self._level + self._trend)
+            self._trend = self.beta * (level - self._level) + (1.0 - self.beta) * self._trend
+            self._level = level
+        self._seen += 1
 
     def predict(self) -> PeakForecast:
         points = [self._level + max(self._trend, h * self._trend) for h in self._steps]

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal, Protocol
@@ -19,14 +18,12 @@ __all__ = [
     "PredictorKind",
     "Resource",
     "horizon_steps",
-    "validate_observations",
 ]
 
 FloatArray = npt.NDArray[np.float64]
 
 STEP_S = 0.1  # one observation per 100 ms
 HORIZONS_S = (0.5, 1.0, 2.0)
-_MAX = sys.float_info.max
 Resource = Literal["memory_mb", "sm"]
 PredictorKind = Literal["last_value", "ewma", "holt", "lstm"]
 
@@ -47,10 +44,6 @@ class PeakPredictor(Protocol):
     """Fed one sample every ``STEP_S`` seconds; forecasts the peak over (t, t + h]."""
 
     def observe(self, value: float) -> None: ...
-
-    def observe_many(self, values: Sequence[float]) -> None:
-        """``observe`` each of ``values`` in turn (one call for the samples between two readings)."""
-        ...
 
     def predict(self) -> PeakForecast: ...
 
@@ -80,15 +73,6 @@ def validate_observation(value: float) -> float:
     if not math.isfinite(value) or value < 0:
         raise ValueError(f"observed value must be finite and >= 0, got {value!r}")
     return value
-
-
-def validate_observations(values: Sequence[float]) -> list[float]:
-    """:func:`validate_observation` of each value, in one comparison per value when all are fine."""
-    out = list(map(float, values))
-    for value in out:
-        if not 0.0 <= value <= _MAX:  # NaN, ±inf and negatives all fail this
-            validate_observation(value)  # raises with the message
-    return out
 
 
 def validate_margins(margins: Sequence[float], capacity: float) -> tuple[float, float, float]:

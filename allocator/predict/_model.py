@@ -24,7 +24,7 @@ from allocator.predict._forecast import (
     Resource,
     finish_forecast,
     validate_margins,
-    validate_observations,
+    validate_observation,
 )
 from allocator.predict._lstm import LstmInference, LstmParams, lstm_forward
 
@@ -104,6 +104,16 @@ def lstm_point_forecasts(
     return out
 
 
+def window_features_time_major(windows: FloatArray, mean: float, std: float) -> FloatArray:
+    """:func:`window_features` laid out for :class:`LstmInference`: (batch, window + 1) → (window, 3, batch)."""
+    x = np.asarray(windows, dtype=np.float64).T
+    out = np.empty((x.shape[0] - 1, 3, x.shape[1]))
+    out[:, 0] = (x[1:] - x[-1:]) / std
+    out[:, 1] = (x[1:] - x[:-1]) / std
+    out[:, 2] = (x[1:] - mean) / std
+    return out
+
+
 _INFERENCE_CACHE = 16  # models whose inference layout is kept: a process loads one bundle, tests a few
 _inference_cache: dict[int, tuple[LstmParams, LstmInference]] = {}
 
@@ -143,10 +153,7 @@ class LstmPredictor:
         self._inference = _inference(model.lstm)
 
     def observe(self, value: float) -> None:
-        self.observe_many((value,))
-
-    def observe_many(self, values: Sequence[float]) -> None:
-        self._history.extend(validate_observations(values))
+        self._history.append(validate_observation(value))
 
     def predict(self) -> PeakForecast:
         if not self._history:
@@ -174,8 +181,9 @@ class LstmPredictor:
                 values = list(predictors[k]._history)
                 rows.append([values[0]] * (size - len(values)) + values if len(values) < size else values)
             windows = np.array(rows, dtype=np.float64)
-            head = slice(3, 6) if first._upper else slice(0, 3)
-            points = first._inference.forecasts(windows, mean=model.mean, std=model.std, head=head)
+            y = first._inference.forward(window_features_time_major(windows, model.mean, model.std))
+            head = y[3:6] if first._upper else y[0:3]
+            points = windows[:, -1:] + model.std * head.T
             for k, row in zip(members, points.tolist(), strict=True):
                 p = predictors[k]
                 out[k] = finish_forecast(row, p._margins, p._model.capacity)

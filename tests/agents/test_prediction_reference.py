@@ -1,7 +1,8 @@
-"""The agent's predictions and grants equal those of the implementation before the compiled LSTM.
+"""The agent's predictions and grants are pinned: a change to the predictors' hot path (batching,
+compiling, vectorised bookkeeping) must reproduce them.
 
-``fixtures/prediction_reference.json`` was written by :func:`drive` run against the code before the
-tick-latency work of issue 15 (numpy LSTM, per-sample predictor bookkeeping), with
+``fixtures/prediction_reference.json`` was written by :func:`drive` (numpy LSTM, per-sample
+predictor bookkeeping), with
 
     python -m tests.agents.test_prediction_reference > tests/agents/fixtures/prediction_reference.json
 

@@ -34,9 +34,7 @@ from allocator.predict import (
 )
 from allocator.predict._baselines import ewma_peak_forecasts, holt_peak_forecasts, last_value_peak_forecasts
 from allocator.predict._evaluation import Origins, peak_targets, point_forecasts, score
-from allocator.predict._kernel import tanh_into
 from allocator.predict._lstm import LstmInference, LstmParams, lstm_backward, lstm_forward, lstm_init, pinball_loss
-from allocator.predict._model import window_features
 from allocator.predict._training import TrainingConfig, train_lstm
 
 # ---------------------------------------------------------------- LSTM maths
@@ -361,33 +359,16 @@ def test_shipped_model_predicts_finite_non_negative_peaks(resource: str) -> None
 
 
 @pytest.mark.parametrize("hidden", [1, 5, 24])
-def test_compiled_inference_equals_lstm_forward_on_window_features(hidden: int) -> None:
+def test_inference_forward_equals_lstm_forward(hidden: int) -> None:
     rng = np.random.default_rng(hidden)
     params = lstm_init(features=3, hidden=hidden, outputs=6, rng=rng)
     params = params.map(lambda a: a + rng.normal(0, 0.3, size=a.shape))  # not only the initial biases
-    windows = rng.uniform(0.0, 80_000.0, size=(11, 10))  # (batch, steps + 1), far from the mean and near it
-    mean, std = 40_000.0, 9_000.0
-    y, _ = lstm_forward(params, window_features(windows, mean, std))
-    inference = LstmInference(params)
-    for head in (slice(0, 3), slice(3, 6), slice(0, 6)):
-        expected = windows[:, -1:] + std * y[:, head]
-        got = inference.forecasts(windows, mean=mean, std=std, head=head)
-        np.testing.assert_allclose(got, expected, rtol=1e-12, atol=1e-9)
-        single = inference.forecasts(windows[:1], mean=mean, std=std, head=head)
-        np.testing.assert_allclose(single, expected[:1], rtol=1e-12, atol=1e-9)
-
-
-def test_the_kernels_tanh_is_libms_to_a_few_ulps() -> None:
-    """Double precision over the whole line: saturation, the middle, and tiny values (no cancellation)."""
-    values = np.concatenate(
-        [np.linspace(-40.0, 40.0, 20_001), np.geomspace(1e-300, 1.0, 5_001), -np.geomspace(1e-300, 1.0, 501)]
-    )
-    values = np.concatenate([values, [0.0, 19.0, 19.1, 20.0, 1e300, math.inf, -math.inf]])
-    got = np.empty_like(values)
-    tanh_into(values, got)
-    expected = np.tanh(values)
-    np.testing.assert_allclose(got, expected, rtol=1e-15, atol=0.0)
-    assert np.all(np.abs(got) <= 1.0)
+    x = rng.normal(size=(11, 9, 3))  # (batch, steps, features)
+    expected, _ = lstm_forward(params, x)
+    got = LstmInference(params).forward(np.ascontiguousarray(x.transpose(1, 2, 0)))
+    np.testing.assert_allclose(got.T, expected, rtol=1e-12, atol=1e-14)
+    single = LstmInference(params).forward(np.ascontiguousarray(x[:1].transpose(1, 2, 0)))
+    np.testing.assert_allclose(single.T, expected[:1], rtol=1e-12, atol=1e-14)
 
 
 def test_batched_predictions_equal_one_at_a_time() -> None:
