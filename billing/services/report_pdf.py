@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
 from typing import Any
 
+from django.utils.formats import date_format
 from django.utils.translation import gettext as _
 
 from billing.models import PairedReport
@@ -227,7 +228,8 @@ def period_text(report: PairedReport) -> str:
     """"2026-11-20 – 2026-12-01 (UTC, both days included)": the last day the user asked for, not the
     instant after it that the report stores."""
     return _("%(start)s – %(last)s (UTC, both days included)") % {
-        "start": f"{report.period_start:%Y-%m-%d}", "last": f"{report.last_day:%Y-%m-%d}"}
+        "start": date_format(report.period_start.date(), "DATE_FORMAT"),
+        "last": date_format(report.last_day, "DATE_FORMAT")}
 
 
 def _comparison_cells(rows: tuple[CostComparison, ...], currency: str) -> list[list[str]]:

@@ -265,7 +265,7 @@ def test_invoice_and_credit_note_pdfs_in_simplified_chinese_embed_every_glyph_th
                                  tmp_path).text
         note_text = check_pdf(export_credit_note(scope=EVERYONE, number=issued.number, fmt="pdf").content,
                               tmp_path).text
-    for shown in ("开具日期2026-12-02", "到期日2027-01-01", "30 天内付款", "税额（20 %）", "开票方Issuer Ltd"):
+    for shown in ("开具日期2026年12月2日", "到期日2027年1月1日", "30 天内付款", "税额（20 %）", "开票方Issuer Ltd"):
         assert shown in invoice_text, shown
     for shown in ("贷项通知单 CN-2026-0001", "更正的发票VGL-202611-acme", "贷记总额-3.60 USD", "星河 GPU Cloud Ltd"):
         assert shown in note_text, shown

@@ -75,7 +75,7 @@ def test_finance_downloads_an_invoice_and_issues_and_downloads_a_credit_note(sig
         for shown in (ISSUER, ISSUER_TAX_ID, ACME_PO, ACME_COST_CENTRE, words["terms"]):
             expect(terms).to_contain_text(shown)
         issue_date = page.get_by_test_id("issue-date").inner_text()
-        assert re.fullmatch(r"\d{4}-\d{2}-\d{2}", issue_date), issue_date
+        assert re.fullmatch(r"\d{4}-\d{2}-\d{2}|\d{4}年\d{1,2}月\d{1,2}日", issue_date), issue_date
         s.shot(f"invoice-detail-{language}")
 
         invoice = _download_pdf(page, page.locator(f"a[href='/invoices/{number}.pdf']").first, tmp_path)

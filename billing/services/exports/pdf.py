@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from datetime import date, timedelta
 from decimal import Decimal
 
+from django.utils.formats import date_format
 from django.utils.translation import gettext as _
 
 from billing.models import InvoiceLine
@@ -27,7 +28,8 @@ def tax_label(rate_pct: Decimal) -> str:
 
 
 def _day(value: date | None) -> str:
-    return f"{value:%Y-%m-%d}" if value else "—"
+    # The reader's date format, as the pages write it (config/formats).
+    return date_format(value, "DATE_FORMAT") if value else "—"
 
 
 def _issuer_rows(name: str, address: str, tax_id: str) -> list[tuple[str, str]]:
@@ -102,9 +104,10 @@ def render_invoice_pdf(doc: InvoiceDocument) -> bytes:
         (_("Payment terms"), _terms_text(doc.payment_terms_days)),
         (_("PO number"), doc.po_number or "—"),
         (_("Cost centre"), doc.cost_centre or "—"),
-        (_("Billing period"), f"{start:%Y-%m-%d} – {end - timedelta(days=1):%Y-%m-%d} (UTC)"),
+        (_("Billing period"), f"{_day(start)} – {_day(end - timedelta(days=1))} (UTC)"),
         (_("Currency"), money),
-        (_("Status"), doc.status_label + (f" {doc.finalized_at:%Y-%m-%d %H:%M} UTC" if doc.finalized_at else "")),
+        (_("Status"), doc.status_label + (f" {date_format(doc.finalized_at, 'DATETIME_FORMAT')} UTC"
+                                           if doc.finalized_at else "")),
     ]
     table = [[_("Line"), _("GPU model"), _("SLA tier"), _("Usage month"), _("GPU-hours"), _("Amount")]]
     for line in doc.lines:
