@@ -5,18 +5,14 @@ downloads the credit note's PDF; both PDFs pass qpdf with every font embedded an
 
 from __future__ import annotations
 
-import os
 import re
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from playwright.sync_api import expect
 
-from tests.demo_process import Demo, demo_environment, running_demo
 from tests.pdf_check import check_pdf
 
-# The demo starts inside the first test (its fixture): minutes on shared CPUs.
 pytestmark = [pytest.mark.browser, pytest.mark.timeout(1800)]
 
 # What the demo configures (config/demo.py, billing/services/demo.py DEMO_INVOICE_TERMS).
@@ -29,22 +25,6 @@ LABELS = {
     "zh-hans": {"issue": "开具日期", "due": "到期日", "terms": "30 天内付款", "tax": "税额（20 %）",
                 "credit_title": "贷项通知单", "corrects": "更正的发票", "issued": "已针对"},
 }
-
-
-@pytest.fixture(scope="session")
-def demo(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Demo]:
-    """tests/browser/conftest.py's demo, with patience for a loaded machine: the demo migrates a
-    fresh database and simulates its history before the first page (minutes when the CPUs are
-    shared); VGPU_BROWSER_DEMO_STARTUP_S (default 600) bounds the wait."""
-    patience = float(os.environ.get("VGPU_BROWSER_DEMO_STARTUP_S", "600"))
-    data = tmp_path_factory.mktemp("invoices-demo")
-    days = int(os.environ.get("VGPU_BROWSER_HISTORY_DAYS", "2"))
-    with demo_environment(data, name=f"vgpu_browser_invoices_{os.getpid()}", redis_db=12,
-                          history_days=days) as env:
-        env.setdefault("VGPU_DEMO_HEALTHY_TIMEOUT_S", str(patience))
-        with running_demo(env, startup_timeout_s=patience) as running:
-            running.wait_for_history(timeout_s=patience)
-            yield running
 
 
 def _set_language(page, language: str) -> None:
