@@ -234,3 +234,29 @@ class BatchGpu(models.Model):
 
     def __str__(self) -> str:
         return f"{self.gpu_uuid} in batch {self.batch_id}"
+
+
+class WorkloadMeta(models.Model):
+    """What Kubernetes says about a workload beyond the ledger's key (namespace, pod, pod UID):
+    the controller that owns its pod and the pod labels the agent's allow-list names (optional
+    per-sample batch fields). One row per pod, upserted at ingest, never per sample, so the
+    ledgers stay narrow and a query grouping by controller or label joins this small table on
+    the ledger's own key. `last_seen` moves with each batch that reports the pod; a pod's labels
+    are those it last reported."""
+
+    namespace = models.CharField(max_length=253)
+    pod = models.CharField(max_length=253)
+    pod_uid = models.CharField(max_length=64)
+    controller_kind = models.CharField(max_length=63, blank=True, default="")
+    controller_name = models.CharField(max_length=253, blank=True, default="")
+    labels = models.JSONField(default=dict)
+    first_seen = models.DateTimeField()
+    last_seen = models.DateTimeField()
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["namespace", "pod", "pod_uid"], name="workload_meta_key")]
+        indexes = [models.Index(fields=["controller_kind", "controller_name"], name="workload_meta_controller_idx")]
+
+    def __str__(self) -> str:
+        owner = f"{self.controller_kind}/{self.controller_name}" if self.controller_kind else "-"
+        return f"{self.namespace}/{self.pod} ({owner})"

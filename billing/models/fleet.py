@@ -18,6 +18,9 @@ class Node(models.Model):
     name = models.CharField(max_length=253, unique=True, validators=[node_name_validator])
     created_at = models.DateTimeField(auto_now_add=True)
     last_seen_at = models.DateTimeField(null=True, blank=True)
+    # The Kubernetes cluster the node reports in its batches (optional batch field `cluster`);
+    # "" until an agent that knows it uploads. A pod's cluster is its node's: one place for it.
+    cluster = models.CharField(max_length=253, blank=True, default="", db_default="")
 
     class Meta:
         ordering = ["name"]

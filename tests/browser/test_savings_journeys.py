@@ -10,6 +10,7 @@ import csv
 import re
 from collections.abc import Iterator
 from contextlib import contextmanager
+from datetime import date
 from decimal import Decimal
 
 import pytest
@@ -40,6 +41,11 @@ def speaking(page: Page, language: str) -> Iterator[None]:
         if language != "en":
             page.select_option("form.lang select", "en")
             page.wait_for_load_state()
+
+
+def _day(day: date, language: str) -> str:
+    """A date as the pages write it in the language (config/formats: one date format per language)."""
+    return f"{day.year}年{day.month}月{day.day}日" if language == "zh-hans" else f"{day:%Y-%m-%d}"
 
 
 def _adds_up(page: Page, testid: str) -> None:
@@ -83,7 +89,7 @@ def test_finance_reads_the_fleet_savings_and_requests_a_report_to_today(sign_in,
         assert re.search(r"/reports/\d+/$", page.url), page.url
         expect(page.get_by_test_id("fleet-cost")).to_be_visible(timeout=180_000)
         expect(page.get_by_test_id("report-period")).to_contain_text(
-            f"{today.replace(day=1):%Y-%m-%d} – {today:%Y-%m-%d}")
+            f"{_day(today.replace(day=1), language)} – {_day(today, language)}")
         # Today is not over: its workload-days are left out of the per-workload-day figures, and said so.
         expect(page.get_by_test_id("partial-days")).to_contain_text(f"{today:%Y-%m-%d}")
         _adds_up(page, "fleet-cost")
