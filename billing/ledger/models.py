@@ -250,6 +250,9 @@ class WorkloadMeta(models.Model):
     controller_kind = models.CharField(max_length=63, blank=True, default="")
     controller_name = models.CharField(max_length=253, blank=True, default="")
     labels = models.JSONField(default=dict)
+    # What each container asked for per GPU, as the agent resolved it (agents/gpu_requests.py):
+    # {"<container>": {"mem_mb": <int>, "sm": <number>}}; the drill-down's "requested" column.
+    requests = models.JSONField(default=dict)
     first_seen = models.DateTimeField()
     last_seen = models.DateTimeField()
 
