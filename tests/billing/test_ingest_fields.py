@@ -12,11 +12,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from billing.errors import InvalidBatch
 from billing.ledger.models import UsageBatch, WorkloadMeta
 from billing.ledger.workloads import workload_meta
 from billing.models import Node
 from billing.services.batch_validation import validate_batch
-from billing.errors import InvalidBatch
 from tests import clock
 from tests.billing.test_ingest_protocol import raw_rows
 from tests.conftest import make_batch
@@ -239,3 +239,31 @@ def test_errors_from_several_fields_are_all_listed(minute_start):
         validate_batch(payload, now=clock.now(), max_skew=timedelta(seconds=30), max_samples=100)
     assert {e.path for e in raised.value.errors} == {
         "$.samples[0].controller_name", "$.samples[0].labels", "$.samples[0].sm_requested"}
+
+
+def test_what_the_simulated_agent_renders_validates_and_lands_per_pod(post_batch, minute_start):
+    """The agent's side of the contract: a batch agents.batch renders from the demo's sim workloads
+    (controllers, app and team labels, requests, cluster) is accepted and stored one row per pod."""
+    from agents.backends.sim import SimBackend, demo_scenario, parse_scenario
+    from agents.batch import Sample, render_batch
+
+    scenario = parse_scenario(demo_scenario("gpu-node-1", seed=1, gpu_count=2, tenants=[("acme", "gold")]))
+    backend = SimBackend(scenario, epoch=minute_start)
+    samples = [
+        Sample(start=minute_start, seconds=1, gpu=r.gpu, workload=r.workload, mem_used_mb_s=0.0,
+               mem_granted_mb_s=0.0, sm_used_s=0.0, sm_granted_s=0.0, pcie_mb=0.0)
+        for r in backend.read(now=minute_start)
+    ]
+    body = render_batch(node="gpu-node-1", batch_seq=1, window_start=minute_start,
+                        window_end=minute_start + timedelta(seconds=1), gpus=scenario.gpus, samples=samples,
+                        cluster="demo")
+    resp = post_batch(None, raw=body)
+    assert resp.status_code == 201, resp.content
+    pods = {w.workload.pod: w.workload for w in scenario.workloads}
+    assert WorkloadMeta.objects.count() == len(pods)
+    for row in WorkloadMeta.objects.all():
+        expected = pods[row.pod].meta
+        assert (row.controller_kind, row.controller_name) == (expected.controller_kind, expected.controller_name)
+        assert row.labels == dict(expected.labels) and set(row.labels) == {"app", "team"}
+        assert row.requests[pods[row.pod].container]["mem_mb"] == expected.mem_requested_mb
+    assert Node.objects.get(name="gpu-node-1").cluster == "demo"
