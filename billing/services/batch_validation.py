@@ -259,37 +259,73 @@ def _validate_meta(
     sample: dict[str, Any], i: int, *, pod: tuple[str, ...], container: str, start: datetime | None,
     gpu: BatchGpuDecl | None, pods: _Pods, good_labels: set[tuple[str, str]], errors: _Errors,
 ) -> bool:
-    """Check a sample's optional grouping fields and note them for its pod; False when one is wrong."""
+    """Check a sample's optional grouping fields and note them for its pod; False when one is wrong.
+
+    Hot path: a pod's samples repeat its controller and labels, so a repeat of what was already
+    checked for the pod costs a comparison, not a regex."""
     ok = True
-    path = f"$.samples[{i}]"
     kind: Any = sample.get("controller_kind")
     name: Any = sample.get("controller_name")
     if kind is not None or name is not None:
-        if not isinstance(kind, str) or len(kind) > CONTROLLER_MAX["controller_kind"] or not _KIND_RE.fullmatch(kind):
-            errors.add(f"{path}.controller_kind", "must be a Kubernetes kind (a letter, then letters and digits; at "
-                                                  f"most {CONTROLLER_MAX['controller_kind']}), given with controller_name")
-            ok = False
-        if not isinstance(name, str) or len(name) > CONTROLLER_MAX["controller_name"] or not _NAME_RE.fullmatch(name):
-            errors.add(f"{path}.controller_name", "must be the controller's name (letters, digits and . _ : / -; at "
-                                                  f"most {CONTROLLER_MAX['controller_name']}), given with controller_kind")
-            ok = False
-        if ok:
-            held = pods.controller.get(pod)
-            if held is None:
-                pods.controller[pod] = (kind, name, i)
-            elif held[:2] != (kind, name):
-                errors.add(f"{path}.controller_kind", f"pod {pod[0]}/{pod[1]} is owned by {held[0]}/{held[1]} in "
-                                                      f"samples[{held[2]}]; a pod has one controller")
-                ok = False
+        held = pods.controller.get(pod)
+        if held is None or held[0] != kind or held[1] != name:
+            ok = _check_controller(kind, name, i, pod=pod, held=held, pods=pods, errors=errors)
     if "labels" in sample:
-        ok = _validate_labels(sample["labels"], path, pod=pod, start=start, pods=pods, good=good_labels,
-                              errors=errors) and ok
+        labels: Any = sample["labels"]
+        held_labels = pods.labels.get(pod)
+        if held_labels is not None and labels == held_labels[1] and type(labels) is dict:
+            if start is not None and start >= held_labels[0]:
+                pods.labels[pod] = (start, held_labels[1])
+        elif _validate_labels(labels, i, good=good_labels, errors=errors):
+            if start is not None and (held_labels is None or start >= held_labels[0]):
+                pods.labels[pod] = (start, labels)
+        else:
+            ok = False
+    if "mem_requested_mb" in sample or "sm_requested" in sample:
+        asked = _requested(sample, i, gpu=gpu, errors=errors)
+        if asked is None:
+            ok = False
+        elif start is not None:
+            by_container = pods.requests.setdefault(pod, {})
+            held_request = by_container.get(container)
+            if held_request is None or start >= held_request[0]:
+                by_container[container] = (start, asked)
+    return ok
+
+
+def _check_controller(kind: Any, name: Any, i: int, *, pod: tuple[str, ...], held: tuple[str, str, int] | None,
+                      pods: _Pods, errors: _Errors) -> bool:
+    ok = True
+    if not isinstance(kind, str) or len(kind) > CONTROLLER_MAX["controller_kind"] or not _KIND_RE.fullmatch(kind):
+        errors.add(f"$.samples[{i}].controller_kind", "must be a Kubernetes kind (a letter, then letters and digits; "
+                                                      f"at most {CONTROLLER_MAX['controller_kind']}), given with "
+                                                      "controller_name")
+        ok = False
+    if not isinstance(name, str) or len(name) > CONTROLLER_MAX["controller_name"] or not _NAME_RE.fullmatch(name):
+        errors.add(f"$.samples[{i}].controller_name", "must be the controller's name (letters, digits and . _ : / -; "
+                                                      f"at most {CONTROLLER_MAX['controller_name']}), given with "
+                                                      "controller_kind")
+        ok = False
+    if not ok:
+        return False
+    if held is not None:
+        errors.add(f"$.samples[{i}].controller_kind", f"pod {pod[0]}/{pod[1]} is owned by {held[0]}/{held[1]} in "
+                                                      f"samples[{held[2]}]; a pod has one controller")
+        return False
+    pods.controller[pod] = (kind, name, i)
+    return True
+
+
+def _requested(sample: dict[str, Any], i: int, *, gpu: BatchGpuDecl | None, errors: _Errors) -> dict[str, float] | None:
+    """The sample's request per GPU ({"mem_mb", "sm"}, the keys it has), or None when one is wrong."""
     asked: dict[str, float] = {}
+    ok = True
     if "mem_requested_mb" in sample:
         mem: Any = sample["mem_requested_mb"]
         cap = gpu.memory_mb if gpu is not None else CAPACITY_MAX["memory_mb"]
         if type(mem) is not int or not 0 <= mem <= cap:
-            errors.add(f"{path}.mem_requested_mb", f"must be an integer of MiB per GPU in [0, {cap}] (the GPU's memory)")
+            errors.add(f"$.samples[{i}].mem_requested_mb",
+                       f"must be an integer of MiB per GPU in [0, {cap}] (the GPU's memory)")
             ok = False
         else:
             asked["mem_mb"] = mem
@@ -298,40 +334,28 @@ def _validate_meta(
         top = gpu.sm_count if gpu is not None else CAPACITY_MAX["sm_count"]
         # NaN fails the comparisons; exact types: bool is not a number here.
         if (type(sm) is not float and type(sm) is not int) or not 0 <= sm <= top:
-            errors.add(f"{path}.sm_requested", f"must be a number of SMs in [0, {top}] (the GPU's SM count)")
+            errors.add(f"$.samples[{i}].sm_requested", f"must be a number of SMs in [0, {top}] (the GPU's SM count)")
             ok = False
         else:
             asked["sm"] = sm
-    if asked and ok and start is not None:
-        by_container = pods.requests.setdefault(pod, {})
-        held_request = by_container.get(container)
-        if held_request is None or start >= held_request[0]:
-            by_container[container] = (start, asked)
-    return ok
+    return asked if ok else None
 
 
-def _validate_labels(
-    labels: Any, path: str, *, pod: tuple[str, ...], start: datetime | None, pods: _Pods,
-    good: set[tuple[str, str]], errors: _Errors,
-) -> bool:
+def _validate_labels(labels: Any, i: int, *, good: set[tuple[str, str]], errors: _Errors) -> bool:
     if not isinstance(labels, dict):
-        errors.add(f"{path}.labels", "must be an object of label key to value (strings)")
+        errors.add(f"$.samples[{i}].labels", "must be an object of label key to value (strings)")
         return False
     if len(labels) > MAX_LABELS:
-        errors.add(f"{path}.labels", f"holds {len(labels)} labels; at most {MAX_LABELS} (the agent's allow-list)")
+        errors.add(f"$.samples[{i}].labels", f"holds {len(labels)} labels; at most {MAX_LABELS} (the agent's allow-list)")
         return False
     for key, value in labels.items():
         if isinstance(value, str) and (key, value) in good:
             continue
         problem = _label_problem(key, value)
         if problem is not None:
-            errors.add(f"{path}.labels", problem)
+            errors.add(f"$.samples[{i}].labels", problem)
             return False
         good.add((key, value))
-    if start is not None:
-        held = pods.labels.get(pod)
-        if held is None or start >= held[0]:
-            pods.labels[pod] = (start, labels)
     return True
 
 
