@@ -509,10 +509,12 @@ class KubeClientPods:
         API errors (403 without the RBAC rule, 404 for an owner already deleted) raise ``ApiException``.
         """
         response: Any  # the raw urllib3 response (_preload_content=False), not the model its signature names
+        # Bounded: the first sight of an owner is read on the attribution path, inside a tick.
+        options: dict[str, Any] = {"_preload_content": False, "_request_timeout": (2.0, 5.0)}
         if kind == "ReplicaSet":
-            response = self._apps.read_namespaced_replica_set(name=name, namespace=namespace, _preload_content=False)
+            response = self._apps.read_namespaced_replica_set(name=name, namespace=namespace, **options)
         elif kind == "Job":
-            response = self._batch.read_namespaced_job(name=name, namespace=namespace, _preload_content=False)
+            response = self._batch.read_namespaced_job(name=name, namespace=namespace, **options)
         else:
             return None
         metadata = json.loads(response.data).get("metadata") or {}

@@ -83,7 +83,6 @@ LABEL_VALUE_MAX = 63
 LABEL_VALUE_PATTERN = "^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$"
 _LABEL_NAME_RE = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9._-]*[A-Za-z0-9])?")
 _LABEL_PREFIX_RE = re.compile(r"[a-z0-9](?:[a-z0-9-]*[a-z0-9])?(?:\.[a-z0-9](?:[a-z0-9-]*[a-z0-9])?)*")
-META_FIELDS = ("controller_kind", "controller_name", "labels", "mem_requested_mb", "sm_requested")
 
 
 class _Errors:
