@@ -91,6 +91,8 @@ APPLICABLE = {
     # Split cost allocation is supported, so all of these must be present (1.3).
     "AllocatedMethodId", "AllocatedMethodDetails", "AllocatedResourceId", "AllocatedResourceName", "AllocatedTags",
     "ResourceId", "ResourceName", "ResourceType", "SkuId", "SkuPriceId", "PricingCategory", "SubAccountId",
+    # 1.1+: SkuMeter goes with SkuId, SkuPriceDetails with SkuPriceId (both conditional on them).
+    "SkuMeter", "SkuPriceDetails",
     "SubAccountName", "Tags", "ConsumedQuantity", "ConsumedUnit", "InvoiceId", "ChargeFrequency",
     "ServiceSubcategory", "ContractedUnitPrice",
 }
@@ -103,7 +105,7 @@ NOT_NULL = {
 DECIMALS = {"BilledCost", "EffectiveCost", "ListCost", "ContractedCost", "ListUnitPrice", "ContractedUnitPrice",
             "PricingQuantity", "ConsumedQuantity"}
 DATETIMES = {"BillingPeriodStart", "BillingPeriodEnd", "ChargePeriodStart", "ChargePeriodEnd"}
-JSON_OBJECTS = {"Tags", "AllocatedTags", "AllocatedMethodDetails"}
+JSON_OBJECTS = {"Tags", "AllocatedTags", "AllocatedMethodDetails", "SkuPriceDetails"}
 ALLOWED = {
     "ChargeCategory": {"Usage", "Purchase", "Tax", "Credit", "Adjustment"},
     "ChargeClass": {None, "Correction"},
@@ -115,6 +117,8 @@ ALLOWED = {
                         "Storage", "Web", "Other"},
 }
 SUBCATEGORY_PARENT = {"Containers": "Compute", "Virtual Machines": "Compute", "Other (Compute)": "Compute"}
+# FOCUS-defined SkuPriceDetails properties (1.2+, "F_" keys) that a GPU-hour price could carry.
+FOCUS_SKU_PRICE_PROPERTIES = {"F_CoreCount", "F_GpuCount", "F_InstanceType", "F_MemorySize", "F_Series"}
 ALLOCATION = ("AllocatedMethodId", "AllocatedMethodDetails", "AllocatedResourceId", "AllocatedResourceName")
 DECIMAL_RE = re.compile(r"^-?\d+(\.\d+)?$")  # NumericFormat: no exponent, '+', commas or units
 DATETIME_RE = re.compile(r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}Z$")  # DateTimeFormat: UTC, 'Z'
@@ -168,6 +172,14 @@ def assert_follows_focus_1_3(header: list[str], rows: list[dict[str, str | None]
             for column in ("ListUnitPrice", "PricingQuantity", "PricingCategory", "ConsumedQuantity"):
                 assert row[column] is None, (column, row)
         assert (row["ListUnitPrice"] is None) == (row["SkuPriceId"] is None)
+        # SkuMeter: null when SkuId is, and (SHOULD) set when it is not; SkuPriceDetails likewise with
+        # SkuPriceId, its keys PascalCase and F_ only for FOCUS-defined properties.
+        assert (row["SkuMeter"] is None) == (row["SkuId"] is None), row
+        assert (row["SkuPriceDetails"] is None) == (row["SkuPriceId"] is None), row
+        if row["SkuPriceDetails"] is not None:
+            details = json.loads(row["SkuPriceDetails"])
+            assert all(re.fullmatch(r"(F_)?[A-Z][A-Za-z0-9]*", k) for k in details), details
+            assert {k for k in details if k.startswith("F_")} <= FOCUS_SKU_PRICE_PROPERTIES, details
         assert (row["PricingUnit"] is None) == (row["PricingQuantity"] is None)
         assert (row["ConsumedUnit"] is None) == (row["ConsumedQuantity"] is None)
         if row["ChargeCategory"] != "Usage":
