@@ -221,6 +221,13 @@ def assert_follows_focus_1_3(header: list[str], rows: list[dict[str, str | None]
             assert key.startswith("vgpu-ledger/") and isinstance(value, str | bool)
         assert not set(tags) & set(allocated_tags)
 
+    # A SkuPriceId defines one unit price, of one SkuId (SkuPriceId's requirements).
+    prices: dict[str, set[tuple[str | None, str | None]]] = defaultdict(set)
+    for row in rows:
+        if row["SkuPriceId"] is not None:
+            prices[row["SkuPriceId"]].add((row["SkuId"], row["ListUnitPrice"]))
+    assert all(len(p) == 1 for p in prices.values()), prices
+
     # Σ BilledCost for the InvoiceId is the payable amount on the invoice.
     total = sum((Decimal(r["BilledCost"]) for r in rows), Decimal(0))
     assert total == Decimal(invoice.total_minor).scaleb(-2)
@@ -283,6 +290,22 @@ def test_focus_rows_reconcile_to_the_invoice_through_one_rounding_row_per_rounde
         ("idle", "Adjustment"): ["-0.003333333333"],
     }
     assert acme.total_minor == 333
+
+
+def test_a_price_change_starts_a_new_sku_price_id_of_the_same_sku(post_batch, card, tenants):
+    change = datetime(2026, 11, 18, tzinfo=UTC)
+    RateCard.objects.filter(pk=card.pk).update(effective_to=change)
+    RateCard.objects.create(gpu_model=card.gpu_model, currency="USD", price_per_gpu_hour=Decimal("7200"),
+                            effective_from=change, source_url="https://example.org")
+    usage(post_batch, at=datetime(2026, 11, 15, 12, tzinfo=UTC), seq=1)
+    usage(post_batch, at=datetime(2026, 11, 20, 12, tzinfo=UTC), seq=2)
+    close_period(month=NOV, now=AFTER_NOV)
+    acme = Invoice.objects.get(tenant__slug="acme")
+    header, rows = focus(acme.number)
+    assert_follows_focus_1_3(header, rows, acme)  # one unit price per SkuPriceId
+    assert {(r["SkuId"], r["ListUnitPrice"]) for r in rows if r["SkuPriceId"]} == {
+        ("gpu-share:NVIDIA A100-SXM4-80GB", "3600"), ("gpu-share:NVIDIA A100-SXM4-80GB", "7200")}
+    assert len({r["SkuPriceId"] for r in rows if r["SkuPriceId"]}) == 2
 
 
 def test_allocated_ratios_of_every_tenant_on_a_gpu_day_add_up_to_the_whole_card(post_batch, proportional, tenants):

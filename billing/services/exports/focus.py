@@ -62,6 +62,12 @@ def _idle_sku_id(gpu_model: str) -> str:
     return f"gpu-idle:{gpu_model}"
 
 
+def _sku_price_id(sku_id: str, rate_card_id: int | None) -> str:
+    """One SkuPriceId per unit price (FOCUS: it MUST define a single unit price): the SKU under one
+    rate card, so a price change starts a new SkuPriceId of the same SkuId."""
+    return f"{sku_id}:rate-card-{rate_card_id}" if rate_card_id is not None else sku_id
+
+
 def _sku_price_details(gpu_model: str) -> dict[str, Any]:
     """SkuPriceDetails of a GPU-hour price: properties of one PricingUnit (one GPU-hour) that every
     row of the SkuPriceId shares, so only the model's, never a node's or a GPU's."""
@@ -195,7 +201,7 @@ def build_credit_note_focus_rows(note: CreditNoteDocument) -> list[dict[str, Any
 
 
 def _gpu_day_columns(*, day: datetime, gpu_uuid: str, gpu_model: str, node: str, price: Decimal, sku_id: str,
-                     meter: str, quantity: Decimal) -> dict[str, Any]:
+                     rate_card_id: int | None, meter: str, quantity: Decimal) -> dict[str, Any]:
     """The columns of one GPU's priced GPU-hours on one UTC day: resource, SKU, price and quantity."""
     list_cost = price * quantity  # exact: both factors are finite decimals
     return {
@@ -206,7 +212,8 @@ def _gpu_day_columns(*, day: datetime, gpu_uuid: str, gpu_model: str, node: str,
         "ListCost": list_cost, "ListUnitPrice": price,
         "PricingCategory": "Standard", "PricingQuantity": quantity, "PricingUnit": "GPU-Hours",
         "ResourceId": gpu_uuid, "ResourceName": f"{gpu_model} on {node}", "ResourceType": "GPU",
-        "SkuId": sku_id, "SkuMeter": meter, "SkuPriceDetails": _sku_price_details(gpu_model), "SkuPriceId": sku_id,
+        "SkuId": sku_id, "SkuMeter": meter, "SkuPriceDetails": _sku_price_details(gpu_model),
+        "SkuPriceId": _sku_price_id(sku_id, rate_card_id),
         "Tags": {f"{TAG_PREFIX}node": node, f"{TAG_PREFIX}gpu-model": gpu_model},
     }
 
@@ -215,7 +222,8 @@ def _allocated_columns(r: FocusLedgerRow, *, sku_id: str, meter: str, quantity: 
     workload = f"{r.namespace}/{r.pod}/{r.container}"
     return {
         **_gpu_day_columns(day=r.day, gpu_uuid=r.gpu_uuid, gpu_model=r.gpu_model, node=r.node,
-                           price=r.price_per_gpu_hour, sku_id=sku_id, meter=meter, quantity=quantity),
+                           price=r.price_per_gpu_hour, sku_id=sku_id, rate_card_id=r.rate_card_id, meter=meter,
+                           quantity=quantity),
         "AllocatedMethodId": ALLOCATED_METHOD_ID,
         "AllocatedResourceId": f"{r.pod_uid}/{r.container}",
         "AllocatedResourceName": workload,
@@ -304,8 +312,8 @@ def platform_idle_row(base: Mapping[str, Any], r: PlatformIdleRow) -> dict[str, 
     return {
         **base,
         **_gpu_day_columns(day=r.day, gpu_uuid=r.gpu_uuid, gpu_model=r.gpu_model, node=r.node,
-                           price=r.price_per_gpu_hour, sku_id=_idle_sku_id(r.gpu_model), meter=IDLE_METER,
-                           quantity=_idle_hours(r.idle, r.price_per_gpu_hour)),
+                           price=r.price_per_gpu_hour, sku_id=_idle_sku_id(r.gpu_model), rate_card_id=r.rate_card_id,
+                           meter=IDLE_METER, quantity=_idle_hours(r.idle, r.price_per_gpu_hour)),
         "BilledCost": r.idle, "EffectiveCost": r.idle, "x_GpuModel": r.gpu_model,
         "ChargeDescription": (f"Idle capacity of {r.gpu_model} on {r.node} kept by the platform ({r.idle_policy} "
                               f"idle policy) at {plain_decimal(r.price_per_gpu_hour)} per GPU-hour"),
