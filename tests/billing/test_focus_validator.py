@@ -1,26 +1,19 @@
 """The FinOps Foundation's focus-validator on the FOCUS files the product writes (docs/exports.md,
 "The official validator"): the newest release PyPI offers (1.0.0), on the newest rule set it ships
 (FOCUS 1.0), with only the rules docs/focus-validator-overrides.yaml names and docs/exports.md argues
-left out (and, on Parquet, its eight decimal-type rules, below). One run over every file combined (an invoice with usage, idle, rounding, tax and a late-usage
-correction, the invoice before it, a credit note, the fleet dataset), one over the dataset's Parquet.
-
-The validator lives in its own environment (`make focus-validator`: .venv-focus-validator), because
-it pins numpy<2 and pytz<2024; FOCUS_VALIDATOR_VENV points elsewhere."""
+left out (and, on Parquet, its eight decimal-type rules: tests/focus_validator.py). One run over
+every file combined (an invoice with usage, idle, rounding, tax and a late-usage correction, the
+invoice before it, a credit note, the fleet dataset), one over the dataset's Parquet file."""
 
 from __future__ import annotations
 
 import csv
 import io
-import os
 import subprocess
-import xml.etree.ElementTree as ET
-from dataclasses import dataclass
 from datetime import UTC, date, datetime, timedelta
 from decimal import Decimal
-from pathlib import Path
 
 import pytest
-import yaml
 
 from billing.ledger.rollup import rollup_usage
 from billing.models import Invoice, RateCard, Tenant
@@ -31,22 +24,21 @@ from billing.services.exports.focus_dataset import dataset_file_names, write_fle
 from billing.services.invoicing import close_period
 from tests import clock
 from tests.conftest import SHARED_GPU_WORKLOADS, make_batch
+from tests.focus_validator import (
+    PARQUET_DECIMAL_RULES,
+    RULES_VERSION,
+    VALIDATOR_VERSION,
+    VENV,
+    assert_passes,
+    overrides,
+    shipped_rules,
+    site_packages,
+    validate,
+    write_focus_csv,
+)
 
 pytestmark = pytest.mark.django_db
 
-ROOT = Path(__file__).resolve().parents[2]
-VENV = Path(os.environ.get("FOCUS_VALIDATOR_VENV", ROOT / ".venv-focus-validator"))
-OVERRIDES = ROOT / "docs" / "focus-validator-overrides.yaml"
-# The Decimal columns of FOCUS 1.0 that we write. Our Parquet keeps them exact, DECIMAL(38, 18); pandas
-# reads those as Python Decimals (dtype object) and the validator calls a column decimal only when it is
-# float64, so on Parquet these eight rules fail whatever the values (the same rows pass them as CSV).
-# Its override file cannot skip a data-type rule (the type stays on the column), so the test excludes
-# them itself, for Parquet only (docs/exports.md, "The official validator").
-PARQUET_DECIMAL_RULES = {f"{c}_IsDecimal" for c in ("BilledCost", "ConsumedQuantity", "ContractedCost",
-                                                     "ContractedUnitPrice", "EffectiveCost", "ListCost",
-                                                     "ListUnitPrice", "PricingQuantity")}
-VALIDATOR_VERSION = "1.0.0"
-RULES_VERSION = "1.0"  # the newest FOCUS version focus-validator 1.0.0 has rules for
 EVERYONE = Scope(tenants=None, is_finance=True, is_admin=True)
 OCT, NOV = date(2026, 10, 1), date(2026, 11, 1)
 AFTER_NOV = datetime(2026, 12, 2, tzinfo=UTC)
@@ -55,70 +47,6 @@ AFTER_NOV = datetime(2026, 12, 2, tzinfo=UTC)
 @pytest.fixture(autouse=True)
 def _fixed_dates_stay_billable(settings):
     settings.VGPU_LATE_USAGE_HORIZON = timedelta(days=36500)
-
-
-def site_packages() -> Path:
-    found = sorted(VENV.glob("lib/python3*/site-packages/focus_validator"))
-    if not found or not (VENV / "bin" / "focus-validator").exists():
-        pytest.fail(f"focus-validator is not installed in {VENV}: run `make focus-validator`")
-    return found[0].parent
-
-
-@dataclass(frozen=True)
-class Verdict:
-    passed: set[str]
-    failed: dict[str, str]  # rule id -> the validator's description
-    skipped: set[str]
-    errored: dict[str, str]
-
-
-def validate(data_file: Path, tmp_path: Path) -> Verdict:
-    """One run of the real validator, its JUnit report read back (it exits 0 whatever it finds). It
-    runs from its site-packages folder: it opens its ISO 4217 list by a path relative to the working
-    directory, so anywhere else BillingCurrency_IsCurrencyCode fails on any file."""
-    report = tmp_path / f"{data_file.name}.xml"
-    subprocess.run([str(VENV / "bin" / "focus-validator"), "--data-file", str(data_file), "--validate-version",
-                    RULES_VERSION, "--override-file", str(OVERRIDES), "--output-type", "unittest",
-                    "--output-destination", str(report)],
-                   cwd=site_packages(), check=True, capture_output=True, timeout=120)
-    verdict = Verdict(set(), {}, set(), {})
-    for case in ET.parse(report).getroot().iter("testcase"):  # noqa: S314 - the validator's report of our file
-        rule = case.attrib["name"].split(" :: ")[0]
-        if (failure := case.find("failure")) is not None:
-            verdict.failed[rule] = failure.attrib.get("message", "")
-        elif (error := case.find("error")) is not None:
-            verdict.errored[rule] = error.attrib.get("message", "")
-        elif case.find("skipped") is not None:
-            verdict.skipped.add(rule)
-        else:
-            verdict.passed.add(rule)
-    return verdict
-
-
-def console_report(data_file: Path) -> str:
-    """The validator's own text report (rows and example values), for a failure's message."""
-    done = subprocess.run([str(VENV / "bin" / "focus-validator"), "--data-file", str(data_file),
-                           "--validate-version", RULES_VERSION, "--override-file", str(OVERRIDES)],
-                          cwd=site_packages(), capture_output=True, text=True, timeout=120)
-    return done.stdout + done.stderr
-
-
-def shipped_rules() -> set[str]:
-    return {p.stem for p in (site_packages() / "focus_validator" / "rules" / "version_sets" / RULES_VERSION).glob("*.yaml")}
-
-
-def overrides() -> set[str]:
-    return set(yaml.safe_load(OVERRIDES.read_text())["overrides"])
-
-
-def assert_passes(data_file: Path, tmp_path: Path, *, expected_failures: frozenset[str] = frozenset()) -> None:
-    verdict = validate(data_file, tmp_path)
-    failed = set(verdict.failed)
-    assert failed == expected_failures and not verdict.errored, (verdict.failed, verdict.errored,
-                                                                 console_report(data_file))
-    # Every shipped rule ran and passed, but the ones we argue against, which it skipped.
-    assert verdict.skipped == overrides()
-    assert verdict.passed | verdict.skipped | failed == shipped_rules()
 
 
 def test_the_validator_is_the_newest_release_and_its_newest_rules_are_focus_1_0():
@@ -170,17 +98,9 @@ def test_every_focus_file_we_write_passes_the_official_validator(post_batch, one
     assert kinds == {("Usage", ""), ("Adjustment", ""), ("Tax", ""), ("Usage", "Correction"), ("Credit", "Correction"),
                      ("Tax", "Correction")}
     assert "vgpu-ledger:platform" in {r[FOCUS_COLUMNS.index("BillingAccountId")] for r in rows}
-    combined = tmp_path / "combined-focus.csv"
-    with combined.open("w", newline="", encoding="utf-8") as f:
-        writer = csv.writer(f, lineterminator="\n")
-        writer.writerow(FOCUS_COLUMNS)
-        writer.writerows(rows)
-
-    assert_passes(combined, tmp_path)
+    assert_passes(write_focus_csv(tmp_path / "combined-focus.csv", FOCUS_COLUMNS, rows), tmp_path)
     # As we run it, the validator does catch a broken file: one BilledCost left empty.
-    broken = tmp_path / "broken-focus.csv"
     rows[0][FOCUS_COLUMNS.index("BilledCost")] = ""
-    with broken.open("w", newline="", encoding="utf-8") as f:
-        csv.writer(f, lineterminator="\n").writerows([FOCUS_COLUMNS, *rows])
+    broken = write_focus_csv(tmp_path / "broken-focus.csv", FOCUS_COLUMNS, rows)
     assert set(validate(broken, tmp_path).failed) == {"BilledCost_NotNull"}
     assert_passes(written.directory / parquet_name, tmp_path, expected_failures=frozenset(PARQUET_DECIMAL_RULES))
