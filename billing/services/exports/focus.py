@@ -2,7 +2,9 @@
 its lines (billing.ledger.exports): each usage or idle line is spread over its ledger rows at
 ledger precision, plus one rounding row per line and one Tax row, so Σ BilledCost = the invoice
 total. A credit note's file has a Credit row (its net) and a Tax row (the tax credited), both
-negative Corrections of the invoice's month, so Σ BilledCost = − the credit note's total."""
+negative Corrections of the invoice's month, so Σ BilledCost = − the credit note's total. The row
+builders (usage_row, idle_row, platform_idle_row) and the CSV writer serve the fleet dataset too
+(focus_dataset)."""
 
 from __future__ import annotations
 
@@ -53,6 +55,7 @@ FOCUS_COLUMNS: tuple[str, ...] = tuple(sorted([
 # SkuMeter: what a SKU meters (FOCUS 1.1+: present with SkuId, null exactly when SkuId is null).
 USAGE_METER = "GPU Share"
 IDLE_METER = "GPU Idle Capacity"
+
 
 def _sku_id(gpu_model: str) -> str:
     return f"gpu-share:{gpu_model}"
