@@ -12,7 +12,7 @@ PY := $(VENV)/bin/python
 RUNTIME := $(VENV)/.installed-runtime
 DEV := $(VENV)/.installed-dev
 
-.PHONY: demo test test-dates soak lint install bench clean browser-deps monitoring-deps pdf-deps screenshots
+.PHONY: demo test test-dates soak lint install bench clean browser-deps monitoring-deps pdf-deps focus-validator screenshots
 
 $(PY):
 	@test -n "$(PYTHON)" || { echo "Python 3.11 or 3.12 is required (set PYTHON=/path/to/python3.x)"; exit 1; }
@@ -62,12 +62,23 @@ pdf-deps:
 	@command -v qpdf >/dev/null || { echo "installing Debian's qpdf"; \
 	  $(call apt_install,qpdf,the PDF tests need qpdf); }
 
-test: lint browser-deps monitoring-deps pdf-deps
+# The FinOps Foundation's focus-validator checks every FOCUS file we write (tests/billing/test_focus_validator.py).
+# It gets an environment of its own: it pins numpy<2 and pytz<2024, which .venv must not inherit.
+FOCUS_VENV := .venv-focus-validator
+$(FOCUS_VENV)/.installed: tests/requirements-focus-validator.txt
+	@test -n "$(PYTHON)" || { echo "Python 3.11 or 3.12 is required (set PYTHON=/path/to/python3.x)"; exit 1; }
+	$(PYTHON) -m venv $(FOCUS_VENV)
+	$(FOCUS_VENV)/bin/pip install --quiet --disable-pip-version-check -r tests/requirements-focus-validator.txt
+	@touch $@
+
+focus-validator: $(FOCUS_VENV)/.installed
+
+test: lint browser-deps monitoring-deps pdf-deps focus-validator
 	$(PY) -m config.embedded -- $(PY) -m pytest
 
 # The whole suite with the clock of the whole process tree at the edges of months and years
 # (tests/dates.py; Debian's faketime). TEST_DATES_ARGS passes e.g. `--at 2027-06-30T23:59:00Z -- tests/billing`.
-test-dates: lint browser-deps pdf-deps
+test-dates: lint browser-deps pdf-deps focus-validator
 	@command -v faketime >/dev/null || { echo "installing Debian's faketime"; $(call apt_install,faketime,make test-dates needs it); }
 	$(PY) -m tests.dates $(TEST_DATES_ARGS)
 

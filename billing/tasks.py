@@ -6,6 +6,7 @@ import logging
 import smtplib
 import time
 from datetime import timedelta
+from pathlib import Path
 
 import urllib3
 from celery import shared_task
@@ -21,6 +22,7 @@ from billing.ledger.retention import apply_retention as _apply_retention
 from billing.models import Budget
 from billing.services.budgets import evaluate_budgets as _evaluate_budgets
 from billing.services.budgets import sign_webhook, webhook_body
+from billing.services.exports.focus_dataset import write_changing_months
 from billing.services.invoicing import close_period as _close_period
 from billing.services.invoicing import parse_month
 from billing.services.quarantine import run_rollup
@@ -120,6 +122,19 @@ def close_previous_month() -> dict[str, object]:
     first = timezone.now().date().replace(day=1)
     previous = (first - timedelta(days=1)).replace(day=1)
     return close_period(f"{previous:%Y-%m}")
+
+
+@shared_task(name="billing.tasks.write_focus_dataset", acks_late=True, autoretry_for=(OperationalError,),
+             retry_backoff=True, max_retries=5)
+def write_focus_dataset() -> list[dict[str, object]]:
+    """Daily: the fleet FOCUS dataset of this month to date and of every month still taking late
+    usage (docs/exports.md). Off, and says so in the log, while VGPU_FOCUS_DATASET_DIR is empty."""
+    if not settings.VGPU_FOCUS_DATASET_DIR:
+        log.info("fleet FOCUS dataset not written: VGPU_FOCUS_DATASET_DIR is not set")
+        return []
+    written = write_changing_months(Path(settings.VGPU_FOCUS_DATASET_DIR), now=timezone.now(),
+                                    horizon=settings.VGPU_LATE_USAGE_HORIZON)
+    return [w.summary() for w in written]
 
 
 @shared_task(name="billing.tasks.evaluate_budgets", acks_late=True, autoretry_for=(OperationalError,),

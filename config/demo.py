@@ -218,6 +218,9 @@ def main() -> int:
         # Budget notification emails land as files under .data/demo/mail, not on a mail server.
         env.setdefault("VGPU_EMAIL_BACKEND", "django.core.mail.backends.filebased.EmailBackend")
         env.setdefault("VGPU_EMAIL_FILE_PATH", str(DEMO_DIR / "mail"))
+        # The fleet FOCUS dataset (docs/exports.md) under .data/demo/focus, every 2 minutes rather than daily.
+        env.setdefault("VGPU_FOCUS_DATASET_DIR", str(DEMO_DIR / "focus"))
+        env.setdefault("VGPU_FOCUS_DATASET_EVERY_S", "120")
         env["PYTHONUNBUFFERED"] = "1"
         # The admission webhook answers only an API server that presents this token; the demo has
         # no API server, but a product without a credential warns at every command (billing.W001).

@@ -300,7 +300,18 @@ CELERY_BEAT_SCHEDULE = {
         "task": "billing.tasks.propose_rebalance",
         "schedule": float(os.environ.get("VGPU_REBALANCE_EVERY_S", 3600)),
     },
+    # Daily after the month's close (01:00 on the 2nd): the fleet FOCUS dataset of every month that
+    # can still change (docs/exports.md); VGPU_FOCUS_DATASET_EVERY_S (the demo) makes it an interval.
+    "write-focus-dataset": {
+        "task": "billing.tasks.write_focus_dataset",
+        "schedule": (float(os.environ["VGPU_FOCUS_DATASET_EVERY_S"]) if os.environ.get("VGPU_FOCUS_DATASET_EVERY_S")
+                     else crontab(hour="2", minute="30")),
+    },
 }
+
+# The monthly FOCUS dataset of the whole fleet (billing.services.exports.focus_dataset): written under
+# this folder as <YYYY-MM>/…csv, .parquet and manifest.json. Empty: the daily task logs that it is off.
+VGPU_FOCUS_DATASET_DIR = os.environ.get("VGPU_FOCUS_DATASET_DIR", "")
 
 # Pool rebalance (docs/rebalance.md): at most K moves per plan, demand = peak over the window.
 # Plans are dry runs until an admin approves one; execution talks to VGPU_KUBE_API (a URL,

@@ -14,12 +14,14 @@ import csv
 import io
 import os
 import re
+import time
 from collections import defaultdict
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import timedelta
 from decimal import Decimal
 from html.parser import HTMLParser
+from pathlib import Path
 from urllib.parse import urljoin, urlsplit
 
 import pytest
@@ -29,9 +31,11 @@ from billing.ledger.models import GpuHour, UsageHour
 from billing.models import Gpu, Node
 from billing.scope import FINANCE_GROUP
 from billing.services.exports import GPU_HOURS_PLACES
+from billing.services.exports.focus_dataset import dataset_file_names
 from tests import clock
 from tests.conftest import user_in, with_day
 from tests.demo_process import Demo, demo_environment, running_demo
+from tests.focus_validator import assert_passes, write_focus_csv
 
 # The demo migrates, then meters a simulated day of last month and one of this month before the
 # walk starts: minutes on a loaded machine.
@@ -346,6 +350,30 @@ def _check_focus_matches_invoice(walk: Walk) -> int:
     return checked
 
 
+def _demo_focus_dataset(demo: Demo, timeout_s: float = 240) -> Path:
+    """This month's fleet FOCUS dataset (CSV) as the demo's beat writes it, every 2 minutes."""
+    month = clock.now().date().replace(day=1)
+    path = demo.data_dir / "focus" / f"{month:%Y-%m}" / dataset_file_names(month)[0]
+    deadline = time.monotonic() + timeout_s
+    while not path.exists() and time.monotonic() < deadline:
+        time.sleep(2)
+    assert path.exists(), f"the demo wrote no fleet FOCUS dataset at {path}"
+    return path
+
+
+def _check_focus_with_the_validator(walk: Walk, demo: Demo, tmp_path: Path) -> int:
+    """Every FOCUS file the demo serves (invoices, credit notes) and its fleet dataset pass the FinOps
+    Foundation's focus-validator, in one run over all their rows (tests/focus_validator.py)."""
+    files = [rows for name, rows in walk.csvs.values() if name.endswith("-focus-1.3.csv")]
+    with _demo_focus_dataset(demo).open(newline="", encoding="utf-8") as f:
+        files.append(list(csv.reader(f)))
+    header = files[0][0]
+    assert all(rows[0] == header for rows in files)
+    body = [row for rows in files for row in rows[1:]]
+    assert_passes(write_focus_csv(tmp_path / "demo-focus.csv", header, body), tmp_path)
+    return len(files)
+
+
 # --- the walk ----------------------------------------------------------------------------------
 
 
@@ -355,7 +383,7 @@ def _last_month_query() -> str:
     return f"start={last.replace(day=1).isoformat()}&end={last.isoformat()}"
 
 
-def test_every_page_and_csv_of_the_demo_adds_up(demo: Demo) -> None:
+def test_every_page_and_csv_of_the_demo_adds_up(demo: Demo, tmp_path: Path) -> None:
     kinds: set[str] = set()
     groups: set[str] = set()
     for username in ("finance", "acme-engineer", "admin"):
@@ -369,6 +397,7 @@ def test_every_page_and_csv_of_the_demo_adds_up(demo: Demo) -> None:
         if username == "finance":
             assert _check_cross_pages(walk) >= 1, "no closed period's total was checked against its invoices"
             assert _check_focus_matches_invoice(walk) >= 1
+            assert _check_focus_with_the_validator(walk, demo, tmp_path) >= 2  # an invoice's and the dataset
         if username == "acme-engineer":
             assert "attributed" in walk.groups_checked  # the tenant's own "Your cost" adds up too
     # Every kind of table with a total was met and checked, and every kind of CSV.

@@ -1,6 +1,7 @@
-"""Ledger rows behind an invoice's FOCUS export: each workload on each GPU per UTC day under the
-rate card in effect (hour ledger sums), and each GPU-day's whole-card cost that split allocation
-divides (the origin charge). Priced hours only: unpriced ones are not on an invoice.
+"""Ledger rows behind the FOCUS exports: each workload on each GPU per UTC day under the rate
+card in effect (hour ledger sums), of one tenant (an invoice's file) or of every tenant (the fleet
+dataset); each GPU-day's whole-card cost that split allocation divides (the origin charge); and
+the idle each GPU-day leaves to the platform. Priced hours only: unpriced ones cost nothing.
 """
 
 from __future__ import annotations
@@ -14,7 +15,8 @@ from django.db import connection
 
 from billing.ledger.reads import fetch_rows
 
-__all__ = ["FocusLedgerRow", "OriginCost", "list_focus_ledger_rows", "list_origin_costs"]
+__all__ = ["FleetFocusLedgerRow", "FocusLedgerRow", "OriginCost", "PlatformIdleRow", "list_fleet_focus_ledger_rows",
+           "list_focus_ledger_rows", "list_origin_costs", "list_platform_idle"]
 
 
 @dataclass(frozen=True)
@@ -58,16 +60,21 @@ _CARD_OF_HOUR = (
 
 # Where no card is in effect any more, a rate card's defaults (DESIGN §4: α 0.5, billed max,
 # idle to the platform) and a zero unit price describe the row.
-_FOCUS_ROWS = (
-    "SELECT date_trunc('day', u.hour) AS day, u.gpu_uuid, g.gpu_model, n.name AS node, u.namespace, u.pod, "
+_FOCUS_COLUMNS = (
+    "date_trunc('day', u.hour) AS day, u.gpu_uuid, g.gpu_model, n.name AS node, u.namespace, u.pod, "
     "u.container, u.pod_uid, u.sla_tier, rc.id AS rate_card_id, "
     "coalesce(rc.price_per_gpu_hour, 0) AS price_per_gpu_hour, coalesce(rc.alpha, 0.5) AS alpha, "
     "coalesce(rc.billed_basis, 'max') AS billed_basis, coalesce(rc.idle_policy, 'platform') AS idle_policy, "
     "gpu.memory_mb, gpu.sm_count, sum(u.mem_billed_mb_s) AS mem_billed_mb_s, sum(u.sm_billed_s) AS sm_billed_s, "
     "sum(u.share_gpu_s) AS share_gpu_s, sum(u.charge) AS charge, sum(u.idle_share) AS idle_share "
+)
+_FOCUS_FROM = (
     "FROM billing_usagehour u JOIN billing_gpuhour g ON g.node_id = u.node_id AND g.gpu_uuid = u.gpu_uuid AND g.hour = u.hour "
     "JOIN billing_node n ON n.id = u.node_id LEFT JOIN billing_gpu gpu ON gpu.uuid = u.gpu_uuid "
     + _CARD_OF_HOUR
+)
+_FOCUS_ROWS = (
+    "SELECT " + _FOCUS_COLUMNS + _FOCUS_FROM
     + "WHERE u.tenant = %s AND u.hour >= %s AND u.hour < %s AND g.priced "
     "GROUP BY 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16 ORDER BY 1, 2, 5, 6, 7, 8, 9, 10"
 )
@@ -108,3 +115,62 @@ def list_origin_costs(*, start: datetime, end: datetime, gpus: Iterable[str]) ->
     with connection.cursor() as cur:
         cur.execute(_ORIGIN_COSTS, [start, end, sorted(set(gpus))])
         return fetch_rows(cur, OriginCost)
+
+
+@dataclass(frozen=True)
+class FleetFocusLedgerRow(FocusLedgerRow):
+    """A FocusLedgerRow of any tenant, with the tenant and the currency its hours were priced in."""
+
+    tenant: str
+    currency: str
+
+
+# The same rows as an invoice's, for every tenant; the currency is the GPU-hour's (its rate card's).
+_FLEET_FOCUS_ROWS = (
+    "SELECT " + _FOCUS_COLUMNS + ", u.tenant, g.currency " + _FOCUS_FROM  # noqa: S608 - constant SQL
+    + "WHERE u.hour >= %s AND u.hour < %s AND g.priced "
+    "GROUP BY 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 22, 23 ORDER BY 22, 1, 2, 5, 6, 7, 8, 9, 10"
+)
+
+
+def list_fleet_focus_ledger_rows(*, start: datetime, end: datetime) -> list[FleetFocusLedgerRow]:
+    """Every tenant's priced usage in [start, end), per (tenant, day, GPU, workload, card)."""
+    with connection.cursor() as cur:
+        cur.execute(_FLEET_FOCUS_ROWS, [start, end])
+        return fetch_rows(cur, FleetFocusLedgerRow)
+
+
+@dataclass(frozen=True)
+class PlatformIdleRow:
+    """The idle one GPU leaves to the platform on one node, one UTC day, under one rate card: Σ of
+    its priced hours' idle_cost − idle_allocated (everything under the `platform` idle policy, the
+    rounding remainder under `proportional`), with the GPU-day's whole-card cost beside it."""
+
+    day: datetime
+    gpu_uuid: str
+    gpu_model: str
+    node: str
+    rate_card_id: int | None
+    price_per_gpu_hour: Decimal
+    idle_policy: str
+    currency: str
+    idle: Decimal
+    card_cost: Decimal
+    metered_seconds: Decimal
+
+
+_PLATFORM_IDLE = (
+    "SELECT date_trunc('day', g.hour) AS day, g.gpu_uuid, g.gpu_model, n.name AS node, rc.id AS rate_card_id, "  # noqa: S608 - constant SQL
+    "coalesce(rc.price_per_gpu_hour, 0) AS price_per_gpu_hour, coalesce(rc.idle_policy, 'platform') AS idle_policy, "
+    "g.currency, sum(g.idle_cost - g.idle_allocated) AS idle, sum(g.card_cost) AS card_cost, "
+    "sum(g.metered_seconds) AS metered_seconds FROM billing_gpuhour g JOIN billing_node n ON n.id = g.node_id "
+    + _CARD_OF_HOUR
+    + "WHERE g.hour >= %s AND g.hour < %s AND g.priced GROUP BY 1, 2, 3, 4, 5, 6, 7, 8 ORDER BY 1, 2, 4, 5"
+)
+
+
+def list_platform_idle(*, start: datetime, end: datetime) -> list[PlatformIdleRow]:
+    """Every GPU-day's platform idle in [start, end), zero ones included (the caller decides)."""
+    with connection.cursor() as cur:
+        cur.execute(_PLATFORM_IDLE, [start, end])
+        return fetch_rows(cur, PlatformIdleRow)

@@ -91,6 +91,8 @@ APPLICABLE = {
     # Split cost allocation is supported, so all of these must be present (1.3).
     "AllocatedMethodId", "AllocatedMethodDetails", "AllocatedResourceId", "AllocatedResourceName", "AllocatedTags",
     "ResourceId", "ResourceName", "ResourceType", "SkuId", "SkuPriceId", "PricingCategory", "SubAccountId",
+    # 1.1+: SkuMeter goes with SkuId, SkuPriceDetails with SkuPriceId (both conditional on them).
+    "SkuMeter", "SkuPriceDetails",
     "SubAccountName", "Tags", "ConsumedQuantity", "ConsumedUnit", "InvoiceId", "ChargeFrequency",
     "ServiceSubcategory", "ContractedUnitPrice",
 }
@@ -103,7 +105,7 @@ NOT_NULL = {
 DECIMALS = {"BilledCost", "EffectiveCost", "ListCost", "ContractedCost", "ListUnitPrice", "ContractedUnitPrice",
             "PricingQuantity", "ConsumedQuantity"}
 DATETIMES = {"BillingPeriodStart", "BillingPeriodEnd", "ChargePeriodStart", "ChargePeriodEnd"}
-JSON_OBJECTS = {"Tags", "AllocatedTags", "AllocatedMethodDetails"}
+JSON_OBJECTS = {"Tags", "AllocatedTags", "AllocatedMethodDetails", "SkuPriceDetails"}
 ALLOWED = {
     "ChargeCategory": {"Usage", "Purchase", "Tax", "Credit", "Adjustment"},
     "ChargeClass": {None, "Correction"},
@@ -115,6 +117,8 @@ ALLOWED = {
                         "Storage", "Web", "Other"},
 }
 SUBCATEGORY_PARENT = {"Containers": "Compute", "Virtual Machines": "Compute", "Other (Compute)": "Compute"}
+# FOCUS-defined SkuPriceDetails properties (1.2+, "F_" keys) that a GPU-hour price could carry.
+FOCUS_SKU_PRICE_PROPERTIES = {"F_CoreCount", "F_GpuCount", "F_InstanceType", "F_MemorySize", "F_Series"}
 ALLOCATION = ("AllocatedMethodId", "AllocatedMethodDetails", "AllocatedResourceId", "AllocatedResourceName")
 DECIMAL_RE = re.compile(r"^-?\d+(\.\d+)?$")  # NumericFormat: no exponent, '+', commas or units
 DATETIME_RE = re.compile(r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}Z$")  # DateTimeFormat: UTC, 'Z'
@@ -168,6 +172,14 @@ def assert_follows_focus_1_3(header: list[str], rows: list[dict[str, str | None]
             for column in ("ListUnitPrice", "PricingQuantity", "PricingCategory", "ConsumedQuantity"):
                 assert row[column] is None, (column, row)
         assert (row["ListUnitPrice"] is None) == (row["SkuPriceId"] is None)
+        # SkuMeter: null when SkuId is, and (SHOULD) set when it is not; SkuPriceDetails likewise with
+        # SkuPriceId, its keys PascalCase and F_ only for FOCUS-defined properties.
+        assert (row["SkuMeter"] is None) == (row["SkuId"] is None), row
+        assert (row["SkuPriceDetails"] is None) == (row["SkuPriceId"] is None), row
+        if row["SkuPriceDetails"] is not None:
+            details = json.loads(row["SkuPriceDetails"])
+            assert all(re.fullmatch(r"(F_)?[A-Z][A-Za-z0-9]*", k) for k in details), details
+            assert {k for k in details if k.startswith("F_")} <= FOCUS_SKU_PRICE_PROPERTIES, details
         assert (row["PricingUnit"] is None) == (row["PricingQuantity"] is None)
         assert (row["ConsumedUnit"] is None) == (row["ConsumedQuantity"] is None)
         if row["ChargeCategory"] != "Usage":
@@ -208,6 +220,13 @@ def assert_follows_focus_1_3(header: list[str], rows: list[dict[str, str | None]
         for key, value in {**tags, **allocated_tags}.items():
             assert key.startswith("vgpu-ledger/") and isinstance(value, str | bool)
         assert not set(tags) & set(allocated_tags)
+
+    # A SkuPriceId defines one unit price, of one SkuId (SkuPriceId's requirements).
+    prices: dict[str, set[tuple[str | None, str | None]]] = defaultdict(set)
+    for row in rows:
+        if row["SkuPriceId"] is not None:
+            prices[row["SkuPriceId"]].add((row["SkuId"], row["ListUnitPrice"]))
+    assert all(len(p) == 1 for p in prices.values()), prices
 
     # Σ BilledCost for the InvoiceId is the payable amount on the invoice.
     total = sum((Decimal(r["BilledCost"]) for r in rows), Decimal(0))
@@ -271,6 +290,22 @@ def test_focus_rows_reconcile_to_the_invoice_through_one_rounding_row_per_rounde
         ("idle", "Adjustment"): ["-0.003333333333"],
     }
     assert acme.total_minor == 333
+
+
+def test_a_price_change_starts_a_new_sku_price_id_of_the_same_sku(post_batch, card, tenants):
+    change = datetime(2026, 11, 18, tzinfo=UTC)
+    RateCard.objects.filter(pk=card.pk).update(effective_to=change)
+    RateCard.objects.create(gpu_model=card.gpu_model, currency="USD", price_per_gpu_hour=Decimal("7200"),
+                            effective_from=change, source_url="https://example.org")
+    usage(post_batch, at=datetime(2026, 11, 15, 12, tzinfo=UTC), seq=1)
+    usage(post_batch, at=datetime(2026, 11, 20, 12, tzinfo=UTC), seq=2)
+    close_period(month=NOV, now=AFTER_NOV)
+    acme = Invoice.objects.get(tenant__slug="acme")
+    header, rows = focus(acme.number)
+    assert_follows_focus_1_3(header, rows, acme)  # one unit price per SkuPriceId
+    assert {(r["SkuId"], r["ListUnitPrice"]) for r in rows if r["SkuPriceId"]} == {
+        ("gpu-share:NVIDIA A100-SXM4-80GB", "3600"), ("gpu-share:NVIDIA A100-SXM4-80GB", "7200")}
+    assert len({r["SkuPriceId"] for r in rows if r["SkuPriceId"]}) == 2
 
 
 def test_allocated_ratios_of_every_tenant_on_a_gpu_day_add_up_to_the_whole_card(post_batch, proportional, tenants):

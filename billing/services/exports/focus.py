@@ -2,7 +2,9 @@
 its lines (billing.ledger.exports): each usage or idle line is spread over its ledger rows at
 ledger precision, plus one rounding row per line and one Tax row, so Σ BilledCost = the invoice
 total. A credit note's file has a Credit row (its net) and a Tax row (the tax credited), both
-negative Corrections of the invoice's month, so Σ BilledCost = − the credit note's total."""
+negative Corrections of the invoice's month, so Σ BilledCost = − the credit note's total. The row
+builders (usage_row, idle_row, platform_idle_row) and the CSV writer serve the fleet dataset too
+(focus_dataset)."""
 
 from __future__ import annotations
 
@@ -14,15 +16,16 @@ from datetime import UTC, datetime, timedelta
 from decimal import Context, Decimal, localcontext
 from typing import Any
 
-from billing.ledger.exports import FocusLedgerRow, list_focus_ledger_rows, list_origin_costs
+from billing.ledger.exports import FocusLedgerRow, PlatformIdleRow, list_focus_ledger_rows, list_origin_costs
 from billing.models import InvoiceLine
 from billing.money import allocate, format_minor_units, from_minor_units
 from billing.services.exports.invoices import CreditNoteDocument, InvoiceDocument, InvoiceLineView
 from billing.services.exports.numbers import compact_json, plain_decimal
 from billing.services.invoicing import month_bounds
 
-__all__ = ["ALLOCATED_METHOD_ID", "FOCUS_COLUMNS", "SERVICE_NAME", "TAG_PREFIX", "build_credit_note_focus_rows",
-           "build_focus_rows", "render_credit_note_focus_csv", "render_focus_csv"]
+__all__ = ["ALLOCATED_METHOD_ID", "FOCUS_COLUMNS", "IDLE_METER", "SERVICE_NAME", "TAG_PREFIX", "USAGE_METER",
+           "build_credit_note_focus_rows", "build_focus_rows", "common_columns", "focus_cell", "focus_csv", "idle_row",
+           "platform_idle_row", "render_credit_note_focus_csv", "render_focus_csv", "usage_row"]
 
 # Documented in docs/exports.md; a new method gets a new id, this one never changes meaning.
 ALLOCATED_METHOD_ID = "vgpu-ledger-share-v1"
@@ -45,10 +48,13 @@ FOCUS_COLUMNS: tuple[str, ...] = tuple(sorted([
     "ContractedCost", "ContractedUnitPrice", "EffectiveCost", "HostProviderName", "InvoiceId",
     "InvoiceIssuerName", "ListCost", "ListUnitPrice", "PricingCategory", "PricingQuantity", "PricingUnit",
     "ProviderName", "PublisherName", "ResourceId", "ResourceName", "ResourceType", "ServiceCategory",
-    "ServiceName", "ServiceProviderName", "ServiceSubcategory", "SkuId", "SkuPriceId", "SubAccountId",
-    "SubAccountName", "Tags",
+    "ServiceName", "ServiceProviderName", "ServiceSubcategory", "SkuId", "SkuMeter", "SkuPriceDetails", "SkuPriceId",
+    "SubAccountId", "SubAccountName", "Tags",
 ])) + ("x_CorrectsInvoiceId", "x_GpuModel", "x_InvoiceLineKind", "x_SlaTier")
 
+# SkuMeter: what a SKU meters (FOCUS 1.1+: present with SkuId, null exactly when SkuId is null).
+USAGE_METER = "GPU Share"
+IDLE_METER = "GPU Idle Capacity"
 
 
 def _sku_id(gpu_model: str) -> str:
@@ -57,6 +63,18 @@ def _sku_id(gpu_model: str) -> str:
 
 def _idle_sku_id(gpu_model: str) -> str:
     return f"gpu-idle:{gpu_model}"
+
+
+def _sku_price_id(sku_id: str, rate_card_id: int | None) -> str:
+    """One SkuPriceId per unit price (FOCUS: it MUST define a single unit price): the SKU under one
+    rate card, so a price change starts a new SkuPriceId of the same SkuId."""
+    return f"{sku_id}:rate-card-{rate_card_id}" if rate_card_id is not None else sku_id
+
+
+def _sku_price_details(gpu_model: str) -> dict[str, Any]:
+    """SkuPriceDetails of a GPU-hour price: properties of one PricingUnit (one GPU-hour) that every
+    row of the SkuPriceId shares, so only the model's, never a node's or a GPU's."""
+    return {"F_GpuCount": 1, "GpuModel": gpu_model}
 
 
 def _ratio(numerator: Decimal, denominator: Decimal) -> Decimal:
@@ -99,11 +117,18 @@ def _idle_method_details(row: FocusLedgerRow, origin: tuple[Decimal, Decimal]) -
 
 def _common_columns(doc: InvoiceDocument, *, number: str, issuer: str, billing: tuple[datetime, datetime],
                     frequency: str) -> dict[str, Any]:
+    return common_columns(account=(doc.tenant_slug, doc.tenant_name), currency=doc.currency, invoice_id=number,
+                          issuer=issuer, billing=billing, frequency=frequency)
+
+
+def common_columns(*, account: tuple[str, str], currency: str, invoice_id: str | None, issuer: str,
+                   billing: tuple[datetime, datetime], frequency: str) -> dict[str, Any]:
+    """The columns every row of a file shares: who pays, in what, for which billing period, to whom."""
     common: dict[str, Any] = dict.fromkeys(FOCUS_COLUMNS)
     common.update({
-        "BillingAccountId": doc.tenant_slug, "BillingAccountName": doc.tenant_name,
-        "BillingCurrency": doc.currency, "BillingPeriodStart": billing[0], "BillingPeriodEnd": billing[1],
-        "ChargeFrequency": frequency, "HostProviderName": issuer, "InvoiceId": number,
+        "BillingAccountId": account[0], "BillingAccountName": account[1],
+        "BillingCurrency": currency, "BillingPeriodStart": billing[0], "BillingPeriodEnd": billing[1],
+        "ChargeFrequency": frequency, "HostProviderName": issuer, "InvoiceId": invoice_id,
         "InvoiceIssuerName": issuer, "ProviderName": issuer, "PublisherName": issuer,
         "ServiceCategory": "Compute", "ServiceName": SERVICE_NAME, "ServiceProviderName": issuer,
         "ServiceSubcategory": "Containers",
@@ -138,8 +163,8 @@ def build_focus_rows(doc: InvoiceDocument) -> list[dict[str, Any]]:
             # invoiced amount is spread pro rata over today's ledger (the late part is on a later invoice).
             for r, billed in zip(parts, allocate(line.amount, weights), strict=True):
                 origin = origins.get(r.origin_key, (Decimal(0), Decimal(0)))
-                rows.append(_idle_row(line_common, r, billed, origin) if is_idle
-                            else _usage_row(line_common, r, billed, origin))
+                rows.append(idle_row(line_common, r, billed, origin) if is_idle
+                            else usage_row(line_common, r, billed, origin))
         elif line.amount:
             rows.append(_unbacked_row(line_common, line))
         rounding = from_minor_units(line.amount_minor, doc.currency) - line.amount
@@ -178,34 +203,46 @@ def build_credit_note_focus_rows(note: CreditNoteDocument) -> list[dict[str, Any
     return rows
 
 
-def _allocated_columns(r: FocusLedgerRow, *, sku_id: str, quantity: Decimal) -> dict[str, Any]:
-    workload = f"{r.namespace}/{r.pod}/{r.container}"
-    list_cost = r.price_per_gpu_hour * quantity  # exact: both factors are finite decimals
+def _gpu_day_columns(*, day: datetime, gpu_uuid: str, gpu_model: str, node: str, price: Decimal, sku_id: str,
+                     rate_card_id: int | None, meter: str, quantity: Decimal) -> dict[str, Any]:
+    """The columns of one GPU's priced GPU-hours on one UTC day: resource, SKU, price and quantity."""
+    list_cost = price * quantity  # exact: both factors are finite decimals
     return {
+        "ChargeCategory": "Usage",
+        "ChargePeriodStart": day, "ChargePeriodEnd": day + timedelta(days=1),
+        "ConsumedQuantity": quantity, "ConsumedUnit": "GPU-Hours",
+        "ContractedCost": list_cost, "ContractedUnitPrice": price,
+        "ListCost": list_cost, "ListUnitPrice": price,
+        "PricingCategory": "Standard", "PricingQuantity": quantity, "PricingUnit": "GPU-Hours",
+        "ResourceId": gpu_uuid, "ResourceName": f"{gpu_model} on {node}", "ResourceType": "GPU",
+        "SkuId": sku_id, "SkuMeter": meter, "SkuPriceDetails": _sku_price_details(gpu_model),
+        "SkuPriceId": _sku_price_id(sku_id, rate_card_id),
+        "Tags": {f"{TAG_PREFIX}node": node, f"{TAG_PREFIX}gpu-model": gpu_model},
+    }
+
+
+def _allocated_columns(r: FocusLedgerRow, *, sku_id: str, meter: str, quantity: Decimal) -> dict[str, Any]:
+    workload = f"{r.namespace}/{r.pod}/{r.container}"
+    return {
+        **_gpu_day_columns(day=r.day, gpu_uuid=r.gpu_uuid, gpu_model=r.gpu_model, node=r.node,
+                           price=r.price_per_gpu_hour, sku_id=sku_id, rate_card_id=r.rate_card_id, meter=meter,
+                           quantity=quantity),
         "AllocatedMethodId": ALLOCATED_METHOD_ID,
         "AllocatedResourceId": f"{r.pod_uid}/{r.container}",
         "AllocatedResourceName": workload,
         "AllocatedTags": {f"{TAG_PREFIX}namespace": r.namespace, f"{TAG_PREFIX}pod": r.pod,
                           f"{TAG_PREFIX}container": r.container, f"{TAG_PREFIX}sla-tier": r.sla_tier},
-        "ChargeCategory": "Usage",
-        "ChargePeriodStart": r.day, "ChargePeriodEnd": r.day + timedelta(days=1),
-        "ConsumedQuantity": quantity, "ConsumedUnit": "GPU-Hours",
-        "ContractedCost": list_cost, "ContractedUnitPrice": r.price_per_gpu_hour,
-        "ListCost": list_cost, "ListUnitPrice": r.price_per_gpu_hour,
-        "PricingCategory": "Standard", "PricingQuantity": quantity, "PricingUnit": "GPU-Hours",
-        "ResourceId": r.gpu_uuid, "ResourceName": f"{r.gpu_model} on {r.node}", "ResourceType": "GPU",
-        "SkuId": sku_id, "SkuPriceId": sku_id,
         "SubAccountId": r.namespace, "SubAccountName": r.namespace,
-        "Tags": {f"{TAG_PREFIX}node": r.node, f"{TAG_PREFIX}gpu-model": r.gpu_model},
     }
 
 
-def _usage_row(base: Mapping[str, Any], r: FocusLedgerRow, billed: Decimal,
-               origin: tuple[Decimal, Decimal]) -> dict[str, Any]:
+def usage_row(base: Mapping[str, Any], r: FocusLedgerRow, billed: Decimal,
+              origin: tuple[Decimal, Decimal]) -> dict[str, Any]:
+    """A workload's share of one GPU-day at `billed` (its ledger charge, or its part of an invoice line)."""
     with localcontext(_CONTEXT):
         quantity = (r.share_gpu_s / _S_PER_H).quantize(_QUANTITY_QUANTUM)
     return {
-        **base, **_allocated_columns(r, sku_id=_sku_id(r.gpu_model), quantity=quantity),
+        **base, **_allocated_columns(r, sku_id=_sku_id(r.gpu_model), meter=USAGE_METER, quantity=quantity),
         "AllocatedMethodDetails": _usage_method_details(r, origin),
         "BilledCost": billed, "EffectiveCost": billed,
         "ChargeDescription": (f"{r.gpu_model} share for {r.namespace}/{r.pod}/{r.container} ({r.sla_tier}) "
@@ -213,13 +250,19 @@ def _usage_row(base: Mapping[str, Any], r: FocusLedgerRow, billed: Decimal,
     }
 
 
-def _idle_row(base: Mapping[str, Any], r: FocusLedgerRow, billed: Decimal,
-              origin: tuple[Decimal, Decimal]) -> dict[str, Any]:
+def _idle_hours(idle: Decimal, price: Decimal) -> Decimal:
+    """Idle GPU-hours: the idle amount at the unit price, to PricingQuantity's precision."""
     with localcontext(_CONTEXT):
-        hours = r.idle_share / r.price_per_gpu_hour if r.price_per_gpu_hour else Decimal(0)
-        quantity = hours.quantize(_QUANTITY_QUANTUM)
+        hours = idle / price if price else Decimal(0)
+        return hours.quantize(_QUANTITY_QUANTUM)
+
+
+def idle_row(base: Mapping[str, Any], r: FocusLedgerRow, billed: Decimal,
+             origin: tuple[Decimal, Decimal]) -> dict[str, Any]:
+    """The idle of one GPU-day spread onto a workload (proportional idle policy) at `billed`."""
+    quantity = _idle_hours(r.idle_share, r.price_per_gpu_hour)
     return {
-        **base, **_allocated_columns(r, sku_id=_idle_sku_id(r.gpu_model), quantity=quantity),
+        **base, **_allocated_columns(r, sku_id=_idle_sku_id(r.gpu_model), meter=IDLE_METER, quantity=quantity),
         "AllocatedMethodDetails": _idle_method_details(r, origin),
         "BilledCost": billed, "EffectiveCost": billed,
         "ChargeDescription": (f"Idle capacity of {r.gpu_model} apportioned to {r.namespace}/{r.pod}/{r.container} "
@@ -240,6 +283,7 @@ def _correction_row(base: Mapping[str, Any], line: InvoiceLineView, currency: st
         **base, **_month_columns(line),
         "BilledCost": billed, "EffectiveCost": billed, "ListCost": billed, "ContractedCost": billed,
         "ChargeCategory": "Usage", "ChargeClass": "Correction", "SkuId": _sku_id(line.gpu_model),
+        "SkuMeter": USAGE_METER,
         "ChargeDescription": (f"Correction for {line.gpu_model} usage ({line.sla_tier}) in {line.usage_month:%Y-%m} "
                               "that arrived after that month was invoiced"),
     }
@@ -266,24 +310,39 @@ def _unbacked_row(base: Mapping[str, Any], line: InvoiceLineView) -> dict[str, A
     }
 
 
+def platform_idle_row(base: Mapping[str, Any], r: PlatformIdleRow) -> dict[str, Any]:
+    """The idle of one GPU-day that no tenant pays (the fleet dataset): the platform's, not allocated."""
+    return {
+        **base,
+        **_gpu_day_columns(day=r.day, gpu_uuid=r.gpu_uuid, gpu_model=r.gpu_model, node=r.node,
+                           price=r.price_per_gpu_hour, sku_id=_idle_sku_id(r.gpu_model), rate_card_id=r.rate_card_id,
+                           meter=IDLE_METER, quantity=_idle_hours(r.idle, r.price_per_gpu_hour)),
+        "BilledCost": r.idle, "EffectiveCost": r.idle, "x_GpuModel": r.gpu_model,
+        "ChargeDescription": (f"Idle capacity of {r.gpu_model} on {r.node} kept by the platform ({r.idle_policy} "
+                              f"idle policy) at {plain_decimal(r.price_per_gpu_hour)} per GPU-hour"),
+    }
+
+
 def render_focus_csv(doc: InvoiceDocument) -> bytes:
-    return _focus_csv(build_focus_rows(doc))
+    return focus_csv(build_focus_rows(doc))
 
 
 def render_credit_note_focus_csv(note: CreditNoteDocument) -> bytes:
-    return _focus_csv(build_credit_note_focus_rows(note))
+    return focus_csv(build_credit_note_focus_rows(note))
 
 
-def _focus_csv(rows: list[dict[str, Any]]) -> bytes:
+def focus_csv(rows: list[dict[str, Any]]) -> bytes:
+    """FOCUS rows as CSV (UTF-8, a header of FOCUS_COLUMNS, nulls empty)."""
     out = io.StringIO()
     writer = csv.writer(out, lineterminator="\n")
     writer.writerow(FOCUS_COLUMNS)
     for row in rows:
-        writer.writerow([_focus_cell(row[c]) for c in FOCUS_COLUMNS])
+        writer.writerow([focus_cell(row[c]) for c in FOCUS_COLUMNS])
     return out.getvalue().encode("utf-8")
 
 
-def _focus_cell(value: Any) -> str:
+def focus_cell(value: Any) -> str:
+    """One value as FOCUS writes it in text: UTC ISO 8601 with Z, plain decimals, compact JSON."""
     if value is None:
         return ""  # a null in CSV
     if isinstance(value, datetime):

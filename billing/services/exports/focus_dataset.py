@@ -1,0 +1,227 @@
+"""The monthly FOCUS dataset of the whole fleet (docs/exports.md, "Fleet FOCUS dataset"): every
+tenant's usage and idle and the idle the platform keeps, so the month's rows add up to the whole
+card cost of every priced GPU-hour, written to `<directory>/<YYYY-MM>/` as CSV and Parquet with a
+manifest.
+
+It is the ledger's view, like a cloud's cost-and-usage report, not an invoice's: amounts at ledger
+precision, no rounding or tax rows, no InvoiceId (each invoice has its own FOCUS file). A month
+keeps changing while ingest still accepts late usage for it, so the daily task rewrites every
+month that can still change (`months_to_write`) and the manifest says when a month is final.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+from collections import defaultdict
+from dataclasses import dataclass
+from datetime import date, datetime, timedelta
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from billing.ledger.exports import list_fleet_focus_ledger_rows, list_origin_costs, list_platform_idle
+from billing.models import BillingPeriod, Tenant
+from billing.money import to_minor_units
+from billing.services.exports.focus import (
+    FOCUS_COLUMNS,
+    common_columns,
+    focus_cell,
+    focus_csv,
+    idle_row,
+    platform_idle_row,
+    usage_row,
+)
+from billing.services.exports.numbers import plain_decimal
+from billing.services.invoicing import current_issuer, month_bounds
+
+__all__ = ["FOCUS_VERSION", "PLATFORM_ACCOUNT", "DatasetWritten", "build_fleet_focus_rows", "dataset_file_names",
+           "months_to_write", "write_changing_months", "write_fleet_dataset"]
+
+FOCUS_VERSION = "1.3"
+# The platform's own account: no tenant slug has a colon (Django slugs), so this never names one.
+PLATFORM_ACCOUNT = ("vgpu-ledger:platform", "Platform (idle capacity no tenant pays)")
+MANIFEST = "manifest.json"
+
+_DECIMAL_COLUMNS = frozenset({"BilledCost", "ConsumedQuantity", "ContractedCost", "ContractedUnitPrice",
+                              "EffectiveCost", "ListCost", "ListUnitPrice", "PricingQuantity"})
+_DATETIME_COLUMNS = frozenset({"BillingPeriodEnd", "BillingPeriodStart", "ChargePeriodEnd", "ChargePeriodStart"})
+# Exact in Parquet too: prices have 6 places, quantities 12, so ListCost (their product) up to 18;
+# 20 integer digits are far beyond any month's cost.
+_PARQUET_DECIMAL = pa.decimal128(38, 18)
+
+
+def dataset_file_names(month: date) -> tuple[str, str]:
+    """The CSV and Parquet file names of a month's dataset."""
+    stem = f"vgpu-ledger-focus-{FOCUS_VERSION}-{month:%Y-%m}"
+    return f"{stem}.csv", f"{stem}.parquet"
+
+
+def build_fleet_focus_rows(month: date) -> list[dict[str, Any]]:
+    """The month's FOCUS rows of the whole fleet, as typed values: per tenant, day, GPU and workload
+    its usage (BilledCost = the ledger charge) and the idle spread onto it; per GPU-day the idle
+    left to the platform. Σ BilledCost per currency = Σ card cost of the month's priced GPU-hours."""
+    start, end = month_bounds(month)
+    issuer = current_issuer().name
+    names = dict(Tenant.objects.values_list("slug", "name"))
+    ledger = list_fleet_focus_ledger_rows(start=start, end=end)
+    origins = {o.key: (o.card_cost, o.metered_seconds)
+               for o in list_origin_costs(start=start, end=end, gpus={r.gpu_uuid for r in ledger})}
+
+    def common(account: tuple[str, str], currency: str) -> dict[str, Any]:
+        return common_columns(account=account, currency=currency, invoice_id=None, issuer=issuer,
+                              billing=(start, end), frequency="Usage-Based")
+
+    rows: list[dict[str, Any]] = []
+    for r in ledger:
+        base = {**common((r.tenant, names.get(r.tenant, r.tenant)), r.currency), "x_GpuModel": r.gpu_model,
+                "x_SlaTier": r.sla_tier}
+        origin = origins.get(r.origin_key, (Decimal(0), Decimal(0)))
+        rows.append(usage_row({**base, "x_InvoiceLineKind": "usage"}, r, r.charge, origin))
+        if r.idle_share:
+            rows.append(idle_row({**base, "x_InvoiceLineKind": "idle"}, r, r.idle_share, origin))
+    for idle in list_platform_idle(start=start, end=end):
+        if idle.idle:
+            rows.append(platform_idle_row(common(PLATFORM_ACCOUNT, idle.currency), idle))
+    return rows
+
+
+def months_to_write(*, now: datetime, horizon: timedelta) -> list[date]:
+    """The months whose dataset can still change: this month (to date) and every earlier month that
+    ingest still accepts late usage for (its end lies within the late-usage horizon), oldest first."""
+    month = now.date().replace(day=1)
+    months = [month]
+    while True:
+        previous = (month - timedelta(days=1)).replace(day=1)
+        if month_bounds(previous)[1] <= now - horizon:  # month_bounds(previous)[1] is `month`'s start
+            break
+        months.append(previous)
+        month = previous
+    return sorted(months)
+
+
+@dataclass(frozen=True)
+class DatasetWritten:
+    """What one write left in the month's folder (`changed` is False when the files were already these)."""
+
+    month: date
+    directory: Path
+    rows: int
+    totals: dict[str, Decimal]  # Σ BilledCost per currency, at ledger precision
+    final: bool
+    changed: bool
+
+    def summary(self) -> dict[str, object]:
+        """JSON-ready, for a task's result and a command's output."""
+        return {"month": f"{self.month:%Y-%m}", "directory": str(self.directory), "rows": self.rows,
+                "billed_cost": {c: plain_decimal(t) for c, t in sorted(self.totals.items())},
+                "final": self.final, "changed": self.changed}
+
+
+def write_changing_months(directory: Path, *, now: datetime, horizon: timedelta) -> list[DatasetWritten]:
+    """The daily run: the dataset of every month that can still change (months_to_write)."""
+    return [write_fleet_dataset(month, directory, now=now, horizon=horizon)
+            for month in months_to_write(now=now, horizon=horizon)]
+
+
+def write_fleet_dataset(month: date, directory: Path, *, now: datetime, horizon: timedelta) -> DatasetWritten:
+    """Write the month's fleet dataset under `directory/YYYY-MM/`: the CSV, the Parquet file, then the
+    manifest (their SHA-256, row count and totals), each through a temporary file renamed into place,
+    so a reader sees a whole old file or a whole new one. Idempotent: when the CSV's checksum is the
+    manifest's, only a changed `final` rewrites the manifest."""
+    rows = build_fleet_focus_rows(month)
+    folder = directory / f"{month:%Y-%m}"
+    folder.mkdir(parents=True, exist_ok=True)
+    csv_name, parquet_name = dataset_file_names(month)
+    csv_bytes = focus_csv(rows)
+    totals = _totals(rows)
+    final = _is_final(month, now=now, horizon=horizon)
+    previous = _read_manifest(folder / MANIFEST)
+    csv_sha = hashlib.sha256(csv_bytes).hexdigest()
+    unchanged = (previous.get("files", {}).get(csv_name, {}).get("sha256") == csv_sha
+                 and (folder / csv_name).exists() and (folder / parquet_name).exists())
+    if unchanged and previous.get("final") == final:
+        return DatasetWritten(month=month, directory=folder, rows=len(rows), totals=totals, final=final, changed=False)
+    if unchanged:
+        files = previous["files"]
+    else:
+        parquet_bytes = _parquet(rows)
+        _atomic_write(folder / csv_name, csv_bytes)
+        _atomic_write(folder / parquet_name, parquet_bytes)
+        files = {csv_name: {"sha256": csv_sha, "bytes": len(csv_bytes)},
+                 parquet_name: {"sha256": hashlib.sha256(parquet_bytes).hexdigest(), "bytes": len(parquet_bytes)}}
+    manifest = {
+        "focus_version": FOCUS_VERSION, "month": f"{month:%Y-%m}", "written_at": focus_cell(now),
+        "final": final, "rows": len(rows), "files": files,
+        "billed_cost": {c: plain_decimal(t) for c, t in sorted(totals.items())},
+        "billed_cost_minor_units": {c: to_minor_units(t, c) for c, t in sorted(totals.items())},
+    }
+    _atomic_write(folder / MANIFEST, (json.dumps(manifest, indent=2, sort_keys=True) + "\n").encode())
+    return DatasetWritten(month=month, directory=folder, rows=len(rows), totals=totals, final=final, changed=True)
+
+
+def _totals(rows: list[dict[str, Any]]) -> dict[str, Decimal]:
+    totals: dict[str, Decimal] = defaultdict(Decimal)
+    for row in rows:
+        totals[row["BillingCurrency"]] += row["BilledCost"]
+    return dict(totals)
+
+
+def _is_final(month: date, *, now: datetime, horizon: timedelta) -> bool:
+    """Final once ingest refuses usage for the month (past the late-usage horizon) and its billing
+    period is closed: nothing but an operator's rebuild_ledger can change it then."""
+    end = month_bounds(month)[1]
+    closed = BillingPeriod.objects.filter(month=month, status=BillingPeriod.Status.CLOSED).exists()
+    return closed and end <= now - horizon
+
+
+def _read_manifest(path: Path) -> dict[str, Any]:
+    try:
+        loaded = json.loads(path.read_text())
+    except (FileNotFoundError, ValueError):
+        return {}
+    return loaded if isinstance(loaded, dict) else {}
+
+
+def _parquet(rows: list[dict[str, Any]]) -> bytes:
+    """The same rows as Parquet: decimals exact (decimal128), instants as UTC timestamps, the rest
+    (JSON columns included, as FOCUS's KeyValueFormat is text) as strings."""
+    fields = []
+    for column in FOCUS_COLUMNS:
+        if column in _DECIMAL_COLUMNS:
+            fields.append(pa.field(column, _PARQUET_DECIMAL))
+        elif column in _DATETIME_COLUMNS:
+            fields.append(pa.field(column, pa.timestamp("us", tz="UTC")))
+        else:
+            fields.append(pa.field(column, pa.string()))
+    schema = pa.schema(fields)
+    columns = {}
+    for column in FOCUS_COLUMNS:
+        values = [row[column] for row in rows]
+        if column in _DECIMAL_COLUMNS or column in _DATETIME_COLUMNS:
+            columns[column] = values
+        else:
+            columns[column] = [None if v is None else focus_cell(v) for v in values]
+    table = pa.Table.from_pydict(columns, schema=schema)
+    sink = pa.BufferOutputStream()
+    pq.write_table(table, sink, compression="zstd")
+    return bytes(sink.getvalue().to_pybytes())
+
+
+def _atomic_write(path: Path, content: bytes) -> None:
+    """Write to a temporary file beside `path`, flush it to disk, then rename it over `path`."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as out:
+            out.write(content)
+            out.flush()
+            os.fsync(out.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
