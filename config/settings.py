@@ -176,7 +176,10 @@ if PRODUCTION:
                               r"^api/v1/admission/"]
 
 REST_FRAMEWORK = {
-    "DEFAULT_AUTHENTICATION_CLASSES": ["rest_framework.authentication.SessionAuthentication"],
+    # An API token first (docs/api.md): it is the one a script sends, and its class answers the 401
+    # challenge; a signed-in browser's session cookie (with its CSRF check) second.
+    "DEFAULT_AUTHENTICATION_CLASSES": ["billing.api.auth.ApiTokenAuthentication",
+                                       "rest_framework.authentication.SessionAuthentication"],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
     "EXCEPTION_HANDLER": "billing.api.errors.exception_handler",
