@@ -186,9 +186,14 @@ REST_FRAMEWORK = {
 }
 SPECTACULAR_SETTINGS = {
     "TITLE": "vGPU Ledger API",
-    "DESCRIPTION": "Agent wire protocol v1 (usage batches, node policy, node events). See docs/protocol.md.",
+    "DESCRIPTION": "Agent wire protocol v1 (usage batches, node policy, node events, undelivered batches; "
+                   "docs/protocol.md), the admission webhook (docs/operations.md) and the read API (docs/api.md). "
+                   "Every error answers {\"errors\": [{\"path\", \"message\"}]}.",
     "VERSION": "1.0.0",
     "SERVE_INCLUDE_SCHEMA": False,
+    # billing.api.openapi: the answers every operation can give (503, 401 with its challenge, ...).
+    "POSTPROCESSING_HOOKS": ["drf_spectacular.hooks.postprocess_schema_enums",
+                             "billing.api.openapi.complete_responses"],
 }
 
 # The invoice issuer (docs/exports.md "Invoices"): legal entity, postal address (lines separated by
