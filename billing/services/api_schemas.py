@@ -4,8 +4,7 @@ OpenAPI document (billing.api.openapi); the usage batch's is billing.services.ba
 Each is built from the bounds its validator checks (the constants beside record_node_events,
 record_undelivered_batches, get_node_policy, review_pod), so the document and the rules cannot
 drift apart. The validators check more than a schema says (instants in the future, NUL and lone
-surrogates, nesting depth, duplicates); a schema is the shape and the per-field bounds. Instants
-are described, not given `format: date-time`: the validators' parser is the contract.
+surrogates, nesting depth, duplicates); a schema is the shape and the per-field bounds.
 OpenAPI 3.0 dialect (drf-spectacular's)."""
 
 from __future__ import annotations
@@ -21,7 +20,7 @@ __all__ = ["admission_review_schema", "admission_reply_schema", "node_events_sch
            "undelivered_report_schema"]
 
 _BIGINT = {"type": "integer", "minimum": 0, "maximum": 2**63 - 1}
-_UTC_INSTANT = {"type": "string", "pattern": "Z$", "example": "2026-11-30T03:00:00Z",
+_UTC_INSTANT = {"type": "string", "format": "date-time", "pattern": "Z$", "example": "2026-11-30T03:00:00Z",
                 "description": "ISO-8601 UTC ending in Z, as in a batch's window"}
 
 
@@ -30,7 +29,7 @@ def node_events_schema() -> dict[str, Any]:
         "type": "object",
         "required": ["at", "action", "target"],
         "properties": {
-            "at": {"type": "string", "example": "2026-11-30T03:00:05Z",
+            "at": {"type": "string", "format": "date-time", "example": "2026-11-30T03:00:05Z",
                    "description": "ISO-8601 instant of the action; at most 5 minutes ahead of the service's clock"},
             "action": {"type": "string", "minLength": 1, "maxLength": node_events._ACTION_MAX,
                        "description": "stored as agent.<action>", "example": "grant.shrunk"},

@@ -113,6 +113,26 @@ def test_a_signed_in_browser_still_works_and_keeps_its_csrf_check():
     assert call(Client(enforce_csrf_checks=True), issue(user), "post")[0] == 201
 
 
+def test_the_class_itself_leaves_other_credentials_alone_and_keeps_the_token_out_of_request_auth():
+    from rest_framework.test import APIRequestFactory
+
+    from billing.api.auth import ApiTokenAuthentication
+
+    factory, auth = APIRequestFactory(), ApiTokenAuthentication()
+    user = user_in(tenant="acme")
+    token = issue(user)
+
+    def authenticate(header: str | None):
+        extra = {"HTTP_AUTHORIZATION": header} if header is not None else {}
+        return auth.authenticate(Request(factory.get("/", **extra)))
+
+    assert authenticate(f"Bearer {token}") == (user, None)
+    assert authenticate(f"bearer   {token} ") == (user, None)  # the scheme is case-insensitive (RFC 7235)
+    for other in (None, "", "Bearer", "Bearer vgl_a-node-token", "Basic dXNlcjpwdw==", f"Token {token}"):
+        assert authenticate(other) is None, other
+    assert auth.authenticate_header(Request(factory.get("/"))) == 'Bearer realm="vgpu-ledger"'
+
+
 def test_use_is_recorded_at_most_once_a_minute_per_token(django_assert_num_queries):
     user = user_in(tenant="acme")
     token = issue(user)

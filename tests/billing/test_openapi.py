@@ -9,14 +9,23 @@ from pathlib import Path
 import pytest
 import schemathesis
 from django.urls import path
+from drf_spectacular.utils import extend_schema
 from hypothesis import HealthCheck, given, settings
 from openapi_spec_validator import validate
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.views import APIView
 from schemathesis.checks import not_a_server_error
 
 from billing.ledger.models import UsageBatch
-from billing.models import Gpu
+from billing.models import ApiToken, Gpu
+from billing.scope import FINANCE_GROUP
+from billing.services.api_tokens import issue_api_token
 from billing.services.batch_schema import usage_batch_schema
+from billing.urls import urlpatterns as app_urls
+from tests import clock
 from tests.billing.test_ingest_protocol import raw_rows
+from tests.conftest import user_in
 
 
 @pytest.mark.django_db
@@ -57,9 +66,6 @@ def test_a_read_api_view_needs_only_its_decorator():
     """The read API's views (issue 17) keep DRF's default authentication: the document then gives
     them the API token and the session cookie as schemes, 401 and 503, and 403 to a write."""
     from drf_spectacular.generators import SchemaGenerator
-    from drf_spectacular.utils import extend_schema
-    from rest_framework.response import Response
-    from rest_framework.views import APIView
 
     class Reading(APIView):
         @extend_schema(operation_id="read_something", responses={200: {"type": "object"}})
@@ -143,6 +149,18 @@ def test_schemathesis_against_the_running_app_finds_no_server_error(api_schema, 
 
 # --- The whole document on a live server (issue 17) --------------------------------------------
 
+class WhoAmI(APIView):
+    """A stand-in for the read API (issue 17) until its views land: DRF's default authentication
+    and a decorator, nothing else, as a read API view is written."""
+
+    @extend_schema(operation_id="test_whoami", responses={200: {
+        "type": "object", "required": ["user"], "properties": {"user": {"type": "string"}}}})
+    def get(self, request: Request) -> Response:
+        return Response({"user": request.user.get_username()})
+
+
+urlpatterns = [path("api/v1/test/whoami", WhoAmI.as_view()), *app_urls]
+
 ST = Path(sys.executable).parent / "st"
 # Every check that holds for any API: no 5xx, only documented status codes, content types, headers
 # and bodies as documented, schema-invalid requests refused, and no operation answering without
@@ -152,23 +170,36 @@ CHECKS = ("not_a_server_error,status_code_conformance,content_type_conformance,r
           "response_schema_conformance,negative_data_rejection,ignored_auth")
 
 
+def schemathesis_config(*, node: str, node_token: str, api_token: str) -> str:
+    """Each operation gets the credential of its security scheme: the node's token by default
+    (the admission webhook is given the same token as its own), a finance user's API token for
+    the read API's operations, and the token's node for the node endpoints (any other answers
+    403 before its body is read)."""
+    return (f'headers = {{ Authorization = "Bearer {node_token}" }}\n'
+            f'[parameters]\n"path.node" = "{node}"\n'
+            f'[[operations]]\ninclude-by = "/security/0/apiToken == []"\n'
+            f'headers = {{ Authorization = "Bearer {api_token}" }}\n')
+
+
+@pytest.mark.urls("tests.billing.test_openapi")
 @pytest.mark.django_db(transaction=True)
 def test_schemathesis_on_a_live_server_finds_no_undocumented_answer(live_server, node_token, settings, tmp_path):
     """`st run` (schemathesis's CLI, in a subprocess) against the project on a loopback server,
-    every operation, with few examples each and a fixed seed so a failure reproduces. One bearer
-    credential serves all: the admission webhook is given the node's token as its own."""
+    every operation, with few examples each and a fixed seed so a failure reproduces."""
     settings.VGPU_ADMISSION_TOKEN, settings.VGPU_ADMISSION_TOKEN_FILE = node_token.token, ""
-    # The node endpoints for the token's node: any other answers 403 before its body is read.
+    api_token = issue_api_token(username=user_in(FINANCE_GROUP).username, name="schemathesis", expires_at=None,
+                                now=clock.now(), actor_label="test").token
     config = tmp_path / "schemathesis.toml"
-    config.write_text(f'[parameters]\n"path.node" = "{node_token.node}"\n')
+    config.write_text(schemathesis_config(node=node_token.node, node_token=node_token.token, api_token=api_token))
     started = time.monotonic()
     proc = subprocess.run(
-        [str(ST), "--config-file", str(config), "run", f"{live_server.url}/api/v1/schema", "--checks", CHECKS, "--max-examples", "8",
-         "--seed", "17", "--workers", "1", "--phases", "examples,coverage,fuzzing", "--no-color",
-         "--header", f"Authorization: Bearer {node_token.token}", "--request-timeout", "20"],
+        [str(ST), "--config-file", str(config), "run", f"{live_server.url}/api/v1/schema", "--checks", CHECKS,
+         "--max-examples", "8", "--seed", "17", "--workers", "1", "--phases", "examples,coverage,fuzzing",
+         "--no-color", "--request-timeout", "20"],
         capture_output=True, text=True, timeout=240, cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout[-12000:] + proc.stderr[-3000:]
-    assert "5 selected / 5 total" in proc.stdout, proc.stdout[-3000:]
-    # Each operation was exercised past its authentication (the node parameter above).
+    assert "6 selected / 6 total" in proc.stdout, proc.stdout[-3000:]
+    # Each operation was exercised past its authentication (the credentials above).
     assert "returned only 401/403" not in proc.stdout, proc.stdout[-3000:]
+    assert ApiToken.objects.get(prefix=api_token[:13]).last_used_at is not None
     assert time.monotonic() - started < 120
