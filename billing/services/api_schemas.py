@@ -31,12 +31,12 @@ def node_events_schema() -> dict[str, Any]:
         "properties": {
             "at": {"type": "string", "format": "date-time", "example": "2026-11-30T03:00:05Z",
                    "description": "ISO-8601 instant of the action; at most 5 minutes ahead of the service's clock"},
-            "action": {"type": "string", "minLength": 1, "maxLength": node_events._ACTION_MAX,
+            "action": {"type": "string", "minLength": 1, "maxLength": node_events.ACTION_MAX,
                        "description": "stored as agent.<action>", "example": "grant.shrunk"},
-            "target": {"type": "string", "minLength": 1, "maxLength": node_events._TARGET_MAX,
+            "target": {"type": "string", "minLength": 1, "maxLength": node_events.TARGET_MAX,
                        "example": "acme-prod/bert-1"},
             "detail": {"type": "object", "description": f"any JSON object, nested at most "
-                                                        f"{node_events._DETAIL_MAX_DEPTH} levels"},
+                                                        f"{node_events.DETAIL_MAX_DEPTH} levels"},
         },
     }
     return {"type": "object", "required": ["events"], "properties": {
