@@ -7,6 +7,7 @@ from billing.api.agent import NodeEventsView, NodePolicyView, NodeUndeliveredVie
 from billing.web import (
     admin_fleet,
     admin_pages,
+    api_tokens,
     health,
     invoices,
     language,
@@ -45,6 +46,8 @@ urlpatterns = [
     path("nodes/", admin_fleet.nodes, name="nodes"),
     path("nodes/tokens/", admin_fleet.node_token_issue, name="node-token-issue"),
     path("nodes/tokens/<int:token_id>/revoke/", admin_fleet.node_token_revoke, name="node-token-revoke"),
+    path("api-tokens/", api_tokens.api_tokens, name="api-tokens"),
+    path("api-tokens/<int:token_id>/revoke/", api_tokens.api_token_revoke, name="api-token-revoke"),
     path("rebalance/", rebalance.rebalance_list, name="rebalance"),
     re_path(r"^rebalance/(?P<plan_id>[0-9]+)/(?P<decision>approve|reject)/$", rebalance.rebalance_decide,
             name="rebalance-decide"),

@@ -176,16 +176,24 @@ if PRODUCTION:
                               r"^api/v1/admission/"]
 
 REST_FRAMEWORK = {
-    "DEFAULT_AUTHENTICATION_CLASSES": ["rest_framework.authentication.SessionAuthentication"],
+    # An API token first (docs/api.md): it is the one a script sends, and its class answers the 401
+    # challenge; a signed-in browser's session cookie (with its CSRF check) second.
+    "DEFAULT_AUTHENTICATION_CLASSES": ["billing.api.auth.ApiTokenAuthentication",
+                                       "rest_framework.authentication.SessionAuthentication"],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
     "EXCEPTION_HANDLER": "billing.api.errors.exception_handler",
 }
 SPECTACULAR_SETTINGS = {
     "TITLE": "vGPU Ledger API",
-    "DESCRIPTION": "Agent wire protocol v1 (usage batches, node policy, node events). See docs/protocol.md.",
+    "DESCRIPTION": "Agent wire protocol v1 (usage batches, node policy, node events, undelivered batches; "
+                   "docs/protocol.md), the admission webhook (docs/operations.md) and the read API (docs/api.md). "
+                   "Every error answers {\"errors\": [{\"path\", \"message\"}]}.",
     "VERSION": "1.0.0",
     "SERVE_INCLUDE_SCHEMA": False,
+    # billing.api.openapi: the answers every operation can give (503, 401 with its challenge, ...).
+    "POSTPROCESSING_HOOKS": ["drf_spectacular.hooks.postprocess_schema_enums",
+                             "billing.api.openapi.complete_responses"],
 }
 
 # The invoice issuer (docs/exports.md "Invoices"): legal entity, postal address (lines separated by

@@ -7,15 +7,18 @@ import logging
 import orjson
 from django.conf import settings
 from django.utils import timezone
+from drf_spectacular.utils import OpenApiResponse, extend_schema
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from billing.api.errors import domain_error_response
+from billing.api.openapi import ERRORS, AdmissionSchema, errors
 from billing.errors import DomainError, FieldError, InvalidBatch, NotAuthenticated
 from billing.metrics import count_admission_review
 from billing.services.admission import AdmissionDecision, review_pod
 from billing.services.admission_auth import authenticate_admission_caller, load_admission_credentials
+from billing.services.api_schemas import admission_reply_schema, admission_review_schema
 
 __all__ = ["PodAdmissionView"]
 
@@ -28,7 +31,22 @@ class PodAdmissionView(APIView):  # type: ignore[misc]  # DRF ships no type hint
     authentication_classes: list[type] = []
     permission_classes: list[type] = []
     parser_classes: list[type] = []
+    schema = AdmissionSchema()
 
+    @extend_schema(
+        operation_id="review_pod_admission",
+        summary="Validating admission webhook for Pods (AdmissionReview v1): budgets that block, GPU quotas",
+        request={"application/json": admission_review_schema()},
+        responses={
+            200: OpenApiResponse(admission_reply_schema(), description="The decision, as an AdmissionReview; "
+                                 "also when the check itself failed (admitted with a warning, or denied when "
+                                 "VGPU_ADMISSION_FAIL_CLOSED)"),
+            400: errors("Not JSON, not an admission.k8s.io/v1 AdmissionReview, or a field beyond its bound"),
+            401: OpenApiResponse({"allOf": [ERRORS, admission_reply_schema()]},
+                                 description="No valid credential, or none configured; nothing changed. The "
+                                 "body is both the error shape and an AdmissionReview that denies"),
+        },
+    )
     def post(self, request: Request) -> Response:
         credentials = load_admission_credentials()
         try:

@@ -6,16 +6,19 @@ import threading
 
 from django.conf import settings
 from django.utils import timezone
-from drf_spectacular.utils import OpenApiResponse, extend_schema, inline_serializer
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema, inline_serializer
 from rest_framework import serializers
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from billing.api.errors import domain_error_response
+from billing.api.openapi import NodeTokenSchema, errors
 from billing.errors import DomainError, Overloaded, PayloadTooLarge
 from billing.metrics import count_ingest_answer, count_ingested_samples
 from billing.models import Node
+from billing.services.api_schemas import node_events_schema, node_policy_schema, undelivered_report_schema
 from billing.services.batch_schema import usage_batch_schema
 from billing.services.ingest import decode_body, record_usage_batch
 from billing.services.node_events import record_node_events
@@ -27,10 +30,21 @@ __all__ = ["NodeEventsView", "NodePolicyView", "NodeUndeliveredView", "UsageBatc
 
 _in_flight = threading.BoundedSemaphore(settings.VGPU_INGEST_MAX_IN_FLIGHT)
 
-_errors_schema = inline_serializer(
-    "Errors",
-    {"errors": serializers.ListField(child=inline_serializer("Error", {"path": serializers.CharField(), "message": serializers.CharField()}))},
-)
+_stored = inline_serializer("Stored", {"status": serializers.CharField(), "accepted": serializers.IntegerField()})
+# The answers every agent endpoint can give before its body is read (401 and 503 come from the
+# hook in billing.api.openapi).
+_NODE_REFUSED = {
+    401: errors("Missing or unknown token; a ServiceAccount token the TokenReview rejects (expired, wrong "
+                "audience, pod gone, not an agent's); an API token (vgla_…)"),
+    403: errors("Revoked token, or another node's"),
+    503: errors("The database, or the Kubernetes API server that reviews ServiceAccount tokens, is down; "
+                "nothing stored, see Retry-After"),
+}
+_JSON_REFUSED = {
+    400: errors("Invalid body: every error with its JSON path; nothing stored"),
+    413: errors("Body too large, or expanding beyond the limit when gunzipped"),
+    415: errors("Not application/json, an unknown Content-Encoding, or not JSON in UTF-8"),
+}
 
 
 class _AgentView(APIView):  # type: ignore[misc]  # DRF ships no type hints
@@ -40,6 +54,7 @@ class _AgentView(APIView):  # type: ignore[misc]  # DRF ships no type hints
     authentication_classes: list[type] = []
     permission_classes: list[type] = []
     parser_classes: list[type] = []
+    schema = NodeTokenSchema()
 
     def handle_exception(self, exc: Exception) -> Response:
         if isinstance(exc, DomainError):
@@ -63,18 +78,14 @@ class UsageBatchView(_AgentView):
         summary="Upload one usage batch (vgpu-ledger/usage-batch/v1)",
         request={"application/json": usage_batch_schema()},
         responses={
-            201: inline_serializer("Stored", {"status": serializers.CharField(), "accepted": serializers.IntegerField()}),
-            200: inline_serializer("Duplicate", {"status": serializers.CharField()}),
-            400: OpenApiResponse(_errors_schema, description="Invalid batch; nothing stored"),
-            401: OpenApiResponse(_errors_schema, description="Missing or unknown token; a ServiceAccount token the "
-                                 "TokenReview rejects (expired, wrong audience, pod gone, not an agent's)"),
-            403: OpenApiResponse(_errors_schema, description="Revoked token or another node's"),
-            409: OpenApiResponse(_errors_schema, description="Same (node, batch_seq), different content"),
-            413: OpenApiResponse(_errors_schema, description="Too large"),
-            415: OpenApiResponse(_errors_schema, description="Not JSON"),
-            429: OpenApiResponse(_errors_schema, description="Shedding load; see Retry-After"),
-            503: OpenApiResponse(_errors_schema, description="The database, or the Kubernetes API server that "
-                                 "reviews ServiceAccount tokens, is down; nothing stored, see Retry-After"),
+            201: OpenApiResponse(_stored, description="Stored, all of it, in one transaction"),
+            200: OpenApiResponse(inline_serializer("Duplicate", {"status": serializers.CharField()}),
+                                 description="The same (node, batch_seq) with the same content is already stored"),
+            **_NODE_REFUSED, **_JSON_REFUSED,
+            403: errors("Revoked token, or another node's; or a GPU of the batch belongs to another node"),
+            409: errors("Same (node, batch_seq), different content"),
+            413: errors("Body, gunzipped JSON or sample count above its limit"),
+            429: errors("Shedding load; see Retry-After"),
         },
     )
     def post(self, request: Request) -> Response:
@@ -105,7 +116,21 @@ class UsageBatchView(_AgentView):
 
 
 class NodePolicyView(_AgentView):
-    @extend_schema(operation_id="get_node_policy", summary="The node's policy (SLA weights, budgets, enforcement); ETag")
+    @extend_schema(
+        operation_id="get_node_policy",
+        summary="The node's policy (SLA weights, budgets, enforcement); ETag",
+        parameters=[
+            OpenApiParameter("If-None-Match", OpenApiTypes.STR, OpenApiParameter.HEADER,
+                             description="the ETag of the policy the agent holds"),
+            OpenApiParameter("ETag", OpenApiTypes.STR, OpenApiParameter.HEADER, response=[200, 304],
+                             description="the policy's version, quoted"),
+        ],
+        responses={
+            200: OpenApiResponse(node_policy_schema(), description="The policy (vgpu-ledger/node-policy/v1)"),
+            304: OpenApiResponse(description="Not modified: If-None-Match named the current ETag"),
+            **_NODE_REFUSED,
+        },
+    )
     def get(self, request: Request, node: str) -> Response:
         authenticate_node(authorization=request.headers.get("Authorization"), node_name=node)
         policy = get_node_policy(node_name=node, now=timezone.now())
@@ -118,7 +143,13 @@ class NodePolicyView(_AgentView):
 class NodeEventsView(_AgentView):
     parser_classes: list[type] = []
 
-    @extend_schema(operation_id="post_node_events", summary="Enforcement actions taken by the node, for the audit log")
+    @extend_schema(
+        operation_id="post_node_events",
+        summary="Enforcement actions taken by the node, for the audit log",
+        request={"application/json": node_events_schema()},
+        responses={201: OpenApiResponse(_stored, description="All stored, in one transaction"),
+                   **_NODE_REFUSED, **_JSON_REFUSED},
+    )
     def post(self, request: Request, node: str) -> Response:
         node_row, payload = self._node_json(request, node)
         count = record_node_events(node=node_row, payload=payload, now=timezone.now())
@@ -129,14 +160,9 @@ class NodeUndeliveredView(_AgentView):
     @extend_schema(
         operation_id="post_node_undelivered",
         summary="Batches the node keeps because this service refused them (upsert on batch_seq)",
-        request={"application/json": {"type": "object"}},
-        responses={
-            201: inline_serializer("Reported", {"status": serializers.CharField(), "accepted": serializers.IntegerField()}),
-            400: OpenApiResponse(_errors_schema, description="Invalid report; nothing stored"),
-            401: OpenApiResponse(_errors_schema, description="Missing or unknown token"),
-            403: OpenApiResponse(_errors_schema, description="Revoked token or another node's"),
-            415: OpenApiResponse(_errors_schema, description="Not JSON"),
-        },
+        request={"application/json": undelivered_report_schema()},
+        responses={201: OpenApiResponse(_stored, description="All upserted, in one transaction"),
+                   **_NODE_REFUSED, **_JSON_REFUSED},
     )
     def post(self, request: Request, node: str) -> Response:
         node_row, payload = self._node_json(request, node)

@@ -12,6 +12,7 @@ import redis.exceptions
 from django.conf import settings
 from django.db import InterfaceError, OperationalError
 from django.http import HttpRequest, HttpResponse, JsonResponse
+from rest_framework.exceptions import APIException
 from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
 
@@ -51,7 +52,22 @@ def domain_error_response(exc: errors.DomainError) -> Response:
 def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | None:
     if isinstance(exc, errors.DomainError):
         return domain_error_response(exc)
-    return drf_exception_handler(exc, context)
+    response = drf_exception_handler(exc, context)
+    if response is not None and isinstance(exc, APIException):
+        # DRF's own refusals (401 from ApiTokenAuthentication, 403, 404, 405, 406, 415) in the one
+        # error shape every API answer has; DRF has already set WWW-Authenticate, Allow, Retry-After.
+        response.data = {"errors": _drf_errors(exc.detail, "$")}
+    return response
+
+
+def _drf_errors(detail: Any, path: str) -> list[dict[str, str]]:
+    """DRF's detail (a message, a list of them, or messages by field) as {"path", "message"}s."""
+    if isinstance(detail, dict):
+        return [e for key, value in detail.items()
+                for e in _drf_errors(value, path if key == "non_field_errors" else f"{path}.{key}")]
+    if isinstance(detail, list):
+        return [e for item in detail for e in _drf_errors(item, path)]
+    return [{"path": path, "message": str(detail)}]
 
 
 # What a request may meet when a service it depends on is down, and the name the caller is told.

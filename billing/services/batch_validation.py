@@ -415,7 +415,8 @@ def validate_batch(
         names = []
         for key in NAME_FIELDS:
             value = sample.get(key)
-            if value in good_names:
+            # A str before the set look-up: a list or an object there is unhashable (a 500, found by schemathesis).
+            if type(value) is str and value in good_names:
                 names.append(value)
                 continue
             if value == "" and key in OPTIONAL_NAMES:

@@ -11,14 +11,14 @@ from billing.errors import FieldError, InvalidBatch
 from billing.models import AuditEvent, Node
 from billing.services.input_limits import json_problem, max_length, text_problem
 
-__all__ = ["record_node_events"]
+__all__ = ["ACTION_MAX", "DETAIL_MAX_DEPTH", "MAX_EVENTS", "TARGET_MAX", "record_node_events"]
 
 MAX_EVENTS = 1000
 _ACTION_PREFIX = "agent."
 # Bounds of the audit columns the event lands in.
-_ACTION_MAX = max_length(AuditEvent, "action") - len(_ACTION_PREFIX)
-_TARGET_MAX = max_length(AuditEvent, "object_id")
-_DETAIL_MAX_DEPTH = 16
+ACTION_MAX = max_length(AuditEvent, "action") - len(_ACTION_PREFIX)
+TARGET_MAX = max_length(AuditEvent, "object_id")
+DETAIL_MAX_DEPTH = 16
 
 
 def record_node_events(*, node: Node, payload: Any, now: datetime) -> int:
@@ -41,15 +41,15 @@ def record_node_events(*, node: Node, payload: Any, now: datetime) -> int:
             continue
         if at > now + timedelta(minutes=5):
             errors.append(FieldError(f"{path}.at", "is in the future"))
-        if not isinstance(action, str) or not 1 <= len(action) <= _ACTION_MAX or text_problem(action):
-            errors.append(FieldError(f"{path}.action", f"must be a string of 1 to {_ACTION_MAX} characters "
+        if not isinstance(action, str) or not 1 <= len(action) <= ACTION_MAX or text_problem(action):
+            errors.append(FieldError(f"{path}.action", f"must be a string of 1 to {ACTION_MAX} characters "
                                                        "without NUL or lone surrogates"))
-        if not isinstance(target, str) or not 1 <= len(target) <= _TARGET_MAX or text_problem(target):
-            errors.append(FieldError(f"{path}.target", f"must name what was acted on (1 to {_TARGET_MAX} "
+        if not isinstance(target, str) or not 1 <= len(target) <= TARGET_MAX or text_problem(target):
+            errors.append(FieldError(f"{path}.target", f"must name what was acted on (1 to {TARGET_MAX} "
                                                        "characters, without NUL or lone surrogates)"))
         if not isinstance(detail, dict):
             errors.append(FieldError(f"{path}.detail", "must be an object"))
-        elif problem := json_problem(detail, max_depth=_DETAIL_MAX_DEPTH):
+        elif problem := json_problem(detail, max_depth=DETAIL_MAX_DEPTH):
             errors.append(FieldError(f"{path}.detail", problem))
         rows.append(
             AuditEvent(

@@ -7,6 +7,7 @@ import secrets
 import time
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Literal
 
 from django.core.exceptions import ValidationError
 from django.db import connection, transaction
@@ -18,14 +19,20 @@ from billing.models.fleet import node_name_validator
 from billing.services.audit import record_audit_event
 from billing.services.node_identity import authenticate_service_account_token
 
-__all__ = ["IssuedToken", "authenticate_node", "issue_node_token", "revoke_node_token", "token_sha256"]
+__all__ = ["IssuedToken", "authenticate_node", "issue_node_token", "note_token_use", "revoke_node_token",
+           "token_sha256"]
 
-# Token id -> monotonic time of this process's last `last_used_at` write: once a minute per
-# process is enough for "when did this node last call in", and keeps the hot path read-only.
-_used: dict[int, float] = {}
+# (table, token id) -> monotonic time of this process's last `last_used_at` write: once a minute
+# per process is enough for "when was this token last used", and keeps the hot path read-only.
+_used: dict[tuple[str, int], float] = {}
 _USE_WRITE_EVERY_S = 60.0
 
 TOKEN_PREFIX = "vgl_"  # noqa: S105 - a public marker that makes leaked tokens greppable, not a secret
+# The read API's tokens (billing.services.api_tokens) start "vgla_": told apart from a node's by
+# the prefix alone, so neither kind is ever looked up, or sent to a TokenReview, as the other.
+API_TOKEN_PREFIX = "vgla_"  # noqa: S105 - as above
+
+TokenTable = Literal["billing_nodetoken", "billing_apitoken"]
 
 
 def token_sha256(token: str) -> str:
@@ -86,14 +93,18 @@ def revoke_node_token(*, token_id: int, now: datetime, actor_label: str, actor_i
         )
 
 
-def _note_use(token_id: int) -> None:
+def note_token_use(table: TokenTable, token_id: int) -> None:
+    """Record that a token was used, at most once a minute per process and token (node tokens and
+    API tokens alike)."""
     now = time.monotonic()
-    if now - _used.get(token_id, -_USE_WRITE_EVERY_S) < _USE_WRITE_EVERY_S:
+    if now - _used.get((table, token_id), -_USE_WRITE_EVERY_S) < _USE_WRITE_EVERY_S:
         return
     with connection.cursor() as cur:
         # The service's clock, not the database's: every instant the service compares is on one clock.
-        cur.execute("UPDATE billing_nodetoken SET last_used_at = %s WHERE id = %s", [timezone.now(), token_id])
-    _used[token_id] = now
+        # `table` is one of two literals (TokenTable), never input.
+        cur.execute(f"UPDATE {table} SET last_used_at = %s WHERE id = %s",  # noqa: S608
+                    [timezone.now(), token_id])
+    _used[(table, token_id)] = now
 
 
 def authenticate_node(*, authorization: str | None, node_name: str | None) -> Node:
@@ -109,6 +120,8 @@ def authenticate_node(*, authorization: str | None, node_name: str | None) -> No
     token = token.strip()
     if scheme.lower() != "bearer" or not token:
         raise NotAuthenticated("Authorization must be 'Bearer <node token>'")
+    if token.startswith(API_TOKEN_PREFIX):
+        raise NotAuthenticated("this is an API token (vgla_…), for the read API; agents use a node token (vgl_…)")
     if not token.startswith(TOKEN_PREFIX):
         return authenticate_service_account_token(token=token, node_name=node_name, now=timezone.now())
     # One indexed look-up on the hashed token (hot path of every agent request).
@@ -126,5 +139,5 @@ def authenticate_node(*, authorization: str | None, node_name: str | None) -> No
         raise Forbidden(f"node token {prefix}… was revoked; issue a new one with create_node_token")
     if node_name is not None and node_name != name:
         raise Forbidden(f"this token belongs to node {name!r}, not {node_name!r}")
-    _note_use(token_id)
+    note_token_use("billing_nodetoken", token_id)
     return Node.from_db("default", ["id", "name"], [node_id, name])

@@ -56,6 +56,9 @@ HOSTILE = [
     ("trailing newline in a name", lambda p: with_sample(p, tenant="acme\n"), 400, "$.samples[3].tenant"),
     ("timestamp at the end of time", lambda p: with_sample(p, start="9999-12-31T23:59:59Z"), 400, "$.samples[3].start"),
     ("node name of 300", lambda p: p.update(node="n" * 300) or p, 400, "$.node"),
+    # Issue 17: schemathesis found this one (an unhashable value met the set of names seen).
+    ("an object for a name", lambda p: with_sample(p, tenant={"a": 1}), 400, "$.samples[3].tenant"),
+    ("a list for a name", lambda p: with_sample(p, namespace=["x"]), 400, "$.samples[3].namespace"),
 ]
 
 
