@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import gzip
 import json
-from collections.abc import Callable
+import os
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -18,6 +19,7 @@ from billing.ledger.rollup import rebuild_days
 from billing.models import Tenant, TenantMembership
 from billing.services.tokens import IssuedToken, issue_node_token
 from tests import clock
+from tests.demo_process import Demo, demo_environment, running_demo
 
 A100 = {"model": "NVIDIA A100-SXM4-80GB", "memory_mb": 81920, "sm_count": 108}
 
@@ -45,6 +47,32 @@ def one_usd_per_gpu_second(db):  # type: ignore[no-untyped-def]
 @pytest.fixture
 def node_token(db) -> IssuedToken:  # type: ignore[no-untyped-def]
     return issue_node_token(node_name="gpu-node-1", now=clock.now(), actor_label="test")
+
+
+@pytest.fixture(scope="session")
+def demo(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Demo]:
+    """One `make demo` for every test that reads the running product (browser journeys, the page
+    sums walk, the slim agent, the allocation API): a demo takes minutes to start and simulate its
+    history, and each one more was minutes more of the suite. Its tests run last
+    (pytest_collection_modifyitems), so it never runs beside the rest."""
+    data = tmp_path_factory.mktemp("shared-demo")
+    # Simulated days of this month give the charts over time something to draw: two keep the
+    # suite quick; `make screenshots` asks for a week.
+    days = int(os.environ.get("VGPU_BROWSER_HISTORY_DAYS", "2"))
+    with demo_environment(data, name=f"vgpu_shared_demo_{os.getpid()}", redis_db=12, history_days=days) as env:
+        # A web worker's first request imports the whole service (scipy included); on a loaded
+        # machine that outlasts gunicorn's default 30 s worker timeout, and the demo never gets healthy.
+        env["GUNICORN_CMD_ARGS"] = "--timeout 300"
+        with running_demo(env, startup_timeout_s=600) as running:
+            running.wait_for_history(timeout_s=600)
+            running.wait_for_recent_days(timeout_s=600)
+            yield running
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Tests on the shared demo last, in their own order: the demo starts with the first of them
+    and stops at the end of the session, so it never loads the machine under the other tests."""
+    items.sort(key=lambda item: "demo" in getattr(item, "fixturenames", ()))
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:

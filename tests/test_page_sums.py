@@ -12,11 +12,9 @@ from __future__ import annotations
 
 import csv
 import io
-import os
 import re
 import time
 from collections import defaultdict
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import timedelta
 from decimal import Decimal
@@ -34,7 +32,7 @@ from billing.services.exports import GPU_HOURS_PLACES
 from billing.services.exports.focus_dataset import dataset_file_names
 from tests import clock
 from tests.conftest import user_in, with_day
-from tests.demo_process import Demo, demo_environment, running_demo
+from tests.demo_process import Demo
 from tests.focus_validator import assert_passes, write_focus_csv
 
 # The demo migrates, then meters a simulated day of last month and one of this month before the
@@ -50,19 +48,6 @@ SEEDS = ("/", "/finance/", "/tenants/", "/invoices/", "/periods/", "/reports/", 
 SKIP = re.compile(r"^/(accounts/logout|i18n/|api/|static/|metrics|healthz|readyz)|\.pdf$")
 MAX_VARIANTS_PER_PATH = 12  # query strings followed per path (the audit log pages on and on)
 NUMBER = re.compile(r"[−-]?\d[\d,]*(?:\.\d+)?")
-
-
-@pytest.fixture(scope="module")
-def demo(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Demo]:
-    data = tmp_path_factory.mktemp("page-sums-demo")
-    with demo_environment(data, name=f"vgpu_sums_test_{os.getpid()}", redis_db=14, history_days=1) as env:
-        # A web worker's first request imports the whole service (scipy included); on a loaded
-        # machine that outlasts gunicorn's default 30 s worker timeout, and the demo never gets healthy.
-        env["GUNICORN_CMD_ARGS"] = "--timeout 300"
-        with running_demo(env, startup_timeout_s=600) as running:
-            running.wait_for_history(timeout_s=600)
-            running.wait_for_recent_days(timeout_s=600)
-            yield running
 
 
 def _login(demo: Demo, username: str, language: str) -> requests.Session:

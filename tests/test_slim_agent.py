@@ -4,8 +4,8 @@ that cannot import Django, Celery, scipy, reportlab or the embedded servers, and
 run from that environment, meters a simulated node and uploads it to `make demo` — the real
 launcher, with web, worker and beat — where the batches are stored and rolled up.
 
-The install needs PyPI (or pip's cache); CI has it. It runs while the demo starts: the two take
-about as long as the demo alone."""
+The install needs PyPI (or pip's cache); CI has it. The demo is the suite's shared one
+(tests/conftest.py)."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ import pytest
 import requests
 
 from tests import clock
-from tests.demo_process import ROOT, demo_environment, running_demo
+from tests.demo_process import ROOT, Demo
 from tests.deploy.dockerfiles import AGENT, build_context
 
 NODE = "slim-agent-node"
@@ -88,68 +88,61 @@ def _batches(database_url: str, node: str) -> list[tuple]:
     return rows
 
 
-@pytest.fixture
-def demo_env(tmp_path):
-    with demo_environment(tmp_path / "demo-data", name=f"vgpu_slim_agent_test_{os.getpid()}", redis_db=11) as env:
-        yield env
-
-
 @pytest.mark.timeout(600)
-def test_the_agent_extra_installs_a_django_free_agent_that_uploads_to_make_demo(tmp_path, demo_env):
+def test_the_agent_extra_installs_a_django_free_agent_that_uploads_to_make_demo(tmp_path, demo: Demo):
     started = time.monotonic()
     install, venv = _start_agent_install(tmp_path)
-    with running_demo(demo_env) as demo:
-        output, _ = install.communicate(timeout=400)
-        assert install.returncode == 0, output[-3000:]
-        install_s = time.monotonic() - started
+    output, _ = install.communicate(timeout=400)
+    assert install.returncode == 0, output[-3000:]
+    install_s = time.monotonic() - started
 
-        # Nothing of the service came along.
-        probe = _python(venv, "import importlib.util, json, sys; "
-                        f"print(json.dumps([m for m in {list(SERVICE_ONLY)!r} if importlib.util.find_spec(m)]))",
-                        cwd=tmp_path)
-        assert probe.returncode == 0, probe.stderr
-        assert json.loads(probe.stdout) == []
-        django = _python(venv, "import django", cwd=tmp_path)
-        assert django.returncode != 0 and "No module named 'django'" in django.stderr, django
+    # Nothing of the service came along.
+    probe = _python(venv, "import importlib.util, json, sys; "
+                    f"print(json.dumps([m for m in {list(SERVICE_ONLY)!r} if importlib.util.find_spec(m)]))",
+                    cwd=tmp_path)
+    assert probe.returncode == 0, probe.stderr
+    assert json.loads(probe.stdout) == []
+    django = _python(venv, "import django", cwd=tmp_path)
+    assert django.returncode != 0 and "No module named 'django'" in django.stderr, django
 
-        # What the agent imports is there, and it is the installed copy, not this checkout's.
-        imports = _python(venv, f"import json, sysconfig, {', '.join(AGENT_IMPORTS)}; "
-                          "print(json.dumps([agents.__main__.__file__, sysconfig.get_paths()['purelib']]))", cwd=tmp_path)
-        assert imports.returncode == 0, imports.stderr
-        agent_file, site_packages = map(Path, json.loads(imports.stdout))
-        assert agent_file.is_relative_to(site_packages) and not agent_file.is_relative_to(ROOT), agent_file
+    # What the agent imports is there, and it is the installed copy, not this checkout's.
+    imports = _python(venv, f"import json, sysconfig, {', '.join(AGENT_IMPORTS)}; "
+                      "print(json.dumps([agents.__main__.__file__, sysconfig.get_paths()['purelib']]))", cwd=tmp_path)
+    assert imports.returncode == 0, imports.stderr
+    agent_file, site_packages = map(Path, json.loads(imports.stdout))
+    assert agent_file.is_relative_to(site_packages) and not agent_file.is_relative_to(ROOT), agent_file
 
-        # A node token, issued as an operator does (manage.py on the service's database).
-        token = subprocess.run([sys.executable, "manage.py", "create_node_token", NODE], cwd=ROOT, env=demo.env,
-                               capture_output=True, text=True, check=True, timeout=60).stdout.strip()
-        token_file = tmp_path / "token"
-        token_file.write_text(token + "\n")
-        scenario = subprocess.run([str(venv / "bin" / "vgpu-agent"), "scenario", "--node", NODE, "--seed", "7",
-                                   "--tenants", "acme:gold,globex:silver"],
-                                  cwd=tmp_path, env=_outside_env(), capture_output=True, text=True, check=True)
-        (tmp_path / "scenario.json").write_text(scenario.stdout)
+    # A node token, issued as an operator does (manage.py on the service's database).
+    token = subprocess.run([sys.executable, "manage.py", "create_node_token", NODE], cwd=ROOT, env=demo.env,
+                           capture_output=True, text=True, check=True, timeout=60).stdout.strip()
+    token_file = tmp_path / "token"
+    token_file.write_text(token + "\n")
+    scenario = subprocess.run([str(venv / "bin" / "vgpu-agent"), "scenario", "--node", NODE, "--seed", "7",
+                               "--tenants", "acme:gold,globex:silver"],
+                              cwd=tmp_path, env=_outside_env(), capture_output=True, text=True, check=True)
+    (tmp_path / "scenario.json").write_text(scenario.stdout)
 
-        # The metered seconds end now: they must lie in the month the demo has open.
-        clock.wait_until_the_month_holds(timedelta(seconds=ONCE_SECONDS + 5))
-        run = subprocess.run(
-            [str(venv / "bin" / "python"), "-m", "agents", "run", "--server", demo.base, "--token-file", str(token_file),
-             "--backend", "sim", "--scenario", str(tmp_path / "scenario.json"), "--spool", str(tmp_path / "spool.sqlite"),
-             "--once-seconds", str(ONCE_SECONDS), "--batch-seconds", str(BATCH_SECONDS)],
-            cwd=tmp_path, env=_outside_env(), capture_output=True, text=True, timeout=180,
-        )
-        assert run.returncode == 0, f"exit {run.returncode} (75: batches left in the spool)\n{run.stderr[-3000:]}"
+    # The metered seconds end now: they must lie in the month the demo has open.
+    clock.wait_until_the_month_holds(timedelta(seconds=ONCE_SECONDS + 5))
+    run = subprocess.run(
+        [str(venv / "bin" / "python"), "-m", "agents", "run", "--server", demo.base, "--token-file", str(token_file),
+         "--backend", "sim", "--scenario", str(tmp_path / "scenario.json"), "--spool", str(tmp_path / "spool.sqlite"),
+         "--once-seconds", str(ONCE_SECONDS), "--batch-seconds", str(BATCH_SECONDS)],
+        cwd=tmp_path, env=_outside_env(), capture_output=True, text=True, timeout=180,
+    )
+    assert run.returncode == 0, f"exit {run.returncode} (75: batches left in the spool)\n{run.stderr[-3000:]}"
 
-        # Server side: every metered second is in a stored batch, and the rollup took them all.
-        deadline = time.monotonic() + 60
+    # Server side: every metered second is in a stored batch, and the rollup took them all.
+    deadline = time.monotonic() + 60
+    rows = _batches(demo.env["DATABASE_URL"], NODE)
+    while not (rows and all(r[4] for r in rows)) and time.monotonic() < deadline:
+        time.sleep(1)
         rows = _batches(demo.env["DATABASE_URL"], NODE)
-        while not (rows and all(r[4] for r in rows)) and time.monotonic() < deadline:
-            time.sleep(1)
-            rows = _batches(demo.env["DATABASE_URL"], NODE)
-        assert rows, "the service stored no batch from the slim agent"
-        assert sum(((end - start) for _, start, end, _, _ in rows), timedelta()) == timedelta(seconds=ONCE_SECONDS)
-        assert all(count > 0 for *_, count, _ in rows), rows
-        assert all(rolled for *_, rolled in rows), f"not every batch was rolled up within a minute: {rows}"
-        health = requests.get(f"{demo.base}/healthz", timeout=10).json()
-        assert health["ledger"]["undelivered_batches"] == 0, health
-        print(f"slim agent: installed in {install_s:.0f} s (with the demo starting alongside); "
-              f"{len(rows)} batches stored and rolled up; {time.monotonic() - started:.0f} s in all")
+    assert rows, "the service stored no batch from the slim agent"
+    assert sum(((end - start) for _, start, end, _, _ in rows), timedelta()) == timedelta(seconds=ONCE_SECONDS)
+    assert all(count > 0 for *_, count, _ in rows), rows
+    assert all(rolled for *_, rolled in rows), f"not every batch was rolled up within a minute: {rows}"
+    health = requests.get(f"{demo.base}/healthz", timeout=10).json()
+    assert health["ledger"]["undelivered_batches"] == 0, health
+    print(f"slim agent: installed in {install_s:.0f} s "
+          f"{len(rows)} batches stored and rolled up; {time.monotonic() - started:.0f} s in all")

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from playwright.sync_api import Browser, BrowserContext, Page, sync_playwright
 
-from tests.demo_process import Demo, demo_environment, running_demo
+from tests.demo_process import Demo
 
 CHROMIUM = os.environ.get("VGPU_CHROMIUM", "/usr/bin/chromium")
 # The flags a headless Chromium needs as root on a machine with no outside network.
@@ -24,19 +24,6 @@ CHROMIUM_ARGS = [
     "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
     "--disable-background-networking", "--disable-component-update", "--disable-sync",
 ]
-
-
-@pytest.fixture(scope="session")
-def demo(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Demo]:
-    data = tmp_path_factory.mktemp("browser-demo")
-    # Simulated days of this month give the charts over time something to draw: two keep the
-    # suite quick; `make screenshots` asks for a week.
-    days = int(os.environ.get("VGPU_BROWSER_HISTORY_DAYS", "2"))
-    with demo_environment(data, name=f"vgpu_browser_test_{os.getpid()}", redis_db=12, history_days=days) as env:
-        with running_demo(env) as running:
-            running.wait_for_history()
-            running.wait_for_recent_days()
-            yield running
 
 
 @pytest.fixture(scope="session")
