@@ -151,6 +151,13 @@ def _filters_sql(filters: Mapping[str, Sequence[str]], params: dict[str, Any], s
     return "".join(f" AND {c}" for c in clauses)
 
 
+def _requested_sql(field: str) -> str:
+    """A row's requested quantity × its seconds, NULL unless the container's request is a JSON number
+    (a malformed one is unknown, not an error)."""
+    value = f"m.requests -> u.container -> '{field}'"
+    return f"(CASE WHEN jsonb_typeof({value}) = 'number' THEN ({value})::text::numeric * u.seconds END)"
+
+
 def list_usage_groups(
     *, start: datetime, end: datetime, step: timedelta | None, keys: Sequence[str],
     filters: Mapping[str, Sequence[str]], tenants: Collection[str] | None, by_node: bool,
@@ -169,8 +176,7 @@ def list_usage_groups(
                 if needs_gpu else "")
     keys_array = "ARRAY[" + ", ".join(f"({s})::text" for s in key_sql) + "]::text[]" if key_sql else "ARRAY[]::text[]"
     node = "n.name" if by_node else "''"
-    mem_req = "((m.requests -> u.container ->> 'mem_mb')::numeric * u.seconds)"
-    sm_req = "((m.requests -> u.container ->> 'sm')::numeric * u.seconds)"
+    mem_req, sm_req = _requested_sql("mem_mb"), _requested_sql("sm")
     # A group's requested figure is known only if every one of its rows' is.
     sql = (
         f"SELECT {_set_sql(ledger, 'u', step, params)} AS set_start, {keys_array} AS keys, {node} AS node, "  # noqa: S608 - fixed SQL

@@ -206,6 +206,9 @@ def test_requested_resources_from_workload_meta(fleet) -> None:  # type: ignore[
     [s] = allocation_sets(FINANCE, window=DAY, aggregate=["pod"])
     assert s["bert"].mem_requested_mb_s == D(7200) and s["bert"].sm_requested_s == D(1800)
     assert s["llm"].mem_requested_mb_s is None  # a WorkloadMeta row without this container's request
+    WorkloadMeta.objects.filter(pod="llm").update(requests={"main": {"mem_mb": "lots", "sm": 1}})
+    [s] = allocation_sets(FINANCE, window=DAY, aggregate=["pod"])
+    assert s["llm"].mem_requested_mb_s is None and s["llm"].sm_requested_s == D(3600)  # malformed is unknown
 
 
 def test_filters(fleet) -> None:  # type: ignore[no-untyped-def]
