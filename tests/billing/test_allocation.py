@@ -52,6 +52,7 @@ def utc(year: int, month: int, day: int, hour: int = 0, minute: int = 0, second:
     ("lastweek", utc(2026, 3, 4, 9), utc(2026, 2, 22), utc(2026, 3, 1)),
     ("lastweek", utc(2026, 3, 7, 23, 59), utc(2026, 2, 22), utc(2026, 3, 1)),
     ("month", utc(2028, 2, 29, 23, 59), utc(2028, 2, 1), utc(2028, 2, 29, 23, 59)),
+    ("month", utc(2028, 3, 1), utc(2028, 3, 1), utc(2028, 3, 1)),  # empty at its first instant
     ("lastmonth", utc(2028, 3, 1, 0, 0, 1), utc(2028, 2, 1), utc(2028, 3, 1)),
     ("lastmonth", utc(2027, 1, 31, 23, 59), utc(2026, 12, 1), utc(2027, 1, 1)),
     ("lastmonth", utc(2026, 3, 31, 12), utc(2026, 2, 1), utc(2026, 3, 1)),
@@ -65,10 +66,6 @@ def utc(year: int, month: int, day: int, hour: int = 0, minute: int = 0, second:
     ("1772323200,1772409600", utc(2030, 1, 1), utc(2026, 3, 1), utc(2026, 3, 2)),
 ])
 def test_window_forms(text: str, now: datetime, start: datetime, end: datetime) -> None:
-    if start == end:
-        with pytest.raises(ParameterError):
-            parse_window(text, now=now)
-        return
     assert parse_window(text, now=now) == Window(start, end)
 
 
@@ -78,6 +75,11 @@ def test_bad_windows_name_the_window(text: str) -> None:
     with pytest.raises(ParameterError) as caught:
         parse_window(text, now=utc(2026, 3, 2))
     assert caught.value.parameter == "window" and str(caught.value).startswith("window: ")
+
+
+def test_an_empty_window_has_one_empty_set(db) -> None:  # type: ignore[no-untyped-def]
+    empty = parse_window("month", now=utc(2028, 3, 1))
+    assert allocation_sets(FINANCE, window=empty, aggregate=["pod"], include_idle=True) == [{}]
 
 
 def test_windows_align_to_the_ledger_hours() -> None:

@@ -21,7 +21,7 @@ from billing.ledger.models import GpuHour, UsageHour, WorkloadMeta
 from billing.ledger.rollup import rebuild_days
 from billing.models import InvoiceLine, Node, RateCard, Tenant
 from billing.money import to_minor_units
-from billing.queries.allocation import IDLE, UNALLOCATED, Window, accumulated, allocation_sets
+from billing.queries.allocation import IDLE, UNALLOCATED, ParameterError, Window, accumulated, allocation_sets
 from billing.scope import FINANCE_GROUP, Scope
 from billing.services.invoicing import close_period
 from tests.conftest import user_in
@@ -285,3 +285,30 @@ def test_sums_do_not_depend_on_aggregation_or_step(db, usages, idles, keys, step
             assert (a.total_cost, a.gpu_cost, a.shared_idle_cost, a.gpu_hours, a.seconds, a.mem_requested_mb_s) == \
                 (b.total_cost, b.gpu_cost, b.shared_idle_cost, b.gpu_hours, b.seconds, b.mem_requested_mb_s)
         transaction.set_rollback(True)
+
+
+_text = st.text(alphabet=st.characters(codec="utf-8", exclude_categories=["Cs"]), max_size=40)
+_part = st.one_of(_text, st.sampled_from(["7d", "30m", "lastmonth", "week", "1d", "0h", "99999w", "namespace",
+                                         "label:app", 'pod:"a"+label[x]:"b"', 'pod:"a\x00"', "label:a\x00", "true", "1772323200,1", "a,b",
+                                         "2026-03-01T00:00:00Z,2026-03-02T00:00:00+14:00"]))
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(params=st.dictionaries(st.sampled_from(["window", "aggregate", "step", "accumulate", "includeIdle",
+                                               "shareIdle", "idleByNode", "filter"]), _part))
+def test_any_parameters_answer_200_or_a_400_naming_one(db, params: dict[str, str]) -> None:  # type: ignore[no-untyped-def]
+    code, body = get(finance_client(), **params)
+    assert code in (200, 400), body
+    if code == 400:
+        assert body["parameter"] in params or body["parameter"] == "window"
+
+
+@pytest.mark.parametrize(("params", "parameter"), [
+    ({"window": "7d", "filter": 'pod:"a\x00"'}, "filter"), ({"window": "7d", "aggregate": "label:a\x00"}, "aggregate"),
+    ({"window": "7d", "filter": 'label[a\x00]:"b"'}, "filter"),
+])
+def test_nul_characters_are_a_400(db, params: dict[str, str], parameter: str) -> None:  # type: ignore[no-untyped-def]
+    code, body = get(finance_client(), **params)
+    assert code == 400 and body["parameter"] == parameter
+    with pytest.raises(ParameterError):
+        allocation_sets(FINANCE, window=Window(FEB_START, MAR_START), aggregate=["pod"], filters={"pod": ["a\x00"]})
