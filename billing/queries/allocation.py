@@ -205,7 +205,10 @@ def align_window(window: Window) -> Window:
     (the ledger's resolution). The response states these bounds."""
     start = _floor(window.start, _HOUR)
     end = _floor(window.end, _HOUR)
-    return Window(start, end if end == window.end else end + _HOUR)
+    try:
+        return Window(start, end if end == window.end else end + _HOUR)
+    except OverflowError as exc:  # the last hour of year 9999
+        raise ParameterError("window", gettext("the end is out of range")) from exc
 
 
 def parse_step(text: str | None) -> timedelta | None:
