@@ -140,7 +140,10 @@ def _parse_instant(text: str) -> datetime:
     if at.tzinfo is None:
         raise ParameterError("window", gettext("%(value)r has no time zone (end it with Z or an offset)")
                              % {"value": text})
-    return at.astimezone(UTC)
+    try:
+        return at.astimezone(UTC)
+    except OverflowError as exc:  # year 1 or 9999 moved past the calendar's edge by its offset
+        raise ParameterError("window", gettext("%(value)r is out of range") % {"value": text}) from exc
 
 
 def _printable(parameter: str, text: str) -> str:
