@@ -7,6 +7,7 @@ from billing.api.agent import NodeEventsView, NodePolicyView, NodeUndeliveredVie
 from billing.web import (
     admin_fleet,
     admin_pages,
+    explore,
     health,
     invoices,
     language,
@@ -30,6 +31,7 @@ urlpatterns = [
     path("api/v1/admission/pods", PodAdmissionView.as_view(), name="admission-pods"),
     path("api/v1/schema", SpectacularAPIView.as_view(), name="openapi-schema"),
     path("finance/", views.finance_overview, name="finance-overview"),
+    path("explore/", explore.explore, name="explore"),
     path("tenants/", portal.tenant_list, name="tenant-list"),
     path("tenants/<slug:slug>/", portal.tenant_portal, name="tenant-portal"),
     path("budgets/", admin_pages.budgets, name="budgets"),

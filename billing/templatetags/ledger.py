@@ -46,3 +46,14 @@ def current(context: template.Context, *url_names: str) -> str:
     """` aria-current="page"` when the request resolved to one of `url_names` (nav highlighting)."""
     match = getattr(context.get("request"), "resolver_match", None)
     return mark_safe(' aria-current="page"') if match and match.url_name in url_names else ""  # noqa: S308
+
+
+@register.filter
+def gib(value: object) -> object:
+    """MB as GiB (1024 MB), for the right-sizing figures; None and "" pass through."""
+    if value is None or value == "":
+        return value
+    try:
+        return Decimal(str(value)) / 1024
+    except InvalidOperation:
+        return value
