@@ -1,0 +1,249 @@
+"""The allocation API's reads (issue 17, billing.queries.allocation): usage summed per set (a step
+of the window) and per grouping key, and the platform's idle per set and node. Frozen rows in ledger
+units; naming, idle sharing and scope rules are the query's.
+
+A grouping key is one of GROUP_KEYS or `label:<name>`; each maps to a fixed SQL expression below
+(label names and filter values travel as parameters, never in the statement text). Workload facts
+the ledger rows lack (controller, labels, per-container requests) come from WorkloadMeta joined on
+the ledger's own key (namespace, pod, pod_uid); a workload without that row, or a label it does not
+carry, groups under UNALLOCATED, OpenCost's name for it. A node without a cluster does too.
+
+The window is read from the day ledger when it is whole UTC days and every set is (billing.ledger.
+reads.ledger_for), else from hours; sets are `date_bin(step, at, window start)`, so a set's rows are
+exactly those of its hours or days. Every statement is one pass over the window's rows.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from decimal import Decimal
+from typing import Any
+
+from billing.ledger import reads
+from billing.ledger.models import WorkloadMeta
+from billing.ledger.reads import fetch_rows, period_read_cursor
+from billing.models.fleet import Node
+
+__all__ = [
+    "GPU_KEYS",
+    "GROUP_KEYS",
+    "LABEL_PREFIX",
+    "UNALLOCATED",
+    "IdleRow",
+    "UsageGroupRow",
+    "get_window_currency",
+    "is_group_key",
+    "list_idle_rows",
+    "list_usage_groups",
+    "set_ledger",
+]
+
+UNALLOCATED = "__unallocated__"
+LABEL_PREFIX = "label:"
+_DAY = timedelta(days=1)
+
+_META = WorkloadMeta._meta.db_table
+_NODE = Node._meta.db_table
+
+# Grouping key -> SQL over the usage row `u`, its GPU row `g`, node `n` and metadata `m`.
+_KEY_SQL: dict[str, str] = {
+    "cluster": f"coalesce(nullif(n.cluster, ''), '{UNALLOCATED}')",
+    "node": "n.name",
+    "namespace": "u.namespace",
+    "controllerKind": f"coalesce(nullif(m.controller_kind, ''), '{UNALLOCATED}')",
+    # OpenCost names a controller "<kind>:<name>", so two kinds' same-named controllers stay apart.
+    "controller": (f"CASE WHEN coalesce(m.controller_name, '') = '' THEN '{UNALLOCATED}' "
+                   "WHEN m.controller_kind = '' THEN m.controller_name "
+                   "ELSE m.controller_kind || ':' || m.controller_name END"),
+    "pod": "u.pod",
+    "container": "u.container",
+    "tenant": "u.tenant",
+    "gpu_model": "g.gpu_model",
+    "sla_tier": "u.sla_tier",
+    "gpu": "u.gpu_uuid",
+}
+GROUP_KEYS: tuple[str, ...] = tuple(_KEY_SQL)
+# Keys a GPU row has too: the only filters that narrow the platform's idle.
+GPU_KEYS = frozenset({"cluster", "node", "gpu_model", "gpu"})
+_GPU_KEY_SQL = {"cluster": _KEY_SQL["cluster"], "node": "n.name", "gpu_model": "g.gpu_model", "gpu": "g.gpu_uuid"}
+
+
+def is_group_key(key: str) -> bool:
+    return key in _KEY_SQL or (key.startswith(LABEL_PREFIX) and len(key) > len(LABEL_PREFIX))
+
+
+def _key_sql(key: str, params: dict[str, Any]) -> str:
+    if key in _KEY_SQL:
+        return _KEY_SQL[key]
+    if not is_group_key(key):
+        raise ValueError(f"unknown grouping key {key!r}")
+    name = f"label_{len(params)}"
+    params[name] = key[len(LABEL_PREFIX):]
+    return f"coalesce(m.labels ->> %({name})s, '{UNALLOCATED}')"
+
+
+def set_ledger(start: datetime, end: datetime, step: timedelta | None) -> reads.Ledger:
+    """Days when the window and every set are whole UTC days, else hours."""
+    ledger = reads.ledger_for(start, end)
+    if step is not None and step % _DAY:
+        return reads.HOURS
+    return ledger
+
+
+@dataclass(frozen=True)
+class UsageGroupRow:
+    """Usage of one set (`set_start`) and one group (`keys`, in the order asked; `node` too when
+    asked per node), ledger units. A requested figure is None when any row of the group has no
+    known request."""
+
+    set_start: datetime
+    keys: tuple[str, ...]
+    node: str
+    first_hour: datetime  # start of the first ledger hour with usage
+    last_hour: datetime  # start of the last
+    seconds: Decimal
+    share_gpu_s: Decimal
+    charge: Decimal
+    idle_share: Decimal
+    mem_used_mb_s: Decimal
+    mem_granted_mb_s: Decimal
+    mem_requested_mb_s: Decimal | None
+    sm_used_s: Decimal
+    sm_granted_s: Decimal
+    sm_requested_s: Decimal | None
+
+
+@dataclass(frozen=True)
+class _UsageSql:
+    set_start: datetime
+    keys: list[str]
+    node: str
+    first_hour: datetime
+    last_hour: datetime
+    seconds: Decimal
+    share_gpu_s: Decimal
+    charge: Decimal
+    idle_share: Decimal
+    mem_used_mb_s: Decimal
+    mem_granted_mb_s: Decimal
+    mem_requested_mb_s: Decimal | None
+    sm_used_s: Decimal
+    sm_granted_s: Decimal
+    sm_requested_s: Decimal | None
+
+
+def _set_sql(ledger: reads.Ledger, alias: str, step: timedelta | None, params: dict[str, Any]) -> str:
+    """The start of the set a row belongs to: the window start, or the row's step bin from it."""
+    if step is None:
+        return "%(start)s::timestamptz"
+    params["step"] = step
+    return f"date_bin(%(step)s::interval, {alias}.{ledger.at}, %(start)s::timestamptz)"
+
+
+def _filters_sql(filters: Mapping[str, Sequence[str]], params: dict[str, Any], sql_of: Any) -> str:
+    clauses = []
+    for key in sorted(filters):
+        name = f"filter_{len(params)}"
+        params[name] = list(filters[key])
+        clauses.append(f"{sql_of(key, params)} = ANY(%({name})s::text[])")
+    return "".join(f" AND {c}" for c in clauses)
+
+
+def list_usage_groups(
+    *, start: datetime, end: datetime, step: timedelta | None, keys: Sequence[str],
+    filters: Mapping[str, Sequence[str]], tenants: Collection[str] | None, by_node: bool,
+) -> list[UsageGroupRow]:
+    """Usage of [start, end) per set (`step` bins from `start`; None: one set) and per value of
+    `keys` (and per node with `by_node`), of `tenants` only unless None, of rows matching every
+    filter (key -> allowed values). Unordered."""
+    ledger = set_ledger(start, end, step)
+    params: dict[str, Any] = {"start": start, "end": end,
+                              "tenants": None if tenants is None else sorted(tenants)}
+    key_sql = [_key_sql(k, params) for k in keys]
+    where = _filters_sql(filters, params, _key_sql)
+    needs_gpu = "gpu_model" in keys or "gpu_model" in filters
+    gpu_join = (f" JOIN {ledger.gpu_table} g ON g.node_id = u.node_id AND g.gpu_uuid = u.gpu_uuid"
+                f" AND g.{ledger.at} = u.{ledger.at} AND g.{ledger.at} >= %(start)s AND g.{ledger.at} < %(end)s"
+                if needs_gpu else "")
+    keys_array = "ARRAY[" + ", ".join(f"({s})::text" for s in key_sql) + "]::text[]" if key_sql else "ARRAY[]::text[]"
+    node = "n.name" if by_node else "''"
+    mem_req = "((m.requests -> u.container ->> 'mem_mb')::numeric * u.seconds)"
+    sm_req = "((m.requests -> u.container ->> 'sm')::numeric * u.seconds)"
+    # A group's requested figure is known only if every one of its rows' is.
+    sql = (
+        f"SELECT {_set_sql(ledger, 'u', step, params)} AS set_start, {keys_array} AS keys, {node} AS node, "  # noqa: S608 - fixed SQL
+        f"min(u.{ledger.first_hour}) AS first_hour, max(u.{ledger.last_hour}) AS last_hour, "
+        "sum(u.seconds) AS seconds, sum(u.share_gpu_s) AS share_gpu_s, sum(u.charge) AS charge, "
+        "sum(u.idle_share) AS idle_share, sum(u.mem_used_mb_s) AS mem_used_mb_s, "
+        "sum(u.mem_granted_mb_s) AS mem_granted_mb_s, sum(u.sm_used_s) AS sm_used_s, sum(u.sm_granted_s) AS sm_granted_s, "
+        f"CASE WHEN bool_and({mem_req} IS NOT NULL) THEN sum({mem_req}) END AS mem_requested_mb_s, "
+        f"CASE WHEN bool_and({sm_req} IS NOT NULL) THEN sum({sm_req}) END AS sm_requested_s "
+        f"FROM {ledger.usage_table} u JOIN {_NODE} n ON n.id = u.node_id{gpu_join} "
+        f"LEFT JOIN {_META} m ON m.namespace = u.namespace AND m.pod = u.pod AND m.pod_uid = u.pod_uid "
+        f"WHERE u.{ledger.at} >= %(start)s AND u.{ledger.at} < %(end)s "
+        "AND (%(tenants)s::text[] IS NULL OR u.tenant = ANY(%(tenants)s::text[]))"
+        f"{where} GROUP BY 1, 2, 3"
+    )
+    with period_read_cursor() as cur:
+        cur.execute(sql, params)
+        rows = fetch_rows(cur, _UsageSql)
+    return [UsageGroupRow(set_start=r.set_start, keys=tuple(r.keys), node=r.node, first_hour=r.first_hour,
+                          last_hour=r.last_hour, seconds=r.seconds, share_gpu_s=r.share_gpu_s, charge=r.charge,
+                          idle_share=r.idle_share, mem_used_mb_s=r.mem_used_mb_s, mem_granted_mb_s=r.mem_granted_mb_s,
+                          mem_requested_mb_s=r.mem_requested_mb_s, sm_used_s=r.sm_used_s,
+                          sm_granted_s=r.sm_granted_s, sm_requested_s=r.sm_requested_s)
+            for r in rows]
+
+
+@dataclass(frozen=True)
+class IdleRow:
+    """The platform's idle of one set (and node, with `by_node`; else node ""): the idle cost no
+    tenant is invoiced (idle_cost - idle_allocated), the cards' metered seconds and the tenants'
+    share of them, and every tenant's charge on those cards (the weights for sharing idle)."""
+
+    set_start: datetime
+    node: str
+    cluster: str
+    platform_idle: Decimal
+    metered_seconds: Decimal
+    share_gpu_s: Decimal
+    charge: Decimal
+    currency: str
+
+
+def list_idle_rows(
+    *, start: datetime, end: datetime, step: timedelta | None, filters: Mapping[str, Sequence[str]], by_node: bool,
+) -> list[IdleRow]:
+    """Per set (and node) of [start, end): the GPU rows' platform idle and metered seconds, and the
+    usage on the same GPU rows (every tenant's), restricted by the filters on GPU_KEYS only (the
+    others name workloads, which idle has none of). Unordered."""
+    ledger = set_ledger(start, end, step)
+    params: dict[str, Any] = {"start": start, "end": end}
+    gpu_filters = {k: v for k, v in filters.items() if k in GPU_KEYS}
+    where = _filters_sql(gpu_filters, params, lambda key, _params: _GPU_KEY_SQL[key])
+    node = "n.name" if by_node else "''"
+    cluster = _KEY_SQL["cluster"] if by_node else "''"
+    at = ledger.at
+    sql = (
+        f"WITH used AS (SELECT node_id, gpu_uuid, {at}, sum(share_gpu_s) AS share, sum(charge) AS charge "  # noqa: S608 - fixed SQL
+        f"FROM {ledger.usage_table} WHERE {at} >= %(start)s AND {at} < %(end)s GROUP BY 1, 2, 3) "
+        f"SELECT {_set_sql(ledger, 'g', step, params)} AS set_start, {node} AS node, {cluster} AS cluster, "
+        "sum(g.idle_cost - g.idle_allocated) AS platform_idle, sum(g.metered_seconds) AS metered_seconds, "
+        "coalesce(sum(used.share), 0) AS share_gpu_s, coalesce(sum(used.charge), 0) AS charge, "
+        "coalesce(max(nullif(g.currency, '')), '') AS currency "
+        f"FROM {ledger.gpu_table} g JOIN {_NODE} n ON n.id = g.node_id "
+        f"LEFT JOIN used ON used.node_id = g.node_id AND used.gpu_uuid = g.gpu_uuid AND used.{at} = g.{at} "
+        f"WHERE g.{at} >= %(start)s AND g.{at} < %(end)s{where} GROUP BY 1, 2, 3"
+    )
+    with period_read_cursor() as cur:
+        cur.execute(sql, params)
+        return fetch_rows(cur, IdleRow)
+
+
+def get_window_currency(*, start: datetime, end: datetime) -> str:
+    """The currency of the window's priced GPU rows ("" when none): one fleet bills in one."""
+    ledger = reads.ledger_for(start, end)
+    currency = ledger.gpu_rows(start, end).filter(ledger.priced_rows()).values_list("currency", flat=True).first()
+    return str(currency or "")

@@ -1,0 +1,405 @@
+"""OpenCost-compatible allocation sets (issue 17; docs/allocation-api.md): the ledger's usage over a
+window, per step, grouped by any of AGGREGATE_KEYS (and `label:<name>`), with the platform's idle as
+`__idle__` or shared onto the allocations. The HTTP edge (billing.api.allocation) and the drill-down
+pages call `allocation_sets`; `parse_*` turn OpenCost's query parameters into its arguments and
+raise ParameterError naming the parameter.
+
+Money (ledger precision, Decimal):
+- `gpu_cost` is the usage charge; `shared_idle_cost` the idle the tenant is invoiced under the
+  proportional idle policy (the ledger's idle_share) plus, with share_idle, a part of the platform's
+  idle; `total_cost` their sum. Over a closed month Σ total_cost of every allocation without
+  share_idle is Σ of that month's invoice lines (usage, idle and later adjustments for it, before
+  tax and rounding), and adding `__idle__` gives Σ card cost.
+- The platform's idle (card idle no tenant is invoiced) is `__idle__` with include_idle, one per set,
+  or one per node (`<node>/__idle__`) with idle_by_node. share_idle spreads it over the set's
+  allocations in proportion to their usage charge (per node with idle_by_node); idle on cards whose
+  charge is 0 cannot be spread and stays `__idle__`.
+
+Scope: a tenant member sees its tenants' allocations only; the platform's idle is the platform's,
+so a tenant scope never gets `__idle__` and share_idle adds nothing for it.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime, timedelta
+from decimal import Decimal
+
+from django.utils.translation import gettext
+
+from billing.errors import InvalidInput
+from billing.ledger import allocation as ledger
+from billing.money import allocate
+from billing.scope import Scope
+
+__all__ = [
+    "AGGREGATE_KEYS",
+    "DEFAULT_AGGREGATE",
+    "IDLE",
+    "LABEL_PREFIX",
+    "MAX_SETS",
+    "UNALLOCATED",
+    "Allocation",
+    "ParameterError",
+    "Window",
+    "accumulated",
+    "allocation_sets",
+    "align_window",
+    "parse_aggregate",
+    "parse_bool",
+    "parse_step",
+    "parse_window",
+]
+
+AGGREGATE_KEYS: tuple[str, ...] = ledger.GROUP_KEYS
+LABEL_PREFIX = ledger.LABEL_PREFIX
+UNALLOCATED = ledger.UNALLOCATED
+IDLE = "__idle__"
+# OpenCost's unaggregated allocation is one container on one node of one cluster.
+DEFAULT_AGGREGATE: tuple[str, ...] = ("cluster", "node", "namespace", "pod", "container")
+# More sets than this is a mistake (a step of 1h over a year is 8,784 sets), answered 400.
+MAX_SETS = 1000
+
+_ZERO = Decimal(0)
+_HOUR = timedelta(hours=1)
+_DAY = timedelta(days=1)
+_S_PER_H = Decimal(3600)
+_S_PER_MIN = Decimal(60)
+
+
+class ParameterError(InvalidInput):
+    """A query parameter the allocation API cannot take: `parameter` names it (the 400's body)."""
+
+    def __init__(self, parameter: str, message: str) -> None:
+        super().__init__(f"{parameter}: {message}")
+        self.parameter = parameter
+
+
+@dataclass(frozen=True)
+class Window:
+    """[start, end), UTC."""
+
+    start: datetime
+    end: datetime
+
+
+@dataclass(frozen=True)
+class Allocation:
+    """One allocation of a set: a group of workloads (or `__idle__`) over the set's window, ledger units."""
+
+    name: str
+    properties: Mapping[str, str]  # aggregate key -> this group's value (label keys as "label:<name>")
+    start: datetime  # first ledger hour with usage in the set (the set's start for idle)
+    end: datetime  # end of the last such hour (the set's end for idle)
+    minutes: Decimal  # end - start
+    gpu_hours: Decimal  # Σ share of the cards (idle: the cards' unused GPU-hours)
+    gpu_cost: Decimal  # usage charge (idle: the platform's idle left unshared)
+    shared_idle_cost: Decimal  # invoiced idle share + platform idle shared onto it
+    total_cost: Decimal
+    currency: str
+    mem_used_mb_s: Decimal
+    mem_granted_mb_s: Decimal
+    mem_requested_mb_s: Decimal | None  # None when a workload's request is unknown
+    sm_used_s: Decimal
+    sm_granted_s: Decimal
+    sm_requested_s: Decimal | None
+    seconds: Decimal = _ZERO  # Σ metered workload-seconds (per GPU)
+    is_idle: bool = field(default=False)
+
+
+# --- Parameters ---------------------------------------------------------------------------------
+
+_DURATION = re.compile(r"^(\d{1,6})(m|h|d|w)$")
+_UNITS = {"m": timedelta(minutes=1), "h": _HOUR, "d": _DAY, "w": timedelta(weeks=1)}
+_UNIX_PAIR = re.compile(r"^(\d{1,12}),(\d{1,12})$")
+
+
+def _floor(at: datetime, unit: timedelta) -> datetime:
+    """`at` truncated to a multiple of `unit` since the epoch (UTC midnights for days)."""
+    epoch = datetime(1970, 1, 1, tzinfo=UTC)
+    return epoch + (at - epoch) // unit * unit
+
+
+def _midnight(at: datetime) -> datetime:
+    return at.astimezone(UTC).replace(hour=0, minute=0, second=0, microsecond=0)
+
+
+def _month_start(at: datetime) -> datetime:
+    return _midnight(at).replace(day=1)
+
+
+def _parse_instant(text: str) -> datetime:
+    try:
+        at = datetime.fromisoformat(text)
+    except ValueError as exc:
+        raise ParameterError("window", gettext("%(value)r is not an RFC 3339 time") % {"value": text}) from exc
+    if at.tzinfo is None:
+        raise ParameterError("window", gettext("%(value)r has no time zone (end it with Z or an offset)")
+                             % {"value": text})
+    return at.astimezone(UTC)
+
+
+def parse_window(text: str, *, now: datetime) -> Window:
+    """OpenCost's window forms, in UTC, relative to `now`: `today` and `yesterday` (whole UTC days),
+    `week` (since Sunday 00:00 to now), `lastweek` (Sunday to Sunday), `month` (since the 1st to
+    now), `lastmonth`; a duration `<n>m|h|d|w` (the last n units ending at the end of the current
+    one: `7d` is today and the 6 days before); a pair of RFC 3339 times or of Unix seconds,
+    `start,end`. Not yet aligned to the ledger's hours (align_window)."""
+    text = text.strip()
+    now = now.astimezone(UTC)
+    today = _midnight(now)
+    sunday = today - timedelta(days=(today.weekday() + 1) % 7)
+    named = {
+        "today": (today, today + _DAY),
+        "yesterday": (today - _DAY, today),
+        "week": (sunday, now),
+        "lastweek": (sunday - timedelta(days=7), sunday),
+        "month": (_month_start(now), now),
+        "lastmonth": (_month_start(_month_start(now) - _DAY), _month_start(now)),
+    }
+    if not text:
+        raise ParameterError("window", gettext("is required, e.g. 7d, lastmonth or start,end in RFC 3339"))
+    if text in named:
+        start, end = named[text]
+    elif match := _DURATION.match(text):
+        count, unit = int(match[1]), match[2]
+        if count == 0:
+            raise ParameterError("window", gettext("a duration must be more than 0"))
+        # OpenCost: the window ends at the end of the current unit (of the current day for weeks).
+        step = _UNITS[unit]
+        end = _floor(now, _DAY if unit == "w" else step) + (_DAY if unit == "w" else step)
+        try:
+            start = end - count * step
+        except OverflowError as exc:
+            raise ParameterError("window", gettext("%(value)r reaches too far back") % {"value": text}) from exc
+    elif match := _UNIX_PAIR.match(text):
+        try:
+            start, end = (datetime.fromtimestamp(int(v), UTC) for v in (match[1], match[2]))
+        except (OverflowError, ValueError, OSError) as exc:
+            raise ParameterError("window", gettext("%(value)r is out of range") % {"value": text}) from exc
+    elif text.count(",") == 1:
+        start, end = (_parse_instant(part.strip()) for part in text.split(","))
+    else:
+        raise ParameterError("window", gettext(
+            "%(value)r is not a window: use today, yesterday, week, month, lastweek, lastmonth, a duration "
+            "such as 30m, 24h, 7d or 2w, or start,end in RFC 3339 or Unix seconds") % {"value": text})
+    if end <= start:
+        raise ParameterError("window", gettext("the end must be after the start"))
+    return Window(start, end)
+
+
+def align_window(window: Window) -> Window:
+    """The window the ledger can answer: its start floored and its end ceiled to whole UTC hours
+    (the ledger's resolution). The response states these bounds."""
+    start = _floor(window.start, _HOUR)
+    end = _floor(window.end, _HOUR)
+    return Window(start, end if end == window.end else end + _HOUR)
+
+
+def parse_step(text: str | None) -> timedelta | None:
+    """A set's duration, `<n>m|h|d|w`, a whole number of hours; None (one set) when absent."""
+    if text is None or not text.strip():
+        return None
+    match = _DURATION.match(text.strip())
+    if match is None:
+        raise ParameterError("step", gettext("%(value)r is not a duration such as 1h, 6h, 1d or 1w")
+                             % {"value": text})
+    step = int(match[1]) * _UNITS[match[2]]
+    if step <= timedelta(0) or step % _HOUR:
+        raise ParameterError("step", gettext("must be a whole number of hours (the ledger's resolution)"))
+    return step
+
+
+def parse_aggregate(text: str | None) -> tuple[str, ...]:
+    """Comma-separated keys (AGGREGATE_KEYS or `label:<name>`), duplicates dropped; absent: the
+    unaggregated DEFAULT_AGGREGATE."""
+    if text is None or not text.strip():
+        return DEFAULT_AGGREGATE
+    keys: list[str] = []
+    for raw in text.split(","):
+        key = raw.strip()
+        if not ledger.is_group_key(key):
+            raise ParameterError("aggregate", gettext("unknown key %(key)r; use %(keys)s or label:<name>")
+                                 % {"key": key, "keys": ", ".join(AGGREGATE_KEYS)})
+        if key not in keys:
+            keys.append(key)
+    return tuple(keys)
+
+
+def parse_bool(parameter: str, text: str | None, *, default: bool) -> bool:
+    if text is None or not text.strip():
+        return default
+    value = text.strip().lower()
+    if value in ("true", "1"):
+        return True
+    if value in ("false", "0"):
+        return False
+    raise ParameterError(parameter, gettext("%(value)r is not true or false") % {"value": text})
+
+
+# --- Sets ---------------------------------------------------------------------------------------
+
+
+def _set_bounds(window: Window, step: timedelta | None) -> list[Window]:
+    if step is None:
+        return [window]
+    count = -(-(window.end - window.start) // step)
+    if count > MAX_SETS:
+        raise ParameterError("step", gettext("gives %(count)d sets; at most %(max)d") % {"count": count, "max": MAX_SETS})
+    return [Window(window.start + i * step, min(window.start + (i + 1) * step, window.end)) for i in range(count)]
+
+
+@dataclass
+class _Group:
+    """Sums of one allocation as its rows arrive (several with per-node idle sharing)."""
+
+    first_hour: datetime
+    last_hour: datetime
+    seconds: Decimal = _ZERO
+    share_gpu_s: Decimal = _ZERO
+    charge: Decimal = _ZERO
+    idle: Decimal = _ZERO
+    mem_used: Decimal = _ZERO
+    mem_granted: Decimal = _ZERO
+    mem_requested: Decimal | None = _ZERO
+    sm_used: Decimal = _ZERO
+    sm_granted: Decimal = _ZERO
+    sm_requested: Decimal | None = _ZERO
+
+    def add(self, row: ledger.UsageGroupRow, shared_idle: Decimal) -> None:
+        self.first_hour = min(self.first_hour, row.first_hour)
+        self.last_hour = max(self.last_hour, row.last_hour)
+        self.seconds += row.seconds
+        self.share_gpu_s += row.share_gpu_s
+        self.charge += row.charge
+        self.idle += row.idle_share + shared_idle
+        self.mem_used += row.mem_used_mb_s
+        self.mem_granted += row.mem_granted_mb_s
+        self.sm_used += row.sm_used_s
+        self.sm_granted += row.sm_granted_s
+        self.mem_requested = None if self.mem_requested is None or row.mem_requested_mb_s is None \
+            else self.mem_requested + row.mem_requested_mb_s
+        self.sm_requested = None if self.sm_requested is None or row.sm_requested_s is None \
+            else self.sm_requested + row.sm_requested_s
+
+
+def _name(keys: Sequence[str]) -> str:
+    return "/".join(keys)
+
+
+def _minutes(start: datetime, end: datetime) -> Decimal:
+    return Decimal(int((end - start).total_seconds())) / _S_PER_MIN
+
+
+def _shared_idle(rows: Sequence[ledger.UsageGroupRow],
+                 idle: Mapping[tuple[datetime, str], ledger.IdleRow]) -> list[Decimal]:
+    """Each row's part of its set's (or set and node's) platform idle, in proportion to its charge
+    among every charge on those cards, at ledger precision (billing.money.allocate: the parts of
+    the whole set add up to that idle exactly; a filtered set gets its rows' parts only)."""
+    parts = [_ZERO] * len(rows)
+    by_key: dict[tuple[datetime, str], list[int]] = {}
+    for i, row in enumerate(rows):
+        by_key.setdefault((row.set_start, row.node), []).append(i)
+    for key, members in by_key.items():
+        card = idle.get(key)
+        if card is None or card.charge <= 0 or card.platform_idle <= 0:
+            continue
+        weights = [rows[i].charge for i in members]
+        # The charge of rows not asked for (filtered out) takes the rest: a filter changes no part
+        # beyond the ledger unit.
+        rest = card.charge - sum(weights, _ZERO)
+        for i, part in zip(members, allocate(card.platform_idle, [*weights, max(rest, _ZERO)]), strict=False):
+            parts[i] = part
+    return parts
+
+
+def allocation_sets(
+    scope: Scope, *, window: Window, aggregate: Sequence[str], step: timedelta | None = None,
+    accumulate: bool = False, include_idle: bool = False, share_idle: bool = False, idle_by_node: bool = False,
+    filters: Mapping[str, Sequence[str]] | None = None,
+) -> list[dict[str, Allocation]]:
+    """One dict per set (name -> Allocation; one set with `accumulate` or no `step`), in time order,
+    each sorted by name with idle last. `window` is aligned to whole hours first (align_window);
+    `filters` maps aggregate keys (or `label:<name>`) to the values allowed. See the module
+    docstring for the money and scope rules."""
+    window = align_window(window)
+    aggregate = tuple(aggregate) or DEFAULT_AGGREGATE
+    filters = dict(filters or {})
+    for key in (*aggregate, *filters):
+        if not ledger.is_group_key(key):
+            raise ParameterError("aggregate" if key in aggregate else "filter", f"unknown key {key!r}")
+    step = None if accumulate else step
+    if step is not None and step % _HOUR:
+        raise ParameterError("step", gettext("must be a whole number of hours (the ledger's resolution)"))
+    bounds = _set_bounds(window, step)
+    sets: list[dict[str, Allocation]] = [{} for _ in bounds]
+    if scope.tenants is not None and not scope.tenants:
+        return sets
+    platform = scope.sees_platform
+    share = share_idle and platform
+    rows = ledger.list_usage_groups(start=window.start, end=window.end, step=step, keys=aggregate, filters=filters,
+                                    tenants=scope.tenants, by_node=share and idle_by_node)
+    idle_rows = (ledger.list_idle_rows(start=window.start, end=window.end, step=step, filters=filters,
+                                       by_node=idle_by_node)
+                 if platform and (include_idle or share) else [])
+    currency = ledger.get_window_currency(start=window.start, end=window.end)
+    index = {b.start: i for i, b in enumerate(bounds)}
+    idle_by_key = {(r.set_start, r.node): r for r in idle_rows}
+
+    shared = _shared_idle(rows, idle_by_key) if share else [_ZERO] * len(rows)
+    groups: list[dict[tuple[str, ...], _Group]] = [{} for _ in bounds]
+    for row, part in zip(rows, shared, strict=True):
+        group = groups[index[row.set_start]].setdefault(row.keys, _Group(row.first_hour, row.last_hour))
+        group.add(row, part)
+
+    for i, bound in enumerate(bounds):
+        for keys, g in sorted(groups[i].items()):
+            start = max(bound.start, g.first_hour)
+            end = min(bound.end, g.last_hour + _HOUR)
+            sets[i][_name(keys)] = Allocation(
+                name=_name(keys), properties=dict(zip(aggregate, keys, strict=True)), start=start, end=end,
+                minutes=_minutes(start, end), gpu_hours=g.share_gpu_s / _S_PER_H, gpu_cost=g.charge,
+                shared_idle_cost=g.idle, total_cost=g.charge + g.idle, currency=currency,
+                mem_used_mb_s=g.mem_used, mem_granted_mb_s=g.mem_granted, mem_requested_mb_s=g.mem_requested,
+                sm_used_s=g.sm_used, sm_granted_s=g.sm_granted, sm_requested_s=g.sm_requested, seconds=g.seconds,
+            )
+    if platform and include_idle:
+        for r in sorted(idle_rows, key=lambda r: (r.set_start, r.node)):
+            # Shared idle leaves __idle__ only where the cards carried no charge to share it by.
+            left = r.platform_idle if not share or r.charge <= 0 else _ZERO
+            if share and left == 0:
+                continue
+            bound = bounds[index[r.set_start]]
+            name = f"{r.node}/{IDLE}" if idle_by_node else IDLE
+            properties = {"node": r.node, "cluster": r.cluster} if idle_by_node else {}
+            sets[index[r.set_start]][name] = Allocation(
+                name=name, properties=properties, start=bound.start, end=bound.end,
+                minutes=_minutes(bound.start, bound.end), gpu_hours=(r.metered_seconds - r.share_gpu_s) / _S_PER_H,
+                gpu_cost=left, shared_idle_cost=_ZERO, total_cost=left, currency=currency or r.currency,
+                mem_used_mb_s=_ZERO, mem_granted_mb_s=_ZERO, mem_requested_mb_s=None, sm_used_s=_ZERO,
+                sm_granted_s=_ZERO, sm_requested_s=None, is_idle=True,
+            )
+    return sets
+
+
+def accumulated(sets: Sequence[Mapping[str, Allocation]]) -> dict[str, Allocation]:
+    """The sets summed into one (what `accumulate=true` computes in one read), per name."""
+    out: dict[str, Allocation] = {}
+    for one in sets:
+        for name, a in one.items():
+            b = out.get(name)
+            out[name] = a if b is None else replace(
+                b, start=min(a.start, b.start), end=max(a.end, b.end),
+                minutes=_minutes(min(a.start, b.start), max(a.end, b.end)),
+                gpu_hours=a.gpu_hours + b.gpu_hours, gpu_cost=a.gpu_cost + b.gpu_cost,
+                shared_idle_cost=a.shared_idle_cost + b.shared_idle_cost, total_cost=a.total_cost + b.total_cost,
+                mem_used_mb_s=a.mem_used_mb_s + b.mem_used_mb_s, mem_granted_mb_s=a.mem_granted_mb_s + b.mem_granted_mb_s,
+                mem_requested_mb_s=None if a.mem_requested_mb_s is None or b.mem_requested_mb_s is None
+                else a.mem_requested_mb_s + b.mem_requested_mb_s,
+                sm_used_s=a.sm_used_s + b.sm_used_s, sm_granted_s=a.sm_granted_s + b.sm_granted_s,
+                sm_requested_s=None if a.sm_requested_s is None or b.sm_requested_s is None
+                else a.sm_requested_s + b.sm_requested_s, seconds=a.seconds + b.seconds,
+            )
+    return out
