@@ -28,7 +28,7 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from decimal import Decimal
 
-from billing.queries.allocation import Allocation, Window, allocation_sets
+from billing.queries.allocation import MAX_SETS, Allocation, Window, allocation_sets
 from billing.queries.portal import TenantNotFound
 from billing.scope import Scope
 from billing.services.rightsizing import MemoryUse, Suggestion, mean_mb, percent_of, suggest_memory_request
@@ -194,29 +194,27 @@ def check_tenant_visible(scope: Scope, tenant: str) -> None:
 
 def _peak_hour_means(scope: Scope, window: Window, keys: Sequence[str],
                      filters: Mapping[str, Sequence[str]]) -> dict[str, Decimal]:
-    """Each workload's highest hourly mean of memory in use per GPU: one allocation set per hour."""
+    """Each workload's highest hourly mean of memory in use per GPU: one allocation set per hour,
+    read in spans of at most MAX_SETS hours (the query's limit on sets per read)."""
     peaks: dict[str, Decimal] = {}
-    for hour in allocation_sets(scope, window=window, aggregate=keys, step=_HOUR, filters=filters):
-        for name, a in hour.items():
-            peaks[name] = max(peaks.get(name, Decimal(0)), mean_mb(a.mem_used_mb_s, _gpu_seconds(a)))
+    span = MAX_SETS * _HOUR
+    at = window.start
+    while at < window.end:
+        part = Window(start=at, end=min(at + span, window.end))
+        for hour in allocation_sets(scope, window=part, aggregate=keys, step=_HOUR, filters=filters):
+            for name, a in hour.items():
+                peaks[name] = max(peaks.get(name, Decimal(0)), mean_mb(a.mem_used_mb_s, a.seconds))
+        at = part.end
     return peaks
-
-
-def _gpu_seconds(a: Allocation) -> Decimal:
-    """Seconds the allocation's containers were metered on GPUs, summed over GPUs (the unit its
-    requested MB·s are counted in: request × seconds)."""
-    return a.minutes * 60
 
 
 def _row(a: Allocation, level: str, keys: Sequence[str], path: ExplorePath,
          peaks: Mapping[str, Decimal]) -> ExploreRow:
-    values = a.name.split("/")
-    pairs = tuple(zip(keys, values if len(values) == len(keys) else [a.properties.get(k, "") for k in keys],
-                      strict=True))
+    pairs = tuple((k, a.properties.get(k, "")) for k in keys)
     down = None if level == "gpu" else path.down(level, pairs[0][1])
     memory = suggestion = None
     if level == "pod":
-        seconds = _gpu_seconds(a)
+        seconds = a.seconds
         request = a.mem_requested_mb_s / seconds if a.mem_requested_mb_s is not None and seconds > 0 else None
         memory = MemoryUse(request_mb=request, mean_used_mb=mean_mb(a.mem_used_mb_s, seconds),
                            peak_hour_mean_mb=peaks.get(a.name, Decimal(0)))

@@ -30,7 +30,7 @@ def test_the_issue_example_40_gib_requested_9_used_12_at_the_peak_hour_suggests_
 
 def test_an_unknown_request_gets_no_suggestion() -> None:
     s = suggest_memory_request(MemoryUse(request_mb=None, mean_used_mb=9 * GIB, peak_hour_mean_mb=12 * GIB))
-    assert (s.verdict, s.suggested_mb, s.freed_fraction) == ("unknown", None, 0)
+    assert (s.verdict, s.suggested_mb, s.freed_fraction) == ("unknown", None, Decimal(0))
 
 
 def test_use_above_the_request_asks_for_more() -> None:
@@ -40,7 +40,7 @@ def test_use_above_the_request_asks_for_more() -> None:
 
 def test_a_request_inside_the_headroom_is_kept() -> None:
     s = suggest_memory_request(MemoryUse(request_mb=16 * GIB, mean_used_mb=10 * GIB, peak_hour_mean_mb=Decimal("12.5") * GIB))
-    assert (s.verdict, s.suggested_mb, s.freed_fraction) == ("fits", 16 * GIB, 0)
+    assert (s.verdict, s.suggested_mb, s.freed_fraction) == ("fits", 16 * GIB, Decimal(0))
 
 
 def test_nothing_used_still_suggests_one_gib_not_zero() -> None:
