@@ -170,18 +170,25 @@ class Explore:
 
 
 def get_explore(*, scope: Scope, path: ExplorePath, filters: ExploreFilters, start: datetime,
-                end: datetime) -> Explore:
-    """The rows of `path`'s level over [start, end), of the caller's scope only."""
+                end: datetime, rightsizing_limit: int | None = None) -> Explore:
+    """The rows of `path`'s level over [start, end), of the caller's scope only, costliest first.
+    At the pod level the `rightsizing_limit` costliest workloads (all: None) get the right-sizing
+    rule; the rest have `memory` and `suggestion` None. The rule needs every hour of the period
+    (one allocation set per hour), so a page that shows 100 rows reads the hours of those only."""
     check_tenant_visible(scope, path.tenant)
     level = path.level
     keys = LEVEL_KEYS[level]
     narrowed = {**filters.allocation_filters(), **{step: [value] for step, value in path.steps()}}
     window = Window(start=start, end=end)
     sets = allocation_sets(scope, window=window, aggregate=keys, accumulate=True, filters=narrowed)
-    totals = sets[0] if sets else {}
-    peaks = _peak_hour_means(scope, window, keys, narrowed) if level == "pod" else {}
-    rows = [_row(a, level, keys, path, peaks) for a in totals.values()]
-    rows.sort(key=lambda r: (-r.cost, r.name))
+    allocations = sorted((sets[0] if sets else {}).values(), key=lambda a: (-a.total_cost, a.name))
+    sized: dict[str, Decimal] = {}
+    if level == "pod" and allocations:
+        chosen = allocations if rightsizing_limit is None else allocations[:rightsizing_limit]
+        pods = sorted({a.properties.get("pod", "") for a in chosen})
+        peaks = _peak_hour_means(scope, window, keys, {**narrowed, "pod": pods})
+        sized = {a.name: peaks.get(a.name, Decimal(0)) for a in chosen}
+    rows = [_row(a, level, keys, path, sized) for a in allocations]
     return Explore(path=path, filters=filters, start=start, end=end, rows=rows)
 
 
@@ -210,14 +217,15 @@ def _peak_hour_means(scope: Scope, window: Window, keys: Sequence[str],
 
 def _row(a: Allocation, level: str, keys: Sequence[str], path: ExplorePath,
          peaks: Mapping[str, Decimal]) -> ExploreRow:
+    """`peaks`: the peak-hour means of the workloads to right-size."""
     pairs = tuple((k, a.properties.get(k, "")) for k in keys)
     down = None if level == "gpu" else path.down(level, pairs[0][1])
     memory = suggestion = None
-    if level == "pod":
+    if a.name in peaks:
         seconds = a.seconds
         request = a.mem_requested_mb_s / seconds if a.mem_requested_mb_s is not None and seconds > 0 else None
         memory = MemoryUse(request_mb=request, mean_used_mb=mean_mb(a.mem_used_mb_s, seconds),
-                           peak_hour_mean_mb=peaks.get(a.name, Decimal(0)))
+                           peak_hour_mean_mb=peaks[a.name])
         suggestion = suggest_memory_request(memory)
     return ExploreRow(
         name=a.name, keys=pairs, down=down, cost=a.total_cost, currency=a.currency, gpu_hours=a.gpu_hours,

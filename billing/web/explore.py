@@ -129,7 +129,8 @@ def explore(request: HttpRequest) -> HttpResponse:
                              sla_tiers=data["sla_tier"])
     start, end = form.bounds()
     try:
-        result = get_explore(scope=scope, path=path, filters=filters, start=start, end=end)
+        result = get_explore(scope=scope, path=path, filters=filters, start=start, end=end,
+                             rightsizing_limit=None if as_csv else PAGE_ROWS)
     except TenantNotFound as exc:
         raise Http404("no such tenant") from exc
     if as_csv:

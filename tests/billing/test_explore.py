@@ -20,7 +20,7 @@ from billing.ledger.models import GpuHour, UsageHour, WorkloadMeta
 from billing.models import Node
 from billing.scope import FINANCE_GROUP
 from tests.conftest import user_in, with_day
-from tests.test_page_sums import Walk, _check_page, _marks
+from tests.test_page_sums import Walk, _check_csv, _check_page, _marks
 
 pytestmark = pytest.mark.django_db
 
@@ -248,7 +248,9 @@ def test_every_csv_has_the_pages_numbers_and_adds_up(client: Client, fleet: None
         resp, _html, _links = page(client, **params)
         level = resp.context["level"]
         disposition, records = csv_records(client, **params)
-        assert f'filename="explore-{level}-20260302-20260303.csv"' in disposition
+        filename = f"explore-{level}-20260302-20260303.csv"
+        assert f'filename="{filename}"' in disposition
+        assert _check_csv(filename, [list(records[0]), *(list(r.values()) for r in records)]) == "explore"
         *rows, total = records
         assert total["name"] == "(total)"
         assert {r["name"]: D(r["cost"]) for r in rows} == costs(resp)
@@ -273,3 +275,37 @@ def test_a_member_of_no_tenant_sees_no_link_and_nothing(client: Client, fleet: N
     resp, html, _links = page(client)
     assert resp.status_code == 200 and costs(resp) == {}
     assert 'data-testid="nav-explore"' not in html
+
+
+def test_workloads_without_metadata_are_followed_like_any_controller(client: Client, fleet: None) -> None:
+    client.force_login(user_in(FINANCE_GROUP))
+    resp, html, links = page(client, tenant="acme", namespace="acme-prod", controller="__unallocated__")
+    assert costs(resp) == {"train-7/main": D("0.25")}
+    (train,) = resp.context["explore"].rows
+    assert train.suggestion is not None and train.suggestion.verdict == "unknown"  # no metadata, no request
+    query = {k: v[0] for k, v in parse_qs(links.down[0].lstrip("?")).items()}
+    resp, _html, _links = page(client, **query)
+    assert costs(resp) == {"main/node-1/GPU-0": D("0.25")}
+
+
+def test_the_peak_hour_is_found_over_more_hours_than_one_read_takes(client: Client, fleet: None) -> None:
+    """60 days are 1,440 hourly sets, more than the allocation query's MAX_SETS per read."""
+    client.force_login(user_in(FINANCE_GROUP))
+    resp, _html, _links = page(client, start="2026-01-02", end="2026-03-02", tenant="acme", namespace="acme-prod",
+                               controller="deployment:bert")
+    server = resp.context["explore"].rows[0]
+    assert server.memory is not None and server.memory.peak_hour_mean_mb == 12288
+
+
+def test_the_page_right_sizes_its_costliest_rows_only_and_the_csv_every_row(fleet: None) -> None:
+    from billing.queries.explore import ExploreFilters, ExplorePath, get_explore
+    from billing.scope import Scope
+
+    everyone = Scope(tenants=None, is_finance=True, is_admin=False)
+    path = ExplorePath(tenant="acme", namespace="acme-prod", controller="deployment:bert")
+    start, end = datetime(2026, 3, 2, tzinfo=UTC), datetime(2026, 3, 3, tzinfo=UTC)
+    first, second = get_explore(scope=everyone, path=path, filters=ExploreFilters(), start=start, end=end,
+                                rightsizing_limit=1).rows
+    assert first.suggestion is not None and second.suggestion is None and second.memory is None
+    assert all(r.suggestion for r in get_explore(scope=everyone, path=path, filters=ExploreFilters(), start=start,
+                                                  end=end).rows)
