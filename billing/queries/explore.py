@@ -28,7 +28,10 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from decimal import Decimal
 
-from billing.queries.allocation import MAX_SETS, Allocation, Window, allocation_sets
+from django.utils.translation import gettext
+
+from billing.models import Tenant
+from billing.queries.allocation import MAX_SETS, UNALLOCATED, Allocation, Window, allocation_sets
 from billing.queries.portal import TenantNotFound
 from billing.scope import Scope
 from billing.services.rightsizing import MemoryUse, Suggestion, mean_mb, percent_of, suggest_memory_request
@@ -36,6 +39,7 @@ from billing.services.rightsizing import MemoryUse, Suggestion, mean_mb, percent
 __all__ = [
     "LEVELS",
     "LEVEL_KEYS",
+    "STEPS",
     "Explore",
     "ExploreFilters",
     "ExplorePath",
@@ -55,6 +59,8 @@ LEVEL_KEYS: dict[str, tuple[str, ...]] = {
     "pod": ("pod", "container"),
     "gpu": ("container", "node", "gpu"),
 }
+# The query parameters of a path, in order; each needs the one before it.
+STEPS = ("tenant", "namespace", "controller", "pod", "container")
 _HOUR = timedelta(hours=1)
 _MB_S_PER_GB_H = Decimal(1024 * 3600)  # GB·h as the portal writes them (GiB, 1024 MB)
 _S_PER_H = Decimal(3600)
@@ -69,6 +75,9 @@ class ExplorePath:
     namespace: str = ""
     controller: str = ""
     pod: str = ""
+    # A workload row is one container of a pod, so its GPUs are that container's: the level below
+    # adds up to the row that opened it. Without it, the GPU level lists every container's GPUs.
+    container: str = ""
 
     @property
     def level(self) -> str:
@@ -80,10 +89,10 @@ class ExplorePath:
 
     def steps(self) -> list[tuple[str, str]]:
         """(level, value) of each step taken, in order."""
-        return [(s, getattr(self, s)) for s in ("tenant", "namespace", "controller", "pod") if getattr(self, s)]
+        return [(s, getattr(self, s)) for s in STEPS if getattr(self, s)]
 
-    def down(self, level: str, value: str) -> ExplorePath:
-        return replace(self, **{level: value})
+    def down(self, **steps: str) -> ExplorePath:
+        return replace(self, **steps)
 
 
 @dataclass(frozen=True)
@@ -111,6 +120,7 @@ class ExploreRow:
 
     name: str
     keys: tuple[tuple[str, str], ...]  # (allocation key, value), in the level's order
+    label: str  # what the page shows: the values joined, a tenant's name at the tenant level
     down: ExplorePath | None  # the path of the next level, None at the GPU level
     cost: Decimal
     currency: str
@@ -188,7 +198,8 @@ def get_explore(*, scope: Scope, path: ExplorePath, filters: ExploreFilters, sta
         pods = sorted({a.properties.get("pod", "") for a in chosen})
         peaks = _peak_hour_means(scope, window, keys, {**narrowed, "pod": pods})
         sized = {a.name: peaks.get(a.name, Decimal(0)) for a in chosen}
-    rows = [_row(a, level, keys, path, sized) for a in allocations]
+    names = _tenant_names([a.name for a in allocations]) if level == "tenant" else {}
+    rows = [_row(a, level, keys, path, sized, names) for a in allocations]
     return Explore(path=path, filters=filters, start=start, end=end, rows=rows)
 
 
@@ -215,11 +226,18 @@ def _peak_hour_means(scope: Scope, window: Window, keys: Sequence[str],
     return peaks
 
 
+def _tenant_names(slugs: Sequence[str]) -> dict[str, str]:
+    return dict(Tenant.objects.filter(slug__in=slugs).values_list("slug", "name"))
+
+
 def _row(a: Allocation, level: str, keys: Sequence[str], path: ExplorePath,
-         peaks: Mapping[str, Decimal]) -> ExploreRow:
-    """`peaks`: the peak-hour means of the workloads to right-size."""
+         peaks: Mapping[str, Decimal], names: Mapping[str, str]) -> ExploreRow:
+    """`peaks`: the peak-hour means of the workloads to right-size; `names`: tenants' names."""
     pairs = tuple((k, a.properties.get(k, "")) for k in keys)
-    down = None if level == "gpu" else path.down(level, pairs[0][1])
+    unknown = gettext("(not known)")  # how a page names __unallocated__
+    label = names.get(a.name) or " · ".join(unknown if v == UNALLOCATED else v for _k, v in pairs)
+    # A row opens the next level narrowed by its own values (a workload row: its pod and container).
+    down = None if level == "gpu" else path.down(**{k: v for k, v in pairs if k in STEPS})
     memory = suggestion = None
     if a.name in peaks:
         seconds = a.seconds
@@ -228,7 +246,7 @@ def _row(a: Allocation, level: str, keys: Sequence[str], path: ExplorePath,
                            peak_hour_mean_mb=peaks[a.name])
         suggestion = suggest_memory_request(memory)
     return ExploreRow(
-        name=a.name, keys=pairs, down=down, cost=a.total_cost, currency=a.currency, gpu_hours=a.gpu_hours,
+        name=a.name, keys=pairs, label=label, down=down, cost=a.total_cost, currency=a.currency, gpu_hours=a.gpu_hours,
         mem_used_gb_h=a.mem_used_mb_s / _MB_S_PER_GB_H, mem_granted_gb_h=a.mem_granted_mb_s / _MB_S_PER_GB_H,
         mem_requested_gb_h=None if a.mem_requested_mb_s is None else a.mem_requested_mb_s / _MB_S_PER_GB_H,
         sm_used_h=a.sm_used_s / _S_PER_H, sm_granted_h=a.sm_granted_s / _S_PER_H,

@@ -26,6 +26,7 @@ from django.utils.translation import gettext_lazy
 from billing.money import QUANTITY_PLACES, amount_text, quantity_text, round_parts, round_quantities
 from billing.queries.explore import (
     LEVEL_KEYS,
+    STEPS,
     Explore,
     ExploreFilters,
     ExplorePath,
@@ -124,7 +125,7 @@ def explore(request: HttpRequest) -> HttpResponse:
             return HttpResponse(_error_text(form), status=400, content_type="text/plain; charset=utf-8")
         return render(request, "billing/explore.html", {"form": form}, status=400)
     data = form.cleaned_data
-    path = ExplorePath(**{step: data[step].strip() for step in ExploreForm.PATH})
+    path = ExplorePath(**{step: data[step].strip() for step in STEPS})
     filters = ExploreFilters(labels=data["label"], nodes=data["node"], gpu_models=data["gpu_model"],
                              sla_tiers=data["sla_tier"])
     start, end = form.bounds()
@@ -163,7 +164,7 @@ def _context(form: ExploreForm, result: Explore) -> dict[str, Any]:
     crumbs = [(_("All tenants"), _query(base, ExplorePath()), "")]
     walked = ExplorePath()
     for level, value in result.path.steps():
-        walked = walked.down(level, value)
+        walked = walked.down(**{level: value})
         crumbs.append((value, _query(base, walked), level))
     return {
         "form": form, "explore": result, "rows": page, "row_count": len(shown), "cut": len(shown) > len(page),

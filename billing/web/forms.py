@@ -87,6 +87,7 @@ class ExploreForm(PeriodForm):
     namespace = forms.CharField(required=False, max_length=253, widget=forms.HiddenInput)
     controller = forms.CharField(required=False, max_length=520, widget=forms.HiddenInput)
     pod = forms.CharField(required=False, max_length=253, widget=forms.HiddenInput)
+    container = forms.CharField(required=False, max_length=253, widget=forms.HiddenInput)
     label = forms.CharField(label=_("Label (name=value)"), required=False, max_length=2000,
                             widget=forms.TextInput(attrs={"placeholder": "app=bert", "size": 16}))
     node = forms.CharField(label=_("Node"), required=False, max_length=2000,
@@ -96,7 +97,7 @@ class ExploreForm(PeriodForm):
     sla_tier = forms.CharField(label=_("SLA tier"), required=False, max_length=2000,
                                widget=forms.TextInput(attrs={"size": 8}))
 
-    PATH = ("tenant", "namespace", "controller", "pod")
+    PATH = ("tenant", "namespace", "controller", "pod", "container")  # billing.queries.explore.STEPS
 
     def clean_label(self) -> tuple[tuple[str, str], ...]:
         pairs: dict[str, str] = {}
@@ -127,5 +128,5 @@ class ExploreForm(PeriodForm):
         for before, step in zip(self.PATH, self.PATH[1:], strict=False):
             if data.get(step) and not data.get(before):
                 self.add_error(step, _("%(step)s: give %(before)s too; the drill-down goes tenant → namespace → "
-                                       "controller → pod.") % {"step": step, "before": before})
+                                       "controller → pod → container.") % {"step": step, "before": before})
         return data

@@ -17,7 +17,7 @@ import pytest
 from django.test import Client
 
 from billing.ledger.models import GpuHour, UsageHour, WorkloadMeta
-from billing.models import Node
+from billing.models import Node, Tenant
 from billing.scope import FINANCE_GROUP
 from tests.conftest import user_in, with_day
 from tests.test_page_sums import Walk, _check_csv, _check_page, _marks
@@ -55,6 +55,7 @@ def fleet(db: Any) -> None:
     used of 40 requested and granted, 1.00 + 2.00; container sidecar on GPU-1 (no request known),
     0.50; train-7 (no metadata, bronze) on GPU-0, 0.25. globex/globex-prod: llm-1 (statefulset llm,
     app=llm, silver) on node-2's H100 GPU-2, 4.00."""
+    Tenant.objects.create(slug="acme", name="Acme Robotics")
     n1 = Node.objects.create(name="node-1", cluster="east")
     n2 = Node.objects.create(name="node-2", cluster="west")
     for hour in (H, H + timedelta(hours=1)):
@@ -123,20 +124,24 @@ def test_finance_walks_its_links_from_the_tenants_down_to_a_pods_gpus(client: Cl
     assert costs(resp) == {"globex": D("4.00"), "acme": D("3.75")}
     assert links.rows == ["globex", "acme"]  # costliest first
     assert 'data-testid="nav-explore"' in html
+    assert '<span title="acme">Acme Robotics</span>' in html and '<span title="globex">globex</span>' in html
     _check_page("/explore/", _marks(html), walk)
     expected = [
         ("namespace", {"acme-prod": D("3.75")}),
         ("controller", {"deployment:bert": D("3.50"), "__unallocated__": D("0.25")}),
         ("pod", {"bert-1/server": D("3.00"), "bert-1/sidecar": D("0.50")}),
-        ("gpu", {"server/node-1/GPU-0": D("3.00"), "sidecar/node-1/GPU-1": D("0.50")}),
+        ("gpu", {"server/node-1/GPU-0": D("3.00")}),  # the server container's GPUs
     ]
     href = links.down[1]  # acme
+    parent = D("3.75")
     for level, want in expected:
         query = {k: v[0] for k, v in parse_qs(href.lstrip("?")).items()}
         assert query["start"] == PERIOD["start"]  # the period travels with every link
         resp, html, links = page(client, **query)
         assert resp.status_code == 200 and resp.context["level"] == level, (level, href)
         assert costs(resp) == want
+        assert resp.context["cost_total"] == parent  # a level adds up to the row it opened
+        parent = next(iter(want.values()))
         _check_page(href, _marks(html), walk)
         assert 'data-testid="explore-crumbs"' in html
         if links.down:
@@ -144,7 +149,10 @@ def test_finance_walks_its_links_from_the_tenants_down_to_a_pods_gpus(client: Cl
     # The GPU level: the pod's GPUs, no link further down, the crumbs back up to every level.
     assert links.down == []
     crumbs = resp.context["crumbs"]
-    assert [level for _label, _q, level in crumbs] == ["", "tenant", "namespace", "controller", "pod"]
+    assert [level for _label, _q, level in crumbs] == ["", "tenant", "namespace", "controller", "pod", "container"]
+    # Without a container, the pod's GPUs of every container.
+    resp, _html, _links = page(client, tenant="acme", namespace="acme-prod", controller="deployment:bert", pod="bert-1")
+    assert costs(resp) == {"server/node-1/GPU-0": D("3.00"), "sidecar/node-1/GPU-1": D("0.50")}
     assert {"explore-cost", "explore-gpu-hours", "explore-mem-used", "explore-sm-granted"} <= walk.groups_checked
 
 
@@ -224,6 +232,8 @@ def test_a_member_sees_only_its_tenant_however_the_query_is_crafted(client: Clie
     ({"label": "app=a,app=b"}, "label"),
     ({"namespace": "acme-prod"}, "namespace"),
     ({"tenant": "acme", "pod": "bert-1"}, "pod"),
+    ({"tenant": "acme", "namespace": "acme-prod", "controller": "deployment:bert", "container": "server"},
+     "container"),
     ({"start": "2026-03-05", "end": "2026-03-01"}, ""),
     ({"end": "03/01/2026"}, "end"),
     ({"node": ",".join(f"n{i}" for i in range(21))}, "node"),
