@@ -39,6 +39,7 @@ from billing.queries.explore import (
 from billing.scope import get_scope
 from billing.services.rightsizing import HEADROOM, percent_of
 from billing.web.forms import ExploreForm, PeriodForm
+from billing.web.views import quick_periods
 
 # Rows on the page: the costliest; the CSV lists all (the portal's reason: thousands of pods).
 PAGE_ROWS = 100
@@ -173,7 +174,14 @@ def _context(form: ExploreForm, result: Explore) -> dict[str, Any]:
         "csv_query": _query(base, result.path, format="csv"), "efficiency": _efficiency(result.rows),
         "headroom_pct": HEADROOM * 100, "filtered": any(base.get(k) for k in _FILTERS),
         "clear_filters_query": _query({k: v for k, v in base.items() if k in ("start", "end")}, result.path),
+        # The finance page's quick periods, keeping where the reader stands and what they filter.
+        "quick_periods": [{**q, "query": f"{q['query']}&{_query(_without_period(base), result.path)}"}
+                          for q in quick_periods(timezone.now().date(), form)],
     }
+
+
+def _without_period(base: dict[str, str]) -> dict[str, str]:
+    return {k: v for k, v in base.items() if k not in ("start", "end")}
 
 
 def _efficiency(rows: Sequence[ExploreRow]) -> dict[str, Decimal | None]:

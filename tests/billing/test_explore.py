@@ -319,3 +319,12 @@ def test_the_page_right_sizes_its_costliest_rows_only_and_the_csv_every_row(flee
     assert first.suggestion is not None and second.suggestion is None and second.memory is None
     assert all(r.suggestion for r in get_explore(scope=everyone, path=path, filters=ExploreFilters(), start=start,
                                                   end=end).rows)
+
+
+def test_quick_periods_keep_the_path_and_the_filters(client: Client, fleet: None) -> None:
+    client.force_login(user_in(FINANCE_GROUP))
+    resp, html, _links = page(client, tenant="acme", label="app=bert")
+    last_month = next(q for q in resp.context["quick_periods"] if q["key"] == "last-month")
+    query = parse_qs(str(last_month["query"]))
+    assert query["tenant"] == ["acme"] and query["label"] == ["app=bert"] and len(query["start"]) == 1
+    assert 'data-testid="period-last-month"' in html
