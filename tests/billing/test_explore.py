@@ -14,7 +14,11 @@ from typing import Any
 from urllib.parse import parse_qs
 
 import pytest
+from django.db import transaction
 from django.test import Client
+from hypothesis import HealthCheck, given
+from hypothesis import settings as hypothesis_settings
+from hypothesis import strategies as st
 
 from billing.ledger.models import GpuHour, UsageHour, WorkloadMeta
 from billing.models import Node, Tenant
@@ -328,3 +332,58 @@ def test_quick_periods_keep_the_path_and_the_filters(client: Client, fleet: None
     query = parse_qs(str(last_month["query"]))
     assert query["tenant"] == ["acme"] and query["label"] == ["app=bert"] and len(query["start"]) == 1
     assert 'data-testid="period-last-month"' in html
+
+
+_NAMES = st.sampled_from(["a", "b"])
+_USAGE = st.fixed_dictionaries({
+    "tenant": _NAMES, "namespace": _NAMES, "pod": st.sampled_from(["p1", "p2", "p3"]), "container": _NAMES,
+    "gpu": st.sampled_from(["GPU-0", "GPU-1", "GPU-2"]), "hour": st.integers(0, 2),
+    "charge": st.decimals(min_value=0, max_value=100, places=6),
+    "controller": st.sampled_from(["", "deployment:x", "job:y"]),
+})
+
+
+@hypothesis_settings(max_examples=15, deadline=None,
+                     suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@given(rows=st.lists(_USAGE, min_size=1, max_size=8))
+def test_every_level_adds_up_to_the_row_that_opened_it(db: Any, rows: list[dict[str, Any]]) -> None:
+    """Whatever the ledger: the rows a row opens add up to it exactly (ledger precision), down to
+    the GPUs, and the tenants add up to the ledger's charge."""
+    from billing.queries.explore import ExploreFilters, ExplorePath, get_explore
+    from billing.scope import Scope
+
+    everyone = Scope(tenants=None, is_finance=True, is_admin=False)
+    start, end = datetime(2026, 3, 2, tzinfo=UTC), datetime(2026, 3, 3, tzinfo=UTC)
+    with transaction.atomic():
+        node = Node.objects.create(name="node-h")
+        seen: set[tuple[str, ...]] = set()
+        for r in rows:
+            namespace, pod = f"{r['tenant']}-{r['namespace']}", f"{r['tenant']}-{r['pod']}"
+            key = (r["gpu"], namespace, pod, r["container"], str(r["hour"]))
+            if key in seen:
+                continue  # one ledger row per workload, GPU and hour
+            seen.add(key)
+            usage(node, r["gpu"], H + timedelta(hours=r["hour"]), tenant=r["tenant"], namespace=namespace, pod=pod,
+                  container=r["container"], charge=str(r["charge"]), mem_used_gb="1", mem_granted_gb="2")
+            if r["controller"] and not WorkloadMeta.objects.filter(namespace=namespace, pod=pod).exists():
+                kind, name = r["controller"].split(":")
+                WorkloadMeta.objects.create(namespace=namespace, pod=pod, pod_uid=f"uid-{pod}", controller_kind=kind,
+                                            controller_name=name, first_seen=H, last_seen=H)
+        ledger_total = sum((D(str(r.charge)) for r in UsageHour.objects.all()), D(0))
+
+        def level(path: ExplorePath) -> list[Any]:
+            return get_explore(scope=everyone, path=path, filters=ExploreFilters(), start=start, end=end).rows
+
+        def check(path: ExplorePath, depth: int) -> None:
+            for row in level(path):
+                if row.down is None:
+                    continue
+                below = level(row.down)
+                assert sum((b.cost for b in below), D(0)) == row.cost, (row.name, row.down)
+                if depth < 4:
+                    check(row.down, depth + 1)
+
+        tenants = level(ExplorePath())
+        assert sum((t.cost for t in tenants), D(0)) == ledger_total
+        check(ExplorePath(), 1)
+        transaction.set_rollback(True)
