@@ -49,8 +49,10 @@ __all__ = [
     "align_window",
     "parse_aggregate",
     "parse_bool",
+    "parse_filter",
     "parse_step",
     "parse_window",
+    "set_windows",
 ]
 
 AGGREGATE_KEYS: tuple[str, ...] = ledger.GROUP_KEYS
@@ -239,10 +241,62 @@ def parse_bool(parameter: str, text: str | None, *, default: bool) -> bool:
     raise ParameterError(parameter, gettext("%(value)r is not true or false") % {"value": text})
 
 
+_FILTER_CLAUSE = re.compile(r'^\s*([A-Za-z_]+)(?:\[([^\]"]+)\])?\s*:\s*(.+?)\s*$', re.DOTALL)
+_QUOTED = re.compile(r'"((?:[^"\\]|\\.)*)"')
+
+
+def parse_filter(text: str | None) -> dict[str, tuple[str, ...]]:
+    """OpenCost's filter language, its equality subset: clauses `key:"a","b"` (any of the values)
+    joined by `+` (all clauses), keys AGGREGATE_KEYS or `label[<name>]`; a key given twice keeps the
+    values both allow. Absent: no filter."""
+    if text is None or not text.strip():
+        return {}
+    filters: dict[str, tuple[str, ...]] = {}
+    for clause in _split_outside_quotes(text, "+"):
+        match = _FILTER_CLAUSE.match(clause)
+        if match is None:
+            raise ParameterError("filter", gettext('%(clause)r is not key:"value" (or label[name]:"value")')
+                                 % {"clause": clause})
+        name, label, values_text = match[1], match[2], match[3]
+        key = f"{LABEL_PREFIX}{label}" if name == "label" and label else name
+        if not ledger.is_group_key(key) or (label and name != "label"):
+            raise ParameterError("filter", gettext("unknown key %(key)r; use %(keys)s or label[<name>]")
+                                 % {"key": name, "keys": ", ".join(AGGREGATE_KEYS)})
+        matches = [_QUOTED.fullmatch(part.strip()) for part in _split_outside_quotes(values_text, ",")]
+        if not all(matches):
+            raise ParameterError("filter", gettext('the values of %(key)r must be quoted: %(key)s:"a","b"')
+                                 % {"key": key})
+        values = tuple(re.sub(r"\\(.)", r"\1", m[1]) for m in matches if m is not None)
+        filters[key] = tuple(v for v in filters[key] if v in values) if key in filters else values
+    return filters
+
+
+def _split_outside_quotes(text: str, sep: str) -> list[str]:
+    parts: list[str] = []
+    current: list[str] = []
+    quoted = escaped = False
+    for char in text:
+        if escaped:
+            escaped = False
+        elif char == "\\" and quoted:
+            escaped = True
+        elif char == '"':
+            quoted = not quoted
+        elif char == sep and not quoted:
+            parts.append("".join(current))
+            current = []
+            continue
+        current.append(char)
+    parts.append("".join(current))
+    return parts
+
+
 # --- Sets ---------------------------------------------------------------------------------------
 
 
-def _set_bounds(window: Window, step: timedelta | None) -> list[Window]:
+def set_windows(window: Window, step: timedelta | None) -> list[Window]:
+    """The sets of an aligned window: one, or one per step from its start (the last one may be
+    shorter, ending with the window). More than MAX_SETS is a ParameterError on `step`."""
     if step is None:
         return [window]
     count = -(-(window.end - window.start) // step)
@@ -333,7 +387,7 @@ def allocation_sets(
     step = None if accumulate else step
     if step is not None and step % _HOUR:
         raise ParameterError("step", gettext("must be a whole number of hours (the ledger's resolution)"))
-    bounds = _set_bounds(window, step)
+    bounds = set_windows(window, step)
     sets: list[dict[str, Allocation]] = [{} for _ in bounds]
     if scope.tenants is not None and not scope.tenants:
         return sets
