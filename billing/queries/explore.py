@@ -47,7 +47,6 @@ __all__ = [
     "TenantNotFound",
     "check_tenant_visible",
     "get_explore",
-    "gib",
 ]
 
 LEVELS = ("tenant", "namespace", "controller", "pod", "gpu")
@@ -64,7 +63,6 @@ STEPS = ("tenant", "namespace", "controller", "pod", "container")
 _HOUR = timedelta(hours=1)
 _MB_S_PER_GB_H = Decimal(1024 * 3600)  # GB·h as the portal writes them (GiB, 1024 MB)
 _S_PER_H = Decimal(3600)
-_MB_PER_GB = Decimal(1024)
 
 
 @dataclass(frozen=True)
@@ -253,8 +251,3 @@ def _row(a: Allocation, level: str, keys: Sequence[str], path: ExplorePath,
         sm_requested_h=None if a.sm_requested_s is None else a.sm_requested_s / _S_PER_H,
         memory=memory, suggestion=suggestion,
     )
-
-
-def gib(mb: Decimal | None) -> Decimal | None:
-    """MB as GiB, for the suggestion's figures."""
-    return None if mb is None else mb / _MB_PER_GB

@@ -29,6 +29,7 @@ __all__ = [
     "STEP_MB",
     "Suggestion",
     "VERDICTS",
+    "gib",
     "mean_mb",
     "peak_hour_mean_mb",
     "percent_of",
@@ -82,6 +83,11 @@ def suggest_memory_request(use: MemoryUse, *, headroom: Decimal = HEADROOM, step
     if target < use.request_mb:
         return Suggestion("lower", use.request_mb, target)
     return Suggestion("fits", use.request_mb, use.request_mb)
+
+
+def gib(mb: Decimal | None) -> Decimal | None:
+    """MB as GiB (1024 MB: requests are written in Gi), None passing through."""
+    return None if mb is None else mb / STEP_MB
 
 
 def mean_mb(used_mb_s: Decimal, seconds: Decimal) -> Decimal:

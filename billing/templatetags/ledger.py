@@ -11,6 +11,7 @@ from django.utils.formats import number_format
 from django.utils.safestring import mark_safe
 
 from billing.money import display_amount, minor_unit_exponent
+from billing.services.rightsizing import gib
 
 register = template.Library()
 
@@ -48,12 +49,7 @@ def current(context: template.Context, *url_names: str) -> str:
     return mark_safe(' aria-current="page"') if match and match.url_name in url_names else ""  # noqa: S308
 
 
-@register.filter
-def gib(value: object) -> object:
-    """MB as GiB (1024 MB), for the right-sizing figures; None and "" pass through."""
-    if value is None or value == "":
-        return value
-    try:
-        return Decimal(str(value)) / 1024
-    except InvalidOperation:
-        return value
+@register.filter(name="gib")
+def gib_filter(value: Decimal | None) -> Decimal | None:
+    """`{{ mb|gib }}`: MB as GiB, by the right-sizing rule's one conversion."""
+    return gib(value)

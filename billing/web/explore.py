@@ -34,10 +34,9 @@ from billing.queries.explore import (
     TenantNotFound,
     check_tenant_visible,
     get_explore,
-    gib,
 )
 from billing.scope import get_scope
-from billing.services.rightsizing import HEADROOM, percent_of
+from billing.services.rightsizing import HEADROOM, gib, percent_of
 from billing.web.forms import ExploreForm, PeriodForm
 from billing.web.views import quick_periods
 
