@@ -169,7 +169,7 @@ def _context(form: ExploreForm, result: Explore) -> dict[str, Any]:
     return {
         "form": form, "explore": result, "rows": page, "row_count": len(shown), "cut": len(shown) > len(page),
         "cost_total": cost, "columns": columns, "crumbs": crumbs, "level": result.level,
-        "level_title": _LEVEL_TITLES[result.level], "keys": LEVEL_KEYS[result.level],
+        "level_title": _LEVEL_TITLES[result.level],
         "csv_query": _query(base, result.path, format="csv"), "efficiency": _efficiency(result.rows),
         "headroom_pct": HEADROOM * 100, "filtered": any(base.get(k) for k in _FILTERS),
         "clear_filters_query": _query({k: v for k, v in base.items() if k in ("start", "end")}, result.path),
