@@ -19,6 +19,7 @@ import argparse
 import json
 import logging
 import os
+import re
 import shlex
 import signal
 import sys
@@ -52,6 +53,7 @@ from agents.kube import EvictionOutcome, KubeClientPods
 from agents.loop import Agent, AgentConfig
 from agents.metrics import AgentMetrics, MetricsServer, serve_metrics
 from agents.mps import DEFAULT_CONTROL_COMMAND, MpsControlCli, MpsEnforcer
+from agents.owners import DEFAULT_LABEL_KEYS, ControllerResolver, parse_label_keys
 from agents.policy_client import PolicyClient
 from agents.prediction import (
     DEFAULT_UNDERPREDICTION_TARGET,
@@ -184,6 +186,20 @@ def _parser() -> argparse.ArgumentParser:
     kube.add_argument(
         "--proc-root", type=Path, default=Path("/proc"), help="the host's /proc (hostPID), for PID -> cgroup"
     )
+    group = run.add_argument_group("grouping (optional batch fields, docs/protocol.md)")
+    group.add_argument(
+        "--cluster",
+        type=_cluster,
+        default=os.environ.get("VGPU_AGENT_CLUSTER", ""),
+        help="the Kubernetes cluster this node is in, sent with every batch (default $VGPU_AGENT_CLUSTER; empty: none)",
+    )
+    group.add_argument(
+        "--labels",
+        type=_label_keys,
+        default=_label_keys(os.environ.get("VGPU_AGENT_LABELS", ",".join(DEFAULT_LABEL_KEYS))),
+        help="pod label keys sent with each sample, comma-separated (default $VGPU_AGENT_LABELS, else "
+        f"{','.join(DEFAULT_LABEL_KEYS)}; empty: none). Each distinct value is a group: name few",
+    )
     observe = run.add_argument_group("metrics")
     observe.add_argument("--metrics-port", type=int, default=0, help="Prometheus /metrics port (default 0: off)")
     observe.add_argument("--metrics-address", default="127.0.0.1", help="address /metrics binds to")
@@ -237,6 +253,23 @@ def _scenario(args: argparse.Namespace) -> int:
     return 0
 
 
+_CLUSTER = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,252}")  # what the service accepts (docs/protocol.md)
+
+
+def _cluster(text: str) -> str:
+    if text and not _CLUSTER.fullmatch(text):
+        raise argparse.ArgumentTypeError(f"{text!r}: a cluster name is 1-253 letters, digits and . _ - "
+                                         "beginning with a letter or digit")
+    return text
+
+
+def _label_keys(text: str) -> tuple[str, ...]:
+    try:
+        return parse_label_keys(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from error
+
+
 def _enforcers(text: str) -> frozenset[str]:
     chosen = frozenset(part.strip() for part in text.split(","))
     if not chosen <= set(_ENFORCERS) or ("dry-run" in chosen and len(chosen) > 1):
@@ -254,7 +287,7 @@ def _scenario_backend(args: argparse.Namespace) -> SimBackend:
     except ValueError as error:
         raise _Fatal(str(error)) from error
     # Profiles run on absolute time, so a restarted agent continues the same trace.
-    return SimBackend(scenario, epoch=_UNIX_EPOCH)
+    return SimBackend(scenario, epoch=_UNIX_EPOCH, label_keys=args.labels)
 
 
 def _load_nvml() -> object:
@@ -312,7 +345,8 @@ def _run(args: argparse.Namespace) -> int:
         raise _Fatal("--backend nvml needs --node NAME (or NODE_NAME in the environment)")
     nvml = _load_nvml() if sim is None else None
     try:
-        config = AgentConfig(node=node, tick_ms=args.tick_ms, meter_ms=args.meter_ms, batch_seconds=args.batch_seconds)
+        config = AgentConfig(node=node, tick_ms=args.tick_ms, meter_ms=args.meter_ms, batch_seconds=args.batch_seconds,
+                             cluster=args.cluster)
         retry = RetryPolicy(timeout_s=args.timeout_s)
         watchdog_policy = WatchdogPolicy(
             action=WatchdogAction(args.watchdog_action),
@@ -396,7 +430,11 @@ def _node_backend(args: argparse.Namespace, parts: _Parts, *, nvml: object) -> P
         raise _Fatal(f"Kubernetes API: {error}; pass --kube-api URL or --no-kube") from error
     policy = parts.policy
     attributor = KubeAttributor(
-        pods=kube, tenant_default_tier=lambda tenant: policy.current().default_tier(tenant), proc_root=args.proc_root
+        pods=kube,
+        tenant_default_tier=lambda tenant: policy.current().default_tier(tenant),
+        proc_root=args.proc_root,
+        label_keys=args.labels,
+        controllers=ControllerResolver(read=kube.read_controller),
     )
     backend = NvmlBackend(attributor=attributor, nvml=nvml)
     parts.closers.append(backend.close)

@@ -12,12 +12,13 @@ from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from agents.interfaces import Attributor, Workload
+from agents.interfaces import NO_META, Attributor, Workload, WorkloadMeta
 from agents.kube import ContainerInfo, KubernetesPods, PodInfo
+from agents.owners import ControllerResolver, allowed_labels
 
 __all__ = [
     "SLA_TIER_LABEL",
@@ -146,7 +147,10 @@ class KubeAttributor:
     - SLA tier: the pod's ``vgpu-ledger.io/sla-tier`` label, else ``tenant_default_tier(tenant)``
       (the policy API's default for that tenant, supplied by the caller);
     - a process in no pod known to the cache (host process, exited process, pod not yet or
-      no longer listed) is attributed by ``fallback`` (``PidAttributor``: ``unattributed``).
+      no longer listed) is attributed by ``fallback`` (``PidAttributor``: ``unattributed``);
+    - its description (the optional batch fields, issue 17): the pod's controller, resolved by
+      ``controllers`` (``agents.owners``; without one, the ownerReference as written), and the
+      pod labels ``label_keys`` names.
     """
 
     def __init__(
@@ -156,8 +160,12 @@ class KubeAttributor:
         tenant_default_tier: Callable[[str], str],
         proc_root: Path = Path("/proc"),
         fallback: Attributor | None = None,
+        label_keys: Sequence[str] = (),
+        controllers: ControllerResolver | None = None,
     ) -> None:
         self._pods = pods
+        self._label_keys = tuple(label_keys)
+        self._controllers = controllers
         self._tenant_default_tier = tenant_default_tier
         self._proc_root = proc_root
         self._fallback = fallback if fallback is not None else PidAttributor()
@@ -176,7 +184,19 @@ class KubeAttributor:
             container=container_name,
             pod_uid=pod.uid,
             sla_tier=tier,
+            meta=self.describe(pod),
         )
+
+    def describe(self, pod: PodInfo) -> WorkloadMeta:
+        """The pod's controller and allow-listed labels (no API call once its owner is cached)."""
+        owner = pod.controller
+        if self._controllers is not None:
+            owner = self._controllers.resolve(namespace=pod.namespace, owner=owner)
+        labels = allowed_labels(pod.labels, self._label_keys)
+        if owner is None and not labels:
+            return NO_META
+        kind, name = owner if owner is not None else ("", "")
+        return WorkloadMeta(controller_kind=kind, controller_name=name, labels=labels)
 
     def locate(self, *, pid: int) -> tuple[PodInfo, str] | None:
         """The pod and container name a process runs in, or None when it is in no known pod."""

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from agents.interfaces import GpuInfo, Workload
+from agents.interfaces import GpuInfo, Workload, WorkloadMeta
 
 __all__ = ["SCHEMA", "Sample", "format_utc", "gpu_from_wire", "gpu_to_wire", "parse_utc", "render_batch"]
 
@@ -55,7 +55,7 @@ class Sample:
 
     def to_wire(self) -> dict[str, Any]:
         w = self.workload
-        return {
+        wire: dict[str, Any] = {
             "start": format_utc(self.start),
             "seconds": self.seconds,
             "gpu": self.gpu,
@@ -71,6 +71,9 @@ class Sample:
             "sm_granted_s": self.sm_granted_s,
             "pcie_mb": self.pcie_mb,
         }
+        # The optional grouping fields (docs/protocol.md), only those known: old servers ignore them.
+        wire.update(w.meta.to_wire())
+        return wire
 
     @classmethod
     def from_wire(cls, item: Mapping[str, Any]) -> Sample:
@@ -86,6 +89,13 @@ class Sample:
                 container=item["container"],
                 pod_uid=item["pod_uid"],
                 sla_tier=item["sla_tier"],
+                meta=WorkloadMeta(
+                    controller_kind=item.get("controller_kind", ""),
+                    controller_name=item.get("controller_name", ""),
+                    labels=tuple(sorted(item.get("labels", {}).items())),
+                    mem_requested_mb=item.get("mem_requested_mb"),
+                    sm_requested=item.get("sm_requested"),
+                ),
             ),
             mem_used_mb_s=item["mem_used_mb_s"],
             mem_granted_mb_s=item["mem_granted_mb_s"],
@@ -103,14 +113,16 @@ def render_batch(
     window_end: datetime,
     gpus: Sequence[GpuInfo],
     samples: Sequence[Sample],
+    cluster: str = "",
 ) -> bytes:
-    """The exact bytes sent for a batch (compact JSON, stable ordering)."""
+    """The exact bytes sent for a batch (compact JSON, stable ordering); ``cluster`` only when set."""
     if window_end <= window_start:
         raise ValueError(f"empty batch window [{window_start}, {window_end})")
     ordered = sorted(samples, key=lambda s: (s.start, s.gpu, s.workload.key))
-    document: Mapping[str, Any] = {
-        "schema": SCHEMA,
-        "node": node,
+    document: dict[str, Any] = {"schema": SCHEMA, "node": node}
+    if cluster:
+        document["cluster"] = cluster
+    document |= {
         "batch_seq": batch_seq,
         "window": {"start": format_utc(window_start), "end": format_utc(window_end)},
         "gpus": [gpu_to_wire(g) for g in gpus],

@@ -3,12 +3,15 @@
 ``NvmlBackend`` reports one reading per process with no entitlement; ``EntitledBackend``
 merges a container's processes on one GPU into one reading (the allocator shares per
 workload) and fills in what the container was promised, from ``GpuRequestResolver``
-(annotations, DRA ResourceClaim, ``nvidia.com/gpu``, or the tenant default).
+(annotations, DRA ResourceClaim, ``nvidia.com/gpu``, or the tenant default). A request the pod
+made itself is also reported in the batches (``mem_requested_mb``, ``sm_requested``: the guarantee
+on that GPU, docs/protocol.md), for the drill-down's "requested" column; a tenant default is not.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 from datetime import datetime
 from typing import Protocol
 
@@ -59,14 +62,22 @@ class EntitledBackend:
                 sm_used=min(held.sm_used + r.sm_used, float(gpu.sm_count)),
                 pcie_mb_per_s=held.pcie_mb_per_s + r.pcie_mb_per_s,
             )
-        return [
-            UsageReading(
-                workload=r.workload,
-                gpu=r.gpu,
-                mem_used_mb=r.mem_used_mb,
-                sm_used=r.sm_used,
-                pcie_mb_per_s=r.pcie_mb_per_s,
-                entitlement=self._resolver.resolve(workload=r.workload).entitlement(gpu=self._gpus[r.gpu]),
-            )
-            for r in merged.values()
-        ]
+        return [self._entitled(r) for r in merged.values()]
+
+    def _entitled(self, reading: UsageReading) -> UsageReading:
+        workload = reading.workload
+        request = self._resolver.resolve(workload=workload)
+        entitlement = request.entitlement(gpu=self._gpus[reading.gpu])
+        if request.source != "tenant-default":
+            # Capped at the card by ``entitlement``, so within what the service accepts.
+            workload = replace(workload, meta=replace(
+                workload.meta, mem_requested_mb=round(entitlement.guarantee_mem_mb),
+                sm_requested=entitlement.guarantee_sm))
+        return UsageReading(
+            workload=workload,
+            gpu=reading.gpu,
+            mem_used_mb=reading.mem_used_mb,
+            sm_used=reading.sm_used,
+            pcie_mb_per_s=reading.pcie_mb_per_s,
+            entitlement=entitlement,
+        )

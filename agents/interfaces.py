@@ -23,7 +23,9 @@ __all__ = [
     "Predictor",
     "TickObserver",
     "UsageReading",
+    "NO_META",
     "Workload",
+    "WorkloadMeta",
 ]
 
 
@@ -38,6 +40,34 @@ class GpuInfo:
 
 
 @dataclass(frozen=True, slots=True)
+class WorkloadMeta:
+    """What Kubernetes says about a workload beyond its identity, for grouping (issue 17): the
+    optional sample fields of wire protocol v1 (docs/protocol.md). Empty fields are not sent."""
+
+    controller_kind: str = ""  # the pod's controller, resolved one level (agents.owners)
+    controller_name: str = ""
+    labels: tuple[tuple[str, str], ...] = ()  # the allow-listed pod labels, sorted by key
+    mem_requested_mb: int | None = None  # what the container asked for on this GPU (agents.gpu_requests)
+    sm_requested: float | None = None
+
+    def to_wire(self) -> dict[str, object]:
+        wire: dict[str, object] = {}
+        if self.controller_kind:
+            wire["controller_kind"] = self.controller_kind
+            wire["controller_name"] = self.controller_name
+        if self.labels:
+            wire["labels"] = dict(self.labels)
+        if self.mem_requested_mb is not None:
+            wire["mem_requested_mb"] = self.mem_requested_mb
+        if self.sm_requested is not None:
+            wire["sm_requested"] = self.sm_requested
+        return wire
+
+
+NO_META = WorkloadMeta()
+
+
+@dataclass(frozen=True, slots=True)
 class Workload:
     """One container using GPUs; the identity a usage sample is billed to."""
 
@@ -47,6 +77,9 @@ class Workload:
     container: str
     pod_uid: str
     sla_tier: str
+    # Description, not identity: two readings of one container are one workload whatever their
+    # labels say, so it takes no part in equality (nor in ``key``).
+    meta: WorkloadMeta = field(default=NO_META, compare=False)
 
     @property
     def key(self) -> str:

@@ -13,6 +13,7 @@ discovery and found again when a read answers 404, as after an upgrade).
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 import time
@@ -42,6 +43,7 @@ __all__ = [
     "PodInfo",
     "ResourceClaimInfo",
     "container_id_from_status",
+    "controller_of",
     "pod_info_from_model",
 ]
 
@@ -80,6 +82,8 @@ class PodInfo:
     labels: Mapping[str, str] = field(default_factory=dict)
     annotations: Mapping[str, str] = field(default_factory=dict)
     containers: tuple[ContainerInfo, ...] = ()
+    # The ownerReference marked controller: (kind, name), as written; None for a bare pod.
+    controller: tuple[str, str] | None = None
 
     @property
     def key(self) -> str:
@@ -213,7 +217,16 @@ def pod_info_from_model(pod: client.V1Pod) -> PodInfo:
         labels=dict(meta.labels or {}),
         annotations=dict(meta.annotations or {}),
         containers=tuple(containers),
+        controller=controller_of(meta),
     )
+
+
+def controller_of(meta: client.V1ObjectMeta | None) -> tuple[str, str] | None:
+    """The (kind, name) of the ownerReference with ``controller: true`` (at most one has it)."""
+    for ref in (meta.owner_references if meta is not None else None) or ():
+        if ref.controller and ref.kind and ref.name:
+            return (ref.kind, ref.name)
+    return None
 
 
 # The claim models of each version read; their status and config parts have the same fields.
@@ -368,6 +381,8 @@ class KubeClientPods:
         if watch_timeout_s < 1:
             raise ValueError(f"watch_timeout_s must be >= 1 s, got {watch_timeout_s}")
         self._core = client.CoreV1Api(api_client)
+        self._apps = client.AppsV1Api(api_client)
+        self._batch = client.BatchV1Api(api_client)
         self._claims = _ClaimReader(api_client)
         self._node = node
         self._field_selector = f"spec.nodeName={node}"
@@ -484,6 +499,29 @@ class KubeClientPods:
         version this agent reads raises ``ClaimApiUnavailable``.
         """
         return self._claims.read(namespace=namespace, name=name)
+
+    def read_controller(self, *, namespace: str, kind: str, name: str) -> tuple[str, str] | None:
+        """The controller of a pod's own controller, one level up (``agents.owners``): a ReplicaSet's
+        Deployment, a Job's CronJob. None when it has none or is not one of those two kinds.
+
+        Only ``metadata.ownerReferences`` is read, from the raw JSON: the rest of the object (its
+        pod template) is not needed, and a model that fails to parse it must not cost the answer.
+        API errors (403 without the RBAC rule, 404 for an owner already deleted) raise ``ApiException``.
+        """
+        response: Any  # the raw urllib3 response (_preload_content=False), not the model its signature names
+        # Bounded: the first sight of an owner is read on the attribution path, inside a tick.
+        options: dict[str, Any] = {"_preload_content": False, "_request_timeout": (2.0, 5.0)}
+        if kind == "ReplicaSet":
+            response = self._apps.read_namespaced_replica_set(name=name, namespace=namespace, **options)
+        elif kind == "Job":
+            response = self._batch.read_namespaced_job(name=name, namespace=namespace, **options)
+        else:
+            return None
+        metadata = json.loads(response.data).get("metadata") or {}
+        for ref in metadata.get("ownerReferences") or ():
+            if ref.get("controller") and isinstance(ref.get("kind"), str) and isinstance(ref.get("name"), str):
+                return (ref["kind"], ref["name"])
+        return None
 
     def evict(
         self, *, namespace: str, pod: str, reason: str, message: str, pod_uid: str | None = None

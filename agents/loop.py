@@ -43,6 +43,7 @@ class AgentConfig:
     meter_ms: int = 1000  # width of one usage sample; whole seconds
     batch_seconds: int = 60  # width of one batch window; a multiple of the sample width
     policy: Policy = field(default_factory=Policy)
+    cluster: str = ""  # the batches' optional ``cluster`` (``--cluster``); "" sends none
 
     def __post_init__(self) -> None:
         if not self.node:
@@ -265,6 +266,7 @@ class Agent:
                 window_end=run[-1].end,
                 gpus=gpus,
                 samples=samples,
+                cluster=self._config.cluster,
             )
 
         return render
@@ -287,6 +289,7 @@ class Agent:
                 window_end=end,
                 gpus=gpus,
                 samples=inside,
+                cluster=self._config.cluster,
             ),
         )
         batch.advance(to=end)

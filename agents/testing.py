@@ -374,6 +374,10 @@ _NODES = _Kind("nodes", "Node", "v1", frozenset({"metadata.name"}))
 _CLAIMS = _Kind(
     "resourceclaims", "ResourceClaim", "resource.k8s.io/v1", frozenset({"metadata.name", "metadata.namespace"})
 )
+# A pod's owners, read by name only (agents.owners resolves a ReplicaSet's Deployment, a Job's CronJob).
+_REPLICA_SETS = _Kind("replicasets", "ReplicaSet", "apps/v1", frozenset({"metadata.name", "metadata.namespace"}))
+_JOBS = _Kind("jobs", "Job", "batch/v1", frozenset({"metadata.name", "metadata.namespace"}))
+_OWNER_KINDS = {"replicaset": _REPLICA_SETS, "job": _JOBS}
 
 
 # -- Dynamic resource allocation (resource.k8s.io) -------------------------------------------
@@ -477,6 +481,8 @@ _ROUTES: list[tuple[str, re.Pattern[str]]] = [
     ("node", re.compile(r"^/api/v1/nodes/(?P<name>[^/]+)$")),
     ("namespace", re.compile(r"^/api/v1/namespaces/(?P<name>[^/]+)$")),
     ("events_v1", re.compile(r"^/apis/events\.k8s\.io/v1/namespaces/(?P<ns>[^/]+)/events$")),
+    ("replicaset", re.compile(r"^/apis/apps/v1/namespaces/(?P<ns>[^/]+)/replicasets/(?P<name>[^/]+)$")),
+    ("job", re.compile(r"^/apis/batch/v1/namespaces/(?P<ns>[^/]+)/jobs/(?P<name>[^/]+)$")),
     *_DRA_ROUTES,
 ]
 
@@ -688,7 +694,7 @@ class FakeKubernetes(_CertificateObjects):
     Point the official client at it with ``kubernetes.client.Configuration(host=fake.url)``.
     It serves pods (list and watch, ``fieldSelector``, ``resourceVersion``), namespaces
     (get, list, watch), ``pods/eviction`` (``policy/v1`` Eviction), events (``core/v1`` and
-    ``events.k8s.io/v1``) and ``resource.k8s.io`` ResourceClaims (get, list, and the group's
+    ``events.k8s.io/v1``), ReplicaSets and Jobs (get: pods' owners) and ``resource.k8s.io`` ResourceClaims (get, list, and the group's
     discovery document) in the versions of ``resource_api_versions``.
 
     Watches stream newline-delimited JSON events (ADDED / MODIFIED / DELETED, BOOKMARK at a
@@ -709,6 +715,8 @@ class FakeKubernetes(_CertificateObjects):
             "namespaces": {},
             "resourceclaims": {},
             "nodes": {},
+            "replicasets": {},
+            "jobs": {},
         }
         self._watch_generation = 0
         self._watches_held = False
@@ -719,6 +727,8 @@ class FakeKubernetes(_CertificateObjects):
         self.requests: list[KubeRequest] = []
         # True: evictions are refused with 429, as when a PodDisruptionBudget forbids them.
         self.refuse_evictions = False
+        # True: ReplicaSet and Job reads answer 403, as for an agent whose ClusterRole lacks them.
+        self.forbid_owner_reads = False
         # resource.k8s.io versions discovery lists, preferred first; claims are served in those of
         # RESOURCE_GROUP_VERSIONS among them. () serves no DRA API at all.
         self.resource_api_versions: tuple[str, ...] = ("v1",)
@@ -782,6 +792,10 @@ class FakeKubernetes(_CertificateObjects):
     def add_resource_claim(self, claim: dict[str, Any]) -> dict[str, Any]:
         """Store a claim written in any resource.k8s.io version (``apiVersion``; v1 when absent)."""
         return self._put(_CLAIMS, _claim_to_v1(claim), create=True)
+
+    def add_owner(self, obj: dict[str, Any]) -> dict[str, Any]:
+        """Store a ReplicaSet (``kind: ReplicaSet``) or a Job (``kind: Job``) that pods name as owner."""
+        return self._put(_OWNER_KINDS[obj["kind"].lower()], obj, create=True)
 
     def get_pod(self, namespace: str, name: str) -> dict[str, Any]:
         with self._cond:
@@ -1004,7 +1018,7 @@ class FakeKubernetes(_CertificateObjects):
             stored["kind"] = kind.kind
             stored["apiVersion"] = kind.api_version
             self._objects[kind.resource][key] = stored
-            if kind is not _CLAIMS:
+            if kind not in (_CLAIMS, _REPLICA_SETS, _JOBS):  # not watched
                 self._history.append(_Change(self._resource_version, kind.resource, before, stored))
             self._cond.notify_all()
             return copy.deepcopy(stored)
@@ -1396,6 +1410,12 @@ def _handler_for(fake: FakeKubernetes) -> type[BaseHTTPRequestHandler]:
                 return 200, fake._get(_NAMESPACES, ("", params["name"]))
             if method == "GET" and route == "node":
                 return 200, fake._get(_NODES, ("", params["name"]))
+            if method == "GET" and route in _OWNER_KINDS:
+                kind = _OWNER_KINDS[route]
+                if fake.forbid_owner_reads:
+                    raise _ApiError(403, "Forbidden", f'{kind.resource} "{params["name"]}" is forbidden: '
+                                    f'cannot get resource "{kind.resource}" in the namespace "{params["ns"]}"')
+                return 200, fake._get(kind, (params["ns"], params["name"]))
             if method == "PATCH" and route == "node":
                 return 200, fake._patch_node(params["name"], body, self.headers.get("Content-Type", ""))
             if method == "POST" and route == "eviction":

@@ -208,6 +208,9 @@ def main() -> int:
     with embedded_services() as env:
         env.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
         env.setdefault("VGPU_ROLLUP_EVERY_S", "10")
+        # The simulated nodes report one cluster (the agents read it; their scenarios carry the
+        # pods' controllers and app/team labels), so the demo can group by cluster, controller and label.
+        env.setdefault("VGPU_AGENT_CLUSTER", "demo")
         # The issuer every demo invoice and credit note names (an invented company).
         env.setdefault("VGPU_ISSUER_NAME", "Example GPU Cloud Ltd")
         env.setdefault("VGPU_ISSUER_ADDRESS", "1 Example Quay|London EC1A 1AA|United Kingdom")

@@ -9,9 +9,12 @@ Scenario file (JSON)::
                     "pod": "bert-7f9c4-x2k9p", "container": "server",
                     "pod_uid": "…", "sla_tier": "gold", "gpu": "GPU-…",
                     "profile": "bert-base",
-                    "guarantee_mem_mb": 384, "limit_mem_mb": 1024, "weight": 4}]}
+                    "guarantee_mem_mb": 384, "limit_mem_mb": 1024, "weight": 4,
+                    "controller_kind": "Deployment", "controller_name": "bert",
+                    "labels": {"app": "bert", "team": "acme-search"}}]}
 
-The last three workload keys are optional. Readings are a function of the
+The keys after ``profile`` are optional. The controller and labels are what an agent on a real
+node learns from the pod (agents.owners); the guarantee is also reported as the request. Readings are a function of the
 seed and of the seconds elapsed since ``epoch``: no wall clock inside.
 """
 
@@ -23,7 +26,7 @@ import math
 import threading
 import uuid
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -31,7 +34,8 @@ from typing import Any
 import numpy as np
 
 from agents.backends._profiles import PROFILES, profile_usage
-from agents.interfaces import Entitlement, GpuInfo, UsageReading, Workload
+from agents.interfaces import Entitlement, GpuInfo, UsageReading, Workload, WorkloadMeta
+from agents.owners import allowed_labels, parse_label_keys
 
 __all__ = [
     "SLA_TIERS",
@@ -47,7 +51,9 @@ SLA_TIERS = ("gold", "silver", "bronze", "best-effort")
 A100_80GB = GpuInfo(uuid="", model="NVIDIA A100-SXM4-80GB", memory_mb=81920, sm_count=108)
 
 _WORKLOAD_KEYS = ("tenant", "namespace", "pod", "container", "pod_uid", "sla_tier", "gpu", "profile")
-_OPTIONAL_KEYS = ("guarantee_mem_mb", "limit_mem_mb", "weight")
+_OPTIONAL_KEYS = ("guarantee_mem_mb", "limit_mem_mb", "weight", "controller_kind", "controller_name", "labels")
+# The demo's controllers by app: a Deployment's pods (name-<hash>-<id>), a StatefulSet's, a Job's.
+_CONTROLLERS = {"bert": "Deployment", "resnet50": "Job", "llama2-7b": "StatefulSet"}
 # Characters Kubernetes uses for generated name suffixes (no vowels, no look-alikes).
 _NAME_ALPHABET = "bcdfghjklmnpqrstvwxz2456789"
 _APPS = {  # profile -> (app name, container name, guarantee MiB, limit MiB)
@@ -55,7 +61,8 @@ _APPS = {  # profile -> (app name, container name, guarantee MiB, limit MiB)
     "resnet50": ("resnet50", "worker", 1024, 2048),
     "llama2-7b-q4": ("llama2-7b", "llm", 4096, 8192),
 }
-_PROFILE_MIX = (0.4, 0.3, 0.3)  # share of bert-base, resnet50, llama2-7b-q4 pods
+_PROFILE_MIX = (0.4, 0.3, 0.3)
+_TEAMS = {"bert": "search", "resnet50": "vision", "llama2-7b": "assistant"}  # a team per app, per tenant  # share of bert-base, resnet50, llama2-7b-q4 pods
 
 
 @dataclass(frozen=True, slots=True)
@@ -149,6 +156,11 @@ def parse_scenario(data: Mapping[str, Any]) -> Scenario:
             raise ValueError(f"{path}.limit_mem_mb: must be >= guarantee_mem_mb ({guarantee})")
         if weight is not None and not (math.isfinite(weight) and weight > 0):
             raise ValueError(f"{path}.weight: must be > 0")
+        meta = _scenario_meta(raw, path)
+        if "guarantee_mem_mb" in raw:  # the guarantee is what the pod asked for, as a request's is
+            card = next(g.memory_mb for g in gpus if g.uuid == fields["gpu"])
+            meta = replace(meta, mem_requested_mb=min(round(guarantee), card))
+        workload = replace(workload, meta=meta)
         workloads.append(
             SimWorkload(
                 workload=workload,
@@ -159,6 +171,22 @@ def parse_scenario(data: Mapping[str, Any]) -> Scenario:
             )
         )
     return Scenario(node=node, seed=seed, gpus=tuple(gpus), workloads=tuple(workloads))
+
+
+def _scenario_meta(raw: Mapping[str, Any], path: str) -> WorkloadMeta:
+    """A scenario workload's controller and labels, checked as the service will check them."""
+    kind = _require(raw, "controller_kind", str, path) if "controller_kind" in raw else ""
+    name = _require(raw, "controller_name", str, path) if "controller_name" in raw else ""
+    if bool(kind) != bool(name):
+        raise ValueError(f"{path}: controller_kind and controller_name go together")
+    labels = _require(raw, "labels", dict, path) if "labels" in raw else {}
+    if not all(isinstance(v, str) for v in labels.values()):
+        raise ValueError(f"{path}.labels: values must be strings")
+    try:
+        parse_label_keys(",".join(labels))
+    except ValueError as error:
+        raise ValueError(f"{path}.labels: {error}") from error
+    return WorkloadMeta(controller_kind=kind, controller_name=name, labels=tuple(sorted(labels.items())))
 
 
 def load_scenario(path: str | Path) -> Scenario:
@@ -175,9 +203,13 @@ def load_scenario(path: str | Path) -> Scenario:
 class SimBackend:
     """``GpuBackend`` over a scenario; ``epoch`` is elapsed time zero of the profiles."""
 
-    def __init__(self, scenario: Scenario, *, epoch: datetime) -> None:
+    def __init__(self, scenario: Scenario, *, epoch: datetime, label_keys: Sequence[str] | None = None) -> None:
+        """``label_keys``: the agent's label allow-list, applied to the scenario's labels as to a
+        real pod's; None keeps them all."""
         if epoch.tzinfo is None:
             raise ValueError("epoch must be an aware UTC datetime")
+        if label_keys is not None:
+            scenario = _with_allowed_labels(scenario, label_keys)
         self._scenario = scenario
         self._epoch = epoch
         self._gpus = {g.uuid: g for g in scenario.gpus}
@@ -236,6 +268,14 @@ class SimBackend:
         return readings
 
 
+def _with_allowed_labels(scenario: Scenario, keys: Sequence[str]) -> Scenario:
+    def allowed(w: SimWorkload) -> SimWorkload:
+        meta = replace(w.workload.meta, labels=allowed_labels(dict(w.workload.meta.labels), keys))
+        return replace(w, workload=replace(w.workload, meta=meta))
+
+    return replace(scenario, workloads=tuple(allowed(w) for w in scenario.workloads))
+
+
 def _fit(total: float, capacity: float) -> float:
     """Scale factor bringing ``total`` within ``capacity``; 1e-9 below exact so that the
     rounded float sum of the scaled parts stays <= capacity too."""
@@ -276,11 +316,16 @@ def demo_scenario(node: str, *, seed: int, gpu_count: int = 8, tenants: Sequence
             slug, tier = tenants[int(rng.integers(0, len(tenants)))]
             profile = profiles[int(rng.choice(len(profiles), p=_PROFILE_MIX))]
             app, container, guarantee_mb, limit_mb = _APPS[profile]
+            namespace = f"{slug}-prod" if rng.random() < 0.8 else f"{slug}-staging"
+            pod = f"{app}-{_name(rng, 5)}-{_name(rng, 5)}"
+            kind = _CONTROLLERS[app]
+            # No draws of their own: the demo's pods, usage and costs stay what they were.
+            controller = pod.rsplit("-", 1)[0] if kind == "Job" else app
             workloads.append(
                 {
                     "tenant": slug,
-                    "namespace": f"{slug}-prod" if rng.random() < 0.8 else f"{slug}-staging",
-                    "pod": f"{app}-{_name(rng, 5)}-{_name(rng, 5)}",
+                    "namespace": namespace,
+                    "pod": pod,
                     "container": container,
                     "pod_uid": str(uuid.UUID(bytes=rng.bytes(16), version=4)),
                     "sla_tier": tier,
@@ -288,6 +333,9 @@ def demo_scenario(node: str, *, seed: int, gpu_count: int = 8, tenants: Sequence
                     "profile": profile,
                     "guarantee_mem_mb": guarantee_mb,
                     "limit_mem_mb": limit_mb,
+                    "controller_kind": kind,
+                    "controller_name": controller,
+                    "labels": {"app": app, "team": f"{slug}-{_TEAMS[app]}"},
                 }
             )
     return {"node": node, "seed": seed, "gpus": gpus, "workloads": workloads}

@@ -1,14 +1,18 @@
 """Accepted batches, their GPUs and their raw samples: how ingest writes them (DESIGN §3).
 
 One call stores one validated batch inside the caller's transaction: the GPU claims, the batch
-row (unique per node and batch_seq), its GPU rows and its samples through COPY into the
-day-partitioned raw table. A retry of the same content answers "duplicate".
+row (unique per node and batch_seq), its GPU rows, its samples through COPY into the
+day-partitioned raw table, the node's cluster and one WorkloadMeta row per pod (the optional
+grouping fields, docs/protocol.md). A retry of the same content answers "duplicate" and writes
+nothing.
 """
 
 from __future__ import annotations
 
 import io
-from dataclasses import dataclass
+import json
+import logging
+from dataclasses import dataclass, field
 from datetime import date, datetime, timedelta
 from typing import Any
 
@@ -19,7 +23,10 @@ from billing.errors import BatchConflict, Forbidden
 from billing.ledger.partitions import RAW_TABLE, ensure_raw_partitions
 from billing.models import Node
 
-__all__ = ["COPY_COLUMNS", "BatchGpuDecl", "IngestResult", "ValidatedBatch", "overlap_message", "store_batch"]
+__all__ = ["COPY_COLUMNS", "BatchGpuDecl", "IngestResult", "PodMeta", "ValidatedBatch", "overlap_message",
+           "store_batch"]
+
+log = logging.getLogger(__name__)
 
 COPY_COLUMNS = (
     "batch_id, node_id, gpu_uuid, start, seconds, tenant, namespace, pod, container, pod_uid, "
@@ -36,6 +43,23 @@ class BatchGpuDecl:
 
 
 @dataclass(frozen=True)
+class PodMeta:
+    """What a batch says about one pod beyond the ledger's key: the WorkloadMeta upsert's row.
+
+    Empty means "not reported" (no controller, no labels, no requests), which never erases what
+    an agent reported before."""
+
+    namespace: str
+    pod: str
+    pod_uid: str
+    controller_kind: str = ""
+    controller_name: str = ""
+    labels: dict[str, str] = field(default_factory=dict)
+    # container -> {"mem_mb": int, "sm": number}, only the keys the samples carried
+    requests: dict[str, dict[str, float]] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
 class ValidatedBatch:
     node: str
     batch_seq: int
@@ -48,6 +72,8 @@ class ValidatedBatch:
     # assumed uniform inside a sample), so every row lies inside one minute.
     rows: list[tuple[Any, ...]]
     sample_count: int
+    cluster: str | None = None  # the batch's optional `cluster`; None: not reported
+    pods: tuple[PodMeta, ...] = ()  # one per distinct (namespace, pod, pod_uid) of the samples
 
 
 @dataclass(frozen=True)
@@ -192,4 +218,58 @@ def store_batch(*, node: Node, batch: ValidatedBatch, digest: str, now: datetime
         if batch.rows:
             ensure_raw_partitions(_partition_days(batch))
             cur.copy_expert(f"COPY {RAW_TABLE} ({COPY_COLUMNS}) FROM STDIN", _copy_buffer(batch_id, node.pk, batch))
+        if batch.cluster is not None:
+            _store_cluster(cur, node=node, cluster=batch.cluster)
+        if batch.pods:
+            _upsert_pods(cur, batch)
     return IngestResult(status="stored", accepted=batch.sample_count, batch_id=batch_id)
+
+
+def _store_cluster(cur: CursorWrapper, *, node: Node, cluster: str) -> None:
+    """The node's cluster is the one it last reported. A node that moves to another cluster (a
+    re-registered machine keeping its name) moves with all its history: a pod's cluster is its
+    node's, kept in one place, so grouping by cluster always shows where the node is now. The
+    UPDATE is skipped when nothing changes, so steady batches write no node row."""
+    cur.execute("UPDATE billing_node n SET cluster = %s FROM billing_node o "
+                "WHERE n.id = %s AND o.id = n.id AND o.cluster <> %s RETURNING o.cluster", [cluster, node.pk, cluster])
+    row = cur.fetchone()
+    if row is not None:
+        log.info("node %s now reports cluster %r (was %r)", node.name, cluster, row[0])
+
+
+# One statement per batch, whatever its number of pods. On conflict, what the batch did not report
+# keeps its stored value (an older agent's batch, or one from before the allow-list named a label,
+# erases nothing: no controller, no labels and no requests mean "not reported"), and a batch older
+# than what is stored (a spool replayed late, the demo's history) changes only first_seen: the labels
+# and controller are those of the newest report. Requests merge per container, the newer report
+# winning for a container both name. Rows go in key order, so two batches naming the same pods
+# (the unattributed pid-N pseudo-pods of two nodes) lock them in one order and cannot deadlock.
+_UPSERT_PODS = """
+INSERT INTO billing_workloadmeta AS w
+    (namespace, pod, pod_uid, controller_kind, controller_name, labels, requests, first_seen, last_seen)
+SELECT v.namespace, v.pod, v.pod_uid, v.kind, v.name, v.labels, v.requests, %s, %s
+FROM unnest(%s::varchar[], %s::varchar[], %s::varchar[], %s::varchar[], %s::varchar[], %s::jsonb[], %s::jsonb[])
+    AS v(namespace, pod, pod_uid, kind, name, labels, requests)
+ORDER BY v.namespace, v.pod, v.pod_uid
+ON CONFLICT (namespace, pod, pod_uid) DO UPDATE SET
+    controller_kind = CASE WHEN EXCLUDED.controller_kind <> '' AND EXCLUDED.last_seen >= w.last_seen
+                           THEN EXCLUDED.controller_kind ELSE w.controller_kind END,
+    controller_name = CASE WHEN EXCLUDED.controller_kind <> '' AND EXCLUDED.last_seen >= w.last_seen
+                           THEN EXCLUDED.controller_name ELSE w.controller_name END,
+    labels = CASE WHEN EXCLUDED.labels <> '{}'::jsonb AND EXCLUDED.last_seen >= w.last_seen
+                  THEN EXCLUDED.labels ELSE w.labels END,
+    requests = CASE WHEN EXCLUDED.last_seen >= w.last_seen THEN w.requests || EXCLUDED.requests
+                    ELSE EXCLUDED.requests || w.requests END,
+    first_seen = LEAST(w.first_seen, EXCLUDED.first_seen),
+    last_seen = GREATEST(w.last_seen, EXCLUDED.last_seen)
+"""
+
+
+def _upsert_pods(cur: CursorWrapper, batch: ValidatedBatch) -> None:
+    pods = batch.pods
+    cur.execute(_UPSERT_PODS, [
+        batch.window_start, batch.window_end,
+        [p.namespace for p in pods], [p.pod for p in pods], [p.pod_uid for p in pods],
+        [p.controller_kind for p in pods], [p.controller_name for p in pods],
+        [json.dumps(p.labels, sort_keys=True) for p in pods], [json.dumps(p.requests, sort_keys=True) for p in pods],
+    ])

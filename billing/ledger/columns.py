@@ -10,10 +10,10 @@ from __future__ import annotations
 
 from django.db import connection, models
 
-from billing.ledger.models import BatchGpu, UsageMinute
+from billing.ledger.models import BatchGpu, UsageMinute, WorkloadMeta
 
 __all__ = ["gpu_capacity_max", "gpu_model_max_length", "gpu_uuid_max_length", "integer_max", "max_length",
-           "workload_name_max_length"]
+           "workload_meta_max_length", "workload_name_max_length"]
 
 
 def max_length(model: type[models.Model], field: str) -> int:
@@ -50,3 +50,8 @@ def gpu_model_max_length() -> int:
 def gpu_capacity_max(field: str) -> int:
     """The largest declared capacity a batch GPU row holds ("memory_mb" or "sm_count")."""
     return integer_max(BatchGpu, field)
+
+
+def workload_meta_max_length(field: str) -> int:
+    """A workload's controller as WorkloadMeta stores it ("controller_kind" or "controller_name")."""
+    return max_length(WorkloadMeta, field)

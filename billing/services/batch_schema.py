@@ -28,6 +28,30 @@ _TIMESTAMP = {"type": "string", "format": "date-time", "pattern": "Z$", "example
 _QUANTITY = {"type": "number", "minimum": 0}
 
 
+def _grouping_fields() -> dict[str, Any]:
+    """The optional per-sample fields grouping reads (docs/protocol.md); old agents omit them."""
+    label_key = (f"a Kubernetes label key: an optional DNS-subdomain prefix (at most {rules.LABEL_PREFIX_MAX}) "
+                 f"and '/', then a name of 1 to {rules.LABEL_NAME_MAX} letters, digits and - _ . beginning and "
+                 "ending with a letter or digit")
+    return {
+        "controller_kind": {"type": "string", "pattern": rules.CONTROLLER_KIND_PATTERN,
+                            "maxLength": rules.CONTROLLER_MAX["controller_kind"], "example": "Deployment",
+                            "description": "the kind of the pod's controller; given with controller_name"},
+        "controller_name": {"type": "string", "pattern": rules.NAME_PATTERN,
+                            "maxLength": rules.CONTROLLER_MAX["controller_name"], "example": "bert",
+                            "description": "the name of the pod's controller; one per pod within a batch"},
+        "labels": {"type": "object", "maxProperties": rules.MAX_LABELS,
+                   "additionalProperties": {"type": "string", "maxLength": rules.LABEL_VALUE_MAX,
+                                            "pattern": rules.LABEL_VALUE_PATTERN},
+                   "example": {"app": "bert", "team": "search"},
+                   "description": f"the pod labels the agent's allow-list names; each key is {label_key}"},
+        "mem_requested_mb": {"type": "integer", "minimum": 0, "maximum": rules.CAPACITY_MAX["memory_mb"],
+                             "description": "MiB the container requested per GPU, at most the GPU's memory_mb"},
+        "sm_requested": {"type": "number", "minimum": 0, "maximum": rules.CAPACITY_MAX["sm_count"],
+                         "description": "SMs the container requested per GPU, at most the GPU's sm_count"},
+    }
+
+
 def usage_batch_schema() -> dict[str, Any]:
     gpu = {
         "type": "object",
@@ -47,6 +71,7 @@ def usage_batch_schema() -> dict[str, Any]:
             "gpu": {"type": "string", "description": "the uuid of one of $.gpus"},
             **{key: _name(key) for key in rules.NAME_FIELDS},
             **{key: _QUANTITY for key in rules.QUANTITIES},
+            **_grouping_fields(),
         },
     }
     return {
@@ -55,6 +80,9 @@ def usage_batch_schema() -> dict[str, Any]:
         "properties": {
             "schema": {"type": "string", "enum": [rules.SCHEMA]},
             "node": {"type": "string", "minLength": 1, "maxLength": rules.NODE_MAX},
+            "cluster": {"type": "string", "minLength": 1, "maxLength": rules.CLUSTER_MAX,
+                        "pattern": rules.CLUSTER_PATTERN, "example": "prod-eu-west-1",
+                        "description": "optional: the Kubernetes cluster the node is in"},
             "batch_seq": {"type": "integer", "minimum": 0, "maximum": 2**63 - 1},
             "window": {"type": "object", "required": ["start", "end"],
                        "properties": {"start": _TIMESTAMP, "end": _TIMESTAMP}},

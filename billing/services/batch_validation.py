@@ -1,6 +1,10 @@
 """Validation of a usage batch against wire protocol v1 (DESIGN §3). Pure: no queries (the
 bounds come from the columns that store each field, billing.ledger.columns).
 
+The optional grouping fields (batch `cluster`; per sample `controller_kind`, `controller_name`,
+`labels`, `mem_requested_mb`, `sm_requested`; docs/protocol.md) are checked here too and gathered
+into one PodMeta per pod, so a batch without them validates exactly as before.
+
 Every rule violation is collected (up to MAX_ERRORS) with a JSON path, so an agent author
 sees all problems at once; any error means nothing of the batch is stored.
 
@@ -17,12 +21,18 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from billing.errors import FieldError, InvalidBatch, PayloadTooLarge
-from billing.ledger.batches import BatchGpuDecl, ValidatedBatch
-from billing.ledger.columns import gpu_capacity_max, gpu_model_max_length, gpu_uuid_max_length, workload_name_max_length
+from billing.ledger.batches import BatchGpuDecl, PodMeta, ValidatedBatch
+from billing.ledger.columns import (
+    gpu_capacity_max,
+    gpu_model_max_length,
+    gpu_uuid_max_length,
+    workload_meta_max_length,
+    workload_name_max_length,
+)
 from billing.models import Node
 from billing.services.input_limits import max_length
 
-__all__ = ["SCHEMA", "BatchGpuDecl", "ValidatedBatch", "validate_batch"]
+__all__ = ["SCHEMA", "BatchGpuDecl", "PodMeta", "ValidatedBatch", "validate_batch"]
 
 SCHEMA = "vgpu-ledger/usage-batch/v1"
 MAX_ERRORS = 50
@@ -53,6 +63,26 @@ _WORKLOAD = (1, 2, 3, 4)  # indexes of namespace, pod, container, pod_uid in a s
 _MINUTE = timedelta(minutes=1)
 YEARS = (2000, 9000)
 _FLOAT_MAX = sys.float_info.max
+
+# Optional grouping fields (issue 17). Kubernetes' own syntax for what they carry, so whatever a
+# real cluster holds is accepted and nothing else is: a cluster name is DNS-ish like a node's; a
+# controller is a kind (CamelCase, as in ownerReferences) and an object name; labels follow
+# Kubernetes' label rules (key: optional DNS-subdomain prefix of at most 253 and "/", then a name of
+# at most 63; value: at most 63, may be empty). At most MAX_LABELS labels a sample: the agent sends
+# only those its allow-list names, and a bound keeps a label dict from becoming a payload.
+CLUSTER_MAX = max_length(Node, "cluster")
+CLUSTER_PATTERN = "^[A-Za-z0-9][A-Za-z0-9._-]*$"
+_CLUSTER_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+CONTROLLER_MAX = {key: workload_meta_max_length(key) for key in ("controller_kind", "controller_name")}
+CONTROLLER_KIND_PATTERN = "^[A-Za-z][A-Za-z0-9]*$"
+_KIND_RE = re.compile(r"[A-Za-z][A-Za-z0-9]*")
+MAX_LABELS = 32
+LABEL_NAME_MAX = 63
+LABEL_PREFIX_MAX = 253
+LABEL_VALUE_MAX = 63
+LABEL_VALUE_PATTERN = "^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$"
+_LABEL_NAME_RE = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9._-]*[A-Za-z0-9])?")
+_LABEL_PREFIX_RE = re.compile(r"[a-z0-9](?:[a-z0-9-]*[a-z0-9])?(?:\.[a-z0-9](?:[a-z0-9-]*[a-z0-9])?)*")
 
 
 class _Errors:
@@ -172,6 +202,161 @@ def _split_at_minutes(start: datetime, seconds: float) -> list[tuple[datetime, f
         cursor = piece_end
     return pieces
 
+def _validate_cluster(payload: dict[str, Any], errors: _Errors) -> str | None:
+    """The batch's optional cluster name; None when absent (an older agent, or none configured)."""
+    if "cluster" not in payload:
+        return None
+    cluster = payload["cluster"]
+    if not isinstance(cluster, str) or not 1 <= len(cluster) <= CLUSTER_MAX or not _CLUSTER_RE.fullmatch(cluster):
+        errors.add("$.cluster", f"must be a cluster name of letters, digits and . _ - (1 to {CLUSTER_MAX} characters)")
+        return None
+    return cluster
+
+
+def _label_problem(key: Any, value: Any) -> str | None:
+    """Why (key, value) is not a Kubernetes label, or None when it is one."""
+    if not isinstance(key, str):
+        return "label keys must be strings"
+    prefix, slash, name = key.rpartition("/")
+    if not 1 <= len(name) <= LABEL_NAME_MAX or not _LABEL_NAME_RE.fullmatch(name):
+        return (f"key {key!r}: the name must be 1 to {LABEL_NAME_MAX} letters, digits and - _ . "
+                "beginning and ending with a letter or digit")
+    if slash and (not 1 <= len(prefix) <= LABEL_PREFIX_MAX or not _LABEL_PREFIX_RE.fullmatch(prefix)):
+        return f"key {key!r}: the prefix must be a DNS subdomain of at most {LABEL_PREFIX_MAX} characters"
+    if not isinstance(value, str):
+        return f"key {key!r}: the value must be a string"
+    if value and (len(value) > LABEL_VALUE_MAX or not _LABEL_NAME_RE.fullmatch(value)):
+        return (f"key {key!r}: the value must be empty or at most {LABEL_VALUE_MAX} letters, digits and - _ . "
+                "beginning and ending with a letter or digit")
+    return None
+
+
+class _Pods:
+    """Per pod of the batch: what its samples reported of the optional fields, and where.
+
+    One pod has one owner, so two controllers for one pod are a 400; labels and requests may
+    change during a batch (a relabel), and the latest sample's win."""
+
+    def __init__(self) -> None:
+        self.controller: dict[tuple[str, ...], tuple[str, str, int]] = {}  # pod -> (kind, name, sample index)
+        self.labels: dict[tuple[str, ...], tuple[datetime, dict[str, str]]] = {}
+        self.requests: dict[tuple[str, ...], dict[str, tuple[datetime, dict[str, float]]]] = {}
+        self.seen: dict[tuple[str, ...], None] = {}  # every pod, in order of appearance
+
+    def meta(self) -> tuple[PodMeta, ...]:
+        pods = []
+        for key in sorted(self.seen):
+            kind, name, _ = self.controller.get(key, ("", "", -1))
+            requests = {container: asked for container, (_, asked) in self.requests.get(key, {}).items()}
+            labels = self.labels.get(key)
+            pods.append(PodMeta(namespace=key[0], pod=key[1], pod_uid=key[2], controller_kind=kind,
+                                controller_name=name, labels=labels[1] if labels else {}, requests=requests))
+        return tuple(pods)
+
+
+def _validate_meta(
+    sample: dict[str, Any], i: int, *, pod: tuple[str, ...], container: str, start: datetime | None,
+    gpu: BatchGpuDecl | None, pods: _Pods, good_labels: set[tuple[str, str]], errors: _Errors,
+) -> bool:
+    """Check a sample's optional grouping fields and note them for its pod; False when one is wrong.
+
+    Hot path: a pod's samples repeat its controller and labels, so a repeat of what was already
+    checked for the pod costs a comparison, not a regex."""
+    ok = True
+    kind: Any = sample.get("controller_kind")
+    name: Any = sample.get("controller_name")
+    if kind is not None or name is not None:
+        held = pods.controller.get(pod)
+        if held is None or held[0] != kind or held[1] != name:
+            ok = _check_controller(kind, name, i, pod=pod, held=held, pods=pods, errors=errors)
+    if "labels" in sample:
+        labels: Any = sample["labels"]
+        held_labels = pods.labels.get(pod)
+        if held_labels is not None and labels == held_labels[1] and type(labels) is dict:
+            if start is not None and start >= held_labels[0]:
+                pods.labels[pod] = (start, held_labels[1])
+        elif _validate_labels(labels, i, good=good_labels, errors=errors):
+            if start is not None and (held_labels is None or start >= held_labels[0]):
+                pods.labels[pod] = (start, labels)
+        else:
+            ok = False
+    if "mem_requested_mb" in sample or "sm_requested" in sample:
+        asked = _requested(sample, i, gpu=gpu, errors=errors)
+        if asked is None:
+            ok = False
+        elif start is not None:
+            by_container = pods.requests.setdefault(pod, {})
+            held_request = by_container.get(container)
+            if held_request is None or start >= held_request[0]:
+                by_container[container] = (start, asked)
+    return ok
+
+
+def _check_controller(kind: Any, name: Any, i: int, *, pod: tuple[str, ...], held: tuple[str, str, int] | None,
+                      pods: _Pods, errors: _Errors) -> bool:
+    ok = True
+    if not isinstance(kind, str) or len(kind) > CONTROLLER_MAX["controller_kind"] or not _KIND_RE.fullmatch(kind):
+        errors.add(f"$.samples[{i}].controller_kind", "must be a Kubernetes kind (a letter, then letters and digits; "
+                                                      f"at most {CONTROLLER_MAX['controller_kind']}), given with "
+                                                      "controller_name")
+        ok = False
+    if not isinstance(name, str) or len(name) > CONTROLLER_MAX["controller_name"] or not _NAME_RE.fullmatch(name):
+        errors.add(f"$.samples[{i}].controller_name", "must be the controller's name (letters, digits and . _ : / -; "
+                                                      f"at most {CONTROLLER_MAX['controller_name']}), given with "
+                                                      "controller_kind")
+        ok = False
+    if not ok:
+        return False
+    if held is not None:
+        errors.add(f"$.samples[{i}].controller_kind", f"pod {pod[0]}/{pod[1]} is owned by {held[0]}/{held[1]} in "
+                                                      f"samples[{held[2]}]; a pod has one controller")
+        return False
+    pods.controller[pod] = (kind, name, i)
+    return True
+
+
+def _requested(sample: dict[str, Any], i: int, *, gpu: BatchGpuDecl | None, errors: _Errors) -> dict[str, float] | None:
+    """The sample's request per GPU ({"mem_mb", "sm"}, the keys it has), or None when one is wrong."""
+    asked: dict[str, float] = {}
+    ok = True
+    if "mem_requested_mb" in sample:
+        mem: Any = sample["mem_requested_mb"]
+        cap = gpu.memory_mb if gpu is not None else CAPACITY_MAX["memory_mb"]
+        if type(mem) is not int or not 0 <= mem <= cap:
+            errors.add(f"$.samples[{i}].mem_requested_mb",
+                       f"must be an integer of MiB per GPU in [0, {cap}] (the GPU's memory)")
+            ok = False
+        else:
+            asked["mem_mb"] = mem
+    if "sm_requested" in sample:
+        sm: Any = sample["sm_requested"]
+        top = gpu.sm_count if gpu is not None else CAPACITY_MAX["sm_count"]
+        # NaN fails the comparisons; exact types: bool is not a number here.
+        if (type(sm) is not float and type(sm) is not int) or not 0 <= sm <= top:
+            errors.add(f"$.samples[{i}].sm_requested", f"must be a number of SMs in [0, {top}] (the GPU's SM count)")
+            ok = False
+        else:
+            asked["sm"] = sm
+    return asked if ok else None
+
+
+def _validate_labels(labels: Any, i: int, *, good: set[tuple[str, str]], errors: _Errors) -> bool:
+    if not isinstance(labels, dict):
+        errors.add(f"$.samples[{i}].labels", "must be an object of label key to value (strings)")
+        return False
+    if len(labels) > MAX_LABELS:
+        errors.add(f"$.samples[{i}].labels", f"holds {len(labels)} labels; at most {MAX_LABELS} (the agent's allow-list)")
+        return False
+    for key, value in labels.items():
+        if isinstance(value, str) and (key, value) in good:
+            continue
+        problem = _label_problem(key, value)
+        if problem is not None:
+            errors.add(f"$.samples[{i}].labels", problem)
+            return False
+        good.add((key, value))
+    return True
+
 
 def validate_batch(
     payload: Any, *, now: datetime, max_skew: timedelta, max_samples: int, horizon: timedelta | None = None
@@ -182,6 +367,7 @@ def validate_batch(
     if header is None:
         raise InvalidBatch(errors.items)
     node, seq, window_start, window_end = header
+    cluster = _validate_cluster(payload, errors)
     gpus = _validate_gpus(payload.get("gpus"), errors)
     samples = payload.get("samples")
     if not isinstance(samples, list):
@@ -199,6 +385,8 @@ def validate_batch(
     granted: dict[tuple[str, datetime, datetime], list[float]] = defaultdict(lambda: [0.0, 0.0, 0.0])
     # Intervals metered per (GPU, workload): one workload is metered once per GPU-second.
     metered: dict[tuple[str, ...], list[tuple[datetime, datetime, int]]] = defaultdict(list)
+    pods = _Pods()
+    good_labels: set[tuple[str, str]] = set()
     for i, sample in enumerate(samples):
         if not isinstance(sample, dict):
             errors.add(f"$.samples[{i}]", "must be an object")
@@ -251,6 +439,13 @@ def validate_batch(
             else:
                 errors.add(f"$.samples[{i}].{key}", "must be a finite number >= 0")
                 bad = True
+        if not bad:
+            pod = (names[1], names[2], names[4])  # namespace, pod, pod_uid: the ledger's key of a pod
+            pods.seen[pod] = None
+            if ("labels" in sample or "controller_kind" in sample or "controller_name" in sample
+                    or "mem_requested_mb" in sample or "sm_requested" in sample):
+                bad = not _validate_meta(sample, i, pod=pod, container=names[3], start=start, gpu=gpu, pods=pods,
+                                         good_labels=good_labels, errors=errors)
         if bad or gpu is None or start is None:
             continue
         span = spans.get((start, seconds))
@@ -296,6 +491,8 @@ def validate_batch(
         gpus=tuple(gpus.values()),
         rows=rows,
         sample_count=len(samples),
+        cluster=cluster,
+        pods=pods.meta(),
     )
 
 

@@ -187,6 +187,16 @@ def _lock_model(gpu_model: str) -> None:
         cur.execute("SELECT pg_advisory_xact_lock(hashtext('billing_ratecard:' || %s))", [gpu_model])
 
 
+def _locked_card(card_id: int) -> RateCard:
+    """Card `card_id`, locked for a change inside the caller's transaction: its model's lock first,
+    then the row, in the order every change of that model takes them (no deadlock between two)."""
+    row = RateCard.objects.filter(pk=card_id).first()
+    if row is None:
+        raise InvalidInput(_("no rate card with id %(id)s") % {"id": card_id})
+    _lock_model(row.gpu_model)
+    return RateCard.objects.select_for_update().get(pk=card_id)
+
+
 def _reroll_from(*, gpu_model: str, start: datetime) -> int:
     """Re-price ledger minutes of `gpu_model` at or after `start` (skewed batches already rolled up).
 
@@ -344,11 +354,7 @@ def end_rate_card(
     and an end may be moved later only up to the next card of the model."""
     end = _check_instant(effective_to, field=_("effective to"), now=now)
     with transaction.atomic():
-        row = RateCard.objects.filter(pk=card_id).first()
-        if row is None:
-            raise InvalidInput(_("no rate card with id %(id)s") % {"id": card_id})
-        _lock_model(row.gpu_model)
-        card = RateCard.objects.select_for_update().get(pk=card_id)
+        card = _locked_card(card_id)
         if card.retired_at is not None:
             raise InvalidInput(_("card #%(id)s is retired; it cannot be changed") % {"id": card.pk})
         if card.effective_to is not None and card.effective_to <= now:
@@ -420,11 +426,7 @@ def retire_rate_card(*, card_id: int, reason: str, now: datetime, actor_label: s
     as `rate_card.retired` (and `rate_card.resumed` for the card before)."""
     reason = _reason(reason)
     with transaction.atomic():
-        row = RateCard.objects.filter(pk=card_id).first()
-        if row is None:
-            raise InvalidInput(_("no rate card with id %(id)s") % {"id": card_id})
-        _lock_model(row.gpu_model)
-        card = RateCard.objects.select_for_update().get(pk=card_id)
+        card = _locked_card(card_id)
         if card.retired_at is not None:
             raise InvalidInput(_("card #%(id)s was already retired at %(at)s")
                                % {"id": card.pk, "at": card.retired_at.isoformat()})

@@ -61,11 +61,13 @@ def test_agent_rbac_is_least_privilege():
 
 def test_agent_rbac_grants_exactly_what_the_agent_calls():
     # KubeClientPods: list/watch pods (own node) and namespaces; get a ResourceClaim by name;
+    # get a pod's ReplicaSet or Job by name (its Deployment or CronJob, agents.owners);
     # create pods/eviction (watchdog, evict-best-effort); create Events on those pods.
     assert _agent_role_grants() == {
         ("", "pods", "get"), ("", "pods", "list"), ("", "pods", "watch"),
         ("", "namespaces", "list"), ("", "namespaces", "watch"),
         ("resource.k8s.io", "resourceclaims", "get"),
+        ("apps", "replicasets", "get"), ("batch", "jobs", "get"),
         ("", "pods/eviction", "create"),
         ("", "events", "create"),
     }
