@@ -239,6 +239,9 @@ def _check_csv(name: str, rows: list[list[str]]) -> str:
         _check_sum_row(name, records, "namespace", ["cost"],
                        ["gpu_hours_equivalent", "mem_used_gb_h", "mem_granted_gb_h", "sm_used_h", "sm_granted_h"])
         return "portal-workloads"
+    if re.fullmatch(r"explore-(tenant|namespace|controller|pod|gpu)-\d{8}-\d{8}\.csv", name):
+        _check_explore_csv(name, records)
+        return "explore"
     if name.endswith("-focus-1.3.csv"):
         return "focus"
     if re.fullmatch(r"CN-\d{4}-\d+\.csv", name):
@@ -261,6 +264,23 @@ def _check_tenant_costs_csv(name: str, records: list[dict[str, str]]) -> None:
         assert charge + idle == row_total, f"{name} {r['tenant']}: {charge} + {idle} ≠ {row_total}"
     _check_sum_row(name, records, "tenant", ["charge", "idle_share", "total"],
                    ["gpu_hours_equivalent", "mem_used_gb_h", "sm_used_h"])
+
+
+def _check_explore_csv(name: str, records: list[dict[str, str]]) -> None:
+    """The drill-down's CSV: cost and quantities add to "(total)"; a requested column adds only
+    when every row's request is known (its total is empty otherwise); percentages to 1 place."""
+    _check_sum_row(name, records, "name", ["cost"],
+                   ["gpu_hours", "mem_used_gb_h", "mem_granted_gb_h", "sm_used_h", "sm_granted_h"])
+    *rows, total = records
+    for column in ("mem_requested_gb_h", "sm_requested_h"):
+        if total[column]:
+            assert all(r[column] for r in rows), f"{name} {column}: a total over unknown requests"
+            _check_sum_row(name, records, "name", [], [column])
+    for r in records:
+        for column in ("mem_used_of_granted_pct", "mem_used_of_requested_pct", "sm_used_of_granted_pct",
+                       "sm_used_of_requested_pct"):
+            if r[column]:
+                _exact(r[column], 1, f"{name} {column}")
 
 
 def _check_sum_row(name: str, records: list[dict[str, str]], key: str, money: list[str], quantities: list[str]) -> None:
@@ -387,8 +407,9 @@ def test_every_page_and_csv_of_the_demo_adds_up(demo: Demo, tmp_path: Path) -> N
             assert "attributed" in walk.groups_checked  # the tenant's own "Your cost" adds up too
     # Every kind of table with a total was met and checked, and every kind of CSV.
     assert {"fleet", "attributed", "total", "charge", "idle-share", "foot", "row", "workloads",
-            "upcoming"} <= groups, groups
-    assert {"tenants", "timeline", "workloads", "utilisation", "portal-workloads", "invoice", "focus"} <= kinds, kinds
+            "upcoming", "explore-cost"} <= groups, groups
+    assert {"tenants", "timeline", "workloads", "utilisation", "portal-workloads", "invoice", "focus",
+            "explore"} <= kinds, kinds
 
 
 def test_pages_and_their_csvs_show_the_same_totals_in_both_languages(demo: Demo) -> None:

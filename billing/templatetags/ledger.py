@@ -11,6 +11,7 @@ from django.utils.formats import number_format
 from django.utils.safestring import mark_safe
 
 from billing.money import display_amount, minor_unit_exponent
+from billing.services.rightsizing import gib
 
 register = template.Library()
 
@@ -46,3 +47,9 @@ def current(context: template.Context, *url_names: str) -> str:
     """` aria-current="page"` when the request resolved to one of `url_names` (nav highlighting)."""
     match = getattr(context.get("request"), "resolver_match", None)
     return mark_safe(' aria-current="page"') if match and match.url_name in url_names else ""  # noqa: S308
+
+
+@register.filter(name="gib")
+def gib_filter(value: Decimal | None) -> Decimal | None:
+    """`{{ mb|gib }}`: MB as GiB, by the right-sizing rule's one conversion."""
+    return gib(value)

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import re
 from datetime import UTC, date, datetime, timedelta
 from typing import Any
 
@@ -61,3 +62,71 @@ class RetireForm(forms.Form):
     def error_text(self) -> str:
         """Every error in one line, for a table row's message."""
         return " ".join(str(e) for errors in self.errors.values() for e in errors)
+
+
+# Kubernetes label syntax (a DNS-subdomain prefix is optional): a filter that could never match is
+# a 400 naming `label`, not an empty table.
+_LABEL_NAME = re.compile(r"^([A-Za-z0-9]([-A-Za-z0-9.]{0,251}[A-Za-z0-9])?/)?[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
+_LABEL_VALUE = re.compile(r"^([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?$")
+MAX_FILTER_VALUES = 20
+
+
+def _values(text: str, parameter: str) -> tuple[str, ...]:
+    values = tuple(dict.fromkeys(v.strip() for v in text.split(",") if v.strip()))
+    if len(values) > MAX_FILTER_VALUES:
+        raise forms.ValidationError(_("%(parameter)s: at most %(n)s values, separated by commas.")
+                                    % {"parameter": parameter, "n": MAX_FILTER_VALUES})
+    return values
+
+
+class ExploreForm(PeriodForm):
+    """The drill-down's GET form: the period, the path walked (tenant → namespace → controller →
+    pod; hidden, set by the links) and the filters. Every error names its query parameter."""
+
+    tenant = forms.CharField(required=False, max_length=253, widget=forms.HiddenInput)
+    namespace = forms.CharField(required=False, max_length=253, widget=forms.HiddenInput)
+    controller = forms.CharField(required=False, max_length=520, widget=forms.HiddenInput)
+    pod = forms.CharField(required=False, max_length=253, widget=forms.HiddenInput)
+    container = forms.CharField(required=False, max_length=253, widget=forms.HiddenInput)
+    label = forms.CharField(label=_("Label (name=value)"), required=False, max_length=2000,
+                            widget=forms.TextInput(attrs={"placeholder": "app=bert", "size": 16}))
+    node = forms.CharField(label=_("Node"), required=False, max_length=2000,
+                           widget=forms.TextInput(attrs={"size": 12}))
+    gpu_model = forms.CharField(label=_("GPU model"), required=False, max_length=2000,
+                                widget=forms.TextInput(attrs={"size": 16}))
+    sla_tier = forms.CharField(label=_("SLA tier"), required=False, max_length=2000,
+                               widget=forms.TextInput(attrs={"size": 8}))
+
+    PATH = ("tenant", "namespace", "controller", "pod", "container")  # billing.queries.explore.STEPS
+
+    def clean_label(self) -> tuple[tuple[str, str], ...]:
+        pairs: dict[str, str] = {}
+        for item in _values(self.cleaned_data["label"], "label"):
+            name, sep, value = (part.strip() for part in item.partition("="))
+            if not sep or not _LABEL_NAME.match(name) or not _LABEL_VALUE.match(value):
+                raise forms.ValidationError(
+                    _("label: write name=value, several separated by commas (app=bert,team=ml); “%(item)s” is not.")
+                    % {"item": item})
+            if name in pairs and pairs[name] != value:
+                raise forms.ValidationError(_("label: “%(name)s” is given twice.") % {"name": name})
+            pairs[name] = value
+        return tuple(pairs.items())
+
+    def clean_node(self) -> tuple[str, ...]:
+        return _values(self.cleaned_data["node"], "node")
+
+    def clean_gpu_model(self) -> tuple[str, ...]:
+        return _values(self.cleaned_data["gpu_model"], "gpu_model")
+
+    def clean_sla_tier(self) -> tuple[str, ...]:
+        return _values(self.cleaned_data["sla_tier"], "sla_tier")
+
+    def clean(self) -> dict[str, Any]:
+        data = super().clean()
+        # Each step of the path lies inside the one before: a namespace without its tenant would
+        # mix tenants' namespaces of one name.
+        for before, step in zip(self.PATH, self.PATH[1:], strict=False):
+            if data.get(step) and not data.get(before):
+                self.add_error(step, _("%(step)s: give %(before)s too; the drill-down goes tenant → namespace → "
+                                       "controller → pod → container.") % {"step": step, "before": before})
+        return data

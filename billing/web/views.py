@@ -50,7 +50,7 @@ def finance_overview(request: HttpRequest) -> HttpResponse:
     shown = shown_costs(summary) if summary else None
     context: dict[str, object] = {
         "form": form, "dashboard": dashboard, "summary": summary, "live": live, "shown": shown,
-        "max_total": shown.max_row_total if shown else 0, "quick_periods": _quick_periods(today, form),
+        "max_total": shown.max_row_total if shown else 0, "quick_periods": quick_periods(today, form),
     }
     if dashboard is not None:
         context.update(_charts(dashboard))
@@ -59,7 +59,8 @@ def finance_overview(request: HttpRequest) -> HttpResponse:
     return render(request, "billing/finance_overview.html", context, status=200 if form.is_valid() else 400)
 
 
-def _quick_periods(today: date, form: PeriodForm) -> list[dict[str, object]]:
+def quick_periods(today: date, form: PeriodForm) -> list[dict[str, object]]:
+    """This month, last month, the last 7 days: links for a period form (the drill-down uses them too)."""
     first = today.replace(day=1)
     last_month_end = first - timedelta(days=1)
     chosen = (form.cleaned_data.get("start"), form.cleaned_data.get("end")) if form.is_valid() else None

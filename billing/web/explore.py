@@ -1,0 +1,258 @@
+"""The drill-down page, `/explore/` (issue 17). Thin: parse the GET form, call one query, render the
+table or its CSV (`?format=csv`, the same rows and numbers).
+
+The path walked is in the query string (`?tenant=acme&namespace=acme-prod&controller=deployment:bert
+&pod=bert-1`), so every level is a link one can share and the period and filters travel with it.
+A tenant outside the user's scope answers 404, like the portal, before any other error.
+"""
+
+from __future__ import annotations
+
+import csv
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from datetime import date
+from decimal import Decimal
+from typing import Any
+from urllib.parse import urlencode
+
+from django.contrib.auth.decorators import login_required
+from django.http import Http404, HttpRequest, HttpResponse, QueryDict
+from django.shortcuts import render
+from django.utils import timezone
+from django.utils.translation import gettext as _
+from django.utils.translation import gettext_lazy
+
+from billing.money import QUANTITY_PLACES, amount_text, quantity_text, round_parts, round_quantities
+from billing.queries.explore import (
+    LEVEL_KEYS,
+    STEPS,
+    Explore,
+    ExploreFilters,
+    ExplorePath,
+    ExploreRow,
+    TenantNotFound,
+    check_tenant_visible,
+    get_explore,
+)
+from billing.scope import get_scope
+from billing.services.rightsizing import HEADROOM, gib, percent_of
+from billing.web.forms import ExploreForm, PeriodForm
+from billing.web.views import quick_periods
+
+# Rows on the page: the costliest; the CSV lists all (the portal's reason: thousands of pods).
+PAGE_ROWS = 100
+PAGE_PLACES = 2  # quantities on the page (the CSV has QUANTITY_PLACES)
+_FILTERS = ("label", "node", "gpu_model", "sla_tier")
+# The columns that add down the table: (name, the row's figure). Requested columns add only when
+# every row's request is known.
+_QUANTITIES: tuple[tuple[str, Callable[[ExploreRow], Decimal | None]], ...] = (
+    ("gpu_hours", lambda r: r.gpu_hours),
+    ("mem_used_gb_h", lambda r: r.mem_used_gb_h),
+    ("mem_granted_gb_h", lambda r: r.mem_granted_gb_h),
+    ("mem_requested_gb_h", lambda r: r.mem_requested_gb_h),
+    ("sm_used_h", lambda r: r.sm_used_h),
+    ("sm_granted_h", lambda r: r.sm_granted_h),
+    ("sm_requested_h", lambda r: r.sm_requested_h),
+)
+
+
+@dataclass(frozen=True)
+class ShownColumn:
+    """One column as shown: each figure rounded once, the total the sum of those (billing.money);
+    `total` None when a figure is unknown (a request nobody reported)."""
+
+    name: str
+    cells: list[Decimal | None]
+    total: Decimal | None
+
+
+@dataclass(frozen=True)
+class ShownRow:
+    row: ExploreRow
+    cost: Decimal
+    quantities: dict[str, Decimal | None]
+    link: str  # query string of the next level ("" at the GPU level)
+
+
+def _shown(explore: Explore, places: int) -> tuple[list[ShownRow], Decimal, dict[str, ShownColumn]]:
+    rows = explore.rows
+    costs, cost = round_parts([r.cost for r in rows], explore.currency)
+    columns: dict[str, ShownColumn] = {}
+    for name, figure in _QUANTITIES:
+        values = [figure(r) for r in rows]
+        known = [v for v in values if v is not None]
+        rounded, total = round_quantities(known, places)
+        it = iter(rounded)
+        cells = [None if v is None else next(it) for v in values]
+        columns[name] = ShownColumn(name, cells, total if len(known) == len(values) else None)
+    shown = [ShownRow(r, costs[i], {n: c.cells[i] for n, c in columns.items()}, "") for i, r in enumerate(rows)]
+    return shown, cost, columns
+
+
+def _base_query(form: ExploreForm) -> dict[str, str]:
+    """The period and filters as the reader typed them: every link keeps them."""
+    data = form.data
+    return {k: str(data.get(k, "")) for k in ("start", "end", *_FILTERS) if data.get(k)}
+
+
+def _query(base: dict[str, str], path: ExplorePath, **extra: str) -> str:
+    return urlencode({**base, **dict(path.steps()), **extra})
+
+
+def _with_default_period(data: QueryDict, today: date) -> QueryDict:
+    """No period asked: the month to date, as on the portal."""
+    if {"start", "end"} & set(data):
+        return data
+    out = data.copy()
+    for key, value in PeriodForm.default_initial(today).items():
+        out[key] = value.isoformat()
+    return out
+
+
+@login_required
+def explore(request: HttpRequest) -> HttpResponse:
+    scope = get_scope(request.user)
+    try:
+        # Scope first: a tenant the user may not see is a 404 whatever else is wrong.
+        check_tenant_visible(scope, request.GET.get("tenant", ""))
+    except TenantNotFound as exc:
+        raise Http404("no such tenant") from exc
+    form = ExploreForm(_with_default_period(request.GET, timezone.now().date()))
+    as_csv = request.GET.get("format") == "csv"
+    if not form.is_valid():
+        if as_csv:
+            return HttpResponse(_error_text(form), status=400, content_type="text/plain; charset=utf-8")
+        return render(request, "billing/explore.html", {"form": form}, status=400)
+    data = form.cleaned_data
+    path = ExplorePath(**{step: data[step].strip() for step in STEPS})
+    filters = ExploreFilters(labels=data["label"], nodes=data["node"], gpu_models=data["gpu_model"],
+                             sla_tiers=data["sla_tier"])
+    start, end = form.bounds()
+    try:
+        result = get_explore(scope=scope, path=path, filters=filters, start=start, end=end,
+                             rightsizing_limit=None if as_csv else PAGE_ROWS)
+    except TenantNotFound as exc:
+        raise Http404("no such tenant") from exc
+    if as_csv:
+        return _csv(result)
+    return render(request, "billing/explore.html", _context(form, result))
+
+
+def _error_text(form: ExploreForm) -> str:
+    lines = []
+    for name, errors in form.errors.items():
+        for e in map(str, errors):
+            lines.append(e if name == "__all__" or e.startswith(f"{name}:") else f"{name}: {e}")
+    return "\n".join(lines) + "\n"
+
+
+_LEVEL_TITLES = {
+    "tenant": gettext_lazy("Tenants"),
+    "namespace": gettext_lazy("Namespaces"),
+    "controller": gettext_lazy("Controllers"),
+    "pod": gettext_lazy("Workloads (pod / container)"),
+    "gpu": gettext_lazy("GPUs of the pod"),
+}
+
+
+def _context(form: ExploreForm, result: Explore) -> dict[str, Any]:
+    base = _base_query(form)
+    shown, cost, columns = _shown(result, PAGE_PLACES)
+    page = [ShownRow(s.row, s.cost, s.quantities, _query(base, s.row.down) if s.row.down else "")
+            for s in shown[:PAGE_ROWS]]
+    crumbs = [(_("All tenants"), _query(base, ExplorePath()), "")]
+    walked = ExplorePath()
+    for level, value in result.path.steps():
+        walked = walked.down(**{level: value})
+        crumbs.append((value, _query(base, walked), level))
+    return {
+        "form": form, "explore": result, "rows": page, "row_count": len(shown), "cut": len(shown) > len(page),
+        "cost_total": cost, "columns": columns, "crumbs": crumbs, "level": result.level,
+        "level_title": _LEVEL_TITLES[result.level],
+        "csv_query": _query(base, result.path, format="csv"), "efficiency": _efficiency(result.rows),
+        "headroom_pct": HEADROOM * 100, "filtered": any(base.get(k) for k in _FILTERS),
+        "clear_filters_query": _query({k: v for k, v in base.items() if k in ("start", "end")}, result.path),
+        # The finance page's quick periods, keeping where the reader stands and what they filter.
+        "quick_periods": [{**q, "query": f"{q['query']}&{_query(_without_period(base), result.path)}"}
+                          for q in quick_periods(timezone.now().date(), form)],
+    }
+
+
+def _without_period(base: dict[str, str]) -> dict[str, str]:
+    return {k: v for k, v in base.items() if k not in ("start", "end")}
+
+
+def _efficiency(rows: Sequence[ExploreRow]) -> dict[str, Decimal | None]:
+    """The totals row's ratios: of the exact sums (a ratio does not add down a column); against the
+    request only when every row's request is known."""
+    def total(figure: Callable[[ExploreRow], Decimal | None]) -> Decimal | None:
+        values = [figure(r) for r in rows]
+        return None if any(v is None for v in values) else sum((v for v in values if v is not None), Decimal(0))
+
+    mem_used = sum((r.mem_used_gb_h for r in rows), Decimal(0))
+    sm_used = sum((r.sm_used_h for r in rows), Decimal(0))
+    return {
+        "mem_of_granted": percent_of(mem_used, total(lambda r: r.mem_granted_gb_h)),
+        "mem_of_requested": percent_of(mem_used, total(lambda r: r.mem_requested_gb_h)),
+        "sm_of_granted": percent_of(sm_used, total(lambda r: r.sm_granted_h)),
+        "sm_of_requested": percent_of(sm_used, total(lambda r: r.sm_requested_h)),
+    }
+
+
+# --- CSV ---------------------------------------------------------------------------------------
+
+_CSV_HEAD = ("name",)
+_CSV_NUMBERS = (
+    "cost", "currency", "gpu_hours", "mem_used_gb_h", "mem_granted_gb_h", "mem_requested_gb_h",
+    "mem_used_of_granted_pct", "mem_used_of_requested_pct", "sm_used_h", "sm_granted_h", "sm_requested_h",
+    "sm_used_of_granted_pct", "sm_used_of_requested_pct",
+)
+_CSV_RIGHTSIZING = (
+    "mem_request_gb", "mem_mean_used_gb", "mem_peak_hour_gb", "suggestion", "suggested_mem_request_gb",
+    "mem_freed_gb_h",
+)
+
+
+def _csv(result: Explore) -> HttpResponse:
+    """The page's table, every row: amounts to the currency's minor unit, quantities to 4 places,
+    percentages to 1, then "(total)": each column the sum of the rows as written (docs/exports.md);
+    a requested total is empty when any row's request is unknown, and ratios are of the totals."""
+    places, pct = QUANTITY_PLACES["gb_h"], QUANTITY_PLACES["percent"]
+    level, currency = result.level, result.currency
+    response = HttpResponse(content_type="text/csv; charset=utf-8")
+    name = f"explore-{level}-{result.start:%Y%m%d}-{result.end:%Y%m%d}.csv"
+    response["Content-Disposition"] = f'attachment; filename="{name}"'
+    writer = csv.writer(response)
+    rightsizing = level == "pod"
+    keys = LEVEL_KEYS[level]
+    writer.writerow([*_CSV_HEAD, *keys, *_CSV_NUMBERS, *(_CSV_RIGHTSIZING if rightsizing else ())])
+    shown, cost, columns = _shown(result, places)
+
+    def q(value: Decimal | None, at: int = places) -> str:
+        return "" if value is None else quantity_text(value, at)
+
+    for s in shown:
+        r = s.row
+        cells = [r.name, *(r.key(k) for k in keys), amount_text(s.cost, currency), currency,
+                 *(q(s.quantities[n]) for n in ("gpu_hours", "mem_used_gb_h", "mem_granted_gb_h", "mem_requested_gb_h")),
+                 q(r.mem_used_of_granted_pct, pct), q(r.mem_used_of_requested_pct, pct),
+                 *(q(s.quantities[n]) for n in ("sm_used_h", "sm_granted_h", "sm_requested_h")),
+                 q(r.sm_used_of_granted_pct, pct), q(r.sm_used_of_requested_pct, pct)]
+        if rightsizing:
+            m, sug = r.memory, r.suggestion
+            cells += [q(gib(m.request_mb) if m else None), q(gib(m.mean_used_mb) if m else None),
+                      q(gib(m.peak_hour_mean_mb) if m else None), sug.verdict if sug else "",
+                      q(gib(sug.suggested_mb) if sug else None), q(r.freed_gb_h)]
+        writer.writerow(cells)
+    eff = _efficiency(result.rows)
+    total = ["(total)", *("" for _k in keys), amount_text(cost, currency), currency,
+             *(q(columns[n].total) for n in ("gpu_hours", "mem_used_gb_h", "mem_granted_gb_h", "mem_requested_gb_h")),
+             q(eff["mem_of_granted"], pct), q(eff["mem_of_requested"], pct),
+             *(q(columns[n].total) for n in ("sm_used_h", "sm_granted_h", "sm_requested_h")),
+             q(eff["sm_of_granted"], pct), q(eff["sm_of_requested"], pct)]
+    if rightsizing:
+        freed = [r.freed_gb_h for r in result.rows]
+        total += ["", "", "", "", "", q(round_quantities([f for f in freed if f is not None], places)[1])]
+    writer.writerow(total)
+    return response
