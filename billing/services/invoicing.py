@@ -561,8 +561,8 @@ def scheduled_close_at(month: date) -> datetime | None:
     month, hour and minute, in the month after, in Celery's time zone (UTC: enable_utc is Celery's
     default and CELERY_TIMEZONE is unset). None when there is no such entry or it is not one fixed
     time a month, so a page never states a date nothing will keep."""
-    entry = settings.CELERY_BEAT_SCHEDULE.get(_CLOSE_BEAT_ENTRY) or {}
-    schedule = entry.get("schedule")
+    entry = settings.CELERY_BEAT_SCHEDULE.get(_CLOSE_BEAT_ENTRY)
+    schedule = entry.get("schedule") if isinstance(entry, dict) else None
     if not isinstance(schedule, crontab):
         return None
     # crontab's parsed fields (sets of ints); celery-types does not declare them.
