@@ -15,6 +15,7 @@ exactly those of its hours or days. Every statement is one pass over the window'
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -115,25 +116,6 @@ class UsageGroupRow:
     sm_requested_s: Decimal | None
 
 
-@dataclass(frozen=True)
-class _UsageSql:
-    set_start: datetime
-    keys: list[str]
-    node: str
-    first_hour: datetime
-    last_hour: datetime
-    seconds: Decimal
-    share_gpu_s: Decimal
-    charge: Decimal
-    idle_share: Decimal
-    mem_used_mb_s: Decimal
-    mem_granted_mb_s: Decimal
-    mem_requested_mb_s: Decimal | None
-    sm_used_s: Decimal
-    sm_granted_s: Decimal
-    sm_requested_s: Decimal | None
-
-
 def _set_sql(ledger: reads.Ledger, alias: str, step: timedelta | None, params: dict[str, Any]) -> str:
     """The start of the set a row belongs to: the window start, or the row's step bin from it."""
     if step is None:
@@ -194,13 +176,9 @@ def list_usage_groups(
     )
     with period_read_cursor() as cur:
         cur.execute(sql, params)
-        rows = fetch_rows(cur, _UsageSql)
-    return [UsageGroupRow(set_start=r.set_start, keys=tuple(r.keys), node=r.node, first_hour=r.first_hour,
-                          last_hour=r.last_hour, seconds=r.seconds, share_gpu_s=r.share_gpu_s, charge=r.charge,
-                          idle_share=r.idle_share, mem_used_mb_s=r.mem_used_mb_s, mem_granted_mb_s=r.mem_granted_mb_s,
-                          mem_requested_mb_s=r.mem_requested_mb_s, sm_used_s=r.sm_used_s,
-                          sm_granted_s=r.sm_granted_s, sm_requested_s=r.sm_requested_s)
-            for r in rows]
+        rows = fetch_rows(cur, UsageGroupRow)
+    # Postgres hands the grouping keys back as an array (a list); the row's keys are a tuple.
+    return [dataclasses.replace(r, keys=tuple(r.keys)) for r in rows]
 
 
 @dataclass(frozen=True)
