@@ -47,18 +47,24 @@ def test_openapi_schema_lists_the_agent_endpoints_and_their_status_codes(client)
 def test_every_operation_names_its_security_scheme_and_its_errors_body(client):
     document = json.loads(client.get("/api/v1/schema", HTTP_ACCEPT="application/vnd.oai.openapi+json").content)
     schemes = document["components"]["securitySchemes"]
-    assert {"nodeToken", "admissionToken"} <= set(schemes)
-    assert all(s["type"] == "http" and s["scheme"] == "bearer" for s in schemes.values())
+    assert {"nodeToken", "admissionToken", "apiToken", "cookieAuth"} <= set(schemes)
+    assert all(s["type"] == "http" and s["scheme"] == "bearer" for name, s in schemes.items() if name != "cookieAuth")
+    assert schemes["cookieAuth"]["type"] == "apiKey" and schemes["cookieAuth"]["in"] == "cookie"
     for route, operations in document["paths"].items():
+        # The read API (OpenCost's allocation, issue 17) answers its errors in OpenCost's shape.
+        reading = route.removeprefix("/api/v1").startswith("/allocation")
         for method, operation in operations.items():
-            assert operation["security"] in ([{"nodeToken": []}], [{"admissionToken": []}]), (route, method)
+            expected = ([[{"apiToken": []}, {"cookieAuth": []}]] if reading
+                        else [[{"nodeToken": []}], [{"admissionToken": []}]])
+            assert operation["security"] in expected, (route, method)
             # Bodies: the batch and the other agent bodies are published, never a bare object.
             if method == "post":
                 body = operation["requestBody"]["content"]["application/json"]["schema"]
                 assert body.get("required"), route
             for code, answer in operation["responses"].items():
                 if code.startswith(("4", "5")) and route != "/api/v1/admission/pods":
-                    assert answer["content"]["application/json"]["schema"] == {"$ref": "#/components/schemas/Errors"}
+                    errors = "AllocationError" if reading and code != "503" else "Errors"
+                    assert answer["content"]["application/json"]["schema"] == {"$ref": f"#/components/schemas/{errors}"}
             assert "WWW-Authenticate" in operation["responses"]["401"]["headers"]
             assert "Retry-After" in operation["responses"]["503"]["headers"]
 
