@@ -4,12 +4,13 @@ may see is still decided in the queries (by the Scope); these only gate whole pa
 from __future__ import annotations
 
 from django.core.exceptions import PermissionDenied
-from django.http import HttpRequest
+from django.http import HttpRequest, HttpResponse
+from django.shortcuts import render
 from django.utils.translation import gettext as _
 
 from billing.scope import Scope, get_scope
 
-__all__ = ["RoleRequired", "landing_page", "require_admin", "require_platform"]
+__all__ = ["RoleRequired", "issued_token_page", "landing_page", "require_admin", "require_platform"]
 
 
 class RoleRequired(PermissionDenied):
@@ -48,3 +49,11 @@ def landing_page(scope: Scope) -> str:
     if scope.tenants:
         return "tenant-list"  # which opens the portal straight away for a member of one tenant
     return "finance-overview"
+
+
+def issued_token_page(request: HttpRequest, template: str, issued: object) -> HttpResponse:
+    """The page that shows a new token once (node or API token): never stored by a browser or a
+    proxy, since the token is a secret and the service keeps only its hash."""
+    response = render(request, template, {"issued": issued, "server": request.build_absolute_uri("/").rstrip("/")})
+    response["Cache-Control"] = "no-store"
+    return response

@@ -34,7 +34,7 @@ from billing.services.rate_cards import (
     retire_rate_card,
 )
 from billing.services.tokens import issue_node_token, revoke_node_token
-from billing.web.access import require_admin
+from billing.web.access import issued_token_page, require_admin
 from billing.web.forms import RetireForm
 
 _DATETIME_LOCAL = "%Y-%m-%dT%H:%M"
@@ -238,11 +238,7 @@ def node_token_issue(request: HttpRequest) -> HttpResponse:
     except InvalidInput as exc:
         form.add_error("node", str(exc))
         return _render_nodes(request, scope, form=form, status=400)
-    response = render(request, "billing/node_token_issued.html", {
-        "issued": issued, "server": request.build_absolute_uri("/").rstrip("/"),
-    })
-    response["Cache-Control"] = "no-store"
-    return response
+    return issued_token_page(request, "billing/node_token_issued.html", issued)
 
 
 @login_required

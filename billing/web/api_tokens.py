@@ -29,6 +29,7 @@ from billing.services.api_tokens import (
     issue_api_token,
     revoke_api_token,
 )
+from billing.web.access import issued_token_page
 
 
 class IssueApiTokenForm(forms.Form):
@@ -79,11 +80,7 @@ def api_tokens(request: HttpRequest) -> HttpResponse:
     except InvalidInput as exc:
         form.add_error(None, str(exc))
         return _render(request, scope, form=form, status=400)
-    response = render(request, "billing/api_token_issued.html", {
-        "issued": issued, "server": request.build_absolute_uri("/").rstrip("/"),
-    })
-    response["Cache-Control"] = "no-store"
-    return response
+    return issued_token_page(request, "billing/api_token_issued.html", issued)
 
 
 @login_required
