@@ -183,6 +183,11 @@ class Servers:
         for proc in self.replacements:
             proc.terminate()
             proc.wait(timeout=15)
+        if self.own_pgdata is not None:
+            # pgserver stops only the postmaster it started; the one our restart started would outlive
+            # the harness (and the suite), holding the data folder and a Postgres per run.
+            with contextlib.suppress(subprocess.CalledProcessError):
+                _pg_ctl(self.own_pgdata, "stop", "-m", "fast")
 
 
 def _pg_ctl(pgdata: Path, *args: str) -> None:
