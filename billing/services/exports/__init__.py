@@ -93,23 +93,29 @@ class ExportFile:
 
 def export_invoice(*, scope: Scope, number: str, fmt: str) -> ExportFile:
     """Render one invoice in `fmt` (pdf, csv or focus) for a caller with `scope`."""
-    if fmt not in EXPORT_FORMATS:
-        raise InvalidInput(f"format {fmt!r} must be one of {', '.join(EXPORT_FORMATS)}")
+    _check_format(fmt)
     doc = get_invoice_document(scope=scope, number=number)
-    if fmt == "pdf":
-        return ExportFile(f"{doc.number}.pdf", "application/pdf", render_invoice_pdf(doc))
-    if fmt == "csv":
-        return ExportFile(f"{doc.number}.csv", "text/csv; charset=utf-8", render_invoice_csv(doc))
-    return ExportFile(f"{doc.number}-focus-1.3.csv", "text/csv; charset=utf-8", render_focus_csv(doc))
+    return _document_file(doc.number, fmt, {"pdf": render_invoice_pdf, "csv": render_invoice_csv,
+                                            "focus": render_focus_csv}[fmt](doc))
 
 
 def export_credit_note(*, scope: Scope, number: str, fmt: str) -> ExportFile:
     """Render one credit note in `fmt` (pdf, csv or focus) for a caller with `scope`."""
+    _check_format(fmt)
+    note = get_credit_note_document(scope=scope, number=number)
+    return _document_file(note.number, fmt, {"pdf": render_credit_note_pdf, "csv": render_credit_note_csv,
+                                             "focus": render_credit_note_focus_csv}[fmt](note))
+
+
+def _check_format(fmt: str) -> None:
+    # Before the document is read: an unknown format is a 400 whether or not the number exists.
     if fmt not in EXPORT_FORMATS:
         raise InvalidInput(f"format {fmt!r} must be one of {', '.join(EXPORT_FORMATS)}")
-    note = get_credit_note_document(scope=scope, number=number)
+
+
+def _document_file(number: str, fmt: str, content: bytes) -> ExportFile:
+    """A document's download: one file name and content type per format, for invoices and credit notes."""
     if fmt == "pdf":
-        return ExportFile(f"{note.number}.pdf", "application/pdf", render_credit_note_pdf(note))
-    if fmt == "csv":
-        return ExportFile(f"{note.number}.csv", "text/csv; charset=utf-8", render_credit_note_csv(note))
-    return ExportFile(f"{note.number}-focus-1.3.csv", "text/csv; charset=utf-8", render_credit_note_focus_csv(note))
+        return ExportFile(f"{number}.pdf", "application/pdf", content)
+    suffix = ".csv" if fmt == "csv" else "-focus-1.3.csv"
+    return ExportFile(f"{number}{suffix}", "text/csv; charset=utf-8", content)
