@@ -131,6 +131,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         "Dockerfile's; none: --compare with no SPEC)")
     p.add_argument("--profile-batches", type=int, default=240, help="batches for the in-process stage timing")
     p.add_argument("--seed", type=int, default=20261130)
+    p.add_argument("--no-grouping-fields", action="store_true",
+                   help="samples without controller, labels and requests (an agent from before issue 17)")
     p.add_argument("--keep-db", action="store_true", help="keep the <dbname>_bench database afterwards")
     p.add_argument("--write-docs", action="store_true", help=f"replace the '## Ingest' section of {DOCS_FILE.relative_to(REPO)}")
     args = p.parse_args(argv)
@@ -150,6 +152,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 class Workload:
     gpu: int
     names: dict[str, str]  # tenant, namespace, pod, container, pod_uid, sla_tier
+    # The optional grouping fields agents send (docs/protocol.md): controller, labels, requests.
+    meta: dict[str, Any]
     mem_granted: float  # MB per second
     sm_granted: float  # SMs per second
 
@@ -167,8 +171,10 @@ def _floor_quantum(value: float) -> float:
     return math.floor(value * QUANTUM) / QUANTUM
 
 
-def make_agent(index: int, *, gpus: int, workloads_per_gpu: int, rng: random.Random) -> Agent:
-    """A node with `gpus` A100s, each shared by `workloads_per_gpu` containers of different tenants."""
+def make_agent(index: int, *, gpus: int, workloads_per_gpu: int, rng: random.Random,
+               grouping_fields: bool = True) -> Agent:
+    """A node with `gpus` A100s, each shared by `workloads_per_gpu` containers of different tenants;
+    each sample carries the grouping fields our agent sends unless `grouping_fields` is off (an old agent)."""
     node = f"bench-node-{index:03d}"
     gpu_list = [{"uuid": f"GPU-{uuid.UUID(int=rng.getrandbits(128))}", **A100} for _ in range(gpus)]
     workloads = []
@@ -186,8 +192,13 @@ def make_agent(index: int, *, gpus: int, workloads_per_gpu: int, rng: random.Ran
                 "pod_uid": str(uuid.UUID(int=rng.getrandbits(128))),
                 "sla_tier": rng.choice(TIERS),
             }
-            workloads.append(Workload(g, names, _floor_quantum(A100["memory_mb"] * share * scale),
-                                      _floor_quantum(A100["sm_count"] * share * scale)))
+            mem_granted = _floor_quantum(A100["memory_mb"] * share * scale)
+            meta: dict[str, Any] = {
+                "controller_kind": "Deployment", "controller_name": pod.rsplit("-", 2)[0],
+                "labels": {"app": app, "team": tenant}, "mem_requested_mb": int(mem_granted),
+                "sm_requested": int(A100["sm_count"] * share * scale),
+            } if grouping_fields else {}
+            workloads.append(Workload(g, names, meta, mem_granted, _floor_quantum(A100["sm_count"] * share * scale)))
     return Agent(node=node, gpus=gpu_list, workloads=workloads)
 
 
@@ -202,7 +213,7 @@ def make_payload(agent: Agent, *, seq: int, start: datetime, seconds: int, rng: 
         at = iso(start + timedelta(seconds=s))
         for w in agent.workloads:
             samples.append({
-                "start": at, "seconds": 1, "gpu": agent.gpus[w.gpu]["uuid"], **w.names,
+                "start": at, "seconds": 1, "gpu": agent.gpus[w.gpu]["uuid"], **w.names, **w.meta,
                 "mem_used_mb_s": _floor_quantum(w.mem_granted * rng.uniform(0.2, 1.0)),
                 "mem_granted_mb_s": w.mem_granted,
                 "sm_used_s": _floor_quantum(w.sm_granted * rng.uniform(0.05, 1.0)),
@@ -994,7 +1005,8 @@ def run(args: argparse.Namespace) -> Report:
     bench_url = with_database(base_url, bench_name)
     configs = [ServerConfig(args.worker_class, args.workers, args.threads), *args.compare]
     rng = random.Random(args.seed)
-    agents = [make_agent(i, gpus=args.gpus, workloads_per_gpu=args.workloads_per_gpu, rng=rng)
+    agents = [make_agent(i, gpus=args.gpus, workloads_per_gpu=args.workloads_per_gpu, rng=rng,
+                         grouping_fields=not args.no_grouping_fields)
               for i in range(args.agents)]
     spb = args.gpus * args.workloads_per_gpu * args.seconds_per_batch
     n = args.batches_per_agent
