@@ -1,4 +1,4 @@
-"""One allocation round on a node: readings -> fair-share grants per GPU (DESIGN §5)."""
+"""One allocation round on a node: readings -> fair-share grants per GPU (docs/design.md, Weighted fair sharing)."""
 
 from __future__ import annotations
 
@@ -36,7 +36,7 @@ class Policy:
 
     sla_weights: Mapping[str, float] = field(default_factory=lambda: DEFAULT_SLA_WEIGHTS)
     headroom: float = 0.2  # demand = predicted peak x (1 + headroom)
-    throttled_tenants: frozenset[str] = frozenset()  # budgets in ``throttle`` state (DESIGN §6)
+    throttled_tenants: frozenset[str] = frozenset()  # budgets in ``throttle`` state (docs/design.md, Enforcement)
     throttle_weight_factor: float = 0.5  # a throttled tenant's weight x this; in (0, 1]
     # Per throttled tenant, its budget's own factor (the policy API's ``throttle_factor``);
     # a throttled tenant missing here gets ``throttle_weight_factor``. Each in (0, 1].

@@ -148,7 +148,7 @@ class KubeAttributor:
       (the policy API's default for that tenant, supplied by the caller);
     - a process in no pod known to the cache (host process, exited process, pod not yet or
       no longer listed) is attributed by ``fallback`` (``PidAttributor``: ``unattributed``);
-    - its description (the optional batch fields, issue 17): the pod's controller, resolved by
+    - its description (the optional grouping fields of the batch): the pod's controller, resolved by
       ``controllers`` (``agents.owners``; without one, the ownerReference as written), and the
       pod labels ``label_keys`` names.
     """

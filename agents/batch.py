@@ -1,4 +1,4 @@
-"""Wire format v1 of a usage batch (DESIGN §3): one place renders it."""
+"""Wire format v1 of a usage batch (docs/protocol.md): one place renders it."""
 
 from __future__ import annotations
 

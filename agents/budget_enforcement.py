@@ -1,4 +1,4 @@
-"""Budget enforcement on the node: ``evict-best-effort`` (DESIGN §6).
+"""Budget enforcement on the node: ``evict-best-effort`` (docs/design.md, Enforcement).
 
 When a tenant's budget is enforced with ``evict-best-effort``, the node policy lists the
 tenant (``PolicySnapshot.evict_best_effort_tenants``) and, within one policy poll, the

@@ -1,4 +1,4 @@
-"""Enforcers: how grants take effect on the node (DESIGN §6)."""
+"""Enforcers: how grants take effect on the node (docs/design.md, Enforcement)."""
 
 from __future__ import annotations
 

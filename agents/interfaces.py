@@ -41,7 +41,7 @@ class GpuInfo:
 
 @dataclass(frozen=True, slots=True)
 class WorkloadMeta:
-    """What Kubernetes says about a workload beyond its identity, for grouping (issue 17): the
+    """What Kubernetes says about a workload beyond its identity, for grouping (the optional batch fields): the
     optional sample fields of wire protocol v1 (docs/protocol.md). Empty fields are not sent."""
 
     controller_kind: str = ""  # the pod's controller, resolved one level (agents.owners)
@@ -122,7 +122,7 @@ class Grant:
 
 @dataclass(frozen=True, slots=True)
 class Prediction:
-    """Predicted peak use over the look-ahead horizon (0.5-2 s, DESIGN §5)."""
+    """Predicted peak use over the look-ahead horizon (0.5-2 s, docs/prediction.md)."""
 
     mem_peak_mb: float
     sm_peak: float

@@ -1,4 +1,4 @@
-"""A pod's controller as people name it, and the pod labels grouping may use (issue 17).
+"""A pod's controller as people name it, and the pod labels grouping may use (docs/agent.md, Grouping fields).
 
 The controller is the ownerReference marked ``controller: true``, resolved one level up where
 that one is an implementation detail: a ReplicaSet owned by a Deployment reports the Deployment,

@@ -1,4 +1,4 @@
-"""The node policy, pulled from the service and cached on disk (DESIGN §3, §6).
+"""The node policy, pulled from the service and cached on disk (docs/protocol.md, Node policy).
 
 ``GET {server}/api/v1/nodes/{node}/policy`` with the node token and ``If-None-Match``
 returns the policy document (``vgpu-ledger/node-policy/v1``)::

@@ -1,4 +1,4 @@
-"""Fakes for the agent's seams, shipped with the code (STYLE §7)."""
+"""Fakes for the agent's seams, shipped with the code (docs/design.md, House rules)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""A fake ``libcuda.so.1`` for ``agents.cuda_driver``, shipped with the code (STYLE §7).
+"""A fake ``libcuda.so.1`` for ``agents.cuda_driver``, shipped with the code (docs/design.md, House rules).
 
 ``FakeLibcuda`` is what ``ctypes.CDLL("libcuda.so.1")`` would return: an object whose driver
 functions are real C function pointers (ctypes callbacks), so every call goes through the

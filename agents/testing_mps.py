@@ -1,4 +1,4 @@
-"""A fake MPS control daemon over real OS pipes, shipped with the code (STYLE §7).
+"""A fake MPS control daemon over real OS pipes, shipped with the code (docs/design.md, House rules).
 
 Two halves, like the real thing:
 

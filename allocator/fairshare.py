@@ -1,6 +1,6 @@
 """Weighted max-min fair share (water-filling) of a GPU's memory, SMs and PCIe bandwidth.
 
-DESIGN §5 and §6, per GPU and per resource:
+docs/design.md (Weighted fair sharing; Enforcement), per GPU and per resource:
 
 - demand = clamp(max(current, predicted peak) x (1 + headroom), guarantee, limit); the
   predicted peak is the largest over the horizons the policy selects, so demand rises
@@ -268,7 +268,7 @@ class WorkloadState:
     predicted: tuple[PredictedPeak, ...] = ()  # peaks per horizon; at most one per horizon
     guarantee: Resources = Resources()  # each >= 0
     limit: Resources = UNLIMITED  # each >= the guarantee; inf: up to the card
-    throttled: bool = False  # the tenant's budget is in ``throttle`` state (DESIGN §6)
+    throttled: bool = False  # the tenant's budget is in ``throttle`` state (docs/design.md, Enforcement)
 
     def __post_init__(self) -> None:
         # One chained comparison per value (NaN and inf fail ``0 <= x <= _MAX``): the agent
@@ -377,7 +377,7 @@ def allocate_gpu(
     workloads: Sequence[WorkloadState],
     policy: AllocationPolicy,
 ) -> GpuGrants:
-    """Fair-share one GPU's memory, SMs and PCIe bandwidth among its workloads (DESIGN §5)."""
+    """Fair-share one GPU's memory, SMs and PCIe bandwidth among its workloads (docs/allocation.md)."""
     ordered = sorted(workloads, key=lambda w: w.key)
     keys = [w.key for w in ordered]
     for a, b in zip(keys, keys[1:], strict=False):

@@ -1,4 +1,4 @@
-"""The allocation API (issue 17) over a month of a fleet: allocation_sets and GET /allocation/compute
+"""The allocation API (docs/allocation-api.md) over a month of a fleet: allocation_sets and GET /allocation/compute
 for the reads OpenCost clients make, against the same data generator as bench/web_pages.py.
 
     python bench/allocation.py [--gpus 100] [--days 31] [--workloads-per-gpu 6] [--runs 3] [--keep-db]
@@ -42,7 +42,7 @@ from bench.ingest import (  # noqa: E402
     write_docs,
 )
 
-SECTION_TITLE = "## Allocation API (issue 17)"
+SECTION_TITLE = "## Allocation API"
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:

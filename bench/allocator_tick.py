@@ -78,7 +78,7 @@ DOCS = ROOT / "docs" / "allocation.md"
 SECTION = "## Tick latency"
 SUMMARY_DOCS = ROOT / "docs" / "benchmarks.md"
 SUMMARY_SECTION = "### Tick latency (docs/allocation.md)"
-TARGET_US = 200.0  # CPU p99 per tick at 16 workloads, prediction included (issue 15)
+TARGET_US = 200.0  # CPU p99 per tick at 16 workloads, prediction included (the tick's latency target)
 TICK_S = 0.5
 PREDICTORS = ("current-use", "last-value", "lstm", "lstm, one workload at a time")
 GPU = GpuInfo(uuid="GPU-bench", model="NVIDIA A100-SXM4-80GB", memory_mb=81_920, sm_count=108)
@@ -431,7 +431,7 @@ def render(
         "",
         f"µs per tick, after a warm-up: {ticks:,} ticks per row for the decision alone, {predictor_ticks:,} per",
         "row with a predictor. Wall = perf_counter around the call; CPU = the thread's CPU time (what",
-        "the tick costs when it is not descheduled). Target (issue 15): CPU p99 ≤ 200 µs per tick at",
+        "the tick costs when it is not descheduled). Target: CPU p99 ≤ 200 µs per tick at",
         "16 workloads on one GPU, prediction included.",
         "",
         "The decision, and the round with the predictions served from a dict (no model):",

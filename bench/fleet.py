@@ -1,4 +1,4 @@
-"""Fleet-scale benchmark (issue 14 item 4): a synthetic fleet, run faster than real time through
+"""Fleet-scale benchmark (docs/scaling.md): a synthetic fleet, run faster than real time through
 HTTP ingest (gunicorn), the rollup (N worker processes) and a few pages, reported per 1,000 GPUs
 in cores, disk and memory, for 1-second samples and coarser metering, with what coarser metering
 costs in billing precision.
@@ -120,7 +120,7 @@ from bench.ingest import (  # noqa: E402 - after the path fix above
     write_docs,
 )
 
-SECTION_TITLE = "## Fleet scale (issue 14)"
+SECTION_TITLE = "## Fleet scale"
 Q = 1024  # the agent's integrals are multiples of 1/1024 (agents/meter.py QUANTUM)
 PRICE_PER_GPU_HOUR = Decimal("2.48")
 TENANTS = ("acme", "globex", "initech", "umbrella", "hooli", "stark", "wayne", "tyrell")

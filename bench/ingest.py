@@ -132,7 +132,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--profile-batches", type=int, default=240, help="batches for the in-process stage timing")
     p.add_argument("--seed", type=int, default=20261130)
     p.add_argument("--no-grouping-fields", action="store_true",
-                   help="samples without controller, labels and requests (an agent from before issue 17)")
+                   help="samples without controller, labels and requests (an agent from before the grouping fields)")
     p.add_argument("--keep-db", action="store_true", help="keep the <dbname>_bench database afterwards")
     p.add_argument("--write-docs", action="store_true", help=f"replace the '## Ingest' section of {DOCS_FILE.relative_to(REPO)}")
     args = p.parse_args(argv)
@@ -903,7 +903,7 @@ def analysis(report: Report) -> str:
 
 
 def section_title(seconds_per_batch: int) -> str:
-    """One docs section per batch window: the default (10 s, as DESIGN §3's example) and wider ones."""
+    """One docs section per batch window: the default (10 s, as docs/protocol.md's example) and wider ones."""
     return "## Ingest" if seconds_per_batch == 10 else f"## Ingest, {seconds_per_batch}-second batches"
 
 

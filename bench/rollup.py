@@ -1,4 +1,4 @@
-"""Rollup benchmark (issue 14): the sharded rollup against end-to-end ingest of the same rows.
+"""Rollup benchmark (the rollup sharded by node): the sharded rollup against end-to-end ingest of the same rows.
 
     python bench/rollup.py [--agents 8] [--gpus 4] [--workloads-per-gpu 16] [--seconds-per-batch 60]
                            [--batches-per-agent 30] [--warmup-batches 2] [--repeats 2] [--write-docs]
@@ -67,7 +67,7 @@ from bench.ingest import (  # noqa: E402
     with_database,
 )
 
-SECTION_TITLE = "## Rollup: sharded by node (issue 14)"
+SECTION_TITLE = "## Rollup: sharded by node"
 LEDGER_TABLES = ("billing_usageminute", "billing_gpuminute", "billing_usagehour", "billing_gpuhour",
                  "billing_usageday", "billing_gpuday")
 

@@ -1,4 +1,4 @@
-"""Soak-and-fault harness (issue 12, item 8): the whole product under faults and a hostile node.
+"""Soak-and-fault harness (docs/reliability.md): the whole product under faults and a hostile node.
 
     python bench/soak.py --minutes M [--agents N] [--seed S] [--servers given|own] [--write-docs]
 
@@ -830,7 +830,7 @@ def write_docs(result: dict[str, Any], *, command: str, report: str, failed: lis
         f"- {f}" for f in failed)
     (REPO / "docs" / "reliability.md").write_text(f"""# Reliability: soak and faults
 
-Issue 12, item 8: the whole product (gunicorn, Celery worker and beat, Postgres, Redis, the real
+The whole product (gunicorn, Celery worker and beat, Postgres, Redis, the real
 agent) under kills and restarts while a rogue node sends hostile batches; what the honest agents
 metered must reach the ledger exactly once. `bench/soak.py` is the harness (its docstring says how
 it works); `tests/test_soak.py` runs a short form of it in `make test`. This page is written by the

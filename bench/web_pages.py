@@ -529,8 +529,8 @@ def command_line(argv: list[str]) -> str:
 
 
 ANALYSIS = """\
-What changed against the "before" columns (issue 14; the same benchmark, data generator and seed; the
-"before" run is of commit b65687e, the start of issue 14):
+What changed against the "before" columns (the fleet-scale work; the same benchmark, data generator and seed; the
+"before" run is of commit b65687e, the start of the fleet-scale work):
 
 - **The upcoming invoice and month-to-date spend read closed days plus today's hours**
   (billing/ledger/spend.py). The UTC days of the month that are over come from the day ledger

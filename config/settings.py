@@ -208,7 +208,7 @@ VGPU_ISSUER_TAX_ID = os.environ.get("VGPU_ISSUER_TAX_ID", "").strip()
 # Days from an invoice's issue date to its due date, for tenants without their own terms.
 VGPU_INVOICE_PAYMENT_TERMS_DAYS = int(os.environ.get("VGPU_INVOICE_PAYMENT_TERMS_DAYS", 30))
 
-# Ingest limits (DESIGN §3). Bodies above the limit answer 413; the decompressed size is bounded too.
+# Ingest limits (docs/protocol.md). Bodies above the limit answer 413; the decompressed size is bounded too.
 VGPU_INGEST_MAX_BODY_BYTES = int(os.environ.get("VGPU_INGEST_MAX_BODY_BYTES", 8 * 1024 * 1024))
 VGPU_INGEST_MAX_JSON_BYTES = int(os.environ.get("VGPU_INGEST_MAX_JSON_BYTES", 64 * 1024 * 1024))
 VGPU_INGEST_MAX_SAMPLES = int(os.environ.get("VGPU_INGEST_MAX_SAMPLES", 200_000))

@@ -1,4 +1,4 @@
-"""Issue 17's "done when", against `make demo` (the suite's shared demo, tests/conftest.py): an
+"""The allocation API's "done when", against `make demo` (the suite's shared demo, tests/conftest.py): an
 OpenCost-shaped request with a finance API token answers last month's totals equal to its
 invoices plus the platform's idle, label and step aggregations work, and a tenant member's token
 sees only its tenant. Tokens are issued as an operator does, with manage.py on the demo's database."""

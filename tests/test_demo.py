@@ -45,7 +45,7 @@ def _login(base: str, username: str, password: str, landing: str = "/budgets/") 
 
 
 def _lower_acme_budget_and_watch_enforcement(banner: str, base: str, demo_dir: Path) -> None:
-    """Issue 6's demo: an admin lowers acme's budget below its spend; the tenant sees it
+    """The budgets demo: an admin lowers acme's budget below its spend; the tenant sees it
     enforced, agents get the throttle in their next policy poll, an email and a signed webhook
     are delivered, and the audit log has each step."""
     admin = _login(base, "admin", re.search(r"user admin\s+password (\S+)", banner).group(1))
@@ -81,7 +81,7 @@ def _lower_acme_budget_and_watch_enforcement(banner: str, base: str, demo_dir: P
 
 
 def _finance_sees_the_simulated_day(demo: Demo) -> None:
-    """Issue 5's demo: after the simulated day, finance sees a closed period, downloads invoices
+    """The invoices demo: after the simulated day, finance sees a closed period, downloads invoices
     in all three formats, opens the paired report beside the study's figures, and sees a
     rebalance plan with its savings."""
     demo.wait_for_history()
@@ -102,7 +102,7 @@ def _finance_sees_the_simulated_day(demo: Demo) -> None:
 
 
 def _every_batch_was_delivered(demo: Demo) -> None:
-    """Issue 12: history and live agents of one node never collide, so no node holds a refused
+    """Reliability: history and live agents of one node never collide, so no node holds a refused
     batch — as the service sees it (/healthz and the nodes page), not only the agents' logs."""
     base = demo.base
     assert requests.get(f"{base}/healthz", timeout=10).json()["ledger"]["undelivered_batches"] == 0

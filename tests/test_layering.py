@@ -1,4 +1,4 @@
-"""The ledger has one owner (issue 14): billing/ledger/ is the only package that names a ledger
+"""The ledger has one owner (docs/design.md, Layout and layering): billing/ledger/ is the only package that names a ledger
 table in SQL or imports a ledger model, and the import-linter contracts in pyproject.toml hold
 and fail when broken.
 

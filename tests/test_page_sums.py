@@ -1,4 +1,4 @@
-"""Every number adds up (issue 16): a real demo, walked over HTTP as finance, a tenant member and an
+"""Every number adds up (docs/billing.md, How totals add): a real demo, walked over HTTP as finance, a tenant member and an
 admin, in English and Simplified Chinese. On every page, the figures a table or tile marks as parts
 (`data-sum="G"`) add up, exactly as displayed, to the figure it marks as their total
 (`data-sum-total="G"`); every CSV writes money with the currency's decimals and quantities with

@@ -1,4 +1,4 @@
-"""The short form of the soak-and-fault harness (bench/soak.py, issue 12 item 8): the whole product
+"""The short form of the soak-and-fault harness (bench/soak.py, docs/reliability.md): the whole product
 under every fault once while a rogue node sends hostile batches, and nothing honest is lost,
 duplicated or left undelivered.
 

@@ -1,4 +1,4 @@
-"""Usage models of the study's workloads (MISSION.md), as pure functions of time.
+"""Usage models of the study's workloads (docs/design.md, The study), as pure functions of time.
 
 Each model maps (workload key, elapsed seconds) to memory (MiB), SM fraction of
 the card (0..1) and PCIe rate (MB/s). Randomness comes from numpy Generators

@@ -4,7 +4,7 @@
 
 Re-reads `arrived.csv` and `placements.csv` of every seed with the csv module and nothing
 from `allocator.packing`, replays the placements in arrival order against the node list, and
-checks every rule of FGD_EXPERIMENT.md: each arrived pod appears once, in order; a placed pod's
+checks every rule of docs/packing.md's Semantics: each arrived pod appears once, in order; a placed pod's
 node exists, its GPU model is allowed, CPU, memory and the 1000-pod limit hold, a sharing pod
 sits on one GPU with room, a whole-GPU pod takes `num_gpu` GPUs that were fully free, CPU pods
 take no GPU; no GPU ever holds more than 1000 milli. It then recomputes the allocation metric

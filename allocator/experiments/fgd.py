@@ -1,4 +1,4 @@
-"""The FGD allocation experiment (shared FGD_EXPERIMENT.md; docs/packing.md).
+"""The FGD allocation experiment (its rules: docs/packing.md).
 
     python -m allocator.experiments.fgd --nodes FILE --pods FILE [FILE ...] --tune 1.3 \\
         --seeds 42-51 --policy NAME[,NAME...] --outdir DIR --table FILE --json

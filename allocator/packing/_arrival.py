@@ -1,4 +1,4 @@
-"""The per-seed arrival sequence (FGD_EXPERIMENT.md §2).
+"""The per-seed arrival sequence (docs/packing.md, Semantics: arrival sequence).
 
 Pods are sorted by name and shuffled with the seed. The workload is then tuned to
 ``tune × cluster GPU milli``: uniformly random originals are cloned as ``<orig>-tuned-<i>``

@@ -1,4 +1,4 @@
-"""Nodes, pods and the cluster as numpy arrays (FGD_EXPERIMENT.md §1).
+"""Nodes, pods and the cluster as numpy arrays (docs/packing.md, Semantics and Trace files).
 
 Units: CPU in milli-cores, memory in MiB, GPU in milli-GPU (1000 = one whole GPU).
 """

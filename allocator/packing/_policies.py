@@ -1,7 +1,7 @@
 """Placement policies: choose a node and its GPUs for a pod among the feasible nodes.
 
 Every policy gets a per-seed ``numpy.random.Generator``; policies that break ties draw a
-fixed random priority of nodes from it once (FGD_EXPERIMENT.md §4), never a coin per pod.
+fixed random priority of nodes from it once (docs/packing.md, Policies: bestfit), never a coin per pod.
 """
 
 from __future__ import annotations

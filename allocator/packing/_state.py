@@ -1,4 +1,4 @@
-"""Mutable free-capacity arrays of a cluster during one simulation (FGD_EXPERIMENT.md §3, §5).
+"""Mutable free-capacity arrays of a cluster during one simulation (docs/packing.md: feasibility, the GPU in a node).
 
 GPU arrays are ``(n_nodes, max_gpus)``; GPU slots a node does not have hold 0 free milli,
 so they never fit a request, never count as whole free GPUs and add nothing to sums.

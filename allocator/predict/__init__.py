@@ -1,4 +1,4 @@
-"""Short-term peak-demand prediction for the allocation loop (DESIGN §5, docs/prediction.md).
+"""Short-term peak-demand prediction for the allocation loop (docs/prediction.md).
 
 A :class:`PeakPredictor` is fed one sample of a workload's use every 100 ms
 (``observe``) and forecasts the peak over the next 0.5, 1 and 2 s (``predict``).

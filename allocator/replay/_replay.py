@@ -428,7 +428,7 @@ def _grant_dynamic(
     res_sm: FloatArray,
     res_mem: FloatArray,
 ) -> DynamicGrants:
-    """Grant each card-step's reservations; where they exceed the card, share it (DESIGN §5).
+    """Grant each card-step's reservations; where they exceed the card, share it (docs/design.md, Weighted fair sharing).
 
     Only what is known when the grant is decided is read: the reservations and the memory use
     of the latest known step (memory in use is not taken back).

@@ -1,4 +1,4 @@
-"""Agent endpoints of wire protocol v1 (DESIGN §3). Thin: parse, one service call, render."""
+"""Agent endpoints of wire protocol v1 (docs/protocol.md). Thin: parse, one service call, render."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""OpenCost's allocation API (issue 17; docs/allocation-api.md): `GET /allocation` and
+"""OpenCost's allocation API (docs/allocation-api.md): `GET /allocation` and
 `GET /allocation/compute`, also under /api/v1/. Thin: parse the query parameters
 (billing.queries.allocation), one query, render OpenCost's response shape.
 

@@ -1,4 +1,4 @@
-"""The allocation API's reads (issue 17, billing.queries.allocation): usage summed per set (a step
+"""The allocation API's reads (for billing.queries.allocation): usage summed per set (a step
 of the window) and per grouping key, and the platform's idle per set and node. Frozen rows in ledger
 units; naming, idle sharing and scope rules are the query's.
 

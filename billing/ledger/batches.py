@@ -1,4 +1,4 @@
-"""Accepted batches, their GPUs and their raw samples: how ingest writes them (DESIGN §3).
+"""Accepted batches, their GPUs and their raw samples: how ingest writes them (docs/protocol.md).
 
 One call stores one validated batch inside the caller's transaction: the GPU claims, the batch
 row (unique per node and batch_seq), its GPU rows, its samples through COPY into the

@@ -58,7 +58,7 @@ _CARD_OF_HOUR = (
     "AND (r.effective_to IS NULL OR r.effective_to > g.hour) ORDER BY r.effective_from DESC LIMIT 1) rc ON true "
 )
 
-# Where no card is in effect any more, a rate card's defaults (DESIGN §4: α 0.5, billed max,
+# Where no card is in effect any more, a rate card's defaults (docs/design.md, Billing semantics: α 0.5, billed max,
 # idle to the platform) and a zero unit price describe the row.
 _FOCUS_COLUMNS = (
     "date_trunc('day', u.hour) AS day, u.gpu_uuid, g.gpu_model, n.name AS node, u.namespace, u.pod, "

@@ -1,5 +1,5 @@
 """The ledger's tables: accepted batches and their GPUs, and the minute, hour and day ledgers
-(rollups of raw samples, priced; DESIGN §4). Only billing.ledger reads or writes them.
+(rollups of raw samples, priced; docs/billing.md). Only billing.ledger reads or writes them.
 
 The raw sample table is not a model: see billing.ledger.partitions and migration 0002.
 

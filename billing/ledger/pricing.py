@@ -1,4 +1,4 @@
-"""Pricing of one GPU window (DESIGN §4). Pure: no ORM, no clock.
+"""Pricing of one GPU window (docs/billing.md). Pure: no ORM, no clock.
 
     p = price_per_gpu_hour / 3600                       (price per GPU-second)
     share_i = α · M_i / memory_mb + (1 − α) · S_i / sm_count     (GPU-seconds)

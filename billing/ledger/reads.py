@@ -56,7 +56,7 @@ class Ledger:
 
     def usage_rows(self, start: datetime, end: datetime) -> Any:
         """The usage rows of [start, end) (a QuerySet of UsageHour or UsageDay). For the ledger's own
-        reads; in flight (issue 14): queries/portal.py still aggregates these itself."""
+        reads; in flight (the move into billing.ledger): queries/portal.py still aggregates these itself."""
         return self.usage.objects.filter(**{f"{self.at}__gte": start, f"{self.at}__lt": end})
 
     def gpu_rows(self, start: datetime, end: datetime) -> Any:

@@ -1,4 +1,4 @@
-"""Rollup of raw samples into the priced minute, hour and day ledgers (DESIGN §4, §8).
+"""Rollup of raw samples into the priced minute, hour and day ledgers (docs/billing.md; docs/design.md, Scale path).
 
 The unit of work is a node-GPU-minute: the ledger's key is (node, GPU, window), the distribution
 key first (docs/scaling.md). Nodes are rolled up a few at a time, in one transaction per group
@@ -516,7 +516,7 @@ def _workloads(cur: CursorWrapper, nodes: list[int], gpus: list[str], lo: dateti
 
 def _priced_rows(windows: dict[Key, _Window], workloads: dict[Key, list[tuple[Any, ...]]],
                  cards: dict[str, list[_Card]]) -> tuple[io.StringIO, io.StringIO]:
-    """COPY text of the minute rows: each GPU-minute priced by the card in force (DESIGN §4)."""
+    """COPY text of the minute rows: each GPU-minute priced by the card in force (docs/billing.md, Rate cards)."""
     usage_lines: list[str] = []
     gpu_lines: list[str] = []
     no_rate = Rate(price_per_gpu_hour=Decimal(0))

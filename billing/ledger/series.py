@@ -63,7 +63,7 @@ def list_platform_idle_buckets(*, start: datetime, end: datetime, granularity: G
 
 @dataclass(frozen=True)
 class UtilisationBucket:
-    """Fleet figures for one bucket. SM·s: one SM busy for one second (DESIGN §3); MB are MiB as
+    """Fleet figures for one bucket. SM·s: one SM busy for one second (docs/protocol.md); MB are MiB as
     NVML reports them."""
 
     bucket: datetime

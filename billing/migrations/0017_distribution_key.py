@@ -1,4 +1,4 @@
-"""The distribution key (issue 14): every ledger key leads with the node.
+"""The distribution key (docs/scaling.md): every ledger key leads with the node.
 
 BatchGpu gets its batch's node (backfilled; the immutability trigger of migration 0003 is lifted
 for that one UPDATE only), and the hour and day ledgers' unique keys and GPU indexes gain the

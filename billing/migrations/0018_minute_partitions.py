@@ -9,7 +9,7 @@ Database-first (SeparateDatabaseAndState): Django's state changes only GpuMinute
 primary key becomes (id, minute) (a unique key of a partitioned table must hold the partition key),
 `id` draws from a sequence owned by the column (Postgres 15 has no identity columns on partitioned
 tables), and GpuMinute's unique key becomes (node_id, gpu_uuid, minute): the ledger's key is
-(node, GPU, window), with node_id the distribution key (issue 14's schema decision).
+(node, GPU, window), with node_id the distribution key (the schema decision of docs/scaling.md).
 
 Reversible: the reverse rebuilds plain tables with the old keys.
 """

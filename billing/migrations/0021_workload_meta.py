@@ -1,4 +1,4 @@
-# Issue 17: what grouping needs from the agents (docs/protocol.md, optional batch fields).
+# What grouping needs from the agents (docs/protocol.md, optional batch fields).
 
 from django.db import migrations, models
 

@@ -1,4 +1,4 @@
-"""Budgets: monthly spend limits per tenant that act (DESIGN §6)."""
+"""Budgets: monthly spend limits per tenant that act (docs/design.md, Enforcement)."""
 
 from decimal import Decimal
 

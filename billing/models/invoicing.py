@@ -1,4 +1,4 @@
-"""Billing periods and invoices (DESIGN §4).
+"""Billing periods and invoices (docs/billing.md; docs/exports.md).
 
 An invoice is per tenant per month. Draft invoices may be rebuilt; a finalized invoice and
 its lines are immutable — enforced in the database (migration 0005), not only here. When it is

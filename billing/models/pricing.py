@@ -18,7 +18,7 @@ class IdlePolicy(models.TextChoices):
 
 
 class RateCard(models.Model):
-    """Price per GPU-hour of one GPU model over an effective period (DESIGN §4).
+    """Price per GPU-hour of one GPU model over an effective period (docs/billing.md, Rate cards).
 
     `effective_to` is exclusive; NULL means open-ended. Periods of one model never overlap
     (trigger `rate_card_no_overlap`, migration 0003), so every GPU-second has at most one price.

@@ -1,4 +1,4 @@
-"""Pool rebalance plans (DESIGN §6): proposed as a dry run, executed only once an admin approves."""
+"""Pool rebalance plans (docs/rebalance.md): proposed as a dry run, executed only once an admin approves."""
 
 from django.conf import settings
 from django.db import models

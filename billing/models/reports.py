@@ -1,4 +1,4 @@
-"""Paired static-vs-dynamic cost reports (DESIGN §4), computed by a Celery job."""
+"""Paired static-vs-dynamic cost reports (docs/billing.md), computed by a Celery job."""
 
 from datetime import UTC, date, timedelta
 

@@ -13,7 +13,7 @@ slug_validator = RegexValidator(
 
 
 class SlaTier(models.Model):
-    """A service tier; its weight drives weighted fair sharing on every GPU (DESIGN §5)."""
+    """A service tier; its weight drives weighted fair sharing on every GPU (docs/design.md, Weighted fair sharing)."""
 
     slug = models.CharField(max_length=63, unique=True, validators=[slug_validator])
     name = models.CharField(max_length=100)

@@ -1,4 +1,4 @@
-"""OpenCost-compatible allocation sets (issue 17; docs/allocation-api.md): the ledger's usage over a
+"""OpenCost-compatible allocation sets (docs/allocation-api.md): the ledger's usage over a
 window, per step, grouped by any of AGGREGATE_KEYS (and `label:<name>`), with the platform's idle as
 `__idle__` or shared onto the allocations. The HTTP edge (billing.api.allocation) and the drill-down
 pages call `allocation_sets`; `parse_*` turn OpenCost's query parameters into its arguments and

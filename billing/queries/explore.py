@@ -1,4 +1,4 @@
-"""The drill-down (issue 17): tenant → namespace → controller → pod → GPU, scoped like every read.
+"""The drill-down (docs/drilldown.md): tenant → namespace → controller → pod → GPU, scoped like every read.
 
 Each level is one aggregation of the allocation query (billing.queries.allocation, the one place
 that sums the ledger by Kubernetes objects and labels), narrowed by the path walked so far and by

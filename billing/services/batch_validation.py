@@ -1,4 +1,4 @@
-"""Validation of a usage batch against wire protocol v1 (DESIGN §3). Pure: no queries (the
+"""Validation of a usage batch against wire protocol v1 (docs/protocol.md). Pure: no queries (the
 bounds come from the columns that store each field, billing.ledger.columns).
 
 The optional grouping fields (batch `cluster`; per sample `controller_kind`, `controller_name`,
@@ -64,7 +64,7 @@ _MINUTE = timedelta(minutes=1)
 YEARS = (2000, 9000)
 _FLOAT_MAX = sys.float_info.max
 
-# Optional grouping fields (issue 17). Kubernetes' own syntax for what they carry, so whatever a
+# Optional grouping fields (docs/protocol.md). Kubernetes' own syntax for what they carry, so whatever a
 # real cluster holds is accepted and nothing else is: a cluster name is DNS-ish like a node's; a
 # controller is a kind (CamelCase, as in ownerReferences) and an object name; labels follow
 # Kubernetes' label rules (key: optional DNS-subdomain prefix of at most 253 and "/", then a name of
@@ -361,7 +361,7 @@ def _validate_labels(labels: Any, i: int, *, good: set[tuple[str, str]], errors:
 def validate_batch(
     payload: Any, *, now: datetime, max_skew: timedelta, max_samples: int, horizon: timedelta | None = None
 ) -> ValidatedBatch:
-    """Check every rule of DESIGN §3; raise InvalidBatch listing the violations."""
+    """Check every rule of docs/protocol.md; raise InvalidBatch listing the violations."""
     errors = _Errors()
     header = _validate_header(payload, errors, now=now, max_skew=max_skew, horizon=horizon)
     if header is None:

@@ -1,4 +1,4 @@
-"""Credit notes: the correction of an issued invoice, as its own document (DESIGN §4).
+"""Credit notes: the correction of an issued invoice, as its own document (docs/exports.md, Credit notes).
 
 A credit note credits a net amount of one finalized invoice, with the tax on it at the invoice's
 rate, for a stated reason. It is numbered in its own sequence, CN-YYYY-NNNN by the year of issue

@@ -1,4 +1,4 @@
-"""Ingest of usage batches (wire protocol v1, DESIGN §3): decode, validate, store.
+"""Ingest of usage batches (wire protocol v1, docs/protocol.md): decode, validate, store.
 
 A batch is written in one transaction by billing.ledger.batches: the batch row (unique per node
 and batch_seq), its GPUs, and its samples through COPY into the day-partitioned raw table.

@@ -16,7 +16,7 @@ rate (`_issue_terms`); its tax is rounded once on the subtotal (`tax_minor_units
 subtotal + tax. A correction of an issued invoice is a credit note (billing.services.credit_notes);
 late usage still becomes adjustment lines on the next invoice, as below.
 
-Lines (DESIGN §4): per GPU model and SLA tier, the usage charge; under the `proportional`
+Lines (docs/billing.md): per GPU model and SLA tier, the usage charge; under the `proportional`
 idle policy an explicit idle line; and, for months closed earlier, an adjustment line per
 GPU model and tier for whatever the ledger now says beyond what was invoiced (late
 batches; negative amounts are credits). Each line is rounded once to minor units.

@@ -1,4 +1,4 @@
-"""The paired static-vs-dynamic cost report (DESIGN §4; definitions in docs/billing.md).
+"""The paired static-vs-dynamic cost report (definitions in docs/billing.md).
 
 Unit: one workload (tenant/namespace/pod/container/pod UID) on one UTC day. For each unit:
   x  = static whole-card cost: every GPU-second the workload was present, at the card's price

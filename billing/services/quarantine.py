@@ -1,4 +1,4 @@
-"""Batches the rollup could not roll up (issue 12): kept with their error, left out of the ledger,
+"""Batches the rollup could not roll up (docs/reliability.md): kept with their error, left out of the ledger,
 shown to operators (node page, /healthz, audit log), and re-driven once the cause is fixed.
 
 The ledger (billing.ledger.rollup) marks a batch quarantined and hands it back; this module records

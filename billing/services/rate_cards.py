@@ -1,4 +1,4 @@
-"""Rate-card changes by admins: a new price from a date, or the end of a card (DESIGN §4).
+"""Rate-card changes by admins: a new price from a date, or the end of a card (docs/billing.md, Rate cards).
 
 Cards price GPU-minutes by the card in effect at the start of each minute, so a change at
 instant T re-prices every minute from T on. The rule chosen here is the simplest one that

@@ -1,4 +1,4 @@
-"""Pool rebalancing in the service (DESIGN §6): the fleet from the ledger, plans from
+"""Pool rebalancing in the service (docs/rebalance.md): the fleet from the ledger, plans from
 ``allocator.rebalance``, admin approval, execution through the Kubernetes API.
 
 * ``build_pool(now)``: GPUs from ``Gpu`` (seen within the demand window), workloads = pods seen

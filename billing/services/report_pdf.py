@@ -20,7 +20,7 @@ from billing.templatetags.ledger import money
 __all__ = ["SAVINGS_CSV_COLUMNS", "CostComparison", "SavingsTables", "definitions", "partial_days_note", "period_text",
            "render_paired_report_pdf", "savings_csv_rows", "savings_tables", "study_rows", "summary_rows"]
 
-# The reference study's reported figures (MISSION.md), shown beside ours, never in their place.
+# The reference study's reported figures (docs/design.md, The study), shown beside ours, never in their place.
 _STUDY = {
     "cost_reduction_pct": "−37 %",
     "containers_per_card": "2.8×",

@@ -1,4 +1,4 @@
-"""Right-sizing a workload's GPU memory request, and the efficiency ratios beside it (issue 17).
+"""Right-sizing a workload's GPU memory request, and the efficiency ratios beside it (docs/drilldown.md).
 Pure: no Django, no ORM, no clock; the drill-down's query feeds it what the ledger knows.
 
 The ledger keeps sums, never samples: per hour, a container's MB·s used and its metered seconds on

@@ -1,4 +1,4 @@
-"""The drill-down page, `/explore/` (issue 17). Thin: parse the GET form, call one query, render the
+"""The drill-down page, `/explore/` (docs/drilldown.md). Thin: parse the GET form, call one query, render the
 table or its CSV (`?format=csv`, the same rows and numbers).
 
 The path walked is in the query string (`?tenant=acme&namespace=acme-prod&controller=deployment:bert

@@ -1,4 +1,4 @@
-"""Issue 17: what the agent says about a pod for grouping — its controller, resolved one level
+"""Grouping fields: what the agent says about a pod for grouping — its controller, resolved one level
 through the real ``kubernetes`` client against ``FakeKubernetes``, and the allow-listed labels —
 and how it travels in a batch (agents.owners, agents.attribution, agents.batch)."""
 

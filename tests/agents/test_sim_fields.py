@@ -1,4 +1,4 @@
-"""Issue 17: the simulated fleet describes its pods as a real node would — controllers
+"""Grouping fields: the simulated fleet describes its pods as a real node would — controllers
 (Deployment, StatefulSet, Job), an app and a team label, the request — so the demo can group by
 them; the agent's label allow-list applies to it too."""
 

@@ -1,4 +1,4 @@
-"""Properties of weighted max-min fair share and of one GPU tick (DESIGN §5, §6)."""
+"""Properties of weighted max-min fair share and of one GPU tick (docs/design.md: Weighted fair sharing, Enforcement)."""
 
 from __future__ import annotations
 

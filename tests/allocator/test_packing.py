@@ -120,7 +120,7 @@ def workloads(draw: st.DrawFn) -> list[PodSpec]:
 
 
 def _fits(pod: PodSpec, node: NodeSpec, cpu: int, mem: int, count: int, free: list[int]) -> bool:
-    """Plain-Python restatement of FGD_EXPERIMENT.md §3, independent of ClusterState."""
+    """Plain-Python restatement of docs/packing.md's feasibility rule, independent of ClusterState."""
     if pod.cpu_milli > cpu or pod.memory_mib > mem or count >= MAX_PODS_PER_NODE:
         return False
     if pod.num_gpu == 0:

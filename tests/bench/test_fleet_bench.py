@@ -1,4 +1,4 @@
-"""The fleet benchmark (bench/fleet.py, issue 14 item 4) at a tiny size, so that it cannot rot: a
+"""The fleet benchmark (bench/fleet.py, docs/scaling.md) at a tiny size, so that it cannot rot: a
 real gunicorn, real agent-shaped batches, two rollup processes at once, the pages; and the report
 it writes must account for every sample and every cent, or its capacity figures mean nothing."""
 
@@ -98,7 +98,7 @@ def test_any_synthetic_load_is_valid_and_coarsens_as_the_meter_integrates(seed: 
 
     load = make_load(Shape(gpus, 8, workloads, 60, 60), seed)
     memory_mb, sm_count = cast(int, A100["memory_mb"]) * Q, cast(int, A100["sm_count"]) * Q  # in 1/1024 units
-    # What ingest would refuse (DESIGN §3): use or grant above the card, Σ granted on a GPU above it.
+    # What ingest would refuse (docs/protocol.md): use or grant above the card, Σ granted on a GPU above it.
     for used, granted, capacity in ((load.mem_used, load.mem_granted, memory_mb),
                                     (load.sm_used, load.sm_granted, sm_count)):
         assert used.min() >= 0 and used.max() <= capacity and granted.max() <= capacity

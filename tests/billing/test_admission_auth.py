@@ -135,7 +135,7 @@ def test_system_check_tells_the_operator_about_the_admission_credential(settings
     assert [m.id for m in check_admission_credentials()] == ([check_id] if check_id else [])
 
 
-# --- Reviews the webhook cannot store answer 400, not 500 (issue 12) ------------------------------
+# --- Reviews the webhook cannot store answer 400, not 500 ---------------------------------------
 
 @pytest.mark.django_db
 @pytest.mark.parametrize("name, mutate", [

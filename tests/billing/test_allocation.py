@@ -1,4 +1,4 @@
-"""The allocation query (billing.queries.allocation, issue 17): OpenCost's parameters parsed at fixed
+"""The allocation query (billing.queries.allocation, docs/allocation-api.md): OpenCost's parameters parsed at fixed
 instants (month ends, 29 February, Sundays), and sets over a hand-written ledger whose every expected
 figure is computed by hand: aggregation by every key, labels and controllers from WorkloadMeta,
 steps and accumulation, idle as `__idle__`, per node and shared, and tenant scope."""

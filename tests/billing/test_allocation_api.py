@@ -1,4 +1,4 @@
-"""The allocation API over HTTP (issue 17): OpenCost's response shape, 400s naming the parameter, 401,
+"""The allocation API over HTTP (docs/allocation-api.md): OpenCost's response shape, 400s naming the parameter, 401,
 tenant scope; totals reconciled with a real close of a hand-written month (and its late usage); and
 a hypothesis property: Σ over any aggregation and any step = Σ ungrouped = the ledger's total."""
 

@@ -1,4 +1,4 @@
-"""API tokens (issue 17): `manage.py create_api_token` and the API tokens page issue a `vgla_…`
+"""API tokens (docs/api.md): `manage.py create_api_token` and the API tokens page issue a `vgla_…`
 token shown once and stored hashed; `Authorization: Bearer` makes a request its user's, with
 exactly that user's scope; revoked, expired, unknown tokens and inactive users answer 401 with a
 challenge; use is recorded at most once a minute; every change is audited. The read API is not

@@ -1,4 +1,4 @@
-"""The one ISO 4217 list (issue 16): codes and minor units, and the one check every path uses."""
+"""The one ISO 4217 list (billing/currencies.py): codes and minor units, and the one check every path uses."""
 
 from __future__ import annotations
 

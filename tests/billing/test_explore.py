@@ -1,4 +1,4 @@
-"""The drill-down, /explore/ (issue 17): each level over a hand-written ledger, walked by its own
+"""The drill-down, /explore/ (docs/drilldown.md): each level over a hand-written ledger, walked by its own
 links from the tenants down to a pod's GPUs; filters narrow; a tenant member never sees another
 tenant, however the query string is crafted; every CSV has the page's numbers; the right-sizing
 suggestion on a workload; every table adds up (tests/test_page_sums.py's checker)."""

@@ -1,4 +1,4 @@
-"""Forms that refuse what they cannot keep (issue 16): ISO date inputs in every language, budgets
+"""Forms that refuse what they cannot keep: ISO date inputs in every language, budgets
 (currency, emails, webhook, thresholds), free prices, GPU models, retiring rate cards and SLA tiers.
 Every refusal is a human message (translated) and changes nothing; the service refuses the same
 input for every caller, not only the form."""

@@ -1,4 +1,4 @@
-"""Issue 17, Deliver 3: the optional grouping fields of wire protocol v1 (docs/protocol.md) —
+"""The optional grouping fields of wire protocol v1 (docs/protocol.md) —
 batch `cluster`, per-sample controller, allow-listed labels and requests — validated, stored once
 per pod in WorkloadMeta and on the node, and never erased by a batch that does not carry them."""
 

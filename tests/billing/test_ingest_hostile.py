@@ -1,4 +1,4 @@
-"""Hostile and extreme batches (issue 12): every input either is stored and rolls up, or answers a
+"""Hostile and extreme batches (docs/reliability.md): every input either is stored and rolls up, or answers a
 JSON 4xx naming the field, storing nothing. A GPU belongs to one node; another node can neither
 bill usage to it nor block its owner's windows."""
 
@@ -44,7 +44,7 @@ def with_sample(payload: dict, **fields) -> dict:
     return payload
 
 
-# Each of these reached the database and answered an HTML 500 (or was stored) before issue 12.
+# Each of these reached the database and answered an HTML 500 (or was stored) before the hostile-input checks.
 HOSTILE = [
     ("PCIe beyond any link", lambda p: with_sample(p, pcie_mb=1e25), 400, "$.samples"),
     ("memory beyond int4", lambda p: p["gpus"][0].update(memory_mb=2**31) or p, 400, "$.gpus[0].memory_mb"),
@@ -56,7 +56,7 @@ HOSTILE = [
     ("trailing newline in a name", lambda p: with_sample(p, tenant="acme\n"), 400, "$.samples[3].tenant"),
     ("timestamp at the end of time", lambda p: with_sample(p, start="9999-12-31T23:59:59Z"), 400, "$.samples[3].start"),
     ("node name of 300", lambda p: p.update(node="n" * 300) or p, 400, "$.node"),
-    # Issue 17: schemathesis found this one (an unhashable value met the set of names seen).
+    # Schemathesis found this one (an unhashable value met the set of names seen).
     ("an object for a name", lambda p: with_sample(p, tenant={"a": 1}), 400, "$.samples[3].tenant"),
     ("a list for a name", lambda p: with_sample(p, namespace=["x"]), 400, "$.samples[3].namespace"),
 ]

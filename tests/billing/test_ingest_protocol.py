@@ -1,4 +1,4 @@
-"""Contract tests: every response code of wire protocol v1 (DESIGN §3)."""
+"""Contract tests: every response code of wire protocol v1 (docs/protocol.md)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Language per user (issue 7): the choice is stored on the user and wins over the cookie and the
+"""Language per user: the choice is stored on the user and wins over the cookie and the
 browser's Accept-Language; money and numbers follow the active language's format."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""No batch and no outage stops the money path (issue 12): a batch the rollup cannot roll up is
+"""No batch and no outage stops the money path (docs/reliability.md): a batch the rollup cannot roll up is
 quarantined while every other batch, even one sharing its GPU-minute, is billed; /healthz says so
 and says when the rollup falls behind; a database or Redis outage answers 503 with Retry-After."""
 

@@ -1,4 +1,4 @@
-"""One money conversion (issue 14): minor <-> major units and display rounding live in
+"""One money conversion (billing/money.py): minor <-> major units and display rounding live in
 billing.money, and the pages, the invoice CSV and the FOCUS export all go through it."""
 
 from __future__ import annotations
@@ -62,7 +62,7 @@ def test_amounts_show_with_the_currencys_decimals() -> None:
         assert money(None, "USD") == ""
 
 
-# How shown numbers add (issue 16): each part rounded once, a total is the sum of the rounded parts.
+# How shown numbers add (docs/billing.md, How totals add): each part rounded once, a total is the sum of the rounded parts.
 amount_lists = st.lists(ledger_amounts, max_size=30)
 
 

@@ -51,7 +51,7 @@ def test_every_operation_names_its_security_scheme_and_its_errors_body(client):
     assert all(s["type"] == "http" and s["scheme"] == "bearer" for name, s in schemes.items() if name != "cookieAuth")
     assert schemes["cookieAuth"]["type"] == "apiKey" and schemes["cookieAuth"]["in"] == "cookie"
     for route, operations in document["paths"].items():
-        # The read API (OpenCost's allocation, issue 17) answers its errors in OpenCost's shape.
+        # The read API (OpenCost's allocation) answers its errors in OpenCost's shape.
         reading = route.removeprefix("/api/v1").startswith("/allocation")
         for method, operation in operations.items():
             expected = ([[{"apiToken": []}, {"cookieAuth": []}]] if reading
@@ -70,7 +70,7 @@ def test_every_operation_names_its_security_scheme_and_its_errors_body(client):
 
 
 def test_a_read_api_view_needs_only_its_decorator():
-    """The read API's views (issue 17) keep DRF's default authentication: the document then gives
+    """The read API's views keep DRF's default authentication: the document then gives
     them the API token and the session cookie as schemes, 401 and 503, and 403 to a write."""
     from drf_spectacular.generators import SchemaGenerator
 
@@ -95,7 +95,7 @@ def test_a_read_api_view_needs_only_its_decorator():
                                                                        "name": "sessionid"}
 
 
-# --- The batch schema, and inputs generated from it (issue 12) ---------------------------------
+# --- The batch schema, and inputs generated from it -----------------------------------------
 
 BATCHES = "/api/v1/usage/batches"
 
@@ -154,10 +154,10 @@ def test_schemathesis_against_the_running_app_finds_no_server_error(api_schema, 
     assert len(statuses) >= 30 and max(statuses) < 500
 
 
-# --- The whole document on a live server (issue 17) --------------------------------------------
+# --- The whole document on a live server ----------------------------------------------------
 
 class WhoAmI(APIView):
-    """A stand-in for the read API (issue 17) until its views land: DRF's default authentication
+    """A stand-in for the read API until its views land: DRF's default authentication
     and a decorator, nothing else, as a read API view is written."""
 
     @extend_schema(operation_id="test_whoami", responses={200: {

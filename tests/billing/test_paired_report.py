@@ -172,7 +172,7 @@ def test_a_report_shows_the_last_day_asked_for_its_currency_and_its_definitions(
     assert cells["Complete workload-days compared (n)"] == "0" and cells["Mean saving per complete workload-day"] == "—"
     assert "2026-11-20 are left out of the per-workload-day figures" in html
     assert 'id="definitions"' in html and "Fleet cost" in html and "Chargeback" in html
-    assert "docs/" not in html and "MISSION.md" not in html  # nothing a web user cannot open
+    assert "docs/" not in html and ".md" not in html  # nothing a web user cannot open
 
     rows = list(csv.reader(io.StringIO(client.get(f"/reports/{report.pk}.csv").content.decode())))
     assert rows[0] == ["section", "row", "whole_card", "dynamic", "saving", "reduction_pct", "currency"]

@@ -1,4 +1,4 @@
-"""DESIGN §4 pricing: the reconciliation invariant and the whole-card rule, as properties."""
+"""Pricing (docs/billing.md): the reconciliation invariant and the whole-card rule, as properties."""
 
 from __future__ import annotations
 

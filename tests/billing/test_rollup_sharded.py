@@ -1,4 +1,4 @@
-"""The rollup sharded by node (issue 14): real worker processes in parallel write exactly the ledger
+"""The rollup sharded by node (docs/scaling.md): real worker processes in parallel write exactly the ledger
 one worker writes, each batch once; a worker SIGKILLed mid-rollup leaves nothing half-applied and a
 rerun completes it; rebuild_ledger runs safely among shard rollups; a GPU moved between nodes of
 different shards gets one row per node; any partition of the work into shards, in any order, gives

@@ -1,4 +1,4 @@
-"""Polish a user notices (issue 16, item 8): landing by role after login, styled 403/404/500 pages
+"""Polish a user notices: landing by role after login, styled 403/404/500 pages
 with the site's navigation in both languages, the audit log as readable before/after, one date
 format per language, and live pages that refresh their figures without a meta refresh."""
 

@@ -1,4 +1,4 @@
-"""The drill-down in a real browser against the shared demo (issue 17, "the drill-down pages reach a
+"""The drill-down in a real browser against the shared demo (docs/drilldown.md, "the drill-down pages reach a
 pod's GPU"): finance clicks from Explore down through a tenant, a namespace, a controller and a
 workload to the GPUs the pod ran on; a tenant engineer finds only their tenant there."""
 

@@ -1,5 +1,5 @@
 """Every form of the product submitted in a real browser, in English and in Simplified Chinese
-(issue 16): login, the language switch, the date ranges of the finance dashboard, the tenant
+(forms that refuse what they cannot keep): login, the language switch, the date ranges of the finance dashboard, the tenant
 portal and the savings reports (their inputs carry ISO values in every language, so Chromium
 never shows them blank), a budget (refused while warn is above enforce or an email is not one),
 a rate card (a price of 0 only once confirmed; a mistaken card retired with a confirmation), and

@@ -1,4 +1,4 @@
-"""Issue 16, invoices for a finance team, in a real browser against `make demo`, in English and in
+"""Invoices for a finance team, in a real browser against `make demo`, in English and in
 Simplified Chinese: a finance user opens last month's invoice, sees its issuer, dates, terms, PO
 number, cost centre and tax, downloads its PDF, issues a credit note through the form and
 downloads the credit note's PDF; both PDFs pass qpdf with every font embedded and show the fields."""

@@ -1,4 +1,4 @@
-"""Each role's main job in a real browser against `make demo` (issue 7): finance reads the
+"""Each role's main job in a real browser against `make demo`: finance reads the
 dashboard and downloads invoices, a tenant engineer reads their portal and cannot reach another
 tenant, an admin changes an SLA weight that agents then see in the policy API, and the interface
 follows each user's language. Screenshots of each main page are taken on the way."""

@@ -1,4 +1,4 @@
-"""Polish a user notices (issue 16, item 8), in a real browser against `make demo`, each journey in
+"""Polish a user notices, in a real browser against `make demo`, each journey in
 English and in Simplified Chinese: the live finance page refreshes its figures without wiping the
 period being typed; each role lands on its own page after logging in at the login page (and an
 explicit next wins); 403 and 404 are pages with the site's navigation; the audit log reads as

@@ -1,5 +1,5 @@
 """An admin approves a rebalance plan in a real browser against `make demo`, in English and in
-Simplified Chinese (issue 16, item 6): "Approve and execute…" opens a confirmation page that names
+Simplified Chinese: "Approve and execute…" opens a confirmation page that names
 exactly the nodes to cordon and the pods to evict; Confirm (a POST with CSRF) approves it; the
 demo's Celery worker executes it, and the page and the audit log show the outcome as the database
 records it. The demo has no Kubernetes API server, so the execution fails, and must say so."""

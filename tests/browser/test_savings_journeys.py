@@ -1,4 +1,4 @@
-"""Savings and forecasts in a real browser against `make demo` (issue 16, items 2 and 3), in English
+"""Savings and forecasts in a real browser against `make demo`, in English
 and in Simplified Chinese: finance reads the organisation's savings with their currency, follows the
 link to the definitions, requests a report up to today (inclusive) and reads it back with that day
 as its last, its tables adding up as shown; a tenant engineer sees one month-to-date figure on the

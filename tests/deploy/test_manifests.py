@@ -207,7 +207,7 @@ def test_web_rbac_allows_the_calls_of_node_identity_and_reads_pods_only_in_the_a
     assert ("cluster", "", "pods", "get") not in _grants_of(pod["serviceAccountName"], web["metadata"]["namespace"])
 
 
-# --- The admission webhook over TLS (issue 13) --------------------------------------------------
+# --- The admission webhook over TLS ----------------------------------------------------------
 
 
 def _one(kind: str, name: str, docs: list[dict] | None = None) -> dict:

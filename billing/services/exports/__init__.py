@@ -6,7 +6,7 @@ Reads only, one module per concern: the scoped invoice reads (`invoices`), the i
 filters in the query, so an invoice outside the scope is indistinguishable from one that does
 not exist.
 
-Reconciliation (DESIGN §4): an invoice line is rounded once, half-even, to minor units.
+Reconciliation (docs/billing.md): an invoice line is rounded once, half-even, to minor units.
 The FOCUS rows of a usage or idle line carry ledger amounts (12 decimal places) that add up
 to the line's unrounded amount exactly; one "rounding" row per line carries the difference
 to the rounded amount. So Σ BilledCost over the file = Σ amount_minor = the invoice total.

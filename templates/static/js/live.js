@@ -1,4 +1,4 @@
-/* Live figures without losing what the user types (issue 16).
+/* Live figures without losing what the user types (docs/architecture.md, Web UI).
 
    A page that is still changing names a refresh period in
      <meta name="live-refresh" content="SECONDS" data-src="URL">
