@@ -47,7 +47,7 @@ LEDGERS = {
     "billing_usageday": ("day", "1 day"),
     "billing_gpuday": ("day", "1 day"),
 }
-# Rows per day per 1,000 GPUs with 4 workloads each (the fleet), by table.
+# Rows per day per 1,000 GPUs with 4 workloads each (the fleet docs/scaling.md sizes), by table.
 ROWS_PER_DAY_PER_1000 = {
     "billing_raw_sample": 1000 * 4 * 86400,
     "billing_usageminute": 1000 * 4 * 1440, "billing_gpuminute": 1000 * 1440,
