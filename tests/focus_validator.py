@@ -134,7 +134,8 @@ def assert_passes(data_file: Path, *, platform_rows: int | None = None) -> Verdi
     unexpected = set(verdict.failed) - overrides()
     assert not unexpected, ({r: verdict.failed[r] for r in sorted(unexpected)}, verdict.report[-12000:])
     if platform_rows is not None:
-        assert verdict.failed.get("InvoiceId-C-005-C", 0) == platform_rows, verdict.report[-12000:]
+        null_invoice_ids = verdict.failed.get("InvoiceId-C-005-C", 0)
+        assert null_invoice_ids == platform_rows, (null_invoice_ids, platform_rows, verdict.report[-12000:])
     return verdict
 
 
