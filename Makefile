@@ -63,11 +63,19 @@ pdf-deps:
 	  $(call apt_install,qpdf,the PDF tests need qpdf); }
 
 # The FinOps Foundation's focus-validator checks every FOCUS file we write (tests/billing/test_focus_validator.py).
-# It gets an environment of its own: it pins numpy<2 and pytz<2024, which .venv must not inherit.
+# It gets an environment of its own: it pins numpy<2 and its own pandera, duckdb and polars, which .venv must
+# not inherit. Its 2.x releases (FOCUS 1.2 rules) need Python >= 3.12, which the service itself does not:
+# the first of these that runs and is >= 3.12 (pyenv's shims exist for every installed version but fail
+# for one that is not selected, so pyenv's own installs are tried by path too), else Debian's python3.
+FOCUS_PYTHON ?= $(shell for p in python3.13 python3.12 $$(ls -d $${PYENV_ROOT:-$$HOME/.pyenv}/versions/3.1[2-9]*/bin/python3 2>/dev/null | sort -rV) /usr/bin/python3 python3; do \
+	$$p -c 'import sys; assert sys.version_info[:2] >= (3, 12)' >/dev/null 2>&1 && { command -v $$p; break; }; done)
 FOCUS_VENV := .venv-focus-validator
 $(FOCUS_VENV)/.installed: tests/requirements-focus-validator.txt
-	@test -n "$(PYTHON)" || { echo "Python 3.11 or 3.12 is required (set PYTHON=/path/to/python3.x)"; exit 1; }
-	$(PYTHON) -m venv $(FOCUS_VENV)
+	@test -n "$(FOCUS_PYTHON)" || { echo "focus-validator 2.x needs Python 3.12 or newer and none was found" \
+	  "(tried python3.13, python3.12, pyenv's versions, python3). Debian 12's python3 is 3.11, so apt-get cannot" \
+	  "help there; install one (pyenv, or Debian 13's python3 and python3-venv) or set FOCUS_PYTHON=/path/to/python3.12"; exit 1; }
+	rm -rf $(FOCUS_VENV)
+	$(FOCUS_PYTHON) -m venv $(FOCUS_VENV)
 	$(FOCUS_VENV)/bin/pip install --quiet --disable-pip-version-check -r tests/requirements-focus-validator.txt
 	@touch $@
 

@@ -319,7 +319,7 @@ CELERY_BEAT_SCHEDULE: dict[str, dict[str, Any]] = {
 }
 
 # The monthly FOCUS dataset of the whole fleet (billing.services.exports.focus_dataset): written under
-# this folder as <YYYY-MM>/…csv, .parquet and manifest.json. Empty: the daily task logs that it is off.
+# this folder as <YYYY-MM>/…csv, .parquet, focus-metadata.json and manifest.json. Empty: the daily task logs that it is off.
 VGPU_FOCUS_DATASET_DIR = os.environ.get("VGPU_FOCUS_DATASET_DIR", "")
 
 # Pool rebalance (docs/rebalance.md): at most K moves per plan, demand = peak over the window.

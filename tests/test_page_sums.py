@@ -375,7 +375,7 @@ def _check_focus_with_the_validator(walk: Walk, demo: Demo, tmp_path: Path) -> i
     header = files[0][0]
     assert all(rows[0] == header for rows in files)
     body = [row for rows in files for row in rows[1:]]
-    assert_passes(write_focus_csv(tmp_path / "demo-focus.csv", header, body), tmp_path)
+    assert_passes(write_focus_csv(tmp_path / "demo-focus.csv", header, body))
     return len(files)
 
 

@@ -28,11 +28,12 @@ from hypothesis import strategies as st
 
 from billing.ledger.models import GpuHour, UsageHour
 from billing.ledger.rollup import rollup_usage
-from billing.models import BillingPeriod, Node, RateCard, Tenant
+from billing.models import BillingPeriod, Invoice, Node, RateCard, Tenant
 from billing.money import to_minor_units
 from billing.services.exports import FOCUS_COLUMNS
 from billing.services.exports.focus_dataset import (
     MANIFEST,
+    METADATA,
     PLATFORM_ACCOUNT,
     build_fleet_focus_rows,
     dataset_file_names,
@@ -111,7 +112,7 @@ def test_the_fleet_rows_hold_every_tenant_and_the_platform_idle_and_add_up_to_th
     assert platform["AllocatedMethodId"] is None and platform["SubAccountId"] is None
     assert (platform["ResourceId"], platform["SkuMeter"], platform["PricingQuantity"]) == (
         "GPU-gpu-node-1-0", "GPU Idle Capacity", Decimal("0.001944444444"))  # 7 s at 3600 per GPU-hour
-    assert all(r["InvoiceId"] is None for r in rows)  # the ledger's view; invoices have their own files
+    assert all(r["InvoiceId"] is None for r in rows)  # an open month: on no issued invoice yet
     assert {r["BillingPeriodStart"] for r in rows} == {datetime(2026, 11, 1, tzinfo=UTC)}
 
 
@@ -134,7 +135,7 @@ def test_the_dataset_is_a_csv_a_parquet_file_and_a_manifest_that_agree(november,
     written = write_fleet_dataset(NOV, tmp_path, now=AFTER_NOV, horizon=HORIZON)
     folder = tmp_path / "2026-11"
     csv_name, parquet_name = dataset_file_names(NOV)
-    assert sorted(p.name for p in folder.iterdir()) == sorted([csv_name, parquet_name, MANIFEST])
+    assert sorted(p.name for p in folder.iterdir()) == sorted([csv_name, parquet_name, METADATA, MANIFEST])
     header, rows = read_csv(folder / csv_name)
     assert header == list(FOCUS_COLUMNS) and len(rows) == written.rows == 3
     table = pq.read_table(folder / parquet_name)
@@ -155,6 +156,46 @@ def test_the_dataset_is_a_csv_a_parquet_file_and_a_manifest_that_agree(november,
     assert manifest["final"] is False  # the month is not closed yet
 
 
+def test_after_the_close_a_tenants_rows_carry_its_invoice_and_the_platforms_idle_stays_on_none(november, tmp_path):
+    # FOCUS: InvoiceId MUST NOT be null for a charge on an issued invoice, MUST be null for one on none.
+    close_period(month=NOV, now=AFTER_NOV)
+    numbers = dict(Invoice.objects.filter(period__month=NOV, status=Invoice.Status.FINALIZED)
+                   .values_list("tenant__slug", "number"))
+    assert set(numbers) == {"acme", "globex"}
+    write_fleet_dataset(NOV, tmp_path, now=AFTER_NOV, horizon=HORIZON)
+    _, rows = read_csv(tmp_path / "2026-11" / dataset_file_names(NOV)[0])
+    assert {(r["BillingAccountId"], r["InvoiceId"]) for r in rows} == {
+        ("acme", numbers["acme"]), ("globex", numbers["globex"]), (PLATFORM_ACCOUNT[0], "")}
+    parquet = pq.read_table(tmp_path / "2026-11" / dataset_file_names(NOV)[1]).to_pylist()
+    assert {(r["BillingAccountId"], r["InvoiceId"]) for r in parquet} == {
+        ("acme", numbers["acme"]), ("globex", numbers["globex"]), (PLATFORM_ACCOUNT[0], None)}
+
+
+def test_the_metadata_follows_focus_metadata_and_describes_every_column(november, tmp_path):
+    write_fleet_dataset(NOV, tmp_path, now=AFTER_NOV, horizon=HORIZON)
+    folder = tmp_path / "2026-11"
+    metadata = json.loads((folder / METADATA).read_text())
+    assert metadata["DataGenerator"] == {"DataGenerator": "vGPU Ledger"}
+    (schema,) = metadata["Schemas"]
+    assert schema["FocusVersion"] == "1.3" and re.fullmatch(r"[0-9a-f]{32}", schema["SchemaId"])
+    assert re.fullmatch(r"\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}Z", schema["CreationDate"])
+    definitions = {d["ColumnName"]: d for d in schema["ColumnDefinition"]}
+    assert list(definitions) == list(FOCUS_COLUMNS)
+    assert {c: d["DataType"] for c, d in definitions.items() if d["DataType"] != "STRING"} == {
+        **dict.fromkeys(["BilledCost", "ConsumedQuantity", "ContractedCost", "ContractedUnitPrice", "EffectiveCost",
+                         "ListCost", "ListUnitPrice", "PricingQuantity"], "DECIMAL"),
+        **dict.fromkeys(["BillingPeriodEnd", "BillingPeriodStart", "ChargePeriodEnd", "ChargePeriodStart"], "DATETIME"),
+        **dict.fromkeys(["AllocatedMethodDetails", "AllocatedTags", "SkuPriceDetails", "Tags"], "JSON")}
+    # The types are the Parquet file's: its decimals have the precision and scale the schema says.
+    table = pq.read_table(folder / dataset_file_names(NOV)[1])
+    billed = table.schema.field("BilledCost").type
+    assert (definitions["BilledCost"]["NumericPrecision"], definitions["BilledCost"]["NumberScale"]) == (
+        billed.precision, billed.scale)
+    assert definitions["Tags"]["ProviderTagPrefixes"] == ["vgpu-ledger/"]
+    # The manifest names the schema the data has.
+    assert json.loads((folder / MANIFEST).read_text())["schema_id"] == schema["SchemaId"]
+
+
 def test_a_rerun_changes_nothing_and_new_usage_rewrites_every_file(november, post_batch, tmp_path):
     first = write_fleet_dataset(NOV, tmp_path, now=AFTER_NOV, horizon=HORIZON)
     folder = tmp_path / "2026-11"
@@ -168,7 +209,9 @@ def test_a_rerun_changes_nothing_and_new_usage_rewrites_every_file(november, pos
     rollup_usage(now=clock.now())
     later = write_fleet_dataset(NOV, tmp_path, now=AFTER_NOV, horizon=HORIZON)
     assert later.changed and later.totals == {"USD": Decimal(20)}
-    assert all((folder / name).read_bytes() != before[name][0] for name in before)
+    # New data, the same schema: every file but the FOCUS metadata is rewritten.
+    assert all((folder / name).read_bytes() != before[name][0] for name in before if name != METADATA)
+    assert (folder / METADATA).read_bytes() == before[METADATA][0]
     assert not [p for p in folder.iterdir() if p.name.startswith(".")]  # no temporary file left behind
 
 

@@ -1,18 +1,20 @@
 """The FinOps Foundation's focus-validator on the FOCUS files the product writes (docs/exports.md,
-"The official validator"): the newest release PyPI offers (1.0.0), on the newest rule set it ships
-(FOCUS 1.0), with only the rules docs/focus-validator-overrides.yaml names and docs/exports.md argues
-left out (and, on Parquet, its eight decimal-type rules: tests/focus_validator.py). One run over
-every file combined (an invoice with usage, idle, rounding, tax and a late-usage correction, the
-invoice before it, a credit note, the fleet dataset), one over the dataset's Parquet file."""
+"The official validator"): the newest release PyPI offers (2.2.1), every rule of the newest FOCUS
+version it has rules for (1.2), with the applicability criteria and expected failures
+docs/focus-validator-overrides.yaml names and argues. Two runs, as its CLI takes one file a run: one
+over every CSV combined (an invoice with usage, idle, rounding, tax and a late-usage correction, the
+invoice before it, a credit note, the fleet dataset of the closed month), one over the dataset's
+Parquet file. Our own checks of the FOCUS 1.3 columns it has no rule for run on the same rows."""
 
 from __future__ import annotations
 
 import csv
 import io
-import subprocess
+import re
 from datetime import UTC, date, datetime, timedelta
 from decimal import Decimal
 
+import pyarrow.parquet as pq
 import pytest
 
 from billing.ledger.rollup import rollup_usage
@@ -20,20 +22,20 @@ from billing.models import Invoice, RateCard, Tenant
 from billing.scope import Scope
 from billing.services.credit_notes import issue_credit_note
 from billing.services.exports import FOCUS_COLUMNS, export_credit_note, export_invoice
-from billing.services.exports.focus_dataset import dataset_file_names, write_fleet_dataset
+from billing.services.exports.focus_dataset import PLATFORM_ACCOUNT, dataset_file_names, write_fleet_dataset
 from billing.services.invoicing import close_period
 from tests import clock
 from tests.conftest import SHARED_GPU_WORKLOADS, make_batch
 from tests.focus_validator import (
-    PARQUET_DECIMAL_RULES,
     RULES_VERSION,
     VALIDATOR_VERSION,
-    VENV,
+    assert_focus_1_3_columns,
     assert_passes,
+    config,
+    model,
     overrides,
-    shipped_rules,
+    run_validator,
     site_packages,
-    validate,
     write_focus_csv,
 )
 
@@ -49,14 +51,20 @@ def _fixed_dates_stay_billable(settings):
     settings.VGPU_LATE_USAGE_HORIZON = timedelta(days=36500)
 
 
-def test_the_validator_is_the_newest_release_and_its_newest_rules_are_focus_1_0():
+def test_the_validator_is_the_newest_release_and_its_newest_rules_are_focus_1_2():
     assert (site_packages() / f"focus_validator-{VALIDATOR_VERSION}.dist-info").is_dir()
-    supported = subprocess.run([str(VENV / "bin" / "focus-validator"), "--supported-versions"], cwd=site_packages(),
-                               check=True, capture_output=True, text=True, timeout=120).stdout.split()
-    # When a release ships newer rules, this fails: move RULES_VERSION and docs/exports.md to them.
-    assert max((v for v in supported if "preview" not in v), key=lambda v: tuple(map(int, v.split(".")))) == RULES_VERSION
-    # Each rule we leave out exists in that rule set (a stale override would hide nothing, silently).
-    assert overrides() | PARQUET_DECIMAL_RULES <= shipped_rules()
+    supported = re.search(r"Supported local versions: \[(.*)\]", run_validator("--supported-versions"))
+    assert supported, "the validator names no local rule model"
+    versions = {".".join(v.strip(" '\"").split(".")[:2]) for v in supported[1].split(",") if v.strip()}
+    # When a release ships newer rules, this fails: move RULES_VERSION, the overrides and docs/exports.md to them.
+    assert max(versions, key=lambda v: tuple(map(int, v.split(".")))) == RULES_VERSION
+    # Each applicability criterion it knows is ours or argued not to be (a new one fails here), and each
+    # overridden rule exists (a stale name would hide nothing, silently).
+    criteria = config()["applicability_criteria"]
+    assert not set(criteria["claimed"]) & set(criteria["not_ours"])
+    assert set(criteria["claimed"]) | set(criteria["not_ours"]) == set(model()["ApplicabilityCriteria"])
+    assert overrides() <= set(model()["ModelRules"])
+    assert all(entry["reason"].strip() for entry in config()["overrides"])
 
 
 def usage(post_batch, *, at: datetime, seq: int, seconds: int = 10) -> None:
@@ -77,30 +85,40 @@ def test_every_focus_file_we_write_passes_the_official_validator(post_batch, one
     usage(post_batch, at=datetime(2026, 10, 20, 12, tzinfo=UTC), seq=1)
     close_period(month=OCT, now=datetime(2026, 11, 2, tzinfo=UTC))
     usage(post_batch, at=datetime(2026, 10, 31, 23, 59, 40, tzinfo=UTC), seq=2, seconds=20)  # late: a correction
-    usage(post_batch, at=datetime(2026, 11, 15, 12, tzinfo=UTC), seq=3)
-    close_period(month=NOV, now=AFTER_NOV)
     # Without the platform's idle the dataset would hold only what the invoices hold: keep some.
     RateCard.objects.filter(pk=one_usd_per_gpu_second.pk).update(idle_policy="platform")
-    usage(post_batch, at=datetime(2026, 11, 20, 12, tzinfo=UTC), seq=4)
+    usage(post_batch, at=datetime(2026, 11, 15, 12, tzinfo=UTC), seq=3)
+    RateCard.objects.filter(pk=one_usd_per_gpu_second.pk).update(idle_policy="proportional")
+    usage(post_batch, at=datetime(2026, 11, 16, 12, tzinfo=UTC), seq=4)
+    close_period(month=NOV, now=AFTER_NOV)
 
     november = Invoice.objects.get(tenant__slug="acme", period__month=NOV)
     note = issue_credit_note(invoice_number=november.number, amount_text="1.50", reason="GPU outage on 2026-11-20",
                              now=AFTER_NOV, actor_label="finance-1")
     files = [export_invoice(scope=EVERYONE, number=i.number, fmt="focus").content for i in Invoice.objects.all()]
     files.append(export_credit_note(scope=EVERYONE, number=note.number, fmt="focus").content)
+    # The dataset as the daily run writes it after the close: the month's tenant rows are on its invoices.
     written = write_fleet_dataset(NOV, tmp_path / "dataset", now=AFTER_NOV, horizon=timedelta(days=45))
     csv_name, parquet_name = dataset_file_names(NOV)
     files.append((written.directory / csv_name).read_bytes())
 
     rows = [row for content in files for row in csv_rows(content)]
-    kinds = {(r[FOCUS_COLUMNS.index("ChargeCategory")], r[FOCUS_COLUMNS.index("ChargeClass")]) for r in rows}
+    column = {c: i for i, c in enumerate(FOCUS_COLUMNS)}
+    kinds = {(r[column["ChargeCategory"]], r[column["ChargeClass"]]) for r in rows}
     # What the combined file holds, so a change that drops a kind of row cannot pass unseen.
     assert kinds == {("Usage", ""), ("Adjustment", ""), ("Tax", ""), ("Usage", "Correction"), ("Credit", "Correction"),
                      ("Tax", "Correction")}
-    assert "vgpu-ledger:platform" in {r[FOCUS_COLUMNS.index("BillingAccountId")] for r in rows}
-    assert_passes(write_focus_csv(tmp_path / "combined-focus.csv", FOCUS_COLUMNS, rows), tmp_path)
-    # As we run it, the validator does catch a broken file: one BilledCost left empty.
-    rows[0][FOCUS_COLUMNS.index("BilledCost")] = ""
-    broken = write_focus_csv(tmp_path / "broken-focus.csv", FOCUS_COLUMNS, rows)
-    assert set(validate(broken, tmp_path).failed) == {"BilledCost_NotNull"}
-    assert_passes(written.directory / parquet_name, tmp_path, expected_failures=frozenset(PARQUET_DECIMAL_RULES))
+    platform = sum(r[column["BillingAccountId"]] == PLATFORM_ACCOUNT[0] for r in rows)
+    assert platform > 0
+    as_csv = assert_passes(write_focus_csv(tmp_path / "combined-focus.csv", FOCUS_COLUMNS, rows), platform_rows=platform)
+    parquet = written.directory / parquet_name
+    as_parquet = assert_passes(parquet, platform_rows=sum(
+        a == PLATFORM_ACCOUNT[0] for a in pq.read_table(parquet).column("BillingAccountId").to_pylist()))
+    # Every override is still needed by one of the runs: an entry the validator no longer fails is dropped.
+    assert set(as_csv.failed) | set(as_parquet.failed) == overrides()
+    # Our own checks: the dataset's InvoiceId per account, and the 1.3 columns no 1.2 rule knows.
+    numbers = {i.tenant.slug: i.number for i in Invoice.objects.filter(period__month=NOV).select_related("tenant")}
+    dataset_rows = csv_rows(files[-1])
+    assert {(r[column["BillingAccountId"]], r[column["InvoiceId"]]) for r in dataset_rows} == {
+        *numbers.items(), (PLATFORM_ACCOUNT[0], "")}
+    assert_focus_1_3_columns([{c: (v or None) for c, v in zip(FOCUS_COLUMNS, r, strict=True)} for r in rows])

@@ -13,7 +13,7 @@ from billing.services.invoicing import parse_month
 
 
 class Command(BaseCommand):
-    help = ("Write one month's FOCUS 1.3 dataset of the whole fleet (CSV, Parquet, manifest) to "
+    help = ("Write one month's FOCUS 1.3 dataset of the whole fleet (CSV, Parquet, FOCUS metadata, manifest) to "
             "DIR/YYYY-MM/, as the daily task does (docs/exports.md).")
 
     def add_arguments(self, parser: ArgumentParser) -> None:

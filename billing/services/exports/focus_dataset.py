@@ -4,7 +4,10 @@ card cost of every priced GPU-hour, written to `<directory>/<YYYY-MM>/` as CSV a
 manifest.
 
 It is the ledger's view, like a cloud's cost-and-usage report, not an invoice's: amounts at ledger
-precision, no rounding or tax rows, no InvoiceId (each invoice has its own FOCUS file). A month
+precision, no rounding or tax rows (each invoice has its own FOCUS file). A tenant's rows carry
+the number of the issued invoice their month is billed on (FOCUS: InvoiceId MUST NOT be null for a
+charge on an issued invoice), null until the month is closed; the platform's idle is on no invoice
+and stays null. A month
 keeps changing while ingest still accepts late usage for it, so the daily task rewrites every
 month that can still change (`months_to_write`) and the manifest says when a month is final.
 """
@@ -26,10 +29,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from billing.ledger.exports import list_fleet_focus_ledger_rows, list_origin_costs, list_platform_idle
-from billing.models import BillingPeriod, Tenant
+from billing.models import BillingPeriod, Invoice, Tenant
 from billing.money import to_minor_units
 from billing.services.exports.focus import (
     FOCUS_COLUMNS,
+    TAG_PREFIX,
     common_columns,
     focus_cell,
     focus_csv,
@@ -40,13 +44,23 @@ from billing.services.exports.focus import (
 from billing.services.exports.numbers import plain_decimal
 from billing.services.invoicing import current_issuer, month_bounds
 
-__all__ = ["FOCUS_VERSION", "PLATFORM_ACCOUNT", "DatasetWritten", "build_fleet_focus_rows", "dataset_file_names",
-           "months_to_write", "write_changing_months", "write_fleet_dataset"]
+__all__ = ["FOCUS_VERSION", "METADATA", "PLATFORM_ACCOUNT", "DatasetWritten", "build_fleet_focus_rows",
+           "dataset_file_names", "focus_metadata", "issued_invoice_numbers", "months_to_write", "write_changing_months", "write_fleet_dataset"]
 
 FOCUS_VERSION = "1.3"
 # The platform's own account: no tenant slug has a colon (Django slugs), so this never names one.
 PLATFORM_ACCOUNT = ("vgpu-ledger:platform", "Platform (idle capacity no tenant pays)")
 MANIFEST = "manifest.json"
+# FOCUS's own metadata (FOCUS 1.x "Metadata": the data generator and the schema with its column
+# definitions); the manifest stays for our bookkeeping (checksums, totals, final), which FOCUS's has no place for.
+METADATA = "focus-metadata.json"
+DATA_GENERATOR = "vGPU Ledger"
+# When this schema (FOCUS_COLUMNS, their types) was defined. FOCUS asks for a new schema object, with a new
+# SchemaId, whenever a column or type changes or the FOCUS version does: the SchemaId is derived from them,
+# and this date moves with the change.
+SCHEMA_CREATED = "2026-12-02T00:00:00Z"
+_JSON_COLUMNS = frozenset({"AllocatedMethodDetails", "AllocatedTags", "SkuPriceDetails", "Tags"})
+_TAG_COLUMNS = frozenset({"AllocatedTags", "Tags"})
 
 _DECIMAL_COLUMNS = frozenset({"BilledCost", "ConsumedQuantity", "ContractedCost", "ContractedUnitPrice",
                               "EffectiveCost", "ListCost", "ListUnitPrice", "PricingQuantity"})
@@ -73,14 +87,16 @@ def build_fleet_focus_rows(month: date) -> list[dict[str, Any]]:
     origins = {o.key: (o.card_cost, o.metered_seconds)
                for o in list_origin_costs(start=start, end=end, gpus={r.gpu_uuid for r in ledger})}
 
-    def common(account: tuple[str, str], currency: str) -> dict[str, Any]:
-        return common_columns(account=account, currency=currency, invoice_id=None, issuer=issuer,
+    invoices = issued_invoice_numbers(month)
+
+    def common(account: tuple[str, str], currency: str, invoice_id: str | None = None) -> dict[str, Any]:
+        return common_columns(account=account, currency=currency, invoice_id=invoice_id, issuer=issuer,
                               billing=(start, end), frequency="Usage-Based")
 
     rows: list[dict[str, Any]] = []
     for r in ledger:
-        base = {**common((r.tenant, names.get(r.tenant, r.tenant)), r.currency), "x_GpuModel": r.gpu_model,
-                "x_SlaTier": r.sla_tier}
+        base = {**common((r.tenant, names.get(r.tenant, r.tenant)), r.currency, invoices.get(r.tenant)),
+                "x_GpuModel": r.gpu_model, "x_SlaTier": r.sla_tier}
         origin = origins.get(r.origin_key, (Decimal(0), Decimal(0)))
         rows.append(usage_row({**base, "x_InvoiceLineKind": "usage"}, r, r.charge, origin))
         if r.idle_share:
@@ -89,6 +105,15 @@ def build_fleet_focus_rows(month: date) -> list[dict[str, Any]]:
         if idle.idle:
             rows.append(platform_idle_row(common(PLATFORM_ACCOUNT, idle.currency), idle))
     return rows
+
+
+def issued_invoice_numbers(month: date) -> dict[str, str]:
+    """Tenant slug -> the number of the month's issued (finalized) invoice. Only a closed period has
+    them; a draft is not issued, so its rows stay null like an open month's. Usage that arrives after
+    the close is billed as a correction on a later invoice, but its ledger row is still the month's and
+    the month's charges are on this invoice, so the row names it (the dataset is the ledger's view)."""
+    return dict(Invoice.objects.filter(period__month=month, status=Invoice.Status.FINALIZED)
+                .values_list("tenant__slug", "number"))
 
 
 def months_to_write(*, now: datetime, horizon: timedelta) -> list[date]:
@@ -145,6 +170,9 @@ def write_fleet_dataset(month: date, directory: Path, *, now: datetime, horizon:
     csv_sha = hashlib.sha256(csv_bytes).hexdigest()
     unchanged = (previous.get("files", {}).get(csv_name, {}).get("sha256") == csv_sha
                  and (folder / csv_name).exists() and (folder / parquet_name).exists())
+    metadata = (json.dumps(focus_metadata(), indent=2, sort_keys=True) + "\n").encode()
+    if _read_bytes(folder / METADATA) != metadata:
+        unchanged = False  # a new schema object: write the data again beside it
     if unchanged and previous.get("final") == final:
         return DatasetWritten(month=month, directory=folder, rows=len(rows), totals=totals, final=final, changed=False)
     if unchanged:
@@ -153,16 +181,51 @@ def write_fleet_dataset(month: date, directory: Path, *, now: datetime, horizon:
         parquet_bytes = _parquet(rows)
         _atomic_write(folder / csv_name, csv_bytes)
         _atomic_write(folder / parquet_name, parquet_bytes)
+        _atomic_write(folder / METADATA, metadata)
         files = {csv_name: {"sha256": csv_sha, "bytes": len(csv_bytes)},
                  parquet_name: {"sha256": hashlib.sha256(parquet_bytes).hexdigest(), "bytes": len(parquet_bytes)}}
     manifest = {
         "focus_version": FOCUS_VERSION, "month": f"{month:%Y-%m}", "written_at": focus_cell(now),
-        "final": final, "rows": len(rows), "files": files,
+        "final": final, "rows": len(rows), "files": files, "schema_id": focus_metadata()["Schemas"][0]["SchemaId"],
         "billed_cost": {c: plain_decimal(t) for c, t in sorted(totals.items())},
         "billed_cost_minor_units": {c: to_minor_units(t, c) for c, t in sorted(totals.items())},
     }
     _atomic_write(folder / MANIFEST, (json.dumps(manifest, indent=2, sort_keys=True) + "\n").encode())
     return DatasetWritten(month=month, directory=folder, rows=len(rows), totals=totals, final=final, changed=True)
+
+
+def _column_definition(column: str) -> dict[str, Any]:
+    """One ColumnDefinition of FOCUS's schema metadata, as the Parquet file stores the column."""
+    if column in _DECIMAL_COLUMNS:
+        return {"ColumnName": column, "DataType": "DECIMAL", "NumericPrecision": _PARQUET_DECIMAL.precision,
+                "NumberScale": _PARQUET_DECIMAL.scale}
+    if column in _DATETIME_COLUMNS:
+        return {"ColumnName": column, "DataType": "DATETIME"}
+    if column in _JSON_COLUMNS:
+        definition: dict[str, Any] = {"ColumnName": column, "DataType": "JSON", "StringEncoding": "UTF-8"}
+        if column in _TAG_COLUMNS:
+            definition["ProviderTagPrefixes"] = [TAG_PREFIX]
+        return definition
+    return {"ColumnName": column, "DataType": "STRING", "StringEncoding": "UTF-8"}
+
+
+def focus_metadata() -> dict[str, Any]:
+    """The dataset's FOCUS metadata: who generates it (DataGenerator) and its one schema (SchemaId,
+    FocusVersion, CreationDate, ColumnDefinition). Deterministic, so a re-run rewrites nothing."""
+    columns = [_column_definition(c) for c in FOCUS_COLUMNS]
+    schema_id = hashlib.sha256(json.dumps([FOCUS_VERSION, columns], sort_keys=True).encode()).hexdigest()[:32]
+    return {
+        "DataGenerator": {"DataGenerator": DATA_GENERATOR},
+        "Schemas": [{"SchemaId": schema_id, "FocusVersion": FOCUS_VERSION, "CreationDate": SCHEMA_CREATED,
+                     "ColumnDefinition": columns}],
+    }
+
+
+def _read_bytes(path: Path) -> bytes | None:
+    try:
+        return path.read_bytes()
+    except FileNotFoundError:
+        return None
 
 
 def _totals(rows: list[dict[str, Any]]) -> dict[str, Decimal]:
