@@ -47,6 +47,7 @@ from agents.credentials import TokenError, read_token
 from agents.enforcers import DryRunEnforcer
 from agents.entitlements import EntitledBackend, ProcessBackend
 from agents.events import EventSink
+from agents.fakes.clock import FakeClock
 from agents.gpu_requests import GpuRequest, GpuRequestResolver
 from agents.interfaces import Clock, Enforcer, GpuInfo, Predictor, TickObserver
 from agents.kube import EvictionOutcome, KubeClientPods
@@ -63,7 +64,6 @@ from agents.prediction import (
     make_workload_predictors,
 )
 from agents.spool import Spool, SpooledBatch, SpoolKind, spool_node
-from agents.testing import FakeClock
 from agents.undelivered import UndeliveredReporter
 from agents.uploader import Outcome, RetryPolicy, SendResult, Uploader
 from agents.watchdog import Evict, WatchdogAction, WatchdogEnforcer, WatchdogPolicy

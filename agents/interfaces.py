@@ -1,6 +1,6 @@
 """Value types and the Protocols at the agent's edges (NVML, clock, enforcement).
 
-Fakes for these seams live in ``agents.testing``.
+Fakes for these seams live in ``agents.fakes`` (one module per edge).
 """
 
 from __future__ import annotations

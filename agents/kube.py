@@ -8,7 +8,7 @@ from that cache (no API call on the attribution path); evictions go through the 
 API (``policy/v1``) and events are ``core/v1`` Events. ResourceClaims are read from the
 ``resource.k8s.io`` version the API server serves (v1 > v1beta2 > v1beta1, found by
 discovery and found again when a read answers 404, as after an upgrade).
-``agents.testing.FakeKubernetes`` is an API server the tests point the real client at.
+``agents.fakes.kube.FakeKubernetes`` is an API server the tests point the real client at.
 """
 
 from __future__ import annotations

@@ -77,7 +77,7 @@ class MpsControlCli:
     ``CUDA_MPS_PIPE_DIRECTORY``, forwards each stdin line and prints the reply.
     One process per command keeps replies unambiguous (the interactive shell has
     no reply terminator). ``command`` is configurable so tests run the same code
-    against ``python -m agents.testing_mps``.
+    against ``python -m agents.fakes.mps``.
     """
 
     def __init__(

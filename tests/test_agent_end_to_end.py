@@ -1,5 +1,5 @@
 """End to end: the real agent (sim backend, fake clock) against the real Django server (live
-server on the test Postgres) and a Kubernetes API server (``agents.testing.FakeKubernetes``,
+server on the test Postgres) and a Kubernetes API server (``agents.fakes.kube.FakeKubernetes``,
 driven by the official client over HTTP).
 
 (a) the watchdog evicts a pod whose use stays above its grant for the grace period, through
@@ -26,8 +26,8 @@ import pytest
 
 from agents.__main__ import main as agent_main
 from agents.backends.sim import demo_scenario
+from agents.fakes.kube import FakeKubernetes
 from agents.spool import Spool
-from agents.testing import FakeKubernetes
 from billing.ledger.rollup import rollup_usage
 from billing.models import AuditEvent, RateCard, SlaTier, Tenant, UndeliveredBatch
 from billing.queries.undelivered import count_open_undelivered

@@ -1,7 +1,7 @@
 """End to end, node identity the Kubernetes way: the real agent process (``python -m agents run
 --backend sim``) holds only its pod's projected ServiceAccount token and uploads to the real
 Django server (live server on the test Postgres), which checks the token with a TokenReview
-against a Kubernetes API server (``agents.testing.FakeKubernetes``, through the official client).
+against a Kubernetes API server (``agents.fakes.kube.FakeKubernetes``, through the official client).
 
 While the API server is unreachable the service answers 503 and the agent keeps every batch
 spooled; once it is back, the same agent delivers them all. A second agent that claims another
@@ -23,8 +23,8 @@ from typing import Any
 
 import pytest
 
+from agents.fakes.kube import FakeKubernetes
 from agents.spool import Spool
-from agents.testing import FakeKubernetes
 from billing.ledger.models import UsageBatch
 from billing.models import AuditEvent, Node
 from billing.services import node_identity

@@ -63,7 +63,7 @@ class NvmlBackend:
     """``GpuBackend`` over the node's NVIDIA GPUs."""
 
     def __init__(self, *, attributor: Attributor | None = None, nvml: Any = None) -> None:
-        # ``nvml``: the pynvml module, or a stand-in such as ``agents.testing.FakeNvml``.
+        # ``nvml``: the pynvml module, or a stand-in such as ``agents.fakes.nvml.FakeNvml``.
         self._nvml = nvml if nvml is not None else load_nvml()
         self._attributor = attributor if attributor is not None else PidAttributor()
         self._handles: list[tuple[GpuInfo, Any]] = []

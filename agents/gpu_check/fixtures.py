@@ -2,7 +2,7 @@
 
 ``NvmlBackend`` runs over ``RecordingNvml(pynvml)`` exactly as over ``pynvml``; each answer is
 written into a ``FakeNvmlDevice`` per device handle, so ``fixture()`` is an NVML fixture
-(``agents.testing.NVML_FIXTURE_SCHEMA``) that ``FakeNvml.from_fixture`` serves back: the
+(``agents.fakes.nvml.NVML_FIXTURE_SCHEMA``) that ``FakeNvml.from_fixture`` serves back: the
 real driver's strings, sizes, process memory and utilisation samples, errors included
 (a ``NOT_SUPPORTED`` answer becomes the fake's "not served").
 """
@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from agents.testing import FakeNvml, FakeNvmlDevice
+from agents.fakes.nvml import FakeNvml, FakeNvmlDevice
 
 __all__ = ["RecordingNvml"]
 

@@ -51,7 +51,7 @@ def run_load(
 ) -> int:
     """The ``load`` subcommand: hold ``mb`` MiB and keep ``sms`` SMs (default: all) busy.
 
-    ``loader`` opens the driver library (``agents.testing_cuda.FakeLibcuda`` in tests)."""
+    ``loader`` opens the driver library (``agents.fakes.cuda_driver.FakeLibcuda`` in tests)."""
     stop = threading.Event()
 
     def on_term(signum: int, frame: FrameType | None) -> None:

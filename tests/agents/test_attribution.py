@@ -12,9 +12,10 @@ import pytest
 from kubernetes import client
 
 from agents.attribution import CgroupRef, KubeAttributor, PidAttributor, parse_cgroup, read_pid_cgroup
+from agents.fakes.kube import FakeKubernetes
 from agents.interfaces import Workload
 from agents.kube import KubeClientPods
-from agents.testing import FakeKubernetes, wait_until
+from tests.agents.helpers import wait_until
 
 FIXTURES = Path(__file__).parent / "fixtures"
 NODE = "gpu-node-17"

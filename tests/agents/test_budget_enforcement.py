@@ -6,9 +6,9 @@ from datetime import UTC, datetime, timedelta
 
 from agents.budget_enforcement import BUDGET_EVICTION_REASON, BestEffortEvictor
 from agents.events import Event
+from agents.fakes.clock import FakeClock
 from agents.interfaces import UsageReading, Workload
 from agents.kube import EvictionOutcome
-from agents.testing import FakeClock
 
 START = datetime(2026, 11, 30, 3, 0, 0, tzinfo=UTC)
 

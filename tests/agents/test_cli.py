@@ -148,7 +148,7 @@ def test_mps_and_watchdog_together_drive_the_mps_control_daemon(
     import shlex
     import sys
 
-    from agents.testing_mps import FakeMpsControlDaemon
+    from agents.fakes.mps import FakeMpsControlDaemon
 
     start = clock.now().replace(microsecond=0) - timedelta(minutes=2)
     with FakeMpsControlDaemon(tmp_path / "mps") as daemon:
@@ -156,7 +156,7 @@ def test_mps_and_watchdog_together_drive_the_mps_control_daemon(
             run_args(
                 closed_port_url, files,
                 "--enforcer", "mps,watchdog",
-                "--mps-control", shlex.join([sys.executable, "-m", "agents.testing_mps"]),
+                "--mps-control", shlex.join([sys.executable, "-m", "agents.fakes.mps"]),
                 "--mps-pipe-directory", str(tmp_path / "mps"),
                 "--once-seconds", "3", "--start", start.isoformat(),
             )

@@ -14,10 +14,12 @@ from kubernetes import client
 from agents.attribution import KubeAttributor
 from agents.backends.nvml import NvmlBackend
 from agents.entitlements import EntitledBackend
+from agents.fakes.kube import FakeKubernetes
+from agents.fakes.nvml import FakeNvml, FakeNvmlDevice
 from agents.gpu_requests import GpuRequest, GpuRequestResolver
 from agents.interfaces import Entitlement
 from agents.kube import KubeClientPods
-from agents.testing import FakeKubernetes, FakeNvml, FakeNvmlDevice, wait_until
+from tests.agents.helpers import wait_until
 
 FIXTURES = Path(__file__).parent / "fixtures"
 NOW = datetime(2026, 11, 30, 3, 0, 0, tzinfo=UTC)

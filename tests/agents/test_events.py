@@ -11,7 +11,7 @@ import requests
 
 from agents.credentials import TokenError
 from agents.events import MAX_EVENTS_PER_REQUEST, Event, EventSink, events_payload
-from agents.testing import ScriptedSession
+from agents.fakes.service import ScriptedSession
 from agents.uploader import Outcome, RetryPolicy
 
 T0 = datetime(2026, 11, 30, 3, 0, 0, tzinfo=UTC)

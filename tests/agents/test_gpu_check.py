@@ -18,6 +18,9 @@ import pytest
 
 from agents.backends.nvml import NvmlBackend
 from agents.cuda_driver import BUSY_KERNEL, BUSY_PTX, BUSY_PTX_TARGET, SIGNATURES, CudaDriver, CudaError, format_uuid
+from agents.fakes.cuda_driver import FakeCudaDevice, FakeLibcuda
+from agents.fakes.mps import FakeMpsControlDaemon
+from agents.fakes.nvml import FakeNvml, FakeNvmlDevice
 from agents.gpu_check.compare import MEMORY_TOLERANCE_MB, Round, judge
 from agents.gpu_check.fixtures import RecordingNvml
 from agents.gpu_check.load import EXIT_CUDA_ERROR, LoadProcess, run_load
@@ -32,9 +35,6 @@ from agents.gpu_check.mps_stage import (
 from agents.gpu_check.report import FAIL, PASS, SKIP, StageResult, exit_code, render, stage_from_checks
 from agents.gpu_check.smi import NvidiaSmiError, parse_compute_apps, parse_gpus, parse_pmon, parse_value
 from agents.interfaces import GpuInfo
-from agents.testing import FakeNvml, FakeNvmlDevice
-from agents.testing_cuda import FakeCudaDevice, FakeLibcuda
-from agents.testing_mps import FakeMpsControlDaemon
 from tests.clock import now
 
 MIB = 1024 * 1024
@@ -361,7 +361,7 @@ def fake_control_cli(tmp_path: Path) -> Path:
     """``nvidia-cuda-mps-control`` on the fake daemon: ``-d`` starts it in the background and
     returns once it listens; otherwise the front end forwards stdin, as the real tool does."""
     script = tmp_path / "nvidia-cuda-mps-control"
-    serve = ("import os; from agents.testing_mps import FakeMpsControlDaemon as D; "
+    serve = ("import os; from agents.fakes.mps import FakeMpsControlDaemon as D; "
              "d = D(os.environ['CUDA_MPS_PIPE_DIRECTORY']).start(); d.quit_received.wait(); d.stop()")
     script.write_text(textwrap.dedent(f"""\
         #!/bin/sh
@@ -370,7 +370,7 @@ def fake_control_cli(tmp_path: Path) -> Path:
           for _ in $(seq 200); do [ -p "$CUDA_MPS_PIPE_DIRECTORY/control" ] && exit 0; sleep 0.05; done
           exit 1
         fi
-        exec "{sys.executable}" -m agents.testing_mps
+        exec "{sys.executable}" -m agents.fakes.mps
         """))
     script.chmod(0o755)
     return script

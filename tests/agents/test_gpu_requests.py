@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 from kubernetes import client
 
+from agents.fakes.kube import FakeKubernetes
 from agents.gpu_requests import (
     GpuRequest,
     GpuRequestResolver,
@@ -26,7 +27,7 @@ from agents.gpu_requests import (
 )
 from agents.interfaces import Entitlement, GpuInfo, Workload
 from agents.kube import AllocatedDevice, ClaimConfig, KubeClientPods, PodInfo, ResourceClaimInfo
-from agents.testing import FakeKubernetes, wait_until
+from tests.agents.helpers import wait_until
 
 FIXTURES = Path(__file__).parent / "fixtures"
 NODE = "gpu-node-17"

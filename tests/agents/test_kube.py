@@ -13,6 +13,7 @@ import pytest
 import requests
 from kubernetes import client
 
+from agents.fakes.kube import FakeKubernetes
 from agents.kube import (
     AllocatedDevice,
     ClaimApiUnavailable,
@@ -21,7 +22,7 @@ from agents.kube import (
     container_id_from_status,
     pod_info_from_model,
 )
-from agents.testing import FakeKubernetes, wait_until
+from tests.agents.helpers import wait_until
 
 FIXTURES = Path(__file__).parent / "fixtures"
 NODE = "gpu-node-17"

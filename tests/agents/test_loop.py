@@ -14,10 +14,10 @@ from hypothesis import strategies as st
 
 from agents.backends.sim import SimBackend, demo_scenario, parse_scenario
 from agents.enforcers import DryRunEnforcer
+from agents.fakes.clock import FakeClock
 from agents.interfaces import GpuInfo, UsageReading
 from agents.loop import Agent, AgentConfig
 from agents.spool import Spool
-from agents.testing import FakeClock
 
 T0 = datetime(2026, 11, 30, 3, 0, 0, tzinfo=UTC)
 TENANTS = [("acme", "gold"), ("globex", "silver"), ("initech", "bronze")]

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from agents.events import Event
+from agents.fakes.mps import FakeMpsControlDaemon, MpsGrammarError
 from agents.interfaces import GpuInfo, Grant, Workload
 from agents.mps import (
     MpsCommandError,
@@ -25,14 +26,13 @@ from agents.mps import (
     active_thread_percentage,
     pinned_mem_limit,
 )
-from agents.testing_mps import FakeMpsControlDaemon, MpsGrammarError
 
 T0 = datetime(2026, 11, 30, 3, 0, 0, tzinfo=UTC)
 GPU_A = GpuInfo(uuid="GPU-aaaa-1111", model="NVIDIA A100-SXM4-80GB", memory_mb=81920, sm_count=108)
 GPU_B = GpuInfo(uuid="GPU-bbbb-2222", model="NVIDIA A100-SXM4-80GB", memory_mb=81920, sm_count=108)
 BERT = Workload(tenant="acme", namespace="acme-prod", pod="bert-1", container="server", pod_uid="u1", sla_tier="gold")
 GPT = Workload(tenant="initech", namespace="ini", pod="gpt-1", container="main", pod_uid="u2", sla_tier="bronze")
-FRONT_END = (sys.executable, "-m", "agents.testing_mps")
+FRONT_END = (sys.executable, "-m", "agents.fakes.mps")
 
 
 @pytest.fixture

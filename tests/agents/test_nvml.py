@@ -1,4 +1,4 @@
-"""The NVML backend over ``agents.testing.FakeNvml`` (pynvml's API, NVML's error codes)."""
+"""The NVML backend over ``agents.fakes.nvml.FakeNvml`` (pynvml's API, NVML's error codes)."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ from datetime import UTC, datetime
 import pytest
 
 from agents.backends.nvml import NvmlBackend, cuda_cores_per_sm
+from agents.fakes.nvml import FakeNvml, FakeNvmlDevice
 from agents.interfaces import GpuInfo
-from agents.testing import FakeNvml, FakeNvmlDevice
 
 NOW = datetime(2026, 11, 30, 3, 0, 0, tzinfo=UTC)
 MIB = 1024 * 1024

@@ -18,11 +18,13 @@ from agents.attribution import KubeAttributor
 from agents.backends.nvml import NvmlBackend
 from agents.batch import Sample, render_batch
 from agents.entitlements import EntitledBackend
+from agents.fakes.kube import FakeKubernetes
+from agents.fakes.nvml import FakeNvml, FakeNvmlDevice
 from agents.gpu_requests import GpuRequest, GpuRequestResolver
 from agents.interfaces import GpuInfo, Workload, WorkloadMeta
 from agents.kube import KubeClientPods
 from agents.owners import DEFAULT_LABEL_KEYS, ControllerResolver, allowed_labels, parse_label_keys
-from agents.testing import FakeKubernetes, FakeNvml, FakeNvmlDevice, wait_until
+from tests.agents.helpers import wait_until
 
 FIXTURES = Path(__file__).parent / "fixtures"
 NODE = "gpu-node-17"

@@ -13,12 +13,12 @@ from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from agents.allocation import CurrentUsePredictor, Policy, compute_grants
+from agents.fakes.clock import FakeClock
 from agents.interfaces import GpuInfo, Grant, Prediction, Predictor, UsageReading, Workload
 from agents.loop import Agent, AgentConfig
 from agents.metrics import AgentMetrics
 from agents.prediction import Calibration, WorkloadPredictors, make_workload_predictors
 from agents.spool import Spool
-from agents.testing import FakeClock
 from allocator.predict import default_predictor
 
 T0 = datetime(2026, 11, 30, 3, 0, 0, tzinfo=UTC)

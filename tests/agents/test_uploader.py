@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 import requests
 
+from agents.fakes.service import ScriptedSession
 from agents.spool import Spool
-from agents.testing import ScriptedSession
 from agents.uploader import Outcome, RetryPolicy, Uploader
 
 T0 = datetime(2026, 11, 30, 3, 0, 0, tzinfo=UTC)

@@ -16,9 +16,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from agents.events import Event
+from agents.fakes.clock import FakeClock
 from agents.interfaces import Grant, UsageReading, Workload
 from agents.kube import EvictionOutcome
-from agents.testing import FakeClock
 from agents.watchdog import EVICTION_REASON, WatchdogAction, WatchdogEnforcer, WatchdogPolicy, proc_start_time
 
 T0 = datetime(2026, 11, 30, 3, 0, 0, tzinfo=UTC)

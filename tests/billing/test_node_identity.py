@@ -15,7 +15,7 @@ import pytest
 from django.core.checks import run_checks
 from django.test import Client
 
-from agents.testing import FakeKubernetes
+from agents.fakes.kube import FakeKubernetes
 from billing.errors import NotAuthenticated
 from billing.ledger.models import UsageBatch
 from billing.models import AuditEvent, Node

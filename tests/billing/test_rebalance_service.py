@@ -14,7 +14,7 @@ import time_machine
 from django.contrib.auth.models import Group, User
 from kubernetes import client as kube_client
 
-from agents.testing import FakeKubernetes
+from agents.fakes.kube import FakeKubernetes
 from billing.errors import InvalidInput
 from billing.ledger.models import UsageMinute
 from billing.models import AuditEvent, Gpu, Node, RateCard, RebalancePlan

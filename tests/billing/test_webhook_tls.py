@@ -32,7 +32,7 @@ from django.db import connection
 from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 
-from agents.testing import FakeKubernetes
+from agents.fakes.kube import FakeKubernetes
 from billing.ledger.rollup import rollup_usage
 from billing.models import RateCard, Tenant
 from billing.services.budgets import evaluate_budgets, set_budget

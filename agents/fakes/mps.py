@@ -10,12 +10,12 @@ Two halves, like the real thing:
   server per user id with its limits, and the clients with the limits they
   took **when they connected** (``connect_client``), which later commands do
   not change.
-- ``python -m agents.testing_mps [--pipe DIR]`` is the front end, a stand-in
+- ``python -m agents.fakes.mps [--pipe DIR]`` is the front end, a stand-in
   for ``nvidia-cuda-mps-control`` without ``-d``: it reads commands from stdin,
   one per line, forwards each through the pipe directory (default
   ``$CUDA_MPS_PIPE_DIRECTORY``, else ``/tmp/nvidia-mps``), prints replies on
   stdout, errors on stderr, and exits 1 if any command failed. So
-  ``MpsControlCli(command=(python, "-m", "agents.testing_mps"), pipe_directory=DIR)``
+  ``MpsControlCli(command=(python, "-m", "agents.fakes.mps"), pipe_directory=DIR)``
   runs exactly the code path that drives the real daemon.
 
 Wire format inside the pipe directory: a request is one line
@@ -315,7 +315,7 @@ def _write_reply(path: Path, payload: bytes) -> None:
         os.close(fd)
 
 
-# -- the front end (``python -m agents.testing_mps``) ---------------------------------------------
+# -- the front end (``python -m agents.fakes.mps``) ---------------------------------------------
 
 
 def _forward(pipe_directory: Path, line: str, tag: str) -> tuple[bool, str]:
@@ -359,7 +359,7 @@ class PipeMpsControl:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m agents.testing_mps", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m agents.fakes.mps", description=__doc__.split("\n")[0])
     parser.add_argument("--pipe", type=Path, default=None, help="pipe directory (default $CUDA_MPS_PIPE_DIRECTORY)")
     args = parser.parse_args(argv)
     pipe_directory = args.pipe or Path(os.environ.get("CUDA_MPS_PIPE_DIRECTORY", "/tmp/nvidia-mps"))  # noqa: S108 -- the real daemon's documented default
