@@ -13,9 +13,10 @@ ledger holds any minute of that GPU model at or after T it re-rolls [T, last suc
 A period that is closed or closing (BillingPeriod) is refused as well, whatever its month.
 A price of 0 (a free GPU model) is saved only with `confirm_free=True`, the form's explicit
 "I confirm this GPU model is free", and the audit event records that confirmation. A GPU model
-is one of the fleet's (or of an existing card) or a new name in NVML's shape
-(`check_gpu_model`); a name that differs from a known one only in case or spacing is refused,
-since a card for a misspelt model prices nothing.
+must be approved (`check_gpu_model`, billing.services.gpu_models): a name a node reports is never
+priced, nor offered in the form, until an admin approves it. A model that no card prices from
+some instant on may get a card from that instant, in the past (`_check_start`): it prices only
+usage that was billed at nothing, which the next close then bills as a late-usage adjustment.
 
 Retiring a card (`retire_rate_card`, for a mistaken card) stops it applying from the next
 whole minute; minutes already priced by it keep its price, and it stays on every invoice it
@@ -177,14 +178,15 @@ def _unpriced_since(gpu_model: str, at: datetime) -> bool:
                 .exclude(effective_to=F("effective_from")).exists())
 
 
-def _check_start(*, gpu_model: str, at: datetime, now: datetime) -> datetime:
+def _check_start(*, gpu_model: str, at: datetime, now: datetime, currency: str) -> datetime:
     """The start of a new card: the rules of `_check_instant`, with one exception. Usage of a model
     no card priced (an unapproved model a node reported, approved since) may be priced from the
     past, as far back as its months can still be adjusted: those minutes were billed at nothing, so
     nothing billed changes, and the close of a month after bills them as late-usage adjustments
     (billing.services.invoicing). Refused inside a month being closed (its close is reading), and
     before the late-usage horizon of the current month (no invoice would carry the adjustment,
-    and the usage must never be silently dropped)."""
+    and the usage must never be silently dropped), and in a currency other than the cards that
+    priced the same time (one invoice carries one currency: a second would fail the next close)."""
     if at.tzinfo is None or at >= earliest_change(now) or not _unpriced_since(gpu_model, at):
         return _check_instant(at, field=_("effective from"), now=now)
     at = at.astimezone(UTC)
@@ -204,6 +206,14 @@ def _check_start(*, gpu_model: str, at: datetime, now: datetime) -> datetime:
               "for it any more. The earliest start is %(earliest)s (UTC).")
             % {"month": f"{month:%Y-%m}", "days": settings.VGPU_LATE_USAGE_HORIZON.days,
                "earliest": _earliest_adjustable(current).isoformat()})
+    others = set(RateCard.objects.exclude(gpu_model=gpu_model).filter(effective_from__lt=now)
+                 .filter(Q(effective_to__isnull=True) | Q(effective_to__gt=at))
+                 .exclude(effective_to=F("effective_from")).values_list("currency", flat=True))
+    if others and currency not in others:
+        raise InvalidInput(
+            _("the usage since %(at)s is invoiced in %(others)s; a card in %(currency)s from then would put two "
+              "currencies on one invoice") % {"at": at.isoformat(), "others": ", ".join(sorted(others)),
+                                              "currency": currency})
     return at
 
 
@@ -324,7 +334,7 @@ def create_rate_card(
         raise InvalidInput(_("billed basis must be one of %(choices)s") % {"choices": ", ".join(BilledBasis.values)})
     if idle_policy and idle_policy not in IdlePolicy.values:
         raise InvalidInput(_("idle policy must be one of %(choices)s") % {"choices": ", ".join(IdlePolicy.values)})
-    start = _check_start(gpu_model=gpu_model, at=effective_from, now=now)
+    start = _check_start(gpu_model=gpu_model, at=effective_from, now=now, currency=currency)
 
     with transaction.atomic():
         _lock_model(gpu_model)

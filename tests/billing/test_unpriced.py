@@ -128,6 +128,11 @@ def test_a_card_for_unpriced_usage_may_start_in_the_past_but_never_re_prices_wha
         create_rate_card(gpu_model=FAKE, price_per_gpu_hour="1", currency="USD",
                          effective_from=datetime(2026, 12, 1, tzinfo=UTC), source_url="https://example.org/a",
                          source_note="n", now=MID_MARCH, actor_label="admin")
+    # The A100 invoices February in USD: a card in EUR would put two currencies on one invoice.
+    with pytest.raises(InvalidInput, match="two currencies"):
+        create_rate_card(gpu_model=FAKE, price_per_gpu_hour="1", currency="EUR",
+                         effective_from=datetime(2027, 2, 1, tzinfo=UTC), source_url="https://example.org/a",
+                         source_note="n", now=MID_MARCH, actor_label="admin")
     assert not RateCard.objects.filter(gpu_model=FAKE).exists()
 
 
