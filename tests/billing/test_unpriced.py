@@ -196,3 +196,36 @@ def test_gpu_model_names_are_validated_as_nvml_reports_them_and_retiring_is_audi
         create_rate_card(gpu_model="NVIDIA L4", price_per_gpu_hour="1", currency="USD",
                          effective_from=clock.now().replace(second=0, microsecond=0) + timedelta(hours=1),
                          source_url="https://example.org/l4", source_note="n", now=clock.now(), actor_label="admin")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_migration_approves_every_model_a_rate_card_names() -> None:
+    from django.db import connection
+    from django.db.migrations.executor import MigrationExecutor
+
+    MigrationExecutor(connection).migrate([("billing", "0022_api_tokens")])
+    try:
+        # Two cards of the A100 (one ended, one open) and one of the H100.
+        for model, start, end in ((A100["model"], 2020, 2021), (A100["model"], 2021, None),
+                                  ("NVIDIA H100 80GB HBM3", 2020, None)):
+            RateCard.objects.create(gpu_model=model, currency="USD", price_per_gpu_hour=Decimal("1"),
+                                    effective_from=datetime(start, 1, 1, tzinfo=UTC),
+                                    effective_to=datetime(end, 1, 1, tzinfo=UTC) if end else None,
+                                    source_url="https://example.org")
+    finally:
+        MigrationExecutor(connection).migrate([("billing", "0023_gpu_models")])
+    assert sorted(GpuModel.objects.values_list("name", "retired_at")) == [
+        (A100["model"], None), ("NVIDIA H100 80GB HBM3", None)]
+
+
+def test_the_close_command_reports_the_unpriced_item_and_has_no_allow_unpriced_option(february):
+    from io import StringIO
+
+    from django.core.management import call_command
+
+    out = StringIO()
+    call_command("close_period", "--month", "2027-02", stdout=out)
+    assert "2 invoice(s) finalized" in out.getvalue()
+    assert f"unpriced: {FAKE}: 0.01 GPU-hours, tenants acme, initech" in out.getvalue()
+    with pytest.raises(Exception, match="unrecognized arguments"):
+        call_command("close_period", "--month", "2027-02", "--allow-unpriced")
