@@ -20,7 +20,7 @@ from __future__ import annotations
 import re
 from datetime import datetime
 
-from django.db import transaction
+from django.db import IntegrityError, transaction
 from django.utils.translation import gettext as _
 
 from billing.errors import InvalidInput
@@ -126,7 +126,11 @@ def approve_gpu_model(*, name: str, note: str = "", now: datetime, actor_label: 
                       "retire_reason": row.retire_reason}
         row.approved_at, row.approved_by, row.note = now, actor_label, note
         row.retired_at, row.retired_by, row.retire_reason = None, "", ""
-        row.save()
+        try:
+            with transaction.atomic():
+                row.save()
+        except IntegrityError as exc:  # another admin approved the same name in between
+            raise InvalidInput(_("%(model)s is already approved") % {"model": name}) from exc
         _audit(now=now, actor_label=actor_label, actor_id=actor_id, action="gpu_model.approved", row=row,
                before=before)
     return row

@@ -150,6 +150,14 @@ def test_the_rate_card_form_refuses_an_unapproved_model_and_offers_it_once_appro
     assert AuditEvent.objects.filter(action="gpu_model.approved", object_id=FAKE).exists()
     assert f'<option value="{FAKE}">' in client.get("/rate-cards/").content.decode()
     assert client.post("/rate-cards/", form).status_code == 302
+    # Retiring from the page needs the confirmation and a reason, and is refused while a card prices it.
+    resp = client.post("/gpu-models/retire/", {"name": FAKE, "reason": "mistake"})
+    assert resp.status_code == 400 and "Tick the confirmation to retire." in resp.content.decode()
+    resp = client.post("/gpu-models/retire/", {"name": FAKE, "reason": "mistake", "confirm": "on"})
+    assert resp.status_code == 400 and "still prices" in resp.content.decode()
+    assert client.post("/gpu-models/", {"name": "NVIDIA <b>"}).status_code == 400
+    client.force_login(user_in(FINANCE_GROUP, tenant="acme"))
+    assert client.get("/gpu-models/").status_code == 403
 
 
 def test_the_nodes_page_healthz_and_metrics_flag_gpus_of_an_unapproved_model(client, settings, february):
