@@ -3,7 +3,8 @@
 Two kinds, each made correct under several gunicorn workers in its own way:
 
 - **State of the ledger** (backlog, rollup lag, quarantined and undelivered batches, billing
-  periods, budgets, this month's cost, rebalance executions by outcome) is read from Postgres by
+  periods, budgets, this month's cost, GPUs of unapproved models, rebalance executions by outcome)
+  is read from Postgres by
   `LedgerCollector` at each scrape,
   so it is the same answer whichever worker serves the scrape, and is never stale.
 - **Events seen by a process** (samples ingested, ingest answers, admission reviews) are
@@ -36,6 +37,7 @@ from prometheus_client.registry import Collector
 from billing.ledger.retention import get_retention_state
 from billing.queries.ledger_state import PERIOD_STATES, get_ledger_state
 from billing.services.bearer import configured_token
+from billing.services.gpu_models import count_unapproved_gpus
 from billing.services.rebalance import count_executions
 
 __all__ = [
@@ -124,6 +126,11 @@ class LedgerCollector(Collector):
         for priced in (True, False):
             seconds.add_metric([str(priced).lower()], float(state.month_gpu_seconds[priced]))
         yield seconds
+        # No model name in a label: names come from nodes, and a label per made-up name would let
+        # any node grow the series without bound.
+        yield GaugeMetricFamily("vgpu_ledger_unapproved_gpus",
+                                "GPUs whose reported model no admin approved: metered, unpriced, flagged",
+                                value=count_unapproved_gpus())
         yield from _retention_metrics()
         yield from _rebalance_metrics()
         yield GaugeMetricFamily("vgpu_ledger_metrics_collect_seconds",

@@ -64,3 +64,27 @@ class RateCard(models.Model):
 
     def __str__(self) -> str:
         return f"{self.gpu_model} {self.price_per_gpu_hour} {self.currency}/GPU-h from {self.effective_from:%Y-%m-%d}"
+
+
+class GpuModel(models.Model):
+    """A GPU model name the service knows (docs/billing.md, Approved GPU models): an admin approved
+    it, so a rate card may price it. A name a node reports that is not approved (or is retired) is
+    stored and metered all the same, but its GPUs are flagged and its usage stays unpriced until an
+    admin approves the name and prices it; the close bills everything else meanwhile.
+
+    `name` is exactly as NVML reports it (billing.services.gpu_models.check_nvml_name). Retiring
+    keeps the row (and its audit trail); approving the name again clears `retired_at`."""
+
+    name = models.CharField(max_length=96, unique=True)
+    approved_at = models.DateTimeField()
+    approved_by = models.CharField(max_length=150)
+    note = models.CharField(max_length=500, blank=True)
+    retired_at = models.DateTimeField(null=True, blank=True)
+    retired_by = models.CharField(max_length=150, blank=True)
+    retire_reason = models.TextField(blank=True)
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return self.name

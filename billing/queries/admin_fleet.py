@@ -11,19 +11,23 @@ from datetime import datetime, timedelta
 from decimal import Decimal
 
 from billing.ledger.state import list_quarantined_batches
-from billing.models import Gpu, Node, NodeToken, RateCard
+from billing.models import Gpu, GpuModel, Node, NodeToken, RateCard
 from billing.queries.undelivered import UndeliveredView, list_open_undelivered
 from billing.scope import Scope
+from billing.services.gpu_models import approved_gpu_models, unapproved_fleet_models
 from billing.services.rate_cards import known_gpu_models
 
 __all__ = [
     "NODE_STALE_AFTER",
+    "GpuModelView",
+    "GpuModelsPage",
     "NodeView",
     "RateCardGroup",
     "RateCardView",
     "RateCardsPage",
     "TokenView",
     "get_node_token",
+    "get_gpu_models_page",
     "get_rate_cards_page",
     "list_nodes",
 ]
@@ -148,6 +152,12 @@ class NodeView:
     undelivered: tuple[UndeliveredView, ...]
     # Batches stored but quarantined by the rollup: left out of the ledger until re-driven.
     quarantined: tuple[QuarantinedView, ...] = ()
+    # Models among `gpu_models` that are not approved: their GPUs are flagged, their usage unpriced.
+    unapproved_models: frozenset[str] = frozenset()
+
+    @property
+    def unapproved_gpus(self) -> int:
+        return sum(count for model, count in self.gpu_models if model in self.unapproved_models)
 
 
 @dataclass(frozen=True)
@@ -178,6 +188,7 @@ def list_nodes(*, scope: Scope, now: datetime) -> list[NodeView]:
         quarantined[b.node_id].append(QuarantinedView(
             batch_id=b.batch_id, batch_seq=b.batch_seq, window_start=b.window_start, window_end=b.window_end,
             quarantined_at=b.quarantined_at, error=b.error))
+    approved = set(approved_gpu_models())
     views = []
     for n in Node.objects.order_by("name"):
         counts = gpus.get(n.pk, Counter())
@@ -190,6 +201,7 @@ def list_nodes(*, scope: Scope, now: datetime) -> list[NodeView]:
             revoked_tokens=tuple(t for t in tokens.get(n.pk, []) if t.revoked_at is not None),
             undelivered=tuple(undelivered.get(n.name, ())),
             quarantined=tuple(quarantined.get(n.pk, ())),
+            unapproved_models=frozenset(m for m in counts if m not in approved),
         ))
     return views
 
@@ -203,3 +215,39 @@ def get_node_token(*, scope: Scope, token_id: int) -> tuple[str, TokenView] | No
         return None
     return t.node.name, TokenView(id=t.pk, prefix=t.prefix, created_at=t.created_at, last_used_at=t.last_used_at,
                                   revoked_at=t.revoked_at)
+
+
+@dataclass(frozen=True)
+class GpuModelView:
+    name: str
+    approved_at: datetime
+    approved_by: str
+    note: str
+    retired_at: datetime | None
+    retired_by: str
+    retire_reason: str
+    # GPUs in the fleet reporting this name now.
+    gpus: int
+
+
+@dataclass(frozen=True)
+class GpuModelsPage:
+    # Every name ever approved (retired ones too, marked), in name order.
+    models: tuple[GpuModelView, ...]
+    # (name, GPUs) reported by nodes and not approved: flagged, their usage unpriced.
+    unapproved: tuple[tuple[str, int], ...]
+
+
+def get_gpu_models_page(*, scope: Scope) -> GpuModelsPage:
+    """The approved GPU models and the names nodes report that are not (admins only; others get
+    nothing)."""
+    if not scope.is_admin:
+        return GpuModelsPage(models=(), unapproved=())
+    gpus = Counter(Gpu.objects.values_list("model", flat=True))
+    return GpuModelsPage(
+        models=tuple(GpuModelView(name=m.name, approved_at=m.approved_at, approved_by=m.approved_by, note=m.note,
+                                  retired_at=m.retired_at, retired_by=m.retired_by, retire_reason=m.retire_reason,
+                                  gpus=gpus.get(m.name, 0))
+                     for m in GpuModel.objects.order_by("name")),
+        unapproved=tuple(unapproved_fleet_models().items()),
+    )

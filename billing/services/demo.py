@@ -11,7 +11,7 @@ from decimal import Decimal
 from django.contrib.auth.models import Group, User
 from django.db import transaction
 
-from billing.models import RateCard, SlaTier, Tenant, TenantMembership
+from billing.models import GpuModel, RateCard, SlaTier, Tenant, TenantMembership
 from billing.scope import ADMIN_GROUP, FINANCE_GROUP
 from billing.services.audit import record_audit_event
 from billing.services.budgets import set_budget
@@ -75,6 +75,8 @@ def load_demo_data(*, now: datetime, budget_webhook_url: str = "", budget_webhoo
                 slug=slug, defaults={"name": name, "default_sla_tier": tiers[tier], **DEMO_INVOICE_TERMS.get(slug, {})}
             )
         Tenant.objects.get_or_create(slug="unattributed", defaults={"name": "Unattributed processes"})
+        # Only an approved model may be priced (billing.services.gpu_models).
+        GpuModel.objects.get_or_create(name=A100_80GB_MODEL, defaults={"approved_at": now, "approved_by": "demo"})
         if not RateCard.objects.filter(gpu_model=A100_80GB_MODEL).exists():
             card = RateCard.objects.create(
                 gpu_model=A100_80GB_MODEL,

@@ -19,7 +19,10 @@ late usage still becomes adjustment lines on the next invoice, as below.
 Lines (docs/billing.md): per GPU model and SLA tier, the usage charge; under the `proportional`
 idle policy an explicit idle line; and, for months closed earlier, an adjustment line per
 GPU model and tier for whatever the ledger now says beyond what was invoiced (late
-batches; negative amounts are credits). Each line is rounded once to minor units.
+batches, and usage priced after its month closed: a GPU model approved and priced later;
+negative amounts are credits). Usage no rate card prices never stops a close: it is left off the
+invoices and reported (`list_unpriced`, `CloseResult.unpriced`), so a node reporting a made-up
+GPU model cannot hold any tenant's invoice. Each line is rounded once to minor units.
 `_invoice_lines` decides the lines and `_price_invoice` rounds them, for the close and for
 `preview_invoices` / `preview_invoice` alike (the "upcoming invoice": what a close would
 finalize with the ledger as it is now; it writes nothing). The close reads every workload-hour of
@@ -52,10 +55,10 @@ from django.utils.translation import gettext
 from billing.errors import InvalidInput
 from billing.ledger.spend import (
     get_latest_hour,
-    get_unpriced_seconds,
     list_invoice_totals,
     list_invoice_totals_from_hours,
 )
+from billing.ledger.unpriced import UnpricedUsage, list_unpriced_usage
 from billing.models import BillingPeriod, Invoice, InvoiceLine, Tenant
 from billing.money import from_minor_units, to_minor_units
 from billing.services.audit import record_audit_event
@@ -70,6 +73,7 @@ __all__ = [
     "PricedLine",
     "close_is_stalled",
     "close_period",
+    "list_unpriced",
     "current_issuer",
     "month_bounds",
     "parse_month",
@@ -179,6 +183,9 @@ class CloseResult:
     invoices_finalized: int
     invoices_already_final: int
     already_closed: bool
+    # Usage of the month no rate card priced, left off its invoices: the item to resolve (approve the
+    # model, price it; it is then billed as a late-usage adjustment on the next invoice).
+    unpriced: tuple[UnpricedUsage, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -222,9 +229,11 @@ def _ledger_totals(
     return {(t.tenant, t.currency, t.gpu_model, t.sla_tier): (t.charge, t.idle_share, t.share_gpu_s) for t in totals}
 
 
-def _unpriced_gpu_hours(month: date) -> Decimal:
+def list_unpriced(month: date) -> list[UnpricedUsage]:
+    """The month's usage no rate card priced, by GPU model, with the tenants on it (docs/billing.md,
+    Unpriced usage). The close leaves it off the invoices and reports it; it never holds the close."""
     start, end = month_bounds(month)
-    return get_unpriced_seconds(start=start, end=end) / _S_PER_H
+    return list_unpriced_usage(start=start, end=end)
 
 
 def _month_lines(month: date, tenants: Collection[str] | None, now: datetime | None) -> list[LineDraft]:
@@ -296,18 +305,14 @@ def _price_invoice(slug: str, lines: list[LineDraft]) -> _PricedInvoice:
     ))
 
 
-def _check_closable(*, month: date, now: datetime, allow_unpriced: bool) -> None:
+def _check_closable(*, month: date, now: datetime) -> None:
+    """Only a month that is over can be closed. Unpriced usage never stops it: anyone holding a
+    node token could otherwise hold every tenant's invoice by reporting a made-up GPU model."""
     if month.day != 1:
         raise InvalidInput("a billing period starts on the first day of a month")
     _, end = month_bounds(month)
     if end > now:
         raise InvalidInput(f"{month:%Y-%m} is not over yet; it can be closed from {end:%Y-%m-%d} 00:00 UTC")
-    unpriced = _unpriced_gpu_hours(month)
-    if unpriced and not allow_unpriced:
-        raise InvalidInput(
-            f"{month:%Y-%m} has {unpriced:.2f} GPU-hours without a rate card; add the card and run "
-            "rebuild_ledger for the month, or close with --allow-unpriced to leave them off the invoices"
-        )
 
 
 def request_period_close(
@@ -317,8 +322,8 @@ def request_period_close(
 
     Idempotent: the row is locked, and only an OPEN or FAILED period (or none yet) starts a close;
     a CLOSING or CLOSED one is returned unchanged and nothing is enqueued. Refused (InvalidInput,
-    nothing written) for a month that is not over or has unpriced usage."""
-    _check_closable(month=month, now=now, allow_unpriced=False)
+    nothing written) for a month that is not over."""
+    _check_closable(month=month, now=now)
     with transaction.atomic():
         period, _ = BillingPeriod.objects.select_for_update().get_or_create(month=month)
         if period.status in (BillingPeriod.Status.CLOSING, BillingPeriod.Status.CLOSED):
@@ -384,20 +389,21 @@ def resume_period_close(
 
 
 def close_period(
-    *, month: date, now: datetime, horizon: timedelta | None = None, allow_unpriced: bool = False,
-    progress: Callable[[int], None] | None = None,
+    *, month: date, now: datetime, horizon: timedelta | None = None, progress: Callable[[int], None] | None = None,
 ) -> CloseResult:
     """Finalize one invoice per tenant for `month` (which must be over). Late usage for months
     closed earlier within `horizon` (default: settings.VGPU_LATE_USAGE_HORIZON) is adjusted.
+    Usage no rate card priced is left off the invoices and returned as `unpriced` (and audited
+    with the close): each tenant is invoiced for its priced usage, and the rest follows as a
+    late-usage adjustment once its model is approved and priced.
 
     `progress(pct)` is called after the period row's `progress_pct` is written (each tenant's
     invoice, then 100 when CLOSED). An error marks a CLOSING row FAILED with its message and is
-    raised again; a month refused up front (not over, unpriced) changes no row that is not
+    raised again; a month refused up front (not over) changes no row that is not
     already closing."""
     horizon = settings.VGPU_LATE_USAGE_HORIZON if horizon is None else horizon
     try:
-        return _close_period(month=month, now=now, horizon=horizon, allow_unpriced=allow_unpriced,
-                             progress=progress or _no_progress)
+        return _close_period(month=month, now=now, horizon=horizon, progress=progress or _no_progress)
     except Exception as exc:
         # Only a close in flight becomes FAILED: a CLOSED row (another run finished) stays closed.
         BillingPeriod.objects.filter(month=month, status=BillingPeriod.Status.CLOSING).update(
@@ -412,15 +418,16 @@ def _no_progress(pct: int) -> None:
 
 
 def _close_period(
-    *, month: date, now: datetime, horizon: timedelta, allow_unpriced: bool, progress: Callable[[int], None]
+    *, month: date, now: datetime, horizon: timedelta, progress: Callable[[int], None]
 ) -> CloseResult:
-    _check_closable(month=month, now=now, allow_unpriced=allow_unpriced)
+    _check_closable(month=month, now=now)
     # `progress_at` is a heartbeat: the clock at each write, not `now`, which is the close's timestamp
     # for closed_at / finalized_at. It is the service's clock, the one the page compares it with.
     with transaction.atomic():
         period, _ = BillingPeriod.objects.select_for_update().get_or_create(month=month)
         if period.status == BillingPeriod.Status.CLOSED:
-            return CloseResult(month, 0, period.invoices.count(), already_closed=True)
+            return CloseResult(month, 0, period.invoices.count(), already_closed=True,
+                               unpriced=tuple(list_unpriced(month)))
         period.status = BillingPeriod.Status.CLOSING
         period.close_started_at = period.close_started_at or now
         period.progress_pct = 0
@@ -434,6 +441,7 @@ def _close_period(
         progress(pct)
 
     by_tenant = _invoice_lines(month=month, horizon=horizon)
+    unpriced = tuple(list_unpriced(month))
     report(_PCT_LINES_READY)
     finalized = skipped = 0
     slugs = sorted(by_tenant)
@@ -449,7 +457,7 @@ def _close_period(
         if period.status == BillingPeriod.Status.CLOSED:
             # Another run of this close (a resume of a job that was slow, not lost) got here first;
             # every invoice is final either way, and the period is closed and audited once.
-            return CloseResult(month, finalized, skipped, already_closed=True)
+            return CloseResult(month, finalized, skipped, already_closed=True, unpriced=unpriced)
         period.status = BillingPeriod.Status.CLOSED
         period.closed_at = now
         period.progress_pct = 100
@@ -458,10 +466,13 @@ def _close_period(
         period.save(update_fields=["status", "closed_at", "progress_pct", "progress_at", "error"])
         record_audit_event(
             at=now, actor_label="system", action="billing_period.closed", object_type="billing_period",
-            object_id=f"{month:%Y-%m}", before=None, after={"invoices": finalized + skipped},
+            object_id=f"{month:%Y-%m}", before=None,
+            after={"invoices": finalized + skipped,
+                   "unpriced": [{"gpu_model": u.gpu_model, "gpu_seconds": str(u.gpu_seconds),
+                                 "tenants": list(u.tenants)} for u in unpriced]},
         )
     progress(100)
-    return CloseResult(month, finalized, skipped, already_closed=False)
+    return CloseResult(month, finalized, skipped, already_closed=False, unpriced=unpriced)
 
 
 def _finalize_invoice(*, period: BillingPeriod, invoice: _PricedInvoice, now: datetime) -> bool:

@@ -13,9 +13,10 @@ ledger holds any minute of that GPU model at or after T it re-rolls [T, last suc
 A period that is closed or closing (BillingPeriod) is refused as well, whatever its month.
 A price of 0 (a free GPU model) is saved only with `confirm_free=True`, the form's explicit
 "I confirm this GPU model is free", and the audit event records that confirmation. A GPU model
-is one of the fleet's (or of an existing card) or a new name in NVML's shape
-(`check_gpu_model`); a name that differs from a known one only in case or spacing is refused,
-since a card for a misspelt model prices nothing.
+must be approved (`check_gpu_model`, billing.services.gpu_models): a name a node reports is never
+priced, nor offered in the form, until an admin approves it. A model that no card prices from
+some instant on may get a card from that instant, in the past (`_check_start`): it prices only
+usage that was billed at nothing, which the next close then bills as a late-usage adjustment.
 
 Retiring a card (`retire_rate_card`, for a mistaken card) stops it applying from the next
 whole minute; minutes already priced by it keep its price, and it stays on every invoice it
@@ -31,12 +32,12 @@ Every rule failure raises `InvalidInput` before anything is written; each change
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, timedelta
 from decimal import Decimal, InvalidOperation
 from typing import Any
 
+from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.core.validators import URLValidator
 from django.db import IntegrityError, connection, transaction
@@ -49,6 +50,7 @@ from billing.ledger.minutes import get_last_ledger_minute
 from billing.ledger.rollup import lock_ledger, rebuild_ledger
 from billing.models import BilledBasis, BillingPeriod, Gpu, IdlePolicy, RateCard
 from billing.services.audit import record_audit_event
+from billing.services.gpu_models import approved_gpu_models, is_approved
 
 __all__ = [
     "RateCardChange",
@@ -60,8 +62,6 @@ __all__ = [
     "retire_rate_card",
 ]
 
-# NVML's names: "NVIDIA A100-SXM4-80GB", "NVIDIA H100 80GB HBM3", "Tesla V100-SXM2-16GB".
-_GPU_MODEL = re.compile(r"^[A-Za-z0-9][A-Za-z0-9 ._()/+-]*$")
 _PRICE_PLACES = 6  # RateCard.price_per_gpu_hour: max_digits=14, decimal_places=6
 _PRICE_BELOW = Decimal(10) ** (14 - _PRICE_PLACES)
 _ALPHA_PLACES = 3
@@ -103,34 +103,22 @@ def _snapshot(card: RateCard) -> dict[str, Any]:
 
 
 def known_gpu_models() -> list[str]:
-    """GPU models the fleet has (GPUs seen on nodes) or a card names, in name order."""
-    return sorted(set(Gpu.objects.values_list("model", flat=True))
-                  | set(RateCard.objects.values_list("gpu_model", flat=True)))
-
-
-def _fold(name: str) -> str:
-    return " ".join(name.split()).casefold()
+    """The GPU models a card may price: the approved ones (billing.services.gpu_models), in name
+    order. A name a node reports is never offered until an admin approves it."""
+    return approved_gpu_models()
 
 
 def check_gpu_model(name: str) -> str:
-    """`name` trimmed, if it is a known model or a new name in NVML's shape; else `InvalidInput`."""
+    """`name` trimmed, if it is an approved GPU model; else `InvalidInput`."""
     name = name.strip()
     if not name:
         raise InvalidInput(_("GPU model is required (exactly as NVML names it)"))
     if len(name) > _MODEL_MAX_LEN:
         raise InvalidInput(_("GPU model may have at most %(n)s characters") % {"n": _MODEL_MAX_LEN})
-    known = known_gpu_models()
-    if name in known:
-        return name
-    if not _GPU_MODEL.match(name):
+    if not is_approved(name):
         raise InvalidInput(
-            _("GPU model %(model)r is not a GPU model name: use letters, digits, spaces and . _ ( ) / + - "
-              "exactly as NVML names it, such as NVIDIA H100 80GB HBM3") % {"model": name})
-    twin = next((k for k in known if _fold(k) == _fold(name)), None)
-    if twin is not None:
-        raise InvalidInput(
-            _("GPU model %(model)r differs from the known model %(known)r only in case or spacing; choose "
-              "%(known)r (a card for a misspelt model prices nothing)") % {"model": name, "known": twin})
+            _("GPU model %(model)r is not approved: approve it on the GPU models page first (only approved "
+              "models are priced)") % {"model": name})
     return name
 
 
@@ -179,6 +167,62 @@ def _check_instant(at: datetime, *, field: str, now: datetime) -> datetime:
             % {"field": field, "at": at.isoformat(), "earliest": earliest.isoformat()}
         )
     return at
+
+
+def _unpriced_since(gpu_model: str, at: datetime) -> bool:
+    """True when no card of `gpu_model` prices any instant from `at` on (a card retired before it
+    started prices nothing): every minute of the model since `at` is unpriced, so pricing them
+    changes no amount that was ever billed."""
+    return not (RateCard.objects.filter(gpu_model=gpu_model)
+                .filter(Q(effective_to__isnull=True) | Q(effective_to__gt=at))
+                .exclude(effective_to=F("effective_from")).exists())
+
+
+def _check_start(*, gpu_model: str, at: datetime, now: datetime, currency: str) -> datetime:
+    """The start of a new card: the rules of `_check_instant`, with one exception. Usage of a model
+    no card priced (an unapproved model a node reported, approved since) may be priced from the
+    past, as far back as its months can still be adjusted: those minutes were billed at nothing, so
+    nothing billed changes, and the close of a month after bills them as late-usage adjustments
+    (billing.services.invoicing). Refused inside a month being closed (its close is reading), and
+    before the late-usage horizon of the current month (no invoice would carry the adjustment,
+    and the usage must never be silently dropped), and in a currency other than the cards that
+    priced the same time (one invoice carries one currency: a second would fail the next close)."""
+    if at.tzinfo is None or at >= earliest_change(now) or not _unpriced_since(gpu_model, at):
+        return _check_instant(at, field=_("effective from"), now=now)
+    at = at.astimezone(UTC)
+    if at.second or at.microsecond:
+        raise InvalidInput(_("%(field)s must be a whole minute (cards price whole GPU-minutes), not %(at)s")
+                           % {"field": _("effective from"), "at": at.isoformat()})
+    month = date(at.year, at.month, 1)
+    closing = BillingPeriod.objects.filter(month__gte=month, status=BillingPeriod.Status.CLOSING).first()
+    if closing is not None:
+        raise InvalidInput(_("%(month)s is being closed; price its usage once the close is done (it then becomes "
+                             "a late-usage adjustment)") % {"month": f"{closing.month:%Y-%m}"})
+    month_end = datetime(month.year + (month.month == 12), month.month % 12 + 1, 1, tzinfo=UTC)
+    current = now.astimezone(UTC).replace(day=1, hour=0, minute=0, second=0, microsecond=0)
+    if month_end + settings.VGPU_LATE_USAGE_HORIZON < current:
+        raise InvalidInput(
+            _("%(month)s is beyond the late-usage horizon (%(days)s days): no invoice can carry an adjustment "
+              "for it any more. The earliest start is %(earliest)s (UTC).")
+            % {"month": f"{month:%Y-%m}", "days": settings.VGPU_LATE_USAGE_HORIZON.days,
+               "earliest": _earliest_adjustable(current).isoformat()})
+    others = set(RateCard.objects.exclude(gpu_model=gpu_model).filter(effective_from__lt=now)
+                 .filter(Q(effective_to__isnull=True) | Q(effective_to__gt=at))
+                 .exclude(effective_to=F("effective_from")).values_list("currency", flat=True))
+    if others and currency not in others:
+        raise InvalidInput(
+            _("the usage since %(at)s is invoiced in %(others)s; a card in %(currency)s from then would put two "
+              "currencies on one invoice") % {"at": at.isoformat(), "others": ", ".join(sorted(others)),
+                                              "currency": currency})
+    return at
+
+
+def _earliest_adjustable(current: datetime) -> datetime:
+    """The first day of the earliest month whose late usage the invoices from `current` on still carry."""
+    month = current
+    while month + settings.VGPU_LATE_USAGE_HORIZON >= current:  # the month before `month` ends at `month`
+        month = (month - timedelta(days=1)).replace(day=1)
+    return month  # the loop stopped at the first month whose predecessor is past the horizon
 
 
 def _lock_model(gpu_model: str) -> None:
@@ -290,7 +334,7 @@ def create_rate_card(
         raise InvalidInput(_("billed basis must be one of %(choices)s") % {"choices": ", ".join(BilledBasis.values)})
     if idle_policy and idle_policy not in IdlePolicy.values:
         raise InvalidInput(_("idle policy must be one of %(choices)s") % {"choices": ", ".join(IdlePolicy.values)})
-    start = _check_instant(effective_from, field=_("effective from"), now=now)
+    start = _check_start(gpu_model=gpu_model, at=effective_from, now=now, currency=currency)
 
     with transaction.atomic():
         _lock_model(gpu_model)

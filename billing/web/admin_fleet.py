@@ -1,4 +1,5 @@
-"""Rate cards (finance reads, admins change prices) and nodes with their tokens (admins).
+"""Rate cards (finance reads, admins change prices), approved GPU models and nodes with their
+tokens (admins).
 
 Thin: a form parses the request, one query reads or one service writes (the services
 validate every rule and audit in the change's transaction), then render. A rule broken
@@ -24,8 +25,15 @@ from django.views.decorators.http import require_POST
 from billing.currencies import CURRENCY_CHOICES
 from billing.errors import InvalidInput
 from billing.models import BilledBasis, IdlePolicy
-from billing.queries.admin_fleet import NODE_STALE_AFTER, get_node_token, get_rate_cards_page, list_nodes
+from billing.queries.admin_fleet import (
+    NODE_STALE_AFTER,
+    get_gpu_models_page,
+    get_node_token,
+    get_rate_cards_page,
+    list_nodes,
+)
 from billing.scope import Scope, get_scope
+from billing.services.gpu_models import MODEL_NAME_MAX_LEN, approve_gpu_model, retire_gpu_model
 from billing.services.rate_cards import (
     create_rate_card,
     earliest_change,
@@ -63,14 +71,14 @@ class UtcDateTimeField(forms.DateTimeField):
 
 
 class RateCardForm(forms.Form):
-    """Only shapes here; the rules (decimals, currency, GPU model names, a free price, dates,
-    overlaps) are the service's. The GPU model is chosen from the fleet's models (and those the
-    cards name); a model not seen yet is typed in `new_gpu_model`, which the service validates."""
+    """Only shapes here; the rules (decimals, currency, a free price, dates, overlaps) are the
+    service's. The GPU model is chosen from the approved models only (the choice field refuses any
+    other name, and so does the service): a name a node reports reaches this form only once an
+    admin approves it on the GPU models page."""
 
-    gpu_model = forms.ChoiceField(label=gettext_lazy("GPU model"), required=False)
-    new_gpu_model = forms.CharField(label=gettext_lazy("Or a model not in the fleet yet"), max_length=128,
-                                    required=False, widget=forms.TextInput(attrs={"size": 28}),
-                                    help_text=gettext_lazy("Exactly as NVML names it, such as NVIDIA H100 80GB HBM3."))
+    gpu_model = forms.ChoiceField(label=gettext_lazy("GPU model"),
+                                  help_text=gettext_lazy("Approved models only; approve a new one on the GPU "
+                                                         "models page."))
     price_per_gpu_hour = forms.CharField(label=gettext_lazy("Price per GPU-hour"), max_length=40,
                                          widget=forms.TextInput(attrs={"inputmode": "decimal", "size": 12}))
     confirm_free = forms.BooleanField(label=gettext_lazy("I confirm this GPU model is free"), required=False,
@@ -92,26 +100,30 @@ class RateCardForm(forms.Form):
     def __init__(self, *args: Any, earliest: datetime, known_models: list[str], **kwargs: Any) -> None:
         """`earliest`: the first instant a price may change at (`rate_cards.earliest_change`); the
         start is prefilled with it and the browser refuses anything earlier. `known_models`: the
-        GPU models to choose from (`rate_cards.known_gpu_models`)."""
+        GPU models to choose from (`rate_cards.known_gpu_models`: the approved ones)."""
         super().__init__(*args, **kwargs)
         model = cast(forms.ChoiceField, self.fields["gpu_model"])
-        model.choices = [("", _("another model (type it below)")), *((m, m) for m in known_models)]
+        model.choices = [("", "—"), *((m, m) for m in known_models)]
         field = self.fields["effective_from"]
-        field.widget.attrs["min"] = _as_local_input(earliest)
+        # No `min`: a model whose usage no card priced may start earlier (the service says how far).
+        field.widget.attrs["data-earliest"] = _as_local_input(earliest)
         field.help_text = _("Earliest allowed: %(at)s UTC, the next whole minute; minutes already metered keep "
-                             "their price.") % {"at": date_format(earliest.astimezone(UTC), "DATETIME_FORMAT")}
+                             "their price. Only a model whose usage no card priced yet may start earlier, to bill "
+                             "that usage (as a late-usage adjustment once its month is closed).") % {
+            "at": date_format(earliest.astimezone(UTC), "DATETIME_FORMAT")}
         if not self.is_bound and "effective_from" not in self.initial:
             self.initial = {**self.initial, "effective_from": earliest}
 
-    def clean(self) -> dict[str, Any]:
-        data = super().clean() or {}
-        chosen, typed = data.get("gpu_model", ""), data.get("new_gpu_model", "").strip()
-        if chosen and typed:
-            raise forms.ValidationError(_("Choose a GPU model or type a new one, not both."))
-        if not chosen and not typed:
-            self.add_error("gpu_model", _("Choose a GPU model, or type a model not in the fleet yet."))
-        data["gpu_model"] = chosen or typed
-        return data
+
+
+class ApproveGpuModelForm(forms.Form):
+    """Only shapes; the service checks the name is in NVML's shape and not a twin of an approved one."""
+
+    name = forms.CharField(label=gettext_lazy("GPU model"), max_length=MODEL_NAME_MAX_LEN,
+                           widget=forms.TextInput(attrs={"size": 32}),
+                           help_text=gettext_lazy("Exactly as NVML names it, such as NVIDIA H100 80GB HBM3."))
+    note = forms.CharField(label=gettext_lazy("Note"), max_length=500, required=False,
+                           widget=forms.TextInput(attrs={"size": 32}))
 
 
 class EndRateCardForm(forms.Form):
@@ -262,3 +274,47 @@ def node_token_revoke(request: HttpRequest, token_id: int) -> HttpResponse:
     messages.success(request, _("Token %(prefix)s… of %(node)s revoked; the agent using it is refused from now on.")
                      % {"prefix": token.prefix, "node": node})
     return redirect("nodes")
+
+
+def _render_gpu_models(request: HttpRequest, scope: Scope, *, form: ApproveGpuModelForm | None = None,
+                       error: str | None = None, status: int = 200) -> HttpResponse:
+    return render(request, "billing/gpu_models.html", {
+        "page": get_gpu_models_page(scope=scope), "form": form or ApproveGpuModelForm(), "error": error,
+    }, status=status)
+
+
+@login_required
+def gpu_models(request: HttpRequest) -> HttpResponse:
+    """GET: approved models and the unapproved names nodes report. POST: approve a name (audited)."""
+    scope = require_admin(request, "approving GPU models is for platform admins")
+    if request.method != "POST":
+        return _render_gpu_models(request, scope)
+    form = ApproveGpuModelForm(request.POST)
+    if not form.is_valid():
+        return _render_gpu_models(request, scope, form=form, status=400)
+    try:
+        row = approve_gpu_model(name=form.cleaned_data["name"], note=form.cleaned_data["note"], now=timezone.now(),
+                                actor_label=request.user.get_username(), actor_id=request.user.pk)
+    except InvalidInput as exc:
+        form.add_error("name", str(exc))
+        return _render_gpu_models(request, scope, form=form, status=400)
+    messages.success(request, _("%(model)s approved: a rate card may now price it.") % {"model": row.name})
+    return redirect("gpu-models")
+
+
+@login_required
+@require_POST
+def gpu_model_retire(request: HttpRequest) -> HttpResponse:
+    """Retire an approved name, confirming it and saying why (audited)."""
+    scope = require_admin(request, "retiring GPU models is for platform admins")
+    form = RetireForm(request.POST)
+    name = request.POST.get("name", "")[:MODEL_NAME_MAX_LEN + 1]
+    if not form.is_valid():
+        return _render_gpu_models(request, scope, error=form.error_text(), status=400)
+    try:
+        retire_gpu_model(name=name, reason=form.cleaned_data["reason"], now=timezone.now(),
+                         actor_label=request.user.get_username(), actor_id=request.user.pk)
+    except InvalidInput as exc:
+        return _render_gpu_models(request, scope, error=str(exc), status=400)
+    messages.success(request, _("%(model)s retired: no new rate card may price it.") % {"model": name})
+    return redirect("gpu-models")

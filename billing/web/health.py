@@ -3,7 +3,12 @@
 The ledger is well when the rollup keeps up (the oldest batch waiting for it arrived less than
 VGPU_HEALTH_MAX_ROLLUP_LAG_S ago), no batch is quarantined and no agent holds a batch ingest refused
 (billing.queries.undelivered): each means money is not reaching the books, which is what an SRE
-must be woken for."""
+must be woken for.
+
+`unapproved_gpus` counts GPUs whose reported model no admin approved (their usage is metered but
+unpriced; /gpu-models/ lists them). A count only, no names (the endpoint needs no login), and never
+a failure: any node could otherwise turn the service unhealthy by reporting a made-up model, and
+that usage blocks nothing (the close bills the rest). The alert VgpuLedgerUnapprovedGpuModels says it."""
 
 from __future__ import annotations
 
@@ -21,6 +26,7 @@ from django.views.decorators.cache import never_cache
 from billing.ledger.retention import get_retention_state
 from billing.ledger.state import get_batch_backlog
 from billing.queries.undelivered import count_open_undelivered
+from billing.services.gpu_models import count_unapproved_gpus
 from config.celery import app as celery_app
 
 
@@ -65,7 +71,7 @@ def _ledger() -> dict[str, Any]:
     held = get_retention_state(now=timezone.now()).held_partitions
     detail = {"backlog_batches": backlog.pending, "rollup_lag_s": round(lag, 1), "quarantined_batches": quarantined,
               "undelivered_batches": undelivered, "max_rollup_lag_s": settings.VGPU_HEALTH_MAX_ROLLUP_LAG_S,
-              "retention_held_partitions": sum(held.values())}
+              "retention_held_partitions": sum(held.values()), "unapproved_gpus": count_unapproved_gpus()}
     problems = []
     if lag > settings.VGPU_HEALTH_MAX_ROLLUP_LAG_S:
         problems.append(f"the rollup is {lag:.0f} s behind (allowed {settings.VGPU_HEALTH_MAX_ROLLUP_LAG_S} s)")

@@ -17,7 +17,7 @@ from billing import tasks
 from billing.errors import InvalidInput
 from billing.queries.periods import PeriodState, get_billing_period, list_billing_periods
 from billing.scope import Scope
-from billing.services.invoicing import parse_month, request_period_close, resume_period_close
+from billing.services.invoicing import list_unpriced, parse_month, request_period_close, resume_period_close
 from billing.web.access import require_platform
 
 
@@ -28,8 +28,11 @@ def _platform_scope(request: HttpRequest) -> Scope:
 def _render_list(request: HttpRequest, scope: Scope, *, error: str = "", status: int = 200) -> HttpResponse:
     periods = list_billing_periods(scope=scope, now=timezone.now())
     refresh = any(p.state == PeriodState.CLOSING for p in periods)
-    return render(request, "billing/periods.html", {"periods": periods, "refresh": refresh, "error": error},
-                  status=status)
+    # Each month's unpriced usage, by GPU model with the tenants on it: the item to resolve, which
+    # never holds the close (read only for the months that have any).
+    rows = [(p, list_unpriced(p.month) if p.unpriced_gpu_hours else []) for p in periods]
+    return render(request, "billing/periods.html",
+                  {"periods": periods, "rows": rows, "refresh": refresh, "error": error}, status=status)
 
 
 @login_required

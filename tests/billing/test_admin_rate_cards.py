@@ -10,9 +10,10 @@ from decimal import Decimal
 import pytest
 from django.contrib.auth.models import User
 
+from billing.errors import InvalidInput
 from billing.ledger.models import GpuMinute
 from billing.ledger.rollup import rollup_usage
-from billing.models import AuditEvent, BillingPeriod, RateCard
+from billing.models import AuditEvent, BillingPeriod, GpuModel, RateCard
 from billing.scope import ADMIN_GROUP, FINANCE_GROUP
 from billing.services.rate_cards import create_rate_card, earliest_change
 from tests import clock
@@ -30,6 +31,13 @@ def login(client, role: str) -> User:
     user = user_in(group, "acme" if role == "tenant" else None)
     client.force_login(user)
     return user
+
+
+@pytest.fixture(autouse=True)
+def _approved_models(db) -> None:
+    """Only approved models may be priced (billing.services.gpu_models): the A100 and the H100 are."""
+    for name in (MODEL, H100):
+        GpuModel.objects.create(name=name, approved_at=clock.now(), approved_by="test")
 
 
 @pytest.fixture
@@ -51,10 +59,8 @@ def local(t: datetime) -> str:
 
 
 def new_price(**overrides: str) -> dict[str, str]:
-    """The form's fields; `gpu_model` other than the fleet's A100 is typed as a model not seen yet."""
-    model = overrides.pop("gpu_model", MODEL)
-    chosen = {"gpu_model": MODEL, "new_gpu_model": ""} if model == MODEL else {"gpu_model": "", "new_gpu_model": model}
-    data = {**chosen, "price_per_gpu_hour": "3.125", "currency": "USD",
+    """The form's fields; `gpu_model` is chosen from the approved models."""
+    data = {"gpu_model": overrides.pop("gpu_model", MODEL), "price_per_gpu_hour": "3.125", "currency": "USD",
             "effective_from": local(future_minute()), "alpha": "", "billed_basis": "", "idle_policy": "",
             "source_url": "https://cloud.example/pricing/a100", "source_note": "on-demand list price, us-east"}
     return {**data, **overrides}
@@ -107,9 +113,11 @@ def test_new_price_supersedes_the_open_card_writing_both_rows_and_two_audit_even
     ({"source_url": "not a url"}, "is not an http(s) URL"),
     ({"source_url": "ftp://example.org/p"}, "is not an http(s) URL"),
     ({"source_note": "   "}, "This field is required"),
-    ({"gpu_model": ""}, "Choose a GPU model, or type a model not in the fleet yet."),
-    ({"gpu_model": "NVIDIA\tH100"}, "is not a GPU model name"),
-    ({"gpu_model": "nvidia a100-sxm4-80gb"}, "only in case or spacing"),
+    ({"gpu_model": ""}, "This field is required"),
+    # Only approved names reach the form: any other, well-formed or not, is not a choice.
+    ({"gpu_model": "NVIDIA\tH100"}, "Select a valid choice"),
+    ({"gpu_model": "nvidia a100-sxm4-80gb"}, "Select a valid choice"),
+    ({"gpu_model": "NVIDIA Made-Up 9000"}, "Select a valid choice"),
     ({"price_per_gpu_hour": "0"}, "I confirm this GPU model is free"),
     ({"effective_from": "yesterday"}, "Enter a valid date/time"),
     # Instants are read when the test runs (a callable), never while collecting.
@@ -257,10 +265,11 @@ def test_a_price_change_re_prices_minutes_already_rolled_up_from_skewed_batches(
     assert minute.card_cost == Decimal("0.1")
 
 
-def test_new_price_form_suggests_known_models_and_prefills_the_earliest_allowed_start(client, open_card):
+def test_new_price_form_offers_only_approved_models_and_prefills_the_earliest_allowed_start(client, open_card):
     from billing.models import Gpu, Node
 
     now = clock.now()
+    # A node reports a model no admin approved: it is never offered, and a card for it is refused.
     Gpu.objects.create(uuid="GPU-l4", node=Node.objects.create(name="gpu-node-5"), model="NVIDIA L4",
                        memory_mb=23034, sm_count=58, first_seen_at=now, last_seen_at=now)
     login(client, "admin")
@@ -268,17 +277,24 @@ def test_new_price_form_suggests_known_models_and_prefills_the_earliest_allowed_
     html = client.get("/rate-cards/").content.decode()
     after = earliest_change(clock.now())
     form = html.split('data-testid="rate-card-form"')[1].split("</form>")[0]
-    # A select of the models seen on nodes and named by cards; a model not seen yet is typed apart.
     select = form.split('<select name="gpu_model"')[1].split("</select>")[0]
-    assert '<option value="NVIDIA L4">' in select and f'<option value="{MODEL}">' in select
-    assert 'name="new_gpu_model"' in form
+    assert f'<option value="{MODEL}">' in select and f'<option value="{H100}">' in select
+    assert "NVIDIA L4" not in select and 'name="new_gpu_model"' not in form
     start_input = form.split('name="effective_from"')[1].split(">")[0]
-    assert any(f'value="{local(t)}"' in start_input and f'min="{local(t)}"' in start_input for t in (before, after))
+    assert any(f'value="{local(t)}"' in start_input and f'data-earliest="{local(t)}"' in start_input
+               for t in (before, after))
     earliest = form.split('data-testid="rate-card-earliest">')[1].split("</span>")[0]
     assert any(local(t).replace("T", " ") + " UTC" in earliest for t in (before, after))
     assert "Leave blank to keep the current card&#x27;s alpha." in form
-    # A model not seen yet is accepted as typed.
-    resp = client.post("/rate-cards/", new_price(gpu_model="AMD Instinct MI300X"))
+    resp = client.post("/rate-cards/", new_price(gpu_model="NVIDIA L4"))
+    assert resp.status_code == 400 and "Select a valid choice" in resp.content.decode()
+    with pytest.raises(InvalidInput, match="not approved"):
+        create_rate_card(gpu_model="NVIDIA L4", price_per_gpu_hour="1", currency="USD",
+                         effective_from=future_minute(), source_url="https://example.org/l4", source_note="list",
+                         now=clock.now(), actor_label="test")
+    assert not RateCard.objects.filter(gpu_model="NVIDIA L4").exists()
+    # An approved model is accepted.
+    resp = client.post("/rate-cards/", new_price(gpu_model=H100))
     assert resp.status_code == 302, resp.content.decode()
 
 

@@ -16,7 +16,7 @@ from django.utils import translation
 from billing.errors import InvalidInput
 from billing.ledger.models import GpuMinute
 from billing.ledger.rollup import rollup_usage
-from billing.models import AuditEvent, Budget, Gpu, Node, RateCard, SlaTier, Tenant
+from billing.models import AuditEvent, Budget, Gpu, GpuModel, Node, RateCard, SlaTier, Tenant
 from billing.scope import ADMIN_GROUP, FINANCE_GROUP
 from billing.services.budgets import set_budget
 from billing.services.policy import get_node_policy
@@ -150,6 +150,7 @@ def test_the_service_normalises_what_it_keeps(acme):
 
 @pytest.fixture
 def open_card(db) -> RateCard:
+    GpuModel.objects.create(name=MODEL, approved_at=clock.now(), approved_by="test")  # only approved models are priced
     return RateCard.objects.create(
         gpu_model=MODEL, currency="USD", price_per_gpu_hour=Decimal("2.500000"),
         effective_from=datetime(2020, 1, 1, tzinfo=UTC), source_url="https://example.org/list-2020",
@@ -180,7 +181,7 @@ def local(t: datetime) -> str:
 
 def test_price_zero_needs_the_explicit_confirmation_which_is_audited(client, open_card):
     admin = logged_in(ADMIN_GROUP)
-    form = {"gpu_model": MODEL, "new_gpu_model": "", "price_per_gpu_hour": "0", "currency": "USD",
+    form = {"gpu_model": MODEL, "price_per_gpu_hour": "0", "currency": "USD",
             "effective_from": local(later(2)), "alpha": "", "billed_basis": "", "idle_policy": "",
             "source_url": "https://example.org/free", "source_note": "internal test cards are free"}
     resp = admin.post("/rate-cards/", form)
@@ -198,16 +199,14 @@ def test_the_service_refuses_price_zero_without_the_confirmation(open_card):
     assert RateCard.objects.count() == 1
 
 
-def test_a_gpu_model_is_chosen_from_the_fleet_or_typed_once(open_card, fleet_a100):
+def test_a_gpu_model_is_chosen_from_the_approved_models_only(open_card, fleet_a100):
     admin = logged_in(ADMIN_GROUP)
     base = {"price_per_gpu_hour": "3", "currency": "USD", "effective_from": local(later(2)), "alpha": "",
             "billed_basis": "", "idle_policy": "", "source_url": "https://example.org/p", "source_note": "n"}
-    resp = admin.post("/rate-cards/", {**base, "gpu_model": MODEL, "new_gpu_model": "NVIDIA L4"})
-    assert resp.status_code == 400 and "not both" in resp.content.decode()
-    resp = admin.post("/rate-cards/", {**base, "gpu_model": "NVIDIA Made-Up", "new_gpu_model": ""})
+    resp = admin.post("/rate-cards/", {**base, "gpu_model": "NVIDIA Made-Up"})
     assert resp.status_code == 400 and "Select a valid choice" in resp.content.decode()
     assert RateCard.objects.count() == 1
-    with pytest.raises(InvalidInput, match="only in case or spacing"):
+    with pytest.raises(InvalidInput, match="not approved"):
         card("NVIDIA  A100-sxm4-80GB")
 
 
@@ -258,6 +257,7 @@ def test_a_retired_card_stops_pricing_from_the_next_minute_and_keeps_the_minutes
 
 def test_the_rate_card_page_retires_with_a_confirmation_and_shows_retired_cards(open_card):
     admin = logged_in(ADMIN_GROUP)
+    GpuModel.objects.create(name="NVIDIA L4", approved_at=clock.now(), approved_by="test")
     mistaken = card("NVIDIA L4", price="9", start=later(48))
     html = admin.get("/rate-cards/").content.decode()
     control = html.split(f'data-testid="retire-rate-card-{mistaken}"')[1].split("</form>")[0]

@@ -111,13 +111,16 @@ def test_closing_again_changes_nothing_and_a_crashed_close_resumes(post_batch, p
     assert BillingPeriod.objects.get(month=NOV).status == BillingPeriod.Status.CLOSED
 
 
-def test_a_month_that_is_not_over_or_has_unpriced_usage_is_refused_with_the_reason(post_batch):
+def test_a_month_that_is_not_over_is_refused_and_unpriced_usage_never_holds_the_close(post_batch):
     with pytest.raises(InvalidInput, match="not over yet"):
         close_period(month=NOV, now=datetime(2026, 11, 20, tzinfo=UTC))
+    assert not BillingPeriod.objects.exists()
     usage(post_batch, at=datetime(2026, 11, 15, 12, tzinfo=UTC), seq=1)  # no rate card: unpriced
-    with pytest.raises(InvalidInput, match="without a rate card"):
-        close_period(month=NOV, now=AFTER_NOV)
-    assert not Invoice.objects.exists() and not BillingPeriod.objects.exists()
+    result = close_period(month=NOV, now=AFTER_NOV)
+    assert BillingPeriod.objects.get(month=NOV).status == BillingPeriod.Status.CLOSED
+    assert [(u.gpu_model, u.gpu_seconds, u.tenants) for u in result.unpriced] == [
+        (A100["model"], Decimal(10), ("acme", "globex"))]
+    assert not InvoiceLine.objects.exists()  # nothing priced, nothing invoiced: nothing made up either
 
 
 def test_proportional_idle_policy_adds_an_explicit_idle_line(post_batch, priced):

@@ -18,7 +18,7 @@ from billing.models import AuditEvent, BillingPeriod, Invoice, Tenant
 from billing.scope import ADMIN_GROUP, FINANCE_GROUP
 from billing.services.invoicing import close_period
 from tests import clock
-from tests.conftest import SHARED_GPU_WORKLOADS, make_batch, user_in
+from tests.conftest import A100, SHARED_GPU_WORKLOADS, make_batch, user_in
 
 pytestmark = pytest.mark.django_db
 
@@ -145,16 +145,17 @@ def test_an_unfinished_month_is_refused_with_the_reason_and_nothing_is_recorded(
     assert client.post("/periods/2026-13/close").status_code == 400  # not a month
 
 
-def test_unpriced_usage_is_refused_with_the_reason(client, post_batch, django_capture_on_commit_callbacks):
+def test_unpriced_usage_is_listed_as_an_item_to_resolve_and_never_holds_the_close(
+        client, post_batch, django_capture_on_commit_callbacks):
     assert post_batch(make_batch(start=at(LAST_MONTH, 15), seq=1)).status_code == 201  # no rate card
     rollup_usage(now=clock.now())
     login(client, group=FINANCE_GROUP)
-    page = client.get("/periods/").content.decode()
-    assert 'data-testid="period-unpriced"' in row_html(page, LAST)
+    row = row_html(client.get("/periods/").content.decode(), LAST)
+    assert 'data-testid="period-unpriced"' in row and 'data-testid="close-button"' in row
+    assert f'data-model="{A100["model"]}"' in row and "tenants affected: acme" in row
     resp, enqueue = press_close(client, LAST, django_capture_on_commit_callbacks)
-    assert resp.status_code == 400 and "without a rate card" in resp.content.decode()
-    enqueue.assert_not_called()
-    assert not BillingPeriod.objects.exists()
+    assert resp.status_code == 302
+    enqueue.assert_called_once_with(LAST)
 
 
 def test_a_failed_close_shows_its_error_and_retry_resumes_it(
@@ -190,7 +191,7 @@ def test_a_failed_close_shows_its_error_and_retry_resumes_it(
     assert (period.status, period.progress_pct) == ("closed", 100)
 
 
-def test_usage_that_becomes_unpriced_after_the_request_fails_the_job_with_the_reason(
+def test_usage_that_becomes_unpriced_after_the_request_is_left_off_the_invoices_and_listed(
         client, post_batch, last_month_usage, django_capture_on_commit_callbacks):
     login(client, group=FINANCE_GROUP)
     press_close(client, LAST, django_capture_on_commit_callbacks)
@@ -200,11 +201,17 @@ def test_usage_that_becomes_unpriced_after_the_request_fails_the_job_with_the_re
     late["gpus"][1]["model"] = "NVIDIA T4"  # no rate card for it
     assert post_batch(late).status_code == 201
     rollup_usage(now=clock.now())
-    result = tasks.close_period.apply(args=[LAST])
-    assert result.failed()
+    result = tasks.close_period.apply(args=[LAST]).get()
+    assert result["finalized"] == 2
     period = BillingPeriod.objects.get(month=LAST_MONTH)
-    assert period.status == "failed" and "without a rate card" in period.error
-    assert not Invoice.objects.exists()
+    assert period.status == "closed"
+    # Each tenant is invoiced for its priced usage; the T4 usage is on no invoice and is listed.
+    totals = dict(Invoice.objects.values_list("tenant__slug", "total_minor"))
+    assert totals == {"acme": 100, "globex": 200}
+    row = row_html(client.get("/periods/").content.decode(), LAST)
+    assert 'data-model="NVIDIA T4"' in row and "tenants affected: acme" in row
+    closed = AuditEvent.objects.get(action="billing_period.closed")
+    assert [u["gpu_model"] for u in closed.after["unpriced"]] == ["NVIDIA T4"]
 
 
 def test_status_endpoint_reports_the_rows_state_as_json(client, last_month_usage, django_capture_on_commit_callbacks):

@@ -50,7 +50,7 @@ from billing.ledger.retention import (
 )
 from billing.ledger.rollup import rebuild_ledger, rollup_usage
 from billing.metrics import render_metrics
-from billing.models import Node
+from billing.models import GpuModel, Node
 from billing.services.paired_report import LOOKBACK, compute_paired_report
 from billing.services.quarantine import quarantine_batch
 from billing.services.rate_cards import create_rate_card, earliest_change
@@ -277,6 +277,7 @@ def test_a_rate_card_change_after_retention_reprices_from_its_start_which_always
     skewed = earliest_change(clock.now())
     assert post_batch(make_batch(start=skewed, seconds=10)).status_code == 201
     rollup_usage(now=clock.now())
+    GpuModel.objects.create(name=str(A100["model"]), approved_at=clock.now(), approved_by="test")
     change = create_rate_card(gpu_model=str(A100["model"]), price_per_gpu_hour="7200", currency="USD",
                               effective_from=skewed, source_url="https://example.org/new", source_note="list price, test",
                               now=clock.now(), actor_label="test")

@@ -204,7 +204,7 @@ def _check(ledger: Ledger, monkeypatch: pytest.MonkeyPatch) -> None:
         prev = (start - timedelta(days=1)).date().replace(day=1)
         half = len(ledger.late_rows) // 2
         _write(ledger, ledger.late_rows[:half])
-        _outcome(lambda: close_period(month=prev, now=start + timedelta(days=1), allow_unpriced=True))
+        _outcome(lambda: close_period(month=prev, now=start + timedelta(days=1)))
         _write(ledger, ledger.late_rows[half:])  # late usage: adjustment lines on this month's invoice
     _write(ledger, ledger.rows)
 
@@ -212,7 +212,7 @@ def _check(ledger: Ledger, monkeypatch: pytest.MonkeyPatch) -> None:
     with monkeypatch.context() as m:  # the preview as it was before the day ledger: every day from hours
         m.setattr(spend, "closed_days", lambda start, end, now: None)
         with_hours_only = _outcome(lambda: preview_invoices(month=ledger.month, now=ledger.now))
-    closed = _outcome(lambda: close_period(month=ledger.month, now=end + timedelta(days=1), allow_unpriced=True))
+    closed = _outcome(lambda: close_period(month=ledger.month, now=end + timedelta(days=1)))
     if isinstance(closed, tuple):
         assert preview == closed == with_hours_only
         return

@@ -110,7 +110,7 @@ def test_budget_form_refuses_what_it_cannot_keep_then_saves(session_in, language
 
 
 def _an_hour_after_the_earliest(page: Page) -> str:
-    earliest = page.get_by_test_id("rate-card-form").locator("input[name=effective_from]").get_attribute("min")
+    earliest = page.get_by_test_id("rate-card-form").locator("input[name=effective_from]").get_attribute("data-earliest")
     assert earliest
     # The input's value is UTC (the form reads it so).
     at = datetime.strptime(earliest, "%Y-%m-%dT%H:%M").replace(tzinfo=UTC) + timedelta(hours=1)
@@ -120,11 +120,16 @@ def _an_hour_after_the_earliest(page: Page) -> str:
 @pytest.mark.parametrize("language", LANGUAGES)
 def test_a_free_price_needs_its_confirmation_and_a_mistaken_card_is_retired(session_in, language):
     s = session_in("admin", language)
+    model = f"NVIDIA L4 journey {language}"
+    # Only an approved model reaches the rate-card form.
+    page = s.goto("/gpu-models/")
+    page.get_by_test_id("gpu-model-approve-form").locator("input[name=name]").fill(model)
+    page.get_by_test_id("gpu-model-approve").click()
+    page.wait_for_load_state()
+    expect(page.get_by_test_id("message")).to_contain_text(model)
     page = s.goto("/rate-cards/")
     form = page.get_by_test_id("rate-card-form")
-    model = f"NVIDIA L4 journey {language}"
-    form.locator("select[name=gpu_model]").select_option("")
-    form.locator("input[name=new_gpu_model]").fill(model)
+    form.locator("select[name=gpu_model]").select_option(model)
     form.locator("input[name=price_per_gpu_hour]").fill("0")
     form.locator("select[name=currency]").select_option("USD")
     form.locator("input[name=effective_from]").fill(_an_hour_after_the_earliest(page))
@@ -135,7 +140,7 @@ def test_a_free_price_needs_its_confirmation_and_a_mistaken_card_is_retired(sess
     expect(page.get_by_test_id("rate-card-form-error")).to_contain_text(model)
     # The form keeps what was typed; the confirmation is what was missing.
     form = page.get_by_test_id("rate-card-form")
-    assert form.locator("input[name=new_gpu_model]").input_value() == model
+    assert form.locator("select[name=gpu_model]").input_value() == model
     form.locator("input[name=confirm_free]").check()
     page.get_by_test_id("rate-card-submit").click()
     page.wait_for_load_state()

@@ -12,13 +12,10 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("--month", required=True, help="YYYY-MM, a month that is over")
-        parser.add_argument("--allow-unpriced", action="store_true",
-                            help="close even if some GPU-hours have no rate card (they stay off the invoices)")
 
     def handle(self, *args: Any, **options: Any) -> None:
         try:
-            result = close_period(month=parse_month(options["month"]), now=timezone.now(),
-                                  allow_unpriced=options["allow_unpriced"])
+            result = close_period(month=parse_month(options["month"]), now=timezone.now())
         except InvalidInput as exc:
             raise CommandError(str(exc)) from exc
         if result.already_closed:
@@ -26,3 +23,7 @@ class Command(BaseCommand):
         else:
             self.stdout.write(f"closed {result.month:%Y-%m}: {result.invoices_finalized} invoice(s) finalized, "
                               f"{result.invoices_already_final} already final")
+        for item in result.unpriced:
+            # Left off the invoices until the model is approved and priced (then a late-usage adjustment).
+            self.stdout.write(f"unpriced: {item.gpu_model}: {item.gpu_hours:.2f} GPU-hours, "
+                              f"tenants {', '.join(item.tenants) or '-'} (approve and price it on /gpu-models/)")
