@@ -357,9 +357,10 @@ VGPU_NODE_TOKENREVIEW_CACHE_S = int(os.environ.get("VGPU_NODE_TOKENREVIEW_CACHE_
 VGPU_KUBE_API_TIMEOUT_S = float(os.environ.get("VGPU_KUBE_API_TIMEOUT_S", 5))
 
 # OpenCost's clients (kubectl-cost, the OpenCost UI) through the OpenCost gateway
-# (docs/opencost-clients.md): a ServiceAccount token of this audience, checked by TokenReview, reads
-# as the user its ServiceAccount is mapped to ("namespace:serviceaccount=username", comma-separated;
-# empty: off). A successful review is reused for at most VGPU_KUBE_CLIENT_CACHE_S seconds.
+# (docs/allocation-api.md, "Connecting kubectl-cost and the OpenCost UI"): a ServiceAccount token of
+# this audience, checked by TokenReview, reads as the user its ServiceAccount is mapped to
+# ("namespace:serviceaccount=username", comma-separated; empty: off). A successful review is
+# reused for at most VGPU_KUBE_CLIENT_CACHE_S seconds.
 VGPU_KUBE_CLIENTS = os.environ.get("VGPU_KUBE_CLIENTS", "")
 VGPU_KUBE_CLIENT_AUDIENCE = os.environ.get("VGPU_KUBE_CLIENT_AUDIENCE", "vgpu-ledger-opencost").strip()
 VGPU_KUBE_CLIENT_CACHE_S = int(os.environ.get("VGPU_KUBE_CLIENT_CACHE_S", 60))

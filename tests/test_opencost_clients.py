@@ -1,4 +1,5 @@
-"""OpenCost's clients reach the allocation API through the OpenCost gateway (docs/opencost-clients.md).
+"""OpenCost's clients reach the allocation API through the OpenCost gateway
+(docs/allocation-api.md, "Connecting kubectl-cost and the OpenCost UI").
 
 The gateway is the real nginx (with its njs module) running the configuration shipped in
 deploy/k8s/opencost-clients.yaml, only its addresses replaced (listen port, the ledger's address, the

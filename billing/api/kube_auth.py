@@ -1,5 +1,6 @@
 """`Authorization: Bearer <Kubernetes ServiceAccount token>` for OpenCost's clients (kubectl-cost,
-the OpenCost UI), which cannot hold one of our API tokens (docs/opencost-clients.md).
+the OpenCost UI), which cannot hold one of our API tokens
+(docs/allocation-api.md, "Connecting kubectl-cost and the OpenCost UI").
 
 Neither client sends a credential of its own: kubectl-cost reaches its service through a
 port-forward or the API server's service proxy (which authenticates the caller but forwards no
