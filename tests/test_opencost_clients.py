@@ -18,6 +18,7 @@ import socket
 import subprocess
 import time
 from collections.abc import Iterator
+from datetime import timedelta
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
@@ -195,7 +196,7 @@ def test_a_service_account_token_is_refused_unless_reviewed_for_the_audience_map
     wrong_audience = kube.issue_service_account_token(namespace="opencost", pod=GATEWAY_POD,
                                                       audiences=["vgpu-ledger"])
     refused = _direct(live_server, wrong_audience)
-    assert refused.status_code == 401 and "invalid for the target audiences" in refused.json()["message"]
+    assert refused.status_code == 401 and f"not for audience '{AUDIENCE}'" in refused.json()["message"]
 
     other_account = kube.issue_service_account_token(namespace="opencost", service_account="default",
                                                      audiences=[AUDIENCE])
@@ -227,3 +228,24 @@ def test_an_api_server_that_cannot_answer_is_a_503_not_a_401(
     assert _direct(live_server, token).status_code == 200  # cached
     kube_auth.clear_client_review_cache()
     assert _direct(live_server, token).status_code == 401
+
+
+def _reviews(kube: FakeKubernetes) -> int:
+    return sum(r.path.endswith("/tokenreviews") for r in kube.requests)
+
+
+def test_garbage_and_expired_tokens_are_refused_without_a_token_review_and_a_review_is_cached(
+    live_server: Any, kube: FakeKubernetes, fleet: None
+) -> None:
+    reader(tenant="acme")
+    expired = kube.issue_service_account_token(namespace="opencost", pod=GATEWAY_POD, audiences=[AUDIENCE],
+                                               issued_at=clock.now() - timedelta(hours=2))
+    for token in ("a.b.c", "x" * 20 + "." + "y" * 5000 + ".z", "e30.e30.sig", expired):
+        refused = _direct(live_server, token)
+        assert refused.status_code == 401, (token[:40], refused.text)
+        assert refused.json()["code"] == 401
+    assert _reviews(kube) == 0
+    good = kube.issue_service_account_token(namespace="opencost", pod=GATEWAY_POD, audiences=[AUDIENCE])
+    for _ in range(3):
+        assert _direct(live_server, good).status_code == 200
+    assert _reviews(kube) == 1

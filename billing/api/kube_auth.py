@@ -111,9 +111,9 @@ def _reviewed_account(token: str, *, now: datetime) -> str:
         if cached is not None and now < cached[1]:
             return cached[0]
         _cache.pop(key, None)
+    expires = _precheck(_unverified_claims(token), now=now)
     account = _review(token)
     until = now + timedelta(seconds=settings.VGPU_KUBE_CLIENT_CACHE_S)
-    expires = _unverified_exp(token)
     if expires is not None:
         # The review vouched for the token's signed claims, so its exp may bound the cache.
         until = min(until, expires)
@@ -154,12 +154,34 @@ def _review(token: str) -> str:
     return username.removeprefix(_SERVICE_ACCOUNT_PREFIX)
 
 
-def _unverified_exp(token: str) -> datetime | None:
-    """The JWT's exp, read without checking the signature (the review has just checked it)."""
+def _unverified_claims(token: str) -> dict[str, Any]:
+    """The JWT's payload, read without checking the signature (the TokenReview does that); {} when
+    it is not a JSON object."""
     payload = token.split(".")[1]
     try:
         claims: Any = json.loads(base64.urlsafe_b64decode(payload + "=" * (-len(payload) % 4)))
     except (ValueError, binascii.Error):
+        return {}
+    return claims if isinstance(claims, dict) else {}
+
+
+def _precheck(claims: dict[str, Any], *, now: datetime) -> datetime | None:
+    """The token's expiry, after refusing here, without troubling the API server, a token that is
+    not a JWT for our audience or has expired by its own claims (the review would refuse it too;
+    this keeps garbage from costing a TokenReview each)."""
+    audiences = claims.get("aud")
+    audiences = [audiences] if isinstance(audiences, str) else audiences
+    audience = settings.VGPU_KUBE_CLIENT_AUDIENCE
+    if not isinstance(audiences, list) or audience not in audiences:
+        raise exceptions.AuthenticationFailed(
+            _("the token is not for audience '%(audience)s'") % {"audience": audience})
+    expires = claims.get("exp")
+    if not isinstance(expires, int | float) or isinstance(expires, bool):
         return None
-    expires = claims.get("exp") if isinstance(claims, dict) else None
-    return datetime.fromtimestamp(expires, tz=UTC) if isinstance(expires, int | float) else None
+    try:
+        until = datetime.fromtimestamp(expires, tz=UTC)
+    except (OverflowError, OSError, ValueError):
+        return None
+    if until <= now:
+        raise exceptions.AuthenticationFailed(_("the token has expired"))
+    return until
