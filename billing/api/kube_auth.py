@@ -113,10 +113,8 @@ def _reviewed_account(token: str, *, now: datetime) -> str:
         _cache.pop(key, None)
     expires = _precheck(_unverified_claims(token), now=now)
     account = _review(token)
-    until = now + timedelta(seconds=settings.VGPU_KUBE_CLIENT_CACHE_S)
-    if expires is not None:
-        # The review vouched for the token's signed claims, so its exp may bound the cache.
-        until = min(until, expires)
+    # The review vouched for the token's signed claims, so its exp may bound the cache.
+    until = min(now + timedelta(seconds=settings.VGPU_KUBE_CLIENT_CACHE_S), expires)
     if until > now:
         with _cache_lock:
             _cache[key] = (account, until)
@@ -165,10 +163,11 @@ def _unverified_claims(token: str) -> dict[str, Any]:
     return claims if isinstance(claims, dict) else {}
 
 
-def _precheck(claims: dict[str, Any], *, now: datetime) -> datetime | None:
+def _precheck(claims: dict[str, Any], *, now: datetime) -> datetime:
     """The token's expiry, after refusing here, without troubling the API server, a token that is
-    not a JWT for our audience or has expired by its own claims (the review would refuse it too;
-    this keeps garbage from costing a TokenReview each)."""
+    not a JWT for our audience, has no expiry or has expired by its own claims (a projected or
+    TokenRequest token always has `aud` and `exp`; the review would refuse the rest too, and this
+    keeps garbage from costing a TokenReview each)."""
     audiences = claims.get("aud")
     audiences = [audiences] if isinstance(audiences, str) else audiences
     audience = settings.VGPU_KUBE_CLIENT_AUDIENCE
@@ -176,12 +175,12 @@ def _precheck(claims: dict[str, Any], *, now: datetime) -> datetime | None:
         raise exceptions.AuthenticationFailed(
             _("the token is not for audience '%(audience)s'") % {"audience": audience})
     expires = claims.get("exp")
-    if not isinstance(expires, int | float) or isinstance(expires, bool):
-        return None
     try:
+        if not isinstance(expires, int | float) or isinstance(expires, bool):
+            raise ValueError("no numeric exp")
         until = datetime.fromtimestamp(expires, tz=UTC)
     except (OverflowError, OSError, ValueError):
-        return None
+        raise exceptions.AuthenticationFailed(_("the token has no valid expiry (exp)")) from None
     if until <= now:
         raise exceptions.AuthenticationFailed(_("the token has expired"))
     return until
