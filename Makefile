@@ -56,6 +56,8 @@ browser-deps:
 monitoring-deps:
 	@command -v promtool >/dev/null || { echo "installing Debian's prometheus for promtool"; \
 	  $(call apt_install,prometheus,the monitoring tests need promtool); }
+	@test -e /usr/lib/nginx/modules/ngx_http_js_module.so || { echo "installing nginx with njs for the OpenCost gateway test"; \
+	  $(call apt_install,nginx-light libnginx-mod-http-js,tests/test_opencost_clients.py runs the shipped gateway); }
 
 # qpdf checks every PDF we ship: structure, embedded fonts, no missing glyph (tests/pdf_check.py).
 pdf-deps:

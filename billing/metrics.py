@@ -26,6 +26,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Iterable
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 from django.conf import settings
@@ -34,6 +35,7 @@ from prometheus_client import CollectorRegistry, Counter, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from billing.ledger.gpu_metrics import gpu_hour_state, known_clusters
 from billing.ledger.retention import get_retention_state
 from billing.queries.ledger_state import PERIOD_STATES, get_ledger_state
 from billing.services.bearer import configured_token
@@ -43,10 +45,12 @@ from billing.services.rebalance import count_executions
 __all__ = [
     "ADMISSION_RESULTS",
     "LedgerCollector",
+    "OpenCostCollector",
     "count_admission_review",
     "count_ingest_answer",
     "count_ingested_samples",
     "render_metrics",
+    "render_opencost_metrics",
     "scrape_token",
 ]
 
@@ -200,6 +204,64 @@ def render_metrics() -> bytes:
     else:
         registry.register(_ProcessCounters())
     registry.register(LedgerCollector())
+    return generate_latest(registry)
+
+
+# OpenCost's label sets (pkg/costmodel/metrics.go), in its order: `instance` and `node` are both the
+# node's name; the cloud labels are "" here (the ledger knows GPUs, not machine types or regions).
+_OPENCOST_NODE_LABELS = ["instance", "node", "instance_type", "region", "provider_id", "arch"]
+_OPENCOST_CONTAINER_LABELS = ["namespace", "pod", "container", "instance", "node"]
+_SECONDS_PER_HOUR = 3600
+
+
+class OpenCostCollector(Collector):
+    """OpenCost's GPU metric families, from the last complete UTC hour of the hour ledger, so
+    dashboards and alerts written for OpenCost show this fleet. OpenCost sets them from its live
+    model; here each holds the hour before the current one, as the rollup has written it (a rollup
+    behind, vgpu_ledger_rollup_lag_seconds, shows the part it has), and changes once an hour.
+
+    Gauges, as in OpenCost: node_gpu_count (GPUs metered on the node), node_gpu_hourly_cost (price
+    of one GPU-hour on the node, the billing currency's major unit), container_gpu_allocation (GPUs
+    the container held on average: its vGPU share, Σ share GPU-seconds / 3600), and
+    kubecost_cluster_info (1 per named cluster)."""
+
+    def __init__(self, *, now: datetime | None = None) -> None:
+        self.now = now
+
+    def collect(self) -> Iterable[Metric]:
+        now = self.now or timezone.now()
+        hour = now.astimezone(UTC).replace(minute=0, second=0, microsecond=0) - timedelta(hours=1)
+        nodes, containers = gpu_hour_state(hour)
+        count = GaugeMetricFamily("node_gpu_count", "node_gpu_count count of gpu on this node",
+                                  labels=_OPENCOST_NODE_LABELS)
+        price = GaugeMetricFamily("node_gpu_hourly_cost", "node_gpu_hourly_cost hourly cost for each gpu on this node",
+                                  labels=_OPENCOST_NODE_LABELS)
+        for node in nodes:
+            labels = [node.node, node.node, "", "", "", ""]
+            count.add_metric(labels, node.gpus)
+            if node.priced_gpu_seconds > 0:
+                # Display only, as every money figure here; the ledger keeps the Decimals.
+                price.add_metric(labels, float(node.card_cost * _SECONDS_PER_HOUR / node.priced_gpu_seconds))
+        yield count
+        yield price
+        allocation = GaugeMetricFamily("container_gpu_allocation", "container_gpu_allocation GPU used",
+                                       labels=_OPENCOST_CONTAINER_LABELS)
+        for c in containers:
+            allocation.add_metric([c.namespace, c.pod, c.container, c.node, c.node],
+                                  float(c.share_gpu_s / _SECONDS_PER_HOUR))
+        yield allocation
+        info = GaugeMetricFamily("kubecost_cluster_info", "kubecost_cluster_info ClusterInfo", labels=["id", "name"])
+        for cluster in known_clusters():
+            info.add_metric([cluster, cluster], 1)
+        yield info
+
+
+def render_opencost_metrics(*, now: datetime | None = None) -> bytes:
+    """The exposition of /metrics/opencost: OpenCost's families alone, at a path of their own,
+    because their `instance` label is the node's (Prometheus must scrape them with honor_labels,
+    which the service's own families must not get)."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(OpenCostCollector(now=now))
     return generate_latest(registry)
 
 

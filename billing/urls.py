@@ -26,6 +26,7 @@ urlpatterns = [
     path("healthz", health.healthz, name="healthz"),
     path("readyz", health.readyz, name="readyz"),
     path("metrics", metrics.metrics, name="metrics"),
+    path("metrics/opencost", metrics.opencost_metrics, name="metrics-opencost"),
     path("api/v1/usage/batches", UsageBatchView.as_view(), name="usage-batches"),
     path("api/v1/nodes/<str:node>/policy", NodePolicyView.as_view(), name="node-policy"),
     path("api/v1/nodes/<str:node>/events", NodeEventsView.as_view(), name="node-events"),

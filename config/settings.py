@@ -180,6 +180,7 @@ REST_FRAMEWORK = {
     # An API token first (docs/api.md): it is the one a script sends, and its class answers the 401
     # challenge; a signed-in browser's session cookie (with its CSRF check) second.
     "DEFAULT_AUTHENTICATION_CLASSES": ["billing.api.auth.ApiTokenAuthentication",
+                                       "billing.api.kube_auth.KubeServiceAccountAuthentication",
                                        "rest_framework.authentication.SessionAuthentication"],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
@@ -354,6 +355,15 @@ VGPU_NODE_SERVICE_ACCOUNTS = [a.strip() for a in os.environ.get("VGPU_NODE_SERVI
                                                                 "vgpu-ledger:vgpu-agent").split(",") if a.strip()]
 VGPU_NODE_TOKENREVIEW_CACHE_S = int(os.environ.get("VGPU_NODE_TOKENREVIEW_CACHE_S", 60))
 VGPU_KUBE_API_TIMEOUT_S = float(os.environ.get("VGPU_KUBE_API_TIMEOUT_S", 5))
+
+# OpenCost's clients (kubectl-cost, the OpenCost UI) through the OpenCost gateway
+# (docs/allocation-api.md, "Connecting kubectl-cost and the OpenCost UI"): a ServiceAccount token of
+# this audience, checked by TokenReview, reads as the user its ServiceAccount is mapped to
+# ("namespace:serviceaccount=username", comma-separated; empty: off). A successful review is
+# reused for at most VGPU_KUBE_CLIENT_CACHE_S seconds.
+VGPU_KUBE_CLIENTS = os.environ.get("VGPU_KUBE_CLIENTS", "")
+VGPU_KUBE_CLIENT_AUDIENCE = os.environ.get("VGPU_KUBE_CLIENT_AUDIENCE", "vgpu-ledger-opencost").strip()
+VGPU_KUBE_CLIENT_CACHE_S = int(os.environ.get("VGPU_KUBE_CLIENT_CACHE_S", 60))
 
 # Prometheus scrapes /metrics with this bearer token (billing/web/metrics.py): inline, or a file
 # such as a mounted Secret (read at every scrape). With neither, /metrics answers 403.

@@ -6,11 +6,13 @@ no token configured nobody may read them, and the answer says what to set."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from django.http import HttpRequest, HttpResponse
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET
 
-from billing.metrics import render_metrics, scrape_token
+from billing.metrics import render_metrics, render_opencost_metrics, scrape_token
 from billing.services.bearer import presents_bearer
 
 # The classic text format, which every Prometheus 2.x parses; render_metrics writes it (our names
@@ -21,6 +23,17 @@ _CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 @never_cache
 @require_GET
 def metrics(request: HttpRequest) -> HttpResponse:
+    return _scrape(request, render_metrics)
+
+
+@never_cache
+@require_GET
+def opencost_metrics(request: HttpRequest) -> HttpResponse:
+    """OpenCost's GPU families (billing.metrics.OpenCostCollector), behind the same scrape token."""
+    return _scrape(request, render_opencost_metrics)
+
+
+def _scrape(request: HttpRequest, render: Callable[[], bytes]) -> HttpResponse:
     token, problem = scrape_token()
     if problem:
         return HttpResponse(f"/metrics is off: {problem} (docs/operations.md, Metrics)\n", status=403,
@@ -30,4 +43,4 @@ def metrics(request: HttpRequest) -> HttpResponse:
                                 content_type="text/plain; charset=utf-8")
         response["WWW-Authenticate"] = 'Bearer realm="vgpu-ledger-metrics"'
         return response
-    return HttpResponse(render_metrics(), content_type=_CONTENT_TYPE)
+    return HttpResponse(render(), content_type=_CONTENT_TYPE)

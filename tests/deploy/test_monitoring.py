@@ -93,6 +93,41 @@ def test_a_real_agents_exposition_passes_promtool(tmp_path):
     assert result.returncode == 0 and not (result.stdout + result.stderr).strip(), result.stdout + result.stderr
 
 
+@pytest.mark.django_db
+def test_the_services_opencost_exposition_passes_promtool(client, settings):
+    """/metrics/opencost with every family populated (tests/billing/test_opencost_metrics.py checks
+    the values): the text Prometheus reads passes `promtool check metrics`."""
+    from datetime import timedelta
+    from decimal import Decimal
+
+    from billing.ledger.models import GpuHour, UsageHour
+    from billing.models import Node
+
+    settings.VGPU_METRICS_TOKEN, settings.VGPU_METRICS_TOKEN_FILE = TOKEN, ""
+    hour = clock.now().replace(minute=0, second=0, microsecond=0) - timedelta(hours=1)
+    node = Node.objects.create(name="gpu-node-1", cluster="east")
+    zero = Decimal(0)
+    GpuHour.objects.create(gpu_uuid="GPU-1", node=node, gpu_model="A100", hour=hour, metered_seconds=Decimal(3600),
+                           card_cost=Decimal(3), charged=zero, idle_cost=Decimal(3), idle_allocated=zero,
+                           currency="USD", priced=True)
+    UsageHour.objects.create(gpu_uuid="GPU-1", node=node, tenant="acme", namespace="acme-prod", pod="bert",
+                             container="main", pod_uid="uid-bert", sla_tier="gold", seconds=Decimal(3600),
+                             share_gpu_s=Decimal(1800), charge=zero, idle_share=zero, hour=hour,
+                             **dict.fromkeys(("mem_billed_mb_s", "sm_billed_s", "pcie_mb", "mem_granted_mb_s",
+                                              "sm_granted_s", "mem_used_mb_s", "sm_used_s"), zero))
+    resp = client.get("/metrics/opencost", HTTP_AUTHORIZATION=f"Bearer {TOKEN}")
+    assert resp.status_code == 200
+    text = resp.content.decode()
+    for family in ("node_gpu_count{", "node_gpu_hourly_cost{", "container_gpu_allocation{", "kubecost_cluster_info{"):
+        assert family in text, text
+    result = _promtool("check", "metrics", stdin=text)
+    # The one lint is OpenCost's own name, which dashboards query and so must stay as it is; a parse
+    # error ("error while linting") or any other lint fails.
+    lints = (result.stdout + result.stderr).strip().splitlines()
+    assert lints == ['node_gpu_count non-histogram and non-summary metrics should not have "_count" suffix'], lints
+    assert result.returncode == 3  # promtool's "lint problems", not 1 (the text did not parse)
+
+
 def _agent_series(tmp_path: Path) -> set[str]:
     metrics = AgentMetrics()
     spool = Spool(tmp_path / "spool.sqlite", node="n", now=clock.now)
@@ -147,7 +182,10 @@ def test_the_scrape_config_has_the_jobs_the_rules_and_dashboard_name():
     assert config["rule_files"] == ["alerts.yaml"]
     jobs = {job["job_name"] for job in config["scrape_configs"]}
     named = set(re.findall(r'job="([^"]+)"', " ".join(_dashboard_exprs() + [r["expr"] for r in _rules()])))
-    assert named == jobs == {"vgpu-ledger-web", "vgpu-agent"}
+    # The opencost job feeds dashboards written for OpenCost's metrics, not ours.
+    assert named == jobs - {"opencost"} == {"vgpu-ledger-web", "vgpu-agent"}
+    [opencost] = [job for job in config["scrape_configs"] if job["job_name"] == "opencost"]
+    assert opencost["metrics_path"] == "/metrics/opencost" and opencost["honor_labels"] is True
 
 
 def test_every_alert_has_a_summary_a_description_and_a_runbook_in_operations_md():
