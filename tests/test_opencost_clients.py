@@ -4,7 +4,7 @@
 The gateway is the real nginx (with its njs module) running the configuration shipped in
 deploy/k8s/opencost-clients.yaml, only its addresses replaced (listen port, the ledger's address, the
 token's path); the ledger is the live Django server on the test Postgres; the Kubernetes API server
-that issues the gateway pod's projected token and reviews it is agents.testing.FakeKubernetes.
+that issues the gateway pod's projected token and reviews it is agents.fakes.kube.FakeKubernetes.
 The requests are the ones kubectl-cost sends (pkg/query/allocation.go, aggregatedcommandbuilder.go:
 GET <path>?window=..&aggregate=..&accumulate=true&includeIdle=..&idle=.., no credential) on both of its
 paths, and the one the OpenCost UI's nginx forwards (its /model prefix stripped).
@@ -27,7 +27,7 @@ import pytest
 import requests
 import yaml
 
-from agents.testing import FakeKubernetes
+from agents.fakes.kube import FakeKubernetes
 from billing.api import kube_auth
 from billing.ledger.models import GpuHour, UsageHour
 from billing.models import Node

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import requests
 
-from agents.testing import FakeKubernetes
+from agents.fakes.kube import FakeKubernetes
 from billing.api import kube_auth
 
 
