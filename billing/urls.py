@@ -4,7 +4,7 @@ from drf_spectacular.views import SpectacularAPIView
 
 from billing.api.admission import PodAdmissionView
 from billing.api.agent import NodeEventsView, NodePolicyView, NodeUndeliveredView, UsageBatchView
-from billing.api.allocation import AllocationView
+from billing.api.allocation import AllocationSummaryView, AllocationView, AssetsView, AutocompleteView
 from billing.web import (
     admin_fleet,
     admin_pages,
@@ -32,12 +32,17 @@ urlpatterns = [
     path("api/v1/nodes/<str:node>/events", NodeEventsView.as_view(), name="node-events"),
     path("api/v1/nodes/<str:node>/undelivered", NodeUndeliveredView.as_view(), name="node-undelivered"),
     path("api/v1/admission/pods", PodAdmissionView.as_view(), name="admission-pods"),
-    # OpenCost clients call <base>/allocation[/compute]; the API's own prefix serves the same
-    # (docs/allocation-api.md).
-    path("allocation", AllocationView.as_view(), name="allocation"),
-    path("allocation/compute", AllocationView.as_view(), name="allocation-compute"),
-    path("api/v1/allocation", AllocationView.as_view(), name="api-allocation"),
-    path("api/v1/allocation/compute", AllocationView.as_view(), name="api-allocation-compute"),
+    # OpenCost clients call <base>/allocation[/compute][/summary], /assets; Kubecost's under /model/;
+    # the API's own prefix serves the same (docs/allocation-api.md).
+    *[path(f"{prefix}{route}", view.as_view(), name=f"{name_prefix}{name}")
+      for prefix, name_prefix in (("", ""), ("api/v1/", "api-"), ("model/", "model-"))
+      for route, view, name in (
+          ("allocation", AllocationView, "allocation"),
+          ("allocation/compute", AllocationView, "allocation-compute"),
+          ("allocation/summary", AllocationSummaryView, "allocation-summary"),
+          ("allocation/compute/summary", AllocationSummaryView, "allocation-compute-summary"),
+          ("allocation/autocomplete", AutocompleteView, "allocation-autocomplete"),
+          ("assets", AssetsView, "assets"))],
     path("api/v1/schema", SpectacularAPIView.as_view(), name="openapi-schema"),
     path("finance/", views.finance_overview, name="finance-overview"),
     path("explore/", explore.explore, name="explore"),

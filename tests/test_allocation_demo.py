@@ -56,7 +56,7 @@ def test_lastmonth_by_namespace_with_idle_equals_the_invoices_plus_idle(demo: De
     resp = _allocation(demo, token, window="lastmonth", aggregate="namespace", includeIdle="true", accumulate="true")
     assert resp.status_code == 200, resp.text
     body = resp.json()
-    assert body["code"] == 200 and len(body["data"]) == 1
+    assert body["code"] == 200 and body["status"] == "success" and len(body["data"]) == 1
     (allocations,) = body["data"]
     assert "__idle__" in allocations and allocations["__idle__"]["name"] == "__idle__"
     assert all(a["window"]["start"].startswith(f"{month:%Y-%m}-01") for a in allocations.values())

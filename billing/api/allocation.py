@@ -13,11 +13,13 @@ totals right to the cent, not to the ledger unit.
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from typing import Any
 
 from django.utils import timezone
+from django.utils.translation import gettext
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema, inline_serializer
 from rest_framework import exceptions, serializers
@@ -26,6 +28,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from billing.ledger import allocation as ledger
 from billing.queries.allocation import (
     LABEL_PREFIX,
     Allocation,
@@ -33,26 +36,29 @@ from billing.queries.allocation import (
     Window,
     align_window,
     allocation_sets,
+    legacy_filter_tree,
+    node_assets,
+    parse_accumulate,
     parse_aggregate,
     parse_bool,
     parse_filter,
+    parse_filter_tree,
     parse_step,
     parse_window,
     set_windows,
 )
 from billing.scope import get_scope
 
-__all__ = ["AllocationView"]
+__all__ = ["AllocationSummaryView", "AllocationView", "AssetsView", "AutocompleteView"]
 
 # OpenCost's names for the unaggregated properties; ours keep their own names.
 _RESPONSE = inline_serializer("AllocationResponse", {
     "code": serializers.IntegerField(),
-    "window": inline_serializer("AllocationWindow", {"start": serializers.DateTimeField(),
-                                                     "end": serializers.DateTimeField()}),
+    "status": serializers.CharField(help_text="success"),
     "data": serializers.ListField(child=serializers.DictField(), help_text=(
-        "One set per step: allocation name -> {name, properties, window, start, end, minutes, gpuHours, gpuCost, "
-        "gpuUsageCost, sharedIdleCost, totalCost, currency, gpuMemUsedMBSeconds, gpuMemGrantedMBSeconds, "
-        "gpuMemRequestedMBSeconds, gpuSMUsedSeconds, gpuSMGrantedSeconds, gpuSMRequestedSeconds}")),
+        "One set per step: allocation name -> OpenCost's Allocation (every field of its AllocationJSON: "
+        "cpu*, gpu*, network*, loadBalancer*, pv*, ram*, sharedCost, externalCost, totalCost, totalEfficiency, "
+        "gpuAllocation...) and ours: gpuUsageCost, sharedIdleCost, currency, gpuMem*, gpuSM*")),
 })
 _ERROR = inline_serializer("AllocationError", {"code": serializers.IntegerField(),
                                                "message": serializers.CharField(),
@@ -66,15 +72,21 @@ def _param(name: str, description: str, *, required: bool = False, kind: Any = O
 _PARAMETERS = [
     _param("window", "today, yesterday, week, month, lastweek, lastmonth; a duration (30m, 24h, 7d, 2w); or "
                      "start,end in RFC 3339 or Unix seconds. UTC; aligned to whole hours.", required=True),
-    _param("aggregate", "Comma-separated: cluster, node, namespace, controllerKind, controller, pod, container, "
-                        "tenant, gpu_model, sla_tier, gpu, label:<name>. Default: cluster,node,namespace,pod,container."),
-    _param("step", "Duration of each set, whole hours (1h, 6h, 1d, 1w). Default: one set."),
-    _param("accumulate", "true: one set over the whole window.", kind=OpenApiTypes.BOOL),
+    _param("aggregate", "Comma-separated: all, cluster, node, namespace, controllerKind, controller, deployment, "
+                        "statefulset, daemonset, job, service, pod, container, label:<name>, annotation:<name>, "
+                        "tenant, gpu_model, sla_tier, gpu; unknown keys are dropped, as OpenCost drops them. "
+                        "Default: cluster,node,namespace,pod,container."),
+    _param("step", "Duration of each set (30m, 1h, 1d, 1w), rounded up to whole hours. Default: one set."),
+    _param("accumulate", "true or all: one set; hour, day, week, month, quarter: one set per calendar unit."),
+    _param("accumulateBy", "Same as accumulate (Kubecost's name)."),
+    _param("idle", "Same as includeIdle (OpenCost's name).", kind=OpenApiTypes.BOOL),
     _param("includeIdle", "true: the platform's idle as __idle__ (finance and admins only).", kind=OpenApiTypes.BOOL),
     _param("shareIdle", "true: the platform's idle spread onto the allocations by usage charge.",
            kind=OpenApiTypes.BOOL),
-    _param("idleByNode", "true: idle per node (<node>/__idle__), and shared per node.", kind=OpenApiTypes.BOOL),
-    _param("filter", 'OpenCost filter, equality only: namespace:"a","b"+label[app]:"web".'),
+    _param("idleByNode", "true: idle computed and shared per node.", kind=OpenApiTypes.BOOL),
+    _param("splitIdle", "true: idle per node (idleByNode) or per cluster, <node>/__idle__.", kind=OpenApiTypes.BOOL),
+    _param("filter", 'OpenCost filter: namespace:"a","b"+label[app]:"web", !:, ~:, <~:, ~>:, | and parentheses.'),
+    _param("filterNamespaces", "OpenCost's older filters (filterClusters, filterNodes, filterPods, filterLabels...)."),
     _param("resolution", "Accepted for OpenCost clients and ignored: the ledger's resolution is one hour."),
 ]
 
@@ -87,31 +99,97 @@ def _iso(at: datetime) -> str:
     return at.astimezone(UTC).isoformat().replace("+00:00", "Z")
 
 
+def _window(window: Window) -> dict[str, str]:
+    return {"start": _iso(window.start), "end": _iso(window.end)}
+
+
 def _properties(allocation: Allocation) -> dict[str, Any]:
-    """OpenCost's shape: labels under `labels`, every other key by its name."""
+    """OpenCost's AllocationProperties: labels under `labels`, annotations under `annotations`,
+    `controller` the bare name beside `controllerKind` (the allocation's name keeps `kind:name`),
+    `service` as OpenCost's `services` list."""
     out: dict[str, Any] = {}
     for key, value in allocation.properties.items():
         if key.startswith(LABEL_PREFIX):
             out.setdefault("labels", {})[key[len(LABEL_PREFIX):]] = value
+        elif key.startswith(ledger.ANNOTATION_PREFIX):
+            out.setdefault("annotations", {})[key[len(ledger.ANNOTATION_PREFIX):]] = value
+        elif key == "controller" and ":" in value:
+            kind, _, name = value.partition(":")
+            out["controller"] = name
+            out.setdefault("controllerKind", kind)
+        elif key == "service":
+            out["services"] = [value]
         else:
             out[key] = value
     return out
 
 
+# OpenCost's Allocation fields for resources the ledger does not meter: present, and 0.
+_ZERO_FIELDS = (
+    "cpuCores", "cpuCoreRequestAverage", "cpuCoreLimitAverage", "cpuCoreUsageAverage", "cpuCoreHours", "cpuCost",
+    "cpuCostAdjustment", "cpuCostIdle", "cpuEfficiency", "networkTransferBytes", "networkReceiveBytes",
+    "networkCost", "networkCrossZoneCost", "networkCrossRegionCost", "networkInternetCost", "networkCostAdjustment",
+    "loadBalancerCost", "loadBalancerCostAdjustment", "pvBytes", "pvByteHours", "pvCost", "pvCostAdjustment",
+    "ramBytes", "ramByteRequestAverage", "ramByteLimitAverage", "ramByteUsageAverage", "ramByteHours", "ramCost",
+    "ramCostAdjustment", "ramCostIdle", "ramEfficiency", "gpuCostAdjustment", "sharedCost", "externalCost",
+)
+
+
+@dataclass(frozen=True)
+class _Gpu:
+    """The GPU figures OpenCost derives (Allocation.GPUs, GPUEfficiency): GPUs held on average over
+    the allocation's minutes, the SM share of them used, and that ratio."""
+
+    count: float
+    usage: float
+    efficiency: float
+
+
+def _gpu(allocation: Allocation) -> _Gpu:
+    hours = allocation.minutes / 60
+    count = allocation.gpu_hours / hours if hours > 0 and not allocation.is_idle else Decimal(0)
+    # SM-seconds used over SM-seconds granted: the card share the workload kept busy.
+    efficiency = (allocation.sm_used_s / allocation.sm_granted_s
+                  if allocation.sm_granted_s > 0 and not allocation.is_idle else Decimal(0))
+    return _Gpu(count=float(count), usage=float(count * efficiency), efficiency=float(efficiency))
+
+
 def _render(allocation: Allocation, window: Window) -> dict[str, Any]:
-    return {
+    gpu = _gpu(allocation)
+    idle_in_cost = allocation.total_cost if allocation.is_idle else allocation.shared_idle_cost
+    body: dict[str, Any] = {
         "name": allocation.name,
         "properties": _properties(allocation),
-        "window": {"start": _iso(window.start), "end": _iso(window.end)},
+        "window": _window(window),
         "start": _iso(allocation.start),
         "end": _iso(allocation.end),
         "minutes": float(allocation.minutes),
+        **dict.fromkeys(_ZERO_FIELDS, 0.0),
+        "gpuCount": gpu.count,
+        # OpenCost keeps these two on the Allocation but writes them only inside gpuAllocation
+        # (allocation_json.go: `json:"-"`); clients read both places, so both carry them.
+        "gpuRequestAverage": gpu.count,
+        "gpuUsageAverage": gpu.usage,
         "gpuHours": float(allocation.gpu_hours),
         # OpenCost folds shared idle into the resource's cost; the parts are ours.
         "gpuCost": float(allocation.total_cost),
+        "gpuCostIdle": float(idle_in_cost),
+        "gpuEfficiency": gpu.efficiency,
+        "pvs": {},
+        "totalCost": float(allocation.total_cost),
+        # GPUs are the only resource with a cost here, so the cost-weighted efficiency is the GPU's.
+        "totalEfficiency": gpu.efficiency,
+        "lbAllocations": None,
+        "proportionalAssetResourceCosts": None,
+        "sharedCostBreakdown": None,
+        "gpuAllocation": None if allocation.is_idle else {
+            "gpuDevice": "", "gpuModel": str(allocation.properties.get("gpu_model", "")),
+            "gpuUUID": str(allocation.properties.get("gpu", "")), "isGPUShared": None,
+            "gpuUsageAverage": gpu.usage, "gpuRequestAverage": gpu.count,
+        },
+        # Ours.
         "gpuUsageCost": float(allocation.gpu_cost),
         "sharedIdleCost": float(allocation.shared_idle_cost),
-        "totalCost": float(allocation.total_cost),
         "currency": allocation.currency,
         "gpuMemUsedMBSeconds": float(allocation.mem_used_mb_s),
         "gpuMemGrantedMBSeconds": float(allocation.mem_granted_mb_s),
@@ -120,17 +198,90 @@ def _render(allocation: Allocation, window: Window) -> dict[str, Any]:
         "gpuSMGrantedSeconds": float(allocation.sm_granted_s),
         "gpuSMRequestedSeconds": _number(allocation.sm_requested_s),
     }
+    return body
+
+
+# OpenCost's SummaryAllocation: the fields its summary endpoints write.
+def _summary(allocation: Allocation, window: Window) -> dict[str, Any]:
+    full = _render(allocation, window)
+    keep = ("name", "properties", "window", "start", "end", "cpuCoreRequestAverage", "cpuCoreUsageAverage",
+            "cpuCost", "cpuCostIdle", "gpuRequestAverage", "gpuUsageAverage", "gpuCost", "gpuCostIdle",
+            "networkCost", "loadBalancerCost", "pvCost", "ramCost", "ramCostIdle", "sharedCost", "externalCost",
+            "totalCost", "totalEfficiency", "gpuEfficiency", "gpuCount", "gpuHours", "currency")
+    out = {key: full[key] for key in keep}
+    out["ramBytesRequestAverage"] = 0.0
+    out["ramBytesUsageAverage"] = 0.0
+    return out
 
 
 def _error(status: int, message: str, parameter: str | None = None) -> Response:
-    body: dict[str, Any] = {"code": status, "message": message}
+    body: dict[str, Any] = {"code": status, "status": "error", "message": message}
     if parameter is not None:
         body["parameter"] = parameter
     return Response(body, status=status)
 
 
-class AllocationView(APIView):  # type: ignore[misc]  # DRF ships no type hints
-    """DRF's default authentication (sessions; API tokens where configured) and IsAuthenticated."""
+# Parameters OpenCost's handler parses that change nothing here: shared overhead (namespaces,
+# labels, a fixed cost) and asset reconciliation have no counterpart in a GPU-only ledger.
+_IGNORED_BOOLEANS = ("reconcile", "shareTenancyCosts", "includeSharedCostBreakdown",
+                     "includeProportionalAssetResourceCosts", "includeAggregatedMetadata")
+
+
+@dataclass(frozen=True)
+class _Query:
+    window: Window
+    aggregate: tuple[str, ...]
+    step: timedelta | None
+    accumulate: str | None
+    include_idle: bool
+    share_idle: bool
+    idle_by_node: bool
+    split_idle: bool
+    tree: ledger.FilterTree | None
+    filters: dict[str, tuple[str, ...]]
+
+
+def _and(*trees: ledger.FilterTree | None) -> ledger.FilterTree | None:
+    present = tuple(t for t in trees if t is not None)
+    return None if not present else present[0] if len(present) == 1 else ledger.AllOf(present)
+
+
+def _parse(request: Request) -> _Query:
+    query = request.query_params
+    accumulate = parse_accumulate(query.get("accumulate"))
+    if accumulate is None and query.get("accumulateBy"):
+        accumulate = parse_accumulate(query.get("accumulateBy"))
+    for name in _IGNORED_BOOLEANS:
+        parse_bool(name, query.get(name), default=False)
+    include_idle = parse_bool("includeIdle", query.get("includeIdle"), default=False)
+    include_idle = parse_bool("idle", query.get("idle"), default=include_idle)
+    # OpenCost's filter: the v2 language; an old equality-only filter also reads as v2.
+    tree = parse_filter_tree(query.get("filter"))
+    return _Query(
+        window=align_window(parse_window(query.get("window", ""), now=timezone.now())),
+        aggregate=parse_aggregate(query.get("aggregate")),
+        step=parse_step(query.get("step")),
+        accumulate=accumulate,
+        include_idle=include_idle,
+        share_idle=parse_bool("shareIdle", query.get("shareIdle"), default=False),
+        idle_by_node=parse_bool("idleByNode", query.get("idleByNode"), default=False),
+        split_idle=parse_bool("splitIdle", query.get("splitIdle"), default=False),
+        tree=_and(tree, legacy_filter_tree(query)),
+        filters=parse_filter(None),
+    )
+
+
+def _sets(request: Request, q: _Query) -> list[tuple[dict[str, Allocation], Window]]:
+    sets = allocation_sets(get_scope(request.user), window=q.window, aggregate=q.aggregate, step=q.step,
+                           accumulate=q.accumulate, include_idle=q.include_idle, share_idle=q.share_idle,
+                           idle_by_node=q.idle_by_node, split_idle=q.split_idle, filters=q.filters, tree=q.tree)
+    windows = set_windows(q.window, q.step, q.accumulate)
+    return list(zip(sets, windows, strict=True))
+
+
+class _OpenCostView(APIView):  # type: ignore[misc]  # DRF ships no type hints
+    """DRF's default authentication (sessions; API tokens where configured), IsAuthenticated, and
+    OpenCost's error shape for every answer that is not a 200."""
 
     permission_classes = [IsAuthenticated]
 
@@ -145,8 +296,16 @@ class AllocationView(APIView):  # type: ignore[misc]  # DRF ships no type hints
         response: Response = super().handle_exception(exc)
         if isinstance(exc, exceptions.APIException):
             # OpenCost's error shape, for 401 and every other DRF answer.
-            response.data = {"code": response.status_code, "message": str(exc.detail)}
+            response.data = {"code": response.status_code, "status": "error", "message": str(exc.detail)}
         return response
+
+
+def _success(data: Any) -> Response:
+    return Response({"code": 200, "status": "success", "data": data})
+
+
+class AllocationView(_OpenCostView):
+    """`/allocation`, `/allocation/compute`: OpenCost's AllocationSetRange, one map per set."""
 
     @extend_schema(
         operation_id="get_allocation", summary="OpenCost-compatible GPU cost allocation",
@@ -155,21 +314,89 @@ class AllocationView(APIView):  # type: ignore[misc]  # DRF ships no type hints
                    401: OpenApiResponse(_ERROR, description="Not authenticated")},
     )
     def get(self, request: Request) -> Response:
+        return _success([{name: _render(a, w) for name, a in one.items()} for one, w in _sets(request, _parse(request))])
+
+
+class AllocationSummaryView(_OpenCostView):
+    """`/allocation/summary`, `/allocation/compute/summary`: OpenCost's SummaryAllocationSetRange
+    (`{step, sets: [{allocations, window}], window}`; step in nanoseconds, as Go writes a Duration)."""
+
+    @extend_schema(operation_id="get_allocation_summary", summary="OpenCost-compatible allocation summary",
+                   parameters=_PARAMETERS, responses={200: OpenApiTypes.OBJECT, 400: _ERROR, 401: _ERROR})
+    def get(self, request: Request) -> Response:
+        q = _parse(request)
+        pairs = _sets(request, q)
+        step = (pairs[0][1].end - pairs[0][1].start) if pairs else timedelta(0)
+        return _success({
+            "step": int(step.total_seconds()) * 1_000_000_000,
+            "sets": [{"allocations": {name: _summary(a, w) for name, a in one.items()}, "window": _window(w)}
+                     for one, w in pairs],
+            "window": _window(q.window),
+        })
+
+
+_AUTOCOMPLETE_FIELDS = ("cluster", "node", "namespace", "controllerKind", "controllerName", "pod", "container",
+                        "tenant", "gpu_model", "sla_tier")
+MAX_AUTOCOMPLETE = 1000
+
+
+class AutocompleteView(_OpenCostView):
+    """`/allocation/autocomplete?window=&field=namespace&search=te&limit=`: the values of one field
+    over the window (Kubecost's endpoint; OpenCost's UI offers them in its filter box)."""
+
+    @extend_schema(operation_id="get_allocation_autocomplete", summary="Values of one allocation field",
+                   responses={200: OpenApiTypes.OBJECT, 400: _ERROR, 401: _ERROR})
+    def get(self, request: Request) -> Response:
+        query = request.query_params
+        field_name = (query.get("field") or "namespace").strip()
+        label = field_name[len("label:"):] if field_name.startswith("label:") else None
+        if field_name not in _AUTOCOMPLETE_FIELDS and not label:
+            raise ParameterError("field", gettext("use one of %(fields)s or label:<name>")
+                                 % {"fields": ", ".join(_AUTOCOMPLETE_FIELDS)})
+        search = (query.get("search") or "").strip()
+        limit_text = (query.get("limit") or str(MAX_AUTOCOMPLETE)).strip()
+        if not limit_text.isdigit() or not 0 < int(limit_text) <= MAX_AUTOCOMPLETE:
+            raise ParameterError("limit", gettext("must be a whole number from 1 to %(max)d") % {"max": MAX_AUTOCOMPLETE})
+        window = align_window(parse_window(query.get("window") or "7d", now=timezone.now()))
+        tree = ledger.Match(key=field_name, op="contains", values=(search,)) if search else None
+        [one] = allocation_sets(get_scope(request.user), window=window, aggregate=[field_name], accumulate=True,
+                                tree=tree)
+        values = sorted({str(a.properties.get(field_name, "")) for a in one.values()} - {""})
+        return _success(values[:int(limit_text)])
+
+
+class AssetsView(_OpenCostView):
+    """`/assets`: OpenCost's AssetSetRange with one Node asset per node that has GPUs (their cost
+    only: the ledger prices GPUs, not CPU, memory or disks). A tenant scope gets none: nodes are
+    the platform's."""
+
+    @extend_schema(operation_id="get_assets", summary="OpenCost-compatible GPU node assets",
+                   responses={200: OpenApiTypes.OBJECT, 400: _ERROR, 401: _ERROR})
+    def get(self, request: Request) -> Response:
         query = request.query_params
         window = align_window(parse_window(query.get("window", ""), now=timezone.now()))
-        aggregate = parse_aggregate(query.get("aggregate"))
-        step = parse_step(query.get("step"))
-        accumulate = parse_bool("accumulate", query.get("accumulate"), default=False)
-        include_idle = parse_bool("includeIdle", query.get("includeIdle"), default=False)
-        share_idle = parse_bool("shareIdle", query.get("shareIdle"), default=False)
-        idle_by_node = parse_bool("idleByNode", query.get("idleByNode"), default=False)
-        filters = parse_filter(query.get("filter"))
-        sets = allocation_sets(get_scope(request.user), window=window, aggregate=aggregate, step=step,
-                               accumulate=accumulate, include_idle=include_idle, share_idle=share_idle,
-                               idle_by_node=idle_by_node, filters=filters)
-        windows = set_windows(window, None if accumulate else step)
-        return Response({
-            "code": 200,
-            "window": {"start": _iso(window.start), "end": _iso(window.end)},
-            "data": [{name: _render(a, w) for name, a in one.items()} for one, w in zip(sets, windows, strict=True)],
-        })
+        accumulate = parse_accumulate(query.get("accumulate"))
+        windows = set_windows(window, parse_step(query.get("step")), accumulate)
+        scope = get_scope(request.user)
+        data = []
+        for w in windows:
+            assets = node_assets(scope, window=w)
+            data.append({f"{a.cluster}/{a.node}": _asset(a, w) for a in assets})
+        return _success(data)
+
+
+def _asset(a: ledger.NodeAssetRow, window: Window) -> dict[str, Any]:
+    end = a.last_hour + timedelta(hours=1)
+    start, end = max(a.first_hour, window.start), min(end, window.end)
+    minutes = (end - start).total_seconds() / 60
+    gpu_hours = float(a.metered_seconds) / 3600
+    return {
+        "type": "Node",
+        "properties": {"category": "Compute", "service": "Kubernetes", "cluster": a.cluster, "name": a.node,
+                       "providerID": a.node},
+        "labels": {}, "window": _window(window), "start": _iso(start), "end": _iso(end), "minutes": minutes,
+        "nodeType": a.gpu_model, "cpuCores": 0.0, "ramBytes": 0.0, "cpuCoreHours": 0.0, "ramByteHours": 0.0,
+        "GPUHours": gpu_hours, "cpuBreakdown": None, "ramBreakdown": None, "preemptible": 0.0, "discount": 0.0,
+        "cpuCost": 0.0, "gpuCost": float(a.card_cost), "gpuCount": float(a.gpu_count), "ramCost": 0.0,
+        "adjustment": 0.0, "totalCost": float(a.card_cost), "currency": a.currency,
+    }

@@ -9,8 +9,9 @@ the ledger's own key (namespace, pod, pod_uid); a workload without that row, or 
 carry, groups under UNALLOCATED, OpenCost's name for it. A node without a cluster does too.
 
 The window is read from the day ledger when it is whole UTC days and every set is (billing.ledger.
-reads.ledger_for), else from hours; sets are `date_bin(step, at, window start)`, so a set's rows are
-exactly those of its hours or days. Every statement is one pass over the window's rows.
+reads.ledger_for), else from hours; a set is the last of the sets' starts at or before a row
+(`width_bucket`), so a set's rows are exactly those of its hours or days, for fixed steps and
+calendar months alike. Every statement is one pass over the window's rows.
 """
 
 from __future__ import annotations
@@ -32,11 +33,19 @@ __all__ = [
     "GROUP_KEYS",
     "LABEL_PREFIX",
     "UNALLOCATED",
+    "AllOf",
+    "AnyOf",
+    "FilterTree",
     "IdleRow",
+    "Match",
+    "NodeAssetRow",
+    "OPS",
     "UsageGroupRow",
     "get_window_currency",
     "is_group_key",
     "list_idle_rows",
+    "list_node_assets",
+    "tree_keys",
     "list_usage_groups",
     "set_ledger",
 ]
@@ -53,11 +62,18 @@ _KEY_SQL: dict[str, str] = {
     "cluster": f"coalesce(nullif(n.cluster, ''), '{UNALLOCATED}')",
     "node": "n.name",
     "namespace": "u.namespace",
-    "controllerKind": f"coalesce(nullif(m.controller_kind, ''), '{UNALLOCATED}')",
+    # OpenCost writes kinds in lower case (`deployment`); agents report Kubernetes' `Deployment`.
+    "controllerKind": f"coalesce(nullif(lower(m.controller_kind), ''), '{UNALLOCATED}')",
     # OpenCost names a controller "<kind>:<name>", so two kinds' same-named controllers stay apart.
     "controller": (f"CASE WHEN coalesce(m.controller_name, '') = '' THEN '{UNALLOCATED}' "
                    "WHEN m.controller_kind = '' THEN m.controller_name "
-                   "ELSE m.controller_kind || ':' || m.controller_name END"),
+                   "ELSE lower(m.controller_kind) || ':' || m.controller_name END"),
+    "controllerName": f"coalesce(nullif(m.controller_name, ''), '{UNALLOCATED}')",
+    **{kind: (f"CASE WHEN lower(m.controller_kind) = '{kind}' AND m.controller_name <> '' "
+              f"THEN m.controller_name ELSE '{UNALLOCATED}' END")
+       for kind in ("deployment", "statefulset", "daemonset", "job")},
+    # Agents report no Services nor annotations: every workload has none (OpenCost's unallocated).
+    "service": f"'{UNALLOCATED}'::text",
     "pod": "u.pod",
     "container": "u.container",
     "tenant": "u.tenant",
@@ -66,13 +82,14 @@ _KEY_SQL: dict[str, str] = {
     "gpu": "u.gpu_uuid",
 }
 GROUP_KEYS: tuple[str, ...] = tuple(_KEY_SQL)
+ANNOTATION_PREFIX = "annotation:"
 # Keys a GPU row has too: the only filters that narrow the platform's idle.
 GPU_KEYS = frozenset({"cluster", "node", "gpu_model", "gpu"})
 _GPU_KEY_SQL = {"cluster": _KEY_SQL["cluster"], "node": "n.name", "gpu_model": "g.gpu_model", "gpu": "g.gpu_uuid"}
 
 
 def is_group_key(key: str) -> bool:
-    return key in _KEY_SQL or (key.startswith(LABEL_PREFIX) and len(key) > len(LABEL_PREFIX))
+    return key in _KEY_SQL or any(key.startswith(p) and len(key) > len(p) for p in (LABEL_PREFIX, ANNOTATION_PREFIX))
 
 
 def _key_sql(key: str, params: dict[str, Any]) -> str:
@@ -80,15 +97,17 @@ def _key_sql(key: str, params: dict[str, Any]) -> str:
         return _KEY_SQL[key]
     if not is_group_key(key):
         raise ValueError(f"unknown grouping key {key!r}")
+    if key.startswith(ANNOTATION_PREFIX):
+        return f"'{UNALLOCATED}'::text"
     name = f"label_{len(params)}"
     params[name] = key[len(LABEL_PREFIX):]
     return f"coalesce(m.labels ->> %({name})s, '{UNALLOCATED}')"
 
 
-def set_ledger(start: datetime, end: datetime, step: timedelta | None) -> reads.Ledger:
+def set_ledger(start: datetime, end: datetime, starts: Sequence[datetime] | None) -> reads.Ledger:
     """Days when the window and every set are whole UTC days, else hours."""
     ledger = reads.ledger_for(start, end)
-    if step is not None and step % _DAY:
+    if starts is not None and any(s.hour or s.minute or s.second or s.microsecond for s in starts):
         return reads.HOURS
     return ledger
 
@@ -116,12 +135,14 @@ class UsageGroupRow:
     sm_requested_s: Decimal | None
 
 
-def _set_sql(ledger: reads.Ledger, alias: str, step: timedelta | None, params: dict[str, Any]) -> str:
-    """The start of the set a row belongs to: the window start, or the row's step bin from it."""
-    if step is None:
+def _set_sql(ledger: reads.Ledger, alias: str, starts: Sequence[datetime] | None, params: dict[str, Any]) -> str:
+    """The start of the set a row belongs to: the window start, or the last of `starts` (sorted,
+    the first the window's start) at or before the row (so calendar months, of unequal length,
+    are sets as well as fixed steps)."""
+    if starts is None:
         return "%(start)s::timestamptz"
-    params["step"] = step
-    return f"date_bin(%(step)s::interval, {alias}.{ledger.at}, %(start)s::timestamptz)"
+    params["starts"] = list(starts)
+    return (f"(%(starts)s::timestamptz[])[width_bucket({alias}.{ledger.at}, %(starts)s::timestamptz[])]")
 
 
 def _filters_sql(filters: Mapping[str, Sequence[str]], params: dict[str, Any], sql_of: Any) -> str:
@@ -133,6 +154,57 @@ def _filters_sql(filters: Mapping[str, Sequence[str]], params: dict[str, Any], s
     return "".join(f" AND {c}" for c in clauses)
 
 
+@dataclass(frozen=True)
+class Match:
+    """One comparison of OpenCost's filter language: `key` (a grouping key) `op` any of `values`
+    (for a negated op: none of them)."""
+
+    key: str
+    op: str  # one of OPS
+    values: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class AllOf:
+    parts: tuple[FilterTree, ...]
+
+
+@dataclass(frozen=True)
+class AnyOf:
+    parts: tuple[FilterTree, ...]
+
+
+FilterTree = Match | AllOf | AnyOf
+# op -> SQL of one value `v` against the expression `x`; the `!` ops are their negations.
+_OP_SQL = {"eq": "{x} = {v}", "contains": "strpos({x}, {v}) > 0", "prefix": "starts_with({x}, {v})",
+           "suffix": "right({x}, length({v})) = {v}"}
+OPS = frozenset({*_OP_SQL, *(f"!{op}" for op in _OP_SQL)})
+
+
+def tree_keys(tree: FilterTree | None) -> set[str]:
+    if tree is None:
+        return set()
+    if isinstance(tree, Match):
+        return {tree.key}
+    return set().union(*(tree_keys(p) for p in tree.parts))
+
+
+def _tree_sql(tree: FilterTree, params: dict[str, Any], sql_of: Any) -> str:
+    """The tree as a SQL condition; values travel as parameters. `sql_of(key, params)` None: a key
+    this read has no column for, taken as true (idle has no namespace: such a filter keeps it)."""
+    if isinstance(tree, AllOf | AnyOf):
+        joiner = " AND " if isinstance(tree, AllOf) else " OR "
+        return "(" + (joiner.join(_tree_sql(p, params, sql_of) for p in tree.parts) or "TRUE") + ")"
+    x = sql_of(tree.key, params)
+    if x is None:
+        return "TRUE"
+    name = f"filter_{len(params)}"
+    params[name] = list(tree.values)
+    one = _OP_SQL[tree.op.lstrip("!")].format(x=f"({x})", v="v")
+    found = f"EXISTS (SELECT 1 FROM unnest(%({name})s::text[]) AS v WHERE {one})"  # noqa: S608 - fixed SQL, values are parameters
+    return f"(NOT {found})" if tree.op.startswith("!") else found
+
+
 def _requested_sql(field: str) -> str:
     """A row's requested quantity × its seconds, NULL unless the container's request is a JSON number
     (a malformed one is unknown, not an error)."""
@@ -141,18 +213,21 @@ def _requested_sql(field: str) -> str:
 
 
 def list_usage_groups(
-    *, start: datetime, end: datetime, step: timedelta | None, keys: Sequence[str],
+    *, start: datetime, end: datetime, starts: Sequence[datetime] | None, keys: Sequence[str],
     filters: Mapping[str, Sequence[str]], tenants: Collection[str] | None, by_node: bool,
+    tree: FilterTree | None = None,
 ) -> list[UsageGroupRow]:
-    """Usage of [start, end) per set (`step` bins from `start`; None: one set) and per value of
-    `keys` (and per node with `by_node`), of `tenants` only unless None, of rows matching every
-    filter (key -> allowed values). Unordered."""
-    ledger = set_ledger(start, end, step)
+    """Usage of [start, end) per set (from each of `starts`, sorted, the first `start`; None: one
+    set) and per value of `keys` (and per node with `by_node`), of `tenants` only unless None, of
+    rows matching every filter (key -> allowed values) and `tree`. Unordered."""
+    ledger = set_ledger(start, end, starts)
     params: dict[str, Any] = {"start": start, "end": end,
                               "tenants": None if tenants is None else sorted(tenants)}
     key_sql = [_key_sql(k, params) for k in keys]
     where = _filters_sql(filters, params, _key_sql)
-    needs_gpu = "gpu_model" in keys or "gpu_model" in filters
+    if tree is not None:
+        where += f" AND {_tree_sql(tree, params, _key_sql)}"
+    needs_gpu = "gpu_model" in keys or "gpu_model" in filters or "gpu_model" in tree_keys(tree)
     gpu_join = (f" JOIN {ledger.gpu_table} g ON g.node_id = u.node_id AND g.gpu_uuid = u.gpu_uuid"
                 f" AND g.{ledger.at} = u.{ledger.at} AND g.{ledger.at} >= %(start)s AND g.{ledger.at} < %(end)s"
                 if needs_gpu else "")
@@ -161,7 +236,7 @@ def list_usage_groups(
     mem_req, sm_req = _requested_sql("mem_mb"), _requested_sql("sm")
     # A group's requested figure is known only if every one of its rows' is.
     sql = (
-        f"SELECT {_set_sql(ledger, 'u', step, params)} AS set_start, {keys_array} AS keys, {node} AS node, "  # noqa: S608 - fixed SQL
+        f"SELECT {_set_sql(ledger, 'u', starts, params)} AS set_start, {keys_array} AS keys, {node} AS node, "  # noqa: S608 - fixed SQL
         f"min(u.{ledger.first_hour}) AS first_hour, max(u.{ledger.last_hour}) AS last_hour, "
         "sum(u.seconds) AS seconds, sum(u.share_gpu_s) AS share_gpu_s, sum(u.charge) AS charge, "
         "sum(u.idle_share) AS idle_share, sum(u.mem_used_mb_s) AS mem_used_mb_s, "
@@ -198,22 +273,25 @@ class IdleRow:
 
 
 def list_idle_rows(
-    *, start: datetime, end: datetime, step: timedelta | None, filters: Mapping[str, Sequence[str]], by_node: bool,
+    *, start: datetime, end: datetime, starts: Sequence[datetime] | None, filters: Mapping[str, Sequence[str]],
+    by_node: bool, tree: FilterTree | None = None,
 ) -> list[IdleRow]:
     """Per set (and node) of [start, end): the GPU rows' platform idle and metered seconds, and the
     usage on the same GPU rows (every tenant's), restricted by the filters on GPU_KEYS only (the
     others name workloads, which idle has none of). Unordered."""
-    ledger = set_ledger(start, end, step)
+    ledger = set_ledger(start, end, starts)
     params: dict[str, Any] = {"start": start, "end": end}
     gpu_filters = {k: v for k, v in filters.items() if k in GPU_KEYS}
     where = _filters_sql(gpu_filters, params, lambda key, _params: _GPU_KEY_SQL[key])
+    if tree is not None:
+        where += f" AND {_tree_sql(tree, params, lambda key, _params: _GPU_KEY_SQL.get(key))}"
     node = "n.name" if by_node else "''"
     cluster = _KEY_SQL["cluster"] if by_node else "''"
     at = ledger.at
     sql = (
         f"WITH used AS (SELECT node_id, gpu_uuid, {at}, sum(share_gpu_s) AS share, sum(charge) AS charge "  # noqa: S608 - fixed SQL
         f"FROM {ledger.usage_table} WHERE {at} >= %(start)s AND {at} < %(end)s GROUP BY 1, 2, 3) "
-        f"SELECT {_set_sql(ledger, 'g', step, params)} AS set_start, {node} AS node, {cluster} AS cluster, "
+        f"SELECT {_set_sql(ledger, 'g', starts, params)} AS set_start, {node} AS node, {cluster} AS cluster, "
         "sum(g.idle_cost - g.idle_allocated) AS platform_idle, sum(g.metered_seconds) AS metered_seconds, "
         "coalesce(sum(used.share), 0) AS share_gpu_s, coalesce(sum(used.charge), 0) AS charge, "
         "coalesce(max(nullif(g.currency, '')), '') AS currency "
@@ -231,3 +309,36 @@ def get_window_currency(*, start: datetime, end: datetime) -> str:
     ledger = reads.ledger_for(start, end)
     currency = ledger.gpu_rows(start, end).filter(ledger.priced_rows()).values_list("currency", flat=True).first()
     return str(currency or "")
+
+
+@dataclass(frozen=True)
+class NodeAssetRow:
+    """One node's GPUs over a window (OpenCost's Node asset, GPUs only): the cards' cost, metered
+    seconds, and how many cards reported."""
+
+    node: str
+    cluster: str
+    gpu_count: int
+    gpu_model: str
+    metered_seconds: Decimal
+    card_cost: Decimal
+    first_hour: datetime
+    last_hour: datetime
+    currency: str
+
+
+def list_node_assets(*, start: datetime, end: datetime) -> list[NodeAssetRow]:
+    """Per node with GPU rows in [start, end): Σ card cost and metered seconds, by node name."""
+    ledger = reads.ledger_for(start, end)
+    at = ledger.at
+    sql = (
+        f"SELECT n.name AS node, {_KEY_SQL['cluster']} AS cluster, count(DISTINCT g.gpu_uuid) AS gpu_count, "  # noqa: S608 - fixed SQL
+        "coalesce(max(g.gpu_model), '') AS gpu_model, sum(g.metered_seconds) AS metered_seconds, "
+        f"sum(g.card_cost) AS card_cost, min(g.{at}) AS first_hour, max(g.{at}) AS last_hour, "
+        "coalesce(max(nullif(g.currency, '')), '') AS currency "
+        f"FROM {ledger.gpu_table} g JOIN {_NODE} n ON n.id = g.node_id "
+        f"WHERE g.{at} >= %(start)s AND g.{at} < %(end)s GROUP BY n.name, 2 ORDER BY n.name"
+    )
+    with period_read_cursor() as cur:
+        cur.execute(sql, {"start": start, "end": end})
+        return fetch_rows(cur, NodeAssetRow)

@@ -50,6 +50,10 @@ __all__ = [
     "parse_aggregate",
     "parse_bool",
     "parse_filter",
+    "node_assets",
+    "parse_accumulate",
+    "parse_filter_tree",
+    "legacy_filter_tree",
     "parse_step",
     "parse_window",
     "set_windows",
@@ -113,9 +117,16 @@ class Allocation:
 
 # --- Parameters ---------------------------------------------------------------------------------
 
-_DURATION = re.compile(r"^(\d{1,6})(m|h|d|w)$")
-_UNITS = {"m": timedelta(minutes=1), "h": _HOUR, "d": _DAY, "w": timedelta(weeks=1)}
-_UNIX_PAIR = re.compile(r"^(\d{1,12}),(\d{1,12})$")
+_DURATION = re.compile(r"^(\d{1,6})(s|m|h|d|w)$")
+_UNITS = {"s": timedelta(seconds=1), "m": timedelta(minutes=1), "h": _HOUR, "d": _DAY, "w": timedelta(weeks=1)}
+# OpenCost takes a Unix pair with a comma or a dash, and "<window> offset <duration>".
+_UNIX_PAIR = re.compile(r"^(\d{1,12})[,-](\d{1,12})$")
+_OFFSET = re.compile(r"^(.+?)\s+offset\s+(\S+)$")
+_DATE_ONLY = re.compile(r"^\d{4}-\d{2}-\d{2}$")
+# No window, step or offset is longer: far past any ledger, short of the calendar's edge (400, not 500).
+MAX_SPAN = timedelta(days=3660)
+# OpenCost's `accumulate` words beyond true/false: sets of whole calendar units.
+ACCUMULATE_UNITS = ("hour", "day", "week", "month", "quarter")
 
 
 def _floor(at: datetime, unit: timedelta) -> datetime:
@@ -133,6 +144,8 @@ def _month_start(at: datetime) -> datetime:
 
 
 def _parse_instant(text: str) -> datetime:
+    if _DATE_ONLY.match(text):  # OpenCost's date-only pair: UTC midnights
+        text += "T00:00:00+00:00"
     try:
         at = datetime.fromisoformat(text)
     except ValueError as exc:
@@ -160,6 +173,13 @@ def parse_window(text: str, *, now: datetime) -> Window:
     one: `7d` is today and the 6 days before); a pair of RFC 3339 times or of Unix seconds,
     `start,end`. Not yet aligned to the ledger's hours (align_window)."""
     text = text.strip()
+    if offset_match := _OFFSET.match(text):
+        offset = _bounded_duration("window", offset_match[2])
+        inner = parse_window(offset_match[1], now=now)
+        try:
+            return Window(inner.start - offset, inner.end - offset)
+        except OverflowError as exc:
+            raise ParameterError("window", gettext("%(value)r reaches too far back") % {"value": text}) from exc
     now = now.astimezone(UTC)
     today = _midnight(now)
     sunday = today - timedelta(days=(today.weekday() + 1) % 7)
@@ -200,7 +220,22 @@ def parse_window(text: str, *, now: datetime) -> Window:
     # `week` and `month` are empty at their first instant (OpenCost answers them, with nothing in them).
     if end < start or (end == start and text not in ("week", "month")):
         raise ParameterError("window", gettext("the end must be after the start"))
+    if end - start > MAX_SPAN:
+        raise ParameterError("window", gettext("is longer than %(days)d days") % {"days": MAX_SPAN.days})
     return Window(start, end)
+
+
+def _bounded_duration(parameter: str, text: str) -> timedelta:
+    """`<n>s|m|h|d|w`, more than 0 and at most MAX_SPAN."""
+    match = _DURATION.match(text.strip())
+    if match is None:
+        raise ParameterError(parameter, gettext("%(value)r is not a duration such as 30m, 1h, 1d or 1w")
+                             % {"value": text})
+    duration = int(match[1]) * _UNITS[match[2]]
+    if duration <= timedelta(0) or duration > MAX_SPAN:
+        raise ParameterError(parameter, gettext("must be more than 0 and at most %(days)d days")
+                             % {"days": MAX_SPAN.days})
+    return duration
 
 
 def align_window(window: Window) -> Window:
@@ -215,31 +250,47 @@ def align_window(window: Window) -> Window:
 
 
 def parse_step(text: str | None) -> timedelta | None:
-    """A set's duration, `<n>m|h|d|w`, a whole number of hours; None (one set) when absent."""
+    """A set's duration, `<n>s|m|h|d|w` up to MAX_SPAN, rounded up to whole hours (the ledger's
+    resolution: `30m` is `1h`); None (one set) when absent."""
     if text is None or not text.strip():
         return None
-    match = _DURATION.match(text.strip())
-    if match is None:
-        raise ParameterError("step", gettext("%(value)r is not a duration such as 1h, 6h, 1d or 1w")
-                             % {"value": text})
-    step = int(match[1]) * _UNITS[match[2]]
-    if step <= timedelta(0) or step % _HOUR:
-        raise ParameterError("step", gettext("must be a whole number of hours (the ledger's resolution)"))
-    return step
+    step = _bounded_duration("step", text)
+    return -(-step // _HOUR) * _HOUR
+
+
+def parse_accumulate(text: str | None) -> str | None:
+    """OpenCost's `accumulate`: true or `all` (one set), false or absent (None: sets per step), or a
+    calendar unit of ACCUMULATE_UNITS (one set per UTC hour, day, Sunday week, month, quarter)."""
+    if text is None or not text.strip():
+        return None
+    value = text.strip().lower()
+    if value in ("true", "1", "all"):
+        return "all"
+    if value in ("false", "0", "none"):
+        return None
+    if value in ACCUMULATE_UNITS:
+        return value
+    raise ParameterError("accumulate", gettext("%(value)r is not true, false, all, hour, day, week, month or quarter")
+                         % {"value": text})
+
+
+# OpenCost's aliases: its label-config keys name labels; `services` is its property's name.
+_AGGREGATE_ALIASES = {"services": "service", "department": "label:department", "environment": "label:env",
+                      "owner": "label:owner", "product": "label:app", "team": "label:team"}
 
 
 def parse_aggregate(text: str | None) -> tuple[str, ...]:
-    """Comma-separated keys (AGGREGATE_KEYS or `label:<name>`), duplicates dropped; absent: the
-    unaggregated DEFAULT_AGGREGATE."""
+    """Comma-separated keys (AGGREGATE_KEYS, `label:<name>`, `annotation:<name>` or OpenCost's
+    aliases), duplicates dropped; absent: the unaggregated DEFAULT_AGGREGATE; `all`: one allocation
+    (no keys). As OpenCost (ParseAggregationProperties), a key it does not know is dropped, not refused."""
     if text is None or not text.strip():
         return DEFAULT_AGGREGATE
+    if text.strip() == "all":
+        return ()
     keys: list[str] = []
     for raw in _printable("aggregate", text).split(","):
-        key = raw.strip()
-        if not ledger.is_group_key(key):
-            raise ParameterError("aggregate", gettext("unknown key %(key)r; use %(keys)s or label:<name>")
-                                 % {"key": key, "keys": ", ".join(AGGREGATE_KEYS)})
-        if key not in keys:
+        key = _AGGREGATE_ALIASES.get(raw.strip(), raw.strip())
+        if ledger.is_group_key(key) and key not in keys:
             keys.append(key)
     return tuple(keys)
 
@@ -285,6 +336,165 @@ def parse_filter(text: str | None) -> dict[str, tuple[str, ...]]:
     return filters
 
 
+# OpenCost's filter fields (its allocation filter's field names) -> our grouping keys.
+_FILTER_FIELDS = {"cluster": "cluster", "node": "node", "namespace": "namespace", "controllerName": "controllerName",
+                  "controllerKind": "controllerKind", "controller": "controller", "pod": "pod",
+                  "container": "container", "services": "service", "service": "service",
+                  "department": "label:department", "environment": "label:env", "owner": "label:owner",
+                  "product": "label:app", "team": "label:team",
+                  # ours
+                  "tenant": "tenant", "gpu_model": "gpu_model", "sla_tier": "sla_tier", "gpu": "gpu"}
+# Longest first, so `!~>:` is not read as `!` then `~>:`.
+_FILTER_OPS = {"!<~:": "!prefix", "!~>:": "!suffix", "<~:": "prefix", "~>:": "suffix", "!~:": "!contains",
+               "~:": "contains", "!:": "!eq", ":": "eq"}
+_FILTER_TOKEN = re.compile(r'\s*(?:(?P<quoted>"(?:[^"\\]|\\.)*")|(?P<op>!<~:|!~>:|<~:|~>:|!~:|~:|!:|:)'
+                           r'|(?P<punct>[()+|,\[\]])|(?P<word>[A-Za-z_][A-Za-z0-9_./-]*))')
+MAX_FILTER_LENGTH = 10_000  # a filter is a human's or a UI's; longer is a mistake, and bounds the parse
+MAX_FILTER_DEPTH = 32
+
+
+def _filter_tokens(text: str) -> list[tuple[str, str]]:
+    tokens: list[tuple[str, str]] = []
+    at = 0
+    while at < len(text):
+        if text[at:].strip() == "":
+            break
+        match = _FILTER_TOKEN.match(text, at)
+        if match is None or match.end() == at:
+            raise ParameterError("filter", gettext("cannot read %(rest)r") % {"rest": text[at:at + 40]})
+        kind = match.lastgroup or ""
+        tokens.append((kind, match[kind]))
+        at = match.end()
+    return tokens
+
+
+class _FilterParser:
+    """OpenCost's allocation filter language (v2): `field:"a","b"` (any), `field!:"a"` (none),
+    `~:` contains, `<~:` starts with, `~>:` ends with (each with its `!` negation), `label[app]:"x"`,
+    `annotation[k]:"x"`; `+` or `and` joins what must all hold, `|` or `or` what may; parentheses
+    group; `and` binds tighter than `or`."""
+
+    def __init__(self, text: str) -> None:
+        self.tokens = _filter_tokens(text)
+        self.at = 0
+        self.depth = 0
+
+    def peek(self) -> tuple[str, str] | None:
+        return self.tokens[self.at] if self.at < len(self.tokens) else None
+
+    def take(self) -> tuple[str, str]:
+        token = self.peek()
+        if token is None:
+            raise ParameterError("filter", gettext("ends too soon"))
+        self.at += 1
+        return token
+
+    def is_next(self, *values: str) -> bool:
+        token = self.peek()
+        return token is not None and token[0] in ("punct", "word") and token[1].lower() in values
+
+    def parse(self) -> ledger.FilterTree:
+        tree = self.any_of()
+        if self.peek() is not None:
+            raise ParameterError("filter", gettext("unexpected %(token)r") % {"token": self.peek()[1]})  # type: ignore[index]
+        return tree
+
+    def any_of(self) -> ledger.FilterTree:
+        parts = [self.all_of()]
+        while self.is_next("|", "or"):
+            self.take()
+            parts.append(self.all_of())
+        return parts[0] if len(parts) == 1 else ledger.AnyOf(tuple(parts))
+
+    def all_of(self) -> ledger.FilterTree:
+        parts = [self.factor()]
+        while self.is_next("+", "and"):
+            self.take()
+            parts.append(self.factor())
+        return parts[0] if len(parts) == 1 else ledger.AllOf(tuple(parts))
+
+    def factor(self) -> ledger.FilterTree:
+        if self.is_next("("):
+            self.take()
+            self.depth += 1
+            if self.depth > MAX_FILTER_DEPTH:
+                raise ParameterError("filter", gettext("nests too deep"))
+            tree = self.any_of()
+            if not self.is_next(")"):
+                raise ParameterError("filter", gettext("a parenthesis is not closed"))
+            self.take()
+            self.depth -= 1
+            return tree
+        return self.match()
+
+    def match(self) -> ledger.Match:
+        kind, name = self.take()
+        if kind != "word":
+            raise ParameterError("filter", gettext("expected a field, found %(token)r") % {"token": name})
+        if name in ("label", "annotation") and self.is_next("["):
+            self.take()
+            parts: list[str] = []
+            while not self.is_next("]"):
+                parts.append(self.take()[1])
+            self.take()
+            key = f"{LABEL_PREFIX if name == 'label' else ledger.ANNOTATION_PREFIX}{''.join(parts)}"
+        elif name in _FILTER_FIELDS:
+            key = _FILTER_FIELDS[name]
+        else:
+            raise ParameterError("filter", gettext("unknown field %(key)r; use %(keys)s, label[<name>] or annotation[<name>]")
+                                 % {"key": name, "keys": ", ".join(_FILTER_FIELDS)})
+        kind, op = self.take()
+        if kind != "op":
+            raise ParameterError("filter", gettext('%(key)s must be followed by :, !:, ~:, <~: or ~>: and a quoted value')
+                                 % {"key": name})
+        values = [self.value(key)]
+        while self.is_next(","):
+            self.take()
+            values.append(self.value(key))
+        return ledger.Match(key=_printable("filter", key), op=_FILTER_OPS[op], values=tuple(values))
+
+    def value(self, key: str) -> str:
+        kind, text = self.take()
+        if kind != "quoted":
+            raise ParameterError("filter", gettext('the values of %(key)r must be quoted: %(key)s:"a","b"')
+                                 % {"key": key})
+        return _printable("filter", re.sub(r"\\(.)", r"\1", text[1:-1]))
+
+
+def parse_filter_tree(text: str | None) -> ledger.FilterTree | None:
+    """OpenCost's filter (see _FilterParser) as a tree; None when absent."""
+    if text is None or not text.strip():
+        return None
+    if len(text) > MAX_FILTER_LENGTH:
+        raise ParameterError("filter", gettext("is longer than %(n)d characters") % {"n": MAX_FILTER_LENGTH})
+    return _FilterParser(_printable("filter", text)).parse()
+
+
+# OpenCost's older filter parameters: comma-separated values, each parameter ANDed with the rest.
+LEGACY_FILTERS = {"filterClusters": "cluster", "filterNodes": "node", "filterNamespaces": "namespace",
+                  "filterControllerKinds": "controllerKind", "filterControllers": "controllerName",
+                  "filterPods": "pod", "filterContainers": "container", "filterServices": "service"}
+
+
+def legacy_filter_tree(query: Mapping[str, str]) -> ledger.FilterTree | None:
+    """`filterNamespaces=a,b`, `filterLabels=app:web,team:x`...; None when none is given."""
+    parts: list[ledger.FilterTree] = []
+    for parameter, key in LEGACY_FILTERS.items():
+        values = [v.strip() for v in _printable(parameter, query.get(parameter) or "").split(",") if v.strip()]
+        if values:
+            parts.append(ledger.Match(key=key, op="eq", values=tuple(values)))
+    for parameter, prefix in (("filterLabels", LABEL_PREFIX), ("filterAnnotations", ledger.ANNOTATION_PREFIX)):
+        pairs = [v.strip() for v in _printable(parameter, query.get(parameter) or "").split(",") if v.strip()]
+        for pair in pairs:
+            name, sep, value = pair.partition(":")
+            if not sep or not name.strip():
+                raise ParameterError(parameter, gettext("%(value)r is not name:value") % {"value": pair})
+            parts.append(ledger.Match(key=prefix + name.strip(), op="eq", values=(value.strip(),)))
+    if not parts:
+        return None
+    return parts[0] if len(parts) == 1 else ledger.AllOf(tuple(parts))
+
+
 def _split_outside_quotes(text: str, sep: str) -> list[str]:
     parts: list[str] = []
     current: list[str] = []
@@ -308,15 +518,55 @@ def _split_outside_quotes(text: str, sep: str) -> list[str]:
 # --- Sets ---------------------------------------------------------------------------------------
 
 
-def set_windows(window: Window, step: timedelta | None) -> list[Window]:
-    """The sets of an aligned window: one, or one per step from its start (the last one may be
-    shorter, ending with the window). More than MAX_SETS is a ParameterError on `step`."""
-    if step is None:
+def set_windows(window: Window, step: timedelta | None, accumulate: str | None = None) -> list[Window]:
+    """The sets of an aligned window: one (no step, or accumulate `all`), one per calendar unit
+    (accumulate `day`...: the first and last clipped to the window), or one per step from its start
+    (the last one may be shorter, ending with the window). More than MAX_SETS is a ParameterError."""
+    if accumulate == "all" or (step is None and accumulate is None):
         return [window]
-    count = -(-(window.end - window.start) // step)
-    if count > MAX_SETS:
-        raise ParameterError("step", gettext("gives %(count)d sets; at most %(max)d") % {"count": count, "max": MAX_SETS})
-    return [Window(window.start + i * step, min(window.start + (i + 1) * step, window.end)) for i in range(count)]
+    if accumulate is not None:
+        starts = _calendar_starts(window, accumulate)
+        parameter = "accumulate"
+    elif step is not None:
+        step = min(step, window.end - window.start) or step  # a step past the window is one set
+        count = -(-(window.end - window.start) // step)
+        if count > MAX_SETS:
+            raise ParameterError("step", gettext("gives %(count)d sets; at most %(max)d")
+                                 % {"count": count, "max": MAX_SETS})
+        starts = [window.start + i * step for i in range(count)]
+        parameter = "step"
+    else:  # unreachable: no step and no accumulate is one set above
+        return [window]
+    if len(starts) > MAX_SETS:
+        raise ParameterError(parameter, gettext("gives %(count)d sets; at most %(max)d")
+                             % {"count": len(starts), "max": MAX_SETS})
+    ends = [*starts[1:], window.end]
+    return [Window(a, b) for a, b in zip(starts, ends, strict=True)] or [window]
+
+
+def _next_boundary(at: datetime, unit: str) -> datetime:
+    """The first start of a `unit` after `at` (UTC; weeks start on Sunday, as OpenCost's)."""
+    if unit == "hour":
+        return _floor(at, _HOUR) + _HOUR
+    day = _midnight(at)
+    if unit == "day":
+        return day + _DAY
+    if unit == "week":
+        return day + timedelta(days=7 - (day.weekday() + 1) % 7)
+    months = 1 if unit == "month" else 3 - (day.month - 1) % 3
+    month = day.month - 1 + months
+    return day.replace(year=day.year + month // 12, month=month % 12 + 1, day=1)
+
+
+def _calendar_starts(window: Window, unit: str) -> list[datetime]:
+    starts = [window.start]
+    while True:
+        following = _next_boundary(starts[-1], unit)
+        if following >= window.end:
+            return starts
+        starts.append(following)
+        if len(starts) > MAX_SETS:
+            return starts
 
 
 @dataclass
@@ -385,13 +635,17 @@ def _shared_idle(rows: Sequence[ledger.UsageGroupRow],
 
 def allocation_sets(
     scope: Scope, *, window: Window, aggregate: Sequence[str], step: timedelta | None = None,
-    accumulate: bool = False, include_idle: bool = False, share_idle: bool = False, idle_by_node: bool = False,
-    filters: Mapping[str, Sequence[str]] | None = None,
+    accumulate: bool | str | None = False, include_idle: bool = False, share_idle: bool = False,
+    idle_by_node: bool = False, filters: Mapping[str, Sequence[str]] | None = None,
+    tree: ledger.FilterTree | None = None, split_idle: bool = False,
 ) -> list[dict[str, Allocation]]:
     """One dict per set (name -> Allocation; one set with `accumulate` or no `step`), in time order,
     each sorted by name with idle last. `window` is aligned to whole hours first (align_window);
     `filters` maps aggregate keys (or `label:<name>`) to the values allowed. See the module
-    docstring for the money and scope rules."""
+    docstring for the money and scope rules. `accumulate` True (or `all`) is one set, a word of
+    ACCUMULATE_UNITS one set per calendar unit; `tree` is OpenCost's filter (parse_filter_tree),
+    ANDed with `filters`. Idle is one `__idle__` per set, as OpenCost merges it, unless `split_idle`:
+    then `<node>/__idle__` with idle_by_node, else `<cluster>/__idle__`."""
     window = align_window(window)
     aggregate = tuple(aggregate) or DEFAULT_AGGREGATE
     filters = dict(filters or {})
@@ -403,25 +657,31 @@ def allocation_sets(
     for values in filters.values():
         for value in values:
             _printable("filter", value)
-    step = None if accumulate else step
+    for key in ledger.tree_keys(tree):
+        if not ledger.is_group_key(key):
+            raise ParameterError("filter", gettext("unknown key %(key)r") % {"key": key})
+    unit = "all" if accumulate is True else (accumulate or None)
     if step is not None and step % _HOUR:
         raise ParameterError("step", gettext("must be a whole number of hours (the ledger's resolution)"))
-    bounds = set_windows(window, step)
+    bounds = set_windows(window, step, unit)
+    starts = [b.start for b in bounds] if len(bounds) > 1 else None
     sets: list[dict[str, Allocation]] = [{} for _ in bounds]
     if scope.tenants is not None and not scope.tenants:
         return sets
     platform = scope.sees_platform
     share = share_idle and platform
-    rows = ledger.list_usage_groups(start=window.start, end=window.end, step=step, keys=aggregate, filters=filters,
-                                    tenants=scope.tenants, by_node=share and idle_by_node)
-    idle_rows = (ledger.list_idle_rows(start=window.start, end=window.end, step=step, filters=filters,
-                                       by_node=idle_by_node)
+    rows = ledger.list_usage_groups(start=window.start, end=window.end, starts=starts, keys=aggregate,
+                                    filters=filters, tenants=scope.tenants, by_node=share and idle_by_node, tree=tree)
+    idle_rows = (ledger.list_idle_rows(start=window.start, end=window.end, starts=starts, filters=filters,
+                                       by_node=idle_by_node or split_idle, tree=tree)
                  if platform and (include_idle or share) else [])
     currency = ledger.get_window_currency(start=window.start, end=window.end)
     index = {b.start: i for i, b in enumerate(bounds)}
     idle_by_key = {(r.set_start, r.node): r for r in idle_rows}
 
-    shared = _shared_idle(rows, idle_by_key) if share else [_ZERO] * len(rows)
+    # Shared per node only with idleByNode; split_idle alone reads idle per node to name it, not to share it.
+    share_key = idle_by_key if idle_by_node or not split_idle else _merge_nodes(idle_rows)
+    shared = _shared_idle(rows, share_key) if share else [_ZERO] * len(rows)
     groups: list[dict[tuple[str, ...], _Group]] = [{} for _ in bounds]
     for row, part in zip(rows, shared, strict=True):
         group = groups[index[row.set_start]].setdefault(row.keys, _Group(row.first_hour, row.last_hour))
@@ -444,17 +704,49 @@ def allocation_sets(
             left = r.platform_idle if not share or r.charge <= 0 else _ZERO
             if share and left == 0:
                 continue
-            bound = bounds[index[r.set_start]]
-            name = f"{r.node}/{IDLE}" if idle_by_node else IDLE
-            properties = {"node": r.node, "cluster": r.cluster} if idle_by_node else {}
-            sets[index[r.set_start]][name] = Allocation(
-                name=name, properties=properties, start=bound.start, end=bound.end,
-                minutes=_minutes(bound.start, bound.end), gpu_hours=(r.metered_seconds - r.share_gpu_s) / _S_PER_H,
-                gpu_cost=left, shared_idle_cost=_ZERO, total_cost=left, currency=currency or r.currency,
-                mem_used_mb_s=_ZERO, mem_granted_mb_s=_ZERO, mem_requested_mb_s=None, sm_used_s=_ZERO,
-                sm_granted_s=_ZERO, sm_requested_s=None, is_idle=True,
-            )
+            i = index[r.set_start]
+            name, properties = _idle_name(r, split=split_idle, by_node=idle_by_node)
+            _add_idle(sets[i], name, properties, bounds[i], r, left, currency)
     return sets
+
+
+def _idle_name(r: ledger.IdleRow, *, split: bool, by_node: bool) -> tuple[str, dict[str, str]]:
+    """OpenCost's idle names: one `__idle__`, or with splitIdle one per node (idleByNode) or cluster."""
+    if not split:
+        return IDLE, {}
+    if by_node:
+        return f"{r.node}/{IDLE}", {"node": r.node, "cluster": r.cluster}
+    return f"{r.cluster}/{IDLE}", {"cluster": r.cluster}
+
+
+def _add_idle(one: dict[str, Allocation], name: str, properties: dict[str, str], bound: Window, r: ledger.IdleRow,
+              left: Decimal, currency: str) -> None:
+    """Adds a card group's platform idle to the set's idle allocation `name` (merging nodes)."""
+    gpu_hours = (r.metered_seconds - r.share_gpu_s) / _S_PER_H
+    before = one.get(name)
+    if before is not None:
+        one[name] = replace(before, gpu_hours=before.gpu_hours + gpu_hours, gpu_cost=before.gpu_cost + left,
+                            total_cost=before.total_cost + left)
+        return
+    one[name] = Allocation(
+        name=name, properties=properties, start=bound.start, end=bound.end,
+        minutes=_minutes(bound.start, bound.end), gpu_hours=gpu_hours,
+        gpu_cost=left, shared_idle_cost=_ZERO, total_cost=left, currency=currency or r.currency,
+        mem_used_mb_s=_ZERO, mem_granted_mb_s=_ZERO, mem_requested_mb_s=None, sm_used_s=_ZERO,
+        sm_granted_s=_ZERO, sm_requested_s=None, is_idle=True,
+    )
+
+
+def _merge_nodes(idle_rows: Sequence[ledger.IdleRow]) -> dict[tuple[datetime, str], ledger.IdleRow]:
+    """Per-node idle rows summed per set under node "" (how a set's idle is shared without idleByNode)."""
+    out: dict[tuple[datetime, str], ledger.IdleRow] = {}
+    for r in idle_rows:
+        key = (r.set_start, "")
+        b = out.get(key)
+        out[key] = replace(r, node="", cluster="") if b is None else replace(
+            b, platform_idle=b.platform_idle + r.platform_idle, metered_seconds=b.metered_seconds + r.metered_seconds,
+            share_gpu_s=b.share_gpu_s + r.share_gpu_s, charge=b.charge + r.charge)
+    return out
 
 
 def accumulated(sets: Sequence[Mapping[str, Allocation]]) -> dict[str, Allocation]:
@@ -476,3 +768,12 @@ def accumulated(sets: Sequence[Mapping[str, Allocation]]) -> dict[str, Allocatio
                 else a.sm_requested_s + b.sm_requested_s, seconds=a.seconds + b.seconds,
             )
     return out
+
+
+def node_assets(scope: Scope, *, window: Window) -> list[ledger.NodeAssetRow]:
+    """The GPU nodes of the window (OpenCost's /assets), for scopes that see the platform; none for
+    a tenant scope (nodes and their cards' cost are the platform's)."""
+    if not scope.sees_platform:
+        return []
+    window = align_window(window)
+    return ledger.list_node_assets(start=window.start, end=window.end)

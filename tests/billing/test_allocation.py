@@ -92,16 +92,18 @@ def test_step_aggregate_and_booleans() -> None:
     assert parse_step(None) is None and parse_step("") is None
     assert parse_step("1d") == timedelta(days=1) and parse_step("6h") == timedelta(hours=6)
     assert parse_step("120m") == timedelta(hours=2) and parse_step("1w") == timedelta(weeks=1)
-    for bad in ("30m", "0h", "1y", "d", "1.5h"):
+    # Any duration OpenCost takes, rounded up to the ledger's hours.
+    assert parse_step("30m") == timedelta(hours=1) and parse_step("90m") == timedelta(hours=2)
+    for bad in ("0h", "1y", "d", "1.5h", "999999w", "9999999s"):
         with pytest.raises(ParameterError) as caught:
             parse_step(bad)
         assert caught.value.parameter == "step"
     assert parse_aggregate(None) == DEFAULT_AGGREGATE
     assert parse_aggregate("namespace, label:app,namespace") == ("namespace", "label:app")
-    for bad in ("namespaces", "label:", "pod,,node"):
-        with pytest.raises(ParameterError) as caught:
-            parse_aggregate(bad)
-        assert caught.value.parameter == "aggregate"
+    # OpenCost drops keys it does not know (ParseAggregationProperties); `all` is one allocation.
+    assert parse_aggregate("namespaces,label:,pod,,node") == ("pod", "node")
+    assert parse_aggregate("all") == () and parse_aggregate("bogus") == ()
+    assert parse_aggregate("deployment,team,services") == ("deployment", "label:team", "service")
     assert parse_bool("accumulate", "TRUE", default=False) and not parse_bool("accumulate", None, default=False)
     with pytest.raises(ParameterError) as caught:
         parse_bool("includeIdle", "yes", default=False)
@@ -245,9 +247,15 @@ def test_steps_and_accumulate(fleet) -> None:  # type: ignore[no-untyped-def]
 
 
 def test_idle_by_node_and_shared(fleet) -> None:  # type: ignore[no-untyped-def]
+    # OpenCost merges per-node idle into one __idle__ unless splitIdle asks for it apart.
     [s] = allocation_sets(FINANCE, window=DAY, aggregate=["namespace"], include_idle=True, idle_by_node=True)
+    assert costs(s) == {"acme-ns": D(8), "globex-ns": D(2), IDLE: D(16)}
+    [s] = allocation_sets(FINANCE, window=DAY, aggregate=["namespace"], include_idle=True, idle_by_node=True,
+                          split_idle=True)
     assert costs(s) == {"acme-ns": D(8), "globex-ns": D(2), f"node-1/{IDLE}": D(13), f"node-2/{IDLE}": D(3)}
     assert s[f"node-2/{IDLE}"].properties == {"node": "node-2", "cluster": UNALLOCATED}
+    [s] = allocation_sets(FINANCE, window=DAY, aggregate=["namespace"], include_idle=True, split_idle=True)
+    assert costs(s) == {"acme-ns": D(8), "globex-ns": D(2), f"east/{IDLE}": D(13), f"{UNALLOCATED}/{IDLE}": D(3)}
     # Shared over the whole set by charge (acme 7, globex 2 of 9): 16 × 7/9 and 16 × 2/9.
     [s] = allocation_sets(FINANCE, window=DAY, aggregate=["namespace"], include_idle=True, share_idle=True)
     assert set(s) == {"acme-ns", "globex-ns"}
