@@ -17,6 +17,7 @@ Pure (the standard library and billing.money), below every layer, like billing.m
 from __future__ import annotations
 
 import csv
+import io
 from collections.abc import Iterable
 from decimal import Decimal
 from typing import Any, Protocol
@@ -81,13 +82,22 @@ class _Sink(Protocol):
 
 
 class InertWriter:
-    """csv.writer's writerow and writerows, every cell through `inert_cell`."""
+    """csv.writer's writerow and writerows, every cell through `inert_cell`.
+
+    csv quotes a field that holds a character of the line terminator only: with "\n" rows, a bare
+    CR in a name went out unquoted and split the row for any reader. So rows are written with
+    "\r\n" (every field holding CR or LF is quoted) and end with the terminator asked for."""
 
     def __init__(self, out: _Sink, **options: Any) -> None:
-        self._writer = csv.writer(out, **options)
+        self._out, self._end = out, options.pop("lineterminator", "\r\n")
+        self._row = io.StringIO()
+        self._writer = csv.writer(self._row, lineterminator="\r\n", **options)
 
     def writerow(self, row: Iterable[Any]) -> None:
+        self._row.seek(0)
+        self._row.truncate()
         self._writer.writerow([inert_cell(v) for v in row])
+        self._out.write(self._row.getvalue()[:-2] + self._end)
 
     def writerows(self, rows: Iterable[Iterable[Any]]) -> None:
         for row in rows:
