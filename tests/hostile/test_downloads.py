@@ -128,7 +128,7 @@ def test_every_csv_the_product_serves_is_inert(live_server, post_batch, time_mac
     # The payloads did reach the files (quoted), so the test tests something.
     assert planted >= 10
     member = _session(live_server, user_in(tenant="acme"))
-    for url in (f"/tenants/acme/?start=2026-11-01&end=2026-11-30&format=csv", "/tenants/acme/?format=upcoming-csv",
+    for url in ("/tenants/acme/?start=2026-11-01&end=2026-11-30&format=csv", "/tenants/acme/?format=upcoming-csv",
                 f"/invoices/{invoice.number}.csv", f"/invoices/{invoice.number}.focus"):
         response = member.get(live_server.url + url, timeout=60)
         assert response.status_code == 200 and _formula_cells(response.content) == [], url
