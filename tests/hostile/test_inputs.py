@@ -101,7 +101,7 @@ def test_no_page_parameter_or_form_field_answers_a_server_error(live_server):
     sessions = [_session(user_in(ADMIN_GROUP)), _session(user_in(FINANCE_GROUP)), _session(user_in(tenant="acme"))]
     seen: list[int] = []
 
-    @hypothesis_settings(max_examples=120, deadline=None, database=None,
+    @hypothesis_settings(max_examples=60, deadline=None, database=None,
                          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
     @given(who=st.integers(0, 2), page=st.sampled_from(sorted(GET_PAGES) + sorted(POST_FORMS)), data=st.data())
     def probe(who: int, page: str, data: st.DataObject) -> None:
