@@ -29,12 +29,16 @@ from billing.errors import InvalidInput
 from billing.models import CreditNote, Invoice
 from billing.money import format_minor_units, minor_unit_exponent
 from billing.services.audit import record_audit_event
+from billing.services.exports.fonts import undrawable
 from billing.services.invoicing import current_issuer, tax_minor_units
 
-__all__ = ["REASON_MAX_CHARS", "CreditNoteIssued", "CreditRoom", "credit_tax_minor", "get_credit_room",
-           "issue_credit_note", "parse_credit_amount"]
+__all__ = ["MAX_CREDIT_MAJOR", "REASON_MAX_CHARS", "CreditNoteIssued", "CreditRoom", "credit_tax_minor",
+           "get_credit_room", "issue_credit_note", "parse_credit_amount", "unprintable_message"]
 
 REASON_MAX_CHARS = 500
+# The largest net amount a credit note may state, in major units (an invoice's bigint minor units
+# hold far more; this keeps every parsed amount exact in Decimal's default 28 digits).
+MAX_CREDIT_MAJOR = Decimal(10) ** 12
 
 
 @dataclass(frozen=True)
@@ -107,11 +111,21 @@ def parse_credit_amount(text: str, currency: str) -> int:
                            % {"text": repr(text)}) from None
     if not amount.is_finite() or amount <= 0:
         raise InvalidInput(gettext("The amount must be more than zero."))
-    minor = amount.scaleb(places)
-    if minor != minor.to_integral_value():
+    # Bounded before any arithmetic: 1e9999999 would overflow the context and 1e-9999999 underflow
+    # to a zero credit; no invoice is anywhere near MAX_CREDIT_MAJOR.
+    if amount > MAX_CREDIT_MAJOR:
+        raise InvalidInput(gettext("The amount may be at most %(max)s.") % {"max": MAX_CREDIT_MAJOR})
+    if amount != amount.quantize(Decimal(1).scaleb(-places)):
         raise InvalidInput(gettext("The amount %(text)s has more decimals than %(currency)s has (%(places)s).")
                            % {"text": text.strip(), "currency": currency, "places": places})
-    return int(minor)
+    return int(amount.scaleb(places))
+
+
+def unprintable_message(characters: list[str]) -> str:
+    """Why a text that the PDFs cannot print is refused, naming its characters (as U+XXXX, since an
+    invisible or control character shows as nothing)."""
+    return gettext("The PDF font cannot print %(chars)s; use Latin, Greek, Cyrillic or Chinese letters, "
+                   "without emoji or control characters.") % {"chars": ", ".join(f"U+{ord(c):04X}" for c in characters)}
 
 
 def _next_number(year: int) -> str:
@@ -136,6 +150,9 @@ def issue_credit_note(
     if len(reason) > REASON_MAX_CHARS:
         raise InvalidInput(gettext("The reason is %(n)s characters long; at most %(max)s fit on the credit note.")
                            % {"n": len(reason), "max": REASON_MAX_CHARS})
+    # Refused here, not at rendering: the note is immutable, and its PDF prints the reason.
+    if bad := undrawable(reason):
+        raise InvalidInput(unprintable_message(bad))
     with transaction.atomic():
         # One credit note at a time, fleet-wide: its number is gapless and its invoice's room exact.
         with connection.cursor() as cursor:

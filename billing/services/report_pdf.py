@@ -12,6 +12,7 @@ from typing import Any
 from django.utils.formats import date_format
 from django.utils.translation import gettext as _
 
+from billing.csv_files import number
 from billing.models import PairedReport
 from billing.money import display_amount
 from billing.services.exports.fonts import pdf_font
@@ -200,7 +201,7 @@ SAVINGS_CSV_COLUMNS = ("section", "row", "whole_card", "dynamic", "saving", "red
 
 def _csv_amount(value: Decimal | None, currency: str) -> str:
     """An amount already rounded to the minor unit, written with exactly the currency's decimals."""
-    return "" if value is None else f"{display_amount(value, currency):f}"
+    return "" if value is None else number(f"{display_amount(value, currency):f}")
 
 
 def savings_csv_rows(result: dict[str, Any], tenant_names: dict[str, str]) -> list[list[str]]:
@@ -213,14 +214,14 @@ def savings_csv_rows(result: dict[str, Any], tenant_names: dict[str, str]) -> li
         for section, rows in (("fleet", tables.fleet), ("chargeback", tables.chargeback)):
             out += [[section, r.label, _csv_amount(r.whole_card, currency), _csv_amount(r.dynamic, currency),
                      _csv_amount(r.saving, currency),
-                     "" if r.reduction_pct is None else f"{r.reduction_pct:.2f}", currency] for r in rows]
+                     "" if r.reduction_pct is None else number(f"{r.reduction_pct:.2f}"), currency] for r in rows]
     test = result["test_whole_vs_dynamic"]
     ci = test.get("ci95") or [None, None]
     for label, value in (("mean_saving_per_complete_workload_day", test.get("mean_saving")),
                          ("ci95_low", ci[0]), ("ci95_high", ci[1])):
         amount = None if value is None else Decimal(str(value))
         out.append(["paired_test", label, "", "", _csv_amount(amount, currency), "", currency])
-    out.append(["paired_test", "complete_workload_days_n", "", "", str(test.get("n") or 0), "", ""])
+    out.append(["paired_test", "complete_workload_days_n", "", "", number(str(test.get("n") or 0)), "", ""])
     return out
 
 

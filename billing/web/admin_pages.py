@@ -42,14 +42,19 @@ from billing.web.forms import RetireForm
 
 
 class BudgetForm(forms.Form):
-    amount = forms.DecimalField(label=gettext_lazy("Monthly budget"), min_value=Decimal("0.01"), decimal_places=2)
+    # Bounded as the columns are (max_digits): an amount too long for the column is the form's
+    # message, not a database error.
+    amount = forms.DecimalField(label=gettext_lazy("Monthly budget"), min_value=Decimal("0.01"), decimal_places=2,
+                                max_digits=14)
     # A blank first option: a budget saved with a code not on the list is never silently changed to the first code.
     currency = forms.ChoiceField(label=gettext_lazy("Currency"), choices=[("", "—"), *CURRENCY_CHOICES], initial="USD")
-    soft_threshold_pct = forms.DecimalField(label=gettext_lazy("Warn at (%)"), initial=Decimal(80), min_value=1)
-    hard_threshold_pct = forms.DecimalField(label=gettext_lazy("Enforce at (%)"), initial=Decimal(100), min_value=1)
+    soft_threshold_pct = forms.DecimalField(label=gettext_lazy("Warn at (%)"), initial=Decimal(80), min_value=1,
+                                            max_value=1000, max_digits=5, decimal_places=2)
+    hard_threshold_pct = forms.DecimalField(label=gettext_lazy("Enforce at (%)"), initial=Decimal(100), min_value=1,
+                                            max_value=1000, max_digits=5, decimal_places=2)
     hard_action = forms.ChoiceField(label=gettext_lazy("Action when enforced"), choices=BudgetAction.choices)
     throttle_factor = forms.DecimalField(label=gettext_lazy("Throttle factor"), initial=Decimal("0.5"),
-                                         min_value=Decimal("0.001"), max_value=1)
+                                         min_value=Decimal("0.001"), max_value=1, max_digits=4, decimal_places=3)
     owner = forms.CharField(label=gettext_lazy("Who can raise it"), max_length=200)
     notify_emails = forms.CharField(label=gettext_lazy("Notify (emails)"), required=False,
                                     help_text=gettext_lazy("Addresses separated by commas."))

@@ -8,7 +8,6 @@ A tenant outside the user's scope answers 404, like the portal, before any other
 
 from __future__ import annotations
 
-import csv
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import date
@@ -23,7 +22,8 @@ from django.utils import timezone
 from django.utils.translation import gettext as _
 from django.utils.translation import gettext_lazy
 
-from billing.money import QUANTITY_PLACES, amount_text, quantity_text, round_parts, round_quantities
+from billing.csv_files import amount_cell, csv_writer, quantity_cell
+from billing.money import QUANTITY_PLACES, round_parts, round_quantities
 from billing.queries.explore import (
     LEVEL_KEYS,
     STEPS,
@@ -223,18 +223,18 @@ def _csv(result: Explore) -> HttpResponse:
     response = HttpResponse(content_type="text/csv; charset=utf-8")
     name = f"explore-{level}-{result.start:%Y%m%d}-{result.end:%Y%m%d}.csv"
     response["Content-Disposition"] = f'attachment; filename="{name}"'
-    writer = csv.writer(response)
+    writer = csv_writer(response)
     rightsizing = level == "pod"
     keys = LEVEL_KEYS[level]
     writer.writerow([*_CSV_HEAD, *keys, *_CSV_NUMBERS, *(_CSV_RIGHTSIZING if rightsizing else ())])
     shown, cost, columns = _shown(result, places)
 
     def q(value: Decimal | None, at: int = places) -> str:
-        return "" if value is None else quantity_text(value, at)
+        return "" if value is None else quantity_cell(value, at)
 
     for s in shown:
         r = s.row
-        cells = [r.name, *(r.key(k) for k in keys), amount_text(s.cost, currency), currency,
+        cells = [r.name, *(r.key(k) for k in keys), amount_cell(s.cost, currency), currency,
                  *(q(s.quantities[n]) for n in ("gpu_hours", "mem_used_gb_h", "mem_granted_gb_h", "mem_requested_gb_h")),
                  q(r.mem_used_of_granted_pct, pct), q(r.mem_used_of_requested_pct, pct),
                  *(q(s.quantities[n]) for n in ("sm_used_h", "sm_granted_h", "sm_requested_h")),
@@ -246,7 +246,7 @@ def _csv(result: Explore) -> HttpResponse:
                       q(gib(sug.suggested_mb) if sug else None), q(r.freed_gb_h)]
         writer.writerow(cells)
     eff = _efficiency(result.rows)
-    total = ["(total)", *("" for _k in keys), amount_text(cost, currency), currency,
+    total = ["(total)", *("" for _k in keys), amount_cell(cost, currency), currency,
              *(q(columns[n].total) for n in ("gpu_hours", "mem_used_gb_h", "mem_granted_gb_h", "mem_requested_gb_h")),
              q(eff["mem_of_granted"], pct), q(eff["mem_of_requested"], pct),
              *(q(columns[n].total) for n in ("sm_used_h", "sm_granted_h", "sm_requested_h")),

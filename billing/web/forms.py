@@ -9,6 +9,10 @@ from django.utils.translation import gettext_lazy as _
 
 MAX_PERIOD_DAYS = 366
 ISO_DATE = "%Y-%m-%d"
+# The dates a page accepts. Bounded where parsed: 9999-12-31 is a valid date, but the day after it
+# (a period's exclusive end) is not, and no ledger holds a day outside these.
+MIN_DATE = date(2000, 1, 1)
+MAX_DATE = date(2199, 12, 31)
 
 
 class IsoDateField(forms.DateField):
@@ -21,6 +25,12 @@ class IsoDateField(forms.DateField):
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(input_formats=[ISO_DATE], error_messages={"invalid": _("Enter a date as YYYY-MM-DD.")},
                          **kwargs)
+
+    def validate(self, value: Any) -> None:
+        super().validate(value)
+        if value and not MIN_DATE <= value <= MAX_DATE:
+            raise forms.ValidationError(_("Enter a date from %(min)s to %(max)s.")
+                                        % {"min": MIN_DATE.isoformat(), "max": MAX_DATE.isoformat()})
 
 
 class PeriodForm(forms.Form):

@@ -24,7 +24,7 @@ from billing.errors import InvalidInput
 from billing.money import from_minor_units
 from billing.queries.portal import UpcomingInvoices, list_upcoming_invoices
 from billing.scope import Scope, get_scope
-from billing.services.credit_notes import REASON_MAX_CHARS, get_credit_room, issue_credit_note
+from billing.services.credit_notes import REASON_MAX_CHARS, get_credit_room, issue_credit_note, unprintable_message
 from billing.services.exports import (
     EXPORT_FORMATS,
     GPU_HOURS_PLACES,
@@ -36,6 +36,7 @@ from billing.services.exports import (
     get_invoice_document,
     list_invoices,
 )
+from billing.services.exports.fonts import undrawable
 from billing.services.tenant_billing import get_tenant_billing, update_tenant_billing
 from billing.web.access import require_admin, require_platform
 
@@ -141,6 +142,19 @@ class TenantBillingForm(forms.Form):
         help_text=gettext_lazy("Days from issue to due date; empty for the default."))
     po_number = forms.CharField(label=gettext_lazy("PO number"), max_length=64, required=False)
     cost_centre = forms.CharField(label=gettext_lazy("Cost centre"), max_length=64, required=False)
+
+    # Both are printed on every invoice PDF from now on.
+    def clean_po_number(self) -> str:
+        return _printable(self.cleaned_data["po_number"])
+
+    def clean_cost_centre(self) -> str:
+        return _printable(self.cleaned_data["cost_centre"])
+
+
+def _printable(text: str) -> str:
+    if bad := undrawable(text):
+        raise forms.ValidationError(unprintable_message(bad))
+    return text
 
 
 @login_required

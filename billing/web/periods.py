@@ -6,11 +6,13 @@ call, render."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from datetime import date
 
 from django.contrib.auth.decorators import login_required
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import redirect, render
 from django.utils import timezone
+from django.utils.translation import gettext as _
 from django.views.decorators.http import require_GET, require_POST
 
 from billing import tasks
@@ -19,6 +21,17 @@ from billing.queries.periods import PeriodState, get_billing_period, list_billin
 from billing.scope import Scope
 from billing.services.invoicing import list_unpriced, parse_month, request_period_close, resume_period_close
 from billing.web.access import require_platform
+from billing.web.forms import MAX_DATE, MIN_DATE
+
+
+def _month(text: str) -> date:
+    """The month of a URL, bounded as the pages' dates are (billing.web.forms): 9999-12 parses, but
+    the month after it, its end, does not exist."""
+    month = parse_month(text)
+    if not MIN_DATE <= month <= MAX_DATE:
+        raise InvalidInput(_("Enter a month from %(min)s to %(max)s.") % {"min": f"{MIN_DATE:%Y-%m}",
+                                                                        "max": f"{MAX_DATE:%Y-%m}"})
+    return month
 
 
 def _platform_scope(request: HttpRequest) -> Scope:
@@ -58,7 +71,7 @@ def _period_action(request: HttpRequest, month: str, action: Callable[..., objec
     """Request or resume a close; a refusal re-renders the list with its reason and a 400."""
     scope = _platform_scope(request)
     try:
-        action(month=parse_month(month), now=timezone.now(), actor_label=request.user.get_username(),
+        action(month=_month(month), now=timezone.now(), actor_label=request.user.get_username(),
                actor_id=request.user.pk, enqueue=tasks.close_period.delay)
     except InvalidInput as exc:
         return _render_list(request, scope, error=str(exc), status=400)
@@ -70,7 +83,7 @@ def _period_action(request: HttpRequest, month: str, action: Callable[..., objec
 def period_status(request: HttpRequest, month: str) -> JsonResponse:
     scope = _platform_scope(request)
     try:
-        period = get_billing_period(scope=scope, month=parse_month(month), now=timezone.now())
+        period = get_billing_period(scope=scope, month=_month(month), now=timezone.now())
     except InvalidInput as exc:
         return JsonResponse({"error": str(exc)}, status=400)
     return JsonResponse(period.as_json())

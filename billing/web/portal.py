@@ -6,7 +6,6 @@ CSV of its upcoming invoice (`?format=upcoming-csv`).
 
 from __future__ import annotations
 
-import csv
 from datetime import date, datetime
 
 from django.contrib.auth.decorators import login_required
@@ -18,9 +17,10 @@ from django.utils.formats import date_format
 from django.utils.safestring import SafeString
 from django.utils.translation import gettext as _
 
+from billing.csv_files import amount_cell, csv_writer, minor_cell, number
 from billing.errors import InvalidInput
 from billing.models import BudgetAction
-from billing.money import QUANTITY_PLACES, amount_text, format_minor_units, round_parts, round_quantities
+from billing.money import QUANTITY_PLACES, round_parts, round_quantities
 from billing.queries.portal import (
     WORKLOAD_TABLE_ROWS,
     TenantNotFound,
@@ -131,7 +131,7 @@ def _workloads_csv(portal: TenantPortal) -> HttpResponse:
     response = HttpResponse(content_type="text/csv; charset=utf-8")
     name = f"{portal.slug}-workloads-{portal.start:%Y%m%d}-{portal.end:%Y%m%d}.csv"
     response["Content-Disposition"] = f'attachment; filename="{name}"'
-    writer = csv.writer(response)
+    writer = csv_writer(response)
     writer.writerow(_WORKLOAD_CSV_COLUMNS)
     currency, places = portal.currency, QUANTITY_PLACES["gpu_hours"]
     costs, cost = round_parts([w.cost for w in portal.workloads], currency)
@@ -139,11 +139,11 @@ def _workloads_csv(portal: TenantPortal) -> HttpResponse:
     for i, w in enumerate(portal.workloads):
         writer.writerow([
             w.namespace, w.pod, w.pod_uid, " ".join(w.containers), " ".join(w.sla_tiers),
-            amount_text(costs[i], currency), currency, *(f"{q[0][i]:.{places}f}" for q in quantities),
+            amount_cell(costs[i], currency), currency, *(number(f"{q[0][i]:.{places}f}") for q in quantities),
             w.first_hour.isoformat(), w.last_hour.isoformat(),
         ])
-    writer.writerow(["(total)", "", "", "", "", amount_text(cost, currency), currency,
-                     *(f"{q[1]:.{places}f}" for q in quantities), "", ""])
+    writer.writerow(["(total)", "", "", "", "", amount_cell(cost, currency), currency,
+                     *(number(f"{q[1]:.{places}f}") for q in quantities), "", ""])
     return response
 
 
@@ -157,7 +157,7 @@ def _upcoming_csv(request: HttpRequest, slug: str, now: datetime) -> HttpRespons
         return HttpResponse(str(exc), status=400, content_type="text/plain; charset=utf-8")
     response = HttpResponse(content_type="text/csv; charset=utf-8")
     response["Content-Disposition"] = f'attachment; filename="{slug}-upcoming-{preview.month:%Y-%m}.csv"'
-    writer = csv.writer(response)
+    writer = csv_writer(response)
     writer.writerow(_UPCOMING_CSV_COLUMNS)
     head = _upcoming_head(preview)
     for i, line in enumerate(preview.lines, start=1):
@@ -167,10 +167,10 @@ def _upcoming_csv(request: HttpRequest, slug: str, now: datetime) -> HttpRespons
         ])
     if preview.tax_minor:
         writer.writerow(head + ["tax", f"tax {plain_decimal(preview.tax_rate_pct)}%", "", "", "", "", "",
-                                preview.tax_minor, format_minor_units(preview.tax_minor, preview.currency),
+                                preview.tax_minor, minor_cell(preview.tax_minor, preview.currency),
                                 preview.currency])
     writer.writerow(head + ["total", "", "", "", "", "", "", preview.total_minor,
-                            format_minor_units(preview.total_minor, preview.currency), preview.currency])
+                            minor_cell(preview.total_minor, preview.currency), preview.currency])
     return response
 
 

@@ -3,8 +3,6 @@ the PDF. Thin: parse, one service call, render."""
 
 from __future__ import annotations
 
-import csv
-
 from django.contrib.auth.decorators import login_required
 from django.db import transaction
 from django.http import Http404, HttpRequest, HttpResponse
@@ -13,6 +11,7 @@ from django.utils import timezone
 
 from billing import tasks
 from billing.api.errors import QUEUE_DOWN
+from billing.csv_files import csv_writer
 from billing.errors import InvalidInput
 from billing.models import PairedReport
 from billing.services.paired_report import COLD_START
@@ -110,7 +109,7 @@ def report_csv(request: HttpRequest, report_id: int) -> HttpResponse:
     report = _finished(report_id)
     response = HttpResponse(content_type="text/csv; charset=utf-8")
     response["Content-Disposition"] = f'attachment; filename="paired-report-{report.pk}.csv"'
-    writer = csv.writer(response)
+    writer = csv_writer(response)
     writer.writerow(SAVINGS_CSV_COLUMNS)
     writer.writerows(savings_csv_rows(report.result or {}, tenant_names()))
     return response

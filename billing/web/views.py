@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import csv
 from collections.abc import Callable
 from datetime import date, datetime, timedelta
 from decimal import Decimal
@@ -18,7 +17,8 @@ from django.utils.formats import date_format
 from django.utils.safestring import SafeString
 from django.utils.translation import gettext as _
 
-from billing.money import QUANTITY_PLACES, amount_text, quantity_text, round_quantities
+from billing.csv_files import amount_cell, csv_writer, number, quantity_cell
+from billing.money import QUANTITY_PLACES, round_quantities
 from billing.queries.dashboard import IDLE_KEY, CostTimeline, FinanceDashboard, UtilisationPoint, get_finance_dashboard
 from billing.queries.finance import CostSummary
 from billing.scope import get_scope
@@ -109,7 +109,7 @@ def _csv_response(summary: CostSummary, table: str) -> tuple[HttpResponse, Any]:
     suffix = "" if table == "tenants" else f"-{table}"
     name = f"gpu-cost{suffix}-{summary.start:%Y%m%d}-{summary.end:%Y%m%d}.csv"
     response["Content-Disposition"] = f'attachment; filename="{name}"'
-    return response, csv.writer(response)
+    return response, csv_writer(response)
 
 
 def _tenants_csv(dashboard: FinanceDashboard) -> HttpResponse:
@@ -124,22 +124,22 @@ def _tenants_csv(dashboard: FinanceDashboard) -> HttpResponse:
     quantities = [round_quantities([getattr(r.tenant, name) for r in shown.rows], places)
                   for name in ("gpu_hours_equivalent", "mem_used_gb_h", "sm_used_h")]
     for i, r in enumerate(shown.rows):
-        writer.writerow([r.tenant.tenant, r.tenant.name, amount_text(r.charge, currency),
-                         amount_text(r.idle_share, currency), amount_text(r.total, currency), currency,
-                         *(f"{q[0][i]:.{places}f}" for q in quantities), r.tenant.workloads, ""])
-    sums = [f"{q[1]:.{places}f}" for q in quantities]
+        writer.writerow([r.tenant.tenant, r.tenant.name, amount_cell(r.charge, currency),
+                         amount_cell(r.idle_share, currency), amount_cell(r.total, currency), currency,
+                         *(number(f"{q[0][i]:.{places}f}") for q in quantities), r.tenant.workloads, ""])
+    sums = [number(f"{q[1]:.{places}f}") for q in quantities]
     workloads = sum(r.tenant.workloads for r in shown.rows)
     if shown.total_gpu_cost is None or shown.idle_platform is None or summary.metered_gpu_hours is None:
-        writer.writerow(["(total)", _("Your cost"), amount_text(shown.charge, currency),
-                         amount_text(shown.idle_share, currency), amount_text(shown.attributed, currency),
+        writer.writerow(["(total)", _("Your cost"), amount_cell(shown.charge, currency),
+                         amount_cell(shown.idle_share, currency), amount_cell(shown.attributed, currency),
                          currency, *sums, workloads, ""])
         return response
     # Idle nobody was charged for sits in the charge column, so every column still adds.
-    idle = amount_text(shown.idle_platform, currency)
+    idle = amount_cell(shown.idle_platform, currency)
     writer.writerow([IDLE_KEY, _("Idle (platform)"), idle, "", idle, currency, "", "", "", "", ""])
-    writer.writerow(["(total)", _("Total GPU cost"), amount_text(shown.charge + shown.idle_platform, currency),
-                     amount_text(shown.idle_share, currency), amount_text(shown.total_gpu_cost, currency),
-                     currency, *sums, workloads, quantity_text(summary.metered_gpu_hours, places)])
+    writer.writerow(["(total)", _("Total GPU cost"), amount_cell(shown.charge + shown.idle_platform, currency),
+                     amount_cell(shown.idle_share, currency), amount_cell(shown.total_gpu_cost, currency),
+                     currency, *sums, workloads, quantity_cell(summary.metered_gpu_hours, places)])
     return response
 
 
@@ -151,7 +151,7 @@ def _timeline_csv(dashboard: FinanceDashboard) -> HttpResponse:
     writer.writerow(["bucket_start", "granularity", "series", "name", "cost", "currency"])
     for i, bucket in enumerate(timeline.buckets):
         for s in timeline.series:
-            writer.writerow([bucket.isoformat(), timeline.granularity, s.key, s.name, amount_text(s.values[i], currency),
+            writer.writerow([bucket.isoformat(), timeline.granularity, s.key, s.name, amount_cell(s.values[i], currency),
                              currency])
     return response
 
@@ -164,10 +164,10 @@ def _utilisation_csv(dashboard: FinanceDashboard) -> HttpResponse:
                      "sm_utilisation_pct", "mem_used_mb_s", "mem_capacity_mb_s", "idle_memory_pct"])
     whole, pct = QUANTITY_PLACES["mb_s"], QUANTITY_PLACES["percent"]  # seconds, MB·s and SM·s alike
     for p in dashboard.utilisation:
-        writer.writerow([p.bucket.isoformat(), dashboard.timeline.granularity, quantity_text(p.metered_gpu_s, whole),
-                         quantity_text(p.sm_used_s, whole), quantity_text(p.sm_capacity_s, whole),
-                         _percent(p.sm_utilisation_pct, pct), quantity_text(p.mem_used_mb_s, whole),
-                         quantity_text(p.mem_capacity_mb_s, whole), _percent(p.idle_memory_pct, pct)])
+        writer.writerow([p.bucket.isoformat(), dashboard.timeline.granularity, quantity_cell(p.metered_gpu_s, whole),
+                         quantity_cell(p.sm_used_s, whole), quantity_cell(p.sm_capacity_s, whole),
+                         _percent(p.sm_utilisation_pct, pct), quantity_cell(p.mem_used_mb_s, whole),
+                         quantity_cell(p.mem_capacity_mb_s, whole), _percent(p.idle_memory_pct, pct)])
     return response
 
 
@@ -177,14 +177,14 @@ def _workloads_csv(dashboard: FinanceDashboard) -> HttpResponse:
                      "gpu_hours_equivalent", "mem_used_gb_h", "sm_used_h"])
     currency, places = dashboard.summary.currency, QUANTITY_PLACES["gpu_hours"]
     for rank, w in enumerate(dashboard.top_workloads, start=1):
-        writer.writerow([rank, w.tenant, w.name, w.namespace, w.pod, w.pod_uid, w.sla_tier, amount_text(w.cost, currency),
-                         currency, quantity_text(w.gpu_hours_equivalent, places), quantity_text(w.mem_used_gb_h, places),
-                         quantity_text(w.sm_used_h, places)])
+        writer.writerow([rank, w.tenant, w.name, w.namespace, w.pod, w.pod_uid, w.sla_tier, amount_cell(w.cost, currency),
+                         currency, quantity_cell(w.gpu_hours_equivalent, places), quantity_cell(w.mem_used_gb_h, places),
+                         quantity_cell(w.sm_used_h, places)])
     return response
 
 
 def _percent(value: Decimal | None, places: int) -> str:
-    return "" if value is None else quantity_text(value, places)
+    return "" if value is None else quantity_cell(value, places)
 
 
 _CSV_TABLES: dict[str, Callable[[FinanceDashboard], HttpResponse]] = {

@@ -8,7 +8,6 @@ builders (usage_row, idle_row, platform_idle_row) and the CSV writer serve the f
 
 from __future__ import annotations
 
-import csv
 import io
 from collections import defaultdict
 from collections.abc import Mapping
@@ -16,6 +15,7 @@ from datetime import UTC, datetime, timedelta
 from decimal import Context, Decimal, localcontext
 from typing import Any
 
+from billing.csv_files import csv_writer, number
 from billing.ledger.exports import FocusLedgerRow, PlatformIdleRow, list_focus_ledger_rows, list_origin_costs
 from billing.models import InvoiceLine
 from billing.money import allocate, format_minor_units, from_minor_units
@@ -334,11 +334,17 @@ def render_credit_note_focus_csv(note: CreditNoteDocument) -> bytes:
 def focus_csv(rows: list[dict[str, Any]]) -> bytes:
     """FOCUS rows as CSV (UTF-8, a header of FOCUS_COLUMNS, nulls empty)."""
     out = io.StringIO()
-    writer = csv.writer(out, lineterminator="\n")
+    writer = csv_writer(out, lineterminator="\n")
     writer.writerow(FOCUS_COLUMNS)
     for row in rows:
-        writer.writerow([focus_cell(row[c]) for c in FOCUS_COLUMNS])
+        writer.writerow([_csv_cell(row[c]) for c in FOCUS_COLUMNS])
     return out.getvalue().encode("utf-8")
+
+
+def _csv_cell(value: Any) -> str:
+    """A FOCUS value for the CSV: numbers marked as numbers (a negative cost is not a formula), text
+    left to the writer's formula rule; the Parquet keeps the text exact (docs/exports.md)."""
+    return number(focus_cell(value)) if isinstance(value, Decimal | int) else focus_cell(value)
 
 
 def focus_cell(value: Any) -> str:

@@ -6,19 +6,34 @@ A PDF must never draw a character its subset lacks (reportlab would draw the emp
 as the paired report once did for the "O" of "Ours", a string left out of the subset), nor name a
 font it does not embed (reportlab's canvas and tables default to the standard Helvetica, which is
 referenced, not embedded). So a document draws only through one `PdfFont`: its paragraphs refuse a
-character outside the subset, its canvas starts in the subset font, and its tables are set in it."""
+character outside the subset, its canvas starts in the subset font, and its tables are set in it.
+
+Text that Noto Sans SC cannot draw at all (Hebrew, Arabic, Devanagari, Thai, emoji, and control or
+invisible format characters such as a zero-width joiner) is refused where people type it (the
+credit-note reason, a tenant's PO number and cost centre: `undrawable`), with a message naming the
+characters. What is already stored, or comes from elsewhere (a tenant's name, a node's GPU model),
+is drawn with each such character replaced by REPLACEMENT (`drawable`): a credit note is immutable,
+so a PDF that raised on one character would fail for good. Fallback fonts were not the choice:
+reportlab neither shapes Arabic or Devanagari nor orders right-to-left text, so their glyphs would be
+drawn, but wrong."""
 
 from __future__ import annotations
 
 import hashlib
 import io
+import unicodedata
 from collections.abc import Iterable
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 from xml.sax.saxutils import escape
 
-__all__ = ["PdfFont", "cjk_font_name", "pdf_font"]
+__all__ = ["REPLACEMENT", "PdfFont", "cjk_font_name", "drawable", "pdf_font", "undrawable"]
+
+# Drawn instead of a character the font lacks: a white square, which Noto Sans SC has.
+REPLACEMENT = "\u25a1"
+# Drawn as spaces by `PdfFont.missing` (reportlab breaks lines on them).
+_SPACING = frozenset("\n\t")
 
 
 @dataclass(frozen=True)
@@ -34,10 +49,12 @@ class PdfFont:
 
     def paragraph(self, text: str, style: Any) -> Any:
         """A reportlab Paragraph of plain `text` (escaped, never markup) in `style`, which must be
-        set in this font. Refused (ValueError) when the subset lacks one of its characters: the
-        caller left that string out of `pdf_font`, a bug a test catches before a reader does."""
+        set in this font. A character the font has no glyph for is drawn as REPLACEMENT (`drawable`).
+        Refused (ValueError) when the subset lacks one of its characters: the caller left that
+        string out of `pdf_font`, a bug a test catches before a reader does."""
         from reportlab.platypus import Paragraph
 
+        text = drawable(text)
         missing = self.missing(text)
         if missing or style.fontName != self.name:
             raise ValueError(f"cannot draw {text!r} in the PDF font {self.name}: "
@@ -56,13 +73,36 @@ class PdfFont:
 
 def pdf_font(strings: Iterable[str]) -> PdfFont:
     """The font subset covering every character of `strings` (all the text a document draws)."""
-    name, covered = _register_subset("".join(sorted(set("".join(strings)) | {" "})))
+    name, covered = _register_subset("".join(sorted(set(drawable("".join(strings))) | {" "})))
     return PdfFont(name=name, characters=covered)
 
 
 def cjk_font_name(text: str) -> str:
     """Register (once per character set) a TrueType subset of Noto Sans SC covering `text`."""
     return pdf_font([text]).name
+
+
+def undrawable(text: str) -> list[str]:
+    """The characters of `text` a PDF cannot draw (in order, each once): those Noto Sans SC has no
+    glyph for, and control and format characters (line breaks and tabs excepted)."""
+    glyphs = _font_characters()
+    return list(dict.fromkeys(c for c in text if c not in _SPACING
+                              and (ord(c) not in glyphs or unicodedata.category(c) in ("Cc", "Cf"))))
+
+
+def drawable(text: str) -> str:
+    """`text` with each character `undrawable` names replaced by REPLACEMENT."""
+    bad = set(undrawable(text))
+    return "".join(REPLACEMENT if c in bad else c for c in text) if bad else text
+
+
+@lru_cache(maxsize=1)
+def _font_characters() -> frozenset[int]:
+    """The code points Noto Sans SC has a glyph for (its cmap)."""
+    import pylopdf_fonts_zh_cn
+    from fontTools.ttLib import TTFont as FontFile
+
+    return frozenset(FontFile(pylopdf_fonts_zh_cn.sans_path(), lazy=True).getBestCmap())
 
 
 @lru_cache(maxsize=128)

@@ -6,10 +6,10 @@ upcoming invoice's. The credit note CSV: one row per credit note, in the same mo
 
 from __future__ import annotations
 
-import csv
 import io
 from decimal import Decimal
 
+from billing.csv_files import csv_writer, number
 from billing.money import format_minor_units
 from billing.services.exports.invoices import CreditNoteDocument, InvoiceDocument, gpu_hours_text
 from billing.services.exports.numbers import plain_decimal
@@ -43,7 +43,7 @@ def render_invoice_csv(doc: InvoiceDocument) -> bytes:
     """One row per invoice line, then subtotal, tax and total rows; GPU-hours to the documents'
     stated places, amounts in minor units and formatted major units."""
     out = io.StringIO()
-    writer = csv.writer(out, lineterminator="\n")
+    writer = csv_writer(out, lineterminator="\n")
     writer.writerow(INVOICE_CSV_COLUMNS)
     head = _head(doc)
     for i, line in enumerate(doc.lines, start=1):
@@ -54,10 +54,10 @@ def render_invoice_csv(doc: InvoiceDocument) -> bytes:
     # The tax row's kind column carries its rate, e.g. "tax 20%".
     for label, kind, minor in (("subtotal", "", doc.subtotal_minor),
                                ("tax", f"tax {plain_decimal(doc.tax_rate_pct)}%", doc.tax_minor)):
-        writer.writerow(head + [label, kind, "", "", "", "", "", minor, format_minor_units(minor, doc.currency),
+        writer.writerow(head + [label, kind, "", "", "", "", "", minor, number(format_minor_units(minor, doc.currency)),
                                 doc.currency])
     writer.writerow(head + ["total", "", "", "", "", "", "", doc.total_minor,
-                            format_minor_units(doc.total_minor, doc.currency), doc.currency])
+                            number(format_minor_units(doc.total_minor, doc.currency)), doc.currency])
     return out.getvalue().encode("utf-8")
 
 
@@ -66,20 +66,20 @@ def line_number_cells(gpu_hours: Decimal, amount: Decimal, amount_minor: int, cu
     """`gpu_hours`, `amount_ledger`, `amount_minor`, `amount` of one line: GPU-hours to the documents' places,
     the ledger amount exactly (what the one rounding started from; docs/exports.md), the rounded
     amount in minor units and in major units with the currency's decimals."""
-    return [gpu_hours_text(gpu_hours), plain_decimal(amount), amount_minor,
-            format_minor_units(amount_minor, currency)]
+    return [number(gpu_hours_text(gpu_hours)), number(plain_decimal(amount)), amount_minor,
+            number(format_minor_units(amount_minor, currency))]
 
 
 def render_credit_note_csv(note: CreditNoteDocument) -> bytes:
     """The credit note as one row: positive amounts credited, net, tax and total."""
     out = io.StringIO()
-    writer = csv.writer(out, lineterminator="\n")
+    writer = csv_writer(out, lineterminator="\n")
     writer.writerow(CREDIT_NOTE_CSV_COLUMNS)
     invoice = note.invoice
     writer.writerow([
         note.number, _day(note.issue_date), invoice.number, invoice.tenant_slug, invoice.tenant_name,
-        f"{invoice.month:%Y-%m}", note.reason, plain_decimal(invoice.tax_rate_pct), note.amount_minor,
-        note.tax_minor, note.total_minor, *(format_minor_units(m, note.currency)
+        f"{invoice.month:%Y-%m}", note.reason, number(plain_decimal(invoice.tax_rate_pct)), note.amount_minor,
+        note.tax_minor, note.total_minor, *(number(format_minor_units(m, note.currency))
                                             for m in (note.amount_minor, note.tax_minor, note.total_minor)),
         note.currency,
     ])
