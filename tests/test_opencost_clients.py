@@ -166,6 +166,21 @@ def test_kubectl_cost_and_the_ui_read_the_allocation_api_through_the_gateway_as_
         assert body["data"][0]["acme-prod"]["totalCost"] == pytest.approx(1.5)
 
 
+def test_kubectl_cost_node_and_the_summary_paths_pass_the_gateway(gateway: str, fleet: None) -> None:
+    reader("finance")
+    # `kubectl cost node` (pkg/query/assetsapi.go): /model/assets with these three parameters,
+    # decoded as a list of maps of Node assets.
+    assets = requests.get(f"{gateway}/model/assets", timeout=30,
+                          params={"window": "1d", "accumulate": "true", "filterTypes": "Node"})
+    assert assets.status_code == 200, assets.text
+    [nodes] = assets.json()["data"]
+    assert nodes and all(node["type"] == "Node" for node in nodes.values()), nodes
+    for path in ("/allocation/summary", "/model/allocation/compute/summary"):
+        answer = requests.get(f"{gateway}{path}", params={"window": "1d", "aggregate": "namespace"}, timeout=30)
+        assert answer.status_code == 200, (path, answer.text)
+        assert answer.json()["status"] == "success"
+
+
 def test_the_gateway_replaces_a_callers_credential_reads_only_and_forwards_nothing_else(
     gateway: str, fleet: None
 ) -> None:
