@@ -219,6 +219,10 @@ VGPU_INGEST_MAX_CLOCK_SKEW = timedelta(seconds=int(os.environ.get("VGPU_INGEST_M
 # /healthz turns degraded when the oldest batch waiting for the rollup arrived longer ago than this
 # (20 rollup cycles of 15 s): billing has stalled.
 VGPU_HEALTH_MAX_ROLLUP_LAG_S = int(os.environ.get("VGPU_HEALTH_MAX_ROLLUP_LAG_S", 300))
+# /healthz turns degraded when agents report more open undelivered batches than this: a node's own
+# report is checked against what the service holds, but one node (or one stolen token) must not be
+# able to page the SRE by itself. The nodes page and /metrics show every report, even below it.
+VGPU_HEALTH_MAX_UNDELIVERED_BATCHES = int(os.environ.get("VGPU_HEALTH_MAX_UNDELIVERED_BATCHES", 10))
 # Retry-After of a 503 when the database or Redis is down (billing.api.errors.OutageMiddleware).
 VGPU_OUTAGE_RETRY_AFTER_S = int(os.environ.get("VGPU_OUTAGE_RETRY_AFTER_S", 15))
 # Load shedding: at most this many ingest requests in flight per process before answering 429.

@@ -100,6 +100,14 @@ def with_day(row: UsageHour | GpuHour) -> UsageHour | GpuHour:
     return row
 
 
+def healthz_as_admin() -> Any:
+    """GET /healthz as a staff session: only admins see the per-check detail (billing.web.health)."""
+    user, _ = User.objects.get_or_create(username="healthz-admin", defaults={"is_staff": True})
+    client = Client()
+    client.force_login(user)
+    return client.get("/healthz")
+
+
 def iso(t: datetime) -> str:
     return t.astimezone(UTC).isoformat().replace("+00:00", "Z")
 
