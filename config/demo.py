@@ -211,6 +211,9 @@ def main() -> int:
         # The simulated nodes report one cluster (the agents read it; their scenarios carry the
         # pods' controllers and app/team labels), so the demo can group by cluster, controller and label.
         env.setdefault("VGPU_AGENT_CLUSTER", "demo")
+        # Every demo namespace is mapped to its tenant (billing.services.demo): bill by the mapping
+        # alone, as a deployment that has mapped its namespaces should.
+        env.setdefault("VGPU_TENANT_UNMAPPED", "namespace")
         # The issuer every demo invoice and credit note names (an invented company).
         env.setdefault("VGPU_ISSUER_NAME", "Example GPU Cloud Ltd")
         env.setdefault("VGPU_ISSUER_ADDRESS", "1 Example Quay|London EC1A 1AA|United Kingdom")

@@ -216,6 +216,10 @@ VGPU_INGEST_MAX_SAMPLES = int(os.environ.get("VGPU_INGEST_MAX_SAMPLES", 200_000)
 # invoiced becomes an adjustment on a later invoice.
 VGPU_LATE_USAGE_HORIZON = timedelta(days=int(os.environ.get("VGPU_LATE_USAGE_HORIZON_DAYS", 45)))
 VGPU_INGEST_MAX_CLOCK_SKEW = timedelta(seconds=int(os.environ.get("VGPU_INGEST_MAX_CLOCK_SKEW_S", 120)))
+# The tenant of a sample in a namespace no tenant lists (billing.services.tenant_mapping): "namespace"
+# bills it to the tenant named like the namespace, "claim" to the tenant the node's sample names.
+# A namespace a tenant lists is always that tenant's, whatever the node claims.
+VGPU_TENANT_UNMAPPED = os.environ.get("VGPU_TENANT_UNMAPPED", "claim")
 # /healthz turns degraded when the oldest batch waiting for the rollup arrived longer ago than this
 # (20 rollup cycles of 15 s): billing has stalled.
 VGPU_HEALTH_MAX_ROLLUP_LAG_S = int(os.environ.get("VGPU_HEALTH_MAX_ROLLUP_LAG_S", 300))

@@ -148,6 +148,10 @@ class NodeView:
     undelivered: tuple[UndeliveredView, ...]
     # Batches stored but quarantined by the rollup: left out of the ledger until re-driven.
     quarantined: tuple[QuarantinedView, ...] = ()
+    # Sample rows whose tenant claim the service's namespace mapping overrode (billed to the mapped
+    # tenant): a node claiming other tenants' usage, or a namespace label the mapping disagrees with.
+    tenant_claim_mismatches: int = 0
+    last_tenant_claim_mismatch_at: datetime | None = None
 
 
 @dataclass(frozen=True)
@@ -190,6 +194,8 @@ def list_nodes(*, scope: Scope, now: datetime) -> list[NodeView]:
             revoked_tokens=tuple(t for t in tokens.get(n.pk, []) if t.revoked_at is not None),
             undelivered=tuple(undelivered.get(n.name, ())),
             quarantined=tuple(quarantined.get(n.pk, ())),
+            tenant_claim_mismatches=n.tenant_claim_mismatches,
+            last_tenant_claim_mismatch_at=n.last_tenant_claim_mismatch_at,
         ))
     return views
 

@@ -22,10 +22,9 @@ from typing import Any
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import Q
 
 from billing.errors import FieldError, InvalidBatch
-from billing.ledger.models import UsageBatch
+from billing.ledger.state import stored_digests
 from billing.models import Node, UndeliveredBatch
 
 __all__ = ["MAX_REASON_CHARS", "MAX_REPORTS", "record_undelivered_batches"]
@@ -68,9 +67,8 @@ def record_undelivered_batches(*, node: Node, payload: Any, now: datetime) -> in
 
 def _delivered(node: Node, rows: dict[int, UndeliveredBatch]) -> set[int]:
     """The reported batch numbers that the node's stored batches already resolve (one query)."""
-    wanted = Q(batch_seq__in=list(rows)) | Q(batch_seq__in=[r.superseded_by for r in rows.values()
-                                                             if r.superseded_by is not None])
-    stored = dict(UsageBatch.objects.filter(wanted, node=node).values_list("batch_seq", "content_sha256"))
+    renumbered = [r.superseded_by for r in rows.values() if r.superseded_by is not None]
+    stored = stored_digests(node_id=node.pk, batch_seqs=[*rows, *renumbered])
     return {seq for seq, row in rows.items()
             if stored.get(seq) == row.content_sha256 or (row.superseded_by is not None and row.superseded_by in stored)}
 
