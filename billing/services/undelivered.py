@@ -8,7 +8,8 @@ batch (refused again, or renumbered by a re-drive) replaces the earlier one.
 
 A node speaks only for itself, and only about what the service does not hold: a report is checked
 against the node's stored batches. One naming a batch the node already delivered (same number and
-content, or renumbered to a stored batch) is not undelivered and is dropped; a window no batch of
+content, or renumbered to a stored batch) is not undelivered and opens nothing (a report already
+open is updated, which resolves it); a window no batch of
 the node could have had (longer than a batch may span, or ending in the future beyond the allowed
 clock skew) is refused with the rest of the request. A report degrades /healthz only past
 VGPU_HEALTH_MAX_UNDELIVERED_BATCHES (billing.web.health).
@@ -54,7 +55,11 @@ def record_undelivered_batches(*, node: Node, payload: Any, now: datetime) -> in
         rows[row.batch_seq] = row
     if errors:
         raise InvalidBatch(errors[:50])
-    for seq in _delivered(node, rows):
+    # A delivered batch is not undelivered: no report of it is opened. One already open is still
+    # updated (a re-drive reports the number it renumbered the batch to), which resolves it.
+    delivered = _delivered(node, rows)
+    held = set(UndeliveredBatch.objects.filter(node=node, batch_seq__in=delivered).values_list("batch_seq", flat=True))
+    for seq in delivered - held:
         del rows[seq]
     if not rows:
         return 0
