@@ -116,3 +116,18 @@ def test_undelivered_reports_degrade_health_only_past_the_threshold(client, node
     send(3)
     ledger = healthz_as_admin().json()["ledger"]
     assert ledger["undelivered_batches"] == 3 and not ledger["ok"] and "ingest refused" in ledger["error"]
+
+
+def test_the_demo_maps_every_namespace_its_agents_use(db):
+    from agents.backends.sim import demo_scenario
+    from billing.services.demo import DEMO_TENANTS, load_demo_data
+    from billing.services.tenant_mapping import namespace_tenants, tenant_for
+
+    load_demo_data(now=clock.now())
+    load_demo_data(now=clock.now())  # idempotent: the mapping is set once, audited once per tenant
+    mapping = namespace_tenants()
+    tenants = [(slug, tier) for slug, _, tier in DEMO_TENANTS]
+    for node in ("sim-a100-1", "sim-a100-2", "sim-a100-3"):
+        for w in demo_scenario(node, seed=7, tenants=tenants)["workloads"]:
+            assert w["namespace"] in mapping and tenant_for(w["namespace"], "x", mapping) == w["tenant"]
+    assert AuditEvent.objects.filter(action="tenant.namespaces_changed").count() == len(DEMO_TENANTS)
