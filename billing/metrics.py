@@ -41,6 +41,7 @@ from billing.queries.ledger_state import PERIOD_STATES, get_ledger_state
 from billing.services.bearer import configured_token
 from billing.services.gpu_models import count_unapproved_gpus
 from billing.services.rebalance import count_executions
+from billing.services.tenant_mapping import count_claim_mismatches_by_node
 
 __all__ = [
     "ADMISSION_RESULTS",
@@ -108,6 +109,13 @@ class LedgerCollector(Collector):
         for node, count in state.undelivered_by_node.items():
             undelivered.add_metric([node], count)
         yield undelivered
+        mismatches = CounterMetricFamily("vgpu_ledger_tenant_claim_mismatches",
+                                         "Sample rows whose claimed tenant the namespace mapping overrode, by node "
+                                         "(billed to the mapped tenant; nodes with none have no series)",
+                                         labels=["node"])
+        for node, count in count_claim_mismatches_by_node().items():
+            mismatches.add_metric([node], count)
+        yield mismatches
         periods = GaugeMetricFamily("vgpu_ledger_billing_periods",
                                     "Billing periods by state (stalled: closing, no progress for "
                                     "VGPU_PERIOD_CLOSE_STALE_S)", labels=["state"])

@@ -217,9 +217,18 @@ VGPU_INGEST_MAX_SAMPLES = int(os.environ.get("VGPU_INGEST_MAX_SAMPLES", 200_000)
 # invoiced becomes an adjustment on a later invoice.
 VGPU_LATE_USAGE_HORIZON = timedelta(days=int(os.environ.get("VGPU_LATE_USAGE_HORIZON_DAYS", 45)))
 VGPU_INGEST_MAX_CLOCK_SKEW = timedelta(seconds=int(os.environ.get("VGPU_INGEST_MAX_CLOCK_SKEW_S", 120)))
+# The tenant of a sample in a namespace no tenant lists (billing.services.tenant_mapping): "namespace"
+# (the default) bills it to the tenant named like the namespace, so a node cannot bill a tenant by
+# naming it; "claim" trusts the tenant the node's sample names, for a deployment that has not yet
+# listed its namespaces. A namespace a tenant lists is always that tenant's, whatever the node claims.
+VGPU_TENANT_UNMAPPED = os.environ.get("VGPU_TENANT_UNMAPPED", "namespace")
 # /healthz turns degraded when the oldest batch waiting for the rollup arrived longer ago than this
 # (20 rollup cycles of 15 s): billing has stalled.
 VGPU_HEALTH_MAX_ROLLUP_LAG_S = int(os.environ.get("VGPU_HEALTH_MAX_ROLLUP_LAG_S", 300))
+# /healthz turns degraded when agents report more open undelivered batches than this: a node's own
+# report is checked against what the service holds, but one node (or one stolen token) must not be
+# able to page the SRE by itself. The nodes page and /metrics show every report, even below it.
+VGPU_HEALTH_MAX_UNDELIVERED_BATCHES = int(os.environ.get("VGPU_HEALTH_MAX_UNDELIVERED_BATCHES", 10))
 # Retry-After of a 503 when the database or Redis is down (billing.api.errors.OutageMiddleware).
 VGPU_OUTAGE_RETRY_AFTER_S = int(os.environ.get("VGPU_OUTAGE_RETRY_AFTER_S", 15))
 # Load shedding: at most this many ingest requests in flight per process before answering 429.

@@ -100,6 +100,14 @@ def with_day(row: UsageHour | GpuHour) -> UsageHour | GpuHour:
     return row
 
 
+def healthz_as_admin() -> Any:
+    """GET /healthz as a staff session: only admins see the per-check detail (billing.web.health)."""
+    user, _ = User.objects.get_or_create(username="healthz-admin", defaults={"is_staff": True})
+    client = Client()
+    client.force_login(user)
+    return client.get("/healthz")
+
+
 def iso(t: datetime) -> str:
     return t.astimezone(UTC).isoformat().replace("+00:00", "Z")
 
@@ -188,6 +196,15 @@ def _truncate_raw_samples_after_transactional_tests(request, django_db_blocker):
 
         with django_db_blocker.unblock(), connection.cursor() as cur:
             cur.execute("TRUNCATE billing_raw_sample")
+
+
+@pytest.fixture(autouse=True)
+def _tenants_as_the_samples_claim(settings):  # type: ignore[no-untyped-def]
+    """Most tests post samples of tenant `acme` in namespace `acme-prod` with no namespace listed on
+    any tenant (make_batch); they test metering and billing, not the mapping, so they run with the
+    opt-in rule that trusts the claim for unlisted namespaces. The shipped default ("namespace") is
+    what the demo runs and what tests/billing/test_node_self.py and tests/hostile/test_nodes.py set."""
+    settings.VGPU_TENANT_UNMAPPED = "claim"
 
 
 @pytest.fixture(autouse=True)

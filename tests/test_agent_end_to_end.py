@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from django.contrib.auth.models import User
 
 from agents.__main__ import main as agent_main
 from agents.backends.sim import demo_scenario
@@ -31,6 +32,7 @@ from agents.spool import Spool
 from billing.ledger.rollup import rollup_usage
 from billing.models import AuditEvent, RateCard, SlaTier, Tenant, UndeliveredBatch
 from billing.queries.undelivered import count_open_undelivered
+from billing.services.api_tokens import issue_api_token
 from billing.services.budgets import evaluate_budgets, set_budget
 from billing.services.demo import A100_80GB_MODEL
 from billing.services.tokens import issue_node_token
@@ -247,7 +249,11 @@ def test_a_refused_batch_is_kept_reported_and_delivered_by_a_redrive(node_files:
     (report,) = UndeliveredBatch.objects.filter(node__name=NODE)
     assert (report.batch_seq, report.status_code, report.window_start) == (seq, 409, t0)
     assert report.sample_count == 10 and report.size_bytes > 0 and "different content" in report.reason
-    assert requests.get(f"{url}/healthz", timeout=10).json()["ledger"]["undelivered_batches"] == 1
+    # /healthz shows its figures to an admin only: here through an admin's API token.
+    User.objects.create_user(username="sre", password="pw-not-used-123", is_staff=True)
+    sre = issue_api_token(username="sre", name="healthz", expires_at=None, now=clock.now(), actor_label="test").token
+    health = requests.get(f"{url}/healthz", headers={"Authorization": f"Bearer {sre}"}, timeout=10).json()
+    assert health["ledger"]["undelivered_batches"] == 1
 
     assert agent_main(["redrive", "--spool", str(files["spool"]), *common]) == 0
     assert count_open_undelivered() == 0

@@ -105,8 +105,9 @@ def _every_batch_was_delivered(demo: Demo) -> None:
     """Reliability: history and live agents of one node never collide, so no node holds a refused
     batch — as the service sees it (/healthz and the nodes page), not only the agents' logs."""
     base = demo.base
-    assert requests.get(f"{base}/healthz", timeout=10).json()["ledger"]["undelivered_batches"] == 0
-    html = _login(base, "admin", demo.passwords["admin"], landing="/nodes/").get(f"{base}/nodes/", timeout=10).text
+    admin = _login(base, "admin", demo.passwords["admin"], landing="/nodes/")
+    assert admin.get(f"{base}/healthz", timeout=10).json()["ledger"]["undelivered_batches"] == 0
+    html = admin.get(f"{base}/nodes/", timeout=10).text
     counts = dict(re.findall(r'data-testid="node-undelivered-([\w-]+)" data-count="(\d+)"', html))
     assert set(counts) >= {"sim-a100-1", "sim-a100-2", "sim-a100-3"} and set(counts.values()) == {"0"}, counts
 
@@ -137,7 +138,9 @@ def test_demo_serves_growing_numbers_and_stops_cleanly_on_ctrl_c(demo_env):
     with running_demo(demo_env) as demo:
         text, base = demo.banner, demo.base
         health = requests.get(f"{base}/healthz", timeout=10)
-        assert health.status_code == 200 and health.json()["worker"]["ok"]
+        assert health.status_code == 200 and health.json() == {"status": "ok"}  # anonymous: the status only
+        detail = _login(base, "admin", demo.passwords["admin"]).get(f"{base}/healthz", timeout=10)
+        assert detail.status_code == 200 and detail.json()["worker"]["ok"]
         s = _login(base, "finance", demo.passwords["finance"], landing="/finance/")
         first = Decimal(0)
         deadline = time.monotonic() + 60

@@ -5,8 +5,9 @@ units; naming, idle sharing and scope rules are the query's.
 A grouping key is one of GROUP_KEYS or `label:<name>`; each maps to a fixed SQL expression below
 (label names and filter values travel as parameters, never in the statement text). Workload facts
 the ledger rows lack (controller, labels, per-container requests) come from WorkloadMeta joined on
-the ledger's own key (namespace, pod, pod_uid); a workload without that row, or a label it does not
-carry, groups under UNALLOCATED, OpenCost's name for it. A node without a cluster does too.
+the ledger's own key and node (node, namespace, pod, pod_uid: a node describes only its own pods);
+a workload without that row, or a label it does not carry, groups under UNALLOCATED, OpenCost's
+name for it. A node without a cluster does too.
 
 The window is read from the day ledger when it is whole UTC days and every set is (billing.ledger.
 reads.ledger_for), else from hours; a set is the last of the sets' starts at or before a row
@@ -244,7 +245,8 @@ def list_usage_groups(
         f"CASE WHEN bool_and({mem_req} IS NOT NULL) THEN sum({mem_req}) END AS mem_requested_mb_s, "
         f"CASE WHEN bool_and({sm_req} IS NOT NULL) THEN sum({sm_req}) END AS sm_requested_s "
         f"FROM {ledger.usage_table} u JOIN {_NODE} n ON n.id = u.node_id{gpu_join} "
-        f"LEFT JOIN {_META} m ON m.namespace = u.namespace AND m.pod = u.pod AND m.pod_uid = u.pod_uid "
+        f"LEFT JOIN {_META} m ON m.node_id = u.node_id AND m.namespace = u.namespace AND m.pod = u.pod "
+        "AND m.pod_uid = u.pod_uid "
         f"WHERE u.{ledger.at} >= %(start)s AND u.{ledger.at} < %(end)s "
         "AND (%(tenants)s::text[] IS NULL OR u.tenant = ANY(%(tenants)s::text[]))"
         f"{where} GROUP BY 1, 2, 3"

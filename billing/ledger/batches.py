@@ -221,7 +221,7 @@ def store_batch(*, node: Node, batch: ValidatedBatch, digest: str, now: datetime
         if batch.cluster is not None:
             _store_cluster(cur, node=node, cluster=batch.cluster)
         if batch.pods:
-            _upsert_pods(cur, batch)
+            _upsert_pods(cur, node, batch)
     return IngestResult(status="stored", accepted=batch.sample_count, batch_id=batch_id)
 
 
@@ -243,15 +243,17 @@ def _store_cluster(cur: CursorWrapper, *, node: Node, cluster: str) -> None:
 # than what is stored (a spool replayed late, the demo's history) changes only first_seen: the labels
 # and controller are those of the newest report. Requests merge per container, the newer report
 # winning for a container both name. Rows go in key order, so two batches naming the same pods
-# (the unattributed pid-N pseudo-pods of two nodes) lock them in one order and cannot deadlock.
+# (retries racing each other) lock them in one order and cannot deadlock. The row is the reporting
+# node's own (node, namespace, pod, pod_uid): a node describes only the pods it runs, and what it
+# says never touches another node's row, whatever pod names its batch carries.
 _UPSERT_PODS = """
 INSERT INTO billing_workloadmeta AS w
-    (namespace, pod, pod_uid, controller_kind, controller_name, labels, requests, first_seen, last_seen)
-SELECT v.namespace, v.pod, v.pod_uid, v.kind, v.name, v.labels, v.requests, %s, %s
+    (node_id, namespace, pod, pod_uid, controller_kind, controller_name, labels, requests, first_seen, last_seen)
+SELECT %s, v.namespace, v.pod, v.pod_uid, v.kind, v.name, v.labels, v.requests, %s, %s
 FROM unnest(%s::varchar[], %s::varchar[], %s::varchar[], %s::varchar[], %s::varchar[], %s::jsonb[], %s::jsonb[])
     AS v(namespace, pod, pod_uid, kind, name, labels, requests)
 ORDER BY v.namespace, v.pod, v.pod_uid
-ON CONFLICT (namespace, pod, pod_uid) DO UPDATE SET
+ON CONFLICT (node_id, namespace, pod, pod_uid) DO UPDATE SET
     controller_kind = CASE WHEN EXCLUDED.controller_kind <> '' AND EXCLUDED.last_seen >= w.last_seen
                            THEN EXCLUDED.controller_kind ELSE w.controller_kind END,
     controller_name = CASE WHEN EXCLUDED.controller_kind <> '' AND EXCLUDED.last_seen >= w.last_seen
@@ -265,10 +267,10 @@ ON CONFLICT (namespace, pod, pod_uid) DO UPDATE SET
 """
 
 
-def _upsert_pods(cur: CursorWrapper, batch: ValidatedBatch) -> None:
+def _upsert_pods(cur: CursorWrapper, node: Node, batch: ValidatedBatch) -> None:
     pods = batch.pods
     cur.execute(_UPSERT_PODS, [
-        batch.window_start, batch.window_end,
+        node.pk, batch.window_start, batch.window_end,
         [p.namespace for p in pods], [p.pod for p in pods], [p.pod_uid for p in pods],
         [p.controller_kind for p in pods], [p.controller_name for p in pods],
         [json.dumps(p.labels, sort_keys=True) for p in pods], [json.dumps(p.requests, sort_keys=True) for p in pods],

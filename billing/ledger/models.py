@@ -239,11 +239,17 @@ class BatchGpu(models.Model):
 class WorkloadMeta(models.Model):
     """What Kubernetes says about a workload beyond the ledger's key (namespace, pod, pod UID):
     the controller that owns its pod and the pod labels the agent's allow-list names (optional
-    per-sample batch fields). One row per pod, upserted at ingest, never per sample, so the
-    ledgers stay narrow and a query grouping by controller or label joins this small table on
-    the ledger's own key. `last_seen` moves with each batch that reports the pod; a pod's labels
-    are those it last reported."""
+    per-sample batch fields). One row per pod and node, upserted at ingest, never per sample, so
+    the ledgers stay narrow and a query grouping by controller or label joins this small table on
+    the ledger's own key, node included. `last_seen` moves with each batch that reports the pod; a
+    pod's labels are those it last reported.
 
+    The node is part of the key because a node speaks only for the pods it runs: node B's batch
+    naming node A's pod writes B's own row, which only B's usage rows join, so it can never change
+    the labels, controller or requests of what A metered. A pod that moves between nodes has one
+    row on each."""
+
+    node = models.ForeignKey(Node, on_delete=models.PROTECT, related_name="+")
     namespace = models.CharField(max_length=253)
     pod = models.CharField(max_length=253)
     pod_uid = models.CharField(max_length=64)
@@ -257,7 +263,8 @@ class WorkloadMeta(models.Model):
     last_seen = models.DateTimeField()
 
     class Meta:
-        constraints = [models.UniqueConstraint(fields=["namespace", "pod", "pod_uid"], name="workload_meta_key")]
+        constraints = [models.UniqueConstraint(fields=["node", "namespace", "pod", "pod_uid"],
+                                               name="workload_meta_node_key")]
         indexes = [models.Index(fields=["controller_kind", "controller_name"], name="workload_meta_controller_idx")]
 
     def __str__(self) -> str:

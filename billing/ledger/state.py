@@ -17,7 +17,8 @@ from billing.ledger.models import UsageBatch
 from billing.ledger.reads import fetch_rows
 from billing.models import UndeliveredBatch
 
-__all__ = ["BatchBacklog", "QuarantinedBatch", "get_batch_backlog", "list_quarantined_batches", "unresolved"]
+__all__ = ["BatchBacklog", "QuarantinedBatch", "get_batch_backlog", "list_quarantined_batches", "stored_digests",
+           "unresolved"]
 
 
 @dataclass(frozen=True)
@@ -69,6 +70,14 @@ def list_quarantined_batches() -> list[QuarantinedBatch]:
                          error=r.quarantine_error)
         for r in rows
     ]
+
+
+def stored_digests(*, node_id: int, batch_seqs: list[int]) -> dict[int, str]:
+    """batch_seq → content SHA-256 of the node's stored batches among `batch_seqs` (one indexed read):
+    what an undelivered report is checked against before it is believed."""
+    rows = UsageBatch.objects.filter(node_id=node_id, batch_seq__in=batch_seqs).values_list("batch_seq",
+                                                                                            "content_sha256")
+    return {int(seq): str(sha) for seq, sha in rows}
 
 
 def unresolved(reports: QuerySet[UndeliveredBatch]) -> QuerySet[UndeliveredBatch]:

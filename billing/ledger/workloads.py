@@ -2,7 +2,9 @@
 read for a set of the ledger's pod keys. The optional batch fields land there at ingest
 (billing.ledger.batches); this is the small read beside it, for callers that hold ledger rows and
 want their pods' metadata. A query grouping the ledger by controller or label joins the table
-itself, on the same key (namespace, pod, pod_uid), inside billing.ledger."""
+itself, on the same key plus the node (each node describes only the pods it runs), inside
+billing.ledger. A pod that ran on several nodes has a row from each; this read answers with the
+one reported last."""
 
 from __future__ import annotations
 
@@ -40,16 +42,17 @@ class WorkloadMetaRow:
 
 def workload_meta(keys: Iterable[PodKey]) -> dict[PodKey, WorkloadMetaRow]:
     """The stored metadata of the pods among `keys` that have any (one index read per key, one
-    round trip); pods never reported are absent from the answer."""
+    round trip), from the node that reported each last; pods never reported are absent."""
     wanted = sorted(set(keys))
     if not wanted:
         return {}
     with connection.cursor() as cur:
         cur.execute(
-            "SELECT w.namespace, w.pod, w.pod_uid, w.controller_kind, w.controller_name, w.labels, w.requests, "
+            "SELECT DISTINCT ON (w.namespace, w.pod, w.pod_uid) w.namespace, w.pod, w.pod_uid, w.controller_kind, w.controller_name, w.labels, w.requests, "
             "w.first_seen, w.last_seen FROM billing_workloadmeta w "
             "JOIN unnest(%s::varchar[], %s::varchar[], %s::varchar[]) AS k(namespace, pod, pod_uid) "
-            "ON (w.namespace, w.pod, w.pod_uid) = (k.namespace, k.pod, k.pod_uid)",
+            "ON (w.namespace, w.pod, w.pod_uid) = (k.namespace, k.pod, k.pod_uid) "
+            "ORDER BY w.namespace, w.pod, w.pod_uid, w.last_seen DESC, w.id DESC",
             [[k[0] for k in wanted], [k[1] for k in wanted], [k[2] for k in wanted]],
         )
         rows = fetch_rows(cur, WorkloadMetaRow)

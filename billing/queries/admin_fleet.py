@@ -158,6 +158,10 @@ class NodeView:
     @property
     def unapproved_gpus(self) -> int:
         return sum(count for model, count in self.gpu_models if model in self.unapproved_models)
+    # Sample rows whose tenant claim the service's namespace mapping overrode (billed to the mapped
+    # tenant): a node claiming other tenants' usage, or a namespace label the mapping disagrees with.
+    tenant_claim_mismatches: int = 0
+    last_tenant_claim_mismatch_at: datetime | None = None
 
 
 @dataclass(frozen=True)
@@ -202,6 +206,8 @@ def list_nodes(*, scope: Scope, now: datetime) -> list[NodeView]:
             undelivered=tuple(undelivered.get(n.name, ())),
             quarantined=tuple(quarantined.get(n.pk, ())),
             unapproved_models=frozenset(m for m in counts if m not in approved),
+            tenant_claim_mismatches=n.tenant_claim_mismatches,
+            last_tenant_claim_mismatch_at=n.last_tenant_claim_mismatch_at,
         ))
     return views
 

@@ -31,8 +31,9 @@ def node_events_schema() -> dict[str, Any]:
         "properties": {
             "at": {"type": "string", "format": "date-time", "example": "2026-11-30T03:00:05Z",
                    "description": "ISO-8601 instant of the action; at most 5 minutes ahead of the service's clock"},
-            "action": {"type": "string", "minLength": 1, "maxLength": node_events.ACTION_MAX,
-                       "description": "stored as agent.<action>", "example": "grant.shrunk"},
+            "action": {"type": "string", "enum": sorted(node_events.AGENT_ACTIONS),
+                       "description": "an action an agent takes, stored as agent.<action>; any other is a 400",
+                       "example": "watchdog.evicted"},
             "target": {"type": "string", "minLength": 1, "maxLength": node_events.TARGET_MAX,
                        "example": "acme-prod/bert-1"},
             "detail": {"type": "object", "description": f"any JSON object, nested at most "

@@ -15,8 +15,9 @@ from billing.models import GpuModel, RateCard, SlaTier, Tenant, TenantMembership
 from billing.scope import ADMIN_GROUP, FINANCE_GROUP
 from billing.services.audit import record_audit_event
 from billing.services.budgets import set_budget
+from billing.services.tenant_mapping import set_tenant_namespaces
 
-__all__ = ["DEMO_TENANTS", "DemoLogin", "load_demo_data"]
+__all__ = ["DEMO_TENANTS", "DemoLogin", "demo_namespaces", "load_demo_data"]
 
 SLA_TIERS = [
     ("gold", "Gold", Decimal("4"), "Latency-critical inference; largest share under contention."),
@@ -60,6 +61,10 @@ class DemoLogin:
     password: str
 
 
+def demo_namespaces(slug: str) -> list[str]:
+    return [f"{slug}-prod", f"{slug}-staging"]
+
+
 def load_demo_data(*, now: datetime, budget_webhook_url: str = "", budget_webhook_secret: str = "") -> list[DemoLogin]:
     """Idempotent. With a webhook URL, acme also gets a generous monthly budget that notifies by
     email and by that webhook, so an admin can lower it and watch enforcement happen."""
@@ -74,6 +79,10 @@ def load_demo_data(*, now: datetime, budget_webhook_url: str = "", budget_webhoo
             tenants[slug], _ = Tenant.objects.get_or_create(
                 slug=slug, defaults={"name": name, "default_sla_tier": tiers[tier], **DEMO_INVOICE_TERMS.get(slug, {})}
             )
+            # The simulated agents run each tenant's pods in <slug>-prod and <slug>-staging
+            # (agents/backends/sim.py): the service bills by this mapping, not by the agents' claim.
+            if not tenants[slug].namespaces:
+                set_tenant_namespaces(slug=slug, namespaces=demo_namespaces(slug), now=now, actor_label="demo")
         Tenant.objects.get_or_create(slug="unattributed", defaults={"name": "Unattributed processes"})
         # Only an approved model may be priced (billing.services.gpu_models).
         GpuModel.objects.get_or_create(name=A100_80GB_MODEL, defaults={"approved_at": now, "approved_by": "demo"})

@@ -22,6 +22,7 @@ from billing.errors import FieldError, Forbidden, InvalidBatch, PayloadTooLarge,
 from billing.ledger.batches import IngestResult, overlap_message, store_batch
 from billing.models import Node
 from billing.services.batch_validation import validate_batch
+from billing.services.tenant_mapping import map_batch_tenants, note_claim_mismatches
 
 __all__ = ["IngestResult", "decode_body", "record_usage_batch"]
 
@@ -91,10 +92,17 @@ def record_usage_batch(*, node: Node, payload: object, content: bytes, now: date
     )
     if batch.node != node.name:
         raise Forbidden(f"this token belongs to node {node.name!r}, the batch names {batch.node!r}")
+    # The tenant each sample is billed to is the service's mapping of its namespace, never only
+    # the node's claim (billing.services.tenant_mapping); the digest stays that of the bytes sent,
+    # so a retry of the same batch is still a duplicate.
+    batch, mismatches = map_batch_tenants(batch)
     digest = hashlib.sha256(content).hexdigest()
     try:
         with transaction.atomic():
-            return store_batch(node=node, batch=batch, digest=digest, now=now)
+            result = store_batch(node=node, batch=batch, digest=digest, now=now)
+            if result.status == "stored":
+                note_claim_mismatches(node, mismatches, now=now)
+            return result
     except (IntegrityError, psycopg2.errors.ExclusionViolation) as exc:
         if "batch_gpu_no_overlap" in str(exc):
             raise InvalidBatch([FieldError("$.window", overlap_message(batch))]) from exc

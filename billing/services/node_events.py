@@ -1,4 +1,8 @@
-"""Enforcement actions reported by agents (POST /api/v1/nodes/{node}/events) land in the audit log."""
+"""Enforcement actions reported by agents (POST /api/v1/nodes/{node}/events) land in the audit log.
+
+A node may write only the actions an agent takes (AGENT_ACTIONS, docs/protocol.md "Node events"):
+the audit log is what an admin trusts about who did what, so a node's token must not let it put
+arbitrary `agent.*` entries there (an invented "agent.tenant.deleted" would read like a fact)."""
 
 from __future__ import annotations
 
@@ -11,7 +15,7 @@ from billing.errors import FieldError, InvalidBatch
 from billing.models import AuditEvent, Node
 from billing.services.input_limits import json_problem, max_length, text_problem
 
-__all__ = ["ACTION_MAX", "DETAIL_MAX_DEPTH", "MAX_EVENTS", "TARGET_MAX", "record_node_events"]
+__all__ = ["ACTION_MAX", "AGENT_ACTIONS", "DETAIL_MAX_DEPTH", "MAX_EVENTS", "TARGET_MAX", "record_node_events"]
 
 MAX_EVENTS = 1000
 _ACTION_PREFIX = "agent."
@@ -19,6 +23,17 @@ _ACTION_PREFIX = "agent."
 ACTION_MAX = max_length(AuditEvent, "action") - len(_ACTION_PREFIX)
 TARGET_MAX = max_length(AuditEvent, "object_id")
 DETAIL_MAX_DEPTH = 16
+# Every action an agent of this release emits (agents/watchdog.py, agents/budget_enforcement.py,
+# agents/mps.py: "mps.<command>" for each MPS control command it sends). A new agent action is
+# added here in the same change that makes the agent emit it.
+AGENT_ACTIONS = frozenset({
+    "watchdog.over_grant", "watchdog.within_grant", "watchdog.evicted", "watchdog.evict_failed",
+    "watchdog.sigterm", "watchdog.sigkill", "watchdog.signal_failed",
+    "budget.evicted_best_effort", "budget.evict_failed",
+    "mps.set_default_active_thread_percentage", "mps.set_default_device_pinned_mem_limit",
+    "mps.set_active_thread_percentage", "mps.set_device_pinned_mem_limit",
+    "mps.command_failed", "mps.shared_server", "mps.unmanaged_process",
+})
 
 
 def record_node_events(*, node: Node, payload: Any, now: datetime) -> int:
@@ -44,6 +59,9 @@ def record_node_events(*, node: Node, payload: Any, now: datetime) -> int:
         if not isinstance(action, str) or not 1 <= len(action) <= ACTION_MAX or text_problem(action):
             errors.append(FieldError(f"{path}.action", f"must be a string of 1 to {ACTION_MAX} characters "
                                                        "without NUL or lone surrogates"))
+        elif action not in AGENT_ACTIONS:
+            errors.append(FieldError(f"{path}.action", f"{action[:100]!r} is not an action an agent takes; "
+                                                       f"allowed: {', '.join(sorted(AGENT_ACTIONS))}"))
         if not isinstance(target, str) or not 1 <= len(target) <= TARGET_MAX or text_problem(target):
             errors.append(FieldError(f"{path}.target", f"must name what was acted on (1 to {TARGET_MAX} "
                                                        "characters, without NUL or lone surrogates)"))

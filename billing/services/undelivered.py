@@ -5,17 +5,27 @@ usage that is not billed is visible on the service (the nodes page, /healthz), n
 agent's log. Reports are validated as a whole and upserted on (node, batch_seq) in one
 transaction: sending the same report twice changes nothing, and a later report of the same
 batch (refused again, or renumbered by a re-drive) replaces the earlier one.
+
+A node speaks only for itself, and only about what the service does not hold: a report is checked
+against the node's stored batches. One naming a batch the node already delivered (same number and
+content, or renumbered to a stored batch) is not undelivered and opens nothing (a report already
+open is updated, which resolves it); a window no batch of
+the node could have had (longer than a batch may span, or ending in the future beyond the allowed
+clock skew) is refused with the rest of the request. A report degrades /healthz only past
+VGPU_HEALTH_MAX_UNDELIVERED_BATCHES (billing.web.health).
 """
 
 from __future__ import annotations
 
 import re
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from django.conf import settings
 from django.db import transaction
 
 from billing.errors import FieldError, InvalidBatch
+from billing.ledger.state import stored_digests
 from billing.models import Node, UndeliveredBatch
 
 __all__ = ["MAX_REASON_CHARS", "MAX_REPORTS", "record_undelivered_batches"]
@@ -23,6 +33,7 @@ __all__ = ["MAX_REASON_CHARS", "MAX_REPORTS", "record_undelivered_batches"]
 MAX_REPORTS = 100
 MAX_REASON_CHARS = 4096  # the agent keeps this much of a refusal
 _SEQ_LIMIT = 2**63  # batch_seq is a bigint, as on the batch itself
+_MAX_WINDOW = timedelta(hours=1)  # as a batch's window (docs/protocol.md)
 _SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
 _UPDATED = ("content_sha256", "window_start", "window_end", "sample_count", "size_bytes", "status_code", "reason",
             "superseded_by", "last_reported_at")
@@ -44,11 +55,27 @@ def record_undelivered_batches(*, node: Node, payload: Any, now: datetime) -> in
         rows[row.batch_seq] = row
     if errors:
         raise InvalidBatch(errors[:50])
+    # A delivered batch is not undelivered: no report of it is opened. One already open is still
+    # updated (a re-drive reports the number it renumbered the batch to), which resolves it.
+    delivered = _delivered(node, rows)
+    held = set(UndeliveredBatch.objects.filter(node=node, batch_seq__in=delivered).values_list("batch_seq", flat=True))
+    for seq in delivered - held:
+        del rows[seq]
+    if not rows:
+        return 0
     with transaction.atomic():
         UndeliveredBatch.objects.bulk_create(
             list(rows.values()), update_conflicts=True, unique_fields=["node", "batch_seq"], update_fields=_UPDATED
         )
     return len(rows)
+
+
+def _delivered(node: Node, rows: dict[int, UndeliveredBatch]) -> set[int]:
+    """The reported batch numbers that the node's stored batches already resolve (one query)."""
+    renumbered = [r.superseded_by for r in rows.values() if r.superseded_by is not None]
+    stored = stored_digests(node_id=node.pk, batch_seqs=[*rows, *renumbered])
+    return {seq for seq, row in rows.items()
+            if stored.get(seq) == row.content_sha256 or (row.superseded_by is not None and row.superseded_by in stored)}
 
 
 def _row(*, node: Node, report: Any, path: str, now: datetime, errors: list[FieldError]) -> UndeliveredBatch | None:
@@ -66,6 +93,12 @@ def _row(*, node: Node, report: Any, path: str, now: datetime, errors: list[Fiel
         end = _time(window.get("end"), f"{path}.window.end", errors)
         if start is not None and end is not None and not start < end:
             errors.append(FieldError(f"{path}.window", "start must be before end"))
+        elif start is not None and end is not None and end - start > _MAX_WINDOW:
+            errors.append(FieldError(f"{path}.window", "spans more than one hour; no batch of this node can have "
+                                                       "such a window"))
+        if end is not None and end > now + settings.VGPU_INGEST_MAX_CLOCK_SKEW:
+            errors.append(FieldError(f"{path}.window.end", "is in the future beyond the allowed clock skew; no "
+                                                           "batch of this node can have been refused for it yet"))
     samples = _integer(report.get("samples"), f"{path}.samples", 0, 2**31, errors)
     size = _integer(report.get("size_bytes"), f"{path}.size_bytes", 0, _SEQ_LIMIT, errors)
     status = _integer(report.get("status"), f"{path}.status", 400, 500, errors)

@@ -3,12 +3,19 @@
 The ledger is well when the rollup keeps up (the oldest batch waiting for it arrived less than
 VGPU_HEALTH_MAX_ROLLUP_LAG_S ago), no batch is quarantined and no agent holds a batch ingest refused
 (billing.queries.undelivered): each means money is not reaching the books, which is what an SRE
-must be woken for.
+must be woken for. Open undelivered reports degrade it only above VGPU_HEALTH_MAX_UNDELIVERED_BATCHES,
+so one node cannot take the service's health down with a report of its own (docs/reliability.md).
+
+Anyone may ask for the status (a load balancer, an uptime check); only an admin (a session of a
+staff user or platform admin, or an admin's API token) sees the detail behind it: worker host
+names, backlog figures and error messages describe the deployment to whoever reads them.
+Kubernetes probes use /readyz, which says nothing but whether this process can serve.
 
 `unapproved_gpus` counts GPUs whose reported model no admin approved (their usage is metered but
-unpriced; /gpu-models/ lists them). A count only, no names (the endpoint needs no login), and never
-a failure: any node could otherwise turn the service unhealthy by reporting a made-up model, and
-that usage blocks nothing (the close bills the rest). The alert VgpuLedgerUnapprovedGpuModels says it."""
+unpriced; /gpu-models/ lists them). A count only, no names, shown with the other detail to admins,
+and never a failure: any node could otherwise turn the service unhealthy by reporting a made-up
+model, and that usage blocks nothing (the close bills the rest). The alert
+VgpuLedgerUnapprovedGpuModels says it."""
 
 from __future__ import annotations
 
@@ -23,9 +30,13 @@ from django.http import HttpRequest, JsonResponse
 from django.utils import timezone
 from django.views.decorators.cache import never_cache
 
+from billing.errors import NotAuthenticated
 from billing.ledger.retention import get_retention_state
 from billing.ledger.state import get_batch_backlog
 from billing.queries.undelivered import count_open_undelivered
+from billing.scope import get_scope
+from billing.services.api_tokens import authenticate_api_token
+from billing.services.tokens import API_TOKEN_PREFIX
 from billing.services.gpu_models import count_unapproved_gpus
 from config.celery import app as celery_app
 
@@ -70,14 +81,15 @@ def _ledger() -> dict[str, Any]:
     # already make this check fail (quarantined, or the rollup's lag).
     held = get_retention_state(now=timezone.now()).held_partitions
     detail = {"backlog_batches": backlog.pending, "rollup_lag_s": round(lag, 1), "quarantined_batches": quarantined,
-              "undelivered_batches": undelivered, "max_rollup_lag_s": settings.VGPU_HEALTH_MAX_ROLLUP_LAG_S,
+              "undelivered_batches": undelivered,
+              "max_undelivered_batches": settings.VGPU_HEALTH_MAX_UNDELIVERED_BATCHES, "max_rollup_lag_s": settings.VGPU_HEALTH_MAX_ROLLUP_LAG_S,
               "retention_held_partitions": sum(held.values()), "unapproved_gpus": count_unapproved_gpus()}
     problems = []
     if lag > settings.VGPU_HEALTH_MAX_ROLLUP_LAG_S:
         problems.append(f"the rollup is {lag:.0f} s behind (allowed {settings.VGPU_HEALTH_MAX_ROLLUP_LAG_S} s)")
     if quarantined:
         problems.append(f"{quarantined} batch(es) quarantined: `manage.py redrive_batches` lists them")
-    if undelivered:
+    if undelivered > settings.VGPU_HEALTH_MAX_UNDELIVERED_BATCHES:
         problems.append(f"agents hold {undelivered} batch(es) ingest refused: /nodes/ lists them, "
                         "`vgpu-agent redrive` re-sends them")
     if problems:
@@ -99,7 +111,26 @@ def healthz(request: HttpRequest) -> JsonResponse:
     status["ledger"] = _check(_ledger) if status["database"]["ok"] else {"ok": False, "error": "database down"}
     status["worker"] = _check(_worker) if status["broker"]["ok"] else {"ok": False, "error": "broker down"}
     healthy = all(s["ok"] for s in status.values())
-    return JsonResponse({"status": "ok" if healthy else "degraded", **status}, status=200 if healthy else 503)
+    body: dict[str, Any] = {"status": "ok" if healthy else "degraded"}
+    if _sees_detail(request):
+        body |= status
+    return JsonResponse(body, status=200 if healthy else 503)
+
+
+def _sees_detail(request: HttpRequest) -> bool:
+    """A staff or platform-admin session, or an admin's API token. A wrong token is no error here:
+    the caller still gets the status, as anyone does."""
+    user: Any = request.user if getattr(request, "user", None) is not None else None
+    if user is None or not user.is_authenticated:
+        scheme, _, token = request.headers.get("Authorization", "").partition(" ")
+        token = token.strip()
+        if scheme.lower() != "bearer" or not token.startswith(API_TOKEN_PREFIX):
+            return False
+        try:
+            user = authenticate_api_token(token, now=timezone.now())
+        except NotAuthenticated:
+            return False
+    return bool(user.is_staff) or get_scope(user).is_admin
 
 
 @never_cache

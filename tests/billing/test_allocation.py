@@ -130,9 +130,9 @@ def usage_hour(node: Node, gpu: str, hour: datetime, *, tenant: str, pod: str, c
         hour=hour, **q))
 
 
-def meta(namespace: str, pod: str, *, kind: str = "", controller: str = "", labels: dict[str, str] | None = None,
-         requests: dict[str, dict[str, float]] | None = None) -> None:
-    WorkloadMeta.objects.create(namespace=namespace, pod=pod, pod_uid=f"uid-{pod}", controller_kind=kind,
+def meta(node: Node, namespace: str, pod: str, *, kind: str = "", controller: str = "",
+         labels: dict[str, str] | None = None, requests: dict[str, dict[str, float]] | None = None) -> None:
+    WorkloadMeta.objects.create(node=node, namespace=namespace, pod=pod, pod_uid=f"uid-{pod}", controller_kind=kind,
                                 controller_name=controller, labels=labels or {}, requests=requests or {},
                                 first_seen=H, last_seen=H)
 
@@ -153,9 +153,9 @@ def fleet(db):  # type: ignore[no-untyped-def]
     gpu_hour(n1, "GPU-a", H + timedelta(hours=1), card="10", idle="10")
     gpu_hour(n1, "GPU-a", H + timedelta(hours=25), card="10", idle="0")
     usage_hour(n1, "GPU-a", H + timedelta(hours=25), tenant="acme", pod="bert", charge="10", share="3600")
-    meta("acme-ns", "bert", kind="deployment", controller="bert", labels={"app": "nlp", "team": "a"},
+    meta(n1, "acme-ns", "bert", kind="deployment", controller="bert", labels={"app": "nlp", "team": "a"},
          requests={"main": {"mem_mb": 2, "sm": 0.5}})
-    meta("globex-ns", "llm", kind="statefulset", controller="llm", labels={"app": "nlp"})
+    meta(n1, "globex-ns", "llm", kind="statefulset", controller="llm", labels={"app": "nlp"})
     return n1, n2
 
 

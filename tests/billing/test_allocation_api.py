@@ -75,7 +75,7 @@ def february(db):  # type: ignore[no-untyped-def]
     # The first hour of March is not February's.
     card(n1, "GPU-a", MAR_START, charged="3", idle="0")
     use(n1, "GPU-a", MAR_START, tenant="acme", pod="bert", charge="3", share="3600")
-    WorkloadMeta.objects.create(namespace="acme-ns", pod="bert", pod_uid="uid-bert", labels={"app": "nlp"},
+    WorkloadMeta.objects.create(node=n1, namespace="acme-ns", pod="bert", pod_uid="uid-bert", labels={"app": "nlp"},
                                 first_seen=h1, last_seen=h2)
     days(FEB_START, MAR_START + timedelta(days=1))
     return n1
@@ -251,8 +251,9 @@ def test_sums_do_not_depend_on_aggregation_or_step(db, usages, idles, keys, step
     with transaction.atomic():
         nodes = [Node.objects.create(name="n-east", cluster="east"), Node.objects.create(name="n-none")]
         gpus = [(nodes[0], "GPU-0"), (nodes[0], "GPU-1"), (nodes[1], "GPU-2")]
-        WorkloadMeta.objects.create(namespace="acme-ns", pod="p1", pod_uid="uid-p1", controller_kind="job",
-                                    controller_name="j", labels={"app": "a"}, first_seen=_START, last_seen=_START)
+        for node in nodes:  # p1 may run on either node: each describes its own
+            WorkloadMeta.objects.create(node=node, namespace="acme-ns", pod="p1", pod_uid="uid-p1", controller_kind="job",
+                                        controller_name="j", labels={"app": "a"}, first_seen=_START, last_seen=_START)
         # A card's charged part is its workloads' charge; its idle what nobody used, part of it (their idle
         # share) invoiced to them.
         per_card: dict[tuple[int, int], tuple[Decimal, Decimal]] = {}

@@ -8,7 +8,7 @@ from celery.contrib.testing.worker import start_worker
 from billing import tasks
 from billing.ledger.models import GpuMinute, UsageBatch
 from config.celery import app as celery_app
-from tests.conftest import make_batch
+from tests.conftest import healthz_as_admin, make_batch
 
 
 @pytest.fixture
@@ -19,7 +19,7 @@ def celery_worker(transactional_db):
 
 
 def test_healthz_is_503_without_a_worker_and_names_what_is_down(client, db):
-    resp = client.get("/healthz")
+    resp = healthz_as_admin()
     body = resp.json()
     assert body["database"]["ok"] and body["broker"]["ok"]
     assert resp.status_code == 503
@@ -28,7 +28,7 @@ def test_healthz_is_503_without_a_worker_and_names_what_is_down(client, db):
 
 
 def test_healthz_is_200_with_database_broker_and_worker_up(client, celery_worker):
-    resp = client.get("/healthz")
+    resp = healthz_as_admin()
     assert resp.status_code == 200, resp.json()
     body = resp.json()
     assert body["status"] == "ok"

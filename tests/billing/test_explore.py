@@ -76,11 +76,11 @@ def fleet(db: Any) -> None:
           tier="bronze", mem_used_gb="1", mem_granted_gb="1")
     usage(n2, "GPU-2", H, tenant="globex", namespace="globex-prod", pod="llm-1", container="main", charge="4.00",
           tier="silver", mem_used_gb="30", mem_granted_gb="40")
-    for namespace, pod, kind, name, labels, requests in (
-        ("acme-prod", "bert-1", "deployment", "bert", {"app": "bert"}, {"server": {"mem_mb": 40960, "sm": 50}}),
-        ("globex-prod", "llm-1", "statefulset", "llm", {"app": "llm"}, {"main": {"mem_mb": 40960, "sm": 108}}),
+    for node, namespace, pod, kind, name, labels, requests in (  # each pod described by the node it runs on
+        (n1, "acme-prod", "bert-1", "deployment", "bert", {"app": "bert"}, {"server": {"mem_mb": 40960, "sm": 50}}),
+        (n2, "globex-prod", "llm-1", "statefulset", "llm", {"app": "llm"}, {"main": {"mem_mb": 40960, "sm": 108}}),
     ):
-        WorkloadMeta.objects.create(namespace=namespace, pod=pod, pod_uid=f"uid-{pod}", controller_kind=kind,
+        WorkloadMeta.objects.create(node=node, namespace=namespace, pod=pod, pod_uid=f"uid-{pod}", controller_kind=kind,
                                     controller_name=name, labels=labels, requests=requests, first_seen=H,
                                     last_seen=H)
 
@@ -367,8 +367,8 @@ def test_every_level_adds_up_to_the_row_that_opened_it(db: Any, rows: list[dict[
                   container=r["container"], charge=str(r["charge"]), mem_used_gb="1", mem_granted_gb="2")
             if r["controller"] and not WorkloadMeta.objects.filter(namespace=namespace, pod=pod).exists():
                 kind, name = r["controller"].split(":")
-                WorkloadMeta.objects.create(namespace=namespace, pod=pod, pod_uid=f"uid-{pod}", controller_kind=kind,
-                                            controller_name=name, first_seen=H, last_seen=H)
+                WorkloadMeta.objects.create(node=node, namespace=namespace, pod=pod, pod_uid=f"uid-{pod}",
+                                            controller_kind=kind, controller_name=name, first_seen=H, last_seen=H)
         ledger_total = sum((D(str(r.charge)) for r in UsageHour.objects.all()), D(0))
 
         def level(path: ExplorePath) -> list[Any]:

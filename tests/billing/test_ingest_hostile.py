@@ -122,12 +122,12 @@ def test_json_nested_beyond_the_parsers_limit_is_a_json_4xx(post_batch, depth):
 
 
 @pytest.mark.parametrize("event", [
-    {"action": "grant.shrunk\x00", "target": "acme-prod/bert-1"},
-    {"action": "grant.shrunk", "target": "acme-prod/\ud800"},
-    {"action": "grant.shrunk", "target": "acme-prod/bert-1", "detail": {"note": "a\x00b"}},
-    {"action": "grant.shrunk", "target": "acme-prod/bert-1", "detail": {"\udfff": 1}},
+    {"action": "watchdog.evicted\x00", "target": "acme-prod/bert-1"},
+    {"action": "watchdog.evicted", "target": "acme-prod/\ud800"},
+    {"action": "watchdog.evicted", "target": "acme-prod/bert-1", "detail": {"note": "a\x00b"}},
+    {"action": "watchdog.evicted", "target": "acme-prod/bert-1", "detail": {"\udfff": 1}},
     {"action": "x" * 95, "target": "acme-prod/bert-1"},
-    {"action": "grant.shrunk", "target": "t" * 201},
+    {"action": "watchdog.evicted", "target": "t" * 201},
 ])
 def test_events_the_audit_log_cannot_hold_are_400(client, node_token, event):
     body = json.dumps({"events": [{"at": clock.now().isoformat(), **event}]})  # ASCII escapes stay escapes

@@ -230,7 +230,7 @@ def test_policy_endpoint_answers_with_etag_and_304_when_unchanged(client, node_t
 
 def test_node_events_land_in_the_audit_log_all_or_nothing(client, node_token):
     auth = {"HTTP_AUTHORIZATION": f"Bearer {node_token.token}"}
-    ok = {"events": [{"at": iso(clock.now()), "action": "grant.shrunk", "target": "acme-prod/bert-1",
+    ok = {"events": [{"at": iso(clock.now()), "action": "watchdog.evicted", "target": "acme-prod/bert-1",
                       "detail": {"mem_mb": 512}}]}
     resp = client.post("/api/v1/nodes/gpu-node-1/events", json.dumps(ok), content_type="application/json", **auth)
     assert resp.status_code == 201

@@ -17,7 +17,7 @@ from billing.ledger.rollup import rebuild_ledger
 from billing.models import AuditEvent
 from billing.services.quarantine import run_rollup
 from tests import clock
-from tests.conftest import make_batch
+from tests.conftest import healthz_as_admin, make_batch
 
 pytestmark = pytest.mark.django_db
 
@@ -61,7 +61,7 @@ def test_a_poisoned_batch_is_quarantined_and_its_neighbour_in_the_same_minute_is
     assert GpuMinute.objects.get(minute=minute_start).metered_seconds == 10  # the good batch's window alone
     audit = AuditEvent.objects.get(action="usage_batch.quarantined")
     assert audit.object_id == "gpu-node-1/1" and "NumericValueOutOfRange" in audit.after["error"]
-    health = client.get("/healthz").json()
+    health = healthz_as_admin().json()
     assert health["ledger"]["ok"] is False and health["ledger"]["quarantined_batches"] == 1
     assert "redrive_batches" in health["ledger"]["error"]
 
@@ -104,20 +104,20 @@ def test_re_driving_a_batch_that_is_not_quarantined_changes_nothing(poisoned_nei
 def test_healthz_turns_degraded_when_the_rollup_falls_behind(client, post_batch, minute_start, settings):
     settings.VGPU_HEALTH_MAX_ROLLUP_LAG_S = 300
     assert post_batch(make_batch(start=minute_start)).status_code == 201
-    ledger = client.get("/healthz").json()["ledger"]
+    ledger = healthz_as_admin().json()["ledger"]
     assert ledger["ok"] and ledger["backlog_batches"] == 1
     UsageBatch.objects.update(received_at=clock.now() - timedelta(minutes=6))
-    ledger = client.get("/healthz").json()["ledger"]
+    ledger = healthz_as_admin().json()["ledger"]
     assert not ledger["ok"] and ledger["rollup_lag_s"] >= 360 and "behind" in ledger["error"]
     run_rollup(now=clock.now())
-    ledger = client.get("/healthz").json()["ledger"]
+    ledger = healthz_as_admin().json()["ledger"]
     assert (ledger["ok"], ledger["backlog_batches"], ledger["rollup_lag_s"]) == (True, 0, 0)
 
 
 def test_readyz_needs_only_the_database(client):
     resp = client.get("/readyz")  # no Celery worker runs here: /healthz is degraded, the web is ready
     assert resp.status_code == 200 and resp.json()["database"]["ok"]
-    assert client.get("/healthz").status_code == 503
+    assert healthz_as_admin().status_code == 503
 
 
 def test_ingest_with_the_database_down_is_503_json_with_retry_after(post_batch, minute_start):

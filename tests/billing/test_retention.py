@@ -22,7 +22,6 @@ import pytest
 from django.core.management import call_command
 from django.db import connection
 from django.db.migrations.executor import MigrationExecutor
-from django.test import Client
 from django.test.utils import CaptureQueriesContext, override_settings
 from hypothesis import given
 from hypothesis import strategies as st
@@ -56,7 +55,7 @@ from billing.services.quarantine import quarantine_batch
 from billing.services.rate_cards import create_rate_card, earliest_change
 from billing.services.reports import request_paired_report
 from tests import clock
-from tests.conftest import A100, make_batch
+from tests.conftest import A100, healthz_as_admin, make_batch
 
 ROOT = Path(__file__).resolve().parents[2]
 LEDGER_TABLES = (RAW_TABLE, *MINUTE_TABLES)
@@ -170,7 +169,7 @@ def test_a_day_with_a_pending_batch_is_kept_logged_once_counted_and_dropped_once
     time_machine.move_to(later, tick=False)  # a scrape reads the clock
     assert 'vgpu_ledger_retention_held_partitions{ledger="raw"} 1.0' in render_metrics().decode()
     # The SRE's first look: /healthz fails for the pending batch and shows the partition it holds.
-    ledger = Client().get("/healthz").json()["ledger"]
+    ledger = healthz_as_admin().json()["ledger"]
     assert ledger["ok"] is False and ledger["retention_held_partitions"] == 1
 
     rollup_usage(now=later)

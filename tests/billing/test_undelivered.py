@@ -13,7 +13,7 @@ import pytest
 from billing.models import UndeliveredBatch
 from billing.services.tokens import issue_node_token
 from tests import clock
-from tests.conftest import iso, make_batch, user_in
+from tests.conftest import healthz_as_admin, iso, make_batch, user_in
 
 
 def _report(seq: int, *, start, sha: str = "0" * 64, status: int = 409, **extra: Any) -> dict[str, Any]:
@@ -96,18 +96,18 @@ def test_a_report_is_open_until_a_redrive_delivers_it_and_healthz_counts_it(clie
         _report(12, start=minute_start + timedelta(seconds=10), superseded_by=13),
     ]}
     assert _post(client, node_token.token, payload).status_code == 201
-    assert client.get("/healthz").json()["ledger"]["undelivered_batches"] == 2
+    assert healthz_as_admin().json()["ledger"]["undelivered_batches"] == 2
     assert post_batch(None, raw=body).status_code == 201  # the re-drive of 11, byte for byte
-    assert client.get("/healthz").json()["ledger"]["undelivered_batches"] == 1
+    assert healthz_as_admin().json()["ledger"]["undelivered_batches"] == 1
     assert post_batch(make_batch(seq=13, start=minute_start + timedelta(seconds=10))).status_code == 201
-    assert client.get("/healthz").json()["ledger"]["undelivered_batches"] == 0
+    assert healthz_as_admin().json()["ledger"]["undelivered_batches"] == 0
 
 
 def test_a_409_report_is_not_resolved_by_the_other_batch_holding_its_number(client, node_token, post_batch,
                                                                             minute_start):
     assert post_batch(make_batch(seq=21, start=minute_start)).status_code == 201
     _post(client, node_token.token, {"batches": [_report(21, start=minute_start + timedelta(seconds=10))]})
-    assert client.get("/healthz").json()["ledger"]["undelivered_batches"] == 1
+    assert healthz_as_admin().json()["ledger"]["undelivered_batches"] == 1
 
 
 def test_admins_see_each_nodes_undelivered_batches_with_reason_and_size(client, node_token, minute_start):
