@@ -83,9 +83,9 @@ def server(live_server, time_machine):  # type: ignore[no-untyped-def]
     usage_hour(n1, "GPU-a", H, tenant="globex", pod="llm", charge="2", share="720", tier="silver", mem="50", sm="5")
     gpu_hour(n2, "GPU-b", H, card="6", idle="3", model="H100")
     usage_hour(n2, "GPU-b", H, tenant="acme", pod="vit", charge="3", share="1800", container="train", mem="10", sm="4")
-    meta("acme-ns", "bert", kind="Deployment", controller="bert", labels={"app": "nlp", "team": "a"},
+    meta(n1, "acme-ns", "bert", kind="Deployment", controller="bert", labels={"app": "nlp", "team": "a"},
          requests={"main": {"mem_mb": 2, "sm": 0.5}})
-    meta("globex-ns", "llm", kind="StatefulSet", controller="llm", labels={"app": "nlp"})
+    meta(n1, "globex-ns", "llm", kind="StatefulSet", controller="llm", labels={"app": "nlp"})
     username = user_in(FINANCE_GROUP).username
     token = issue_api_token(username=username, name="opencost contract", expires_at=None,
                             now=NOW, actor_label="test").token
@@ -125,15 +125,20 @@ CLIENT_REQUESTS: list[tuple[str, str, dict[str, str]]] = [
     ("opencost-ui drill-down to pods", "/allocation/compute",
      {"window": "7d", "aggregate": "pod", "accumulate": "true",
       "filter": 'namespace:"acme-ns"+controllerKind:"deployment"+controllerName:"bert"'}),
-    # kubectl-cost `kubectl cost namespace --window 5d` (QueryAllocation): accumulate=true.
-    ("kubectl-cost namespace", "/allocation/compute", {"window": "5d", "aggregate": "namespace", "accumulate": "true"}),
-    ("kubectl-cost deployment", "/model/allocation",
-     {"window": "5d", "aggregate": "deployment", "accumulate": "true", "shareIdle": "false"}),
-    ("kubectl-cost controller", "/allocation/compute", {"window": "5d", "aggregate": "controller", "accumulate": "true"}),
-    ("kubectl-cost label -l app", "/allocation/compute", {"window": "5d", "aggregate": "label:app", "accumulate": "true"}),
-    ("kubectl-cost pod", "/allocation/compute", {"window": "5d", "aggregate": "namespace,pod", "accumulate": "true"}),
-    ("kubectl-cost namespace --namespace acme-ns (older filter parameter)", "/allocation/compute",
-     {"window": "5d", "aggregate": "namespace", "accumulate": "true", "filterNamespaces": "acme-ns"}),
+    # kubectl-cost, exactly as its commands build them (pkg/cmd/aggregatedcommandbuilder.go
+    # runAggregatedAllocationCommand, pkg/cmd/cost.go, pkg/cmd/label.go): the aggregation always
+    # starts with cluster, accumulate=true, includeIdle and idle both from --include-idle, and
+    # filterNamespaces from --namespace, sent even when empty; the path is /allocation/compute
+    # with --opencost, else /model/allocation (pkg/query/options.go).
+    *[(f"kubectl-cost {command}{' --include-idle' if idle == 'true' else ''}{' -n acme-ns' if ns else ''}", path,
+       {"window": window, "aggregate": aggregate, "accumulate": "true", "includeIdle": idle, "idle": idle,
+        "filterNamespaces": ns})
+      for command, aggregate in (("namespace", "cluster,namespace"), ("deployment", "cluster,namespace,deployment"),
+                                 ("controller", "cluster,namespace,controller"), ("pod", "cluster,namespace,pod"))
+      for path, window, idle, ns in (("/allocation/compute", "7d", "false", ""), ("/model/allocation", "5d", "true", ""),
+                                     ("/allocation/compute", "7d", "false", "acme-ns"))],
+    ("kubectl-cost label -l app", "/allocation/compute",
+     {"window": "7d", "aggregate": "cluster,label:app", "accumulate": "true", "includeIdle": "false", "idle": "false"}),
     # OpenCost docs/swagger.json examples of /allocation/compute.
     ("swagger: idle per node, split", "/allocation/compute",
      {"window": "7d", "aggregate": "namespace", "includeIdle": "true", "idleByNode": "true", "splitIdle": "true",
