@@ -60,7 +60,7 @@ def authenticate_admission_caller(*, credentials: AdmissionCredentials, authoriz
     """Who called ("bearer-token" or "client-cert:<CN>"), or NotAuthenticated with the reason.
     With the caller's address `client`, a wrong credential counts as a failure of that address
     (billing.services.auth_throttle), and a blocked address is refused (Overloaded, 429) unless
-    it presents the configured token."""
+    it presents the configured token or an accepted client certificate."""
     if credentials.problem:
         raise NotAuthenticated(f"admission webhook credentials are misconfigured ({credentials.problem}); "
                                "every review is refused")
@@ -69,13 +69,13 @@ def authenticate_admission_caller(*, credentials: AdmissionCredentials, authoriz
                                f"{HOW_TO_CONFIGURE}")
     if presents_bearer(authorization, credentials.token):
         return "bearer-token"
-    # The right token passed above whatever the address did; a wrong one costs no look-up here,
-    # but guessing it is throttled like any other token.
-    check_not_throttled(client=client, token_sha256=token_sha256(authorization.partition(" ")[2].strip()))
     if credentials.cert_header and client_cert_dn:
         name = common_name_of(client_cert_dn)
         if name is not None and name in credentials.cert_common_names:
             return f"client-cert:{name}"
+    # A right credential passed above whatever its address did; a wrong one costs no look-up
+    # here, but guessing the token is throttled like any other token's.
+    check_not_throttled(client=client, token_sha256=token_sha256(authorization.partition(" ")[2].strip()))
     note_failure(client=client, kind="admission")
     raise NotAuthenticated("admission webhook credential missing or wrong: present the bearer token from the "
                            "webhook kubeconfig, or a client certificate the proxy accepts")
