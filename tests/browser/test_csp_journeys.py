@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 from django.conf import settings
 
-pytestmark = [pytest.mark.browser, pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.browser, pytest.mark.timeout(900)]  # the demo starts (and stops) inside the first browser test run
 
 ADMIN_PAGES = ["/finance/", "/explore/", "/tenants/", "/invoices/", "/periods/", "/reports/", "/budgets/",
                "/sla-tiers/", "/rate-cards/", "/nodes/", "/api-tokens/", "/rebalance/", "/audit/", "/allocation",
