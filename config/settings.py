@@ -64,6 +64,8 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
+    # First after security, so every answer carries it (whitenoise's static files, outage pages).
+    "billing.web.csp.ContentSecurityPolicyMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.locale.LocaleMiddleware",
@@ -77,6 +79,12 @@ MIDDLEWARE = [
     # Last, as django-axes asks: it turns a lockout flagged during authentication into the lockout page.
     "axes.middleware.AxesMiddleware",
 ]
+
+# Scripts, styles, images, fetches and forms only from this origin; no inline script or style
+# (the templates have none: billing/web/csp.py), no plugins, no framing, no <base> rewriting.
+VGPU_CONTENT_SECURITY_POLICY = ("default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
+                                "connect-src 'self'; font-src 'self'; object-src 'none'; base-uri 'none'; "
+                                "form-action 'self'; frame-ancestors 'none'")
 
 ROOT_URLCONF = "config.urls"
 WSGI_APPLICATION = "config.wsgi.application"
@@ -104,9 +112,10 @@ if not _database_url:
         "DATABASE_URL is not set. Run through `make demo` / `make test`, or "
         "`python -m config.embedded -- COMMAND` to start an embedded Postgres."
     )
-# Persistent connections without a per-request health check: the check is a round trip on
-# every ingest request; a connection broken by a database restart fails one request.
-DATABASES = {"default": dj_database_url.parse(_database_url, conn_max_age=60)}
+# Persistent connections, checked at the start of each request that reuses one (a `SELECT 1`
+# round trip): without the check, the first request of each worker after a database restart
+# met the dead connection and answered 503. Its ingest cost is measured in docs/benchmarks.md.
+DATABASES = {"default": dj_database_url.parse(_database_url, conn_max_age=60, conn_health_checks=True)}
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 REDIS_URL = os.environ.get("REDIS_URL", "")
@@ -139,6 +148,12 @@ AXES_ENABLE_ADMIN = False
 # (nginx: proxy_set_header X-Real-IP $remote_addr), name its META key, e.g. HTTP_X_REAL_IP.
 AXES_CLIENT_IP_CALLABLE = "billing.web.lockout.client_address"
 VGPU_LOGIN_CLIENT_IP_META = os.environ.get("VGPU_LOGIN_CLIENT_IP_META", "").strip()
+# Failed bearer-token authentications (node, API, admission tokens) per client address, the same
+# address as above (billing.services.auth_throttle): the failure that reaches the limit blocks the
+# address's unknown tokens for the cool-off (429, Retry-After, no database look-up); tokens known
+# valid keep working, so a guesser behind a NAT does not lock out the healthy nodes behind it.
+VGPU_AUTH_FAILURE_LIMIT = int(os.environ.get("VGPU_AUTH_FAILURE_LIMIT", 20))
+VGPU_AUTH_COOLOFF_S = int(os.environ.get("VGPU_AUTH_COOLOFF_S", 300))
 LOGIN_URL = "login"
 # The root URL sends each role to its own start page (billing.web.access.landing_page); an explicit
 # `?next=` still wins, as LoginView honours it before this setting.

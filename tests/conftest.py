@@ -217,4 +217,20 @@ def _forget_per_process_ingest_caches():
     batches._seen.clear()
     partitions._known.clear()
     tokens._used.clear()
+    _forget_auth_throttle()
     yield
+
+
+def _forget_auth_throttle() -> None:
+    """Failed-token counters live in Redis per client address, and every test client is
+    127.0.0.1: without this, one test's bad tokens would throttle the next test's."""
+    import redis
+    from django.conf import settings
+
+    from billing.services import auth_throttle
+
+    auth_throttle._refreshed.clear()
+    client = redis.Redis.from_url(settings.REDIS_URL)
+    keys = list(client.scan_iter(match="*vgpu:auth-*", count=1000))
+    if keys:
+        client.delete(*keys)

@@ -14,11 +14,12 @@ from rest_framework.views import APIView
 
 from billing.api.errors import domain_error_response
 from billing.api.openapi import ERRORS, AdmissionSchema, errors
-from billing.errors import DomainError, FieldError, InvalidBatch, NotAuthenticated
+from billing.errors import DomainError, FieldError, InvalidBatch, NotAuthenticated, Overloaded
 from billing.metrics import count_admission_review
 from billing.services.admission import AdmissionDecision, review_pod
 from billing.services.admission_auth import authenticate_admission_caller, load_admission_credentials
 from billing.services.api_schemas import admission_reply_schema, admission_review_schema
+from billing.services.auth_throttle import client_address_of
 
 __all__ = ["PodAdmissionView"]
 
@@ -53,7 +54,11 @@ class PodAdmissionView(APIView):  # type: ignore[misc]  # DRF ships no type hint
             # Before the body is read: an unauthenticated review must change nothing.
             authenticate_admission_caller(
                 credentials=credentials, authorization=request.headers.get("Authorization", ""),
-                client_cert_dn=request.headers.get(credentials.cert_header) if credentials.cert_header else None)
+                client_cert_dn=request.headers.get(credentials.cert_header) if credentials.cert_header else None,
+                client=client_address_of(request.META))
+        except Overloaded as exc:
+            count_admission_review("unauthenticated")
+            return domain_error_response(exc)
         except NotAuthenticated as exc:
             log.warning("event=admission_review_unauthenticated remote=%s reason=%s", request.META.get("REMOTE_ADDR"), exc)
             count_admission_review("unauthenticated")

@@ -19,6 +19,7 @@ from billing.errors import DomainError, Overloaded, PayloadTooLarge
 from billing.metrics import count_ingest_answer, count_ingested_samples
 from billing.models import Node
 from billing.services.api_schemas import node_events_schema, node_policy_schema, undelivered_report_schema
+from billing.services.auth_throttle import client_address_of
 from billing.services.batch_schema import usage_batch_schema
 from billing.services.ingest import decode_body, record_usage_batch
 from billing.services.node_events import record_node_events
@@ -63,7 +64,8 @@ class _AgentView(APIView):  # type: ignore[misc]  # DRF ships no type hints
 
     def _node_json(self, request: Request, node: str) -> tuple[Node, object]:
         """The node whose token this is (it must be `node`'s) and the JSON body it sent."""
-        node_row = authenticate_node(authorization=request.headers.get("Authorization"), node_name=node)
+        node_row = authenticate_node(authorization=request.headers.get("Authorization"), node_name=node,
+                                     client=client_address_of(request.META))
         payload, _ = decode_body(
             body=request._request.body,
             content_type=request.headers.get("Content-Type"),
@@ -92,7 +94,8 @@ class UsageBatchView(_AgentView):
         if not _in_flight.acquire(blocking=False):
             raise Overloaded("ingest is at capacity", retry_after_s=settings.VGPU_INGEST_RETRY_AFTER_S)
         try:
-            node = authenticate_node(authorization=request.headers.get("Authorization"), node_name=None)
+            node = authenticate_node(authorization=request.headers.get("Authorization"), node_name=None,
+                                     client=client_address_of(request.META))
             length = int(request.headers.get("Content-Length") or 0)
             if length > settings.VGPU_INGEST_MAX_BODY_BYTES:
                 raise PayloadTooLarge(f"body of {length} bytes is above {settings.VGPU_INGEST_MAX_BODY_BYTES}")
@@ -132,7 +135,8 @@ class NodePolicyView(_AgentView):
         },
     )
     def get(self, request: Request, node: str) -> Response:
-        authenticate_node(authorization=request.headers.get("Authorization"), node_name=node)
+        authenticate_node(authorization=request.headers.get("Authorization"), node_name=node,
+                          client=client_address_of(request.META))
         policy = get_node_policy(node_name=node, now=timezone.now())
         etag = f'"{policy.etag}"'
         if request.headers.get("If-None-Match") == etag:

@@ -14,8 +14,9 @@ from rest_framework import exceptions
 from rest_framework.authentication import BaseAuthentication
 from rest_framework.request import Request
 
-from billing.errors import NotAuthenticated
+from billing.errors import NotAuthenticated, Overloaded
 from billing.services.api_tokens import authenticate_api_token
+from billing.services.auth_throttle import client_address_of
 from billing.services.tokens import API_TOKEN_PREFIX
 
 __all__ = ["ApiTokenAuthentication"]
@@ -31,7 +32,11 @@ class ApiTokenAuthentication(BaseAuthentication):  # type: ignore[misc]  # DRF s
         if scheme.lower() != "bearer" or not token.startswith(API_TOKEN_PREFIX):
             return None
         try:
-            user = authenticate_api_token(token, now=timezone.now())
+            user = authenticate_api_token(token, now=timezone.now(), client=client_address_of(request.META))
+        except Overloaded as exc:
+            # Too many failures from this address (billing.services.auth_throttle): DRF's 429, with
+            # Retry-After, in the API's error shape like the 401 below.
+            raise exceptions.Throttled(wait=exc.retry_after_s, detail=str(exc)) from exc
         except NotAuthenticated as exc:
             # DRF's own exception, so the request is marked unauthenticated and the 401 carries
             # the challenge below (billing.api.errors renders it in the API's error shape).

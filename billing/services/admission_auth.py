@@ -22,7 +22,9 @@ from dataclasses import dataclass
 from django.conf import settings
 
 from billing.errors import NotAuthenticated
+from billing.services.auth_throttle import check_not_throttled, note_failure
 from billing.services.bearer import configured_token, presents_bearer
+from billing.services.tokens import token_sha256
 
 __all__ = ["AdmissionCredentials", "authenticate_admission_caller", "common_name_of", "load_admission_credentials"]
 
@@ -54,8 +56,11 @@ def load_admission_credentials() -> AdmissionCredentials:
 
 
 def authenticate_admission_caller(*, credentials: AdmissionCredentials, authorization: str,
-                                  client_cert_dn: str | None) -> str:
-    """Who called ("bearer-token" or "client-cert:<CN>"), or NotAuthenticated with the reason."""
+                                  client_cert_dn: str | None, client: str | None = None) -> str:
+    """Who called ("bearer-token" or "client-cert:<CN>"), or NotAuthenticated with the reason.
+    With the caller's address `client`, a wrong credential counts as a failure of that address
+    (billing.services.auth_throttle), and a blocked address is refused (Overloaded, 429) unless
+    it presents the configured token or an accepted client certificate."""
     if credentials.problem:
         raise NotAuthenticated(f"admission webhook credentials are misconfigured ({credentials.problem}); "
                                "every review is refused")
@@ -68,6 +73,10 @@ def authenticate_admission_caller(*, credentials: AdmissionCredentials, authoriz
         name = common_name_of(client_cert_dn)
         if name is not None and name in credentials.cert_common_names:
             return f"client-cert:{name}"
+    # A right credential passed above whatever its address did; a wrong one costs no look-up
+    # here, but guessing the token is throttled like any other token's.
+    check_not_throttled(client=client, token_sha256=token_sha256(authorization.partition(" ")[2].strip()))
+    note_failure(client=client, kind="admission")
     raise NotAuthenticated("admission webhook credential missing or wrong: present the bearer token from the "
                            "webhook kubeconfig, or a client certificate the proxy accepts")
 

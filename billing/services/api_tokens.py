@@ -17,6 +17,7 @@ from django.db import transaction
 from billing.errors import InvalidInput, NotAuthenticated
 from billing.models import ApiToken
 from billing.services.audit import record_audit_event
+from billing.services.auth_throttle import check_not_throttled, note_failure, note_valid_token
 from billing.services.tokens import API_TOKEN_PREFIX, note_token_use, token_sha256
 
 __all__ = ["MAX_EXPIRY_DAYS", "MAX_NAME_LENGTH", "IssuedApiToken", "authenticate_api_token", "expiry_after_days",
@@ -72,6 +73,7 @@ def issue_api_token(*, username: str, name: str, expires_at: datetime | None, no
             after={"user": user.username, "prefix": row.prefix, "name": name,
                    "expires_at": expires_at.isoformat() if expires_at else None},
         )
+    note_valid_token(token_sha256(token), force=True)  # a block of its address never refuses it
     return IssuedApiToken(token=token, token_id=row.pk, prefix=row.prefix, username=user.username, name=name,
                           expires_at=expires_at)
 
@@ -96,11 +98,25 @@ def revoke_api_token(*, token_id: int, now: datetime, actor_label: str, actor_id
         )
 
 
-def authenticate_api_token(token: str, *, now: datetime) -> User:
+def authenticate_api_token(token: str, *, now: datetime, client: str | None = None) -> User:
     """The user whose token this is, or NotAuthenticated saying why (unknown, revoked, expired,
-    inactive user): all 401, since presenting another credential is the caller's only remedy."""
+    inactive user): all 401, since presenting another credential is the caller's only remedy.
+    With the caller's address `client`, failures are throttled (billing.services.auth_throttle):
+    Overloaded (429) once it is over the limit, before any look-up, unless the token is known valid."""
+    digest = token_sha256(token)
+    check_not_throttled(client=client, token_sha256=digest)
+    try:
+        user = _authenticate(digest, now=now)
+    except NotAuthenticated:
+        note_failure(client=client, kind="api")
+        raise
+    note_valid_token(digest)
+    return user
+
+
+def _authenticate(digest: str, *, now: datetime) -> User:
     # One indexed look-up on the hashed token, joined to its user.
-    row = ApiToken.objects.select_related("user").filter(token_sha256=token_sha256(token)).first()
+    row = ApiToken.objects.select_related("user").filter(token_sha256=digest).first()
     if row is None:
         raise NotAuthenticated("unknown API token")
     if row.revoked_at is not None:

@@ -5,7 +5,10 @@
   on a GPU in the last ``placement`` minutes of the minute ledger (billing.ledger.minutes), demand = each pod's peak over
   the window of its per-minute mean memory (MB) and SM use (SM milli), rounded up.
 * ``propose_rebalance(now, max_moves)``: a dry-run plan plus right-sizing, stored; nothing runs.
-* ``approve_plan`` / ``reject_plan``: admin decisions, audited in the same transaction.
+* ``approve_plan`` / ``reject_plan``: admin decisions, audited in the same transaction;
+  ``unapprove_unqueued_plan``: an approval whose execution could not be queued (the broker is
+  down) goes back to ``proposed``, audited, so the admin approves it again instead of waiting on
+  an ``approved`` plan that nothing will ever execute.
 * ``execute_plan(plan_id, kube, now)``: for an approved plan, re-check the moves against the
   fleet as it is now, cordon the nodes the plan frees, evict every moved pod through the
   Eviction API. Every step is appended to the plan's log and audited as it happens.
@@ -63,6 +66,7 @@ from billing.services.kube_api import new_api_client
 
 __all__ = [
     "EvictionBlocked",
+    "unapprove_unqueued_plan",
     "KubeApi",
     "KubeError",
     "KubernetesApi",
@@ -405,6 +409,27 @@ def approve_plan(plan_id: int, *, confirmation: str, now: datetime, actor_label:
 def reject_plan(plan_id: int, *, now: datetime, actor_label: str, actor_id: int | None = None) -> RebalancePlan:
     return _decide(plan_id, now=now, actor_label=actor_label, actor_id=actor_id,
                    status=RebalanceStatus.REJECTED, action="rebalance.reject")
+
+
+def unapprove_unqueued_plan(plan_id: int, *, now: datetime, reason: str, actor_label: str,
+                            actor_id: int | None = None) -> RebalancePlan | None:
+    """Undo the approval of a plan whose execution message could not be queued: back to
+    ``proposed`` (audited as ``rebalance.queue_failed`` with the reason), so it can be approved,
+    and so queued, again. Only an ``approved`` plan whose execution has not started (empty log)
+    changes; None otherwise (a message did reach a worker after all)."""
+    with transaction.atomic():
+        plan = RebalancePlan.objects.select_for_update().filter(pk=plan_id).first()
+        if plan is None or plan.status != RebalanceStatus.APPROVED or plan.log:
+            return None
+        plan.status = RebalanceStatus.PROPOSED
+        plan.decided_at = None
+        plan.decided_by_id = None
+        plan.save(update_fields=["status", "decided_at", "decided_by"])
+        record_audit_event(at=now, actor_label=actor_label, actor_id=actor_id, action="rebalance.queue_failed",
+                           object_type="rebalance_plan", object_id=str(plan.pk),
+                           before={"status": RebalanceStatus.APPROVED},
+                           after={"status": RebalanceStatus.PROPOSED, "reason": reason[:300]})
+    return plan
 
 
 # -- executing ------------------------------------------------------------------------------

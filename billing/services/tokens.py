@@ -17,6 +17,7 @@ from billing.errors import Forbidden, InvalidInput, NotAuthenticated
 from billing.models import Node, NodeToken
 from billing.models.fleet import node_name_validator
 from billing.services.audit import record_audit_event
+from billing.services.auth_throttle import check_not_throttled, note_failure, note_valid_token
 from billing.services.node_identity import authenticate_service_account_token
 
 __all__ = ["IssuedToken", "authenticate_node", "issue_node_token", "note_token_use", "revoke_node_token",
@@ -69,6 +70,7 @@ def issue_node_token(*, node_name: str, now: datetime, actor_label: str, actor_i
             before=None,
             after={"node": node.name, "prefix": row.prefix},
         )
+    note_valid_token(token_sha256(token), force=True)  # a block of its address never refuses it
     return IssuedToken(token=token, token_id=row.pk, prefix=row.prefix, node=node.name)
 
 
@@ -107,12 +109,14 @@ def note_token_use(table: TokenTable, token_id: int) -> None:
     _used[(table, token_id)] = now
 
 
-def authenticate_node(*, authorization: str | None, node_name: str | None) -> Node:
+def authenticate_node(*, authorization: str | None, node_name: str | None, client: str | None = None) -> Node:
     """Resolve `Authorization: Bearer <token>` to its node.
 
     A node token (`vgl_…`) is looked up here; any other bearer token is taken for the agent's
     Kubernetes ServiceAccount token and checked with a TokenReview (billing.services.node_identity).
-    401 for a missing or unknown token; 403 for a revoked token or one of another node.
+    401 for a missing or unknown token; 403 for a revoked token or one of another node. With the
+    caller's address `client`, failures are throttled (billing.services.auth_throttle): 429 once
+    it is over the limit, before any look-up, unless the token is known valid.
     """
     if not authorization:
         raise NotAuthenticated("missing Authorization header (expected 'Bearer <node token>')")
@@ -120,6 +124,18 @@ def authenticate_node(*, authorization: str | None, node_name: str | None) -> No
     token = token.strip()
     if scheme.lower() != "bearer" or not token:
         raise NotAuthenticated("Authorization must be 'Bearer <node token>'")
+    digest = token_sha256(token)
+    check_not_throttled(client=client, token_sha256=digest)
+    try:
+        node = _authenticate_bearer(token, digest, node_name)
+    except NotAuthenticated:
+        note_failure(client=client, kind="node")
+        raise
+    note_valid_token(digest)
+    return node
+
+
+def _authenticate_bearer(token: str, digest: str, node_name: str | None) -> Node:
     if token.startswith(API_TOKEN_PREFIX):
         raise NotAuthenticated("this is an API token (vgla_…), for the read API; agents use a node token (vgl_…)")
     if not token.startswith(TOKEN_PREFIX):
@@ -129,7 +145,7 @@ def authenticate_node(*, authorization: str | None, node_name: str | None) -> No
         cur.execute(
             "SELECT t.id, t.prefix, t.revoked_at, n.id, n.name FROM billing_nodetoken t "
             "JOIN billing_node n ON n.id = t.node_id WHERE t.token_sha256 = %s",
-            [token_sha256(token)],
+            [digest],
         )
         row = cur.fetchone()
     if row is None:

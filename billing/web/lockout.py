@@ -11,16 +11,16 @@ from django.http import HttpRequest, HttpResponse
 from django.shortcuts import render
 from django.utils import timezone
 
+from billing.services.auth_throttle import client_address_of
 from billing.services.logins import record_login_lockout
 
 __all__ = ["audit_lockout", "client_address", "locked_out_response"]
 
 
 def client_address(request: HttpRequest) -> str | None:
-    """AXES_CLIENT_IP_CALLABLE: the address failures are counted against. A header only when the
-    operator named one that the proxy overwrites; never X-Forwarded-For as the client sent it."""
-    key = settings.VGPU_LOGIN_CLIENT_IP_META
-    return (request.META.get(key) if key else None) or request.META.get("REMOTE_ADDR")
+    """AXES_CLIENT_IP_CALLABLE: the address failures are counted against, the same one the token
+    throttle counts (billing.services.auth_throttle.client_address_of)."""
+    return client_address_of(request.META) or None
 
 
 def locked_out_response(request: HttpRequest, original_response: HttpResponse | None = None,

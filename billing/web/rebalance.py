@@ -12,7 +12,6 @@ from dataclasses import dataclass
 
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
-from django.db import transaction
 from django.http import HttpRequest, HttpResponse, HttpResponseNotAllowed
 from django.shortcuts import get_object_or_404, redirect, render
 from django.utils import timezone
@@ -20,6 +19,7 @@ from django.utils.translation import gettext as _
 from django.views.decorators.http import require_http_methods
 
 from billing import tasks
+from billing.api.errors import QUEUE_DOWN
 from billing.errors import InvalidInput
 from billing.models import RebalancePlan, RebalanceStatus
 from billing.services.rebalance import (
@@ -31,6 +31,7 @@ from billing.services.rebalance import (
     execution_outcome,
     plan_steps,
     reject_plan,
+    unapprove_unqueued_plan,
 )
 from billing.web.access import require_admin, require_platform
 
@@ -106,13 +107,23 @@ def _approve(request: HttpRequest, plan_id: int) -> HttpResponse:
         messages.error(request, _("Review the nodes to cordon and the pods to evict, then confirm."))
         return redirect("rebalance-decide", plan_id=plan_id, decision="approve")
     try:
-        with transaction.atomic():
-            plan = approve_plan(plan_id, confirmation=confirmation, now=timezone.now(),
-                                actor_label=request.user.get_username(), actor_id=request.user.pk)
-            transaction.on_commit(lambda: tasks.execute_rebalance.delay(plan.pk))
+        # Committed before the message is queued, so the worker never reads it still proposed.
+        plan = approve_plan(plan_id, confirmation=confirmation, now=timezone.now(),
+                            actor_label=request.user.get_username(), actor_id=request.user.pk)
     except InvalidInput as exc:
         messages.error(request, str(exc))
-    else:
-        messages.success(request, _("Plan %(id)s approved; it is being executed: its outcome shows below once "
-                                    "the execution ends (reload the page).") % {"id": plan_id})
+        return redirect("rebalance")
+    try:
+        tasks.execute_rebalance.delay(plan.pk)
+    except QUEUE_DOWN as exc:
+        # Nothing was queued: an "approved" plan would wait for ever. It goes back to proposed
+        # (audited) and the page says so; approving again once the queue is back queues it.
+        unapprove_unqueued_plan(plan.pk, now=timezone.now(), reason=f"task queue unreachable: {exc}",
+                                actor_label=request.user.get_username(), actor_id=request.user.pk)
+        messages.error(request, _("Plan %(id)s could not be queued for execution: the task queue is unreachable. "
+                                  "Nothing was executed and the plan is proposed again: approve it once the "
+                                  "queue is back.") % {"id": plan_id})
+        return redirect("rebalance")
+    messages.success(request, _("Plan %(id)s approved; it is being executed: its outcome shows below once "
+                                "the execution ends (reload the page).") % {"id": plan_id})
     return redirect("rebalance")

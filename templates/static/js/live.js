@@ -1,3 +1,14 @@
+/* Controls that act on change: <select data-submit-on-change> submits its form (the language
+   switch). A listener here, not an onchange= attribute, since the Content-Security-Policy allows
+   no inline script. */
+(function () {
+  "use strict";
+  document.addEventListener("change", function (event) {
+    var el = event.target;
+    if (el && el.hasAttribute && el.hasAttribute("data-submit-on-change") && el.form) el.form.submit();
+  });
+})();
+
 /* Live figures without losing what the user types (docs/architecture.md, Web UI).
 
    A page that is still changing names a refresh period in
