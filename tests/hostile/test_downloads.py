@@ -19,13 +19,15 @@ from django.test import Client
 
 from billing.csv_files import FORMULA_STARTS, csv_writer, inert_cell, number
 from billing.errors import InvalidInput
+from billing.ledger.models import UsageBatch, WorkloadMeta
 from billing.ledger.rollup import rollup_usage
-from billing.models import BillingPeriod, CreditNote, Invoice, InvoiceLine, RateCard, Tenant
+from billing.models import BillingPeriod, CreditNote, Invoice, InvoiceLine, Node, RateCard, Tenant
 from billing.scope import FINANCE_GROUP, Scope
 from billing.services.credit_notes import issue_credit_note
 from billing.services.exports import export_credit_note, export_invoice
 from billing.services.exports.fonts import REPLACEMENT, drawable, undrawable
 from billing.services.invoicing import close_period
+from billing.services.tokens import issue_node_token
 from tests import clock
 from tests.conftest import A100, make_batch, user_in
 from tests.pdf_check import check_pdf
@@ -172,3 +174,100 @@ def test_a_stored_credit_note_with_unprintable_text_still_renders_every_glyph(tm
     assert REPLACEMENT in facts.text and "outage" in facts.text
     check_pdf(export_invoice(scope=EVERYONE, number=invoice.number, fmt="pdf").content, tmp_path)
     assert drawable("a😀b") == f"a{REPLACEMENT}b" and drawable("星河") == "星河"
+
+
+def _sample_field(key: str) -> Any:
+    def plant(batch: dict[str, Any], payload: str) -> None:
+        for sample in batch["samples"]:
+            sample[key] = payload
+    return plant
+
+
+def _controller(key: str) -> Any:
+    def plant(batch: dict[str, Any], payload: str) -> None:
+        for sample in batch["samples"]:
+            sample.update({"controller_kind": "Deployment", "controller_name": "bert"})
+            sample[key] = payload
+    return plant
+
+
+def _label_value(batch: dict[str, Any], payload: str) -> None:
+    for sample in batch["samples"]:
+        sample["labels"] = {"app": payload}
+
+
+def _label_key(batch: dict[str, Any], payload: str) -> None:
+    for sample in batch["samples"]:
+        sample["labels"] = {payload: "bert"}
+
+
+def _cluster(batch: dict[str, Any], payload: str) -> None:
+    batch["cluster"] = payload
+
+
+def _gpu_uuid(batch: dict[str, Any], payload: str) -> None:
+    batch["gpus"][0]["uuid"] = payload
+    for sample in batch["samples"]:
+        sample["gpu"] = payload
+
+
+def _node(batch: dict[str, Any], payload: str) -> None:
+    batch["node"] = payload
+
+
+# Every text of a usage batch a node controls, with the path each takes: refused at ingest with a
+# 400 naming the field (Kubernetes names and label syntax begin with a letter or digit, so no
+# formula start gets through), or stored. The GPU model is the one stored node text: free-form
+# (vendors name cards "NVIDIA A100-SXM4-80GB"), so test_every_csv_the_product_serves_is_inert plants it
+# and follows it into the explore, finance, invoice and FOCUS CSVs. A field moved from refused to
+# stored here must be planted there too, or this test fails on the 201.
+NODE_FIELDS: dict[str, tuple[Any, str]] = {
+    "namespace": (_sample_field("namespace"), "$.samples[0].namespace"),
+    "pod": (_sample_field("pod"), "$.samples[0].pod"),
+    "container": (_sample_field("container"), "$.samples[0].container"),
+    "pod_uid": (_sample_field("pod_uid"), "$.samples[0].pod_uid"),
+    "tenant": (_sample_field("tenant"), "$.samples[0].tenant"),
+    "sla_tier": (_sample_field("sla_tier"), "$.samples[0].sla_tier"),
+    "controller_kind": (_controller("controller_kind"), "$.samples[0].controller_kind"),
+    "controller_name": (_controller("controller_name"), "$.samples[0].controller_name"),
+    "label value": (_label_value, "$.samples[0].labels"),
+    "label key": (_label_key, "$.samples[0].labels"),
+    "cluster": (_cluster, "$.cluster"),
+    "gpu uuid": (_gpu_uuid, "$.gpus[0].uuid"),
+}
+
+
+@pytest.mark.django_db(transaction=True)
+def test_every_node_controlled_name_of_a_batch_is_refused_at_ingest(live_server, node_token, minute_start):
+    url = live_server.url + "/api/v1/usage/batches"
+    headers = {"Authorization": f"Bearer {node_token.token}"}
+    seq = 0
+    for field, (plant, path) in NODE_FIELDS.items():
+        for payload in PAYLOADS:
+            seq += 1
+            batch = make_batch(seq=seq, start=minute_start, seconds=2)
+            plant(batch, payload)
+            response = requests.post(url, json=batch, headers=headers, timeout=60)
+            assert response.status_code == 400, (field, payload, response.status_code, response.text[:300])
+            paths = [e["path"] for e in response.json()["errors"]]
+            assert path in paths, (field, payload, paths)
+    seq += 1
+    for payload in PAYLOADS:
+        # The batch's node is the token's (403 otherwise), and no node of such a name can get one:
+        # token issue takes Kubernetes node names only. (A ServiceAccount-authenticated node is the
+        # nodeName the Kubernetes API server gives for the agent's pod, which it validated.)
+        batch = make_batch(seq=seq, start=minute_start, seconds=2)
+        _node(batch, payload)
+        response = requests.post(url, json=batch, headers=headers, timeout=60)
+        assert response.status_code == 403 and "gpu-node-1" in response.text, (payload, response.text[:300])
+        with pytest.raises(InvalidInput, match="node name"):
+            issue_node_token(node_name=payload, now=minute_start, actor_label="admin-1")
+    assert not UsageBatch.objects.exists() and not WorkloadMeta.objects.exists()
+    assert list(Node.objects.values_list("name", flat=True)) == ["gpu-node-1"]
+    # The same batch without a payload is stored: the refusals above are the payloads'.
+    clean = make_batch(seq=seq, start=minute_start, seconds=2)
+    _controller("controller_name")(clean, "bert")
+    _label_value(clean, "bert")
+    clean["cluster"] = "prod-eu-west-1"
+    assert requests.post(url, json=clean, headers=headers, timeout=60).status_code == 201
+    assert WorkloadMeta.objects.filter(controller_name="bert").exists()
