@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from agents.backends.sim import demo_scenario
+from config.demo_opencost import OpenCostPort, port_from_env
 from config.embedded import DATA_DIR, embedded_services
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -184,6 +185,22 @@ def _wait_healthy(url: str, procs: dict[str, subprocess.Popen[bytes]], timeout_s
     raise SystemExit(f"demo: {url} did not report healthy within {timeout_s:.0f} s ({last})")
 
 
+def _opencost_port(py: str, env: dict[str, str], url: str) -> tuple[OpenCostPort | None, str]:
+    """OpenCost's clients send no credential (docs/allocation-api.md): a loopback proxy adds a
+    finance API token issued now, held only in memory. Returns the proxy and its banner line."""
+    port = port_from_env(os.environ.get("VGPU_DEMO_OPENCOST_PORT"))
+    if port == 0:
+        return None, "opencost: off (VGPU_DEMO_OPENCOST_PORT=0)\n"
+    token = _run([py, "manage.py", "create_api_token", "finance", "--name", "demo OpenCost port"], env)
+    try:
+        proxy = OpenCostPort(upstream=url, token=token.strip().splitlines()[-1], port=port)
+    except OSError as exc:
+        return None, f"opencost: port {port} is not free ({exc}); set VGPU_DEMO_OPENCOST_PORT to another\n"
+    return proxy, (f"opencost: {proxy.url} (OpenCost's API as finance, read-only, no credential: kubectl-cost's\n"
+                   f"  requests or the OpenCost UI; docs/allocation-api.md), e.g. curl '{proxy.url}/allocation/compute"
+                   "?window=7d&aggregate=namespace&accumulate=true'\n")
+
+
 def _stop(procs: dict[str, subprocess.Popen[bytes]]) -> None:
     for prefix in STOP_ORDER:
         group = {n: p for n, p in procs.items() if n.startswith(prefix) and p.poll() is None}
@@ -265,6 +282,7 @@ def main() -> int:
             ]
         procs: dict[str, subprocess.Popen[bytes]] = {}
         history: _History | None = None
+        opencost: OpenCostPort | None = None
         interrupted = False
 
         def on_signal(signum: int, frame: object) -> None:
@@ -284,12 +302,13 @@ def main() -> int:
             history = _History(py=py, env=env, url=url, agents=agents,
                                recent_days=int(os.environ.get("VGPU_DEMO_HISTORY_DAYS", "6")))
             history.start()
+            opencost, opencost_line = _opencost_port(py, env, url)
             metrics_lines = (f"metrics: curl -H 'Authorization: Bearer {env['VGPU_METRICS_TOKEN']}' {url}/metrics\n"
                              + "".join(f"  agent {node}: {agent_url}\n" for node, agent_url in agent_metrics.items()))
             print(
                 f"\nvGPU Ledger demo is running: {url}/\n"
                 f"health: {url}/healthz ({health.get('status')})\n"
-                f"{metrics_lines}"
+                f"{metrics_lines}{opencost_line}"
                 f"fleet: {len(NODES)} simulated nodes x 8 NVIDIA A100-SXM4-80GB; logs in {LOG_DIR}\n\n"
                 f"logins (each lands on its own start page; the language menu is top right):\n{logins}\n"
                 "  finance        the GPU cost dashboard (cost by tenant over time, idle, savings vs static,\n"
@@ -317,6 +336,8 @@ def main() -> int:
             if history is not None:
                 history.stop()
             _stop(procs)
+            if opencost is not None:
+                opencost.close()
             webhooks.close()
             print("demo: stopped.", flush=True)
     return 0

@@ -44,6 +44,7 @@ def demo_environment(data_dir: Path, *, name: str, redis_db: int, history_days: 
     env["REDIS_URL"] = urllib.parse.urlunsplit(redis._replace(path=f"/{redis_db}"))
     env["VGPU_DATA_DIR"] = str(data_dir)
     env["PORT"] = str(free_port())
+    env["VGPU_DEMO_OPENCOST_PORT"] = str(free_port())  # not OpenCost's 9003: a real port-forward may hold it
     env["VGPU_ROLLUP_EVERY_S"] = "3"
     env["VGPU_DEMO_HISTORY_DAYS"] = str(history_days)
     env.pop("DJANGO_SETTINGS_MODULE", None)
@@ -67,6 +68,11 @@ class Demo:
     @property
     def base(self) -> str:
         return f"http://127.0.0.1:{self.env['PORT']}"
+
+    @property
+    def opencost(self) -> str:
+        """The demo's OpenCost port (config/demo_opencost.py): OpenCost's API with no credential."""
+        return f"http://127.0.0.1:{self.env['VGPU_DEMO_OPENCOST_PORT']}"
 
     @property
     def data_dir(self) -> Path:

@@ -89,3 +89,44 @@ def test_labels_and_daily_steps_and_a_tenants_token(demo: Demo) -> None:
     assert _allocation(demo, None, window="month").status_code == 401
     bad = _allocation(demo, finance, window="fortnight")
     assert bad.status_code == 400 and bad.json()["parameter"] == "window", bad.text
+
+
+# kubectl-cost's requests as its commands build them (`kubectl cost namespace --opencost` and its
+# default /model path; `kubectl cost node`'s assets), filterNamespaces sent even when empty.
+KUBECTL_COST_ALLOCATION = {"window": "7d", "aggregate": "cluster,namespace", "accumulate": "true",
+                           "includeIdle": "true", "idle": "true", "filterNamespaces": ""}
+KUBECTL_COST_ASSETS = {"window": "7d", "accumulate": "true", "filterTypes": "Node"}
+
+
+def test_the_opencost_port_answers_kubectl_costs_requests_with_no_credential(demo: Demo) -> None:
+    assert demo.opencost in demo.banner, "the banner says where the OpenCost port is"
+    for path, params in (("/model/allocation", KUBECTL_COST_ALLOCATION), ("/allocation/compute", KUBECTL_COST_ALLOCATION),
+                         ("/model/assets", KUBECTL_COST_ASSETS)):
+        resp = requests.get(f"{demo.opencost}{path}", params=params, timeout=120)
+        assert resp.status_code == 200, (path, resp.text)
+        body = resp.json()
+        assert body["code"] == 200 and body["status"] == "success", (path, body)
+        assert isinstance(body["data"], list) and len(body["data"]) == 1 and body["data"][0], (path, body)
+    allocations = requests.get(f"{demo.opencost}/allocation/compute", params=KUBECTL_COST_ALLOCATION,
+                               timeout=120).json()["data"][0]
+    # As finance: the whole fleet, keyed cluster/namespace, with the platform's idle.
+    assert "__idle__" in allocations and any(key.startswith("demo/") for key in allocations), sorted(allocations)
+    nodes = requests.get(f"{demo.opencost}/model/assets", params=KUBECTL_COST_ASSETS, timeout=120).json()["data"][0]
+    assert {asset["type"] for asset in nodes.values()} == {"Node"}, nodes
+    # Straight to the web server the same request is still a 401: the port adds the identity.
+    assert requests.get(f"{demo.base}/allocation/compute", params=KUBECTL_COST_ALLOCATION, timeout=120).status_code == 401
+
+
+def test_the_opencost_port_only_reads_opencosts_paths(demo: Demo) -> None:
+    assert requests.post(f"{demo.opencost}/allocation/compute", data={"window": "7d"}, timeout=30).status_code == 405
+    assert requests.delete(f"{demo.opencost}/assets", timeout=30).status_code == 405
+    for path in ("/", "/healthz", "/metrics", "/finance/", "/api/v1/usage/batches", "/admin/", "/allocation/compute/x",
+                 "/model/allocation/", "/api/v1/allocation"):
+        assert requests.get(f"{demo.opencost}{path}", timeout=30).status_code == 404, path
+    # A caller's own credential never replaces the port's: it reads as finance whatever it sends.
+    resp = requests.get(f"{demo.opencost}/allocation/compute", params={"window": "7d", "aggregate": "tenant"},
+                        headers={"Authorization": "Bearer vgla_not-a-token", "Cookie": "sessionid=x"}, timeout=120)
+    assert resp.status_code == 200 and len(resp.json()["data"][0]) > 1, resp.text
+    # The ledger's own 400 reaches the client as it is.
+    bad = requests.get(f"{demo.opencost}/allocation/compute", params={"window": "fortnight"}, timeout=120)
+    assert bad.status_code == 400 and bad.json()["parameter"] == "window", bad.text
