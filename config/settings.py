@@ -147,6 +147,7 @@ AXES_ENABLE_ADMIN = False
 # whatever the client wrote. Behind a proxy that overwrites a header with the client's address
 # (nginx: proxy_set_header X-Real-IP $remote_addr), name its META key, e.g. HTTP_X_REAL_IP.
 AXES_CLIENT_IP_CALLABLE = "billing.web.lockout.client_address"
+AXES_USERNAME_CALLABLE = "billing.web.lockout.attempted_username"
 VGPU_LOGIN_CLIENT_IP_META = os.environ.get("VGPU_LOGIN_CLIENT_IP_META", "").strip()
 # Failed bearer-token authentications (node, API, admission tokens) per client address, the same
 # address as above (billing.services.auth_throttle): the failure that reaches the limit blocks the

@@ -71,7 +71,8 @@ def approved_gpu_models() -> list[str]:
 
 
 def is_approved(name: str) -> bool:
-    return GpuModel.objects.filter(name=name, retired_at__isnull=True).exists()
+    # A NUL never reaches the query: Postgres refuses it in a string literal (a 500); no approved name has one.
+    return "\x00" not in name and GpuModel.objects.filter(name=name, retired_at__isnull=True).exists()
 
 
 def unapproved_fleet_models() -> dict[str, int]:
@@ -147,7 +148,9 @@ def retire_gpu_model(*, name: str, reason: str, now: datetime, actor_label: str,
     if len(reason) > _REASON_MAX_LEN:
         raise InvalidInput(_("the reason may have at most %(n)s characters") % {"n": _REASON_MAX_LEN})
     with transaction.atomic():
-        row = GpuModel.objects.select_for_update().filter(name=name, retired_at__isnull=True).first()
+        # A NUL (no approved name has one) never reaches the query: Postgres refuses it with a 500.
+        row = None if "\x00" in name else (
+            GpuModel.objects.select_for_update().filter(name=name, retired_at__isnull=True).first())
         if row is None:
             raise InvalidInput(_("%(model)s is not an approved GPU model") % {"model": name})
         pricing = (RateCard.objects.filter(gpu_model=name, retired_at__isnull=True)

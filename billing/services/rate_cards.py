@@ -130,7 +130,8 @@ def _decimal(text: str | Decimal, *, field: str, places: int, below: Decimal) ->
         raise InvalidInput(_("%(field)s: %(value)r is not a number") % {"field": field, "value": str(text)}) from exc
     if not value.is_finite():
         raise InvalidInput(_("%(field)s must be a finite number") % {"field": field})
-    if abs(value) >= below:
+    # copy_abs, not abs(): abs() rounds to the context and overflows on 1e9999999 (a 500).
+    if value.copy_abs() >= below:
         raise InvalidInput(_("%(field)s must be below %(below)s") % {"field": field, "below": below})
     quantum = Decimal(1).scaleb(-places)
     if value != value.quantize(quantum):

@@ -384,7 +384,9 @@ def _decide(plan_id: int, *, now: datetime, actor_label: str, actor_id: int | No
             return plan  # the same decision twice changes nothing
         if plan.status != RebalanceStatus.PROPOSED:
             raise InvalidInput(f"plan {plan_id} is {plan.status}; only a proposed plan can be decided")
-        if confirmation is not None and not hmac.compare_digest(confirmation, confirmation_code(plan)):
+        # Compared as bytes: compare_digest refuses a str with non-ASCII characters (a TypeError, a 500).
+        if confirmation is not None and not hmac.compare_digest(confirmation.encode(),
+                                                                confirmation_code(plan).encode()):
             raise InvalidInput(f"plan {plan_id} was not approved: confirm the list of nodes to cordon and "
                                "pods to evict on its confirmation page first")
         before = {"status": plan.status}

@@ -97,6 +97,15 @@ def _slug(value: str) -> str:
     return slug
 
 
+def _known_shape(slug: str) -> None:
+    """A value that is no slug names no tier. Refused before the query: Postgres refuses a NUL in a
+    string literal with a ValueError, which would be a 500 (the weight form posts the slug as typed)."""
+    try:
+        slug_validator(slug)
+    except ValidationError as exc:
+        raise InvalidInput(_("no SLA tier %(slug)r") % {"slug": slug[:80]}) from exc
+
+
 def _snapshot(tier: SlaTier) -> dict[str, Any]:
     return {"slug": tier.slug, "name": tier.name, "weight": str(tier.weight), "description": tier.description}
 
@@ -130,6 +139,7 @@ def change_sla_tier(*, slug: str, now: datetime, actor_label: str, actor_id: int
         wanted["description"] = _description(description)
     if weight is not None:
         wanted["weight"] = _weight(weight)
+    _known_shape(slug)
     with transaction.atomic():
         tier = SlaTier.objects.select_for_update().filter(slug=slug).first()
         if tier is None:

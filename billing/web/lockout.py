@@ -23,6 +23,14 @@ def client_address(request: HttpRequest) -> str | None:
     return client_address_of(request.META) or None
 
 
+def attempted_username(request: HttpRequest, credentials: dict[str, Any] | None = None) -> str:
+    """The username a failed login is counted under, cut to the attempts table's 255 characters
+    and without NUL: a longer one was a database error (a 500) on the login page. No real
+    username is that long (Django's are at most 150), so no two users' lockouts merge."""
+    name = (credentials or {}).get("username") or request.POST.get("username", "")
+    return str(name).replace("\x00", "")[:255]
+
+
 def locked_out_response(request: HttpRequest, original_response: HttpResponse | None = None,
                         credentials: dict[str, Any] | None = None) -> HttpResponse:
     """AXES_LOCKOUT_CALLABLE: a page in the site's style, in the user's language, 429 like axes'
