@@ -209,6 +209,7 @@ SPECTACULAR_SETTINGS = {
                    "Every error answers {\"errors\": [{\"path\", \"message\"}]}.",
     "VERSION": "1.0.0",
     "SERVE_INCLUDE_SCHEMA": False,
+    "PREPROCESSING_HOOKS": ["billing.api.openapi.without_kubecost_aliases"],
     # billing.api.openapi: the answers every operation can give (503, 401 with its challenge, ...).
     "POSTPROCESSING_HOOKS": ["drf_spectacular.hooks.postprocess_schema_enums",
                              "billing.api.openapi.complete_responses"],
