@@ -221,7 +221,10 @@ def test_the_migration_approves_every_model_a_rate_card_names() -> None:
                                     effective_to=datetime(end, 1, 1, tzinfo=UTC) if end else None,
                                     source_url="https://example.org")
     finally:
-        MigrationExecutor(connection).migrate([("billing", "0023_gpu_models")])
+        # Forward through 0023 to every app's newest migration: going back to 0022 unapplied the
+        # later ones too, and the tests after this one need the whole schema.
+        executor = MigrationExecutor(connection)
+        executor.migrate(executor.loader.graph.leaf_nodes())
     assert sorted(GpuModel.objects.values_list("name", "retired_at")) == [
         (A100["model"], None), ("NVIDIA H100 80GB HBM3", None)]
 
