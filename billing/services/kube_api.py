@@ -36,8 +36,8 @@ _shared_lock = threading.Lock()
 
 
 def shared_api_client() -> Any:
-    """One client for VGPU_KUBE_API per process, so request-time callers (TokenReviews of OpenCost's
-    clients) reuse its connection pool. No retries: the caller answers 503 now and its client
+    """One client for VGPU_KUBE_API per process, so request-time callers (the nodes' and OpenCost's
+    clients' TokenReviews) share its connection pool. No retries: the caller answers 503 now and its client
     retries later, rather than a request hanging on a down API server."""
     url = settings.VGPU_KUBE_API
     with _shared_lock:

@@ -37,7 +37,7 @@ from django.utils.translation import gettext as _
 from billing.errors import Forbidden, NotAuthenticated
 from billing.models import Node
 from billing.services.audit import record_audit_event
-from billing.services.kube_api import new_api_client
+from billing.services.kube_api import shared_api_client
 
 __all__ = [
     "POD_NAME_EXTRA",
@@ -111,8 +111,6 @@ class _ReviewCache:
 
 
 _cache = _ReviewCache(max_entries=_CACHE_MAX_ENTRIES)
-_clients: dict[str, Any] = {}  # VGPU_KUBE_API ("" = in-cluster) -> kubernetes.client.ApiClient
-_clients_lock = threading.Lock()
 
 
 def clear_review_cache() -> None:
@@ -252,7 +250,7 @@ def _call(what: str, request: Any, *, passing: tuple[int, ...] = ()) -> Any:
     from kubernetes.client.exceptions import ApiException
 
     try:
-        return request(_api_client())
+        return request(shared_api_client())
     except ApiException as exc:
         if exc.status in passing:
             raise
@@ -262,17 +260,6 @@ def _call(what: str, request: Any, *, passing: tuple[int, ...] = ()) -> Any:
     except Exception as exc:  # urllib3 connection errors and timeouts, in-cluster config missing
         log.error("event=kube_api_unreachable call=%r error=%r", what, exc)
         raise KubeApiUnavailable(f"{what}: {type(exc).__name__}: {exc}") from exc
-
-
-def _api_client() -> Any:
-    """One client per API server URL and process: its connection pool is reused across requests.
-    No retries: a down API server answers 503 now, and the agent retries later."""
-    url = settings.VGPU_KUBE_API
-    with _clients_lock:
-        api = _clients.get(url)
-        if api is None:
-            api = _clients[url] = new_api_client(url, retries=0)
-        return api
 
 
 def _node_row(identity: PodIdentity, *, now: datetime) -> Node:
