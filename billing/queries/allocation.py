@@ -270,6 +270,10 @@ def parse_accumulate(text: str | None) -> str | None:
         return None
     if value in ACCUMULATE_UNITS:
         return value
+    if value == "weeknow":
+        # The OpenCost UI's "Week (calendar)" report option (app/types/report.ts): our `week` is
+        # already the calendar week from Sunday.
+        return "week"
     raise ParameterError("accumulate", gettext("%(value)r is not true, false, all, hour, day, week, month or quarter")
                          % {"value": text})
 

@@ -121,6 +121,13 @@ CLIENT_REQUESTS: list[tuple[str, str, dict[str, str]]] = [
     # OpenCost UI, newer: accumulate by calendar unit (OpenCost's AccumulateOption words).
     ("opencost-ui fetchAllocation, accumulate by day", "/allocation/compute",
      {"window": "7d", "aggregate": "namespace", "includeIdle": "true", "accumulate": "day"}),
+    # OpenCost UI, current (app/services/allocation.ts _doFetch, app/types/report.ts): a report's
+    # accumulate option, the cost fields it charts as `metrics`, and its rules joined by
+    # app/lib/legacy-util.ts parseFilters (`prop:"value"` joined by `+`).
+    *[("opencost-ui report, accumulate " + option, "/allocation/compute",
+       {"window": "7d", "aggregate": "namespace", "includeIdle": "true", "accumulate": option,
+        "metrics": "totalCost,gpuCost", "filter": 'cluster:"east"+namespace:"acme-ns"'})
+      for option in ("day", "hour", "week", "weeknow", "month", "quarter", "all")],
     # OpenCost UI drill-down from a controller to its pods: the filter of the row clicked.
     ("opencost-ui drill-down to pods", "/allocation/compute",
      {"window": "7d", "aggregate": "pod", "accumulate": "true",
@@ -252,6 +259,14 @@ def test_summary_autocomplete_and_assets(server) -> None:  # type: ignore[no-unt
         assert D(str(sum(a["totalCost"] for a in one["allocations"].values()))).quantize(D("1e-9")) == card_total()
     code, body = call(server, "/allocation/autocomplete", window="7d", field="namespace", search="acme")
     assert code == 200 and body["data"] == ["acme-ns"]
+    # The OpenCost UI's report filter (app/services/report-filter-autocomplete.ts): window, field,
+    # limit=25, search, and the other rules as a filter; each field it may send, answered with a
+    # list of strings (its parseSuggestionList keeps only strings).
+    for field in ("cluster", "namespace", "node", "controllerKind", "controllerName", "pod", "container", "label:app"):
+        code, body = call(server, "/allocation/autocomplete", window="7d", field=field, limit="25",
+                          filter='cluster:"east"')
+        assert code == 200 and isinstance(body["data"], list), (field, body)
+        assert all(isinstance(value, str) for value in body["data"]), field
     for path in ("/assets", "/model/assets"):
         code, body = call(server, path, window=WINDOW)
         assert code == 200 and body["status"] == "success"
