@@ -92,10 +92,16 @@ test-dates: lint browser-deps pdf-deps focus-validator
 	@command -v faketime >/dev/null || { echo "installing Debian's faketime"; $(call apt_install,faketime,make test-dates needs it); }
 	$(PY) -m tests.dates $(TEST_DATES_ARGS)
 
-# Refreshes the README's screenshots from a live demo (the browser tests take them).
-screenshots: $(DEV) browser-deps
-	VGPU_SCREENSHOTS_DIR=docs/screenshots VGPU_BROWSER_HISTORY_DAYS=7 \
+# Refreshes the README's screenshots from a live demo (the browser tests take them). The tests
+# take more shots than the README shows (both languages, every form): they land under .data/ and
+# only the README's images are copied, so a shot a test stopped taking fails here, not silently.
+SHOTS := .data/screenshots
+screenshots: $(DEV) browser-deps pdf-deps
+	rm -rf $(SHOTS)
+	VGPU_SCREENSHOTS_DIR=$(SHOTS) VGPU_BROWSER_HISTORY_DAYS=7 \
 	  $(PY) -m config.embedded -- $(PY) -m pytest tests/browser -q
+	for f in $$(grep -o 'docs/screenshots/[a-z0-9-]*\.png' README.md | sort -u); do \
+	  cp $(SHOTS)/$$(basename $$f) $$f || exit 1; done
 
 bench: $(DEV)
 	$(PY) -m config.embedded -- $(PY) bench/ingest.py --write-docs

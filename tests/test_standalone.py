@@ -19,11 +19,11 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 SCANNED_SUFFIXES = (".py", ".md", ".html", ".yaml", ".toml")
 
-_UPPER_DESIGN = "DES" + "IGN"
+_UPPER_D = "DES" + "IGN"
 _ISSUE = "[Ii]ss" + "ues?"
 FORBIDDEN = re.compile("|".join((
-    _UPPER_DESIGN + r"\.md",
-    _UPPER_DESIGN + " §",
+    _UPPER_D + r"\.md",
+    _UPPER_D + " §",
     "STY" + r"LE\.md",
     "STY" + "LE §",
     "MIS" + r"SION\.md",
@@ -44,8 +44,8 @@ def _tracked_files() -> list[Path]:
 
 
 @pytest.mark.parametrize("text", [
-    _UPPER_DESIGN + " §5",
-    "see " + _UPPER_DESIGN + ".md",
+    _UPPER_D + " §5",
+    "see " + _UPPER_D + ".md",
     "STY" + "LE.md, rule 3",
     "STY" + "LE §7",
     "the study (MIS" + "SION.md)",

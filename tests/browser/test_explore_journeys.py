@@ -16,6 +16,7 @@ def test_finance_drills_down_from_the_tenants_to_a_pods_gpus(sign_in):
     page.get_by_test_id("nav-explore").click()
     table = page.get_by_test_id("explore-table")
     expect(table).to_have_attribute("data-level", "tenant")
+    s.shot("explore")
     for level in ("namespace", "controller", "pod", "gpu"):
         page.get_by_test_id("explore-down").first.click()
         expect(table).to_have_attribute("data-level", level)

@@ -172,6 +172,10 @@ def test_admin_changes_an_sla_weight_that_agents_see_within_ten_seconds(sign_in,
     expect(page.get_by_test_id("message")).to_be_visible()
     assert _policy(demo, "gpu-node-new", token).status_code == 403
 
+    # API tokens: the page a finance tool's credential comes from (shown in the README).
+    s.goto("/api-tokens/")
+    s.shot("api-tokens")
+
     # Budgets: raise globex's; the form starts from the current values.
     page.get_by_role("link", name="Budgets", exact=True).click()
     s.shot("budgets")
