@@ -91,12 +91,12 @@ def run_measurements(args: argparse.Namespace, now: datetime) -> list[wp.Result]
     from django.db import connection
     from django.test import Client
 
+    from billing.calendar import month_bounds
     from billing.ledger.models import UsageHour
     from billing.ledger.totals import summarise_workloads
     from billing.models import TenantMembership
     from billing.queries.allocation import Window, allocation_sets
     from billing.scope import get_scope
-    from billing.services.invoicing import month_bounds
 
     if "testserver" not in settings.ALLOWED_HOSTS:
         settings.ALLOWED_HOSTS = [*settings.ALLOWED_HOSTS, "testserver"]

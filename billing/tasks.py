@@ -15,6 +15,7 @@ from django.core.mail import send_mail
 from django.db import OperationalError, transaction
 from django.utils import timezone
 
+from billing.calendar import month_of, parse_month, previous_month
 from billing.ledger.partitions import ensure_minute_partitions as _ensure_minute_partitions
 from billing.ledger.partitions import ensure_raw_partitions as _ensure_raw_partitions
 from billing.ledger.retention import analyze_stale_partitions as _analyze_stale_partitions
@@ -24,7 +25,6 @@ from billing.services.budgets import evaluate_budgets as _evaluate_budgets
 from billing.services.budgets import sign_webhook, webhook_body
 from billing.services.exports.focus_dataset import write_changing_months
 from billing.services.invoicing import close_period as _close_period
-from billing.services.invoicing import parse_month
 from billing.services.quarantine import run_rollup
 from billing.services.rebalance import kube_from_settings, run_execution
 from billing.services.rebalance import propose_rebalance as _propose
@@ -119,8 +119,7 @@ def close_period(month: str) -> dict[str, object]:
 @shared_task(name="billing.tasks.close_previous_month", acks_late=True)
 def close_previous_month() -> dict[str, object]:
     """Beat entry: on the 2nd of each month close the month before (late usage then becomes adjustments)."""
-    first = timezone.now().date().replace(day=1)
-    previous = (first - timedelta(days=1)).replace(day=1)
+    previous = previous_month(month_of(timezone.now()))
     return close_period(f"{previous:%Y-%m}")
 
 

@@ -13,11 +13,12 @@ from dataclasses import dataclass
 from datetime import datetime
 from decimal import Decimal
 
+from billing.calendar import month_bounds, month_of
 from billing.ledger.state import get_batch_backlog
 from billing.ledger.totals import list_day_ledger_totals
 from billing.models import BillingPeriod, Budget, BudgetAction, BudgetState, BudgetStatus
 from billing.queries.undelivered import count_open_undelivered_by_node
-from billing.services.invoicing import close_is_stalled, month_bounds
+from billing.services.invoicing import close_is_stalled
 
 __all__ = ["PERIOD_STATES", "LedgerState", "get_ledger_state"]
 
@@ -61,7 +62,7 @@ def _periods(*, now: datetime) -> dict[str, int]:
 def _budgets(*, now: datetime) -> dict[tuple[str, str], int]:
     """Budgets by this month's state and their hard action. A budget not evaluated yet this month
     is ok: the month's status row starts in state ok (billing.models.BudgetStatus)."""
-    month = now.date().replace(day=1)
+    month = month_of(now)
     states = dict(BudgetStatus.objects.filter(month=month).values_list("budget_id", "state"))
     counts: Counter[tuple[str, str]] = Counter(
         (states.get(budget_id, BudgetState.OK), action)
@@ -73,7 +74,7 @@ def _budgets(*, now: datetime) -> dict[tuple[str, str], int]:
 def _month_ledger(*, now: datetime) -> tuple[dict[tuple[str, str], Decimal], dict[bool, Decimal]]:
     """This month's cost and metered GPU-seconds from the day ledger (GPUs x days rows; the rollup
     keeps it current with the hours)."""
-    start, end = month_bounds(now.date().replace(day=1))
+    start, end = month_bounds(month_of(now))
     cost: dict[tuple[str, str], Decimal] = {}
     seconds = {True: Decimal(0), False: Decimal(0)}
     for row in list_day_ledger_totals(start=start, end=end):

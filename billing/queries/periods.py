@@ -13,11 +13,12 @@ from decimal import Decimal
 from django.db.models import Count, Sum
 from django.utils.translation import gettext_lazy as _
 
+from billing.calendar import month_bounds
 from billing.ledger.totals import list_monthly_card_seconds, list_monthly_share_seconds
 from billing.models import BillingPeriod, Invoice
 from billing.money import from_minor_units
 from billing.scope import Scope
-from billing.services.invoicing import close_is_stalled, month_bounds
+from billing.services.invoicing import close_is_stalled
 
 __all__ = ["PeriodState", "PeriodView", "get_billing_period", "list_billing_periods"]
 

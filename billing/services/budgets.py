@@ -26,13 +26,13 @@ from django.core.validators import URLValidator, validate_email
 from django.db import transaction
 from django.utils.translation import gettext as _
 
+from billing.calendar import month_bounds, month_of
 from billing.currencies import check_currency
 from billing.errors import InvalidInput
 from billing.ledger.spend import HourSpend, TenantSpend, list_hour_spends, list_month_to_date_spends
 from billing.models import Budget, BudgetState, BudgetStatus, Tenant
 from billing.money import display_amount
 from billing.services.audit import record_audit_event
-from billing.services.invoicing import month_bounds
 from billing.services.webhooks import parse_allow_list
 
 __all__ = [
@@ -92,7 +92,7 @@ def budget_state_for(*, spend: Decimal, amount: Decimal, soft_pct: Decimal, hard
 
 
 def _month_start(now: datetime) -> datetime:
-    start, _ = month_bounds(now.date().replace(day=1))
+    start, _ = month_bounds(month_of(now))
     return start
 
 
@@ -154,7 +154,7 @@ def get_month_spend(*, tenant: str, now: datetime) -> MonthSpend:
 
 def get_month_spends(*, tenants: Collection[str], now: datetime) -> dict[str, MonthSpend]:
     """Month to date and forecast (MonthSpend) of each of `tenants`, in two queries."""
-    month_start, month_end = month_bounds(now.date().replace(day=1))
+    month_start, month_end = month_bounds(month_of(now))
     month_to_date = get_month_to_date_parts(tenants=tenants, now=now)
     hour = now.replace(minute=0, second=0, microsecond=0)
     window_start = max(month_start, hour - FORECAST_WINDOW)
@@ -286,7 +286,7 @@ def set_budget(*, tenant_slug: str, values: dict[str, Any], now: datetime, actor
 def evaluate_budgets(*, now: datetime) -> list[BudgetTransition]:
     """Recompute every budget's month-to-date state; audit each change. Returns the transitions
     (the caller notifies after commit)."""
-    month = now.date().replace(day=1)
+    month = month_of(now)
     transitions = []
     budgets = list(Budget.objects.select_related("tenant").order_by("pk"))
     spends = get_month_spends(tenants=[b.tenant.slug for b in budgets], now=now)

@@ -52,6 +52,7 @@ from django.db.models import Sum
 from django.utils import timezone
 from django.utils.translation import gettext
 
+from billing.calendar import month_bounds
 from billing.errors import InvalidInput
 from billing.ledger.spend import (
     get_latest_hour,
@@ -75,8 +76,6 @@ __all__ = [
     "close_period",
     "list_unpriced",
     "current_issuer",
-    "month_bounds",
-    "parse_month",
     "preview_invoice",
     "preview_invoices",
     "request_period_close",
@@ -200,20 +199,6 @@ class CloseRequest:
 _PCT_LINES_READY = 5
 _PCT_INVOICES_DONE = 95
 _ERROR_MAX_CHARS = 2000
-
-
-def parse_month(text: str) -> date:
-    try:
-        parsed = datetime.strptime(text, "%Y-%m")  # noqa: DTZ007 - a calendar month, no time of day
-    except ValueError as exc:
-        raise InvalidInput(f"month {text!r} must look like YYYY-MM") from exc
-    return date(parsed.year, parsed.month, 1)
-
-
-def month_bounds(month: date) -> tuple[datetime, datetime]:
-    start = datetime(month.year, month.month, 1, tzinfo=UTC)
-    end = datetime(month.year + (month.month == 12), month.month % 12 + 1, 1, tzinfo=UTC)
-    return start, end
 
 
 def _ledger_totals(

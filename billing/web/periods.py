@@ -16,10 +16,11 @@ from django.utils.translation import gettext as _
 from django.views.decorators.http import require_GET, require_POST
 
 from billing import tasks
+from billing.calendar import parse_month
 from billing.errors import InvalidInput
 from billing.queries.periods import PeriodState, get_billing_period, list_billing_periods
 from billing.scope import Scope
-from billing.services.invoicing import list_unpriced, parse_month, request_period_close, resume_period_close
+from billing.services.invoicing import list_unpriced, request_period_close, resume_period_close
 from billing.web.access import require_platform
 from billing.web.forms import MAX_DATE, MIN_DATE
 

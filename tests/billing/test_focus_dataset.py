@@ -26,6 +26,7 @@ from hypothesis import HealthCheck, given
 from hypothesis import settings as hypothesis_settings
 from hypothesis import strategies as st
 
+from billing.calendar import month_bounds
 from billing.ledger.models import GpuHour, UsageHour
 from billing.ledger.rollup import rollup_usage
 from billing.models import BillingPeriod, Invoice, Node, RateCard, Tenant
@@ -40,7 +41,7 @@ from billing.services.exports.focus_dataset import (
     months_to_write,
     write_fleet_dataset,
 )
-from billing.services.invoicing import close_period, month_bounds
+from billing.services.invoicing import close_period
 from billing.tasks import write_focus_dataset
 from tests import clock
 from tests.conftest import SHARED_GPU_WORKLOADS, make_batch

@@ -11,10 +11,10 @@ from decimal import Decimal
 
 import pytest
 
+from billing.calendar import month_bounds
 from billing.ledger.rollup import rollup_usage
 from billing.models import RateCard, Tenant
 from billing.services.budgets import evaluate_budgets, get_month_spend, set_budget
-from billing.services.invoicing import month_bounds
 from tests import clock
 from tests.conftest import A100, make_batch, user_in
 

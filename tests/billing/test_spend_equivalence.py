@@ -19,13 +19,14 @@ from hypothesis import HealthCheck, given
 from hypothesis import settings as hypothesis_settings
 from hypothesis import strategies as st
 
+from billing.calendar import month_bounds
 from billing.errors import InvalidInput
 from billing.ledger import spend
 from billing.ledger.models import GpuHour, UsageHour
 from billing.ledger.rollup import rebuild_days
 from billing.models import Invoice, Node, RateCard
 from billing.services.budgets import get_month_to_date_spends
-from billing.services.invoicing import close_period, month_bounds, preview_invoices
+from billing.services.invoicing import close_period, preview_invoices
 
 pytestmark = pytest.mark.django_db
 

@@ -3,8 +3,9 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.utils import timezone
 
+from billing.calendar import parse_month
 from billing.errors import InvalidInput
-from billing.services.invoicing import close_period, parse_month
+from billing.services.invoicing import close_period
 
 
 class Command(BaseCommand):

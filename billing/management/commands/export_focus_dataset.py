@@ -6,10 +6,10 @@ from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 from django.utils import timezone
 
+from billing.calendar import parse_month
 from billing.errors import DomainError
 from billing.services.exports.focus_dataset import write_fleet_dataset
 from billing.services.exports.numbers import plain_decimal
-from billing.services.invoicing import parse_month
 
 
 class Command(BaseCommand):

@@ -15,13 +15,13 @@ from datetime import UTC, datetime, timedelta
 from decimal import Context, Decimal, localcontext
 from typing import Any
 
+from billing.calendar import month_bounds
 from billing.csv_files import csv_writer, number
 from billing.ledger.exports import FocusLedgerRow, PlatformIdleRow, list_focus_ledger_rows, list_origin_costs
 from billing.models import InvoiceLine
 from billing.money import allocate, format_minor_units, from_minor_units
 from billing.services.exports.invoices import CreditNoteDocument, InvoiceDocument, InvoiceLineView
 from billing.services.exports.numbers import compact_json, plain_decimal
-from billing.services.invoicing import month_bounds
 
 __all__ = ["ALLOCATED_METHOD_ID", "FOCUS_COLUMNS", "IDLE_METER", "SERVICE_NAME", "TAG_PREFIX", "USAGE_METER",
            "build_credit_note_focus_rows", "build_focus_rows", "common_columns", "focus_cell", "focus_csv", "idle_row",

@@ -28,6 +28,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from billing.calendar import month_bounds, month_of, previous_month
 from billing.ledger.exports import list_fleet_focus_ledger_rows, list_origin_costs, list_platform_idle
 from billing.models import BillingPeriod, Invoice, Tenant
 from billing.money import to_minor_units
@@ -42,7 +43,7 @@ from billing.services.exports.focus import (
     usage_row,
 )
 from billing.services.exports.numbers import plain_decimal
-from billing.services.invoicing import current_issuer, month_bounds
+from billing.services.invoicing import current_issuer
 
 __all__ = ["FOCUS_VERSION", "METADATA", "PLATFORM_ACCOUNT", "DatasetWritten", "build_fleet_focus_rows",
            "dataset_file_names", "focus_metadata", "issued_invoice_numbers", "months_to_write", "write_changing_months", "write_fleet_dataset"]
@@ -119,10 +120,10 @@ def issued_invoice_numbers(month: date) -> dict[str, str]:
 def months_to_write(*, now: datetime, horizon: timedelta) -> list[date]:
     """The months whose dataset can still change: this month (to date) and every earlier month that
     ingest still accepts late usage for (its end lies within the late-usage horizon), oldest first."""
-    month = now.date().replace(day=1)
+    month = month_of(now)
     months = [month]
     while True:
-        previous = (month - timedelta(days=1)).replace(day=1)
+        previous = previous_month(month)
         if month_bounds(previous)[1] <= now - horizon:  # month_bounds(previous)[1] is `month`'s start
             break
         months.append(previous)

@@ -14,11 +14,12 @@ from decimal import ROUND_HALF_EVEN, Decimal
 
 from django.db.models import QuerySet
 
+from billing.calendar import month_bounds, parse_month
 from billing.errors import DomainError, InvalidInput
 from billing.models import CreditNote, Invoice, InvoiceLine, Tenant
 from billing.money import format_minor_units
 from billing.scope import Scope
-from billing.services.invoicing import current_issuer, month_bounds, parse_month
+from billing.services.invoicing import current_issuer
 
 __all__ = [
     "GPU_HOURS_PLACES",
