@@ -31,7 +31,7 @@ from billing.currencies import check_currency
 from billing.errors import InvalidInput
 from billing.ledger.spend import HourSpend, TenantSpend, list_hour_spends, list_month_to_date_spends
 from billing.models import Budget, BudgetState, BudgetStatus, Tenant
-from billing.money import display_amount
+from billing.money import amount_text, display_amount
 from billing.services.audit import record_audit_event
 from billing.services.webhooks import parse_allow_list
 
@@ -74,8 +74,8 @@ class BudgetTransition:
     def payload(self) -> dict[str, Any]:
         return {
             "event": "budget.state_changed", "tenant": self.tenant, "month": self.month, "from": self.before,
-            "to": self.after, "spend": str(self.spend.quantize(Decimal("0.01"))),
-            "forecast": str(self.forecast.quantize(Decimal("0.01"))), "amount": str(self.amount),
+            "to": self.after, "spend": amount_text(self.spend, self.currency),
+            "forecast": amount_text(self.forecast, self.currency), "amount": str(self.amount),
             "currency": self.currency, "action": self.action if self.after == BudgetState.ENFORCED else None,
             "owner": self.owner, "at": self.at.isoformat(),
         }
@@ -310,7 +310,7 @@ def evaluate_budgets(*, now: datetime) -> list[BudgetTransition]:
                 record_audit_event(
                     at=now, actor_label="system", action="budget.state_changed", object_type="budget",
                     object_id=budget.tenant.slug, before={"state": before},
-                    after={"state": state, "spend": str(spend.quantize(Decimal("0.01"))),
+                    after={"state": state, "spend": amount_text(spend, budget.currency),
                            "amount": str(budget.amount), "action": budget.hard_action},
                 )
                 transitions.append(transition)

@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 from billing import tasks
 from billing.ledger.rollup import rollup_usage
 from billing.models import AuditEvent, BudgetState, BudgetStatus, RateCard, Tenant
-from billing.services.budgets import budget_state_for, evaluate_budgets, set_budget
+from billing.services.budgets import BudgetTransition, budget_state_for, evaluate_budgets, set_budget
 from tests import clock
 from tests.conftest import A100, make_batch
 
@@ -64,6 +64,21 @@ def budget(amount: str, action: str = "throttle", **extra):
 
 
 @pytest.mark.django_db
+@pytest.mark.parametrize(("currency", "spend", "forecast"), [
+    ("USD", "1234.56", "2469.13"), ("JPY", "1235", "2469"), ("KWD", "1234.565", "2469.130"),
+])
+def test_a_transitions_amounts_are_written_in_its_currencys_minor_unit(currency, spend, forecast):
+    """A webhook receiver reads the spend in the budget's currency: yen have no cents, dinars three
+    decimals. The amounts round once, half to even, through billing.money like every other figure."""
+    transition = BudgetTransition(
+        budget_id=1, tenant="acme", month="2026-11", before="ok", after="warned",
+        spend=Decimal("1234.5649999"), forecast=Decimal("2469.1299998"), amount=Decimal("3000"),
+        currency=currency, action="throttle", owner="finops@acme.example", at=datetime(2026, 11, 5, tzinfo=UTC),
+    )
+    payload = transition.payload()
+    assert (payload["spend"], payload["forecast"]) == (spend, forecast)
+
+
 def test_budget_moves_ok_warned_enforced_and_back_when_raised_each_step_audited(acme, post_batch, minute_start):
     budget("2.00")
     spend(post_batch, minute_start, seq=1)  # 1.00 = 50 %
