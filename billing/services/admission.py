@@ -26,6 +26,7 @@ from django.db.models import Max, Q, Sum
 
 from billing.errors import FieldError, InvalidBatch
 from billing.models import AdmittedPod, BudgetAction, BudgetState, BudgetStatus, Gpu, Tenant
+from billing.money import amount_text
 from billing.services.input_limits import integer_max, max_length, text_problem
 
 __all__ = ["AdmissionDecision", "pod_requests_gpu", "review_pod"]
@@ -219,7 +220,7 @@ def _budget_block(tenant: Tenant, *, uid: str, namespace: str, pod: dict[str, An
     message = (
         f"vGPU Ledger: new GPU pods of tenant {tenant.slug} are blocked: its {now:%Y-%m} GPU budget of "
         f"{budget.amount} {budget.currency} is exhausted (month-to-date spend "
-        f"{status.spend.quantize(Decimal('0.01'))} {budget.currency}). Running pods keep their guarantees. "
+        f"{amount_text(status.spend, budget.currency)} {budget.currency}). Running pods keep their guarantees. "
         f"To raise the budget, contact {budget.owner}. (pod {namespace}/{name})"
     )
     return AdmissionDecision(uid=uid, allowed=False, message=message)
