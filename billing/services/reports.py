@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from datetime import datetime, timedelta
 
-from django.db import transaction
+from django.db import connection, transaction
 from django.utils import timezone
 
 from billing.errors import InvalidInput
@@ -15,13 +15,23 @@ from billing.models import PairedReport, Tenant
 from billing.services.audit import record_audit_event
 from billing.services.paired_report import LOOKBACK, compute_paired_report
 
-__all__ = ["MAX_REPORT_DAYS", "request_paired_report", "run_paired_report", "tenant_names"]
+__all__ = ["IN_FLIGHT_REUSE", "MAX_REPORT_DAYS", "request_paired_report", "run_paired_report", "tenant_names"]
 
 MAX_REPORT_DAYS = 92
+# A report of the same period still pending or running answers a second request for it (a double
+# click, two analysts, a page and its reload): the worker computes a period once, not once per
+# click, and the second requester watches the first one's progress. One older than this is taken
+# for lost (its worker died and the broker did not hand the job on) and a new report is computed.
+IN_FLIGHT_REUSE = timedelta(hours=1)
+# Serialises requests, so two at once cannot both miss the other's in-flight report.
+_REQUEST_LOCK = "paired_report.request"
 
 
 def request_paired_report(*, start: datetime, end: datetime, now: datetime, actor_label: str,
-                          actor_id: int | None = None) -> PairedReport:
+                          actor_id: int | None = None, join_in_flight: bool = False) -> tuple[PairedReport, bool]:
+    """The report for [start, end) and whether it is new. With `join_in_flight`, a pending or
+    running report of the same period (younger than IN_FLIGHT_REUSE) is returned instead of a new
+    one; only a new one needs its job enqueued."""
     if end <= start:
         raise InvalidInput("the report's end must be after its start")
     if end - start > timedelta(days=MAX_REPORT_DAYS):
@@ -30,12 +40,25 @@ def request_paired_report(*, start: datetime, end: datetime, now: datetime, acto
         raise InvalidInput("the report's period starts in the future")
     require_minutes_retained(start=start, lookback=LOOKBACK)  # said on the form, not later by the job
     with transaction.atomic():
+        if join_in_flight:
+            with connection.cursor() as cursor:
+                cursor.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", [_REQUEST_LOCK])
+            in_flight = _in_flight(start=start, end=end, now=now)
+            if in_flight is not None:
+                return in_flight, False
         report = PairedReport.objects.create(created_at=now, created_by_id=actor_id, period_start=start,
                                              period_end=end)
         record_audit_event(at=now, actor_id=actor_id, actor_label=actor_label, action="paired_report.requested",
                            object_type="paired_report", object_id=str(report.pk), before=None,
                            after={"start": start.isoformat(), "end": end.isoformat()})
-    return report
+    return report, True
+
+
+def _in_flight(*, start: datetime, end: datetime, now: datetime) -> PairedReport | None:
+    return (PairedReport.objects
+            .filter(period_start=start, period_end=end, created_at__gte=now - IN_FLIGHT_REUSE,
+                    status__in=(PairedReport.Status.PENDING, PairedReport.Status.RUNNING))
+            .order_by("-created_at").first())
 
 
 def report_not_queued(*, report_id: int, error: Exception) -> None:

@@ -3,11 +3,13 @@ the PDF. Thin: parse, one service call, render."""
 
 from __future__ import annotations
 
+from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.db import transaction
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.utils import timezone
+from django.utils.translation import gettext as _
 
 from billing import tasks
 from billing.api.errors import QUEUE_DOWN
@@ -42,12 +44,16 @@ def report_list(request: HttpRequest) -> HttpResponse:
     if request.method == "POST" and form.is_valid():
         start, end = form.bounds()
         try:
-            report = request_paired_report(start=start, end=end, now=timezone.now(),
-                                           actor_label=request.user.get_username(), actor_id=request.user.pk)
+            report, created = request_paired_report(start=start, end=end, now=timezone.now(),
+                                                    actor_label=request.user.get_username(), actor_id=request.user.pk,
+                                                    join_in_flight=True)
         except InvalidInput as exc:
             form.add_error(None, str(exc))
         else:
-            transaction.on_commit(lambda: _enqueue(report.pk))
+            if created:
+                transaction.on_commit(lambda: _enqueue(report.pk))
+            else:
+                messages.info(request, _("A report of this period is already being computed: here is its progress."))
             return redirect("report-detail", report_id=report.pk)
     reports = PairedReport.objects.order_by("-created_at")[:50]
     return render(request, "billing/reports.html", {"form": form, "reports": reports, "definitions": _definitions()},

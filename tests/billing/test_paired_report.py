@@ -17,7 +17,7 @@ from django.utils import translation
 
 from billing.errors import InvalidInput
 from billing.ledger.rollup import rollup_usage
-from billing.models import PairedReport, Tenant
+from billing.models import AuditEvent, PairedReport, Tenant
 from billing.services.paired_report import compute_paired_report, profile_fraction
 from billing.services.report_pdf import render_paired_report_pdf
 from billing.services.reports import request_paired_report, run_paired_report
@@ -71,8 +71,8 @@ def test_report_figures_on_a_hand_computable_fleet_with_cold_start_excluded(fift
 
 
 def test_report_job_reports_progress_stores_the_result_and_runs_twice_safely(fifteen_minutes):
-    report = request_paired_report(start=START, end=START + timedelta(hours=1), now=clock.now(),
-                                   actor_label="test")
+    report, _ = request_paired_report(start=START, end=START + timedelta(hours=1), now=clock.now(),
+                                      actor_label="test")
     assert report.status == PairedReport.Status.PENDING
     from billing import tasks
 
@@ -153,8 +153,8 @@ def test_a_report_shows_the_last_day_asked_for_its_currency_and_its_definitions(
 
     Tenant.objects.create(slug="acme", name="Acme Robotics")
     client.force_login(user_in(FINANCE_GROUP))
-    report = request_paired_report(start=START.replace(hour=0), end=START.replace(hour=0) + timedelta(days=1),
-                                   now=clock.now(), actor_label="test")
+    report, _ = request_paired_report(start=START.replace(hour=0), end=START.replace(hour=0) + timedelta(days=1),
+                                      now=clock.now(), actor_label="test")
     time_machine.move_to(START + timedelta(hours=3), tick=False)  # computed on the day itself
     run_paired_report(report_id=report.pk)
     html = client.get(f"/reports/{report.pk}/").content.decode()
@@ -212,6 +212,55 @@ def test_report_pages_request_show_progress_then_results_and_a_pdf(fifteen_minut
     assert 'data-testid="study-comparison"' in done and "−37 %" in done and "−85.0 %" in done
     pdf = client.get(f"/reports/{report.pk}.pdf")
     assert pdf.status_code == 200 and pdf.content.startswith(b"%PDF")
+
+
+def test_a_period_already_being_computed_is_joined_not_computed_twice(fifteen_minutes, client, time_machine,
+                                                                      django_capture_on_commit_callbacks):
+    from unittest import mock
+
+    from django.contrib.auth.models import Group, User
+
+    from billing.scope import FINANCE_GROUP
+    from billing.services.reports import IN_FLIGHT_REUSE
+
+    user = User.objects.create_user(username="fin", password="pw-not-used-123")
+    user.groups.add(Group.objects.get_or_create(name=FINANCE_GROUP)[0])
+    client.force_login(user)
+    period = {"start": "2026-11-20", "end": "2026-11-20"}
+
+    def post(data: dict[str, str]):  # type: ignore[no-untyped-def]
+        with mock.patch("billing.tasks.run_paired_report.delay") as enqueue, \
+                django_capture_on_commit_callbacks(execute=True):
+            resp = client.post("/reports/", data, follow=True)
+        return resp, enqueue
+
+    first, enqueued = post(period)
+    report = PairedReport.objects.get()
+    enqueued.assert_called_once_with(report.pk)
+    # A second click while it is pending, and one while it runs: the same report, nothing enqueued.
+    for status in (PairedReport.Status.PENDING, PairedReport.Status.RUNNING):
+        PairedReport.objects.filter(pk=report.pk).update(status=status)
+        again, enqueued = post(period)
+        assert again.redirect_chain == [(f"/reports/{report.pk}/", 302)]
+        assert 'data-testid="message"' in again.content.decode()
+        enqueued.assert_not_called()
+    assert PairedReport.objects.count() == 1
+    # Another period is a report of its own.
+    _, enqueued = post({"start": "2026-11-19", "end": "2026-11-20"})
+    assert PairedReport.objects.count() == 2
+    enqueued.assert_called_once()
+    # Once done, the same period asks for a new report (the ledger may have grown since).
+    run_paired_report(report_id=report.pk)
+    _, enqueued = post(period)
+    newer = PairedReport.objects.exclude(pk=report.pk).get(period_start=report.period_start,
+                                                           period_end=report.period_end)
+    enqueued.assert_called_once_with(newer.pk)
+    # One in flight for longer than IN_FLIGHT_REUSE is taken for lost: a new report is computed.
+    time_machine.move_to(clock.now() + IN_FLIGHT_REUSE + timedelta(minutes=1), tick=False)
+    _, enqueued = post(period)
+    assert PairedReport.objects.filter(period_start=report.period_start, period_end=report.period_end).count() == 3
+    enqueued.assert_called_once()
+    assert AuditEvent.objects.filter(action="paired_report.requested").count() == 4
 
 
 def test_report_pages_are_for_finance_and_admins_only(client):

@@ -27,8 +27,8 @@ class Command(BaseCommand):
 
     def handle(self, *args: Any, **options: Any) -> None:
         try:
-            report = request_paired_report(start=_day(options["start"]), end=_day(options["end"]),
-                                           now=timezone.now(), actor_label="cli")
+            report, _ = request_paired_report(start=_day(options["start"]), end=_day(options["end"]),
+                                              now=timezone.now(), actor_label="cli")
         except InvalidInput as exc:
             raise CommandError(str(exc)) from exc
         report = run_paired_report(report_id=report.pk)
