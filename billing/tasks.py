@@ -18,8 +18,8 @@ from django.utils import timezone
 from billing.calendar import month_of, parse_month, previous_month
 from billing.ledger.partitions import ensure_minute_partitions as _ensure_minute_partitions
 from billing.ledger.partitions import ensure_raw_partitions as _ensure_raw_partitions
-from billing.ledger.retention import analyze_stale_partitions as _analyze_stale_partitions
 from billing.ledger.retention import apply_retention as _apply_retention
+from billing.ledger.statistics import analyze_stale_partitions as _analyze_stale_partitions
 from billing.models import Budget
 from billing.services.budgets import evaluate_budgets as _evaluate_budgets
 from billing.services.budgets import sign_webhook, webhook_body

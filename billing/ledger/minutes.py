@@ -15,6 +15,7 @@ from django.db.models import F, Max, Sum
 
 from billing.ledger.models import GpuMinute, UsageMinute
 from billing.ledger.reads import fetch_rows
+from billing.ledger.statistics import analyze_minute_days
 
 __all__ = [
     "BusyCardTime",
@@ -109,6 +110,9 @@ def _steady_params(*, start: datetime, end: datetime, lookback: timedelta,
 
 def list_steady_workload_gpu_days(*, start: datetime, end: datetime, lookback: timedelta,
                                   cold_start: timedelta) -> list[SteadyWorkloadGpuDay]:
+    """The paired report's first and longest read: it analyses the days it reads that are stale,
+    so it and the report's later reads of the same days are planned on their real size."""
+    analyze_minute_days(start=start - lookback, end=end)
     with connection.cursor() as cur:
         cur.execute(_WORKLOAD_GPU_DAYS, _steady_params(start=start, end=end, lookback=lookback, cold_start=cold_start))
         return fetch_rows(cur, SteadyWorkloadGpuDay)
@@ -189,7 +193,9 @@ class PodMinuteUse:
 
 
 def list_pod_minute_use(*, start: datetime, end: datetime, gpus: Collection[str]) -> list[PodMinuteUse]:
-    """Minutes in [start, end) with metered time, on these GPUs."""
+    """Minutes in [start, end) with metered time, on these GPUs (the days read analysed first when
+    stale, as for the paired report)."""
+    analyze_minute_days(start=start, end=end)
     rows = (
         UsageMinute.objects.filter(minute__gte=start, minute__lt=end, seconds__gt=0, gpu_uuid__in=list(gpus))
         .values("pod_uid", "gpu_uuid", "minute")

@@ -23,7 +23,6 @@ watermark too (MinutesPruned): recomputing from what is left would give wrong nu
 from __future__ import annotations
 
 import logging
-from collections.abc import Collection
 from dataclasses import dataclass
 from datetime import date, datetime, timedelta
 
@@ -33,6 +32,7 @@ from django.db.backends.utils import CursorWrapper
 from django.utils.translation import gettext as _
 
 from billing.errors import InvalidInput
+from billing.ledger.locks import lock_ledger
 from billing.ledger.partitions import (
     MINUTE_TABLES,
     RAW_TABLE,
@@ -43,7 +43,6 @@ from billing.ledger.partitions import (
 )
 
 __all__ = [
-    "AnalyzedPartition",
     "HeldPartition",
     "LedgerDataDropped",
     "MinutesPruned",
@@ -51,7 +50,6 @@ __all__ = [
     "RetentionPolicy",
     "RetentionResult",
     "RetentionState",
-    "analyze_stale_partitions",
     "apply_retention",
     "get_retention_state",
     "is_past_retention",
@@ -66,11 +64,6 @@ _HOLDS = "billing_ledger_retention_hold"
 # A drop waits at most this long for its table lock (DROP of a partition locks the parent, so a
 # waiting drop would queue every ingest COPY behind it); it is tried again on the next run.
 _DROP_LOCK_TIMEOUT = "2s"
-_ANALYZE_LOCK_TIMEOUT = "2s"
-# A partition is re-analysed once this share of its rows changed since its last ANALYZE (the
-# autovacuum default), and never for fewer rows than _STALE_MIN_ROWS.
-_STALE_FRACTION = 0.1
-_STALE_MIN_ROWS = 1000
 # Batch ids named in a held partition's log line and hold row.
 _BLOCKER_IDS_SHOWN = 20
 
@@ -148,12 +141,6 @@ class RetentionResult:
     held: tuple[HeldPartition, ...]
     # Past retention, no batch in the way, but the table lock was not granted in time: next run.
     lock_busy: tuple[str, ...]
-
-
-@dataclass(frozen=True)
-class AnalyzedPartition:
-    name: str
-    reason: str  # "never analysed" or "N rows changed since the last analyse"
 
 
 @dataclass(frozen=True)
@@ -270,8 +257,6 @@ def _retire(partition: DayPartition, *, now: datetime) -> HeldPartition | bool:
     drop locks the parent table until commit, so ingest waits for one drop at most, never for a
     whole run. Under the rollup's lock, so no rollup or rebuild reads the day while it goes and
     every later rebuild sees the raised watermark. False: the lock was busy, try next run."""
-    from billing.ledger.rollup import lock_ledger  # the rollup imports this module
-
     try:
         with transaction.atomic(), connection.cursor() as cur:
             lock_ledger()
@@ -340,63 +325,3 @@ def get_retention_state(*, now: datetime) -> RetentionState:
         raw_from, minute_from = _watermark(cur, "raw"), _watermark(cur, "minute")
     return RetentionState(held_partitions=held, held_bytes=held_bytes, raw_retained_from=raw_from,
                           minutes_retained_from=minute_from)
-
-
-_CANDIDATES = """
-SELECT c.relname, c.reltuples, s.last_analyze IS NULL AND s.last_autoanalyze IS NULL,
-       coalesce(s.n_mod_since_analyze, 0)
-FROM pg_inherits i
-JOIN pg_class c ON c.oid = i.inhrelid
-JOIN pg_class p ON p.oid = i.inhparent
-LEFT JOIN pg_stat_user_tables s ON s.relid = c.oid
-WHERE p.relname = ANY(%s)
-ORDER BY c.relname
-"""
-
-
-def _needs_analyze(cur: CursorWrapper, name: str, reltuples: float, never: bool, modified: int) -> str | None:
-    if never or reltuples < 0:
-        # EXISTS reads at most one page: empty partitions made ahead are not worth a sample.
-        cur.execute(f'SELECT EXISTS (SELECT 1 FROM "{name}")')  # noqa: S608 - a partition's name
-        return "never analysed" if cur.fetchone()[0] else None
-    if modified >= max(_STALE_MIN_ROWS, _STALE_FRACTION * reltuples):
-        return f"{modified} rows changed since the last analyse"
-    return None
-
-
-def analyze_stale_partitions(*, only: Collection[str] | None = None) -> tuple[AnalyzedPartition, ...]:
-    """ANALYZE each raw and minute partition (of the names in `only`, when given: the rollup asks
-    for the raw partitions it is about to read) that holds rows but has no statistics, or whose rows
-    changed by more than a tenth since its last ANALYZE (a day partition is created empty and
-    filled all day; with no statistics the planner took 1.15 M rows for 524 and the rollup's
-    GROUP BY sorted on disk). Leaf partitions only: the planner estimates a partitioned scan from
-    its leaves, and ANALYZE of the parent in Postgres 15 re-samples every partition.
-
-    ANALYZE samples at most 300 x default_statistics_target rows, whatever the partition's size,
-    and takes SHARE UPDATE EXCLUSIVE on that partition alone, which COPY and INSERT do not wait
-    for. Outside a transaction each ANALYZE commits on its own, so none holds a lock for long."""
-    analyzed = []
-    with connection.cursor() as cur:
-        cur.execute("SELECT pg_stat_clear_snapshot()")  # stats as of now, not of this transaction's first read
-        cur.execute(_CANDIDATES, [[RAW_TABLE, *MINUTE_TABLES]])
-        candidates = cur.fetchall()
-        for name, reltuples, never, modified in candidates:
-            if only is not None and name not in only:
-                continue
-            reason = _needs_analyze(cur, name, float(reltuples), bool(never), int(modified))
-            if reason is None:
-                continue
-            try:
-                with transaction.atomic():
-                    cur.execute(f"SET LOCAL lock_timeout = '{_ANALYZE_LOCK_TIMEOUT}'")
-                    # SKIP_LOCKED: a partition another session is analysing (a second shard, the
-                    # beat task) is left to it rather than queued behind.
-                    cur.execute(f'ANALYZE (SKIP_LOCKED) "{name}"')
-            except OperationalError as exc:  # a DDL holds the partition: the next run analyses it
-                log.info("event=analyze_deferred partition=%s error=%s", name, exc)
-                continue
-            analyzed.append(AnalyzedPartition(name=name, reason=reason))
-    if analyzed:
-        log.info("event=partitions_analyzed %s", " ".join(f"{a.name}({a.reason})" for a in analyzed))
-    return tuple(analyzed)
-

@@ -17,9 +17,9 @@ connection and leaves nothing half-applied):
 - one per node, taken with a try-lock: two workers never roll the same node at once, whatever
   shard arithmetic each was given (N may change between the beat and the workers, a task may be
   redelivered); the one that does not get it skips the node, which the holder is rolling up;
-- the ledger lock, shared by every rollup transaction and exclusive for `lock_ledger` (a rate-card
-  change, `rebuild_ledger`, `rebuild_days`): re-pricing waits for the rollups in flight and no
-  rollup starts meanwhile. There is no global lock between rollups.
+- the ledger lock (billing.ledger.locks), shared by every rollup transaction and exclusive for
+  `lock_ledger` (a rate-card change, `rebuild_ledger`, `rebuild_days`, a retention drop):
+  re-pricing waits for the rollups in flight and no rollup starts meanwhile. There is no global lock between rollups.
 
 Work is sharded by node: shard k of N rolls the nodes with node_id % N == k (billing.tasks fans
 the beat's cycle out into N shard tasks). A batch that cannot be rolled up is quarantined, never
@@ -43,16 +43,17 @@ from django.db import connection, transaction
 from django.db.backends.utils import CursorWrapper
 
 from billing.errors import InvalidInput
+from billing.ledger.locks import lock_ledger, try_lock_ledger_shared
 from billing.ledger.partitions import days_between, ensure_minute_partitions, partition_name
 from billing.ledger.pricing import GpuWindowUsage, Rate, WorkloadQuantities, price_gpu_window
 from billing.ledger.reads import fetch_rows
-from billing.ledger.retention import analyze_stale_partitions, require_raw_samples
+from billing.ledger.retention import require_raw_samples
+from billing.ledger.statistics import analyze_stale_partitions
 from billing.models import RateCard
 
 __all__ = [
     "QuarantinedBatch",
     "RollupResult",
-    "lock_ledger",
     "quarantine_batch",
     "rebuild_days",
     "release_quarantined",
@@ -62,7 +63,6 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-_LEDGER_LOCK_KEY = 0x726F6C6C  # "roll": shared by rollups, exclusive for re-pricing
 # Two-key advisory locks (class, node id) live in their own key space, apart from one-key locks.
 _NODE_LOCK_CLASS = 0x6E6F6465  # "node"
 _INT4 = 2**31
@@ -237,8 +237,7 @@ def _roll_up_nodes(node_ids: list[int], *, now: datetime, max_batches: int,
 def _lock_for_rollup(cur: CursorWrapper, node_ids: list[int]) -> list[int]:
     """The ledger lock (shared) and the locks of the nodes no other worker holds, until the
     transaction ends. Returns those nodes: none while re-pricing runs."""
-    cur.execute("SELECT pg_try_advisory_xact_lock_shared(%s)", [_LEDGER_LOCK_KEY])
-    if not cur.fetchone()[0]:
+    if not try_lock_ledger_shared(cur):
         return []
     # One try per node, in id order. Node ids past int4 share a lock with another node: that only
     # serialises the two.
@@ -348,13 +347,6 @@ def release_quarantined(*, batch_ids: list[int] | None, node: str | None) -> lis
         cur.execute("UPDATE billing_usagebatch SET quarantined_at = NULL, quarantine_error = '' WHERE id = ANY(%s)",
                     [[b.batch_id for b in chosen]])
     return chosen
-
-
-def lock_ledger() -> None:
-    """Hold the ledger lock exclusively until the current transaction ends: waits for the rollups
-    in flight, and no rollup or rebuild runs meanwhile (a rate-card change re-prices under it)."""
-    with connection.cursor() as cur:
-        cur.execute("SELECT pg_advisory_xact_lock(%s)", [_LEDGER_LOCK_KEY])
 
 
 def rebuild_ledger(*, start: datetime, end: datetime) -> RollupResult:

@@ -46,8 +46,9 @@ from django.utils.translation import gettext as _
 
 from billing.currencies import check_currency
 from billing.errors import InvalidInput
+from billing.ledger.locks import lock_ledger
 from billing.ledger.minutes import get_last_ledger_minute
-from billing.ledger.rollup import lock_ledger, rebuild_ledger
+from billing.ledger.rollup import rebuild_ledger
 from billing.models import BilledBasis, BillingPeriod, Gpu, IdlePolicy, RateCard
 from billing.services.audit import record_audit_event
 from billing.services.gpu_models import approved_gpu_models, is_approved

@@ -70,6 +70,23 @@ def test_report_figures_on_a_hand_computable_fleet_with_cold_start_excluded(fift
     assert low < test["mean_saving"] < high and 0 <= test["p_value"] <= 1
 
 
+def test_the_report_reads_minutes_planned_on_their_statistics(fifteen_minutes):
+    """A day just metered has no statistics until ANALYZE; the report analyses the minute days it
+    reads first (on three fresh demo days its main read took 115 s unplanned, 4 s analysed)."""
+    from django.db import connection
+
+    partitions = [f"billing_{table}_p{START:%Y%m%d}" for table in ("usageminute", "gpuminute")]
+
+    def reltuples() -> dict[str, float]:
+        with connection.cursor() as cur:
+            cur.execute("SELECT relname, reltuples FROM pg_class WHERE relname = ANY(%s)", [partitions])
+            return dict(cur.fetchall())
+
+    assert reltuples() == dict.fromkeys(partitions, -1.0)  # never analysed: the rollup analyses raw days only
+    compute_paired_report(start=START, end=START + timedelta(hours=1), now=clock.now())
+    assert all(n > 0 for n in reltuples().values()), reltuples()
+
+
 def test_report_job_reports_progress_stores_the_result_and_runs_twice_safely(fifteen_minutes):
     report, _ = request_paired_report(start=START, end=START + timedelta(hours=1), now=clock.now(),
                                       actor_label="test")

@@ -42,12 +42,12 @@ from billing.ledger.retention import (
     MinutesPruned,
     RawSamplesDropped,
     RetentionPolicy,
-    analyze_stale_partitions,
     apply_retention,
     get_retention_state,
     is_past_retention,
 )
 from billing.ledger.rollup import rebuild_ledger, rollup_usage
+from billing.ledger.statistics import analyze_stale_partitions
 from billing.metrics import render_metrics
 from billing.models import GpuModel, Node
 from billing.services.paired_report import LOOKBACK, compute_paired_report

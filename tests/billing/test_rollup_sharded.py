@@ -28,6 +28,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from billing.ledger import rollup as ledger_rollup
+from billing.ledger.locks import LEDGER_LOCK_KEY
 from billing.ledger.models import GpuDay, GpuHour, GpuMinute, UsageBatch, UsageDay, UsageHour, UsageMinute
 from billing.ledger.rollup import rebuild_ledger, rollup_usage
 from billing.models import Node, RateCard
@@ -225,7 +226,7 @@ def test_a_node_another_worker_holds_is_skipped_and_the_others_are_rolled(client
 def test_no_rollup_runs_while_the_ledger_is_locked_for_re_pricing(client, fleet, rate_card, other_connection):
     ingest_fleet(client, fleet, clock.now().replace(second=0, microsecond=0) - timedelta(minutes=10))
     with other_connection.cursor() as cur:
-        cur.execute("BEGIN; SELECT pg_advisory_xact_lock(%s)", [ledger_rollup._LEDGER_LOCK_KEY])  # lock_ledger()
+        cur.execute("BEGIN; SELECT pg_advisory_xact_lock(%s)", [LEDGER_LOCK_KEY])  # lock_ledger()
     result = rollup_usage(now=clock.now())
     assert result.skipped and result.batches == 0 and not GpuMinute.objects.exists()
     other_connection.rollback()
