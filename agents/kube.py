@@ -641,7 +641,7 @@ class KubeClientPods:
             else:
                 self._namespaces[name] = dict(obj.metadata.labels or {})
 
-    def _watch_forever(
+    def _watch_forever(  # noqa: PLR0917 - a private helper whose one caller passes its loop's state in order
         self,
         name: str,
         resource_version: str,

@@ -395,7 +395,7 @@ def test_every_page_and_csv_of_the_demo_adds_up(demo: Demo, tmp_path: Path) -> N
         walk = _walk(demo, _login(demo, username, "en"), SEEDS, follow=True)
         assert walk.pages and walk.csvs, username
         # What was walked, for a failure's report (pytest shows it then, or with -s).
-        print(f"{username}: {len(walk.pages)} pages, {len(walk.csvs)} CSVs, groups {sorted(walk.groups_checked)}")
+        print(f"{username}: {len(walk.pages)} pages, {len(walk.csvs)} CSVs, groups {sorted(walk.groups_checked)}")  # noqa: T201 - what was walked, for a failure's report
         for name, rows in walk.csvs.values():
             kinds.add(_check_csv(name, rows))
         groups |= walk.groups_checked

@@ -149,5 +149,5 @@ def test_the_agent_extra_installs_a_django_free_agent_that_uploads_to_make_demo(
                      "csrfmiddlewaretoken": admin.cookies["csrftoken"]})
     health = admin.get(f"{demo.base}/healthz", timeout=10).json()
     assert health["ledger"]["undelivered_batches"] == 0, health
-    print(f"slim agent: installed in {install_s:.0f} s "
+    print(f"slim agent: installed in {install_s:.0f} s "  # noqa: T201 - the timing, shown with -s
           f"{len(rows)} batches stored and rolled up; {time.monotonic() - started:.0f} s in all")

@@ -104,7 +104,7 @@ def _require(mapping: Any, key: str, kind: type, path: str) -> Any:
     return value
 
 
-def parse_scenario(data: Mapping[str, Any]) -> Scenario:
+def parse_scenario(data: Mapping[str, Any]) -> Scenario:  # noqa: PLR0912 - one check per field of the scenario, each naming its path
     """Validate a scenario document; errors name the offending path."""
     if not isinstance(data, Mapping):
         raise ValueError("scenario: expected a JSON object")

@@ -172,7 +172,7 @@ def run_driver_tool(
     `after_failure()`, e.g. the tail of the tool's own log)."""
     command = " ".join(argv)
     try:
-        done = subprocess.run(  # noqa: S603 -- the driver's own tool, no shell
+        done = subprocess.run(  # noqa: S603 - the driver's own tool, no shell
             list(argv), env=None if env is None else dict(env), capture_output=True, text=True,
             timeout=timeout_s, check=False,
         )

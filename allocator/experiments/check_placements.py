@@ -70,7 +70,7 @@ def _read_nodes(path: Path) -> dict[str, _Node]:
         }
 
 
-def check_seed(nodes_csv: Path, seed_dir: Path) -> SeedCheck:
+def check_seed(nodes_csv: Path, seed_dir: Path) -> SeedCheck:  # noqa: PLR0912, PLR0915 - one check per rule a placement must keep, read in one pass
     nodes = _read_nodes(nodes_csv)
     metric = _Metric(gpus=sum(len(n.gpu_free) for n in nodes.values()))
     violations: list[str] = []

@@ -60,7 +60,7 @@ SELECT tenant, namespace, pod, container, pod_uid, (minute AT TIME ZONE 'UTC')::
        sum(dyn / nullif(price_per_s, 0)) AS dynamic_billed_gpu_s
 FROM steady
 GROUP BY 1, 2, 3, 4, 5, 6, 7
-"""  # noqa: S608 - constant SQL text; values are bound parameters
+"""
 
 # Busy card time under dynamic allocation: GPU-minutes with at least one steady-state workload.
 _BUSY = _STEADY + """

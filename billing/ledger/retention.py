@@ -270,7 +270,7 @@ def _retire(partition: DayPartition, *, now: datetime) -> HeldPartition | bool:
     drop locks the parent table until commit, so ingest waits for one drop at most, never for a
     whole run. Under the rollup's lock, so no rollup or rebuild reads the day while it goes and
     every later rebuild sees the raised watermark. False: the lock was busy, try next run."""
-    from billing.ledger.rollup import lock_ledger  # the rollup imports this module
+    from billing.ledger.rollup import lock_ledger  # noqa: PLC0415 - the rollup imports this module
 
     try:
         with transaction.atomic(), connection.cursor() as cur:

@@ -109,7 +109,7 @@ def _parse_time(value: Any) -> datetime:
     return parsed.astimezone(UTC)
 
 
-def _validate_header(
+def _validate_header(  # noqa: PLR0912 - one check per header field, in the protocol's order
     payload: Any, errors: _Errors, *, now: datetime, max_skew: timedelta, horizon: timedelta | None
 ) -> tuple[Any, ...] | None:
     if not isinstance(payload, dict):
@@ -358,7 +358,7 @@ def _validate_labels(labels: Any, i: int, *, good: set[tuple[str, str]], errors:
     return True
 
 
-def validate_batch(
+def validate_batch(  # noqa: PLR0912, PLR0915 - every rule of the protocol, in its order, in one pass over the samples
     payload: Any, *, now: datetime, max_skew: timedelta, max_samples: int, horizon: timedelta | None = None
 ) -> ValidatedBatch:
     """Check every rule of docs/protocol.md; raise InvalidBatch listing the violations."""

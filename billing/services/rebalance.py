@@ -632,7 +632,7 @@ def fail_execution(plan_id: int, *, now: datetime, reason: str) -> RebalancePlan
         return plan
 
 
-def _execute(plan_id: int, *, kube: KubeApi, now: datetime, window: timedelta) -> RebalancePlan:
+def _execute(plan_id: int, *, kube: KubeApi, now: datetime, window: timedelta) -> RebalancePlan:  # noqa: PLR0912 - one branch per step of a plan's state machine
     plan = RebalancePlan.objects.filter(pk=plan_id).first()
     if plan is None:
         raise InvalidInput(f"no rebalance plan {plan_id}")

@@ -451,7 +451,7 @@ class KubernetesStore:
             hint = {403: " (does the Job's ServiceAccount have the Role in deploy/k8s/webhook-certificate-job.yaml?)",
                     409: " (it changed while this ran; run again)"}.get(exc.status or 0, "")
             raise CertificateError(f"cannot {what}: {exc.status} {exc.reason}: {_api_message(exc)}{hint}") from exc
-        except Exception as exc:  # noqa: BLE001 - urllib3's connection errors and the like, reported with what we tried
+        except Exception as exc:  # urllib3's connection errors and the like, reported with what we tried
             raise CertificateError(f"cannot {what}: {type(exc).__name__}: {exc}") from exc
 
 

@@ -133,7 +133,7 @@ def stacked_bar_chart(categories: Sequence[str], series: Sequence[Series], *, la
             )
     parts += legend
     parts.append("</svg>")
-    return mark_safe("".join(parts))  # noqa: S308 — every text above is escaped
+    return mark_safe("".join(parts))  # noqa: S308 - every text above is escaped
 
 
 def line_chart(categories: Sequence[str], series: Sequence[Series], *, label: str, unit: str = "",
@@ -170,4 +170,4 @@ def line_chart(categories: Sequence[str], series: Sequence[Series], *, label: st
                 parts.append(f'<polyline class="line s{k % _PALETTE}" points="{" ".join(run)}"/>')
     parts += legend
     parts.append("</svg>")
-    return mark_safe("".join(parts))  # noqa: S308 — every text above is escaped
+    return mark_safe("".join(parts))  # noqa: S308 - every text above is escaped

@@ -70,7 +70,7 @@ def test_payload_has_the_protocol_shape() -> None:
         {"action": "x" * 91},
         {"target": ""},
         {"target": "t" * 201},
-        {"at": datetime(2026, 11, 30, 3, 0)},  # noqa: DTZ001 -- the naive timestamp under test
+        {"at": datetime(2026, 11, 30, 3, 0)},  # noqa: DTZ001 - the naive timestamp under test
         {"detail": ["not", "an", "object"]},
         {"detail": {"ratio": float("nan")}},
         {"detail": {"pids": {1, 2}}},

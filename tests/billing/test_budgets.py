@@ -135,7 +135,7 @@ class _Receiver(BaseHTTPRequestHandler):
     answers: list[int] = []
     received: list[tuple[dict[str, str], bytes]] = []
 
-    def do_POST(self):  # noqa: N802 - http.server's naming
+    def do_POST(self):
         body = self.rfile.read(int(self.headers["Content-Length"]))
         type(self).received.append((dict(self.headers), body))
         self.send_response(type(self).answers.pop(0) if type(self).answers else 204)

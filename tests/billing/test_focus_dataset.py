@@ -247,7 +247,7 @@ def test_the_daily_run_writes_this_month_and_every_month_still_taking_late_usage
 
 
 # Hypothesis takes naive bounds and attaches the zone itself.
-@given(now=st.datetimes(min_value=datetime(2000, 1, 1), max_value=datetime(2100, 1, 1),  # noqa: DTZ001
+@given(now=st.datetimes(min_value=datetime(2000, 1, 1), max_value=datetime(2100, 1, 1),  # noqa: DTZ001 - naive bounds, as hypothesis takes them
                         timezones=st.just(UTC)),
        days=st.integers(0, 400))
 def test_months_to_write_are_exactly_the_months_ending_after_the_horizon(now, days):

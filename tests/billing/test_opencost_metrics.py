@@ -23,7 +23,7 @@ pytestmark = pytest.mark.django_db
 D = Decimal
 NOW = datetime(2031, 5, 14, 10, 17, 42, tzinfo=UTC)
 LAST_HOUR = datetime(2031, 5, 14, 9, tzinfo=UTC)  # the last complete hour at NOW
-TOKEN = "opencost-scrape-token"  # noqa: S105 - a test credential
+TOKEN = "opencost-scrape-token"
 _ZEROS = {f: D(0) for f in ("mem_billed_mb_s", "sm_billed_s", "pcie_mb", "mem_granted_mb_s", "sm_granted_s",
                             "mem_used_mb_s", "sm_used_s")}
 NODE_LABELS = {"instance", "node", "instance_type", "region", "provider_id", "arch"}

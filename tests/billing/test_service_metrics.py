@@ -16,7 +16,7 @@ from billing.services.quarantine import quarantine_batch
 from tests import clock
 from tests.conftest import A100, iso, make_batch, with_day
 
-TOKEN = "scrape-token-for-tests"  # noqa: S105 - a test credential
+TOKEN = "scrape-token-for-tests"
 
 
 @pytest.fixture

@@ -28,7 +28,7 @@ from tests.conftest import make_batch
 from tests.promtool import promtool
 
 ROOT = Path(__file__).resolve().parents[2]
-TOKEN = "scrape-token-for-gunicorn-tests"  # noqa: S105 - a test credential
+TOKEN = "scrape-token-for-gunicorn-tests"
 WORKERS = 3
 
 

@@ -96,7 +96,7 @@ class _Receiver(BaseHTTPRequestHandler):
     answers: list[tuple[int, dict[str, str]]] = []
     received: list[tuple[str, dict[str, str], bytes]] = []
 
-    def do_POST(self):  # noqa: N802 - http.server's naming
+    def do_POST(self):
         body = self.rfile.read(int(self.headers["Content-Length"]))
         type(self).received.append((self.path, dict(self.headers), body))
         status, headers = type(self).answers.pop(0) if type(self).answers else (204, {})

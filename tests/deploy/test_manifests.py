@@ -85,7 +85,7 @@ def test_agent_daemonset_sees_host_pids_proc_gpus_mps_and_its_config():
     mounts = {m["name"]: m for m in agent["volumeMounts"]}
     assert volumes["host-proc"]["hostPath"]["path"] == "/proc" and mounts["host-proc"]["readOnly"] is True
     assert agent["args"][agent["args"].index("--proc-root") + 1] == mounts["host-proc"]["mountPath"]
-    assert volumes["mps-pipe"]["hostPath"]["path"] == "/tmp/nvidia-mps"  # noqa: S108 -- the MPS daemon's documented default
+    assert volumes["mps-pipe"]["hostPath"]["path"] == "/tmp/nvidia-mps"  # noqa: S108 - the MPS daemon's documented default
     assert agent["args"][agent["args"].index("--mps-pipe-directory") + 1] == mounts["mps-pipe"]["mountPath"]
     assert agent["args"][agent["args"].index("--token-file") + 1] == mounts["token"]["mountPath"] + "/token"
     # Every $(VAR) in the arguments comes from the ConfigMap (or the downward API).

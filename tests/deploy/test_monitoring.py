@@ -27,7 +27,7 @@ from tests.promtool import promtool
 
 ROOT = Path(__file__).resolve().parents[2]
 MONITORING = ROOT / "deploy" / "monitoring"
-TOKEN = "scrape-token-for-monitoring-tests"  # noqa: S105 - a test credential
+TOKEN = "scrape-token-for-monitoring-tests"
 # Series Prometheus itself makes for every target.
 PROMETHEUS_SERIES = {"up"}
 
@@ -82,7 +82,7 @@ def test_a_real_agents_exposition_passes_promtool(tmp_path):
             assert agent.poll() is None, (tmp_path / "agent.log").read_text()
             assert time.monotonic() < deadline, f"no per-workload series within 60 s:\n{text}"
             try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as resp:  # noqa: S310
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as resp:
                     text = resp.read().decode()
             except OSError:
                 time.sleep(0.3)

@@ -32,7 +32,7 @@ TEMPLATES = Path(settings.BASE_DIR) / "templates"
 def low_limit(settings):  # type: ignore[no-untyped-def]
     settings.VGPU_AUTH_FAILURE_LIMIT = LIMIT
     settings.VGPU_AUTH_COOLOFF_S = 120
-    settings.VGPU_ADMISSION_TOKEN = "the-webhook-kubeconfig-token"  # noqa: S105 - so its check runs
+    settings.VGPU_ADMISSION_TOKEN = "the-webhook-kubeconfig-token"
     return settings
 
 
