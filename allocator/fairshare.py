@@ -442,7 +442,7 @@ def _demand(
             if peak.pcie_mbps > pcie:
                 pcie = peak.pcie_mbps
     mem, sm, pcie = mem * grow, sm * grow, pcie * grow
-    # clamp(x, guarantee, limit); limit >= guarantee is validated
+    # Clamped between the guarantee and the limit; limit >= guarantee is validated.
     mem = g.mem_mb if mem < g.mem_mb else lim.mem_mb if mem > lim.mem_mb else mem
     sm = g.sm if sm < g.sm else lim.sm if sm > lim.sm else sm
     pcie = g.pcie_mbps if pcie < g.pcie_mbps else lim.pcie_mbps if pcie > lim.pcie_mbps else pcie

@@ -168,7 +168,7 @@ def _run(args: list[str], env: dict[str, str]) -> str:
 
 def _wait_healthy(url: str, procs: dict[str, subprocess.Popen[bytes]], timeout_s: float | None = None) -> dict[str, Any]:
     # VGPU_DEMO_HEALTHY_TIMEOUT_S: more patience on a loaded machine (tests on shared CPUs).
-    timeout_s = float(os.environ.get("VGPU_DEMO_HEALTHY_TIMEOUT_S", 120)) if timeout_s is None else timeout_s
+    timeout_s = float(os.environ.get("VGPU_DEMO_HEALTHY_TIMEOUT_S", "120")) if timeout_s is None else timeout_s
     deadline = time.monotonic() + timeout_s
     last = "no answer yet"
     while time.monotonic() < deadline:

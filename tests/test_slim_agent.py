@@ -72,7 +72,7 @@ def _start_agent_install(tmp_path: Path) -> tuple[subprocess.Popen[str], Path]:
 
 def _python(venv: Path, code: str, cwd: Path) -> subprocess.CompletedProcess[str]:
     return subprocess.run([str(venv / "bin" / "python"), "-c", code], cwd=cwd, env=_outside_env(),
-                          capture_output=True, text=True, timeout=120)
+                          capture_output=True, text=True, timeout=120, check=False)
 
 
 def _batches(database_url: str, node: str) -> list[tuple]:
@@ -128,7 +128,7 @@ def test_the_agent_extra_installs_a_django_free_agent_that_uploads_to_make_demo(
         [str(venv / "bin" / "python"), "-m", "agents", "run", "--server", demo.base, "--token-file", str(token_file),
          "--backend", "sim", "--scenario", str(tmp_path / "scenario.json"), "--spool", str(tmp_path / "spool.sqlite"),
          "--once-seconds", str(ONCE_SECONDS), "--batch-seconds", str(BATCH_SECONDS)],
-        cwd=tmp_path, env=_outside_env(), capture_output=True, text=True, timeout=180,
+        cwd=tmp_path, env=_outside_env(), capture_output=True, text=True, timeout=180, check=False,
     )
     assert run.returncode == 0, f"exit {run.returncode} (75: batches left in the spool)\n{run.stderr[-3000:]}"
 

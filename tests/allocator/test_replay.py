@@ -498,8 +498,8 @@ def test_dynamic_predicted_reserves_what_the_agents_streaming_predictors_forecas
                     continue  # before anything is known: the class prior (tested elsewhere)
                 memory.observe(float(usage.mem_peak_mb[known]))
                 sm.observe(float(usage.sm_peak[known]))
-                want_mem = max(usage.mem_peak_mb[known], max(memory.predict().as_tuple())) * 1.2
-                want_sm = max(usage.sm_peak[known], max(sm.predict().as_tuple())) * 1.2
+                want_mem = max(usage.mem_peak_mb[known], *memory.predict().as_tuple()) * 1.2
+                want_sm = max(usage.sm_peak[known], *sm.predict().as_tuple()) * 1.2
                 assert res_mem[row] == pytest.approx(min(want_mem, share * MODEL.card_memory_mb), rel=1e-9)
                 assert res_sm[row] == pytest.approx(min(want_sm, share * MODEL.card_sm_count), rel=1e-9)
 

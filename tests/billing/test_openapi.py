@@ -203,7 +203,7 @@ def test_schemathesis_on_a_live_server_finds_no_undocumented_answer(live_server,
         [str(ST), "--config-file", str(config), "run", f"{live_server.url}/api/v1/schema", "--checks", CHECKS,
          "--max-examples", "8", "--seed", "17", "--workers", "1", "--phases", "examples,coverage,fuzzing",
          "--no-color", "--request-timeout", "20"],
-        capture_output=True, text=True, timeout=240, cwd=tmp_path)
+        check=False, capture_output=True, text=True, timeout=240, cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout[-12000:] + proc.stderr[-3000:]
     # Every operation of the document (the agent API's five, the stand-in, the read API's once it lands).
     selected = re.search(r"Operations: +(\d+) selected / (\d+) total", proc.stdout)

@@ -164,7 +164,7 @@ def test_admin_approves_on_the_page_audited_and_execution_enqueued(client, fleet
     plan = propose_rebalance(now=NOW, max_moves=10)
     assert plan is not None
     calls = []
-    monkeypatch.setattr(tasks.execute_rebalance, "delay", lambda plan_id: calls.append(plan_id))
+    monkeypatch.setattr(tasks.execute_rebalance, "delay", calls.append)
     user = login(client, admin=True)
     page = client.get("/rebalance/")
     assert page.status_code == 200 and "11,212.80 USD" in page.content.decode() and b"bert-" in page.content
@@ -288,7 +288,7 @@ def test_approving_goes_through_a_confirmation_page_that_names_every_cordon_and_
     plan = propose_rebalance(now=NOW, max_moves=10)
     assert plan is not None
     calls: list[int] = []
-    monkeypatch.setattr(tasks.execute_rebalance, "delay", lambda plan_id: calls.append(plan_id))
+    monkeypatch.setattr(tasks.execute_rebalance, "delay", calls.append)
     login(client, admin=True)
     listing = client.get("/rebalance/").content.decode()
     assert f'href="/rebalance/{plan.pk}/approve/"' in listing  # a link to the confirmation, not a POST
