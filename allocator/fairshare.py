@@ -27,7 +27,7 @@ import math
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from itertools import accumulate
+from itertools import accumulate, pairwise
 from types import MappingProxyType
 
 __all__ = [
@@ -380,7 +380,7 @@ def allocate_gpu(
     """Fair-share one GPU's memory, SMs and PCIe bandwidth among its workloads (docs/allocation.md)."""
     ordered = sorted(workloads, key=lambda w: w.key)
     keys = [w.key for w in ordered]
-    for a, b in zip(keys, keys[1:], strict=False):
+    for a, b in pairwise(keys):
         if a == b:
             raise ValueError(f"workload key {a!r} appears more than once")
     grow = 1.0 + policy.headroom

@@ -59,7 +59,7 @@ def test_the_port_setting() -> None:
     assert port_from_env(None) == port_from_env("") == DEFAULT_PORT == 9003
     assert port_from_env("0") == 0 and port_from_env(" 9100 ") == 9100
     for wrong in ("-1", "65536", "nine"):
-        with pytest.raises(ValueError, match="."):
+        with pytest.raises(ValueError, match=r"."):
             port_from_env(wrong)
 
 

@@ -97,7 +97,7 @@ def _require(mapping: Any, key: str, kind: type, path: str) -> Any:
     value = mapping[key]
     if kind is float and isinstance(value, int) and not isinstance(value, bool):
         value = float(value)
-    if not isinstance(value, kind) or isinstance(value, bool) and kind is not bool:
+    if not isinstance(value, kind) or (isinstance(value, bool) and kind is not bool):
         raise ValueError(f"{path}.{key}: expected {kind.__name__}, got {value!r}")
     if kind is str and not value:
         raise ValueError(f"{path}.{key}: must not be empty")

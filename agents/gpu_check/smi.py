@@ -63,7 +63,7 @@ class PmonRow:
 def parse_value(text: str) -> float | None:
     """One CSV cell: a number with an optional MiB/GiB/KiB/% unit, in MiB or %; bracketed words are None."""
     cell = text.strip()
-    if cell.startswith("[") and cell.endswith("]") or cell in ("", "-", "N/A"):
+    if (cell.startswith("[") and cell.endswith("]")) or cell in ("", "-", "N/A"):
         return None
     match = _VALUE.fullmatch(cell)
     if match is None:

@@ -47,10 +47,10 @@ from allocator.replay._predicted import PREDICTOR_CHOICES, PredictorChoice, hist
 from allocator.replay._usage import BurstSignals, PodUsage, UsageModel, shortfall
 
 __all__ = [
+    "DYNAMIC_POLICIES",
     "MIG_PROFILES",
     "POLICIES",
     "SLICES_PER_CARD",
-    "DYNAMIC_POLICIES",
     "DynamicGrants",
     "Invariants",
     "MigProfile",
@@ -372,7 +372,7 @@ def _place_dynamic(
             for slot in placement[pod]:
                 cards.remove(slot, pod, 0)
             continue
-        now = int(math.floor(time / step))
+        now = math.floor(time / step)
         sums: dict[int, tuple[float, float]] = {}
         for slot in cards.busy_slots():
             rows = [row_at(m, now) for m in cards.members[slot]]

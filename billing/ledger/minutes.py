@@ -19,10 +19,10 @@ from billing.ledger.reads import fetch_rows
 __all__ = [
     "BusyCardTime",
     "FleetCardCost",
-    "TenantCardCost",
     "PodMinuteUse",
     "PodPlacement",
     "SteadyWorkloadGpuDay",
+    "TenantCardCost",
     "get_busy_card_time",
     "get_fleet_card_cost",
     "get_last_ledger_minute",

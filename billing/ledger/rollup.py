@@ -55,8 +55,8 @@ __all__ = [
     "lock_ledger",
     "quarantine_batch",
     "rebuild_days",
-    "release_quarantined",
     "rebuild_ledger",
+    "release_quarantined",
     "rollup_usage",
 ]
 

@@ -37,8 +37,8 @@ from billing.ledger.reads import fetch_rows, period_read_cursor
 from billing.models.pricing import RateCard
 
 __all__ = [
-    "InvoiceTotal",
     "HourSpend",
+    "InvoiceTotal",
     "TenantSpend",
     "WorkloadDay",
     "WorkloadTotals",
@@ -46,9 +46,9 @@ __all__ = [
     "closed_days",
     "get_latest_hour",
     "get_unpriced_seconds",
+    "list_hour_spends",
     "list_invoice_totals",
     "list_invoice_totals_from_hours",
-    "list_hour_spends",
     "list_month_to_date_spends",
     "list_workload_days",
     "list_workload_totals",

@@ -31,6 +31,7 @@ from billing.ledger.columns import (
 )
 from billing.models import Node
 from billing.services.input_limits import max_length
+import itertools
 
 __all__ = ["SCHEMA", "BatchGpuDecl", "PodMeta", "ValidatedBatch", "validate_batch"]
 
@@ -501,7 +502,7 @@ def _check_metered_once(metered: dict[tuple[str, ...], list[tuple[datetime, date
     """No two samples of one workload on one GPU cover the same instant: both would be billed."""
     for (uuid, namespace, pod, container, _uid), spans in metered.items():
         spans.sort()
-        for (_, prev_end, prev_i), (start, _end, i) in zip(spans, spans[1:], strict=False):
+        for (_, prev_end, prev_i), (start, _end, i) in itertools.pairwise(spans):
             if start < prev_end:
                 errors.add(f"$.samples[{i}]", f"meters {namespace}/{pod}/{container} on GPU {uuid} again for "
                                               f"seconds samples[{prev_i}] already covers")

@@ -65,17 +65,16 @@ from billing.services.audit import record_audit_event
 from billing.services.kube_api import new_api_client
 
 __all__ = [
+    "OUTCOMES",
+    "CapacityLine",
     "EvictionBlocked",
-    "unapprove_unqueued_plan",
+    "ExecutionStep",
     "KubeApi",
     "KubeError",
     "KubernetesApi",
     "LedgerPool",
     "PodGone",
     "PodReplaced",
-    "OUTCOMES",
-    "CapacityLine",
-    "ExecutionStep",
     "approve_plan",
     "build_pool",
     "capacity_lines",
@@ -89,6 +88,7 @@ __all__ = [
     "propose_rebalance",
     "reject_plan",
     "run_execution",
+    "unapprove_unqueued_plan",
 ]
 
 log = logging.getLogger(__name__)

@@ -20,12 +20,13 @@ from __future__ import annotations
 
 import base64
 import binascii
+import json
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, ClassVar, Protocol
 
 from cryptography import x509
 from cryptography.exceptions import InvalidSignature
@@ -277,7 +278,7 @@ class DirectoryStore:
     `kubernetes.io/tls` Secret's keys, so `kubectl create secret tls --cert tls.crt --key tls.key`
     takes them as they are). Keys are written 0600, each file replaced atomically."""
 
-    FILES = {"ca_cert": "ca.crt", "ca_key": "ca.key", "cert": "tls.crt", "key": "tls.key"}
+    FILES: ClassVar[dict[str, str]] = {"ca_cert": "ca.crt", "ca_key": "ca.key", "cert": "tls.crt", "key": "tls.key"}
 
     def __init__(self, directory: Path) -> None:
         self.directory = directory
@@ -456,8 +457,6 @@ class KubernetesStore:
 
 
 def _api_message(exc: Any) -> str:
-    import json
-
     try:
         return str(json.loads(exc.body or "")["message"])
     except (ValueError, KeyError, TypeError):

@@ -96,7 +96,7 @@ def test_policy_rejects_a_throttle_factor_outside_zero_to_one() -> None:
 
 
 def test_policy_rejects_negative_headroom() -> None:
-    with pytest.raises(ValueError, match="headroom must be finite and >= 0, got -0.5"):
+    with pytest.raises(ValueError, match=r"headroom must be finite and >= 0, got -0\.5"):
         Policy(headroom=-0.5)
 
 

@@ -20,6 +20,7 @@ from agents.metrics import AgentMetrics
 from agents.prediction import Calibration, WorkloadPredictors, make_workload_predictors
 from agents.spool import Spool
 from allocator.predict import default_predictor
+import itertools
 
 T0 = datetime(2026, 11, 30, 3, 0, 0, tzinfo=UTC)
 GPU = GpuInfo(uuid="GPU-0", model="NVIDIA A100-SXM4-80GB", memory_mb=81920, sm_count=108)
@@ -81,7 +82,7 @@ def test_grants_rise_before_the_memory_arrives_on_a_ramp(tmp_path: Path) -> None
     for t in ramp:
         # Reserved a tick ahead: what the workload will hold at the next tick is already granted.
         assert grants[t] >= llm_memory_mb(t + 0.5), t
-    assert all(grants[a] < grants[b] for a, b in zip(ramp, ramp[1:], strict=False))  # rising with the ramp
+    assert all(grants[a] < grants[b] for a, b in itertools.pairwise(ramp))  # rising with the ramp
     _, current_use = run_ramp(tmp_path / "current", predictor=CurrentUsePredictor())
     assert all(current_use[t] == llm_memory_mb(t) < llm_memory_mb(t + 0.5) for t in ramp)  # always a tick late
 

@@ -224,7 +224,7 @@ def test_typical_pods_keep_the_most_popular_shapes_until_95_percent() -> None:
     pods = [_pod(f"a{i}", 4000, 1, 500) for i in range(19)] + [_pod("b", 4000, 1, 300)]
     assert typical_pods(pods) == tuple(pods[:19])
     # 18 + 2: A covers 90 % < 95 %, so B is taken as well.
-    assert typical_pods(pods[:18] + [pods[19], _pod("b2", 4000, 1, 300)]) == (
+    assert typical_pods([*pods[:18], pods[19], _pod("b2", 4000, 1, 300)]) == (
         *pods[:18],
         pods[19],
         _pod("b2", 4000, 1, 300),

@@ -377,8 +377,8 @@ def test_cli_reports_a_bad_file_without_a_traceback(tmp_path: Path, capsys: pyte
 def test_python_dash_m_runs_the_comparison_table(tmp_path: Path) -> None:
     pods, nodes, azure = _write_traces(tmp_path)
     completed = subprocess.run(
-        [sys.executable, "-m", "allocator.replay", "--pods", str(pods), "--nodes", str(nodes), "--azure", str(azure)]
-        + ["--compare"],
+        [sys.executable, "-m", "allocator.replay", "--pods", str(pods), "--nodes", str(nodes), "--azure", str(azure),
+         "--compare"],
         cwd=REPO,
         capture_output=True,
         text=True,

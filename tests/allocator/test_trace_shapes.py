@@ -88,7 +88,7 @@ def test_ignored_columns_are_kept_for_the_arrived_file_but_not_checked(tmp_path:
         "name,cpu_milli,num_gpu,qos,pod_phase,creation_time,deletion_time,scheduled_time\n"
         "a,1000,1,weird,Unknown,,,not-a-time\n",
     )
-    header, rows, pods = read_pods_csv(path)
+    _header, rows, pods = read_pods_csv(path)
     assert rows[0]["scheduled_time"] == "not-a-time" and rows[0]["qos"] == "weird"
     assert pods[0].gpu_milli == GPU_MILLI
 
@@ -156,7 +156,7 @@ def test_cli_reports_a_malformed_file_with_exit_2(tmp_path: Path, capsys: pytest
 
 
 def test_the_real_default_trace_still_reads_unchanged() -> None:
-    header, rows, pods = read_pods_csv(PODS_CSV)
+    header, _rows, pods = read_pods_csv(PODS_CSV)
     assert len(pods) == 8152 and header[0] == "name" and len(header) == 11
     assert len(read_nodes_csv(NODES_CSV)) == 1213
 

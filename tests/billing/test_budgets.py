@@ -12,6 +12,7 @@ from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from http.server import BaseHTTPRequestHandler, HTTPServer
 from pathlib import Path
+from typing import ClassVar
 
 import pytest
 from django.test import override_settings
@@ -132,8 +133,8 @@ def test_enforced_throttle_reaches_agents_through_the_policy_api(acme, post_batc
 
 
 class _Receiver(BaseHTTPRequestHandler):
-    answers: list[int] = []
-    received: list[tuple[dict[str, str], bytes]] = []
+    answers: ClassVar[list[int]] = []
+    received: ClassVar[list[tuple[dict[str, str], bytes]]] = []
 
     def do_POST(self):
         body = self.rfile.read(int(self.headers["Content-Length"]))

@@ -293,7 +293,7 @@ def test_a_member_of_no_tenant_sees_no_link_and_nothing(client: Client, fleet: N
 
 def test_workloads_without_metadata_are_followed_like_any_controller(client: Client, fleet: None) -> None:
     client.force_login(user_in(FINANCE_GROUP))
-    resp, html, links = page(client, tenant="acme", namespace="acme-prod", controller="__unallocated__")
+    resp, _html, links = page(client, tenant="acme", namespace="acme-prod", controller="__unallocated__")
     assert costs(resp) == {"train-7/main": D("0.25")}
     (train,) = resp.context["explore"].rows
     assert train.suggestion is not None and train.suggestion.verdict == "unknown"  # no metadata, no request

@@ -139,7 +139,7 @@ def test_utilisation_and_idle_memory_are_fleet_ratios_per_bucket(fleet):
 
 
 def test_top_workloads_are_the_ten_costliest_pods_summed_over_containers_gpus_and_hours(fleet):
-    g1, g2 = fleet
+    _g1, g2 = fleet
     hour = H1 + timedelta(hours=2)
     for k in range(11):  # w0 costs 0.1 … w10 costs 1.1
         usage_hour(g2, hour, tenant="globex", pod=f"w{k}", charge=str(D(k + 1) / 10))

@@ -45,6 +45,7 @@ from billing.services.invoicing import close_period
 from billing.tasks import write_focus_dataset
 from tests import clock
 from tests.conftest import SHARED_GPU_WORKLOADS, make_batch
+import itertools
 
 pytestmark = pytest.mark.django_db
 
@@ -257,7 +258,7 @@ def test_months_to_write_are_exactly_the_months_ending_after_the_horizon(now, da
     assert all(month_bounds(m)[1] > now - horizon for m in months)
     before = (months[0] - timedelta(days=1)).replace(day=1)
     assert month_bounds(before)[1] <= now - horizon
-    assert all((b - a).days in (28, 29, 30, 31) for a, b in zip(months, months[1:], strict=False))
+    assert all((b - a).days in (28, 29, 30, 31) for a, b in itertools.pairwise(months))
 
 
 # --- reconciliation, for any ledger ------------------------------------------------------------

@@ -202,7 +202,7 @@ def test_totals_reconcile_with_the_ledger(server) -> None:  # type: ignore[no-un
 def test_gpu_only_allocations_report_gpu_efficiency_not_waste(server) -> None:  # type: ignore[no-untyped-def]
     """An OpenCost-style efficiency client reads totalEfficiency (or cpu and ram): here GPUs are
     the only resource, so totalEfficiency is the GPU's, and > 0 for a workload that used its SMs."""
-    code, body = call(server, "/allocation/compute", window=WINDOW, aggregate="pod", accumulate="true")
+    _code, body = call(server, "/allocation/compute", window=WINDOW, aggregate="pod", accumulate="true")
     bert = body["data"][0]["bert"]
     assert bert["totalEfficiency"] == bert["gpuEfficiency"] > 0
     assert bert["gpuEfficiency"] == pytest.approx(0.5)  # 10 SM·s used of 20 granted
@@ -214,14 +214,14 @@ def test_gpu_only_allocations_report_gpu_efficiency_not_waste(server) -> None:  
 
 
 def test_names_and_kinds_as_opencost_writes_them(server) -> None:  # type: ignore[no-untyped-def]
-    code, body = call(server, "/allocation/compute", window=WINDOW, aggregate="controller", accumulate="true")
+    _code, body = call(server, "/allocation/compute", window=WINDOW, aggregate="controller", accumulate="true")
     bert = body["data"][0]["deployment:bert"]
     assert bert["properties"] == {"controller": "bert", "controllerKind": "deployment"}
-    code, body = call(server, "/allocation/compute", window=WINDOW, aggregate="controllerKind", accumulate="true")
+    _code, body = call(server, "/allocation/compute", window=WINDOW, aggregate="controllerKind", accumulate="true")
     assert set(body["data"][0]) == {"deployment", "statefulset", "__unallocated__"}
-    code, body = call(server, "/allocation/compute", window=WINDOW, aggregate="deployment", accumulate="true")
+    _code, body = call(server, "/allocation/compute", window=WINDOW, aggregate="deployment", accumulate="true")
     assert set(body["data"][0]) == {"bert", "__unallocated__"}
-    code, body = call(server, "/allocation/compute", window=WINDOW, aggregate="namespace", accumulate="true",
+    _code, body = call(server, "/allocation/compute", window=WINDOW, aggregate="namespace", accumulate="true",
                       includeIdle="true", idleByNode="true")
     assert "__idle__" in body["data"][0] and not any("/__idle__" in n for n in body["data"][0])
 

@@ -9,6 +9,7 @@ import socket
 import threading
 from decimal import Decimal
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import ClassVar
 
 import pytest
 from django.test import override_settings
@@ -93,8 +94,8 @@ def test_public_or_allow_listed_destinations_are_pinned_to_the_checked_address(a
 
 
 class _Receiver(BaseHTTPRequestHandler):
-    answers: list[tuple[int, dict[str, str]]] = []
-    received: list[tuple[str, dict[str, str], bytes]] = []
+    answers: ClassVar[list[tuple[int, dict[str, str]]]] = []
+    received: ClassVar[list[tuple[str, dict[str, str], bytes]]] = []
 
     def do_POST(self):
         body = self.rfile.read(int(self.headers["Content-Length"]))

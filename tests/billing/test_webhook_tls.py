@@ -227,7 +227,7 @@ def test_the_webhook_answers_over_tls_to_a_client_trusting_only_the_ca_bundle_th
         with pytest.raises(urllib3.exceptions.SSLError, match="CERTIFICATE_VERIFY_FAILED"):
             post_review(api_server_client(port, tmp_path / "other" / "ca.crt"), review(), token=TOKEN)
         # The right CA but a name the certificate does not carry: refused too.
-        with pytest.raises(urllib3.exceptions.SSLError, match="match|mismatch"):
+        with pytest.raises(urllib3.exceptions.SSLError, match=r"match|mismatch"):
             post_review(api_server_client(port, bundle, hostname="vgpu-ledger-web.other.svc"), review(), token=TOKEN)
 
 
@@ -342,8 +342,8 @@ def test_half_a_ca_a_garbled_one_or_a_serving_certificate_as_ca_is_refused(kube,
 
 
 def test_without_the_webhook_configuration_or_with_cert_manager_managing_it_the_command_stops(kube):
-    with pytest.raises(CommandError, match="ValidatingWebhookConfiguration nope not found: apply "
-                                           "deploy/k8s/admission-webhook.yaml first"):
+    with pytest.raises(CommandError, match=r"ValidatingWebhookConfiguration nope not found: apply "
+                                           r"deploy/k8s/admission-webhook\.yaml first"):
         apply(kube, "--webhook-configuration", "nope")
     managed = yaml.safe_load((ROOT / "deploy" / "k8s" / "admission-webhook.yaml").read_text())
     managed["metadata"] = {"name": "managed", "annotations": {

@@ -59,7 +59,7 @@ def _formula_cells(content: bytes) -> list[tuple[int, str]]:
 
 
 def test_the_writer_neutralises_text_by_type_and_leaves_numbers():
-    for payload in PAYLOADS + (" =1", "\n=1", "＝1"):
+    for payload in (*PAYLOADS, " =1", "\n=1", "＝1"):
         assert inert_cell(payload) == "'" + payload
     assert inert_cell(Decimal("-12.34")) == "-12.34" and inert_cell(-3) == "-3"
     assert inert_cell(number("-12.34")) == "-12.34"
