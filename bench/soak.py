@@ -767,10 +767,9 @@ def failures(result: dict[str, Any]) -> list[str]:
     if integ["duplicate_gpu_seconds"]:
         found.append(f"{integ['duplicate_gpu_seconds']} GPU-seconds stored twice")
     counts = result["http"]["counts"]
-    for who in ("valid", "hostile"):
-        if counts[f"{who}_unexpected"]:
-            found.append(f"{counts[f'{who}_unexpected']} 5xx on {who} requests outside outages: "
-                         + "; ".join(result["http"]["unexpected"][:5]))
+    found.extend(f"{counts[f'{who}_unexpected']} 5xx on {who} requests outside outages: "
+                 + "; ".join(result["http"]["unexpected"][:5])
+                 for who in ("valid", "hostile") if counts[f"{who}_unexpected"])
     accepted = sum(c for kinds in result["rogue"].values() for s, c in kinds.items() if s.startswith("2"))
     if accepted:
         found.append(f"{accepted} hostile upload(s) answered 2xx")
@@ -788,8 +787,8 @@ def _sum(result: dict[str, Any], part: str, q: str) -> Decimal:
 def table(result: dict[str, Any]) -> str:
     counts, integ = result["http"]["counts"], result["integrity"]
     rows: list[tuple[str, object]] = [("honest nodes", len(result["per_node"]))]
-    for q in QUANTITIES:
-        rows.append((f"Σ {q}: metered (spools) / ledger", f"{_sum(result, 'spooled', q)} / {_sum(result, 'ledger', q)}"))
+    rows.extend((f"Σ {q}: metered (spools) / ledger", f"{_sum(result, 'spooled', q)} / {_sum(result, 'ledger', q)}")
+                for q in QUANTITIES)
     rows += [
         ("lost (Σ over quantities and nodes)", sum(_sum(result, "lost", q) for q in QUANTITIES)),
         ("duplicated (Σ over quantities and nodes)", sum(_sum(result, "duplicated", q) for q in QUANTITIES)),

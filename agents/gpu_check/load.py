@@ -129,7 +129,7 @@ class LoadProcess:
                 "--seconds", str(seconds), "--libcuda", library]
         if sms is not None:
             argv += ["--sms", str(sms)]
-        self._stderr = tempfile.TemporaryFile(mode="w+")  # closed in finish()
+        self._stderr = tempfile.TemporaryFile(mode="w+")  # noqa: SIM115 - closed in finish()
         self._process = subprocess.Popen(  # noqa: S603 - this interpreter running this package
             argv, stdout=subprocess.PIPE, stderr=self._stderr, text=True, env={**os.environ, **(env or {})}
         )

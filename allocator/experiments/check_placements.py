@@ -116,9 +116,8 @@ def check_seed(nodes_csv: Path, seed_dir: Path) -> SeedCheck:  # noqa: PLR0912, 
                     if not 0 <= g < len(node.gpu_free):
                         violations.append(f"{name}: GPU index {g} outside {node_name}")
                         continue
-                    if milli == 1000 or num_gpu > 1:
-                        if node.gpu_free[g] != 1000:
-                            violations.append(f"{name}: whole GPU {node_name}/{g} was not free")
+                    if (milli == 1000 or num_gpu > 1) and node.gpu_free[g] != 1000:
+                        violations.append(f"{name}: whole GPU {node_name}/{g} was not free")
                     node.gpu_free[g] -= milli
                     if node.gpu_free[g] < 0:
                         violations.append(f"{name}: GPU {node_name}/{g} above 1000 milli")

@@ -14,6 +14,7 @@ comparisons and caches of repeated strings (timestamps, names).
 
 from __future__ import annotations
 
+import itertools
 import re
 import sys
 from collections import defaultdict
@@ -31,7 +32,6 @@ from billing.ledger.columns import (
 )
 from billing.models import Node
 from billing.services.input_limits import max_length
-import itertools
 
 __all__ = ["SCHEMA", "BatchGpuDecl", "PodMeta", "ValidatedBatch", "validate_batch"]
 

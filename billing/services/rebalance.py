@@ -319,10 +319,10 @@ def capacity_lines(plan: RebalancePlan) -> list[CapacityLine]:
         CapacityLine("busy", busy, plan.pool_gpus - busy, None),
         CapacityLine("after_plan", after, plan.gpus_freed, plan.projected_savings),
     ]
-    for estimate in plan.right_sizing.get("estimates", []):
-        lines.append(CapacityLine(f"p{estimate['percentile']}", estimate["gpus_needed"],
-                                  plan.pool_gpus - estimate["gpus_needed"],
-                                  Decimal(estimate["monthly_cost_difference"])))
+    lines.extend(CapacityLine(f"p{estimate['percentile']}", estimate["gpus_needed"],
+                              plan.pool_gpus - estimate["gpus_needed"],
+                              Decimal(estimate["monthly_cost_difference"]))
+                 for estimate in plan.right_sizing.get("estimates", []))
     return lines  # exact; the page rounds each amount once, to the currency's minor unit
 
 
@@ -608,7 +608,7 @@ def run_execution(plan_id: int, *, connect: Callable[[], KubeApi], now: datetime
     """
     try:
         kube = connect()
-    except Exception as exc:  # kubernetes.config.ConfigException and whatever a bad URL raises
+    except Exception as exc:  # noqa: BLE001 - kubernetes.config.ConfigException and whatever a bad URL raises
         return fail_execution(plan_id, now=now, reason=f"no Kubernetes API client: {type(exc).__name__}: {exc}")
     try:
         return execute_plan(plan_id, kube=kube, now=now, window=window)

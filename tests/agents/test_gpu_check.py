@@ -190,10 +190,11 @@ def test_a_load_process_without_a_driver_reports_it_and_never_gets_ready() -> No
 
 
 def a_round(**changes: object) -> Round:
-    values: dict[str, object] = dict(
-        at_s=2.0, backend_listed=True, backend_mem_mb=1536.0, backend_sm_percent=97.0, backend_sm_used=128.0,
-        smi_listed=True, smi_mem_mb=1536.0, pmon_sm_percent=95.0, gpu_util_percent=100.0,
-    )
+    values: dict[str, object] = {
+        "at_s": 2.0, "backend_listed": True, "backend_mem_mb": 1536.0, "backend_sm_percent": 97.0,
+        "backend_sm_used": 128.0, "smi_listed": True, "smi_mem_mb": 1536.0, "pmon_sm_percent": 95.0,
+        "gpu_util_percent": 100.0,
+    }
     values.update(changes)
     return Round(**values)  # type: ignore[arg-type]  # test data, checked by Round itself
 

@@ -36,7 +36,7 @@ class PolicyServer:
                 return
 
             def do_GET(self) -> None:
-                outer.seen.append({"path": self.path, **{k: v for k, v in self.headers.items()}})
+                outer.seen.append({"path": self.path, **dict(self.headers.items())})
                 if outer.status != 200:
                     self.send_response(outer.status)
                     self.send_header("Content-Length", "0")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import random
 import threading
 from collections.abc import Sequence
@@ -20,7 +21,6 @@ from agents.metrics import AgentMetrics
 from agents.prediction import Calibration, WorkloadPredictors, make_workload_predictors
 from agents.spool import Spool
 from allocator.predict import default_predictor
-import itertools
 
 T0 = datetime(2026, 11, 30, 3, 0, 0, tzinfo=UTC)
 GPU = GpuInfo(uuid="GPU-0", model="NVIDIA A100-SXM4-80GB", memory_mb=81920, sm_count=108)

@@ -282,7 +282,7 @@ def test_reading_the_azure_trace_format(tmp_path: Path) -> None:
 def _small_bundle(seed: int = 9) -> ModelBundle:
     rng = np.random.default_rng(seed)
     kinds: tuple[PredictorKind, ...] = ("last_value", "ewma", "holt", "lstm")
-    margins = MappingProxyType({k: (1.0, 2.0, 3.0) for k in kinds})
+    margins = MappingProxyType(dict.fromkeys(kinds, (1.0, 2.0, 3.0)))
     sizes: tuple[tuple[Resource, float], ...] = (("memory_mb", 81_920.0), ("sm", 108.0))
     resources: dict[Resource, ResourceModel] = {
         name: ResourceModel(

@@ -138,7 +138,7 @@ def test_system_check_tells_the_operator_about_the_admission_credential(settings
 # --- Reviews the webhook cannot store answer 400, not 500 ---------------------------------------
 
 @pytest.mark.django_db
-@pytest.mark.parametrize("name, mutate", [
+@pytest.mark.parametrize(("name", "mutate"), [
     ("pod uid beyond its column", lambda d: d["request"]["object"]["metadata"].update(uid="u" * 65)),
     ("NUL in the namespace", lambda d: d["request"].update(namespace="acme-prod\x00")),
     ("lone surrogate in the name", lambda d: d["request"]["object"]["metadata"].update(name="p\ud800")),

@@ -8,6 +8,7 @@ from __future__ import annotations
 import csv
 import hashlib
 import io
+import itertools
 import json
 import logging
 import re
@@ -45,7 +46,6 @@ from billing.services.invoicing import close_period
 from billing.tasks import write_focus_dataset
 from tests import clock
 from tests.conftest import SHARED_GPU_WORKLOADS, make_batch
-import itertools
 
 pytestmark = pytest.mark.django_db
 

@@ -107,7 +107,7 @@ def test_shares_add_to_exactly_one_hundred_percent(parts: list[Decimal], places:
     assert sum(shares, Decimal(0)) == 100
     # Each share is its exact share rounded down or up by less than one unit, never negative.
     exact = [100 * p / sum(parts, Decimal(0)) for p in parts]
-    assert all(0 <= s and abs(s - e) < unit for s, e in zip(shares, exact, strict=True))
+    assert all(s >= 0 and abs(s - e) < unit for s, e in zip(shares, exact, strict=True))
 
 
 def test_shares_use_the_largest_remainder() -> None:

@@ -37,7 +37,7 @@ WINDOW = f"{DAY0:%Y-%m-%dT%H:%M:%SZ},{DAY0 + timedelta(days=1):%Y-%m-%dT%H:%M:%S
 NUMBER = (int, float)
 ALLOCATION_SCHEMA: dict[str, tuple[type, ...]] = {
     "name": (str,), "properties": (dict,), "window": (dict,), "start": (str,), "end": (str,),
-    **{f: NUMBER for f in (
+    **dict.fromkeys((
         "minutes", "cpuCores", "cpuCoreRequestAverage", "cpuCoreLimitAverage", "cpuCoreUsageAverage", "cpuCoreHours",
         "cpuCost", "cpuCostAdjustment", "cpuCostIdle", "cpuEfficiency", "gpuCount", "gpuHours", "gpuCost",
         "gpuCostAdjustment", "gpuCostIdle", "gpuEfficiency", "networkTransferBytes", "networkReceiveBytes",
@@ -45,7 +45,7 @@ ALLOCATION_SCHEMA: dict[str, tuple[type, ...]] = {
         "networkCostAdjustment", "loadBalancerCost", "loadBalancerCostAdjustment", "pvBytes", "pvByteHours", "pvCost",
         "pvCostAdjustment", "ramBytes", "ramByteRequestAverage", "ramByteLimitAverage", "ramByteUsageAverage",
         "ramByteHours", "ramCost", "ramCostAdjustment", "ramCostIdle", "ramEfficiency", "externalCost", "sharedCost",
-        "totalCost", "totalEfficiency")},
+        "totalCost", "totalEfficiency"), NUMBER),
     "pvs": (dict, type(None)), "lbAllocations": (dict, type(None)),
     "proportionalAssetResourceCosts": (dict, type(None)), "sharedCostBreakdown": (dict, type(None)),
     "gpuAllocation": (dict, type(None)),
@@ -58,18 +58,17 @@ GPU_ALLOCATION_SCHEMA: dict[str, tuple[type, ...]] = {
 }
 SUMMARY_SCHEMA: dict[str, tuple[type, ...]] = {
     "name": (str,), "properties": (dict,), "window": (dict,), "start": (str,), "end": (str,),
-    **{f: NUMBER for f in ("cpuCoreRequestAverage", "cpuCoreUsageAverage", "cpuCost", "cpuCostIdle",
-                           "gpuRequestAverage", "gpuUsageAverage", "gpuCost", "gpuCostIdle", "networkCost",
-                           "loadBalancerCost", "pvCost", "ramBytesRequestAverage", "ramBytesUsageAverage",
-                           "ramCost", "ramCostIdle", "sharedCost", "externalCost", "totalEfficiency", "totalCost")},
+    **dict.fromkeys(("cpuCoreRequestAverage", "cpuCoreUsageAverage", "cpuCost", "cpuCostIdle",
+                     "gpuRequestAverage", "gpuUsageAverage", "gpuCost", "gpuCostIdle", "networkCost",
+                     "loadBalancerCost", "pvCost", "ramBytesRequestAverage", "ramBytesUsageAverage",
+                     "ramCost", "ramCostIdle", "sharedCost", "externalCost", "totalEfficiency", "totalCost"), NUMBER),
 }
 
 
 def conforms(value: dict[str, Any], schema: dict[str, tuple[type, ...]]) -> list[str]:
     """The schema's fields `value` lacks or has with another JSON type (bool is not a number)."""
-    wrong = [f for f, types in schema.items()
-             if f not in value or not isinstance(value[f], types) or (isinstance(value[f], bool) and bool not in types)]
-    return wrong
+    return [f for f, types in schema.items()
+            if f not in value or not isinstance(value[f], types) or (isinstance(value[f], bool) and bool not in types)]
 
 
 @pytest.fixture

@@ -43,7 +43,8 @@ def test_finance_reads_the_dashboard_and_downloads_an_invoice(sign_in):
     with page.expect_download() as download:
         page.get_by_test_id("top-workloads-csv").click()
     assert download.value.suggested_filename.endswith(".csv")
-    assert "tenant" in open(download.value.path(), encoding="utf-8").readline()
+    with open(download.value.path(), encoding="utf-8") as csv_file:
+        assert "tenant" in csv_file.readline()
 
     page.get_by_role("link", name="Invoices", exact=True).first.click()
     expect(page.get_by_test_id("invoices")).to_be_visible()
