@@ -337,7 +337,8 @@ def _check_batched_equals_one_by_one(pool: list[Tick], policy: Policy, start: da
     )
     for i in range(2 * POOL):
         a, b = batched(i), one_by_one(i)
-        assert isinstance(a, AllocationRound) and isinstance(b, AllocationRound)
+        assert isinstance(a, AllocationRound)
+        assert isinstance(b, AllocationRound)
         for x, y in zip(a.grants, b.grants, strict=True):
             if not (
                 x.workload == y.workload

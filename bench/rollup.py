@@ -134,7 +134,8 @@ def run_workers(env: dict[str, str], workers: int) -> RollupRun:
                               cwd=REPO, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
              for k in range(workers)]
     for proc in procs:
-        assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
+        assert proc.stdout is not None
+        assert proc.stdout.readline().strip() == "ready"
     began = time.perf_counter()
     for proc in procs:
         assert proc.stdin is not None

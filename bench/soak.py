@@ -573,7 +573,8 @@ def schedule(*, seed: int, start: float, duration_s: float) -> list[tuple[float,
 def inject(run: Run, kind: str, rng: random.Random) -> None:
     outage_s = run.args.outage_s
     if kind == "web_worker":
-        assert run.web is not None and run.web.proc is not None
+        assert run.web is not None
+        assert run.web.proc is not None
         workers = _child_pids(run.web.proc.pid, recursive=False)
         victim = rng.choice(workers)
         os.kill(victim, signal.SIGKILL)

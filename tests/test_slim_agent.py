@@ -103,14 +103,16 @@ def test_the_agent_extra_installs_a_django_free_agent_that_uploads_to_make_demo(
     assert probe.returncode == 0, probe.stderr
     assert json.loads(probe.stdout) == []
     django = _python(venv, "import django", cwd=tmp_path)
-    assert django.returncode != 0 and "No module named 'django'" in django.stderr, django
+    assert django.returncode != 0, django
+    assert "No module named 'django'" in django.stderr, django
 
     # What the agent imports is there, and it is the installed copy, not this checkout's.
     imports = _python(venv, f"import json, sysconfig, {', '.join(AGENT_IMPORTS)}; "
                       "print(json.dumps([agents.__main__.__file__, sysconfig.get_paths()['purelib']]))", cwd=tmp_path)
     assert imports.returncode == 0, imports.stderr
     agent_file, site_packages = map(Path, json.loads(imports.stdout))
-    assert agent_file.is_relative_to(site_packages) and not agent_file.is_relative_to(ROOT), agent_file
+    assert agent_file.is_relative_to(site_packages), agent_file
+    assert not agent_file.is_relative_to(ROOT), agent_file
 
     # A node token, issued as an operator does (manage.py on the service's database).
     token = subprocess.run([sys.executable, "manage.py", "create_node_token", NODE], cwd=ROOT, env=demo.env,

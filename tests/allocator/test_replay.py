@@ -428,7 +428,8 @@ def test_no_grant_reads_use_of_its_own_step_or_later(policy: Policy, lag: int, f
     assert not np.array_equal(changed.sm_peak, usage.sm_peak)
     after, _, _ = dynamic_grants(changed, MODEL, config)
     upto = before.global_step <= t
-    assert np.array_equal(before.rows, after.rows) and np.array_equal(before.slots, after.slots)
+    assert np.array_equal(before.rows, after.rows)
+    assert np.array_equal(before.slots, after.slots)
     np.testing.assert_array_equal(before.sm[upto], after.sm[upto])
     np.testing.assert_array_equal(before.mem[upto], after.mem[upto])
     # ... and they do react to it one lag later, so the test can fail. (The calibrated SM margin of the

@@ -42,8 +42,10 @@ def assert_refused(resp, reason: str) -> None:
     assert resp.status_code == 401, resp.content
     body = resp.json()
     assert reason in body["errors"][0]["message"]
-    assert body["kind"] == "AdmissionReview" and body["response"]["allowed"] is False
-    assert body["response"]["status"]["code"] == 401 and resp["WWW-Authenticate"].startswith("Bearer")
+    assert body["kind"] == "AdmissionReview"
+    assert body["response"]["allowed"] is False
+    assert body["response"]["status"]["code"] == 401
+    assert resp["WWW-Authenticate"].startswith("Bearer")
 
 
 @pytest.mark.django_db
