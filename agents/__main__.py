@@ -99,7 +99,7 @@ class _Fatal(Exception):
     """A start-up problem reported as one line, without a traceback."""
 
 
-def _parser() -> argparse.ArgumentParser:
+def _parser() -> argparse.ArgumentParser:  # noqa: PLR0915 - one add_argument per option, in the order --help lists them
     parser = argparse.ArgumentParser(prog="vgpu-agent", description="vGPU Ledger node agent")
     parser.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     commands = parser.add_subparsers(dest="command", required=True)
@@ -292,7 +292,7 @@ def _scenario_backend(args: argparse.Namespace) -> SimBackend:
 
 def _load_nvml() -> object:
     """The initialised NVML module, first thing in nvml mode: no GPU is the first error to report."""
-    from agents.backends.nvml import NvmlUnavailable, load_nvml
+    from agents.backends.nvml import NvmlUnavailable, load_nvml  # noqa: PLC0415 - pynvml loads only in nvml mode
 
     try:
         return load_nvml()
@@ -417,7 +417,7 @@ def _run(args: argparse.Namespace) -> int:
 
 def _node_backend(args: argparse.Namespace, parts: _Parts, *, nvml: object) -> ProcessBackend:
     """NVML readings attributed to pods and entitled by their requests (``PidAttributor`` without Kubernetes)."""
-    from agents.backends.nvml import NvmlBackend
+    from agents.backends.nvml import NvmlBackend  # noqa: PLC0415 - pynvml loads only in nvml mode
 
     kube = parts.kube
     if kube is None:

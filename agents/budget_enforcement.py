@@ -86,7 +86,7 @@ class BestEffortEvictor:
                 pod_uid=workload.pod_uid or None,
             )
         # The Kubernetes client raises its own types; the tick loop goes on and retries later.
-        except Exception as error:
+        except Exception as error:  # noqa: BLE001 - recorded on the workload; the tick goes on
             return self._failed(workload, pod, now, error=repr(error)[:500])
         status = getattr(outcome, "value", "evicted")
         if status == "refused":

@@ -138,7 +138,7 @@ class EventSink:
         self._session = session if session is not None else requests.Session()
         self._retry = retry if retry is not None else RetryPolicy()
         self._max_per_request = max_per_request
-        self._rng = rng if rng is not None else random.Random()  # noqa: S311 -- jitter, not cryptography
+        self._rng = rng if rng is not None else random.Random()  # noqa: S311 - jitter, not cryptography
         self._now = now
         self._pending: deque[Event] = deque(maxlen=max_pending)
         self._lock = threading.Lock()  # guards _pending and dropped

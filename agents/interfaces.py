@@ -11,7 +11,9 @@ from datetime import datetime
 from typing import Protocol, runtime_checkable
 
 __all__ = [
+    "NO_META",
     "Attributor",
+    "BatchPredictor",
     "Clock",
     "Enforcer",
     "Entitlement",
@@ -19,11 +21,9 @@ __all__ = [
     "GpuInfo",
     "Grant",
     "Prediction",
-    "BatchPredictor",
     "Predictor",
     "TickObserver",
     "UsageReading",
-    "NO_META",
     "Workload",
     "WorkloadMeta",
 ]

@@ -207,8 +207,8 @@ def pod_info_from_model(pod: client.V1Pod) -> PodInfo:
                     hami_limits=tuple((name, limits[name]) for name in HAMI_RESOURCES if name in limits),
                 )
             )
-        for ephemeral in spec.ephemeral_containers or ():
-            containers.append(ContainerInfo(name=ephemeral.name, container_id=ids.get(ephemeral.name), gpu_limit=None))
+        containers.extend(ContainerInfo(name=ephemeral.name, container_id=ids.get(ephemeral.name), gpu_limit=None)
+                          for ephemeral in spec.ephemeral_containers or ())
     return PodInfo(
         namespace=meta.namespace,
         name=meta.name,
@@ -641,7 +641,7 @@ class KubeClientPods:
             else:
                 self._namespaces[name] = dict(obj.metadata.labels or {})
 
-    def _watch_forever(
+    def _watch_forever(  # noqa: PLR0917 - a private helper whose one caller passes its loop's state in order
         self,
         name: str,
         resource_version: str,

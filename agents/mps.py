@@ -101,7 +101,7 @@ class MpsControlCli:
         if not command or command != command.strip() or "\n" in command or "\r" in command:
             raise ValueError(f"an MPS command is one non-blank line without outer spaces, got {command!r}")
         try:
-            done = subprocess.run(  # noqa: S603 -- fixed executable from configuration, no shell
+            done = subprocess.run(  # noqa: S603 - fixed executable from configuration, no shell
                 self._command,
                 input=command + "\n",
                 capture_output=True,
@@ -202,7 +202,7 @@ class MpsEnforcer:
         self._sent.clear()
         self._failed.clear()
 
-    def apply(self, grants: Sequence[Grant]) -> None:
+    def apply(self, grants: Sequence[Grant]) -> None:  # noqa: PLR0912 - the control daemon's commands, in the order it needs them
         for command in self._default_commands():
             self._send_if_changed(command)
         if not grants:

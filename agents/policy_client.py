@@ -115,9 +115,9 @@ def parse_policy(
     evict: set[str] = set()
     blocked: set[str] = set()
     default_tiers: dict[str, str] = {}
-    for slug, tenant in _object(document.get("tenants"), "policy.tenants").items():
+    for slug, raw in _object(document.get("tenants"), "policy.tenants").items():
         path = f"policy.tenants.{slug}"
-        tenant = _object(tenant, path)
+        tenant = _object(raw, path)
         tier = tenant.get("default_sla_tier")
         if tier is not None:
             if not isinstance(tier, str) or not tier:

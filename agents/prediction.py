@@ -311,7 +311,7 @@ class WorkloadPredictors:
             track.over_sum -= track.over.popleft()
         # Error scale: the step of the margin; seeded by the first error (or 0.1 % of the card).
         magnitude, floor = abs(error), 1e-3 * capacity
-        if magnitude < floor:
+        if magnitude < floor:  # noqa: PLR1730 - conditionals, not max(): the hot path above
             magnitude = floor
         track.error_scale = magnitude if track.error_scale == 0 else 0.9 * track.error_scale + 0.1 * magnitude
         if c.enabled:

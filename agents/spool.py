@@ -294,13 +294,13 @@ class Spool:
     def oldest_pending(self) -> SpooledBatch | None:
         with self._lock:
             row = self._db.execute(
-                f"SELECT {_COLUMNS} FROM batches WHERE state = 'pending'"  # noqa: S608 -- constant column list, no user input
+                f"SELECT {_COLUMNS} FROM batches WHERE state = 'pending'"  # noqa: S608 - constant column list, no user input
                 " ORDER BY batch_seq LIMIT 1"
             ).fetchone()
         return None if row is None else _batch(row)
 
     def list_batches(self, *, state: BatchState | None = None) -> list[SpooledBatch]:
-        query = f"SELECT {_COLUMNS} FROM batches"  # noqa: S608 -- constant column list, no user input
+        query = f"SELECT {_COLUMNS} FROM batches"  # noqa: S608 - constant column list, no user input
         with self._lock:
             if state is None:
                 rows = self._db.execute(query + " ORDER BY batch_seq").fetchall()
@@ -325,7 +325,7 @@ class Spool:
         """Dead batches (superseded ones too: the service learns what replaced them) not yet reported."""
         with self._lock:
             rows = self._db.execute(
-                f"SELECT {_COLUMNS} FROM batches WHERE state = 'dead' AND reported_at IS NULL"  # noqa: S608 -- constant column list
+                f"SELECT {_COLUMNS} FROM batches WHERE state = 'dead' AND reported_at IS NULL"  # noqa: S608 - constant column list
                 " ORDER BY batch_seq LIMIT ?",
                 (limit,),
             ).fetchall()
@@ -382,7 +382,7 @@ class Spool:
         """
         with self._transaction():
             row = self._db.execute(
-                f"SELECT {_COLUMNS} FROM batches WHERE batch_seq = ?",  # noqa: S608 -- constant column list
+                f"SELECT {_COLUMNS} FROM batches WHERE batch_seq = ?",  # noqa: S608 - constant column list
                 (batch_seq,),
             ).fetchone()
             batch = None if row is None else _batch(row)

@@ -77,7 +77,7 @@ class UndeliveredReporter:
         self._token = token
         self._session = session if session is not None else requests.Session()
         self._retry = retry if retry is not None else RetryPolicy()
-        self._rng = rng if rng is not None else random.Random()  # noqa: S311 -- jitter, not cryptography
+        self._rng = rng if rng is not None else random.Random()  # noqa: S311 - jitter, not cryptography
         self._monotonic = monotonic
         self._failures = 0
         self._next_at = 0.0  # monotonic seconds; a failed report waits out its backoff

@@ -134,7 +134,7 @@ class Uploader:
         self._token = token
         self._session = session if session is not None else requests.Session()
         self._retry = retry if retry is not None else RetryPolicy()
-        self._rng = rng if rng is not None else random.Random()  # noqa: S311 -- jitter, not cryptography
+        self._rng = rng if rng is not None else random.Random()  # noqa: S311 - jitter, not cryptography
         self._now = now
         self._failures = 0  # consecutive sends that asked for a backoff
         self._wake = threading.Event()

@@ -243,7 +243,7 @@ class WatchdogEnforcer:
             )
         # The Kubernetes client raises its own types (ApiException, urllib3 errors): whatever
         # it is, the tick loop must go on; the failure is recorded and tried again later.
-        except Exception as error:
+        except Exception as error:  # noqa: BLE001 - recorded with the offence; the tick goes on
             self._evict_failed(workload, offence, now, error=repr(error)[:500])
             return
         status = getattr(outcome, "value", "evicted")

@@ -27,7 +27,7 @@ import math
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from itertools import accumulate
+from itertools import accumulate, pairwise
 from types import MappingProxyType
 
 __all__ = [
@@ -380,7 +380,7 @@ def allocate_gpu(
     """Fair-share one GPU's memory, SMs and PCIe bandwidth among its workloads (docs/allocation.md)."""
     ordered = sorted(workloads, key=lambda w: w.key)
     keys = [w.key for w in ordered]
-    for a, b in zip(keys, keys[1:], strict=False):
+    for a, b in pairwise(keys):
         if a == b:
             raise ValueError(f"workload key {a!r} appears more than once")
     grow = 1.0 + policy.headroom
@@ -442,7 +442,7 @@ def _demand(
             if peak.pcie_mbps > pcie:
                 pcie = peak.pcie_mbps
     mem, sm, pcie = mem * grow, sm * grow, pcie * grow
-    # clamp(x, guarantee, limit); limit >= guarantee is validated
+    # Clamped between the guarantee and the limit; limit >= guarantee is validated.
     mem = g.mem_mb if mem < g.mem_mb else lim.mem_mb if mem > lim.mem_mb else mem
     sm = g.sm if sm < g.sm else lim.sm if sm > lim.sm else sm
     pcie = g.pcie_mbps if pcie < g.pcie_mbps else lim.pcie_mbps if pcie > lim.pcie_mbps else pcie

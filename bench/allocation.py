@@ -31,8 +31,8 @@ from unittest import mock
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench import web_pages as wp  # noqa: E402
-from bench.ingest import (  # noqa: E402
+from bench import web_pages as wp
+from bench.ingest import (
     child_env,
     machine_info,
     manage,
@@ -73,7 +73,7 @@ def add_workload_meta(first_seen: datetime) -> int:
     table = WorkloadMeta._meta.db_table
     with connection.cursor() as cur:
         cur.execute(
-            f"INSERT INTO {table} (namespace, pod, pod_uid, controller_kind, controller_name, labels, requests, "  # noqa: S608
+            f"INSERT INTO {table} (namespace, pod, pod_uid, controller_kind, controller_name, labels, requests, "  # noqa: S608 - the model's own table name; values are fixed
             "first_seen, last_seen) SELECT namespace, pod, pod_uid, 'deployment', split_part(pod, '-', 1), "
             "CASE WHEN abs(hashtext(pod_uid)) %% 4 = 0 THEN '{}'::jsonb "
             "ELSE jsonb_build_object('app', 'app-' || (abs(hashtext(pod)) %% 12)) END, "

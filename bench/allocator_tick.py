@@ -61,10 +61,10 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from agents.allocation import AllocationRound, CurrentUsePredictor, Policy, compute_grants  # noqa: E402
-from agents.interfaces import Entitlement, GpuInfo, Prediction, Predictor, UsageReading, Workload  # noqa: E402
-from agents.prediction import WorkloadPredictors, make_workload_predictors  # noqa: E402
-from allocator import (  # noqa: E402
+from agents.allocation import AllocationRound, CurrentUsePredictor, Policy, compute_grants  # noqa: E402 - after the path fix above
+from agents.interfaces import Entitlement, GpuInfo, Prediction, Predictor, UsageReading, Workload  # noqa: E402 - after the path fix above
+from agents.prediction import WorkloadPredictors, make_workload_predictors  # noqa: E402 - after the path fix above
+from allocator import (  # noqa: E402 - after the path fix above
     AllocationPolicy,
     GpuCapacity,
     PredictedPeak,
@@ -72,7 +72,7 @@ from allocator import (  # noqa: E402
     WorkloadState,
     allocate_gpu,
 )
-from allocator.fairshare import _water_fill  # noqa: E402  (the private kernel, timed on its own)
+from allocator.fairshare import _water_fill  # noqa: E402 - after the path fix above; the private kernel, timed on its own
 
 DOCS = ROOT / "docs" / "allocation.md"
 SECTION = "## Tick latency"
@@ -337,7 +337,8 @@ def _check_batched_equals_one_by_one(pool: list[Tick], policy: Policy, start: da
     )
     for i in range(2 * POOL):
         a, b = batched(i), one_by_one(i)
-        assert isinstance(a, AllocationRound) and isinstance(b, AllocationRound)
+        assert isinstance(a, AllocationRound)
+        assert isinstance(b, AllocationRound)
         for x, y in zip(a.grants, b.grants, strict=True):
             if not (
                 x.workload == y.workload

@@ -1157,10 +1157,10 @@ def disk_table(report: Report) -> str:
 def memory_table(report: Report) -> str:
     rows = ["| meter | gunicorn worker RSS, max MiB | rollup worker RSS, max MiB | Postgres backends USS, Σ MiB "
             "(ingest / rollup) |", "|---|---:|---:|---:|"]
-    for s in report.settings:
-        rows.append(f"| {s.meter_ms} ms | {_mib(s.ingest.gunicorn_worker_rss_max)} "
-                    f"| {_mib(max(w.max_rss for w in s.rollup.workers))} "
-                    f"| {_mib(s.ingest.postgres_uss_sum)} / {_mib(s.rollup.postgres_uss_sum)} |")
+    rows.extend(f"| {s.meter_ms} ms | {_mib(s.ingest.gunicorn_worker_rss_max)} "
+                f"| {_mib(max(w.max_rss for w in s.rollup.workers))} "
+                f"| {_mib(s.ingest.postgres_uss_sum)} / {_mib(s.rollup.postgres_uss_sum)} |"
+                for s in report.settings)
     return "\n".join(rows)
 
 
@@ -1181,8 +1181,8 @@ def precision_table(report: Report) -> str:
 def pages_table(report: Report) -> str:
     head = " | ".join(p for p, _ in PAGES)
     rows = [f"| meter | {head} |", "|---|" + "---:|" * len(PAGES)]
-    for s in report.settings:
-        rows.append(f"| {s.meter_ms} ms | " + " | ".join(f"{1000 * s.pages_s[k]:,.0f} ms" for k, _ in PAGES) + " |")
+    rows.extend(f"| {s.meter_ms} ms | " + " | ".join(f"{1000 * s.pages_s[k]:,.0f} ms" for k, _ in PAGES) + " |"
+                for s in report.settings)
     return "\n".join(rows)
 
 
@@ -1293,10 +1293,7 @@ def report_from_json(data: dict[str, Any]) -> Report:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     args = parse_args(argv)
-    if args.from_json:
-        report = report_from_json(json.loads(args.from_json.read_text()))
-    else:
-        report = run(args, argv)
+    report = report_from_json(json.loads(args.from_json.read_text())) if args.from_json else run(args, argv)
     print_report(report)
     if args.json_out:
         args.json_out.write_text(json.dumps(asdict(report) | {"problems": report.problems}, indent=1, default=str))

@@ -211,15 +211,14 @@ def make_payload(agent: Agent, *, seq: int, start: datetime, seconds: int, rng: 
     samples = []
     for s in range(seconds):
         at = iso(start + timedelta(seconds=s))
-        for w in agent.workloads:
-            samples.append({
-                "start": at, "seconds": 1, "gpu": agent.gpus[w.gpu]["uuid"], **w.names, **w.meta,
-                "mem_used_mb_s": _floor_quantum(w.mem_granted * rng.uniform(0.2, 1.0)),
-                "mem_granted_mb_s": w.mem_granted,
-                "sm_used_s": _floor_quantum(w.sm_granted * rng.uniform(0.05, 1.0)),
-                "sm_granted_s": w.sm_granted,
-                "pcie_mb": _floor_quantum(rng.uniform(0.0, 400.0)),
-            })
+        samples.extend({
+            "start": at, "seconds": 1, "gpu": agent.gpus[w.gpu]["uuid"], **w.names, **w.meta,
+            "mem_used_mb_s": _floor_quantum(w.mem_granted * rng.uniform(0.2, 1.0)),
+            "mem_granted_mb_s": w.mem_granted,
+            "sm_used_s": _floor_quantum(w.sm_granted * rng.uniform(0.05, 1.0)),
+            "sm_granted_s": w.sm_granted,
+            "pcie_mb": _floor_quantum(rng.uniform(0.0, 400.0)),
+        } for w in agent.workloads)
     return {
         "schema": SCHEMA,
         "node": agent.node,
@@ -710,7 +709,7 @@ def _agent(port: int, token: str, warmup: list[bytes], timed: list[bytes], sampl
                 result.samples += samples_per_batch
             else:
                 result.errors.append(f"{status} {text[:300]!r}")
-    except Exception as exc:  # reported below; the other agents are released
+    except Exception as exc:  # noqa: BLE001 - reported below; the other agents are released
         result.errors.append(f"agent failed: {exc!r}")
         barrier.abort()
     finally:

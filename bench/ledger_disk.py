@@ -26,7 +26,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from bench.ingest import (  # noqa: E402
+from bench.ingest import (  # noqa: E402 - after the path fix above
     Timeline,
     bench_database,
     build_payloads,
@@ -123,7 +123,7 @@ def _repeat(cur, table: str, column: str, step: str, rows: int) -> None:  # type
     )
     others = cur.fetchone()[0]
     cur.execute(
-        f"INSERT INTO {table} ({column}, {others}) SELECT t.{column} + k * interval '{step}', {others} "  # noqa: S608
+        f"INSERT INTO {table} ({column}, {others}) SELECT t.{column} + k * interval '{step}', {others} "  # noqa: S608 - names read from the catalogue, the count a parameter
         f"FROM {table} t, generate_series(1, %s) k",
         [copies],
     )

@@ -46,7 +46,7 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from bench.ingest import (  # noqa: E402
+from bench.ingest import (  # noqa: E402 - after the path fix above
     DOCS_FILE,
     ServerConfig,
     Timeline,
@@ -134,7 +134,8 @@ def run_workers(env: dict[str, str], workers: int) -> RollupRun:
                               cwd=REPO, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
              for k in range(workers)]
     for proc in procs:
-        assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
+        assert proc.stdout is not None
+        assert proc.stdout.readline().strip() == "ready"
     began = time.perf_counter()
     for proc in procs:
         assert proc.stdin is not None
@@ -171,7 +172,7 @@ def ledger_digest() -> str:
         for table in LEDGER_TABLES:
             cur.execute(f"SELECT * FROM {table} LIMIT 0")  # noqa: S608 - fixed names
             columns = [c.name for c in cur.description if c.name != "id"]
-            cur.execute(f"SELECT md5(string_agg(t::text, '|' ORDER BY t::text)) FROM "  # noqa: S608
+            cur.execute(f"SELECT md5(string_agg(t::text, '|' ORDER BY t::text)) FROM "  # noqa: S608 - fixed table names and their catalogue columns
                         f"(SELECT {', '.join(columns)} FROM {table}) t")
             digest.update(f"{table}:{cur.fetchone()[0]}".encode())
     return digest.hexdigest()[:16]

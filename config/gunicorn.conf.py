@@ -36,7 +36,7 @@ def on_starting(server: Any) -> None:
 
 
 def child_exit(server: Any, worker: Any) -> None:
-    from prometheus_client import multiprocess
+    from prometheus_client import multiprocess  # noqa: PLC0415 - loaded only in the master, when a worker exits
 
     multiprocess.mark_process_dead(worker.pid)
 

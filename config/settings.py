@@ -136,8 +136,8 @@ AUTH_PASSWORD_VALIDATORS = [
 # (billing.web.lockout); `manage.py axes_reset` (or axes_reset_username USER) unlocks at once.
 AUTHENTICATION_BACKENDS = ["axes.backends.AxesStandaloneBackend", "django.contrib.auth.backends.ModelBackend"]
 AXES_HANDLER = "axes.handlers.database.AxesDatabaseHandler"
-AXES_FAILURE_LIMIT = int(os.environ.get("VGPU_LOGIN_FAILURE_LIMIT", 5))
-AXES_COOLOFF_TIME = timedelta(minutes=int(os.environ.get("VGPU_LOGIN_COOLOFF_MINUTES", 15)))
+AXES_FAILURE_LIMIT = int(os.environ.get("VGPU_LOGIN_FAILURE_LIMIT", "5"))
+AXES_COOLOFF_TIME = timedelta(minutes=int(os.environ.get("VGPU_LOGIN_COOLOFF_MINUTES", "15")))
 # Per pair, not per address alone, so one office behind NAT does not lock out its colleagues.
 AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
 AXES_RESET_ON_SUCCESS = True
@@ -153,8 +153,8 @@ VGPU_LOGIN_CLIENT_IP_META = os.environ.get("VGPU_LOGIN_CLIENT_IP_META", "").stri
 # address as above (billing.services.auth_throttle): the failure that reaches the limit blocks the
 # address's unknown tokens for the cool-off (429, Retry-After, no database look-up); tokens known
 # valid keep working, so a guesser behind a NAT does not lock out the healthy nodes behind it.
-VGPU_AUTH_FAILURE_LIMIT = int(os.environ.get("VGPU_AUTH_FAILURE_LIMIT", 20))
-VGPU_AUTH_COOLOFF_S = int(os.environ.get("VGPU_AUTH_COOLOFF_S", 300))
+VGPU_AUTH_FAILURE_LIMIT = int(os.environ.get("VGPU_AUTH_FAILURE_LIMIT", "20"))
+VGPU_AUTH_COOLOFF_S = int(os.environ.get("VGPU_AUTH_COOLOFF_S", "300"))
 LOGIN_URL = "login"
 # The root URL sends each role to its own start page (billing.web.access.landing_page); an explicit
 # `?next=` still wins, as LoginView honours it before this setting.
@@ -224,16 +224,16 @@ VGPU_ISSUER_ADDRESS = "\n".join(part.strip() for part in
                                 if part.strip())
 VGPU_ISSUER_TAX_ID = os.environ.get("VGPU_ISSUER_TAX_ID", "").strip()
 # Days from an invoice's issue date to its due date, for tenants without their own terms.
-VGPU_INVOICE_PAYMENT_TERMS_DAYS = int(os.environ.get("VGPU_INVOICE_PAYMENT_TERMS_DAYS", 30))
+VGPU_INVOICE_PAYMENT_TERMS_DAYS = int(os.environ.get("VGPU_INVOICE_PAYMENT_TERMS_DAYS", "30"))
 
 # Ingest limits (docs/protocol.md). Bodies above the limit answer 413; the decompressed size is bounded too.
-VGPU_INGEST_MAX_BODY_BYTES = int(os.environ.get("VGPU_INGEST_MAX_BODY_BYTES", 8 * 1024 * 1024))
-VGPU_INGEST_MAX_JSON_BYTES = int(os.environ.get("VGPU_INGEST_MAX_JSON_BYTES", 64 * 1024 * 1024))
-VGPU_INGEST_MAX_SAMPLES = int(os.environ.get("VGPU_INGEST_MAX_SAMPLES", 200_000))
+VGPU_INGEST_MAX_BODY_BYTES = int(os.environ.get("VGPU_INGEST_MAX_BODY_BYTES", str(8 * 1024 * 1024)))
+VGPU_INGEST_MAX_JSON_BYTES = int(os.environ.get("VGPU_INGEST_MAX_JSON_BYTES", str(64 * 1024 * 1024)))
+VGPU_INGEST_MAX_SAMPLES = int(os.environ.get("VGPU_INGEST_MAX_SAMPLES", "200_000"))
 # Usage older than this is refused at ingest (400); within it, usage for a month that is already
 # invoiced becomes an adjustment on a later invoice.
-VGPU_LATE_USAGE_HORIZON = timedelta(days=int(os.environ.get("VGPU_LATE_USAGE_HORIZON_DAYS", 45)))
-VGPU_INGEST_MAX_CLOCK_SKEW = timedelta(seconds=int(os.environ.get("VGPU_INGEST_MAX_CLOCK_SKEW_S", 120)))
+VGPU_LATE_USAGE_HORIZON = timedelta(days=int(os.environ.get("VGPU_LATE_USAGE_HORIZON_DAYS", "45")))
+VGPU_INGEST_MAX_CLOCK_SKEW = timedelta(seconds=int(os.environ.get("VGPU_INGEST_MAX_CLOCK_SKEW_S", "120")))
 # The tenant of a sample in a namespace no tenant lists (billing.services.tenant_mapping): "namespace"
 # (the default) bills it to the tenant named like the namespace, so a node cannot bill a tenant by
 # naming it; "claim" trusts the tenant the node's sample names, for a deployment that has not yet
@@ -241,20 +241,20 @@ VGPU_INGEST_MAX_CLOCK_SKEW = timedelta(seconds=int(os.environ.get("VGPU_INGEST_M
 VGPU_TENANT_UNMAPPED = os.environ.get("VGPU_TENANT_UNMAPPED", "namespace")
 # /healthz turns degraded when the oldest batch waiting for the rollup arrived longer ago than this
 # (20 rollup cycles of 15 s): billing has stalled.
-VGPU_HEALTH_MAX_ROLLUP_LAG_S = int(os.environ.get("VGPU_HEALTH_MAX_ROLLUP_LAG_S", 300))
+VGPU_HEALTH_MAX_ROLLUP_LAG_S = int(os.environ.get("VGPU_HEALTH_MAX_ROLLUP_LAG_S", "300"))
 # /healthz turns degraded when agents report more open undelivered batches than this: a node's own
 # report is checked against what the service holds, but one node (or one stolen token) must not be
 # able to page the SRE by itself. The nodes page and /metrics show every report, even below it.
-VGPU_HEALTH_MAX_UNDELIVERED_BATCHES = int(os.environ.get("VGPU_HEALTH_MAX_UNDELIVERED_BATCHES", 10))
+VGPU_HEALTH_MAX_UNDELIVERED_BATCHES = int(os.environ.get("VGPU_HEALTH_MAX_UNDELIVERED_BATCHES", "10"))
 # Retry-After of a 503 when the database or Redis is down (billing.api.errors.OutageMiddleware).
-VGPU_OUTAGE_RETRY_AFTER_S = int(os.environ.get("VGPU_OUTAGE_RETRY_AFTER_S", 15))
+VGPU_OUTAGE_RETRY_AFTER_S = int(os.environ.get("VGPU_OUTAGE_RETRY_AFTER_S", "15"))
 # Load shedding: at most this many ingest requests in flight per process before answering 429.
-VGPU_INGEST_MAX_IN_FLIGHT = int(os.environ.get("VGPU_INGEST_MAX_IN_FLIGHT", 8))
-VGPU_INGEST_RETRY_AFTER_S = int(os.environ.get("VGPU_INGEST_RETRY_AFTER_S", 5))
+VGPU_INGEST_MAX_IN_FLIGHT = int(os.environ.get("VGPU_INGEST_MAX_IN_FLIGHT", "8"))
+VGPU_INGEST_RETRY_AFTER_S = int(os.environ.get("VGPU_INGEST_RETRY_AFTER_S", "5"))
 DATA_UPLOAD_MAX_MEMORY_SIZE = VGPU_INGEST_MAX_BODY_BYTES
 # Raw and minute partitions are created this many days ahead by the beat task (and on demand by
 # ingest and the rollup).
-VGPU_PARTITION_DAYS_AHEAD = int(os.environ.get("VGPU_PARTITION_DAYS_AHEAD", 7))
+VGPU_PARTITION_DAYS_AHEAD = int(os.environ.get("VGPU_PARTITION_DAYS_AHEAD", "7"))
 
 
 def _days(name: str, default: int) -> timedelta:
@@ -275,7 +275,7 @@ VGPU_RAW_RETENTION_MARGIN = _days("VGPU_RAW_RETENTION_MARGIN_DAYS", 2)
 VGPU_MINUTE_RETENTION = _days("VGPU_MINUTE_RETENTION_DAYS", 100)
 # A month closing with no progress written for this many seconds is shown as stalled (its Celery
 # task was probably lost), and finance or an admin may resume it from the periods page.
-VGPU_PERIOD_CLOSE_STALE_S = int(os.environ.get("VGPU_PERIOD_CLOSE_STALE_S", 900))
+VGPU_PERIOD_CLOSE_STALE_S = int(os.environ.get("VGPU_PERIOD_CLOSE_STALE_S", "900"))
 
 
 
@@ -300,8 +300,8 @@ VGPU_ROLLUP_SHARDS = _rollup_shards(os.environ.get("VGPU_ROLLUP_SHARDS", "2"))
 # which dominates a cycle of one batch per node) and batches per transaction; the rest wait for the
 # shard's next transaction or cycle. More nodes per transaction read more raw rows per statement:
 # 8 nodes' backlog (200 MB) outgrew the benchmark's shared_buffers and ran 2.3x slower than 4.
-VGPU_ROLLUP_NODES_PER_TRANSACTION = int(os.environ.get("VGPU_ROLLUP_NODES_PER_TRANSACTION", 4))
-VGPU_ROLLUP_MAX_BATCHES = int(os.environ.get("VGPU_ROLLUP_MAX_BATCHES", 5000))
+VGPU_ROLLUP_NODES_PER_TRANSACTION = int(os.environ.get("VGPU_ROLLUP_NODES_PER_TRANSACTION", "4"))
+VGPU_ROLLUP_MAX_BATCHES = int(os.environ.get("VGPU_ROLLUP_MAX_BATCHES", "5000"))
 # work_mem of a rollup transaction: the raw GROUP BY stays a hash aggregate in memory.
 VGPU_ROLLUP_WORK_MEM = os.environ.get("VGPU_ROLLUP_WORK_MEM", "64MB")
 
@@ -317,13 +317,13 @@ CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_BEAT_SCHEDULE: dict[str, dict[str, Any]] = {
     "rollup-usage": {
         "task": "billing.tasks.rollup_usage",
-        "schedule": float(os.environ.get("VGPU_ROLLUP_EVERY_S", 15)),
+        "schedule": float(os.environ.get("VGPU_ROLLUP_EVERY_S", "15")),
     },
     "ensure-raw-partitions": {"task": "billing.tasks.ensure_raw_partitions", "schedule": 3600.0},
     # Drops raw and minute day partitions past their retention (cheap when there is none to drop).
     "apply-retention": {
         "task": "billing.tasks.apply_retention",
-        "schedule": float(os.environ.get("VGPU_RETENTION_EVERY_S", 3600)),
+        "schedule": float(os.environ.get("VGPU_RETENTION_EVERY_S", "3600")),
     },
     # Every 5 minutes: today's partitions fill all day and the rollup plans on their statistics.
     "analyze-ledger-partitions": {"task": "billing.tasks.analyze_ledger_partitions", "schedule": 300.0},
@@ -334,7 +334,7 @@ CELERY_BEAT_SCHEDULE: dict[str, dict[str, Any]] = {
     },
     "propose-rebalance": {
         "task": "billing.tasks.propose_rebalance",
-        "schedule": float(os.environ.get("VGPU_REBALANCE_EVERY_S", 3600)),
+        "schedule": float(os.environ.get("VGPU_REBALANCE_EVERY_S", "3600")),
     },
     # Daily after the month's close (01:00 on the 2nd): the fleet FOCUS dataset of every month that
     # can still change (docs/exports.md); VGPU_FOCUS_DATASET_EVERY_S (the demo) makes it an interval.
@@ -352,8 +352,8 @@ VGPU_FOCUS_DATASET_DIR = os.environ.get("VGPU_FOCUS_DATASET_DIR", "")
 # Pool rebalance (docs/rebalance.md): at most K moves per plan, demand = peak over the window.
 # Plans are dry runs until an admin approves one; execution talks to VGPU_KUBE_API (a URL,
 # e.g. `kubectl proxy`) or, when empty, to the API server of the cluster it runs in.
-VGPU_REBALANCE_MAX_MOVES = int(os.environ.get("VGPU_REBALANCE_MAX_MOVES", 10))
-VGPU_REBALANCE_WINDOW_HOURS = int(os.environ.get("VGPU_REBALANCE_WINDOW_HOURS", 24))
+VGPU_REBALANCE_MAX_MOVES = int(os.environ.get("VGPU_REBALANCE_MAX_MOVES", "10"))
+VGPU_REBALANCE_WINDOW_HOURS = int(os.environ.get("VGPU_REBALANCE_WINDOW_HOURS", "24"))
 VGPU_KUBE_API = os.environ.get("VGPU_KUBE_API", "")
 
 # Admission webhook: the API server must authenticate (billing/services/admission_auth.py), with
@@ -379,8 +379,8 @@ VGPU_NODE_TOKENREVIEW = os.environ.get("VGPU_NODE_TOKENREVIEW", "") == "1"
 VGPU_NODE_TOKEN_AUDIENCE = os.environ.get("VGPU_NODE_TOKEN_AUDIENCE", "vgpu-ledger").strip()
 VGPU_NODE_SERVICE_ACCOUNTS = [a.strip() for a in os.environ.get("VGPU_NODE_SERVICE_ACCOUNTS",
                                                                 "vgpu-ledger:vgpu-agent").split(",") if a.strip()]
-VGPU_NODE_TOKENREVIEW_CACHE_S = int(os.environ.get("VGPU_NODE_TOKENREVIEW_CACHE_S", 60))
-VGPU_KUBE_API_TIMEOUT_S = float(os.environ.get("VGPU_KUBE_API_TIMEOUT_S", 5))
+VGPU_NODE_TOKENREVIEW_CACHE_S = int(os.environ.get("VGPU_NODE_TOKENREVIEW_CACHE_S", "60"))
+VGPU_KUBE_API_TIMEOUT_S = float(os.environ.get("VGPU_KUBE_API_TIMEOUT_S", "5"))
 
 # OpenCost's clients (kubectl-cost, the OpenCost UI) through the OpenCost gateway
 # (docs/allocation-api.md, "Connecting kubectl-cost and the OpenCost UI"): a ServiceAccount token of
@@ -389,7 +389,7 @@ VGPU_KUBE_API_TIMEOUT_S = float(os.environ.get("VGPU_KUBE_API_TIMEOUT_S", 5))
 # reused for at most VGPU_KUBE_CLIENT_CACHE_S seconds.
 VGPU_KUBE_CLIENTS = os.environ.get("VGPU_KUBE_CLIENTS", "")
 VGPU_KUBE_CLIENT_AUDIENCE = os.environ.get("VGPU_KUBE_CLIENT_AUDIENCE", "vgpu-ledger-opencost").strip()
-VGPU_KUBE_CLIENT_CACHE_S = int(os.environ.get("VGPU_KUBE_CLIENT_CACHE_S", 60))
+VGPU_KUBE_CLIENT_CACHE_S = int(os.environ.get("VGPU_KUBE_CLIENT_CACHE_S", "60"))
 
 # Prometheus scrapes /metrics with this bearer token (billing/web/metrics.py): inline, or a file
 # such as a mounted Secret (read at every scrape). With neither, /metrics answers 403.
@@ -408,7 +408,7 @@ VGPU_WEBHOOK_ALLOWED_HOSTS = [h.strip() for h in os.environ.get("VGPU_WEBHOOK_AL
 # Budget notifications. The SMTP server and sender come from the environment.
 EMAIL_BACKEND = os.environ.get("VGPU_EMAIL_BACKEND", "django.core.mail.backends.smtp.EmailBackend")
 EMAIL_HOST = os.environ.get("VGPU_EMAIL_HOST", "127.0.0.1")
-EMAIL_PORT = int(os.environ.get("VGPU_EMAIL_PORT", 25))
+EMAIL_PORT = int(os.environ.get("VGPU_EMAIL_PORT", "25"))
 EMAIL_TIMEOUT = 10
 # With VGPU_EMAIL_BACKEND=django.core.mail.backends.filebased.EmailBackend (the demo), mail is
 # written to files here instead of being sent.

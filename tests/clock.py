@@ -17,7 +17,7 @@ _collecting = True
 
 def collection_finished() -> None:
     """Called by tests/conftest.py once pytest has collected every test."""
-    global _collecting
+    global _collecting  # noqa: PLW0603 - one flag for the process, set once by tests/conftest.py
     _collecting = False
 
 

@@ -84,7 +84,8 @@ def run_at(instant: datetime, pytest_args: list[str], log_dir: str) -> tuple[boo
             out.write(line)
             sys.stdout.write(line)
         code = proc.wait()
-    text = open(log).read()
+    with open(log) as written:
+        text = written.read()
     found = _SUMMARY.findall(text)
     return code == 0, found[-1] if found else f"exit {code}, no pytest summary", time.monotonic() - started
 

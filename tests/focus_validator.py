@@ -129,7 +129,9 @@ def assert_passes(data_file: Path, *, platform_rows: int | None = None) -> Verdi
     exactly those (every other row carries its invoice's number)."""
     verdict = validate(data_file)
     rules = dataset_rules()
-    assert verdict.passed | set(verdict.failed) | verdict.skipped == rules and verdict.total == len(rules), (
+    assert verdict.passed | set(verdict.failed) | verdict.skipped == rules, (
+        sorted(rules ^ (verdict.passed | set(verdict.failed) | verdict.skipped)))
+    assert verdict.total == len(rules), (
         sorted(rules ^ (verdict.passed | set(verdict.failed) | verdict.skipped)))
     unexpected = set(verdict.failed) - overrides()
     assert not unexpected, ({r: verdict.failed[r] for r in sorted(unexpected)}, verdict.report[-12000:])
@@ -165,6 +167,8 @@ def assert_focus_1_3_columns(rows: Iterable[Mapping[str, str | None]]) -> None:
             assert row["AllocatedTags"] is None, row
             continue
         details = json.loads(row["AllocatedMethodDetails"] or "")
-        assert isinstance(details, dict) and isinstance(details["Elements"], list) and details["Elements"], row
+        assert isinstance(details, dict), row
+        assert isinstance(details["Elements"], list), row
+        assert details["Elements"], row
         assert all(0 <= e["AllocatedRatio"] <= 1 for e in details["Elements"]), row
         assert row["AllocatedTags"] is None or isinstance(json.loads(row["AllocatedTags"]), dict), row

@@ -150,7 +150,8 @@ def test_watchdog_evicts_a_pod_over_its_grant_through_the_eviction_api_and_audit
     audited = list(AuditEvent.objects.filter(object_id=hog_key).order_by("at").values_list("action", "actor_label"))
     assert audited == [("agent.watchdog.over_grant", f"node:{NODE}"), ("agent.watchdog.evicted", f"node:{NODE}")]
     evicted = AuditEvent.objects.get(action="agent.watchdog.evicted")
-    assert evicted.after["outcome"] == "evicted" and evicted.after["over_for_s"] >= 3
+    assert evicted.after["outcome"] == "evicted"
+    assert evicted.after["over_for_s"] >= 3
     assert not AuditEvent.objects.filter(object_id="acme-prod/bert-7f9c4-x2k9p/server").exists()
     # An evicted pod stops: after the grace period (+ a tick) it is metered no more.
     samples = spooled_samples(node_files["spool"])
@@ -210,12 +211,14 @@ def test_budget_throttle_shrinks_grants_and_evict_best_effort_evicts_from_the_ne
     # throttle: no burst above the guarantee (none here): SMs drop to 0, memory to what it holds.
     mem_before, used_before, sm_before = granted(before, "resnet-a1")
     mem_after, used_after, sm_after = granted(after, "resnet-a1")
-    assert sm_before > 0 and mem_before > 1.1 * used_before
+    assert sm_before > 0
+    assert mem_before > 1.1 * used_before
     assert sm_after == 0
     assert mem_after <= used_after * 1.001
     # An unthrottled tenant keeps its headroom and its SM share.
     g_mem, g_used, g_sm = granted(after, "bert-g1")
-    assert g_sm > 0 and g_mem > 1.1 * g_used
+    assert g_sm > 0
+    assert g_mem > 1.1 * g_used
     # evict-best-effort: initech's best-effort pod is evicted, once; its silver pod stays.
     assert [(e["metadata"]["namespace"], e["metadata"]["name"]) for e in kube.evictions] == [
         ("initech-prod", "batch-i2")
@@ -223,8 +226,10 @@ def test_budget_throttle_shrinks_grants_and_evict_best_effort_evicts_from_the_ne
     assert not [s for s in after if s["pod"] == "batch-i2"][1:]  # stopped within its first tick
     assert len([s for s in after if s["pod"] == "bert-i1"]) == 30
     audit = AuditEvent.objects.get(action="agent.budget.evicted_best_effort")
-    assert audit.object_id == "initech-prod/batch-i2" and audit.actor_label == f"node:{NODE}"
-    assert audit.after["tenant"] == "initech" and audit.after["outcome"] == "evicted"
+    assert audit.object_id == "initech-prod/batch-i2"
+    assert audit.actor_label == f"node:{NODE}"
+    assert audit.after["tenant"] == "initech"
+    assert audit.after["outcome"] == "evicted"
 
 
 def test_a_refused_batch_is_kept_reported_and_delivered_by_a_redrive(node_files: dict[str, Path], live_server) -> None:
@@ -248,7 +253,9 @@ def test_a_refused_batch_is_kept_reported_and_delivered_by_a_redrive(node_files:
                        "--start", iso(t0 + timedelta(minutes=1))]) == 0
     (report,) = UndeliveredBatch.objects.filter(node__name=NODE)
     assert (report.batch_seq, report.status_code, report.window_start) == (seq, 409, t0)
-    assert report.sample_count == 10 and report.size_bytes > 0 and "different content" in report.reason
+    assert report.sample_count == 10
+    assert report.size_bytes > 0
+    assert "different content" in report.reason
     # /healthz shows its figures to an admin only: here through an admin's API token.
     User.objects.create_user(username="sre", password="pw-not-used-123", is_staff=True)
     sre = issue_api_token(username="sre", name="healthz", expires_at=None, now=clock.now(), actor_label="test").token
@@ -262,6 +269,8 @@ def test_a_refused_batch_is_kept_reported_and_delivered_by_a_redrive(node_files:
         kept = {b.batch_seq: b for b in spool.list_batches()}
     finally:
         spool.close()
-    assert kept[seq].state == "dead" and kept[seq].superseded_by is not None  # kept, never deleted
+    # Kept, never deleted.
+    assert kept[seq].state == "dead"
+    assert kept[seq].superseded_by is not None
     assert kept[kept[seq].superseded_by].state == "sent"
     assert UndeliveredBatch.objects.get(batch_seq=seq).superseded_by == kept[seq].superseded_by

@@ -111,7 +111,9 @@ def test_the_agent_uploads_with_its_service_account_token_through_tokenreview_an
     down = run_agent(tmp_path, live_server.url, node=NODE_A, seconds=20, start=start)
     assert down.returncode == 75, down.stderr[-3000:]
     held = spooled(tmp_path, NODE_A)
-    assert held and all(b["state"] == "pending" for b in held) and held[0]["status"] == 503
+    assert held
+    assert all(b["state"] == "pending" for b in held)
+    assert held[0]["status"] == 503
     assert "Kubernetes API server" in held[0]["error"]
     assert not UsageBatch.objects.exists()
 
@@ -120,7 +122,8 @@ def test_the_agent_uploads_with_its_service_account_token_through_tokenreview_an
     up = run_agent(tmp_path, live_server.url, node=NODE_A, seconds=10, start=start)
     assert up.returncode == 0, up.stderr[-3000:]
     delivered = spooled(tmp_path, NODE_A)
-    assert len(delivered) > len(held) and all(b["state"] == "sent" for b in delivered)
+    assert len(delivered) > len(held)
+    assert all(b["state"] == "sent" for b in delivered)
     stored = dict(UsageBatch.objects.filter(node__name=NODE_A).values_list("batch_seq", "sample_count"))
     assert stored == {b["seq"]: b["samples"] for b in delivered}
     assert AuditEvent.objects.get(action="node.registered").actor_label == (
@@ -131,7 +134,8 @@ def test_the_agent_uploads_with_its_service_account_token_through_tokenreview_an
     other = run_agent(tmp_path, live_server.url, node=NODE_B, seconds=10, start=start)
     assert other.returncode == 75, other.stderr[-3000:]
     refused = spooled(tmp_path, NODE_B)
-    assert refused and {b["status"] for b in refused} == {403}
+    assert refused
+    assert {b["status"] for b in refused} == {403}
     assert f"this token belongs to node '{NODE_A}'" in refused[0]["error"]
     assert not Node.objects.filter(name=NODE_B).exists()
     assert not UsageBatch.objects.filter(node__name=NODE_B).exists()

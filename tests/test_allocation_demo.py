@@ -56,9 +56,12 @@ def test_lastmonth_by_namespace_with_idle_equals_the_invoices_plus_idle(demo: De
     resp = _allocation(demo, token, window="lastmonth", aggregate="namespace", includeIdle="true", accumulate="true")
     assert resp.status_code == 200, resp.text
     body = resp.json()
-    assert body["code"] == 200 and body["status"] == "success" and len(body["data"]) == 1
+    assert body["code"] == 200
+    assert body["status"] == "success"
+    assert len(body["data"]) == 1
     (allocations,) = body["data"]
-    assert "__idle__" in allocations and allocations["__idle__"]["name"] == "__idle__"
+    assert "__idle__" in allocations
+    assert allocations["__idle__"]["name"] == "__idle__"
     assert all(a["window"]["start"].startswith(f"{month:%Y-%m}-01") for a in allocations.values())
     workloads = {k: v for k, v in allocations.items() if k != "__idle__"}
     assert _total(workloads).quantize(CENT) == invoiced.quantize(CENT)
@@ -78,7 +81,8 @@ def test_labels_and_daily_steps_and_a_tenants_token(demo: Demo) -> None:
     sets = daily.json()["data"]
     assert len(sets) == 7
     starts = [next(iter(s.values()))["window"]["start"] for s in sets if s]
-    assert starts == sorted(starts) and len(set(starts)) == len(starts)
+    assert starts == sorted(starts)
+    assert len(set(starts)) == len(starts)
 
     mine = _allocation(demo, member, window="month", aggregate="tenant", accumulate="true")
     assert mine.status_code == 200, mine.text
@@ -88,7 +92,8 @@ def test_labels_and_daily_steps_and_a_tenants_token(demo: Demo) -> None:
 
     assert _allocation(demo, None, window="month").status_code == 401
     bad = _allocation(demo, finance, window="fortnight")
-    assert bad.status_code == 400 and bad.json()["parameter"] == "window", bad.text
+    assert bad.status_code == 400, bad.text
+    assert bad.json()["parameter"] == "window", bad.text
 
 
 # kubectl-cost's requests as its commands build them (`kubectl cost namespace --opencost` and its
@@ -105,12 +110,16 @@ def test_the_opencost_port_answers_kubectl_costs_requests_with_no_credential(dem
         resp = requests.get(f"{demo.opencost}{path}", params=params, timeout=120)
         assert resp.status_code == 200, (path, resp.text)
         body = resp.json()
-        assert body["code"] == 200 and body["status"] == "success", (path, body)
-        assert isinstance(body["data"], list) and len(body["data"]) == 1 and body["data"][0], (path, body)
+        assert body["code"] == 200, (path, body)
+        assert body["status"] == "success", (path, body)
+        assert isinstance(body["data"], list), (path, body)
+        assert len(body["data"]) == 1, (path, body)
+        assert body["data"][0], (path, body)
     allocations = requests.get(f"{demo.opencost}/allocation/compute", params=KUBECTL_COST_ALLOCATION,
                                timeout=120).json()["data"][0]
     # As finance: the whole fleet, keyed cluster/namespace, with the platform's idle.
-    assert "__idle__" in allocations and any(key.startswith("demo/") for key in allocations), sorted(allocations)
+    assert "__idle__" in allocations, sorted(allocations)
+    assert any(key.startswith("demo/") for key in allocations), sorted(allocations)
     nodes = requests.get(f"{demo.opencost}/model/assets", params=KUBECTL_COST_ASSETS, timeout=120).json()["data"][0]
     assert {asset["type"] for asset in nodes.values()} == {"Node"}, nodes
     # Straight to the web server the same request is still a 401: the port adds the identity.
@@ -126,7 +135,9 @@ def test_the_opencost_port_only_reads_opencosts_paths(demo: Demo) -> None:
     # A caller's own credential never replaces the port's: it reads as finance whatever it sends.
     resp = requests.get(f"{demo.opencost}/allocation/compute", params={"window": "7d", "aggregate": "tenant"},
                         headers={"Authorization": "Bearer vgla_not-a-token", "Cookie": "sessionid=x"}, timeout=120)
-    assert resp.status_code == 200 and len(resp.json()["data"][0]) > 1, resp.text
+    assert resp.status_code == 200, resp.text
+    assert len(resp.json()["data"][0]) > 1, resp.text
     # The ledger's own 400 reaches the client as it is.
     bad = requests.get(f"{demo.opencost}/allocation/compute", params={"window": "fortnight"}, timeout=120)
-    assert bad.status_code == 400 and bad.json()["parameter"] == "window", bad.text
+    assert bad.status_code == 400, bad.text
+    assert bad.json()["parameter"] == "window", bad.text

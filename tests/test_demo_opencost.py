@@ -38,7 +38,8 @@ def test_it_reads_as_finance_where_the_ledger_alone_says_401(opencost_port: Open
         resp = requests.get(f"{opencost_port.url}{path}", params=params, timeout=30,
                             headers={"Authorization": "Bearer vgla_not-a-token", "Cookie": "sessionid=forged"})
         assert resp.status_code == 200, (path, resp.text)
-        assert resp.json()["code"] == 200 and resp.json()["status"] == "success", (path, resp.text)
+        assert resp.json()["code"] == 200, (path, resp.text)
+        assert resp.json()["status"] == "success", (path, resp.text)
         assert resp.headers["Content-Type"].startswith("application/json")
     assert requests.head(f"{opencost_port.url}/assets", params={"window": "1d"}, timeout=30).status_code == 200
 
@@ -47,19 +48,22 @@ def test_it_reads_as_finance_where_the_ledger_alone_says_401(opencost_port: Open
 def test_it_refuses_writes_other_paths_and_passes_the_ledgers_own_400(opencost_port: OpenCostPort) -> None:
     for method in ("POST", "PUT", "PATCH", "DELETE", "OPTIONS"):
         resp = requests.request(method, f"{opencost_port.url}/allocation/compute", data=b"{}", timeout=30)
-        assert resp.status_code == 405 and resp.headers["Allow"] == "GET, HEAD", method
+        assert resp.status_code == 405, method
+        assert resp.headers["Allow"] == "GET, HEAD", method
     for path in ("/", "/healthz", "/metrics", "/finance/", "/admin/", "/api/v1/allocation", "/api/v1/usage/batches",
                  "/allocation/", "/allocation/compute/x", "/model/", "/model/model/assets", "/assets/../finance/"):
         assert requests.get(f"{opencost_port.url}{path}", timeout=30).status_code == 404, path
     bad = requests.get(f"{opencost_port.url}/allocation/compute", params={"window": "fortnight"}, timeout=30)
-    assert bad.status_code == 400 and bad.json()["parameter"] == "window", bad.text
+    assert bad.status_code == 400, bad.text
+    assert bad.json()["parameter"] == "window", bad.text
 
 
 def test_the_port_setting() -> None:
     assert port_from_env(None) == port_from_env("") == DEFAULT_PORT == 9003
-    assert port_from_env("0") == 0 and port_from_env(" 9100 ") == 9100
+    assert port_from_env("0") == 0
+    assert port_from_env(" 9100 ") == 9100
     for wrong in ("-1", "65536", "nine"):
-        with pytest.raises(ValueError, match="."):
+        with pytest.raises(ValueError, match=r"."):
             port_from_env(wrong)
 
 
@@ -69,6 +73,7 @@ def test_it_listens_on_loopback_only(db) -> None:  # type: ignore[no-untyped-def
         assert port.server.server_address[0] == "127.0.0.1"
         # No web server behind it: a 502 that says so, never a hang or a traceback.
         resp = requests.get(f"{port.url}/allocation?window=1d", timeout=30)
-        assert resp.status_code == 502 and "unreachable" in resp.text
+        assert resp.status_code == 502
+        assert "unreachable" in resp.text
     finally:
         port.close()

@@ -82,7 +82,8 @@ def test_agent_to_priced_ledger_with_exact_totals(agent_files, live_server):
     start = clock.now().replace(microsecond=0) - timedelta(minutes=5)
     assert run_agent(agent_files, live_server.url, 60, start) == 0
     expected, samples, batches = metered_totals(agent_files["spool"])
-    assert batches == 6 and samples > 0
+    assert batches == 6
+    assert samples > 0
     assert UsageBatch.objects.count() == 6
     assert UsageBatch.objects.aggregate(n=Sum("sample_count"))["n"] == samples
     rollup_usage(now=clock.now())
@@ -119,7 +120,8 @@ def test_spooled_batches_survive_a_server_outage_and_land_exactly_once(agent_fil
             if body[:2] == b"\x1f\x8b":
                 headers["Content-Encoding"] = "gzip"
             resp = requests.post(f"{live_server.url}/api/v1/usage/batches", data=body, headers=headers, timeout=10)
-            assert resp.status_code == 200 and resp.json() == {"status": "duplicate"}
+            assert resp.status_code == 200
+            assert resp.json() == {"status": "duplicate"}
     finally:
         spool.close()
     rollup_usage(now=clock.now())

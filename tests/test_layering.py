@@ -174,7 +174,8 @@ def test_the_contracts_fail_when_a_service_imports_a_query_or_a_page_imports_a_l
     result = _lint_imports(tree_copy)
     assert result.returncode != 0
     out = result.stdout
-    assert f"{LAYERS_CONTRACT} BROKEN" in out and f"{LEDGER_MODELS_CONTRACT} BROKEN" in out
+    assert f"{LAYERS_CONTRACT} BROKEN" in out
+    assert f"{LEDGER_MODELS_CONTRACT} BROKEN" in out
     assert "billing.services.layering_probe -> billing.queries.finance" in out
     assert "billing.ledger.layering_probe -> billing.services.audit" in out
     assert "billing.web.layering_probe -> billing.ledger.models" in out

@@ -160,7 +160,8 @@ def test_kubectl_cost_and_the_ui_read_the_allocation_api_through_the_gateway_as_
         assert answer.status_code == 200, (path, answer.text)
         assert answer.headers["Content-Type"].startswith("application/json")
         body = answer.json()
-        assert isinstance(body["data"], list) and len(body["data"]) == 1
+        assert isinstance(body["data"], list)
+        assert len(body["data"]) == 1
         # The ServiceAccount reads as a member of acme: acme's namespace only, no platform idle.
         assert set(body["data"][0]) == {"acme-prod"}, body["data"]
         assert body["data"][0]["acme-prod"]["totalCost"] == pytest.approx(1.5)
@@ -174,7 +175,8 @@ def test_kubectl_cost_node_and_the_summary_paths_pass_the_gateway(gateway: str, 
                           params={"window": "1d", "accumulate": "true", "filterTypes": "Node"})
     assert assets.status_code == 200, assets.text
     [nodes] = assets.json()["data"]
-    assert nodes and all(node["type"] == "Node" for node in nodes.values()), nodes
+    assert nodes, nodes
+    assert all(node["type"] == "Node" for node in nodes.values()), nodes
     for path in ("/allocation/summary", "/model/allocation/compute/summary"):
         answer = requests.get(f"{gateway}{path}", params={"window": "1d", "aggregate": "namespace"}, timeout=30)
         assert answer.status_code == 200, (path, answer.text)
@@ -211,7 +213,8 @@ def test_a_service_account_token_is_refused_unless_reviewed_for_the_audience_map
     wrong_audience = kube.issue_service_account_token(namespace="opencost", pod=GATEWAY_POD,
                                                       audiences=["vgpu-ledger"])
     refused = _direct(live_server, wrong_audience)
-    assert refused.status_code == 401 and f"not for audience '{AUDIENCE}'" in refused.json()["message"]
+    assert refused.status_code == 401
+    assert f"not for audience '{AUDIENCE}'" in refused.json()["message"]
 
     other_account = kube.issue_service_account_token(namespace="opencost", service_account="default",
                                                      audiences=[AUDIENCE])
@@ -224,7 +227,8 @@ def test_a_service_account_token_is_refused_unless_reviewed_for_the_audience_map
     mapped.is_active = False
     mapped.save()
     refused = _direct(live_server, good)
-    assert refused.status_code == 401 and "not an active user" in refused.json()["message"]
+    assert refused.status_code == 401
+    assert "not an active user" in refused.json()["message"]
 
 
 def test_an_api_server_that_cannot_answer_is_a_503_not_a_401(
@@ -234,7 +238,8 @@ def test_an_api_server_that_cannot_answer_is_a_503_not_a_401(
     token = kube.issue_service_account_token(namespace="opencost", pod=GATEWAY_POD, audiences=[AUDIENCE])
     settings.VGPU_KUBE_API = f"http://127.0.0.1:{_free_port()}"
     down = _direct(live_server, token)
-    assert down.status_code == 503 and down.headers.get("Retry-After")
+    assert down.status_code == 503
+    assert down.headers.get("Retry-After")
     # Back: the same token is accepted; its ServiceAccount deleted, the next review refuses it once
     # the cache (VGPU_KUBE_CLIENT_CACHE_S) has let it go.
     settings.VGPU_KUBE_API = kube.url

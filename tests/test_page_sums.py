@@ -57,7 +57,8 @@ def _login(demo: Demo, username: str, language: str) -> requests.Session:
     resp = s.post(f"{demo.base}/accounts/login/", timeout=10, headers={"Referer": f"{demo.base}/accounts/login/"},
                   data={"username": username, "password": demo.passwords[username],
                         "csrfmiddlewaretoken": s.cookies["csrftoken"]})
-    assert resp.status_code == 200 and "sessionid" in s.cookies, resp.text[:1000]
+    assert resp.status_code == 200, resp.text[:1000]
+    assert "sessionid" in s.cookies, resp.text[:1000]
     return s
 
 
@@ -393,9 +394,10 @@ def test_every_page_and_csv_of_the_demo_adds_up(demo: Demo, tmp_path: Path) -> N
     groups: set[str] = set()
     for username in ("finance", "acme-engineer", "admin"):
         walk = _walk(demo, _login(demo, username, "en"), SEEDS, follow=True)
-        assert walk.pages and walk.csvs, username
+        assert walk.pages, username
+        assert walk.csvs, username
         # What was walked, for a failure's report (pytest shows it then, or with -s).
-        print(f"{username}: {len(walk.pages)} pages, {len(walk.csvs)} CSVs, groups {sorted(walk.groups_checked)}")
+        print(f"{username}: {len(walk.pages)} pages, {len(walk.csvs)} CSVs, groups {sorted(walk.groups_checked)}")  # noqa: T201 - what was walked, for a failure's report
         for name, rows in walk.csvs.values():
             kinds.add(_check_csv(name, rows))
         groups |= walk.groups_checked
@@ -430,7 +432,8 @@ def test_pages_and_their_csvs_show_the_same_totals_in_both_languages(demo: Demo)
         _check_tenant_costs_csv("tenants CSV", tenants_csv)
         assert Decimal(tenants_csv[-1]["total"]) == fleet
         workloads_csv = _records(session, f"{demo.base}/tenants/acme/?{query}&format=csv")
-        assert workloads_csv[-1]["namespace"] == "(total)" and Decimal(workloads_csv[-1]["cost"]) == workloads
+        assert workloads_csv[-1]["namespace"] == "(total)"
+        assert Decimal(workloads_csv[-1]["cost"]) == workloads
     assert shown["en"] == shown["zh-hans"]
 
 
@@ -452,7 +455,7 @@ def test_the_checker_fails_on_a_total_that_does_not_add() -> None:
     html = ('<table><tr><td data-sum="t">317.01 USD</td></tr><tr><td data-sum="t">317.01 USD</td></tr>'
             '<tr><td data-sum="t">317.01 USD</td></tr><tfoot><td data-sum-total="t"><strong>951.02</strong> USD'
             '</td></tfoot></table>')
-    with pytest.raises(AssertionError, match="≠ 951.02"):
+    with pytest.raises(AssertionError, match=r"≠ 951\.02"):
         _check_page("/x", _marks(html), Walk())
     with pytest.raises(AssertionError, match="no total"):
         _check_page("/x", _marks('<p data-sum="lost">1.00</p>'), Walk())

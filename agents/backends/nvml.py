@@ -44,7 +44,7 @@ def cuda_cores_per_sm(major: int, minor: int) -> int:
 def load_nvml() -> ModuleType:
     """``pynvml``, initialised; ``NvmlUnavailable`` (naming ``--backend sim``) when there is no NVML."""
     try:
-        import pynvml
+        import pynvml  # noqa: PLC0415 - an optional dependency; its absence is reported as NvmlUnavailable
     except ImportError as error:
         raise NvmlUnavailable(
             f"NVML backend needs nvidia-ml-py ({error}); use --backend sim to run on simulated GPUs"

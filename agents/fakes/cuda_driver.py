@@ -262,7 +262,7 @@ class FakeLibcuda:
     def _cuModuleUnload(self, module: int) -> int:
         return 0 if self.state.modules.pop(module or 0, None) is not None else 1
 
-    def _cuLaunchKernel(self, function: int, gx: int, gy: int, gz: int, bx: int, by: int, bz: int,
+    def _cuLaunchKernel(self, function: int, gx: int, gy: int, gz: int, bx: int, by: int, bz: int,  # noqa: PLR0917 - the driver API's own signature
                         shared: int, stream: int | None, params: Any, extra: Any) -> int:
         known = self.state.functions.get(function or 0)
         if known is None or not params:

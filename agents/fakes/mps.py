@@ -350,7 +350,7 @@ class PipeMpsControl:
         self._serial = itertools.count()
 
     def send(self, command: str) -> str:
-        from agents.mps import MpsCommandError  # here: the front end must start without the agent's imports
+        from agents.mps import MpsCommandError  # noqa: PLC0415 - here: the front end must start without the agent's imports
 
         ok, text = _forward(self._pipe_directory, command, f"{threading.get_ident()}-{next(self._serial)}")
         if not ok:
@@ -362,7 +362,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m agents.fakes.mps", description=__doc__.split("\n")[0])
     parser.add_argument("--pipe", type=Path, default=None, help="pipe directory (default $CUDA_MPS_PIPE_DIRECTORY)")
     args = parser.parse_args(argv)
-    pipe_directory = args.pipe or Path(os.environ.get("CUDA_MPS_PIPE_DIRECTORY", "/tmp/nvidia-mps"))  # noqa: S108 -- the real daemon's documented default
+    pipe_directory = args.pipe or Path(os.environ.get("CUDA_MPS_PIPE_DIRECTORY", "/tmp/nvidia-mps"))  # noqa: S108 - the real daemon's documented default
     failed = False
     for serial, raw in enumerate(sys.stdin):
         line = raw.strip()

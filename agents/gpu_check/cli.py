@@ -211,7 +211,7 @@ _ROUND_HEADERS = (
 )
 
 
-def _round(
+def _round(  # noqa: PLR0917 - a private helper whose one caller passes its loop's state in order
     backend: NvmlBackend, smi: NvidiaSmi, gpu: GpuInfo, pid: int, started: float, ready: dict[str, Any]
 ) -> tuple[Round, tuple[str, ...], list[str]]:
     """One look: the backend's reading of ``pid``, then nvidia-smi's three views of it."""

@@ -129,8 +129,8 @@ class LoadProcess:
                 "--seconds", str(seconds), "--libcuda", library]
         if sms is not None:
             argv += ["--sms", str(sms)]
-        self._stderr = tempfile.TemporaryFile(mode="w+")  # closed in finish()
-        self._process = subprocess.Popen(  # noqa: S603 -- this interpreter running this package
+        self._stderr = tempfile.TemporaryFile(mode="w+")  # noqa: SIM115 - closed in finish()
+        self._process = subprocess.Popen(  # noqa: S603 - this interpreter running this package
             argv, stdout=subprocess.PIPE, stderr=self._stderr, text=True, env={**os.environ, **(env or {})}
         )
         self.pid = self._process.pid
@@ -139,7 +139,7 @@ class LoadProcess:
         threading.Thread(target=self._pump, name=f"load-{self.pid}", daemon=True).start()
 
     def _pump(self) -> None:
-        assert self._process.stdout is not None  # noqa: S101 -- stdout=PIPE above
+        assert self._process.stdout is not None  # noqa: S101 - stdout=PIPE above
         for line in self._process.stdout:
             self._lines.put(line)
         self._lines.put(None)

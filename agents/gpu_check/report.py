@@ -11,7 +11,7 @@ from agents.gpu_check.compare import Check
 __all__ = ["FAIL", "PASS", "SKIP", "StageResult", "Table", "exit_code", "render", "stage_from_checks"]
 
 Status = Literal["pass", "fail", "skip"]
-PASS: Status = "pass"  # noqa: S105 -- a stage result, not a password
+PASS: Status = "pass"  # noqa: S105 - a stage result, not a password
 FAIL: Status = "fail"
 SKIP: Status = "skip"
 

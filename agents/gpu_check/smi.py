@@ -63,7 +63,7 @@ class PmonRow:
 def parse_value(text: str) -> float | None:
     """One CSV cell: a number with an optional MiB/GiB/KiB/% unit, in MiB or %; bracketed words are None."""
     cell = text.strip()
-    if cell.startswith("[") and cell.endswith("]") or cell in ("", "-", "N/A"):
+    if (cell.startswith("[") and cell.endswith("]")) or cell in ("", "-", "N/A"):
         return None
     match = _VALUE.fullmatch(cell)
     if match is None:
@@ -172,7 +172,7 @@ def run_driver_tool(
     `after_failure()`, e.g. the tail of the tool's own log)."""
     command = " ".join(argv)
     try:
-        done = subprocess.run(  # noqa: S603 -- the driver's own tool, no shell
+        done = subprocess.run(  # noqa: S603 - the driver's own tool, no shell
             list(argv), env=None if env is None else dict(env), capture_output=True, text=True,
             timeout=timeout_s, check=False,
         )

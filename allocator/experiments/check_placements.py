@@ -70,7 +70,7 @@ def _read_nodes(path: Path) -> dict[str, _Node]:
         }
 
 
-def check_seed(nodes_csv: Path, seed_dir: Path) -> SeedCheck:
+def check_seed(nodes_csv: Path, seed_dir: Path) -> SeedCheck:  # noqa: PLR0912, PLR0915 - one check per rule a placement must keep, read in one pass
     nodes = _read_nodes(nodes_csv)
     metric = _Metric(gpus=sum(len(n.gpu_free) for n in nodes.values()))
     violations: list[str] = []
@@ -116,9 +116,8 @@ def check_seed(nodes_csv: Path, seed_dir: Path) -> SeedCheck:
                     if not 0 <= g < len(node.gpu_free):
                         violations.append(f"{name}: GPU index {g} outside {node_name}")
                         continue
-                    if milli == 1000 or num_gpu > 1:
-                        if node.gpu_free[g] != 1000:
-                            violations.append(f"{name}: whole GPU {node_name}/{g} was not free")
+                    if (milli == 1000 or num_gpu > 1) and node.gpu_free[g] != 1000:
+                        violations.append(f"{name}: whole GPU {node_name}/{g} was not free")
                     node.gpu_free[g] -= milli
                     if node.gpu_free[g] < 0:
                         violations.append(f"{name}: GPU {node_name}/{g} above 1000 milli")

@@ -136,8 +136,8 @@ def mean_sd(values: Sequence[float]) -> dict[str, float | None]:
 def parse_seeds(text: str) -> tuple[int, ...]:
     """``42-51``, ``42`` or ``42,45,50-51`` → the seeds in that order, without repeats."""
     seeds: list[int] = []
-    for part in text.split(","):
-        part = part.strip()
+    for item in text.split(","):
+        part = item.strip()
         if not part:
             raise ValueError(f"empty item in seed list {text!r}")
         lo, sep, hi = part.partition("-")

@@ -33,11 +33,11 @@ from allocator.packing._simulate import SimulationResult, allocation_at, percent
 from allocator.packing._state import ClusterState
 
 __all__ = [
-    "TYPICAL_POD_THRESHOLD",
     "BEST_POLICY",
     "GPU_MILLI",
     "MAX_PODS_PER_NODE",
     "POLICY_NAMES",
+    "TYPICAL_POD_THRESHOLD",
     "Arrival",
     "Choice",
     "Cluster",
@@ -46,9 +46,9 @@ __all__ = [
     "FragmentationModel",
     "NodeSpec",
     "PodSpec",
-    "TraceFormatError",
     "Policy",
     "SimulationResult",
+    "TraceFormatError",
     "allocation_at",
     "arrival_rng",
     "build_arrival",

@@ -120,7 +120,7 @@ def score(forecast: FloatArray, target: FloatArray) -> tuple[ForecastMetrics, Fo
                 p95_abs_error=float(np.percentile(np.abs(error), 95)),
                 under_rate=float(np.mean(error < 0)),
                 mean_over_reservation=float(np.mean(np.maximum(error, 0.0))),
-                count=int(len(error)),
+                count=len(error),
             )
         )
     return results[0], results[1], results[2]

@@ -135,7 +135,7 @@ def build_load_signal(trace: RequestTrace, model: LoadModel | None = None) -> Lo
     """Memory and SM demand per replica at ``model.step_s`` resolution up to the last arrival."""
     model = model or LoadModel()
     dt = model.step_s
-    steps = int(math.floor(float(trace.arrival_s[-1]) / dt + 1e-9)) if len(trace.arrival_s) else 0
+    steps = math.floor(float(trace.arrival_s[-1]) / dt + 1e-9) if len(trace.arrival_s) else 0
     ends = (np.arange(steps, dtype=np.float64) + 1.0) * dt
     tokens = np.zeros((model.replicas, steps))
     prefill = np.zeros((model.replicas, steps))  # prefill tokens processed in each step
@@ -147,8 +147,8 @@ def build_load_signal(trace: RequestTrace, model: LoadModel | None = None) -> Lo
         replica = index % model.replicas
         prefill_end = start + context / p_rate
         done = prefill_end + generated / d_rate
-        first = int(math.floor(start / dt))
-        last = min(steps, int(math.ceil(done / dt)) + 1)
+        first = math.floor(start / dt)
+        last = min(steps, math.ceil(done / dt) + 1)
         if first >= last:
             continue
         t = ends[first:last]

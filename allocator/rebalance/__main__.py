@@ -76,12 +76,12 @@ def _text(plan: RebalancePlan, pool: Pool, currency: str, sizing: RightSizing | 
             f"Right-sizing over {sizing.steps} steps of {sizing.workloads} workloads "
             f"(GPU {sizing.gpu_memory_mb} MB / {sizing.gpu_sm_milli} SM milli, {sizing.hours_per_month} h/month):"
         )
-        for e in sizing.estimates:
-            lines.append(
-                f"  P{e.percentile}: lower bound {e.lower_bound_gpus}, first-fit decreasing {e.ffd_gpus} -> "
-                f"{e.gpus_needed} GPU(s) needed of {e.current_gpus}; monthly difference "
-                f"{_money(e.monthly_cost_difference)} {currency}"
-            )
+        lines.extend(
+            f"  P{e.percentile}: lower bound {e.lower_bound_gpus}, first-fit decreasing {e.ffd_gpus} -> "
+            f"{e.gpus_needed} GPU(s) needed of {e.current_gpus}; monthly difference "
+            f"{_money(e.monthly_cost_difference)} {currency}"
+            for e in sizing.estimates
+        )
     return "\n".join(lines)
 
 

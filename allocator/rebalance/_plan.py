@@ -97,8 +97,9 @@ def apply_moves(pool: Pool, moves: Iterable[Move]) -> Pool:
     for w in pool.workloads:
         ref = state.where.get(w.key)
         if ref is not None and (ref.node, (ref.gpu,)) != (w.node, w.gpus):
-            w = dataclasses.replace(w, node=ref.node, gpus=(ref.gpu,))
-        placed.append(w)
+            placed.append(dataclasses.replace(w, node=ref.node, gpus=(ref.gpu,)))
+        else:
+            placed.append(w)
     return Pool(nodes=pool.nodes, workloads=tuple(placed))
 
 

@@ -15,8 +15,8 @@ from allocator.replay._usage import BurstSignals, PodUsage, UsageModel, build_bu
 __all__ = [
     "DEFAULT_TRACES",
     "Comparison",
-    "SensitivityRow",
     "ReplayInputs",
+    "SensitivityRow",
     "compare_policies",
     "format_comparison",
     "format_sensitivity",

@@ -47,10 +47,10 @@ from allocator.replay._predicted import PREDICTOR_CHOICES, PredictorChoice, hist
 from allocator.replay._usage import BurstSignals, PodUsage, UsageModel, shortfall
 
 __all__ = [
+    "DYNAMIC_POLICIES",
     "MIG_PROFILES",
     "POLICIES",
     "SLICES_PER_CARD",
-    "DYNAMIC_POLICIES",
     "DynamicGrants",
     "Invariants",
     "MigProfile",
@@ -293,7 +293,7 @@ def _known_rows(usage: PodUsage, lag_steps: int) -> tuple[IntArray, IntArray, np
     return local, index - 1 - lag_steps, known >= 0
 
 
-def _forecast(
+def _forecast(  # noqa: PLR0917 - a private helper whose one caller passes its loop's state in order
     usage: PodUsage,
     peaks: FloatArray,
     known_row: IntArray,
@@ -372,7 +372,7 @@ def _place_dynamic(
             for slot in placement[pod]:
                 cards.remove(slot, pod, 0)
             continue
-        now = int(math.floor(time / step))
+        now = math.floor(time / step)
         sums: dict[int, tuple[float, float]] = {}
         for slot in cards.busy_slots():
             rows = [row_at(m, now) for m in cards.members[slot]]
@@ -419,7 +419,7 @@ def _shard_rows(usage: PodUsage, placement: Sequence[tuple[int, ...]]) -> tuple[
     return np.repeat(starts, lengths) + within, np.repeat(shard_slot, lengths)
 
 
-def _grant_dynamic(
+def _grant_dynamic(  # noqa: PLR0917 - a private helper whose one caller passes its loop's state in order
     usage: PodUsage,
     model: UsageModel,
     config: ReplayConfig,
@@ -544,7 +544,7 @@ def static_grants(usage: PodUsage, model: UsageModel, policy: Policy) -> StaticG
     )
 
 
-def _misses(
+def _misses(  # noqa: PLR0917 - a private helper whose one caller passes its loop's state in order
     usage: PodUsage, model: UsageModel, signals: BurstSignals, rows: IntArray, sm: FloatArray, mem: FloatArray
 ) -> tuple[FloatArray, FloatArray, FloatArray, FloatArray]:
     """Per entry: seconds above the SM grant and the memory grant, and the amounts short."""

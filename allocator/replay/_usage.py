@@ -187,7 +187,7 @@ class BurstSignals:
 
 def build_burst_signals(requests: AzureRequests, *, step_s: int, decode_tokens_per_s: float = 30.0) -> BurstSignals:
     """Normalised 1 s request-rate and tokens-in-flight signals of the Azure trace."""
-    length = int(math.floor(float(requests.arrival_s[-1]))) + 1
+    length = math.floor(float(requests.arrival_s[-1])) + 1
     if length < step_s:
         raise ValueError(f"the request trace spans {length} s, shorter than one step ({step_s} s)")
     second = np.minimum(np.floor(requests.arrival_s).astype(np.int64), length - 1)
@@ -198,8 +198,8 @@ def build_burst_signals(requests: AzureRequests, *, step_s: int, decode_tokens_p
         requests.arrival_s, requests.context_tokens, requests.generated_tokens, strict=True
     ):
         done = start + generated / decode_tokens_per_s
-        lo = int(math.ceil(start - 0.5))
-        hi = min(length, int(math.ceil(done - 0.5)))
+        lo = math.ceil(start - 0.5)
+        hi = min(length, math.ceil(done - 0.5))
         if hi > lo:
             t = mid[lo:hi]
             tokens[lo:hi] += context + decode_tokens_per_s * (t - start)

@@ -72,7 +72,7 @@ class PodAdmissionView(APIView):  # type: ignore[misc]  # DRF ships no type hint
         except DomainError as exc:
             count_admission_review("invalid")
             return domain_error_response(exc)
-        except Exception:  # noqa: BLE001 - the webhook must answer; the configured policy decides how
+        except Exception:  # the webhook must answer; the configured policy decides how
             uid = _uid(request)
             log.exception("event=admission_review_failed uid=%s fail_closed=%s", uid, settings.VGPU_ADMISSION_FAIL_CLOSED)
             if settings.VGPU_ADMISSION_FAIL_CLOSED:

@@ -33,6 +33,7 @@ __all__ = [
     "GPU_KEYS",
     "GROUP_KEYS",
     "LABEL_PREFIX",
+    "OPS",
     "UNALLOCATED",
     "AllOf",
     "AnyOf",
@@ -40,15 +41,14 @@ __all__ = [
     "IdleRow",
     "Match",
     "NodeAssetRow",
-    "OPS",
     "UsageGroupRow",
     "get_window_currency",
     "is_group_key",
     "list_idle_rows",
     "list_node_assets",
-    "tree_keys",
     "list_usage_groups",
     "set_ledger",
+    "tree_keys",
 ]
 
 UNALLOCATED = "__unallocated__"

@@ -127,7 +127,7 @@ class FleetFocusLedgerRow(FocusLedgerRow):
 
 # The same rows as an invoice's, for every tenant; the currency is the GPU-hour's (its rate card's).
 _FLEET_FOCUS_ROWS = (
-    "SELECT " + _FOCUS_COLUMNS + ", u.tenant, g.currency " + _FOCUS_FROM  # noqa: S608 - constant SQL
+    "SELECT " + _FOCUS_COLUMNS + ", u.tenant, g.currency " + _FOCUS_FROM
     + "WHERE u.hour >= %s AND u.hour < %s AND g.priced "
     "GROUP BY 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 22, 23 ORDER BY 22, 1, 2, 5, 6, 7, 8, 9, 10"
 )

@@ -20,10 +20,10 @@ from billing.ledger.statistics import analyze_minute_days
 __all__ = [
     "BusyCardTime",
     "FleetCardCost",
-    "TenantCardCost",
     "PodMinuteUse",
     "PodPlacement",
     "SteadyWorkloadGpuDay",
+    "TenantCardCost",
     "get_busy_card_time",
     "get_fleet_card_cost",
     "get_last_ledger_minute",
@@ -61,7 +61,7 @@ SELECT tenant, namespace, pod, container, pod_uid, (minute AT TIME ZONE 'UTC')::
        sum(dyn / nullif(price_per_s, 0)) AS dynamic_billed_gpu_s
 FROM steady
 GROUP BY 1, 2, 3, 4, 5, 6, 7
-"""  # noqa: S608 - constant SQL text; values are bound parameters
+"""
 
 # Busy card time under dynamic allocation: GPU-minutes with at least one steady-state workload.
 _BUSY = _STEADY + """

@@ -132,12 +132,12 @@ def _create_day(cur: CursorWrapper, table: str, day: date, *, default: str | Non
     if moving:
         cur.execute("DROP TABLE IF EXISTS partition_moving")
         cur.execute(
-            f'CREATE TEMP TABLE partition_moving ON COMMIT DROP AS WITH moved AS (DELETE FROM "{default}" '  # noqa: S608
+            f'CREATE TEMP TABLE partition_moving ON COMMIT DROP AS WITH moved AS (DELETE FROM "{default}" '  # noqa: S608 - fixed names, as above
             f"WHERE {key} >= %s AND {key} < %s RETURNING *) SELECT * FROM moved",
             [lo, hi],
         )
     cur.execute(
-        f'CREATE TABLE "{name}" PARTITION OF {table} FOR VALUES FROM (%s) TO (%s)',  # noqa: S608 - name built from a date
+        f'CREATE TABLE "{name}" PARTITION OF {table} FOR VALUES FROM (%s) TO (%s)',
         [lo, hi],
     )
     if moving:

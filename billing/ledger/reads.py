@@ -112,7 +112,7 @@ def period_read_cursor() -> Iterator[CursorWrapper]:
     transaction)."""
     with transaction.atomic(), connection.cursor() as cur:
         names = list(_PERIOD_READ_SETTINGS)
-        cur.execute("SELECT " + ", ".join(f"current_setting('{n}')" for n in names))  # noqa: S608 - fixed names
+        cur.execute("SELECT " + ", ".join(f"current_setting('{n}')" for n in names))
         before = cur.fetchone()
         _set_local(cur, dict(_PERIOD_READ_SETTINGS))
         yield cur

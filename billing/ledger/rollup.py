@@ -56,8 +56,8 @@ __all__ = [
     "RollupResult",
     "quarantine_batch",
     "rebuild_days",
-    "release_quarantined",
     "rebuild_ledger",
+    "release_quarantined",
     "rollup_usage",
 ]
 
@@ -430,7 +430,7 @@ def _recompute(cur: CursorWrapper, affected: set[Key], *, rolling: Sequence[int]
     return len(windows), len(hours)
 
 
-def _windows(cur: CursorWrapper, nodes: list[int], gpus: list[str], lo: datetime, hi: datetime, affected: set[Key],
+def _windows(cur: CursorWrapper, nodes: list[int], gpus: list[str], lo: datetime, hi: datetime, affected: set[Key],  # noqa: PLR0917 - a private helper whose one caller passes its loop's state in order
              *, rolling: Sequence[int]) -> tuple[dict[Key, _Window], list[int]]:
     """Card seconds per affected node-GPU-minute (the overlap of the GPU's batch windows on that
     node with the minute), and the ids of the batches they come from: the only batches whose
@@ -477,10 +477,10 @@ _RAW_COLUMNS = ("seconds", "mem_used_mb_s", "mem_granted_mb_s", "sm_used_s", "sm
 # same totals as summing the casts.
 _QUANTIZED = " AND ".join(f"{c} < 1e5 AND {c} * 1024 = trunc({c} * 1024)" for c in _RAW_COLUMNS)
 _WORKLOADS_SQL = (
-    "SELECT r.node_id, r.gpu_uuid, date_trunc('minute', r.start), r.tenant, r.namespace, r.pod, r.container, "  # noqa: S608
+    "SELECT r.node_id, r.gpu_uuid, date_trunc('minute', r.start), r.tenant, r.namespace, r.pod, r.container, "  # noqa: S608 - fixed SQL built from constant column lists; values are parameters
     "r.pod_uid, r.sla_tier, "
     + ", ".join(f"sum({e}) FILTER (WHERE r.q), sum({e}::numeric) FILTER (WHERE NOT r.q)" for e in _RAW_SUMS)
-    + f" FROM (SELECT *, {_QUANTIZED} AS q FROM billing_raw_sample WHERE node_id = ANY(%s) AND gpu_uuid = ANY(%s) "  # noqa: S608
+    + f" FROM (SELECT *, {_QUANTIZED} AS q FROM billing_raw_sample WHERE node_id = ANY(%s) AND gpu_uuid = ANY(%s) "  # noqa: S608 - as above
     "AND start >= %s AND start < %s AND batch_id = ANY(%s) OFFSET 0) r "
     "GROUP BY 1, 2, 3, 4, 5, 6, 7, 8, 9 ORDER BY 1, 2, 3, 4, 5, 6, 7, 8, 9"
 )
@@ -491,7 +491,7 @@ def _total(fast: float | None, exact: Decimal | None) -> Decimal:
     return (_ZERO if fast is None else Decimal(fast)) + (_ZERO if exact is None else exact)
 
 
-def _workloads(cur: CursorWrapper, nodes: list[int], gpus: list[str], lo: datetime, hi: datetime,
+def _workloads(cur: CursorWrapper, nodes: list[int], gpus: list[str], lo: datetime, hi: datetime,  # noqa: PLR0917 - a private helper whose one caller passes its loop's state in order
                affected: set[Key], included: list[int]) -> dict[Key, list[tuple[Any, ...]]]:
     """Each workload's integrals per affected GPU-minute, summed exactly, from the raw samples of
     `included` batches: (tenant, namespace, pod, container, pod_uid, sla_tier, seconds, mem used,
@@ -556,7 +556,7 @@ def _recompute_hours(cur: CursorWrapper, hours: set[Key]) -> None:
         keys,
     )
     cur.execute(
-        "INSERT INTO billing_gpuhour (hour, gpu_uuid, node_id, gpu_model, metered_seconds, card_cost, charged, "  # noqa: S608
+        "INSERT INTO billing_gpuhour (hour, gpu_uuid, node_id, gpu_model, metered_seconds, card_cost, charged, "  # noqa: S608 - fixed SQL; values are parameters
         "idle_cost, idle_allocated, currency, priced) "
         "SELECT a.hour, m.gpu_uuid, m.node_id, max(m.gpu_model), sum(m.metered_seconds), sum(m.card_cost), "
         "sum(m.charged), sum(m.idle_cost), sum(m.idle_allocated), max(m.currency), bool_and(m.priced) "
@@ -575,7 +575,7 @@ def _usage_days_insert(source: str) -> str:
     keys = ", ".join(f"h.{k}" for k in _WORKLOAD_KEY)
     sums = ", ".join(f"sum(h.{c})" for c in _USAGE_COLUMNS[8:])
     return (
-        f"INSERT INTO billing_usageday (day, {', '.join(_USAGE_COLUMNS)}, first_hour, last_hour) "  # noqa: S608
+        f"INSERT INTO billing_usageday (day, {', '.join(_USAGE_COLUMNS)}, first_hour, last_hour) "  # noqa: S608 - built from constant column lists
         f"SELECT {_DAY_OF}, h.gpu_uuid, h.node_id, {keys}, {sums}, min(h.hour), max(h.hour) "
         f"FROM billing_usagehour h {source} GROUP BY {_DAY_OF}, h.gpu_uuid, h.node_id, {keys}"
     )
@@ -583,7 +583,7 @@ def _usage_days_insert(source: str) -> str:
 
 def _gpu_days_insert(source: str) -> str:
     return (
-        "INSERT INTO billing_gpuday (day, gpu_uuid, node_id, gpu_model, metered_seconds, card_cost, charged, "  # noqa: S608
+        "INSERT INTO billing_gpuday (day, gpu_uuid, node_id, gpu_model, metered_seconds, card_cost, charged, "  # noqa: S608 - built from constant column lists
         "idle_cost, idle_allocated, currency, priced, unpriced_seconds) "
         f"SELECT {_DAY_OF}, h.gpu_uuid, h.node_id, max(h.gpu_model), sum(h.metered_seconds), sum(h.card_cost), "
         "sum(h.charged), sum(h.idle_cost), sum(h.idle_allocated), max(h.currency), bool_and(h.priced), "
@@ -601,7 +601,7 @@ def _recompute_days(cur: CursorWrapper, days: set[Key]) -> None:
     node_col, gpu_col, day_col = _arrays(days)
     keys: list[Any] = [node_col, gpu_col, day_col]
     for table in ("billing_usageday", "billing_gpuday"):
-        cur.execute(f"DELETE FROM {table} d USING {_UNNEST} AS a(node_id, gpu_uuid, day) "  # noqa: S608
+        cur.execute(f"DELETE FROM {table} d USING {_UNNEST} AS a(node_id, gpu_uuid, day) "  # noqa: S608 - the table is one of two literals; values are parameters
                     "WHERE d.node_id = a.node_id AND d.gpu_uuid = a.gpu_uuid AND d.day = a.day", keys)
     cur.execute(_usage_days_insert(_TOUCHED_DAYS), keys)
     cur.execute(_gpu_days_insert(_TOUCHED_DAYS), keys)
@@ -624,8 +624,8 @@ def rebuild_days(*, start: datetime, end: datetime, gpu_uuid: str | None = None)
         lo, hi = cur.fetchone()
         gpu = "" if gpu_uuid is None else " AND gpu_uuid = %s"
         params = [lo, hi] if gpu_uuid is None else [lo, hi, gpu_uuid]
-        cur.execute(f"DELETE FROM billing_usageday WHERE day >= %s AND day < %s{gpu}", params)  # noqa: S608
-        cur.execute(f"DELETE FROM billing_gpuday WHERE day >= %s AND day < %s{gpu}", params)  # noqa: S608
+        cur.execute(f"DELETE FROM billing_usageday WHERE day >= %s AND day < %s{gpu}", params)  # noqa: S608 - a constant filter; values are parameters
+        cur.execute(f"DELETE FROM billing_gpuday WHERE day >= %s AND day < %s{gpu}", params)  # noqa: S608 - as above
         in_range = "WHERE h.hour >= %s AND h.hour < %s" + gpu.replace("gpu_uuid", "h.gpu_uuid")
         cur.execute(_usage_days_insert(in_range), params)
         cur.execute(_gpu_days_insert(in_range), params)

@@ -37,8 +37,8 @@ from billing.ledger.reads import fetch_rows, period_read_cursor
 from billing.models.pricing import RateCard
 
 __all__ = [
-    "InvoiceTotal",
     "HourSpend",
+    "InvoiceTotal",
     "TenantSpend",
     "WorkloadDay",
     "WorkloadTotals",
@@ -46,9 +46,9 @@ __all__ = [
     "closed_days",
     "get_latest_hour",
     "get_unpriced_seconds",
+    "list_hour_spends",
     "list_invoice_totals",
     "list_invoice_totals_from_hours",
-    "list_hour_spends",
     "list_month_to_date_spends",
     "list_workload_days",
     "list_workload_totals",
@@ -247,7 +247,7 @@ def list_invoice_totals(
     ranges = [*split.hour_ranges, *((day, day + _DAY) for day in hour_days)]
     tenant_u = _TENANTS.format(col="u.tenant")
     sql = (
-        "SELECT tenant, currency, gpu_model, sla_tier, sum(charge) AS charge, sum(idle_share) AS idle_share,"  # noqa: S608
+        "SELECT tenant, currency, gpu_model, sla_tier, sum(charge) AS charge, sum(idle_share) AS idle_share,"  # noqa: S608 - fixed SQL; values are parameters
         " sum(share_gpu_s) AS share_gpu_s FROM ("
         # Closed days, wholly priced, but for the days read from hours.
         " SELECT u.tenant, g.currency, g.gpu_model, u.sla_tier, u.charge, u.idle_share, u.share_gpu_s"
@@ -332,7 +332,7 @@ def list_month_to_date_spends(*, tenants: Collection[str], start: datetime, now:
     spends = {slug: TenantSpend(slug, _ZERO, _ZERO) for slug in sorted(set(tenants))}
     if spends and now >= start:
         params: dict[str, Any] = {"tenants": list(spends)}
-        rows = _fetch(f"SELECT tenant, sum(charge), sum(idle_share) FROM {_usage_rows(_split(start, now + _TICK, now), params)}"  # noqa: S608
+        rows = _fetch(f"SELECT tenant, sum(charge), sum(idle_share) FROM {_usage_rows(_split(start, now + _TICK, now), params)}"  # noqa: S608 - fixed SQL; values are parameters
                       " u GROUP BY 1", params, period_read=True)
         spends.update({tenant: TenantSpend(tenant, charge, idle) for tenant, charge, idle in rows})
     return list(spends.values())
@@ -369,7 +369,7 @@ def list_workload_totals(
     # Per container and tier first (hashed), then per pod: the DISTINCT lists sort a few rows per pod.
     # Names order as Python orders str (code points: "C"), whatever the database's collation.
     rows = _fetch_as(
-        "SELECT namespace, pod, pod_uid, array_agg(DISTINCT container ORDER BY container) AS containers, "  # noqa: S608
+        "SELECT namespace, pod, pod_uid, array_agg(DISTINCT container ORDER BY container) AS containers, "  # noqa: S608 - fixed SQL; values are parameters
         "array_agg(DISTINCT sla_tier ORDER BY sla_tier) AS sla_tiers, sum(charge) AS charge, "
         "sum(idle_share) AS idle_share, sum(share_gpu_s) AS share_gpu_s, sum(mem_used_mb_s) AS mem_used_mb_s, "
         "sum(mem_granted_mb_s) AS mem_granted_mb_s, sum(sm_used_s) AS sm_used_s, sum(sm_granted_s) AS sm_granted_s, "
@@ -437,7 +437,7 @@ def list_workload_days(
     params: dict[str, Any] = {"tenants": [tenant], "namespaces": [w[0] for w in workloads],
                               "pods": [w[1] for w in workloads], "pod_uids": [w[2] for w in workloads]}
     rows = _fetch_as(
-        "SELECT date_trunc('day', u.at, 'UTC') AS day, k.i AS workload, sum(u.charge) + sum(u.idle_share) AS cost, "  # noqa: S608
+        "SELECT date_trunc('day', u.at, 'UTC') AS day, k.i AS workload, sum(u.charge) + sum(u.idle_share) AS cost, "  # noqa: S608 - fixed SQL; values are parameters
         "sum(u.mem_used_mb_s) AS mem_used_mb_s "
         f"FROM {_usage_rows(_split(start, end, now), params)} u "
         "LEFT JOIN unnest(%(namespaces)s::text[], %(pods)s::text[], %(pod_uids)s::text[]) WITH ORDINALITY "

@@ -6,7 +6,7 @@ are not part of this package's API: every read and write of them goes through bi
 """
 
 # Registration only (Django finds a model when its module is imported).
-from billing.ledger import models as _ledger_models  # noqa: F401
+from billing.ledger import models as _ledger_models  # noqa: F401 - imported to register the ledger's models with Django
 from billing.models.accounts import ApiToken, UserPreference
 from billing.models.audit import AuditEvent
 from billing.models.budgets import AdmittedPod, Budget, BudgetAction, BudgetState, BudgetStatus
@@ -22,12 +22,12 @@ __all__ = [
     "AdmittedPod",
     "ApiToken",
     "AuditEvent",
+    "BilledBasis",
     "BillingPeriod",
     "Budget",
     "BudgetAction",
     "BudgetState",
     "BudgetStatus",
-    "BilledBasis",
     "CreditNote",
     "Gpu",
     "GpuModel",

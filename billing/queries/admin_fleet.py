@@ -26,8 +26,8 @@ __all__ = [
     "RateCardView",
     "RateCardsPage",
     "TokenView",
-    "get_node_token",
     "get_gpu_models_page",
+    "get_node_token",
     "get_rate_cards_page",
     "list_nodes",
 ]

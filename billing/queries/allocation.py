@@ -45,15 +45,15 @@ __all__ = [
     "ParameterError",
     "Window",
     "accumulated",
-    "allocation_sets",
     "align_window",
+    "allocation_sets",
+    "legacy_filter_tree",
+    "node_assets",
+    "parse_accumulate",
     "parse_aggregate",
     "parse_bool",
     "parse_filter",
-    "node_assets",
-    "parse_accumulate",
     "parse_filter_tree",
-    "legacy_filter_tree",
     "parse_step",
     "parse_window",
     "set_windows",
@@ -166,7 +166,7 @@ def _printable(parameter: str, text: str) -> str:
     return text
 
 
-def parse_window(text: str, *, now: datetime) -> Window:
+def parse_window(text: str, *, now: datetime) -> Window:  # noqa: PLR0912 - one branch per window form OpenCost accepts
     """OpenCost's window forms, in UTC, relative to `now`: `today` and `yesterday` (whole UTC days),
     `week` (since Sunday 00:00 to now), `lastweek` (Sunday to Sunday), `month` (since the 1st to
     now), `lastmonth`; a duration `<n>m|h|d|w` (the last n units ending at the end of the current
@@ -637,7 +637,7 @@ def _shared_idle(rows: Sequence[ledger.UsageGroupRow],
     return parts
 
 
-def allocation_sets(
+def allocation_sets(  # noqa: PLR0912 - one branch per OpenCost option
     scope: Scope, *, window: Window, aggregate: Sequence[str], step: timedelta | None = None,
     accumulate: bool | str | None = False, include_idle: bool = False, share_idle: bool = False,
     idle_by_node: bool = False, filters: Mapping[str, Sequence[str]] | None = None,
@@ -723,7 +723,7 @@ def _idle_name(r: ledger.IdleRow, *, split: bool, by_node: bool) -> tuple[str, d
     return f"{r.cluster}/{IDLE}", {"cluster": r.cluster}
 
 
-def _add_idle(one: dict[str, Allocation], name: str, properties: dict[str, str], bound: Window, r: ledger.IdleRow,
+def _add_idle(one: dict[str, Allocation], name: str, properties: dict[str, str], bound: Window, r: ledger.IdleRow,  # noqa: PLR0917 - a private helper whose one caller passes its loop's state in order
               left: Decimal, currency: str) -> None:
     """Adds a card group's platform idle to the set's idle allocation `name` (merging nodes)."""
     gpu_hours = (r.metered_seconds - r.share_gpu_s) / _S_PER_H

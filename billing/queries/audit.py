@@ -80,15 +80,15 @@ def diff_snapshots(before: object, after: object) -> tuple[AuditChange, ...]:
     has). A side that is absent (a creation has no before) reads as empty on every field."""
     old, new = _as_fields(before), _as_fields(after)
     old_currency, new_currency = _currency(old) or _currency(new), _currency(new) or _currency(old)
-    changes = []
-    for key in [*old, *(k for k in new if k not in old)]:
-        changes.append(AuditChange(
+    return tuple(
+        AuditChange(
             field=key.removesuffix(_MINOR_SUFFIX),
             before=_value(key, old.get(key), old_currency),
             after=_value(key, new.get(key), new_currency),
             changed=key not in old or key not in new or old[key] != new[key],
-        ))
-    return tuple(changes)
+        )
+        for key in [*old, *(k for k in new if k not in old)]
+    )
 
 
 def _as_fields(snapshot: object) -> dict[str, object]:

@@ -228,7 +228,7 @@ def _tenant_names(slugs: Sequence[str]) -> dict[str, str]:
     return dict(Tenant.objects.filter(slug__in=slugs).values_list("slug", "name"))
 
 
-def _row(a: Allocation, level: str, keys: Sequence[str], path: ExplorePath,
+def _row(a: Allocation, level: str, keys: Sequence[str], path: ExplorePath,  # noqa: PLR0917 - a private helper whose one caller passes its loop's state in order
          peaks: Mapping[str, Decimal], names: Mapping[str, str]) -> ExploreRow:
     """`peaks`: the peak-hour means of the workloads to right-size; `names`: tenants' names."""
     pairs = tuple((k, a.properties.get(k, "")) for k in keys)

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import date, datetime
 from decimal import Decimal
+from typing import TYPE_CHECKING, ClassVar
 
 from django.db.models import Count, Sum
 from django.utils.translation import gettext_lazy as _
@@ -19,6 +20,9 @@ from billing.models import BillingPeriod, Invoice
 from billing.money import from_minor_units
 from billing.scope import Scope
 from billing.services.invoicing import close_is_stalled
+
+if TYPE_CHECKING:
+    from django_stubs_ext import StrPromise
 
 __all__ = ["PeriodState", "PeriodView", "get_billing_period", "list_billing_periods"]
 
@@ -37,7 +41,7 @@ class PeriodState:
     CLOSED = "closed"
     FAILED = "failed"
 
-    LABELS = {
+    LABELS: ClassVar[dict[str, StrPromise]] = {
         OPEN: _("open"),
         READY: _("ready to close"),
         CLOSING: _("closing"),

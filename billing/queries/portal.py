@@ -33,13 +33,13 @@ from billing.services.invoicing import InvoicePreview, preview_invoice, preview_
 
 __all__ = [
     "CHART_SERIES",
+    "WORKLOAD_TABLE_ROWS",
     "DailyWorkloadSeries",
     "TenantNotFound",
     "TenantPortal",
     "TenantPortalRow",
     "UpcomingInvoiceRow",
     "UpcomingInvoices",
-    "WORKLOAD_TABLE_ROWS",
     "WorkloadUsage",
     "get_tenant_portal",
     "get_upcoming_invoice",

@@ -16,8 +16,13 @@ from billing.services import node_events, undelivered
 from billing.services.input_limits import max_length
 from billing.services.policy import POLICY_SCHEMA
 
-__all__ = ["admission_review_schema", "admission_reply_schema", "node_events_schema", "node_policy_schema",
-           "undelivered_report_schema"]
+__all__ = [
+    "admission_reply_schema",
+    "admission_review_schema",
+    "node_events_schema",
+    "node_policy_schema",
+    "undelivered_report_schema",
+]
 
 _BIGINT = {"type": "integer", "minimum": 0, "maximum": 2**63 - 1}
 _UTC_INSTANT = {"type": "string", "format": "date-time", "pattern": "Z$", "example": "2026-11-30T03:00:00Z",

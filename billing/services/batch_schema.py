@@ -70,7 +70,7 @@ def usage_batch_schema() -> dict[str, Any]:
             "seconds": {"type": "number", "minimum": 0, "exclusiveMinimum": True, "maximum": rules.MAX_SAMPLE_SECONDS},
             "gpu": {"type": "string", "description": "the uuid of one of $.gpus"},
             **{key: _name(key) for key in rules.NAME_FIELDS},
-            **{key: _QUANTITY for key in rules.QUANTITIES},
+            **dict.fromkeys(rules.QUANTITIES, _QUANTITY),
             **_grouping_fields(),
         },
     }

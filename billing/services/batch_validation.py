@@ -14,6 +14,7 @@ comparisons and caches of repeated strings (timestamps, names).
 
 from __future__ import annotations
 
+import itertools
 import re
 import sys
 from collections import defaultdict
@@ -109,7 +110,7 @@ def _parse_time(value: Any) -> datetime:
     return parsed.astimezone(UTC)
 
 
-def _validate_header(
+def _validate_header(  # noqa: PLR0912 - one check per header field, in the protocol's order
     payload: Any, errors: _Errors, *, now: datetime, max_skew: timedelta, horizon: timedelta | None
 ) -> tuple[Any, ...] | None:
     if not isinstance(payload, dict):
@@ -358,7 +359,7 @@ def _validate_labels(labels: Any, i: int, *, good: set[tuple[str, str]], errors:
     return True
 
 
-def validate_batch(
+def validate_batch(  # noqa: PLR0912, PLR0915 - every rule of the protocol, in its order, in one pass over the samples
     payload: Any, *, now: datetime, max_skew: timedelta, max_samples: int, horizon: timedelta | None = None
 ) -> ValidatedBatch:
     """Check every rule of docs/protocol.md; raise InvalidBatch listing the violations."""
@@ -501,7 +502,7 @@ def _check_metered_once(metered: dict[tuple[str, ...], list[tuple[datetime, date
     """No two samples of one workload on one GPU cover the same instant: both would be billed."""
     for (uuid, namespace, pod, container, _uid), spans in metered.items():
         spans.sort()
-        for (_, prev_end, prev_i), (start, _end, i) in zip(spans, spans[1:], strict=False):
+        for (_, prev_end, prev_i), (start, _end, i) in itertools.pairwise(spans):
             if start < prev_end:
                 errors.add(f"$.samples[{i}]", f"meters {namespace}/{pod}/{container} on GPU {uuid} again for "
                                               f"seconds samples[{prev_i}] already covers")

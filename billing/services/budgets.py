@@ -36,12 +36,12 @@ from billing.services.audit import record_audit_event
 from billing.services.webhooks import parse_allow_list
 
 __all__ = [
+    "FORECAST_WINDOW",
     "BudgetTransition",
+    "MonthSpend",
     "budget_state_for",
     "check_budget_values",
     "evaluate_budgets",
-    "FORECAST_WINDOW",
-    "MonthSpend",
     "get_month_spend",
     "get_month_spends",
     "get_month_to_date_parts",

@@ -58,7 +58,7 @@ _SERVICE_ACCOUNT_PREFIX = "system:serviceaccount:"
 _CACHE_MAX_ENTRIES = 10_000  # far above any fleet's agents; bounds memory under a flood of tokens
 
 
-class KubeApiUnavailable(Exception):  # noqa: N818 - named for what the caller is told, like the outages it joins
+class KubeApiUnavailable(Exception):
     """The API server did not answer a TokenReview or a pod read (down, timing out, or refusing
     this service's own credentials): the token is neither accepted nor refused."""
 

@@ -281,7 +281,7 @@ def _check_currency_in_month(*, gpu_model: str, currency: str, start: datetime) 
         )
 
 
-def create_rate_card(
+def create_rate_card(  # noqa: PLR0912, PLR0915 - one check per field of the form, then the write
     *,
     gpu_model: str,
     price_per_gpu_hour: str | Decimal,

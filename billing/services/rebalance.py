@@ -65,17 +65,16 @@ from billing.services.audit import record_audit_event
 from billing.services.kube_api import new_api_client
 
 __all__ = [
+    "OUTCOMES",
+    "CapacityLine",
     "EvictionBlocked",
-    "unapprove_unqueued_plan",
+    "ExecutionStep",
     "KubeApi",
     "KubeError",
     "KubernetesApi",
     "LedgerPool",
     "PodGone",
     "PodReplaced",
-    "OUTCOMES",
-    "CapacityLine",
-    "ExecutionStep",
     "approve_plan",
     "build_pool",
     "capacity_lines",
@@ -89,6 +88,7 @@ __all__ = [
     "propose_rebalance",
     "reject_plan",
     "run_execution",
+    "unapprove_unqueued_plan",
 ]
 
 log = logging.getLogger(__name__)
@@ -319,10 +319,10 @@ def capacity_lines(plan: RebalancePlan) -> list[CapacityLine]:
         CapacityLine("busy", busy, plan.pool_gpus - busy, None),
         CapacityLine("after_plan", after, plan.gpus_freed, plan.projected_savings),
     ]
-    for estimate in plan.right_sizing.get("estimates", []):
-        lines.append(CapacityLine(f"p{estimate['percentile']}", estimate["gpus_needed"],
-                                  plan.pool_gpus - estimate["gpus_needed"],
-                                  Decimal(estimate["monthly_cost_difference"])))
+    lines.extend(CapacityLine(f"p{estimate['percentile']}", estimate["gpus_needed"],
+                              plan.pool_gpus - estimate["gpus_needed"],
+                              Decimal(estimate["monthly_cost_difference"]))
+                 for estimate in plan.right_sizing.get("estimates", []))
     return lines  # exact; the page rounds each amount once, to the currency's minor unit
 
 
@@ -608,7 +608,7 @@ def run_execution(plan_id: int, *, connect: Callable[[], KubeApi], now: datetime
     """
     try:
         kube = connect()
-    except Exception as exc:  # kubernetes.config.ConfigException and whatever a bad URL raises
+    except Exception as exc:  # noqa: BLE001 - kubernetes.config.ConfigException and whatever a bad URL raises
         return fail_execution(plan_id, now=now, reason=f"no Kubernetes API client: {type(exc).__name__}: {exc}")
     try:
         return execute_plan(plan_id, kube=kube, now=now, window=window)
@@ -632,7 +632,7 @@ def fail_execution(plan_id: int, *, now: datetime, reason: str) -> RebalancePlan
         return plan
 
 
-def _execute(plan_id: int, *, kube: KubeApi, now: datetime, window: timedelta) -> RebalancePlan:
+def _execute(plan_id: int, *, kube: KubeApi, now: datetime, window: timedelta) -> RebalancePlan:  # noqa: PLR0912 - one branch per step of a plan's state machine
     plan = RebalancePlan.objects.filter(pk=plan_id).first()
     if plan is None:
         raise InvalidInput(f"no rebalance plan {plan_id}")

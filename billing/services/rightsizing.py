@@ -25,10 +25,10 @@ from decimal import ROUND_CEILING, Decimal
 
 __all__ = [
     "HEADROOM",
-    "MemoryUse",
     "STEP_MB",
-    "Suggestion",
     "VERDICTS",
+    "MemoryUse",
+    "Suggestion",
     "gib",
     "mean_mb",
     "peak_hour_mean_mb",

@@ -70,8 +70,9 @@ def map_batch_tenants(batch: ValidatedBatch) -> tuple[ValidatedBatch, int]:
             tenant = decided[key] = tenant_for(key[0], key[1], mapping)
         if tenant != key[1]:
             mismatches += 1
-            row = (*row[:TENANT_COLUMN], tenant, *row[TENANT_COLUMN + 1:])
-        rows.append(row)
+            rows.append((*row[:TENANT_COLUMN], tenant, *row[TENANT_COLUMN + 1:]))
+        else:
+            rows.append(row)
     return (replace(batch, rows=rows) if mismatches else batch), mismatches
 
 

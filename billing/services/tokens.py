@@ -104,7 +104,7 @@ def note_token_use(table: TokenTable, token_id: int) -> None:
     with connection.cursor() as cur:
         # The service's clock, not the database's: every instant the service compares is on one clock.
         # `table` is one of two literals (TokenTable), never input.
-        cur.execute(f"UPDATE {table} SET last_used_at = %s WHERE id = %s",  # noqa: S608
+        cur.execute(f"UPDATE {table} SET last_used_at = %s WHERE id = %s",  # noqa: S608 - the table is one of two literals (see above)
                     [timezone.now(), token_id])
     _used[(table, token_id)] = now
 

@@ -20,12 +20,13 @@ from __future__ import annotations
 
 import base64
 import binascii
+import json
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, ClassVar, Protocol
 
 from cryptography import x509
 from cryptography.exceptions import InvalidSignature
@@ -277,7 +278,7 @@ class DirectoryStore:
     `kubernetes.io/tls` Secret's keys, so `kubectl create secret tls --cert tls.crt --key tls.key`
     takes them as they are). Keys are written 0600, each file replaced atomically."""
 
-    FILES = {"ca_cert": "ca.crt", "ca_key": "ca.key", "cert": "tls.crt", "key": "tls.key"}
+    FILES: ClassVar[dict[str, str]] = {"ca_cert": "ca.crt", "ca_key": "ca.key", "cert": "tls.crt", "key": "tls.key"}
 
     def __init__(self, directory: Path) -> None:
         self.directory = directory
@@ -451,13 +452,11 @@ class KubernetesStore:
             hint = {403: " (does the Job's ServiceAccount have the Role in deploy/k8s/webhook-certificate-job.yaml?)",
                     409: " (it changed while this ran; run again)"}.get(exc.status or 0, "")
             raise CertificateError(f"cannot {what}: {exc.status} {exc.reason}: {_api_message(exc)}{hint}") from exc
-        except Exception as exc:  # noqa: BLE001 - urllib3's connection errors and the like, reported with what we tried
+        except Exception as exc:  # urllib3's connection errors and the like, reported with what we tried
             raise CertificateError(f"cannot {what}: {type(exc).__name__}: {exc}") from exc
 
 
 def _api_message(exc: Any) -> str:
-    import json
-
     try:
         return str(json.loads(exc.body or "")["message"])
     except (ValueError, KeyError, TypeError):

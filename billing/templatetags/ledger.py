@@ -46,7 +46,7 @@ def number(value: object, places: int = 2) -> str:
 def current(context: template.Context, *url_names: str) -> str:
     """` aria-current="page"` when the request resolved to one of `url_names` (nav highlighting)."""
     match = getattr(context.get("request"), "resolver_match", None)
-    return mark_safe(' aria-current="page"') if match and match.url_name in url_names else ""  # noqa: S308
+    return mark_safe(' aria-current="page"') if match and match.url_name in url_names else ""
 
 
 @register.filter(name="gib")

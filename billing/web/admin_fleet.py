@@ -89,9 +89,9 @@ class RateCardForm(forms.Form):
                             widget=forms.TextInput(attrs={"size": 6}),
                             help_text=gettext_lazy("Leave blank to keep the current card's alpha."))
     billed_basis = forms.ChoiceField(label=gettext_lazy("Billed basis"), required=False,
-                                     choices=[("", gettext_lazy("as the current card"))] + list(BilledBasis.choices))
+                                     choices=[("", gettext_lazy("as the current card")), *BilledBasis.choices])
     idle_policy = forms.ChoiceField(label=gettext_lazy("Idle policy"), required=False,
-                                    choices=[("", gettext_lazy("as the current card"))] + list(IdlePolicy.choices))
+                                    choices=[("", gettext_lazy("as the current card")), *IdlePolicy.choices])
     source_url = forms.CharField(label=gettext_lazy("Source URL"), max_length=500,
                                  widget=forms.URLInput(attrs={"size": 40}))
     source_note = forms.CharField(label=gettext_lazy("Source note"), max_length=2000,

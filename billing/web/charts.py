@@ -66,7 +66,7 @@ def _frame(*, width: int, height: int, label: str, ticks: list[float], unit: str
     # At most ~12 category labels, evenly thinned, so dates never overprint.
     every = max(1, math.ceil(len(categories) / 12))
     for i, cat in enumerate(categories):
-        if i % every == 0 or i == len(categories) - 1 and len(categories) <= 12:
+        if i % every == 0 or (i == len(categories) - 1 and len(categories) <= 12):
             parts.append(f'<text class="tick" x="{x_of(i):.1f}" y="{height - _BOTTOM + 16}" '
                          f'text-anchor="middle">{escape(cat)}</text>')
     return parts
@@ -133,7 +133,7 @@ def stacked_bar_chart(categories: Sequence[str], series: Sequence[Series], *, la
             )
     parts += legend
     parts.append("</svg>")
-    return mark_safe("".join(parts))  # noqa: S308 — every text above is escaped
+    return mark_safe("".join(parts))  # noqa: S308 - every text above is escaped
 
 
 def line_chart(categories: Sequence[str], series: Sequence[Series], *, label: str, unit: str = "",
@@ -170,4 +170,4 @@ def line_chart(categories: Sequence[str], series: Sequence[Series], *, label: st
                 parts.append(f'<polyline class="line s{k % _PALETTE}" points="{" ".join(run)}"/>')
     parts += legend
     parts.append("</svg>")
-    return mark_safe("".join(parts))  # noqa: S308 — every text above is escaped
+    return mark_safe("".join(parts))  # noqa: S308 - every text above is escaped

@@ -14,8 +14,6 @@ __all__ = ["permission_denied"]
 
 
 def permission_denied(request: HttpRequest, exception: Exception) -> HttpResponse:
-    if isinstance(exception, RoleRequired):
-        context = {"audience": exception.audience}
-    else:  # a view's own message, written for people (translated where it is raised)
-        context = {"reason": str(exception)}
+    # Otherwise a view's own message, written for people (translated where it is raised).
+    context = {"audience": exception.audience} if isinstance(exception, RoleRequired) else {"reason": str(exception)}
     return HttpResponseForbidden(loader.render_to_string("403.html", context, request))

@@ -140,10 +140,8 @@ def explore(request: HttpRequest) -> HttpResponse:
 
 
 def _error_text(form: ExploreForm) -> str:
-    lines = []
-    for name, errors in form.errors.items():
-        for e in map(str, errors):
-            lines.append(e if name == "__all__" or e.startswith(f"{name}:") else f"{name}: {e}")
+    lines = [e if name == "__all__" or e.startswith(f"{name}:") else f"{name}: {e}"
+             for name, errors in form.errors.items() for e in map(str, errors)]
     return "\n".join(lines) + "\n"
 
 

@@ -161,16 +161,15 @@ def _upcoming_csv(request: HttpRequest, slug: str, now: datetime) -> HttpRespons
     writer.writerow(_UPCOMING_CSV_COLUMNS)
     head = _upcoming_head(preview)
     for i, line in enumerate(preview.lines, start=1):
-        writer.writerow(head + [
-            i, line.kind, line.gpu_model, line.sla_tier, f"{line.usage_month:%Y-%m}",
+        writer.writerow([
+            *head, i, line.kind, line.gpu_model, line.sla_tier, f"{line.usage_month:%Y-%m}",
             *line_number_cells(line.gpu_hours, line.amount, line.amount_minor, preview.currency), preview.currency,
         ])
     if preview.tax_minor:
-        writer.writerow(head + ["tax", f"tax {plain_decimal(preview.tax_rate_pct)}%", "", "", "", "", "",
-                                preview.tax_minor, minor_cell(preview.tax_minor, preview.currency),
-                                preview.currency])
-    writer.writerow(head + ["total", "", "", "", "", "", "", preview.total_minor,
-                            minor_cell(preview.total_minor, preview.currency), preview.currency])
+        writer.writerow([*head, "tax", f"tax {plain_decimal(preview.tax_rate_pct)}%", "", "", "", "", "",
+                         preview.tax_minor, minor_cell(preview.tax_minor, preview.currency), preview.currency])
+    writer.writerow([*head, "total", "", "", "", "", "", "", preview.total_minor,
+                     minor_cell(preview.total_minor, preview.currency), preview.currency])
     return response
 
 

@@ -96,7 +96,7 @@ def test_policy_rejects_a_throttle_factor_outside_zero_to_one() -> None:
 
 
 def test_policy_rejects_negative_headroom() -> None:
-    with pytest.raises(ValueError, match="headroom must be finite and >= 0, got -0.5"):
+    with pytest.raises(ValueError, match=r"headroom must be finite and >= 0, got -0\.5"):
         Policy(headroom=-0.5)
 
 
@@ -157,6 +157,7 @@ def test_grants_on_each_gpu_stay_within_its_capacity_and_headroom_is_the_rest() 
     result = compute_grants(gpus=[GPU], readings=readings, policy=Policy(), predictor=CurrentUsePredictor(), now=NOW)
     mem = math.fsum(g.mem_mb for g in result.grants)
     sm = math.fsum(g.sm for g in result.grants)
-    assert mem <= GPU.memory_mb and sm <= GPU.sm_count
+    assert mem <= GPU.memory_mb
+    assert sm <= GPU.sm_count
     assert mem + result.mem_headroom_mb[GPU.uuid] == pytest.approx(GPU.memory_mb)
     assert sm + result.sm_headroom[GPU.uuid] == pytest.approx(GPU.sm_count)

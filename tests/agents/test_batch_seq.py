@@ -82,7 +82,9 @@ def test_two_spools_of_one_node_never_share_a_batch_seq(
     everything = seen[0] + seen[1]
     assert len(set(everything)) == len(everything)
     for seqs in seen:
-        assert seqs == sorted(seqs) and len(set(seqs)) == len(seqs)  # strictly increasing per spool
+        # Strictly increasing per spool.
+        assert seqs == sorted(seqs)
+        assert len(set(seqs)) == len(seqs)
     assert all(0 <= seq < 2**63 for seq in everything)  # a Postgres bigint; the service accepts [0, 2^63)
 
 

@@ -55,7 +55,8 @@ def test_a_containers_processes_merge_into_one_entitled_reading(pods: KubeClient
     readings = {r.workload.pod: r for r in backend.read(now=NOW)}
 
     server = readings["bert-serving-7f9c6d5b8-x2kqp"]
-    assert server.workload.container == "server" and server.workload.sla_tier == "gold"
+    assert server.workload.container == "server"
+    assert server.workload.sla_tier == "gold"
     assert server.mem_used_mb == pytest.approx(4000.0)
     assert server.sm_used == pytest.approx(0.40 * 108)
     # The pod's annotations: 8192 MiB / 20 SMs guaranteed, up to 16384 MiB / 54 SMs.
@@ -64,4 +65,5 @@ def test_a_containers_processes_merge_into_one_entitled_reading(pods: KubeClient
     )
     assert backend.processes(server.workload) == (100, 101)
     host = readings["pid-7"]
-    assert host.workload.tenant == "unattributed" and host.entitlement == Entitlement()
+    assert host.workload.tenant == "unattributed"
+    assert host.entitlement == Entitlement()

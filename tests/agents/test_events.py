@@ -64,28 +64,28 @@ def test_payload_has_the_protocol_shape() -> None:
 
 
 @pytest.mark.parametrize(
-    "overrides",
+    ("overrides", "message"),
     [
-        {"action": ""},
-        {"action": "x" * 91},
-        {"target": ""},
-        {"target": "t" * 201},
-        {"at": datetime(2026, 11, 30, 3, 0)},  # noqa: DTZ001 -- the naive timestamp under test
-        {"detail": ["not", "an", "object"]},
-        {"detail": {"ratio": float("nan")}},
-        {"detail": {"pids": {1, 2}}},
+        ({"action": ""}, "event action must be 1 to"),
+        ({"action": "x" * 91}, "event action must be 1 to"),
+        ({"target": ""}, "event target must be 1 to"),
+        ({"target": "t" * 201}, "event target must be 1 to"),
+        ({"at": datetime(2026, 11, 30, 3, 0)}, "naive timestamp"),  # noqa: DTZ001 - the naive timestamp under test
+        ({"detail": ["not", "an", "object"]}, "detail must be a mapping"),
+        ({"detail": {"ratio": float("nan")}}, "detail is not plain JSON"),
+        ({"detail": {"pids": {1, 2}}}, "detail is not plain JSON"),
     ],
 )
-def test_event_the_service_would_reject_is_refused_when_made(overrides: dict[str, object]) -> None:
-    with pytest.raises(ValueError):
+def test_event_the_service_would_reject_is_refused_when_made(overrides: dict[str, object], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
         event(**overrides)
 
 
 def test_limits_are_the_services_limits() -> None:
     event(action="a" * 90, target="t" * 200)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="a request carries 1 to"):
         events_payload([])
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="a request carries 1 to"):
         events_payload([event()] * (MAX_EVENTS_PER_REQUEST + 1))
 
 
@@ -125,9 +125,13 @@ def test_throttled_and_failed_sends_keep_the_events_and_back_off() -> None:
     throttled = events.flush()
     assert (throttled.outcome, throttled.pending, throttled.delay_s) == (Outcome.THROTTLED, 1, 7.0)
     down = events.flush()
-    assert down.outcome is Outcome.RETRY and down.pending == 1 and 0 <= down.delay_s <= 1.0
+    assert down.outcome is Outcome.RETRY
+    assert down.pending == 1
+    assert 0 <= down.delay_s <= 1.0
     failed = events.flush()
-    assert failed.outcome is Outcome.RETRY and failed.pending == 1 and 0 <= failed.delay_s <= 2.0
+    assert failed.outcome is Outcome.RETRY
+    assert failed.pending == 1
+    assert 0 <= failed.delay_s <= 2.0
     done = events.flush()
     assert (done.sent, done.pending) == (1, 0)
     assert len({r.body for r in session.sent}) == 1  # the same event every time

@@ -98,20 +98,23 @@ def test_pmon_columns_are_found_by_name_and_dashes_are_none() -> None:
 
 def test_ptx_declares_the_kernel_the_launch_names_for_the_target_it_says() -> None:
     version = re.search(r"^\.version (\d+)\.(\d+)$", BUSY_PTX, re.M)
-    assert version is not None and int(version.group(1)) >= 6
+    assert version is not None
+    assert int(version.group(1)) >= 6
     assert re.search(rf"^\.target {BUSY_PTX_TARGET}$", BUSY_PTX, re.M)
     assert int(BUSY_PTX_TARGET.removeprefix("sm_")) >= 52
     entry = re.search(rf"\.visible \.entry {BUSY_KERNEL}\((.*?)\)", BUSY_PTX, re.S)
     assert entry is not None
     assert entry.group(1).count(".param .u64") == 2  # iterations pointer, duration in ns
-    assert "%globaltimer" in BUSY_PTX and "st.global.u64" in BUSY_PTX
+    assert "%globaltimer" in BUSY_PTX
+    assert "st.global.u64" in BUSY_PTX
     assert BUSY_PTX.count("{") == BUSY_PTX.count("}")
 
 
 def test_every_driver_function_called_is_declared_and_gets_its_argtypes() -> None:
     source = Path(sys.modules[CudaDriver.__module__].__file__ or "").read_text()
     called = set(re.findall(r'(?:call|functions)\[?\(?"(cu[A-Za-z0-9_]+)"', source))
-    assert called and called <= set(SIGNATURES)
+    assert called
+    assert called <= set(SIGNATURES)
     driver = CudaDriver(loader=lambda _: FakeLibcuda())
     for name, argtypes in SIGNATURES.items():
         assert list(driver.functions[name].argtypes) == list(argtypes), name
@@ -130,11 +133,15 @@ def test_load_holds_its_memory_runs_a_block_per_sm_and_frees_everything() -> Non
     held: list[int] = []
     result = driver.run_load(ordinal=0, mb=2, blocks=20, seconds=0.05, on_ready=lambda: held.append(fake.held_bytes()))
     assert held == [2 * MIB + 20 * 8]  # the allocation and the block counters, while running
-    assert result.allocated_mb == 2 and result.blocks == 20 and result.min_block_iterations > 0
+    assert result.allocated_mb == 2
+    assert result.blocks == 20
+    assert result.min_block_iterations > 0
     assert {launch.grid for launch in fake.launches} == {(20, 1, 1)}
     assert all(0 < launch.params[1] <= 200_000_000 for launch in fake.launches)  # ns slices of the run
     assert "cuMemsetD8_v2" in fake.calls  # the memory was written, so it is resident
-    assert fake.held_bytes() == 0 and fake.state.retained == {0: 0} and not fake.state.modules
+    assert fake.held_bytes() == 0
+    assert fake.state.retained == {0: 0}
+    assert not fake.state.modules
 
 
 def test_device_query_reads_name_uuid_sms_and_memory() -> None:
@@ -154,14 +161,17 @@ def test_allocation_past_the_limit_is_out_of_memory_in_the_loads_json(capsys: py
     record = json.loads(capsys.readouterr().out.splitlines()[-1])
     assert record == {"event": "error", "call": "cuMemAlloc_v2", "error": "CUDA_ERROR_OUT_OF_MEMORY",
                       "text": "out of memory"}
-    assert fake.held_bytes() == 0 and fake.state.retained == {0: 0}
+    assert fake.held_bytes() == 0
+    assert fake.state.retained == {0: 0}
 
 
 def test_load_under_the_limit_says_ready_then_done(capsys: pytest.CaptureFixture[str]) -> None:
     assert run_load(ordinal=0, mb=2, sms=3, seconds=0.05, loader=lambda _: FakeLibcuda(memory_limit_mb=4)) == 0
     ready, done = (json.loads(line) for line in capsys.readouterr().out.splitlines())
     assert ready == {"event": "ready", "pid": os.getpid(), "gpu": GPU.uuid, "mb": 2, "blocks": 3, "sm_count": 132}
-    assert done["event"] == "done" and done["blocks"] == 3 and done["min_block_iterations"] > 0
+    assert done["event"] == "done"
+    assert done["blocks"] == 3
+    assert done["min_block_iterations"] > 0
 
 
 # -- no driver ------------------------------------------------------------------------------------
@@ -174,26 +184,32 @@ def test_no_driver_is_a_clear_message_and_exit_3_without_a_traceback() -> None:
     )
     assert done.returncode == 3
     assert "cannot check on this machine" in done.stderr
-    assert f"cannot load {NOWHERE}" in done.stderr and "/nonexistent/nvidia-smi: not found" in done.stderr
-    assert "Traceback" not in done.stderr and done.stdout == ""
+    assert f"cannot load {NOWHERE}" in done.stderr
+    assert "/nonexistent/nvidia-smi: not found" in done.stderr
+    assert "Traceback" not in done.stderr
+    assert done.stdout == ""
 
 
 def test_a_load_process_without_a_driver_reports_it_and_never_gets_ready() -> None:
     with LoadProcess(ordinal=0, mb=1, seconds=1, library=NOWHERE) as load:
         assert not load.wait_ready(60)
         outcome = load.finish(60)
-    assert outcome.returncode == 3 and outcome.error is not None and outcome.error["error"] == "no-driver"
-    assert "Traceback" not in outcome.stderr and NOWHERE in outcome.describe()
+    assert outcome.returncode == 3
+    assert outcome.error is not None
+    assert outcome.error["error"] == "no-driver"
+    assert "Traceback" not in outcome.stderr
+    assert NOWHERE in outcome.describe()
 
 
 # -- tolerances and report ------------------------------------------------------------------------
 
 
 def a_round(**changes: object) -> Round:
-    values: dict[str, object] = dict(
-        at_s=2.0, backend_listed=True, backend_mem_mb=1536.0, backend_sm_percent=97.0, backend_sm_used=128.0,
-        smi_listed=True, smi_mem_mb=1536.0, pmon_sm_percent=95.0, gpu_util_percent=100.0,
-    )
+    values: dict[str, object] = {
+        "at_s": 2.0, "backend_listed": True, "backend_mem_mb": 1536.0, "backend_sm_percent": 97.0,
+        "backend_sm_used": 128.0, "smi_listed": True, "smi_mem_mb": 1536.0, "pmon_sm_percent": 95.0,
+        "gpu_util_percent": 100.0,
+    }
     values.update(changes)
     return Round(**values)  # type: ignore[arg-type]  # test data, checked by Round itself
 
@@ -213,14 +229,16 @@ def test_memory_off_by_more_than_the_tolerance_fails_and_within_it_passes() -> N
     within = {c.name: c for c in judge([a_round(smi_mem_mb=1536.0 + MEMORY_TOLERANCE_MB)], allocated_mb=1024)}
     assert within[name].passed is True
     off = {c.name: c for c in judge([a_round(), a_round(smi_mem_mb=1536.0 * 1.024)], allocated_mb=1024)}
-    assert off[name].passed is False and "36.9 MiB" in off[name].detail
+    assert off[name].passed is False
+    assert "36.9 MiB" in off[name].detail
 
 
 def test_memory_below_the_allocation_or_far_above_it_fails() -> None:
     key = "memory between the allocation and 2048 MiB above it"
     below = {c.name: c.passed for c in judge([a_round(backend_mem_mb=1000.0, smi_mem_mb=1000.0)], allocated_mb=1024)}
     above = {c.name: c.passed for c in judge([a_round(backend_mem_mb=5000.0, smi_mem_mb=5000.0)], allocated_mb=1024)}
-    assert below[key] is False and above[key] is False
+    assert below[key] is False
+    assert above[key] is False
 
 
 def test_an_idle_reading_of_a_busy_load_fails_and_the_first_round_is_not_judged_for_sm() -> None:
@@ -236,7 +254,8 @@ def test_values_nvidia_smi_withholds_are_not_judged_and_a_missing_pid_fails() ->
     assert checks[f"memory within {MEMORY_TOLERANCE_MB:g} MiB of nvidia-smi"].passed is None
     assert checks["SM within 20 points of pmon sm"].passed is None
     missing = {c.name: c for c in judge([a_round(backend_listed=False, smi_listed=False)], allocated_mb=1024)}
-    assert missing["PID listed"].passed is False and "by backend and nvidia-smi" in missing["PID listed"].detail
+    assert missing["PID listed"].passed is False
+    assert "by backend and nvidia-smi" in missing["PID listed"].detail
 
 
 def test_stage_status_follows_its_checks_and_the_exit_code_follows_the_stages() -> None:
@@ -246,7 +265,8 @@ def test_stage_status_follows_its_checks_and_the_exit_code_follows_the_stages() 
     assert (failed.status, passed.status) == (FAIL, PASS)
     assert "memory within" in failed.reason
     skipped = StageResult("mps", SKIP, "nvidia-cuda-mps-control not found")
-    assert exit_code([passed, skipped]) == 0 and exit_code([passed, failed, skipped]) == 1
+    assert exit_code([passed, skipped]) == 0
+    assert exit_code([passed, failed, skipped]) == 1
 
 
 def test_report_is_markdown_with_a_row_per_stage_and_escaped_cells() -> None:
@@ -350,7 +370,8 @@ def test_stragglers_are_found_by_their_environment_and_stopped_by_pid(tmp_path: 
     try:
         assert processes_with_environment(PIPE_ENV, marker) == [child.pid]
         notes = stop_processes([child.pid], grace_s=5.0)
-        assert child.wait(timeout=5) == -15 and notes == [f"sent SIGTERM to {child.pid}"]
+        assert child.wait(timeout=5) == -15
+        assert notes == [f"sent SIGTERM to {child.pid}"]
     finally:
         child.kill()
         child.wait()
@@ -386,7 +407,8 @@ def test_private_daemon_starts_takes_commands_quits_and_leaves_nothing(fake_cont
     finally:
         notes = daemon.close()
     assert notes == ["quit accepted"]
-    assert not root.exists() and processes_with_environment(PIPE_ENV, str(daemon.pipe_directory)) == []
+    assert not root.exists()
+    assert processes_with_environment(PIPE_ENV, str(daemon.pipe_directory)) == []
 
 
 def test_mps_stage_without_a_driver_fails_on_its_clients_and_still_cleans_up(fake_control_cli: Path) -> None:
@@ -404,4 +426,5 @@ def test_mps_stage_without_a_driver_fails_on_its_clients_and_still_cleans_up(fak
 def test_mps_stage_is_skipped_when_the_control_daemon_is_not_installed() -> None:
     stage = run_mps_stage(control=("/nonexistent/nvidia-cuda-mps-control",), gpu=GPU, ordinal=0, limit_mb=512,
                           percentage=50, library=NOWHERE)
-    assert stage.status == SKIP and "not found" in stage.reason
+    assert stage.status == SKIP
+    assert "not found" in stage.reason

@@ -83,7 +83,9 @@ def test_invalid_annotations_name_the_pod_and_the_field(annotations: dict[str, s
         parse_annotations(annotations, pod=POD)
     assert raised.value.field == field
     assert raised.value.pod == POD
-    assert problem in str(raised.value) and POD in str(raised.value) and field in str(raised.value)
+    assert problem in str(raised.value)
+    assert POD in str(raised.value)
+    assert field in str(raised.value)
 
 
 # -- DRA ResourceClaim opaque parameters -----------------------------------------------------
@@ -114,7 +116,8 @@ def test_claim_config_overrides_class_config_field_by_field() -> None:
         ClaimConfig(driver="vgpu-ledger.io", parameters={"memoryMB": 8192}, source="FromClaim"),
     ]
     request = parse_claim_configs(configs, pod=POD, claim="c")
-    assert request is not None and (request.memory_mb, request.sm_count) == (8192, 10)
+    assert request is not None
+    assert (request.memory_mb, request.sm_count) == (8192, 10)
 
 
 def test_a_claim_without_our_driver_has_no_request() -> None:
@@ -142,7 +145,8 @@ def test_invalid_claim_parameters_name_the_pod_claim_and_field(
     with pytest.raises(InvalidGpuRequest) as raised:
         parse_claim_configs(configs, pod=POD, claim="gpu-claim")
     assert raised.value.field == f"resourceclaim/gpu-claim {field}"
-    assert problem in str(raised.value) and POD in str(raised.value)
+    assert problem in str(raised.value)
+    assert POD in str(raised.value)
 
 
 # -- nvidia.com/gpu --------------------------------------------------------------------------
@@ -257,7 +261,8 @@ def test_the_dra_claim_allocated_to_the_pod_is_read_over_the_api(
     request = resolver.resolve(workload=_workload(pod, "trainer"))
     again = resolver.resolve(workload=_workload(pod, "trainer"))
 
-    assert request == again and (request.memory_mb, request.sm_limit) == (20480, 108)
+    assert request == again
+    assert (request.memory_mb, request.sm_limit) == (20480, 108)
     assert request.source == "resourceclaim/trainer-0-gpu-7x2lq"
     reads = [r for r in fake.requests if r.path.endswith("/resourceclaims/trainer-0-gpu-7x2lq")]
     assert len(reads) == 1  # cached per pod version
@@ -288,11 +293,15 @@ def test_an_invalid_annotation_falls_back_to_the_tenant_default_with_an_event_an
 
     assert first == second == TENANT_DEFAULT
     (event,) = fake.events  # once per pod version, not once per tick
-    assert event["apiVersion"] == "v1" and event["kind"] == "Event"
-    assert event["type"] == "Warning" and event["reason"] == "InvalidGpuRequest"
-    assert event["involvedObject"]["name"] == pod.name and event["involvedObject"]["uid"] == pod.uid
+    assert event["apiVersion"] == "v1"
+    assert event["kind"] == "Event"
+    assert event["type"] == "Warning"
+    assert event["reason"] == "InvalidGpuRequest"
+    assert event["involvedObject"]["name"] == pod.name
+    assert event["involvedObject"]["uid"] == pod.uid
     assert event["metadata"]["namespace"] == "acme-prod"
-    assert "vgpu-ledger.io/memory-mb='8Gi'" in event["message"] and pod.key in event["message"]
+    assert "vgpu-ledger.io/memory-mb='8Gi'" in event["message"]
+    assert pod.key in event["message"]
     assert "tenant default" in event["message"]
     assert any("vgpu-ledger.io/memory-mb" in r.getMessage() and pod.key in r.getMessage() for r in caplog.records)
 
@@ -412,7 +421,9 @@ def test_time_slicing_promises_nothing_and_caps_nothing_below_the_card() -> None
 def test_our_own_parameters_win_over_nvidias_sharing_settings_in_the_same_claim() -> None:
     # The recorded v1 claim has a class GpuConfig (TimeSlicing) and our GpuRequest.
     request = parse_claim(_claim_info(fixture("resourceclaim_v1_allocated.json")), pod=POD)
-    assert request is not None and request.source == f"resourceclaim/{CLAIM}" and request.memory_mb == 20480
+    assert request is not None
+    assert request.source == f"resourceclaim/{CLAIM}"
+    assert request.memory_mb == 20480
 
 
 def test_per_device_pinned_limits_apply_to_the_card_named_by_uuid() -> None:
@@ -423,7 +434,8 @@ def test_per_device_pinned_limits_apply_to_the_card_named_by_uuid() -> None:
         ),
         pod=POD,
     )
-    assert request is not None and request.memory_limit_mb_by_gpu == (("GPU-1a2b", 20480),)
+    assert request is not None
+    assert request.memory_limit_mb_by_gpu == (("GPU-1a2b", 20480),)
     assert request.entitlement(gpu=H100).limit_mem_mb == 20480.0
     assert request.entitlement(gpu=A100).limit_mem_mb == 8192.0
 
@@ -433,7 +445,8 @@ def test_a_device_index_names_the_only_device_of_a_single_device_claim() -> None
         _mps_claim({"defaultPinnedDeviceMemoryLimit": "8Gi", "defaultPerDevicePinnedMemoryLimit": {"0": "12Gi"}}),
         pod=POD,
     )
-    assert request is not None and request.memory_limit_mb == 12288
+    assert request is not None
+    assert request.memory_limit_mb == 12288
 
 
 def test_the_class_config_applies_unless_the_claim_names_the_request() -> None:
@@ -467,7 +480,8 @@ def test_the_class_config_applies_unless_the_claim_names_the_request() -> None:
         namespace="acme-research", name=CLAIM, allocated=True, configs=(claim_ts, class_mps), devices=(other,)
     )
     request = parse_nvidia_sharing(only_class, pod=POD)
-    assert request is not None and request.sm_limit_percent == 10
+    assert request is not None
+    assert request.sm_limit_percent == 10
 
 
 @pytest.mark.parametrize(
@@ -539,11 +553,13 @@ def test_gpus_of_one_claim_with_different_sharing_settings_are_reported() -> Non
     with pytest.raises(InvalidGpuRequest) as raised:
         parse_nvidia_sharing(mixed, pod=POD)
     assert raised.value.field == f"resourceclaim/{CLAIM} gpu.nvidia.com config"
-    assert raised.value.value == ["large", "small"] and "different sharing settings" in str(raised.value)
+    assert raised.value.value == ["large", "small"]
+    assert "different sharing settings" in str(raised.value)
     # The same settings written for each request are one setting.
     alike = replace(mixed, configs=(mps(20, "small"), mps(20, "large")))
     request = parse_nvidia_sharing(alike, pod=POD)
-    assert request is not None and request.sm_limit_percent == 20
+    assert request is not None
+    assert request.sm_limit_percent == 20
 
 
 def test_a_gpu_config_without_sharing_or_for_no_allocated_gpu_gives_no_request() -> None:

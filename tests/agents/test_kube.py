@@ -70,13 +70,18 @@ def test_pod_info_reads_container_ids_gpu_limits_and_claims_from_recorded_pods()
     dra_pod = pod_info_from_model(client.V1Pod.model_validate(fixture("pod_dra_claim.json")))
 
     server = gpu_pod.container("server")
-    assert server is not None and server.container_id == SERVER_ID and server.gpu_limit == "1"
+    assert server is not None
+    assert server.container_id == SERVER_ID
+    assert server.gpu_limit == "1"
     sidecar = gpu_pod.container("metrics-sidecar")
-    assert sidecar is not None and sidecar.container_id == SIDECAR_ID and sidecar.gpu_limit is None
+    assert sidecar is not None
+    assert sidecar.container_id == SIDECAR_ID
+    assert sidecar.gpu_limit is None
     assert gpu_pod.labels["vgpu-ledger.io/sla-tier"] == "gold"
     # A claim from a template is named in status.resourceClaimStatuses.
     trainer = dra_pod.container("trainer")
-    assert trainer is not None and trainer.claims == ("trainer-0-gpu-7x2lq",)
+    assert trainer is not None
+    assert trainer.claims == ("trainer-0-gpu-7x2lq",)
     assert trainer.container_id == "0f1e2d3c4b5a69788796a5b4c3d2e1f00f1e2d3c4b5a69788796a5b4c3d2e1f0"
 
 
@@ -112,7 +117,9 @@ def test_watch_follows_pods_added_modified_and_deleted(fake: FakeKubernetes, pod
     stored = fake.add_pod(pod_named("bert", container_id="3" * 64))
     wait_until(lambda: pods.lookup("3" * 64) is not None, what="pod added")
     found = pods.lookup("3" * 64)
-    assert found is not None and found[0].uid == stored["metadata"]["uid"] and found[1].name == "server"
+    assert found is not None
+    assert found[0].uid == stored["metadata"]["uid"]
+    assert found[1].name == "server"
 
     # A container restart: the status names a new id, the old one no longer maps.
     stored["status"]["containerStatuses"][1]["containerID"] = "containerd://" + "4" * 64
@@ -235,13 +242,15 @@ def test_evict_reports_a_disruption_budget_refusal_and_a_vanished_pod(
         )
         is EvictionOutcome.GONE
     )
-    assert fake.evictions == [] and fake.events == []
+    assert fake.evictions == []
+    assert fake.events == []
 
 
 def test_get_resource_claim_reads_the_allocated_configs(fake: FakeKubernetes, pods: KubeClientPods) -> None:
     fake.add_resource_claim(fixture("resourceclaim_v1_allocated.json"))
     claim = pods.get_resource_claim(namespace="acme-research", name="trainer-0-gpu-7x2lq")
-    assert claim is not None and claim.allocated
+    assert claim is not None
+    assert claim.allocated
     assert [(c.source, c.driver) for c in claim.configs] == [
         ("FromClass", "gpu.nvidia.com"),
         ("FromClaim", "vgpu-ledger.io"),
@@ -255,7 +264,8 @@ def test_an_unallocated_claim_offers_its_spec_configs(fake: FakeKubernetes, pods
     del pending["status"]
     fake.add_resource_claim(pending)
     claim = pods.get_resource_claim(namespace="acme-research", name="trainer-0-gpu-7x2lq")
-    assert claim is not None and not claim.allocated
+    assert claim is not None
+    assert not claim.allocated
     assert [(c.source, c.driver) for c in claim.configs] == [("Spec", "vgpu-ledger.io")]
 
 
@@ -267,7 +277,8 @@ def test_fake_answers_an_expired_watch_with_the_api_servers_410_error_event(fake
         params={"watch": "true", "resourceVersion": listed["metadata"]["resourceVersion"], "timeoutSeconds": "1"},
         timeout=5,
     )
-    assert response.status_code == 200 and response.headers["Transfer-Encoding"] == "chunked"
+    assert response.status_code == 200
+    assert response.headers["Transfer-Encoding"] == "chunked"
     (line,) = [raw for raw in response.text.splitlines() if raw]
     event = json.loads(line)
     assert event["type"] == "ERROR"
@@ -308,8 +319,10 @@ def test_claims_are_read_in_the_most_preferred_version_served_discovered_once(
     first = pods.get_resource_claim(namespace="acme-research", name=CLAIM)
     again = pods.get_resource_claim(namespace="acme-research", name=CLAIM)
 
-    assert first == again and first is not None
-    assert first.api_version == f"resource.k8s.io/{expected}" and first.allocated
+    assert first == again
+    assert first is not None
+    assert first.api_version == f"resource.k8s.io/{expected}"
+    assert first.allocated
     assert [(c.source, c.driver, c.requests) for c in first.configs] == [("FromClaim", "gpu.nvidia.com", ("gpu",))]
     assert first.configs[0].parameters["sharing"]["mpsConfig"]["defaultPinnedDeviceMemoryLimit"] == "10Gi"
     assert (
@@ -339,13 +352,16 @@ def test_a_claim_is_read_in_the_new_version_when_an_upgrade_stops_serving_the_ol
     fake.resource_api_versions = ("v1beta1",)
     fake.add_resource_claim(fixture("resourceclaim_v1_allocated.json"))
     before = pods.get_resource_claim(namespace="acme-research", name=CLAIM)
-    assert before is not None and before.api_version == "resource.k8s.io/v1beta1"
+    assert before is not None
+    assert before.api_version == "resource.k8s.io/v1beta1"
 
     fake.resource_api_versions = ("v1",)  # the beta turned off by the upgrade
     after = pods.get_resource_claim(namespace="acme-research", name=CLAIM)
 
-    assert after is not None and after.api_version == "resource.k8s.io/v1"
-    assert after.configs == before.configs and after.devices == before.devices
+    assert after is not None
+    assert after.api_version == "resource.k8s.io/v1"
+    assert after.configs == before.configs
+    assert after.devices == before.devices
     assert _reads(fake, DISCOVERY).count(DISCOVERY) == 2
     # A claim missing in a version still served is missing: one more discovery, no retry loop.
     assert pods.get_resource_claim(namespace="acme-research", name="absent") is None
@@ -388,5 +404,6 @@ def test_allocation_results_carry_consumed_capacity_and_the_share_id(
 def test_pod_info_keeps_hamis_share_limits_with_the_vgpu_count() -> None:
     pod = pod_info_from_model(client.V1Pod.model_validate(fixture("pod_hami.json")))
     resnet = pod.container("resnet")
-    assert resnet is not None and resnet.gpu_limit == "2"
+    assert resnet is not None
+    assert resnet.gpu_limit == "2"
     assert resnet.hami_limits == (("nvidia.com/gpumem", "3000"), ("nvidia.com/gpucores", "30"))

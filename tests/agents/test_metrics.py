@@ -96,7 +96,8 @@ def test_a_workload_that_left_has_no_series_any_more(served: tuple[AgentMetrics,
     )
     metrics.observe(grants=[Grant(workload=staying, gpu="GPU-1", mem_mb=1.0, sm=1.0)], readings=[])
     text = scrape(server)
-    assert 'pod="stays"' in text and 'pod="leaves"' not in text
+    assert 'pod="stays"' in text
+    assert 'pod="leaves"' not in text
 
 
 def test_the_endpoint_binds_loopback_only_by_default(served: tuple[AgentMetrics, MetricsServer]) -> None:

@@ -79,7 +79,7 @@ def test_sm_share_becomes_a_percentage_rounded_up_within_1_to_100() -> None:
     assert active_thread_percentage(27.1, 108) == 26
     assert active_thread_percentage(0.0, 108) == 1
     assert active_thread_percentage(500.0, 108) == 100
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="must be finite"):
         active_thread_percentage(float("nan"), 108)
 
 
@@ -260,7 +260,7 @@ def test_no_daemon_is_a_reported_failure_not_a_crash(pipe_dir: Path, control: Mp
 
 def test_control_sends_one_command_line_only(control: MpsControlCli) -> None:
     for bad in ("", " get_server_list", "get_server_list\nquit"):
-        with pytest.raises(ValueError):
+        with pytest.raises(ValueError, match="one non-blank line"):
             control.send(bad)
 
 

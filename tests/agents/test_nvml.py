@@ -67,7 +67,7 @@ def test_cores_per_sm_follow_the_cuda_architecture_table(capability: tuple[int, 
 
 
 def test_an_unknown_architecture_is_a_clear_error() -> None:
-    with pytest.raises(ValueError, match="compute capability 3.5"):
+    with pytest.raises(ValueError, match=r"compute capability 3\.5"):
         cuda_cores_per_sm(3, 5)
 
 

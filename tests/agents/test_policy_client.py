@@ -36,7 +36,7 @@ class PolicyServer:
                 return
 
             def do_GET(self) -> None:
-                outer.seen.append({"path": self.path, **{k: v for k, v in self.headers.items()}})
+                outer.seen.append({"path": self.path, **dict(self.headers.items())})
                 if outer.status != 200:
                     self.send_response(outer.status)
                     self.send_header("Content-Length", "0")
@@ -125,13 +125,16 @@ def test_a_throttled_tenant_gets_its_own_factor_and_no_burst() -> None:
             predictor=CurrentUsePredictor(), now=NOW,
         ).grants
     }
-    assert grants["acme"].sm == 0.0 and grants["acme"].mem_mb == pytest.approx(1000.0)
-    assert grants["globex"].sm == pytest.approx(48.0) and grants["globex"].mem_mb == pytest.approx(1200.0)
+    assert grants["acme"].sm == 0.0
+    assert grants["acme"].mem_mb == pytest.approx(1000.0)
+    assert grants["globex"].sm == pytest.approx(48.0)
+    assert grants["globex"].mem_mb == pytest.approx(1200.0)
 
 
 def test_polls_with_the_token_and_if_none_match_and_keeps_the_policy_on_304(server: PolicyServer, tmp_path: Path) -> None:
     policy = client(server.url, tmp_path / "policy.json")
-    assert policy.current().etag is None and policy.age_s() is None
+    assert policy.current().etag is None
+    assert policy.age_s() is None
     assert policy.poll() is PollOutcome.UPDATED
     assert policy.current().allocation.throttled_tenants == {"acme"}
     assert policy.poll() is PollOutcome.NOT_MODIFIED

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import random
 import threading
 from collections.abc import Sequence
@@ -81,7 +82,7 @@ def test_grants_rise_before_the_memory_arrives_on_a_ramp(tmp_path: Path) -> None
     for t in ramp:
         # Reserved a tick ahead: what the workload will hold at the next tick is already granted.
         assert grants[t] >= llm_memory_mb(t + 0.5), t
-    assert all(grants[a] < grants[b] for a, b in zip(ramp, ramp[1:], strict=False))  # rising with the ramp
+    assert all(grants[a] < grants[b] for a, b in itertools.pairwise(ramp))  # rising with the ramp
     _, current_use = run_ramp(tmp_path / "current", predictor=CurrentUsePredictor())
     assert all(current_use[t] == llm_memory_mb(t) < llm_memory_mb(t + 0.5) for t in ramp)  # always a tick late
 
@@ -129,7 +130,8 @@ def drive(predictors: WorkloadPredictors, *, ticks: int, seed: int) -> list[tupl
         predictors.predict(reading=r, now=T0 + timedelta(seconds=0.5 * i))
         if i % 100 == 99 and i >= ticks // 2:
             s = predictors.stats()[0]
-            assert s.mem_underprediction_rate is not None and s.sm_underprediction_rate is not None
+            assert s.mem_underprediction_rate is not None
+            assert s.sm_underprediction_rate is not None
             rates.append((s.mem_underprediction_rate, s.sm_underprediction_rate))
     return rates
 
@@ -147,7 +149,8 @@ def test_online_calibration_holds_the_under_prediction_rate_at_the_target() -> N
     assert 0.03 <= mean_sm <= 0.08
     s = online.stats()[0]
     assert s.mem_margin_mb > 0 > s.sm_margin  # memory needed more margin, SMs less
-    assert abs(s.mem_margin_mb) <= 0.25 * GPU.memory_mb and abs(s.sm_margin) <= 0.25 * GPU.sm_count
+    assert abs(s.mem_margin_mb) <= 0.25 * GPU.memory_mb
+    assert abs(s.sm_margin) <= 0.25 * GPU.sm_count
 
 
 def test_the_margin_stays_within_its_bound() -> None:
@@ -186,7 +189,8 @@ def test_prediction_metrics_are_exported_in_base_units() -> None:
     # A flat signal is never above its calibrated forecast; all of the forecast above use is over-reserved.
     assert series[("vgpu_agent_memory_underprediction_ratio", "llm-0")] == 0.0
     assert series[("vgpu_agent_sm_underprediction_ratio", "llm-0")] == 0.0
-    assert s.mem_over_reservation_mb is not None and s.sm_over_reservation is not None
+    assert s.mem_over_reservation_mb is not None
+    assert s.sm_over_reservation is not None
     assert series[("vgpu_agent_memory_over_reservation_bytes", "llm-0")] == pytest.approx(s.mem_over_reservation_mb * mib)
     assert s.mem_over_reservation_mb > 0
     assert series[("vgpu_agent_sm_over_reservation", "llm-0")] == pytest.approx(s.sm_over_reservation)

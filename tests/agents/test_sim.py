@@ -108,7 +108,9 @@ def test_resnet50_batch_4_holds_about_1180_mb_with_periodic_sm_load() -> None:
     series = _series("resnet50", 42, 120)
     assert all(1150 <= mem <= 1210 for mem, _, _ in series)
     sms = [sm for _, sm, _ in series]
-    assert min(sms) < 0.12 and max(sms) > 0.30  # rises and falls with batches
+    # Rises and falls with batches.
+    assert min(sms) < 0.12
+    assert max(sms) > 0.30
 
 
 def test_llama_bursts_spike_sms_and_grow_then_release_the_kv_cache() -> None:
@@ -117,7 +119,9 @@ def test_llama_bursts_spike_sms_and_grow_then_release_the_kv_cache() -> None:
     sms = [sm for _, sm, _ in series]
     assert all(4000 <= mem <= 6144 for mem in mems)
     assert all(sm <= 0.80 for sm in sms)
-    assert max(sms) >= 0.40 and min(sms) < 0.05  # bursty: spikes and quiet spells
+    # Bursty: spikes and quiet spells.
+    assert max(sms) >= 0.40
+    assert min(sms) < 0.05
     assert max(mems) - min(mems) > 300  # KV cache grows with requests ...
     assert sum(mem < 4200 for mem in mems) > len(mems) // 10  # ... and is released after them
 

@@ -18,10 +18,12 @@ EPOCH = datetime(2026, 11, 30, tzinfo=UTC)
 def test_the_demo_scenario_gives_every_pod_a_controller_an_app_and_a_team() -> None:
     document = demo_scenario("gpu-node-01", seed=3, tenants=TENANTS)
     kinds = {w["controller_kind"] for w in document["workloads"]}
-    assert kinds <= {"Deployment", "StatefulSet", "Job"} and len(kinds) >= 2
+    assert kinds <= {"Deployment", "StatefulSet", "Job"}
+    assert len(kinds) >= 2
     for w in document["workloads"]:
         app = w["labels"]["app"]
-        assert w["pod"].startswith(app) and w["labels"]["team"].startswith(f"{w['tenant']}-")
+        assert w["pod"].startswith(app)
+        assert w["labels"]["team"].startswith(f"{w['tenant']}-")
         if w["controller_kind"] == "Job":  # a Job's pods are <job>-<suffix>
             assert w["pod"].startswith(w["controller_name"] + "-")
         else:
@@ -33,11 +35,13 @@ def test_sim_readings_carry_the_description_and_the_allow_list_applies() -> None
     scenario = parse_scenario(demo_scenario("gpu-node-01", seed=3, tenants=TENANTS))
     reading = SimBackend(scenario, epoch=EPOCH).read(now=EPOCH)[0]
     meta = reading.workload.meta
-    assert meta.controller_kind in {"Deployment", "StatefulSet", "Job"} and meta.controller_name
+    assert meta.controller_kind in {"Deployment", "StatefulSet", "Job"}
+    assert meta.controller_name
     assert dict(meta.labels).keys() == {"app", "team"}
     assert meta.mem_requested_mb == round(reading.entitlement.guarantee_mem_mb) > 0
     only_app = SimBackend(scenario, epoch=EPOCH, label_keys=("app",)).read(now=EPOCH)[0].workload.meta
-    assert dict(only_app.labels).keys() == {"app"} and only_app.controller_kind == meta.controller_kind
+    assert dict(only_app.labels).keys() == {"app"}
+    assert only_app.controller_kind == meta.controller_kind
     assert SimBackend(scenario, epoch=EPOCH, label_keys=()).read(now=EPOCH)[0].workload.meta.labels == ()
 
 
@@ -86,10 +90,12 @@ def test_the_cli_sends_the_cluster_and_the_allow_listed_labels(tmp_path, monkeyp
     monkeypatch.setenv("VGPU_AGENT_CLUSTER", "from-env")
     monkeypatch.setenv("VGPU_AGENT_LABELS", "team")
     (batch,) = run("b.sqlite")
-    assert batch["cluster"] == "from-env" and {tuple(s["labels"]) for s in batch["samples"]} == {("team",)}
+    assert batch["cluster"] == "from-env"
+    assert {tuple(s["labels"]) for s in batch["samples"]} == {("team",)}
     monkeypatch.delenv("VGPU_AGENT_CLUSTER")
     (batch,) = run("c.sqlite", "--labels", "")
-    assert "cluster" not in batch and not any("labels" in s for s in batch["samples"])
+    assert "cluster" not in batch
+    assert not any("labels" in s for s in batch["samples"])
     for bad in (["--cluster", "a b"], ["--labels", "no spaces"]):
         with pytest.raises(SystemExit):
             main(["run", "--server", url, "--token-file", str(tmp_path / "token"), *bad])

@@ -80,8 +80,10 @@ def test_the_stored_bytes_are_exactly_what_render_returned(tmp_path: Path) -> No
     store(zipped, 0)
     (p,) = plain.list_batches()
     (z,) = zipped.list_batches()
-    assert p.body == document(p.batch_seq) and p.content_encoding == "identity"
-    assert gzip.decompress(z.body) == document(z.batch_seq) and z.content_encoding == "gzip"
+    assert p.body == document(p.batch_seq)
+    assert p.content_encoding == "identity"
+    assert gzip.decompress(z.body) == document(z.batch_seq)
+    assert z.content_encoding == "gzip"
 
 
 def test_a_failing_render_stores_nothing_and_consumes_no_seq(tmp_path: Path) -> None:
@@ -126,7 +128,8 @@ def test_a_crash_between_close_and_mark_sent_leaves_the_batch_pending(tmp_path: 
     )
     spool = open_spool(path)
     pending = spool.oldest_pending()
-    assert pending is not None and pending.body is not None
+    assert pending is not None
+    assert pending.body is not None
     assert [b.batch_seq for b in spool.list_batches()] == [pending.batch_seq]
     spool.mark_sent(pending.batch_seq, status=200)  # the resend was answered "duplicate"
     assert spool.oldest_pending() is None
@@ -154,17 +157,21 @@ def test_pending_batches_are_served_oldest_first_and_dead_ones_never(tmp_path: P
     spool = open_spool(tmp_path / "spool.sqlite")
     a, b, c = (store(spool, i) for i in range(3))
     head = spool.oldest_pending()
-    assert head is not None and head.batch_seq == a
+    assert head is not None
+    assert head.batch_seq == a
     spool.mark_dead(a, status=400, answer='{"errors":[{"path":"samples[0]","message":"x"}]}')
     spool.record_attempt(b, status=503, error="busy")
     head = spool.oldest_pending()
-    assert head is not None and (head.batch_seq, head.attempts, head.last_status) == (b, 1, 503)
+    assert head is not None
+    assert (head.batch_seq, head.attempts, head.last_status) == (b, 1, 503)
     spool.mark_sent(b, status=201)
     head = spool.oldest_pending()
-    assert head is not None and head.batch_seq == c
+    assert head is not None
+    assert head.batch_seq == c
     (dead,) = spool.list_batches(state="dead")
     assert (dead.batch_seq, dead.last_status) == (a, 400)
-    assert dead.last_error is not None and "samples[0]" in dead.last_error
+    assert dead.last_error is not None
+    assert "samples[0]" in dead.last_error
 
 
 def test_marking_a_dead_batch_sent_does_not_revive_it(tmp_path: Path) -> None:

@@ -60,7 +60,8 @@ def test_batches_go_oldest_first_with_token_gzip_and_timeout(spool: Spool) -> No
 def test_a_duplicate_answer_counts_as_delivered(spool: Spool) -> None:
     session = ScriptedSession([(200, {}, b'{"status":"duplicate"}')])
     result = uploader(spool, session).send_next()
-    assert result is not None and result.outcome is Outcome.SENT
+    assert result is not None
+    assert result.outcome is Outcome.SENT
     assert spool.count(state="sent") == 1
 
 
@@ -68,9 +69,13 @@ def test_a_retry_resends_exactly_the_same_bytes(spool: Spool) -> None:
     session = ScriptedSession([requests.ConnectionError("refused"), (502, {}, b"bad gateway"), (201, {}, b"{}")])
     up = uploader(spool, session)
     first, second, third = up.send_next(), up.send_next(), up.send_next()
-    assert first is not None and second is not None and third is not None
+    assert first is not None
+    assert second is not None
+    assert third is not None
     assert [first.outcome, second.outcome, third.outcome] == [Outcome.RETRY, Outcome.RETRY, Outcome.SENT]
-    assert 0 <= first.delay_s <= 1.0 and 0 <= second.delay_s <= 2.0  # full jitter, doubling ceiling
+    # Full jitter, doubling ceiling.
+    assert 0 <= first.delay_s <= 1.0
+    assert 0 <= second.delay_s <= 2.0
     assert session.sent[0].body == session.sent[1].body == session.sent[2].body
 
 
@@ -93,7 +98,9 @@ def test_an_unauthorised_answer_keeps_the_batch_and_backs_off(
 ) -> None:
     session = ScriptedSession([(status, {}, b'{"detail":"revoked"}')])
     result = uploader(spool, session).send_next()
-    assert result is not None and result.outcome is Outcome.AUTH and result.delay_s >= 0
+    assert result is not None
+    assert result.outcome is Outcome.AUTH
+    assert result.delay_s >= 0
     assert spool.count(state="pending") == 3
     (line,) = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
     assert "token refused" in line
@@ -105,7 +112,8 @@ def test_load_shedding_answers_are_honoured_via_retry_after(
 ) -> None:
     session = ScriptedSession([(status, {"Retry-After": header}, b"")])
     result = uploader(spool, session).send_next()
-    assert result is not None and (result.outcome, result.delay_s) == (Outcome.THROTTLED, delay)
+    assert result is not None
+    assert (result.outcome, result.delay_s) == (Outcome.THROTTLED, delay)
     assert spool.count(state="pending") == 3
 
 
@@ -126,5 +134,6 @@ def test_a_vanished_token_file_keeps_the_batch_and_backs_off(spool: Spool, tmp_p
         rng=random.Random(1),
     )
     result = up.send_next()
-    assert result is not None and result.outcome is Outcome.AUTH
+    assert result is not None
+    assert result.outcome is Outcome.AUTH
     assert spool.count(state="pending") == 3

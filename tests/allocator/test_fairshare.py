@@ -619,4 +619,5 @@ def test_an_idle_gpu_is_all_headroom() -> None:
         capacity=GpuCapacity(mem_mb=81_920.0, sm=108.0, pcie_mbps=25_000.0), workloads=[], policy=POLICY
     )
     assert (result.memory.headroom, result.sm.headroom) == (81_920.0, 108.0)
-    assert result.pcie is not None and result.pcie.headroom == 25_000.0
+    assert result.pcie is not None
+    assert result.pcie.headroom == 25_000.0

@@ -158,8 +158,10 @@ def test_cli_writes_arrived_and_placements_per_seed(tmp_path: Path, capsys: pyte
         "pods_failed",
         "seconds",
     }
-    assert summary["trace"] == "pods" and summary["pods"] == str(pods)
-    assert summary["policy"] == "best" and summary["seeds"] == [1, 2]
+    assert summary["trace"] == "pods"
+    assert summary["pods"] == str(pods)
+    assert summary["policy"] == "best"
+    assert summary["seeds"] == [1, 2]
     assert set(summary["alloc_at_130"]) == {"mean", "sd"}
     total = 0
     for seed in (1, 2):
@@ -207,7 +209,8 @@ def test_gap_variants_are_paired_and_the_first_is_the_fgd_policy(
     assert fgd_gap.main(["--nodes", str(nodes), "--pods", str(pods), "--seeds", "3-5", "--json"]) == 0
     rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert [r["variant"] for r in rows] == [v.name for v in fgd_gap.VARIANTS]
-    assert rows[0]["paired_change_at_130"] == 0 and rows[0]["paired_change_sd"] == 0
+    assert rows[0]["paired_change_at_130"] == 0
+    assert rows[0]["paired_change_sd"] == 0
     fgd = [run_seed(nodes_path=nodes, pods_path=pods, tune=1.3, seed=s, policy="fgd", outdir=None) for s in (3, 4, 5)]
     assert rows[0]["per_seed_at_130"] == [o.alloc_at_130 for o in fgd]
     for row in rows:

@@ -151,7 +151,8 @@ def test_every_placement_is_feasible_and_only_infeasible_pods_fail(
         else:
             assert _fits(pod, nodes[where], cpu[where], mem[where], count[where], free[where])
             gpus = result.gpus[i]
-            assert len(gpus) == pod.num_gpu and len(set(gpus)) == len(gpus)
+            assert len(gpus) == pod.num_gpu
+            assert len(set(gpus)) == len(gpus)
             for g in gpus:
                 need = pod.gpu_milli if pod.num_gpu == 1 and pod.gpu_milli < GPU_MILLI else GPU_MILLI
                 assert free[where][g] >= need  # whole-GPU pods only on fully free GPUs
@@ -160,7 +161,9 @@ def test_every_placement_is_feasible_and_only_infeasible_pods_fail(
             mem[where] -= pod.memory_mib
             count[where] += 1
             used += pod.num_gpu * pod.gpu_milli
-            assert cpu[where] >= 0 and mem[where] >= 0 and min(free[where], default=0) >= 0
+            assert cpu[where] >= 0
+            assert mem[where] >= 0
+            assert min(free[where], default=0) >= 0
         assert int(result.used_milli[i]) == used
 
 
@@ -213,7 +216,8 @@ def test_model_constraint_is_honoured() -> None:
 def test_pod_count_limit_blocks_the_node() -> None:
     pods = [_pod(f"p{i:04d}", 0) for i in range(MAX_PODS_PER_NODE + 1)]
     result = _run("random", [_node("n")], pods)
-    assert result.placed == MAX_PODS_PER_NODE and int(result.node[-1]) == -1
+    assert result.placed == MAX_PODS_PER_NODE
+    assert int(result.node[-1]) == -1
 
 
 # --- fragmentation -----------------------------------------------------------------------------
@@ -224,7 +228,7 @@ def test_typical_pods_keep_the_most_popular_shapes_until_95_percent() -> None:
     pods = [_pod(f"a{i}", 4000, 1, 500) for i in range(19)] + [_pod("b", 4000, 1, 300)]
     assert typical_pods(pods) == tuple(pods[:19])
     # 18 + 2: A covers 90 % < 95 %, so B is taken as well.
-    assert typical_pods(pods[:18] + [pods[19], _pod("b2", 4000, 1, 300)]) == (
+    assert typical_pods([*pods[:18], pods[19], _pod("b2", 4000, 1, 300)]) == (
         *pods[:18],
         pods[19],
         _pod("b2", 4000, 1, 300),
@@ -323,7 +327,8 @@ def test_fragmentation_policies_fill_a_gpu_the_workload_cannot_use_otherwise(pol
     cluster = Cluster.from_nodes(nodes)
     chosen = make_policy(policy, cluster=cluster, workload=workload, rng=policy_rng(1))
     result = simulate(cluster=cluster, pods=workload, arrival=_in_order(pods), policy=chosen)
-    assert result.node[1] == result.node[0] and result.gpus[1] == result.gpus[0]
+    assert result.node[1] == result.node[0]
+    assert result.gpus[1] == result.gpus[0]
 
 
 def test_strand_moves_cpu_heavy_pods_to_the_node_with_cpu_to_spare() -> None:

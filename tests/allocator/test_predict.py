@@ -182,11 +182,11 @@ def test_vectorised_baselines_match_the_streaming_predictors() -> None:
 
 
 def test_observations_must_be_finite_and_non_negative() -> None:
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="observed value must be finite and >= 0"):
         LastValuePredictor().observe(-1.0)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="observed value must be finite and >= 0"):
         EwmaPredictor(alpha=0.5).observe(math.nan)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match=r"alpha must be in \[0, 1\]"):
         EwmaPredictor(alpha=1.5)
 
 
@@ -198,7 +198,8 @@ def test_peak_targets_are_the_maximum_over_the_next_steps() -> None:
     targets = peak_targets(x)
     assert targets[0, 0].tolist() == [5.0, 10.0, 20.0]
     assert targets[0, 9].tolist() == [14.0, 19.0, 29.0]
-    assert np.isnan(targets[0, 10, 2]) and targets[0, 10, 1] == 20.0
+    assert np.isnan(targets[0, 10, 2])
+    assert targets[0, 10, 1] == 20.0
 
 
 def test_metrics_on_a_hand_computed_example() -> None:
@@ -282,7 +283,7 @@ def test_reading_the_azure_trace_format(tmp_path: Path) -> None:
 def _small_bundle(seed: int = 9) -> ModelBundle:
     rng = np.random.default_rng(seed)
     kinds: tuple[PredictorKind, ...] = ("last_value", "ewma", "holt", "lstm")
-    margins = MappingProxyType({k: (1.0, 2.0, 3.0) for k in kinds})
+    margins = MappingProxyType(dict.fromkeys(kinds, (1.0, 2.0, 3.0)))
     sizes: tuple[tuple[Resource, float], ...] = (("memory_mb", 81_920.0), ("sm", 108.0))
     resources: dict[Resource, ResourceModel] = {
         name: ResourceModel(

@@ -237,7 +237,8 @@ def _replay_independently(pool: Pool, plan: RebalancePlan) -> dict[str, tuple[st
         where[w.key] = (w.node, w.gpus[0])
     for m in plan.moves:
         w = spec[m.workload]
-        assert w.movable and len(w.gpus) == 1
+        assert w.movable
+        assert len(w.gpus) == 1
         assert where[w.key] == (m.from_node, m.from_gpu)
         target = nodes[m.to_node]
         assert 0 <= m.to_gpu < target.gpus
@@ -247,7 +248,8 @@ def _replay_independently(pool: Pool, plan: RebalancePlan) -> dict[str, tuple[st
         gpu_sm[src] -= w.sm_milli
         gpu_mem[dst] = gpu_mem.get(dst, 0) + w.memory_mb
         gpu_sm[dst] = gpu_sm.get(dst, 0) + w.sm_milli
-        assert gpu_mem[dst] <= target.gpu_memory_mb and gpu_sm[dst] <= target.gpu_sm_milli
+        assert gpu_mem[dst] <= target.gpu_memory_mb
+        assert gpu_sm[dst] <= target.gpu_sm_milli
         if m.from_node != m.to_node:
             cpu[m.from_node] -= w.cpu_milli
             mib[m.from_node] -= w.memory_mib
@@ -268,7 +270,8 @@ def test_replaying_any_plan_never_overcommits_and_respects_pins_models_and_k(poo
     occupied = {(w.node, g) for w in pool.workloads for g in w.gpus if len(w.gpus) > 1} | set(where.values())
     busy_before = {(w.node, g) for w in pool.workloads for g in w.gpus}
     for ref in plan.freed_gpus:
-        assert (ref.node, ref.gpu) in busy_before and (ref.node, ref.gpu) not in occupied
+        assert (ref.node, ref.gpu) in busy_before
+        assert (ref.node, ref.gpu) not in occupied
     assert plan.gpus_busy_after == len(occupied) <= plan.gpus_busy_before == len(busy_before)
     assert plan.nodes_busy_after <= plan.nodes_busy_before
     assert all(n not in {node for node, _ in occupied} for n in plan.freed_nodes)
@@ -322,7 +325,8 @@ def test_savings_and_right_sizing_price_gpu_counts_by_one_rule_over_one_horizon(
     plan = plan_rebalance(pool, max_moves=4, price_per_gpu_hour=PRICE, hours=week)
     sizing = right_size(series, gpu_memory_mb=81920, current_gpus=pool.total_gpus, price_per_gpu_hour=PRICE,
                         hours=week)
-    assert plan.gpus_freed == 2 and plan.projected_savings == gpu_cost(2, price_per_gpu_hour=PRICE, hours=week)
+    assert plan.gpus_freed == 2
+    assert plan.projected_savings == gpu_cost(2, price_per_gpu_hour=PRICE, hours=week)
     for e in sizing.estimates:
         # The moves reach exactly what right-sizing needs: the same count prices the same.
         assert e.gpus_needed == plan.gpus_busy_after == 2
@@ -390,7 +394,8 @@ def test_json_input_errors_name_the_path(doc: object, message: str) -> None:
 def test_demo_fleet_plan_frees_fourteen_gpus_and_one_node(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["--input", str(EXAMPLE), "--max-moves", "24", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
-    assert out["schema"] == "vgpu-ledger/rebalance-plan/v1" and out["dry_run"] is True
+    assert out["schema"] == "vgpu-ledger/rebalance-plan/v1"
+    assert out["dry_run"] is True
     assert len(out["moves"]) <= 24
     assert (out["gpus_busy_before"], out["gpus_busy_after"], out["nodes_freed"]) == (24, 10, 1)
     assert out["projected_savings"] == {
@@ -416,7 +421,8 @@ def test_cli_module_prints_valid_json_and_text() -> None:
     done = subprocess.run([*command, "--json"], capture_output=True, text=True, check=True, timeout=60)
     assert len(json.loads(done.stdout)["moves"]) <= 5
     text = subprocess.run(command, capture_output=True, text=True, check=True, timeout=60).stdout
-    assert text.startswith("Rebalance plan (dry run):") and "Projected savings:" in text
+    assert text.startswith("Rebalance plan (dry run):")
+    assert "Projected savings:" in text
 
 
 def test_cli_reports_a_bad_file_and_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -53,13 +53,15 @@ def test_five_column_multigpu_shape_reads_like_the_full_shape(tmp_path: Path) ->
 def test_absent_gpu_milli_means_whole_gpus_and_absent_memory_means_none(tmp_path: Path) -> None:
     pods = _pods(_write(tmp_path / "p.csv", "name,cpu_milli,num_gpu\na,4000,2\nb,1000,0\n"))
     assert pods[0] == PodSpec(name="a", cpu_milli=4000, memory_mib=0, num_gpu=2, gpu_milli=GPU_MILLI)
-    assert pods[1].num_gpu == 0 and pods[1].memory_mib == 0
+    assert pods[1].num_gpu == 0
+    assert pods[1].memory_mib == 0
 
 
 def test_empty_gpu_milli_cell_is_a_share_of_zero_so_a_cpu_pod(tmp_path: Path) -> None:
     # pod_csv_to_yaml.py: a NaN gpu_milli fails 0 < x <= 1000 and x > 1000, so the pod asks for "0".
     pods = _pods(_write(tmp_path / "p.csv", "name,cpu_milli,num_gpu,gpu_milli\na,4000,1,\nb,4000,1,1500\n"))
-    assert pods[0].num_gpu == 0 and pods[0].gpu_milli == 0
+    assert pods[0].num_gpu == 0
+    assert pods[0].gpu_milli == 0
     assert pods[1].gpu_milli == GPU_MILLI  # clipped
 
 
@@ -79,7 +81,8 @@ def test_job_id_names_pods_as_the_simulator_does_and_cpu_in_cores(tmp_path: Path
     assert [p.name for p in pods] == ["job-0007", "job-0012"]
     assert [p.cpu_milli for p in pods] == [1500, 16000]
     assert header == ("name", "job_id", "cpu", "num_gpu", "gpu_milli")
-    assert rows[0]["name"] == "job-0007" and rows[0]["job_id"] == "7"
+    assert rows[0]["name"] == "job-0007"
+    assert rows[0]["job_id"] == "7"
 
 
 def test_ignored_columns_are_kept_for_the_arrived_file_but_not_checked(tmp_path: Path) -> None:
@@ -88,8 +91,9 @@ def test_ignored_columns_are_kept_for_the_arrived_file_but_not_checked(tmp_path:
         "name,cpu_milli,num_gpu,qos,pod_phase,creation_time,deletion_time,scheduled_time\n"
         "a,1000,1,weird,Unknown,,,not-a-time\n",
     )
-    header, rows, pods = read_pods_csv(path)
-    assert rows[0]["scheduled_time"] == "not-a-time" and rows[0]["qos"] == "weird"
+    _header, rows, pods = read_pods_csv(path)
+    assert rows[0]["scheduled_time"] == "not-a-time"
+    assert rows[0]["qos"] == "weird"
     assert pods[0].gpu_milli == GPU_MILLI
 
 
@@ -156,8 +160,10 @@ def test_cli_reports_a_malformed_file_with_exit_2(tmp_path: Path, capsys: pytest
 
 
 def test_the_real_default_trace_still_reads_unchanged() -> None:
-    header, rows, pods = read_pods_csv(PODS_CSV)
-    assert len(pods) == 8152 and header[0] == "name" and len(header) == 11
+    header, _rows, pods = read_pods_csv(PODS_CSV)
+    assert len(pods) == 8152
+    assert header[0] == "name"
+    assert len(header) == 11
     assert len(read_nodes_csv(NODES_CSV)) == 1213
 
 
@@ -190,11 +196,13 @@ def test_several_traces_and_policies_make_one_table(tmp_path: Path, capsys: pyte
     ]
     with table.open() as handle:
         reader = csv.DictReader(handle)
-        assert reader.fieldnames is not None and reader.fieldnames[:3] == ["trace", "policy", "seeds"]
+        assert reader.fieldnames is not None
+        assert reader.fieldnames[:3] == ["trace", "policy", "seeds"]
         rows = list(reader)
     assert [(r["trace"], r["policy"], r["seeds"]) for r in rows] == [(d["trace"], d["policy"], "1-2") for d in lines]
     for row, data in zip(rows, lines, strict=True):
-        assert int(row["pods_placed"]) == data["pods_placed"] and int(row["pods_failed"]) == data["pods_failed"]
+        assert int(row["pods_placed"]) == data["pods_placed"]
+        assert int(row["pods_failed"]) == data["pods_failed"]
         for level in ("alloc_at_100", "alloc_at_130"):  # empty where a seed never reached the level
             mean = data[level]["mean"]
             assert row[f"{level}_mean"] == ("" if mean is None else str(mean))
@@ -202,7 +210,8 @@ def test_several_traces_and_policies_make_one_table(tmp_path: Path, capsys: pyte
         for policy in ("bestfit", "random"):
             with (tmp_path / "runs" / trace / policy / "seed2" / "placements.csv").open() as handle:
                 placed = list(csv.DictReader(handle))
-            assert placed and all(p["pod"].split("-tuned-")[0] in originals for p in placed)
+            assert placed
+            assert all(p["pod"].split("-tuned-")[0] in originals for p in placed)
     # every multigpu placement of a 4- or 8-GPU pod went to the one 8-GPU node or the 4-GPU one
     with (tmp_path / "runs" / "multigpu" / "bestfit" / "seed1" / "placements.csv").open() as handle:
         assert all(p["node"] in {"", "n0", "n1"} for p in csv.DictReader(handle))
@@ -244,7 +253,8 @@ def test_bad_policy_lists_fail_before_any_run(
     with pytest.raises(SystemExit) as exit_info:
         main(["--nodes", str(nodes), "--pods", str(pods), "--seeds", "1", "--table", str(table), *extra])
     assert exit_info.value.code == 2
-    assert message in capsys.readouterr().err and not table.exists()
+    assert message in capsys.readouterr().err
+    assert not table.exists()
 
 
 def test_two_pod_files_with_the_same_name_are_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -52,7 +52,8 @@ def test_fleet_benchmark_accounts_for_every_sample_and_cent_at_each_meter_width(
         ingest, acc = s["ingest"], {k: Decimal(v) for k, v in s["accounting"].items()}
         # Samples in = samples stored = samples rolled up (as workload-seconds in both ledgers).
         assert ingest["sent"] == ingest["accepted"] == s["samples"] == samples, meter_ms
-        assert ingest["batches"] == s["batches"] == nodes * fleet_seconds // BATCH_S and ingest["errors"] == []
+        assert ingest["batches"] == s["batches"] == nodes * fleet_seconds // BATCH_S
+        assert ingest["errors"] == []
         assert acc["seconds_in_minutes"] == acc["seconds_in_days"] == samples * period_s
         assert acc["pending_batches"] == acc["quarantined_batches"] == 0
         # Money reconciles: Σ charges + idle = Σ card cost = price x every GPU-second of the run.
@@ -63,17 +64,24 @@ def test_fleet_benchmark_accounts_for_every_sample_and_cent_at_each_meter_width(
         assert Decimal(0) < acc["charges"] < acc["card_cost"]
         # Two rollup processes at once: every batch rolled up exactly once between them.
         workers = s["rollup"]["workers"]
-        assert len(workers) == 2 and all(w["error"] == "" for w in workers)
+        assert len(workers) == 2
+        assert all(w["error"] == "" for w in workers)
         assert sum(w["batches"] for w in workers) == s["batches"]
         # What the capacity figures are made of was measured, not left at zero.
-        assert ingest["cpu_gunicorn_s"] > 0 and s["rollup"]["cpu_workers_s"] > 0
-        assert ingest["gunicorn_worker_rss_max"] > 0 and min(w["max_rss"] for w in workers) > 0
+        assert ingest["cpu_gunicorn_s"] > 0
+        assert s["rollup"]["cpu_workers_s"] > 0
+        assert ingest["gunicorn_worker_rss_max"] > 0
+        assert min(w["max_rss"] for w in workers) > 0
         assert all(s["table_bytes"][t] > 0 for t in ("raw samples", "UsageBatch", "BatchGpu", "UsageMinute",
                                                       "GpuMinute", "UsageHour", "GpuHour", "UsageDay", "GpuDay"))
         rows = s["table_rows"]  # one row per workload (GPU) and minute, hour, day; one batch GPU per window
-        assert rows["raw samples"] == samples and rows["BatchGpu"] == GPUS * fleet_seconds // BATCH_S
-        assert rows["UsageMinute"] == GPUS * WORKLOADS * MINUTES and rows["GpuMinute"] == GPUS * MINUTES
-        assert rows["UsageDay"] >= GPUS * WORKLOADS and rows["GpuDay"] >= GPUS  # two when the run spans midnight
+        # Two when the run spans midnight.
+        assert rows["raw samples"] == samples
+        assert rows["BatchGpu"] == GPUS * fleet_seconds // BATCH_S
+        assert rows["UsageMinute"] == GPUS * WORKLOADS * MINUTES
+        assert rows["GpuMinute"] == GPUS * MINUTES
+        assert rows["UsageDay"] >= GPUS * WORKLOADS
+        assert rows["GpuDay"] >= GPUS
         assert set(s["pages_s"]) == {"finance", "tenants", "portal", "invoices"}
         assert all(v > 0 for v in s["pages_s"].values())
     fine, coarse = by_meter[1000], by_meter[5000]
@@ -83,8 +91,10 @@ def test_fleet_benchmark_accounts_for_every_sample_and_cent_at_each_meter_width(
     assert p["workloads"] == GPUS * WORKLOADS
     # billed = max(used, granted): a coarse sample's max of sums never exceeds the sum of the
     # 1-second maxima, so coarser metering can only bill less, and this load's bursts make it so.
-    assert p["charge_rel_mean"] < 0 and p["total_charge_rel"] < 0
-    assert p["mem_billed_rel_mean"] < 0 and p["sm_billed_rel_mean"] < 0
+    assert p["charge_rel_mean"] < 0
+    assert p["total_charge_rel"] < 0
+    assert p["mem_billed_rel_mean"] < 0
+    assert p["sm_billed_rel_mean"] < 0
     assert abs(p["charge_rel_mean"]) <= p["charge_rel_max_abs"] < 0.5
 
 
@@ -101,7 +111,9 @@ def test_any_synthetic_load_is_valid_and_coarsens_as_the_meter_integrates(seed: 
     # What ingest would refuse (docs/protocol.md): use or grant above the card, Σ granted on a GPU above it.
     for used, granted, capacity in ((load.mem_used, load.mem_granted, memory_mb),
                                     (load.sm_used, load.sm_granted, sm_count)):
-        assert used.min() >= 0 and used.max() <= capacity and granted.max() <= capacity
+        assert used.min() >= 0
+        assert used.max() <= capacity
+        assert granted.max() <= capacity
         assert granted.sum(axis=1).max() <= capacity
     coarse = load.coarsened(period_s)
     for name in ("mem_used", "mem_granted", "sm_used", "sm_granted", "pcie"):

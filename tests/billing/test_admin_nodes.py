@@ -50,20 +50,26 @@ def test_token_is_shown_once_stored_hashed_and_audited(client):
     assert match, html
     token = match.group(1)
     # The hint to hand it to the agent, and the warning.
-    assert "python -m agents run" in html and "--token-file" in html and "--node gpu-node-7" in html
+    assert "python -m agents run" in html
+    assert "--token-file" in html
+    assert "--node gpu-node-7" in html
     assert "cannot be shown again" in html
     # In Kubernetes the DaemonSet authenticates with its ServiceAccount token, not a shared Secret.
-    assert "ServiceAccount token" in html and "vgpu-agent-token" not in html
+    assert "ServiceAccount token" in html
+    assert "vgpu-agent-token" not in html
 
     row = NodeToken.objects.get(node__name="gpu-node-7")
     assert row.token_sha256 == hashlib.sha256(token.encode()).hexdigest()
-    assert token not in (row.token_sha256, row.prefix) and token.startswith(row.prefix)
+    assert token not in (row.token_sha256, row.prefix)
+    assert token.startswith(row.prefix)
     event = AuditEvent.objects.get(action="node_token.issued")
-    assert event.actor_id == admin.pk and token not in str(event.after)
+    assert event.actor_id == admin.pk
+    assert token not in str(event.after)
 
     # Never again: not on the nodes page, not in the session, not in a redirect URL.
     again = client.get("/nodes/").content.decode()
-    assert token not in again and f"{row.prefix}…" in again
+    assert token not in again
+    assert f"{row.prefix}…" in again
     assert all(token not in str(v) for v in client.session.values())
 
 
@@ -80,7 +86,9 @@ def test_an_invalid_node_name_is_a_400_and_creates_nothing(client, name):
     resp = client.post("/nodes/tokens/", {"node": name})
     assert resp.status_code == 400
     assert 'data-testid="issue-token-error"' in resp.content.decode()
-    assert not Node.objects.exists() and not NodeToken.objects.exists() and not AuditEvent.objects.exists()
+    assert not Node.objects.exists()
+    assert not NodeToken.objects.exists()
+    assert not AuditEvent.objects.exists()
 
 
 def test_a_dotted_kubernetes_node_name_gets_a_token(client):
@@ -97,7 +105,8 @@ def test_revoke_needs_the_typed_prefix_then_the_agent_is_refused_at_ingest(clien
     url = f"/nodes/tokens/{node_token.token_id}/revoke/"
     assert client.get(url).status_code == 405
     resp = client.post(url, {"confirm": "yes"})
-    assert resp.status_code == 400 and "to confirm" in resp.content.decode()
+    assert resp.status_code == 400
+    assert "to confirm" in resp.content.decode()
     assert NodeToken.objects.get(pk=node_token.token_id).revoked_at is None
 
     assert client.post(url, {"confirm": node_token.prefix}).status_code == 302
@@ -110,7 +119,8 @@ def test_revoke_needs_the_typed_prefix_then_the_agent_is_refused_at_ingest(clien
 
     # The service answers a revoked token with 403 (an unknown token would be 401).
     resp = post_batch(make_batch(start=minute_start + timedelta(seconds=10), seq=2))
-    assert resp.status_code == 403 and "revoked" in resp.content.decode()
+    assert resp.status_code == 403
+    assert "revoked" in resp.content.decode()
     assert client.post("/nodes/tokens/999999/revoke/", {"confirm": "x"}).status_code == 404
 
 
@@ -125,19 +135,24 @@ def test_nodes_page_lists_gpus_liveness_and_tokens(client, node_token):
                            first_seen_at=now, last_seen_at=now)
     login(client, "admin")
     html = client.get("/nodes/").content.decode()
-    assert 'data-testid="node-table"' in html and 'data-testid="issue-token-form"' in html
+    assert 'data-testid="node-table"' in html
+    assert 'data-testid="issue-token-form"' in html
     row = html.split('data-testid="node-gpu-node-1"')[1].split("</tr>")[0]
-    assert "2 × NVIDIA A100-SXM4-80GB" in row and "1 × NVIDIA H100 80GB HBM3" in row
+    assert "2 × NVIDIA A100-SXM4-80GB" in row
+    assert "1 × NVIDIA H100 80GB HBM3" in row
     assert 'data-testid="node-stale-gpu-node-1"' in row
-    assert f'data-testid="revoke-token-{node_token.token_id}"' in row and f"{node_token.prefix}…" in row
-    assert f'data-testid="node-stale-{fresh.name}"' not in html and 'data-testid="node-stale-gpu-node-3"' not in html
+    assert f'data-testid="revoke-token-{node_token.token_id}"' in row
+    assert f"{node_token.prefix}…" in row
+    assert f'data-testid="node-stale-{fresh.name}"' not in html
+    assert 'data-testid="node-stale-gpu-node-3"' not in html
 
 
 def test_a_token_records_when_its_node_last_called_in(client, post_batch, node_token, minute_start):
     assert NodeToken.objects.get(pk=node_token.token_id).last_used_at is None
     assert post_batch(make_batch(start=minute_start)).status_code == 201
     used = NodeToken.objects.get(pk=node_token.token_id).last_used_at
-    assert used is not None and abs(used - clock.now()) < timedelta(minutes=1)
+    assert used is not None
+    assert abs(used - clock.now()) < timedelta(minutes=1)
     login(client, "admin")
     assert "no use recorded" not in client.get("/nodes/").content.decode()
 
@@ -154,13 +169,16 @@ def test_nodes_page_shows_when_a_node_was_added_and_its_gpus_on_one_line(client,
     login(client, "admin")
     html = client.get("/nodes/").content.decode()
     row = html.split('data-testid="node-gpu-node-1"')[1].split("</tr>")[0]
-    assert "added " in row and "since " not in row
+    assert "added " in row
+    assert "since " not in row
     gpus = html.split('data-testid="node-gpus-gpu-node-1"')[1].split("</td>")[0]
-    assert "3 GPUs:" in gpus and "<br>" not in gpus
+    assert "3 GPUs:" in gpus
+    assert "<br>" not in gpus
     assert gpus.index("2 × NVIDIA A100-SXM4-80GB") < gpus.index("1 × NVIDIA H100 80GB HBM3")
     # One model: the count says it all, no total.
     gpus = html.split('data-testid="node-gpus-gpu-node-2"')[1].split("</td>")[0]
-    assert "1 × NVIDIA L4" in gpus and "GPU:" not in gpus
+    assert "1 × NVIDIA L4" in gpus
+    assert "GPU:" not in gpus
     assert "none reported" in html.split('data-testid="node-gpus-gpu-node-3"')[1].split("</td>")[0]
 
 

@@ -86,7 +86,8 @@ def test_new_price_supersedes_the_open_card_writing_both_rows_and_two_audit_even
     assert (new.alpha, new.billed_basis, new.idle_policy) == (Decimal("0.300"), "granted", "proportional")
 
     created = AuditEvent.objects.get(action="rate_card.created")
-    assert created.actor_id == admin.pk and created.object_id == str(new.pk)
+    assert created.actor_id == admin.pk
+    assert created.object_id == str(new.pk)
     assert created.before is None
     assert created.after["price_per_gpu_hour"] == "3.125000"
     assert created.after["source_url"] == "https://cloud.example/pricing/a100"
@@ -187,10 +188,12 @@ def test_admin_ends_a_card_audited_and_the_same_rules_apply(client, open_card):
     end = future_minute()
     before = snapshot()
     resp = client.post(f"/rate-cards/{open_card.pk}/end/", {"effective_to": local(clock.now() - timedelta(days=1))})
-    assert resp.status_code == 400 and "is in the past" in resp.content.decode()
+    assert resp.status_code == 400
+    assert "is in the past" in resp.content.decode()
     BillingPeriod.objects.create(month=end.date().replace(day=1), status=BillingPeriod.Status.CLOSED)
     resp = client.post(f"/rate-cards/{open_card.pk}/end/", {"effective_to": local(end)})
-    assert resp.status_code == 400 and "which is closed" in resp.content.decode()
+    assert resp.status_code == 400
+    assert "which is closed" in resp.content.decode()
     assert snapshot() == before
     BillingPeriod.objects.all().delete()
 
@@ -207,7 +210,8 @@ def test_a_card_may_not_be_extended_into_the_next_card(client, open_card):
     assert client.post("/rate-cards/", new_price(effective_from=local(nxt))).status_code == 302
     before = snapshot()
     resp = client.post(f"/rate-cards/{open_card.pk}/end/", {"effective_to": local(nxt + timedelta(hours=1))})
-    assert resp.status_code == 400 and "at the latest" in resp.content.decode()
+    assert resp.status_code == 400
+    assert "at the latest" in resp.content.decode()
     assert snapshot() == before
     assert client.post("/rate-cards/999999/end/", {"effective_to": local(nxt)}).status_code == 400
 
@@ -222,11 +226,15 @@ def test_page_groups_cards_by_model_marks_the_current_one_and_finance_reads_with
     resp = client.get("/rate-cards/")
     html = resp.content.decode()
     assert resp.status_code == 200
-    assert 'data-testid="rate-card-table"' in html and MODEL in html and H100 in html
+    assert 'data-testid="rate-card-table"' in html
+    assert MODEL in html
+    assert H100 in html
     current_row = html.split(f'data-testid="rate-card-{open_card.pk}"')[1].split("</tr>")[0]
     assert 'data-testid="rate-card-current"' in current_row
-    assert "2.50 USD" in current_row and "https://example.org/list-2020" in current_row
-    assert 'data-testid="rate-card-form"' not in html and "end-rate-card-" not in html
+    assert "2.50 USD" in current_row
+    assert "https://example.org/list-2020" in current_row
+    assert 'data-testid="rate-card-form"' not in html
+    assert "end-rate-card-" not in html
 
 
 def test_finance_may_not_write_and_others_may_not_read(client, open_card):
@@ -278,8 +286,10 @@ def test_new_price_form_offers_only_approved_models_and_prefills_the_earliest_al
     after = earliest_change(clock.now())
     form = html.split('data-testid="rate-card-form"')[1].split("</form>")[0]
     select = form.split('<select name="gpu_model"')[1].split("</select>")[0]
-    assert f'<option value="{MODEL}">' in select and f'<option value="{H100}">' in select
-    assert "NVIDIA L4" not in select and 'name="new_gpu_model"' not in form
+    assert f'<option value="{MODEL}">' in select
+    assert f'<option value="{H100}">' in select
+    assert "NVIDIA L4" not in select
+    assert 'name="new_gpu_model"' not in form
     start_input = form.split('name="effective_from"')[1].split(">")[0]
     assert any(f'value="{local(t)}"' in start_input and f'data-earliest="{local(t)}"' in start_input
                for t in (before, after))
@@ -287,7 +297,8 @@ def test_new_price_form_offers_only_approved_models_and_prefills_the_earliest_al
     assert any(local(t).replace("T", " ") + " UTC" in earliest for t in (before, after))
     assert "Leave blank to keep the current card&#x27;s alpha." in form
     resp = client.post("/rate-cards/", new_price(gpu_model="NVIDIA L4"))
-    assert resp.status_code == 400 and "Select a valid choice" in resp.content.decode()
+    assert resp.status_code == 400
+    assert "Select a valid choice" in resp.content.decode()
     with pytest.raises(InvalidInput, match="not approved"):
         create_rate_card(gpu_model="NVIDIA L4", price_per_gpu_hour="1", currency="USD",
                          effective_from=future_minute(), source_url="https://example.org/l4", source_note="list",
@@ -303,9 +314,12 @@ def test_end_control_says_the_card_stops_pricing_then_and_shows_a_set_end(client
     end = future_minute(hours=3)
     html = client.get("/rate-cards/").content.decode()
     control = html.split(f'data-testid="end-rate-card-{open_card.pk}"')[1].split("</form>")[0]
-    assert "Stop pricing at (UTC)" in control and "End the card at this time" in control
-    assert 'name="effective_to"' in control and "min=" in control
+    assert "Stop pricing at (UTC)" in control
+    assert "End the card at this time" in control
+    assert 'name="effective_to"' in control
+    assert "min=" in control
     assert client.post(f"/rate-cards/{open_card.pk}/end/", {"effective_to": local(end)}).status_code == 302
     control = client.get("/rate-cards/").content.decode().split(
         f'data-testid="end-rate-card-{open_card.pk}"')[1].split("</form>")[0]
-    assert f'value="{local(end)}"' in control and "Move the end to this time" in control
+    assert f'value="{local(end)}"' in control
+    assert "Move the end to this time" in control

@@ -42,8 +42,10 @@ def assert_refused(resp, reason: str) -> None:
     assert resp.status_code == 401, resp.content
     body = resp.json()
     assert reason in body["errors"][0]["message"]
-    assert body["kind"] == "AdmissionReview" and body["response"]["allowed"] is False
-    assert body["response"]["status"]["code"] == 401 and resp["WWW-Authenticate"].startswith("Bearer")
+    assert body["kind"] == "AdmissionReview"
+    assert body["response"]["allowed"] is False
+    assert body["response"]["status"]["code"] == 401
+    assert resp["WWW-Authenticate"].startswith("Bearer")
 
 
 @pytest.mark.django_db
@@ -138,7 +140,7 @@ def test_system_check_tells_the_operator_about_the_admission_credential(settings
 # --- Reviews the webhook cannot store answer 400, not 500 ---------------------------------------
 
 @pytest.mark.django_db
-@pytest.mark.parametrize("name, mutate", [
+@pytest.mark.parametrize(("name", "mutate"), [
     ("pod uid beyond its column", lambda d: d["request"]["object"]["metadata"].update(uid="u" * 65)),
     ("NUL in the namespace", lambda d: d["request"].update(namespace="acme-prod\x00")),
     ("lone surrogate in the name", lambda d: d["request"]["object"]["metadata"].update(name="p\ud800")),

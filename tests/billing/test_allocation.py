@@ -74,7 +74,8 @@ def test_window_forms(text: str, now: datetime, start: datetime, end: datetime) 
 def test_bad_windows_name_the_window(text: str) -> None:
     with pytest.raises(ParameterError) as caught:
         parse_window(text, now=utc(2026, 3, 2))
-    assert caught.value.parameter == "window" and str(caught.value).startswith("window: ")
+    assert caught.value.parameter == "window"
+    assert str(caught.value).startswith("window: ")
 
 
 def test_an_empty_window_has_one_empty_set(db) -> None:  # type: ignore[no-untyped-def]
@@ -89,11 +90,15 @@ def test_windows_align_to_the_ledger_hours() -> None:
 
 
 def test_step_aggregate_and_booleans() -> None:
-    assert parse_step(None) is None and parse_step("") is None
-    assert parse_step("1d") == timedelta(days=1) and parse_step("6h") == timedelta(hours=6)
-    assert parse_step("120m") == timedelta(hours=2) and parse_step("1w") == timedelta(weeks=1)
+    assert parse_step(None) is None
+    assert parse_step("") is None
+    assert parse_step("1d") == timedelta(days=1)
+    assert parse_step("6h") == timedelta(hours=6)
+    assert parse_step("120m") == timedelta(hours=2)
+    assert parse_step("1w") == timedelta(weeks=1)
     # Any duration OpenCost takes, rounded up to the ledger's hours.
-    assert parse_step("30m") == timedelta(hours=1) and parse_step("90m") == timedelta(hours=2)
+    assert parse_step("30m") == timedelta(hours=1)
+    assert parse_step("90m") == timedelta(hours=2)
     for bad in ("0h", "1y", "d", "1.5h", "999999w", "9999999s"):
         with pytest.raises(ParameterError) as caught:
             parse_step(bad)
@@ -102,9 +107,11 @@ def test_step_aggregate_and_booleans() -> None:
     assert parse_aggregate("namespace, label:app,namespace") == ("namespace", "label:app")
     # OpenCost drops keys it does not know (ParseAggregationProperties); `all` is one allocation.
     assert parse_aggregate("namespaces,label:,pod,,node") == ("pod", "node")
-    assert parse_aggregate("all") == () and parse_aggregate("bogus") == ()
+    assert parse_aggregate("all") == ()
+    assert parse_aggregate("bogus") == ()
     assert parse_aggregate("deployment,team,services") == ("deployment", "label:team", "service")
-    assert parse_bool("accumulate", "TRUE", default=False) and not parse_bool("accumulate", None, default=False)
+    assert parse_bool("accumulate", "TRUE", default=False)
+    assert not parse_bool("accumulate", None, default=False)
     with pytest.raises(ParameterError) as caught:
         parse_bool("includeIdle", "yes", default=False)
     assert caught.value.parameter == "includeIdle"
@@ -169,15 +176,20 @@ def test_namespace_sets_with_idle(fleet) -> None:  # type: ignore[no-untyped-def
     assert costs(s) == {"acme-ns": D(8), "globex-ns": D(2), IDLE: D(16)}
     assert list(s) == ["acme-ns", "globex-ns", IDLE]
     acme = s["acme-ns"]
-    assert acme.gpu_cost == D(7) and acme.shared_idle_cost == D(1) and acme.currency == "USD"
-    assert acme.gpu_hours == D("0.9") and acme.properties == {"namespace": "acme-ns"}
+    assert acme.gpu_cost == D(7)
+    assert acme.shared_idle_cost == D(1)
+    assert acme.currency == "USD"
+    assert acme.gpu_hours == D("0.9")
+    assert acme.properties == {"namespace": "acme-ns"}
     assert (acme.start, acme.end, acme.minutes) == (H, H + timedelta(hours=1), D(60))
     assert (acme.mem_used_mb_s, acme.mem_granted_mb_s, acme.sm_used_s) == (D(110), D(220), D(10))
     # vit has no WorkloadMeta row: its request is unknown, so acme's is too.
     assert acme.mem_requested_mb_s is None
     idle = s[IDLE]
     # GPU-hours nobody used: (3600 − 2160) + (3600 − 1800) + 3600 seconds.
-    assert idle.gpu_hours == D(6840) / 3600 and idle.is_idle and (idle.start, idle.end) == (DAY.start, DAY.end)
+    assert idle.gpu_hours == D(6840) / 3600
+    assert idle.is_idle
+    assert (idle.start, idle.end) == (DAY.start, DAY.end)
     # Σ allocations = Σ card cost of the day.
     assert sum(costs(s).values()) == D(26)
 
@@ -208,11 +220,14 @@ def test_every_key_and_unallocated(fleet) -> None:  # type: ignore[no-untyped-de
 
 def test_requested_resources_from_workload_meta(fleet) -> None:  # type: ignore[no-untyped-def]
     [s] = allocation_sets(FINANCE, window=DAY, aggregate=["pod"])
-    assert s["bert"].mem_requested_mb_s == D(7200) and s["bert"].sm_requested_s == D(1800)
+    assert s["bert"].mem_requested_mb_s == D(7200)
+    assert s["bert"].sm_requested_s == D(1800)
     assert s["llm"].mem_requested_mb_s is None  # a WorkloadMeta row without this container's request
     WorkloadMeta.objects.filter(pod="llm").update(requests={"main": {"mem_mb": "lots", "sm": 1}})
     [s] = allocation_sets(FINANCE, window=DAY, aggregate=["pod"])
-    assert s["llm"].mem_requested_mb_s is None and s["llm"].sm_requested_s == D(3600)  # malformed is unknown
+    # Malformed is unknown.
+    assert s["llm"].mem_requested_mb_s is None
+    assert s["llm"].sm_requested_s == D(3600)
 
 
 def test_filters(fleet) -> None:  # type: ignore[no-untyped-def]
@@ -240,7 +255,8 @@ def test_steps_and_accumulate(fleet) -> None:  # type: ignore[no-untyped-def]
     # A last set shorter than the step ends with the window.
     uneven = allocation_sets(FINANCE, window=Window(utc(2026, 3, 2), utc(2026, 3, 3, 12)), aggregate=["pod"],
                              step=timedelta(days=1))
-    assert [len(s) for s in uneven] == [3, 1] and uneven[1]["bert"].end == H + timedelta(hours=26)
+    assert [len(s) for s in uneven] == [3, 1]
+    assert uneven[1]["bert"].end == H + timedelta(hours=26)
     with pytest.raises(ParameterError):
         allocation_sets(FINANCE, window=Window(utc(2026, 1, 1), utc(2026, 4, 1)), aggregate=["pod"],
                         step=timedelta(hours=1))

@@ -99,12 +99,16 @@ def test_last_month_by_namespace_reconciles_with_its_invoices_and_idle(february,
     code, body = get(finance_client(), window="lastmonth", aggregate="namespace", includeIdle="true",
                      accumulate="true")
     # OpenCost's envelope: code, status, data; no top-level window (each allocation states its set's).
-    assert code == 200 and body["code"] == 200 and body["status"] == "success" and len(body["data"]) == 1
+    assert code == 200
+    assert body["code"] == 200
+    assert body["status"] == "success"
+    assert len(body["data"]) == 1
     assert set(body) == {"code", "status", "data"}
     [allocations] = body["data"]
     assert set(allocations) == {"acme-ns", "globex-ns", IDLE}
     acme = allocations["acme-ns"]
-    assert acme["name"] == "acme-ns" and acme["properties"] == {"namespace": "acme-ns"}
+    assert acme["name"] == "acme-ns"
+    assert acme["properties"] == {"namespace": "acme-ns"}
     assert acme["window"] == {"start": "2028-02-01T00:00:00Z", "end": "2028-03-01T00:00:00Z"}
     assert acme["currency"] == "USD"
     assert (acme["start"], acme["end"], acme["minutes"]) == ("2028-02-28T23:00:00Z", "2028-03-01T00:00:00Z", 1500.0)
@@ -147,9 +151,11 @@ def test_label_aggregation_and_daily_steps(february, time_machine) -> None:  # t
     time_machine.move_to(datetime(2028, 3, 1, 0, 30, tzinfo=UTC), tick=False)
     code, body = get(finance_client(), "/allocation", window="2028-02-28T00:00:00Z,2028-03-02T00:00:00Z",
                      aggregate="label:app,tenant", step="1d")
-    assert code == 200 and len(body["data"]) == 3
+    assert code == 200
+    assert len(body["data"]) == 3
     feb28, feb29, mar1 = body["data"]
-    assert set(feb28) == {"nlp/acme", f"{UNALLOCATED}/globex"} and set(feb29) == {"nlp/acme"}
+    assert set(feb28) == {"nlp/acme", f"{UNALLOCATED}/globex"}
+    assert set(feb29) == {"nlp/acme"}
     assert feb28["nlp/acme"]["properties"] == {"labels": {"app": "nlp"}, "tenant": "acme"}
     assert feb28["nlp/acme"]["window"] == {"start": "2028-02-28T00:00:00Z", "end": "2028-02-29T00:00:00Z"}
     assert mar1["nlp/acme"]["totalCost"] == 3.0
@@ -166,10 +172,12 @@ def test_a_tenant_token_sees_only_its_tenant(february, time_machine) -> None:  #
     client.force_login(user_in(tenant="globex"))
     code, body = get(client, window="lastmonth", aggregate="namespace", includeIdle="true", accumulate="true",
                      shareIdle="true")
-    assert code == 200 and set(body["data"][0]) == {"globex-ns"}
+    assert code == 200
+    assert set(body["data"][0]) == {"globex-ns"}
     assert body["data"][0]["globex-ns"]["totalCost"] == pytest.approx(0.335)
     code, body = get(client, window="lastmonth", aggregate="pod", filter='namespace:"acme-ns"')
-    assert code == 200 and body["data"] == [{}]
+    assert code == 200
+    assert body["data"] == [{}]
 
 
 @pytest.mark.parametrize(("params", "parameter"), [
@@ -204,20 +212,26 @@ def test_bad_parameters_answer_400_naming_the_parameter(db, params: dict[str, st
     if params.get("step") == "1h" and params["window"] == "lastmonth":
         assert code == 200
         return
-    assert code == 400 and body["code"] == 400 and body["parameter"] == parameter and body["status"] == "error"
+    assert code == 400
+    assert body["code"] == 400
+    assert body["parameter"] == parameter
+    assert body["status"] == "error"
     assert body["message"].startswith(f"{parameter}: ")
 
 
 def test_unauthenticated_is_401_json(db) -> None:  # type: ignore[no-untyped-def]
     code, body = get(Client(), window="7d")
-    assert code == 401 and body["code"] == 401 and body["message"]
+    assert code == 401
+    assert body["code"] == 401
+    assert body["message"]
 
 
 def test_filters_in_opencost_syntax(february, time_machine) -> None:  # type: ignore[no-untyped-def]
     time_machine.move_to(datetime(2028, 3, 10, tzinfo=UTC), tick=False)
     code, body = get(finance_client(), window="lastmonth", aggregate="pod",
                      filter='label[app]:"nlp","web"+tenant:"acme"')
-    assert code == 200 and set(body["data"][0]) == {"bert"}
+    assert code == 200
+    assert set(body["data"][0]) == {"bert"}
     code, body = get(finance_client(), window="lastmonth", aggregate="pod", filter='pod:"llm" + pod:"bert","llm"')
     assert set(body["data"][0]) == {"llm"}
 
@@ -229,7 +243,8 @@ def test_the_openapi_schema_documents_the_allocation_api(db) -> None:  # type: i
     assert {"200", "400", "401"} <= set(operation["responses"])
     assert {p["name"] for p in operation["parameters"]} >= {"window", "aggregate", "step", "accumulate",
                                                              "includeIdle", "shareIdle", "idleByNode", "filter"}
-    assert "/allocation" in paths and "/api/v1/allocation" in paths
+    assert "/allocation" in paths
+    assert "/api/v1/allocation" in paths
 
 
 # --- Σ over any aggregation and step = the ledger's total -------------------------------------------
@@ -328,6 +343,7 @@ def test_any_parameters_answer_200_or_a_400_naming_one(db, params: dict[str, str
 ])
 def test_nul_characters_are_a_400(db, params: dict[str, str], parameter: str) -> None:  # type: ignore[no-untyped-def]
     code, body = get(finance_client(), **params)
-    assert code == 400 and body["parameter"] == parameter
+    assert code == 400
+    assert body["parameter"] == parameter
     with pytest.raises(ParameterError):
         allocation_sets(FINANCE, window=Window(FEB_START, MAR_START), aggregate=["pod"], filters={"pod": ["a\x00"]})

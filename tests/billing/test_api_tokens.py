@@ -84,8 +84,10 @@ def test_no_token_or_a_bad_one_answers_401_with_a_challenge_in_the_error_shape(c
              revoked: "was revoked", expiring: "expired", inactive: "inactive user"}
     for token, reason in cases.items():
         status, body, challenge = call(client, token)
-        assert status == 401 and challenge == 'Bearer realm="vgpu-ledger"', token
-        assert len(body["errors"]) == 1 and body["errors"][0]["path"] == "$"
+        assert status == 401, token
+        assert challenge == 'Bearer realm="vgpu-ledger"', token
+        assert len(body["errors"]) == 1
+        assert body["errors"][0]["path"] == "$"
         assert reason in body["errors"][0]["message"], (token, body)
 
 
@@ -95,7 +97,8 @@ def test_a_node_token_is_no_api_token_and_an_api_token_is_no_node_token(client, 
     assert call(client, node_token.token)[0] == 401
     api = issue(user_in(ADMIN_GROUP))
     resp = client.get("/api/v1/nodes/gpu-node-1/policy", HTTP_AUTHORIZATION=f"Bearer {api}")
-    assert resp.status_code == 401 and "API token" in resp.json()["errors"][0]["message"]
+    assert resp.status_code == 401
+    assert "API token" in resp.json()["errors"][0]["message"]
     # ...and the agent endpoints still take their node's token.
     ok = client.get("/api/v1/nodes/gpu-node-1/policy", HTTP_AUTHORIZATION=f"Bearer {node_token.token}")
     assert ok.status_code == 200
@@ -109,7 +112,8 @@ def test_a_signed_in_browser_still_works_and_keeps_its_csrf_check():
     assert call(browser, None) == (200, {"user": user.username, "tenants": ["acme"]}, "")
     # A cookie-authenticated write without the CSRF token is refused; a bearer token needs none.
     status, body, _ = call(browser, None, "post")
-    assert status == 403 and "CSRF" in body["errors"][0]["message"]
+    assert status == 403
+    assert "CSRF" in body["errors"][0]["message"]
     assert call(Client(enforce_csrf_checks=True), issue(user), "post")[0] == 201
 
 
@@ -168,12 +172,19 @@ def test_the_command_prints_a_token_stored_hashed_and_audited():
     call_command("create_api_token", user.username, "--name", "grafana", "--expires-days", "30", stdout=out)
     token = out.getvalue().strip()
     row = ApiToken.objects.get()
-    assert token.startswith("vgla_") and token.startswith(row.prefix) and len(row.prefix) == 13
-    assert row.token_sha256 == hashlib.sha256(token.encode()).hexdigest() and token not in (row.prefix, row.name)
-    assert row.user == user and row.name == "grafana" and row.created_by is None
+    assert token.startswith("vgla_")
+    assert token.startswith(row.prefix)
+    assert len(row.prefix) == 13
+    assert row.token_sha256 == hashlib.sha256(token.encode()).hexdigest()
+    assert token not in (row.prefix, row.name)
+    assert row.user == user
+    assert row.name == "grafana"
+    assert row.created_by is None
     assert timedelta(days=30) - timedelta(minutes=1) < row.expires_at - clock.now() <= timedelta(days=30)
     event = AuditEvent.objects.get(action="api_token.issued")
-    assert event.actor_label == "cli" and event.after["user"] == user.username and token not in str(event.after)
+    assert event.actor_label == "cli"
+    assert event.after["user"] == user.username
+    assert token not in str(event.after)
 
     call_command("revoke_api_token", row.prefix + "…", stdout=StringIO())
     assert ApiToken.objects.get().revoked_at is not None
@@ -192,7 +203,8 @@ def test_the_command_refuses_with_a_clear_message_and_issues_nothing(args, messa
     User.objects.create_user(username="inactive", is_active=False)
     with pytest.raises(CommandError, match=message):
         call_command("create_api_token", *args, stdout=StringIO())
-    assert not ApiToken.objects.exists() and not AuditEvent.objects.exists()
+    assert not ApiToken.objects.exists()
+    assert not AuditEvent.objects.exists()
 
 
 @pytest.mark.parametrize(("given", "message"), [
@@ -222,23 +234,30 @@ def test_a_member_issues_and_revokes_their_own_token_and_sees_no_one_elses(clien
     me = user_in(tenant="acme")
     client.force_login(me)
     page = client.get("/api-tokens/").content.decode()
-    assert 'data-testid="nav-api-tokens"' in page and "theirs" not in page and other.prefix not in page
+    assert 'data-testid="nav-api-tokens"' in page
+    assert "theirs" not in page
+    assert other.prefix not in page
 
     resp = client.post("/api-tokens/", {"username": me.username, "name": "my script", "expires_days": "7"})
-    assert resp.status_code == 200 and resp["Cache-Control"] == "no-store"
+    assert resp.status_code == 200
+    assert resp["Cache-Control"] == "no-store"
     token = TOKEN_RE.search(resp.content.decode()).group(1)
     row = ApiToken.objects.get(prefix=token[:13])
-    assert row.user == me and row.created_by == me and row.expires_at is not None
+    assert row.user == me
+    assert row.created_by == me
+    assert row.expires_at is not None
     assert AuditEvent.objects.get(action="api_token.issued", object_id=str(row.pk)).actor_id == me.pk
 
     # For someone else: refused, nothing issued. Another's token: not found.
     assert client.post("/api-tokens/", {"username": "u-None-globex", "name": "x"}).status_code == 400
     assert client.post(f"/api-tokens/{other.pk}/revoke/", {"confirm": other.prefix}).status_code == 404
-    assert ApiToken.objects.count() == 2 and ApiToken.objects.get(pk=other.pk).revoked_at is None
+    assert ApiToken.objects.count() == 2
+    assert ApiToken.objects.get(pk=other.pk).revoked_at is None
 
     # Revoking needs the typed prefix.
     wrong = client.post(f"/api-tokens/{row.pk}/revoke/", {"confirm": "vgla_"})
-    assert wrong.status_code == 400 and "to confirm" in wrong.content.decode()
+    assert wrong.status_code == 400
+    assert "to confirm" in wrong.content.decode()
     assert ApiToken.objects.get(pk=row.pk).revoked_at is None
     assert client.post(f"/api-tokens/{row.pk}/revoke/", {"confirm": row.prefix}).status_code == 302
     assert ApiToken.objects.get(pk=row.pk).revoked_at is not None
@@ -251,14 +270,18 @@ def test_an_admin_sees_every_token_and_issues_for_anyone(client):
     admin = user_in(ADMIN_GROUP)
     client.force_login(admin)
     page = client.get("/api-tokens/").content.decode()
-    assert theirs.prefix in page and member.username in page
+    assert theirs.prefix in page
+    assert member.username in page
     resp = client.post("/api-tokens/", {"username": member.username, "name": "for them"})
     token = TOKEN_RE.search(resp.content.decode()).group(1)
     row = ApiToken.objects.get(prefix=token[:13])
-    assert row.user == member and row.created_by == admin and row.expires_at is None
+    assert row.user == member
+    assert row.created_by == admin
+    assert row.expires_at is None
     assert client.post(f"/api-tokens/{theirs.pk}/revoke/", {"confirm": theirs.prefix}).status_code == 302
     event = AuditEvent.objects.get(action="api_token.revoked")
-    assert event.actor_id == admin.pk and event.before["user"] == member.username
+    assert event.actor_id == admin.pk
+    assert event.before["user"] == member.username
 
 
 @pytest.mark.parametrize(("form", "field"), [
@@ -269,7 +292,8 @@ def test_bad_form_input_answers_400_and_issues_nothing(client, form, field):
     me = user_in(tenant="acme")
     client.force_login(me)
     resp = client.post("/api-tokens/", {"username": me.username, **form})
-    assert resp.status_code == 400 and 'data-testid="issue-api-token-error"' in resp.content.decode()
+    assert resp.status_code == 400
+    assert 'data-testid="issue-api-token-error"' in resp.content.decode()
     assert not ApiToken.objects.exists()
 
 

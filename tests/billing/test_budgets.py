@@ -12,6 +12,7 @@ from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from http.server import BaseHTTPRequestHandler, HTTPServer
 from pathlib import Path
+from typing import ClassVar
 
 import pytest
 from django.test import override_settings
@@ -92,7 +93,8 @@ def test_budget_moves_ok_warned_enforced_and_back_when_raised_each_step_audited(
     budget("100")
     assert [(t.before, t.after) for t in evaluate_budgets(now=clock.now())] == [("warned", "ok")]
     actions = list(AuditEvent.objects.filter(object_type="budget").order_by("id").values_list("action", flat=True))
-    assert actions.count("budget.set") == 3 and actions.count("budget.state_changed") == 3
+    assert actions.count("budget.set") == 3
+    assert actions.count("budget.state_changed") == 3
 
 
 @pytest.mark.django_db
@@ -103,7 +105,8 @@ def test_a_new_month_starts_in_ok(acme, post_batch, minute_start):
     next_month = (clock.now().replace(day=1) + timedelta(days=32)).replace(day=2)
     assert evaluate_budgets(now=next_month) == []
     status = BudgetStatus.objects.get(month=next_month.date().replace(day=1))
-    assert status.state == BudgetState.OK and status.spend == 0
+    assert status.state == BudgetState.OK
+    assert status.spend == 0
 
 
 @pytest.mark.django_db
@@ -126,16 +129,17 @@ def test_enforced_throttle_reaches_agents_through_the_policy_api(acme, post_batc
     spend(post_batch, minute_start, seq=1)
     evaluate_budgets(now=clock.now())
     after = client.get("/api/v1/nodes/gpu-node-1/policy", HTTP_IF_NONE_MATCH=before["ETag"], **auth)
-    assert after.status_code == 200 and after["ETag"] != before["ETag"]
+    assert after.status_code == 200
+    assert after["ETag"] != before["ETag"]
     assert after.json()["tenants"]["acme"]["budget"] == {"state": "enforced", "action": "throttle",
                                                           "throttle_factor": "0.250"}
 
 
 class _Receiver(BaseHTTPRequestHandler):
-    answers: list[int] = []
-    received: list[tuple[dict[str, str], bytes]] = []
+    answers: ClassVar[list[int]] = []
+    received: ClassVar[list[tuple[dict[str, str], bytes]]] = []
 
-    def do_POST(self):  # noqa: N802 - http.server's naming
+    def do_POST(self):
         body = self.rfile.read(int(self.headers["Content-Length"]))
         type(self).received.append((dict(self.headers), body))
         self.send_response(type(self).answers.pop(0) if type(self).answers else 204)
@@ -198,13 +202,16 @@ def test_transition_is_notified_by_email_and_by_a_signed_webhook_that_is_retried
         payload = result[0]
         sent = tasks.send_budget_email.apply(args=[acme.budget.pk, payload]).get()
         status = tasks.deliver_budget_webhook.apply(args=[acme.budget.pk, payload]).get()
-    assert payload["to"] == "enforced" and payload["action"] == "throttle"
+    assert payload["to"] == "enforced"
+    assert payload["action"] == "throttle"
     assert sent == 1
     mail = inbox.messages[0]
-    assert "Acme Robotics" in mail["Subject"] and "finops@acme.example" in mail["To"]
+    assert "Acme Robotics" in mail["Subject"]
+    assert "finops@acme.example" in mail["To"]
     assert "contact finops@acme.example" in mail.get_payload()
     # 503, then 500, then 204: two retries, and every delivery is signed the same way.
-    assert status == 204 and len(receiver.received) == 3
+    assert status == 204
+    assert len(receiver.received) == 3
     headers, body = receiver.received[-1]
     expected = hmac.new(b"s3cret-for-tests", headers["X-VGPU-Timestamp"].encode() + b"." + body, hashlib.sha256)
     assert headers["X-VGPU-Signature"] == "sha256=" + expected.hexdigest()
@@ -246,8 +253,10 @@ def test_admission_denies_new_gpu_pods_of_a_blocked_tenant_naming_the_budget_and
     spend(post_batch, minute_start, seq=1)
     evaluate_budgets(now=clock.now())
     answer = admit(client, review())
-    assert answer["uid"] == "705ab4f5-6393-11e8-b7cc-42010a800002" and answer["allowed"] is False
-    assert "acme" in answer["status"]["message"] and "finops@acme.example" in answer["status"]["message"]
+    assert answer["uid"] == "705ab4f5-6393-11e8-b7cc-42010a800002"
+    assert answer["allowed"] is False
+    assert "acme" in answer["status"]["message"]
+    assert "finops@acme.example" in answer["status"]["message"]
     # Everything else is allowed: pods without GPUs, updates, other tenants.
     no_gpu = review()
     no_gpu["request"]["object"]["spec"]["containers"][0]["resources"] = {}
@@ -286,7 +295,8 @@ def test_admission_fails_open_with_a_warning_and_closed_when_configured(client, 
 
     monkeypatch.setattr(admission, "review_pod", broken)
     answer = admit(client, review())
-    assert answer["allowed"] is True and answer["warnings"]
+    assert answer["allowed"] is True
+    assert answer["warnings"]
     with override_settings(VGPU_ADMISSION_FAIL_CLOSED=True):
         assert admit(client, review())["allowed"] is False
 
@@ -313,7 +323,8 @@ def test_guarantee_quota_admits_until_full_and_frees_on_delete(acme, client):
     Tenant.objects.filter(pk=acme.pk).update(quota_guaranteed_mem_mb=10000, quota_guaranteed_sm=Decimal(40))
     assert admit(client, quota_review(uid="u1", name="a", mem="6000", sm="20"))["allowed"] is True
     denied = admit(client, quota_review(uid="u2", name="b", mem="6000", sm="10"))
-    assert denied["allowed"] is False and "10000 MB" in denied["status"]["message"]
+    assert denied["allowed"] is False
+    assert "10000 MB" in denied["status"]["message"]
     assert "6000 MB" in denied["status"]["message"]
     # A dry run is answered but admits nothing.
     assert admit(client, quota_review(uid="u3", name="c", mem="1000", sm="5", dry_run=True))["allowed"] is True

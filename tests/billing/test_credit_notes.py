@@ -95,15 +95,18 @@ def test_an_issued_invoice_copies_issuer_terms_and_tax_and_later_changes_never_c
     assert (upcoming.tax_rate_pct, upcoming.tax_minor, upcoming.total_minor) == (
         Decimal(20), acme.tax_minor, acme.total_minor)
     lines_minor = sum(acme.lines.values_list("amount_minor", flat=True))
-    assert acme.subtotal_minor == lines_minor and acme.tax_minor == tax_minor_units(lines_minor, Decimal(20), "USD")
-    assert acme.total_minor == lines_minor + acme.tax_minor and acme.tax_minor > 0
+    assert acme.subtotal_minor == lines_minor
+    assert acme.tax_minor == tax_minor_units(lines_minor, Decimal(20), "USD")
+    assert acme.total_minor == lines_minor + acme.tax_minor
+    assert acme.tax_minor > 0
     assert (acme.issue_date, acme.due_date, acme.payment_terms_days) == (date(2026, 12, 2), date(2026, 12, 16), 14)
     assert (acme.issuer_name, acme.issuer_tax_id, acme.po_number, acme.cost_centre) == (
         ISSUER["VGPU_ISSUER_NAME"], "GB123456789", "PO-4711", "CC-ML-7")
     globex = Invoice.objects.get(tenant__slug="globex")
     assert (globex.tax_minor, globex.payment_terms_days, globex.due_date) == (0, 30, date(2027, 1, 1))
     audit = AuditEvent.objects.get(action="invoice.finalized", object_id=acme.number)
-    assert audit.after["tax_minor"] == acme.tax_minor and audit.after["total_minor"] == acme.total_minor
+    assert audit.after["tax_minor"] == acme.tax_minor
+    assert audit.after["total_minor"] == acme.total_minor
 
     facts = check_pdf(export_invoice(scope=EVERYONE, number=acme.number, fmt="pdf").content, tmp_path)
     before = facts.text
@@ -137,7 +140,8 @@ def test_credit_notes_are_numbered_in_their_own_sequence_and_credit_tax_at_the_i
     assert (first.amount_minor, first.tax_minor, first.total_minor) == (1250, 250, 1500)
     assert (second.amount_minor, second.tax_minor, second.total_minor) == (1000, 200, 1200)
     note = CreditNote.objects.get(number="CN-2026-0001")
-    assert note.invoice_id == invoice.pk and note.reason == "GPU outage on 2026-11-20"
+    assert note.invoice_id == invoice.pk
+    assert note.reason == "GPU outage on 2026-11-20"
     # A new year starts the sequence again.
     later = issue_credit_note(invoice_number=invoice.number, amount_text="1", reason="r",
                               now=datetime(2027, 1, 3, tzinfo=UTC), actor_label="finance-1")
@@ -187,7 +191,8 @@ def test_a_bad_credit_note_is_refused_with_the_reason_and_nothing_is_written(amo
     invoice = finalized_invoice()
     with pytest.raises(Exception, match=re.escape(message)):
         credit(invoice, amount, reason)
-    assert not CreditNote.objects.exists() and not AuditEvent.objects.filter(action="credit_note.issued").exists()
+    assert not CreditNote.objects.exists()
+    assert not AuditEvent.objects.filter(action="credit_note.issued").exists()
 
 
 def test_only_an_issued_invoice_can_be_credited():
@@ -240,8 +245,10 @@ def test_credit_note_pdf_csv_and_focus_name_the_invoice_they_correct(issuer, tmp
     assert [(r["ChargeCategory"], r["ChargeClass"], r["BilledCost"]) for r in focus] == [
         ("Credit", "Correction", "-12.5"), ("Tax", "Correction", "-2.5")]
     for r in focus:
-        assert r["InvoiceId"] == "CN-2026-0001" and r["x_CorrectsInvoiceId"] == "VGL-202611-acme"
-        assert r["InvoiceIssuerName"] == "星河 GPU Cloud Ltd" and r["ChargeFrequency"] == "One-Time"
+        assert r["InvoiceId"] == "CN-2026-0001"
+        assert r["x_CorrectsInvoiceId"] == "VGL-202611-acme"
+        assert r["InvoiceIssuerName"] == "星河 GPU Cloud Ltd"
+        assert r["ChargeFrequency"] == "One-Time"
         # Billed in the month it is issued, charged to the month the invoice billed (a Correction).
         assert (r["BillingPeriodStart"], r["ChargePeriodStart"], r["ChargePeriodEnd"]) == (
             "2026-12-01T00:00:00Z", "2026-11-01T00:00:00Z", "2026-12-01T00:00:00Z")
@@ -253,7 +260,8 @@ def test_invoice_focus_has_a_tax_row_and_still_adds_up_to_the_invoice_total():
     content = export_invoice(scope=EVERYONE, number=invoice.number, fmt="focus").content.decode()
     rows = list(csv.DictReader(io.StringIO(content)))
     tax = [r for r in rows if r["ChargeCategory"] == "Tax"]
-    assert [r["BilledCost"] for r in tax] == ["0.67"] and tax[0]["ChargePeriodStart"] == "2026-11-01T00:00:00Z"
+    assert [r["BilledCost"] for r in tax] == ["0.67"]
+    assert tax[0]["ChargePeriodStart"] == "2026-11-01T00:00:00Z"
     assert sum(Decimal(r["BilledCost"]) for r in rows) == Decimal(invoice.total_minor).scaleb(-2) == Decimal("4.00")
 
 
@@ -272,16 +280,17 @@ def test_invoice_and_credit_note_pdfs_in_simplified_chinese_embed_every_glyph_th
 
 
 def test_paired_report_pdf_draws_every_string_in_its_embedded_font(tmp_path):
-    summary = dict(static_whole_cost="100.5", static_profile_cost="50", dynamic_cost="10.6", cost_reduction_pct=89.4,
-                   cost_reduction_vs_profile_pct=12.3, containers_per_card=2.8, sm_utilisation_static_pct=12,
-                   sm_utilisation_dynamic_pct=60, idle_memory_share_static_pct=80, idle_memory_share_dynamic_pct=10,
-                   resource_optimisation_efficiency=2.2)
+    summary = {"static_whole_cost": "100.5", "static_profile_cost": "50", "dynamic_cost": "10.6",
+               "cost_reduction_pct": 89.4, "cost_reduction_vs_profile_pct": 12.3, "containers_per_card": 2.8,
+               "sm_utilisation_static_pct": 12, "sm_utilisation_dynamic_pct": 60, "idle_memory_share_static_pct": 80,
+               "idle_memory_share_dynamic_pct": 10, "resource_optimisation_efficiency": 2.2}
     report = PairedReport(period_start=datetime(2026, 11, 1, tzinfo=UTC), period_end=datetime(2026, 12, 1, tzinfo=UTC), result={
         "summary": summary, "test_whole_vs_dynamic": {"n": 10, "ci95": [1, 2], "mean_saving": "3.2", "p_value": 0.01},
         "method": {"cold_start_excluded_minutes": 10}})
     facts = check_pdf(render_paired_report_pdf(report, tenant_names={}), tmp_path)
     # "Ours" was once drawn with a glyph missing from the subset, and the page named Helvetica.
-    assert "StudyOurs" in facts.text and len(facts.fonts) == 1
+    assert "StudyOurs" in facts.text
+    assert len(facts.fonts) == 1
 
 
 # --- Web and command -------------------------------------------------------------------------------
@@ -291,17 +300,20 @@ def test_finance_issues_a_credit_note_from_the_invoice_page_with_csrf_and_the_pa
     browser = Client(enforce_csrf_checks=True)
     browser.force_login(user_in(group=FINANCE_GROUP))
     page = browser.get(f"/invoices/{invoice.number}/")
-    assert page.status_code == 200 and 'data-testid="credit-note-form"' in page.content.decode()
+    assert page.status_code == 200
+    assert 'data-testid="credit-note-form"' in page.content.decode()
     assert "At most 100.00 USD (net, before tax) is left to credit" in page.content.decode()
     url = f"/invoices/{invoice.number}/credit-notes/"
     assert browser.post(url, {"amount": "5", "reason": "outage"}).status_code == 403  # no CSRF token
     token = page.cookies["csrftoken"].value
     refused = browser.post(url, {"amount": "500", "reason": "outage", "csrfmiddlewaretoken": token})
-    assert refused.status_code == 400 and "exceeds what is left to credit" in refused.content.decode()
+    assert refused.status_code == 400
+    assert "exceeds what is left to credit" in refused.content.decode()
     done = browser.post(url, {"amount": "5", "reason": "outage", "csrfmiddlewaretoken": token}, follow=True)
     body = done.content.decode()
     assert "Credit note CN-2026-0001 issued against VGL-202611-acme." in body
-    assert 'data-testid="credit-note-row"' in body and "/credit-notes/CN-2026-0001.pdf" in body
+    assert 'data-testid="credit-note-row"' in body
+    assert "/credit-notes/CN-2026-0001.pdf" in body
     assert AuditEvent.objects.get(action="credit_note.issued").actor_label.startswith("u-finance")
 
 
@@ -311,7 +323,8 @@ def test_tenants_read_their_own_credit_notes_but_never_issue_one_and_others_are_
     client = Client()
     client.force_login(user_in(tenant="acme"))
     page = client.get(f"/invoices/{acme.number}/").content.decode()
-    assert note.number in page and 'data-testid="credit-note-form"' not in page
+    assert note.number in page
+    assert 'data-testid="credit-note-form"' not in page
     assert client.get(f"/credit-notes/{note.number}.pdf").status_code == 200
     assert client.post(f"/invoices/{acme.number}/credit-notes/", {"amount": "1", "reason": "r"}).status_code == 403
     for url in (f"/credit-notes/{other.number}.pdf", f"/invoices/{globex.number}/", "/credit-notes/CN-2099-0001.csv"):
@@ -339,7 +352,8 @@ def test_admins_edit_a_tenants_invoice_terms_audited_and_others_may_not():
     client.force_login(user_in(group=ADMIN_GROUP))
     assert client.get(url).status_code == 200
     bad = client.post(url, {"tax_rate_pct": "120", "payment_terms_days": "", "po_number": "", "cost_centre": ""})
-    assert bad.status_code == 400 and Tenant.objects.get(slug="acme").tax_rate_pct == 0
+    assert bad.status_code == 400
+    assert Tenant.objects.get(slug="acme").tax_rate_pct == 0
     resp = client.post(url, {"tax_rate_pct": "19.5", "payment_terms_days": "45", "po_number": " PO-9 ",
                              "cost_centre": "CC-1"}, follow=True)
     assert "Invoice terms of Acme saved" in resp.content.decode()
@@ -347,7 +361,8 @@ def test_admins_edit_a_tenants_invoice_terms_audited_and_others_may_not():
     assert (acme.tax_rate_pct, acme.payment_terms_days, acme.po_number, acme.cost_centre) == (
         Decimal("19.5"), 45, "PO-9", "CC-1")
     event = AuditEvent.objects.get(action="tenant.billing_updated")
-    assert event.before["tax_rate_pct"] == "0.000" and event.after["tax_rate_pct"] == "19.500"
+    assert event.before["tax_rate_pct"] == "0.000"
+    assert event.after["tax_rate_pct"] == "19.500"
     assert event.after["po_number"] == "PO-9"
 
 
@@ -355,7 +370,8 @@ def test_production_warns_when_the_invoice_issuer_is_not_configured(settings):
     settings.PRODUCTION = True
     settings.VGPU_ISSUER_NAME, settings.VGPU_ISSUER_ADDRESS, settings.VGPU_ISSUER_TAX_ID = "Example Ltd", "", ""
     (warning,) = check_invoice_issuer()
-    assert warning.id == "billing.W010" and "VGPU_ISSUER_ADDRESS, VGPU_ISSUER_TAX_ID unset" in warning.msg
+    assert warning.id == "billing.W010"
+    assert "VGPU_ISSUER_ADDRESS, VGPU_ISSUER_TAX_ID unset" in warning.msg
     for name, value in ISSUER.items():
         setattr(settings, name, value)
     assert check_invoice_issuer() == []

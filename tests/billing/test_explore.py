@@ -115,7 +115,8 @@ def costs(resp: Any) -> dict[str, Decimal]:
 
 def csv_records(client: Client, **params: str) -> tuple[str, list[dict[str, str]]]:
     resp = client.get("/explore/", {**PERIOD, **params, "format": "csv"})
-    assert resp.status_code == 200 and resp["Content-Type"].startswith("text/csv")
+    assert resp.status_code == 200
+    assert resp["Content-Type"].startswith("text/csv")
     header, *rows = list(csv.reader(io.StringIO(resp.content.decode())))
     return resp["Content-Disposition"], [dict(zip(header, r, strict=True)) for r in rows]
 
@@ -124,11 +125,13 @@ def test_finance_walks_its_links_from_the_tenants_down_to_a_pods_gpus(client: Cl
     client.force_login(user_in(FINANCE_GROUP))
     walk = Walk()
     resp, html, links = page(client)
-    assert resp.status_code == 200 and resp.context["level"] == "tenant"
+    assert resp.status_code == 200
+    assert resp.context["level"] == "tenant"
     assert costs(resp) == {"globex": D("4.00"), "acme": D("3.75")}
     assert links.rows == ["globex", "acme"]  # costliest first
     assert 'data-testid="nav-explore"' in html
-    assert '<span title="acme">Acme Robotics</span>' in html and '<span title="globex">globex</span>' in html
+    assert '<span title="acme">Acme Robotics</span>' in html
+    assert '<span title="globex">globex</span>' in html
     _check_page("/explore/", _marks(html), walk)
     expected = [
         ("namespace", {"acme-prod": D("3.75")}),
@@ -142,7 +145,8 @@ def test_finance_walks_its_links_from_the_tenants_down_to_a_pods_gpus(client: Cl
         query = {k: v[0] for k, v in parse_qs(href.lstrip("?")).items()}
         assert query["start"] == PERIOD["start"]  # the period travels with every link
         resp, html, links = page(client, **query)
-        assert resp.status_code == 200 and resp.context["level"] == level, (level, href)
+        assert resp.status_code == 200, (level, href)
+        assert resp.context["level"] == level, (level, href)
         assert costs(resp) == want
         assert resp.context["cost_total"] == parent  # a level adds up to the row it opened
         parent = next(iter(want.values()))
@@ -170,13 +174,17 @@ def test_a_workload_gets_its_efficiency_and_right_sizing(client: Client, fleet: 
     assert server.sm_used_of_requested_pct == D(30)  # 30 of 100 SM·h
     # Requested 40 GiB per GPU, on average 10 used, 12 at the peak hour: 12 × 1.3 → 16 GiB, 48 of 80
     # GiB·h given back.
-    assert server.memory.request_mb == 40960 and server.memory.mean_used_mb == 10240
+    assert server.memory.request_mb == 40960
+    assert server.memory.mean_used_mb == 10240
     assert server.memory.peak_hour_mean_mb == 12288
     assert (server.suggestion.verdict, server.suggestion.suggested_mb, server.freed_gb_h) == ("lower", 16384, 48)
-    assert "→ request <strong>16 GiB</strong>" in html and "48.00 GB·h" in html
+    assert "→ request <strong>16 GiB</strong>" in html
+    assert "48.00 GB·h" in html
     # The sidecar reported no request: no ratio against it, no suggestion.
-    assert sidecar.mem_requested_gb_h is None and sidecar.mem_used_of_requested_pct is None
-    assert sidecar.suggestion.verdict == "unknown" and "Request unknown: no suggestion." in html
+    assert sidecar.mem_requested_gb_h is None
+    assert sidecar.mem_used_of_requested_pct is None
+    assert sidecar.suggestion.verdict == "unknown"
+    assert "Request unknown: no suggestion." in html
     # Not every row's request is known: the requested column has no total, and no sum marks.
     assert resp.context["columns"]["mem_requested_gb_h"].total is None
     assert 'data-sum="explore-mem-requested"' not in html
@@ -196,7 +204,8 @@ def test_filters_narrow_every_level(client: Client, fleet: None, params: dict[st
                                     want: dict[str, Decimal]) -> None:
     client.force_login(user_in(FINANCE_GROUP))
     resp, html, links = page(client, **params)
-    assert resp.status_code == 200 and costs(resp) == want
+    assert resp.status_code == 200
+    assert costs(resp) == want
     for href in links.down:  # the filters travel down too
         assert all(k in parse_qs(href.lstrip("?")) for k in params)
     if not want:
@@ -212,7 +221,8 @@ def test_filters_apply_below_the_tenant_too(client: Client, fleet: None) -> None
 def test_a_member_sees_only_its_tenant_however_the_query_is_crafted(client: Client, fleet: None) -> None:
     client.force_login(user_in(tenant="acme"))
     resp, html, _links = page(client)
-    assert costs(resp) == {"acme": D("3.75")} and "globex" not in html
+    assert costs(resp) == {"acme": D("3.75")}
+    assert "globex" not in html
     assert page(client, tenant="globex")[0].status_code == 404
     assert client.get("/explore/", {**PERIOD, "tenant": "globex", "format": "csv"}).status_code == 404
     # Scope before any other error: a bad period does not reveal whether the tenant exists.
@@ -223,7 +233,9 @@ def test_a_member_sees_only_its_tenant_however_the_query_is_crafted(client: Clie
                    {"tenant": "acme", "label": "app=llm"}, {"tenant": "acme", "node": "node-2"}):
         resp, html, _links = page(client, **params)
         # (The crumbs echo the names the reader typed; no row shows any usage of them.)
-        assert resp.status_code == 200 and costs(resp) == {} and 'data-testid="explore-row"' not in html
+        assert resp.status_code == 200
+        assert costs(resp) == {}
+        assert 'data-testid="explore-row"' not in html
         assert csv_records(client, **params)[1][-1]["cost"] == "0.00"
     # Finance may look at any tenant, which shows that globex has usage.
     client.force_login(user_in(FINANCE_GROUP))
@@ -246,9 +258,11 @@ def test_bad_parameters_answer_400_naming_them(client: Client, fleet: None, para
                                                parameter: str) -> None:
     client.force_login(user_in(FINANCE_GROUP))
     resp = client.get("/explore/", {**PERIOD, **params})
-    assert resp.status_code == 400 and "explore" not in resp.context
+    assert resp.status_code == 400
+    assert "explore" not in resp.context
     text = client.get("/explore/", {**PERIOD, **params, "format": "csv"})
-    assert text.status_code == 400 and text["Content-Type"].startswith("text/plain")
+    assert text.status_code == 400
+    assert text["Content-Type"].startswith("text/plain")
     if parameter:
         assert f"{parameter}:" in text.content.decode()
 
@@ -280,23 +294,28 @@ def test_every_csv_has_the_pages_numbers_and_adds_up(client: Client, fleet: None
             server["suggested_mem_request_gb"], server["mem_freed_gb_h"]) == ("40.0000", "12.0000", "lower",
                                                                              "16.0000", "48.0000")
     assert (server["mem_used_of_granted_pct"], server["sm_used_of_requested_pct"]) == ("25.0", "30.0")
-    assert records[1]["suggestion"] == "unknown" and records[1]["mem_requested_gb_h"] == ""
-    assert records[-1]["mem_requested_gb_h"] == "" and records[-1]["mem_freed_gb_h"] == "48.0000"
+    assert records[1]["suggestion"] == "unknown"
+    assert records[1]["mem_requested_gb_h"] == ""
+    assert records[-1]["mem_requested_gb_h"] == ""
+    assert records[-1]["mem_freed_gb_h"] == "48.0000"
 
 
 def test_a_member_of_no_tenant_sees_no_link_and_nothing(client: Client, fleet: None) -> None:
     client.force_login(user_in())
     resp, html, _links = page(client)
-    assert resp.status_code == 200 and costs(resp) == {}
+    assert resp.status_code == 200
+    assert costs(resp) == {}
     assert 'data-testid="nav-explore"' not in html
 
 
 def test_workloads_without_metadata_are_followed_like_any_controller(client: Client, fleet: None) -> None:
     client.force_login(user_in(FINANCE_GROUP))
-    resp, html, links = page(client, tenant="acme", namespace="acme-prod", controller="__unallocated__")
+    resp, _html, links = page(client, tenant="acme", namespace="acme-prod", controller="__unallocated__")
     assert costs(resp) == {"train-7/main": D("0.25")}
     (train,) = resp.context["explore"].rows
-    assert train.suggestion is not None and train.suggestion.verdict == "unknown"  # no metadata, no request
+    # No metadata, no request.
+    assert train.suggestion is not None
+    assert train.suggestion.verdict == "unknown"
     query = {k: v[0] for k, v in parse_qs(links.down[0].lstrip("?")).items()}
     resp, _html, _links = page(client, **query)
     assert costs(resp) == {"main/node-1/GPU-0": D("0.25")}
@@ -308,7 +327,8 @@ def test_the_peak_hour_is_found_over_more_hours_than_one_read_takes(client: Clie
     resp, _html, _links = page(client, start="2026-01-02", end="2026-03-02", tenant="acme", namespace="acme-prod",
                                controller="deployment:bert")
     server = resp.context["explore"].rows[0]
-    assert server.memory is not None and server.memory.peak_hour_mean_mb == 12288
+    assert server.memory is not None
+    assert server.memory.peak_hour_mean_mb == 12288
 
 
 def test_the_page_right_sizes_its_costliest_rows_only_and_the_csv_every_row(fleet: None) -> None:
@@ -320,7 +340,9 @@ def test_the_page_right_sizes_its_costliest_rows_only_and_the_csv_every_row(flee
     start, end = datetime(2026, 3, 2, tzinfo=UTC), datetime(2026, 3, 3, tzinfo=UTC)
     first, second = get_explore(scope=everyone, path=path, filters=ExploreFilters(), start=start, end=end,
                                 rightsizing_limit=1).rows
-    assert first.suggestion is not None and second.suggestion is None and second.memory is None
+    assert first.suggestion is not None
+    assert second.suggestion is None
+    assert second.memory is None
     assert all(r.suggestion for r in get_explore(scope=everyone, path=path, filters=ExploreFilters(), start=start,
                                                   end=end).rows)
 
@@ -330,7 +352,9 @@ def test_quick_periods_keep_the_path_and_the_filters(client: Client, fleet: None
     resp, html, _links = page(client, tenant="acme", label="app=bert")
     last_month = next(q for q in resp.context["quick_periods"] if q["key"] == "last-month")
     query = parse_qs(str(last_month["query"]))
-    assert query["tenant"] == ["acme"] and query["label"] == ["app=bert"] and len(query["start"]) == 1
+    assert query["tenant"] == ["acme"]
+    assert query["label"] == ["app=bert"]
+    assert len(query["start"]) == 1
     assert 'data-testid="period-last-month"' in html
 
 

@@ -130,7 +130,7 @@ def when(text: str) -> datetime:
 
 def assert_follows_focus_1_3(header: list[str], rows: list[dict[str, str | None]], invoice: Invoice) -> None:
     # Presence, then order: FOCUS columns first (alphabetical), custom x_ columns after.
-    assert MANDATORY | APPLICABLE <= set(header)
+    assert set(header) >= MANDATORY | APPLICABLE
     focus_columns = [c for c in header if not c.startswith("x_")]
     assert focus_columns == sorted(focus_columns)
     assert header[: len(focus_columns)] == focus_columns
@@ -148,8 +148,10 @@ def assert_follows_focus_1_3(header: list[str], rows: list[dict[str, str | None]
         for column, allowed in ALLOWED.items():
             assert row[column] in allowed, (column, row[column])
         assert SUBCATEGORY_PARENT[row["ServiceSubcategory"]] == row["ServiceCategory"]
-        assert row["BillingCurrency"] == invoice.currency and re.fullmatch(r"[A-Z]{3}", row["BillingCurrency"])
-        assert row["InvoiceId"] == invoice.number and row["BillingAccountId"] == invoice.tenant.slug
+        assert row["BillingCurrency"] == invoice.currency
+        assert re.fullmatch(r"[A-Z]{3}", row["BillingCurrency"])
+        assert row["InvoiceId"] == invoice.number
+        assert row["BillingAccountId"] == invoice.tenant.slug
 
         # Periods: [start, end); the billing period is the invoice's month; a charge lies inside it,
         # except a Correction, which keeps the earlier period its cost was incurred in.
@@ -160,7 +162,8 @@ def assert_follows_focus_1_3(header: list[str], rows: list[dict[str, str | None]
         if row["ChargeClass"] == "Correction":
             assert c_end <= b_start
         else:
-            assert b_start <= c_start and c_end <= b_end
+            assert b_start <= c_start
+            assert c_end <= b_end
 
         # Pricing columns: present for usage that is not a correction, absent with SkuPriceId.
         priced_usage = row["ChargeCategory"] in {"Usage", "Purchase"} and row["ChargeClass"] != "Correction"
@@ -202,11 +205,14 @@ def assert_follows_focus_1_3(header: list[str], rows: list[dict[str, str | None]
         allocated = row["AllocatedMethodId"] is not None
         assert all((row[c] is not None) == allocated for c in ALLOCATION), row
         if allocated:
-            assert row["AllocatedMethodId"] == ALLOCATED_METHOD_ID and row["ResourceId"] is not None
+            assert row["AllocatedMethodId"] == ALLOCATED_METHOD_ID
+            assert row["ResourceId"] is not None
             details = json.loads(row["AllocatedMethodDetails"])
-            assert isinstance(details["Elements"], list) and details["Elements"]
+            assert isinstance(details["Elements"], list)
+            assert details["Elements"]
             for element in details["Elements"]:
-                assert isinstance(element["AllocatedRatio"], int | float) and 0 <= element["AllocatedRatio"] <= 1
+                assert isinstance(element["AllocatedRatio"], int | float)
+                assert 0 <= element["AllocatedRatio"] <= 1
                 assert "UsageQuantity" not in element or isinstance(element["UsageUnit"], str)
                 assert all(k in {"AllocatedRatio", "UsageUnit", "UsageQuantity"} or k.startswith("x_")
                            for k in element)
@@ -218,7 +224,8 @@ def assert_follows_focus_1_3(header: list[str], rows: list[dict[str, str | None]
         tags = json.loads(row["Tags"]) if row["Tags"] else {}
         allocated_tags = json.loads(row["AllocatedTags"]) if row["AllocatedTags"] else {}
         for key, value in {**tags, **allocated_tags}.items():
-            assert key.startswith("vgpu-ledger/") and isinstance(value, str | bool)
+            assert key.startswith("vgpu-ledger/")
+            assert isinstance(value, str | bool)
         assert not set(tags) & set(allocated_tags)
 
     # A SkuPriceId defines one unit price, of one SkuId (SkuPriceId's requirements).
@@ -249,14 +256,17 @@ def test_focus_export_follows_the_1_3_column_rules_and_adds_up_to_the_invoice(no
     (row,) = rows  # one workload, one GPU, one day; 1.00 needs no rounding row
     assert (row["ChargeCategory"], row["BilledCost"], row["ListUnitPrice"], row["PricingUnit"]) == (
         "Usage", "1", "3600", "GPU-Hours")
-    assert row["ResourceId"] == "GPU-gpu-node-1-0" and row["AllocatedResourceId"] == "uid-bert-1/server"
+    assert row["ResourceId"] == "GPU-gpu-node-1-0"
+    assert row["AllocatedResourceId"] == "uid-bert-1/server"
     assert (row["ChargePeriodStart"], row["ChargePeriodEnd"]) == ("2026-11-15T00:00:00Z", "2026-11-16T00:00:00Z")
-    assert row["BillingAccountName"] == CHINESE_NAME and row["SubAccountId"] == "acme-prod"
+    assert row["BillingAccountName"] == CHINESE_NAME
+    assert row["SubAccountId"] == "acme-prod"
     details = json.loads(row["AllocatedMethodDetails"], parse_float=Decimal)
     # 10 % of the card, half from memory (8192 of 81920 MiB) and half from SMs (10.8 of 108), α = 0.5.
     assert [(e["UsageUnit"], e["AllocatedRatio"]) for e in details["Elements"]] == [
         ("MiB-Seconds", Decimal("0.05")), ("SM-Seconds", Decimal("0.05"))]
-    assert details["x_Alpha"] == Decimal("0.5") and details["x_BilledBasis"] == "max"
+    assert details["x_Alpha"] == Decimal("0.5")
+    assert details["x_BilledBasis"] == "max"
 
 
 def test_focus_tax_row_follows_the_1_3_column_rules_and_the_file_adds_up_to_subtotal_plus_tax(
@@ -358,7 +368,8 @@ def test_invoice_csv_has_one_row_per_line_then_subtotal_tax_and_total_in_minor_a
         ("tax", "tax 20%", "67", "0.67", "USD"),
         ("total", "", "400", "4.00", "USD"),
     ]
-    assert rows[0]["amount_ledger"] == "2.333333333333" and rows[0]["tenant_name"] == CHINESE_NAME
+    assert rows[0]["amount_ledger"] == "2.333333333333"
+    assert rows[0]["tenant_name"] == CHINESE_NAME
     # GPU-hours to the documents' stated 2 places; the invoice's header fields on every row.
     assert rows[1]["gpu_hours"] == "0.00"
     assert {(r["issue_date"], r["due_date"], r["payment_terms_days"], r["po_number"], r["cost_centre"])
@@ -368,12 +379,15 @@ def test_invoice_csv_has_one_row_per_line_then_subtotal_tax_and_total_in_minor_a
 def test_invoice_pdf_names_the_invoice_embeds_every_font_and_draws_no_missing_glyph(november, tmp_path):
     export = export_invoice(scope=EVERYONE, number=november.number, fmt="pdf")
     pdf = export.content
-    assert pdf.startswith(b"%PDF") and export.filename == f"{november.number}.pdf"
+    assert pdf.startswith(b"%PDF")
+    assert export.filename == f"{november.number}.pdf"
     assert november.number.encode() in pdf  # in the document title
     facts = check_pdf(pdf, tmp_path)
     # Only the shipped Noto Sans SC, embedded as a TrueType subset (no Helvetica left to the reader).
-    assert len(facts.fonts) == 1 and re.fullmatch(r"/[A-Z]{6}\+NotoSansSC-[0-9a-f]{12}", facts.fonts[0])
-    assert CHINESE_NAME in facts.text and november.number in facts.text
+    assert len(facts.fonts) == 1
+    assert re.fullmatch(r"/[A-Z]{6}\+NotoSansSC-[0-9a-f]{12}", facts.fonts[0])
+    assert CHINESE_NAME in facts.text
+    assert november.number in facts.text
 
 
 
@@ -384,7 +398,8 @@ def test_tenant_member_lists_and_downloads_only_own_invoices_and_others_are_404(
     assert [i.number for i in resp.context["invoices"]] == [november.number]
     assert CHINESE_NAME in resp.content.decode()
     own = client.get(f"/invoices/{november.number}.csv")
-    assert own.status_code == 200 and own["Content-Disposition"] == f'attachment; filename="{november.number}.csv"'
+    assert own.status_code == 200
+    assert own["Content-Disposition"] == f'attachment; filename="{november.number}.csv"'
     globex = Invoice.objects.get(tenant__slug="globex")
     for fmt in ("pdf", "csv", "focus"):
         assert client.get(f"/invoices/{globex.number}.{fmt}").status_code == 404
@@ -397,17 +412,20 @@ def test_finance_lists_and_downloads_every_tenants_invoice(client, november):
     client.force_login(user_in(group=FINANCE_GROUP))
     resp = client.get("/invoices/")
     numbers = {i.number for i in resp.context["invoices"]}
-    assert numbers == set(Invoice.objects.values_list("number", flat=True)) and len(numbers) == 2
+    assert numbers == set(Invoice.objects.values_list("number", flat=True))
+    assert len(numbers) == 2
     for number in numbers:
         resp = client.get(f"/invoices/{number}.focus")
-        assert resp.status_code == 200 and resp["Content-Type"].startswith("text/csv")
+        assert resp.status_code == 200
+        assert resp["Content-Type"].startswith("text/csv")
         assert resp["Content-Disposition"] == f'attachment; filename="{number}-focus-1.3.csv"'
 
 
 def test_invoice_pages_require_login(client, november):
     for url in ("/invoices/", f"/invoices/{november.number}.pdf"):
         resp = client.get(url)
-        assert resp.status_code == 302 and "/accounts/login/" in resp["Location"]
+        assert resp.status_code == 302
+        assert "/accounts/login/" in resp["Location"]
 
 
 def test_export_invoice_command_writes_each_format(november, tmp_path):

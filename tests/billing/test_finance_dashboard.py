@@ -72,7 +72,8 @@ def fleet(db):
 
 
 def csv_rows(resp) -> list[list[str]]:  # type: ignore[no-untyped-def]
-    assert resp.status_code == 200 and resp["Content-Type"] == "text/csv; charset=utf-8"
+    assert resp.status_code == 200
+    assert resp["Content-Type"] == "text/csv; charset=utf-8"
     assert resp["Content-Disposition"].startswith("attachment;")
     return list(csv.reader(io.StringIO(resp.content.decode())))
 
@@ -85,7 +86,9 @@ def test_two_day_period_is_drawn_per_hour_with_tenants_and_platform_idle_stacked
     d = get_finance_dashboard(scope=FINANCE, start=datetime(2026, 3, 1, tzinfo=UTC),
                               end=datetime(2026, 3, 3, tzinfo=UTC))
     t = d.timeline
-    assert t.granularity == "hour" and len(t.buckets) == 48 and t.buckets[0] == datetime(2026, 3, 1, tzinfo=UTC)
+    assert t.granularity == "hour"
+    assert len(t.buckets) == 48
+    assert t.buckets[0] == datetime(2026, 3, 1, tzinfo=UTC)
     series = {s.key: s for s in t.series}
     assert [s.key for s in t.series] == ["acme", "globex", IDLE_KEY]  # by cost, idle on top; no "other"
     assert series["globex"].name == "环球科技"
@@ -93,7 +96,8 @@ def test_two_day_period_is_drawn_per_hour_with_tenants_and_platform_idle_stacked
     assert series["acme"].values[i1] == D(5)  # charge 4 + idle share 1
     assert series["globex"].values[i1] == D(2)
     # Platform idle = idle_cost − idle_allocated: (4 − 1) + (5 − 0) at H1, 10 at H2.
-    assert series[IDLE_KEY].values[i1] == D(8) and series[IDLE_KEY].values[i2] == D(10)
+    assert series[IDLE_KEY].values[i1] == D(8)
+    assert series[IDLE_KEY].values[i2] == D(10)
     assert sum(s.values[i1] for s in t.series) == D(15)  # the bar is the whole fleet's cost for the hour
     assert all(s.values[5] == 0 for s in t.series)
 
@@ -102,7 +106,8 @@ def test_longer_period_is_drawn_per_day(fleet):
     d = get_finance_dashboard(scope=FINANCE, start=datetime(2026, 3, 1, tzinfo=UTC),
                               end=datetime(2026, 3, 4, tzinfo=UTC))
     t = d.timeline
-    assert t.granularity == "day" and t.buckets == [datetime(2026, 3, day, tzinfo=UTC) for day in (1, 2, 3)]
+    assert t.granularity == "day"
+    assert t.buckets == [datetime(2026, 3, day, tzinfo=UTC) for day in (1, 2, 3)]
     assert {s.key: s.values for s in t.series} == {
         "acme": [D(5), D(0), D(0)], "globex": [D(2), D(0), D(0)], IDLE_KEY: [D(8), D(10), D(0)],
     }
@@ -120,7 +125,8 @@ def test_tenants_beyond_the_top_six_are_summed_as_other_tenants(fleet):
     assert keys == ["t1", "t2", "t3", "acme", "t4", "t5", OTHER_KEY, IDLE_KEY]
     other = d.timeline.series[6]
     i = d.timeline.buckets.index(hour)
-    assert other.name == "Other tenants" and other.values[i] == D(3 + 2 + 1)
+    assert other.name == "Other tenants"
+    assert other.values[i] == D(3 + 2 + 1)
     assert other.values[d.timeline.buckets.index(H1)] == D(2)  # globex at H1
 
 
@@ -139,7 +145,7 @@ def test_utilisation_and_idle_memory_are_fleet_ratios_per_bucket(fleet):
 
 
 def test_top_workloads_are_the_ten_costliest_pods_summed_over_containers_gpus_and_hours(fleet):
-    g1, g2 = fleet
+    _g1, g2 = fleet
     hour = H1 + timedelta(hours=2)
     for k in range(11):  # w0 costs 0.1 … w10 costs 1.1
         usage_hour(g2, hour, tenant="globex", pod=f"w{k}", charge=str(D(k + 1) / 10))
@@ -180,22 +186,31 @@ def test_savings_come_from_the_newest_finished_report_overlapping_the_period(fle
            finished=datetime(2026, 4, 3, tzinfo=UTC), mean=9.0)  # does not overlap
     report(*march, finished=datetime(2026, 3, 7, tzinfo=UTC), mean=9.0, status="running")  # not finished
     s = get_finance_dashboard(scope=FINANCE, start=march[0], end=march[1]).savings
-    assert s is not None and s.report_id == newest.pk != old.pk
+    assert s is not None
+    assert s.report_id == newest.pk != old.pk
     assert (s.n, s.mean_saving, s.ci95_low, s.ci95_high, s.p_value) == (12, 4.5, 3.5, 5.5, 0.0004)
     # The fleet's cost as the report page shows it: each row rounded to cents, the total their sum.
-    assert s.fleet is not None and (s.fleet.whole_card, s.fleet.dynamic) == (D("130.00"), D("70.01"))
-    assert s.last_day == date(2026, 3, 1) and s.currency == "USD"
+    assert s.fleet is not None
+    assert (s.fleet.whole_card, s.fleet.dynamic) == (D("130.00"), D("70.01"))
+    assert s.last_day == date(2026, 3, 1)
+    assert s.currency == "USD"
 
     client.force_login(user_in(FINANCE_GROUP))
     html = client.get("/finance/", {"start": "2026-03-01", "end": "2026-03-01"}).content.decode()
     block = html.split('data-testid="savings-vs-static"')[1].split("</section>")[0]
-    assert "4.50 USD" in block and "3.50 USD … 5.50 USD" in block and "&lt; 0.001" in block
-    assert "59.99 USD (46.1 %)" in block and "130.00 USD" in block and "70.01 USD" in block
+    assert "4.50 USD" in block
+    assert "3.50 USD … 5.50 USD" in block
+    assert "&lt; 0.001" in block
+    assert "59.99 USD (46.1 %)" in block
+    assert "130.00 USD" in block
+    assert "70.01 USD" in block
     assert "(2026-02-28 – 2026-03-01 UTC, both days included)" in block
-    assert f'href="/reports/{newest.pk}/"' in block and f'href="/reports/{newest.pk}/#definitions"' in block
+    assert f'href="/reports/{newest.pk}/"' in block
+    assert f'href="/reports/{newest.pk}/#definitions"' in block
     html = client.get("/finance/", {"start": "2026-05-01", "end": "2026-05-02"}).content.decode()
     block = html.split('data-testid="savings-vs-static"')[1].split("</section>")[0]
-    assert "No finished paired report covers this period." in block and 'href="/reports/"' in block
+    assert "No finished paired report covers this period." in block
+    assert 'href="/reports/"' in block
 
 
 def test_rebalance_shows_the_newest_proposed_plan_or_no_recommendation(fleet, client):
@@ -209,10 +224,13 @@ def test_rebalance_shows_the_newest_proposed_plan_or_no_recommendation(fleet, cl
                                         gpus_freed=2, nodes_freed=1, projected_savings=D("5068.80"), currency="USD")
     RebalancePlan.objects.create(created_at=at + timedelta(hours=2), status="approved", max_moves=5, gpus_freed=7)
     r = get_finance_dashboard(scope=FINANCE, start=at, end=at + timedelta(days=1)).rebalance
-    assert r is not None and (r.plan_id, r.gpus_freed, r.nodes_freed, r.moves) == (plan.pk, 2, 1, 3)
+    assert r is not None
+    assert (r.plan_id, r.gpus_freed, r.nodes_freed, r.moves) == (plan.pk, 2, 1, 3)
     html = client.get("/finance/", TWO_DAYS).content.decode()
     block = html.split('data-testid="rebalance-recommendation"')[1].split("</section>")[0]
-    assert "2 GPUs freed" in block and "5,068.80 USD" in block and 'href="/rebalance/"' in block
+    assert "2 GPUs freed" in block
+    assert "5,068.80 USD" in block
+    assert 'href="/rebalance/"' in block
 
 
 def test_finance_page_shows_every_part_with_its_test_id(fleet, client):
@@ -226,7 +244,9 @@ def test_finance_page_shows_every_part_with_its_test_id(fleet, client):
     assert 'data-testid="total-gpu-cost">25.00 USD<' in html  # 10 + 5 + 10
     assert 'data-testid="idle-cost">18.00 USD<' in html
     timeline = html.split('data-testid="cost-timeline"')[1].split("</figure>")[0]
-    assert "<svg" in timeline and "环球科技" in timeline and "Idle (platform)" in timeline
+    assert "<svg" in timeline
+    assert "环球科技" in timeline
+    assert "Idle (platform)" in timeline
     assert "SM utilisation" in html.split('data-testid="utilisation-trend"')[1].split("</figure>")[0]
     for table, testid in (("timeline", "cost-timeline-csv"), ("utilisation", "utilisation-trend-csv"),
                           ("workloads", "top-workloads-csv")):
@@ -252,13 +272,19 @@ def test_csv_tables_timeline_utilisation_and_workloads(fleet, client):
     rows = csv_rows(client.get("/finance/", {**THREE_DAYS, "format": "csv", "table": "timeline"}))
     assert rows[0] == ["bucket_start", "granularity", "series", "name", "cost", "currency"]
     assert len(rows) == 1 + 3 * 3  # three days × (acme, globex, idle)
-    assert rows[1][:3] == ["2026-03-01T00:00:00+00:00", "day", "acme"] and D(rows[1][4]) == 5
-    assert rows[3][2:4] == [IDLE_KEY, "Idle (platform)"] and D(rows[3][4]) == 8 and rows[3][5] == "USD"
+    assert rows[1][:3] == ["2026-03-01T00:00:00+00:00", "day", "acme"]
+    assert D(rows[1][4]) == 5
+    assert rows[3][2:4] == [IDLE_KEY, "Idle (platform)"]
+    assert D(rows[3][4]) == 8
+    assert rows[3][5] == "USD"
 
     rows = csv_rows(client.get("/finance/", {**THREE_DAYS, "format": "csv", "table": "utilisation"}))
-    assert rows[0][0] == "bucket_start" and len(rows) == 3
-    assert D(rows[1][5]) == 32 and D(rows[1][8]) == 72
-    assert D(rows[2][5]) == 0 and D(rows[2][8]) == 100
+    assert rows[0][0] == "bucket_start"
+    assert len(rows) == 3
+    assert D(rows[1][5]) == 32
+    assert D(rows[1][8]) == 72
+    assert D(rows[2][5]) == 0
+    assert D(rows[2][8]) == 100
 
     rows = csv_rows(client.get("/finance/", {**THREE_DAYS, "format": "csv", "table": "workloads"}))
     assert rows[0][:4] == ["rank", "tenant", "name", "namespace"]
@@ -275,7 +301,8 @@ def test_unknown_csv_table_answers_400_and_names_the_tables(fleet, client):
     resp = client.get("/finance/", {**TWO_DAYS, "format": "csv", "table": "salaries"})
     assert resp.status_code == 400
     body = resp.content.decode()
-    assert "salaries" in body and "tenants, timeline, utilisation, workloads" in body
+    assert "salaries" in body
+    assert "tenants, timeline, utilisation, workloads" in body
 
 
 def test_tenant_member_sees_only_their_tenant_and_no_platform_figures(fleet, client):
@@ -284,13 +311,17 @@ def test_tenant_member_sees_only_their_tenant_and_no_platform_figures(fleet, cli
                               end=datetime(2026, 3, 3, tzinfo=UTC))
     assert [s.key for s in d.timeline.series] == ["globex"]
     assert [w.tenant for w in d.top_workloads] == ["globex"]
-    assert d.utilisation is None and d.savings is None and d.rebalance is None
+    assert d.utilisation is None
+    assert d.savings is None
+    assert d.rebalance is None
 
     RebalancePlan.objects.create(created_at=H1, max_moves=5, gpus_freed=2, projected_savings=D(10), currency="USD")
     client.force_login(member)
     resp = client.get("/finance/", TWO_DAYS)
     html = resp.content.decode()
-    assert resp.status_code == 200 and 'data-testid="cost-timeline"' in html and 'data-testid="top-workloads"' in html
+    assert resp.status_code == 200
+    assert 'data-testid="cost-timeline"' in html
+    assert 'data-testid="top-workloads"' in html
     for hidden in ("Acme", "acme", "bert-1", "Idle (platform)", 'data-testid="utilisation-trend"',
                    'data-testid="savings-vs-static"', 'data-testid="rebalance-recommendation"',
                    'data-testid="idle-cost"', 'data-testid="total-gpu-cost"'):
@@ -306,7 +337,9 @@ def test_tenant_member_sees_only_their_tenant_and_no_platform_figures(fleet, cli
 def test_chart_ticks_on_fractional_steps_are_labelled_exactly():
     svg = stacked_bar_chart(["a", "b"], [Series("x", [D(10), D(4)])], label="cost", unit="USD")
     assert nice_ticks(10) == [0, 2.5, 5, 7.5, 10]
-    assert ">2.5</text>" in svg and ">7.5</text>" in svg and ">8</text>" not in svg
+    assert ">2.5</text>" in svg
+    assert ">7.5</text>" in svg
+    assert ">8</text>" not in svg
 
 
 def test_chart_legend_wraps_onto_more_rows_instead_of_dropping_series():

@@ -41,7 +41,8 @@ def period(start):
 
 def test_finance_page_requires_login(client):
     resp = client.get("/finance/")
-    assert resp.status_code == 302 and "/accounts/login/" in resp["Location"]
+    assert resp.status_code == 302
+    assert "/accounts/login/" in resp["Location"]
 
 
 def test_finance_sees_cost_by_tenant_idle_and_total_that_reconcile(client, ledger):
@@ -56,7 +57,8 @@ def test_finance_sees_cost_by_tenant_idle_and_total_that_reconcile(client, ledge
     assert summary.idle_platform == Decimal("0.007")
     assert summary.attributed + summary.idle_platform == summary.total_gpu_cost
     html = resp.content.decode()
-    assert "Acme Robotics" in html and "globex" in html
+    assert "Acme Robotics" in html
+    assert "globex" in html
 
 
 def test_tenant_member_sees_only_their_tenant_and_no_platform_totals(client, ledger):
@@ -64,7 +66,8 @@ def test_tenant_member_sees_only_their_tenant_and_no_platform_totals(client, led
     hour = ledger.replace(minute=0)
     summary = get_cost_summary(scope=get_scope(member), start=hour, end=hour + timedelta(hours=1))
     assert [t.tenant for t in summary.tenants] == ["acme"]
-    assert summary.total_gpu_cost is None and summary.idle_platform is None
+    assert summary.total_gpu_cost is None
+    assert summary.idle_platform is None
     client.force_login(member)
     html = client.get("/finance/", period(ledger)).content.decode()
     assert "globex" not in html
@@ -74,7 +77,8 @@ def test_tenant_member_sees_only_their_tenant_and_no_platform_totals(client, led
 def test_user_with_no_role_sees_nothing(client, ledger):
     client.force_login(User.objects.create_user(username="nobody", password="pw-not-used-123"))
     summary = client.get("/finance/", period(ledger)).context["summary"]
-    assert summary.tenants == [] and summary.total_gpu_cost is None
+    assert summary.tenants == []
+    assert summary.total_gpu_cost is None
 
 
 def test_csv_export_has_one_row_per_tenant_plus_idle_and_total(client, ledger):
@@ -97,4 +101,5 @@ def test_finance_page_speaks_simplified_chinese_when_asked(client, ledger):
     client.force_login(user_in(FINANCE_GROUP))
     resp = client.get("/finance/", period(ledger), HTTP_ACCEPT_LANGUAGE="zh-hans")
     html = resp.content.decode()
-    assert "GPU 总成本" in html and "按租户的成本" in html
+    assert "GPU 总成本" in html
+    assert "按租户的成本" in html

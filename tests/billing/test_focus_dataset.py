@@ -8,6 +8,7 @@ from __future__ import annotations
 import csv
 import hashlib
 import io
+import itertools
 import json
 import logging
 import re
@@ -110,7 +111,8 @@ def test_the_fleet_rows_hold_every_tenant_and_the_platform_idle_and_add_up_to_th
     }
     assert sum(r["BilledCost"] for r in rows) == card_cost(NOV)["USD"] == Decimal(10)
     (platform,) = [r for r in rows if r["BillingAccountId"] == PLATFORM_ACCOUNT[0]]
-    assert platform["AllocatedMethodId"] is None and platform["SubAccountId"] is None
+    assert platform["AllocatedMethodId"] is None
+    assert platform["SubAccountId"] is None
     assert (platform["ResourceId"], platform["SkuMeter"], platform["PricingQuantity"]) == (
         "GPU-gpu-node-1-0", "GPU Idle Capacity", Decimal("0.001944444444"))  # 7 s at 3600 per GPU-hour
     assert all(r["InvoiceId"] is None for r in rows)  # an open month: on no issued invoice yet
@@ -138,9 +140,11 @@ def test_the_dataset_is_a_csv_a_parquet_file_and_a_manifest_that_agree(november,
     csv_name, parquet_name = dataset_file_names(NOV)
     assert sorted(p.name for p in folder.iterdir()) == sorted([csv_name, parquet_name, METADATA, MANIFEST])
     header, rows = read_csv(folder / csv_name)
-    assert header == list(FOCUS_COLUMNS) and len(rows) == written.rows == 3
+    assert header == list(FOCUS_COLUMNS)
+    assert len(rows) == written.rows == 3
     table = pq.read_table(folder / parquet_name)
-    assert table.column_names == list(FOCUS_COLUMNS) and table.num_rows == 3
+    assert table.column_names == list(FOCUS_COLUMNS)
+    assert table.num_rows == 3
     # The same values in both: Parquet's decimals are exact, its instants UTC.
     parquet_rows = table.to_pylist()
     for text_row, typed_row in zip(rows, parquet_rows, strict=True):
@@ -153,7 +157,8 @@ def test_the_dataset_is_a_csv_a_parquet_file_and_a_manifest_that_agree(november,
         content = (folder / name).read_bytes()
         assert manifest["files"][name] == {"sha256": hashlib.sha256(content).hexdigest(), "bytes": len(content)}
     assert (manifest["month"], manifest["rows"], manifest["focus_version"]) == ("2026-11", 3, "1.3")
-    assert manifest["billed_cost"] == {"USD": "10"} and manifest["billed_cost_minor_units"] == {"USD": 1000}
+    assert manifest["billed_cost"] == {"USD": "10"}
+    assert manifest["billed_cost_minor_units"] == {"USD": 1000}
     assert manifest["final"] is False  # the month is not closed yet
 
 
@@ -178,7 +183,8 @@ def test_the_metadata_follows_focus_metadata_and_describes_every_column(november
     metadata = json.loads((folder / METADATA).read_text())
     assert metadata["DataGenerator"] == {"DataGenerator": "vGPU Ledger"}
     (schema,) = metadata["Schemas"]
-    assert schema["FocusVersion"] == "1.3" and re.fullmatch(r"[0-9a-f]{32}", schema["SchemaId"])
+    assert schema["FocusVersion"] == "1.3"
+    assert re.fullmatch(r"[0-9a-f]{32}", schema["SchemaId"])
     assert re.fullmatch(r"\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}Z", schema["CreationDate"])
     definitions = {d["ColumnName"]: d for d in schema["ColumnDefinition"]}
     assert list(definitions) == list(FOCUS_COLUMNS)
@@ -202,14 +208,16 @@ def test_a_rerun_changes_nothing_and_new_usage_rewrites_every_file(november, pos
     folder = tmp_path / "2026-11"
     before = {p.name: (p.read_bytes(), p.stat().st_mtime_ns) for p in folder.iterdir()}
     again = write_fleet_dataset(NOV, tmp_path, now=AFTER_NOV + timedelta(days=1), horizon=HORIZON)
-    assert first.changed and not again.changed
+    assert first.changed
+    assert not again.changed
     assert {p.name: (p.read_bytes(), p.stat().st_mtime_ns) for p in folder.iterdir()} == before
 
     batch = make_batch(start=datetime(2026, 11, 20, tzinfo=UTC), seq=2, workloads=SHARED_GPU_WORKLOADS)
     assert post_batch(batch).status_code == 201
     rollup_usage(now=clock.now())
     later = write_fleet_dataset(NOV, tmp_path, now=AFTER_NOV, horizon=HORIZON)
-    assert later.changed and later.totals == {"USD": Decimal(20)}
+    assert later.changed
+    assert later.totals == {"USD": Decimal(20)}
     # New data, the same schema: every file but the FOCUS metadata is rewritten.
     assert all((folder / name).read_bytes() != before[name][0] for name in before if name != METADATA)
     assert (folder / METADATA).read_bytes() == before[METADATA][0]
@@ -228,9 +236,11 @@ def test_a_month_is_final_once_it_is_closed_and_past_the_late_usage_horizon(nove
 
 def test_an_empty_month_writes_a_header_only_dataset(db, tmp_path):
     written = write_fleet_dataset(date(2026, 3, 1), tmp_path, now=AFTER_NOV, horizon=HORIZON)
-    assert written.rows == 0 and written.totals == {}
+    assert written.rows == 0
+    assert written.totals == {}
     header, rows = read_csv(tmp_path / "2026-03" / dataset_file_names(date(2026, 3, 1))[0])
-    assert header == list(FOCUS_COLUMNS) and rows == []
+    assert header == list(FOCUS_COLUMNS)
+    assert rows == []
 
 
 # --- which months ------------------------------------------------------------------------------
@@ -247,7 +257,7 @@ def test_the_daily_run_writes_this_month_and_every_month_still_taking_late_usage
 
 
 # Hypothesis takes naive bounds and attaches the zone itself.
-@given(now=st.datetimes(min_value=datetime(2000, 1, 1), max_value=datetime(2100, 1, 1),  # noqa: DTZ001
+@given(now=st.datetimes(min_value=datetime(2000, 1, 1), max_value=datetime(2100, 1, 1),  # noqa: DTZ001 - naive bounds, as hypothesis takes them
                         timezones=st.just(UTC)),
        days=st.integers(0, 400))
 def test_months_to_write_are_exactly_the_months_ending_after_the_horizon(now, days):
@@ -257,7 +267,7 @@ def test_months_to_write_are_exactly_the_months_ending_after_the_horizon(now, da
     assert all(month_bounds(m)[1] > now - horizon for m in months)
     before = (months[0] - timedelta(days=1)).replace(day=1)
     assert month_bounds(before)[1] <= now - horizon
-    assert all((b - a).days in (28, 29, 30, 31) for a, b in zip(months, months[1:], strict=False))
+    assert all((b - a).days in (28, 29, 30, 31) for a, b in itertools.pairwise(months))
 
 
 # --- reconciliation, for any ledger ------------------------------------------------------------
@@ -347,7 +357,8 @@ def test_beat_runs_the_task_daily_after_the_close_and_the_demo_sets_a_folder(set
     from config.celery import app
 
     entry = settings.CELERY_BEAT_SCHEDULE["write-focus-dataset"]
-    assert entry["task"] == "billing.tasks.write_focus_dataset" and entry["task"] in app.tasks
+    assert entry["task"] == "billing.tasks.write_focus_dataset"
+    assert entry["task"] in app.tasks
     assert entry["schedule"] == crontab(hour="2", minute="30")
     close = settings.CELERY_BEAT_SCHEDULE["close-previous-month"]["schedule"]
     assert close == crontab(day_of_month="2", hour="1", minute="0")  # the close runs before it on the 2nd

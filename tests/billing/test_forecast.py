@@ -80,7 +80,8 @@ def test_the_forecast_stays_put_as_an_hour_of_steady_use_goes_by(acme, post_batc
     # Past the hour, 10:00 is complete too and joins the rate: still the same forecast.
     use.run_until(hour + timedelta(minutes=70))
     later = get_month_spend(tenant="acme", now=clock.now())
-    assert later.rate_hours == 2 and abs(later.forecast - expected) < Decimal("0.000001")
+    assert later.rate_hours == 2
+    assert abs(later.forecast - expected) < Decimal("0.000001")
 
 
 def test_a_partial_first_hour_is_not_extrapolated_as_a_whole_one(acme, post_batch, time_machine, hour):
@@ -90,7 +91,8 @@ def test_a_partial_first_hour_is_not_extrapolated_as_a_whole_one(acme, post_batc
     for minute in (10, 25, 40):
         use.run_until(hour + timedelta(minutes=minute))
         spend = get_month_spend(tenant="acme", now=clock.now())
-        assert spend.rate_per_hour is None and spend.rate_hours == 0
+        assert spend.rate_per_hour is None
+        assert spend.rate_hours == 0
         assert spend.forecast == spend.month_to_date == Decimal("0.1") * 60 * minute
     # The first hour began with the use (partial), so it is never the rate; the next whole one is.
     use.run_until(hour + timedelta(hours=2, minutes=5))
@@ -127,17 +129,20 @@ def test_month_to_date_is_one_number_on_the_portal_budget_card_budgets_page_and_
     client.force_login(user_in(tenants=("acme",)))
     portal = client.get("/tenants/acme/").content.decode()
     card = re.search(r'data-testid="budget-status".*?\((?P<spend>[\d,.]+) USD\)', portal, re.S)
-    assert card and card["spend"] == _number(portal, "mtd-cost") == "252.00"
+    assert card
+    assert card["spend"] == _number(portal, "mtd-cost") == "252.00"
     assert _number(portal, "forecast") == f"{expected.forecast:,.2f}"
 
     client.force_login(user_in(group="finance"))
     budgets = client.get("/budgets/").content.decode()
     row = re.search(r'data-testid="budget-state-acme".*?<td class="num">(?P<spend>[\d,.]+) USD', budgets, re.S)
-    assert row and row["spend"] == "252.00"
+    assert row
+    assert row["spend"] == "252.00"
     day = hour.date()
     finance = client.get(f"/finance/?start={day.replace(day=1)}&end={day}").content.decode()
     tenant_row = re.search(r'title="acme">Acme Robotics</td>.*?<strong[^>]*>(?P<total>[\d,.]+)', finance, re.S)
-    assert tenant_row and tenant_row["total"] == "252.00"
+    assert tenant_row
+    assert tenant_row["total"] == "252.00"
 
 
 def test_the_month_to_date_shown_is_the_sum_of_its_shown_parts_on_every_page(client, time_machine, hour):
@@ -155,14 +160,17 @@ def test_the_month_to_date_shown_is_the_sum_of_its_shown_parts_on_every_page(cli
                values={"amount": Decimal("100"), "currency": "USD", "hard_action": "throttle",
                        "owner": "finops@acme.example"})
     spend = get_month_spend(tenant="acme", now=clock.now())
-    assert spend.month_to_date == Decimal("0.25") and spend.month_to_date_shown("USD") == Decimal("0.24")
+    assert spend.month_to_date == Decimal("0.25")
+    assert spend.month_to_date_shown("USD") == Decimal("0.24")
 
     client.force_login(user_in(group="finance"))
     portal = client.get("/tenants/acme/").content.decode()
     card = re.search(r'data-testid="budget-status".*?\((?P<spend>[\d,.]+) USD\)', portal, re.S)
-    assert card and card["spend"] == _number(portal, "mtd-cost") == "0.24"
+    assert card
+    assert card["spend"] == _number(portal, "mtd-cost") == "0.24"
     listing = client.get("/tenants/").content.decode()
     assert re.search(r"<td class=\"num\">0\.24 USD</td>", listing)
     budgets = client.get("/budgets/").content.decode()
     row = re.search(r'data-testid="budget-state-acme".*?<td class="num">(?P<spend>[\d,.]+) USD', budgets, re.S)
-    assert row and row["spend"] == "0.24"
+    assert row
+    assert row["spend"] == "0.24"

@@ -87,8 +87,10 @@ def budget_form(**overrides: str) -> dict[str, str]:
 def test_the_budget_form_offers_currencies_from_the_iso_list(acme):
     html = logged_in(ADMIN_GROUP).get("/budgets/acme/").content.decode()
     select = html.split('<select name="currency"')[1].split("</select>")[0]
-    assert '<option value="USD" selected>' in select and '<option value="JPY">' in select
-    assert '<option value="KWD">' in select and "XAU" not in select
+    assert '<option value="USD" selected>' in select
+    assert '<option value="JPY">' in select
+    assert '<option value="KWD">' in select
+    assert "XAU" not in select
 
 
 @pytest.mark.parametrize(("overrides", "message"), [
@@ -104,8 +106,10 @@ def test_a_budget_form_that_breaks_a_rule_is_refused_with_a_message_and_saves_no
     html = resp.content.decode()
     assert resp.status_code == 400
     assert message in html
-    assert "budget_soft_not_above_hard" not in html and "Constraint" not in html
-    assert not Budget.objects.exists() and not AuditEvent.objects.exists()
+    assert "budget_soft_not_above_hard" not in html
+    assert "Constraint" not in html
+    assert not Budget.objects.exists()
+    assert not AuditEvent.objects.exists()
 
 
 def test_the_threshold_message_is_translated(acme):
@@ -129,7 +133,8 @@ def test_the_service_refuses_the_same_for_every_caller(acme, values, message):
     base = {"amount": Decimal(10), "currency": "USD", "owner": "finops@acme.example"}
     with pytest.raises(InvalidInput, match=re.escape(message)):
         set_budget(tenant_slug="acme", values={**base, **values}, now=clock.now(), actor_label="command")
-    assert not Budget.objects.exists() and not AuditEvent.objects.exists()
+    assert not Budget.objects.exists()
+    assert not AuditEvent.objects.exists()
 
 
 def test_the_service_normalises_what_it_keeps(acme):
@@ -185,12 +190,14 @@ def test_price_zero_needs_the_explicit_confirmation_which_is_audited(client, ope
             "effective_from": local(later(2)), "alpha": "", "billed_basis": "", "idle_policy": "",
             "source_url": "https://example.org/free", "source_note": "internal test cards are free"}
     resp = admin.post("/rate-cards/", form)
-    assert resp.status_code == 400 and "I confirm this GPU model is free" in resp.content.decode()
+    assert resp.status_code == 400
+    assert "I confirm this GPU model is free" in resp.content.decode()
     assert RateCard.objects.count() == 1
     assert admin.post("/rate-cards/", {**form, "confirm_free": "on"}).status_code == 302
     free = RateCard.objects.get(price_per_gpu_hour=0)
     event = AuditEvent.objects.get(action="rate_card.created", object_id=str(free.pk))
-    assert event.after["confirmed_free"] is True and event.after["price_per_gpu_hour"] == "0.000000"
+    assert event.after["confirmed_free"] is True
+    assert event.after["price_per_gpu_hour"] == "0.000000"
 
 
 def test_the_service_refuses_price_zero_without_the_confirmation(open_card):
@@ -204,7 +211,8 @@ def test_a_gpu_model_is_chosen_from_the_approved_models_only(open_card, fleet_a1
     base = {"price_per_gpu_hour": "3", "currency": "USD", "effective_from": local(later(2)), "alpha": "",
             "billed_basis": "", "idle_policy": "", "source_url": "https://example.org/p", "source_note": "n"}
     resp = admin.post("/rate-cards/", {**base, "gpu_model": "NVIDIA Made-Up"})
-    assert resp.status_code == 400 and "Select a valid choice" in resp.content.decode()
+    assert resp.status_code == 400
+    assert "Select a valid choice" in resp.content.decode()
     assert RateCard.objects.count() == 1
     with pytest.raises(InvalidInput, match="not approved"):
         card("NVIDIA  A100-sxm4-80GB")
@@ -216,7 +224,8 @@ def test_retiring_an_upcoming_card_gives_its_time_back_to_the_card_before(open_c
     assert RateCard.objects.get(pk=open_card.pk).effective_to == start
     retire_rate_card(card_id=mistaken, reason="typo: 30 instead of 3", now=clock.now(), actor_label="admin")
     retired, before = RateCard.objects.get(pk=mistaken), RateCard.objects.get(pk=open_card.pk)
-    assert retired.retired_at is not None and retired.effective_to == retired.effective_from == start
+    assert retired.retired_at is not None
+    assert retired.effective_to == retired.effective_from == start
     assert before.effective_to is None  # prices again, open-ended as before the mistake
     actions = list(AuditEvent.objects.filter(action__startswith="rate_card.r").values_list("action", "object_id"))
     assert sorted(actions) == [("rate_card.resumed", str(open_card.pk)), ("rate_card.retired", str(mistaken))]
@@ -238,7 +247,9 @@ def test_retiring_the_card_in_effect_is_refused_while_the_fleet_has_its_gpus(ope
     card(price="2.75", start=start)
     retire_rate_card(card_id=open_card.pk, reason="superseded list price", now=clock.now(), actor_label="admin")
     kept = RateCard.objects.get(pk=open_card.pk)
-    assert kept.retired_at is not None and kept.effective_to == start  # its past stays priced by it
+    # Its past stays priced by it.
+    assert kept.retired_at is not None
+    assert kept.effective_to == start
 
 
 def test_a_retired_card_stops_pricing_from_the_next_minute_and_keeps_the_minutes_it_priced(post_batch, open_card):
@@ -261,14 +272,18 @@ def test_the_rate_card_page_retires_with_a_confirmation_and_shows_retired_cards(
     mistaken = card("NVIDIA L4", price="9", start=later(48))
     html = admin.get("/rate-cards/").content.decode()
     control = html.split(f'data-testid="retire-rate-card-{mistaken}"')[1].split("</form>")[0]
-    assert 'name="reason" required' in control and 'type="checkbox" name="confirm" required' in control
+    assert 'name="reason" required' in control
+    assert 'type="checkbox" name="confirm" required' in control
     resp = admin.post(f"/rate-cards/{mistaken}/retire/", {"reason": "wrong model"})
-    assert resp.status_code == 400 and "Tick the confirmation to retire." in resp.content.decode()
+    assert resp.status_code == 400
+    assert "Tick the confirmation to retire." in resp.content.decode()
     assert RateCard.objects.get(pk=mistaken).retired_at is None
     assert admin.post(f"/rate-cards/{mistaken}/retire/", {"reason": "wrong model", "confirm": "on"}).status_code == 302
     row = admin.get("/rate-cards/").content.decode().split(f'data-testid="rate-card-{mistaken}"')[1].split("</tr>")[0]
-    assert f'data-testid="rate-card-retired-{mistaken}"' in row and "wrong model" in row
-    assert f"retire-rate-card-{mistaken}" not in row and f"end-rate-card-{mistaken}" not in row
+    assert f'data-testid="rate-card-retired-{mistaken}"' in row
+    assert "wrong model" in row
+    assert f"retire-rate-card-{mistaken}" not in row
+    assert f"end-rate-card-{mistaken}" not in row
     assert logged_in(FINANCE_GROUP).post(f"/rate-cards/{open_card.pk}/retire/",
                                          {"reason": "x", "confirm": "on"}).status_code == 403
 
@@ -291,24 +306,30 @@ def tiers(db) -> None:
 def test_retiring_a_tier_in_use_or_the_fallback_tier_is_refused(tiers, slug, message):
     with pytest.raises(InvalidInput, match=message):
         retire_sla_tier(slug=slug, reason="r", now=clock.now(), actor_label="admin")
-    assert not SlaTier.objects.exclude(retired_at=None).exists() and not AuditEvent.objects.exists()
+    assert not SlaTier.objects.exclude(retired_at=None).exists()
+    assert not AuditEvent.objects.exists()
 
 
 def test_a_retired_tier_is_audited_shown_frozen_and_stays_in_the_node_policy(tiers):
     admin = logged_in(ADMIN_GROUP)
     resp = admin.post("/sla-tiers/silver/retire/", {"reason": "merged into gold"})
-    assert resp.status_code == 400 and "Tick the confirmation to retire." in resp.content.decode()
+    assert resp.status_code == 400
+    assert "Tick the confirmation to retire." in resp.content.decode()
     assert admin.post("/sla-tiers/silver/retire/", {"reason": "merged into gold", "confirm": "on"}).status_code == 302
     event = AuditEvent.objects.get(action="sla_tier.retired")
-    assert event.object_id == "silver" and event.after["retire_reason"] == "merged into gold"
+    assert event.object_id == "silver"
+    assert event.after["retire_reason"] == "merged into gold"
     row = admin.get("/sla-tiers/").content.decode().split('data-testid="sla-tier-silver"')[1].split("</tr>")[0]
-    assert 'data-testid="sla-retired-silver"' in row and "sla-edit-silver" not in row and "sla-save-silver" not in row
+    assert 'data-testid="sla-retired-silver"' in row
+    assert "sla-edit-silver" not in row
+    assert "sla-save-silver" not in row
     with pytest.raises(InvalidInput, match="is retired"):
         change_sla_tier(slug="silver", weight="3", now=clock.now(), actor_label="admin")
     # Pods still labelled silver keep its weight: agents refuse a pod whose tier they do not know.
     assert get_node_policy(node_name="gpu-node-1", now=clock.now()).body["sla_tiers"]["silver"] == {"weight": "2.000"}
     resp = admin.post("/sla-tiers/gold/retire/", {"reason": "r", "confirm": "on"})
-    assert resp.status_code == 400 and "is the default tier of acme" in resp.content.decode()
+    assert resp.status_code == 400
+    assert "is the default tier of acme" in resp.content.decode()
 
 
 def test_retirement_messages_are_translated(tiers):
@@ -321,6 +342,8 @@ def test_a_budget_with_a_code_off_the_list_is_not_silently_changed_to_another(ac
     Budget.objects.create(tenant=acme, amount=Decimal(10), currency="zz", owner="finops@acme.example")
     admin = logged_in(ADMIN_GROUP)
     select = admin.get("/budgets/acme/").content.decode().split('<select name="currency"')[1].split("</select>")[0]
-    assert " selected" not in select and '<option value="">' in select
+    assert " selected" not in select
+    assert '<option value="">' in select
     resp = admin.post("/budgets/acme/", budget_form(currency=""))
-    assert resp.status_code == 400 and Budget.objects.get(tenant=acme).currency == "zz"
+    assert resp.status_code == 400
+    assert Budget.objects.get(tenant=acme).currency == "zz"

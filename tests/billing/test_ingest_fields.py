@@ -131,7 +131,8 @@ def test_a_duplicate_batch_writes_nothing_and_a_400_batch_writes_nothing(post_ba
     resp = post_batch(bad)
     assert resp.status_code == 400
     assert resp.json()["errors"][0]["path"].endswith(".mem_requested_mb")
-    assert meta("llm-1").labels == {"edited": "by-test"} and Node.objects.get().cluster == "elsewhere"
+    assert meta("llm-1").labels == {"edited": "by-test"}
+    assert Node.objects.get().cluster == "elsewhere"
     assert UsageBatch.objects.count() == 1
 
 
@@ -144,7 +145,8 @@ def test_one_pod_with_two_controllers_in_a_batch_is_400(post_batch, minute_start
     error = resp.json()["errors"][0]
     assert error["path"] == f"$.samples[{len(payload['samples']) - 2}].controller_kind"
     assert "one controller" in error["message"]
-    assert WorkloadMeta.objects.count() == 0 and raw_rows() == 0
+    assert WorkloadMeta.objects.count() == 0
+    assert raw_rows() == 0
 
 
 BAD_FIELDS = [
@@ -187,8 +189,11 @@ def test_a_wrong_field_is_400_naming_its_json_path_and_stores_nothing(post_batch
     resp = post_batch(payload)
     assert resp.status_code == 400, (name, resp.content)
     errors = resp.json()["errors"]
-    assert errors[0]["path"].endswith(path) and errors[0]["path"].startswith("$."), errors
-    assert WorkloadMeta.objects.count() == 0 and raw_rows() == 0 and UsageBatch.objects.count() == 0
+    assert errors[0]["path"].endswith(path), errors
+    assert errors[0]["path"].startswith("$."), errors
+    assert WorkloadMeta.objects.count() == 0
+    assert raw_rows() == 0
+    assert UsageBatch.objects.count() == 0
     assert Node.objects.get().cluster == ""
 
 
@@ -264,6 +269,7 @@ def test_what_the_simulated_agent_renders_validates_and_lands_per_pod(post_batch
     for row in WorkloadMeta.objects.all():
         expected = pods[row.pod].meta
         assert (row.controller_kind, row.controller_name) == (expected.controller_kind, expected.controller_name)
-        assert row.labels == dict(expected.labels) and set(row.labels) == {"app", "team"}
+        assert row.labels == dict(expected.labels)
+        assert set(row.labels) == {"app", "team"}
         assert row.requests[pods[row.pod].container]["mem_mb"] == expected.mem_requested_mb
     assert Node.objects.get(name="gpu-node-1").cluster == "demo"

@@ -212,10 +212,12 @@ def test_create_node_token_prints_only_the_token_and_stores_its_hash(db):
     out = StringIO()
     call_command("create_node_token", "gpu-node-9", stdout=out)
     token = out.getvalue().strip()
-    assert token.startswith("vgl_") and "\n" not in token
+    assert token.startswith("vgl_")
+    assert "\n" not in token
     row = NodeToken.objects.get(node__name="gpu-node-9")
     assert token not in json.dumps([row.token_sha256, row.prefix]) or row.prefix == token[:12]
-    assert row.token_sha256 != token and len(row.token_sha256) == 64
+    assert row.token_sha256 != token
+    assert len(row.token_sha256) == 64
 
 
 def test_policy_endpoint_answers_with_etag_and_304_when_unchanged(client, node_token):

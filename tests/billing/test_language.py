@@ -29,13 +29,15 @@ def test_choice_is_stored_on_the_user_and_follows_them_to_a_new_browser(user):
     first = Client(HTTP_ACCEPT_LANGUAGE="en")
     first.force_login(user)
     response = first.post("/i18n/setlang/", {"language": "zh-hans", "next": "/finance/"})
-    assert response.status_code == 302 and response["Location"] == "/finance/"
+    assert response.status_code == 302
+    assert response["Location"] == "/finance/"
     assert UserPreference.objects.get(user=user).language == "zh-hans"
     # Another browser: no language cookie, English Accept-Language — the user's choice still wins.
     second = Client(HTTP_ACCEPT_LANGUAGE="en")
     second.force_login(user)
     page = second.get("/finance/")
-    assert _lang(page) == "zh-hans" and "发票" in page.content.decode()
+    assert _lang(page) == "zh-hans"
+    assert "发票" in page.content.decode()
     # Even a stale cookie naming English loses to the stored choice.
     second.cookies["django_language"] = "en"
     assert _lang(second.get("/finance/")) == "zh-hans"
@@ -58,14 +60,16 @@ def test_unknown_language_is_refused_and_changes_nothing(user):
     client.force_login(user)
     client.post("/i18n/setlang/", {"language": "zh-hans", "next": "/finance/"})
     response = client.post("/i18n/setlang/", {"language": "klingon", "next": "/finance/"})
-    assert response.status_code == 400 and "klingon" in response.content.decode()
+    assert response.status_code == 400
+    assert "klingon" in response.content.decode()
     assert UserPreference.objects.get(user=user).language == "zh-hans"
 
 
 def test_anonymous_visitors_keep_the_cookie_and_store_nothing():
     client = Client()
     response = client.post("/i18n/setlang/", {"language": "zh-hans", "next": "/accounts/login/"})
-    assert response.status_code == 302 and client.cookies["django_language"].value == "zh-hans"
+    assert response.status_code == 302
+    assert client.cookies["django_language"].value == "zh-hans"
     assert not UserPreference.objects.exists()
     assert _lang(client.get("/accounts/login/")) == "zh-hans"
 

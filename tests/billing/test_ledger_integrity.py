@@ -55,14 +55,17 @@ def test_a_poisoned_batch_is_quarantined_and_its_neighbour_in_the_same_minute_is
     result = run_rollup(now=clock.now())
     assert (result.batches, result.quarantined) == (1, 1)
     poisoned = UsageBatch.objects.get(batch_seq=1)
-    assert poisoned.quarantined_at is not None and "NumericValueOutOfRange" in poisoned.quarantine_error
+    assert poisoned.quarantined_at is not None
+    assert "NumericValueOutOfRange" in poisoned.quarantine_error
     assert UsageBatch.objects.get(batch_seq=2).rolled_up_at is not None
     assert pods_in(minute_start) == {"llm-1"}
     assert GpuMinute.objects.get(minute=minute_start).metered_seconds == 10  # the good batch's window alone
     audit = AuditEvent.objects.get(action="usage_batch.quarantined")
-    assert audit.object_id == "gpu-node-1/1" and "NumericValueOutOfRange" in audit.after["error"]
+    assert audit.object_id == "gpu-node-1/1"
+    assert "NumericValueOutOfRange" in audit.after["error"]
     health = healthz_as_admin().json()
-    assert health["ledger"]["ok"] is False and health["ledger"]["quarantined_batches"] == 1
+    assert health["ledger"]["ok"] is False
+    assert health["ledger"]["quarantined_batches"] == 1
     assert "redrive_batches" in health["ledger"]["error"]
 
 
@@ -71,7 +74,8 @@ def test_billing_goes_on_after_a_quarantine_and_a_rebuild_leaves_the_batch_out(
     run_rollup(now=clock.now())
     later = minute_start + timedelta(minutes=2)
     assert post_batch(make_batch(start=later, seq=3)).status_code == 201
-    assert run_rollup(now=clock.now()).batches == 1 and pods_in(later) == {"bert-1"}
+    assert run_rollup(now=clock.now()).batches == 1
+    assert pods_in(later) == {"bert-1"}
     rebuild_ledger(start=minute_start, end=minute_start + timedelta(minutes=5))
     assert pods_in(minute_start) == {"llm-1"}
 
@@ -105,10 +109,13 @@ def test_healthz_turns_degraded_when_the_rollup_falls_behind(client, post_batch,
     settings.VGPU_HEALTH_MAX_ROLLUP_LAG_S = 300
     assert post_batch(make_batch(start=minute_start)).status_code == 201
     ledger = healthz_as_admin().json()["ledger"]
-    assert ledger["ok"] and ledger["backlog_batches"] == 1
+    assert ledger["ok"]
+    assert ledger["backlog_batches"] == 1
     UsageBatch.objects.update(received_at=clock.now() - timedelta(minutes=6))
     ledger = healthz_as_admin().json()["ledger"]
-    assert not ledger["ok"] and ledger["rollup_lag_s"] >= 360 and "behind" in ledger["error"]
+    assert not ledger["ok"]
+    assert ledger["rollup_lag_s"] >= 360
+    assert "behind" in ledger["error"]
     run_rollup(now=clock.now())
     ledger = healthz_as_admin().json()["ledger"]
     assert (ledger["ok"], ledger["backlog_batches"], ledger["rollup_lag_s"]) == (True, 0, 0)
@@ -116,7 +123,8 @@ def test_healthz_turns_degraded_when_the_rollup_falls_behind(client, post_batch,
 
 def test_readyz_needs_only_the_database(client):
     resp = client.get("/readyz")  # no Celery worker runs here: /healthz is degraded, the web is ready
-    assert resp.status_code == 200 and resp.json()["database"]["ok"]
+    assert resp.status_code == 200
+    assert resp.json()["database"]["ok"]
     assert healthz_as_admin().status_code == 503
 
 
@@ -124,7 +132,8 @@ def test_ingest_with_the_database_down_is_503_json_with_retry_after(post_batch, 
     down = OperationalError("connection to server at 127.0.0.1, port 5432 failed: Connection refused")
     with mock.patch("billing.api.agent.authenticate_node", side_effect=down):
         resp = post_batch(make_batch(start=minute_start))
-    assert resp.status_code == 503 and resp["Retry-After"].isdigit()
+    assert resp.status_code == 503
+    assert resp["Retry-After"].isdigit()
     assert "the database is unavailable" in resp.json()["errors"][0]["message"]
     assert not UsageBatch.objects.exists()
 
@@ -138,11 +147,14 @@ def test_a_page_that_needs_redis_while_it_is_down_is_503_not_500(client, setting
     with mock.patch("billing.tasks.run_paired_report.delay",
                     side_effect=kombu.exceptions.OperationalError("Error 111 connecting to 127.0.0.1:6379")):
         resp = client.post("/reports/", {"start": start.isoformat(), "end": (start + timedelta(days=1)).isoformat()})
-    assert resp.status_code == 503 and "task queue" in resp.content.decode() and resp["Retry-After"]
+    assert resp.status_code == 503
+    assert "task queue" in resp.content.decode()
+    assert resp["Retry-After"]
     from billing.models import PairedReport
 
     report = PairedReport.objects.get()  # not left pending forever: it says why, and what to do
-    assert report.status == "failed" and "could not be queued" in report.error
+    assert report.status == "failed"
+    assert "could not be queued" in report.error
 
 
 def test_admins_see_each_nodes_quarantined_batches_with_their_error(client, poisoned_neighbour):
@@ -153,6 +165,8 @@ def test_admins_see_each_nodes_quarantined_batches_with_their_error(client, pois
     page = client.get("/nodes/").content.decode()
     cell = page[page.index('data-testid="node-quarantined-gpu-node-1"'):]
     cell = cell[:cell.index("</td>\n  </tr>")]
-    assert 'data-count="1"' in cell and "1 batch quarantined" in cell
-    assert 'data-testid="quarantined-gpu-node-1-1"' in cell and "NumericValueOutOfRange" in cell
+    assert 'data-count="1"' in cell
+    assert "1 batch quarantined" in cell
+    assert 'data-testid="quarantined-gpu-node-1-1"' in cell
+    assert "NumericValueOutOfRange" in cell
     assert "redrive_batches --id" in page

@@ -41,13 +41,17 @@ def fail(client: Client, times: int, username: str = "alice") -> None:
 @pytest.mark.django_db
 def test_after_the_failure_limit_the_right_password_is_refused_with_the_lockout_page(alice, client):
     fail(client, settings.AXES_FAILURE_LIMIT - 1)
-    assert log_in(client, PASSWORD).status_code == 302 and logged_in(client)  # below the limit: fine
+    # Below the limit: fine.
+    assert log_in(client, PASSWORD).status_code == 302
+    assert logged_in(client)
     client.logout()
     fail(client, settings.AXES_FAILURE_LIMIT)
     resp = log_in(client, PASSWORD)
-    assert resp.status_code == 429 and not logged_in(client)
+    assert resp.status_code == 429
+    assert not logged_in(client)
     page = resp.content.decode()
-    assert 'data-testid="login-locked-out"' in page and "Login locked" in page
+    assert 'data-testid="login-locked-out"' in page
+    assert "Login locked" in page
     assert f"{settings.AXES_FAILURE_LIMIT} failed logins" in page
     assert f"{int(settings.AXES_COOLOFF_TIME.total_seconds() // 60)} minutes" in page
 
@@ -57,7 +61,8 @@ def test_the_lockout_page_speaks_simplified_chinese(alice):
     client = Client(HTTP_ACCEPT_LANGUAGE="zh-hans")
     fail(client, settings.AXES_FAILURE_LIMIT)
     page = log_in(client, PASSWORD).content.decode()
-    assert "登录已锁定" in page and 'lang="zh-hans"' in page
+    assert "登录已锁定" in page
+    assert 'lang="zh-hans"' in page
 
 
 @pytest.mark.django_db
@@ -65,7 +70,8 @@ def test_a_lockout_is_audited_once_however_many_attempts_follow(alice, client):
     fail(client, settings.AXES_FAILURE_LIMIT + 3)
     log_in(client, PASSWORD)
     (event,) = AuditEvent.objects.filter(action="login.locked_out")
-    assert event.object_type == "login" and event.object_id == "alice"
+    assert event.object_type == "login"
+    assert event.object_id == "alice"
     assert event.after == {"username": "alice", "ip_address": "127.0.0.1", "failure_limit": settings.AXES_FAILURE_LIMIT,
                            "cool_off_minutes": int(settings.AXES_COOLOFF_TIME.total_seconds() // 60)}
 
@@ -76,7 +82,9 @@ def test_the_lock_is_per_username_and_address(alice, client):
     fail(client, settings.AXES_FAILURE_LIMIT)
     assert log_in(client, PASSWORD, "bob").status_code == 302  # another account from the same address
     elsewhere = Client(REMOTE_ADDR="192.0.2.10")
-    assert log_in(elsewhere, PASSWORD).status_code == 302 and logged_in(elsewhere)  # alice from elsewhere
+    # Alice from elsewhere.
+    assert log_in(elsewhere, PASSWORD).status_code == 302
+    assert logged_in(elsewhere)
 
 
 @pytest.mark.django_db
@@ -84,7 +92,8 @@ def test_an_admin_unlocks_with_axes_reset(alice, client):
     fail(client, settings.AXES_FAILURE_LIMIT)
     assert log_in(client, PASSWORD).status_code == 429
     call_command("axes_reset")
-    assert log_in(client, PASSWORD).status_code == 302 and logged_in(client)
+    assert log_in(client, PASSWORD).status_code == 302
+    assert logged_in(client)
 
 
 @pytest.mark.django_db
@@ -93,7 +102,8 @@ def test_the_cool_off_unlocks_and_a_new_lockout_is_audited_again(alice, client):
         fail(client, settings.AXES_FAILURE_LIMIT + 1)
         assert log_in(client, PASSWORD).status_code == 429
         traveller.shift(settings.AXES_COOLOFF_TIME + timedelta(seconds=1))
-        assert log_in(client, PASSWORD).status_code == 302 and logged_in(client)
+        assert log_in(client, PASSWORD).status_code == 302
+        assert logged_in(client)
         client.logout()
         fail(client, settings.AXES_FAILURE_LIMIT)
         assert log_in(client, PASSWORD).status_code == 429

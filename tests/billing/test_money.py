@@ -40,7 +40,8 @@ def test_minor_units_go_to_major_units_and_back_exactly(minor: int, currency: st
     assert to_minor_units(major, currency) == minor
     # The written form is that same number with the currency's decimals, no exponent.
     text = format_minor_units(minor, currency)
-    assert Decimal(text) == major and "E" not in text
+    assert Decimal(text) == major
+    assert "E" not in text
     assert len(text.partition(".")[2]) == minor_unit_exponent(currency)
 
 
@@ -83,7 +84,8 @@ def test_the_issue_case_adds_up() -> None:
     parts = [Decimal("317.006"), Decimal("317.006"), Decimal("317.006")]
     assert display_amount(sum(parts, Decimal(0)), "USD") == Decimal("951.02")
     rounded, total = round_parts(parts, "USD")
-    assert rounded == [Decimal("317.01")] * 3 and total == Decimal("951.03")
+    assert rounded == [Decimal("317.01")] * 3
+    assert total == Decimal("951.03")
     assert round_parts([], "JPY") == ([], Decimal(0))
     assert str(round_parts([Decimal("1.5"), Decimal("2.5")], "JPY")[1]) == "4"
 
@@ -92,7 +94,8 @@ def test_the_issue_case_adds_up() -> None:
        places=st.integers(min_value=0, max_value=4))
 def test_rounded_quantities_add_to_their_total(parts: list[Decimal], places: int) -> None:
     rounded, total = round_quantities(parts, places)
-    assert total == sum(rounded, Decimal(0)) and total.as_tuple().exponent == -places
+    assert total == sum(rounded, Decimal(0))
+    assert total.as_tuple().exponent == -places
     assert all(abs(r - p) <= Decimal(1).scaleb(-places) / 2 for r, p in zip(rounded, parts, strict=True))
 
 
@@ -107,7 +110,7 @@ def test_shares_add_to_exactly_one_hundred_percent(parts: list[Decimal], places:
     assert sum(shares, Decimal(0)) == 100
     # Each share is its exact share rounded down or up by less than one unit, never negative.
     exact = [100 * p / sum(parts, Decimal(0)) for p in parts]
-    assert all(0 <= s and abs(s - e) < unit for s, e in zip(shares, exact, strict=True))
+    assert all(s >= 0 and abs(s - e) < unit for s, e in zip(shares, exact, strict=True))
 
 
 def test_shares_use_the_largest_remainder() -> None:
@@ -122,7 +125,9 @@ def test_shares_use_the_largest_remainder() -> None:
 @given(amount=ledger_amounts, currency=currencies)
 def test_csv_amounts_carry_the_currencys_minor_precision(amount: Decimal, currency: str) -> None:
     text = amount_text(amount, currency)
-    assert Decimal(text) == display_amount(amount, currency) and "E" not in text and "," not in text
+    assert Decimal(text) == display_amount(amount, currency)
+    assert "E" not in text
+    assert "," not in text
     assert len(text.partition(".")[2]) == minor_unit_exponent(currency)
 
 

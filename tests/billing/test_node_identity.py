@@ -81,7 +81,8 @@ def test_an_agent_pods_token_uploads_for_its_node_and_registers_the_node_audited
     assert list(UsageBatch.objects.values_list("node__name", "batch_seq")) == [("gpu-a", 1)]
     event = AuditEvent.objects.get(action="node.registered")
     assert event.actor_label == AGENT_SA
-    assert event.after["node"] == "gpu-a" and event.after["pod"] == "vgpu-ledger/vgpu-agent-gpu-a"
+    assert event.after["node"] == "gpu-a"
+    assert event.after["pod"] == "vgpu-ledger/vgpu-agent-gpu-a"
     assert event.after["pod_uid"] == kube.get_pod(AGENT_NS, "vgpu-agent-gpu-a")["metadata"]["uid"]
     # The service read the token's pod to learn its node.
     assert any(r.method == "GET" and r.path == "/api/v1/namespaces/vgpu-ledger/pods/vgpu-agent-gpu-a"
@@ -99,7 +100,9 @@ def test_a_token_of_the_agent_on_node_a_is_refused_with_403_for_node_b(
                               content_type="application/json", HTTP_AUTHORIZATION=f"Bearer {token}")
     policy_a = client.get("/api/v1/nodes/gpu-a/policy", HTTP_AUTHORIZATION=f"Bearer {token}")
 
-    assert batch.status_code == 403 and "'gpu-a'" in message(batch) and "gpu-b" in message(batch)
+    assert batch.status_code == 403
+    assert "'gpu-a'" in message(batch)
+    assert "gpu-b" in message(batch)
     assert policy_b.status_code == 403
     assert message(policy_b) == "this token belongs to node 'gpu-a' (pod vgpu-ledger/vgpu-agent-gpu-a), not 'gpu-b'"
     assert events_b.status_code == 403
@@ -158,7 +161,8 @@ def test_tokens_that_do_not_prove_an_agent_pod_get_401_and_nothing_is_stored(
     assert response.status_code == 401, response.content
     assert response["WWW-Authenticate"] == 'Bearer realm="vgpu-ledger"'
     assert says in message(response)
-    assert not UsageBatch.objects.exists() and not Node.objects.exists()
+    assert not UsageBatch.objects.exists()
+    assert not Node.objects.exists()
     assert not AuditEvent.objects.filter(action="node.registered").exists()
 
 
@@ -290,6 +294,7 @@ def test_misconfigured_node_identity_is_a_system_check_error(settings: Any) -> N
     settings.VGPU_NODE_TOKENREVIEW = True
     settings.VGPU_NODE_SERVICE_ACCOUNTS = ["vgpu-agent"]  # no namespace
     errors = [m for m in run_checks() if m.id == "billing.E003"]
-    assert len(errors) == 1 and "namespace:name" in errors[0].msg
+    assert len(errors) == 1
+    assert "namespace:name" in errors[0].msg
     settings.VGPU_NODE_SERVICE_ACCOUNTS = ["vgpu-ledger:vgpu-agent"]
     assert not [m for m in run_checks() if m.id == "billing.E003"]

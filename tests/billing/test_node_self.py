@@ -111,11 +111,14 @@ def test_undelivered_reports_degrade_health_only_past_the_threshold(client, node
 
     send(2)
     ledger = healthz_as_admin().json()["ledger"]
-    assert ledger["undelivered_batches"] == 2 and ledger["max_undelivered_batches"] == 2
+    assert ledger["undelivered_batches"] == 2
+    assert ledger["max_undelivered_batches"] == 2
     assert "undelivered" not in ledger.get("error", "")
     send(3)
     ledger = healthz_as_admin().json()["ledger"]
-    assert ledger["undelivered_batches"] == 3 and not ledger["ok"] and "ingest refused" in ledger["error"]
+    assert ledger["undelivered_batches"] == 3
+    assert not ledger["ok"]
+    assert "ingest refused" in ledger["error"]
 
 
 def test_the_demo_maps_every_namespace_its_agents_use(db):
@@ -129,5 +132,6 @@ def test_the_demo_maps_every_namespace_its_agents_use(db):
     tenants = [(slug, tier) for slug, _, tier in DEMO_TENANTS]
     for node in ("sim-a100-1", "sim-a100-2", "sim-a100-3"):
         for w in demo_scenario(node, seed=7, tenants=tenants)["workloads"]:
-            assert w["namespace"] in mapping and tenant_for(w["namespace"], "x", mapping) == w["tenant"]
+            assert w["namespace"] in mapping
+            assert tenant_for(w["namespace"], "x", mapping) == w["tenant"]
     assert AuditEvent.objects.filter(action="tenant.namespaces_changed").count() == len(DEMO_TENANTS)

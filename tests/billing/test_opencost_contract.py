@@ -37,7 +37,7 @@ WINDOW = f"{DAY0:%Y-%m-%dT%H:%M:%SZ},{DAY0 + timedelta(days=1):%Y-%m-%dT%H:%M:%S
 NUMBER = (int, float)
 ALLOCATION_SCHEMA: dict[str, tuple[type, ...]] = {
     "name": (str,), "properties": (dict,), "window": (dict,), "start": (str,), "end": (str,),
-    **{f: NUMBER for f in (
+    **dict.fromkeys((
         "minutes", "cpuCores", "cpuCoreRequestAverage", "cpuCoreLimitAverage", "cpuCoreUsageAverage", "cpuCoreHours",
         "cpuCost", "cpuCostAdjustment", "cpuCostIdle", "cpuEfficiency", "gpuCount", "gpuHours", "gpuCost",
         "gpuCostAdjustment", "gpuCostIdle", "gpuEfficiency", "networkTransferBytes", "networkReceiveBytes",
@@ -45,7 +45,7 @@ ALLOCATION_SCHEMA: dict[str, tuple[type, ...]] = {
         "networkCostAdjustment", "loadBalancerCost", "loadBalancerCostAdjustment", "pvBytes", "pvByteHours", "pvCost",
         "pvCostAdjustment", "ramBytes", "ramByteRequestAverage", "ramByteLimitAverage", "ramByteUsageAverage",
         "ramByteHours", "ramCost", "ramCostAdjustment", "ramCostIdle", "ramEfficiency", "externalCost", "sharedCost",
-        "totalCost", "totalEfficiency")},
+        "totalCost", "totalEfficiency"), NUMBER),
     "pvs": (dict, type(None)), "lbAllocations": (dict, type(None)),
     "proportionalAssetResourceCosts": (dict, type(None)), "sharedCostBreakdown": (dict, type(None)),
     "gpuAllocation": (dict, type(None)),
@@ -58,18 +58,17 @@ GPU_ALLOCATION_SCHEMA: dict[str, tuple[type, ...]] = {
 }
 SUMMARY_SCHEMA: dict[str, tuple[type, ...]] = {
     "name": (str,), "properties": (dict,), "window": (dict,), "start": (str,), "end": (str,),
-    **{f: NUMBER for f in ("cpuCoreRequestAverage", "cpuCoreUsageAverage", "cpuCost", "cpuCostIdle",
-                           "gpuRequestAverage", "gpuUsageAverage", "gpuCost", "gpuCostIdle", "networkCost",
-                           "loadBalancerCost", "pvCost", "ramBytesRequestAverage", "ramBytesUsageAverage",
-                           "ramCost", "ramCostIdle", "sharedCost", "externalCost", "totalEfficiency", "totalCost")},
+    **dict.fromkeys(("cpuCoreRequestAverage", "cpuCoreUsageAverage", "cpuCost", "cpuCostIdle",
+                     "gpuRequestAverage", "gpuUsageAverage", "gpuCost", "gpuCostIdle", "networkCost",
+                     "loadBalancerCost", "pvCost", "ramBytesRequestAverage", "ramBytesUsageAverage",
+                     "ramCost", "ramCostIdle", "sharedCost", "externalCost", "totalEfficiency", "totalCost"), NUMBER),
 }
 
 
 def conforms(value: dict[str, Any], schema: dict[str, tuple[type, ...]]) -> list[str]:
     """The schema's fields `value` lacks or has with another JSON type (bool is not a number)."""
-    wrong = [f for f, types in schema.items()
-             if f not in value or not isinstance(value[f], types) or (isinstance(value[f], bool) and bool not in types)]
-    return wrong
+    return [f for f, types in schema.items()
+            if f not in value or not isinstance(value[f], types) or (isinstance(value[f], bool) and bool not in types)]
 
 
 @pytest.fixture
@@ -167,8 +166,11 @@ def test_each_client_request_decodes_into_opencost_allocations(server, client: s
                                                                params: dict[str, str]) -> None:
     code, body = call(server, path, **params)
     assert code == 200, (client, body)
-    assert set(body) == {"code", "status", "data"} and body["code"] == 200 and body["status"] == "success"
-    assert isinstance(body["data"], list) and body["data"]
+    assert set(body) == {"code", "status", "data"}
+    assert body["code"] == 200
+    assert body["status"] == "success"
+    assert isinstance(body["data"], list)
+    assert body["data"]
     seen = 0
     for one in body["data"]:
         assert isinstance(one, dict)
@@ -202,28 +204,31 @@ def test_totals_reconcile_with_the_ledger(server) -> None:  # type: ignore[no-un
 def test_gpu_only_allocations_report_gpu_efficiency_not_waste(server) -> None:  # type: ignore[no-untyped-def]
     """An OpenCost-style efficiency client reads totalEfficiency (or cpu and ram): here GPUs are
     the only resource, so totalEfficiency is the GPU's, and > 0 for a workload that used its SMs."""
-    code, body = call(server, "/allocation/compute", window=WINDOW, aggregate="pod", accumulate="true")
+    _code, body = call(server, "/allocation/compute", window=WINDOW, aggregate="pod", accumulate="true")
     bert = body["data"][0]["bert"]
     assert bert["totalEfficiency"] == bert["gpuEfficiency"] > 0
     assert bert["gpuEfficiency"] == pytest.approx(0.5)  # 10 SM·s used of 20 granted
     # 1440 GPU-seconds of share over its one hour: 0.4 GPUs on average, 0.2 of them kept busy.
-    assert bert["gpuCount"] == pytest.approx(0.4) and bert["gpuRequestAverage"] == pytest.approx(0.4)
+    assert bert["gpuCount"] == pytest.approx(0.4)
+    assert bert["gpuRequestAverage"] == pytest.approx(0.4)
     assert bert["gpuUsageAverage"] == pytest.approx(0.2)
     assert bert["gpuAllocation"]["gpuUsageAverage"] == pytest.approx(0.2)
-    assert bert["cpuEfficiency"] == 0 and bert["ramEfficiency"] == 0
+    assert bert["cpuEfficiency"] == 0
+    assert bert["ramEfficiency"] == 0
 
 
 def test_names_and_kinds_as_opencost_writes_them(server) -> None:  # type: ignore[no-untyped-def]
-    code, body = call(server, "/allocation/compute", window=WINDOW, aggregate="controller", accumulate="true")
+    _code, body = call(server, "/allocation/compute", window=WINDOW, aggregate="controller", accumulate="true")
     bert = body["data"][0]["deployment:bert"]
     assert bert["properties"] == {"controller": "bert", "controllerKind": "deployment"}
-    code, body = call(server, "/allocation/compute", window=WINDOW, aggregate="controllerKind", accumulate="true")
+    _code, body = call(server, "/allocation/compute", window=WINDOW, aggregate="controllerKind", accumulate="true")
     assert set(body["data"][0]) == {"deployment", "statefulset", "__unallocated__"}
-    code, body = call(server, "/allocation/compute", window=WINDOW, aggregate="deployment", accumulate="true")
+    _code, body = call(server, "/allocation/compute", window=WINDOW, aggregate="deployment", accumulate="true")
     assert set(body["data"][0]) == {"bert", "__unallocated__"}
-    code, body = call(server, "/allocation/compute", window=WINDOW, aggregate="namespace", accumulate="true",
+    _code, body = call(server, "/allocation/compute", window=WINDOW, aggregate="namespace", accumulate="true",
                       includeIdle="true", idleByNode="true")
-    assert "__idle__" in body["data"][0] and not any("/__idle__" in n for n in body["data"][0])
+    assert "__idle__" in body["data"][0]
+    assert not any("/__idle__" in n for n in body["data"][0])
 
 
 def test_filter_language(server) -> None:  # type: ignore[no-untyped-def]
@@ -249,31 +254,38 @@ def test_filter_language(server) -> None:  # type: ignore[no-untyped-def]
 def test_summary_autocomplete_and_assets(server) -> None:  # type: ignore[no-untyped-def]
     for path in ("/allocation/summary", "/allocation/compute/summary", "/model/allocation/summary"):
         code, body = call(server, path, window=WINDOW, aggregate="namespace", accumulate="true", includeIdle="true")
-        assert code == 200 and body["status"] == "success"
+        assert code == 200
+        assert body["status"] == "success"
         data = body["data"]
-        assert set(data) == {"step", "sets", "window"} and isinstance(data["step"], int)
+        assert set(data) == {"step", "sets", "window"}
+        assert isinstance(data["step"], int)
         [one] = data["sets"]
         assert set(one) == {"allocations", "window"}
         for allocation in one["allocations"].values():
             assert conforms(allocation, SUMMARY_SCHEMA) == []
         assert D(str(sum(a["totalCost"] for a in one["allocations"].values()))).quantize(D("1e-9")) == card_total()
     code, body = call(server, "/allocation/autocomplete", window="7d", field="namespace", search="acme")
-    assert code == 200 and body["data"] == ["acme-ns"]
+    assert code == 200
+    assert body["data"] == ["acme-ns"]
     # The OpenCost UI's report filter (app/services/report-filter-autocomplete.ts): window, field,
     # limit=25, search, and the other rules as a filter; each field it may send, answered with a
     # list of strings (its parseSuggestionList keeps only strings).
     for field in ("cluster", "namespace", "node", "controllerKind", "controllerName", "pod", "container", "label:app"):
         code, body = call(server, "/allocation/autocomplete", window="7d", field=field, limit="25",
                           filter='cluster:"east"')
-        assert code == 200 and isinstance(body["data"], list), (field, body)
+        assert code == 200, (field, body)
+        assert isinstance(body["data"], list), (field, body)
         assert all(isinstance(value, str) for value in body["data"]), field
     for path in ("/assets", "/model/assets"):
         code, body = call(server, path, window=WINDOW)
-        assert code == 200 and body["status"] == "success"
+        assert code == 200
+        assert body["status"] == "success"
         [assets] = body["data"]
         assert set(assets) == {"east/node-1", "__unallocated__/node-2"}
         node = assets["east/node-1"]
-        assert node["type"] == "Node" and node["gpuCount"] == 1.0 and node["gpuCost"] == 10.0
+        assert node["type"] == "Node"
+        assert node["gpuCount"] == 1.0
+        assert node["gpuCost"] == 10.0
         assert sum(a["totalCost"] for a in assets.values()) == float(card_total())
 
 
@@ -292,5 +304,7 @@ def test_bad_parameters_are_opencost_400s_never_5xx(server, path: str, params: d
         pytest.skip("/assets takes no filter")
     code, body = call(server, path, **params)
     assert code == 400, (path, params, body)
-    assert body["code"] == 400 and body["status"] == "error" and isinstance(body["message"], str)
+    assert body["code"] == 400
+    assert body["status"] == "error"
+    assert isinstance(body["message"], str)
 

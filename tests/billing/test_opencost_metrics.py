@@ -23,7 +23,7 @@ pytestmark = pytest.mark.django_db
 D = Decimal
 NOW = datetime(2031, 5, 14, 10, 17, 42, tzinfo=UTC)
 LAST_HOUR = datetime(2031, 5, 14, 9, tzinfo=UTC)  # the last complete hour at NOW
-TOKEN = "opencost-scrape-token"  # noqa: S105 - a test credential
+TOKEN = "opencost-scrape-token"
 _ZEROS = {f: D(0) for f in ("mem_billed_mb_s", "sm_billed_s", "pcie_mb", "mem_granted_mb_s", "sm_granted_s",
                             "mem_used_mb_s", "sm_used_s")}
 NODE_LABELS = {"instance", "node", "instance_type", "region", "provider_id", "arch"}
@@ -120,8 +120,10 @@ def test_the_endpoint_takes_the_scrape_token(client: Client, settings: Any, time
     assert client.get("/metrics/opencost").status_code == 401
     assert client.get("/metrics/opencost", HTTP_AUTHORIZATION="Bearer wrong").status_code == 401
     answer = client.get("/metrics/opencost", HTTP_AUTHORIZATION=f"Bearer {TOKEN}")
-    assert answer.status_code == 200 and answer["Content-Type"].startswith("text/plain; version=0.0.4")
+    assert answer.status_code == 200
+    assert answer["Content-Type"].startswith("text/plain; version=0.0.4")
     assert samples(families(answer.content.decode())["node_gpu_hourly_cost"]) == {node_key("gpu-a"): 2.0}
     # The service's own families stay at /metrics, without OpenCost's.
     own = families(client.get("/metrics", HTTP_AUTHORIZATION=f"Bearer {TOKEN}").content.decode())
-    assert "vgpu_ledger_batches_pending" in own and "node_gpu_count" not in own
+    assert "vgpu_ledger_batches_pending" in own
+    assert "node_gpu_count" not in own

@@ -65,9 +65,11 @@ def test_report_figures_on_a_hand_computable_fleet_with_cold_start_excluded(fift
     assert summary["idle_memory_share_dynamic_pct"] == pytest.approx(70.0)
     assert summary["resource_optimisation_efficiency"] == pytest.approx(1200 / 180)
     test = report["test_whole_vs_dynamic"]
-    assert test["n"] == 2 and test["mean_saving"] == pytest.approx((540 + 480) / 2)
+    assert test["n"] == 2
+    assert test["mean_saving"] == pytest.approx((540 + 480) / 2)
     low, high = test["ci95"]
-    assert low < test["mean_saving"] < high and 0 <= test["p_value"] <= 1
+    assert low < test["mean_saving"] < high
+    assert 0 <= test["p_value"] <= 1
 
 
 def test_the_report_reads_minutes_planned_on_their_statistics(fifteen_minutes):
@@ -97,7 +99,8 @@ def test_report_job_reports_progress_stores_the_result_and_runs_twice_safely(fif
     second = tasks.run_paired_report.apply(args=[report.pk]).get()
     assert first == second == {"report": report.pk, "status": "done"}
     stored = PairedReport.objects.get(pk=report.pk)
-    assert stored.progress_pct == 100 and stored.result["n_units"] == 2
+    assert stored.progress_pct == 100
+    assert stored.result["n_units"] == 2
 
 
 def test_bad_periods_are_refused_with_the_reason():
@@ -113,7 +116,8 @@ def test_command_prints_the_report_as_json(fifteen_minutes):
     out = StringIO()
     call_command("paired_report", "--from", "2026-11-20", "--to", "2026-11-21", "--json", stdout=out)
     doc = json.loads(out.getvalue())
-    assert doc["n_units"] == 2 and doc["test_whole_vs_dynamic"]["n"] == 2
+    assert doc["n_units"] == 2
+    assert doc["test_whole_vs_dynamic"]["n"] == 2
     assert run_paired_report(report_id=doc["report"]).status == "done"
 
 
@@ -138,7 +142,8 @@ def test_the_organisations_view_counts_every_card_it_holds_idle_or_not(with_an_e
     # Dynamic: the two cards the fleet held, busy or idle, 900 s each.
     assert {k: Decimal(v) for k, v in fleet["dynamic"].items()} == {
         "busy_cards": Decimal(900), "empty_cards": Decimal(900), "total": Decimal(1800)}
-    assert Decimal(fleet["saving"]) == 900 and fleet["reduction_pct"] == pytest.approx(100 / 3)
+    assert Decimal(fleet["saving"]) == 900
+    assert fleet["reduction_pct"] == pytest.approx(100 / 3)
     # Chargeback: acme holds 10 % and globex 20 % of GPU 0; the platform keeps the rest.
     tenants = {t["tenant"]: (Decimal(t["whole_card"]), Decimal(t["dynamic"])) for t in report["chargeback"]["tenants"]}
     assert tenants == {"acme": (900, 90), "globex": (900, 180)}
@@ -153,14 +158,16 @@ def test_per_workload_day_figures_count_complete_days_only(fifteen_minutes):
     same_day = START + timedelta(hours=2)  # 2026-11-20 is not over yet
     report = compute_paired_report(start=START.replace(hour=0), end=START.replace(hour=0) + timedelta(days=1),
                                    now=same_day)
-    assert report["n_units"] == 2 and report["test_whole_vs_dynamic"]["n"] == 0
+    assert report["n_units"] == 2
+    assert report["test_whole_vs_dynamic"]["n"] == 0
     assert report["per_workload_day"] == {"complete_until": START.replace(hour=0).isoformat(),
                                           "partial_units_excluded": 2, "partial_days_excluded": ["2026-11-20"]}
     # The totals still cover the period as it stood.
     assert Decimal(report["summary"]["static_whole_cost"]) == Decimal(1200)
     next_day = compute_paired_report(start=START.replace(hour=0), end=START.replace(hour=0) + timedelta(days=1),
                                      now=START + timedelta(days=1))
-    assert next_day["test_whole_vs_dynamic"]["n"] == 2 and next_day["per_workload_day"]["partial_units_excluded"] == 0
+    assert next_day["test_whole_vs_dynamic"]["n"] == 2
+    assert next_day["per_workload_day"]["partial_units_excluded"] == 0
 
 
 def test_a_report_shows_the_last_day_asked_for_its_currency_and_its_definitions(
@@ -176,20 +183,32 @@ def test_a_report_shows_the_last_day_asked_for_its_currency_and_its_definitions(
     run_paired_report(report_id=report.pk)
     html = client.get(f"/reports/{report.pk}/").content.decode()
     # Asked "from 2026-11-20 to 2026-11-20 inclusive": the page says so, never 2026-11-21.
-    assert "2026-11-20 – 2026-11-20 (UTC, both days included)" in html and "2026-11-21" not in html
+    assert "2026-11-20 – 2026-11-20 (UTC, both days included)" in html
+    assert "2026-11-21" not in html
     fleet = html.split('data-testid="fleet-cost"')[1].split("</table>")[0]
-    assert "2,700.00 USD" in fleet and "1,800.00 USD" in fleet and "900.00 USD" in fleet and "33.3 %" in fleet
+    assert "2,700.00 USD" in fleet
+    assert "1,800.00 USD" in fleet
+    assert "900.00 USD" in fleet
+    assert "33.3 %" in fleet
     chargeback = html.split('data-testid="chargeback"')[1].split("</table>")[0]
-    assert "Acme Robotics" in chargeback and "globex" in chargeback and "1,530.00 USD" in chargeback
+    assert "Acme Robotics" in chargeback
+    assert "globex" in chargeback
+    assert "1,530.00 USD" in chargeback
     summary = html.split('data-testid="report-summary"')[1].split("</table>")[0]
     cells = dict(re.findall(r"<tr><th>(.*?)</th><td class=\"num\">(.*?)</td></tr>", summary))
-    assert cells["Static cost, whole cards"] == "1,200.00 USD" and cells["Dynamic cost (charged)"] == "180.00 USD"
+    assert cells["Static cost, whole cards"] == "1,200.00 USD"
+    assert cells["Dynamic cost (charged)"] == "180.00 USD"
     assert cells["Static cost, fixed profiles"] == "257.14 USD"
     # Computed on 2026-11-20 itself: no complete workload-day yet, so no mean saving.
-    assert cells["Complete workload-days compared (n)"] == "0" and cells["Mean saving per complete workload-day"] == "—"
+    assert cells["Complete workload-days compared (n)"] == "0"
+    assert cells["Mean saving per complete workload-day"] == "—"
     assert "2026-11-20 are left out of the per-workload-day figures" in html
-    assert 'id="definitions"' in html and "Fleet cost" in html and "Chargeback" in html
-    assert "docs/" not in html and ".md" not in html  # nothing a web user cannot open
+    # Nothing a web user cannot open.
+    assert 'id="definitions"' in html
+    assert "Fleet cost" in html
+    assert "Chargeback" in html
+    assert "docs/" not in html
+    assert ".md" not in html
 
     rows = list(csv.reader(io.StringIO(client.get(f"/reports/{report.pk}.csv").content.decode())))
     assert rows[0] == ["section", "row", "whole_card", "dynamic", "saving", "reduction_pct", "currency"]
@@ -199,7 +218,8 @@ def test_a_report_shows_the_last_day_asked_for_its_currency_and_its_definitions(
         for amount in row[2:5]:
             assert amount == "" or re.fullmatch(r"-?\d+(\.\d{2})?", amount), row
     pdf = client.get(f"/reports/{report.pk}.pdf")
-    assert pdf.status_code == 200 and pdf.content.startswith(b"%PDF")
+    assert pdf.status_code == 200
+    assert pdf.content.startswith(b"%PDF")
     with translation.override("zh-hans"):  # and a tenant name that is not markup
         stored = PairedReport.objects.get(pk=report.pk)
         assert render_paired_report_pdf(stored, tenant_names={"acme": "R&D <lab>"}).startswith(b"%PDF")
@@ -219,16 +239,22 @@ def test_report_pages_request_show_progress_then_results_and_a_pdf(fifteen_minut
             django_capture_on_commit_callbacks(execute=True):
         resp = client.post("/reports/", {"start": "2026-11-20", "end": "2026-11-20"})
     report = PairedReport.objects.get()
-    assert resp.status_code == 302 and resp["Location"] == f"/reports/{report.pk}/"
+    assert resp.status_code == 302
+    assert resp["Location"] == f"/reports/{report.pk}/"
     enqueue.assert_called_once_with(report.pk)
     pending = client.get(f"/reports/{report.pk}/").content.decode()
-    assert 'data-testid="report-progress"' in pending and 'http-equiv="refresh"' in pending
+    assert 'data-testid="report-progress"' in pending
+    assert 'http-equiv="refresh"' in pending
     run_paired_report(report_id=report.pk)
     done = client.get(f"/reports/{report.pk}/").content.decode()
-    assert 'data-testid="report-summary"' in done and "85.00 %" in done
-    assert 'data-testid="study-comparison"' in done and "−37 %" in done and "−85.0 %" in done
+    assert 'data-testid="report-summary"' in done
+    assert "85.00 %" in done
+    assert 'data-testid="study-comparison"' in done
+    assert "−37 %" in done
+    assert "−85.0 %" in done
     pdf = client.get(f"/reports/{report.pk}.pdf")
-    assert pdf.status_code == 200 and pdf.content.startswith(b"%PDF")
+    assert pdf.status_code == 200
+    assert pdf.content.startswith(b"%PDF")
 
 
 def test_a_period_already_being_computed_is_joined_not_computed_twice(fifteen_minutes, client, time_machine,

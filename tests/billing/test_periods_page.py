@@ -72,24 +72,30 @@ def test_close_request_is_recorded_audited_enqueued_then_the_task_closes_the_mon
     rollup_usage(now=clock.now())
     user = login(client, group=FINANCE_GROUP)
     ready = client.get("/periods/").content.decode()
-    assert 'data-state="ready"' in row_html(ready, LAST) and 'data-testid="close-button"' in row_html(ready, LAST)
+    assert 'data-state="ready"' in row_html(ready, LAST)
+    assert 'data-testid="close-button"' in row_html(ready, LAST)
     assert f"Close {LAST}" in ready
     current = f"{minute_start:%Y-%m}"  # the month in progress: listed, not closable
-    assert 'data-state="open"' in row_html(ready, current) and "close-button" not in row_html(ready, current)
+    assert 'data-state="open"' in row_html(ready, current)
+    assert "close-button" not in row_html(ready, current)
 
     resp, enqueue = press_close(client, LAST, django_capture_on_commit_callbacks)
-    assert resp.status_code == 302 and resp["Location"] == "/periods/"
+    assert resp.status_code == 302
+    assert resp["Location"] == "/periods/"
     enqueue.assert_called_once_with(LAST)
     period = BillingPeriod.objects.get(month=LAST_MONTH)
     assert (period.status, period.progress_pct, period.requested_by_id) == ("closing", 0, user.pk)
     audit = AuditEvent.objects.get(action="period.close_requested")
     assert (audit.actor_id, audit.actor_label, audit.object_id) == (user.pk, user.username, LAST)
-    assert audit.before == {"status": "open", "error": ""} and audit.after == {"status": "closing"}
+    assert audit.before == {"status": "open", "error": ""}
+    assert audit.after == {"status": "closing"}
 
     closing = client.get("/periods/").content.decode()  # a reload shows the bar, from the row
     assert 'http-equiv="refresh"' in closing
     row = row_html(closing, LAST)
-    assert 'data-testid="close-progress"' in row and 'value="0"' in row and "Waiting for a worker" in row
+    assert 'data-testid="close-progress"' in row
+    assert 'value="0"' in row
+    assert "Waiting for a worker" in row
     assert 'data-testid="close-button"' not in row
 
     result = tasks.close_period.apply(args=[LAST]).get()
@@ -101,8 +107,11 @@ def test_close_request_is_recorded_audited_enqueued_then_the_task_closes_the_mon
     closed = client.get("/periods/").content.decode()
     assert 'http-equiv="refresh"' not in closed
     row = row_html(closed, LAST)
-    assert 'data-state="closed"' in row and "2 invoices" in row and "3.00 USD" in row
-    assert 'data-testid="period-invoices-link"' in row and 'href="/invoices/"' in row
+    assert 'data-state="closed"' in row
+    assert "2 invoices" in row
+    assert "3.00 USD" in row
+    assert 'data-testid="period-invoices-link"' in row
+    assert 'href="/invoices/"' in row
     assert 'data-testid="close-button"' not in row
 
 
@@ -139,9 +148,11 @@ def test_an_unfinished_month_is_refused_with_the_reason_and_nothing_is_recorded(
     resp, enqueue = press_close(client, THIS, django_capture_on_commit_callbacks)
     assert resp.status_code == 400
     page = resp.content.decode()
-    assert 'data-testid="close-error"' in page and f"{THIS} is not over yet" in page
+    assert 'data-testid="close-error"' in page
+    assert f"{THIS} is not over yet" in page
     enqueue.assert_not_called()
-    assert not BillingPeriod.objects.exists() and not AuditEvent.objects.filter(action="period.close_requested")
+    assert not BillingPeriod.objects.exists()
+    assert not AuditEvent.objects.filter(action="period.close_requested")
     assert client.post("/periods/2026-13/close").status_code == 400  # not a month
 
 
@@ -151,8 +162,10 @@ def test_unpriced_usage_is_listed_as_an_item_to_resolve_and_never_holds_the_clos
     rollup_usage(now=clock.now())
     login(client, group=FINANCE_GROUP)
     row = row_html(client.get("/periods/").content.decode(), LAST)
-    assert 'data-testid="period-unpriced"' in row and 'data-testid="close-button"' in row
-    assert f'data-model="{A100["model"]}"' in row and "tenants affected: acme" in row
+    assert 'data-testid="period-unpriced"' in row
+    assert 'data-testid="close-button"' in row
+    assert f'data-model="{A100["model"]}"' in row
+    assert "tenants affected: acme" in row
     resp, enqueue = press_close(client, LAST, django_capture_on_commit_callbacks)
     assert resp.status_code == 302
     enqueue.assert_called_once_with(LAST)
@@ -174,8 +187,10 @@ def test_a_failed_close_shows_its_error_and_retry_resumes_it(
     assert Invoice.objects.filter(status="finalized").count() == 1
     page = client.get("/periods/").content.decode()
     row = row_html(page, LAST)
-    assert 'data-state="failed"' in row and "worker lost the database at acme" in row
-    assert 'data-testid="retry-button"' in row and 'http-equiv="refresh"' not in page
+    assert 'data-state="failed"' in row
+    assert "worker lost the database at acme" in row
+    assert 'data-testid="retry-button"' in row
+    assert 'http-equiv="refresh"' not in page
 
     resp, enqueue = press_close(client, LAST, django_capture_on_commit_callbacks)  # the retry button
     assert resp.status_code == 302
@@ -183,7 +198,8 @@ def test_a_failed_close_shows_its_error_and_retry_resumes_it(
     period.refresh_from_db()
     assert (period.status, period.error) == ("closing", "")
     retry_audit = AuditEvent.objects.filter(action="period.close_requested").order_by("-id").first()
-    assert retry_audit is not None and retry_audit.before == {"status": "failed",
+    assert retry_audit is not None
+    assert retry_audit.before == {"status": "failed",
                                                               "error": "worker lost the database at acme"}
     result = tasks.close_period.apply(args=[LAST]).get()
     assert (result["finalized"], result["already_final"]) == (1, 1)  # acme's invoice was kept
@@ -209,7 +225,8 @@ def test_usage_that_becomes_unpriced_after_the_request_is_left_off_the_invoices_
     totals = dict(Invoice.objects.values_list("tenant__slug", "total_minor"))
     assert totals == {"acme": 100, "globex": 200}
     row = row_html(client.get("/periods/").content.decode(), LAST)
-    assert 'data-model="NVIDIA T4"' in row and "tenants affected: acme" in row
+    assert 'data-model="NVIDIA T4"' in row
+    assert "tenants affected: acme" in row
     closed = AuditEvent.objects.get(action="billing_period.closed")
     assert [u["gpu_model"] for u in closed.after["unpriced"]] == ["NVIDIA T4"]
 
@@ -314,7 +331,9 @@ def test_every_progress_write_moves_progress_at(last_month_usage):
     start = clock.now()
     month_end = datetime(THIS_MONTH.year, THIS_MONTH.month, 1, tzinfo=UTC)
     close_period(month=LAST_MONTH, now=month_end, progress=watch)  # the heartbeat is the clock, not `now`
-    assert len(seen) == 4 and seen == sorted(seen) and len(set(seen)) == 4
+    assert len(seen) == 4
+    assert seen == sorted(seen)
+    assert len(set(seen)) == 4
     assert seen[0] >= start - timedelta(seconds=5)
 
 
@@ -324,7 +343,9 @@ def test_a_non_stalled_close_shows_no_resume_and_a_resume_post_changes_nothing(
     press_close(client, LAST, django_capture_on_commit_callbacks)
     backdate_progress(60)  # quiet for a minute: still closing
     row = row_html(client.get("/periods/").content.decode(), LAST)
-    assert 'data-state="closing"' in row and "resume-button" not in row and "period-stalled" not in row
+    assert 'data-state="closing"' in row
+    assert "resume-button" not in row
+    assert "period-stalled" not in row
     resp, enqueue = press_resume(client, LAST, django_capture_on_commit_callbacks)
     assert resp.status_code == 302
     enqueue.assert_not_called()
@@ -338,15 +359,21 @@ def test_a_stalled_close_is_resumed_once_audited_and_then_closes(
     quiet_since = backdate_progress(901)
     page = client.get("/periods/").content.decode()
     row = row_html(page, LAST)
-    assert 'data-state="stalled"' in row and 'data-testid="period-stalled"' in row
-    assert 'data-testid="resume-button"' in row and f'action="/periods/{LAST}/resume"' in row
-    assert "csrfmiddlewaretoken" in row and 'http-equiv="refresh"' not in page
+    assert 'data-state="stalled"' in row
+    assert 'data-testid="period-stalled"' in row
+    assert 'data-testid="resume-button"' in row
+    assert f'action="/periods/{LAST}/resume"' in row
+    assert "csrfmiddlewaretoken" in row
+    assert 'http-equiv="refresh"' not in page
 
     resp, enqueue = press_resume(client, LAST, django_capture_on_commit_callbacks)
-    assert resp.status_code == 302 and resp["Location"] == "/periods/"
+    assert resp.status_code == 302
+    assert resp["Location"] == "/periods/"
     enqueue.assert_called_once_with(LAST)
     period = BillingPeriod.objects.get(month=LAST_MONTH)
-    assert period.status == "closing" and period.progress_at is not None and period.progress_at > quiet_since
+    assert period.status == "closing"
+    assert period.progress_at is not None
+    assert period.progress_at > quiet_since
     audit = AuditEvent.objects.get(action="period.close_resumed")
     assert (audit.actor_id, audit.object_type, audit.object_id) == (user.pk, "billing_period", LAST)
     assert audit.before == {"status": "closing", "progress_pct": 0, "progress_at": quiet_since.isoformat()}
@@ -384,9 +411,11 @@ def test_resume_is_refused_for_a_month_that_is_not_closing_and_for_tenant_member
         client, last_month_usage, django_capture_on_commit_callbacks):
     login(client, group=FINANCE_GROUP)
     resp, enqueue = press_resume(client, LAST, django_capture_on_commit_callbacks)
-    assert resp.status_code == 400 and f"{LAST} is not being closed" in resp.content.decode()
+    assert resp.status_code == 400
+    assert f"{LAST} is not being closed" in resp.content.decode()
     enqueue.assert_not_called()
-    assert not BillingPeriod.objects.exists() and not AuditEvent.objects.filter(object_type="billing_period")
+    assert not BillingPeriod.objects.exists()
+    assert not AuditEvent.objects.filter(object_type="billing_period")
     assert client.get(f"/periods/{LAST}/resume").status_code == 405
 
     client.logout()
@@ -428,7 +457,8 @@ def test_two_closes_running_at_once_finalize_each_invoice_once(last_month_usage,
         t.start()
     for t in threads:
         t.join(60)
-    assert errors == [] and len(results) == 2
+    assert errors == []
+    assert len(results) == 2
     assert sum(r.invoices_finalized for r in results) == 2  # type: ignore[attr-defined]
     invoices = {i.tenant.slug: i for i in Invoice.objects.select_related("tenant")}
     assert {s: (i.status, i.total_minor, i.lines.count()) for s, i in invoices.items()} == {
@@ -463,7 +493,8 @@ def test_in_the_first_minute_of_a_month_the_month_before_closes_with_its_last_se
     rollup_usage(now=clock.now())
     login(client, group=FINANCE_GROUP)
     page = client.get("/periods/").content.decode()
-    assert 'data-state="ready"' in row_html(page, "2028-02") and "close-button" in row_html(page, "2028-02")
+    assert 'data-state="ready"' in row_html(page, "2028-02")
+    assert "close-button" in row_html(page, "2028-02")
     resp, enqueue = press_close(client, "2028-02", django_capture_on_commit_callbacks)
     assert resp.status_code == 302
     enqueue.assert_called_once_with("2028-02")

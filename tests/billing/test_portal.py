@@ -108,10 +108,12 @@ def test_member_sees_month_to_date_forecast_and_workloads_of_their_tenant(client
     assert resp.status_code == 200
     portal = resp.context["portal"]
     # 1.50 + 0.25 idle + 0.50 + 3.00; last month's 100 and globex's 9 are not acme's month to date.
-    assert portal.month_to_date == Decimal("5.25") and portal.currency == "USD"
+    assert portal.month_to_date == Decimal("5.25")
+    assert portal.currency == "USD"
     # Only the hour in progress has usage: no complete hour to take a rate from, nothing extrapolated
     # (tests/billing/test_forecast.py has the forecast itself).
-    assert portal.forecast == portal.month_to_date and portal.forecast_rate_hours == 0
+    assert portal.forecast == portal.month_to_date
+    assert portal.forecast_rate_hours == 0
     html = resp.content.decode()
     assert "5.25 USD" in text_of(html, "mtd-cost")
     assert "5.25 USD" in text_of(html, "forecast")
@@ -119,16 +121,21 @@ def test_member_sees_month_to_date_forecast_and_workloads_of_their_tenant(client
 
     train, bert = portal.workloads  # most expensive first
     assert (train.label, train.cost, train.sla_tiers) == ("acme-dev/train-7", Decimal("3.00"), ("bronze",))
-    assert bert.label == "acme-prod/bert-1" and bert.containers == ("server", "sidecar")
+    assert bert.label == "acme-prod/bert-1"
+    assert bert.containers == ("server", "sidecar")
     assert bert.cost == Decimal("2.25")
     assert bert.gpu_hours_equivalent == Decimal("2400") / 3600
     assert (bert.mem_used_gb_h, bert.mem_granted_gb_h) == (Decimal("2.5"), Decimal("5"))
     assert (bert.sm_used_h, bert.sm_granted_h) == (Decimal("12"), Decimal("24"))
     assert bert.first_hour == bert.last_hour == ledger
     table = text_of(html, "workload-table")
-    assert "acme-prod/bert-1" in table and "server, sidecar" in table and "2.25 USD" in table
-    assert "globex" not in html and "llm-1" not in html
-    assert 'data-testid="workload-cost-chart"' in html and 'data-testid="workload-memory-chart"' in html
+    assert "acme-prod/bert-1" in table
+    assert "server, sidecar" in table
+    assert "2.25 USD" in table
+    assert "globex" not in html
+    assert "llm-1" not in html
+    assert 'data-testid="workload-cost-chart"' in html
+    assert 'data-testid="workload-memory-chart"' in html
 
 
 def test_another_tenants_portal_is_404_like_a_tenant_that_does_not_exist(client, ledger):
@@ -149,7 +156,8 @@ def test_user_without_membership_sees_no_portal(client, ledger):
     client.force_login(user_in())
     assert client.get("/tenants/acme/").status_code == 404
     resp = client.get("/tenants/")
-    assert resp.status_code == 200 and resp.context["tenants"] == []
+    assert resp.status_code == 200
+    assert resp.context["tenants"] == []
 
 
 def test_finance_lists_every_tenant_with_month_to_date_and_opens_any_portal(client, ledger):
@@ -160,12 +168,16 @@ def test_finance_lists_every_tenant_with_month_to_date_and_opens_any_portal(clie
     resp = client.get("/tenants/")
     rows = {r.slug: r for r in resp.context["tenants"]}
     assert {s: r.month_to_date for s, r in rows.items()} == {"acme": Decimal("5.25"), "globex": Decimal("9.00")}
-    assert rows["acme"].budget.state == "ok" and rows["globex"].budget is None
+    assert rows["acme"].budget.state == "ok"
+    assert rows["globex"].budget is None
     html = text_of(resp.content.decode(), "tenant-list")
-    assert "Acme Robotics" in html and "Globex Corp" in html and "No budget set" in html
+    assert "Acme Robotics" in html
+    assert "Globex Corp" in html
+    assert "No budget set" in html
     assert 'href="/tenants/globex/"' in resp.content.decode()
     globex = client.get("/tenants/globex/")
-    assert globex.status_code == 200 and globex.context["portal"].month_to_date == Decimal("9.00")
+    assert globex.status_code == 200
+    assert globex.context["portal"].month_to_date == Decimal("9.00")
     assert [w.label for w in globex.context["portal"].workloads] == ["globex-prod/llm-1"]
 
 
@@ -173,7 +185,8 @@ def test_member_of_one_tenant_is_sent_to_it_and_of_two_sees_only_those(client, l
     Tenant.objects.create(slug="initech", name="Initech")
     client.force_login(user_in(tenants=("acme",)))
     resp = client.get("/tenants/")
-    assert resp.status_code == 302 and resp["Location"] == "/tenants/acme/"
+    assert resp.status_code == 302
+    assert resp["Location"] == "/tenants/acme/"
     client.force_login(user_in(tenants=("acme", "globex")))
     assert sorted(r.slug for r in client.get("/tenants/").context["tenants"]) == ["acme", "globex"]
 
@@ -186,12 +199,14 @@ def test_member_of_one_tenant_is_sent_to_it_and_of_two_sees_only_those(client, l
 def test_root_lands_each_role_on_its_page(client, ledger, group, tenants, landing):
     client.force_login(user_in(group=group, tenants=tenants))
     resp = client.get("/", follow=True)
-    assert resp.redirect_chain[-1][0] == landing and resp.status_code == 200
+    assert resp.redirect_chain[-1][0] == landing
+    assert resp.status_code == 200
 
 
 def test_root_sends_anonymous_users_to_login(client):
     resp = client.get("/")
-    assert resp.status_code == 302 and resp["Location"].startswith("/accounts/login/")
+    assert resp.status_code == 302
+    assert resp["Location"].startswith("/accounts/login/")
     assert client.get("/tenants/").status_code == 302
 
 
@@ -206,34 +221,42 @@ def test_budget_status_shows_state_bar_action_and_owner(client, ledger):
     assert re.search(r'class="budget-bar state-enforced" data-testid="budget-bar" data-state="enforced"', html)
     assert 'aria-valuenow="100"' in html  # 105 % used, the bar is capped at full
     status = text_of(html, "budget-status")
-    assert "105 % used (5.25 USD)" in status and "enforced" in status
-    assert "block new GPU pods" in html and "finops@acme.example" in html
+    assert "105 % used (5.25 USD)" in status
+    assert "enforced" in status
+    assert "block new GPU pods" in html
+    assert "finops@acme.example" in html
 
 
 def test_tenant_without_budget_says_so(client, ledger):
     client.force_login(user_in(tenants=("acme",)))
     html = client.get("/tenants/acme/").content.decode()
-    assert "No budget set" in html and 'data-testid="budget-bar"' not in html
+    assert "No budget set" in html
+    assert 'data-testid="budget-bar"' not in html
 
 
 def test_workload_csv_has_every_workload_rounded_as_stated_and_a_total_row(client, ledger):
     client.force_login(user_in(tenants=("acme",)))
     resp = client.get("/tenants/acme/", {"format": "csv"})
-    assert resp.status_code == 200 and resp["Content-Type"] == "text/csv; charset=utf-8"
+    assert resp.status_code == 200
+    assert resp["Content-Type"] == "text/csv; charset=utf-8"
     assert resp["Content-Disposition"].startswith('attachment; filename="acme-workloads-')
     header, *rows, total = list(csv.reader(io.StringIO(resp.content.decode())))
     assert header[:7] == ["namespace", "pod", "pod_uid", "containers", "sla_tiers", "cost", "currency"]
     by_pod = {r[1]: dict(zip(header, r, strict=True)) for r in rows}
     assert set(by_pod) == {"train-7", "bert-1"}
     bert = by_pod["bert-1"]
-    assert bert["cost"] == "2.25" and bert["currency"] == "USD"  # the currency's minor unit
+    # The currency's minor unit.
+    assert bert["cost"] == "2.25"
+    assert bert["currency"] == "USD"
     assert bert["containers"] == "server sidecar"
     assert bert["gpu_hours_equivalent"] == "0.6667"  # 2400 s: 4 places, as docs/exports.md states
-    assert bert["mem_used_gb_h"] == "2.5000" and bert["sm_granted_h"] == "24.0000"
+    assert bert["mem_used_gb_h"] == "2.5000"
+    assert bert["sm_granted_h"] == "24.0000"
     assert datetime.fromisoformat(bert["first_hour"]) == ledger
     # The total row is the sum of the rows as written, column by column.
     total_row = dict(zip(header, total, strict=True))
-    assert total_row["namespace"] == "(total)" and total_row["currency"] == "USD"
+    assert total_row["namespace"] == "(total)"
+    assert total_row["currency"] == "USD"
     for column in ("cost", "gpu_hours_equivalent", "mem_used_gb_h", "sm_used_h", "sm_granted_h"):
         assert Decimal(total_row[column]) == sum(Decimal(r[column]) for r in by_pod.values()), column
 
@@ -248,7 +271,9 @@ def test_chosen_period_charts_daily_cost_of_the_top_seven_and_the_rest_as_an_eig
     assert resp.status_code == 200
     daily = resp.context["portal"].daily
     assert daily.days == (date(2026, 1, 5), date(2026, 1, 6), date(2026, 1, 7))
-    assert daily.names[0] == "acme-prod/pod-9" and len(daily.names) == 7 and daily.has_other
+    assert daily.names[0] == "acme-prod/pod-9"
+    assert len(daily.names) == 7
+    assert daily.has_other
     assert daily.cost[0] == (Decimal(10), Decimal(0), Decimal(5))
     assert daily.cost[-1] == (Decimal(6), Decimal(0), Decimal(0))  # other: pod-0 (1) + pod-1 (2) + pod-2 (3)
     assert daily.mem_used_gb_h[0] == (Decimal(1), Decimal(0), Decimal(3))
@@ -266,7 +291,9 @@ def test_eight_workloads_are_all_charted_without_an_other_series(client, ledger)
         usage(ledger, pod=f"pod-{i}", pod_uid=f"uid-{i}", charge="1")
     client.force_login(user_in(tenants=("acme",)))
     daily = client.get("/tenants/acme/").context["portal"].daily
-    assert len(daily.names) == 8 and not daily.has_other and len(daily.cost) == 8
+    assert len(daily.names) == 8
+    assert not daily.has_other
+    assert len(daily.cost) == 8
 
 
 def test_bad_period_answers_400_with_the_reason(client, ledger):
@@ -274,7 +301,8 @@ def test_bad_period_answers_400_with_the_reason(client, ledger):
     resp = client.get("/tenants/acme/", {"start": "2026-05-02", "end": "2026-05-01"})
     assert resp.status_code == 400
     html = resp.content.decode()
-    assert "must not be before" in html and 'data-testid="workload-table"' not in html
+    assert "must not be before" in html
+    assert 'data-testid="workload-table"' not in html
     assert client.get("/tenants/acme/", {"start": "2026-05-02", "end": "2026-05-01", "format": "csv"}).status_code == 400
 
 
@@ -304,10 +332,12 @@ def test_the_workload_table_shows_the_costliest_and_says_the_csv_has_them_all(
     client.force_login(user_in(tenants=("acme",)))
     html = client.get("/tenants/acme/").content.decode()
     assert html.count('data-testid="workload-row"') == 1
-    assert "train-7" in text_of(html, "workload-table") and "bert-1" not in text_of(html, "workload-table")
+    assert "train-7" in text_of(html, "workload-table")
+    assert "bert-1" not in text_of(html, "workload-table")
     assert text_of(html, "workload-table-cut") == "The 1 costliest of 2 workloads are shown; the CSV lists them all."
     rows = list(csv.reader(io.StringIO(client.get("/tenants/acme/", {"format": "csv"}).content.decode())))
-    assert sorted(r[1] for r in rows[1:-1]) == ["bert-1", "train-7"] and rows[-1][0] == "(total)"
+    assert sorted(r[1] for r in rows[1:-1]) == ["bert-1", "train-7"]
+    assert rows[-1][0] == "(total)"
     # The cut table's footer is still the cost of every workload, as the CSV's total row.
     assert text_of(html, "workload-total") == f"{rows[-1][5]} USD"
 
@@ -315,7 +345,8 @@ def test_the_workload_table_shows_the_costliest_and_says_the_csv_has_them_all(
 def test_a_table_of_every_workload_says_nothing_about_a_cut(client: Client, ledger: datetime) -> None:
     client.force_login(user_in(tenants=("acme",)))
     html = client.get("/tenants/acme/").content.decode()
-    assert html.count('data-testid="workload-row"') == 2 and 'data-testid="workload-table-cut"' not in html
+    assert html.count('data-testid="workload-row"') == 2
+    assert 'data-testid="workload-table-cut"' not in html
 
 
 def test_a_portal_of_the_costliest_workloads_keeps_the_count_cost_and_chart_of_all(ledger: datetime) -> None:
@@ -323,6 +354,7 @@ def test_a_portal_of_the_costliest_workloads_keeps_the_count_cost_and_chart_of_a
     scope = get_scope(user_in(group=FINANCE_GROUP))
     full = get_tenant_portal(scope=scope, slug="acme", start=start, end=end, now=clock.now())
     top = get_tenant_portal(scope=scope, slug="acme", start=start, end=end, now=clock.now(), workload_limit=1)
-    assert [w.pod for w in full.workloads] == ["train-7", "bert-1"] and top.workloads == full.workloads[:1]
+    assert [w.pod for w in full.workloads] == ["train-7", "bert-1"]
+    assert top.workloads == full.workloads[:1]
     assert (top.workload_count, top.period_cost) == (full.workload_count, full.period_cost) == (2, Decimal("5.25"))
     assert top.daily == full.daily

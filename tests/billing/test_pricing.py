@@ -99,7 +99,7 @@ def test_proportional_idle_is_spread_by_charge():
     assert priced.idle_allocated == priced.idle_cost
 
 
-@pytest.mark.parametrize("basis,expected", [("used", "0.5"), ("granted", "1.0"), ("max", "1.0")])
+@pytest.mark.parametrize(("basis", "expected"), [("used", "0.5"), ("granted", "1.0"), ("max", "1.0")])
 def test_billed_basis_picks_used_granted_or_max(basis, expected):
     s = Decimal(3600)
     w = WorkloadQuantities(Decimal(0), Decimal(0), Decimal(0), SM * s / 4, SM * s / 2, SM * s / 2)

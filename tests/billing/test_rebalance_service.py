@@ -97,9 +97,12 @@ def test_build_pool_reads_gpus_placements_and_peak_demand(fleet):
                            "acme-prod/train"}
     assert (by_key["acme-prod/bert-a1"].memory_mb, by_key["acme-prod/bert-a1"].sm_milli) == (500, 100)
     assert by_key["acme-prod/bert-a0"].memory_mb == 500  # 400 + 100 at minute 10 ties the peak
-    assert by_key["acme-prod/bert-a0"].node == "node-a" and by_key["acme-prod/bert-a0"].gpus == (0,)
+    assert by_key["acme-prod/bert-a0"].node == "node-a"
+    assert by_key["acme-prod/bert-a0"].gpus == (0,)
     train = by_key["acme-prod/train"]
-    assert train.gpus == (0, 1) and not train.movable and (train.memory_mb, train.sm_milli) == (1000, 500)
+    assert train.gpus == (0, 1)
+    assert not train.movable
+    assert (train.memory_mb, train.sm_milli) == (1000, 500)
     assert ledger.pods["acme-prod/bert-b1"]["pod_uid"] == "uid-bert-b1"
 
 
@@ -115,22 +118,30 @@ def test_build_pool_peak_sums_containers_in_a_minute(fleet):
 
 def test_propose_stores_a_dry_run_plan_that_frees_gpus_and_a_node(fleet):
     plan = propose_rebalance(now=NOW, max_moves=10)
-    assert plan is not None and plan.status == "proposed"
-    assert len(plan.moves) == 3 and plan.gpus_freed == 3 and plan.nodes_freed == 1
+    assert plan is not None
+    assert plan.status == "proposed"
+    assert len(plan.moves) == 3
+    assert plan.gpus_freed == 3
+    assert plan.nodes_freed == 1
     assert plan.projected_savings == Decimal("11212.80")  # 3 × 730 h × 5.12
-    assert plan.currency == "USD" and plan.pool_gpus == 4
+    assert plan.currency == "USD"
+    assert plan.pool_gpus == 4
     assert len(plan.summary["freed_nodes"]) == 1
     moved = [m["workload"] for m in plan.moves]
     assert len(set(moved)) == len(moved)  # never a pod twice
     assert all(m["pod_uid"] == f"uid-{m['pod']}" for m in plan.moves)
     p95 = plan.right_sizing["estimates"][0]
-    assert p95["percentile"] == 95 and p95["gpus_needed"] == 1 and p95["current_gpus"] == 4
+    assert p95["percentile"] == 95
+    assert p95["gpus_needed"] == 1
+    assert p95["current_gpus"] == 4
     assert p95["monthly_cost_difference"] == "11212.80"
     assert plan.log == []  # dry run: nothing executed
     # K caps the moves; proposing the same plan twice stores it once.
     assert propose_rebalance(now=NOW, max_moves=10).pk == plan.pk
     small = propose_rebalance(now=NOW, max_moves=1)
-    assert small is not None and len(small.moves) == 1 and small.gpus_freed == 1
+    assert small is not None
+    assert len(small.moves) == 1
+    assert small.gpus_freed == 1
     assert RebalancePlan.objects.count() == 2
 
 
@@ -154,7 +165,8 @@ def test_only_admins_see_and_decide_plans(client, fleet):
     assert client.get("/rebalance/").status_code == 403
     assert client.post(f"/rebalance/{plan.pk}/approve/").status_code == 403
     plan.refresh_from_db()
-    assert plan.status == "proposed" and not AuditEvent.objects.exists()
+    assert plan.status == "proposed"
+    assert not AuditEvent.objects.exists()
 
 
 def test_admin_approves_on_the_page_audited_and_execution_enqueued(client, fleet, monkeypatch,
@@ -164,19 +176,23 @@ def test_admin_approves_on_the_page_audited_and_execution_enqueued(client, fleet
     plan = propose_rebalance(now=NOW, max_moves=10)
     assert plan is not None
     calls = []
-    monkeypatch.setattr(tasks.execute_rebalance, "delay", lambda plan_id: calls.append(plan_id))
+    monkeypatch.setattr(tasks.execute_rebalance, "delay", calls.append)
     user = login(client, admin=True)
     page = client.get("/rebalance/")
-    assert page.status_code == 200 and "11,212.80 USD" in page.content.decode() and b"bert-" in page.content
+    assert page.status_code == 200
+    assert "11,212.80 USD" in page.content.decode()
+    assert b"bert-" in page.content
     assert client.get(f"/rebalance/{plan.pk}/reject/").status_code == 405  # POST only
     with django_capture_on_commit_callbacks(execute=True):
         assert client.post(f"/rebalance/{plan.pk}/approve/",
                            {"confirmation": confirmation_code(plan)}).status_code == 302
     plan.refresh_from_db()
-    assert plan.status == "approved" and plan.decided_by == user
+    assert plan.status == "approved"
+    assert plan.decided_by == user
     assert calls == [plan.pk]
     event = AuditEvent.objects.get(action="rebalance.approve")
-    assert event.actor == user and event.object_id == str(plan.pk)
+    assert event.actor == user
+    assert event.object_id == str(plan.pk)
     # A decided plan cannot be rejected afterwards; the refusal changes nothing.
     client.post(f"/rebalance/{plan.pk}/reject/")
     plan.refresh_from_db()
@@ -190,7 +206,8 @@ def test_reject_is_audited_and_a_rejected_plan_never_executes(fleet):
     assert AuditEvent.objects.filter(action="rebalance.reject", object_id=str(plan.pk)).count() == 1
     with FakeKubernetes() as fake:
         done = execute_plan(plan.pk, kube=_kube(fake), now=NOW)
-        assert done.status == "rejected" and fake.requests == []
+        assert done.status == "rejected"
+        assert fake.requests == []
 
 
 def _kube(fake: FakeKubernetes) -> KubernetesApi:
@@ -229,7 +246,9 @@ def test_execution_cordons_freed_nodes_and_evicts_moved_pods_once(fleet):
         # Run twice: a done plan is a no-op (no request reaches the API server).
         before = len(fake.requests)
         again = execute_plan(plan.pk, kube=kube, now=NOW)
-        assert again.status == "done" and len(again.log) == len(done.log) and len(fake.requests) == before
+        assert again.status == "done"
+        assert len(again.log) == len(done.log)
+        assert len(fake.requests) == before
 
 
 def test_a_pod_disruption_budget_refusal_is_recorded_and_the_rest_continues(fleet):
@@ -242,8 +261,10 @@ def test_a_pod_disruption_budget_refusal_is_recorded_and_the_rest_continues(flee
         done = execute_plan(plan.pk, kube=_kube(fake), now=NOW)
     assert done.status == "done"
     blocked = [e for e in done.log if e.get("outcome") == "blocked"]
-    assert len(blocked) == 3 and "429" in blocked[0]["detail"]
-    assert "PodDisruptionBudget" in done.error and fake.evictions == []
+    assert len(blocked) == 3
+    assert "429" in blocked[0]["detail"]
+    assert "PodDisruptionBudget" in done.error
+    assert fake.evictions == []
     assert AuditEvent.objects.filter(action="rebalance.evict", object_id=str(plan.pk)).count() == 3
 
 
@@ -254,7 +275,9 @@ def test_a_stale_plan_is_refused_before_touching_the_cluster(fleet):
     with FakeKubernetes() as fake:
         # An hour later the pods are gone from the ledger: the moves no longer replay.
         done = execute_plan(plan.pk, kube=_kube(fake), now=NOW + timedelta(hours=1))
-        assert done.status == "failed" and "no longer fits" in done.error and fake.requests == []
+        assert done.status == "failed"
+        assert "no longer fits" in done.error
+        assert fake.requests == []
 
 
 def test_an_unapproved_plan_is_not_executed(fleet):
@@ -274,7 +297,8 @@ def test_finance_reads_plans_and_savings_but_cannot_decide(client, fleet):
     user.groups.add(Group.objects.get_or_create(name=FINANCE_GROUP)[0])
     client.force_login(user)
     html = client.get("/rebalance/").content.decode()
-    assert f'data-testid="rebalance-plan-{plan.pk}"' in html and "Approve and execute" not in html
+    assert f'data-testid="rebalance-plan-{plan.pk}"' in html
+    assert "Approve and execute" not in html
     assert client.post(f"/rebalance/{plan.pk}/approve/").status_code == 403
 
 
@@ -288,7 +312,7 @@ def test_approving_goes_through_a_confirmation_page_that_names_every_cordon_and_
     plan = propose_rebalance(now=NOW, max_moves=10)
     assert plan is not None
     calls: list[int] = []
-    monkeypatch.setattr(tasks.execute_rebalance, "delay", lambda plan_id: calls.append(plan_id))
+    monkeypatch.setattr(tasks.execute_rebalance, "delay", calls.append)
     login(client, admin=True)
     listing = client.get("/rebalance/").content.decode()
     assert f'href="/rebalance/{plan.pk}/approve/"' in listing  # a link to the confirmation, not a POST
@@ -296,25 +320,31 @@ def test_approving_goes_through_a_confirmation_page_that_names_every_cordon_and_
     page = client.get(f"/rebalance/{plan.pk}/approve/")
     html = page.content.decode()
     assert page.status_code == 200
-    assert html.count('data-testid="confirm-cordon"') == 1 and plan.summary["freed_nodes"][0] in html
+    assert html.count('data-testid="confirm-cordon"') == 1
+    assert plan.summary["freed_nodes"][0] in html
     assert html.count('data-testid="confirm-eviction"') == 3
     for move in plan.moves:
         assert f"acme-prod/{move['pod']}" in html
-    assert 'name="csrfmiddlewaretoken"' in html and confirmation_code(plan) in html
+    assert 'name="csrfmiddlewaretoken"' in html
+    assert confirmation_code(plan) in html
     assert 'data-testid="rebalance-cancel" ' in html or 'data-testid="rebalance-cancel"' in html
 
     # A POST without the page's code, or with another plan's list, approves nothing.
     with django_capture_on_commit_callbacks(execute=True):
         refused = client.post(f"/rebalance/{plan.pk}/approve/")
-        assert refused.status_code == 302 and refused["Location"] == f"/rebalance/{plan.pk}/approve/"
+        assert refused.status_code == 302
+        assert refused["Location"] == f"/rebalance/{plan.pk}/approve/"
         client.post(f"/rebalance/{plan.pk}/approve/", {"confirmation": "0" * 20})
     plan.refresh_from_db()
-    assert plan.status == "proposed" and calls == [] and not AuditEvent.objects.exists()
+    assert plan.status == "proposed"
+    assert calls == []
+    assert not AuditEvent.objects.exists()
 
     with django_capture_on_commit_callbacks(execute=True):
         client.post(f"/rebalance/{plan.pk}/approve/", {"confirmation": confirmation_code(plan)})
     plan.refresh_from_db()
-    assert plan.status == "approved" and calls == [plan.pk]
+    assert plan.status == "approved"
+    assert calls == [plan.pk]
     # The confirmation page of a decided plan sends the admin back to the list.
     assert client.get(f"/rebalance/{plan.pk}/approve/")["Location"] == "/rebalance/"
 
@@ -322,7 +352,8 @@ def test_approving_goes_through_a_confirmation_page_that_names_every_cordon_and_
 def test_the_confirmation_code_changes_with_what_would_be_evicted(fleet):
     plan = propose_rebalance(now=NOW, max_moves=10)
     small = propose_rebalance(now=NOW, max_moves=1)
-    assert plan is not None and small is not None
+    assert plan is not None
+    assert small is not None
     assert confirmation_code(plan) != confirmation_code(small)
     with pytest.raises(InvalidInput, match="confirmation page"):
         approve_plan(small.pk, confirmation=confirmation_code(plan), now=NOW, actor_label="ops")
@@ -370,21 +401,27 @@ def test_a_failed_execution_shows_as_failed_on_the_page_in_the_audit_log_and_in_
         fake.add_node({"metadata": {"name": ({"node-a", "node-b"} - {freed}).pop()}, "spec": {}})
         done = execute_plan(plan.pk, kube=_kube(fake), now=NOW)
         assert fake.evictions == []
-    assert done.status == "failed" and done.error.startswith(f"cordon {freed}:") and "404" in done.error
+    assert done.status == "failed"
+    assert done.error.startswith(f"cordon {freed}:")
+    assert "404" in done.error
 
     event = AuditEvent.objects.get(action="rebalance.failed", object_id=str(plan.pk))
-    assert event.after["status"] == "failed" and event.after["error"] == done.error
+    assert event.after["status"] == "failed"
+    assert event.after["error"] == done.error
     assert event.after["carried_out"] == []
     assert len(event.after["not_carried_out"]) == 4  # one cordon, three evictions
     assert not AuditEvent.objects.filter(action="rebalance.succeeded").exists()
 
     login(client, admin=True)
     html = client.get("/rebalance/").content.decode()
-    assert f'data-testid="rebalance-failure-{plan.pk}"' in html and "Execution failed" in html
-    assert done.error.split(":")[0] in html and "0 of 4 steps carried out" in html
+    assert f'data-testid="rebalance-failure-{plan.pk}"' in html
+    assert "Execution failed" in html
+    assert done.error.split(":")[0] in html
+    assert "0 of 4 steps carried out" in html
     audit = client.get("/audit/").content.decode()
     assert "rebalance.failed" in audit
-    assert _metric(client, settings, "failed") == 1 and _metric(client, settings, "succeeded") == 0
+    assert _metric(client, settings, "failed") == 1
+    assert _metric(client, settings, "succeeded") == 0
 
 
 class _ApiGoesAway:
@@ -417,17 +454,21 @@ def test_a_partly_executed_plan_says_what_was_done_and_what_not(client, fleet):
         _cluster(fake, fleet)
         done = execute_plan(plan.pk, kube=_ApiGoesAway(fake, calls=2), now=NOW)  # cordon, one eviction
         assert len(fake.evictions) == 1
-    assert done.status == "failed" and done.error.startswith("evict acme-prod/")
+    assert done.status == "failed"
+    assert done.error.startswith("evict acme-prod/")
     outcomes = [s.outcome for s in plan_steps(done)]
     assert outcomes == ["ok", "ok", "error", "pending"]
     event = AuditEvent.objects.get(action="rebalance.failed", object_id=str(plan.pk))
-    assert len(event.after["carried_out"]) == 2 and event.after["not_carried_out"][-1].endswith(": pending")
+    assert len(event.after["carried_out"]) == 2
+    assert event.after["not_carried_out"][-1].endswith(": pending")
 
     login(client, admin=True)
     html = client.get("/rebalance/").content.decode()
     assert "2 of 4 steps carried out" in html
-    assert html.count('data-outcome="ok"') == 2 and html.count('data-outcome="pending"') == 1
-    assert 'data-outcome="error"' in html and "not done" in html
+    assert html.count('data-outcome="ok"') == 2
+    assert html.count('data-outcome="pending"') == 1
+    assert 'data-outcome="error"' in html
+    assert "not done" in html
 
 
 def test_no_kubernetes_api_fails_the_plan_instead_of_leaving_it_approved(fleet, settings):
@@ -460,7 +501,8 @@ def test_an_unexpected_error_mid_execution_fails_the_plan_with_the_reason(fleet)
             raise AssertionError("never reached")
 
     done = run_execution(plan.pk, connect=Broken, now=NOW)
-    assert done.status == "failed" and done.error == "execution stopped: RuntimeError: a bug, not an API answer"
+    assert done.status == "failed"
+    assert done.error == "execution stopped: RuntimeError: a bug, not an API answer"
     assert [e["step"] for e in done.log] == ["start", "abort"]
     assert [s.outcome for s in plan_steps(done)] == ["pending"] * 4
 
@@ -471,7 +513,8 @@ def test_outcomes_succeeded_and_partial_are_audited_and_counted(client, fleet, s
         _cluster(fake, fleet)
         assert execute_plan(plan.pk, kube=_kube(fake), now=NOW).status == "done"
     event = AuditEvent.objects.get(action="rebalance.succeeded", object_id=str(plan.pk))
-    assert len(event.after["carried_out"]) == 4 and event.after["not_carried_out"] == []
+    assert len(event.after["carried_out"]) == 4
+    assert event.after["not_carried_out"] == []
     assert _metric(client, settings, "succeeded") == 1
 
     second = _approved(fleet)  # the same moves again (the ledger has not changed)
@@ -479,7 +522,8 @@ def test_outcomes_succeeded_and_partial_are_audited_and_counted(client, fleet, s
         _cluster(fake, fleet)
         fake.delete_pod("acme-prod", second.moves[0]["pod"])  # gone: 404, skipped
         done = execute_plan(second.pk, kube=_kube(fake), now=NOW)
-    assert done.status == "done" and done.error == "1 pod(s) gone before their eviction"
+    assert done.status == "done"
+    assert done.error == "1 pod(s) gone before their eviction"
     assert AuditEvent.objects.filter(action="rebalance.partial", object_id=str(second.pk)).count() == 1
     assert (_metric(client, settings, "succeeded"), _metric(client, settings, "partial"),
             _metric(client, settings, "failed")) == (1, 1, 0)
@@ -496,7 +540,8 @@ def test_savings_and_right_sizing_are_one_rule_on_one_pool_and_explained(client,
     lines = {line.key: line for line in capacity_lines(plan)}
     assert list(lines) == ["pool", "busy", "after_plan", "p95", "p99"]
     month = Decimal(730) * Decimal("5.12")
-    assert lines["pool"].gpus == 4 and lines["pool"].amount == 4 * month
+    assert lines["pool"].gpus == 4
+    assert lines["pool"].amount == 4 * month
     assert (lines["busy"].gpus, lines["busy"].difference) == (4, 0)
     assert (lines["after_plan"].gpus, lines["after_plan"].difference) == (3, 1)
     assert lines["after_plan"].amount == plan.projected_savings == month
@@ -508,7 +553,8 @@ def test_savings_and_right_sizing_are_one_rule_on_one_pool_and_explained(client,
 
     login(client, admin=True)
     html = client.get("/rebalance/").content.decode()
-    assert f'data-testid="rebalance-capacity-{plan.pk}"' in html and "What these numbers mean" in html
+    assert f'data-testid="rebalance-capacity-{plan.pk}"' in html
+    assert "What these numbers mean" in html
     assert "the pool is short by that many GPUs" in html
     assert 'data-testid="rebalance-why-' not in html  # nothing over capacity: nothing to reconcile
 
@@ -544,4 +590,5 @@ def test_the_service_exposition_with_rebalance_executions_passes_promtool(client
     assert 'vgpu_rebalance_executions_total{outcome="failed"} 1.0' in text
     result = subprocess.run([promtool(), "check", "metrics"], input=text, capture_output=True, text=True,
                             check=False, timeout=60)
-    assert result.returncode == 0 and not (result.stdout + result.stderr).strip(), result.stdout + result.stderr
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert not (result.stdout + result.stderr).strip(), result.stdout + result.stderr

@@ -130,7 +130,8 @@ def test_raw_then_minute_days_are_dropped_at_the_exact_instant_their_retention_e
         assert set(dropped) == {partition_name(day, t) for t in MINUTE_TABLES}
     assert ledger_deletes(queries.captured_queries) == []
     state = get_retention_state(now=minute_due)
-    assert state.raw_retained_from == end + timedelta(days=1) and state.minutes_retained_from == end
+    assert state.raw_retained_from == end + timedelta(days=1)
+    assert state.minutes_retained_from == end
 
 
 @pytest.mark.django_db
@@ -160,17 +161,21 @@ def test_a_day_with_a_pending_batch_is_kept_logged_once_counted_and_dropped_once
     with caplog.at_level(logging.WARNING, logger="billing.ledger.retention"):
         first = apply_retention(now=later)
         second = apply_retention(now=later)
-    assert raw in {h.name for h in first.held} and raw not in first.dropped + second.dropped
+    assert raw in {h.name for h in first.held}
+    assert raw not in first.dropped + second.dropped
     assert [h.batch_ids for h in first.held if h.name == raw] == [(UsageBatch.objects.get().pk,)]
     held_logs = [r for r in caplog.records if "retention_partition_held" in r.getMessage()]
-    assert len(held_logs) == 1 and raw in held_logs[0].getMessage()
+    assert len(held_logs) == 1
+    assert raw in held_logs[0].getMessage()
     state = get_retention_state(now=later)
-    assert state.held_partitions["raw"] == 1 and state.held_bytes["raw"] > 0
+    assert state.held_partitions["raw"] == 1
+    assert state.held_bytes["raw"] > 0
     time_machine.move_to(later, tick=False)  # a scrape reads the clock
     assert 'vgpu_ledger_retention_held_partitions{ledger="raw"} 1.0' in render_metrics().decode()
     # The SRE's first look: /healthz fails for the pending batch and shows the partition it holds.
     ledger = healthz_as_admin().json()["ledger"]
-    assert ledger["ok"] is False and ledger["retention_held_partitions"] == 1
+    assert ledger["ok"] is False
+    assert ledger["retention_held_partitions"] == 1
 
     rollup_usage(now=later)
     assert raw in apply_retention(now=later).dropped
@@ -237,7 +242,8 @@ def test_a_minute_written_through_the_orm_before_its_day_exists_moves_into_the_d
     assert where_rows_are("billing_usageminute") == {"billing_usageminute_default": 1}
     assert ensure_minute_partitions([minute.date()]) == [minute.date()]
     assert where_rows_are("billing_usageminute") == {partition_name(minute.date(), "billing_usageminute"): 1}
-    assert UsageMinute.objects.get().pk == row.pk and UsageMinute.objects.get().charge == Decimal("0.5")
+    assert UsageMinute.objects.get().pk == row.pk
+    assert UsageMinute.objects.get().charge == Decimal("0.5")
 
 
 # --- refusing to compute from what retention dropped ------------------------------------------
@@ -372,16 +378,20 @@ def test_partitions_with_rows_and_no_or_stale_statistics_are_analysed_and_no_oth
     assert _planned_rows(day) != 30  # without statistics the planner guesses from the table's pages
     # The rollup analyses the stale raw partitions it is about to read, before it plans on them.
     rollup_usage(now=clock.now())
-    assert _stats(raw)[0] == 30 and _stats(raw)[1] is not None
+    assert _stats(raw)[0] == 30
+    assert _stats(raw)[1] is not None
     no_autovacuum(minutes)
     ensure_raw_partitions([day + timedelta(days=3)])  # empty, made ahead
     assert all(_stats(name) == (-1.0, None) for name in minutes)
 
     analysed = set(tasks.analyze_ledger_partitions.apply().get())
-    assert minutes <= analysed and raw not in analysed  # the raw partition's statistics are fresh
+    # The raw partition's statistics are fresh.
+    assert minutes <= analysed
+    assert raw not in analysed
     assert partition_name(day + timedelta(days=3)) not in analysed
     raw_rows, raw_analysed = _stats(partition_name(day))
-    assert raw_rows == 30 and raw_analysed is not None
+    assert raw_rows == 30
+    assert raw_analysed is not None
     assert _stats(partition_name(day, "billing_gpuminute"))[0] >= 1
     assert _planned_rows(day) == 30  # what the rollup's scan of the day is planned on
     assert tasks.analyze_ledger_partitions.apply().get() == []  # fresh statistics: nothing to do
@@ -424,7 +434,8 @@ def test_a_drop_gives_way_to_ingest_in_flight_and_analysing_does_not_wait_for_it
             cur.execute(_RAW_ROW, [clock.now()])
         began = time.monotonic()
         result = apply_retention(now=clock.now())
-        assert result.lock_busy == (partition_name(old),) and result.dropped == ()
+        assert result.lock_busy == (partition_name(old),)
+        assert result.dropped == ()
         assert time.monotonic() - began < 10  # it waited its 2 s lock timeout, not for the ingest
         began = time.monotonic()
         assert partition_name(today) in {a.name for a in analyze_stale_partitions()}
@@ -513,7 +524,8 @@ def test_the_demo_beat_schedules_retention_and_analysis(tmp_path: Path) -> None:
     default persistent scheduler fed by CELERY_BEAT_SCHEDULE) and reads the schedule it loaded."""
     demo = (ROOT / "config" / "demo.py").read_text()
     assert '"beat": [str(bindir / "celery"), "-A", "config", "beat"' in demo
-    assert "--scheduler" not in demo and '"-S"' not in demo
+    assert "--scheduler" not in demo
+    assert '"-S"' not in demo
     celery = Path(sys.executable).parent / "celery"
     proc = subprocess.Popen([str(celery), "-A", "config", "beat", "--loglevel", "DEBUG", "--schedule",
                              str(tmp_path / "celerybeat-schedule")], cwd=ROOT, env=dict(os.environ),

@@ -49,7 +49,8 @@ def test_rollup_prices_a_known_workload_exactly(post_batch, minute_start, rate_c
     gpu = GpuMinute.objects.get()
     assert gpu.card_cost == Decimal("0.010000000000")
     assert gpu.idle_cost == Decimal("0.006250000000")
-    assert gpu.priced and gpu.currency == "USD"
+    assert gpu.priced
+    assert gpu.currency == "USD"
     assert UsageBatch.objects.get().rolled_up_at is not None
 
 
@@ -101,13 +102,15 @@ def test_usage_without_a_rate_card_is_kept_unpriced_and_priced_after_a_rebuild(p
     post_batch(make_batch(start=minute_start))
     rollup_usage(now=clock.now())
     gm = GpuMinute.objects.get()
-    assert not gm.priced and gm.card_cost == 0
+    assert not gm.priced
+    assert gm.card_cost == 0
     assert UsageMinute.objects.get().mem_used_mb_s == Decimal("3125")
     RateCard.objects.create(gpu_model=A100["model"], currency="USD", price_per_gpu_hour=Decimal("3.6"),
                             effective_from=datetime(2020, 1, 1, tzinfo=UTC), source_url="https://example.org")
     rebuild_ledger(start=minute_start, end=minute_start + timedelta(minutes=1))
     gm = GpuMinute.objects.get()
-    assert gm.priced and gm.card_cost == Decimal("0.010000000000")
+    assert gm.priced
+    assert gm.card_cost == Decimal("0.010000000000")
 
 
 def test_overlapping_rate_cards_for_one_model_are_refused_by_the_database(rate_card):

@@ -174,7 +174,8 @@ def test_a_worker_killed_mid_rollup_leaves_nothing_half_applied_and_a_rerun_comp
     assert not UsageBatch.objects.filter(node_id=first, rolled_up_at__isnull=True).exists()
     assert not UsageBatch.objects.filter(node_id=second, rolled_up_at__isnull=False).exists()
     for model in LEDGER:
-        assert model.objects.filter(node_id=first).exists() and not model.objects.filter(node_id=second).exists()
+        assert model.objects.filter(node_id=first).exists()
+        assert not model.objects.filter(node_id=second).exists()
     finish(start_worker(0, 1))
     assert snapshot() == expected
 
@@ -215,7 +216,8 @@ def test_a_node_another_worker_holds_is_skipped_and_the_others_are_rolled(client
     with other_connection.cursor() as cur:
         cur.execute("BEGIN; SELECT pg_advisory_xact_lock(%s, %s)", [ledger_rollup._NODE_LOCK_CLASS, held])
     result = rollup_usage(now=clock.now())
-    assert result.skipped and result.nodes == len(NODES) - 1
+    assert result.skipped
+    assert result.nodes == len(NODES) - 1
     assert set(UsageBatch.objects.filter(rolled_up_at__isnull=True).values_list("node_id", flat=True)) == {held}
     other_connection.rollback()
     again = rollup_usage(now=clock.now())
@@ -228,7 +230,9 @@ def test_no_rollup_runs_while_the_ledger_is_locked_for_re_pricing(client, fleet,
     with other_connection.cursor() as cur:
         cur.execute("BEGIN; SELECT pg_advisory_xact_lock(%s)", [LEDGER_LOCK_KEY])  # lock_ledger()
     result = rollup_usage(now=clock.now())
-    assert result.skipped and result.batches == 0 and not GpuMinute.objects.exists()
+    assert result.skipped
+    assert result.batches == 0
+    assert not GpuMinute.objects.exists()
     other_connection.rollback()
     assert rollup_usage(now=clock.now()).batches == 10 * len(NODES)
 
@@ -419,4 +423,5 @@ def test_minute_sums_equal_the_exact_numeric_sums_of_the_raw_samples_whatever_th
         expected = {(r[0], r[1]): tuple(v.quantize(Decimal("1e-10")) for v in r[2:]) for r in cur.fetchall()}
     rows = {(u.minute, u.pod): (u.seconds, u.mem_used_mb_s, u.mem_granted_mb_s, u.mem_billed_mb_s, u.sm_used_s,
                                 u.sm_granted_s, u.pcie_mb) for u in UsageMinute.objects.all()}
-    assert len(rows) == 3 and rows == expected
+    assert len(rows) == 3
+    assert rows == expected

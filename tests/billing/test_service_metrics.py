@@ -16,7 +16,7 @@ from billing.services.quarantine import quarantine_batch
 from tests import clock
 from tests.conftest import A100, iso, make_batch, with_day
 
-TOKEN = "scrape-token-for-tests"  # noqa: S105 - a test credential
+TOKEN = "scrape-token-for-tests"
 
 
 @pytest.fixture
@@ -38,13 +38,15 @@ def test_without_a_configured_token_nobody_may_scrape(client, db, settings):
     settings.VGPU_METRICS_TOKEN = settings.VGPU_METRICS_TOKEN_FILE = ""
     resp = client.get("/metrics", HTTP_AUTHORIZATION="Bearer anything")
     assert resp.status_code == 403
-    assert b"VGPU_METRICS_TOKEN_FILE" in resp.content and b"vgpu_ledger" not in resp.content
+    assert b"VGPU_METRICS_TOKEN_FILE" in resp.content
+    assert b"vgpu_ledger" not in resp.content
 
 
 def test_a_scrape_needs_the_bearer_token(client, db, scrape_token):
     for headers in ({}, {"HTTP_AUTHORIZATION": "Bearer wrong"}, {"HTTP_AUTHORIZATION": f"Basic {TOKEN}"}):
         resp = client.get("/metrics", **headers)
-        assert resp.status_code == 401 and b"vgpu_ledger" not in resp.content
+        assert resp.status_code == 401
+        assert b"vgpu_ledger" not in resp.content
         assert resp["WWW-Authenticate"].startswith("Bearer")
     assert client.get("/metrics", HTTP_AUTHORIZATION=f"Bearer {TOKEN}").status_code == 200
 
@@ -109,7 +111,8 @@ def test_budgets_are_counted_by_state_and_action_without_tenant_names(client, db
             BudgetStatus.objects.create(budget=budget, month=now.date().replace(day=1), state=state,
                                         evaluated_at=now, changed_at=now)
     resp = client.get("/metrics", HTTP_AUTHORIZATION=f"Bearer {TOKEN}")
-    assert b"acme" not in resp.content and b"globex" not in resp.content
+    assert b"acme" not in resp.content
+    assert b"globex" not in resp.content
     metrics = scrape(client)
     budgets = {dict(labels)["state"] + "/" + dict(labels)["action"]: v
                for (name, labels), v in metrics.items() if name == "vgpu_ledger_budgets"}
@@ -164,7 +167,8 @@ def test_admission_reviews_are_counted_by_result(client, db, settings, scrape_to
     assert client.post("/api/v1/admission/pods", body, content_type="application/json").status_code == 401
     ok = client.post("/api/v1/admission/pods", body, content_type="application/json",
                      HTTP_AUTHORIZATION="Bearer admission-secret")
-    assert ok.status_code == 200 and ok.json()["response"]["allowed"] is True
+    assert ok.status_code == 200
+    assert ok.json()["response"]["allowed"] is True
     after = scrape(client)
 
     def grew(result: str) -> float:

@@ -28,7 +28,7 @@ from tests.conftest import make_batch
 from tests.promtool import promtool
 
 ROOT = Path(__file__).resolve().parents[2]
-TOKEN = "scrape-token-for-gunicorn-tests"  # noqa: S105 - a test credential
+TOKEN = "scrape-token-for-gunicorn-tests"
 WORKERS = 3
 
 
@@ -144,8 +144,10 @@ def test_every_worker_scrapes_the_samples_stored_through_all_workers(gunicorn):
 
 def test_the_services_exposition_passes_promtool(gunicorn):
     text = gunicorn.scrape()
-    assert "vgpu_ledger_rollup_lag_seconds" in text and "vgpu_ledger_admission_reviews_total" in text
+    assert "vgpu_ledger_rollup_lag_seconds" in text
+    assert "vgpu_ledger_admission_reviews_total" in text
     result = subprocess.run([promtool(), "check", "metrics"], input=text, capture_output=True, text=True,
                             check=False)
-    assert result.returncode == 0 and not result.stdout.strip() and not result.stderr.strip(), (
-        result.stdout + result.stderr)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert not result.stdout.strip(), result.stdout + result.stderr
+    assert not result.stderr.strip(), result.stdout + result.stderr

@@ -163,14 +163,13 @@ def _write(ledger: Ledger, rows: tuple[Row, ...]) -> None:
             card_cost=(charge_sum + 1) * UNIT, charged=charge_sum * UNIT, idle_cost=UNIT, idle_allocated=0,
             currency=card.currency if card else "", priced=priced,
         ))
-        for r in its_rows:
-            usage.append(UsageHour(
-                gpu_uuid=f"GPU-{gpu}", node=node, tenant=r.tenant, namespace=f"{r.tenant}-ns", pod=r.pod,
-                container="main", pod_uid=f"uid-{r.pod}", sla_tier=r.tier, hour=hour, seconds=3600,
-                mem_used_mb_s=1, mem_granted_mb_s=1, mem_billed_mb_s=1, sm_used_s=1, sm_granted_s=1, sm_billed_s=1,
-                pcie_mb=0, share_gpu_s=r.share_units * UNIT, charge=(r.charge_units if charged else 0) * UNIT,
-                idle_share=(r.idle_units if charged else 0) * UNIT,
-            ))
+        usage.extend(UsageHour(
+            gpu_uuid=f"GPU-{gpu}", node=node, tenant=r.tenant, namespace=f"{r.tenant}-ns", pod=r.pod,
+            container="main", pod_uid=f"uid-{r.pod}", sla_tier=r.tier, hour=hour, seconds=3600,
+            mem_used_mb_s=1, mem_granted_mb_s=1, mem_billed_mb_s=1, sm_used_s=1, sm_granted_s=1, sm_billed_s=1,
+            pcie_mb=0, share_gpu_s=r.share_units * UNIT, charge=(r.charge_units if charged else 0) * UNIT,
+            idle_share=(r.idle_units if charged else 0) * UNIT,
+        ) for r in its_rows)
     GpuHour.objects.bulk_create(gpus, ignore_conflicts=True)  # late rows may add to an hour written before
     UsageHour.objects.bulk_create(usage)
     if rows:

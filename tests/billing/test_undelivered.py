@@ -41,7 +41,8 @@ def test_a_later_report_of_the_same_batch_replaces_the_earlier_one(client, node_
     _post(client, node_token.token, {"batches": [_report(7, start=minute_start)]})
     _post(client, node_token.token, {"batches": [_report(7, start=minute_start, superseded_by=8)]})
     (row,) = UndeliveredBatch.objects.all()
-    assert row.superseded_by == 8 and row.first_reported_at <= row.last_reported_at
+    assert row.superseded_by == 8
+    assert row.first_reported_at <= row.last_reported_at
 
 
 @pytest.mark.parametrize(
@@ -72,7 +73,8 @@ def test_one_invalid_report_is_a_precise_400_and_stores_nothing(client, node_tok
 @pytest.mark.parametrize("body", [{}, {"batches": []}, {"batches": [{}] * 101}, [1]])
 def test_a_body_without_1_to_100_reports_is_a_400(client, node_token, body):
     resp = _post(client, node_token.token, body)
-    assert resp.status_code == 400 and resp.json()["errors"][0]["path"] == "$.batches"
+    assert resp.status_code == 400
+    assert resp.json()["errors"][0]["path"] == "$.batches"
 
 
 def test_only_the_nodes_own_token_may_report(client, node_token, minute_start, db):
@@ -116,5 +118,7 @@ def test_admins_see_each_nodes_undelivered_batches_with_reason_and_size(client, 
     html = client.get("/nodes/").content.decode()
     assert 'data-testid="node-undelivered-gpu-node-1" data-count="1"' in html
     assert 'data-testid="undelivered-gpu-node-1-31"' in html
-    assert "2.3\xa0KB" in html and "409" in html and "already stored with different content" in html
+    assert "2.3\xa0KB" in html
+    assert "409" in html
+    assert "already stored with different content" in html
     assert "vgpu-agent redrive" in html

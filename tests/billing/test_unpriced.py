@@ -144,7 +144,8 @@ def test_the_rate_card_form_refuses_an_unapproved_model_and_offers_it_once_appro
     page = client.get("/rate-cards/").content.decode()
     assert FAKE not in page.split('data-testid="rate-card-form"')[1]  # reported by a node, not offered
     resp = client.post("/rate-cards/", form)
-    assert resp.status_code == 400 and "Select a valid choice" in resp.content.decode()
+    assert resp.status_code == 400
+    assert "Select a valid choice" in resp.content.decode()
     assert not RateCard.objects.filter(gpu_model=FAKE).exists()
     assert client.post("/gpu-models/", {"name": FAKE, "note": "new card type"}).status_code == 302
     assert AuditEvent.objects.filter(action="gpu_model.approved", object_id=FAKE).exists()
@@ -152,9 +153,11 @@ def test_the_rate_card_form_refuses_an_unapproved_model_and_offers_it_once_appro
     assert client.post("/rate-cards/", form).status_code == 302
     # Retiring from the page needs the confirmation and a reason, and is refused while a card prices it.
     resp = client.post("/gpu-models/retire/", {"name": FAKE, "reason": "mistake"})
-    assert resp.status_code == 400 and "Tick the confirmation to retire." in resp.content.decode()
+    assert resp.status_code == 400
+    assert "Tick the confirmation to retire." in resp.content.decode()
     resp = client.post("/gpu-models/retire/", {"name": FAKE, "reason": "mistake", "confirm": "on"})
-    assert resp.status_code == 400 and "still prices" in resp.content.decode()
+    assert resp.status_code == 400
+    assert "still prices" in resp.content.decode()
     assert client.post("/gpu-models/", {"name": "NVIDIA <b>"}).status_code == 400
     client.force_login(user_in(FINANCE_GROUP, tenant="acme"))
     assert client.get("/gpu-models/").status_code == 403
@@ -170,9 +173,11 @@ def test_the_nodes_page_healthz_and_metrics_flag_gpus_of_an_unapproved_model(cli
     assert FAKE not in json.dumps(health)  # a count, no names
     settings.VGPU_METRICS_TOKEN, settings.VGPU_METRICS_TOKEN_FILE = "scrape-token-for-tests", ""
     metrics = client.get("/metrics", HTTP_AUTHORIZATION="Bearer scrape-token-for-tests").content.decode()
-    assert "\nvgpu_ledger_unapproved_gpus 1.0\n" in metrics and FAKE not in metrics
+    assert "\nvgpu_ledger_unapproved_gpus 1.0\n" in metrics
+    assert FAKE not in metrics
     gpu_models = client.get("/gpu-models/").content.decode()
-    assert 'data-testid="unapproved-model"' in gpu_models and FAKE in gpu_models
+    assert 'data-testid="unapproved-model"' in gpu_models
+    assert FAKE in gpu_models
     approve_gpu_model(name=FAKE, now=clock.now(), actor_label="admin")
     assert 'data-testid="gpu-unapproved-gpu-node-2"' not in client.get("/nodes/").content.decode()
     assert json.loads(client.get("/healthz").content)["ledger"]["unapproved_gpus"] == 0
@@ -183,7 +188,9 @@ def test_the_periods_page_lists_the_unpriced_item_after_the_close(client, februa
     login(client, FINANCE_GROUP)
     page = client.get("/periods/").content.decode()
     item = page.split('data-testid="unpriced-item"')[1].split("</li>")[0]
-    assert f'data-model="{FAKE}"' in item and "0.01 GPU-hours" in item and "acme, initech" in item
+    assert f'data-model="{FAKE}"' in item
+    assert "0.01 GPU-hours" in item
+    assert "acme, initech" in item
 
 
 def test_gpu_model_names_are_validated_as_nvml_reports_them_and_retiring_is_audited(a100_priced):

@@ -80,7 +80,8 @@ def test_the_preview_is_exactly_what_the_close_then_finalizes(november_with_idle
         assert (preview.total_minor, preview.currency) == (invoice.total_minor, invoice.currency)
         assert preview.total == Decimal(invoice.total_minor) / 100  # to the cent
         own = sum(x.amount_minor for x in invoice.lines.all() if x.usage_month == NOV)
-        assert preview.subtotal_minor == own and preview.adjustments == Decimal(invoice.total_minor - own) / 100
+        assert preview.subtotal_minor == own
+        assert preview.adjustments == Decimal(invoice.total_minor - own) / 100
 
 
 def test_previewing_writes_nothing(november_with_idle_and_a_late_october):
@@ -169,9 +170,11 @@ def test_the_portal_shows_the_upcoming_invoice_labelled_as_a_preview(client, thi
     card = section(page, "upcoming-invoice")
     month = f"{this_month:%Y-%m}"
     assert f"Upcoming invoice — {month} (so far)" in card
-    assert "Preview, not an invoice" in card and "until the month is closed" in card
+    assert "Preview, not an invoice" in card
+    assert "until the month is closed" in card
     expected = scheduled_close_at(this_month.date().replace(day=1))
-    assert expected is not None and expected.day == 2
+    assert expected is not None
+    assert expected.day == 2
     assert date_format(expected, "DATETIME_FORMAT") in card
     assert card.count('data-testid="upcoming-line"') == 1
     assert "GPU usage · NVIDIA A100-SXM4-80GB · tier gold" in card
@@ -183,7 +186,8 @@ def test_the_portal_shows_the_upcoming_invoice_labelled_as_a_preview(client, thi
 def test_the_upcoming_csv_has_the_preview_lines_and_total(client, this_month):
     member_of(client, "acme")
     resp = client.get("/tenants/acme/?format=upcoming-csv")
-    assert resp.status_code == 200 and resp["Content-Type"] == "text/csv; charset=utf-8"
+    assert resp.status_code == 200
+    assert resp["Content-Type"] == "text/csv; charset=utf-8"
     month = f"{this_month:%Y-%m}"
     assert resp["Content-Disposition"] == f'attachment; filename="acme-upcoming-{month}.csv"'
     rows = list(csv.DictReader(io.StringIO(resp.content.decode())))
@@ -192,7 +196,8 @@ def test_the_upcoming_csv_has_the_preview_lines_and_total(client, this_month):
         ("preview", "acme", month, "1", "usage", "gold", "100", "1.00", "USD"),
         ("preview", "acme", month, "total", "", "", "100", "1.00", "USD"),
     ]
-    assert Decimal(rows[0]["amount_ledger"]) == Decimal(1) and rows[0]["gpu_model"] == A100["model"]
+    assert Decimal(rows[0]["amount_ledger"]) == Decimal(1)
+    assert rows[0]["gpu_model"] == A100["model"]
 
 
 def test_another_tenants_preview_and_csv_answer_404_like_a_missing_tenant(client, this_month):
@@ -209,11 +214,15 @@ def test_the_invoice_list_shows_each_visible_tenants_upcoming_total(client, this
     upcoming = section(client.get("/invoices/").content.decode(), "upcoming-invoices")
     assert "current month, not final" in upcoming
     assert upcoming.count('data-testid="upcoming-invoice-row"') == 2
-    assert 'href="/tenants/acme/"' in upcoming and "1.00 USD" in upcoming
-    assert 'href="/tenants/globex/"' in upcoming and "2.00 USD" in upcoming
+    assert 'href="/tenants/acme/"' in upcoming
+    assert "1.00 USD" in upcoming
+    assert 'href="/tenants/globex/"' in upcoming
+    assert "2.00 USD" in upcoming
 
     member_of(client, "acme")
     upcoming = section(client.get("/invoices/").content.decode(), "upcoming-invoices")
     assert upcoming.count('data-testid="upcoming-invoice-row"') == 1
-    assert 'href="/tenants/acme/"' in upcoming and "1.00 USD" in upcoming
-    assert "globex" not in upcoming and "2.00 USD" not in upcoming
+    assert 'href="/tenants/acme/"' in upcoming
+    assert "1.00 USD" in upcoming
+    assert "globex" not in upcoming
+    assert "2.00 USD" not in upcoming

@@ -9,6 +9,7 @@ import socket
 import threading
 from decimal import Decimal
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import ClassVar
 
 import pytest
 from django.test import override_settings
@@ -93,10 +94,10 @@ def test_public_or_allow_listed_destinations_are_pinned_to_the_checked_address(a
 
 
 class _Receiver(BaseHTTPRequestHandler):
-    answers: list[tuple[int, dict[str, str]]] = []
-    received: list[tuple[str, dict[str, str], bytes]] = []
+    answers: ClassVar[list[tuple[int, dict[str, str]]]] = []
+    received: ClassVar[list[tuple[str, dict[str, str], bytes]]] = []
 
-    def do_POST(self):  # noqa: N802 - http.server's naming
+    def do_POST(self):
         body = self.rfile.read(int(self.headers["Content-Length"]))
         type(self).received.append((self.path, dict(self.headers), body))
         status, headers = type(self).answers.pop(0) if type(self).answers else (204, {})
@@ -128,7 +129,9 @@ def test_the_post_goes_to_the_checked_address_with_the_urls_host_whatever_dns_sa
     answer = post_to_destination(d, body=b"{}", headers={"Content-Type": "application/json"}, timeout_s=5)
     assert answer.status == 204
     ((path, headers, body),) = got.received
-    assert path == "/budget" and headers["Host"] == f"hooks.example:{port}" and body == b"{}"
+    assert path == "/budget"
+    assert headers["Host"] == f"hooks.example:{port}"
+    assert body == b"{}"
 
 
 @pytest.fixture
@@ -157,11 +160,14 @@ def test_a_loopback_webhook_is_refused_and_audited_unless_allow_listed(acme_budg
     assert tasks.deliver_budget_webhook.apply(args=[budget_id, PAYLOAD]).get() is None
     assert got.received == []
     (refusal,) = refusals()
-    assert refusal["url"] == url and refusal["event"] == "budget.state_changed"
-    assert "127.0.0.1, a loopback address" in refusal["reason"] and "VGPU_WEBHOOK_ALLOWED_HOSTS" in refusal["reason"]
+    assert refusal["url"] == url
+    assert refusal["event"] == "budget.state_changed"
+    assert "127.0.0.1, a loopback address" in refusal["reason"]
+    assert "VGPU_WEBHOOK_ALLOWED_HOSTS" in refusal["reason"]
     with override_settings(VGPU_WEBHOOK_ALLOWED_HOSTS=["127.0.0.0/8"]):
         assert tasks.deliver_budget_webhook.apply(args=[budget_id, PAYLOAD]).get() == 204
-    assert len(got.received) == 1 and len(refusals()) == 1
+    assert len(got.received) == 1
+    assert len(refusals()) == 1
 
 
 @pytest.mark.django_db

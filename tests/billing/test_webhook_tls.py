@@ -209,7 +209,8 @@ def test_the_webhook_answers_over_tls_to_a_client_trusting_only_the_ca_bundle_th
         denied = post_review(pool, review(), token=TOKEN)
         assert denied.status == 200, denied.data
         answer = json.loads(denied.data)
-        assert answer["apiVersion"] == "admission.k8s.io/v1" and answer["kind"] == "AdmissionReview"
+        assert answer["apiVersion"] == "admission.k8s.io/v1"
+        assert answer["kind"] == "AdmissionReview"
         assert answer["response"]["uid"] == "705ab4f5-6393-11e8-b7cc-42010a800002"
         assert answer["response"]["allowed"] is False
         assert "blocked" in answer["response"]["status"]["message"]
@@ -227,7 +228,7 @@ def test_the_webhook_answers_over_tls_to_a_client_trusting_only_the_ca_bundle_th
         with pytest.raises(urllib3.exceptions.SSLError, match="CERTIFICATE_VERIFY_FAILED"):
             post_review(api_server_client(port, tmp_path / "other" / "ca.crt"), review(), token=TOKEN)
         # The right CA but a name the certificate does not carry: refused too.
-        with pytest.raises(urllib3.exceptions.SSLError, match="match|mismatch"):
+        with pytest.raises(urllib3.exceptions.SSLError, match=r"match|mismatch"):
             post_review(api_server_client(port, bundle, hostname="vgpu-ledger-web.other.svc"), review(), token=TOKEN)
 
 
@@ -247,7 +248,8 @@ def test_a_renewed_serving_certificate_is_served_to_new_connections_without_rest
         renewed = secret_data(kube, "vgpu-ledger-webhook-tls")
         mount_secret(mount, renewed)  # kubelet's periodic sync of the mounted Secret
         after = served_certificate(port, bundle, hostname="webhook.vgpu-ledger.example")
-        assert after == x509.load_pem_x509_certificate(renewed["tls.crt"]) and after != before
+        assert after == x509.load_pem_x509_certificate(renewed["tls.crt"])
+        assert after != before
         assert served_certificate(port, bundle).serial_number == after.serial_number
 
 
@@ -256,14 +258,18 @@ def test_a_second_run_keeps_the_ca_and_changes_nothing(kube):
     assert "CA issued" in first
     bundle, ca = ca_bundle_in(kube), kube.get_secret(NAMESPACE, "vgpu-ledger-webhook-ca")
     tls = kube.get_secret(NAMESPACE, "vgpu-ledger-webhook-tls")
-    assert tls["type"] == "kubernetes.io/tls" and ca["type"] == "Opaque"
+    assert tls["type"] == "kubernetes.io/tls"
+    assert ca["type"] == "Opaque"
     # The patch merged into the webhook by name: everything else of the shipped configuration is kept.
     (hook,) = kube.get_validating_webhook_configuration("vgpu-ledger-budgets")["webhooks"]
-    assert hook["rules"][0]["operations"] == ["CREATE", "DELETE"] and hook["clientConfig"]["service"]["port"] == 8443
+    assert hook["rules"][0]["operations"] == ["CREATE", "DELETE"]
+    assert hook["clientConfig"]["service"]["port"] == 8443
     done = len(kube.requests)
 
     second = apply(kube)
-    assert "CA kept" in second and "serving certificate kept" in second and "nothing to change" in second
+    assert "CA kept" in second
+    assert "serving certificate kept" in second
+    assert "nothing to change" in second
     assert [r for r in kube.requests[done:] if r.method in WRITES] == []
     assert ca_bundle_in(kube) == bundle
     assert kube.get_secret(NAMESPACE, "vgpu-ledger-webhook-ca") == ca
@@ -283,7 +289,8 @@ def test_the_serving_certificate_is_renewed_near_expiry_while_the_ca_and_the_bun
     new = x509.load_pem_x509_certificate(secret_data(kube, "vgpu-ledger-webhook-tls")["tls.crt"])
     assert new.not_valid_after_utc > old.not_valid_after_utc + timedelta(days=60)
     new.verify_directly_issued_by(x509.load_pem_x509_certificate(ca["ca.crt"]))
-    assert ca_bundle_in(kube) == bundle and secret_data(kube, "vgpu-ledger-webhook-ca") == ca
+    assert ca_bundle_in(kube) == bundle
+    assert secret_data(kube, "vgpu-ledger-webhook-ca") == ca
 
 
 def test_a_ca_near_its_end_is_replaced_and_the_old_one_stays_in_the_bundle_until_it_expires():
@@ -293,16 +300,19 @@ def test_a_ca_near_its_end_is_replaced_and_the_old_one_stays_in_the_bundle_until
     first = plan_certificates(stored=StoredCertificates(ca=None, serving=None), now=t0, **plan)
     late = t0 + CA_VALIDITY - timedelta(days=60)  # the CA would die before a new serving certificate
     second = plan_certificates(stored=StoredCertificates(ca=first.ca, serving=first.serving), now=late, **plan)
-    assert second.ca_issued and second.serving_issued
+    assert second.ca_issued
+    assert second.serving_issued
     assert x509.load_pem_x509_certificates(second.ca_bundle) == [second.ca.certificate, first.ca.certificate]
     second.serving.certificate.verify_directly_issued_by(second.ca.certificate)
     after = plan_certificates(stored=StoredCertificates(ca=second.ca, serving=second.serving),
                               now=t0 + CA_VALIDITY + timedelta(days=1), **plan)
-    assert not after.ca_issued and x509.load_pem_x509_certificates(after.ca_bundle) == [second.ca.certificate]
+    assert not after.ca_issued
+    assert x509.load_pem_x509_certificates(after.ca_bundle) == [second.ca.certificate]
     # A CA left to expire (no run for months) is replaced too, and the dead one is not bundled.
     revived = plan_certificates(stored=StoredCertificates(ca=first.ca, serving=first.serving),
                                 now=t0 + CA_VALIDITY + timedelta(days=1), **plan)
-    assert revived.ca_issued and "the CA expired" in revived.reasons
+    assert revived.ca_issued
+    assert "the CA expired" in revived.reasons
     assert x509.load_pem_x509_certificates(revived.ca_bundle) == [revived.ca.certificate]
 
 
@@ -342,8 +352,8 @@ def test_half_a_ca_a_garbled_one_or_a_serving_certificate_as_ca_is_refused(kube,
 
 
 def test_without_the_webhook_configuration_or_with_cert_manager_managing_it_the_command_stops(kube):
-    with pytest.raises(CommandError, match="ValidatingWebhookConfiguration nope not found: apply "
-                                           "deploy/k8s/admission-webhook.yaml first"):
+    with pytest.raises(CommandError, match=r"ValidatingWebhookConfiguration nope not found: apply "
+                                           r"deploy/k8s/admission-webhook\.yaml first"):
         apply(kube, "--webhook-configuration", "nope")
     managed = yaml.safe_load((ROOT / "deploy" / "k8s" / "admission-webhook.yaml").read_text())
     managed["metadata"] = {"name": "managed", "annotations": {
@@ -403,7 +413,8 @@ def test_fake_kubernetes_validates_tls_secrets_and_refuses_stale_updates(kube):
             "metadata": {"name": "t", "namespace": NAMESPACE}, "data": {"tls.crt": "Y2VydA=="}}
     with pytest.raises(ApiException) as missing:
         core.create_namespaced_secret(NAMESPACE, body)
-    assert missing.value.status == 422 and "data[tls.key]: Required value" in missing.value.body
+    assert missing.value.status == 422
+    assert "data[tls.key]: Required value" in missing.value.body
     body["data"]["tls.key"] = "a2V5"
     created = core.create_namespaced_secret(NAMESPACE, body)
     with pytest.raises(ApiException) as exists:
@@ -414,11 +425,13 @@ def test_fake_kubernetes_validates_tls_secrets_and_refuses_stale_updates(kube):
     with pytest.raises(ApiException) as stale:
         core.replace_namespaced_secret("t", NAMESPACE, {
             **body, "metadata": {**body["metadata"], "resourceVersion": created.metadata.resource_version}})
-    assert stale.value.status == 409 and "the object has been modified" in stale.value.body
+    assert stale.value.status == 409
+    assert "the object has been modified" in stale.value.body
     with pytest.raises(ApiException) as retyped:
         core.replace_namespaced_secret("t", NAMESPACE, {**body, "type": "Opaque", "metadata": {
             **body["metadata"], "resourceVersion": updated.metadata.resource_version}})
-    assert retyped.value.status == 422 and "field is immutable" in retyped.value.body
+    assert retyped.value.status == 422
+    assert "field is immutable" in retyped.value.body
     with pytest.raises(ApiException) as not_base64:
         core.create_namespaced_secret(NAMESPACE, {**body, "metadata": {"name": "u"}, "data": {
             "tls.crt": "not base64!", "tls.key": "a2V5"}})

@@ -105,6 +105,6 @@ def sign_in(request: pytest.FixtureRequest, browser: Browser, demo: Demo, screen
             name = f"FAILED-{request.node.name}-{i}"
             session.page.screenshot(path=str(screenshot_dir / f"{name}.png"), full_page=True)
             (screenshot_dir / f"{name}.html").write_text(session.page.content(), encoding="utf-8")
-            print(f"browser {i} was at {session.page.url}; page saved as {screenshot_dir / name}.html/.png")
+            print(f"browser {i} was at {session.page.url}; page saved as {screenshot_dir / name}.html/.png")  # noqa: T201 - a failure's report, which pytest shows with the failure
     for context in contexts:
         context.close()

@@ -26,7 +26,8 @@ def _walk(session, paths: list[str]) -> list[str]:  # type: ignore[no-untyped-de
             if "Content Security Policy" in m.text or "Content-Security-Policy" in m.text else None)
     for path in paths:
         response = page.goto(session.demo.base + path)
-        assert response is not None and response.status < 500, path
+        assert response is not None, path
+        assert response.status < 500, path
         header = response.headers.get("content-security-policy", "")
         # DRF's browsable API (/allocation in a browser) allows inline styles, never scripts (billing/web/csp.py).
         assert header.replace(" 'unsafe-inline'", "") == settings.VGPU_CONTENT_SECURITY_POLICY, path

@@ -60,7 +60,8 @@ def test_date_ranges_submit_in_every_language(session_in, language):
     s = session_in("finance", language)
     page = s.goto("/finance/")
     start, end = submit_period(page)
-    assert f"start={start}" in page.url and f"end={end}" in page.url, page.url
+    assert f"start={start}" in page.url, page.url
+    assert f"end={end}" in page.url, page.url
     expect(page.get_by_test_id("total-gpu-cost")).to_be_visible()
     assert (page.locator("input[name=start]").input_value(), page.locator("input[name=end]").input_value()) == (
         start, end)
@@ -68,7 +69,8 @@ def test_date_ranges_submit_in_every_language(session_in, language):
     page.get_by_test_id("period-last-month").click()
     page.wait_for_load_state()
     start, end = submit_period(page)
-    assert f"start={start}" in page.url and start.endswith("-01"), page.url
+    assert f"start={start}" in page.url, page.url
+    assert start.endswith("-01"), page.url
 
     page = s.goto("/tenants/acme/")
     start, end = submit_period(page)

@@ -77,7 +77,8 @@ def test_the_live_finance_page_keeps_a_typed_period_while_its_figures_refresh(op
         # live.js sets data-live-refreshes at the first swap (a selector, not a function: the
         # pages' Content-Security-Policy forbids the eval a string function would need).
         page.wait_for_selector("html[data-live-refreshes]", state="attached", timeout=30_000)
-    assert live.value.status == 200 and live.value.url.split("?")[0].endswith("/finance/")
+    assert live.value.status == 200
+    assert live.value.url.split("?")[0].endswith("/finance/")
     # The figures' region is the fresh one; the form is the one the user was typing in.
     assert page.evaluate("document.querySelector('[data-live=dashboard]').dataset.beforeRefresh") is None
     assert page.locator("input[name=start]").input_value() == typed
@@ -102,12 +103,14 @@ def test_each_role_lands_on_its_own_page_after_logging_in(open_browser, language
 def test_403_and_404_are_pages_with_the_navigation_and_a_way_back(open_browser, demo, language):
     page = open_browser(TENANT, language=language)
     forbidden = page.goto(demo.base + "/audit/")
-    assert forbidden is not None and forbidden.status == 403
+    assert forbidden is not None
+    assert forbidden.status == 403
     expect(page.get_by_test_id("error-403")).to_be_visible()
     expect(page.get_by_test_id("nav-my-tenant")).to_be_visible()
     expect(page.locator("html")).to_have_attribute("lang", language)
     missing = page.goto(demo.base + "/tenants/globex/")
-    assert missing is not None and missing.status == 404
+    assert missing is not None
+    assert missing.status == 404
     expect(page.get_by_test_id("error-404")).to_be_visible()
     expect(page.get_by_test_id("nav-my-tenant")).to_be_visible()
     page.get_by_test_id("error-home").click()
@@ -127,14 +130,18 @@ def test_the_audit_log_reads_as_before_and_after_in_the_users_formats(open_brows
     log = page.get_by_test_id("audit-log")
     expect(log).to_be_visible()
     text = log.inner_text()
-    assert "{'" not in text and "': " not in text, text[:500]  # no raw Python dicts
+    # No raw Python dicts.
+    assert "{'" not in text, text[:500]
+    assert "': " not in text, text[:500]
     price = log.locator('tr[data-field="price_per_gpu_hour"] td[data-side="after"]').first
     expect(price).to_contain_text("USD")
     when = log.locator("time").first.inner_text()
     if language == "en":
-        assert _ISO_DAY.search(when) and not _CHINESE_DAY.search(text), when
+        assert _ISO_DAY.search(when), when
+        assert not _CHINESE_DAY.search(text), when
     else:
-        assert _CHINESE_DAY.search(when) and not _ISO_DAY.search(text), when
+        assert _CHINESE_DAY.search(when), when
+        assert not _ISO_DAY.search(text), when
 
 
 @pytest.mark.parametrize("language", LANGUAGES)
@@ -147,9 +154,11 @@ def test_each_page_writes_dates_one_way(open_browser, demo, language):
             page.goto(demo.base + path)
             text = _dates_text(page)
             if language == "en":
-                assert not _ENGLISH_MONTH.search(text) and not _CHINESE_DAY.search(text), (path, text[:400])
+                assert not _ENGLISH_MONTH.search(text), (path, text[:400])
+                assert not _CHINESE_DAY.search(text), (path, text[:400])
             else:
-                assert not _ISO_DAY.search(text) and not _ENGLISH_MONTH.search(text), (path, text[:400])
+                assert not _ISO_DAY.search(text), (path, text[:400])
+                assert not _ENGLISH_MONTH.search(text), (path, text[:400])
         page.context.close()
 
 

@@ -99,7 +99,8 @@ def test_finance_reads_the_fleet_savings_and_requests_a_report_to_today(sign_in,
         with open(download.value.path(), encoding="utf-8") as fh:
             rows = list(csv.DictReader(fh))
         money_rows = [r for r in rows if r["section"] in ("fleet", "chargeback")]
-        assert money_rows and all(r["currency"] == "USD" for r in money_rows)
+        assert money_rows
+        assert all(r["currency"] == "USD" for r in money_rows)
         assert all(re.fullmatch(r"-?\d+\.\d{2}", r[c]) for r in money_rows for c in ("whole_card", "dynamic", "saving"))
         with page.expect_download() as download:
             page.get_by_test_id("report-pdf").click()
@@ -116,7 +117,8 @@ def test_tenant_engineer_sees_one_month_to_date_on_the_portal_and_its_budget(sig
         month_to_date = _amounts(page.get_by_test_id("mtd-cost").inner_text())
         budget = page.get_by_test_id("budget-status").inner_text()
         # "N % used (X USD)": the budget card's spend is the portal's month to date.
-        assert month_to_date and month_to_date[-1] in _amounts(budget), (month_to_date, budget)
+        assert month_to_date, (month_to_date, budget)
+        assert month_to_date[-1] in _amounts(budget), (month_to_date, budget)
         expect(page.get_by_test_id("forecast")).to_contain_text("USD")
         expect(page.get_by_test_id("forecast-definition")).not_to_be_empty()
         s.shot(f"tenant-portal-forecast-{language}")

@@ -61,7 +61,8 @@ def test_the_agent_image_installs_the_agent_extra_without_service_code():
     assert sources == {"pyproject.toml", "README.md", "agents", "allocator"}
     runs = " && ".join(run_commands(AGENT))
     assert "pip install --no-cache-dir '.[agent]'" in runs
-    assert 'python -c "import django"' in runs and "exit 1" in runs
+    assert 'python -c "import django"' in runs
+    assert "exit 1" in runs
     assert "import agents.__main__" in runs
 
 
@@ -85,7 +86,8 @@ def test_compose_runs_the_agent_from_its_own_image_and_the_rest_from_the_service
     compose = yaml.safe_load((ROOT / "docker-compose.yml").read_text())["services"]
     dockerfile = {name: service["build"]["dockerfile"] for name, service in compose.items() if "build" in service}
     assert dockerfile.pop("agent") == "deploy/Dockerfile.agent"
-    assert dockerfile and set(dockerfile.values()) == {"deploy/Dockerfile"}, dockerfile
+    assert dockerfile, dockerfile
+    assert set(dockerfile.values()) == {"deploy/Dockerfile"}, dockerfile
     assert {"web", "worker", "beat", "migrate"} <= set(dockerfile)
     # The agent image's entry point is vgpu-agent; the compose command runs through a shell.
     assert compose["agent"]["entrypoint"] == ["sh", "-c"]

@@ -79,13 +79,15 @@ def _agent_daemonset() -> dict:
 
 def test_agent_daemonset_sees_host_pids_proc_gpus_mps_and_its_config():
     pod = _agent_daemonset()["spec"]["template"]["spec"]
-    assert pod["hostPID"] is True and pod["runtimeClassName"] == "nvidia"
+    assert pod["hostPID"] is True
+    assert pod["runtimeClassName"] == "nvidia"
     volumes = {v["name"]: v for v in pod["volumes"]}
     (agent,) = pod["containers"]
     mounts = {m["name"]: m for m in agent["volumeMounts"]}
-    assert volumes["host-proc"]["hostPath"]["path"] == "/proc" and mounts["host-proc"]["readOnly"] is True
+    assert volumes["host-proc"]["hostPath"]["path"] == "/proc"
+    assert mounts["host-proc"]["readOnly"] is True
     assert agent["args"][agent["args"].index("--proc-root") + 1] == mounts["host-proc"]["mountPath"]
-    assert volumes["mps-pipe"]["hostPath"]["path"] == "/tmp/nvidia-mps"  # noqa: S108 -- the MPS daemon's documented default
+    assert volumes["mps-pipe"]["hostPath"]["path"] == "/tmp/nvidia-mps"  # noqa: S108 - the MPS daemon's documented default
     assert agent["args"][agent["args"].index("--mps-pipe-directory") + 1] == mounts["mps-pipe"]["mountPath"]
     assert agent["args"][agent["args"].index("--token-file") + 1] == mounts["token"]["mountPath"] + "/token"
     # Every $(VAR) in the arguments comes from the ConfigMap (or the downward API).
@@ -94,7 +96,8 @@ def test_agent_daemonset_sees_host_pids_proc_gpus_mps_and_its_config():
     for arg in agent["args"]:
         if arg.startswith("$("):
             ref = env[arg[2:-1]]["valueFrom"]["configMapKeyRef"]
-            assert ref["name"] == "vgpu-agent-config" and ref["key"] in config["data"]
+            assert ref["name"] == "vgpu-agent-config"
+            assert ref["key"] in config["data"]
 
 
 def test_agent_daemonset_arguments_parse_as_vgpu_agent_flags():
@@ -109,7 +112,8 @@ def test_agent_daemonset_arguments_parse_as_vgpu_agent_flags():
         for a in agent["args"]
     ]
     parsed = _parser().parse_args(args)
-    assert parsed.backend == "nvml" and parsed.enforcer == {"mps", "watchdog"}
+    assert parsed.backend == "nvml"
+    assert parsed.enforcer == {"mps", "watchdog"}
 
 
 def test_validation_rejects_a_field_the_schema_does_not_have():
@@ -272,7 +276,8 @@ def test_every_port_of_the_webhook_path_leads_to_one_container_that_serves_tls_o
         assert "subPath" not in mount
         assert volumes[mount["name"]]["secret"] == {"secretName": "vgpu-ledger-webhook-tls"}
     probe = container["readinessProbe"]["httpGet"]
-    assert probe["scheme"] == "HTTPS" and probe["port"] in (number, port.get("name"))
+    assert probe["scheme"] == "HTTPS"
+    assert probe["port"] in (number, port.get("name"))
     # Django answers only for the Host the API server sends, and the probe sends it too.
     hosts = next(e["value"] for e in container["env"] if e["name"] == "DJANGO_ALLOWED_HOSTS").split(",")
     target = _webhook_hook()["clientConfig"]["service"]

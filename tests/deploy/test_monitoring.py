@@ -27,7 +27,7 @@ from tests.promtool import promtool
 
 ROOT = Path(__file__).resolve().parents[2]
 MONITORING = ROOT / "deploy" / "monitoring"
-TOKEN = "scrape-token-for-monitoring-tests"  # noqa: S105 - a test credential
+TOKEN = "scrape-token-for-monitoring-tests"
 # Series Prometheus itself makes for every target.
 PROMETHEUS_SERIES = {"up"}
 
@@ -82,7 +82,7 @@ def test_a_real_agents_exposition_passes_promtool(tmp_path):
             assert agent.poll() is None, (tmp_path / "agent.log").read_text()
             assert time.monotonic() < deadline, f"no per-workload series within 60 s:\n{text}"
             try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as resp:  # noqa: S310
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as resp:
                     text = resp.read().decode()
             except OSError:
                 time.sleep(0.3)
@@ -90,7 +90,8 @@ def test_a_real_agents_exposition_passes_promtool(tmp_path):
         agent.terminate()
         agent.wait(timeout=30)
     result = _promtool("check", "metrics", stdin=text)
-    assert result.returncode == 0 and not (result.stdout + result.stderr).strip(), result.stdout + result.stderr
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert not (result.stdout + result.stderr).strip(), result.stdout + result.stderr
 
 
 @pytest.mark.django_db
@@ -173,7 +174,8 @@ def test_every_series_the_dashboard_and_the_rules_query_is_exposed(client, setti
     exposed = _service_series(client, settings) | _agent_series(tmp_path) | PROMETHEUS_SERIES
     exprs = _dashboard_exprs() + [rule["expr"] for rule in _rules()]
     queried = set().union(*map(_queried_series, exprs))
-    assert "vgpu_agent_tick_seconds_bucket" in queried and "vgpu_ledger_rollup_lag_seconds" in queried
+    assert "vgpu_agent_tick_seconds_bucket" in queried
+    assert "vgpu_ledger_rollup_lag_seconds" in queried
     assert queried - exposed == set()
 
 
@@ -185,7 +187,8 @@ def test_the_scrape_config_has_the_jobs_the_rules_and_dashboard_name():
     # The opencost job feeds dashboards written for OpenCost's metrics, not ours.
     assert named == jobs - {"opencost"} == {"vgpu-ledger-web", "vgpu-agent"}
     [opencost] = [job for job in config["scrape_configs"] if job["job_name"] == "opencost"]
-    assert opencost["metrics_path"] == "/metrics/opencost" and opencost["honor_labels"] is True
+    assert opencost["metrics_path"] == "/metrics/opencost"
+    assert opencost["honor_labels"] is True
 
 
 def test_every_alert_has_a_summary_a_description_and_a_runbook_in_operations_md():
@@ -193,7 +196,9 @@ def test_every_alert_has_a_summary_a_description_and_a_runbook_in_operations_md(
                 for h in re.findall(r"^#+ (.+)$", (ROOT / "docs" / "operations.md").read_text(), re.M)}
     for rule in _rules():
         annotations = rule["annotations"]
-        assert annotations["summary"] and annotations["description"], rule["alert"]
+        assert annotations["summary"], rule["alert"]
+        assert annotations["description"], rule["alert"]
         page, _, anchor = annotations["runbook_url"].partition("#")
-        assert page == "docs/operations.md" and anchor in headings, (rule["alert"], anchor)
+        assert page == "docs/operations.md", (rule["alert"], anchor)
+        assert anchor in headings, (rule["alert"], anchor)
 

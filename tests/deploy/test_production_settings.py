@@ -80,7 +80,9 @@ def test_cluster_callers_reach_the_web_container_over_http_by_pod_ip_or_service_
     ])
     assert readyz == (200, "")
     # /metrics answers for itself (no scrape token in this environment), never with a redirect.
-    assert metrics[0] == 403 and metrics[1] == ""
-    assert batches == (401, "") and policy == (401, "")
+    assert metrics[0] == 403
+    assert metrics[1] == ""
+    assert batches == (401, "")
+    assert policy == (401, "")
     assert finance == (301, "https://ledger.example.com/finance/")
     assert stranger[0] == 400

@@ -21,7 +21,7 @@ from tests.conftest import user_in
 __all__ = ["PASSWORD", "HostileSession", "assert_no_5xx", "bearer", "sign_in"]
 
 # The password tests/conftest.py's user_in gives every user.
-PASSWORD = "pw-not-used-123"  # noqa: S105 - a test fixture's password
+PASSWORD = "pw-not-used-123"
 
 
 def assert_no_5xx(response: requests.Response) -> requests.Response:

@@ -32,7 +32,7 @@ TEMPLATES = Path(settings.BASE_DIR) / "templates"
 def low_limit(settings):  # type: ignore[no-untyped-def]
     settings.VGPU_AUTH_FAILURE_LIMIT = LIMIT
     settings.VGPU_AUTH_COOLOFF_S = 120
-    settings.VGPU_ADMISSION_TOKEN = "the-webhook-kubeconfig-token"  # noqa: S105 - so its check runs
+    settings.VGPU_ADMISSION_TOKEN = "the-webhook-kubeconfig-token"
     return settings
 
 
@@ -51,16 +51,19 @@ def test_guessing_tokens_is_throttled_audited_once_and_valid_tokens_keep_working
     refused = answers[-1]
     assert 1 <= int(refused.headers["Retry-After"]) <= 120
     # In the error shape of that API: OpenCost's for the allocation API (billing/api/allocation.py).
-    assert refused.json()["code"] == 429 and "too many failed" in refused.json()["message"]
+    assert refused.json()["code"] == 429
+    assert "too many failed" in refused.json()["message"]
     # The same address guessing node tokens is the same address: refused before any look-up.
     guessed_node = hostile.post("/api/v1/usage/batches", headers=bearer("vgl_" + secrets.token_urlsafe(32)),
                                 json=make_batch(start=minute_start))
-    assert guessed_node.status_code == 429 and guessed_node.headers["Retry-After"]
+    assert guessed_node.status_code == 429
+    assert guessed_node.headers["Retry-After"]
     assert "too many failed" in guessed_node.json()["errors"][0]["message"]  # the agent API's shape
     assert (hostile.post("/api/v1/admission/pods", headers=bearer("x" * 40), json={}).status_code == 429)
     # One audit row for the whole block, however many requests it refused.
     (event,) = AuditEvent.objects.filter(action=THROTTLED)
-    assert event.after["client"] == "127.0.0.1" and event.after["failure_limit"] == LIMIT
+    assert event.after["client"] == "127.0.0.1"
+    assert event.after["failure_limit"] == LIMIT
     # The healthy node and the API script behind the same address are never refused.
     stored = hostile.post("/api/v1/usage/batches", headers=bearer(node.token),
                           json=make_batch(start=minute_start))
@@ -77,7 +80,8 @@ def test_a_throttled_guess_costs_no_database_query(db, client, low_limit, django
         node = client.get("/api/v1/nodes/n1/policy", HTTP_AUTHORIZATION=f"Bearer vgl_{secrets.token_hex(8)}")
         api = client.get("/api/v1/allocation", HTTP_AUTHORIZATION=f"Bearer vgla_{secrets.token_hex(8)}")
     assert (node.status_code, api.status_code) == (429, 429)
-    assert node.headers["Retry-After"] and api.headers["Retry-After"]
+    assert node.headers["Retry-After"]
+    assert api.headers["Retry-After"]
 
 
 def test_a_client_address_under_the_limit_is_not_throttled_and_another_address_never(db, client, low_limit):  # type: ignore[no-untyped-def]
@@ -106,7 +110,9 @@ def _plain_get_paths(patterns, prefix: str = "") -> list[str]:  # type: ignore[n
 def test_every_page_carries_the_content_security_policy(signed_in, hostile):  # type: ignore[no-untyped-def]
     admin = signed_in(ADMIN_GROUP)
     paths = _plain_get_paths(get_resolver().url_patterns)
-    assert "/finance/" in paths and "/rebalance/" in paths and len(paths) > 15
+    assert "/finance/" in paths
+    assert "/rebalance/" in paths
+    assert len(paths) > 15
     # (Static files: in production whitenoise answers them inside the CSP middleware, which sits
     # before it; the live server's own static handler bypasses the middleware, so not here.)
     for path in [*paths, "/no-such-page/", "/invoices/NOPE/"]:
@@ -155,14 +161,16 @@ def test_an_execution_that_cannot_be_queued_says_so_and_the_plan_can_be_approved
     page = admin.get("/rebalance/").text
     assert "could not be queued for execution" in page
     plan.refresh_from_db()
-    assert plan.status == RebalanceStatus.PROPOSED and plan.decided_by is None
+    assert plan.status == RebalanceStatus.PROPOSED
+    assert plan.decided_by is None
     assert AuditEvent.objects.filter(action="rebalance.queue_failed", object_id=str(plan.pk)).count() == 1
     # The queue is back: approving again queues it.
     queued: list[int] = []
     monkeypatch.setattr(tasks.execute_rebalance, "delay", queued.append)
     admin.post_form(f"/rebalance/{plan.pk}/approve/", {"confirmation": confirmation_code(plan)})
     plan.refresh_from_db()
-    assert plan.status == RebalanceStatus.APPROVED and queued == [plan.pk]
+    assert plan.status == RebalanceStatus.APPROVED
+    assert queued == [plan.pk]
 
 
 # --- a database restart ------------------------------------------------------------------------

@@ -59,12 +59,14 @@ def _formula_cells(content: bytes) -> list[tuple[int, str]]:
 
 
 def test_the_writer_neutralises_text_by_type_and_leaves_numbers():
-    for payload in PAYLOADS + (" =1", "\n=1", "＝1"):
+    for payload in (*PAYLOADS, " =1", "\n=1", "＝1"):
         assert inert_cell(payload) == "'" + payload
-    assert inert_cell(Decimal("-12.34")) == "-12.34" and inert_cell(-3) == "-3"
+    assert inert_cell(Decimal("-12.34")) == "-12.34"
+    assert inert_cell(-3) == "-3"
     assert inert_cell(number("-12.34")) == "-12.34"
     assert inert_cell("-12.34") == "'-12.34"  # text that looks like a number is still text
-    assert inert_cell("Acme (total)") == "Acme (total)" and inert_cell(None) == ""
+    assert inert_cell("Acme (total)") == "Acme (total)"
+    assert inert_cell(None) == ""
     out = io.StringIO()
     csv_writer(out).writerows([["=1", number("-1")]])
     assert out.getvalue() == "'=1,-1\r\n"
@@ -124,7 +126,8 @@ def test_every_csv_the_product_serves_is_inert(live_server, post_batch, time_mac
     planted = 0
     for url in _csv_urls(invoice.number, note):
         response = finance.get(live_server.url + url, timeout=60)
-        assert response.status_code == 200 and response.headers["Content-Type"].startswith("text/csv"), url
+        assert response.status_code == 200, url
+        assert response.headers["Content-Type"].startswith("text/csv"), url
         assert _formula_cells(response.content) == [], (url, response.content[:600])
         planted += sum(f"'{p}" in response.content.decode() for p in PAYLOADS)
     # The payloads did reach the files (quoted), so the test tests something.
@@ -133,7 +136,8 @@ def test_every_csv_the_product_serves_is_inert(live_server, post_batch, time_mac
     for url in ("/tenants/acme/?start=2026-11-01&end=2026-11-30&format=csv", "/tenants/acme/?format=upcoming-csv",
                 f"/invoices/{invoice.number}.csv", f"/invoices/{invoice.number}.focus"):
         response = member.get(live_server.url + url, timeout=60)
-        assert response.status_code == 200 and _formula_cells(response.content) == [], url
+        assert response.status_code == 200, url
+        assert _formula_cells(response.content) == [], url
 
 
 def _finalized_invoice(*, name: str = "Acme", po_number: str = "") -> Invoice:
@@ -171,9 +175,11 @@ def test_a_stored_credit_note_with_unprintable_text_still_renders_every_glyph(tm
                               issued_at=AFTER_NOV, amount_minor=100, tax_minor=0, total_minor=100, reason=reason,
                               issued_by_label="finance-1", issuer_name="Issuer Ltd")
     facts = check_pdf(export_credit_note(scope=EVERYONE, number="CN-2026-0001", fmt="pdf").content, tmp_path)
-    assert REPLACEMENT in facts.text and "outage" in facts.text
+    assert REPLACEMENT in facts.text
+    assert "outage" in facts.text
     check_pdf(export_invoice(scope=EVERYONE, number=invoice.number, fmt="pdf").content, tmp_path)
-    assert drawable("a😀b") == f"a{REPLACEMENT}b" and drawable("星河") == "星河"
+    assert drawable("a😀b") == f"a{REPLACEMENT}b"
+    assert drawable("星河") == "星河"
 
 
 def _sample_field(key: str) -> Any:
@@ -259,10 +265,12 @@ def test_every_node_controlled_name_of_a_batch_is_refused_at_ingest(live_server,
         batch = make_batch(seq=seq, start=minute_start, seconds=2)
         _node(batch, payload)
         response = requests.post(url, json=batch, headers=headers, timeout=60)
-        assert response.status_code == 403 and "gpu-node-1" in response.text, (payload, response.text[:300])
+        assert response.status_code == 403, (payload, response.text[:300])
+        assert "gpu-node-1" in response.text, (payload, response.text[:300])
         with pytest.raises(InvalidInput, match="node name"):
             issue_node_token(node_name=payload, now=minute_start, actor_label="admin-1")
-    assert not UsageBatch.objects.exists() and not WorkloadMeta.objects.exists()
+    assert not UsageBatch.objects.exists()
+    assert not WorkloadMeta.objects.exists()
     assert list(Node.objects.values_list("name", flat=True)) == ["gpu-node-1"]
     # The same batch without a payload is stored: the refusals above are the payloads'.
     clean = make_batch(seq=seq, start=minute_start, seconds=2)

@@ -58,7 +58,9 @@ def test_tenants_csrf_injections_and_markup_over_http(signed_in, new_session, li
         assert finance.get("/audit/", params={"action": value, "actor": value}).status_code < 500
     # XSS: a tenant's name is markup-escaped wherever finance reads it.
     listing = finance.get("/tenants/").text
-    assert "&lt;script&gt;" in listing and XSS not in listing and "<script>alert" not in listing
+    assert "&lt;script&gt;" in listing
+    assert XSS not in listing
+    assert "<script>alert" not in listing
     # CSRF: a signed-in POST without the token is refused and changes nothing.
     url = f"/invoices/{acme_invoice.number}/credit-notes/"
     finance.get(f"/invoices/{acme_invoice.number}/")
@@ -73,7 +75,8 @@ def test_login_lockout_over_http_is_audited_once(new_session):  # type: ignore[n
     for _ in range(settings.AXES_FAILURE_LIMIT + 2):
         assert sign_in(session, user.username, "wrong-password").status_code in (200, 429)
     locked = sign_in(session, user.username, PASSWORD)
-    assert locked.status_code == 429 and 'data-testid="login-locked-out"' in locked.text
+    assert locked.status_code == 429
+    assert 'data-testid="login-locked-out"' in locked.text
     assert AuditEvent.objects.filter(action="login.locked_out", object_id=user.username).count() == 1
     # Another user from the same address is not locked out (the lock is per username and address).
     assert sign_in(new_session(), user_in(tenant="acme").username).status_code == 302

@@ -82,7 +82,8 @@ def test_a_tenant_claim_is_billed_by_the_namespace_mapping_and_counted(live_serv
     assert billed == {"acme-prod": "acme", "globex-prod": "globex-prod"}
     assert not UsageMinute.objects.filter(tenant="pentest").exists()
     node = Node.objects.get(name="node-b")
-    assert node.tenant_claim_mismatches == 20 and node.last_tenant_claim_mismatch_at is not None
+    assert node.tenant_claim_mismatches == 20
+    assert node.last_tenant_claim_mismatch_at is not None
     # Counted where an admin looks: the nodes page and /metrics.
     admin = Client()
     admin.force_login(User.objects.create_user(username="root", password="pw-not-used-123", is_superuser=True))
@@ -146,7 +147,8 @@ def test_an_undelivered_report_is_checked_against_the_stored_batches(live_server
 def test_anonymous_healthz_says_the_status_and_nothing_else(live_server, nodes):
     anonymous = requests.get(f"{live_server.url}/healthz", timeout=30)
     assert set(anonymous.json()) == {"status"}
-    assert "worker" not in anonymous.text and "backlog" not in anonymous.text
+    assert "worker" not in anonymous.text
+    assert "backlog" not in anonymous.text
     User.objects.create_user(username="sre", password="pw-not-used-123", is_staff=True)
     api = issue_api_token(username="sre", name="t", expires_at=None, now=clock.now(), actor_label="test").token
     detailed = requests.get(f"{live_server.url}/healthz", headers={"Authorization": f"Bearer {api}"}, timeout=30)

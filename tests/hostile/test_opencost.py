@@ -44,4 +44,5 @@ def test_hostile_parameters_never_5xx(live_server, token: str, params: dict[str,
         body = resp.json()
         assert body["code"] == resp.status_code
         if resp.status_code == 400:
-            assert body["status"] == "error" and isinstance(body["message"], str)
+            assert body["status"] == "error"
+            assert isinstance(body["message"], str)

@@ -40,7 +40,7 @@ _RATIO_QUANTUM = Decimal("1e-15")
 _CONTEXT = Context(prec=50)
 
 # FOCUS columns first, in alphabetical order, then custom x_ columns (FOCUS ColumnHandling).
-FOCUS_COLUMNS: tuple[str, ...] = tuple(sorted([
+FOCUS_COLUMNS: tuple[str, ...] = (*sorted([
     "AllocatedMethodDetails", "AllocatedMethodId", "AllocatedResourceId", "AllocatedResourceName",
     "AllocatedTags", "BilledCost", "BillingAccountId", "BillingAccountName", "BillingCurrency",
     "BillingPeriodEnd", "BillingPeriodStart", "ChargeCategory", "ChargeClass", "ChargeDescription",
@@ -50,7 +50,7 @@ FOCUS_COLUMNS: tuple[str, ...] = tuple(sorted([
     "ProviderName", "PublisherName", "ResourceId", "ResourceName", "ResourceType", "ServiceCategory",
     "ServiceName", "ServiceProviderName", "ServiceSubcategory", "SkuId", "SkuMeter", "SkuPriceDetails", "SkuPriceId",
     "SubAccountId", "SubAccountName", "Tags",
-])) + ("x_CorrectsInvoiceId", "x_GpuModel", "x_InvoiceLineKind", "x_SlaTier")
+]), "x_CorrectsInvoiceId", "x_GpuModel", "x_InvoiceLineKind", "x_SlaTier")
 
 # SkuMeter: what a SKU meters (FOCUS 1.1+: present with SkuId, null exactly when SkuId is null).
 USAGE_METER = "GPU Share"

@@ -102,9 +102,8 @@ def build_fleet_focus_rows(month: date) -> list[dict[str, Any]]:
         rows.append(usage_row({**base, "x_InvoiceLineKind": "usage"}, r, r.charge, origin))
         if r.idle_share:
             rows.append(idle_row({**base, "x_InvoiceLineKind": "idle"}, r, r.idle_share, origin))
-    for idle in list_platform_idle(start=start, end=end):
-        if idle.idle:
-            rows.append(platform_idle_row(common(PLATFORM_ACCOUNT, idle.currency), idle))
+    rows.extend(platform_idle_row(common(PLATFORM_ACCOUNT, idle.currency), idle)
+                for idle in list_platform_idle(start=start, end=end) if idle.idle)
     return rows
 
 

@@ -19,8 +19,8 @@ __all__ = ["CREDIT_NOTE_CSV_COLUMNS", "INVOICE_CSV_COLUMNS", "line_number_cells"
 
 _HEADER_COLUMNS = ("invoice_number", "tenant", "tenant_name", "billing_period", "issue_date", "due_date",
                    "payment_terms_days", "po_number", "cost_centre")
-INVOICE_CSV_COLUMNS = _HEADER_COLUMNS + (
-    "line", "kind", "gpu_model", "sla_tier",
+INVOICE_CSV_COLUMNS = (
+    *_HEADER_COLUMNS, "line", "kind", "gpu_model", "sla_tier",
     "usage_month", "gpu_hours", "amount_ledger", "amount_minor", "amount", "currency",
 )
 CREDIT_NOTE_CSV_COLUMNS = (
@@ -47,17 +47,17 @@ def render_invoice_csv(doc: InvoiceDocument) -> bytes:
     writer.writerow(INVOICE_CSV_COLUMNS)
     head = _head(doc)
     for i, line in enumerate(doc.lines, start=1):
-        writer.writerow(head + [
-            i, line.kind, line.gpu_model, line.sla_tier, f"{line.usage_month:%Y-%m}",
+        writer.writerow([
+            *head, i, line.kind, line.gpu_model, line.sla_tier, f"{line.usage_month:%Y-%m}",
             *line_number_cells(line.gpu_hours, line.amount, line.amount_minor, doc.currency), doc.currency,
         ])
     # The tax row's kind column carries its rate, e.g. "tax 20%".
     for label, kind, minor in (("subtotal", "", doc.subtotal_minor),
                                ("tax", f"tax {plain_decimal(doc.tax_rate_pct)}%", doc.tax_minor)):
-        writer.writerow(head + [label, kind, "", "", "", "", "", minor, number(format_minor_units(minor, doc.currency)),
-                                doc.currency])
-    writer.writerow(head + ["total", "", "", "", "", "", "", doc.total_minor,
-                            number(format_minor_units(doc.total_minor, doc.currency)), doc.currency])
+        writer.writerow([*head, label, kind, "", "", "", "", "", minor, number(format_minor_units(minor, doc.currency)),
+                         doc.currency])
+    writer.writerow([*head, "total", "", "", "", "", "", "", doc.total_minor,
+                     number(format_minor_units(doc.total_minor, doc.currency)), doc.currency])
     return out.getvalue().encode("utf-8")
 
 

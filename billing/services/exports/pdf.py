@@ -110,10 +110,9 @@ def render_invoice_pdf(doc: InvoiceDocument) -> bytes:
                                            if doc.finalized_at else "")),
     ]
     table = [[_("Line"), _("GPU model"), _("SLA tier"), _("Usage month"), _("GPU-hours"), _("Amount")]]
-    for line in doc.lines:
-        table.append([line.kind_label, line.gpu_model, line.sla_tier, f"{line.usage_month:%Y-%m}",
-                      gpu_hours_text(line.gpu_hours) if line.kind == InvoiceLine.Kind.USAGE else "",
-                      format_minor_units(line.amount_minor, money)])
+    table.extend([line.kind_label, line.gpu_model, line.sla_tier, f"{line.usage_month:%Y-%m}",
+                  gpu_hours_text(line.gpu_hours) if line.kind == InvoiceLine.Kind.USAGE else "",
+                  format_minor_units(line.amount_minor, money)] for line in doc.lines)
     table += [
         [_("Subtotal"), "", "", "", "", format_minor_units(doc.subtotal_minor, money)],
         [tax_label(doc.tax_rate_pct), "", "", "", "", format_minor_units(doc.tax_minor, money)],
