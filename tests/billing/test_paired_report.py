@@ -279,6 +279,8 @@ def test_a_period_already_being_computed_is_joined_not_computed_twice(fifteen_mi
 
     first, enqueued = post(period)
     report = PairedReport.objects.get()
+    assert first.redirect_chain == [(f"/reports/{report.pk}/", 302)]
+    assert 'data-testid="message"' not in first.content.decode()
     enqueued.assert_called_once_with(report.pk)
     # A second click while it is pending, and one while it runs: the same report, nothing enqueued.
     for status in (PairedReport.Status.PENDING, PairedReport.Status.RUNNING):
