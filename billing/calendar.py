@@ -11,7 +11,7 @@ from datetime import UTC, date, datetime, timedelta
 
 from billing.errors import InvalidInput
 
-__all__ = ["month_bounds", "month_of", "parse_month", "previous_month"]
+__all__ = ["floor_to", "month_bounds", "month_of", "parse_month", "previous_month", "utc_midnight"]
 
 
 def parse_month(text: str) -> date:
@@ -38,3 +38,14 @@ def month_of(at: datetime) -> date:
 def previous_month(month: date) -> date:
     """The month before `month` (both as first days)."""
     return (month - timedelta(days=1)).replace(day=1)
+
+
+def utc_midnight(at: datetime) -> datetime:
+    """The start of the UTC day `at` falls in."""
+    return at.astimezone(UTC).replace(hour=0, minute=0, second=0, microsecond=0)
+
+
+def floor_to(at: datetime, unit: timedelta) -> datetime:
+    """`at` truncated to a multiple of `unit` since the epoch (whole UTC hours, UTC midnights for days)."""
+    epoch = datetime(1970, 1, 1, tzinfo=UTC)
+    return epoch + (at - epoch) // unit * unit

@@ -1,6 +1,6 @@
 """OpenCost's allocation API (docs/allocation-api.md): `GET /allocation` and
 `GET /allocation/compute`, also under /api/v1/. Thin: parse the query parameters
-(billing.queries.allocation), one query, render OpenCost's response shape.
+(billing.api.allocation_params), one query, render OpenCost's response shape.
 
 Both paths answer the same: OpenCost's /allocation reads its precomputed store and /compute
 computes on the fly; here every answer is computed from the ledger at request time, so there is
@@ -28,6 +28,16 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from billing.api.allocation_params import (
+    legacy_filter_tree,
+    parse_accumulate,
+    parse_aggregate,
+    parse_bool,
+    parse_filter,
+    parse_filter_tree,
+    parse_step,
+    parse_window,
+)
 from billing.ledger import allocation as ledger
 from billing.queries.allocation import (
     LABEL_PREFIX,
@@ -36,15 +46,7 @@ from billing.queries.allocation import (
     Window,
     align_window,
     allocation_sets,
-    legacy_filter_tree,
     node_assets,
-    parse_accumulate,
-    parse_aggregate,
-    parse_bool,
-    parse_filter,
-    parse_filter_tree,
-    parse_step,
-    parse_window,
     set_windows,
 )
 from billing.scope import get_scope

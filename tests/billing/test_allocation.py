@@ -10,6 +10,7 @@ from decimal import Decimal
 
 import pytest
 
+from billing.api.allocation_params import parse_aggregate, parse_bool, parse_step, parse_window
 from billing.ledger import reads
 from billing.ledger.models import GpuHour, UsageHour, WorkloadMeta
 from billing.models import Node
@@ -21,10 +22,6 @@ from billing.queries.allocation import (
     Window,
     align_window,
     allocation_sets,
-    parse_aggregate,
-    parse_bool,
-    parse_step,
-    parse_window,
 )
 from billing.scope import Scope
 from tests.conftest import with_day
