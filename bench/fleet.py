@@ -396,7 +396,7 @@ def build_template(dbs: Databases, shape: Shape, days: set[date]) -> tuple[dict[
 
     from billing.ledger.partitions import ensure_raw_partitions
     from billing.models import RateCard, SlaTier, Tenant
-    from billing.services.tokens import issue_node_token
+    from billing.services.identity.tokens import issue_node_token
 
     now = datetime.now(UTC)
     tiers = {slug: SlaTier.objects.create(slug=slug, name=label, weight=Decimal(w)) for slug, label, w in TIERS}

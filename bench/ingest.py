@@ -480,7 +480,7 @@ def copy_texts(agents: list[Agent], payloads: list[list[dict[str, Any]]], first_
     from django.conf import settings
 
     from billing.ledger.batches import _copy_buffer
-    from billing.services.batch_validation import validate_batch
+    from billing.services.ingest.batch_validation import validate_batch
 
     texts = []
     now = datetime.now(UTC)
@@ -613,7 +613,7 @@ def _stage_timers(sink: dict[str, float]) -> Iterator[None]:
 
     from billing.api import agent as view
     from billing.ledger import batches
-    from billing.services import ingest
+    from billing.services.ingest import batches as ingest
 
     def sql_timer(execute: Callable[..., Any], sql: str, params: Any, many: bool, context: Any) -> Any:
         started = time.perf_counter()

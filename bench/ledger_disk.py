@@ -88,8 +88,8 @@ def _generate(args: argparse.Namespace) -> None:
 
     from billing.ledger.rollup import rollup_usage
     from billing.models import Node, RateCard
-    from billing.services.ingest import record_usage_batch
-    from billing.services.tokens import issue_node_token
+    from billing.services.identity.tokens import issue_node_token
+    from billing.services.ingest.batches import record_usage_batch
 
     rng = random.Random(args.seed)
     RateCard.objects.create(gpu_model="NVIDIA A100-SXM4-80GB", currency="USD", price_per_gpu_hour=Decimal("4.10"),

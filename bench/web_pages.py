@@ -409,7 +409,7 @@ def run_measurements(args: argparse.Namespace, tenants: list[str], now: datetime
     from billing.queries.periods import list_billing_periods
     from billing.queries.portal import WORKLOAD_TABLE_ROWS, get_tenant_portal, list_tenant_portals
     from billing.scope import get_scope
-    from billing.services.invoicing import preview_invoices
+    from billing.services.invoicing.close import preview_invoices
 
     if "testserver" not in settings.ALLOWED_HOSTS:
         settings.ALLOWED_HOSTS = [*settings.ALLOWED_HOSTS, "testserver"]

@@ -10,7 +10,7 @@ from django.conf import settings
 from django.core.checks import CheckMessage, Error, Tags, Warning, register
 
 from billing.ledger.retention import RetentionPolicy
-from billing.services.admission_auth import HOW_TO_CONFIGURE, load_admission_credentials
+from billing.services.identity import HOW_TO_CONFIGURE, load_admission_credentials
 
 __all__ = ["check_admission_credentials", "check_invoice_issuer", "check_node_identity", "check_retention",
            "check_webhook_allow_list"]
@@ -57,7 +57,7 @@ def check_webhook_allow_list(app_configs: Any = None, **kwargs: Any) -> list[Che
 
 @register(Tags.security)
 def check_node_identity(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
-    """ServiceAccount-token settings (billing/services/node_identity.py) that would refuse every
+    """ServiceAccount-token settings (billing/services/identity/node_identity.py) that would refuse every
     agent, or keep a refused pod's token working long after its pod is gone."""
     if not settings.VGPU_NODE_TOKENREVIEW:
         return []

@@ -38,10 +38,10 @@ from prometheus_client.registry import Collector
 from billing.ledger.gpu_metrics import gpu_hour_state, known_clusters
 from billing.ledger.retention import get_retention_state
 from billing.queries.ledger_state import PERIOD_STATES, get_ledger_state
-from billing.services.bearer import configured_token
-from billing.services.gpu_models import count_unapproved_gpus
-from billing.services.rebalance import count_executions
-from billing.services.tenant_mapping import count_claim_mismatches_by_node
+from billing.services.fleet import count_executions
+from billing.services.identity import configured_token
+from billing.services.ingest import count_claim_mismatches_by_node
+from billing.services.pricing import count_unapproved_gpus
 
 __all__ = [
     "ADMISSION_RESULTS",

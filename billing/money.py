@@ -21,7 +21,9 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from decimal import ROUND_FLOOR, ROUND_HALF_EVEN, Context, Decimal, localcontext
+from decimal import ROUND_FLOOR, ROUND_HALF_EVEN, Context, Decimal, InvalidOperation, localcontext
+
+from django.utils.formats import number_format
 
 from billing.currencies import MINOR_UNITS
 
@@ -37,6 +39,7 @@ __all__ = [
     "from_minor_units",
     "ledger_amount",
     "minor_unit_exponent",
+    "money_text",
     "quantity_text",
     "round_parts",
     "round_quantities",
@@ -87,6 +90,19 @@ def display_amount(amount: Decimal, currency: str = "") -> Decimal:
     unknown or empty currency shows 2 places. Stored amounts are never rounded here."""
     with localcontext(_CONTEXT):
         return amount.quantize(Decimal(1).scaleb(-minor_unit_exponent(currency)), rounding=ROUND_HALF_EVEN)
+
+
+def money_text(value: object, currency: str = "") -> str:
+    """An amount as pages and PDFs show it: `display_amount`, then grouping and separators in the
+    active language ("1,234.57 USD"); an empty string for None, so a missing figure never shows as 0."""
+    if value is None or value == "":
+        return ""
+    try:
+        amount = display_amount(Decimal(str(value)), currency)
+    except InvalidOperation:
+        return str(value)
+    text = number_format(amount, minor_unit_exponent(currency), use_l10n=True, force_grouping=True)
+    return f"{text} {currency}".strip()
 
 
 def allocate(total: Decimal, weights: Sequence[Decimal]) -> list[Decimal]:

@@ -21,21 +21,22 @@ from billing.ledger.partitions import ensure_raw_partitions as _ensure_raw_parti
 from billing.ledger.retention import apply_retention as _apply_retention
 from billing.ledger.statistics import analyze_stale_partitions as _analyze_stale_partitions
 from billing.models import Budget
-from billing.services.budgets import evaluate_budgets as _evaluate_budgets
-from billing.services.budgets import sign_webhook, webhook_body
-from billing.services.exports.focus_dataset import write_changing_months
-from billing.services.invoicing import close_period as _close_period
-from billing.services.quarantine import run_rollup
-from billing.services.rebalance import kube_from_settings, run_execution
-from billing.services.rebalance import propose_rebalance as _propose
-from billing.services.reports import run_paired_report as _run_paired_report
-from billing.services.webhooks import (
+from billing.services.budgets import (
     DestinationRefused,
     parse_allow_list,
     post_to_destination,
     record_webhook_refusal,
     resolve_destination,
+    sign_webhook,
+    webhook_body,
 )
+from billing.services.budgets import evaluate_budgets as _evaluate_budgets
+from billing.services.exports import write_changing_months
+from billing.services.fleet import kube_from_settings, run_execution
+from billing.services.fleet import propose_rebalance as _propose
+from billing.services.ingest import run_rollup
+from billing.services.invoicing import close_period as _close_period
+from billing.services.savings import run_paired_report as _run_paired_report
 
 log = logging.getLogger(__name__)
 
@@ -176,7 +177,7 @@ def send_budget_email(budget_id: int, payload: dict[str, object]) -> int:
              autoretry_for=(urllib3.exceptions.HTTPError, WebhookRetry), retry_backoff=True, retry_jitter=True,
              max_retries=8)
 def deliver_budget_webhook(budget_id: int, payload: dict[str, object]) -> int | None:
-    """POST the HMAC-signed event to the destination checked at send time (billing/services/webhooks.py);
+    """POST the HMAC-signed event to the destination checked at send time (billing/services/budgets/webhooks.py);
     retried with backoff on network errors, 429 and 5xx. A refused destination or a redirect is
     audited and not retried: only an admin can change either."""
     budget = Budget.objects.select_related("tenant").filter(pk=budget_id).first()

@@ -150,7 +150,7 @@ AXES_CLIENT_IP_CALLABLE = "billing.web.lockout.client_address"
 AXES_USERNAME_CALLABLE = "billing.web.lockout.attempted_username"
 VGPU_LOGIN_CLIENT_IP_META = os.environ.get("VGPU_LOGIN_CLIENT_IP_META", "").strip()
 # Failed bearer-token authentications (node, API, admission tokens) per client address, the same
-# address as above (billing.services.auth_throttle): the failure that reaches the limit blocks the
+# address as above (billing.services.identity.auth_throttle): the failure that reaches the limit blocks the
 # address's unknown tokens for the cool-off (429, Retry-After, no database look-up); tokens known
 # valid keep working, so a guesser behind a NAT does not lock out the healthy nodes behind it.
 VGPU_AUTH_FAILURE_LIMIT = int(os.environ.get("VGPU_AUTH_FAILURE_LIMIT", "20"))
@@ -234,7 +234,7 @@ VGPU_INGEST_MAX_SAMPLES = int(os.environ.get("VGPU_INGEST_MAX_SAMPLES", "200_000
 # invoiced becomes an adjustment on a later invoice.
 VGPU_LATE_USAGE_HORIZON = timedelta(days=int(os.environ.get("VGPU_LATE_USAGE_HORIZON_DAYS", "45")))
 VGPU_INGEST_MAX_CLOCK_SKEW = timedelta(seconds=int(os.environ.get("VGPU_INGEST_MAX_CLOCK_SKEW_S", "120")))
-# The tenant of a sample in a namespace no tenant lists (billing.services.tenant_mapping): "namespace"
+# The tenant of a sample in a namespace no tenant lists (billing.services.ingest.tenant_mapping): "namespace"
 # (the default) bills it to the tenant named like the namespace, so a node cannot bill a tenant by
 # naming it; "claim" trusts the tenant the node's sample names, for a deployment that has not yet
 # listed its namespaces. A namespace a tenant lists is always that tenant's, whatever the node claims.
@@ -356,7 +356,7 @@ VGPU_REBALANCE_MAX_MOVES = int(os.environ.get("VGPU_REBALANCE_MAX_MOVES", "10"))
 VGPU_REBALANCE_WINDOW_HOURS = int(os.environ.get("VGPU_REBALANCE_WINDOW_HOURS", "24"))
 VGPU_KUBE_API = os.environ.get("VGPU_KUBE_API", "")
 
-# Admission webhook: the API server must authenticate (billing/services/admission_auth.py), with
+# Admission webhook: the API server must authenticate (billing/services/identity/admission_auth.py), with
 # the bearer token (inline, or a file such as a mounted Secret) or a client certificate checked by
 # the TLS-terminating proxy, which passes its subject DN in the named header. With none of them
 # every review answers 401. Also: what to answer when the budget cannot be checked (default:
@@ -399,7 +399,7 @@ VGPU_METRICS_TOKEN_FILE = os.environ.get("VGPU_METRICS_TOKEN_FILE", "")
 # (comma-separated): the web pod's webhook container counts admission reviews in its own.
 VGPU_METRICS_MORE_DIRS = os.environ.get("VGPU_METRICS_MORE_DIRS", "")
 
-# Budget webhooks go only to public addresses (billing/services/webhooks.py) unless this list
+# Budget webhooks go only to public addresses (billing/services/budgets/webhooks.py) unless this list
 # names the host, the address or a network holding it: comma-separated, e.g.
 # "hooks.internal,10.20.0.0/16". The demo lists its loopback receiver.
 VGPU_WEBHOOK_ALLOWED_HOSTS = [h.strip() for h in os.environ.get("VGPU_WEBHOOK_ALLOWED_HOSTS", "").split(",")

@@ -17,7 +17,7 @@ from django.test import Client
 from billing.ledger.models import GpuHour, UsageHour
 from billing.ledger.rollup import rebuild_days
 from billing.models import Tenant, TenantMembership
-from billing.services.tokens import IssuedToken, issue_node_token
+from billing.services.identity.tokens import IssuedToken, issue_node_token
 from tests import clock
 from tests.demo_process import Demo, demo_environment, running_demo
 
@@ -212,7 +212,7 @@ def _forget_per_process_ingest_caches():
     """Ingest remembers, per process, partitions it created and inventory it wrote recently;
     flushes between tests remove those rows, so each test starts with empty memories."""
     from billing.ledger import batches, partitions
-    from billing.services import tokens
+    from billing.services.identity import tokens
 
     batches._seen.clear()
     partitions._known.clear()
@@ -227,7 +227,7 @@ def _forget_auth_throttle() -> None:
     import redis
     from django.conf import settings
 
-    from billing.services import auth_throttle
+    from billing.services.identity import auth_throttle
 
     auth_throttle._refreshed.clear()
     client = redis.Redis.from_url(settings.REDIS_URL)

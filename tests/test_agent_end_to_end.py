@@ -32,10 +32,10 @@ from agents.spool import Spool
 from billing.ledger.rollup import rollup_usage
 from billing.models import AuditEvent, RateCard, SlaTier, Tenant, UndeliveredBatch
 from billing.queries.undelivered import count_open_undelivered
-from billing.services.api_tokens import issue_api_token
-from billing.services.budgets import evaluate_budgets, set_budget
+from billing.services.budgets.spend import evaluate_budgets, set_budget
 from billing.services.demo import A100_80GB_MODEL
-from billing.services.tokens import issue_node_token
+from billing.services.identity.api_tokens import issue_api_token
+from billing.services.identity.tokens import issue_node_token
 from tests import clock
 from tests.conftest import iso, make_batch
 

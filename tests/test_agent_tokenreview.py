@@ -27,8 +27,8 @@ from agents.fakes.kube import FakeKubernetes
 from agents.spool import Spool
 from billing.ledger.models import UsageBatch
 from billing.models import AuditEvent, Node
-from billing.services import node_identity
 from billing.services.demo import A100_80GB_MODEL
+from billing.services.identity import node_identity
 from tests import clock
 
 REPO = Path(__file__).resolve().parents[1]

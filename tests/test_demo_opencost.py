@@ -10,7 +10,7 @@ import pytest
 import requests
 
 from billing.scope import FINANCE_GROUP
-from billing.services.api_tokens import issue_api_token
+from billing.services.identity.api_tokens import issue_api_token
 from config.demo_opencost import DEFAULT_PORT, OpenCostPort, port_from_env
 from tests import clock
 from tests.conftest import user_in

@@ -21,7 +21,7 @@ from billing.ledger.models import GpuMinute, UsageBatch, UsageMinute
 from billing.ledger.rollup import rollup_usage
 from billing.models import RateCard
 from billing.services.demo import A100_80GB_MODEL
-from billing.services.tokens import issue_node_token
+from billing.services.identity.tokens import issue_node_token
 from tests import clock
 
 NODE = "e2e-node"

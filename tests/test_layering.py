@@ -36,6 +36,7 @@ REGISTRATION = "billing/models/__init__.py"
 
 LAYERS_CONTRACT = "billing layers: edges -> queries -> services -> ledger -> models"
 LEDGER_MODELS_CONTRACT = "only billing.ledger imports the ledger's models"
+DOMAINS_CONTRACT = "billing's domains meet only through each other's facade"
 
 
 def _service_modules() -> list[Path]:
@@ -141,9 +142,33 @@ def test_only_the_ledger_may_import_its_models() -> None:
     assert packages - {"billing.ledger", "billing.migrations"} <= set(contract["source_modules"])
 
 
-def test_no_contract_ignores_an_import_but_the_registration() -> None:
+def test_no_contract_ignores_an_import_but_the_registration_and_the_facades() -> None:
     for name, contract in _contracts().items():
+        if name == DOMAINS_CONTRACT:
+            continue
         assert contract.get("ignore_imports", []) in ([], ["billing.models -> billing.ledger.models"]), name
+
+
+def test_every_service_module_is_in_a_domain_and_only_facades_are_ignored() -> None:
+    """The domains contract ignores exactly "anything -> a domain's facade", and every module of
+    billing.services is a domain or one of the two shared modules."""
+    contract = _contracts()[DOMAINS_CONTRACT]
+    domains = set(contract["modules"])
+    assert set(contract["ignore_imports"]) == {f"billing.services.** -> {d}" for d in domains if d != "billing.services.demo"}
+    on_disk = {f"billing.services.{p.stem}" for p in (ROOT / "billing" / "services").iterdir()
+               if (p.suffix == ".py" and p.stem != "__init__") or (p / "__init__.py").exists()}
+    assert on_disk == domains | {"billing.services.audit", "billing.services.input_limits"}
+
+
+def test_a_domain_reaching_into_another_domain_breaks_the_contract(tree_copy: Path) -> None:
+    (tree_copy / "billing" / "services" / "fleet" / "layering_probe.py").write_text(
+        "import billing.services.pricing\nimport billing.services.pricing.rate_cards\n")
+    result = _lint_imports(tree_copy)
+    assert result.returncode != 0
+    assert f"{DOMAINS_CONTRACT} BROKEN" in result.stdout
+    assert "billing.services.fleet.layering_probe -> billing.services.pricing.rate_cards" in result.stdout
+    # Through the facade is the way in: the first import alone is not reported.
+    assert "billing.services.fleet.layering_probe -> billing.services.pricing (l.1)" not in result.stdout
 
 
 def _lint_imports(cwd: Path) -> subprocess.CompletedProcess[str]:
@@ -154,7 +179,7 @@ def _lint_imports(cwd: Path) -> subprocess.CompletedProcess[str]:
 def test_the_import_contracts_hold() -> None:
     result = _lint_imports(ROOT)
     assert result.returncode == 0, result.stdout + result.stderr
-    for name in (LAYERS_CONTRACT, LEDGER_MODELS_CONTRACT):
+    for name in (LAYERS_CONTRACT, LEDGER_MODELS_CONTRACT, DOMAINS_CONTRACT):
         assert f"{name} KEPT" in result.stdout
 
 

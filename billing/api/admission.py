@@ -16,10 +16,9 @@ from billing.api.errors import domain_error_response
 from billing.api.openapi import ERRORS, AdmissionSchema, errors
 from billing.errors import DomainError, FieldError, InvalidBatch, NotAuthenticated, Overloaded
 from billing.metrics import count_admission_review
-from billing.services.admission import AdmissionDecision, review_pod
-from billing.services.admission_auth import authenticate_admission_caller, load_admission_credentials
-from billing.services.api_schemas import admission_reply_schema, admission_review_schema
-from billing.services.auth_throttle import client_address_of
+from billing.services.budgets import AdmissionDecision, review_pod
+from billing.services.identity import authenticate_admission_caller, client_address_of, load_admission_credentials
+from billing.services.ingest import admission_reply_schema, admission_review_schema
 
 __all__ = ["PodAdmissionView"]
 
@@ -28,7 +27,7 @@ log = logging.getLogger(__name__)
 
 class PodAdmissionView(APIView):  # type: ignore[misc]  # DRF ships no type hints
     # Called by the Kubernetes API server, not by browsers or agents; it authenticates with the
-    # webhook kubeconfig's bearer token or a client certificate (billing/services/admission_auth.py).
+    # webhook kubeconfig's bearer token or a client certificate (billing/services/identity/admission_auth.py).
     authentication_classes: list[type] = []
     permission_classes: list[type] = []
     parser_classes: list[type] = []

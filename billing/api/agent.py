@@ -18,14 +18,18 @@ from billing.api.openapi import NodeTokenSchema, errors
 from billing.errors import DomainError, Overloaded, PayloadTooLarge
 from billing.metrics import count_ingest_answer, count_ingested_samples
 from billing.models import Node
-from billing.services.api_schemas import node_events_schema, node_policy_schema, undelivered_report_schema
-from billing.services.auth_throttle import client_address_of
-from billing.services.batch_schema import usage_batch_schema
-from billing.services.ingest import decode_body, record_usage_batch
-from billing.services.node_events import record_node_events
-from billing.services.policy import get_node_policy
-from billing.services.tokens import authenticate_node
-from billing.services.undelivered import record_undelivered_batches
+from billing.services.identity import authenticate_node, client_address_of
+from billing.services.ingest import (
+    decode_body,
+    get_node_policy,
+    node_events_schema,
+    node_policy_schema,
+    record_node_events,
+    record_undelivered_batches,
+    record_usage_batch,
+    undelivered_report_schema,
+    usage_batch_schema,
+)
 
 __all__ = ["NodeEventsView", "NodePolicyView", "NodeUndeliveredView", "UsageBatchView"]
 
@@ -50,7 +54,7 @@ _JSON_REFUSED = {
 
 class _AgentView(APIView):  # type: ignore[misc]  # DRF ships no type hints
     # Agents authenticate with bearer tokens, not sessions: a node token or their Kubernetes
-    # ServiceAccount token (billing.services.tokens.authenticate_node dispatches). No CSRF
+    # ServiceAccount token (billing.services.identity.tokens.authenticate_node dispatches). No CSRF
     # applies and DRF's own authentication is bypassed.
     authentication_classes: list[type] = []
     permission_classes: list[type] = []

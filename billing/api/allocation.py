@@ -41,7 +41,7 @@ from billing.api.allocation_params import (
 from billing.ledger import allocation as ledger
 from billing.queries.allocation import (
     LABEL_PREFIX,
-    Allocation,
+    CostAllocation,
     ParameterError,
     Window,
     align_window,
@@ -105,7 +105,7 @@ def _window(window: Window) -> dict[str, str]:
     return {"start": _iso(window.start), "end": _iso(window.end)}
 
 
-def _properties(allocation: Allocation) -> dict[str, Any]:
+def _properties(allocation: CostAllocation) -> dict[str, Any]:
     """OpenCost's AllocationProperties: labels under `labels`, annotations under `annotations`,
     `controller` the bare name beside `controllerKind` (the allocation's name keeps `kind:name`),
     `service` as OpenCost's `services` list."""
@@ -147,7 +147,7 @@ class _Gpu:
     efficiency: float
 
 
-def _gpu(allocation: Allocation) -> _Gpu:
+def _gpu(allocation: CostAllocation) -> _Gpu:
     hours = allocation.minutes / 60
     count = allocation.gpu_hours / hours if hours > 0 and not allocation.is_idle else Decimal(0)
     # SM-seconds used over SM-seconds granted: the card share the workload kept busy.
@@ -156,7 +156,7 @@ def _gpu(allocation: Allocation) -> _Gpu:
     return _Gpu(count=float(count), usage=float(count * efficiency), efficiency=float(efficiency))
 
 
-def _render(allocation: Allocation, window: Window) -> dict[str, Any]:
+def _render(allocation: CostAllocation, window: Window) -> dict[str, Any]:
     gpu = _gpu(allocation)
     idle_in_cost = allocation.total_cost if allocation.is_idle else allocation.shared_idle_cost
     body: dict[str, Any] = {
@@ -204,7 +204,7 @@ def _render(allocation: Allocation, window: Window) -> dict[str, Any]:
 
 
 # OpenCost's SummaryAllocation: the fields its summary endpoints write.
-def _summary(allocation: Allocation, window: Window) -> dict[str, Any]:
+def _summary(allocation: CostAllocation, window: Window) -> dict[str, Any]:
     full = _render(allocation, window)
     keep = ("name", "properties", "window", "start", "end", "cpuCoreRequestAverage", "cpuCoreUsageAverage",
             "cpuCost", "cpuCostIdle", "gpuRequestAverage", "gpuUsageAverage", "gpuCost", "gpuCostIdle",
@@ -273,7 +273,7 @@ def _parse(request: Request) -> _Query:
     )
 
 
-def _sets(request: Request, q: _Query) -> list[tuple[dict[str, Allocation], Window]]:
+def _sets(request: Request, q: _Query) -> list[tuple[dict[str, CostAllocation], Window]]:
     sets = allocation_sets(get_scope(request.user), window=q.window, aggregate=q.aggregate, step=q.step,
                            accumulate=q.accumulate, include_idle=q.include_idle, share_idle=q.share_idle,
                            idle_by_node=q.idle_by_node, split_idle=q.split_idle, filters=q.filters, tree=q.tree)

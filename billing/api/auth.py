@@ -15,9 +15,7 @@ from rest_framework.authentication import BaseAuthentication
 from rest_framework.request import Request
 
 from billing.errors import NotAuthenticated, Overloaded
-from billing.services.api_tokens import authenticate_api_token
-from billing.services.auth_throttle import client_address_of
-from billing.services.tokens import API_TOKEN_PREFIX
+from billing.services.identity import API_TOKEN_PREFIX, authenticate_api_token, client_address_of
 
 __all__ = ["ApiTokenAuthentication"]
 
@@ -34,7 +32,7 @@ class ApiTokenAuthentication(BaseAuthentication):  # type: ignore[misc]  # DRF s
         try:
             user = authenticate_api_token(token, now=timezone.now(), client=client_address_of(request.META))
         except Overloaded as exc:
-            # Too many failures from this address (billing.services.auth_throttle): DRF's 429, with
+            # Too many failures from this address (billing.services.identity.auth_throttle): DRF's 429, with
             # Retry-After, in the API's error shape like the 401 below.
             raise exceptions.Throttled(wait=exc.retry_after_s, detail=str(exc)) from exc
         except NotAuthenticated as exc:

@@ -17,7 +17,7 @@ from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
 
 from billing import errors
-from billing.services.node_identity import KubeApiUnavailable
+from billing.services.identity import KubeApiUnavailable
 
 __all__ = ["QUEUE_DOWN", "OutageMiddleware", "domain_error_response", "exception_handler"]
 

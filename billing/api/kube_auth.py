@@ -37,9 +37,7 @@ from rest_framework import exceptions
 from rest_framework.authentication import BaseAuthentication
 from rest_framework.request import Request
 
-from billing.services.kube_api import create_token_review
-from billing.services.node_identity import KubeApiUnavailable
-from billing.services.tokens import API_TOKEN_PREFIX, TOKEN_PREFIX
+from billing.services.identity import API_TOKEN_PREFIX, TOKEN_PREFIX, KubeApiUnavailable, create_token_review
 
 __all__ = ["KubeServiceAccountAuthentication", "clear_client_review_cache", "parse_client_map"]
 

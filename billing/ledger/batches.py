@@ -130,7 +130,7 @@ def overlap_message(batch: ValidatedBatch) -> str:
 def _claim_gpus(cur: CursorWrapper, *, node: Node, columns: tuple[list[str], list[str], list[int], list[int]],
                 now: datetime) -> None:
     """A GPU belongs to the first node that declares it, until an admin reassigns it
-    (billing.services.gpu_ownership). Another node's batch naming it is refused before anything
+    (billing.services.fleet.gpu_ownership). Another node's batch naming it is refused before anything
     is stored, so it can neither bill usage to that GPU nor block its owner's windows."""
     owners = _owners(cur, columns[0])
     if len(owners) < len(columns[0]):  # a GPU seen for the first time: claim it, then look again

@@ -183,7 +183,7 @@ class UsageBatch(models.Model):
     # Set by the rollup once the batch's minutes and hours are in the ledgers.
     rolled_up_at = models.DateTimeField(null=True, blank=True)
     # Set when the rollup could not roll the batch up: its samples stay out of the ledger, and
-    # out of every other batch's way, until an operator re-drives it (billing.services.quarantine).
+    # out of every other batch's way, until an operator re-drives it (billing.services.ingest.rollup).
     quarantined_at = models.DateTimeField(null=True, blank=True)
     quarantine_error = models.TextField(blank=True, default="", db_default="")
 

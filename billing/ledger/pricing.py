@@ -1,4 +1,6 @@
-"""Pricing of one GPU window (docs/billing.md). Pure: no ORM, no clock.
+"""Pricing: how usage is priced (docs/billing.md).
+
+One GPU window:
 
     p = price_per_gpu_hour / 3600                       (price per GPU-second)
     share_i = α · M_i / memory_mb + (1 − α) · S_i / sm_count     (GPU-seconds)
@@ -9,17 +11,34 @@ M_i and S_i are the workload's billed MB·s and SM·s: max(used, granted) by def
 `granted` / `used`. A workload holding the whole card for s seconds pays exactly p × s.
 Under the `proportional` idle policy the idle amount is spread over the window's
 workloads pro rata to their charge; with no workload it stays with the platform.
+
+This module is the one home of how usage is priced: the formula above (pure: no ORM, no clock) and
+which rate card prices a GPU-minute (`load_rate_cards`, `RateCards.card_for`: the card of the GPU's
+model in force at that minute). billing.services.pricing manages the cards themselves (who may
+create, end or retire one, and re-pricing the ledger when one changes).
 """
 
 from __future__ import annotations
 
+from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from decimal import Context, Decimal, localcontext
 
+from billing.models import RateCard
 from billing.money import allocate, ledger_amount
 
-__all__ = ["GpuWindowUsage", "PricedWindow", "Rate", "WorkloadQuantities", "price_gpu_window"]
+__all__ = [
+    "GpuWindowUsage",
+    "PricedCard",
+    "PricedWindow",
+    "Rate",
+    "RateCards",
+    "WorkloadQuantities",
+    "load_rate_cards",
+    "price_gpu_window",
+]
 
 _CONTEXT = Context(prec=50)
 _SECONDS_PER_HOUR = Decimal(3600)
@@ -129,3 +148,41 @@ def price_gpu_window(*, window: GpuWindowUsage, rate: Rate) -> PricedWindow:
         idle_cost=idle_cost,
         idle_shares=tuple(idle_shares),
     )
+
+
+@dataclass(frozen=True)
+class PricedCard:
+    """A rate card as the rollup applies it: its rate over [start, end)."""
+
+    id: int
+    start: datetime
+    end: datetime | None
+    currency: str
+    rate: Rate
+
+
+@dataclass(frozen=True)
+class RateCards:
+    """Every rate card, by GPU model, in effective order, read once per rollup."""
+
+    by_model: dict[str, list[PricedCard]]
+
+    def card_for(self, model: str, minute: datetime) -> PricedCard | None:
+        """The card of `model` in force at `minute`; None leaves the minute unpriced (billed at 0,
+        listed as unpriced usage until a card covers it)."""
+        for card in self.by_model.get(model, ()):
+            if card.start <= minute and (card.end is None or minute < card.end):
+                return card
+        return None
+
+
+def load_rate_cards() -> RateCards:
+    """The rate-card table as `RateCards`. The rollup reads it under the ledger lock, so no
+    rate-card change commits between this read and the rows it prices."""
+    cards: dict[str, list[PricedCard]] = defaultdict(list)
+    for rc in RateCard.objects.order_by("effective_from"):
+        cards[rc.gpu_model].append(
+            PricedCard(id=rc.pk, start=rc.effective_from, end=rc.effective_to, currency=rc.currency,
+                       rate=Rate(price_per_gpu_hour=rc.price_per_gpu_hour, alpha=rc.alpha,
+                                 billed_basis=rc.billed_basis, idle_policy=rc.idle_policy)))
+    return RateCards(by_model=dict(cards))

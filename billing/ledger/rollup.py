@@ -24,7 +24,7 @@ connection and leaves nothing half-applied):
 Work is sharded by node: shard k of N rolls the nodes with node_id % N == k (billing.tasks fans
 the beat's cycle out into N shard tasks). A batch that cannot be rolled up is quarantined, never
 allowed to stop the others: the ledger marks it and hands it to the caller's `on_quarantine`,
-which records the audit event in the same transaction (billing.services.quarantine).
+which records the audit event in the same transaction (billing.services.ingest.rollup).
 """
 
 from __future__ import annotations
@@ -45,11 +45,17 @@ from django.db.backends.utils import CursorWrapper
 from billing.errors import InvalidInput
 from billing.ledger.locks import lock_ledger, try_lock_ledger_shared
 from billing.ledger.partitions import days_between, ensure_minute_partitions, partition_name
-from billing.ledger.pricing import GpuWindowUsage, Rate, WorkloadQuantities, price_gpu_window
+from billing.ledger.pricing import (
+    GpuWindowUsage,
+    Rate,
+    RateCards,
+    WorkloadQuantities,
+    load_rate_cards,
+    price_gpu_window,
+)
 from billing.ledger.reads import fetch_rows
 from billing.ledger.retention import require_raw_samples
 from billing.ledger.statistics import analyze_stale_partitions
-from billing.models import RateCard
 
 __all__ = [
     "QuarantinedBatch",
@@ -116,15 +122,6 @@ _SKIPPED = RollupResult(batches=0, gpu_minutes=0, gpu_hours=0, skipped=True)
 
 
 @dataclass(frozen=True)
-class _Card:
-    id: int
-    start: datetime
-    end: datetime | None
-    currency: str
-    rate: Rate
-
-
-@dataclass(frozen=True)
 class _Window:
     """A GPU's card over one minute: what its batch GPU rows declared, and the seconds they cover."""
 
@@ -132,23 +129,6 @@ class _Window:
     memory_mb: int
     sm_count: int
     seconds: Decimal
-
-
-def _load_cards() -> dict[str, list[_Card]]:
-    cards: dict[str, list[_Card]] = defaultdict(list)
-    for rc in RateCard.objects.order_by("effective_from"):
-        cards[rc.gpu_model].append(
-            _Card(id=rc.pk, start=rc.effective_from, end=rc.effective_to, currency=rc.currency,
-                  rate=Rate(price_per_gpu_hour=rc.price_per_gpu_hour, alpha=rc.alpha,
-                            billed_basis=rc.billed_basis, idle_policy=rc.idle_policy)))
-    return cards
-
-
-def _card_for(cards: dict[str, list[_Card]], model: str, minute: datetime) -> _Card | None:
-    for card in cards.get(model, ()):
-        if card.start <= minute and (card.end is None or minute < card.end):
-            return card
-    return None
 
 
 # --------------------------------------------------------------------------------------------
@@ -222,7 +202,7 @@ def _roll_up_nodes(node_ids: list[int], *, now: datetime, max_batches: int,
         if not batch_ids:  # another worker rolled these nodes up between the listing and the lock
             return RollupResult(batches=0, gpu_minutes=0, gpu_hours=0, skipped=skipped)
         _tune_transaction(cur)
-        cards = _load_cards()  # under the ledger lock: no rate-card change commits meanwhile
+        cards = load_rate_cards()  # under the ledger lock: no rate-card change commits meanwhile
         try:
             with transaction.atomic():
                 minutes, hours = _roll_up(cur, batch_ids, now=now, cards=cards)
@@ -268,7 +248,7 @@ def _tune_transaction(cur: CursorWrapper) -> None:
 
 
 def _roll_up(cur: CursorWrapper, batch_ids: list[int], *, now: datetime,
-             cards: dict[str, list[_Card]]) -> tuple[int, int]:
+             cards: RateCards) -> tuple[int, int]:
     """Recompute the node-GPU-minutes that `batch_ids` touch, and mark them rolled up."""
     cur.execute("SELECT node_id, gpu_uuid, window_start, window_end FROM billing_batchgpu "
                 "WHERE batch_id = ANY(%s)", [batch_ids])
@@ -281,7 +261,7 @@ def _roll_up(cur: CursorWrapper, batch_ids: list[int], *, now: datetime,
 
 
 def _roll_up_one_by_one(cur: CursorWrapper, batch_ids: list[int], *, now: datetime,
-                        cards: dict[str, list[_Card]], on_quarantine: OnQuarantine | None) -> RollupResult:
+                        cards: RateCards, on_quarantine: OnQuarantine | None) -> RollupResult:
     """Each batch alone, oldest first: the batches after it are still pending, so left out. A batch
     fails here only for what it carries itself, never for a poisoned neighbour in the same
     GPU-minute. The last recompute of a minute includes every good batch of it, so the ledger ends
@@ -310,7 +290,7 @@ def _quarantine(cur: CursorWrapper, batch_id: int, *, error: str, now: datetime,
 
 def quarantine_batch(*, batch_id: int, error: str, now: datetime) -> QuarantinedBatch:
     """Keep a batch out of the ledger with its error, inside the caller's transaction (the caller
-    audits it: billing.services.quarantine)."""
+    audits it: billing.services.ingest.rollup)."""
     with connection.cursor() as cur:
         return _mark_quarantined(cur, batch_id=batch_id, error=error, now=now)
 
@@ -359,7 +339,7 @@ def rebuild_ledger(*, start: datetime, end: datetime) -> RollupResult:
         lock_ledger()
         require_raw_samples(start=start)  # retention may have dropped the samples: refuse, never guess
         _tune_transaction(cur)
-        cards = _load_cards()
+        cards = load_rate_cards()
         cur.execute(
             "SELECT node_id, gpu_uuid, greatest(window_start, %s), least(window_end, %s) FROM billing_batchgpu "
             "WHERE window_start < %s AND window_end > %s",
@@ -401,7 +381,7 @@ _UNNEST = "unnest(%s::bigint[], %s::varchar[], %s::timestamptz[])"
 
 
 def _recompute(cur: CursorWrapper, affected: set[Key], *, rolling: Sequence[int],
-               cards: dict[str, list[_Card]]) -> tuple[int, int]:
+               cards: RateCards) -> tuple[int, int]:
     """Replace the minute rows of `affected` (node, GPU, minute), then their hours and days. Reads
     the batches of those nodes that are rolled up and not quarantined, plus `rolling` (the ones
     being rolled up)."""
@@ -507,14 +487,14 @@ def _workloads(cur: CursorWrapper, nodes: list[int], gpus: list[str], lo: dateti
 
 
 def _priced_rows(windows: dict[Key, _Window], workloads: dict[Key, list[tuple[Any, ...]]],
-                 cards: dict[str, list[_Card]]) -> tuple[io.StringIO, io.StringIO]:
+                 cards: RateCards) -> tuple[io.StringIO, io.StringIO]:
     """COPY text of the minute rows: each GPU-minute priced by the card in force (docs/billing.md, Rate cards)."""
     usage_lines: list[str] = []
     gpu_lines: list[str] = []
     no_rate = Rate(price_per_gpu_hour=Decimal(0))
     for (node_id, gpu_uuid, minute), w in windows.items():
         rows = workloads.get((node_id, gpu_uuid, minute), [])
-        card = _card_for(cards, w.model, minute)
+        card = cards.card_for(w.model, minute)
         priced = price_gpu_window(
             window=GpuWindowUsage(memory_mb=w.memory_mb, sm_count=w.sm_count, metered_seconds=w.seconds,
                                   workloads=[WorkloadQuantities(mem_used_mb_s=r[7], mem_granted_mb_s=r[8],

@@ -1,6 +1,6 @@
 """The raw sample table, range-partitioned by UTC day on `start`.
 
-Not a Django model: it is written only with COPY (billing.services.ingest) and read only
+Not a Django model: it is written only with COPY (billing.services.ingest.batches) and read only
 by the rollup's SQL. Partitions are created ahead by a beat task and on demand by ingest
 (billing.ledger.partitions); retention drops whole partitions.
 """

@@ -1,4 +1,4 @@
-# API tokens for the read API (billing/services/api_tokens.py, docs/api.md).
+# API tokens for the read API (billing/services/identity/api_tokens.py, docs/api.md).
 
 import django.db.models.deletion
 from django.conf import settings

@@ -22,7 +22,7 @@ class Node(models.Model):
     # "" until an agent that knows it uploads. A pod's cluster is its node's: one place for it.
     cluster = models.CharField(max_length=253, blank=True, default="", db_default="")
     # Samples whose claimed tenant differed from the one the service maps their namespace to
-    # (billing.services.tenant_mapping): billed to the mapped tenant, counted here so an admin sees
+    # (billing.services.ingest.tenant_mapping): billed to the mapped tenant, counted here so an admin sees
     # a node that claims other tenants' usage (the nodes page, /metrics).
     tenant_claim_mismatches = models.PositiveBigIntegerField(default=0, db_default=0)
     last_tenant_claim_mismatch_at = models.DateTimeField(null=True, blank=True)

@@ -125,7 +125,7 @@ class CreditNote(models.Model):
     """A correction of an issued invoice: its own document, numbered in its own sequence
     (CN-YYYY-NNNN by year of issue), immutable once written (migration trigger: no update, no
     delete). It credits a net amount and the tax on it; the credits of an invoice never exceed the
-    invoice (billing.services.credit_notes)."""
+    invoice (billing.services.invoicing.credit_notes)."""
 
     number = models.CharField(max_length=32, unique=True)
     invoice = models.ForeignKey(Invoice, on_delete=models.PROTECT, related_name="credit_notes")

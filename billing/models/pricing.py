@@ -72,7 +72,7 @@ class GpuModel(models.Model):
     stored and metered all the same, but its GPUs are flagged and its usage stays unpriced until an
     admin approves the name and prices it; the close bills everything else meanwhile.
 
-    `name` is exactly as NVML reports it (billing.services.gpu_models.check_nvml_name). Retiring
+    `name` is exactly as NVML reports it (billing.services.pricing.gpu_models.check_nvml_name). Retiring
     keeps the row (and its audit trail); approving the name again clears `retired_at`."""
 
     name = models.CharField(max_length=96, unique=True)

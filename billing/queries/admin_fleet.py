@@ -14,8 +14,7 @@ from billing.ledger.state import list_quarantined_batches
 from billing.models import Gpu, GpuModel, Node, NodeToken, RateCard
 from billing.queries.undelivered import UndeliveredView, list_open_undelivered
 from billing.scope import Scope
-from billing.services.gpu_models import approved_gpu_models, unapproved_fleet_models
-from billing.services.rate_cards import known_gpu_models
+from billing.services.pricing import approved_gpu_models, known_gpu_models, unapproved_fleet_models
 
 __all__ = [
     "NODE_STALE_AFTER",

@@ -42,7 +42,7 @@ __all__ = [
     "LABEL_PREFIX",
     "MAX_SETS",
     "UNALLOCATED",
-    "Allocation",
+    "CostAllocation",
     "ParameterError",
     "Window",
     "accumulated",
@@ -86,8 +86,10 @@ class Window:
 
 
 @dataclass(frozen=True)
-class Allocation:
-    """One allocation of a set: a group of workloads (or `__idle__`) over the set's window, ledger units."""
+class CostAllocation:
+    """One allocation of a set, in OpenCost's sense: the cost of a group of workloads (or `__idle__`)
+    over the set's window, ledger units. (allocator's `Allocation` is the other meaning: the memory
+    and SM share a container is granted.)"""
 
     name: str
     properties: Mapping[str, str]  # aggregate key -> this group's value (label keys as "label:<name>")
@@ -256,7 +258,7 @@ def allocation_sets(  # noqa: PLR0912 - one branch per OpenCost option
     accumulate: bool | str | None = False, include_idle: bool = False, share_idle: bool = False,
     idle_by_node: bool = False, filters: Mapping[str, Sequence[str]] | None = None,
     tree: ledger.FilterTree | None = None, split_idle: bool = False,
-) -> list[dict[str, Allocation]]:
+) -> list[dict[str, CostAllocation]]:
     """One dict per set (name -> Allocation; one set with `accumulate` or no `step`), in time order,
     each sorted by name with idle last. `window` is aligned to whole hours first (align_window);
     `filters` maps aggregate keys (or `label:<name>`) to the values allowed. See the module
@@ -283,7 +285,7 @@ def allocation_sets(  # noqa: PLR0912 - one branch per OpenCost option
         raise ParameterError("step", gettext("must be a whole number of hours (the ledger's resolution)"))
     bounds = set_windows(window, step, unit)
     starts = [b.start for b in bounds] if len(bounds) > 1 else None
-    sets: list[dict[str, Allocation]] = [{} for _ in bounds]
+    sets: list[dict[str, CostAllocation]] = [{} for _ in bounds]
     if scope.tenants is not None and not scope.tenants:
         return sets
     platform = scope.sees_platform
@@ -309,7 +311,7 @@ def allocation_sets(  # noqa: PLR0912 - one branch per OpenCost option
         for keys, g in sorted(groups[i].items()):
             start = max(bound.start, g.first_hour)
             end = min(bound.end, g.last_hour + _HOUR)
-            sets[i][_name(keys)] = Allocation(
+            sets[i][_name(keys)] = CostAllocation(
                 name=_name(keys), properties=dict(zip(aggregate, keys, strict=True)), start=start, end=end,
                 minutes=_minutes(start, end), gpu_hours=g.share_gpu_s / _S_PER_H, gpu_cost=g.charge,
                 shared_idle_cost=g.idle, total_cost=g.charge + g.idle, currency=currency,
@@ -337,7 +339,7 @@ def _idle_name(r: ledger.IdleRow, *, split: bool, by_node: bool) -> tuple[str, d
     return f"{r.cluster}/{IDLE}", {"cluster": r.cluster}
 
 
-def _add_idle(one: dict[str, Allocation], name: str, properties: dict[str, str], bound: Window, r: ledger.IdleRow,  # noqa: PLR0917 - a private helper whose one caller passes its loop's state in order
+def _add_idle(one: dict[str, CostAllocation], name: str, properties: dict[str, str], bound: Window, r: ledger.IdleRow,  # noqa: PLR0917 - a private helper whose one caller passes its loop's state in order
               left: Decimal, currency: str) -> None:
     """Adds a card group's platform idle to the set's idle allocation `name` (merging nodes)."""
     gpu_hours = (r.metered_seconds - r.share_gpu_s) / _S_PER_H
@@ -346,7 +348,7 @@ def _add_idle(one: dict[str, Allocation], name: str, properties: dict[str, str],
         one[name] = replace(before, gpu_hours=before.gpu_hours + gpu_hours, gpu_cost=before.gpu_cost + left,
                             total_cost=before.total_cost + left)
         return
-    one[name] = Allocation(
+    one[name] = CostAllocation(
         name=name, properties=properties, start=bound.start, end=bound.end,
         minutes=_minutes(bound.start, bound.end), gpu_hours=gpu_hours,
         gpu_cost=left, shared_idle_cost=_ZERO, total_cost=left, currency=currency or r.currency,
@@ -367,9 +369,9 @@ def _merge_nodes(idle_rows: Sequence[ledger.IdleRow]) -> dict[tuple[datetime, st
     return out
 
 
-def accumulated(sets: Sequence[Mapping[str, Allocation]]) -> dict[str, Allocation]:
+def accumulated(sets: Sequence[Mapping[str, CostAllocation]]) -> dict[str, CostAllocation]:
     """The sets summed into one (what `accumulate=true` computes in one read), per name."""
-    out: dict[str, Allocation] = {}
+    out: dict[str, CostAllocation] = {}
     for one in sets:
         for name, a in one.items():
             b = out.get(name)

@@ -1,6 +1,6 @@
 """Budget status for pages, scoped like every tenant read.
 
-Spend and forecast are read live with the one definition (billing.services.budgets.get_month_spends)
+Spend and forecast are read live with the one definition (billing.services.budgets.spend.get_month_spends)
 the portal's month-to-date card uses too, so both show the same number; the state is the one the
 last evaluation acted on (evaluate_budgets runs every minute and on every budget change)."""
 

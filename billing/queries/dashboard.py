@@ -26,7 +26,7 @@ from billing.models import PairedReport, RebalancePlan
 from billing.models.rebalance import RebalanceStatus
 from billing.queries.finance import CostSummary, get_cost_summary_and_top
 from billing.scope import Scope
-from billing.services.report_pdf import CostComparison, savings_tables
+from billing.services.savings import CostComparison, savings_tables
 
 __all__ = [
     "HOURLY_UP_TO",

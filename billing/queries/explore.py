@@ -4,7 +4,7 @@ Each level is one aggregation of the allocation query (billing.queries.allocatio
 that sums the ledger by Kubernetes objects and labels), narrowed by the path walked so far and by
 the filters (label, node, GPU model, SLA tier); this module only names the levels, turns
 allocations into rows with efficiency ratios and, for workloads, the right-sizing rule
-(billing.services.rightsizing). A tenant outside the caller's scope raises `TenantNotFound`, as the
+(billing.services.fleet.rightsizing). A tenant outside the caller's scope raises `TenantNotFound`, as the
 portal does, and the allocation query itself never returns another tenant's usage, whatever the
 path or filters say.
 
@@ -31,10 +31,10 @@ from decimal import Decimal
 from django.utils.translation import gettext
 
 from billing.models import Tenant
-from billing.queries.allocation import MAX_SETS, UNALLOCATED, Allocation, Window, allocation_sets
+from billing.queries.allocation import MAX_SETS, UNALLOCATED, CostAllocation, Window, allocation_sets
 from billing.queries.portal import TenantNotFound
 from billing.scope import Scope
-from billing.services.rightsizing import MemoryUse, Suggestion, mean_mb, percent_of, suggest_memory_request
+from billing.services.fleet import MemoryUse, Suggestion, mean_mb, percent_of, suggest_memory_request
 
 __all__ = [
     "LEVELS",
@@ -228,7 +228,7 @@ def _tenant_names(slugs: Sequence[str]) -> dict[str, str]:
     return dict(Tenant.objects.filter(slug__in=slugs).values_list("slug", "name"))
 
 
-def _row(a: Allocation, level: str, keys: Sequence[str], path: ExplorePath,  # noqa: PLR0917 - a private helper whose one caller passes its loop's state in order
+def _row(a: CostAllocation, level: str, keys: Sequence[str], path: ExplorePath,  # noqa: PLR0917 - a private helper whose one caller passes its loop's state in order
          peaks: Mapping[str, Decimal], names: Mapping[str, str]) -> ExploreRow:
     """`peaks`: the peak-hour means of the workloads to right-size; `names`: tenants' names."""
     pairs = tuple((k, a.properties.get(k, "")) for k in keys)

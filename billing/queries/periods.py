@@ -1,7 +1,7 @@
 """Billing periods for the periods page: every month with usage in the hour ledger (or a period
 row), its closing state and, once closed, its invoices (monthly sums: billing.ledger.totals). Scoped: a tenant scope sees only its own
 usage and invoices; the page itself is for finance and admins. A close that has written no
-progress for longer than settings.VGPU_PERIOD_CLOSE_STALE_S is "stalled" (billing.services.invoicing
+progress for longer than settings.VGPU_PERIOD_CLOSE_STALE_S is "stalled" (billing.services.invoicing.close
 `close_is_stalled`: the rule lives there, shared with the resume)."""
 
 from __future__ import annotations

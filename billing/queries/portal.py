@@ -2,13 +2,13 @@
 
 A tenant outside the caller's scope raises `TenantNotFound`, exactly like a tenant that does not
 exist, so the portal never reveals which tenants there are. Month-to-date spend and the forecast
-are the budgets' one definition (billing.services.budgets.get_month_spends): charge plus idle spread
+are the budgets' one definition (billing.services.budgets.spend.get_month_spends): charge plus idle spread
 onto the tenant; the budget card reads the same, so both show one number.
 A workload is one pod instance: (namespace, pod, pod_uid). The workloads of the period and the
 daily chart read the closed UTC days of the period from the day ledger, first/last hour included
 (the day rows keep them), and the rest from the hour ledger (billing.ledger.spend).
 
-The upcoming invoice of the month in progress is `billing.services.invoicing.preview_invoice`:
+The upcoming invoice of the month in progress is `billing.services.invoicing.close.preview_invoice`:
 the close's own lines and rounding over the ledger as it is now; nothing is written.
 """
 

@@ -15,7 +15,7 @@ from billing.models import GpuModel, RateCard, SlaTier, Tenant, TenantMembership
 from billing.scope import ADMIN_GROUP, FINANCE_GROUP
 from billing.services.audit import record_audit_event
 from billing.services.budgets import set_budget
-from billing.services.tenant_mapping import set_tenant_namespaces
+from billing.services.ingest import set_tenant_namespaces
 
 __all__ = ["DEMO_TENANTS", "DemoLogin", "demo_namespaces", "load_demo_data"]
 
@@ -84,7 +84,7 @@ def load_demo_data(*, now: datetime, budget_webhook_url: str = "", budget_webhoo
             if not tenants[slug].namespaces:
                 set_tenant_namespaces(slug=slug, namespaces=demo_namespaces(slug), now=now, actor_label="demo")
         Tenant.objects.get_or_create(slug="unattributed", defaults={"name": "Unattributed processes"})
-        # Only an approved model may be priced (billing.services.gpu_models).
+        # Only an approved model may be priced (billing.services.pricing.gpu_models).
         GpuModel.objects.get_or_create(name=A100_80GB_MODEL, defaults={"approved_at": now, "approved_by": "demo"})
         if not RateCard.objects.filter(gpu_model=A100_80GB_MODEL).exists():
             card = RateCard.objects.create(

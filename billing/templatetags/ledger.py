@@ -10,24 +10,16 @@ from django import template
 from django.utils.formats import number_format
 from django.utils.safestring import mark_safe
 
-from billing.money import display_amount, minor_unit_exponent
-from billing.services.rightsizing import gib
+from billing.money import money_text
+from billing.services.fleet import gib
 
 register = template.Library()
 
 
 @register.filter
 def money(value: object, currency: str = "") -> str:
-    """`{{ amount|money:currency }}` → "1,234.57 USD" (grouping and separators per language);
-    an empty string for None, so a missing figure never shows as 0."""
-    if value is None or value == "":
-        return ""
-    try:
-        amount = display_amount(Decimal(str(value)), currency)
-    except InvalidOperation:
-        return str(value)
-    text = number_format(amount, minor_unit_exponent(currency), use_l10n=True, force_grouping=True)
-    return f"{text} {currency}".strip()
+    """`{{ amount|money:currency }}`: billing.money.money_text, the one way amounts are shown."""
+    return money_text(value, currency)
 
 
 @register.filter

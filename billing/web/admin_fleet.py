@@ -33,15 +33,17 @@ from billing.queries.admin_fleet import (
     list_nodes,
 )
 from billing.scope import Scope, get_scope
-from billing.services.gpu_models import MODEL_NAME_MAX_LEN, approve_gpu_model, retire_gpu_model
-from billing.services.rate_cards import (
+from billing.services.identity import issue_node_token, revoke_node_token
+from billing.services.pricing import (
+    MODEL_NAME_MAX_LEN,
+    approve_gpu_model,
     create_rate_card,
     earliest_change,
     end_rate_card,
     known_gpu_models,
+    retire_gpu_model,
     retire_rate_card,
 )
-from billing.services.tokens import issue_node_token, revoke_node_token
 from billing.web.access import issued_token_page, require_admin
 from billing.web.forms import RetireForm
 

@@ -27,7 +27,7 @@ from billing.queries.budgets import list_budgets
 from billing.queries.sla_tiers import get_sla_tier, list_sla_tiers
 from billing.scope import Scope, get_scope
 from billing.services.budgets import set_budget
-from billing.services.sla import (
+from billing.services.pricing import (
     MAX_DESCRIPTION_LENGTH,
     MAX_NAME_LENGTH,
     MAX_WEIGHT,

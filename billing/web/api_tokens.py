@@ -22,7 +22,7 @@ from django.views.decorators.http import require_POST
 from billing.errors import InvalidInput
 from billing.queries.api_tokens import get_api_token, issuable_usernames, list_api_tokens
 from billing.scope import Scope, get_scope
-from billing.services.api_tokens import (
+from billing.services.identity import (
     MAX_EXPIRY_DAYS,
     MAX_NAME_LENGTH,
     expiry_after_days,

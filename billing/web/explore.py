@@ -36,7 +36,7 @@ from billing.queries.explore import (
     get_explore,
 )
 from billing.scope import get_scope
-from billing.services.rightsizing import HEADROOM, gib, percent_of
+from billing.services.fleet import HEADROOM, gib, percent_of
 from billing.web.forms import ExploreForm, PeriodForm
 from billing.web.views import quick_periods
 

@@ -35,9 +35,8 @@ from billing.ledger.retention import get_retention_state
 from billing.ledger.state import get_batch_backlog
 from billing.queries.undelivered import count_open_undelivered
 from billing.scope import get_scope
-from billing.services.api_tokens import authenticate_api_token
-from billing.services.gpu_models import count_unapproved_gpus
-from billing.services.tokens import API_TOKEN_PREFIX
+from billing.services.identity import API_TOKEN_PREFIX, authenticate_api_token
+from billing.services.pricing import count_unapproved_gpus
 from config.celery import app as celery_app
 
 

@@ -22,9 +22,9 @@ from django.views.decorators.http import require_POST
 
 from billing.errors import InvalidInput
 from billing.money import from_minor_units
+from billing.pdf_fonts import undrawable
 from billing.queries.portal import UpcomingInvoices, list_upcoming_invoices
 from billing.scope import Scope, get_scope
-from billing.services.credit_notes import REASON_MAX_CHARS, get_credit_room, issue_credit_note, unprintable_message
 from billing.services.exports import (
     EXPORT_FORMATS,
     GPU_HOURS_PLACES,
@@ -36,8 +36,14 @@ from billing.services.exports import (
     get_invoice_document,
     list_invoices,
 )
-from billing.services.exports.fonts import undrawable
-from billing.services.tenant_billing import get_tenant_billing, update_tenant_billing
+from billing.services.invoicing import (
+    REASON_MAX_CHARS,
+    get_credit_room,
+    get_tenant_billing,
+    issue_credit_note,
+    unprintable_message,
+    update_tenant_billing,
+)
 from billing.web.access import require_admin, require_platform
 
 

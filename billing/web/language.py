@@ -12,7 +12,7 @@ from django.views.decorators.http import require_POST
 from django.views.i18n import set_language as django_set_language
 
 from billing.errors import InvalidInput
-from billing.services.preferences import set_user_language, user_language
+from billing.services.identity import set_user_language, user_language
 
 
 class UserLanguageMiddleware:

@@ -1,6 +1,6 @@
 """The page a locked-out login gets, and the hook that audits each lockout (django-axes).
 
-Both are edges: axes decides who is locked out; billing.services.logins records it."""
+Both are edges: axes decides who is locked out; billing.services.identity.logins records it."""
 
 from __future__ import annotations
 
@@ -11,15 +11,14 @@ from django.http import HttpRequest, HttpResponse
 from django.shortcuts import render
 from django.utils import timezone
 
-from billing.services.auth_throttle import client_address_of
-from billing.services.logins import record_login_lockout
+from billing.services.identity import client_address_of, record_login_lockout
 
 __all__ = ["audit_lockout", "client_address", "locked_out_response"]
 
 
 def client_address(request: HttpRequest) -> str | None:
     """AXES_CLIENT_IP_CALLABLE: the address failures are counted against, the same one the token
-    throttle counts (billing.services.auth_throttle.client_address_of)."""
+    throttle counts (billing.services.identity.auth_throttle.client_address_of)."""
     return client_address_of(request.META) or None
 
 

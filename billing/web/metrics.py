@@ -13,7 +13,7 @@ from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET
 
 from billing.metrics import render_metrics, render_opencost_metrics, scrape_token
-from billing.services.bearer import presents_bearer
+from billing.services.identity import presents_bearer
 
 # The classic text format, which every Prometheus 2.x parses; render_metrics writes it (our names
 # need none of the 1.0.0 format's escaping).

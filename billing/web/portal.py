@@ -30,9 +30,7 @@ from billing.queries.portal import (
     list_tenant_portals,
 )
 from billing.scope import get_scope
-from billing.services.exports import EXPORT_FORMATS
-from billing.services.exports.invoice_csv import line_number_cells
-from billing.services.exports.numbers import plain_decimal
+from billing.services.exports import EXPORT_FORMATS, line_number_cells, plain_decimal
 from billing.services.invoicing import InvoicePreview
 from billing.web.access import landing_page
 from billing.web.charts import Series, line_chart, stacked_bar_chart

@@ -22,7 +22,7 @@ from billing import tasks
 from billing.api.errors import QUEUE_DOWN
 from billing.errors import InvalidInput
 from billing.models import RebalancePlan, RebalanceStatus
-from billing.services.rebalance import (
+from billing.services.fleet import (
     CapacityLine,
     ExecutionStep,
     approve_plan,

@@ -16,19 +16,21 @@ from billing.api.errors import QUEUE_DOWN
 from billing.csv_files import csv_writer
 from billing.errors import InvalidInput
 from billing.models import PairedReport
-from billing.services.paired_report import COLD_START
-from billing.services.report_pdf import (
+from billing.services.savings import (
+    COLD_START,
     SAVINGS_CSV_COLUMNS,
     definitions,
     partial_days_note,
     period_text,
     render_paired_report_pdf,
+    report_not_queued,
+    request_paired_report,
     savings_csv_rows,
     savings_tables,
     study_rows,
     summary_rows,
+    tenant_names,
 )
-from billing.services.reports import report_not_queued, request_paired_report, tenant_names
 from billing.web.access import require_platform
 from billing.web.forms import PeriodForm
 

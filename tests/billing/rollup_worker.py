@@ -3,7 +3,7 @@ SHARD SHARDS` rolls up its shard until nothing of it is pending (retrying while 
 one of its nodes or the ledger is locked for re-pricing), then prints its totals as JSON.
 
 Used by tests/billing/test_rollup_sharded.py, which starts it with DATABASE_URL naming the test
-database. It runs the product's entry point unchanged (billing.services.quarantine.run_rollup)."""
+database. It runs the product's entry point unchanged (billing.services.ingest.rollup.run_rollup)."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ def main(argv: list[str]) -> int:
     django.setup()
     from django.utils import timezone
 
-    from billing.services.quarantine import run_rollup
+    from billing.services.ingest.rollup import run_rollup
 
     batches = minutes = 0
     deadline = time.monotonic() + 120

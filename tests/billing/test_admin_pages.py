@@ -62,7 +62,7 @@ def test_invalid_budget_form_is_refused_with_the_field_and_nothing_saved(client,
 
 def test_tenant_member_sees_only_their_budget_and_cannot_set_one(client, tenants):
 
-    from billing.services.budgets import set_budget
+    from billing.services.budgets.spend import set_budget
 
     for slug in ("acme", "globex"):
         set_budget(tenant_slug=slug, values={"amount": Decimal(100), "currency": "USD", "owner": "x@example.org"},
@@ -249,7 +249,7 @@ def test_tenant_members_may_neither_create_nor_edit_tiers(client, tenants):
 def test_sla_service_creates_and_refuses_a_duplicate_slug_without_a_second_audit_row(tenants):
 
     from billing.errors import InvalidInput
-    from billing.services.sla import change_sla_tier, create_sla_tier
+    from billing.services.pricing.sla import change_sla_tier, create_sla_tier
 
     now = clock.now()
     create_sla_tier(slug="bronze", name="  Bronze   tier ", weight="0.5", now=now, actor_label="cli")

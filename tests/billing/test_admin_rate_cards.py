@@ -15,7 +15,7 @@ from billing.ledger.models import GpuMinute
 from billing.ledger.rollup import rollup_usage
 from billing.models import AuditEvent, BillingPeriod, GpuModel, RateCard
 from billing.scope import ADMIN_GROUP, FINANCE_GROUP
-from billing.services.rate_cards import create_rate_card, earliest_change
+from billing.services.pricing.rate_cards import create_rate_card, earliest_change
 from tests import clock
 from tests.conftest import A100, make_batch, user_in
 
@@ -35,7 +35,7 @@ def login(client, role: str) -> User:
 
 @pytest.fixture(autouse=True)
 def _approved_models(db) -> None:
-    """Only approved models may be priced (billing.services.gpu_models): the A100 and the H100 are."""
+    """Only approved models may be priced (billing.services.pricing.gpu_models): the A100 and the H100 are."""
     for name in (MODEL, H100):
         GpuModel.objects.create(name=name, approved_at=clock.now(), approved_by="test")
 

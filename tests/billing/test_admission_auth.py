@@ -10,7 +10,7 @@ import pytest
 
 from billing.checks import check_admission_credentials
 from billing.models import AdmittedPod, Tenant
-from billing.services.admission_auth import common_name_of
+from billing.services.identity.admission_auth import common_name_of
 from tests.billing.test_budgets import quota_review
 
 TOKEN = "the-api-servers-token-0123456789abcdef"

@@ -23,7 +23,7 @@ from billing.models import InvoiceLine, Node, RateCard, Tenant
 from billing.money import to_minor_units
 from billing.queries.allocation import IDLE, UNALLOCATED, ParameterError, Window, accumulated, allocation_sets
 from billing.scope import FINANCE_GROUP, Scope
-from billing.services.invoicing import close_period
+from billing.services.invoicing.close import close_period
 from tests.conftest import user_in
 
 pytestmark = pytest.mark.django_db

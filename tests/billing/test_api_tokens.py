@@ -25,8 +25,8 @@ from rest_framework.views import APIView
 
 from billing.models import ApiToken, AuditEvent
 from billing.scope import ADMIN_GROUP, FINANCE_GROUP, get_scope
-from billing.services import tokens
-from billing.services.api_tokens import authenticate_api_token, issue_api_token, revoke_api_token
+from billing.services.identity import tokens
+from billing.services.identity.api_tokens import authenticate_api_token, issue_api_token, revoke_api_token
 from billing.urls import urlpatterns as app_urls
 from tests import clock
 from tests.conftest import user_in

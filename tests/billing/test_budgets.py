@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 from billing import tasks
 from billing.ledger.rollup import rollup_usage
 from billing.models import AuditEvent, BudgetState, BudgetStatus, RateCard, Tenant
-from billing.services.budgets import BudgetTransition, budget_state_for, evaluate_budgets, set_budget
+from billing.services.budgets.spend import BudgetTransition, budget_state_for, evaluate_budgets, set_budget
 from tests import clock
 from tests.conftest import A100, make_batch
 

@@ -26,10 +26,10 @@ from billing.checks import check_invoice_issuer
 from billing.ledger.rollup import rollup_usage
 from billing.models import AuditEvent, BillingPeriod, CreditNote, Invoice, InvoiceLine, PairedReport, Tenant
 from billing.scope import ADMIN_GROUP, FINANCE_GROUP, Scope
-from billing.services.credit_notes import CreditRoom, credit_tax_minor, issue_credit_note
 from billing.services.exports import export_credit_note, export_invoice
-from billing.services.invoicing import close_period, preview_invoice, tax_minor_units
-from billing.services.report_pdf import render_paired_report_pdf
+from billing.services.invoicing.close import close_period, preview_invoice, tax_minor_units
+from billing.services.invoicing.credit_notes import CreditRoom, credit_tax_minor, issue_credit_note
+from billing.services.savings.report_pdf import render_paired_report_pdf
 from tests import clock
 from tests.conftest import SHARED_GPU_WORKLOADS, make_batch, user_in
 from tests.pdf_check import check_pdf

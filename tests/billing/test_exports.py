@@ -20,7 +20,7 @@ from billing.ledger.rollup import rollup_usage
 from billing.models import Invoice, RateCard, Tenant
 from billing.scope import FINANCE_GROUP, Scope
 from billing.services.exports import ALLOCATED_METHOD_ID, export_invoice
-from billing.services.invoicing import close_period
+from billing.services.invoicing.close import close_period
 from tests import clock
 from tests.conftest import SHARED_GPU_WORKLOADS, make_batch, user_in
 from tests.pdf_check import check_pdf

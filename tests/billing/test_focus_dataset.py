@@ -42,7 +42,7 @@ from billing.services.exports.focus_dataset import (
     months_to_write,
     write_fleet_dataset,
 )
-from billing.services.invoicing import close_period
+from billing.services.invoicing.close import close_period
 from billing.tasks import write_focus_dataset
 from tests import clock
 from tests.conftest import SHARED_GPU_WORKLOADS, make_batch

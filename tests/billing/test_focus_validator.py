@@ -20,10 +20,10 @@ import pytest
 from billing.ledger.rollup import rollup_usage
 from billing.models import Invoice, RateCard, Tenant
 from billing.scope import Scope
-from billing.services.credit_notes import issue_credit_note
 from billing.services.exports import FOCUS_COLUMNS, export_credit_note, export_invoice
 from billing.services.exports.focus_dataset import PLATFORM_ACCOUNT, dataset_file_names, write_fleet_dataset
-from billing.services.invoicing import close_period
+from billing.services.invoicing.close import close_period
+from billing.services.invoicing.credit_notes import issue_credit_note
 from tests import clock
 from tests.conftest import SHARED_GPU_WORKLOADS, make_batch
 from tests.focus_validator import (

@@ -1,4 +1,4 @@
-"""The one forecast and month-to-date definition (billing.services.budgets.get_month_spends): a
+"""The one forecast and month-to-date definition (billing.services.budgets.spend.get_month_spends): a
 forecast that stays put as an hour of steady use goes by, a partial hour never extrapolated as if
 it were a whole one, and the same month to date on the portal, the budget card, the budgets page and
 the finance page."""
@@ -14,7 +14,7 @@ import pytest
 from billing.calendar import month_bounds
 from billing.ledger.rollup import rollup_usage
 from billing.models import RateCard, Tenant
-from billing.services.budgets import evaluate_budgets, get_month_spend, set_budget
+from billing.services.budgets.spend import evaluate_budgets, get_month_spend, set_budget
 from tests import clock
 from tests.conftest import A100, make_batch, user_in
 

@@ -18,10 +18,10 @@ from billing.ledger.models import GpuMinute
 from billing.ledger.rollup import rollup_usage
 from billing.models import AuditEvent, Budget, Gpu, GpuModel, Node, RateCard, SlaTier, Tenant
 from billing.scope import ADMIN_GROUP, FINANCE_GROUP
-from billing.services.budgets import set_budget
-from billing.services.policy import get_node_policy
-from billing.services.rate_cards import create_rate_card, earliest_change, end_rate_card, retire_rate_card
-from billing.services.sla import change_sla_tier, retire_sla_tier
+from billing.services.budgets.spend import set_budget
+from billing.services.ingest.policy import get_node_policy
+from billing.services.pricing.rate_cards import create_rate_card, earliest_change, end_rate_card, retire_rate_card
+from billing.services.pricing.sla import change_sla_tier, retire_sla_tier
 from tests import clock
 from tests.conftest import A100, make_batch, user_in
 

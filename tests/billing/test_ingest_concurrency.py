@@ -65,7 +65,7 @@ def test_two_concurrent_batches_covering_the_same_gpu_seconds_store_only_one(nod
 @pytest.mark.django_db(transaction=True)
 def test_two_nodes_claiming_one_new_gpu_at_once_leave_it_to_exactly_one(node_token, minute_start):
     from billing.models import Gpu
-    from billing.services.tokens import issue_node_token
+    from billing.services.identity.tokens import issue_node_token
     from tests import clock
 
     other = issue_node_token(node_name="gpu-node-2", now=clock.now(), actor_label="test")

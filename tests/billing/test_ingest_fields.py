@@ -16,7 +16,7 @@ from billing.errors import InvalidBatch
 from billing.ledger.models import UsageBatch, WorkloadMeta
 from billing.ledger.workloads import workload_meta
 from billing.models import Node
-from billing.services.batch_validation import validate_batch
+from billing.services.ingest.batch_validation import validate_batch
 from tests import clock
 from tests.billing.test_ingest_protocol import raw_rows
 from tests.conftest import make_batch

@@ -18,8 +18,8 @@ from hypothesis import strategies as st
 from billing.ledger.models import UsageBatch, UsageMinute
 from billing.ledger.rollup import rollup_usage
 from billing.models import AuditEvent, Gpu
-from billing.services.batch_validation import MAX_PCIE_MB_PER_S
-from billing.services.tokens import issue_node_token
+from billing.services.identity.tokens import issue_node_token
+from billing.services.ingest.batch_validation import MAX_PCIE_MB_PER_S
 from tests import clock
 from tests.billing.test_ingest_protocol import raw_rows
 from tests.conftest import make_batch

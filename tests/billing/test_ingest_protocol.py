@@ -14,7 +14,7 @@ from django.test import override_settings
 from billing.api import agent as agent_api
 from billing.ledger.models import UsageBatch
 from billing.models import AuditEvent, Gpu
-from billing.services.tokens import issue_node_token, revoke_node_token
+from billing.services.identity.tokens import issue_node_token, revoke_node_token
 from tests import clock
 from tests.conftest import iso, make_batch
 

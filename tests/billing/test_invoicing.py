@@ -14,7 +14,7 @@ from django.db import DatabaseError, transaction
 from billing.errors import InvalidInput
 from billing.ledger.rollup import rollup_usage
 from billing.models import AuditEvent, BillingPeriod, Invoice, InvoiceLine, RateCard, Tenant
-from billing.services.invoicing import close_period
+from billing.services.invoicing.close import close_period
 from tests import clock
 from tests.conftest import A100, SHARED_GPU_WORKLOADS, make_batch
 

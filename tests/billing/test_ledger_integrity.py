@@ -15,7 +15,7 @@ from django.db import OperationalError, connection
 from billing.ledger.models import GpuMinute, UsageBatch, UsageMinute
 from billing.ledger.rollup import rebuild_ledger
 from billing.models import AuditEvent
-from billing.services.quarantine import run_rollup
+from billing.services.ingest.rollup import run_rollup
 from tests import clock
 from tests.conftest import healthz_as_admin, make_batch
 

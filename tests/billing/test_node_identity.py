@@ -19,9 +19,9 @@ from agents.fakes.kube import FakeKubernetes
 from billing.errors import NotAuthenticated
 from billing.ledger.models import UsageBatch
 from billing.models import AuditEvent, Node
-from billing.services import node_identity
-from billing.services.node_identity import review_service_account_token
-from billing.services.tokens import issue_node_token
+from billing.services.identity import node_identity
+from billing.services.identity.node_identity import review_service_account_token
+from billing.services.identity.tokens import issue_node_token
 from tests import clock
 from tests.conftest import make_batch
 

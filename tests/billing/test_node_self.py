@@ -14,9 +14,9 @@ from billing.errors import InvalidInput
 from billing.ledger.models import UsageMinute, WorkloadMeta
 from billing.ledger.workloads import workload_meta
 from billing.models import AuditEvent, Node, Tenant
-from billing.services.quarantine import run_rollup
-from billing.services.tenant_mapping import set_tenant_namespaces
-from billing.services.tokens import issue_node_token
+from billing.services.identity.tokens import issue_node_token
+from billing.services.ingest.rollup import run_rollup
+from billing.services.ingest.tenant_mapping import set_tenant_namespaces
 from tests import clock
 from tests.conftest import healthz_as_admin, make_batch
 
@@ -124,7 +124,7 @@ def test_undelivered_reports_degrade_health_only_past_the_threshold(client, node
 def test_the_demo_maps_every_namespace_its_agents_use(db):
     from agents.backends.sim import demo_scenario
     from billing.services.demo import DEMO_TENANTS, load_demo_data
-    from billing.services.tenant_mapping import namespace_tenants, tenant_for
+    from billing.services.ingest.tenant_mapping import namespace_tenants, tenant_for
 
     load_demo_data(now=clock.now())
     load_demo_data(now=clock.now())  # idempotent: the mapping is set once, audited once per tenant

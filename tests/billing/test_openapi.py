@@ -21,8 +21,8 @@ from schemathesis.checks import not_a_server_error
 from billing.ledger.models import UsageBatch
 from billing.models import ApiToken, Gpu
 from billing.scope import FINANCE_GROUP
-from billing.services.api_tokens import issue_api_token
-from billing.services.batch_schema import usage_batch_schema
+from billing.services.identity.api_tokens import issue_api_token
+from billing.services.ingest.batch_schema import usage_batch_schema
 from billing.urls import urlpatterns as app_urls
 from tests import clock
 from tests.billing.test_ingest_protocol import raw_rows

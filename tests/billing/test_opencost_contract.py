@@ -19,7 +19,7 @@ from django.db.models import Sum
 from billing.ledger.models import GpuHour, UsageHour
 from billing.models import Node
 from billing.scope import FINANCE_GROUP
-from billing.services.api_tokens import issue_api_token
+from billing.services.identity.api_tokens import issue_api_token
 from tests.billing.test_allocation import gpu_hour, meta, usage_hour
 from tests.conftest import user_in
 

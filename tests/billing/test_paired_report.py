@@ -18,9 +18,9 @@ from django.utils import translation
 from billing.errors import InvalidInput
 from billing.ledger.rollup import rollup_usage
 from billing.models import AuditEvent, PairedReport, Tenant
-from billing.services.paired_report import compute_paired_report, profile_fraction
-from billing.services.report_pdf import render_paired_report_pdf
-from billing.services.reports import request_paired_report, run_paired_report
+from billing.services.savings.paired_report import compute_paired_report, profile_fraction
+from billing.services.savings.report_pdf import render_paired_report_pdf
+from billing.services.savings.reports import request_paired_report, run_paired_report
 from tests import clock
 from tests.conftest import SHARED_GPU_WORKLOADS, make_batch
 
@@ -264,7 +264,7 @@ def test_a_period_already_being_computed_is_joined_not_computed_twice(fifteen_mi
     from django.contrib.auth.models import Group, User
 
     from billing.scope import FINANCE_GROUP
-    from billing.services.reports import IN_FLIGHT_REUSE
+    from billing.services.savings.reports import IN_FLIGHT_REUSE
 
     user = User.objects.create_user(username="fin", password="pw-not-used-123")
     user.groups.add(Group.objects.get_or_create(name=FINANCE_GROUP)[0])

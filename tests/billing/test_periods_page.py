@@ -16,7 +16,7 @@ from billing import tasks
 from billing.ledger.rollup import rollup_usage
 from billing.models import AuditEvent, BillingPeriod, Invoice, Tenant
 from billing.scope import ADMIN_GROUP, FINANCE_GROUP
-from billing.services.invoicing import close_period
+from billing.services.invoicing.close import close_period
 from tests import clock
 from tests.conftest import A100, SHARED_GPU_WORKLOADS, make_batch, user_in
 
@@ -391,7 +391,7 @@ def test_a_stalled_close_is_resumed_once_audited_and_then_closes(
 
 def test_resume_by_the_service_clock_enqueues_only_a_stalled_close(
         last_month_usage, django_capture_on_commit_callbacks):
-    from billing.services.invoicing import request_period_close, resume_period_close
+    from billing.services.invoicing.close import request_period_close, resume_period_close
 
     calls: list[str] = []
     requested_at = clock.now()

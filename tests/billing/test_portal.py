@@ -19,7 +19,7 @@ from billing.ledger.models import UsageHour
 from billing.models import BillingPeriod, Invoice, Node, RateCard, Tenant
 from billing.queries.portal import TenantNotFound, get_tenant_portal
 from billing.scope import ADMIN_GROUP, FINANCE_GROUP, get_scope
-from billing.services.budgets import evaluate_budgets, set_budget
+from billing.services.budgets.spend import evaluate_budgets, set_budget
 from billing.web import portal as portal_views
 from tests import clock
 from tests.conftest import A100, user_in, with_day

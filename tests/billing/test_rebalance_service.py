@@ -19,8 +19,7 @@ from billing.errors import InvalidInput
 from billing.ledger.models import UsageMinute
 from billing.models import AuditEvent, Gpu, Node, RateCard, RebalancePlan
 from billing.scope import ADMIN_GROUP
-from billing.services.kube_api import new_api_client
-from billing.services.rebalance import (
+from billing.services.fleet.rebalance import (
     KubernetesApi,
     approve_plan,
     build_pool,
@@ -33,6 +32,7 @@ from billing.services.rebalance import (
     reject_plan,
     run_execution,
 )
+from billing.services.identity.kube_api import new_api_client
 
 pytestmark = pytest.mark.django_db
 

@@ -50,10 +50,10 @@ from billing.ledger.rollup import rebuild_ledger, rollup_usage
 from billing.ledger.statistics import analyze_stale_partitions
 from billing.metrics import render_metrics
 from billing.models import GpuModel, Node
-from billing.services.paired_report import LOOKBACK, compute_paired_report
-from billing.services.quarantine import quarantine_batch
-from billing.services.rate_cards import create_rate_card, earliest_change
-from billing.services.reports import request_paired_report
+from billing.services.ingest.rollup import quarantine_batch
+from billing.services.pricing.rate_cards import create_rate_card, earliest_change
+from billing.services.savings.paired_report import LOOKBACK, compute_paired_report
+from billing.services.savings.reports import request_paired_report
 from tests import clock
 from tests.conftest import A100, healthz_as_admin, make_batch
 
@@ -273,7 +273,7 @@ def test_a_rebuild_over_dropped_raw_samples_is_refused_naming_the_earliest_repri
 @pytest.mark.django_db
 def test_a_rate_card_change_after_retention_reprices_from_its_start_which_always_has_raw_samples(
         post_batch: PostBatch, minute_start: datetime, one_usd_per_gpu_second: Any) -> None:
-    """A price changes from the next whole minute on (billing.services.rate_cards), and raw samples
+    """A price changes from the next whole minute on (billing.services.pricing.rate_cards), and raw samples
     are kept for at least the late-usage horizon plus a day, so re-pricing is never refused."""
     old_day = clock.now().date() - policy().raw_retention - timedelta(days=2)
     ensure_raw_partitions([old_day])

@@ -1,4 +1,4 @@
-"""The right-sizing rule (billing.services.rightsizing): pure, so no database."""
+"""The right-sizing rule (billing.services.fleet.rightsizing): pure, so no database."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from billing.services.rightsizing import (
+from billing.services.fleet.rightsizing import (
     HEADROOM,
     STEP_MB,
     MemoryUse,

@@ -32,8 +32,8 @@ from billing.ledger.locks import LEDGER_LOCK_KEY
 from billing.ledger.models import GpuDay, GpuHour, GpuMinute, UsageBatch, UsageDay, UsageHour, UsageMinute
 from billing.ledger.rollup import rebuild_ledger, rollup_usage
 from billing.models import Node, RateCard
-from billing.services.gpu_ownership import reassign_gpu
-from billing.services.tokens import issue_node_token
+from billing.services.fleet.gpu_ownership import reassign_gpu
+from billing.services.identity.tokens import issue_node_token
 from tests import clock
 from tests.conftest import A100, make_batch
 

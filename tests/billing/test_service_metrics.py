@@ -12,7 +12,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from billing.ledger.models import GpuHour, UsageBatch
 from billing.models import BillingPeriod, Budget, BudgetStatus, Node, Tenant
-from billing.services.quarantine import quarantine_batch
+from billing.services.ingest.rollup import quarantine_batch
 from tests import clock
 from tests.conftest import A100, iso, make_batch, with_day
 

@@ -22,7 +22,7 @@ import pytest
 from django.db import connection
 from prometheus_client.parser import text_string_to_metric_families
 
-from billing.services.tokens import issue_node_token
+from billing.services.identity.tokens import issue_node_token
 from tests import clock
 from tests.conftest import make_batch
 from tests.promtool import promtool

@@ -25,8 +25,8 @@ from billing.ledger import spend
 from billing.ledger.models import GpuHour, UsageHour
 from billing.ledger.rollup import rebuild_days
 from billing.models import Invoice, Node, RateCard
-from billing.services.budgets import get_month_to_date_spends
-from billing.services.invoicing import close_period, preview_invoices
+from billing.services.budgets.spend import get_month_to_date_spends
+from billing.services.invoicing.close import close_period, preview_invoices
 
 pytestmark = pytest.mark.django_db
 

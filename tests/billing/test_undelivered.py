@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from billing.models import UndeliveredBatch
-from billing.services.tokens import issue_node_token
+from billing.services.identity.tokens import issue_node_token
 from tests import clock
 from tests.conftest import healthz_as_admin, iso, make_batch, user_in
 

@@ -18,10 +18,10 @@ from billing.errors import InvalidInput
 from billing.ledger.rollup import rollup_usage
 from billing.models import AuditEvent, GpuModel, Invoice, RateCard
 from billing.scope import ADMIN_GROUP, FINANCE_GROUP
-from billing.services.gpu_models import approve_gpu_model, check_nvml_name, retire_gpu_model
-from billing.services.invoicing import close_period, list_unpriced
-from billing.services.rate_cards import create_rate_card
-from billing.services.tokens import issue_node_token
+from billing.services.identity.tokens import issue_node_token
+from billing.services.invoicing.close import close_period, list_unpriced
+from billing.services.pricing.gpu_models import approve_gpu_model, check_nvml_name, retire_gpu_model
+from billing.services.pricing.rate_cards import create_rate_card
 from tests import clock
 from tests.conftest import A100, SHARED_GPU_WORKLOADS, make_batch, user_in
 

@@ -19,7 +19,7 @@ from billing.errors import InvalidInput
 from billing.ledger.rollup import rollup_usage
 from billing.models import AuditEvent, BillingPeriod, Invoice, InvoiceLine, RateCard, Tenant, TenantMembership
 from billing.scope import FINANCE_GROUP
-from billing.services.invoicing import (
+from billing.services.invoicing.close import (
     close_period,
     preview_invoice,
     preview_invoices,

@@ -1,6 +1,6 @@
 """The reads behind the web pages at fleet scale (bench/web_pages.py): the refactors that made them
 fast keep every figure. Month-to-date spend of many tenants in one query equals the per-tenant
-definition of billing.services.budgets; the tenant list asks the ledger once, whatever the
+definition of billing.services.budgets.spend; the tenant list asks the ledger once, whatever the
 number of tenants, and still shows only the caller's tenants."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from billing.ledger.models import UsageHour
 from billing.models import Node, Tenant
 from billing.queries.portal import list_tenant_portals
 from billing.scope import Scope
-from billing.services.budgets import get_month_spend, get_month_to_date_spend, get_month_to_date_spends
+from billing.services.budgets.spend import get_month_spend, get_month_to_date_spend, get_month_to_date_spends
 from tests.conftest import with_day
 
 pytestmark = pytest.mark.django_db

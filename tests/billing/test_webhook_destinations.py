@@ -16,8 +16,8 @@ from django.test import override_settings
 
 from billing import tasks
 from billing.models import AuditEvent, Tenant
-from billing.services.budgets import set_budget
-from billing.services.webhooks import (
+from billing.services.budgets.spend import set_budget
+from billing.services.budgets.webhooks import (
     DestinationRefused,
     forbidden_reason,
     parse_allow_list,

@@ -35,8 +35,8 @@ from kubernetes.client.exceptions import ApiException
 from agents.fakes.kube import FakeKubernetes
 from billing.ledger.rollup import rollup_usage
 from billing.models import RateCard, Tenant
-from billing.services.budgets import evaluate_budgets, set_budget
-from billing.services.webhook_tls import CA_VALIDITY, StoredCertificates, plan_certificates, service_dns_names
+from billing.services.budgets.spend import evaluate_budgets, set_budget
+from billing.services.identity.webhook_tls import CA_VALIDITY, StoredCertificates, plan_certificates, service_dns_names
 from tests import clock
 from tests.billing.test_budgets import review
 from tests.conftest import A100, make_batch

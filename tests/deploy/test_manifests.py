@@ -197,7 +197,7 @@ def _grants_of(account: str, namespace: str) -> set[tuple[str, str, str, str]]:
 
 
 def test_web_rbac_allows_the_calls_of_node_identity_and_reads_pods_only_in_the_agents_namespace():
-    # billing/services/node_identity.py: create a TokenReview (cluster-scoped) and get the
+    # billing/services/identity/node_identity.py: create a TokenReview (cluster-scoped) and get the
     # token's pod, which runs in the agents' namespace.
     web = next(d for _, _, d in _documents() if d["kind"] == "Deployment" and d["metadata"]["name"] == "vgpu-ledger-web")
     pod = web["spec"]["template"]["spec"]
@@ -327,7 +327,7 @@ def test_the_certificate_job_rbac_is_least_privilege():
 
 
 def test_the_cert_manager_option_issues_the_same_secret_for_the_same_names():
-    from billing.services.webhook_tls import service_dns_names
+    from billing.services.identity.webhook_tls import service_dns_names
 
     docs = [d for d in yaml.safe_load_all((DEPLOY / "cert-manager" / "webhook-certificate.yaml").read_text()) if d]
     serving = next(d for d in docs if d["kind"] == "Certificate" and not d["spec"].get("isCA"))

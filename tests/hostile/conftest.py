@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 import requests
 
-from billing.services.tokens import IssuedToken, issue_node_token
+from billing.services.identity.tokens import IssuedToken, issue_node_token
 from tests import clock
 from tests.conftest import user_in
 

@@ -17,9 +17,9 @@ from django.urls import URLPattern, URLResolver, get_resolver
 
 from billing.models import AuditEvent, RebalancePlan, RebalanceStatus
 from billing.scope import ADMIN_GROUP, FINANCE_GROUP
-from billing.services.api_tokens import issue_api_token
-from billing.services.auth_throttle import THROTTLED
-from billing.services.rebalance import confirmation_code
+from billing.services.fleet.rebalance import confirmation_code
+from billing.services.identity.api_tokens import issue_api_token
+from billing.services.identity.auth_throttle import THROTTLED
 from tests import clock
 from tests.conftest import make_batch, user_in
 from tests.hostile.conftest import bearer

@@ -1,6 +1,6 @@
 """Every file a user downloads is inert: formula payloads planted in every field a user or a node
 controls come back in no CSV as a cell a spreadsheet would evaluate (billing.csv_files), and a PDF
-draws any text, whatever script or control character it holds (billing.services.exports.fonts).
+draws any text, whatever script or control character it holds (billing.pdf_fonts).
 
 Over HTTP against a live server on loopback, signed in as finance and as a tenant member."""
 
@@ -22,12 +22,12 @@ from billing.errors import InvalidInput
 from billing.ledger.models import UsageBatch, WorkloadMeta
 from billing.ledger.rollup import rollup_usage
 from billing.models import BillingPeriod, CreditNote, Invoice, InvoiceLine, Node, RateCard, Tenant
+from billing.pdf_fonts import REPLACEMENT, drawable, undrawable
 from billing.scope import FINANCE_GROUP, Scope
-from billing.services.credit_notes import issue_credit_note
 from billing.services.exports import export_credit_note, export_invoice
-from billing.services.exports.fonts import REPLACEMENT, drawable, undrawable
-from billing.services.invoicing import close_period
-from billing.services.tokens import issue_node_token
+from billing.services.identity.tokens import issue_node_token
+from billing.services.invoicing.close import close_period
+from billing.services.invoicing.credit_notes import issue_credit_note
 from tests import clock
 from tests.conftest import A100, make_batch, user_in
 from tests.pdf_check import check_pdf

@@ -24,10 +24,10 @@ from hypothesis import strategies as st
 from billing.errors import InvalidInput
 from billing.models import BillingPeriod, GpuModel, Invoice, InvoiceLine, RateCard, RebalancePlan, SlaTier, Tenant
 from billing.scope import ADMIN_GROUP, FINANCE_GROUP
-from billing.services.api_tokens import issue_api_token
-from billing.services.credit_notes import MAX_CREDIT_MAJOR, parse_credit_amount
-from billing.services.sla import set_sla_tier_weight
-from billing.services.tokens import issue_node_token
+from billing.services.identity.api_tokens import issue_api_token
+from billing.services.identity.tokens import issue_node_token
+from billing.services.invoicing.credit_notes import MAX_CREDIT_MAJOR, parse_credit_amount
+from billing.services.pricing.sla import set_sla_tier_weight
 from tests import clock
 from tests.conftest import A100, user_in
 

@@ -16,8 +16,8 @@ from django.conf import settings
 from billing.ledger.models import UsageBatch
 from billing.models import AuditEvent, CreditNote, Tenant
 from billing.scope import FINANCE_GROUP
-from billing.services.api_tokens import issue_api_token
-from billing.services.quarantine import run_rollup
+from billing.services.identity.api_tokens import issue_api_token
+from billing.services.ingest.rollup import run_rollup
 from tests import clock
 from tests.billing.test_credit_notes import finalized_invoice
 from tests.conftest import make_batch, user_in

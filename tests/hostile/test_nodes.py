@@ -18,9 +18,9 @@ from django.test import Client
 
 from billing.ledger.models import UsageMinute, WorkloadMeta
 from billing.models import AuditEvent, Node, Tenant, UndeliveredBatch
-from billing.services.api_tokens import issue_api_token
-from billing.services.quarantine import run_rollup
-from billing.services.tokens import issue_node_token
+from billing.services.identity.api_tokens import issue_api_token
+from billing.services.identity.tokens import issue_node_token
+from billing.services.ingest.rollup import run_rollup
 from tests import clock
 from tests.conftest import iso, make_batch
 

@@ -10,7 +10,7 @@ import pytest
 import requests
 
 from billing.scope import FINANCE_GROUP
-from billing.services.api_tokens import issue_api_token
+from billing.services.identity.api_tokens import issue_api_token
 from tests.conftest import user_in
 
 pytestmark = pytest.mark.django_db(transaction=True)

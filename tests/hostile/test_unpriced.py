@@ -13,8 +13,8 @@ import requests
 
 from billing.ledger.rollup import rollup_usage
 from billing.models import GpuModel, Invoice, RateCard
-from billing.services.invoicing import close_period
-from billing.services.tokens import issue_node_token
+from billing.services.identity.tokens import issue_node_token
+from billing.services.invoicing.close import close_period
 from tests import clock
 from tests.conftest import A100, SHARED_GPU_WORKLOADS, healthz_as_admin, make_batch
 

@@ -4,7 +4,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.utils import timezone
 
 from billing.errors import InvalidInput
-from billing.services.api_tokens import MAX_EXPIRY_DAYS, expiry_after_days, issue_api_token
+from billing.services.identity import MAX_EXPIRY_DAYS, expiry_after_days, issue_api_token
 
 
 class Command(BaseCommand):

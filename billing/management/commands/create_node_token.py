@@ -4,7 +4,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.utils import timezone
 
 from billing.errors import InvalidInput
-from billing.services.tokens import issue_node_token
+from billing.services.identity import issue_node_token
 
 
 class Command(BaseCommand):

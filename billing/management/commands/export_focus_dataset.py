@@ -8,8 +8,7 @@ from django.utils import timezone
 
 from billing.calendar import parse_month
 from billing.errors import DomainError
-from billing.services.exports.focus_dataset import write_fleet_dataset
-from billing.services.exports.numbers import plain_decimal
+from billing.services.exports import plain_decimal, write_fleet_dataset
 
 
 class Command(BaseCommand):

@@ -7,7 +7,7 @@ from django.utils import timezone
 
 from billing.errors import DomainError
 from billing.money import format_minor_units
-from billing.services.credit_notes import issue_credit_note
+from billing.services.invoicing import issue_credit_note
 
 
 class Command(BaseCommand):

@@ -6,7 +6,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.utils import timezone
 
 from billing.errors import InvalidInput
-from billing.services.reports import request_paired_report, run_paired_report
+from billing.services.savings import request_paired_report, run_paired_report
 
 
 def _day(text: str) -> datetime:

@@ -5,7 +5,7 @@ from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.utils import timezone
 
-from billing.services.rebalance import propose_rebalance
+from billing.services.fleet import propose_rebalance
 
 
 class Command(BaseCommand):

@@ -4,7 +4,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.utils import timezone
 
 from billing.errors import InvalidInput
-from billing.services.gpu_ownership import reassign_gpu
+from billing.services.fleet import reassign_gpu
 
 
 class Command(BaseCommand):

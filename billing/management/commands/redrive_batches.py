@@ -6,7 +6,7 @@ from django.utils import timezone
 
 from billing.errors import InvalidInput
 from billing.ledger.state import list_quarantined_batches
-from billing.services.quarantine import redrive_batches
+from billing.services.ingest import redrive_batches
 
 
 class Command(BaseCommand):

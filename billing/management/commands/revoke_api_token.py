@@ -5,7 +5,7 @@ from django.utils import timezone
 
 from billing.errors import InvalidInput
 from billing.models import ApiToken
-from billing.services.api_tokens import revoke_api_token
+from billing.services.identity import revoke_api_token
 
 
 class Command(BaseCommand):

@@ -5,7 +5,7 @@ from django.utils import timezone
 
 from billing.errors import InvalidInput
 from billing.models import NodeToken
-from billing.services.tokens import revoke_node_token
+from billing.services.identity import revoke_node_token
 
 
 class Command(BaseCommand):

@@ -4,7 +4,7 @@ from typing import Any
 from django.core.management.base import BaseCommand
 from django.utils import timezone
 
-from billing.services.quarantine import run_rollup
+from billing.services.ingest import run_rollup
 
 
 class Command(BaseCommand):

@@ -1,6 +1,6 @@
 """manage.py tenant_namespaces SLUG [NAMESPACE ...]: show or set the namespaces a tenant owns.
 
-Usage is billed by this mapping, not by the tenant an agent names (billing.services.tenant_mapping).
+Usage is billed by this mapping, not by the tenant an agent names (billing.services.ingest.tenant_mapping).
 Without namespaces it prints the current list; `--set` replaces it (audited; `--set` alone clears it).
 """
 
@@ -11,7 +11,7 @@ from django.utils import timezone
 
 from billing.errors import InvalidInput
 from billing.models import Tenant
-from billing.services.tenant_mapping import set_tenant_namespaces
+from billing.services.ingest import set_tenant_namespaces
 
 
 class Command(BaseCommand):

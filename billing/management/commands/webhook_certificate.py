@@ -1,5 +1,5 @@
 """manage.py webhook_certificate: the admission webhook's CA and serving certificate, made and
-renewed without a certificate operator (billing/services/webhook_tls.py)."""
+renewed without a certificate operator (billing/services/identity/webhook_tls.py)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.utils import timezone
 
-from billing.services.webhook_tls import (
+from billing.services.identity import (
     CertificateError,
     DirectoryStore,
     KubernetesStore,

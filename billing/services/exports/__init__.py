@@ -2,7 +2,7 @@
 
 Reads only, one module per concern: the scoped invoice reads (`invoices`), the invoice CSV
 (`invoice_csv`), the FOCUS rows and file (`focus`, from billing.ledger.exports), the PDF
-(`pdf`) and its CJK font subset (`fonts`). Every entry point takes the caller's `Scope` and
+(`pdf`, drawing through billing.pdf_fonts), the FOCUS dataset files (`focus_dataset`). Every entry point takes the caller's `Scope` and
 filters in the query, so an invoice outside the scope is indistinguishable from one that does
 not exist.
 
@@ -26,10 +26,11 @@ from billing.services.exports.focus import (
     render_credit_note_focus_csv,
     render_focus_csv,
 )
-from billing.services.exports.fonts import cjk_font_name
+from billing.services.exports.focus_dataset import write_changing_months, write_fleet_dataset
 from billing.services.exports.invoice_csv import (
     CREDIT_NOTE_CSV_COLUMNS,
     INVOICE_CSV_COLUMNS,
+    line_number_cells,
     render_credit_note_csv,
     render_invoice_csv,
 )
@@ -47,6 +48,7 @@ from billing.services.exports.invoices import (
     get_invoice_document,
     list_invoices,
 )
+from billing.services.exports.numbers import plain_decimal
 from billing.services.exports.pdf import render_credit_note_pdf, render_invoice_pdf
 
 __all__ = [
@@ -66,19 +68,22 @@ __all__ = [
     "InvoiceSummary",
     "build_credit_note_focus_rows",
     "build_focus_rows",
-    "cjk_font_name",
     "export_credit_note",
     "export_invoice",
     "find_invoice_number",
     "get_credit_note_document",
     "get_invoice_document",
+    "line_number_cells",
     "list_invoices",
+    "plain_decimal",
     "render_credit_note_csv",
     "render_credit_note_focus_csv",
     "render_credit_note_pdf",
     "render_focus_csv",
     "render_invoice_csv",
     "render_invoice_pdf",
+    "write_changing_months",
+    "write_fleet_dataset",
 ]
 
 EXPORT_FORMATS = ("pdf", "csv", "focus")

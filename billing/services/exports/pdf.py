@@ -1,5 +1,5 @@
 """The invoice and the credit note as PDFs (reportlab), every string in one embedded font subset
-(billing.services.exports.fonts.PdfFont: no standard font referenced, no glyph missing)."""
+(billing.pdf_fonts.PdfFont: no standard font referenced, no glyph missing)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from django.utils.translation import gettext as _
 
 from billing.models import InvoiceLine
 from billing.money import format_minor_units
-from billing.services.exports.fonts import pdf_font
+from billing.pdf_fonts import pdf_font
 from billing.services.exports.invoices import GPU_HOURS_PLACES, CreditNoteDocument, InvoiceDocument, gpu_hours_text
 from billing.services.exports.numbers import plain_decimal
 

@@ -37,7 +37,7 @@ from django.utils.translation import gettext as _
 from billing.errors import Forbidden, NotAuthenticated
 from billing.models import Node
 from billing.services.audit import record_audit_event
-from billing.services.kube_api import shared_api_client
+from billing.services.identity.kube_api import shared_api_client
 
 __all__ = [
     "POD_NAME_EXTRA",

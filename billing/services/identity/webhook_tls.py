@@ -34,7 +34,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from billing.services.kube_api import new_api_client
+from billing.services.identity.kube_api import new_api_client
 
 __all__ = [
     "CA_VALIDITY",

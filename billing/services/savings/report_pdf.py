@@ -14,9 +14,8 @@ from django.utils.translation import gettext as _
 
 from billing.csv_files import number
 from billing.models import PairedReport
-from billing.money import display_amount
-from billing.services.exports.fonts import pdf_font
-from billing.templatetags.ledger import money
+from billing.money import display_amount, money_text
+from billing.pdf_fonts import pdf_font
 
 __all__ = ["SAVINGS_CSV_COLUMNS", "CostComparison", "SavingsTables", "definitions", "partial_days_note", "period_text",
            "render_paired_report_pdf", "savings_csv_rows", "savings_tables", "study_rows", "summary_rows"]
@@ -46,7 +45,7 @@ def _fmt(value: Any, suffix: str = "") -> str:
 
 def _amount(value: Any, currency: str) -> str:
     """An amount of the report in its currency, to the currency's minor unit ("—" when missing)."""
-    return "—" if value is None else money(value, currency)
+    return "—" if value is None else money_text(value, currency)
 
 
 @dataclass(frozen=True)
@@ -234,7 +233,7 @@ def period_text(report: PairedReport) -> str:
 
 
 def _comparison_cells(rows: tuple[CostComparison, ...], currency: str) -> list[list[str]]:
-    return [[r.label, money(r.whole_card, currency), money(r.dynamic, currency), money(r.saving, currency),
+    return [[r.label, money_text(r.whole_card, currency), money_text(r.dynamic, currency), money_text(r.saving, currency),
              _fmt(r.reduction_pct, " %")] for r in rows]
 
 

@@ -5,7 +5,7 @@ naming the field. Each change is audited with before and after in its own transa
 `sla_tier.created`; `sla_tier.weight_changed` when only the weight changes (agents act on it);
 `sla_tier.changed` otherwise, with the changed fields only. A change that changes nothing
 writes nothing. Agents see tiers and weights through the node policy API
-(`billing.services.policy.get_node_policy` lists every tier) on their next poll; a new tier
+(`billing.services.ingest.policy.get_node_policy` lists every tier) on their next poll; a new tier
 changes the policy's ETag like a new weight does.
 
 Retiring a tier (`retire_sla_tier`, audited `sla_tier.retired`) withdraws it: it can no longer be

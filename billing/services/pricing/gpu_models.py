@@ -1,10 +1,10 @@
 """Approved GPU models (docs/billing.md, Approved GPU models): the names an admin has vouched for.
 
 A node reports its GPUs' model names itself, so a name is a claim, not a fact. Only an approved
-name may be priced (billing.services.rate_cards refuses a card for any other) and offered in the
+name may be priced (billing.services.pricing.rate_cards refuses a card for any other) and offered in the
 rate-card form; a GPU whose model is not approved is flagged on the nodes page, in /healthz and in
 /metrics, and its usage stays unpriced. That usage never holds the month's close: the close bills
-everything priced and lists the rest as its own item (billing.services.invoicing), and once the
+everything priced and lists the rest as its own item (billing.services.invoicing.close), and once the
 model is approved and priced it is billed as a late-usage adjustment on the next invoice.
 
 Ingest does not consult this list (a batch is never refused for its model: usage is never lost);

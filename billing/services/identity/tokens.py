@@ -17,8 +17,8 @@ from billing.errors import Forbidden, InvalidInput, NotAuthenticated
 from billing.models import Node, NodeToken
 from billing.models.fleet import node_name_validator
 from billing.services.audit import record_audit_event
-from billing.services.auth_throttle import check_not_throttled, note_failure, note_valid_token
-from billing.services.node_identity import authenticate_service_account_token
+from billing.services.identity.auth_throttle import check_not_throttled, note_failure, note_valid_token
+from billing.services.identity.node_identity import authenticate_service_account_token
 
 __all__ = ["IssuedToken", "authenticate_node", "issue_node_token", "note_token_use", "revoke_node_token",
            "token_sha256"]
@@ -29,7 +29,7 @@ _used: dict[tuple[str, int], float] = {}
 _USE_WRITE_EVERY_S = 60.0
 
 TOKEN_PREFIX = "vgl_"  # noqa: S105 - a public marker that makes leaked tokens greppable, not a secret
-# The read API's tokens (billing.services.api_tokens) start "vgla_": told apart from a node's by
+# The read API's tokens (billing.services.identity.api_tokens) start "vgla_": told apart from a node's by
 # the prefix alone, so neither kind is ever looked up, or sent to a TokenReview, as the other.
 API_TOKEN_PREFIX = "vgla_"  # noqa: S105 - as above
 
@@ -113,9 +113,9 @@ def authenticate_node(*, authorization: str | None, node_name: str | None, clien
     """Resolve `Authorization: Bearer <token>` to its node.
 
     A node token (`vgl_…`) is looked up here; any other bearer token is taken for the agent's
-    Kubernetes ServiceAccount token and checked with a TokenReview (billing.services.node_identity).
+    Kubernetes ServiceAccount token and checked with a TokenReview (billing.services.identity.node_identity).
     401 for a missing or unknown token; 403 for a revoked token or one of another node. With the
-    caller's address `client`, failures are throttled (billing.services.auth_throttle): 429 once
+    caller's address `client`, failures are throttled (billing.services.identity.auth_throttle): 429 once
     it is over the limit, before any look-up, unless the token is known valid.
     """
     if not authorization:

@@ -1,6 +1,6 @@
 """The usage batch's JSON Schema (wire protocol v1), published in the OpenAPI document.
 
-Built from the same bounds as validation (billing.services.batch_validation), so the schema a
+Built from the same bounds as validation (billing.services.ingest.batch_validation), so the schema a
 client generates from and the rules the server checks cannot drift apart. Validation checks
 more than a schema can say (capacity × seconds, Σ grants, windows, overlaps); the schema is the
 shape and every per-field bound. OpenAPI 3.0 dialect (drf-spectacular's)."""
@@ -11,7 +11,7 @@ from typing import Any
 
 from django.conf import settings
 
-from billing.services import batch_validation as rules
+from billing.services.ingest import batch_validation as rules
 
 __all__ = ["usage_batch_schema"]
 

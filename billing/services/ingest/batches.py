@@ -21,8 +21,8 @@ from django.db import IntegrityError, transaction
 from billing.errors import FieldError, Forbidden, InvalidBatch, PayloadTooLarge, UnsupportedMediaType
 from billing.ledger.batches import IngestResult, overlap_message, store_batch
 from billing.models import Node
-from billing.services.batch_validation import validate_batch
-from billing.services.tenant_mapping import map_batch_tenants, note_claim_mismatches
+from billing.services.ingest.batch_validation import validate_batch
+from billing.services.ingest.tenant_mapping import map_batch_tenants, note_claim_mismatches
 
 __all__ = ["IngestResult", "decode_body", "record_usage_batch"]
 
@@ -93,7 +93,7 @@ def record_usage_batch(*, node: Node, payload: object, content: bytes, now: date
     if batch.node != node.name:
         raise Forbidden(f"this token belongs to node {node.name!r}, the batch names {batch.node!r}")
     # The tenant each sample is billed to is the service's mapping of its namespace, never only
-    # the node's claim (billing.services.tenant_mapping); the digest stays that of the bytes sent,
+    # the node's claim (billing.services.ingest.tenant_mapping); the digest stays that of the bytes sent,
     # so a retry of the same batch is still a duplicate.
     batch, mismatches = map_batch_tenants(batch)
     digest = hashlib.sha256(content).hexdigest()

@@ -5,12 +5,12 @@ rate, for a stated reason. It is numbered in its own sequence, CN-YYYY-NNNN by t
 (gapless: numbers are taken under a table lock), and immutable once written (the database refuses
 an update or a delete, migration 0019). An invoice's credit notes never exceed it: their net
 amounts add up to at most its subtotal and their tax to at most its tax. Each credit's tax is
-rounded once on its net (billing.services.invoicing.tax_minor_units), capped at the tax still
+rounded once on its net (billing.services.invoicing.close.tax_minor_units), capped at the tax still
 uncredited, and the credit that takes the last of the net takes the last of the tax, so crediting
 an invoice in full, in any number of parts, credits exactly its total.
 
 Late usage for a month already invoiced is still an adjustment line on the next invoice
-(billing.services.invoicing): it is the ledger catching up, found by the close, not a decision.
+(billing.services.invoicing.close): it is the ledger catching up, found by the close, not a decision.
 A credit note is a person's decision about an issued invoice (a dispute, an outage credit, a
 mistaken rate) and is audited as one.
 """
@@ -28,9 +28,9 @@ from django.utils.translation import gettext
 from billing.errors import InvalidInput
 from billing.models import CreditNote, Invoice
 from billing.money import format_minor_units, minor_unit_exponent
+from billing.pdf_fonts import undrawable
 from billing.services.audit import record_audit_event
-from billing.services.exports.fonts import undrawable
-from billing.services.invoicing import current_issuer, tax_minor_units
+from billing.services.invoicing.close import current_issuer, tax_minor_units
 
 __all__ = ["MAX_CREDIT_MAJOR", "REASON_MAX_CHARS", "CreditNoteIssued", "CreditRoom", "credit_tax_minor",
            "get_credit_room", "issue_credit_note", "parse_credit_amount", "unprintable_message"]

@@ -13,7 +13,7 @@ from billing.errors import InvalidInput
 from billing.ledger.retention import require_minutes_retained
 from billing.models import PairedReport, Tenant
 from billing.services.audit import record_audit_event
-from billing.services.paired_report import LOOKBACK, compute_paired_report
+from billing.services.savings.paired_report import LOOKBACK, compute_paired_report
 
 __all__ = ["IN_FLIGHT_REUSE", "MAX_REPORT_DAYS", "request_paired_report", "run_paired_report", "tenant_names"]
 

@@ -33,7 +33,7 @@ from billing.ledger.spend import HourSpend, TenantSpend, list_hour_spends, list_
 from billing.models import Budget, BudgetState, BudgetStatus, Tenant
 from billing.money import amount_text, display_amount
 from billing.services.audit import record_audit_event
-from billing.services.webhooks import parse_allow_list
+from billing.services.budgets.webhooks import parse_allow_list
 
 __all__ = [
     "FORECAST_WINDOW",

@@ -2,7 +2,7 @@
 expiring, every change audited. A token acts as its user with exactly the user's role
 (billing.scope.get_scope), so it never sees more than that person would on the pages.
 
-Node tokens (billing.services.tokens) are the model: same hashing, same once-a-minute record of
+Node tokens (billing.services.identity.tokens) are the model: same hashing, same once-a-minute record of
 use; only the prefix differs (`vgla_`), so the two kinds are never confused."""
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ from django.db import transaction
 from billing.errors import InvalidInput, NotAuthenticated
 from billing.models import ApiToken
 from billing.services.audit import record_audit_event
-from billing.services.auth_throttle import check_not_throttled, note_failure, note_valid_token
-from billing.services.tokens import API_TOKEN_PREFIX, note_token_use, token_sha256
+from billing.services.identity.auth_throttle import check_not_throttled, note_failure, note_valid_token
+from billing.services.identity.tokens import API_TOKEN_PREFIX, note_token_use, token_sha256
 
 __all__ = ["MAX_EXPIRY_DAYS", "MAX_NAME_LENGTH", "IssuedApiToken", "authenticate_api_token", "expiry_after_days",
            "issue_api_token", "revoke_api_token"]
@@ -101,7 +101,7 @@ def revoke_api_token(*, token_id: int, now: datetime, actor_label: str, actor_id
 def authenticate_api_token(token: str, *, now: datetime, client: str | None = None) -> User:
     """The user whose token this is, or NotAuthenticated saying why (unknown, revoked, expired,
     inactive user): all 401, since presenting another credential is the caller's only remedy.
-    With the caller's address `client`, failures are throttled (billing.services.auth_throttle):
+    With the caller's address `client`, failures are throttled (billing.services.identity.auth_throttle):
     Overloaded (429) once it is over the limit, before any look-up, unless the token is known valid."""
     digest = token_sha256(token)
     check_not_throttled(client=client, token_sha256=digest)

@@ -22,9 +22,9 @@ from dataclasses import dataclass
 from django.conf import settings
 
 from billing.errors import NotAuthenticated
-from billing.services.auth_throttle import check_not_throttled, note_failure
-from billing.services.bearer import configured_token, presents_bearer
-from billing.services.tokens import token_sha256
+from billing.services.identity.auth_throttle import check_not_throttled, note_failure
+from billing.services.identity.bearer import configured_token, presents_bearer
+from billing.services.identity.tokens import token_sha256
 
 __all__ = ["AdmissionCredentials", "authenticate_admission_caller", "common_name_of", "load_admission_credentials"]
 
@@ -59,7 +59,7 @@ def authenticate_admission_caller(*, credentials: AdmissionCredentials, authoriz
                                   client_cert_dn: str | None, client: str | None = None) -> str:
     """Who called ("bearer-token" or "client-cert:<CN>"), or NotAuthenticated with the reason.
     With the caller's address `client`, a wrong credential counts as a failure of that address
-    (billing.services.auth_throttle), and a blocked address is refused (Overloaded, 429) unless
+    (billing.services.identity.auth_throttle), and a blocked address is refused (Overloaded, 429) unless
     it presents the configured token or an accepted client certificate."""
     if credentials.problem:
         raise NotAuthenticated(f"admission webhook credentials are misconfigured ({credentials.problem}); "

@@ -1,5 +1,5 @@
 """JSON Schemas of the agent API's other bodies and of the admission webhook's, published in the
-OpenAPI document (billing.api.openapi); the usage batch's is billing.services.batch_schema.
+OpenAPI document (billing.api.openapi); the usage batch's is billing.services.ingest.batch_schema.
 
 Each is built from the bounds its validator checks (the constants beside record_node_events,
 record_undelivered_batches, get_node_policy, review_pod), so the document and the rules cannot
@@ -12,9 +12,9 @@ from __future__ import annotations
 from typing import Any
 
 from billing.models import AdmittedPod, BudgetAction, BudgetState
-from billing.services import node_events, undelivered
+from billing.services.ingest import node_events, undelivered
+from billing.services.ingest.policy import POLICY_SCHEMA
 from billing.services.input_limits import max_length
-from billing.services.policy import POLICY_SCHEMA
 
 __all__ = [
     "admission_reply_schema",

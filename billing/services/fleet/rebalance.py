@@ -62,7 +62,7 @@ from billing.errors import InvalidInput
 from billing.ledger.minutes import list_pod_minute_use, list_recent_placements
 from billing.models import Gpu, RateCard, RebalancePlan, RebalanceStatus
 from billing.services.audit import record_audit_event
-from billing.services.kube_api import new_api_client
+from billing.services.identity import new_api_client
 
 __all__ = [
     "OUTCOMES",

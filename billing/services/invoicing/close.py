@@ -13,7 +13,7 @@ while a close runs changes nothing.
 An invoice, when finalized, copies its issuer (settings), bill-to name, terms (issue date = the
 close's UTC date, due date = issue + the tenant's payment terms), PO number, cost centre and tax
 rate (`_issue_terms`); its tax is rounded once on the subtotal (`tax_minor_units`) and its total is
-subtotal + tax. A correction of an issued invoice is a credit note (billing.services.credit_notes);
+subtotal + tax. A correction of an issued invoice is a credit note (billing.services.invoicing.credit_notes);
 late usage still becomes adjustment lines on the next invoice, as below.
 
 Lines (docs/billing.md): per GPU model and SLA tier, the usage charge; under the `proportional`

@@ -1,5 +1,5 @@
 """Which node a GPU belongs to. Ingest gives a GPU to the first node that declares it and refuses
-it to every other node (billing.services.ingest); a card that really moved is handed over here,
+it to every other node (billing.services.ingest.batches); a card that really moved is handed over here,
 by an admin, audited. Usage the old owner already metered stays billed to it."""
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ ledger holds any minute of that GPU model at or after T it re-rolls [T, last suc
 A period that is closed or closing (BillingPeriod) is refused as well, whatever its month.
 A price of 0 (a free GPU model) is saved only with `confirm_free=True`, the form's explicit
 "I confirm this GPU model is free", and the audit event records that confirmation. A GPU model
-must be approved (`check_gpu_model`, billing.services.gpu_models): a name a node reports is never
+must be approved (`check_gpu_model`, billing.services.pricing.gpu_models): a name a node reports is never
 priced, nor offered in the form, until an admin approves it. A model that no card prices from
 some instant on may get a card from that instant, in the past (`_check_start`): it prices only
 usage that was billed at nothing, which the next close then bills as a late-usage adjustment.
@@ -51,7 +51,7 @@ from billing.ledger.minutes import get_last_ledger_minute
 from billing.ledger.rollup import rebuild_ledger
 from billing.models import BilledBasis, BillingPeriod, Gpu, IdlePolicy, RateCard
 from billing.services.audit import record_audit_event
-from billing.services.gpu_models import approved_gpu_models, is_approved
+from billing.services.pricing.gpu_models import approved_gpu_models, is_approved
 
 __all__ = [
     "RateCardChange",
@@ -104,7 +104,7 @@ def _snapshot(card: RateCard) -> dict[str, Any]:
 
 
 def known_gpu_models() -> list[str]:
-    """The GPU models a card may price: the approved ones (billing.services.gpu_models), in name
+    """The GPU models a card may price: the approved ones (billing.services.pricing.gpu_models), in name
     order. A name a node reports is never offered until an admin approves it."""
     return approved_gpu_models()
 
@@ -185,7 +185,7 @@ def _check_start(*, gpu_model: str, at: datetime, now: datetime, currency: str) 
     no card priced (an unapproved model a node reported, approved since) may be priced from the
     past, as far back as its months can still be adjusted: those minutes were billed at nothing, so
     nothing billed changes, and the close of a month after bills them as late-usage adjustments
-    (billing.services.invoicing). Refused inside a month being closed (its close is reading), and
+    (billing.services.invoicing.close). Refused inside a month being closed (its close is reading), and
     before the late-usage horizon of the current month (no invoice would carry the adjustment,
     and the usage must never be silently dropped), and in a currency other than the cards that
     priced the same time (one invoice carries one currency: a second would fail the next close)."""

@@ -1,0 +1,57 @@
+"""Fleet: the GPUs themselves. Rebalance plans (proposed from measured use, approved by a second
+admin, executed through the Kubernetes API), right-sizing suggestions for memory requests, and
+handing a GPU over from one node to another.
+
+The facade: code outside this package imports from here, never from its modules."""
+
+from __future__ import annotations
+
+from billing.services.fleet.gpu_ownership import reassign_gpu
+from billing.services.fleet.rebalance import (
+    CapacityLine,
+    ExecutionStep,
+    approve_plan,
+    capacity_lines,
+    confirmation_code,
+    count_executions,
+    execution_outcome,
+    kube_from_settings,
+    plan_steps,
+    propose_rebalance,
+    reject_plan,
+    run_execution,
+    unapprove_unqueued_plan,
+)
+from billing.services.fleet.rightsizing import (
+    HEADROOM,
+    MemoryUse,
+    Suggestion,
+    gib,
+    mean_mb,
+    percent_of,
+    suggest_memory_request,
+)
+
+__all__ = [
+    "HEADROOM",
+    "CapacityLine",
+    "ExecutionStep",
+    "MemoryUse",
+    "Suggestion",
+    "approve_plan",
+    "capacity_lines",
+    "confirmation_code",
+    "count_executions",
+    "execution_outcome",
+    "gib",
+    "kube_from_settings",
+    "mean_mb",
+    "percent_of",
+    "plan_steps",
+    "propose_rebalance",
+    "reassign_gpu",
+    "reject_plan",
+    "run_execution",
+    "suggest_memory_request",
+    "unapprove_unqueued_plan",
+]

@@ -1,0 +1,44 @@
+"""Invoicing: turning a closed month into invoices. The close (preview, request, resume, finalize,
+late-usage adjustments), credit notes against finalized invoices, and the tenant's billing details
+(legal name, tax rate, terms) the close copies onto each invoice.
+
+The facade: code outside this package imports from here, never from its modules."""
+
+from __future__ import annotations
+
+from billing.services.invoicing.close import (
+    InvoicePreview,
+    close_is_stalled,
+    close_period,
+    current_issuer,
+    list_unpriced,
+    preview_invoice,
+    preview_invoices,
+    request_period_close,
+    resume_period_close,
+)
+from billing.services.invoicing.credit_notes import (
+    REASON_MAX_CHARS,
+    get_credit_room,
+    issue_credit_note,
+    unprintable_message,
+)
+from billing.services.invoicing.tenant_billing import get_tenant_billing, update_tenant_billing
+
+__all__ = [
+    "REASON_MAX_CHARS",
+    "InvoicePreview",
+    "close_is_stalled",
+    "close_period",
+    "current_issuer",
+    "get_credit_room",
+    "get_tenant_billing",
+    "issue_credit_note",
+    "list_unpriced",
+    "preview_invoice",
+    "preview_invoices",
+    "request_period_close",
+    "resume_period_close",
+    "unprintable_message",
+    "update_tenant_billing",
+]
