@@ -22,6 +22,7 @@ from billing.ledger.retention import apply_retention as _apply_retention
 from billing.ledger.statistics import analyze_stale_partitions as _analyze_stale_partitions
 from billing.models import Budget
 from billing.services.budgets import (
+    FORECAST_OVER_EVENT,
     DestinationRefused,
     parse_allow_list,
     post_to_destination,
@@ -140,13 +141,14 @@ def write_focus_dataset() -> list[dict[str, object]]:
 @shared_task(name="billing.tasks.evaluate_budgets", acks_late=True, autoretry_for=(OperationalError,),
              retry_backoff=True, max_retries=5)
 def evaluate_budgets() -> list[dict[str, object]]:
-    """Every minute: move budgets between ok / warned / enforced and notify on each change."""
-    transitions = _evaluate_budgets(now=timezone.now())
-    for t in transitions:
-        payload = t.payload()
-        send_budget_email.delay(t.budget_id, payload)
-        deliver_budget_webhook.delay(t.budget_id, payload)
-    return [t.payload() for t in transitions]
+    """Every minute: move budgets between ok / warned / enforced, mark those whose forecast is over
+    the amount, and notify on each change of state and each crossing of the forecast above the amount."""
+    events = _evaluate_budgets(now=timezone.now())
+    for e in events:
+        payload = e.payload()
+        send_budget_email.delay(e.budget_id, payload)
+        deliver_budget_webhook.delay(e.budget_id, payload)
+    return [e.payload() for e in events]
 
 
 class WebhookRetry(Exception):
@@ -160,6 +162,9 @@ def send_budget_email(budget_id: int, payload: dict[str, object]) -> int:
     if budget is None or not budget.notify_emails.strip():
         return 0
     recipients = [a.strip() for a in budget.notify_emails.split(",") if a.strip()]
+    if payload["event"] == FORECAST_OVER_EVENT:
+        subject, lines = _forecast_over_mail(budget, payload)
+        return send_mail(subject, "\n".join(lines), None, recipients)
     subject = f"[vGPU Ledger] Budget of {budget.tenant.name}: {payload['to']}"
     lines = [
         f"The GPU budget of {budget.tenant.name} ({budget.tenant.slug}) moved from {payload['from']} "
@@ -171,6 +176,20 @@ def send_budget_email(budget_id: int, payload: dict[str, object]) -> int:
         lines.append(f"Enforcement action: {payload['action']}.")
     lines.append(f"To raise the budget, contact {budget.owner}.")
     return send_mail(subject, "\n".join(lines), None, recipients)
+
+
+def _forecast_over_mail(budget: Budget, payload: dict[str, object]) -> tuple[str, list[str]]:
+    """The forecast crossed above the budget: a warning, nothing is enforced by it."""
+    subject = f"[vGPU Ledger] Budget of {budget.tenant.name}: forecast over budget"
+    lines = [
+        f"The GPU budget of {budget.tenant.name} ({budget.tenant.slug}) is forecast to be exceeded in "
+        f"{payload['month']}: forecast to month end {payload['forecast']} {payload['currency']}, "
+        f"budget {payload['amount']} {payload['currency']}.",
+        f"Month-to-date spend: {payload['spend']} {payload['currency']}; the budget's state is {payload['state']} "
+        "and nothing is enforced until the month-to-date spend reaches the enforce threshold.",
+        f"To raise the budget, contact {budget.owner}.",
+    ]
+    return subject, lines
 
 
 @shared_task(name="billing.tasks.deliver_budget_webhook", acks_late=True,

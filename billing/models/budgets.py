@@ -64,19 +64,29 @@ class Budget(models.Model):
 
 
 class BudgetStatus(models.Model):
-    """Where a budget stands in one month; a new month starts a new row in state ok."""
+    """Where a budget stands in one month; a new month starts a new row in state ok.
+
+    `forecast_over_budget` is a warning beside the state, never a state: the forecast exceeded the
+    amount while the state was ok or warned. Enforcement (the node policy, admission) reads `state`
+    only, so the flag cannot change what a node or the admission webhook does; an enforced budget
+    never carries it (its own notification already said more)."""
 
     budget = models.ForeignKey(Budget, on_delete=models.CASCADE, related_name="statuses")
     month = models.DateField()
     state = models.CharField(max_length=10, choices=BudgetState.choices, default=BudgetState.OK)
     spend = models.DecimalField(max_digits=30, decimal_places=12, default=Decimal(0))
     forecast = models.DecimalField(max_digits=30, decimal_places=12, default=Decimal(0))
+    forecast_over_budget = models.BooleanField(default=False)
     evaluated_at = models.DateTimeField()
     changed_at = models.DateTimeField()
 
     class Meta:
         ordering = ["-month"]
-        constraints = [models.UniqueConstraint(fields=["budget", "month"], name="budget_status_month_unique")]
+        constraints = [
+            models.UniqueConstraint(fields=["budget", "month"], name="budget_status_month_unique"),
+            models.CheckConstraint(condition=~(Q(forecast_over_budget=True) & Q(state=BudgetState.ENFORCED)),
+                                   name="budget_status_forecast_over_not_enforced"),
+        ]
 
     def __str__(self) -> str:
         return f"{self.budget_id} {self.month:%Y-%m} {self.state}"

@@ -2,7 +2,8 @@
 
 Spend and forecast are read live with the one definition (billing.services.budgets.spend.get_month_spends)
 the portal's month-to-date card uses too, so both show the same number; the state is the one the
-last evaluation acted on (evaluate_budgets runs every minute and on every budget change)."""
+last evaluation acted on (evaluate_budgets runs every minute and on every budget change), and so is
+the forecast-over-budget flag beside it (the one that was notified)."""
 
 from __future__ import annotations
 
@@ -10,11 +11,16 @@ from dataclasses import dataclass
 from datetime import datetime
 from decimal import Decimal
 
+from django.utils.translation import gettext_lazy
+
 from billing.models import Budget, BudgetAction, BudgetState, BudgetStatus
 from billing.scope import Scope
 from billing.services.budgets import MonthSpend, get_month_spends
 
-__all__ = ["BudgetView", "list_budgets"]
+__all__ = ["FORECAST_OVER_BUDGET_LABEL", "BudgetView", "list_budgets"]
+
+# Shown beside the state (ok or warned) of a budget whose forecast exceeds its amount; never a state.
+FORECAST_OVER_BUDGET_LABEL = gettext_lazy("forecast over budget")
 
 
 @dataclass(frozen=True)
@@ -31,10 +37,15 @@ class BudgetView:
     forecast: Decimal
     rate_hours: int  # complete hours the forecast's rate is taken over (0: forecast = spend)
     used_pct: Decimal
+    forecast_over_budget: bool  # the last evaluation's flag (BudgetStatus.forecast_over_budget)
 
     @property
     def state_label(self) -> str:
         return str(BudgetState(self.state).label)
+
+    @property
+    def forecast_over_budget_label(self) -> str:
+        return str(FORECAST_OVER_BUDGET_LABEL)
 
     @property
     def action_label(self) -> str:
@@ -63,5 +74,6 @@ def list_budgets(*, scope: Scope, now: datetime, spends: dict[str, MonthSpend] |
             spend=spend.month_to_date, spend_shown=spend.month_to_date_shown(b.currency), forecast=spend.forecast,
             rate_hours=spend.rate_hours,
             used_pct=(spend.month_to_date / b.amount * 100) if b.amount else Decimal(0),
+            forecast_over_budget=bool(status and status.forecast_over_budget),
         ))
     return views

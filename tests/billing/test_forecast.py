@@ -174,3 +174,29 @@ def test_the_month_to_date_shown_is_the_sum_of_its_shown_parts_on_every_page(cli
     row = re.search(r'data-testid="budget-state-acme".*?<td class="num">(?P<spend>[\d,.]+) USD', budgets, re.S)
     assert row
     assert row["spend"] == "0.24"
+
+
+def test_a_tenant_forecast_far_over_its_budget_is_marked_while_its_state_stays_ok(
+        acme, post_batch, time_machine, hour, client):
+    """The finance reviewer's finding on the demo: a forecast of 13,156 USD against a budget of
+    3,000 showed "ok" in green and sent nothing. With 360 USD an hour the forecast to month end is
+    far above 3,000 while the month to date is a fifth of it: the state stays ok (month to date),
+    and the budget is marked, notified once, forecast over budget."""
+    use = SteadyUse(post_batch, time_machine, hour - timedelta(minutes=90))
+    use.run_until(hour + timedelta(minutes=5))
+    set_budget(tenant_slug="acme", now=clock.now(), actor_label="test",
+               values={"amount": Decimal("3000"), "currency": "USD", "hard_action": "block",
+                       "owner": "finops@acme.example"})
+    events = evaluate_budgets(now=clock.now())
+    spend = get_month_spend(tenant="acme", now=clock.now())
+    assert spend.month_to_date == Decimal("0.1") * 60 * 95  # 570 USD, 19 %
+    assert spend.forecast > 3000
+    assert [e.payload()["event"] for e in events] == ["budget.forecast_over_budget"]
+    assert events[0].payload()["state"] == "ok"
+    use.run_until(hour + timedelta(minutes=20))
+    assert evaluate_budgets(now=clock.now()) == []  # still over: nothing more
+    client.force_login(user_in(group="finance"))
+    budgets = client.get("/budgets/").content.decode()
+    assert re.search(r'data-testid="budget-state-acme" data-state="ok"><strong class="state-ok">ok</strong> '
+                     r'<span class="badge forecast-over" data-testid="forecast-over-acme">forecast over budget</span>',
+                     budgets)

@@ -9,6 +9,7 @@ import re
 from datetime import UTC, date, datetime, timedelta
 from decimal import Decimal
 from html.parser import HTMLParser
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -225,6 +226,55 @@ def test_budget_status_shows_state_bar_action_and_owner(client, ledger):
     assert "enforced" in status
     assert "block new GPU pods" in html
     assert "finops@acme.example" in html
+
+
+@pytest.mark.parametrize(("language", "ok", "label", "sentence"), [
+    ("en", "ok", "forecast over budget", "Forecast to month end 5.25 USD, above the budget of 5.00 USD"),
+    ("zh-hans", "正常", "预测超出预算", "月末预测 5.25 USD\uff0c高于 5.00 USD 的预算"),
+])
+def test_forecast_over_budget_shows_beside_the_state_on_the_portal_the_tenant_list_and_the_budgets_page(
+        ledger, language, ok, label, sentence):
+    """acme's forecast is its month to date (no complete hour yet): 5.25 USD above a budget of 5.00,
+    while thresholds of 999 % keep the state ok. Each page says so in the reader's language, orange
+    rather than the green of ok, with the forecast and the budget side by side."""
+    set_budget(tenant_slug="acme", now=clock.now(), actor_label="test",
+               values={"amount": Decimal("5"), "currency": "USD", "owner": "finops@acme.example",
+                       "soft_threshold_pct": Decimal("999"), "hard_threshold_pct": Decimal("999")})
+    evaluate_budgets(now=clock.now())
+    member = Client(HTTP_ACCEPT_LANGUAGE=language)
+    member.force_login(user_in(tenants=("acme",)))
+    html = member.get("/tenants/acme/").content.decode()
+    assert re.search(r'class="budget-bar state-ok forecast-over" data-testid="budget-bar" data-state="ok"', html)
+    assert text_of(html, "budget-state") == ok
+    assert text_of(html, "budget-forecast-over") == label
+    assert text_of(html, "budget-forecast-vs-amount") == sentence
+    finance = Client(HTTP_ACCEPT_LANGUAGE=language)
+    finance.force_login(user_in(group=FINANCE_GROUP))
+    assert text_of(finance.get("/tenants/").content.decode(), "tenant-forecast-over-acme") == label
+    budgets = finance.get("/budgets/").content.decode()
+    assert text_of(budgets, "budget-state-acme") == f"{ok} {label}"
+    assert re.search(r'<td class="num forecast-over" data-testid="budget-forecast-acme">5.25 USD</td>'
+                     r'<td class="num">5.00 USD</td>', budgets)
+    assert "forecast-over-definition" in budgets
+
+
+def test_a_budget_whose_forecast_is_within_it_shows_no_forecast_warning(client, ledger):
+    set_budget(tenant_slug="acme", now=clock.now(), actor_label="test",
+               values={"amount": Decimal("5.25"), "currency": "USD", "owner": "finops@acme.example",
+                       "soft_threshold_pct": Decimal("999"), "hard_threshold_pct": Decimal("999")})
+    evaluate_budgets(now=clock.now())  # a forecast of 5.25 at a budget of 5.25 is not over it
+    client.force_login(user_in(tenants=("acme",)))
+    html = client.get("/tenants/acme/").content.decode()
+    assert re.search(r'class="budget-bar state-ok" data-testid="budget-bar" data-state="ok"', html)
+    assert "forecast-over" not in html
+    client.force_login(user_in(group=FINANCE_GROUP))
+    assert 'data-testid="forecast-over-acme"' not in client.get("/budgets/").content.decode()
+
+
+def test_the_forecast_over_bar_is_not_the_green_of_ok():
+    css = (Path(__file__).resolve().parents[2] / "templates" / "static" / "css" / "app.css").read_text()
+    fills = dict(re.findall(r"\.budget-bar(\.[\w.-]+)? rect \{ fill:([^;]+);", css))
+    assert fills[".forecast-over"] not in (fills[""], fills[".state-warned"])
 
 
 def test_tenant_without_budget_says_so(client, ledger):

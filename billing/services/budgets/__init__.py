@@ -8,6 +8,9 @@ from __future__ import annotations
 
 from billing.services.budgets.admission import AdmissionDecision, review_pod
 from billing.services.budgets.spend import (
+    FORECAST_OVER_EVENT,
+    BudgetEvent,
+    ForecastOverBudget,
     MonthSpend,
     evaluate_budgets,
     get_month_spend,
@@ -27,8 +30,11 @@ from billing.services.budgets.webhooks import (
 )
 
 __all__ = [
+    "FORECAST_OVER_EVENT",
     "AdmissionDecision",
+    "BudgetEvent",
     "DestinationRefused",
+    "ForecastOverBudget",
     "MonthSpend",
     "evaluate_budgets",
     "get_month_spend",

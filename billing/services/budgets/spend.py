@@ -5,6 +5,11 @@ day ledger, today's hours from the hour ledger (the current hour is rolled up co
 forecast (`get_month_spends`, the one definition the portal, the budgets page and the evaluation
 share) adds the rate of the recent *complete* hours, carried to the end of the month, to the
 month-to-date spend. States move both ways: raising a budget or a new month brings a tenant back to ok.
+
+Beside the state, a budget is *forecast over budget* while its forecast exceeds the amount and the
+state is ok or warned (`forecast_over_budget_for`). It is a flag, never a state: the node policy and
+admission read the state alone, so a forecast never throttles, blocks or evicts. Crossing above is
+audited and notified once (event `budget.forecast_over_budget`); crossing back is audited only.
 """
 
 from __future__ import annotations
@@ -36,12 +41,17 @@ from billing.services.audit import record_audit_event
 from billing.services.budgets.webhooks import parse_allow_list
 
 __all__ = [
+    "FORECAST_CLEARED_EVENT",
+    "FORECAST_OVER_EVENT",
     "FORECAST_WINDOW",
+    "BudgetEvent",
     "BudgetTransition",
+    "ForecastOverBudget",
     "MonthSpend",
     "budget_state_for",
     "check_budget_values",
     "evaluate_budgets",
+    "forecast_over_budget_for",
     "get_month_spend",
     "get_month_spends",
     "get_month_to_date_parts",
@@ -79,6 +89,45 @@ class BudgetTransition:
             "currency": self.currency, "action": self.action if self.after == BudgetState.ENFORCED else None,
             "owner": self.owner, "at": self.at.isoformat(),
         }
+
+
+# The webhook event and audit action of a crossing above; the audit action of a crossing back.
+FORECAST_OVER_EVENT = "budget.forecast_over_budget"
+FORECAST_CLEARED_EVENT = "budget.forecast_over_budget_cleared"
+
+
+@dataclass(frozen=True)
+class ForecastOverBudget:
+    """The forecast crossed above the budget's amount while the state is ok or warned; notified
+    once per crossing (evaluations while it stays above produce none)."""
+
+    budget_id: int
+    tenant: str
+    month: str
+    state: str
+    spend: Decimal
+    forecast: Decimal
+    amount: Decimal
+    currency: str
+    owner: str
+    at: datetime
+
+    def payload(self) -> dict[str, Any]:
+        return {
+            "event": FORECAST_OVER_EVENT, "tenant": self.tenant, "month": self.month, "state": self.state,
+            "spend": amount_text(self.spend, self.currency), "forecast": amount_text(self.forecast, self.currency),
+            "amount": str(self.amount), "currency": self.currency, "owner": self.owner, "at": self.at.isoformat(),
+        }
+
+
+# What an evaluation asks its caller to notify (e-mail and webhook), after commit.
+BudgetEvent = BudgetTransition | ForecastOverBudget
+
+
+def forecast_over_budget_for(*, forecast: Decimal, amount: Decimal, state: str) -> bool:
+    """Forecast over budget: the forecast (ledger precision) strictly above the amount, while the
+    state is ok or warned. An enforced budget never is: enforcement already acts and was notified."""
+    return state != BudgetState.ENFORCED and forecast > amount
 
 
 def budget_state_for(*, spend: Decimal, amount: Decimal, soft_pct: Decimal, hard_pct: Decimal) -> str:
@@ -283,39 +332,76 @@ def set_budget(*, tenant_slug: str, values: dict[str, Any], now: datetime, actor
     return budget
 
 
-def evaluate_budgets(*, now: datetime) -> list[BudgetTransition]:
-    """Recompute every budget's month-to-date state; audit each change. Returns the transitions
-    (the caller notifies after commit)."""
+def evaluate_budgets(*, now: datetime) -> list[BudgetEvent]:
+    """Recompute every budget's month-to-date state and its forecast-over-budget flag; audit each
+    change. Returns what to notify, the caller notifying after commit: each state transition, and
+    each crossing of the forecast above the amount (a crossing back is audited, not notified).
+
+    Each budget's row is locked (SELECT ... FOR UPDATE) and compared with what it held: of two
+    evaluations at once, the second sees the first one's state and flag and reports no change, so
+    a change is audited and notified once."""
     month = month_of(now)
-    transitions = []
+    events: list[BudgetEvent] = []
     budgets = list(Budget.objects.select_related("tenant").order_by("pk"))
     spends = get_month_spends(tenants=[b.tenant.slug for b in budgets], now=now)
     for budget in budgets:
         spend, forecast = spends[budget.tenant.slug].month_to_date, spends[budget.tenant.slug].forecast
         state = budget_state_for(spend=spend, amount=budget.amount, soft_pct=budget.soft_threshold_pct,
                                  hard_pct=budget.hard_threshold_pct)
+        over = forecast_over_budget_for(forecast=forecast, amount=budget.amount, state=state)
         with transaction.atomic():
             status, _ = BudgetStatus.objects.select_for_update().get_or_create(
                 budget=budget, month=month, defaults={"evaluated_at": now, "changed_at": now}
             )
-            before = status.state
+            before, was_over = status.state, status.forecast_over_budget
             status.spend, status.forecast, status.evaluated_at = spend, forecast, now
+            status.state, status.forecast_over_budget = state, over
             if state != before:
-                status.state, status.changed_at = state, now
-                transition = BudgetTransition(
-                    budget_id=budget.pk, tenant=budget.tenant.slug, month=f"{month:%Y-%m}", before=before,
-                    after=state, spend=spend, forecast=forecast, amount=budget.amount, currency=budget.currency,
-                    action=budget.hard_action, owner=budget.owner, at=now,
-                )
-                record_audit_event(
-                    at=now, actor_label="system", action="budget.state_changed", object_type="budget",
-                    object_id=budget.tenant.slug, before={"state": before},
-                    after={"state": state, "spend": amount_text(spend, budget.currency),
-                           "amount": str(budget.amount), "action": budget.hard_action},
-                )
-                transitions.append(transition)
+                status.changed_at = now
+                events.append(_state_changed(budget, month=f"{month:%Y-%m}", before=before, after=state,
+                                             spend=spend, forecast=forecast, now=now))
+            if over != was_over:
+                crossing = _forecast_crossed(budget, month=f"{month:%Y-%m}", state=state, over=over,
+                                             spend=spend, forecast=forecast, now=now)
+                if crossing is not None:
+                    events.append(crossing)
             status.save()
-    return transitions
+    return events
+
+
+def _state_changed(budget: Budget, *, month: str, before: str, after: str, spend: Decimal, forecast: Decimal,
+                   now: datetime) -> BudgetTransition:
+    record_audit_event(
+        at=now, actor_label="system", action="budget.state_changed", object_type="budget",
+        object_id=budget.tenant.slug, before={"state": before},
+        after={"state": after, "spend": amount_text(spend, budget.currency),
+               "amount": str(budget.amount), "action": budget.hard_action},
+    )
+    return BudgetTransition(
+        budget_id=budget.pk, tenant=budget.tenant.slug, month=month, before=before, after=after, spend=spend,
+        forecast=forecast, amount=budget.amount, currency=budget.currency, action=budget.hard_action,
+        owner=budget.owner, at=now,
+    )
+
+
+def _forecast_crossed(budget: Budget, *, month: str, state: str, over: bool, spend: Decimal, forecast: Decimal,
+                      now: datetime) -> ForecastOverBudget | None:
+    """Audit a change of the flag; the crossing above is returned to be notified. The crossing back
+    says why: the forecast fell to or below the amount, or the budget became enforced."""
+    after: dict[str, Any] = {"forecast_over_budget": over, "state": state,
+                             "forecast": amount_text(forecast, budget.currency), "amount": str(budget.amount)}
+    if not over:
+        after["reason"] = "enforced" if state == BudgetState.ENFORCED else "forecast within budget"
+    record_audit_event(
+        at=now, actor_label="system", action=FORECAST_OVER_EVENT if over else FORECAST_CLEARED_EVENT,
+        object_type="budget", object_id=budget.tenant.slug, before={"forecast_over_budget": not over}, after=after,
+    )
+    if not over:
+        return None
+    return ForecastOverBudget(
+        budget_id=budget.pk, tenant=budget.tenant.slug, month=month, state=state, spend=spend, forecast=forecast,
+        amount=budget.amount, currency=budget.currency, owner=budget.owner, at=now,
+    )
 
 
 def sign_webhook(*, secret: str, timestamp: str, body: bytes) -> str:
@@ -324,5 +410,5 @@ def sign_webhook(*, secret: str, timestamp: str, body: bytes) -> str:
     return "sha256=" + mac.hexdigest()
 
 
-def webhook_body(transition_payload: dict[str, Any]) -> bytes:
-    return json.dumps(transition_payload, sort_keys=True, separators=(",", ":")).encode()
+def webhook_body(event_payload: dict[str, Any]) -> bytes:
+    return json.dumps(event_payload, sort_keys=True, separators=(",", ":")).encode()
