@@ -6,10 +6,12 @@ Chinese."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from datetime import UTC, date, datetime, timedelta
 
 import pytest
 from django.test import Client
+from django.utils import translation
 
 from billing.models import AuditEvent, PairedReport
 from billing.scope import ADMIN_GROUP, FINANCE_GROUP
@@ -21,6 +23,13 @@ pytestmark = pytest.mark.django_db
 
 NOVEMBER = {"start": "2026-11-01", "end": "2026-11-30"}
 NOVEMBER_BOUNDS = (datetime(2026, 11, 1, tzinfo=UTC), datetime(2026, 12, 1, tzinfo=UTC))
+
+
+@pytest.fixture(autouse=True)
+def _english_afterwards() -> Iterator[None]:
+    # A request in Chinese leaves the thread's language active; the tests after this one read English.
+    yield
+    translation.activate("en")
 
 
 def card(response) -> str:  # type: ignore[no-untyped-def]
