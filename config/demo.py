@@ -76,8 +76,8 @@ class _History(threading.Thread):
     """History, so finance has something to close, compare and chart from the first minutes.
 
     The real agent code meters simulated days on a fast clock (60 s samples, dry-run enforcer):
-    first the last day of the previous month, which is then closed, reported (paired report) and
-    rebalanced; then up to VGPU_DEMO_HISTORY_DAYS days of this month before today, one day at a
+    first the last day of the previous month, which is then closed, reported (a paired report of
+    the whole month) and rebalanced; then up to VGPU_DEMO_HISTORY_DAYS days of this month before today, one day at a
     time so the dashboard fills in as they land, followed by a paired report for them. Each day
     is done once (marker files), so restarting the demo never meters a GPU-second twice."""
 
@@ -120,12 +120,14 @@ class _History(threading.Thread):
                     self._meter(self.day, log)
                     next_day = self.day + timedelta(days=1)
                     for args in (["rollup_usage"], ["close_period", "--month", f"{self.day:%Y-%m}"],
-                                 ["paired_report", "--from", f"{self.day}", "--to", f"{next_day}"],
+                                 # The whole month, as the dashboard's "last month" shows it: its
+                                 # savings card reads only a report of exactly its period.
+                                 ["paired_report", "--from", f"{self.day.replace(day=1)}", "--to", f"{next_day}"],
                                  ["propose_rebalance"]):
                         self._manage(log, *args)
                     self.marker.touch()
                     print(f"demo: history ready: {self.day:%Y-%m} is closed (see /invoices/), a paired report "
-                          f"for {self.day} is at /reports/, a rebalance plan at /rebalance/", flush=True)
+                          f"for {self.day:%Y-%m} is at /reports/, a rebalance plan at /rebalance/", flush=True)
                 pending = [d for d in self.recent if not (DEMO_DIR / f"day-{d}.done").exists()]
                 for day in pending:
                     if self.stopping:

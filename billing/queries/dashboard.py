@@ -1,5 +1,7 @@
 """The finance dashboard for a period: cost over time by tenant and idle, fleet utilisation and
-idle memory, top workloads, the latest savings-vs-static report and rebalance recommendation.
+idle memory, top workloads, the savings-vs-static card of exactly that period (its finished paired
+report, else the one being computed, else whether one may be requested) and the rebalance
+recommendation.
 
 Everything is aggregated in SQL from the ledger grouped by UTC hour or day: the day ledger (UsageDay,
 GpuDay, ~24x fewer rows) when the period is whole UTC days and the buckets are days or there are no
@@ -18,15 +20,17 @@ from decimal import Decimal
 from typing import Any
 
 from django.db.models import F
+from django.utils import timezone
 from django.utils.translation import gettext as _
 
+from billing.errors import InvalidInput
 from billing.ledger import series, totals
 from billing.ledger.reads import Granularity
 from billing.models import PairedReport, RebalancePlan
 from billing.models.rebalance import RebalanceStatus
 from billing.queries.finance import CostSummary, get_cost_summary_and_top
 from billing.scope import Scope
-from billing.services.savings import CostComparison, savings_tables
+from billing.services.savings import CostComparison, check_report_period, find_in_flight_report, savings_tables
 
 __all__ = [
     "HOURLY_UP_TO",
@@ -37,6 +41,8 @@ __all__ = [
     "CostTimeline",
     "FinanceDashboard",
     "RebalanceRecommendation",
+    "ReportInFlight",
+    "SavingsCard",
     "SavingsHeadline",
     "TimelineSeries",
     "UtilisationPoint",
@@ -107,7 +113,7 @@ class WorkloadCost:
 
 @dataclass(frozen=True)
 class SavingsHeadline:
-    """The latest paired report over the period: the fleet's cost under whole-card and dynamic
+    """A finished paired report of the card's period: the fleet's cost under whole-card and dynamic
     allocation (the organisation's view, as the report page shows it) and the paired test's mean
     saving per complete workload-day (test_whole_vs_dynamic)."""
 
@@ -123,6 +129,29 @@ class SavingsHeadline:
     ci95_high: float | None
     p_value: float | None
     note: str
+
+
+@dataclass(frozen=True)
+class ReportInFlight:
+    """A paired report of the card's period still pending or running (the one a request joins)."""
+
+    report_id: int
+    status: str
+    progress_pct: int
+
+
+@dataclass(frozen=True)
+class SavingsCard:
+    """Savings against static for exactly the dashboard's period, never another report's: the newest
+    finished report whose period is the page's (same start, same end); without one, the report of
+    that period being computed; without that either, why none may be requested (`refusal`, "" when
+    the page may offer to request one)."""
+
+    period_start: date
+    last_day: date  # the period's last day, included
+    headline: SavingsHeadline | None
+    in_flight: ReportInFlight | None
+    refusal: str
 
 
 @dataclass(frozen=True)
@@ -143,7 +172,7 @@ class FinanceDashboard:
     top_workloads: list[WorkloadCost]
     # Platform figures: None for a tenant-scoped caller.
     utilisation: list[UtilisationPoint] | None
-    savings: SavingsHeadline | None
+    savings: SavingsCard | None
     rebalance: RebalanceRecommendation | None
 
     @property
@@ -224,16 +253,32 @@ def _float(value: Any) -> float | None:
     return float(value) if isinstance(value, int | float) else None
 
 
-def _savings(start: datetime, end: datetime, currency: str) -> SavingsHeadline | None:
+def _savings(start: datetime, end: datetime, currency: str, now: datetime) -> SavingsCard:
     """`currency`: the period's, for a report computed before reports carried their own."""
+    period = PairedReport(period_start=start, period_end=end)  # unsaved: its last_day, as a report's
     report = (
         PairedReport.objects.filter(status=PairedReport.Status.DONE, result__isnull=False,
-                                    period_start__lt=end, period_end__gt=start)
+                                    period_start=start, period_end=end)
         .order_by(F("finished_at").desc(nulls_last=True), "-created_at", "-id")
         .first()
     )
-    if report is None:
-        return None
+    headline = _headline(report, currency) if report is not None else None
+    in_flight, refusal = None, ""
+    if headline is None:
+        running = find_in_flight_report(start=start, end=end, now=now)
+        if running is not None:
+            in_flight = ReportInFlight(report_id=running.pk, status=running.status,
+                                       progress_pct=running.progress_pct)
+        else:
+            try:
+                check_report_period(start=start, end=end, now=now)
+            except InvalidInput as exc:
+                refusal = str(exc)
+    return SavingsCard(period_start=start.astimezone(UTC).date(), last_day=period.last_day, headline=headline,
+                       in_flight=in_flight, refusal=refusal)
+
+
+def _headline(report: PairedReport, currency: str) -> SavingsHeadline:
     result: dict[str, Any] = report.result or {}
     test: dict[str, Any] = result.get("test_whole_vs_dynamic") or {}
     ci: Sequence[Any] = test.get("ci95") or (None, None)
@@ -263,7 +308,10 @@ def _rebalance() -> RebalanceRecommendation | None:
                                    currency=plan.currency, moves=len(plan.moves))
 
 
-def get_finance_dashboard(*, scope: Scope, start: datetime, end: datetime) -> FinanceDashboard:
+def get_finance_dashboard(*, scope: Scope, start: datetime, end: datetime,
+                          now: datetime | None = None) -> FinanceDashboard:
+    """`now` (default: the clock) decides which reports are still in flight and whether the
+    period may be reported on yet."""
     summary, top = get_cost_summary_and_top(scope=scope, start=start, end=end, top=TOP_WORKLOADS)
     granularity = granularity_for(start, end)
     platform = scope.sees_platform
@@ -272,7 +320,7 @@ def get_finance_dashboard(*, scope: Scope, start: datetime, end: datetime) -> Fi
         timeline=_timeline(scope, summary, granularity),
         top_workloads=_top_workloads(summary, top),
         utilisation=_utilisation(start, end, granularity) if platform else None,
-        savings=_savings(start, end, summary.currency) if platform else None,
+        savings=_savings(start, end, summary.currency, now or timezone.now()) if platform else None,
         rebalance=_rebalance() if platform else None,
     )
 

@@ -53,7 +53,7 @@ def report_list(request: HttpRequest) -> HttpResponse:
             form.add_error(None, str(exc))
         else:
             if created:
-                transaction.on_commit(lambda: _enqueue(report.pk))
+                transaction.on_commit(lambda: enqueue_report(report.pk))
             else:
                 messages.info(request, _("A report of this period is already being computed: here is its progress."))
             return redirect("report-detail", report_id=report.pk)
@@ -66,7 +66,9 @@ def _definitions() -> list[tuple[str, str]]:
     return definitions(int(COLD_START.total_seconds() // 60))
 
 
-def _enqueue(report_id: int) -> None:
+def enqueue_report(report_id: int) -> None:
+    """Queue a new report's job (after its row is committed); a broker that is down marks the
+    report failed and answers 503."""
     try:
         tasks.run_paired_report.delay(report_id)
     except QUEUE_DOWN as exc:

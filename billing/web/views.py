@@ -8,30 +8,38 @@ from decimal import Decimal
 from typing import Any
 from urllib.parse import urlencode
 
+from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied
+from django.db import transaction
 from django.http import HttpRequest, HttpResponse, HttpResponseBadRequest
-from django.shortcuts import render
+from django.shortcuts import redirect, render
+from django.urls import reverse
 from django.utils import timezone
 from django.utils.formats import date_format
 from django.utils.safestring import SafeString
 from django.utils.translation import gettext as _
 
 from billing.csv_files import amount_cell, csv_writer, number, quantity_cell
+from billing.errors import InvalidInput
 from billing.money import QUANTITY_PLACES, round_quantities
 from billing.queries.dashboard import IDLE_KEY, CostTimeline, FinanceDashboard, UtilisationPoint, get_finance_dashboard
 from billing.queries.finance import CostSummary
 from billing.scope import get_scope
+from billing.services.savings import request_paired_report
+from billing.web.access import require_platform
 from billing.web.charts import Series, line_chart, stacked_bar_chart
 from billing.web.forms import PeriodForm
+from billing.web.reports import enqueue_report
 from billing.web.tables import shown_costs
 
 
 @login_required
 def finance_overview(request: HttpRequest) -> HttpResponse:
-    today = timezone.now().date()
+    if request.method == "POST":  # the savings card's button
+        return _request_savings_report(request)
     # No query string: the month to date.
-    form = PeriodForm(request.GET or PeriodForm.default_initial(today))
+    form = PeriodForm(request.GET or PeriodForm.default_initial(timezone.now().date()))
     as_csv = request.GET.get("format") == "csv"
     table = request.GET.get("table") or "tenants"
     if as_csv and table not in _CSV_TABLES:
@@ -45,18 +53,52 @@ def finance_overview(request: HttpRequest) -> HttpResponse:
         dashboard = get_finance_dashboard(scope=get_scope(request.user), start=start, end=end)
         if as_csv:
             return _CSV_TABLES[table](dashboard)
+    return _dashboard_page(request, form, dashboard)
+
+
+def _request_savings_report(request: HttpRequest) -> HttpResponse:
+    """The savings card's button: a paired report of exactly the period the dashboard shows (its
+    first and last day, posted back as the page's period form has them), joining one of that period
+    already being computed; then the dashboard of that period, whose card shows its progress. Bad
+    dates are the period form's errors and a refused period the card's, both a 400 with nothing
+    created. Finance and admins only, as the card."""
+    require_platform(request, "paired reports cover every tenant: finance and admins only")
+    form = PeriodForm(request.POST)
+    if not form.is_valid():
+        return _dashboard_page(request, form, None)
+    start, end = form.bounds()
+    try:
+        report, created = request_paired_report(start=start, end=end, now=timezone.now(),
+                                                actor_label=request.user.get_username(), actor_id=request.user.pk,
+                                                join_in_flight=True)
+    except InvalidInput as exc:
+        dashboard = get_finance_dashboard(scope=get_scope(request.user), start=start, end=end)
+        return _dashboard_page(request, form, dashboard, savings_error=str(exc))
+    if created:
+        transaction.on_commit(lambda: enqueue_report(report.pk))
+    else:
+        messages.info(request, _("A report of this period is already being computed: here is its progress."))
+    query = urlencode({"start": form.cleaned_data["start"].isoformat(), "end": form.cleaned_data["end"].isoformat()})
+    return redirect(f"{reverse('finance-overview')}?{query}#savings")
+
+
+def _dashboard_page(request: HttpRequest, form: PeriodForm, dashboard: FinanceDashboard | None, *,
+                    savings_error: str = "") -> HttpResponse:
+    today = timezone.now().date()
     summary = dashboard.summary if dashboard else None
     live = summary is not None and summary.end > timezone.now()
     shown = shown_costs(summary) if summary else None
     context: dict[str, object] = {
         "form": form, "dashboard": dashboard, "summary": summary, "live": live, "shown": shown,
         "max_total": shown.max_row_total if shown else 0, "quick_periods": quick_periods(today, form),
+        "savings_error": savings_error,
     }
     if dashboard is not None:
         context.update(_charts(dashboard))
         context["period_query"] = urlencode({"start": form.cleaned_data["start"].isoformat(),
                                              "end": form.cleaned_data["end"].isoformat()})
-    return render(request, "billing/finance_overview.html", context, status=200 if form.is_valid() else 400)
+    status = 200 if form.is_valid() and not savings_error else 400
+    return render(request, "billing/finance_overview.html", context, status=status)
 
 
 def quick_periods(today: date, form: PeriodForm) -> list[dict[str, object]]:

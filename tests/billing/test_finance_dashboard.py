@@ -164,7 +164,10 @@ def test_top_workloads_are_the_ten_costliest_pods_summed_over_containers_gpus_an
     assert bert.mem_used_gb_h == D("20.53125")  # (72000000 + 3686400) MB·s ÷ 1024 ÷ 3600
 
 
-def test_savings_come_from_the_newest_finished_report_overlapping_the_period(fleet, client):
+def test_savings_come_from_the_newest_finished_report_of_exactly_the_period(fleet, client):
+    """Never another period's report: one that merely overlaps the page's period, or the latest of
+    all (a finance reviewer once read "12,076.84 USD saved" from 2026-11-30 … 12-02 on a page for
+    another month), is not this period's saving."""
     def report(start: datetime, end: datetime, finished: datetime, mean: float, status: str = "done") -> PairedReport:
         return PairedReport.objects.create(
             created_at=finished, finished_at=finished, period_start=start, period_end=end, status=status,
@@ -179,15 +182,22 @@ def test_savings_come_from_the_newest_finished_report_overlapping_the_period(fle
         )
 
     march = (datetime(2026, 3, 1, tzinfo=UTC), datetime(2026, 3, 2, tzinfo=UTC))
-    old = report(*march, finished=datetime(2026, 3, 5, tzinfo=UTC), mean=3.0)
-    newest = report(datetime(2026, 2, 28, tzinfo=UTC), datetime(2026, 3, 1, 12, tzinfo=UTC),
-                    finished=datetime(2026, 3, 6, tzinfo=UTC), mean=4.5)
-    report(datetime(2026, 4, 1, tzinfo=UTC), datetime(2026, 4, 2, tzinfo=UTC),
-           finished=datetime(2026, 4, 3, tzinfo=UTC), mean=9.0)  # does not overlap
-    report(*march, finished=datetime(2026, 3, 7, tzinfo=UTC), mean=9.0, status="running")  # not finished
-    s = get_finance_dashboard(scope=FINANCE, start=march[0], end=march[1]).savings
+    report(*march, finished=datetime(2026, 3, 5, tzinfo=UTC), mean=3.0)
+    newest = report(*march, finished=datetime(2026, 3, 6, tzinfo=UTC), mean=4.5)
+    report(datetime(2026, 2, 28, tzinfo=UTC), datetime(2026, 3, 1, 12, tzinfo=UTC),
+           finished=datetime(2026, 3, 8, tzinfo=UTC), mean=7.0)  # overlaps, another period
+    report(datetime(2026, 3, 1, tzinfo=UTC), datetime(2026, 3, 3, tzinfo=UTC),
+           finished=datetime(2026, 3, 8, tzinfo=UTC), mean=8.0)  # same start, another end
+    report(datetime(2026, 11, 30, tzinfo=UTC), datetime(2026, 12, 3, tzinfo=UTC),
+           finished=datetime(2026, 12, 3, tzinfo=UTC), mean=9.0)  # the latest of all
+    report(*march, finished=datetime(2026, 3, 7, tzinfo=UTC), mean=9.5, status="running")  # not finished
+    card = get_finance_dashboard(scope=FINANCE, start=march[0], end=march[1]).savings
+    assert card is not None
+    assert (card.period_start, card.last_day, card.in_flight, card.refusal) == (date(2026, 3, 1), date(2026, 3, 1),
+                                                                                 None, "")
+    s = card.headline
     assert s is not None
-    assert s.report_id == newest.pk != old.pk
+    assert s.report_id == newest.pk
     assert (s.n, s.mean_saving, s.ci95_low, s.ci95_high, s.p_value) == (12, 4.5, 3.5, 5.5, 0.0004)
     # The fleet's cost as the report page shows it: each row rounded to cents, the total their sum.
     assert s.fleet is not None
@@ -198,19 +208,26 @@ def test_savings_come_from_the_newest_finished_report_overlapping_the_period(fle
     client.force_login(user_in(FINANCE_GROUP))
     html = client.get("/finance/", {"start": "2026-03-01", "end": "2026-03-01"}).content.decode()
     block = html.split('data-testid="savings-vs-static"')[1].split("</section>")[0]
+    assert "2026-03-01 – 2026-03-01 (UTC, both days included)" in block
     assert "4.50 USD" in block
     assert "3.50 USD … 5.50 USD" in block
     assert "&lt; 0.001" in block
     assert "59.99 USD (46.1 %)" in block
     assert "130.00 USD" in block
     assert "70.01 USD" in block
-    assert "(2026-02-28 – 2026-03-01 UTC, both days included)" in block
+    for other in ("3.00 USD", "7.00 USD", "8.00 USD", "9.00 USD", "9.50 USD"):
+        assert other not in block, other
+    assert f"From paired report {newest.pk}, computed 2026-03-06 00:00 UTC." in block
     assert f'href="/reports/{newest.pk}/"' in block
     assert f'href="/reports/{newest.pk}/#definitions"' in block
-    html = client.get("/finance/", {"start": "2026-05-01", "end": "2026-05-02"}).content.decode()
-    block = html.split('data-testid="savings-vs-static"')[1].split("</section>")[0]
-    assert "No finished paired report covers this period." in block
-    assert 'href="/reports/"' in block
+    assert 'data-testid="savings-request"' not in block
+    # Periods the reports only overlap, or touch, have none of their own.
+    for start, end in (("2026-02-28", "2026-03-01"), ("2026-02-28", "2026-03-02"), ("2026-11-30", "2026-12-01")):
+        html = client.get("/finance/", {"start": start, "end": end}).content.decode()
+        block = html.split('data-testid="savings-vs-static"')[1].split("</section>")[0]
+        assert "No savings report for this period." in block, (start, end)
+        assert "USD" not in block, (start, end)
+        assert 'data-testid="savings-request"' in block, (start, end)
 
 
 def test_rebalance_shows_the_newest_proposed_plan_or_no_recommendation(fleet, client):

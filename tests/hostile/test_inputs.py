@@ -93,6 +93,7 @@ POST_FORMS: dict[str, dict[str, str]] = {
     "/rebalance/{plan}/approve/": {"confirmation": "wrong"},
     "/rebalance/{plan}/reject/": {},
     "/reports/": {"start": "2026-11-01", "end": "2026-11-30"},
+    "/finance/": {"start": "2026-11-01", "end": "2026-11-30"},  # the savings card's button
     "/periods/9999-12/close": {},
     "/periods/2026-11/resume": {},
     "/i18n/setlang/": {"language": "en", "next": "/"},

@@ -18,13 +18,22 @@ from billing.services.savings.report_pdf import (
     study_rows,
     summary_rows,
 )
-from billing.services.savings.reports import report_not_queued, request_paired_report, run_paired_report, tenant_names
+from billing.services.savings.reports import (
+    check_report_period,
+    find_in_flight_report,
+    report_not_queued,
+    request_paired_report,
+    run_paired_report,
+    tenant_names,
+)
 
 __all__ = [
     "COLD_START",
     "SAVINGS_CSV_COLUMNS",
     "CostComparison",
+    "check_report_period",
     "definitions",
+    "find_in_flight_report",
     "partial_days_note",
     "period_text",
     "render_paired_report_pdf",

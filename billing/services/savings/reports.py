@@ -8,6 +8,7 @@ from datetime import datetime, timedelta
 
 from django.db import connection, transaction
 from django.utils import timezone
+from django.utils.translation import gettext as _
 
 from billing.errors import InvalidInput
 from billing.ledger.retention import require_minutes_retained
@@ -15,7 +16,8 @@ from billing.models import PairedReport, Tenant
 from billing.services.audit import record_audit_event
 from billing.services.savings.paired_report import LOOKBACK, compute_paired_report
 
-__all__ = ["IN_FLIGHT_REUSE", "MAX_REPORT_DAYS", "request_paired_report", "run_paired_report", "tenant_names"]
+__all__ = ["IN_FLIGHT_REUSE", "MAX_REPORT_DAYS", "check_report_period", "find_in_flight_report", "request_paired_report",
+           "run_paired_report", "tenant_names"]
 
 MAX_REPORT_DAYS = 92
 # A report of the same period still pending or running answers a second request for it (a double
@@ -32,18 +34,12 @@ def request_paired_report(*, start: datetime, end: datetime, now: datetime, acto
     """The report for [start, end) and whether it is new. With `join_in_flight`, a pending or
     running report of the same period (younger than IN_FLIGHT_REUSE) is returned instead of a new
     one; only a new one needs its job enqueued."""
-    if end <= start:
-        raise InvalidInput("the report's end must be after its start")
-    if end - start > timedelta(days=MAX_REPORT_DAYS):
-        raise InvalidInput(f"a paired report covers at most {MAX_REPORT_DAYS} days")
-    if start > now:
-        raise InvalidInput("the report's period starts in the future")
-    require_minutes_retained(start=start, lookback=LOOKBACK)  # said on the form, not later by the job
+    check_report_period(start=start, end=end, now=now)  # said on the form, not later by the job
     with transaction.atomic():
         if join_in_flight:
             with connection.cursor() as cursor:
                 cursor.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", [_REQUEST_LOCK])
-            in_flight = _in_flight(start=start, end=end, now=now)
+            in_flight = find_in_flight_report(start=start, end=end, now=now)
             if in_flight is not None:
                 return in_flight, False
         report = PairedReport.objects.create(created_at=now, created_by_id=actor_id, period_start=start,
@@ -54,7 +50,21 @@ def request_paired_report(*, start: datetime, end: datetime, now: datetime, acto
     return report, True
 
 
-def _in_flight(*, start: datetime, end: datetime, now: datetime) -> PairedReport | None:
+def check_report_period(*, start: datetime, end: datetime, now: datetime) -> None:
+    """Raise InvalidInput (in the user's language) unless a report of [start, end) may be requested
+    at `now`: a page asks before it offers the button, and the request asks again."""
+    if end <= start:
+        raise InvalidInput(_("The report's end must be after its start."))
+    if end - start > timedelta(days=MAX_REPORT_DAYS):
+        raise InvalidInput(_("A paired report covers at most %(days)s days.") % {"days": MAX_REPORT_DAYS})
+    if start > now:
+        raise InvalidInput(_("The report's period starts in the future."))
+    require_minutes_retained(start=start, lookback=LOOKBACK)
+
+
+def find_in_flight_report(*, start: datetime, end: datetime, now: datetime) -> PairedReport | None:
+    """The newest report of exactly [start, end) still pending or running and younger than
+    IN_FLIGHT_REUSE: the one a request for that period joins."""
     return (PairedReport.objects
             .filter(period_start=start, period_end=end, created_at__gte=now - IN_FLIGHT_REUSE,
                     status__in=(PairedReport.Status.PENDING, PairedReport.Status.RUNNING))
