@@ -44,7 +44,7 @@ def test_state_is_monotonic_in_spend_and_thresholds_are_inclusive(spend, amount,
     hard = soft + extra
     state = budget_state_for(spend=spend, amount=amount, soft_pct=soft, hard_pct=hard)
     more = budget_state_for(spend=spend + amount, amount=amount, soft_pct=soft, hard_pct=hard)
-    order = [BudgetState.OK, BudgetState.WARNED, BudgetState.ENFORCED]
+    order: list[str] = [BudgetState.OK, BudgetState.WARNED, BudgetState.ENFORCED]
     assert order.index(more) >= order.index(state)
     assert budget_state_for(spend=amount * hard / 100, amount=amount, soft_pct=soft, hard_pct=hard) == BudgetState.ENFORCED
 
@@ -208,8 +208,8 @@ def test_transition_is_notified_by_email_and_by_a_signed_webhook_that_is_retried
                            EMAIL_HOST="127.0.0.1", EMAIL_PORT=controller.port, VGPU_WEBHOOK_ALLOWED_HOSTS=["127.0.0.1"]):
         result = tasks.evaluate_budgets.apply().get()
         payload = result[0]
-        sent = tasks.send_budget_email.apply(args=[acme.budget.pk, payload]).get()
-        status = tasks.deliver_budget_webhook.apply(args=[acme.budget.pk, payload]).get()
+        sent = tasks.send_budget_email.apply(args=(acme.budget.pk, payload)).get()
+        status = tasks.deliver_budget_webhook.apply(args=(acme.budget.pk, payload)).get()
     assert payload["to"] == "enforced"
     assert payload["action"] == "throttle"
     assert sent == 1
