@@ -17,6 +17,7 @@ from django.test import Client
 from billing.ledger.models import GpuHour, UsageHour
 from billing.ledger.rollup import rebuild_days
 from billing.models import Tenant, TenantMembership
+from billing.services.budgets.spend import BudgetEvent, BudgetTransition
 from billing.services.identity.tokens import IssuedToken, issue_node_token
 from tests import clock
 from tests.demo_process import Demo, demo_environment, running_demo
@@ -100,6 +101,13 @@ def user_in(group: str | None = None, tenant: str | None = None, *, tenants: tup
         TenantMembership.objects.create(user=user, tenant=Tenant.objects.get_or_create(slug=slug,
                                                                                       defaults={"name": slug})[0])
     return user
+
+
+def state_transitions(events: list[BudgetEvent]) -> list[BudgetTransition]:
+    """evaluate_budgets' events where they must all be state transitions (no forecast crossing)."""
+    transitions = [e for e in events if isinstance(e, BudgetTransition)]
+    assert len(transitions) == len(events), events
+    return transitions
 
 
 HourRow = TypeVar("HourRow", UsageHour, GpuHour)

@@ -37,7 +37,7 @@ from billing.services.demo import A100_80GB_MODEL
 from billing.services.identity.api_tokens import issue_api_token
 from billing.services.identity.tokens import issue_node_token
 from tests import clock
-from tests.conftest import iso, make_batch
+from tests.conftest import iso, make_batch, state_transitions
 
 NODE = "agent-e2e-node"
 GPU = "GPU-7d1f3c2e-0000-4000-8000-00000000e2e0"
@@ -193,7 +193,7 @@ def test_budget_throttle_shrinks_grants_and_evict_best_effort_evicts_from_the_ne
             now=now,
             actor_label="test",
         )
-    transitions = {t.tenant: t.after for t in evaluate_budgets(now=now)}
+    transitions = {t.tenant: t.after for t in state_transitions(evaluate_budgets(now=now))}
     assert transitions == {"acme": "enforced", "initech": "enforced"}
 
     # Second run: its policy poll (If-None-Match: the cached ETag) brings both enforcements.

@@ -41,7 +41,7 @@ from billing.services.budgets.spend import evaluate_budgets, set_budget
 from billing.services.identity.webhook_tls import CA_VALIDITY, StoredCertificates, plan_certificates, service_dns_names
 from tests import clock
 from tests.billing.test_budgets import review
-from tests.conftest import A100, make_batch
+from tests.conftest import A100, make_batch, state_transitions
 
 ROOT = Path(__file__).resolve().parents[2]
 SERVICE_HOST = "vgpu-ledger-web.vgpu-ledger.svc"
@@ -191,7 +191,7 @@ def blocked_acme(transactional_db, post_batch) -> None:
     start = (clock.now() - timedelta(seconds=15)).replace(microsecond=0)
     assert post_batch(make_batch(start=start, seq=1, seconds=10, workloads=workloads)).status_code == 201
     rollup_usage(now=clock.now())
-    assert [t.after for t in evaluate_budgets(now=clock.now())] == ["enforced"]
+    assert [t.after for t in state_transitions(evaluate_budgets(now=clock.now()))] == ["enforced"]
 
 
 def test_the_webhook_answers_over_tls_to_a_client_trusting_only_the_ca_bundle_the_command_gave_the_api_server(
