@@ -34,7 +34,7 @@ demo: $(RUNTIME)
 lint: $(DEV)
 	$(PY) -m ruff check .
 	$(VENV)/bin/lint-imports --no-cache
-	$(PY) -m config.embedded -- $(PY) -m mypy --strict config billing agents allocator
+	$(PY) -m config.embedded -- $(PY) -m mypy --strict config billing agents allocator tests bench
 
 # Browser tests drive Debian's Chromium (never a browser downloaded by Playwright); the CJK
 # fonts let it render the Simplified Chinese interface.

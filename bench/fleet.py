@@ -92,7 +92,7 @@ from datetime import UTC, date, datetime, timedelta
 from decimal import Decimal
 from multiprocessing.synchronize import Event as EventType
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 import numpy as np
 import psutil
@@ -291,7 +291,7 @@ def make_load(shape: Shape, seed: int) -> Load:
                 "pod_uid": str(uuid.UUID(int=names_rng.getrandbits(128))), "sla_tier": names_rng.choice(TIERS)[0],
             })
         names.append(gpu_names)
-    mem, sms = float(cast(int, A100["memory_mb"])), float(cast(int, A100["sm_count"]))
+    mem, sms = float(A100["memory_mb"]), float(A100["sm_count"])
     return Load(
         gpu_uuids=[f"GPU-{uuid.UUID(int=names_rng.getrandbits(128))}" for _ in range(g)],
         names=names,

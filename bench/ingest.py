@@ -57,7 +57,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
 from types import ModuleType
-from typing import Any
+from typing import Any, TypedDict
 
 import psycopg2
 
@@ -67,7 +67,17 @@ if str(REPO) not in sys.path:
 
 API_PATH = "/api/v1/usage/batches"
 SCHEMA = "vgpu-ledger/usage-batch/v1"
-A100 = {"model": "NVIDIA A100-SXM4-80GB", "memory_mb": 81920, "sm_count": 108}
+
+
+class GpuSpec(TypedDict):
+    """A card as the agent reports it: its model, memory and SMs."""
+
+    model: str
+    memory_mb: int
+    sm_count: int
+
+
+A100: GpuSpec = {"model": "NVIDIA A100-SXM4-80GB", "memory_mb": 81920, "sm_count": 108}
 QUANTUM = 1024  # the agent reports integrals in 1/1024 units (agents/meter.py)
 RAW_BATCH_ID_BASE = 10**12  # batch ids of raw-COPY rows: far above any real batch id
 TENANTS = ("acme", "globex", "initech", "umbrella", "hooli", "stark")
@@ -208,7 +218,7 @@ def iso(moment: datetime) -> str:
 
 def make_payload(agent: Agent, *, seq: int, start: datetime, seconds: int, rng: random.Random) -> dict[str, Any]:
     """One batch as agents/batch.py renders it: 1-second samples ordered by (start, gpu)."""
-    samples = []
+    samples: list[dict[str, Any]] = []
     for s in range(seconds):
         at = iso(start + timedelta(seconds=s))
         samples.extend({
@@ -597,11 +607,17 @@ def _wsgi_one(token: str, body: bytes) -> None:
         "wsgi.version": (1, 0), "wsgi.multithread": False, "wsgi.multiprocess": True, "wsgi.run_once": False,
     }
     statuses: list[str] = []
-    result = application(environ, lambda status, headers, exc_info=None: statuses.append(status))
+
+    def start_response(status: str, headers: list[tuple[str, str]],
+                       exc_info: object = None) -> Callable[[bytes], object]:
+        statuses.append(status)
+        return io.BytesIO().write  # WSGI's legacy write(), which Django never calls
+
+    result = application(environ, start_response)
     try:
         b"".join(result)
     finally:
-        result.close()  # type: ignore[attr-defined]  # fires request_finished, as gunicorn does
+        result.close()  # fires request_finished, as gunicorn does
     if not statuses or not statuses[0].startswith("201"):
         raise RuntimeError(f"in-process request answered {statuses}")
 

@@ -107,7 +107,7 @@ def _generate(args: argparse.Namespace) -> None:
     rollup_usage(now=timezone.now(), max_batches=10**6)
 
 
-def _repeat(cur, table: str, column: str, step: str, rows: int) -> None:  # type: ignore[no-untyped-def]
+def _repeat(cur, table: str, column: str, step: str, rows: int) -> None:
     """Copies of the real rows, each shifted by one more `step`, until `rows` rows (new ids)."""
     from billing.ledger.partitions import days_between, ensure_minute_partitions
 

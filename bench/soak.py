@@ -48,7 +48,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from decimal import Decimal
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import psycopg2
 import redis as redis_lib
@@ -143,7 +143,8 @@ class Servers:
         client = redis_lib.Redis.from_url(self.redis_url(db), socket_timeout=2)
         deadline = time.monotonic() + outage_s
         while time.monotonic() < deadline:
-            for entry in client.client_list():
+            # redis-py annotates its replies for the sync and async clients alike; this one is sync.
+            for entry in cast("list[dict[str, str]]", client.client_list()):
                 if int(entry.get("db", -1)) == db and entry.get("name") != "soak-harness":
                     with contextlib.suppress(redis_lib.ResponseError):  # gone already
                         client.client_kill_filter(_id=entry["id"])
@@ -154,9 +155,11 @@ class Servers:
         # redis-server rewrites its process title, so its command line cannot be read back: it is
         # started again from its binary with the settings it reports (no persistence, as before).
         parts = urllib.parse.urlsplit(self.base_redis_url)
+        assert parts.port is not None  # our own server's URL always names its port
         client = redis_lib.Redis(host="127.0.0.1", port=parts.port, socket_timeout=2)
-        directory = client.config_get("dir")["dir"]
-        pid = int(client.info("server")["process_id"])
+        # redis-py annotates its replies for the sync and async clients alike; this one is sync.
+        directory = cast("dict[str, str]", client.config_get("dir"))["dir"]
+        pid = int(cast("dict[str, Any]", client.info("server"))["process_id"])
         executable = os.readlink(f"/proc/{pid}/exe")
         client.close()
         os.kill(pid, signal.SIGTERM)
@@ -191,8 +194,11 @@ class Servers:
 
 
 def _pg_ctl(pgdata: Path, *args: str) -> None:
-    from pgserver._commands import pg_ctl  # pgserver's own binaries (only with our own server)
+    from pgserver._commands import create_command_function  # pgserver's own binaries (only with our own server)
     from pgserver.postgres_server import PostgresServer
+
+    # What pgserver binds to pgserver._commands.pg_ctl at import, by a setattr that mypy cannot see.
+    pg_ctl = create_command_function("pg_ctl")
 
     user = PostgresServer._instances[pgdata.resolve()].system_user  # "pgserver" when we run as root (README)
     pg_ctl(["-w", *args], pgdata=pgdata, user=user, timeout=60)
@@ -272,6 +278,11 @@ class Child:
         if self.proc is not None and self.proc.poll() is None:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(self.proc.pid, signum)
+
+    def wait(self, *, timeout_s: float) -> None:
+        """Until the started process has ended (after a signal)."""
+        assert self.proc is not None, f"{self.name} was never started"
+        self.proc.wait(timeout=timeout_s)
 
     def stop(self, *, timeout_s: float = 30) -> bool:
         """SIGTERM, then SIGKILL after `timeout_s`; True when it stopped by itself."""
@@ -582,7 +593,7 @@ def inject(run: Run, kind: str, rng: random.Random) -> None:
     elif kind == "celery_worker":
         assert run.worker is not None
         run.worker.signal(signal.SIGKILL)
-        run.worker.proc.wait(timeout=30)  # type: ignore[union-attr]
+        run.worker.wait(timeout_s=30)
         time.sleep(1)
         run.worker.start(run.env)
         run.worker.restarts += 1
@@ -590,7 +601,7 @@ def inject(run: Run, kind: str, rng: random.Random) -> None:
     elif kind == "agent":
         node = rng.choice(run.nodes)
         node.child.signal(signal.SIGKILL)
-        node.child.proc.wait(timeout=30)  # type: ignore[union-attr]
+        node.child.wait(timeout_s=30)
         time.sleep(1)
         node.child.start(run.env)
         node.child.restarts += 1
@@ -932,8 +943,12 @@ def soak(args: argparse.Namespace) -> dict[str, Any]:
 
 def _soak(run: Run) -> dict[str, Any]:
     prepare(run)
+    # prepare() creates them.
+    assert run.web is not None
+    assert run.worker is not None
+    assert run.beat is not None
     for child in (run.web, run.worker, run.beat, *(n.child for n in run.nodes)):
-        child.start(run.env)  # type: ignore[union-attr]
+        child.start(run.env)
     wait_for("/readyz", lambda: readyz(run), timeout_s=120)
     # The rogue starts once every honest node owns its GPUs, so each theft attempt meets an owner.
     wait_for("a batch from every honest node", lambda: nodes_with_batches(run) >= {n.name for n in run.nodes},

@@ -8,7 +8,7 @@ import json
 import os
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, TypedDict, TypeVar
 
 import pytest
 from django.contrib.auth.models import Group, User
@@ -17,11 +17,21 @@ from django.test import Client
 from billing.ledger.models import GpuHour, UsageHour
 from billing.ledger.rollup import rebuild_days
 from billing.models import Tenant, TenantMembership
+from billing.services.budgets.spend import BudgetEvent, BudgetTransition
 from billing.services.identity.tokens import IssuedToken, issue_node_token
 from tests import clock
 from tests.demo_process import Demo, demo_environment, running_demo
 
-A100 = {"model": "NVIDIA A100-SXM4-80GB", "memory_mb": 81920, "sm_count": 108}
+
+class GpuSpec(TypedDict):
+    """A card's model and size, as the agent reports it and as tests create its Gpu row."""
+
+    model: str
+    memory_mb: int
+    sm_count: int
+
+
+A100: GpuSpec = {"model": "NVIDIA A100-SXM4-80GB", "memory_mb": 81920, "sm_count": 108}
 
 
 # Two workloads sharing GPU 0: 10 % and 20 % of the card (memory and SMs alike).
@@ -34,7 +44,7 @@ SHARED_GPU_WORKLOADS = [
 
 
 @pytest.fixture
-def one_usd_per_gpu_second(db):  # type: ignore[no-untyped-def]
+def one_usd_per_gpu_second(db):
     """An A100 rate card at 3600 USD per GPU-hour, so charges read as GPU-seconds."""
     from decimal import Decimal
 
@@ -45,7 +55,7 @@ def one_usd_per_gpu_second(db):  # type: ignore[no-untyped-def]
 
 
 @pytest.fixture
-def node_token(db) -> IssuedToken:  # type: ignore[no-untyped-def]
+def node_token(db) -> IssuedToken:
     return issue_node_token(node_name="gpu-node-1", now=clock.now(), actor_label="test")
 
 
@@ -93,7 +103,17 @@ def user_in(group: str | None = None, tenant: str | None = None, *, tenants: tup
     return user
 
 
-def with_day(row: UsageHour | GpuHour) -> UsageHour | GpuHour:
+def state_transitions(events: list[BudgetEvent]) -> list[BudgetTransition]:
+    """evaluate_budgets' events where they must all be state transitions (no forecast crossing)."""
+    transitions = [e for e in events if isinstance(e, BudgetTransition)]
+    assert len(transitions) == len(events), events
+    return transitions
+
+
+HourRow = TypeVar("HourRow", UsageHour, GpuHour)
+
+
+def with_day(row: HourRow) -> HourRow:
     """Derive the day ledger for a hour row a test wrote by hand (the rollup derives days itself)."""
     day = row.hour.astimezone(UTC).replace(hour=0, minute=0, second=0, microsecond=0)
     rebuild_days(start=day, end=day + timedelta(days=1), gpu_uuid=row.gpu_uuid)
@@ -154,7 +174,7 @@ def post_batch(client: Client, node_token: IssuedToken) -> Callable[..., Any]:
     def post(payload: Any, *, token: str | None = None, gzip_body: bool = False, raw: bytes | None = None,
              content_type: str = "application/json", **headers: str) -> Any:
         body = raw if raw is not None else json.dumps(payload).encode()
-        extra = {"HTTP_AUTHORIZATION": f"Bearer {token or node_token.token}"} if token != "" else {}
+        extra: dict[str, Any] = {"HTTP_AUTHORIZATION": f"Bearer {token or node_token.token}"} if token != "" else {}
         if gzip_body:
             body = gzip.compress(body)
             extra["HTTP_CONTENT_ENCODING"] = "gzip"
@@ -166,7 +186,7 @@ def post_batch(client: Client, node_token: IssuedToken) -> Callable[..., Any]:
 
 
 @pytest.fixture
-def mid_month(time_machine) -> datetime:  # type: ignore[no-untyped-def]
+def mid_month(time_machine) -> datetime:
     """Holds this process's clock (ticking) at noon on the 15th of the current month, for tests of
     "this month" that are not about a month's edges (those have tests of their own). Only for
     tests that run in this process: a subprocess keeps the real clock."""
@@ -199,7 +219,7 @@ def _truncate_raw_samples_after_transactional_tests(request, django_db_blocker):
 
 
 @pytest.fixture(autouse=True)
-def _tenants_as_the_samples_claim(settings):  # type: ignore[no-untyped-def]
+def _tenants_as_the_samples_claim(settings):
     """Most tests post samples of tenant `acme` in namespace `acme-prod` with no namespace listed on
     any tenant (make_batch); they test metering and billing, not the mapping, so they run with the
     opt-in rule that trusts the claim for unlisted namespaces. The shipped default ("namespace") is

@@ -37,7 +37,7 @@ from billing.services.demo import A100_80GB_MODEL
 from billing.services.identity.api_tokens import issue_api_token
 from billing.services.identity.tokens import issue_node_token
 from tests import clock
-from tests.conftest import iso, make_batch
+from tests.conftest import iso, make_batch, state_transitions
 
 NODE = "agent-e2e-node"
 GPU = "GPU-7d1f3c2e-0000-4000-8000-00000000e2e0"
@@ -150,6 +150,7 @@ def test_watchdog_evicts_a_pod_over_its_grant_through_the_eviction_api_and_audit
     audited = list(AuditEvent.objects.filter(object_id=hog_key).order_by("at").values_list("action", "actor_label"))
     assert audited == [("agent.watchdog.over_grant", f"node:{NODE}"), ("agent.watchdog.evicted", f"node:{NODE}")]
     evicted = AuditEvent.objects.get(action="agent.watchdog.evicted")
+    assert evicted.after is not None
     assert evicted.after["outcome"] == "evicted"
     assert evicted.after["over_for_s"] >= 3
     assert not AuditEvent.objects.filter(object_id="acme-prod/bert-7f9c4-x2k9p/server").exists()
@@ -192,7 +193,7 @@ def test_budget_throttle_shrinks_grants_and_evict_best_effort_evicts_from_the_ne
             now=now,
             actor_label="test",
         )
-    transitions = {t.tenant: t.after for t in evaluate_budgets(now=now)}
+    transitions = {t.tenant: t.after for t in state_transitions(evaluate_budgets(now=now))}
     assert transitions == {"acme": "enforced", "initech": "enforced"}
 
     # Second run: its policy poll (If-None-Match: the cached ETag) brings both enforcements.
@@ -228,6 +229,7 @@ def test_budget_throttle_shrinks_grants_and_evict_best_effort_evicts_from_the_ne
     audit = AuditEvent.objects.get(action="agent.budget.evicted_best_effort")
     assert audit.object_id == "initech-prod/batch-i2"
     assert audit.actor_label == f"node:{NODE}"
+    assert audit.after is not None
     assert audit.after["tenant"] == "initech"
     assert audit.after["outcome"] == "evicted"
 
@@ -271,6 +273,7 @@ def test_a_refused_batch_is_kept_reported_and_delivered_by_a_redrive(node_files:
         spool.close()
     # Kept, never deleted.
     assert kept[seq].state == "dead"
-    assert kept[seq].superseded_by is not None
-    assert kept[kept[seq].superseded_by].state == "sent"
+    successor = kept[seq].superseded_by
+    assert successor is not None
+    assert kept[successor].state == "sent"
     assert UndeliveredBatch.objects.get(batch_seq=seq).superseded_by == kept[seq].superseded_by

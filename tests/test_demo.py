@@ -34,6 +34,13 @@ def _total_cost(session: requests.Session, base: str) -> Decimal:
     return Decimal(match.group(1).replace(",", ""))
 
 
+def _found(pattern: str, text: str) -> str:
+    """The first group of the pattern's first match in the text, which must have one."""
+    match = re.search(pattern, text)
+    assert match, (pattern, text[:2000])
+    return match.group(1)
+
+
 def _login(base: str, username: str, password: str, landing: str = "/budgets/") -> requests.Session:
     s = requests.Session()
     s.get(f"{base}/accounts/login/", timeout=10)
@@ -48,7 +55,7 @@ def _lower_acme_budget_and_watch_enforcement(banner: str, base: str, demo_dir: P
     """The budgets demo: an admin lowers acme's budget below its spend; the tenant sees it
     enforced, agents get the throttle in their next policy poll, an email and a signed webhook
     are delivered, and the audit log has each step."""
-    admin = _login(base, "admin", re.search(r"user admin\s+password (\S+)", banner).group(1))
+    admin = _login(base, "admin", _found(r"user admin\s+password (\S+)", banner))
     # Start from the budget's current values (the demo configured its email and webhook).
     page = admin.get(f"{base}/budgets/acme/", timeout=10).text
     form = dict(re.findall(r'<input type="[^"]*" name="([a-z_]+)" value="([^"]*)"', page))
@@ -57,7 +64,7 @@ def _lower_acme_budget_and_watch_enforcement(banner: str, base: str, demo_dir: P
     form.update({"amount": "0.01", "csrfmiddlewaretoken": admin.cookies["csrftoken"]})
     resp = admin.post(f"{base}/budgets/acme/", data=form, timeout=10, headers={"Referer": f"{base}/budgets/acme/"})
     assert resp.url.endswith("/budgets/"), resp.text[:1000]
-    tenant = _login(base, "acme-engineer", re.search(r"user acme-engineer\s+password (\S+)", banner).group(1))
+    tenant = _login(base, "acme-engineer", _found(r"user acme-engineer\s+password (\S+)", banner))
     deadline = time.monotonic() + 60
     state = ""
     while state != "enforced" and time.monotonic() < deadline:
@@ -98,7 +105,7 @@ def _finance_sees_the_simulated_day(demo: Demo) -> None:
         assert resp.content.startswith(magic), fmt
         assert resp.content, fmt
     reports = finance.get(f"{base}/reports/", timeout=10).text
-    report_id = re.search(r'href="/reports/(\d+)/"', reports).group(1)
+    report_id = _found(r'href="/reports/(\d+)/"', reports)
     detail = finance.get(f"{base}/reports/{report_id}/", timeout=10).text
     assert 'data-testid="study-comparison"' in detail
     assert "−37 %" in detail

@@ -20,7 +20,7 @@ KUBECTL_COST = {"window": "7d", "aggregate": "cluster,namespace", "accumulate": 
 
 
 @pytest.fixture
-def opencost_port(live_server) -> Iterator[OpenCostPort]:  # type: ignore[no-untyped-def]
+def opencost_port(live_server) -> Iterator[OpenCostPort]:
     token = issue_api_token(username=user_in(FINANCE_GROUP).username, name="demo OpenCost port", expires_at=None,
                             now=clock.now(), actor_label="test").token
     port = OpenCostPort(upstream=live_server.url, token=token, port=0)
@@ -29,7 +29,7 @@ def opencost_port(live_server) -> Iterator[OpenCostPort]:  # type: ignore[no-unt
 
 
 @pytest.mark.django_db(transaction=True)
-def test_it_reads_as_finance_where_the_ledger_alone_says_401(opencost_port: OpenCostPort, live_server) -> None:  # type: ignore[no-untyped-def]
+def test_it_reads_as_finance_where_the_ledger_alone_says_401(opencost_port: OpenCostPort, live_server) -> None:
     assert requests.get(f"{live_server.url}/allocation/compute", params=KUBECTL_COST, timeout=30).status_code == 401
     for path in ("/allocation", "/allocation/compute", "/model/allocation", "/allocation/summary",
                  "/model/allocation/compute/summary", "/allocation/autocomplete", "/assets", "/model/assets"):
@@ -67,7 +67,7 @@ def test_the_port_setting() -> None:
             port_from_env(wrong)
 
 
-def test_it_listens_on_loopback_only(db) -> None:  # type: ignore[no-untyped-def]
+def test_it_listens_on_loopback_only(db) -> None:
     port = OpenCostPort(upstream="http://127.0.0.1:9", token="unused", port=0)
     try:
         assert port.server.server_address[0] == "127.0.0.1"

@@ -50,7 +50,7 @@ def run_agent(files: dict[str, Path], server: str, seconds: int, start: datetime
 
 def metered_totals(spool_path: Path) -> tuple[dict[str, Decimal], int, int]:
     """What the agent metered: Σ of each quantity over every spooled batch, samples, batches."""
-    spool = Spool(spool_path, node=NODE, now=clock.now())
+    spool = Spool(spool_path, node=NODE, now=clock.now)
     try:
         batches = spool.list_batches()
         totals = dict.fromkeys(QUANTITIES, Decimal(0))
@@ -109,7 +109,7 @@ def test_spooled_batches_survive_a_server_outage_and_land_exactly_once(agent_fil
     assert UsageBatch.objects.count() == 6
     assert UsageBatch.objects.aggregate(n=Sum("sample_count"))["n"] == samples
     # A replay of every batch (e.g. an agent restored from a backup) answers duplicate.
-    spool = Spool(agent_files["spool"], node=NODE, now=clock.now())
+    spool = Spool(agent_files["spool"], node=NODE, now=clock.now)
     try:
         import requests
 

@@ -463,7 +463,7 @@ def test_the_checker_fails_on_a_total_that_does_not_add() -> None:
 
 
 @pytest.mark.django_db
-def test_three_tenants_of_a_third_each_add_up_on_the_page_and_in_the_csv(client) -> None:  # type: ignore[no-untyped-def]
+def test_three_tenants_of_a_third_each_add_up_on_the_page_and_in_the_csv(client) -> None:
     """A November seen before the fix: rows that each round up summed to 951.02 beside "Attributed" 951.04,
     because the total was the unrounded sum rounded. Now the total is the sum of the rows shown."""
     hour = clock.now().replace(minute=0, second=0, microsecond=0) - timedelta(days=40)

@@ -291,8 +291,9 @@ class _FilterParser:
 
     def parse(self) -> ledger.FilterTree:
         tree = self.any_of()
-        if self.peek() is not None:
-            raise ParameterError("filter", gettext("unexpected %(token)r") % {"token": self.peek()[1]})  # type: ignore[index]
+        extra = self.peek()
+        if extra is not None:
+            raise ParameterError("filter", gettext("unexpected %(token)r") % {"token": extra[1]})
         return tree
 
     def any_of(self) -> ledger.FilterTree:

@@ -72,7 +72,7 @@ class _BearerSchema(AutoSchema):
     security_scheme = ""
 
     def get_auth(self) -> list[dict[str, list[str]]]:
-        self.registry.register_on_missing(ResolvedComponent(  # type: ignore[no-untyped-call]
+        self.registry.register_on_missing(ResolvedComponent(  # type: ignore[no-untyped-call]  # its __init__ has no hints
             name=self.security_scheme, type=ResolvedComponent.SECURITY_SCHEMA, object=self.security_scheme,
             schema=SECURITY_SCHEMES[self.security_scheme]))
         return [{self.security_scheme: []}]

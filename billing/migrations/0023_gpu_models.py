@@ -6,7 +6,7 @@ from django.db import migrations, models
 from django.utils import timezone
 
 
-def approve_priced_models(apps, schema_editor):  # type: ignore[no-untyped-def]
+def approve_priced_models(apps, schema_editor):  # type: ignore[no-untyped-def]  # RunPython passes the historical apps and the schema editor
     GpuModel = apps.get_model("billing", "GpuModel")
     RateCard = apps.get_model("billing", "RateCard")
     now = timezone.now()

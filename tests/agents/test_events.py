@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import random
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import pytest
 import requests
@@ -18,18 +19,18 @@ T0 = datetime(2026, 11, 30, 3, 0, 0, tzinfo=UTC)
 STORED = (201, {"Content-Type": "application/json"}, b'{"status":"stored","accepted":1}')
 
 
-def event(i: int = 0, **overrides: object) -> Event:
-    fields: dict[str, object] = {
+def event(i: int = 0, **overrides: Any) -> Event:
+    fields: dict[str, Any] = {
         "at": T0 + timedelta(seconds=i),
         "action": "watchdog.evicted",
         "target": "acme-prod/bert-1/server",
         "detail": {"n": i, "pod": "acme-prod/bert-1"},
     }
     fields.update(overrides)
-    return Event(**fields)  # type: ignore[arg-type]
+    return Event(**fields)
 
 
-def sink(session: ScriptedSession, **kwargs: object) -> EventSink:
+def sink(session: ScriptedSession, **kwargs: Any) -> EventSink:
     return EventSink(
         server="http://ledger.test/",
         node="gpu-node-17",
@@ -38,7 +39,7 @@ def sink(session: ScriptedSession, **kwargs: object) -> EventSink:
         retry=RetryPolicy(base_s=1.0, cap_s=60.0, timeout_s=5.0),
         rng=random.Random(7),
         now=lambda: T0,
-        **kwargs,  # type: ignore[arg-type]
+        **kwargs,
     )
 
 
@@ -76,7 +77,7 @@ def test_payload_has_the_protocol_shape() -> None:
         ({"detail": {"pids": {1, 2}}}, "detail is not plain JSON"),
     ],
 )
-def test_event_the_service_would_reject_is_refused_when_made(overrides: dict[str, object], message: str) -> None:
+def test_event_the_service_would_reject_is_refused_when_made(overrides: dict[str, Any], message: str) -> None:
     with pytest.raises(ValueError, match=message):
         event(**overrides)
 

@@ -239,8 +239,8 @@ def test_a_batched_tick_predicts_and_grants_what_reading_by_reading_does() -> No
         a = compute_grants(gpus=gpus, readings=readings, policy=policy, predictor=batched, now=now)
         b = compute_grants(gpus=gpus, readings=readings, policy=policy, predictor=one_by_one, now=now)
         assert [g.workload for g in a.grants] == [g.workload for g in b.grants]
-        for x, y in zip(a.grants, b.grants, strict=True):
-            assert (x.mem_mb, x.sm) == pytest.approx((y.mem_mb, y.sm), rel=1e-9, abs=1e-9)
+        for ga, gb in zip(a.grants, b.grants, strict=True):
+            assert (ga.mem_mb, ga.sm) == pytest.approx((gb.mem_mb, gb.sm), rel=1e-9, abs=1e-9)
         for predictors in (batched, single):
             predictors.observe(grants=a.grants, readings=readings)
         for x, y in zip(batched.stats(), single.stats(), strict=True):

@@ -90,7 +90,9 @@ def test_every_agent_request_carries_the_token_file_as_it_is_now(
     def one_of_each(minute: int) -> None:
         at = start + timedelta(minutes=minute)
         spool.store_batch(window_start=at, window_end=at + timedelta(seconds=10), render=lambda seq: b"{}")
-        assert uploader.send_next().outcome is Outcome.SENT
+        sent = uploader.send_next()
+        assert sent is not None
+        assert sent.outcome is Outcome.SENT
         assert policy.poll() is PollOutcome.NOT_MODIFIED
         events.emit(Event(at=at, action="watchdog.over_grant", target="ns/pod/c", detail={}))
         assert events.flush().sent == 1

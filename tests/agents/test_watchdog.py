@@ -74,7 +74,8 @@ def actions(events: list[Event]) -> list[str]:
 
 
 def test_evicts_once_when_use_stays_above_grant_plus_tolerance_for_the_grace_period() -> None:
-    clock, events, evict = FakeClock(start=T0), [], Evictions()
+    clock, evict = FakeClock(start=T0), Evictions()
+    events: list[Event] = []
     dog = watchdog(clock, events, evict=evict, tolerance=0.1, grace_s=5.0)
 
     for _ in range(10):  # 0.0 .. 4.5 s over: not yet
@@ -96,7 +97,8 @@ def test_evicts_once_when_use_stays_above_grant_plus_tolerance_for_the_grace_per
 
 
 def test_use_within_tolerance_is_not_an_offence() -> None:
-    clock, events, evict = FakeClock(start=T0), [], Evictions()
+    clock, evict = FakeClock(start=T0), Evictions()
+    events: list[Event] = []
     dog = watchdog(clock, events, evict=evict, tolerance=0.1, grace_s=0.0)
     for _ in range(5):
         tick(dog, clock, 1100.0)  # exactly grant x 1.1
@@ -104,7 +106,8 @@ def test_use_within_tolerance_is_not_an_offence() -> None:
 
 
 def test_dropping_back_ends_the_offence_and_a_new_one_waits_a_full_grace_again() -> None:
-    clock, events, evict = FakeClock(start=T0), [], Evictions()
+    clock, evict = FakeClock(start=T0), Evictions()
+    events: list[Event] = []
     dog = watchdog(clock, events, evict=evict, grace_s=2.0)
     for _ in range(3):
         tick(dog, clock, 1500.0)  # 1.5 s over
@@ -124,7 +127,8 @@ def test_dropping_back_ends_the_offence_and_a_new_one_waits_a_full_grace_again()
 
 
 def test_sm_excess_counts_only_when_configured() -> None:
-    clock, events, evict = FakeClock(start=T0), [], Evictions()
+    clock, evict = FakeClock(start=T0), Evictions()
+    events: list[Event] = []
     dog = watchdog(clock, events, evict=evict, grace_s=0.0)
     dog.observe(grants=[grant(sm=10.0)], readings=[reading(500.0, sm_used=50.0)])
     assert events == []
@@ -136,7 +140,8 @@ def test_sm_excess_counts_only_when_configured() -> None:
 
 
 def test_failed_eviction_is_recorded_and_tried_again_after_the_grace_period() -> None:
-    clock, events = FakeClock(start=T0), []
+    clock = FakeClock(start=T0)
+    events: list[Event] = []
     evict = Evictions(failures=[RuntimeError("429 Too Many Requests: PodDisruptionBudget")])
     dog = watchdog(clock, events, evict=evict, grace_s=2.0)
     for _ in range(5):
@@ -161,7 +166,8 @@ def test_kubernetes_pods_evict_fits_and_a_budget_refusal_is_tried_again() -> Non
             self.evicted.append(f"{namespace}/{pod}")
             return self.answers.pop(0)
 
-    pods, clock, events = Pods(), FakeClock(start=T0), []
+    pods, clock = Pods(), FakeClock(start=T0)
+    events: list[Event] = []
     dog = WatchdogEnforcer(
         policy=WatchdogPolicy(grace_s=1.0), clock=clock, emit=events.append, processes=lambda w: [], evict=pods.evict
     )
@@ -174,7 +180,8 @@ def test_kubernetes_pods_evict_fits_and_a_budget_refusal_is_tried_again() -> Non
 
 
 def test_a_pod_already_gone_counts_as_evicted() -> None:
-    clock, events = FakeClock(start=T0), []
+    clock = FakeClock(start=T0)
+    events: list[Event] = []
 
     def evict(*, namespace: str, pod: str, reason: str, message: str, pod_uid: str | None = None) -> EvictionOutcome:
         return EvictionOutcome.GONE
@@ -201,7 +208,8 @@ def test_evict_policy_needs_an_evict_callable() -> None:
 def test_watchdog_never_acts_before_grace_acts_once_per_offence_and_resets(
     steps: list[tuple[bool, float]], grace_s: float
 ) -> None:
-    clock, events, evict = FakeClock(start=T0), [], Evictions()
+    clock, evict = FakeClock(start=T0), Evictions()
+    events: list[Event] = []
     dog = watchdog(clock, events, evict=evict, grace_s=grace_s)
     run_start: float | None = None  # reference model: when the current run of over-ticks began
     expected_evictions = 0
@@ -253,7 +261,8 @@ def spawn(children: list[subprocess.Popen[str]], *, ignore_sigterm: bool) -> sub
 
 def test_sigterm_ends_a_cooperative_process_and_no_sigkill_follows(children: list[subprocess.Popen[str]]) -> None:
     child = spawn(children, ignore_sigterm=False)
-    clock, events = FakeClock(start=T0), []
+    clock = FakeClock(start=T0)
+    events: list[Event] = []
     dog = watchdog(clock, events, action=WatchdogAction.SIGNAL, pids=[child.pid], grace_s=1.0, kill_grace_s=2.0)
     for _ in range(3):
         tick(dog, clock, 1500.0)  # SIGTERM at 1.0 s
@@ -267,7 +276,8 @@ def test_sigterm_ends_a_cooperative_process_and_no_sigkill_follows(children: lis
 
 def test_sigkill_follows_when_the_process_ignores_sigterm(children: list[subprocess.Popen[str]]) -> None:
     child = spawn(children, ignore_sigterm=True)
-    clock, events = FakeClock(start=T0), []
+    clock = FakeClock(start=T0)
+    events: list[Event] = []
     dog = watchdog(clock, events, action=WatchdogAction.SIGNAL, pids=[child.pid], grace_s=1.0, kill_grace_s=2.0)
     for _ in range(3):
         tick(dog, clock, 1500.0)  # SIGTERM at 1.0 s, ignored
@@ -286,7 +296,8 @@ def test_sigkill_follows_when_the_process_ignores_sigterm(children: list[subproc
 def test_a_recycled_pid_is_never_killed() -> None:
     sent: list[tuple[int, int]] = []
     starts = iter([111, 222, 222])  # at SIGTERM, then another process holds the PID
-    clock, events = FakeClock(start=T0), []
+    clock = FakeClock(start=T0)
+    events: list[Event] = []
     dog = WatchdogEnforcer(
         policy=WatchdogPolicy(action=WatchdogAction.SIGNAL, grace_s=0.0, kill_grace_s=0.0),
         clock=clock,
@@ -302,7 +313,8 @@ def test_a_recycled_pid_is_never_killed() -> None:
 
 
 def test_signal_policy_without_processes_reports_once_and_keeps_trying() -> None:
-    clock, events = FakeClock(start=T0), []
+    clock = FakeClock(start=T0)
+    events: list[Event] = []
     dog = watchdog(clock, events, action=WatchdogAction.SIGNAL, pids=[], grace_s=0.0)
     for _ in range(3):
         tick(dog, clock, 5000.0)
@@ -318,7 +330,8 @@ def test_memory_above_the_workloads_limit_is_an_offence_although_the_grant_cover
     # The allocator never grants memory below use, even above the limit: the limit is the ceiling.
     from agents.interfaces import Entitlement
 
-    clock, events, evict = FakeClock(start=T0), [], Evictions()
+    clock, evict = FakeClock(start=T0), Evictions()
+    events: list[Event] = []
     dog = watchdog(clock, events, evict=evict, grace_s=1.0)
     limited = UsageReading(
         workload=BERT, gpu=GPU, mem_used_mb=900.0, sm_used=5.0, pcie_mb_per_s=0.0,

@@ -30,7 +30,7 @@ def bestfit_seed(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return seed_dir
 
 
-def _corrupt(seed_dir: Path, tmp_path: Path, mutate) -> Path:  # type: ignore[no-untyped-def]
+def _corrupt(seed_dir: Path, tmp_path: Path, mutate) -> Path:
     target = tmp_path / "seed42"
     target.mkdir()
     (target / "arrived.csv").write_text((seed_dir / "arrived.csv").read_text())
@@ -44,7 +44,7 @@ def _corrupt(seed_dir: Path, tmp_path: Path, mutate) -> Path:  # type: ignore[no
     return target
 
 
-def _first(rows, predicate):  # type: ignore[no-untyped-def]
+def _first(rows, predicate):
     return next(r for r in rows if predicate(r))
 
 
@@ -53,7 +53,7 @@ def test_bestfit_placements_on_the_real_trace_pass_the_independent_check(bestfit
 
 
 def test_checker_catches_two_whole_gpu_pods_on_one_gpu(bestfit_seed: Path, tmp_path: Path) -> None:
-    def mutate(rows):  # type: ignore[no-untyped-def]
+    def mutate(rows):
         whole = [r for r in rows if r["node"] and r["gpu_milli"] == "1000" and "|" not in r["gpus"]]
         whole[1]["node"], whole[1]["gpus"] = whole[0]["node"], whole[0]["gpus"]
 
@@ -67,7 +67,7 @@ def test_checker_catches_a_dropped_pod_row(bestfit_seed: Path, tmp_path: Path) -
 
 
 def test_checker_catches_a_pod_on_too_few_gpus(bestfit_seed: Path, tmp_path: Path) -> None:
-    def mutate(rows):  # type: ignore[no-untyped-def]
+    def mutate(rows):
         multi = _first(rows, lambda r: r["node"] and "|" in r["gpus"])
         multi["gpus"] = multi["gpus"].split("|")[0]
 

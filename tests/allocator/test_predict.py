@@ -339,24 +339,25 @@ def test_streaming_lstm_matches_the_batch_forecasts() -> None:
 
 
 @pytest.mark.parametrize("resource", ["memory_mb", "sm"])
-def test_shipped_model_predicts_finite_non_negative_peaks(resource: str) -> None:
+def test_shipped_model_predicts_finite_non_negative_peaks(resource: Resource) -> None:
     bundle = shipped_bundle()
-    model = bundle.resources[resource]  # type: ignore[index]
+    model = bundle.resources[resource]
     rng = np.random.default_rng(1)
     samples = np.clip(model.mean + model.std * rng.normal(size=60), 0.0, model.capacity)
-    for kind in ("last_value", "ewma", "holt", "lstm"):
+    kinds: tuple[PredictorKind, ...] = ("last_value", "ewma", "holt", "lstm")
+    for kind in kinds:
         for calibrated in (False, True):
-            predictor = make_predictor(kind, resource, calibrated=calibrated)  # type: ignore[arg-type]
+            predictor = make_predictor(kind, resource, calibrated=calibrated)
             assert all(0.0 <= v <= model.capacity for v in predictor.predict().as_tuple())  # before any sample
             for v in samples:
                 predictor.observe(float(v))
                 forecast = predictor.predict().as_tuple()
                 assert all(math.isfinite(v) and 0.0 <= v <= model.capacity for v in forecast), (kind, forecast)
-    default = default_predictor(resource)  # type: ignore[arg-type]
+    default = default_predictor(resource)
     default.observe(float(samples[0]))
     assert isinstance(default.predict(), PeakForecast)
-    assert DEFAULT_KIND[resource] in ("last_value", "ewma", "holt", "lstm")  # type: ignore[index]
-    assert bundle.resources[resource].lstm.outputs == 6  # type: ignore[index]
+    assert DEFAULT_KIND[resource] in kinds
+    assert bundle.resources[resource].lstm.outputs == 6
 
 
 @pytest.mark.parametrize("hidden", [1, 5, 24])
@@ -379,10 +380,10 @@ def test_batched_predictions_equal_one_at_a_time() -> None:
     predictors = []
     for bundle in bundles:
         for resource in ("memory_mb", "sm"):
-            capacity = bundle.resources[resource].capacity  # type: ignore[index]
+            capacity = bundle.resources[resource].capacity
             for calibrated in (True, False):
                 for samples in (0, 1, 3, bundle.window + 1, 40):
-                    p = make_predictor("lstm", resource, bundle=bundle, calibrated=calibrated)  # type: ignore[arg-type]
+                    p = make_predictor("lstm", resource, bundle=bundle, calibrated=calibrated)
                     for v in rng.uniform(0, capacity, size=samples):
                         p.observe(float(v))
                     predictors.append(p)

@@ -6,8 +6,10 @@ import dataclasses
 import json
 import subprocess
 import sys
+from collections.abc import Callable
 from decimal import Decimal
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -40,8 +42,8 @@ def _node(name: str, gpus: int = 2, model: str = A100, **host: int) -> PoolNode:
     return PoolNode(name=name, model=model, gpus=gpus, gpu_memory_mb=81920, **host)
 
 
-def _w(key: str, node: str, gpu: int, mem: int, sm: int, **extra: object) -> PoolWorkload:
-    return PoolWorkload(key=key, node=node, gpus=(gpu,), memory_mb=mem, sm_milli=sm, **extra)  # type: ignore[arg-type]
+def _w(key: str, node: str, gpu: int, mem: int, sm: int, **extra: Any) -> PoolWorkload:
+    return PoolWorkload(key=key, node=node, gpus=(gpu,), memory_mb=mem, sm_milli=sm, **extra)
 
 
 def _plan(pool: Pool, k: int = 10) -> RebalancePlan:
@@ -163,9 +165,9 @@ def test_apply_moves_names_the_first_bad_move() -> None:
         (lambda: PoolNode(name="n", model=A100, gpus=1, gpu_memory_mb=0), "gpu_memory_mb must be >= 1"),
     ],
 )
-def test_invalid_pools_are_rejected_with_a_precise_message(build: object, message: str) -> None:
+def test_invalid_pools_are_rejected_with_a_precise_message(build: Callable[[], object], message: str) -> None:
     with pytest.raises(ValueError, match=message):
-        build()  # type: ignore[operator]
+        build()
 
 
 def test_plan_arguments_are_validated() -> None:
@@ -173,7 +175,7 @@ def test_plan_arguments_are_validated() -> None:
     with pytest.raises(ValueError, match="max_moves must be an integer >= 0, got -1"):
         plan_rebalance(pool, max_moves=-1, price_per_gpu_hour=PRICE)
     with pytest.raises(ValueError, match="price_per_gpu_hour must be a finite Decimal"):
-        plan_rebalance(pool, max_moves=1, price_per_gpu_hour=5.12)  # type: ignore[arg-type]
+        plan_rebalance(pool, max_moves=1, price_per_gpu_hour=5.12)  # type: ignore[arg-type]  # a float on purpose
 
 
 # --- properties -----------------------------------------------------------------------------------

@@ -11,7 +11,7 @@ import sys
 import urllib.parse
 from decimal import Decimal
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 import numpy as np
 import pytest
@@ -107,7 +107,7 @@ def test_any_synthetic_load_is_valid_and_coarsens_as_the_meter_integrates(seed: 
     from bench.ingest import A100
 
     load = make_load(Shape(gpus, 8, workloads, 60, 60), seed)
-    memory_mb, sm_count = cast(int, A100["memory_mb"]) * Q, cast(int, A100["sm_count"]) * Q  # in 1/1024 units
+    memory_mb, sm_count = A100["memory_mb"] * Q, A100["sm_count"] * Q  # in 1/1024 units
     # What ingest would refuse (docs/protocol.md): use or grant above the card, Σ granted on a GPU above it.
     for used, granted, capacity in ((load.mem_used, load.mem_granted, memory_mb),
                                     (load.sm_used, load.sm_granted, sm_count)):

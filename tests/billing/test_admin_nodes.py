@@ -113,6 +113,8 @@ def test_revoke_needs_the_typed_prefix_then_the_agent_is_refused_at_ingest(clien
     assert NodeToken.objects.get(pk=node_token.token_id).revoked_at is not None
     event = AuditEvent.objects.get(action="node_token.revoked")
     assert event.actor_id == admin.pk
+    assert event.before is not None
+    assert event.after is not None
     assert (event.before["revoked_at"], event.after["revoked_at"] is not None) == (None, True)
     html = client.get("/nodes/").content.decode()
     assert f'data-testid="revoke-token-{node_token.token_id}"' not in html

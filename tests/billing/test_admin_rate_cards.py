@@ -89,10 +89,13 @@ def test_new_price_supersedes_the_open_card_writing_both_rows_and_two_audit_even
     assert created.actor_id == admin.pk
     assert created.object_id == str(new.pk)
     assert created.before is None
+    assert created.after is not None
     assert created.after["price_per_gpu_hour"] == "3.125000"
     assert created.after["source_url"] == "https://cloud.example/pricing/a100"
     superseded = AuditEvent.objects.get(action="rate_card.superseded")
     assert superseded.object_id == str(open_card.pk)
+    assert superseded.before is not None
+    assert superseded.after is not None
     assert superseded.before["effective_to"] is None
     assert superseded.after["effective_to"] == start.isoformat()
     assert superseded.after["superseded_by"] == new.pk
@@ -201,6 +204,8 @@ def test_admin_ends_a_card_audited_and_the_same_rules_apply(client, open_card):
     open_card.refresh_from_db()
     assert open_card.effective_to == end
     event = AuditEvent.objects.get(action="rate_card.ended")
+    assert event.before is not None
+    assert event.after is not None
     assert (event.before["effective_to"], event.after["effective_to"]) == (None, end.isoformat())
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
+from typing import Any
 
 import pytest
 
@@ -75,7 +76,7 @@ def test_bad_windows_name_the_window(text: str) -> None:
     assert str(caught.value).startswith("window: ")
 
 
-def test_an_empty_window_has_one_empty_set(db) -> None:  # type: ignore[no-untyped-def]
+def test_an_empty_window_has_one_empty_set(db) -> None:
     empty = parse_window("month", now=utc(2028, 3, 1))
     assert allocation_sets(FINANCE, window=empty, aggregate=["pod"], include_idle=True) == [{}]
 
@@ -142,7 +143,7 @@ def meta(node: Node, namespace: str, pod: str, *, kind: str = "", controller: st
 
 
 @pytest.fixture
-def fleet(db):  # type: ignore[no-untyped-def]
+def fleet(db):
     """Two nodes in two clusters. Hour H: n1's GPU-a card 10 (idle 4, 1 of it spread onto acme),
     acme/bert 4 + 1 idle share, globex/llm 2; n2's GPU-b card 6 (idle 3), acme/vit 3 (H100).
     Hour H+1: GPU-a card 10 all idle. Hour H+25 (next day): GPU-a card 10, acme/bert 10."""
@@ -163,11 +164,11 @@ def fleet(db):  # type: ignore[no-untyped-def]
     return n1, n2
 
 
-def costs(one_set: dict) -> dict[str, Decimal]:  # type: ignore[type-arg]
+def costs(one_set: dict) -> dict[str, Decimal]:
     return {name: a.total_cost for name, a in one_set.items()}
 
 
-def test_namespace_sets_with_idle(fleet) -> None:  # type: ignore[no-untyped-def]
+def test_namespace_sets_with_idle(fleet) -> None:
     [s] = allocation_sets(FINANCE, window=DAY, aggregate=["namespace"], include_idle=True)
     # acme: 4 + 1 (idle share) + 3; platform idle: (4 − 1) + 3 + 10.
     assert costs(s) == {"acme-ns": D(8), "globex-ns": D(2), IDLE: D(16)}
@@ -191,7 +192,7 @@ def test_namespace_sets_with_idle(fleet) -> None:  # type: ignore[no-untyped-def
     assert sum(costs(s).values()) == D(26)
 
 
-def test_every_key_and_unallocated(fleet) -> None:  # type: ignore[no-untyped-def]
+def test_every_key_and_unallocated(fleet) -> None:
     def names(key: str) -> dict[str, Decimal]:
         return costs(allocation_sets(FINANCE, window=DAY, aggregate=[key])[0])
 
@@ -215,7 +216,7 @@ def test_every_key_and_unallocated(fleet) -> None:  # type: ignore[no-untyped-de
                             f"{UNALLOCATED}/node-2/acme-ns/vit/train"}
 
 
-def test_requested_resources_from_workload_meta(fleet) -> None:  # type: ignore[no-untyped-def]
+def test_requested_resources_from_workload_meta(fleet) -> None:
     [s] = allocation_sets(FINANCE, window=DAY, aggregate=["pod"])
     assert s["bert"].mem_requested_mb_s == D(7200)
     assert s["bert"].sm_requested_s == D(1800)
@@ -227,7 +228,7 @@ def test_requested_resources_from_workload_meta(fleet) -> None:  # type: ignore[
     assert s["llm"].sm_requested_s == D(3600)
 
 
-def test_filters(fleet) -> None:  # type: ignore[no-untyped-def]
+def test_filters(fleet) -> None:
     [s] = allocation_sets(FINANCE, window=DAY, aggregate=["pod"], filters={"label:app": ["nlp"]}, include_idle=True)
     # Workload filters leave the platform's idle whole (it belongs to no workload)...
     assert costs(s) == {"bert": D(5), "llm": D(2), IDLE: D(16)}
@@ -236,7 +237,7 @@ def test_filters(fleet) -> None:  # type: ignore[no-untyped-def]
     assert costs(s) == {"vit": D(3), IDLE: D(3)}
 
 
-def test_steps_and_accumulate(fleet) -> None:  # type: ignore[no-untyped-def]
+def test_steps_and_accumulate(fleet) -> None:
     window = Window(utc(2026, 3, 2), utc(2026, 3, 4))
     daily = allocation_sets(FINANCE, window=window, aggregate=["namespace"], step=timedelta(days=1),
                             include_idle=True)
@@ -259,7 +260,7 @@ def test_steps_and_accumulate(fleet) -> None:  # type: ignore[no-untyped-def]
                         step=timedelta(hours=1))
 
 
-def test_idle_by_node_and_shared(fleet) -> None:  # type: ignore[no-untyped-def]
+def test_idle_by_node_and_shared(fleet) -> None:
     # OpenCost merges per-node idle into one __idle__ unless splitIdle asks for it apart.
     [s] = allocation_sets(FINANCE, window=DAY, aggregate=["namespace"], include_idle=True, idle_by_node=True)
     assert costs(s) == {"acme-ns": D(8), "globex-ns": D(2), IDLE: D(16)}
@@ -285,7 +286,7 @@ def test_idle_by_node_and_shared(fleet) -> None:  # type: ignore[no-untyped-def]
     assert costs(s) == {IDLE: D(10)}
 
 
-def test_a_tenant_sees_only_its_own_and_no_platform_idle(fleet) -> None:  # type: ignore[no-untyped-def]
+def test_a_tenant_sees_only_its_own_and_no_platform_idle(fleet) -> None:
     [s] = allocation_sets(ACME, window=DAY, aggregate=["namespace"], include_idle=True, share_idle=True)
     assert costs(s) == {"acme-ns": D(8)}
     [s] = allocation_sets(ACME, window=DAY, aggregate=["tenant"], filters={"tenant": ["globex"]})
@@ -293,10 +294,10 @@ def test_a_tenant_sees_only_its_own_and_no_platform_idle(fleet) -> None:  # type
     assert allocation_sets(NOBODY, window=DAY, aggregate=["namespace"], include_idle=True) == [{}]
 
 
-def test_day_ledger_and_hour_ledger_agree(fleet, monkeypatch) -> None:  # type: ignore[no-untyped-def]
-    def read(**kw: object) -> list[dict]:  # type: ignore[type-arg]
+def test_day_ledger_and_hour_ledger_agree(fleet, monkeypatch) -> None:
+    def read(**kw: Any) -> list[dict]:
         return allocation_sets(FINANCE, window=Window(utc(2026, 3, 2), utc(2026, 3, 4)), aggregate=["pod", "gpu"],
-                               include_idle=True, share_idle=True, idle_by_node=True, **kw)  # type: ignore[arg-type]
+                               include_idle=True, share_idle=True, idle_by_node=True, **kw)
 
     days = read(step=timedelta(days=1))
     monkeypatch.setattr(reads, "ledger_for", lambda start, end: reads.HOURS)

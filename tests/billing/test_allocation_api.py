@@ -37,7 +37,7 @@ _ZEROS = {f: D(0) for f in ("mem_billed_mb_s", "sm_billed_s", "pcie_mb", "mem_gr
 
 
 @pytest.fixture(autouse=True)
-def _fixed_dates_stay_billable(settings):  # type: ignore[no-untyped-def]
+def _fixed_dates_stay_billable(settings):
     settings.VGPU_LATE_USAGE_HORIZON = timedelta(days=36500)
 
 
@@ -59,7 +59,7 @@ def days(start: datetime, end: datetime) -> None:
 
 
 @pytest.fixture
-def february(db):  # type: ignore[no-untyped-def]
+def february(db):
     """Amounts with sub-cent parts, so rounding per line shows. 28 Feb and 29 Feb, two tenants."""
     RateCard.objects.create(gpu_model="A100", currency="USD", price_per_gpu_hour=D("3"),
                             effective_from=datetime(2020, 1, 1, tzinfo=UTC), source_url="https://example.org")
@@ -93,7 +93,7 @@ def finance_client() -> Client:
     return client
 
 
-def test_last_month_by_namespace_reconciles_with_its_invoices_and_idle(february, time_machine) -> None:  # type: ignore[no-untyped-def]
+def test_last_month_by_namespace_reconciles_with_its_invoices_and_idle(february, time_machine) -> None:
     time_machine.move_to(datetime(2028, 3, 10, 9, 30, tzinfo=UTC), tick=False)
     close_period(month=FEB, now=datetime(2028, 3, 1, 1, tzinfo=UTC))
     code, body = get(finance_client(), window="lastmonth", aggregate="namespace", includeIdle="true",
@@ -133,7 +133,7 @@ def test_last_month_by_namespace_reconciles_with_its_invoices_and_idle(february,
     assert sum(a["totalCost"] for a in allocations.values()) == pytest.approx(float(cards), abs=0.005)
 
 
-def test_late_usage_reconciles_through_the_next_months_adjustment(february) -> None:  # type: ignore[no-untyped-def]
+def test_late_usage_reconciles_through_the_next_months_adjustment(february) -> None:
     close_period(month=FEB, now=datetime(2028, 3, 1, 1, tzinfo=UTC))
     late = datetime(2028, 2, 29, 22, tzinfo=UTC)
     card(february, "GPU-a", late, charged="0.5", idle="2.5")
@@ -147,7 +147,7 @@ def test_late_usage_reconciles_through_the_next_months_adjustment(february) -> N
     assert exact["globex"].total_cost == globex.aggregate(s=Sum("amount"))["s"] == D("0.835")
 
 
-def test_label_aggregation_and_daily_steps(february, time_machine) -> None:  # type: ignore[no-untyped-def]
+def test_label_aggregation_and_daily_steps(february, time_machine) -> None:
     time_machine.move_to(datetime(2028, 3, 1, 0, 30, tzinfo=UTC), tick=False)
     code, body = get(finance_client(), "/allocation", window="2028-02-28T00:00:00Z,2028-03-02T00:00:00Z",
                      aggregate="label:app,tenant", step="1d")
@@ -166,7 +166,7 @@ def test_label_aggregation_and_daily_steps(february, time_machine) -> None:  # t
     assert body["data"][0]["acme-ns"]["totalCost"] == pytest.approx(0.669 + 0.333333333333 + 2.115 + 3)
 
 
-def test_a_tenant_token_sees_only_its_tenant(february, time_machine) -> None:  # type: ignore[no-untyped-def]
+def test_a_tenant_token_sees_only_its_tenant(february, time_machine) -> None:
     time_machine.move_to(datetime(2028, 3, 10, tzinfo=UTC), tick=False)
     client = Client()
     client.force_login(user_in(tenant="globex"))
@@ -207,7 +207,7 @@ def test_a_tenant_token_sees_only_its_tenant(february, time_machine) -> None:  #
     ({"window": "0001-01-01T00:00:00+14:00,2026-01-01T00:00:00Z"}, "window"),
     ({"window": "2026-01-01T00:00:00Z,9999-12-31T23:59:59-14:00"}, "window"),
 ])
-def test_bad_parameters_answer_400_naming_the_parameter(db, params: dict[str, str], parameter: str) -> None:  # type: ignore[no-untyped-def]
+def test_bad_parameters_answer_400_naming_the_parameter(db, params: dict[str, str], parameter: str) -> None:
     code, body = get(finance_client(), **params)
     if params.get("step") == "1h" and params["window"] == "lastmonth":
         assert code == 200
@@ -219,14 +219,14 @@ def test_bad_parameters_answer_400_naming_the_parameter(db, params: dict[str, st
     assert body["message"].startswith(f"{parameter}: ")
 
 
-def test_unauthenticated_is_401_json(db) -> None:  # type: ignore[no-untyped-def]
+def test_unauthenticated_is_401_json(db) -> None:
     code, body = get(Client(), window="7d")
     assert code == 401
     assert body["code"] == 401
     assert body["message"]
 
 
-def test_filters_in_opencost_syntax(february, time_machine) -> None:  # type: ignore[no-untyped-def]
+def test_filters_in_opencost_syntax(february, time_machine) -> None:
     time_machine.move_to(datetime(2028, 3, 10, tzinfo=UTC), tick=False)
     code, body = get(finance_client(), window="lastmonth", aggregate="pod",
                      filter='label[app]:"nlp","web"+tenant:"acme"')
@@ -236,7 +236,7 @@ def test_filters_in_opencost_syntax(february, time_machine) -> None:  # type: ig
     assert set(body["data"][0]) == {"llm"}
 
 
-def test_the_openapi_schema_documents_the_allocation_api(db) -> None:  # type: ignore[no-untyped-def]
+def test_the_openapi_schema_documents_the_allocation_api(db) -> None:
     resp = Client().get("/api/v1/schema", HTTP_ACCEPT="application/vnd.oai.openapi+json")
     paths = json.loads(resp.content)["paths"]
     operation = paths["/allocation/compute"]["get"]
@@ -262,7 +262,7 @@ _usage = st.tuples(st.integers(0, 2), st.integers(0, 47), st.sampled_from(["acme
        keys=st.lists(st.sampled_from(_KEYS), min_size=1, max_size=3, unique=True),
        step_h=st.sampled_from([None, 1, 5, 24, 48]), share=st.booleans(), by_node=st.booleans(),
        offset_h=st.integers(0, 3))
-def test_sums_do_not_depend_on_aggregation_or_step(db, usages, idles, keys, step_h, share, by_node, offset_h) -> None:  # type: ignore[no-untyped-def]
+def test_sums_do_not_depend_on_aggregation_or_step(db, usages, idles, keys, step_h, share, by_node, offset_h) -> None:
     with transaction.atomic():
         nodes = [Node.objects.create(name="n-east", cluster="east"), Node.objects.create(name="n-none")]
         gpus = [(nodes[0], "GPU-0"), (nodes[0], "GPU-1"), (nodes[1], "GPU-2")]
@@ -291,7 +291,7 @@ def test_sums_do_not_depend_on_aggregation_or_step(db, usages, idles, keys, step
         ungrouped = allocation_sets(FINANCE, aggregate=[], step=step, **common)
         [whole] = allocation_sets(FINANCE, aggregate=keys, accumulate=True, **common)
 
-        def total(sets: list[dict]) -> Decimal:  # type: ignore[type-arg]
+        def total(sets: list[dict]) -> Decimal:
             return sum((a.total_cost for s in sets for a in s.values()), D(0))
 
         in_window = {"hour__gte": window.start, "hour__lt": window.end}
@@ -329,7 +329,7 @@ _part = st.one_of(_text, st.sampled_from(["7d", "30m", "lastmonth", "week", "1d"
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(params=st.dictionaries(st.sampled_from(["window", "aggregate", "step", "accumulate", "includeIdle",
                                                "shareIdle", "idleByNode", "filter"]), _part))
-def test_any_parameters_answer_200_or_a_400_naming_one(db, params: dict[str, str]) -> None:  # type: ignore[no-untyped-def]
+def test_any_parameters_answer_200_or_a_400_naming_one(db, params: dict[str, str]) -> None:
     params.setdefault("window", "2026-03-01T00:00:00Z,2026-03-02T00:00:00Z")
     code, body = get(finance_client(), **params)
     assert code in (200, 400), body
@@ -341,7 +341,7 @@ def test_any_parameters_answer_200_or_a_400_naming_one(db, params: dict[str, str
     ({"window": "7d", "filter": 'pod:"a\x00"'}, "filter"), ({"window": "7d", "aggregate": "label:a\x00"}, "aggregate"),
     ({"window": "7d", "filter": 'label[a\x00]:"b"'}, "filter"),
 ])
-def test_nul_characters_are_a_400(db, params: dict[str, str], parameter: str) -> None:  # type: ignore[no-untyped-def]
+def test_nul_characters_are_a_400(db, params: dict[str, str], parameter: str) -> None:
     code, body = get(finance_client(), **params)
     assert code == 400
     assert body["parameter"] == parameter

@@ -12,7 +12,7 @@ from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from http.server import BaseHTTPRequestHandler, HTTPServer
 from pathlib import Path
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import pytest
 from django.test import override_settings
@@ -32,7 +32,7 @@ from billing.services.budgets.spend import (
     set_budget,
 )
 from tests import clock
-from tests.conftest import A100, make_batch
+from tests.conftest import A100, make_batch, state_transitions
 
 FIXTURES = Path(__file__).parent / "fixtures"
 pct = st.decimals(min_value=1, max_value=200, places=2)
@@ -44,7 +44,7 @@ def test_state_is_monotonic_in_spend_and_thresholds_are_inclusive(spend, amount,
     hard = soft + extra
     state = budget_state_for(spend=spend, amount=amount, soft_pct=soft, hard_pct=hard)
     more = budget_state_for(spend=spend + amount, amount=amount, soft_pct=soft, hard_pct=hard)
-    order = [BudgetState.OK, BudgetState.WARNED, BudgetState.ENFORCED]
+    order: list[str] = [BudgetState.OK, BudgetState.WARNED, BudgetState.ENFORCED]
     assert order.index(more) >= order.index(state)
     assert budget_state_for(spend=amount * hard / 100, amount=amount, soft_pct=soft, hard_pct=hard) == BudgetState.ENFORCED
 
@@ -91,15 +91,15 @@ def test_a_transitions_amounts_are_written_in_its_currencys_minor_unit(currency,
 def test_budget_moves_ok_warned_enforced_and_back_when_raised_each_step_audited(acme, post_batch, minute_start):
     budget("2.00")
     spend(post_batch, minute_start, seq=1)  # 1.00 = 50 %
-    assert [t.after for t in evaluate_budgets(now=clock.now())] == []  # ok → ok: no transition
+    assert [t.after for t in state_transitions(evaluate_budgets(now=clock.now()))] == []  # ok → ok: no transition
     spend(post_batch, minute_start, seq=2)  # 2.00 = 100 %... of which 80 % passed too
-    moves = evaluate_budgets(now=clock.now())
+    moves = state_transitions(evaluate_budgets(now=clock.now()))
     assert [(t.before, t.after) for t in moves] == [("ok", "enforced")]
     assert evaluate_budgets(now=clock.now()) == []  # evaluating again changes nothing
     budget("2.40")  # 2.00 / 2.40 = 83 %: warned
-    assert [(t.before, t.after) for t in evaluate_budgets(now=clock.now())] == [("enforced", "warned")]
+    assert [(t.before, t.after) for t in state_transitions(evaluate_budgets(now=clock.now()))] == [("enforced", "warned")]
     budget("100")
-    assert [(t.before, t.after) for t in evaluate_budgets(now=clock.now())] == [("warned", "ok")]
+    assert [(t.before, t.after) for t in state_transitions(evaluate_budgets(now=clock.now()))] == [("warned", "ok")]
     actions = list(AuditEvent.objects.filter(object_type="budget").order_by("id").values_list("action", flat=True))
     assert actions.count("budget.set") == 3
     assert actions.count("budget.state_changed") == 3
@@ -208,8 +208,8 @@ def test_transition_is_notified_by_email_and_by_a_signed_webhook_that_is_retried
                            EMAIL_HOST="127.0.0.1", EMAIL_PORT=controller.port, VGPU_WEBHOOK_ALLOWED_HOSTS=["127.0.0.1"]):
         result = tasks.evaluate_budgets.apply().get()
         payload = result[0]
-        sent = tasks.send_budget_email.apply(args=[acme.budget.pk, payload]).get()
-        status = tasks.deliver_budget_webhook.apply(args=[acme.budget.pk, payload]).get()
+        sent = tasks.send_budget_email.apply(args=(acme.budget.pk, payload)).get()
+        status = tasks.deliver_budget_webhook.apply(args=(acme.budget.pk, payload)).get()
     assert payload["to"] == "enforced"
     assert payload["action"] == "throttle"
     assert sent == 1
@@ -355,14 +355,14 @@ def test_whole_gpu_requests_count_as_whole_cards_of_the_fleet_and_bad_annotation
 # Forecast over budget. acme's use lies in the minute in progress, so no complete hour gives a rate
 # and the forecast is the month to date; thresholds of 999 % keep the state ok while that forecast
 # is above the amount (tests/billing/test_forecast.py has the same with a rate, as on the demo).
-QUIET = {"soft_threshold_pct": Decimal("999"), "hard_threshold_pct": Decimal("999")}
+QUIET: dict[str, Any] = {"soft_threshold_pct": Decimal("999"), "hard_threshold_pct": Decimal("999")}
 
 
 def acme_status() -> BudgetStatus:
     return BudgetStatus.objects.get(budget__tenant__slug="acme", month=clock.now().date().replace(day=1))
 
 
-def forecast_audit() -> list[tuple[str, dict]]:
+def forecast_audit() -> list[tuple[str, Any]]:
     return [(e.action, e.after) for e in AuditEvent.objects.filter(action__startswith="budget.forecast").order_by("id")]
 
 
@@ -413,7 +413,7 @@ def test_a_warned_budget_carries_the_flag_and_enforcement_clears_it(acme, post_b
     assert events[1].payload()["state"] == "warned"
     spend(post_batch, minute_start, seq=2)  # 2.00 = 250 %: enforced, which says more than the forecast
     events = evaluate_budgets(now=clock.now())
-    assert [(e.before, e.after) for e in events] == [("warned", "enforced")]
+    assert [(e.before, e.after) for e in state_transitions(events)] == [("warned", "enforced")]
     assert (acme_status().state, acme_status().forecast_over_budget) == ("enforced", False)
     assert forecast_audit()[-1][1]["reason"] == "enforced"
     # Raising the budget out of enforcement while the forecast stays above it: a crossing again.
@@ -460,8 +460,8 @@ def test_the_crossing_is_mailed_and_sent_as_a_signed_webhook_with_its_own_event(
         result = tasks.evaluate_budgets.apply().get()
         assert tasks.evaluate_budgets.apply().get() == []  # still over: nothing more to send
         [payload] = result
-        sent = tasks.send_budget_email.apply(args=[acme.budget.pk, payload]).get()
-        status = tasks.deliver_budget_webhook.apply(args=[acme.budget.pk, payload]).get()
+        sent = tasks.send_budget_email.apply(args=(acme.budget.pk, payload)).get()
+        status = tasks.deliver_budget_webhook.apply(args=(acme.budget.pk, payload)).get()
     assert payload["event"] == "budget.forecast_over_budget"
     assert sent == 1
     mail = inbox.messages[0]

@@ -105,6 +105,7 @@ def test_an_issued_invoice_copies_issuer_terms_and_tax_and_later_changes_never_c
     globex = Invoice.objects.get(tenant__slug="globex")
     assert (globex.tax_minor, globex.payment_terms_days, globex.due_date) == (0, 30, date(2027, 1, 1))
     audit = AuditEvent.objects.get(action="invoice.finalized", object_id=acme.number)
+    assert audit.after is not None
     assert audit.after["tax_minor"] == acme.tax_minor
     assert audit.after["total_minor"] == acme.total_minor
 
@@ -361,6 +362,8 @@ def test_admins_edit_a_tenants_invoice_terms_audited_and_others_may_not():
     assert (acme.tax_rate_pct, acme.payment_terms_days, acme.po_number, acme.cost_centre) == (
         Decimal("19.5"), 45, "PO-9", "CC-1")
     event = AuditEvent.objects.get(action="tenant.billing_updated")
+    assert event.before is not None
+    assert event.after is not None
     assert event.before["tax_rate_pct"] == "0.000"
     assert event.after["tax_rate_pct"] == "19.500"
     assert event.after["po_number"] == "PO-9"

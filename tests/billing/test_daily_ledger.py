@@ -8,6 +8,7 @@ from __future__ import annotations
 import importlib
 import itertools
 from collections import defaultdict
+from collections.abc import Mapping
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from typing import Any
@@ -55,26 +56,31 @@ def assert_days_equal_hours() -> None:
     """Every UsageDay row is the exact sum of its day's UsageHour rows (same GPU and workload
     identity), with the first/last hour; every GpuDay row the sum of its GpuHour rows; none missing."""
     usage: dict[tuple, dict[str, Any]] = defaultdict(lambda: defaultdict(Decimal))
-    for h in UsageHour.objects.values():
+    # Rows as plain mappings: the columns are read by name from the lists above.
+    usage_hours: list[Mapping[str, Any]] = list(UsageHour.objects.values())
+    for h in usage_hours:
         row = usage[(day_of(h["hour"]), *(h[k] for k in WORKLOAD_KEY))]
         for c in USAGE_SUMS:
             row[c] += h[c]
         row["first_hour"] = min(row.get("first_hour") or h["hour"], h["hour"])
         row["last_hour"] = max(row.get("last_hour") or h["hour"], h["hour"])
+    usage_days: list[Mapping[str, Any]] = list(UsageDay.objects.values())
     days = {(d["day"], *(d[k] for k in WORKLOAD_KEY)): {c: d[c] for c in (*USAGE_SUMS, "first_hour", "last_hour")}
-            for d in UsageDay.objects.values()}
+            for d in usage_days}
     assert UsageDay.objects.count() == len(days)  # one row per day and workload identity
     assert days == {k: dict(v) for k, v in usage.items()}
     gpus: dict[tuple, dict[str, Any]] = defaultdict(lambda: defaultdict(Decimal))
-    for h in GpuHour.objects.values():
-        row = gpus[(day_of(h["hour"]), h["gpu_uuid"])]
+    gpu_hours: list[Mapping[str, Any]] = list(GpuHour.objects.values())
+    for gh in gpu_hours:
+        row = gpus[(day_of(gh["hour"]), gh["gpu_uuid"])]
         for c in GPU_SUMS:
-            row[c] += h[c]
-        row["unpriced_seconds"] += 0 if h["priced"] else h["metered_seconds"]
-        row["priced"] = row.get("priced", True) and h["priced"]
-        row["currency"] = max(row.get("currency", ""), h["currency"])
+            row[c] += gh[c]
+        row["unpriced_seconds"] += 0 if gh["priced"] else gh["metered_seconds"]
+        row["priced"] = row.get("priced", True) and gh["priced"]
+        row["currency"] = max(row.get("currency", ""), gh["currency"])
+    gpu_day_rows: list[Mapping[str, Any]] = list(GpuDay.objects.values())
     gpu_days = {(d["day"], d["gpu_uuid"]): {c: d[c] for c in (*GPU_SUMS, "unpriced_seconds", "priced", "currency")}
-                for d in GpuDay.objects.values()}
+                for d in gpu_day_rows}
     assert gpu_days == {k: dict(v) for k, v in gpus.items()}
     for g in GpuDay.objects.all():  # the hour ledger's invariant holds per day as well
         assert g.charged + g.idle_cost == g.card_cost
@@ -95,7 +101,7 @@ def forced_hours(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 @pytest.fixture
-def rate_card(db):  # type: ignore[no-untyped-def]
+def rate_card(db):
     return RateCard.objects.create(gpu_model=A100["model"], currency="USD", price_per_gpu_hour=Decimal("3.6"),
                                    effective_from=datetime(2020, 1, 1, tzinfo=UTC), source_url="https://example.org")
 
@@ -183,7 +189,7 @@ def test_rebuild_ledger_reprices_the_days_too(post_batch):
     rollup_usage(now=clock.now())
     unpriced = GpuDay.objects.get()
     assert (unpriced.priced, unpriced.card_cost, unpriced.currency, unpriced.unpriced_seconds) == (
-        False, 0, "", Decimal(20))
+        False, Decimal(0), "", Decimal(20))
     summary = finance.get_cost_summary(scope=FINANCE, start=day_of(at), end=day_of(at) + timedelta(days=1))
     assert (summary.unpriced_gpu_hours, summary.currency) == (Decimal(20) / 3600, "")
     RateCard.objects.create(gpu_model=A100["model"], currency="USD", price_per_gpu_hour=Decimal("3.6"),

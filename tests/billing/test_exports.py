@@ -106,7 +106,7 @@ DECIMALS = {"BilledCost", "EffectiveCost", "ListCost", "ContractedCost", "ListUn
             "PricingQuantity", "ConsumedQuantity"}
 DATETIMES = {"BillingPeriodStart", "BillingPeriodEnd", "ChargePeriodStart", "ChargePeriodEnd"}
 JSON_OBJECTS = {"Tags", "AllocatedTags", "AllocatedMethodDetails", "SkuPriceDetails"}
-ALLOWED = {
+ALLOWED: dict[str, set[str | None]] = {
     "ChargeCategory": {"Usage", "Purchase", "Tax", "Credit", "Adjustment"},
     "ChargeClass": {None, "Correction"},
     "ChargeFrequency": {"One-Time", "Recurring", "Usage-Based"},
@@ -128,6 +128,13 @@ def when(text: str) -> datetime:
     return datetime.strptime(text, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC)
 
 
+def cell(row: dict[str, str | None], column: str) -> str:
+    """A column that must not be null in this row."""
+    value = row[column]
+    assert value is not None, (column, row)
+    return value
+
+
 def assert_follows_focus_1_3(header: list[str], rows: list[dict[str, str | None]], invoice: Invoice) -> None:
     # Presence, then order: FOCUS columns first (alphabetical), custom x_ columns after.
     assert set(header) >= MANDATORY | APPLICABLE
@@ -140,14 +147,16 @@ def assert_follows_focus_1_3(header: list[str], rows: list[dict[str, str | None]
         for column in NOT_NULL:
             assert row[column] is not None, (column, row)
         for column in DECIMALS:
-            assert row[column] is None or DECIMAL_RE.match(row[column]), (column, row[column])
+            value = row[column]
+            assert value is None or DECIMAL_RE.match(value), (column, value)
         for column in DATETIMES:
-            assert DATETIME_RE.match(row[column]), (column, row[column])
+            assert DATETIME_RE.match(cell(row, column)), (column, row[column])
         for column in JSON_OBJECTS:
-            assert row[column] is None or isinstance(json.loads(row[column]), dict), (column, row[column])
+            value = row[column]
+            assert value is None or isinstance(json.loads(value), dict), (column, value)
         for column, allowed in ALLOWED.items():
             assert row[column] in allowed, (column, row[column])
-        assert SUBCATEGORY_PARENT[row["ServiceSubcategory"]] == row["ServiceCategory"]
+        assert SUBCATEGORY_PARENT[cell(row, "ServiceSubcategory")] == row["ServiceCategory"]
         assert row["BillingCurrency"] == invoice.currency
         assert re.fullmatch(r"[A-Z]{3}", row["BillingCurrency"])
         assert row["InvoiceId"] == invoice.number
@@ -155,8 +164,8 @@ def assert_follows_focus_1_3(header: list[str], rows: list[dict[str, str | None]
 
         # Periods: [start, end); the billing period is the invoice's month; a charge lies inside it,
         # except a Correction, which keeps the earlier period its cost was incurred in.
-        b_start, b_end = when(row["BillingPeriodStart"]), when(row["BillingPeriodEnd"])
-        c_start, c_end = when(row["ChargePeriodStart"]), when(row["ChargePeriodEnd"])
+        b_start, b_end = when(cell(row, "BillingPeriodStart")), when(cell(row, "BillingPeriodEnd"))
+        c_start, c_end = when(cell(row, "ChargePeriodStart")), when(cell(row, "ChargePeriodEnd"))
         assert b_start == datetime(invoice.period.month.year, invoice.period.month.month, 1, tzinfo=UTC) < b_end
         assert c_start < c_end
         if row["ChargeClass"] == "Correction":
@@ -189,8 +198,9 @@ def assert_follows_focus_1_3(header: list[str], rows: list[dict[str, str | None]
             assert row["ConsumedQuantity"] is None
         if row["ListUnitPrice"] is not None:
             assert Decimal(row["ListUnitPrice"]) >= 0
-            assert Decimal(row["ListCost"]) == Decimal(row["ListUnitPrice"]) * Decimal(row["PricingQuantity"])
-            assert Decimal(row["ContractedCost"]) == Decimal(row["ContractedUnitPrice"]) * Decimal(row["PricingQuantity"])
+            quantity = Decimal(cell(row, "PricingQuantity"))
+            assert Decimal(cell(row, "ListCost")) == Decimal(row["ListUnitPrice"]) * quantity
+            assert Decimal(cell(row, "ContractedCost")) == Decimal(cell(row, "ContractedUnitPrice")) * quantity
         else:
             assert row["ListCost"] == row["BilledCost"] == row["ContractedCost"]
         assert row["EffectiveCost"] == row["BilledCost"]  # no commitments: nothing amortised
@@ -207,7 +217,7 @@ def assert_follows_focus_1_3(header: list[str], rows: list[dict[str, str | None]
         if allocated:
             assert row["AllocatedMethodId"] == ALLOCATED_METHOD_ID
             assert row["ResourceId"] is not None
-            details = json.loads(row["AllocatedMethodDetails"])
+            details = json.loads(cell(row, "AllocatedMethodDetails"))
             assert isinstance(details["Elements"], list)
             assert details["Elements"]
             for element in details["Elements"]:
@@ -236,7 +246,7 @@ def assert_follows_focus_1_3(header: list[str], rows: list[dict[str, str | None]
     assert all(len(p) == 1 for p in prices.values()), prices
 
     # Σ BilledCost for the InvoiceId is the payable amount on the invoice.
-    total = sum((Decimal(r["BilledCost"]) for r in rows), Decimal(0))
+    total = sum((Decimal(cell(r, "BilledCost")) for r in rows), Decimal(0))
     assert total == Decimal(invoice.total_minor).scaleb(-2)
 
 
@@ -246,7 +256,8 @@ def ratios_by_origin(rows: list[dict[str, str | None]]) -> dict[tuple[str, str],
     for row in rows:
         if row["AllocatedMethodDetails"]:
             details = json.loads(row["AllocatedMethodDetails"], parse_float=Decimal, parse_int=Decimal)
-            totals[(row["ResourceId"], row["ChargePeriodStart"])] += sum(e["AllocatedRatio"] for e in details["Elements"])
+            origin = (cell(row, "ResourceId"), cell(row, "ChargePeriodStart"))
+            totals[origin] += sum(e["AllocatedRatio"] for e in details["Elements"])
     return totals
 
 
@@ -261,7 +272,7 @@ def test_focus_export_follows_the_1_3_column_rules_and_adds_up_to_the_invoice(no
     assert (row["ChargePeriodStart"], row["ChargePeriodEnd"]) == ("2026-11-15T00:00:00Z", "2026-11-16T00:00:00Z")
     assert row["BillingAccountName"] == CHINESE_NAME
     assert row["SubAccountId"] == "acme-prod"
-    details = json.loads(row["AllocatedMethodDetails"], parse_float=Decimal)
+    details = json.loads(cell(row, "AllocatedMethodDetails"), parse_float=Decimal)
     # 10 % of the card, half from memory (8192 of 81920 MiB) and half from SMs (10.8 of 108), α = 0.5.
     assert [(e["UsageUnit"], e["AllocatedRatio"]) for e in details["Elements"]] == [
         ("MiB-Seconds", Decimal("0.05")), ("SM-Seconds", Decimal("0.05"))]
@@ -280,7 +291,7 @@ def test_focus_tax_row_follows_the_1_3_column_rules_and_the_file_adds_up_to_subt
     (tax,) = [r for r in rows if r["ChargeCategory"] == "Tax"]
     assert (tax["BilledCost"], tax["ChargeClass"], tax["SkuId"]) == ("0.67", None, None)
     assert (tax["ChargePeriodStart"], tax["ChargePeriodEnd"]) == ("2026-11-01T00:00:00Z", "2026-12-01T00:00:00Z")
-    assert "20% of the invoice subtotal 3.33 USD" in tax["ChargeDescription"]
+    assert "20% of the invoice subtotal 3.33 USD" in cell(tax, "ChargeDescription")
 
 
 def test_focus_rows_reconcile_to_the_invoice_through_one_rounding_row_per_rounded_line(post_batch, proportional,

@@ -71,7 +71,7 @@ def fleet(db):
 
 
 
-def csv_rows(resp) -> list[list[str]]:  # type: ignore[no-untyped-def]
+def csv_rows(resp) -> list[list[str]]:
     assert resp.status_code == 200
     assert resp["Content-Type"] == "text/csv; charset=utf-8"
     assert resp["Content-Disposition"].startswith("attachment;")

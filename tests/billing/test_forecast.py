@@ -104,7 +104,7 @@ def test_a_partial_first_hour_is_not_extrapolated_as_a_whole_one(acme, post_batc
 def test_a_tenant_without_use_forecasts_nothing(acme, hour, time_machine):
     time_machine.move_to(hour, tick=False)
     spend = get_month_spend(tenant="acme", now=clock.now())
-    assert (spend.month_to_date, spend.forecast, spend.rate_per_hour) == (0, 0, None)
+    assert (spend.month_to_date, spend.forecast, spend.rate_per_hour) == (Decimal(0), Decimal(0), None)
 
 
 def _number(html: str, testid: str) -> str:

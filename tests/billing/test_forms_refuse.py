@@ -8,6 +8,7 @@ from __future__ import annotations
 import re
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
+from typing import Any
 
 import pytest
 from django.test import Client, override_settings
@@ -174,7 +175,7 @@ def later(hours: int) -> datetime:
     return (clock.now() + timedelta(hours=hours)).replace(minute=7, second=0, microsecond=0)
 
 
-def card(model: str = MODEL, *, price: str = "3", start: datetime | None = None, **extra: object) -> int:
+def card(model: str = MODEL, *, price: str = "3", start: datetime | None = None, **extra: Any) -> int:
     return create_rate_card(gpu_model=model, price_per_gpu_hour=price, currency="USD",
                             effective_from=start or later(1), source_url="https://example.org/p",
                             source_note="test", now=clock.now(), actor_label="test", **extra).card_id
@@ -196,6 +197,7 @@ def test_price_zero_needs_the_explicit_confirmation_which_is_audited(client, ope
     assert admin.post("/rate-cards/", {**form, "confirm_free": "on"}).status_code == 302
     free = RateCard.objects.get(price_per_gpu_hour=0)
     event = AuditEvent.objects.get(action="rate_card.created", object_id=str(free.pk))
+    assert event.after is not None
     assert event.after["confirmed_free"] is True
     assert event.after["price_per_gpu_hour"] == "0.000000"
 
@@ -318,6 +320,7 @@ def test_a_retired_tier_is_audited_shown_frozen_and_stays_in_the_node_policy(tie
     assert admin.post("/sla-tiers/silver/retire/", {"reason": "merged into gold", "confirm": "on"}).status_code == 302
     event = AuditEvent.objects.get(action="sla_tier.retired")
     assert event.object_id == "silver"
+    assert event.after is not None
     assert event.after["retire_reason"] == "merged into gold"
     row = admin.get("/sla-tiers/").content.decode().split('data-testid="sla-tier-silver"')[1].split("</tr>")[0]
     assert 'data-testid="sla-retired-silver"' in row

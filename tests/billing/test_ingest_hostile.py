@@ -8,6 +8,7 @@ import gzip
 import json
 from datetime import timedelta
 from decimal import Decimal
+from typing import Any
 
 import pytest
 from django.core.management import call_command
@@ -154,7 +155,8 @@ def as_node_b(payload: dict) -> dict:
 def test_another_nodes_batch_naming_my_gpu_is_refused_and_never_blocks_my_windows(post_batch, minute_start, node_b):
     assert post_batch(make_batch(start=minute_start, seq=1)).status_code == 201  # A owns GPU-gpu-node-1-0
     # B declares A's GPU for A's next window, with no samples and with usage billed to it.
-    for samples in ([], None):
+    no_samples: list[dict[str, Any]] = []
+    for samples in (no_samples, None):
         hostile = as_node_b(make_batch(start=minute_start + timedelta(seconds=10), seq=7))
         if samples is not None:
             hostile["samples"] = samples

@@ -6,6 +6,7 @@ from __future__ import annotations
 from datetime import UTC, date, datetime, timedelta
 from decimal import Decimal
 from io import StringIO
+from typing import Any
 
 import pytest
 from django.core.management import call_command
@@ -36,7 +37,7 @@ def priced(one_usd_per_gpu_second):
     return one_usd_per_gpu_second
 
 
-def _raw(sql: str, *params: object) -> None:
+def _raw(sql: str, *params: Any) -> None:
     # Below the ORM (whose PROTECT would stop a delete first): the database itself refuses.
     from django.db import connection
 
@@ -148,8 +149,8 @@ def test_close_period_task_run_twice_finalizes_once(post_batch, priced):
     from billing import tasks
 
     usage(post_batch, at=datetime(2026, 10, 15, 12, tzinfo=UTC), seq=1)
-    first = tasks.close_period.apply(args=["2026-10"]).get()
-    second = tasks.close_period.apply(args=["2026-10"]).get()
+    first = tasks.close_period.apply(args=("2026-10",)).get()
+    second = tasks.close_period.apply(args=("2026-10",)).get()
     assert (first["finalized"], first["already_closed"]) == (2, False)
     assert (second["finalized"], second["already_closed"]) == (0, True)
     assert Invoice.objects.count() == 2

@@ -81,6 +81,7 @@ def test_an_agent_pods_token_uploads_for_its_node_and_registers_the_node_audited
     assert list(UsageBatch.objects.values_list("node__name", "batch_seq")) == [("gpu-a", 1)]
     event = AuditEvent.objects.get(action="node.registered")
     assert event.actor_label == AGENT_SA
+    assert event.after is not None
     assert event.after["node"] == "gpu-a"
     assert event.after["pod"] == "vgpu-ledger/vgpu-agent-gpu-a"
     assert event.after["pod_uid"] == kube.get_pod(AGENT_NS, "vgpu-agent-gpu-a")["metadata"]["uid"]

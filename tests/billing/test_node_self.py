@@ -91,7 +91,7 @@ def test_a_pod_that_moves_between_nodes_keeps_each_nodes_metadata(post_batch, mi
     assert meta.labels == {"app": "nlp", "moved": "yes"}
 
 
-def _reports(n: int, start):  # type: ignore[no-untyped-def]
+def _reports(n: int, start):
     return {"batches": [{"batch_seq": 1000 + i, "window": {"start": (start + timedelta(seconds=10 * i)).isoformat()
                                                                     .replace("+00:00", "Z"),
                                                            "end": (start + timedelta(seconds=10 * i + 10)).isoformat()

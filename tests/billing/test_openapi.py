@@ -55,8 +55,9 @@ def test_every_operation_names_its_security_scheme_and_its_errors_body(client):
         # The read API (OpenCost's allocation and assets) answers its errors in OpenCost's shape.
         reading = route.removeprefix("/api/v1").removeprefix("/model").startswith(("/allocation", "/assets"))
         for method, operation in operations.items():
-            expected = ([[{"apiToken": []}, {"cookieAuth": []}]] if reading
-                        else [[{"nodeToken": []}], [{"admissionToken": []}]])
+            expected: list[list[dict[str, list[str]]]] = (
+                [[{"apiToken": []}, {"cookieAuth": []}]] if reading
+                else [[{"nodeToken": []}], [{"admissionToken": []}]])
             assert operation["security"] in expected, (route, method)
             # Bodies: the batch and the other agent bodies are published, never a bare object.
             if method == "post":
@@ -75,7 +76,7 @@ def test_a_read_api_view_needs_only_its_decorator():
     them the API token and the session cookie as schemes, 401 and 503, and 403 to a write."""
     from drf_spectacular.generators import SchemaGenerator
 
-    class Reading(APIView):
+    class Reading(APIView):  # type: ignore[misc]  # DRF ships no type hints
         @extend_schema(operation_id="read_something", responses={200: {"type": "object"}})
         def get(self, request):
             return Response({})
@@ -159,7 +160,7 @@ def test_schemathesis_against_the_running_app_finds_no_server_error(api_schema, 
 
 # --- The whole document on a live server ----------------------------------------------------
 
-class WhoAmI(APIView):
+class WhoAmI(APIView):  # type: ignore[misc]  # DRF ships no type hints
     """A stand-in for the read API until its views land: DRF's default authentication
     and a decorator, nothing else, as a read API view is written."""
 

@@ -72,7 +72,7 @@ def conforms(value: dict[str, Any], schema: dict[str, tuple[type, ...]]) -> list
 
 
 @pytest.fixture
-def server(live_server, time_machine):  # type: ignore[no-untyped-def]
+def server(live_server, time_machine):
     """The hand-written fleet of tests/billing/test_allocation.py, three days ago, and a finance token."""
     time_machine.move_to(NOW, tick=False)
     n1 = Node.objects.create(name="node-1", cluster="east")
@@ -162,7 +162,7 @@ CLIENT_REQUESTS: list[tuple[str, str, dict[str, str]]] = [
 
 
 @pytest.mark.parametrize(("client", "path", "params"), CLIENT_REQUESTS, ids=[c for c, _, _ in CLIENT_REQUESTS])
-def test_each_client_request_decodes_into_opencost_allocations(server, client: str, path: str,  # type: ignore[no-untyped-def]
+def test_each_client_request_decodes_into_opencost_allocations(server, client: str, path: str,
                                                                params: dict[str, str]) -> None:
     code, body = call(server, path, **params)
     assert code == 200, (client, body)
@@ -185,7 +185,7 @@ def test_each_client_request_decodes_into_opencost_allocations(server, client: s
     assert seen, client
 
 
-def test_totals_reconcile_with_the_ledger(server) -> None:  # type: ignore[no-untyped-def]
+def test_totals_reconcile_with_the_ledger(server) -> None:
     code, body = call(server, "/allocation/compute", window=WINDOW, aggregate="namespace", accumulate="true")
     assert code == 200
     assert D(str(sum(a["totalCost"] for a in body["data"][0].values()))).quantize(D("1e-9")) == ledger_total()
@@ -201,7 +201,7 @@ def test_totals_reconcile_with_the_ledger(server) -> None:  # type: ignore[no-un
     assert D(str(total)).quantize(D("1e-9")) == ledger_total()
 
 
-def test_gpu_only_allocations_report_gpu_efficiency_not_waste(server) -> None:  # type: ignore[no-untyped-def]
+def test_gpu_only_allocations_report_gpu_efficiency_not_waste(server) -> None:
     """An OpenCost-style efficiency client reads totalEfficiency (or cpu and ram): here GPUs are
     the only resource, so totalEfficiency is the GPU's, and > 0 for a workload that used its SMs."""
     _code, body = call(server, "/allocation/compute", window=WINDOW, aggregate="pod", accumulate="true")
@@ -217,7 +217,7 @@ def test_gpu_only_allocations_report_gpu_efficiency_not_waste(server) -> None:  
     assert bert["ramEfficiency"] == 0
 
 
-def test_names_and_kinds_as_opencost_writes_them(server) -> None:  # type: ignore[no-untyped-def]
+def test_names_and_kinds_as_opencost_writes_them(server) -> None:
     _code, body = call(server, "/allocation/compute", window=WINDOW, aggregate="controller", accumulate="true")
     bert = body["data"][0]["deployment:bert"]
     assert bert["properties"] == {"controller": "bert", "controllerKind": "deployment"}
@@ -231,7 +231,7 @@ def test_names_and_kinds_as_opencost_writes_them(server) -> None:  # type: ignor
     assert not any("/__idle__" in n for n in body["data"][0])
 
 
-def test_filter_language(server) -> None:  # type: ignore[no-untyped-def]
+def test_filter_language(server) -> None:
     def pods(filter_text: str) -> set[str]:
         code, body = call(server, "/allocation/compute", window=WINDOW, aggregate="pod", accumulate="true",
                           filter=filter_text)
@@ -251,7 +251,7 @@ def test_filter_language(server) -> None:  # type: ignore[no-untyped-def]
     assert pods('services~:"web"') == set()
 
 
-def test_summary_autocomplete_and_assets(server) -> None:  # type: ignore[no-untyped-def]
+def test_summary_autocomplete_and_assets(server) -> None:
     for path in ("/allocation/summary", "/allocation/compute/summary", "/model/allocation/summary"):
         code, body = call(server, path, window=WINDOW, aggregate="namespace", accumulate="true", includeIdle="true")
         assert code == 200
@@ -299,7 +299,7 @@ BAD: list[dict[str, str]] = [
 
 @pytest.mark.parametrize("params", BAD)
 @pytest.mark.parametrize("path", ["/allocation/compute", "/allocation/summary", "/assets"])
-def test_bad_parameters_are_opencost_400s_never_5xx(server, path: str, params: dict[str, str]) -> None:  # type: ignore[no-untyped-def]
+def test_bad_parameters_are_opencost_400s_never_5xx(server, path: str, params: dict[str, str]) -> None:
     if path == "/assets" and "filter" in params:
         pytest.skip("/assets takes no filter")
     code, body = call(server, path, **params)

@@ -95,11 +95,12 @@ def test_report_job_reports_progress_stores_the_result_and_runs_twice_safely(fif
     assert report.status == PairedReport.Status.PENDING
     from billing import tasks
 
-    first = tasks.run_paired_report.apply(args=[report.pk]).get()
-    second = tasks.run_paired_report.apply(args=[report.pk]).get()
+    first = tasks.run_paired_report.apply(args=(report.pk,)).get()
+    second = tasks.run_paired_report.apply(args=(report.pk,)).get()
     assert first == second == {"report": report.pk, "status": "done"}
     stored = PairedReport.objects.get(pk=report.pk)
     assert stored.progress_pct == 100
+    assert stored.result is not None
     assert stored.result["n_units"] == 2
 
 
@@ -146,9 +147,9 @@ def test_the_organisations_view_counts_every_card_it_holds_idle_or_not(with_an_e
     assert fleet["reduction_pct"] == pytest.approx(100 / 3)
     # Chargeback: acme holds 10 % and globex 20 % of GPU 0; the platform keeps the rest.
     tenants = {t["tenant"]: (Decimal(t["whole_card"]), Decimal(t["dynamic"])) for t in report["chargeback"]["tenants"]}
-    assert tenants == {"acme": (900, 90), "globex": (900, 180)}
+    assert tenants == {"acme": (Decimal(900), Decimal(90)), "globex": (Decimal(900), Decimal(180))}
     platform = report["chargeback"]["platform"]
-    assert (Decimal(platform["whole_card"]), Decimal(platform["dynamic"])) == (900, 1530)
+    assert (Decimal(platform["whole_card"]), Decimal(platform["dynamic"])) == (Decimal(900), Decimal(1530))
     # The rows add up to the fleet's cost under each allocation, exactly.
     assert sum(w for w, _ in tenants.values()) + Decimal(platform["whole_card"]) == Decimal(fleet["whole_card"]["total"])
     assert sum(d for _, d in tenants.values()) + Decimal(platform["dynamic"]) == Decimal(fleet["dynamic"]["total"])
@@ -271,7 +272,7 @@ def test_a_period_already_being_computed_is_joined_not_computed_twice(fifteen_mi
     client.force_login(user)
     period = {"start": "2026-11-20", "end": "2026-11-20"}
 
-    def post(data: dict[str, str]):  # type: ignore[no-untyped-def]
+    def post(data: dict[str, str]):
         with mock.patch("billing.tasks.run_paired_report.delay") as enqueue, \
                 django_capture_on_commit_callbacks(execute=True):
             resp = client.post("/reports/", data, follow=True)

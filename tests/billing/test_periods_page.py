@@ -16,7 +16,7 @@ from billing import tasks
 from billing.ledger.rollup import rollup_usage
 from billing.models import AuditEvent, BillingPeriod, Invoice, Tenant
 from billing.scope import ADMIN_GROUP, FINANCE_GROUP
-from billing.services.invoicing.close import close_period
+from billing.services.invoicing.close import CloseResult, close_period
 from tests import clock
 from tests.conftest import A100, SHARED_GPU_WORKLOADS, make_batch, user_in
 
@@ -98,7 +98,7 @@ def test_close_request_is_recorded_audited_enqueued_then_the_task_closes_the_mon
     assert "Waiting for a worker" in row
     assert 'data-testid="close-button"' not in row
 
-    result = tasks.close_period.apply(args=[LAST]).get()
+    result = tasks.close_period.apply(args=(LAST,)).get()
     assert (result["finalized"], result["already_closed"]) == (2, False)
     period.refresh_from_db()
     assert (period.status, period.progress_pct, period.error) == ("closed", 100, "")
@@ -136,7 +136,7 @@ def test_a_second_press_while_closing_enqueues_nothing_and_records_nothing(
     first.assert_called_once_with(LAST)
     second.assert_not_called()
     assert AuditEvent.objects.filter(action="period.close_requested").count() == 1
-    tasks.close_period.apply(args=[LAST]).get()
+    tasks.close_period.apply(args=(LAST,)).get()
     _, third = press_close(client, LAST, django_capture_on_commit_callbacks)  # closed: nothing again
     third.assert_not_called()
     assert Invoice.objects.count() == 2
@@ -201,7 +201,7 @@ def test_a_failed_close_shows_its_error_and_retry_resumes_it(
     assert retry_audit is not None
     assert retry_audit.before == {"status": "failed",
                                                               "error": "worker lost the database at acme"}
-    result = tasks.close_period.apply(args=[LAST]).get()
+    result = tasks.close_period.apply(args=(LAST,)).get()
     assert (result["finalized"], result["already_final"]) == (1, 1)  # acme's invoice was kept
     period.refresh_from_db()
     assert (period.status, period.progress_pct) == ("closed", 100)
@@ -217,7 +217,7 @@ def test_usage_that_becomes_unpriced_after_the_request_is_left_off_the_invoices_
     late["gpus"][1]["model"] = "NVIDIA T4"  # no rate card for it
     assert post_batch(late).status_code == 201
     rollup_usage(now=clock.now())
-    result = tasks.close_period.apply(args=[LAST]).get()
+    result = tasks.close_period.apply(args=(LAST,)).get()
     assert result["finalized"] == 2
     period = BillingPeriod.objects.get(month=LAST_MONTH)
     assert period.status == "closed"
@@ -228,6 +228,7 @@ def test_usage_that_becomes_unpriced_after_the_request_is_left_off_the_invoices_
     assert 'data-model="NVIDIA T4"' in row
     assert "tenants affected: acme" in row
     closed = AuditEvent.objects.get(action="billing_period.closed")
+    assert closed.after is not None
     assert [u["gpu_model"] for u in closed.after["unpriced"]] == ["NVIDIA T4"]
 
 
@@ -240,7 +241,7 @@ def test_status_endpoint_reports_the_rows_state_as_json(client, last_month_usage
     doc = client.get(f"/periods/{LAST}/status").json()
     assert (doc["month"], doc["state"], doc["progress_pct"], doc["requested_by"]) == (LAST, "closing", 42,
                                                                                       "u-finance-")
-    tasks.close_period.apply(args=[LAST]).get()
+    tasks.close_period.apply(args=(LAST,)).get()
     doc = client.get(f"/periods/{LAST}/status").json()
     assert (doc["state"], doc["progress_pct"], doc["invoices"]) == ("closed", 100, 2)
     assert doc["totals"] == [{"currency": "USD", "amount": "3.00"}]
@@ -384,7 +385,7 @@ def test_a_stalled_close_is_resumed_once_audited_and_then_closes(
     assert AuditEvent.objects.filter(action="period.close_resumed").count() == 1
     assert 'data-state="closing"' in row_html(client.get("/periods/").content.decode(), LAST)
 
-    result = tasks.close_period.apply(args=[LAST]).get()  # what the enqueued task does
+    result = tasks.close_period.apply(args=(LAST,)).get()  # what the enqueued task does
     assert (result["finalized"], result["already_closed"]) == (2, False)
     assert BillingPeriod.objects.get(month=LAST_MONTH).status == "closed"
 
@@ -437,7 +438,7 @@ def test_two_closes_running_at_once_finalize_each_invoice_once(last_month_usage,
     for slug in ("acme", "globex"):  # tenants usually exist already (else the Tenant INSERT serializes the runs)
         Tenant.objects.create(slug=slug, name=slug.title())
     barrier = threading.Barrier(2, timeout=30)
-    results: list[object] = []
+    results: list[CloseResult] = []
     errors: list[BaseException] = []
 
     def wait_for_the_other(pct: int) -> None:
@@ -459,7 +460,7 @@ def test_two_closes_running_at_once_finalize_each_invoice_once(last_month_usage,
         t.join(60)
     assert errors == []
     assert len(results) == 2
-    assert sum(r.invoices_finalized for r in results) == 2  # type: ignore[attr-defined]
+    assert sum(r.invoices_finalized for r in results) == 2
     invoices = {i.tenant.slug: i for i in Invoice.objects.select_related("tenant")}
     assert {s: (i.status, i.total_minor, i.lines.count()) for s, i in invoices.items()} == {
         "acme": ("finalized", 100, 1), "globex": ("finalized", 200, 1)}
@@ -498,6 +499,6 @@ def test_in_the_first_minute_of_a_month_the_month_before_closes_with_its_last_se
     resp, enqueue = press_close(client, "2028-02", django_capture_on_commit_callbacks)
     assert resp.status_code == 302
     enqueue.assert_called_once_with("2028-02")
-    tasks.close_period.apply(args=["2028-02"]).get()
+    tasks.close_period.apply(args=("2028-02",)).get()
     totals = {i.tenant.slug: i.total_minor for i in Invoice.objects.select_related("tenant")}
     assert totals == {"acme": 100, "globex": 200}  # 10 % and 20 % of a card for the month's last 10 s

@@ -137,7 +137,9 @@ def test_propose_stores_a_dry_run_plan_that_frees_gpus_and_a_node(fleet):
     assert p95["monthly_cost_difference"] == "11212.80"
     assert plan.log == []  # dry run: nothing executed
     # K caps the moves; proposing the same plan twice stores it once.
-    assert propose_rebalance(now=NOW, max_moves=10).pk == plan.pk
+    again = propose_rebalance(now=NOW, max_moves=10)
+    assert again is not None
+    assert again.pk == plan.pk
     small = propose_rebalance(now=NOW, max_moves=1)
     assert small is not None
     assert len(small.moves) == 1
@@ -175,7 +177,7 @@ def test_admin_approves_on_the_page_audited_and_execution_enqueued(client, fleet
 
     plan = propose_rebalance(now=NOW, max_moves=10)
     assert plan is not None
-    calls = []
+    calls: list[int] = []
     monkeypatch.setattr(tasks.execute_rebalance, "delay", calls.append)
     user = login(client, admin=True)
     page = client.get("/rebalance/")
@@ -406,6 +408,7 @@ def test_a_failed_execution_shows_as_failed_on_the_page_in_the_audit_log_and_in_
     assert "404" in done.error
 
     event = AuditEvent.objects.get(action="rebalance.failed", object_id=str(plan.pk))
+    assert event.after is not None
     assert event.after["status"] == "failed"
     assert event.after["error"] == done.error
     assert event.after["carried_out"] == []
@@ -459,6 +462,7 @@ def test_a_partly_executed_plan_says_what_was_done_and_what_not(client, fleet):
     outcomes = [s.outcome for s in plan_steps(done)]
     assert outcomes == ["ok", "ok", "error", "pending"]
     event = AuditEvent.objects.get(action="rebalance.failed", object_id=str(plan.pk))
+    assert event.after is not None
     assert len(event.after["carried_out"]) == 2
     assert event.after["not_carried_out"][-1].endswith(": pending")
 
@@ -513,6 +517,7 @@ def test_outcomes_succeeded_and_partial_are_audited_and_counted(client, fleet, s
         _cluster(fake, fleet)
         assert execute_plan(plan.pk, kube=_kube(fake), now=NOW).status == "done"
     event = AuditEvent.objects.get(action="rebalance.succeeded", object_id=str(plan.pk))
+    assert event.after is not None
     assert len(event.after["carried_out"]) == 4
     assert event.after["not_carried_out"] == []
     assert _metric(client, settings, "succeeded") == 1

@@ -66,9 +66,11 @@ def test_the_token_file_is_read_at_every_scrape(client, db, settings, tmp_path):
 def test_backlog_lag_and_quarantine_are_the_ledgers(client, post_batch, minute_start, scrape_token):
     for seq in (1, 2, 3):
         assert post_batch(make_batch(seq=seq, start=minute_start + timedelta(seconds=10 * seq))).status_code == 201
-    oldest = UsageBatch.objects.order_by("id").first()
+    oldest, newest = UsageBatch.objects.order_by("id").first(), UsageBatch.objects.order_by("id").last()
+    assert oldest is not None
+    assert newest is not None
     UsageBatch.objects.filter(id=oldest.id).update(received_at=clock.now() - timedelta(minutes=7))
-    quarantine_batch(batch_id=UsageBatch.objects.order_by("id").last().id, error="test", now=clock.now())
+    quarantine_batch(batch_id=newest.id, error="test", now=clock.now())
     metrics = scrape(client)
     assert metrics[("vgpu_ledger_batches_pending", ())] == 2
     assert metrics[("vgpu_ledger_batches_quarantined", ())] == 1

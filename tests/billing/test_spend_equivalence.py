@@ -150,7 +150,8 @@ def _write(ledger: Ledger, rows: tuple[Row, ...]) -> None:
     gpu_hours: dict[tuple[int, datetime], list[Row]] = defaultdict(list)
     for r in rows:
         gpu_hours[(r.gpu, r.hour)].append(r)
-    usage, gpus = [], []
+    usage: list[UsageHour] = []
+    gpus: list[GpuHour] = []
     for (gpu, hour), its_rows in gpu_hours.items():
         model = ledger.models[gpu]
         card = _card_at(ledger.cards, model, hour)

@@ -9,7 +9,7 @@ import socket
 import threading
 from decimal import Decimal
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import pytest
 from django.test import override_settings
@@ -148,7 +148,8 @@ def acme_budget(db):
     return configure
 
 
-def refusals() -> list[dict]:
+def refusals() -> list[Any]:
+    """What each refusal's audit event recorded (its JSON `after`)."""
     return list(AuditEvent.objects.filter(action="budget.webhook_refused").values_list("after", flat=True))
 
 
@@ -157,7 +158,7 @@ def test_a_loopback_webhook_is_refused_and_audited_unless_allow_listed(acme_budg
     port, got = receiver
     url = f"http://127.0.0.1:{port}/budget"
     budget_id = acme_budget(url)
-    assert tasks.deliver_budget_webhook.apply(args=[budget_id, PAYLOAD]).get() is None
+    assert tasks.deliver_budget_webhook.apply(args=(budget_id, PAYLOAD)).get() is None
     assert got.received == []
     (refusal,) = refusals()
     assert refusal["url"] == url
@@ -165,7 +166,7 @@ def test_a_loopback_webhook_is_refused_and_audited_unless_allow_listed(acme_budg
     assert "127.0.0.1, a loopback address" in refusal["reason"]
     assert "VGPU_WEBHOOK_ALLOWED_HOSTS" in refusal["reason"]
     with override_settings(VGPU_WEBHOOK_ALLOWED_HOSTS=["127.0.0.0/8"]):
-        assert tasks.deliver_budget_webhook.apply(args=[budget_id, PAYLOAD]).get() == 204
+        assert tasks.deliver_budget_webhook.apply(args=(budget_id, PAYLOAD)).get() == 204
     assert len(got.received) == 1
     assert len(refusals()) == 1
 
@@ -176,7 +177,7 @@ def test_a_redirect_is_not_followed_and_is_audited(acme_budget, receiver):
     got.answers = [(302, {"Location": "http://169.254.169.254/latest/meta-data/"})]
     budget_id = acme_budget(f"http://127.0.0.1:{port}/budget")
     with override_settings(VGPU_WEBHOOK_ALLOWED_HOSTS=["127.0.0.1"]):
-        assert tasks.deliver_budget_webhook.apply(args=[budget_id, PAYLOAD]).get() == 302
+        assert tasks.deliver_budget_webhook.apply(args=(budget_id, PAYLOAD)).get() == 302
     assert len(got.received) == 1
     (refusal,) = refusals()
     assert "redirecting to http://169.254.169.254/latest/meta-data/" in refusal["reason"]

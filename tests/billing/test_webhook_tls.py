@@ -19,8 +19,10 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
+from functools import partial
 from io import StringIO
 from pathlib import Path
+from typing import Any
 
 import pytest
 import urllib3
@@ -39,7 +41,7 @@ from billing.services.budgets.spend import evaluate_budgets, set_budget
 from billing.services.identity.webhook_tls import CA_VALIDITY, StoredCertificates, plan_certificates, service_dns_names
 from tests import clock
 from tests.billing.test_budgets import review
-from tests.conftest import A100, make_batch
+from tests.conftest import A100, make_batch, state_transitions
 
 ROOT = Path(__file__).resolve().parents[2]
 SERVICE_HOST = "vgpu-ledger-web.vgpu-ledger.svc"
@@ -189,7 +191,7 @@ def blocked_acme(transactional_db, post_batch) -> None:
     start = (clock.now() - timedelta(seconds=15)).replace(microsecond=0)
     assert post_batch(make_batch(start=start, seq=1, seconds=10, workloads=workloads)).status_code == 201
     rollup_usage(now=clock.now())
-    assert [t.after for t in evaluate_budgets(now=clock.now())] == ["enforced"]
+    assert [t.after for t in state_transitions(evaluate_budgets(now=clock.now()))] == ["enforced"]
 
 
 def test_the_webhook_answers_over_tls_to_a_client_trusting_only_the_ca_bundle_the_command_gave_the_api_server(
@@ -296,21 +298,22 @@ def test_the_serving_certificate_is_renewed_near_expiry_while_the_ca_and_the_bun
 def test_a_ca_near_its_end_is_replaced_and_the_old_one_stays_in_the_bundle_until_it_expires():
     names = service_dns_names(service="vgpu-ledger-web", namespace=NAMESPACE)
     t0 = datetime(2030, 1, 1, tzinfo=UTC)
-    plan = {"dns_names": names, "serving_validity": timedelta(days=90), "renew_before": timedelta(days=30)}
-    first = plan_certificates(stored=StoredCertificates(ca=None, serving=None), now=t0, **plan)
+    plan = partial(plan_certificates, dns_names=names, serving_validity=timedelta(days=90),
+                   renew_before=timedelta(days=30))
+    first = plan(stored=StoredCertificates(ca=None, serving=None), now=t0)
     late = t0 + CA_VALIDITY - timedelta(days=60)  # the CA would die before a new serving certificate
-    second = plan_certificates(stored=StoredCertificates(ca=first.ca, serving=first.serving), now=late, **plan)
+    second = plan(stored=StoredCertificates(ca=first.ca, serving=first.serving), now=late)
     assert second.ca_issued
     assert second.serving_issued
     assert x509.load_pem_x509_certificates(second.ca_bundle) == [second.ca.certificate, first.ca.certificate]
     second.serving.certificate.verify_directly_issued_by(second.ca.certificate)
-    after = plan_certificates(stored=StoredCertificates(ca=second.ca, serving=second.serving),
-                              now=t0 + CA_VALIDITY + timedelta(days=1), **plan)
+    after = plan(stored=StoredCertificates(ca=second.ca, serving=second.serving),
+                 now=t0 + CA_VALIDITY + timedelta(days=1))
     assert not after.ca_issued
     assert x509.load_pem_x509_certificates(after.ca_bundle) == [second.ca.certificate]
     # A CA left to expire (no run for months) is replaced too, and the dead one is not bundled.
-    revived = plan_certificates(stored=StoredCertificates(ca=first.ca, serving=first.serving),
-                                now=t0 + CA_VALIDITY + timedelta(days=1), **plan)
+    revived = plan(stored=StoredCertificates(ca=first.ca, serving=first.serving),
+                   now=t0 + CA_VALIDITY + timedelta(days=1))
     assert revived.ca_issued
     assert "the CA expired" in revived.reasons
     assert x509.load_pem_x509_certificates(revived.ca_bundle) == [revived.ca.certificate]
@@ -405,34 +408,44 @@ def test_lifetimes_that_make_no_sense_are_refused(tmp_path, args, message):
 # --- The fake API server refuses what the real one refuses -----------------------------------------
 
 
+def raw_body(body: dict[str, Any]) -> Any:
+    """A JSON body for the kubernetes client, which sends a dict as it is although its annotations
+    name only its own model classes (V1Secret)."""
+    return body
+
+
 def test_fake_kubernetes_validates_tls_secrets_and_refuses_stale_updates(kube):
     configuration = k8s.Configuration()
     configuration.host = kube.url
     core = k8s.CoreV1Api(k8s.ApiClient(configuration))
-    body = {"apiVersion": "v1", "kind": "Secret", "type": "kubernetes.io/tls",
-            "metadata": {"name": "t", "namespace": NAMESPACE}, "data": {"tls.crt": "Y2VydA=="}}
+    # Raw JSON bodies (raw_body), so the fake server is checked against exactly what a manifest or
+    # kubectl would send.
+    body: dict[str, Any] = {"apiVersion": "v1", "kind": "Secret", "type": "kubernetes.io/tls",
+                            "metadata": {"name": "t", "namespace": NAMESPACE}, "data": {"tls.crt": "Y2VydA=="}}
     with pytest.raises(ApiException) as missing:
-        core.create_namespaced_secret(NAMESPACE, body)
+        core.create_namespaced_secret(NAMESPACE, raw_body(body))
     assert missing.value.status == 422
-    assert "data[tls.key]: Required value" in missing.value.body
+    assert "data[tls.key]: Required value" in (missing.value.body or "")
     body["data"]["tls.key"] = "a2V5"
-    created = core.create_namespaced_secret(NAMESPACE, body)
+    created = core.create_namespaced_secret(NAMESPACE, raw_body(body))
+    assert created.metadata is not None
     with pytest.raises(ApiException) as exists:
-        core.create_namespaced_secret(NAMESPACE, body)
+        core.create_namespaced_secret(NAMESPACE, raw_body(body))
     assert exists.value.status == 409
-    updated = core.replace_namespaced_secret("t", NAMESPACE, {
-        **body, "metadata": {**body["metadata"], "resourceVersion": created.metadata.resource_version}})
+    updated = core.replace_namespaced_secret("t", NAMESPACE, raw_body({
+        **body, "metadata": {**body["metadata"], "resourceVersion": created.metadata.resource_version}}))
     with pytest.raises(ApiException) as stale:
-        core.replace_namespaced_secret("t", NAMESPACE, {
-            **body, "metadata": {**body["metadata"], "resourceVersion": created.metadata.resource_version}})
+        core.replace_namespaced_secret("t", NAMESPACE, raw_body({
+            **body, "metadata": {**body["metadata"], "resourceVersion": created.metadata.resource_version}}))
     assert stale.value.status == 409
-    assert "the object has been modified" in stale.value.body
+    assert "the object has been modified" in (stale.value.body or "")
+    assert updated.metadata is not None
     with pytest.raises(ApiException) as retyped:
-        core.replace_namespaced_secret("t", NAMESPACE, {**body, "type": "Opaque", "metadata": {
-            **body["metadata"], "resourceVersion": updated.metadata.resource_version}})
+        core.replace_namespaced_secret("t", NAMESPACE, raw_body({**body, "type": "Opaque", "metadata": {
+            **body["metadata"], "resourceVersion": updated.metadata.resource_version}}))
     assert retyped.value.status == 422
-    assert "field is immutable" in retyped.value.body
+    assert "field is immutable" in (retyped.value.body or "")
     with pytest.raises(ApiException) as not_base64:
-        core.create_namespaced_secret(NAMESPACE, {**body, "metadata": {"name": "u"}, "data": {
-            "tls.crt": "not base64!", "tls.key": "a2V5"}})
+        core.create_namespaced_secret(NAMESPACE, raw_body({**body, "metadata": {"name": "u"}, "data": {
+            "tls.crt": "not base64!", "tls.key": "a2V5"}}))
     assert not_base64.value.status == 400

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 import shutil
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from pathlib import Path
 
 import pytest
@@ -36,7 +36,7 @@ def browser() -> Iterator[Browser]:
         b.close()
 
 
-def _browser_env() -> dict[str, str]:
+def _browser_env() -> dict[str, str | float | bool]:
     """The browser is the user's machine, not the product: under `make test-dates` it keeps the
     real clock (libfaketime slows Chromium down until page loads time out). The server's cookies
     still outlive it, since the faked instants lie ahead of the real clock."""
@@ -68,7 +68,9 @@ class Session:
 
 
 @pytest.hookimpl(wrapper=True, tryfirst=True)
-def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Iterator:
+def pytest_runtest_makereport(
+    item: pytest.Item, call: pytest.CallInfo[None],
+) -> Generator[None, pytest.TestReport, pytest.TestReport]:
     report = yield
     if report.when == "call":
         item.stash[_FAILED] = report.failed

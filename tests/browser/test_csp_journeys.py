@@ -19,7 +19,7 @@ _RECORD = ("window.__csp = []; document.addEventListener('securitypolicyviolatio
            "e => window.__csp.push(e.violatedDirective + ' ' + e.blockedURI));")
 
 
-def _walk(session, paths: list[str]) -> list[str]:  # type: ignore[no-untyped-def]
+def _walk(session, paths: list[str]) -> list[str]:
     page, problems = session.page, []
     page.add_init_script(_RECORD)
     page.on("console", lambda m: problems.append(f"{page.url}: {m.text}")
@@ -36,7 +36,7 @@ def _walk(session, paths: list[str]) -> list[str]:  # type: ignore[no-untyped-de
     return problems
 
 
-def test_the_main_pages_report_no_csp_violation_and_the_language_switch_works(sign_in):  # type: ignore[no-untyped-def]
+def test_the_main_pages_report_no_csp_violation_and_the_language_switch_works(sign_in):
     admin = sign_in("admin")
     assert _walk(admin, ADMIN_PAGES) == []
     assert _walk(sign_in("acme-engineer"), TENANT_PAGES) == []

@@ -70,7 +70,9 @@ def test_finance_downloads_an_invoice_and_issues_and_downloads_a_credit_note(sig
         page.wait_for_load_state()
         expect(page.get_by_test_id("message")).to_contain_text(words["issued"])
         message = page.get_by_test_id("message").inner_text()
-        credit_number = re.search(r"CN-\d{4}-\d{4}", message).group(0)
+        found = re.search(r"CN-\d{4}-\d{4}", message)
+        assert found is not None, message
+        credit_number = found.group(0)
         row = page.get_by_test_id("credit-note-row").filter(has_text=credit_number)
         expect(row).to_contain_text("1.00")
         s.shot(f"credit-note-{language}")

@@ -11,14 +11,14 @@ import re
 from collections.abc import Iterator
 
 import pytest
-from playwright.sync_api import Browser, BrowserContext, Page, expect
+from playwright.sync_api import Browser, BrowserContext, Page, ViewportSize, expect
 
 from tests.demo_process import Demo
 
 pytestmark = [pytest.mark.browser, pytest.mark.timeout(900)]
 
 LANGUAGES = ["en", "zh-hans"]
-PHONE = {"width": 390, "height": 844}
+PHONE: ViewportSize = {"width": 390, "height": 844}
 # The demo's users, by what they do.
 FINANCE, ADMIN, TENANT = "finance", "admin", "acme-engineer"
 
@@ -31,7 +31,7 @@ def open_browser(browser: Browser, demo: Demo) -> Iterator:
     contexts: list[BrowserContext] = []
     users: set[str] = set()
 
-    def login(username: str, *, language: str = "en", viewport: dict[str, int] | None = None,
+    def login(username: str, *, language: str = "en", viewport: ViewportSize | None = None,
               next_path: str = "/accounts/login/") -> Page:
         context = browser.new_context(locale="zh-CN" if language == "zh-hans" else "en-US",
                                       viewport=viewport or {"width": 1360, "height": 900})

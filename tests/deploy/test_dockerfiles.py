@@ -36,7 +36,9 @@ def test_every_copy_source_is_in_the_repository(dockerfile: Path):
 
 def test_the_service_image_carries_what_the_settings_load_from_base_dir():
     sources = {Path(s).parts[0] for s in copy_sources(SERVICE)}
-    needed = [*settings.LOCALE_PATHS, *settings.TEMPLATES[0]["DIRS"], *settings.STATICFILES_DIRS]
+    template_dirs = settings.TEMPLATES[0]["DIRS"]
+    assert isinstance(template_dirs, list)
+    needed = [*settings.LOCALE_PATHS, *template_dirs, *settings.STATICFILES_DIRS]
     for path in needed:
         top = Path(path).resolve().relative_to(Path(settings.BASE_DIR).resolve()).parts[0]
         assert top in sources, f"deploy/Dockerfile does not copy {top}/ ({path})"

@@ -6,11 +6,13 @@ with its model is a schema check that needs no network."""
 
 from __future__ import annotations
 
+import argparse
 from pathlib import Path
 
 import kubernetes.client as k8s
 import pytest
 import yaml
+from pydantic import BaseModel
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
 MANIFESTS = sorted((DEPLOY / "k8s").glob("*.yaml"))
@@ -25,7 +27,7 @@ def _documents() -> list[tuple[str, int, dict]]:
     return docs
 
 
-def _model_for(api_version: str, kind: str) -> type:
+def _model_for(api_version: str, kind: str) -> type[BaseModel]:
     version = api_version.rsplit("/", 1)[-1]
     name = version[0].upper() + version[1:] + kind
     model = getattr(k8s, name, None)
@@ -285,7 +287,7 @@ def test_every_port_of_the_webhook_path_leads_to_one_container_that_serves_tls_o
     assert {h["value"] for h in probe["httpHeaders"] if h["name"] == "Host"} <= set(hosts)
 
 
-def _certificate_command() -> tuple[dict, object]:
+def _certificate_command() -> tuple[dict, argparse.Namespace]:
     from billing.management.commands.webhook_certificate import Command
 
     cronjob = _one("CronJob", "vgpu-ledger-webhook-certificate")

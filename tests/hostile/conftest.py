@@ -52,7 +52,7 @@ class HostileSession:
 
     @property
     def csrf_token(self) -> str:
-        return self.http.cookies.get("csrftoken", "")
+        return self.http.cookies.get("csrftoken") or ""
 
     def post_form(self, path: str, data: dict[str, str] | None = None, **kwargs: Any) -> requests.Response:
         """A form POST as the browser sends it: the CSRF token from the cookie and the page's
@@ -77,7 +77,7 @@ def sign_in(session: HostileSession, username: str, password: str = PASSWORD) ->
 
 
 @pytest.fixture
-def hostile(live_server) -> Iterator[HostileSession]:  # type: ignore[no-untyped-def]
+def hostile(live_server) -> Iterator[HostileSession]:
     """An anonymous session against the live server."""
     session = HostileSession(live_server.url)
     yield session
@@ -85,7 +85,7 @@ def hostile(live_server) -> Iterator[HostileSession]:  # type: ignore[no-untyped
 
 
 @pytest.fixture
-def new_session(live_server) -> Iterator[Callable[[], HostileSession]]:  # type: ignore[no-untyped-def]
+def new_session(live_server) -> Iterator[Callable[[], HostileSession]]:
     """More sessions (other users, other clients) against the same live server."""
     made: list[HostileSession] = []
 
@@ -99,7 +99,7 @@ def new_session(live_server) -> Iterator[Callable[[], HostileSession]]:  # type:
 
 
 @pytest.fixture
-def signed_in(live_server, new_session) -> Callable[..., HostileSession]:  # type: ignore[no-untyped-def]
+def signed_in(live_server, new_session) -> Callable[..., HostileSession]:
     """signed_in(group=None, tenant=None): a session signed in as a new user_in(group, tenant)."""
 
     def make(group: str | None = None, tenant: str | None = None) -> HostileSession:
@@ -112,7 +112,7 @@ def signed_in(live_server, new_session) -> Callable[..., HostileSession]:  # typ
 
 
 @pytest.fixture
-def node_token_for(transactional_db) -> Callable[[str], IssuedToken]:  # type: ignore[no-untyped-def]
+def node_token_for(transactional_db) -> Callable[[str], IssuedToken]:
     """node_token_for(name): a new node token (node created when missing), as `create_node_token` issues it."""
 
     def issue(name: str) -> IssuedToken:

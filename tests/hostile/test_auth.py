@@ -29,19 +29,19 @@ TEMPLATES = Path(settings.BASE_DIR) / "templates"
 
 
 @pytest.fixture
-def low_limit(settings):  # type: ignore[no-untyped-def]
+def low_limit(settings):
     settings.VGPU_AUTH_FAILURE_LIMIT = LIMIT
     settings.VGPU_AUTH_COOLOFF_S = 120
     settings.VGPU_ADMISSION_TOKEN = "the-webhook-kubeconfig-token"
     return settings
 
 
-def _guess(hostile, path: str, prefix: str, n: int) -> list:  # type: ignore[no-untyped-def]
+def _guess(hostile, path: str, prefix: str, n: int) -> list:
     return [hostile.get(path, headers=bearer(prefix + secrets.token_urlsafe(32))) for _ in range(n)]
 
 
 def test_guessing_tokens_is_throttled_audited_once_and_valid_tokens_keep_working(
-        hostile, node_token_for, low_limit, minute_start):  # type: ignore[no-untyped-def]
+        hostile, node_token_for, low_limit, minute_start):
     node = node_token_for("gpu-node-1")
     api = issue_api_token(username=user_in(FINANCE_GROUP).username, name="script", expires_at=None,
                           now=clock.now(), actor_label="test").token
@@ -62,6 +62,7 @@ def test_guessing_tokens_is_throttled_audited_once_and_valid_tokens_keep_working
     assert (hostile.post("/api/v1/admission/pods", headers=bearer("x" * 40), json={}).status_code == 429)
     # One audit row for the whole block, however many requests it refused.
     (event,) = AuditEvent.objects.filter(action=THROTTLED)
+    assert event.after is not None
     assert event.after["client"] == "127.0.0.1"
     assert event.after["failure_limit"] == LIMIT
     # The healthy node and the API script behind the same address are never refused.
@@ -73,7 +74,7 @@ def test_guessing_tokens_is_throttled_audited_once_and_valid_tokens_keep_working
     assert AuditEvent.objects.filter(action=THROTTLED).count() == 1
 
 
-def test_a_throttled_guess_costs_no_database_query(db, client, low_limit, django_assert_num_queries):  # type: ignore[no-untyped-def]
+def test_a_throttled_guess_costs_no_database_query(db, client, low_limit, django_assert_num_queries):
     for _ in range(LIMIT):
         assert client.get("/api/v1/nodes/n1/policy", HTTP_AUTHORIZATION=f"Bearer vgl_{secrets.token_hex(8)}").status_code == 401
     with django_assert_num_queries(0):
@@ -84,7 +85,7 @@ def test_a_throttled_guess_costs_no_database_query(db, client, low_limit, django
     assert api.headers["Retry-After"]
 
 
-def test_a_client_address_under_the_limit_is_not_throttled_and_another_address_never(db, client, low_limit):  # type: ignore[no-untyped-def]
+def test_a_client_address_under_the_limit_is_not_throttled_and_another_address_never(db, client, low_limit):
     for _ in range(LIMIT - 1):
         assert client.get("/api/v1/allocation", HTTP_AUTHORIZATION="Bearer vgla_nope").status_code == 401
     assert client.get("/api/v1/allocation", HTTP_AUTHORIZATION="Bearer vgla_nope").status_code == 401  # blocks now
@@ -95,7 +96,7 @@ def test_a_client_address_under_the_limit_is_not_throttled_and_another_address_n
 
 # --- Content-Security-Policy -------------------------------------------------------------------
 
-def _plain_get_paths(patterns, prefix: str = "") -> list[str]:  # type: ignore[no-untyped-def]
+def _plain_get_paths(patterns, prefix: str = "") -> list[str]:
     """Every URL of the site that takes no argument (the pages a walk reaches without data)."""
     paths: list[str] = []
     for p in patterns:
@@ -107,7 +108,7 @@ def _plain_get_paths(patterns, prefix: str = "") -> list[str]:  # type: ignore[n
     return sorted(set(paths))
 
 
-def test_every_page_carries_the_content_security_policy(signed_in, hostile):  # type: ignore[no-untyped-def]
+def test_every_page_carries_the_content_security_policy(signed_in, hostile):
     admin = signed_in(ADMIN_GROUP)
     paths = _plain_get_paths(get_resolver().url_patterns)
     assert "/finance/" in paths
@@ -143,7 +144,7 @@ def test_no_template_has_inline_script_or_style():
 # --- a rebalance execution that cannot be queued ----------------------------------------------
 
 def test_an_execution_that_cannot_be_queued_says_so_and_the_plan_can_be_approved_again(
-        signed_in, monkeypatch):  # type: ignore[no-untyped-def]
+        signed_in, monkeypatch):
     from billing import tasks
 
     plan = RebalancePlan.objects.create(created_at=datetime(2026, 11, 2, tzinfo=UTC), max_moves=1,
@@ -151,7 +152,7 @@ def test_an_execution_that_cannot_be_queued_says_so_and_the_plan_can_be_approved
     admin = signed_in(ADMIN_GROUP)
     admin.get(f"/rebalance/{plan.pk}/approve/")  # the confirmation page sets the CSRF cookie
 
-    def broker_down(*args, **kwargs):  # type: ignore[no-untyped-def]
+    def broker_down(*args, **kwargs):
         # What kombu raises when the broker refuses the connection.
         raise kombu.exceptions.OperationalError("Error 111 connecting to 127.0.0.1:1. Connection refused.")
 
@@ -179,4 +180,6 @@ def test_persistent_connections_are_health_checked_at_the_start_of_each_request(
     """A Postgres restart breaks every persistent connection; with CONN_HEALTH_CHECKS a worker
     notices at the start of its next request and reconnects, instead of answering it 503."""
     assert settings.DATABASES["default"]["CONN_HEALTH_CHECKS"] is True
-    assert settings.DATABASES["default"]["CONN_MAX_AGE"] > 0
+    max_age = settings.DATABASES["default"]["CONN_MAX_AGE"]
+    assert max_age is not None
+    assert max_age > 0

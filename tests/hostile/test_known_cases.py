@@ -28,7 +28,7 @@ INJECTIONS = ["' OR '1'='1", "1; DROP TABLE billing_tenant; --", "' UNION SELECT
 XSS = '<script>alert("x")</script><img src=x onerror=alert(1)>'
 
 
-def test_tenants_csrf_injections_and_markup_over_http(signed_in, new_session, live_server):  # type: ignore[no-untyped-def]
+def test_tenants_csrf_injections_and_markup_over_http(signed_in, new_session, live_server):
     Tenant.objects.create(slug="globex", name="Globex")
     Tenant.objects.create(slug="evil", name=XSS)
     acme_invoice, globex_invoice = finalized_invoice(slug="acme"), finalized_invoice(slug="globex")
@@ -69,7 +69,7 @@ def test_tenants_csrf_injections_and_markup_over_http(signed_in, new_session, li
     assert not CreditNote.objects.exists()
 
 
-def test_login_lockout_over_http_is_audited_once(new_session):  # type: ignore[no-untyped-def]
+def test_login_lockout_over_http_is_audited_once(new_session):
     user = user_in(FINANCE_GROUP)
     session = new_session()
     for _ in range(settings.AXES_FAILURE_LIMIT + 2):
@@ -82,7 +82,7 @@ def test_login_lockout_over_http_is_audited_once(new_session):  # type: ignore[n
     assert sign_in(new_session(), user_in(tenant="acme").username).status_code == 302
 
 
-def test_two_credit_notes_racing_for_the_last_of_an_invoice_never_exceed_it(new_session):  # type: ignore[no-untyped-def]
+def test_two_credit_notes_racing_for_the_last_of_an_invoice_never_exceed_it(new_session):
     invoice = finalized_invoice(subtotal_minor=10_000)  # 100.00 USD net to credit
     finance = user_in(FINANCE_GROUP)
     browsers = [new_session(), new_session()]  # the same person in two browser tabs
@@ -93,7 +93,7 @@ def test_two_credit_notes_racing_for_the_last_of_an_invoice_never_exceed_it(new_
         b.get(f"/invoices/{invoice.number}/")
     start, answers = threading.Barrier(len(browsers)), []
 
-    def issue(browser) -> None:  # type: ignore[no-untyped-def]
+    def issue(browser) -> None:
         start.wait()
         answers.append(browser.post_form(url, {"amount": "60", "reason": "outage"}).status_code)
 
@@ -106,7 +106,7 @@ def test_two_credit_notes_racing_for_the_last_of_an_invoice_never_exceed_it(new_
     assert CreditNote.objects.count() == 1
 
 
-def test_hostile_batches_and_bodies_never_stop_the_fleets_billing(hostile, node_token_for, minute_start,  # type: ignore[no-untyped-def]
+def test_hostile_batches_and_bodies_never_stop_the_fleets_billing(hostile, node_token_for, minute_start,
                                                                   one_usd_per_gpu_second, settings):
     settings.VGPU_INGEST_MAX_JSON_BYTES = 1024 * 1024
     healthy, rogue = node_token_for("gpu-node-1"), node_token_for("gpu-node-2")

@@ -29,14 +29,14 @@ HOSTILE = [
 
 
 @pytest.fixture
-def token(db) -> str:  # type: ignore[no-untyped-def]
+def token(db) -> str:
     user = user_in(FINANCE_GROUP)
     return issue_api_token(username=user.username, name="hostile", expires_at=None,
                            now=datetime(2026, 1, 1, tzinfo=UTC), actor_label="test").token
 
 
 @pytest.mark.parametrize("params", HOSTILE)
-def test_hostile_parameters_never_5xx(live_server, token: str, params: dict[str, str]) -> None:  # type: ignore[no-untyped-def]
+def test_hostile_parameters_never_5xx(live_server, token: str, params: dict[str, str]) -> None:
     for path in PATHS:
         resp = requests.get(f"{live_server.url}{path}", params=params, timeout=60,
                             headers={"Authorization": f"Bearer {token}"})
