@@ -10,6 +10,7 @@ from collections.abc import Iterator
 from datetime import UTC, date, datetime, timedelta
 
 import pytest
+from django.http import HttpResponse
 from django.test import Client
 from django.utils import translation
 
@@ -32,7 +33,7 @@ def _english_afterwards() -> Iterator[None]:
     translation.activate("en")
 
 
-def card(response) -> str:  # type: ignore[no-untyped-def]
+def card(response: HttpResponse) -> str:
     html = response.content.decode()
     assert 'data-testid="savings-vs-static"' in html, html[:2000]
     return html.split('data-testid="savings-vs-static"')[1].split("</section>")[0]
