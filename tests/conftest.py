@@ -10,6 +10,7 @@ from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any, TypedDict, TypeVar
 
+import hypothesis
 import pytest
 from django.contrib.auth.models import Group, User
 from django.test import Client
@@ -21,6 +22,13 @@ from billing.services.budgets.spend import BudgetEvent, BudgetTransition
 from billing.services.identity.tokens import IssuedToken, issue_node_token
 from tests import clock
 from tests.demo_process import Demo, demo_environment, running_demo
+
+# Hypothesis times each example (a 200 ms deadline, the too_slow health check). On a shared machine
+# running the suite in several processes, that measures the load, not the code: a property is
+# checked on the same examples either way, and speed is measured in bench/, not in tests.
+hypothesis.settings.register_profile(
+    "suite", deadline=None, suppress_health_check=[hypothesis.HealthCheck.too_slow])
+hypothesis.settings.load_profile("suite")
 
 
 class GpuSpec(TypedDict):
