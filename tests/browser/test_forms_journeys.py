@@ -47,7 +47,7 @@ def switch_language(page: Page, language: str) -> None:
 
 def submit_period(page: Page) -> tuple[str, str]:
     """Submit the page's date range as it is prefilled; both inputs must hold ISO dates."""
-    start, end = page.locator("input[name=start]"), page.locator("input[name=end]")
+    start, end = page.locator("form.period input[name=start]"), page.locator("form.period input[name=end]")
     values = start.input_value(), end.input_value()
     assert all(ISO_DATE.match(v) for v in values), values  # blank in Chromium if not ISO
     page.locator("form.period:has(input[name=start]) button[type=submit]").click()
@@ -63,7 +63,7 @@ def test_date_ranges_submit_in_every_language(session_in, language):
     assert f"start={start}" in page.url, page.url
     assert f"end={end}" in page.url, page.url
     expect(page.get_by_test_id("total-gpu-cost")).to_be_visible()
-    assert (page.locator("input[name=start]").input_value(), page.locator("input[name=end]").input_value()) == (
+    assert (page.locator("form.period input[name=start]").input_value(), page.locator("form.period input[name=end]").input_value()) == (
         start, end)
     # Last month through the quick link, then the same range again through the form.
     page.get_by_test_id("period-last-month").click()

@@ -70,8 +70,8 @@ def test_the_live_finance_page_keeps_a_typed_period_while_its_figures_refresh(op
     expect(page.locator('meta[name="live-refresh"]')).to_have_count(1)
     expect(page.locator("[data-live-note]")).to_be_visible()
     typed = "2026-01-15"
-    page.locator("input[name=start]").fill(typed)
-    page.locator("input[name=start]").focus()
+    page.locator("form.period input[name=start]").fill(typed)
+    page.locator("form.period input[name=start]").focus()
     page.evaluate("document.querySelector('[data-live=dashboard]').dataset.beforeRefresh = 'yes'")
     with page.expect_response(lambda r: r.request.headers.get("x-live-refresh") == "1", timeout=30_000) as live:
         # live.js sets data-live-refreshes at the first swap (a selector, not a function: the
@@ -81,7 +81,7 @@ def test_the_live_finance_page_keeps_a_typed_period_while_its_figures_refresh(op
     assert live.value.url.split("?")[0].endswith("/finance/")
     # The figures' region is the fresh one; the form is the one the user was typing in.
     assert page.evaluate("document.querySelector('[data-live=dashboard]').dataset.beforeRefresh") is None
-    assert page.locator("input[name=start]").input_value() == typed
+    assert page.locator("form.period input[name=start]").input_value() == typed
     assert page.evaluate("document.activeElement.name") == "start"
     expect(page.get_by_test_id("total-gpu-cost")).to_be_visible()
     expect(page.locator("[data-live-note]")).to_be_visible()

@@ -82,8 +82,8 @@ def test_finance_reads_the_fleet_savings_and_requests_a_report_to_today(sign_in,
         # A report from the first of the month to today, today included.
         today = clock.now().date()
         s.goto("/reports/")
-        page.fill("input[name=start]", f"{today.replace(day=1):%Y-%m-%d}")
-        page.fill("input[name=end]", f"{today:%Y-%m-%d}")
+        page.fill("form.period input[name=start]", f"{today.replace(day=1):%Y-%m-%d}")
+        page.fill("form.period input[name=end]", f"{today:%Y-%m-%d}")
         page.locator("form.period button[type=submit]").click()
         page.wait_for_load_state()
         assert re.search(r"/reports/\d+/$", page.url), page.url
