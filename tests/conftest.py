@@ -18,7 +18,7 @@ from billing.ledger.models import GpuHour, UsageHour
 from billing.ledger.rollup import rebuild_days
 from billing.models import Tenant, TenantMembership
 from billing.services.tokens import IssuedToken, issue_node_token
-from tests import clock
+from tests import clock, workers
 from tests.demo_process import Demo, demo_environment, running_demo
 
 A100 = {"model": "NVIDIA A100-SXM4-80GB", "memory_mb": 81920, "sm_count": 108}
@@ -59,7 +59,8 @@ def demo(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Demo]:
     # Simulated days of this month give the charts over time something to draw: two keep the
     # suite quick; `make screenshots` asks for a week.
     days = int(os.environ.get("VGPU_BROWSER_HISTORY_DAYS", "2"))
-    with demo_environment(data, name=f"vgpu_shared_demo_{os.getpid()}", redis_db=12, history_days=days) as env:
+    with demo_environment(data, name=f"vgpu_shared_demo_{os.getpid()}", redis_db=workers.redis_db("shared-demo"),
+                          history_days=days) as env:
         # A web worker's first request imports the whole service (scipy included); on a loaded
         # machine that outlasts gunicorn's default 30 s worker timeout, and the demo never gets healthy.
         env["GUNICORN_CMD_ARGS"] = "--timeout 300"
