@@ -186,7 +186,12 @@ def minute_start() -> datetime:
 @pytest.fixture(autouse=True)
 def _truncate_raw_samples_after_transactional_tests(request, django_db_blocker):
     """Django's flush after a transactional test empties model tables only; the raw sample
-    table is not a model, so empty it too, or its rows would leak into later rollups."""
+    table is not a model, so empty it too, or its rows would leak into later rollups.
+
+    The day partitions such a test created (raw samples, minutes) are committed too, and a later
+    test that lists partitions (retention) would find them: they are dropped, back to what the
+    migrations leave (the minute tables' DEFAULT partitions only). Serially pytest-django runs the
+    transactional tests last, which hid this; a pytest-xdist worker runs tests in any order."""
     yield
     marker = request.node.get_closest_marker("django_db")
     transactional = bool(marker and marker.kwargs.get("transaction")) or bool(
@@ -195,8 +200,18 @@ def _truncate_raw_samples_after_transactional_tests(request, django_db_blocker):
     if transactional:
         from django.db import connection
 
+        from billing.ledger import partitions
+
         with django_db_blocker.unblock(), connection.cursor() as cur:
             cur.execute("TRUNCATE billing_raw_sample")
+            cur.execute(
+                "SELECT c.relname FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid "
+                "JOIN pg_class p ON p.oid = i.inhparent WHERE p.relname = ANY(%s) AND c.relname NOT LIKE %s",
+                [[partitions.RAW_TABLE, *partitions.MINUTE_TABLES], "%\\_default"],
+            )
+            for (name,) in cur.fetchall():
+                cur.execute(f'DROP TABLE IF EXISTS "{name}"')
+        partitions._known.clear()
 
 
 @pytest.fixture(autouse=True)
