@@ -53,12 +53,14 @@ def node_token(db) -> IssuedToken:  # type: ignore[no-untyped-def]
 def demo(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Demo]:
     """One `make demo` for every test that reads the running product (browser journeys, the page
     sums walk, the slim agent, the allocation API): a demo takes minutes to start and simulate its
-    history, and each one more was minutes more of the suite. Its tests run last
-    (pytest_collection_modifyitems), so it never runs beside the rest."""
+    history, and each one more was minutes more of the suite. Serially its tests run last
+    (pytest_collection_modifyitems), so it never runs beside the rest; under pytest-xdist they are
+    one group, which starts first (tests/workers.py): it is the longest part of the suite."""
     data = tmp_path_factory.mktemp("shared-demo")
-    # Simulated days of this month give the charts over time something to draw: two keep the
-    # suite quick; `make screenshots` asks for a week.
-    days = int(os.environ.get("VGPU_BROWSER_HISTORY_DAYS", "2"))
+    # A simulated day of this month before today gives the charts over time something to draw
+    # (on the 1st there is none, as `make test-dates` runs it); each more day is about 40 s of the
+    # demo's start-up, on the suite's longest path. `make screenshots` asks for a week.
+    days = int(os.environ.get("VGPU_BROWSER_HISTORY_DAYS", "1"))
     with demo_environment(data, name=f"vgpu_shared_demo_{os.getpid()}", redis_db=workers.redis_db("shared-demo"),
                           history_days=days) as env:
         # A web worker's first request imports the whole service (scipy included); on a loaded
