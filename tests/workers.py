@@ -32,6 +32,7 @@ _DEMO_ROLES = ("shared-demo", "own-demo", "soak")
 SERIAL_GROUP = "load-sensitive"
 SERIAL = (
     "tests/agents/test_shutdown.py::",  # an agent's start-up inside a few seconds' budget
+    "tests/bench/test_fleet_bench.py::",  # the fleet harness within its 110 s
     "tests/billing/test_openapi.py::test_schemathesis_",  # a guard on the fuzzing's wall time
     "tests/billing/test_retention.py::test_a_drop_gives_way_",  # ANALYZE within 2 s
     "tests/test_demo.py::",  # its own `make demo`, started within 150 s
@@ -42,7 +43,6 @@ SERIAL = (
 SLOW = (
     *SERIAL,
     "tests/allocator/test_fgd_experiment.py::test_fgd_on_the_default_trace_lands_near_the_papers_95_4",
-    "tests/bench/test_fleet_bench.py::",
     "tests/billing/test_admin_rate_cards.py::test_each_broken_rule_is_a_400_with_its_message_and_changes_nothing",
     "tests/billing/test_allocation_api.py::test_any_parameters_answer_200_or_a_400_naming_one",
     "tests/billing/test_celery_and_health.py::",
