@@ -12,7 +12,7 @@ PY := $(VENV)/bin/python
 RUNTIME := $(VENV)/.installed-runtime
 DEV := $(VENV)/.installed-dev
 
-.PHONY: demo test test-dates soak lint install bench clean browser-deps monitoring-deps pdf-deps focus-validator screenshots
+.PHONY: demo test test-quick test-dates soak lint install bench clean browser-deps monitoring-deps pdf-deps focus-validator screenshots
 
 $(PY):
 	@test -n "$(PYTHON)" || { echo "Python 3.11 or 3.12 is required (set PYTHON=/path/to/python3.x)"; exit 1; }
@@ -83,8 +83,16 @@ $(FOCUS_VENV)/.installed: tests/requirements-focus-validator.txt
 
 focus-validator: $(FOCUS_VENV)/.installed
 
+# The suite on TEST_WORKERS processes (default 3; tests/workers.py gives each its own test database
+# and Redis db). --dist loadgroup keeps the tests on the shared demo on one worker, started first.
+PYTEST_PARALLEL = -n $(or $(TEST_WORKERS),3) --dist loadgroup
+
 test: lint browser-deps monitoring-deps pdf-deps focus-validator
-	$(PY) -m config.embedded -- $(PY) -m pytest
+	$(PY) -m config.embedded -- $(PY) -m pytest $(PYTEST_PARALLEL)
+
+# The unit tests only: no demo, no browser, nothing marked slow (tests/workers.py marks them).
+test-quick: $(DEV)
+	$(PY) -m config.embedded -- $(PY) -m pytest $(PYTEST_PARALLEL) -m "not demo and not browser and not soak and not slow"
 
 # The whole suite with the clock of the whole process tree at the edges of months and years
 # (tests/dates.py; Debian's faketime). TEST_DATES_ARGS passes e.g. `--at 2027-06-30T23:59:00Z -- tests/billing`.

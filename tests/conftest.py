@@ -20,7 +20,7 @@ from billing.ledger.rollup import rebuild_days
 from billing.models import Tenant, TenantMembership
 from billing.services.budgets.spend import BudgetEvent, BudgetTransition
 from billing.services.identity.tokens import IssuedToken, issue_node_token
-from tests import clock
+from tests import clock, workers
 from tests.demo_process import Demo, demo_environment, running_demo
 
 # Hypothesis times each example (a 200 ms deadline, the too_slow health check). On a shared machine
@@ -71,13 +71,16 @@ def node_token(db) -> IssuedToken:
 def demo(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Demo]:
     """One `make demo` for every test that reads the running product (browser journeys, the page
     sums walk, the slim agent, the allocation API): a demo takes minutes to start and simulate its
-    history, and each one more was minutes more of the suite. Its tests run last
-    (pytest_collection_modifyitems), so it never runs beside the rest."""
+    history, and each one more was minutes more of the suite. Serially its tests run last
+    (pytest_collection_modifyitems), so it never runs beside the rest; under pytest-xdist they are
+    one group, which starts first (tests/workers.py): it is the longest part of the suite."""
     data = tmp_path_factory.mktemp("shared-demo")
-    # Simulated days of this month give the charts over time something to draw: two keep the
-    # suite quick; `make screenshots` asks for a week.
-    days = int(os.environ.get("VGPU_BROWSER_HISTORY_DAYS", "2"))
-    with demo_environment(data, name=f"vgpu_shared_demo_{os.getpid()}", redis_db=12, history_days=days) as env:
+    # A simulated day of this month before today gives the charts over time something to draw
+    # (on the 1st there is none, as `make test-dates` runs it); each more day is about 40 s of the
+    # demo's start-up, on the suite's longest path. `make screenshots` asks for a week.
+    days = int(os.environ.get("VGPU_BROWSER_HISTORY_DAYS", "1"))
+    with demo_environment(data, name=f"vgpu_shared_demo_{os.getpid()}", redis_db=workers.redis_db("shared-demo"),
+                          history_days=days) as env:
         # A web worker's first request imports the whole service (scipy included); on a loaded
         # machine that outlasts gunicorn's default 30 s worker timeout, and the demo never gets healthy.
         env["GUNICORN_CMD_ARGS"] = "--timeout 300"
@@ -213,7 +216,12 @@ def minute_start() -> datetime:
 @pytest.fixture(autouse=True)
 def _truncate_raw_samples_after_transactional_tests(request, django_db_blocker):
     """Django's flush after a transactional test empties model tables only; the raw sample
-    table is not a model, so empty it too, or its rows would leak into later rollups."""
+    table is not a model, so empty it too, or its rows would leak into later rollups.
+
+    The day partitions such a test created (raw samples, minutes) are committed too, and a later
+    test that lists partitions (retention) would find them: they are dropped, back to what the
+    migrations leave (the minute tables' DEFAULT partitions only). Serially pytest-django runs the
+    transactional tests last, which hid this; a pytest-xdist worker runs tests in any order."""
     yield
     marker = request.node.get_closest_marker("django_db")
     transactional = bool(marker and marker.kwargs.get("transaction")) or bool(
@@ -222,8 +230,18 @@ def _truncate_raw_samples_after_transactional_tests(request, django_db_blocker):
     if transactional:
         from django.db import connection
 
+        from billing.ledger import partitions
+
         with django_db_blocker.unblock(), connection.cursor() as cur:
             cur.execute("TRUNCATE billing_raw_sample")
+            cur.execute(
+                "SELECT c.relname FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid "
+                "JOIN pg_class p ON p.oid = i.inhparent WHERE p.relname = ANY(%s) AND c.relname NOT LIKE %s",
+                [[partitions.RAW_TABLE, *partitions.MINUTE_TABLES], "%\\_default"],
+            )
+            for (name,) in cur.fetchall():
+                cur.execute(f'DROP TABLE IF EXISTS "{name}"')
+        partitions._known.clear()
 
 
 @pytest.fixture(autouse=True)

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 import requests
 
+from tests import workers
 from tests.demo_process import Demo, demo_environment, running_demo
 from tests.promtool import promtool
 
@@ -23,7 +24,7 @@ from tests.promtool import promtool
 def demo_env(tmp_path):
     """The demo on its own database (per process: two runs on one server must not drop each
     other's) and Redis db, so it never touches the test database."""
-    with demo_environment(tmp_path, name=f"vgpu_demo_test_{os.getpid()}", redis_db=13) as env:
+    with demo_environment(tmp_path, name=f"vgpu_demo_test_{os.getpid()}", redis_db=workers.redis_db("own-demo")) as env:
         yield env
 
 

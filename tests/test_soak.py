@@ -18,6 +18,8 @@ from pathlib import Path
 
 import pytest
 
+from tests import workers
+
 REPO = Path(__file__).resolve().parent.parent
 SOAK_MINUTES = "1.3"  # five faults about 13 s apart; with start-up and drain about 2 minutes in all
 
@@ -28,7 +30,8 @@ def test_soak_with_every_fault_loses_duplicates_and_strands_nothing(tmp_path: Pa
     servers = os.environ.get("VGPU_SOAK_SERVERS", "own")
     out = tmp_path / "soak.json"
     command = [sys.executable, "bench/soak.py", "--minutes", SOAK_MINUTES, "--agents", "2", "--seed", "12",
-               "--servers", servers, "--data-dir", str(REPO / ".data" / "soak-test"), "--json-out", str(out)]
+               "--servers", servers, "--redis-db", str(workers.redis_db("soak")),
+               "--data-dir", str(REPO / ".data" / "soak-test"), "--json-out", str(out)]
     # Bounded twice: the harness stops by itself; this is the backstop for a hung child.
     done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=400, check=False)
     log = (done.stdout + done.stderr)[-6000:]

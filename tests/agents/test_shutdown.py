@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
 import socket
+import sqlite3
 import subprocess
 import sys
 import time
@@ -25,6 +27,30 @@ def agent_env() -> dict[str, str]:
     return dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, (str(REPO), os.environ.get("PYTHONPATH")))))
 
 
+def _open_periods(spool_path: Path) -> list[tuple[datetime, datetime]]:
+    """The periods of the open batch the agent has checkpointed so far (it does so each metered
+    second), read from its spool as it runs; none before the spool exists."""
+    try:
+        with contextlib.closing(sqlite3.connect(f"file:{spool_path}?mode=ro", uri=True, timeout=5)) as db:
+            rows = db.execute("SELECT period_start, period_end FROM open_periods").fetchall()
+    except sqlite3.OperationalError:  # no spool, or no table in it, yet
+        return []
+    return [(datetime.fromisoformat(start), datetime.fromisoformat(end)) for start, end in rows]
+
+
+def _wait_until_metered(agent: subprocess.Popen[str], spool_path: Path, seconds: float, *,
+                        after: datetime | None = None) -> None:
+    """Until the running agent has checkpointed `seconds` of its open batch (those starting at or
+    after `after`): a fixed sleep measured the machine's load instead (an agent still importing
+    was sent its signal, or had metered one second where two were needed)."""
+    deadline = time.monotonic() + 120
+    while sum((end - start).total_seconds() for start, end in _open_periods(spool_path)
+              if after is None or start >= after) < seconds:
+        assert agent.poll() is None, f"the agent exited before metering {seconds} s"
+        assert time.monotonic() < deadline, f"the agent did not meter {seconds} s within 120 s"
+        time.sleep(0.1)
+
+
 def test_sigterm_spools_the_partial_batch_and_exits_zero(tmp_path: Path) -> None:
     (tmp_path / "token").write_text("t\n")
     (tmp_path / "scenario.json").write_text(
@@ -39,7 +65,7 @@ def test_sigterm_spools_the_partial_batch_and_exits_zero(tmp_path: Path) -> None
     command += ["--tick-ms", "100", "--batch-seconds", "60"]
     agent = subprocess.Popen(command, cwd=tmp_path, env=agent_env(), stderr=subprocess.PIPE, text=True)
     try:
-        time.sleep(3.5)  # at least two whole metered seconds, well inside the 60 s batch
+        _wait_until_metered(agent, spool_path, 2)  # two whole metered seconds, well inside the 60 s batch
         agent.send_signal(signal.SIGTERM)
         _, stderr = agent.communicate(timeout=30)
     finally:
@@ -83,14 +109,15 @@ def test_sigkill_loses_only_the_seconds_the_agent_was_down(tmp_path: Path) -> No
 
     first = start()
     try:
-        time.sleep(4.5)  # a few metered seconds inside a 60 s batch that never closes
+        _wait_until_metered(first, spool_path, 3)  # a few metered seconds inside a 60 s batch that never closes
         first.kill()
         first.communicate(timeout=30)
         killed_at = time.monotonic()
+        last_checkpoint = max(end for _, end in _open_periods(spool_path))
         time.sleep(2.0)
         down_s = time.monotonic() - killed_at
         second = start()
-        time.sleep(4.5)
+        _wait_until_metered(second, spool_path, 3, after=last_checkpoint)  # a few seconds of its own
         second.send_signal(signal.SIGTERM)
         _, stderr = second.communicate(timeout=30)
     finally:

@@ -26,8 +26,12 @@ CHROMIUM_ARGS = [
 ]
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def browser() -> Iterator[Browser]:
+    """One Chromium for the journeys of this folder, closed after the last of them: Playwright's
+    sync API holds an asyncio loop on the thread while it runs, and Django refuses database work
+    in a running loop, so a session-long one broke every database test a pytest-xdist worker
+    ran after the journeys (SynchronousOnlyOperation)."""
     if not (Path(CHROMIUM).exists() or shutil.which(CHROMIUM)):
         pytest.fail(f"{CHROMIUM} is missing: `make test` installs Debian's chromium (apt-get install chromium)")
     with sync_playwright() as p:

@@ -1,0 +1,171 @@
+"""The suite on several processes (pytest-xdist): `make test` runs `pytest -n 3 --dist loadgroup`.
+Loaded with `-p tests.workers` (pyproject.toml's addopts), before pytest-django reads the settings.
+
+What each worker gets of its own:
+
+- its test database: pytest-django's `test_<name>_gwN`, from DATABASE_URL;
+- its Redis db, counted down from REDIS_URL's: the Celery broker, the cache and the auth
+  throttle's counters live there, and one worker's flushes must not reach another's. The demos
+  the tests start take the dbs below the workers' (`redis_db`), so two runs on one server with
+  REDIS_URLs far enough apart never meet either.
+
+What the scheduler is told: every test on the shared demo (the `demo` fixture) is in the
+xdist group "demo", which runs on one worker and starts first (its tests sort first): it is the
+longest part of the suite, and everything else fits beside it. Tests that time what they do
+against the machine's load (`serial` below) share a group too, so they never run beside each other.
+"""
+
+from __future__ import annotations
+
+import os
+import urllib.parse
+
+import pytest
+
+# Redis's default `databases`; the dbs count down from REDIS_URL's and wrap at 0.
+REDIS_DATABASES = 16
+# Roles below the workers' dbs, in this order.
+_DEMO_ROLES = ("shared-demo", "own-demo", "soak")
+
+# Tests that assert on wall time, a subprocess's start-up or a lock wait: they run in one group,
+# one after another on one worker, so two of them on a 2-core machine never measure each other.
+SERIAL_GROUP = "load-sensitive"
+SERIAL = (
+    "tests/agents/test_shutdown.py::",  # an agent's start-up inside a few seconds' budget
+    "tests/bench/test_fleet_bench.py::",  # the fleet harness within its 110 s
+    "tests/billing/test_openapi.py::test_schemathesis_",  # a guard on the fuzzing's wall time
+    "tests/billing/test_retention.py::test_a_drop_gives_way_",  # ANALYZE within 2 s
+    "tests/test_demo.py::",  # its own `make demo`, started within 150 s
+    "tests/test_soak.py::",  # the whole product under faults, on deadlines
+)
+# Tests that took 2 s or more on this 2-core machine (pytest --durations, docs/architecture.md's
+# section on tests), besides those on a demo: `make test-quick` leaves them out.
+SLOW = (
+    *SERIAL,
+    "tests/allocator/test_fgd_experiment.py::test_fgd_on_the_default_trace_lands_near_the_papers_95_4",
+    "tests/billing/test_admin_rate_cards.py::test_each_broken_rule_is_a_400_with_its_message_and_changes_nothing",
+    "tests/billing/test_allocation_api.py::test_any_parameters_answer_200_or_a_400_naming_one",
+    "tests/billing/test_celery_and_health.py::",
+    "tests/billing/test_credit_notes.py::test_an_issued_invoice_copies_issuer_terms_and_tax_",
+    "tests/billing/test_daily_ledger.py::test_days_are_the_exact_sums_of_hours_after_rollups_of_random_batches",
+    "tests/billing/test_explore.py::test_a_member_sees_only_its_tenant_however_the_query_is_crafted",
+    "tests/billing/test_finance_dashboard.py::test_dashboard_query_count_does_not_grow_",
+    "tests/billing/test_focus_dataset.py::test_the_dataset_adds_up_to_the_card_cost_of_every_gpu_hour_",
+    "tests/billing/test_focus_validator.py::",
+    "tests/billing/test_forecast.py::",
+    "tests/billing/test_ingest_fields.py::test_any_valid_label_set_round_trips_",
+    "tests/billing/test_ingest_hostile.py::test_any_batch_the_api_accepts_rolls_up",
+    "tests/billing/test_ledger_integrity.py::test_healthz_turns_degraded_when_the_rollup_falls_behind",
+    "tests/billing/test_login_lockout.py::",
+    "tests/billing/test_node_self.py::",
+    "tests/billing/test_portal.py::test_member_of_one_tenant_is_sent_to_it_and_of_two_sees_only_those",
+    "tests/billing/test_rollup_sharded.py::",
+    "tests/billing/test_service_metrics_gunicorn.py::",
+    "tests/billing/test_spend_equivalence.py::test_the_preview_from_closed_days_and_hours_is_the_hour_based_close",
+    "tests/billing/test_undelivered.py::test_a_report_is_open_until_a_redrive_delivers_it_",
+    "tests/billing/test_unpriced.py::test_the_nodes_page_healthz_and_metrics_flag_gpus_",
+    "tests/billing/test_web_polish.py::test_someone_in_finance_and_admin_lands_on_the_finance_page",
+    "tests/billing/test_webhook_tls.py::",
+    "tests/hostile/test_auth.py::",
+    "tests/hostile/test_downloads.py::test_every_csv_the_product_serves_is_inert",
+    "tests/hostile/test_inputs.py::test_no_page_parameter_or_form_field_answers_a_server_error",
+    "tests/hostile/test_known_cases.py::",
+    "tests/hostile/test_nodes.py::",
+    "tests/hostile/test_unpriced.py::",
+    "tests/test_translations.py::",
+)
+
+
+def _base_redis_url() -> str:
+    return os.environ.get("VGPU_TEST_REDIS_URL") or os.environ.get("REDIS_URL", "")
+
+
+def _worker_index() -> int:
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    return int(worker.removeprefix("gw")) if worker.startswith("gw") else 0
+
+
+def _worker_count() -> int:
+    return int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1") or 1)
+
+
+def _db_of(url: str) -> int:
+    path = urllib.parse.urlsplit(url).path.strip("/")
+    return int(path) if path.isdigit() else 0
+
+
+def _with_db(url: str, db: int) -> str:
+    return urllib.parse.urlunsplit(urllib.parse.urlsplit(url)._replace(path=f"/{db}"))
+
+
+def redis_db(role: str) -> int:
+    """The Redis db of a demo (or the soak) this run starts: below every worker's, the same
+    number in every worker."""
+    offset = _worker_count() + _DEMO_ROLES.index(role)
+    return (_db_of(_base_redis_url()) - offset) % REDIS_DATABASES
+
+
+def _give_this_worker_its_redis_db() -> None:
+    base = _base_redis_url()
+    if not base:
+        return  # settings refuse to start without REDIS_URL and say why
+    # The run's REDIS_URL, for redis_db() in this process and any it starts.
+    os.environ["VGPU_TEST_REDIS_URL"] = base
+    os.environ["REDIS_URL"] = _with_db(base, (_db_of(base) - _worker_index()) % REDIS_DATABASES)
+
+
+# At import, before pytest-django imports config.settings (which reads REDIS_URL once).
+_give_this_worker_its_redis_db()
+
+
+def _fixtures(item: pytest.Item) -> tuple[str, ...]:
+    return tuple(getattr(item, "fixturenames", ()))
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Marks before xdist reads them (it runs after this, tryfirst): the shared demo's tests in the
+    "demo" group, the load-sensitive ones in theirs."""
+    for item in items:
+        fixtures = _fixtures(item)
+        if "demo" in fixtures or "demo_env" in fixtures:
+            item.add_marker(pytest.mark.demo)
+        if item.nodeid.startswith(SERIAL):
+            item.add_marker(pytest.mark.serial)
+        if item.get_closest_marker("demo") or item.nodeid.startswith(SLOW):
+            item.add_marker(pytest.mark.slow)
+        if "demo" in fixtures:
+            item.add_marker(pytest.mark.xdist_group("demo"))
+        elif item.get_closest_marker("serial"):
+            item.add_marker(pytest.mark.xdist_group(SERIAL_GROUP))
+
+
+class _OnWorkers:
+    """After every other plugin's collection hook, on a worker of `--dist loadgroup`."""
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_collection_modifyitems(self, items: list[pytest.Item]) -> None:
+        # The scheduler hands out the groups first (the largest first), then single tests in
+        # collection order: the slow ones first, so none of them starts last and keeps the run waiting.
+        items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+        self._group_suffix(items)
+
+    @staticmethod
+    def _group_suffix(items: list[pytest.Item]) -> None:
+        """pytest-xdist 3.8 tells the controller a test's group by appending `@group` to the
+        test's `_nodeid` on the worker; pytest 9.2 keeps its node ids in `_id` (a structured
+        NodeId) and no longer reads `_nodeid`, so every group would silently fall apart into single
+        tests (upstream: "--dist=loadgroup silently stops grouping on pytest main", pytest-xdist).
+        This runs after xdist's own hook and moves its `_nodeid` into `_id`; with a pytest that
+        still reads `_nodeid` the two agree and nothing changes."""
+        from _pytest.nodeid import coerce_node_id  # pytest >= 9.2 only, where the ids moved
+
+        for item in items:
+            legacy = item.__dict__.get("_nodeid")
+            if isinstance(legacy, str) and legacy != item.nodeid and hasattr(item, "_id"):
+                item._id = coerce_node_id(legacy)  # see the class docstring
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if os.environ.get("PYTEST_XDIST_WORKER") and config.getvalue("loadgroup"):
+        config.pluginmanager.register(_OnWorkers(), "vgpu-xdist-workers")
