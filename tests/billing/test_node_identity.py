@@ -233,19 +233,21 @@ def test_a_reviewed_token_is_reused_without_a_new_review_until_the_cache_ttl(
 ) -> None:
     settings.VGPU_NODE_TOKENREVIEW_CACHE_S = 60
     token = token_for(kube)
+    # The review happens at some instant between these two, however long the requests take.
+    before = clock.now()
     assert post_batch(client, token, seq=1).status_code == 201
     assert post_batch(client, token, seq=2).status_code == 201
     assert client.get("/api/v1/nodes/gpu-a/policy", HTTP_AUTHORIZATION=f"Bearer {token}").status_code == 200
+    after = clock.now()
     assert reviews(kube) == 1
     # Keyed by the token's SHA-256: the clear token is not kept.
     assert list(node_identity._cache._entries) == [hashlib.sha256(token.encode()).hexdigest()]
 
     # The documented price: a deleted pod's token works until its entry expires, then not.
     kube.delete_pod(AGENT_NS, "vgpu-agent-gpu-a")
-    now = clock.now()
-    assert review_service_account_token(token=token, now=now + timedelta(seconds=59)).node == "gpu-a"
+    assert review_service_account_token(token=token, now=before + timedelta(seconds=59)).node == "gpu-a"
     with pytest.raises(NotAuthenticated, match="has been invalidated"):
-        review_service_account_token(token=token, now=now + timedelta(seconds=61))
+        review_service_account_token(token=token, now=after + timedelta(seconds=61))
     assert reviews(kube) == 2
 
 
