@@ -92,15 +92,8 @@ focus-validator: $(FOCUS_VENV)/.installed
 # and Redis db). --dist loadgroup keeps the tests on the shared demo on one worker, started first.
 PYTEST_PARALLEL = -n $(or $(TEST_WORKERS),3) --dist loadgroup
 
-# Lint runs beside the suite rather than before it: the suite's longest chain (the shared demo's
-# tests) leaves CPU idle, which mypy's minute fills. Lint's output follows the suite's; either
-# failing fails `make test`.
-LINT_LOG := .data/lint.log
-test: $(DEV) browser-deps monitoring-deps pdf-deps focus-validator
-	@mkdir -p $(dir $(LINT_LOG)); $(MAKE) --no-print-directory lint >$(LINT_LOG) 2>&1 & lint=$$!; \
-	$(PY) -m config.embedded -- $(PY) -m pytest $(PYTEST_PARALLEL); suite=$$?; \
-	wait $$lint; linted=$$?; echo "--- make lint (run beside the suite) ---"; cat $(LINT_LOG); \
-	[ $$linted -eq 0 ] || echo "make lint failed"; [ $$suite -eq 0 ] && [ $$linted -eq 0 ]
+test: lint browser-deps monitoring-deps pdf-deps focus-validator
+	$(PY) -m config.embedded -- $(PY) -m pytest $(PYTEST_PARALLEL)
 
 # The unit tests only: no demo, no browser, nothing marked slow (tests/workers.py marks them).
 test-quick: $(DEV)
