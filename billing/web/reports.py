@@ -44,18 +44,11 @@ def report_list(request: HttpRequest) -> HttpResponse:
     _require_platform_view(request)
     form = PeriodForm(request.POST or None, initial=PeriodForm.default_initial(timezone.now().date()))
     if request.method == "POST" and form.is_valid():
-        start, end = form.bounds()
         try:
-            report, created = request_paired_report(start=start, end=end, now=timezone.now(),
-                                                    actor_label=request.user.get_username(), actor_id=request.user.pk,
-                                                    join_in_flight=True)
+            report = request_report(request, form)
         except InvalidInput as exc:
             form.add_error(None, str(exc))
         else:
-            if created:
-                transaction.on_commit(lambda: enqueue_report(report.pk))
-            else:
-                messages.info(request, _("A report of this period is already being computed: here is its progress."))
             return redirect("report-detail", report_id=report.pk)
     reports = PairedReport.objects.order_by("-created_at")[:50]
     return render(request, "billing/reports.html", {"form": form, "reports": reports, "definitions": _definitions()},
@@ -64,6 +57,21 @@ def report_list(request: HttpRequest) -> HttpResponse:
 
 def _definitions() -> list[tuple[str, str]]:
     return definitions(int(COLD_START.total_seconds() // 60))
+
+
+def request_report(request: HttpRequest, form: PeriodForm) -> PairedReport:
+    """The user's paired report of the (valid) form's period, the one way both pages ask: one of
+    that period already being computed is joined, with a notice saying so; a new one's job is
+    queued once its row is committed. InvalidInput for a period that cannot be reported."""
+    start, end = form.bounds()
+    report, created = request_paired_report(start=start, end=end, now=timezone.now(),
+                                            actor_label=request.user.get_username(), actor_id=request.user.pk,
+                                            join_in_flight=True)
+    if created:
+        transaction.on_commit(lambda: enqueue_report(report.pk))
+    else:
+        messages.info(request, _("A report of this period is already being computed: here is its progress."))
+    return report
 
 
 def enqueue_report(report_id: int) -> None:

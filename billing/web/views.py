@@ -8,10 +8,8 @@ from decimal import Decimal
 from typing import Any
 from urllib.parse import urlencode
 
-from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied
-from django.db import transaction
 from django.http import HttpRequest, HttpResponse, HttpResponseBadRequest
 from django.shortcuts import redirect, render
 from django.urls import reverse
@@ -26,11 +24,10 @@ from billing.money import QUANTITY_PLACES, round_quantities
 from billing.queries.dashboard import IDLE_KEY, CostTimeline, FinanceDashboard, UtilisationPoint, get_finance_dashboard
 from billing.queries.finance import CostSummary
 from billing.scope import get_scope
-from billing.services.savings import request_paired_report
 from billing.web.access import require_platform
 from billing.web.charts import Series, line_chart, stacked_bar_chart
 from billing.web.forms import PeriodForm
-from billing.web.reports import enqueue_report
+from billing.web.reports import request_report
 from billing.web.tables import shown_costs
 
 
@@ -66,18 +63,12 @@ def _request_savings_report(request: HttpRequest) -> HttpResponse:
     form = PeriodForm(request.POST)
     if not form.is_valid():
         return _dashboard_page(request, form, None)
-    start, end = form.bounds()
     try:
-        report, created = request_paired_report(start=start, end=end, now=timezone.now(),
-                                                actor_label=request.user.get_username(), actor_id=request.user.pk,
-                                                join_in_flight=True)
+        request_report(request, form)
     except InvalidInput as exc:
+        start, end = form.bounds()
         dashboard = get_finance_dashboard(scope=get_scope(request.user), start=start, end=end)
         return _dashboard_page(request, form, dashboard, savings_error=str(exc))
-    if created:
-        transaction.on_commit(lambda: enqueue_report(report.pk))
-    else:
-        messages.info(request, _("A report of this period is already being computed: here is its progress."))
     query = urlencode({"start": form.cleaned_data["start"].isoformat(), "end": form.cleaned_data["end"].isoformat()})
     return redirect(f"{reverse('finance-overview')}?{query}#savings")
 
