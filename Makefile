@@ -31,8 +31,9 @@ install: $(DEV)
 demo: $(RUNTIME)
 	$(PY) -m config.demo
 
-# mypy's Django plugin loads the settings, which need the two URLs set but never connect to them:
-# placeholders stand in when none is set, so type-checking starts no server.
+# mypy's Django plugin loads the settings, which require DATABASE_URL and REDIS_URL to be set but
+# never connect to either: when they are unset, unreachable .invalid addresses are given, so
+# type-checking needs no running server.
 TYPECHECK_URLS = DATABASE_URL="$${DATABASE_URL:-postgres://unused.invalid/typecheck}" \
 	REDIS_URL="$${REDIS_URL:-redis://unused.invalid/0}"
 
