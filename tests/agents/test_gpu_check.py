@@ -10,6 +10,7 @@ import re
 import subprocess
 import sys
 import textwrap
+import time
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
@@ -368,7 +369,13 @@ def test_stragglers_are_found_by_their_environment_and_stopped_by_pid(tmp_path: 
     marker = str(tmp_path / "pipe")
     child = subprocess.Popen(["sleep", "60"], env={**os.environ, PIPE_ENV: marker})
     try:
-        assert processes_with_environment(PIPE_ENV, marker) == [child.pid]
+        # Popen returns once the child has closed its close-on-exec pipe, which the kernel does
+        # before it writes the new program's environment: /proc/PID/environ reads empty for a
+        # moment after that, so the test waits for the environment to appear.
+        deadline = time.monotonic() + 5
+        while not (found := processes_with_environment(PIPE_ENV, marker)) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert found == [child.pid]
         notes = stop_processes([child.pid], grace_s=5.0)
         assert child.wait(timeout=5) == -15
         assert notes == [f"sent SIGTERM to {child.pid}"]
