@@ -11,7 +11,7 @@ from datetime import UTC, date, datetime, timedelta
 
 from billing.errors import InvalidInput
 
-__all__ = ["floor_to", "month_bounds", "month_of", "parse_month", "previous_month", "utc_midnight"]
+__all__ = ["floor_to", "last_day", "month_bounds", "month_of", "parse_month", "previous_month", "utc_midnight"]
 
 
 def parse_month(text: str) -> date:
@@ -38,6 +38,12 @@ def month_of(at: datetime) -> date:
 def previous_month(month: date) -> date:
     """The month before `month` (both as first days)."""
     return (month - timedelta(days=1)).replace(day=1)
+
+
+def last_day(end: datetime) -> date:
+    """The last UTC day a period [start, `end`) includes: a form's "to 2026-12-01 (inclusive)" is
+    stored as the instant after it, 2026-12-02 00:00, and shown and named by 2026-12-01 again."""
+    return (end - timedelta(microseconds=1)).astimezone(UTC).date()
 
 
 def utc_midnight(at: datetime) -> datetime:

@@ -12,19 +12,32 @@ value's type, never by its text: an int, a Decimal, a float or a `Number` (text 
 from a number: `number(amount_text(...))`) is written as it is; every other value is text and is
 neutralised when it starts like a formula. A node that reports a GPU model "-1" gets "'-1".
 
-Pure (the standard library and billing.money), below every layer, like billing.money."""
+Every file starts with a UTF-8 byte order mark: Excel opens a CSV without one in the machine's
+ANSI code page, and a tenant named 星河智能 comes out as mojibake. Readers that know UTF-8
+(Python's "utf-8-sig", pandas, DuckDB, polars, LibreOffice) skip it.
+
+A download's name carries its period as the page shows it, first and last day both included
+(`download_name`), never the exclusive end the ledger reads to.
+
+Pure (the standard library, billing.money and billing.calendar), below every layer, like billing.money."""
 
 from __future__ import annotations
 
 import csv
 import io
 from collections.abc import Iterable
+from datetime import UTC, datetime
 from decimal import Decimal
 from typing import Any, Protocol
 
+from billing.calendar import last_day
 from billing.money import amount_text, format_minor_units, quantity_text
 
-__all__ = ["FORMULA_STARTS", "Number", "amount_cell", "csv_writer", "inert_cell", "minor_cell", "number", "quantity_cell"]
+__all__ = ["BOM", "FORMULA_STARTS", "Number", "amount_cell", "csv_writer", "download_name", "inert_cell", "minor_cell",
+           "number", "quantity_cell"]
+
+# U+FEFF at the start of the file: how Excel knows a CSV is UTF-8.
+BOM = "\ufeff"
 
 # OWASP's characters, and their full-width forms, which spreadsheets in CJK locales also evaluate.
 FORMULA_STARTS = frozenset("=+-@\uff1d\uff0b\uff0d\uff20")
@@ -92,6 +105,7 @@ class InertWriter:
         self._out, self._end = out, options.pop("lineterminator", "\r\n")
         self._row = io.StringIO()
         self._writer = csv.writer(self._row, lineterminator="\r\n", **options)
+        out.write(BOM)
 
     def writerow(self, row: Iterable[Any]) -> None:
         self._row.seek(0)
@@ -105,5 +119,12 @@ class InertWriter:
 
 
 def csv_writer(out: _Sink, **options: Any) -> InertWriter:
-    """The product's CSV writer over `out` (a StringIO or an HttpResponse); `options` are csv's."""
+    """The product's CSV writer over an empty `out` (a StringIO or an HttpResponse), which it
+    starts with the BOM; `options` are csv's."""
     return InertWriter(out, **options)
+
+
+def download_name(stem: str, start: datetime, end: datetime, extension: str = "csv") -> str:
+    """`stem-YYYYMMDD-YYYYMMDD.csv` for the period [start, end): its first and its last day, as
+    the page's "from … to … (inclusive)" says them."""
+    return f"{stem}-{start.astimezone(UTC):%Y%m%d}-{last_day(end):%Y%m%d}.{extension}"

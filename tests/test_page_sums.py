@@ -149,7 +149,7 @@ def _walk(demo: Demo, session: requests.Session, seeds: tuple[str, ...], *, foll
         kind = resp.headers.get("Content-Type", "")
         if kind.startswith("text/csv"):
             name = re.search(r'filename="([^"]+)"', resp.headers.get("Content-Disposition", ""))
-            walk.csvs[url] = (name.group(1) if name else "", list(csv.reader(io.StringIO(resp.text))))
+            walk.csvs[url] = (name.group(1) if name else "", list(csv.reader(io.StringIO(resp.content.decode("utf-8-sig")))))
             continue
         if not kind.startswith("text/html"):
             continue
@@ -248,7 +248,7 @@ def _check_csv(name: str, rows: list[list[str]]) -> str:
     if re.fullmatch(r"CN-\d{4}-\d+\.csv", name):
         _check_credit_note_csv(name, records)
         return "credit-note"
-    if re.fullmatch(r"paired-report-\d+\.csv", name):
+    if re.fullmatch(r"paired-report-\d+-\d{8}-\d{8}\.csv", name):
         _check_savings_csv(name, records)
         return "savings"
     if re.fullmatch(r"[a-z0-9-]+-upcoming-\d{4}-\d{2}\.csv|VGL-.*\.csv", name):
@@ -438,7 +438,7 @@ def test_pages_and_their_csvs_show_the_same_totals_in_both_languages(demo: Demo)
 
 
 def _records(session: requests.Session, url: str) -> list[dict[str, str]]:
-    header, *rows = list(csv.reader(io.StringIO(session.get(url, timeout=60).text)))
+    header, *rows = list(csv.reader(io.StringIO(session.get(url, timeout=60).content.decode("utf-8-sig"))))
     return [dict(zip(header, r, strict=True)) for r in rows]
 
 
@@ -492,7 +492,7 @@ def test_three_tenants_of_a_third_each_add_up_on_the_page_and_in_the_csv(client)
     assert shown["fleet"] == Decimal("1000.02")  # 951.03 + idle 48.99, not round(1000.004) = 1000.00
     assert 'data-testid="totals-rule"' in html
     resp = client.get("/finance/", {"start": day, "end": day, "format": "csv"})
-    header, *rows = list(csv.reader(io.StringIO(resp.content.decode())))
+    header, *rows = list(csv.reader(io.StringIO(resp.content.decode("utf-8-sig"))))
     records = [dict(zip(header, r, strict=True)) for r in rows]
     _check_tenant_costs_csv("tenants CSV", records)
     assert [r["total"] for r in records] == ["317.01", "317.01", "317.01", "48.99", "1000.02"]

@@ -1,10 +1,12 @@
 """Paired static-vs-dynamic cost reports (docs/billing.md), computed by a Celery job."""
 
-from datetime import UTC, date, timedelta
+from datetime import date
 
 from django.conf import settings
 from django.db import models
 from django.utils.translation import gettext_lazy as _
+
+from billing import calendar
 
 
 class PairedReport(models.Model):
@@ -38,4 +40,4 @@ class PairedReport(models.Model):
     def last_day(self) -> date:
         """The period's last day, included: the form asks "to 2026-12-01 inclusive" and stores the
         instant after it, 2026-12-02 00:00, as `period_end`."""
-        return (self.period_end - timedelta(microseconds=1)).astimezone(UTC).date()
+        return calendar.last_day(self.period_end)

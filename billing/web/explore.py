@@ -22,7 +22,7 @@ from django.utils import timezone
 from django.utils.translation import gettext as _
 from django.utils.translation import gettext_lazy
 
-from billing.csv_files import amount_cell, csv_writer, quantity_cell
+from billing.csv_files import amount_cell, csv_writer, download_name, quantity_cell
 from billing.money import QUANTITY_PLACES, round_parts, round_quantities
 from billing.queries.explore import (
     LEVEL_KEYS,
@@ -219,7 +219,7 @@ def _csv(result: Explore) -> HttpResponse:
     places, pct = QUANTITY_PLACES["gb_h"], QUANTITY_PLACES["percent"]
     level, currency = result.level, result.currency
     response = HttpResponse(content_type="text/csv; charset=utf-8")
-    name = f"explore-{level}-{result.start:%Y%m%d}-{result.end:%Y%m%d}.csv"
+    name = download_name(f"explore-{level}", result.start, result.end)
     response["Content-Disposition"] = f'attachment; filename="{name}"'
     writer = csv_writer(response)
     rightsizing = level == "pod"

@@ -17,7 +17,7 @@ from django.utils.formats import date_format
 from django.utils.safestring import SafeString
 from django.utils.translation import gettext as _
 
-from billing.csv_files import amount_cell, csv_writer, minor_cell, number
+from billing.csv_files import amount_cell, csv_writer, download_name, minor_cell, number
 from billing.errors import InvalidInput
 from billing.models import BudgetAction
 from billing.money import QUANTITY_PLACES, round_parts, round_quantities
@@ -127,7 +127,7 @@ def _workloads_csv(portal: TenantPortal) -> HttpResponse:
     """The workload table, every workload: cost to the currency's minor unit, quantities to 4
     places, then a total row that is the sum of the rows as written (docs/exports.md)."""
     response = HttpResponse(content_type="text/csv; charset=utf-8")
-    name = f"{portal.slug}-workloads-{portal.start:%Y%m%d}-{portal.end:%Y%m%d}.csv"
+    name = download_name(f"{portal.slug}-workloads", portal.start, portal.end)
     response["Content-Disposition"] = f'attachment; filename="{name}"'
     writer = csv_writer(response)
     writer.writerow(_WORKLOAD_CSV_COLUMNS)

@@ -13,7 +13,7 @@ from django.utils.translation import gettext as _
 
 from billing import tasks
 from billing.api.errors import QUEUE_DOWN
-from billing.csv_files import csv_writer
+from billing.csv_files import csv_writer, download_name
 from billing.errors import InvalidInput
 from billing.models import PairedReport
 from billing.services.savings import (
@@ -117,7 +117,8 @@ def report_pdf(request: HttpRequest, report_id: int) -> HttpResponse:
     report = _finished(report_id)
     response = HttpResponse(render_paired_report_pdf(report, tenant_names=tenant_names()),
                             content_type="application/pdf")
-    response["Content-Disposition"] = f'attachment; filename="paired-report-{report.pk}.pdf"'
+    name = download_name(f"paired-report-{report.pk}", report.period_start, report.period_end, "pdf")
+    response["Content-Disposition"] = f'attachment; filename="{name}"'
     return response
 
 
@@ -126,7 +127,8 @@ def report_csv(request: HttpRequest, report_id: int) -> HttpResponse:
     _require_platform_view(request)
     report = _finished(report_id)
     response = HttpResponse(content_type="text/csv; charset=utf-8")
-    response["Content-Disposition"] = f'attachment; filename="paired-report-{report.pk}.csv"'
+    name = download_name(f"paired-report-{report.pk}", report.period_start, report.period_end)
+    response["Content-Disposition"] = f'attachment; filename="{name}"'
     writer = csv_writer(response)
     writer.writerow(SAVINGS_CSV_COLUMNS)
     writer.writerows(savings_csv_rows(report.result or {}, tenant_names()))

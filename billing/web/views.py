@@ -18,7 +18,7 @@ from django.utils.formats import date_format
 from django.utils.safestring import SafeString
 from django.utils.translation import gettext as _
 
-from billing.csv_files import amount_cell, csv_writer, number, quantity_cell
+from billing.csv_files import amount_cell, csv_writer, download_name, number, quantity_cell
 from billing.errors import InvalidInput
 from billing.money import QUANTITY_PLACES, round_quantities
 from billing.queries.dashboard import IDLE_KEY, CostTimeline, FinanceDashboard, UtilisationPoint, get_finance_dashboard
@@ -140,7 +140,7 @@ def _charts(dashboard: FinanceDashboard) -> dict[str, SafeString]:
 def _csv_response(summary: CostSummary, table: str) -> tuple[HttpResponse, Any]:  # Any: csv's writer type is private
     response = HttpResponse(content_type="text/csv; charset=utf-8")
     suffix = "" if table == "tenants" else f"-{table}"
-    name = f"gpu-cost{suffix}-{summary.start:%Y%m%d}-{summary.end:%Y%m%d}.csv"
+    name = download_name(f"gpu-cost{suffix}", summary.start, summary.end)
     response["Content-Disposition"] = f'attachment; filename="{name}"'
     return response, csv_writer(response)
 

@@ -237,11 +237,11 @@ def test_credit_note_pdf_csv_and_focus_name_the_invoice_they_correct(issuer, tmp
         assert shown in text, shown
 
     rows = list(csv.DictReader(io.StringIO(export_credit_note(scope=EVERYONE, number=issued.number,
-                                                              fmt="csv").content.decode())))
+                                                              fmt="csv").content.decode("utf-8-sig"))))
     assert [(r["credit_note_number"], r["corrects_invoice"], r["amount"], r["tax"], r["total"], r["currency"])
             for r in rows] == [("CN-2026-0001", "VGL-202611-acme", "12.50", "2.50", "15.00", "USD")]
 
-    content = export_credit_note(scope=EVERYONE, number=issued.number, fmt="focus").content.decode()
+    content = export_credit_note(scope=EVERYONE, number=issued.number, fmt="focus").content.decode("utf-8-sig")
     focus = list(csv.DictReader(io.StringIO(content)))
     assert [(r["ChargeCategory"], r["ChargeClass"], r["BilledCost"]) for r in focus] == [
         ("Credit", "Correction", "-12.5"), ("Tax", "Correction", "-2.5")]
@@ -258,7 +258,7 @@ def test_credit_note_pdf_csv_and_focus_name_the_invoice_they_correct(issuer, tmp
 
 def test_invoice_focus_has_a_tax_row_and_still_adds_up_to_the_invoice_total():
     invoice = finalized_invoice(subtotal_minor=333, rate_pct="20")
-    content = export_invoice(scope=EVERYONE, number=invoice.number, fmt="focus").content.decode()
+    content = export_invoice(scope=EVERYONE, number=invoice.number, fmt="focus").content.decode("utf-8-sig")
     rows = list(csv.DictReader(io.StringIO(content)))
     tax = [r for r in rows if r["ChargeCategory"] == "Tax"]
     assert [r["BilledCost"] for r in tax] == ["0.67"]

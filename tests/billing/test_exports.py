@@ -8,6 +8,7 @@ import csv
 import io
 import json
 import re
+from codecs import BOM_UTF8
 from collections import defaultdict
 from datetime import UTC, date, datetime, timedelta
 from decimal import Decimal
@@ -69,7 +70,7 @@ def proportional(card):
 
 
 def focus(number: str, scope: Scope = EVERYONE) -> tuple[list[str], list[dict[str, str | None]]]:
-    content = export_invoice(scope=scope, number=number, fmt="focus").content.decode("utf-8")
+    content = export_invoice(scope=scope, number=number, fmt="focus").content.decode("utf-8-sig")
     reader = csv.reader(io.StringIO(content))
     header = next(reader)
     rows = [{c: (v if v != "" else None) for c, v in zip(header, values, strict=True)} for values in reader]
@@ -369,7 +370,7 @@ def test_invoice_csv_has_one_row_per_line_then_subtotal_tax_and_total_in_minor_a
     usage(post_batch, at=datetime(2026, 11, 15, 12, tzinfo=UTC), seq=1)
     close_period(month=NOV, now=AFTER_NOV)
     acme = Invoice.objects.get(tenant__slug="acme")
-    content = export_invoice(scope=EVERYONE, number=acme.number, fmt="csv").content.decode("utf-8")
+    content = export_invoice(scope=EVERYONE, number=acme.number, fmt="csv").content.decode("utf-8-sig")
     rows = list(csv.DictReader(io.StringIO(content)))
     # 20 % of 3.33 is 0.666, rounded once on the subtotal: 0.67.
     assert [(r["line"], r["kind"], r["amount_minor"], r["amount"], r["currency"]) for r in rows] == [
@@ -440,7 +441,8 @@ def test_invoice_pages_require_login(client, november):
 
 
 def test_export_invoice_command_writes_each_format(november, tmp_path):
-    for fmt, magic in (("pdf", b"%PDF"), ("csv", b"invoice_number,"), ("focus", b"AllocatedMethodDetails,")):
+    for fmt, magic in (("pdf", b"%PDF"), ("csv", BOM_UTF8 + b"invoice_number,"),
+                       ("focus", BOM_UTF8 + b"AllocatedMethodDetails,")):
         out = StringIO()
         target = tmp_path / f"acme.{fmt}"
         call_command("export_invoice", "--tenant", "acme", "--month", "2026-11", "--format", fmt,

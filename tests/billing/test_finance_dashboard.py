@@ -75,7 +75,7 @@ def csv_rows(resp) -> list[list[str]]:
     assert resp.status_code == 200
     assert resp["Content-Type"] == "text/csv; charset=utf-8"
     assert resp["Content-Disposition"].startswith("attachment;")
-    return list(csv.reader(io.StringIO(resp.content.decode())))
+    return list(csv.reader(io.StringIO(resp.content.decode("utf-8-sig"))))
 
 
 TWO_DAYS = {"start": "2026-03-01", "end": "2026-03-02"}

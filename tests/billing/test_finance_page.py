@@ -85,7 +85,7 @@ def test_csv_export_has_one_row_per_tenant_plus_idle_and_total(client, ledger):
     client.force_login(user_in(FINANCE_GROUP))
     resp = client.get("/finance/", {**period(ledger), "format": "csv"})
     assert resp["Content-Type"].startswith("text/csv")
-    rows = list(csv.reader(io.StringIO(resp.content.decode())))
+    rows = list(csv.reader(io.StringIO(resp.content.decode("utf-8-sig"))))
     assert rows[0][:3] == ["tenant", "name", "charge"]
     assert [r[0] for r in rows[1:]] == ["globex", "acme", "(idle, platform)", "(total)"]
 

@@ -93,7 +93,7 @@ def billed_by_account(rows: list[dict[str, Any]]) -> dict[tuple[str, str], Decim
 
 
 def read_csv(path: Path) -> tuple[list[str], list[dict[str, str]]]:
-    with path.open(newline="", encoding="utf-8") as f:
+    with path.open(newline="", encoding="utf-8-sig") as f:
         reader = csv.DictReader(f)
         return list(reader.fieldnames or []), list(reader)
 

@@ -73,7 +73,7 @@ def usage(post_batch, *, at: datetime, seq: int, seconds: int = 10) -> None:
 
 
 def csv_rows(content: bytes) -> list[list[str]]:
-    reader = csv.reader(io.StringIO(content.decode("utf-8")))
+    reader = csv.reader(io.StringIO(content.decode("utf-8-sig")))
     assert next(reader) == list(FOCUS_COLUMNS)
     return list(reader)
 

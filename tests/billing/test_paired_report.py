@@ -211,7 +211,7 @@ def test_a_report_shows_the_last_day_asked_for_its_currency_and_its_definitions(
     assert "docs/" not in html
     assert ".md" not in html
 
-    rows = list(csv.reader(io.StringIO(client.get(f"/reports/{report.pk}.csv").content.decode())))
+    rows = list(csv.reader(io.StringIO(client.get(f"/reports/{report.pk}.csv").content.decode("utf-8-sig"))))
     assert rows[0] == ["section", "row", "whole_card", "dynamic", "saving", "reduction_pct", "currency"]
     fleet_total = next(r for r in rows if r[0] == "fleet" and r[1] == "Fleet cost")
     assert fleet_total == ["fleet", "Fleet cost", "2700.00", "1800.00", "900.00", "33.33", "USD"]

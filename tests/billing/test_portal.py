@@ -290,7 +290,7 @@ def test_workload_csv_has_every_workload_rounded_as_stated_and_a_total_row(clien
     assert resp.status_code == 200
     assert resp["Content-Type"] == "text/csv; charset=utf-8"
     assert resp["Content-Disposition"].startswith('attachment; filename="acme-workloads-')
-    header, *rows, total = list(csv.reader(io.StringIO(resp.content.decode())))
+    header, *rows, total = list(csv.reader(io.StringIO(resp.content.decode("utf-8-sig"))))
     assert header[:7] == ["namespace", "pod", "pod_uid", "containers", "sla_tiers", "cost", "currency"]
     by_pod = {r[1]: dict(zip(header, r, strict=True)) for r in rows}
     assert set(by_pod) == {"train-7", "bert-1"}
@@ -385,7 +385,7 @@ def test_the_workload_table_shows_the_costliest_and_says_the_csv_has_them_all(
     assert "train-7" in text_of(html, "workload-table")
     assert "bert-1" not in text_of(html, "workload-table")
     assert text_of(html, "workload-table-cut") == "The 1 costliest of 2 workloads are shown; the CSV lists them all."
-    rows = list(csv.reader(io.StringIO(client.get("/tenants/acme/", {"format": "csv"}).content.decode())))
+    rows = list(csv.reader(io.StringIO(client.get("/tenants/acme/", {"format": "csv"}).content.decode("utf-8-sig"))))
     assert sorted(r[1] for r in rows[1:-1]) == ["bert-1", "train-7"]
     assert rows[-1][0] == "(total)"
     # The cut table's footer is still the cost of every workload, as the CSV's total row.

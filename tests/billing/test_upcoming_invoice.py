@@ -190,7 +190,7 @@ def test_the_upcoming_csv_has_the_preview_lines_and_total(client, this_month):
     assert resp["Content-Type"] == "text/csv; charset=utf-8"
     month = f"{this_month:%Y-%m}"
     assert resp["Content-Disposition"] == f'attachment; filename="acme-upcoming-{month}.csv"'
-    rows = list(csv.DictReader(io.StringIO(resp.content.decode())))
+    rows = list(csv.DictReader(io.StringIO(resp.content.decode("utf-8-sig"))))
     assert [(r["status"], r["tenant"], r["billing_period"], r["line"], r["kind"], r["sla_tier"], r["amount_minor"],
              r["amount"], r["currency"]) for r in rows] == [
         ("preview", "acme", month, "1", "usage", "gold", "100", "1.00", "USD"),

@@ -6,6 +6,7 @@ Over HTTP against a live server on loopback, signed in as finance and as a tenan
 
 from __future__ import annotations
 
+import codecs
 import csv
 import io
 from datetime import UTC, date, datetime, timedelta
@@ -46,7 +47,7 @@ def _formula_cells(content: bytes) -> list[tuple[int, str]]:
     """Cells a spreadsheet would evaluate: first character, or first after whitespace, a formula
     start, or a leading tab/CR; a cell that parses as a number is one our code wrote."""
     found = []
-    for i, row in enumerate(csv.reader(io.StringIO(content.decode("utf-8"), newline=""))):
+    for i, row in enumerate(csv.reader(io.StringIO(content.decode("utf-8-sig"), newline=""))):
         for cell in row:
             if not cell:
                 continue
@@ -69,7 +70,7 @@ def test_the_writer_neutralises_text_by_type_and_leaves_numbers():
     assert inert_cell(None) == ""
     out = io.StringIO()
     csv_writer(out).writerows([["=1", number("-1")]])
-    assert out.getvalue() == "'=1,-1\r\n"
+    assert out.getvalue() == "\ufeff'=1,-1\r\n"  # the BOM first (billing.csv_files)
 
 
 def _plant(post_batch: Any) -> tuple[Invoice, str]:
@@ -129,6 +130,11 @@ def test_every_csv_the_product_serves_is_inert(live_server, post_batch, time_mac
         assert response.status_code == 200, url
         assert response.headers["Content-Type"].startswith("text/csv"), url
         assert _formula_cells(response.content) == [], (url, response.content[:600])
+        # One byte order mark, first: Excel reads a CSV without it in the machine's code page.
+        assert response.content.startswith(codecs.BOM_UTF8), (url, response.content[:20])
+        assert response.content.count(codecs.BOM_UTF8) == 1, url
+        if "start=" in url:  # named by the period's first and last day, both included
+            assert response.headers["Content-Disposition"].endswith('-20261101-20261130.csv"'), url
         planted += sum(f"'{p}" in response.content.decode() for p in PAYLOADS)
     # The payloads did reach the files (quoted), so the test tests something.
     assert planted >= 10
