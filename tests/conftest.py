@@ -159,17 +159,18 @@ def make_batch(
         {"gpu": 0, "tenant": "acme", "pod": "bert-1", "mem_used": 312.5, "mem_granted": 512.0,
          "sm_used": 7.8, "sm_granted": 13.5, "pcie": 3.1},
     ]
-    samples = []
-    for s in range(seconds):
-        for w in workloads:
-            samples.append({
-                "start": iso(start + timedelta(seconds=s)), "seconds": 1, "gpu": gpu_list[w["gpu"]]["uuid"],
-                "tenant": w["tenant"], "namespace": w.get("namespace", f"{w['tenant']}-prod"), "pod": w["pod"],
-                "container": "server", "pod_uid": w.get("pod_uid", f"uid-{w['pod']}"),
-                "sla_tier": w.get("sla_tier", "gold"),
-                "mem_used_mb_s": w["mem_used"], "mem_granted_mb_s": w["mem_granted"],
-                "sm_used_s": w["sm_used"], "sm_granted_s": w["sm_granted"], "pcie_mb": w.get("pcie", 0.0),
-            })
+    samples = [
+        {
+            "start": iso(start + timedelta(seconds=s)), "seconds": 1, "gpu": gpu_list[w["gpu"]]["uuid"],
+            "tenant": w["tenant"], "namespace": w.get("namespace", f"{w['tenant']}-prod"), "pod": w["pod"],
+            "container": "server", "pod_uid": w.get("pod_uid", f"uid-{w['pod']}"),
+            "sla_tier": w.get("sla_tier", "gold"),
+            "mem_used_mb_s": w["mem_used"], "mem_granted_mb_s": w["mem_granted"],
+            "sm_used_s": w["sm_used"], "sm_granted_s": w["sm_granted"], "pcie_mb": w.get("pcie", 0.0),
+        }
+        for s in range(seconds)
+        for w in workloads
+    ]
     return {
         "schema": "vgpu-ledger/usage-batch/v1",
         "node": node,
@@ -264,7 +265,6 @@ def _forget_per_process_ingest_caches():
     partitions._known.clear()
     tokens._used.clear()
     _forget_auth_throttle()
-    yield
 
 
 def _forget_auth_throttle() -> None:
