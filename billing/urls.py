@@ -76,6 +76,7 @@ urlpatterns = [
     # Numbers have no dot (VGL-YYYYMM-slug), so "<number>.<fmt>" is a download, never a page.
     re_path(r"^invoices/(?P<number>[^/.]+)/$", invoices.invoice_detail, name="invoice-detail"),
     re_path(r"^invoices/(?P<number>[^/.]+)/credit-notes/$", invoices.credit_note_issue, name="credit-note-issue"),
+    re_path(r"^invoices/(?P<number>[^/.]+)/status/$", invoices.invoice_status_record, name="invoice-status-record"),
     re_path(r"^credit-notes/(?P<number>[^/]+)\.(?P<fmt>pdf|csv|focus)$", invoices.credit_note_download,
             name="credit-note-download"),
     path("tenants/<slug:slug>/billing/", invoices.tenant_billing_edit, name="tenant-billing"),

@@ -11,7 +11,7 @@ from billing.models.accounts import ApiToken, UserPreference
 from billing.models.audit import AuditEvent
 from billing.models.budgets import AdmittedPod, Budget, BudgetAction, BudgetState, BudgetStatus
 from billing.models.fleet import Gpu, Node, NodeToken
-from billing.models.invoicing import BillingPeriod, CreditNote, Invoice, InvoiceLine
+from billing.models.invoicing import BillingPeriod, CreditNote, Invoice, InvoiceLine, InvoiceStatusChange
 from billing.models.pricing import BilledBasis, GpuModel, IdlePolicy, RateCard
 from billing.models.rebalance import RebalancePlan, RebalanceStatus
 from billing.models.reports import PairedReport
@@ -34,6 +34,7 @@ __all__ = [
     "IdlePolicy",
     "Invoice",
     "InvoiceLine",
+    "InvoiceStatusChange",
     "Node",
     "NodeToken",
     "PairedReport",

@@ -155,3 +155,34 @@ class CreditNote(models.Model):
 
     def __str__(self) -> str:
         return f"{self.number} → {self.invoice_id}"
+
+
+class InvoiceStatusChange(models.Model):
+    """A payment status finance records against an issued invoice: sent (to the customer), paid, or
+    payment reversed (a payment recorded in error or returned), each on the day it happened.
+
+    Append-only: the database refuses an update or a delete (migration trigger). The invoice row
+    itself is immutable once finalized, so its payment status cannot be a field on it; a mistake is
+    corrected by recording what happened next (a reversal, a later send), and the list of changes
+    is the invoice's payment history. Overdue is never recorded: it is computed from the due date
+    and today each time it is shown (billing.services.invoicing.payments)."""
+
+    class Status(models.TextChoices):
+        SENT = "sent", _("sent")
+        PAID = "paid", _("paid")
+        PAYMENT_REVERSED = "payment_reversed", _("payment reversed")
+
+    invoice = models.ForeignKey(Invoice, on_delete=models.PROTECT, related_name="status_changes")
+    status = models.CharField(max_length=20, choices=Status.choices)
+    # The day it happened, as finance states it (not before the issue date, never after today).
+    on_date = models.DateField()
+    note = models.CharField(max_length=200, blank=True)
+    recorded_at = models.DateTimeField()
+    # Who recorded it, by name: a user deleted later leaves the record as it was.
+    recorded_by = models.CharField(max_length=150)
+
+    class Meta:
+        ordering = ["recorded_at", "id"]
+
+    def __str__(self) -> str:
+        return f"{self.invoice_id} {self.status} {self.on_date}"

@@ -124,6 +124,10 @@ class TenantPortal:
     upcoming: InvoicePreview | None
     upcoming_error: str = ""
 
+    @property
+    def overdue_invoices(self) -> tuple[InvoiceSummary, ...]:
+        """The invoices overdue as of the page's `now` (computed, never stored)."""
+        return tuple(i for i in self.invoices if i.payment.is_overdue)
 
 
 @dataclass(frozen=True)
@@ -211,7 +215,7 @@ def get_tenant_portal(*, scope: Scope, slug: str, start: datetime, end: datetime
         forecast=spend.forecast, forecast_rate_hours=spend.rate_hours, budget=budget, start=start, end=end,
         workloads=workloads[:workload_limit], workload_count=page.count, period_cost=page.cost,
         daily=_daily(slug, workloads, page.count, start=start, end=end, now=now),
-        invoices=tuple(i for i in list_invoices(scope=own) if i.tenant_slug == slug),
+        invoices=tuple(i for i in list_invoices(scope=own, today=now.date()) if i.tenant_slug == slug),
         upcoming=upcoming, upcoming_error=upcoming_error,
     )
 

@@ -3,7 +3,9 @@ billing.services (exports for reads and downloads, credit_notes and tenant_billi
 list also shows the upcoming invoices of the month in progress from billing.queries.portal).
 
 An invoice or credit note outside the user's scope answers 404, exactly like one that does not
-exist. Finance and admins issue credit notes (POST, CSRF, audited); admins edit invoice terms.
+exist. Finance and admins issue credit notes and record payment status (sent, paid, payment
+reversed; POST, CSRF, audited); admins edit invoice terms. Overdue is computed on every read from
+the due date and today (billing.services.invoicing.payments), never stored.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from django.utils.translation import gettext_lazy
 from django.views.decorators.http import require_POST
 
 from billing.errors import InvalidInput
+from billing.models import InvoiceStatusChange
 from billing.money import from_minor_units
 from billing.pdf_fonts import undrawable
 from billing.queries.portal import UpcomingInvoices, list_upcoming_invoices
@@ -37,20 +40,23 @@ from billing.services.exports import (
     list_invoices,
 )
 from billing.services.invoicing import (
+    NOTE_MAX_CHARS,
     REASON_MAX_CHARS,
     get_credit_room,
     get_tenant_billing,
     issue_credit_note,
+    record_invoice_status,
     unprintable_message,
     update_tenant_billing,
 )
 from billing.web.access import require_admin, require_platform
+from billing.web.forms import IsoDateField
 
 
 @login_required
 def invoice_list(request: HttpRequest) -> HttpResponse:
     scope = get_scope(request.user)
-    invoices = list_invoices(scope=scope)
+    invoices = list_invoices(scope=scope, today=timezone.now().date())
     upcoming = list_upcoming_invoices(scope=scope, now=timezone.now())
     return render(request, "billing/invoices.html",
                   {"invoices": invoices, "formats": EXPORT_FORMATS, "upcoming": upcoming,
@@ -101,17 +107,28 @@ class CreditNoteForm(forms.Form):
                              widget=forms.Textarea(attrs={"rows": 2, "cols": 48}))
 
 
+class InvoiceStatusForm(forms.Form):
+    """Shapes only; which change fits the invoice now, and the date's bounds, are the service's."""
+
+    status = forms.ChoiceField(label=gettext_lazy("Status"), choices=InvoiceStatusChange.Status.choices)
+    on_date = IsoDateField(label=gettext_lazy("On"))
+    note = forms.CharField(label=gettext_lazy("Note (optional)"), max_length=NOTE_MAX_CHARS, required=False,
+                           widget=forms.TextInput(attrs={"size": 32}))
+
+
 def _render_invoice(request: HttpRequest, scope: Scope, number: str, *, form: CreditNoteForm | None = None,
-                    status: int = 200) -> HttpResponse:
+                    status_form: InvoiceStatusForm | None = None, status: int = 200) -> HttpResponse:
+    today = timezone.now().date()
     try:
-        doc = get_invoice_document(scope=scope, number=number)
+        doc = get_invoice_document(scope=scope, number=number, today=today)
     except InvoiceNotFound as exc:
         raise Http404("no such invoice") from exc
     context: dict[str, Any] = {"doc": doc, "formats": EXPORT_FORMATS, "can_credit": False,
                                "can_edit_terms": scope.is_admin, "gpu_hours_places": GPU_HOURS_PLACES}
     if scope.sees_platform and doc.status == "finalized":
         room = get_credit_room(invoice_number=number)
-        context.update({"can_credit": room.net_minor > 0, "room": room, "form": form or CreditNoteForm()})
+        context.update({"can_credit": room.net_minor > 0, "room": room, "form": form or CreditNoteForm(),
+                        "status_form": status_form or InvoiceStatusForm(initial={"on_date": today})})
     return render(request, "billing/invoice_detail.html", context, status=status)
 
 
@@ -138,6 +155,28 @@ def credit_note_issue(request: HttpRequest, number: str) -> HttpResponse:
                              % {"number": issued.number, "invoice": issued.invoice_number})
             return redirect("invoice-detail", number=number)
     return _render_invoice(request, scope, number, form=form, status=400)
+
+
+@login_required
+@require_POST
+def invoice_status_record(request: HttpRequest, number: str) -> HttpResponse:
+    """Finance (and admins) record that an issued invoice was sent, paid, or its payment reversed."""
+    scope = require_platform(request, _("Only finance and admins record an invoice's payment status."))
+    form = InvoiceStatusForm(request.POST)
+    if form.is_valid():
+        try:
+            change = record_invoice_status(invoice_number=number, status=form.cleaned_data["status"],
+                                           on_date=form.cleaned_data["on_date"], note=form.cleaned_data["note"],
+                                           now=timezone.now(), actor_label=request.user.get_username(),
+                                           actor_id=request.user.pk)
+        except InvalidInput as exc:
+            form.add_error(None, str(exc))
+        else:
+            messages.success(request, _("Invoice %(number)s recorded as %(status)s on %(date)s.")
+                             % {"number": number, "status": change.get_status_display(),
+                                "date": change.on_date.isoformat()})
+            return redirect("invoice-detail", number=number)
+    return _render_invoice(request, scope, number, status_form=form, status=400)
 
 
 class TenantBillingForm(forms.Form):

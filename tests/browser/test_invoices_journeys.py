@@ -85,3 +85,41 @@ def test_finance_downloads_an_invoice_and_issues_and_downloads_a_credit_note(sig
         # The language is the user's preference, kept across sessions: leave finance in English.
         if language != "en":
             _set_language(page, "en")
+
+
+def test_finance_records_an_invoice_sent_in_english_and_paid_in_chinese(sign_in, demo):
+    """One journey, both languages: the payment status form on globex's invoice (the credit note
+    journeys use acme's), the message, the history, and the status in the invoice list."""
+    s = sign_in("finance")
+    page = s.page
+    try:
+        s.goto("/invoices/")
+        link = page.get_by_test_id("invoices").locator("a[href$='-globex/']").first
+        number = link.inner_text()
+        expect(page.get_by_test_id(f"payment-status-{number}")).to_have_attribute("data-state", "issued")
+        link.click()
+        page.wait_for_load_state()
+        form = page.get_by_test_id("invoice-status-form")
+        form.locator("select[name=status]").select_option("sent")
+        form.locator("button[type=submit]").click()
+        page.wait_for_load_state()
+        expect(page.get_by_test_id("message")).to_contain_text(f"Invoice {number} recorded as sent")
+        expect(page.get_by_test_id(f"payment-status-{number}")).to_have_attribute("data-state", "sent")
+
+        _set_language(page, "zh-hans")
+        form = page.get_by_test_id("invoice-status-form")
+        form.locator("select[name=status]").select_option("paid")
+        form.locator("input[name=note]").fill("银行转账 4471")
+        form.locator("button[type=submit]").click()
+        page.wait_for_load_state()
+        expect(page.get_by_test_id("message")).to_contain_text("已付款")
+        history = page.get_by_test_id("payment-history-row")
+        expect(history).to_have_count(2)
+        expect(history.nth(1)).to_contain_text("银行转账 4471")
+        s.shot("invoice-paid-zh-hans")
+        s.goto("/invoices/")
+        status = page.get_by_test_id(f"payment-status-{number}")
+        expect(status).to_have_attribute("data-state", "paid")
+        expect(status).to_contain_text("已付款")
+    finally:
+        _set_language(page, "en")

@@ -12,14 +12,14 @@ from dataclasses import dataclass
 from datetime import date, datetime
 from decimal import ROUND_HALF_EVEN, Decimal
 
-from django.db.models import QuerySet
+from django.db.models import Prefetch, QuerySet, Sum
 
 from billing.calendar import month_bounds, parse_month
 from billing.errors import DomainError, InvalidInput
-from billing.models import CreditNote, Invoice, InvoiceLine, Tenant
+from billing.models import CreditNote, Invoice, InvoiceLine, InvoiceStatusChange, Tenant
 from billing.money import format_minor_units
 from billing.scope import Scope
-from billing.services.invoicing import current_issuer
+from billing.services.invoicing import PaymentStatus, current_issuer, invoice_issue_date, payment_status
 
 __all__ = [
     "GPU_HOURS_PLACES",
@@ -30,6 +30,7 @@ __all__ = [
     "InvoiceLineView",
     "InvoiceNotFound",
     "InvoiceSummary",
+    "StatusChangeView",
     "find_invoice_number",
     "get_credit_note_document",
     "get_invoice_document",
@@ -79,6 +80,18 @@ class CreditNoteSummary:
 
 
 @dataclass(frozen=True)
+class StatusChangeView:
+    """One recorded payment status change, as the invoice page lists them."""
+
+    status: str
+    status_label: str
+    on_date: date
+    note: str
+    recorded_at: datetime
+    recorded_by: str
+
+
+@dataclass(frozen=True)
 class InvoiceLineView:
     kind: str
     kind_label: str
@@ -113,6 +126,9 @@ class InvoiceDocument:
     tax_rate_pct: Decimal = Decimal(0)
     tax_minor: int = 0
     credit_notes: tuple[CreditNoteSummary, ...] = ()
+    # On the day asked (get_invoice_document's `today`); None when not asked (the downloads).
+    payment: PaymentStatus | None = None
+    status_changes: tuple[StatusChangeView, ...] = ()
 
     @property
     def period_bounds(self) -> tuple[datetime, datetime]:
@@ -180,11 +196,11 @@ class InvoiceSummary:
     status: str
     status_label: str
     total_minor: int
+    payment: PaymentStatus
 
     @property
     def total_display(self) -> str:
         return format_minor_units(self.total_minor, self.currency)
-
 
 
 def _scoped_invoices(scope: Scope) -> QuerySet[Invoice]:
@@ -194,25 +210,41 @@ def _scoped_invoices(scope: Scope) -> QuerySet[Invoice]:
     return invoices
 
 
-def list_invoices(*, scope: Scope) -> list[InvoiceSummary]:
+def _payment(invoice: Invoice, *, credited_minor: int, changes: list[InvoiceStatusChange], today: date) -> PaymentStatus:
+    return payment_status(finalized=invoice.status == Invoice.Status.FINALIZED, issue_date=invoice_issue_date(invoice),
+                          due_date=invoice.due_date, due_minor=invoice.total_minor - credited_minor,
+                          changes=[(c.status, c.on_date) for c in changes], today=today)
+
+
+def list_invoices(*, scope: Scope, today: date) -> list[InvoiceSummary]:
+    """The invoices the caller may read, newest month first, each with its payment status on
+    `today` (overdue is computed here, never stored)."""
+    invoices = (
+        _scoped_invoices(scope).order_by("-period__month", "tenant__slug")
+        .annotate(credited_minor=Sum("credit_notes__total_minor"))
+        .prefetch_related(Prefetch("status_changes", queryset=InvoiceStatusChange.objects.order_by("recorded_at", "id")))
+    )
     return [
         InvoiceSummary(
             number=i.number, tenant_slug=i.tenant.slug, tenant_name=i.tenant.name, month=i.period.month,
             currency=i.currency, status=i.status, status_label=str(i.get_status_display()),
             total_minor=i.total_minor,
+            payment=_payment(i, credited_minor=i.credited_minor or 0, changes=list(i.status_changes.all()), today=today),
         )
-        for i in _scoped_invoices(scope).order_by("-period__month", "tenant__slug")
+        for i in invoices
     ]
 
 
-def get_invoice_document(*, scope: Scope, number: str) -> InvoiceDocument:
+def get_invoice_document(*, scope: Scope, number: str, today: date | None = None) -> InvoiceDocument:
+    """One invoice's document; with `today`, also its payment status on that day and the status
+    changes recorded (the page shows them; the downloads, documents of issue, do not)."""
     invoice = _scoped_invoices(scope).filter(number=number).first()
     if invoice is None:
         raise InvoiceNotFound(f"no invoice {number!r}")
-    return _document(invoice)
+    return _document(invoice, today=today)
 
 
-def _document(invoice: Invoice) -> InvoiceDocument:
+def _document(invoice: Invoice, *, today: date | None = None) -> InvoiceDocument:
     kind_labels = dict(InvoiceLine.Kind.choices)
     lines = tuple(
         InvoiceLineView(
@@ -225,12 +257,22 @@ def _document(invoice: Invoice) -> InvoiceDocument:
     # Invoices finalized before the terms were copied onto them: the issuer as configured now, the
     # finalization date as the issue date.
     legacy = current_issuer() if not invoice.issuer_name else None
-    issue_date = invoice.issue_date or (invoice.finalized_at.date() if invoice.finalized_at else None)
+    issue_date = invoice_issue_date(invoice)
     credit_notes = tuple(
         CreditNoteSummary(number=n.number, issue_date=n.issue_date, currency=n.currency, amount_minor=n.amount_minor,
                           tax_minor=n.tax_minor, total_minor=n.total_minor, reason=n.reason)
         for n in invoice.credit_notes.order_by("issued_at", "number")
     )
+    payment: PaymentStatus | None = None
+    history: tuple[StatusChangeView, ...] = ()
+    if today is not None:
+        changes = list(invoice.status_changes.order_by("recorded_at", "id"))
+        payment = _payment(invoice, credited_minor=sum(n.total_minor for n in credit_notes), changes=changes,
+                           today=today)
+        labels = dict(InvoiceStatusChange.Status.choices)
+        history = tuple(StatusChangeView(status=c.status, status_label=str(labels[c.status]), on_date=c.on_date,
+                                         note=c.note, recorded_at=c.recorded_at, recorded_by=c.recorded_by)
+                        for c in changes)
     return InvoiceDocument(
         number=invoice.number, tenant_slug=invoice.tenant.slug,
         tenant_name=invoice.bill_to_name or invoice.tenant.name, month=invoice.period.month,
@@ -241,7 +283,7 @@ def _document(invoice: Invoice) -> InvoiceDocument:
         issuer_tax_id=legacy.tax_id if legacy else invoice.issuer_tax_id,
         issue_date=issue_date, due_date=invoice.due_date, payment_terms_days=invoice.payment_terms_days,
         po_number=invoice.po_number, cost_centre=invoice.cost_centre, tax_rate_pct=invoice.tax_rate_pct,
-        tax_minor=invoice.tax_minor, credit_notes=credit_notes,
+        tax_minor=invoice.tax_minor, credit_notes=credit_notes, payment=payment, status_changes=history,
     )
 
 

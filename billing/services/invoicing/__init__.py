@@ -1,6 +1,7 @@
 """Invoicing: turning a closed month into invoices. The close (preview, request, resume, finalize,
-late-usage adjustments), credit notes against finalized invoices, and the tenant's billing details
-(legal name, tax rate, terms) the close copies onto each invoice.
+late-usage adjustments), credit notes against finalized invoices, their payment status (sent, paid,
+overdue), and the tenant's billing details (legal name, tax rate, terms) the close copies onto each
+invoice.
 
 The facade: code outside this package imports from here, never from its modules."""
 
@@ -23,20 +24,34 @@ from billing.services.invoicing.credit_notes import (
     issue_credit_note,
     unprintable_message,
 )
+from billing.services.invoicing.payments import (
+    NOTE_MAX_CHARS,
+    PAYMENT_STATES,
+    PaymentStatus,
+    invoice_issue_date,
+    payment_status,
+    record_invoice_status,
+)
 from billing.services.invoicing.tenant_billing import get_tenant_billing, update_tenant_billing
 
 __all__ = [
+    "NOTE_MAX_CHARS",
+    "PAYMENT_STATES",
     "REASON_MAX_CHARS",
     "InvoicePreview",
+    "PaymentStatus",
     "close_is_stalled",
     "close_period",
     "current_issuer",
     "get_credit_room",
     "get_tenant_billing",
+    "invoice_issue_date",
     "issue_credit_note",
     "list_unpriced",
+    "payment_status",
     "preview_invoice",
     "preview_invoices",
+    "record_invoice_status",
     "request_period_close",
     "resume_period_close",
     "unprintable_message",
