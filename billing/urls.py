@@ -6,6 +6,7 @@ from billing.api.admission import PodAdmissionView
 from billing.api.agent import NodeEventsView, NodePolicyView, NodeUndeliveredView, UsageBatchView
 from billing.api.allocation import AllocationSummaryView, AllocationView, AssetsView, AutocompleteView
 from billing.web import (
+    access,
     admin_fleet,
     admin_pages,
     api_tokens,
@@ -86,7 +87,7 @@ urlpatterns = [
     re_path(r"^periods/(?P<month>[0-9]{4}-[0-9]{2})/close$", periods.period_close, name="period-close"),
     re_path(r"^periods/(?P<month>[0-9]{4}-[0-9]{2})/resume$", periods.period_resume, name="period-resume"),
     re_path(r"^periods/(?P<month>[0-9]{4}-[0-9]{2})/status$", periods.period_status, name="period-status"),
-    path("accounts/login/", auth_views.LoginView.as_view(), name="login"),
+    path("accounts/login/", access.LoginView.as_view(), name="login"),
     path("accounts/logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("accounts/password/", auth_views.PasswordChangeView.as_view(success_url="/finance/"), name="password_change"),
     path("i18n/setlang/", language.set_language, name="set_language"),

@@ -124,6 +124,13 @@ if not REDIS_URL:
 
 CACHES = {"default": {"BACKEND": "django.core.cache.backends.redis.RedisCache", "LOCATION": REDIS_URL}}
 
+# Argon2id first (billing/services/identity/passwords.py says why and with which parameters); the
+# PBKDF2 hashers stay so passwords stored before verify, and are rewritten at their next login.
+PASSWORD_HASHERS = [
+    "billing.services.identity.passwords.Argon2idHasher",
+    "django.contrib.auth.hashers.PBKDF2PasswordHasher",
+    "django.contrib.auth.hashers.PBKDF2SHA1PasswordHasher",
+]
 AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},
     {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
@@ -156,8 +163,8 @@ VGPU_LOGIN_CLIENT_IP_META = os.environ.get("VGPU_LOGIN_CLIENT_IP_META", "").stri
 VGPU_AUTH_FAILURE_LIMIT = int(os.environ.get("VGPU_AUTH_FAILURE_LIMIT", "20"))
 VGPU_AUTH_COOLOFF_S = int(os.environ.get("VGPU_AUTH_COOLOFF_S", "300"))
 LOGIN_URL = "login"
-# The root URL sends each role to its own start page (billing.web.access.landing_page); an explicit
-# `?next=` still wins, as LoginView honours it before this setting.
+# The login page answers with each role's own start page (billing.web.access.LoginView, which
+# overrides this setting); an explicit `?next=` still wins. "/" leads to the same page.
 LOGIN_REDIRECT_URL = "home"
 LOGOUT_REDIRECT_URL = "login"
 

@@ -32,7 +32,7 @@ from billing.queries.portal import (
 from billing.scope import get_scope
 from billing.services.exports import EXPORT_FORMATS, line_number_cells, plain_decimal
 from billing.services.invoicing import InvoicePreview
-from billing.web.access import landing_page
+from billing.web.access import landing_url
 from billing.web.charts import Series, line_chart, stacked_bar_chart
 from billing.web.forms import PeriodForm
 
@@ -52,7 +52,7 @@ def home(request: HttpRequest) -> HttpResponse:
     """The root URL lands each user on the page for their role."""
     if not request.user.is_authenticated:
         return redirect_to_login(request.get_full_path())
-    return redirect(landing_page(get_scope(request.user)))
+    return redirect(landing_url(get_scope(request.user)))
 
 
 @login_required

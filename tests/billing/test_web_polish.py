@@ -58,6 +58,20 @@ def test_each_role_lands_on_its_own_page_after_logging_in(client, group, tenants
 
 
 @pytest.mark.django_db
+@pytest.mark.parametrize(("group", "tenants", "landing"), [
+    (FINANCE_GROUP, (), "/finance/"),
+    (ADMIN_GROUP, (), "/nodes/"),
+    (None, ("acme",), "/tenants/acme/"),
+])
+def test_the_login_answers_with_the_roles_page_itself(client, group, tenants, landing):
+    """One redirect after the password check, not a chain through "/" (each hop a round trip)."""
+    user = user_in(group, tenants=tenants)
+    response = client.post("/accounts/login/", {"username": user.get_username(), "password": PASSWORD})
+    assert response.status_code == 302
+    assert response["Location"] == landing
+
+
+@pytest.mark.django_db
 def test_someone_in_finance_and_admin_lands_on_the_finance_page(client):
     user = user_in(FINANCE_GROUP)
     user.groups.add(*user_in(ADMIN_GROUP).groups.all())
