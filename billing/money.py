@@ -45,9 +45,12 @@ __all__ = [
     "round_quantities",
     "shares_percent",
     "to_minor_units",
+    "unit_price",
 ]
 
 LEDGER_PLACES = 12
+# A price per unit (per GPU-hour) keeps 6 places, as rate cards store it.
+PRICE_PLACES = 6
 LEDGER_QUANTUM = Decimal(1).scaleb(-LEDGER_PLACES)
 # ISO 4217 minor units (billing.currencies, the one list); an unknown code gets 2.
 MINOR_UNIT_EXPONENT = MINOR_UNITS
@@ -62,6 +65,13 @@ def ledger_amount(value: Decimal) -> Decimal:
     """Quantize a computed amount to ledger precision (half-even)."""
     with localcontext(_CONTEXT):
         return value.quantize(LEDGER_QUANTUM, rounding=ROUND_HALF_EVEN)
+
+
+def unit_price(value: Decimal) -> Decimal:
+    """A derived price per unit (an amortised rate per GPU-hour) rounded once, half-even, to
+    PRICE_PLACES: the precision every stored price has."""
+    with localcontext(_CONTEXT):
+        return value.quantize(Decimal(1).scaleb(-PRICE_PLACES), rounding=ROUND_HALF_EVEN)
 
 
 def minor_unit_exponent(currency: str) -> int:

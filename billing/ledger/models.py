@@ -74,6 +74,11 @@ class _GpuWindow(models.Model):
     currency = models.CharField(max_length=3, blank=True)
     # False when no rate card covered this window: amounts are 0 and the page says so.
     priced = models.BooleanField()
+    # The metered seconds and card cost priced by a commitment (docs/billing.md, Commitments and
+    # on-prem cards); a minute is covered whole or not at all. Defaults in the database too, since
+    # the hour and day rows are also written by SQL that predates them.
+    committed_seconds = models.DecimalField(max_digits=30, decimal_places=10, default=Decimal(0), db_default=Decimal(0))
+    committed_cost = models.DecimalField(max_digits=30, decimal_places=12, default=Decimal(0), db_default=Decimal(0))
 
     class Meta:
         abstract = True

@@ -12,30 +12,42 @@ M_i and S_i are the workload's billed MB·s and SM·s: max(used, granted) by def
 Under the `proportional` idle policy the idle amount is spread over the window's
 workloads pro rata to their charge; with no workload it stays with the platform.
 
-This module is the one home of how usage is priced: the formula above (pure: no ORM, no clock) and
+A card covered by a commitment (reserved rate or on-prem cards, docs/billing.md, Commitments and
+on-prem cards) is priced the same way at the commitment's rate instead of the market card's. In
+each minute the commitments of a GPU model in force form one pool of Σ cards at their card-weighted
+mean rate, and the model's cards metered in that minute are covered in a fixed order (node id, then
+GPU UUID: `committed_keys`) up to the pool's size; the rest are priced by the market card.
+
+This module is the one home of how usage is priced: the formula above (pure: no ORM, no clock),
 which rate card prices a GPU-minute (`load_rate_cards`, `RateCards.card_for`: the card of the GPU's
-model in force at that minute). billing.services.pricing manages the cards themselves (who may
-create, end or retire one, and re-pricing the ledger when one changes).
+model in force at that minute) and which commitments (`RateCards.pool_for`, `committed_keys`).
+billing.services.pricing manages the cards and commitments themselves (who may create, end or
+retire one, and re-pricing the ledger when one changes).
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from datetime import datetime
 from decimal import Context, Decimal, localcontext
 
-from billing.models import RateCard
+from django.db.models import F
+
+from billing.models import Commitment, RateCard
 from billing.money import allocate, ledger_amount
 
 __all__ = [
+    "CommitmentPool",
     "GpuWindowUsage",
     "PricedCard",
+    "PricedCommitment",
     "PricedWindow",
     "Rate",
     "RateCards",
     "WorkloadQuantities",
+    "committed_keys",
     "load_rate_cards",
     "price_gpu_window",
 ]
@@ -162,10 +174,34 @@ class PricedCard:
 
 
 @dataclass(frozen=True)
+class PricedCommitment:
+    """A commitment as the rollup applies it: `cards` cards of its model at its rate over [start, end)."""
+
+    id: int
+    start: datetime
+    end: datetime
+    cards: int
+    price_per_gpu_hour: Decimal
+    currency: str
+
+
+@dataclass(frozen=True)
+class CommitmentPool:
+    """The commitments of one GPU model in force at one minute, taken as one pool: `cards` cards
+    (Σ of theirs) at the card-weighted mean of their rates, exact (not rounded: it only ever
+    multiplies metered seconds, and the product is quantized once to ledger precision)."""
+
+    cards: int
+    price_per_gpu_hour: Decimal
+    currency: str
+
+
+@dataclass(frozen=True)
 class RateCards:
-    """Every rate card, by GPU model, in effective order, read once per rollup."""
+    """Every rate card and commitment, by GPU model, in effective order, read once per rollup."""
 
     by_model: dict[str, list[PricedCard]]
+    commitments: dict[str, list[PricedCommitment]] = field(default_factory=dict)
 
     def card_for(self, model: str, minute: datetime) -> PricedCard | None:
         """The card of `model` in force at `minute`; None leaves the minute unpriced (billed at 0,
@@ -175,14 +211,38 @@ class RateCards:
                 return card
         return None
 
+    def pool_for(self, model: str, minute: datetime) -> CommitmentPool | None:
+        """The commitment pool of `model` at `minute`; None when no commitment of it is in force."""
+        active = [c for c in self.commitments.get(model, ()) if c.start <= minute < c.end]
+        if not active:
+            return None
+        cards = sum(c.cards for c in active)
+        with localcontext(_CONTEXT):
+            rate = sum((c.price_per_gpu_hour * c.cards for c in active), Decimal(0)) / cards
+        return CommitmentPool(cards=cards, price_per_gpu_hour=rate, currency=active[0].currency)
+
+
+def committed_keys(present: Mapping[tuple[int, str], Decimal], cards: int) -> set[tuple[int, str]]:
+    """Which of one model's cards metered in one minute, (node id, GPU UUID) with their metered
+    seconds, a pool of `cards` covers: the first `cards` of them with metered seconds, in that order. The order is fixed, so
+    the same cards are covered whichever node's batch arrived first, and a rebuild covers the same
+    ones again."""
+    metered = sorted(k for k, seconds in present.items() if seconds > 0)
+    return set(metered[:cards])
+
 
 def load_rate_cards() -> RateCards:
-    """The rate-card table as `RateCards`. The rollup reads it under the ledger lock, so no
-    rate-card change commits between this read and the rows it prices."""
+    """The rate-card and commitment tables as `RateCards`. The rollup reads them under the ledger
+    lock, so no rate-card or commitment change commits between this read and the rows it prices."""
     cards: dict[str, list[PricedCard]] = defaultdict(list)
     for rc in RateCard.objects.order_by("effective_from"):
         cards[rc.gpu_model].append(
             PricedCard(id=rc.pk, start=rc.effective_from, end=rc.effective_to, currency=rc.currency,
                        rate=Rate(price_per_gpu_hour=rc.price_per_gpu_hour, alpha=rc.alpha,
                                  billed_basis=rc.billed_basis, idle_policy=rc.idle_policy)))
-    return RateCards(by_model=dict(cards))
+    commitments: dict[str, list[PricedCommitment]] = defaultdict(list)
+    for c in Commitment.objects.filter(effective_to__gt=F("effective_from")).order_by("effective_from", "id"):
+        commitments[c.gpu_model].append(
+            PricedCommitment(id=c.pk, start=c.effective_from, end=c.effective_to, cards=c.cards,
+                             price_per_gpu_hour=c.price_per_gpu_hour, currency=c.currency))
+    return RateCards(by_model=dict(cards), commitments=dict(commitments))

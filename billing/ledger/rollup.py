@@ -50,6 +50,7 @@ from billing.ledger.pricing import (
     Rate,
     RateCards,
     WorkloadQuantities,
+    committed_keys,
     load_rate_cards,
     price_gpu_window,
 )
@@ -82,8 +83,11 @@ _USAGE_COLUMNS = (
 )
 _GPU_COLUMNS = (
     "gpu_uuid", "node_id", "gpu_model", "metered_seconds", "card_cost", "charged", "idle_cost",
-    "idle_allocated", "currency", "priced",
+    "idle_allocated", "currency", "priced", "committed_seconds", "committed_cost",
 )
+# Rollups that price a committed GPU model take this lock (class, 0) before they read which of its
+# cards other nodes metered: the cover of one card depends on the others' (docs/billing.md).
+_COMMITMENT_LOCK_CLASS = 0x636F6D6D  # "comm"
 _QUARANTINE_ERROR_MAX_CHARS = 2000
 
 Key = tuple[int, str, datetime]  # (node_id, gpu_uuid, minute | hour | day): the ledger's key
@@ -392,8 +396,16 @@ def _recompute(cur: CursorWrapper, affected: set[Key], *, rolling: Sequence[int]
     nodes = sorted({k[0] for k in affected})
     gpus = sorted({k[1] for k in affected})
     windows, included = _windows(cur, nodes, gpus, lo, hi, affected, rolling=rolling)
+    covered, flipped = _commitment_cover(cur, windows, cards)
+    if flipped:  # other nodes' cards whose cover this recompute changes are recomputed with it
+        more, more_included = _windows(cur, sorted({k[0] for k in flipped}), sorted({k[1] for k in flipped}), lo, hi,
+                                       flipped, rolling=rolling)
+        windows.update(more)
+        included = sorted(set(included) | set(more_included))
+        affected = affected | flipped
+        nodes, gpus = sorted({k[0] for k in affected}), sorted({k[1] for k in affected})
     workloads = _workloads(cur, nodes, gpus, lo, hi, affected, included) if included else {}
-    usage_buf, gpu_buf = _priced_rows(windows, workloads, cards)
+    usage_buf, gpu_buf = _priced_rows(windows, workloads, cards, covered)
     ensure_minute_partitions(days_between(lo, hi))  # the minute ledger is day-partitioned (retention)
     for table in ("billing_usageminute", "billing_gpuminute"):
         cur.execute(
@@ -442,6 +454,35 @@ def _windows(cur: CursorWrapper, nodes: list[int], gpus: list[str], lo: datetime
     return windows, sorted(included)
 
 
+def _commitment_cover(cur: CursorWrapper, windows: dict[Key, _Window], cards: RateCards) -> tuple[set[Key], set[Key]]:
+    """Which GPU-minutes a commitment covers, of those in `windows` and of the same model and minute
+    on other nodes (read from the minute ledger, as their rollups left them), and which of the
+    latter this changes (covered then, not now, or the reverse). Takes the commitment lock first,
+    so two rollups never decide the cover of one minute from each other's uncommitted rows."""
+    pools = {(w.model, key[2]): pool for key, w in windows.items()
+             if (pool := cards.pool_for(w.model, key[2])) is not None}
+    if not pools:
+        return set(), set()
+    cur.execute("SELECT pg_advisory_xact_lock(%s, 0)", [_COMMITMENT_LOCK_CLASS])
+    cur.execute("SELECT node_id, gpu_uuid, minute, gpu_model, metered_seconds, committed_seconds > 0 "
+                "FROM billing_gpuminute WHERE minute = ANY(%s) AND gpu_model = ANY(%s)",
+                [sorted({m for _, m in pools}), sorted({model for model, _ in pools})])
+    present: dict[tuple[str, datetime], dict[tuple[int, str], Decimal]] = defaultdict(dict)
+    was_covered: dict[Key, bool] = {}
+    for node_id, gpu_uuid, minute, model, seconds, covered in cur.fetchall():
+        if (node_id, gpu_uuid, minute) not in windows and (model, minute) in pools:
+            present[(model, minute)][(node_id, gpu_uuid)] = seconds
+            was_covered[(node_id, gpu_uuid, minute)] = covered
+    for (node_id, gpu_uuid, minute), w in windows.items():
+        if (w.model, minute) in pools:
+            present[(w.model, minute)][(node_id, gpu_uuid)] = w.seconds
+    covered_now: set[Key] = set()
+    for (model, minute), cards_present in present.items():
+        covered_now.update((n, g, minute) for n, g in committed_keys(cards_present, pools[(model, minute)].cards))
+    flipped = {key for key, was in was_covered.items() if was != (key in covered_now)}
+    return covered_now, flipped
+
+
 # The integrals each workload-minute sums, in the ledger's column order.
 _RAW_SUMS = ("r.seconds", "r.mem_used_mb_s", "r.mem_granted_mb_s", "greatest(r.mem_used_mb_s, r.mem_granted_mb_s)",
              "r.sm_used_s", "r.sm_granted_s", "greatest(r.sm_used_s, r.sm_granted_s)", "r.pcie_mb")
@@ -486,21 +527,38 @@ def _workloads(cur: CursorWrapper, nodes: list[int], gpus: list[str], lo: dateti
     return workloads
 
 
+def _rate_of(cards: RateCards, model: str, minute: datetime, *, covered: bool) -> tuple[Rate, str, bool]:
+    """The rate, currency and priced flag of one GPU-minute: the commitment pool's rate when the
+    card is covered (α, billed basis and idle policy still the market card's), else the market card's."""
+    card = cards.card_for(model, minute)
+    pool = cards.pool_for(model, minute) if covered else None
+    if pool is not None:
+        base = card.rate if card else Rate(price_per_gpu_hour=Decimal(0))
+        rate = Rate(price_per_gpu_hour=pool.price_per_gpu_hour, alpha=base.alpha, billed_basis=base.billed_basis,
+                    idle_policy=base.idle_policy)
+        return rate, pool.currency, True
+    if card is not None:
+        return card.rate, card.currency, True
+    return Rate(price_per_gpu_hour=Decimal(0)), "", False
+
+
 def _priced_rows(windows: dict[Key, _Window], workloads: dict[Key, list[tuple[Any, ...]]],
-                 cards: RateCards) -> tuple[io.StringIO, io.StringIO]:
-    """COPY text of the minute rows: each GPU-minute priced by the card in force (docs/billing.md, Rate cards)."""
+                 cards: RateCards, covered: set[Key]) -> tuple[io.StringIO, io.StringIO]:
+    """COPY text of the minute rows: each GPU-minute priced by the commitment that covers it, else by
+    the card in force (docs/billing.md, Rate cards; Commitments and on-prem cards)."""
     usage_lines: list[str] = []
     gpu_lines: list[str] = []
-    no_rate = Rate(price_per_gpu_hour=Decimal(0))
     for (node_id, gpu_uuid, minute), w in windows.items():
         rows = workloads.get((node_id, gpu_uuid, minute), [])
         card = cards.card_for(w.model, minute)
+        is_covered = (node_id, gpu_uuid, minute) in covered
+        rate, currency, is_priced = _rate_of(cards, w.model, minute, covered=is_covered)
         priced = price_gpu_window(
             window=GpuWindowUsage(memory_mb=w.memory_mb, sm_count=w.sm_count, metered_seconds=w.seconds,
                                   workloads=[WorkloadQuantities(mem_used_mb_s=r[7], mem_granted_mb_s=r[8],
                                                                 mem_max_mb_s=r[9], sm_used_s=r[10],
                                                                 sm_granted_s=r[11], sm_max_s=r[12]) for r in rows]),
-            rate=card.rate if card else no_rate,
+            rate=rate,
         )
         at = minute.isoformat()
         card_id = str(card.id) if card else "\\N"
@@ -511,9 +569,11 @@ def _priced_rows(windows: dict[Key, _Window], workloads: dict[Key, list[tuple[An
                 f"{priced.billed_mem_mb_s[i]}\t{r[10]}\t{r[11]}\t{priced.billed_sm_s[i]}\t{r[13]}\t"
                 f"{priced.share_gpu_s[i]}\t{priced.charges[i]}\t{priced.idle_shares[i]}\t{card_id}\n"
             )
+        committed = (w.seconds, priced.card_cost) if is_covered else (0, 0)
         gpu_lines.append(
             f"{prefix}{w.model}\t{w.seconds}\t{priced.card_cost}\t{priced.charged}\t{priced.idle_cost}\t"
-            f"{priced.idle_allocated}\t{card.currency if card else ''}\t{'t' if card else 'f'}\t{card_id}\n"
+            f"{priced.idle_allocated}\t{currency}\t{'t' if is_priced else 'f'}\t{committed[0]}\t{committed[1]}\t"
+            f"{card_id}\n"
         )
     return io.StringIO("".join(usage_lines)), io.StringIO("".join(gpu_lines))
 
@@ -537,9 +597,10 @@ def _recompute_hours(cur: CursorWrapper, hours: set[Key]) -> None:
     )
     cur.execute(
         "INSERT INTO billing_gpuhour (hour, gpu_uuid, node_id, gpu_model, metered_seconds, card_cost, charged, "  # noqa: S608 - fixed SQL; values are parameters
-        "idle_cost, idle_allocated, currency, priced) "
+        "idle_cost, idle_allocated, currency, priced, committed_seconds, committed_cost) "
         "SELECT a.hour, m.gpu_uuid, m.node_id, max(m.gpu_model), sum(m.metered_seconds), sum(m.card_cost), "
-        "sum(m.charged), sum(m.idle_cost), sum(m.idle_allocated), max(m.currency), bool_and(m.priced) "
+        "sum(m.charged), sum(m.idle_cost), sum(m.idle_allocated), max(m.currency), bool_and(m.priced), "
+        "sum(m.committed_seconds), sum(m.committed_cost) "
         f"FROM billing_gpuminute m {of_touched} GROUP BY a.hour, m.gpu_uuid, m.node_id",
         keys,
     )
@@ -564,10 +625,11 @@ def _usage_days_insert(source: str) -> str:
 def _gpu_days_insert(source: str) -> str:
     return (
         "INSERT INTO billing_gpuday (day, gpu_uuid, node_id, gpu_model, metered_seconds, card_cost, charged, "  # noqa: S608 - built from constant column lists
-        "idle_cost, idle_allocated, currency, priced, unpriced_seconds) "
+        "idle_cost, idle_allocated, currency, priced, unpriced_seconds, committed_seconds, committed_cost) "
         f"SELECT {_DAY_OF}, h.gpu_uuid, h.node_id, max(h.gpu_model), sum(h.metered_seconds), sum(h.card_cost), "
         "sum(h.charged), sum(h.idle_cost), sum(h.idle_allocated), max(h.currency), bool_and(h.priced), "
-        "coalesce(sum(h.metered_seconds) FILTER (WHERE NOT h.priced), 0) "
+        "coalesce(sum(h.metered_seconds) FILTER (WHERE NOT h.priced), 0), sum(h.committed_seconds), "
+        "sum(h.committed_cost) "
         f"FROM billing_gpuhour h {source} GROUP BY {_DAY_OF}, h.gpu_uuid, h.node_id"
     )
 

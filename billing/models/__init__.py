@@ -12,7 +12,7 @@ from billing.models.audit import AuditEvent
 from billing.models.budgets import AdmittedPod, Budget, BudgetAction, BudgetState, BudgetStatus
 from billing.models.fleet import Gpu, Node, NodeToken
 from billing.models.invoicing import BillingPeriod, CreditNote, Invoice, InvoiceLine, InvoiceStatusChange
-from billing.models.pricing import BilledBasis, GpuModel, IdlePolicy, RateCard
+from billing.models.pricing import BilledBasis, Commitment, CommitmentKind, GpuModel, IdlePolicy, RateCard
 from billing.models.rebalance import RebalancePlan, RebalanceStatus
 from billing.models.reports import PairedReport
 from billing.models.tenancy import SlaTier, Tenant, TenantMembership
@@ -28,6 +28,8 @@ __all__ = [
     "BudgetAction",
     "BudgetState",
     "BudgetStatus",
+    "Commitment",
+    "CommitmentKind",
     "CreditNote",
     "Gpu",
     "GpuModel",

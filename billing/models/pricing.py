@@ -88,3 +88,58 @@ class GpuModel(models.Model):
 
     def __str__(self) -> str:
         return self.name
+
+
+class CommitmentKind(models.TextChoices):
+    RESERVED = "reserved", _("reserved (committed rate)")
+    ON_PREM = "on_prem", _("on-prem (amortised)")
+
+
+class Commitment(models.Model):
+    """N cards of one GPU model paid for over a term at one rate, used or not (docs/billing.md,
+    Commitments and on-prem cards): a reserved or committed-use rate bought from a provider for 1 or
+    3 years, or cards the organisation owns, priced at their amortised cost over their life.
+
+    In each minute the model's metered cards are taken in a fixed order and the first Σ `cards` of
+    the commitments in force are priced at their (card-weighted) rate, the rest at the market rate
+    card (billing.ledger.pricing). It prices whole hours `[effective_from, effective_to)`: from the
+    later of the term's start and the hour after it was recorded, to the term's end or the hour
+    after it was retired. The on-prem inputs are kept so the page shows how the rate was derived.
+    """
+
+    gpu_model = models.CharField(max_length=128)
+    kind = models.CharField(max_length=10, choices=CommitmentKind.choices)
+    cards = models.PositiveIntegerField(validators=[MinValueValidator(1)])
+    currency = models.CharField(max_length=3)
+    price_per_gpu_hour = models.DecimalField(
+        max_digits=14, decimal_places=6, validators=[MinValueValidator(Decimal("0"))])
+    term_start = models.DateTimeField()
+    term_end = models.DateTimeField()
+    term_years = models.PositiveSmallIntegerField()
+    effective_from = models.DateTimeField()
+    effective_to = models.DateTimeField()
+    # On-prem only: what the amortised rate is made of (per card).
+    purchase_price = models.DecimalField(max_digits=14, decimal_places=2, null=True, blank=True)
+    power_watts = models.PositiveIntegerField(null=True, blank=True)
+    energy_price_per_kwh = models.DecimalField(max_digits=10, decimal_places=6, null=True, blank=True)
+    facility_cost_per_year = models.DecimalField(max_digits=14, decimal_places=2, null=True, blank=True)
+    note = models.TextField()
+    created_at = models.DateTimeField()
+    created_by = models.CharField(max_length=150)
+    retired_at = models.DateTimeField(null=True, blank=True)
+    retired_by = models.CharField(max_length=150, blank=True)
+    retire_reason = models.TextField(blank=True)
+
+    class Meta:
+        ordering = ["gpu_model", "effective_from", "id"]
+        constraints = [
+            models.CheckConstraint(condition=Q(cards__gte=1), name="commitment_cards_positive"),
+            models.CheckConstraint(condition=Q(price_per_gpu_hour__gte=0), name="commitment_price_nonnegative"),
+            models.CheckConstraint(condition=Q(term_end__gt=models.F("term_start")), name="commitment_term_ordered"),
+            # A commitment retired before it priced anything ends where it starts.
+            models.CheckConstraint(condition=Q(effective_to__gte=models.F("effective_from")),
+                                   name="commitment_effective_ordered"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.cards} x {self.gpu_model} {self.kind} {self.price_per_gpu_hour} {self.currency}/GPU-h"

@@ -146,7 +146,7 @@ def test_the_audit_log_reads_as_before_and_after_in_the_users_formats(open_brows
 
 @pytest.mark.parametrize("language", LANGUAGES)
 def test_each_page_writes_dates_one_way(open_browser, demo, language):
-    pages = {FINANCE: ["/finance/", "/periods/", "/invoices/", "/reports/", "/rate-cards/"],
+    pages = {FINANCE: ["/finance/", "/periods/", "/invoices/", "/reports/", "/rate-cards/", "/commitments/"],
              ADMIN: ["/nodes/", "/audit/", "/sla-tiers/", "/rebalance/"]}
     for username, paths in pages.items():
         page = open_browser(username, language=language)
@@ -173,7 +173,7 @@ def _dates_text(page: Page) -> str:
 
 @pytest.mark.parametrize("language", LANGUAGES)
 def test_at_390_px_the_header_is_whole_and_nothing_scrolls_sideways(open_browser, demo, language):
-    pages = {FINANCE: ["/finance/", "/invoices/", "/periods/", "/reports/", "/budgets/"],
+    pages = {FINANCE: ["/finance/", "/invoices/", "/periods/", "/reports/", "/budgets/", "/commitments/"],
              ADMIN: ["/nodes/", "/rate-cards/", "/sla-tiers/", "/rebalance/", "/audit/"],
              TENANT: ["/tenants/acme/", "/invoices/"]}
     for username, paths in pages.items():

@@ -22,7 +22,17 @@ from hypothesis import settings as hypothesis_settings
 from hypothesis import strategies as st
 
 from billing.errors import InvalidInput
-from billing.models import BillingPeriod, GpuModel, Invoice, InvoiceLine, RateCard, RebalancePlan, SlaTier, Tenant
+from billing.models import (
+    BillingPeriod,
+    Commitment,
+    GpuModel,
+    Invoice,
+    InvoiceLine,
+    RateCard,
+    RebalancePlan,
+    SlaTier,
+    Tenant,
+)
 from billing.scope import ADMIN_GROUP, FINANCE_GROUP
 from billing.services.identity.api_tokens import issue_api_token
 from billing.services.identity.tokens import issue_node_token
@@ -53,6 +63,7 @@ GET_PAGES: dict[str, tuple[str, ...]] = {
     "/sla-tiers/": (),
     "/audit/": ("action",),
     "/rate-cards/": ("gpu_model",),
+    "/commitments/": ("month",),
     "/nodes/": (),
     "/api-tokens/": (),
     "/rebalance/": (),
@@ -71,6 +82,9 @@ RATE_CARD = {"gpu_model": A100["model"], "price_per_gpu_hour": "4.10", "currency
              "effective_from": "2200-01-01T00:00", "alpha": "", "billed_basis": "", "idle_policy": "",
              "confirm_free": "", "source_url": "https://example.org/price", "source_note": "list price"}
 SLA_TIER = {"name": "Bronze", "weight": "1", "description": ""}
+COMMITMENT = {"kind": "on_prem", "gpu_model": A100["model"], "cards": "8", "currency": "USD", "note": "contract",
+              "term_start": "2199-01-01", "term_years": "3", "price_per_gpu_hour": "2.9", "purchase_price": "15000",
+              "power_watts": "400", "energy_price_per_kwh": "0.15", "facility_cost_per_year": "1200"}
 POST_FORMS: dict[str, dict[str, str]] = {
     "/invoices/VGL-202611-acme/credit-notes/": {"amount": "1.00", "reason": "outage"},
     "/budgets/acme/": {"amount": "100", "currency": "USD", "soft_threshold_pct": "80", "hard_threshold_pct": "100",
@@ -84,6 +98,8 @@ POST_FORMS: dict[str, dict[str, str]] = {
     "/rate-cards/": RATE_CARD,
     "/rate-cards/{card}/end/": {"effective_to": "2200-01-01T00:00"},
     "/rate-cards/{card}/retire/": RETIRE,
+    "/commitments/": COMMITMENT,
+    "/commitments/{commitment}/retire/": RETIRE,
     "/gpu-models/": {"name": "NVIDIA H100 80GB HBM3", "note": ""},
     "/gpu-models/retire/": {"name": A100["model"], **RETIRE},
     "/nodes/tokens/": {"node": "gpu-node-9"},
@@ -135,8 +151,13 @@ def _world() -> dict[str, int]:
     card = RateCard.objects.create(gpu_model=A100["model"], currency="USD", price_per_gpu_hour=Decimal("4.1"),
                                    effective_from=datetime(2020, 1, 1, tzinfo=UTC), source_url="https://example.org")
     admin = user_in(ADMIN_GROUP)
+    commitment = Commitment.objects.create(
+        gpu_model=A100["model"], kind="reserved", cards=8, currency="USD", price_per_gpu_hour=Decimal("2.9"),
+        term_start=datetime(2199, 1, 1, tzinfo=UTC), term_end=datetime(2200, 1, 1, tzinfo=UTC), term_years=1,
+        effective_from=datetime(2199, 1, 1, tzinfo=UTC), effective_to=datetime(2200, 1, 1, tzinfo=UTC), note="c",
+        created_at=now, created_by="test")
     return {
-        "admin": admin.pk, "card": card.pk,
+        "admin": admin.pk, "card": card.pk, "commitment": commitment.pk,
         "node_token": issue_node_token(node_name="gpu-node-1", now=now, actor_label="test").token_id,
         "api_token": issue_api_token(username=admin.get_username(), name="probe", expires_at=None, now=now,
                                      actor_label="test").token_id,
@@ -227,7 +248,8 @@ def _takes_post(route: URLPattern) -> bool:
 def test_the_probe_covers_every_route_that_takes_a_post():
     """A new form (a route whose view takes a POST) must join POST_FORMS, or NOT_PROBED with the
     reason it is not probed."""
-    probed = {resolve(path).url_name for path in _post_forms({"card": 1, "node_token": 1, "api_token": 1, "plan": 1})}
+    probed = {resolve(path).url_name for path in _post_forms({"card": 1, "node_token": 1, "api_token": 1, "plan": 1,
+                                                               "commitment": 1})}
     posting = {route.name for route in _routes(get_resolver().url_patterns) if _takes_post(route)}
     assert posting - probed - NOT_PROBED == set(), "routes that take a POST the probe does not send one to"
     # Both lists stay true: nothing named that takes no POST, nothing both probed and excused.

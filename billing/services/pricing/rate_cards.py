@@ -49,7 +49,7 @@ from billing.errors import InvalidInput
 from billing.ledger.locks import lock_ledger
 from billing.ledger.minutes import get_last_ledger_minute
 from billing.ledger.rollup import rebuild_ledger
-from billing.models import BilledBasis, BillingPeriod, Gpu, IdlePolicy, RateCard
+from billing.models import BilledBasis, BillingPeriod, Commitment, Gpu, IdlePolicy, RateCard
 from billing.services.audit import record_audit_event
 from billing.services.pricing.gpu_models import approved_gpu_models, is_approved
 
@@ -281,6 +281,17 @@ def _check_currency_in_month(*, gpu_model: str, currency: str, start: datetime) 
         )
 
 
+def _check_commitment_currency(*, gpu_model: str, currency: str, start: datetime) -> None:
+    """A commitment of the model in force from `start` on fixes the currency its cards are invoiced in."""
+    other = (Commitment.objects.filter(gpu_model=gpu_model, effective_to__gt=start).exclude(currency=currency)
+             .exclude(effective_to=F("effective_from")).first())
+    if other is not None:
+        raise InvalidInput(
+            _("commitment #%(id)s prices %(model)s in %(other)s until %(to)s; a card in %(currency)s would put two "
+              "currencies on one invoice") % {"id": other.pk, "model": gpu_model, "other": other.currency,
+                                              "to": other.effective_to.isoformat(), "currency": currency})
+
+
 def create_rate_card(  # noqa: PLR0912, PLR0915 - one check per field of the form, then the write
     *,
     gpu_model: str,
@@ -363,6 +374,7 @@ def create_rate_card(  # noqa: PLR0912, PLR0915 - one check per field of the for
                    "start": start.isoformat()}
             )
         _check_currency_in_month(gpu_model=gpu_model, currency=currency, start=start)
+        _check_commitment_currency(gpu_model=gpu_model, currency=currency, start=start)
         template = covering or (cards[-1] if cards else None)
         card = RateCard(
             gpu_model=gpu_model, currency=currency, price_per_gpu_hour=price, effective_from=start,
