@@ -488,7 +488,8 @@ def _agent(
         else:
             observers.append(
                 BestEffortEvictor(
-                    tenants=lambda: policy.current().evict_best_effort_tenants, evict=evict, emit=emit, clock=clock
+                    tenants=lambda: policy.current().evict_best_effort_tenants, evict=evict, emit=emit, clock=clock,
+                    namespaces=lambda: policy.current().evict_best_effort_namespaces,
                 )
             )
     predictor = _predictor(args, gpus=backend.inventory())

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from types import MappingProxyType
 
-from agents.interfaces import BatchPredictor, GpuInfo, Grant, Prediction, Predictor, UsageReading
+from agents.interfaces import BatchPredictor, GpuInfo, Grant, Prediction, Predictor, UsageReading, Workload
 from allocator import UNLIMITED, AllocationPolicy, GpuCapacity, PredictedPeak, Resources, WorkloadState, allocate_gpu
 
 __all__ = [
@@ -41,14 +41,18 @@ class Policy:
     # Per throttled tenant, its budget's own factor (the policy API's ``throttle_factor``);
     # a throttled tenant missing here gets ``throttle_weight_factor``. Each in (0, 1].
     tenant_throttle_factors: Mapping[str, float] = field(default_factory=dict)
+    # Namespaces whose own budget is enforced with ``throttle`` -> its factor, in (0, 1]. A
+    # workload under a throttled tenant and a throttled namespace gets the smaller factor.
+    namespace_throttle_factors: Mapping[str, float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         for tier, weight in self.sla_weights.items():
             if not math.isfinite(weight) or weight <= 0:
                 raise ValueError(f"SLA tier {tier!r}: weight must be finite and > 0, got {weight!r}")
-        for tenant, factor in self.tenant_throttle_factors.items():
-            if not (math.isfinite(factor) and 0 < factor <= 1):
-                raise ValueError(f"tenant {tenant!r}: throttle factor must be in (0, 1], got {factor!r}")
+        for kind, factors in (("tenant", self.tenant_throttle_factors), ("namespace", self.namespace_throttle_factors)):
+            for name, factor in factors.items():
+                if not (math.isfinite(factor) and 0 < factor <= 1):
+                    raise ValueError(f"{kind} {name!r}: throttle factor must be in (0, 1], got {factor!r}")
         self.allocation_policy()  # validates headroom and throttle_weight_factor
 
     def weight_for(self, tier: str) -> float:
@@ -65,6 +69,18 @@ class Policy:
             horizons_s=(PREDICTION_HORIZON_S,),
             throttle_weight_factor=self.throttle_weight_factor,
         )
+
+
+def _throttle_factor(policy: Policy, workload: Workload) -> float | None:
+    """The weight factor of a workload whose tenant or namespace budget throttles it (the smaller
+    when both do); None when neither does."""
+    factors = []
+    if workload.tenant in policy.throttled_tenants:
+        factors.append(policy.tenant_throttle_factors.get(workload.tenant, policy.throttle_weight_factor))
+    namespace = policy.namespace_throttle_factors.get(workload.namespace)
+    if namespace is not None:
+        factors.append(namespace)
+    return min(factors) if factors else None
 
 
 class CurrentUsePredictor:
@@ -155,12 +171,12 @@ def _state(*, reading: UsageReading, policy: Policy, peak: Prediction) -> Worklo
             pcie_mbps=math.inf,
         )
     weight = e.weight if e.weight is not None else policy.weight_for(reading.workload.sla_tier)
-    throttled = reading.workload.tenant in policy.throttled_tenants
-    own_factor = policy.tenant_throttle_factors.get(reading.workload.tenant) if throttled else None
-    if own_factor is not None:
-        # The allocator multiplies every throttled weight by the one node-wide factor; a tenant
-        # with its own factor gets weight x own factor overall.
-        weight *= own_factor / policy.throttle_weight_factor
+    factor = _throttle_factor(policy, reading.workload)
+    throttled = factor is not None
+    if factor is not None and factor != policy.throttle_weight_factor:
+        # The allocator multiplies every throttled weight by the one node-wide factor; a budget
+        # with its own factor gets weight x its factor overall.
+        weight *= factor / policy.throttle_weight_factor
     return WorkloadState(
         key=reading.workload.key,
         weight=weight,

@@ -1,8 +1,9 @@
 """Budget enforcement on the node: ``evict-best-effort`` (docs/design.md, Enforcement).
 
-When a tenant's budget is enforced with ``evict-best-effort``, the node policy lists the
-tenant (``PolicySnapshot.evict_best_effort_tenants``) and, within one policy poll, the
-agent evicts that tenant's running ``best-effort`` pods on this node through the Eviction
+When a tenant's budget, or a namespace's, is enforced with ``evict-best-effort``, the node
+policy lists the tenant (``PolicySnapshot.evict_best_effort_tenants``) or the namespace
+(``evict_best_effort_namespaces``) and, within one policy poll, the agent evicts the
+running ``best-effort`` pods of that tenant or namespace on this node through the Eviction
 API, once per pod. "Running" means seen on a GPU in this tick's readings: the agent
 governs GPU work, and a pod without a GPU process costs nothing on the GPU ledger.
 ``throttle`` needs no action here: it is a weight change inside the allocation.
@@ -47,8 +48,10 @@ class BestEffortEvictor:
         emit: EmitEvent,
         clock: Clock,
         retry_s: float = 30.0,
+        namespaces: Callable[[], frozenset[str]] = frozenset,
     ) -> None:
         self._tenants = tenants
+        self._namespaces = namespaces
         self._evict = evict
         self._emit = emit
         self._clock = clock
@@ -56,14 +59,14 @@ class BestEffortEvictor:
         self._attempts: dict[str, _Attempt] = {}  # pod uid (or namespace/name) -> last attempt
 
     def observe(self, *, grants: Sequence[Grant], readings: Sequence[UsageReading]) -> None:
-        tenants = self._tenants()
-        if not tenants:
+        tenants, namespaces = self._tenants(), self._namespaces()
+        if not tenants and not namespaces:
             return
         now = self._clock.monotonic()
         pods: dict[str, Workload] = {}
         for r in readings:
             w = r.workload
-            if w.tenant in tenants and w.sla_tier == BEST_EFFORT_TIER:
+            if (w.tenant in tenants or w.namespace in namespaces) and w.sla_tier == BEST_EFFORT_TIER:
                 pods.setdefault(w.pod_uid or f"{w.namespace}/{w.pod}", w)
         for key, workload in sorted(pods.items()):
             attempt = self._attempts.get(key)
@@ -73,8 +76,10 @@ class BestEffortEvictor:
 
     def _try(self, workload: Workload, now: float) -> _Attempt:
         pod = f"{workload.namespace}/{workload.pod}"
+        whose = (f"tenant {workload.tenant}" if workload.tenant in self._tenants()
+                 else f"namespace {workload.namespace}")
         message = (
-            f"vGPU Ledger: the GPU budget of tenant {workload.tenant} is exhausted and its hard action is"
+            f"vGPU Ledger: the GPU budget of {whose} is exhausted and its hard action is"
             " evict-best-effort; best-effort pods are evicted"
         )
         try:
@@ -104,6 +109,7 @@ class BestEffortEvictor:
                     "sla_tier": workload.sla_tier,
                     "outcome": "pod already gone" if status == "gone" else "evicted",
                     "budget_action": "evict-best-effort",
+                    "budget": "tenant" if workload.tenant in self._tenants() else "namespace",
                 },
             )
         )

@@ -7,7 +7,9 @@ returns the policy document (``vgpu-ledger/node-policy/v1``)::
      "sla_tiers": {"gold": {"weight": "4.000"}, ...},
      "tenants": {"acme": {"default_sla_tier": "gold",
                           "budget": {"state": "enforced", "action": "throttle", "throttle_factor": "0.500"}},
-                 "globex": {"default_sla_tier": null, "budget": {"state": "ok"}}}}
+                 "globex": {"default_sla_tier": null, "budget": {"state": "ok"}}},
+     "namespaces": {"initech-prod": {"budget": {"state": "enforced", "action": "evict-best-effort",
+                                                "throttle_factor": "0.500"}}}}
 
 and an ``ETag``; a 304 means the policy in hand is still current. Each accepted document
 is written (atomically: temporary file, fsync, rename) to a JSON cache next to the spool,
@@ -65,6 +67,9 @@ class PolicySnapshot:
     allocation: Policy  # SLA weights and throttled tenants: the allocation loop's input
     evict_best_effort_tenants: frozenset[str] = frozenset()  # budgets enforced with ``evict-best-effort``
     blocked_tenants: frozenset[str] = frozenset()  # ``block``: enforced at admission; listed for the logs
+    # The same for namespaces whose own budget is enforced (the document's optional ``namespaces``).
+    evict_best_effort_namespaces: frozenset[str] = frozenset()
+    blocked_namespaces: frozenset[str] = frozenset()
     default_tiers: Mapping[str, str] = field(default_factory=dict)  # tenant -> default SLA tier
     etag: str | None = None  # as the server sent it (quotes included); None: never fetched
     fetched_at: datetime | None = None  # when the server last answered 200 for this version
@@ -111,19 +116,51 @@ def parse_policy(
     weights = dict(base.sla_weights)
     for slug, tier in _object(document.get("sla_tiers"), "policy.sla_tiers").items():
         weights[slug] = _positive_decimal(_object(tier, f"policy.sla_tiers.{slug}").get("weight"), f"policy.sla_tiers.{slug}.weight")
-    throttled: dict[str, float] = {}
-    evict: set[str] = set()
-    blocked: set[str] = set()
     default_tiers: dict[str, str] = {}
-    for slug, raw in _object(document.get("tenants"), "policy.tenants").items():
-        path = f"policy.tenants.{slug}"
-        tenant = _object(raw, path)
-        tier = tenant.get("default_sla_tier")
+    tenants = _object(document.get("tenants"), "policy.tenants")
+    for slug, raw in tenants.items():
+        tier = _object(raw, f"policy.tenants.{slug}").get("default_sla_tier")
         if tier is not None:
             if not isinstance(tier, str) or not tier:
-                raise ValueError(f"{path}.default_sla_tier: expected a tier slug or null, got {tier!r}")
+                raise ValueError(f"policy.tenants.{slug}.default_sla_tier: expected a tier slug or null, got {tier!r}")
             default_tiers[slug] = tier
-        budget = _object(tenant.get("budget", {"state": "ok"}), f"{path}.budget")
+    by_tenant = _budget_actions(tenants, "policy.tenants")
+    # Optional: a service that predates namespace budgets sends none.
+    by_namespace = _budget_actions(_object(document.get("namespaces", {}), "policy.namespaces"), "policy.namespaces")
+    allocation = Policy(
+        sla_weights=weights,
+        headroom=base.headroom,
+        throttled_tenants=frozenset(by_tenant.throttled),
+        throttle_weight_factor=base.throttle_weight_factor,
+        tenant_throttle_factors=by_tenant.throttled,
+        namespace_throttle_factors=by_namespace.throttled,
+    )
+    return PolicySnapshot(
+        allocation=allocation,
+        evict_best_effort_tenants=frozenset(by_tenant.evict),
+        blocked_tenants=frozenset(by_tenant.blocked),
+        evict_best_effort_namespaces=frozenset(by_namespace.evict),
+        blocked_namespaces=frozenset(by_namespace.blocked),
+        default_tiers=default_tiers,
+        etag=etag,
+        fetched_at=fetched_at,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class _BudgetActions:
+    """Who the enforced budgets of one part of the document (tenants or namespaces) act on."""
+
+    throttled: dict[str, float]  # name -> throttle factor
+    evict: set[str]
+    blocked: set[str]
+
+
+def _budget_actions(entries: Mapping[str, Any], where: str) -> _BudgetActions:
+    actions = _BudgetActions(throttled={}, evict=set(), blocked=set())
+    for name, raw in entries.items():
+        path = f"{where}.{name}"
+        budget = _object(_object(raw, path).get("budget", {"state": "ok"}), f"{path}.budget")
         if budget.get("state") != "enforced":
             continue
         action = budget.get("action")
@@ -131,28 +168,14 @@ def parse_policy(
             factor = _positive_decimal(budget.get("throttle_factor"), f"{path}.budget.throttle_factor")
             if factor > 1:
                 raise ValueError(f"{path}.budget.throttle_factor: must be in (0, 1], got {factor!r}")
-            throttled[slug] = factor
+            actions.throttled[name] = factor
         elif action == "evict-best-effort":
-            evict.add(slug)
+            actions.evict.add(name)
         elif action == "block":
-            blocked.add(slug)
+            actions.blocked.add(name)
         else:
             raise ValueError(f"{path}.budget.action: unknown action {action!r}")
-    allocation = Policy(
-        sla_weights=weights,
-        headroom=base.headroom,
-        throttled_tenants=frozenset(throttled),
-        throttle_weight_factor=base.throttle_weight_factor,
-        tenant_throttle_factors=throttled,
-    )
-    return PolicySnapshot(
-        allocation=allocation,
-        evict_best_effort_tenants=frozenset(evict),
-        blocked_tenants=frozenset(blocked),
-        default_tiers=default_tiers,
-        etag=etag,
-        fetched_at=fetched_at,
-    )
+    return actions
 
 
 class PolicyClient:

@@ -24,6 +24,7 @@ from billing.models import Budget
 from billing.services.budgets import (
     FORECAST_OVER_EVENT,
     DestinationRefused,
+    budget_key,
     parse_allow_list,
     post_to_destination,
     record_webhook_refusal,
@@ -165,9 +166,9 @@ def send_budget_email(budget_id: int, payload: dict[str, object]) -> int:
     if payload["event"] == FORECAST_OVER_EVENT:
         subject, lines = _forecast_over_mail(budget, payload)
         return send_mail(subject, "\n".join(lines), None, recipients)
-    subject = f"[vGPU Ledger] Budget of {budget.tenant.name}: {payload['to']}"
+    subject = f"[vGPU Ledger] Budget of {_budget_name(budget)}: {payload['to']}"
     lines = [
-        f"The GPU budget of {budget.tenant.name} ({budget.tenant.slug}) moved from {payload['from']} "
+        f"The GPU budget of {_budget_name(budget)} ({budget.tenant.slug}) moved from {payload['from']} "
         f"to {payload['to']} for {payload['month']}.",
         f"Month-to-date spend: {payload['spend']} {payload['currency']} of {payload['amount']} "
         f"(forecast to month end: {payload['forecast']}).",
@@ -178,11 +179,16 @@ def send_budget_email(budget_id: int, payload: dict[str, object]) -> int:
     return send_mail(subject, "\n".join(lines), None, recipients)
 
 
+def _budget_name(budget: Budget) -> str:
+    """Whose budget, as a mail names it: "Acme Robotics", "namespace acme-prod of Acme Robotics"."""
+    return f"{budget.scope_text} of {budget.tenant.name}" if budget.scope_text else budget.tenant.name
+
+
 def _forecast_over_mail(budget: Budget, payload: dict[str, object]) -> tuple[str, list[str]]:
     """The forecast crossed above the budget: a warning, nothing is enforced by it."""
-    subject = f"[vGPU Ledger] Budget of {budget.tenant.name}: forecast over budget"
+    subject = f"[vGPU Ledger] Budget of {_budget_name(budget)}: forecast over budget"
     lines = [
-        f"The GPU budget of {budget.tenant.name} ({budget.tenant.slug}) is forecast to be exceeded in "
+        f"The GPU budget of {_budget_name(budget)} ({budget.tenant.slug}) is forecast to be exceeded in "
         f"{payload['month']}: forecast to month end {payload['forecast']} {payload['currency']}, "
         f"budget {payload['amount']} {payload['currency']}.",
         f"Month-to-date spend: {payload['spend']} {payload['currency']}; the budget's state is {payload['state']} "
@@ -206,7 +212,7 @@ def deliver_budget_webhook(budget_id: int, payload: dict[str, object]) -> int | 
     try:
         destination = resolve_destination(url, allow_list=parse_allow_list(settings.VGPU_WEBHOOK_ALLOWED_HOSTS))
     except DestinationRefused as exc:
-        _refuse_webhook(budget.tenant.slug, url, event, str(exc))
+        _refuse_webhook(budget_key(budget), url, event, str(exc))
         return None
     except OSError as exc:  # socket.gaierror: the name did not resolve, perhaps only for now
         raise WebhookRetry(f"{url}: cannot resolve its host: {exc}") from exc
@@ -220,7 +226,7 @@ def deliver_budget_webhook(budget_id: int, payload: dict[str, object]) -> int | 
         raise WebhookRetry(f"{url} answered {answer.status}")
     if 300 <= answer.status < 400:
         # Following it would send the event to a place nobody checked.
-        _refuse_webhook(budget.tenant.slug, url, event,
+        _refuse_webhook(budget_key(budget), url, event,
                         f"{url} answered {answer.status} redirecting to {answer.location or '(no Location)'}; "
                         "redirects are not followed: set the final URL on the budget")
     elif answer.status >= 400:

@@ -9,7 +9,7 @@ are not part of this package's API: every read and write of them goes through bi
 from billing.ledger import models as _ledger_models  # noqa: F401 - imported to register the ledger's models with Django
 from billing.models.accounts import ApiToken, UserPreference
 from billing.models.audit import AuditEvent
-from billing.models.budgets import AdmittedPod, Budget, BudgetAction, BudgetState, BudgetStatus
+from billing.models.budgets import AdmittedPod, Budget, BudgetAction, BudgetScope, BudgetState, BudgetStatus
 from billing.models.fleet import Gpu, Node, NodeToken
 from billing.models.invoicing import BillingPeriod, CreditNote, Invoice, InvoiceLine, InvoiceStatusChange
 from billing.models.pricing import BilledBasis, Commitment, CommitmentKind, GpuModel, IdlePolicy, RateCard
@@ -26,6 +26,7 @@ __all__ = [
     "BillingPeriod",
     "Budget",
     "BudgetAction",
+    "BudgetScope",
     "BudgetState",
     "BudgetStatus",
     "Commitment",

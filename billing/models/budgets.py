@@ -1,4 +1,5 @@
-"""Budgets: monthly spend limits per tenant that act (docs/design.md, Enforcement)."""
+"""Budgets: monthly spend limits that act (docs/design.md, Enforcement), on a tenant, one of its
+namespaces, or its workloads carrying a label (docs/enforcement.md, Budgets by namespace and label)."""
 
 from decimal import Decimal
 
@@ -14,6 +15,14 @@ class BudgetAction(models.TextChoices):
     THROTTLE = "throttle", _("throttle")
     BLOCK = "block", _("block new GPU pods")
     EVICT_BEST_EFFORT = "evict-best-effort", _("evict best-effort pods")
+    # Enforced means notified, nothing more: the only action of a label budget.
+    NOTIFY = "notify", _("notify only")
+
+
+class BudgetScope(models.TextChoices):
+    TENANT = "tenant", _("tenant")
+    NAMESPACE = "namespace", _("namespace")
+    LABEL = "label", _("label")
 
 
 class BudgetState(models.TextChoices):
@@ -23,9 +32,14 @@ class BudgetState(models.TextChoices):
 
 
 class Budget(models.Model):
-    """A tenant's monthly budget. Thresholds are percentages of `amount`."""
+    """A monthly budget on a tenant's spend, or on the part of it in one namespace or on workloads
+    carrying one label (scope); one budget per scope. Thresholds are percentages of `amount`."""
 
-    tenant = models.OneToOneField(Tenant, on_delete=models.CASCADE, related_name="budget")
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="budgets")
+    scope = models.CharField(max_length=10, choices=BudgetScope.choices, default=BudgetScope.TENANT)
+    namespace = models.CharField(max_length=63, blank=True)  # scope namespace: one of the tenant's
+    label_key = models.CharField(max_length=317, blank=True)  # scope label: [prefix/]name, as Kubernetes
+    label_value = models.CharField(max_length=63, blank=True)
     amount = models.DecimalField(max_digits=14, decimal_places=2, validators=[MinValueValidator(Decimal("0.01"))])
     currency = models.CharField(max_length=3)
     soft_threshold_pct = models.DecimalField(
@@ -50,8 +64,22 @@ class Budget(models.Model):
     updated_at = models.DateTimeField(auto_now=True)
 
     class Meta:
-        ordering = ["tenant__slug"]
+        ordering = ["tenant__slug", "scope", "namespace", "label_key", "label_value"]
         constraints = [
+            models.UniqueConstraint(fields=["tenant"], condition=Q(scope=BudgetScope.TENANT),
+                                    name="budget_one_per_tenant"),
+            models.UniqueConstraint(fields=["tenant", "namespace"], condition=Q(scope=BudgetScope.NAMESPACE),
+                                    name="budget_one_per_namespace"),
+            models.UniqueConstraint(fields=["tenant", "label_key", "label_value"], condition=Q(scope=BudgetScope.LABEL),
+                                    name="budget_one_per_label"),
+            models.CheckConstraint(
+                condition=(Q(scope=BudgetScope.TENANT, namespace="", label_key="", label_value="")
+                           | (Q(scope=BudgetScope.NAMESPACE, label_key="", label_value="") & ~Q(namespace=""))
+                           | (Q(scope=BudgetScope.LABEL, namespace="") & ~Q(label_key=""))),
+                name="budget_scope_fields"),
+            # A label does not map to workloads reliably enough to act on them (docs/enforcement.md).
+            models.CheckConstraint(condition=~Q(scope=BudgetScope.LABEL) | Q(hard_action=BudgetAction.NOTIFY),
+                                   name="budget_label_notifies_only"),
             models.CheckConstraint(condition=Q(amount__gt=0), name="budget_amount_positive"),
             models.CheckConstraint(condition=Q(soft_threshold_pct__lte=F("hard_threshold_pct")),
                                    name="budget_soft_not_above_hard"),
@@ -60,7 +88,16 @@ class Budget(models.Model):
         ]
 
     def __str__(self) -> str:
-        return f"{self.tenant_id}: {self.amount} {self.currency}/month"
+        return f"{self.tenant_id} {self.scope_text}: {self.amount} {self.currency}/month"
+
+    @property
+    def scope_text(self) -> str:
+        """The scope as one string: "", "namespace acme-prod", "label team=ml"."""
+        if self.scope == BudgetScope.NAMESPACE:
+            return f"namespace {self.namespace}"
+        if self.scope == BudgetScope.LABEL:
+            return f"label {self.label_key}={self.label_value}"
+        return ""
 
 
 class BudgetStatus(models.Model):

@@ -11,11 +11,11 @@ from dataclasses import dataclass
 from datetime import datetime
 from decimal import Decimal
 
-from django.utils.translation import gettext_lazy
+from django.utils.translation import gettext, gettext_lazy
 
-from billing.models import Budget, BudgetAction, BudgetState, BudgetStatus
+from billing.models import Budget, BudgetAction, BudgetScope, BudgetState, BudgetStatus
 from billing.scope import Scope
-from billing.services.budgets import MonthSpend, get_month_spends
+from billing.services.budgets import MonthSpend, get_budget_spends
 
 __all__ = ["FORECAST_OVER_BUDGET_LABEL", "BudgetView", "list_budgets"]
 
@@ -25,8 +25,12 @@ FORECAST_OVER_BUDGET_LABEL = gettext_lazy("forecast over budget")
 
 @dataclass(frozen=True)
 class BudgetView:
+    id: int
     tenant: str
     tenant_name: str
+    scope: str  # BudgetScope
+    namespace: str  # scope namespace
+    label: str  # scope label: "name=value"
     amount: Decimal
     currency: str
     hard_action: str
@@ -51,25 +55,46 @@ class BudgetView:
     def action_label(self) -> str:
         return str(BudgetAction(self.hard_action).label)
 
+    @property
+    def applies_to(self) -> str:
+        """What the budget counts, in the reader's language."""
+        if self.scope == BudgetScope.NAMESPACE:
+            return gettext("namespace %(namespace)s") % {"namespace": self.namespace}
+        if self.scope == BudgetScope.LABEL:
+            return gettext("pods labelled %(label)s") % {"label": self.label}
+        return gettext("the whole tenant")
 
-def list_budgets(*, scope: Scope, now: datetime, spends: dict[str, MonthSpend] | None = None) -> list[BudgetView]:
-    """The budgets the caller may see; `spends`: the month's spends already read for this page (the
+    @property
+    def key(self) -> str:
+        """A name for the budget unique on a page (test ids): acme, acme/namespace/acme-prod."""
+        what = self.namespace or self.label
+        return f"{self.tenant}/{self.scope}/{what}" if what else self.tenant
+
+
+def list_budgets(*, scope: Scope, now: datetime, spends: dict[str, MonthSpend] | None = None,
+                 tenant: str | None = None) -> list[BudgetView]:
+    """The budgets the caller may see (of one `tenant` only, if given): each tenant's own first, then
+    its namespaces' and labels'. `spends`: tenants' month spends already read for this page (the
     portal's own card), so that one read is shown twice rather than two reads that a rollup landing
     between them would tell apart."""
-    rows = Budget.objects.select_related("tenant").order_by("tenant__slug")
+    rows = Budget.objects.select_related("tenant").order_by("tenant__slug", "-scope", "namespace", "label_key",
+                                                            "label_value")
     if scope.tenants is not None:
         rows = rows.filter(tenant__slug__in=scope.tenants)
+    if tenant is not None:
+        rows = rows.filter(tenant__slug=tenant)
     budgets = list(rows)
     month = now.date().replace(day=1)
     statuses = {s.budget_id: s for s in BudgetStatus.objects.filter(month=month, budget__in=budgets)}
-    missing = [b.tenant.slug for b in budgets if spends is None or b.tenant.slug not in spends]
-    spends = {**(spends or {}), **get_month_spends(tenants=missing, now=now)}
+    by_budget = get_budget_spends(budgets=budgets, now=now, tenant_spends=spends)
     views = []
     for b in budgets:
         status = statuses.get(b.pk)
-        spend = spends[b.tenant.slug]
+        spend = by_budget[b.pk]
         views.append(BudgetView(
-            tenant=b.tenant.slug, tenant_name=b.tenant.name, amount=b.amount, currency=b.currency,
+            id=b.pk, tenant=b.tenant.slug, tenant_name=b.tenant.name, scope=b.scope, namespace=b.namespace,
+            label=f"{b.label_key}={b.label_value}" if b.scope == BudgetScope.LABEL else "",
+            amount=b.amount, currency=b.currency,
             hard_action=b.hard_action, owner=b.owner, state=status.state if status else BudgetState.OK,
             spend=spend.month_to_date, spend_shown=spend.month_to_date_shown(b.currency), forecast=spend.forecast,
             rate_hours=spend.rate_hours,

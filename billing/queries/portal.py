@@ -23,7 +23,7 @@ from django.db.models import Q, QuerySet
 
 from billing.errors import DomainError, InvalidInput
 from billing.ledger.spend import WorkloadTotals, list_workload_days, list_workload_totals
-from billing.models import RateCard, Tenant
+from billing.models import BudgetScope, RateCard, Tenant
 from billing.money import minor_unit_exponent
 from billing.queries.budgets import BudgetView, list_budgets
 from billing.scope import Scope
@@ -110,7 +110,8 @@ class TenantPortal:
     month_to_date_shown: Decimal  # as every page shows it (MonthSpend.month_to_date_shown)
     forecast: Decimal
     forecast_rate_hours: int  # complete hours the forecast's rate is taken over (0: forecast = month to date)
-    budget: BudgetView | None
+    budget: BudgetView | None  # the tenant's own
+    scoped_budgets: tuple[BudgetView, ...]  # its namespaces' and labels'
     start: datetime
     end: datetime
     # The costliest workloads of [start, end): all of them, or the first `workload_limit` asked for.
@@ -174,7 +175,7 @@ def _currency(now: datetime) -> str:
 
 def list_tenant_portals(*, scope: Scope, now: datetime) -> list[TenantPortalRow]:
     """Every tenant the caller may see, with month-to-date spend and budget state."""
-    budgets = {b.tenant: b for b in list_budgets(scope=scope, now=now)}
+    budgets = {b.tenant: b for b in list_budgets(scope=scope, now=now) if b.scope == BudgetScope.TENANT}
     currency = _currency(now)
     tenants = list(_visible_tenants(scope).values_list("slug", "name"))
     # One grouped query, the same figures as get_month_to_date_spend per tenant.
@@ -198,7 +199,8 @@ def get_tenant_portal(*, scope: Scope, slug: str, start: datetime, end: datetime
     own = dataclasses.replace(scope, tenants=frozenset({slug}))
     spend = get_month_spend(tenant=slug, now=now)
     currency = _currency(now)
-    budget = next(iter(list_budgets(scope=own, now=now, spends={slug: spend})), None)
+    budgets = list_budgets(scope=own, now=now, spends={slug: spend})
+    budget = next((b for b in budgets if b.scope == BudgetScope.TENANT), None)
     # The chart's series are the costliest workloads: never fewer than it shows.
     limit = None if workload_limit is None else max(workload_limit, CHART_SERIES)
     # The period's cost is the total of the workload list as shown: each cost rounded to the cent.
@@ -212,7 +214,8 @@ def get_tenant_portal(*, scope: Scope, slug: str, start: datetime, end: datetime
     return TenantPortal(
         slug=slug, name=tenant[1], currency=currency, now=now, month_to_date=spend.month_to_date,
         month_to_date_shown=spend.month_to_date_shown(currency),
-        forecast=spend.forecast, forecast_rate_hours=spend.rate_hours, budget=budget, start=start, end=end,
+        forecast=spend.forecast, forecast_rate_hours=spend.rate_hours, budget=budget,
+        scoped_budgets=tuple(b for b in budgets if b.scope != BudgetScope.TENANT), start=start, end=end,
         workloads=workloads[:workload_limit], workload_count=page.count, period_cost=page.cost,
         daily=_daily(slug, workloads, page.count, start=start, end=end, now=now),
         invoices=tuple(i for i in list_invoices(scope=own, today=now.date()) if i.tenant_slug == slug),

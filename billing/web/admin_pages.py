@@ -1,11 +1,11 @@
-"""Budgets (everyone sees their own; admins set them) and SLA tiers (admins create them and change
+"""Budgets (everyone sees their own; finance and admins set them, on a tenant, a namespace or a label) and SLA tiers (admins create them and change
 their name, description and weight). Thin: forms validate, one service call, render. Every change
 is audited by the service."""
 
 from __future__ import annotations
 
 from decimal import Decimal
-from typing import Any
+from typing import Any, cast
 
 from django import forms
 from django.contrib import messages
@@ -21,7 +21,7 @@ from django.views.decorators.http import require_POST
 from billing import tasks
 from billing.currencies import CURRENCY_CHOICES
 from billing.errors import InvalidInput
-from billing.models import BudgetAction, Tenant
+from billing.models import Budget, BudgetAction, BudgetScope, Tenant
 from billing.queries.audit import list_audit_events
 from billing.queries.budgets import list_budgets
 from billing.queries.sla_tiers import get_sla_tier, list_sla_tiers
@@ -37,7 +37,7 @@ from billing.services.pricing import (
     retire_sla_tier,
     set_sla_tier_weight,
 )
-from billing.web.access import require_admin
+from billing.web.access import require_admin, require_platform
 from billing.web.forms import RetireForm
 
 
@@ -62,40 +62,102 @@ class BudgetForm(forms.Form):
                                  help_text=gettext_lazy("https only; the payload is signed with the budget's secret."))
 
 
+class BudgetScopeForm(forms.Form):
+    """Which budget a new one is: shapes only; whether the namespace is the tenant's and the label
+    well formed is the service's to say."""
+
+    tenant = forms.ChoiceField(label=gettext_lazy("Tenant"))
+    scope = forms.ChoiceField(label=gettext_lazy("Applies to"), choices=BudgetScope.choices,
+                              initial=BudgetScope.NAMESPACE)
+    namespace = forms.CharField(label=gettext_lazy("Namespace"), required=False, max_length=63,
+                                widget=forms.TextInput(attrs={"list": "tenant-namespaces", "size": 24}),
+                                help_text=gettext_lazy("For a namespace budget: one of the tenant's namespaces."))
+    label = forms.CharField(label=gettext_lazy("Label (name=value)"), required=False, max_length=400,
+                            widget=forms.TextInput(attrs={"size": 24}),
+                            help_text=gettext_lazy("For a label budget, which only notifies: team=ml."))
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        tenants = Tenant.objects.order_by("slug").values_list("slug", "name")
+        field = cast(forms.ChoiceField, self.fields["tenant"])
+        field.choices = [("", "—"), *((slug, f"{name} ({slug})") for slug, name in tenants)]
+
+
 @login_required
 def budgets(request: HttpRequest) -> HttpResponse:
     scope = get_scope(request.user)
     views = list_budgets(scope=scope, now=timezone.now())
-    without = (
-        Tenant.objects.filter(budget__isnull=True).order_by("slug") if scope.is_admin else Tenant.objects.none()
-    )
+    without = (Tenant.objects.exclude(budgets__scope=BudgetScope.TENANT).order_by("slug") if scope.sees_platform
+               else Tenant.objects.none())
     return render(request, "billing/budgets.html", {"budgets": views, "without_budget": without})
+
+
+def _save_budget(request: HttpRequest, form: BudgetForm, **which: Any) -> bool:
+    """One service call; its refusal becomes the form's error. True when saved."""
+    try:
+        set_budget(values=dict(form.cleaned_data), now=timezone.now(), actor_label=request.user.get_username(),
+                   actor_id=request.user.pk, **which)
+    except InvalidInput as exc:
+        form.add_error(None, str(exc))
+        return False
+    # Re-evaluate at once rather than at the next minute's beat.
+    transaction.on_commit(tasks.evaluate_budgets.delay)
+    return True
 
 
 @login_required
 def budget_edit(request: HttpRequest, tenant: str) -> HttpResponse:
-    """Admins set or change one tenant's budget; the form starts from its current values, and the
-    webhook secret is kept unless changed elsewhere."""
-    require_admin(request, "only admins set budgets")
-    row = Tenant.objects.filter(slug=tenant).select_related("budget").first()
+    """Finance and admins set or change one tenant's own budget; the form starts from its current
+    values, and the webhook secret is kept unless changed elsewhere."""
+    require_platform(request, "only finance and admins set budgets")
+    row = Tenant.objects.filter(slug=tenant).first()
     if row is None:
         raise Http404("no such tenant")
-    existing = getattr(row, "budget", None)
+    existing = row.budgets.filter(scope=BudgetScope.TENANT).first()
     initial = {f: getattr(existing, f) for f in BudgetForm.base_fields} if existing else None
     form = BudgetForm(request.POST or None, initial=initial)
-    if request.method == "POST" and form.is_valid():
-        try:
-            set_budget(tenant_slug=tenant, values=dict(form.cleaned_data), now=timezone.now(),
-                       actor_label=request.user.get_username(), actor_id=request.user.pk)
-        except InvalidInput as exc:
-            form.add_error(None, str(exc))
-        else:
-            # Re-evaluate at once rather than at the next minute's beat.
-            transaction.on_commit(tasks.evaluate_budgets.delay)
-            messages.success(request, _("Budget of %(tenant)s saved.") % {"tenant": tenant})
-            return redirect("budgets")
+    if request.method == "POST" and form.is_valid() and _save_budget(request, form, tenant_slug=tenant):
+        messages.success(request, _("Budget of %(tenant)s saved.") % {"tenant": tenant})
+        return redirect("budgets")
     return render(request, "billing/budget_edit.html", {"tenant": row, "form": form},
                   status=400 if form.errors else 200)
+
+
+@login_required
+def budget_change(request: HttpRequest, budget_id: int) -> HttpResponse:
+    """Finance and admins change a budget of any scope; what it applies to stays as it is."""
+    scope = require_platform(request, "only finance and admins set budgets")
+    view = next((b for b in list_budgets(scope=scope, now=timezone.now()) if b.id == budget_id), None)
+    budget = Budget.objects.filter(pk=budget_id).first()
+    if view is None or budget is None:
+        raise Http404("no such budget")
+    form = BudgetForm(request.POST or None, initial={f: getattr(budget, f) for f in BudgetForm.base_fields})
+    which = {"tenant_slug": view.tenant, "scope": view.scope, "namespace": view.namespace, "label": view.label}
+    if request.method == "POST" and form.is_valid() and _save_budget(request, form, **which):
+        messages.success(request, _("Budget of %(tenant)s, %(applies_to)s, saved.")
+                         % {"tenant": view.tenant, "applies_to": view.applies_to})
+        return redirect("budgets")
+    return render(request, "billing/budget_edit.html", {"tenant": budget.tenant, "form": form, "budget": view},
+                  status=400 if form.errors else 200)
+
+
+@login_required
+def budget_new(request: HttpRequest) -> HttpResponse:
+    """Finance and admins create a budget on a tenant, one of its namespaces, or its pods with a label."""
+    require_platform(request, "only finance and admins set budgets")
+    which_form = BudgetScopeForm(request.POST or None, initial={k: request.GET[k] for k in ("tenant", "scope")
+                                                                if k in request.GET})
+    form = BudgetForm(request.POST or None)
+    if request.method == "POST" and which_form.is_valid() and form.is_valid():
+        which = which_form.cleaned_data
+        if _save_budget(request, form, tenant_slug=which["tenant"], scope=which["scope"], namespace=which["namespace"],
+                        label=which["label"], must_be_new=True):
+            messages.success(request, _("Budget of %(tenant)s saved.") % {"tenant": which["tenant"]})
+            return redirect("budgets")
+    namespaces = sorted({n for ns in Tenant.objects.values_list("namespaces", flat=True) for n in ns})
+    return render(request, "billing/budget_new.html", {"which_form": which_form, "form": form,
+                                                       "namespaces": namespaces},
+                  status=400 if form.errors or which_form.errors else 200)
 
 
 class SlaTierForm(forms.Form):

@@ -161,3 +161,25 @@ def test_grants_on_each_gpu_stay_within_its_capacity_and_headroom_is_the_rest() 
     assert sm <= GPU.sm_count
     assert mem + result.mem_headroom_mb[GPU.uuid] == pytest.approx(GPU.memory_mb)
     assert sm + result.sm_headroom[GPU.uuid] == pytest.approx(GPU.sm_count)
+
+
+def test_a_throttled_namespace_loses_weight_and_under_a_throttled_tenant_too_the_smaller_factor_wins() -> None:
+    full = Entitlement(guarantee_sm=108)
+
+    def spender_share(policy: Policy) -> float:
+        spender = reading("spender", "bronze", mem=1, sm=1, tenant="acme", entitlement=full)
+        spender = UsageReading(workload=Workload(tenant="acme", namespace="acme-prod", pod="spender", container="c",
+                                                 pod_uid="spender", sla_tier="bronze"),
+                               gpu=spender.gpu, mem_used_mb=1, sm_used=1, pcie_mb_per_s=0.0, entitlement=full)
+        grants = grants_of([spender, reading("payer", "bronze", mem=1, sm=1, tenant="paying", entitlement=full)],
+                           policy)
+        return grants["spender"][1] / grants["payer"][1]
+
+    assert spender_share(Policy()) == pytest.approx(1.0)
+    assert spender_share(Policy(namespace_throttle_factors={"acme-prod": 0.25})) == pytest.approx(0.25)
+    assert spender_share(Policy(namespace_throttle_factors={"other": 0.25})) == pytest.approx(1.0)
+    both = Policy(throttled_tenants=frozenset({"acme"}), tenant_throttle_factors={"acme": 0.5},
+                  namespace_throttle_factors={"acme-prod": 0.2})
+    assert spender_share(both) == pytest.approx(0.2)
+    with pytest.raises(ValueError, match="namespace 'acme-prod': throttle factor"):
+        Policy(namespace_throttle_factors={"acme-prod": 1.5})

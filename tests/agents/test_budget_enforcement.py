@@ -78,3 +78,19 @@ def test_a_refused_or_failed_eviction_is_reported_and_retried_later() -> None:
     assert [e.action for e in events] == ["budget.evict_failed", "budget.evict_failed", "budget.evicted_best_effort"]
     assert events[0].detail["error"] == "refused by a PodDisruptionBudget"
     assert events[-1].detail["outcome"] == "pod already gone"
+
+
+def test_best_effort_pods_of_a_listed_namespace_are_evicted_and_the_tenants_others_are_not() -> None:
+    clock = FakeClock(start=START)
+    evict = Recorder([])
+    events: list[Event] = []
+    evictor = BestEffortEvictor(tenants=frozenset, namespaces=lambda: frozenset({"initech-prod"}), evict=evict,
+                                emit=events.append, clock=clock)
+    staging = reading("initech", "batch-2", "best-effort")
+    staging = UsageReading(workload=Workload(tenant="initech", namespace="initech-staging", pod="batch-2", container="c",
+                                             pod_uid="uid-batch-2", sla_tier="best-effort"),
+                           gpu="GPU-1", mem_used_mb=100.0, sm_used=1.0, pcie_mb_per_s=0.0)
+    evictor.observe(grants=[], readings=[reading("initech", "batch-1", "best-effort"), staging,
+                                         reading("initech", "api-1", "silver")])
+    assert [c["pod"] for c in evict.calls] == ["batch-1"]
+    assert [(e.target, e.detail["budget"]) for e in events] == [("initech-prod/batch-1", "namespace")]

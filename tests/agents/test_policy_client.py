@@ -3,6 +3,7 @@ service's recorded document shape), the on-disk cache, and what the policy does 
 
 from __future__ import annotations
 
+import copy
 import json
 import threading
 from collections.abc import Iterator
@@ -89,6 +90,25 @@ def test_the_recorded_document_becomes_weights_throttles_evictions_and_default_t
     assert snapshot.default_tier("acme") == "gold"
     assert snapshot.default_tier("globex") == "best-effort"  # no default on the server
     assert snapshot.default_tier("unknown") == "best-effort"
+
+
+def test_enforced_namespaces_become_throttles_and_evictions_and_a_document_without_them_is_fine() -> None:
+    document = copy.deepcopy(FIXTURE)
+    document["namespaces"] = {
+        "acme-prod": {"budget": {"state": "enforced", "action": "throttle", "throttle_factor": "0.200"}},
+        "initech-batch": {"budget": {"state": "enforced", "action": "evict-best-effort", "throttle_factor": "0.5"}},
+        "globex-ci": {"budget": {"state": "enforced", "action": "block", "throttle_factor": "0.5"}},
+    }
+    snapshot = parse_policy(document, base=Policy(), etag='"v2"', fetched_at=NOW)
+    assert snapshot.allocation.namespace_throttle_factors == {"acme-prod": 0.2}
+    assert snapshot.evict_best_effort_namespaces == {"initech-batch"}
+    assert snapshot.blocked_namespaces == {"globex-ci"}
+    assert snapshot.allocation.throttled_tenants == {"acme"}  # the tenants' part is read as before
+    assert "namespaces" not in FIXTURE
+    assert parse_policy(FIXTURE, base=Policy()).allocation.namespace_throttle_factors == {}
+    document["namespaces"]["acme-prod"]["budget"]["action"] = "pause"
+    with pytest.raises(ValueError, match=r"policy\.namespaces\.acme-prod\.budget\.action"):
+        parse_policy(document, base=Policy())
 
 
 @pytest.mark.parametrize(

@@ -208,8 +208,8 @@ def test_transition_is_notified_by_email_and_by_a_signed_webhook_that_is_retried
                            EMAIL_HOST="127.0.0.1", EMAIL_PORT=controller.port, VGPU_WEBHOOK_ALLOWED_HOSTS=["127.0.0.1"]):
         result = tasks.evaluate_budgets.apply().get()
         payload = result[0]
-        sent = tasks.send_budget_email.apply(args=(acme.budget.pk, payload)).get()
-        status = tasks.deliver_budget_webhook.apply(args=(acme.budget.pk, payload)).get()
+        sent = tasks.send_budget_email.apply(args=(acme.budgets.get().pk, payload)).get()
+        status = tasks.deliver_budget_webhook.apply(args=(acme.budgets.get().pk, payload)).get()
     assert payload["to"] == "enforced"
     assert payload["action"] == "throttle"
     assert sent == 1
@@ -460,8 +460,8 @@ def test_the_crossing_is_mailed_and_sent_as_a_signed_webhook_with_its_own_event(
         result = tasks.evaluate_budgets.apply().get()
         assert tasks.evaluate_budgets.apply().get() == []  # still over: nothing more to send
         [payload] = result
-        sent = tasks.send_budget_email.apply(args=(acme.budget.pk, payload)).get()
-        status = tasks.deliver_budget_webhook.apply(args=(acme.budget.pk, payload)).get()
+        sent = tasks.send_budget_email.apply(args=(acme.budgets.get().pk, payload)).get()
+        status = tasks.deliver_budget_webhook.apply(args=(acme.budgets.get().pk, payload)).get()
     assert payload["event"] == "budget.forecast_over_budget"
     assert sent == 1
     mail = inbox.messages[0]

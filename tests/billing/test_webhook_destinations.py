@@ -144,7 +144,7 @@ def acme_budget(db):
             set_budget(tenant_slug=tenant.slug, now=clock.now(), actor_label="test",
                        values={"amount": Decimal("10"), "currency": "USD", "owner": "finops@acme.example",
                                "webhook_url": url, "webhook_secret": "s3cret"})
-        return tenant.budget.pk
+        return tenant.budgets.get().pk
     return configure
 
 

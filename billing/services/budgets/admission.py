@@ -2,7 +2,7 @@
 
 Denies the creation of a pod that requests GPUs — `nvidia.com/gpu` in any container's
 requests or limits, one of our `vgpu-ledger.io/*` request annotations, or a DRA resource
-claim — when its tenant's budget is enforced with the `block` action, or when its
+claim — when its tenant's budget, or its namespace's, is enforced with the `block` action, or when its
 *guaranteed* memory / SMs would take the tenant's admitted pods above the tenant's quota.
 Everything else is allowed. Admitted pods with guarantees are remembered (AdmittedPod) until
 the webhook sees their DELETE. The tenant of a namespace is the tenant that lists it in
@@ -25,7 +25,7 @@ from django.db import transaction
 from django.db.models import Max, Q, Sum
 
 from billing.errors import FieldError, InvalidBatch
-from billing.models import AdmittedPod, BudgetAction, BudgetState, BudgetStatus, Gpu, Tenant
+from billing.models import AdmittedPod, BudgetAction, BudgetScope, BudgetState, BudgetStatus, Gpu, Tenant
 from billing.money import amount_text
 from billing.services.input_limits import integer_max, max_length, text_problem
 
@@ -208,17 +208,24 @@ def review_pod(review: Any, *, now: datetime) -> AdmissionDecision:
 
 def _budget_block(tenant: Tenant, *, uid: str, namespace: str, pod: dict[str, Any],
                   now: datetime) -> AdmissionDecision | None:
+    """A denial when the tenant's own budget, or the budget of the pod's namespace, is enforced this
+    month with `block`; the message names that budget and who can raise it."""
     status = (
         BudgetStatus.objects.select_related("budget")
-        .filter(budget__tenant=tenant, month=now.date().replace(day=1))
+        .filter(Q(budget__scope=BudgetScope.TENANT) | Q(budget__scope=BudgetScope.NAMESPACE, budget__namespace=namespace),
+                budget__tenant=tenant, month=now.date().replace(day=1), state=BudgetState.ENFORCED,
+                budget__hard_action=BudgetAction.BLOCK)
+        .order_by("budget__scope")  # "namespace" before "tenant": the narrower budget is named
         .first()
     )
-    if status is None or status.state != BudgetState.ENFORCED or status.budget.hard_action != BudgetAction.BLOCK:
+    if status is None:
         return None
     budget = status.budget
     name = (pod.get("metadata") or {}).get("name") or (pod.get("metadata") or {}).get("generateName") or "pod"
+    whose = (f"tenant {tenant.slug}" if budget.scope == BudgetScope.TENANT
+             else f"namespace {namespace} (tenant {tenant.slug})")
     message = (
-        f"vGPU Ledger: new GPU pods of tenant {tenant.slug} are blocked: its {now:%Y-%m} GPU budget of "
+        f"vGPU Ledger: new GPU pods of {whose} are blocked: its {now:%Y-%m} GPU budget of "
         f"{budget.amount} {budget.currency} is exhausted (month-to-date spend "
         f"{amount_text(status.spend, budget.currency)} {budget.currency}). Running pods keep their guarantees. "
         f"To raise the budget, contact {budget.owner}. (pod {namespace}/{name})"

@@ -1,6 +1,8 @@
 """Budgets that act: month-to-date spend → ok / warned / enforced, audited and notified.
 
-Spend is the tenant's charges plus any idle spread onto it: the closed days of the month from the
+A budget is on a tenant, or on one of its namespaces, or on its workloads carrying a label
+(`Budget.scope`; docs/enforcement.md, Budgets by namespace and label); its spend is the part of the
+tenant's spend in that scope, read and forecast by the same rules. Spend is the tenant's charges plus any idle spread onto it: the closed days of the month from the
 day ledger, today's hours from the hour ledger (the current hour is rolled up continuously). The
 forecast (`get_month_spends`, the one definition the portal, the budgets page and the evaluation
 share) adds the rate of the recent *complete* hours, carried to the end of the month, to the
@@ -19,7 +21,7 @@ import hmac
 import ipaddress
 import json
 from collections.abc import Collection
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from decimal import Decimal, InvalidOperation
 from typing import Any
@@ -34,11 +36,19 @@ from django.utils.translation import gettext as _
 from billing.calendar import month_bounds, month_of
 from billing.currencies import check_currency
 from billing.errors import InvalidInput
-from billing.ledger.spend import HourSpend, TenantSpend, list_hour_spends, list_month_to_date_spends
-from billing.models import Budget, BudgetState, BudgetStatus, Tenant
+from billing.ledger.spend import (
+    SpendScope,
+    TenantSpend,
+    list_hour_spends,
+    list_month_to_date_spends,
+    list_scope_hour_spends,
+    list_scope_spends,
+)
+from billing.models import Budget, BudgetAction, BudgetScope, BudgetState, BudgetStatus, Tenant
 from billing.money import amount_text, display_amount
 from billing.services.audit import record_audit_event
 from billing.services.budgets.webhooks import parse_allow_list
+from billing.services.ingest import label_problem, tenant_namespaces
 
 __all__ = [
     "FORECAST_CLEARED_EVENT",
@@ -48,10 +58,13 @@ __all__ = [
     "BudgetTransition",
     "ForecastOverBudget",
     "MonthSpend",
+    "budget_key",
+    "budget_scope",
     "budget_state_for",
     "check_budget_values",
     "evaluate_budgets",
     "forecast_over_budget_for",
+    "get_budget_spends",
     "get_month_spend",
     "get_month_spends",
     "get_month_to_date_parts",
@@ -64,6 +77,26 @@ __all__ = [
 
 _BUDGET_FIELDS = ("amount", "currency", "soft_threshold_pct", "hard_threshold_pct", "hard_action",
                   "throttle_factor", "owner", "notify_emails", "webhook_url")
+
+
+_TENANT_SCOPE = {"kind": BudgetScope.TENANT}
+
+
+def budget_scope(budget: Budget) -> dict[str, str]:
+    """What a budget counts, as notifications and the audit log name it."""
+    if budget.scope == BudgetScope.NAMESPACE:
+        return {"kind": budget.scope, "namespace": budget.namespace}
+    if budget.scope == BudgetScope.LABEL:
+        return {"kind": budget.scope, "label": f"{budget.label_key}={budget.label_value}"}
+    return dict(_TENANT_SCOPE)
+
+
+def budget_key(budget: Budget) -> str:
+    """The audit log's object id of a budget: the tenant's slug, then the scope (acme,
+    acme/namespace/acme-prod, acme/label/team=ml)."""
+    scope = budget_scope(budget)
+    return budget.tenant.slug if budget.scope == BudgetScope.TENANT else \
+        f"{budget.tenant.slug}/{budget.scope}/{scope.get('namespace') or scope.get('label')}"
 
 
 @dataclass(frozen=True)
@@ -80,11 +113,12 @@ class BudgetTransition:
     action: str
     owner: str
     at: datetime
+    scope: dict[str, str] = field(default_factory=lambda: dict(_TENANT_SCOPE))  # budget_scope()
 
     def payload(self) -> dict[str, Any]:
         return {
-            "event": "budget.state_changed", "tenant": self.tenant, "month": self.month, "from": self.before,
-            "to": self.after, "spend": amount_text(self.spend, self.currency),
+            "event": "budget.state_changed", "tenant": self.tenant, "scope": self.scope, "month": self.month,
+            "from": self.before, "to": self.after, "spend": amount_text(self.spend, self.currency),
             "forecast": amount_text(self.forecast, self.currency), "amount": str(self.amount),
             "currency": self.currency, "action": self.action if self.after == BudgetState.ENFORCED else None,
             "owner": self.owner, "at": self.at.isoformat(),
@@ -111,10 +145,12 @@ class ForecastOverBudget:
     currency: str
     owner: str
     at: datetime
+    scope: dict[str, str] = field(default_factory=lambda: dict(_TENANT_SCOPE))
 
     def payload(self) -> dict[str, Any]:
         return {
-            "event": FORECAST_OVER_EVENT, "tenant": self.tenant, "month": self.month, "state": self.state,
+            "event": FORECAST_OVER_EVENT, "tenant": self.tenant, "scope": self.scope, "month": self.month,
+            "state": self.state,
             "spend": amount_text(self.spend, self.currency), "forecast": amount_text(self.forecast, self.currency),
             "amount": str(self.amount), "currency": self.currency, "owner": self.owner, "at": self.at.isoformat(),
         }
@@ -203,33 +239,73 @@ def get_month_spend(*, tenant: str, now: datetime) -> MonthSpend:
 
 def get_month_spends(*, tenants: Collection[str], now: datetime) -> dict[str, MonthSpend]:
     """Month to date and forecast (MonthSpend) of each of `tenants`, in two queries."""
-    month_start, month_end = month_bounds(month_of(now))
     month_to_date = get_month_to_date_parts(tenants=tenants, now=now)
-    hour = now.replace(minute=0, second=0, microsecond=0)
-    window_start = max(month_start, hour - FORECAST_WINDOW)
-    hours: dict[str, list[HourSpend]] = {}
+    window_start, hour = _rate_window(now)
+    hours: dict[str, list[tuple[datetime, Decimal]]] = {}
     for row in list_hour_spends(tenants=tenants, since=window_start, until=hour):
-        hours.setdefault(row.tenant, []).append(row)
-    hours_left = Decimal(max((month_end - now).total_seconds(), 0)) / 3600
-    spends = {}
-    for tenant, parts in month_to_date.items():
-        rate, rate_hours = _hourly_rate(hours.get(tenant, []), window_start=window_start, until=hour)
-        spend = parts.spend
-        forecast = spend if rate is None else spend + rate * hours_left
-        spends[tenant] = MonthSpend(tenant, spend, forecast, rate, rate_hours, parts.charge, parts.idle_share)
+        hours.setdefault(row.tenant, []).append((row.hour, row.spend))
+    return {tenant: _month_spend(parts, hours.get(tenant, []), now=now) for tenant, parts in month_to_date.items()}
+
+
+def get_budget_spends(*, budgets: Collection[Budget], now: datetime,
+                      tenant_spends: dict[str, MonthSpend] | None = None) -> dict[int, MonthSpend]:
+    """Month to date and forecast of each budget's scope (by budget id): a tenant budget's is its
+    tenant's (get_month_spends; `tenant_spends` when the caller has read them already), a namespace's
+    or label's the part of the tenant's spend in it, by the same rules, in two queries for them all."""
+    budgets = list(budgets)
+    tenants = [b.tenant.slug for b in budgets if b.scope == BudgetScope.TENANT]
+    known = tenant_spends or {}
+    tenant_spends = {**known, **get_month_spends(tenants=[t for t in tenants if t not in known], now=now)}
+    spends = {b.pk: tenant_spends[b.tenant.slug] for b in budgets if b.scope == BudgetScope.TENANT}
+    scoped = [b for b in budgets if b.scope != BudgetScope.TENANT]
+    if not scoped:
+        return spends
+    scopes = [_spend_scope(b) for b in scoped]
+    window_start, hour = _rate_window(now)
+    hours: dict[int, list[tuple[datetime, Decimal]]] = {}
+    for row in list_scope_hour_spends(scopes=scopes, since=window_start, until=hour):
+        hours.setdefault(row.index, []).append((row.hour, row.spend))
+    for i, part in enumerate(list_scope_spends(scopes=scopes, start=_month_start(now), now=now)):
+        parts = TenantSpend(scoped[i].tenant.slug, part.charge, part.idle_share)
+        spends[scoped[i].pk] = _month_spend(parts, hours.get(i, []), now=now)
     return spends
 
 
-def _hourly_rate(hours: list[HourSpend], *, window_start: datetime, until: datetime) -> tuple[Decimal | None, int]:
-    """(mean spend per hour, number of hours) over the complete hours (MonthSpend); `hours` sorted."""
+def _spend_scope(budget: Budget) -> SpendScope:
+    if budget.scope == BudgetScope.NAMESPACE:
+        return SpendScope(tenant=budget.tenant.slug, namespace=budget.namespace)
+    return SpendScope(tenant=budget.tenant.slug, label=(budget.label_key, budget.label_value))
+
+
+def _rate_window(now: datetime) -> tuple[datetime, datetime]:
+    """[start, end) of the complete hours the forecast's rate is taken over (MonthSpend)."""
+    month_start, _end = month_bounds(month_of(now))
+    hour = now.replace(minute=0, second=0, microsecond=0)
+    return max(month_start, hour - FORECAST_WINDOW), hour
+
+
+def _month_spend(parts: TenantSpend, hours: list[tuple[datetime, Decimal]], *, now: datetime) -> MonthSpend:
+    """MonthSpend from the month to date and the spend of each hour of the rate window (sorted)."""
+    _start, month_end = month_bounds(month_of(now))
+    window_start, hour = _rate_window(now)
+    rate, rate_hours = _hourly_rate(hours, window_start=window_start, until=hour)
+    hours_left = Decimal(max((month_end - now).total_seconds(), 0)) / 3600
+    forecast = parts.spend if rate is None else parts.spend + rate * hours_left
+    return MonthSpend(parts.tenant, parts.spend, forecast, rate, rate_hours, parts.charge, parts.idle_share)
+
+
+def _hourly_rate(hours: list[tuple[datetime, Decimal]], *, window_start: datetime,
+                 until: datetime) -> tuple[Decimal | None, int]:
+    """(mean spend per hour, number of hours) over the complete hours (MonthSpend); `hours`:
+    (hour, spend) sorted by hour."""
     if not hours:
         return None, 0
-    first = hours[0].hour
+    first = hours[0][0]
     start = first if first == window_start else first + _HOUR  # usage began during `first`
     rate_hours = (until - start) // _HOUR
     if rate_hours <= 0:
         return None, 0
-    return sum((h.spend for h in hours if h.hour >= start), Decimal(0)) / rate_hours, rate_hours
+    return sum((spend for at, spend in hours if at >= start), Decimal(0)) / rate_hours, rate_hours
 
 
 MAX_NOTIFY_EMAILS = 20
@@ -303,9 +379,42 @@ def _check_thresholds(budget: Budget) -> None:
                              "before it acts") % {"soft": budget.soft_threshold_pct, "hard": budget.hard_threshold_pct})
 
 
+def _scope_fields(tenant: Tenant, *, scope: str, namespace: str, label: str) -> dict[str, str]:
+    """The fields that say which budget is meant: checked, so a budget never counts a namespace
+    that is not the tenant's or a label Kubernetes could not carry."""
+    if scope == BudgetScope.TENANT:
+        return {"scope": scope, "namespace": "", "label_key": "", "label_value": ""}
+    if scope == BudgetScope.NAMESPACE:
+        namespace = namespace.strip()
+        own = tenant_namespaces(tenant.slug)
+        if namespace not in own:
+            raise InvalidInput(_("namespace %(namespace)r is not one of %(tenant)s's namespaces (%(own)s); an admin "
+                                 "lists a tenant's namespaces on its billing page")
+                               % {"namespace": namespace, "tenant": tenant.slug, "own": ", ".join(own) or "—"})
+        return {"scope": scope, "namespace": namespace, "label_key": "", "label_value": ""}
+    if scope == BudgetScope.LABEL:
+        key, sep, value = label.strip().partition("=")
+        problem = label_problem(key, value) if sep else "write the label as name=value (team=ml)"
+        if problem:
+            raise InvalidInput(_("label %(label)r: %(problem)s") % {"label": label, "problem": problem})
+        return {"scope": scope, "namespace": "", "label_key": key, "label_value": value}
+    raise InvalidInput(_("budget scope %(scope)r is not one of tenant, namespace, label") % {"scope": scope})
+
+
+def _check_action(budget: Budget) -> None:
+    if budget.scope == BudgetScope.LABEL and budget.hard_action != BudgetAction.NOTIFY:
+        raise InvalidInput(_("a label budget only notifies: a pod's labels can change while it runs and are known "
+                             "only as its node last reported them, so a label cannot decide which pods to throttle, "
+                             "block or evict (docs/enforcement.md); choose “notify only”"))
+
+
 def set_budget(*, tenant_slug: str, values: dict[str, Any], now: datetime, actor_label: str,
-               actor_id: int | None = None) -> Budget:
-    """Create or change a tenant's budget, validated and audited in one transaction."""
+               actor_id: int | None = None, scope: str = BudgetScope.TENANT, namespace: str = "",
+               label: str = "", must_be_new: bool = False) -> Budget:
+    """Create or change a budget, validated and audited in one transaction: the tenant's own
+    (`scope` tenant), one of its namespaces' (`namespace`) or its workloads' with a label (`label`,
+    name=value; such a budget only notifies, and notifying is its default action). With
+    `must_be_new`, a budget that exists already for that scope is refused rather than changed."""
     unknown = set(values) - set(_BUDGET_FIELDS) - {"webhook_secret"}
     if unknown:
         raise InvalidInput(f"unknown budget fields: {', '.join(sorted(unknown))}")
@@ -314,20 +423,30 @@ def set_budget(*, tenant_slug: str, values: dict[str, Any], now: datetime, actor
         tenant = Tenant.objects.filter(slug=tenant_slug).first()
         if tenant is None:
             raise InvalidInput(f"no tenant {tenant_slug!r}")
-        budget = Budget.objects.select_for_update().filter(tenant=tenant).first()
+        which = _scope_fields(tenant, scope=scope, namespace=namespace, label=label)
+        budget = Budget.objects.select_for_update().filter(tenant=tenant, **which).first()
+        if budget is not None and must_be_new:
+            raise InvalidInput(_("%(tenant)s already has a budget on %(scope)s; change that one instead")
+                               % {"tenant": tenant.slug, "scope": budget.scope_text or _("the whole tenant")})
         before = {f: str(getattr(budget, f)) for f in _BUDGET_FIELDS} if budget else None
-        budget = budget or Budget(tenant=tenant)
+        if budget is None:
+            budget = Budget(tenant=tenant, **which)
+            if scope == BudgetScope.LABEL:
+                budget.hard_action = BudgetAction.NOTIFY
         for key, value in values.items():
             setattr(budget, key, value)
         _check_thresholds(budget)
+        _check_action(budget)
         try:
             budget.full_clean()
         except ValidationError as exc:
             raise InvalidInput("; ".join(f"{k}: {' '.join(v)}" for k, v in exc.message_dict.items())) from exc
         budget.save()
+        after: dict[str, Any] = {f: str(getattr(budget, f)) for f in _BUDGET_FIELDS}
         record_audit_event(
             at=now, actor_id=actor_id, actor_label=actor_label, action="budget.set", object_type="budget",
-            object_id=tenant.slug, before=before, after={f: str(getattr(budget, f)) for f in _BUDGET_FIELDS},
+            object_id=budget_key(budget), before=before,
+            after=after if budget.scope == BudgetScope.TENANT else {**after, "scope": budget_scope(budget)},
         )
     return budget
 
@@ -343,9 +462,9 @@ def evaluate_budgets(*, now: datetime) -> list[BudgetEvent]:
     month = month_of(now)
     events: list[BudgetEvent] = []
     budgets = list(Budget.objects.select_related("tenant").order_by("pk"))
-    spends = get_month_spends(tenants=[b.tenant.slug for b in budgets], now=now)
+    spends = get_budget_spends(budgets=budgets, now=now)
     for budget in budgets:
-        spend, forecast = spends[budget.tenant.slug].month_to_date, spends[budget.tenant.slug].forecast
+        spend, forecast = spends[budget.pk].month_to_date, spends[budget.pk].forecast
         state = budget_state_for(spend=spend, amount=budget.amount, soft_pct=budget.soft_threshold_pct,
                                  hard_pct=budget.hard_threshold_pct)
         over = forecast_over_budget_for(forecast=forecast, amount=budget.amount, state=state)
@@ -373,14 +492,14 @@ def _state_changed(budget: Budget, *, month: str, before: str, after: str, spend
                    now: datetime) -> BudgetTransition:
     record_audit_event(
         at=now, actor_label="system", action="budget.state_changed", object_type="budget",
-        object_id=budget.tenant.slug, before={"state": before},
+        object_id=budget_key(budget), before={"state": before},
         after={"state": after, "spend": amount_text(spend, budget.currency),
                "amount": str(budget.amount), "action": budget.hard_action},
     )
     return BudgetTransition(
         budget_id=budget.pk, tenant=budget.tenant.slug, month=month, before=before, after=after, spend=spend,
         forecast=forecast, amount=budget.amount, currency=budget.currency, action=budget.hard_action,
-        owner=budget.owner, at=now,
+        owner=budget.owner, at=now, scope=budget_scope(budget),
     )
 
 
@@ -394,13 +513,13 @@ def _forecast_crossed(budget: Budget, *, month: str, state: str, over: bool, spe
         after["reason"] = "enforced" if state == BudgetState.ENFORCED else "forecast within budget"
     record_audit_event(
         at=now, actor_label="system", action=FORECAST_OVER_EVENT if over else FORECAST_CLEARED_EVENT,
-        object_type="budget", object_id=budget.tenant.slug, before={"forecast_over_budget": not over}, after=after,
+        object_type="budget", object_id=budget_key(budget), before={"forecast_over_budget": not over}, after=after,
     )
     if not over:
         return None
     return ForecastOverBudget(
         budget_id=budget.pk, tenant=budget.tenant.slug, month=month, state=state, spend=spend, forecast=forecast,
-        amount=budget.amount, currency=budget.currency, owner=budget.owner, at=now,
+        amount=budget.amount, currency=budget.currency, owner=budget.owner, at=now, scope=budget_scope(budget),
     )
 
 

@@ -15,11 +15,16 @@ from billing.services.ingest.api_schemas import (
     undelivered_report_schema,
 )
 from billing.services.ingest.batch_schema import usage_batch_schema
+from billing.services.ingest.batch_validation import label_problem
 from billing.services.ingest.batches import decode_body, record_usage_batch
 from billing.services.ingest.node_events import record_node_events
 from billing.services.ingest.policy import get_node_policy
 from billing.services.ingest.rollup import redrive_batches, run_rollup
-from billing.services.ingest.tenant_mapping import count_claim_mismatches_by_node, set_tenant_namespaces
+from billing.services.ingest.tenant_mapping import (
+    count_claim_mismatches_by_node,
+    set_tenant_namespaces,
+    tenant_namespaces,
+)
 from billing.services.ingest.undelivered import record_undelivered_batches
 
 __all__ = [
@@ -28,6 +33,7 @@ __all__ = [
     "count_claim_mismatches_by_node",
     "decode_body",
     "get_node_policy",
+    "label_problem",
     "node_events_schema",
     "node_policy_schema",
     "record_node_events",
@@ -36,6 +42,7 @@ __all__ = [
     "redrive_batches",
     "run_rollup",
     "set_tenant_namespaces",
+    "tenant_namespaces",
     "undelivered_report_schema",
     "usage_batch_schema",
 ]

@@ -79,8 +79,9 @@ def node_policy_schema() -> dict[str, Any]:
         "required": ["state"],
         "properties": {
             "state": {"type": "string", "enum": list(BudgetState.values)},
-            "action": {"type": "string", "enum": list(BudgetAction.values),
-                       "description": "present when the budget is enforced this month"},
+            "action": {"type": "string", "enum": [a for a in BudgetAction.values if a != BudgetAction.NOTIFY],
+                       "description": "present when the budget is enforced this month with an action a node "
+                                      "applies (a budget that only notifies is listed as ok)"},
             "throttle_factor": {"type": "string", "description": "a decimal, for action throttle"},
         },
     }
@@ -96,6 +97,10 @@ def node_policy_schema() -> dict[str, Any]:
                 "type": "object", "required": ["weight"],
                 "properties": {"weight": {"type": "string", "description": "a decimal", "example": "4.000"}}}},
             "tenants": {"type": "object", "description": "by tenant slug", "additionalProperties": tenant},
+            "namespaces": {"type": "object", "description": "by namespace: only those whose own budget is "
+                                                            "enforced this month (every other namespace is ok)",
+                           "additionalProperties": {"type": "object", "required": ["budget"],
+                                                    "properties": {"budget": budget}}},
         },
     }
 

@@ -33,7 +33,7 @@ from billing.ledger.columns import (
 from billing.models import Node
 from billing.services.input_limits import max_length
 
-__all__ = ["SCHEMA", "BatchGpuDecl", "PodMeta", "ValidatedBatch", "validate_batch"]
+__all__ = ["SCHEMA", "BatchGpuDecl", "PodMeta", "ValidatedBatch", "label_problem", "validate_batch"]
 
 SCHEMA = "vgpu-ledger/usage-batch/v1"
 MAX_ERRORS = 50
@@ -214,7 +214,7 @@ def _validate_cluster(payload: dict[str, Any], errors: _Errors) -> str | None:
     return cluster
 
 
-def _label_problem(key: Any, value: Any) -> str | None:
+def label_problem(key: Any, value: Any) -> str | None:
     """Why (key, value) is not a Kubernetes label, or None when it is one."""
     if not isinstance(key, str):
         return "label keys must be strings"
@@ -351,7 +351,7 @@ def _validate_labels(labels: Any, i: int, *, good: set[tuple[str, str]], errors:
     for key, value in labels.items():
         if isinstance(value, str) and (key, value) in good:
             continue
-        problem = _label_problem(key, value)
+        problem = label_problem(key, value)
         if problem is not None:
             errors.add(f"$.samples[{i}].labels", problem)
             return False

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from billing.models import BudgetState, BudgetStatus, SlaTier, Tenant
+from billing.models import BudgetAction, BudgetScope, BudgetState, BudgetStatus, SlaTier, Tenant
 
 __all__ = ["POLICY_SCHEMA", "NodePolicy", "get_node_policy"]
 
@@ -22,18 +22,20 @@ class NodePolicy:
 
 
 def get_node_policy(*, node_name: str, now: datetime) -> NodePolicy:
-    """SLA tiers, each tenant's default tier and, for tenants whose budget is enforced this
-    month, the action agents apply (`throttle`: weight × factor, no burst above guarantees;
-    `evict-best-effort`; `block` is enforced at admission and listed for completeness)."""
+    """SLA tiers, each tenant's default tier and, for tenants and namespaces whose budget is
+    enforced this month with an action a node applies, that action (`throttle`: weight × factor,
+    no burst above guarantees; `evict-best-effort`; `block` is enforced at admission and listed for
+    completeness). A budget that only notifies, and a label budget (which only notifies), are not
+    listed: there is nothing for a node to do."""
     month = now.date().replace(day=1)
-    enforced = {
-        s.budget.tenant.slug: {
-            "state": s.state,
-            "action": s.budget.hard_action,
-            "throttle_factor": str(s.budget.throttle_factor),
-        }
-        for s in BudgetStatus.objects.filter(month=month, state=BudgetState.ENFORCED).select_related("budget__tenant")
-    }
+    enforced: dict[tuple[str, str], dict[str, str]] = {}
+    statuses = (BudgetStatus.objects.filter(month=month, state=BudgetState.ENFORCED,
+                                            budget__scope__in=[BudgetScope.TENANT, BudgetScope.NAMESPACE])
+                .exclude(budget__hard_action=BudgetAction.NOTIFY).select_related("budget__tenant"))
+    for s in statuses:
+        key = s.budget.tenant.slug if s.budget.scope == BudgetScope.TENANT else s.budget.namespace
+        enforced[(s.budget.scope, key)] = {"state": s.state, "action": s.budget.hard_action,
+                                           "throttle_factor": str(s.budget.throttle_factor)}
     body: dict[str, Any] = {
         "schema": POLICY_SCHEMA,
         "node": node_name,
@@ -41,10 +43,13 @@ def get_node_policy(*, node_name: str, now: datetime) -> NodePolicy:
         "tenants": {
             t.slug: {
                 "default_sla_tier": t.default_sla_tier.slug if t.default_sla_tier else None,
-                "budget": enforced.get(t.slug, {"state": BudgetState.OK}),
+                "budget": enforced.get((BudgetScope.TENANT, t.slug), {"state": BudgetState.OK}),
             }
             for t in Tenant.objects.select_related("default_sla_tier").order_by("slug")
         },
+        # Only namespaces whose budget is enforced: the agent treats every other one as ok.
+        "namespaces": {namespace: {"budget": budget}
+                       for (scope, namespace), budget in sorted(enforced.items()) if scope == BudgetScope.NAMESPACE},
     }
     canonical = json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
     return NodePolicy(body=body, etag=hashlib.sha256(canonical).hexdigest()[:32])

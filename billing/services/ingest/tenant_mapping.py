@@ -32,7 +32,7 @@ from billing.models import Node, Tenant
 from billing.services.audit import record_audit_event
 
 __all__ = ["TENANT_COLUMN", "UNMAPPED_RULES", "count_claim_mismatches_by_node", "map_batch_tenants",
-           "namespace_tenants", "note_claim_mismatches", "set_tenant_namespaces", "tenant_for"]
+           "namespace_tenants", "note_claim_mismatches", "set_tenant_namespaces", "tenant_for", "tenant_namespaces"]
 
 UNMAPPED_RULES = ("claim", "namespace")
 _NAMESPACE_RE = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")  # a Kubernetes namespace: a DNS label
@@ -47,6 +47,17 @@ def namespace_tenants() -> dict[str, str]:
         for namespace in namespaces:
             mapping.setdefault(namespace, slug)  # the first tenant to list it keeps it
     return mapping
+
+
+def tenant_namespaces(slug: str) -> list[str]:
+    """The namespaces whose usage is billed to tenant `slug` by the rule above: those listed on it
+    (and on no tenant created before it), and, under VGPU_TENANT_UNMAPPED = "namespace", the one
+    named like its slug when no tenant lists that. Sorted."""
+    mapping = namespace_tenants()
+    listed = {namespace for namespace, tenant in mapping.items() if tenant == slug}
+    if settings.VGPU_TENANT_UNMAPPED == "namespace" and slug not in mapping:
+        listed.add(slug)
+    return sorted(listed)
 
 
 def tenant_for(namespace: str, claim: str, mapping: dict[str, str]) -> str:
