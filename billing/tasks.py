@@ -33,6 +33,7 @@ from billing.services.budgets import (
     webhook_body,
 )
 from billing.services.budgets import evaluate_budgets as _evaluate_budgets
+from billing.services.exports import deliver_focus_dataset as _deliver_focus_dataset
 from billing.services.exports import write_changing_months
 from billing.services.fleet import kube_from_settings, run_execution
 from billing.services.fleet import propose_rebalance as _propose
@@ -137,6 +138,19 @@ def write_focus_dataset() -> list[dict[str, object]]:
     written = write_changing_months(Path(settings.VGPU_FOCUS_DATASET_DIR), now=timezone.now(),
                                     horizon=settings.VGPU_LATE_USAGE_HORIZON)
     return [w.summary() for w in written]
+
+
+@shared_task(name="billing.tasks.deliver_focus_dataset", acks_late=True, autoretry_for=(OperationalError,),
+             retry_backoff=True, max_retries=5)
+def deliver_focus_dataset(destination_id: int | None = None, requested_by: str = "") -> list[dict[str, object]]:
+    """Daily (and on a destination's "Deliver now"): the fleet FOCUS dataset of every month that can
+    still change, to every enabled object-storage destination or to `destination_id` (docs/exports.md).
+    Idempotent: what a bucket holds already is not sent again."""
+    deliveries = _deliver_focus_dataset(now=timezone.now(), horizon=settings.VGPU_LATE_USAGE_HORIZON,
+                                        trigger=requested_by or "schedule",
+                                        destination_ids=None if destination_id is None else [destination_id])
+    return [{"destination": d.destination_id, "month": f"{d.month:%Y-%m}", "status": d.status,
+             "objects": len(d.objects_written)} for d in deliveries]
 
 
 @shared_task(name="billing.tasks.evaluate_budgets", acks_late=True, autoretry_for=(OperationalError,),

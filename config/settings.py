@@ -350,11 +350,25 @@ CELERY_BEAT_SCHEDULE: dict[str, dict[str, Any]] = {
         "schedule": (float(os.environ["VGPU_FOCUS_DATASET_EVERY_S"]) if os.environ.get("VGPU_FOCUS_DATASET_EVERY_S")
                      else crontab(hour="2", minute="30")),
     },
+    # The same months delivered to every enabled object-storage destination (docs/exports.md).
+    "deliver-focus-dataset": {
+        "task": "billing.tasks.deliver_focus_dataset",
+        "schedule": (float(os.environ["VGPU_FOCUS_DATASET_EVERY_S"]) if os.environ.get("VGPU_FOCUS_DATASET_EVERY_S")
+                     else crontab(hour="2", minute="45")),
+    },
 }
 
 # The monthly FOCUS dataset of the whole fleet (billing.services.exports.focus_dataset): written under
 # this folder as <YYYY-MM>/…csv, .parquet, focus-metadata.json and manifest.json. Empty: the daily task logs that it is off.
 VGPU_FOCUS_DATASET_DIR = os.environ.get("VGPU_FOCUS_DATASET_DIR", "")
+
+# Delivery of that dataset to S3-compatible object storage (billing.services.exports.delivery; the
+# destinations are managed on /exports/): the key sealing their credentials (a Fernet key; when empty,
+# one derived from SECRET_KEY), and the endpoints allowed although they resolve to loopback or private
+# addresses (an on-prem MinIO, say), as host names, addresses or networks.
+VGPU_CREDENTIALS_KEY = os.environ.get("VGPU_CREDENTIALS_KEY", "")
+VGPU_EXPORT_ALLOWED_HOSTS = [h.strip() for h in os.environ.get("VGPU_EXPORT_ALLOWED_HOSTS", "").split(",")
+                             if h.strip()]
 
 # Pool rebalance (docs/rebalance.md): at most K moves per plan, demand = peak over the window.
 # Plans are dry runs until an admin approves one; execution talks to VGPU_KUBE_API (a URL,

@@ -10,6 +10,7 @@ from billing.ledger import models as _ledger_models  # noqa: F401 - imported to 
 from billing.models.accounts import ApiToken, UserPreference
 from billing.models.audit import AuditEvent
 from billing.models.budgets import AdmittedPod, Budget, BudgetAction, BudgetScope, BudgetState, BudgetStatus
+from billing.models.exports import ExportDelivery, ExportDestination
 from billing.models.fleet import Gpu, Node, NodeToken
 from billing.models.invoicing import BillingPeriod, CreditNote, Invoice, InvoiceLine, InvoiceStatusChange
 from billing.models.pricing import BilledBasis, Commitment, CommitmentKind, GpuModel, IdlePolicy, RateCard
@@ -32,6 +33,8 @@ __all__ = [
     "Commitment",
     "CommitmentKind",
     "CreditNote",
+    "ExportDelivery",
+    "ExportDestination",
     "Gpu",
     "GpuModel",
     "IdlePolicy",

@@ -173,7 +173,7 @@ def _dates_text(page: Page) -> str:
 
 @pytest.mark.parametrize("language", LANGUAGES)
 def test_at_390_px_the_header_is_whole_and_nothing_scrolls_sideways(open_browser, demo, language):
-    pages = {FINANCE: ["/finance/", "/invoices/", "/periods/", "/reports/", "/budgets/", "/commitments/"],
+    pages = {FINANCE: ["/finance/", "/invoices/", "/periods/", "/reports/", "/budgets/", "/commitments/", "/exports/"],
              ADMIN: ["/nodes/", "/rate-cards/", "/sla-tiers/", "/rebalance/", "/audit/"],
              TENANT: ["/tenants/acme/", "/invoices/"]}
     for username, paths in pages.items():

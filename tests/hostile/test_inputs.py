@@ -25,6 +25,7 @@ from billing.errors import InvalidInput
 from billing.models import (
     BillingPeriod,
     Commitment,
+    ExportDestination,
     GpuModel,
     Invoice,
     InvoiceLine,
@@ -64,6 +65,7 @@ GET_PAGES: dict[str, tuple[str, ...]] = {
     "/audit/": ("action",),
     "/rate-cards/": ("gpu_model",),
     "/commitments/": ("month",),
+    "/exports/": (),
     "/nodes/": (),
     "/api-tokens/": (),
     "/rebalance/": (),
@@ -82,6 +84,9 @@ RATE_CARD = {"gpu_model": A100["model"], "price_per_gpu_hour": "4.10", "currency
              "effective_from": "2200-01-01T00:00", "alpha": "", "billed_basis": "", "idle_policy": "",
              "confirm_free": "", "source_url": "https://example.org/price", "source_note": "list price"}
 SLA_TIER = {"name": "Bronze", "weight": "1", "description": ""}
+DESTINATION = {"name": "Lake", "endpoint_url": "", "region": "eu-west-1", "bucket": "finops-lake", "key_prefix": "gpu",
+               "access_key_id": "AKIAEXAMPLE0001", "secret_access_key": "probe-secret", "enabled": "on",
+               "clear_credentials": ""}
 COMMITMENT = {"kind": "on_prem", "gpu_model": A100["model"], "cards": "8", "currency": "USD", "note": "contract",
               "term_start": "2199-01-01", "term_years": "3", "price_per_gpu_hour": "2.9", "purchase_price": "15000",
               "power_watts": "400", "energy_price_per_kwh": "0.15", "facility_cost_per_year": "1200"}
@@ -100,6 +105,10 @@ POST_FORMS: dict[str, dict[str, str]] = {
     "/rate-cards/{card}/retire/": RETIRE,
     "/commitments/": COMMITMENT,
     "/commitments/{commitment}/retire/": RETIRE,
+    "/exports/": DESTINATION,
+    "/exports/{destination}/": DESTINATION,
+    "/exports/{destination}/retire/": {"confirm": "on"},
+    "/exports/{destination}/deliver/": {},
     "/gpu-models/": {"name": "NVIDIA H100 80GB HBM3", "note": ""},
     "/gpu-models/retire/": {"name": A100["model"], **RETIRE},
     "/nodes/tokens/": {"node": "gpu-node-9"},
@@ -156,8 +165,10 @@ def _world() -> dict[str, int]:
         term_start=datetime(2199, 1, 1, tzinfo=UTC), term_end=datetime(2200, 1, 1, tzinfo=UTC), term_years=1,
         effective_from=datetime(2199, 1, 1, tzinfo=UTC), effective_to=datetime(2200, 1, 1, tzinfo=UTC), note="c",
         created_at=now, created_by="test")
+    destination = ExportDestination.objects.create(name="Probe lake", region="eu-west-1", bucket="probe-lake",
+                                                   created_at=now, created_by="test", updated_at=now, updated_by="test")
     return {
-        "admin": admin.pk, "card": card.pk, "commitment": commitment.pk,
+        "admin": admin.pk, "card": card.pk, "commitment": commitment.pk, "destination": destination.pk,
         "node_token": issue_node_token(node_name="gpu-node-1", now=now, actor_label="test").token_id,
         "api_token": issue_api_token(username=admin.get_username(), name="probe", expires_at=None, now=now,
                                      actor_label="test").token_id,
@@ -249,7 +260,7 @@ def test_the_probe_covers_every_route_that_takes_a_post():
     """A new form (a route whose view takes a POST) must join POST_FORMS, or NOT_PROBED with the
     reason it is not probed."""
     probed = {resolve(path).url_name for path in _post_forms({"card": 1, "node_token": 1, "api_token": 1, "plan": 1,
-                                                               "commitment": 1})}
+                                                               "commitment": 1, "destination": 1})}
     posting = {route.name for route in _routes(get_resolver().url_patterns) if _takes_post(route)}
     assert posting - probed - NOT_PROBED == set(), "routes that take a POST the probe does not send one to"
     # Both lists stay true: nothing named that takes no POST, nothing both probed and excused.

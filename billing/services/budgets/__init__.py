@@ -26,6 +26,7 @@ from billing.services.budgets.spend import (
 )
 from billing.services.budgets.webhooks import (
     DestinationRefused,
+    forbidden_reason,
     parse_allow_list,
     post_to_destination,
     record_webhook_refusal,
@@ -42,6 +43,7 @@ __all__ = [
     "budget_key",
     "budget_scope",
     "evaluate_budgets",
+    "forbidden_reason",
     "get_budget_spends",
     "get_month_spend",
     "get_month_spends",

@@ -1,8 +1,10 @@
 """Invoice and credit note downloads: PDF, CSV and a FOCUS 1.3 cost-and-usage CSV (docs/exports.md).
 
-Reads only, one module per concern: the scoped invoice reads (`invoices`), the invoice CSV
+Reads, and the destinations of the fleet dataset, one module per concern: the scoped invoice reads (`invoices`), the invoice CSV
 (`invoice_csv`), the FOCUS rows and file (`focus`, from billing.ledger.exports), the PDF
-(`pdf`, drawing through billing.pdf_fonts), the FOCUS dataset files (`focus_dataset`). Every entry point takes the caller's `Scope` and
+(`pdf`, drawing through billing.pdf_fonts), the FOCUS dataset files (`focus_dataset`), and their
+delivery to object storage (`delivery`, to the `destinations` admins manage, whose keys `credentials`
+seals). Every entry point takes the caller's `Scope` and
 filters in the query, so an invoice outside the scope is indistinguishable from one that does
 not exist.
 
@@ -18,6 +20,10 @@ from dataclasses import dataclass
 
 from billing.errors import InvalidInput
 from billing.scope import Scope
+from billing.services.exports.credentials import CredentialsUnreadable
+from billing.services.exports.credentials import readable as credentials_readable
+from billing.services.exports.delivery import deliver_focus_dataset, object_keys
+from billing.services.exports.destinations import DestinationInput, check_endpoint, retire_destination, save_destination
 from billing.services.exports.focus import (
     ALLOCATED_METHOD_ID,
     FOCUS_COLUMNS,
@@ -58,9 +64,11 @@ __all__ = [
     "FOCUS_COLUMNS",
     "GPU_HOURS_PLACES",
     "INVOICE_CSV_COLUMNS",
+    "CredentialsUnreadable",
     "CreditNoteDocument",
     "CreditNoteNotFound",
     "CreditNoteSummary",
+    "DestinationInput",
     "ExportFile",
     "InvoiceDocument",
     "InvoiceLineView",
@@ -68,6 +76,9 @@ __all__ = [
     "InvoiceSummary",
     "build_credit_note_focus_rows",
     "build_focus_rows",
+    "check_endpoint",
+    "credentials_readable",
+    "deliver_focus_dataset",
     "export_credit_note",
     "export_invoice",
     "find_invoice_number",
@@ -75,6 +86,7 @@ __all__ = [
     "get_invoice_document",
     "line_number_cells",
     "list_invoices",
+    "object_keys",
     "plain_decimal",
     "render_credit_note_csv",
     "render_credit_note_focus_csv",
@@ -82,6 +94,8 @@ __all__ = [
     "render_focus_csv",
     "render_invoice_csv",
     "render_invoice_pdf",
+    "retire_destination",
+    "save_destination",
     "write_changing_months",
     "write_fleet_dataset",
 ]

@@ -22,6 +22,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 from datetime import date, datetime, timedelta
 from decimal import Decimal
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -45,7 +46,8 @@ from billing.services.exports.focus import (
 from billing.services.exports.numbers import plain_decimal
 from billing.services.invoicing import current_issuer
 
-__all__ = ["FOCUS_VERSION", "METADATA", "PLATFORM_ACCOUNT", "DatasetWritten", "build_fleet_focus_rows",
+__all__ = ["FOCUS_VERSION", "MANIFEST", "METADATA", "PLATFORM_ACCOUNT", "DatasetFiles", "DatasetWritten",
+           "build_dataset_files", "build_fleet_focus_rows",
            "dataset_file_names", "focus_metadata", "issued_invoice_numbers", "months_to_write", "write_changing_months", "write_fleet_dataset"]
 
 FOCUS_VERSION = "1.3"
@@ -154,44 +156,88 @@ def write_changing_months(directory: Path, *, now: datetime, horizon: timedelta)
             for month in months_to_write(now=now, horizon=horizon)]
 
 
+@dataclass(frozen=True)
+class DatasetFiles:
+    """A month's dataset in memory: the CSV, the Parquet file and FOCUS's metadata, with what the
+    manifest says of them (written to a folder by `write_fleet_dataset`, to object storage by
+    billing.services.exports.delivery)."""
+
+    month: date
+    focus_rows: list[dict[str, Any]]
+    csv_name: str
+    csv: bytes
+    parquet_name: str
+    metadata: bytes
+    totals: dict[str, Decimal]
+    final: bool
+
+    @property
+    def rows(self) -> int:
+        return len(self.focus_rows)
+
+    @cached_property
+    def parquet(self) -> bytes:
+        """Built when first asked for (an unchanged month never needs it), from the CSV's own rows."""
+        return _parquet(self.focus_rows)
+
+    @property
+    def csv_sha256(self) -> str:
+        return hashlib.sha256(self.csv).hexdigest()
+
+    def manifest(self, *, files: dict[str, dict[str, object]], written_at: datetime) -> bytes:
+        """manifest.json: our bookkeeping of the month (checksums, rows, totals, whether final)."""
+        manifest = {
+            "focus_version": FOCUS_VERSION, "month": f"{self.month:%Y-%m}", "written_at": focus_cell(written_at),
+            "final": self.final, "rows": self.rows, "files": files,
+            "schema_id": focus_metadata()["Schemas"][0]["SchemaId"],
+            "billed_cost": {c: plain_decimal(t) for c, t in sorted(self.totals.items())},
+            "billed_cost_minor_units": {c: to_minor_units(t, c) for c, t in sorted(self.totals.items())},
+        }
+        return (json.dumps(manifest, indent=2, sort_keys=True) + "\n").encode()
+
+
+def build_dataset_files(month: date, *, now: datetime, horizon: timedelta) -> DatasetFiles:
+    """The month's dataset as bytes, from one read of the ledger."""
+    rows = build_fleet_focus_rows(month)
+    csv_name, parquet_name = dataset_file_names(month)
+    return DatasetFiles(
+        month=month, focus_rows=rows, csv_name=csv_name, csv=focus_csv(rows), parquet_name=parquet_name,
+        metadata=(json.dumps(focus_metadata(), indent=2, sort_keys=True) + "\n").encode(),
+        totals=_totals(rows), final=_is_final(month, now=now, horizon=horizon))
+
+
 def write_fleet_dataset(month: date, directory: Path, *, now: datetime, horizon: timedelta) -> DatasetWritten:
     """Write the month's fleet dataset under `directory/YYYY-MM/`: the CSV, the Parquet file, then the
     manifest (their SHA-256, row count and totals), each through a temporary file renamed into place,
     so a reader sees a whole old file or a whole new one. Idempotent: when the CSV's checksum is the
     manifest's, only a changed `final` rewrites the manifest."""
-    rows = build_fleet_focus_rows(month)
+    dataset = build_dataset_files(month, now=now, horizon=horizon)
     folder = directory / f"{month:%Y-%m}"
     folder.mkdir(parents=True, exist_ok=True)
-    csv_name, parquet_name = dataset_file_names(month)
-    csv_bytes = focus_csv(rows)
-    totals = _totals(rows)
-    final = _is_final(month, now=now, horizon=horizon)
+    csv_name, parquet_name = dataset.csv_name, dataset.parquet_name
+    final = dataset.final
     previous = _read_manifest(folder / MANIFEST)
-    csv_sha = hashlib.sha256(csv_bytes).hexdigest()
+    csv_sha = dataset.csv_sha256
     unchanged = (previous.get("files", {}).get(csv_name, {}).get("sha256") == csv_sha
                  and (folder / csv_name).exists() and (folder / parquet_name).exists())
-    metadata = (json.dumps(focus_metadata(), indent=2, sort_keys=True) + "\n").encode()
-    if _read_bytes(folder / METADATA) != metadata:
+    if _read_bytes(folder / METADATA) != dataset.metadata:
         unchanged = False  # a new schema object: write the data again beside it
+    written = DatasetWritten(month=month, directory=folder, rows=dataset.rows, totals=dataset.totals, final=final,
+                             changed=False)
     if unchanged and previous.get("final") == final:
-        return DatasetWritten(month=month, directory=folder, rows=len(rows), totals=totals, final=final, changed=False)
+        return written
     if unchanged:
         files = previous["files"]
     else:
-        parquet_bytes = _parquet(rows)
-        _atomic_write(folder / csv_name, csv_bytes)
+        parquet_bytes = dataset.parquet
+        _atomic_write(folder / csv_name, dataset.csv)
         _atomic_write(folder / parquet_name, parquet_bytes)
-        _atomic_write(folder / METADATA, metadata)
-        files = {csv_name: {"sha256": csv_sha, "bytes": len(csv_bytes)},
+        _atomic_write(folder / METADATA, dataset.metadata)
+        files = {csv_name: {"sha256": csv_sha, "bytes": len(dataset.csv)},
                  parquet_name: {"sha256": hashlib.sha256(parquet_bytes).hexdigest(), "bytes": len(parquet_bytes)}}
-    manifest = {
-        "focus_version": FOCUS_VERSION, "month": f"{month:%Y-%m}", "written_at": focus_cell(now),
-        "final": final, "rows": len(rows), "files": files, "schema_id": focus_metadata()["Schemas"][0]["SchemaId"],
-        "billed_cost": {c: plain_decimal(t) for c, t in sorted(totals.items())},
-        "billed_cost_minor_units": {c: to_minor_units(t, c) for c, t in sorted(totals.items())},
-    }
-    _atomic_write(folder / MANIFEST, (json.dumps(manifest, indent=2, sort_keys=True) + "\n").encode())
-    return DatasetWritten(month=month, directory=folder, rows=len(rows), totals=totals, final=final, changed=True)
+    _atomic_write(folder / MANIFEST, dataset.manifest(files=files, written_at=now))
+    return DatasetWritten(month=month, directory=folder, rows=dataset.rows, totals=dataset.totals, final=final,
+                          changed=True)
 
 
 def _column_definition(column: str) -> dict[str, Any]:
