@@ -325,15 +325,24 @@ def _check_credit_note_csv(name: str, records: list[dict[str, str]]) -> None:
 
 
 def _check_savings_csv(name: str, records: list[dict[str, str]]) -> None:
-    """Each section's rows add to its "Fleet cost" row (its last), saving = whole-card − dynamic per
-    row, every amount with the currency's decimals."""
-    for section in ("fleet", "chargeback"):
+    """The fleet's rows add to its "Fleet cost" row and the chargeback's to its total (each section's
+    last), in every column with amounts; saving = static − dynamic on every row that has both;
+    dynamic allocation's cost is the same figure on every alternatives row, the fleet's busy-cards
+    row and the chargeback's total; every amount with the currency's decimals."""
+    for section, columns in (("fleet", ("dynamic",)), ("chargeback", ("static", "dynamic", "saving"))):
         *rows, total = [r for r in records if r["section"] == section]
-        for column in ("whole_card", "dynamic", "saving"):
+        for column in columns:
+            if not total[column]:
+                continue  # no static alternative fits: nothing to compare with
             cells = [_money(r, column, f"{name} {r['row']}") for r in rows]
             assert sum(cells, Decimal(0)) == _money(total, column, name), f"{name} {section} {column}"
-        for r in [*rows, total]:
-            assert _money(r, "whole_card", name) - _money(r, "dynamic", name) == _money(r, "saving", name), r
+    for r in records:
+        if r["section"] in ("alternatives", "chargeback") and r["static"] and r["saving"]:
+            assert _money(r, "static", name) - _money(r, "dynamic", name) == _money(r, "saving", name), r
+    dynamic = {_money(r, "dynamic", name) for r in records if r["section"] == "alternatives"}
+    busy = next(r for r in records if r["section"] == "fleet")
+    charged = [r for r in records if r["section"] == "chargeback"][-1]
+    assert dynamic == {_money(busy, "dynamic", name)} == {_money(charged, "dynamic", name)}, name
     for r in records:
         if r["section"] == "paired_test" and r["currency"] and r["saving"]:
             _money(r, "saving", name)

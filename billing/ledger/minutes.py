@@ -5,7 +5,7 @@ have summed away. Each function is one statement; rows are frozen dataclasses.
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from datetime import date, datetime, timedelta
 from decimal import Decimal
@@ -19,18 +19,22 @@ from billing.ledger.statistics import analyze_minute_days
 
 __all__ = [
     "BusyCardTime",
+    "CardSpan",
+    "CardTime",
     "FleetCardCost",
     "PodMinuteUse",
     "PodPlacement",
     "SteadyWorkloadGpuDay",
-    "TenantCardCost",
+    "WorkloadSpan",
     "get_busy_card_time",
     "get_fleet_card_cost",
     "get_last_ledger_minute",
+    "list_card_spans",
     "list_pod_minute_use",
     "list_recent_placements",
     "list_steady_workload_gpu_days",
-    "list_tenant_card_costs",
+    "list_workload_spans",
+    "price_card_time",
 ]
 
 
@@ -128,23 +132,21 @@ def get_busy_card_time(*, start: datetime, end: datetime, lookback: timedelta, c
 # The organisation's view: every priced GPU-minute of [start, end) with metered time, cold start
 # included (the organisation pays for those minutes too).
 _FLEET = """
-SELECT coalesce(sum(g.card_cost), 0) AS card_cost,
-       coalesce(sum(g.card_cost) FILTER (WHERE NOT EXISTS (
-           SELECT 1 FROM billing_usageminute u
-           WHERE u.node_id = g.node_id AND u.gpu_uuid = g.gpu_uuid AND u.minute = g.minute
-             AND u.minute >= %(start)s AND u.minute < %(end)s)), 0) AS empty_card_cost
-FROM billing_gpuminute g
-WHERE g.minute >= %(start)s AND g.minute < %(end)s AND g.priced AND g.metered_seconds > 0
-"""
-
-_TENANT_CARDS = """
-SELECT u.tenant, sum(u.seconds * g.card_cost / g.metered_seconds) AS whole_card_cost,
-       sum(u.charge + u.idle_share) AS dynamic_cost
-FROM billing_usageminute u
-JOIN billing_gpuminute g ON g.node_id = u.node_id AND g.gpu_uuid = u.gpu_uuid AND g.minute = u.minute
-WHERE u.minute >= %(start)s AND u.minute < %(end)s AND g.minute >= %(start)s AND g.minute < %(end)s
-  AND g.priced AND g.metered_seconds > 0
-GROUP BY 1 ORDER BY 1
+WITH cards AS (
+    SELECT g.minute, g.card_cost, g.metered_seconds, EXISTS (
+               SELECT 1 FROM billing_usageminute u
+               WHERE u.node_id = g.node_id AND u.gpu_uuid = g.gpu_uuid AND u.minute = g.minute
+                 AND u.minute >= %(start)s AND u.minute < %(end)s) AS busy
+    FROM billing_gpuminute g
+    WHERE g.minute >= %(start)s AND g.minute < %(end)s AND g.priced AND g.metered_seconds > 0
+), per_minute AS (
+    SELECT count(*) AS cards, count(*) FILTER (WHERE busy) AS busy_cards FROM cards GROUP BY minute
+)
+SELECT (SELECT coalesce(sum(card_cost), 0) FROM cards) AS card_cost,
+       (SELECT coalesce(sum(card_cost) FILTER (WHERE NOT busy), 0) FROM cards) AS empty_card_cost,
+       (SELECT coalesce(sum(metered_seconds) FILTER (WHERE busy), 0) FROM cards) AS busy_seconds,
+       (SELECT coalesce(max(cards), 0) FROM per_minute) AS peak_cards,
+       (SELECT coalesce(max(busy_cards), 0) FROM per_minute) AS peak_busy_cards
 """
 
 
@@ -154,15 +156,9 @@ class FleetCardCost:
 
     card_cost: Decimal  # every priced GPU-minute with metered time
     empty_card_cost: Decimal  # the GPU-minutes no workload was on
-
-
-@dataclass(frozen=True)
-class TenantCardCost:
-    """A tenant's workloads in a period, priced two ways (ledger precision)."""
-
-    tenant: str
-    whole_card_cost: Decimal  # each workload (container) holding its card for every second it ran
-    dynamic_cost: Decimal  # what the ledger charged: charge + idle spread onto the tenant
+    busy_seconds: Decimal  # metered seconds of the GPU-minutes a workload was on
+    peak_cards: int  # the most cards metered in one minute
+    peak_busy_cards: int  # the most cards with a workload on them in one minute
 
 
 def get_fleet_card_cost(*, start: datetime, end: datetime) -> FleetCardCost:
@@ -172,11 +168,135 @@ def get_fleet_card_cost(*, start: datetime, end: datetime) -> FleetCardCost:
     return fleet
 
 
-def list_tenant_card_costs(*, start: datetime, end: datetime) -> list[TenantCardCost]:
-    """Per tenant with usage on priced GPU-minutes of [start, end), sorted by tenant."""
+# -- static alternatives on the actual fleet --------------------------------------------------
+
+# Each card the fleet metered in [start, end) on priced minutes: from its first metered minute to
+# the minute after its last (the span it belonged to the fleet).
+_CARD_SPANS = """
+SELECT g.node_id, n.name AS node, g.gpu_uuid, max(g.gpu_model) AS model, max(b.memory_mb) AS memory_mb,
+       max(b.sm_count) AS sm_count, min(g.minute) AS first_minute, max(g.minute) AS last_minute
+FROM billing_gpuminute g
+JOIN billing_node n ON n.id = g.node_id
+JOIN billing_gpu b ON b.uuid = g.gpu_uuid
+WHERE g.minute >= %(start)s AND g.minute < %(end)s AND g.priced AND g.metered_seconds > 0
+GROUP BY g.node_id, n.name, g.gpu_uuid
+ORDER BY n.name, g.gpu_uuid
+"""
+
+# Each workload (container instance) on each GPU in [start, end), priced minutes: when it ran, the
+# most it used in one minute (per-minute means), what it asked for (WorkloadMeta's requests of
+# its container, when the agent sent them), its card's cost for every second it was present,
+# and what the ledger charged it.
+_WORKLOAD_SPANS = """
+WITH w AS (
+    SELECT u.tenant, u.namespace, u.pod, u.container, u.pod_uid, u.node_id, u.gpu_uuid,
+           max(g.gpu_model) AS model, min(u.minute) AS first_minute, max(u.minute) AS last_minute,
+           max(u.mem_used_mb_s / u.seconds) AS peak_mem_mb, max(u.sm_used_s / u.seconds) AS peak_sm,
+           sum(u.seconds * g.card_cost / g.metered_seconds) AS whole_card_cost,
+           sum(u.charge + u.idle_share) AS dynamic_cost
+    FROM billing_usageminute u
+    JOIN billing_gpuminute g ON g.node_id = u.node_id AND g.gpu_uuid = u.gpu_uuid AND g.minute = u.minute
+    WHERE u.minute >= %(start)s AND u.minute < %(end)s AND g.minute >= %(start)s AND g.minute < %(end)s
+      AND g.priced AND g.metered_seconds > 0 AND u.seconds > 0
+    GROUP BY u.tenant, u.namespace, u.pod, u.container, u.pod_uid, u.node_id, u.gpu_uuid
+)
+SELECT w.tenant, w.namespace, w.pod, w.container, w.pod_uid, w.gpu_uuid, w.model,
+       b.memory_mb, b.sm_count, w.first_minute, w.last_minute, w.peak_mem_mb, w.peak_sm,
+       (m.requests -> w.container ->> 'mem_mb')::numeric AS requested_mem_mb,
+       (m.requests -> w.container ->> 'sm')::numeric AS requested_sm,
+       w.whole_card_cost, w.dynamic_cost
+FROM w
+JOIN billing_gpu b ON b.uuid = w.gpu_uuid
+LEFT JOIN billing_workloadmeta m
+       ON m.node_id = w.node_id AND m.namespace = w.namespace AND m.pod = w.pod AND m.pod_uid = w.pod_uid
+ORDER BY w.tenant, w.namespace, w.pod, w.container, w.pod_uid, w.gpu_uuid
+"""
+
+# The card time of [start, end) inside given intervals of given cards: every priced, metered
+# GPU-minute of the card that starts in one of its intervals, summed per label.
+_CARD_TIME = """
+SELECT t.label, coalesce(sum(g.card_cost), 0) AS cost, coalesce(sum(g.metered_seconds), 0) AS seconds
+FROM unnest(%(labels)s::text[], %(nodes)s::bigint[], %(uuids)s::text[], %(starts)s::timestamptz[],
+            %(ends)s::timestamptz[]) AS t(label, node_id, gpu_uuid, since, until)
+JOIN billing_gpuminute g ON g.node_id = t.node_id AND g.gpu_uuid = t.gpu_uuid
+                        AND g.minute >= t.since AND g.minute < t.until
+WHERE g.minute >= %(start)s AND g.minute < %(end)s AND g.priced AND g.metered_seconds > 0
+GROUP BY t.label
+"""
+
+
+@dataclass(frozen=True)
+class CardSpan:
+    """One card of the fleet in a period: from its first metered, priced minute to its last."""
+
+    node_id: int
+    node: str
+    gpu_uuid: str
+    model: str
+    memory_mb: int
+    sm_count: int
+    first_minute: datetime
+    last_minute: datetime
+
+
+@dataclass(frozen=True)
+class WorkloadSpan:
+    """One workload (container instance) on one GPU in a period, priced minutes only."""
+
+    tenant: str
+    namespace: str
+    pod: str
+    container: str
+    pod_uid: str
+    gpu_uuid: str
+    model: str
+    memory_mb: int  # of the card it ran on
+    sm_count: int
+    first_minute: datetime
+    last_minute: datetime
+    peak_mem_mb: Decimal  # the largest minute mean
+    peak_sm: Decimal  # SMs busy, the largest minute mean
+    requested_mem_mb: Decimal | None  # per GPU, as the agent resolved the container's request
+    requested_sm: Decimal | None
+    whole_card_cost: Decimal  # the card's price for every second it was present
+    dynamic_cost: Decimal  # charge + idle share
+
+
+@dataclass(frozen=True)
+class CardTime:
+    """Card time found inside a label's intervals: its cost and metered seconds."""
+
+    label: str
+    cost: Decimal
+    seconds: Decimal
+
+
+def list_card_spans(*, start: datetime, end: datetime) -> list[CardSpan]:
+    """Every card with priced, metered minutes in [start, end), by node name and UUID."""
     with connection.cursor() as cur:
-        cur.execute(_TENANT_CARDS, {"start": start, "end": end})
-        return fetch_rows(cur, TenantCardCost)
+        cur.execute(_CARD_SPANS, {"start": start, "end": end})
+        return fetch_rows(cur, CardSpan)
+
+
+def list_workload_spans(*, start: datetime, end: datetime) -> list[WorkloadSpan]:
+    """Every workload on every GPU with priced usage in [start, end), with its request."""
+    with connection.cursor() as cur:
+        cur.execute(_WORKLOAD_SPANS, {"start": start, "end": end})
+        return fetch_rows(cur, WorkloadSpan)
+
+
+def price_card_time(*, start: datetime, end: datetime,
+                    intervals: Sequence[tuple[str, int, str, datetime, datetime]]) -> dict[str, CardTime]:
+    """What the card-minutes of [start, end) inside `intervals` (label, node id, GPU UUID, since,
+    until) cost, per label, exactly as the ledger priced each minute; a label whose intervals hold
+    no priced minute is absent."""
+    if not intervals:
+        return {}
+    labels, nodes, uuids, starts, ends = (list(column) for column in zip(*intervals, strict=True))
+    with connection.cursor() as cur:
+        cur.execute(_CARD_TIME, {"start": start, "end": end, "labels": labels, "nodes": nodes, "uuids": uuids,
+                                 "starts": starts, "ends": ends})
+        return {row.label: row for row in fetch_rows(cur, CardTime)}
 
 
 # -- the pool rebalance ----------------------------------------------------------------------

@@ -13,7 +13,6 @@ are None for them, decided here and not in templates.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from datetime import UTC, date, datetime, timedelta
 from decimal import Decimal
@@ -30,7 +29,16 @@ from billing.models import PairedReport, RebalancePlan
 from billing.models.rebalance import RebalanceStatus
 from billing.queries.finance import CostSummary, get_cost_summary_and_top
 from billing.scope import Scope
-from billing.services.savings import CostComparison, check_report_period, find_in_flight_report, savings_tables
+from billing.services.savings import (
+    ALTERNATIVES,
+    PairedRow,
+    SavingsTables,
+    check_report_period,
+    find_in_flight_report,
+    headline_text,
+    paired_rows,
+    savings_tables,
+)
 
 __all__ = [
     "HOURLY_UP_TO",
@@ -113,22 +121,19 @@ class WorkloadCost:
 
 @dataclass(frozen=True)
 class SavingsHeadline:
-    """A finished paired report of the card's period: the fleet's cost under whole-card and dynamic
-    allocation (the organisation's view, as the report page shows it) and the paired test's mean
-    saving per complete workload-day (test_whole_vs_dynamic)."""
+    """A finished paired report of the card's period: its headline (the saving against the cheapest
+    static alternative that fits on the fleet, or that none fits), every allocation's cost on the
+    fleet and the paired test against the headline's baseline, figures as the report page shows them."""
 
     report_id: int
     period_start: datetime
     last_day: date  # the period's last day, included
     finished_at: datetime | None
     currency: str
-    fleet: CostComparison | None  # None for a report computed before the fleet view existed
-    n: int | None
-    mean_saving: float | None  # per complete workload-day, in `currency`
-    ci95_low: float | None
-    ci95_high: float | None
-    p_value: float | None
-    note: str
+    tables: SavingsTables
+    figure: str
+    sentence: str
+    paired: PairedRow | None  # the paired test against the baseline, else the cheapest per workload
 
 
 @dataclass(frozen=True)
@@ -249,20 +254,17 @@ def _top_workloads(summary: CostSummary, rows: list[totals.WorkloadTotals]) -> l
     ]
 
 
-def _float(value: Any) -> float | None:
-    return float(value) if isinstance(value, int | float) else None
-
-
-def _savings(start: datetime, end: datetime, currency: str, now: datetime) -> SavingsCard:
-    """`currency`: the period's, for a report computed before reports carried their own."""
+def _savings(start: datetime, end: datetime, now: datetime) -> SavingsCard:
     period = PairedReport(period_start=start, period_end=end)  # unsaved: its last_day, as a report's
+    # Only a report with the static alternatives placed on the fleet: one computed before has no
+    # headline a finance team could defend, and the card offers to compute the period again.
     report = (
-        PairedReport.objects.filter(status=PairedReport.Status.DONE, result__isnull=False,
+        PairedReport.objects.filter(status=PairedReport.Status.DONE, result__fleet__has_key="alternatives",
                                     period_start=start, period_end=end)
         .order_by(F("finished_at").desc(nulls_last=True), "-created_at", "-id")
         .first()
     )
-    headline = _headline(report, currency) if report is not None else None
+    headline = _headline(report) if report is not None else None
     in_flight, refusal = None, ""
     if headline is None:
         running = find_in_flight_report(start=start, end=end, now=now)
@@ -278,25 +280,20 @@ def _savings(start: datetime, end: datetime, currency: str, now: datetime) -> Sa
                        in_flight=in_flight, refusal=refusal)
 
 
-def _headline(report: PairedReport, currency: str) -> SavingsHeadline:
+def _headline(report: PairedReport) -> SavingsHeadline | None:
     result: dict[str, Any] = report.result or {}
-    test: dict[str, Any] = result.get("test_whole_vs_dynamic") or {}
-    ci: Sequence[Any] = test.get("ci95") or (None, None)
     tables = savings_tables(result, {})
-    return SavingsHeadline(
-        report_id=report.pk,
-        period_start=report.period_start,
-        last_day=report.last_day,
-        finished_at=report.finished_at,
-        currency=str(result.get("currency") or currency),
-        fleet=tables.fleet_total if tables else None,
-        n=test.get("n"),
-        mean_saving=_float(test.get("mean_saving")),
-        ci95_low=_float(ci[0]),
-        ci95_high=_float(ci[1]),
-        p_value=_float(test.get("p_value")),
-        note=str(test.get("note") or ""),
-    )
+    if tables is None:
+        return None
+    figure, sentence = headline_text(tables)
+    # The paired test against the headline's baseline; when no alternative fits on the fleet, against
+    # the one that would have charged the workloads least, so a card never hides a per-workload loss.
+    rows = paired_rows(result, tables.currency)
+    paired = next((p for p in rows if p.is_baseline), None) or min(
+        rows, key=lambda p: (p.static_cost, ALTERNATIVES.index(p.key)), default=None)
+    return SavingsHeadline(report_id=report.pk, period_start=report.period_start, last_day=report.last_day,
+                           finished_at=report.finished_at, currency=tables.currency, tables=tables, figure=figure,
+                           sentence=sentence, paired=paired)
 
 
 def _rebalance() -> RebalanceRecommendation | None:
@@ -320,7 +317,7 @@ def get_finance_dashboard(*, scope: Scope, start: datetime, end: datetime,
         timeline=_timeline(scope, summary, granularity),
         top_workloads=_top_workloads(summary, top),
         utilisation=_utilisation(start, end, granularity) if platform else None,
-        savings=_savings(start, end, summary.currency, now or timezone.now()) if platform else None,
+        savings=_savings(start, end, now or timezone.now()) if platform else None,
         rebalance=_rebalance() if platform else None,
     )
 

@@ -20,6 +20,8 @@ from billing.services.savings import (
     COLD_START,
     SAVINGS_CSV_COLUMNS,
     definitions,
+    headline_text,
+    paired_rows,
     partial_days_note,
     period_text,
     render_paired_report_pdf,
@@ -27,6 +29,7 @@ from billing.services.savings import (
     request_paired_report,
     savings_csv_rows,
     savings_tables,
+    study_note,
     study_rows,
     summary_rows,
     tenant_names,
@@ -96,18 +99,26 @@ def report_detail(request: HttpRequest, report_id: int) -> HttpResponse:
     _require_platform_view(request)
     report = _get(report_id)
     result = report.result
-    return render(request, "billing/report_detail.html", {
-        "report": report, "period": period_text(report), "definitions": _definitions(),
-        "rows": summary_rows(result) if result else [], "study": study_rows(result) if result else [],
-        "tables": savings_tables(result, tenant_names()) if result else None,
-        "partial_note": partial_days_note(result) if result else "",
-    })
+    tables = savings_tables(result, tenant_names())
+    context: dict[str, object] = {"report": report, "period": period_text(report), "definitions": _definitions(),
+                                  "tables": tables}
+    if tables is not None and result is not None:
+        headline = headline_text(tables)
+        baseline = tables.baseline_row
+        context |= {
+            "headline": headline,
+            "baseline_label": baseline.label if baseline else _("Static"),
+            "paired": paired_rows(result, tables.currency), "rows": summary_rows(result),
+            "study": study_rows(result), "study_note": study_note(), "partial_note": partial_days_note(result),
+            "profiles": [(model, sorted(names.items())) for model, names in tables.profiles.items()],
+        }
+    return render(request, "billing/report_detail.html", context)
 
 
 def _finished(report_id: int) -> PairedReport:
     report = _get(report_id)
-    if report.status != PairedReport.Status.DONE or report.result is None:
-        raise Http404("the report is not finished")
+    if report.status != PairedReport.Status.DONE or savings_tables(report.result, {}) is None:
+        raise Http404("the report is not finished, or was computed before static alternatives were placed")
     return report
 
 

@@ -31,6 +31,7 @@ from billing.services.invoicing.close import close_period, preview_invoice, tax_
 from billing.services.invoicing.credit_notes import CreditRoom, credit_tax_minor, issue_credit_note
 from billing.services.savings.report_pdf import render_paired_report_pdf
 from tests import clock
+from tests.billing.savings_results import report_result
 from tests.conftest import SHARED_GPU_WORKLOADS, make_batch, user_in
 from tests.pdf_check import check_pdf
 
@@ -281,13 +282,9 @@ def test_invoice_and_credit_note_pdfs_in_simplified_chinese_embed_every_glyph_th
 
 
 def test_paired_report_pdf_draws_every_string_in_its_embedded_font(tmp_path):
-    summary = {"static_whole_cost": "100.5", "static_profile_cost": "50", "dynamic_cost": "10.6",
-               "cost_reduction_pct": 89.4, "cost_reduction_vs_profile_pct": 12.3, "containers_per_card": 2.8,
-               "sm_utilisation_static_pct": 12, "sm_utilisation_dynamic_pct": 60, "idle_memory_share_static_pct": 80,
-               "idle_memory_share_dynamic_pct": 10, "resource_optimisation_efficiency": 2.2}
-    report = PairedReport(period_start=datetime(2026, 11, 1, tzinfo=UTC), period_end=datetime(2026, 12, 1, tzinfo=UTC), result={
-        "summary": summary, "test_whole_vs_dynamic": {"n": 10, "ci95": [1, 2], "mean_saving": "3.2", "p_value": 0.01},
-        "method": {"cold_start_excluded_minutes": 10}})
+    report = PairedReport(period_start=datetime(2026, 11, 1, tzinfo=UTC), period_end=datetime(2026, 12, 1, tzinfo=UTC),
+                          result=report_result(costs={"whole_card": None, "request_fraction": "120.5",
+                                                      "fixed_profile": "140"}, dynamic="100.25"))
     facts = check_pdf(render_paired_report_pdf(report, tenant_names={}), tmp_path)
     # "Ours" was once drawn with a glyph missing from the subset, and the page named Helvetica.
     assert "StudyOurs" in facts.text

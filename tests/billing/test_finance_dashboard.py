@@ -18,6 +18,7 @@ from billing.queries.dashboard import IDLE_KEY, OTHER_KEY, get_finance_dashboard
 from billing.scope import FINANCE_GROUP, Scope, get_scope
 from billing.web.charts import Series, nice_ticks, stacked_bar_chart
 from tests import clock
+from tests.billing.savings_results import report_result
 from tests.conftest import user_in, with_day
 
 pytestmark = pytest.mark.django_db
@@ -169,17 +170,12 @@ def test_savings_come_from_the_newest_finished_report_of_exactly_the_period(flee
     all (a finance reviewer once read "12,076.84 USD saved" from 2026-11-30 … 12-02 on a page for
     another month), is not this period's saving."""
     def report(start: datetime, end: datetime, finished: datetime, mean: float, status: str = "done") -> PairedReport:
+        # Dynamic 70.006 on the fleet; whole cards not feasible, request fractions 130.004, fixed
+        # profiles 140: the headline is against request fractions.
         return PairedReport.objects.create(
             created_at=finished, finished_at=finished, period_start=start, period_end=end, status=status,
-            result={"summary": {"cost_reduction_pct": 41.5, "static_whole_cost": "120.000000",
-                                "dynamic_cost": "70.200000"},
-                    "currency": "USD",
-                    "fleet": {"whole_card": {"workload_cards": "120.004", "empty_cards": "9.996", "total": "130"},
-                              "dynamic": {"busy_cards": "60.006", "empty_cards": "9.996", "total": "70.002"}},
-                    "chargeback": {"tenants": [], "platform": {"whole_card": "9.996", "dynamic": "70.002"}},
-                    "test_whole_vs_dynamic": {"n": 12, "mean_saving": mean, "ci95": [mean - 1, mean + 1],
-                                              "p_value": 0.0004, "t": 5.1}},
-        )
+            result=report_result(costs={"whole_card": None, "request_fraction": "130.004", "fixed_profile": "140"},
+                                 dynamic="70.006", empty="9.996", mean=mean))
 
     march = (datetime(2026, 3, 1, tzinfo=UTC), datetime(2026, 3, 2, tzinfo=UTC))
     report(*march, finished=datetime(2026, 3, 5, tzinfo=UTC), mean=3.0)
@@ -198,10 +194,15 @@ def test_savings_come_from_the_newest_finished_report_of_exactly_the_period(flee
     s = card.headline
     assert s is not None
     assert s.report_id == newest.pk
-    assert (s.n, s.mean_saving, s.ci95_low, s.ci95_high, s.p_value) == (12, 4.5, 3.5, 5.5, 0.0004)
-    # The fleet's cost as the report page shows it: each row rounded to cents, the total their sum.
-    assert s.fleet is not None
-    assert (s.fleet.whole_card, s.fleet.dynamic) == (D("130.00"), D("70.01"))
+    assert s.paired is not None
+    assert (s.paired.key, s.paired.n, s.paired.mean_saving, s.paired.ci95_low, s.paired.ci95_high, s.paired.p_value) == (
+        "request_fraction", 12, D("4.50"), D("3.50"), D("5.50"), 0.0004)
+    # Each allocation's cost as the report page shows it: rounded once to cents.
+    costs = {r.key: r.cost for r in s.tables.alternatives}
+    assert costs == {"dynamic": D("70.01"), "whole_card": None, "request_fraction": D("130.00"),
+                     "fixed_profile": D("140.00")}
+    assert s.tables.baseline == "request_fraction"
+    assert s.figure == "59.99 USD (46.1 %)"
     assert s.last_day == date(2026, 3, 1)
     assert s.currency == "USD"
 
@@ -209,12 +210,15 @@ def test_savings_come_from_the_newest_finished_report_of_exactly_the_period(flee
     html = client.get("/finance/", {"start": "2026-03-01", "end": "2026-03-01"}).content.decode()
     block = html.split('data-testid="savings-vs-static"')[1].split("</section>")[0]
     assert "2026-03-01 – 2026-03-01 (UTC, both days included)" in block
+    assert "59.99 USD (46.1 %)" in block
+    assert "saved against Request fractions (time-slicing, HAMi), the cheapest static alternative" in block
     assert "4.50 USD" in block
     assert "3.50 USD … 5.50 USD" in block
     assert "&lt; 0.001" in block
-    assert "59.99 USD (46.1 %)" in block
     assert "130.00 USD" in block
+    assert "140.00 USD" in block
     assert "70.01 USD" in block
+    assert "Not feasible: it needs 25 cards at once" in block
     for other in ("3.00 USD", "7.00 USD", "8.00 USD", "9.00 USD", "9.50 USD"):
         assert other not in block, other
     assert f"From paired report {newest.pk}, computed 2026-03-06 00:00 UTC." in block

@@ -18,7 +18,7 @@ from django.utils import translation
 from billing.errors import InvalidInput
 from billing.ledger.rollup import rollup_usage
 from billing.models import AuditEvent, PairedReport, Tenant
-from billing.services.savings.paired_report import compute_paired_report, profile_fraction
+from billing.services.savings.paired_report import compute_paired_report
 from billing.services.savings.report_pdf import render_paired_report_pdf
 from billing.services.savings.reports import request_paired_report, run_paired_report
 from tests import clock
@@ -43,33 +43,52 @@ def fifteen_minutes(post_batch, one_usd_per_gpu_second):
     rollup_usage(now=clock.now())
 
 
-@pytest.mark.parametrize(("peak_mb", "fraction"), [(8192, "1/7"), (10240, "1/7"), (10241, "2/7"), (30000, "3/7"),
-                                                    (50000, "7/7")])
-def test_profile_is_the_smallest_that_holds_the_peak(peak_mb, fraction):
-    num, den = fraction.split("/")
-    assert profile_fraction(peak_mem_mb=Decimal(peak_mb), memory_mb=81920) == Decimal(num) / Decimal(den)
+def _costs(report: dict) -> dict[str, Decimal | None]:
+    """Each allocation's cost on the fleet (None: not feasible)."""
+    fleet = report["fleet"]
+    return {"dynamic": Decimal(fleet["dynamic"]["cost"]),
+            **{k: None if v["cost"] is None else Decimal(v["cost"]) for k, v in fleet["alternatives"].items()}}
 
 
 def test_report_figures_on_a_hand_computable_fleet_with_cold_start_excluded(fifteen_minutes):
+    """One card, two workloads on it for 15 minutes at 1 USD per GPU-second: bert uses 8 GB and
+    10 % of the SMs, llm 16 GB and 20 %."""
     report = compute_paired_report(start=START, end=START + timedelta(hours=1), now=clock.now())
     # Each workload ran 15 minutes; its first 5 are cold start: 600 s count.
     assert report["n_units"] == 2
     summary = report["summary"]
-    assert Decimal(summary["static_whole_cost"]) == Decimal(1200)  # 2 × 600 s × 1 USD
+    static = {k: Decimal(v) for k, v in summary["static_cost"].items()}
+    assert static["whole_card"] == Decimal(1200)  # 2 × 600 s × 1 USD
+    # Request fractions: ½ × memory share + ½ × SM share of each need: 0.1 and 0.2 of the card.
+    assert static["request_fraction"] == Decimal(180)
+    # Fixed profiles: bert in 1g.10gb (1 of 8 memory, 1 of 7 compute slices), llm in 2g.20gb (2 and 2).
+    assert static["fixed_profile"].quantize(Decimal("0.01")) == Decimal("241.07")  # 600 × (1/16 + 1/14 + 2/16 + 2/14)
     assert Decimal(summary["dynamic_cost"]) == Decimal(180)  # 600 × (0.1 + 0.2)
-    assert Decimal(summary["static_profile_cost"]).quantize(Decimal("0.01")) == Decimal("257.14")  # 600/7 + 1200/7
-    assert summary["cost_reduction_pct"] == pytest.approx(85.0)
+    assert summary["chargeback_reduction_pct"]["whole_card"] == pytest.approx(85.0)
+    assert summary["chargeback_reduction_pct"]["request_fraction"] == pytest.approx(0.0)
+    assert report["profiles"] == {"NVIDIA A100-SXM4-80GB": {"1g.10gb": 1, "2g.20gb": 1}}
     assert summary["containers_per_card"] == pytest.approx(2.0)
     assert summary["sm_utilisation_dynamic_pct"] == pytest.approx(30.0)
     assert summary["sm_utilisation_static_pct"] == pytest.approx(15.0)
     assert summary["idle_memory_share_dynamic_pct"] == pytest.approx(70.0)
     assert summary["resource_optimisation_efficiency"] == pytest.approx(1200 / 180)
-    test = report["test_whole_vs_dynamic"]
+    test = report["tests"]["whole_card"]
     assert test["n"] == 2
     assert test["mean_saving"] == pytest.approx((540 + 480) / 2)
     low, high = test["ci95"]
     assert low < test["mean_saving"] < high
     assert 0 <= test["p_value"] <= 1
+    # On the fleet (cold start included: 900 s): the fleet has one card; whole cards need two.
+    fleet = report["fleet"]
+    whole = fleet["alternatives"]["whole_card"]
+    assert whole["feasible"] is False
+    assert whole["cost"] is None
+    assert (whole["shortfall"]["needed"], whole["shortfall"]["had"]) == (2, 1)
+    assert whole["shortfall"]["at"] == START.isoformat()
+    assert _costs(report) == {"dynamic": 900, "whole_card": None, "request_fraction": 900, "fixed_profile": 900}
+    # Equal costs: the first in the order whole cards, request fractions, fixed profiles.
+    assert fleet["baseline"] == "request_fraction"
+    assert Decimal(fleet["saving"]) == 0
 
 
 def test_the_report_reads_minutes_planned_on_their_statistics(fifteen_minutes):
@@ -118,7 +137,7 @@ def test_command_prints_the_report_as_json(fifteen_minutes):
     call_command("paired_report", "--from", "2026-11-20", "--to", "2026-11-21", "--json", stdout=out)
     doc = json.loads(out.getvalue())
     assert doc["n_units"] == 2
-    assert doc["test_whole_vs_dynamic"]["n"] == 2
+    assert doc["tests"]["whole_card"]["n"] == 2
     assert run_paired_report(report_id=doc["report"]).status == "done"
 
 
@@ -136,23 +155,93 @@ def test_the_organisations_view_counts_every_card_it_holds_idle_or_not(with_an_e
     report = compute_paired_report(start=START, end=START + timedelta(hours=1), now=clock.now())
     assert report["currency"] == "USD"
     fleet = report["fleet"]
-    # Whole cards: each of the two workloads holds a card 900 s (cold start included: the
-    # organisation pays for it), plus GPU 1's 900 s with no workload, held either way.
-    assert {k: Decimal(v) for k, v in fleet["whole_card"].items()} == {
-        "workload_cards": Decimal(1800), "empty_cards": Decimal(900), "total": Decimal(2700)}
-    # Dynamic: the two cards the fleet held, busy or idle, 900 s each.
-    assert {k: Decimal(v) for k, v in fleet["dynamic"].items()} == {
+    # The fleet held both cards 900 s each (cold start included: the organisation pays for it);
+    # GPU 1 had no workload.
+    assert {k: Decimal(v) for k, v in fleet["held"].items() if k != "peak_cards"} == {
         "busy_cards": Decimal(900), "empty_cards": Decimal(900), "total": Decimal(1800)}
+    assert fleet["held"]["peak_cards"] == 2
+    assert fleet["dynamic"]["peak_cards"] == 1
+    # Whole cards fit now (two workloads, two cards) and keep both busy; the fractions and the
+    # profiles share GPU 0 as dynamic allocation did.
+    assert _costs(report) == {"dynamic": 900, "whole_card": 1800, "request_fraction": 900, "fixed_profile": 900}
+    assert Decimal(fleet["alternatives"]["whole_card"]["card_hours"]) == Decimal("0.5")
+    assert fleet["baseline"] == "request_fraction"
+    assert Decimal(fleet["saving"]) == 0
+    # Chargeback: acme holds 10 % and globex 20 % of GPU 0 either way; the platform keeps the rest of
+    # each allocation's cost.
+    tenants = {t["tenant"]: {k: Decimal(v) for k, v in t.items() if k != "tenant"}
+               for t in report["chargeback"]["tenants"]}
+    cents = {t: {k: v.quantize(Decimal("0.01")) for k, v in amounts.items()} for t, amounts in tenants.items()}
+    assert cents == {  # profiles: 900 × (1/16 + 1/14) and 900 × (2/16 + 2/14)
+        "acme": {"dynamic": 90, "whole_card": 900, "request_fraction": 90, "fixed_profile": Decimal("120.54")},
+        "globex": {"dynamic": 180, "whole_card": 900, "request_fraction": 180, "fixed_profile": Decimal("241.07")}}
+    platform = {k: Decimal(v) for k, v in report["chargeback"]["platform"].items()}
+    # The rows add up to each allocation's cost on the fleet, exactly.
+    for allocation, cost in _costs(report).items():
+        assert sum(t[allocation] for t in tenants.values()) + platform[allocation] == cost, allocation
+
+
+def _spread_and_packed(post_batch, *, gpus: int, placement: list[tuple[int, str, float, float]],
+                       busiest: dict[str, int] | None = None) -> None:
+    """15 minutes of workloads (GPU, pod, memory MB, SMs used = granted) on a node of `gpus` cards; a
+    pod in `busiest` uses its SMs in that minute only, and 10 % of them in the others."""
+    for i in range(15):
+        workloads = [{"gpu": gpu, "tenant": "acme", "pod": pod, "mem_used": mem, "mem_granted": mem,
+                      "sm_used": sm if (busiest or {}).get(pod, i) == i else 10.8,
+                      "sm_granted": sm if (busiest or {}).get(pod, i) == i else 10.8}
+                     for gpu, pod, mem, sm in placement]
+        batch = make_batch(start=START + timedelta(minutes=i), seq=i + 1, seconds=60, gpus=gpus, workloads=workloads)
+        assert post_batch(batch).status_code == 201
+    rollup_usage(now=clock.now())
+
+
+def test_dynamic_dearer_than_the_cheapest_feasible_alternative_says_so(post_batch, one_usd_per_gpu_second):
+    """Dynamic allocation left two small workloads on two cards; request fractions and fixed profiles
+    put them on one: dynamic cost twice as much, and the headline says so with a negative saving."""
+    _spread_and_packed(post_batch, gpus=2, placement=[(0, "bert-1", 4096.0, 10.8), (1, "bert-2", 4096.0, 10.8)])
+    report = compute_paired_report(start=START, end=START + timedelta(hours=1), now=clock.now())
+    assert _costs(report) == {"dynamic": 1800, "whole_card": 1800, "request_fraction": 900, "fixed_profile": 900}
+    fleet = report["fleet"]
+    assert fleet["baseline"] == "request_fraction"
+    assert Decimal(fleet["saving"]) == -900
+    assert fleet["reduction_pct"] == pytest.approx(-100.0)
+
+
+def test_a_fleet_too_small_for_a_static_alternative_is_not_priced(post_batch, one_usd_per_gpu_second):
+    """Three workloads share GPU 0 of a two-card node, each busiest in another minute (SMs 50 %,
+    40 % and 30 %, else 10 %): dynamic allocation ran them on one card; whole cards need three
+    cards and are not feasible; fractions and profiles, sized to the busiest minutes, need two."""
+    _spread_and_packed(post_batch, gpus=2, placement=[(0, "a", 1000.0, 54.0), (0, "b", 1000.0, 43.2),
+                                                      (0, "c", 1000.0, 32.4)], busiest={"a": 7, "b": 8, "c": 9})
+    report = compute_paired_report(start=START, end=START + timedelta(hours=1), now=clock.now())
+    # Fractions: 50 % + 40 % on one card, 30 % on the other. Profiles: 4g.40gb + 3g.40gb on one
+    # card (7 compute slices), a 3g.40gb on the other.
+    assert _costs(report) == {"dynamic": 900, "whole_card": None, "request_fraction": 1800, "fixed_profile": 1800}
+    assert report["profiles"] == {"NVIDIA A100-SXM4-80GB": {"3g.40gb": 2, "4g.40gb": 1}}
+    whole = report["fleet"]["alternatives"]["whole_card"]
+    assert whole["shortfall"] | {"at": None} == {"at": None, "model": "NVIDIA A100-SXM4-80GB", "needed": 3, "had": 2}
+    assert report["chargeback"]["platform"]["whole_card"] is None
+    assert all(t["whole_card"] is None for t in report["chargeback"]["tenants"])
+    fleet = report["fleet"]
+    assert fleet["baseline"] == "request_fraction"
     assert Decimal(fleet["saving"]) == 900
-    assert fleet["reduction_pct"] == pytest.approx(100 / 3)
-    # Chargeback: acme holds 10 % and globex 20 % of GPU 0; the platform keeps the rest.
-    tenants = {t["tenant"]: (Decimal(t["whole_card"]), Decimal(t["dynamic"])) for t in report["chargeback"]["tenants"]}
-    assert tenants == {"acme": (Decimal(900), Decimal(90)), "globex": (Decimal(900), Decimal(180))}
-    platform = report["chargeback"]["platform"]
-    assert (Decimal(platform["whole_card"]), Decimal(platform["dynamic"])) == (Decimal(900), Decimal(1530))
-    # The rows add up to the fleet's cost under each allocation, exactly.
-    assert sum(w for w, _ in tenants.values()) + Decimal(platform["whole_card"]) == Decimal(fleet["whole_card"]["total"])
-    assert sum(d for _, d in tenants.values()) + Decimal(platform["dynamic"]) == Decimal(fleet["dynamic"]["total"])
+    assert fleet["reduction_pct"] == pytest.approx(50.0)
+
+
+def test_a_request_above_use_sizes_the_static_slice(post_batch, one_usd_per_gpu_second):
+    """A workload that asked for 60 GB and used 1 GB holds 60 GB under a static alternative."""
+    workloads = [{"gpu": 0, "tenant": "acme", "pod": p, "mem_used": 1000.0, "mem_granted": 1000.0, "sm_used": 10.8,
+                  "sm_granted": 10.8} for p in ("asks-a-lot", "asks-a-lot-too")]
+    for i in range(15):
+        batch = make_batch(start=START + timedelta(minutes=i), seq=i + 1, seconds=60, gpus=2, workloads=workloads)
+        for sample in batch["samples"]:
+            sample["mem_requested_mb"] = 61440
+        assert post_batch(batch).status_code == 201
+    rollup_usage(now=clock.now())
+    report = compute_paired_report(start=START, end=START + timedelta(hours=1), now=clock.now())
+    # 60 GB each: two cards under fractions; 7g.80gb under profiles (more than 4 memory slices).
+    assert _costs(report) == {"dynamic": 900, "whole_card": 1800, "request_fraction": 1800, "fixed_profile": 1800}
+    assert report["profiles"] == {"NVIDIA A100-SXM4-80GB": {"7g.80gb": 2}}
 
 
 def test_per_workload_day_figures_count_complete_days_only(fifteen_minutes):
@@ -160,14 +249,14 @@ def test_per_workload_day_figures_count_complete_days_only(fifteen_minutes):
     report = compute_paired_report(start=START.replace(hour=0), end=START.replace(hour=0) + timedelta(days=1),
                                    now=same_day)
     assert report["n_units"] == 2
-    assert report["test_whole_vs_dynamic"]["n"] == 0
+    assert report["tests"]["whole_card"]["n"] == 0
     assert report["per_workload_day"] == {"complete_until": START.replace(hour=0).isoformat(),
                                           "partial_units_excluded": 2, "partial_days_excluded": ["2026-11-20"]}
     # The totals still cover the period as it stood.
-    assert Decimal(report["summary"]["static_whole_cost"]) == Decimal(1200)
+    assert Decimal(report["summary"]["static_cost"]["whole_card"]) == Decimal(1200)
     next_day = compute_paired_report(start=START.replace(hour=0), end=START.replace(hour=0) + timedelta(days=1),
                                      now=START + timedelta(days=1))
-    assert next_day["test_whole_vs_dynamic"]["n"] == 2
+    assert next_day["tests"]["whole_card"]["n"] == 2
     assert next_day["per_workload_day"]["partial_units_excluded"] == 0
 
 
@@ -186,38 +275,54 @@ def test_a_report_shows_the_last_day_asked_for_its_currency_and_its_definitions(
     # Asked "from 2026-11-20 to 2026-11-20 inclusive": the page says so, never 2026-11-21.
     assert "2026-11-20 – 2026-11-20 (UTC, both days included)" in html
     assert "2026-11-21" not in html
+    # The headline: against request fractions, the cheapest alternative that fits (fixed profiles
+    # cost as much; whole cards keep both cards busy).
+    assert "0.00 USD (0.0 %)" in html.split('data-testid="savings-headline-figure"')[1].split("</div>")[0]
+    assert "Request fractions" in html.split('data-testid="savings-headline-sentence"')[1].split("</p>")[0]
+    alternatives = html.split('data-testid="alternatives"')[1].split("</table>")[0]
+    rows = dict(re.findall(r'data-testid="alternative-([a-z_]+)"(.*?)</tr>', alternatives, re.S))
+    assert "900.00 USD" in rows["dynamic"]
+    assert "1 of 2 cards" in rows["dynamic"]
+    assert "1,800.00 USD" in rows["whole_card"]
+    assert "<td class=\"num\">900.00 USD</td><td class=\"num\">50.0 %</td>" in rows["whole_card"]  # dynamic saves
+    assert "headline" in rows["request_fraction"]
     fleet = html.split('data-testid="fleet-cost"')[1].split("</table>")[0]
-    assert "2,700.00 USD" in fleet
     assert "1,800.00 USD" in fleet
-    assert "900.00 USD" in fleet
-    assert "33.3 %" in fleet
+    assert fleet.count("900.00 USD") == 2
     chargeback = html.split('data-testid="chargeback"')[1].split("</table>")[0]
     assert "Acme Robotics" in chargeback
     assert "globex" in chargeback
-    assert "1,530.00 USD" in chargeback
-    summary = html.split('data-testid="report-summary"')[1].split("</table>")[0]
-    cells = dict(re.findall(r"<tr><th>(.*?)</th><td class=\"num\">(.*?)</td></tr>", summary))
-    assert cells["Static cost, whole cards"] == "1,200.00 USD"
-    assert cells["Dynamic cost (charged)"] == "180.00 USD"
-    assert cells["Static cost, fixed profiles"] == "257.14 USD"
+    assert chargeback.count("630.00 USD") == 2  # the platform, under request fractions and dynamic
+    paired = html.split('data-testid="paired-tests"')[1].split("</table>")[0]
+    cells = {key: re.findall(r'<td class="num">(.*?)</td>', row, re.S)
+             for key, row in re.findall(r'data-testid="paired-([a-z_]+)"(.*?)</tr>', paired, re.S)}
+    assert cells["whole_card"][:2] == ["1,200.00 USD", "180.00 USD"]
+    assert cells["request_fraction"][:2] == ["180.00 USD", "180.00 USD"]
+    assert cells["fixed_profile"][0] == "241.07 USD"
     # Computed on 2026-11-20 itself: no complete workload-day yet, so no mean saving.
-    assert cells["Complete workload-days compared (n)"] == "0"
-    assert cells["Mean saving per complete workload-day"] == "—"
+    assert cells["whole_card"][-1] == "0"
+    assert cells["whole_card"][3] == "—"
     assert "2026-11-20 are left out of the per-workload-day figures" in html
-    # Nothing a web user cannot open.
+    # Nothing a web user cannot open; the study by its name.
     assert 'id="definitions"' in html
-    assert "Fleet cost" in html
-    assert "Chargeback" in html
+    for term in ("Whole cards", "Request fractions (time-slicing, HAMi)", "Fixed profiles (MIG)", "Fleet cost",
+                 "Chargeback", "Placed on the actual fleet", "Headline saving"):
+        assert f"<dt>{term}</dt>" in html, term
+    assert "Cost management of container services by dynamic allocation of NVIDIA vGPUs through DRA" in html
     assert "docs/" not in html
     assert ".md" not in html
 
-    rows = list(csv.reader(io.StringIO(client.get(f"/reports/{report.pk}.csv").content.decode("utf-8-sig"))))
-    assert rows[0] == ["section", "row", "whole_card", "dynamic", "saving", "reduction_pct", "currency"]
-    fleet_total = next(r for r in rows if r[0] == "fleet" and r[1] == "Fleet cost")
-    assert fleet_total == ["fleet", "Fleet cost", "2700.00", "1800.00", "900.00", "33.33", "USD"]
-    for row in rows[1:]:
-        for amount in row[2:5]:
-            assert amount == "" or re.fullmatch(r"-?\d+(\.\d{2})?", amount), row
+    records = list(csv.DictReader(io.StringIO(client.get(f"/reports/{report.pk}.csv").content.decode("utf-8-sig"))))
+    assert list(records[0]) == ["section", "row", "allocation", "feasible", "static", "dynamic", "saving",
+                             "reduction_pct", "cards_needed", "cards_in_fleet", "currency"]
+    whole = next(r for r in records if r["section"] == "alternatives" and r["allocation"] == "whole_card")
+    assert (whole["static"], whole["dynamic"], whole["saving"], whole["reduction_pct"]) == (
+        "1800.00", "900.00", "900.00", "50.00")
+    fleet_total = next(r for r in records if r["section"] == "fleet" and r["row"] == "Fleet cost")
+    assert fleet_total["dynamic"] == "1800.00"
+    for row in records:
+        for column in ("static", "dynamic") if row["section"] != "paired_test" else ("saving",):
+            assert row[column] == "" or re.fullmatch(r"-?\d+(\.\d{2})?", row[column]), row
     pdf = client.get(f"/reports/{report.pk}.pdf")
     assert pdf.status_code == 200
     assert pdf.content.startswith(b"%PDF")
@@ -248,8 +353,8 @@ def test_report_pages_request_show_progress_then_results_and_a_pdf(fifteen_minut
     assert 'http-equiv="refresh"' in pending
     run_paired_report(report_id=report.pk)
     done = client.get(f"/reports/{report.pk}/").content.decode()
-    assert 'data-testid="report-summary"' in done
-    assert "85.00 %" in done
+    assert 'data-testid="paired-tests"' in done
+    assert "85.0 %" in done.split('data-testid="paired-whole_card"')[1].split("</tr>")[0]
     assert 'data-testid="study-comparison"' in done
     assert "−37 %" in done
     assert "−85.0 %" in done

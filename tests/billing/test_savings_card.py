@@ -18,6 +18,7 @@ from billing.models import AuditEvent, PairedReport
 from billing.scope import ADMIN_GROUP, FINANCE_GROUP
 from billing.services.savings.reports import IN_FLIGHT_REUSE
 from tests import clock
+from tests.billing.savings_results import report_result
 from tests.conftest import user_in
 
 pytestmark = pytest.mark.django_db
@@ -50,7 +51,8 @@ def test_no_report_of_the_period_offers_a_button_for_exactly_that_period(finance
     PairedReport.objects.create(created_at=clock.now(), finished_at=clock.now(), status="done", progress_pct=100,
                                 period_start=datetime(2026, 11, 30, tzinfo=UTC),
                                 period_end=datetime(2026, 12, 3, tzinfo=UTC),
-                                result={"currency": "USD", "test_whole_vs_dynamic": {"n": 3, "mean_saving": 12076.84}})
+                                result=report_result(costs={"whole_card": "15000", "request_fraction": None,
+                                                            "fixed_profile": None}, dynamic="2923.16"))
     block = card(finance.get("/finance/", NOVEMBER))
     assert 'data-testid="savings-period">2026-11-01 – 2026-11-30 (UTC, both days included)<' in block
     assert "No savings report for this period." in block
@@ -196,7 +198,8 @@ def test_the_card_speaks_simplified_chinese(finance):
     assert "查看报告进度" in block
     PairedReport.objects.filter(pk=report.pk).update(
         status="done", progress_pct=100, finished_at=datetime(2026, 12, 1, 3, tzinfo=UTC),
-        result={"currency": "USD", "test_whole_vs_dynamic": {"n": 1, "mean_saving": None}})
+        result=report_result(costs=dict.fromkeys(("whole_card", "request_fraction", "fixed_profile")),
+                             dynamic="2949.12", n=1, mean=None, p_value=None))
     block = card(finance.get("/finance/", NOVEMBER, **zh))
     assert "2026年11月1日 – 2026年11月30日" in block
     assert f"来自配对报告 {report.pk}" in block

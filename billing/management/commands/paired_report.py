@@ -6,7 +6,14 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.utils import timezone
 
 from billing.errors import InvalidInput
-from billing.services.savings import request_paired_report, run_paired_report
+from billing.money import money_text
+from billing.services.savings import (
+    headline_text,
+    request_paired_report,
+    run_paired_report,
+    savings_tables,
+    tenant_names,
+)
 
 
 def _day(text: str) -> datetime:
@@ -35,11 +42,10 @@ class Command(BaseCommand):
         if options["json"]:
             self.stdout.write(json.dumps({"report": report.pk, **(report.result or {})}, indent=1))
             return
-        result = report.result or {}
-        fleet, test = result.get("fleet", {}), result.get("test_whole_vs_dynamic", {})
-        self.stdout.write(
-            f"report {report.pk}: fleet cost {fleet.get('whole_card', {}).get('total')} {result.get('currency')} "
-            f"with whole cards, {fleet.get('dynamic', {}).get('total')} dynamic (reduction "
-            f"{fleet.get('reduction_pct')} %); chargeback reduction {result.get('summary', {}).get('cost_reduction_pct')} % "
-            f"over n={test.get('n')} complete workload-days, p={test.get('p_value')}"
-        )
+        tables = savings_tables(report.result, tenant_names())
+        if tables is None:
+            raise CommandError(f"report {report.pk}: {report.status} {report.error}".strip())
+        figure, sentence = headline_text(tables)
+        alternatives = "; ".join(f"{r.label}: {money_text(r.cost, tables.currency) if r.feasible else r.why_not}"
+                                 for r in tables.alternatives)
+        self.stdout.write(f"report {report.pk}: {figure} {sentence} ({alternatives})")

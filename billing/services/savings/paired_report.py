@@ -1,32 +1,35 @@
 """The paired static-vs-dynamic cost report (definitions in docs/billing.md).
 
-Unit: one workload (tenant/namespace/pod/container/pod UID) on one UTC day. For each unit:
-  x  = static whole-card cost: every GPU-second the workload was present, at the card's price
-  x' = static fixed-profile cost: the same seconds on the smallest A100-style MIG profile
-       whose memory holds the workload's peak memory (minute means) on that card
-  y  = dynamic cost: what the ledger charged (usage charge + any idle spread onto it)
-Cold start: a workload's first COLD_START minutes (from the first minute it appears in the
-ledger, looking back LOOKBACK before the period) are excluded from every figure of the paired test.
-Paired t-test (scipy.stats.ttest_rel) of x against y: mean saving, 95 % CI, p-value, n, over the
-complete workload-days only: the UTC days that were over when the report was computed (a report
-that reaches today leaves today's workload-days out of every per-workload-day figure).
-
 The organisation's view (`fleet`, `chargeback`), every priced GPU-minute of the period, cold start
 included, since the organisation pays for those minutes too:
-  fleet cost, whole-card = Σ over workloads of every second on its own card at that card's price
-                           + the cost of the card-minutes no workload was on (held either way)
-  fleet cost, dynamic    = the cost of every card-minute the fleet held, busy or idle
-  chargeback per tenant  = the tenant's workloads priced whole-card, and what the ledger charged
-                           (charge + idle spread onto it); the platform row is the rest: the empty
-                           cards under whole-card, the idle nobody was charged for under dynamic.
+  dynamic (as run)      = the cost of the card-minutes that held at least one workload
+  each static alternative (whole cards, request fractions, fixed profiles; static_alternatives)
+                        = placed on the fleet's own cards, first-fit: the cost of the card-minutes
+                          that held at least one of its slices, or "not feasible" with the cards
+                          it lacked when the fleet's cards were not enough (never priced)
+  the headline          = the saving of dynamic against the cheapest feasible alternative
+                          (negative when dynamic cost more); none when no alternative fits
+  fleet held            = every card-minute the fleet metered, busy or idle (the dashboard's
+                          total GPU cost): busy (dynamic's figure above) + cards with no workload
+  chargeback per tenant = what the ledger charged (charge + idle spread onto it), and each
+                          alternative's slices of the tenant's workloads at the card's price; the
+                          platform row is the rest of each allocation's cost.
+
+The paired test, per workload-day: one workload (tenant/namespace/pod/container/pod UID) on one
+UTC day, its first COLD_START minutes excluded (from the first minute it appears in the ledger,
+looking back LOOKBACK before the period), over complete days only (the UTC days that were over
+when the report was computed). For each unit and each alternative:
+  x_A = its slice's share of the card × the card's price × every second it was present
+  y   = what the ledger charged it (usage charge + any idle spread onto it)
+and scipy.stats.ttest_rel(x_A, y): mean saving, 95 % CI, p-value, n.
 """
 
 from __future__ import annotations
 
 import math
-from collections import defaultdict
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections import Counter, defaultdict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, timedelta
 from decimal import Decimal
 from typing import Any
@@ -34,39 +37,40 @@ from typing import Any
 from scipy import stats
 
 from billing.ledger.minutes import (
+    CardSpan,
+    WorkloadSpan,
     get_busy_card_time,
     get_fleet_card_cost,
+    list_card_spans,
     list_steady_workload_gpu_days,
-    list_tenant_card_costs,
+    list_workload_spans,
+    price_card_time,
 )
 from billing.ledger.retention import require_minutes_retained
 from billing.ledger.totals import get_priced_currency
 from billing.money import ledger_amount
+from billing.services.savings.static_alternatives import (
+    ALPHA,
+    ALTERNATIVES,
+    FleetCard,
+    Placement,
+    WorkloadSlice,
+    choose_baseline,
+    place,
+)
 
-__all__ = ["COLD_START", "LOOKBACK", "PROFILES", "compute_paired_report", "profile_fraction"]
+__all__ = ["COLD_START", "LOOKBACK", "compute_paired_report", "workload_slices"]
 
 COLD_START = timedelta(minutes=5)
 LOOKBACK = timedelta(days=7)
-ALPHA = Decimal("0.5")
-# (compute slices of 7, share of the card's memory): A100 80GB 1g.10gb, 2g.20gb, 3g.40gb,
-# 4g.40gb, 7g.80gb. A profile is priced at its share of compute slices (k/7 of the card).
-PROFILES: tuple[tuple[int, Decimal], ...] = (
-    (1, Decimal(1) / 8), (2, Decimal(2) / 8), (3, Decimal(4) / 8), (4, Decimal(4) / 8), (7, Decimal(1)),
-)
-
-
-def profile_fraction(*, peak_mem_mb: Decimal, memory_mb: int) -> Decimal:
-    """Price fraction of the card for the smallest profile whose memory holds the peak."""
-    for slices, mem_share in PROFILES:
-        if peak_mem_mb <= mem_share * memory_mb:
-            return Decimal(slices) / 7
-    return Decimal(1)
+_MINUTE = timedelta(minutes=1)
+_S_PER_H = Decimal(3600)
 
 
 @dataclass
 class _Unit:
     static_whole: Decimal = Decimal(0)
-    static_profile: Decimal = Decimal(0)
+    static: dict[str, Decimal] = field(default_factory=lambda: dict.fromkeys(ALTERNATIVES, Decimal(0)))
     dynamic: Decimal = Decimal(0)
     seconds: Decimal = Decimal(0)
     used_gpu_s: Decimal = Decimal(0)
@@ -75,6 +79,13 @@ class _Unit:
     static_mem_mb_s: Decimal = Decimal(0)
     static_sm_s: Decimal = Decimal(0)
     dynamic_billed_gpu_s: Decimal = Decimal(0)
+
+    def add(self, other: _Unit) -> None:
+        for name in ("static_whole", "dynamic", "seconds", "used_gpu_s", "mem_used_mb_s", "sm_used_s",
+                     "static_mem_mb_s", "static_sm_s", "dynamic_billed_gpu_s"):
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+        for alternative in ALTERNATIVES:
+            self.static[alternative] += other.static[alternative]
 
 
 def _ratio(a: Decimal, b: Decimal) -> float | None:
@@ -98,6 +109,26 @@ def _paired_test(x: list[float], y: list[float]) -> dict[str, Any]:
             "t": float(result.statistic)}
 
 
+def workload_slices(spans: Sequence[WorkloadSpan]) -> list[WorkloadSlice]:
+    """Each workload on each GPU as a static slice: from its first minute to the minute after its
+    last, needing the larger of its request and its busiest minute, per resource (a resource it
+    did not ask for: its busiest minute)."""
+    return [
+        WorkloadSlice(
+            key=(w.tenant, w.namespace, w.pod, w.container, w.pod_uid, w.gpu_uuid), model=w.model,
+            memory_mb=w.memory_mb, sm_count=w.sm_count, start=w.first_minute, end=w.last_minute + _MINUTE,
+            mem_mb=max(w.peak_mem_mb, w.requested_mem_mb or Decimal(0)),
+            sm=max(w.peak_sm, w.requested_sm or Decimal(0)),
+        )
+        for w in spans
+    ]
+
+
+def _fleet_cards(cards: Sequence[CardSpan]) -> list[FleetCard]:
+    return [FleetCard(node_id=c.node_id, node=c.node, uuid=c.gpu_uuid, model=c.model, memory_mb=c.memory_mb,
+                      sm_count=c.sm_count, start=c.first_minute, end=c.last_minute + _MINUTE) for c in cards]
+
+
 def compute_paired_report(
     *, start: datetime, end: datetime, now: datetime, progress: Callable[[int], None] = lambda pct: None
 ) -> dict[str, Any]:
@@ -105,17 +136,25 @@ def compute_paired_report(
         raise ValueError("the period's end must be after its start")
     # Pruned minutes would read as no usage: refuse with the earliest start that has them all.
     require_minutes_retained(start=start, lookback=LOOKBACK)
-    units: dict[tuple[str, str, str, str, str, date], _Unit] = defaultdict(_Unit)
     rows = list_steady_workload_gpu_days(start=start, end=end, lookback=LOOKBACK, cold_start=COLD_START)
-    progress(60)
+    progress(40)
     busy = get_busy_card_time(start=start, end=end, lookback=LOOKBACK, cold_start=COLD_START)
-    workloads_by_day: dict[date, set[tuple[str, ...]]] = defaultdict(set)
+    spans = list_workload_spans(start=start, end=end)
+    cards = _fleet_cards(list_card_spans(start=start, end=end))
+    progress(55)
+    slices = workload_slices(spans)
+    placements = {alternative: place(alternative, cards, slices) for alternative in ALTERNATIVES}
+    progress(70)
+    organisation = _organisation_view(start=start, end=end, spans=spans, placements=placements)
+    progress(80)
+    units: dict[tuple[str, str, str, str, str, date], _Unit] = defaultdict(_Unit)
     for r in rows:
         unit = units[(r.tenant, r.namespace, r.pod, r.container, r.pod_uid, r.day)]
+        slice_key = (r.tenant, r.namespace, r.pod, r.container, r.pod_uid, r.gpu_uuid)
         unit.dynamic += r.dynamic_cost
         unit.static_whole += r.static_whole_cost
-        unit.static_profile += r.static_whole_cost * profile_fraction(peak_mem_mb=r.peak_mem_mb,
-                                                                      memory_mb=r.memory_mb)
+        for alternative, placement in placements.items():
+            unit.static[alternative] += r.static_whole_cost * placement.shares.get(slice_key, Decimal(1))
         unit.seconds += r.seconds
         unit.mem_used_mb_s += r.mem_used_mb_s
         unit.sm_used_s += r.sm_used_s
@@ -123,31 +162,21 @@ def compute_paired_report(
         unit.static_sm_s += r.seconds * r.sm_count
         unit.used_gpu_s += ALPHA * r.mem_used_mb_s / r.memory_mb + (1 - ALPHA) * r.sm_used_s / r.sm_count
         unit.dynamic_billed_gpu_s += r.dynamic_billed_gpu_s or Decimal(0)
-        workloads_by_day[r.day].add((r.tenant, r.namespace, r.pod, r.container, r.pod_uid))
-    progress(70)
-    organisation = _organisation_view(start=start, end=end)
-    progress(80)
     # Per workload-day figures count the days that were over at `now` only.
     today = now.astimezone(UTC).replace(hour=0, minute=0, second=0, microsecond=0)
     complete_until = min(end, today)
     partial = sorted({k for k in units if k[5] >= today.date()})
     tested = sorted(set(units) - set(partial))
     keys = sorted(units)
-    x = [float(units[k].static_whole) for k in tested]
-    xp = [float(units[k].static_profile) for k in tested]
     y = [float(units[k].dynamic) for k in tested]
     total = _Unit()
     for u in units.values():
-        for f in ("static_whole", "static_profile", "dynamic", "seconds", "used_gpu_s", "mem_used_mb_s",
-                  "sm_used_s", "static_mem_mb_s", "static_sm_s", "dynamic_billed_gpu_s"):
-            setattr(total, f, getattr(total, f) + getattr(u, f))
+        total.add(u)
     static_billed_gpu_s = total.seconds  # whole cards: one billed GPU-second per present second
     summary = {
-        "static_whole_cost": str(total.static_whole.quantize(Decimal("0.000001"))),
-        "static_profile_cost": str(total.static_profile.quantize(Decimal("0.000001"))),
+        "static_cost": {a: str(total.static[a].quantize(Decimal("0.000001"))) for a in ALTERNATIVES},
         "dynamic_cost": str(total.dynamic.quantize(Decimal("0.000001"))),
-        "cost_reduction_pct": _reduction(total.dynamic, total.static_whole),
-        "cost_reduction_vs_profile_pct": _reduction(total.dynamic, total.static_profile),
+        "chargeback_reduction_pct": {a: _reduction(total.dynamic, total.static[a]) for a in ALTERNATIVES},
         "containers_per_card": _ratio(total.seconds, busy.seconds),
         "sm_utilisation_dynamic_pct": _pct(total.sm_used_s, busy.sm_s),
         "sm_utilisation_static_pct": _pct(total.sm_used_s, total.static_sm_s),
@@ -172,44 +201,78 @@ def compute_paired_report(
                              "partial_days_excluded": sorted({k[5].isoformat() for k in partial})},
         **organisation,
         "summary": summary,
-        "test_whole_vs_dynamic": _paired_test(x, y),
-        "test_profile_vs_dynamic": _paired_test(xp, y),
+        "tests": {a: _paired_test([float(units[k].static[a]) for k in tested], y) for a in ALTERNATIVES},
     }
     progress(100)
     return result
 
 
-def _organisation_view(*, start: datetime, end: datetime) -> dict[str, Any]:
-    """The fleet's cost under whole-card and dynamic allocation, and each tenant's chargeback under
-    both (module docstring), as exact ledger amounts (strings); parts add to the totals exactly."""
+def _organisation_view(*, start: datetime, end: datetime, spans: Sequence[WorkloadSpan],
+                       placements: dict[str, Placement]) -> dict[str, Any]:
+    """The fleet's cost as run and under each static alternative placed on it, the headline, and
+    each tenant's chargeback under each (module docstring), as exact ledger amounts (strings)."""
     fleet = get_fleet_card_cost(start=start, end=end)
-    tenants = list_tenant_card_costs(start=start, end=end)
-    whole_card = {t.tenant: ledger_amount(t.whole_card_cost) for t in tenants}
-    workload_cards = sum(whole_card.values(), Decimal(0))
-    charged = sum((t.dynamic_cost for t in tenants), Decimal(0))
     busy = fleet.card_cost - fleet.empty_card_cost
-    whole_total = workload_cards + fleet.empty_card_cost
+    priced = price_card_time(start=start, end=end, intervals=[
+        (alternative, *stretch) for alternative, placement in placements.items() if placement.feasible
+        for stretch in placement.occupied])
+    alternatives: dict[str, dict[str, Any]] = {}
+    costs: dict[str, Decimal] = {}
+    for alternative, placement in placements.items():
+        card_time = priced.get(alternative)
+        if placement.feasible:
+            costs[alternative] = card_time.cost if card_time else Decimal(0)
+        shortfall = placement.shortfall
+        alternatives[alternative] = {
+            "feasible": placement.feasible,
+            "cost": str(costs[alternative]) if placement.feasible else None,
+            "card_hours": str(card_time.seconds / _S_PER_H) if card_time else ("0" if placement.feasible else None),
+            "peak_cards": placement.peak_cards,
+            "peak_at": placement.peak_at.isoformat() if placement.peak_at else None,
+            "fleet_cards_at_peak": placement.fleet_cards_at_peak,
+            "shortfall": None if shortfall is None else {
+                "at": shortfall.at.isoformat(), "model": shortfall.model, "needed": shortfall.needed,
+                "had": shortfall.had},
+        }
+    baseline = choose_baseline({a: costs.get(a) for a in ALTERNATIVES})
+    tenants: dict[str, dict[str, Decimal]] = defaultdict(lambda: defaultdict(Decimal))
+    models: dict[tuple[str, ...], str] = {}
+    for w in spans:
+        key: tuple[str, ...] = (w.tenant, w.namespace, w.pod, w.container, w.pod_uid, w.gpu_uuid)
+        models[key] = w.model
+        charged = tenants[w.tenant]
+        charged["dynamic"] += w.dynamic_cost
+        for alternative, placement in placements.items():
+            charged[alternative] = charged[alternative] + ledger_amount(w.whole_card_cost * placement.shares[key])
+    # The platform holds the rest of each allocation's cost: the idle on busy cards that no tenant
+    # was charged (dynamic), the part of the cards a slice left free (static).
+    totals = {"dynamic": busy, **costs}
+    platform = {a: str(totals[a] - sum((t[a] for t in tenants.values()), Decimal(0))) if a in totals else None
+                for a in ("dynamic", *ALTERNATIVES)}
+    chargeback_tenants = [{"tenant": tenant, **{a: str(amounts[a]) if a in totals else None
+                                                for a in ("dynamic", *ALTERNATIVES)}}
+                          for tenant, amounts in sorted(tenants.items())]
+    profiles: dict[str, Counter[str]] = defaultdict(Counter)
+    for slice_key, name in placements["fixed_profile"].profiles.items():
+        profiles[models[slice_key]][name] += 1
     return {
         "fleet": {
-            "whole_card": {"workload_cards": str(workload_cards), "empty_cards": str(fleet.empty_card_cost),
-                           "total": str(whole_total)},
-            "dynamic": {"busy_cards": str(busy), "empty_cards": str(fleet.empty_card_cost),
-                        "total": str(fleet.card_cost)},
-            "saving": str(whole_total - fleet.card_cost),
-            "reduction_pct": _reduction(fleet.card_cost, whole_total),
+            "held": {"busy_cards": str(busy), "empty_cards": str(fleet.empty_card_cost), "total": str(fleet.card_cost),
+                     "peak_cards": fleet.peak_cards},
+            "dynamic": {"cost": str(busy), "card_hours": str(fleet.busy_seconds / _S_PER_H),
+                        "peak_cards": fleet.peak_busy_cards},
+            "alternatives": alternatives,
+            "baseline": baseline,
+            "saving": None if baseline is None else str(costs[baseline] - busy),
+            "reduction_pct": None if baseline is None else _reduction(busy, costs[baseline]),
         },
-        "chargeback": {
-            "tenants": [{"tenant": t.tenant, "whole_card": str(whole_card[t.tenant]),
-                         "dynamic": str(t.dynamic_cost)} for t in tenants],
-            # Under whole cards the platform holds the empty cards; under dynamic, the idle that was
-            # not spread onto a tenant.
-            "platform": {"whole_card": str(fleet.empty_card_cost), "dynamic": str(fleet.card_cost - charged)},
-        },
+        "chargeback": {"tenants": chargeback_tenants, "platform": platform},
+        "profiles": {model: dict(sorted(names.items())) for model, names in sorted(profiles.items())},
     }
 
 
 def _reduction(dynamic: Decimal, static: Decimal) -> float | None:
-    """Cost reduction of dynamic against static, percent."""
+    """Cost reduction of dynamic against static, percent (negative: dynamic cost more)."""
     return float((1 - dynamic / static) * 100) if static else None
 
 
