@@ -139,7 +139,7 @@ def test_finance_requests_a_report_to_today_and_downloads_it(sign_in):
     _adds_up(page, "chargeback")
     with page.expect_download() as download:
         page.get_by_test_id("report-csv").click()
-    with open(download.value.path(), encoding="utf-8") as fh:
+    with open(download.value.path(), encoding="utf-8-sig") as fh:
         rows = list(csv.DictReader(fh))
     money_rows = [r for r in rows if r["section"] in ("alternatives", "fleet", "chargeback")]
     assert money_rows
