@@ -12,8 +12,8 @@ from django.core.checks import CheckMessage, Error, Tags, Warning, register
 from billing.ledger.retention import RetentionPolicy
 from billing.services.identity import HOW_TO_CONFIGURE, load_admission_credentials
 
-__all__ = ["check_admission_credentials", "check_invoice_issuer", "check_node_identity", "check_retention",
-           "check_webhook_allow_list"]
+__all__ = ["check_admission_credentials", "check_invoice_issuer", "check_node_identity", "check_public_url",
+           "check_retention", "check_webhook_allow_list"]
 
 # A token shorter than this is guessable enough to be worth a warning (secrets.token_urlsafe(32) is 43).
 MIN_TOKEN_CHARS = 32
@@ -104,3 +104,18 @@ def check_invoice_issuer(app_configs: Any = None, **kwargs: Any) -> list[CheckMe
                     "legal entity, address or tax id, and issued documents never change.",
                     hint='e.g. VGPU_ISSUER_NAME="Example GPU Cloud Ltd" VGPU_ISSUER_ADDRESS="1 Main St|London" '
                          "VGPU_ISSUER_TAX_ID=GB123456789 (docs/exports.md, Invoices)", id="billing.W010")]
+
+
+@register()
+def check_public_url(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
+    """Alerts link to Explore; in production, without the address people reach the service at, the
+    link in an e-mail or a Slack message is a bare path nobody can open."""
+    url = settings.VGPU_PUBLIC_URL
+    if url and not url.startswith(("https://", "http://")):
+        return [Error(f"VGPU_PUBLIC_URL {url!r} is not an http(s) URL", hint="e.g. https://gpu-cost.example.com",
+                      id="billing.E005")]
+    if settings.PRODUCTION and not url:
+        return [Warning("VGPU_PUBLIC_URL is unset: alerts sent by e-mail, webhook and Slack link to Explore by a path "
+                        "only, which their readers cannot open.", hint="e.g. VGPU_PUBLIC_URL=https://gpu-cost.example.com "
+                        "(docs/alerts.md)", id="billing.W011")]
+    return []

@@ -8,7 +8,6 @@ import time
 from datetime import timedelta
 from pathlib import Path
 
-import urllib3
 from celery import shared_task
 from django.conf import settings
 from django.core.mail import send_mail
@@ -21,14 +20,16 @@ from billing.ledger.partitions import ensure_raw_partitions as _ensure_raw_parti
 from billing.ledger.retention import apply_retention as _apply_retention
 from billing.ledger.statistics import analyze_stale_partitions as _analyze_stale_partitions
 from billing.models import Budget
+from billing.services.alerts import CHANNELS
+from billing.services.alerts import deliver_alert as _deliver_alert
+from billing.services.alerts import evaluate_alerts as _evaluate_alerts
 from billing.services.budgets import (
     FORECAST_OVER_EVENT,
-    DestinationRefused,
+    WebhookRefused,
+    WebhookRetry,
     budget_key,
-    parse_allow_list,
-    post_to_destination,
     record_webhook_refusal,
-    resolve_destination,
+    send_webhook,
     sign_webhook,
     webhook_body,
 )
@@ -166,10 +167,6 @@ def evaluate_budgets() -> list[dict[str, object]]:
     return [e.payload() for e in events]
 
 
-class WebhookRetry(Exception):
-    """The receiver answered 429 or 5xx: try again later."""
-
-
 @shared_task(name="billing.tasks.send_budget_email", acks_late=True,
              autoretry_for=(smtplib.SMTPException, OSError), retry_backoff=True, max_retries=8)
 def send_budget_email(budget_id: int, payload: dict[str, object]) -> int:
@@ -212,40 +209,51 @@ def _forecast_over_mail(budget: Budget, payload: dict[str, object]) -> tuple[str
     return subject, lines
 
 
-@shared_task(name="billing.tasks.deliver_budget_webhook", acks_late=True,
-             autoretry_for=(urllib3.exceptions.HTTPError, WebhookRetry), retry_backoff=True, retry_jitter=True,
-             max_retries=8)
+@shared_task(name="billing.tasks.deliver_budget_webhook", acks_late=True, autoretry_for=(WebhookRetry,),
+             retry_backoff=True, retry_jitter=True, max_retries=8)
 def deliver_budget_webhook(budget_id: int, payload: dict[str, object]) -> int | None:
-    """POST the HMAC-signed event to the destination checked at send time (billing/services/budgets/webhooks.py);
+    """POST the HMAC-signed event to the destination checked at send time (billing.services.budgets.send_webhook);
     retried with backoff on network errors, 429 and 5xx. A refused destination or a redirect is
     audited and not retried: only an admin can change either."""
     budget = Budget.objects.select_related("tenant").filter(pk=budget_id).first()
     if budget is None or not budget.webhook_url:
         return None
     url, event = budget.webhook_url, str(payload["event"])
-    try:
-        destination = resolve_destination(url, allow_list=parse_allow_list(settings.VGPU_WEBHOOK_ALLOWED_HOSTS))
-    except DestinationRefused as exc:
-        _refuse_webhook(budget_key(budget), url, event, str(exc))
-        return None
-    except OSError as exc:  # socket.gaierror: the name did not resolve, perhaps only for now
-        raise WebhookRetry(f"{url}: cannot resolve its host: {exc}") from exc
     body = webhook_body(payload)
     timestamp = str(int(time.time()))
     headers = {"Content-Type": "application/json", "X-VGPU-Timestamp": timestamp, "X-VGPU-Event": event}
     if budget.webhook_secret:
         headers["X-VGPU-Signature"] = sign_webhook(secret=budget.webhook_secret, timestamp=timestamp, body=body)
-    answer = post_to_destination(destination, body=body, headers=headers, timeout_s=10)
-    if answer.status == 429 or answer.status >= 500:
-        raise WebhookRetry(f"{url} answered {answer.status}")
-    if 300 <= answer.status < 400:
-        # Following it would send the event to a place nobody checked.
-        _refuse_webhook(budget_key(budget), url, event,
-                        f"{url} answered {answer.status} redirecting to {answer.location or '(no Location)'}; "
-                        "redirects are not followed: set the final URL on the budget")
-    elif answer.status >= 400:
-        log.error("event=budget_webhook_rejected url=%s status=%s", url, answer.status)
-    return answer.status
+    try:
+        status = send_webhook(url, body=body, headers=headers)
+    except WebhookRefused as exc:
+        _refuse_webhook(budget_key(budget), url, event, str(exc))
+        return exc.status
+    if status >= 400:
+        log.error("event=budget_webhook_rejected url=%s status=%s", url, status)
+    return status
+
+
+@shared_task(name="billing.tasks.evaluate_alerts", acks_late=True, autoretry_for=(OperationalError,),
+             retry_backoff=True, max_retries=5)
+def evaluate_alerts() -> list[int]:
+    """Every VGPU_ALERTS_EVERY_S (5 minutes): evaluate the alert rules (billing.services.alerts) and
+    deliver each alert raised once per way its rule tells. Run twice on the same ledger it raises
+    nothing the second time."""
+    raised = _evaluate_alerts(now=timezone.now())
+    for event_id in raised:
+        for channel in CHANNELS:
+            deliver_alert.delay(event_id, channel)
+    return raised
+
+
+@shared_task(name="billing.tasks.deliver_alert", acks_late=True,
+             autoretry_for=(WebhookRetry, smtplib.SMTPException, OSError), retry_backoff=True, retry_jitter=True,
+             max_retries=8)
+def deliver_alert(event_id: int, channel: str) -> str:
+    """Tell people of one alert by one way (email, webhook, slack), unless that was done already:
+    run twice, it sends once."""
+    return _deliver_alert(event_id=event_id, channel=channel, now=timezone.now())
 
 
 def _refuse_webhook(tenant: str, url: str, event: str, reason: str) -> None:

@@ -22,6 +22,7 @@ import sys
 import threading
 import time
 import urllib.request
+import uuid
 from datetime import UTC, date, datetime, timedelta
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -72,6 +73,62 @@ class _WebhookSink:
         self.server.shutdown()
 
 
+class _SlackSink:
+    """A loopback Slack-compatible incoming webhook: it takes what Slack's does (a JSON object with
+    a non-empty `text`, and optional Block Kit `blocks`), answers "ok" as Slack does, and appends
+    each message to .data/demo/slack.jsonl; anything else is answered 400 invalid_payload."""
+
+    def __init__(self, *, path: Path) -> None:
+        sink = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                try:
+                    message = json.loads(body)
+                    valid = isinstance(message, dict) and isinstance(message.get("text"), str) and bool(message["text"])
+                except ValueError:
+                    message, valid = None, False
+                if valid:
+                    with sink.path.open("a") as fh:
+                        fh.write(json.dumps({"received_at": datetime.now(UTC).isoformat(), "message": message}) + "\n")
+                self.send_response(200 if valid else 400)
+                self.end_headers()
+                self.wfile.write(b"ok" if valid else b"invalid_payload")
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.path = path
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        # Slack's URLs are /services/<team>/<bot>/<secret>: the demo's looks the same, its secret invented.
+        self.url = f"http://127.0.0.1:{self.server.server_port}/services/T0DEMO/B0DEMO/{secrets.token_urlsafe(12)}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+
+
+# The scripted spend spike (docs/alerts.md, In the demo): globex runs a training job on a node of
+# its own, on one card at the same hour of each of the previous four weeks, and on all eight in the
+# hour two hours before the demo starts; the spend-anomaly rule finds that hour.
+BURST_NODE = "sim-a100-burst"
+_BURST_WEEKS = 4
+
+
+def burst_scenario(*, gpus: int, guarantee_mb: int) -> dict[str, Any]:
+    """The training job: one pod per card, each guaranteed `guarantee_mb` of it (billed as granted)."""
+    scenario = demo_scenario(BURST_NODE, seed=99, gpu_count=8, tenants=[("globex", "bronze")])
+    cards = scenario["gpus"][:gpus]
+    workloads = [{"tenant": "globex", "namespace": "globex-training", "pod": f"trainer-{i}", "container": "trainer",
+                  "pod_uid": str(uuid.uuid5(uuid.NAMESPACE_URL, f"vgpu-ledger:{BURST_NODE}:trainer-{i}")),
+                  "sla_tier": "bronze", "gpu": card["uuid"], "profile": "resnet50", "guarantee_mem_mb": guarantee_mb,
+                  "limit_mem_mb": card["memory_mb"], "controller_kind": "Job", "controller_name": "nightly-finetune",
+                  "labels": {"app": "trainer", "team": "globex-research"}}
+                 for i, card in enumerate(cards)]
+    return {"node": BURST_NODE, "seed": 99, "gpus": cards, "workloads": workloads}
+
+
 class _History(threading.Thread):
     """History, so finance has something to close, compare and chart from the first minutes.
 
@@ -82,9 +139,9 @@ class _History(threading.Thread):
     is done once (marker files), so restarting the demo never meters a GPU-second twice."""
 
     def __init__(self, *, py: str, env: dict[str, str], url: str,
-                 agents: list[tuple[str, Path, Path]], recent_days: int) -> None:
+                 agents: list[tuple[str, Path, Path]], recent_days: int, burst_token: Path) -> None:
         super().__init__(daemon=True)
-        self.py, self.env, self.url, self.agents = py, env, url, agents
+        self.py, self.env, self.url, self.agents, self.burst_token = py, env, url, agents, burst_token
         today = datetime.now(UTC).date()
         self.day = today.replace(day=1) - timedelta(days=1)
         self.marker = DEMO_DIR / f"history-{self.day:%Y-%m}.done"
@@ -92,21 +149,50 @@ class _History(threading.Thread):
         self.recent = [first + timedelta(days=i) for i in range((today - first).days)]
         self.procs: list[subprocess.Popen[bytes]] = []
         self.stopping = False
+        # Two complete hours before the demo started: inside the day the alert rule looks at.
+        self.spike_hour = datetime.now(UTC).replace(minute=0, second=0, microsecond=0) - timedelta(hours=2)
 
-    def _meter(self, day: date, log: BinaryIO) -> None:
-        self.procs = [
-            subprocess.Popen(  # noqa: S603 - the demo's own processes, argument lists, no shell
-                [self.py, "-m", "agents", "run", "--server", self.url, "--token-file", str(token_file),
-                 "--backend", "sim", "--scenario", str(scenario_file),
-                 "--spool", str(DEMO_DIR / f"{node}.history-{day}.sqlite"), "--once-seconds", "86400",
-                 "--start", f"{day:%Y-%m-%d}T00:00:00Z", "--tick-ms", "60000", "--meter-ms", "60000",
-                 "--batch-seconds", "3600", "--no-kube", "--enforcer", "dry-run", "--policy-interval-s", "3600"],
-                env=self.env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-            for node, token_file, scenario_file in self.agents
-        ]
+    def _agent(self, token_file: Path, scenario_file: Path, *, start: datetime, seconds: int, spool: Path,
+               log: BinaryIO) -> subprocess.Popen[bytes]:
+        """The real agent metering [start, start + seconds) on a fast clock (60 s samples, dry-run)."""
+        return subprocess.Popen(  # noqa: S603 - the demo's own processes, argument lists, no shell
+            [self.py, "-m", "agents", "run", "--server", self.url, "--token-file", str(token_file),
+             "--backend", "sim", "--scenario", str(scenario_file), "--spool", str(spool),
+             "--once-seconds", str(seconds), "--start", f"{start:%Y-%m-%dT%H:%M:%S}Z", "--tick-ms", "60000",
+             "--meter-ms", "60000", "--batch-seconds", "3600", "--no-kube", "--enforcer", "dry-run",
+             "--policy-interval-s", "3600"],
+            env=self.env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+
+    def _wait(self, what: str) -> None:
         for proc in self.procs:
             if proc.wait() != 0:
-                raise subprocess.CalledProcessError(proc.returncode, "agent (history)")
+                raise subprocess.CalledProcessError(proc.returncode, what)
+
+    def _meter(self, day: date, log: BinaryIO) -> None:
+        midnight = datetime(day.year, day.month, day.day, tzinfo=UTC)
+        self.procs = [self._agent(token_file, scenario_file, start=midnight, seconds=86400,
+                                  spool=DEMO_DIR / f"{node}.history-{day}.sqlite", log=log)
+                      for node, token_file, scenario_file in self.agents]
+        self._wait("agent (history)")
+
+    def _meter_spike(self, log: BinaryIO) -> None:
+        """The training job's hours (burst_scenario), metered by the real agent code like any other
+        history; done once (a marker file), so a restart never meters a GPU-second twice."""
+        marker = DEMO_DIR / "spike.done"
+        if marker.exists():
+            return
+        hours = [(self.spike_hour - timedelta(weeks=k), 1, 16384) for k in range(_BURST_WEEKS, 0, -1)]
+        for hour, gpus, guarantee_mb in [*hours, (self.spike_hour, 8, 65536)]:
+            scenario = DEMO_DIR / f"{BURST_NODE}.{hour:%Y%m%dT%H}.scenario.json"
+            scenario.write_text(json.dumps(burst_scenario(gpus=gpus, guarantee_mb=guarantee_mb), indent=1))
+            self.procs = [self._agent(self.burst_token, scenario, start=hour, seconds=3600,
+                                      spool=DEMO_DIR / f"{BURST_NODE}.{hour:%Y%m%dT%H}.sqlite", log=log)]
+            self._wait(f"agent ({BURST_NODE}, {hour:%Y-%m-%d %H:00})")
+        self._manage(log, "rollup_usage")
+        marker.touch()
+        print(f"demo: a spend spike is scripted: globex's training job ran on 8 cards at {self.spike_hour:%Y-%m-%d %H:00} "
+              "UTC against 1 card at that hour of the 4 weeks before; the alert reaches /alerts/, .data/demo/mail, "
+              "webhooks.jsonl and slack.jsonl within minutes", flush=True)
 
     def _manage(self, log: BinaryIO, *args: str) -> None:
         subprocess.run([self.py, "manage.py", *args], env=self.env, cwd=ROOT, stdout=log,  # noqa: S603 - this interpreter running manage.py, no shell
@@ -116,6 +202,7 @@ class _History(threading.Thread):
         (DEMO_DIR / "recent.done").unlink(missing_ok=True)
         with open(LOG_DIR / "history.log", "ab") as log:
             try:
+                self._meter_spike(log)
                 if not self.marker.exists():
                     self._meter(self.day, log)
                     next_day = self.day + timedelta(days=1)
@@ -240,6 +327,9 @@ def main() -> int:  # noqa: PLR0915 - the demo's start-up, step by step in the o
         # The fleet FOCUS dataset (docs/exports.md) under .data/demo/focus, every 2 minutes rather than daily.
         env.setdefault("VGPU_FOCUS_DATASET_DIR", str(DEMO_DIR / "focus"))
         env.setdefault("VGPU_FOCUS_DATASET_EVERY_S", "120")
+        # Alerts (docs/alerts.md) are evaluated every minute rather than every 5, and link to this demo.
+        env.setdefault("VGPU_ALERTS_EVERY_S", "60")
+        env.setdefault("VGPU_PUBLIC_URL", f"http://127.0.0.1:{port}")
         env["PYTHONUNBUFFERED"] = "1"
         # The admission webhook answers only an API server that presents this token; the demo has
         # no API server, but a product without a credential warns at every command (billing.W001).
@@ -251,7 +341,9 @@ def main() -> int:  # noqa: PLR0915 - the demo's start-up, step by step in the o
         webhooks = _WebhookSink(secret=secrets.token_urlsafe(16), path=DEMO_DIR / "webhooks.jsonl")
         env["VGPU_DEMO_WEBHOOK_SECRET"] = webhooks.secret
         env["VGPU_WEBHOOK_ALLOWED_HOSTS"] = "127.0.0.1"  # budget webhooks reach loopback only when allow-listed
-        logins = _run([py, "manage.py", "load_demo", "--budget-webhook-url", webhooks.url], env)
+        slack = _SlackSink(path=DEMO_DIR / "slack.jsonl")
+        logins = _run([py, "manage.py", "load_demo", "--budget-webhook-url", webhooks.url, "--alert-webhook-url",
+                       webhooks.url.replace("/budget-events", "/alert-events"), "--slack-url", slack.url], env)
         del env["VGPU_DEMO_WEBHOOK_SECRET"]
         agents = []
         for seed, node in enumerate(NODES, start=1):
@@ -261,6 +353,9 @@ def main() -> int:  # noqa: PLR0915 - the demo's start-up, step by step in the o
             scenario_file = DEMO_DIR / f"{node}.scenario.json"
             scenario_file.write_text(json.dumps(demo_scenario(node, seed=seed, tenants=TENANTS), indent=1))
             agents.append((node, token_file, scenario_file))
+        burst_token = DEMO_DIR / f"{BURST_NODE}.token"
+        burst_token.write_text(_run([py, "manage.py", "create_node_token", BURST_NODE], env).strip() + "\n")
+        burst_token.chmod(0o600)
         url = f"http://127.0.0.1:{port}"
         commands: dict[str, list[str]] = {
             "worker": [str(bindir / "celery"), "-A", "config", "worker", "--loglevel", "INFO", "--concurrency", "2",
@@ -302,7 +397,7 @@ def main() -> int:  # noqa: PLR0915 - the demo's start-up, step by step in the o
                 )
             health = _wait_healthy(f"{url}/healthz", procs)
             history = _History(py=py, env=env, url=url, agents=agents,
-                               recent_days=int(os.environ.get("VGPU_DEMO_HISTORY_DAYS", "6")))
+                               recent_days=int(os.environ.get("VGPU_DEMO_HISTORY_DAYS", "6")), burst_token=burst_token)
             history.start()
             opencost, opencost_line = _opencost_port(py, env, url)
             metrics_lines = (f"metrics: curl -H 'Authorization: Bearer {env['VGPU_METRICS_TOKEN']}' {url}/metrics\n"
@@ -321,6 +416,8 @@ def main() -> int:  # noqa: PLR0915 - the demo's start-up, step by step in the o
                 "numbers grow as agents upload (every 10 s) and the ledger rolls up (every 10 s).\n"
                 f"budgets: acme has 3000 USD/month; lower it at {url}/budgets/ as admin to see enforcement.\n"
                 f"  emails -> {DEMO_DIR / 'mail'}, webhooks -> {DEMO_DIR / 'webhooks.jsonl'}\n"
+                f"alerts: a scripted spend spike (globex's training job) is alerted at {url}/alerts/ within minutes,\n"
+                f"  by email, signed webhook and Slack-compatible webhook -> {DEMO_DIR / 'slack.jsonl'}\n"
                 "history: a simulated day of last month is metered, closed and reported (about a minute),\n"
                 "  then the days of this month before today (a few minutes); a line says when each is ready.\n"
                 "Press Ctrl-C to stop.",
@@ -341,6 +438,7 @@ def main() -> int:  # noqa: PLR0915 - the demo's start-up, step by step in the o
             if opencost is not None:
                 opencost.close()
             webhooks.close()
+            slack.close()
             print("demo: stopped.", flush=True)
     return 0
 

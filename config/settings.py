@@ -335,6 +335,10 @@ CELERY_BEAT_SCHEDULE: dict[str, dict[str, Any]] = {
     # Every 5 minutes: today's partitions fill all day and the rollup plans on their statistics.
     "analyze-ledger-partitions": {"task": "billing.tasks.analyze_ledger_partitions", "schedule": 300.0},
     "evaluate-budgets": {"task": "billing.tasks.evaluate_budgets", "schedule": 60.0},
+    # Spend anomalies, idle share and over-granting (docs/alerts.md): the ledger hour they read is
+    # complete once an hour, so a few minutes' delay loses nothing.
+    "evaluate-alerts": {"task": "billing.tasks.evaluate_alerts",
+                        "schedule": float(os.environ.get("VGPU_ALERTS_EVERY_S", "300"))},
     "close-previous-month": {
         "task": "billing.tasks.close_previous_month",
         "schedule": crontab(day_of_month="2", hour="1", minute="0"),
@@ -435,6 +439,9 @@ EMAIL_TIMEOUT = 10
 # written to files here instead of being sent.
 EMAIL_FILE_PATH = os.environ.get("VGPU_EMAIL_FILE_PATH", str(DATA_DIR / "mail"))
 DEFAULT_FROM_EMAIL = os.environ.get("VGPU_EMAIL_FROM", "vgpu-ledger@localhost")
+# Where people reach the web interface (https://gpu-cost.example.com): alerts link to Explore with
+# it. Empty: links are paths, which a mail reader cannot open (manage.py check warns).
+VGPU_PUBLIC_URL = os.environ.get("VGPU_PUBLIC_URL", "").strip()
 
 LOGGING = {
     "version": 1,

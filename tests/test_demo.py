@@ -76,8 +76,11 @@ def _lower_acme_budget_and_watch_enforcement(banner: str, base: str, demo_dir: P
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         throttled = any("throttled=acme" in p.read_text() for p in (demo_dir / "logs").glob("agent-*.log"))
-        mails = list((demo_dir / "mail").glob("*.log"))
-        hooks = (demo_dir / "webhooks.jsonl").read_text().splitlines() if (demo_dir / "webhooks.jsonl").exists() else []
+        # The demo's alert rule mails and posts to the same places: only the budget's count here.
+        mails = [p for p in (demo_dir / "mail").glob("*.log") if "Budget of Acme" in p.read_text()]
+        hooks = [h for h in ((demo_dir / "webhooks.jsonl").read_text().splitlines()
+                             if (demo_dir / "webhooks.jsonl").exists() else [])
+                 if str(json.loads(h)["payload"].get("event", "")).startswith("budget.")]
         if throttled and mails and hooks:
             break
         time.sleep(2)

@@ -40,6 +40,7 @@ from billing.models.pricing import RateCard
 __all__ = [
     "HourSpend",
     "InvoiceTotal",
+    "PeriodSpend",
     "ScopeHourSpend",
     "ScopeSpend",
     "SpendScope",
@@ -53,7 +54,9 @@ __all__ = [
     "list_hour_spends",
     "list_invoice_totals",
     "list_invoice_totals_from_hours",
+    "list_metered_periods",
     "list_month_to_date_spends",
+    "list_period_spends",
     "list_scope_hour_spends",
     "list_scope_spends",
     "list_workload_days",
@@ -449,6 +452,48 @@ def list_scope_hour_spends(*, scopes: Sequence[SpendScope], since: datetime, unt
         f"{join} WHERE u.tenant = ANY(%(tenants)s::text[]) AND u.hour >= %(since)s AND u.hour < %(until)s"
         " GROUP BY 1, 2 ORDER BY 1, 2", params)
     return [ScopeHourSpend(index - 1, hour, spend) for index, hour, spend in rows]
+
+
+# --- Spend of chosen periods (anomaly alerts) ------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PeriodSpend:
+    """Charge plus idle share of a tenant (and namespace, "" when not asked per namespace) in one
+    ledger hour or UTC day."""
+
+    tenant: str
+    namespace: str
+    at: datetime
+    spend: Decimal
+
+
+# Granularity -> (usage table, GPU table, column): whole days come from the day ledger.
+_PERIOD_TABLES = {"hour": ("billing_usagehour", "billing_gpuhour", "hour"),
+                  "day": ("billing_usageday", "billing_gpuday", "day")}
+
+
+def list_period_spends(*, granularity: str, periods: Sequence[datetime], by_namespace: bool,
+                       tenant: str | None) -> list[PeriodSpend]:
+    """Charge plus idle share in each of `periods` (starts of ledger hours, or midnights UTC with
+    "day"), per tenant (of `tenant` only unless None) and, with `by_namespace`, per namespace; only
+    groups with usage. One statement, however scattered the periods (a baseline's weeks)."""
+    usage, _gpus, at = _PERIOD_TABLES[granularity]
+    namespace = "namespace" if by_namespace else "''"
+    return _fetch_as(
+        f"SELECT tenant, {namespace} AS namespace, {at} AS at, sum(charge) + sum(idle_share) AS spend FROM {usage} "  # noqa: S608 - fixed names; values are parameters
+        f"WHERE {at} = ANY(%(periods)s::timestamptz[]) AND (%(tenant)s::text IS NULL OR tenant = %(tenant)s) "
+        "GROUP BY 1, 2, 3 ORDER BY 1, 2, 3",
+        {"periods": list(periods), "tenant": tenant}, PeriodSpend)
+
+
+def list_metered_periods(*, granularity: str, periods: Sequence[datetime]) -> set[datetime]:
+    """Which of `periods` the ledger metered any GPU in: a baseline period without any is no
+    history (the service was not metering), unlike one in which a tenant spent nothing."""
+    _usage, gpus, at = _PERIOD_TABLES[granularity]
+    rows = _fetch(f"SELECT DISTINCT {at} FROM {gpus} WHERE {at} = ANY(%(periods)s::timestamptz[])",  # noqa: S608 - fixed names
+                  {"periods": list(periods)})
+    return {row[0] for row in rows}
 
 
 # --- A tenant's workloads ---------------------------------------------------------------------

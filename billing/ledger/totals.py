@@ -31,6 +31,7 @@ __all__ = [
     "get_last_ledger_hour",
     "get_priced_currency",
     "list_day_ledger_totals",
+    "list_gpu_totals_by_node",
     "list_monthly_card_seconds",
     "list_monthly_share_seconds",
     "summarise_workloads",
@@ -89,6 +90,19 @@ def get_gpu_totals(*, start: datetime, end: datetime) -> GpuTotals:
     return GpuTotals(card_cost=agg["card"] or _ZERO, idle_cost=agg["idle"] or _ZERO,
                      idle_allocated=agg["idle_allocated"] or _ZERO, metered_seconds=agg["seconds"] or _ZERO,
                      unpriced_seconds=agg["unpriced"] or _ZERO)
+
+
+def list_gpu_totals_by_node(*, start: datetime, end: datetime) -> dict[str, GpuTotals]:
+    """`get_gpu_totals` per node (by node name), for the nodes with GPU rows in [start, end)."""
+    ledger = reads.ledger_for(start, end)
+    rows = ledger.gpu_rows(start, end).values("node__name").annotate(
+        card=Sum("card_cost"), idle=Sum("idle_cost"), idle_allocated=Sum("idle_allocated"),
+        seconds=Sum("metered_seconds"), unpriced=ledger.unpriced_seconds(),
+    ).order_by("node__name")
+    return {row["node__name"]: GpuTotals(card_cost=row["card"] or _ZERO, idle_cost=row["idle"] or _ZERO,
+                                         idle_allocated=row["idle_allocated"] or _ZERO,
+                                         metered_seconds=row["seconds"] or _ZERO, unpriced_seconds=row["unpriced"] or _ZERO)
+            for row in rows}
 
 
 def get_last_ledger_hour() -> datetime | None:

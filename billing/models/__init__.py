@@ -8,6 +8,15 @@ are not part of this package's API: every read and write of them goes through bi
 # Registration only (Django finds a model when its module is imported).
 from billing.ledger import models as _ledger_models  # noqa: F401 - imported to register the ledger's models with Django
 from billing.models.accounts import ApiToken, UserPreference
+from billing.models.alerts import (
+    AlertEvent,
+    AlertGranularity,
+    AlertGrouping,
+    AlertKind,
+    AlertResource,
+    AlertRule,
+    AlertState,
+)
 from billing.models.audit import AuditEvent
 from billing.models.budgets import AdmittedPod, Budget, BudgetAction, BudgetScope, BudgetState, BudgetStatus
 from billing.models.exports import ExportDelivery, ExportDestination
@@ -21,6 +30,13 @@ from billing.models.undelivered import UndeliveredBatch
 
 __all__ = [
     "AdmittedPod",
+    "AlertEvent",
+    "AlertGranularity",
+    "AlertGrouping",
+    "AlertKind",
+    "AlertResource",
+    "AlertRule",
+    "AlertState",
     "ApiToken",
     "AuditEvent",
     "BilledBasis",

@@ -11,13 +11,14 @@ from decimal import Decimal
 from django.contrib.auth.models import Group, User
 from django.db import transaction
 
-from billing.models import GpuModel, RateCard, SlaTier, Tenant, TenantMembership
+from billing.models import AlertRule, GpuModel, RateCard, SlaTier, Tenant, TenantMembership
 from billing.scope import ADMIN_GROUP, FINANCE_GROUP
+from billing.services.alerts import save_alert_rule
 from billing.services.audit import record_audit_event
 from billing.services.budgets import set_budget
 from billing.services.ingest import set_tenant_namespaces
 
-__all__ = ["DEMO_TENANTS", "DemoLogin", "demo_namespaces", "load_demo_data"]
+__all__ = ["DEMO_ALERT_RULE", "DEMO_TENANTS", "DemoLogin", "demo_namespaces", "load_demo_data"]
 
 SLA_TIERS = [
     ("gold", "Gold", Decimal("4"), "Latency-critical inference; largest share under contention."),
@@ -61,13 +62,21 @@ class DemoLogin:
     password: str
 
 
+# globex trains in a namespace of its own, on a node of its own: the demo scripts a spend spike there
+# (config/demo.py) for its spend-anomaly alert rule to find.
+_TRAINING_NAMESPACES = {"globex": ["globex-training"]}
+DEMO_ALERT_RULE = "GPU spend spikes per namespace"
+
+
 def demo_namespaces(slug: str) -> list[str]:
-    return [f"{slug}-prod", f"{slug}-staging"]
+    return [f"{slug}-prod", f"{slug}-staging", *_TRAINING_NAMESPACES.get(slug, [])]
 
 
-def load_demo_data(*, now: datetime, budget_webhook_url: str = "", budget_webhook_secret: str = "") -> list[DemoLogin]:
+def load_demo_data(*, now: datetime, budget_webhook_url: str = "", budget_webhook_secret: str = "",
+                   alert_webhook_url: str = "", slack_url: str = "") -> list[DemoLogin]:
     """Idempotent. With a webhook URL, acme also gets a generous monthly budget that notifies by
-    email and by that webhook, so an admin can lower it and watch enforcement happen."""
+    email and by that webhook, so an admin can lower it and watch enforcement happen. With an
+    alert webhook and a Slack URL, finance has a spend-anomaly rule that tells by e-mail and both."""
     with transaction.atomic():
         tiers = {}
         for slug, name, weight, description in SLA_TIERS:
@@ -81,8 +90,10 @@ def load_demo_data(*, now: datetime, budget_webhook_url: str = "", budget_webhoo
             )
             # The simulated agents run each tenant's pods in <slug>-prod and <slug>-staging
             # (agents/backends/sim.py): the service bills by this mapping, not by the agents' claim.
-            if not tenants[slug].namespaces:
-                set_tenant_namespaces(slug=slug, namespaces=demo_namespaces(slug), now=now, actor_label="demo")
+            missing = [n for n in demo_namespaces(slug) if n not in tenants[slug].namespaces]
+            if missing:
+                set_tenant_namespaces(slug=slug, namespaces=[*tenants[slug].namespaces, *missing], now=now,
+                                      actor_label="demo")
         Tenant.objects.get_or_create(slug="unattributed", defaults={"name": "Unattributed processes"})
         # Only an approved model may be priced (billing.services.pricing.gpu_models).
         GpuModel.objects.get_or_create(name=A100_80GB_MODEL, defaults={"approved_at": now, "approved_by": "demo"})
@@ -126,4 +137,18 @@ def load_demo_data(*, now: datetime, budget_webhook_url: str = "", budget_webhoo
                   "notify_emails": "finops@acme.example", "webhook_url": budget_webhook_url,
                   "webhook_secret": budget_webhook_secret}
         set_budget(tenant_slug="acme", values=values, now=now, actor_label="demo")
+    if alert_webhook_url and slack_url:
+        _alert_rule(now=now, webhook_url=alert_webhook_url, webhook_secret=budget_webhook_secret, slack_url=slack_url)
     return logins
+
+
+def _alert_rule(*, now: datetime, webhook_url: str, webhook_secret: str, slack_url: str) -> None:
+    """Spend spikes per namespace, hour by hour against the previous 4 weeks, telling finance by every way."""
+    if AlertRule.objects.filter(name=DEMO_ALERT_RULE).exists():
+        return
+    save_alert_rule(values={
+        "name": DEMO_ALERT_RULE, "kind": "spend_anomaly", "group_by": "namespace", "granularity": "hour",
+        "baseline_weeks": 4, "threshold": Decimal("3.5"), "min_amount": Decimal("2.00"), "currency": "USD",
+        "window_hours": 24, "resource": "memory", "notify_emails": "finance@example.com", "webhook_url": webhook_url,
+        "webhook_secret": webhook_secret, "slack_webhook_url": slack_url, "enabled": True,
+    }, now=now, actor_label="demo")

@@ -14,9 +14,14 @@ class Command(BaseCommand):
         parser.add_argument("--budget-webhook-url", default="",
                             help="also give acme a budget that notifies this webhook (secret from "
                                  "VGPU_DEMO_WEBHOOK_SECRET)")
+        parser.add_argument("--alert-webhook-url", default="",
+                            help="with --slack-url: a spend-anomaly alert rule that tells finance by e-mail, this "
+                                 "signed webhook and that Slack-compatible webhook")
+        parser.add_argument("--slack-url", default="", help="a Slack-compatible incoming webhook for the alert rule")
 
     def handle(self, *args: Any, **options: Any) -> None:
         logins = load_demo_data(now=timezone.now(), budget_webhook_url=options["budget_webhook_url"],
-                                budget_webhook_secret=os.environ.get("VGPU_DEMO_WEBHOOK_SECRET", ""))
+                                budget_webhook_secret=os.environ.get("VGPU_DEMO_WEBHOOK_SECRET", ""),
+                                alert_webhook_url=options["alert_webhook_url"], slack_url=options["slack_url"])
         for login in logins:
             self.stdout.write(f"{login.role:<22} user {login.username:<14} password {login.password}")

@@ -14,6 +14,8 @@ from billing.services.budgets.spend import (
     MonthSpend,
     budget_key,
     budget_scope,
+    check_notify_emails,
+    check_webhook_url,
     evaluate_budgets,
     get_budget_spends,
     get_month_spend,
@@ -26,11 +28,14 @@ from billing.services.budgets.spend import (
 )
 from billing.services.budgets.webhooks import (
     DestinationRefused,
+    WebhookRefused,
+    WebhookRetry,
     forbidden_reason,
     parse_allow_list,
     post_to_destination,
     record_webhook_refusal,
     resolve_destination,
+    send_webhook,
 )
 
 __all__ = [
@@ -40,8 +45,12 @@ __all__ = [
     "DestinationRefused",
     "ForecastOverBudget",
     "MonthSpend",
+    "WebhookRefused",
+    "WebhookRetry",
     "budget_key",
     "budget_scope",
+    "check_notify_emails",
+    "check_webhook_url",
     "evaluate_budgets",
     "forbidden_reason",
     "get_budget_spends",
@@ -53,6 +62,7 @@ __all__ = [
     "record_webhook_refusal",
     "resolve_destination",
     "review_pod",
+    "send_webhook",
     "set_budget",
     "shown_spend",
     "sign_webhook",

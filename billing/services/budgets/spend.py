@@ -62,6 +62,8 @@ __all__ = [
     "budget_scope",
     "budget_state_for",
     "check_budget_values",
+    "check_notify_emails",
+    "check_webhook_url",
     "evaluate_budgets",
     "forecast_over_budget_for",
     "get_budget_spends",
@@ -311,7 +313,7 @@ def _hourly_rate(hours: list[tuple[datetime, Decimal]], *, window_start: datetim
 MAX_NOTIFY_EMAILS = 20
 
 
-def _notify_emails(text: str) -> str:
+def check_notify_emails(text: str) -> str:
     """A comma-separated list of addresses, each checked; stored as "a@x, b@y"."""
     addresses = [a.strip() for a in text.replace(";", ",").split(",") if a.strip()]
     for address in addresses:
@@ -324,7 +326,7 @@ def _notify_emails(text: str) -> str:
     return ", ".join(addresses)
 
 
-def _webhook_url(text: str) -> str:
+def check_webhook_url(text: str) -> str:
     """An https URL with a host. Plain http only to a host the operator allow-listed in
     VGPU_WEBHOOK_ALLOWED_HOSTS (a receiver inside the cluster, as the demo's)."""
     url = text.strip()
@@ -363,9 +365,9 @@ def check_budget_values(values: dict[str, Any]) -> dict[str, Any]:
     if "currency" in checked:
         checked["currency"] = check_currency(str(checked["currency"]))
     if "notify_emails" in checked:
-        checked["notify_emails"] = _notify_emails(str(checked["notify_emails"] or ""))
+        checked["notify_emails"] = check_notify_emails(str(checked["notify_emails"] or ""))
     if "webhook_url" in checked:
-        checked["webhook_url"] = _webhook_url(str(checked["webhook_url"] or ""))
+        checked["webhook_url"] = check_webhook_url(str(checked["webhook_url"] or ""))
     return checked
 
 

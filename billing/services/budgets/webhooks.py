@@ -23,6 +23,7 @@ from urllib.parse import unquote, urlsplit
 
 import certifi
 import urllib3
+from django.conf import settings
 
 from billing.services.audit import record_audit_event
 
@@ -30,11 +31,14 @@ __all__ = [
     "Destination",
     "DestinationRefused",
     "WebhookAnswer",
+    "WebhookRefused",
+    "WebhookRetry",
     "forbidden_reason",
     "parse_allow_list",
     "post_to_destination",
     "record_webhook_refusal",
     "resolve_destination",
+    "send_webhook",
 ]
 
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
@@ -164,6 +168,43 @@ def post_to_destination(destination: Destination, *, body: bytes, headers: dict[
         response = pool.urlopen("POST", destination.target, body=body, headers=headers, redirect=False,
                                 retries=False, assert_same_host=False)
     return WebhookAnswer(status=response.status, location=response.headers.get("Location", ""))
+
+
+class WebhookRetry(Exception):
+    """Not delivered for now: the host did not resolve, the network failed, or the receiver answered
+    429 or 5xx. The caller's task tries again later."""
+
+
+class WebhookRefused(Exception):
+    """Not sent, and sending again would not help: the destination is not allowed (`status` None),
+    or it answered with a redirect (never followed: only the URL an admin set was checked)."""
+
+    def __init__(self, reason: str, *, status: int | None = None) -> None:
+        super().__init__(reason)
+        self.status = status
+
+
+def send_webhook(url: str, *, body: bytes, headers: dict[str, str], timeout_s: float = 10) -> int:
+    """POST `body` to `url` through the checked path (resolve_destination with the operator's
+    VGPU_WEBHOOK_ALLOWED_HOSTS, then post_to_destination), the one way every notification posts;
+    returns the receiver's status (2xx, or a 4xx other than 429, which retrying would not change).
+    Raises WebhookRetry or WebhookRefused."""
+    try:
+        destination = resolve_destination(url, allow_list=parse_allow_list(settings.VGPU_WEBHOOK_ALLOWED_HOSTS))
+    except DestinationRefused as exc:
+        raise WebhookRefused(str(exc)) from exc
+    except OSError as exc:  # socket.gaierror: the name did not resolve, perhaps only for now
+        raise WebhookRetry(f"{url}: cannot resolve its host: {exc}") from exc
+    try:
+        answer = post_to_destination(destination, body=body, headers=headers, timeout_s=timeout_s)
+    except urllib3.exceptions.HTTPError as exc:
+        raise WebhookRetry(f"{url}: {exc}") from exc
+    if answer.status == 429 or answer.status >= 500:
+        raise WebhookRetry(f"{url} answered {answer.status}")
+    if 300 <= answer.status < 400:
+        raise WebhookRefused(f"{url} answered {answer.status} redirecting to {answer.location or '(no Location)'}; "
+                             "redirects are not followed: set the final URL", status=answer.status)
+    return answer.status
 
 
 def record_webhook_refusal(*, tenant: str, url: str, event: str, reason: str, now: datetime) -> None:
