@@ -16,6 +16,10 @@
   of places (`round_quantities`, `QUANTITY_PLACES`). Percentage shares use the largest
   remainder so they add to exactly 100 (`shares_percent`). CSVs write amounts with the
   currency's decimals (`amount_text`) and quantities with their stated places (`quantity_text`).
+- How a shown figure opens into its parts (a tenant into its namespaces, a namespace into its
+  controllers...): the parent's shown figure is split over the children in proportion to their
+  unrounded figures by the largest remainder (`apportion`), so the children shown add up exactly to
+  the row that opened them, and each stays within one unit of the last place of its own figure.
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ __all__ = [
     "QUANTITY_PLACES",
     "allocate",
     "amount_text",
+    "apportion",
     "display_amount",
     "format_minor_units",
     "from_minor_units",
@@ -143,6 +148,43 @@ def allocate(total: Decimal, weights: Sequence[Decimal]) -> list[Decimal]:
         return [Decimal(u).scaleb(-LEDGER_PLACES) for u in floors]
 
 
+def apportion(total: Decimal, parts: Sequence[Decimal], places: int) -> list[Decimal]:
+    """Split a shown figure `total` (a multiple of 10^-places) over `parts` (their unrounded
+    figures) in proportion to them, at `places` decimals, by the largest remainder (Hamilton's
+    method): the results add up to `total` exactly, and each differs from its part scaled to the
+    total (part × total ÷ Σ parts) by less than one unit of the last place. Ties go to the earlier
+    part, so the same figures always split the same way.
+
+    `total` and `parts` share a sign (an empty or all-zero `parts` with a zero total gives zeros; a
+    non-zero total over parts that sum to zero is split evenly, the remainder to the first ones).
+    Money passes the currency's minor-unit exponent as `places`."""
+    if not parts:
+        if total:
+            raise ValueError(f"cannot apportion {total} over no parts")
+        return []
+    negative = total < 0 or any(p < 0 for p in parts)
+    if negative:
+        if total > 0 or any(p > 0 for p in parts):
+            raise ValueError("apportion needs the total and its parts on one side of zero")
+        return [-x for x in apportion(-total, [-p for p in parts], places)]
+    with localcontext(_CONTEXT):
+        units = total.scaleb(places)
+        if units != units.to_integral_value():
+            raise ValueError(f"{total} is not a multiple of 10^-{places}")
+        units_int = int(units)
+        weight_sum = sum(parts, Decimal(0))
+        weights = list(parts) if weight_sum else [Decimal(1)] * len(parts)
+        weight_sum = weight_sum or Decimal(len(parts))
+        exact = [Decimal(units_int) * w / weight_sum for w in weights]
+        floors = [int(x.to_integral_value(rounding=ROUND_FLOOR)) for x in exact]
+        # Hand the left-over units to the largest fractional parts; ties by position.
+        order = sorted(range(len(exact)), key=lambda i: (-(exact[i] - floors[i]), i))
+        for i in order[: units_int - sum(floors)]:
+            floors[i] += 1
+        quantum = Decimal(1).scaleb(-places)
+        return [Decimal(u).scaleb(-places).quantize(quantum) for u in floors]
+
+
 def round_parts(parts: Sequence[Decimal], currency: str = "") -> tuple[list[Decimal], Decimal]:
     """The one rule for a table of amounts and its total: each part rounded once (half-even) to
     the currency's minor unit, the total the exact sum of those rounded parts. So the figures a
@@ -162,23 +204,14 @@ def round_quantities(parts: Sequence[Decimal], places: int) -> tuple[list[Decima
 
 
 def shares_percent(parts: Sequence[Decimal], places: int = 1) -> list[Decimal]:
-    """Each part's share of their sum in percent, to `places` decimals, by the largest remainder:
-    the shares add to exactly 100 (all zero when the parts sum to zero). Parts must not be
-    negative: a share of a negative amount is not a share."""
+    """Each part's share of their sum in percent, to `places` decimals, by the largest remainder
+    (`apportion` of 100 %): the shares add to exactly 100 (all zero when the parts sum to zero).
+    Parts must not be negative: a share of a negative amount is not a share."""
     if any(p < 0 for p in parts):
         raise ValueError("shares of negative amounts are undefined")
     if not parts or sum(parts, Decimal(0)) == 0:
         return [Decimal(0).scaleb(-places) for _ in parts]
-    with localcontext(_CONTEXT):
-        units = 100 * 10**places
-        weight_sum = sum(parts, Decimal(0))
-        exact = [Decimal(units) * p / weight_sum for p in parts]
-        floors = [int(x.to_integral_value(rounding=ROUND_FLOOR)) for x in exact]
-        # Hand the left-over units to the largest fractional parts; ties by position.
-        order = sorted(range(len(exact)), key=lambda i: (-(exact[i] - floors[i]), i))
-        for i in order[: units - sum(floors)]:
-            floors[i] += 1
-        return [Decimal(u).scaleb(-places) for u in floors]
+    return apportion(Decimal(100), parts, places)
 
 
 def amount_text(amount: Decimal, currency: str) -> str:

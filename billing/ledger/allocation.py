@@ -30,6 +30,7 @@ from billing.ledger.reads import fetch_rows, period_read_cursor
 from billing.models.fleet import Node
 
 __all__ = [
+    "FIGURE_LEVELS",
     "GPU_KEYS",
     "GROUP_KEYS",
     "LABEL_PREFIX",
@@ -37,6 +38,7 @@ __all__ = [
     "UNALLOCATED",
     "AllOf",
     "AnyOf",
+    "FigureRow",
     "FilterTree",
     "IdleRow",
     "Match",
@@ -44,6 +46,7 @@ __all__ = [
     "UsageGroupRow",
     "get_window_currency",
     "is_group_key",
+    "list_figure_rows",
     "list_idle_rows",
     "list_node_assets",
     "list_usage_groups",
@@ -256,6 +259,99 @@ def list_usage_groups(
         rows = fetch_rows(cur, UsageGroupRow)
     # Postgres hands the grouping keys back as an array (a list); the row's keys are a tuple.
     return [dataclasses.replace(r, keys=tuple(r.keys)) for r in rows]
+
+
+# The levels a tenant's figures open into (billing.queries.figures), top down; "gpu" is a card on
+# its node: the keys node and gpu.
+FIGURE_LEVELS = ("namespace", "controller", "pod", "pod_uid", "container", "gpu")
+# The pod instance is a grouping the figures need (two instances of a StatefulSet's pod share a
+# name); the allocation API has no such key, so it is not one of GROUP_KEYS.
+_FIGURE_KEY_SQL = {**_KEY_SQL, "pod_uid": "u.pod_uid"}
+
+
+@dataclass(frozen=True)
+class FigureRow:
+    """Usage summed at one node of a tenant's figure tree, or on one of its invoice lines, ledger
+    units. `level` 0 is a line: keys (tenant, gpu_model, sla_tier); level n >= 1 is the tenant's path
+    down to FIGURE_LEVELS[n - 1]: keys (tenant, namespace, ..., and at "gpu" node then gpu)."""
+
+    level: int
+    keys: tuple[str, ...]
+    containers: tuple[str, ...]  # sorted
+    sla_tiers: tuple[str, ...]  # sorted
+    first_hour: datetime  # start of the first ledger hour with usage
+    last_hour: datetime  # start of the last
+    seconds: Decimal
+    share_gpu_s: Decimal
+    charge: Decimal
+    idle_share: Decimal
+    mem_used_mb_s: Decimal
+    mem_granted_mb_s: Decimal
+    mem_requested_mb_s: Decimal | None
+    sm_used_s: Decimal
+    sm_granted_s: Decimal
+    sm_requested_s: Decimal | None
+
+
+def list_figure_rows(
+    *, start: datetime, end: datetime, depth: int, filters: Mapping[str, Sequence[str]],
+    tenants: Collection[str] | None,
+) -> list[FigureRow]:
+    """Usage of [start, end) of `tenants` (None: all) matching every filter (key -> allowed values),
+    summed per invoice line (tenant, GPU model, SLA tier) and per node of each tenant's tree down
+    to FIGURE_LEVELS[depth - 1], in one pass (GROUPING SETS): every level's sums are Postgres',
+    exact. Unordered."""
+    if not 1 <= depth <= len(FIGURE_LEVELS):
+        raise ValueError(f"depth must be 1..{len(FIGURE_LEVELS)}")
+    ledger = set_ledger(start, end, None)
+    params: dict[str, Any] = {"start": start, "end": end, "tenants": None if tenants is None else sorted(tenants)}
+    where = _filters_sql(filters, params, _key_sql)
+    path = ["tenant", *(k for level in FIGURE_LEVELS[:depth] for k in (("node", "gpu") if level == "gpu" else (level,)))]
+    columns = ["tenant", "gpu_model", "sla_tier", *path[1:]]
+    expr = {k: _FIGURE_KEY_SQL[k] for k in columns} | {"gpu_model": "coalesce(g.gpu_model, '')"}
+    sets: list[tuple[str, ...]] = [("tenant", "gpu_model", "sla_tier")]
+    sets += [tuple(path[: i + 1]) for i in range(1, len(path)) if path[i] != "node"]
+    grouping_sets = ", ".join("(" + ", ".join(expr[k] for k in one) + ")" for one in sets)
+    mem_req, sm_req = _requested_sql("mem_mb"), _requested_sql("sm")
+    sql = (
+        f"SELECT GROUPING({', '.join(expr[k] for k in columns)}) AS mask, "
+        + ", ".join(f"({expr[k]})::text AS k_{i}" for i, k in enumerate(columns)) + ", "
+        # Names order as Python orders str (code points: "C"), whatever the database's collation.
+        'array_agg(DISTINCT u.container COLLATE "C" ORDER BY u.container COLLATE "C") AS containers, '
+        'array_agg(DISTINCT u.sla_tier COLLATE "C" ORDER BY u.sla_tier COLLATE "C") AS sla_tiers, '
+        f"min(u.{ledger.first_hour}) AS first_hour, max(u.{ledger.last_hour}) AS last_hour, "
+        "sum(u.seconds) AS seconds, sum(u.share_gpu_s) AS share_gpu_s, sum(u.charge) AS charge, "
+        "sum(u.idle_share) AS idle_share, sum(u.mem_used_mb_s) AS mem_used_mb_s, "
+        "sum(u.mem_granted_mb_s) AS mem_granted_mb_s, sum(u.sm_used_s) AS sm_used_s, sum(u.sm_granted_s) AS sm_granted_s, "
+        f"CASE WHEN bool_and({mem_req} IS NOT NULL) THEN sum({mem_req}) END AS mem_requested_mb_s, "
+        f"CASE WHEN bool_and({sm_req} IS NOT NULL) THEN sum({sm_req}) END AS sm_requested_s "
+        f"FROM {ledger.usage_table} u JOIN {_NODE} n ON n.id = u.node_id "
+        # Left: a usage row always has its GPU row (the rollup writes both), but a model is only a line's name.
+        f"LEFT JOIN {ledger.gpu_table} g ON g.node_id = u.node_id AND g.gpu_uuid = u.gpu_uuid AND g.{ledger.at} = u.{ledger.at} "
+        f"AND g.{ledger.at} >= %(start)s AND g.{ledger.at} < %(end)s "
+        f"LEFT JOIN {_META} m ON m.node_id = u.node_id AND m.namespace = u.namespace AND m.pod = u.pod "
+        "AND m.pod_uid = u.pod_uid "
+        f"WHERE u.{ledger.at} >= %(start)s AND u.{ledger.at} < %(end)s "
+        "AND (%(tenants)s::text[] IS NULL OR u.tenant = ANY(%(tenants)s::text[]))"
+        f"{where} GROUP BY GROUPING SETS ({grouping_sets})"
+    )
+    # GROUPING's mask has a bit set for each column the row is not grouped by (the first column
+    # the highest bit): a set's mask names its level.
+    width = len(columns)
+    levels = {sum(1 << (width - 1 - i) for i, k in enumerate(columns) if k not in one): n
+              for n, one in enumerate(sets)}
+    with period_read_cursor() as cur:
+        cur.execute(sql, params)
+        names = [c[0] for c in cur.description]
+        out = []
+        for raw in cur.fetchall():
+            row = dict(zip(names, raw, strict=True))
+            level = levels[row["mask"]]
+            keys = tuple(row[f"k_{i}"] for i, k in enumerate(columns) if k in sets[level])
+            values = {f.name: row[f.name] for f in dataclasses.fields(FigureRow) if f.name not in ("level", "keys")}
+            values.update(containers=tuple(row["containers"]), sla_tiers=tuple(row["sla_tiers"]))
+            out.append(FigureRow(level=level, keys=keys, **values))
+    return out
 
 
 @dataclass(frozen=True)

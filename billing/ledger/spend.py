@@ -46,8 +46,6 @@ __all__ = [
     "SpendScope",
     "TenantSpend",
     "WorkloadDay",
-    "WorkloadTotals",
-    "WorkloadTotalsPage",
     "closed_days",
     "get_latest_hour",
     "get_unpriced_seconds",
@@ -60,7 +58,6 @@ __all__ = [
     "list_scope_hour_spends",
     "list_scope_spends",
     "list_workload_days",
-    "list_workload_totals",
 ]
 
 _ZERO = Decimal(0)
@@ -85,11 +82,14 @@ class InvoiceTotal:
 
 @dataclass(frozen=True)
 class TenantSpend:
-    """Charge and idle share of a tenant over a period, ledger precision."""
+    """Charge and idle share of a tenant over a period, ledger precision, and the same per invoice
+    line (GPU model and SLA tier): `lines` of (charge, idle share), which a page rounds one by one
+    as the invoice does."""
 
     tenant: str
     charge: Decimal
     idle_share: Decimal
+    lines: tuple[tuple[Decimal, Decimal], ...] = ()
 
     @property
     def spend(self) -> Decimal:
@@ -103,42 +103,6 @@ class HourSpend:
     tenant: str
     hour: datetime
     spend: Decimal
-
-
-@dataclass(frozen=True)
-class WorkloadTotals:
-    """One pod instance's usage in a period (sums at ledger precision, agent units)."""
-
-    namespace: str
-    pod: str
-    pod_uid: str
-    containers: tuple[str, ...]
-    sla_tiers: tuple[str, ...]
-    charge: Decimal
-    idle_share: Decimal
-    share_gpu_s: Decimal
-    mem_used_mb_s: Decimal
-    mem_granted_mb_s: Decimal
-    sm_used_s: Decimal
-    sm_granted_s: Decimal
-    first_hour: datetime  # start of the first ledger hour with usage
-    last_hour: datetime  # start of the last ledger hour with usage
-    # Pod instances of the period with this namespace and pod name (this one included).
-    same_name_instances: int
-
-    @property
-    def cost(self) -> Decimal:
-        return self.charge + self.idle_share
-
-
-@dataclass(frozen=True)
-class WorkloadTotalsPage:
-    """The costliest pod instances of a period (all of them, or the first `limit`), costliest first
-    (ties by namespace, pod, pod UID), with the count and cost of every pod instance of the period."""
-
-    workloads: tuple[WorkloadTotals, ...]
-    count: int
-    cost: Decimal  # charge + idle share of every pod instance, ledger precision
 
 
 @dataclass(frozen=True)
@@ -336,14 +300,31 @@ def _usage_rows(split: _Split, params: dict[str, Any]) -> str:
 
 def list_month_to_date_spends(*, tenants: Collection[str], start: datetime, now: datetime) -> list[TenantSpend]:
     """Charge and idle share of each of `tenants` (sorted by slug) over the ledger hours in
-    [start, now] (the hour of `now` counts, later hours not yet); a tenant without usage has 0. One
-    query whatever the number of tenants."""
+    [start, now] (the hour of `now` counts, later hours not yet), in total and per invoice line (GPU
+    model of the GPU row, SLA tier); a tenant without usage has 0. One query whatever the number of
+    tenants."""
     spends = {slug: TenantSpend(slug, _ZERO, _ZERO) for slug in sorted(set(tenants))}
     if spends and now >= start:
-        params: dict[str, Any] = {"tenants": list(spends)}
-        rows = _fetch(f"SELECT tenant, sum(charge), sum(idle_share) FROM {_usage_rows(_split(start, now + _TICK, now), params)}"  # noqa: S608 - fixed SQL; values are parameters
-                      " u GROUP BY 1", params, period_read=True)
-        spends.update({tenant: TenantSpend(tenant, charge, idle) for tenant, charge, idle in rows})
+        split = _split(start, now + _TICK, now)
+        params: dict[str, Any] = {"tenants": list(spends), "days_from": split.days_from, "days_to": split.days_to}
+        tenant = _TENANTS.format(col="u.tenant")
+        # Left joins: a usage row always has its GPU row (the rollup writes both); the model only names a line.
+        rows = _fetch(
+            "SELECT tenant, gpu_model, sla_tier, sum(charge), sum(idle_share) FROM ("  # noqa: S608 - fixed SQL; values are parameters
+            " SELECT u.tenant, coalesce(g.gpu_model, '') AS gpu_model, u.sla_tier, u.charge, u.idle_share"
+            " FROM billing_usageday u LEFT JOIN billing_gpuday g ON g.node_id = u.node_id AND g.gpu_uuid = u.gpu_uuid"
+            " AND g.day = u.day AND g.day >= %(days_from)s AND g.day < %(days_to)s"
+            f" WHERE u.day >= %(days_from)s AND u.day < %(days_to)s AND {tenant}"
+            " UNION ALL SELECT u.tenant, coalesce(g.gpu_model, ''), u.sla_tier, u.charge, u.idle_share"
+            " FROM billing_usagehour u LEFT JOIN billing_gpuhour g ON g.node_id = u.node_id AND g.gpu_uuid = u.gpu_uuid"
+            f" AND g.hour = u.hour AND {_hour_ranges_sql(split.hour_ranges, 'g.hour', params)}"
+            f" WHERE {_hour_ranges_sql(split.hour_ranges, 'u.hour', params)} AND {tenant}"
+            ") rows GROUP BY 1, 2, 3 ORDER BY 1, 2, 3", params, period_read=True)
+        lines: dict[str, list[tuple[Decimal, Decimal]]] = {}
+        for slug, _model, _tier, charge, idle in rows:
+            lines.setdefault(slug, []).append((charge, idle))
+        spends.update({slug: TenantSpend(slug, sum((c for c, _i in parts), _ZERO), sum((i for _c, i in parts), _ZERO),
+                                         tuple(parts)) for slug, parts in lines.items()})
     return list(spends.values())
 
 
@@ -497,80 +478,6 @@ def list_metered_periods(*, granularity: str, periods: Sequence[datetime]) -> se
 
 
 # --- A tenant's workloads ---------------------------------------------------------------------
-
-
-def list_workload_totals(
-    *, tenant: str, start: datetime, end: datetime, now: datetime, limit: int | None = None,
-    cost_places: int | None = None,
-) -> WorkloadTotalsPage:
-    """The pod instances (namespace, pod, pod_uid) of `tenant` with usage in [start, end), costliest
-    first, at most `limit` of them (None: all): containers, SLA tiers, sums, first/last ledger hour;
-    with the count and the cost of all of them. With `cost_places`, that cost is the sum of each pod
-    instance's cost rounded half-even to that many places, as a page shows them
-    (billing.money.round_parts), so it is the total of the full list shown, cut or not."""
-    params: dict[str, Any] = {"tenants": [tenant], "limit": limit, "places": cost_places}
-    pod_cost = "sum(charge) + sum(idle_share)"
-    cost_all = pod_cost if cost_places is None else _half_even_sql(pod_cost, "%(places)s")
-    # Per container and tier first (hashed), then per pod: the DISTINCT lists sort a few rows per pod.
-    # Names order as Python orders str (code points: "C"), whatever the database's collation.
-    rows = _fetch_as(
-        "SELECT namespace, pod, pod_uid, array_agg(DISTINCT container ORDER BY container) AS containers, "  # noqa: S608 - fixed SQL; values are parameters
-        "array_agg(DISTINCT sla_tier ORDER BY sla_tier) AS sla_tiers, sum(charge) AS charge, "
-        "sum(idle_share) AS idle_share, sum(share_gpu_s) AS share_gpu_s, sum(mem_used_mb_s) AS mem_used_mb_s, "
-        "sum(mem_granted_mb_s) AS mem_granted_mb_s, sum(sm_used_s) AS sm_used_s, sum(sm_granted_s) AS sm_granted_s, "
-        "min(first_hour) AS first_hour, max(last_hour) AS last_hour, "
-        "count(*) OVER (PARTITION BY namespace, pod) AS same_name_instances, count(*) OVER () AS count_all, "
-        f"sum({cost_all}) OVER () AS cost_all "
-        "FROM (SELECT namespace, pod, pod_uid, container, sla_tier, sum(charge) AS charge, "
-        "sum(idle_share) AS idle_share, sum(share_gpu_s) AS share_gpu_s, sum(mem_used_mb_s) AS mem_used_mb_s, "
-        "sum(mem_granted_mb_s) AS mem_granted_mb_s, sum(sm_used_s) AS sm_used_s, sum(sm_granted_s) AS sm_granted_s, "
-        "min(first_hour) AS first_hour, max(last_hour) AS last_hour "
-        f"FROM {_usage_rows(_split(start, end, now), params)} u GROUP BY 1, 2, 3, 4, 5) per_container "
-        'GROUP BY 1, 2, 3 ORDER BY sum(charge) + sum(idle_share) DESC, namespace COLLATE "C", pod COLLATE "C", '
-        'pod_uid COLLATE "C" LIMIT %(limit)s',
-        params, _WorkloadRow,
-    )
-    workloads = tuple(
-        WorkloadTotals(namespace=r.namespace, pod=r.pod, pod_uid=r.pod_uid, containers=tuple(r.containers),
-                       sla_tiers=tuple(r.sla_tiers), charge=r.charge, idle_share=r.idle_share,
-                       share_gpu_s=r.share_gpu_s, mem_used_mb_s=r.mem_used_mb_s, mem_granted_mb_s=r.mem_granted_mb_s,
-                       sm_used_s=r.sm_used_s, sm_granted_s=r.sm_granted_s, first_hour=r.first_hour,
-                       last_hour=r.last_hour, same_name_instances=r.same_name_instances)
-        for r in rows
-    )
-    return WorkloadTotalsPage(workloads=workloads, count=rows[0].count_all if rows else 0,
-                              cost=rows[0].cost_all if rows else _ZERO)
-
-
-def _half_even_sql(expr: str, places: str) -> str:
-    """SQL rounding `expr` half to even at `places` decimals (Postgres' round() takes halves away
-    from zero): a tie whose truncation is even keeps the truncation, any other value round()s."""
-    scaled = f"(({expr}) * power(10::numeric, {places}))"
-    return (f"CASE WHEN abs({scaled} - trunc({scaled})) = 0.5 AND mod(trunc({scaled}), 2) = 0 "
-            f"THEN trunc({scaled}) / power(10::numeric, {places}) ELSE round({expr}, {places}) END")
-
-
-@dataclass(frozen=True)
-class _WorkloadRow:
-    """A row of list_workload_totals' statement: one pod instance, and the count and cost of all."""
-
-    namespace: str
-    pod: str
-    pod_uid: str
-    containers: list[str]
-    sla_tiers: list[str]
-    charge: Decimal
-    idle_share: Decimal
-    share_gpu_s: Decimal
-    mem_used_mb_s: Decimal
-    mem_granted_mb_s: Decimal
-    sm_used_s: Decimal
-    sm_granted_s: Decimal
-    first_hour: datetime
-    last_hour: datetime
-    same_name_instances: int
-    count_all: int
-    cost_all: Decimal
 
 
 def list_workload_days(

@@ -23,11 +23,12 @@ from django.utils import timezone
 from django.utils.translation import gettext as _
 
 from billing.errors import InvalidInput
-from billing.ledger import series, totals
+from billing.ledger import series
 from billing.ledger.reads import Granularity
 from billing.models import PairedReport, RebalancePlan
 from billing.models.rebalance import RebalanceStatus
-from billing.queries.finance import CostSummary, get_cost_summary_and_top
+from billing.queries.figures import FigureTree
+from billing.queries.finance import PAGE_PLACES, CostSummary, get_cost_summary_and_tree
 from billing.scope import Scope
 from billing.services.savings import (
     ALTERNATIVES,
@@ -105,7 +106,8 @@ class UtilisationPoint(series.UtilisationBucket):
 
 @dataclass(frozen=True)
 class WorkloadCost:
-    """One pod (all its containers, on every GPU) over the period."""
+    """One pod instance (all its containers, on every GPU) over the period, as every page shows it
+    (billing.queries.figures: the portal's row of the same pod shows the same figures)."""
 
     tenant: str
     name: str
@@ -113,7 +115,7 @@ class WorkloadCost:
     pod: str
     pod_uid: str
     sla_tier: str  # comma-separated when the pod changed tier during the period
-    cost: Decimal  # charge + idle share
+    cost: Decimal  # charge + idle share, as shown
     gpu_hours_equivalent: Decimal
     mem_used_gb_h: Decimal
     sm_used_h: Decimal
@@ -235,23 +237,19 @@ def _utilisation(start: datetime, end: datetime, granularity: Granularity) -> li
             for b in series.list_utilisation_buckets(start=start, end=end, granularity=granularity)]
 
 
-def _top_workloads(summary: CostSummary, rows: list[totals.WorkloadTotals]) -> list[WorkloadCost]:
+def _top_workloads(summary: CostSummary, tree: FigureTree) -> list[WorkloadCost]:
     names = {t.tenant: t.name for t in summary.tenants}
-    return [
-        WorkloadCost(
-            tenant=w.tenant,
-            name=names.get(w.tenant, w.tenant),
-            namespace=w.namespace,
-            pod=w.pod,
-            pod_uid=w.pod_uid,
-            sla_tier=w.sla_tiers,
-            cost=w.cost,
-            gpu_hours_equivalent=w.share_gpu_s / _S_PER_H,
-            mem_used_gb_h=w.mem_used_mb_s / _MB_PER_GB / _S_PER_H,
-            sm_used_h=w.sm_used_s / _S_PER_H,
-        )
-        for w in rows
-    ]
+    pods = sorted(tree.nodes("pod_uid"), key=lambda n: (-n.exact.cost, n.keys))[:TOP_WORKLOADS]
+    out = []
+    for node in pods:
+        shown = tree.shown(node)
+        tenant, namespace, _controller, pod, pod_uid = node.keys
+        out.append(WorkloadCost(
+            tenant=tenant, name=names.get(tenant, tenant), namespace=namespace, pod=pod, pod_uid=pod_uid,
+            sla_tier=", ".join(node.sla_tiers), cost=shown.cost, gpu_hours_equivalent=shown.gpu_hours,
+            mem_used_gb_h=shown.mem_used_gb_h, sm_used_h=shown.sm_used_h,
+        ))
+    return out
 
 
 def _savings(start: datetime, end: datetime, now: datetime) -> SavingsCard:
@@ -305,17 +303,18 @@ def _rebalance() -> RebalanceRecommendation | None:
                                    currency=plan.currency, moves=len(plan.moves))
 
 
-def get_finance_dashboard(*, scope: Scope, start: datetime, end: datetime,
-                          now: datetime | None = None) -> FinanceDashboard:
+def get_finance_dashboard(*, scope: Scope, start: datetime, end: datetime, now: datetime | None = None,
+                          places: int = PAGE_PLACES) -> FinanceDashboard:
     """`now` (default: the clock) decides which reports are still in flight and whether the
-    period may be reported on yet."""
-    summary, top = get_cost_summary_and_top(scope=scope, start=start, end=end, top=TOP_WORKLOADS)
+    period may be reported on yet; `places`: of the tenants' and workloads' quantities (the CSVs
+    ask for more than the page)."""
+    summary, tree = get_cost_summary_and_tree(scope=scope, start=start, end=end, places=places)
     granularity = granularity_for(start, end)
     platform = scope.sees_platform
     return FinanceDashboard(
         summary=summary,
         timeline=_timeline(scope, summary, granularity),
-        top_workloads=_top_workloads(summary, top),
+        top_workloads=_top_workloads(summary, tree),
         utilisation=_utilisation(start, end, granularity) if platform else None,
         savings=_savings(start, end, now or timezone.now()) if platform else None,
         rebalance=_rebalance() if platform else None,

@@ -1,20 +1,20 @@
 """The drill-down (docs/drilldown.md): tenant → namespace → controller → pod → GPU, scoped like every read.
 
-Each level is one aggregation of the allocation query (billing.queries.allocation, the one place
-that sums the ledger by Kubernetes objects and labels), narrowed by the path walked so far and by
-the filters (label, node, GPU model, SLA tier); this module only names the levels, turns
-allocations into rows with efficiency ratios and, for workloads, the right-sizing rule
-(billing.services.fleet.rightsizing). A tenant outside the caller's scope raises `TenantNotFound`, as the
-portal does, and the allocation query itself never returns another tenant's usage, whatever the
-path or filters say.
+Each level is a grouping of the period's figure tree (billing.queries.figures, the one place a page's
+cost figures come from), read for the filters (label, node, GPU model, SLA tier) and the tenant of
+the path, never narrowed further: a row shows the figure it shows on every page, and the rows a
+row opens add up to it exactly. This module names the levels, adds the efficiency ratios and, for
+workloads, the right-sizing rules (billing.services.fleet.rightsizing). A tenant outside the
+caller's scope raises `TenantNotFound`, as the portal does, and the tree itself never holds another
+tenant's usage, whatever the path or filters say.
 
 Levels and what their rows are:
 
-    tenant      one row per tenant                      (aggregate tenant)
-    namespace   the tenant's namespaces                 (aggregate namespace)
-    controller  the namespace's controllers             (aggregate controller, OpenCost's "kind:name")
-    pod         the controller's workloads: pod/container (aggregate pod, container) + right-sizing
-    gpu         the pod's GPUs, per container           (aggregate container, node, gpu)
+    tenant      one row per tenant                      (the tree's tenants)
+    namespace   the tenant's namespaces
+    controller  the namespace's controllers             (OpenCost's "kind:name")
+    pod         the controller's workloads: pod/container (the instances of a pod name summed) + right-sizing
+    gpu         the pod's GPUs, per container           (container, node, gpu)
 
 A workload without Kubernetes metadata groups under `__unallocated__` (OpenCost's name), which is
 followed like any other value. Cost is what the tenant is charged: usage plus the idle spread onto
@@ -31,7 +31,8 @@ from decimal import Decimal
 from django.utils.translation import gettext
 
 from billing.models import Tenant
-from billing.queries.allocation import MAX_SETS, UNALLOCATED, CostAllocation, Window, allocation_sets
+from billing.queries.allocation import MAX_SETS, UNALLOCATED, Window, allocation_sets
+from billing.queries.figures import FigureNode, Figures, FigureTree, exact_sum, get_figure_tree, group_nodes, shown_sum
 from billing.queries.portal import TenantNotFound
 from billing.scope import Scope
 from billing.services.fleet import MemoryUse, Suggestion, mean_mb, percent_of, suggest_memory_request
@@ -113,8 +114,9 @@ class ExploreFilters:
 
 @dataclass(frozen=True)
 class ExploreRow:
-    """One row in ledger precision (pages and CSVs round, billing.money). Memory in GB·h (1024 MB),
-    SMs in SM·h; a requested figure is None when the request of any part of the row is unknown."""
+    """One row in ledger precision, and `shown`: its figures as every page shows them
+    (billing.queries.figures). Memory in GB·h (1024 MB), SMs in SM·h; a requested figure is None
+    when the request of any part of the row is unknown."""
 
     name: str
     keys: tuple[tuple[str, str], ...]  # (allocation key, value), in the level's order
@@ -129,6 +131,8 @@ class ExploreRow:
     sm_used_h: Decimal
     sm_granted_h: Decimal
     sm_requested_h: Decimal | None
+    shown: Figures
+    seconds: Decimal  # metered workload-seconds (per GPU)
     # Workloads (the pod level) only: memory per GPU and the rule's suggestion.
     memory: MemoryUse | None = None
     suggestion: Suggestion | None = None
@@ -177,28 +181,49 @@ class Explore:
         return next((r.currency for r in self.rows if r.currency), "")
 
 
+# The tree level whose nodes a level's rows group, and the keys a row is named by.
+_NODE_LEVEL = {"tenant": "tenant", "namespace": "namespace", "controller": "controller", "pod": "container",
+               "gpu": "gpu"}
+
+
 def get_explore(*, scope: Scope, path: ExplorePath, filters: ExploreFilters, start: datetime,
-                end: datetime, rightsizing_limit: int | None = None) -> Explore:
-    """The rows of `path`'s level over [start, end), of the caller's scope only, costliest first.
-    At the pod level the `rightsizing_limit` costliest workloads (all: None) get the right-sizing
-    rule; the rest have `memory` and `suggestion` None. The rule needs every hour of the period
-    (one allocation set per hour), so a page that shows 100 rows reads the hours of those only."""
+                end: datetime, places: int, rightsizing_limit: int | None = None) -> Explore:
+    """The rows of `path`'s level over [start, end), of the caller's scope only, costliest first,
+    quantities shown at `places`. At the pod level the `rightsizing_limit` costliest workloads (all:
+    None) get the right-sizing rule; the rest have `memory` and `suggestion` None. The rule needs
+    every hour of the period (one allocation set per hour), so a page that shows 100 rows reads the
+    hours of those only."""
     check_tenant_visible(scope, path.tenant)
     level = path.level
     keys = LEVEL_KEYS[level]
-    narrowed = {**filters.allocation_filters(), **{step: [value] for step, value in path.steps()}}
-    window = Window(start=start, end=end)
-    sets = allocation_sets(scope, window=window, aggregate=keys, accumulate=True, filters=narrowed)
-    allocations = sorted((sets[0] if sets else {}).values(), key=lambda a: (-a.total_cost, a.name))
-    sized: dict[str, Decimal] = {}
-    if level == "pod" and allocations:
-        chosen = allocations if rightsizing_limit is None else allocations[:rightsizing_limit]
-        pods = sorted({a.properties.get("pod", "") for a in chosen})
-        peaks = _peak_hour_means(scope, window, keys, {**narrowed, "pod": pods})
-        sized = {a.name: peaks.get(a.name, Decimal(0)) for a in chosen}
-    names = _tenant_names([a.name for a in allocations]) if level == "tenant" else {}
-    rows = [_row(a, level, keys, path, sized, names) for a in allocations]
+    narrowed = filters.allocation_filters()
+    if path.tenant:
+        narrowed["tenant"] = [path.tenant]
+    # The tenant level reads its tenants' lines (and namespaces, the shallowest depth a read has).
+    depth = "namespace" if level == "tenant" else _NODE_LEVEL[level]
+    tree = get_figure_tree(scope=scope, start=start, end=end, places=places, depth=depth, filters=narrowed)
+    where = dict(path.steps())
+    groups = group_nodes(tree.nodes(_NODE_LEVEL[level], where), lambda n: tuple(_value(n, k) for k in keys))
+    rows = sorted((_row(tree, values, nodes, level, keys, path) for values, nodes in groups.items()),
+                  key=lambda r: (-r.cost, r.name))
+    if level == "pod" and rows:
+        chosen = rows if rightsizing_limit is None else rows[:rightsizing_limit]
+        window = Window(start=start, end=end)
+        pods = sorted({r.key("pod") for r in chosen})
+        peaks = _peak_hour_means(scope, window, keys, {**narrowed, **{k: [v] for k, v in path.steps()}, "pod": pods})
+        sized = {r.name for r in chosen}
+        rows = [_sized(r, peaks.get(r.name, Decimal(0))) if r.name in sized else r for r in rows]
+    if level == "tenant":
+        names = _tenant_names([r.name for r in rows])
+        rows = [replace(r, label=names.get(r.name) or r.label) for r in rows]
     return Explore(path=path, filters=filters, start=start, end=end, rows=rows)
+
+
+def _value(node: FigureNode, key: str) -> str:
+    """A node's value of an allocation key of the levels (node: the GPU's node)."""
+    if key == "node":
+        return node.keys[-2]
+    return node.key(key)
 
 
 def check_tenant_visible(scope: Scope, tenant: str) -> None:
@@ -228,26 +253,28 @@ def _tenant_names(slugs: Sequence[str]) -> dict[str, str]:
     return dict(Tenant.objects.filter(slug__in=slugs).values_list("slug", "name"))
 
 
-def _row(a: CostAllocation, level: str, keys: Sequence[str], path: ExplorePath,  # noqa: PLR0917 - a private helper whose one caller passes its loop's state in order
-         peaks: Mapping[str, Decimal], names: Mapping[str, str]) -> ExploreRow:
-    """`peaks`: the peak-hour means of the workloads to right-size; `names`: tenants' names."""
-    pairs = tuple((k, a.properties.get(k, "")) for k in keys)
+def _row(tree: FigureTree, values: tuple[str, ...], nodes: list[FigureNode], level: str,  # noqa: PLR0917 - a private helper whose one caller passes its loop's state in order
+         keys: Sequence[str], path: ExplorePath) -> ExploreRow:
+    """One row: the nodes it groups, exact and as shown."""
+    pairs = tuple(zip(keys, values, strict=True))
     unknown = gettext("(not known)")  # how a page names __unallocated__
-    label = names.get(a.name) or " · ".join(unknown if v == UNALLOCATED else v for _k, v in pairs)
+    label = " · ".join(unknown if v == UNALLOCATED else v for _k, v in pairs)
     # A row opens the next level narrowed by its own values (a workload row: its pod and container).
     down = None if level == "gpu" else path.down(**{k: v for k, v in pairs if k in STEPS})
-    memory = suggestion = None
-    if a.name in peaks:
-        seconds = a.seconds
-        request = a.mem_requested_mb_s / seconds if a.mem_requested_mb_s is not None and seconds > 0 else None
-        memory = MemoryUse(request_mb=request, mean_used_mb=mean_mb(a.mem_used_mb_s, seconds),
-                           peak_hour_mean_mb=peaks[a.name])
-        suggestion = suggest_memory_request(memory)
+    exact = exact_sum(nodes)
     return ExploreRow(
-        name=a.name, keys=pairs, label=label, down=down, cost=a.total_cost, currency=a.currency, gpu_hours=a.gpu_hours,
-        mem_used_gb_h=a.mem_used_mb_s / _MB_S_PER_GB_H, mem_granted_gb_h=a.mem_granted_mb_s / _MB_S_PER_GB_H,
-        mem_requested_gb_h=None if a.mem_requested_mb_s is None else a.mem_requested_mb_s / _MB_S_PER_GB_H,
-        sm_used_h=a.sm_used_s / _S_PER_H, sm_granted_h=a.sm_granted_s / _S_PER_H,
-        sm_requested_h=None if a.sm_requested_s is None else a.sm_requested_s / _S_PER_H,
-        memory=memory, suggestion=suggestion,
+        name="/".join(values), keys=pairs, label=label, down=down, cost=exact.cost, currency=tree.currency,
+        gpu_hours=exact.gpu_hours, mem_used_gb_h=exact.mem_used_gb_h, mem_granted_gb_h=exact.mem_granted_gb_h,
+        mem_requested_gb_h=exact.mem_requested_gb_h, sm_used_h=exact.sm_used_h, sm_granted_h=exact.sm_granted_h,
+        sm_requested_h=exact.sm_requested_h, shown=shown_sum(tree, nodes), seconds=sum((n.seconds for n in nodes), Decimal(0)),
     )
+
+
+def _sized(row: ExploreRow, peak_hour_mean_mb: Decimal) -> ExploreRow:
+    """The row with its memory per GPU and the right-sizing rule's suggestion."""
+    seconds = row.seconds
+    request = (row.mem_requested_gb_h * _MB_S_PER_GB_H / seconds
+               if row.mem_requested_gb_h is not None and seconds > 0 else None)
+    memory = MemoryUse(request_mb=request, mean_used_mb=mean_mb(row.mem_used_gb_h * _MB_S_PER_GB_H, seconds),
+                       peak_hour_mean_mb=peak_hour_mean_mb)
+    return replace(row, memory=memory, suggestion=suggest_memory_request(memory))

@@ -1,6 +1,7 @@
-"""Cost by tenant, idle and total GPU cost for a period, from the day ledger when the period is
-whole UTC days, else from the hour ledger (billing.ledger.reads.ledger_for picks the table; the
-sums are billing.ledger.totals)."""
+"""Cost by tenant, idle and total GPU cost for a period. The tenants' figures are those every page
+shows (billing.queries.figures: each tenant's invoice lines rounded once, quantities at the page's
+places); the platform's (card cost, idle, metered GPU-hours) are sums of the GPU ledger
+(billing.ledger.totals), from the day ledger when the period is whole UTC days, else from hours."""
 
 from __future__ import annotations
 
@@ -10,17 +11,21 @@ from decimal import Decimal
 
 from billing.ledger import totals
 from billing.models import Tenant
+from billing.queries.figures import FigureTree, get_figure_tree
 from billing.scope import Scope
 
-__all__ = ["CostSummary", "TenantCost", "get_cost_summary", "get_cost_summary_and_top"]
+__all__ = ["PAGE_PLACES", "CostSummary", "TenantCost", "get_cost_summary", "get_cost_summary_and_tree"]
 
-_ZERO = Decimal(0)
-_MB_PER_GB = Decimal(1024)
+# Quantities on the pages: 2 places (the CSVs ask for billing.money.QUANTITY_PLACES).
+PAGE_PLACES = 2
 _S_PER_H = Decimal(3600)
 
 
 @dataclass(frozen=True)
 class TenantCost:
+    """One tenant's row as every page shows it: its invoice lines' usage charges and idle shares,
+    each line rounded once to the currency's minor unit, and its quantities at the summary's places."""
+
     tenant: str
     name: str
     charge: Decimal
@@ -40,9 +45,10 @@ class CostSummary:
     start: datetime
     end: datetime
     currency: str
+    places: int  # of the tenants' quantities
     tenants: list[TenantCost]
-    attributed: Decimal
-    # Whole-card cost and idle are platform figures: None for a tenant-scoped caller.
+    attributed: Decimal  # Σ tenants' totals as shown
+    # Whole-card cost and idle are platform figures (ledger precision): None for a tenant-scoped caller.
     total_gpu_cost: Decimal | None
     idle_platform: Decimal | None
     idle_total: Decimal | None
@@ -57,39 +63,35 @@ class CostSummary:
         return self.idle_total / self.total_gpu_cost * 100
 
 
-def get_cost_summary(*, scope: Scope, start: datetime, end: datetime) -> CostSummary:
-    return get_cost_summary_and_top(scope=scope, start=start, end=end, top=0)[0]
+def get_cost_summary(*, scope: Scope, start: datetime, end: datetime, places: int = PAGE_PLACES) -> CostSummary:
+    return get_cost_summary_and_tree(scope=scope, start=start, end=end, places=places)[0]
 
 
-def get_cost_summary_and_top(*, scope: Scope, start: datetime, end: datetime,
-                             top: int) -> tuple[CostSummary, list[totals.WorkloadTotals]]:
-    """The cost summary and the `top` costliest workloads, from one pass over the period's usage."""
+def get_cost_summary_and_tree(*, scope: Scope, start: datetime, end: datetime,
+                              places: int = PAGE_PLACES) -> tuple[CostSummary, FigureTree]:
+    """The cost summary and the figure tree it was read from, down to pod instances (one pass over
+    the period's usage)."""
     names = dict(Tenant.objects.values_list("slug", "name"))
-    workloads = totals.summarise_workloads(start=start, end=end, tenants=scope.tenants, top=top)
-    rows = workloads.tenants
-    tenants = [
-        TenantCost(
-            tenant=r.tenant,
-            name=names.get(r.tenant, r.tenant),
-            charge=r.charge,
-            idle_share=r.idle_share,
-            gpu_hours_equivalent=r.share_gpu_s / _S_PER_H,
-            mem_used_gb_h=r.mem_used_mb_s / _MB_PER_GB / _S_PER_H,
-            sm_used_h=r.sm_used_s / _S_PER_H,
-            workloads=r.workloads,
-        )
-        for r in rows
-    ]
-    tenants.sort(key=lambda t: (-t.total, t.tenant))
-    attributed = sum((t.total for t in tenants), _ZERO)
+    tree = get_figure_tree(scope=scope, start=start, end=end, places=places, depth="pod_uid")
+    tenants = []
+    # Costliest first by the exact figure (two tenants shown alike keep the ledger's order).
+    for slug, root in sorted(tree.roots.items(), key=lambda item: (-item[1].exact.cost, item[0])):
+        shown, lines = tree.shown(root), tree.lines[slug]
+        tenants.append(TenantCost(
+            tenant=slug, name=names.get(slug, slug), charge=lines.charge, idle_share=lines.idle_share,
+            gpu_hours_equivalent=shown.gpu_hours, mem_used_gb_h=shown.mem_used_gb_h, sm_used_h=shown.sm_used_h,
+            workloads=len(tree.nodes("pod_uid", {"tenant": slug})),
+        ))
+    attributed = sum((t.total for t in tenants), Decimal(0))
     currency = totals.get_priced_currency(start=start, end=end)
     if not scope.sees_platform:
-        return CostSummary(start, end, currency, tenants, attributed, None, None, None, None, None, None), workloads.top
+        return CostSummary(start, end, currency, places, tenants, attributed, None, None, None, None, None, None), tree
     gpu = totals.get_gpu_totals(start=start, end=end)
     return CostSummary(
         start=start,
         end=end,
         currency=currency,
+        places=places,
         tenants=tenants,
         attributed=attributed,
         total_gpu_cost=gpu.card_cost,
@@ -98,4 +100,4 @@ def get_cost_summary_and_top(*, scope: Scope, start: datetime, end: datetime,
         metered_gpu_hours=gpu.metered_seconds / _S_PER_H,
         unpriced_gpu_hours=gpu.unpriced_seconds / _S_PER_H,
         last_data_at=totals.get_last_ledger_hour(),
-    ), workloads.top
+    ), tree

@@ -4,9 +4,10 @@ A tenant outside the caller's scope raises `TenantNotFound`, exactly like a tena
 exist, so the portal never reveals which tenants there are. Month-to-date spend and the forecast
 are the budgets' one definition (billing.services.budgets.spend.get_month_spends): charge plus idle spread
 onto the tenant; the budget card reads the same, so both show one number.
-A workload is one pod instance: (namespace, pod, pod_uid). The workloads of the period and the
-daily chart read the closed UTC days of the period from the day ledger, first/last hour included
-(the day rows keep them), and the rest from the hour ledger (billing.ledger.spend).
+A workload is one pod instance: (namespace, pod, pod_uid). The workloads of the period are the
+period's figure tree (billing.queries.figures): each shows what it shows on every page, and they
+add up to the tenant's figure, which is the dashboard's. The daily chart reads the closed UTC days
+of the period from the day ledger and the rest from the hour ledger (billing.ledger.spend).
 
 The upcoming invoice of the month in progress is `billing.services.invoicing.close.preview_invoice`:
 the close's own lines and rounding over the ledger as it is now; nothing is written.
@@ -22,10 +23,11 @@ from decimal import Decimal
 from django.db.models import Q, QuerySet
 
 from billing.errors import DomainError, InvalidInput
-from billing.ledger.spend import WorkloadTotals, list_workload_days, list_workload_totals
+from billing.ledger.spend import list_workload_days
 from billing.models import BudgetScope, RateCard, Tenant
-from billing.money import minor_unit_exponent
 from billing.queries.budgets import BudgetView, list_budgets
+from billing.queries.figures import FigureNode, FigureTree, get_figure_tree
+from billing.queries.finance import PAGE_PLACES
 from billing.scope import Scope
 from billing.services.budgets import get_month_spend, get_month_to_date_parts, shown_spend
 from billing.services.exports import InvoiceSummary, list_invoices
@@ -72,8 +74,8 @@ class WorkloadUsage:
     pod_uid: str
     containers: tuple[str, ...]
     sla_tiers: tuple[str, ...]
-    cost: Decimal  # charge + idle share, ledger precision
-    gpu_hours_equivalent: Decimal
+    cost: Decimal  # charge + idle share, as every page shows it (billing.queries.figures)
+    gpu_hours_equivalent: Decimal  # this and the quantities below: as shown, at the portal's places
     mem_used_gb_h: Decimal
     mem_granted_gb_h: Decimal
     sm_used_h: Decimal  # SM-hours (one SM busy for one hour)
@@ -117,7 +119,9 @@ class TenantPortal:
     # The costliest workloads of [start, end): all of them, or the first `workload_limit` asked for.
     workloads: tuple[WorkloadUsage, ...]
     workload_count: int  # every workload of the period
-    period_cost: Decimal  # Σ of every workload's cost of the period, each rounded to the minor unit
+    period_cost: Decimal  # the tenant's figure of the period: Σ of every workload's cost as shown
+    # Σ of every workload's quantities as shown (gpu_hours_equivalent, mem_used_gb_h, ...).
+    period_quantities: dict[str, Decimal]
     daily: DailyWorkloadSeries
     invoices: tuple[InvoiceSummary, ...]
     # The month in progress as its invoice would be if closed now; None with `upcoming_error` set
@@ -129,6 +133,11 @@ class TenantPortal:
     def overdue_invoices(self) -> tuple[InvoiceSummary, ...]:
         """The invoices overdue as of the page's `now` (computed, never stored)."""
         return tuple(i for i in self.invoices if i.payment.is_overdue)
+
+    @property
+    def workloads_cut(self) -> bool:
+        """The table shows the costliest workloads only (the CSV has them all)."""
+        return self.workload_count > len(self.workloads)
 
 
 @dataclass(frozen=True)
@@ -188,10 +197,10 @@ def list_tenant_portals(*, scope: Scope, now: datetime) -> list[TenantPortalRow]
 
 
 def get_tenant_portal(*, scope: Scope, slug: str, start: datetime, end: datetime, now: datetime,
-                      workload_limit: int | None = None) -> TenantPortal:
+                      places: int = PAGE_PLACES, workload_limit: int | None = None) -> TenantPortal:
     """One tenant's portal: month-to-date spend and forecast at `now`, budget, workloads used in
-    [start, end) (the costliest `workload_limit`, or all) and invoices. Raises TenantNotFound outside
-    the caller's scope."""
+    [start, end) (the costliest `workload_limit`, or all; quantities shown at `places`) and invoices.
+    Raises TenantNotFound outside the caller's scope."""
     tenant = _visible_tenants(scope).filter(slug=slug).values_list("slug", "name").first()
     if tenant is None:
         raise TenantNotFound(f"no tenant {slug!r}")
@@ -201,12 +210,10 @@ def get_tenant_portal(*, scope: Scope, slug: str, start: datetime, end: datetime
     currency = _currency(now)
     budgets = list_budgets(scope=own, now=now, spends={slug: spend})
     budget = next((b for b in budgets if b.scope == BudgetScope.TENANT), None)
-    # The chart's series are the costliest workloads: never fewer than it shows.
-    limit = None if workload_limit is None else max(workload_limit, CHART_SERIES)
-    # The period's cost is the total of the workload list as shown: each cost rounded to the cent.
-    page = list_workload_totals(tenant=slug, start=start, end=end, now=now, limit=limit,
-                                cost_places=minor_unit_exponent(currency))
-    workloads = _workloads(page.workloads)
+    tree = get_figure_tree(scope=own, start=start, end=end, places=places, depth="pod_uid")
+    workloads = _workloads(tree)
+    root = tree.roots.get(slug)
+    shown = tree.shown(root) if root is not None else None
     try:
         upcoming, upcoming_error = preview_invoice(tenant=slug, month=_current_month(now), now=now), ""
     except InvalidInput as exc:
@@ -216,8 +223,10 @@ def get_tenant_portal(*, scope: Scope, slug: str, start: datetime, end: datetime
         month_to_date_shown=spend.month_to_date_shown(currency),
         forecast=spend.forecast, forecast_rate_hours=spend.rate_hours, budget=budget,
         scoped_budgets=tuple(b for b in budgets if b.scope != BudgetScope.TENANT), start=start, end=end,
-        workloads=workloads[:workload_limit], workload_count=page.count, period_cost=page.cost,
-        daily=_daily(slug, workloads, page.count, start=start, end=end, now=now),
+        workloads=workloads[:workload_limit], workload_count=len(workloads),
+        period_cost=shown.cost if shown else Decimal(0),
+        period_quantities={name: getattr(shown, attr) if shown else Decimal(0) for name, attr in _QUANTITIES},
+        daily=_daily(slug, workloads, len(workloads), start=start, end=end, now=now),
         invoices=tuple(i for i in list_invoices(scope=own, today=now.date()) if i.tenant_slug == slug),
         upcoming=upcoming, upcoming_error=upcoming_error,
     )
@@ -253,27 +262,38 @@ def list_upcoming_invoices(*, scope: Scope, now: datetime) -> UpcomingInvoices:
     ))
 
 
-def _workloads(rows: tuple[WorkloadTotals, ...]) -> tuple[WorkloadUsage, ...]:
-    workloads = [
-        WorkloadUsage(
-            namespace=r.namespace, pod=r.pod, pod_uid=r.pod_uid, containers=r.containers, sla_tiers=r.sla_tiers,
-            cost=r.cost, gpu_hours_equivalent=r.share_gpu_s / _S_PER_H,
-            mem_used_gb_h=r.mem_used_mb_s / _MB_PER_GB / _S_PER_H,
-            mem_granted_gb_h=r.mem_granted_mb_s / _MB_PER_GB / _S_PER_H,
-            sm_used_h=r.sm_used_s / _S_PER_H, sm_granted_h=r.sm_granted_s / _S_PER_H,
-            first_hour=r.first_hour, last_hour=r.last_hour,
-            label=f"{r.namespace}/{r.pod}" + (f" ({r.pod_uid[:8]})" if r.same_name_instances > 1 else ""),
-        )
-        for r in rows
-    ]
-    # The ledger's order already (costliest first, then by name); kept explicit for the chart's series.
-    workloads.sort(key=lambda w: (-w.cost, w.namespace, w.pod, w.pod_uid))
-    return tuple(workloads)
+# A workload's quantity -> the figure it shows.
+_QUANTITIES = (("gpu_hours_equivalent", "gpu_hours"), ("mem_used_gb_h", "mem_used_gb_h"),
+               ("mem_granted_gb_h", "mem_granted_gb_h"), ("sm_used_h", "sm_used_h"), ("sm_granted_h", "sm_granted_h"))
+
+
+def _workloads(tree: FigureTree) -> tuple[WorkloadUsage, ...]:
+    """Every pod instance of the tree, costliest first (by its exact cost; then by name)."""
+    nodes = sorted(tree.nodes("pod_uid"), key=lambda n: (-n.exact.cost, n.key("namespace"), n.key("pod"),
+                                                         n.key("pod_uid")))
+    same_name: dict[tuple[str, str], int] = {}
+    for n in nodes:
+        same_name[(n.key("namespace"), n.key("pod"))] = same_name.get((n.key("namespace"), n.key("pod")), 0) + 1
+    return tuple(_workload(tree, n, same_name[(n.key("namespace"), n.key("pod"))]) for n in nodes)
+
+
+def _workload(tree: FigureTree, node: FigureNode, same_name_instances: int) -> WorkloadUsage:
+    shown = tree.shown(node)
+    namespace, pod, pod_uid = node.key("namespace"), node.key("pod"), node.key("pod_uid")
+    if node.first_hour is None or node.last_hour is None:
+        raise ValueError("a pod instance of the ledger has a first and a last hour")
+    return WorkloadUsage(
+        namespace=namespace, pod=pod, pod_uid=pod_uid, containers=node.containers, sla_tiers=node.sla_tiers,
+        cost=shown.cost, gpu_hours_equivalent=shown.gpu_hours, mem_used_gb_h=shown.mem_used_gb_h,
+        mem_granted_gb_h=shown.mem_granted_gb_h, sm_used_h=shown.sm_used_h, sm_granted_h=shown.sm_granted_h,
+        first_hour=node.first_hour, last_hour=node.last_hour,
+        label=f"{namespace}/{pod}" + (f" ({pod_uid[:8]})" if same_name_instances > 1 else ""),
+    )
 
 
 def _daily(slug: str, workloads: tuple[WorkloadUsage, ...], count: int, *, start: datetime, end: datetime,
            now: datetime) -> DailyWorkloadSeries:
-    """`workloads`: the costliest (at least CHART_SERIES of them when there are); `count`: all of them."""
+    """`workloads`: the costliest first (at least CHART_SERIES of them when there are); `count`: all of them."""
     days = tuple(start.date() + timedelta(days=i) for i in range((end - start).days))
     top = workloads if count <= CHART_SERIES else workloads[:CHART_SERIES - 1]
     index = {w.key: i for i, w in enumerate(top)}

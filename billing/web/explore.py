@@ -23,7 +23,7 @@ from django.utils.translation import gettext as _
 from django.utils.translation import gettext_lazy
 
 from billing.csv_files import amount_cell, csv_writer, download_name, quantity_cell
-from billing.money import QUANTITY_PLACES, round_parts, round_quantities
+from billing.money import QUANTITY_PLACES, round_quantities
 from billing.queries.explore import (
     LEVEL_KEYS,
     STEPS,
@@ -35,6 +35,7 @@ from billing.queries.explore import (
     check_tenant_visible,
     get_explore,
 )
+from billing.queries.finance import PAGE_PLACES
 from billing.scope import get_scope
 from billing.services.fleet import HEADROOM, gib, percent_of
 from billing.web.forms import ExploreForm, PeriodForm
@@ -42,19 +43,11 @@ from billing.web.views import quick_periods
 
 # Rows on the page: the costliest; the CSV lists all (the portal's reason: thousands of pods).
 PAGE_ROWS = 100
-PAGE_PLACES = 2  # quantities on the page (the CSV has QUANTITY_PLACES)
+# Quantities on the page: the finance page's places (the CSV has QUANTITY_PLACES).
 _FILTERS = ("label", "node", "gpu_model", "sla_tier")
-# The columns that add down the table: (name, the row's figure). Requested columns add only when
-# every row's request is known.
-_QUANTITIES: tuple[tuple[str, Callable[[ExploreRow], Decimal | None]], ...] = (
-    ("gpu_hours", lambda r: r.gpu_hours),
-    ("mem_used_gb_h", lambda r: r.mem_used_gb_h),
-    ("mem_granted_gb_h", lambda r: r.mem_granted_gb_h),
-    ("mem_requested_gb_h", lambda r: r.mem_requested_gb_h),
-    ("sm_used_h", lambda r: r.sm_used_h),
-    ("sm_granted_h", lambda r: r.sm_granted_h),
-    ("sm_requested_h", lambda r: r.sm_requested_h),
-)
+# The columns that add down the table. Requested columns add only when every row's request is known.
+_QUANTITIES = ("gpu_hours", "mem_used_gb_h", "mem_granted_gb_h", "mem_requested_gb_h", "sm_used_h", "sm_granted_h",
+               "sm_requested_h")
 
 
 @dataclass(frozen=True)
@@ -75,18 +68,17 @@ class ShownRow:
     link: str  # query string of the next level ("" at the GPU level)
 
 
-def _shown(explore: Explore, places: int) -> tuple[list[ShownRow], Decimal, dict[str, ShownColumn]]:
+def _shown(explore: Explore) -> tuple[list[ShownRow], Decimal, dict[str, ShownColumn]]:
+    """Each row as every page shows it (billing.queries.figures), and each column's total: the sum
+    of the figures shown (unknown when a row's request is)."""
     rows = explore.rows
-    costs, cost = round_parts([r.cost for r in rows], explore.currency)
+    cost = sum((r.shown.cost for r in rows), Decimal(0)) if rows else Decimal(0)
     columns: dict[str, ShownColumn] = {}
-    for name, figure in _QUANTITIES:
-        values = [figure(r) for r in rows]
-        known = [v for v in values if v is not None]
-        rounded, total = round_quantities(known, places)
-        it = iter(rounded)
-        cells = [None if v is None else next(it) for v in values]
-        columns[name] = ShownColumn(name, cells, total if len(known) == len(values) else None)
-    shown = [ShownRow(r, costs[i], {n: c.cells[i] for n, c in columns.items()}, "") for i, r in enumerate(rows)]
+    for name in _QUANTITIES:
+        cells: list[Decimal | None] = [getattr(r.shown, name) for r in rows]
+        known = [c for c in cells if c is not None]
+        columns[name] = ShownColumn(name, cells, sum(known, Decimal(0)) if len(known) == len(cells) else None)
+    shown = [ShownRow(r, r.shown.cost, {n: c.cells[i] for n, c in columns.items()}, "") for i, r in enumerate(rows)]
     return shown, cost, columns
 
 
@@ -131,6 +123,7 @@ def explore(request: HttpRequest) -> HttpResponse:
     start, end = form.bounds()
     try:
         result = get_explore(scope=scope, path=path, filters=filters, start=start, end=end,
+                             places=QUANTITY_PLACES["gb_h"] if as_csv else PAGE_PLACES,
                              rightsizing_limit=None if as_csv else PAGE_ROWS)
     except TenantNotFound as exc:
         raise Http404("no such tenant") from exc
@@ -156,7 +149,7 @@ _LEVEL_TITLES = {
 
 def _context(form: ExploreForm, result: Explore) -> dict[str, Any]:
     base = _base_query(form)
-    shown, cost, columns = _shown(result, PAGE_PLACES)
+    shown, cost, columns = _shown(result)
     page = [ShownRow(s.row, s.cost, s.quantities, _query(base, s.row.down) if s.row.down else "")
             for s in shown[:PAGE_ROWS]]
     crumbs = [(_("All tenants"), _query(base, ExplorePath()), "")]
@@ -225,7 +218,7 @@ def _csv(result: Explore) -> HttpResponse:
     rightsizing = level == "pod"
     keys = LEVEL_KEYS[level]
     writer.writerow([*_CSV_HEAD, *keys, *_CSV_NUMBERS, *(_CSV_RIGHTSIZING if rightsizing else ())])
-    shown, cost, columns = _shown(result, places)
+    shown, cost, columns = _shown(result)
 
     def q(value: Decimal | None, at: int = places) -> str:
         return "" if value is None else quantity_cell(value, at)

@@ -17,10 +17,11 @@ from django.utils.formats import date_format
 from django.utils.safestring import SafeString
 from django.utils.translation import gettext as _
 
-from billing.csv_files import amount_cell, csv_writer, download_name, minor_cell, number
+from billing.csv_files import amount_cell, csv_writer, download_name, minor_cell, quantity_cell
 from billing.errors import InvalidInput
 from billing.models import BudgetAction
-from billing.money import QUANTITY_PLACES, round_parts, round_quantities
+from billing.money import QUANTITY_PLACES
+from billing.queries.finance import PAGE_PLACES
 from billing.queries.portal import (
     WORKLOAD_TABLE_ROWS,
     TenantNotFound,
@@ -76,13 +77,14 @@ def tenant_portal(request: HttpRequest, slug: str) -> HttpResponse:
     # answered for a tenant the user may not see: scope first, then the period's error.
     start, end = form.bounds() if valid else _default_bounds(default)
     try:
-        # The page's table shows the costliest workloads; the CSV has every one.
-        limit = None if valid and request.GET.get("format") == "csv" else WORKLOAD_TABLE_ROWS
+        # The page's table shows the costliest workloads; the CSV has every one, to more places.
+        as_csv = valid and request.GET.get("format") == "csv"
         portal = get_tenant_portal(scope=get_scope(request.user), slug=slug, start=start, end=end, now=now,
-                                   workload_limit=limit)
+                                   places=QUANTITY_PLACES["gpu_hours"] if as_csv else PAGE_PLACES,
+                                   workload_limit=None if as_csv else WORKLOAD_TABLE_ROWS)
     except TenantNotFound as exc:
         raise Http404("no such tenant") from exc
-    if valid and request.GET.get("format") == "csv":
+    if as_csv:
         return _workloads_csv(portal)
     budget = portal.budget
     context = {
@@ -124,24 +126,23 @@ def _memory_chart(portal: TenantPortal) -> SafeString:
 
 
 def _workloads_csv(portal: TenantPortal) -> HttpResponse:
-    """The workload table, every workload: cost to the currency's minor unit, quantities to 4
-    places, then a total row that is the sum of the rows as written (docs/exports.md)."""
+    """The workload table, every workload as every page shows it (cost to the currency's minor unit,
+    quantities to 4 places), then a total row that is the sum of the rows as written, and the
+    tenant's figure of the period (docs/exports.md)."""
     response = HttpResponse(content_type="text/csv; charset=utf-8")
     name = download_name(f"{portal.slug}-workloads", portal.start, portal.end)
     response["Content-Disposition"] = f'attachment; filename="{name}"'
     writer = csv_writer(response)
     writer.writerow(_WORKLOAD_CSV_COLUMNS)
     currency, places = portal.currency, QUANTITY_PLACES["gpu_hours"]
-    costs, cost = round_parts([w.cost for w in portal.workloads], currency)
-    quantities = [round_quantities([getattr(w, q) for w in portal.workloads], places) for q in _WORKLOAD_QUANTITIES]
-    for i, w in enumerate(portal.workloads):
+    for w in portal.workloads:
         writer.writerow([
             w.namespace, w.pod, w.pod_uid, " ".join(w.containers), " ".join(w.sla_tiers),
-            amount_cell(costs[i], currency), currency, *(number(f"{q[0][i]:.{places}f}") for q in quantities),
+            amount_cell(w.cost, currency), currency, *(quantity_cell(getattr(w, q), places) for q in _WORKLOAD_QUANTITIES),
             w.first_hour.isoformat(), w.last_hour.isoformat(),
         ])
-    writer.writerow(["(total)", "", "", "", "", amount_cell(cost, currency), currency,
-                     *(number(f"{q[1]:.{places}f}") for q in quantities), "", ""])
+    writer.writerow(["(total)", "", "", "", "", amount_cell(portal.period_cost, currency), currency,
+                     *(quantity_cell(portal.period_quantities[q], places) for q in _WORKLOAD_QUANTITIES), "", ""])
     return response
 
 

@@ -1,14 +1,14 @@
-"""What the pages and their CSVs show of a table of amounts and its totals, by billing.money's one
-rule: each amount rounded once to the currency's minor unit, every total (across a row, down a
-column, or of the totals) the sum of the rounded amounts it totals, so the figures shown always
-add up. Display only: the ledger keeps its precision."""
+"""What the finance page and its CSV show of the cost by tenant and its totals: each tenant's
+figures as every page shows them (billing.queries.figures), every total (across a row, down a
+column, or of the totals) the sum of the amounts it totals, so the figures shown always add up;
+the platform's idle rounded once. Display only: the ledger keeps its precision."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from decimal import Decimal
 
-from billing.money import display_amount, round_parts
+from billing.money import display_amount
 from billing.queries.finance import CostSummary, TenantCost
 
 __all__ = ["ShownCosts", "ShownTenantCost", "shown_costs"]
@@ -41,9 +41,9 @@ class ShownCosts:
 
 def shown_costs(summary: CostSummary) -> ShownCosts:
     currency = summary.currency
-    charges, charge = round_parts([t.charge for t in summary.tenants], currency)
-    idles, idle_share = round_parts([t.idle_share for t in summary.tenants], currency)
-    rows = [ShownTenantCost(t, c, i, c + i) for t, c, i in zip(summary.tenants, charges, idles, strict=True)]
+    rows = [ShownTenantCost(t, t.charge, t.idle_share, t.total) for t in summary.tenants]
+    charge = sum((r.charge for r in rows), Decimal(0))
+    idle_share = sum((r.idle_share for r in rows), Decimal(0))
     attributed = charge + idle_share
     if summary.idle_platform is None:
         return ShownCosts(rows, charge, idle_share, attributed, None, None)

@@ -22,7 +22,7 @@ from billing.csv_files import amount_cell, csv_writer, download_name, number, qu
 from billing.errors import InvalidInput
 from billing.money import QUANTITY_PLACES, round_quantities
 from billing.queries.dashboard import IDLE_KEY, CostTimeline, FinanceDashboard, UtilisationPoint, get_finance_dashboard
-from billing.queries.finance import CostSummary
+from billing.queries.finance import PAGE_PLACES, CostSummary
 from billing.scope import get_scope
 from billing.web.access import require_platform
 from billing.web.charts import Series, line_chart, stacked_bar_chart
@@ -47,7 +47,9 @@ def finance_overview(request: HttpRequest) -> HttpResponse:
     dashboard = None
     if form.is_valid():
         start, end = form.bounds()
-        dashboard = get_finance_dashboard(scope=get_scope(request.user), start=start, end=end)
+        # The CSVs state quantities to more places than the page (docs/exports.md).
+        places = QUANTITY_PLACES["gpu_hours"] if as_csv else PAGE_PLACES
+        dashboard = get_finance_dashboard(scope=get_scope(request.user), start=start, end=end, places=places)
         if as_csv:
             return _CSV_TABLES[table](dashboard)
     return _dashboard_page(request, form, dashboard)
@@ -153,7 +155,7 @@ def _tenants_csv(dashboard: FinanceDashboard) -> HttpResponse:
     response, writer = _csv_response(summary, "tenants")
     writer.writerow(["tenant", "name", "charge", "idle_share", "total", "currency", "gpu_hours_equivalent",
                      "mem_used_gb_h", "sm_used_h", "workloads", "metered_gpu_hours"])
-    places = QUANTITY_PLACES["gpu_hours"]
+    places = summary.places
     quantities = [round_quantities([getattr(r.tenant, name) for r in shown.rows], places)
                   for name in ("gpu_hours_equivalent", "mem_used_gb_h", "sm_used_h")]
     for i, r in enumerate(shown.rows):
@@ -208,7 +210,7 @@ def _workloads_csv(dashboard: FinanceDashboard) -> HttpResponse:
     response, writer = _csv_response(dashboard.summary, "workloads")
     writer.writerow(["rank", "tenant", "name", "namespace", "pod", "pod_uid", "sla_tier", "cost", "currency",
                      "gpu_hours_equivalent", "mem_used_gb_h", "sm_used_h"])
-    currency, places = dashboard.summary.currency, QUANTITY_PLACES["gpu_hours"]
+    currency, places = dashboard.summary.currency, dashboard.summary.places
     for rank, w in enumerate(dashboard.top_workloads, start=1):
         writer.writerow([rank, w.tenant, w.name, w.namespace, w.pod, w.pod_uid, w.sla_tier, amount_cell(w.cost, currency),
                          currency, quantity_cell(w.gpu_hours_equivalent, places), quantity_cell(w.mem_used_gb_h, places),

@@ -339,12 +339,12 @@ def test_the_page_right_sizes_its_costliest_rows_only_and_the_csv_every_row(flee
     path = ExplorePath(tenant="acme", namespace="acme-prod", controller="deployment:bert")
     start, end = datetime(2026, 3, 2, tzinfo=UTC), datetime(2026, 3, 3, tzinfo=UTC)
     first, second = get_explore(scope=everyone, path=path, filters=ExploreFilters(), start=start, end=end,
-                                rightsizing_limit=1).rows
+                                places=2, rightsizing_limit=1).rows
     assert first.suggestion is not None
     assert second.suggestion is None
     assert second.memory is None
     assert all(r.suggestion for r in get_explore(scope=everyone, path=path, filters=ExploreFilters(), start=start,
-                                                  end=end).rows)
+                                                  end=end, places=4).rows)
 
 
 def test_quick_periods_keep_the_path_and_the_filters(client: Client, fleet: None) -> None:
@@ -371,8 +371,10 @@ _USAGE = st.fixed_dictionaries({
                      suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
 @given(rows=st.lists(_USAGE, min_size=1, max_size=8))
 def test_every_level_adds_up_to_the_row_that_opened_it(db: Any, rows: list[dict[str, Any]]) -> None:
-    """Whatever the ledger: the rows a row opens add up to it exactly (ledger precision), down to
-    the GPUs, and the tenants add up to the ledger's charge."""
+    """Whatever the ledger: the rows a row opens add up to it exactly, down to the GPUs, both at
+    ledger precision and as shown (every amount and quantity to its last place: the parent's shown
+    figure apportioned by the largest remainder, billing.queries.figures), and the tenants add up to
+    the ledger's charge."""
     from billing.queries.explore import ExploreFilters, ExplorePath, get_explore
     from billing.scope import Scope
 
@@ -396,7 +398,8 @@ def test_every_level_adds_up_to_the_row_that_opened_it(db: Any, rows: list[dict[
         ledger_total = sum((D(str(r.charge)) for r in UsageHour.objects.all()), D(0))
 
         def level(path: ExplorePath) -> list[Any]:
-            return get_explore(scope=everyone, path=path, filters=ExploreFilters(), start=start, end=end).rows
+            return get_explore(scope=everyone, path=path, filters=ExploreFilters(), start=start, end=end,
+                               places=2).rows
 
         def check(path: ExplorePath, depth: int) -> None:
             for row in level(path):
@@ -404,6 +407,9 @@ def test_every_level_adds_up_to_the_row_that_opened_it(db: Any, rows: list[dict[
                     continue
                 below = level(row.down)
                 assert sum((b.cost for b in below), D(0)) == row.cost, (row.name, row.down)
+                for name in ("cost", "gpu_hours", "mem_used_gb_h", "mem_granted_gb_h", "sm_used_h", "sm_granted_h"):
+                    shown = [getattr(b.shown, name) for b in below]
+                    assert sum(shown, D(0)) == getattr(row.shown, name), (name, row.name, row.down, shown)
                 if depth < 4:
                     check(row.down, depth + 1)
 

@@ -162,7 +162,8 @@ def test_top_workloads_are_the_ten_costliest_pods_summed_over_containers_gpus_an
                                                                      D("6.5"))
     assert bert.gpu_hours_equivalent == D("0.6")  # (1800 + 360) GPU-s ÷ 3600
     assert bert.sm_used_h == D(31)  # (108000 + 3600) SM·s ÷ 3600
-    assert bert.mem_used_gb_h == D("20.53125")  # (72000000 + 3686400) MB·s ÷ 1024 ÷ 3600
+    # As every page shows it (billing.queries.figures): (72000000 + 3686400) MB·s ÷ 1024 ÷ 3600 = 20.53125.
+    assert bert.mem_used_gb_h == D("20.53")
 
 
 def test_savings_come_from_the_newest_finished_report_of_exactly_the_period(fleet, client):

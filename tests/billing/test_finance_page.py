@@ -12,6 +12,7 @@ from django.contrib.auth.models import User
 
 from billing.ledger.rollup import rollup_usage
 from billing.models import RateCard, Tenant
+from billing.queries.figures import get_figure_tree
 from billing.queries.finance import get_cost_summary
 from billing.scope import FINANCE_GROUP, get_scope
 from tests import clock
@@ -46,16 +47,22 @@ def test_finance_page_requires_login(client):
 
 
 def test_finance_sees_cost_by_tenant_idle_and_total_that_reconcile(client, ledger):
-    client.force_login(user_in(FINANCE_GROUP))
+    finance = user_in(FINANCE_GROUP)
+    client.force_login(finance)
     resp = client.get("/finance/", period(ledger))
     assert resp.status_code == 200
     summary = resp.context["summary"]
-    by_tenant = {t.tenant: t.total for t in summary.tenants}
-    # 10 s at p = 0.001/s: acme holds 10 % of the card, globex 20 %.
-    assert by_tenant == {"acme": Decimal("0.001"), "globex": Decimal("0.002")}
+    # 10 s at p = 0.001/s: acme holds 10 % of the card, globex 20 %; the ledger keeps them exactly,
+    # and the rows show them as their invoices would: each line rounded once to the cent.
+    hour = ledger.replace(minute=0, second=0)
+    tree = get_figure_tree(scope=get_scope(finance), start=hour, end=hour + timedelta(hours=1), places=2)
+    assert {t: root.exact.cost for t, root in tree.roots.items()} == {"acme": Decimal("0.001"), "globex": Decimal("0.002")}
+    assert [(t.tenant, t.total) for t in summary.tenants] == [("globex", Decimal("0.00")), ("acme", Decimal("0.00"))]
     assert summary.total_gpu_cost == Decimal("0.01")
     assert summary.idle_platform == Decimal("0.007")
-    assert summary.attributed + summary.idle_platform == summary.total_gpu_cost
+    shown = resp.context["shown"]
+    assert (shown.attributed, shown.idle_platform, shown.total_gpu_cost) == (Decimal("0.00"), Decimal("0.01"),
+                                                                             Decimal("0.01"))
     html = resp.content.decode()
     assert "Acme Robotics" in html
     assert "globex" in html

@@ -125,7 +125,7 @@ def test_member_sees_month_to_date_forecast_and_workloads_of_their_tenant(client
     assert bert.label == "acme-prod/bert-1"
     assert bert.containers == ("server", "sidecar")
     assert bert.cost == Decimal("2.25")
-    assert bert.gpu_hours_equivalent == Decimal("2400") / 3600
+    assert bert.gpu_hours_equivalent == Decimal("0.67")  # 2400 s, as the page shows it (2 places)
     assert (bert.mem_used_gb_h, bert.mem_granted_gb_h) == (Decimal("2.5"), Decimal("5"))
     assert (bert.sm_used_h, bert.sm_granted_h) == (Decimal("12"), Decimal("24"))
     assert bert.first_hour == bert.last_hour == ledger
@@ -150,7 +150,8 @@ def test_another_tenants_portal_is_404_like_a_tenant_that_does_not_exist(client,
     # Decided in the query, not the template.
     now = clock.now()
     with pytest.raises(TenantNotFound):
-        get_tenant_portal(scope=get_scope(member), slug="globex", start=now - timedelta(days=1), end=now, now=now)
+        get_tenant_portal(scope=get_scope(member), slug="globex", start=now - timedelta(days=1), end=now, now=now,
+                          places=2)
 
 
 def test_user_without_membership_sees_no_portal(client, ledger):
@@ -402,8 +403,9 @@ def test_a_table_of_every_workload_says_nothing_about_a_cut(client: Client, ledg
 def test_a_portal_of_the_costliest_workloads_keeps_the_count_cost_and_chart_of_all(ledger: datetime) -> None:
     start, end = month_bounds(ledger.date().replace(day=1))
     scope = get_scope(user_in(group=FINANCE_GROUP))
-    full = get_tenant_portal(scope=scope, slug="acme", start=start, end=end, now=clock.now())
-    top = get_tenant_portal(scope=scope, slug="acme", start=start, end=end, now=clock.now(), workload_limit=1)
+    full = get_tenant_portal(scope=scope, slug="acme", start=start, end=end, now=clock.now(), places=2)
+    top = get_tenant_portal(scope=scope, slug="acme", start=start, end=end, now=clock.now(), places=2,
+                            workload_limit=1)
     assert [w.pod for w in full.workloads] == ["train-7", "bert-1"]
     assert top.workloads == full.workloads[:1]
     assert (top.workload_count, top.period_cost) == (full.workload_count, full.period_cost) == (2, Decimal("5.25"))

@@ -108,4 +108,5 @@ def test_top_workloads_of_a_member_hold_only_their_tenants_pods_with_every_tier(
         ("globex", "p", "gold", D("7.5")), ("globex", "g2", "bronze, gold", D("0.75")),
     ]
     everyone = get_finance_dashboard(scope=FINANCE, start=MONTH_START, end=NOW + timedelta(hours=2)).top_workloads
-    assert [(w.tenant, w.pod, w.cost) for w in everyone][:2] == [("acme", "p", D("101.250000000001")), ("ledger-only", "p", D(9))]
+    # As every page shows them (billing.queries.figures): 101.250000000001 to the cent.
+    assert [(w.tenant, w.pod, w.cost) for w in everyone][:2] == [("acme", "p", D("101.25")), ("ledger-only", "p", D(9))]

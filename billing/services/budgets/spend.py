@@ -45,7 +45,7 @@ from billing.ledger.spend import (
     list_scope_spends,
 )
 from billing.models import Budget, BudgetAction, BudgetScope, BudgetState, BudgetStatus, Tenant
-from billing.money import amount_text, display_amount
+from billing.money import amount_text, round_parts
 from billing.services.audit import record_audit_event
 from billing.services.budgets.webhooks import parse_allow_list
 from billing.services.ingest import label_problem, tenant_namespaces
@@ -222,17 +222,23 @@ class MonthSpend:
     rate_hours: int  # complete hours the rate is taken over
     charge: Decimal
     idle_share: Decimal
+    # (charge, idle share) per invoice line; a budget's part of a tenant (a namespace, a label) has
+    # none of its own and shows as one line.
+    lines: tuple[tuple[Decimal, Decimal], ...] = ()
 
     def month_to_date_shown(self, currency: str) -> Decimal:
-        return shown_spend(TenantSpend(self.tenant, self.charge, self.idle_share), currency)
+        return shown_spend(TenantSpend(self.tenant, self.charge, self.idle_share, self.lines), currency)
 
 
 def shown_spend(spend: TenantSpend, currency: str) -> Decimal:
-    """A tenant's spend as every page shows it: the charge and the idle share each rounded once to
-    the currency's minor unit, then added, as the finance page's tenant row adds its two columns (a
-    shown total is the sum of its shown parts); so the portal, its budget card, the budgets page
-    and the finance page show one month to date, to the cent."""
-    return display_amount(spend.charge, currency) + display_amount(spend.idle_share, currency)
+    """A tenant's spend as every page shows it: as its invoice would, each invoice line's charge and
+    idle share rounded once to the currency's minor unit, then added (billing.money.round_parts);
+    so the portal, its budget card, the budgets page, the tenant list, the upcoming invoice's
+    subtotal and the finance page's tenant row (billing.queries.figures) show one month to date,
+    to the cent."""
+    lines = spend.lines or ((spend.charge, spend.idle_share),)
+    charges, idles = [c for c, _i in lines], [i for _c, i in lines]
+    return round_parts(charges, currency)[1] + round_parts(idles, currency)[1]
 
 
 def get_month_spend(*, tenant: str, now: datetime) -> MonthSpend:
@@ -293,7 +299,8 @@ def _month_spend(parts: TenantSpend, hours: list[tuple[datetime, Decimal]], *, n
     rate, rate_hours = _hourly_rate(hours, window_start=window_start, until=hour)
     hours_left = Decimal(max((month_end - now).total_seconds(), 0)) / 3600
     forecast = parts.spend if rate is None else parts.spend + rate * hours_left
-    return MonthSpend(parts.tenant, parts.spend, forecast, rate, rate_hours, parts.charge, parts.idle_share)
+    return MonthSpend(parts.tenant, parts.spend, forecast, rate, rate_hours, parts.charge, parts.idle_share,
+                      parts.lines)
 
 
 def _hourly_rate(hours: list[tuple[datetime, Decimal]], *, window_start: datetime,
