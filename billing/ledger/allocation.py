@@ -24,13 +24,13 @@ from datetime import datetime, timedelta
 from decimal import Decimal
 from typing import Any
 
+from billing.figures import FIGURE_LEVELS, FigureRow
 from billing.ledger import reads
 from billing.ledger.models import WorkloadMeta
 from billing.ledger.reads import fetch_rows, period_read_cursor
-from billing.models.fleet import Node
+from billing.models.fleet import Gpu, Node
 
 __all__ = [
-    "FIGURE_LEVELS",
     "GPU_KEYS",
     "GROUP_KEYS",
     "LABEL_PREFIX",
@@ -38,7 +38,6 @@ __all__ = [
     "UNALLOCATED",
     "AllOf",
     "AnyOf",
-    "FigureRow",
     "FilterTree",
     "IdleRow",
     "Match",
@@ -59,6 +58,7 @@ LABEL_PREFIX = "label:"
 _DAY = timedelta(days=1)
 
 _META = WorkloadMeta._meta.db_table
+_GPU = Gpu._meta.db_table
 _NODE = Node._meta.db_table
 
 # Grouping key -> SQL over the usage row `u`, its GPU row `g`, node `n` and metadata `m`.
@@ -261,36 +261,9 @@ def list_usage_groups(
     return [dataclasses.replace(r, keys=tuple(r.keys)) for r in rows]
 
 
-# The levels a tenant's figures open into (billing.queries.figures), top down; "gpu" is a card on
-# its node: the keys node and gpu.
-FIGURE_LEVELS = ("namespace", "controller", "pod", "pod_uid", "container", "gpu")
 # The pod instance is a grouping the figures need (two instances of a StatefulSet's pod share a
 # name); the allocation API has no such key, so it is not one of GROUP_KEYS.
 _FIGURE_KEY_SQL = {**_KEY_SQL, "pod_uid": "u.pod_uid"}
-
-
-@dataclass(frozen=True)
-class FigureRow:
-    """Usage summed at one node of a tenant's figure tree, or on one of its invoice lines, ledger
-    units. `level` 0 is a line: keys (tenant, gpu_model, sla_tier); level n >= 1 is the tenant's path
-    down to FIGURE_LEVELS[n - 1]: keys (tenant, namespace, ..., and at "gpu" node then gpu)."""
-
-    level: int
-    keys: tuple[str, ...]
-    containers: tuple[str, ...]  # sorted
-    sla_tiers: tuple[str, ...]  # sorted
-    first_hour: datetime  # start of the first ledger hour with usage
-    last_hour: datetime  # start of the last
-    seconds: Decimal
-    share_gpu_s: Decimal
-    charge: Decimal
-    idle_share: Decimal
-    mem_used_mb_s: Decimal
-    mem_granted_mb_s: Decimal
-    mem_requested_mb_s: Decimal | None
-    sm_used_s: Decimal
-    sm_granted_s: Decimal
-    sm_requested_s: Decimal | None
 
 
 def list_figure_rows(
@@ -324,8 +297,14 @@ def list_figure_rows(
         "sum(u.idle_share) AS idle_share, sum(u.mem_used_mb_s) AS mem_used_mb_s, "
         "sum(u.mem_granted_mb_s) AS mem_granted_mb_s, sum(u.sm_used_s) AS sm_used_s, sum(u.sm_granted_s) AS sm_granted_s, "
         f"CASE WHEN bool_and({mem_req} IS NOT NULL) THEN sum({mem_req}) END AS mem_requested_mb_s, "
-        f"CASE WHEN bool_and({sm_req} IS NOT NULL) THEN sum({sm_req}) END AS sm_requested_s "
+        f"CASE WHEN bool_and({sm_req} IS NOT NULL) THEN sum({sm_req}) END AS sm_requested_s, "
+        "sum(u.mem_billed_mb_s) AS mem_billed_mb_s, sum(u.sm_billed_s) AS sm_billed_s, "
+        "coalesce(sum(u.mem_billed_mb_s / nullif(gp.memory_mb, 0)), 0) AS mem_billed_card_s, "
+        "coalesce(sum(u.mem_used_mb_s / nullif(gp.memory_mb, 0)), 0) AS mem_used_card_s, "
+        "coalesce(sum(u.sm_billed_s / nullif(gp.sm_count, 0)), 0) AS sm_billed_card_s, "
+        "coalesce(sum(u.sm_used_s / nullif(gp.sm_count, 0)), 0) AS sm_used_card_s "
         f"FROM {ledger.usage_table} u JOIN {_NODE} n ON n.id = u.node_id "
+        f"LEFT JOIN {_GPU} gp ON gp.uuid = u.gpu_uuid "
         # Left: a usage row always has its GPU row (the rollup writes both), but a model is only a line's name.
         f"LEFT JOIN {ledger.gpu_table} g ON g.node_id = u.node_id AND g.gpu_uuid = u.gpu_uuid AND g.{ledger.at} = u.{ledger.at} "
         f"AND g.{ledger.at} >= %(start)s AND g.{ledger.at} < %(end)s "

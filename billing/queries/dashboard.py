@@ -23,11 +23,11 @@ from django.utils import timezone
 from django.utils.translation import gettext as _
 
 from billing.errors import InvalidInput
+from billing.figures import FigureTree
 from billing.ledger import series
 from billing.ledger.reads import Granularity
 from billing.models import PairedReport, RebalancePlan
 from billing.models.rebalance import RebalanceStatus
-from billing.queries.figures import FigureTree
 from billing.queries.finance import PAGE_PLACES, CostSummary, get_cost_summary_and_tree
 from billing.scope import Scope
 from billing.services.savings import (
@@ -107,7 +107,7 @@ class UtilisationPoint(series.UtilisationBucket):
 @dataclass(frozen=True)
 class WorkloadCost:
     """One pod instance (all its containers, on every GPU) over the period, as every page shows it
-    (billing.queries.figures: the portal's row of the same pod shows the same figures)."""
+    (billing.figures: the portal's row of the same pod shows the same figures)."""
 
     tenant: str
     name: str

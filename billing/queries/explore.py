@@ -30,9 +30,10 @@ from decimal import Decimal
 
 from django.utils.translation import gettext
 
+from billing.figures import FigureNode, Figures, FigureTree, exact_sum, group_nodes, shown_sum
 from billing.models import Tenant
 from billing.queries.allocation import MAX_SETS, UNALLOCATED, Window, allocation_sets
-from billing.queries.figures import FigureNode, Figures, FigureTree, exact_sum, get_figure_tree, group_nodes, shown_sum
+from billing.queries.figures import get_figure_tree
 from billing.queries.portal import TenantNotFound
 from billing.scope import Scope
 from billing.services.fleet import MemoryUse, Suggestion, mean_mb, percent_of, suggest_memory_request

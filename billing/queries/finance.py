@@ -1,5 +1,5 @@
 """Cost by tenant, idle and total GPU cost for a period. The tenants' figures are those every page
-shows (billing.queries.figures: each tenant's invoice lines rounded once, quantities at the page's
+shows (billing.figures: each tenant's invoice lines rounded once, quantities at the page's
 places); the platform's (card cost, idle, metered GPU-hours) are sums of the GPU ledger
 (billing.ledger.totals), from the day ledger when the period is whole UTC days, else from hours."""
 
@@ -9,9 +9,10 @@ from dataclasses import dataclass
 from datetime import datetime
 from decimal import Decimal
 
+from billing.figures import FigureTree
 from billing.ledger import totals
 from billing.models import Tenant
-from billing.queries.figures import FigureTree, get_figure_tree
+from billing.queries.figures import get_figure_tree
 from billing.scope import Scope
 
 __all__ = ["PAGE_PLACES", "CostSummary", "TenantCost", "get_cost_summary", "get_cost_summary_and_tree"]

@@ -5,7 +5,7 @@ exist, so the portal never reveals which tenants there are. Month-to-date spend 
 are the budgets' one definition (billing.services.budgets.spend.get_month_spends): charge plus idle spread
 onto the tenant; the budget card reads the same, so both show one number.
 A workload is one pod instance: (namespace, pod, pod_uid). The workloads of the period are the
-period's figure tree (billing.queries.figures): each shows what it shows on every page, and they
+period's figure tree (billing.figures): each shows what it shows on every page, and they
 add up to the tenant's figure, which is the dashboard's. The daily chart reads the closed UTC days
 of the period from the day ledger and the rest from the hour ledger (billing.ledger.spend).
 
@@ -23,10 +23,11 @@ from decimal import Decimal
 from django.db.models import Q, QuerySet
 
 from billing.errors import DomainError, InvalidInput
+from billing.figures import FigureNode, FigureTree
 from billing.ledger.spend import list_workload_days
 from billing.models import BudgetScope, RateCard, Tenant
 from billing.queries.budgets import BudgetView, list_budgets
-from billing.queries.figures import FigureNode, FigureTree, get_figure_tree
+from billing.queries.figures import get_figure_tree
 from billing.queries.finance import PAGE_PLACES
 from billing.scope import Scope
 from billing.services.budgets import get_month_spend, get_month_to_date_parts, shown_spend
@@ -74,7 +75,7 @@ class WorkloadUsage:
     pod_uid: str
     containers: tuple[str, ...]
     sla_tiers: tuple[str, ...]
-    cost: Decimal  # charge + idle share, as every page shows it (billing.queries.figures)
+    cost: Decimal  # charge + idle share, as every page shows it (billing.figures)
     gpu_hours_equivalent: Decimal  # this and the quantities below: as shown, at the portal's places
     mem_used_gb_h: Decimal
     mem_granted_gb_h: Decimal

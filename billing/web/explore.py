@@ -69,7 +69,7 @@ class ShownRow:
 
 
 def _shown(explore: Explore) -> tuple[list[ShownRow], Decimal, dict[str, ShownColumn]]:
-    """Each row as every page shows it (billing.queries.figures), and each column's total: the sum
+    """Each row as every page shows it (billing.figures), and each column's total: the sum
     of the figures shown (unknown when a row's request is)."""
     rows = explore.rows
     cost = sum((r.shown.cost for r in rows), Decimal(0)) if rows else Decimal(0)

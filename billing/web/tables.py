@@ -1,5 +1,5 @@
 """What the finance page and its CSV show of the cost by tenant and its totals: each tenant's
-figures as every page shows them (billing.queries.figures), every total (across a row, down a
+figures as every page shows them (billing.figures), every total (across a row, down a
 column, or of the totals) the sum of the amounts it totals, so the figures shown always add up;
 the platform's idle rounded once. Display only: the ledger keeps its precision."""
 

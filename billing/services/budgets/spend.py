@@ -234,7 +234,7 @@ def shown_spend(spend: TenantSpend, currency: str) -> Decimal:
     """A tenant's spend as every page shows it: as its invoice would, each invoice line's charge and
     idle share rounded once to the currency's minor unit, then added (billing.money.round_parts);
     so the portal, its budget card, the budgets page, the tenant list, the upcoming invoice's
-    subtotal and the finance page's tenant row (billing.queries.figures) show one month to date,
+    subtotal and the finance page's tenant row (billing.figures) show one month to date,
     to the cent."""
     lines = spend.lines or ((spend.charge, spend.idle_share),)
     charges, idles = [c for c, _i in lines], [i for _c, i in lines]

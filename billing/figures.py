@@ -1,0 +1,320 @@
+"""Every cost figure a page or document shows of a tenant's usage, computed once (docs/billing.md,
+One figure everywhere): the finance dashboard's tenant rows and top workloads, every level of the
+drill-down, the portal's workloads and their totals, their CSVs and the invoice's breakdown by
+workload all read their numbers from one tree. Pure: the ledger reads the sums
+(billing.ledger.allocation.list_figure_rows), billing.queries.figures and the exports build the tree.
+
+The tree of a period: each tenant, then its namespaces, controllers, pods (by name), pod instances
+(pod UID), containers and the GPUs they ran on (FIGURE_LEVELS). The exact sums at every node are
+Postgres' (billing.ledger.allocation.list_figure_rows, one pass). What a node *shows*:
+
+- **A tenant** shows what its invoice for the period shows: each invoice line (GPU model and SLA
+  tier: usage, and idle spread onto it) rounded once to the currency's minor unit, the tenant's
+  figure the sum of its rounded lines (billing.money.round_parts, as the close and the upcoming
+  invoice round). GPU-hours (equivalent) follow the same rule at the page's places; the other
+  quantities are the tenant's sum rounded once.
+- **Every other node** shows its share of its parent's shown figure, in proportion to its exact
+  figure, by the largest remainder (billing.money.apportion): the rows a row opens add up to it
+  exactly, and each is within one unit of the last place of its exact share.
+
+So one node shows one figure on every page: a pod instance on the dashboard's top workloads and on
+its portal, a namespace in the drill-down and in its CSV. A grouping that cuts across the levels
+(the drill-down's "pod / container" rows, which merge the instances of a pod name) shows the sum
+of the nodes it groups, which adds up for the same reason. A requested quantity is unknown (None)
+where any part's request was never reported; a node whose parent's is unknown shows its own, rounded.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, fields
+from datetime import datetime
+from decimal import Decimal
+
+from billing.money import apportion, minor_unit_exponent, round_parts, round_quantities
+
+__all__ = [
+    "FIGURE_LEVELS",
+    "LEVELS",
+    "FigureNode",
+    "FigureRow",
+    "FigureTree",
+    "Figures",
+    "TenantLines",
+    "build_tree",
+    "exact_sum",
+    "group_nodes",
+    "shown_sum",
+    "total",
+]
+
+# The levels a tenant's figures open into, top down; "gpu" is a card on its node: the keys node and gpu.
+FIGURE_LEVELS = ("namespace", "controller", "pod", "pod_uid", "container", "gpu")
+
+
+@dataclass(frozen=True)
+class FigureRow:
+    """Usage summed at one node of a tenant's figure tree, or on one of its invoice lines, ledger
+    units. `level` 0 is a line: keys (tenant, gpu_model, sla_tier); level n >= 1 is the tenant's path
+    down to FIGURE_LEVELS[n - 1]: keys (tenant, namespace, ..., and at "gpu" node then gpu)."""
+
+    level: int
+    keys: tuple[str, ...]
+    containers: tuple[str, ...]  # sorted
+    sla_tiers: tuple[str, ...]  # sorted
+    first_hour: datetime  # start of the first ledger hour with usage
+    last_hour: datetime  # start of the last
+    seconds: Decimal
+    share_gpu_s: Decimal
+    charge: Decimal
+    idle_share: Decimal
+    mem_used_mb_s: Decimal
+    mem_granted_mb_s: Decimal
+    mem_requested_mb_s: Decimal | None
+    sm_used_s: Decimal
+    sm_granted_s: Decimal
+    sm_requested_s: Decimal | None
+    # Billed (max(used, granted) per second, the rate card's basis) and its part in use, in
+    # card-seconds of the card's memory and of its SMs (MB·s ÷ the GPU's memory, SM·s ÷ its SMs):
+    # what a workload's cost is made of, for the portal's "why this costs what it does".
+    mem_billed_mb_s: Decimal = Decimal(0)
+    sm_billed_s: Decimal = Decimal(0)
+    mem_billed_card_s: Decimal = Decimal(0)
+    mem_used_card_s: Decimal = Decimal(0)
+    sm_billed_card_s: Decimal = Decimal(0)
+    sm_used_card_s: Decimal = Decimal(0)
+
+
+LEVELS = ("tenant", *FIGURE_LEVELS)
+_S_PER_H = Decimal(3600)
+_MB_S_PER_GB_H = Decimal(1024 * 3600)  # GB·h as the pages write them (GiB, 1024 MB)
+_ZERO = Decimal(0)
+
+
+@dataclass(frozen=True)
+class Figures:
+    """One node's figures: exact (ledger precision) or as shown. Requested quantities are None
+    when unknown."""
+
+    cost: Decimal
+    gpu_hours: Decimal
+    mem_used_gb_h: Decimal
+    mem_granted_gb_h: Decimal
+    mem_requested_gb_h: Decimal | None
+    sm_used_h: Decimal
+    sm_granted_h: Decimal
+    sm_requested_h: Decimal | None
+
+    def __add__(self, other: Figures) -> Figures:
+        return _from_columns({name: _add(getattr(self, name), getattr(other, name)) for name in _NAMES})
+
+
+_NAMES = tuple(f.name for f in fields(Figures))
+ZERO_FIGURES = Figures(*(_ZERO for _ in _NAMES))
+
+
+def _add(a: Decimal | None, b: Decimal | None) -> Decimal | None:
+    return None if a is None or b is None else a + b
+
+
+def _from_columns(values: Mapping[str, Decimal | None]) -> Figures:
+    """Figures from name -> value; only the requested quantities may be unknown."""
+    def known(name: str) -> Decimal:
+        value = values[name]
+        if value is None:
+            raise ValueError(f"{name} is never unknown")
+        return value
+
+    return Figures(
+        cost=known("cost"), gpu_hours=known("gpu_hours"), mem_used_gb_h=known("mem_used_gb_h"),
+        mem_granted_gb_h=known("mem_granted_gb_h"), mem_requested_gb_h=values["mem_requested_gb_h"],
+        sm_used_h=known("sm_used_h"), sm_granted_h=known("sm_granted_h"), sm_requested_h=values["sm_requested_h"],
+    )
+
+
+def total(figures: Iterable[Figures]) -> Figures:
+    """The sum of several nodes' figures (unknown where any is unknown)."""
+    out = ZERO_FIGURES
+    for f in figures:
+        out += f
+    return out
+
+
+@dataclass(frozen=True)
+class TenantLines:
+    """A tenant's invoice lines of the period as shown: usage and idle share, each line rounded once
+    to the currency's minor unit, and their sums (the dashboard's columns)."""
+
+    charge: Decimal
+    idle_share: Decimal
+
+    @property
+    def total(self) -> Decimal:
+        return self.charge + self.idle_share
+
+
+@dataclass
+class FigureNode:
+    keys: tuple[str, ...]  # the path from the tenant: (tenant, namespace, ...); at "gpu" node then gpu
+    level: int  # index into LEVELS
+    exact: Figures
+    seconds: Decimal  # metered workload-seconds (per GPU), for means per second
+    containers: tuple[str, ...] = ()
+    sla_tiers: tuple[str, ...] = ()
+    first_hour: datetime | None = None  # start of the first ledger hour with usage
+    last_hour: datetime | None = None  # start of the last
+    row: FigureRow | None = None  # the ledger's sums of this node (None for a tenant: its lines')
+    children: dict[tuple[str, ...], FigureNode] = field(default_factory=dict)
+
+    @property
+    def name(self) -> str:
+        return self.keys[-1]
+
+    def key(self, level: str) -> str:
+        """This node's value of `level` (a level at or above its own)."""
+        index = LEVELS.index(level)
+        return self.keys[index] if level != "gpu" else self.keys[index + 1]
+
+
+@dataclass
+class FigureTree:
+    """The period's figures, every tenant of the scope (and filters) with usage. Quantities are
+    shown at `places`, money at the currency's minor unit."""
+
+    currency: str
+    places: int
+    roots: dict[str, FigureNode]
+    lines: dict[str, TenantLines]
+    _line_quantities: dict[str, Decimal]
+    _shown: dict[tuple[str, ...], Figures] = field(default_factory=dict)
+
+    @property
+    def money_places(self) -> int:
+        return minor_unit_exponent(self.currency)
+
+    def shown(self, node: FigureNode) -> Figures:
+        """The node's figures as every page shows them (module docstring)."""
+        known = self._shown.get(node.keys)
+        if known is None:
+            if node.level == 0:
+                self._shown[node.keys] = self._root(node)
+            else:
+                parent = self.roots[node.keys[0]]
+                for i in range(1, node.level):
+                    parent = parent.children[node.keys[: _depth_len(i)]]
+                self._open(parent)
+            known = self._shown[node.keys]
+        return known
+
+    def nodes(self, level: str, where: Mapping[str, str] | None = None) -> list[FigureNode]:
+        """The nodes of `level` whose path matches every (level -> value) of `where`."""
+        depth = LEVELS.index(level)
+        conditions = dict(where or {})
+        out: list[FigureNode] = []
+
+        def walk(node: FigureNode) -> None:
+            name = LEVELS[node.level]
+            if name in conditions and node.key(name) != conditions[name]:
+                return
+            if node.level == depth:
+                out.append(node)
+                return
+            for child in node.children.values():
+                walk(child)
+
+        for root in self.roots.values():
+            walk(root)
+        return out
+
+    def _root(self, node: FigureNode) -> Figures:
+        """A tenant: its invoice lines' rule for cost and GPU-hours, its sums rounded once for the rest."""
+        tenant = node.keys[0]
+        rounded = {name: _rounded(getattr(node.exact, name), self.places) for name in _NAMES}
+        return _from_columns({**rounded, "cost": self.lines[tenant].total, "gpu_hours": self._line_quantities[tenant]})
+
+    def _open(self, parent: FigureNode) -> None:
+        """Every child of `parent` shown: the parent's shown figure apportioned over them."""
+        above = self.shown(parent)
+        children = list(parent.children.values())
+        columns: dict[str, list[Decimal | None]] = {}
+        for name in _NAMES:
+            places = self.money_places if name == "cost" else self.places
+            whole = getattr(above, name)
+            parts = [getattr(c.exact, name) for c in children]
+            if whole is None or any(p is None for p in parts):
+                # Unknown above: each child that is known is a figure of its own, rounded once.
+                columns[name] = [_rounded(p, places) for p in parts]
+            else:
+                columns[name] = list(apportion(whole, [p for p in parts if p is not None], places))
+        for i, child in enumerate(children):
+            self._shown[child.keys] = _from_columns({name: columns[name][i] for name in _NAMES})
+
+
+def _depth_len(level: int) -> int:
+    """Length of a node's keys at `level` (the "gpu" level has two: node and gpu)."""
+    return level + 1 if LEVELS[level] != "gpu" else level + 2
+
+
+def _rounded(value: Decimal | None, places: int) -> Decimal | None:
+    return None if value is None else round_quantities([value], places)[0][0]
+
+
+def _figures(row: FigureRow) -> Figures:
+    return Figures(
+        cost=row.charge + row.idle_share, gpu_hours=row.share_gpu_s / _S_PER_H,
+        mem_used_gb_h=row.mem_used_mb_s / _MB_S_PER_GB_H, mem_granted_gb_h=row.mem_granted_mb_s / _MB_S_PER_GB_H,
+        mem_requested_gb_h=None if row.mem_requested_mb_s is None else row.mem_requested_mb_s / _MB_S_PER_GB_H,
+        sm_used_h=row.sm_used_s / _S_PER_H, sm_granted_h=row.sm_granted_s / _S_PER_H,
+        sm_requested_h=None if row.sm_requested_s is None else row.sm_requested_s / _S_PER_H,
+    )
+
+
+def build_tree(rows: Sequence[FigureRow], *, currency: str, places: int) -> FigureTree:
+    """The tree of list_figure_rows' rows (pure; tests build trees from hand-made rows)."""
+    charges: dict[str, list[Decimal]] = defaultdict(list)
+    idles: dict[str, list[Decimal]] = defaultdict(list)
+    hours: dict[str, list[Decimal]] = defaultdict(list)
+    line_exact: dict[str, Figures] = {}
+    line_seconds: dict[str, Decimal] = defaultdict(Decimal)
+    by_level: dict[int, list[FigureRow]] = defaultdict(list)
+    for r in rows:
+        if r.level == 0:
+            tenant = r.keys[0]
+            charges[tenant].append(r.charge)
+            idles[tenant].append(r.idle_share)
+            hours[tenant].append(r.share_gpu_s / _S_PER_H)
+            line_exact[tenant] = line_exact.get(tenant, ZERO_FIGURES) + _figures(r)
+            line_seconds[tenant] += r.seconds
+        else:
+            by_level[r.level].append(r)
+    roots = {t: FigureNode((t,), 0, line_exact[t], line_seconds[t]) for t in sorted(line_exact)}
+    index: dict[tuple[str, ...], FigureNode] = {(t,): n for t, n in roots.items()}
+    for level in sorted(by_level):
+        for r in sorted(by_level[level], key=lambda r: r.keys):
+            node = FigureNode(tuple(r.keys), level, _figures(r), r.seconds, r.containers, r.sla_tiers, r.first_hour,
+                              r.last_hour, r)
+            parent = index[node.keys[: _depth_len(level - 1)]]
+            parent.children[node.keys] = node
+            index[node.keys] = node
+    lines = {t: TenantLines(round_parts(charges[t], currency)[1], round_parts(idles[t], currency)[1]) for t in roots}
+    quantities = {t: round_quantities(hours[t], places)[1] for t in roots}
+    return FigureTree(currency, places, roots, lines, quantities)
+
+
+def shown_sum(tree: FigureTree, nodes: Iterable[FigureNode]) -> Figures:
+    """What a row grouping several nodes shows: the sum of their shown figures."""
+    return total(tree.shown(n) for n in nodes)
+
+
+def exact_sum(nodes: Iterable[FigureNode]) -> Figures:
+    return total(n.exact for n in nodes)
+
+
+def group_nodes(nodes: Iterable[FigureNode], key: Callable[[FigureNode], tuple[str, ...]]
+                ) -> dict[tuple[str, ...], list[FigureNode]]:
+    """Nodes grouped by `key`, in first-seen order."""
+    out: dict[tuple[str, ...], list[FigureNode]] = {}
+    for n in nodes:
+        out.setdefault(key(n), []).append(n)
+    return out
