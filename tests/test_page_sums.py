@@ -380,7 +380,7 @@ def _check_focus_with_the_validator(walk: Walk, demo: Demo, tmp_path: Path) -> i
     """Every FOCUS file the demo serves (invoices, credit notes) and its fleet dataset pass the FinOps
     Foundation's focus-validator, in one run over all their rows (tests/focus_validator.py)."""
     files = [rows for name, rows in walk.csvs.values() if name.endswith("-focus-1.3.csv")]
-    with _demo_focus_dataset(demo).open(newline="", encoding="utf-8") as f:
+    with _demo_focus_dataset(demo).open(newline="", encoding="utf-8-sig") as f:
         files.append(list(csv.reader(f)))
     header = files[0][0]
     assert all(rows[0] == header for rows in files)
