@@ -23,7 +23,9 @@ from hypothesis import strategies as st
 
 from billing.errors import InvalidInput
 from billing.models import (
+    AlertRule,
     BillingPeriod,
+    Budget,
     Commitment,
     ExportDestination,
     GpuModel,
@@ -61,6 +63,9 @@ GET_PAGES: dict[str, tuple[str, ...]] = {
     "/tenants/": (),
     "/tenants/acme/": (*PERIOD, "format"),
     "/budgets/": (),
+    "/budgets/new/": ("tenant", "scope"),
+    "/alerts/": (),
+    "/alerts/rules/new/": ("kind",),
     "/sla-tiers/": (),
     "/audit/": ("action",),
     "/rate-cards/": ("gpu_model",),
@@ -90,11 +95,22 @@ DESTINATION = {"name": "Lake", "endpoint_url": "", "region": "eu-west-1", "bucke
 COMMITMENT = {"kind": "on_prem", "gpu_model": A100["model"], "cards": "8", "currency": "USD", "note": "contract",
               "term_start": "2199-01-01", "term_years": "3", "price_per_gpu_hour": "2.9", "purchase_price": "15000",
               "power_watts": "400", "energy_price_per_kwh": "0.15", "facility_cost_per_year": "1200"}
+BUDGET = {"amount": "100", "currency": "USD", "soft_threshold_pct": "80", "hard_threshold_pct": "100",
+          "hard_action": "throttle", "throttle_factor": "0.5", "owner": "ops", "notify_emails": "", "webhook_url": ""}
+ALERT_RULE = {"name": "Spikes", "kind": "spend_anomaly", "tenant": "", "group_by": "namespace", "granularity": "hour",
+              "baseline_weeks": "4", "threshold": "3.5", "min_amount": "10", "currency": "USD", "window_hours": "24",
+              "resource": "memory", "notify_emails": "", "webhook_url": "", "webhook_secret": "",
+              "slack_webhook_url": "", "remove_slack": "", "enabled": "on"}
 POST_FORMS: dict[str, dict[str, str]] = {
     "/invoices/VGL-202611-acme/credit-notes/": {"amount": "1.00", "reason": "outage"},
     "/budgets/acme/": {"amount": "100", "currency": "USD", "soft_threshold_pct": "80", "hard_threshold_pct": "100",
                        "hard_action": "alert", "throttle_factor": "0.5", "owner": "ops", "notify_emails": "",
                        "webhook_url": ""},
+    "/budgets/new/": {"tenant": "acme", "scope": "namespace", "namespace": "acme-prod", "label": "", **BUDGET},
+    "/budgets/{budget}/edit/": BUDGET,
+    "/alerts/rules/new/": ALERT_RULE,
+    "/alerts/rules/{alert_rule}/": ALERT_RULE,
+    "/invoices/VGL-202611-acme/status/": {"status": "paid", "on_date": "2026-12-03", "note": ""},
     "/tenants/acme/billing/": {"tax_rate_pct": "20", "payment_terms_days": "30", "po_number": "PO", "cost_centre": "CC"},
     "/sla-tiers/": {"slug": "gold", "weight": "1"},
     "/sla-tiers/new/": {"slug": "bronze", **SLA_TIER},
@@ -165,10 +181,14 @@ def _world() -> dict[str, int]:
         term_start=datetime(2199, 1, 1, tzinfo=UTC), term_end=datetime(2200, 1, 1, tzinfo=UTC), term_years=1,
         effective_from=datetime(2199, 1, 1, tzinfo=UTC), effective_to=datetime(2200, 1, 1, tzinfo=UTC), note="c",
         created_at=now, created_by="test")
+    budget = Budget.objects.create(tenant=tenant, amount=Decimal(100), currency="USD", owner="ops")
+    alert_rule = AlertRule.objects.create(name="Probe", kind="idle_share", group_by="fleet", threshold=Decimal(50),
+                                          created_at=now, updated_at=now)
     destination = ExportDestination.objects.create(name="Probe lake", region="eu-west-1", bucket="probe-lake",
                                                    created_at=now, created_by="test", updated_at=now, updated_by="test")
     return {
         "admin": admin.pk, "card": card.pk, "commitment": commitment.pk, "destination": destination.pk,
+        "budget": budget.pk, "alert_rule": alert_rule.pk,
         "node_token": issue_node_token(node_name="gpu-node-1", now=now, actor_label="test").token_id,
         "api_token": issue_api_token(username=admin.get_username(), name="probe", expires_at=None, now=now,
                                      actor_label="test").token_id,
@@ -260,7 +280,8 @@ def test_the_probe_covers_every_route_that_takes_a_post():
     """A new form (a route whose view takes a POST) must join POST_FORMS, or NOT_PROBED with the
     reason it is not probed."""
     probed = {resolve(path).url_name for path in _post_forms({"card": 1, "node_token": 1, "api_token": 1, "plan": 1,
-                                                               "commitment": 1, "destination": 1})}
+                                                               "commitment": 1, "destination": 1, "budget": 1,
+                                                               "alert_rule": 1})}
     posting = {route.name for route in _routes(get_resolver().url_patterns) if _takes_post(route)}
     assert posting - probed - NOT_PROBED == set(), "routes that take a POST the probe does not send one to"
     # Both lists stay true: nothing named that takes no POST, nothing both probed and excused.
