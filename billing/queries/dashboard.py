@@ -204,15 +204,27 @@ def _buckets(start: datetime, end: datetime, granularity: Granularity) -> list[d
     return out
 
 
-def _timeline(scope: Scope, summary: CostSummary, granularity: Granularity) -> CostTimeline:
-    buckets = _buckets(summary.start, summary.end, granularity)
+def _until_now(start: datetime, end: datetime, granularity: Granularity, now: datetime,
+               seen: list[datetime]) -> list[datetime]:
+    """The buckets of [start, end) that have begun by `now`: a chart stops at now, and a CSV has no
+    rows for hours to come. A bucket with data is kept even past `now` (agents may stamp a few
+    seconds ahead of this clock), so every figure of the period is still in some bucket."""
+    last = max(seen, default=start)
+    return _buckets(start, min(end, max(now, last + timedelta(microseconds=1))), granularity)
+
+
+def _timeline(scope: Scope, summary: CostSummary, granularity: Granularity, now: datetime) -> CostTimeline:
+    rows = series.list_tenant_cost_buckets(start=summary.start, end=summary.end, granularity=granularity,
+                                           tenants=scope.tenants)
+    idle_rows = (series.list_platform_idle_buckets(start=summary.start, end=summary.end, granularity=granularity)
+                 if scope.sees_platform else [])
+    buckets = _until_now(summary.start, summary.end, granularity, now,
+                         [r.bucket for r in rows] + [b.bucket for b in idle_rows])
     index = {b: i for i, b in enumerate(buckets)}
     top = summary.tenants[:TOP_TENANTS]
     top_keys = {t.tenant: k for k, t in enumerate(top)}
     values = [[_ZERO] * len(buckets) for _ in top]
     other = [_ZERO] * len(buckets)
-    rows = series.list_tenant_cost_buckets(start=summary.start, end=summary.end, granularity=granularity,
-                                           tenants=scope.tenants)
     for r in rows:  # one row per (bucket, tenant)
         i = index[r.bucket]
         k = top_keys.get(r.tenant)
@@ -225,8 +237,7 @@ def _timeline(scope: Scope, summary: CostSummary, granularity: Granularity) -> C
         lines.append(TimelineSeries(OTHER_KEY, _("Other tenants"), other))
     if scope.sees_platform:
         idle = [_ZERO] * len(buckets)
-        for bucket in series.list_platform_idle_buckets(start=summary.start, end=summary.end,
-                                                        granularity=granularity):
+        for bucket in idle_rows:
             idle[index[bucket.bucket]] += bucket.idle_platform
         lines.append(TimelineSeries(IDLE_KEY, _("Idle (platform)"), idle))
     return CostTimeline(granularity, buckets, lines)
@@ -305,18 +316,19 @@ def _rebalance() -> RebalanceRecommendation | None:
 
 def get_finance_dashboard(*, scope: Scope, start: datetime, end: datetime, now: datetime | None = None,
                           places: int = PAGE_PLACES) -> FinanceDashboard:
-    """`now` (default: the clock) decides which reports are still in flight and whether the
-    period may be reported on yet; `places`: of the tenants' and workloads' quantities (the CSVs
+    """`now` (default: the clock) decides where the charts over time stop, which reports are still
+    in flight and whether the period may be reported on yet; `places`: of the tenants' and workloads' quantities (the CSVs
     ask for more than the page)."""
     summary, tree = get_cost_summary_and_tree(scope=scope, start=start, end=end, places=places)
     granularity = granularity_for(start, end)
     platform = scope.sees_platform
+    now = now or timezone.now()
     return FinanceDashboard(
         summary=summary,
-        timeline=_timeline(scope, summary, granularity),
+        timeline=_timeline(scope, summary, granularity, now),
         top_workloads=_top_workloads(summary, tree),
         utilisation=_utilisation(start, end, granularity) if platform else None,
-        savings=_savings(start, end, now or timezone.now()) if platform else None,
+        savings=_savings(start, end, now) if platform else None,
         rebalance=_rebalance() if platform else None,
     )
 

@@ -295,7 +295,9 @@ def _workload(tree: FigureTree, node: FigureNode, same_name_instances: int) -> W
 def _daily(slug: str, workloads: tuple[WorkloadUsage, ...], count: int, *, start: datetime, end: datetime,
            now: datetime) -> DailyWorkloadSeries:
     """`workloads`: the costliest first (at least CHART_SERIES of them when there are); `count`: all of them."""
-    days = tuple(start.date() + timedelta(days=i) for i in range((end - start).days))
+    # The chart stops at today: days that have not begun are not drawn (nor their zeros).
+    days = tuple(d for d in (start.date() + timedelta(days=i) for i in range((end - start).days))
+                 if datetime(d.year, d.month, d.day, tzinfo=UTC) <= now)
     top = workloads if count <= CHART_SERIES else workloads[:CHART_SERIES - 1]
     index = {w.key: i for i, w in enumerate(top)}
     has_other = count > len(top)
@@ -311,13 +313,7 @@ def _daily(slug: str, workloads: tuple[WorkloadUsage, ...], count: int, *, start
             continue
         cost[series][d] += r.cost
         mem[series][d] += r.mem_used_mb_s / _MB_PER_GB / _S_PER_H
-    # Days that have not begun carry no data rather than zero.
-    future = [i for i, d in enumerate(days) if datetime(d.year, d.month, d.day, tzinfo=UTC) > now]
-
-    def blank(values: list[Decimal]) -> tuple[Decimal | None, ...]:
-        return tuple(None if i in future else v for i, v in enumerate(values))
-
     return DailyWorkloadSeries(
-        days=days, names=tuple(w.label for w in top), cost=tuple(blank(v) for v in cost),
-        mem_used_gb_h=tuple(blank(v) for v in mem), has_other=has_other,
+        days=days, names=tuple(w.label for w in top), cost=tuple(tuple(v) for v in cost),
+        mem_used_gb_h=tuple(tuple(v) for v in mem), has_other=has_other,
     )

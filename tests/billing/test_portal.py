@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import time_machine
 from django.test import Client
 
 from billing.calendar import month_bounds
@@ -329,6 +330,11 @@ def test_chosen_period_charts_daily_cost_of_the_top_seven_and_the_rest_as_an_eig
     assert daily.cost[-1] == (Decimal(6), Decimal(0), Decimal(0))  # other: pod-0 (1) + pod-1 (2) + pod-2 (3)
     assert daily.mem_used_gb_h[0] == (Decimal(1), Decimal(0), Decimal(3))
     assert len(resp.context["portal"].workloads) == 10
+    # The chart stops at today: a period running past now draws no days to come.
+    with time_machine.travel(datetime(2026, 1, 6, 12, tzinfo=UTC), tick=False):
+        running = client.get("/tenants/acme/", {"start": "2026-01-05", "end": "2026-01-31"}).context["portal"].daily
+    assert running.days == (date(2026, 1, 5), date(2026, 1, 6))
+    assert running.cost[0] == (Decimal(10), Decimal(0))
     html = resp.content.decode()
     assert "Other workloads" in text_of(html, "workload-cost-chart")
     assert "acme-prod/pod-9" in text_of(html, "workload-memory-chart")
