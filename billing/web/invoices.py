@@ -3,7 +3,8 @@ billing.services (exports for reads and downloads, credit_notes and tenant_billi
 list also shows the upcoming invoices of the month in progress from billing.queries.portal).
 
 An invoice or credit note outside the user's scope answers 404, exactly like one that does not
-exist. Finance and admins issue credit notes and record payment status (sent, paid, payment
+exist. Finance and admins issue credit notes (in two steps: the note as it would be issued, then
+its confirmation) and record payment status (sent, paid, payment
 reversed; POST, CSRF, audited); admins edit invoice terms. Overdue is computed on every read from
 the due date and today (billing.services.invoicing.payments), never stored.
 """
@@ -45,6 +46,7 @@ from billing.services.invoicing import (
     get_credit_room,
     get_tenant_billing,
     issue_credit_note,
+    preview_credit_note,
     record_invoice_status,
     unprintable_message,
     update_tenant_billing,
@@ -105,6 +107,9 @@ class CreditNoteForm(forms.Form):
                              widget=forms.TextInput(attrs={"inputmode": "decimal", "size": 12}))
     reason = forms.CharField(label=gettext_lazy("Reason (printed on the credit note)"), max_length=REASON_MAX_CHARS,
                              widget=forms.Textarea(attrs={"rows": 2, "cols": 48}))
+    # Set by the confirmation page only: the invoice's credited net it stated (a confirmed note is
+    # refused if the invoice was credited since, so a double click or a second tab issues it once).
+    confirmed_credited_minor = forms.IntegerField(required=False, min_value=0, widget=forms.HiddenInput)
 
 
 class InvoiceStatusForm(forms.Form):
@@ -143,11 +148,17 @@ def invoice_detail(request: HttpRequest, number: str) -> HttpResponse:
 def credit_note_issue(request: HttpRequest, number: str) -> HttpResponse:
     scope = require_platform(request, _("Only finance and admins issue credit notes."))
     form = CreditNoteForm(request.POST)
+    if form.is_valid() and "edit" in request.POST:  # "Change" on the confirmation: the form again, as typed
+        return _render_invoice(request, scope, number, form=CreditNoteForm(initial=form.cleaned_data))
     if form.is_valid():
+        data = form.cleaned_data
         try:
-            issued = issue_credit_note(invoice_number=number, amount_text=form.cleaned_data["amount"],
-                                       reason=form.cleaned_data["reason"], now=timezone.now(),
-                                       actor_label=request.user.get_username(), actor_id=request.user.pk)
+            if data["confirmed_credited_minor"] is None:
+                preview = preview_credit_note(invoice_number=number, amount_text=data["amount"], reason=data["reason"])
+                return render(request, "billing/credit_note_confirm.html", {"preview": preview, "form": form})
+            issued = issue_credit_note(invoice_number=number, amount_text=data["amount"], reason=data["reason"],
+                                       now=timezone.now(), actor_label=request.user.get_username(),
+                                       actor_id=request.user.pk, credited_net_minor=data["confirmed_credited_minor"])
         except InvalidInput as exc:
             form.add_error(None, str(exc))
         else:

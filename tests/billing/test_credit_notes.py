@@ -307,12 +307,45 @@ def test_finance_issues_a_credit_note_from_the_invoice_page_with_csrf_and_the_pa
     refused = browser.post(url, {"amount": "500", "reason": "outage", "csrfmiddlewaretoken": token})
     assert refused.status_code == 400
     assert "exceeds what is left to credit" in refused.content.decode()
-    done = browser.post(url, {"amount": "5", "reason": "outage", "csrfmiddlewaretoken": token}, follow=True)
+    # First the note as it would be issued, nothing written; then its confirmation issues it.
+    review = browser.post(url, {"amount": "5", "reason": "outage", "csrfmiddlewaretoken": token})
+    assert review.status_code == 200
+    preview = review.context["preview"]
+    assert (preview.amount_minor, preview.tax_minor, preview.total_minor) == (500, 100, 600)  # 20 % tax
+    assert 'data-testid="credit-note-confirm"' in review.content.decode()
+    assert not CreditNote.objects.exists()
+    confirm = {"amount": "5", "reason": "outage", "confirmed_credited_minor": "0", "csrfmiddlewaretoken": token}
+    done = browser.post(url, {**confirm, "confirm": "1"}, follow=True)
     body = done.content.decode()
     assert "Credit note CN-2026-0001 issued against VGL-202611-acme." in body
     assert 'data-testid="credit-note-row"' in body
     assert "/credit-notes/CN-2026-0001.pdf" in body
     assert AuditEvent.objects.get(action="credit_note.issued").actor_label.startswith("u-finance")
+
+
+def test_a_confirmation_issues_once_and_a_stale_one_is_refused_and_change_keeps_what_was_typed():
+    invoice = finalized_invoice()
+    client = Client()
+    client.force_login(user_in(group=FINANCE_GROUP))
+    url = f"/invoices/{invoice.number}/credit-notes/"
+    typed = {"amount": "12.50", "reason": "GPU outage\non the 3rd"}
+    review = client.post(url, typed)
+    assert review.status_code == 200
+    body = review.content.decode()
+    for shown in ("12.50 USD", "2.50 USD", "15.00 USD", "87.50 USD", "GPU outage<br>on the 3rd"):
+        assert shown in body, shown
+    assert not AuditEvent.objects.filter(action="credit_note.issued").exists()
+    changed = client.post(url, {**typed, "confirmed_credited_minor": "0", "edit": "1"})
+    assert changed.status_code == 200
+    assert changed.context["form"].initial["amount"] == "12.50"
+    assert not CreditNote.objects.exists()
+    confirm = {**typed, "confirmed_credited_minor": "0", "confirm": "1"}
+    assert client.post(url, confirm).status_code == 302
+    twice = client.post(url, confirm)  # a double click, or the same confirmation in a second tab
+    assert twice.status_code == 400
+    assert "was credited since you reviewed this credit note" in twice.content.decode()
+    assert CreditNote.objects.count() == 1
+    assert client.post(url, {**typed, "confirmed_credited_minor": "-1", "confirm": "1"}).status_code == 400
 
 
 def test_tenants_read_their_own_credit_notes_but_never_issue_one_and_others_are_404():

@@ -68,6 +68,10 @@ def test_finance_downloads_an_invoice_and_issues_and_downloads_a_credit_note(sig
         form.locator("textarea[name=reason]").fill(f"Browser journey credit ({language})")
         form.locator("button[type=submit]").click()
         page.wait_for_load_state()
+        # Nothing is issued before the note, as it would be issued, is confirmed.
+        expect(page.get_by_test_id("preview-total")).to_contain_text("1.20 USD")
+        page.get_by_test_id("credit-note-confirm").click()
+        page.wait_for_load_state()
         expect(page.get_by_test_id("message")).to_contain_text(words["issued"])
         message = page.get_by_test_id("message").inner_text()
         found = re.search(r"CN-\d{4}-\d{4}", message)

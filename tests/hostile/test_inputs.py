@@ -102,7 +102,7 @@ ALERT_RULE = {"name": "Spikes", "kind": "spend_anomaly", "tenant": "", "group_by
               "resource": "memory", "notify_emails": "", "webhook_url": "", "webhook_secret": "",
               "slack_webhook_url": "", "remove_slack": "", "enabled": "on"}
 POST_FORMS: dict[str, dict[str, str]] = {
-    "/invoices/VGL-202611-acme/credit-notes/": {"amount": "1.00", "reason": "outage"},
+    "/invoices/VGL-202611-acme/credit-notes/": {"amount": "1.00", "reason": "outage", "confirmed_credited_minor": "0"},
     "/budgets/acme/": {"amount": "100", "currency": "USD", "soft_threshold_pct": "80", "hard_threshold_pct": "100",
                        "hard_action": "alert", "throttle_factor": "0.5", "owner": "ops", "notify_emails": "",
                        "webhook_url": ""},

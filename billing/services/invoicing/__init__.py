@@ -20,8 +20,10 @@ from billing.services.invoicing.close import (
 )
 from billing.services.invoicing.credit_notes import (
     REASON_MAX_CHARS,
+    CreditNotePreview,
     get_credit_room,
     issue_credit_note,
+    preview_credit_note,
     unprintable_message,
 )
 from billing.services.invoicing.payments import (
@@ -38,6 +40,7 @@ __all__ = [
     "NOTE_MAX_CHARS",
     "PAYMENT_STATES",
     "REASON_MAX_CHARS",
+    "CreditNotePreview",
     "InvoicePreview",
     "PaymentStatus",
     "close_is_stalled",
@@ -49,6 +52,7 @@ __all__ = [
     "issue_credit_note",
     "list_unpriced",
     "payment_status",
+    "preview_credit_note",
     "preview_invoice",
     "preview_invoices",
     "record_invoice_status",

@@ -13,6 +13,12 @@ Late usage for a month already invoiced is still an adjustment line on the next 
 (billing.services.invoicing.close): it is the ledger catching up, found by the close, not a decision.
 A credit note is a person's decision about an issued invoice (a dispute, an outage credit, a
 mistaken rate) and is audited as one.
+
+Issuing one from the invoice page takes two steps: `preview_credit_note` checks everything issuing
+would and states the note (net, tax, total, what is left after it), writing nothing; the person
+confirms that, and `issue_credit_note` is given the invoice's credited net the preview showed
+(`credited_net_minor`). If another note was issued in between (a second tab, a double click), the
+confirmation no longer describes the invoice and is refused rather than issued twice.
 """
 
 from __future__ import annotations
@@ -32,8 +38,9 @@ from billing.pdf_fonts import undrawable
 from billing.services.audit import record_audit_event
 from billing.services.invoicing.close import current_issuer, tax_minor_units
 
-__all__ = ["MAX_CREDIT_MAJOR", "REASON_MAX_CHARS", "CreditNoteIssued", "CreditRoom", "credit_tax_minor",
-           "get_credit_room", "issue_credit_note", "parse_credit_amount", "unprintable_message"]
+__all__ = ["MAX_CREDIT_MAJOR", "REASON_MAX_CHARS", "CreditNoteIssued", "CreditNotePreview", "CreditRoom",
+           "credit_tax_minor", "get_credit_room", "issue_credit_note", "parse_credit_amount", "preview_credit_note",
+           "unprintable_message"]
 
 REASON_MAX_CHARS = 500
 # The largest net amount a credit note may state, in major units (an invoice's bigint minor units
@@ -52,6 +59,36 @@ class CreditRoom:
     @property
     def net_display(self) -> str:
         return format_minor_units(max(self.net_minor, 0), self.currency)
+
+
+@dataclass(frozen=True)
+class CreditNotePreview:
+    """A credit note as it would be issued now, before anyone confirms it (nothing written)."""
+
+    invoice_number: str
+    tenant_name: str
+    currency: str
+    amount_minor: int
+    tax_minor: int
+    reason: str
+    credited_net_minor: int  # the invoice's credited net before this note: what the confirmation states
+    room_after: CreditRoom
+
+    @property
+    def total_minor(self) -> int:
+        return self.amount_minor + self.tax_minor
+
+    @property
+    def amount_display(self) -> str:
+        return format_minor_units(self.amount_minor, self.currency)
+
+    @property
+    def tax_display(self) -> str:
+        return format_minor_units(self.tax_minor, self.currency)
+
+    @property
+    def total_display(self) -> str:
+        return format_minor_units(self.total_minor, self.currency)
 
 
 @dataclass(frozen=True)
@@ -136,14 +173,7 @@ def _next_number(year: int) -> str:
     return f"{prefix}{highest + 1:04d}"
 
 
-def issue_credit_note(
-    *, invoice_number: str, amount_text: str, reason: str, now: datetime, actor_label: str,
-    actor_id: int | None = None,
-) -> CreditNoteIssued:
-    """Issue a credit note of `amount_text` (net, major units) on a finalized invoice, for `reason`,
-    numbered, audited (`credit_note.issued`) and written in one transaction. Refused (InvalidInput,
-    nothing written) for an unknown or draft invoice, an amount that is not a positive amount of
-    the invoice's currency or exceeds what is left to credit, or an empty or overlong reason."""
+def _checked_reason(reason: str) -> str:
     reason = reason.strip()
     if not reason:
         raise InvalidInput(gettext("Give the reason for the credit note; it is printed on it."))
@@ -153,20 +183,59 @@ def issue_credit_note(
     # Refused here, not at rendering: the note is immutable, and its PDF prints the reason.
     if bad := undrawable(reason):
         raise InvalidInput(unprintable_message(bad))
+    return reason
+
+
+def _checked_credit(invoice: Invoice, amount_text: str, reason: str) -> CreditNotePreview:
+    """Every rule a credit note of `amount_text` for `reason` on `invoice` must meet, and the note."""
+    reason = _checked_reason(reason)
+    amount_minor = parse_credit_amount(amount_text, invoice.currency)
+    room = _room(invoice)
+    if amount_minor > room.net_minor:
+        raise InvalidInput(gettext("A credit note of %(amount)s %(currency)s exceeds what is left to credit on "
+                                   "%(number)s: %(left)s %(currency)s (net, before tax).")
+                           % {"amount": format_minor_units(amount_minor, invoice.currency),
+                              "currency": invoice.currency, "number": invoice.number, "left": room.net_display})
+    tax_minor = credit_tax_minor(amount_minor=amount_minor, room=room, rate_pct=invoice.tax_rate_pct)
+    return CreditNotePreview(
+        invoice_number=invoice.number, tenant_name=invoice.bill_to_name or invoice.tenant.name, currency=invoice.currency,
+        amount_minor=amount_minor, tax_minor=tax_minor, reason=reason,
+        credited_net_minor=invoice.subtotal_minor - room.net_minor,
+        room_after=CreditRoom(currency=room.currency, net_minor=room.net_minor - amount_minor,
+                              tax_minor=room.tax_minor - tax_minor),
+    )
+
+
+def preview_credit_note(*, invoice_number: str, amount_text: str, reason: str) -> CreditNotePreview:
+    """The credit note `issue_credit_note` would issue now, checked by the same rules (InvalidInput
+    when it would be refused); writes nothing."""
+    return _checked_credit(_finalized_invoice(invoice_number), amount_text, reason)
+
+
+def issue_credit_note(
+    *, invoice_number: str, amount_text: str, reason: str, now: datetime, actor_label: str,
+    actor_id: int | None = None, credited_net_minor: int | None = None,
+) -> CreditNoteIssued:
+    """Issue a credit note of `amount_text` (net, major units) on a finalized invoice, for `reason`,
+    numbered, audited (`credit_note.issued`) and written in one transaction. Refused (InvalidInput,
+    nothing written) for an unknown or draft invoice, an amount that is not a positive amount of
+    the invoice's currency or exceeds what is left to credit, an empty or overlong reason, or, when
+    `credited_net_minor` is given (the invoice's credited net a confirmed preview stated), an invoice
+    credited differently since."""
+    _checked_reason(reason)  # before the lock: a bad reason needs no look at the invoice
     with transaction.atomic():
         # One credit note at a time, fleet-wide: its number is gapless and its invoice's room exact.
         with connection.cursor() as cursor:
             cursor.execute("LOCK TABLE billing_creditnote IN EXCLUSIVE MODE")
         invoice = _finalized_invoice(invoice_number)
-        amount_minor = parse_credit_amount(amount_text, invoice.currency)
-        room = _room(invoice)
-        if amount_minor > room.net_minor:
-            left = room.net_display
-            raise InvalidInput(gettext("A credit note of %(amount)s %(currency)s exceeds what is left to credit on "
-                                       "%(number)s: %(left)s %(currency)s (net, before tax).")
-                               % {"amount": format_minor_units(amount_minor, invoice.currency),
-                                  "currency": invoice.currency, "number": invoice.number, "left": left})
-        tax_minor = credit_tax_minor(amount_minor=amount_minor, room=room, rate_pct=invoice.tax_rate_pct)
+        checked = _checked_credit(invoice, amount_text, reason)
+        if credited_net_minor is not None and credited_net_minor != checked.credited_net_minor:
+            raise InvalidInput(gettext("Invoice %(number)s was credited since you reviewed this credit note "
+                                       "(%(then)s %(currency)s credited then, %(now)s now): review it again.")
+                               % {"number": invoice.number, "currency": invoice.currency,
+                                  "then": format_minor_units(credited_net_minor, invoice.currency),
+                                  "now": format_minor_units(checked.credited_net_minor, invoice.currency)})
+        amount_minor, tax_minor, reason = checked.amount_minor, checked.tax_minor, checked.reason
         issuer = current_issuer()
         note = CreditNote.objects.create(
             number=_next_number(now.astimezone(UTC).year), invoice=invoice, currency=invoice.currency,
