@@ -12,8 +12,10 @@ from typing import Any, TypedDict, TypeVar
 
 import hypothesis
 import pytest
+from django.conf import settings as django_settings
 from django.contrib.auth.models import Group, User
 from django.test import Client
+from django.utils import translation
 
 from billing.ledger.models import GpuHour, UsageHour
 from billing.ledger.rollup import rebuild_days
@@ -252,6 +254,14 @@ def _tenants_as_the_samples_claim(settings):
     opt-in rule that trusts the claim for unlisted namespaces. The shipped default ("namespace") is
     what the demo runs and what tests/billing/test_node_self.py and tests/hostile/test_nodes.py set."""
     settings.VGPU_TENANT_UNMAPPED = "claim"
+
+
+@pytest.fixture(autouse=True)
+def _each_test_starts_in_english():
+    """A request by a user whose language is Chinese activates it for the thread, and Django leaves
+    it active after the test client's response: the next test on that worker read its messages in
+    Chinese. Every test starts in the default language."""
+    translation.activate(django_settings.LANGUAGE_CODE)
 
 
 @pytest.fixture(autouse=True)

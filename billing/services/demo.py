@@ -10,6 +10,7 @@ from decimal import Decimal
 
 from django.contrib.auth.models import Group, User
 from django.db import transaction
+from django.utils.translation import gettext_noop
 
 from billing.models import AlertRule, GpuModel, RateCard, SlaTier, Tenant, TenantMembership
 from billing.scope import ADMIN_GROUP, FINANCE_GROUP
@@ -18,14 +19,20 @@ from billing.services.audit import record_audit_event
 from billing.services.budgets import set_budget
 from billing.services.ingest import set_tenant_namespaces
 
-__all__ = ["DEMO_ALERT_RULE", "DEMO_TENANTS", "DemoLogin", "demo_namespaces", "load_demo_data"]
+__all__ = ["DEMO_ALERT_RULE", "DEMO_TENANTS", "SEED_TEXTS", "DemoLogin", "demo_namespaces", "load_demo_data"]
 
+# Names and descriptions are data, stored as written and shown as stored in every language, except
+# these: the product's own words for what it seeds, shown in the reader's language while they are
+# unchanged (billing/templatetags/ledger.py, `seeded`). A name an admin writes is theirs, as typed.
 SLA_TIERS = [
-    ("gold", "Gold", Decimal("4"), "Latency-critical inference; largest share under contention."),
-    ("silver", "Silver", Decimal("2"), "Standard online inference."),
-    ("bronze", "Bronze", Decimal("1"), "Batch and offline work."),
-    ("best-effort", "Best effort", Decimal("0.5"), "Runs on spare capacity; first to be throttled."),
+    ("gold", gettext_noop("Gold"), Decimal("4"), gettext_noop("Latency-critical inference; largest share under contention.")),
+    ("silver", gettext_noop("Silver"), Decimal("2"), gettext_noop("Standard online inference.")),
+    ("bronze", gettext_noop("Bronze"), Decimal("1"), gettext_noop("Batch and offline work.")),
+    ("best-effort", gettext_noop("Best effort"), Decimal("0.5"),
+     gettext_noop("Runs on spare capacity; first to be throttled.")),
 ]
+UNATTRIBUTED_NAME = gettext_noop("Unattributed processes")
+SEED_TEXTS = frozenset({UNATTRIBUTED_NAME, *(t[1] for t in SLA_TIERS), *(t[3] for t in SLA_TIERS)})
 # (slug, display name, default SLA tier)
 DEMO_TENANTS = [
     ("acme", "Acme Robotics", "gold"),
@@ -94,7 +101,7 @@ def load_demo_data(*, now: datetime, budget_webhook_url: str = "", budget_webhoo
             if missing:
                 set_tenant_namespaces(slug=slug, namespaces=[*tenants[slug].namespaces, *missing], now=now,
                                       actor_label="demo")
-        Tenant.objects.get_or_create(slug="unattributed", defaults={"name": "Unattributed processes"})
+        Tenant.objects.get_or_create(slug="unattributed", defaults={"name": UNATTRIBUTED_NAME})
         # Only an approved model may be priced (billing.services.pricing.gpu_models).
         GpuModel.objects.get_or_create(name=A100_80GB_MODEL, defaults={"approved_at": now, "approved_by": "demo"})
         if not RateCard.objects.filter(gpu_model=A100_80GB_MODEL).exists():

@@ -9,11 +9,21 @@ from decimal import ROUND_HALF_EVEN, Decimal, InvalidOperation
 from django import template
 from django.utils.formats import number_format
 from django.utils.safestring import mark_safe
+from django.utils.translation import gettext
 
 from billing.money import money_text
+from billing.services.demo import SEED_TEXTS
 from billing.services.fleet import gib
 
 register = template.Library()
+
+
+@register.filter
+def seeded(value: str) -> str:
+    """`{{ tier.name|seeded }}`: a name or description the product seeded (the demo's SLA tiers, the
+    tenant of unattributed processes), still as seeded, in the reader's language; anything an
+    admin wrote, as written (billing.services.demo.SEED_TEXTS)."""
+    return gettext(value) if value in SEED_TEXTS else value
 
 
 @register.filter
@@ -39,6 +49,14 @@ def current(context: template.Context, *url_names: str) -> str:
     """` aria-current="page"` when the request resolved to one of `url_names` (nav highlighting)."""
     match = getattr(context.get("request"), "resolver_match", None)
     return mark_safe(' aria-current="page"') if match and match.url_name in url_names else ""
+
+
+@register.simple_tag(takes_context=True)
+def current_in(context: template.Context, *url_names: str) -> str:
+    """` aria-current="true"` on a menu holding the current page (one of `url_names`): the menu is
+    not the page, it contains it."""
+    match = getattr(context.get("request"), "resolver_match", None)
+    return mark_safe(' aria-current="true"') if match and match.url_name in url_names else ""
 
 
 @register.filter(name="gib")

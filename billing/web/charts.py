@@ -1,9 +1,10 @@
 """Server-side SVG charts: no JavaScript, no CDN, nothing fetched (air-gapped clusters).
 
 Each function returns a complete, accessible `<svg>` (role="img", a <title> per mark for
-hover read-outs) sized by its viewBox so it scales with the page. Colours come from CSS classes
-`s0`…`s7` (templates/static/css/app.css); series beyond eight reuse them. Values are plain numbers
-(Decimal or float); charts are pictures of figures that tables beside them state exactly.
+hover read-outs) sized by its viewBox so it scales with the page, then its legend as an HTML
+list. Colours come from CSS classes `s0`…`s7` (templates/static/css/app.css); series beyond
+eight reuse them. Values are plain numbers (Decimal or float); charts are pictures of figures
+that tables beside them state exactly.
 """
 
 from __future__ import annotations
@@ -22,7 +23,8 @@ __all__ = ["Series", "line_chart", "nice_ticks", "stacked_bar_chart"]
 Number = Decimal | float | int
 
 _PALETTE = 8
-_LEFT, _RIGHT, _TOP, _BOTTOM = 64, 12, 24, 44
+# Room on the left for the y-axis labels, also at the larger size narrow screens draw them.
+_LEFT, _RIGHT, _TOP, _BOTTOM = 72, 12, 24, 44
 
 
 @dataclass(frozen=True)
@@ -49,9 +51,9 @@ def _fmt(value: float, step: float) -> str:
 
 
 def _frame(*, width: int, height: int, label: str, ticks: list[float], unit: str,
-           categories: Sequence[str], x_of: Callable[[int], float], plot_h: float, view_height: int | None = None) -> list[str]:
+           categories: Sequence[str], x_of: Callable[[int], float], plot_h: float) -> list[str]:
     parts = [
-        f'<svg class="chart" viewBox="0 0 {width} {view_height or height}" role="img" aria-label="{escape(label)}" '
+        f'<svg class="chart" viewBox="0 0 {width} {height}" role="img" aria-label="{escape(label)}" '
         f'xmlns="http://www.w3.org/2000/svg" preserveAspectRatio="xMinYMin meet">',
         f"<title>{escape(label)}</title>",
     ]
@@ -63,42 +65,30 @@ def _frame(*, width: int, height: int, label: str, ticks: list[float], unit: str
         parts.append(f'<text class="tick" x="{_LEFT - 6}" y="{y + 4:.1f}" text-anchor="end">{_fmt(t, step)}</text>')
     if unit:
         parts.append(f'<text class="unit" x="4" y="12">{escape(unit)}</text>')
-    # At most ~12 category labels, evenly thinned, so dates never overprint.
-    every = max(1, math.ceil(len(categories) / 12))
+    # At most ~12 category labels, evenly thinned, so dates never overprint; every other one is
+    # "minor", which a narrow screen hides while it draws the rest larger (app.css).
+    every = max(1, math.ceil(len(categories) / _CATEGORY_LABELS))
     for i, cat in enumerate(categories):
-        if i % every == 0 or (i == len(categories) - 1 and len(categories) <= 12):
-            parts.append(f'<text class="tick" x="{x_of(i):.1f}" y="{height - _BOTTOM + 16}" '
+        if i % every == 0 or (i == len(categories) - 1 and len(categories) <= _CATEGORY_LABELS):
+            minor = " minor" if (i // every) % 2 else ""
+            parts.append(f'<text class="tick{minor}" x="{x_of(i):.1f}" y="{height - _BOTTOM + 22}" '
                          f'text-anchor="middle">{escape(cat)}</text>')
     return parts
 
 
-_LEGEND_ROW = 16
+_CATEGORY_LABELS = 12
 
 
-def _legend_layout(series: Sequence[Series], *, width: int) -> list[tuple[float, int]]:
-    """(x, row) of each series' legend entry: entries wrap onto further rows instead of being cut off."""
-    out: list[tuple[float, int]] = []
-    x, row = float(_LEFT), 0
-    for s in series:
-        # ~7 px per Latin character at 11 px, twice that for CJK ideographs.
-        w = 24 + 7 * len(s.name) + 7 * sum(ord(c) > 0x2E80 for c in s.name)
-        if x > _LEFT and x + w > width - _RIGHT:
-            x, row = float(_LEFT), row + 1
-        out.append((x, row))
-        x += w
-    return out
-
-
-def _legend(series: Sequence[Series], *, width: int, height: int) -> tuple[list[str], int]:
-    """Legend entries from `height - 16` downwards; returns them and the extra height the rows below need."""
-    parts: list[str] = []
-    layout = _legend_layout(series, width=width)
-    for i, (s, (x, row)) in enumerate(zip(series, layout, strict=True)):
-        y = height + row * _LEGEND_ROW
-        parts.append(f'<rect class="s{i % _PALETTE}" x="{x:.0f}" y="{y - 16}" width="10" height="10"/>')
-        parts.append(f'<text class="legend" x="{x + 14:.0f}" y="{y - 7}">{escape(s.name)}</text>')
-    rows = max((row for _, row in layout), default=0)
-    return parts, rows * _LEGEND_ROW
+def _legend(series: Sequence[Series]) -> str:
+    """The legend as HTML after the picture, not SVG text inside it: it keeps the page's font size
+    however small the picture is scaled (at 390 px the SVG's 11 px text came out near 5 px), and
+    wraps onto more lines as text does. Each swatch is a tiny SVG with the series' colour class."""
+    items = "".join(
+        f'<li><svg class="swatch" viewBox="0 0 10 10" aria-hidden="true"><rect class="s{i % _PALETTE}" '
+        f'width="10" height="10"/></svg>{escape(s.name)}</li>'
+        for i, s in enumerate(series)
+    )
+    return f'<ul class="chart-legend">{items}</ul>'
 
 
 def stacked_bar_chart(categories: Sequence[str], series: Sequence[Series], *, label: str, unit: str = "",
@@ -114,9 +104,8 @@ def stacked_bar_chart(categories: Sequence[str], series: Sequence[Series], *, la
     def x_of(i: int) -> float:
         return _LEFT + slot * i + slot / 2
 
-    legend, extra = _legend(series, width=width, height=height)
     parts = _frame(width=width, height=height, label=label, ticks=ticks, unit=unit, categories=categories,
-                   x_of=x_of, plot_h=plot_h, view_height=height + extra)
+                   x_of=x_of, plot_h=plot_h)
     scale = plot_h / ticks[-1]
     for i, cat in enumerate(categories):
         base: float = _TOP + plot_h
@@ -131,8 +120,8 @@ def stacked_bar_chart(categories: Sequence[str], series: Sequence[Series], *, la
                 f'height="{h:.1f}"><title>{escape(cat)} · {escape(s.name)}: '
                 f'{number_format(round(v, 2), 2, use_l10n=True, force_grouping=True)} {escape(unit)}</title></rect>'
             )
-    parts += legend
     parts.append("</svg>")
+    parts.append(_legend(series))
     return mark_safe("".join(parts))  # noqa: S308 - every text above is escaped
 
 
@@ -147,9 +136,8 @@ def line_chart(categories: Sequence[str], series: Sequence[Series], *, label: st
     def x_of(i: int) -> float:
         return _LEFT + (plot_w * i / (n - 1) if n > 1 else plot_w / 2)
 
-    legend, extra = _legend(series, width=width, height=height)
     parts = _frame(width=width, height=height, label=label, ticks=ticks, unit=unit, categories=categories,
-                   x_of=x_of, plot_h=plot_h, view_height=height + extra)
+                   x_of=x_of, plot_h=plot_h)
     scale = plot_h / ticks[-1]
     for k, s in enumerate(series):
         runs: list[list[str]] = [[]]
@@ -168,6 +156,6 @@ def line_chart(categories: Sequence[str], series: Sequence[Series], *, label: st
         for run in runs:
             if len(run) > 1:
                 parts.append(f'<polyline class="line s{k % _PALETTE}" points="{" ".join(run)}"/>')
-    parts += legend
     parts.append("</svg>")
+    parts.append(_legend(series))
     return mark_safe("".join(parts))  # noqa: S308 - every text above is escaped

@@ -364,12 +364,18 @@ def test_chart_ticks_on_fractional_steps_are_labelled_exactly():
     assert ">8</text>" not in svg
 
 
-def test_chart_legend_wraps_onto_more_rows_instead_of_dropping_series():
-    names = [f"Tenant number {k} with a long name" for k in range(7)] + ["环球科技"]
-    svg = stacked_bar_chart(["a"], [Series(n, [D(1)]) for n in names], label="cost", width=720, height=240)
-    assert all(f">{n}</text>" in svg for n in names)
-    view_height = int(svg.split('viewBox="0 0 720 ')[1].split('"')[0])
-    assert view_height > 240
+def test_chart_legend_is_html_text_naming_every_series_in_its_colour():
+    """An HTML list after the picture, not text inside the SVG: the page's font size however small
+    the picture is scaled (SVG text came out ~5 px at 390 px), and it wraps as text does."""
+    names = [f"Tenant number {k} with a long name" for k in range(9)] + ["环球科技"]
+    chart = stacked_bar_chart(["a"], [Series(n, [D(1)]) for n in names], label="cost", width=720, height=240)
+    svg, legend = chart.split("</svg>", 1)[0], chart.split("</svg>", 1)[1]
+    assert 'viewBox="0 0 720 240"' in svg
+    assert all(f">{n}</text>" not in svg for n in names)
+    assert legend.startswith('<ul class="chart-legend">')
+    items = legend.split("<li>")[1:]
+    assert [item.split("</svg>")[1].removesuffix("</li>").removesuffix("</li></ul>") for item in items] == names
+    assert [item.split('<rect class="')[1].split('"')[0] for item in items] == [f"s{k % 8}" for k in range(10)]
 
 
 def test_dashboard_query_count_does_not_grow_with_hours_tenants_or_workloads(fleet):
@@ -390,3 +396,27 @@ def test_dashboard_query_count_does_not_grow_with_hours_tenants_or_workloads(fle
         for k in range(10):
             usage_hour(g1, hour, tenant=f"t{k}", pod=f"p{k}-{h}", charge="0.9")
     assert count() == before
+
+
+def test_charts_over_time_stop_at_now_and_the_timeline_csv_has_no_hours_to_come(fleet, client, time_machine):
+    """A period that runs past now (this month, today) draws and writes the buckets begun by now,
+    never zeros for hours or days to come. The fleet's last metered hour is H2 (2 March, 03:00)."""
+    now = H2 + timedelta(minutes=30)
+    hours = get_finance_dashboard(scope=FINANCE, start=datetime(2026, 3, 1, tzinfo=UTC),
+                                  end=datetime(2026, 3, 3, tzinfo=UTC), now=now)
+    assert hours.timeline.buckets[-1] == H2
+    assert len(hours.timeline.buckets) == 24 + 4  # 1 March, then 00:00 … 03:00 on the 2nd
+    days = get_finance_dashboard(scope=FINANCE, start=datetime(2026, 3, 1, tzinfo=UTC),
+                                 end=datetime(2026, 4, 1, tzinfo=UTC), now=now)
+    assert days.timeline.buckets == [datetime(2026, 3, 1, tzinfo=UTC), datetime(2026, 3, 2, tzinfo=UTC)]
+    whole = get_finance_dashboard(scope=FINANCE, start=datetime(2026, 3, 1, tzinfo=UTC),
+                                  end=datetime(2026, 4, 1, tzinfo=UTC), now=datetime(2026, 4, 2, tzinfo=UTC))
+    assert [sum(s.values) for s in days.timeline.series] == [sum(s.values) for s in whole.timeline.series]
+    # Usage stamped ahead of this clock is still in a bucket, so the chart adds up to the period.
+    early = get_finance_dashboard(scope=FINANCE, start=datetime(2026, 3, 1, tzinfo=UTC),
+                                  end=datetime(2026, 3, 3, tzinfo=UTC), now=H2 - timedelta(minutes=1))
+    assert early.timeline.buckets[-1] == H2
+    client.force_login(user_in(FINANCE_GROUP))
+    time_machine.move_to(now, tick=False)
+    rows = csv_rows(client.get("/finance/", {**TWO_DAYS, "format": "csv", "table": "timeline"}))
+    assert max(datetime.fromisoformat(r[0]) for r in rows[1:]) == H2

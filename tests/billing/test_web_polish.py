@@ -7,6 +7,7 @@ from __future__ import annotations
 import re
 from datetime import UTC, date, datetime
 from decimal import Decimal
+from pathlib import Path
 
 import pytest
 from django.contrib.auth.models import User
@@ -17,9 +18,10 @@ from django.utils import translation
 from django.utils.formats import date_format
 from django.views.defaults import server_error
 
-from billing.models import AuditEvent, UserPreference
+from billing.models import AuditEvent, SlaTier, UserPreference
 from billing.queries.audit import AuditValue, diff_snapshots
 from billing.scope import ADMIN_GROUP, FINANCE_GROUP
+from billing.services.demo import load_demo_data
 from tests import clock
 from tests.conftest import user_in
 
@@ -280,8 +282,6 @@ def test_each_language_has_one_date_format(language, day, instant, month):
 
 def test_templates_name_date_formats_instead_of_writing_patterns():
     """A pattern written in a template (|date:"Y-m-d") would show the same date two ways on a page."""
-    from pathlib import Path
-
     root = Path(__file__).resolve().parents[2] / "templates"
     pattern = re.compile(r"\|(?:date|time):[\"']([^\"']+)[\"']")
     allowed = {"c", "DATE_FORMAT", "DATETIME_FORMAT", "TIME_FORMAT", "YEAR_MONTH_FORMAT", "MONTH_DAY_FORMAT",
@@ -318,3 +318,40 @@ def test_a_finished_period_is_not_live(client, one_usd_per_gpu_second):
     html = client.get("/finance/", {"start": "2025-01-01", "end": "2025-01-31"}).content.decode()
     assert 'name="live-refresh"' not in html
     assert "data-live-note" not in html
+
+
+# --- what cannot be undone looks it; names the product seeded are translated -----------------------
+
+# Labels of buttons that retire, revoke, reject, end or evict: outlined in red (class "danger"),
+# never the blue of Save. The credit note's own confirmation is the one step that issues.
+_DESTRUCTIVE = re.compile(r'<button[^>]*>\s*(?:{%[^%]*%})?\s*{% (?:trans|blocktrans)[^%]*"(Retire|Revoke|Reject|End the card'
+                          r'|Move the end|Confirm: cordon)')
+
+
+def test_buttons_that_cannot_be_undone_are_styled_as_destructive():
+    found = 0
+    for template in (Path(__file__).resolve().parents[2] / "templates").rglob("*.html"):
+        for match in _DESTRUCTIVE.finditer(template.read_text(encoding="utf-8")):
+            found += 1
+            assert 'class="danger"' in match.group(0), (template.name, match.group(0))
+    assert found >= 8  # revoke ×2, retire ×3, end, reject, evict
+
+
+@pytest.mark.django_db
+def test_the_seeded_tiers_are_named_in_the_readers_language_and_an_admins_name_as_typed(client):
+    load_demo_data(now=clock.now())
+    SlaTier.objects.create(slug="platinum", name="Platinum plus", weight=Decimal(8))
+    admin = user_in(ADMIN_GROUP)
+    client.force_login(admin)
+    english = client.get("/sla-tiers/").content.decode()
+    assert "Gold" in english
+    assert "Latency-critical inference" in english
+    _in_chinese(admin)
+    chinese = client.get("/sla-tiers/").content.decode()
+    for shown in ("金牌", "银牌", "铜牌", "尽力而为", "对延迟敏感的推理", "Platinum plus"):
+        assert shown in chinese, shown
+    assert ">Gold <" not in chinese
+    finance = user_in(FINANCE_GROUP)
+    _in_chinese(finance)
+    client.force_login(finance)
+    assert "未归属的进程" in client.get("/tenants/").content.decode()

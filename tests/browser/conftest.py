@@ -14,7 +14,7 @@ from collections.abc import Generator, Iterator
 from pathlib import Path
 
 import pytest
-from playwright.sync_api import Browser, BrowserContext, Page, sync_playwright
+from playwright.sync_api import Browser, BrowserContext, Locator, Page, sync_playwright
 
 from tests.demo_process import Demo
 
@@ -53,6 +53,16 @@ def screenshot_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     path = Path(target) if target else tmp_path_factory.mktemp("screenshots")
     path.mkdir(parents=True, exist_ok=True)
     return path
+
+
+def nav_link(page: Page, name: str) -> Locator:
+    """The header's link called `name`, visible: the menu that holds it (Billing, Platform, the
+    user's) opened first, as a person opens it."""
+    link = page.locator("header.top").get_by_role("link", name=name, exact=True)
+    menu = page.locator("header.top details.menu").filter(has=link)
+    if menu.count() and menu.get_attribute("open") is None:
+        menu.locator("summary").click()
+    return link
 
 
 class Session:

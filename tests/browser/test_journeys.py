@@ -13,6 +13,8 @@ import pytest
 import requests
 from playwright.sync_api import expect
 
+from tests.browser.conftest import nav_link
+
 pytestmark = [pytest.mark.browser, pytest.mark.timeout(900)]
 
 
@@ -46,7 +48,7 @@ def test_finance_reads_the_dashboard_and_downloads_an_invoice(sign_in):
     with open(download.value.path(), encoding="utf-8") as csv_file:
         assert "tenant" in csv_file.readline()
 
-    page.get_by_role("link", name="Invoices", exact=True).first.click()
+    nav_link(page, "Invoices").click()
     expect(page.get_by_test_id("invoices")).to_be_visible()
     s.shot("invoices")
     with page.expect_download() as download:
@@ -56,7 +58,7 @@ def test_finance_reads_the_dashboard_and_downloads_an_invoice(sign_in):
 
     # A paired report for this month: the page follows the Celery task to the result, and a
     # reload while it computes keeps showing its progress.
-    page.get_by_role("link", name="Savings reports", exact=True).click()
+    nav_link(page, "Savings reports").click()
     page.get_by_role("button", name="Compute a report").click()
     assert re.search(r"/reports/\d+/$", page.url), page.url
     if page.get_by_test_id("report-progress").count():
@@ -65,11 +67,11 @@ def test_finance_reads_the_dashboard_and_downloads_an_invoice(sign_in):
     expect(page.get_by_test_id("study-comparison")).to_contain_text("−37 %")
     s.shot("paired-report")
 
-    page.get_by_role("link", name="Billing periods", exact=True).click()
+    nav_link(page, "Billing periods").click()
     expect(page.get_by_test_id("periods")).to_contain_text("closed")
     s.shot("billing-periods")
 
-    page.get_by_role("link", name="Rebalance", exact=True).click()
+    nav_link(page, "Rebalance").click()
     expect(page.locator("[data-testid^='rebalance-plan-']").first).to_be_visible()
     s.shot("rebalance")
 
@@ -127,7 +129,7 @@ def _policy_weight(demo, tier: str) -> str:
 def test_admin_changes_an_sla_weight_that_agents_see_within_ten_seconds(sign_in, demo):
     s = sign_in("admin")
     page = s.page
-    page.get_by_role("link", name="SLA tiers", exact=True).click()
+    nav_link(page, "SLA tiers").click()
     s.shot("sla-tiers")
     before = _policy_weight(demo, "silver")
     new = "3.500" if Decimal(before) != Decimal("3.5") else "2.500"
@@ -143,12 +145,12 @@ def test_admin_changes_an_sla_weight_that_agents_see_within_ten_seconds(sign_in,
     page.get_by_test_id("sla-save-silver").click()
     expect(page.locator(".error")).to_contain_text("weight")
     assert Decimal(_policy_weight(demo, "silver")) == Decimal(new)
-    page.get_by_role("link", name="Audit log", exact=True).click()
+    nav_link(page, "Audit log").click()
     expect(page.get_by_test_id("audit-log")).to_contain_text("sla_tier.weight_changed")
     s.shot("audit-log")
 
     # A new price from the next minute on: the current card ends there, both changes audited.
-    page.get_by_role("link", name="Rate cards", exact=True).click()
+    nav_link(page, "Rate cards").click()
     expect(page.get_by_test_id("rate-card-table")).to_contain_text("A100")
     form = page.get_by_test_id("rate-card-form")
     form.locator("select[name=gpu_model]").select_option("NVIDIA A100-SXM4-80GB")
@@ -162,7 +164,7 @@ def test_admin_changes_an_sla_weight_that_agents_see_within_ten_seconds(sign_in,
 
     # A token for a new node: shown once, works against the agent API, and stops working when
     # revoked from the same page.
-    page.get_by_role("link", name="Nodes", exact=True).click()
+    nav_link(page, "Nodes").click()
     expect(page.get_by_test_id("node-table")).to_contain_text("sim-a100-1")
     s.shot("nodes")
     page.get_by_test_id("issue-token-form").locator("input[name=node]").fill("gpu-node-new")
@@ -170,7 +172,7 @@ def test_admin_changes_an_sla_weight_that_agents_see_within_ten_seconds(sign_in,
     token = page.get_by_test_id("issued-token").inner_text().strip()
     assert token.startswith("vgl_")
     assert _policy(demo, "gpu-node-new", token).status_code == 200
-    page.get_by_role("link", name="Nodes", exact=True).click()
+    nav_link(page, "Nodes").click()
     assert token not in page.content()
     row = page.get_by_test_id("node-gpu-node-new")
     row.locator("input[name=confirm]").fill(token[:12])
@@ -183,14 +185,14 @@ def test_admin_changes_an_sla_weight_that_agents_see_within_ten_seconds(sign_in,
     s.shot("api-tokens")
 
     # Budgets: raise globex's; the form starts from the current values.
-    page.get_by_role("link", name="Budgets", exact=True).click()
+    nav_link(page, "Budgets").click()
     s.shot("budgets")
     s.goto("/budgets/globex/")
     page.locator("input[name=amount]").fill("2500")
     page.locator("input[name=owner]").fill("finops@globex.example")
     page.get_by_test_id("budget-form").get_by_role("button").click()
     expect(page.get_by_test_id("message")).to_contain_text("globex")
-    page.get_by_role("link", name="Audit log", exact=True).click()
+    nav_link(page, "Audit log").click()
     log = page.get_by_test_id("audit-log")
     for action in ("rate_card.superseded", "node_token.issued", "node_token.revoked", "budget.set"):
         expect(log).to_contain_text(action)
@@ -202,7 +204,7 @@ def test_language_is_kept_per_user_with_localised_money(sign_in, browser, demo):
     page.select_option("form.lang select", "zh-hans")
     page.wait_for_load_state()
     expect(page.locator("html")).to_have_attribute("lang", "zh-hans")
-    expect(page.get_by_role("link", name="发票", exact=True)).to_be_visible()
+    expect(nav_link(page, "发票")).to_be_visible()
     expect(page.get_by_test_id("total-gpu-cost")).to_contain_text("USD")
     s.shot("finance-dashboard-zh")
     # A new browser (no cookies) whose Accept-Language is English still gets Chinese after login.

@@ -9,6 +9,23 @@
   });
 })();
 
+/* Menus of the header (<details class="menu">) open and close without script; this only closes
+   an open one when the user clicks elsewhere, opens another, or presses Escape, as menus do. */
+(function () {
+  "use strict";
+  function closeAll(except) {
+    document.querySelectorAll("details.menu[open]").forEach(function (menu) {
+      if (menu !== except) menu.removeAttribute("open");
+    });
+  }
+  document.addEventListener("click", function (event) {
+    closeAll(event.target.closest ? event.target.closest("details.menu") : null);
+  });
+  document.addEventListener("keydown", function (event) {
+    if (event.key === "Escape") closeAll(null);
+  });
+})();
+
 /* Live figures without losing what the user types (docs/architecture.md, Web UI).
 
    A page that is still changing names a refresh period in
