@@ -33,7 +33,7 @@ from billing.services.pricing import (
     retire_commitment,
 )
 from billing.web.access import require_platform
-from billing.web.forms import IsoDateField, RetireForm
+from billing.web.forms import LanguageDateField, RetireForm
 
 _DECIMAL = {"inputmode": "decimal", "size": 12}
 
@@ -62,7 +62,7 @@ class ReservedForm(_CommitmentForm):
     kind = CommitmentKind.RESERVED
     price_per_gpu_hour = forms.CharField(label=gettext_lazy("Committed price per GPU-hour"), max_length=40,
                                          widget=forms.TextInput(attrs=_DECIMAL))
-    term_start = IsoDateField(label=gettext_lazy("Term starts (UTC)"))
+    term_start = LanguageDateField(label=gettext_lazy("Term starts (UTC)"))
     term_years = forms.TypedChoiceField(label=gettext_lazy("Term"), coerce=int, initial=1)
     years_offered = RESERVED_TERMS_YEARS
     field_order = ["gpu_model", "cards", "price_per_gpu_hour", "currency", "term_start", "term_years", "note"]
@@ -74,7 +74,7 @@ class OnPremForm(_CommitmentForm):
                                      widget=forms.TextInput(attrs=_DECIMAL))
     term_years = forms.TypedChoiceField(label=gettext_lazy("Life"), coerce=int, initial=5)
     years_offered = tuple(LIFE_YEARS)
-    term_start = IsoDateField(label=gettext_lazy("In service from (UTC)"))
+    term_start = LanguageDateField(label=gettext_lazy("In service from (UTC)"))
     power_watts = forms.CharField(label=gettext_lazy("Average power per card (W)"), max_length=12,
                                   widget=forms.TextInput(attrs={"inputmode": "numeric", "size": 6}),
                                   help_text=gettext_lazy("The card's average draw with its share of the server."))

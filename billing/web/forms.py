@@ -5,39 +5,80 @@ from datetime import UTC, date, datetime, timedelta
 from typing import Any
 
 from django import forms
+from django.utils.formats import date_format
+from django.utils.translation import gettext
 from django.utils.translation import gettext_lazy as _
 
 MAX_PERIOD_DAYS = 366
 ISO_DATE = "%Y-%m-%d"
+# What a date field accepts, whatever the reader's language: ISO (the period links, scripts, the
+# savings card's hidden fields) and the way each language writes a date (config/formats: English
+# 2026-12-01, Chinese 2026年12月1日 or 2026/12/01), so a link made in one language opens in the other.
+DATE_INPUTS = (ISO_DATE, "%Y/%m/%d", "%Y年%m月%d日")
 # The dates a page accepts. Bounded where parsed: 9999-12-31 is a valid date, but the day after it
 # (a period's exclusive end) is not, and no ledger holds a day outside these.
 MIN_DATE = date(2000, 1, 1)
 MAX_DATE = date(2199, 12, 31)
+_EXAMPLE_DATE = date(2026, 1, 31)  # any date: the error message shows the format with it
 
 
-class IsoDateField(forms.DateField):
-    """A date as `<input type="date">` wants it in every language: the value is always ISO
-    (YYYY-MM-DD, which is also what the browser submits), never the locale's input format
-    (zh-hans would write 2026/12/01, which Chromium shows as a blank input)."""
+class DateInLanguageInput(forms.TextInput):
+    """A date written as the reader's language writes it on every page (DATE_FORMAT: 2026-12-01,
+    2026年12月1日). Not `<input type="date">`: a browser draws that in its own locale (12/01/2026 in
+    a US-English browser, whichever language the user chose here), and a page cannot change that."""
 
-    widget = forms.DateInput(format=ISO_DATE, attrs={"type": "date"})
+    def __init__(self) -> None:
+        super().__init__(attrs={"inputmode": "numeric", "autocomplete": "off", "size": 14})
+
+    def format_value(self, value: Any) -> str | None:
+        """A date, or a date as submitted (a bound form: 2026/12/01, or ISO from a link), written the
+        reader's way; what is no date stays as typed, for the user to correct."""
+        if isinstance(value, str):
+            value = _parsed(value) or value
+        if isinstance(value, date):
+            return date_format(value, "DATE_FORMAT")
+        return super().format_value(value)
+
+
+def _parsed(text: str) -> date | None:
+    for pattern in DATE_INPUTS:
+        try:
+            return datetime.strptime(text.strip(), pattern).replace(tzinfo=UTC).date()
+        except ValueError:
+            continue
+    return None
+
+
+class LanguageDateField(forms.DateField):
+    """A date in the reader's language's format, also accepting ISO and the other language's
+    (DATE_INPUTS); bounded to MIN_DATE…MAX_DATE."""
+
+    widget = DateInLanguageInput
 
     def __init__(self, **kwargs: Any) -> None:
-        super().__init__(input_formats=[ISO_DATE], error_messages={"invalid": _("Enter a date as YYYY-MM-DD.")},
-                         **kwargs)
+        super().__init__(input_formats=DATE_INPUTS, **kwargs)
+
+    def to_python(self, value: Any) -> date | None:
+        try:
+            return super().to_python(value.strip() if isinstance(value, str) else value)
+        except forms.ValidationError:
+            raise forms.ValidationError(gettext("Enter a date as %(example)s.")
+                                        % {"example": date_format(_EXAMPLE_DATE, "DATE_FORMAT")},
+                                        code="invalid") from None
 
     def validate(self, value: Any) -> None:
         super().validate(value)
         if value and not MIN_DATE <= value <= MAX_DATE:
             raise forms.ValidationError(_("Enter a date from %(min)s to %(max)s.")
-                                        % {"min": MIN_DATE.isoformat(), "max": MAX_DATE.isoformat()})
+                                        % {"min": date_format(MIN_DATE, "DATE_FORMAT"),
+                                           "max": date_format(MAX_DATE, "DATE_FORMAT")})
 
 
 class PeriodForm(forms.Form):
     """A period of whole UTC days, both ends included. Defaults to the month to date."""
 
-    start = IsoDateField(label=_("From"))
-    end = IsoDateField(label=_("To (inclusive)"))
+    start = LanguageDateField(label=_("From"))
+    end = LanguageDateField(label=_("To (inclusive)"))
 
     @staticmethod
     def default_initial(today: date) -> dict[str, date]:

@@ -52,7 +52,7 @@ from billing.services.invoicing import (
     update_tenant_billing,
 )
 from billing.web.access import require_admin, require_platform
-from billing.web.forms import IsoDateField
+from billing.web.forms import LanguageDateField
 
 
 @login_required
@@ -116,7 +116,7 @@ class InvoiceStatusForm(forms.Form):
     """Shapes only; which change fits the invoice now, and the date's bounds, are the service's."""
 
     status = forms.ChoiceField(label=gettext_lazy("Status"), choices=InvoiceStatusChange.Status.choices)
-    on_date = IsoDateField(label=gettext_lazy("On"))
+    on_date = LanguageDateField(label=gettext_lazy("On"))
     note = forms.CharField(label=gettext_lazy("Note (optional)"), max_length=NOTE_MAX_CHARS, required=False,
                            widget=forms.TextInput(attrs={"size": 32}))
 

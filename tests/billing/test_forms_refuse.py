@@ -29,7 +29,7 @@ from tests.conftest import A100, make_batch, user_in
 pytestmark = pytest.mark.django_db
 
 MODEL = A100["model"]
-ISO_VALUE = re.compile(r'<input type="date" name="(start|end)" value="(\d{4}-\d{2}-\d{2})"')
+DATE_VALUE = re.compile(r'<input type="text" name="(start|end)" value="([^"]*)"')
 
 
 @pytest.fixture(autouse=True)
@@ -44,31 +44,39 @@ def logged_in(group: str, *, language: str = "en", tenant: str | None = None) ->
     return client
 
 
-# --- Item 4: date inputs carry ISO values in every language --------------------------------------
+# --- Item 4: date inputs are written in the reader's language, and read in either ----------------
+# Changed on purpose: they were <input type="date">, which the browser draws in its own locale
+# (12/01/2026 in a US-English browser) whatever language the user chose.
+
+WRITTEN = {"en": lambda d: d.isoformat(), "zh-hans": lambda d: f"{d.year}年{d.month}月{d.day}日"}
+
 
 @pytest.mark.parametrize("language", ["en", "zh-hans"])
-def test_every_date_input_carries_an_iso_value_and_parses_iso_in_every_language(language):
+def test_every_date_input_is_written_in_the_readers_language_and_reads_either_language(language):
     Tenant.objects.create(slug="acme", name="Acme")
     finance = logged_in(FINANCE_GROUP, language=language)
     today = clock.now().date()
+    written = WRITTEN[language]
     pages = {"/finance/": finance.get("/finance/"), "/tenants/acme/": finance.get("/tenants/acme/"),
-             "/reports/": finance.get("/reports/")}
+             "/explore/": finance.get("/explore/")}
     for url, page in pages.items():
         assert page.headers["Content-Language"] == language, url
-        values = dict(ISO_VALUE.findall(page.content.decode()))
-        assert values == {"start": today.replace(day=1).isoformat(), "end": today.isoformat()}, url
-    # What the browser submits (ISO) is read in every language, and a bound form shows it back as ISO.
-    last_week = (today - timedelta(days=6)).isoformat()
-    page = finance.get("/finance/", {"start": last_week, "end": today.isoformat()})
-    assert page.status_code == 200
-    assert dict(ISO_VALUE.findall(page.content.decode())) == {"start": last_week, "end": today.isoformat()}
+        values = dict(DATE_VALUE.findall(page.content.decode()))
+        assert values == {"start": written(today.replace(day=1)), "end": written(today)}, url
+    # ISO (links, scripts) and either language's way are read, and shown back in the reader's.
+    last_week = today - timedelta(days=6)
+    for start in (last_week.isoformat(), WRITTEN["zh-hans"](last_week), f"{last_week:%Y/%m/%d}"):
+        page = finance.get("/finance/", {"start": start, "end": today.isoformat()})
+        assert page.status_code == 200, start
+        assert dict(DATE_VALUE.findall(page.content.decode())) == {"start": written(last_week), "end": written(today)}
 
 
-def test_a_date_not_in_iso_form_is_refused_with_the_format_named():
-    finance = logged_in(FINANCE_GROUP, language="zh-hans")
-    page = finance.get("/finance/", {"start": "2026/11/01", "end": "2026-11-30"})
+@pytest.mark.parametrize(("language", "example"), [("en", "2026-01-31"), ("zh-hans", "2026年1月31日")])
+def test_a_date_written_no_known_way_is_refused_with_an_example_in_the_readers_format(language, example):
+    finance = logged_in(FINANCE_GROUP, language=language)
+    page = finance.get("/finance/", {"start": "31/12/2026", "end": "2026-11-30"})
     assert page.status_code == 400
-    assert "YYYY-MM-DD" in page.content.decode()
+    assert example in page.content.decode()
 
 
 # --- Item 5: budgets -------------------------------------------------------------------------------

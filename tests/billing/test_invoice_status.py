@@ -220,7 +220,7 @@ def test_bad_input_from_the_page_is_a_400_that_names_it_and_an_unknown_invoice_a
         assert "in the future" in answer.content.decode()
         answer = admin.post(f"/invoices/{invoice.number}/status/", {"status": "paid", "on_date": "31/12/2026"})
         assert answer.status_code == 400
-        assert "YYYY-MM-DD" in answer.content.decode()
+        assert "Enter a date as 2026-01-31." in answer.content.decode()
         assert admin.post("/invoices/VGL-000000-none/status/",
                           {"status": "paid", "on_date": ISSUED.isoformat()}).status_code == 404
     assert not InvoiceStatusChange.objects.exists()

@@ -134,11 +134,11 @@ def test_a_failed_report_of_the_period_leaves_the_button(finance):
 
 @pytest.mark.parametrize(("form", "why"), [
     ({"start": "9999-12-31", "end": "9999-12-31"}, "2199-12-31"),
-    ({"start": "2026-02-30", "end": "2026-03-01"}, "YYYY-MM-DD"),
-    ({"start": "NaN", "end": "2026-11-30"}, "YYYY-MM-DD"),
+    ({"start": "2026-02-30", "end": "2026-03-01"}, "2026-01-31"),
+    ({"start": "NaN", "end": "2026-11-30"}, "2026-01-31"),
     ({"start": "2026-11-30", "end": "2026-11-01"}, "must not be before"),
     ({"start": "2026-11-01"}, "required"),
-    ({"start": "2026-11-01\x00", "end": "2026-11-30"}, "YYYY-MM-DD"),
+    ({"start": "2026-11-01\x00", "end": "2026-11-30"}, "2026-01-31"),
     ({"start": "2025-01-01", "end": "2026-11-30"}, "at most 366 days"),  # longer than any dashboard period
 ])
 def test_forged_dates_are_the_period_form_s_400_and_create_nothing(finance, form, why):
