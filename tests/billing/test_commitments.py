@@ -290,7 +290,7 @@ def test_on_prem_cards_through_the_page(client, market):
     assert f'data-testid="commitment-amortised-{c.pk}"' in page
 
 
-@pytest.mark.parametrize("overrides", [{"cards": "-3"}, {"gpu_model": "made up"}, {"term_start": "2026/12/01"},
+@pytest.mark.parametrize("overrides", [{"cards": "-3"}, {"gpu_model": "made up"}, {"term_start": "01/12/2026"},
                                        {"price_per_gpu_hour": "1e9999999"}, {"kind": "spot"}, {"currency": "EUR"}])
 def test_bad_forms_answer_400_and_change_nothing(client, market, overrides):
     login(client, "finance")

@@ -59,7 +59,8 @@ def nav_link(page: Page, name: str) -> Locator:
     """The header's link called `name`, visible: the menu that holds it (Billing, Platform, the
     user's) opened first, as a person opens it."""
     link = page.locator("header.top").get_by_role("link", name=name, exact=True)
-    menu = page.locator("header.top details.menu").filter(has=link)
+    # `has` is searched inside each menu, so it names the link relative to the menu.
+    menu = page.locator("header.top details.menu").filter(has=page.get_by_role("link", name=name, exact=True))
     if menu.count() and menu.get_attribute("open") is None:
         menu.locator("summary").click()
     return link

@@ -30,8 +30,8 @@ def test_finance_reads_the_dashboard_and_downloads_an_invoice(sign_in):
     assert page.url.endswith("/finance/"), page.url
     expect(page.get_by_test_id("total-gpu-cost")).to_be_visible()
     assert _amount(page.get_by_test_id("total-gpu-cost").inner_text()) > 0
-    expect(page.get_by_test_id("cost-timeline").locator("svg")).to_be_visible()
-    expect(page.get_by_test_id("utilisation-trend").locator("svg")).to_be_visible()
+    expect(page.get_by_test_id("cost-timeline").locator("svg.chart")).to_be_visible()
+    expect(page.get_by_test_id("utilisation-trend").locator("svg.chart")).to_be_visible()
     expect(page.get_by_test_id("top-workloads")).to_be_visible()
     s.shot("finance-dashboard")
 
@@ -83,7 +83,7 @@ def test_tenant_engineer_sees_their_portal_and_nothing_of_other_tenants(sign_in,
     expect(page.get_by_test_id("mtd-cost")).to_be_visible()
     expect(page.get_by_test_id("forecast")).to_be_visible()
     expect(page.get_by_test_id("budget-status")).to_be_visible()
-    expect(page.get_by_test_id("workload-cost-chart").locator("svg")).to_be_visible()
+    expect(page.get_by_test_id("workload-cost-chart").locator("svg.chart")).to_be_visible()
     expect(page.get_by_test_id("workload-table")).to_contain_text("acme")
     expect(page.get_by_test_id("upcoming-invoice")).to_be_visible()
     assert _amount(page.get_by_test_id("upcoming-total").inner_text()) > 0
