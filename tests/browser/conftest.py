@@ -9,6 +9,7 @@ it to docs/screenshots), else to a temporary folder.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 from collections.abc import Generator, Iterator
 from pathlib import Path
@@ -59,8 +60,10 @@ def nav_link(page: Page, name: str) -> Locator:
     """The header's link called `name`, visible: the menu that holds it (Billing, Platform, the
     user's) opened first, as a person opens it."""
     link = page.locator("header.top").get_by_role("link", name=name, exact=True)
-    # `has` is searched inside each menu, so it names the link relative to the menu.
-    menu = page.locator("header.top details.menu").filter(has=page.get_by_role("link", name=name, exact=True))
+    # By its text, not its role: a link in a closed menu is hidden, and roles only find what shows.
+    # (`has` is searched inside each menu, so it is written relative to the menu.)
+    menu = page.locator("header.top details.menu").filter(
+        has=page.locator("a").filter(has_text=re.compile(f"^{re.escape(name)}$")))
     if menu.count() and menu.get_attribute("open") is None:
         menu.locator("summary").click()
     return link
