@@ -1,9 +1,11 @@
-"""Pool rebalancing: a plan of at most K moves that frees whole GPUs, then whole nodes.
+"""Pool rebalancing: a plan of at most K moves that empties whole nodes, the capacity a fleet can
+hand back, with the fewest evictions for the GPUs it frees.
 
-``plan_rebalance`` builds the plan (greedy, deterministic; every intermediate state is within
-capacity), ``apply_moves`` replays and checks one, ``right_size`` estimates the GPUs a pool
-needs at P95 / P99 demand. ``python -m allocator.rebalance`` runs both on a JSON file. The
-model, the algorithm and its limits: docs/rebalance.md. Pure library: no Django, no clock.
+``plan_rebalance`` builds the plan (deterministic; every intermediate state is within capacity),
+``apply_moves`` replays and checks one, ``right_size`` estimates the GPUs a pool needs at P95 / P99
+demand and ``whole_node_gpus`` the whole nodes that hold them. ``python -m allocator.rebalance``
+runs both on a JSON file. The model, the algorithm and its limits: docs/rebalance.md. Pure
+library: no Django, no clock.
 """
 
 from allocator.rebalance._io import (
@@ -17,11 +19,26 @@ from allocator.rebalance._io import (
     right_sizing_to_json,
 )
 from allocator.rebalance._model import SM_MILLI, GpuRef, Move, Pool, PoolNode, PoolWorkload
-from allocator.rebalance._plan import HOURS_PER_MONTH, RebalancePlan, apply_moves, gpu_cost, plan_rebalance
-from allocator.rebalance._rightsize import DemandSeries, RightSizeEstimate, RightSizing, nearest_rank, right_size
+from allocator.rebalance._plan import (
+    EXACT_CANDIDATES,
+    HOURS_PER_MONTH,
+    RebalancePlan,
+    apply_moves,
+    gpu_cost,
+    plan_rebalance,
+)
+from allocator.rebalance._rightsize import (
+    DemandSeries,
+    RightSizeEstimate,
+    RightSizing,
+    nearest_rank,
+    right_size,
+    whole_node_gpus,
+)
 from allocator.rebalance._state import PoolState
 
 __all__ = [
+    "EXACT_CANDIDATES",
     "HOURS_PER_MONTH",
     "INPUT_SCHEMA",
     "PLAN_SCHEMA",
@@ -47,4 +64,5 @@ __all__ = [
     "pool_right_sizing",
     "right_size",
     "right_sizing_to_json",
+    "whole_node_gpus",
 ]

@@ -15,8 +15,8 @@ from decimal import ROUND_HALF_EVEN, Decimal, InvalidOperation
 from pathlib import Path
 
 from allocator.rebalance._model import SM_MILLI, Pool, PoolNode, PoolWorkload
-from allocator.rebalance._plan import HOURS_PER_MONTH, RebalancePlan
-from allocator.rebalance._rightsize import DemandSeries, RightSizing, right_size
+from allocator.rebalance._plan import HOURS_PER_MONTH, RebalancePlan, gpu_cost
+from allocator.rebalance._rightsize import DemandSeries, RightSizing, right_size, whole_node_gpus
 
 __all__ = [
     "INPUT_SCHEMA",
@@ -223,7 +223,10 @@ def _money(amount: Decimal) -> str:
     return str(amount.quantize(CENT, rounding=ROUND_HALF_EVEN))
 
 
-def right_sizing_to_json(sizing: RightSizing, currency: str) -> dict[str, object]:
+def right_sizing_to_json(sizing: RightSizing, currency: str, *, pool: Pool | None = None) -> dict[str, object]:
+    """Right-sizing as a JSON-ready dict; with the ``pool``, each estimate also in whole nodes: the
+    GPUs of the nodes that hold it and what handing the others back saves (or adding nodes costs)."""
+    node_gpus = [n.gpus for n in pool.nodes] if pool is not None else None
     return {
         "gpu_memory_mb": sizing.gpu_memory_mb,
         "gpu_sm_milli": sizing.gpu_sm_milli,
@@ -243,10 +246,19 @@ def right_sizing_to_json(sizing: RightSizing, currency: str) -> dict[str, object
                 "current_gpus": e.current_gpus,
                 "gpus_saved": e.gpus_saved,
                 "monthly_cost_difference": _money(e.monthly_cost_difference),
+                **({} if node_gpus is None else _whole_nodes(sizing, e.gpus_needed, node_gpus)),
             }
             for e in sizing.estimates
         ],
     }
+
+
+def _whole_nodes(sizing: RightSizing, gpus_needed: int, node_gpus: list[int]) -> dict[str, object]:
+    kept = whole_node_gpus(node_gpus, gpus_needed)
+    released = sum(node_gpus) - kept
+    return {"whole_node_gpus": kept, "whole_node_gpus_released": released,
+            "whole_node_monthly_difference": _money(gpu_cost(released, price_per_gpu_hour=sizing.price_per_gpu_hour,
+                                                             hours=sizing.hours_per_month))}
 
 
 def plan_to_json(
@@ -279,6 +291,12 @@ def plan_to_json(
         "nodes_freed": plan.nodes_freed,
         "freed_gpus": [str(ref) for ref in plan.freed_gpus],
         "freed_nodes": list(plan.freed_nodes),
+        "gpus_released": plan.gpus_released,
+        "evictions": plan.evictions,
+        "idle_nodes": list(plan.idle_nodes),
+        "smallest_release": None if plan.smallest_release is None else {
+            "node": plan.smallest_release[0], "evictions": plan.smallest_release[1]},
+        "exhaustive": plan.exhaustive,
         "pinned_workloads": list(plan.pinned_workloads),
         "overcommitted_at_start": list(plan.overcommitted_at_start),
         "projected_savings": {
@@ -287,5 +305,5 @@ def plan_to_json(
             "hours": str(plan.hours),
             "price_per_gpu_hour": str(plan.price_per_gpu_hour),
         },
-        "right_sizing": None if sizing is None else right_sizing_to_json(sizing, currency),
+        "right_sizing": None if sizing is None else right_sizing_to_json(sizing, currency, pool=pool),
     }

@@ -1,37 +1,37 @@
-"""Plan at most K moves that free the most whole GPUs, then whole nodes (docs/rebalance.md).
+"""Plan at most K workload moves that empty whole nodes, the only capacity a fleet can hand back
+(docs/rebalance.md): cloud instances and servers are paid for whole, so a GPU freed on a node that
+stays busy saves nothing. The plan frees the nodes worth the most GPUs and, for those, evicts the
+fewest pods: it moves only the workloads of the nodes it empties, each once, straight onto the GPUs
+of nodes that stay busy (never onto a node with no workload, which would then be paid for again).
 
-Greedy, deterministic:
+Which nodes: every set of candidate nodes (busy nodes whose workloads may all move, at most K of
+them) is tried, largest saving first and, for an equal saving, fewest evictions first (then the
+least load to move, then by name), when there are at most EXACT_CANDIDATES candidates; beyond that, nodes are added one by one, fewest evictions
+per GPU first, while the moves stay within K and everything still fits (greedy). Whether a set
+fits: best-fit decreasing onto the GPUs of the nodes that stay busy, then, for up to
+EXACT_FIT_WORKLOADS workloads, a bounded exhaustive search when best fit fails.
 
-1. **GPU drains.** Busy GPUs whose workloads can all move are drain candidates, fewest
-   workloads first (most GPUs per move), then on the least-loaded node, then least-loaded GPU.
-   A candidate is drained only if every one of its workloads fits, one after another, on other
-   busy GPUs (never on an empty one: that would free nothing) within the moves left; each goes
-   to the tightest fit. A GPU that received workloads is never drained afterwards, so no
-   workload is moved twice by this step.
-2. **Node drains.** Nodes still in use, fewest busy GPUs first, are emptied onto other nodes in
-   use when all their workloads fit within the moves left and the number of busy GPUs does not
-   grow (empty GPUs of nodes in use may be taken here: one GPU given up for one freed).
-3. Repeat 1–2 until neither accepts anything; then collapse a workload's moves into one
-   (first source → last target). K counts each workload once; if the collapsed plan is not
-   valid at every step, the plan is built again counting every move, so K is a hard cap.
-
-Each move is checked against the loads at its step (``PoolState.refusal``), and the finished
-plan is replayed from the start pool by ``apply_moves`` before it is returned.
+Moves only add load to GPUs that stay and only remove it from nodes that empty, so a plan whose end
+state fits never overcommits at any step; it is replayed from the start pool by ``apply_moves``
+before it is returned.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from decimal import Decimal
 
 from allocator.rebalance._model import GpuRef, Move, Pool, PoolWorkload
 from allocator.rebalance._state import PoolState
 
-__all__ = ["HOURS_PER_MONTH", "RebalancePlan", "apply_moves", "gpu_cost", "plan_rebalance"]
+__all__ = ["EXACT_CANDIDATES", "HOURS_PER_MONTH", "RebalancePlan", "apply_moves", "gpu_cost", "plan_rebalance"]
 
 HOURS_PER_MONTH = Decimal(730)  # 365 days × 24 h / 12, the usual cloud-billing month
+EXACT_CANDIDATES = 12  # up to this many candidate nodes, every set of them is tried
+EXACT_FIT_WORKLOADS = 10  # best fit failed: an exhaustive search for up to this many workloads
+_EXACT_FIT_STEPS = 20_000  # ... that gives up (the set is taken not to fit) after this many tries
 
 
 def gpu_cost(gpus: int, *, price_per_gpu_hour: Decimal, hours: Decimal = HOURS_PER_MONTH) -> Decimal:
@@ -46,10 +46,15 @@ def gpu_cost(gpus: int, *, price_per_gpu_hour: Decimal, hours: Decimal = HOURS_P
 class RebalancePlan:
     """Ordered moves and what they free.
 
-    ``freed_gpus`` / ``freed_nodes`` were busy before and are empty after the plan;
-    ``gpus_freed`` / ``nodes_freed`` are the net drops in busy GPUs / nodes (a node drain may
-    occupy an empty GPU elsewhere). ``projected_savings = gpus_freed × hours ×
-    price_per_gpu_hour``, in the price's currency, exact (round once where it is shown).
+    ``freed_nodes`` were busy before and are empty after the plan: handing them back returns
+    ``gpus_released`` GPUs (all of theirs, idle ones too), and ``projected_savings = gpus_released
+    × hours × price_per_gpu_hour``, exact (round once where it is shown). ``freed_gpus`` /
+    ``gpus_freed`` are the GPUs that were busy and are empty after (those of the freed nodes, less
+    any GPU of a node that stays that the moves start using): capacity, not money. ``evictions``
+    is the number of moves, one pod each. ``idle_nodes`` had no workload to begin with: no move is
+    needed to hand them back, and the plan does not count them. When the plan frees no node,
+    ``smallest_release`` is the node that could be emptied with the fewest evictions were K no
+    limit (and how many), or None when no node's workloads fit on the others.
     """
 
     moves: tuple[Move, ...]
@@ -65,6 +70,10 @@ class RebalancePlan:
     price_per_gpu_hour: Decimal
     hours: Decimal
     projected_savings: Decimal
+    gpus_released: int
+    idle_nodes: tuple[str, ...]
+    smallest_release: tuple[str, int] | None
+    exhaustive: bool  # every set of candidate nodes was tried
 
     @property
     def gpus_freed(self) -> int:
@@ -73,6 +82,10 @@ class RebalancePlan:
     @property
     def nodes_freed(self) -> int:
         return self.nodes_busy_before - self.nodes_busy_after
+
+    @property
+    def evictions(self) -> int:
+        return len(self.moves)
 
 
 def apply_moves(pool: Pool, moves: Iterable[Move]) -> Pool:
@@ -110,7 +123,7 @@ def plan_rebalance(
     price_per_gpu_hour: Decimal,
     hours: Decimal = HOURS_PER_MONTH,
 ) -> RebalancePlan:
-    """The plan of at most ``max_moves`` moves (see the module docstring for the algorithm)."""
+    """The plan of at most ``max_moves`` moves (see the module docstring for the rule)."""
     if not isinstance(pool, Pool):
         raise ValueError(f"pool must be a Pool, got {type(pool).__name__}")
     if isinstance(max_moves, bool) or not isinstance(max_moves, int) or max_moves < 0:
@@ -122,68 +135,103 @@ def plan_rebalance(
     start = PoolState(pool)
     busy_before = start.busy_gpus()
     nodes_before = {n for n in start.nodes if start.node_busy(n)}
-    overcommitted = tuple(start.overcommitted())
-    # First count a workload's moves once (they collapse into one); if collapsing turns out to
-    # be invalid for this pool, plan again counting every move, so K is a hard cap either way.
-    plan_moves = _collapse(pool, _greedy(pool, max_moves, count_once=True))
-    if len(plan_moves) > max_moves:
-        plan_moves = _collapse(pool, _greedy(pool, max_moves, count_once=False))
+    candidates = _candidates(start)
+    exhaustive = len([n for n in candidates if _evictions(start, n) <= max_moves]) <= EXACT_CANDIDATES
+    chosen, plan_moves = (_every_set if exhaustive else _greedy)(pool, candidates, max_moves)
+    smallest = None if chosen else _smallest_release(pool, candidates)
     final = PoolState(apply_moves(pool, plan_moves))  # the plan is valid from the start pool
     busy_after = final.busy_gpus()
     nodes_after = {n for n in final.nodes if final.node_busy(n)}
-    gpus_freed = len(busy_before) - len(busy_after)
+    freed_nodes = tuple(sorted(nodes_before - nodes_after))
+    released = sum(start.nodes[n].gpus for n in freed_nodes)
     return RebalancePlan(
         moves=tuple(plan_moves),
         max_moves=max_moves,
         freed_gpus=tuple(sorted(busy_before - busy_after)),
-        freed_nodes=tuple(sorted(nodes_before - nodes_after)),
+        freed_nodes=freed_nodes,
         gpus_busy_before=len(busy_before),
         gpus_busy_after=len(busy_after),
         nodes_busy_before=len(nodes_before),
         nodes_busy_after=len(nodes_after),
         pinned_workloads=tuple(sorted(w.key for w in pool.workloads if not w.can_move)),
-        overcommitted_at_start=overcommitted,
+        overcommitted_at_start=tuple(start.overcommitted()),
         price_per_gpu_hour=price_per_gpu_hour,
         hours=hours,
-        projected_savings=gpu_cost(gpus_freed, price_per_gpu_hour=price_per_gpu_hour, hours=hours),
+        projected_savings=gpu_cost(released, price_per_gpu_hour=price_per_gpu_hour, hours=hours),
+        gpus_released=released,
+        idle_nodes=tuple(sorted(n for n in start.nodes if not start.node_busy(n))),
+        smallest_release=smallest,
+        exhaustive=exhaustive,
     )
 
 
-def _greedy(pool: Pool, max_moves: int, *, count_once: bool) -> list[Move]:
+def _keys_on(state: PoolState, node: str) -> list[str]:
+    return sorted({k for g in range(state.nodes[node].gpus) for k in state.members[GpuRef(node, g)]})
+
+
+def _evictions(state: PoolState, node: str) -> int:
+    return len(_keys_on(state, node))
+
+
+def _candidates(state: PoolState) -> list[str]:
+    """Busy nodes whose every workload may move: the nodes a plan could empty."""
+    return [n for n in sorted(state.nodes) if state.node_busy(n)
+            and all(state.workloads[k].can_move for k in _keys_on(state, n))]
+
+
+def _order(state: PoolState, nodes: Sequence[str]) -> tuple[int, int, float, tuple[str, ...]]:
+    """A set's rank: the most GPUs handed back, then the fewest evictions, then the least load to
+    move (the most room left where it goes), then by name."""
+    return (-sum(state.nodes[n].gpus for n in nodes), sum(_evictions(state, n) for n in nodes),
+            sum(state.node_load(n) for n in nodes), tuple(nodes))
+
+
+def _every_set(pool: Pool, candidates: Sequence[str], max_moves: int) -> tuple[tuple[str, ...], list[Move]]:
+    """The best set of candidates that fits within K, trying every set (at most EXACT_CANDIDATES
+    candidates), best first; a set containing one that did not fit is not tried."""
     state = PoolState(pool)
-    budget = _Budget(max_moves, count_once=count_once)
-    receivers: set[GpuRef] = set()
-    progress = True
-    while progress:
-        progress = False
-        while _drain_one_gpu(state, budget, receivers):
-            progress = True
-        while _drain_one_node(state, budget):
-            progress = True
-    return budget.moves
+    within = [n for n in candidates if _evictions(state, n) <= max_moves]
+    index = {n: i for i, n in enumerate(within)}
+    sets = []
+    for mask in range(1, 1 << len(within)):
+        nodes = tuple(n for i, n in enumerate(within) if mask >> i & 1)
+        if sum(_evictions(state, n) for n in nodes) <= max_moves:
+            sets.append((_order(state, nodes), mask, nodes))
+    failed: list[int] = []
+    for _, mask, nodes in sorted(sets):
+        if any(mask & f == f for f in failed):
+            continue
+        moves = _empty(pool, nodes)
+        if moves is not None:
+            return nodes, moves
+        failed.append(sum(1 << index[n] for n in nodes))
+    return (), []
 
 
-class _Budget:
-    """The moves so far and what another batch of moves would cost against K."""
-
-    def __init__(self, max_moves: int, *, count_once: bool) -> None:
-        self.max_moves = max_moves
-        self.count_once = count_once  # a workload already moved costs nothing more
-        self.moves: list[Move] = []
-        self._moved: set[str] = set()
-
-    def affords(self, keys: Sequence[str]) -> bool:
-        if self.count_once:
-            return len(self._moved) + sum(1 for k in keys if k not in self._moved) <= self.max_moves
-        return len(self.moves) + len(keys) <= self.max_moves
-
-    def add(self, moves: Sequence[Move]) -> None:
-        self.moves.extend(moves)
-        self._moved.update(m.workload for m in moves)
+def _greedy(pool: Pool, candidates: Sequence[str], max_moves: int) -> tuple[tuple[str, ...], list[Move]]:
+    """Add nodes one by one, fewest evictions per GPU first, while the moves stay within K and
+    every workload still fits on the nodes that stay."""
+    state = PoolState(pool)
+    order = sorted(candidates, key=lambda n: (_evictions(state, n) / state.nodes[n].gpus, _evictions(state, n),
+                                              state.node_load(n), n))
+    chosen: tuple[str, ...] = ()
+    moves: list[Move] = []
+    for node in order:
+        if sum(_evictions(state, n) for n in (*chosen, node)) > max_moves:
+            continue
+        attempt = _empty(pool, (*chosen, node))
+        if attempt is not None:
+            chosen, moves = tuple(sorted((*chosen, node))), attempt
+    return chosen, moves
 
 
-def _all_movable(state: PoolState, keys: Iterable[str]) -> bool:
-    return all(state.workloads[k].can_move for k in keys)
+def _smallest_release(pool: Pool, candidates: Sequence[str]) -> tuple[str, int] | None:
+    """The node that could be emptied with the fewest evictions, were K no limit."""
+    state = PoolState(pool)
+    for node in sorted(candidates, key=lambda n: (_evictions(state, n), -state.nodes[n].gpus, n)):
+        if _empty(pool, (node,)) is not None:
+            return node, _evictions(state, node)
+    return None
 
 
 def _size(state: PoolState, key: str) -> float:
@@ -199,20 +247,29 @@ def _slack_after(state: PoolState, key: str, target: GpuRef) -> float:
     return 2.0 - state.gpu_load(target) - w.memory_mb / node.gpu_memory_mb - w.sm_milli / node.gpu_sm_milli
 
 
-def _evacuate(
-    state: PoolState,
-    keys: Iterable[str],
-    allowed: Callable[[GpuRef], bool],
-    score: Callable[[str, GpuRef], tuple[float, ...]],
-) -> list[Move] | None:
-    """Move every workload in ``keys`` (largest first) to its best allowed target, or none."""
+def _empty(pool: Pool, nodes: Sequence[str]) -> list[Move] | None:
+    """Moves that put every workload of ``nodes`` on GPUs of the nodes that stay busy, or None."""
+    state = PoolState(pool)
+    leaving = set(nodes)
+    staying = [ref for ref in state.gpus() if ref.node not in leaving and state.node_busy(ref.node)]
+    keys = sorted((k for n in nodes for k in _keys_on(state, n)), key=lambda k: (-_size(state, k), k))
+    moves = _best_fit(state, keys, staying)
+    if moves is None and len(keys) <= EXACT_FIT_WORKLOADS:
+        moves = _search(state, keys, staying, [_EXACT_FIT_STEPS])
+    return moves
+
+
+def _best_fit(state: PoolState, keys: Sequence[str], targets: Sequence[GpuRef]) -> list[Move] | None:
+    """Each workload, largest first, onto the tightest target that takes it (busy GPUs before
+    empty ones, then the fuller node); None, with the state as it was, when one fits nowhere."""
     done: list[Move] = []
-    for key in sorted(keys, key=lambda k: (-_size(state, k), k)):
+    for key in keys:
         best: tuple[tuple[float, ...], GpuRef] | None = None
-        for target in state.gpus():
-            if not allowed(target) or state.refusal(key, target) is not None:
+        for target in targets:
+            if state.refusal(key, target) is not None:
                 continue
-            ranked = score(key, target)
+            ranked = (0.0 if state.busy(target) else 1.0, _slack_after(state, key, target),
+                      -state.node_load(target.node))
             if best is None or (ranked, target) < best:
                 best = (ranked, target)
         if best is None:
@@ -223,97 +280,24 @@ def _evacuate(
     return done
 
 
-def _busy_elsewhere(state: PoolState, drained: GpuRef) -> Callable[[GpuRef], bool]:
-    return lambda target: target != drained and state.busy(target)
-
-
-def _on_other_node_in_use(state: PoolState, drained: str) -> Callable[[GpuRef], bool]:
-    return lambda target: target.node != drained and state.node_busy(target.node)
-
-
-def _drain_one_gpu(state: PoolState, budget: _Budget, receivers: set[GpuRef]) -> bool:
-    """Empty the first candidate GPU that can be emptied within the moves left.
-
-    The order is recomputed after every drain (node loads change), which on a 142-node,
-    1136-GPU fleet takes seconds and saves ~15 % of the moves of a single ordered pass.
-    """
-    candidates = [
-        ref
-        for ref in state.gpus()
-        if state.busy(ref) and ref not in receivers and _all_movable(state, state.members[ref])
-    ]
-    candidates.sort(key=lambda r: (len(state.members[r]), state.node_load(r.node), state.gpu_load(r), r))
-
-    def score(key: str, target: GpuRef) -> tuple[float, ...]:
-        return (_slack_after(state, key, target), -state.node_load(target.node))
-
-    for ref in candidates:
-        keys = sorted(state.members[ref])
-        if not budget.affords(keys):
+def _search(state: PoolState, keys: Sequence[str], targets: Sequence[GpuRef], budget: list[int]) -> list[Move] | None:
+    """Every placement of ``keys`` on ``targets``, depth first, until one fits or ``budget`` (tries
+    left, shared) runs out; GPUs of one node with the same load are tried once."""
+    if not keys:
+        return []
+    key, rest = keys[0], keys[1:]
+    seen: set[tuple[str, int, int]] = set()
+    for target in targets:
+        shape = (target.node, state.gpu_memory_mb[target], state.gpu_sm_milli[target])
+        if shape in seen or state.refusal(key, target) is not None:
             continue
-        done = _evacuate(state, keys, _busy_elsewhere(state, ref), score)
-        if done is not None:
-            budget.add(done)
-            receivers.update(m.target for m in done)
-            return True
-    return False
-
-
-def _drain_one_node(state: PoolState, budget: _Budget) -> bool:
-    """Empty the first node in use that can be emptied onto other nodes in use."""
-    in_use = [n for n in sorted(state.nodes) if state.node_busy(n)]
-    if len(in_use) < 2:
-        return False
-
-    def keys_on(node: str) -> list[str]:
-        return sorted(k for g in range(state.nodes[node].gpus) for k in state.members[GpuRef(node, g)])
-
-    def score(key: str, target: GpuRef) -> tuple[float, ...]:
-        if state.busy(target):
-            return (0.0, _slack_after(state, key, target), -state.node_load(target.node))
-        return (1.0, -state.node_load(target.node), 0.0)
-
-    in_use.sort(key=lambda n: (state.busy_count[n], state.node_load(n), n))
-    for node in in_use:
-        keys = keys_on(node)
-        if not budget.affords(keys) or not _all_movable(state, keys):
-            continue
-        busy_before = sum(state.busy_count.values())
-        done = _evacuate(state, keys, _on_other_node_in_use(state, node), score)
-        if done is None:
-            continue
-        if sum(state.busy_count.values()) > busy_before:
-            for move in reversed(done):
-                state.undo(move)
-            continue
-        budget.add(done)
-        return True
-    return False
-
-
-def _collapse(pool: Pool, moves: Sequence[Move]) -> list[Move]:
-    """One move per workload (first source → last target, at its last move's place).
-
-    Kept only when replaying the shorter plan is still valid at every step: a workload that
-    stays longer on its first GPU and node may hold room a later move needed.
-    """
-    first: dict[str, GpuRef] = {}
-    last: dict[str, int] = {}
-    for index, move in enumerate(moves):
-        first.setdefault(move.workload, move.source)
-        last[move.workload] = index
-    if len(last) == len(moves):
-        return list(moves)
-    shorter: list[Move] = []
-    for index, move in enumerate(moves):
-        if last[move.workload] != index:
-            continue
-        source = first[move.workload]
-        if source == move.target:
-            continue
-        shorter.append(dataclasses.replace(move, from_node=source.node, from_gpu=source.gpu))
-    try:
-        apply_moves(pool, shorter)
-    except ValueError:
-        return list(moves)
-    return shorter
+        seen.add(shape)
+        budget[0] -= 1
+        if budget[0] < 0:
+            return None
+        move = state.move(key, target)
+        after = _search(state, rest, targets, budget)
+        if after is not None:
+            return [move, *after]
+        state.undo(move)
+    return None

@@ -16,6 +16,10 @@ integers. Money: ``gpu_cost(current − needed)`` (``(current − needed) × hou
 default 730 h, a month): the rule of a plan's projected savings, so both read against the
 same pool at the same rate over the same horizon. Positive: GPUs the pool could give up;
 negative: the pool is short, and growing it to the estimate costs that much.
+
+A fleet hands back or adds whole nodes, not GPUs: ``whole_node_gpus`` is the GPUs of the smallest
+set of the pool's nodes that holds an estimate (or of the pool and the nodes, like its most
+common, it must add), so the difference a service prices is whole nodes' GPUs.
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ from decimal import Decimal
 from allocator.rebalance._model import SM_MILLI
 from allocator.rebalance._plan import HOURS_PER_MONTH, gpu_cost
 
-__all__ = ["DemandSeries", "RightSizeEstimate", "RightSizing", "nearest_rank", "right_size"]
+__all__ = ["DemandSeries", "RightSizeEstimate", "RightSizing", "nearest_rank", "right_size", "whole_node_gpus"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -178,3 +182,23 @@ def right_size(
         hours_per_month=hours,
         estimates=tuple(estimates),
     )
+
+
+def whole_node_gpus(node_gpus: Sequence[int], gpus_needed: int) -> int:
+    """The GPUs of the fewest-GPU set of whole nodes (GPU counts ``node_gpus``) holding at least
+    ``gpus_needed``; when the pool holds fewer, the pool plus as many nodes of its most common
+    size (the larger on a tie) as make up the rest."""
+    if isinstance(gpus_needed, bool) or not isinstance(gpus_needed, int) or gpus_needed < 0:
+        raise ValueError(f"gpus_needed must be an integer >= 0, got {gpus_needed!r}")
+    if any(isinstance(n, bool) or not isinstance(n, int) or n < 0 for n in node_gpus):
+        raise ValueError(f"node GPU counts must be integers >= 0, got {list(node_gpus)!r}")
+    total = sum(node_gpus)
+    if gpus_needed > total:
+        if not any(node_gpus):
+            raise ValueError("a pool with no GPUs cannot grow by nodes like its own")
+        size = max((n for n in node_gpus if n), key=lambda n: (node_gpus.count(n), n))
+        return total + -(-(gpus_needed - total) // size) * size
+    reachable = {0}  # subset sums of whole nodes' GPUs
+    for n in node_gpus:
+        reachable |= {r + n for r in reachable}
+    return min(r for r in reachable if r >= gpus_needed)

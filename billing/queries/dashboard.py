@@ -163,13 +163,19 @@ class SavingsCard:
 
 @dataclass(frozen=True)
 class RebalanceRecommendation:
+    """The latest proposed plan: the whole nodes it empties, the GPUs they hand back, what that
+    saves a month and how many pods it evicts; or, freeing none, the node that could be emptied
+    with the fewest evictions (None when none can)."""
+
     plan_id: int
     created_at: datetime
-    gpus_freed: int
     nodes_freed: int
+    gpus_released: int | None  # None: a plan proposed before plans counted whole nodes only
     projected_savings: Decimal
     currency: str
-    moves: int
+    evictions: int
+    max_moves: int
+    smallest_release: dict[str, Any] | None
 
 
 @dataclass(frozen=True)
@@ -309,9 +315,11 @@ def _rebalance() -> RebalanceRecommendation | None:
     plan = RebalancePlan.objects.filter(status=RebalanceStatus.PROPOSED).order_by("-created_at", "-id").first()
     if plan is None:
         return None
-    return RebalanceRecommendation(plan_id=plan.pk, created_at=plan.created_at, gpus_freed=plan.gpus_freed,
-                                   nodes_freed=plan.nodes_freed, projected_savings=plan.projected_savings,
-                                   currency=plan.currency, moves=len(plan.moves))
+    return RebalanceRecommendation(plan_id=plan.pk, created_at=plan.created_at, nodes_freed=plan.nodes_freed,
+                                   gpus_released=plan.summary.get("gpus_released"),
+                                   projected_savings=plan.projected_savings, currency=plan.currency,
+                                   evictions=len(plan.moves), max_moves=plan.max_moves,
+                                   smallest_release=plan.summary.get("smallest_release"))
 
 
 def get_finance_dashboard(*, scope: Scope, start: datetime, end: datetime, now: datetime | None = None,

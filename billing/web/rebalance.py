@@ -28,6 +28,7 @@ from billing.services.fleet import (
     approve_plan,
     capacity_lines,
     confirmation_code,
+    counts_whole_nodes,
     execution_outcome,
     plan_steps,
     reject_plan,
@@ -52,6 +53,10 @@ class PlanPage:
     @property
     def executed(self) -> bool:
         return bool(self.plan.log)
+
+    @property
+    def whole_nodes(self) -> bool:
+        return counts_whole_nodes(self.plan)
 
 
 def _require_admin(request: HttpRequest) -> None:
@@ -93,9 +98,12 @@ def _confirmation_page(request: HttpRequest, plan_id: int) -> HttpResponse:
         messages.error(request, _("Plan %(id)s is %(status)s: only a proposed plan can be approved.")
                        % {"id": plan_id, "status": plan.get_status_display()})
         return redirect("rebalance")
+    if not plan.moves:
+        messages.error(request, _("Plan %(id)s frees no node: there is nothing to approve.") % {"id": plan_id})
+        return redirect("rebalance")
     steps = plan_steps(plan)
     return render(request, "billing/rebalance_confirm.html", {
-        "plan": plan, "confirmation": confirmation_code(plan),
+        "plan": plan, "confirmation": confirmation_code(plan), "whole_nodes": counts_whole_nodes(plan),
         "cordons": [s for s in steps if s.kind == "cordon"], "evictions": [s for s in steps if s.kind == "evict"],
     })
 

@@ -241,18 +241,30 @@ def test_rebalance_shows_the_newest_proposed_plan_or_no_recommendation(fleet, cl
     assert "No recommendation." in html.split('data-testid="rebalance-recommendation"')[1].split("</section>")[0]
     at = datetime(2026, 3, 1, tzinfo=UTC)
     RebalancePlan.objects.create(created_at=at, max_moves=5, moves=[{}], gpus_freed=1, projected_savings=D(10),
-                                 currency="USD")
+                                 currency="USD", summary={"gpus_released": 0})
     plan = RebalancePlan.objects.create(created_at=at + timedelta(hours=1), max_moves=5, moves=[{}, {}, {}],
-                                        gpus_freed=2, nodes_freed=1, projected_savings=D("5068.80"), currency="USD")
+                                        gpus_freed=2, nodes_freed=1, projected_savings=D("29900.80"), currency="USD",
+                                        summary={"gpus_released": 8, "freed_nodes": ["node-c"]})
     RebalancePlan.objects.create(created_at=at + timedelta(hours=2), status="approved", max_moves=5, gpus_freed=7)
     r = get_finance_dashboard(scope=FINANCE, start=at, end=at + timedelta(days=1)).rebalance
     assert r is not None
-    assert (r.plan_id, r.gpus_freed, r.nodes_freed, r.moves) == (plan.pk, 2, 1, 3)
+    assert (r.plan_id, r.nodes_freed, r.gpus_released, r.evictions) == (plan.pk, 1, 8, 3)
     html = client.get("/finance/", TWO_DAYS).content.decode()
     block = html.split('data-testid="rebalance-recommendation"')[1].split("</section>")[0]
-    assert "2 GPUs freed" in block
-    assert "5,068.80 USD" in block
+    # Whole nodes only: the node, the GPUs it hands back, what that saves and what it evicts.
+    assert "29,900.80 USD a month" in block
+    assert f"Plan {plan.pk} empties 1 node(s), handing back 8 GPU(s), and evicts 3 pod(s) to do it." in block
     assert 'href="/rebalance/"' in block
+    # A plan that can empty no node says so, with what emptying one would take, and claims nothing.
+    empty = RebalancePlan.objects.create(created_at=at + timedelta(hours=3), max_moves=10, moves=[],
+                                         projected_savings=D(0), currency="USD",
+                                         summary={"gpus_released": 0, "freed_nodes": [],
+                                                  "smallest_release": {"node": "node-a", "evictions": 24}})
+    html = client.get("/finance/", TWO_DAYS).content.decode()
+    block = html.split('data-testid="rebalance-recommendation"')[1].split("</section>")[0]
+    assert (f"Plan {empty.pk}: no node can be emptied within 10 evictions, so nothing can be handed back; "
+            "emptying node-a would take 24.") in block
+    assert "USD" not in block
 
 
 def test_finance_page_shows_every_part_with_its_test_id(fleet, client):

@@ -116,17 +116,21 @@ def test_build_pool_peak_sums_containers_in_a_minute(fleet):
     assert (a0.memory_mb, a0.sm_milli) == (800, 200)
 
 
-def test_propose_stores_a_dry_run_plan_that_frees_gpus_and_a_node(fleet):
+def test_propose_stores_a_dry_run_plan_that_empties_a_node_with_the_fewest_evictions(fleet):
     plan = propose_rebalance(now=NOW, max_moves=10)
     assert plan is not None
     assert plan.status == "proposed"
-    assert len(plan.moves) == 3
-    assert plan.gpus_freed == 3
+    # One node's two pods move onto the other node's GPUs: the node, both its GPUs, is handed back.
+    # (Moving a third pod would free one more GPU, on a node that stays: not handed back, not done.)
+    assert len(plan.moves) == 2
     assert plan.nodes_freed == 1
-    assert plan.projected_savings == Decimal("11212.80")  # 3 × 730 h × 5.12
+    assert plan.summary["gpus_released"] == 2
+    assert plan.gpus_freed == 2
+    assert plan.projected_savings == Decimal("7475.20")  # 2 × 730 h × 5.12
     assert plan.currency == "USD"
     assert plan.pool_gpus == 4
-    assert len(plan.summary["freed_nodes"]) == 1
+    assert plan.summary["freed_nodes"] == ["node-a"]  # equal nodes: by name
+    assert {m["from_node"] for m in plan.moves} == {"node-a"}
     moved = [m["workload"] for m in plan.moves]
     assert len(set(moved)) == len(moved)  # never a pod twice
     assert all(m["pod_uid"] == f"uid-{m['pod']}" for m in plan.moves)
@@ -134,17 +138,22 @@ def test_propose_stores_a_dry_run_plan_that_frees_gpus_and_a_node(fleet):
     assert p95["percentile"] == 95
     assert p95["gpus_needed"] == 1
     assert p95["current_gpus"] == 4
-    assert p95["monthly_cost_difference"] == "11212.80"
+    # One GPU is needed, but only whole nodes go: one node of two GPUs is kept, one handed back.
+    assert (p95["whole_node_gpus"], p95["gpus_released"], p95["monthly_difference"]) == (2, 2, "7475.20")
     assert plan.log == []  # dry run: nothing executed
     # K caps the moves; proposing the same plan twice stores it once.
     again = propose_rebalance(now=NOW, max_moves=10)
     assert again is not None
     assert again.pk == plan.pk
+    # Under K = 1 no node can be emptied: the plan moves nothing, claims nothing, and says what
+    # emptying one would take.
     small = propose_rebalance(now=NOW, max_moves=1)
     assert small is not None
-    assert len(small.moves) == 1
-    assert small.gpus_freed == 1
+    assert (small.moves, small.nodes_freed, small.projected_savings) == ([], 0, Decimal(0))
+    assert small.summary["smallest_release"] == {"node": "node-a", "evictions": 2}
     assert RebalancePlan.objects.count() == 2
+    with pytest.raises(InvalidInput, match="frees no node"):
+        approve_plan(small.pk, confirmation=confirmation_code(small), now=NOW, actor_label="ops")
 
 
 def test_propose_without_a_fleet_stores_nothing(db):
@@ -182,7 +191,8 @@ def test_admin_approves_on_the_page_audited_and_execution_enqueued(client, fleet
     user = login(client, admin=True)
     page = client.get("/rebalance/")
     assert page.status_code == 200
-    assert "11,212.80 USD" in page.content.decode()
+    assert "7,475.20 USD" in page.content.decode()
+    assert "Empties 1 node(s), handing back 2 GPU(s), with 2 eviction(s)" in page.content.decode()
     assert b"bert-" in page.content
     assert client.get(f"/rebalance/{plan.pk}/reject/").status_code == 405  # POST only
     with django_capture_on_commit_callbacks(execute=True):
@@ -243,8 +253,8 @@ def test_execution_cordons_freed_nodes_and_evicts_moved_pods_once(fleet):
         assert evicted == sorted(m["pod"] for m in plan.moves)
         assert all(e["deleteOptions"]["preconditions"]["uid"] == f"uid-{e['metadata']['name']}"
                    for e in fake.evictions)
-        assert [e["step"] for e in done.log] == ["start", "cordon", "evict", "evict", "evict", "finish"]
-        assert AuditEvent.objects.filter(action__startswith="rebalance.", object_id=str(plan.pk)).count() == 7
+        assert [e["step"] for e in done.log] == ["start", "cordon", "evict", "evict", "finish"]
+        assert AuditEvent.objects.filter(action__startswith="rebalance.", object_id=str(plan.pk)).count() == 6
         # Run twice: a done plan is a no-op (no request reaches the API server).
         before = len(fake.requests)
         again = execute_plan(plan.pk, kube=kube, now=NOW)
@@ -263,11 +273,11 @@ def test_a_pod_disruption_budget_refusal_is_recorded_and_the_rest_continues(flee
         done = execute_plan(plan.pk, kube=_kube(fake), now=NOW)
     assert done.status == "done"
     blocked = [e for e in done.log if e.get("outcome") == "blocked"]
-    assert len(blocked) == 3
+    assert len(blocked) == 2
     assert "429" in blocked[0]["detail"]
     assert "PodDisruptionBudget" in done.error
     assert fake.evictions == []
-    assert AuditEvent.objects.filter(action="rebalance.evict", object_id=str(plan.pk)).count() == 3
+    assert AuditEvent.objects.filter(action="rebalance.evict", object_id=str(plan.pk)).count() == 2
 
 
 def test_a_stale_plan_is_refused_before_touching_the_cluster(fleet):
@@ -324,7 +334,8 @@ def test_approving_goes_through_a_confirmation_page_that_names_every_cordon_and_
     assert page.status_code == 200
     assert html.count('data-testid="confirm-cordon"') == 1
     assert plan.summary["freed_nodes"][0] in html
-    assert html.count('data-testid="confirm-eviction"') == 3
+    assert html.count('data-testid="confirm-eviction"') == 2
+    assert "handing back their 2 GPU(s) saves 7,475.20 USD a month" in html
     for move in plan.moves:
         assert f"acme-prod/{move['pod']}" in html
     assert 'name="csrfmiddlewaretoken"' in html
@@ -353,12 +364,16 @@ def test_approving_goes_through_a_confirmation_page_that_names_every_cordon_and_
 
 def test_the_confirmation_code_changes_with_what_would_be_evicted(fleet):
     plan = propose_rebalance(now=NOW, max_moves=10)
-    small = propose_rebalance(now=NOW, max_moves=1)
+    # A third pod on node-a: node-b becomes the node with the fewest evictions.
+    usage(Node.objects.get(name="node-a"), "GPU-node-a-0", NOW - timedelta(minutes=2), pod="extra", uid="uid-extra",
+          mem_mb=100, sms=1)
+    other = propose_rebalance(now=NOW, max_moves=10)
     assert plan is not None
-    assert small is not None
-    assert confirmation_code(plan) != confirmation_code(small)
+    assert other is not None
+    assert other.summary["freed_nodes"] == ["node-b"]
+    assert confirmation_code(plan) != confirmation_code(other)
     with pytest.raises(InvalidInput, match="confirmation page"):
-        approve_plan(small.pk, confirmation=confirmation_code(plan), now=NOW, actor_label="ops")
+        approve_plan(other.pk, confirmation=confirmation_code(plan), now=NOW, actor_label="ops")
 
 
 def test_finance_gets_no_confirmation_page(client, fleet):
@@ -412,7 +427,7 @@ def test_a_failed_execution_shows_as_failed_on_the_page_in_the_audit_log_and_in_
     assert event.after["status"] == "failed"
     assert event.after["error"] == done.error
     assert event.after["carried_out"] == []
-    assert len(event.after["not_carried_out"]) == 4  # one cordon, three evictions
+    assert len(event.after["not_carried_out"]) == 3  # one cordon, two evictions
     assert not AuditEvent.objects.filter(action="rebalance.succeeded").exists()
 
     login(client, admin=True)
@@ -420,7 +435,7 @@ def test_a_failed_execution_shows_as_failed_on_the_page_in_the_audit_log_and_in_
     assert f'data-testid="rebalance-failure-{plan.pk}"' in html
     assert "Execution failed" in html
     assert done.error.split(":")[0] in html
-    assert "0 of 4 steps carried out" in html
+    assert "0 of 3 steps carried out" in html
     audit = client.get("/audit/").content.decode()
     assert "rebalance.failed" in audit
     assert _metric(client, settings, "failed") == 1
@@ -455,21 +470,21 @@ def test_a_partly_executed_plan_says_what_was_done_and_what_not(client, fleet):
     plan = _approved(fleet)
     with FakeKubernetes() as fake:
         _cluster(fake, fleet)
-        done = execute_plan(plan.pk, kube=_ApiGoesAway(fake, calls=2), now=NOW)  # cordon, one eviction
-        assert len(fake.evictions) == 1
+        done = execute_plan(plan.pk, kube=_ApiGoesAway(fake, calls=1), now=NOW)  # the cordon only
+        assert fake.evictions == []
     assert done.status == "failed"
     assert done.error.startswith("evict acme-prod/")
     outcomes = [s.outcome for s in plan_steps(done)]
-    assert outcomes == ["ok", "ok", "error", "pending"]
+    assert outcomes == ["ok", "error", "pending"]
     event = AuditEvent.objects.get(action="rebalance.failed", object_id=str(plan.pk))
     assert event.after is not None
-    assert len(event.after["carried_out"]) == 2
+    assert len(event.after["carried_out"]) == 1
     assert event.after["not_carried_out"][-1].endswith(": pending")
 
     login(client, admin=True)
     html = client.get("/rebalance/").content.decode()
-    assert "2 of 4 steps carried out" in html
-    assert html.count('data-outcome="ok"') == 2
+    assert "1 of 3 steps carried out" in html
+    assert html.count('data-outcome="ok"') == 1
     assert html.count('data-outcome="pending"') == 1
     assert 'data-outcome="error"' in html
     assert "not done" in html
@@ -508,7 +523,7 @@ def test_an_unexpected_error_mid_execution_fails_the_plan_with_the_reason(fleet)
     assert done.status == "failed"
     assert done.error == "execution stopped: RuntimeError: a bug, not an API answer"
     assert [e["step"] for e in done.log] == ["start", "abort"]
-    assert [s.outcome for s in plan_steps(done)] == ["pending"] * 4
+    assert [s.outcome for s in plan_steps(done)] == ["pending"] * 3
 
 
 def test_outcomes_succeeded_and_partial_are_audited_and_counted(client, fleet, settings):
@@ -518,7 +533,7 @@ def test_outcomes_succeeded_and_partial_are_audited_and_counted(client, fleet, s
         assert execute_plan(plan.pk, kube=_kube(fake), now=NOW).status == "done"
     event = AuditEvent.objects.get(action="rebalance.succeeded", object_id=str(plan.pk))
     assert event.after is not None
-    assert len(event.after["carried_out"]) == 4
+    assert len(event.after["carried_out"]) == 3
     assert event.after["not_carried_out"] == []
     assert _metric(client, settings, "succeeded") == 1
 
@@ -539,20 +554,22 @@ def test_outcomes_succeeded_and_partial_are_audited_and_counted(client, fleet, s
 # -- the plan's savings and right-sizing, one rule ------------------------------------------
 
 
-def test_savings_and_right_sizing_are_one_rule_on_one_pool_and_explained(client, fleet):
-    plan = propose_rebalance(now=NOW, max_moves=1)
+def test_savings_and_right_sizing_are_one_rule_on_one_pool_in_whole_nodes_and_explained(client, fleet):
+    plan = propose_rebalance(now=NOW, max_moves=10)
     assert plan is not None
     lines = {line.key: line for line in capacity_lines(plan)}
     assert list(lines) == ["pool", "busy", "after_plan", "p95", "p99"]
     month = Decimal(730) * Decimal("5.12")
-    assert lines["pool"].gpus == 4
-    assert lines["pool"].amount == 4 * month
-    assert (lines["busy"].gpus, lines["busy"].difference) == (4, 0)
-    assert (lines["after_plan"].gpus, lines["after_plan"].difference) == (3, 1)
-    assert lines["after_plan"].amount == plan.projected_savings == month
+    assert (lines["pool"].nodes, lines["pool"].gpus, lines["pool"].amount) == (2, 4, 4 * month)
+    assert (lines["busy"].nodes, lines["busy"].gpus, lines["busy"].released_gpus, lines["busy"].amount) == (
+        2, 4, 0, Decimal(0))
+    after = lines["after_plan"]
+    assert (after.nodes, after.gpus, after.released_nodes, after.released_gpus) == (1, 2, 1, 2)
+    assert after.amount == plan.projected_savings == 2 * month
     p95 = plan.right_sizing["estimates"][0]
-    assert (lines["p95"].gpus, lines["p95"].difference) == (p95["gpus_needed"], 4 - p95["gpus_needed"])
-    assert lines["p95"].amount == Decimal(p95["monthly_cost_difference"]) == (4 - p95["gpus_needed"]) * month
+    # One GPU needed at P95; the fewest whole nodes holding it: one node, two GPUs.
+    assert (lines["p95"].gpus, lines["p95"].whole_node_gpus, lines["p95"].released_gpus) == (1, 2, 2)
+    assert lines["p95"].amount == Decimal(p95["monthly_difference"]) == 2 * month
     assert plan.right_sizing["hours_per_month"] == plan.summary["hours"] == "730"
     assert Decimal(plan.right_sizing["price_per_gpu_hour"]) == plan.price_per_gpu_hour
 
@@ -560,7 +577,8 @@ def test_savings_and_right_sizing_are_one_rule_on_one_pool_and_explained(client,
     html = client.get("/rebalance/").content.decode()
     assert f'data-testid="rebalance-capacity-{plan.pk}"' in html
     assert "What these numbers mean" in html
-    assert "the pool is short by that many GPUs" in html
+    assert "the pool is short by that many, in nodes like its own" in html
+    assert "a GPU freed on a node that stays busy saves nothing" in html
     assert 'data-testid="rebalance-why-' not in html  # nothing over capacity: nothing to reconcile
 
 

@@ -2,7 +2,11 @@
 Simplified Chinese: "Approve and execute…" opens a confirmation page that names
 exactly the nodes to cordon and the pods to evict; Confirm (a POST with CSRF) approves it; the
 demo's Celery worker executes it, and the page and the audit log show the outcome as the database
-records it. The demo has no Kubernetes API server, so the execution fails, and must say so."""
+records it. The demo has no Kubernetes API server, so the execution fails, and must say so.
+
+The demo's three nodes are full at their workloads' peaks, so no node of theirs can be emptied and
+their plan moves nothing: a spare node with one small pod joins for the journey (a node token and
+a batch over the real API), the node a plan can hand back with one eviction."""
 
 from __future__ import annotations
 
@@ -11,12 +15,17 @@ import re
 import subprocess
 import sys
 import time
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import psycopg2
 import pytest
+import requests
 from playwright.sync_api import Page, expect
+
+from tests import clock
+from tests.conftest import make_batch
 
 pytestmark = [pytest.mark.browser, pytest.mark.timeout(900)]
 
@@ -24,6 +33,36 @@ ROOT = Path(__file__).resolve().parents[2]
 # What the page calls each outcome, per language (the plan's status as the model names it).
 STATUS_LABEL = {"en": {"failed": "failed", "done": "done"}, "zh-hans": {"failed": "失败", "done": "已完成"}}
 WAIT_MS = 20_000  # the demo shares its machine with the suite: pages can take seconds
+
+
+SPARE = "sim-a100-spare"
+
+
+def _spare_node(demo: Any) -> None:
+    """A node with one small pod (0.5 GB, 10 % of the SMs) on one of its two A100s, metered for
+    the last 30 seconds, so that the plan proposed next empties it."""
+    token = subprocess.run([sys.executable, "manage.py", "create_node_token", SPARE], cwd=ROOT,
+                           env={**os.environ, **demo.env}, capture_output=True, text=True, check=True,
+                           timeout=60).stdout.strip()
+    clock.wait_until_the_month_holds(timedelta(seconds=40))
+    start = clock.now().replace(microsecond=0) - timedelta(seconds=30)
+    batch = make_batch(node=SPARE, seq=int(start.timestamp()), start=start, seconds=30, gpus=2, workloads=[
+        {"gpu": 0, "tenant": "acme", "pod": "spare-bert", "pod_uid": "uid-spare-bert", "mem_used": 500.0,
+         "mem_granted": 500.0, "sm_used": 10.8, "sm_granted": 10.8}])
+    resp = requests.post(f"{demo.base}/api/v1/usage/batches", json=batch, timeout=30,
+                         headers={"Authorization": f"Bearer {token}"})
+    assert resp.status_code == 201, resp.text
+    deadline = time.monotonic() + 90
+    while time.monotonic() < deadline:
+        with psycopg2.connect(demo.env["DATABASE_URL"]) as conn, conn.cursor() as cur:
+            cur.execute("select count(*) from billing_usageminute u join billing_node n on n.id = u.node_id "
+                        "where n.name = %s and u.minute >= date_trunc('minute', %s::timestamptz)", [SPARE, start])
+            (rows,) = cur.fetchone()
+        conn.close()
+        if rows:
+            return
+        time.sleep(1)
+    raise AssertionError("the spare node's minutes were not rolled up within 90 s")
 
 
 def _propose(demo: Any) -> int:
@@ -61,9 +100,14 @@ def _ended(demo: Any, plan_id: int, timeout_s: float = 120) -> dict[str, Any]:
 
 @pytest.mark.parametrize("language", ["en", "zh-hans"])
 def test_admin_approves_through_the_confirmation_page_and_sees_the_outcome(sign_in, demo, language):
+    _spare_node(demo)
     plan_id = _propose(demo)
     planned = _plan(demo, plan_id)
     assert planned["status"] == "proposed"
+    # It claims the spare node only, both its GPUs, for the one eviction that empties it.
+    assert planned["summary"]["freed_nodes"] == [SPARE]
+    assert planned["summary"]["gpus_released"] == 2
+    assert [m["pod"] for m in planned["moves"]] == ["spare-bert"]
     s = sign_in("admin")
     page = s.page
     _language(page, language)

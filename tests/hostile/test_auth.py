@@ -147,7 +147,11 @@ def test_an_execution_that_cannot_be_queued_says_so_and_the_plan_can_be_approved
         signed_in, monkeypatch):
     from billing import tasks
 
-    plan = RebalancePlan.objects.create(created_at=datetime(2026, 11, 2, tzinfo=UTC), max_moves=1,
+    # A plan with a move to make (a plan with none has nothing to execute and is never approved).
+    move = {"step": 1, "workload": "acme-prod/bert", "namespace": "acme-prod", "pod": "bert", "pod_uid": "uid-bert",
+            "from_node": "n1", "from_gpu": 0, "to_node": "n2", "to_gpu": 0}
+    plan = RebalancePlan.objects.create(created_at=datetime(2026, 11, 2, tzinfo=UTC), max_moves=1, moves=[move],
+                                        nodes_freed=1, summary={"freed_nodes": ["n1"], "gpus_released": 8},
                                         status=RebalanceStatus.PROPOSED)
     admin = signed_in(ADMIN_GROUP)
     admin.get(f"/rebalance/{plan.pk}/approve/")  # the confirmation page sets the CSRF cookie

@@ -22,5 +22,6 @@ class Command(BaseCommand):
         if plan is None:
             self.stdout.write("no plan: the ledger shows no GPU in use")
             return
-        self.stdout.write(f"plan {plan.pk}: {len(plan.moves)} move(s) free {plan.gpus_freed} GPU(s), "
-                          f"{plan.nodes_freed} node(s); {plan.projected_savings} {plan.currency}/month")
+        self.stdout.write(f"plan {plan.pk}: {plan.nodes_freed} node(s) emptied with {len(plan.moves)} eviction(s), "
+                          f"{plan.summary.get('gpus_released', 0)} GPU(s) handed back; "
+                          f"{plan.projected_savings} {plan.currency}/month")

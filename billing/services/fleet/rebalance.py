@@ -4,7 +4,9 @@
 * ``build_pool(now)``: GPUs from ``Gpu`` (seen within the demand window), workloads = pods seen
   on a GPU in the last ``placement`` minutes of the minute ledger (billing.ledger.minutes), demand = each pod's peak over
   the window of its per-minute mean memory (MB) and SM use (SM milli), rounded up.
-* ``propose_rebalance(now, max_moves)``: a dry-run plan plus right-sizing, stored; nothing runs.
+* ``propose_rebalance(now, max_moves)``: a dry-run plan plus right-sizing, stored; nothing runs. A
+  plan claims only whole nodes (the planner empties nodes with the fewest evictions; a GPU freed on
+  a node that stays busy is not handed back), and right-sizing is priced in whole nodes too.
 * ``approve_plan`` / ``reject_plan``: admin decisions, audited in the same transaction;
   ``unapprove_unqueued_plan``: an approval whose execution could not be queued (the broker is
   down) goes back to ``proposed``, audited, so the admin approves it again instead of waiting on
@@ -56,11 +58,13 @@ from allocator.rebalance import (
     gpu_cost,
     plan_rebalance,
     right_size,
+    whole_node_gpus,
 )
 from allocator.rebalance import RebalancePlan as Plan
 from billing.errors import InvalidInput
 from billing.ledger.minutes import list_pod_minute_use, list_recent_placements
 from billing.models import Gpu, RateCard, RebalancePlan, RebalanceStatus
+from billing.money import display_amount
 from billing.services.audit import record_audit_event
 from billing.services.identity import new_api_client
 
@@ -80,6 +84,7 @@ __all__ = [
     "capacity_lines",
     "confirmation_code",
     "count_executions",
+    "counts_whole_nodes",
     "execute_plan",
     "execution_outcome",
     "fail_execution",
@@ -95,7 +100,6 @@ log = logging.getLogger(__name__)
 
 DEFAULT_WINDOW = timedelta(hours=24)
 DEFAULT_PLACEMENT = timedelta(minutes=5)
-_CENT = Decimal("0.01")
 _LOCK_NAMESPACE = 0x7265  # pg advisory lock class for plan execution ("re")
 
 
@@ -212,9 +216,10 @@ def _price(pool: Pool, now: datetime) -> tuple[Decimal, str]:
 # -- proposing ------------------------------------------------------------------------------
 
 
-def _right_sizing(ledger: LedgerPool, plan: Plan) -> dict[str, Any]:
+def _right_sizing(ledger: LedgerPool, plan: Plan, currency: str) -> dict[str, Any]:
     """Right-sizing of the plan's own pool at the plan's rate over the plan's horizon, so its
-    difference and the plan's savings are one rule (``gpu_cost``) on one pool size."""
+    difference and the plan's savings are one rule (``gpu_cost``) on one pool size; each estimate
+    also in whole nodes (``whole_node_gpus``), the only capacity the fleet hands back or adds."""
     if not ledger.series:
         return {"error": "no usage in the window"}
     pool = ledger.pool
@@ -224,6 +229,14 @@ def _right_sizing(ledger: LedgerPool, plan: Plan) -> dict[str, Any]:
                             hours=plan.hours)
     except ValueError as exc:
         return {"error": str(exc)}
+    node_gpus = [n.gpus for n in pool.nodes]
+
+    def whole_nodes(needed: int) -> dict[str, Any]:
+        kept = whole_node_gpus(node_gpus, needed)
+        return {"whole_node_gpus": kept, "gpus_released": pool.total_gpus - kept,
+                "monthly_difference": str(display_amount(gpu_cost(
+                    pool.total_gpus - kept, price_per_gpu_hour=plan.price_per_gpu_hour, hours=plan.hours), currency))}
+
     return {
         "steps": sizing.steps,
         "workloads": sizing.workloads,
@@ -233,7 +246,7 @@ def _right_sizing(ledger: LedgerPool, plan: Plan) -> dict[str, Any]:
         "estimates": [
             {"percentile": e.percentile, "gpus_needed": e.gpus_needed, "current_gpus": e.current_gpus,
              "gpus_saved": e.gpus_saved, "lower_bound_gpus": e.lower_bound_gpus, "ffd_gpus": e.ffd_gpus,
-             "monthly_cost_difference": str(e.monthly_cost_difference.quantize(_CENT))}
+             **whole_nodes(e.gpus_needed)}
             for e in sizing.estimates
         ],
     }
@@ -263,6 +276,12 @@ def propose_rebalance(
     summary = {
         "freed_gpus": [str(g) for g in plan.freed_gpus],
         "freed_nodes": list(plan.freed_nodes),
+        "gpus_released": plan.gpus_released,
+        "idle_nodes": list(plan.idle_nodes),
+        "idle_gpus": sum(n.gpus for n in ledger.pool.nodes if n.name in plan.idle_nodes),
+        "smallest_release": None if plan.smallest_release is None else {
+            "node": plan.smallest_release[0], "evictions": plan.smallest_release[1]},
+        "exhaustive": plan.exhaustive,
         "gpus_busy_before": plan.gpus_busy_before,
         "gpus_busy_after": plan.gpus_busy_after,
         "nodes_busy_before": plan.nodes_busy_before,
@@ -275,9 +294,9 @@ def propose_rebalance(
     }
     values = {
         "max_moves": max_moves, "moves": moves, "gpus_freed": plan.gpus_freed, "nodes_freed": plan.nodes_freed,
-        "projected_savings": plan.projected_savings.quantize(_CENT), "currency": currency,
+        "projected_savings": display_amount(plan.projected_savings, currency), "currency": currency,
         "price_per_gpu_hour": price, "pool_gpus": ledger.pool.total_gpus, "pool_nodes": len(ledger.pool.nodes),
-        "summary": summary, "right_sizing": _right_sizing(ledger, plan),
+        "summary": summary, "right_sizing": _right_sizing(ledger, plan, currency),
     }
     with transaction.atomic():
         latest = RebalancePlan.objects.select_for_update().order_by("-created_at", "-id").first()
@@ -292,37 +311,58 @@ def propose_rebalance(
 
 @dataclass(frozen=True)
 class CapacityLine:
-    """One line of a plan's capacity table, every line on the plan's pool, rate and horizon.
+    """One line of a plan's capacity table, every line on the plan's pool, rate and horizon, and
+    every amount whole nodes' GPUs (the capacity a fleet hands back or adds).
 
-    ``key``: ``pool`` (``gpus`` in the pool; ``amount`` what they cost), ``busy`` (busy now;
-    ``difference`` the idle GPUs), ``after_plan`` (busy after the moves; ``difference`` the
-    GPUs the moves free, ``amount`` the plan's projected savings) or ``p95`` / ``p99``
-    (right-sizing's estimate; ``difference`` pool − needed, negative when the pool is short,
-    ``amount`` its monthly difference: a saving, or what growing the pool costs).
+    ``key``: ``pool`` (its ``nodes`` and ``gpus``; ``amount`` what they cost), ``busy`` (busy now;
+    ``released_nodes`` / ``released_gpus`` the nodes with no workload, ``amount`` what handing
+    them back saves, no eviction needed), ``after_plan`` (busy after the moves; released: the
+    nodes the plan empties, ``amount`` its projected savings) or ``p95`` / ``p99`` (right-sizing:
+    ``gpus`` needed, ``whole_node_gpus`` those of the fewest whole nodes that hold them,
+    ``released_gpus`` the pool − that, negative when the pool is short, ``amount`` its price: a
+    saving, or what adding nodes costs).
     """
 
     key: str
+    nodes: int | None
     gpus: int
-    difference: int | None
+    released_nodes: int | None
+    released_gpus: int | None
     amount: Decimal | None
+    whole_node_gpus: int | None = None
+
+
+def counts_whole_nodes(plan: RebalancePlan) -> bool:
+    """Whether the plan was priced in whole nodes (a plan proposed before counted freed GPUs)."""
+    return "gpus_released" in plan.summary
 
 
 def capacity_lines(plan: RebalancePlan) -> list[CapacityLine]:
-    """The plan's GPU counts side by side: each amount is ``gpu_cost`` of its line's GPU count
-    at ``plan.price_per_gpu_hour`` over the plan's hours (the very figures stored)."""
+    """The plan's capacity side by side: each amount is ``gpu_cost`` of whole nodes' GPUs at
+    ``plan.price_per_gpu_hour`` over the plan's hours (the very figures stored). A plan proposed
+    before plans counted whole nodes only shows its counts, no amounts."""
     hours = Decimal(plan.summary.get("hours", HOURS_PER_MONTH))
     price = plan.price_per_gpu_hour
-    busy = int(plan.summary.get("gpus_busy_before", plan.pool_gpus))
-    after = int(plan.summary.get("gpus_busy_after", busy - plan.gpus_freed))
+    priced = counts_whole_nodes(plan)
+
+    def cost(gpus: int) -> Decimal | None:
+        return gpu_cost(gpus, price_per_gpu_hour=price, hours=hours) if priced else None
+
+    summary = plan.summary
+    busy = int(summary.get("gpus_busy_before", plan.pool_gpus))
+    busy_nodes = int(summary.get("nodes_busy_before", plan.pool_nodes))
+    idle_gpus = int(summary.get("idle_gpus", 0))
     lines = [
-        CapacityLine("pool", plan.pool_gpus, None, gpu_cost(plan.pool_gpus, price_per_gpu_hour=price, hours=hours)),
-        CapacityLine("busy", busy, plan.pool_gpus - busy, None),
-        CapacityLine("after_plan", after, plan.gpus_freed, plan.projected_savings),
+        CapacityLine("pool", plan.pool_nodes, plan.pool_gpus, None, None, cost(plan.pool_gpus)),
+        CapacityLine("busy", busy_nodes, busy, plan.pool_nodes - busy_nodes, idle_gpus, cost(idle_gpus)),
+        CapacityLine("after_plan", int(summary.get("nodes_busy_after", busy_nodes - plan.nodes_freed)),
+                     int(summary.get("gpus_busy_after", busy - plan.gpus_freed)), plan.nodes_freed,
+                     int(summary.get("gpus_released", 0)), plan.projected_savings if priced else None),
     ]
-    lines.extend(CapacityLine(f"p{estimate['percentile']}", estimate["gpus_needed"],
-                              plan.pool_gpus - estimate["gpus_needed"],
-                              Decimal(estimate["monthly_cost_difference"]))
-                 for estimate in plan.right_sizing.get("estimates", []))
+    lines.extend(CapacityLine(f"p{e['percentile']}", None, e["gpus_needed"], None,
+                              e.get("gpus_released"), Decimal(e["monthly_difference"]) if priced else None,
+                              e.get("whole_node_gpus"))
+                 for e in plan.right_sizing.get("estimates", []))
     return lines  # exact; the page rounds each amount once, to the currency's minor unit
 
 
@@ -384,6 +424,8 @@ def _decide(plan_id: int, *, now: datetime, actor_label: str, actor_id: int | No
             return plan  # the same decision twice changes nothing
         if plan.status != RebalanceStatus.PROPOSED:
             raise InvalidInput(f"plan {plan_id} is {plan.status}; only a proposed plan can be decided")
+        if status == RebalanceStatus.APPROVED and not plan.moves:
+            raise InvalidInput(f"plan {plan_id} frees no node: it has no move to execute")
         # Compared as bytes: compare_digest refuses a str with non-ASCII characters (a TypeError, a 500).
         if confirmation is not None and not hmac.compare_digest(confirmation.encode(),
                                                                 confirmation_code(plan).encode()):
