@@ -419,3 +419,24 @@ def test_report_pages_are_for_finance_and_admins_only(client):
 
     client.force_login(User.objects.create_user(username="tenant-user", password="pw-not-used-123"))
     assert client.get("/reports/").status_code == 403
+
+
+def test_a_figure_shown_in_two_tables_is_the_same_to_the_cent():
+    """Dynamic's cost 10.005 USD shows as 10.00 (half-even); its chargeback rows of 3.335 each would
+    show 3.34 three times, 10.02. Apportioned from the figure shown, they add up to 10.00, the cost
+    on the alternatives table and the fleet's busy cards; the baseline's column likewise."""
+    from billing.services.savings import savings_tables
+    from tests.billing.savings_results import report_result
+
+    result = report_result(costs={"whole_card": None, "request_fraction": "20.015", "fixed_profile": None},
+                           dynamic="10.005", tenants={"a": {"dynamic": "3.335", "request_fraction": "6.675"},
+                                                      "b": {"dynamic": "3.335", "request_fraction": "6.665"}})
+    tables = savings_tables(result, {})
+    assert tables is not None
+    dynamic = {r.key: r for r in tables.alternatives}["dynamic"].cost
+    baseline = tables.baseline_row
+    assert baseline is not None
+    assert dynamic == tables.held[0].dynamic == tables.chargeback[-1].dynamic == Decimal("10.00")
+    assert sum(r.dynamic for r in tables.chargeback[:-1]) == Decimal("10.00")
+    assert baseline.cost == tables.chargeback[-1].static == Decimal("20.02")
+    assert sum(r.static or 0 for r in tables.chargeback[:-1]) == Decimal("20.02")

@@ -18,7 +18,7 @@ from django.utils.translation import gettext_lazy, ngettext
 
 from billing.csv_files import number
 from billing.models import PairedReport
-from billing.money import amount_text, display_amount, money_text, round_parts
+from billing.money import amount_text, apportion, display_amount, minor_unit_exponent, money_text, round_parts
 from billing.pdf_fonts import pdf_font
 from billing.services.savings.static_alternatives import ALTERNATIVES
 
@@ -172,15 +172,25 @@ class SavingsTables:
         return max(r.fleet_cards for r in self.alternatives)
 
 
-def _rows_with_total(rows: list[tuple[str, Decimal | None, Decimal]], total_label: str,
-                     currency: str) -> tuple[CostComparison, ...]:
-    statics = [s for _, s, _ in rows]
-    static_rounded, static_total = round_parts([s or Decimal(0) for s in statics], currency)
-    dynamic_rounded, dynamic_total = round_parts([d for _, _, d in rows], currency)
-    has_static = all(s is not None for s in statics)
+def _shown_parts(parts: list[Decimal], total: Decimal, currency: str) -> tuple[list[Decimal], Decimal]:
+    """Rows rounded so that they add up to `total`'s own rounded figure (apportioned by the largest
+    remainder, billing.money.apportion): a total shown in two tables is the same figure in both.
+    Rows on both sides of zero cannot be apportioned: each is then rounded, their sum the total."""
+    shown = display_amount(total, currency)
+    if (all(p >= 0 for p in parts) and shown >= 0) or (all(p <= 0 for p in parts) and shown <= 0):
+        return apportion(shown, parts, minor_unit_exponent(currency)), shown
+    return round_parts(parts, currency)
+
+
+def _rows_with_total(rows: list[tuple[str, Decimal | None, Decimal]], total_label: str, currency: str, *,
+                     static_total: Decimal | None, dynamic_total: Decimal) -> tuple[CostComparison, ...]:
+    """A table of rows and its total row: each column's rows apportioned to its total's figure."""
+    has_static = static_total is not None and all(s is not None for _, s, _ in rows)
+    statics, static_shown = _shown_parts([s or Decimal(0) for _, s, _ in rows], static_total or Decimal(0), currency)
+    dynamics, dynamic_shown = _shown_parts([d for _, _, d in rows], dynamic_total, currency)
     out = [CostComparison(label, static if has_static else None, dynamic)
-           for (label, _, _), static, dynamic in zip(rows, static_rounded, dynamic_rounded, strict=True)]
-    return (*out, CostComparison(total_label, static_total if has_static else None, dynamic_total, is_total=True))
+           for (label, _, _), static, dynamic in zip(rows, statics, dynamics, strict=True)]
+    return (*out, CostComparison(total_label, static_shown if has_static else None, dynamic_shown, is_total=True))
 
 
 def _instant(text: str | None) -> datetime | None:
@@ -198,7 +208,7 @@ def savings_tables(result: dict[str, Any] | None, tenant_names: dict[str, str]) 
     held_rows = _rows_with_total([
         (_("Cards with workloads on them"), None, Decimal(held["busy_cards"])),
         (_("Cards with no workload"), None, Decimal(held["empty_cards"])),
-    ], _("Fleet cost"), currency)
+    ], _("Fleet cost"), currency, static_total=None, dynamic_total=Decimal(held["total"]))
     dynamic_cost = held_rows[0].dynamic  # the same figure as the busy cards' row above
     baseline = fleet["baseline"]
     dynamic = fleet["dynamic"]
@@ -217,11 +227,13 @@ def savings_tables(result: dict[str, Any] | None, tenant_names: dict[str, str]) 
     tenant_rows = [(tenant_names.get(t["tenant"], t["tenant"]), _decimal(t.get(baseline or "")),
                     Decimal(t["dynamic"])) for t in chargeback["tenants"]]
     platform = chargeback["platform"]
+    baseline_row = next((r for r in rows if r.key == baseline), None)
+    # The chargeback adds up to the figures of the table above: dynamic's cost and the baseline's.
     charge_rows = _rows_with_total([
         *sorted(tenant_rows, key=lambda r: (-r[2], r[0])),
         (_("Platform (idle no tenant was charged)"), _decimal(platform.get(baseline or "")),
          Decimal(platform["dynamic"])),
-    ], _("Total"), currency)
+    ], _("Total"), currency, static_total=baseline_row.cost if baseline_row else None, dynamic_total=dynamic_cost)
     return SavingsTables(currency, tuple(rows), held_rows, charge_rows, baseline, result.get("profiles") or {})
 
 
@@ -391,8 +403,9 @@ def definitions(cold_start_minutes: int) -> list[tuple[str, str]]:
             "static alternative, x = its chargeback under the alternative, y = what it was charged; a paired "
             "t-test of x against y gives the mean saving per workload-day, its 95 per cent confidence interval "
             "and the p-value.") % {"cold": cold_start_minutes}),
-        (_("Rounding"), _("Each amount is rounded once to the currency's minor unit; a total is the sum of the "
-                          "rounded rows above it.")),
+        (_("Rounding"), _("Each amount is rounded once to the currency's minor unit. A table's rows are its "
+                          "total's rounded figure split in proportion to them (largest remainder), so they add up "
+                          "to it, and a figure shown in two tables, on the dashboard or in a download is the same.")),
     ]
 
 
