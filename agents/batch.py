@@ -35,6 +35,10 @@ def gpu_to_wire(gpu: GpuInfo) -> dict[str, Any]:
     return {"uuid": gpu.uuid, "model": gpu.model, "memory_mb": gpu.memory_mb, "sm_count": gpu.sm_count}
 
 
+def _with_energy(wire: dict[str, Any], joules: float | None) -> dict[str, Any]:
+    return wire if joules is None else {**wire, "energy_j": round(joules, 3)}
+
+
 def gpu_from_wire(item: Mapping[str, Any]) -> GpuInfo:
     return GpuInfo(uuid=item["uuid"], model=item["model"], memory_mb=item["memory_mb"], sm_count=item["sm_count"])
 
@@ -114,8 +118,11 @@ def render_batch(
     gpus: Sequence[GpuInfo],
     samples: Sequence[Sample],
     cluster: str = "",
+    energy_j: Mapping[str, float] | None = None,
 ) -> bytes:
-    """The exact bytes sent for a batch (compact JSON, stable ordering); ``cluster`` only when set."""
+    """The exact bytes sent for a batch (compact JSON, stable ordering); ``cluster`` only when set.
+    ``energy_j``: the joules each GPU drew over the whole window, for the GPUs that metered it (an
+    optional field of the batch's GPU, docs/protocol.md); to the millijoule."""
     if window_end <= window_start:
         raise ValueError(f"empty batch window [{window_start}, {window_end})")
     ordered = sorted(samples, key=lambda s: (s.start, s.gpu, s.workload.key))
@@ -125,7 +132,7 @@ def render_batch(
     document |= {
         "batch_seq": batch_seq,
         "window": {"start": format_utc(window_start), "end": format_utc(window_end)},
-        "gpus": [gpu_to_wire(g) for g in gpus],
+        "gpus": [_with_energy(gpu_to_wire(g), (energy_j or {}).get(g.uuid)) for g in gpus],
         "samples": [s.to_wire() for s in ordered],
     }
     return json.dumps(document, separators=(",", ":"), allow_nan=False).encode("utf-8")

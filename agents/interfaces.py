@@ -5,7 +5,7 @@ Fakes for these seams live in ``agents.fakes`` (one module per edge).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Protocol, runtime_checkable
@@ -15,6 +15,7 @@ __all__ = [
     "Attributor",
     "BatchPredictor",
     "Clock",
+    "EnergyReader",
     "Enforcer",
     "Entitlement",
     "GpuBackend",
@@ -134,6 +135,15 @@ class GpuBackend(Protocol):
     def inventory(self) -> Sequence[GpuInfo]: ...
 
     def read(self, *, now: datetime) -> Sequence[UsageReading]: ...
+
+
+@runtime_checkable
+class EnergyReader(Protocol):
+    """A backend that meters GPU energy: per GPU, a cumulative count of joules since an arbitrary origin
+    (NVML's total energy, or power integrated over time). The meter takes differences of it, so only the
+    count's growth matters; a GPU that cannot report energy is absent from the answer."""
+
+    def energy_j(self, *, now: datetime) -> Mapping[str, float]: ...
 
 
 class Clock(Protocol):

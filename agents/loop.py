@@ -17,14 +17,24 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
 from agents.allocation import Policy, compute_grants
 from agents.batch import Sample, gpu_from_wire, gpu_to_wire, render_batch
 from agents.clock import ceil_to_seconds, from_us, to_us
-from agents.interfaces import Clock, Enforcer, GpuBackend, GpuInfo, Grant, Predictor, TickObserver, UsageReading
+from agents.interfaces import (
+    Clock,
+    EnergyReader,
+    Enforcer,
+    GpuBackend,
+    GpuInfo,
+    Grant,
+    Predictor,
+    TickObserver,
+    UsageReading,
+)
 from agents.meter import Meter, Rate
 from agents.prediction import WorkloadPredictors, make_workload_predictors
 from agents.spool import CheckpointPeriod, Spool
@@ -167,7 +177,8 @@ class Agent:
                 if stop.is_set():
                     break
                 at = from_us(now_us())
-                samples = meter.update(at=at, rates=self._tick(gpus=gpus, at=at, predictor=predictor))
+                samples = meter.update(at=at, rates=self._tick(gpus=gpus, at=at, predictor=predictor),
+                                       energy_j=self._energy(at))
                 ticks += 1
                 batches.extend(self._close_full(batch=batch, samples=samples, meter=meter, gpus=gpus))
                 if self._checkpoint:
@@ -178,7 +189,7 @@ class Agent:
             end = from_us(now_us() if until_us is None else min(now_us(), until_us))
             samples = meter.advance(to=max(end, meter.start))
             batches.extend(self._close_full(batch=batch, samples=samples, meter=meter, gpus=gpus))
-            batches.extend(self._close_partial(batch=batch, until=meter.completed_until, gpus=gpus))
+            batches.extend(self._close_partial(batch=batch, until=meter.completed_until, gpus=gpus, meter=meter))
             log.info(
                 "event=agent_stopped node=%s metered_until=%s batches=%d",
                 config.node,
@@ -186,6 +197,10 @@ class Agent:
                 len(batches),
             )
         return RunSummary(start=begin, metered_until=batch.start, batches=tuple(batches), ticks=ticks)
+
+    def _energy(self, at: datetime) -> Mapping[str, float] | None:
+        """Each GPU's energy count now, when the backend meters energy (docs/agent.md, Energy)."""
+        return self._backend.energy_j(now=at) if isinstance(self._backend, EnergyReader) else None
 
     def _tick(self, *, gpus: Sequence[GpuInfo], at: datetime, predictor: Predictor) -> list[Rate]:
         # Real elapsed time, not the agent's clock: a fake clock does not move while computing.
@@ -211,7 +226,7 @@ class Agent:
         batch.samples.extend(samples)
         closed: list[int] = []
         while meter.completed_until >= batch.end:
-            closed.append(self._store(batch=batch, end=batch.end, gpus=gpus))
+            closed.append(self._store(batch=batch, end=batch.end, gpus=gpus, meter=meter))
         return closed
 
     def _checkpoint_open(self, *, batch: _OpenBatch, until: datetime, gpus: Sequence[GpuInfo]) -> None:
@@ -271,14 +286,15 @@ class Agent:
 
         return render
 
-    def _close_partial(self, *, batch: _OpenBatch, until: datetime, gpus: Sequence[GpuInfo]) -> list[int]:
+    def _close_partial(self, *, batch: _OpenBatch, until: datetime, gpus: Sequence[GpuInfo], meter: Meter) -> list[int]:
         if until <= batch.start:
             return []
-        return [self._store(batch=batch, end=until, gpus=gpus)]
+        return [self._store(batch=batch, end=until, gpus=gpus, meter=meter)]
 
-    def _store(self, *, batch: _OpenBatch, end: datetime, gpus: Sequence[GpuInfo]) -> int:
+    def _store(self, *, batch: _OpenBatch, end: datetime, gpus: Sequence[GpuInfo], meter: Meter) -> int:
         window_start = batch.start
         inside = [s for s in batch.samples if s.start < end]
+        energy = meter.take_energy(start=window_start, end=end)
         seq = self._spool.store_batch(
             window_start=window_start,
             window_end=end,
@@ -290,6 +306,7 @@ class Agent:
                 gpus=gpus,
                 samples=inside,
                 cluster=self._config.cluster,
+                energy_j=energy,
             ),
         )
         batch.advance(to=end)

@@ -7,6 +7,12 @@ quanta of 2**-10 (MB·s, SM·s, MB): such numbers are exact in binary floating
 point, so any server summing them (float in any order, Decimal, integers)
 sees exactly the totals checked here.
 
+Energy is per GPU, not per workload: given a GPU's cumulative energy count at each
+update (``agents.interfaces.EnergyReader``), its growth since the previous update is
+spread evenly over that interval (the mean power), integrated per period like the
+rates, and kept per closed period (``take_energy``). A period has a GPU's energy only
+when the power was known for the whole of it; a batch, only when all its periods do.
+
 Invariants of every emitted period, per GPU:
 - each used / granted integral <= capacity x period seconds;
 - sum of granted integrals <= capacity x period seconds.
@@ -15,7 +21,7 @@ Invariants of every emitted period, per GPU:
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -77,6 +83,12 @@ class Meter:
         self._cursor_us = start_us  # everything before it is integrated
         self._rates: dict[tuple[str, str], Rate] = {}
         self._open: dict[tuple[str, str], tuple[Workload, _Integral]] = {}
+        # Energy: the last counter reading per GPU and when, the mean power since (W), what the open period
+        # has integrated (joules, µs covered), and each closed period's joules per GPU (whole periods only).
+        self._energy_read: dict[str, tuple[float, int]] = {}
+        self._power_w: dict[str, float] = {}
+        self._open_energy: dict[str, list[float]] = {}
+        self._closed_energy: dict[int, dict[str, float]] = {}
 
     @property
     def start(self) -> datetime:
@@ -88,11 +100,39 @@ class Meter:
         done = (self._cursor_us - self._start_us) // self._period_us
         return from_us(self._start_us + done * self._period_us)
 
-    def update(self, *, at: datetime, rates: Iterable[Rate]) -> list[Sample]:
-        """Integrate the current rates up to ``at``, then hold ``rates`` from ``at`` on."""
+    def update(self, *, at: datetime, rates: Iterable[Rate], energy_j: Mapping[str, float] | None = None) -> list[Sample]:
+        """Integrate the current rates up to ``at``, then hold ``rates`` from ``at`` on. ``energy_j``: each
+        GPU's cumulative energy count at ``at``, whose growth since the previous update is the energy of
+        the interval just integrated (``None``: the backend meters no energy)."""
+        self._power_w = self._mean_power(at=to_us(at), energy_j=energy_j or {})
         samples = self.advance(to=at)
         self._rates = self._validated(rates)
         return samples
+
+    def take_energy(self, *, start: datetime, end: datetime) -> dict[str, float]:
+        """Joules per GPU over ``[start, end)``, for the GPUs whose energy is known for every period of
+        it; the closed periods it covers are forgotten."""
+        first, last = to_us(start), to_us(end)
+        periods = [p for p in sorted(self._closed_energy) if first <= p < last]
+        expected = (last - first) // self._period_us
+        chosen = [self._closed_energy.pop(p) for p in periods]
+        if not chosen or len(chosen) != expected:
+            return {}
+        known = set.intersection(*(set(c) for c in chosen))
+        return {uuid: sum(c[uuid] for c in chosen) for uuid in sorted(known)}
+
+    def _mean_power(self, *, at: int, energy_j: Mapping[str, float]) -> dict[str, float]:
+        """The mean power of each GPU since its previous reading; a GPU whose counter went back (a driver
+        reload) or was not read before gets none for this interval."""
+        power: dict[str, float] = {}
+        for uuid, joules in energy_j.items():
+            if uuid not in self._gpus or not math.isfinite(joules):
+                continue
+            previous = self._energy_read.get(uuid)
+            if previous is not None and at > previous[1] and joules >= previous[0]:
+                power[uuid] = (joules - previous[0]) / ((at - previous[1]) / _US_PER_S)
+            self._energy_read[uuid] = (joules, at)
+        return power
 
     def advance(self, *, to: datetime) -> list[Sample]:
         """Integrate the current rates up to ``to``; returns samples of completed periods."""
@@ -107,6 +147,10 @@ class Meter:
             seconds = (segment_end - self._cursor_us) / _US_PER_S
             for key, rate in self._rates.items():
                 self._open.setdefault(key, (rate.workload, _Integral()))[1].add(rate, seconds)
+            for uuid, watts in self._power_w.items():
+                integral = self._open_energy.setdefault(uuid, [0.0, 0.0])
+                integral[0] += watts * seconds
+                integral[1] += segment_end - self._cursor_us
             self._cursor_us = segment_end
             if segment_end == period_end:
                 samples.extend(self._close_period(start_us=period_end - self._period_us))
@@ -144,6 +188,9 @@ class Meter:
         return by_key
 
     def _close_period(self, *, start_us: int) -> list[Sample]:
+        energy, self._open_energy = self._open_energy, {}
+        self._closed_energy[start_us] = {uuid: joules for uuid, (joules, covered) in energy.items()
+                                         if covered >= self._period_us}
         closed, self._open = self._open, {}
         by_gpu: dict[str, list[tuple[Workload, _Integral]]] = {}
         for (gpu_uuid, _), entry in sorted(closed.items()):

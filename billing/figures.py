@@ -84,11 +84,14 @@ class FigureRow:
     mem_used_card_s: Decimal = Decimal(0)
     sm_billed_card_s: Decimal = Decimal(0)
     sm_used_card_s: Decimal = Decimal(0)
+    # GPU energy attributed by the ledger's split of each card's energy (docs/billing.md, Energy), joules.
+    energy_j: Decimal = Decimal(0)
 
 
 LEVELS = ("tenant", *FIGURE_LEVELS)
 _S_PER_H = Decimal(3600)
 _MB_S_PER_GB_H = Decimal(1024 * 3600)  # GB·h as the pages write them (GiB, 1024 MB)
+_J_PER_KWH = Decimal(3_600_000)
 _ZERO = Decimal(0)
 
 
@@ -105,6 +108,7 @@ class Figures:
     sm_used_h: Decimal
     sm_granted_h: Decimal
     sm_requested_h: Decimal | None
+    energy_kwh: Decimal
 
     def __add__(self, other: Figures) -> Figures:
         return _from_columns({name: _add(getattr(self, name), getattr(other, name)) for name in _NAMES})
@@ -130,6 +134,7 @@ def _from_columns(values: Mapping[str, Decimal | None]) -> Figures:
         cost=known("cost"), gpu_hours=known("gpu_hours"), mem_used_gb_h=known("mem_used_gb_h"),
         mem_granted_gb_h=known("mem_granted_gb_h"), mem_requested_gb_h=values["mem_requested_gb_h"],
         sm_used_h=known("sm_used_h"), sm_granted_h=known("sm_granted_h"), sm_requested_h=values["sm_requested_h"],
+        energy_kwh=known("energy_kwh"),
     )
 
 
@@ -267,6 +272,7 @@ def _figures(row: FigureRow) -> Figures:
         mem_requested_gb_h=None if row.mem_requested_mb_s is None else row.mem_requested_mb_s / _MB_S_PER_GB_H,
         sm_used_h=row.sm_used_s / _S_PER_H, sm_granted_h=row.sm_granted_s / _S_PER_H,
         sm_requested_h=None if row.sm_requested_s is None else row.sm_requested_s / _S_PER_H,
+        energy_kwh=row.energy_j / _J_PER_KWH,
     )
 
 

@@ -8,6 +8,12 @@ sampling window) is split over the GPU's processes in proportion to their SM
 use (by memory when no SM use was sampled) — an estimate, documented in
 docs/agent.md. A GPU in MIG mode is metered as its MIG instances (each with
 its own UUID, memory and SM count); the parent GPU is not listed.
+
+Energy (``energy_j``) is per GPU: NVML's total energy consumption counter
+(``nvmlDeviceGetTotalEnergyConsumption``, mJ since the driver loaded) where the
+GPU has one, else its power draw (``nvmlDeviceGetPowerUsage``, mW) held from one
+read to the next and integrated over time. A MIG instance has neither: its parent's
+energy is not split (docs/agent.md).
 """
 
 from __future__ import annotations
@@ -79,6 +85,8 @@ class NvmlBackend:
         self._last_sample_us: dict[str, int] = {gpu.uuid: 0 for gpu, _ in self._handles}
         # Host PIDs of each workload's GPU processes at the last read (the enforcers' process table).
         self._pids: dict[str, tuple[int, ...]] = {}
+        # Power-integrated energy of the GPUs without an energy counter: (joules so far, last power W, at).
+        self._power_energy: dict[str, tuple[float, float, datetime]] = {}
 
     def close(self) -> None:
         self._nvml.nvmlShutdown()
@@ -115,6 +123,30 @@ class NvmlBackend:
                 )
         self._pids = {key: tuple(sorted(found)) for key, found in pids.items()}
         return readings
+
+    def energy_j(self, *, now: datetime) -> dict[str, float]:
+        """Cumulative joules per GPU (``agents.interfaces.EnergyReader``): the counter where the GPU has one,
+        else power x time, the power read now held until the next read. GPUs with neither are left out."""
+        nvml = self._nvml
+        energy: dict[str, float] = {}
+        for gpu, handle in self._handles:
+            try:
+                energy[gpu.uuid] = nvml.nvmlDeviceGetTotalEnergyConsumption(handle) / 1000.0
+                continue
+            except nvml.NVMLError as error:
+                if error.value != nvml.NVML_ERROR_NOT_SUPPORTED:
+                    raise
+            try:
+                watts = nvml.nvmlDeviceGetPowerUsage(handle) / 1000.0
+            except nvml.NVMLError as error:
+                if error.value != nvml.NVML_ERROR_NOT_SUPPORTED:
+                    raise
+                continue
+            joules, held_w, since = self._power_energy.get(gpu.uuid, (0.0, watts, now))
+            joules += held_w * max((now - since).total_seconds(), 0.0)
+            self._power_energy[gpu.uuid] = (joules, watts, now)
+            energy[gpu.uuid] = joules
+        return energy
 
     def _mig_instances(self, handle: Any) -> list[Any]:  # handle: opaque NVML device handle
         """The MIG instances of a GPU in MIG mode; empty when MIG is off or not supported."""

@@ -200,8 +200,16 @@ def load_scenario(path: str | Path) -> Scenario:
         raise ValueError(f"scenario {path}: {error}") from error
 
 
+# A simulated card's power draw: idle plus the rest of its board power in proportion to SM use. The
+# A100 SXM4's maximum is 400 W (NVIDIA's A100 datasheet); an idle one draws about 60 W.
+IDLE_POWER_W = 60.0
+MAX_POWER_W = 400.0
+
+
 class SimBackend:
-    """``GpuBackend`` over a scenario; ``epoch`` is elapsed time zero of the profiles."""
+    """``GpuBackend`` over a scenario; ``epoch`` is elapsed time zero of the profiles. It meters energy
+    (``agents.interfaces.EnergyReader``) as the NVML backend does without an energy counter: the power
+    of each read held until the next, integrated over time."""
 
     def __init__(self, scenario: Scenario, *, epoch: datetime, label_keys: Sequence[str] | None = None) -> None:
         """``label_keys``: the agent's label allow-list, applied to the scenario's labels as to a
@@ -215,6 +223,7 @@ class SimBackend:
         self._gpus = {g.uuid: g for g in scenario.gpus}
         self._lock = threading.Lock()
         self._workloads = scenario.workloads  # shrinks when pods are evicted
+        self._energy: dict[str, tuple[float, float, datetime]] = {}  # uuid -> (joules, power held W, since)
 
     @property
     def scenario(self) -> Scenario:
@@ -240,6 +249,23 @@ class SimBackend:
 
     def inventory(self) -> Sequence[GpuInfo]:
         return self._scenario.gpus
+
+    def energy_j(self, *, now: datetime) -> dict[str, float]:
+        """Cumulative joules per GPU: the power at the previous call held until ``now``."""
+        power = self._power_w(now)
+        energy: dict[str, float] = {}
+        for gpu_uuid, watts in power.items():
+            joules, held, since = self._energy.get(gpu_uuid, (0.0, watts, now))
+            joules += held * max((now - since).total_seconds(), 0.0)
+            self._energy[gpu_uuid] = (joules, watts, now)
+            energy[gpu_uuid] = joules
+        return energy
+
+    def _power_w(self, now: datetime) -> dict[str, float]:
+        busy: dict[str, float] = {g.uuid: 0.0 for g in self._scenario.gpus}
+        for r in self.read(now=now):
+            busy[r.gpu] += r.sm_used / self._gpus[r.gpu].sm_count
+        return {g: IDLE_POWER_W + (MAX_POWER_W - IDLE_POWER_W) * min(share, 1.0) for g, share in busy.items()}
 
     def read(self, *, now: datetime) -> Sequence[UsageReading]:
         elapsed_s = (now - self._epoch).total_seconds()

@@ -30,6 +30,10 @@ class FakeNvmlDevice:
     # Device PCIe throughput as nvmlDeviceGetPcieThroughput reports it, KB/s; None: not supported.
     pcie_tx_kb_s: int | None = None
     pcie_rx_kb_s: int | None = None
+    # Energy since the driver loaded, mJ (nvmlDeviceGetTotalEnergyConsumption; Volta and newer); None: not
+    # supported, and then the power draw (nvmlDeviceGetPowerUsage, mW; None: not supported either).
+    total_energy_mj: int | None = None
+    power_mw: int | None = None
     # MIG: when ``mig_instances`` is non-empty the device is in MIG mode and these are its
     # instances (each a device of its own, with ``mig_sm_count`` set).
     mig_instances: list[FakeNvmlDevice] = field(default_factory=list)
@@ -115,6 +119,16 @@ class FakeNvml:
             raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
         return value
 
+    def nvmlDeviceGetTotalEnergyConsumption(self, handle: FakeNvmlDevice) -> int:
+        if handle.total_energy_mj is None:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        return handle.total_energy_mj
+
+    def nvmlDeviceGetPowerUsage(self, handle: FakeNvmlDevice) -> int:
+        if handle.power_mw is None:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        return handle.power_mw
+
     def nvmlDeviceGetComputeRunningProcesses(self, handle: FakeNvmlDevice) -> list[SimpleNamespace]:
         return [SimpleNamespace(pid=pid, usedGpuMemory=used) for pid, used in handle.processes.items()]
 
@@ -140,6 +154,8 @@ def _device_to_json(device: FakeNvmlDevice) -> dict[str, Any]:
         "samples": [list(s) for s in device.samples],
         "pcie_tx_kb_s": device.pcie_tx_kb_s,
         "pcie_rx_kb_s": device.pcie_rx_kb_s,
+        "total_energy_mj": device.total_energy_mj,
+        "power_mw": device.power_mw,
         "mig_instances": [_device_to_json(m) for m in device.mig_instances],
     }
 
@@ -157,5 +173,8 @@ def _device_from_json(raw: dict[str, Any]) -> FakeNvmlDevice:
         samples=[(int(pid), int(ts), int(sm)) for pid, ts, sm in raw["samples"]],
         pcie_tx_kb_s=raw["pcie_tx_kb_s"],
         pcie_rx_kb_s=raw["pcie_rx_kb_s"],
+        # Fixtures saved before energy was read have neither: the device then meters no energy.
+        total_energy_mj=raw.get("total_energy_mj"),
+        power_mw=raw.get("power_mw"),
         mig_instances=[_device_from_json(m) for m in raw["mig_instances"]],
     )

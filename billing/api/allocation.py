@@ -127,6 +127,9 @@ def _properties(allocation: CostAllocation) -> dict[str, Any]:
 
 
 # OpenCost's Allocation fields for resources the ledger does not meter: present, and 0.
+# Joules in a kilowatt-hour.
+_J_PER_KWH = Decimal(3_600_000)
+
 _ZERO_FIELDS = (
     "cpuCores", "cpuCoreRequestAverage", "cpuCoreLimitAverage", "cpuCoreUsageAverage", "cpuCoreHours", "cpuCost",
     "cpuCostAdjustment", "cpuCostIdle", "cpuEfficiency", "networkTransferBytes", "networkReceiveBytes",
@@ -199,6 +202,8 @@ def _render(allocation: CostAllocation, window: Window) -> dict[str, Any]:
         "gpuSMUsedSeconds": float(allocation.sm_used_s),
         "gpuSMGrantedSeconds": float(allocation.sm_granted_s),
         "gpuSMRequestedSeconds": _number(allocation.sm_requested_s),
+        # GPU energy as the ledger split it (docs/billing.md, Energy; docs/allocation-api.md).
+        "gpuEnergyKWh": float(allocation.energy_j / _J_PER_KWH),
     }
     return body
 

@@ -137,6 +137,7 @@ class UsageGroupRow:
     sm_used_s: Decimal
     sm_granted_s: Decimal
     sm_requested_s: Decimal | None
+    energy_j: Decimal  # attributed by the ledger's split of the cards' energy (docs/billing.md, Energy)
 
 
 def _set_sql(ledger: reads.Ledger, alias: str, starts: Sequence[datetime] | None, params: dict[str, Any]) -> str:
@@ -246,7 +247,8 @@ def list_usage_groups(
         "sum(u.idle_share) AS idle_share, sum(u.mem_used_mb_s) AS mem_used_mb_s, "
         "sum(u.mem_granted_mb_s) AS mem_granted_mb_s, sum(u.sm_used_s) AS sm_used_s, sum(u.sm_granted_s) AS sm_granted_s, "
         f"CASE WHEN bool_and({mem_req} IS NOT NULL) THEN sum({mem_req}) END AS mem_requested_mb_s, "
-        f"CASE WHEN bool_and({sm_req} IS NOT NULL) THEN sum({sm_req}) END AS sm_requested_s "
+        f"CASE WHEN bool_and({sm_req} IS NOT NULL) THEN sum({sm_req}) END AS sm_requested_s, "
+        "sum(u.energy_j) AS energy_j "
         f"FROM {ledger.usage_table} u JOIN {_NODE} n ON n.id = u.node_id{gpu_join} "
         f"LEFT JOIN {_META} m ON m.node_id = u.node_id AND m.namespace = u.namespace AND m.pod = u.pod "
         "AND m.pod_uid = u.pod_uid "
@@ -302,7 +304,7 @@ def list_figure_rows(
         "coalesce(sum(u.mem_billed_mb_s / nullif(gp.memory_mb, 0)), 0) AS mem_billed_card_s, "
         "coalesce(sum(u.mem_used_mb_s / nullif(gp.memory_mb, 0)), 0) AS mem_used_card_s, "
         "coalesce(sum(u.sm_billed_s / nullif(gp.sm_count, 0)), 0) AS sm_billed_card_s, "
-        "coalesce(sum(u.sm_used_s / nullif(gp.sm_count, 0)), 0) AS sm_used_card_s "
+        "coalesce(sum(u.sm_used_s / nullif(gp.sm_count, 0)), 0) AS sm_used_card_s, sum(u.energy_j) AS energy_j "
         f"FROM {ledger.usage_table} u JOIN {_NODE} n ON n.id = u.node_id "
         f"LEFT JOIN {_GPU} gp ON gp.uuid = u.gpu_uuid "
         # Left: a usage row always has its GPU row (the rollup writes both), but a model is only a line's name.
@@ -347,6 +349,7 @@ class IdleRow:
     share_gpu_s: Decimal
     charge: Decimal
     currency: str
+    idle_energy_j: Decimal  # the cards' energy no workload is attributed
 
 
 def list_idle_rows(
@@ -371,7 +374,7 @@ def list_idle_rows(
         f"SELECT {_set_sql(ledger, 'g', starts, params)} AS set_start, {node} AS node, {cluster} AS cluster, "
         "sum(g.idle_cost - g.idle_allocated) AS platform_idle, sum(g.metered_seconds) AS metered_seconds, "
         "coalesce(sum(used.share), 0) AS share_gpu_s, coalesce(sum(used.charge), 0) AS charge, "
-        "coalesce(max(nullif(g.currency, '')), '') AS currency "
+        "coalesce(max(nullif(g.currency, '')), '') AS currency, sum(g.idle_energy_j) AS idle_energy_j "
         f"FROM {ledger.gpu_table} g JOIN {_NODE} n ON n.id = g.node_id "
         f"LEFT JOIN used ON used.node_id = g.node_id AND used.gpu_uuid = g.gpu_uuid AND used.{at} = g.{at} "
         f"WHERE g.{at} >= %(start)s AND g.{at} < %(end)s{where} GROUP BY 1, 2, 3"

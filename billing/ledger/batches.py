@@ -40,6 +40,7 @@ class BatchGpuDecl:
     model: str
     memory_mb: int
     sm_count: int
+    energy_j: float | None = None  # drawn over the whole window, when the agent metered it
 
 
 @dataclass(frozen=True)
@@ -181,12 +182,12 @@ def store_batch(*, node: Node, batch: ValidatedBatch, digest: str, now: datetime
             "window_end, sample_count, received_at) VALUES (%s, %s, %s, %s, %s, %s, %s) "
             "ON CONFLICT (node_id, batch_seq) DO NOTHING RETURNING id), "
             "g AS (INSERT INTO billing_batchgpu (batch_id, node_id, gpu_uuid, model, memory_mb, sm_count, "
-            "window_start, window_end) SELECT b.id, %s, v.uuid, v.model, v.memory_mb, v.sm_count, %s, %s FROM b, "
-            "unnest(%s::varchar[], %s::varchar[], %s::int[], %s::int[]) WITH ORDINALITY "
-            "AS v(uuid, model, memory_mb, sm_count, ord) ORDER BY v.ord) "
+            "window_start, window_end, energy_j) SELECT b.id, %s, v.uuid, v.model, v.memory_mb, v.sm_count, %s, %s, "
+            "v.energy_j::numeric FROM b, unnest(%s::varchar[], %s::varchar[], %s::int[], %s::int[], %s::float8[]) "
+            "WITH ORDINALITY AS v(uuid, model, memory_mb, sm_count, energy_j, ord) ORDER BY v.ord) "
             "SELECT id FROM b",
             [node.pk, batch.batch_seq, digest, batch.window_start, batch.window_end, batch.sample_count, now,
-             node.pk, batch.window_start, batch.window_end, *columns],
+             node.pk, batch.window_start, batch.window_end, *columns, [g.energy_j for g in gpus]],
         )
         row = cur.fetchone()
         if row is None:

@@ -44,6 +44,7 @@ class FocusLedgerRow:
     share_gpu_s: Decimal
     charge: Decimal
     idle_share: Decimal
+    energy_j: Decimal  # attributed to the workload (its share and any idle spread onto it)
 
     @property
     def origin_key(self) -> tuple[datetime, str, int | None]:
@@ -66,7 +67,8 @@ _FOCUS_COLUMNS = (
     "coalesce(rc.price_per_gpu_hour, 0) AS price_per_gpu_hour, coalesce(rc.alpha, 0.5) AS alpha, "
     "coalesce(rc.billed_basis, 'max') AS billed_basis, coalesce(rc.idle_policy, 'platform') AS idle_policy, "
     "gpu.memory_mb, gpu.sm_count, sum(u.mem_billed_mb_s) AS mem_billed_mb_s, sum(u.sm_billed_s) AS sm_billed_s, "
-    "sum(u.share_gpu_s) AS share_gpu_s, sum(u.charge) AS charge, sum(u.idle_share) AS idle_share "
+    "sum(u.share_gpu_s) AS share_gpu_s, sum(u.charge) AS charge, sum(u.idle_share) AS idle_share, "
+    "sum(u.energy_j) AS energy_j "
 )
 _FOCUS_FROM = (
     "FROM billing_usagehour u JOIN billing_gpuhour g ON g.node_id = u.node_id AND g.gpu_uuid = u.gpu_uuid AND g.hour = u.hour "
@@ -129,7 +131,7 @@ class FleetFocusLedgerRow(FocusLedgerRow):
 _FLEET_FOCUS_ROWS = (
     "SELECT " + _FOCUS_COLUMNS + ", u.tenant, g.currency " + _FOCUS_FROM
     + "WHERE u.hour >= %s AND u.hour < %s AND g.priced "
-    "GROUP BY 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 22, 23 ORDER BY 22, 1, 2, 5, 6, 7, 8, 9, 10"
+    "GROUP BY 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 23, 24 ORDER BY 23, 1, 2, 5, 6, 7, 8, 9, 10"
 )
 
 
@@ -157,13 +159,15 @@ class PlatformIdleRow:
     idle: Decimal
     card_cost: Decimal
     metered_seconds: Decimal
+    idle_energy_j: Decimal  # the energy no workload is attributed
 
 
 _PLATFORM_IDLE = (
-    "SELECT date_trunc('day', g.hour) AS day, g.gpu_uuid, g.gpu_model, n.name AS node, rc.id AS rate_card_id, "  # noqa: S608 - constant SQL
+    "SELECT date_trunc('day', g.hour) AS day, g.gpu_uuid, g.gpu_model, n.name AS node, rc.id AS rate_card_id, "
     "coalesce(rc.price_per_gpu_hour, 0) AS price_per_gpu_hour, coalesce(rc.idle_policy, 'platform') AS idle_policy, "
     "g.currency, sum(g.idle_cost - g.idle_allocated) AS idle, sum(g.card_cost) AS card_cost, "
-    "sum(g.metered_seconds) AS metered_seconds FROM billing_gpuhour g JOIN billing_node n ON n.id = g.node_id "
+    "sum(g.metered_seconds) AS metered_seconds, sum(g.idle_energy_j) AS idle_energy_j "
+    "FROM billing_gpuhour g JOIN billing_node n ON n.id = g.node_id "
     + _CARD_OF_HOUR
     + "WHERE g.hour >= %s AND g.hour < %s AND g.priced GROUP BY 1, 2, 3, 4, 5, 6, 7, 8 ORDER BY 1, 2, 4, 5"
 )

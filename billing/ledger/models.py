@@ -56,6 +56,9 @@ class _WorkloadUsage(models.Model):
     charge = _amount()
     # Idle spread onto this workload under the `proportional` idle policy, else 0.
     idle_share = _amount()
+    # Joules of the card's energy this workload is attributed, by the split of its cost (its share, and its
+    # part of the idle under `proportional`; docs/billing.md, Energy). 0 where the card's energy was not metered.
+    energy_j = models.DecimalField(max_digits=30, decimal_places=12, default=Decimal(0), db_default=Decimal(0))
 
     class Meta:
         abstract = True
@@ -79,6 +82,11 @@ class _GpuWindow(models.Model):
     # the hour and day rows are also written by SQL that predates them.
     committed_seconds = models.DecimalField(max_digits=30, decimal_places=10, default=Decimal(0), db_default=Decimal(0))
     committed_cost = models.DecimalField(max_digits=30, decimal_places=12, default=Decimal(0), db_default=Decimal(0))
+    # The card's energy in joules (its batches' readings, spread over the minutes they cover), the part no
+    # workload is attributed, and the metered seconds that had an energy reading (the rest drew unknown energy).
+    energy_j = models.DecimalField(max_digits=30, decimal_places=12, default=Decimal(0), db_default=Decimal(0))
+    idle_energy_j = models.DecimalField(max_digits=30, decimal_places=12, default=Decimal(0), db_default=Decimal(0))
+    energy_seconds = models.DecimalField(max_digits=30, decimal_places=10, default=Decimal(0), db_default=Decimal(0))
 
     class Meta:
         abstract = True
@@ -224,6 +232,9 @@ class BatchGpu(models.Model):
     sm_count = models.PositiveIntegerField()
     window_start = models.DateTimeField()
     window_end = models.DateTimeField()
+    # Joules the GPU drew over the whole window, as the agent metered it; NULL when it did not (an agent
+    # before energy, a GPU without a counter or power reading, a batch recovered after a crash).
+    energy_j = models.DecimalField(max_digits=30, decimal_places=10, null=True, blank=True)
 
     class Meta:
         constraints = [

@@ -12,6 +12,12 @@ M_i and S_i are the workload's billed MB·s and SM·s: max(used, granted) by def
 Under the `proportional` idle policy the idle amount is spread over the window's
 workloads pro rata to their charge; with no workload it stays with the platform.
 
+The energy the card drew in the window (joules, when its agent metered it) is split the same way
+(docs/billing.md, Energy): workload i gets E × share_i / seconds (its share of the card's time, after
+any scaling), allocated by the largest remainder as charges are, and the rest is idle energy, spread
+over the workloads like idle cost under `proportional`, else the platform's. Σ workload energy + idle
+energy = E exactly, at ledger precision, priced or not.
+
 A card covered by a commitment (reserved rate or on-prem cards, docs/billing.md, Commitments and
 on-prem cards) is priced the same way at the commitment's rate instead of the market card's. In
 each minute the commitments of a GPU model in force form one pool of Σ cards at their card-weighted
@@ -101,6 +107,7 @@ class GpuWindowUsage:
     sm_count: int
     metered_seconds: Decimal
     workloads: Sequence[WorkloadQuantities]
+    energy_j: Decimal = Decimal(0)
 
 
 @dataclass(frozen=True)
@@ -112,6 +119,9 @@ class PricedWindow:
     charges: tuple[Decimal, ...]
     idle_cost: Decimal
     idle_shares: tuple[Decimal, ...]
+    # Each workload's energy (its share and, under `proportional`, its part of the idle), and the rest.
+    energies: tuple[Decimal, ...] = ()
+    idle_energy_j: Decimal = Decimal(0)
 
     @property
     def charged(self) -> Decimal:
@@ -151,6 +161,8 @@ def price_gpu_window(*, window: GpuWindowUsage, rate: Rate) -> PricedWindow:
             idle_shares = allocate(idle_cost, charges if any(charges) else raw_shares)
         else:
             idle_shares = [Decimal(0)] * len(charges)
+        energies, idle_energy = _split_energy(window, raw_shares, charges, scale=scale,
+                                              spread_idle=rate.idle_policy == "proportional")
     return PricedWindow(
         card_cost=card_cost,
         billed_mem_mb_s=tuple(m for m, _ in billed),
@@ -159,7 +171,26 @@ def price_gpu_window(*, window: GpuWindowUsage, rate: Rate) -> PricedWindow:
         charges=tuple(charges),
         idle_cost=idle_cost,
         idle_shares=tuple(idle_shares),
+        energies=tuple(energies),
+        idle_energy_j=idle_energy,
     )
+
+
+def _split_energy(window: GpuWindowUsage, raw_shares: list[Decimal], charges: list[Decimal], *, scale: Decimal,
+                  spread_idle: bool) -> tuple[list[Decimal], Decimal]:
+    """The card's energy split as its cost is: by each workload's share of the card's time."""
+    energy = ledger_amount(window.energy_j)
+    if not raw_shares:
+        return [], energy
+    if energy <= 0 or window.metered_seconds <= 0:
+        return [Decimal(0)] * len(raw_shares), energy
+    used = min(energy, ledger_amount(energy * sum(raw_shares, Decimal(0)) * scale / window.metered_seconds))
+    parts = allocate(used, raw_shares)
+    idle = energy - used
+    if spread_idle and idle > 0:
+        spread = allocate(idle, charges if any(charges) else raw_shares)
+        return [p + s for p, s in zip(parts, spread, strict=True)], Decimal(0)
+    return parts, idle
 
 
 @dataclass(frozen=True)

@@ -57,6 +57,7 @@ from billing.ledger.pricing import (
 from billing.ledger.reads import fetch_rows
 from billing.ledger.retention import require_raw_samples
 from billing.ledger.statistics import analyze_stale_partitions
+from billing.money import ledger_amount
 
 __all__ = [
     "QuarantinedBatch",
@@ -79,11 +80,12 @@ _WORKLOAD_KEY = ("tenant", "namespace", "pod", "container", "pod_uid", "sla_tier
 _USAGE_COLUMNS = (
     "gpu_uuid", "node_id", "tenant", "namespace", "pod", "container", "pod_uid", "sla_tier", "seconds",
     "mem_used_mb_s", "mem_granted_mb_s", "mem_billed_mb_s", "sm_used_s", "sm_granted_s", "sm_billed_s",
-    "pcie_mb", "share_gpu_s", "charge", "idle_share",
+    "pcie_mb", "share_gpu_s", "charge", "idle_share", "energy_j",
 )
 _GPU_COLUMNS = (
     "gpu_uuid", "node_id", "gpu_model", "metered_seconds", "card_cost", "charged", "idle_cost",
-    "idle_allocated", "currency", "priced", "committed_seconds", "committed_cost",
+    "idle_allocated", "currency", "priced", "committed_seconds", "committed_cost", "energy_j", "idle_energy_j",
+    "energy_seconds",
 )
 # Rollups that price a committed GPU model take this lock (class, 0) before they read which of its
 # cards other nodes metered: the cover of one card depends on the others' (docs/billing.md).
@@ -133,6 +135,9 @@ class _Window:
     memory_mb: int
     sm_count: int
     seconds: Decimal
+    # Joules from the batches that metered energy, each spread evenly over its window, and the seconds they cover.
+    energy_j: Decimal = Decimal(0)
+    energy_seconds: Decimal = Decimal(0)
 
 
 # --------------------------------------------------------------------------------------------
@@ -429,27 +434,35 @@ def _windows(cur: CursorWrapper, nodes: list[int], gpus: list[str], lo: datetime
     samples count."""
     cur.execute(
         "SELECT bg.batch_id, bg.node_id, bg.gpu_uuid, bg.window_start, bg.window_end, bg.model, bg.memory_mb, "
-        "bg.sm_count FROM billing_batchgpu bg JOIN billing_usagebatch b ON b.node_id = bg.node_id "
+        "bg.sm_count, bg.energy_j FROM billing_batchgpu bg JOIN billing_usagebatch b ON b.node_id = bg.node_id "
         "AND b.id = bg.batch_id WHERE bg.node_id = ANY(%s) AND bg.gpu_uuid = ANY(%s) AND bg.window_end > %s "
         "AND bg.window_start < %s AND b.quarantined_at IS NULL AND (b.rolled_up_at IS NOT NULL OR b.id = ANY(%s))",
         [nodes, gpus, lo, hi, list(rolling)],
     )
     seconds: dict[Key, Decimal] = defaultdict(Decimal)
+    energy: dict[Key, list[Decimal]] = defaultdict(lambda: [Decimal(0), Decimal(0)])  # joules, seconds metered
     card: dict[Key, tuple[str, int, int]] = {}
     included: set[int] = set()
-    for batch_id, node_id, gpu_uuid, start, end, model, memory_mb, sm_count in cur.fetchall():
+    for batch_id, node_id, gpu_uuid, start, end, model, memory_mb, sm_count, energy_j in cur.fetchall():
+        window_s = Decimal((end - start) // timedelta(microseconds=1)) / _MICROSECONDS
         for minute in _minutes(max(start, lo), min(end, hi)):
             key = (node_id, gpu_uuid, minute)
             if key not in affected:
                 continue
             overlap = min(end, minute + _MINUTE) - max(start, minute)
-            seconds[key] += Decimal(overlap // timedelta(microseconds=1)) / _MICROSECONDS
+            overlap_s = Decimal(overlap // timedelta(microseconds=1)) / _MICROSECONDS
+            seconds[key] += overlap_s
+            if energy_j is not None:  # the batch's energy, spread evenly over its window
+                energy[key][0] += energy_j * overlap_s / window_s
+                energy[key][1] += overlap_s
             # As the SQL it replaces: max() of each declared figure when batches of one minute differ.
             seen = card.get(key)
             card[key] = (model, memory_mb, sm_count) if seen is None else (
                 max(seen[0], model), max(seen[1], memory_mb), max(seen[2], sm_count))
             included.add(batch_id)
-    windows = {k: _Window(model=card[k][0], memory_mb=card[k][1], sm_count=card[k][2], seconds=s)
+    windows = {k: _Window(model=card[k][0], memory_mb=card[k][1], sm_count=card[k][2], seconds=s,
+                          energy_j=ledger_amount(energy[k][0]) if k in energy else Decimal(0),
+                          energy_seconds=energy[k][1] if k in energy else Decimal(0))
                for k, s in seconds.items()}
     return windows, sorted(included)
 
@@ -557,7 +570,8 @@ def _priced_rows(windows: dict[Key, _Window], workloads: dict[Key, list[tuple[An
             window=GpuWindowUsage(memory_mb=w.memory_mb, sm_count=w.sm_count, metered_seconds=w.seconds,
                                   workloads=[WorkloadQuantities(mem_used_mb_s=r[7], mem_granted_mb_s=r[8],
                                                                 mem_max_mb_s=r[9], sm_used_s=r[10],
-                                                                sm_granted_s=r[11], sm_max_s=r[12]) for r in rows]),
+                                                                sm_granted_s=r[11], sm_max_s=r[12]) for r in rows],
+                                  energy_j=w.energy_j),
             rate=rate,
         )
         at = minute.isoformat()
@@ -567,13 +581,14 @@ def _priced_rows(windows: dict[Key, _Window], workloads: dict[Key, list[tuple[An
             usage_lines.append(
                 f"{prefix}{r[0]}\t{r[1]}\t{r[2]}\t{r[3]}\t{r[4]}\t{r[5]}\t{r[6]}\t{r[7]}\t{r[8]}\t"
                 f"{priced.billed_mem_mb_s[i]}\t{r[10]}\t{r[11]}\t{priced.billed_sm_s[i]}\t{r[13]}\t"
-                f"{priced.share_gpu_s[i]}\t{priced.charges[i]}\t{priced.idle_shares[i]}\t{card_id}\n"
+                f"{priced.share_gpu_s[i]}\t{priced.charges[i]}\t{priced.idle_shares[i]}\t{priced.energies[i]}\t"
+                f"{card_id}\n"
             )
         committed = (w.seconds, priced.card_cost) if is_covered else (0, 0)
         gpu_lines.append(
             f"{prefix}{w.model}\t{w.seconds}\t{priced.card_cost}\t{priced.charged}\t{priced.idle_cost}\t"
             f"{priced.idle_allocated}\t{currency}\t{'t' if is_priced else 'f'}\t{committed[0]}\t{committed[1]}\t"
-            f"{card_id}\n"
+            f"{w.energy_j}\t{priced.idle_energy_j}\t{w.energy_seconds}\t{card_id}\n"
         )
     return io.StringIO("".join(usage_lines)), io.StringIO("".join(gpu_lines))
 
@@ -597,10 +612,12 @@ def _recompute_hours(cur: CursorWrapper, hours: set[Key]) -> None:
     )
     cur.execute(
         "INSERT INTO billing_gpuhour (hour, gpu_uuid, node_id, gpu_model, metered_seconds, card_cost, charged, "  # noqa: S608 - fixed SQL; values are parameters
-        "idle_cost, idle_allocated, currency, priced, committed_seconds, committed_cost) "
+        "idle_cost, idle_allocated, currency, priced, committed_seconds, committed_cost, energy_j, idle_energy_j, "
+        "energy_seconds) "
         "SELECT a.hour, m.gpu_uuid, m.node_id, max(m.gpu_model), sum(m.metered_seconds), sum(m.card_cost), "
         "sum(m.charged), sum(m.idle_cost), sum(m.idle_allocated), max(m.currency), bool_and(m.priced), "
-        "sum(m.committed_seconds), sum(m.committed_cost) "
+        "sum(m.committed_seconds), sum(m.committed_cost), sum(m.energy_j), sum(m.idle_energy_j), "
+        "sum(m.energy_seconds) "
         f"FROM billing_gpuminute m {of_touched} GROUP BY a.hour, m.gpu_uuid, m.node_id",
         keys,
     )
@@ -625,11 +642,12 @@ def _usage_days_insert(source: str) -> str:
 def _gpu_days_insert(source: str) -> str:
     return (
         "INSERT INTO billing_gpuday (day, gpu_uuid, node_id, gpu_model, metered_seconds, card_cost, charged, "  # noqa: S608 - built from constant column lists
-        "idle_cost, idle_allocated, currency, priced, unpriced_seconds, committed_seconds, committed_cost) "
+        "idle_cost, idle_allocated, currency, priced, unpriced_seconds, committed_seconds, committed_cost, "
+        "energy_j, idle_energy_j, energy_seconds) "
         f"SELECT {_DAY_OF}, h.gpu_uuid, h.node_id, max(h.gpu_model), sum(h.metered_seconds), sum(h.card_cost), "
         "sum(h.charged), sum(h.idle_cost), sum(h.idle_allocated), max(h.currency), bool_and(h.priced), "
         "coalesce(sum(h.metered_seconds) FILTER (WHERE NOT h.priced), 0), sum(h.committed_seconds), "
-        "sum(h.committed_cost) "
+        "sum(h.committed_cost), sum(h.energy_j), sum(h.idle_energy_j), sum(h.energy_seconds) "
         f"FROM billing_gpuhour h {source} GROUP BY {_DAY_OF}, h.gpu_uuid, h.node_id"
     )
 

@@ -109,6 +109,9 @@ class CostAllocation:
     sm_requested_s: Decimal | None
     seconds: Decimal = _ZERO  # Σ metered workload-seconds (per GPU)
     is_idle: bool = field(default=False)
+    # GPU energy, joules: a workload group's as the ledger split it (docs/billing.md, Energy), idle's the
+    # cards' energy no workload was attributed. Sharing idle cost (shareIdle) does not move energy.
+    energy_j: Decimal = _ZERO
 
 
 # --- Windows ------------------------------------------------------------------------------------
@@ -205,6 +208,7 @@ class _Group:
     sm_used: Decimal = _ZERO
     sm_granted: Decimal = _ZERO
     sm_requested: Decimal | None = _ZERO
+    energy_j: Decimal = _ZERO
 
     def add(self, row: ledger.UsageGroupRow, shared_idle: Decimal) -> None:
         self.first_hour = min(self.first_hour, row.first_hour)
@@ -217,6 +221,7 @@ class _Group:
         self.mem_granted += row.mem_granted_mb_s
         self.sm_used += row.sm_used_s
         self.sm_granted += row.sm_granted_s
+        self.energy_j += row.energy_j
         self.mem_requested = None if self.mem_requested is None or row.mem_requested_mb_s is None \
             else self.mem_requested + row.mem_requested_mb_s
         self.sm_requested = None if self.sm_requested is None or row.sm_requested_s is None \
@@ -317,6 +322,7 @@ def allocation_sets(  # noqa: PLR0912 - one branch per OpenCost option
                 shared_idle_cost=g.idle, total_cost=g.charge + g.idle, currency=currency,
                 mem_used_mb_s=g.mem_used, mem_granted_mb_s=g.mem_granted, mem_requested_mb_s=g.mem_requested,
                 sm_used_s=g.sm_used, sm_granted_s=g.sm_granted, sm_requested_s=g.sm_requested, seconds=g.seconds,
+                energy_j=g.energy_j,
             )
     if platform and include_idle:
         for r in sorted(idle_rows, key=lambda r: (r.set_start, r.node)):
@@ -346,14 +352,14 @@ def _add_idle(one: dict[str, CostAllocation], name: str, properties: dict[str, s
     before = one.get(name)
     if before is not None:
         one[name] = replace(before, gpu_hours=before.gpu_hours + gpu_hours, gpu_cost=before.gpu_cost + left,
-                            total_cost=before.total_cost + left)
+                            total_cost=before.total_cost + left, energy_j=before.energy_j + r.idle_energy_j)
         return
     one[name] = CostAllocation(
         name=name, properties=properties, start=bound.start, end=bound.end,
         minutes=_minutes(bound.start, bound.end), gpu_hours=gpu_hours,
         gpu_cost=left, shared_idle_cost=_ZERO, total_cost=left, currency=currency or r.currency,
         mem_used_mb_s=_ZERO, mem_granted_mb_s=_ZERO, mem_requested_mb_s=None, sm_used_s=_ZERO,
-        sm_granted_s=_ZERO, sm_requested_s=None, is_idle=True,
+        sm_granted_s=_ZERO, sm_requested_s=None, is_idle=True, energy_j=r.idle_energy_j,
     )
 
 
@@ -365,7 +371,8 @@ def _merge_nodes(idle_rows: Sequence[ledger.IdleRow]) -> dict[tuple[datetime, st
         b = out.get(key)
         out[key] = replace(r, node="", cluster="") if b is None else replace(
             b, platform_idle=b.platform_idle + r.platform_idle, metered_seconds=b.metered_seconds + r.metered_seconds,
-            share_gpu_s=b.share_gpu_s + r.share_gpu_s, charge=b.charge + r.charge)
+            share_gpu_s=b.share_gpu_s + r.share_gpu_s, charge=b.charge + r.charge,
+            idle_energy_j=b.idle_energy_j + r.idle_energy_j)
     return out
 
 
@@ -386,6 +393,7 @@ def accumulated(sets: Sequence[Mapping[str, CostAllocation]]) -> dict[str, CostA
                 sm_used_s=a.sm_used_s + b.sm_used_s, sm_granted_s=a.sm_granted_s + b.sm_granted_s,
                 sm_requested_s=None if a.sm_requested_s is None or b.sm_requested_s is None
                 else a.sm_requested_s + b.sm_requested_s, seconds=a.seconds + b.seconds,
+                energy_j=a.energy_j + b.energy_j,
             )
     return out
 

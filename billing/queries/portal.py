@@ -85,6 +85,7 @@ class WorkloadUsage:
     last_hour: datetime  # start of the last ledger hour with usage
     # "namespace/pod", with the start of the pod UID where two pod instances share a name.
     label: str = ""
+    energy_kwh: Decimal = Decimal(0)  # GPU energy attributed to it, as shown (docs/billing.md, Energy)
 
     @property
     def key(self) -> tuple[str, str, str]:
@@ -265,7 +266,8 @@ def list_upcoming_invoices(*, scope: Scope, now: datetime) -> UpcomingInvoices:
 
 # A workload's quantity -> the figure it shows.
 _QUANTITIES = (("gpu_hours_equivalent", "gpu_hours"), ("mem_used_gb_h", "mem_used_gb_h"),
-               ("mem_granted_gb_h", "mem_granted_gb_h"), ("sm_used_h", "sm_used_h"), ("sm_granted_h", "sm_granted_h"))
+               ("mem_granted_gb_h", "mem_granted_gb_h"), ("sm_used_h", "sm_used_h"), ("sm_granted_h", "sm_granted_h"),
+               ("energy_kwh", "energy_kwh"))
 
 
 def _workloads(tree: FigureTree) -> tuple[WorkloadUsage, ...]:
@@ -289,6 +291,7 @@ def _workload(tree: FigureTree, node: FigureNode, same_name_instances: int) -> W
         mem_granted_gb_h=shown.mem_granted_gb_h, sm_used_h=shown.sm_used_h, sm_granted_h=shown.sm_granted_h,
         first_hour=node.first_hour, last_hour=node.last_hour,
         label=f"{namespace}/{pod}" + (f" ({pod_uid[:8]})" if same_name_instances > 1 else ""),
+        energy_kwh=shown.energy_kwh,
     )
 
 

@@ -39,9 +39,10 @@ from billing.web.forms import PeriodForm
 
 _WORKLOAD_CSV_COLUMNS = (
     "namespace", "pod", "pod_uid", "containers", "sla_tiers", "cost", "currency", "gpu_hours_equivalent",
-    "mem_used_gb_h", "mem_granted_gb_h", "sm_used_h", "sm_granted_h", "first_hour", "last_hour",
+    "mem_used_gb_h", "mem_granted_gb_h", "sm_used_h", "sm_granted_h", "energy_kwh", "first_hour", "last_hour",
 )
-_WORKLOAD_QUANTITIES = ("gpu_hours_equivalent", "mem_used_gb_h", "mem_granted_gb_h", "sm_used_h", "sm_granted_h")
+_WORKLOAD_QUANTITIES = ("gpu_hours_equivalent", "mem_used_gb_h", "mem_granted_gb_h", "sm_used_h", "sm_granted_h",
+                        "energy_kwh")
 # Like the invoice CSV (billing.services.exports.INVOICE_CSV_COLUMNS), with no invoice number yet.
 _UPCOMING_CSV_COLUMNS = (
     "status", "tenant", "billing_period", "as_of", "line", "kind", "gpu_model", "sla_tier", "usage_month",

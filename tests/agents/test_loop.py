@@ -13,9 +13,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from agents.backends.sim import SimBackend, demo_scenario, parse_scenario
+from agents.batch import gpu_from_wire
 from agents.enforcers import DryRunEnforcer
 from agents.fakes.clock import FakeClock
-from agents.interfaces import GpuInfo, UsageReading
+from agents.interfaces import UsageReading
 from agents.loop import Agent, AgentConfig
 from agents.spool import Spool
 
@@ -158,7 +159,7 @@ def test_granted_per_gpu_per_second_never_exceeds_capacity_in_produced_batches(
         path, seconds=12, seed=seed, gpu_count=3, tick_ms=tick_ms, start=T0 + timedelta(seconds=offset_s)
     )
     for batch in batches:
-        gpus = {g["uuid"]: GpuInfo(**g) for g in batch["gpus"]}
+        gpus = {g["uuid"]: gpu_from_wire(g) for g in batch["gpus"]}
         mem: dict[tuple[str, str], float] = {}
         sm: dict[tuple[str, str], float] = {}
         for s in batch["samples"]:

@@ -50,7 +50,13 @@ FOCUS_COLUMNS: tuple[str, ...] = (*sorted([
     "ProviderName", "PublisherName", "ResourceId", "ResourceName", "ResourceType", "ServiceCategory",
     "ServiceName", "ServiceProviderName", "ServiceSubcategory", "SkuId", "SkuMeter", "SkuPriceDetails", "SkuPriceId",
     "SubAccountId", "SubAccountName", "Tags",
-]), "x_CorrectsInvoiceId", "x_GpuModel", "x_InvoiceLineKind", "x_SlaTier")
+]), "x_CorrectsInvoiceId", "x_EnergyKWh", "x_GpuModel", "x_InvoiceLineKind", "x_SlaTier")
+# x_EnergyKWh: the GPU energy of the row (docs/billing.md, Energy): a workload's usage row carries all
+# the energy attributed to it (its share, and its part of the idle under `proportional`), the platform's
+# idle row the card's energy no workload was attributed; other rows none. Σ over a fleet dataset = the
+# energy of every priced GPU-hour.
+_J_PER_KWH = Decimal(3_600_000)
+_KWH_QUANTUM = Decimal("1e-12")
 
 # SkuMeter: what a SKU meters (FOCUS 1.1+: present with SkuId, null exactly when SkuId is null).
 USAGE_METER = "GPU Share"
@@ -75,6 +81,11 @@ def _sku_price_details(gpu_model: str) -> dict[str, Any]:
     """SkuPriceDetails of a GPU-hour price: properties of one PricingUnit (one GPU-hour) that every
     row of the SkuPriceId shares, so only the model's, never a node's or a GPU's."""
     return {"F_GpuCount": 1, "GpuModel": gpu_model}
+
+
+def _kwh(joules: Decimal) -> Decimal:
+    with localcontext(_CONTEXT):
+        return (joules / _J_PER_KWH).quantize(_KWH_QUANTUM)
 
 
 def _ratio(numerator: Decimal, denominator: Decimal) -> Decimal:
@@ -244,7 +255,7 @@ def usage_row(base: Mapping[str, Any], r: FocusLedgerRow, billed: Decimal,
     return {
         **base, **_allocated_columns(r, sku_id=_sku_id(r.gpu_model), meter=USAGE_METER, quantity=quantity),
         "AllocatedMethodDetails": _usage_method_details(r, origin),
-        "BilledCost": billed, "EffectiveCost": billed,
+        "BilledCost": billed, "EffectiveCost": billed, "x_EnergyKWh": _kwh(r.energy_j),
         "ChargeDescription": (f"{r.gpu_model} share for {r.namespace}/{r.pod}/{r.container} ({r.sla_tier}) "
                               f"at {plain_decimal(r.price_per_gpu_hour)} per GPU-hour"),
     }
@@ -317,7 +328,7 @@ def platform_idle_row(base: Mapping[str, Any], r: PlatformIdleRow) -> dict[str, 
         **_gpu_day_columns(day=r.day, gpu_uuid=r.gpu_uuid, gpu_model=r.gpu_model, node=r.node,
                            price=r.price_per_gpu_hour, sku_id=_idle_sku_id(r.gpu_model), rate_card_id=r.rate_card_id,
                            meter=IDLE_METER, quantity=_idle_hours(r.idle, r.price_per_gpu_hour)),
-        "BilledCost": r.idle, "EffectiveCost": r.idle, "x_GpuModel": r.gpu_model,
+        "BilledCost": r.idle, "EffectiveCost": r.idle, "x_GpuModel": r.gpu_model, "x_EnergyKWh": _kwh(r.idle_energy_j),
         "ChargeDescription": (f"Idle capacity of {r.gpu_model} on {r.node} kept by the platform ({r.idle_policy} "
                               f"idle policy) at {plain_decimal(r.price_per_gpu_hour)} per GPU-hour"),
     }

@@ -60,6 +60,9 @@ def usage_batch_schema() -> dict[str, Any]:
             "uuid": {"type": "string", "pattern": rules.NAME_PATTERN, "maxLength": rules.UUID_MAX},
             "model": {"type": "string", "minLength": 1, "maxLength": rules.MODEL_MAX},
             **{key: {"type": "integer", "minimum": 1, "maximum": top} for key, top in rules.CAPACITY_MAX.items()},
+            "energy_j": {"type": "number", "minimum": 0,
+                         "description": "optional: joules the GPU drew over the whole window (NVML's energy counter, "
+                                        f"or power x time); at most {rules.MAX_GPU_POWER_W} W x the window's seconds"},
         },
     }
     sample = {

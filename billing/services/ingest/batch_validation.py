@@ -38,6 +38,9 @@ __all__ = ["SCHEMA", "BatchGpuDecl", "PodMeta", "ValidatedBatch", "label_problem
 SCHEMA = "vgpu-ledger/usage-batch/v1"
 MAX_ERRORS = 50
 MAX_SAMPLE_SECONDS = 3600.0
+# The most a GPU may draw on average over a batch window, W: well above any board made (1,200 W), so a
+# real reading is never refused, and a value past it is a unit slip (mJ for J) or a hostile number.
+MAX_GPU_POWER_W = 5000
 # Relative slack for float integrals compared against capacity × seconds.
 _TOLERANCE = 1e-9
 QUANTITIES = ("mem_used_mb_s", "mem_granted_mb_s", "sm_used_s", "sm_granted_s", "pcie_mb")
@@ -158,7 +161,20 @@ def _validate_header(  # noqa: PLR0912 - one check per header field, in the prot
     return node, seq, start, end
 
 
-def _validate_gpus(raw: Any, errors: _Errors) -> dict[str, BatchGpuDecl]:
+def _energy(value: Any, *, path: str, window_s: float | None, errors: _Errors) -> float | None:
+    """The optional `energy_j` of a batch GPU: joules it drew over the whole window (docs/protocol.md)."""
+    if value is None:
+        return None
+    # Unknown window: a year's bound, finite, so that float() of whatever passes cannot overflow.
+    top = MAX_GPU_POWER_W * (max(window_s, 0.0) if window_s is not None else 366 * 86_400.0)
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value <= top:
+        errors.add(f"{path}.energy_j", f"must be a number of joules from 0 to {top:g} ({MAX_GPU_POWER_W} W over the "
+                                       f"{window_s or 0:g} s window)")
+        return None
+    return float(value)
+
+
+def _validate_gpus(raw: Any, errors: _Errors, *, window_s: float | None) -> dict[str, BatchGpuDecl]:
     gpus: dict[str, BatchGpuDecl] = {}
     if not isinstance(raw, list) or not raw:
         errors.add("$.gpus", "must be a non-empty list")
@@ -186,8 +202,9 @@ def _validate_gpus(raw: Any, errors: _Errors) -> dict[str, BatchGpuDecl]:
             if not isinstance(value, int) or isinstance(value, bool) or not 0 < value <= CAPACITY_MAX[key]:
                 errors.add(f"{path}.{key}", f"must be a positive integer of at most {CAPACITY_MAX[key]}")
                 ok = False
+        energy = _energy(gpu.get("energy_j"), path=path, window_s=window_s, errors=errors)
         if ok:
-            gpus[uuid] = BatchGpuDecl(uuid=uuid, model=model, memory_mb=memory_mb, sm_count=sm_count)
+            gpus[uuid] = BatchGpuDecl(uuid=uuid, model=model, memory_mb=memory_mb, sm_count=sm_count, energy_j=energy)
     return gpus
 
 
@@ -369,7 +386,9 @@ def validate_batch(  # noqa: PLR0912, PLR0915 - every rule of the protocol, in i
         raise InvalidBatch(errors.items)
     node, seq, window_start, window_end = header
     cluster = _validate_cluster(payload, errors)
-    gpus = _validate_gpus(payload.get("gpus"), errors)
+    # The window bounds energy; a malformed window is its own error, and energy is then only checked for shape.
+    window_s = (window_end - window_start).total_seconds() if window_start and window_end else None
+    gpus = _validate_gpus(payload.get("gpus"), errors, window_s=window_s)
     samples = payload.get("samples")
     if not isinstance(samples, list):
         errors.add("$.samples", "must be a list (it may be empty)")
