@@ -14,13 +14,13 @@ from tests.browser.test_forms_journeys import LANGUAGES, session_in  # noqa: F40
 
 pytestmark = [pytest.mark.browser, pytest.mark.timeout(600)]
 
-NUMBER = re.compile(r"^\d[\d,]*\.\d{3}$")
+NUMBER = re.compile(r"^\d[\d,]*\.\d{2}$")
 
 
 @pytest.mark.parametrize("language", LANGUAGES)
 def test_a_tenant_reads_kwh_per_workload_beside_its_cost(session_in, language):  # noqa: F811 - the fixture
     s = session_in("acme-engineer", language)
-    deadline = time.monotonic() + 120
+    deadline = time.monotonic() + 300
     while True:  # the live agents' first minutes reach the ledger within a rollup cycle or two
         page = s.goto("/tenants/acme/")
         cells = page.get_by_test_id("workload-kwh")
