@@ -326,6 +326,7 @@ def test_an_alert_is_told_by_email_signed_webhook_and_slack_once_each_with_its_e
     _Receiver.answers = [503]  # the signed webhook's receiver is down once: retried
     raised = tasks.evaluate_alerts.apply().get()
     assert len(raised) == 1
+    assert tasks.evaluate_alerts.apply().get() == []  # run twice: nothing raised again
     for channel in ("email", "webhook", "slack"):
         for _ in range(2):  # a redelivered task finds it done
             tasks.deliver_alert.apply(args=(raised[0], channel)).get()
