@@ -18,6 +18,7 @@ from django.utils import translation
 from billing.errors import InvalidInput
 from billing.ledger.rollup import rollup_usage
 from billing.models import AuditEvent, PairedReport, Tenant
+from billing.services.savings import headline_text, savings_tables
 from billing.services.savings.paired_report import compute_paired_report
 from billing.services.savings.report_pdf import render_paired_report_pdf
 from billing.services.savings.reports import request_paired_report, run_paired_report
@@ -205,6 +206,10 @@ def test_dynamic_dearer_than_the_cheapest_feasible_alternative_says_so(post_batc
     assert fleet["baseline"] == "request_fraction"
     assert Decimal(fleet["saving"]) == -900
     assert fleet["reduction_pct"] == pytest.approx(-100.0)
+    tables = savings_tables(report, {})
+    assert tables is not None
+    assert headline_text(tables) == ("900.00 USD (100.0 %)", "more than Request fractions (time-slicing, HAMi), the "
+                                     "cheapest static alternative that fits on this fleet: dynamic allocation cost more.")
 
 
 def test_a_fleet_too_small_for_a_static_alternative_is_not_priced(post_batch, one_usd_per_gpu_second):
@@ -425,7 +430,6 @@ def test_a_figure_shown_in_two_tables_is_the_same_to_the_cent():
     """Dynamic's cost 10.005 USD shows as 10.00 (half-even); its chargeback rows of 3.335 each would
     show 3.34 three times, 10.02. Apportioned from the figure shown, they add up to 10.00, the cost
     on the alternatives table and the fleet's busy cards; the baseline's column likewise."""
-    from billing.services.savings import savings_tables
     from tests.billing.savings_results import report_result
 
     result = report_result(costs={"whole_card": None, "request_fraction": "20.015", "fixed_profile": None},

@@ -19,6 +19,7 @@ from billing.services.savings.static_alternatives import (
     FleetCard,
     Placement,
     WorkloadSlice,
+    choose_baseline,
     choose_profile,
     mig_geometry,
     place,
@@ -200,3 +201,17 @@ def test_whole_cards_need_a_card_per_workload_gpu_at_once(fleet):
     instants = {s.start for s in slices}
     most = max((sum(1 for s in slices if s.start <= at < s.end) for at in instants), default=0)
     assert placement.peak_cards == most
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.fixed_dictionaries({a: st.none() | st.integers(0, 50).map(Decimal) for a in ALTERNATIVES}))
+def test_the_headline_baseline_is_the_cheapest_feasible_alternative(costs):
+    baseline = choose_baseline(costs)
+    feasible = {a: c for a, c in costs.items() if c is not None}
+    if not feasible:
+        assert baseline is None
+        return
+    assert baseline is not None
+    assert costs[baseline] == min(feasible.values())
+    # Equal costs: the first in the order whole cards, request fractions, fixed profiles.
+    assert baseline == next(a for a in ALTERNATIVES if costs[a] == min(feasible.values()))
