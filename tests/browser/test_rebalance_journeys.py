@@ -15,7 +15,7 @@ import re
 import subprocess
 import sys
 import time
-from datetime import timedelta
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -36,17 +36,23 @@ WAIT_MS = 20_000  # the demo shares its machine with the suite: pages can take s
 
 
 SPARE = "sim-a100-spare"
+_spare_metered_until: list[datetime] = []  # a GPU-second is metered once: the next batch starts after
 
 
 def _spare_node(demo: Any) -> None:
     """A node with one small pod (0.5 GB, 10 % of the SMs) on one of its two A100s, metered for
-    the last 30 seconds, so that the plan proposed next empties it."""
+    up to the last 30 seconds (after what an earlier call metered), so that the plan proposed next
+    empties it."""
     token = subprocess.run([sys.executable, "manage.py", "create_node_token", SPARE], cwd=ROOT,
                            env={**os.environ, **demo.env}, capture_output=True, text=True, check=True,
                            timeout=60).stdout.strip()
     clock.wait_until_the_month_holds(timedelta(seconds=40))
-    start = clock.now().replace(microsecond=0) - timedelta(seconds=30)
-    batch = make_batch(node=SPARE, seq=int(start.timestamp()), start=start, seconds=30, gpus=2, workloads=[
+    start = max([clock.now().replace(microsecond=0) - timedelta(seconds=30), *_spare_metered_until])
+    while (clock.now() - start).total_seconds() < 10:
+        time.sleep(1)
+    seconds = min(30, int((clock.now() - start).total_seconds()))
+    _spare_metered_until[:] = [start + timedelta(seconds=seconds)]
+    batch = make_batch(node=SPARE, seq=int(start.timestamp()), start=start, seconds=seconds, gpus=2, workloads=[
         {"gpu": 0, "tenant": "acme", "pod": "spare-bert", "pod_uid": "uid-spare-bert", "mem_used": 500.0,
          "mem_granted": 500.0, "sm_used": 10.8, "sm_granted": 10.8}])
     resp = requests.post(f"{demo.base}/api/v1/usage/batches", json=batch, timeout=30,
