@@ -6,10 +6,12 @@ of nodes that stay busy (never onto a node with no workload, which would then be
 
 Which nodes: every set of candidate nodes (busy nodes whose workloads may all move, at most K of
 them) is tried, largest saving first and, for an equal saving, fewest evictions first (then the
-least load to move, then by name), when there are at most EXACT_CANDIDATES candidates; beyond that, nodes are added one by one, fewest evictions
-per GPU first, while the moves stay within K and everything still fits (greedy). Whether a set
-fits: best-fit decreasing onto the GPUs of the nodes that stay busy, then, for up to
-EXACT_FIT_WORKLOADS workloads, a bounded exhaustive search when best fit fails.
+least load to move, then by name), when there are at most EXACT_CANDIDATES candidates; beyond
+that, nodes are added one by one, fewest evictions per GPU first, each one's pods placed on top of
+the moves already chosen while the moves stay within K (greedy; a node that received a pod is not
+emptied afterwards). Whether a set fits: best-fit decreasing onto the GPUs of the nodes that stay
+busy, then, for up to EXACT_FIT_WORKLOADS workloads, a bounded exhaustive search when best fit
+fails.
 
 Moves only add load to GPUs that stay and only remove it from nodes that empty, so a plan whose end
 state fits never overcommits at any step; it is replayed from the start pool by ``apply_moves``
@@ -209,20 +211,27 @@ def _every_set(pool: Pool, candidates: Sequence[str], max_moves: int) -> tuple[t
 
 
 def _greedy(pool: Pool, candidates: Sequence[str], max_moves: int) -> tuple[tuple[str, ...], list[Move]]:
-    """Add nodes one by one, fewest evictions per GPU first, while the moves stay within K and
-    every workload still fits on the nodes that stay."""
+    """Add nodes one by one, fewest evictions per GPU first, while the moves stay within K and the
+    node's pods fit on the nodes that stay, placed on top of the moves already chosen. A node that
+    received a pod is not emptied afterwards, so no pod moves twice."""
     state = PoolState(pool)
+    busy_at_start = {n for n in state.nodes if state.node_busy(n)}
     order = sorted(candidates, key=lambda n: (_evictions(state, n) / state.nodes[n].gpus, _evictions(state, n),
                                               state.node_load(n), n))
-    chosen: tuple[str, ...] = ()
+    leaving: set[str] = set()
+    receivers: set[str] = set()
     moves: list[Move] = []
     for node in order:
-        if sum(_evictions(state, n) for n in (*chosen, node)) > max_moves:
+        keys = _keys_on(state, node)
+        if node in receivers or len(moves) + len(keys) > max_moves:
             continue
-        attempt = _empty(pool, (*chosen, node))
-        if attempt is not None:
-            chosen, moves = tuple(sorted((*chosen, node))), attempt
-    return chosen, moves
+        done = _fit(state, keys, [ref for ref in state.gpus() if ref.node in busy_at_start
+                                  and ref.node not in leaving and ref.node != node])
+        if done is not None:
+            moves.extend(done)
+            leaving.add(node)
+            receivers.update(m.to_node for m in done)
+    return tuple(sorted(leaving)), moves
 
 
 def _smallest_release(pool: Pool, candidates: Sequence[str]) -> tuple[str, int] | None:
@@ -252,10 +261,16 @@ def _empty(pool: Pool, nodes: Sequence[str]) -> list[Move] | None:
     state = PoolState(pool)
     leaving = set(nodes)
     staying = [ref for ref in state.gpus() if ref.node not in leaving and state.node_busy(ref.node)]
-    keys = sorted((k for n in nodes for k in _keys_on(state, n)), key=lambda k: (-_size(state, k), k))
-    moves = _best_fit(state, keys, staying)
+    return _fit(state, [k for n in nodes for k in _keys_on(state, n)], staying)
+
+
+def _fit(state: PoolState, keys: Sequence[str], targets: Sequence[GpuRef]) -> list[Move] | None:
+    """Best fit of ``keys``, largest first, onto ``targets``; when that fails, for up to
+    EXACT_FIT_WORKLOADS workloads, a bounded search. None (the state as it was) when neither fits."""
+    keys = sorted(keys, key=lambda k: (-_size(state, k), k))
+    moves = _best_fit(state, keys, targets)
     if moves is None and len(keys) <= EXACT_FIT_WORKLOADS:
-        moves = _search(state, keys, staying, [_EXACT_FIT_STEPS])
+        moves = _search(state, keys, targets, [_EXACT_FIT_STEPS])
     return moves
 
 
