@@ -454,15 +454,19 @@ def test_a_drop_gives_way_to_ingest_in_flight_and_analysing_does_not_wait_for_it
 _MIGRATION = importlib.import_module("billing.migrations.0018_minute_partitions")
 
 
+# The columns 0018 knows: the model has more since (energy), so rows at that schema are written in SQL.
+_USAGE_MINUTE_AT_0018 = (
+    "INSERT INTO billing_usageminute (gpu_uuid, tenant, namespace, pod, container, pod_uid, sla_tier, "
+    "seconds, mem_used_mb_s, mem_granted_mb_s, mem_billed_mb_s, sm_used_s, sm_granted_s, sm_billed_s, "
+    "pcie_mb, share_gpu_s, charge, idle_share, minute, node_id) VALUES ('GPU-m', 'acme', 'ns', 'p', 'c', "
+    "'u', 'gold', 60, 1, 1, 1, 1, 1, 1, 0, 0.5, 1.25, 0, %s, %s) RETURNING id")
+
+
 def _insert_plain_minutes(node_id: int) -> list[tuple[int, datetime]]:
     minutes = [datetime(2028, 2, 29, 23, 59, tzinfo=UTC), datetime(2028, 3, 1, 0, 0, tzinfo=UTC)]
     with connection.cursor() as cur:
         for m in minutes:
-            cur.execute(
-                "INSERT INTO billing_usageminute (gpu_uuid, tenant, namespace, pod, container, pod_uid, sla_tier, "
-                "seconds, mem_used_mb_s, mem_granted_mb_s, mem_billed_mb_s, sm_used_s, sm_granted_s, sm_billed_s, "
-                "pcie_mb, share_gpu_s, charge, idle_share, minute, node_id) VALUES ('GPU-m', 'acme', 'ns', 'p', 'c', "
-                "'u', 'gold', 60, 1, 1, 1, 1, 1, 1, 0, 0.5, 1.25, 0, %s, %s)", [m, node_id])
+            cur.execute(_USAGE_MINUTE_AT_0018, [m, node_id])
             cur.execute(
                 "INSERT INTO billing_gpuminute (gpu_uuid, gpu_model, metered_seconds, card_cost, charged, idle_cost, "
                 "idle_allocated, currency, priced, minute, node_id) VALUES ('GPU-m', 'A100', 60, 2.5, 1.25, 1.25, 0, "
@@ -498,12 +502,10 @@ def test_the_migration_partitions_existing_minute_rows_by_day_and_keeps_every_ro
         assert _keys("billing_gpuminute") == {"billing_gpuminute_pkey": "PRIMARY KEY (id, minute)",
                                               "gpu_minute_unique": "UNIQUE (node_id, gpu_uuid, minute)"}
         # New rows continue the ids; the ledger functions still read every row.
-        newer = UsageMinute.objects.create(
-            minute=datetime(2028, 3, 1, 0, 1, tzinfo=UTC), gpu_uuid="GPU-m", node=node, tenant="acme",
-            namespace="ns", pod="p", container="c", pod_uid="u", sla_tier="gold", seconds=Decimal(60),
-            mem_used_mb_s=0, mem_granted_mb_s=0, mem_billed_mb_s=0, sm_used_s=0, sm_granted_s=0, sm_billed_s=0,
-            pcie_mb=0, share_gpu_s=0, charge=0, idle_share=0)
-        assert newer.pk > max(r[0] for r in rows)
+        with connection.cursor() as cur:
+            cur.execute(_USAGE_MINUTE_AT_0018, [datetime(2028, 3, 1, 0, 1, tzinfo=UTC), node.pk])
+            (newer_id,) = cur.fetchone()
+        assert newer_id > max(r[0] for r in rows)
         # And back: plain tables with the old keys, rows intact.
         MigrationExecutor(connection).migrate(previous)
         assert _keys("billing_gpuminute")["gpu_minute_unique"] == "UNIQUE (gpu_uuid, minute)"

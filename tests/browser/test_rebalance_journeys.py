@@ -25,6 +25,7 @@ import requests
 from playwright.sync_api import Page, expect
 
 from tests import clock
+from tests.browser.test_polish_journeys import measure_layout
 from tests.conftest import make_batch
 
 pytestmark = [pytest.mark.browser, pytest.mark.timeout(900)]
@@ -128,6 +129,8 @@ def test_admin_approves_through_the_confirmation_page_and_sees_the_outcome(sign_
         assert pods == [f"{m['namespace']}/{m['pod']}" for m in planned["moves"]]
         assert _plan(demo, plan_id)["status"] == "proposed"
         s.shot(f"rebalance-confirm-{language}")
+        # The page the width walk cannot reach on the demo's own fleet, measured as it measures pages.
+        assert measure_layout(page, f"admin {language} {page.url}") == []
 
         # Cancel leaves the plan proposed; Confirm approves it.
         page.get_by_test_id("rebalance-cancel").click()
