@@ -75,7 +75,10 @@ pdf-deps:
 # not inherit. Its 2.x releases (FOCUS 1.2 rules) need Python >= 3.12, which the service itself does not:
 # the first of these that runs and is >= 3.12 (pyenv's shims exist for every installed version but fail
 # for one that is not selected, so pyenv's own installs are tried by path too), else Debian's python3.
-FOCUS_PYTHON ?= $(shell for p in python3.13 python3.12 $$(ls -d $${PYENV_ROOT:-$$HOME/.pyenv}/versions/3.1[2-9]*/bin/python3 2>/dev/null | sort -rV) /usr/bin/python3 python3; do \
+# 3.12 comes first: numpy<2 has wheels for it, while on 3.13 pip compiles numpy from source (over four
+# minutes on a 2-core machine, every fresh clone whose pip cache lacks the wheel).
+PYENV_PYTHONS = ls -d $${PYENV_ROOT:-$$HOME/.pyenv}/versions/$(1)/bin/python3 2>/dev/null | sort -rV
+FOCUS_PYTHON ?= $(shell for p in python3.12 $$($(call PYENV_PYTHONS,3.12*)) python3.13 $$($(call PYENV_PYTHONS,3.1[3-9]*)) /usr/bin/python3 python3; do \
 	$$p -c 'import sys; assert sys.version_info[:2] >= (3, 12)' >/dev/null 2>&1 && { command -v $$p; break; }; done)
 FOCUS_VENV := .venv-focus-validator
 $(FOCUS_VENV)/.installed: tests/requirements-focus-validator.txt
