@@ -83,7 +83,7 @@ FOCUS_PYTHON ?= $(shell for p in python3.12 $$($(call PYENV_PYTHONS,3.12*)) pyth
 FOCUS_VENV := .venv-focus-validator
 $(FOCUS_VENV)/.installed: tests/requirements-focus-validator.txt
 	@test -n "$(FOCUS_PYTHON)" || { echo "focus-validator 2.x needs Python 3.12 or newer and none was found" \
-	  "(tried python3.13, python3.12, pyenv's versions, python3). Debian 12's python3 is 3.11, so apt-get cannot" \
+	  "(tried python3.12, python3.13, pyenv's versions, python3). Debian 12's python3 is 3.11, so apt-get cannot" \
 	  "help there; install one (pyenv, or Debian 13's python3 and python3-venv) or set FOCUS_PYTHON=/path/to/python3.12"; exit 1; }
 	rm -rf $(FOCUS_VENV)
 	$(FOCUS_PYTHON) -m venv $(FOCUS_VENV)
