@@ -24,7 +24,7 @@ from billing.ledger.partitions import RAW_TABLE, ensure_raw_partitions
 from billing.models import Node
 
 __all__ = ["COPY_COLUMNS", "BatchGpuDecl", "IngestResult", "PodMeta", "ValidatedBatch", "overlap_message",
-           "store_batch"]
+           "prepare_partitions", "store_batch"]
 
 log = logging.getLogger(__name__)
 
@@ -102,6 +102,13 @@ def _copy_buffer(batch_id: int, node_id: int, batch: ValidatedBatch) -> io.Strin
             named = names[key] = "\t".join(key)
         lines.append(f"{prefix}{r[0]}\t{start}\t{r[2]!r}\t{named}\t{r[9]!r}\t{r[10]!r}\t{r[11]!r}\t{r[12]!r}\t{r[13]!r}\n")
     return io.StringIO("".join(lines))
+
+
+def prepare_partitions(batch: ValidatedBatch) -> None:
+    """Create the raw days the batch will be copied into, in a transaction of its own: call it
+    before `store_batch`'s transaction (billing.ledger.partitions says why)."""
+    if batch.rows:
+        ensure_raw_partitions(_partition_days(batch))
 
 
 def _partition_days(batch: ValidatedBatch) -> set[date]:
@@ -217,7 +224,7 @@ def store_batch(*, node: Node, batch: ValidatedBatch, digest: str, now: datetime
             )
             connection.on_commit(lambda: _seen.__setitem__(seen_key, now))
         if batch.rows:
-            ensure_raw_partitions(_partition_days(batch))
+            ensure_raw_partitions(_partition_days(batch))  # done already by `prepare_partitions`: a cache hit
             cur.copy_expert(f"COPY {RAW_TABLE} ({COPY_COLUMNS}) FROM STDIN", _copy_buffer(batch_id, node.pk, batch))
         if batch.cluster is not None:
             _store_cluster(cur, node=node, cluster=batch.cluster)

@@ -13,7 +13,13 @@ a day partition is what the rollup writes into all day long, so it is small enou
 about a second; and raw and minute partitions line up, so a raw day and its minutes are kept or
 dropped together. ~100 day partitions per table are well within what the planner prunes cheaply.
 
-Partition DDL is serialised across processes by one transaction-level advisory lock.
+Partition DDL is serialised across processes by one transaction-level advisory lock, taken
+before any other lock: ingest and the rollup create the days they will write in a transaction of
+their own, before the transaction that writes (`ensure_*` outside any transaction is one). Taken
+inside a transaction that already holds table locks, the wait deadlocked: a day's CREATE TABLE
+needs locks on the partitioned table, its default partition and the tables its foreign keys name,
+which a concurrent ingest or rollup held while it waited for the advisory lock (seen as 503s on
+backfilled days, when every batch brings a new day).
 """
 
 from __future__ import annotations
@@ -22,7 +28,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, timedelta
 
-from django.db import connection
+from django.db import connection, transaction
 from django.db.backends.utils import CursorWrapper
 
 __all__ = [
@@ -104,7 +110,8 @@ def _ensure(table: str, days: Iterable[date]) -> list[date]:
     if not wanted:
         return []
     created = []
-    with connection.cursor() as cur:
+    # A transaction of its own when called outside one: the advisory lock lasts until the DDL commits.
+    with transaction.atomic(), connection.cursor() as cur:
         cur.execute("SELECT pg_advisory_xact_lock(%s)", [_PARTITION_LOCK_KEY])
         existing = set(_partitions(cur, table))
         default = default_partition_name(table) if default_partition_name(table) in existing else None

@@ -163,7 +163,11 @@ def rollup_usage(*, now: datetime, max_batches: int = 5000, shard: int = 0, shar
     node_ids = _pending_nodes(shard=shard, shards=shards)
     if not node_ids:
         return _NOTHING
-    analyze_stale_partitions(only={partition_name(d) for d in _pending_days(node_ids)})
+    days = _pending_days(node_ids)
+    # The minute days it will write, before the rollup's transactions take their locks
+    # (billing.ledger.partitions says why); inside them they are cache hits.
+    ensure_minute_partitions(days)
+    analyze_stale_partitions(only={partition_name(d) for d in days})
     total = _NOTHING
     per = settings.VGPU_ROLLUP_NODES_PER_TRANSACTION
     for group in (node_ids[i:i + per] for i in range(0, len(node_ids), per)):

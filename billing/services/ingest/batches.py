@@ -19,7 +19,7 @@ from django.conf import settings
 from django.db import IntegrityError, transaction
 
 from billing.errors import FieldError, Forbidden, InvalidBatch, PayloadTooLarge, UnsupportedMediaType
-from billing.ledger.batches import IngestResult, overlap_message, store_batch
+from billing.ledger.batches import IngestResult, overlap_message, prepare_partitions, store_batch
 from billing.models import Node
 from billing.services.ingest.batch_validation import validate_batch
 from billing.services.ingest.tenant_mapping import map_batch_tenants, note_claim_mismatches
@@ -97,6 +97,7 @@ def record_usage_batch(*, node: Node, payload: object, content: bytes, now: date
     # so a retry of the same batch is still a duplicate.
     batch, mismatches = map_batch_tenants(batch)
     digest = hashlib.sha256(content).hexdigest()
+    prepare_partitions(batch)  # before the transaction below takes any lock
     try:
         with transaction.atomic():
             result = store_batch(node=node, batch=batch, digest=digest, now=now)
