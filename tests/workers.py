@@ -25,7 +25,7 @@ import pytest
 # Redis's default `databases`; the dbs count down from REDIS_URL's and wrap at 0.
 REDIS_DATABASES = 16
 # Roles below the workers' dbs, in this order.
-_DEMO_ROLES = ("shared-demo", "own-demo", "soak")
+_DEMO_ROLES = ("shared-demo", "soak")
 
 # Tests that assert on wall time, a subprocess's start-up or a lock wait: they run in one group,
 # one after another on one worker, so two of them on a 2-core machine never measure each other.
@@ -35,7 +35,6 @@ SERIAL = (
     "tests/bench/test_fleet_bench.py::",  # the fleet harness within its 110 s
     "tests/billing/test_openapi.py::test_schemathesis_",  # a guard on the fuzzing's wall time
     "tests/billing/test_retention.py::test_a_drop_gives_way_",  # ANALYZE within 2 s
-    "tests/test_demo.py::",  # its own `make demo`, started within 150 s
     "tests/test_soak.py::",  # the whole product under faults, on deadlines
 )
 # Tests that took 2 s or more on this 2-core machine (pytest --durations, docs/architecture.md's
@@ -128,7 +127,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     "demo" group, the load-sensitive ones in theirs."""
     for item in items:
         fixtures = _fixtures(item)
-        if "demo" in fixtures or "demo_env" in fixtures:
+        if "demo" in fixtures:
             item.add_marker(pytest.mark.demo)
         if item.nodeid.startswith(SERIAL):
             item.add_marker(pytest.mark.serial)
