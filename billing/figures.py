@@ -29,7 +29,7 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
-from datetime import datetime
+from datetime import UTC, datetime
 from decimal import Decimal
 
 from billing.money import apportion, minor_unit_exponent, round_parts, round_quantities
@@ -44,6 +44,7 @@ __all__ = [
     "TenantLines",
     "build_tree",
     "exact_sum",
+    "figure_key",
     "group_nodes",
     "shown_sum",
     "total",
@@ -324,3 +325,13 @@ def group_nodes(nodes: Iterable[FigureNode], key: Callable[[FigureNode], tuple[s
     for n in nodes:
         out.setdefault(key(n), []).append(n)
     return out
+
+
+def figure_key(kind: str, start: datetime | None = None, end: datetime | None = None, **scope: str) -> str:
+    """The identity of a figure, written on the page beside it (`data-figure`), so that the same
+    figure shown on two pages, two drill-down levels or in two languages can be found and compared
+    (tests/test_page_sums.py): its kind, its period's bounds (UTC, ISO) and what narrows it (tenant,
+    namespace, ... and any filter), in a fixed order. One figure, one key, wherever it is shown."""
+    bounds = [b.astimezone(UTC).isoformat() if b else "" for b in (start, end)]
+    narrowed = [f"{k}={v}" for k, v in sorted(scope.items()) if v]
+    return "|".join([kind, *bounds, *narrowed])

@@ -16,7 +16,7 @@ import re
 import time
 from collections import defaultdict
 from dataclasses import dataclass, field
-from datetime import timedelta
+from datetime import datetime, timedelta
 from decimal import Decimal
 from html.parser import HTMLParser
 from pathlib import Path
@@ -70,6 +70,7 @@ class Mark:
     parts: tuple[str, ...]  # groups this figure is a part of
     totals: tuple[str, ...]  # groups this figure is the total of
     text: str
+    figure: str = ""  # its identity (data-figure, billing.figures.figure_key): the same figure on any page
 
 
 class _MarkParser(HTMLParser):
@@ -80,29 +81,32 @@ class _MarkParser(HTMLParser):
 
     def __init__(self) -> None:
         super().__init__(convert_charrefs=True)
-        self.stack: list[tuple[str, str, str, list[str]]] = []
+        self.stack: list[tuple[str, str, str, str, list[str]]] = []
         self.marks: list[Mark] = []
         self.links: list[str] = []
+        self.down_links: list[str] = []  # the drill-down's links to the level a row opens
 
     def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
         a = {k: v or "" for k, v in attrs}
         if tag == "a" and a.get("href"):
             self.links.append(a["href"])
+            if a.get("data-testid") == "explore-down":
+                self.down_links.append(a["href"])
         if tag not in self.VOID:
-            self.stack.append((tag, a.get("data-sum", ""), a.get("data-sum-total", ""), []))
+            self.stack.append((tag, a.get("data-sum", ""), a.get("data-sum-total", ""), a.get("data-figure", ""), []))
 
     def handle_data(self, data: str) -> None:
-        for _tag, part, total, text in self.stack:
-            if part or total:
+        for _tag, part, total, figure, text in self.stack:
+            if part or total or figure:
                 text.append(data)
 
     def handle_endtag(self, tag: str) -> None:
         if tag not in {t for t, *_ in self.stack}:
             return  # a stray end tag closes nothing
         while self.stack:
-            name, part, total, text = self.stack.pop()
-            if part or total:
-                self.marks.append(Mark(tuple(part.split()), tuple(total.split()), " ".join("".join(text).split())))
+            name, part, total, figure, text = self.stack.pop()
+            if part or total or figure:
+                self.marks.append(Mark(tuple(part.split()), tuple(total.split()), " ".join("".join(text).split()), figure))
             if name == tag:
                 return
 
@@ -200,6 +204,51 @@ def _check_cross_pages(walk: Walk) -> int:
     for g, total in totals.items():
         assert sum(parts[g], Decimal(0)) == total, f"{g}: invoices {parts[g]} do not add to the period's {total}"
     return len(totals)
+
+
+def _figures_over(walks: list[Walk]) -> dict[str, list[tuple[str, Decimal]]]:
+    """Every figure with an identity (data-figure) the walks saw whose period is over: key -> (url, value).
+    A period still running is left out: its figures move between two page loads, rightly. One over for
+    an hour has been rolled up whole (the demo rolls up every few seconds)."""
+    settled = clock.now() - timedelta(hours=1)
+    seen: dict[str, list[tuple[str, Decimal]]] = defaultdict(list)
+    for walk in walks:
+        for url, marks in walk.pages.items():
+            for m in marks:
+                if not m.figure:
+                    continue
+                _kind, _start, end, *_scope = m.figure.split("|")
+                if end and datetime.fromisoformat(end) <= settled:
+                    seen[m.figure].append((url, _figure(m.text)))
+    return seen
+
+
+def _check_figures(walks: list[Walk]) -> dict[str, list[tuple[str, Decimal]]]:
+    """One figure is the same wherever it is shown: on every page, at every drill-down level (a row and
+    the level it opens carry one key) and in every language, to the last digit shown."""
+    seen = _figures_over(walks)
+    for key, shown in seen.items():
+        values = {(v, _decimals(v)) for _url, v in shown}
+        assert len(values) == 1, f"{key} is shown as " + "; ".join(f"{v} on {url}" for url, v in shown)
+    return seen
+
+
+def _drill(demo: Demo, session: requests.Session, url: str, *, rows: int) -> list[str]:
+    """The drill-down from `url` to the GPUs: the levels opened by the first `rows` rows of each
+    level (one URL per page visited, in order)."""
+    visited = []
+    level = [urljoin(demo.base, url)]
+    while level:
+        following = []
+        for page in level:
+            resp = session.get(page, timeout=60)
+            assert resp.status_code == 200, (page, resp.status_code)
+            visited.append(page)
+            parser = _MarkParser()
+            parser.feed(resp.text)
+            following += [urljoin(page, href) for href in parser.down_links[:rows]]
+        level = following
+    return visited
 
 
 # --- CSVs ------------------------------------------------------------------------------------
@@ -410,6 +459,7 @@ def test_every_page_and_csv_of_the_demo_adds_up(demo: Demo, tmp_path: Path) -> N
         for name, rows in walk.csvs.values():
             kinds.add(_check_csv(name, rows))
         groups |= walk.groups_checked
+        _check_figures([walk])  # the same figure on two pages (periods that are over; the drill-down test does more)
         if username == "finance":
             assert _check_cross_pages(walk) >= 1, "no closed period's total was checked against its invoices"
             assert _check_focus_matches_invoice(walk) >= 1
@@ -446,6 +496,28 @@ def test_pages_and_their_csvs_show_the_same_totals_in_both_languages(demo: Demo)
     assert shown["en"] == shown["zh-hans"]
 
 
+def test_one_figure_is_the_same_on_every_page_level_and_language(demo: Demo) -> None:
+    """Last month, closed: a tenant's cost and GPU-hours on the finance page, in the drill-down (its
+    row, and the total of the level that row opens, down to the GPUs) and on its portal are one
+    figure, in English and in Simplified Chinese."""
+    query = _last_month_query()
+    walks = []
+    for language in ("en", "zh-hans"):
+        session = _login(demo, "finance", language)
+        explore = _drill(demo, session, f"/explore/?{query}", rows=2)
+        assert len(explore) >= 5, explore  # tenants, then two of them down to their GPUs
+        walks.append(_walk(demo, session, (f"/finance/?{query}", f"/tenants/acme/?{query}", *explore), follow=False))
+    seen = _check_figures(walks)
+    acme = [key for key in seen if key.startswith("cost|") and key.split("|")[3:] == ["tenant=acme"]]
+    assert len(acme) == 1, sorted(seen)
+    # acme's cost: finance row, drill-down row, the namespaces' total, the portal; in each language.
+    assert len({url for url, _ in seen[acme[0]]}) >= 4, seen[acme[0]]
+    assert len(seen[acme[0]]) >= 4 * 2, seen[acme[0]]
+    # Every level down to the GPUs: each row's figure met again as the total of the level it opens.
+    assert max(len(key.split("|")) for key in seen) == 3 + 5, sorted(seen)  # kind, start, end, then five steps
+    assert any(key.startswith("gpu_hours|") for key in seen), sorted(seen)
+
+
 def _records(session: requests.Session, url: str) -> list[dict[str, str]]:
     header, *rows = list(csv.reader(io.StringIO(session.get(url, timeout=60).content.decode("utf-8-sig"))))
     return [dict(zip(header, r, strict=True)) for r in rows]
@@ -469,6 +541,26 @@ def test_the_checker_fails_on_a_total_that_does_not_add() -> None:
     with pytest.raises(AssertionError, match="no total"):
         _check_page("/x", _marks('<p data-sum="lost">1.00</p>'), Walk())
     _check_page("/x", _marks(html.replace("951.02", "951.03")), Walk())
+
+
+def test_the_checker_fails_on_one_figure_shown_two_ways() -> None:
+    """Two pages, or two languages, showing one figure (the same key) differently fail; a period
+    still running is not compared (its figures move between loads); equal figures pass."""
+    over = "cost|2026-11-01T00:00:00+00:00|2026-12-01T00:00:00+00:00|tenant=acme"
+    running = f"cost|2026-11-01T00:00:00+00:00|{(clock.now() + timedelta(days=1)).isoformat()}|tenant=acme"
+
+    def walk(**pages: str) -> Walk:
+        return Walk(pages={url: _marks(html) for url, html in pages.items()})
+
+    finance = f'<td><strong data-figure="{over}">1,594.18 USD</strong></td><td data-figure="{running}">10.00</td>'
+    explore = f'<strong data-figure="{over}">1594.17</strong><p data-figure="{running}">10.01</p>'
+    with pytest.raises(AssertionError, match=r"1594\.18 on finance; 1594\.17 on explore"):
+        _check_figures([walk(finance=finance), walk(explore=explore)])
+    # The same figure grouped as each language writes it (zh-hans: no grouping) is one figure.
+    seen = _check_figures([walk(finance=finance), walk(explore=explore.replace("1594.17", "1594.18"))])
+    assert list(seen) == [over]
+    with pytest.raises(AssertionError, match="is shown as"):  # one more digit is another figure
+        _check_figures([walk(finance=finance, explore=explore.replace("1594.17", "1594.180"))])
 
 
 @pytest.mark.django_db

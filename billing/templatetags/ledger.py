@@ -4,6 +4,7 @@ rounded once, in billing.money, which also holds this display rounding."""
 
 from __future__ import annotations
 
+from datetime import datetime
 from decimal import ROUND_HALF_EVEN, Decimal, InvalidOperation
 
 from django import template
@@ -11,6 +12,7 @@ from django.utils.formats import number_format
 from django.utils.safestring import mark_safe
 from django.utils.translation import gettext
 
+from billing.figures import figure_key
 from billing.money import money_text
 from billing.services.demo import SEED_TEXTS
 from billing.services.fleet import gib
@@ -63,3 +65,9 @@ def current_in(context: template.Context, *url_names: str) -> str:
 def gib_filter(value: Decimal | None) -> Decimal | None:
     """`{{ mb|gib }}`: MB as GiB, by the right-sizing rule's one conversion."""
     return gib(value)
+
+
+@register.simple_tag(name="figure_key")
+def figure_key_tag(kind: str, start: datetime | None = None, end: datetime | None = None, **scope: str) -> str:
+    """`data-figure="{% figure_key 'cost' start end tenant=slug %}"`: billing.figures.figure_key."""
+    return figure_key(kind, start, end, **scope)

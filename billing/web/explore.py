@@ -9,7 +9,7 @@ A tenant outside the user's scope answers 404, like the portal, before any other
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import date
 from decimal import Decimal
 from typing import Any
@@ -23,6 +23,7 @@ from django.utils.translation import gettext as _
 from django.utils.translation import gettext_lazy
 
 from billing.csv_files import amount_cell, csv_writer, download_name, quantity_cell
+from billing.figures import figure_key
 from billing.money import QUANTITY_PLACES, round_quantities
 from billing.queries.explore import (
     LEVEL_KEYS,
@@ -66,6 +67,9 @@ class ShownRow:
     cost: Decimal
     quantities: dict[str, Decimal | None]
     link: str  # query string of the next level ("" at the GPU level)
+    # The identities of its cost and GPU-hours (billing.figures.figure_key): the level this row opens
+    # shows the same keys on its totals, so a walk can check that a row and its level agree.
+    figures: dict[str, str] = field(default_factory=dict)
 
 
 def _shown(explore: Explore) -> tuple[list[ShownRow], Decimal, dict[str, ShownColumn]]:
@@ -147,10 +151,19 @@ _LEVEL_TITLES = {
 }
 
 
+def _figures(result: Explore, base: dict[str, str], path: ExplorePath | None) -> dict[str, str]:
+    """The keys of the cost and GPU-hours of `path` over this period and these filters ({} for none)."""
+    if path is None:
+        return {}
+    scope = {**_without_period(base), **dict(path.steps())}
+    return {kind: figure_key(kind, result.start, result.end, **scope) for kind in ("cost", "gpu_hours")}
+
+
 def _context(form: ExploreForm, result: Explore) -> dict[str, Any]:
     base = _base_query(form)
     shown, cost, columns = _shown(result)
-    page = [ShownRow(s.row, s.cost, s.quantities, _query(base, s.row.down) if s.row.down else "")
+    page = [ShownRow(s.row, s.cost, s.quantities, _query(base, s.row.down) if s.row.down else "",
+                     _figures(result, base, s.row.down))
             for s in shown[:PAGE_ROWS]]
     crumbs = [(_("All tenants"), _query(base, ExplorePath()), "")]
     walked = ExplorePath()
@@ -159,7 +172,7 @@ def _context(form: ExploreForm, result: Explore) -> dict[str, Any]:
         crumbs.append((value, _query(base, walked), level))
     return {
         "form": form, "explore": result, "rows": page, "row_count": len(shown), "cut": len(shown) > len(page),
-        "cost_total": cost, "columns": columns, "crumbs": crumbs, "level": result.level,
+        "cost_total": cost, "columns": columns, "figures": _figures(result, base, result.path), "crumbs": crumbs, "level": result.level,
         "level_title": _LEVEL_TITLES[result.level],
         "csv_query": _query(base, result.path, format="csv"), "efficiency": _efficiency(result.rows),
         "headroom_pct": HEADROOM * 100, "filtered": any(base.get(k) for k in _FILTERS),
