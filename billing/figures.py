@@ -327,7 +327,7 @@ def group_nodes(nodes: Iterable[FigureNode], key: Callable[[FigureNode], tuple[s
     return out
 
 
-def figure_key(kind: str, start: datetime | None = None, end: datetime | None = None, **scope: str) -> str:
+def figure_key(kind: str, start: datetime | None = None, end: datetime | None = None, **scope: object) -> str:
     """The identity of a figure, written on the page beside it (`data-figure`), so that the same
     figure shown on two pages, two drill-down levels or in two languages can be found and compared
     (tests/test_page_sums.py): its kind, its period's bounds (UTC, ISO) and what narrows it (tenant,

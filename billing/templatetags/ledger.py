@@ -68,6 +68,6 @@ def gib_filter(value: Decimal | None) -> Decimal | None:
 
 
 @register.simple_tag(name="figure_key")
-def figure_key_tag(kind: str, start: datetime | None = None, end: datetime | None = None, **scope: str) -> str:
+def figure_key_tag(kind: str, start: datetime | None = None, end: datetime | None = None, **scope: object) -> str:
     """`data-figure="{% figure_key 'cost' start end tenant=slug %}"`: billing.figures.figure_key."""
     return figure_key(kind, start, end, **scope)
