@@ -113,17 +113,17 @@ def test_sms_are_sized_by_the_memory_rule_over_the_same_hours() -> None:
     peak = _sm_peak([(20 * 3600, 3600), (32 * 1800, 1800), (0, 0)])
     assert peak == 32
     s = suggest_sm_request(SmUse(request_sm=Decimal(108), mean_used_sm=Decimal(24), peak_hour_mean_sm=peak))
-    assert (s.verdict, s.request, s.suggested) == ("lower", 108, 42)
+    assert (s.verdict, s.request, s.suggested) == ("lower", Decimal(108), Decimal(42))
     assert s.freed_fraction == Decimal(66) / Decimal(108)
 
 
 def test_sms_above_the_request_ask_for_more_and_an_unknown_request_gets_nothing() -> None:
     raised = suggest_sm_request(SmUse(request_sm=Decimal(10), mean_used_sm=Decimal(11), peak_hour_mean_sm=Decimal(15)))
-    assert (raised.verdict, raised.suggested, raised.freed_fraction) == ("raise", 20, 0)  # 15 × 1.3 = 19.5 → 20
+    assert (raised.verdict, raised.suggested, raised.freed_fraction) == ("raise", Decimal(20), Decimal(0))  # 15 × 1.3 = 19.5 → 20
     unknown = suggest_sm_request(SmUse(request_sm=None, mean_used_sm=Decimal(11), peak_hour_mean_sm=Decimal(15)))
     assert (unknown.verdict, unknown.suggested) == ("unknown", None)
     fits = suggest_sm_request(SmUse(request_sm=Decimal(13), mean_used_sm=Decimal(9), peak_hour_mean_sm=Decimal(10)))
-    assert (fits.verdict, fits.suggested) == ("fits", 13)  # 10 × 1.3 = 13: the request is the target
+    assert (fits.verdict, fits.suggested) == ("fits", Decimal(13))  # 10 × 1.3 = 13: the request is the target
     idle = suggest_sm_request(SmUse(request_sm=Decimal(14), mean_used_sm=Decimal(0), peak_hour_mean_sm=Decimal(0)))
     assert (idle.verdict, idle.suggested) == ("lower", SM_STEP)  # one SM, never zero
 
