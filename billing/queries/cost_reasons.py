@@ -1,5 +1,6 @@
 """Why a workload costs what it does: the tenant portal's panel (docs/billing.md, Why a workload
-costs what it does). What it was billed on, and the part of its charge due to over-granting.
+costs what it does). What it was billed on, the part of its charge due to over-granting, and its
+containers' right-sizing (billing.services.fleet.rightsizing: memory and SMs, as the drill-down).
 
 Billing is on max(used, granted) of memory and SMs by default (billing.ledger.pricing), so a pod that
 uses a tenth of the SMs it was granted pays for all of them. The part of a charge due to
@@ -24,13 +25,16 @@ from dataclasses import dataclass
 from datetime import datetime
 from decimal import Context, Decimal, localcontext
 
-from billing.ledger.billed_basis import BilledBasisRow, list_billed_basis_rows
+from billing.ledger.billed_basis import BilledBasisRow, ContainerUseRow, list_billed_basis_rows, list_container_use
 from billing.money import ledger_amount
+from billing.services.fleet import MemoryUse, SmUse, Suggestion, mean_mb, suggest_memory_request, suggest_sm_request
 
-__all__ = ["CostReasons", "PricedUsage", "get_cost_reasons", "overgranted_charge"]
+__all__ = ["ContainerSizing", "CostReasons", "PricedUsage", "get_cost_reasons", "overgranted_charge"]
 
 _ZERO = Decimal(0)
 _CONTEXT = Context(prec=50)
+_MB_S_PER_GB_H = Decimal(1024 * 3600)  # GB·h as the pages write them (GiB, 1024 MB)
+_S_PER_H = Decimal(3600)
 
 
 @dataclass(frozen=True)
@@ -66,14 +70,29 @@ def _share(alpha: Decimal, mem_card_s: Decimal, sm_card_s: Decimal) -> Decimal:
 
 
 @dataclass(frozen=True)
+class ContainerSizing:
+    """One container's right-sizing, memory and SMs per GPU, as the drill-down's workload rows have
+    it; the GB·h and SM·h a lowered request would have given back (None: request unknown)."""
+
+    container: str
+    memory: MemoryUse
+    suggestion: Suggestion
+    freed_gb_h: Decimal | None
+    sm: SmUse
+    sm_suggestion: Suggestion
+    freed_sm_h: Decimal | None
+
+
+@dataclass(frozen=True)
 class CostReasons:
-    """One workload's panel: the bases and α of the cards that priced it, and its over-granted part
-    at ledger precision (pages show it rounded once, like every amount)."""
+    """One workload's panel: the bases and α of the cards that priced it, its over-granted part
+    at ledger precision (pages show it rounded once, like every amount) and its containers' sizing."""
 
     bases: tuple[str, ...]  # sorted; empty when no card priced it
     alphas: tuple[Decimal, ...]  # sorted
     overgranted: Decimal
     unpriced: bool  # some of its hours no rate card priced (billed at 0)
+    sizing: tuple[ContainerSizing, ...] = ()  # by container name
 
     def overgranted_pct(self, cost: Decimal) -> Decimal | None:
         """The over-granted part as a percentage of the workload's cost (charge and idle share, at
@@ -86,16 +105,40 @@ def get_cost_reasons(*, tenant: str, start: datetime, end: datetime) -> dict[tup
     by_workload: dict[tuple[str, str, str], list[BilledBasisRow]] = defaultdict(list)
     for row in list_billed_basis_rows(tenant=tenant, start=start, end=end):
         by_workload[(row.namespace, row.pod, row.pod_uid)].append(row)
-    return {key: _reasons(rows) for key, rows in by_workload.items()}
+    sizing: dict[tuple[str, str, str], list[ContainerSizing]] = defaultdict(list)
+    for use in sorted(list_container_use(tenant=tenant, start=start, end=end), key=lambda u: u.container):
+        sizing[(use.namespace, use.pod, use.pod_uid)].append(_sizing(use))
+    return {key: _reasons(rows, tuple(sizing.get(key, ()))) for key, rows in by_workload.items()}
 
 
-def _reasons(rows: Sequence[BilledBasisRow]) -> CostReasons:
+def _reasons(rows: Sequence[BilledBasisRow], sizing: tuple[ContainerSizing, ...]) -> CostReasons:
     priced = [r for r in rows if r.alpha is not None and r.billed_basis is not None]
     unpriced = any(r.alpha is None or r.billed_basis is None for r in rows)
     overgranted = sum((overgranted_charge(_priced(r)) for r in priced), _ZERO)
     return CostReasons(bases=tuple(sorted({str(r.billed_basis) for r in priced})),
                        alphas=tuple(sorted({r.alpha for r in priced if r.alpha is not None})),
-                       overgranted=overgranted, unpriced=unpriced)
+                       overgranted=overgranted, unpriced=unpriced, sizing=sizing)
+
+
+def _per(value: Decimal | None, unit: Decimal) -> Decimal | None:
+    return None if value is None else value / unit
+
+
+def _sizing(use: ContainerUseRow) -> ContainerSizing:
+    """The right-sizing rule on one container's use, per GPU (the drill-down's, by container)."""
+    seconds = use.seconds
+    known = seconds > 0
+    memory = MemoryUse(request_mb=use.mem_requested_mb_s / seconds if known and use.mem_requested_mb_s is not None
+                       else None, mean_used_mb=mean_mb(use.mem_used_mb_s, seconds),
+                       peak_hour_mean_mb=use.peak_hour_mean_mb)
+    sm = SmUse(request_sm=use.sm_requested_s / seconds if known and use.sm_requested_s is not None else None,
+               mean_used_sm=mean_mb(use.sm_used_s, seconds), peak_hour_mean_sm=use.peak_hour_mean_sm)
+    suggestion, sm_suggestion = suggest_memory_request(memory), suggest_sm_request(sm)
+    return ContainerSizing(
+        container=use.container, memory=memory, suggestion=suggestion,
+        freed_gb_h=suggestion.freed(_per(use.mem_requested_mb_s, _MB_S_PER_GB_H)),
+        sm=sm, sm_suggestion=sm_suggestion, freed_sm_h=sm_suggestion.freed(_per(use.sm_requested_s, _S_PER_H)),
+    )
 
 
 def _priced(row: BilledBasisRow) -> PricedUsage:

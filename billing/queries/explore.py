@@ -171,16 +171,12 @@ class ExploreRow:
     @property
     def freed_gb_h(self) -> Decimal | None:
         """GB·h of request a lowered request would have given back over the period."""
-        if self.suggestion is None or self.mem_requested_gb_h is None:
-            return None
-        return self.mem_requested_gb_h * self.suggestion.freed_fraction
+        return self.suggestion.freed(self.mem_requested_gb_h) if self.suggestion else None
 
     @property
     def freed_sm_h(self) -> Decimal | None:
         """SM·h of request a lowered SM request would have given back over the period."""
-        if self.sm_suggestion is None or self.sm_requested_h is None:
-            return None
-        return self.sm_requested_h * self.sm_suggestion.freed_fraction
+        return self.sm_suggestion.freed(self.sm_requested_h) if self.sm_suggestion else None
 
 
 @dataclass(frozen=True)

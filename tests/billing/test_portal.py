@@ -505,6 +505,20 @@ def test_the_panel_says_what_a_workload_was_billed_on_and_what_over_granting_cos
     assert "no rate card priced it: billed at 0" in panel
     assert "GPU-hours (equivalent)</strong>: what a workload was billed for, in hours of a whole GPU" in html
 
+    # Right-sizing beside it, memory and SMs by one rule: 20 GiB × 1.3 → 26 GiB of the 40 asked for,
+    # 14 of 40 GB·h given back; 12 SMs × 1.3 = 15.6 → 16 of 108 SMs, 92 of 108 SM·h given back.
+    (main,) = hog.reasons.sizing
+    assert (main.container, main.suggestion.verdict, main.suggestion.suggested, main.freed_gb_h) == (
+        "main", "lower", Decimal(26 * 1024), Decimal(14))
+    assert (main.sm.request_sm, main.sm.peak_hour_mean_sm) == (Decimal(108), Decimal(12))
+    assert (main.sm_suggestion.verdict, main.sm_suggestion.suggested, main.freed_sm_h) == (
+        "lower", Decimal(16), Decimal(92))
+    assert "→ request 26 GiB, freeing 14.00 GB·h." in panel
+    assert "→ request 16 SMs, freeing 92.00 SM·h." in panel
+    (lean_main,) = lean.reasons.sizing
+    assert (lean_main.suggestion.verdict, lean_main.sm_suggestion.verdict) == ("unknown", "unknown")
+    assert "plus 30 % headroom" in panel
+
 
 def test_the_panel_shows_each_workloads_cost_as_the_table_does_to_the_cent(client, ledger):
     """The figure both show is the table's own value, not a second computation."""

@@ -137,3 +137,12 @@ def test_sm_and_memory_share_the_rule_so_the_same_numbers_give_the_same_answer()
     with pytest.raises(ValueError, match="the step must be positive"):
         suggest_sm_request(SmUse(request_sm=Decimal(1), mean_used_sm=Decimal(1), peak_hour_mean_sm=Decimal(1)),
                            step=Decimal(0))
+
+
+def test_what_a_lowered_request_gives_back_stays_whole_for_whole_figures() -> None:
+    # 16 of 108 SMs: 108 SM·h requested give back 92, exactly (a fraction first would leave 92.000…01).
+    s = suggest_sm_request(SmUse(request_sm=Decimal(108), mean_used_sm=Decimal(12), peak_hour_mean_sm=Decimal(12)))
+    assert s.freed(Decimal(108)) == 92
+    assert s.freed(None) is None
+    kept = suggest_sm_request(SmUse(request_sm=Decimal(13), mean_used_sm=Decimal(9), peak_hour_mean_sm=Decimal(10)))
+    assert kept.freed(Decimal(13)) == 0

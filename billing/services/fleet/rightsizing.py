@@ -92,6 +92,15 @@ class Suggestion:
             return _ZERO
         return (self.request - self.suggested) / self.request
 
+    def freed(self, requested: Decimal | None) -> Decimal | None:
+        """Of `requested` (the request × its seconds: GB·h, SM·h), what a lowered request would have
+        given back; None when it is unknown. Multiplied before divided, so whole figures stay whole."""
+        if requested is None:
+            return None
+        if self.verdict != "lower" or not self.request or self.suggested is None:
+            return _ZERO
+        return requested * (self.request - self.suggested) / self.request
+
 
 def suggest_memory_request(use: MemoryUse, *, headroom: Decimal = HEADROOM, step_mb: Decimal = STEP_MB) -> Suggestion:
     """The rule of the module docstring, in MB, in whole GiB."""
