@@ -25,7 +25,7 @@ from django.db.models import Q, QuerySet
 from billing.errors import DomainError, InvalidInput
 from billing.figures import FigureNode, FigureTree
 from billing.ledger.spend import list_workload_days
-from billing.models import BudgetScope, RateCard, Tenant
+from billing.models import BudgetAction, BudgetScope, RateCard, Tenant
 from billing.queries.budgets import BudgetView, list_budgets
 from billing.queries.cost_reasons import CostReasons, get_cost_reasons
 from billing.queries.figures import get_figure_tree
@@ -157,6 +157,11 @@ class TenantPortal:
     def overdue_invoices(self) -> tuple[InvoiceSummary, ...]:
         """The invoices overdue as of the page's `now` (computed, never stored)."""
         return tuple(i for i in self.invoices if i.payment.is_overdue)
+
+    @property
+    def scoped_budget_throttles(self) -> bool:
+        """Some namespace budget throttles when enforced: the page says what throttling does."""
+        return any(b.hard_action == BudgetAction.THROTTLE for b in self.scoped_budgets)
 
     @property
     def workloads_cut(self) -> bool:

@@ -544,5 +544,23 @@ def test_a_budget_that_does_not_throttle_has_no_throttle_note(client, ledger):
     set_budget(tenant_slug="acme", now=clock.now(), actor_label="test",
                values={"amount": Decimal("500"), "currency": "USD", "hard_action": "block",
                        "owner": "finops@acme.example"})
+    Tenant.objects.filter(slug="acme").update(namespaces=["acme-prod"])
+    set_budget(tenant_slug="acme", scope="namespace", namespace="acme-prod", now=clock.now(), actor_label="test",
+               values={"amount": Decimal("50"), "currency": "USD", "hard_action": "block", "owner": "x@acme.example"})
     client.force_login(user_in(tenants=("acme",)))
-    assert 'data-testid="throttle-definition"' not in client.get("/tenants/acme/").content.decode()
+    html = client.get("/tenants/acme/").content.decode()
+    assert 'data-testid="throttle-definition"' not in html
+    assert 'data-testid="scoped-throttle-definition"' not in html
+
+
+def test_a_throttling_namespace_budget_after_another_gets_the_note_under_its_table(client, ledger):
+    Tenant.objects.filter(slug="acme").update(namespaces=["acme-dev", "acme-prod"])
+    for namespace, action in (("acme-dev", "block"), ("acme-prod", "throttle")):
+        set_budget(tenant_slug="acme", scope="namespace", namespace=namespace, now=clock.now(), actor_label="test",
+                   values={"amount": Decimal("50"), "currency": "USD", "hard_action": action,
+                           "owner": "x@acme.example"})
+    client.force_login(user_in(tenants=("acme",)))
+    html = client.get("/tenants/acme/").content.decode()
+    note = text_of(html, "scoped-throttle-definition")
+    assert "Throttle: while the budget is enforced" in note
+    assert "multiplied by the budget's throttle factor" in note
