@@ -226,10 +226,12 @@ def list_tenant_portals(*, scope: Scope, now: datetime) -> list[TenantPortalRow]
 
 
 def get_tenant_portal(*, scope: Scope, slug: str, start: datetime, end: datetime, now: datetime,
-                      places: int = PAGE_PLACES, workload_limit: int | None = None) -> TenantPortal:
+                      places: int = PAGE_PLACES, workload_limit: int | None = None,
+                      reasons: bool = True) -> TenantPortal:
     """One tenant's portal: month-to-date spend and forecast at `now`, budget, workloads used in
-    [start, end) (the costliest `workload_limit`, or all; quantities shown at `places`) and invoices.
-    Raises TenantNotFound outside the caller's scope."""
+    [start, end) (the costliest `workload_limit`, or all; quantities shown at `places`; with
+    `reasons`, why each costs what it does) and invoices. Raises TenantNotFound outside the
+    caller's scope."""
     tenant = _visible_tenants(scope).filter(slug=slug).values_list("slug", "name").first()
     if tenant is None:
         raise TenantNotFound(f"no tenant {slug!r}")
@@ -241,7 +243,9 @@ def get_tenant_portal(*, scope: Scope, slug: str, start: datetime, end: datetime
     budget = next((b for b in budgets if b.scope == BudgetScope.TENANT), None)
     tree = get_figure_tree(scope=own, start=start, end=end, places=places, depth="pod_uid")
     workloads = _workloads(tree)
-    listed = _with_reasons(workloads[:workload_limit], get_cost_reasons(tenant=slug, start=start, end=end))
+    listed = workloads[:workload_limit]
+    if reasons:
+        listed = _with_reasons(listed, get_cost_reasons(tenant=slug, start=start, end=end))
     root = tree.roots.get(slug)
     shown = tree.shown(root) if root is not None else None
     try:

@@ -83,7 +83,7 @@ def tenant_portal(request: HttpRequest, slug: str) -> HttpResponse:
         as_csv = valid and request.GET.get("format") == "csv"
         portal = get_tenant_portal(scope=get_scope(request.user), slug=slug, start=start, end=end, now=now,
                                    places=QUANTITY_PLACES["gpu_hours"] if as_csv else PAGE_PLACES,
-                                   workload_limit=None if as_csv else WORKLOAD_TABLE_ROWS)
+                                   workload_limit=None if as_csv else WORKLOAD_TABLE_ROWS, reasons=not as_csv)
     except TenantNotFound as exc:
         raise Http404("no such tenant") from exc
     if as_csv:
