@@ -49,6 +49,7 @@ __all__ = [
     "list_idle_rows",
     "list_node_assets",
     "list_usage_groups",
+    "requested_sql",
     "set_ledger",
     "tree_keys",
 ]
@@ -210,7 +211,7 @@ def _tree_sql(tree: FilterTree, params: dict[str, Any], sql_of: Any) -> str:
     return f"(NOT {found})" if tree.op.startswith("!") else found
 
 
-def _requested_sql(field: str) -> str:
+def requested_sql(field: str) -> str:
     """A row's requested quantity × its seconds, NULL unless the container's request is a JSON number
     (a malformed one is unknown, not an error)."""
     value = f"m.requests -> u.container -> '{field}'"
@@ -238,7 +239,7 @@ def list_usage_groups(
                 if needs_gpu else "")
     keys_array = "ARRAY[" + ", ".join(f"({s})::text" for s in key_sql) + "]::text[]" if key_sql else "ARRAY[]::text[]"
     node = "n.name" if by_node else "''"
-    mem_req, sm_req = _requested_sql("mem_mb"), _requested_sql("sm")
+    mem_req, sm_req = requested_sql("mem_mb"), requested_sql("sm")
     # A group's requested figure is known only if every one of its rows' is.
     sql = (
         f"SELECT {_set_sql(ledger, 'u', starts, params)} AS set_start, {keys_array} AS keys, {node} AS node, "  # noqa: S608 - fixed SQL
@@ -287,7 +288,7 @@ def list_figure_rows(
     sets: list[tuple[str, ...]] = [("tenant", "gpu_model", "sla_tier")]
     sets += [tuple(path[: i + 1]) for i in range(1, len(path)) if path[i] != "node"]
     grouping_sets = ", ".join("(" + ", ".join(expr[k] for k in one) + ")" for one in sets)
-    mem_req, sm_req = _requested_sql("mem_mb"), _requested_sql("sm")
+    mem_req, sm_req = requested_sql("mem_mb"), requested_sql("sm")
     sql = (
         f"SELECT GROUPING({', '.join(expr[k] for k in columns)}) AS mask, "
         + ", ".join(f"({expr[k]})::text AS k_{i}" for i, k in enumerate(columns)) + ", "

@@ -42,6 +42,8 @@ class BudgetView:
     rate_hours: int  # complete hours the forecast's rate is taken over (0: forecast = spend)
     used_pct: Decimal
     forecast_over_budget: bool  # the last evaluation's flag (BudgetStatus.forecast_over_budget)
+    # Under `throttle` the tenant's SLA weight on a shared GPU is multiplied by this (docs/allocation.md).
+    throttle_factor: Decimal = Decimal(1)
 
     @property
     def state_label(self) -> str:
@@ -99,6 +101,6 @@ def list_budgets(*, scope: Scope, now: datetime, spends: dict[str, MonthSpend] |
             spend=spend.month_to_date, spend_shown=spend.month_to_date_shown(b.currency), forecast=spend.forecast,
             rate_hours=spend.rate_hours,
             used_pct=(spend.month_to_date / b.amount * 100) if b.amount else Decimal(0),
-            forecast_over_budget=bool(status and status.forecast_over_budget),
+            forecast_over_budget=bool(status and status.forecast_over_budget), throttle_factor=b.throttle_factor,
         ))
     return views

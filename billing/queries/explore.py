@@ -14,6 +14,7 @@ Levels and what their rows are:
     namespace   the tenant's namespaces
     controller  the namespace's controllers             (OpenCost's "kind:name")
     pod         the controller's workloads: pod/container (the instances of a pod name summed) + right-sizing
+                (memory and SMs)
     gpu         the pod's GPUs, per container           (container, node, gpu)
 
 A workload without Kubernetes metadata groups under `__unallocated__` (OpenCost's name), which is
@@ -36,7 +37,15 @@ from billing.queries.allocation import MAX_SETS, UNALLOCATED, Window, allocation
 from billing.queries.figures import get_figure_tree
 from billing.queries.portal import TenantNotFound
 from billing.scope import Scope
-from billing.services.fleet import MemoryUse, Suggestion, mean_mb, percent_of, suggest_memory_request
+from billing.services.fleet import (
+    MemoryUse,
+    SmUse,
+    Suggestion,
+    mean_mb,
+    percent_of,
+    suggest_memory_request,
+    suggest_sm_request,
+)
 
 __all__ = [
     "LEVELS",
@@ -134,9 +143,11 @@ class ExploreRow:
     sm_requested_h: Decimal | None
     shown: Figures
     seconds: Decimal  # metered workload-seconds (per GPU)
-    # Workloads (the pod level) only: memory per GPU and the rule's suggestion.
+    # Workloads (the pod level) only: memory and SMs per GPU and the rule's suggestion for each.
     memory: MemoryUse | None = None
     suggestion: Suggestion | None = None
+    sm: SmUse | None = None
+    sm_suggestion: Suggestion | None = None
 
     def key(self, name: str) -> str:
         return dict(self.keys).get(name, "")
@@ -160,9 +171,12 @@ class ExploreRow:
     @property
     def freed_gb_h(self) -> Decimal | None:
         """GB·h of request a lowered request would have given back over the period."""
-        if self.suggestion is None or self.mem_requested_gb_h is None:
-            return None
-        return self.mem_requested_gb_h * self.suggestion.freed_fraction
+        return self.suggestion.freed(self.mem_requested_gb_h) if self.suggestion else None
+
+    @property
+    def freed_sm_h(self) -> Decimal | None:
+        """SM·h of request a lowered SM request would have given back over the period."""
+        return self.sm_suggestion.freed(self.sm_requested_h) if self.sm_suggestion else None
 
 
 @dataclass(frozen=True)
@@ -213,7 +227,7 @@ def get_explore(*, scope: Scope, path: ExplorePath, filters: ExploreFilters, sta
         pods = sorted({r.key("pod") for r in chosen})
         peaks = _peak_hour_means(scope, window, keys, {**narrowed, **{k: [v] for k, v in path.steps()}, "pod": pods})
         sized = {r.name for r in chosen}
-        rows = [_sized(r, peaks.get(r.name, Decimal(0))) if r.name in sized else r for r in rows]
+        rows = [_sized(r, *peaks.get(r.name, _NO_PEAK)) if r.name in sized else r for r in rows]
     if level == "tenant":
         names = _tenant_names([r.name for r in rows])
         rows = [replace(r, label=names.get(r.name) or r.label) for r in rows]
@@ -234,18 +248,23 @@ def check_tenant_visible(scope: Scope, tenant: str) -> None:
         raise TenantNotFound(tenant)
 
 
+_NO_PEAK = (Decimal(0), Decimal(0))
+
+
 def _peak_hour_means(scope: Scope, window: Window, keys: Sequence[str],
-                     filters: Mapping[str, Sequence[str]]) -> dict[str, Decimal]:
-    """Each workload's highest hourly mean of memory in use per GPU: one allocation set per hour,
-    read in spans of at most MAX_SETS hours (the query's limit on sets per read)."""
-    peaks: dict[str, Decimal] = {}
+                     filters: Mapping[str, Sequence[str]]) -> dict[str, tuple[Decimal, Decimal]]:
+    """Each workload's highest hourly means of memory (MB) and of SMs in use per GPU, each its own
+    peak hour: one allocation set per hour, read in spans of at most MAX_SETS hours (the query's
+    limit on sets per read)."""
+    peaks: dict[str, tuple[Decimal, Decimal]] = {}
     span = MAX_SETS * _HOUR
     at = window.start
     while at < window.end:
         part = Window(start=at, end=min(at + span, window.end))
         for hour in allocation_sets(scope, window=part, aggregate=keys, step=_HOUR, filters=filters):
             for name, a in hour.items():
-                peaks[name] = max(peaks.get(name, Decimal(0)), mean_mb(a.mem_used_mb_s, a.seconds))
+                mem, sm = peaks.get(name, _NO_PEAK)
+                peaks[name] = (max(mem, mean_mb(a.mem_used_mb_s, a.seconds)), max(sm, mean_mb(a.sm_used_s, a.seconds)))
         at = part.end
     return peaks
 
@@ -271,11 +290,15 @@ def _row(tree: FigureTree, values: tuple[str, ...], nodes: list[FigureNode], lev
     )
 
 
-def _sized(row: ExploreRow, peak_hour_mean_mb: Decimal) -> ExploreRow:
-    """The row with its memory per GPU and the right-sizing rule's suggestion."""
+def _sized(row: ExploreRow, peak_hour_mean_mb: Decimal, peak_hour_mean_sm: Decimal) -> ExploreRow:
+    """The row with its memory and SMs per GPU and the right-sizing rule's suggestion for each."""
     seconds = row.seconds
     request = (row.mem_requested_gb_h * _MB_S_PER_GB_H / seconds
                if row.mem_requested_gb_h is not None and seconds > 0 else None)
     memory = MemoryUse(request_mb=request, mean_used_mb=mean_mb(row.mem_used_gb_h * _MB_S_PER_GB_H, seconds),
                        peak_hour_mean_mb=peak_hour_mean_mb)
-    return replace(row, memory=memory, suggestion=suggest_memory_request(memory))
+    sm_request = row.sm_requested_h * _S_PER_H / seconds if row.sm_requested_h is not None and seconds > 0 else None
+    sm = SmUse(request_sm=sm_request, mean_used_sm=mean_mb(row.sm_used_h * _S_PER_H, seconds),
+               peak_hour_mean_sm=peak_hour_mean_sm)
+    return replace(row, memory=memory, suggestion=suggest_memory_request(memory), sm=sm,
+                   sm_suggestion=suggest_sm_request(sm))

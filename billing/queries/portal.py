@@ -25,13 +25,15 @@ from django.db.models import Q, QuerySet
 from billing.errors import DomainError, InvalidInput
 from billing.figures import FigureNode, FigureTree
 from billing.ledger.spend import list_workload_days
-from billing.models import BudgetScope, RateCard, Tenant
+from billing.models import BudgetAction, BudgetScope, RateCard, Tenant
 from billing.queries.budgets import BudgetView, list_budgets
+from billing.queries.cost_reasons import CostReasons, get_cost_reasons
 from billing.queries.figures import get_figure_tree
 from billing.queries.finance import PAGE_PLACES
 from billing.scope import Scope
 from billing.services.budgets import get_month_spend, get_month_to_date_parts, shown_spend
 from billing.services.exports import InvoiceSummary, list_invoices
+from billing.services.fleet import percent_of
 from billing.services.invoicing import InvoicePreview, preview_invoice, preview_invoices
 
 __all__ = [
@@ -86,6 +88,26 @@ class WorkloadUsage:
     # "namespace/pod", with the start of the pod UID where two pod instances share a name.
     label: str = ""
     energy_kwh: Decimal = Decimal(0)  # GPU energy attributed to it, as shown (docs/billing.md, Energy)
+    # What its pod asked for per GPU × its metered seconds, as shown; None where a container's
+    # request was never reported (the portal says so rather than guess).
+    mem_requested_gb_h: Decimal | None = None
+    sm_requested_h: Decimal | None = None
+    exact_cost: Decimal = Decimal(0)  # `cost` at ledger precision, for percentages of it
+    # Why it costs what it does (billing.queries.cost_reasons): the listed workloads of a page only.
+    reasons: CostReasons | None = None
+
+    @property
+    def overgranted_pct(self) -> Decimal | None:
+        """The share of its cost due to over-granting, in percent (None without reasons or cost)."""
+        return self.reasons.overgranted_pct(self.exact_cost) if self.reasons else None
+
+    @property
+    def mem_used_of_granted_pct(self) -> Decimal | None:
+        return percent_of(self.mem_used_gb_h, self.mem_granted_gb_h)
+
+    @property
+    def sm_used_of_granted_pct(self) -> Decimal | None:
+        return percent_of(self.sm_used_h, self.sm_granted_h)
 
     @property
     def key(self) -> tuple[str, str, str]:
@@ -135,6 +157,11 @@ class TenantPortal:
     def overdue_invoices(self) -> tuple[InvoiceSummary, ...]:
         """The invoices overdue as of the page's `now` (computed, never stored)."""
         return tuple(i for i in self.invoices if i.payment.is_overdue)
+
+    @property
+    def scoped_budget_throttles(self) -> bool:
+        """Some namespace budget throttles when enforced: the page says what throttling does."""
+        return any(b.hard_action == BudgetAction.THROTTLE for b in self.scoped_budgets)
 
     @property
     def workloads_cut(self) -> bool:
@@ -199,10 +226,12 @@ def list_tenant_portals(*, scope: Scope, now: datetime) -> list[TenantPortalRow]
 
 
 def get_tenant_portal(*, scope: Scope, slug: str, start: datetime, end: datetime, now: datetime,
-                      places: int = PAGE_PLACES, workload_limit: int | None = None) -> TenantPortal:
+                      places: int = PAGE_PLACES, workload_limit: int | None = None,
+                      reasons: bool = True) -> TenantPortal:
     """One tenant's portal: month-to-date spend and forecast at `now`, budget, workloads used in
-    [start, end) (the costliest `workload_limit`, or all; quantities shown at `places`) and invoices.
-    Raises TenantNotFound outside the caller's scope."""
+    [start, end) (the costliest `workload_limit`, or all; quantities shown at `places`; with
+    `reasons`, why each costs what it does) and invoices. Raises TenantNotFound outside the
+    caller's scope."""
     tenant = _visible_tenants(scope).filter(slug=slug).values_list("slug", "name").first()
     if tenant is None:
         raise TenantNotFound(f"no tenant {slug!r}")
@@ -214,6 +243,9 @@ def get_tenant_portal(*, scope: Scope, slug: str, start: datetime, end: datetime
     budget = next((b for b in budgets if b.scope == BudgetScope.TENANT), None)
     tree = get_figure_tree(scope=own, start=start, end=end, places=places, depth="pod_uid")
     workloads = _workloads(tree)
+    listed = workloads[:workload_limit]
+    if reasons:
+        listed = _with_reasons(listed, get_cost_reasons(tenant=slug, start=start, end=end))
     root = tree.roots.get(slug)
     shown = tree.shown(root) if root is not None else None
     try:
@@ -225,7 +257,7 @@ def get_tenant_portal(*, scope: Scope, slug: str, start: datetime, end: datetime
         month_to_date_shown=spend.month_to_date_shown(currency),
         forecast=spend.forecast, forecast_rate_hours=spend.rate_hours, budget=budget,
         scoped_budgets=tuple(b for b in budgets if b.scope != BudgetScope.TENANT), start=start, end=end,
-        workloads=workloads[:workload_limit], workload_count=len(workloads),
+        workloads=listed, workload_count=len(workloads),
         period_cost=shown.cost if shown else Decimal(0),
         period_quantities={name: getattr(shown, attr) if shown else Decimal(0) for name, attr in _QUANTITIES},
         daily=_daily(slug, workloads, len(workloads), start=start, end=end, now=now),
@@ -291,8 +323,14 @@ def _workload(tree: FigureTree, node: FigureNode, same_name_instances: int) -> W
         mem_granted_gb_h=shown.mem_granted_gb_h, sm_used_h=shown.sm_used_h, sm_granted_h=shown.sm_granted_h,
         first_hour=node.first_hour, last_hour=node.last_hour,
         label=f"{namespace}/{pod}" + (f" ({pod_uid[:8]})" if same_name_instances > 1 else ""),
-        energy_kwh=shown.energy_kwh,
+        energy_kwh=shown.energy_kwh, mem_requested_gb_h=shown.mem_requested_gb_h, sm_requested_h=shown.sm_requested_h,
+        exact_cost=node.exact.cost,
     )
+
+
+def _with_reasons(workloads: tuple[WorkloadUsage, ...],
+                  reasons: dict[tuple[str, str, str], CostReasons]) -> tuple[WorkloadUsage, ...]:
+    return tuple(dataclasses.replace(w, reasons=reasons.get(w.key)) for w in workloads)
 
 
 def _daily(slug: str, workloads: tuple[WorkloadUsage, ...], count: int, *, start: datetime, end: datetime,

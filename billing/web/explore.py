@@ -214,7 +214,8 @@ _CSV_NUMBERS = (
 )
 _CSV_RIGHTSIZING = (
     "mem_request_gb", "mem_mean_used_gb", "mem_peak_hour_gb", "suggestion", "suggested_mem_request_gb",
-    "mem_freed_gb_h",
+    "mem_freed_gb_h", "sm_request", "sm_mean_used", "sm_peak_hour", "sm_suggestion", "suggested_sm_request",
+    "sm_freed_h",
 )
 
 
@@ -247,7 +248,11 @@ def _csv(result: Explore) -> HttpResponse:
             m, sug = r.memory, r.suggestion
             cells += [q(gib(m.request_mb) if m else None), q(gib(m.mean_used_mb) if m else None),
                       q(gib(m.peak_hour_mean_mb) if m else None), sug.verdict if sug else "",
-                      q(gib(sug.suggested_mb) if sug else None), q(r.freed_gb_h)]
+                      q(gib(sug.suggested) if sug else None), q(r.freed_gb_h)]
+            sm, sm_sug = r.sm, r.sm_suggestion
+            cells += [q(sm.request_sm if sm else None), q(sm.mean_used_sm if sm else None),
+                      q(sm.peak_hour_mean_sm if sm else None), sm_sug.verdict if sm_sug else "",
+                      q(sm_sug.suggested if sm_sug else None), q(r.freed_sm_h)]
         writer.writerow(cells)
     eff = _efficiency(result.rows)
     total = ["(total)", *("" for _k in keys), amount_cell(cost, currency), currency,
@@ -257,6 +262,8 @@ def _csv(result: Explore) -> HttpResponse:
              q(eff["sm_of_granted"], pct), q(eff["sm_of_requested"], pct)]
     if rightsizing:
         freed = [r.freed_gb_h for r in result.rows]
-        total += ["", "", "", "", "", q(round_quantities([f for f in freed if f is not None], places)[1])]
+        freed_sm = [r.freed_sm_h for r in result.rows]
+        total += ["", "", "", "", "", q(round_quantities([f for f in freed if f is not None], places)[1]),
+                  "", "", "", "", "", q(round_quantities([f for f in freed_sm if f is not None], places)[1])]
     writer.writerow(total)
     return response

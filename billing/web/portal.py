@@ -32,6 +32,7 @@ from billing.queries.portal import (
 )
 from billing.scope import get_scope
 from billing.services.exports import EXPORT_FORMATS, line_number_cells, plain_decimal
+from billing.services.fleet import HEADROOM
 from billing.services.invoicing import InvoicePreview
 from billing.web.access import landing_url
 from billing.web.charts import Series, line_chart, stacked_bar_chart
@@ -82,7 +83,7 @@ def tenant_portal(request: HttpRequest, slug: str) -> HttpResponse:
         as_csv = valid and request.GET.get("format") == "csv"
         portal = get_tenant_portal(scope=get_scope(request.user), slug=slug, start=start, end=end, now=now,
                                    places=QUANTITY_PLACES["gpu_hours"] if as_csv else PAGE_PLACES,
-                                   workload_limit=None if as_csv else WORKLOAD_TABLE_ROWS)
+                                   workload_limit=None if as_csv else WORKLOAD_TABLE_ROWS, reasons=not as_csv)
     except TenantNotFound as exc:
         raise Http404("no such tenant") from exc
     if as_csv:
@@ -94,6 +95,7 @@ def tenant_portal(request: HttpRequest, slug: str) -> HttpResponse:
         "budget_action_label": BudgetAction(budget.hard_action).label if budget else "",
         "cost_chart": _cost_chart(portal) if valid and portal.workloads else None,
         "memory_chart": _memory_chart(portal) if valid and portal.workloads else None,
+        "headroom_pct": HEADROOM * 100,
     }
     return render(request, "billing/portal.html", context, status=200 if valid else 400)
 

@@ -177,9 +177,15 @@ def test_a_workload_gets_its_efficiency_and_right_sizing(client: Client, fleet: 
     assert server.memory.request_mb == 40960
     assert server.memory.mean_used_mb == 10240
     assert server.memory.peak_hour_mean_mb == 12288
-    assert (server.suggestion.verdict, server.suggestion.suggested_mb, server.freed_gb_h) == ("lower", 16384, 48)
+    assert (server.suggestion.verdict, server.suggestion.suggested, server.freed_gb_h) == ("lower", 16384, 48)
     assert "→ request <strong>16 GiB</strong>" in html
     assert "48.00 GB·h" in html
+    # SMs beside memory, by the same rule over the same hours: 50 SMs requested per GPU, 15 used on
+    # average, 20 in the peak hour: 20 × 1.3 → 26 SMs, 48 of 100 SM·h given back.
+    assert (server.sm.request_sm, server.sm.mean_used_sm, server.sm.peak_hour_mean_sm) == (50, 15, 20)
+    assert (server.sm_suggestion.verdict, server.sm_suggestion.suggested, server.freed_sm_h) == ("lower", 26, 48)
+    assert "→ request <strong>26 SMs</strong>, freeing 48.00 SM·h." in html
+    assert sidecar.sm_suggestion.verdict == "unknown"
     # The sidecar reported no request: no ratio against it, no suggestion.
     assert sidecar.mem_requested_gb_h is None
     assert sidecar.mem_used_of_requested_pct is None
@@ -298,6 +304,11 @@ def test_every_csv_has_the_pages_numbers_and_adds_up(client: Client, fleet: None
     assert records[1]["mem_requested_gb_h"] == ""
     assert records[-1]["mem_requested_gb_h"] == ""
     assert records[-1]["mem_freed_gb_h"] == "48.0000"
+    assert (server["sm_request"], server["sm_mean_used"], server["sm_peak_hour"], server["sm_suggestion"],
+            server["suggested_sm_request"], server["sm_freed_h"]) == ("50.0000", "15.0000", "20.0000", "lower",
+                                                                     "26.0000", "48.0000")
+    assert records[1]["sm_suggestion"] == "unknown"
+    assert records[-1]["sm_freed_h"] == "48.0000"
 
 
 def test_a_member_of_no_tenant_sees_no_link_and_nothing(client: Client, fleet: None) -> None:

@@ -17,8 +17,8 @@ import time_machine
 from django.test import Client
 
 from billing.calendar import month_bounds
-from billing.ledger.models import UsageHour
-from billing.models import BillingPeriod, Invoice, Node, RateCard, Tenant
+from billing.ledger.models import GpuHour, UsageHour, WorkloadMeta
+from billing.models import BillingPeriod, Gpu, Invoice, Node, RateCard, Tenant
 from billing.queries.portal import TenantNotFound, get_tenant_portal
 from billing.scope import ADMIN_GROUP, FINANCE_GROUP, get_scope
 from billing.services.budgets.spend import evaluate_budgets, set_budget
@@ -416,3 +416,151 @@ def test_a_portal_of_the_costliest_workloads_keeps_the_count_cost_and_chart_of_a
     assert top.workloads == full.workloads[:1]
     assert (top.workload_count, top.period_cost) == (full.workload_count, full.period_cost) == (2, Decimal("5.25"))
     assert top.daily == full.daily
+
+
+H100 = "NVIDIA H100 80GB HBM3"
+
+
+def _gpu(node: Node, uuid: str, model: str, hour: datetime, *, priced: bool = True) -> None:
+    """A card of 81,920 MB and 108 SMs, metered the whole hour."""
+    Gpu.objects.create(uuid=uuid, node=node, model=model, memory_mb=81920, sm_count=108, first_seen_at=hour,
+                       last_seen_at=hour)
+    with_day(GpuHour.objects.create(gpu_uuid=uuid, node=node, gpu_model=model, hour=hour, metered_seconds=3600,
+                                    card_cost=Decimal("3.6"), charged=0, idle_cost=0, idle_allocated=0,
+                                    currency="USD", priced=priced))
+
+
+def _hour_row(node: Node, hour: datetime, *, pod: str, gpu: str, charge: str, idle: str = "0",
+              mem_used_mb: int, mem_granted_mb: int, sm_used: int, sm_granted: int) -> None:
+    """One hour of a pod at a steady use and grant, billed on max(used, granted)."""
+    with_day(UsageHour.objects.create(
+        hour=hour, gpu_uuid=gpu, node=node, tenant="acme", namespace="ml", pod=pod, container="main",
+        pod_uid=f"uid-{pod}", sla_tier="gold", seconds=3600, mem_used_mb_s=mem_used_mb * 3600,
+        mem_granted_mb_s=mem_granted_mb * 3600, mem_billed_mb_s=max(mem_used_mb, mem_granted_mb) * 3600,
+        sm_used_s=sm_used * 3600, sm_granted_s=sm_granted * 3600, sm_billed_s=max(sm_used, sm_granted) * 3600,
+        pcie_mb=0, share_gpu_s=0, charge=Decimal(charge), idle_share=Decimal(idle)))
+
+
+@pytest.fixture
+def overgranted(db) -> datetime:
+    """acme/ml in the hour before this one, all on cards of 81,920 MB and 108 SMs at 3.60 USD an hour:
+    - hog: half the memory granted and a quarter used, all 108 SMs granted and 12 used (11 %),
+      charged 2.70 (its billed 2700 card-seconds) + 0.30 idle; it asked for 40 GiB and 108 SMs;
+    - lean (an H100 card billing on `used`): charged 1.00; its pod reported no request;
+    - stray: on a card no rate card prices (billed at 0)."""
+    RateCard.objects.create(gpu_model=A100["model"], currency="USD", price_per_gpu_hour=Decimal("3.6"),
+                            effective_from=datetime(2020, 1, 1, tzinfo=UTC), source_url="https://example.org")
+    RateCard.objects.create(gpu_model=H100, currency="USD", price_per_gpu_hour=Decimal("3.6"), billed_basis="used",
+                            alpha=Decimal("0.25"), effective_from=datetime(2020, 1, 1, tzinfo=UTC),
+                            source_url="https://example.org")
+    Tenant.objects.create(slug="acme", name="Acme Robotics")
+    hour = clock.now().replace(minute=0, second=0, microsecond=0) - timedelta(hours=1)
+    node = Node.objects.create(name="gpu-node-1")
+    _gpu(node, "GPU-A", A100["model"], hour)
+    _gpu(node, "GPU-H", H100, hour)
+    _gpu(node, "GPU-X", "NVIDIA T4", hour, priced=False)
+    _hour_row(node, hour, pod="hog", gpu="GPU-A", charge="2.70", idle="0.30", mem_used_mb=20480,
+              mem_granted_mb=40960, sm_used=12, sm_granted=108)
+    _hour_row(node, hour, pod="lean", gpu="GPU-H", charge="1.00", mem_used_mb=10240, mem_granted_mb=40960,
+              sm_used=10, sm_granted=54)
+    _hour_row(node, hour, pod="stray", gpu="GPU-X", charge="0", mem_used_mb=1024, mem_granted_mb=2048, sm_used=1,
+              sm_granted=2)
+    WorkloadMeta.objects.create(node=node, namespace="ml", pod="hog", pod_uid="uid-hog",
+                                requests={"main": {"mem_mb": 40960, "sm": 108}}, first_seen=hour, last_seen=hour)
+    return hour
+
+
+def test_the_panel_says_what_a_workload_was_billed_on_and_what_over_granting_cost(client, overgranted):
+    client.force_login(user_in(tenants=("acme",)))
+    resp = client.get("/tenants/acme/")
+    assert resp.status_code == 200
+    hog, lean, stray = resp.context["portal"].workloads
+    assert (hog.pod, lean.pod, stray.pod) == ("hog", "lean", "stray")
+    # Billed 0.5 × 1800 + 0.5 × 3600 = 2700 card-seconds, used 0.5 × 900 + 0.5 × 400 = 650: billing on
+    # use would have charged 0.65 of the 2.70, so 2.05 is due to over-granting, of a cost of 3.00.
+    assert hog.reasons is not None
+    assert (hog.reasons.bases, hog.reasons.alphas, hog.reasons.unpriced) == (("max",), (Decimal("0.5"),), False)
+    assert hog.reasons.overgranted == Decimal("2.05")
+    assert hog.cost == Decimal("3.00")
+    assert hog.overgranted_pct is not None
+    assert round(hog.overgranted_pct, 1) == Decimal("68.3")
+    assert (hog.mem_requested_gb_h, hog.sm_requested_h) == (Decimal(40), Decimal(108))
+    # A card billing on use has no over-granting; a pod with no request reported has none shown.
+    assert lean.reasons is not None
+    assert (lean.reasons.bases, lean.reasons.overgranted) == (("used",), 0)
+    assert (lean.mem_requested_gb_h, lean.sm_requested_h) == (None, None)
+    assert stray.reasons is not None
+    assert (stray.reasons.bases, stray.reasons.unpriced) == ((), True)
+
+    html = resp.content.decode()
+    panel = text_of(html, "cost-reasons")
+    assert "ml/hog · 3.00 USD · 68.3 % due to over-granting" in panel
+    assert "20.00 GB·h used of 40.00 GB·h granted (50.0 %); 40.00 GB·h requested" in panel
+    assert "12.00 SM·h used of 108.00 SM·h granted (11.1 %); 108.00 SM·h requested" in panel
+    assert "max(used, granted): the larger of the two, each second · α = 0.50" in panel
+    assert "2.05 USD of 3.00 USD (68.3 %): what billing on use alone would not have charged" in panel
+    assert "used: what was used only · α = 0.25" in panel
+    assert "0.00 USD of 1.00 USD (0.0 %)" in panel
+    assert panel.count("request not reported by the node agent") == 4  # lean's and stray's, memory and SMs
+    assert "no rate card priced it: billed at 0" in panel
+    assert "GPU-hours (equivalent)</strong>: what a workload was billed for, in hours of a whole GPU" in html
+
+    # Right-sizing beside it, memory and SMs by one rule: 20 GiB × 1.3 → 26 GiB of the 40 asked for,
+    # 14 of 40 GB·h given back; 12 SMs × 1.3 = 15.6 → 16 of 108 SMs, 92 of 108 SM·h given back.
+    (main,) = hog.reasons.sizing
+    assert (main.container, main.suggestion.verdict, main.suggestion.suggested, main.freed_gb_h) == (
+        "main", "lower", Decimal(26 * 1024), Decimal(14))
+    assert (main.sm.request_sm, main.sm.peak_hour_mean_sm) == (Decimal(108), Decimal(12))
+    assert (main.sm_suggestion.verdict, main.sm_suggestion.suggested, main.freed_sm_h) == (
+        "lower", Decimal(16), Decimal(92))
+    assert "→ request 26 GiB, freeing 14.00 GB·h." in panel
+    assert "→ request 16 SMs, freeing 92.00 SM·h." in panel
+    (lean_main,) = lean.reasons.sizing
+    assert (lean_main.suggestion.verdict, lean_main.sm_suggestion.verdict) == ("unknown", "unknown")
+    assert "plus 30 % headroom" in panel
+
+
+def test_the_panel_shows_each_workloads_cost_as_the_table_does_to_the_cent(client, ledger):
+    """The figure both show is the table's own value, not a second computation."""
+    client.force_login(user_in(tenants=("acme",)))
+    html = client.get("/tenants/acme/").content.decode()
+    table_costs = re.findall(r'<strong data-sum="workloads">([^<]+)</strong>', html)
+    panel_costs = re.findall(r'<strong data-testid="reason-cost">([^<]+)</strong>', html)
+    assert table_costs == panel_costs == ["3.00 USD", "2.25 USD"]
+
+
+def test_the_portal_explains_throttle_where_a_budget_throttles(client, ledger):
+    set_budget(tenant_slug="acme", now=clock.now(), actor_label="test",
+               values={"amount": Decimal("500"), "currency": "USD", "hard_action": "throttle",
+                       "throttle_factor": Decimal("0.25"), "owner": "finops@acme.example"})
+    client.force_login(user_in(tenants=("acme",)))
+    html = client.get("/tenants/acme/").content.decode()
+    text = text_of(html, "throttle-definition")
+    assert "Throttle: while the budget is enforced, GPU workloads keep running" in text
+    assert "multiplied by 0.25" in text
+
+
+def test_a_budget_that_does_not_throttle_has_no_throttle_note(client, ledger):
+    set_budget(tenant_slug="acme", now=clock.now(), actor_label="test",
+               values={"amount": Decimal("500"), "currency": "USD", "hard_action": "block",
+                       "owner": "finops@acme.example"})
+    Tenant.objects.filter(slug="acme").update(namespaces=["acme-prod"])
+    set_budget(tenant_slug="acme", scope="namespace", namespace="acme-prod", now=clock.now(), actor_label="test",
+               values={"amount": Decimal("50"), "currency": "USD", "hard_action": "block", "owner": "x@acme.example"})
+    client.force_login(user_in(tenants=("acme",)))
+    html = client.get("/tenants/acme/").content.decode()
+    assert 'data-testid="throttle-definition"' not in html
+    assert 'data-testid="scoped-throttle-definition"' not in html
+
+
+def test_a_throttling_namespace_budget_after_another_gets_the_note_under_its_table(client, ledger):
+    Tenant.objects.filter(slug="acme").update(namespaces=["acme-dev", "acme-prod"])
+    for namespace, action in (("acme-dev", "block"), ("acme-prod", "throttle")):
+        set_budget(tenant_slug="acme", scope="namespace", namespace=namespace, now=clock.now(), actor_label="test",
+                   values={"amount": Decimal("50"), "currency": "USD", "hard_action": action,
+                           "owner": "x@acme.example"})
+    client.force_login(user_in(tenants=("acme",)))
+    html = client.get("/tenants/acme/").content.decode()
+    note = text_of(html, "scoped-throttle-definition")
+    assert "Throttle: while the budget is enforced" in note
+    assert "multiplied by the budget's throttle factor" in note

@@ -10,12 +10,15 @@ from hypothesis import strategies as st
 
 from billing.services.fleet.rightsizing import (
     HEADROOM,
+    SM_STEP,
     STEP_MB,
     MemoryUse,
+    SmUse,
     mean_mb,
     peak_hour_mean_mb,
     percent_of,
     suggest_memory_request,
+    suggest_sm_request,
 )
 
 GIB = Decimal(1024)
@@ -24,28 +27,28 @@ GIB = Decimal(1024)
 def test_the_issue_example_40_gib_requested_9_used_12_at_the_peak_hour_suggests_16() -> None:
     s = suggest_memory_request(MemoryUse(request_mb=40 * GIB, mean_used_mb=9 * GIB, peak_hour_mean_mb=12 * GIB))
     # 12 GiB × 1.3 = 15.6 GiB, rounded up to whole GiB.
-    assert (s.verdict, s.suggested_mb) == ("lower", 16 * GIB)
+    assert (s.verdict, s.suggested) == ("lower", 16 * GIB)
     assert s.freed_fraction == Decimal("0.6")  # 24 of 40 GiB given back
 
 
 def test_an_unknown_request_gets_no_suggestion() -> None:
     s = suggest_memory_request(MemoryUse(request_mb=None, mean_used_mb=9 * GIB, peak_hour_mean_mb=12 * GIB))
-    assert (s.verdict, s.suggested_mb, s.freed_fraction) == ("unknown", None, Decimal(0))
+    assert (s.verdict, s.suggested, s.freed_fraction) == ("unknown", None, Decimal(0))
 
 
 def test_use_above_the_request_asks_for_more() -> None:
     s = suggest_memory_request(MemoryUse(request_mb=8 * GIB, mean_used_mb=9 * GIB, peak_hour_mean_mb=10 * GIB))
-    assert (s.verdict, s.suggested_mb) == ("raise", 13 * GIB)  # 10 × 1.3 = 13
+    assert (s.verdict, s.suggested) == ("raise", 13 * GIB)  # 10 × 1.3 = 13
 
 
 def test_a_request_inside_the_headroom_is_kept() -> None:
     s = suggest_memory_request(MemoryUse(request_mb=16 * GIB, mean_used_mb=10 * GIB, peak_hour_mean_mb=Decimal("12.5") * GIB))
-    assert (s.verdict, s.suggested_mb, s.freed_fraction) == ("fits", 16 * GIB, Decimal(0))
+    assert (s.verdict, s.suggested, s.freed_fraction) == ("fits", 16 * GIB, Decimal(0))
 
 
 def test_nothing_used_still_suggests_one_gib_not_zero() -> None:
     s = suggest_memory_request(MemoryUse(request_mb=40 * GIB, mean_used_mb=Decimal(0), peak_hour_mean_mb=Decimal(0)))
-    assert (s.verdict, s.suggested_mb) == ("lower", STEP_MB)
+    assert (s.verdict, s.suggested) == ("lower", STEP_MB)
 
 
 def test_hourly_means_and_ratios() -> None:
@@ -79,21 +82,67 @@ def test_a_suggestion_is_never_below_the_peak_hour_nor_above_the_request_unless_
                                headroom=headroom, step_mb=step)
     if request is None:
         assert s.verdict == "unknown"
-        assert s.suggested_mb is None
+        assert s.suggested is None
         return
-    assert s.suggested_mb is not None
-    assert s.suggested_mb >= peak
+    assert s.suggested is not None
+    assert s.suggested >= peak
     if peak <= request:
-        assert s.suggested_mb <= request
+        assert s.suggested <= request
     else:
         assert s.verdict == "raise"
-        assert s.suggested_mb > request
+        assert s.suggested > request
     assert 0 <= s.freed_fraction < 1
     if s.verdict in ("raise", "lower"):
-        assert s.suggested_mb % step == 0
-        assert s.suggested_mb >= peak * (1 + headroom)
+        assert s.suggested % step == 0
+        assert s.suggested >= peak * (1 + headroom)
 
 
 def test_the_default_headroom_is_what_the_page_states() -> None:
     assert HEADROOM == Decimal("0.30")  # noqa: SIM300 - the constant is what is checked
     assert STEP_MB == GIB
+
+
+def _sm_peak(hours: list[tuple[int, int]]) -> Decimal:
+    """A hand-made ledger of one container's SMs: (SM·s used, metered seconds) per hour."""
+    return peak_hour_mean_mb([(Decimal(used), Decimal(seconds)) for used, seconds in hours])
+
+
+def test_sms_are_sized_by_the_memory_rule_over_the_same_hours() -> None:
+    # 108 SMs requested; hours at 20, then 32 for half an hour, then nothing: the peak hour's mean
+    # is 32 SMs, 32 × 1.3 = 41.6, rounded up to whole SMs: 42; 66 of 108 SMs given back.
+    peak = _sm_peak([(20 * 3600, 3600), (32 * 1800, 1800), (0, 0)])
+    assert peak == 32
+    s = suggest_sm_request(SmUse(request_sm=Decimal(108), mean_used_sm=Decimal(24), peak_hour_mean_sm=peak))
+    assert (s.verdict, s.request, s.suggested) == ("lower", Decimal(108), Decimal(42))
+    assert s.freed_fraction == Decimal(66) / Decimal(108)
+
+
+def test_sms_above_the_request_ask_for_more_and_an_unknown_request_gets_nothing() -> None:
+    raised = suggest_sm_request(SmUse(request_sm=Decimal(10), mean_used_sm=Decimal(11), peak_hour_mean_sm=Decimal(15)))
+    assert (raised.verdict, raised.suggested, raised.freed_fraction) == ("raise", Decimal(20), Decimal(0))  # 15 × 1.3 = 19.5 → 20
+    unknown = suggest_sm_request(SmUse(request_sm=None, mean_used_sm=Decimal(11), peak_hour_mean_sm=Decimal(15)))
+    assert (unknown.verdict, unknown.suggested) == ("unknown", None)
+    fits = suggest_sm_request(SmUse(request_sm=Decimal(13), mean_used_sm=Decimal(9), peak_hour_mean_sm=Decimal(10)))
+    assert (fits.verdict, fits.suggested) == ("fits", Decimal(13))  # 10 × 1.3 = 13: the request is the target
+    idle = suggest_sm_request(SmUse(request_sm=Decimal(14), mean_used_sm=Decimal(0), peak_hour_mean_sm=Decimal(0)))
+    assert (idle.verdict, idle.suggested) == ("lower", SM_STEP)  # one SM, never zero
+
+
+def test_sm_and_memory_share_the_rule_so_the_same_numbers_give_the_same_answer() -> None:
+    for request, peak in ((Decimal(40), Decimal(12)), (Decimal(8), Decimal(10)), (Decimal(16), Decimal("12.5"))):
+        mem = suggest_memory_request(MemoryUse(request_mb=request, mean_used_mb=peak, peak_hour_mean_mb=peak),
+                                     step_mb=Decimal(1))
+        sm = suggest_sm_request(SmUse(request_sm=request, mean_used_sm=peak, peak_hour_mean_sm=peak))
+        assert mem == sm
+    with pytest.raises(ValueError, match="the step must be positive"):
+        suggest_sm_request(SmUse(request_sm=Decimal(1), mean_used_sm=Decimal(1), peak_hour_mean_sm=Decimal(1)),
+                           step=Decimal(0))
+
+
+def test_what_a_lowered_request_gives_back_stays_whole_for_whole_figures() -> None:
+    # 16 of 108 SMs: 108 SM·h requested give back 92, exactly (a fraction first would leave 92.000…01).
+    s = suggest_sm_request(SmUse(request_sm=Decimal(108), mean_used_sm=Decimal(12), peak_hour_mean_sm=Decimal(12)))
+    assert s.freed(Decimal(108)) == 92
+    assert s.freed(None) is None
+    kept = suggest_sm_request(SmUse(request_sm=Decimal(13), mean_used_sm=Decimal(9), peak_hour_mean_sm=Decimal(10)))
+    assert kept.freed(Decimal(13)) == 0

@@ -1,5 +1,5 @@
 """Fleet: the GPUs themselves. Rebalance plans (proposed from measured use, approved by a second
-admin, executed through the Kubernetes API), right-sizing suggestions for memory requests, and
+admin, executed through the Kubernetes API), right-sizing suggestions for memory and SM requests, and
 handing a GPU over from one node to another.
 
 The facade: code outside this package imports from here, never from its modules."""
@@ -26,11 +26,13 @@ from billing.services.fleet.rebalance import (
 from billing.services.fleet.rightsizing import (
     HEADROOM,
     MemoryUse,
+    SmUse,
     Suggestion,
     gib,
     mean_mb,
     percent_of,
     suggest_memory_request,
+    suggest_sm_request,
 )
 
 __all__ = [
@@ -38,6 +40,7 @@ __all__ = [
     "CapacityLine",
     "ExecutionStep",
     "MemoryUse",
+    "SmUse",
     "Suggestion",
     "approve_plan",
     "capacity_lines",
@@ -55,5 +58,6 @@ __all__ = [
     "reject_plan",
     "run_execution",
     "suggest_memory_request",
+    "suggest_sm_request",
     "unapprove_unqueued_plan",
 ]
