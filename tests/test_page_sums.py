@@ -520,6 +520,8 @@ def test_one_figure_is_the_same_on_every_page_level_and_language(demo: Demo) -> 
     # Every level down to the GPUs: each row's figure met again as the total of the level it opens.
     assert max(len(key.split("|")) for key in seen) == 3 + 5, sorted(seen)  # kind, start, end, then five steps
     assert any(key.startswith("gpu_hours|") for key in seen), sorted(seen)
+    # A pod instance: the finance page's top workloads, its row on the portal and its cost panel there.
+    assert any("|pod_uid=" in key and len({url for url, _ in shown}) >= 2 for key, shown in seen.items()), sorted(seen)
 
 
 def _records(session: requests.Session, url: str) -> list[dict[str, str]]:
