@@ -38,7 +38,10 @@ from billing.services.exports import (
     export_credit_note,
     export_invoice,
     get_invoice_document,
+    invoice_list_csv_name,
+    invoice_list_total,
     list_invoices,
+    render_invoice_list_csv,
 )
 from billing.services.invoicing import (
     NOTE_MAX_CHARS,
@@ -57,12 +60,18 @@ from billing.web.forms import LanguageDateField
 
 @login_required
 def invoice_list(request: HttpRequest) -> HttpResponse:
+    """The invoices with subtotal, tax, total, credited and balance due (or their CSV,
+    `?format=csv`), and the upcoming invoices of the month in progress."""
     scope = get_scope(request.user)
-    invoices = list_invoices(scope=scope, today=timezone.now().date())
+    today = timezone.now().date()
+    invoices = list_invoices(scope=scope, today=today)
+    if request.GET.get("format") == "csv":
+        return _attachment(ExportFile(filename=invoice_list_csv_name(today), content_type="text/csv; charset=utf-8",
+                                      content=render_invoice_list_csv(invoices)))
     upcoming = list_upcoming_invoices(scope=scope, now=timezone.now())
     return render(request, "billing/invoices.html",
-                  {"invoices": invoices, "formats": EXPORT_FORMATS, "upcoming": upcoming,
-                   "upcoming_total": _upcoming_total(upcoming)})
+                  {"invoices": invoices, "list_total": invoice_list_total(invoices), "formats": EXPORT_FORMATS,
+                   "upcoming": upcoming, "upcoming_total": _upcoming_total(upcoming)})
 
 
 def _upcoming_total(upcoming: UpcomingInvoices) -> dict[str, object] | None:
