@@ -1,6 +1,7 @@
 """Invoices, credit notes and a tenant's invoice terms. Thin: scope from the user, one call into
-billing.services (exports for reads and downloads, credit_notes and tenant_billing for writes; the
-list also shows the upcoming invoices of the month in progress from billing.queries.portal).
+billing.services (exports for reads and downloads, the list's CSV included; credit_notes and
+tenant_billing for writes; the list also shows the upcoming invoices of the month in progress from
+billing.queries.portal).
 
 An invoice or credit note outside the user's scope answers 404, exactly like one that does not
 exist. Finance and admins issue credit notes (in two steps: the note as it would be issued, then

@@ -74,8 +74,8 @@ class PaymentStatus:
 def payment_status(*, finalized: bool, issue_date: date | None, due_date: date | None, due_minor: int,
                    changes: Iterable[tuple[str, date]], today: date) -> PaymentStatus:
     """The status of an invoice on `today` (pure). `changes`: its recorded (status, on_date), in the
-    order recorded; `due_minor`: what is still to pay unless paid (InvoiceBalance.unpaid_minor: the total less its
-    credit notes), so an invoice credited in full is never overdue."""
+    order recorded; `due_minor`: what is still to pay unless paid (InvoiceBalance.unpaid_minor: the
+    total less its credit notes), so an invoice credited in full is never overdue."""
     changes = list(changes)
     sent_on: date | None = None
     for status, on_date in changes:
