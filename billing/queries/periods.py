@@ -80,6 +80,11 @@ class CurrencyTotal:
         # Every invoice summed is finalized, so each has a balance.
         return from_minor_units(self.sums.due_minor or 0, self.currency)
 
+    def as_json(self) -> dict[str, str]:
+        """`amount` is the total, tax included; the other columns as the periods page shows them."""
+        return {"currency": self.currency, "amount": str(self.amount), "subtotal": str(self.subtotal),
+                "tax": str(self.tax), "credited": str(self.credited), "balance_due": str(self.balance_due)}
+
 
 @dataclass(frozen=True)
 class PeriodView:
@@ -125,7 +130,7 @@ class PeriodView:
             "progress_pct": self.progress_pct,
             "error": self.error,
             "invoices": self.invoices,
-            "totals": [{"currency": t.currency, "amount": str(t.amount)} for t in self.totals],
+            "totals": [t.as_json() for t in self.totals],
             "requested_by": self.requested_by,
             "requested_at": self.requested_at.isoformat() if self.requested_at else None,
             "close_started_at": self.close_started_at.isoformat() if self.close_started_at else None,
