@@ -190,7 +190,8 @@ def _check_page(url: str, marks: list[Mark], walk: Walk) -> None:
 
 
 def _check_cross_pages(walk: Walk) -> int:
-    """Invoice totals on the invoices page add up to their period's total on the periods page."""
+    """Each column of the invoices page (subtotal, tax, total, credited, balance due) adds up, per
+    month and currency, to that month's figure on the periods page."""
     parts: dict[str, list[Decimal]] = defaultdict(list)
     totals: dict[str, Decimal] = {}
     for marks in walk.pages.values():
@@ -301,6 +302,9 @@ def _check_csv(name: str, rows: list[list[str]]) -> str:
     if re.fullmatch(r"paired-report-\d+-\d{8}-\d{8}\.csv", name):
         _check_savings_csv(name, records)
         return "savings"
+    if re.fullmatch(r"invoices-\d{8}\.csv", name):
+        _check_invoice_list_csv(name, records)
+        return "invoice-list"
     if re.fullmatch(r"[a-z0-9-]+-upcoming-\d{4}-\d{2}\.csv|VGL-.*\.csv", name):
         _check_invoice_csv(name, records)
         return "invoice"
@@ -365,6 +369,37 @@ def _check_invoice_csv(name: str, records: list[dict[str, str]]) -> None:
     tax_minor, tax_major = (int(tax["amount_minor"]), _money(tax, "amount", name)) if tax else (0, Decimal(0))
     assert lines_minor + tax_minor == int(total["amount_minor"]), f"{name}: lines + tax ≠ total"
     assert lines_major + tax_major == _money(total, "amount", name), f"{name}: lines + tax ≠ total"
+
+
+_LIST_MONEY = ("subtotal", "tax", "total", "credited", "balance_due")
+
+
+def _check_invoice_list_csv(name: str, records: list[dict[str, str]]) -> None:
+    """The invoice list's CSV: each amount in minor units is the major-unit cell exactly; subtotal +
+    tax = total; credited at most the total; an unpaid invoice's balance is its total less what is
+    credited, a paid one's never positive (a credit owed back is negative); a "(total)" row, when
+    there is one, is the sum of the rows above in every column (the balance over issued invoices)."""
+    rows = [r for r in records if r["invoice_number"] != "(total)"]
+    for r in records:
+        for column in _LIST_MONEY:
+            if r[f"{column}_minor"] or r[column]:
+                minor = int(r[f"{column}_minor"])
+                assert _money(r, column, name) == Decimal(minor).scaleb(-MINOR_DECIMALS[r["currency"]]), (name, column)
+        assert int(r["subtotal_minor"]) + int(r["tax_minor"]) == int(r["total_minor"]), f"{name} {r['invoice_number']}"
+        assert 0 <= int(r["credited_minor"]) <= int(r["total_minor"]), f"{name} {r['invoice_number']}"
+    for r in rows:
+        if r["payment_status"] == "draft":
+            assert r["balance_due_minor"] == "", f"{name} {r['invoice_number']}: a draft has no balance"
+        elif r["payment_status"] == "paid":
+            assert int(r["balance_due_minor"]) <= 0, f"{name} {r['invoice_number']}: paid, yet something due"
+        else:
+            assert int(r["balance_due_minor"]) == int(r["total_minor"]) - int(r["credited_minor"]), (
+                f"{name} {r['invoice_number']}: unpaid balance ≠ total − credited")
+    if records and records[-1]["invoice_number"] == "(total)":
+        total = records[-1]
+        for column in _LIST_MONEY:
+            cells = [int(r[f"{column}_minor"]) for r in rows if r[f"{column}_minor"]]
+            assert sum(cells) == int(total[f"{column}_minor"] or 0), f"{name} {column}"
 
 
 def _check_credit_note_csv(name: str, records: list[dict[str, str]]) -> None:
@@ -473,8 +508,8 @@ def test_every_page_and_csv_of_the_demo_adds_up(demo: Demo, tmp_path: Path) -> N
     # Every kind of table with a total was met and checked, and every kind of CSV.
     assert {"fleet", "attributed", "total", "charge", "idle-share", "foot", "row", "workloads",
             "upcoming", "explore-cost"} <= groups, groups
-    assert {"tenants", "timeline", "workloads", "utilisation", "portal-workloads", "invoice", "focus",
-            "explore"} <= kinds, kinds
+    assert {"tenants", "timeline", "workloads", "utilisation", "portal-workloads", "invoice", "invoice-list",
+            "focus", "explore"} <= kinds, kinds
 
 
 def test_pages_and_their_csvs_show_the_same_totals_in_both_languages(demo: Demo) -> None:

@@ -1,7 +1,10 @@
 """Billing periods for the periods page: every month with usage in the hour ledger (or a period
-row), its closing state and, once closed, its invoices (monthly sums: billing.ledger.totals). Scoped: a tenant scope sees only its own
-usage and invoices; the page itself is for finance and admins. A close that has written no
-progress for longer than settings.VGPU_PERIOD_CLOSE_STALE_S is "stalled" (billing.services.invoicing.close
+row), its GPU-hours (billing.ledger.totals), its closing state and, once closed, its finalized
+invoices: their count and, per currency, the sums of their subtotals, tax, totals, credit notes and
+balances due, each the sum of the invoice rows the invoice list shows
+(billing.services.invoicing.balance). Scoped: a tenant scope sees only its own usage and invoices;
+the page itself is for finance and admins. A close that has written no progress for longer than
+settings.VGPU_PERIOD_CLOSE_STALE_S is "stalled" (billing.services.invoicing.close
 `close_is_stalled`: the rule lives there, shared with the resume)."""
 
 from __future__ import annotations
@@ -11,7 +14,7 @@ from datetime import date, datetime
 from decimal import Decimal
 from typing import TYPE_CHECKING, ClassVar
 
-from django.db.models import Count, Sum
+from django.db.models import QuerySet
 from django.utils.translation import gettext_lazy as _
 
 from billing.calendar import month_bounds
@@ -19,7 +22,7 @@ from billing.ledger.totals import list_monthly_card_seconds, list_monthly_share_
 from billing.models import BillingPeriod, Invoice
 from billing.money import from_minor_units
 from billing.scope import Scope
-from billing.services.invoicing import close_is_stalled
+from billing.services.invoicing import InvoiceBalance, add_balances, close_is_stalled, invoice_balances
 
 if TYPE_CHECKING:
     from django_stubs_ext import StrPromise
@@ -53,9 +56,34 @@ class PeriodState:
 
 @dataclass(frozen=True)
 class CurrencyTotal:
+    """A month's finalized invoices in one currency, summed column by column."""
+
     currency: str
-    # Major units, exact (Σ invoice total_minor scaled by the currency's exponent).
+    # Major units, exact (Σ invoice total_minor scaled by the currency's exponent), tax included.
     amount: Decimal
+    sums: InvoiceBalance
+
+    @property
+    def subtotal(self) -> Decimal:
+        return from_minor_units(self.sums.subtotal_minor, self.currency)
+
+    @property
+    def tax(self) -> Decimal:
+        return from_minor_units(self.sums.tax_minor, self.currency)
+
+    @property
+    def credited(self) -> Decimal:
+        return from_minor_units(self.sums.credited_minor, self.currency)
+
+    @property
+    def balance_due(self) -> Decimal:
+        # Every invoice summed is finalized, so each has a balance.
+        return from_minor_units(self.sums.due_minor or 0, self.currency)
+
+    def as_json(self) -> dict[str, str]:
+        """`amount` is the total, tax included; the other columns as the periods page shows them."""
+        return {"currency": self.currency, "amount": str(self.amount), "subtotal": str(self.subtotal),
+                "tax": str(self.tax), "credited": str(self.credited), "balance_due": str(self.balance_due)}
 
 
 @dataclass(frozen=True)
@@ -102,7 +130,7 @@ class PeriodView:
             "progress_pct": self.progress_pct,
             "error": self.error,
             "invoices": self.invoices,
-            "totals": [{"currency": t.currency, "amount": str(t.amount)} for t in self.totals],
+            "totals": [t.as_json() for t in self.totals],
             "requested_by": self.requested_by,
             "requested_at": self.requested_at.isoformat() if self.requested_at else None,
             "close_started_at": self.close_started_at.isoformat() if self.close_started_at else None,
@@ -146,14 +174,7 @@ def _periods(*, scope: Scope, now: datetime, months: tuple[date, date] | None) -
         for share_month in list_monthly_share_seconds(start=start, end=end, tenants=scope.tenants):
             hours_by_month[share_month.month] = share_month.seconds / _S_PER_H
     rows_by_month = {p.month: p for p in periods}
-    counts: dict[date, int] = {}
-    totals: dict[date, list[CurrencyTotal]] = {}
-    for r in (invoices.values("period__month", "currency").annotate(n=Count("id"), minor=Sum("total_minor"))
-              .order_by("period__month", "currency")):
-        m = r["period__month"]
-        counts[m] = counts.get(m, 0) + r["n"]
-        amount = from_minor_units(r["minor"] or 0, r["currency"])
-        totals.setdefault(m, []).append(CurrencyTotal(r["currency"], amount))
+    counts, totals = _month_totals(invoices)
 
     all_months = set(hours_by_month) | set(rows_by_month) | set(counts)
     if months is not None:
@@ -179,6 +200,22 @@ def _periods(*, scope: Scope, now: datetime, months: tuple[date, date] | None) -
             totals=tuple(totals.get(m, ())),
         ))
     return views
+
+
+def _month_totals(invoices: QuerySet[Invoice]) -> tuple[dict[date, int], dict[date, list[CurrencyTotal]]]:
+    """Per month, how many invoices and their sums per currency: each invoice's figures as the
+    invoice list shows them (its balance by the one rule), added up, so the month's row is the sum
+    of its invoice rows to the cent."""
+    groups: dict[date, dict[str, list[InvoiceBalance]]] = {}
+    for invoice, balance in invoice_balances(invoices.select_related("period")):
+        groups.setdefault(invoice.period.month, {}).setdefault(invoice.currency, []).append(balance)
+    counts = {m: sum(len(b) for b in by_currency.values()) for m, by_currency in groups.items()}
+    totals: dict[date, list[CurrencyTotal]] = {}
+    for m, by_currency in groups.items():
+        for currency in sorted(by_currency):
+            sums = add_balances(currency, by_currency[currency])
+            totals.setdefault(m, []).append(CurrencyTotal(currency, from_minor_units(sums.total_minor, currency), sums))
+    return counts, totals
 
 
 def _state(row: BillingPeriod | None, *, over: bool, now: datetime) -> str:

@@ -1,6 +1,7 @@
 """Invoices, credit notes and a tenant's invoice terms. Thin: scope from the user, one call into
-billing.services (exports for reads and downloads, credit_notes and tenant_billing for writes; the
-list also shows the upcoming invoices of the month in progress from billing.queries.portal).
+billing.services (exports for reads and downloads, the list's CSV included; credit_notes and
+tenant_billing for writes; the list also shows the upcoming invoices of the month in progress from
+billing.queries.portal).
 
 An invoice or credit note outside the user's scope answers 404, exactly like one that does not
 exist. Finance and admins issue credit notes (in two steps: the note as it would be issued, then
@@ -38,7 +39,10 @@ from billing.services.exports import (
     export_credit_note,
     export_invoice,
     get_invoice_document,
+    invoice_list_csv_name,
+    invoice_list_total,
     list_invoices,
+    render_invoice_list_csv,
 )
 from billing.services.invoicing import (
     NOTE_MAX_CHARS,
@@ -57,12 +61,18 @@ from billing.web.forms import LanguageDateField
 
 @login_required
 def invoice_list(request: HttpRequest) -> HttpResponse:
+    """The invoices with subtotal, tax, total, credited and balance due (or their CSV,
+    `?format=csv`), and the upcoming invoices of the month in progress."""
     scope = get_scope(request.user)
-    invoices = list_invoices(scope=scope, today=timezone.now().date())
+    today = timezone.now().date()
+    invoices = list_invoices(scope=scope, today=today)
+    if request.GET.get("format") == "csv":
+        return _attachment(ExportFile(filename=invoice_list_csv_name(today), content_type="text/csv; charset=utf-8",
+                                      content=render_invoice_list_csv(invoices)))
     upcoming = list_upcoming_invoices(scope=scope, now=timezone.now())
     return render(request, "billing/invoices.html",
-                  {"invoices": invoices, "formats": EXPORT_FORMATS, "upcoming": upcoming,
-                   "upcoming_total": _upcoming_total(upcoming)})
+                  {"invoices": invoices, "list_total": invoice_list_total(invoices), "formats": EXPORT_FORMATS,
+                   "upcoming": upcoming, "upcoming_total": _upcoming_total(upcoming)})
 
 
 def _upcoming_total(upcoming: UpcomingInvoices) -> dict[str, object] | None:

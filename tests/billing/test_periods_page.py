@@ -244,7 +244,8 @@ def test_status_endpoint_reports_the_rows_state_as_json(client, last_month_usage
     tasks.close_period.apply(args=(LAST,)).get()
     doc = client.get(f"/periods/{LAST}/status").json()
     assert (doc["state"], doc["progress_pct"], doc["invoices"]) == ("closed", 100, 2)
-    assert doc["totals"] == [{"currency": "USD", "amount": "3.00"}]
+    assert doc["totals"] == [{"currency": "USD", "amount": "3.00", "subtotal": "3.00", "tax": "0.00", "credited": "0.00",
+                              "balance_due": "3.00"}]
     assert client.get("/periods/2026-13/status").status_code == 400
 
 

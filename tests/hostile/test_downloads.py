@@ -112,8 +112,8 @@ def _csv_urls(invoice: str, note: str) -> list[str]:
     urls += [f"/explore/?{period}&format=csv", f"/explore/?{period}&format=csv&tenant=acme",
              f"/explore/?{period}&format=csv&tenant=acme&namespace=acme-prod",
              f"/tenants/acme/?{period}&format=csv", "/tenants/acme/?format=upcoming-csv"]
-    urls += [f"/invoices/{invoice}.csv", f"/invoices/{invoice}.focus", f"/credit-notes/{note}.csv",
-             f"/credit-notes/{note}.focus"]
+    urls += ["/invoices/?format=csv", f"/invoices/{invoice}.csv", f"/invoices/{invoice}.focus",
+             f"/credit-notes/{note}.csv", f"/credit-notes/{note}.focus"]
     urls += [f"/invoices/{number}.{fmt}" for number in Invoice.objects.exclude(number=invoice)
              .values_list("number", flat=True) for fmt in ("csv", "focus")]
     return urls
@@ -140,7 +140,7 @@ def test_every_csv_the_product_serves_is_inert(live_server, post_batch, time_mac
     assert planted >= 10
     member = _session(live_server, user_in(tenant="acme"))
     for url in ("/tenants/acme/?start=2026-11-01&end=2026-11-30&format=csv", "/tenants/acme/?format=upcoming-csv",
-                f"/invoices/{invoice.number}.csv", f"/invoices/{invoice.number}.focus"):
+                "/invoices/?format=csv", f"/invoices/{invoice.number}.csv", f"/invoices/{invoice.number}.focus"):
         response = member.get(live_server.url + url, timeout=60)
         assert response.status_code == 200, url
         assert _formula_cells(response.content) == [], url

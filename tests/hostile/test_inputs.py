@@ -75,7 +75,7 @@ GET_PAGES: dict[str, tuple[str, ...]] = {
     "/api-tokens/": (),
     "/rebalance/": (),
     "/reports/": (),
-    "/invoices/": (),
+    "/invoices/": ("format",),
     "/invoices/VGL-202611-acme/": (),
     "/periods/": (),
     "/periods/9999-12/status": (),

@@ -1,7 +1,7 @@
 """Invoice and credit note downloads: PDF, CSV and a FOCUS 1.3 cost-and-usage CSV (docs/exports.md).
 
 Reads, and the destinations of the fleet dataset, one module per concern: the scoped invoice reads (`invoices`), the invoice CSV
-(`invoice_csv`), the FOCUS rows and file (`focus`, from billing.ledger.exports), the PDF
+(`invoice_csv`), the invoice list's CSV (`invoice_list_csv`), the FOCUS rows and file (`focus`, from billing.ledger.exports), the PDF
 (`pdf`, drawing through billing.pdf_fonts), the FOCUS dataset files (`focus_dataset`), and their
 delivery to object storage (`delivery`, to the `destinations` admins manage, whose keys `credentials`
 seals). Every entry point takes the caller's `Scope` and
@@ -40,6 +40,11 @@ from billing.services.exports.invoice_csv import (
     render_credit_note_csv,
     render_invoice_csv,
 )
+from billing.services.exports.invoice_list_csv import (
+    INVOICE_LIST_CSV_COLUMNS,
+    invoice_list_csv_name,
+    render_invoice_list_csv,
+)
 from billing.services.exports.invoices import (
     GPU_HOURS_PLACES,
     CreditNoteDocument,
@@ -52,6 +57,7 @@ from billing.services.exports.invoices import (
     find_invoice_number,
     get_credit_note_document,
     get_invoice_document,
+    invoice_list_total,
     list_invoices,
 )
 from billing.services.exports.numbers import plain_decimal
@@ -64,6 +70,7 @@ __all__ = [
     "FOCUS_COLUMNS",
     "GPU_HOURS_PLACES",
     "INVOICE_CSV_COLUMNS",
+    "INVOICE_LIST_CSV_COLUMNS",
     "CredentialsUnreadable",
     "CreditNoteDocument",
     "CreditNoteNotFound",
@@ -84,6 +91,8 @@ __all__ = [
     "find_invoice_number",
     "get_credit_note_document",
     "get_invoice_document",
+    "invoice_list_csv_name",
+    "invoice_list_total",
     "line_number_cells",
     "list_invoices",
     "object_keys",
@@ -93,6 +102,7 @@ __all__ = [
     "render_credit_note_pdf",
     "render_focus_csv",
     "render_invoice_csv",
+    "render_invoice_list_csv",
     "render_invoice_pdf",
     "retire_destination",
     "save_destination",

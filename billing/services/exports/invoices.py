@@ -1,6 +1,7 @@
-"""The invoices and credit notes a caller may read, as frozen views: the list, one invoice's
-document (its lines in the order every rendering shows them, its terms, tax and credit notes), one
-credit note's document, and an invoice number from tenant and month.
+"""The invoices and credit notes a caller may read, as frozen views: the list (each invoice with its
+subtotal, tax, total, credited and balance due, and the list's sums when it is one month in one
+currency), one invoice's document (its lines in the order every rendering shows them, its terms,
+tax and credit notes), one credit note's document, and an invoice number from tenant and month.
 
 Documents show what was copied onto the invoice when it was issued (issuer, bill-to name, terms,
 PO number, cost centre, tax rate). An invoice finalized before those fields existed shows its
@@ -8,18 +9,28 @@ finalization date as its issue date and the issuer configured now, and no due da
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import date, datetime
 from decimal import ROUND_HALF_EVEN, Decimal
 
-from django.db.models import Prefetch, QuerySet, Sum
+from django.db.models import QuerySet
 
 from billing.calendar import month_bounds, parse_month
 from billing.errors import DomainError, InvalidInput
 from billing.models import CreditNote, Invoice, InvoiceLine, InvoiceStatusChange, Tenant
 from billing.money import format_minor_units
 from billing.scope import Scope
-from billing.services.invoicing import PaymentStatus, current_issuer, invoice_issue_date, payment_status
+from billing.services.invoicing import (
+    InvoiceBalance,
+    PaymentStatus,
+    add_balances,
+    balance_of,
+    current_issuer,
+    invoice_issue_date,
+    payment_status,
+    with_balance_records,
+)
 
 __all__ = [
     "GPU_HOURS_PLACES",
@@ -35,6 +46,7 @@ __all__ = [
     "get_credit_note_document",
     "get_invoice_document",
     "gpu_hours_text",
+    "invoice_list_total",
     "list_invoices",
 ]
 
@@ -129,6 +141,8 @@ class InvoiceDocument:
     # On the day asked (get_invoice_document's `today`); None when not asked (the downloads).
     payment: PaymentStatus | None = None
     status_changes: tuple[StatusChangeView, ...] = ()
+    # Credited and balance due (billing.services.invoicing.balance); None when not asked (the downloads).
+    balance: InvoiceBalance | None = None
 
     @property
     def period_bounds(self) -> tuple[datetime, datetime]:
@@ -197,10 +211,17 @@ class InvoiceSummary:
     status_label: str
     total_minor: int
     payment: PaymentStatus
+    # Subtotal, tax, total, credited and balance due (billing.services.invoicing.balance).
+    balance: InvoiceBalance
 
     @property
     def total_display(self) -> str:
         return format_minor_units(self.total_minor, self.currency)
+
+    @property
+    def period_key(self) -> str:
+        """YYYY-MM, as the periods page names the month."""
+        return f"{self.month:%Y-%m}"
 
 
 def _scoped_invoices(scope: Scope) -> QuerySet[Invoice]:
@@ -210,35 +231,43 @@ def _scoped_invoices(scope: Scope) -> QuerySet[Invoice]:
     return invoices
 
 
-def _payment(invoice: Invoice, *, credited_minor: int, changes: list[InvoiceStatusChange], today: date) -> PaymentStatus:
+def _payment(invoice: Invoice, *, balance: InvoiceBalance, today: date) -> PaymentStatus:
+    """Its payment status on `today`; the status changes as `with_balance_records` prefetched them."""
     return payment_status(finalized=invoice.status == Invoice.Status.FINALIZED, issue_date=invoice_issue_date(invoice),
-                          due_date=invoice.due_date, due_minor=invoice.total_minor - credited_minor,
-                          changes=[(c.status, c.on_date) for c in changes], today=today)
+                          due_date=invoice.due_date, due_minor=balance.unpaid_minor,
+                          changes=[(c.status, c.on_date) for c in invoice.status_changes.all()], today=today)
 
 
 def list_invoices(*, scope: Scope, today: date) -> list[InvoiceSummary]:
-    """The invoices the caller may read, newest month first, each with its payment status on
-    `today` (overdue is computed here, never stored)."""
-    invoices = (
-        _scoped_invoices(scope).order_by("-period__month", "tenant__slug")
-        .annotate(credited_minor=Sum("credit_notes__total_minor"))
-        .prefetch_related(Prefetch("status_changes", queryset=InvoiceStatusChange.objects.order_by("recorded_at", "id")))
+    """The invoices the caller may read, newest month first, each with its balance and its payment
+    status on `today` (overdue is computed here, never stored)."""
+    invoices = with_balance_records(_scoped_invoices(scope).order_by("-period__month", "tenant__slug"))
+    return [_summary(i, today=today) for i in invoices]
+
+
+def _summary(invoice: Invoice, *, today: date) -> InvoiceSummary:
+    balance = balance_of(invoice)
+    return InvoiceSummary(
+        number=invoice.number, tenant_slug=invoice.tenant.slug, tenant_name=invoice.tenant.name,
+        month=invoice.period.month, currency=invoice.currency, status=invoice.status,
+        status_label=str(invoice.get_status_display()), total_minor=invoice.total_minor,
+        payment=_payment(invoice, balance=balance, today=today), balance=balance,
     )
-    return [
-        InvoiceSummary(
-            number=i.number, tenant_slug=i.tenant.slug, tenant_name=i.tenant.name, month=i.period.month,
-            currency=i.currency, status=i.status, status_label=str(i.get_status_display()),
-            total_minor=i.total_minor,
-            payment=_payment(i, credited_minor=i.credited_minor or 0, changes=list(i.status_changes.all()), today=today),
-        )
-        for i in invoices
-    ]
+
+
+def invoice_list_total(invoices: Sequence[InvoiceSummary]) -> InvoiceBalance | None:
+    """The column sums of a list of invoices of one currency and one billing period (the list's
+    footer and its CSV's total row); None for an empty list or one that mixes months or currencies,
+    where a single sum would add what no period or currency holds together."""
+    if len({(i.month, i.currency) for i in invoices}) != 1:
+        return None
+    return add_balances(invoices[0].currency, [i.balance for i in invoices])
 
 
 def get_invoice_document(*, scope: Scope, number: str, today: date | None = None) -> InvoiceDocument:
     """One invoice's document; with `today`, also its payment status on that day and the status
     changes recorded (the page shows them; the downloads, documents of issue, do not)."""
-    invoice = _scoped_invoices(scope).filter(number=number).first()
+    invoice = with_balance_records(_scoped_invoices(scope).filter(number=number)).first()
     if invoice is None:
         raise InvoiceNotFound(f"no invoice {number!r}")
     return _document(invoice, today=today)
@@ -264,15 +293,15 @@ def _document(invoice: Invoice, *, today: date | None = None) -> InvoiceDocument
         for n in invoice.credit_notes.order_by("issued_at", "number")
     )
     payment: PaymentStatus | None = None
+    balance: InvoiceBalance | None = None
     history: tuple[StatusChangeView, ...] = ()
     if today is not None:
-        changes = list(invoice.status_changes.order_by("recorded_at", "id"))
-        payment = _payment(invoice, credited_minor=sum(n.total_minor for n in credit_notes), changes=changes,
-                           today=today)
+        balance = balance_of(invoice)
+        payment = _payment(invoice, balance=balance, today=today)
         labels = dict(InvoiceStatusChange.Status.choices)
         history = tuple(StatusChangeView(status=c.status, status_label=str(labels[c.status]), on_date=c.on_date,
                                          note=c.note, recorded_at=c.recorded_at, recorded_by=c.recorded_by)
-                        for c in changes)
+                        for c in invoice.status_changes.all())
     return InvoiceDocument(
         number=invoice.number, tenant_slug=invoice.tenant.slug,
         tenant_name=invoice.bill_to_name or invoice.tenant.name, month=invoice.period.month,
@@ -284,6 +313,7 @@ def _document(invoice: Invoice, *, today: date | None = None) -> InvoiceDocument
         issue_date=issue_date, due_date=invoice.due_date, payment_terms_days=invoice.payment_terms_days,
         po_number=invoice.po_number, cost_centre=invoice.cost_centre, tax_rate_pct=invoice.tax_rate_pct,
         tax_minor=invoice.tax_minor, credit_notes=credit_notes, payment=payment, status_changes=history,
+        balance=balance,
     )
 
 

@@ -1,12 +1,21 @@
 """Invoicing: turning a closed month into invoices. The close (preview, request, resume, finalize,
 late-usage adjustments), credit notes against finalized invoices, their payment status (sent, paid,
-overdue), and the tenant's billing details (legal name, tax rate, terms) the close copies onto each
+overdue) and balance due, and the tenant's billing details (legal name, tax rate, terms) the close copies onto each
 invoice.
 
 The facade: code outside this package imports from here, never from its modules."""
 
 from __future__ import annotations
 
+from billing.services.invoicing.balance import (
+    InvoiceBalance,
+    add_balances,
+    balance_of,
+    invoice_balance,
+    invoice_balances,
+    payment_in_force,
+    with_balance_records,
+)
 from billing.services.invoicing.close import (
     InvoicePreview,
     close_is_stalled,
@@ -41,16 +50,22 @@ __all__ = [
     "PAYMENT_STATES",
     "REASON_MAX_CHARS",
     "CreditNotePreview",
+    "InvoiceBalance",
     "InvoicePreview",
     "PaymentStatus",
+    "add_balances",
+    "balance_of",
     "close_is_stalled",
     "close_period",
     "current_issuer",
     "get_credit_room",
     "get_tenant_billing",
+    "invoice_balance",
+    "invoice_balances",
     "invoice_issue_date",
     "issue_credit_note",
     "list_unpriced",
+    "payment_in_force",
     "payment_status",
     "preview_credit_note",
     "preview_invoice",
@@ -60,4 +75,5 @@ __all__ = [
     "resume_period_close",
     "unprintable_message",
     "update_tenant_billing",
+    "with_balance_records",
 ]

@@ -28,6 +28,7 @@ from billing.errors import InvalidInput
 from billing.models import Invoice, InvoiceStatusChange
 from billing.services.audit import record_audit_event
 from billing.services.input_limits import max_length, text_problem
+from billing.services.invoicing.balance import payment_in_force
 
 __all__ = ["NOTE_MAX_CHARS", "PAYMENT_STATES", "PaymentStatus", "invoice_issue_date", "payment_status",
            "record_invoice_status"]
@@ -73,17 +74,14 @@ class PaymentStatus:
 def payment_status(*, finalized: bool, issue_date: date | None, due_date: date | None, due_minor: int,
                    changes: Iterable[tuple[str, date]], today: date) -> PaymentStatus:
     """The status of an invoice on `today` (pure). `changes`: its recorded (status, on_date), in the
-    order recorded; `due_minor`: what is still to pay (total less credit notes), so an invoice
-    credited in full is never overdue."""
+    order recorded; `due_minor`: what is still to pay unless paid (InvoiceBalance.unpaid_minor: the
+    total less its credit notes), so an invoice credited in full is never overdue."""
+    changes = list(changes)
     sent_on: date | None = None
-    paid_on: date | None = None
     for status, on_date in changes:
         if status == InvoiceStatusChange.Status.SENT:
             sent_on = on_date
-        elif status == InvoiceStatusChange.Status.PAID:
-            paid_on = on_date
-        elif status == InvoiceStatusChange.Status.PAYMENT_REVERSED:
-            paid_on = None
+    paid_on = payment_in_force(changes)
     days_overdue = 0
     if not finalized:
         state = "draft"
