@@ -537,15 +537,17 @@ def test_pages_and_their_csvs_show_the_same_totals_in_both_languages(demo: Demo)
 
 def test_one_figure_is_the_same_on_every_page_level_and_language(demo: Demo) -> None:
     """Last month, closed: a tenant's cost and GPU-hours on the finance page, in the drill-down (its
-    row, and the total of the level that row opens, down to the GPUs) and on its portal are one
-    figure, in English and in Simplified Chinese."""
+    row, and the total of the level that row opens, down to the GPUs) and on its portal, a pod's on
+    the finance page and its portal, the month's metered GPU-hours on the finance and periods pages
+    are one figure each, in English and in Simplified Chinese."""
     query = _last_month_query()
     walks = []
     for language in ("en", "zh-hans"):
         session = _login(demo, "finance", language)
         explore = _drill(demo, session, f"/explore/?{query}", rows=2)
         assert len(explore) >= 5, explore  # tenants, then two of them down to their GPUs
-        walks.append(_walk(demo, session, (f"/finance/?{query}", f"/tenants/acme/?{query}", *explore), follow=False))
+        walks.append(_walk(demo, session, (f"/finance/?{query}", f"/tenants/acme/?{query}", "/periods/", *explore),
+                           follow=False))
     seen = _check_figures(walks)
     acme = [key for key in seen if key.startswith("cost|") and key.split("|")[3:] == ["tenant=acme"]]
     assert len(acme) == 1, sorted(seen)
@@ -555,6 +557,9 @@ def test_one_figure_is_the_same_on_every_page_level_and_language(demo: Demo) -> 
     # Every level down to the GPUs: each row's figure met again as the total of the level it opens.
     assert max(len(key.split("|")) for key in seen) == 3 + 5, sorted(seen)  # kind, start, end, then five steps
     assert any(key.startswith("gpu_hours|") for key in seen), sorted(seen)
+    # The month's metered GPU-hours: the finance page's tile and the periods page.
+    assert any(key.startswith("metered_gpu_hours|") and len({url for url, _ in shown}) >= 2
+               for key, shown in seen.items()), sorted(seen)
     # A pod instance: the finance page's top workloads, its row on the portal and its cost panel there.
     assert any("|pod_uid=" in key and len({url for url, _ in shown}) >= 2 for key, shown in seen.items()), sorted(seen)
 

@@ -111,6 +111,10 @@ class PeriodView:
         return f"{self.month:%Y-%m}"
 
     @property
+    def starts_at(self) -> datetime:
+        return month_bounds(self.month)[0]
+
+    @property
     def state_label(self) -> str:
         return str(PeriodState.LABELS[self.state])
 
