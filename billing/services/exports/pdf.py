@@ -18,9 +18,14 @@ from billing.pdf_fonts import pdf_font
 from billing.services.exports.invoices import GPU_HOURS_PLACES, CreditNoteDocument, InvoiceDocument, gpu_hours_text
 from billing.services.exports.numbers import plain_decimal
 
-__all__ = ["render_credit_note_pdf", "render_invoice_pdf", "tax_label"]
+__all__ = ["BODY_SIZE", "MM", "invoice_pdf_layout", "render_credit_note_pdf", "render_invoice_pdf", "tax_label"]
 
-_MM = 72 / 25.4  # points per millimetre
+MM = 72 / 25.4  # points per millimetre
+# Body text size in points, and the padding left and right of a table cell's text: the small padding
+# leaves room for a header label on one line in both languages (tests/billing/test_exports.py measures
+# each label against its column).
+BODY_SIZE = 9
+CELL_PADDING_PT = 3
 
 
 def tax_label(rate_pct: Decimal) -> str:
@@ -56,6 +61,10 @@ class _Layout:
     totals: int
     notes: Sequence[str]
 
+    def text_width_pt(self, column: int) -> float:
+        """The width a cell's text has in `column`: the column less the padding either side."""
+        return self.col_widths_mm[column] * MM - 2 * CELL_PADDING_PT
+
 
 def _render(layout: _Layout) -> bytes:
     from reportlab.lib import colors
@@ -66,33 +75,40 @@ def _render(layout: _Layout) -> bytes:
 
     font = pdf_font([layout.title, *layout.notes, *(s for pair in layout.header for s in pair),
                      *(c for row in layout.table for c in row)])
-    body = ParagraphStyle("body", fontName=font.name, fontSize=9, leading=12)
+    body = ParagraphStyle("body", fontName=font.name, fontSize=BODY_SIZE, leading=12)
     number_style = ParagraphStyle("number", parent=body, alignment=TA_RIGHT)
     heading = ParagraphStyle("heading", fontName=font.name, fontSize=18, leading=22, spaceAfter=8)
     buf = io.BytesIO()
     pdf = SimpleDocTemplate(buf, pagesize=A4, title=layout.title, author=layout.author, subject=layout.subject,
-                            leftMargin=18 * _MM, rightMargin=18 * _MM, topMargin=18 * _MM, bottomMargin=18 * _MM,
+                            leftMargin=18 * MM, rightMargin=18 * MM, topMargin=18 * MM, bottomMargin=18 * MM,
                             **font.template_options())
     head_table = Table([[font.paragraph(k, body), font.paragraph(v, body)] for k, v in layout.header],
-                       colWidths=[40 * _MM, 134 * _MM])
+                       colWidths=[40 * MM, 134 * MM])
     head_table.setStyle(TableStyle([*font.table_commands(), ("VALIGN", (0, 0), (-1, -1), "TOP"),
                                     ("TEXTCOLOR", (0, 0), (0, -1), colors.grey)]))
     lines_table = Table([[font.paragraph(c, number_style if i >= layout.numeric_from else body)
                           for i, c in enumerate(row)] for row in layout.table],
-                        colWidths=[w * _MM for w in layout.col_widths_mm], repeatRows=1)
+                        colWidths=[w * MM for w in layout.col_widths_mm], repeatRows=1)
     lines_table.setStyle(TableStyle([
         *font.table_commands(),
+        ("LEFTPADDING", (0, 0), (-1, -1), CELL_PADDING_PT),
+        ("RIGHTPADDING", (0, 0), (-1, -1), CELL_PADDING_PT),
         ("LINEBELOW", (0, 0), (-1, 0), 0.6, colors.black),
         ("LINEABOVE", (0, -layout.totals), (-1, -layout.totals), 0.6, colors.black),
         ("VALIGN", (0, 0), (-1, -1), "TOP"),
     ]))
-    story = [font.paragraph(layout.title, heading), head_table, Spacer(1, 8 * _MM), lines_table, Spacer(1, 6 * _MM)]
+    story = [font.paragraph(layout.title, heading), head_table, Spacer(1, 8 * MM), lines_table, Spacer(1, 6 * MM)]
     story += [font.paragraph(note, body) for note in layout.notes]
     pdf.build(story)
     return buf.getvalue()
 
 
 def render_invoice_pdf(doc: InvoiceDocument) -> bytes:
+    return _render(invoice_pdf_layout(doc))
+
+
+def invoice_pdf_layout(doc: InvoiceDocument) -> _Layout:
+    """What the invoice PDF draws, in the active language."""
     start, end = doc.period_bounds
     money = doc.currency
     header = [
@@ -126,9 +142,9 @@ def render_invoice_pdf(doc: InvoiceDocument) -> bytes:
           "a credit note that names it.") % {"places": GPU_HOURS_PLACES},
     ]
     title = _("Invoice")
-    return _render(_Layout(title=f"{title} {doc.number}", subject=f"{doc.number} {doc.tenant_slug} {doc.month:%Y-%m}",
-                           author=doc.issuer_name, header=header, table=table,
-                           col_widths_mm=[38, 46, 20, 20, 20, 30], numeric_from=4, totals=3, notes=notes))
+    return _Layout(title=f"{title} {doc.number}", subject=f"{doc.number} {doc.tenant_slug} {doc.month:%Y-%m}",
+                   author=doc.issuer_name, header=header, table=table,
+                   col_widths_mm=[36, 42, 18, 24, 21, 33], numeric_from=4, totals=3, notes=notes)
 
 
 def render_credit_note_pdf(note: CreditNoteDocument) -> bytes:
