@@ -113,6 +113,14 @@ class InvoiceLine(models.Model):
     # Unrounded ledger amount, then the one rounding to minor units (billing.money).
     amount = models.DecimalField(max_digits=30, decimal_places=12)
     amount_minor = models.BigIntegerField()
+    # Usage lines: the price per GPU-hour in the invoice currency, as the close stated it (docs/billing.md,
+    # Unit prices): the rate when one rate priced the whole line, else amount ÷ GPU-hours, an average.
+    # NULL on idle and adjustment lines, and on lines finalized before unit prices were recorded.
+    unit_price = models.DecimalField(max_digits=24, decimal_places=6, null=True, blank=True)
+    # The rates that priced the line, in time order, copied at the close so that a later rate card or
+    # commitment never changes an issued invoice: [{"price", "start", "end", "commitment",
+    # "billed_basis", "alpha"}] (decimals and ISO instants as strings). Empty where unit_price is NULL.
+    rates = models.JSONField(default=list, blank=True)
 
     class Meta:
         ordering = ["usage_month", "kind", "gpu_model", "sla_tier"]

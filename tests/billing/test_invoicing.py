@@ -154,3 +154,127 @@ def test_close_period_task_run_twice_finalizes_once(post_batch, priced):
     assert (first["finalized"], first["already_closed"]) == (2, False)
     assert (second["finalized"], second["already_closed"]) == (0, True)
     assert Invoice.objects.count() == 2
+
+
+# --- Unit prices (docs/billing.md, Unit prices) -------------------------------------------------
+
+SPLIT_AT = datetime(2026, 11, 15, 12, 5, tzinfo=UTC)
+
+
+def _card(price: str, start: datetime, end: datetime | None = None) -> RateCard:
+    return RateCard.objects.create(gpu_model=A100["model"], currency="USD", price_per_gpu_hour=Decimal(price),
+                                   effective_from=start, effective_to=end, source_url="https://example.org")
+
+
+def _document(tenant: str = "acme"):
+    from billing.scope import Scope
+    from billing.services.exports import get_invoice_document
+
+    number = Invoice.objects.get(tenant__slug=tenant, period__month=NOV).number
+    return get_invoice_document(scope=Scope(tenants=None, is_finance=True, is_admin=True), number=number)
+
+
+def _csv_lines(doc) -> list[dict[str, str]]:
+    import csv
+    import io
+
+    from billing.services.exports import render_invoice_csv
+
+    rows = list(csv.DictReader(io.StringIO(render_invoice_csv(doc).decode("utf-8-sig"))))
+    return [r for r in rows if r["line"] not in {"subtotal", "tax", "total"}]
+
+
+def test_a_line_priced_at_one_rate_states_that_rate_on_the_page_csv_and_pdf(post_batch, client):
+    from billing.services.exports.pdf import invoice_pdf_layout
+    from tests.conftest import user_in
+
+    _card("5.12", datetime(2020, 1, 1, tzinfo=UTC))
+    usage(post_batch, at=datetime(2026, 11, 15, 12, tzinfo=UTC), seq=1, seconds=50)
+    close_period(month=NOV, now=AFTER_NOV)
+    line = Invoice.objects.get(tenant__slug="acme").lines.get()
+    assert line.unit_price == Decimal("5.12")
+    assert [(r["price"], r["commitment"], r["billed_basis"], r["alpha"]) for r in line.rates] == [
+        ("5.12", False, "max", "0.5")]
+    # Quantity × unit price = amount, to the stored quantity's last place.
+    assert abs(line.gpu_hours * line.unit_price - line.amount) <= line.unit_price * Decimal("0.0000005")
+
+    doc = _document()
+    (row,) = doc.line_rows
+    assert (row.unit_price, row.average, row.rates, row.rule, row.reason) == ("5.12", False, "", "", "")
+    assert "max(used, granted) memory and SMs, memory weight α = 0.5" in doc.billing_rule_text
+    (csv_line,) = _csv_lines(doc)
+    assert (csv_line["quantity"], csv_line["unit"], csv_line["unit_price"], csv_line["unit_price_kind"]) == (
+        f"{line.gpu_hours:.6f}", "GPU-hour", "5.120000", "rate")
+    assert csv_line["rates"] == "5.12 from 2026-11-01T00:00Z until 2026-12-01T00:00Z"
+    assert (csv_line["billed_basis"], csv_line["alpha"], csv_line["no_unit_price_reason"]) == ("max", "0.5", "")
+    layout = invoice_pdf_layout(doc)
+    assert layout.table[1][5] == "5.12"
+    assert "GPU-hours billed by max(used, granted)" in layout.intro[0]
+
+    client.force_login(user_in(tenant="acme"))
+    page = client.get(f"/invoices/{doc.number}/").content.decode()
+    assert 'data-testid="unit-price">5.12' in page
+
+
+def test_a_line_priced_at_two_rates_states_the_average_and_the_rates_and_never_changes_later(post_batch):
+    from django.utils import translation
+
+    from billing.services.exports.pdf import invoice_pdf_layout, render_invoice_pdf
+
+    _card("3600", datetime(2020, 1, 1, tzinfo=UTC), SPLIT_AT)
+    later = _card("7200", SPLIT_AT)
+    # 10 s before the new card and 10 s after it, in the same hour; then more at the new price.
+    usage(post_batch, at=SPLIT_AT - timedelta(seconds=10), seq=1, seconds=20)
+    usage(post_batch, at=datetime(2026, 11, 20, 8, tzinfo=UTC), seq=2, seconds=10)
+    close_period(month=NOV, now=AFTER_NOV)
+    line = Invoice.objects.get(tenant__slug="acme").lines.get()
+    # acme holds 10 % of the card: 1 GPU-second at 1 USD, then 2 at 2 USD per GPU-second.
+    assert line.amount == Decimal("5")
+    assert [(r["price"], r["end"]) for r in line.rates] == [("3600", SPLIT_AT.isoformat()),
+                                                          ("7200", "2026-12-01T00:00:00+00:00")]
+    assert line.unit_price == (line.amount / line.gpu_hours).quantize(Decimal("0.000001"))
+    assert Decimal("3600") < line.unit_price < Decimal("7200")
+
+    (row,) = _document().line_rows
+    assert row.average
+    assert row.rates == "3600.00 until 2026-11-15 12:05 UTC, then 7200.00"
+    (csv_line,) = _csv_lines(_document())
+    assert csv_line["unit_price_kind"] == "average"
+    assert csv_line["rates"] == ("3600 from 2026-11-01T00:00Z until 2026-11-15T12:05Z; "
+                                 "7200 from 2026-11-15T12:05Z until 2026-12-01T00:00Z")
+    pdf = invoice_pdf_layout(_document())
+    assert pdf.table[1][5] == f"{row.unit_price} (average)"
+    assert any(row.rates in note for note in pdf.notes)
+    with translation.override("zh-hans"):
+        (zh_row,) = _document().line_rows
+        assert zh_row.rates == "2026年11月15日 12:05 UTC 之前为 3600.00, 之后为 7200.00"
+        assert render_invoice_pdf(_document()).startswith(b"%PDF")  # every string drawn in its font subset
+
+    # A later change of the cards (the newer one retired and replaced) changes nothing issued.
+    before = _document().line_rows
+    RateCard.objects.filter(pk=later.pk).update(effective_to=datetime(2026, 12, 10, tzinfo=UTC))
+    _card("9000", datetime(2026, 12, 10, tzinfo=UTC))
+    assert _document().line_rows == before
+
+
+def test_a_line_with_one_rate_in_a_month_with_a_card_change_is_not_an_average(post_batch):
+    _card("3600", datetime(2020, 1, 1, tzinfo=UTC), SPLIT_AT)
+    _card("7200", SPLIT_AT)
+    # Usage only after the change, but in the hour that holds it: its minutes settle which card priced it.
+    usage(post_batch, at=SPLIT_AT + timedelta(seconds=30), seq=1, seconds=10)
+    close_period(month=NOV, now=AFTER_NOV)
+    line = Invoice.objects.get(tenant__slug="acme").lines.get()
+    assert line.unit_price == Decimal("7200")
+    assert [r["price"] for r in line.rates] == ["7200"]
+
+
+def test_idle_lines_have_no_unit_price_and_say_why(post_batch, priced):
+    RateCard.objects.filter(pk=priced.pk).update(idle_policy="proportional")
+    usage(post_batch, at=datetime(2026, 11, 15, 12, tzinfo=UTC), seq=1)
+    close_period(month=NOV, now=AFTER_NOV)
+    rows = {row.line.kind: row for row in _document().line_rows}
+    assert rows["usage"].unit_price == "3600.00"
+    assert (rows["idle"].unit_price, rows["idle"].rates) == ("", "")
+    assert rows["idle"].reason.startswith("no unit price")
+    csv_idle = next(r for r in _csv_lines(_document()) if r["kind"] == "idle")
+    assert (csv_idle["unit_price"], csv_idle["no_unit_price_reason"]) == ("", "idle")

@@ -12,10 +12,9 @@ from decimal import Decimal
 from django.utils.formats import date_format
 from django.utils.translation import gettext as _
 
-from billing.models import InvoiceLine
 from billing.money import format_minor_units
 from billing.pdf_fonts import pdf_font
-from billing.services.exports.invoices import GPU_HOURS_PLACES, CreditNoteDocument, InvoiceDocument, gpu_hours_text
+from billing.services.exports.invoices import GPU_HOURS_PLACES, CreditNoteDocument, InvoiceDocument, LineRow
 from billing.services.exports.numbers import plain_decimal
 
 __all__ = ["BODY_SIZE", "MM", "invoice_pdf_layout", "render_credit_note_pdf", "render_invoice_pdf", "tax_label"]
@@ -60,6 +59,8 @@ class _Layout:
     numeric_from: int
     totals: int
     notes: Sequence[str]
+    # Paragraphs between the header and the table (what the table's columns mean).
+    intro: Sequence[str] = ()
 
     def text_width_pt(self, column: int) -> float:
         """The width a cell's text has in `column`: the column less the padding either side."""
@@ -73,7 +74,7 @@ def _render(layout: _Layout) -> bytes:
     from reportlab.lib.styles import ParagraphStyle
     from reportlab.platypus import SimpleDocTemplate, Spacer, Table, TableStyle
 
-    font = pdf_font([layout.title, *layout.notes, *(s for pair in layout.header for s in pair),
+    font = pdf_font([layout.title, *layout.intro, *layout.notes, *(s for pair in layout.header for s in pair),
                      *(c for row in layout.table for c in row)])
     body = ParagraphStyle("body", fontName=font.name, fontSize=BODY_SIZE, leading=12)
     number_style = ParagraphStyle("number", parent=body, alignment=TA_RIGHT)
@@ -97,7 +98,9 @@ def _render(layout: _Layout) -> bytes:
         ("LINEABOVE", (0, -layout.totals), (-1, -layout.totals), 0.6, colors.black),
         ("VALIGN", (0, 0), (-1, -1), "TOP"),
     ]))
-    story = [font.paragraph(layout.title, heading), head_table, Spacer(1, 8 * MM), lines_table, Spacer(1, 6 * MM)]
+    story = [font.paragraph(layout.title, heading), head_table, Spacer(1, 8 * MM)]
+    story += [font.paragraph(text, body) for text in layout.intro]
+    story += [Spacer(1, 2 * MM), lines_table, Spacer(1, 6 * MM)] if layout.intro else [lines_table, Spacer(1, 6 * MM)]
     story += [font.paragraph(note, body) for note in layout.notes]
     pdf.build(story)
     return buf.getvalue()
@@ -125,16 +128,17 @@ def invoice_pdf_layout(doc: InvoiceDocument) -> _Layout:
         (_("Status"), doc.status_label + (f" {date_format(doc.finalized_at, 'DATETIME_FORMAT')} UTC"
                                            if doc.finalized_at else "")),
     ]
-    table = [[_("Line"), _("GPU model"), _("SLA tier"), _("Usage month"), _("GPU-hours"), _("Amount")]]
-    table.extend([line.kind_label, line.gpu_model, line.sla_tier, f"{line.usage_month:%Y-%m}",
-                  gpu_hours_text(line.gpu_hours) if line.kind == InvoiceLine.Kind.USAGE else "",
-                  format_minor_units(line.amount_minor, money)] for line in doc.lines)
+    rows = doc.line_rows
+    table = [[_("Line"), _("GPU model"), _("SLA tier"), _("Usage month"), _("GPU-hours"), _("Unit price"), _("Amount")]]
+    table.extend([row.line.kind_label, row.line.gpu_model, row.line.sla_tier, f"{row.line.usage_month:%Y-%m}",
+                  row.hours, _unit_price_cell(row), row.amount] for row in rows)
     table += [
-        [_("Subtotal"), "", "", "", "", format_minor_units(doc.subtotal_minor, money)],
-        [tax_label(doc.tax_rate_pct), "", "", "", "", format_minor_units(doc.tax_minor, money)],
-        [_("Total"), "", "", "", "", f"{format_minor_units(doc.total_minor, money)} {money}"],
+        [_("Subtotal"), "", "", "", "", "", format_minor_units(doc.subtotal_minor, money)],
+        [tax_label(doc.tax_rate_pct), "", "", "", "", "", format_minor_units(doc.tax_minor, money)],
+        [_("Total"), "", "", "", "", "", f"{format_minor_units(doc.total_minor, money)} {money}"],
     ]
     notes = [
+        *_line_notes(rows),
         _("Amounts are rounded once per invoice line to the currency's minor unit (round half to even); the "
           "subtotal is the sum of the rounded lines, the tax is rounded once on the subtotal, and the total is "
           "subtotal + tax. GPU-hours are shown to %(places)s decimal places (round half to even). Late usage for "
@@ -144,7 +148,31 @@ def invoice_pdf_layout(doc: InvoiceDocument) -> _Layout:
     title = _("Invoice")
     return _Layout(title=f"{title} {doc.number}", subject=f"{doc.number} {doc.tenant_slug} {doc.month:%Y-%m}",
                    author=doc.issuer_name, header=header, table=table,
-                   col_widths_mm=[36, 42, 18, 24, 21, 33], numeric_from=4, totals=3, notes=notes)
+                   col_widths_mm=[26, 33, 15, 22, 19, 24, 35], numeric_from=4, totals=3, notes=notes,
+                   intro=[unit_price_intro(doc)])
+
+
+def unit_price_intro(doc: InvoiceDocument) -> str:
+    """What quantity and unit price mean, and the billing rule when every line shares one."""
+    text = _("Quantity: GPU-hours, the hours of equivalent whole GPUs a line's usage held. Unit price: per "
+             "GPU-hour, in %(currency)s; the rate that priced the line, or, where more than one rate did, the "
+             "average (amount ÷ GPU-hours), marked as such with the rates that applied.") % {"currency": doc.currency}
+    if doc.billing_rule_text:
+        text += " " + _("GPU-hours billed by %(rule)s.") % {"rule": doc.billing_rule_text}
+    return text
+
+
+def _unit_price_cell(row: LineRow) -> str:
+    if not row.unit_price:
+        return "—"
+    return _("%(price)s (average)") % {"price": row.unit_price} if row.average else row.unit_price
+
+
+def _line_notes(rows: Sequence[LineRow]) -> list[str]:
+    """One note per line whose unit price needs one (the rates of an average, its own billing rule,
+    why it has none), naming the line as its row does."""
+    return [f"{row.line.kind_label}, {row.line.gpu_model}, {row.line.sla_tier}, {row.line.usage_month:%Y-%m}: "
+            + "; ".join(row.notes) for row in rows if row.notes]
 
 
 def render_credit_note_pdf(note: CreditNoteDocument) -> bytes:
