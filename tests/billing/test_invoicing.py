@@ -278,3 +278,40 @@ def test_idle_lines_have_no_unit_price_and_say_why(post_batch, priced):
     assert rows["idle"].reason.startswith("no unit price")
     csv_idle = next(r for r in _csv_lines(_document()) if r["kind"] == "idle")
     assert (csv_idle["unit_price"], csv_idle["no_unit_price_reason"]) == ("", "idle")
+
+
+def test_a_line_partly_on_a_commitment_lists_the_market_and_the_committed_rate(post_batch, priced):
+    from billing.models import Commitment, CommitmentKind
+
+    begin = datetime(2026, 11, 15, tzinfo=UTC)
+    Commitment.objects.create(
+        gpu_model=A100["model"], kind=CommitmentKind.RESERVED, cards=1, currency="USD",
+        price_per_gpu_hour=Decimal("1800"), term_start=begin, term_end=begin + timedelta(days=365), term_years=1,
+        effective_from=begin, effective_to=begin + timedelta(days=365), note="contract 42", created_at=begin,
+        created_by="test")
+    usage(post_batch, at=datetime(2026, 11, 10, 12, tzinfo=UTC), seq=1)  # market: 1 GPU-second at 1 USD
+    usage(post_batch, at=datetime(2026, 11, 20, 12, tzinfo=UTC), seq=2)  # committed: at 0.50 USD
+    close_period(month=NOV, now=AFTER_NOV)
+    line = Invoice.objects.get(tenant__slug="acme").lines.get()
+    assert line.amount == Decimal("1.5")
+    assert [(r["price"], r["commitment"]) for r in line.rates] == [("3600", False), ("1800", True)]
+    assert line.unit_price == (line.amount / line.gpu_hours).quantize(Decimal("0.000001"))
+    (row,) = _document().line_rows
+    assert (row.average, row.rates) == (True, "3600.00; 1800.00 on committed cards")
+    (csv_line,) = _csv_lines(_document())
+    assert csv_line["rates"].endswith("1800 from 2026-11-20T12:00Z until 2026-11-20T13:00Z committed")
+
+
+def test_the_upcoming_invoice_states_the_unit_price_the_close_then_finalizes(post_batch):
+    from billing.services.invoicing import preview_invoice
+
+    _card("3600", datetime(2020, 1, 1, tzinfo=UTC), SPLIT_AT)
+    _card("7200", SPLIT_AT)
+    usage(post_batch, at=SPLIT_AT - timedelta(seconds=10), seq=1, seconds=20)
+    (upcoming,) = preview_invoice(tenant="acme", month=NOV, now=datetime(2026, 11, 30, tzinfo=UTC)).lines
+    assert upcoming.unit_price_is_average
+    close_period(month=NOV, now=AFTER_NOV)
+    line = Invoice.objects.get(tenant__slug="acme").lines.get()
+    assert (upcoming.unit_price, upcoming.gpu_hours, upcoming.amount_minor) == (
+        line.unit_price, line.gpu_hours, line.amount_minor)
+    assert upcoming.unit_price_text == f"{line.unit_price:.6f}".rstrip("0")

@@ -65,7 +65,7 @@ from billing.ledger.unpriced import UnpricedUsage, list_unpriced_usage
 from billing.models import BillingPeriod, Invoice, InvoiceLine, Tenant
 from billing.money import from_minor_units, to_minor_units
 from billing.services.audit import record_audit_event
-from billing.services.invoicing.unit_prices import is_average, line_unit_price, rates_to_json
+from billing.services.invoicing.unit_prices import is_average, line_unit_price, price_text, rates_to_json
 
 __all__ = [
     "DEFAULT_ISSUER_NAME",
@@ -126,6 +126,11 @@ class PricedLine:
     @property
     def unit_price_is_average(self) -> bool:
         return is_average(self.rates)
+
+    @property
+    def unit_price_text(self) -> str:
+        """The unit price as the invoice will state it; "" where there is none."""
+        return price_text(self.unit_price) if self.unit_price is not None else ""
 
     @property
     def kind_label(self) -> str:
