@@ -129,6 +129,31 @@ class InvoiceLine(models.Model):
         return f"{self.invoice_id} {self.kind} {self.gpu_model}/{self.sla_tier} {self.amount_minor}"
 
 
+class InvoiceWorkload(models.Model):
+    """An invoice's usage amount by workload (docs/billing.md, Workload breakdown): each usage line's
+    rounded amount split over the namespaces and workloads (controller, else pod) of its GPU model by
+    the largest remainder of their exact charges, then summed over SLA tiers. The rows of an invoice
+    add up to its usage lines exactly. Written with the lines at the close and immutable like them
+    (migration 0034), so the breakdown of an issued invoice never changes."""
+
+    invoice = models.ForeignKey(Invoice, on_delete=models.PROTECT, related_name="workloads")
+    namespace = models.CharField(max_length=253)
+    # `<kind>:<name>` of the pod's controller, or `pod:<name>` when none was reported.
+    workload = models.CharField(max_length=600)
+    gpu_model = models.CharField(max_length=128)
+    # Equivalent whole-GPU hours: the usage lines' GPU-hours split the same way, 6 places.
+    gpu_hours = models.DecimalField(max_digits=24, decimal_places=6)
+    amount_minor = models.BigIntegerField()
+
+    class Meta:
+        ordering = ["gpu_model", "namespace", "workload"]
+        constraints = [models.UniqueConstraint(fields=["invoice", "namespace", "workload", "gpu_model"],
+                                               name="invoice_workload_unique")]
+
+    def __str__(self) -> str:
+        return f"{self.invoice_id} {self.namespace}/{self.workload} {self.gpu_model} {self.amount_minor}"
+
+
 class CreditNote(models.Model):
     """A correction of an issued invoice: its own document, numbered in its own sequence
     (CN-YYYY-NNNN by year of issue), immutable once written (migration trigger: no update, no

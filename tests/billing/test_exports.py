@@ -404,6 +404,9 @@ def test_invoice_pdf_names_the_invoice_embeds_every_font_and_draws_no_missing_gl
     assert re.fullmatch(r"/[A-Z]{6}\+NotoSansSC-[0-9a-f]{12}", facts.fonts[0])
     assert CHINESE_NAME in facts.text
     assert november.number in facts.text
+    # The unit price of the one rate (3600 USD per GPU-hour), and the usage by workload on its own page.
+    assert "Unit price" in facts.text and "3600.00" in facts.text
+    assert "Usage by workload" in facts.text and "pod:bert-1" in facts.text
 
 
 @pytest.mark.parametrize("language", ["en", "zh-hans"])

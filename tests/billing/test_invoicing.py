@@ -315,3 +315,71 @@ def test_the_upcoming_invoice_states_the_unit_price_the_close_then_finalizes(pos
     assert (upcoming.unit_price, upcoming.gpu_hours, upcoming.amount_minor) == (
         line.unit_price, line.gpu_hours, line.amount_minor)
     assert upcoming.unit_price_text == f"{line.unit_price:.6f}".rstrip("0")
+
+
+# --- Usage by workload (docs/billing.md, Workload breakdown) --------------------------------------
+
+THREE_PODS = [
+    {"gpu": 0, "tenant": "acme", "pod": pod, "namespace": ns, "sla_tier": tier, "mem_used": 8192.0 * k,
+     "mem_granted": 8192.0 * k, "sm_used": 10.8 * k, "sm_granted": 10.8 * k}
+    for pod, ns, tier, k in (("bert-1", "acme-prod", "gold", 1), ("bert-2", "acme-prod", "gold", 1),
+                             ("etl-1", "acme-dev", "silver", 2), ("bert-3", "acme-dev", "gold", 1))
+]
+
+
+def test_split_by_workload_adds_up_to_the_rounded_lines_by_largest_remainder():
+    from billing.ledger.invoice_workloads import InvoiceWorkloadRow
+    from billing.services.invoicing.workloads import UsageLineTotal, split_by_workload
+
+    third = Decimal(1) / 3
+    rows = [InvoiceWorkloadRow("acme", "A100", "gold", ns, w, third, Decimal(1200))
+            for ns, w in (("a", "pod:x"), ("a", "pod:y"), ("b", "pod:z"))]
+    rows.append(InvoiceWorkloadRow("acme", "A100", "silver", "a", "pod:x", Decimal("0.005"), Decimal(10)))
+    lines = [UsageLineTotal("A100", "gold", Decimal("1.000000"), 100), UsageLineTotal("A100", "silver", Decimal(0), 1)]
+    parts = split_by_workload(lines, rows, "USD")
+    assert [(p.namespace, p.workload, p.amount_minor, p.gpu_hours) for p in parts] == [
+        ("a", "pod:x", 34 + 1, Decimal("0.333334")), ("a", "pod:y", 33, Decimal("0.333333")),
+        ("b", "pod:z", 33, Decimal("0.333333"))]
+    assert sum(p.amount_minor for p in parts) == 101
+    with pytest.raises(ValueError, match="apportion"):
+        split_by_workload([UsageLineTotal("H100", "gold", Decimal(1), 5)], rows, "USD")
+
+
+def test_the_invoice_breaks_its_usage_down_by_workload_adding_up_exactly_and_never_changing(post_batch, client):
+    from billing.models import InvoiceWorkload
+    from billing.services.exports.pdf import invoice_pdf_layout
+    from tests.conftest import user_in
+
+    _card("5.12", datetime(2020, 1, 1, tzinfo=UTC))
+    at = datetime(2026, 11, 15, 12, tzinfo=UTC)
+    for seq in range(3):
+        assert post_batch(make_batch(start=at + timedelta(minutes=seq), seq=seq + 1, seconds=37,
+                                     workloads=THREE_PODS)).status_code == 201
+    rollup_usage(now=clock.now())
+    close_period(month=NOV, now=AFTER_NOV)
+    invoice = Invoice.objects.get(tenant__slug="acme")
+    usage_minor = sum(invoice.lines.filter(kind="usage").values_list("amount_minor", flat=True))
+    parts = list(invoice.workloads.all())
+    assert {(p.namespace, p.workload) for p in parts} == {
+        ("acme-prod", "pod:bert-1"), ("acme-prod", "pod:bert-2"), ("acme-dev", "pod:etl-1"),
+        ("acme-dev", "pod:bert-3")}
+    assert sum(p.amount_minor for p in parts) == usage_minor > 0
+    assert sum(p.gpu_hours for p in parts) == sum(invoice.lines.values_list("gpu_hours", flat=True))
+    # The two-fold workload costs about twice a single one (within the cent the split may move).
+    by_pod = {p.workload: p.amount_minor for p in parts}
+    assert abs(by_pod["pod:etl-1"] - 2 * by_pod["pod:bert-1"]) <= 2
+
+    doc = _document()
+    pdf = invoice_pdf_layout(doc)
+    assert pdf.appendix is not None
+    assert pdf.appendix.table[-1][-1] == f"{doc.usage_display} USD"
+    assert len(pdf.appendix.table) == len(parts) + 2
+    client.force_login(user_in(tenant="acme"))
+    page = client.get(f"/invoices/{doc.number}/").content.decode()
+    assert page.count('data-testid="invoice-workload"') == len(parts)
+
+    # Issued: the database refuses any change to the breakdown, and later usage changes none of it.
+    with pytest.raises(DatabaseError), transaction.atomic():
+        InvoiceWorkload.objects.filter(invoice=invoice).update(amount_minor=1)
+    usage(post_batch, at=datetime(2026, 11, 20, tzinfo=UTC), seq=9)
+    assert [(p.workload, p.amount_minor) for p in invoice.workloads.all()] == [(p.workload, p.amount_minor) for p in parts]

@@ -47,6 +47,7 @@ __all__ = [
     "InvoiceSummary",
     "LineRow",
     "StatusChangeView",
+    "WorkloadView",
     "find_invoice_number",
     "get_credit_note_document",
     "get_invoice_document",
@@ -128,6 +129,17 @@ class InvoiceLineView:
 
 
 @dataclass(frozen=True)
+class WorkloadView:
+    """One workload of the invoice's usage by workload, as stored at the close."""
+
+    namespace: str
+    workload: str
+    gpu_model: str
+    gpu_hours: Decimal
+    amount_minor: int
+
+
+@dataclass(frozen=True)
 class LineRow:
     """One line as the page and the PDF state it, in the reader's language: GPU-hours, unit price
     ("" where there is none), amount, and the notes that explain the unit price: the rates of an
@@ -178,6 +190,24 @@ class InvoiceDocument:
     # On the day asked (get_invoice_document's `today`); None when not asked (the downloads).
     payment: PaymentStatus | None = None
     status_changes: tuple[StatusChangeView, ...] = ()
+    # The invoice's own usage lines split by workload (empty for invoices closed before it was kept).
+    workloads: tuple[WorkloadView, ...] = ()
+
+    @property
+    def usage_minor(self) -> int:
+        """Σ of the usage lines of the invoice's own month: what its workloads add up to."""
+        return sum(line.amount_minor for line in self.lines
+                   if line.kind == InvoiceLine.Kind.USAGE and line.usage_month == self.month)
+
+    @property
+    def usage_display(self) -> str:
+        return format_minor_units(self.usage_minor, self.currency)
+
+    @property
+    def workload_rows(self) -> tuple[tuple[WorkloadView, str, str], ...]:
+        """(workload, its GPU-hours as documents state them, its amount) for the page and the PDF."""
+        return tuple((w, gpu_hours_text(w.gpu_hours), format_minor_units(w.amount_minor, self.currency))
+                     for w in self.workloads)
 
     @property
     def period_bounds(self) -> tuple[datetime, datetime]:
@@ -360,6 +390,9 @@ def _document(invoice: Invoice, *, today: date | None = None) -> InvoiceDocument
         issue_date=issue_date, due_date=invoice.due_date, payment_terms_days=invoice.payment_terms_days,
         po_number=invoice.po_number, cost_centre=invoice.cost_centre, tax_rate_pct=invoice.tax_rate_pct,
         tax_minor=invoice.tax_minor, credit_notes=credit_notes, payment=payment, status_changes=history,
+        workloads=tuple(WorkloadView(namespace=w.namespace, workload=w.workload, gpu_model=w.gpu_model,
+                                     gpu_hours=w.gpu_hours, amount_minor=w.amount_minor)
+                        for w in invoice.workloads.order_by("gpu_model", "namespace", "workload")),
     )
 
 

@@ -8,12 +8,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import date, timedelta
 from decimal import Decimal
+from typing import Any
 
 from django.utils.formats import date_format
 from django.utils.translation import gettext as _
 
 from billing.money import format_minor_units
-from billing.pdf_fonts import pdf_font
+from billing.pdf_fonts import PdfFont, pdf_font
 from billing.services.exports.invoices import GPU_HOURS_PLACES, CreditNoteDocument, InvoiceDocument, LineRow
 from billing.services.exports.numbers import plain_decimal
 
@@ -46,6 +47,17 @@ def _terms_text(days: int | None) -> str:
 
 
 @dataclass(frozen=True)
+class _Appendix:
+    """A page after the document's notes: a heading, a paragraph and a table whose last row is its total."""
+
+    heading: str
+    intro: str
+    table: Sequence[Sequence[str]]
+    col_widths_mm: Sequence[float]
+    numeric_from: int
+
+
+@dataclass(frozen=True)
 class _Layout:
     """One document: a title, label/value rows, a table whose last `totals` rows are totals (its
     columns from `numeric_from` on right-aligned) and notes under it."""
@@ -61,6 +73,7 @@ class _Layout:
     notes: Sequence[str]
     # Paragraphs between the header and the table (what the table's columns mean).
     intro: Sequence[str] = ()
+    appendix: _Appendix | None = None
 
     def text_width_pt(self, column: int) -> float:
         """The width a cell's text has in `column`: the column less the padding either side."""
@@ -72,10 +85,12 @@ def _render(layout: _Layout) -> bytes:
     from reportlab.lib.enums import TA_RIGHT
     from reportlab.lib.pagesizes import A4
     from reportlab.lib.styles import ParagraphStyle
-    from reportlab.platypus import SimpleDocTemplate, Spacer, Table, TableStyle
+    from reportlab.platypus import PageBreak, SimpleDocTemplate, Spacer, Table, TableStyle
 
+    extra = layout.appendix
     font = pdf_font([layout.title, *layout.intro, *layout.notes, *(s for pair in layout.header for s in pair),
-                     *(c for row in layout.table for c in row)])
+                     *(c for row in layout.table for c in row),
+                     *((extra.heading, extra.intro, *(c for row in extra.table for c in row)) if extra else ())])
     body = ParagraphStyle("body", fontName=font.name, fontSize=BODY_SIZE, leading=12)
     number_style = ParagraphStyle("number", parent=body, alignment=TA_RIGHT)
     heading = ParagraphStyle("heading", fontName=font.name, fontSize=18, leading=22, spaceAfter=8)
@@ -87,23 +102,41 @@ def _render(layout: _Layout) -> bytes:
                        colWidths=[40 * MM, 134 * MM])
     head_table.setStyle(TableStyle([*font.table_commands(), ("VALIGN", (0, 0), (-1, -1), "TOP"),
                                     ("TEXTCOLOR", (0, 0), (0, -1), colors.grey)]))
-    lines_table = Table([[font.paragraph(c, number_style if i >= layout.numeric_from else body)
-                          for i, c in enumerate(row)] for row in layout.table],
-                        colWidths=[w * MM for w in layout.col_widths_mm], repeatRows=1)
-    lines_table.setStyle(TableStyle([
-        *font.table_commands(),
-        ("LEFTPADDING", (0, 0), (-1, -1), CELL_PADDING_PT),
-        ("RIGHTPADDING", (0, 0), (-1, -1), CELL_PADDING_PT),
-        ("LINEBELOW", (0, 0), (-1, 0), 0.6, colors.black),
-        ("LINEABOVE", (0, -layout.totals), (-1, -layout.totals), 0.6, colors.black),
-        ("VALIGN", (0, 0), (-1, -1), "TOP"),
-    ]))
+    lines_table = _table(font, layout.table, layout.col_widths_mm, numeric_from=layout.numeric_from,
+                         totals=layout.totals, styles=(body, number_style))
     story = [font.paragraph(layout.title, heading), head_table, Spacer(1, 8 * MM)]
     story += [font.paragraph(text, body) for text in layout.intro]
     story += [Spacer(1, 2 * MM), lines_table, Spacer(1, 6 * MM)] if layout.intro else [lines_table, Spacer(1, 6 * MM)]
     story += [font.paragraph(note, body) for note in layout.notes]
+    if extra is not None:
+        subheading = ParagraphStyle("subheading", parent=heading, fontSize=14, leading=18)
+        story += [PageBreak(), font.paragraph(extra.heading, subheading), font.paragraph(extra.intro, body),
+                  Spacer(1, 2 * MM),
+                  _table(font, extra.table, extra.col_widths_mm, numeric_from=extra.numeric_from, totals=1,
+                         styles=(body, number_style))]
     pdf.build(story)
     return buf.getvalue()
+
+
+def _table(font: PdfFont, rows: Sequence[Sequence[str]], widths_mm: Sequence[float], *, numeric_from: int,
+           totals: int, styles: tuple[Any, Any]) -> Any:
+    """A table set in the document's font: a header row, then rows whose last `totals` are totals;
+    `styles` are the text's and the numbers' (right-aligned) paragraph styles."""
+    body, number_style = styles
+    from reportlab.lib import colors
+    from reportlab.platypus import Table, TableStyle
+
+    table = Table([[font.paragraph(c, number_style if i >= numeric_from else body) for i, c in enumerate(row)]
+                   for row in rows], colWidths=[w * MM for w in widths_mm], repeatRows=1)
+    table.setStyle(TableStyle([
+        *font.table_commands(),
+        ("LEFTPADDING", (0, 0), (-1, -1), CELL_PADDING_PT),
+        ("RIGHTPADDING", (0, 0), (-1, -1), CELL_PADDING_PT),
+        ("LINEBELOW", (0, 0), (-1, 0), 0.6, colors.black),
+        ("LINEABOVE", (0, -totals), (-1, -totals), 0.6, colors.black),
+        ("VALIGN", (0, 0), (-1, -1), "TOP"),
+    ]))
+    return table
 
 
 def render_invoice_pdf(doc: InvoiceDocument) -> bytes:
@@ -149,7 +182,21 @@ def invoice_pdf_layout(doc: InvoiceDocument) -> _Layout:
     return _Layout(title=f"{title} {doc.number}", subject=f"{doc.number} {doc.tenant_slug} {doc.month:%Y-%m}",
                    author=doc.issuer_name, header=header, table=table,
                    col_widths_mm=[26, 33, 15, 22, 19, 24, 35], numeric_from=4, totals=3, notes=notes,
-                   intro=[unit_price_intro(doc)])
+                   intro=[unit_price_intro(doc)], appendix=_workload_appendix(doc))
+
+
+def _workload_appendix(doc: InvoiceDocument) -> _Appendix | None:
+    """The usage by workload, on a page of its own; none for an invoice closed before it was kept."""
+    if not doc.workloads:
+        return None
+    table = [[_("Namespace"), _("Workload"), _("GPU model"), _("GPU-hours"), _("Amount")]]
+    table.extend([w.namespace, w.workload, w.gpu_model, hours, amount] for w, hours, amount in doc.workload_rows)
+    table.append([_("GPU usage"), "", "", "", f"{doc.usage_display} {doc.currency}"])
+    intro = _("Each usage line's amount split over the workloads (the pod's controller, else the pod) of its "
+              "GPU model, in proportion to their exact charges, by the largest remainder; the workloads add up "
+              "to the invoice's GPU usage lines exactly. Copied at the close: it never changes.")
+    return _Appendix(heading=_("Usage by workload"), intro=intro, table=table, col_widths_mm=[34, 48, 40, 19, 33],
+                     numeric_from=3)
 
 
 def unit_price_intro(doc: InvoiceDocument) -> str:
