@@ -24,7 +24,7 @@ from billing.models import Invoice, RateCard, Tenant
 from billing.pdf_fonts import pdf_font
 from billing.scope import FINANCE_GROUP, Scope
 from billing.services.exports import ALLOCATED_METHOD_ID, export_invoice, get_invoice_document
-from billing.services.exports.pdf import BODY_SIZE, invoice_pdf_layout
+from billing.services.exports.pdf import BODY_SIZE, invoice_pdf_layout, text_width_pt
 from billing.services.invoicing.close import close_period
 from tests import clock
 from tests.conftest import SHARED_GPU_WORKLOADS, make_batch, user_in
@@ -405,8 +405,8 @@ def test_invoice_pdf_names_the_invoice_embeds_every_font_and_draws_no_missing_gl
     assert CHINESE_NAME in facts.text
     assert november.number in facts.text
     # The unit price of the one rate (3600 USD per GPU-hour), and the usage by workload on its own page.
-    assert "Unit price" in facts.text and "3600.00" in facts.text
-    assert "Usage by workload" in facts.text and "pod:bert-1" in facts.text
+    for shown in ("Unit price", "3600.00", "Usage by workload", "pod:bert-1"):
+        assert shown in facts.text, shown
 
 
 @pytest.mark.parametrize("language", ["en", "zh-hans"])
@@ -427,6 +427,14 @@ def test_invoice_pdf_line_table_header_fits_each_column_on_one_line(november, la
     assert stringWidth(big_total, font.name, BODY_SIZE) <= layout.text_width_pt(len(header) - 1)
     if language == "zh-hans":
         assert "GPU·小时" in header
+    # The usage-by-workload page's table likewise.
+    assert layout.appendix is not None
+    extra_header = layout.appendix.table[0]
+    font = pdf_font([*extra_header, big_total])
+    for column, label in enumerate(extra_header):
+        width = stringWidth(label, font.name, BODY_SIZE)
+        assert width <= text_width_pt(layout.appendix.col_widths_mm, column), f"{language}: {label!r} wraps"
+    assert stringWidth(big_total, font.name, BODY_SIZE) <= text_width_pt(layout.appendix.col_widths_mm, -1)
 
 
 def test_tenant_member_lists_and_downloads_only_own_invoices_and_others_are_404(client, november):

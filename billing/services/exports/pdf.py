@@ -18,7 +18,8 @@ from billing.pdf_fonts import PdfFont, pdf_font
 from billing.services.exports.invoices import GPU_HOURS_PLACES, CreditNoteDocument, InvoiceDocument, LineRow
 from billing.services.exports.numbers import plain_decimal
 
-__all__ = ["BODY_SIZE", "MM", "invoice_pdf_layout", "render_credit_note_pdf", "render_invoice_pdf", "tax_label"]
+__all__ = ["BODY_SIZE", "MM", "invoice_pdf_layout", "render_credit_note_pdf", "render_invoice_pdf", "tax_label",
+           "text_width_pt"]
 
 MM = 72 / 25.4  # points per millimetre
 # Body text size in points, and the padding left and right of a table cell's text: the small padding
@@ -77,7 +78,12 @@ class _Layout:
 
     def text_width_pt(self, column: int) -> float:
         """The width a cell's text has in `column`: the column less the padding either side."""
-        return self.col_widths_mm[column] * MM - 2 * CELL_PADDING_PT
+        return text_width_pt(self.col_widths_mm, column)
+
+
+def text_width_pt(col_widths_mm: Sequence[float], column: int) -> float:
+    """The width a cell's text has in a table's `column`: the column less the padding either side."""
+    return col_widths_mm[column] * MM - 2 * CELL_PADDING_PT
 
 
 def _render(layout: _Layout) -> bytes:
@@ -182,7 +188,7 @@ def invoice_pdf_layout(doc: InvoiceDocument) -> _Layout:
     return _Layout(title=f"{title} {doc.number}", subject=f"{doc.number} {doc.tenant_slug} {doc.month:%Y-%m}",
                    author=doc.issuer_name, header=header, table=table,
                    col_widths_mm=[26, 33, 15, 22, 19, 24, 35], numeric_from=4, totals=3, notes=notes,
-                   intro=[unit_price_intro(doc)], appendix=_workload_appendix(doc))
+                   intro=[_unit_price_intro(doc)], appendix=_workload_appendix(doc))
 
 
 def _workload_appendix(doc: InvoiceDocument) -> _Appendix | None:
@@ -199,7 +205,7 @@ def _workload_appendix(doc: InvoiceDocument) -> _Appendix | None:
                      numeric_from=3)
 
 
-def unit_price_intro(doc: InvoiceDocument) -> str:
+def _unit_price_intro(doc: InvoiceDocument) -> str:
     """What quantity and unit price mean, and the billing rule when every line shares one."""
     text = _("Quantity: GPU-hours, the hours of equivalent whole GPUs a line's usage held. Unit price: per "
              "GPU-hour, in %(currency)s; the rate that priced the line, or, where more than one rate did, the "
