@@ -21,7 +21,14 @@ from billing.models.audit import AuditEvent
 from billing.models.budgets import AdmittedPod, Budget, BudgetAction, BudgetScope, BudgetState, BudgetStatus
 from billing.models.exports import ExportDelivery, ExportDestination
 from billing.models.fleet import Gpu, Node, NodeToken
-from billing.models.invoicing import BillingPeriod, CreditNote, Invoice, InvoiceLine, InvoiceStatusChange
+from billing.models.invoicing import (
+    BillingPeriod,
+    CreditNote,
+    Invoice,
+    InvoiceLine,
+    InvoiceStatusChange,
+    InvoiceWorkload,
+)
 from billing.models.pricing import BilledBasis, Commitment, CommitmentKind, GpuModel, IdlePolicy, RateCard
 from billing.models.rebalance import RebalancePlan, RebalanceStatus
 from billing.models.reports import PairedReport
@@ -57,6 +64,7 @@ __all__ = [
     "Invoice",
     "InvoiceLine",
     "InvoiceStatusChange",
+    "InvoiceWorkload",
     "Node",
     "NodeToken",
     "PairedReport",

@@ -113,12 +113,45 @@ class InvoiceLine(models.Model):
     # Unrounded ledger amount, then the one rounding to minor units (billing.money).
     amount = models.DecimalField(max_digits=30, decimal_places=12)
     amount_minor = models.BigIntegerField()
+    # Usage lines: the price per GPU-hour in the invoice currency, as the close stated it (docs/billing.md,
+    # Unit prices): the rate when one rate priced the whole line, else amount ÷ GPU-hours, an average.
+    # NULL on idle and adjustment lines, and on lines finalized before unit prices were recorded.
+    unit_price = models.DecimalField(max_digits=24, decimal_places=6, null=True, blank=True)
+    # The rates that priced the line, in time order, copied at the close so that a later rate card or
+    # commitment never changes an issued invoice: [{"price", "start", "end", "commitment",
+    # "billed_basis", "alpha"}] (decimals and ISO instants as strings). Empty where unit_price is NULL.
+    rates = models.JSONField(default=list, blank=True)
 
     class Meta:
         ordering = ["usage_month", "kind", "gpu_model", "sla_tier"]
 
     def __str__(self) -> str:
         return f"{self.invoice_id} {self.kind} {self.gpu_model}/{self.sla_tier} {self.amount_minor}"
+
+
+class InvoiceWorkload(models.Model):
+    """An invoice's usage amount by workload (docs/billing.md, Workload breakdown): each usage line's
+    rounded amount split over the namespaces and workloads (controller, else pod) of its GPU model by
+    the largest remainder of their exact charges, then summed over SLA tiers. The rows of an invoice
+    add up to its usage lines exactly. Written with the lines at the close and immutable like them
+    (migration 0034), so the breakdown of an issued invoice never changes."""
+
+    invoice = models.ForeignKey(Invoice, on_delete=models.PROTECT, related_name="workloads")
+    namespace = models.CharField(max_length=253)
+    # `<kind>:<name>` of the pod's controller, or `pod:<name>` when none was reported.
+    workload = models.CharField(max_length=600)
+    gpu_model = models.CharField(max_length=128)
+    # Equivalent whole-GPU hours: the usage lines' GPU-hours split the same way, 6 places.
+    gpu_hours = models.DecimalField(max_digits=24, decimal_places=6)
+    amount_minor = models.BigIntegerField()
+
+    class Meta:
+        ordering = ["gpu_model", "namespace", "workload"]
+        constraints = [models.UniqueConstraint(fields=["invoice", "namespace", "workload", "gpu_model"],
+                                               name="invoice_workload_unique")]
+
+    def __str__(self) -> str:
+        return f"{self.invoice_id} {self.namespace}/{self.workload} {self.gpu_model} {self.amount_minor}"
 
 
 class CreditNote(models.Model):

@@ -16,11 +16,15 @@ from io import StringIO
 
 import pytest
 from django.core.management import CommandError, call_command
+from django.utils import translation
+from reportlab.pdfbase.pdfmetrics import stringWidth
 
 from billing.ledger.rollup import rollup_usage
 from billing.models import Invoice, RateCard, Tenant
+from billing.pdf_fonts import pdf_font
 from billing.scope import FINANCE_GROUP, Scope
-from billing.services.exports import ALLOCATED_METHOD_ID, export_invoice
+from billing.services.exports import ALLOCATED_METHOD_ID, export_invoice, get_invoice_document
+from billing.services.exports.pdf import BODY_SIZE, invoice_pdf_layout, text_width_pt
 from billing.services.invoicing.close import close_period
 from tests import clock
 from tests.conftest import SHARED_GPU_WORKLOADS, make_batch, user_in
@@ -400,7 +404,37 @@ def test_invoice_pdf_names_the_invoice_embeds_every_font_and_draws_no_missing_gl
     assert re.fullmatch(r"/[A-Z]{6}\+NotoSansSC-[0-9a-f]{12}", facts.fonts[0])
     assert CHINESE_NAME in facts.text
     assert november.number in facts.text
+    # The unit price of the one rate (3600 USD per GPU-hour), and the usage by workload on its own page.
+    for shown in ("Unit price", "3600.00", "Usage by workload", "pod:bert-1"):
+        assert shown in facts.text, shown
 
+
+@pytest.mark.parametrize("language", ["en", "zh-hans"])
+def test_invoice_pdf_line_table_header_fits_each_column_on_one_line(november, language):
+    """Each header label is narrower than its column's text width, so none wraps ("GPU-hour / s"), and a
+    total of nine digits before the decimal point with its currency fits the amount column unbroken."""
+    doc = get_invoice_document(scope=EVERYONE, number=november.number)
+    with translation.override(language):
+        layout = invoice_pdf_layout(doc)
+    header, *_, total_row = layout.table
+    big_total = "123,456,789.01 USD"
+    font = pdf_font([*header, big_total])
+    for column, label in enumerate(header):
+        assert label, f"column {column} has no header"
+        width = stringWidth(label, font.name, BODY_SIZE)
+        assert width <= layout.text_width_pt(column), f"{language}: {label!r} ({width:.1f} pt) wraps"
+    assert total_row[-1].endswith(" USD")
+    assert stringWidth(big_total, font.name, BODY_SIZE) <= layout.text_width_pt(len(header) - 1)
+    if language == "zh-hans":
+        assert "GPU·小时" in header
+    # The usage-by-workload page's table likewise.
+    assert layout.appendix is not None
+    extra_header = layout.appendix.table[0]
+    font = pdf_font([*extra_header, big_total])
+    for column, label in enumerate(extra_header):
+        width = stringWidth(label, font.name, BODY_SIZE)
+        assert width <= text_width_pt(layout.appendix.col_widths_mm, column), f"{language}: {label!r} wraps"
+    assert stringWidth(big_total, font.name, BODY_SIZE) <= text_width_pt(layout.appendix.col_widths_mm, -1)
 
 
 def test_tenant_member_lists_and_downloads_only_own_invoices_and_others_are_404(client, november):

@@ -154,3 +154,232 @@ def test_close_period_task_run_twice_finalizes_once(post_batch, priced):
     assert (first["finalized"], first["already_closed"]) == (2, False)
     assert (second["finalized"], second["already_closed"]) == (0, True)
     assert Invoice.objects.count() == 2
+
+
+# --- Unit prices (docs/billing.md, Unit prices) -------------------------------------------------
+
+SPLIT_AT = datetime(2026, 11, 15, 12, 5, tzinfo=UTC)
+
+
+def _card(price: str, start: datetime, end: datetime | None = None) -> RateCard:
+    return RateCard.objects.create(gpu_model=A100["model"], currency="USD", price_per_gpu_hour=Decimal(price),
+                                   effective_from=start, effective_to=end, source_url="https://example.org")
+
+
+def _document(tenant: str = "acme"):
+    from billing.scope import Scope
+    from billing.services.exports import get_invoice_document
+
+    number = Invoice.objects.get(tenant__slug=tenant, period__month=NOV).number
+    return get_invoice_document(scope=Scope(tenants=None, is_finance=True, is_admin=True), number=number)
+
+
+def _csv_lines(doc) -> list[dict[str, str]]:
+    import csv
+    import io
+
+    from billing.services.exports import render_invoice_csv
+
+    rows = list(csv.DictReader(io.StringIO(render_invoice_csv(doc).decode("utf-8-sig"))))
+    return [r for r in rows if r["line"] not in {"subtotal", "tax", "total"}]
+
+
+def test_a_line_priced_at_one_rate_states_that_rate_on_the_page_csv_and_pdf(post_batch, client):
+    from billing.services.exports.pdf import invoice_pdf_layout
+    from tests.conftest import user_in
+
+    _card("5.12", datetime(2020, 1, 1, tzinfo=UTC))
+    usage(post_batch, at=datetime(2026, 11, 15, 12, tzinfo=UTC), seq=1, seconds=50)
+    close_period(month=NOV, now=AFTER_NOV)
+    line = Invoice.objects.get(tenant__slug="acme").lines.get()
+    assert line.unit_price == Decimal("5.12")
+    assert [(r["price"], r["commitment"], r["billed_basis"], r["alpha"]) for r in line.rates] == [
+        ("5.12", False, "max", "0.5")]
+    # Quantity × unit price = amount, to the stored quantity's last place.
+    assert abs(line.gpu_hours * line.unit_price - line.amount) <= line.unit_price * Decimal("0.0000005")
+
+    doc = _document()
+    (row,) = doc.line_rows
+    assert (row.unit_price, row.average, row.rates, row.rule, row.reason) == ("5.12", False, "", "", "")
+    assert "max(used, granted) memory and SMs, memory weight α = 0.5" in doc.billing_rule_text
+    (csv_line,) = _csv_lines(doc)
+    assert (csv_line["quantity"], csv_line["unit"], csv_line["unit_price"], csv_line["unit_price_kind"]) == (
+        f"{line.gpu_hours:.6f}", "GPU-hour", "5.120000", "rate")
+    assert csv_line["rates"] == "5.12 from 2026-11-01T00:00Z until 2026-12-01T00:00Z"
+    assert (csv_line["billed_basis"], csv_line["alpha"], csv_line["no_unit_price_reason"]) == ("max", "0.5", "")
+    layout = invoice_pdf_layout(doc)
+    assert layout.table[1][5] == "5.12"
+    assert "GPU-hours billed by max(used, granted)" in layout.intro[0]
+
+    client.force_login(user_in(tenant="acme"))
+    page = client.get(f"/invoices/{doc.number}/").content.decode()
+    assert 'data-testid="unit-price">5.12' in page
+
+
+def test_a_line_priced_at_two_rates_states_the_average_and_the_rates_and_never_changes_later(post_batch):
+    from django.utils import translation
+
+    from billing.services.exports.pdf import invoice_pdf_layout, render_invoice_pdf
+
+    _card("3600", datetime(2020, 1, 1, tzinfo=UTC), SPLIT_AT)
+    later = _card("7200", SPLIT_AT)
+    # 10 s before the new card and 10 s after it, in the same hour; then more at the new price.
+    usage(post_batch, at=SPLIT_AT - timedelta(seconds=10), seq=1, seconds=20)
+    usage(post_batch, at=datetime(2026, 11, 20, 8, tzinfo=UTC), seq=2, seconds=10)
+    close_period(month=NOV, now=AFTER_NOV)
+    line = Invoice.objects.get(tenant__slug="acme").lines.get()
+    # acme holds 10 % of the card: 1 GPU-second at 1 USD, then 2 at 2 USD per GPU-second.
+    assert line.amount == Decimal("5")
+    assert [(r["price"], r["end"]) for r in line.rates] == [("3600", SPLIT_AT.isoformat()),
+                                                          ("7200", "2026-12-01T00:00:00+00:00")]
+    assert line.unit_price == (line.amount / line.gpu_hours).quantize(Decimal("0.000001"))
+    assert Decimal("3600") < line.unit_price < Decimal("7200")
+
+    (row,) = _document().line_rows
+    assert row.average
+    assert row.rates == "3600.00 until 2026-11-15 12:05 UTC, then 7200.00"
+    (csv_line,) = _csv_lines(_document())
+    assert csv_line["unit_price_kind"] == "average"
+    assert csv_line["rates"] == ("3600 from 2026-11-01T00:00Z until 2026-11-15T12:05Z; "
+                                 "7200 from 2026-11-15T12:05Z until 2026-12-01T00:00Z")
+    pdf = invoice_pdf_layout(_document())
+    assert pdf.table[1][5] == f"{row.unit_price} (average)"
+    assert any(row.rates in note for note in pdf.notes)
+    with translation.override("zh-hans"):
+        (zh_row,) = _document().line_rows
+        assert zh_row.rates == "2026年11月15日 12:05 UTC 之前为 3600.00, 之后为 7200.00"
+        assert render_invoice_pdf(_document()).startswith(b"%PDF")  # every string drawn in its font subset
+
+    # A later change of the cards (the newer one retired and replaced) changes nothing issued.
+    before = _document().line_rows
+    RateCard.objects.filter(pk=later.pk).update(effective_to=datetime(2026, 12, 10, tzinfo=UTC))
+    _card("9000", datetime(2026, 12, 10, tzinfo=UTC))
+    assert _document().line_rows == before
+
+
+def test_a_line_with_one_rate_in_a_month_with_a_card_change_is_not_an_average(post_batch):
+    _card("3600", datetime(2020, 1, 1, tzinfo=UTC), SPLIT_AT)
+    _card("7200", SPLIT_AT)
+    # Usage only after the change, but in the hour that holds it: its minutes settle which card priced it.
+    usage(post_batch, at=SPLIT_AT + timedelta(seconds=30), seq=1, seconds=10)
+    close_period(month=NOV, now=AFTER_NOV)
+    line = Invoice.objects.get(tenant__slug="acme").lines.get()
+    assert line.unit_price == Decimal("7200")
+    assert [r["price"] for r in line.rates] == ["7200"]
+
+
+def test_idle_lines_have_no_unit_price_and_say_why(post_batch, priced):
+    RateCard.objects.filter(pk=priced.pk).update(idle_policy="proportional")
+    usage(post_batch, at=datetime(2026, 11, 15, 12, tzinfo=UTC), seq=1)
+    close_period(month=NOV, now=AFTER_NOV)
+    rows = {row.line.kind: row for row in _document().line_rows}
+    assert rows["usage"].unit_price == "3600.00"
+    assert (rows["idle"].unit_price, rows["idle"].rates) == ("", "")
+    assert rows["idle"].reason.startswith("no unit price")
+    csv_idle = next(r for r in _csv_lines(_document()) if r["kind"] == "idle")
+    assert (csv_idle["unit_price"], csv_idle["no_unit_price_reason"]) == ("", "idle")
+
+
+def test_a_line_partly_on_a_commitment_lists_the_market_and_the_committed_rate(post_batch, priced):
+    from billing.models import Commitment, CommitmentKind
+
+    begin = datetime(2026, 11, 15, tzinfo=UTC)
+    Commitment.objects.create(
+        gpu_model=A100["model"], kind=CommitmentKind.RESERVED, cards=1, currency="USD",
+        price_per_gpu_hour=Decimal("1800"), term_start=begin, term_end=begin + timedelta(days=365), term_years=1,
+        effective_from=begin, effective_to=begin + timedelta(days=365), note="contract 42", created_at=begin,
+        created_by="test")
+    usage(post_batch, at=datetime(2026, 11, 10, 12, tzinfo=UTC), seq=1)  # market: 1 GPU-second at 1 USD
+    usage(post_batch, at=datetime(2026, 11, 20, 12, tzinfo=UTC), seq=2)  # committed: at 0.50 USD
+    close_period(month=NOV, now=AFTER_NOV)
+    line = Invoice.objects.get(tenant__slug="acme").lines.get()
+    assert line.amount == Decimal("1.5")
+    assert [(r["price"], r["commitment"]) for r in line.rates] == [("3600", False), ("1800", True)]
+    assert line.unit_price == (line.amount / line.gpu_hours).quantize(Decimal("0.000001"))
+    (row,) = _document().line_rows
+    assert (row.average, row.rates) == (True, "3600.00; 1800.00 on committed cards")
+    (csv_line,) = _csv_lines(_document())
+    assert csv_line["rates"].endswith("1800 from 2026-11-20T12:00Z until 2026-11-20T13:00Z committed")
+
+
+def test_the_upcoming_invoice_states_the_unit_price_the_close_then_finalizes(post_batch):
+    from billing.services.invoicing import preview_invoice
+
+    _card("3600", datetime(2020, 1, 1, tzinfo=UTC), SPLIT_AT)
+    _card("7200", SPLIT_AT)
+    usage(post_batch, at=SPLIT_AT - timedelta(seconds=10), seq=1, seconds=20)
+    (upcoming,) = preview_invoice(tenant="acme", month=NOV, now=datetime(2026, 11, 30, tzinfo=UTC)).lines
+    assert upcoming.unit_price_is_average
+    close_period(month=NOV, now=AFTER_NOV)
+    line = Invoice.objects.get(tenant__slug="acme").lines.get()
+    assert (upcoming.unit_price, upcoming.gpu_hours, upcoming.amount_minor) == (
+        line.unit_price, line.gpu_hours, line.amount_minor)
+    assert upcoming.unit_price_text == f"{line.unit_price:.6f}".rstrip("0")
+
+
+# --- Usage by workload (docs/billing.md, Workload breakdown) --------------------------------------
+
+THREE_PODS = [
+    {"gpu": 0, "tenant": "acme", "pod": pod, "namespace": ns, "sla_tier": tier, "mem_used": 8192.0 * k,
+     "mem_granted": 8192.0 * k, "sm_used": 10.8 * k, "sm_granted": 10.8 * k}
+    for pod, ns, tier, k in (("bert-1", "acme-prod", "gold", 1), ("bert-2", "acme-prod", "gold", 1),
+                             ("etl-1", "acme-dev", "silver", 2), ("bert-3", "acme-dev", "gold", 1))
+]
+
+
+def test_split_by_workload_adds_up_to_the_rounded_lines_by_largest_remainder():
+    from billing.ledger.invoice_workloads import InvoiceWorkloadRow
+    from billing.services.invoicing.workloads import UsageLineTotal, split_by_workload
+
+    third = Decimal(1) / 3
+    rows = [InvoiceWorkloadRow("acme", "A100", "gold", ns, w, third, Decimal(1200))
+            for ns, w in (("a", "pod:x"), ("a", "pod:y"), ("b", "pod:z"))]
+    rows.append(InvoiceWorkloadRow("acme", "A100", "silver", "a", "pod:x", Decimal("0.005"), Decimal(10)))
+    lines = [UsageLineTotal("A100", "gold", Decimal("1.000000"), 100), UsageLineTotal("A100", "silver", Decimal(0), 1)]
+    parts = split_by_workload(lines, rows, "USD")
+    assert [(p.namespace, p.workload, p.amount_minor, p.gpu_hours) for p in parts] == [
+        ("a", "pod:x", 34 + 1, Decimal("0.333334")), ("a", "pod:y", 33, Decimal("0.333333")),
+        ("b", "pod:z", 33, Decimal("0.333333"))]
+    assert sum(p.amount_minor for p in parts) == 101
+    with pytest.raises(ValueError, match="apportion"):
+        split_by_workload([UsageLineTotal("H100", "gold", Decimal(1), 5)], rows, "USD")
+
+
+def test_the_invoice_breaks_its_usage_down_by_workload_adding_up_exactly_and_never_changing(post_batch, client):
+    from billing.models import InvoiceWorkload
+    from billing.services.exports.pdf import invoice_pdf_layout
+    from tests.conftest import user_in
+
+    _card("5.12", datetime(2020, 1, 1, tzinfo=UTC))
+    at = datetime(2026, 11, 15, 12, tzinfo=UTC)
+    for seq in range(3):
+        assert post_batch(make_batch(start=at + timedelta(minutes=seq), seq=seq + 1, seconds=37,
+                                     workloads=THREE_PODS)).status_code == 201
+    rollup_usage(now=clock.now())
+    close_period(month=NOV, now=AFTER_NOV)
+    invoice = Invoice.objects.get(tenant__slug="acme")
+    usage_minor = sum(invoice.lines.filter(kind="usage").values_list("amount_minor", flat=True))
+    parts = list(invoice.workloads.all())
+    assert {(p.namespace, p.workload) for p in parts} == {
+        ("acme-prod", "pod:bert-1"), ("acme-prod", "pod:bert-2"), ("acme-dev", "pod:etl-1"),
+        ("acme-dev", "pod:bert-3")}
+    assert sum(p.amount_minor for p in parts) == usage_minor > 0
+    assert sum(p.gpu_hours for p in parts) == sum(invoice.lines.values_list("gpu_hours", flat=True))
+    # The two-fold workload costs about twice a single one (within the cent the split may move).
+    by_pod = {p.workload: p.amount_minor for p in parts}
+    assert abs(by_pod["pod:etl-1"] - 2 * by_pod["pod:bert-1"]) <= 2
+
+    doc = _document()
+    pdf = invoice_pdf_layout(doc)
+    assert pdf.appendix is not None
+    assert pdf.appendix.table[-1][-1] == f"{doc.usage_display} USD"
+    assert len(pdf.appendix.table) == len(parts) + 2
+    client.force_login(user_in(tenant="acme"))
+    page = client.get(f"/invoices/{doc.number}/").content.decode()
+    assert page.count('data-testid="invoice-workload"') == len(parts)
+
+    # Issued: the database refuses any change to the breakdown, and later usage changes none of it.
+    with pytest.raises(DatabaseError), transaction.atomic():
+        InvoiceWorkload.objects.filter(invoice=invoice).update(amount_minor=1)
+    usage(post_batch, at=datetime(2026, 11, 20, tzinfo=UTC), seq=9)
+    assert [(p.workload, p.amount_minor) for p in invoice.workloads.all()] == [(p.workload, p.amount_minor) for p in parts]

@@ -10,18 +10,21 @@ import io
 from decimal import Decimal
 
 from billing.csv_files import csv_writer, number
+from billing.models import InvoiceLine
 from billing.money import format_minor_units
-from billing.services.exports.invoices import CreditNoteDocument, InvoiceDocument, gpu_hours_text
+from billing.services.exports.invoices import CreditNoteDocument, InvoiceDocument, InvoiceLineView, gpu_hours_text
 from billing.services.exports.numbers import plain_decimal
 
 __all__ = ["CREDIT_NOTE_CSV_COLUMNS", "INVOICE_CSV_COLUMNS", "line_number_cells", "render_credit_note_csv",
-           "render_invoice_csv"]
+           "render_invoice_csv", "unit_price_cells"]
 
 _HEADER_COLUMNS = ("invoice_number", "tenant", "tenant_name", "billing_period", "issue_date", "due_date",
                    "payment_terms_days", "po_number", "cost_centre")
 INVOICE_CSV_COLUMNS = (
     *_HEADER_COLUMNS, "line", "kind", "gpu_model", "sla_tier",
     "usage_month", "gpu_hours", "amount_ledger", "amount_minor", "amount", "currency",
+    # Appended, so readers of the columns above are undisturbed (docs/exports.md, Invoice CSV).
+    *("quantity", "unit", "unit_price", "unit_price_kind", "rates", "billed_basis", "alpha", "no_unit_price_reason"),
 )
 CREDIT_NOTE_CSV_COLUMNS = (
     "credit_note_number", "issue_date", "corrects_invoice", "tenant", "tenant_name", "billing_period", "reason",
@@ -50,16 +53,41 @@ def render_invoice_csv(doc: InvoiceDocument) -> bytes:
         writer.writerow([
             *head, i, line.kind, line.gpu_model, line.sla_tier, f"{line.usage_month:%Y-%m}",
             *line_number_cells(line.gpu_hours, line.amount, line.amount_minor, doc.currency), doc.currency,
+            *unit_price_cells(line),
         ])
     # The tax row's kind column carries its rate, e.g. "tax 20%".
     for label, kind, minor in (("subtotal", "", doc.subtotal_minor),
                                ("tax", f"tax {plain_decimal(doc.tax_rate_pct)}%", doc.tax_minor)):
         writer.writerow([*head, label, kind, "", "", "", "", "", minor, number(format_minor_units(minor, doc.currency)),
-                         doc.currency])
+                         doc.currency, *_NO_UNIT_PRICE])
     writer.writerow([*head, "total", "", "", "", "", "", "", doc.total_minor,
-                     number(format_minor_units(doc.total_minor, doc.currency)), doc.currency])
+                     number(format_minor_units(doc.total_minor, doc.currency)), doc.currency, *_NO_UNIT_PRICE])
     return out.getvalue().encode("utf-8")
 
+
+
+_NO_UNIT_PRICE = ("",) * 8
+# `no_unit_price_reason` of each line kind without one; a usage line finalized before unit prices were
+# recorded says "not_recorded".
+_REASONS: dict[str, str] = {InvoiceLine.Kind.IDLE: "idle", InvoiceLine.Kind.ADJUSTMENT: "adjustment"}
+
+
+def unit_price_cells(line: InvoiceLineView) -> list[object]:
+    """`quantity` … `no_unit_price_reason` of one line (docs/exports.md): the GPU-hours as stored
+    (6 places, so quantity × unit_price meets amount_ledger), the unit, the unit price, whether it is
+    the one rate or an average, the rates that priced the line ("5.12 from … until …", ISO instants,
+    "committed" for a commitment's rate), the billing rule, and why a line has no unit price."""
+    usage = line.kind == InvoiceLine.Kind.USAGE
+    if not usage or line.unit_price is None:
+        reason = _REASONS.get(line.kind, "not_recorded")
+        return [number(f"{line.gpu_hours:.6f}") if usage else "", "GPU-hour" if usage else "", "", "", "", "", "",
+                reason]
+    rules = list(dict.fromkeys((r.billed_basis, plain_decimal(r.alpha)) for r in line.rates))
+    rates = "; ".join(f"{plain_decimal(r.price_per_gpu_hour)} from {r.start:%Y-%m-%dT%H:%MZ} until {r.end:%Y-%m-%dT%H:%MZ}"
+                      + (" committed" if r.commitment else "") for r in line.rates)
+    return [number(f"{line.gpu_hours:.6f}"), "GPU-hour", number(f"{line.unit_price:.6f}"),
+            "average" if line.unit_price_is_average else "rate", rates, " / ".join(b for b, _ in rules),
+            " / ".join(a for _, a in rules), ""]
 
 
 def line_number_cells(gpu_hours: Decimal, amount: Decimal, amount_minor: int, currency: str) -> list[object]:

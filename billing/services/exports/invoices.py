@@ -15,6 +15,7 @@ from datetime import date, datetime
 from decimal import ROUND_HALF_EVEN, Decimal
 
 from django.db.models import QuerySet
+from django.utils.translation import gettext as _
 
 from billing.calendar import month_bounds, parse_month
 from billing.errors import DomainError, InvalidInput
@@ -22,13 +23,22 @@ from billing.models import CreditNote, Invoice, InvoiceLine, InvoiceStatusChange
 from billing.money import format_minor_units
 from billing.scope import Scope
 from billing.services.invoicing import (
+    AppliedRate,
     InvoiceBalance,
     PaymentStatus,
     add_balances,
     balance_of,
+    billing_rule_text,
     current_issuer,
     invoice_issue_date,
+    is_average,
+    line_rules,
+    no_unit_price_reason,
     payment_status,
+    price_text,
+    rates_from_json,
+    rates_text,
+    shared_rule,
     with_balance_records,
 )
 
@@ -41,7 +51,9 @@ __all__ = [
     "InvoiceLineView",
     "InvoiceNotFound",
     "InvoiceSummary",
+    "LineRow",
     "StatusChangeView",
+    "WorkloadView",
     "find_invoice_number",
     "get_credit_note_document",
     "get_invoice_document",
@@ -113,6 +125,50 @@ class InvoiceLineView:
     gpu_hours: Decimal
     amount: Decimal  # unrounded ledger amount
     amount_minor: int  # rounded once, half-even
+    # Per GPU-hour in the invoice currency, as stored at the close (None: idle, adjustment, or a line
+    # finalized before unit prices were recorded), and the rates that priced the line.
+    unit_price: Decimal | None = None
+    rates: tuple[AppliedRate, ...] = ()
+
+    @property
+    def unit_price_is_average(self) -> bool:
+        return is_average(self.rates)
+
+
+@dataclass(frozen=True)
+class WorkloadView:
+    """One workload of the invoice's usage by workload, as stored at the close."""
+
+    namespace: str
+    workload: str
+    gpu_model: str
+    gpu_hours: Decimal
+    amount_minor: int
+
+
+@dataclass(frozen=True)
+class LineRow:
+    """One line as the page and the PDF state it, in the reader's language: GPU-hours, unit price
+    ("" where there is none), amount, and the notes that explain the unit price: the rates of an
+    average, the line's billing rule when lines differ, or why there is no unit price."""
+
+    line: InvoiceLineView
+    hours: str
+    unit_price: str
+    average: bool
+    amount: str
+    rates: str
+    rule: str
+    reason: str
+
+    @property
+    def notes(self) -> tuple[str, ...]:
+        return tuple(n for n in (self.rates, self.rule, self.reason) if n)
+
+
+# Unit prices were first recorded by migration 0033; a usage line finalized before has none.
+def _missing_unit_price_reason() -> str:
+    return _("no unit price: this invoice was issued before unit prices were recorded")
 
 
 @dataclass(frozen=True)
@@ -143,6 +199,24 @@ class InvoiceDocument:
     status_changes: tuple[StatusChangeView, ...] = ()
     # Credited and balance due (billing.services.invoicing.balance); None when not asked (the downloads).
     balance: InvoiceBalance | None = None
+    # The invoice's own usage lines split by workload (empty for invoices closed before it was kept).
+    workloads: tuple[WorkloadView, ...] = ()
+
+    @property
+    def usage_minor(self) -> int:
+        """Σ of the usage lines of the invoice's own month: what its workloads add up to."""
+        return sum(line.amount_minor for line in self.lines
+                   if line.kind == InvoiceLine.Kind.USAGE and line.usage_month == self.month)
+
+    @property
+    def usage_display(self) -> str:
+        return format_minor_units(self.usage_minor, self.currency)
+
+    @property
+    def workload_rows(self) -> tuple[tuple[WorkloadView, str, str], ...]:
+        """(workload, its GPU-hours as documents state them, its amount) for the page and the PDF."""
+        return tuple((w, gpu_hours_text(w.gpu_hours), format_minor_units(w.amount_minor, self.currency))
+                     for w in self.workloads)
 
     @property
     def period_bounds(self) -> tuple[datetime, datetime]:
@@ -174,12 +248,39 @@ class InvoiceDocument:
         return format_minor_units(self.credited_minor, self.currency)
 
     @property
-    def line_rows(self) -> tuple[tuple[InvoiceLineView, str, str], ...]:
-        """(line, its GPU-hours as documents state them or "", its amount) for the page."""
-        return tuple(
-            (line, gpu_hours_text(line.gpu_hours) if line.kind == InvoiceLine.Kind.USAGE else "",
-             format_minor_units(line.amount_minor, self.currency))
-            for line in self.lines
+    def billing_rule(self) -> tuple[str, Decimal] | None:
+        """The (billed basis, α) every usage line was billed by, stated once above the lines; None
+        when they differ (each line states its own) or none was recorded."""
+        return shared_rule([line.rates for line in self.lines if line.kind == InvoiceLine.Kind.USAGE])
+
+    @property
+    def billing_rule_text(self) -> str:
+        rule = self.billing_rule
+        return billing_rule_text(*rule) if rule else ""
+
+    @property
+    def has_average(self) -> bool:
+        return any(line.unit_price_is_average for line in self.lines)
+
+    @property
+    def line_rows(self) -> tuple[LineRow, ...]:
+        """The lines as the page and the PDF state them (LineRow)."""
+        shared = self.billing_rule is not None
+        _, period_end = self.period_bounds
+        return tuple(self._line_row(line, shared=shared, period_end=period_end) for line in self.lines)
+
+    def _line_row(self, line: InvoiceLineView, *, shared: bool, period_end: datetime) -> LineRow:
+        usage = line.kind == InvoiceLine.Kind.USAGE
+        reason = no_unit_price_reason(line.kind)
+        if usage and line.unit_price is None:
+            reason = _missing_unit_price_reason()
+        rule = "" if shared or not usage else "; ".join(billing_rule_text(*r) for r in line_rules(line.rates))
+        return LineRow(
+            line=line, hours=gpu_hours_text(line.gpu_hours) if usage else "",
+            unit_price=price_text(line.unit_price) if line.unit_price is not None else "",
+            average=line.unit_price_is_average, amount=format_minor_units(line.amount_minor, self.currency),
+            rates=rates_text(line.rates, period_end=period_end) if line.unit_price_is_average else "",
+            rule=rule, reason=reason,
         )
 
 
@@ -279,7 +380,7 @@ def _document(invoice: Invoice, *, today: date | None = None) -> InvoiceDocument
         InvoiceLineView(
             kind=line.kind, kind_label=str(kind_labels.get(line.kind, line.kind)), gpu_model=line.gpu_model,
             sla_tier=line.sla_tier, usage_month=line.usage_month, gpu_hours=line.gpu_hours, amount=line.amount,
-            amount_minor=line.amount_minor,
+            amount_minor=line.amount_minor, unit_price=line.unit_price, rates=rates_from_json(line.rates),
         )
         for line in invoice.lines.order_by("usage_month", "kind", "gpu_model", "sla_tier")
     )
@@ -314,6 +415,9 @@ def _document(invoice: Invoice, *, today: date | None = None) -> InvoiceDocument
         po_number=invoice.po_number, cost_centre=invoice.cost_centre, tax_rate_pct=invoice.tax_rate_pct,
         tax_minor=invoice.tax_minor, credit_notes=credit_notes, payment=payment, status_changes=history,
         balance=balance,
+        workloads=tuple(WorkloadView(namespace=w.namespace, workload=w.workload, gpu_model=w.gpu_model,
+                                     gpu_hours=w.gpu_hours, amount_minor=w.amount_minor)
+                        for w in invoice.workloads.order_by("gpu_model", "namespace", "workload")),
     )
 
 

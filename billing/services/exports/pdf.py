@@ -8,19 +8,25 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import date, timedelta
 from decimal import Decimal
+from typing import Any
 
 from django.utils.formats import date_format
 from django.utils.translation import gettext as _
 
-from billing.models import InvoiceLine
 from billing.money import format_minor_units
-from billing.pdf_fonts import pdf_font
-from billing.services.exports.invoices import GPU_HOURS_PLACES, CreditNoteDocument, InvoiceDocument, gpu_hours_text
+from billing.pdf_fonts import PdfFont, pdf_font
+from billing.services.exports.invoices import GPU_HOURS_PLACES, CreditNoteDocument, InvoiceDocument, LineRow
 from billing.services.exports.numbers import plain_decimal
 
-__all__ = ["render_credit_note_pdf", "render_invoice_pdf", "tax_label"]
+__all__ = ["BODY_SIZE", "MM", "invoice_pdf_layout", "render_credit_note_pdf", "render_invoice_pdf", "tax_label",
+           "text_width_pt"]
 
-_MM = 72 / 25.4  # points per millimetre
+MM = 72 / 25.4  # points per millimetre
+# Body text size in points, and the padding left and right of a table cell's text: the small padding
+# leaves room for a header label on one line in both languages (tests/billing/test_exports.py measures
+# each label against its column).
+BODY_SIZE = 9
+CELL_PADDING_PT = 3
 
 
 def tax_label(rate_pct: Decimal) -> str:
@@ -42,6 +48,17 @@ def _terms_text(days: int | None) -> str:
 
 
 @dataclass(frozen=True)
+class _Appendix:
+    """A page after the document's notes: a heading, a paragraph and a table whose last row is its total."""
+
+    heading: str
+    intro: str
+    table: Sequence[Sequence[str]]
+    col_widths_mm: Sequence[float]
+    numeric_from: int
+
+
+@dataclass(frozen=True)
 class _Layout:
     """One document: a title, label/value rows, a table whose last `totals` rows are totals (its
     columns from `numeric_from` on right-aligned) and notes under it."""
@@ -55,6 +72,18 @@ class _Layout:
     numeric_from: int
     totals: int
     notes: Sequence[str]
+    # Paragraphs between the header and the table (what the table's columns mean).
+    intro: Sequence[str] = ()
+    appendix: _Appendix | None = None
+
+    def text_width_pt(self, column: int) -> float:
+        """The width a cell's text has in `column`: the column less the padding either side."""
+        return text_width_pt(self.col_widths_mm, column)
+
+
+def text_width_pt(col_widths_mm: Sequence[float], column: int) -> float:
+    """The width a cell's text has in a table's `column`: the column less the padding either side."""
+    return col_widths_mm[column] * MM - 2 * CELL_PADDING_PT
 
 
 def _render(layout: _Layout) -> bytes:
@@ -62,37 +91,66 @@ def _render(layout: _Layout) -> bytes:
     from reportlab.lib.enums import TA_RIGHT
     from reportlab.lib.pagesizes import A4
     from reportlab.lib.styles import ParagraphStyle
-    from reportlab.platypus import SimpleDocTemplate, Spacer, Table, TableStyle
+    from reportlab.platypus import PageBreak, SimpleDocTemplate, Spacer, Table, TableStyle
 
-    font = pdf_font([layout.title, *layout.notes, *(s for pair in layout.header for s in pair),
-                     *(c for row in layout.table for c in row)])
-    body = ParagraphStyle("body", fontName=font.name, fontSize=9, leading=12)
+    extra = layout.appendix
+    font = pdf_font([layout.title, *layout.intro, *layout.notes, *(s for pair in layout.header for s in pair),
+                     *(c for row in layout.table for c in row),
+                     *((extra.heading, extra.intro, *(c for row in extra.table for c in row)) if extra else ())])
+    body = ParagraphStyle("body", fontName=font.name, fontSize=BODY_SIZE, leading=12)
     number_style = ParagraphStyle("number", parent=body, alignment=TA_RIGHT)
     heading = ParagraphStyle("heading", fontName=font.name, fontSize=18, leading=22, spaceAfter=8)
     buf = io.BytesIO()
     pdf = SimpleDocTemplate(buf, pagesize=A4, title=layout.title, author=layout.author, subject=layout.subject,
-                            leftMargin=18 * _MM, rightMargin=18 * _MM, topMargin=18 * _MM, bottomMargin=18 * _MM,
+                            leftMargin=18 * MM, rightMargin=18 * MM, topMargin=18 * MM, bottomMargin=18 * MM,
                             **font.template_options())
     head_table = Table([[font.paragraph(k, body), font.paragraph(v, body)] for k, v in layout.header],
-                       colWidths=[40 * _MM, 134 * _MM])
+                       colWidths=[40 * MM, 134 * MM])
     head_table.setStyle(TableStyle([*font.table_commands(), ("VALIGN", (0, 0), (-1, -1), "TOP"),
                                     ("TEXTCOLOR", (0, 0), (0, -1), colors.grey)]))
-    lines_table = Table([[font.paragraph(c, number_style if i >= layout.numeric_from else body)
-                          for i, c in enumerate(row)] for row in layout.table],
-                        colWidths=[w * _MM for w in layout.col_widths_mm], repeatRows=1)
-    lines_table.setStyle(TableStyle([
-        *font.table_commands(),
-        ("LINEBELOW", (0, 0), (-1, 0), 0.6, colors.black),
-        ("LINEABOVE", (0, -layout.totals), (-1, -layout.totals), 0.6, colors.black),
-        ("VALIGN", (0, 0), (-1, -1), "TOP"),
-    ]))
-    story = [font.paragraph(layout.title, heading), head_table, Spacer(1, 8 * _MM), lines_table, Spacer(1, 6 * _MM)]
+    lines_table = _table(font, layout.table, layout.col_widths_mm, numeric_from=layout.numeric_from,
+                         totals=layout.totals, styles=(body, number_style))
+    story = [font.paragraph(layout.title, heading), head_table, Spacer(1, 8 * MM)]
+    story += [font.paragraph(text, body) for text in layout.intro]
+    story += [Spacer(1, 2 * MM), lines_table, Spacer(1, 6 * MM)] if layout.intro else [lines_table, Spacer(1, 6 * MM)]
     story += [font.paragraph(note, body) for note in layout.notes]
+    if extra is not None:
+        subheading = ParagraphStyle("subheading", parent=heading, fontSize=14, leading=18)
+        story += [PageBreak(), font.paragraph(extra.heading, subheading), font.paragraph(extra.intro, body),
+                  Spacer(1, 2 * MM),
+                  _table(font, extra.table, extra.col_widths_mm, numeric_from=extra.numeric_from, totals=1,
+                         styles=(body, number_style))]
     pdf.build(story)
     return buf.getvalue()
 
 
+def _table(font: PdfFont, rows: Sequence[Sequence[str]], widths_mm: Sequence[float], *, numeric_from: int,
+           totals: int, styles: tuple[Any, Any]) -> Any:
+    """A table set in the document's font: a header row, then rows whose last `totals` are totals;
+    `styles` are the text's and the numbers' (right-aligned) paragraph styles."""
+    body, number_style = styles
+    from reportlab.lib import colors
+    from reportlab.platypus import Table, TableStyle
+
+    table = Table([[font.paragraph(c, number_style if i >= numeric_from else body) for i, c in enumerate(row)]
+                   for row in rows], colWidths=[w * MM for w in widths_mm], repeatRows=1)
+    table.setStyle(TableStyle([
+        *font.table_commands(),
+        ("LEFTPADDING", (0, 0), (-1, -1), CELL_PADDING_PT),
+        ("RIGHTPADDING", (0, 0), (-1, -1), CELL_PADDING_PT),
+        ("LINEBELOW", (0, 0), (-1, 0), 0.6, colors.black),
+        ("LINEABOVE", (0, -totals), (-1, -totals), 0.6, colors.black),
+        ("VALIGN", (0, 0), (-1, -1), "TOP"),
+    ]))
+    return table
+
+
 def render_invoice_pdf(doc: InvoiceDocument) -> bytes:
+    return _render(invoice_pdf_layout(doc))
+
+
+def invoice_pdf_layout(doc: InvoiceDocument) -> _Layout:
+    """What the invoice PDF draws, in the active language."""
     start, end = doc.period_bounds
     money = doc.currency
     header = [
@@ -109,16 +167,17 @@ def render_invoice_pdf(doc: InvoiceDocument) -> bytes:
         (_("Status"), doc.status_label + (f" {date_format(doc.finalized_at, 'DATETIME_FORMAT')} UTC"
                                            if doc.finalized_at else "")),
     ]
-    table = [[_("Line"), _("GPU model"), _("SLA tier"), _("Usage month"), _("GPU-hours"), _("Amount")]]
-    table.extend([line.kind_label, line.gpu_model, line.sla_tier, f"{line.usage_month:%Y-%m}",
-                  gpu_hours_text(line.gpu_hours) if line.kind == InvoiceLine.Kind.USAGE else "",
-                  format_minor_units(line.amount_minor, money)] for line in doc.lines)
+    rows = doc.line_rows
+    table = [[_("Line"), _("GPU model"), _("SLA tier"), _("Usage month"), _("GPU-hours"), _("Unit price"), _("Amount")]]
+    table.extend([row.line.kind_label, row.line.gpu_model, row.line.sla_tier, f"{row.line.usage_month:%Y-%m}",
+                  row.hours, _unit_price_cell(row), row.amount] for row in rows)
     table += [
-        [_("Subtotal"), "", "", "", "", format_minor_units(doc.subtotal_minor, money)],
-        [tax_label(doc.tax_rate_pct), "", "", "", "", format_minor_units(doc.tax_minor, money)],
-        [_("Total"), "", "", "", "", f"{format_minor_units(doc.total_minor, money)} {money}"],
+        [_("Subtotal"), "", "", "", "", "", format_minor_units(doc.subtotal_minor, money)],
+        [tax_label(doc.tax_rate_pct), "", "", "", "", "", format_minor_units(doc.tax_minor, money)],
+        [_("Total"), "", "", "", "", "", f"{format_minor_units(doc.total_minor, money)} {money}"],
     ]
     notes = [
+        *_line_notes(rows),
         _("Amounts are rounded once per invoice line to the currency's minor unit (round half to even); the "
           "subtotal is the sum of the rounded lines, the tax is rounded once on the subtotal, and the total is "
           "subtotal + tax. GPU-hours are shown to %(places)s decimal places (round half to even). Late usage for "
@@ -126,9 +185,47 @@ def render_invoice_pdf(doc: InvoiceDocument) -> bytes:
           "a credit note that names it.") % {"places": GPU_HOURS_PLACES},
     ]
     title = _("Invoice")
-    return _render(_Layout(title=f"{title} {doc.number}", subject=f"{doc.number} {doc.tenant_slug} {doc.month:%Y-%m}",
-                           author=doc.issuer_name, header=header, table=table,
-                           col_widths_mm=[38, 46, 20, 20, 20, 30], numeric_from=4, totals=3, notes=notes))
+    return _Layout(title=f"{title} {doc.number}", subject=f"{doc.number} {doc.tenant_slug} {doc.month:%Y-%m}",
+                   author=doc.issuer_name, header=header, table=table,
+                   col_widths_mm=[26, 33, 15, 22, 19, 24, 35], numeric_from=4, totals=3, notes=notes,
+                   intro=[_unit_price_intro(doc)], appendix=_workload_appendix(doc))
+
+
+def _workload_appendix(doc: InvoiceDocument) -> _Appendix | None:
+    """The usage by workload, on a page of its own; none for an invoice closed before it was kept."""
+    if not doc.workloads:
+        return None
+    table = [[_("Namespace"), _("Workload"), _("GPU model"), _("GPU-hours"), _("Amount")]]
+    table.extend([w.namespace, w.workload, w.gpu_model, hours, amount] for w, hours, amount in doc.workload_rows)
+    table.append([_("GPU usage"), "", "", "", f"{doc.usage_display} {doc.currency}"])
+    intro = _("Each usage line's amount split over the workloads (the pod's controller, else the pod) of its "
+              "GPU model, in proportion to their exact charges, by the largest remainder; the workloads add up "
+              "to the invoice's GPU usage lines exactly. Copied at the close: it never changes.")
+    return _Appendix(heading=_("Usage by workload"), intro=intro, table=table, col_widths_mm=[34, 48, 40, 19, 33],
+                     numeric_from=3)
+
+
+def _unit_price_intro(doc: InvoiceDocument) -> str:
+    """What quantity and unit price mean, and the billing rule when every line shares one."""
+    text = _("Quantity: GPU-hours, the hours of equivalent whole GPUs a line's usage held. Unit price: per "
+             "GPU-hour, in %(currency)s; the rate that priced the line, or, where more than one rate did, the "
+             "average (amount ÷ GPU-hours), marked as such with the rates that applied.") % {"currency": doc.currency}
+    if doc.billing_rule_text:
+        text += " " + _("GPU-hours billed by %(rule)s.") % {"rule": doc.billing_rule_text}
+    return text
+
+
+def _unit_price_cell(row: LineRow) -> str:
+    if not row.unit_price:
+        return "—"
+    return _("%(price)s (average)") % {"price": row.unit_price} if row.average else row.unit_price
+
+
+def _line_notes(rows: Sequence[LineRow]) -> list[str]:
+    """One note per line whose unit price needs one (the rates of an average, its own billing rule,
+    why it has none), naming the line as its row does."""
+    return [f"{row.line.kind_label}, {row.line.gpu_model}, {row.line.sla_tier}, {row.line.usage_month:%Y-%m}: "
+            + "; ".join(row.notes) for row in rows if row.notes]
 
 
 def render_credit_note_pdf(note: CreditNoteDocument) -> bytes:

@@ -20,9 +20,10 @@ Lines (docs/billing.md): per GPU model and SLA tier, the usage charge; under the
 idle policy an explicit idle line; and, for months closed earlier, an adjustment line per
 GPU model and tier for whatever the ledger now says beyond what was invoiced (late
 batches, and usage priced after its month closed: a GPU model approved and priced later;
-negative amounts are credits). Usage no rate card prices never stops a close: it is left off the
-invoices and reported (`list_unpriced`, `CloseResult.unpriced`), so a node reporting a made-up
-GPU model cannot hold any tenant's invoice. Each line is rounded once to minor units.
+negative amounts are credits). A usage line carries the rates that priced it and its unit price
+(billing.services.invoicing.unit_prices), copied onto the stored line so it never changes. Usage no
+rate card prices never stops a close: it is left off the invoices and reported (`list_unpriced`,
+`CloseResult.unpriced`), so a node reporting a made-up GPU model cannot hold any tenant's invoice. Each line is rounded once to minor units.
 `_invoice_lines` decides the lines and `_price_invoice` rounds them, for the close and for
 `preview_invoices` / `preview_invoice` alike (the "upcoming invoice": what a close would
 finalize with the ledger as it is now; it writes nothing). The close reads every workload-hour of
@@ -54,15 +55,19 @@ from django.utils.translation import gettext
 
 from billing.calendar import month_bounds
 from billing.errors import InvalidInput
+from billing.ledger.invoice_workloads import InvoiceWorkloadRow, list_invoice_workloads
+from billing.ledger.line_rates import AppliedRate, list_line_rates
 from billing.ledger.spend import (
     get_latest_hour,
     list_invoice_totals,
     list_invoice_totals_from_hours,
 )
 from billing.ledger.unpriced import UnpricedUsage, list_unpriced_usage
-from billing.models import BillingPeriod, Invoice, InvoiceLine, Tenant
+from billing.models import BillingPeriod, Invoice, InvoiceLine, InvoiceWorkload, Tenant
 from billing.money import from_minor_units, to_minor_units
 from billing.services.audit import record_audit_event
+from billing.services.invoicing.unit_prices import is_average, line_unit_price, price_text, rates_to_json
+from billing.services.invoicing.workloads import UsageLineTotal, split_by_workload
 
 __all__ = [
     "DEFAULT_ISSUER_NAME",
@@ -99,6 +104,8 @@ class LineDraft:
     usage_month: date
     gpu_hours: Decimal
     amount: Decimal
+    # Usage lines: the rates that priced the usage (billing.services.invoicing.unit_prices).
+    rates: tuple[AppliedRate, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -114,6 +121,18 @@ class PricedLine:
     amount: Decimal  # unrounded, ledger precision
     amount_minor: int  # rounded once, half-even
     currency: str
+    # Per GPU-hour, in `currency`: the one rate, or the average of `rates` (None: idle, adjustment).
+    unit_price: Decimal | None = None
+    rates: tuple[AppliedRate, ...] = ()
+
+    @property
+    def unit_price_is_average(self) -> bool:
+        return is_average(self.rates)
+
+    @property
+    def unit_price_text(self) -> str:
+        """The unit price as the invoice will state it; "" where there is none."""
+        return price_text(self.unit_price) if self.unit_price is not None else ""
 
     @property
     def kind_label(self) -> str:
@@ -223,8 +242,12 @@ def list_unpriced(month: date) -> list[UnpricedUsage]:
 
 def _month_lines(month: date, tenants: Collection[str] | None, now: datetime | None) -> list[LineDraft]:
     lines = []
-    for (tenant, currency, model, tier), (charge, idle, share) in _ledger_totals(month, tenants, now=now).items():
-        lines.append(LineDraft(tenant, currency, InvoiceLine.Kind.USAGE, model, tier, month, share / _S_PER_H, charge))
+    totals = _ledger_totals(month, tenants, now=now)
+    start, end = month_bounds(month)
+    rates = list_line_rates(start=start, end=end, keys=[(t, m, s) for t, _, m, s in totals])
+    for (tenant, currency, model, tier), (charge, idle, share) in totals.items():
+        lines.append(LineDraft(tenant, currency, InvoiceLine.Kind.USAGE, model, tier, month, share / _S_PER_H, charge,
+                               rates=rates.get((tenant, model, tier), ())))
         if idle:
             lines.append(LineDraft(tenant, currency, InvoiceLine.Kind.IDLE, model, tier, month, Decimal(0), idle))
     return lines
@@ -282,12 +305,16 @@ def _price_invoice(slug: str, lines: list[LineDraft]) -> _PricedInvoice:
         raise InvalidInput(f"tenant {slug} has usage priced in several currencies {sorted(currencies)}; "
                            "one invoice carries one currency")
     currency = next(iter(currencies), "USD")
-    return _PricedInvoice(slug, currency, tuple(
-        PricedLine(kind=line.kind, gpu_model=line.gpu_model, sla_tier=line.sla_tier, usage_month=line.usage_month,
-                   gpu_hours=line.gpu_hours.quantize(Decimal("0.000001")), amount=line.amount,
-                   amount_minor=to_minor_units(line.amount, currency), currency=currency)
-        for line in lines
-    ))
+    return _PricedInvoice(slug, currency, tuple(_price_line(line, currency) for line in lines))
+
+
+def _price_line(line: LineDraft, currency: str) -> PricedLine:
+    gpu_hours = line.gpu_hours.quantize(Decimal("0.000001"))
+    return PricedLine(kind=line.kind, gpu_model=line.gpu_model, sla_tier=line.sla_tier, usage_month=line.usage_month,
+                      gpu_hours=gpu_hours, amount=line.amount, amount_minor=to_minor_units(line.amount, currency),
+                      currency=currency, rates=line.rates,
+                      unit_price=line_unit_price(kind=line.kind, gpu_hours=gpu_hours, amount=line.amount,
+                                                 rates=line.rates))
 
 
 def _check_closable(*, month: date, now: datetime) -> None:
@@ -427,11 +454,13 @@ def _close_period(
 
     by_tenant = _invoice_lines(month=month, horizon=horizon)
     unpriced = tuple(list_unpriced(month))
+    workloads = _workload_rows(month)
     report(_PCT_LINES_READY)
     finalized = skipped = 0
     slugs = sorted(by_tenant)
     for done, slug in enumerate(slugs, start=1):
-        if _finalize_invoice(period=period, invoice=_price_invoice(slug, by_tenant[slug]), now=now):
+        if _finalize_invoice(period=period, invoice=_price_invoice(slug, by_tenant[slug]), now=now,
+                             workloads=workloads.get(slug, [])):
             finalized += 1
         else:
             skipped += 1
@@ -460,7 +489,27 @@ def _close_period(
     return CloseResult(month, finalized, skipped, already_closed=False, unpriced=unpriced)
 
 
-def _finalize_invoice(*, period: BillingPeriod, invoice: _PricedInvoice, now: datetime) -> bool:
+def _workload_rows(month: date) -> dict[str, list[InvoiceWorkloadRow]]:
+    """The month's priced usage by tenant and workload, from the rows the usage lines sum."""
+    start, end = month_bounds(month)
+    out: dict[str, list[InvoiceWorkloadRow]] = defaultdict(list)
+    for row in list_invoice_workloads(start=start, end=end):
+        out[row.tenant].append(row)
+    return out
+
+
+def _workload_breakdown(invoice: _PricedInvoice, month: date, rows: list[InvoiceWorkloadRow]) -> list[InvoiceWorkload]:
+    """The invoice's own usage lines split by workload (billing.services.invoicing.workloads), unsaved."""
+    lines = [UsageLineTotal(gpu_model=line.gpu_model, sla_tier=line.sla_tier, gpu_hours=line.gpu_hours,
+                            amount_minor=line.amount_minor)
+             for line in invoice.lines if line.kind == InvoiceLine.Kind.USAGE and line.usage_month == month]
+    return [InvoiceWorkload(namespace=w.namespace, workload=w.workload, gpu_model=w.gpu_model, gpu_hours=w.gpu_hours,
+                            amount_minor=w.amount_minor)
+            for w in split_by_workload(lines, rows, invoice.currency)]
+
+
+def _finalize_invoice(*, period: BillingPeriod, invoice: _PricedInvoice, now: datetime,
+                      workloads: list[InvoiceWorkloadRow]) -> bool:
     """Build and finalize one tenant's invoice; False if it was already finalized (a rerun).
 
     Safe when two closes of the month run at once (a resumed close whose first job was only slow):
@@ -482,11 +531,16 @@ def _finalize_invoice(*, period: BillingPeriod, invoice: _PricedInvoice, now: da
         if row.status == Invoice.Status.FINALIZED:
             return False
         row.lines.all().delete()
+        row.workloads.all().delete()
+        breakdown = _workload_breakdown(invoice, period.month, workloads)
+        for part in breakdown:
+            part.invoice = row
+        InvoiceWorkload.objects.bulk_create(breakdown)
         InvoiceLine.objects.bulk_create([
             InvoiceLine(
                 invoice=row, kind=line.kind, gpu_model=line.gpu_model, sla_tier=line.sla_tier,
                 usage_month=line.usage_month, gpu_hours=line.gpu_hours, amount=line.amount,
-                amount_minor=line.amount_minor,
+                amount_minor=line.amount_minor, unit_price=line.unit_price, rates=rates_to_json(line.rates),
             )
             for line in invoice.lines
         ])
