@@ -279,6 +279,12 @@ def test_invoice_and_credit_note_pdfs_in_simplified_chinese_embed_every_glyph_th
         assert shown in invoice_text, shown
     for shown in ("贷项通知单 CN-2026-0001", "更正的发票VGL-202611-acme", "贷记总额-3.60 USD", "星河 GPU Cloud Ltd"):
         assert shown in note_text, shown
+    # Months as the pages write them in Chinese, never the ISO "2026-11" (the lines' usage month, the
+    # credit note's billing period).
+    assert "2026年11月" in invoice_text
+    assert "2026年11月" in note_text
+    for text in (invoice_text, note_text):  # (the reason a person wrote, "GPU outage on 2026-11-20", as written)
+        assert not re.findall(r".{20}2026-11(?!-\d).{20}", text)
 
 
 def test_paired_report_pdf_draws_every_string_in_its_embedded_font(tmp_path):

@@ -38,6 +38,11 @@ def _day(value: date | None) -> str:
     return date_format(value, "DATE_FORMAT") if value else "—"
 
 
+def _month(value: date) -> str:
+    # A month as the pages write it in the reader's language ("2026-11", "2026年11月").
+    return date_format(value, "YEAR_MONTH_FORMAT")
+
+
 def _issuer_rows(name: str, address: str, tax_id: str) -> list[tuple[str, str]]:
     return [(_("Issuer"), name), (_("Issuer address"), address.replace("\n", ", ") or "—"),
             (_("Issuer tax ID"), tax_id or "—")]
@@ -169,7 +174,7 @@ def invoice_pdf_layout(doc: InvoiceDocument) -> _Layout:
     ]
     rows = doc.line_rows
     table = [[_("Line"), _("GPU model"), _("SLA tier"), _("Usage month"), _("GPU-hours"), _("Unit price"), _("Amount")]]
-    table.extend([row.line.kind_label, row.line.gpu_model, row.line.sla_tier, f"{row.line.usage_month:%Y-%m}",
+    table.extend([row.line.kind_label, row.line.gpu_model, row.line.sla_tier, _month(row.line.usage_month),
                   row.hours, _unit_price_cell(row), row.amount] for row in rows)
     table += [
         [_("Subtotal"), "", "", "", "", "", format_minor_units(doc.subtotal_minor, money)],
@@ -224,7 +229,7 @@ def _unit_price_cell(row: LineRow) -> str:
 def _line_notes(rows: Sequence[LineRow]) -> list[str]:
     """One note per line whose unit price needs one (the rates of an average, its own billing rule,
     why it has none), naming the line as its row does."""
-    return [f"{row.line.kind_label}, {row.line.gpu_model}, {row.line.sla_tier}, {row.line.usage_month:%Y-%m}: "
+    return [f"{row.line.kind_label}, {row.line.gpu_model}, {row.line.sla_tier}, {_month(row.line.usage_month)}: "
             + "; ".join(row.notes) for row in rows if row.notes]
 
 
@@ -238,7 +243,7 @@ def render_credit_note_pdf(note: CreditNoteDocument) -> bytes:
         (_("Issue date"), _day(note.issue_date)),
         (_("Corrects invoice"), _("%(number)s, issued %(date)s") % {"number": invoice.number,
                                                                       "date": _day(invoice.issue_date)}),
-        (_("Billing period"), f"{invoice.month:%Y-%m}"),
+        (_("Billing period"), _month(invoice.month)),
         (_("PO number"), invoice.po_number or "—"),
         (_("Cost centre"), invoice.cost_centre or "—"),
         (_("Currency"), money),
