@@ -499,6 +499,9 @@ def test_every_page_and_csv_of_the_demo_adds_up(demo: Demo, tmp_path: Path) -> N
         print(f"{username}: figures met more than once: {compared}")  # noqa: T201 - what was compared, for a failure's report
         if username == "finance":  # the savings card's report, on the dashboard and on the report's own page
             assert any(key.startswith("report_alternative_cost|") for key in compared), compared
+        if username in ("finance", "acme-engineer"):  # an invoice on the list (or portal) and on its own page
+            assert any(key.startswith("invoice_balance_due|") for key in compared), compared
+            assert any(key.startswith("invoice_total|") for key in compared), compared
         if username == "finance":
             assert _check_cross_pages(walk) >= 1, "no closed period's total was checked against its invoices"
             assert _check_focus_matches_invoice(walk) >= 1

@@ -224,3 +224,20 @@ def test_bad_input_from_the_page_is_a_400_that_names_it_and_an_unknown_invoice_a
         assert admin.post("/invoices/VGL-000000-none/status/",
                           {"status": "paid", "on_date": ISSUED.isoformat()}).status_code == 404
     assert not InvoiceStatusChange.objects.exists()
+
+
+def test_a_tenant_sees_on_its_portal_what_it_still_owes_with_credits_taken_off():
+    """The portal's invoices carry the list's Credited and Balance due, and the overdue banner names the
+    amount still due (total less credits), not the total."""
+    invoice = finalized_invoice()  # 100.00 + 20 % tax = 120.00
+    credit(invoice, "10")  # 10.00 net + 2.00 tax
+    with time_machine.travel(at(DUE + timedelta(days=4)), tick=True):
+        portal = _client(user_in(tenant="acme")).get("/tenants/acme/").content.decode()
+    row = portal.split('data-testid="tenant-invoice-row" data-number="VGL-202611-acme"', 1)[1].split("</tr>", 1)[0]
+    assert "120.00" in row
+    assert "12.00" in row
+    balance = row.split('data-testid="tenant-invoice-balance"', 1)[1].split("</td>", 1)[0]
+    assert "108.00" in balance
+    banner = portal.split('data-testid="overdue-invoices"', 1)[1].split("</p>", 1)[0]
+    assert "108.00 USD" in banner
+    assert "120.00" not in banner
