@@ -71,6 +71,7 @@ class Mark:
     totals: tuple[str, ...]  # groups this figure is the total of
     text: str
     figure: str = ""  # its identity (data-figure, billing.figures.figure_key): the same figure on any page
+    live: str = ""  # the identity of a figure that moves as usage lands (data-figure-live): the same within a page
 
 
 class _MarkParser(HTMLParser):
@@ -81,7 +82,7 @@ class _MarkParser(HTMLParser):
 
     def __init__(self) -> None:
         super().__init__(convert_charrefs=True)
-        self.stack: list[tuple[str, str, str, str, list[str]]] = []
+        self.stack: list[tuple[str, str, str, tuple[str, str], list[str]]] = []
         self.marks: list[Mark] = []
         self.links: list[str] = []
         self.down_links: list[str] = []  # the drill-down's links to the level a row opens
@@ -93,20 +94,22 @@ class _MarkParser(HTMLParser):
             if a.get("data-testid") == "explore-down":
                 self.down_links.append(a["href"])
         if tag not in self.VOID:
-            self.stack.append((tag, a.get("data-sum", ""), a.get("data-sum-total", ""), a.get("data-figure", ""), []))
+            self.stack.append((tag, a.get("data-sum", ""), a.get("data-sum-total", ""),
+                               (a.get("data-figure", ""), a.get("data-figure-live", "")), []))
 
     def handle_data(self, data: str) -> None:
         for _tag, part, total, figure, text in self.stack:
-            if part or total or figure:
+            if part or total or any(figure):
                 text.append(data)
 
     def handle_endtag(self, tag: str) -> None:
         if tag not in {t for t, *_ in self.stack}:
             return  # a stray end tag closes nothing
         while self.stack:
-            name, part, total, figure, text = self.stack.pop()
-            if part or total or figure:
-                self.marks.append(Mark(tuple(part.split()), tuple(total.split()), " ".join("".join(text).split()), figure))
+            name, part, total, (figure, live), text = self.stack.pop()
+            if part or total or figure or live:
+                self.marks.append(Mark(tuple(part.split()), tuple(total.split()), " ".join("".join(text).split()),
+                                       figure, live))
             if name == tag:
                 return
 
@@ -233,6 +236,24 @@ def _check_figures(walks: list[Walk]) -> dict[str, list[tuple[str, Decimal]]]:
         values = {(v, _decimals(v)) for _url, v in shown}
         assert len(values) == 1, f"{key} is shown as " + "; ".join(f"{v} on {url}" for url, v in shown)
     return seen
+
+
+def _check_live(walk: Walk) -> int:
+    """A figure of the period in progress (data-figure-live) is the same wherever one page shows it (the
+    portal's month to date, its upcoming invoice's subtotal and its workloads' total): one page is one
+    instant, so they cannot have moved apart. Returns how many such figures were shown twice on a page."""
+    twice = 0
+    for url, marks in walk.pages.items():
+        shown: dict[str, set[Decimal]] = defaultdict(set)
+        counts: dict[str, int] = defaultdict(int)
+        for m in marks:
+            if m.live:
+                shown[m.live].add(_figure(m.text))
+                counts[m.live] += 1
+        for key, values in shown.items():
+            assert len(values) == 1, f"{url}: {key} is shown as {sorted(values)}"
+        twice += sum(1 for n in counts.values() if n > 1)
+    return twice
 
 
 def _drill(demo: Demo, session: requests.Session, url: str, *, rows: int) -> list[str]:
@@ -499,6 +520,10 @@ def test_every_page_and_csv_of_the_demo_adds_up(demo: Demo, tmp_path: Path) -> N
         print(f"{username}: figures met more than once: {compared}")  # noqa: T201 - what was compared, for a failure's report
         if username == "finance":  # the savings card's report, on the dashboard and on the report's own page
             assert any(key.startswith("report_alternative_cost|") for key in compared), compared
+        if username == "acme-engineer":  # the portal's month to date, upcoming subtotal and workloads' total
+            assert _check_live(walk) >= 1
+        else:
+            _check_live(walk)
         if username in ("finance", "acme-engineer"):  # an invoice on the list (or portal) and on its own page
             assert any(key.startswith("invoice_balance_due|") for key in compared), compared
             assert any(key.startswith("invoice_total|") for key in compared), compared
@@ -610,6 +635,12 @@ def test_the_checker_fails_on_one_figure_shown_two_ways() -> None:
     assert list(seen) == [over]
     with pytest.raises(AssertionError, match="is shown as"):  # one more digit is another figure
         _check_figures([walk(finance=finance, explore=explore.replace("1594.17", "1594.180"))])
+    # A figure of the month in progress: the same within one page (one instant), never across two loads.
+    mtd = "month_to_date|2026-12-01T00:00:00+00:00||tenant=acme"
+    portal = f'<p data-figure-live="{mtd}">599.04 USD</p><td data-figure-live="{mtd}">599.05</td>'
+    with pytest.raises(AssertionError, match=r"portal: month_to_date.*599\.04.*599\.05"):
+        _check_live(walk(portal=portal))
+    assert _check_live(walk(portal=portal.replace("599.05", "599.04"), later=portal.replace("599.04", "601.00").replace("599.05", "601.00"))) == 2
 
 
 @pytest.mark.django_db

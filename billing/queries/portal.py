@@ -168,6 +168,16 @@ class TenantPortal:
         """The table shows the costliest workloads only (the CSV has them all)."""
         return self.workload_count > len(self.workloads)
 
+    @property
+    def month_start(self) -> datetime:
+        return self.now.replace(day=1, hour=0, minute=0, second=0, microsecond=0)
+
+    @property
+    def shows_month_to_date(self) -> bool:
+        """The workloads' period is the month in progress up to now (or past it): its total is the
+        month to date, the same figure as the month-to-date tile and the upcoming invoice's subtotal."""
+        return self.start == self.month_start and self.end >= self.now
+
 
 @dataclass(frozen=True)
 class UpcomingInvoiceRow:
