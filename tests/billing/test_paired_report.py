@@ -299,7 +299,7 @@ def test_a_report_shows_the_last_day_asked_for_its_currency_and_its_definitions(
     assert "globex" in chargeback
     assert chargeback.count("630.00 USD") == 2  # the platform, under request fractions and dynamic
     paired = html.split('data-testid="paired-tests"')[1].split("</table>")[0]
-    cells = {key: re.findall(r'<td class="num">(.*?)</td>', row, re.S)
+    cells = {key: re.findall(r'<td class="num"[^>]*>(.*?)</td>', row, re.S)
              for key, row in re.findall(r'data-testid="paired-([a-z_]+)"(.*?)</tr>', paired, re.S)}
     assert cells["whole_card"][:2] == ["1,200.00 USD", "180.00 USD"]
     assert cells["request_fraction"][:2] == ["180.00 USD", "180.00 USD"]
