@@ -420,7 +420,21 @@ def test_the_usage_by_workload_is_the_drilldowns_controller_rows_of_the_month(cl
         pdf = invoice_pdf_layout(_document_of(invoice.number))
     assert {r[2] for r in pdf.table[1:-3]} == {"金牌", "silver"}
     assert "(not known)" in page
-    assert "__unallocated__" not in page
+    assert "<td>__unallocated__</td>" not in page  # only in the keys, as the drill-down writes them
+    # Each workload's cost and GPU-hours carry the drill-down's keys for the same controller and month,
+    # and the Explore page shows the same figure under each key.
+    from billing.scope import FINANCE_GROUP
+    from tests.test_page_sums import _figure, _marks
+
+    on_invoice = {m.figure: _figure(m.text) for m in _marks(page) if m.figure.startswith(("cost|", "gpu_hours|"))}
+    assert len(on_invoice) == 8
+    client.force_login(user_in(FINANCE_GROUP))
+    on_explore: dict[str, Decimal] = {}
+    for namespace in ("a", "b"):
+        html = client.get("/explore/", {"start": "2026-03-01", "end": "2026-03-31", "tenant": "acme",
+                                        "namespace": namespace}).content.decode()
+        on_explore |= {m.figure: _figure(m.text) for m in _marks(html) if m.figure}
+    assert {k: on_explore.get(k) for k in on_invoice} == on_invoice
 
 
 def test_the_invoice_breaks_its_usage_down_by_workload_adding_up_exactly_and_never_changing(post_batch, client):
