@@ -37,6 +37,7 @@ from billing.money import apportion, minor_unit_exponent, round_parts, round_qua
 __all__ = [
     "FIGURE_LEVELS",
     "LEVELS",
+    "PAGE_PLACES",
     "FigureNode",
     "FigureRow",
     "FigureTree",
@@ -52,6 +53,9 @@ __all__ = [
 
 # The levels a tenant's figures open into, top down; "gpu" is a card on its node: the keys node and gpu.
 FIGURE_LEVELS = ("namespace", "controller", "pod", "pod_uid", "container", "gpu")
+# Quantities on the pages and in the invoice's usage by workload: 2 places (the CSVs ask for
+# billing.money.QUANTITY_PLACES).
+PAGE_PLACES = 2
 
 
 @dataclass(frozen=True)

@@ -130,28 +130,27 @@ class InvoiceLine(models.Model):
 
 
 class InvoiceWorkload(models.Model):
-    """An invoice's usage amount by workload (docs/billing.md, Workload breakdown): each usage line's
-    rounded amount split over the namespaces and workloads (controller, else pod) of its GPU model by
-    the largest remainder of their exact charges, then summed over SLA tiers. The rows of an invoice
-    add up to its usage lines exactly. Written with the lines at the close and immutable like them
+    """An invoice's usage by workload (docs/billing.md, Workload breakdown): each namespace and
+    controller of the tenant's month as the drill-down shows it, read from the same figure tree
+    (billing.figures), so the rows add up to the invoice's own-month lines (usage and idle spread
+    onto them), not line by line. Written with the lines at the close and immutable like them
     (migration 0034), so the breakdown of an issued invoice never changes."""
 
     invoice = models.ForeignKey(Invoice, on_delete=models.PROTECT, related_name="workloads")
     namespace = models.CharField(max_length=253)
-    # `<kind>:<name>` of the pod's controller, or `pod:<name>` when none was reported.
+    # `<kind>:<name>` of the pods' controller, `__unallocated__` for pods none was reported for.
     workload = models.CharField(max_length=600)
-    gpu_model = models.CharField(max_length=128)
-    # Equivalent whole-GPU hours: the usage lines' GPU-hours split the same way, 6 places.
+    # Equivalent whole-GPU hours as the drill-down shows them (billing.figures.PAGE_PLACES).
     gpu_hours = models.DecimalField(max_digits=24, decimal_places=6)
     amount_minor = models.BigIntegerField()
 
     class Meta:
-        ordering = ["gpu_model", "namespace", "workload"]
-        constraints = [models.UniqueConstraint(fields=["invoice", "namespace", "workload", "gpu_model"],
+        ordering = ["namespace", "workload"]
+        constraints = [models.UniqueConstraint(fields=["invoice", "namespace", "workload"],
                                                name="invoice_workload_unique")]
 
     def __str__(self) -> str:
-        return f"{self.invoice_id} {self.namespace}/{self.workload} {self.gpu_model} {self.amount_minor}"
+        return f"{self.invoice_id} {self.namespace}/{self.workload} {self.amount_minor}"
 
 
 class CreditNote(models.Model):

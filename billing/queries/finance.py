@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from decimal import Decimal
 
-from billing.figures import FigureTree
+from billing.figures import PAGE_PLACES, FigureTree
 from billing.ledger import totals
 from billing.models import Tenant
 from billing.queries.figures import get_figure_tree
@@ -17,8 +17,6 @@ from billing.scope import Scope
 
 __all__ = ["PAGE_PLACES", "CostSummary", "TenantCost", "get_cost_summary", "get_cost_summary_and_tree"]
 
-# Quantities on the pages: 2 places (the CSVs ask for billing.money.QUANTITY_PLACES).
-PAGE_PLACES = 2
 _S_PER_H = Decimal(3600)
 
 

@@ -10,10 +10,10 @@ from decimal import Decimal
 
 from django.contrib.auth.models import Group, User
 from django.db import transaction
-from django.utils.translation import gettext_noop
 
 from billing.models import AlertRule, GpuModel, RateCard, SlaTier, Tenant, TenantMembership
 from billing.scope import ADMIN_GROUP, FINANCE_GROUP
+from billing.seeded import SEED_TEXTS, SLA_TIERS, UNATTRIBUTED_NAME
 from billing.services.alerts import save_alert_rule
 from billing.services.audit import record_audit_event
 from billing.services.budgets import set_budget
@@ -24,15 +24,6 @@ __all__ = ["DEMO_ALERT_RULE", "DEMO_TENANTS", "SEED_TEXTS", "DemoLogin", "demo_n
 # Names and descriptions are data, stored as written and shown as stored in every language, except
 # these: the product's own words for what it seeds, shown in the reader's language while they are
 # unchanged (billing/templatetags/ledger.py, `seeded`). A name an admin writes is theirs, as typed.
-SLA_TIERS = [
-    ("gold", gettext_noop("Gold"), Decimal("4"), gettext_noop("Latency-critical inference; largest share under contention.")),
-    ("silver", gettext_noop("Silver"), Decimal("2"), gettext_noop("Standard online inference.")),
-    ("bronze", gettext_noop("Bronze"), Decimal("1"), gettext_noop("Batch and offline work.")),
-    ("best-effort", gettext_noop("Best effort"), Decimal("0.5"),
-     gettext_noop("Runs on spare capacity; first to be throttled.")),
-]
-UNATTRIBUTED_NAME = gettext_noop("Unattributed processes")
-SEED_TEXTS = frozenset({UNATTRIBUTED_NAME, *(t[1] for t in SLA_TIERS), *(t[3] for t in SLA_TIERS)})
 # (slug, display name, default SLA tier)
 DEMO_TENANTS = [
     ("acme", "Acme Robotics", "gold"),

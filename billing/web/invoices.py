@@ -33,6 +33,7 @@ from billing.scope import Scope, get_scope
 from billing.services.exports import (
     EXPORT_FORMATS,
     GPU_HOURS_PLACES,
+    LINE_QUANTITY_PLACES,
     CreditNoteNotFound,
     ExportFile,
     InvoiceNotFound,
@@ -139,7 +140,8 @@ def _render_invoice(request: HttpRequest, scope: Scope, number: str, *, form: Cr
     except InvoiceNotFound as exc:
         raise Http404("no such invoice") from exc
     context: dict[str, Any] = {"doc": doc, "formats": EXPORT_FORMATS, "can_credit": False,
-                               "can_edit_terms": scope.is_admin, "gpu_hours_places": GPU_HOURS_PLACES}
+                               "can_edit_terms": scope.is_admin, "gpu_hours_places": GPU_HOURS_PLACES,
+                               "line_quantity_places": LINE_QUANTITY_PLACES}
     if scope.sees_platform and doc.status == "finalized":
         room = get_credit_room(invoice_number=number)
         context.update({"can_credit": room.net_minor > 0, "room": room, "form": form or CreditNoteForm(),

@@ -31,7 +31,14 @@ from billing.queries.portal import (
     list_tenant_portals,
 )
 from billing.scope import get_scope
-from billing.services.exports import EXPORT_FORMATS, line_number_cells, plain_decimal
+from billing.services.exports import (
+    EXPORT_FORMATS,
+    NO_UNIT_PRICE_CELLS,
+    UNIT_PRICE_COLUMNS,
+    line_number_cells,
+    plain_decimal,
+    unit_price_cells,
+)
 from billing.services.fleet import HEADROOM
 from billing.services.invoicing import InvoicePreview
 from billing.web.access import landing_url
@@ -47,7 +54,7 @@ _WORKLOAD_QUANTITIES = ("gpu_hours_equivalent", "mem_used_gb_h", "mem_granted_gb
 # Like the invoice CSV (billing.services.exports.INVOICE_CSV_COLUMNS), with no invoice number yet.
 _UPCOMING_CSV_COLUMNS = (
     "status", "tenant", "billing_period", "as_of", "line", "kind", "gpu_model", "sla_tier", "usage_month",
-    "gpu_hours", "amount_ledger", "amount_minor", "amount", "currency",
+    "gpu_hours", "amount_ledger", "amount_minor", "amount", "currency", *UNIT_PRICE_COLUMNS,
 )
 
 
@@ -166,12 +173,14 @@ def _upcoming_csv(request: HttpRequest, slug: str, now: datetime) -> HttpRespons
         writer.writerow([
             *head, i, line.kind, line.gpu_model, line.sla_tier, f"{line.usage_month:%Y-%m}",
             *line_number_cells(line.gpu_hours, line.amount, line.amount_minor, preview.currency), preview.currency,
+            *unit_price_cells(line),
         ])
     if preview.tax_minor:
         writer.writerow([*head, "tax", f"tax {plain_decimal(preview.tax_rate_pct)}%", "", "", "", "", "",
-                         preview.tax_minor, minor_cell(preview.tax_minor, preview.currency), preview.currency])
+                         preview.tax_minor, minor_cell(preview.tax_minor, preview.currency), preview.currency,
+                         *NO_UNIT_PRICE_CELLS])
     writer.writerow([*head, "total", "", "", "", "", "", "", preview.total_minor,
-                     minor_cell(preview.total_minor, preview.currency), preview.currency])
+                     minor_cell(preview.total_minor, preview.currency), preview.currency, *NO_UNIT_PRICE_CELLS])
     return response
 
 

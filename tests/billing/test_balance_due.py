@@ -188,6 +188,11 @@ def test_the_invoice_page_shows_credited_and_balance_due_under_its_total(novembe
     assert credited == "6.00 USD"
     assert "-6.00" in due
     assert "owed to the customer" in due
+    # The total is stated once, under the lines; the balance table adds only Credited and Balance due.
+    total = html.split('data-testid="invoice-total">', 1)[1].split("</strong>", 1)[0]
+    assert html.count(f"{total}</strong> USD") + html.count(f"{total} USD") == 1
+    balance = html.split('data-testid="invoice-balance"', 1)[1].split("</table>", 1)[0]
+    assert balance.count("<tr>") == 2
     walk = Walk()
     _check_page("/invoices/VGL-202611-globex/", _marks(html), walk)
     assert "credited" in walk.groups_checked  # the credit notes add up to "Credited in all"

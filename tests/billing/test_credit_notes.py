@@ -115,7 +115,7 @@ def test_an_issued_invoice_copies_issuer_terms_and_tax_and_later_changes_never_c
     for shown in ("星河 GPU Cloud Ltd", "1 Quay St, London EC1", "GB123456789", "Issue date2026-12-02",
                   "Due date2026-12-16", "Net 14 days", "PO-4711", "CC-ML-7", "Tax (20 %)", "Subtotal"):
         assert shown in before, shown
-    assert "GPU-hours are shown to 2 decimal places" in facts.words
+    assert "GPU-hours are shown to 6 decimal places, as the line stores them" in facts.words
     # Settings and the tenant change after issue: the issued invoice's document does not.
     settings.VGPU_ISSUER_NAME, settings.VGPU_ISSUER_TAX_ID = "Someone Else GmbH", "DE999"
     Tenant.objects.filter(slug="acme").update(name="Renamed", tax_rate_pct=Decimal(5), po_number="PO-NEW")

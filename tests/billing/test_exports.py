@@ -405,8 +405,13 @@ def test_invoice_pdf_names_the_invoice_embeds_every_font_and_draws_no_missing_gl
     assert CHINESE_NAME in facts.text
     assert november.number in facts.text
     # The unit price of the one rate (3600 USD per GPU-hour), and the usage by workload on its own page.
-    for shown in ("Unit price", "3600.00", "Usage by workload", "pod:bert-1"):
+    for shown in ("Unit price", "3600.00", "Usage by workload", "acme-prod"):
         assert shown in facts.text, shown
+
+
+def _gpu_hours(language: str) -> str:
+    with translation.override(language):
+        return translation.gettext("GPU-hours")
 
 
 @pytest.mark.parametrize("language", ["en", "zh-hans"])
@@ -425,6 +430,8 @@ def test_invoice_pdf_line_table_header_fits_each_column_on_one_line(november, la
         assert width <= layout.text_width_pt(column), f"{language}: {label!r} ({width:.1f} pt) wraps"
     assert total_row[-1].endswith(" USD")
     assert stringWidth(big_total, font.name, BODY_SIZE) <= layout.text_width_pt(len(header) - 1)
+    # A line's quantity at its stored 6 places, up to 99,999 GPU-hours, stays on one line too.
+    assert stringWidth("12345.678901", font.name, BODY_SIZE) <= layout.text_width_pt(header.index(_gpu_hours(language)))
     if language == "zh-hans":
         assert "GPU·小时" in header
     # The usage-by-workload page's table likewise.

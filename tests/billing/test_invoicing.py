@@ -15,6 +15,7 @@ from django.db import DatabaseError, transaction
 from billing.errors import InvalidInput
 from billing.ledger.rollup import rollup_usage
 from billing.models import AuditEvent, BillingPeriod, Invoice, InvoiceLine, RateCard, Tenant
+from billing.money import to_minor_units
 from billing.services.invoicing.close import close_period
 from tests import clock
 from tests.conftest import A100, SHARED_GPU_WORKLOADS, make_batch
@@ -164,6 +165,13 @@ SPLIT_AT = datetime(2026, 11, 15, 12, 5, tzinfo=UTC)
 def _card(price: str, start: datetime, end: datetime | None = None) -> RateCard:
     return RateCard.objects.create(gpu_model=A100["model"], currency="USD", price_per_gpu_hour=Decimal(price),
                                    effective_from=start, effective_to=end, source_url="https://example.org")
+
+
+def _document_of(number: str):
+    from billing.scope import Scope
+    from billing.services.exports import get_invoice_document
+
+    return get_invoice_document(scope=Scope(tenants=None, is_finance=True, is_admin=True), number=number)
 
 
 def _document(tenant: str = "acme"):
@@ -327,22 +335,106 @@ THREE_PODS = [
 ]
 
 
-def test_split_by_workload_adds_up_to_the_rounded_lines_by_largest_remainder():
-    from billing.ledger.invoice_workloads import InvoiceWorkloadRow
-    from billing.services.invoicing.workloads import UsageLineTotal, split_by_workload
+MARCH = date(2026, 3, 1)
+MARCH_HOUR = datetime(2026, 3, 2, 10, tzinfo=UTC)
 
-    third = Decimal(1) / 3
-    rows = [InvoiceWorkloadRow("acme", "A100", "gold", ns, w, third, Decimal(1200))
-            for ns, w in (("a", "pod:x"), ("a", "pod:y"), ("b", "pod:z"))]
-    rows.append(InvoiceWorkloadRow("acme", "A100", "silver", "a", "pod:x", Decimal("0.005"), Decimal(10)))
-    lines = [UsageLineTotal("A100", "gold", Decimal("1.000000"), 100), UsageLineTotal("A100", "silver", Decimal(0), 1)]
-    parts = split_by_workload(lines, rows, "USD")
-    assert [(p.namespace, p.workload, p.amount_minor, p.gpu_hours) for p in parts] == [
-        ("a", "pod:x", 34 + 1, Decimal("0.333334")), ("a", "pod:y", 33, Decimal("0.333333")),
-        ("b", "pod:z", 33, Decimal("0.333333"))]
-    assert sum(p.amount_minor for p in parts) == 101
-    with pytest.raises(ValueError, match="apportion"):
-        split_by_workload([UsageLineTotal("H100", "gold", Decimal(1), 5)], rows, "USD")
+
+def _ledger_hour(node: Any, gpu: str, *, tenant: str, namespace: str, pod: str, charge: str, idle: str = "0",
+                 tier: str = "gold") -> None:
+    """One priced hour of one pod on its own GPU, written straight to the ledger (hour and day)."""
+    from billing.ledger.models import GpuHour, UsageHour
+    from tests.conftest import with_day
+
+    with_day(GpuHour.objects.create(gpu_uuid=gpu, node=node, gpu_model="A100", hour=MARCH_HOUR,
+                                    metered_seconds=Decimal(3600), card_cost=Decimal(10), charged=Decimal(charge),
+                                    idle_cost=Decimal(0), idle_allocated=Decimal(idle), currency="USD", priced=True))
+    with_day(UsageHour.objects.create(
+        gpu_uuid=gpu, node=node, tenant=tenant, namespace=namespace, pod=pod, container="main", pod_uid=f"uid-{pod}",
+        sla_tier=tier, seconds=Decimal(3600), hour=MARCH_HOUR, mem_used_mb_s=Decimal(0), mem_granted_mb_s=Decimal(0),
+        mem_billed_mb_s=Decimal(0), sm_used_s=Decimal(0), sm_granted_s=Decimal(0), sm_billed_s=Decimal(0),
+        pcie_mb=Decimal(0), share_gpu_s=Decimal(charge) * 3600, charge=Decimal(charge), idle_share=Decimal(idle)))
+
+
+def _drilldown_controllers(tenant: str) -> list[tuple[str, str, int, Decimal]]:
+    """(namespace, controller, cost in cents, GPU-hours) of every controller row the drill-down
+    shows for the tenant's March, read as the Explore page reads them."""
+    from billing.figures import PAGE_PLACES
+    from billing.queries.explore import ExploreFilters, ExplorePath, get_explore
+    from billing.scope import Scope
+
+    everyone = Scope(tenants=None, is_finance=True, is_admin=True)
+    start, end = datetime(2026, 3, 1, tzinfo=UTC), datetime(2026, 4, 1, tzinfo=UTC)
+
+    def rows(path: ExplorePath) -> list[Any]:
+        return get_explore(scope=everyone, path=path, filters=ExploreFilters(), start=start, end=end,
+                           places=PAGE_PLACES).rows
+
+    return sorted((ns.name, c.key("controller"), int(c.shown.cost * 100), c.shown.gpu_hours)
+                  for ns in rows(ExplorePath(tenant=tenant))
+                  for c in rows(ExplorePath(tenant=tenant, namespace=ns.name)))
+
+
+def test_the_usage_by_workload_is_the_drilldowns_controller_rows_of_the_month(client):
+    """a1, a2 (namespace a) and b1 (namespace b) charge 0.333, 0.333 and 0.334 of one 1.00 line.
+    Apportioned straight from the line, b1's remainder is largest: 0.33, 0.33, 0.34. The drill-down
+    apportions the tenant to namespaces first (a 0.67, b 0.33), then a to its controllers: 0.34,
+    0.33, 0.33. The invoice must show the drill-down's figures, cent for cent."""
+    from django.utils import translation
+
+    from billing.ledger.models import WorkloadMeta
+    from billing.models import Node, SlaTier
+    from billing.services.exports.pdf import invoice_pdf_layout
+    from tests.conftest import user_in
+
+    SlaTier.objects.create(slug="gold", name="Gold", weight=Decimal(4))
+    node = Node.objects.create(name="node-1", cluster="east")
+    pods = (("a", "a1-0", "0.333", "deployment", "a1"), ("a", "a2-0", "0.333", "statefulset", "a2"),
+            ("b", "b1-0", "0.334", "job", "b1"))
+    for i, (namespace, pod, charge, kind, name) in enumerate(pods):
+        _ledger_hour(node, f"GPU-{i}", tenant="acme", namespace=namespace, pod=pod, charge=charge)
+        WorkloadMeta.objects.create(node=node, namespace=namespace, pod=pod, pod_uid=f"uid-{pod}", controller_kind=kind,
+                                    controller_name=name, labels={}, requests={}, first_seen=MARCH_HOUR,
+                                    last_seen=MARCH_HOUR)
+    # A pod no controller was reported for, on a second line (silver) with idle spread onto it.
+    _ledger_hour(node, "GPU-9", tenant="acme", namespace="b", pod="solo", charge="0.125", idle="0.015", tier="silver")
+    close_period(month=MARCH, now=datetime(2026, 4, 2, tzinfo=UTC))
+
+    invoice = Invoice.objects.get(tenant__slug="acme")
+    stored = sorted((w.namespace, w.workload, w.amount_minor, w.gpu_hours) for w in invoice.workloads.all())
+    assert stored == _drilldown_controllers("acme")
+    assert [(w, a) for _, w, a, _ in stored] == [
+        ("deployment:a1", 34), ("statefulset:a2", 33), ("__unallocated__", 14), ("job:b1", 33)]
+    # They add up to the invoice's lines of the month together (usage 1.00 + 0.12 and idle 0.02), not line by line.
+    month_lines = invoice.lines.filter(usage_month=MARCH).exclude(kind=InvoiceLine.Kind.ADJUSTMENT)
+    assert sum(w[2] for w in stored) == sum(month_lines.values_list("amount_minor", flat=True)) == 114
+
+    client.force_login(user_in(tenant="acme"))
+    page = client.get(f"/invoices/{invoice.number}/").content.decode()
+    assert page.count('data-testid="invoice-workload"') == 4
+    # Lines name the SLA tier as the SLA tiers page does (a seeded name in the reader's language); a
+    # tier since removed keeps its slug.
+    lines = page.split('data-testid="invoice-lines"', 1)[1].split("</table>", 1)[0]
+    assert "<td>Gold</td>" in lines
+    assert "<td>silver</td>" in lines
+    with translation.override("zh-hans"):
+        pdf = invoice_pdf_layout(_document_of(invoice.number))
+    assert {r[2] for r in pdf.table[1:-3]} == {"金牌", "silver"}
+    assert "(not known)" in page
+    assert "<td>__unallocated__</td>" not in page  # only in the keys, as the drill-down writes them
+    # Each workload's cost and GPU-hours carry the drill-down's keys for the same controller and month,
+    # and the Explore page shows the same figure under each key.
+    from billing.scope import FINANCE_GROUP
+    from tests.test_page_sums import _figure, _marks
+
+    on_invoice = {m.figure: _figure(m.text) for m in _marks(page) if m.figure.startswith(("cost|", "gpu_hours|"))}
+    assert len(on_invoice) == 8
+    client.force_login(user_in(FINANCE_GROUP))
+    on_explore: dict[str, Decimal] = {}
+    for namespace in ("a", "b"):
+        html = client.get("/explore/", {"start": "2026-03-01", "end": "2026-03-31", "tenant": "acme",
+                                        "namespace": namespace}).content.decode()
+        on_explore |= {m.figure: _figure(m.text) for m in _marks(html) if m.figure}
+    assert {k: on_explore.get(k) for k in on_invoice} == on_invoice
 
 
 def test_the_invoice_breaks_its_usage_down_by_workload_adding_up_exactly_and_never_changing(post_batch, client):
@@ -358,21 +450,27 @@ def test_the_invoice_breaks_its_usage_down_by_workload_adding_up_exactly_and_nev
     rollup_usage(now=clock.now())
     close_period(month=NOV, now=AFTER_NOV)
     invoice = Invoice.objects.get(tenant__slug="acme")
-    usage_minor = sum(invoice.lines.filter(kind="usage").values_list("amount_minor", flat=True))
+    month_minor = sum(invoice.lines.values_list("amount_minor", flat=True))
     parts = list(invoice.workloads.all())
+    # No controller reported: each namespace's pods are the drill-down's one `__unallocated__` row.
     assert {(p.namespace, p.workload) for p in parts} == {
-        ("acme-prod", "pod:bert-1"), ("acme-prod", "pod:bert-2"), ("acme-dev", "pod:etl-1"),
-        ("acme-dev", "pod:bert-3")}
-    assert sum(p.amount_minor for p in parts) == usage_minor > 0
-    assert sum(p.gpu_hours for p in parts) == sum(invoice.lines.values_list("gpu_hours", flat=True))
-    # The two-fold workload costs about twice a single one (within the cent the split may move).
-    by_pod = {p.workload: p.amount_minor for p in parts}
-    assert abs(by_pod["pod:etl-1"] - 2 * by_pod["pod:bert-1"]) <= 2
+        ("acme-prod", "__unallocated__"), ("acme-dev", "__unallocated__")}
+    assert sum(p.amount_minor for p in parts) == month_minor > 0
+    # acme-dev holds three GPU shares (etl-1 twice, bert-3 once) to acme-prod's two, each within a cent.
+    by_namespace = {p.namespace: p.amount_minor for p in parts}
+    assert abs(2 * by_namespace["acme-dev"] - 3 * by_namespace["acme-prod"]) <= 5
 
     doc = _document()
+    # A line's quantity is stated to its stored 6 places, so quantity × unit price is its amount to the cent.
+    usage_rows = [r for r in doc.line_rows if r.line.kind == "usage"]
+    assert usage_rows
+    for row in usage_rows:
+        assert row.hours == f"{row.line.gpu_hours:.6f}"
+        assert to_minor_units(Decimal(row.hours) * Decimal(row.unit_price), "USD") == row.line.amount_minor
     pdf = invoice_pdf_layout(doc)
+    assert [r[4] for r in pdf.table[1:-3] if r[4]] == [r.hours for r in usage_rows]
     assert pdf.appendix is not None
-    assert pdf.appendix.table[-1][-1] == f"{doc.usage_display} USD"
+    assert pdf.appendix.table[-1][-1] == f"{doc.month_lines_display} USD"
     assert len(pdf.appendix.table) == len(parts) + 2
     client.force_login(user_in(tenant="acme"))
     page = client.get(f"/invoices/{doc.number}/").content.decode()

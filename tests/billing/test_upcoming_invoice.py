@@ -18,6 +18,7 @@ from django.utils.formats import date_format
 from billing.errors import InvalidInput
 from billing.ledger.rollup import rollup_usage
 from billing.models import AuditEvent, BillingPeriod, Invoice, InvoiceLine, RateCard, Tenant, TenantMembership
+from billing.money import to_minor_units
 from billing.scope import FINANCE_GROUP
 from billing.services.invoicing.close import (
     close_period,
@@ -198,6 +199,16 @@ def test_the_upcoming_csv_has_the_preview_lines_and_total(client, this_month):
     ]
     assert Decimal(rows[0]["amount_ledger"]) == Decimal(1)
     assert rows[0]["gpu_model"] == A100["model"]
+    # The invoice CSV's quantity, unit, unit price and billing rule columns, filled as on an issued invoice.
+    from billing.services.exports import INVOICE_CSV_COLUMNS, UNIT_PRICE_COLUMNS
+
+    assert set(UNIT_PRICE_COLUMNS) <= set(rows[0])
+    assert set(UNIT_PRICE_COLUMNS) <= set(INVOICE_CSV_COLUMNS)
+    line, total = rows
+    assert (line["unit"], line["unit_price_kind"], line["no_unit_price_reason"]) == ("GPU-hour", "rate", "")
+    assert all(line[c] for c in ("billed_basis", "alpha", "rates"))
+    assert to_minor_units(Decimal(line["quantity"]) * Decimal(line["unit_price"]), "USD") == int(line["amount_minor"])
+    assert all(total[c] == "" for c in UNIT_PRICE_COLUMNS)
 
 
 def test_another_tenants_preview_and_csv_answer_404_like_a_missing_tenant(client, this_month):

@@ -36,9 +36,12 @@ from billing.services.exports.focus_dataset import write_changing_months, write_
 from billing.services.exports.invoice_csv import (
     CREDIT_NOTE_CSV_COLUMNS,
     INVOICE_CSV_COLUMNS,
+    NO_UNIT_PRICE_CELLS,
+    UNIT_PRICE_COLUMNS,
     line_number_cells,
     render_credit_note_csv,
     render_invoice_csv,
+    unit_price_cells,
 )
 from billing.services.exports.invoice_list_csv import (
     INVOICE_LIST_CSV_COLUMNS,
@@ -47,6 +50,7 @@ from billing.services.exports.invoice_list_csv import (
 )
 from billing.services.exports.invoices import (
     GPU_HOURS_PLACES,
+    LINE_QUANTITY_PLACES,
     CreditNoteDocument,
     CreditNoteNotFound,
     CreditNoteSummary,
@@ -71,6 +75,9 @@ __all__ = [
     "GPU_HOURS_PLACES",
     "INVOICE_CSV_COLUMNS",
     "INVOICE_LIST_CSV_COLUMNS",
+    "LINE_QUANTITY_PLACES",
+    "NO_UNIT_PRICE_CELLS",
+    "UNIT_PRICE_COLUMNS",
     "CredentialsUnreadable",
     "CreditNoteDocument",
     "CreditNoteNotFound",
@@ -106,6 +113,7 @@ __all__ = [
     "render_invoice_pdf",
     "retire_destination",
     "save_destination",
+    "unit_price_cells",
     "write_changing_months",
     "write_fleet_dataset",
 ]

@@ -7,24 +7,32 @@ upcoming invoice's. The credit note CSV: one row per credit note, in the same mo
 from __future__ import annotations
 
 import io
+from collections.abc import Sequence
+from datetime import date
 from decimal import Decimal
+from typing import Protocol
 
 from billing.csv_files import csv_writer, number
 from billing.models import InvoiceLine
 from billing.money import format_minor_units
-from billing.services.exports.invoices import CreditNoteDocument, InvoiceDocument, InvoiceLineView, gpu_hours_text
+from billing.services.exports.invoices import CreditNoteDocument, InvoiceDocument, gpu_hours_text
 from billing.services.exports.numbers import plain_decimal
+from billing.services.invoicing import AppliedRate
 
-__all__ = ["CREDIT_NOTE_CSV_COLUMNS", "INVOICE_CSV_COLUMNS", "line_number_cells", "render_credit_note_csv",
-           "render_invoice_csv", "unit_price_cells"]
+__all__ = ["CREDIT_NOTE_CSV_COLUMNS", "INVOICE_CSV_COLUMNS", "NO_UNIT_PRICE_CELLS", "UNIT_PRICE_COLUMNS",
+           "line_number_cells", "render_credit_note_csv", "render_invoice_csv", "unit_price_cells"]
 
 _HEADER_COLUMNS = ("invoice_number", "tenant", "tenant_name", "billing_period", "issue_date", "due_date",
                    "payment_terms_days", "po_number", "cost_centre")
+# A line's quantity, unit, unit price and billing rule (`unit_price_cells`), on the invoice CSV and the
+# upcoming invoice's alike.
+UNIT_PRICE_COLUMNS = ("quantity", "unit", "unit_price", "unit_price_kind", "rates", "billed_basis", "alpha",
+                      "no_unit_price_reason")
 INVOICE_CSV_COLUMNS = (
     *_HEADER_COLUMNS, "line", "kind", "gpu_model", "sla_tier",
     "usage_month", "gpu_hours", "amount_ledger", "amount_minor", "amount", "currency",
     # Appended, so readers of the columns above are undisturbed (docs/exports.md, Invoice CSV).
-    *("quantity", "unit", "unit_price", "unit_price_kind", "rates", "billed_basis", "alpha", "no_unit_price_reason"),
+    *UNIT_PRICE_COLUMNS,
 )
 CREDIT_NOTE_CSV_COLUMNS = (
     "credit_note_number", "issue_date", "corrects_invoice", "tenant", "tenant_name", "billing_period", "reason",
@@ -59,20 +67,38 @@ def render_invoice_csv(doc: InvoiceDocument) -> bytes:
     for label, kind, minor in (("subtotal", "", doc.subtotal_minor),
                                ("tax", f"tax {plain_decimal(doc.tax_rate_pct)}%", doc.tax_minor)):
         writer.writerow([*head, label, kind, "", "", "", "", "", minor, number(format_minor_units(minor, doc.currency)),
-                         doc.currency, *_NO_UNIT_PRICE])
+                         doc.currency, *NO_UNIT_PRICE_CELLS])
     writer.writerow([*head, "total", "", "", "", "", "", "", doc.total_minor,
-                     number(format_minor_units(doc.total_minor, doc.currency)), doc.currency, *_NO_UNIT_PRICE])
+                     number(format_minor_units(doc.total_minor, doc.currency)), doc.currency, *NO_UNIT_PRICE_CELLS])
     return out.getvalue().encode("utf-8")
 
 
 
-_NO_UNIT_PRICE = ("",) * 8
+# The unit-price columns of a row that is no line (subtotal, tax, total).
+NO_UNIT_PRICE_CELLS = ("",) * len(UNIT_PRICE_COLUMNS)
 # `no_unit_price_reason` of each line kind without one; a usage line finalized before unit prices were
 # recorded says "not_recorded".
 _REASONS: dict[str, str] = {InvoiceLine.Kind.IDLE: "idle", InvoiceLine.Kind.ADJUSTMENT: "adjustment"}
 
 
-def unit_price_cells(line: InvoiceLineView) -> list[object]:
+class _Line(Protocol):
+    """A line as an issued invoice (InvoiceLineView) or the upcoming one (PricedLine) holds it."""
+
+    @property
+    def kind(self) -> str: ...
+    @property
+    def usage_month(self) -> date: ...
+    @property
+    def gpu_hours(self) -> Decimal: ...
+    @property
+    def unit_price(self) -> Decimal | None: ...
+    @property
+    def rates(self) -> Sequence[AppliedRate]: ...
+    @property
+    def unit_price_is_average(self) -> bool: ...
+
+
+def unit_price_cells(line: _Line) -> list[object]:
     """`quantity` … `no_unit_price_reason` of one line (docs/exports.md): the GPU-hours as stored
     (6 places, so quantity × unit_price meets amount_ledger), the unit, the unit price, whether it is
     the one rate or an average, the rates that priced the line ("5.12 from … until …", ISO instants,

@@ -19,9 +19,11 @@ from django.utils.translation import gettext as _
 
 from billing.calendar import month_bounds, parse_month
 from billing.errors import DomainError, InvalidInput
-from billing.models import CreditNote, Invoice, InvoiceLine, InvoiceStatusChange, Tenant
+from billing.ledger.allocation import UNALLOCATED
+from billing.models import CreditNote, Invoice, InvoiceLine, InvoiceStatusChange, SlaTier, Tenant
 from billing.money import format_minor_units
 from billing.scope import Scope
+from billing.seeded import seeded_text
 from billing.services.invoicing import (
     AppliedRate,
     InvoiceBalance,
@@ -44,6 +46,7 @@ from billing.services.invoicing import (
 
 __all__ = [
     "GPU_HOURS_PLACES",
+    "LINE_QUANTITY_PLACES",
     "CreditNoteDocument",
     "CreditNoteNotFound",
     "CreditNoteSummary",
@@ -59,12 +62,23 @@ __all__ = [
     "get_invoice_document",
     "gpu_hours_text",
     "invoice_list_total",
+    "line_quantity_text",
     "list_invoices",
 ]
 
 # GPU-hours on invoice and credit note documents (PDF, invoice CSV): 2 decimal places, half-even,
 # stated on each document; the stored quantity keeps 6 and FOCUS keeps 12.
 GPU_HOURS_PLACES = 2
+
+
+# A line's quantity on the documents: the GPU-hours as the line stores them (InvoiceLine.gpu_hours), so
+# that quantity × unit price gives the amount to the cent from what is printed.
+LINE_QUANTITY_PLACES = 6
+
+
+def line_quantity_text(value: Decimal) -> str:
+    """A line's GPU-hours at LINE_QUANTITY_PLACES, exactly as stored."""
+    return f"{value:.{LINE_QUANTITY_PLACES}f}"
 
 
 def gpu_hours_text(value: Decimal) -> str:
@@ -129,21 +143,41 @@ class InvoiceLineView:
     # finalized before unit prices were recorded), and the rates that priced the line.
     unit_price: Decimal | None = None
     rates: tuple[AppliedRate, ...] = ()
+    # The SLA tier's name as the SLA tiers page shows it ("" when the tier no longer exists).
+    sla_tier_name: str = ""
 
     @property
     def unit_price_is_average(self) -> bool:
         return is_average(self.rates)
 
+    @property
+    def sla_tier_label(self) -> str:
+        """The tier's name in the reader's language (a seeded tier's, translated), else its slug."""
+        return seeded_text(self.sla_tier_name) if self.sla_tier_name else self.sla_tier
+
 
 @dataclass(frozen=True)
 class WorkloadView:
-    """One workload of the invoice's usage by workload, as stored at the close."""
+    """One workload of the invoice's usage by workload, as stored at the close: the drill-down's
+    controller row of the tenant's month."""
 
     namespace: str
     workload: str
-    gpu_model: str
     gpu_hours: Decimal
     amount_minor: int
+
+    @property
+    def namespace_label(self) -> str:
+        return _unallocated_label(self.namespace)
+
+    @property
+    def workload_label(self) -> str:
+        return _unallocated_label(self.workload)
+
+
+def _unallocated_label(value: str) -> str:
+    """A value no Kubernetes metadata named, as the drill-down names it."""
+    return _("(not known)") if value == UNALLOCATED else value
 
 
 @dataclass(frozen=True)
@@ -199,18 +233,19 @@ class InvoiceDocument:
     status_changes: tuple[StatusChangeView, ...] = ()
     # Credited and balance due (billing.services.invoicing.balance); None when not asked (the downloads).
     balance: InvoiceBalance | None = None
-    # The invoice's own usage lines split by workload (empty for invoices closed before it was kept).
+    # The tenant's month by workload as the drill-down shows it (empty for invoices closed before it was kept).
     workloads: tuple[WorkloadView, ...] = ()
 
     @property
-    def usage_minor(self) -> int:
-        """Σ of the usage lines of the invoice's own month: what its workloads add up to."""
+    def month_lines_minor(self) -> int:
+        """Σ of the lines of the invoice's own month (usage and idle, not adjustments for months
+        closed earlier): the tenant's figure of the month, what its workloads add up to."""
         return sum(line.amount_minor for line in self.lines
-                   if line.kind == InvoiceLine.Kind.USAGE and line.usage_month == self.month)
+                   if line.kind != InvoiceLine.Kind.ADJUSTMENT and line.usage_month == self.month)
 
     @property
-    def usage_display(self) -> str:
-        return format_minor_units(self.usage_minor, self.currency)
+    def month_lines_display(self) -> str:
+        return format_minor_units(self.month_lines_minor, self.currency)
 
     @property
     def workload_rows(self) -> tuple[tuple[WorkloadView, str, str], ...]:
@@ -276,7 +311,7 @@ class InvoiceDocument:
             reason = _missing_unit_price_reason()
         rule = "" if shared or not usage else "; ".join(billing_rule_text(*r) for r in line_rules(line.rates))
         return LineRow(
-            line=line, hours=gpu_hours_text(line.gpu_hours) if usage else "",
+            line=line, hours=line_quantity_text(line.gpu_hours) if usage else "",
             unit_price=price_text(line.unit_price) if line.unit_price is not None else "",
             average=line.unit_price_is_average, amount=format_minor_units(line.amount_minor, self.currency),
             rates=rates_text(line.rates, period_end=period_end) if line.unit_price_is_average else "",
@@ -376,11 +411,13 @@ def get_invoice_document(*, scope: Scope, number: str, today: date | None = None
 
 def _document(invoice: Invoice, *, today: date | None = None) -> InvoiceDocument:
     kind_labels = dict(InvoiceLine.Kind.choices)
+    tier_names = dict(SlaTier.objects.values_list("slug", "name"))
     lines = tuple(
         InvoiceLineView(
             kind=line.kind, kind_label=str(kind_labels.get(line.kind, line.kind)), gpu_model=line.gpu_model,
             sla_tier=line.sla_tier, usage_month=line.usage_month, gpu_hours=line.gpu_hours, amount=line.amount,
             amount_minor=line.amount_minor, unit_price=line.unit_price, rates=rates_from_json(line.rates),
+            sla_tier_name=tier_names.get(line.sla_tier, ""),
         )
         for line in invoice.lines.order_by("usage_month", "kind", "gpu_model", "sla_tier")
     )
@@ -415,9 +452,9 @@ def _document(invoice: Invoice, *, today: date | None = None) -> InvoiceDocument
         po_number=invoice.po_number, cost_centre=invoice.cost_centre, tax_rate_pct=invoice.tax_rate_pct,
         tax_minor=invoice.tax_minor, credit_notes=credit_notes, payment=payment, status_changes=history,
         balance=balance,
-        workloads=tuple(WorkloadView(namespace=w.namespace, workload=w.workload, gpu_model=w.gpu_model,
-                                     gpu_hours=w.gpu_hours, amount_minor=w.amount_minor)
-                        for w in invoice.workloads.order_by("gpu_model", "namespace", "workload")),
+        workloads=tuple(WorkloadView(namespace=w.namespace, workload=w.workload, gpu_hours=w.gpu_hours,
+                                     amount_minor=w.amount_minor)
+                        for w in invoice.workloads.order_by("namespace", "workload")),
     )
 
 

@@ -15,7 +15,13 @@ from django.utils.translation import gettext as _
 
 from billing.money import format_minor_units
 from billing.pdf_fonts import PdfFont, pdf_font
-from billing.services.exports.invoices import GPU_HOURS_PLACES, CreditNoteDocument, InvoiceDocument, LineRow
+from billing.services.exports.invoices import (
+    GPU_HOURS_PLACES,
+    LINE_QUANTITY_PLACES,
+    CreditNoteDocument,
+    InvoiceDocument,
+    LineRow,
+)
 from billing.services.exports.numbers import plain_decimal
 
 __all__ = ["BODY_SIZE", "MM", "invoice_pdf_layout", "render_credit_note_pdf", "render_invoice_pdf", "tax_label",
@@ -173,8 +179,9 @@ def invoice_pdf_layout(doc: InvoiceDocument) -> _Layout:
                                            if doc.finalized_at else "")),
     ]
     rows = doc.line_rows
+    # The quantity's header names its unit; "Quantity (GPU-hours)" would not fit on one line.
     table = [[_("Line"), _("GPU model"), _("SLA tier"), _("Usage month"), _("GPU-hours"), _("Unit price"), _("Amount")]]
-    table.extend([row.line.kind_label, row.line.gpu_model, row.line.sla_tier, _month(row.line.usage_month),
+    table.extend([row.line.kind_label, row.line.gpu_model, row.line.sla_tier_label, _month(row.line.usage_month),
                   row.hours, _unit_price_cell(row), row.amount] for row in rows)
     table += [
         [_("Subtotal"), "", "", "", "", "", format_minor_units(doc.subtotal_minor, money)],
@@ -185,14 +192,15 @@ def invoice_pdf_layout(doc: InvoiceDocument) -> _Layout:
         *_line_notes(rows),
         _("Amounts are rounded once per invoice line to the currency's minor unit (round half to even); the "
           "subtotal is the sum of the rounded lines, the tax is rounded once on the subtotal, and the total is "
-          "subtotal + tax. GPU-hours are shown to %(places)s decimal places (round half to even). Late usage for "
-          "a month already invoiced appears as an adjustment on a later invoice; a correction of this invoice is "
-          "a credit note that names it.") % {"places": GPU_HOURS_PLACES},
+          "subtotal + tax. A line's GPU-hours are shown to %(places)s decimal places, as the line stores them, so "
+          "GPU-hours × unit price gives its amount to the cent. Late usage for a month already invoiced appears "
+          "as an adjustment on a later invoice; a correction of this invoice is a credit note that names it.")
+        % {"places": LINE_QUANTITY_PLACES},
     ]
     title = _("Invoice")
     return _Layout(title=f"{title} {doc.number}", subject=f"{doc.number} {doc.tenant_slug} {doc.month:%Y-%m}",
                    author=doc.issuer_name, header=header, table=table,
-                   col_widths_mm=[26, 33, 15, 22, 19, 24, 35], numeric_from=4, totals=3, notes=notes,
+                   col_widths_mm=[26, 28, 16, 22, 23, 24, 35], numeric_from=4, totals=3, notes=notes,
                    intro=[_unit_price_intro(doc)], appendix=_workload_appendix(doc))
 
 
@@ -200,14 +208,16 @@ def _workload_appendix(doc: InvoiceDocument) -> _Appendix | None:
     """The usage by workload, on a page of its own; none for an invoice closed before it was kept."""
     if not doc.workloads:
         return None
-    table = [[_("Namespace"), _("Workload"), _("GPU model"), _("GPU-hours"), _("Amount")]]
-    table.extend([w.namespace, w.workload, w.gpu_model, hours, amount] for w, hours, amount in doc.workload_rows)
-    table.append([_("GPU usage"), "", "", "", f"{doc.usage_display} {doc.currency}"])
-    intro = _("Each usage line's amount split over the workloads (the pod's controller, else the pod) of its "
-              "GPU model, in proportion to their exact charges, by the largest remainder; the workloads add up "
-              "to the invoice's GPU usage lines exactly. Copied at the close: it never changes.")
-    return _Appendix(heading=_("Usage by workload"), intro=intro, table=table, col_widths_mm=[34, 48, 40, 19, 33],
-                     numeric_from=3)
+    table = [[_("Namespace"), _("Workload"), _("GPU-hours"), _("Amount")]]
+    table.extend([w.namespace_label, w.workload_label, hours, amount] for w, hours, amount in doc.workload_rows)
+    table.append([_("Lines of the month"), "", "", f"{doc.month_lines_display} {doc.currency}"])
+    intro = _("Each namespace and controller of the month as the drill-down shows it: the lines of the month "
+              "(usage and the idle spread onto it) apportioned to namespaces, then to their controllers, by the "
+              "largest remainder. The workloads add up to those lines together, not line by line, and have no GPU "
+              "model or SLA tier of their own. GPU-hours to %(places)s decimal places. Copied at the close: it "
+              "never changes.") % {"places": GPU_HOURS_PLACES}
+    return _Appendix(heading=_("Usage by workload"), intro=intro, table=table, col_widths_mm=[50, 72, 19, 33],
+                     numeric_from=2)
 
 
 def _unit_price_intro(doc: InvoiceDocument) -> str:
@@ -229,7 +239,7 @@ def _unit_price_cell(row: LineRow) -> str:
 def _line_notes(rows: Sequence[LineRow]) -> list[str]:
     """One note per line whose unit price needs one (the rates of an average, its own billing rule,
     why it has none), naming the line as its row does."""
-    return [f"{row.line.kind_label}, {row.line.gpu_model}, {row.line.sla_tier}, {_month(row.line.usage_month)}: "
+    return [f"{row.line.kind_label}, {row.line.gpu_model}, {row.line.sla_tier_label}, {_month(row.line.usage_month)}: "
             + "; ".join(row.notes) for row in rows if row.notes]
 
 

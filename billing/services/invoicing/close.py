@@ -55,7 +55,7 @@ from django.utils.translation import gettext
 
 from billing.calendar import month_bounds
 from billing.errors import InvalidInput
-from billing.ledger.invoice_workloads import InvoiceWorkloadRow, list_invoice_workloads
+from billing.figures import PAGE_PLACES, FigureTree
 from billing.ledger.line_rates import AppliedRate, list_line_rates
 from billing.ledger.spend import (
     get_latest_hour,
@@ -67,7 +67,7 @@ from billing.models import BillingPeriod, Invoice, InvoiceLine, InvoiceWorkload,
 from billing.money import from_minor_units, to_minor_units
 from billing.services.audit import record_audit_event
 from billing.services.invoicing.unit_prices import is_average, line_unit_price, price_text, rates_to_json
-from billing.services.invoicing.workloads import UsageLineTotal, split_by_workload
+from billing.services.invoicing.workloads import read_month_tree, workloads_of
 
 __all__ = [
     "DEFAULT_ISSUER_NAME",
@@ -454,13 +454,14 @@ def _close_period(
 
     by_tenant = _invoice_lines(month=month, horizon=horizon)
     unpriced = tuple(list_unpriced(month))
-    workloads = _workload_rows(month)
+    start, end = month_bounds(month)
+    figures = read_month_tree(start=start, end=end, places=PAGE_PLACES)
     report(_PCT_LINES_READY)
     finalized = skipped = 0
     slugs = sorted(by_tenant)
     for done, slug in enumerate(slugs, start=1):
         if _finalize_invoice(period=period, invoice=_price_invoice(slug, by_tenant[slug]), now=now,
-                             workloads=workloads.get(slug, [])):
+                             figures=figures):
             finalized += 1
         else:
             skipped += 1
@@ -489,27 +490,15 @@ def _close_period(
     return CloseResult(month, finalized, skipped, already_closed=False, unpriced=unpriced)
 
 
-def _workload_rows(month: date) -> dict[str, list[InvoiceWorkloadRow]]:
-    """The month's priced usage by tenant and workload, from the rows the usage lines sum."""
-    start, end = month_bounds(month)
-    out: dict[str, list[InvoiceWorkloadRow]] = defaultdict(list)
-    for row in list_invoice_workloads(start=start, end=end):
-        out[row.tenant].append(row)
-    return out
-
-
-def _workload_breakdown(invoice: _PricedInvoice, month: date, rows: list[InvoiceWorkloadRow]) -> list[InvoiceWorkload]:
-    """The invoice's own usage lines split by workload (billing.services.invoicing.workloads), unsaved."""
-    lines = [UsageLineTotal(gpu_model=line.gpu_model, sla_tier=line.sla_tier, gpu_hours=line.gpu_hours,
-                            amount_minor=line.amount_minor)
-             for line in invoice.lines if line.kind == InvoiceLine.Kind.USAGE and line.usage_month == month]
-    return [InvoiceWorkload(namespace=w.namespace, workload=w.workload, gpu_model=w.gpu_model, gpu_hours=w.gpu_hours,
+def _workload_breakdown(tree: FigureTree, tenant: str) -> list[InvoiceWorkload]:
+    """The tenant's usage by workload as the drill-down shows it (billing.services.invoicing.workloads), unsaved."""
+    return [InvoiceWorkload(namespace=w.namespace, workload=w.workload, gpu_hours=w.gpu_hours,
                             amount_minor=w.amount_minor)
-            for w in split_by_workload(lines, rows, invoice.currency)]
+            for w in workloads_of(tree, tenant)]
 
 
 def _finalize_invoice(*, period: BillingPeriod, invoice: _PricedInvoice, now: datetime,
-                      workloads: list[InvoiceWorkloadRow]) -> bool:
+                      figures: FigureTree) -> bool:
     """Build and finalize one tenant's invoice; False if it was already finalized (a rerun).
 
     Safe when two closes of the month run at once (a resumed close whose first job was only slow):
@@ -532,7 +521,7 @@ def _finalize_invoice(*, period: BillingPeriod, invoice: _PricedInvoice, now: da
             return False
         row.lines.all().delete()
         row.workloads.all().delete()
-        breakdown = _workload_breakdown(invoice, period.month, workloads)
+        breakdown = _workload_breakdown(figures, slug)
         for part in breakdown:
             part.invoice = row
         InvoiceWorkload.objects.bulk_create(breakdown)

@@ -1,64 +1,53 @@
-"""An invoice's usage by workload (docs/billing.md, Workload breakdown): the amount of each usage
-line, as rounded once on the invoice, split over the namespaces and workloads of its GPU model and
-SLA tier in proportion to their exact charges by the largest remainder (`billing.money.apportion`,
-the rule the drill-downs of `billing.figures` follow), then summed per namespace, workload and GPU
-model. So the workloads add up to the invoice's usage lines exactly, to the cent, and each is within
-a minor unit of its exact charge. The GPU-hours are split the same way from the lines' stored
-GPU-hours (6 places). Pure: the close reads the rows (billing.ledger.invoice_workloads) and stores
-the result with the lines."""
+"""An invoice's usage by workload (docs/billing.md, Workload breakdown): each workload of the
+tenant's month exactly as the drill-down's controller level shows it, read from the same figure tree
+(billing.figures): the tenant's figure (its invoice lines of the month, usage and the idle spread
+onto them, each rounded once) apportioned to its namespaces, then each namespace's to its
+controllers, by the largest remainder. Apportioning a line straight to workloads would round once
+instead of twice and could differ from the drill-down by a cent; reading the tree cannot.
+
+So the workloads add up to the tenant's figure, the sum of the invoice's own-month lines, not line
+by line: the tree has no GPU model or SLA tier below the tenant. Pure: the close reads the tree
+(`read_month_tree`) and stores the result with the lines."""
 
 from __future__ import annotations
 
-from collections import defaultdict
-from collections.abc import Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from decimal import Decimal
 
-from billing.ledger.invoice_workloads import InvoiceWorkloadRow
-from billing.money import apportion, minor_unit_exponent
+from billing.figures import LEVELS, FigureTree, build_tree
+from billing.ledger.allocation import get_window_currency, list_figure_rows
+from billing.money import to_minor_units
 
-__all__ = ["GPU_HOURS_STORED_PLACES", "UsageLineTotal", "WorkloadAmount", "split_by_workload"]
+__all__ = ["BREAKDOWN_LEVEL", "WorkloadAmount", "read_month_tree", "workloads_of"]
 
-# InvoiceLine.gpu_hours and InvoiceWorkload.gpu_hours keep 6 places.
-GPU_HOURS_STORED_PLACES = 6
-
-
-@dataclass(frozen=True)
-class UsageLineTotal:
-    """One usage line as the invoice states it."""
-
-    gpu_model: str
-    sla_tier: str
-    gpu_hours: Decimal
-    amount_minor: int
+# The drill-down's level whose rows the breakdown repeats: a namespace's controllers (`<kind>:<name>`,
+# `__unallocated__` for pods no controller was reported for).
+BREAKDOWN_LEVEL = "controller"
 
 
 @dataclass(frozen=True)
 class WorkloadAmount:
     namespace: str
     workload: str
-    gpu_model: str
-    gpu_hours: Decimal
+    gpu_hours: Decimal  # as the tree shows it, at the tree's places
     amount_minor: int
 
 
-def split_by_workload(lines: Sequence[UsageLineTotal], rows: Sequence[InvoiceWorkloadRow],
-                      currency: str) -> list[WorkloadAmount]:
-    """The usage lines split by workload (module docstring), ordered by GPU model, namespace, workload.
-    A line whose usage has no workload rows is refused (ValueError): its amount would be lost."""
-    places = minor_unit_exponent(currency)
-    by_line: dict[tuple[str, str], list[InvoiceWorkloadRow]] = defaultdict(list)
-    for r in rows:
-        by_line[(r.gpu_model, r.sla_tier)].append(r)
-    hours: dict[tuple[str, str, str], Decimal] = defaultdict(Decimal)
-    minor: dict[tuple[str, str, str], int] = defaultdict(int)
-    for line in lines:
-        parts = by_line.get((line.gpu_model, line.sla_tier), [])
-        amounts = apportion(Decimal(line.amount_minor).scaleb(-places), [p.charge for p in parts], places)
-        shares = apportion(line.gpu_hours, [p.share_gpu_s for p in parts], GPU_HOURS_STORED_PLACES)
-        for part, amount, share in zip(parts, amounts, shares, strict=True):
-            key = (part.gpu_model, part.namespace, part.workload)
-            minor[key] += int(amount.scaleb(places))
-            hours[key] += share
-    return [WorkloadAmount(namespace=ns, workload=w, gpu_model=model, gpu_hours=hours[(model, ns, w)],
-                           amount_minor=minor[(model, ns, w)]) for model, ns, w in sorted(minor)]
+def read_month_tree(*, start: datetime, end: datetime, places: int) -> FigureTree:
+    """The figure tree of [start, end) down to the breakdown's level, every tenant, no filters: the
+    read the drill-down makes (billing.queries.figures), whose per-tenant figures do not depend on
+    the other tenants read with it."""
+    rows = list_figure_rows(start=start, end=end, depth=LEVELS.index(BREAKDOWN_LEVEL), filters={}, tenants=None)
+    return build_tree(rows, currency=get_window_currency(start=start, end=end), places=places)
+
+
+def workloads_of(tree: FigureTree, tenant: str) -> list[WorkloadAmount]:
+    """The tenant's workloads as the tree shows them, ordered by namespace and workload; none when
+    the tree has no usage of the tenant (an invoice of adjustments only)."""
+    out = []
+    for node in tree.nodes(BREAKDOWN_LEVEL, {"tenant": tenant}):
+        shown = tree.shown(node)
+        out.append(WorkloadAmount(namespace=node.key("namespace"), workload=node.key(BREAKDOWN_LEVEL),
+                                  gpu_hours=shown.gpu_hours, amount_minor=to_minor_units(shown.cost, tree.currency)))
+    return sorted(out, key=lambda w: (w.namespace, w.workload))
