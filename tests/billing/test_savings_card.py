@@ -223,7 +223,7 @@ def test_no_feasible_alternative_prices_nothing_and_counts_the_fleet_in_one_minu
                            dynamic="11837.44", fleet_cards=24)
     result["fleet"]["held"]["peak_cards"] = 32
     result["fleet"]["dynamic"].update(peak_cards=30, fleet_cards_at_peak=32)
-    _done(result)
+    report = _done(result)
     block = card(finance.get("/finance/", NOVEMBER))
     assert "No static alternative fits on this fleet" in block
     sentence = block.split('data-testid="savings-headline-sentence">')[1].split("</div>")[0]
@@ -237,6 +237,18 @@ def test_no_feasible_alternative_prices_nothing_and_counts_the_fleet_in_one_minu
         assert "USD" not in row
     assert 'data-testid="savings-paired"' not in block
     assert 'data-testid="savings-mean"' not in block
+    # The report page, its CSV and its PDF price none of them either.
+    page = finance.get(f"/reports/{report.pk}/").content.decode()
+    paired = page.split('data-testid="paired-tests"')[1].split("</table>")[0]
+    assert paired.count('data-testid="paired-infeasible-') == 3
+    assert "USD" not in paired
+    study = page.split('data-testid="study-comparison"')[1].split("</table>")[0]
+    assert "50.0 %" not in study
+    assert "Not feasible" in study
+    rows = finance.get(f"/reports/{report.pk}.csv").content.decode("utf-8-sig").splitlines()
+    assert [r for r in rows if r.startswith("paired_test,")] == [
+        f"paired_test,not_feasible,{key},no,,,,,,," for key in ("whole_card", "request_fraction", "fixed_profile")]
+    assert finance.get(f"/reports/{report.pk}.pdf").content.startswith(b"%PDF")
 
 
 def test_the_card_tests_only_against_the_feasible_baseline(finance):
