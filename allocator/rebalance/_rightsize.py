@@ -5,9 +5,14 @@ Two numbers per percentile, both on GPUs of one capacity:
 * **lower bound**: take the percentile of the *total* demand per step (per resource), then
   ``max(ceil(total memory / GPU memory), ceil(total SM / GPU SM))`` — no packing can do with
   fewer GPUs while serving that total;
-* **first-fit decreasing**: take each workload's own percentile (per resource), sort workloads
+* **first-fit decreasing**: take each workload's own percentile (per resource) over the steps it
+  ran (``DemandSeries.ran``; a step before it started is not a step of no demand), sort workloads
   by their larger share of one GPU (ties by key) and put each on the first GPU where both
-  resources still fit.
+  resources still fit. A series that is not ``packed`` (a workload that ended within the window)
+  counts in the total demand of the steps it ran, never in the packing.
+
+Steps are the ones the pool was metered: a caller passes no step where nothing was measured, so
+a gap in the record never reads as a pool with no demand.
 
 ``gpus_needed = max(lower bound, FFD)``: a sum of per-workload percentiles is usually above the
 percentile of the sum, but need not be, so the larger of the two is the estimate. Percentiles
@@ -41,6 +46,10 @@ class DemandSeries:
     key: str
     memory_mb: tuple[int, ...]
     sm_milli: tuple[int, ...]
+    # The steps the workload ran (empty: every step); its own percentile is over these only.
+    ran: tuple[bool, ...] = ()
+    # False: a workload no longer running, part of the total demand but not packed.
+    packed: bool = True
 
     def __post_init__(self) -> None:
         if not isinstance(self.key, str) or not self.key:
@@ -56,6 +65,17 @@ class DemandSeries:
                 f"demand series {self.key!r}: memory_mb has {len(self.memory_mb)} steps, "
                 f"sm_milli has {len(self.sm_milli)}"
             )
+        if self.ran and len(self.ran) != len(self.memory_mb):
+            raise ValueError(f"demand series {self.key!r}: ran has {len(self.ran)} steps, "
+                             f"memory_mb has {len(self.memory_mb)}")
+
+    def own_percentile(self, percentile: int) -> tuple[int, int]:
+        """Its memory and SM demand at `percentile` of the steps it ran (0, 0 when it ran none)."""
+        steps = [t for t in range(len(self.memory_mb)) if not self.ran or self.ran[t]]
+        if not steps:
+            return 0, 0
+        return (nearest_rank([self.memory_mb[t] for t in steps], percentile),
+                nearest_rank([self.sm_milli[t] for t in steps], percentile))
 
 
 @dataclass(frozen=True, slots=True)
@@ -157,7 +177,7 @@ def right_size(
         memory_p = nearest_rank(total_memory, p)
         sm_p = nearest_rank(total_sm, p)
         lower = max(-(-memory_p // gpu_memory_mb), -(-sm_p // gpu_sm_milli))
-        items = [(s.key, nearest_rank(s.memory_mb, p), nearest_rank(s.sm_milli, p)) for s in series]
+        items = [(s.key, *s.own_percentile(p)) for s in series if s.packed]
         ffd = _first_fit_decreasing(items, gpu_memory_mb, gpu_sm_milli)
         needed = max(lower, ffd)
         estimates.append(
@@ -177,7 +197,7 @@ def right_size(
         gpu_memory_mb=gpu_memory_mb,
         gpu_sm_milli=gpu_sm_milli,
         steps=steps,
-        workloads=len(series),
+        workloads=sum(1 for s in series if s.packed),
         price_per_gpu_hour=price_per_gpu_hour,
         hours_per_month=hours,
         estimates=tuple(estimates),

@@ -140,13 +140,18 @@ WITH cards AS (
     FROM billing_gpuminute g
     WHERE g.minute >= %(start)s AND g.minute < %(end)s AND g.priced AND g.metered_seconds > 0
 ), per_minute AS (
-    SELECT count(*) AS cards, count(*) FILTER (WHERE busy) AS busy_cards FROM cards GROUP BY minute
+    SELECT minute, count(*) AS cards, count(*) FILTER (WHERE busy) AS busy_cards FROM cards GROUP BY minute
+), busiest AS (
+    -- the first minute with the most busy cards, and the cards metered in that same minute
+    SELECT minute, cards FROM per_minute ORDER BY busy_cards DESC, minute LIMIT 1
 )
 SELECT (SELECT coalesce(sum(card_cost), 0) FROM cards) AS card_cost,
        (SELECT coalesce(sum(card_cost) FILTER (WHERE NOT busy), 0) FROM cards) AS empty_card_cost,
        (SELECT coalesce(sum(metered_seconds) FILTER (WHERE busy), 0) FROM cards) AS busy_seconds,
        (SELECT coalesce(max(cards), 0) FROM per_minute) AS peak_cards,
-       (SELECT coalesce(max(busy_cards), 0) FROM per_minute) AS peak_busy_cards
+       (SELECT coalesce(max(busy_cards), 0) FROM per_minute) AS peak_busy_cards,
+       (SELECT minute FROM busiest) AS peak_busy_at,
+       (SELECT coalesce(max(cards), 0) FROM busiest) AS cards_at_peak_busy
 """
 
 
@@ -159,6 +164,8 @@ class FleetCardCost:
     busy_seconds: Decimal  # metered seconds of the GPU-minutes a workload was on
     peak_cards: int  # the most cards metered in one minute
     peak_busy_cards: int  # the most cards with a workload on them in one minute
+    peak_busy_at: datetime | None  # the first such minute
+    cards_at_peak_busy: int  # the cards metered in that minute
 
 
 def get_fleet_card_cost(*, start: datetime, end: datetime) -> FleetCardCost:
@@ -170,17 +177,26 @@ def get_fleet_card_cost(*, start: datetime, end: datetime) -> FleetCardCost:
 
 # -- static alternatives on the actual fleet --------------------------------------------------
 
-# Each card the fleet metered in [start, end) on priced minutes: from its first metered minute to
-# the minute after its last (the span it belonged to the fleet).
+# Each unbroken run of minutes a card of the fleet metered in [start, end) on priced minutes: from
+# its first minute to its last. A card is in the fleet in the minutes it metered only: a burst node
+# metered some hours of a day is several spans, not one from its first hour to its last, so the
+# fleet's cards at any minute are the cards metered in that minute (gaps and islands: minutes in a
+# run less their rank in it are one constant).
 _CARD_SPANS = """
-SELECT g.node_id, n.name AS node, g.gpu_uuid, max(g.gpu_model) AS model, max(b.memory_mb) AS memory_mb,
-       max(b.sm_count) AS sm_count, min(g.minute) AS first_minute, max(g.minute) AS last_minute
-FROM billing_gpuminute g
-JOIN billing_node n ON n.id = g.node_id
-JOIN billing_gpu b ON b.uuid = g.gpu_uuid
-WHERE g.minute >= %(start)s AND g.minute < %(end)s AND g.priced AND g.metered_seconds > 0
-GROUP BY g.node_id, n.name, g.gpu_uuid
-ORDER BY n.name, g.gpu_uuid
+WITH metered AS (
+    SELECT g.node_id, g.gpu_uuid, g.gpu_model, g.minute,
+           g.minute - row_number() OVER (PARTITION BY g.node_id, g.gpu_uuid ORDER BY g.minute)
+                      * interval '1 minute' AS run
+    FROM billing_gpuminute g
+    WHERE g.minute >= %(start)s AND g.minute < %(end)s AND g.priced AND g.metered_seconds > 0
+)
+SELECT m.node_id, n.name AS node, m.gpu_uuid, max(m.gpu_model) AS model, max(b.memory_mb) AS memory_mb,
+       max(b.sm_count) AS sm_count, min(m.minute) AS first_minute, max(m.minute) AS last_minute
+FROM metered m
+JOIN billing_node n ON n.id = m.node_id
+JOIN billing_gpu b ON b.uuid = m.gpu_uuid
+GROUP BY m.node_id, n.name, m.gpu_uuid, m.run
+ORDER BY n.name, m.gpu_uuid, min(m.minute)
 """
 
 # Each workload (container instance) on each GPU in [start, end), priced minutes: when it ran, the
@@ -227,7 +243,7 @@ GROUP BY t.label
 
 @dataclass(frozen=True)
 class CardSpan:
-    """One card of the fleet in a period: from its first metered, priced minute to its last."""
+    """One unbroken run of a card's metered, priced minutes in a period: its first and its last."""
 
     node_id: int
     node: str

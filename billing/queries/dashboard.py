@@ -31,7 +31,6 @@ from billing.models.rebalance import RebalanceStatus
 from billing.queries.finance import PAGE_PLACES, CostSummary, get_cost_summary_and_tree
 from billing.scope import Scope
 from billing.services.savings import (
-    ALTERNATIVES,
     PairedRow,
     SavingsTables,
     check_report_period,
@@ -135,7 +134,7 @@ class SavingsHeadline:
     tables: SavingsTables
     figure: str
     sentence: str
-    paired: PairedRow | None  # the paired test against the baseline, else the cheapest per workload
+    paired: PairedRow | None  # the paired test against the baseline; None when no alternative fits
 
 
 @dataclass(frozen=True)
@@ -301,11 +300,9 @@ def _headline(report: PairedReport) -> SavingsHeadline | None:
     if tables is None:
         return None
     figure, sentence = headline_text(tables)
-    # The paired test against the headline's baseline; when no alternative fits on the fleet, against
-    # the one that would have charged the workloads least, so a card never hides a per-workload loss.
-    rows = paired_rows(result, tables.currency)
-    paired = next((p for p in rows if p.is_baseline), None) or min(
-        rows, key=lambda p: (p.static_cost, ALTERNATIVES.index(p.key)), default=None)
+    # The paired test against the headline's baseline only: an alternative that does not fit on the
+    # fleet is compared with nothing (its row on the card says why).
+    paired = next((p for p in paired_rows(result, tables.currency) if p.is_baseline and p.feasible), None)
     return SavingsHeadline(report_id=report.pk, period_start=report.period_start, last_day=report.last_day,
                            finished_at=report.finished_at, currency=tables.currency, tables=tables, figure=figure,
                            sentence=sentence, paired=paired)

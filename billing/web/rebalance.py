@@ -9,6 +9,7 @@ per action."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import datetime
 
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
@@ -57,6 +58,16 @@ class PlanPage:
     @property
     def whole_nodes(self) -> bool:
         return counts_whole_nodes(self.plan)
+
+    @property
+    def sizing_window(self) -> tuple[datetime, datetime, int] | None:
+        """The first and last metered minute right-sizing read, and how many it read (None for a
+        plan proposed before plans stored them)."""
+        sizing = self.plan.right_sizing
+        first, last = sizing.get("first_minute"), sizing.get("last_minute")
+        if not first or not last:
+            return None
+        return datetime.fromisoformat(first), datetime.fromisoformat(last), int(sizing.get("steps", 0))
 
 
 def _require_admin(request: HttpRequest) -> None:

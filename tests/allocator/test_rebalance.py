@@ -570,3 +570,21 @@ def test_cli_reports_a_bad_file_and_exits_2(tmp_path: Path, capsys: pytest.Captu
     bad.write_text("{", encoding="utf-8")
     assert main(["--input", str(bad), "--max-moves", "3"]) == 2
     assert "not valid JSON" in capsys.readouterr().err
+
+
+def test_a_workloads_own_percentile_is_over_the_steps_it_ran_and_an_ended_one_is_not_packed() -> None:
+    # 100 steps: "late" ran the last 4 only, at 60000 MB; counted as 0 before it started, its P95
+    # would be 0 and the pool would need no GPU for it. "ended" ran the first 96 at 70000 MB.
+    late = DemandSeries(key="late", memory_mb=(0,) * 96 + (60000,) * 4, sm_milli=(0,) * 96 + (100,) * 4,
+                        ran=(False,) * 96 + (True,) * 4)
+    ended = DemandSeries(key="ended", memory_mb=(70000,) * 96 + (0,) * 4, sm_milli=(100,) * 96 + (0,) * 4,
+                         ran=(True,) * 96 + (False,) * 4, packed=False)
+    sizing = right_size([late, ended], gpu_memory_mb=81920, current_gpus=4, price_per_gpu_hour=PRICE)
+    for e in sizing.estimates:
+        assert e.ffd_gpus == 1  # late at its own P95, 60000 MB; ended is not packed
+        assert e.total_memory_mb == 70000  # the minutes ended ran are the fleet's demand too
+        assert e.gpus_needed == 1
+    assert sizing.workloads == 1
+    assert late.own_percentile(95) == (60000, 100)
+    with pytest.raises(ValueError, match="ran has 2 steps"):
+        DemandSeries(key="x", memory_mb=(1,), sm_milli=(1,), ran=(True, True))

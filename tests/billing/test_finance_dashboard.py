@@ -221,7 +221,7 @@ def test_savings_come_from_the_newest_finished_report_of_exactly_the_period(flee
     assert "130.00 USD" in block
     assert "140.00 USD" in block
     assert "70.00 USD" in block
-    assert "Not feasible: it needs 25 cards at once" in block
+    assert "Not feasible: it needs 25 NVIDIA A100-SXM4-80GB cards at once" in block
     for other in ("3.00 USD", "7.00 USD", "8.00 USD", "9.00 USD", "9.50 USD"):
         assert other not in block, other
     assert f"From paired report {newest.pk}, computed 2026-03-06 00:00 UTC." in block

@@ -359,10 +359,25 @@ def test_report_pages_request_show_progress_then_results_and_a_pdf(fifteen_minut
     run_paired_report(report_id=report.pk)
     done = client.get(f"/reports/{report.pk}/").content.decode()
     assert 'data-testid="paired-tests"' in done
-    assert "85.0 %" in done.split('data-testid="paired-whole_card"')[1].split("</tr>")[0]
+    # Two workloads shared one card: whole cards need two at once, the fleet metered one. They are
+    # priced nowhere: not in the paired test, not beside the study, not in the CSV.
+    whole = done.split('data-testid="paired-whole_card"')[1].split("</tr>")[0]
+    assert 'data-testid="paired-infeasible-whole_card"' in whole
+    assert "Not feasible: it needs 2" in whole
+    assert "the fleet metered 1 in that minute" in whole
+    assert "USD" not in whole
+    assert "85.0 %" not in whole
     assert 'data-testid="study-comparison"' in done
-    assert "−37 %" in done
-    assert "−85.0 %" in done
+    study = done.split('data-testid="study-comparison"')[1].split("</table>")[0]
+    assert "−37 %" in study
+    assert "85.0 %" not in study
+    assert "Not feasible: it needs 2" in study
+    summary = done.split('data-testid="report-summary"')[1].split("</table>")[0]
+    assert "whole cards" not in summary
+    assert "Resource optimisation efficiency" not in summary
+    records = list(csv.reader(io.StringIO(client.get(f"/reports/{report.pk}.csv").content.decode("utf-8-sig"))))
+    whole_rows = [r for r in records if r[0] == "paired_test" and r[2] == "whole_card"]
+    assert whole_rows == [["paired_test", "not_feasible", "whole_card", "no", "", "", "", "", "", "", ""]]
     pdf = client.get(f"/reports/{report.pk}.pdf")
     assert pdf.status_code == 200
     assert pdf.content.startswith(b"%PDF")
@@ -444,3 +459,30 @@ def test_a_figure_shown_in_two_tables_is_the_same_to_the_cent():
     assert sum(r.dynamic for r in tables.chargeback[:-1]) == Decimal("10.00")
     assert baseline.cost == tables.chargeback[-1].static == Decimal("20.02")
     assert sum(r.static or 0 for r in tables.chargeback[:-1]) == Decimal("20.02")
+
+
+def test_a_card_is_the_fleets_only_in_the_minutes_it_metered(post_batch, one_usd_per_gpu_second):
+    """GPU 1 (a burst card) metered minutes 0-4 and 10-14, not 5-9. Whole cards need both cards
+    for the two workloads at every minute: at 10:05 the fleet metered one, so whole cards do not
+    fit, though GPU 1's first and last minutes bracket the whole period."""
+    for i in range(15):
+        gpus = 1 if 5 <= i < 10 else 2
+        batch = make_batch(start=START + timedelta(minutes=i), seq=i + 1, seconds=60, gpus=gpus,
+                           workloads=SHARED_GPU_WORKLOADS)
+        assert post_batch(batch).status_code == 201
+    rollup_usage(now=clock.now())
+    from billing.ledger.minutes import list_card_spans
+
+    spans = [(s.gpu_uuid, s.first_minute, s.last_minute) for s in
+             list_card_spans(start=START, end=START + timedelta(hours=1))]
+    assert len(spans) == 3  # GPU 0 once, GPU 1 twice
+    report = compute_paired_report(start=START, end=START + timedelta(hours=1), now=clock.now())
+    whole = report["fleet"]["alternatives"]["whole_card"]
+    assert not whole["feasible"]
+    assert whole["cost"] is None
+    assert whole["shortfall"]["at"] == (START + timedelta(minutes=5)).isoformat()
+    assert (whole["shortfall"]["needed"], whole["shortfall"]["had"]) == (2, 1)
+    # Dynamic's busiest minute (the first with one busy card) and the cards metered in it.
+    dynamic = report["fleet"]["dynamic"]
+    assert (dynamic["peak_cards"], dynamic["fleet_cards_at_peak"]) == (1, 2)
+    assert dynamic["peak_at"] == START.isoformat()

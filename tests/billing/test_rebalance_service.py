@@ -615,3 +615,43 @@ def test_the_service_exposition_with_rebalance_executions_passes_promtool(client
                             check=False, timeout=60)
     assert result.returncode == 0, result.stdout + result.stderr
     assert not (result.stdout + result.stderr).strip(), result.stdout + result.stderr
+
+
+def _ran(node: Node, gpu: str, minutes: range, *, pod: str, mem_mb: int, sms: float) -> None:
+    zero = Decimal(0)
+    UsageMinute.objects.bulk_create(UsageMinute(
+        minute=NOW - timedelta(minutes=m), gpu_uuid=gpu, node=node, tenant="acme", namespace="acme-batch",
+        pod=pod, container="main", pod_uid=f"uid-{pod}", sla_tier="standard", seconds=Decimal(60),
+        mem_used_mb_s=Decimal(mem_mb * 60), mem_granted_mb_s=zero, mem_billed_mb_s=zero,
+        sm_used_s=Decimal(str(sms * 60)), sm_granted_s=zero, sm_billed_s=zero, pcie_mb=zero, share_gpu_s=zero,
+        charge=zero, idle_share=zero) for m in minutes)
+
+
+def test_right_sizing_reads_the_fleets_demand_over_its_metered_minutes_not_zeros_before_a_pod_started(
+        client, fleet):
+    # A third node of two idle A100s: a pool of 6. Four batch pods used 70000 MB each from 20 h
+    # to 31 min ago, then ended; the four small pods now running started 30 min ago. Counting the
+    # small pods' minutes before they started as no demand (and the ended pods as none), P95 read
+    # one GPU; the fleet's demand at its P95 minute is 4 × 70000 MB: 4 cards.
+    node_c = Node.objects.create(name="node-c")
+    for i in range(2):
+        Gpu.objects.create(uuid=f"GPU-node-c-{i}", node=node_c, model=A100, memory_mb=81920, sm_count=108,
+                           first_seen_at=NOW - timedelta(days=1), last_seen_at=NOW)
+    for pod, (node, uuid, _uid) in sorted(fleet.items()):
+        _ran(node, uuid, range(31, 20 * 60 + 1), pod=f"batch-{pod}", mem_mb=70000, sms=20)
+    plan = propose_rebalance(now=NOW, max_moves=10)
+    assert plan is not None
+    sizing = plan.right_sizing
+    p95, p99 = sizing["estimates"]
+    assert (p95["gpus_needed"], p99["gpus_needed"]) == (4, 4)
+    assert p95["lower_bound_gpus"] == 4  # ceil(280000 / 81920)
+    # The saving follows from the need: 6 GPUs − the 4 of two whole nodes, 730 h at 5.12.
+    assert (p95["whole_node_gpus"], p95["gpus_released"]) == (4, 2)
+    assert p95["monthly_difference"] == "7475.20"
+    assert sizing["steps"] == 20 * 60  # every metered minute of the window, no more
+    assert sizing["first_minute"] == (NOW - timedelta(minutes=20 * 60)).isoformat()
+    assert sizing["last_minute"] == (NOW - timedelta(minutes=1)).isoformat()
+    login(client, admin=True)
+    page = client.get("/rebalance/").content.decode()
+    assert f'data-testid="rebalance-sizing-window-{plan.pk}"' in page
+    assert "1200 metered minutes" in page

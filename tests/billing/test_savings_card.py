@@ -207,3 +207,54 @@ def test_the_card_speaks_simplified_chinese(finance):
     resp = finance.post("/finance/", {"start": "2026-01-01", "end": "2026-11-30"}, **zh)
     assert resp.status_code == 400
     assert "一份配对报告最多覆盖 92 天。" in card(resp)
+
+
+def _done(result: dict) -> PairedReport:
+    start, end = NOVEMBER_BOUNDS
+    return PairedReport.objects.create(created_at=clock.now(), finished_at=clock.now(), status="done",
+                                       progress_pct=100, period_start=start, period_end=end, result=result)
+
+
+def test_no_feasible_alternative_prices_nothing_and_counts_the_fleet_in_one_minute(finance):
+    # The fleet metered 32 cards at its busiest minute (a burst node on), 24 when each static
+    # alternative fell short. Nothing is compared: no paired test against an alternative that
+    # needs cards the fleet did not have, and no "the fleet's 32" beside "the fleet metered 24".
+    result = report_result(costs=dict.fromkeys(("whole_card", "request_fraction", "fixed_profile")),
+                           dynamic="11837.44", fleet_cards=24)
+    result["fleet"]["held"]["peak_cards"] = 32
+    result["fleet"]["dynamic"].update(peak_cards=30, fleet_cards_at_peak=32)
+    report = _done(result)
+    block = card(finance.get("/finance/", NOVEMBER))
+    assert "No static alternative fits on this fleet" in block
+    sentence = block.split('data-testid="savings-headline-sentence">')[1].split("</div>")[0]
+    assert "11,837.44 USD" in sentence  # what dynamic cost, still said
+    assert "32" not in sentence
+    assert "24" not in sentence
+    assert "30 of 32 cards" in block  # dynamic at its busiest minute, of the cards metered then
+    for key in ("whole_card", "request_fraction", "fixed_profile"):
+        row = block.split(f'data-testid="savings-alternative-{key}">')[1].split("</dd>")[0]
+        assert "the fleet metered 24 in that minute" in row
+        assert "USD" not in row
+    assert 'data-testid="savings-paired"' not in block
+    assert 'data-testid="savings-mean"' not in block
+    # The report page, its CSV and its PDF price none of them either.
+    page = finance.get(f"/reports/{report.pk}/").content.decode()
+    paired = page.split('data-testid="paired-tests"')[1].split("</table>")[0]
+    assert paired.count('data-testid="paired-infeasible-') == 3
+    assert "USD" not in paired
+    study = page.split('data-testid="study-comparison"')[1].split("</table>")[0]
+    assert "50.0 %" not in study
+    assert "Not feasible" in study
+    rows = finance.get(f"/reports/{report.pk}.csv").content.decode("utf-8-sig").splitlines()
+    assert [r for r in rows if r.startswith("paired_test,")] == [
+        f"paired_test,not_feasible,{key},no,,,,,,," for key in ("whole_card", "request_fraction", "fixed_profile")]
+    assert finance.get(f"/reports/{report.pk}.pdf").content.startswith(b"%PDF")
+
+
+def test_the_card_tests_only_against_the_feasible_baseline(finance):
+    _done(report_result(costs={"whole_card": None, "request_fraction": "1788.47", "fixed_profile": None},
+                        dynamic="1820.70"))
+    block = card(finance.get("/finance/", NOVEMBER))
+    paired = block.split('data-testid="savings-paired"')[1].split("</dl>")[0]
+    assert "Request fractions" in paired
+    assert "Whole cards" not in paired

@@ -3,7 +3,10 @@
 
 * ``build_pool(now)``: GPUs from ``Gpu`` (seen within the demand window), workloads = pods seen
   on a GPU in the last ``placement`` minutes of the minute ledger (billing.ledger.minutes), demand = each pod's peak over
-  the window of its per-minute mean memory (MB) and SM use (SM milli), rounded up.
+  the window of its per-minute mean memory (MB) and SM use (SM milli), rounded up. Right-sizing
+  reads the window's metered minutes only (a minute some pod used a GPU): the fleet's total demand
+  in each, every pod that ran then included, and each running pod's own percentile over the
+  minutes it ran; a minute outside the metered history is never a minute of no demand.
 * ``propose_rebalance(now, max_moves)``: a dry-run plan plus right-sizing, stored; nothing runs. A
   plan claims only whole nodes (the planner empties nodes with the fewest evictions; a GPU freed on
   a node that stays busy is not handed back), and right-sizing is priced in whole nodes too.
@@ -114,7 +117,9 @@ class LedgerPool:
     gpu_uuids: dict[tuple[str, int], str]  # (node, index) -> GPU UUID
     pods: dict[str, dict[str, str]]  # workload key -> namespace, pod, pod_uid, tenant
     series: list[DemandSeries] = field(default_factory=list)  # per (workload, GPU), per minute
-    steps: int = 0
+    steps: int = 0  # the window's minutes the fleet was metered (some pod used a GPU)
+    first_minute: datetime | None = None  # the first and last of them
+    last_minute: datetime | None = None
 
 
 def _ceil(value: Decimal | float) -> int:
@@ -177,23 +182,33 @@ def build_pool(
         indices = tuple(i for n, i in homes if n == node)
         memory = sm = 0
         for uuid in entry["gpus"]:
-            history = per_minute.get((pod_uid, uuid), {})
+            history = per_minute.pop((pod_uid, uuid), {})
             memory = max([memory, *(m for m, _ in history.values())])
             sm = max([sm, *(s for _, s in history.values())])
             if steps:
-                series.append(DemandSeries(
-                    key=f"{key}#{uuid}",
-                    memory_mb=tuple(history.get(t, (0, 0))[0] for t in steps),
-                    sm_milli=tuple(history.get(t, (0, 0))[1] for t in steps),
-                ))
+                series.append(_demand(f"{key}#{uuid}", history, steps, packed=True))
         workloads.append(PoolWorkload(
             key=key, node=node, gpus=indices, memory_mb=memory, sm_milli=sm, namespace=entry["namespace"],
             pod=entry["pod"], movable=len(entry["gpus"]) == 1,
         ))
         pods[key] = {"namespace": entry["namespace"], "pod": entry["pod"], "pod_uid": pod_uid,
                      "tenant": entry["tenant"]}
+    # Pods that ran in the window and ended are part of the fleet's demand in the minutes they ran
+    # (right-sizing's total), though there is nothing of them left to place.
+    series.extend(_demand(f"{pod_uid}#{uuid}", history, steps, packed=False)
+                  for (pod_uid, uuid), history in sorted(per_minute.items()))
     return LedgerPool(pool=Pool.build(nodes, workloads), gpu_uuids=gpu_uuids, pods=pods, series=series,
-                      steps=len(steps))
+                      steps=len(steps), first_minute=steps[0] if steps else None,
+                      last_minute=steps[-1] if steps else None)
+
+
+def _demand(key: str, history: dict[datetime, tuple[int, int]], steps: list[datetime], *,
+            packed: bool) -> DemandSeries:
+    """A pod's demand on one GPU over the window's metered minutes; `ran` marks the minutes it was
+    metered, so a minute before it started (or after it ended) is no sample of its demand."""
+    return DemandSeries(key=key, memory_mb=tuple(history.get(t, (0, 0))[0] for t in steps),
+                        sm_milli=tuple(history.get(t, (0, 0))[1] for t in steps),
+                        ran=tuple(t in history for t in steps), packed=packed)
 
 
 def _price(pool: Pool, now: datetime) -> tuple[Decimal, str]:
@@ -239,6 +254,8 @@ def _right_sizing(ledger: LedgerPool, plan: Plan, currency: str) -> dict[str, An
 
     return {
         "steps": sizing.steps,
+        "first_minute": ledger.first_minute.isoformat() if ledger.first_minute else None,
+        "last_minute": ledger.last_minute.isoformat() if ledger.last_minute else None,
         "workloads": sizing.workloads,
         "gpu_memory_mb": sizing.gpu_memory_mb,
         "hours_per_month": str(sizing.hours_per_month),

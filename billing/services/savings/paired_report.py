@@ -4,7 +4,8 @@ The organisation's view (`fleet`, `chargeback`), every priced GPU-minute of the 
 included, since the organisation pays for those minutes too:
   dynamic (as run)      = the cost of the card-minutes that held at least one workload
   each static alternative (whole cards, request fractions, fixed profiles; static_alternatives)
-                        = placed on the fleet's own cards, first-fit: the cost of the card-minutes
+                        = placed on the fleet's own cards (a card is the fleet's in the minutes it
+                          metered), first-fit: the cost of the card-minutes
                           that held at least one of its slices, or "not feasible" with the cards
                           it lacked when the fleet's cards were not enough (never priced)
   the headline          = the saving of dynamic against the cheapest feasible alternative
@@ -260,7 +261,9 @@ def _organisation_view(*, start: datetime, end: datetime, spans: Sequence[Worklo
             "held": {"busy_cards": str(busy), "empty_cards": str(fleet.empty_card_cost), "total": str(fleet.card_cost),
                      "peak_cards": fleet.peak_cards},
             "dynamic": {"cost": str(busy), "card_hours": str(fleet.busy_seconds / _S_PER_H),
-                        "peak_cards": fleet.peak_busy_cards},
+                        "peak_cards": fleet.peak_busy_cards,
+                        "peak_at": fleet.peak_busy_at.isoformat() if fleet.peak_busy_at else None,
+                        "fleet_cards_at_peak": fleet.cards_at_peak_busy},
             "alternatives": alternatives,
             "baseline": baseline,
             "saving": None if baseline is None else str(costs[baseline] - busy),

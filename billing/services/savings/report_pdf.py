@@ -168,8 +168,12 @@ class SavingsTables:
         return next((r for r in self.alternatives if r.key == self.baseline), None)
 
     @property
-    def fleet_cards(self) -> int:
-        return max(r.fleet_cards for r in self.alternatives)
+    def feasible(self) -> dict[str, AlternativeRow]:
+        """The static alternatives that fit on the fleet, by key."""
+        return {r.key: r for r in self.alternatives[1:] if r.feasible}
+
+    def row(self, key: str) -> AlternativeRow:
+        return next(r for r in self.alternatives if r.key == key)
 
 
 def _shown_parts(parts: list[Decimal], total: Decimal, currency: str) -> tuple[list[Decimal], Decimal]:
@@ -212,8 +216,11 @@ def savings_tables(result: dict[str, Any] | None, tenant_names: dict[str, str]) 
     dynamic_cost = held_rows[0].dynamic  # the same figure as the busy cards' row above
     baseline = fleet["baseline"]
     dynamic = fleet["dynamic"]
+    # The cards dynamic held at its busiest minute, of the cards metered in that same minute (a
+    # report computed before stored that minute: the fleet's own busiest minute).
     rows = [AlternativeRow("dynamic", True, dynamic_cost, dynamic_cost, _hours(dynamic.get("card_hours")),
-                           int(dynamic["peak_cards"]), int(held["peak_cards"]), None, "", False)]
+                           int(dynamic["peak_cards"]), int(dynamic.get("fleet_cards_at_peak", held["peak_cards"])),
+                           None, "", False)]
     for key in ALTERNATIVES:
         alt = fleet["alternatives"][key]
         shortfall = alt.get("shortfall") or {}
@@ -247,7 +254,8 @@ def _hours(value: Any) -> Decimal | None:
 
 def shortfall_text(row: AlternativeRow) -> str:
     """Why an alternative is not feasible, in the reader's language."""
-    return _("Not feasible: it needs %(needed)s cards at once (%(at)s UTC), the fleet had %(had)s %(model)s.") % {
+    return _("Not feasible: it needs %(needed)s %(model)s cards at once (%(at)s UTC), the fleet metered "
+             "%(had)s in that minute.") % {
         "needed": row.peak_cards, "had": row.fleet_cards, "model": row.shortfall_model,
         "at": date_format(row.shortfall_at, "DATETIME_FORMAT") if row.shortfall_at else "—"}
 
@@ -258,9 +266,13 @@ def headline_text(tables: SavingsTables) -> tuple[str, str]:
     or that none fits."""
     row = tables.baseline_row
     if row is None or row.saving is None:
+        # No fleet-wide card count here: each alternative fell short at its own minute, against the
+        # cards metered in that minute, and says so on its own row.
         return _("No static alternative fits on this fleet"), _(
-            "Each static alternative needs more cards than the fleet's %(cards)s, so none is priced: dynamic "
-            "allocation ran the same workloads on the cards the fleet has.") % {"cards": tables.fleet_cards}
+            "Each static alternative needs, at some minute, more cards than the fleet metered in that minute "
+            "(each one's shortfall is shown), so there is nothing to compare against and none is priced. "
+            "Dynamic allocation ran the same workloads on the fleet's own cards for %(cost)s.") % {
+            "cost": money_text(tables.dynamic.cost, tables.currency)}
     pct = row.reduction_pct
     figure = money_text(abs(row.saving), tables.currency)
     if pct is not None:
@@ -274,17 +286,23 @@ def headline_text(tables: SavingsTables) -> tuple[str, str]:
 
 @dataclass(frozen=True)
 class PairedRow:
-    """The paired test of one static alternative against dynamic, over complete workload-days."""
+    """The paired test of one static alternative against dynamic, over complete workload-days. An
+    alternative that does not fit on the fleet has no figures (None), only `why_not`."""
 
     key: str
-    static_cost: Decimal  # Σ x, every steady workload-day
-    dynamic_cost: Decimal  # Σ y
+    static_cost: Decimal | None  # Σ x, every steady workload-day
+    dynamic_cost: Decimal | None  # Σ y
     n: int
     mean_saving: Decimal | None
     ci95_low: Decimal | None
     ci95_high: Decimal | None
     p_value: float | None
     is_baseline: bool
+    why_not: str = ""  # why the alternative is not feasible ("" when it is)
+
+    @property
+    def feasible(self) -> bool:
+        return not self.why_not
 
     @property
     def label(self) -> str:
@@ -296,18 +314,23 @@ class PairedRow:
 
     @property
     def reduction_pct(self) -> Decimal | None:
-        if not self.static_cost:
+        if not self.static_cost or self.dynamic_cost is None:
             return None
         return (1 - self.dynamic_cost / self.static_cost) * 100
 
 
 def paired_rows(result: dict[str, Any], currency: str) -> list[PairedRow]:
     """One row per static alternative: Σ x, Σ y, the mean saving per complete workload-day, its 95 %
-    confidence interval, the p-value and n, each amount rounded once to the currency's minor unit."""
+    confidence interval, the p-value and n, each amount rounded once to the currency's minor unit.
+    An alternative that does not fit on the fleet is priced nowhere, here neither: its row says why."""
     s = result["summary"]
     baseline = result["fleet"].get("baseline")
+    tables = savings_tables(result, {})
     rows = []
     for key in ALTERNATIVES:
+        if tables is not None and not tables.row(key).feasible:
+            rows.append(PairedRow(key, None, None, 0, None, None, None, None, False, tables.row(key).why_not))
+            continue
         t = result["tests"][key]
         ci = t.get("ci95") or [None, None]
         mean, low, high = (None if v is None else display_amount(Decimal(str(v)), currency)
@@ -324,13 +347,27 @@ def p_value_text(p: float | None) -> str:
     return "< 0.001" if p < 0.001 else f"{p:.3f}"
 
 
+def _whole_cards_why_not(result: dict[str, Any]) -> str:
+    """Why whole cards do not fit on the fleet ("" when they do): the figures measured against them
+    (utilisation and idle memory of whole cards, efficiency, the study's cost reduction) are then
+    comparisons with cards the fleet did not have, and are not shown."""
+    tables = savings_tables(result, {})
+    return "" if tables is None else tables.row("whole_card").why_not
+
+
 def summary_rows(result: dict[str, Any]) -> list[tuple[str, str]]:
     """(label, value) rows of the figures that are not per alternative, shared by the page and the PDF."""
     s = result["summary"]
     n = max((int(t.get("n") or 0) for t in result["tests"].values()), default=0)
-    return [
+    rows = [
         (_("Complete workload-days compared (n)"), _fmt(n)),
         (_("Containers per card"), _fmt(s["containers_per_card"])),
+    ]
+    if _whole_cards_why_not(result):
+        return [*rows, (_("SM utilisation, dynamic"), _fmt(s["sm_utilisation_dynamic_pct"], " %")),
+                (_("Idle memory, dynamic"), _fmt(s["idle_memory_share_dynamic_pct"], " %"))]
+    return [
+        *rows,
         (_("SM utilisation, whole cards → dynamic"),
          f"{_fmt(s['sm_utilisation_static_pct'], ' %')} → {_fmt(s['sm_utilisation_dynamic_pct'], ' %')}"),
         (_("Idle memory, whole cards → dynamic"),
@@ -380,6 +417,13 @@ def definitions(cold_start_minutes: int) -> list[tuple[str, str]]:
             "workloads that start together; a slice stays on its card until its workload ends. An alternative "
             "that needs more cards than the fleet had at some moment is not feasible: the page says how many it "
             "needed and never prices cards the fleet did not have.")),
+        (_("The fleet's cards"), _(
+            "The cards metered in one minute (priced, with metered time). A card that meters some hours only, "
+            "such as a burst node, is part of the fleet in those minutes only: static alternatives are placed on "
+            "it then and never when it was not metered. Every count of cards on this page is of one minute: "
+            "“N of M cards” is an allocation's cards at its busiest minute of the M the fleet metered in that "
+            "minute, and a shortfall names the minute an alternative needed more cards than the fleet metered "
+            "then.")),
         (_("Cost of an allocation"), _(
             "Every card-minute that held at least one of its workloads or slices, at the card's rate card, as "
             "the ledger priced that minute. Cards it left empty could have been handed back, so they are not "
@@ -410,9 +454,19 @@ def definitions(cold_start_minutes: int) -> list[tuple[str, str]]:
 
 
 def study_rows(result: dict[str, Any]) -> list[tuple[str, str, str]]:
-    """(figure, the study's, ours) for the figures the study reports; its baseline is whole cards."""
+    """(figure, the study's, ours) for the figures the study reports; its baseline is whole cards.
+    When whole cards do not fit on this fleet, each figure measured against them says why instead."""
     s = result["summary"]
     reduction = s["chargeback_reduction_pct"]["whole_card"]
+    why_not = _whole_cards_why_not(result)
+    if why_not:
+        return [
+            (_("Container GPU cost against whole cards"), _STUDY["cost_reduction_pct"], why_not),
+            (_("Containers per card"), _STUDY["containers_per_card"], _fmt(s["containers_per_card"], "×")),
+            (_("GPU (SM) utilisation, static → dynamic"), _STUDY["sm_utilisation"], why_not),
+            (_("Idle GPU memory, static → dynamic"), _STUDY["idle_memory"], why_not),
+            (_("Resource optimisation efficiency"), _STUDY["efficiency"], why_not),
+        ]
     return [
         (_("Container GPU cost against whole cards"), _STUDY["cost_reduction_pct"],
          "—" if reduction is None else f"{-reduction:+.1f} %".replace("-", "−")),
@@ -463,6 +517,9 @@ def savings_csv_rows(result: dict[str, Any], tenant_names: dict[str, str]) -> li
              _csv_amount(r.dynamic, currency), _csv_amount(r.saving, currency), _csv_pct(r.reduction_pct), "", "",
              currency] for r in tables.chargeback]
     for p in paired_rows(result, currency):
+        if not p.feasible:
+            out.append(["paired_test", "not_feasible", p.key, "no", "", "", "", "", "", "", ""])
+            continue
         for label, value in (("static_cost", p.static_cost), ("dynamic_cost", p.dynamic_cost),
                              ("mean_saving_per_complete_workload_day", p.mean_saving), ("ci95_low", p.ci95_low),
                              ("ci95_high", p.ci95_high)):
@@ -501,10 +558,10 @@ def _comparison_cells(rows: tuple[CostComparison, ...], currency: str) -> list[l
 
 
 def _paired_cells(rows: list[PairedRow], currency: str) -> list[list[str]]:
-    return [[r.label, money_text(r.static_cost, currency), money_text(r.dynamic_cost, currency),
+    return [[r.label, _amount(r.static_cost, currency), _amount(r.dynamic_cost, currency),
              _fmt(r.reduction_pct, " %"), _amount(r.mean_saving, currency),
              f"{_amount(r.ci95_low, currency)} … {_amount(r.ci95_high, currency)}", p_value_text(r.p_value),
-             _fmt(r.n)] for r in rows]
+             _fmt(r.n)] if r.feasible else [r.label, r.why_not, "", "", "", "", "", ""] for r in rows]
 
 
 def render_paired_report_pdf(report: PairedReport, *, tenant_names: dict[str, str]) -> bytes:

@@ -153,7 +153,8 @@ def choose_baseline(costs: dict[str, Decimal | None]) -> str | None:
 
 @dataclass(frozen=True, slots=True)
 class FleetCard:
-    """One card of the fleet, from its first metered minute (`start`) to the minute after its last."""
+    """One card of the fleet over one unbroken run of minutes it metered: from the first (`start`)
+    to the minute after the last. A card metered some hours only (a burst node) is several."""
 
     node_id: int
     node: str
