@@ -343,6 +343,23 @@ def test_chosen_period_charts_daily_cost_of_the_top_seven_and_the_rest_as_an_eig
     assert resp.context["portal"].month_to_date == Decimal("5.25")
 
 
+def test_a_workloads_chart_days_add_up_to_its_figure_in_the_table(client, ledger):
+    # Three one-day workloads of 1.005 each: alone each rounds to 1.00, but the tenant's figure is
+    # 3.02 (its invoice line's rule: the sum rounded once), which opens into 1.01 + 1.01 + 1.00.
+    day = datetime(2026, 1, 5, 10, tzinfo=UTC)
+    for i in range(3):
+        usage(day, pod=f"pod-{i}", pod_uid=f"uid-{i}", charge="1.005")
+    client.force_login(user_in(tenants=("acme",)))
+    portal = client.get("/tenants/acme/", {"start": "2026-01-05", "end": "2026-01-05"}).context["portal"]
+    figures = {w.label: w.cost for w in portal.workloads}
+    charted = {name: sum(days, Decimal(0)) for name, days in zip(portal.daily.names, portal.daily.cost, strict=True)}
+    assert charted == figures
+    # Rounding the day on its own would not do: 1.005 shows 1.00 where the table shows 1.01.
+    assert sorted(figures.values()) == [Decimal("1.00"), Decimal("1.01"), Decimal("1.01")]
+    # Each cell is written to the cent, as the tooltip shows it.
+    assert all(v == v.quantize(Decimal("0.01")) for days in portal.daily.cost for v in days)
+
+
 def test_eight_workloads_are_all_charted_without_an_other_series(client, ledger):
     for i in range(6):  # with bert-1 and train-7: eight workloads this month
         usage(ledger, pod=f"pod-{i}", pod_uid=f"uid-{i}", charge="1")
