@@ -18,7 +18,8 @@ from django.test import Client
 
 from billing.calendar import month_bounds
 from billing.ledger.models import GpuHour, UsageHour, WorkloadMeta
-from billing.models import BillingPeriod, Gpu, Invoice, Node, RateCard, Tenant
+from billing.models import BillingPeriod, BudgetStatus, Gpu, Invoice, Node, RateCard, Tenant
+from billing.queries.budgets import BudgetView
 from billing.queries.portal import TenantNotFound, get_tenant_portal
 from billing.scope import ADMIN_GROUP, FINANCE_GROUP, get_scope
 from billing.services.budgets.spend import evaluate_budgets, set_budget
@@ -230,34 +231,66 @@ def test_budget_status_shows_state_bar_action_and_owner(client, ledger):
     assert "finops@acme.example" in html
 
 
-@pytest.mark.parametrize(("language", "ok", "label", "sentence"), [
-    ("en", "ok", "forecast over budget", "Forecast to month end 5.25 USD, above the budget of 5.00 USD"),
-    ("zh-hans", "正常", "预测超出预算", "月末预测 5.25 USD\uff0c高于 5.00 USD 的预算"),
+@pytest.mark.parametrize(("language", "label", "sentence"), [
+    ("en", "forecast over budget", "Forecast to month end 5.25 USD, above the budget of 5.00 USD"),
+    ("zh-hans", "预测超出预算", "月末预测 5.25 USD\uff0c高于 5.00 USD 的预算"),
 ])
-def test_forecast_over_budget_shows_beside_the_state_on_the_portal_the_tenant_list_and_the_budgets_page(
-        ledger, language, ok, label, sentence):
+def test_forecast_over_budget_is_the_state_shown_on_the_portal_the_tenant_list_and_the_budgets_page(
+        ledger, language, label, sentence):
     """acme's forecast is its month to date (no complete hour yet): 5.25 USD above a budget of 5.00,
-    while thresholds of 999 % keep the state ok. Each page says so in the reader's language, orange
-    rather than the green of ok, with the forecast and the budget side by side."""
+    while thresholds of 999 % keep the state ok. Each page shows "forecast over budget" as the state,
+    in the reader's language and orange, never "ok" beside it; enforcement still reads ok."""
     set_budget(tenant_slug="acme", now=clock.now(), actor_label="test",
                values={"amount": Decimal("5"), "currency": "USD", "owner": "finops@acme.example",
                        "soft_threshold_pct": Decimal("999"), "hard_threshold_pct": Decimal("999")})
     evaluate_budgets(now=clock.now())
+    assert BudgetStatus.objects.get(budget__tenant__slug="acme").state == "ok"
     member = Client(HTTP_ACCEPT_LANGUAGE=language)
     member.force_login(user_in(tenants=("acme",)))
     html = member.get("/tenants/acme/").content.decode()
     assert re.search(r'class="budget-bar state-ok forecast-over" data-testid="budget-bar" data-state="ok"', html)
-    assert text_of(html, "budget-state") == ok
-    assert text_of(html, "budget-forecast-over") == label
+    assert re.search(r'<strong class="state-forecast-over" data-testid="budget-state" '
+                     r'data-shown-state="forecast-over">', html)
+    assert text_of(html, "budget-state") == label
+    assert 'data-testid="budget-forecast-over"' not in html  # no badge repeating the state
     assert text_of(html, "budget-forecast-vs-amount") == sentence
     finance = Client(HTTP_ACCEPT_LANGUAGE=language)
     finance.force_login(user_in(group=FINANCE_GROUP))
-    assert text_of(finance.get("/tenants/").content.decode(), "tenant-forecast-over-acme") == label
+    tenants = finance.get("/tenants/").content.decode()
+    assert re.search(r'<td class="state-forecast-over" data-testid="tenant-budget-state-acme"', tenants)
+    assert text_of(tenants, "tenant-budget-state-acme") == label
     budgets = finance.get("/budgets/").content.decode()
-    assert text_of(budgets, "budget-state-acme") == f"{ok} {label}"
+    assert text_of(budgets, "budget-state-acme") == label
+    assert re.search(r'data-testid="budget-state-acme" data-state="ok" data-shown-state="forecast-over">'
+                     r'<strong class="state-forecast-over">', budgets)
     assert re.search(r'<td class="num forecast-over" data-testid="budget-forecast-acme">5.25 USD</td>'
                      r'<td class="num">5.00 USD</td>', budgets)
     assert "forecast-over-definition" in budgets
+
+
+def test_a_warned_budget_keeps_its_state_with_the_forecast_beside_it(client, ledger):
+    """Warned is already a warning: it stays the state shown, the forecast a badge beside it."""
+    set_budget(tenant_slug="acme", now=clock.now(), actor_label="test",
+               values={"amount": Decimal("5"), "currency": "USD", "owner": "finops@acme.example",
+                       "soft_threshold_pct": Decimal("50"), "hard_threshold_pct": Decimal("999")})
+    evaluate_budgets(now=clock.now())
+    client.force_login(user_in(tenants=("acme",)))
+    html = client.get("/tenants/acme/").content.decode()
+    assert text_of(html, "budget-state") == "warned"
+    assert text_of(html, "budget-forecast-over") == "forecast over budget"
+
+
+def test_the_state_shown_is_decided_in_one_place():
+    def view(state: str, flag: bool) -> BudgetView:
+        return BudgetView(id=1, tenant="acme", tenant_name="Acme", scope="tenant", namespace="", label="",
+                          amount=Decimal(5), currency="USD", hard_action="block", owner="", state=state,
+                          spend=Decimal(1), spend_shown=Decimal(1), forecast=Decimal(9), rate_hours=1,
+                          used_pct=Decimal(20), forecast_over_budget=flag)
+    assert (view("ok", True).shown_state, view("ok", True).forecast_over_badge) == ("forecast-over", False)
+    assert (view("ok", False).shown_state, view("ok", False).forecast_over_badge) == ("ok", False)
+    assert (view("warned", True).shown_state, view("warned", True).forecast_over_badge) == ("warned", True)
+    assert view("enforced", False).shown_state == "enforced"
+    assert view("ok", True).state == "ok"  # what enforcement reads is untouched
 
 
 def test_a_budget_whose_forecast_is_within_it_shows_no_forecast_warning(client, ledger):
