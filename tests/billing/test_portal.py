@@ -97,10 +97,12 @@ class _Element(HTMLParser):
 _VOID = {"input", "br", "img", "meta", "link", "hr", "wbr", "source"}  # HTML elements without an end tag
 
 
-def text_of(html: str, name: str) -> str:
-    """The text inside the first element with data-testid=name, whitespace collapsed."""
+def text_of(html: str, name: str, *, after: str = "") -> str:
+    """The text inside the first element with data-testid=name (the first after `after`, if given),
+    whitespace collapsed."""
     parser = _Element(name)
-    parser.feed(html)
+    assert after in html, f"no {after!r}"
+    parser.feed(html[html.index(after) + len(after):] if after else html)
     assert parser.found, f"no data-testid={name}"
     return " ".join("".join(parser.text).split())
 
@@ -565,9 +567,39 @@ def test_the_panel_says_what_a_workload_was_billed_on_and_what_over_granting_cos
         "lower", Decimal(16), Decimal(92))
     assert "→ request 26 GiB, freeing 14.00 GB·h." in panel
     assert "→ request 16 SMs, freeing 92.00 SM·h." in panel
+    # lean reported no request: the same rule against the grant it was billed on, saying so. 40 GiB
+    # granted, 10 at the peak hour → 13 GiB, 27 of 40 GB·h; 54 SMs granted, 10 at the peak → 13.
     (lean_main,) = lean.reasons.sizing
-    assert (lean_main.suggestion.verdict, lean_main.sm_suggestion.verdict) == ("unknown", "unknown")
+    assert (lean_main.suggestion.verdict, lean_main.suggestion.basis, lean_main.suggestion.suggested,
+            lean_main.freed_gb_h) == ("lower", "grant", Decimal(13 * 1024), Decimal(27))
+    assert (lean_main.sm_suggestion.verdict, lean_main.sm_suggestion.basis, lean_main.sm_suggestion.suggested,
+            lean_main.freed_sm_h) == ("lower", "grant", Decimal(13), Decimal(41))
+    lean_panel = text_of(html, "reason-rightsizing", after='data-workload="ml/lean/uid-lean"')
+    assert lean_panel.count("Request not reported by the node agent; sized against the grant billed on:") == 2
+    assert ("Granted 40.00 GiB, used on average 10.00 GiB (peak hour 10.00 GiB) → ask for 13 GiB, "
+            "freeing 27.00 GB·h.") in lean_panel
+    assert "Granted 54.00 SMs, used on average 10.00 SMs (peak hour 10.00 SMs) → ask for 13 SMs, freeing 41.00 SM·h." in lean_panel
+    # stray: 2 GiB and 2 SMs granted, half used: the grant fits.
+    (stray_main,) = stray.reasons.sizing
+    assert (stray_main.suggestion.verdict, stray_main.sm_suggestion.verdict) == ("fits", "fits")
+    assert "Request unknown: no suggestion." not in panel
     assert "plus 30 % headroom" in panel
+
+
+def test_a_raise_reads_as_a_raise_with_quantities_that_show_why(client, overgranted):
+    """400 MB requested, the peak hour at 430 MB: at one decimal both read 0.4 GiB, a contradiction."""
+    node = Node.objects.get(name="gpu-node-1")
+    _gpu(node, "GPU-B", A100["model"], overgranted)
+    _hour_row(node, overgranted, pod="tiny", gpu="GPU-B", charge="0.10", mem_used_mb=430, mem_granted_mb=400,
+              sm_used=1, sm_granted=2)
+    WorkloadMeta.objects.create(node=node, namespace="ml", pod="tiny", pod_uid="uid-tiny",
+                                requests={"main": {"mem_mb": 400, "sm": 2}}, first_seen=overgranted,
+                                last_seen=overgranted)
+    client.force_login(user_in(tenants=("acme",)))
+    html = client.get("/tenants/acme/").content.decode()
+    tiny = text_of(html, "reason-rightsizing", after='data-workload="ml/tiny/uid-tiny"')
+    assert ("The peak hour used 0.42 GiB, more than the 0.39 GiB requested → raise the request to 1 GiB."
+            in tiny)
 
 
 def test_the_panel_shows_each_workloads_cost_as_the_table_does_to_the_cent(client, ledger):
