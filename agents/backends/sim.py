@@ -9,12 +9,13 @@ Scenario file (JSON)::
                     "pod": "bert-7f9c4-x2k9p", "container": "server",
                     "pod_uid": "…", "sla_tier": "gold", "gpu": "GPU-…",
                     "profile": "bert-base",
-                    "guarantee_mem_mb": 384, "limit_mem_mb": 1024, "weight": 4,
+                    "guarantee_mem_mb": 384, "limit_mem_mb": 1024, "weight": 4, "sm_requested": 54,
                     "controller_kind": "Deployment", "controller_name": "bert",
                     "labels": {"app": "bert", "team": "acme-search"}}]}
 
 The keys after ``profile`` are optional. The controller and labels are what an agent on a real
-node learns from the pod (agents.owners); the guarantee is also reported as the request. Readings are a function of the
+node learns from the pod (agents.owners); the guarantee is also reported as the memory request, and
+``sm_requested`` (SMs, at most the card's) as the SM request a pod's sm-count asks for. Readings are a function of the
 seed and of the seconds elapsed since ``epoch``: no wall clock inside.
 """
 
@@ -51,7 +52,8 @@ SLA_TIERS = ("gold", "silver", "bronze", "best-effort")
 A100_80GB = GpuInfo(uuid="", model="NVIDIA A100-SXM4-80GB", memory_mb=81920, sm_count=108)
 
 _WORKLOAD_KEYS = ("tenant", "namespace", "pod", "container", "pod_uid", "sla_tier", "gpu", "profile")
-_OPTIONAL_KEYS = ("guarantee_mem_mb", "limit_mem_mb", "weight", "controller_kind", "controller_name", "labels")
+_OPTIONAL_KEYS = ("guarantee_mem_mb", "limit_mem_mb", "weight", "sm_requested", "controller_kind", "controller_name",
+                  "labels")
 # The demo's controllers by app: a Deployment's pods (name-<hash>-<id>), a StatefulSet's, a Job's.
 _CONTROLLERS = {"bert": "Deployment", "resnet50": "Job", "llama2-7b": "StatefulSet"}
 # Characters Kubernetes uses for generated name suffixes (no vowels, no look-alikes).
@@ -62,6 +64,9 @@ _APPS = {  # profile -> (app name, container name, guarantee MiB, limit MiB)
     "llama2-7b-q4": ("llama2-7b", "llm", 4096, 8192),
 }
 _PROFILE_MIX = (0.4, 0.3, 0.3)
+# The SMs a demo app's pods ask for (a whole card for the LLM, half for training); bert's pods ask
+# for none, as many real pods do not: the demo shows advice against a request and against a grant.
+_SM_REQUESTS = {"llama2-7b": 108, "resnet50": 54}
 _TEAMS = {"bert": "search", "resnet50": "vision", "llama2-7b": "assistant"}  # a team per app, per tenant  # share of bert-base, resnet50, llama2-7b-q4 pods
 
 
@@ -157,9 +162,7 @@ def parse_scenario(data: Mapping[str, Any]) -> Scenario:  # noqa: PLR0912 - one 
         if weight is not None and not (math.isfinite(weight) and weight > 0):
             raise ValueError(f"{path}.weight: must be > 0")
         meta = _scenario_meta(raw, path)
-        if "guarantee_mem_mb" in raw:  # the guarantee is what the pod asked for, as a request's is
-            card = next(g.memory_mb for g in gpus if g.uuid == fields["gpu"])
-            meta = replace(meta, mem_requested_mb=min(round(guarantee), card))
+        meta = _with_requests(meta, raw, path, next(g for g in gpus if g.uuid == fields["gpu"]), guarantee)
         workload = replace(workload, meta=meta)
         workloads.append(
             SimWorkload(
@@ -171,6 +174,20 @@ def parse_scenario(data: Mapping[str, Any]) -> Scenario:  # noqa: PLR0912 - one 
             )
         )
     return Scenario(node=node, seed=seed, gpus=tuple(gpus), workloads=tuple(workloads))
+
+
+def _with_requests(meta: WorkloadMeta, raw: Mapping[str, Any], path: str, card: GpuInfo,
+                   guarantee: float) -> WorkloadMeta:
+    """The description with what the pod asked for on its card: the memory guarantee (what the pod
+    asked for, as a request's is) and the SMs of `sm_requested`, checked as the service checks them."""
+    if "guarantee_mem_mb" in raw:
+        meta = replace(meta, mem_requested_mb=min(round(guarantee), card.memory_mb))
+    if "sm_requested" in raw:
+        sm = _require(raw, "sm_requested", float, path)
+        if not (math.isfinite(sm) and 0 <= sm <= card.sm_count):
+            raise ValueError(f"{path}.sm_requested: must be a number of SMs in [0, {card.sm_count}]")
+        meta = replace(meta, sm_requested=float(sm))
+    return meta
 
 
 def _scenario_meta(raw: Mapping[str, Any], path: str) -> WorkloadMeta:
@@ -362,6 +379,8 @@ def demo_scenario(node: str, *, seed: int, gpu_count: int = 8, tenants: Sequence
                     "controller_kind": kind,
                     "controller_name": controller,
                     "labels": {"app": app, "team": f"{slug}-{_TEAMS[app]}"},
+                    # No draws of their own either: what the pods ask for adds nothing to the draws.
+                    **({"sm_requested": _SM_REQUESTS[app]} if app in _SM_REQUESTS else {}),
                 }
             )
     return {"node": node, "seed": seed, "gpus": gpus, "workloads": workloads}

@@ -78,7 +78,7 @@ def list_billed_basis_rows(*, tenant: str, start: datetime, end: datetime) -> li
 @dataclass(frozen=True)
 class ContainerUseRow:
     """One container of a pod instance over a period, per GPU: its metered seconds, memory and SMs
-    used, requested (× seconds; None where any hour's request is unknown), and the highest hourly
+    used, granted, requested (× seconds; None where any hour's request is unknown), and the highest hourly
     mean of each (Σ used ÷ Σ metered seconds of the hour, over its GPUs): what right-sizing needs."""
 
     namespace: str
@@ -92,6 +92,8 @@ class ContainerUseRow:
     sm_requested_s: Decimal | None
     peak_hour_mean_mb: Decimal
     peak_hour_mean_sm: Decimal
+    mem_granted_mb_s: Decimal
+    sm_granted_s: Decimal
 
 
 def list_container_use(*, tenant: str, start: datetime, end: datetime) -> list[ContainerUseRow]:
@@ -101,6 +103,7 @@ def list_container_use(*, tenant: str, start: datetime, end: datetime) -> list[C
     sql = (
         "WITH hours AS (SELECT u.namespace, u.pod, u.pod_uid, u.container, u.hour, sum(u.seconds) AS s, "  # noqa: S608 - fixed SQL
         "sum(u.mem_used_mb_s) AS mem, sum(u.sm_used_s) AS sm, "
+        "sum(u.mem_granted_mb_s) AS mem_granted, sum(u.sm_granted_s) AS sm_granted, "
         f"bool_and({mem_req} IS NOT NULL) AS mem_known, sum({mem_req}) AS mem_req, "
         f"bool_and({sm_req} IS NOT NULL) AS sm_known, sum({sm_req}) AS sm_req "
         f"FROM {_USAGE} u LEFT JOIN {_META} m ON m.node_id = u.node_id AND m.namespace = u.namespace "
@@ -111,7 +114,8 @@ def list_container_use(*, tenant: str, start: datetime, end: datetime) -> list[C
         "sum(sm) AS sm_used_s, CASE WHEN bool_and(mem_known) THEN sum(mem_req) END AS mem_requested_mb_s, "
         "CASE WHEN bool_and(sm_known) THEN sum(sm_req) END AS sm_requested_s, "
         "coalesce(max(mem / nullif(s, 0)), 0) AS peak_hour_mean_mb, "
-        "coalesce(max(sm / nullif(s, 0)), 0) AS peak_hour_mean_sm "
+        "coalesce(max(sm / nullif(s, 0)), 0) AS peak_hour_mean_sm, "
+        "sum(mem_granted) AS mem_granted_mb_s, sum(sm_granted) AS sm_granted_s "
         "FROM hours GROUP BY namespace, pod, pod_uid, container"
     )
     with period_read_cursor() as cur:

@@ -17,10 +17,13 @@ from billing.models import Budget, BudgetAction, BudgetScope, BudgetState, Budge
 from billing.scope import Scope
 from billing.services.budgets import MonthSpend, get_budget_spends
 
-__all__ = ["FORECAST_OVER_BUDGET_LABEL", "BudgetView", "list_budgets"]
+__all__ = ["FORECAST_OVER_BUDGET_LABEL", "SHOWN_FORECAST_OVER", "BudgetView", "list_budgets"]
 
-# Shown beside the state (ok or warned) of a budget whose forecast exceeds its amount; never a state.
+# The forecast-over-budget flag is never a state of enforcement (BudgetStatus): an ok budget whose
+# forecast exceeds its amount is still ok to the admission webhook and the node policy. Pages show it
+# as the state, though: "ok" beside "forecast over budget" read as a contradiction.
 FORECAST_OVER_BUDGET_LABEL = gettext_lazy("forecast over budget")
+SHOWN_FORECAST_OVER = "forecast-over"
 
 
 @dataclass(frozen=True)
@@ -48,6 +51,27 @@ class BudgetView:
     @property
     def state_label(self) -> str:
         return str(BudgetState(self.state).label)
+
+    @property
+    def shown_state(self) -> str:
+        """The state every page shows (the one place it is decided): an ok budget whose forecast is
+        over its amount shows `forecast-over`, a warning; otherwise the state enforcement acts on.
+        Display only: `state` stays what the webhook and the node policy read."""
+        if self.state == BudgetState.OK and self.forecast_over_budget:
+            return SHOWN_FORECAST_OVER
+        return self.state
+
+    @property
+    def shown_state_label(self) -> str:
+        if self.shown_state == SHOWN_FORECAST_OVER:
+            return str(FORECAST_OVER_BUDGET_LABEL)
+        return self.state_label
+
+    @property
+    def forecast_over_badge(self) -> bool:
+        """Whether the flag is shown as a badge beside the shown state: beside warned only (an ok
+        budget already shows it as its state; an enforced one never carries it)."""
+        return self.forecast_over_budget and self.shown_state != SHOWN_FORECAST_OVER
 
     @property
     def forecast_over_budget_label(self) -> str:

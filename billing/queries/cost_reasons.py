@@ -130,14 +130,19 @@ def _sizing(use: ContainerUseRow) -> ContainerSizing:
     known = seconds > 0
     memory = MemoryUse(request_mb=use.mem_requested_mb_s / seconds if known and use.mem_requested_mb_s is not None
                        else None, mean_used_mb=mean_mb(use.mem_used_mb_s, seconds),
-                       peak_hour_mean_mb=use.peak_hour_mean_mb)
+                       peak_hour_mean_mb=use.peak_hour_mean_mb,
+                       granted_mb=use.mem_granted_mb_s / seconds if known else None)
     sm = SmUse(request_sm=use.sm_requested_s / seconds if known and use.sm_requested_s is not None else None,
-               mean_used_sm=mean_mb(use.sm_used_s, seconds), peak_hour_mean_sm=use.peak_hour_mean_sm)
+               mean_used_sm=mean_mb(use.sm_used_s, seconds), peak_hour_mean_sm=use.peak_hour_mean_sm,
+               granted_sm=use.sm_granted_s / seconds if known else None)
     suggestion, sm_suggestion = suggest_memory_request(memory), suggest_sm_request(sm)
+    # What a lower request gives back is of the request, or of the grant where it was held against it.
+    mem_of = use.mem_granted_mb_s if suggestion.against_grant else use.mem_requested_mb_s
+    sm_of = use.sm_granted_s if sm_suggestion.against_grant else use.sm_requested_s
     return ContainerSizing(
         container=use.container, memory=memory, suggestion=suggestion,
-        freed_gb_h=suggestion.freed(_per(use.mem_requested_mb_s, _MB_S_PER_GB_H)),
-        sm=sm, sm_suggestion=sm_suggestion, freed_sm_h=sm_suggestion.freed(_per(use.sm_requested_s, _S_PER_H)),
+        freed_gb_h=suggestion.freed(_per(mem_of, _MB_S_PER_GB_H)),
+        sm=sm, sm_suggestion=sm_suggestion, freed_sm_h=sm_suggestion.freed(_per(sm_of, _S_PER_H)),
     )
 
 

@@ -171,12 +171,16 @@ class ExploreRow:
     @property
     def freed_gb_h(self) -> Decimal | None:
         """GB·h of request a lowered request would have given back over the period."""
-        return self.suggestion.freed(self.mem_requested_gb_h) if self.suggestion else None
+        if not self.suggestion:
+            return None
+        return self.suggestion.freed(self.mem_granted_gb_h if self.suggestion.against_grant else self.mem_requested_gb_h)
 
     @property
     def freed_sm_h(self) -> Decimal | None:
         """SM·h of request a lowered SM request would have given back over the period."""
-        return self.sm_suggestion.freed(self.sm_requested_h) if self.sm_suggestion else None
+        if not self.sm_suggestion:
+            return None
+        return self.sm_suggestion.freed(self.sm_granted_h if self.sm_suggestion.against_grant else self.sm_requested_h)
 
 
 @dataclass(frozen=True)
@@ -295,10 +299,13 @@ def _sized(row: ExploreRow, peak_hour_mean_mb: Decimal, peak_hour_mean_sm: Decim
     seconds = row.seconds
     request = (row.mem_requested_gb_h * _MB_S_PER_GB_H / seconds
                if row.mem_requested_gb_h is not None and seconds > 0 else None)
+    # The grant per GPU: what the rule is held against where no request was reported.
     memory = MemoryUse(request_mb=request, mean_used_mb=mean_mb(row.mem_used_gb_h * _MB_S_PER_GB_H, seconds),
-                       peak_hour_mean_mb=peak_hour_mean_mb)
+                       peak_hour_mean_mb=peak_hour_mean_mb,
+                       granted_mb=mean_mb(row.mem_granted_gb_h * _MB_S_PER_GB_H, seconds) if seconds > 0 else None)
     sm_request = row.sm_requested_h * _S_PER_H / seconds if row.sm_requested_h is not None and seconds > 0 else None
     sm = SmUse(request_sm=sm_request, mean_used_sm=mean_mb(row.sm_used_h * _S_PER_H, seconds),
-               peak_hour_mean_sm=peak_hour_mean_sm)
+               peak_hour_mean_sm=peak_hour_mean_sm,
+               granted_sm=mean_mb(row.sm_granted_h * _S_PER_H, seconds) if seconds > 0 else None)
     return replace(row, memory=memory, suggestion=suggest_memory_request(memory), sm=sm,
                    sm_suggestion=suggest_sm_request(sm))

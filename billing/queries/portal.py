@@ -26,6 +26,7 @@ from billing.errors import DomainError, InvalidInput
 from billing.figures import FigureNode, FigureTree
 from billing.ledger.spend import list_workload_days
 from billing.models import BudgetAction, BudgetScope, RateCard, Tenant
+from billing.money import apportion
 from billing.queries.budgets import BudgetView, list_budgets
 from billing.queries.cost_reasons import CostReasons, get_cost_reasons
 from billing.queries.figures import get_figure_tree
@@ -270,7 +271,7 @@ def get_tenant_portal(*, scope: Scope, slug: str, start: datetime, end: datetime
         workloads=listed, workload_count=len(workloads),
         period_cost=shown.cost if shown else Decimal(0),
         period_quantities={name: getattr(shown, attr) if shown else Decimal(0) for name, attr in _QUANTITIES},
-        daily=_daily(slug, workloads, len(workloads), start=start, end=end, now=now),
+        daily=_daily(slug, workloads, len(workloads), start=start, end=end, now=now, money_places=tree.money_places),
         invoices=tuple(i for i in list_invoices(scope=own, today=now.date()) if i.tenant_slug == slug),
         upcoming=upcoming, upcoming_error=upcoming_error,
     )
@@ -344,8 +345,10 @@ def _with_reasons(workloads: tuple[WorkloadUsage, ...],
 
 
 def _daily(slug: str, workloads: tuple[WorkloadUsage, ...], count: int, *, start: datetime, end: datetime,
-           now: datetime) -> DailyWorkloadSeries:
-    """`workloads`: the costliest first (at least CHART_SERIES of them when there are); `count`: all of them."""
+           now: datetime, money_places: int) -> DailyWorkloadSeries:
+    """`workloads`: the costliest first (at least CHART_SERIES of them when there are); `count`: all of them.
+    A series' days add up to the figure the workload table shows (the other series: to the sum of the
+    figures of the workloads it gathers), as a figure opens into its parts (`_apportion_days`)."""
     # The chart stops at today: days that have not begun are not drawn (nor their zeros).
     days = tuple(d for d in (start.date() + timedelta(days=i) for i in range((end - start).days))
                  if datetime(d.year, d.month, d.day, tzinfo=UTC) <= now)
@@ -354,17 +357,34 @@ def _daily(slug: str, workloads: tuple[WorkloadUsage, ...], count: int, *, start
     has_other = count > len(top)
     n_series = len(top) + has_other
     day_index = {d: i for i, d in enumerate(days)}
-    cost = [[_ZERO] * len(days) for _ in range(n_series)]
+    # One more cost cell per series past the drawn days: usage the ledger holds beyond them still
+    # takes its part of the figure, so the drawn days never claim it.
+    cost = [[_ZERO] * (len(days) + 1) for _ in range(n_series)]
     mem = [[_ZERO] * len(days) for _ in range(n_series)]
     rows = list_workload_days(tenant=slug, start=start, end=end, now=now, workloads=[w.key for w in top])
     for r in rows:
         series = len(top) if r.workload is None else index[r.workload]
         d = day_index.get(r.day)
         if d is None:
+            cost[series][-1] += r.cost
             continue
         cost[series][d] += r.cost
         mem[series][d] += r.mem_used_mb_s / _MB_PER_GB / _S_PER_H
+    shown = [w.cost for w in top] + ([sum((w.cost for w in workloads[len(top):]), _ZERO)] if has_other else [])
     return DailyWorkloadSeries(
-        days=days, names=tuple(w.label for w in top), cost=tuple(tuple(v) for v in cost),
+        days=days, names=tuple(w.label for w in top),
+        cost=tuple(_apportion_days(figure, days_cost, money_places) for figure, days_cost in zip(shown, cost, strict=True)),
         mem_used_gb_h=tuple(tuple(v) for v in mem), has_other=has_other,
     )
+
+
+def _apportion_days(figure: Decimal, days: list[Decimal], places: int) -> tuple[Decimal, ...]:
+    """A workload's shown figure split over its days in proportion to their exact cost, by the largest
+    remainder (billing.money.apportion) at the figure's places (the tree's currency), so the days shown
+    add up to the figure shown: rounding each day on its own could differ from the table by a cent
+    (a one-day workload showed 39.25 against 39.26). `days` ends with the cost beyond the drawn days,
+    which takes its part and is not returned."""
+    *drawn, undrawn = days
+    if not drawn:
+        return ()
+    return tuple(apportion(figure, [*drawn, undrawn], places)[:-1])

@@ -38,7 +38,7 @@ from billing.queries.explore import (
 )
 from billing.queries.finance import PAGE_PLACES
 from billing.scope import get_scope
-from billing.services.fleet import HEADROOM, gib, percent_of
+from billing.services.fleet import HEADROOM, Suggestion, gib, percent_of
 from billing.web.forms import ExploreForm, PeriodForm
 from billing.web.views import quick_periods
 
@@ -215,8 +215,12 @@ _CSV_NUMBERS = (
 _CSV_RIGHTSIZING = (
     "mem_request_gb", "mem_mean_used_gb", "mem_peak_hour_gb", "suggestion", "suggested_mem_request_gb",
     "mem_freed_gb_h", "sm_request", "sm_mean_used", "sm_peak_hour", "sm_suggestion", "suggested_sm_request",
-    "sm_freed_h",
+    "sm_freed_h", "suggestion_basis", "sm_suggestion_basis",
 )
+
+
+def _basis(suggestion: Suggestion | None) -> str:
+    return suggestion.basis if suggestion and suggestion.verdict != "unknown" else ""
 
 
 def _csv(result: Explore) -> HttpResponse:
@@ -253,6 +257,8 @@ def _csv(result: Explore) -> HttpResponse:
             cells += [q(sm.request_sm if sm else None), q(sm.mean_used_sm if sm else None),
                       q(sm.peak_hour_mean_sm if sm else None), sm_sug.verdict if sm_sug else "",
                       q(sm_sug.suggested if sm_sug else None), q(r.freed_sm_h)]
+            # "grant": no request was reported, so the suggestion is held against the grant.
+            cells += [_basis(sug), _basis(sm_sug)]
         writer.writerow(cells)
     eff = _efficiency(result.rows)
     total = ["(total)", *("" for _k in keys), amount_cell(cost, currency), currency,
@@ -264,6 +270,6 @@ def _csv(result: Explore) -> HttpResponse:
         freed = [r.freed_gb_h for r in result.rows]
         freed_sm = [r.freed_sm_h for r in result.rows]
         total += ["", "", "", "", "", q(round_quantities([f for f in freed if f is not None], places)[1]),
-                  "", "", "", "", "", q(round_quantities([f for f in freed_sm if f is not None], places)[1])]
+                  "", "", "", "", "", q(round_quantities([f for f in freed_sm if f is not None], places)[1]), "", ""]
     writer.writerow(total)
     return response

@@ -45,6 +45,26 @@ def test_sim_readings_carry_the_description_and_the_allow_list_applies() -> None
     assert SimBackend(scenario, epoch=EPOCH, label_keys=()).read(now=EPOCH)[0].workload.meta.labels == ()
 
 
+def test_some_demo_pods_report_an_sm_request_as_real_pods_do() -> None:
+    """The LLM's and the training job's pods ask for SMs, bert's do not: the demo's right-sizing
+    advises against a request for some workloads and against the grant for the others."""
+    document = demo_scenario("gpu-node-01", seed=3, tenants=TENANTS)
+    asked = {w["profile"]: w.get("sm_requested") for w in document["workloads"]}
+    assert asked == {"llama2-7b-q4": 108, "resnet50": 54, "bert-base": None}
+    for reading in SimBackend(parse_scenario(document), epoch=EPOCH).read(now=EPOCH):
+        want = {"llm": 108.0, "worker": 54.0}.get(reading.workload.container)
+        assert reading.workload.meta.sm_requested == want
+        assert ("sm_requested" in reading.workload.meta.to_wire()) == (want is not None)
+
+
+@pytest.mark.parametrize("bad", [109, -1, "54"])
+def test_an_sm_request_beyond_the_card_is_refused_naming_the_workload(bad) -> None:
+    document = demo_scenario("gpu-node-01", seed=3, tenants=TENANTS)
+    document["workloads"][1]["sm_requested"] = bad
+    with pytest.raises(ValueError, match=r"workloads\[1\]\.sm_requested|workloads\[1\].*sm_requested"):
+        parse_scenario(document)
+
+
 @pytest.mark.parametrize(("extra", "problem"), [
     ({"controller_kind": "Deployment"}, "go together"),
     ({"labels": {"app": 3}}, "values must be strings"),

@@ -185,11 +185,16 @@ def test_a_workload_gets_its_efficiency_and_right_sizing(client: Client, fleet: 
     assert (server.sm.request_sm, server.sm.mean_used_sm, server.sm.peak_hour_mean_sm) == (50, 15, 20)
     assert (server.sm_suggestion.verdict, server.sm_suggestion.suggested, server.freed_sm_h) == ("lower", 26, 48)
     assert "→ request <strong>26 SMs</strong>, freeing 48.00 SM·h." in html
-    assert sidecar.sm_suggestion.verdict == "unknown"
-    # The sidecar reported no request: no ratio against it, no suggestion.
+    assert (server.suggestion.basis, server.sm_suggestion.basis) == ("request", "request")
+    # The sidecar reported no request: no ratio against it, and its memory is sized against the 2 GiB
+    # it was granted and billed on (a peak hour of 1 GiB × 1.3 → 2 GiB: it fits), saying so.
     assert sidecar.mem_requested_gb_h is None
     assert sidecar.mem_used_of_requested_pct is None
-    assert sidecar.suggestion.verdict == "unknown"
+    assert (sidecar.suggestion.verdict, sidecar.suggestion.basis, sidecar.suggestion.request) == ("fits", "grant", 2048)
+    assert "Request not reported by the node agent; sized against the grant billed on:" in html
+    assert "Granted 2.00 GiB fits: used on average 1.00 GiB, peak hour 1.00 GiB." in html
+    # Nor any SMs granted: nothing to hold the rule against, no suggestion.
+    assert sidecar.sm_suggestion.verdict == "unknown"
     assert "Request unknown: no suggestion." in html
     # Not every row's request is known: the requested column has no total, and no sum marks.
     assert resp.context["columns"]["mem_requested_gb_h"].total is None
@@ -300,14 +305,16 @@ def test_every_csv_has_the_pages_numbers_and_adds_up(client: Client, fleet: None
             server["suggested_mem_request_gb"], server["mem_freed_gb_h"]) == ("40.0000", "12.0000", "lower",
                                                                              "16.0000", "48.0000")
     assert (server["mem_used_of_granted_pct"], server["sm_used_of_requested_pct"]) == ("25.0", "30.0")
-    assert records[1]["suggestion"] == "unknown"
+    assert (records[1]["suggestion"], records[1]["suggestion_basis"]) == ("fits", "grant")
+    assert (records[1]["suggested_mem_request_gb"], records[1]["mem_freed_gb_h"]) == ("2.0000", "0.0000")
+    assert server["suggestion_basis"] == server["sm_suggestion_basis"] == "request"
     assert records[1]["mem_requested_gb_h"] == ""
     assert records[-1]["mem_requested_gb_h"] == ""
     assert records[-1]["mem_freed_gb_h"] == "48.0000"
     assert (server["sm_request"], server["sm_mean_used"], server["sm_peak_hour"], server["sm_suggestion"],
             server["suggested_sm_request"], server["sm_freed_h"]) == ("50.0000", "15.0000", "20.0000", "lower",
                                                                      "26.0000", "48.0000")
-    assert records[1]["sm_suggestion"] == "unknown"
+    assert (records[1]["sm_suggestion"], records[1]["sm_suggestion_basis"]) == ("unknown", "")
     assert records[-1]["sm_freed_h"] == "48.0000"
 
 
@@ -324,9 +331,9 @@ def test_workloads_without_metadata_are_followed_like_any_controller(client: Cli
     resp, _html, links = page(client, tenant="acme", namespace="acme-prod", controller="__unallocated__")
     assert costs(resp) == {"train-7/main": D("0.25")}
     (train,) = resp.context["explore"].rows
-    # No metadata, no request.
+    # No metadata, no request: sized against its grant (1 GiB, all of it used at the peak hour).
     assert train.suggestion is not None
-    assert train.suggestion.verdict == "unknown"
+    assert (train.suggestion.verdict, train.suggestion.basis) == ("fits", "grant")
     query = {k: v[0] for k, v in parse_qs(links.down[0].lstrip("?")).items()}
     resp, _html, _links = page(client, **query)
     assert costs(resp) == {"main/node-1/GPU-0": D("0.25")}

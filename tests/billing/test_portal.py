@@ -18,7 +18,8 @@ from django.test import Client
 
 from billing.calendar import month_bounds
 from billing.ledger.models import GpuHour, UsageHour, WorkloadMeta
-from billing.models import BillingPeriod, Gpu, Invoice, Node, RateCard, Tenant
+from billing.models import BillingPeriod, BudgetStatus, Gpu, Invoice, Node, RateCard, Tenant
+from billing.queries.budgets import BudgetView
 from billing.queries.portal import TenantNotFound, get_tenant_portal
 from billing.scope import ADMIN_GROUP, FINANCE_GROUP, get_scope
 from billing.services.budgets.spend import evaluate_budgets, set_budget
@@ -96,10 +97,12 @@ class _Element(HTMLParser):
 _VOID = {"input", "br", "img", "meta", "link", "hr", "wbr", "source"}  # HTML elements without an end tag
 
 
-def text_of(html: str, name: str) -> str:
-    """The text inside the first element with data-testid=name, whitespace collapsed."""
+def text_of(html: str, name: str, *, after: str = "") -> str:
+    """The text inside the first element with data-testid=name (the first after `after`, if given),
+    whitespace collapsed."""
     parser = _Element(name)
-    parser.feed(html)
+    assert after in html, f"no {after!r}"
+    parser.feed(html[html.index(after) + len(after):] if after else html)
     assert parser.found, f"no data-testid={name}"
     return " ".join("".join(parser.text).split())
 
@@ -230,34 +233,66 @@ def test_budget_status_shows_state_bar_action_and_owner(client, ledger):
     assert "finops@acme.example" in html
 
 
-@pytest.mark.parametrize(("language", "ok", "label", "sentence"), [
-    ("en", "ok", "forecast over budget", "Forecast to month end 5.25 USD, above the budget of 5.00 USD"),
-    ("zh-hans", "正常", "预测超出预算", "月末预测 5.25 USD\uff0c高于 5.00 USD 的预算"),
+@pytest.mark.parametrize(("language", "label", "sentence"), [
+    ("en", "forecast over budget", "Forecast to month end 5.25 USD, above the budget of 5.00 USD"),
+    ("zh-hans", "预测超出预算", "月末预测 5.25 USD\uff0c高于 5.00 USD 的预算"),
 ])
-def test_forecast_over_budget_shows_beside_the_state_on_the_portal_the_tenant_list_and_the_budgets_page(
-        ledger, language, ok, label, sentence):
+def test_forecast_over_budget_is_the_state_shown_on_the_portal_the_tenant_list_and_the_budgets_page(
+        ledger, language, label, sentence):
     """acme's forecast is its month to date (no complete hour yet): 5.25 USD above a budget of 5.00,
-    while thresholds of 999 % keep the state ok. Each page says so in the reader's language, orange
-    rather than the green of ok, with the forecast and the budget side by side."""
+    while thresholds of 999 % keep the state ok. Each page shows "forecast over budget" as the state,
+    in the reader's language and orange, never "ok" beside it; enforcement still reads ok."""
     set_budget(tenant_slug="acme", now=clock.now(), actor_label="test",
                values={"amount": Decimal("5"), "currency": "USD", "owner": "finops@acme.example",
                        "soft_threshold_pct": Decimal("999"), "hard_threshold_pct": Decimal("999")})
     evaluate_budgets(now=clock.now())
+    assert BudgetStatus.objects.get(budget__tenant__slug="acme").state == "ok"
     member = Client(HTTP_ACCEPT_LANGUAGE=language)
     member.force_login(user_in(tenants=("acme",)))
     html = member.get("/tenants/acme/").content.decode()
     assert re.search(r'class="budget-bar state-ok forecast-over" data-testid="budget-bar" data-state="ok"', html)
-    assert text_of(html, "budget-state") == ok
-    assert text_of(html, "budget-forecast-over") == label
+    assert re.search(r'<strong class="state-forecast-over" data-testid="budget-state" '
+                     r'data-shown-state="forecast-over">', html)
+    assert text_of(html, "budget-state") == label
+    assert 'data-testid="budget-forecast-over"' not in html  # no badge repeating the state
     assert text_of(html, "budget-forecast-vs-amount") == sentence
     finance = Client(HTTP_ACCEPT_LANGUAGE=language)
     finance.force_login(user_in(group=FINANCE_GROUP))
-    assert text_of(finance.get("/tenants/").content.decode(), "tenant-forecast-over-acme") == label
+    tenants = finance.get("/tenants/").content.decode()
+    assert re.search(r'<td class="state-forecast-over" data-testid="tenant-budget-state-acme"', tenants)
+    assert text_of(tenants, "tenant-budget-state-acme") == label
     budgets = finance.get("/budgets/").content.decode()
-    assert text_of(budgets, "budget-state-acme") == f"{ok} {label}"
+    assert text_of(budgets, "budget-state-acme") == label
+    assert re.search(r'data-testid="budget-state-acme" data-state="ok" data-shown-state="forecast-over">'
+                     r'<strong class="state-forecast-over">', budgets)
     assert re.search(r'<td class="num forecast-over" data-testid="budget-forecast-acme">5.25 USD</td>'
                      r'<td class="num">5.00 USD</td>', budgets)
     assert "forecast-over-definition" in budgets
+
+
+def test_a_warned_budget_keeps_its_state_with_the_forecast_beside_it(client, ledger):
+    """Warned is already a warning: it stays the state shown, the forecast a badge beside it."""
+    set_budget(tenant_slug="acme", now=clock.now(), actor_label="test",
+               values={"amount": Decimal("5"), "currency": "USD", "owner": "finops@acme.example",
+                       "soft_threshold_pct": Decimal("50"), "hard_threshold_pct": Decimal("999")})
+    evaluate_budgets(now=clock.now())
+    client.force_login(user_in(tenants=("acme",)))
+    html = client.get("/tenants/acme/").content.decode()
+    assert text_of(html, "budget-state") == "warned"
+    assert text_of(html, "budget-forecast-over") == "forecast over budget"
+
+
+def test_the_state_shown_is_decided_in_one_place():
+    def view(state: str, flag: bool) -> BudgetView:
+        return BudgetView(id=1, tenant="acme", tenant_name="Acme", scope="tenant", namespace="", label="",
+                          amount=Decimal(5), currency="USD", hard_action="block", owner="", state=state,
+                          spend=Decimal(1), spend_shown=Decimal(1), forecast=Decimal(9), rate_hours=1,
+                          used_pct=Decimal(20), forecast_over_budget=flag)
+    assert (view("ok", True).shown_state, view("ok", True).forecast_over_badge) == ("forecast-over", False)
+    assert (view("ok", False).shown_state, view("ok", False).forecast_over_badge) == ("ok", False)
+    assert (view("warned", True).shown_state, view("warned", True).forecast_over_badge) == ("warned", True)
+    assert view("enforced", False).shown_state == "enforced"
+    assert view("ok", True).state == "ok"  # what enforcement reads is untouched
 
 
 def test_a_budget_whose_forecast_is_within_it_shows_no_forecast_warning(client, ledger):
@@ -341,6 +376,23 @@ def test_chosen_period_charts_daily_cost_of_the_top_seven_and_the_rest_as_an_eig
     # This month's usage is outside the period; month to date is unchanged by the period.
     assert "bert-1" not in text_of(html, "workload-table")
     assert resp.context["portal"].month_to_date == Decimal("5.25")
+
+
+def test_a_workloads_chart_days_add_up_to_its_figure_in_the_table(client, ledger):
+    # Three one-day workloads of 1.005 each: alone each rounds to 1.00, but the tenant's figure is
+    # 3.02 (its invoice line's rule: the sum rounded once), which opens into 1.01 + 1.01 + 1.00.
+    day = datetime(2026, 1, 5, 10, tzinfo=UTC)
+    for i in range(3):
+        usage(day, pod=f"pod-{i}", pod_uid=f"uid-{i}", charge="1.005")
+    client.force_login(user_in(tenants=("acme",)))
+    portal = client.get("/tenants/acme/", {"start": "2026-01-05", "end": "2026-01-05"}).context["portal"]
+    figures = {w.label: w.cost for w in portal.workloads}
+    charted = {name: sum(days, Decimal(0)) for name, days in zip(portal.daily.names, portal.daily.cost, strict=True)}
+    assert charted == figures
+    # Rounding the day on its own would not do: 1.005 shows 1.00 where the table shows 1.01.
+    assert sorted(figures.values()) == [Decimal("1.00"), Decimal("1.01"), Decimal("1.01")]
+    # Each cell is written to the cent, as the tooltip shows it.
+    assert all(v == v.quantize(Decimal("0.01")) for days in portal.daily.cost for v in days)
 
 
 def test_eight_workloads_are_all_charted_without_an_other_series(client, ledger):
@@ -515,9 +567,39 @@ def test_the_panel_says_what_a_workload_was_billed_on_and_what_over_granting_cos
         "lower", Decimal(16), Decimal(92))
     assert "→ request 26 GiB, freeing 14.00 GB·h." in panel
     assert "→ request 16 SMs, freeing 92.00 SM·h." in panel
+    # lean reported no request: the same rule against the grant it was billed on, saying so. 40 GiB
+    # granted, 10 at the peak hour → 13 GiB, 27 of 40 GB·h; 54 SMs granted, 10 at the peak → 13.
     (lean_main,) = lean.reasons.sizing
-    assert (lean_main.suggestion.verdict, lean_main.sm_suggestion.verdict) == ("unknown", "unknown")
+    assert (lean_main.suggestion.verdict, lean_main.suggestion.basis, lean_main.suggestion.suggested,
+            lean_main.freed_gb_h) == ("lower", "grant", Decimal(13 * 1024), Decimal(27))
+    assert (lean_main.sm_suggestion.verdict, lean_main.sm_suggestion.basis, lean_main.sm_suggestion.suggested,
+            lean_main.freed_sm_h) == ("lower", "grant", Decimal(13), Decimal(41))
+    lean_panel = text_of(html, "reason-rightsizing", after='data-workload="ml/lean/uid-lean"')
+    assert lean_panel.count("Request not reported by the node agent; sized against the grant billed on:") == 2
+    assert ("Granted 40.00 GiB, used on average 10.00 GiB (peak hour 10.00 GiB) → ask for 13 GiB, "
+            "freeing 27.00 GB·h.") in lean_panel
+    assert "Granted 54.00 SMs, used on average 10.00 SMs (peak hour 10.00 SMs) → ask for 13 SMs, freeing 41.00 SM·h." in lean_panel
+    # stray: 2 GiB and 2 SMs granted, half used: the grant fits.
+    (stray_main,) = stray.reasons.sizing
+    assert (stray_main.suggestion.verdict, stray_main.sm_suggestion.verdict) == ("fits", "fits")
+    assert "Request unknown: no suggestion." not in panel
     assert "plus 30 % headroom" in panel
+
+
+def test_a_raise_reads_as_a_raise_with_quantities_that_show_why(client, overgranted):
+    """400 MB requested, the peak hour at 430 MB: at one decimal both read 0.4 GiB, a contradiction."""
+    node = Node.objects.get(name="gpu-node-1")
+    _gpu(node, "GPU-B", A100["model"], overgranted)
+    _hour_row(node, overgranted, pod="tiny", gpu="GPU-B", charge="0.10", mem_used_mb=430, mem_granted_mb=400,
+              sm_used=1, sm_granted=2)
+    WorkloadMeta.objects.create(node=node, namespace="ml", pod="tiny", pod_uid="uid-tiny",
+                                requests={"main": {"mem_mb": 400, "sm": 2}}, first_seen=overgranted,
+                                last_seen=overgranted)
+    client.force_login(user_in(tenants=("acme",)))
+    html = client.get("/tenants/acme/").content.decode()
+    tiny = text_of(html, "reason-rightsizing", after='data-workload="ml/tiny/uid-tiny"')
+    assert ("The peak hour used 0.42 GiB, more than the 0.39 GiB requested → raise the request to 1 GiB."
+            in tiny)
 
 
 def test_the_panel_shows_each_workloads_cost_as_the_table_does_to_the_cent(client, ledger):

@@ -73,17 +73,24 @@ def test_bad_settings_are_refused() -> None:
 _MB = st.decimals(min_value=0, max_value=200 * 1024, places=3, allow_nan=False, allow_infinity=False)
 
 
-@given(request=st.none() | _MB.filter(lambda v: v > 0), peak=_MB, mean_share=st.decimals(min_value=0, max_value=1, places=3),
+@given(request=st.none() | _MB.filter(lambda v: v > 0), granted=st.none() | _MB, peak=_MB,
+       mean_share=st.decimals(min_value=0, max_value=1, places=3),
        headroom=st.decimals(min_value=0, max_value=2, places=2), step=st.sampled_from([Decimal(1), Decimal(256), GIB]))
 def test_a_suggestion_is_never_below_the_peak_hour_nor_above_the_request_unless_use_exceeded_it(
-        request: Decimal | None, peak: Decimal, mean_share: Decimal, headroom: Decimal, step: Decimal) -> None:
+        request: Decimal | None, granted: Decimal | None, peak: Decimal, mean_share: Decimal, headroom: Decimal,
+        step: Decimal) -> None:
+    """The same holds of the grant where no request is known: it stands in for the request."""
     mean = peak * mean_share
-    s = suggest_memory_request(MemoryUse(request_mb=request, mean_used_mb=mean, peak_hour_mean_mb=peak),
-                               headroom=headroom, step_mb=step)
-    if request is None:
+    s = suggest_memory_request(MemoryUse(request_mb=request, mean_used_mb=mean, peak_hour_mean_mb=peak,
+                                         granted_mb=granted), headroom=headroom, step_mb=step)
+    if request is None and not granted:
         assert s.verdict == "unknown"
         assert s.suggested is None
         return
+    assert s.basis == ("request" if request is not None else "grant")
+    request = request if request is not None else granted
+    assert request is not None
+    assert s.request == request
     assert s.suggested is not None
     assert s.suggested >= peak
     if peak <= request:
@@ -146,3 +153,26 @@ def test_what_a_lowered_request_gives_back_stays_whole_for_whole_figures() -> No
     assert s.freed(None) is None
     kept = suggest_sm_request(SmUse(request_sm=Decimal(13), mean_used_sm=Decimal(9), peak_hour_mean_sm=Decimal(10)))
     assert kept.freed(Decimal(13)) == 0
+
+
+def test_without_a_request_the_rule_is_held_against_the_grant_billed_on() -> None:
+    # Granted 108 SMs per GPU, the peak hour used 9 on average: 9 × 1.3 = 11.7 → ask for 12, giving
+    # back 96 of every 108 SM·h granted.
+    sm = suggest_sm_request(SmUse(request_sm=None, mean_used_sm=Decimal("1.6"), peak_hour_mean_sm=Decimal(9),
+                                  granted_sm=Decimal(108)))
+    assert (sm.verdict, sm.basis, sm.request, sm.suggested) == ("lower", "grant", Decimal(108), Decimal(12))
+    assert sm.against_grant
+    assert sm.freed(Decimal(1728)) == 1536  # of 1,728 SM·h granted
+    # A reported request wins over the grant.
+    asked = suggest_sm_request(SmUse(request_sm=Decimal(50), mean_used_sm=Decimal(1), peak_hour_mean_sm=Decimal(9),
+                                     granted_sm=Decimal(108)))
+    assert (asked.basis, asked.request, asked.suggested) == ("request", Decimal(50), Decimal(12))
+    # Memory alike: granted 0.39 GiB, a peak hour at 0.42 GiB → raise against the grant to 1 GiB.
+    mem = suggest_memory_request(MemoryUse(request_mb=None, mean_used_mb=Decimal(300), peak_hour_mean_mb=Decimal(430),
+                                           granted_mb=Decimal(400)))
+    assert (mem.verdict, mem.basis, mem.suggested) == ("raise", "grant", GIB)
+    # Neither a request nor a grant (or a grant of nothing): no suggestion, never a guess.
+    for granted in (None, Decimal(0)):
+        none = suggest_sm_request(SmUse(request_sm=None, mean_used_sm=Decimal(1), peak_hour_mean_sm=Decimal(9),
+                                        granted_sm=granted))
+        assert (none.verdict, none.basis, none.suggested) == ("unknown", "request", None)

@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import csv
 import io
+import re
 from datetime import UTC, date, datetime, timedelta
 from decimal import Decimal
+from pathlib import Path
 
 import pytest
 from django.contrib.auth.models import Group, User
@@ -182,6 +184,25 @@ def test_the_portal_shows_the_upcoming_invoice_labelled_as_a_preview(client, thi
     assert '<strong data-testid="upcoming-total">1.00 USD</strong>' in card
     assert "2.00 USD" not in card  # globex's usage is not on acme's preview
     assert 'data-testid="upcoming-csv" href="?format=upcoming-csv"' in card
+
+
+def test_the_upcoming_lines_fold_their_secondary_columns_on_a_narrow_screen(client, this_month):
+    """Quantity and unit price are secondary columns (hidden under 760 px) and are written again in
+    the line's description (shown only there), so a phone sees the amount and the totals without
+    scrolling the table; every row keeps the same number of columns, the totals' included."""
+    member_of(client, "acme")
+    card = section(client.get("/tenants/acme/").content.decode(), "upcoming-invoice")
+    line = card[card.index('data-testid="upcoming-line"'):card.index("</tr>", card.index('data-testid="upcoming-line"'))]
+    hours, price = re.findall(r'<td class="num secondary"[^>]*>([^<]+)</td>', line)
+    assert f'<div class="stacked muted" data-testid="upcoming-line-stacked">{hours} GPU-hours × {price}</div>' in line
+    footer = card[card.index("<tfoot>"):card.index("</tfoot>")]
+    assert footer.count('<td class="secondary" colspan="2"></td>') == footer.count("<tr>")
+    css = (Path(__file__).resolve().parents[2] / "templates" / "static" / "css" / "app.css").read_text()
+    narrow = css[css.index("@media (max-width: 760px)"):]
+    narrow = narrow[:narrow.index("\n}")]
+    assert "table.data .secondary { display:none; }" in narrow
+    assert "table.data .stacked { display:block;" in narrow
+    assert "table.data .stacked { display:none; }" in css[:css.index("@media (max-width: 760px)")]
 
 
 def test_the_upcoming_csv_has_the_preview_lines_and_total(client, this_month):

@@ -303,6 +303,36 @@ def _crawl(page: Page, base: str, pages: dict[str, URLPattern], by_address: list
     return urls
 
 
+_UPCOMING_EDGES_JS = """() => {
+  const table = document.querySelector('[data-testid="upcoming-lines"]');
+  const box = table.closest('.table-box').getBoundingClientRect();
+  const right = s => [...table.querySelectorAll(s)].map(e => e.getBoundingClientRect().right);
+  return {box: [box.left, box.right], scroll: [table.parentElement.scrollWidth, table.parentElement.clientWidth],
+          amounts: [...right('[data-testid="upcoming-amount-head"]'), ...right('td[data-sum="upcoming"]'),
+                    ...right('[data-testid="upcoming-total"]')]};
+}"""
+
+
+@pytest.mark.parametrize("language", LANGUAGES)
+def test_the_upcoming_invoices_amounts_and_total_are_seen_at_390_px_without_scrolling_the_table(
+        open_browser, demo, language):
+    """The upcoming invoice gained quantity and unit-price columns; at 390 px they fold into the
+    line's description, so the Amount column and the total lie inside the window and the table's box
+    does not scroll."""
+    page = open_browser(TENANT, language=language, viewport={"width": 390, "height": 900})
+    page.goto(demo.base + "/tenants/acme/")
+    expect(page.get_by_test_id("upcoming-lines")).to_be_visible()
+    edges = page.evaluate(_UPCOMING_EDGES_JS)
+    assert edges["amounts"], edges
+    assert all(right <= min(390, edges["box"][1]) + 0.5 for right in edges["amounts"]), edges
+    assert edges["scroll"][0] <= edges["scroll"][1], edges  # nothing hidden behind the table's scroll
+    expect(page.get_by_test_id("upcoming-unit-price").first).to_be_hidden()
+    expect(page.get_by_test_id("upcoming-line-stacked").first).to_be_visible()
+    page.set_viewport_size({"width": 1400, "height": 900})  # wide: the columns, not the folded line
+    expect(page.get_by_test_id("upcoming-unit-price").first).to_be_visible()
+    expect(page.get_by_test_id("upcoming-line-stacked").first).to_be_hidden()
+
+
 def test_no_page_scrolls_sideways_at_390_or_1400_px_for_any_role_in_either_language(open_browser, browser, demo):
     """Every page of the URL configuration, as the role that sees it (found by following links from
     where the role lands, so a page added later is covered once something links to it), in English

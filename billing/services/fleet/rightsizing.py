@@ -8,10 +8,15 @@ hourly average of memory in use per GPU. A spike inside an hour is invisible her
 rule adds headroom on top of that peak and never goes below it:
 
     target    = peak-hour mean × (1 + HEADROOM), rounded up to whole steps (at least one step)
-    unknown   the request is not known: no suggestion (never a guess)
+    unknown   neither the request nor the grant is known: no suggestion (never a guess)
     raise     the peak-hour mean exceeds the request → the target (the workload outgrew it)
     lower     the target is below the request → the target
     fits      otherwise → keep the request
+
+Where the node agent reported no request, the same rule is held against the grant the workload was
+billed on instead (its mean per GPU over the metered seconds; `Suggestion.basis` is "grant"): a
+workload billed on 108 granted SMs whose peak hour used 9 is told to ask for 12, and the page says
+the request was not reported. Billing follows the grant, so that is where the advice is worth most.
 
 so a suggestion is never below the peak-hour mean and never above the request unless use exceeded
 the request (tests/billing/test_rightsizing.py proves both with hypothesis). The rule is stated on
@@ -31,6 +36,7 @@ from dataclasses import dataclass
 from decimal import ROUND_CEILING, Decimal
 
 __all__ = [
+    "BASES",
     "HEADROOM",
     "SM_STEP",
     "STEP_MB",
@@ -54,17 +60,21 @@ STEP_MB = Decimal(1024)
 # SM requests are suggested in whole SMs: the sm-count request is an integer.
 SM_STEP = Decimal(1)
 VERDICTS = ("unknown", "raise", "lower", "fits")
+# What a suggestion is held against: the reported request, or, without one, the grant billed on.
+BASES = ("request", "grant")
 _ZERO = Decimal(0)
 
 
 @dataclass(frozen=True)
 class MemoryUse:
     """What the ledger says about one container's memory, per GPU: its request (None when no
-    agent reported one), its mean over the period's metered seconds and its peak hour's mean."""
+    agent reported one), its mean over the period's metered seconds, its peak hour's mean and its
+    mean grant over the metered seconds (None where not known)."""
 
     request_mb: Decimal | None
     mean_used_mb: Decimal
     peak_hour_mean_mb: Decimal
+    granted_mb: Decimal | None = None
 
 
 @dataclass(frozen=True)
@@ -75,6 +85,7 @@ class SmUse:
     request_sm: Decimal | None
     mean_used_sm: Decimal
     peak_hour_mean_sm: Decimal
+    granted_sm: Decimal | None = None
 
 
 @dataclass(frozen=True)
@@ -82,8 +93,9 @@ class Suggestion:
     """The rule's answer, in the unit of what it sizes (MB for memory, SMs for SMs)."""
 
     verdict: str  # one of VERDICTS
-    request: Decimal | None
-    suggested: Decimal | None  # None only when the request is unknown
+    request: Decimal | None  # what it is held against: the request, or the grant (basis "grant")
+    suggested: Decimal | None  # None only when the verdict is unknown
+    basis: str = "request"  # one of BASES
 
     @property
     def freed_fraction(self) -> Decimal:
@@ -92,9 +104,14 @@ class Suggestion:
             return _ZERO
         return (self.request - self.suggested) / self.request
 
+    @property
+    def against_grant(self) -> bool:
+        return self.basis == "grant"
+
     def freed(self, requested: Decimal | None) -> Decimal | None:
-        """Of `requested` (the request × its seconds: GB·h, SM·h), what a lowered request would have
-        given back; None when it is unknown. Multiplied before divided, so whole figures stay whole."""
+        """Of `requested` (the request × its seconds: GB·h, SM·h; the grant's for a suggestion held
+        against the grant), what a lowered request would have given back; None when it is unknown.
+        Multiplied before divided, so whole figures stay whole."""
         if requested is None:
             return None
         if self.verdict != "lower" or not self.request or self.suggested is None:
@@ -104,27 +121,32 @@ class Suggestion:
 
 def suggest_memory_request(use: MemoryUse, *, headroom: Decimal = HEADROOM, step_mb: Decimal = STEP_MB) -> Suggestion:
     """The rule of the module docstring, in MB, in whole GiB."""
-    return _suggest(use.request_mb, use.peak_hour_mean_mb, headroom=headroom, step=step_mb)
+    return _suggest(use.request_mb, use.granted_mb, use.peak_hour_mean_mb, headroom=headroom, step=step_mb)
 
 
 def suggest_sm_request(use: SmUse, *, headroom: Decimal = HEADROOM, step: Decimal = SM_STEP) -> Suggestion:
     """The rule of the module docstring, in SMs, in whole SMs."""
-    return _suggest(use.request_sm, use.peak_hour_mean_sm, headroom=headroom, step=step)
+    return _suggest(use.request_sm, use.granted_sm, use.peak_hour_mean_sm, headroom=headroom, step=step)
 
 
-def _suggest(request: Decimal | None, peak_hour_mean: Decimal, *, headroom: Decimal, step: Decimal) -> Suggestion:
+def _suggest(request: Decimal | None, granted: Decimal | None, peak_hour_mean: Decimal, *, headroom: Decimal,
+             step: Decimal) -> Suggestion:
     if headroom < 0 or step <= 0:
         raise ValueError("headroom must not be negative and the step must be positive")
+    basis = "request"
     if request is None:
-        return Suggestion("unknown", None, None)
+        # No request reported: hold the rule against the grant billed on (a grant of 0 says nothing).
+        if not granted or granted < 0:
+            return Suggestion("unknown", None, None)
+        request, basis = granted, "grant"
     peak = max(peak_hour_mean, _ZERO)
     steps = (peak * (1 + headroom) / step).to_integral_value(rounding=ROUND_CEILING)
     target = max(steps, Decimal(1)) * step
     if peak > request:
-        return Suggestion("raise", request, target)
+        return Suggestion("raise", request, target, basis)
     if target < request:
-        return Suggestion("lower", request, target)
-    return Suggestion("fits", request, request)
+        return Suggestion("lower", request, target, basis)
+    return Suggestion("fits", request, request, basis)
 
 
 def gib(mb: Decimal | None) -> Decimal | None:
