@@ -10,7 +10,7 @@ from decimal import Decimal
 
 from django.contrib.auth.models import Group, User
 from django.db import transaction
-from django.utils.translation import gettext_noop
+from django.utils.translation import gettext, gettext_noop
 
 from billing.models import AlertRule, GpuModel, RateCard, SlaTier, Tenant, TenantMembership
 from billing.scope import ADMIN_GROUP, FINANCE_GROUP
@@ -19,7 +19,7 @@ from billing.services.audit import record_audit_event
 from billing.services.budgets import set_budget
 from billing.services.ingest import set_tenant_namespaces
 
-__all__ = ["DEMO_ALERT_RULE", "DEMO_TENANTS", "SEED_TEXTS", "DemoLogin", "demo_namespaces", "load_demo_data"]
+__all__ = ["DEMO_ALERT_RULE", "DEMO_TENANTS", "SEED_TEXTS", "DemoLogin", "demo_namespaces", "load_demo_data", "seeded_text"]
 
 # Names and descriptions are data, stored as written and shown as stored in every language, except
 # these: the product's own words for what it seeds, shown in the reader's language while they are
@@ -33,6 +33,13 @@ SLA_TIERS = [
 ]
 UNATTRIBUTED_NAME = gettext_noop("Unattributed processes")
 SEED_TEXTS = frozenset({UNATTRIBUTED_NAME, *(t[1] for t in SLA_TIERS), *(t[3] for t in SLA_TIERS)})
+
+
+def seeded_text(value: str) -> str:
+    """A name or description the product seeded, still as seeded, in the active language; anything
+    an admin wrote, as written. Pages call it through the `seeded` filter, forms for their choices."""
+    return gettext(value) if value in SEED_TEXTS else value
+
 # (slug, display name, default SLA tier)
 DEMO_TENANTS = [
     ("acme", "Acme Robotics", "gold"),

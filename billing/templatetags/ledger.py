@@ -10,11 +10,10 @@ from decimal import ROUND_HALF_EVEN, Decimal, InvalidOperation
 from django import template
 from django.utils.formats import number_format
 from django.utils.safestring import mark_safe
-from django.utils.translation import gettext
 
 from billing.figures import figure_key
 from billing.money import money_text
-from billing.services.demo import SEED_TEXTS
+from billing.services.demo import seeded_text
 from billing.services.fleet import gib
 
 register = template.Library()
@@ -25,7 +24,7 @@ def seeded(value: str) -> str:
     """`{{ tier.name|seeded }}`: a name or description the product seeded (the demo's SLA tiers, the
     tenant of unattributed processes), still as seeded, in the reader's language; anything an
     admin wrote, as written (billing.services.demo.SEED_TEXTS)."""
-    return gettext(value) if value in SEED_TEXTS else value
+    return seeded_text(value)
 
 
 @register.filter
