@@ -149,7 +149,8 @@ def test_the_invoice_list_and_the_periods_page_show_columns_that_add_up(november
         _check_page(url, walk.pages[url], walk)
     # Every column of the list adds to its month's figure on the periods page, to the cent.
     assert _check_cross_pages(walk) == 5
-    period = shown_totals(pages["/periods/"])
+    # The money columns (the month's GPU-hours split adds up too, but has no invoice column).
+    period = {g: v for g, v in shown_totals(pages["/periods/"]).items() if g.startswith("x-")}
     assert period == {
         "x-subtotal-2026-11-USD": Decimal("183.33"), "x-tax-2026-11-USD": Decimal("36.67"),
         "x-invoices-2026-11-USD": Decimal("220.00"), "x-credited-2026-11-USD": Decimal("58.00"),
