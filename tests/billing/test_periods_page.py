@@ -528,8 +528,8 @@ def test_the_metered_gpu_hours_split_into_the_invoices_gpu_hours_and_idle_with_i
     login(client, group=FINANCE_GROUP)
     page = client.get("/periods/").content.decode()
     row = row_html(page, LAST)
-    invoiced = sum(round(sum(i.lines.values_list("gpu_hours", flat=True)), 2)
-                   for i in Invoice.objects.filter(period__month=LAST_MONTH))
+    invoiced = sum((round(sum(i.lines.values_list("gpu_hours", flat=True), Decimal(0)), 2)
+                    for i in Invoice.objects.filter(period__month=LAST_MONTH)), Decimal(0))
     assert invoiced == Decimal("0.30")  # acme 0.10 + globex 0.20
     assert figure_text(row, "period-attributed-gpu-hours") == "0.30"
     assert figure_text(row, "period-idle-gpu-hours") == "0.70"
