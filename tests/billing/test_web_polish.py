@@ -372,3 +372,7 @@ def test_the_forms_tenant_choices_name_the_seeded_tenant_in_the_readers_language
         assert "未归属的进程" in option.group(1), url
         assert "Unattributed processes" not in page, url
         assert "Acme Robotics" in page, url  # an admin's name, as typed
+    for url in ("/budgets/unattributed/", "/tenants/unattributed/billing/"):  # the headings name it alike
+        page = client.get(url, HTTP_ACCEPT_LANGUAGE="zh-hans")
+        assert page.status_code == 200, url
+        assert "未归属的进程" in page.content.decode(), url
