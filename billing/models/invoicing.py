@@ -75,6 +75,10 @@ class Invoice(models.Model):
     issuer_address = models.TextField(blank=True)
     issuer_tax_id = models.CharField(max_length=64, blank=True)
     bill_to_name = models.CharField(max_length=200, blank=True)
+    bill_to_address = models.TextField(blank=True)
+    bill_to_tax_id = models.CharField(max_length=64, blank=True)
+    # Why the tax is 0 % (exemption, reverse charge), as the tenant's terms said at issue.
+    tax_exemption_note = models.CharField(max_length=300, blank=True)
     issue_date = models.DateField(null=True, blank=True)
     due_date = models.DateField(null=True, blank=True)
     payment_terms_days = models.PositiveSmallIntegerField(null=True, blank=True)

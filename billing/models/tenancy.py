@@ -61,6 +61,12 @@ class Tenant(models.Model):
                                                           validators=[MaxValueValidator(365)])
     po_number = models.CharField(max_length=64, blank=True)
     cost_centre = models.CharField(max_length=64, blank=True)
+    # The customer as its finance team needs it on an invoice: postal billing address, tax
+    # (VAT/GST) ID, and why a 0 % tax rate is charged (exemption or reverse charge), printed under
+    # the tax line when the rate is 0.
+    billing_address = models.TextField(blank=True)
+    tax_id = models.CharField(max_length=64, blank=True)
+    tax_exemption_note = models.CharField(max_length=300, blank=True)
 
     class Meta:
         ordering = ["slug"]

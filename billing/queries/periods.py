@@ -2,7 +2,9 @@
 row), its GPU-hours (billing.ledger.totals), its closing state and, once closed, its finalized
 invoices: their count and, per currency, the sums of their subtotals, tax, totals, credit notes and
 balances due, each the sum of the invoice rows the invoice list shows
-(billing.services.invoicing.balance). Scoped: a tenant scope sees only its own usage and invoices;
+(billing.services.invoicing.balance). For the platform, how the metered GPU-hours split: attributed
+to tenants (their GPU-hours as the figure tree and their invoices show them) and idle, the rest, with
+the idle's cost as the GPU cost page states it (billing.ledger.totals). Scoped: a tenant scope sees only its own usage and invoices;
 the page itself is for finance and admins. A close that has written no progress for longer than
 settings.VGPU_PERIOD_CLOSE_STALE_S is "stalled" (billing.services.invoicing.close
 `close_is_stalled`: the rule lives there, shared with the resume)."""
@@ -18,19 +20,27 @@ from django.db.models import QuerySet
 from django.utils.translation import gettext_lazy as _
 
 from billing.calendar import month_bounds
-from billing.ledger.totals import list_monthly_card_seconds, list_monthly_share_seconds
+from billing.ledger.totals import (
+    get_gpu_totals,
+    get_priced_currency,
+    list_monthly_card_seconds,
+    list_monthly_share_seconds,
+)
 from billing.models import BillingPeriod, Invoice
-from billing.money import from_minor_units
+from billing.money import from_minor_units, round_quantities
+from billing.queries.figures import get_figure_tree
 from billing.scope import Scope
 from billing.services.invoicing import InvoiceBalance, add_balances, close_is_stalled, invoice_balances
 
 if TYPE_CHECKING:
     from django_stubs_ext import StrPromise
 
-__all__ = ["PeriodState", "PeriodView", "get_billing_period", "list_billing_periods"]
+__all__ = ["GpuHoursSplit", "PeriodState", "PeriodView", "get_billing_period", "list_billing_periods"]
 
 _S_PER_H = Decimal(3600)
 _ZERO = Decimal(0)
+# GPU-hours on the page: the finance page's places, so a month's figures read alike on both.
+_PLACES = 2
 
 
 class PeriodState:
@@ -87,6 +97,32 @@ class CurrencyTotal:
 
 
 @dataclass(frozen=True)
+class GpuHoursSplit:
+    """A month's metered GPU-hours as shown (_PLACES), split so that the periods page reconciles with
+    the invoices: attributed to tenants is the sum of the tenants' GPU-hours as their invoices show
+    them (billing.figures, each tenant's lines rounded once); idle is the rest, the card time no
+    workload used. Its cost is the platform's idle, the part of the cards' cost no invoice bills
+    (the GPU cost page's "Idle (platform)"); under the proportional idle policy, `idle_invoiced` is
+    the part spread onto the tenants' invoices as idle share. Money at ledger precision, shown
+    through billing.money."""
+
+    metered: Decimal
+    attributed: Decimal
+    currency: str
+    idle_platform: Decimal
+    idle_invoiced: Decimal
+
+    @property
+    def idle(self) -> Decimal:
+        return self.metered - self.attributed
+
+    def as_json(self) -> dict[str, str]:
+        return {"metered_gpu_hours": str(self.metered), "attributed_gpu_hours": str(self.attributed),
+                "idle_gpu_hours": str(self.idle), "currency": self.currency,
+                "idle_platform_cost": str(self.idle_platform), "idle_invoiced_cost": str(self.idle_invoiced)}
+
+
+@dataclass(frozen=True)
 class PeriodView:
     month: date
     state: str
@@ -105,6 +141,8 @@ class PeriodView:
     error: str
     invoices: int
     totals: tuple[CurrencyTotal, ...]
+    # The metered GPU-hours split (platform scopes only; None for a tenant scope).
+    split: GpuHoursSplit | None = None
 
     @property
     def key(self) -> str:
@@ -135,6 +173,7 @@ class PeriodView:
             "error": self.error,
             "invoices": self.invoices,
             "totals": [t.as_json() for t in self.totals],
+            "gpu_hours_split": self.split.as_json() if self.split else None,
             "requested_by": self.requested_by,
             "requested_at": self.requested_at.isoformat() if self.requested_at else None,
             "close_started_at": self.close_started_at.isoformat() if self.close_started_at else None,
@@ -202,8 +241,23 @@ def _periods(*, scope: Scope, now: datetime, months: tuple[date, date] | None) -
             error=row.error if row else "",
             invoices=counts.get(m, 0),
             totals=tuple(totals.get(m, ())),
+            split=_gpu_hours_split(scope, m, hours_by_month.get(m, _ZERO)) if scope.sees_platform else None,
         ))
     return views
+
+
+def _gpu_hours_split(scope: Scope, month: date, metered_hours: Decimal) -> GpuHoursSplit:
+    """The month's metered GPU-hours (the page's column) split by the figures the GPU cost page
+    shows for the same month: the tenants' GPU-hours from the figure tree, the idle's cost from the
+    GPU ledger."""
+    start, end = month_bounds(month)
+    # The shallowest tree the ledger builds: only the tenants' roots (their invoice lines) are read.
+    tree = get_figure_tree(scope=scope, start=start, end=end, places=_PLACES, depth="namespace")
+    attributed = sum((tree.shown(root).gpu_hours for root in tree.roots.values()), _ZERO)
+    gpu = get_gpu_totals(start=start, end=end)
+    return GpuHoursSplit(metered=round_quantities([metered_hours], _PLACES)[1], attributed=attributed,
+                         currency=get_priced_currency(start=start, end=end), idle_platform=gpu.idle_platform,
+                         idle_invoiced=gpu.idle_allocated)
 
 
 def _month_totals(invoices: QuerySet[Invoice]) -> tuple[dict[date, int], dict[date, list[CurrencyTotal]]]:

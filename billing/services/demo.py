@@ -32,14 +32,18 @@ DEMO_TENANTS = [
     ("xinghe", "星河智能 (Xinghe AI)", "silver"),
 ]
 # Invoice terms a finance team would set (tax rate %, payment terms in days, PO number, cost
-# centre); initech keeps the defaults (no tax, net 30), which an invoice shows as 0 % and "—".
+# centre, the customer's billing address and tax ID); initech keeps the defaults (no tax, net 30,
+# no address), which an invoice shows as 0 % and "—".
 DEMO_INVOICE_TERMS = {
     "acme": {"tax_rate_pct": Decimal("20"), "payment_terms_days": 30, "po_number": "PO-2026-0142",
-             "cost_centre": "CC-ROBOTICS-7"},
+             "cost_centre": "CC-ROBOTICS-7", "billing_address": "Acme Robotics Ltd\nAccounts Payable\n"
+             "10 Dock Road\nLondon E16 1AA\nUnited Kingdom", "tax_id": "GB987654321"},
     "globex": {"tax_rate_pct": Decimal("8.875"), "payment_terms_days": 45, "po_number": "GX-4471",
-               "cost_centre": "RND-GPU"},
+               "cost_centre": "RND-GPU", "billing_address": "Globex Research Inc.\n500 Fifth Avenue\n"
+               "New York, NY 10110\nUSA", "tax_id": "EIN 12-3456789"},
     "xinghe": {"tax_rate_pct": Decimal("6"), "payment_terms_days": 60, "po_number": "XH-采购-0093",
-               "cost_centre": "研发-03"},
+               "cost_centre": "研发-03", "billing_address": "星河智能科技有限公司\n上海市浦东新区世纪大道 100 号\n中国",
+               "tax_id": "91310000MA1FL0000X"},
 }
 A100_80GB_MODEL = "NVIDIA A100-SXM4-80GB"
 # AWS EC2 p4de.24xlarge (8 × A100 80GB) on-demand in us-east-1 was listed at USD 40.96 per

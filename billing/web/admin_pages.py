@@ -26,6 +26,7 @@ from billing.queries.audit import list_audit_events
 from billing.queries.budgets import list_budgets
 from billing.queries.sla_tiers import get_sla_tier, list_sla_tiers
 from billing.scope import Scope, get_scope
+from billing.seeded import seeded_text
 from billing.services.budgets import set_budget
 from billing.services.pricing import (
     MAX_DESCRIPTION_LENGTH,
@@ -80,7 +81,7 @@ class BudgetScopeForm(forms.Form):
         super().__init__(*args, **kwargs)
         tenants = Tenant.objects.order_by("slug").values_list("slug", "name")
         field = cast(forms.ChoiceField, self.fields["tenant"])
-        field.choices = [("", "—"), *((slug, f"{name} ({slug})") for slug, name in tenants)]
+        field.choices = [("", "—"), *((slug, f"{seeded_text(name)} ({slug})") for slug, name in tenants)]
 
 
 @login_required

@@ -22,6 +22,7 @@ from billing.currencies import CURRENCY_CHOICES
 from billing.errors import InvalidInput
 from billing.models import AlertGranularity, AlertGrouping, AlertKind, AlertResource, Tenant
 from billing.queries.alerts import get_alert_rule, list_alert_rules, list_alerts
+from billing.seeded import seeded_text
 from billing.services.alerts import save_alert_rule
 from billing.web.access import require_platform
 
@@ -65,7 +66,8 @@ class AlertRuleForm(forms.Form):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         field = cast(forms.ChoiceField, self.fields["tenant"])
-        field.choices = [("", _("every tenant")), *Tenant.objects.order_by("slug").values_list("slug", "name")]
+        tenants = Tenant.objects.order_by("slug").values_list("slug", "name")
+        field.choices = [("", _("every tenant")), *((slug, seeded_text(name)) for slug, name in tenants)]
 
     def values(self) -> dict[str, Any]:
         values = {k: v for k, v in self.cleaned_data.items() if k != "remove_slack"}

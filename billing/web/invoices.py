@@ -210,13 +210,33 @@ class TenantBillingForm(forms.Form):
         help_text=gettext_lazy("Days from issue to due date; empty for the default."))
     po_number = forms.CharField(label=gettext_lazy("PO number"), max_length=64, required=False)
     cost_centre = forms.CharField(label=gettext_lazy("Cost centre"), max_length=64, required=False)
+    billing_address = forms.CharField(
+        label=gettext_lazy("Billing address"), max_length=500, required=False,
+        widget=forms.Textarea(attrs={"rows": 4, "cols": 40}),
+        help_text=gettext_lazy("The customer's postal address under Bill to, one line per line (at most 6)."))
+    tax_id = forms.CharField(label=gettext_lazy("Customer tax ID"), max_length=64, required=False,
+                             help_text=gettext_lazy("VAT, GST or other tax registration number."))
+    tax_exemption_note = forms.CharField(
+        label=gettext_lazy("Tax exemption / reverse-charge note"), max_length=300, required=False,
+        help_text=gettext_lazy("Why the tax rate is 0 %, e.g. \"Reverse charge: VAT to be accounted for by the "
+                               "recipient\"; printed on invoices issued at 0 % only."))
 
-    # Both are printed on every invoice PDF from now on.
+    # All of these are printed on every invoice PDF from now on.
     def clean_po_number(self) -> str:
         return _printable(self.cleaned_data["po_number"])
 
     def clean_cost_centre(self) -> str:
         return _printable(self.cleaned_data["cost_centre"])
+
+    def clean_billing_address(self) -> str:
+        # A browser sends a textarea's line breaks as CRLF; the address keeps its lines as LF.
+        return _printable(self.cleaned_data["billing_address"].replace("\r\n", "\n").replace("\r", "\n"))
+
+    def clean_tax_id(self) -> str:
+        return _printable(self.cleaned_data["tax_id"])
+
+    def clean_tax_exemption_note(self) -> str:
+        return _printable(self.cleaned_data["tax_exemption_note"])
 
 
 def _printable(text: str) -> str:
@@ -227,14 +247,17 @@ def _printable(text: str) -> str:
 
 @login_required
 def tenant_billing_edit(request: HttpRequest, slug: str) -> HttpResponse:
-    """Admins set a tenant's tax rate, payment terms, PO number and cost centre; each invoice copies
-    them when it is issued, so the change applies from the next invoice on."""
+    """Admins set a tenant's tax rate, payment terms, PO number, cost centre, billing address, tax ID
+    and tax exemption note; each invoice copies them when it is issued, so the change applies from
+    the next invoice on."""
     require_admin(request, _("Only admins change a tenant's invoice terms."))
     current = get_tenant_billing(slug=slug)
     if current is None:
         raise Http404("no such tenant")
     initial = {"tax_rate_pct": current.tax_rate_pct, "payment_terms_days": current.payment_terms_days,
-               "po_number": current.po_number, "cost_centre": current.cost_centre}
+               "po_number": current.po_number, "cost_centre": current.cost_centre,
+               "billing_address": current.billing_address, "tax_id": current.tax_id,
+               "tax_exemption_note": current.tax_exemption_note}
     form = TenantBillingForm(request.POST or None, initial=initial)
     if request.method == "POST" and form.is_valid():
         try:

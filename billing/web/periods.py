@@ -46,7 +46,8 @@ def _render_list(request: HttpRequest, scope: Scope, *, error: str = "", status:
     # never holds the close (read only for the months that have any).
     rows = [(p, list_unpriced(p.month) if p.unpriced_gpu_hours else []) for p in periods]
     return render(request, "billing/periods.html",
-                  {"periods": periods, "rows": rows, "refresh": refresh, "error": error}, status=status)
+                  {"periods": periods, "rows": rows, "refresh": refresh, "error": error,
+                   "split_shown": any(p.split for p in periods)}, status=status)
 
 
 @login_required

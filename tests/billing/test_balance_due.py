@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import csv
 import io
+import re
 from datetime import UTC, date, datetime
 from decimal import Decimal
 
@@ -148,7 +149,8 @@ def test_the_invoice_list_and_the_periods_page_show_columns_that_add_up(november
         _check_page(url, walk.pages[url], walk)
     # Every column of the list adds to its month's figure on the periods page, to the cent.
     assert _check_cross_pages(walk) == 5
-    period = shown_totals(pages["/periods/"])
+    # The money columns (the month's GPU-hours split adds up too, but has no invoice column).
+    period = {g: v for g, v in shown_totals(pages["/periods/"]).items() if g.startswith("x-")}
     assert period == {
         "x-subtotal-2026-11-USD": Decimal("183.33"), "x-tax-2026-11-USD": Decimal("36.67"),
         "x-invoices-2026-11-USD": Decimal("220.00"), "x-credited-2026-11-USD": Decimal("58.00"),
@@ -231,3 +233,31 @@ def test_a_tenant_member_sees_and_downloads_only_their_invoices(november):
     body = client.get("/invoices/", {"format": "csv"}).content.decode("utf-8-sig")
     assert "VGL-202611-acme" in body
     assert "globex" not in body
+
+
+def _cells(html: str, row_marker: str) -> dict[str, str]:
+    """The money cells of one table row, by data-column (the list) or in order (the portal), as text."""
+    row = html.split(row_marker, 1)[1].split("</tr>", 1)[0]
+    cells = [c.split(">", 1)[1] for c in row.split('<td class="num"')[1:]]
+    return {str(i): re.sub(r"<[^>]+>", "", c.split("</td>", 1)[0]).strip() for i, c in enumerate(cells)}
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("language", ["en", "zh-hans"])
+def test_the_list_and_the_portal_write_every_amount_grouped_and_with_its_currency(language):
+    """Subtotal, tax, total, credited and balance due, on the list, its footer and the tenant's own table,
+    as every page writes money (billing.money.money_text): "2,400.00 USD", never a bare "2400.00"."""
+    invoice = finalized_invoice(subtotal_minor=200_000)  # 2,000.00 + 20 % tax = 2,400.00
+    credit(invoice, "1000")  # 1,200.00 with its tax
+    finance = finance_client()
+    member = Client()
+    member.force_login(user_in(tenant="acme"))
+    listing = finance.get("/invoices/", HTTP_ACCEPT_LANGUAGE=language).content.decode()
+    row = _cells(listing, f'data-number="{invoice.number}"')
+    footer = _cells(listing, 'data-testid="invoices-total"')
+    expected = ["2,000.00 USD", "400.00 USD", "2,400.00 USD", "1,200.00 USD", "1,200.00 USD"]
+    assert list(row.values()) == expected
+    assert list(footer.values()) == expected
+    portal = member.get("/tenants/acme/", HTTP_ACCEPT_LANGUAGE=language).content.decode()
+    assert list(_cells(portal, f'data-testid="tenant-invoice-row" data-number="{invoice.number}"').values()) == \
+        expected[2:]

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import time
 from datetime import UTC, date, datetime, timedelta
+from decimal import Decimal
 from unittest import mock
 
 import pytest
@@ -19,6 +20,7 @@ from billing.scope import ADMIN_GROUP, FINANCE_GROUP
 from billing.services.invoicing.close import CloseResult, close_period
 from tests import clock
 from tests.conftest import A100, SHARED_GPU_WORKLOADS, make_batch, user_in
+from tests.test_page_sums import Walk, _check_page, _marks
 
 pytestmark = pytest.mark.django_db
 
@@ -503,3 +505,57 @@ def test_in_the_first_minute_of_a_month_the_month_before_closes_with_its_last_se
     tasks.close_period.apply(args=("2028-02",)).get()
     totals = {i.tenant.slug: i.total_minor for i in Invoice.objects.select_related("tenant")}
     assert totals == {"acme": 100, "globex": 200}  # 10 % and 20 % of a card for the month's last 10 s
+
+
+# --- The metered GPU-hours reconciled with the invoices -----------------------------------------
+
+@pytest.fixture
+def last_month_hour(post_batch, one_usd_per_gpu_second):
+    """One A100 metered for an hour of last month: acme used 10 % of it, globex 20 %, the rest idle."""
+    assert post_batch(make_batch(start=at(LAST_MONTH, 15), seq=1, seconds=3600,
+                                 workloads=SHARED_GPU_WORKLOADS)).status_code == 201
+    rollup_usage(now=clock.now())
+
+
+def figure_text(html: str, testid: str) -> str:
+    return html.split(f'data-testid="{testid}"', 1)[1].split(">", 1)[1].split("<", 1)[0]
+
+
+def test_the_metered_gpu_hours_split_into_the_invoices_gpu_hours_and_idle_with_its_cost(client, last_month_hour):
+    """Metered = attributed to tenants + idle, as shown: the attributed GPU-hours are those the month's
+    invoices bill, and the idle's cost is the GPU cost page's Idle (platform) for the month."""
+    close_period(month=LAST_MONTH, now=clock.now())
+    login(client, group=FINANCE_GROUP)
+    page = client.get("/periods/").content.decode()
+    row = row_html(page, LAST)
+    invoiced = sum((round(sum(i.lines.values_list("gpu_hours", flat=True), Decimal(0)), 2)
+                    for i in Invoice.objects.filter(period__month=LAST_MONTH)), Decimal(0))
+    assert invoiced == Decimal("0.30")  # acme 0.10 + globex 0.20
+    assert figure_text(row, "period-attributed-gpu-hours") == "0.30"
+    assert figure_text(row, "period-idle-gpu-hours") == "0.70"
+    # The idle card time at 1 USD per GPU-second: 0.7 h x 3600 s, billed to nobody.
+    assert figure_text(row, "period-idle-cost") == "2,520.00 USD not invoiced"
+    assert 'data-testid="period-idle-invoiced"' not in row  # the platform idle policy spreads none
+    assert 'data-testid="gpu-hours-split-definition"' in page
+    walk = Walk()
+    _check_page("/periods/", _marks(page), walk)
+    assert f"gpu-hours-{LAST}" in walk.groups_checked  # 1.00 metered = 0.30 + 0.70, as shown
+    last_day = LAST_MONTH.replace(day=28)
+    finance = client.get("/finance/", {"start": LAST_MONTH.isoformat(), "end": last_day.isoformat()}).content.decode()
+    assert figure_text(finance, "idle-cost") == "2,520.00 USD"
+    idle_key = next(m.figure for m in _marks(page) if m.figure.startswith("idle_platform|"))
+    assert idle_key in {m.figure for m in _marks(finance)}  # one figure, one key on both pages
+    chinese = row_html(client.get("/periods/", HTTP_ACCEPT_LANGUAGE="zh-hans").content.decode(), LAST)
+    assert figure_text(chinese, "period-idle-cost") == "2,520.00 USD 未开票"
+    listed = client.get(f"/periods/{LAST}/status").json()["gpu_hours_split"]
+    assert (listed["attributed_gpu_hours"], listed["idle_gpu_hours"]) == ("0.30", "0.70")
+
+
+def test_the_month_is_written_in_the_readers_language_and_keyed_by_its_iso_month(client, last_month_usage):
+    login(client, group=FINANCE_GROUP)
+    chinese = row_html(client.get("/periods/", HTTP_ACCEPT_LANGUAGE="zh-hans").content.decode(), LAST)
+    assert figure_text(chinese, "period-month") == f"{LAST_MONTH.year}年{LAST_MONTH.month}月"
+    english = row_html(client.get("/periods/", HTTP_ACCEPT_LANGUAGE="en").content.decode(), LAST)
+    assert figure_text(english, "period-month") == LAST  # the English format is the ISO month
+    assert f'data-month="{LAST}"' in english
+

@@ -355,3 +355,24 @@ def test_the_seeded_tiers_are_named_in_the_readers_language_and_an_admins_name_a
     _in_chinese(finance)
     client.force_login(finance)
     assert "未归属的进程" in client.get("/tenants/").content.decode()
+
+
+@pytest.mark.django_db
+def test_the_forms_tenant_choices_name_the_seeded_tenant_in_the_readers_language(client):
+    """The budget and alert-rule forms' tenant select offers the tenant of unattributed processes in
+    Chinese, as every page names it; a tenant an admin named is offered as named."""
+    load_demo_data(now=clock.now())
+    admin = user_in(ADMIN_GROUP)  # budgets are the admins', alert rules finance's and the admins'
+    _in_chinese(admin)
+    client.force_login(admin)
+    for url in ("/budgets/new/", "/alerts/rules/new/"):
+        page = client.get(url, HTTP_ACCEPT_LANGUAGE="zh-hans").content.decode()
+        option = re.search(r'<option value="unattributed"[^>]*>([^<]*)</option>', page)
+        assert option, url
+        assert "未归属的进程" in option.group(1), url
+        assert "Unattributed processes" not in page, url
+        assert "Acme Robotics" in page, url  # an admin's name, as typed
+    for url in ("/budgets/unattributed/", "/tenants/unattributed/billing/"):  # the headings name it alike
+        page = client.get(url, HTTP_ACCEPT_LANGUAGE="zh-hans")
+        assert page.status_code == 200, url
+        assert "未归属的进程" in page.content.decode(), url

@@ -1,7 +1,8 @@
 """The invoice CSV: one row per invoice line, then subtotal, tax and total rows; amounts in minor
 units and in formatted major units (billing.money), GPU-hours to the documents' GPU_HOURS_PLACES.
 Each row repeats the invoice's header fields (number, tenant, period, issue and due dates, payment
-terms, PO number, cost centre). `line_number_cells` writes a line's numbers for this CSV and for the
+terms, PO number, cost centre) and, in its last columns, the customer's billing address, tax ID and
+tax exemption note. `line_number_cells` writes a line's numbers for this CSV and for the
 upcoming invoice's. The credit note CSV: one row per credit note, in the same money columns."""
 
 from __future__ import annotations
@@ -33,6 +34,8 @@ INVOICE_CSV_COLUMNS = (
     "usage_month", "gpu_hours", "amount_ledger", "amount_minor", "amount", "currency",
     # Appended, so readers of the columns above are undisturbed (docs/exports.md, Invoice CSV).
     *UNIT_PRICE_COLUMNS,
+    # The customer's billing details as issued, on every row like the header fields above.
+    *("bill_to_address", "bill_to_tax_id", "tax_exemption_note"),
 )
 CREDIT_NOTE_CSV_COLUMNS = (
     "credit_note_number", "issue_date", "corrects_invoice", "tenant", "tenant_name", "billing_period", "reason",
@@ -50,26 +53,32 @@ def _head(doc: InvoiceDocument) -> list[object]:
             _day(doc.due_date), terms, doc.po_number, doc.cost_centre]
 
 
+def _bill_to(doc: InvoiceDocument) -> list[object]:
+    # The address keeps its line breaks inside one quoted cell.
+    return [doc.bill_to_address, doc.bill_to_tax_id, doc.tax_exemption_note]
+
+
 def render_invoice_csv(doc: InvoiceDocument) -> bytes:
     """One row per invoice line, then subtotal, tax and total rows; GPU-hours to the documents'
     stated places, amounts in minor units and formatted major units."""
     out = io.StringIO()
     writer = csv_writer(out, lineterminator="\n")
     writer.writerow(INVOICE_CSV_COLUMNS)
-    head = _head(doc)
+    head, bill_to = _head(doc), _bill_to(doc)
     for i, line in enumerate(doc.lines, start=1):
         writer.writerow([
             *head, i, line.kind, line.gpu_model, line.sla_tier, f"{line.usage_month:%Y-%m}",
             *line_number_cells(line.gpu_hours, line.amount, line.amount_minor, doc.currency), doc.currency,
-            *unit_price_cells(line),
+            *unit_price_cells(line), *bill_to,
         ])
     # The tax row's kind column carries its rate, e.g. "tax 20%".
     for label, kind, minor in (("subtotal", "", doc.subtotal_minor),
                                ("tax", f"tax {plain_decimal(doc.tax_rate_pct)}%", doc.tax_minor)):
         writer.writerow([*head, label, kind, "", "", "", "", "", minor, number(format_minor_units(minor, doc.currency)),
-                         doc.currency, *NO_UNIT_PRICE_CELLS])
+                         doc.currency, *NO_UNIT_PRICE_CELLS, *bill_to])
     writer.writerow([*head, "total", "", "", "", "", "", "", doc.total_minor,
-                     number(format_minor_units(doc.total_minor, doc.currency)), doc.currency, *NO_UNIT_PRICE_CELLS])
+                     number(format_minor_units(doc.total_minor, doc.currency)), doc.currency, *NO_UNIT_PRICE_CELLS,
+                     *bill_to])
     return out.getvalue().encode("utf-8")
 
 

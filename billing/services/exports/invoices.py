@@ -227,6 +227,11 @@ class InvoiceDocument:
     cost_centre: str = ""
     tax_rate_pct: Decimal = Decimal(0)
     tax_minor: int = 0
+    # The customer as copied at issue (empty on invoices issued before they were kept).
+    bill_to_address: str = ""
+    bill_to_tax_id: str = ""
+    # Why the tax is 0 %, printed under the tax line (copied only when the rate was 0).
+    tax_exemption_note: str = ""
     credit_notes: tuple[CreditNoteSummary, ...] = ()
     # On the day asked (get_invoice_document's `today`); None when not asked (the downloads).
     payment: PaymentStatus | None = None
@@ -450,7 +455,8 @@ def _document(invoice: Invoice, *, today: date | None = None) -> InvoiceDocument
         issuer_tax_id=legacy.tax_id if legacy else invoice.issuer_tax_id,
         issue_date=issue_date, due_date=invoice.due_date, payment_terms_days=invoice.payment_terms_days,
         po_number=invoice.po_number, cost_centre=invoice.cost_centre, tax_rate_pct=invoice.tax_rate_pct,
-        tax_minor=invoice.tax_minor, credit_notes=credit_notes, payment=payment, status_changes=history,
+        tax_minor=invoice.tax_minor, bill_to_address=invoice.bill_to_address, bill_to_tax_id=invoice.bill_to_tax_id,
+        tax_exemption_note=invoice.tax_exemption_note, credit_notes=credit_notes, payment=payment, status_changes=history,
         balance=balance,
         workloads=tuple(WorkloadView(namespace=w.namespace, workload=w.workload, gpu_hours=w.gpu_hours,
                                      amount_minor=w.amount_minor)

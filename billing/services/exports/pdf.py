@@ -54,6 +54,16 @@ def _issuer_rows(name: str, address: str, tax_id: str) -> list[tuple[str, str]]:
             (_("Issuer tax ID"), tax_id or "—")]
 
 
+def _bill_to_rows(doc: InvoiceDocument) -> list[tuple[str, str]]:
+    """The customer's address and tax ID as issued, and, on an invoice taxed at 0 %, why (the
+    exemption or reverse-charge note; "—" when none was given)."""
+    rows = [(_("Billing address"), doc.bill_to_address.replace("\n", ", ") or "—"),
+            (_("Customer tax ID"), doc.bill_to_tax_id or "—")]
+    if doc.tax_rate_pct == 0:
+        rows.append((_("Tax note"), doc.tax_exemption_note or "—"))
+    return rows
+
+
 def _terms_text(days: int | None) -> str:
     return "—" if days is None else _("Net %(days)s days") % {"days": days}
 
@@ -167,6 +177,7 @@ def invoice_pdf_layout(doc: InvoiceDocument) -> _Layout:
     header = [
         *_issuer_rows(doc.issuer_name, doc.issuer_address, doc.issuer_tax_id),
         (_("Bill to"), f"{doc.tenant_name} ({doc.tenant_slug})"),
+        *_bill_to_rows(doc),
         (_("Invoice number"), doc.number),
         (_("Issue date"), _day(doc.issue_date)),
         (_("Due date"), _day(doc.due_date)),

@@ -20,7 +20,7 @@ from typing import Any
 from django.db.models import Prefetch, QuerySet, prefetch_related_objects
 
 from billing.models import CreditNote, Invoice, InvoiceStatusChange
-from billing.money import format_minor_units
+from billing.money import format_minor_units, from_minor_units, money_text
 
 __all__ = ["InvoiceBalance", "add_balances", "balance_of", "invoice_balance", "invoice_balances", "payment_in_force",
            "with_balance_records"]
@@ -65,6 +65,32 @@ class InvoiceBalance:
     @property
     def due_display(self) -> str:
         return "" if self.due_minor is None else format_minor_units(self.due_minor, self.currency)
+
+    # As pages show money (billing.money.money_text): grouped in the reader's language, with the
+    # currency, so a list reads as the rest of the product ("1,827.35 USD"). The *_display texts
+    # above stay plain decimals for the places that write their own currency column.
+    def _text(self, minor: int | None) -> str:
+        return "" if minor is None else money_text(from_minor_units(minor, self.currency), self.currency)
+
+    @property
+    def subtotal_text(self) -> str:
+        return self._text(self.subtotal_minor)
+
+    @property
+    def tax_text(self) -> str:
+        return self._text(self.tax_minor)
+
+    @property
+    def total_text(self) -> str:
+        return self._text(self.total_minor)
+
+    @property
+    def credited_text(self) -> str:
+        return self._text(self.credited_minor)
+
+    @property
+    def due_text(self) -> str:
+        return self._text(self.due_minor)
 
 
 def payment_in_force(changes: Iterable[tuple[str, date]]) -> date | None:

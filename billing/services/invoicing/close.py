@@ -573,8 +573,9 @@ def tax_minor_units(net_minor: int, rate_pct: Decimal, currency: str) -> int:
 
 
 def _issue_terms(tenant: Tenant, *, subtotal_minor: int, currency: str, now: datetime) -> dict[str, object]:
-    """What an invoice copies when it is finalized: issuer, bill-to name, issue and due dates,
-    payment terms, PO number, cost centre, tax rate and the tax on the subtotal. Issued on the UTC
+    """What an invoice copies when it is finalized: issuer, bill-to name, address and tax ID, issue
+    and due dates, payment terms, PO number, cost centre, tax rate, the tax on the subtotal and the
+    tax exemption / reverse-charge note (kept only when the rate is 0 %, the one case it explains). Issued on the UTC
     date of the close; due `payment_terms_days` later (the tenant's, else the default)."""
     issuer = current_issuer()
     issue_date = now.astimezone(UTC).date()
@@ -582,7 +583,9 @@ def _issue_terms(tenant: Tenant, *, subtotal_minor: int, currency: str, now: dat
                   else settings.VGPU_INVOICE_PAYMENT_TERMS_DAYS)
     return {
         "issuer_name": issuer.name, "issuer_address": issuer.address, "issuer_tax_id": issuer.tax_id,
-        "bill_to_name": tenant.name, "issue_date": issue_date, "due_date": issue_date + timedelta(days=terms_days),
+        "bill_to_name": tenant.name, "bill_to_address": tenant.billing_address, "bill_to_tax_id": tenant.tax_id,
+        "tax_exemption_note": tenant.tax_exemption_note if tenant.tax_rate_pct == 0 else "",
+        "issue_date": issue_date, "due_date": issue_date + timedelta(days=terms_days),
         "payment_terms_days": terms_days, "po_number": tenant.po_number, "cost_centre": tenant.cost_centre,
         "tax_rate_pct": tenant.tax_rate_pct,
         "tax_minor": tax_minor_units(subtotal_minor, tenant.tax_rate_pct, currency),
