@@ -12,7 +12,7 @@ PY := $(VENV)/bin/python
 RUNTIME := $(VENV)/.installed-runtime
 DEV := $(VENV)/.installed-dev
 
-.PHONY: demo test test-quick test-dates soak lint install bench clean browser-deps monitoring-deps pdf-deps focus-validator screenshots
+.PHONY: demo test suite test-quick test-dates soak lint install bench clean browser-deps monitoring-deps pdf-deps focus-validator screenshots
 
 $(PY):
 	@test -n "$(PYTHON)" || { echo "Python 3.11 or 3.12 is required (set PYTHON=/path/to/python3.x)"; exit 1; }
@@ -96,11 +96,16 @@ focus-validator: $(FOCUS_VENV)/.installed
 # and Redis db). --dist loadgroup keeps the tests on the shared demo on one worker, started first.
 PYTEST_PARALLEL = -n $(or $(TEST_WORKERS),3) --dist loadgroup
 
-# The Debian packages first, one after another (apt-get holds one lock); then the service's
-# environment with lint beside the focus-validator's environment: the one waits mostly on CPU, the
-# other mostly on the package index, so side by side they take about the time of the longer.
+# The Debian packages first, one after another (apt-get holds one lock); then the two environments
+# side by side (one waits mostly on CPU, the other on the package index); then lint beside the suite:
+# the suite's length is its longest chain of tests (the shared demo's), which leaves room for
+# ruff, import-linter and mypy. Either failing fails `make test`, after both have finished.
 test: browser-deps monitoring-deps pdf-deps
-	$(MAKE) --no-print-directory -j2 lint focus-validator
+	$(MAKE) --no-print-directory -j2 $(DEV) focus-validator
+	$(MAKE) --no-print-directory -j2 lint suite
+
+# The whole suite, without lint (`make test` runs lint beside it).
+suite: $(DEV) focus-validator
 	$(PY) -m config.embedded -- $(PY) -m pytest $(PYTEST_PARALLEL)
 
 # The unit tests only: no demo, no browser, nothing marked slow (tests/workers.py marks them).
