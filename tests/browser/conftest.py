@@ -103,7 +103,7 @@ def sign_in(request: pytest.FixtureRequest, browser: Browser, demo: Demo, screen
     contexts: list[BrowserContext] = []
     sessions: list[Session] = []
 
-    def login(username: str, *, locale: str = "en-US") -> Session:
+    def login(username: str, *, locale: str = "en-US", saved_language: bool = False) -> Session:
         context = browser.new_context(locale=locale, viewport={"width": 1360, "height": 900}, accept_downloads=True)
         contexts.append(context)
         page = context.new_page()
@@ -116,9 +116,10 @@ def sign_in(request: pytest.FixtureRequest, browser: Browser, demo: Demo, screen
         assert "/accounts/login/" not in page.url, page.content()[:2000]
         # A user's chosen language is saved on the user and outlives the session: a journey that
         # switched this user's language leaves it for the next one. Each journey starts in the
-        # language its browser asks for, whatever ran before it.
+        # language its browser asks for, whatever ran before it (`saved_language`: as saved, for
+        # the journey that checks it is kept).
         language = "zh-hans" if locale.startswith("zh") else "en"
-        if page.locator("html").get_attribute("lang") != language:
+        if not saved_language and page.locator("html").get_attribute("lang") != language:
             page.select_option("form.lang select", language)
             page.wait_for_load_state()
             expect(page.locator("html")).to_have_attribute("lang", language)

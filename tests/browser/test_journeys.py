@@ -218,7 +218,7 @@ def test_language_is_kept_per_user_with_localised_money(sign_in, browser, demo):
     expect(page.get_by_test_id("total-gpu-cost")).to_contain_text("USD")
     s.shot("finance-dashboard-zh")
     # A new browser (no cookies) whose Accept-Language is English still gets Chinese after login.
-    again = sign_in("finance", locale="en-US")
+    again = sign_in("finance", locale="en-US", saved_language=True)
     expect(again.page.locator("html")).to_have_attribute("lang", "zh-hans")
     again.page.select_option("form.lang select", "en")
     again.page.wait_for_load_state()
