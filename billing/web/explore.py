@@ -37,6 +37,7 @@ from billing.queries.explore import (
     get_explore,
 )
 from billing.queries.finance import PAGE_PLACES
+from billing.queries.snapshot import one_snapshot
 from billing.scope import get_scope
 from billing.services.fleet import HEADROOM, Suggestion, gib, percent_of
 from billing.web.forms import ExploreForm, PeriodForm
@@ -107,6 +108,7 @@ def _with_default_period(data: QueryDict, today: date) -> QueryDict:
 
 
 @login_required
+@one_snapshot()
 def explore(request: HttpRequest) -> HttpResponse:
     scope = get_scope(request.user)
     try:

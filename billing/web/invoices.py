@@ -29,6 +29,7 @@ from billing.models import InvoiceStatusChange
 from billing.money import from_minor_units
 from billing.pdf_fonts import undrawable
 from billing.queries.portal import UpcomingInvoices, list_upcoming_invoices
+from billing.queries.snapshot import one_snapshot
 from billing.scope import Scope, get_scope
 from billing.services.exports import (
     EXPORT_FORMATS,
@@ -61,6 +62,7 @@ from billing.web.forms import LanguageDateField
 
 
 @login_required
+@one_snapshot()
 def invoice_list(request: HttpRequest) -> HttpResponse:
     """The invoices with subtotal, tax, total, credited and balance due (or their CSV,
     `?format=csv`), and the upcoming invoices of the month in progress."""

@@ -19,6 +19,7 @@ from billing import tasks
 from billing.calendar import parse_month
 from billing.errors import InvalidInput
 from billing.queries.periods import PeriodState, get_billing_period, list_billing_periods
+from billing.queries.snapshot import one_snapshot
 from billing.scope import Scope
 from billing.services.invoicing import list_unpriced, request_period_close, resume_period_close
 from billing.web.access import require_platform
@@ -52,6 +53,7 @@ def _render_list(request: HttpRequest, scope: Scope, *, error: str = "", status:
 
 @login_required
 @require_GET
+@one_snapshot()
 def period_list(request: HttpRequest) -> HttpResponse:
     return _render_list(request, _platform_scope(request))
 

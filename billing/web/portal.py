@@ -30,6 +30,7 @@ from billing.queries.portal import (
     get_upcoming_invoice,
     list_tenant_portals,
 )
+from billing.queries.snapshot import one_snapshot
 from billing.scope import get_scope
 from billing.services.exports import (
     EXPORT_FORMATS,
@@ -66,6 +67,7 @@ def home(request: HttpRequest) -> HttpResponse:
 
 
 @login_required
+@one_snapshot()
 def tenant_list(request: HttpRequest) -> HttpResponse:
     scope = get_scope(request.user)
     if scope.tenants is not None and len(scope.tenants) == 1:
@@ -75,6 +77,7 @@ def tenant_list(request: HttpRequest) -> HttpResponse:
 
 
 @login_required
+@one_snapshot()
 def tenant_portal(request: HttpRequest, slug: str) -> HttpResponse:
     now = timezone.now()
     if request.GET.get("format") == "upcoming-csv":

@@ -23,6 +23,7 @@ from billing.errors import InvalidInput
 from billing.money import QUANTITY_PLACES, round_quantities
 from billing.queries.dashboard import IDLE_KEY, CostTimeline, FinanceDashboard, UtilisationPoint, get_finance_dashboard
 from billing.queries.finance import PAGE_PLACES, CostSummary
+from billing.queries.snapshot import one_snapshot
 from billing.scope import get_scope
 from billing.web.access import require_platform
 from billing.web.charts import Series, line_chart, stacked_bar_chart
@@ -35,6 +36,11 @@ from billing.web.tables import shown_costs
 def finance_overview(request: HttpRequest) -> HttpResponse:
     if request.method == "POST":  # the savings card's button
         return _request_savings_report(request)
+    return _overview(request)
+
+
+@one_snapshot()
+def _overview(request: HttpRequest) -> HttpResponse:
     # No query string: the month to date.
     form = PeriodForm(request.GET or PeriodForm.default_initial(timezone.now().date()))
     as_csv = request.GET.get("format") == "csv"

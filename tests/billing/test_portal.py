@@ -6,6 +6,7 @@ from __future__ import annotations
 import csv
 import io
 import re
+import threading
 from datetime import UTC, date, datetime, timedelta
 from decimal import Decimal
 from html.parser import HTMLParser
@@ -14,6 +15,7 @@ from typing import Any
 
 import pytest
 import time_machine
+from django.db import connection, connections
 from django.test import Client
 
 from billing.calendar import month_bounds
@@ -646,3 +648,38 @@ def test_a_throttling_namespace_budget_after_another_gets_the_note_under_its_tab
     note = text_of(html, "scoped-throttle-definition")
     assert "Throttle: while the budget is enforced" in note
     assert "multiplied by the budget's throttle factor" in note
+
+
+def _commit_late_usage(hour: datetime) -> None:
+    """A row committed on a connection of its own (this thread's), as the rollup's worker commits."""
+    usage(hour, pod="late-1", pod_uid="uid-late-1", charge="7.00")
+    connections.close_all()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_rollup_committing_while_the_portal_is_built_moves_none_of_its_month_to_date_figures(client, ledger):
+    """The portal shows the month to date in several places (the card, the workloads' total, the
+    upcoming invoice). The rollup commits every few seconds; one that lands between two of the page's
+    queries must not make them disagree: the page reads one snapshot (billing.queries.snapshot)."""
+    client.force_login(user_in(tenants=("acme",)))
+    committed: list[bool] = []
+
+    def rollup_lands_after_the_first_ledger_read(execute, sql, params, many, context):
+        result = execute(sql, params, many, context)
+        if not committed and UsageHour._meta.db_table in sql:
+            # Another connection, as the rollup's worker would be: its commit is visible at once to
+            # any statement that takes a fresh snapshot.
+            worker = threading.Thread(target=_commit_late_usage, args=(ledger,))
+            worker.start()
+            worker.join()
+            committed.append(True)
+        return result
+
+    with connection.execute_wrapper(rollup_lands_after_the_first_ledger_read):
+        html = client.get("/tenants/acme/").content.decode()
+    assert committed
+    shown = {text_of(html, name) for name in ("mtd-cost", "workload-total")}
+    assert shown == {"5.25 USD"}, shown  # the snapshot of the first read: the late row is not in it
+    # The next page load sees it, everywhere at once.
+    html = client.get("/tenants/acme/").content.decode()
+    assert {text_of(html, name) for name in ("mtd-cost", "workload-total")} == {"12.25 USD"}
