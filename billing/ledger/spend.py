@@ -41,6 +41,7 @@ __all__ = [
     "HourSpend",
     "InvoiceTotal",
     "PeriodSpend",
+    "PricedSplit",
     "ScopeHourSpend",
     "ScopeSpend",
     "SpendScope",
@@ -49,6 +50,7 @@ __all__ = [
     "closed_days",
     "get_latest_hour",
     "get_unpriced_seconds",
+    "hour_ranges_sql",
     "list_hour_spends",
     "list_invoice_totals",
     "list_invoice_totals_from_hours",
@@ -58,6 +60,7 @@ __all__ = [
     "list_scope_hour_spends",
     "list_scope_spends",
     "list_workload_days",
+    "priced_split",
 ]
 
 _ZERO = Decimal(0)
@@ -153,7 +156,7 @@ def _split(start: datetime, end: datetime, now: datetime | None) -> _Split:
     return _Split(first, last, tuple(r for r in ((start, first), (last, end)) if r[0] < r[1]))
 
 
-def _hour_ranges_sql(ranges: Sequence[tuple[datetime, datetime]], column: str, params: dict[str, Any]) -> str:
+def hour_ranges_sql(ranges: Sequence[tuple[datetime, datetime]], column: str, params: dict[str, Any]) -> str:
     """`(column >= a AND column < b) OR ...` for `ranges`, parameters added to `params`; FALSE for none."""
     parts = []
     for i, (lo, hi) in enumerate(ranges):
@@ -206,18 +209,39 @@ def list_invoice_totals_from_hours(
                      InvoiceTotal)
 
 
+@dataclass(frozen=True)
+class PricedSplit:
+    """A period as a read of priced rows takes it (module docstring): day rows of the closed days in
+    [days_from, days_to) but `hour_days` (midnights), hour rows of `hour_ranges` (the rest of the
+    period and those days)."""
+
+    days_from: datetime
+    days_to: datetime
+    hour_days: tuple[datetime, ...]
+    hour_ranges: tuple[tuple[datetime, datetime], ...]
+
+
+def priced_split(start: datetime, end: datetime, now: datetime) -> PricedSplit:
+    """How to read [start, end) at `now` where a row must know the rate card or currency that priced
+    each of its hours: a GPU-day row says so only when all its hours were priced alike, so the days
+    not wholly priced and the days with a rate-card change inside are read from their hours."""
+    split = _split(start, end, now)
+    hour_days = tuple(sorted(_days_with_card_changes(split.days_from, split.days_to)
+                             | _days_partly_priced(split.days_from, split.days_to)))
+    return PricedSplit(split.days_from, split.days_to, hour_days,
+                       (*split.hour_ranges, *((day, day + _DAY) for day in hour_days)))
+
+
 def list_invoice_totals(
     *, start: datetime, end: datetime, now: datetime, tenants: Collection[str] | None = None
 ) -> list[InvoiceTotal]:
     """`list_invoice_totals_from_hours` to the ledger unit, read from closed days plus hours (module
     docstring): GPU-days not wholly priced and days with a rate-card change inside are read from
     their hours."""
-    split = _split(start, end, now)
-    hour_days = sorted(_days_with_card_changes(split.days_from, split.days_to)
-                       | _days_partly_priced(split.days_from, split.days_to))
-    params: dict[str, Any] = {"days_from": split.days_from, "days_to": split.days_to, "hour_days": hour_days,
-                              "tenants": _tenants_param(tenants)}
-    ranges = [*split.hour_ranges, *((day, day + _DAY) for day in hour_days)]
+    split = priced_split(start, end, now)
+    params: dict[str, Any] = {"days_from": split.days_from, "days_to": split.days_to,
+                              "hour_days": list(split.hour_days), "tenants": _tenants_param(tenants)}
+    ranges = split.hour_ranges
     tenant_u = _TENANTS.format(col="u.tenant")
     sql = (
         "SELECT tenant, currency, gpu_model, sla_tier, sum(charge) AS charge, sum(idle_share) AS idle_share,"  # noqa: S608 - fixed SQL; values are parameters
@@ -230,8 +254,8 @@ def list_invoice_totals(
         # The hours of the rest of the period and of those days.
         " UNION ALL SELECT u.tenant, g.currency, g.gpu_model, u.sla_tier, u.charge, u.idle_share, u.share_gpu_s"
         " FROM billing_usagehour u JOIN billing_gpuhour g ON g.node_id = u.node_id AND g.gpu_uuid = u.gpu_uuid AND g.hour = u.hour"
-        f" WHERE g.priced AND {_hour_ranges_sql(ranges, 'u.hour', params)}"
-        f" AND {_hour_ranges_sql(ranges, 'g.hour', params)} AND {tenant_u}"
+        f" WHERE g.priced AND {hour_ranges_sql(ranges, 'u.hour', params)}"
+        f" AND {hour_ranges_sql(ranges, 'g.hour', params)} AND {tenant_u}"
         ") rows GROUP BY 1, 2, 3, 4 ORDER BY 1, 2, 3, 4"
     )
     return _fetch_as(sql, params, InvoiceTotal)
@@ -294,7 +318,7 @@ def _usage_rows(split: _Split, params: dict[str, Any]) -> str:
         f"(SELECT day AS at, first_hour, last_hour, {columns} FROM billing_usageday"  # noqa: S608 - fixed names
         f" WHERE day >= %(days_from)s AND day < %(days_to)s AND {_TENANTS.format(col='tenant')}"
         f" UNION ALL SELECT hour, hour, hour, {columns} FROM billing_usagehour"
-        f" WHERE {_hour_ranges_sql(split.hour_ranges, 'hour', params)} AND {_TENANTS.format(col='tenant')})"
+        f" WHERE {hour_ranges_sql(split.hour_ranges, 'hour', params)} AND {_TENANTS.format(col='tenant')})"
     )
 
 
@@ -317,8 +341,8 @@ def list_month_to_date_spends(*, tenants: Collection[str], start: datetime, now:
             f" WHERE u.day >= %(days_from)s AND u.day < %(days_to)s AND {tenant}"
             " UNION ALL SELECT u.tenant, coalesce(g.gpu_model, ''), u.sla_tier, u.charge, u.idle_share"
             " FROM billing_usagehour u LEFT JOIN billing_gpuhour g ON g.node_id = u.node_id AND g.gpu_uuid = u.gpu_uuid"
-            f" AND g.hour = u.hour AND {_hour_ranges_sql(split.hour_ranges, 'g.hour', params)}"
-            f" WHERE {_hour_ranges_sql(split.hour_ranges, 'u.hour', params)} AND {tenant}"
+            f" AND g.hour = u.hour AND {hour_ranges_sql(split.hour_ranges, 'g.hour', params)}"
+            f" WHERE {hour_ranges_sql(split.hour_ranges, 'u.hour', params)} AND {tenant}"
             ") rows GROUP BY 1, 2, 3 ORDER BY 1, 2, 3", params, period_read=True)
         lines: dict[str, list[tuple[Decimal, Decimal]]] = {}
         for slug, _model, _tier, charge, idle in rows:
@@ -412,7 +436,7 @@ def list_scope_spends(*, scopes: Sequence[SpendScope], start: datetime, now: dat
     rows = (
         f"(SELECT {columns} FROM billing_usageday WHERE day >= %(days_from)s AND day < %(days_to)s"  # noqa: S608 - fixed names
         f" AND {_TENANTS.format(col='tenant')} UNION ALL SELECT {columns} FROM billing_usagehour"
-        f" WHERE {_hour_ranges_sql(split.hour_ranges, 'hour', params)} AND {_TENANTS.format(col='tenant')})"
+        f" WHERE {hour_ranges_sql(split.hour_ranges, 'hour', params)} AND {_TENANTS.format(col='tenant')})"
     )
     join = _scopes_sql(scopes, params)
     for index, charge, idle in _fetch(f"SELECT s.i, sum(u.charge), sum(u.idle_share) FROM {rows} u{join} GROUP BY 1",  # noqa: S608 - fixed SQL; values are parameters

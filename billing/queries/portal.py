@@ -256,7 +256,9 @@ def get_tenant_portal(*, scope: Scope, slug: str, start: datetime, end: datetime
     workloads = _workloads(tree)
     listed = workloads[:workload_limit]
     if reasons:
-        listed = _with_reasons(listed, get_cost_reasons(tenant=slug, start=start, end=end))
+        # The listed workloads only: the panel explains what the table shows.
+        listed = _with_reasons(listed, get_cost_reasons(tenant=slug, start=start, end=end, now=now,
+                                                        workloads=[w.key for w in listed]))
     root = tree.roots.get(slug)
     shown = tree.shown(root) if root is not None else None
     try:

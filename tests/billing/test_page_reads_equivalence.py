@@ -1,0 +1,101 @@
+"""The portal's cost panel reads cheaper than it did, with the same figures.
+
+- The panel's billed basis (billing.ledger.billed_basis.list_billed_basis_rows) reads closed days from
+  the day ledger and the rest from hours; read from hours alone it is the same, to the ledger unit.
+- Its right-sizing (list_container_use) reads the listed workloads' hours through their day rows;
+  every hour of those workloads is found: the sums and the peak hours are those of the hour rows.
+
+On the random ledgers of tests/billing/test_spend_equivalence.py (GPUs of several models, tenants and
+tiers, priced, unpriced and partly priced hours, rate cards changing mid-month and mid-day, `now`
+anywhere in the month), with pods on several GPUs in one hour."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from datetime import datetime
+from decimal import Decimal
+from typing import Any
+
+import pytest
+from django.db import transaction
+from hypothesis import HealthCheck, given, settings
+
+from billing.calendar import month_bounds
+from billing.ledger import spend
+from billing.ledger.billed_basis import list_billed_basis_rows, list_container_use
+from billing.ledger.models import UsageHour
+from billing.models import Gpu, Node
+from tests.billing import test_spend_equivalence as random_ledgers
+
+pytestmark = pytest.mark.django_db
+
+# Sizes whose quotients do not terminate, so a sum divided once differs from a sum of quotients.
+GPU_SIZES = ((81559, 132), (81920, 108), (40537, 98))
+_SETTINGS = settings(max_examples=40, deadline=None,
+                     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+
+
+def _write(ledger: random_ledgers.Ledger) -> None:
+    # The other test's own writers of a random ledger, shared on purpose.
+    random_ledgers._cards(ledger)
+    random_ledgers._write(ledger, ledger.rows)
+    node = Node.objects.get(name="gpu-node-1")
+    start, _end = month_bounds(ledger.month)
+    for i, model in enumerate(ledger.models):
+        memory_mb, sm_count = GPU_SIZES[i]
+        Gpu.objects.create(uuid=f"GPU-{i}", node=node, model=model, memory_mb=memory_mb, sm_count=sm_count,
+                           first_seen_at=start, last_seen_at=start)
+
+
+def _keys(tenant: str) -> list[tuple[str, str, str]]:
+    return sorted(set(UsageHour.objects.filter(tenant=tenant).values_list("namespace", "pod", "pod_uid")))
+
+
+def _check_panel(ledger: random_ledgers.Ledger, monkeypatch: pytest.MonkeyPatch) -> None:
+    _write(ledger)
+    start, end = month_bounds(ledger.month)
+    for tenant in random_ledgers.TENANTS:
+        keys = _keys(tenant)
+        read = sorted(list_billed_basis_rows(tenant=tenant, start=start, end=end, now=ledger.now, workloads=keys),
+                      key=repr)
+        with monkeypatch.context() as m:  # every day from its hours
+            m.setattr(spend, "closed_days", lambda start, end, now: None)
+            from_hours = sorted(list_billed_basis_rows(tenant=tenant, start=start, end=end, now=ledger.now,
+                                                       workloads=keys), key=repr)
+        assert read == from_hours, tenant
+        assert {(r.namespace, r.pod, r.pod_uid) for r in read} == set(keys)
+        # Right-sizing: each container's sums and peak hour, from the hour rows themselves.
+        expected = _container_use_from_hours(tenant, start, end)
+        for listed in (keys, keys[:1]):
+            rows = list_container_use(tenant=tenant, start=start, end=end, workloads=listed)
+            # The peak is a quotient: Postgres' and Python's last digits differ, not the hour it comes from.
+            got = {(r.namespace, r.pod, r.pod_uid, r.container): (r.seconds, r.mem_used_mb_s,
+                                                                  round(r.peak_hour_mean_mb, 15), r.sm_granted_s)
+                   for r in rows}
+            assert got == {k: v for k, v in expected.items() if k[:3] in listed}, tenant
+
+
+def _container_use_from_hours(tenant: str, start: datetime, end: datetime) -> dict[tuple[str, ...], tuple[Any, ...]]:
+    per_hour: dict[tuple[str, ...], dict[datetime, list[Decimal]]] = defaultdict(dict)
+    for u in UsageHour.objects.filter(tenant=tenant, hour__gte=start, hour__lt=end):
+        sums = per_hour[(u.namespace, u.pod, u.pod_uid, u.container)].setdefault(u.hour, [Decimal(0)] * 3)
+        for i, value in enumerate((u.seconds, u.mem_used_mb_s, u.sm_granted_s)):
+            sums[i] += value
+    out = {}
+    for key, hours in per_hour.items():
+        seconds = sum((s for s, _m, _g in hours.values()), Decimal(0))
+        mem = sum((m for _s, m, _g in hours.values()), Decimal(0))
+        granted = sum((g for _s, _m, g in hours.values()), Decimal(0))
+        peak = max((m / s for s, m, _g in hours.values() if s), default=Decimal(0))
+        out[key] = (seconds, mem, round(peak, 15), granted)
+    return out
+
+
+@_SETTINGS
+@given(ledger=random_ledgers.ledgers())
+def test_the_panel_reads_days_as_their_hours_and_finds_every_hour_of_the_listed_workloads(
+        ledger: random_ledgers.Ledger, monkeypatch: pytest.MonkeyPatch) -> None:
+    with transaction.atomic():  # each example rolled back: examples share the test's database
+        _check_panel(ledger, monkeypatch)
+        transaction.set_rollback(True)
+
