@@ -18,11 +18,12 @@ from django.db.models.functions import TruncMonth
 
 from billing.ledger import reads
 from billing.ledger.models import GpuDay, GpuHour, UsageHour
-from billing.ledger.reads import fetch_rows
+from billing.ledger.reads import fetch_rows, period_read_cursor
 
 __all__ = [
     "DayLedgerTotals",
     "GpuTotals",
+    "LineShareSeconds",
     "MonthSeconds",
     "TenantTotals",
     "WorkloadSummary",
@@ -33,6 +34,7 @@ __all__ = [
     "list_day_ledger_totals",
     "list_gpu_totals_by_node",
     "list_monthly_card_seconds",
+    "list_monthly_line_share_seconds",
     "list_monthly_share_seconds",
     "summarise_workloads",
 ]
@@ -235,6 +237,40 @@ def list_monthly_share_seconds(*, start: datetime | None, end: datetime | None,
         usage = usage.filter(tenant__in=tenants)
     rows = usage.annotate(m=TruncMonth("hour", tzinfo=UTC)).values("m").annotate(share=Sum("share_gpu_s"))
     return [MonthSeconds(month=r["m"].date(), seconds=r["share"] or _ZERO, unpriced_seconds=_ZERO) for r in rows]
+
+
+@dataclass(frozen=True)
+class LineShareSeconds:
+    """Σ share_gpu_s of one UTC month on one invoice line: tenant, GPU model ("" when the usage row
+    has no GPU row) and SLA tier."""
+
+    month: date  # the 1st
+    tenant: str
+    gpu_model: str
+    sla_tier: str
+    share_gpu_s: Decimal
+
+
+def list_monthly_line_share_seconds(*, start: datetime | None, end: datetime | None,
+                                    tenants: Collection[str] | None) -> list[LineShareSeconds]:
+    """Per month and invoice line, Σ share_gpu_s of these tenants (None: all), within [start, end)
+    (whole months) when given: the lines of each month's figure tree
+    (billing.ledger.allocation.list_figure_rows, level 0), summed as it sums them, from the day ledger
+    as it reads a month (whole UTC days), in one statement for every month rather than a tree per
+    month. Unordered."""
+    params = {"start": start, "end": end, "tenants": _tenant_list(tenants)}
+    sql = (
+        # Left: a usage row always has its GPU row (the rollup writes both), but a model only names a line.
+        "SELECT (date_trunc('month', u.day, 'UTC'))::date AS month, u.tenant, coalesce(g.gpu_model, '') AS gpu_model, "  # noqa: S608 - fixed names
+        "u.sla_tier, sum(u.share_gpu_s) AS share_gpu_s "
+        f"FROM {reads.DAYS.usage_table} u LEFT JOIN {reads.DAYS.gpu_table} g ON g.node_id = u.node_id "
+        "AND g.gpu_uuid = u.gpu_uuid AND g.day = u.day "
+        "WHERE (%(start)s::timestamptz IS NULL OR u.day >= %(start)s) AND (%(end)s::timestamptz IS NULL OR u.day < %(end)s) "
+        "AND (%(tenants)s::text[] IS NULL OR u.tenant = ANY(%(tenants)s::text[])) GROUP BY 1, 2, 3, 4"
+    )
+    with period_read_cursor() as cur:
+        cur.execute(sql, params)
+        return fetch_rows(cur, LineShareSeconds)
 
 
 @dataclass(frozen=True)

@@ -24,11 +24,11 @@ from billing.ledger.totals import (
     get_gpu_totals,
     get_priced_currency,
     list_monthly_card_seconds,
+    list_monthly_line_share_seconds,
     list_monthly_share_seconds,
 )
 from billing.models import BillingPeriod, Invoice
 from billing.money import from_minor_units, round_quantities
-from billing.queries.figures import get_figure_tree
 from billing.scope import Scope
 from billing.services.invoicing import InvoiceBalance, add_balances, close_is_stalled, invoice_balances
 
@@ -218,6 +218,7 @@ def _periods(*, scope: Scope, now: datetime, months: tuple[date, date] | None) -
             hours_by_month[share_month.month] = share_month.seconds / _S_PER_H
     rows_by_month = {p.month: p for p in periods}
     counts, totals = _month_totals(invoices)
+    attributed_by_month = _attributed_gpu_hours(scope, start, end) if scope.sees_platform else {}
 
     all_months = set(hours_by_month) | set(rows_by_month) | set(counts)
     if months is not None:
@@ -241,19 +242,30 @@ def _periods(*, scope: Scope, now: datetime, months: tuple[date, date] | None) -
             error=row.error if row else "",
             invoices=counts.get(m, 0),
             totals=tuple(totals.get(m, ())),
-            split=_gpu_hours_split(scope, m, hours_by_month.get(m, _ZERO)) if scope.sees_platform else None,
+            split=_gpu_hours_split(m, hours_by_month.get(m, _ZERO), attributed_by_month.get(m, _ZERO))
+            if scope.sees_platform else None,
         ))
     return views
 
 
-def _gpu_hours_split(scope: Scope, month: date, metered_hours: Decimal) -> GpuHoursSplit:
+def _attributed_gpu_hours(scope: Scope, start: datetime | None, end: datetime | None) -> dict[date, Decimal]:
+    """Per month, the tenants' GPU-hours as the figure tree of the month shows them (billing.figures:
+    a tenant's figure is the sum of its invoice lines, each rounded once at _PLACES), from the lines'
+    sums alone: one grouped read of the day ledger for every month, where building each month's tree
+    cost about 0.25 s a month at 200 GPUs (docs/benchmarks.md). tests/billing/test_page_reads_equivalence.py
+    holds it equal to the tree's."""
+    hours: dict[date, dict[str, list[Decimal]]] = {}
+    for line in list_monthly_line_share_seconds(start=start, end=end, tenants=scope.tenants):
+        hours.setdefault(line.month, {}).setdefault(line.tenant, []).append(line.share_gpu_s / _S_PER_H)
+    return {month: sum((round_quantities(lines, _PLACES)[1] for lines in by_tenant.values()), _ZERO)
+            for month, by_tenant in hours.items()}
+
+
+def _gpu_hours_split(month: date, metered_hours: Decimal, attributed: Decimal) -> GpuHoursSplit:
     """The month's metered GPU-hours (the page's column) split by the figures the GPU cost page
-    shows for the same month: the tenants' GPU-hours from the figure tree, the idle's cost from the
-    GPU ledger."""
+    shows for the same month: the tenants' GPU-hours as their figure tree shows them
+    (`_attributed_gpu_hours`), the idle's cost from the GPU ledger."""
     start, end = month_bounds(month)
-    # The shallowest tree the ledger builds: only the tenants' roots (their invoice lines) are read.
-    tree = get_figure_tree(scope=scope, start=start, end=end, places=_PLACES, depth="namespace")
-    attributed = sum((tree.shown(root).gpu_hours for root in tree.roots.values()), _ZERO)
     gpu = get_gpu_totals(start=start, end=end)
     return GpuHoursSplit(metered=round_quantities([metered_hours], _PLACES)[1], attributed=attributed,
                          currency=get_priced_currency(start=start, end=end), idle_platform=gpu.idle_platform,

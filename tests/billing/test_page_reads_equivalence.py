@@ -1,9 +1,11 @@
-"""The portal's cost panel reads cheaper than it did, with the same figures.
+"""The portal's cost panel and the periods page read cheaper than they did, with the same figures.
 
 - The panel's billed basis (billing.ledger.billed_basis.list_billed_basis_rows) reads closed days from
   the day ledger and the rest from hours; read from hours alone it is the same, to the ledger unit.
 - Its right-sizing (list_container_use) reads the listed workloads' hours through their day rows;
   every hour of those workloads is found: the sums and the peak hours are those of the hour rows.
+- The periods page's attributed GPU-hours come from the month's invoice lines summed in one read of
+  the day ledger; they are what the month's figure tree shows.
 
 On the random ledgers of tests/billing/test_spend_equivalence.py (GPUs of several models, tenants and
 tiers, priced, unpriced and partly priced hours, rate cards changing mid-month and mid-day, `now`
@@ -19,16 +21,21 @@ from typing import Any
 import pytest
 from django.db import transaction
 from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from billing.calendar import month_bounds
 from billing.ledger import spend
 from billing.ledger.billed_basis import list_billed_basis_rows, list_container_use
 from billing.ledger.models import UsageHour
 from billing.models import Gpu, Node
+from billing.queries.figures import get_figure_tree
+from billing.queries.periods import list_billing_periods
+from billing.scope import Scope
 from tests.billing import test_spend_equivalence as random_ledgers
 
 pytestmark = pytest.mark.django_db
 
+FINANCE = Scope(tenants=None, is_finance=True, is_admin=False)
 # Sizes whose quotients do not terminate, so a sum divided once differs from a sum of quotients.
 GPU_SIZES = ((81559, 132), (81920, 108), (40537, 98))
 _SETTINGS = settings(max_examples=40, deadline=None,
@@ -99,3 +106,18 @@ def test_the_panel_reads_days_as_their_hours_and_finds_every_hour_of_the_listed_
         _check_panel(ledger, monkeypatch)
         transaction.set_rollback(True)
 
+
+@_SETTINGS
+@given(ledger=random_ledgers.ledgers(), places_now=st.booleans())
+def test_the_periods_page_attributes_the_gpu_hours_the_months_figure_tree_shows(
+        ledger: random_ledgers.Ledger, places_now: bool) -> None:
+    with transaction.atomic():
+        _write(ledger)
+        now = ledger.now if places_now else month_bounds(ledger.month)[1]
+        for view in list_billing_periods(scope=FINANCE, now=now):
+            assert view.split is not None
+            start, end = month_bounds(view.month)
+            tree = get_figure_tree(scope=FINANCE, start=start, end=end, places=2, depth="namespace")
+            assert view.split.attributed == sum((tree.shown(root).gpu_hours for root in tree.roots.values()),
+                                                Decimal(0)), view.month
+        transaction.set_rollback(True)
