@@ -315,6 +315,11 @@ def _check_csv(name: str, rows: list[list[str]]) -> str:
     if re.fullmatch(r"explore-(tenant|namespace|controller|pod|gpu)-\d{8}-\d{8}\.csv", name):
         _check_explore_csv(name, records)
         return "explore"
+    if re.fullmatch(r"fleet-gpus-\d{8}-\d{8}\.csv", name):
+        _check_sum_row(name, records, "node", ["card_cost", "attributed", "idle_cost"], ["energy_kwh"])
+        for r in records:
+            assert _money(r, "attributed", name) + _money(r, "idle_cost", name) == _money(r, "card_cost", name), name
+        return "fleet"
     if name.endswith("-focus-1.3.csv"):
         return "focus"
     if re.fullmatch(r"CN-\d{4}-\d+\.csv", name):
@@ -535,9 +540,9 @@ def test_every_page_and_csv_of_the_demo_adds_up(demo: Demo, tmp_path: Path) -> N
             assert "attributed" in walk.groups_checked  # the tenant's own "Your cost" adds up too
     # Every kind of table with a total was met and checked, and every kind of CSV.
     assert {"fleet", "attributed", "total", "charge", "idle-share", "foot", "row", "workloads",
-            "upcoming", "explore-cost"} <= groups, groups
+            "upcoming", "explore-cost", "fleet-card", "fleet-idle"} <= groups, groups
     assert {"tenants", "timeline", "workloads", "utilisation", "portal-workloads", "invoice", "invoice-list",
-            "focus", "explore"} <= kinds, kinds
+            "focus", "explore", "fleet"} <= kinds, kinds
 
 
 def test_pages_and_their_csvs_show_the_same_totals_in_both_languages(demo: Demo) -> None:
@@ -574,8 +579,8 @@ def test_one_figure_is_the_same_on_every_page_level_and_language(demo: Demo) -> 
         session = _login(demo, "finance", language)
         explore = _drill(demo, session, f"/explore/?{query}", rows=2)
         assert len(explore) >= 5, explore  # tenants, then two of them down to their GPUs
-        walks.append(_walk(demo, session, (f"/finance/?{query}", f"/tenants/acme/?{query}", "/periods/", *explore),
-                           follow=False))
+        walks.append(_walk(demo, session, (f"/finance/?{query}", f"/tenants/acme/?{query}", "/periods/",
+                                           f"/fleet/?{query}", *explore), follow=False))
     seen = _check_figures(walks)
     acme = [key for key in seen if key.startswith("cost|") and key.split("|")[3:] == ["tenant=acme"]]
     assert len(acme) == 1, sorted(seen)
@@ -587,6 +592,9 @@ def test_one_figure_is_the_same_on_every_page_level_and_language(demo: Demo) -> 
     assert any(key.startswith("gpu_hours|") for key in seen), sorted(seen)
     # The month's metered GPU-hours: the finance page's tile and the periods page.
     assert any(key.startswith("metered_gpu_hours|") and len({url for url, _ in shown}) >= 2
+               for key, shown in seen.items()), sorted(seen)
+    # The fleet's card cost: the finance page's total GPU cost and the fleet view's total.
+    assert any(key.startswith("card_cost|") and len({url for url, _ in shown}) >= 2
                for key, shown in seen.items()), sorted(seen)
     # A pod instance: the finance page's top workloads, its row on the portal and its cost panel there.
     assert any("|pod_uid=" in key and len({url for url, _ in shown}) >= 2 for key, shown in seen.items()), sorted(seen)

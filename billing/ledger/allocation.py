@@ -31,6 +31,7 @@ from billing.ledger.reads import fetch_rows, period_read_cursor
 from billing.models.fleet import Gpu, Node
 
 __all__ = [
+    "CONTROLLER_SQL",
     "GPU_KEYS",
     "GROUP_KEYS",
     "LABEL_PREFIX",
@@ -90,6 +91,8 @@ GROUP_KEYS: tuple[str, ...] = tuple(_KEY_SQL)
 ANNOTATION_PREFIX = "annotation:"
 # Keys a GPU row has too: the only filters that narrow the platform's idle.
 GPU_KEYS = frozenset({"cluster", "node", "gpu_model", "gpu"})
+# A workload's controller as Explore's path names it (`deployment:bert`), over metadata `m`.
+CONTROLLER_SQL = _KEY_SQL["controller"]
 _GPU_KEY_SQL = {"cluster": _KEY_SQL["cluster"], "node": "n.name", "gpu_model": "g.gpu_model", "gpu": "g.gpu_uuid"}
 
 

@@ -111,7 +111,8 @@ def _csv_urls(invoice: str, note: str) -> list[str]:
     urls = [f"/finance/?{period}&format=csv&table={t}" for t in ("tenants", "timeline", "utilisation", "workloads")]
     urls += [f"/explore/?{period}&format=csv", f"/explore/?{period}&format=csv&tenant=acme",
              f"/explore/?{period}&format=csv&tenant=acme&namespace=acme-prod",
-             f"/tenants/acme/?{period}&format=csv", "/tenants/acme/?format=upcoming-csv"]
+             f"/tenants/acme/?{period}&format=csv", "/tenants/acme/?format=upcoming-csv",
+             f"/fleet/?{period}&format=csv"]
     urls += ["/invoices/?format=csv", f"/invoices/{invoice}.csv", f"/invoices/{invoice}.focus",
              f"/credit-notes/{note}.csv", f"/credit-notes/{note}.focus"]
     urls += [f"/invoices/{number}.{fmt}" for number in Invoice.objects.exclude(number=invoice)

@@ -60,6 +60,7 @@ GET_PAGES: dict[str, tuple[str, ...]] = {
     "/finance/": (*PERIOD, "format", "table"),
     "/explore/": (*PERIOD, "format", "tenant", "namespace", "controller", "pod", "container", "label", "node",
                   "gpu_model", "sla_tier"),
+    "/fleet/": (*PERIOD, "format", "sort"),
     "/tenants/": (),
     "/tenants/acme/": (*PERIOD, "format"),
     "/budgets/": (),
@@ -289,7 +290,7 @@ def test_the_probe_covers_every_route_that_takes_a_post():
     assert not probed & NOT_PROBED
 
 
-@pytest.mark.parametrize("path", ["/explore/", "/finance/", "/tenants/acme/"])
+@pytest.mark.parametrize("path", ["/explore/", "/finance/", "/fleet/", "/tenants/acme/"])
 def test_the_attacker_s_dates_are_a_clear_400_page(live_server, path):
     session = _session(User.objects.get(pk=_world()["admin"]))
     for start, end in (("9999-12-31", "9999-12-31"), ("0001-01-01", "0001-01-02"), ("2026-11-01", "9999-12-31")):

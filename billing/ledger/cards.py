@@ -1,0 +1,127 @@
+"""The fleet's cards over a period, one row per GPU (the fleet view, docs/billing.md "Fleet view"):
+what each card cost, what of it was charged to workloads and what stood idle, how busy it was, the
+energy it drew, and its costliest workloads. Two statements, whatever the fleet's size: one over
+the GPU rows (with the usage they carry for utilisation), one over the usage rows for the workloads.
+Raw ledger sums in ledger units; rounding and ratios are the caller's.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from decimal import Decimal
+
+from billing.ledger import reads
+from billing.ledger.allocation import CONTROLLER_SQL
+from billing.ledger.models import WorkloadMeta
+from billing.ledger.reads import fetch_rows, period_read_cursor
+from billing.models.fleet import Gpu, Node
+
+__all__ = ["CardRow", "CardWorkloadRow", "list_card_workloads", "list_cards"]
+
+_META = WorkloadMeta._meta.db_table
+_GPU = Gpu._meta.db_table
+_NODE = Node._meta.db_table
+
+
+@dataclass(frozen=True)
+class CardRow:
+    """One GPU on one node over the period. Per GPU-hour the ledger keeps charged + idle_cost =
+    card_cost, so the sums here do too."""
+
+    node: str
+    gpu_uuid: str
+    gpu_model: str
+    card_cost: Decimal
+    charged: Decimal  # Σ workloads' charge on the card
+    idle_cost: Decimal  # the rest of the card's cost (some of it spread onto tenants: idle_allocated)
+    idle_allocated: Decimal
+    metered_seconds: Decimal
+    energy_j: Decimal
+    sm_used_s: Decimal
+    mem_used_mb_s: Decimal
+    # sm_count / memory_mb (the inventory's) × metered seconds; None for a GPU missing from it.
+    sm_capacity_s: Decimal | None
+    mem_capacity_mb_s: Decimal | None
+
+
+# Usage summed per card before the join, so a card's row is one GPU row sum and one usage sum (no
+# fan-out); capacity from the inventory as billing.ledger.series counts it.
+_CARDS = """
+WITH cards AS (
+    SELECT node_id, gpu_uuid, max(gpu_model) AS gpu_model, sum(card_cost) AS card_cost, sum(charged) AS charged,
+           sum(idle_cost) AS idle_cost, sum(idle_allocated) AS idle_allocated,
+           sum(metered_seconds) AS metered_seconds, sum(energy_j) AS energy_j
+    FROM {gpu_table} WHERE {at} >= %(start)s AND {at} < %(end)s
+    GROUP BY node_id, gpu_uuid
+), used AS (
+    SELECT node_id, gpu_uuid, sum(sm_used_s) AS sm, sum(mem_used_mb_s) AS mem
+    FROM {usage_table} WHERE {at} >= %(start)s AND {at} < %(end)s
+    GROUP BY node_id, gpu_uuid
+)
+SELECT n.name AS node, c.gpu_uuid, c.gpu_model, c.card_cost, c.charged, c.idle_cost, c.idle_allocated,
+       c.metered_seconds, c.energy_j, coalesce(u.sm, 0) AS sm_used_s, coalesce(u.mem, 0) AS mem_used_mb_s,
+       c.metered_seconds * gp.sm_count AS sm_capacity_s, c.metered_seconds * gp.memory_mb AS mem_capacity_mb_s
+FROM cards c JOIN {node_table} n ON n.id = c.node_id
+LEFT JOIN used u ON u.node_id = c.node_id AND u.gpu_uuid = c.gpu_uuid
+LEFT JOIN {inventory} gp ON gp.uuid = c.gpu_uuid
+ORDER BY n.name, c.gpu_uuid
+"""
+
+
+def list_cards(*, start: datetime, end: datetime) -> list[CardRow]:
+    """Every GPU with GPU rows in [start, end), by node name and GPU."""
+    ledger = reads.ledger_for(start, end)
+    sql = _CARDS.format(at=ledger.at, gpu_table=ledger.gpu_table, usage_table=ledger.usage_table,
+                        node_table=_NODE, inventory=_GPU)
+    with period_read_cursor() as cur:
+        cur.execute(sql, {"start": start, "end": end})
+        return fetch_rows(cur, CardRow)
+
+
+@dataclass(frozen=True)
+class CardWorkloadRow:
+    """One of a card's costliest pod instances over the period."""
+
+    node: str
+    gpu_uuid: str
+    tenant: str
+    namespace: str
+    controller: str  # as Explore's path names it; UNALLOCATED when no agent reported one
+    pod: str
+    pod_uid: str
+    cost: Decimal  # charge + idle share on this card
+    rank: int  # 1 = the costliest on the card
+    workloads: int  # pod instances on the card in all
+
+
+# Ranked per card in the statement, so only `top` rows per card leave the database; the controller
+# is joined for those rows alone, on the ledger's key and node as billing.ledger.allocation joins it.
+_WORKLOADS = """
+WITH per_pod AS (
+    SELECT node_id, gpu_uuid, tenant, namespace, pod, pod_uid, sum(charge) + sum(idle_share) AS cost
+    FROM {usage_table} WHERE {at} >= %(start)s AND {at} < %(end)s
+    GROUP BY node_id, gpu_uuid, tenant, namespace, pod, pod_uid
+), ranked AS (
+    SELECT p.*, row_number() OVER (PARTITION BY node_id, gpu_uuid ORDER BY cost DESC, tenant, namespace, pod, pod_uid) AS rank,
+           count(*) OVER (PARTITION BY node_id, gpu_uuid) AS workloads
+    FROM per_pod p
+)
+SELECT n.name AS node, r.gpu_uuid, r.tenant, r.namespace, {controller} AS controller, r.pod, r.pod_uid, r.cost,
+       r.rank, r.workloads
+FROM ranked r JOIN {node_table} n ON n.id = r.node_id
+LEFT JOIN {meta_table} m ON m.node_id = r.node_id AND m.namespace = r.namespace AND m.pod = r.pod AND m.pod_uid = r.pod_uid
+WHERE r.rank <= %(top)s
+ORDER BY n.name, r.gpu_uuid, r.rank
+"""
+
+
+def list_card_workloads(*, start: datetime, end: datetime, top: int) -> list[CardWorkloadRow]:
+    """Per GPU with usage in [start, end), its `top` costliest pod instances (ties by name), each
+    with the card's count of pod instances."""
+    ledger = reads.ledger_for(start, end)
+    sql = _WORKLOADS.format(at=ledger.at, usage_table=ledger.usage_table, node_table=_NODE, meta_table=_META,
+                            controller=CONTROLLER_SQL)
+    with period_read_cursor() as cur:
+        cur.execute(sql, {"start": start, "end": end, "top": top})
+        return fetch_rows(cur, CardWorkloadRow)

@@ -1,0 +1,137 @@
+"""The fleet view, /fleet/ (docs/billing.md, Fleet view): per node and GPU, card cost, attributed and
+idle cost, utilisation, energy and the costliest workloads, for finance and admins; ?format=csv is
+its GPU rows."""
+
+from __future__ import annotations
+
+from datetime import date
+from typing import Any
+from urllib.parse import urlencode
+
+from django.contrib.auth.decorators import login_required
+from django.http import HttpRequest, HttpResponse, QueryDict
+from django.shortcuts import render
+from django.urls import reverse
+from django.utils import timezone
+from django.utils.translation import gettext as _
+from django.utils.translation import gettext_lazy
+
+from billing.csv_files import amount_cell, csv_writer, download_name, number, quantity_cell
+from billing.money import QUANTITY_PLACES
+from billing.queries.fleet import DEFAULT_SORT, SORTS, FleetFigures, FleetView, FleetWorkload, get_fleet
+from billing.queries.snapshot import one_snapshot
+from billing.web.access import require_platform
+from billing.web.forms import PeriodForm
+from billing.web.views import quick_periods
+
+_FORMATS = ("html", "csv")
+# The columns a reader can sort by, in the table's order, with their headings.
+_COLUMNS = (
+    ("name", gettext_lazy("Node / GPU")),
+    ("gpu_model", gettext_lazy("GPU model")),
+    ("card_cost", gettext_lazy("Card cost")),
+    ("attributed", gettext_lazy("Attributed")),
+    ("idle_cost", gettext_lazy("Idle cost")),
+    ("idle_pct", gettext_lazy("Idle share")),
+    ("sm_pct", gettext_lazy("SM utilisation")),
+    ("mem_pct", gettext_lazy("Memory utilisation")),
+    ("energy_kwh", gettext_lazy("Energy (kWh)")),
+    ("workloads", gettext_lazy("Workloads")),
+)
+_PERCENT_PLACES = QUANTITY_PLACES["percent"]
+
+
+def _with_default_period(data: QueryDict, today: date) -> QueryDict:
+    """No period asked: the month to date, as on the dashboard."""
+    if {"start", "end"} & set(data):
+        return data
+    out = data.copy()
+    for key, value in PeriodForm.default_initial(today).items():
+        out[key] = value.isoformat()
+    return out
+
+
+def _bad_request(reason: str, *, as_csv: bool, request: HttpRequest, form: PeriodForm) -> HttpResponse:
+    if as_csv:
+        return HttpResponse(reason + "\n", status=400, content_type="text/plain; charset=utf-8")
+    return render(request, "billing/fleet.html", {"form": form, "error": reason}, status=400)
+
+
+@login_required
+@one_snapshot()
+def fleet(request: HttpRequest) -> HttpResponse:
+    scope = require_platform(request, "the fleet view shows every tenant's cards: finance and admins only")
+    today = timezone.now().date()
+    form = PeriodForm(_with_default_period(request.GET, today))
+    fmt = request.GET.get("format") or "html"
+    sort = request.GET.get("sort") or DEFAULT_SORT
+    as_csv = fmt == "csv"
+    # Checked before any read: a bad parameter changes nothing and costs no ledger scan.
+    if fmt not in _FORMATS:
+        return _bad_request(_("Unknown format “%(format)s”: choose one of %(formats)s.") % {
+            "format": fmt, "formats": ", ".join(_FORMATS)}, as_csv=False, request=request, form=form)
+    if sort not in SORTS:
+        return _bad_request(_("Unknown sort “%(sort)s”: choose one of %(sorts)s.") % {
+            "sort": sort, "sorts": ", ".join(SORTS)}, as_csv=as_csv, request=request, form=form)
+    if not form.is_valid():
+        if as_csv:
+            reasons = " ".join(str(e) for errors in form.errors.values() for e in errors)
+            return HttpResponse(reasons + "\n", status=400, content_type="text/plain; charset=utf-8")
+        return render(request, "billing/fleet.html", {"form": form, "quick_periods": quick_periods(today, form)},
+                      status=400)
+    start, end = form.bounds()
+    # The CSV states energy to a quantity's places, the page to the page's (docs/exports.md).
+    view = get_fleet(scope=scope, start=start, end=end, sort=sort,
+                     **({"energy_places": QUANTITY_PLACES["gb_h"]} if as_csv else {}))
+    if as_csv:
+        return _csv(view)
+    return render(request, "billing/fleet.html", _context(form, view, today))
+
+
+def _period(form: PeriodForm) -> dict[str, str]:
+    return {"start": form.cleaned_data["start"].isoformat(), "end": form.cleaned_data["end"].isoformat()}
+
+
+def _explore_link(period: dict[str, str], w: FleetWorkload) -> str:
+    """Explore at the workload's own level: its containers, over the same period."""
+    query = {**period, "tenant": w.tenant, "namespace": w.namespace, "controller": w.controller, "pod": w.pod}
+    return f"{reverse('explore')}?{urlencode(query)}"
+
+
+def _context(form: PeriodForm, view: FleetView, today: date) -> dict[str, Any]:
+    period = _period(form)
+    columns = [{"key": key, "label": label, "query": urlencode({**period, "sort": key}), "active": key == view.sort,
+                "order": "descending" if SORTS[key] else "ascending"} for key, label in _COLUMNS]
+    nodes = [{"node": n, "gpus": [{"gpu": g, "workloads": [(w, _explore_link(period, w)) for w in g.workloads]}
+                                  for g in n.gpus]}
+             for n in view.nodes]
+    return {
+        "form": form, "fleet": view, "columns": columns, "nodes": nodes, "quick_periods": quick_periods(today, form),
+        "csv_query": urlencode({**period, "sort": view.sort, "format": "csv"}),
+    }
+
+
+def _pct_cell(value: object) -> str:
+    return f"{value:.{_PERCENT_PLACES}f}" if value is not None else ""
+
+
+def _csv(view: FleetView) -> HttpResponse:
+    """One row per GPU, amounts and energy as the page shows them (they add up), then a total row."""
+    response = HttpResponse(content_type="text/csv; charset=utf-8")
+    response["Content-Disposition"] = f'attachment; filename="{download_name("fleet-gpus", view.start, view.end)}"'
+    writer = csv_writer(response)
+    currency, places = view.currency, QUANTITY_PLACES["gb_h"]
+    writer.writerow(["node", "gpu_uuid", "gpu_model", "card_cost", "attributed", "idle_cost", "currency",
+                     "idle_share_pct", "sm_utilisation_pct", "mem_utilisation_pct", "energy_kwh", "workloads",
+                     "top_workloads"])
+
+    def figures(f: FleetFigures) -> list[object]:
+        return [amount_cell(f.card_cost, currency), amount_cell(f.attributed, currency),
+                amount_cell(f.idle_cost, currency), currency, number(_pct_cell(f.idle_pct)),
+                number(_pct_cell(f.sm_pct)), number(_pct_cell(f.mem_pct)), quantity_cell(f.energy_kwh, places)]
+
+    for g in view.gpus:
+        top = "; ".join(f"{w.tenant}/{w.namespace}/{w.pod}" for w in g.workloads)
+        writer.writerow([g.node, g.gpu_uuid, g.gpu_model, *figures(g.figures), g.figures.workloads, top])
+    writer.writerow(["(total)", "", "", *figures(view.total), view.total.workloads, ""])
+    return response

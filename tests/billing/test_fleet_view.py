@@ -1,0 +1,242 @@
+"""The fleet view, /fleet/ (docs/billing.md, Fleet view): per node and GPU over a hand-written ledger
+(two nodes, two models, cards with charge and idle), exact figures that add up as shown, the total
+card cost the finance dashboard's, sorting and its 400s, finance and admins only, the CSV inert and
+adding up, and the workload links that open Explore."""
+
+from __future__ import annotations
+
+import csv
+import io
+from datetime import UTC, datetime
+from decimal import Decimal
+from typing import Any
+
+import pytest
+from django.contrib.auth.models import User
+from django.test import Client
+from hypothesis import HealthCheck, given
+from hypothesis import settings as hypothesis_settings
+from hypothesis import strategies as st
+
+from billing.ledger.models import GpuDay, GpuHour, UsageDay, UsageHour, WorkloadMeta
+from billing.models import Gpu, Node, Tenant
+from billing.scope import ADMIN_GROUP, FINANCE_GROUP
+from tests.conftest import user_in, with_day
+from tests.test_page_sums import Walk, _check_csv, _check_page, _marks
+
+pytestmark = pytest.mark.django_db
+
+D = Decimal
+H = datetime(2026, 3, 2, 10, tzinfo=UTC)  # explicit dates: the page takes the period it is given
+PERIOD = {"start": "2026-03-02", "end": "2026-03-02"}
+
+
+def card(node: Node, gpu: str, *, model: str, memory_mb: int, sm_count: int, cost: str, charged: str,
+         energy_kwh: str = "0") -> None:
+    """One metered hour of a card, in the inventory too (its capacity is the utilisation's denominator)."""
+    Gpu.objects.create(uuid=gpu, node=node, model=model, memory_mb=memory_mb, sm_count=sm_count, first_seen_at=H,
+                       last_seen_at=H)
+    with_day(GpuHour.objects.create(
+        gpu_uuid=gpu, node=node, gpu_model=model, hour=H, metered_seconds=D(3600), card_cost=D(cost),
+        charged=D(charged), idle_cost=D(cost) - D(charged), idle_allocated=D(0), currency="USD", priced=True,
+        energy_j=D(energy_kwh) * 3_600_000))
+
+
+def usage(node: Node, gpu: str, *, tenant: str, pod: str, charge: str, sm_used_s: str = "0",
+          mem_used_mb_s: str = "0") -> None:
+    with_day(UsageHour.objects.create(
+        gpu_uuid=gpu, node=node, tenant=tenant, namespace=f"{tenant}-prod", pod=pod, container="main",
+        pod_uid=f"uid-{pod}", sla_tier="gold", seconds=D(3600), hour=H, mem_used_mb_s=D(mem_used_mb_s),
+        mem_granted_mb_s=D(0), mem_billed_mb_s=D(0), sm_used_s=D(sm_used_s), sm_granted_s=D(0), sm_billed_s=D(0),
+        pcie_mb=D(0), share_gpu_s=D(charge) * 360, charge=D(charge), idle_share=D(0)))
+
+
+@pytest.fixture
+def ledger(db: Any) -> None:
+    """node-a: two A100s (card 10.00 each): A0 charged 3.333333333333 (bert-1 2.00 at a quarter of its
+    SMs and half its memory, llm-1 1.333333333333), 1 kWh; A1 idle all hour. node-b: one H100 (card
+    20.00) charged 15.00 over four pods (6, 4, 3, 2), 2.5 kWh."""
+    Tenant.objects.create(slug="acme", name="Acme Robotics")
+    Tenant.objects.create(slug="globex", name="Globex")
+    a, b = Node.objects.create(name="node-a"), Node.objects.create(name="node-b")
+    card(a, "GPU-A0", model="A100", memory_mb=40960, sm_count=108, cost="10", charged="3.333333333333",
+         energy_kwh="1")
+    card(a, "GPU-A1", model="A100", memory_mb=40960, sm_count=108, cost="10", charged="0")
+    card(b, "GPU-B0", model="H100", memory_mb=81920, sm_count=132, cost="20", charged="15", energy_kwh="2.5")
+    usage(a, "GPU-A0", tenant="acme", pod="bert-1", charge="2", sm_used_s=str(108 * 3600 // 4),
+          mem_used_mb_s=str(40960 * 3600 // 2))
+    usage(a, "GPU-A0", tenant="globex", pod="llm-1", charge="1.333333333333")
+    for pod, charge, tenant in (("w-6", "6", "acme"), ("w-4", "4", "globex"), ("w-3", "3", "acme"), ("w-2", "2", "acme")):
+        usage(b, "GPU-B0", tenant=tenant, pod=pod, charge=charge)
+    WorkloadMeta.objects.create(node=a, namespace="acme-prod", pod="bert-1", pod_uid="uid-bert-1",
+                                controller_kind="Deployment", controller_name="bert", labels={}, requests={},
+                                first_seen=H, last_seen=H)
+
+
+def finance(client: Client) -> Client:
+    client.force_login(user_in(FINANCE_GROUP))
+    return client
+
+
+def test_each_gpu_shows_its_cost_idle_utilisation_energy_and_workloads(client: Client, ledger: None) -> None:
+    resp = finance(client).get("/fleet/", PERIOD)
+    assert resp.status_code == 200
+    view = resp.context["fleet"]
+    # Idle cost first: node-a idles 16.67 (6.67 + 10.00), node-b 5.00; A1 (10.00) before A0 (6.67).
+    assert [n.name for n in view.nodes] == ["node-a", "node-b"]
+    assert [g.gpu_uuid for g in view.nodes[0].gpus] == ["GPU-A1", "GPU-A0"]
+    gpus = {g.gpu_uuid: g for g in view.gpus}
+    a0, a1, b0 = gpus["GPU-A0"].figures, gpus["GPU-A1"].figures, gpus["GPU-B0"].figures
+    # 40.00 over the cards' parts: A0's 3.333… and 6.666… take 3.33 and 6.67 (the larger remainder).
+    assert (a0.card_cost, a0.attributed, a0.idle_cost) == (D("10.00"), D("3.33"), D("6.67"))
+    assert (a1.card_cost, a1.attributed, a1.idle_cost) == (D("10.00"), D("0.00"), D("10.00"))
+    assert (b0.card_cost, b0.attributed, b0.idle_cost) == (D("20.00"), D("15.00"), D("5.00"))
+    assert round(a0.idle_pct, 1) == D("66.7")
+    assert a1.idle_pct == 100
+    assert b0.idle_pct == 25
+    # bert-1 used a quarter of A0's SM·s and half its memory; A1 nothing.
+    assert (a0.sm_pct, a0.mem_pct) == (25, 50)
+    assert (a1.sm_pct, a1.mem_pct) == (0, 0)
+    assert (a0.energy_kwh, b0.energy_kwh) == (D("1.00"), D("2.50"))
+    assert [w.pod for w in gpus["GPU-B0"].workloads] == ["w-6", "w-4", "w-3"]
+    assert gpus["GPU-B0"].more_workloads == 1
+    assert b0.workloads == 4
+    node_a = view.nodes[0].figures
+    assert (node_a.card_cost, node_a.attributed, node_a.idle_cost, node_a.energy_kwh) == (
+        D("20.00"), D("3.33"), D("16.67"), D("1.00"))
+    assert round(node_a.sm_pct, 1) == D("12.5")  # a quarter of one card of two
+    total = view.total
+    assert (total.card_cost, total.attributed, total.idle_cost, total.energy_kwh) == (
+        D("40.00"), D("18.33"), D("21.67"), D("3.50"))
+    html = resp.content.decode()
+    assert "GPU-B0" in html
+    assert "and 1 more" in html
+    # Every group on the page adds up as shown (tests/test_page_sums.py's checker).
+    walk = Walk()
+    _check_page("/fleet/", _marks(html), walk)
+    assert {"fleet-card", "fleet-attributed", "fleet-idle", "fleet-energy", "row", "total-row"} <= walk.groups_checked
+
+
+def test_the_total_card_cost_is_the_finance_dashboards_under_one_key(client: Client, ledger: None) -> None:
+    finance(client)
+    dashboard = client.get("/finance/", PERIOD)
+    fleet = client.get("/fleet/", PERIOD)
+    assert fleet.context["fleet"].total.card_cost == dashboard.context["shown"].total_gpu_cost == D("40.00")
+    key = 'data-figure="card_cost|2026-03-02T00:00:00+00:00|2026-03-03T00:00:00+00:00"'
+    assert key in dashboard.content.decode()
+    assert key in fleet.content.decode()
+
+
+# Charges that round unevenly (lines of 0.005 show 0.00, half-even): the dashboard's total is its
+# rounded lines plus the rounded idle, not the card cost rounded, and the fleet's total is that figure.
+@hypothesis_settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(charges=st.lists(st.decimals(min_value=0, max_value=3, places=3), min_size=1, max_size=4),
+       idle=st.decimals(min_value=0, max_value=2, places=3))
+def test_the_fleet_adds_up_and_matches_the_dashboard_whatever_the_charges(
+        client: Client, db: Any, charges: list[Decimal], idle: Decimal) -> None:
+    for model in (GpuDay, UsageDay, GpuHour, UsageHour):
+        model.objects.all().delete()
+    node = Node.objects.get_or_create(name="node-h")[0]
+    for i, charge in enumerate(charges):
+        Gpu.objects.get_or_create(uuid=f"GPU-{i}", defaults={"node": node, "model": "A100", "memory_mb": 40960,
+                                                            "sm_count": 108, "first_seen_at": H, "last_seen_at": H})
+        with_day(GpuHour.objects.create(gpu_uuid=f"GPU-{i}", node=node, gpu_model="A100", hour=H,
+                                        metered_seconds=D(3600), card_cost=charge + idle, charged=charge,
+                                        idle_cost=idle, idle_allocated=D(0), currency="USD", priced=True))
+        usage(node, f"GPU-{i}", tenant=f"t{i}", pod=f"p{i}", charge=str(charge))
+    user = User.objects.filter(groups__name=FINANCE_GROUP).first() or user_in(FINANCE_GROUP)
+    client.force_login(user)
+    view = client.get("/fleet/", PERIOD).context["fleet"]
+    dashboard = client.get("/finance/", PERIOD).context["shown"]
+    assert view.total.card_cost == dashboard.total_gpu_cost
+    assert view.total.card_cost == view.total.attributed + view.total.idle_cost
+    assert sum(g.figures.card_cost for g in view.gpus) == view.total.card_cost
+    # Each part within a cent of its exact figure scaled to the shown total (billing.money.apportion).
+    off = abs(view.total.card_cost - sum(charges) - len(charges) * idle) + D("0.01")
+    for g in view.gpus:
+        assert g.figures.card_cost == g.figures.attributed + g.figures.idle_cost
+        charge = charges[int(g.gpu_uuid.removeprefix("GPU-"))]
+        assert abs(g.figures.attributed - charge) <= off
+        assert abs(g.figures.idle_cost - idle) <= off
+
+
+@pytest.mark.parametrize(("sort", "first_node", "first_gpu"), [
+    ("card_cost", "node-a", "GPU-A0"),  # 20.00 each, and 10.00 each: ties go by name
+    ("attributed", "node-b", "GPU-A0"),
+    ("idle_pct", "node-a", "GPU-A1"),
+    ("sm_pct", "node-a", "GPU-A0"),
+    ("mem_pct", "node-a", "GPU-A0"),
+    ("energy_kwh", "node-b", "GPU-A0"),
+    ("workloads", "node-b", "GPU-A0"),
+    ("name", "node-a", "GPU-A0"),
+    ("gpu_model", "node-a", "GPU-A0"),
+])
+def test_every_column_sorts(client: Client, ledger: None, sort: str, first_node: str, first_gpu: str) -> None:
+    resp = finance(client).get("/fleet/", {**PERIOD, "sort": sort})
+    assert resp.status_code == 200
+    view = resp.context["fleet"]
+    assert view.nodes[0].name == first_node
+    assert next(g for g in view.gpus if g.node == "node-a").gpu_uuid == first_gpu
+    assert f'aria-sort="{"ascending" if sort in ("name", "gpu_model") else "descending"}"' in resp.content.decode()
+
+
+@pytest.mark.parametrize(("params", "reason"), [
+    ({"sort": "price"}, "Unknown sort"),
+    ({"sort": "price", "format": "csv"}, "Unknown sort"),
+    ({"format": "xml"}, "Unknown format"),
+    ({"start": "2026-03-05", "end": "2026-03-01"}, "must not be before"),
+])
+def test_bad_parameters_answer_400_with_the_reason(client: Client, ledger: None, params: dict[str, str],
+                                                  reason: str) -> None:
+    resp = finance(client).get("/fleet/", {**PERIOD, **params})
+    assert resp.status_code == 400
+    assert reason in resp.content.decode()
+
+
+def test_tenant_members_get_403_and_finance_and_admins_the_page(client: Client, ledger: None) -> None:
+    client.force_login(user_in(tenant="acme"))
+    assert client.get("/fleet/", PERIOD).status_code == 403
+    assert client.get("/fleet/", {**PERIOD, "format": "csv"}).status_code == 403
+    assert 'data-testid="nav-fleet"' not in client.get("/finance/", PERIOD).content.decode()
+    client.force_login(user_in(ADMIN_GROUP))
+    resp = client.get("/fleet/", PERIOD)
+    assert resp.status_code == 200
+    assert 'data-testid="nav-fleet"' in resp.content.decode()
+
+
+def test_the_csv_has_the_gpu_rows_adds_up_and_is_inert(client: Client, ledger: None) -> None:
+    # A node's agent names its GPU model: text someone else chose, written so no spreadsheet runs it.
+    GpuHour.objects.filter(gpu_uuid="GPU-A1").update(gpu_model='=HYPERLINK("http://x")')
+    with_day(GpuHour.objects.get(gpu_uuid="GPU-A1"))
+    resp = finance(client).get("/fleet/", {**PERIOD, "format": "csv"})
+    assert resp.status_code == 200
+    assert resp["Content-Type"].startswith("text/csv")
+    name = "fleet-gpus-20260302-20260302.csv"
+    assert name in resp["Content-Disposition"]
+    rows = list(csv.reader(io.StringIO(resp.content.decode("utf-8-sig"))))
+    assert _check_csv(name, rows) == "fleet"
+    records = [dict(zip(rows[0], r, strict=True)) for r in rows[1:]]
+    assert [r["gpu_uuid"] for r in records] == ["GPU-A1", "GPU-A0", "GPU-B0", ""]
+    a1 = records[0]
+    assert a1["gpu_model"] == "'=HYPERLINK(\"http://x\")"
+    assert (a1["card_cost"], a1["attributed"], a1["idle_cost"], a1["idle_share_pct"]) == ("10.00", "0.00", "10.00", "100.0")
+    assert records[-1]["card_cost"] == "40.00"
+    assert records[2]["top_workloads"] == "acme/acme-prod/w-6; globex/globex-prod/w-4; acme/acme-prod/w-3"
+
+
+def test_a_workload_links_to_explore_filtered_to_it(client: Client, ledger: None) -> None:
+    html = finance(client).get("/fleet/", PERIOD).content.decode()
+    link = "/explore/?start=2026-03-02&amp;end=2026-03-02&amp;tenant=acme&amp;namespace=acme-prod&amp;controller=deployment%3Abert&amp;pod=bert-1"
+    assert link in html
+    resp = client.get(link.replace("&amp;", "&"))
+    assert resp.status_code == 200
+    # The pod's own level: the GPUs it ran on, with its cost there.
+    assert resp.context["explore"].level == "gpu"
+    assert "GPU-A0" in resp.content.decode()
+
+
+def test_an_empty_period_shows_no_card(client: Client, db: Any) -> None:
+    resp = finance(client).get("/fleet/", PERIOD)
+    assert resp.status_code == 200
+    assert resp.context["fleet"].gpu_count == 0
+    assert 'data-testid="fleet-empty"' in resp.content.decode()
