@@ -17,6 +17,7 @@ from django.utils.translation import gettext as _
 from billing.errors import InvalidInput
 from billing.models import ReportSchedule, SavedView
 from billing.services.audit import record_audit_event
+from billing.services.input_limits import text_problem
 from billing.services.saved_views.recurrence import FREQUENCIES, PERIODS
 
 __all__ = ["MAX_RECIPIENTS", "ScheduleInput", "create_view", "delete_schedule", "delete_view", "owned_view",
@@ -47,6 +48,8 @@ def owned_view(*, view_id: int, owner_id: int, lock: bool = False) -> SavedView:
 
 def _check_name(name: str) -> str:
     name = " ".join(name.split())
+    if text_problem(name) or any(ord(c) < 32 for c in name):  # the C0 control characters
+        raise InvalidInput(_("name: no control characters."))
     if not name:
         raise InvalidInput(_("name: give the view a name."))
     if len(name) > MAX_NAME:
