@@ -40,7 +40,9 @@ from billing.services.fleet import kube_from_settings, run_execution
 from billing.services.fleet import propose_rebalance as _propose
 from billing.services.ingest import run_rollup
 from billing.services.invoicing import close_period as _close_period
+from billing.services.saved_views import send_due_reports
 from billing.services.savings import run_paired_report as _run_paired_report
+from billing.web.saved_views import render_report
 
 log = logging.getLogger(__name__)
 
@@ -152,6 +154,14 @@ def deliver_focus_dataset(destination_id: int | None = None, requested_by: str =
                                         destination_ids=None if destination_id is None else [destination_id])
     return [{"destination": d.destination_id, "month": f"{d.month:%Y-%m}", "status": d.status,
              "objects": len(d.objects_written)} for d in deliveries]
+
+
+@shared_task(name="billing.tasks.send_scheduled_reports", acks_late=True, autoretry_for=(OperationalError,),
+             retry_backoff=True, max_retries=5)
+def send_scheduled_reports() -> list[dict[str, object]]:
+    """Every few minutes: each saved view's report that is due and not yet sent (docs/saved-views.md).
+    Exactly once per occurrence, however often this runs or how many workers run it."""
+    return send_due_reports(now=timezone.now(), render=render_report)
 
 
 @shared_task(name="billing.tasks.evaluate_budgets", acks_late=True, autoretry_for=(OperationalError,),

@@ -23,6 +23,7 @@ from billing.web import (
     portal,
     rebalance,
     reports,
+    saved_views,
     views,
 )
 
@@ -106,5 +107,11 @@ urlpatterns = [
     path("accounts/login/", access.LoginView.as_view(), name="login"),
     path("accounts/logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("accounts/password/", auth_views.PasswordChangeView.as_view(success_url="/finance/"), name="password_change"),
+    path("views/", saved_views.saved_views, name="saved-views"),
+    path("views/<int:view_id>/", saved_views.saved_view, name="saved-view"),
+    path("views/<int:view_id>/open/", saved_views.saved_view_open, name="saved-view-open"),
+    path("views/<int:view_id>/schedule/", saved_views.saved_view_schedule, name="saved-view-schedule"),
+    re_path(r"^views/(?P<view_id>[0-9]+)/(?P<action>rename|delete|unschedule|send)/$", saved_views.saved_view_action,
+            name="saved-view-action"),
     path("i18n/setlang/", language.set_language, name="set_language"),
 ]

@@ -329,6 +329,8 @@ def main() -> int:  # noqa: PLR0915 - the demo's start-up, step by step in the o
         env.setdefault("VGPU_FOCUS_DATASET_EVERY_S", "120")
         # Alerts (docs/alerts.md) are evaluated every minute rather than every 5, and link to this demo.
         env.setdefault("VGPU_ALERTS_EVERY_S", "60")
+        # Saved views' scheduled reports are looked for every 30 s, so finance's lands within a minute.
+        env.setdefault("VGPU_REPORTS_EVERY_S", "30")
         env.setdefault("VGPU_PUBLIC_URL", f"http://127.0.0.1:{port}")
         env["PYTHONUNBUFFERED"] = "1"
         # The admission webhook answers only an API server that presents this token; the demo has
@@ -418,6 +420,8 @@ def main() -> int:  # noqa: PLR0915 - the demo's start-up, step by step in the o
                 f"  emails -> {DEMO_DIR / 'mail'}, webhooks -> {DEMO_DIR / 'webhooks.jsonl'}\n"
                 f"alerts: a scripted spend spike (globex's training job) is alerted at {url}/alerts/ within minutes,\n"
                 f"  by email, signed webhook and Slack-compatible webhook -> {DEMO_DIR / 'slack.jsonl'}\n"
+                f"saved views: finance's \"GPU cost this month\" ({url}/views/) is e-mailed as CSV daily at this hour;\n"
+                f"  today's report lands in {DEMO_DIR / 'mail'} within a minute\n"
                 "history: a simulated day of last month is metered, closed and reported (about a minute),\n"
                 "  then the days of this month before today (a few minutes); a line says when each is ready.\n"
                 "Press Ctrl-C to stop.",

@@ -335,6 +335,10 @@ CELERY_BEAT_SCHEDULE: dict[str, dict[str, Any]] = {
     # Every 5 minutes: today's partitions fill all day and the rollup plans on their statistics.
     "analyze-ledger-partitions": {"task": "billing.tasks.analyze_ledger_partitions", "schedule": 300.0},
     "evaluate-budgets": {"task": "billing.tasks.evaluate_budgets", "schedule": 60.0},
+    # Saved views' scheduled reports (docs/saved-views.md): due at whole hours, so a few minutes'
+    # delay is all a report waits; each occurrence is claimed once, so running more often costs a query.
+    "send-scheduled-reports": {"task": "billing.tasks.send_scheduled_reports",
+                               "schedule": float(os.environ.get("VGPU_REPORTS_EVERY_S", "300"))},
     # Spend anomalies, idle share and over-granting (docs/alerts.md): the ledger hour they read is
     # complete once an hour, so a few minutes' delay loses nothing.
     "evaluate-alerts": {"task": "billing.tasks.evaluate_alerts",

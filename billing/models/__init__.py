@@ -32,6 +32,7 @@ from billing.models.invoicing import (
 from billing.models.pricing import BilledBasis, Commitment, CommitmentKind, GpuModel, IdlePolicy, RateCard
 from billing.models.rebalance import RebalancePlan, RebalanceStatus
 from billing.models.reports import PairedReport
+from billing.models.saved_views import ReportSchedule, ReportSend, SavedView
 from billing.models.tenancy import SlaTier, Tenant, TenantMembership
 from billing.models.undelivered import UndeliveredBatch
 
@@ -71,6 +72,9 @@ __all__ = [
     "RateCard",
     "RebalancePlan",
     "RebalanceStatus",
+    "ReportSchedule",
+    "ReportSend",
+    "SavedView",
     "SlaTier",
     "Tenant",
     "TenantMembership",

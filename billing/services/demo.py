@@ -7,17 +7,19 @@ import secrets
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from decimal import Decimal
+from urllib.parse import urlencode
 
 from django.contrib.auth.models import Group, User
 from django.db import transaction
 
-from billing.models import AlertRule, GpuModel, RateCard, SlaTier, Tenant, TenantMembership
+from billing.models import AlertRule, GpuModel, RateCard, SavedView, SlaTier, Tenant, TenantMembership
 from billing.scope import ADMIN_GROUP, FINANCE_GROUP
 from billing.seeded import SEED_TEXTS, SLA_TIERS, UNATTRIBUTED_NAME
 from billing.services.alerts import save_alert_rule
 from billing.services.audit import record_audit_event
 from billing.services.budgets import set_budget
 from billing.services.ingest import set_tenant_namespaces
+from billing.services.saved_views import ScheduleInput, create_view, set_schedule
 
 __all__ = ["DEMO_ALERT_RULE", "DEMO_TENANTS", "SEED_TEXTS", "DemoLogin", "demo_namespaces", "load_demo_data"]
 
@@ -68,6 +70,8 @@ class DemoLogin:
 # (config/demo.py) for its spend-anomaly alert rule to find.
 _TRAINING_NAMESPACES = {"globex": ["globex-training"]}
 DEMO_ALERT_RULE = "GPU spend spikes per namespace"
+DEMO_SAVED_VIEW = "GPU cost this month"
+DEMO_REPORT_RECIPIENT = "finance@example.com"
 
 
 def demo_namespaces(slug: str) -> list[str]:
@@ -141,7 +145,24 @@ def load_demo_data(*, now: datetime, budget_webhook_url: str = "", budget_webhoo
         set_budget(tenant_slug="acme", values=values, now=now, actor_label="demo")
     if alert_webhook_url and slack_url:
         _alert_rule(now=now, webhook_url=alert_webhook_url, webhook_secret=budget_webhook_secret, slack_url=slack_url)
+    _saved_view(now=now)
     return logins
+
+
+def _saved_view(*, now: datetime) -> None:
+    """Finance's dashboard of this month, saved and mailed daily at this hour. The schedule is set as
+    of the hour's start, so today's occurrence is due at once and the first report lands in the
+    demo's mail folder within a minute of the worker starting (docs/saved-views.md)."""
+    finance = User.objects.get(username="finance")
+    if SavedView.objects.filter(owner=finance, name=DEMO_SAVED_VIEW).exists():
+        return
+    today, hour = now.date(), now.replace(minute=0, second=0, microsecond=0)
+    view = create_view(owner_id=finance.pk, name=DEMO_SAVED_VIEW, path="/finance/",
+                       query=urlencode({"start": today.replace(day=1).isoformat(), "end": today.isoformat()}),
+                       period="this-month", now=now, actor_label="demo")
+    set_schedule(view_id=view.pk, owner_id=finance.pk, now=hour, actor_label="demo",
+                 values=ScheduleInput(frequency="daily", hour=hour.hour, weekday=None, day_of_month=None,
+                                      format="csv", recipients=(DEMO_REPORT_RECIPIENT,)))
 
 
 def _alert_rule(*, now: datetime, webhook_url: str, webhook_secret: str, slack_url: str) -> None:

@@ -41,6 +41,7 @@ from billing.services.identity.api_tokens import issue_api_token
 from billing.services.identity.tokens import issue_node_token
 from billing.services.invoicing.credit_notes import MAX_CREDIT_MAJOR, parse_credit_amount
 from billing.services.pricing.sla import set_sla_tier_weight
+from billing.services.saved_views import ScheduleInput, create_view, set_schedule
 from tests import clock
 from tests.conftest import A100, user_in
 
@@ -81,6 +82,7 @@ GET_PAGES: dict[str, tuple[str, ...]] = {
     "/periods/": (),
     "/periods/9999-12/status": (),
     "/periods/0000-00/status": (),
+    "/views/": (),
     "/": (),
 }
 # Every page form's fields (POST), each filled with a hostile value, the others with sane ones. The
@@ -138,6 +140,11 @@ POST_FORMS: dict[str, dict[str, str]] = {
     "/finance/": {"start": "2026-11-01", "end": "2026-11-30"},  # the savings card's button
     "/periods/9999-12/close": {},
     "/periods/2026-11/resume": {},
+    "/views/": {"name": "Probe view", "path": "/explore/", "query": "start=2026-11-01&end=2026-11-30&tenant=acme"},
+    "/views/{saved_view}/schedule/": {"frequency": "monthly", "weekday": "", "day_of_month": "31", "hour": "9",
+                                      "format": "csv", "recipients": "cfo@example.com"},
+    "/views/{saved_view}/rename/": {"name": "Renamed probe"},
+    "/views/{saved_view}/send/": {},
     "/i18n/setlang/": {"language": "en", "next": "/"},
     "/accounts/password/": {"old_password": "wrong", "new_password1": "x", "new_password2": "x"},
     "/accounts/login/": {"username": "nobody", "password": "wrong"},
@@ -187,8 +194,13 @@ def _world() -> dict[str, int]:
                                           created_at=now, updated_at=now)
     destination = ExportDestination.objects.create(name="Probe lake", region="eu-west-1", bucket="probe-lake",
                                                    created_at=now, created_by="test", updated_at=now, updated_by="test")
+    view = create_view(owner_id=admin.pk, name="Probe", path="/finance/", query="start=2026-11-01&end=2026-11-30",
+                       period="fixed", now=now, actor_label="test")
+    set_schedule(view_id=view.pk, owner_id=admin.pk, now=now, actor_label="test",
+                 values=ScheduleInput(frequency="daily", hour=9, weekday=None, day_of_month=None, format="csv",
+                                      recipients=("cfo@example.com",)))
     return {
-        "admin": admin.pk, "card": card.pk, "commitment": commitment.pk, "destination": destination.pk,
+        "saved_view": view.pk, "admin": admin.pk, "card": card.pk, "commitment": commitment.pk, "destination": destination.pk,
         "budget": budget.pk, "alert_rule": alert_rule.pk,
         "node_token": issue_node_token(node_name="gpu-node-1", now=now, actor_label="test").token_id,
         "api_token": issue_api_token(username=admin.get_username(), name="probe", expires_at=None, now=now,
@@ -282,7 +294,7 @@ def test_the_probe_covers_every_route_that_takes_a_post():
     reason it is not probed."""
     probed = {resolve(path).url_name for path in _post_forms({"card": 1, "node_token": 1, "api_token": 1, "plan": 1,
                                                                "commitment": 1, "destination": 1, "budget": 1,
-                                                               "alert_rule": 1})}
+                                                               "alert_rule": 1, "saved_view": 1})}
     posting = {route.name for route in _routes(get_resolver().url_patterns) if _takes_post(route)}
     assert posting - probed - NOT_PROBED == set(), "routes that take a POST the probe does not send one to"
     # Both lists stay true: nothing named that takes no POST, nothing both probed and excused.
