@@ -275,17 +275,20 @@ def test_a_rate_card_change_after_retention_reprices_from_its_start_which_always
         post_batch: PostBatch, minute_start: datetime, one_usd_per_gpu_second: Any) -> None:
     """A price changes from the next whole minute on (billing.services.pricing.rate_cards), and raw samples
     are kept for at least the late-usage horizon plus a day, so re-pricing is never refused."""
-    old_day = clock.now().date() - policy().raw_retention - timedelta(days=2)
+    # One instant for the whole test: the change's earliest start is the next whole minute after it,
+    # and a second reading of the clock could fall in the next minute and refuse that start.
+    now = clock.now()
+    old_day = now.date() - policy().raw_retention - timedelta(days=2)
     ensure_raw_partitions([old_day])
-    assert partition_name(old_day) in apply_retention(now=clock.now()).dropped
+    assert partition_name(old_day) in apply_retention(now=now).dropped
     # A batch skewed into the future (allowed clock skew) is already rolled up and must be re-priced.
-    skewed = earliest_change(clock.now())
+    skewed = earliest_change(now)
     assert post_batch(make_batch(start=skewed, seconds=10)).status_code == 201
-    rollup_usage(now=clock.now())
-    GpuModel.objects.create(name=str(A100["model"]), approved_at=clock.now(), approved_by="test")
+    rollup_usage(now=now)
+    GpuModel.objects.create(name=str(A100["model"]), approved_at=now, approved_by="test")
     change = create_rate_card(gpu_model=str(A100["model"]), price_per_gpu_hour="7200", currency="USD",
                               effective_from=skewed, source_url="https://example.org/new", source_note="list price, test",
-                              now=clock.now(), actor_label="test")
+                              now=now, actor_label="test")
     assert change.reprice_minutes == 1
     assert GpuMinute.objects.get(minute=skewed).card_cost == Decimal(20)
 
