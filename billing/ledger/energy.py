@@ -24,18 +24,24 @@ _NODE_LOCATION = NodeLocation._meta.db_table
 _RATE = LocationRate._meta.db_table
 
 
+# Each node's rate as date ranges [f, t): its location's ranges intersected with that location's rates'
+# ranges. A handful of rows, joined to the usage by node (a hash join) rather than looked up row by row.
+_RATES_BY_NODE = (
+    "SELECT nl.node_id, greatest(nl.f, r.f) AS f, least(nl.t, r.t) AS t, r.price_per_kwh, r.co2e_kg_per_kwh "  # noqa: S608 - fixed SQL
+    "FROM (SELECT node_id, location_id, effective_from AS f, coalesce(lead(effective_from) OVER "
+    f"(PARTITION BY node_id ORDER BY effective_from), 'infinity'::date) AS t FROM {_NODE_LOCATION}) nl "
+    "JOIN (SELECT location_id, price_per_kwh, co2e_kg_per_kwh, effective_from AS f, coalesce(lead(effective_from) "
+    f"OVER (PARTITION BY location_id ORDER BY effective_from), 'infinity'::date) AS t FROM {_RATE}) r "
+    "ON r.location_id = nl.location_id AND r.f < nl.t AND nl.f < r.t"
+)
+
+
 def energy_rate_join(usage: str, at: str) -> str:
-    """LEFT JOINs giving each row of `usage` (alias) its location's rate as `er` (price_per_kwh,
+    """A LEFT JOIN giving each row of `usage` (alias) its node's rate as `er` (price_per_kwh,
     co2e_kg_per_kwh; NULLs where none), on the UTC date of its column `at`."""
     day = f"({usage}.{at} AT TIME ZONE 'UTC')::date"
-    return (
-        f" LEFT JOIN LATERAL (SELECT nl.location_id FROM {_NODE_LOCATION} nl "  # noqa: S608 - fixed SQL
-        f"WHERE nl.node_id = {usage}.node_id AND nl.effective_from <= {day} "
-        "ORDER BY nl.effective_from DESC LIMIT 1) nl ON TRUE "
-        f"LEFT JOIN LATERAL (SELECT r.price_per_kwh, r.co2e_kg_per_kwh FROM {_RATE} r "
-        f"WHERE r.location_id = nl.location_id AND r.effective_from <= {day} "
-        "ORDER BY r.effective_from DESC LIMIT 1) er ON TRUE "
-    )
+    return (f" LEFT JOIN ({_RATES_BY_NODE}) er ON er.node_id = {usage}.node_id "
+            f"AND {day} >= er.f AND {day} < er.t ")
 
 
 def _known_sum(usage: str, energy: str, factor: str) -> str:
