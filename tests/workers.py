@@ -95,6 +95,7 @@ SLOW = (
     "tests/test_agent_tokenreview.py::test_the_agent_uploads_with_its_service_account_token_through_tokenreview_and_loses_nothing_in_an_outage",
     "tests/test_layering.py::test_no_module_outside_the_ledger_names_a_ledger_table_in_sql",
     "tests/test_translations.py::",
+    "tests/billing/test_energy_prices.py::test_the_portal_shows_cost_and_co2e_beside_kwh_and_its_csv_writes_them",
 )
 
 
