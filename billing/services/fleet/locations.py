@@ -21,7 +21,7 @@ from decimal import Decimal, InvalidOperation
 from typing import Any
 
 from django.core.exceptions import ValidationError
-from django.db import transaction
+from django.db import IntegrityError, transaction
 from django.db.models import Q
 from django.utils.translation import gettext as _
 
@@ -101,12 +101,16 @@ def _rate_snapshot(rate: LocationRate | None) -> dict[str, Any] | None:
 def add_location(*, label: str, now: datetime, actor_label: str, actor_id: int | None = None) -> Location:
     """A new location, with no rate yet (its energy shows no cost until one starts)."""
     label = _label(label)
-    with transaction.atomic():
-        if Location.objects.select_for_update().filter(label=label).exists():
-            raise InvalidInput(_("location %(label)s exists already") % {"label": label})
-        location = Location.objects.create(label=label, created_at=now)
-        record_audit_event(at=now, actor_label=actor_label, actor_id=actor_id, action="location.created",
-                           object_type="location", object_id=label, before=None, after={"label": label})
+    exists = InvalidInput(_("location %(label)s exists already") % {"label": label})
+    if Location.objects.filter(label=label).exists():
+        raise exists
+    try:
+        with transaction.atomic():
+            location = Location.objects.create(label=label, created_at=now)
+            record_audit_event(at=now, actor_label=actor_label, actor_id=actor_id, action="location.created",
+                               object_type="location", object_id=label, before=None, after={"label": label})
+    except IntegrityError as exc:  # added by another admin in the meantime: the unique label decides
+        raise exists from exc
     return location
 
 
