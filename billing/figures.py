@@ -91,6 +91,10 @@ class FigureRow:
     sm_used_card_s: Decimal = Decimal(0)
     # GPU energy attributed by the ledger's split of each card's energy (docs/billing.md, Energy), joules.
     energy_j: Decimal = Decimal(0)
+    # Σ joules × price per kWh and × kg CO2e per kWh of each row's location on its date
+    # (billing.ledger.energy); None where some of the energy had no price (no factor).
+    energy_cost_jp: Decimal | None = None
+    co2e_jkg: Decimal | None = None
 
 
 LEVELS = ("tenant", *FIGURE_LEVELS)
@@ -114,6 +118,10 @@ class Figures:
     sm_granted_h: Decimal
     sm_requested_h: Decimal | None
     energy_kwh: Decimal
+    # What that energy cost and emitted where it was drawn (docs/billing.md, Energy): None where some of
+    # it had no price (no CO2e factor). Information beside the cost, never part of it.
+    energy_cost: Decimal | None = None
+    co2e_kg: Decimal | None = None
 
     def __add__(self, other: Figures) -> Figures:
         return _from_columns({name: _add(getattr(self, name), getattr(other, name)) for name in _NAMES})
@@ -121,6 +129,8 @@ class Figures:
 
 _NAMES = tuple(f.name for f in fields(Figures))
 ZERO_FIGURES = Figures(*(_ZERO for _ in _NAMES))
+# Figures in money, shown to the currency's minor unit; the rest are quantities, at the tree's places.
+_MONEY = frozenset({"cost", "energy_cost"})
 
 
 def _add(a: Decimal | None, b: Decimal | None) -> Decimal | None:
@@ -139,7 +149,7 @@ def _from_columns(values: Mapping[str, Decimal | None]) -> Figures:
         cost=known("cost"), gpu_hours=known("gpu_hours"), mem_used_gb_h=known("mem_used_gb_h"),
         mem_granted_gb_h=known("mem_granted_gb_h"), mem_requested_gb_h=values["mem_requested_gb_h"],
         sm_used_h=known("sm_used_h"), sm_granted_h=known("sm_granted_h"), sm_requested_h=values["sm_requested_h"],
-        energy_kwh=known("energy_kwh"),
+        energy_kwh=known("energy_kwh"), energy_cost=values["energy_cost"], co2e_kg=values["co2e_kg"],
     )
 
 
@@ -237,10 +247,13 @@ class FigureTree:
             walk(root)
         return out
 
+    def _places(self, name: str) -> int:
+        return self.money_places if name in _MONEY else self.places
+
     def _root(self, node: FigureNode) -> Figures:
         """A tenant: its invoice lines' rule for cost and GPU-hours, its sums rounded once for the rest."""
         tenant = node.keys[0]
-        rounded = {name: _rounded(getattr(node.exact, name), self.places) for name in _NAMES}
+        rounded = {name: _rounded(getattr(node.exact, name), self._places(name)) for name in _NAMES}
         return _from_columns({**rounded, "cost": self.lines[tenant].total, "gpu_hours": self._line_quantities[tenant]})
 
     def _open(self, parent: FigureNode) -> None:
@@ -249,7 +262,7 @@ class FigureTree:
         children = list(parent.children.values())
         columns: dict[str, list[Decimal | None]] = {}
         for name in _NAMES:
-            places = self.money_places if name == "cost" else self.places
+            places = self._places(name)
             whole = getattr(above, name)
             parts = [getattr(c.exact, name) for c in children]
             if whole is None or any(p is None for p in parts):
@@ -278,6 +291,8 @@ def _figures(row: FigureRow) -> Figures:
         sm_used_h=row.sm_used_s / _S_PER_H, sm_granted_h=row.sm_granted_s / _S_PER_H,
         sm_requested_h=None if row.sm_requested_s is None else row.sm_requested_s / _S_PER_H,
         energy_kwh=row.energy_j / _J_PER_KWH,
+        energy_cost=None if row.energy_cost_jp is None else row.energy_cost_jp / _J_PER_KWH,
+        co2e_kg=None if row.co2e_jkg is None else row.co2e_jkg / _J_PER_KWH,
     )
 
 

@@ -345,7 +345,8 @@ def main() -> int:  # noqa: PLR0915 - the demo's start-up, step by step in the o
         env["VGPU_WEBHOOK_ALLOWED_HOSTS"] = "127.0.0.1"  # budget webhooks reach loopback only when allow-listed
         slack = _SlackSink(path=DEMO_DIR / "slack.jsonl")
         logins = _run([py, "manage.py", "load_demo", "--budget-webhook-url", webhooks.url, "--alert-webhook-url",
-                       webhooks.url.replace("/budget-events", "/alert-events"), "--slack-url", slack.url], env)
+                       webhooks.url.replace("/budget-events", "/alert-events"), "--slack-url", slack.url,
+                       *(arg for node in [*NODES, BURST_NODE] for arg in ("--node", node))], env)
         del env["VGPU_DEMO_WEBHOOK_SECRET"]
         agents = []
         for seed, node in enumerate(NODES, start=1):

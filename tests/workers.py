@@ -96,6 +96,7 @@ SLOW = (
     "tests/test_layering.py::test_no_module_outside_the_ledger_names_a_ledger_table_in_sql",
     "tests/test_translations.py::",
     "tests/billing/test_saved_views.py::test_two_workers_at_once_send_each_occurrence_once",
+    "tests/billing/test_energy_prices.py::test_the_portal_shows_cost_and_co2e_beside_kwh_and_its_csv_writes_them",
 )
 
 

@@ -39,6 +39,7 @@ from billing.api.allocation_params import (
     parse_window,
 )
 from billing.ledger import allocation as ledger
+from billing.money import ledger_amount
 from billing.queries.allocation import (
     LABEL_PREFIX,
     CostAllocation,
@@ -95,6 +96,14 @@ _PARAMETERS = [
 
 def _number(value: Decimal | None) -> float | None:
     return None if value is None else float(value)
+
+
+def _per_kwh(joules_times_rate: Decimal | None, *, money: bool) -> float | None:
+    """Σ joules × a per-kWh rate as that rate's unit (money at ledger precision); None where unknown."""
+    if joules_times_rate is None:
+        return None
+    value = joules_times_rate / _J_PER_KWH
+    return float(ledger_amount(value) if money else value)
 
 
 def _iso(at: datetime) -> str:
@@ -204,6 +213,9 @@ def _render(allocation: CostAllocation, window: Window) -> dict[str, Any]:
         "gpuSMRequestedSeconds": _number(allocation.sm_requested_s),
         # GPU energy as the ledger split it (docs/billing.md, Energy; docs/allocation-api.md).
         "gpuEnergyKWh": float(allocation.energy_j / _J_PER_KWH),
+        # What it cost and emitted at its nodes' locations (docs/allocation-api.md); null where unknown.
+        "gpuEnergyCost": _per_kwh(allocation.energy_cost_jp, money=True),
+        "gpuCO2eKg": _per_kwh(allocation.co2e_jkg, money=False),
     }
     return body
 

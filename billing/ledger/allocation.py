@@ -26,6 +26,7 @@ from typing import Any
 
 from billing.figures import FIGURE_LEVELS, FigureRow
 from billing.ledger import reads
+from billing.ledger.energy import co2e_sql, energy_cost_sql, energy_rate_join
 from billing.ledger.models import WorkloadMeta
 from billing.ledger.reads import fetch_rows, period_read_cursor
 from billing.models.fleet import Gpu, Node
@@ -142,6 +143,10 @@ class UsageGroupRow:
     sm_granted_s: Decimal
     sm_requested_s: Decimal | None
     energy_j: Decimal  # attributed by the ledger's split of the cards' energy (docs/billing.md, Energy)
+    # Σ joules × the price per kWh (× kg CO2e per kWh) of each row's location on its date; None where
+    # some energy had none (billing.ledger.energy).
+    energy_cost_jp: Decimal | None = None
+    co2e_jkg: Decimal | None = None
 
 
 def _set_sql(ledger: reads.Ledger, alias: str, starts: Sequence[datetime] | None, params: dict[str, Any]) -> str:
@@ -252,8 +257,8 @@ def list_usage_groups(
         "sum(u.mem_granted_mb_s) AS mem_granted_mb_s, sum(u.sm_used_s) AS sm_used_s, sum(u.sm_granted_s) AS sm_granted_s, "
         f"CASE WHEN bool_and({mem_req} IS NOT NULL) THEN sum({mem_req}) END AS mem_requested_mb_s, "
         f"CASE WHEN bool_and({sm_req} IS NOT NULL) THEN sum({sm_req}) END AS sm_requested_s, "
-        "sum(u.energy_j) AS energy_j "
-        f"FROM {ledger.usage_table} u JOIN {_NODE} n ON n.id = u.node_id{gpu_join} "
+        f"sum(u.energy_j) AS energy_j, {energy_cost_sql()} AS energy_cost_jp, {co2e_sql()} AS co2e_jkg "
+        f"FROM {ledger.usage_table} u JOIN {_NODE} n ON n.id = u.node_id{gpu_join}{energy_rate_join('u', ledger.at)}"
         f"LEFT JOIN {_META} m ON m.node_id = u.node_id AND m.namespace = u.namespace AND m.pod = u.pod "
         "AND m.pod_uid = u.pod_uid "
         f"WHERE u.{ledger.at} >= %(start)s AND u.{ledger.at} < %(end)s "
@@ -308,8 +313,9 @@ def list_figure_rows(
         "coalesce(sum(u.mem_billed_mb_s / nullif(gp.memory_mb, 0)), 0) AS mem_billed_card_s, "
         "coalesce(sum(u.mem_used_mb_s / nullif(gp.memory_mb, 0)), 0) AS mem_used_card_s, "
         "coalesce(sum(u.sm_billed_s / nullif(gp.sm_count, 0)), 0) AS sm_billed_card_s, "
-        "coalesce(sum(u.sm_used_s / nullif(gp.sm_count, 0)), 0) AS sm_used_card_s, sum(u.energy_j) AS energy_j "
-        f"FROM {ledger.usage_table} u JOIN {_NODE} n ON n.id = u.node_id "
+        "coalesce(sum(u.sm_used_s / nullif(gp.sm_count, 0)), 0) AS sm_used_card_s, sum(u.energy_j) AS energy_j, "
+        f"{energy_cost_sql()} AS energy_cost_jp, {co2e_sql()} AS co2e_jkg "
+        f"FROM {ledger.usage_table} u JOIN {_NODE} n ON n.id = u.node_id{energy_rate_join('u', ledger.at)}"
         f"LEFT JOIN {_GPU} gp ON gp.uuid = u.gpu_uuid "
         # Left: a usage row always has its GPU row (the rollup writes both), but a model is only a line's name.
         f"LEFT JOIN {ledger.gpu_table} g ON g.node_id = u.node_id AND g.gpu_uuid = u.gpu_uuid AND g.{ledger.at} = u.{ledger.at} "
@@ -354,6 +360,9 @@ class IdleRow:
     charge: Decimal
     currency: str
     idle_energy_j: Decimal  # the cards' energy no workload is attributed
+    # Σ that energy's joules × price per kWh (× kg CO2e per kWh) of its location; None: some had none.
+    energy_cost_jp: Decimal | None = None
+    co2e_jkg: Decimal | None = None
 
 
 def list_idle_rows(
@@ -378,8 +387,9 @@ def list_idle_rows(
         f"SELECT {_set_sql(ledger, 'g', starts, params)} AS set_start, {node} AS node, {cluster} AS cluster, "
         "sum(g.idle_cost - g.idle_allocated) AS platform_idle, sum(g.metered_seconds) AS metered_seconds, "
         "coalesce(sum(used.share), 0) AS share_gpu_s, coalesce(sum(used.charge), 0) AS charge, "
-        "coalesce(max(nullif(g.currency, '')), '') AS currency, sum(g.idle_energy_j) AS idle_energy_j "
-        f"FROM {ledger.gpu_table} g JOIN {_NODE} n ON n.id = g.node_id "
+        "coalesce(max(nullif(g.currency, '')), '') AS currency, sum(g.idle_energy_j) AS idle_energy_j, "
+        f"{energy_cost_sql('g', 'idle_energy_j')} AS energy_cost_jp, {co2e_sql('g', 'idle_energy_j')} AS co2e_jkg "
+        f"FROM {ledger.gpu_table} g JOIN {_NODE} n ON n.id = g.node_id{energy_rate_join('g', at)}"
         f"LEFT JOIN used ON used.node_id = g.node_id AND used.gpu_uuid = g.gpu_uuid AND used.{at} = g.{at} "
         f"WHERE g.{at} >= %(start)s AND g.{at} < %(end)s{where} GROUP BY 1, 2, 3"
     )

@@ -13,6 +13,7 @@ from decimal import Decimal
 
 from django.db import connection
 
+from billing.ledger.energy import co2e_sql, energy_cost_sql, energy_rate_join
 from billing.ledger.reads import fetch_rows
 
 __all__ = ["FleetFocusLedgerRow", "FocusLedgerRow", "OriginCost", "PlatformIdleRow", "list_fleet_focus_ledger_rows",
@@ -45,6 +46,10 @@ class FocusLedgerRow:
     charge: Decimal
     idle_share: Decimal
     energy_j: Decimal  # attributed to the workload (its share and any idle spread onto it)
+    # Σ joules × price per kWh (× kg CO2e per kWh) of its node's location on each hour's date; None where
+    # some energy had none (billing.ledger.energy).
+    energy_cost_jp: Decimal | None
+    co2e_jkg: Decimal | None
 
     @property
     def origin_key(self) -> tuple[datetime, str, int | None]:
@@ -68,12 +73,12 @@ _FOCUS_COLUMNS = (
     "coalesce(rc.billed_basis, 'max') AS billed_basis, coalesce(rc.idle_policy, 'platform') AS idle_policy, "
     "gpu.memory_mb, gpu.sm_count, sum(u.mem_billed_mb_s) AS mem_billed_mb_s, sum(u.sm_billed_s) AS sm_billed_s, "
     "sum(u.share_gpu_s) AS share_gpu_s, sum(u.charge) AS charge, sum(u.idle_share) AS idle_share, "
-    "sum(u.energy_j) AS energy_j "
+    f"sum(u.energy_j) AS energy_j, {energy_cost_sql()} AS energy_cost_jp, {co2e_sql()} AS co2e_jkg "
 )
 _FOCUS_FROM = (
     "FROM billing_usagehour u JOIN billing_gpuhour g ON g.node_id = u.node_id AND g.gpu_uuid = u.gpu_uuid AND g.hour = u.hour "
     "JOIN billing_node n ON n.id = u.node_id LEFT JOIN billing_gpu gpu ON gpu.uuid = u.gpu_uuid "
-    + _CARD_OF_HOUR
+    + _CARD_OF_HOUR + energy_rate_join("u", "hour")
 )
 _FOCUS_ROWS = (
     "SELECT " + _FOCUS_COLUMNS + _FOCUS_FROM
@@ -131,7 +136,7 @@ class FleetFocusLedgerRow(FocusLedgerRow):
 _FLEET_FOCUS_ROWS = (
     "SELECT " + _FOCUS_COLUMNS + ", u.tenant, g.currency " + _FOCUS_FROM
     + "WHERE u.hour >= %s AND u.hour < %s AND g.priced "
-    "GROUP BY 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 23, 24 ORDER BY 23, 1, 2, 5, 6, 7, 8, 9, 10"
+    "GROUP BY 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 25, 26 ORDER BY 25, 1, 2, 5, 6, 7, 8, 9, 10"
 )
 
 
@@ -160,15 +165,18 @@ class PlatformIdleRow:
     card_cost: Decimal
     metered_seconds: Decimal
     idle_energy_j: Decimal  # the energy no workload is attributed
+    energy_cost_jp: Decimal | None  # Σ its joules × its location's price per kWh (None: some had no price)
+    co2e_jkg: Decimal | None  # Σ its joules × kg CO2e per kWh (None: some had no factor)
 
 
 _PLATFORM_IDLE = (
-    "SELECT date_trunc('day', g.hour) AS day, g.gpu_uuid, g.gpu_model, n.name AS node, rc.id AS rate_card_id, "
+    "SELECT date_trunc('day', g.hour) AS day, g.gpu_uuid, g.gpu_model, n.name AS node, rc.id AS rate_card_id, "  # noqa: S608 - constant SQL
     "coalesce(rc.price_per_gpu_hour, 0) AS price_per_gpu_hour, coalesce(rc.idle_policy, 'platform') AS idle_policy, "
     "g.currency, sum(g.idle_cost - g.idle_allocated) AS idle, sum(g.card_cost) AS card_cost, "
-    "sum(g.metered_seconds) AS metered_seconds, sum(g.idle_energy_j) AS idle_energy_j "
+    "sum(g.metered_seconds) AS metered_seconds, sum(g.idle_energy_j) AS idle_energy_j, "
+    f"{energy_cost_sql('g', 'idle_energy_j')} AS energy_cost_jp, {co2e_sql('g', 'idle_energy_j')} AS co2e_jkg "
     "FROM billing_gpuhour g JOIN billing_node n ON n.id = g.node_id "
-    + _CARD_OF_HOUR
+    + _CARD_OF_HOUR + energy_rate_join("g", "hour")
     + "WHERE g.hour >= %s AND g.hour < %s AND g.priced GROUP BY 1, 2, 3, 4, 5, 6, 7, 8 ORDER BY 1, 2, 4, 5"
 )
 

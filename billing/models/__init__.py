@@ -20,7 +20,7 @@ from billing.models.alerts import (
 from billing.models.audit import AuditEvent
 from billing.models.budgets import AdmittedPod, Budget, BudgetAction, BudgetScope, BudgetState, BudgetStatus
 from billing.models.exports import ExportDelivery, ExportDestination
-from billing.models.fleet import Gpu, Node, NodeToken
+from billing.models.fleet import Gpu, Location, LocationRate, Node, NodeLocation, NodeToken
 from billing.models.invoicing import (
     BillingPeriod,
     CreditNote,
@@ -66,7 +66,10 @@ __all__ = [
     "InvoiceLine",
     "InvoiceStatusChange",
     "InvoiceWorkload",
+    "Location",
+    "LocationRate",
     "Node",
+    "NodeLocation",
     "NodeToken",
     "PairedReport",
     "RateCard",

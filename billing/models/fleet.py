@@ -68,3 +68,62 @@ class Gpu(models.Model):
 
     def __str__(self) -> str:
         return f"{self.uuid} ({self.model})"
+
+
+# A location label names a data centre or region ("eu-west-dc1"): short, lower-case, stable, so that
+# it reads the same on every page and export.
+location_label_validator = RegexValidator(
+    r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$",
+    _("Use a short label: lower-case letters, digits and '-', at most 63 characters, starting and ending "
+      "with a letter or digit."),
+)
+
+
+class Location(models.Model):
+    """Where nodes run (a data centre or region): what its energy costs and emits (LocationRate)."""
+
+    label = models.CharField(max_length=63, unique=True, validators=[location_label_validator])
+    created_at = models.DateTimeField()
+
+    class Meta:
+        ordering = ["label"]
+
+    def __str__(self) -> str:
+        return self.label
+
+
+class LocationRate(models.Model):
+    """A location's price per kWh and CO2e factor from a UTC date on, until its next rate. Either may
+    be unknown (None): energy there then shows no cost (or no CO2e). Dates are whole UTC days, and a
+    rate starts tomorrow at the earliest (billing.services.fleet.locations): it never re-prices energy
+    already shown. The price is in the fleet's currency (the rate cards'), checked when it is set."""
+
+    location = models.ForeignKey(Location, on_delete=models.PROTECT, related_name="rates")
+    effective_from = models.DateField()
+    price_per_kwh = models.DecimalField(max_digits=14, decimal_places=6, null=True, blank=True)
+    currency = models.CharField(max_length=3, blank=True)
+    co2e_kg_per_kwh = models.DecimalField(max_digits=10, decimal_places=6, null=True, blank=True)
+    created_at = models.DateTimeField()
+
+    class Meta:
+        ordering = ["location__label", "-effective_from"]
+        constraints = [models.UniqueConstraint(fields=["location", "effective_from"], name="location_rate_unique")]
+
+    def __str__(self) -> str:
+        return f"{self.location_id} from {self.effective_from}"
+
+
+class NodeLocation(models.Model):
+    """A node's location from a UTC date on, until its next one: a move never re-prices the past."""
+
+    node = models.ForeignKey(Node, on_delete=models.PROTECT, related_name="locations")
+    location = models.ForeignKey(Location, on_delete=models.PROTECT, related_name="+")
+    effective_from = models.DateField()
+    created_at = models.DateTimeField()
+
+    class Meta:
+        ordering = ["node__name", "-effective_from"]
+        constraints = [models.UniqueConstraint(fields=["node", "effective_from"], name="node_location_unique")]
+
+    def __str__(self) -> str:
+        return f"{self.node_id} at {self.location_id} from {self.effective_from}"

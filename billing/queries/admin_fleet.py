@@ -12,6 +12,7 @@ from decimal import Decimal
 
 from billing.ledger.state import list_quarantined_batches
 from billing.models import Gpu, GpuModel, Node, NodeToken, RateCard
+from billing.queries.locations import NodePlace, node_places
 from billing.queries.undelivered import UndeliveredView, list_open_undelivered
 from billing.scope import Scope
 from billing.services.pricing import approved_gpu_models, known_gpu_models, unapproved_fleet_models
@@ -160,6 +161,8 @@ class NodeView:
     # Sample rows whose tenant claim the service's namespace mapping overrode (billed to the mapped
     # tenant): a node claiming other tenants' usage, or a namespace label the mapping disagrees with.
     tenant_claim_mismatches: int = 0
+    # Where it is today and any move planned (docs/billing.md, Energy); None: no location yet.
+    place: NodePlace | None = None
     last_tenant_claim_mismatch_at: datetime | None = None
 
 
@@ -192,6 +195,7 @@ def list_nodes(*, scope: Scope, now: datetime) -> list[NodeView]:
             batch_id=b.batch_id, batch_seq=b.batch_seq, window_start=b.window_start, window_end=b.window_end,
             quarantined_at=b.quarantined_at, error=b.error))
     approved = set(approved_gpu_models())
+    places = node_places(scope=scope, now=now)
     views = []
     for n in Node.objects.order_by("name"):
         counts = gpus.get(n.pk, Counter())
@@ -206,7 +210,7 @@ def list_nodes(*, scope: Scope, now: datetime) -> list[NodeView]:
             quarantined=tuple(quarantined.get(n.pk, ())),
             unapproved_models=frozenset(m for m in counts if m not in approved),
             tenant_claim_mismatches=n.tenant_claim_mismatches,
-            last_tenant_claim_mismatch_at=n.last_tenant_claim_mismatch_at,
+            last_tenant_claim_mismatch_at=n.last_tenant_claim_mismatch_at, place=places.get(n.name),
         ))
     return views
 

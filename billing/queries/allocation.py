@@ -112,6 +112,15 @@ class CostAllocation:
     # GPU energy, joules: a workload group's as the ledger split it (docs/billing.md, Energy), idle's the
     # cards' energy no workload was attributed. Sharing idle cost (shareIdle) does not move energy.
     energy_j: Decimal = _ZERO
+    # Σ joules × price per kWh (× kg CO2e per kWh) of each node's location on each date (docs/billing.md,
+    # Energy); None where some of the energy had none. Information beside the cost, never part of it.
+    energy_cost_jp: Decimal | None = _ZERO
+    co2e_jkg: Decimal | None = _ZERO
+
+
+def plus(a: Decimal | None, b: Decimal | None) -> Decimal | None:
+    """A sum that is unknown where a part is."""
+    return None if a is None or b is None else a + b
 
 
 # --- Windows ------------------------------------------------------------------------------------
@@ -209,6 +218,8 @@ class _Group:
     sm_granted: Decimal = _ZERO
     sm_requested: Decimal | None = _ZERO
     energy_j: Decimal = _ZERO
+    energy_cost_jp: Decimal | None = _ZERO
+    co2e_jkg: Decimal | None = _ZERO
 
     def add(self, row: ledger.UsageGroupRow, shared_idle: Decimal) -> None:
         self.first_hour = min(self.first_hour, row.first_hour)
@@ -222,6 +233,8 @@ class _Group:
         self.sm_used += row.sm_used_s
         self.sm_granted += row.sm_granted_s
         self.energy_j += row.energy_j
+        self.energy_cost_jp = plus(self.energy_cost_jp, row.energy_cost_jp)
+        self.co2e_jkg = plus(self.co2e_jkg, row.co2e_jkg)
         self.mem_requested = None if self.mem_requested is None or row.mem_requested_mb_s is None \
             else self.mem_requested + row.mem_requested_mb_s
         self.sm_requested = None if self.sm_requested is None or row.sm_requested_s is None \
@@ -322,7 +335,7 @@ def allocation_sets(  # noqa: PLR0912 - one branch per OpenCost option
                 shared_idle_cost=g.idle, total_cost=g.charge + g.idle, currency=currency,
                 mem_used_mb_s=g.mem_used, mem_granted_mb_s=g.mem_granted, mem_requested_mb_s=g.mem_requested,
                 sm_used_s=g.sm_used, sm_granted_s=g.sm_granted, sm_requested_s=g.sm_requested, seconds=g.seconds,
-                energy_j=g.energy_j,
+                energy_j=g.energy_j, energy_cost_jp=g.energy_cost_jp, co2e_jkg=g.co2e_jkg,
             )
     if platform and include_idle:
         for r in sorted(idle_rows, key=lambda r: (r.set_start, r.node)):
@@ -352,7 +365,9 @@ def _add_idle(one: dict[str, CostAllocation], name: str, properties: dict[str, s
     before = one.get(name)
     if before is not None:
         one[name] = replace(before, gpu_hours=before.gpu_hours + gpu_hours, gpu_cost=before.gpu_cost + left,
-                            total_cost=before.total_cost + left, energy_j=before.energy_j + r.idle_energy_j)
+                            total_cost=before.total_cost + left, energy_j=before.energy_j + r.idle_energy_j,
+                            energy_cost_jp=plus(before.energy_cost_jp, r.energy_cost_jp),
+                            co2e_jkg=plus(before.co2e_jkg, r.co2e_jkg))
         return
     one[name] = CostAllocation(
         name=name, properties=properties, start=bound.start, end=bound.end,
@@ -360,6 +375,7 @@ def _add_idle(one: dict[str, CostAllocation], name: str, properties: dict[str, s
         gpu_cost=left, shared_idle_cost=_ZERO, total_cost=left, currency=currency or r.currency,
         mem_used_mb_s=_ZERO, mem_granted_mb_s=_ZERO, mem_requested_mb_s=None, sm_used_s=_ZERO,
         sm_granted_s=_ZERO, sm_requested_s=None, is_idle=True, energy_j=r.idle_energy_j,
+        energy_cost_jp=r.energy_cost_jp, co2e_jkg=r.co2e_jkg,
     )
 
 
@@ -372,7 +388,8 @@ def _merge_nodes(idle_rows: Sequence[ledger.IdleRow]) -> dict[tuple[datetime, st
         out[key] = replace(r, node="", cluster="") if b is None else replace(
             b, platform_idle=b.platform_idle + r.platform_idle, metered_seconds=b.metered_seconds + r.metered_seconds,
             share_gpu_s=b.share_gpu_s + r.share_gpu_s, charge=b.charge + r.charge,
-            idle_energy_j=b.idle_energy_j + r.idle_energy_j)
+            idle_energy_j=b.idle_energy_j + r.idle_energy_j, energy_cost_jp=plus(b.energy_cost_jp, r.energy_cost_jp),
+            co2e_jkg=plus(b.co2e_jkg, r.co2e_jkg))
     return out
 
 
@@ -393,7 +410,8 @@ def accumulated(sets: Sequence[Mapping[str, CostAllocation]]) -> dict[str, CostA
                 sm_used_s=a.sm_used_s + b.sm_used_s, sm_granted_s=a.sm_granted_s + b.sm_granted_s,
                 sm_requested_s=None if a.sm_requested_s is None or b.sm_requested_s is None
                 else a.sm_requested_s + b.sm_requested_s, seconds=a.seconds + b.seconds,
-                energy_j=a.energy_j + b.energy_j,
+                energy_j=a.energy_j + b.energy_j, energy_cost_jp=plus(a.energy_cost_jp, b.energy_cost_jp),
+                co2e_jkg=plus(a.co2e_jkg, b.co2e_jkg),
             )
     return out
 

@@ -89,6 +89,10 @@ class WorkloadUsage:
     # "namespace/pod", with the start of the pod UID where two pod instances share a name.
     label: str = ""
     energy_kwh: Decimal = Decimal(0)  # GPU energy attributed to it, as shown (docs/billing.md, Energy)
+    # What that energy cost and emitted at its nodes' locations, as shown; None where some of it had no
+    # price (no CO2e factor). Information beside `cost`, never part of it.
+    energy_cost: Decimal | None = None
+    co2e_kg: Decimal | None = None
     # What its pod asked for per GPU × its metered seconds, as shown; None where a container's
     # request was never reported (the portal says so rather than guess).
     mem_requested_gb_h: Decimal | None = None
@@ -153,6 +157,9 @@ class TenantPortal:
     # when it cannot be computed (e.g. usage priced in two currencies, which the close refuses too).
     upcoming: InvoicePreview | None
     upcoming_error: str = ""
+    # The tenant's energy cost and kg CO2e of the period, as shown (None: some energy had no price, no factor).
+    period_energy_cost: Decimal | None = None
+    period_co2e_kg: Decimal | None = None
 
     @property
     def overdue_invoices(self) -> tuple[InvoiceSummary, ...]:
@@ -276,6 +283,7 @@ def get_tenant_portal(*, scope: Scope, slug: str, start: datetime, end: datetime
         daily=_daily(slug, workloads, len(workloads), start=start, end=end, now=now, money_places=tree.money_places),
         invoices=tuple(i for i in list_invoices(scope=own, today=now.date()) if i.tenant_slug == slug),
         upcoming=upcoming, upcoming_error=upcoming_error,
+        period_energy_cost=shown.energy_cost if shown else None, period_co2e_kg=shown.co2e_kg if shown else None,
     )
 
 
@@ -336,7 +344,8 @@ def _workload(tree: FigureTree, node: FigureNode, same_name_instances: int) -> W
         mem_granted_gb_h=shown.mem_granted_gb_h, sm_used_h=shown.sm_used_h, sm_granted_h=shown.sm_granted_h,
         first_hour=node.first_hour, last_hour=node.last_hour,
         label=f"{namespace}/{pod}" + (f" ({pod_uid[:8]})" if same_name_instances > 1 else ""),
-        energy_kwh=shown.energy_kwh, mem_requested_gb_h=shown.mem_requested_gb_h, sm_requested_h=shown.sm_requested_h,
+        energy_kwh=shown.energy_kwh, energy_cost=shown.energy_cost, co2e_kg=shown.co2e_kg,
+        mem_requested_gb_h=shown.mem_requested_gb_h, sm_requested_h=shown.sm_requested_h,
         exact_cost=node.exact.cost,
     )
 

@@ -1,27 +1,42 @@
-"""The demo data set: SLA tiers, tenants, an A100 80GB rate card with its public source,
-and one user per role. Idempotent: running it again resets the demo users' passwords."""
+"""The demo data set: SLA tiers, tenants, an A100 80GB rate card with its public source, two
+locations with an energy price and a CO2e factor (the nodes asked for split between them), and one
+user per role. Idempotent: running it again resets the demo users' passwords."""
 
 from __future__ import annotations
 
 import secrets
+from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, date, datetime
 from decimal import Decimal
 from urllib.parse import urlencode
 
 from django.contrib.auth.models import Group, User
 from django.db import transaction
 
-from billing.models import AlertRule, GpuModel, RateCard, SavedView, SlaTier, Tenant, TenantMembership
+from billing.models import (
+    AlertRule,
+    GpuModel,
+    Location,
+    LocationRate,
+    Node,
+    NodeLocation,
+    RateCard,
+    SavedView,
+    SlaTier,
+    Tenant,
+    TenantMembership,
+)
 from billing.scope import ADMIN_GROUP, FINANCE_GROUP
 from billing.seeded import SEED_TEXTS, SLA_TIERS, UNATTRIBUTED_NAME
 from billing.services.alerts import save_alert_rule
 from billing.services.audit import record_audit_event
 from billing.services.budgets import set_budget
+from billing.services.fleet import FIRST_LOCATION_FROM
 from billing.services.ingest import set_tenant_namespaces
 from billing.services.saved_views import ScheduleInput, create_view, set_schedule
 
-__all__ = ["DEMO_ALERT_RULE", "DEMO_TENANTS", "SEED_TEXTS", "DemoLogin", "demo_namespaces", "load_demo_data"]
+__all__ = ["DEMO_ALERT_RULE", "DEMO_LOCATIONS", "DEMO_TENANTS", "SEED_TEXTS", "DemoLogin", "demo_namespaces", "load_demo_data"]
 
 # Names and descriptions are data, stored as written and shown as stored in every language, except
 # these: the product's own words for what it seeds, shown in the reader's language while they are
@@ -59,6 +74,15 @@ A100_80GB_SOURCE_NOTE = (
 )
 
 
+# Two locations, what a kWh costs there and what it emits (docs/billing.md, Energy): order-of-magnitude
+# figures for a data centre's supply, USD per kWh and kg CO2e per kWh of grid electricity (EU average
+# intensity about 0.25; US east, PJM, about 0.38). Replace with your own contract and your grid's factor.
+# (label, price per kWh, kg CO2e per kWh)
+DEMO_LOCATIONS = [("eu-west-dc1", Decimal("0.21"), Decimal("0.25")), ("us-east-dc2", Decimal("0.11"), Decimal("0.38"))]
+# From the rate card's start: the demo's whole history has an energy price.
+DEMO_RATES_FROM = date(2026, 1, 1)
+
+
 @dataclass(frozen=True)
 class DemoLogin:
     role: str
@@ -79,8 +103,8 @@ def demo_namespaces(slug: str) -> list[str]:
 
 
 def load_demo_data(*, now: datetime, budget_webhook_url: str = "", budget_webhook_secret: str = "",
-                   alert_webhook_url: str = "", slack_url: str = "") -> list[DemoLogin]:
-    """Idempotent. With a webhook URL, acme also gets a generous monthly budget that notifies by
+                   alert_webhook_url: str = "", slack_url: str = "", nodes: Sequence[str] = ()) -> list[DemoLogin]:
+    """Idempotent. `nodes` are placed in the demo's locations, the first half in the first. With a webhook URL, acme also gets a generous monthly budget that notifies by
     email and by that webhook, so an admin can lower it and watch enforcement happen. With an
     alert webhook and a Slack URL, finance has a spend-anomaly rule that tells by e-mail and both."""
     with transaction.atomic():
@@ -118,6 +142,7 @@ def load_demo_data(*, now: datetime, budget_webhook_url: str = "", budget_webhoo
                 after={"gpu_model": card.gpu_model, "price_per_gpu_hour": str(card.price_per_gpu_hour),
                        "currency": card.currency},
             )
+        _locations(now=now, nodes=nodes)
         finance_group, _ = Group.objects.get_or_create(name=FINANCE_GROUP)
         admin_group, _ = Group.objects.get_or_create(name=ADMIN_GROUP)
         logins = []
@@ -163,6 +188,28 @@ def _saved_view(*, now: datetime) -> None:
     set_schedule(view_id=view.pk, owner_id=finance.pk, now=hour, actor_label="demo",
                  values=ScheduleInput(frequency="daily", hour=hour.hour, weekday=None, day_of_month=None,
                                       format="csv", recipients=(DEMO_REPORT_RECIPIENT,)))
+
+
+def _locations(*, now: datetime, nodes: Sequence[str]) -> None:
+    """The demo's locations with their rates from DEMO_RATES_FROM, written directly: an admin's rate starts
+    tomorrow at the earliest (billing.services.fleet), but seed data describes the demo's past too. Audited."""
+    places = []
+    for label, price, factor in DEMO_LOCATIONS:
+        location, created = Location.objects.get_or_create(label=label, defaults={"created_at": now})
+        if created:
+            LocationRate.objects.create(location=location, effective_from=DEMO_RATES_FROM, price_per_kwh=price,
+                                        currency="USD", co2e_kg_per_kwh=factor, created_at=now)
+            record_audit_event(at=now, actor_label="demo", action="location.rate_set", object_type="location",
+                               object_id=label, before=None,
+                               after={"location": label, "effective_from": DEMO_RATES_FROM.isoformat(),
+                                      "price_per_kwh": str(price), "currency": "USD", "co2e_kg_per_kwh": str(factor)})
+        places.append(location)
+    half = (len(nodes) + 1) // 2
+    for i, name in enumerate(nodes):
+        node, _ = Node.objects.get_or_create(name=name)
+        if not NodeLocation.objects.filter(node=node).exists():
+            NodeLocation.objects.create(node=node, location=places[0 if i < half else 1],
+                                        effective_from=FIRST_LOCATION_FROM, created_at=now)
 
 
 def _alert_rule(*, now: datetime, webhook_url: str, webhook_secret: str, slack_url: str) -> None:

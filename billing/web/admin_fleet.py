@@ -32,7 +32,9 @@ from billing.queries.admin_fleet import (
     get_rate_cards_page,
     list_nodes,
 )
+from billing.queries.locations import location_labels
 from billing.scope import Scope, get_scope
+from billing.services.fleet import set_node_location
 from billing.services.identity import issue_node_token, revoke_node_token
 from billing.services.pricing import (
     MODEL_NAME_MAX_LEN,
@@ -132,6 +134,10 @@ class EndRateCardForm(forms.Form):
     effective_to = UtcDateTimeField(label=gettext_lazy("Stop pricing at (UTC)"))
 
 
+class NodeLocationForm(forms.Form):
+    location = forms.CharField(label=gettext_lazy("Location"), max_length=63)
+
+
 class IssueTokenForm(forms.Form):
     node = forms.CharField(label=gettext_lazy("Node name"), max_length=253,
                            widget=forms.TextInput(attrs={"list": "known-nodes", "size": 28}))
@@ -227,6 +233,7 @@ def _render_nodes(request: HttpRequest, scope: Scope, *, form: IssueTokenForm | 
     now = timezone.now()
     return render(request, "billing/nodes.html", {
         "nodes": list_nodes(scope=scope, now=now), "form": form or IssueTokenForm(), "error": error,
+        "location_labels": location_labels(scope=scope),
         # A token used since then is shown as "in use" (the same window as a node's liveness).
         "in_use_since": now - TOKEN_IN_USE_WITHIN,
     }, status=status)
@@ -275,6 +282,25 @@ def node_token_revoke(request: HttpRequest, token_id: int) -> HttpResponse:
         return _render_nodes(request, scope, error=str(exc), status=400)
     messages.success(request, _("Token %(prefix)s… of %(node)s revoked; the agent using it is refused from now on.")
                      % {"prefix": token.prefix, "node": node})
+    return redirect("nodes")
+
+
+@login_required
+@require_POST
+def node_location(request: HttpRequest, node: str) -> HttpResponse:
+    """A node's location: from tomorrow (UTC), or its whole past when it had none (audited)."""
+    scope = _admin_scope(request)
+    form = NodeLocationForm(request.POST)
+    if not form.is_valid():
+        return _render_nodes(request, scope, error=form.errors.as_text(), status=400)
+    try:
+        row = set_node_location(node_name=node, label=form.cleaned_data["location"], now=timezone.now(),
+                                actor_label=request.user.get_username(), actor_id=request.user.pk)
+    except InvalidInput as exc:
+        return _render_nodes(request, scope, error=str(exc), status=400)
+    messages.success(request, _("%(node)s is at %(label)s from %(date)s.")
+                     % {"node": node, "label": form.cleaned_data["location"].strip(),
+                        "date": row.effective_from.isoformat()})
     return redirect("nodes")
 
 

@@ -7,6 +7,7 @@ CSV of its upcoming invoice (`?format=upcoming-csv`).
 from __future__ import annotations
 
 from datetime import date, datetime
+from decimal import Decimal
 
 from django.contrib.auth.decorators import login_required
 from django.contrib.auth.views import redirect_to_login
@@ -49,6 +50,8 @@ from billing.web.forms import PeriodForm
 _WORKLOAD_CSV_COLUMNS = (
     "namespace", "pod", "pod_uid", "containers", "sla_tiers", "cost", "currency", "gpu_hours_equivalent",
     "mem_used_gb_h", "mem_granted_gb_h", "sm_used_h", "sm_granted_h", "energy_kwh", "first_hour", "last_hour",
+    # Appended, so scripts reading the columns before them by position keep working; empty where unknown.
+    "energy_cost", "co2e_kg",
 )
 _WORKLOAD_QUANTITIES = ("gpu_hours_equivalent", "mem_used_gb_h", "mem_granted_gb_h", "sm_used_h", "sm_granted_h",
                         "energy_kwh")
@@ -152,11 +155,17 @@ def _workloads_csv(portal: TenantPortal) -> HttpResponse:
         writer.writerow([
             w.namespace, w.pod, w.pod_uid, " ".join(w.containers), " ".join(w.sla_tiers),
             amount_cell(w.cost, currency), currency, *(quantity_cell(getattr(w, q), places) for q in _WORKLOAD_QUANTITIES),
-            w.first_hour.isoformat(), w.last_hour.isoformat(),
+            w.first_hour.isoformat(), w.last_hour.isoformat(), *_energy_cells(w.energy_cost, w.co2e_kg, currency, places),
         ])
     writer.writerow(["(total)", "", "", "", "", amount_cell(portal.period_cost, currency), currency,
-                     *(quantity_cell(portal.period_quantities[q], places) for q in _WORKLOAD_QUANTITIES), "", ""])
+                     *(quantity_cell(portal.period_quantities[q], places) for q in _WORKLOAD_QUANTITIES), "", "",
+                     *_energy_cells(portal.period_energy_cost, portal.period_co2e_kg, currency, places)])
     return response
+
+
+def _energy_cells(cost: Decimal | None, co2e_kg: Decimal | None, currency: str, places: int) -> list[object]:
+    """Energy cost (to the currency's minor unit) and kg CO2e (at the quantities' places); empty where unknown."""
+    return ["" if cost is None else amount_cell(cost, currency), "" if co2e_kg is None else quantity_cell(co2e_kg, places)]
 
 
 def _upcoming_csv(request: HttpRequest, slug: str, now: datetime) -> HttpResponse:

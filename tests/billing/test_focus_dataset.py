@@ -190,7 +190,8 @@ def test_the_metadata_follows_focus_metadata_and_describes_every_column(november
     assert list(definitions) == list(FOCUS_COLUMNS)
     assert {c: d["DataType"] for c, d in definitions.items() if d["DataType"] != "STRING"} == {
         **dict.fromkeys(["BilledCost", "ConsumedQuantity", "ContractedCost", "ContractedUnitPrice", "EffectiveCost",
-                         "ListCost", "ListUnitPrice", "PricingQuantity", "x_EnergyKWh"], "DECIMAL"),
+                         "ListCost", "ListUnitPrice", "PricingQuantity", "x_CO2eKg", "x_EnergyCost", "x_EnergyKWh"],
+                        "DECIMAL"),
         **dict.fromkeys(["BillingPeriodEnd", "BillingPeriodStart", "ChargePeriodEnd", "ChargePeriodStart"], "DATETIME"),
         **dict.fromkeys(["AllocatedMethodDetails", "AllocatedTags", "SkuPriceDetails", "Tags"], "JSON")}
     # The types are the Parquet file's: its decimals have the precision and scale the schema says.

@@ -18,7 +18,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from billing.ledger.rollup import rollup_usage
-from billing.models import Invoice, RateCard, Tenant
+from billing.models import Invoice, Location, LocationRate, Node, NodeLocation, RateCard, Tenant
 from billing.scope import Scope
 from billing.services.exports import FOCUS_COLUMNS, export_credit_note, export_invoice
 from billing.services.exports.focus_dataset import PLATFORM_ACCOUNT, dataset_file_names, write_fleet_dataset
@@ -68,8 +68,19 @@ def test_the_validator_is_the_newest_release_and_its_newest_rules_are_focus_1_2(
 
 
 def usage(post_batch, *, at: datetime, seq: int, seconds: int = 10) -> None:
-    assert post_batch(make_batch(start=at, seq=seq, seconds=seconds, workloads=SHARED_GPU_WORKLOADS)).status_code == 201
+    batch = make_batch(start=at, seq=seq, seconds=seconds, workloads=SHARED_GPU_WORKLOADS)
+    batch["gpus"][0]["energy_j"] = 300.0 * seconds  # 300 W: the rows carry energy, its cost and CO2e
+    assert post_batch(batch).status_code == 201
     rollup_usage(now=clock.now())
+
+
+def priced_energy() -> None:
+    """The node in a location with an energy price and a CO2e factor (docs/billing.md, Energy)."""
+    location = Location.objects.create(label="eu-west-dc1", created_at=clock.now())
+    LocationRate.objects.create(location=location, effective_from=date(2020, 1, 1), price_per_kwh=Decimal("0.21"),
+                                currency="USD", co2e_kg_per_kwh=Decimal("0.25"), created_at=clock.now())
+    NodeLocation.objects.create(node=Node.objects.get_or_create(name="gpu-node-1")[0], location=location,
+                                effective_from=date(2000, 1, 1), created_at=clock.now())
 
 
 def csv_rows(content: bytes) -> list[list[str]]:
@@ -82,6 +93,7 @@ def test_every_focus_file_we_write_passes_the_official_validator(post_batch, one
     RateCard.objects.filter(pk=one_usd_per_gpu_second.pk).update(idle_policy="proportional")
     Tenant.objects.create(slug="acme", name="星河智算科技", tax_rate_pct=Decimal("20"))
     Tenant.objects.create(slug="globex", name="Globex")
+    priced_energy()
     usage(post_batch, at=datetime(2026, 10, 20, 12, tzinfo=UTC), seq=1)
     close_period(month=OCT, now=datetime(2026, 11, 2, tzinfo=UTC))
     usage(post_batch, at=datetime(2026, 10, 31, 23, 59, 40, tzinfo=UTC), seq=2, seconds=20)  # late: a correction
@@ -108,6 +120,9 @@ def test_every_focus_file_we_write_passes_the_official_validator(post_batch, one
     # What the combined file holds, so a change that drops a kind of row cannot pass unseen.
     assert kinds == {("Usage", ""), ("Adjustment", ""), ("Tax", ""), ("Usage", "Correction"), ("Credit", "Correction"),
                      ("Tax", "Correction")}
+    # The energy columns are filled where the rows have energy (usage and the platform's idle).
+    assert {bool(r[column["x_EnergyCost"]]) and bool(r[column["x_CO2eKg"]]) for r in rows
+            if r[column["x_EnergyKWh"]] not in ("", "0E-12")} == {True}
     platform = sum(r[column["BillingAccountId"]] == PLATFORM_ACCOUNT[0] for r in rows)
     assert platform > 0
     as_csv = assert_passes(write_focus_csv(tmp_path / "combined-focus.csv", FOCUS_COLUMNS, rows), platform_rows=platform)

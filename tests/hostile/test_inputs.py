@@ -31,6 +31,7 @@ from billing.models import (
     GpuModel,
     Invoice,
     InvoiceLine,
+    Location,
     RateCard,
     RebalancePlan,
     SlaTier,
@@ -74,6 +75,7 @@ GET_PAGES: dict[str, tuple[str, ...]] = {
     "/commitments/": ("month",),
     "/exports/": (),
     "/nodes/": (),
+    "/locations/": (),
     "/api-tokens/": (),
     "/rebalance/": (),
     "/reports/": (),
@@ -132,6 +134,10 @@ POST_FORMS: dict[str, dict[str, str]] = {
     "/gpu-models/retire/": {"name": A100["model"], **RETIRE},
     "/nodes/tokens/": {"node": "gpu-node-9"},
     "/nodes/tokens/{node_token}/revoke/": {"confirm": "wrong"},
+    "/nodes/gpu-node-1/location/": {"location": "eu-west-dc1"},
+    "/locations/": {"label": "ap-south-dc3"},
+    "/locations/rates/": {"location": "eu-west-dc1", "effective_from": "2199-01-01", "price_per_kwh": "0.21",
+                          "co2e_kg_per_kwh": "0.25"},
     "/api-tokens/": {"username": "admin-probe", "name": "ci", "expires_days": "30"},
     "/api-tokens/{api_token}/revoke/": {"confirm": "wrong"},
     "/rebalance/{plan}/approve/": {"confirmation": "wrong"},
@@ -189,6 +195,7 @@ def _world() -> dict[str, int]:
         term_start=datetime(2199, 1, 1, tzinfo=UTC), term_end=datetime(2200, 1, 1, tzinfo=UTC), term_years=1,
         effective_from=datetime(2199, 1, 1, tzinfo=UTC), effective_to=datetime(2200, 1, 1, tzinfo=UTC), note="c",
         created_at=now, created_by="test")
+    Location.objects.create(label="eu-west-dc1", created_at=now)
     budget = Budget.objects.create(tenant=tenant, amount=Decimal(100), currency="USD", owner="ops")
     alert_rule = AlertRule.objects.create(name="Probe", kind="idle_share", group_by="fleet", threshold=Decimal(50),
                                           created_at=now, updated_at=now)

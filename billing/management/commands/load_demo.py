@@ -8,7 +8,8 @@ from billing.services.demo import load_demo_data
 
 
 class Command(BaseCommand):
-    help = "Load the demo data set (tiers, tenants, A100 rate card, one user per role) and print the logins."
+    help = ("Load the demo data set (tiers, tenants, A100 rate card, locations with energy prices, one user per "
+            "role) and print the logins.")
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("--budget-webhook-url", default="",
@@ -18,10 +19,13 @@ class Command(BaseCommand):
                             help="with --slack-url: a spend-anomaly alert rule that tells finance by e-mail, this "
                                  "signed webhook and that Slack-compatible webhook")
         parser.add_argument("--slack-url", default="", help="a Slack-compatible incoming webhook for the alert rule")
+        parser.add_argument("--node", action="append", default=[],
+                            help="a demo node to place in the demo's locations (repeat; the first half in the first)")
 
     def handle(self, *args: Any, **options: Any) -> None:
         logins = load_demo_data(now=timezone.now(), budget_webhook_url=options["budget_webhook_url"],
                                 budget_webhook_secret=os.environ.get("VGPU_DEMO_WEBHOOK_SECRET", ""),
-                                alert_webhook_url=options["alert_webhook_url"], slack_url=options["slack_url"])
+                                alert_webhook_url=options["alert_webhook_url"], slack_url=options["slack_url"],
+                                nodes=options["node"])
         for login in logins:
             self.stdout.write(f"{login.role:<22} user {login.username:<14} password {login.password}")

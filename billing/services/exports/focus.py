@@ -19,7 +19,7 @@ from billing.calendar import month_bounds
 from billing.csv_files import csv_writer, number
 from billing.ledger.exports import FocusLedgerRow, PlatformIdleRow, list_focus_ledger_rows, list_origin_costs
 from billing.models import InvoiceLine
-from billing.money import allocate, format_minor_units, from_minor_units
+from billing.money import allocate, format_minor_units, from_minor_units, ledger_amount
 from billing.services.exports.invoices import CreditNoteDocument, InvoiceDocument, InvoiceLineView
 from billing.services.exports.numbers import compact_json, plain_decimal
 
@@ -50,11 +50,15 @@ FOCUS_COLUMNS: tuple[str, ...] = (*sorted([
     "ProviderName", "PublisherName", "ResourceId", "ResourceName", "ResourceType", "ServiceCategory",
     "ServiceName", "ServiceProviderName", "ServiceSubcategory", "SkuId", "SkuMeter", "SkuPriceDetails", "SkuPriceId",
     "SubAccountId", "SubAccountName", "Tags",
-]), "x_CorrectsInvoiceId", "x_EnergyKWh", "x_GpuModel", "x_InvoiceLineKind", "x_SlaTier")
+]), "x_CO2eKg", "x_CorrectsInvoiceId", "x_EnergyCost", "x_EnergyKWh", "x_GpuModel", "x_InvoiceLineKind", "x_SlaTier")
 # x_EnergyKWh: the GPU energy of the row (docs/billing.md, Energy): a workload's usage row carries all
 # the energy attributed to it (its share, and its part of the idle under `proportional`), the platform's
 # idle row the card's energy no workload was attributed; other rows none. Σ over a fleet dataset = the
 # energy of every priced GPU-hour.
+# x_EnergyCost and x_CO2eKg: what that energy cost and emitted at the price per kWh and CO2e factor of its
+# node's location on each hour's date (docs/billing.md, Energy), the cost in BillingCurrency at ledger
+# precision like BilledCost; empty where some of the row's energy had no price (no factor) and on rows
+# without energy. Information beside the cost: never part of BilledCost.
 _J_PER_KWH = Decimal(3_600_000)
 _KWH_QUANTUM = Decimal("1e-12")
 
@@ -86,6 +90,16 @@ def _sku_price_details(gpu_model: str) -> dict[str, Any]:
 def _kwh(joules: Decimal) -> Decimal:
     with localcontext(_CONTEXT):
         return (joules / _J_PER_KWH).quantize(_KWH_QUANTUM)
+
+
+def _energy_columns(joules: Decimal, cost_jp: Decimal | None, co2e_jkg: Decimal | None) -> dict[str, Any]:
+    """x_EnergyKWh, x_EnergyCost and x_CO2eKg of a row's energy (None where unknown)."""
+    with localcontext(_CONTEXT):
+        return {
+            "x_EnergyKWh": _kwh(joules),
+            "x_EnergyCost": None if cost_jp is None else ledger_amount(cost_jp / _J_PER_KWH),
+            "x_CO2eKg": None if co2e_jkg is None else (co2e_jkg / _J_PER_KWH).quantize(_KWH_QUANTUM),
+        }
 
 
 def _ratio(numerator: Decimal, denominator: Decimal) -> Decimal:
@@ -255,7 +269,7 @@ def usage_row(base: Mapping[str, Any], r: FocusLedgerRow, billed: Decimal,
     return {
         **base, **_allocated_columns(r, sku_id=_sku_id(r.gpu_model), meter=USAGE_METER, quantity=quantity),
         "AllocatedMethodDetails": _usage_method_details(r, origin),
-        "BilledCost": billed, "EffectiveCost": billed, "x_EnergyKWh": _kwh(r.energy_j),
+        "BilledCost": billed, "EffectiveCost": billed, **_energy_columns(r.energy_j, r.energy_cost_jp, r.co2e_jkg),
         "ChargeDescription": (f"{r.gpu_model} share for {r.namespace}/{r.pod}/{r.container} ({r.sla_tier}) "
                               f"at {plain_decimal(r.price_per_gpu_hour)} per GPU-hour"),
     }
@@ -328,7 +342,8 @@ def platform_idle_row(base: Mapping[str, Any], r: PlatformIdleRow) -> dict[str, 
         **_gpu_day_columns(day=r.day, gpu_uuid=r.gpu_uuid, gpu_model=r.gpu_model, node=r.node,
                            price=r.price_per_gpu_hour, sku_id=_idle_sku_id(r.gpu_model), rate_card_id=r.rate_card_id,
                            meter=IDLE_METER, quantity=_idle_hours(r.idle, r.price_per_gpu_hour)),
-        "BilledCost": r.idle, "EffectiveCost": r.idle, "x_GpuModel": r.gpu_model, "x_EnergyKWh": _kwh(r.idle_energy_j),
+        "BilledCost": r.idle, "EffectiveCost": r.idle, "x_GpuModel": r.gpu_model,
+        **_energy_columns(r.idle_energy_j, r.energy_cost_jp, r.co2e_jkg),
         "ChargeDescription": (f"Idle capacity of {r.gpu_model} on {r.node} kept by the platform ({r.idle_policy} "
                               f"idle policy) at {plain_decimal(r.price_per_gpu_hour)} per GPU-hour"),
     }

@@ -61,12 +61,13 @@ DATA_GENERATOR = "vGPU Ledger"
 # When this schema (FOCUS_COLUMNS, their types) was defined. FOCUS asks for a new schema object, with a new
 # SchemaId, whenever a column or type changes or the FOCUS version does: the SchemaId is derived from them,
 # and this date moves with the change.
-SCHEMA_CREATED = "2026-12-04T00:00:00Z"
+SCHEMA_CREATED = "2026-12-05T00:00:00Z"
 _JSON_COLUMNS = frozenset({"AllocatedMethodDetails", "AllocatedTags", "SkuPriceDetails", "Tags"})
 _TAG_COLUMNS = frozenset({"AllocatedTags", "Tags"})
 
 _DECIMAL_COLUMNS = frozenset({"BilledCost", "ConsumedQuantity", "ContractedCost", "ContractedUnitPrice",
-                              "EffectiveCost", "ListCost", "ListUnitPrice", "PricingQuantity", "x_EnergyKWh"})
+                              "EffectiveCost", "ListCost", "ListUnitPrice", "PricingQuantity", "x_CO2eKg", "x_EnergyCost",
+                              "x_EnergyKWh"})
 _DATETIME_COLUMNS = frozenset({"BillingPeriodEnd", "BillingPeriodStart", "ChargePeriodEnd", "ChargePeriodStart"})
 # Exact in Parquet too: prices have 6 places, quantities 12, so ListCost (their product) up to 18;
 # 20 integer digits are far beyond any month's cost.

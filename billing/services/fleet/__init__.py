@@ -7,6 +7,14 @@ The facade: code outside this package imports from here, never from its modules.
 from __future__ import annotations
 
 from billing.services.fleet.gpu_ownership import reassign_gpu
+from billing.services.fleet.locations import (
+    FIRST_LOCATION_FROM,
+    add_location,
+    earliest_energy_change,
+    fleet_currency,
+    set_location_rate,
+    set_node_location,
+)
 from billing.services.fleet.rebalance import (
     CapacityLine,
     ExecutionStep,
@@ -36,18 +44,22 @@ from billing.services.fleet.rightsizing import (
 )
 
 __all__ = [
+    "FIRST_LOCATION_FROM",
     "HEADROOM",
     "CapacityLine",
     "ExecutionStep",
     "MemoryUse",
     "SmUse",
     "Suggestion",
+    "add_location",
     "approve_plan",
     "capacity_lines",
     "confirmation_code",
     "count_executions",
     "counts_whole_nodes",
+    "earliest_energy_change",
     "execution_outcome",
+    "fleet_currency",
     "gib",
     "kube_from_settings",
     "mean_mb",
@@ -57,6 +69,8 @@ __all__ = [
     "reassign_gpu",
     "reject_plan",
     "run_execution",
+    "set_location_rate",
+    "set_node_location",
     "suggest_memory_request",
     "suggest_sm_request",
     "unapprove_unqueued_plan",

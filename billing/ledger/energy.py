@@ -1,0 +1,59 @@
+"""Energy priced and its emissions, in the ledger's reads (docs/billing.md, Energy).
+
+Each usage row of a node-hour (or a node-day: a row of the day ledger) is joined to its node's
+location on the row's UTC date and that location's rate on the same date (billing.models.Location,
+LocationRate, NodeLocation: dates are whole UTC days, so every hour of a day has one rate and the
+day ledger's row is the sum of its hours' rows, priced alike). The reads sum joules × price per kWh
+and joules × kg per kWh, exact; callers divide by 3.6 MJ per kWh and round once (billing.money).
+
+A sum is unknown (NULL) where any of its rows drew energy at a node-date with no price (or no
+factor): a location not set, or a rate without the figure. Rows that drew no energy never make it
+unknown. Energy cost is information beside the GPU cost: no invoice reads it.
+"""
+
+from __future__ import annotations
+
+from decimal import Decimal
+
+from billing.models.fleet import LocationRate, NodeLocation
+
+__all__ = ["J_PER_KWH", "co2e_sql", "energy_cost_sql", "energy_rate_join"]
+
+J_PER_KWH = Decimal(3_600_000)
+_NODE_LOCATION = NodeLocation._meta.db_table
+_RATE = LocationRate._meta.db_table
+
+
+# Each node's rate as date ranges [f, t): its location's ranges intersected with that location's rates'
+# ranges. A handful of rows, joined to the usage by node (a hash join) rather than looked up row by row.
+_RATES_BY_NODE = (
+    "SELECT nl.node_id, greatest(nl.f, r.f) AS f, least(nl.t, r.t) AS t, r.price_per_kwh, r.co2e_kg_per_kwh "  # noqa: S608 - fixed SQL
+    "FROM (SELECT node_id, location_id, effective_from AS f, coalesce(lead(effective_from) OVER "
+    f"(PARTITION BY node_id ORDER BY effective_from), 'infinity'::date) AS t FROM {_NODE_LOCATION}) nl "
+    "JOIN (SELECT location_id, price_per_kwh, co2e_kg_per_kwh, effective_from AS f, coalesce(lead(effective_from) "
+    f"OVER (PARTITION BY location_id ORDER BY effective_from), 'infinity'::date) AS t FROM {_RATE}) r "
+    "ON r.location_id = nl.location_id AND r.f < nl.t AND nl.f < r.t"
+)
+
+
+def energy_rate_join(usage: str, at: str) -> str:
+    """A LEFT JOIN giving each row of `usage` (alias) its node's rate as `er` (price_per_kwh,
+    co2e_kg_per_kwh; NULLs where none), on the UTC date of its column `at`."""
+    day = f"({usage}.{at} AT TIME ZONE 'UTC')::date"
+    return (f" LEFT JOIN ({_RATES_BY_NODE}) er ON er.node_id = {usage}.node_id "
+            f"AND {day} >= er.f AND {day} < er.t ")
+
+
+def _known_sum(usage: str, energy: str, factor: str) -> str:
+    return (f"CASE WHEN bool_and({usage}.{energy} = 0 OR er.{factor} IS NOT NULL) "
+            f"THEN sum({usage}.{energy} * coalesce(er.{factor}, 0)) END")
+
+
+def energy_cost_sql(usage: str = "u", energy: str = "energy_j") -> str:
+    """Σ joules × price per kWh of the group, NULL where any energy had no price."""
+    return _known_sum(usage, energy, "price_per_kwh")
+
+
+def co2e_sql(usage: str = "u", energy: str = "energy_j") -> str:
+    """Σ joules × kg CO2e per kWh of the group, NULL where any energy had no factor."""
+    return _known_sum(usage, energy, "co2e_kg_per_kwh")
