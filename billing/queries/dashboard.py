@@ -29,6 +29,7 @@ from billing.ledger.reads import Granularity
 from billing.models import PairedReport, RebalancePlan
 from billing.models.rebalance import RebalanceStatus
 from billing.queries.finance import PAGE_PLACES, CostSummary, get_cost_summary_and_tree
+from billing.queries.trends import Comparison, MonthCost, get_comparison_and_months
 from billing.scope import Scope
 from billing.services.savings import (
     PairedRow,
@@ -186,6 +187,9 @@ class FinanceDashboard:
     utilisation: list[UtilisationPoint] | None
     savings: SavingsCard | None
     rebalance: RebalanceRecommendation | None
+    # The period against the previous one and the last months' cost (None: not asked, as by the CSVs).
+    comparison: Comparison | None = None
+    months: list[MonthCost] | None = None
 
     @property
     def sees_platform(self) -> bool:
@@ -320,14 +324,20 @@ def _rebalance() -> RebalanceRecommendation | None:
 
 
 def get_finance_dashboard(*, scope: Scope, start: datetime, end: datetime, now: datetime | None = None,
-                          places: int = PAGE_PLACES) -> FinanceDashboard:
+                          places: int = PAGE_PLACES, trends: bool = True) -> FinanceDashboard:
     """`now` (default: the clock) decides where the charts over time stop, which reports are still
     in flight and whether the period may be reported on yet; `places`: of the tenants' and workloads' quantities (the CSVs
-    ask for more than the page)."""
+    ask for more than the page); `trends`: the comparison with the previous period and the months'
+    chart (one more read; the CSVs have neither)."""
     summary, tree = get_cost_summary_and_tree(scope=scope, start=start, end=end, places=places)
     granularity = granularity_for(start, end)
     platform = scope.sees_platform
     now = now or timezone.now()
+    comparison, months = None, None
+    if trends:
+        # The tenants' figures of the period as the table shows them: the comparison starts from them.
+        comparison, months = get_comparison_and_months(
+            scope=scope, start=start, end=end, current={t.tenant: t.total for t in summary.tenants})
     return FinanceDashboard(
         summary=summary,
         timeline=_timeline(scope, summary, granularity, now),
@@ -335,5 +345,7 @@ def get_finance_dashboard(*, scope: Scope, start: datetime, end: datetime, now: 
         utilisation=_utilisation(start, end, granularity) if platform else None,
         savings=_savings(start, end, now) if platform else None,
         rebalance=_rebalance() if platform else None,
+        comparison=comparison,
+        months=months,
     )
 

@@ -30,6 +30,7 @@ from billing.web.charts import Series, line_chart, stacked_bar_chart
 from billing.web.forms import PeriodForm
 from billing.web.reports import request_report
 from billing.web.tables import shown_costs
+from billing.web.trends import months_chart
 
 
 @login_required
@@ -55,7 +56,8 @@ def _overview(request: HttpRequest) -> HttpResponse:
         start, end = form.bounds()
         # The CSVs state quantities to more places than the page (docs/exports.md).
         places = QUANTITY_PLACES["gpu_hours"] if as_csv else PAGE_PLACES
-        dashboard = get_finance_dashboard(scope=get_scope(request.user), start=start, end=end, places=places)
+        dashboard = get_finance_dashboard(scope=get_scope(request.user), start=start, end=end, places=places,
+                                          trends=not as_csv)
         if as_csv:
             return _CSV_TABLES[table](dashboard)
     return _dashboard_page(request, form, dashboard)
@@ -133,6 +135,9 @@ def _charts(dashboard: FinanceDashboard) -> dict[str, SafeString]:
             label=_("Cost by tenant over time"), unit=dashboard.summary.currency,
         ),
     }
+    if dashboard.months is not None and dashboard.comparison is not None:
+        out["months_chart"] = months_chart(dashboard.months, unit=dashboard.summary.currency,
+                                           names=dashboard.comparison.names)
     if dashboard.utilisation is not None:
         by_bucket = {p.bucket: p for p in dashboard.utilisation}
         points: list[UtilisationPoint | None] = [by_bucket.get(b) for b in timeline.buckets]
