@@ -98,6 +98,10 @@ def _dashboard_page(request: HttpRequest, form: PeriodForm, dashboard: FinanceDa
         context.update(_charts(dashboard))
         context["period_query"] = urlencode({"start": form.cleaned_data["start"].isoformat(),
                                              "end": form.cleaned_data["end"].isoformat()})
+        if dashboard.comparison is not None:
+            c = dashboard.comparison
+            context["previous_query"] = urlencode({"start": c.previous_first.isoformat(),
+                                                   "end": c.previous_last.isoformat()})
     status = 200 if form.is_valid() and not savings_error else 400
     return render(request, "billing/finance_overview.html", context, status=status)
 
