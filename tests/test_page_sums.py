@@ -345,7 +345,7 @@ def _check_tenant_costs_csv(name: str, records: list[dict[str, str]]) -> None:
 def _check_explore_csv(name: str, records: list[dict[str, str]]) -> None:
     """The drill-down's CSV: cost and quantities add to "(total)"; a requested column adds only
     when every row's request is known (its total is empty otherwise); percentages to 1 place."""
-    _check_sum_row(name, records, "name", ["cost"],
+    _check_sum_row(name, records, "name", ["cost", "previous_cost", "change"],
                    ["gpu_hours", "mem_used_gb_h", "mem_granted_gb_h", "sm_used_h", "sm_granted_h"])
     *rows, total = records
     for column in ("mem_requested_gb_h", "sm_requested_h"):

@@ -247,7 +247,7 @@ _CSV_HEAD = ("name",)
 _CSV_NUMBERS = (
     "cost", "currency", "gpu_hours", "mem_used_gb_h", "mem_granted_gb_h", "mem_requested_gb_h",
     "mem_used_of_granted_pct", "mem_used_of_requested_pct", "sm_used_h", "sm_granted_h", "sm_requested_h",
-    "sm_used_of_granted_pct", "sm_used_of_requested_pct",
+    "sm_used_of_granted_pct", "sm_used_of_requested_pct", "previous_cost", "change",
 )
 _CSV_RIGHTSIZING = (
     "mem_request_gb", "mem_mean_used_gb", "mem_peak_hour_gb", "suggestion", "suggested_mem_request_gb",
@@ -284,7 +284,8 @@ def _csv(result: Explore) -> HttpResponse:
                  *(q(s.quantities[n]) for n in ("gpu_hours", "mem_used_gb_h", "mem_granted_gb_h", "mem_requested_gb_h")),
                  q(r.mem_used_of_granted_pct, pct), q(r.mem_used_of_requested_pct, pct),
                  *(q(s.quantities[n]) for n in ("sm_used_h", "sm_granted_h", "sm_requested_h")),
-                 q(r.sm_used_of_granted_pct, pct), q(r.sm_used_of_requested_pct, pct)]
+                 q(r.sm_used_of_granted_pct, pct), q(r.sm_used_of_requested_pct, pct),
+                 amount_cell(r.previous_cost, currency), amount_cell(r.change, currency)]
         if rightsizing:
             m, sug = r.memory, r.suggestion
             cells += [q(gib(m.request_mb) if m else None), q(gib(m.mean_used_mb) if m else None),
@@ -302,7 +303,10 @@ def _csv(result: Explore) -> HttpResponse:
              *(q(columns[n].total) for n in ("gpu_hours", "mem_used_gb_h", "mem_granted_gb_h", "mem_requested_gb_h")),
              q(eff["mem_of_granted"], pct), q(eff["mem_of_requested"], pct),
              *(q(columns[n].total) for n in ("sm_used_h", "sm_granted_h", "sm_requested_h")),
-             q(eff["sm_of_granted"], pct), q(eff["sm_of_requested"], pct)]
+             q(eff["sm_of_granted"], pct), q(eff["sm_of_requested"], pct),
+             # The rows' previous costs and changes, as written, added: the rows listed, not the level then.
+             amount_cell(sum((r.previous_cost for r in result.rows), Decimal(0)), currency),
+             amount_cell(sum((r.change for r in result.rows), Decimal(0)), currency)]
     if rightsizing:
         freed = [r.freed_gb_h for r in result.rows]
         freed_sm = [r.freed_sm_h for r in result.rows]

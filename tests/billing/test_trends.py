@@ -4,6 +4,8 @@ month, and Explore's sorting, search, comparison column and bars."""
 
 from __future__ import annotations
 
+import csv
+import io
 from datetime import UTC, date, datetime, timedelta
 from decimal import Decimal
 
@@ -257,3 +259,14 @@ def test_the_levels_bars_add_up_to_its_total(client, small_ledger) -> None:
     client.force_login(user_in(FINANCE_GROUP))
     html = _explore(client).content.decode()
     assert 'data-testid="explore-chart"' in html
+
+
+def test_explores_csv_has_the_previous_cost_and_change_in_the_pages_order_and_search(client, small_ledger) -> None:
+    client.force_login(user_in(FINANCE_GROUP))
+    resp = _explore(client, format="csv", sort="name")
+    header, *rows = list(csv.reader(io.StringIO(resp.content.decode("utf-8-sig"))))
+    records = [dict(zip(header, r, strict=True)) for r in rows]
+    assert [(r["name"], r["cost"], r["previous_cost"], r["change"]) for r in records] == [
+        ("acme", "2.33", "2.00", "0.33"), ("initech", "0.50", "0.00", "0.50"), ("(total)", "2.83", "2.00", "0.83")]
+    found = _explore(client, format="csv", q="init")
+    assert [r[0] for r in list(csv.reader(io.StringIO(found.content.decode("utf-8-sig"))))[1:]] == ["initech", "(total)"]
