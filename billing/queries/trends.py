@@ -146,6 +146,16 @@ class Comparison:
     total: Change
     tenants: list[TenantChange]
     names: dict[str, str]  # slug -> name of every tenant of the comparison and of the months
+    # The platform's idle (finance and admins only; None for a tenant-scoped caller), shown as the
+    # dashboard's tile shows it: rounded once.
+    idle_platform: Change | None = None
+
+    @property
+    def total_gpu_cost(self) -> Change | None:
+        """The fleet's whole GPU cost: the tenants' figures and the platform's idle, as the tile adds them."""
+        if self.idle_platform is None:
+            return None
+        return Change(self.total.current + self.idle_platform.current, self.total.previous + self.idle_platform.previous)
 
     @property
     def previous_first(self) -> date:

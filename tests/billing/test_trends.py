@@ -14,13 +14,15 @@ import time_machine
 from hypothesis import given
 from hypothesis import strategies as st
 
-from billing.models import RateCard, Tenant
+from billing.ledger.models import GpuHour
+from billing.models import Node, RateCard, Tenant
 from billing.queries.dashboard import get_finance_dashboard
 from billing.queries.trends import Change, previous_period
 from billing.scope import FINANCE_GROUP, get_scope
+from billing.web.tables import shown_costs
 from billing.web.trends import TOP_BARS, level_bars, month_series
 from tests.billing.test_portal import usage
-from tests.conftest import A100, user_in
+from tests.conftest import A100, user_in, with_day
 
 # A fixed "now": November 2026 to date is the 1st to the 20th, compared with 1–20 October.
 NOW = datetime(2026, 11, 20, 12, 30, tzinfo=UTC)
@@ -137,6 +139,31 @@ def test_a_whole_month_against_the_whole_month_before(small_ledger) -> None:
     assert c.total.previous == october.summary.attributed == Decimal("13.00")
     assert {t.tenant: t.change.previous for t in c.tenants if t.change.previous} == {
         t.tenant: t.total for t in october.summary.tenants}
+
+
+def test_finance_also_compares_the_platforms_idle_and_the_whole_gpu_cost(small_ledger) -> None:
+    node = Node.objects.get(name="gpu-node-1")
+    for day, card, idle in ((date(2026, 11, 5), "10.005", "5.004"), (date(2026, 10, 5), "4.00", "1.50")):
+        with_day(GpuHour.objects.create(gpu_uuid="GPU-9", node=node, gpu_model=A100["model"], hour=at(day),
+                                        metered_seconds=Decimal(3600), card_cost=Decimal(card),
+                                        charged=Decimal(card) - Decimal(idle), idle_cost=Decimal(idle),
+                                        idle_allocated=Decimal(0), currency="USD", priced=True))
+    finance = get_scope(user_in(FINANCE_GROUP))
+    with time_machine.travel(NOW, tick=False):
+        board = get_finance_dashboard(scope=finance, start=at(date(2026, 11, 1), 0), end=at(date(2026, 11, 21), 0))
+    c = board.comparison
+    assert c is not None
+    assert c.idle_platform == Change(Decimal("5.00"), Decimal("1.50"))  # 5.004 rounded once, as the tile shows it
+    assert c.idle_platform.current == shown_costs(board.summary).idle_platform
+    assert c.total_gpu_cost == Change(Decimal("7.83"), Decimal("7.50"))
+    assert c.total_gpu_cost.current == shown_costs(board.summary).total_gpu_cost
+    # A tenant member sees no platform figure.
+    member = get_scope(user_in(tenants=("acme",)))
+    with time_machine.travel(NOW, tick=False):
+        mine = get_finance_dashboard(scope=member, start=at(date(2026, 11, 1), 0), end=at(date(2026, 11, 21), 0))
+    assert mine.comparison is not None
+    assert mine.comparison.idle_platform is None
+    assert mine.comparison.total_gpu_cost is None
 
 
 def test_each_months_bar_is_that_months_figure_on_the_dashboard(small_ledger) -> None:

@@ -1,6 +1,7 @@
 """Trends in a real browser against the shared demo, in English and in Simplified Chinese: finance
 shows this month on the dashboard and compares it with last month (the demo meters a day of each),
-opens last month and finds the same figures there, reads the months' chart; then sorts and searches
+opens last month and finds the same figures there (the tenants' and the whole GPU cost), reads
+the months' chart; then sorts and searches
 Explore, whose level total is still the sum of its rows."""
 
 from __future__ import annotations
@@ -60,6 +61,10 @@ def test_finance_compares_a_month_with_the_month_before_and_sorts_and_searches_e
             assert _amount(pct) == round((current - previous) / previous * 100, 1), pct
         else:
             assert pct.strip() == "—"
+        # Finance also sees the platform's idle and the fleet's whole GPU cost against the month before.
+        fleet = _amount(table.get_by_test_id("comparison-fleet-current").inner_text())
+        fleet_before = _amount(table.get_by_test_id("comparison-fleet-previous").inner_text())
+        assert fleet == _amount(page.get_by_test_id("total-gpu-cost").inner_text())
         expect(page.get_by_test_id("months-chart").locator("svg.chart")).to_be_visible()
         months = page.get_by_test_id("months-table").get_by_test_id("month-total")
         expect(months).to_have_count(6)
@@ -69,6 +74,7 @@ def test_finance_compares_a_month_with_the_month_before_and_sorts_and_searches_e
         page.get_by_test_id("comparison-open-previous").click()
         page.wait_for_load_state()
         assert _amount(page.get_by_test_id("attributed-cost").inner_text()) == previous == last_month_bar
+        assert _amount(page.get_by_test_id("total-gpu-cost").inner_text()) == fleet_before
 
         # Explore: sort by name, then search; the total is the rows shown.
         s.goto(f"/explore/?start={first:%Y-%m-%d}&end={last:%Y-%m-%d}")
