@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from datetime import UTC, date, datetime, timedelta
+from datetime import datetime, timedelta
 from decimal import Decimal
 
 from django.utils.translation import gettext
@@ -36,7 +36,7 @@ from billing.models import Tenant
 from billing.queries.allocation import MAX_SETS, UNALLOCATED, Window, allocation_sets
 from billing.queries.figures import get_figure_tree
 from billing.queries.portal import TenantNotFound
-from billing.queries.trends import previous_period
+from billing.queries.trends import day_bounds, previous_period
 from billing.scope import Scope
 from billing.services.fleet import (
     MemoryUse,
@@ -250,7 +250,7 @@ def get_explore(*, scope: Scope, path: ExplorePath, filters: ExploreFilters, sta
     if search:
         needle = search.casefold()
         rows = [r for r in rows if needle in r.name.casefold() or needle in r.label.casefold()]
-    previous = _bounds(*previous_period(start.date(), (end - _DAY).date()))
+    previous = day_bounds(*previous_period(start.date(), (end - _DAY).date()))
     if rows:
         before = {r.name: r.shown.cost for r in _level_rows(scope, path, narrowed, previous, places)}
         rows = [replace(r, previous_cost=before.get(r.name, Decimal(0))) for r in rows]
@@ -264,11 +264,6 @@ def get_explore(*, scope: Scope, path: ExplorePath, filters: ExploreFilters, sta
         rows = [_sized(r, *peaks.get(r.name, _NO_PEAK)) if r.name in sized else r for r in rows]
     return Explore(path=path, filters=filters, start=start, end=end, rows=rows, previous_start=previous[0],
                    previous_end=previous[1], search=search, sort=sort)
-
-
-def _bounds(first: date, last: date) -> tuple[datetime, datetime]:
-    return (datetime(first.year, first.month, first.day, tzinfo=UTC),
-            datetime(last.year, last.month, last.day, tzinfo=UTC) + _DAY)
 
 
 def _level_rows(scope: Scope, path: ExplorePath, narrowed: dict[str, list[str]], period: tuple[datetime, datetime],

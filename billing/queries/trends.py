@@ -29,6 +29,7 @@ __all__ = [
     "MonthCost",
     "PeriodCosts",
     "TenantChange",
+    "day_bounds",
     "get_comparison_and_months",
     "get_period_costs",
     "previous_period",
@@ -54,7 +55,7 @@ def _months_back(month: date, n: int) -> date:
 def previous_period(first: date, last: date) -> tuple[date, date]:
     """The period a period is compared with, both ends included (docs/billing.md): whole months
     are compared with as many whole months before them; a month's first days (a month to date)
-    with the same days of the previous month, cut at its end (31 March to date against February);
+    with the same days of the previous month, cut at its end (1–30 March against all of February);
     any other period with as many days just before it."""
     if first.day == 1 and last == _month_end(last) and last >= first:
         months = (last.year - first.year) * 12 + last.month - first.month + 1
@@ -66,7 +67,7 @@ def previous_period(first: date, last: date) -> tuple[date, date]:
     return first - days * _DAY, first - _DAY
 
 
-def _bounds(first: date, last: date) -> tuple[datetime, datetime]:
+def day_bounds(first: date, last: date) -> tuple[datetime, datetime]:
     """[start, end) of whole UTC days, as the period form gives them."""
     start = datetime(first.year, first.month, first.day, tzinfo=UTC)
     return start, datetime(last.year, last.month, last.day, tzinfo=UTC) + _DAY
@@ -181,7 +182,7 @@ def get_comparison_and_months(*, scope: Scope, start: datetime, end: datetime,
     [start, end) the page shows (`current`, slug -> figure, in the page's order), and the MONTHS
     months up to the one of the period's last day: one ledger read for all of them."""
     first, last = start.astimezone(UTC).date(), (end.astimezone(UTC) - _DAY).date()
-    previous = _bounds(*previous_period(first, last))
+    previous = day_bounds(*previous_period(first, last))
     months = [_months_back(last.replace(day=1), n) for n in range(MONTHS - 1, -1, -1)]
     costs = get_period_costs(scope=scope, periods=[previous, *(month_bounds(m) for m in months)])
     before = costs[0].tenants
