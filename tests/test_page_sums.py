@@ -350,7 +350,7 @@ def _check_tenant_costs_csv(name: str, records: list[dict[str, str]]) -> None:
 def _check_explore_csv(name: str, records: list[dict[str, str]]) -> None:
     """The drill-down's CSV: cost and quantities add to "(total)"; a requested column adds only
     when every row's request is known (its total is empty otherwise); percentages to 1 place."""
-    _check_sum_row(name, records, "name", ["cost"],
+    _check_sum_row(name, records, "name", ["cost", "previous_cost", "change"],
                    ["gpu_hours", "mem_used_gb_h", "mem_granted_gb_h", "sm_used_h", "sm_granted_h"])
     *rows, total = records
     for column in ("mem_requested_gb_h", "sm_requested_h"):
@@ -579,10 +579,17 @@ def test_one_figure_is_the_same_on_every_page_level_and_language(demo: Demo) -> 
         session = _login(demo, "finance", language)
         explore = _drill(demo, session, f"/explore/?{query}", rows=2)
         assert len(explore) >= 5, explore  # tenants, then two of them down to their GPUs
+        # The month to date too: its month-over-month table shows last month's figures, and its
+        # comparison the same days of last month.
         walks.append(_walk(demo, session, (f"/finance/?{query}", f"/tenants/acme/?{query}", "/periods/",
-                                           f"/fleet/?{query}", *explore), follow=False))
+                                           f"/fleet/?{query}", *explore, "/finance/", "/tenants/acme/"), follow=False))
     seen = _check_figures(walks)
-    acme = [key for key in seen if key.startswith("cost|") and key.split("|")[3:] == ["tenant=acme"]]
+    first = clock.now().date().replace(day=1)
+    last_month = (f"{(first - timedelta(days=1)).replace(day=1).isoformat()}T00:00:00+00:00",
+                  f"{first.isoformat()}T00:00:00+00:00")
+    # The month shown (its comparison also names the month before, with no usage in the demo).
+    acme = [key for key in seen if key.startswith("cost|") and key.split("|")[3:] == ["tenant=acme"]
+            and tuple(key.split("|")[1:3]) == last_month]
     assert len(acme) == 1, sorted(seen)
     # acme's cost: finance row, drill-down row, the namespaces' total, the portal; in each language.
     assert len({url for url, _ in seen[acme[0]]}) >= 4, seen[acme[0]]
@@ -596,6 +603,11 @@ def test_one_figure_is_the_same_on_every_page_level_and_language(demo: Demo) -> 
     # The fleet's card cost: the finance page's total GPU cost and the fleet view's total.
     assert any(key.startswith("card_cost|") and len({url for url, _ in shown}) >= 2
                for key, shown in seen.items()), sorted(seen)
+    # Last month's bars of the month to date's month-over-month tables: the figures of last month's pages.
+    for key in ("cost|{}|{}".format(*last_month), "cost|{}|{}|tenant=acme".format(*last_month)):
+        assert len({url for url, _ in seen[key]}) >= 2, (key, seen.get(key))
+    assert any(url.endswith("/finance/") for url, _ in seen["cost|{}|{}".format(*last_month)])
+    assert any(url.endswith("/tenants/acme/") for url, _ in seen["cost|{}|{}|tenant=acme".format(*last_month)])
     # A pod instance: the finance page's top workloads, its row on the portal and its cost panel there.
     assert any("|pod_uid=" in key and len({url for url, _ in shown}) >= 2 for key, shown in seen.items()), sorted(seen)
 

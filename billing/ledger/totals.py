@@ -8,7 +8,7 @@ Every function is one SQL statement, so a page's query count is the number of ca
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from datetime import UTC, date, datetime
 from decimal import Decimal
@@ -25,6 +25,7 @@ __all__ = [
     "GpuTotals",
     "LineShareSeconds",
     "MonthSeconds",
+    "PeriodLineCost",
     "TenantTotals",
     "WorkloadSummary",
     "WorkloadTotals",
@@ -36,6 +37,7 @@ __all__ = [
     "list_monthly_card_seconds",
     "list_monthly_line_share_seconds",
     "list_monthly_share_seconds",
+    "list_period_line_costs",
     "summarise_workloads",
 ]
 
@@ -296,3 +298,47 @@ def list_day_ledger_totals(*, start: datetime, end: datetime) -> list[DayLedgerT
                         card_cost=r["card"] or _ZERO, charged=r["charged"] or _ZERO, idle_cost=r["idle"] or _ZERO)
         for r in rows
     ]
+
+
+@dataclass(frozen=True)
+class PeriodLineCost:
+    """Charge and idle share of one invoice line (tenant, GPU model, SLA tier) in one of several
+    periods, ledger precision, with the currency of that period's priced GPU rows ("" when none)."""
+
+    period: int  # index into the periods asked for
+    currency: str
+    tenant: str
+    gpu_model: str
+    sla_tier: str
+    charge: Decimal
+    idle_share: Decimal
+
+
+def list_period_line_costs(*, periods: Sequence[tuple[datetime, datetime]],
+                           tenants: Collection[str] | None) -> list[PeriodLineCost]:
+    """Per period of whole UTC days and per invoice line, the sums a figure tree of that period
+    holds at its line level (billing.ledger.allocation.list_figure_rows, level 0: the same day-ledger
+    rows and GPU join; its node join always matches, the usage row's node being a protected key), of `tenants` (None: all): six months and a previous period in one
+    statement instead of a tree each, which would also read every workload. Unordered; a period
+    without usage has no rows."""
+    if not periods:
+        return []
+    params = {"los": [lo for lo, _hi in periods], "his": [hi for _lo, hi in periods],
+              "tenants": _tenant_list(tenants)}
+    days, gpus = reads.DAYS.usage_table, reads.DAYS.gpu_table
+    sql = (
+        "WITH p AS (SELECT lo, hi, i FROM unnest(%(los)s::timestamptz[], %(his)s::timestamptz[]) "  # noqa: S608 - fixed names; values are parameters
+        "WITH ORDINALITY AS p(lo, hi, i)) "
+        # The period's currency as get_window_currency picks it: a GPU-day with some priced hour.
+        "SELECT (p.i - 1)::int AS period, coalesce(c.currency, '') AS currency, u.tenant, "
+        "coalesce(g.gpu_model, '') AS gpu_model, u.sla_tier, sum(u.charge) AS charge, sum(u.idle_share) AS idle_share "
+        f"FROM p LEFT JOIN LATERAL (SELECT g2.currency FROM {gpus} g2 WHERE g2.day >= p.lo AND g2.day < p.hi "
+        "AND g2.metered_seconds > g2.unpriced_seconds LIMIT 1) c ON true "
+        f"JOIN {days} u ON u.day >= p.lo AND u.day < p.hi "
+        # Left: a usage row always has its GPU row (the rollup writes both), but a model only names a line.
+        f"LEFT JOIN {gpus} g ON g.node_id = u.node_id AND g.gpu_uuid = u.gpu_uuid AND g.day = u.day "
+        "WHERE (%(tenants)s::text[] IS NULL OR u.tenant = ANY(%(tenants)s::text[])) GROUP BY 1, 2, 3, 4, 5"
+    )
+    with period_read_cursor() as cur:
+        cur.execute(sql, params)
+        return fetch_rows(cur, PeriodLineCost)

@@ -13,7 +13,7 @@ are None for them, decided here and not in templates.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from datetime import UTC, date, datetime, timedelta
 from decimal import Decimal
 from typing import Any
@@ -24,11 +24,13 @@ from django.utils.translation import gettext as _
 
 from billing.errors import InvalidInput
 from billing.figures import FigureTree
-from billing.ledger import series
+from billing.ledger import series, totals
 from billing.ledger.reads import Granularity
 from billing.models import PairedReport, RebalancePlan
 from billing.models.rebalance import RebalanceStatus
+from billing.money import display_amount
 from billing.queries.finance import PAGE_PLACES, CostSummary, get_cost_summary_and_tree
+from billing.queries.trends import Change, Comparison, MonthCost, get_comparison_and_months
 from billing.scope import Scope
 from billing.services.savings import (
     PairedRow,
@@ -186,6 +188,9 @@ class FinanceDashboard:
     utilisation: list[UtilisationPoint] | None
     savings: SavingsCard | None
     rebalance: RebalanceRecommendation | None
+    # The period against the previous one and the last months' cost (None: not asked, as by the CSVs).
+    comparison: Comparison | None = None
+    months: list[MonthCost] | None = None
 
     @property
     def sees_platform(self) -> bool:
@@ -319,15 +324,31 @@ def _rebalance() -> RebalanceRecommendation | None:
                                    smallest_release=plan.summary.get("smallest_release"))
 
 
+def _idle_change(summary: CostSummary, comparison: Comparison) -> Change:
+    """The platform's idle of the period against the previous period's, each rounded once as the
+    dashboard's tile rounds it (billing.web.tables.shown_costs)."""
+    before = totals.get_gpu_totals(start=comparison.previous_start, end=comparison.previous_end)
+    currency = summary.currency
+    return Change(display_amount(summary.idle_platform or _ZERO, currency), display_amount(before.idle_platform, currency))
+
+
 def get_finance_dashboard(*, scope: Scope, start: datetime, end: datetime, now: datetime | None = None,
-                          places: int = PAGE_PLACES) -> FinanceDashboard:
+                          places: int = PAGE_PLACES, trends: bool = True) -> FinanceDashboard:
     """`now` (default: the clock) decides where the charts over time stop, which reports are still
     in flight and whether the period may be reported on yet; `places`: of the tenants' and workloads' quantities (the CSVs
-    ask for more than the page)."""
+    ask for more than the page); `trends`: the comparison with the previous period and the months'
+    chart (one more read; the CSVs have neither)."""
     summary, tree = get_cost_summary_and_tree(scope=scope, start=start, end=end, places=places)
     granularity = granularity_for(start, end)
     platform = scope.sees_platform
     now = now or timezone.now()
+    comparison, months = None, None
+    if trends:
+        # The tenants' figures of the period as the table shows them: the comparison starts from them.
+        comparison, months = get_comparison_and_months(
+            scope=scope, start=start, end=end, current={t.tenant: t.total for t in summary.tenants})
+        if platform and summary.idle_platform is not None:
+            comparison = replace(comparison, idle_platform=_idle_change(summary, comparison))
     return FinanceDashboard(
         summary=summary,
         timeline=_timeline(scope, summary, granularity, now),
@@ -335,5 +356,7 @@ def get_finance_dashboard(*, scope: Scope, start: datetime, end: datetime, now: 
         utilisation=_utilisation(start, end, granularity) if platform else None,
         savings=_savings(start, end, now) if platform else None,
         rebalance=_rebalance() if platform else None,
+        comparison=comparison,
+        months=months,
     )
 

@@ -36,6 +36,7 @@ from billing.models import Tenant
 from billing.queries.allocation import MAX_SETS, UNALLOCATED, Window, allocation_sets
 from billing.queries.figures import get_figure_tree
 from billing.queries.portal import TenantNotFound
+from billing.queries.trends import day_bounds, previous_period
 from billing.scope import Scope
 from billing.services.fleet import (
     MemoryUse,
@@ -48,8 +49,10 @@ from billing.services.fleet import (
 )
 
 __all__ = [
+    "DEFAULT_SORT",
     "LEVELS",
     "LEVEL_KEYS",
+    "SORT_COLUMNS",
     "STEPS",
     "Explore",
     "ExploreFilters",
@@ -58,6 +61,7 @@ __all__ = [
     "TenantNotFound",
     "check_tenant_visible",
     "get_explore",
+    "sort_rows",
 ]
 
 LEVELS = ("tenant", "namespace", "controller", "pod", "gpu")
@@ -71,7 +75,13 @@ LEVEL_KEYS: dict[str, tuple[str, ...]] = {
 }
 # The query parameters of a path, in order; each needs the one before it.
 STEPS = ("tenant", "namespace", "controller", "pod", "container")
+# The columns a level may be sorted by (`sort=gpu_hours`, `sort=-cost` for the largest first); a
+# row's name, its shown figures, and its cost's change against the previous period.
+SORT_COLUMNS = ("name", "cost", "previous_cost", "change", "gpu_hours", "mem_used_gb_h", "mem_granted_gb_h",
+                "mem_requested_gb_h", "sm_used_h", "sm_granted_h", "sm_requested_h")
+DEFAULT_SORT = "-cost"
 _HOUR = timedelta(hours=1)
+_DAY = timedelta(days=1)
 _MB_S_PER_GB_H = Decimal(1024 * 3600)  # GB·h as the portal writes them (GiB, 1024 MB)
 _S_PER_H = Decimal(3600)
 
@@ -148,9 +158,20 @@ class ExploreRow:
     suggestion: Suggestion | None = None
     sm: SmUse | None = None
     sm_suggestion: Suggestion | None = None
+    # The same row's cost over the previous period, as Explore shows that period (0: no usage then).
+    previous_cost: Decimal = Decimal(0)
 
     def key(self, name: str) -> str:
         return dict(self.keys).get(name, "")
+
+    @property
+    def change(self) -> Decimal:
+        """The shown cost against the previous period's."""
+        return self.shown.cost - self.previous_cost
+
+    @property
+    def change_pct(self) -> Decimal | None:
+        return self.change / self.previous_cost * 100 if self.previous_cost else None
 
     @property
     def mem_used_of_granted_pct(self) -> Decimal | None:
@@ -189,7 +210,11 @@ class Explore:
     filters: ExploreFilters
     start: datetime
     end: datetime
-    rows: list[ExploreRow] = field(default_factory=list)  # costliest first
+    rows: list[ExploreRow] = field(default_factory=list)  # in `sort` order (costliest first by default)
+    previous_start: datetime | None = None
+    previous_end: datetime | None = None
+    search: str = ""
+    sort: str = DEFAULT_SORT
 
     @property
     def level(self) -> str:
@@ -206,25 +231,30 @@ _NODE_LEVEL = {"tenant": "tenant", "namespace": "namespace", "controller": "cont
 
 
 def get_explore(*, scope: Scope, path: ExplorePath, filters: ExploreFilters, start: datetime,
-                end: datetime, places: int, rightsizing_limit: int | None = None) -> Explore:
-    """The rows of `path`'s level over [start, end), of the caller's scope only, costliest first,
-    quantities shown at `places`. At the pod level the `rightsizing_limit` costliest workloads (all:
-    None) get the right-sizing rule; the rest have `memory` and `suggestion` None. The rule needs
-    every hour of the period (one allocation set per hour), so a page that shows 100 rows reads the
-    hours of those only."""
+                end: datetime, places: int, rightsizing_limit: int | None = None, search: str = "",
+                sort: str = DEFAULT_SORT) -> Explore:
+    """The rows of `path`'s level over [start, end), of the caller's scope only, whose name holds
+    `search` (any case; "" for all), in `sort` order (SORT_COLUMNS, "-" first for the largest
+    first; ties by name), each with its cost over the previous period (billing.queries.trends),
+    quantities shown at `places`. At the pod level the first `rightsizing_limit` rows (all: None)
+    get the right-sizing rule; the rest have `memory` and `suggestion` None. The rule needs every
+    hour of the period (one allocation set per hour), so a page that shows 100 rows reads the hours
+    of those only."""
     check_tenant_visible(scope, path.tenant)
     level = path.level
     keys = LEVEL_KEYS[level]
     narrowed = filters.allocation_filters()
     if path.tenant:
         narrowed["tenant"] = [path.tenant]
-    # The tenant level reads its tenants' lines (and namespaces, the shallowest depth a read has).
-    depth = "namespace" if level == "tenant" else _NODE_LEVEL[level]
-    tree = get_figure_tree(scope=scope, start=start, end=end, places=places, depth=depth, filters=narrowed)
-    where = dict(path.steps())
-    groups = group_nodes(tree.nodes(_NODE_LEVEL[level], where), lambda n: tuple(_value(n, k) for k in keys))
-    rows = sorted((_row(tree, values, nodes, level, keys, path) for values, nodes in groups.items()),
-                  key=lambda r: (-r.cost, r.name))
+    rows = _level_rows(scope, path, narrowed, (start, end), places)
+    if search:
+        needle = search.casefold()
+        rows = [r for r in rows if needle in r.name.casefold() or needle in r.label.casefold()]
+    previous = day_bounds(*previous_period(start.date(), (end - _DAY).date()))
+    if rows:
+        before = {r.name: r.shown.cost for r in _level_rows(scope, path, narrowed, previous, places)}
+        rows = [replace(r, previous_cost=before.get(r.name, Decimal(0))) for r in rows]
+    rows = sort_rows(rows, sort)
     if level == "pod" and rows:
         chosen = rows if rightsizing_limit is None else rows[:rightsizing_limit]
         window = Window(start=start, end=end)
@@ -232,10 +262,52 @@ def get_explore(*, scope: Scope, path: ExplorePath, filters: ExploreFilters, sta
         peaks = _peak_hour_means(scope, window, keys, {**narrowed, **{k: [v] for k, v in path.steps()}, "pod": pods})
         sized = {r.name for r in chosen}
         rows = [_sized(r, *peaks.get(r.name, _NO_PEAK)) if r.name in sized else r for r in rows]
+    return Explore(path=path, filters=filters, start=start, end=end, rows=rows, previous_start=previous[0],
+                   previous_end=previous[1], search=search, sort=sort)
+
+
+def _level_rows(scope: Scope, path: ExplorePath, narrowed: dict[str, list[str]], period: tuple[datetime, datetime],
+                places: int) -> list[ExploreRow]:
+    """The level's rows over `period` ([start, end)), costliest first, tenants named."""
+    start, end = period
+    level = path.level
+    keys = LEVEL_KEYS[level]
+    # The tenant level reads its tenants' lines (and namespaces, the shallowest depth a read has).
+    depth = "namespace" if level == "tenant" else _NODE_LEVEL[level]
+    tree = get_figure_tree(scope=scope, start=start, end=end, places=places, depth=depth, filters=narrowed)
+    where = dict(path.steps())
+    groups = group_nodes(tree.nodes(_NODE_LEVEL[level], where), lambda n: tuple(_value(n, k) for k in keys))
+    rows = sorted((_row(tree, values, nodes, level, keys, path) for values, nodes in groups.items()),
+                  key=lambda r: (-r.cost, r.name))
     if level == "tenant":
         names = _tenant_names([r.name for r in rows])
         rows = [replace(r, label=names.get(r.name) or r.label) for r in rows]
-    return Explore(path=path, filters=filters, start=start, end=end, rows=rows)
+    return rows
+
+
+def _sort_value(row: ExploreRow, column: str) -> Decimal | str | None:
+    if column == "name":
+        return row.label.casefold()
+    if column == "cost":
+        return row.shown.cost
+    if column in ("previous_cost", "change"):
+        return row.previous_cost if column == "previous_cost" else row.change
+    value: Decimal | None = getattr(row.shown, column)
+    return value
+
+
+def sort_rows(rows: Sequence[ExploreRow], sort: str) -> list[ExploreRow]:
+    """`rows` in `sort` order (a column of SORT_COLUMNS, "-" first for descending); ties by name,
+    and an unknown figure (a request nobody reported) last either way. ValueError for any other column."""
+    column = sort.removeprefix("-")
+    if column not in SORT_COLUMNS:
+        raise ValueError(f"unknown sort column {column!r}")
+    by_name = sorted(rows, key=lambda r: r.name)
+    known = [r for r in by_name if _sort_value(r, column) is not None]
+    unknown = [r for r in by_name if _sort_value(r, column) is None]
+    # Stable sorts: by name first, then by the column, so ties keep the name order.
+    ordered = sorted(known, key=lambda r: _sort_value(r, column), reverse=sort.startswith("-"))  # type: ignore[arg-type,return-value]
+    return ordered + unknown
 
 
 def _value(node: FigureNode, key: str) -> str:

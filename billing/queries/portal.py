@@ -31,6 +31,7 @@ from billing.queries.budgets import BudgetView, list_budgets
 from billing.queries.cost_reasons import CostReasons, get_cost_reasons
 from billing.queries.figures import get_figure_tree
 from billing.queries.finance import PAGE_PLACES
+from billing.queries.trends import Comparison, MonthCost, get_comparison_and_months
 from billing.scope import Scope
 from billing.services.budgets import get_month_spend, get_month_to_date_parts, shown_spend
 from billing.services.exports import InvoiceSummary, list_invoices
@@ -160,6 +161,9 @@ class TenantPortal:
     # The tenant's energy cost and kg CO2e of the period, as shown (None: some energy had no price, no factor).
     period_energy_cost: Decimal | None = None
     period_co2e_kg: Decimal | None = None
+    # The period's cost against the previous period's, and the last months' (None: not asked, as by the CSV).
+    comparison: Comparison | None = None
+    months: tuple[MonthCost, ...] | None = None
 
     @property
     def overdue_invoices(self) -> tuple[InvoiceSummary, ...]:
@@ -245,10 +249,11 @@ def list_tenant_portals(*, scope: Scope, now: datetime) -> list[TenantPortalRow]
 
 def get_tenant_portal(*, scope: Scope, slug: str, start: datetime, end: datetime, now: datetime,
                       places: int = PAGE_PLACES, workload_limit: int | None = None,
-                      reasons: bool = True) -> TenantPortal:
+                      reasons: bool = True, trends: bool = True) -> TenantPortal:
     """One tenant's portal: month-to-date spend and forecast at `now`, budget, workloads used in
     [start, end) (the costliest `workload_limit`, or all; quantities shown at `places`; with
-    `reasons`, why each costs what it does) and invoices. Raises TenantNotFound outside the
+    `reasons`, why each costs what it does), with `trends` the period against the previous one and
+    the last months' cost (billing.queries.trends), and invoices. Raises TenantNotFound outside the
     caller's scope."""
     tenant = _visible_tenants(scope).filter(slug=slug).values_list("slug", "name").first()
     if tenant is None:
@@ -268,6 +273,11 @@ def get_tenant_portal(*, scope: Scope, slug: str, start: datetime, end: datetime
                                                         workloads=[w.key for w in listed]))
     root = tree.roots.get(slug)
     shown = tree.shown(root) if root is not None else None
+    comparison, months = None, None
+    if trends:
+        comparison, month_list = get_comparison_and_months(
+            scope=own, start=start, end=end, current={slug: shown.cost} if shown else {})
+        months = tuple(month_list)
     try:
         upcoming, upcoming_error = preview_invoice(tenant=slug, month=_current_month(now), now=now), ""
     except InvalidInput as exc:
@@ -282,7 +292,7 @@ def get_tenant_portal(*, scope: Scope, slug: str, start: datetime, end: datetime
         period_quantities={name: getattr(shown, attr) if shown else Decimal(0) for name, attr in _QUANTITIES},
         daily=_daily(slug, workloads, len(workloads), start=start, end=end, now=now, money_places=tree.money_places),
         invoices=tuple(i for i in list_invoices(scope=own, today=now.date()) if i.tenant_slug == slug),
-        upcoming=upcoming, upcoming_error=upcoming_error,
+        upcoming=upcoming, upcoming_error=upcoming_error, comparison=comparison, months=months,
         period_energy_cost=shown.energy_cost if shown else None, period_co2e_kg=shown.co2e_kg if shown else None,
     )
 

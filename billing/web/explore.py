@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from datetime import date
+from datetime import date, timedelta
 from decimal import Decimal
 from typing import Any
 from urllib.parse import urlencode
@@ -26,6 +26,7 @@ from billing.csv_files import amount_cell, csv_writer, download_name, quantity_c
 from billing.figures import figure_key
 from billing.money import QUANTITY_PLACES, round_quantities
 from billing.queries.explore import (
+    DEFAULT_SORT,
     LEVEL_KEYS,
     STEPS,
     Explore,
@@ -41,6 +42,7 @@ from billing.queries.snapshot import one_snapshot
 from billing.scope import get_scope
 from billing.services.fleet import HEADROOM, Suggestion, gib, percent_of
 from billing.web.forms import ExploreForm, PeriodForm
+from billing.web.trends import TOP_BARS, level_chart
 from billing.web.views import quick_periods
 
 # Rows on the page: the costliest; the CSV lists all (the portal's reason: thousands of pods).
@@ -130,7 +132,7 @@ def explore(request: HttpRequest) -> HttpResponse:
     try:
         result = get_explore(scope=scope, path=path, filters=filters, start=start, end=end,
                              places=QUANTITY_PLACES["gb_h"] if as_csv else PAGE_PLACES,
-                             rightsizing_limit=None if as_csv else PAGE_ROWS)
+                             rightsizing_limit=None if as_csv else PAGE_ROWS, search=data["q"], sort=data["sort"])
     except TenantNotFound as exc:
         raise Http404("no such tenant") from exc
     if as_csv:
@@ -153,20 +155,47 @@ _LEVEL_TITLES = {
 }
 
 
-def _figures(result: Explore, base: dict[str, str], path: ExplorePath | None) -> dict[str, str]:
-    """The keys of the cost and GPU-hours of `path` over this period and these filters ({} for none)."""
+def _figures(result: Explore, base: dict[str, str], path: ExplorePath | None, search: str = "") -> dict[str, str]:
+    """The keys of the cost and GPU-hours of `path` over this period and these filters ({} for none),
+    and of its cost over the previous period (`previous_cost`). A search narrows a level's total as a
+    filter does, so it is part of the total's key (a row's own figure does not depend on it)."""
     if path is None:
         return {}
-    scope = {**_without_period(base), **dict(path.steps())}
-    return {kind: figure_key(kind, result.start, result.end, **scope) for kind in ("cost", "gpu_hours")}
+    scope = {**_without_period(base), **dict(path.steps()), "search": search}
+    keys = {kind: figure_key(kind, result.start, result.end, **scope) for kind in ("cost", "gpu_hours")}
+    keys["previous_cost"] = figure_key("cost", result.previous_start, result.previous_end, **scope)
+    return keys
+
+
+# Sortable columns as the table heads them (billing.queries.explore.SORT_COLUMNS).
+_SORT_HEADS = ("name", "cost", "previous_cost", "change", "gpu_hours", "mem_used_gb_h", "mem_granted_gb_h",
+               "mem_requested_gb_h", "sm_used_h", "sm_granted_h", "sm_requested_h")
+
+
+def _sort_links(base: dict[str, str], path: ExplorePath, search: str, sort: str) -> dict[str, dict[str, str]]:
+    """Each column head's link: the largest first (names A to Z), or the other way round when the
+    table is sorted that way already; and how it is sorted now ("ascending", "descending", "")."""
+    column, descending = sort.removeprefix("-"), sort.startswith("-")
+    out = {}
+    for name in _SORT_HEADS:
+        first = name if name == "name" else f"-{name}"
+        again = name if first.startswith("-") else f"-{name}"
+        current = "" if name != column else ("descending" if descending else "ascending")
+        target = again if sort == first else first
+        extra = {"sort": target, **({"q": search} if search else {})}
+        out[name] = {"query": _query(base, path, **extra), "state": current}
+    return out
 
 
 def _context(form: ExploreForm, result: Explore) -> dict[str, Any]:
     base = _base_query(form)
     shown, cost, columns = _shown(result)
-    page = [ShownRow(s.row, s.cost, s.quantities, _query(base, s.row.down) if s.row.down else "",
+    # Going down keeps the order asked for (every level has the columns), not the search (names differ).
+    keep_sort = {"sort": result.sort} if result.sort != DEFAULT_SORT else {}
+    page = [ShownRow(s.row, s.cost, s.quantities, _query(base, s.row.down, **keep_sort) if s.row.down else "",
                      _figures(result, base, s.row.down))
             for s in shown[:PAGE_ROWS]]
+    costliest = sorted(shown, key=lambda s: (-s.cost, s.row.name))
     crumbs = [(_("All tenants"), _query(base, ExplorePath()), "")]
     walked = ExplorePath()
     for level, value in result.path.steps():
@@ -174,7 +203,13 @@ def _context(form: ExploreForm, result: Explore) -> dict[str, Any]:
         crumbs.append((value, _query(base, walked), level))
     return {
         "form": form, "explore": result, "rows": page, "row_count": len(shown), "cut": len(shown) > len(page),
-        "cost_total": cost, "columns": columns, "figures": _figures(result, base, result.path), "crumbs": crumbs, "level": result.level,
+        "cost_total": cost, "columns": columns, "figures": _figures(result, base, result.path, result.search),
+        "crumbs": crumbs, "level": result.level, "sort_links": _sort_links(base, result.path, result.search, result.sort),
+        "level_chart": level_chart([s.row.label for s in costliest], [s.cost for s in costliest],
+                                   unit=result.currency, label=_("Cost by row")) if shown else None,
+        "top_bars": TOP_BARS,
+        "previous_first": result.previous_start.date() if result.previous_start else None,
+        "previous_last": (result.previous_end - timedelta(days=1)).date() if result.previous_end else None,
         "level_title": _LEVEL_TITLES[result.level],
         "csv_query": _query(base, result.path, format="csv"), "efficiency": _efficiency(result.rows),
         "headroom_pct": HEADROOM * 100, "filtered": any(base.get(k) for k in _FILTERS),
@@ -212,7 +247,7 @@ _CSV_HEAD = ("name",)
 _CSV_NUMBERS = (
     "cost", "currency", "gpu_hours", "mem_used_gb_h", "mem_granted_gb_h", "mem_requested_gb_h",
     "mem_used_of_granted_pct", "mem_used_of_requested_pct", "sm_used_h", "sm_granted_h", "sm_requested_h",
-    "sm_used_of_granted_pct", "sm_used_of_requested_pct",
+    "sm_used_of_granted_pct", "sm_used_of_requested_pct", "previous_cost", "change",
 )
 _CSV_RIGHTSIZING = (
     "mem_request_gb", "mem_mean_used_gb", "mem_peak_hour_gb", "suggestion", "suggested_mem_request_gb",
@@ -249,7 +284,8 @@ def _csv(result: Explore) -> HttpResponse:
                  *(q(s.quantities[n]) for n in ("gpu_hours", "mem_used_gb_h", "mem_granted_gb_h", "mem_requested_gb_h")),
                  q(r.mem_used_of_granted_pct, pct), q(r.mem_used_of_requested_pct, pct),
                  *(q(s.quantities[n]) for n in ("sm_used_h", "sm_granted_h", "sm_requested_h")),
-                 q(r.sm_used_of_granted_pct, pct), q(r.sm_used_of_requested_pct, pct)]
+                 q(r.sm_used_of_granted_pct, pct), q(r.sm_used_of_requested_pct, pct),
+                 amount_cell(r.previous_cost, currency), amount_cell(r.change, currency)]
         if rightsizing:
             m, sug = r.memory, r.suggestion
             cells += [q(gib(m.request_mb) if m else None), q(gib(m.mean_used_mb) if m else None),
@@ -267,7 +303,10 @@ def _csv(result: Explore) -> HttpResponse:
              *(q(columns[n].total) for n in ("gpu_hours", "mem_used_gb_h", "mem_granted_gb_h", "mem_requested_gb_h")),
              q(eff["mem_of_granted"], pct), q(eff["mem_of_requested"], pct),
              *(q(columns[n].total) for n in ("sm_used_h", "sm_granted_h", "sm_requested_h")),
-             q(eff["sm_of_granted"], pct), q(eff["sm_of_requested"], pct)]
+             q(eff["sm_of_granted"], pct), q(eff["sm_of_requested"], pct),
+             # The rows' previous costs and changes, as written, added: the rows listed, not the level then.
+             amount_cell(sum((r.previous_cost for r in result.rows), Decimal(0)), currency),
+             amount_cell(sum((r.change for r in result.rows), Decimal(0)), currency)]
     if rightsizing:
         freed = [r.freed_gb_h for r in result.rows]
         freed_sm = [r.freed_sm_h for r in result.rows]

@@ -9,6 +9,8 @@ from django.utils.formats import date_format
 from django.utils.translation import gettext
 from django.utils.translation import gettext_lazy as _
 
+from billing.queries.explore import DEFAULT_SORT, SORT_COLUMNS
+
 MAX_PERIOD_DAYS = 366
 ISO_DATE = "%Y-%m-%d"
 # What a date field accepts, whatever the reader's language: ISO (the period links, scripts, the
@@ -147,6 +149,9 @@ class ExploreForm(PeriodForm):
                                 widget=forms.TextInput(attrs={"size": 16}))
     sla_tier = forms.CharField(label=_("SLA tier"), required=False, max_length=2000,
                                widget=forms.TextInput(attrs={"size": 8}))
+    q = forms.CharField(label=_("Search names"), required=False, max_length=200,
+                        widget=forms.TextInput(attrs={"type": "search", "size": 14}))
+    sort = forms.CharField(required=False, max_length=40, widget=forms.HiddenInput)
 
     PATH = ("tenant", "namespace", "controller", "pod", "container")  # billing.queries.explore.STEPS
 
@@ -171,6 +176,17 @@ class ExploreForm(PeriodForm):
 
     def clean_sla_tier(self) -> tuple[str, ...]:
         return _values(self.cleaned_data["sla_tier"], "sla_tier")
+
+    def clean_q(self) -> str:
+        return str(self.cleaned_data["q"]).strip()
+
+    def clean_sort(self) -> str:
+        sort = str(self.cleaned_data["sort"]).strip() or DEFAULT_SORT
+        if sort.removeprefix("-") not in SORT_COLUMNS:
+            raise forms.ValidationError(
+                _("sort: unknown column “%(column)s”; sort by one of %(columns)s, with “-” first for the largest first.")
+                % {"column": sort, "columns": ", ".join(SORT_COLUMNS)})
+        return sort
 
     def clean(self) -> dict[str, Any]:
         data = super().clean()

@@ -46,6 +46,7 @@ from billing.services.invoicing import InvoicePreview
 from billing.web.access import landing_url
 from billing.web.charts import Series, line_chart, stacked_bar_chart
 from billing.web.forms import PeriodForm
+from billing.web.trends import months_chart
 
 _WORKLOAD_CSV_COLUMNS = (
     "namespace", "pod", "pod_uid", "containers", "sla_tiers", "cost", "currency", "gpu_hours_equivalent",
@@ -96,7 +97,8 @@ def tenant_portal(request: HttpRequest, slug: str) -> HttpResponse:
         as_csv = valid and request.GET.get("format") == "csv"
         portal = get_tenant_portal(scope=get_scope(request.user), slug=slug, start=start, end=end, now=now,
                                    places=QUANTITY_PLACES["gpu_hours"] if as_csv else PAGE_PLACES,
-                                   workload_limit=None if as_csv else WORKLOAD_TABLE_ROWS, reasons=not as_csv)
+                                   workload_limit=None if as_csv else WORKLOAD_TABLE_ROWS, reasons=not as_csv,
+                                   trends=not as_csv)
     except TenantNotFound as exc:
         raise Http404("no such tenant") from exc
     if as_csv:
@@ -109,6 +111,8 @@ def tenant_portal(request: HttpRequest, slug: str) -> HttpResponse:
         "cost_chart": _cost_chart(portal) if valid and portal.workloads else None,
         "memory_chart": _memory_chart(portal) if valid and portal.workloads else None,
         "headroom_pct": HEADROOM * 100,
+        "months_chart": (months_chart(portal.months, unit=portal.currency, names={portal.slug: portal.name})
+                         if portal.months is not None else None),
     }
     return render(request, "billing/portal.html", context, status=200 if valid else 400)
 

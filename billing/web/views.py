@@ -30,6 +30,7 @@ from billing.web.charts import Series, line_chart, stacked_bar_chart
 from billing.web.forms import PeriodForm
 from billing.web.reports import request_report
 from billing.web.tables import shown_costs
+from billing.web.trends import months_chart
 
 
 @login_required
@@ -55,7 +56,8 @@ def _overview(request: HttpRequest) -> HttpResponse:
         start, end = form.bounds()
         # The CSVs state quantities to more places than the page (docs/exports.md).
         places = QUANTITY_PLACES["gpu_hours"] if as_csv else PAGE_PLACES
-        dashboard = get_finance_dashboard(scope=get_scope(request.user), start=start, end=end, places=places)
+        dashboard = get_finance_dashboard(scope=get_scope(request.user), start=start, end=end, places=places,
+                                          trends=not as_csv)
         if as_csv:
             return _CSV_TABLES[table](dashboard)
     return _dashboard_page(request, form, dashboard)
@@ -96,6 +98,10 @@ def _dashboard_page(request: HttpRequest, form: PeriodForm, dashboard: FinanceDa
         context.update(_charts(dashboard))
         context["period_query"] = urlencode({"start": form.cleaned_data["start"].isoformat(),
                                              "end": form.cleaned_data["end"].isoformat()})
+        if dashboard.comparison is not None:
+            c = dashboard.comparison
+            context["previous_query"] = urlencode({"start": c.previous_first.isoformat(),
+                                                   "end": c.previous_last.isoformat()})
     status = 200 if form.is_valid() and not savings_error else 400
     return render(request, "billing/finance_overview.html", context, status=status)
 
@@ -133,6 +139,9 @@ def _charts(dashboard: FinanceDashboard) -> dict[str, SafeString]:
             label=_("Cost by tenant over time"), unit=dashboard.summary.currency,
         ),
     }
+    if dashboard.months is not None and dashboard.comparison is not None:
+        out["months_chart"] = months_chart(dashboard.months, unit=dashboard.summary.currency,
+                                           names=dashboard.comparison.names)
     if dashboard.utilisation is not None:
         by_bucket = {p.bucket: p for p in dashboard.utilisation}
         points: list[UtilisationPoint | None] = [by_bucket.get(b) for b in timeline.buckets]
