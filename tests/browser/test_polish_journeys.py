@@ -203,7 +203,7 @@ BY_ADDRESS = {ADMIN: ["/budgets/acme/"]}
 # Query keys that choose a period, not a different page.
 _PERIOD_KEYS = frozenset({"start", "end"})
 # Candidate values for a URL's arguments when checking that an unreached pattern is POST-only.
-_ARGUMENT_GUESSES = ("0", "x", "2026-11", "csv", "approve")
+_ARGUMENT_GUESSES = ("0", "x", "2026-11", "csv", "approve", "send")
 
 
 def _page_patterns() -> dict[str, URLPattern]:
