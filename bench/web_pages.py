@@ -1,5 +1,5 @@
 """Web pages at fleet scale: the ledger reads behind the finance dashboard, the tenant list and
-portal, the periods page, the upcoming invoices and the fleet view, against a full month of a real fleet.
+portal, the periods page, the upcoming invoices, the drill-down and the fleet view, against a full month of a real fleet.
 
     python bench/web_pages.py [--gpus 200] [--gpus-per-node 8] [--days 31] [--workloads-per-gpu 6]
                               [--tenants 20] [--runs 5] [--explain 6] [--keep-db] [--reuse-db]
@@ -454,6 +454,9 @@ def run_measurements(args: argparse.Namespace, tenants: list[str], now: datetime
         ("page_portal", f"page /tenants/{big}/ (tenant member)", _client_get(member_client, f"/tenants/{big}/")),
         ("page_periods", "page /periods/ (finance)", _client_get(finance_client, "/periods/")),
         ("page_invoices", "page /invoices/ (finance; upcoming invoices)", _client_get(finance_client, "/invoices/")),
+        ("page_explore", f"page /explore/?{q} (finance; the tenants)", _client_get(finance_client, f"/explore/?{q}")),
+        ("page_explore_tenant", f"page /explore/?{q}&tenant={big} (finance; its namespaces)",
+         _client_get(finance_client, f"/explore/?{q}&tenant={big}")),
         ("page_fleet", f"page /fleet/?{q} (finance; every node and GPU)", _client_get(finance_client, f"/fleet/?{q}")),
         # The rollup's day step when every GPU reported in a cycle: each touched GPU-day is deleted
         # and re-derived from its hour rows (here the month's last day, all GPUs, 24 h of rows).
