@@ -345,6 +345,7 @@ def _check_tenant_costs_csv(name: str, records: list[dict[str, str]]) -> None:
         assert charge + idle == row_total, f"{name} {r['tenant']}: {charge} + {idle} ≠ {row_total}"
     _check_sum_row(name, records, "tenant", ["charge", "idle_share", "total"],
                    ["gpu_hours_equivalent", "mem_used_gb_h", "sm_used_h"])
+    _check_energy_columns(name, records, "tenant")
 
 
 def _check_explore_csv(name: str, records: list[dict[str, str]]) -> None:
@@ -352,6 +353,7 @@ def _check_explore_csv(name: str, records: list[dict[str, str]]) -> None:
     when every row's request is known (its total is empty otherwise); percentages to 1 place."""
     _check_sum_row(name, records, "name", ["cost", "previous_cost", "change"],
                    ["gpu_hours", "mem_used_gb_h", "mem_granted_gb_h", "sm_used_h", "sm_granted_h"])
+    _check_energy_columns(name, records, "name")
     *rows, total = records
     for column in ("mem_requested_gb_h", "sm_requested_h"):
         if total[column]:
@@ -362,6 +364,16 @@ def _check_explore_csv(name: str, records: list[dict[str, str]]) -> None:
                        "sm_used_of_requested_pct"):
             if r[column]:
                 _exact(r[column], 1, f"{name} {column}")
+
+
+def _check_energy_columns(name: str, records: list[dict[str, str]], key: str) -> None:
+    """kWh adds to "(total)"; energy cost and kg CO2e too where the total is known (empty: some row's is not)."""
+    *rows, total = records
+    _check_sum_row(name, records, key, [], ["energy_kwh"])
+    for column, money in (("energy_cost", True), ("co2e_kg", False)):
+        if total[column]:
+            assert all(r[column] for r in rows if r[key] != "(idle, platform)"), f"{name} {column}: a total over unknowns"
+            _check_sum_row(name, records, key, [column] if money else [], [] if money else [column])
 
 
 def _check_sum_row(name: str, records: list[dict[str, str]], key: str, money: list[str], quantities: list[str]) -> None:
@@ -540,7 +552,7 @@ def test_every_page_and_csv_of_the_demo_adds_up(demo: Demo, tmp_path: Path) -> N
             assert "attributed" in walk.groups_checked  # the tenant's own "Your cost" adds up too
     # Every kind of table with a total was met and checked, and every kind of CSV.
     assert {"fleet", "attributed", "total", "charge", "idle-share", "foot", "row", "workloads",
-            "upcoming", "explore-cost", "fleet-card", "fleet-idle"} <= groups, groups
+            "upcoming", "explore-cost", "explore-kwh", "tenant-kwh", "fleet-card", "fleet-idle"} <= groups, groups
     assert {"tenants", "timeline", "workloads", "utilisation", "portal-workloads", "invoice", "invoice-list",
             "focus", "explore", "fleet"} <= kinds, kinds
 

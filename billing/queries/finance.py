@@ -33,6 +33,11 @@ class TenantCost:
     mem_used_gb_h: Decimal
     sm_used_h: Decimal
     workloads: int
+    # Its GPU energy, and what that cost and emitted where it was drawn, as every page shows them
+    # (billing.figures); None where some of it had no price (no CO2e factor). Beside the cost, never in it.
+    energy_kwh: Decimal = Decimal(0)
+    energy_cost: Decimal | None = None
+    co2e_kg: Decimal | None = None
 
     @property
     def total(self) -> Decimal:
@@ -80,6 +85,7 @@ def get_cost_summary_and_tree(*, scope: Scope, start: datetime, end: datetime,
             tenant=slug, name=names.get(slug, slug), charge=lines.charge, idle_share=lines.idle_share,
             gpu_hours_equivalent=shown.gpu_hours, mem_used_gb_h=shown.mem_used_gb_h, sm_used_h=shown.sm_used_h,
             workloads=len(tree.nodes("pod_uid", {"tenant": slug})),
+            energy_kwh=shown.energy_kwh, energy_cost=shown.energy_cost, co2e_kg=shown.co2e_kg,
         ))
     attributed = sum((t.total for t in tenants), Decimal(0))
     currency = totals.get_priced_currency(start=start, end=end)

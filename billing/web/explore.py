@@ -8,7 +8,7 @@ A tenant outside the user's scope answers 404, like the portal, before any other
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import date, timedelta
 from decimal import Decimal
@@ -52,6 +52,9 @@ _FILTERS = ("label", "node", "gpu_model", "sla_tier")
 # The columns that add down the table. Requested columns add only when every row's request is known.
 _QUANTITIES = ("gpu_hours", "mem_used_gb_h", "mem_granted_gb_h", "mem_requested_gb_h", "sm_used_h", "sm_granted_h",
                "sm_requested_h")
+# The energy columns, the portal's (billing.figures carries them): energy cost and kg CO2e add only
+# when every row's is known (some energy may have been drawn where no price or factor was set).
+_ENERGY = ("energy_kwh", "energy_cost", "co2e_kg")
 
 
 @dataclass(frozen=True)
@@ -81,7 +84,7 @@ def _shown(explore: Explore) -> tuple[list[ShownRow], Decimal, dict[str, ShownCo
     rows = explore.rows
     cost = sum((r.shown.cost for r in rows), Decimal(0)) if rows else Decimal(0)
     columns: dict[str, ShownColumn] = {}
-    for name in _QUANTITIES:
+    for name in (*_QUANTITIES, *_ENERGY):
         cells: list[Decimal | None] = [getattr(r.shown, name) for r in rows]
         known = [c for c in cells if c is not None]
         columns[name] = ShownColumn(name, cells, sum(known, Decimal(0)) if len(known) == len(cells) else None)
@@ -249,6 +252,8 @@ _CSV_NUMBERS = (
     "mem_used_of_granted_pct", "mem_used_of_requested_pct", "sm_used_h", "sm_granted_h", "sm_requested_h",
     "sm_used_of_granted_pct", "sm_used_of_requested_pct", "previous_cost", "change",
 )
+# Appended after every other column (right-sizing's too), so the columns before keep their positions.
+_CSV_ENERGY = ("energy_kwh", "energy_cost", "co2e_kg")
 _CSV_RIGHTSIZING = (
     "mem_request_gb", "mem_mean_used_gb", "mem_peak_hour_gb", "suggestion", "suggested_mem_request_gb",
     "mem_freed_gb_h", "sm_request", "sm_mean_used", "sm_peak_hour", "sm_suggestion", "suggested_sm_request",
@@ -272,7 +277,7 @@ def _csv(result: Explore) -> HttpResponse:
     writer = csv_writer(response)
     rightsizing = level == "pod"
     keys = LEVEL_KEYS[level]
-    writer.writerow([*_CSV_HEAD, *keys, *_CSV_NUMBERS, *(_CSV_RIGHTSIZING if rightsizing else ())])
+    writer.writerow([*_CSV_HEAD, *keys, *_CSV_NUMBERS, *(_CSV_RIGHTSIZING if rightsizing else ()), *_CSV_ENERGY])
     shown, cost, columns = _shown(result)
 
     def q(value: Decimal | None, at: int = places) -> str:
@@ -297,6 +302,7 @@ def _csv(result: Explore) -> HttpResponse:
                       q(sm_sug.suggested if sm_sug else None), q(r.freed_sm_h)]
             # "grant": no request was reported, so the suggestion is held against the grant.
             cells += [_basis(sug), _basis(sm_sug)]
+        cells += _energy_cells(s.quantities, q, currency)
         writer.writerow(cells)
     eff = _efficiency(result.rows)
     total = ["(total)", *("" for _k in keys), amount_cell(cost, currency), currency,
@@ -312,5 +318,12 @@ def _csv(result: Explore) -> HttpResponse:
         freed_sm = [r.freed_sm_h for r in result.rows]
         total += ["", "", "", "", "", q(round_quantities([f for f in freed if f is not None], places)[1]),
                   "", "", "", "", "", q(round_quantities([f for f in freed_sm if f is not None], places)[1]), "", ""]
+    total += _energy_cells({n: columns[n].total for n in _ENERGY}, q, currency)
     writer.writerow(total)
     return response
+
+
+def _energy_cells(figures: Mapping[str, Decimal | None], q: Callable[[Decimal | None], str], currency: str) -> list[str]:
+    """kWh and kg CO2e as quantities, energy cost to the currency's minor unit; empty where unknown."""
+    cost = figures["energy_cost"]
+    return [q(figures["energy_kwh"]), "" if cost is None else amount_cell(cost, currency), q(figures["co2e_kg"])]

@@ -11,7 +11,7 @@ from decimal import Decimal
 from billing.money import display_amount
 from billing.queries.finance import CostSummary, TenantCost
 
-__all__ = ["ShownCosts", "ShownTenantCost", "shown_costs"]
+__all__ = ["ShownCosts", "ShownTenantCost", "known_sum", "shown_costs"]
 
 
 @dataclass(frozen=True)
@@ -33,6 +33,10 @@ class ShownCosts:
     # Platform figures: None for a tenant-scoped caller.
     idle_platform: Decimal | None
     total_gpu_cost: Decimal | None  # attributed + idle_platform
+    # Σ rows' energy as shown; energy cost and kg CO2e None where a row's is (no price, no factor).
+    energy_kwh: Decimal = Decimal(0)
+    energy_cost: Decimal | None = None
+    co2e_kg: Decimal | None = None
 
     @property
     def max_row_total(self) -> Decimal:
@@ -45,7 +49,19 @@ def shown_costs(summary: CostSummary) -> ShownCosts:
     charge = sum((r.charge for r in rows), Decimal(0))
     idle_share = sum((r.idle_share for r in rows), Decimal(0))
     attributed = charge + idle_share
+    # The platform's idle energy is no tenant's: these total the tenants' rows only.
+    kwh = sum((r.tenant.energy_kwh for r in rows), Decimal(0))
+    energy_cost = known_sum([r.tenant.energy_cost for r in rows])
+    co2e_kg = known_sum([r.tenant.co2e_kg for r in rows])
     if summary.idle_platform is None:
-        return ShownCosts(rows, charge, idle_share, attributed, None, None)
+        return ShownCosts(rows, charge, idle_share, attributed, None, None, kwh, energy_cost, co2e_kg)
     idle_platform = display_amount(summary.idle_platform, currency)
-    return ShownCosts(rows, charge, idle_share, attributed, idle_platform, attributed + idle_platform)
+    return ShownCosts(rows, charge, idle_share, attributed, idle_platform, attributed + idle_platform, kwh,
+                      energy_cost, co2e_kg)
+
+
+def known_sum(values: list[Decimal | None]) -> Decimal | None:
+    """The sum of figures shown, None where any is unknown (a total over a "—" would be a guess)."""
+    if any(v is None for v in values):
+        return None
+    return sum((v for v in values if v is not None), Decimal(0))

@@ -169,28 +169,40 @@ def _tenants_csv(dashboard: FinanceDashboard) -> HttpResponse:
     currency, shown = summary.currency, shown_costs(summary)
     response, writer = _csv_response(summary, "tenants")
     writer.writerow(["tenant", "name", "charge", "idle_share", "total", "currency", "gpu_hours_equivalent",
-                     "mem_used_gb_h", "sm_used_h", "workloads", "metered_gpu_hours"])
+                     "mem_used_gb_h", "sm_used_h", "workloads", "metered_gpu_hours",
+                     # Appended, so scripts reading the columns before them by position keep working.
+                     "energy_kwh", "energy_cost", "co2e_kg"])
     places = summary.places
     quantities = [round_quantities([getattr(r.tenant, name) for r in shown.rows], places)
                   for name in ("gpu_hours_equivalent", "mem_used_gb_h", "sm_used_h")]
     for i, r in enumerate(shown.rows):
         writer.writerow([r.tenant.tenant, r.tenant.name, amount_cell(r.charge, currency),
                          amount_cell(r.idle_share, currency), amount_cell(r.total, currency), currency,
-                         *(number(f"{q[0][i]:.{places}f}") for q in quantities), r.tenant.workloads, ""])
+                         *(number(f"{q[0][i]:.{places}f}") for q in quantities), r.tenant.workloads, "",
+                         *_energy_cells(r.tenant.energy_kwh, r.tenant.energy_cost, r.tenant.co2e_kg, currency, places)])
     sums = [number(f"{q[1]:.{places}f}") for q in quantities]
     workloads = sum(r.tenant.workloads for r in shown.rows)
+    energy = _energy_cells(shown.energy_kwh, shown.energy_cost, shown.co2e_kg, currency, places)
     if shown.total_gpu_cost is None or shown.idle_platform is None or summary.metered_gpu_hours is None:
         writer.writerow(["(total)", _("Your cost"), amount_cell(shown.charge, currency),
                          amount_cell(shown.idle_share, currency), amount_cell(shown.attributed, currency),
-                         currency, *sums, workloads, ""])
+                         currency, *sums, workloads, "", *energy])
         return response
     # Idle nobody was charged for sits in the charge column, so every column still adds.
     idle = amount_cell(shown.idle_platform, currency)
-    writer.writerow([IDLE_KEY, _("Idle (platform)"), idle, "", idle, currency, "", "", "", "", ""])
+    writer.writerow([IDLE_KEY, _("Idle (platform)"), idle, "", idle, currency, "", "", "", "", "", "", "", ""])
     writer.writerow(["(total)", _("Total GPU cost"), amount_cell(shown.charge + shown.idle_platform, currency),
                      amount_cell(shown.idle_share, currency), amount_cell(shown.total_gpu_cost, currency),
-                     currency, *sums, workloads, quantity_cell(summary.metered_gpu_hours, places)])
+                     currency, *sums, workloads, quantity_cell(summary.metered_gpu_hours, places), *energy])
     return response
+
+
+def _energy_cells(kwh: Decimal, cost: Decimal | None, co2e_kg: Decimal | None, currency: str,
+                  places: int) -> list[object]:
+    """kWh and kg CO2e at the quantities' places, energy cost to the currency's minor unit, as the
+    portal's CSV writes them; empty where unknown."""
+    return [quantity_cell(kwh, places), "" if cost is None else amount_cell(cost, currency),
+            "" if co2e_kg is None else quantity_cell(co2e_kg, places)]
 
 
 def _timeline_csv(dashboard: FinanceDashboard) -> HttpResponse:

@@ -1,5 +1,5 @@
 """Energy per workload in a real browser, in English and Simplified Chinese: a tenant engineer reads the
-kWh each workload drew beside its cost on the portal, metered by the demo's simulated agents and split
+kWh each workload drew beside its cost on the portal (and on Explore), metered by the demo's simulated agents and split
 by the ledger as the cost is. Selectors are test ids, never texts."""
 
 from __future__ import annotations
@@ -78,3 +78,16 @@ def test_an_admin_prices_a_locations_energy_and_a_tenant_reads_its_cost_and_co2e
     assert any(float(c.replace(",", "")) > 0 for c in co2e), co2e
     expect(page.get_by_test_id("energy-cost-note")).to_be_visible()
     s.shot(f"portal-energy-cost-{language}")
+
+    # Explore shows the same three columns beside the cost, and its totals row.
+    page = s.goto("/explore/")
+    kwh = [t.strip() for t in page.get_by_test_id("explore-kwh").all_inner_texts()]
+    costs = [t.strip() for t in page.get_by_test_id("explore-energy-cost").all_inner_texts()]
+    assert kwh, "no Explore rows"
+    assert all(NUMBER.match(v) for v in kwh), kwh
+    assert any(float(v.replace(",", "")) > 0 for v in kwh), kwh
+    assert len(costs) == len(kwh), (kwh, costs)
+    assert all(re.search(r"\d", c) and "—" not in c for c in costs), costs
+    expect(page.get_by_test_id("explore-kwh-total")).to_have_text(re.compile(r"\d"))
+    expect(page.get_by_test_id("explore-energy-cost-total")).to_have_text(re.compile(r"\d"))
+    s.shot(f"explore-energy-{language}")
