@@ -521,6 +521,12 @@ def _last_month_query() -> str:
     return f"start={last.replace(day=1).isoformat()}&end={last.isoformat()}"
 
 
+def _month_before_last_query() -> str:
+    last = clock.now().date().replace(day=1) - timedelta(days=1)
+    before = last.replace(day=1) - timedelta(days=1)
+    return f"start={before.replace(day=1).isoformat()}&end={before.isoformat()}"
+
+
 def test_every_page_and_csv_of_the_demo_adds_up(demo: Demo, tmp_path: Path) -> None:
     kinds: set[str] = set()
     groups: set[str] = set()
@@ -593,8 +599,10 @@ def test_one_figure_is_the_same_on_every_page_level_and_language(demo: Demo) -> 
         assert len(explore) >= 5, explore  # tenants, then two of them down to their GPUs
         # The month to date too: its month-over-month table shows last month's figures, and its
         # comparison the same days of last month.
+        # The fleet view's comparison names the month before last's card cost: that month's finance page.
         walks.append(_walk(demo, session, (f"/finance/?{query}", f"/tenants/acme/?{query}", "/periods/",
-                                           f"/fleet/?{query}", *explore, "/finance/", "/tenants/acme/"), follow=False))
+                                           f"/fleet/?{query}", f"/finance/?{_month_before_last_query()}", *explore,
+                                           "/finance/", "/tenants/acme/"), follow=False))
     seen = _check_figures(walks)
     first = clock.now().date().replace(day=1)
     last_month = (f"{(first - timedelta(days=1)).replace(day=1).isoformat()}T00:00:00+00:00",
@@ -615,6 +623,11 @@ def test_one_figure_is_the_same_on_every_page_level_and_language(demo: Demo) -> 
     # The fleet's card cost: the finance page's total GPU cost and the fleet view's total.
     assert any(key.startswith("card_cost|") and len({url for url, _ in shown}) >= 2
                for key, shown in seen.items()), sorted(seen)
+    # The fleet view's previous period (the month before last) against that month's finance page.
+    before = (f"{(first - timedelta(days=1)).replace(day=1) - timedelta(days=1):%Y-%m}-01T00:00:00+00:00",
+              last_month[0])
+    pages = {urlsplit(url).path for url, _ in seen.get("card_cost|{}|{}".format(*before), [])}
+    assert {"/fleet/", "/finance/"} <= pages, sorted(seen)
     # Last month's bars of the month to date's month-over-month tables: the figures of last month's pages.
     for key in ("cost|{}|{}".format(*last_month), "cost|{}|{}|tenant=acme".format(*last_month)):
         assert len({url for url, _ in seen[key]}) >= 2, (key, seen.get(key))

@@ -1,7 +1,8 @@
 """The fleet's cards over a period, one row per GPU (the fleet view, docs/billing.md "Fleet view"):
 what each card cost, what of it was charged to workloads and what stood idle, how busy it was, the
-energy it drew, and its costliest workloads. Two statements, whatever the fleet's size: one over
-the GPU rows (with the usage they carry for utilisation), one over the usage rows for the workloads.
+energy it drew (and what it cost and emitted), and its costliest workloads. Two statements, whatever
+the fleet's size: one over the GPU rows (with the usage they carry for utilisation), one over the
+usage rows for the workloads.
 Raw ledger sums in ledger units; rounding and ratios are the caller's.
 """
 
@@ -13,6 +14,7 @@ from decimal import Decimal
 
 from billing.ledger import reads
 from billing.ledger.allocation import CONTROLLER_SQL
+from billing.ledger.energy import co2e_sql, energy_cost_sql, energy_rate_join
 from billing.ledger.models import WorkloadMeta
 from billing.ledger.reads import fetch_rows, period_read_cursor
 from billing.models.fleet import Gpu, Node
@@ -38,6 +40,10 @@ class CardRow:
     idle_allocated: Decimal
     metered_seconds: Decimal
     energy_j: Decimal
+    # The card's whole energy (its idle draw included) × its node's price / CO2e factor per kWh on
+    # each day (billing.ledger.energy): J·price and J·kg, None where some of it had no price (factor).
+    energy_cost_jp: Decimal | None
+    co2e_jkg: Decimal | None
     sm_used_s: Decimal
     mem_used_mb_s: Decimal
     # sm_count / memory_mb (the inventory's) × metered seconds; None for a GPU missing from it.
@@ -46,21 +52,24 @@ class CardRow:
 
 
 # Usage summed per card before the join, so a card's row is one GPU row sum and one usage sum (no
-# fan-out); capacity from the inventory as billing.ledger.series counts it.
+# fan-out); capacity from the inventory as billing.ledger.series counts it. The energy is priced on
+# the GPU rows (the card's whole draw, idle too), each row at its own node and date.
 _CARDS = """
 WITH cards AS (
-    SELECT node_id, gpu_uuid, max(gpu_model) AS gpu_model, sum(card_cost) AS card_cost, sum(charged) AS charged,
-           sum(idle_cost) AS idle_cost, sum(idle_allocated) AS idle_allocated,
-           sum(metered_seconds) AS metered_seconds, sum(energy_j) AS energy_j
-    FROM {gpu_table} WHERE {at} >= %(start)s AND {at} < %(end)s
-    GROUP BY node_id, gpu_uuid
+    SELECT g.node_id, g.gpu_uuid, max(g.gpu_model) AS gpu_model, sum(g.card_cost) AS card_cost,
+           sum(g.charged) AS charged, sum(g.idle_cost) AS idle_cost, sum(g.idle_allocated) AS idle_allocated,
+           sum(g.metered_seconds) AS metered_seconds, sum(g.energy_j) AS energy_j,
+           {energy_cost} AS energy_cost_jp, {co2e} AS co2e_jkg
+    FROM {gpu_table} g {rate_join} WHERE g.{at} >= %(start)s AND g.{at} < %(end)s
+    GROUP BY g.node_id, g.gpu_uuid
 ), used AS (
     SELECT node_id, gpu_uuid, sum(sm_used_s) AS sm, sum(mem_used_mb_s) AS mem
     FROM {usage_table} WHERE {at} >= %(start)s AND {at} < %(end)s
     GROUP BY node_id, gpu_uuid
 )
 SELECT n.name AS node, c.gpu_uuid, c.gpu_model, c.card_cost, c.charged, c.idle_cost, c.idle_allocated,
-       c.metered_seconds, c.energy_j, coalesce(u.sm, 0) AS sm_used_s, coalesce(u.mem, 0) AS mem_used_mb_s,
+       c.metered_seconds, c.energy_j, c.energy_cost_jp, c.co2e_jkg, coalesce(u.sm, 0) AS sm_used_s,
+       coalesce(u.mem, 0) AS mem_used_mb_s,
        c.metered_seconds * gp.sm_count AS sm_capacity_s, c.metered_seconds * gp.memory_mb AS mem_capacity_mb_s
 FROM cards c JOIN {node_table} n ON n.id = c.node_id
 LEFT JOIN used u ON u.node_id = c.node_id AND u.gpu_uuid = c.gpu_uuid
@@ -73,7 +82,8 @@ def list_cards(*, start: datetime, end: datetime) -> list[CardRow]:
     """Every GPU with GPU rows in [start, end), by node name and GPU."""
     ledger = reads.ledger_for(start, end)
     sql = _CARDS.format(at=ledger.at, gpu_table=ledger.gpu_table, usage_table=ledger.usage_table,
-                        node_table=_NODE, inventory=_GPU)
+                        node_table=_NODE, inventory=_GPU, rate_join=energy_rate_join("g", ledger.at),
+                        energy_cost=energy_cost_sql("g"), co2e=co2e_sql("g"))
     with period_read_cursor() as cur:
         cur.execute(sql, {"start": start, "end": end})
         return fetch_rows(cur, CardRow)

@@ -1,7 +1,7 @@
 """The fleet view (docs/billing.md, Fleet view): per node and per GPU, what each card cost, what of it
-workloads were charged and what stood idle, how busy it was, the energy it drew and its costliest
-workloads, sorted by a column. Finance and admins only (the caller checks the role: every row is
-every tenant's).
+workloads were charged and what stood idle, how busy it was, the energy it drew (priced, and its
+CO2e) and its costliest workloads, sorted by a column, and against the previous period. Finance
+and admins only (the caller checks the role: every row is every tenant's).
 
 Figures add up as shown: the fleet's card cost is the finance dashboard's total GPU cost to the cent
 (its tenants' invoice lines, each rounded once, plus the platform's idle rounded once), and that one
@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, date, datetime, timedelta
 from decimal import Decimal
 
 from billing.figures import PAGE_PLACES
@@ -22,10 +22,11 @@ from billing.ledger import cards as ledger
 from billing.ledger import totals
 from billing.money import apportion, display_amount, minor_unit_exponent, round_quantities
 from billing.queries.figures import get_figure_tree
+from billing.queries.trends import Change, day_bounds, previous_period
 from billing.scope import Scope
 
-__all__ = ["DEFAULT_SORT", "SORTS", "TOP_WORKLOADS", "FleetFigures", "FleetGpu", "FleetNode", "FleetView",
-           "FleetWorkload", "get_fleet", "shown_card_cost"]
+__all__ = ["DEFAULT_SORT", "SORTS", "TOP_WORKLOADS", "FleetComparison", "FleetFigures", "FleetGpu", "FleetNode",
+           "FleetNodeChange", "FleetView", "FleetWorkload", "get_fleet", "shown_card_cost"]
 
 TOP_WORKLOADS = 3
 # Column -> the order it sorts in: money, shares and energy costliest (largest) first, names A to Z.
@@ -36,6 +37,7 @@ SORTS: dict[str, bool] = {
 DEFAULT_SORT = "idle_cost"  # the cards that earn least of their keep first
 _J_PER_KWH = Decimal(3_600_000)
 _ZERO = Decimal(0)
+_DAY = timedelta(days=1)
 
 
 @dataclass(frozen=True)
@@ -51,6 +53,10 @@ class FleetFigures:
     sm_pct: Decimal | None
     mem_pct: Decimal | None
     workloads: int
+    # The energy priced and its emissions at the node's location, as shown (they add up too); None
+    # where some of the energy had no price (no CO2e factor). Information, never part of the cost.
+    energy_cost: Decimal | None = None
+    co2e_kg: Decimal | None = None
 
 
 @dataclass(frozen=True)
@@ -109,6 +115,32 @@ class FleetNode:
 
 
 @dataclass(frozen=True)
+class FleetNodeChange:
+    """A node's (or the fleet's) card cost and idle cost against the previous period's, as /fleet/
+    shows each period; a node metered in only one of them is compared at 0 in the other."""
+
+    name: str
+    card_cost: Change
+    idle_cost: Change
+
+
+@dataclass(frozen=True)
+class FleetComparison:
+    previous_start: datetime
+    previous_end: datetime
+    nodes: list[FleetNodeChange]  # the page's nodes in its order, then those metered only before
+    total: FleetNodeChange
+
+    @property
+    def previous_first(self) -> date:
+        return self.previous_start.date()
+
+    @property
+    def previous_last(self) -> date:
+        return (self.previous_end - _DAY).date()
+
+
+@dataclass(frozen=True)
 class FleetView:
     start: datetime
     end: datetime
@@ -117,6 +149,7 @@ class FleetView:
     nodes: list[FleetNode]
     total: FleetFigures
     gpu_count: int
+    comparison: FleetComparison | None = None
 
     @property
     def gpus(self) -> list[FleetGpu]:
@@ -127,19 +160,38 @@ def _pct(part: Decimal, whole: Decimal) -> Decimal | None:
     return part / whole * 100 if whole else None
 
 
-def _figures(shown: Sequence[Decimal], exact: _Exact, workloads: int) -> FleetFigures:
-    """From (attributed, idle, energy) as shown and the exact sums."""
+def _figures(shown: Sequence[Decimal], priced: Sequence[Decimal | None], exact: _Exact, workloads: int) -> FleetFigures:
+    """From (attributed, idle, energy) and (energy cost, kg CO2e) as shown and the exact sums."""
     attributed, idle, energy = shown
     return FleetFigures(
         card_cost=attributed + idle, attributed=attributed, idle_cost=idle, energy_kwh=energy,
         idle_pct=_pct(exact.idle_cost, exact.card_cost), sm_pct=_pct(exact.sm_used_s, exact.sm_capacity_s),
         mem_pct=_pct(exact.mem_used_mb_s, exact.mem_capacity_mb_s), workloads=workloads,
+        energy_cost=priced[0], co2e_kg=priced[1],
     )
+
+
+def _known_sum(values: Sequence[Decimal | None]) -> Decimal | None:
+    """The sum of shown figures, unknown if any of them is."""
+    if any(v is None for v in values):
+        return None
+    return sum((v for v in values if v is not None), _ZERO)
 
 
 def _sum(figures: Sequence[FleetFigures], exact: _Exact) -> FleetFigures:
     shown = [sum((getattr(f, name) for f in figures), _ZERO) for name in ("attributed", "idle_cost", "energy_kwh")]
-    return _figures(shown, exact, sum(f.workloads for f in figures))
+    priced = [_known_sum([getattr(f, name) for f in figures]) for name in ("energy_cost", "co2e_kg")]
+    return _figures(shown, priced, exact, sum(f.workloads for f in figures))
+
+
+def _shown_priced(exact: Sequence[Decimal | None], places: int,
+                  rounded: Callable[[Decimal], Decimal]) -> list[Decimal | None]:
+    """Each card's energy cost (or kg CO2e) as shown: the known cards' exact sum rounded once
+    (`rounded`, billing.money) and apportioned over them by the largest remainder, so the cards
+    add up to it as shown; None stays None (no price: "—", never 0)."""
+    known = [x for x in exact if x is not None]
+    shares = iter(apportion(rounded(sum(known, _ZERO)), known, places) if known else [])
+    return [None if x is None else next(shares) for x in exact]
 
 
 def _exact(card: ledger.CardRow) -> _Exact:
@@ -173,10 +225,48 @@ def _sort_key(sort: str) -> Callable[[FleetNode | FleetGpu], tuple[object, ...]]
     return key
 
 
+def _shown_parts(*, scope: Scope, start: datetime, end: datetime, currency: str,
+                 cards: Sequence[ledger.CardRow]) -> list[Decimal]:
+    """Every card's (attributed, idle) as shown, flat: the dashboard's total GPU cost apportioned."""
+    idle_platform = sum((c.idle_cost - c.idle_allocated for c in cards), _ZERO)
+    total = shown_card_cost(scope=scope, start=start, end=end, currency=currency, idle_platform=idle_platform)
+    # One shown total over every card's two parts: each part within a cent of its own figure.
+    return apportion(total, [x for c in cards for x in (c.charged, c.idle_cost)],
+                     minor_unit_exponent(currency)) if cards else []
+
+
+def _comparison(*, scope: Scope, start: datetime, end: datetime, nodes: Sequence[FleetNode],
+                total: FleetFigures) -> FleetComparison:
+    """The previous period (billing.queries.trends.previous_period, the dashboard's rule) as /fleet/
+    shows it: one more read of the same cards statement, apportioned the same way."""
+    first, last = start.astimezone(UTC).date(), (end.astimezone(UTC) - _DAY).date()
+    p_start, p_end = day_bounds(*previous_period(first, last))
+    currency = totals.get_priced_currency(start=p_start, end=p_end)
+    cards = ledger.list_cards(start=p_start, end=p_end)
+    parts = _shown_parts(scope=scope, start=p_start, end=p_end, currency=currency, cards=cards)
+    before: dict[str, tuple[Decimal, Decimal]] = {}
+    for i, c in enumerate(cards):
+        card, idle = before.get(c.node, (_ZERO, _ZERO))
+        before[c.node] = (card + parts[2 * i] + parts[2 * i + 1], idle + parts[2 * i + 1])
+
+    def change(name: str, now: FleetFigures | None) -> FleetNodeChange:
+        card, idle = before.get(name, (_ZERO, _ZERO))
+        return FleetNodeChange(name, Change(now.card_cost if now else _ZERO, card),
+                               Change(now.idle_cost if now else _ZERO, idle))
+
+    shown = {n.name for n in nodes}
+    rows = [change(n.name, n.figures) for n in nodes] + [change(name, None) for name in sorted(before)
+                                                         if name not in shown]
+    previous_total = (sum(parts, _ZERO), sum(parts[1::2], _ZERO))
+    return FleetComparison(p_start, p_end, rows, FleetNodeChange("", Change(total.card_cost, previous_total[0]),
+                                                                 Change(total.idle_cost, previous_total[1])))
+
+
 def get_fleet(*, scope: Scope, start: datetime, end: datetime, sort: str = DEFAULT_SORT,
-              energy_places: int = PAGE_PLACES) -> FleetView:
+              energy_places: int = PAGE_PLACES, compare: bool = True) -> FleetView:
     """Every card with GPU rows in [start, end), by node, sorted by `sort` (one of SORTS; nodes by
-    their own figure of it, cards within their node); energy shown at `energy_places`."""
+    their own figure of it, cards within their node); energy and kg CO2e shown at `energy_places`;
+    with `compare`, against the previous period."""
     if sort not in SORTS:
         raise ValueError(f"unknown sort {sort!r}")
     currency = totals.get_priced_currency(start=start, end=end)
@@ -184,12 +274,12 @@ def get_fleet(*, scope: Scope, start: datetime, end: datetime, sort: str = DEFAU
     top: dict[tuple[str, str], list[ledger.CardWorkloadRow]] = {}
     for w in ledger.list_card_workloads(start=start, end=end, top=TOP_WORKLOADS):
         top.setdefault((w.node, w.gpu_uuid), []).append(w)
-    idle_platform = sum((c.idle_cost - c.idle_allocated for c in cards), _ZERO)
-    total = shown_card_cost(scope=scope, start=start, end=end, currency=currency, idle_platform=idle_platform)
-    # One shown total over every card's two parts: each part within a cent of its own figure.
-    parts = apportion(total, [x for c in cards for x in (c.charged, c.idle_cost)],
-                      minor_unit_exponent(currency)) if cards else []
+    parts = _shown_parts(scope=scope, start=start, end=end, currency=currency, cards=cards)
     energy, _ = round_quantities([c.energy_j / _J_PER_KWH for c in cards], energy_places)
+    energy_cost = _shown_priced([None if c.energy_cost_jp is None else c.energy_cost_jp / _J_PER_KWH for c in cards],
+                                minor_unit_exponent(currency), lambda x: display_amount(x, currency))
+    co2e = _shown_priced([None if c.co2e_jkg is None else c.co2e_jkg / _J_PER_KWH for c in cards], energy_places,
+                         lambda x: round_quantities([x], energy_places)[1])
     by_node: dict[str, list[FleetGpu]] = {}
     exact_by_node: dict[str, _Exact] = {}
     for i, c in enumerate(cards):
@@ -197,7 +287,7 @@ def get_fleet(*, scope: Scope, start: datetime, end: datetime, sort: str = DEFAU
         count = ranked[0].workloads if ranked else 0
         gpu = FleetGpu(
             node=c.node, gpu_uuid=c.gpu_uuid, gpu_model=c.gpu_model,
-            figures=_figures((parts[2 * i], parts[2 * i + 1], energy[i]), _exact(c), count),
+            figures=_figures((parts[2 * i], parts[2 * i + 1], energy[i]), (energy_cost[i], co2e[i]), _exact(c), count),
             workloads=[FleetWorkload(w.tenant, w.namespace, w.controller, w.pod, w.pod_uid,
                                      display_amount(w.cost, currency)) for w in ranked],
             more_workloads=count - len(ranked),
@@ -209,5 +299,7 @@ def get_fleet(*, scope: Scope, start: datetime, end: datetime, sort: str = DEFAU
              for name, gpus in by_node.items()]
     nodes.sort(key=key)
     fleet_exact = sum(exact_by_node.values(), _Exact())
-    return FleetView(start=start, end=end, currency=currency, sort=sort, nodes=nodes,
-                     total=_sum([n.figures for n in nodes], fleet_exact), gpu_count=len(cards))
+    total = _sum([n.figures for n in nodes], fleet_exact)
+    comparison = _comparison(scope=scope, start=start, end=end, nodes=nodes, total=total) if compare else None
+    return FleetView(start=start, end=end, currency=currency, sort=sort, nodes=nodes, total=total,
+                     gpu_count=len(cards), comparison=comparison)

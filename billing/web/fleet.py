@@ -81,7 +81,8 @@ def fleet(request: HttpRequest) -> HttpResponse:
                       status=400)
     start, end = form.bounds()
     # The CSV states energy to a quantity's places, the page to the page's (docs/exports.md).
-    view = get_fleet(scope=scope, start=start, end=end, sort=sort,
+    # The CSV is the period's GPU rows alone: no read of the previous period for it.
+    view = get_fleet(scope=scope, start=start, end=end, sort=sort, compare=not as_csv,
                      **({"energy_places": QUANTITY_PLACES["gb_h"]} if as_csv else {}))
     if as_csv:
         return _csv(view)
@@ -105,9 +106,12 @@ def _context(form: PeriodForm, view: FleetView, today: date) -> dict[str, Any]:
     nodes = [{"node": n, "gpus": [{"gpu": g, "workloads": [(w, _explore_link(period, w)) for w in g.workloads]}
                                   for g in n.gpus]}
              for n in view.nodes]
+    c = view.comparison
+    previous = {"start": c.previous_first.isoformat(), "end": c.previous_last.isoformat()} if c else {}
     return {
         "form": form, "fleet": view, "columns": columns, "nodes": nodes, "quick_periods": quick_periods(today, form),
         "csv_query": urlencode({**period, "sort": view.sort, "format": "csv"}),
+        "previous_query": urlencode({**previous, "sort": view.sort}),
     }
 
 
@@ -123,7 +127,12 @@ def _csv(view: FleetView) -> HttpResponse:
     currency, places = view.currency, QUANTITY_PLACES["gb_h"]
     writer.writerow(["node", "gpu_uuid", "gpu_model", "card_cost", "attributed", "idle_cost", "currency",
                      "idle_share_pct", "sm_utilisation_pct", "mem_utilisation_pct", "energy_kwh", "workloads",
-                     "top_workloads"])
+                     "top_workloads", "energy_cost", "co2e_kg"])
+
+    def priced(f: FleetFigures) -> list[object]:
+        # Appended after the first columns; an empty cell where some energy had no price (never 0).
+        return ["" if f.energy_cost is None else amount_cell(f.energy_cost, currency),
+                "" if f.co2e_kg is None else quantity_cell(f.co2e_kg, places)]
 
     def figures(f: FleetFigures) -> list[object]:
         return [amount_cell(f.card_cost, currency), amount_cell(f.attributed, currency),
@@ -132,6 +141,6 @@ def _csv(view: FleetView) -> HttpResponse:
 
     for g in view.gpus:
         top = "; ".join(f"{w.tenant}/{w.namespace}/{w.pod}" for w in g.workloads)
-        writer.writerow([g.node, g.gpu_uuid, g.gpu_model, *figures(g.figures), g.figures.workloads, top])
-    writer.writerow(["(total)", "", "", *figures(view.total), view.total.workloads, ""])
+        writer.writerow([g.node, g.gpu_uuid, g.gpu_model, *figures(g.figures), g.figures.workloads, top, *priced(g.figures)])
+    writer.writerow(["(total)", "", "", *figures(view.total), view.total.workloads, "", *priced(view.total)])
     return response

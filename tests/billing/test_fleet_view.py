@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import csv
 import io
-from datetime import UTC, datetime
+from datetime import UTC, date, datetime, timedelta
 from decimal import Decimal
 from typing import Any
 
@@ -21,6 +21,7 @@ from hypothesis import strategies as st
 from billing.ledger.models import GpuDay, GpuHour, UsageDay, UsageHour, WorkloadMeta
 from billing.models import Gpu, Node, Tenant
 from billing.scope import ADMIN_GROUP, FINANCE_GROUP
+from tests.billing.test_energy_prices import place, rate
 from tests.conftest import user_in, with_day
 from tests.test_page_sums import Walk, _check_csv, _check_page, _marks
 
@@ -240,3 +241,92 @@ def test_an_empty_period_shows_no_card(client: Client, db: Any) -> None:
     assert resp.status_code == 200
     assert resp.context["fleet"].gpu_count == 0
     assert 'data-testid="fleet-empty"' in resp.content.decode()
+
+
+PREVIOUS = {"start": "2026-03-01", "end": "2026-03-01"}  # a one-day period's previous: the day before
+
+
+@pytest.fixture
+def priced(ledger: None) -> None:
+    """node-a in eu (0.20 USD and 0.30 kg CO2e per kWh), node-b in us (0.1333 USD, no CO2e factor)."""
+    place("node-a", "eu", date(2026, 1, 1))
+    rate("eu", date(2026, 1, 1), "0.20", "0.30")
+    place("node-b", "us", date(2026, 1, 1))
+    rate("us", date(2026, 1, 1), "0.1333", None)
+
+
+def test_energy_cost_and_co2e_are_priced_by_location_and_add_up_as_shown(client: Client, priced: None) -> None:
+    resp = finance(client).get("/fleet/", PERIOD)
+    view = resp.context["fleet"]
+    gpus = {g.gpu_uuid: g.figures for g in view.gpus}
+    # The card's whole energy: A0 1 kWh × 0.20; A1 drew none (0, not unknown); B0 2.5 kWh × 0.1333 = 0.33325.
+    # The known total 0.53325 is rounded once (0.53) and apportioned: 0.20 and 0.33.
+    assert (gpus["GPU-A0"].energy_cost, gpus["GPU-A1"].energy_cost, gpus["GPU-B0"].energy_cost) == (
+        D("0.20"), D("0.00"), D("0.33"))
+    assert (gpus["GPU-A0"].co2e_kg, gpus["GPU-A1"].co2e_kg, gpus["GPU-B0"].co2e_kg) == (D("0.30"), D("0.00"), None)
+    node_a, node_b = (n.figures for n in view.nodes)
+    assert (node_a.energy_cost, node_a.co2e_kg, node_b.energy_cost, node_b.co2e_kg) == (
+        D("0.20"), D("0.30"), D("0.33"), None)
+    # No CO2e factor for node-b: the fleet's kg is unknown ("—"), never 0.
+    assert (view.total.energy_cost, view.total.co2e_kg) == (D("0.53"), None)
+    html = resp.content.decode()
+    assert 'data-testid="fleet-total-co2e">—' in html
+    walk = Walk()
+    _check_page("/fleet/", _marks(html), walk)
+    assert {"fleet-energy-cost", "node-energy-cost-node-a", "node-co2e-node-a"} <= walk.groups_checked
+    assert "fleet-co2e" not in walk.groups_checked
+
+
+def test_the_csv_appends_energy_cost_and_co2e(client: Client, priced: None) -> None:
+    resp = finance(client).get("/fleet/", {**PERIOD, "format": "csv"})
+    rows = list(csv.reader(io.StringIO(resp.content.decode("utf-8-sig"))))
+    assert rows[0][-3:] == ["top_workloads", "energy_cost", "co2e_kg"]
+    records = {r[1] or "(total)": dict(zip(rows[0], r, strict=True)) for r in rows[1:]}
+    assert (records["GPU-A0"]["energy_cost"], records["GPU-A0"]["co2e_kg"]) == ("0.20", "0.3000")
+    assert (records["GPU-B0"]["energy_cost"], records["GPU-B0"]["co2e_kg"]) == ("0.33", "")
+    assert (records["(total)"]["energy_cost"], records["(total)"]["co2e_kg"]) == ("0.53", "")
+
+
+@pytest.fixture
+def before(ledger: None) -> None:
+    """The day before: A0 cost 8.00 (2.00 charged to acme), and node-c's card 4.00, charged nothing."""
+    a, c = Node.objects.get(name="node-a"), Node.objects.create(name="node-c")
+    hour = H - timedelta(days=1)
+    for node, gpu, cost, charged in ((a, "GPU-A0", "8", "2"), (c, "GPU-C0", "4", "0")):
+        with_day(GpuHour.objects.create(
+            gpu_uuid=gpu, node=node, gpu_model="A100", hour=hour, metered_seconds=D(3600), card_cost=D(cost),
+            charged=D(charged), idle_cost=D(cost) - D(charged), idle_allocated=D(0), currency="USD", priced=True))
+    with_day(UsageHour.objects.create(
+        gpu_uuid="GPU-A0", node=a, tenant="acme", namespace="acme-prod", pod="old-1", container="main",
+        pod_uid="uid-old-1", sla_tier="gold", seconds=D(3600), hour=hour, mem_used_mb_s=D(0), mem_granted_mb_s=D(0),
+        mem_billed_mb_s=D(0), sm_used_s=D(0), sm_granted_s=D(0), sm_billed_s=D(0), pcie_mb=D(0),
+        share_gpu_s=D(720), charge=D(2), idle_share=D(0)))
+
+
+def test_the_previous_period_is_what_the_fleet_and_the_dashboard_show_for_it(client: Client, before: None) -> None:
+    finance(client)
+    resp = client.get("/fleet/", PERIOD)
+    c = resp.context["fleet"].comparison
+    assert (c.previous_first.isoformat(), c.previous_last.isoformat()) == ("2026-03-01", "2026-03-01")
+    rows = {r.name: r for r in c.nodes}
+    # The page's nodes in its order, then node-c, metered only the day before (compared at 0 now).
+    assert [r.name for r in c.nodes] == ["node-a", "node-b", "node-c"]
+    a, b, node_c = rows["node-a"], rows["node-b"], rows["node-c"]
+    assert (a.card_cost.previous, a.card_cost.delta, a.card_cost.pct) == (D("8.00"), D("12.00"), D(150))
+    assert (a.idle_cost.previous, a.idle_cost.delta) == (D("6.00"), D("10.67"))
+    assert (b.card_cost.previous, b.card_cost.pct) == (D("0.00"), None)  # nothing before: "—"
+    assert (node_c.card_cost.current, node_c.card_cost.previous, node_c.card_cost.pct) == (D(0), D("4.00"), -100)
+    assert (c.total.card_cost.previous, c.total.idle_cost.previous) == (D("12.00"), D("10.00"))
+    # The previous figures are /fleet/'s and the dashboard's for that period.
+    then = client.get("/fleet/", PREVIOUS).context["fleet"]
+    assert {n.name: (n.figures.card_cost, n.figures.idle_cost) for n in then.nodes} == {
+        r.name: (r.card_cost.previous, r.idle_cost.previous) for r in c.nodes if r.card_cost.previous}
+    assert then.total.card_cost == c.total.card_cost.previous == client.get(
+        "/finance/", PREVIOUS).context["shown"].total_gpu_cost
+    html = resp.content.decode()
+    assert 'data-figure="card_cost|2026-03-01T00:00:00+00:00|2026-03-02T00:00:00+00:00"' in html
+    assert 'href="?start=2026-03-01&amp;end=2026-03-01&amp;sort=idle_cost"' in html
+    assert 'data-testid="node-card-change-pct">—' in html
+    walk = Walk()
+    _check_page("/fleet/", _marks(html), walk)
+    assert {"compared-card", "compared-card-previous", "compared-idle", "compared-idle-previous"} <= walk.groups_checked
