@@ -11,7 +11,7 @@ from pathlib import Path
 from celery import shared_task
 from django.conf import settings
 from django.core.mail import send_mail
-from django.db import OperationalError, transaction
+from django.db import OperationalError
 from django.utils import timezone
 
 from billing.calendar import month_of, parse_month, previous_month
@@ -82,8 +82,9 @@ def ensure_raw_partitions() -> list[str]:
     ahead (the name is kept for running beats' schedules). Returns the days created, ISO."""
     today = timezone.now().date()
     days = [today + timedelta(days=i) for i in range(-1, settings.VGPU_PARTITION_DAYS_AHEAD + 1)]
-    with transaction.atomic():
-        created = set(_ensure_raw_partitions(days)) | set(_ensure_minute_partitions(days))
+    # Each table's days in a transaction of their own (billing.ledger.partitions): one transaction
+    # would hold the raw days' locks while it waited for the minute tables' partition lock.
+    created = set(_ensure_raw_partitions(days)) | set(_ensure_minute_partitions(days))
     return [d.isoformat() for d in sorted(created)]
 
 

@@ -13,8 +13,8 @@ a day partition is what the rollup writes into all day long, so it is small enou
 about a second; and raw and minute partitions line up, so a raw day and its minutes are kept or
 dropped together. ~100 day partitions per table are well within what the planner prunes cheaply.
 
-Partition DDL is serialised across processes by one transaction-level advisory lock, taken
-before any other lock: ingest and the rollup create the days they will write in a transaction of
+Partition DDL is serialised across processes by a transaction-level advisory lock per partitioned
+table, taken before any other lock: ingest and the rollup create the days they will write in a transaction of
 their own, before the transaction that writes (`ensure_*` outside any transaction is one). Taken
 inside a transaction that already holds table locks, the wait deadlocked: a day's CREATE TABLE
 needs locks on the partitioned table, its default partition and the tables its foreign keys name,
@@ -52,7 +52,11 @@ _KEY = {RAW_TABLE: "start", "billing_usageminute": "minute", "billing_gpuminute"
 # (table, day) pairs this process knows exist; creating one is idempotent, the cache only saves a
 # round trip. Retention forgets the days it drops.
 _known: set[tuple[str, date]] = set()
-# pg_advisory_xact_lock key serialising partition DDL across processes.
+# pg_advisory_xact_lock class serialising partition DDL across processes, one lock per partitioned
+# table (the second key: hashtext of its name). One lock for every table let a cycle form across
+# tables: ingest, holding the lock while its raw day's CREATE TABLE waited for the raw default
+# partition, and a transaction that had read raw samples waiting for the same lock to create a
+# minute day (a deadlock, answered 503). Per table, creating a minute day never waits for raw DDL.
 _PARTITION_LOCK_KEY = 0x76677075  # "vgpu"
 
 
@@ -112,7 +116,7 @@ def _ensure(table: str, days: Iterable[date]) -> list[date]:
     created = []
     # A transaction of its own when called outside one: the advisory lock lasts until the DDL commits.
     with transaction.atomic(), connection.cursor() as cur:
-        cur.execute("SELECT pg_advisory_xact_lock(%s)", [_PARTITION_LOCK_KEY])
+        cur.execute("SELECT pg_advisory_xact_lock(%s, hashtext(%s))", [_PARTITION_LOCK_KEY, table])
         existing = set(_partitions(cur, table))
         default = default_partition_name(table) if default_partition_name(table) in existing else None
         for day in wanted:

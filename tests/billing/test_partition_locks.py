@@ -9,12 +9,13 @@ import json
 import threading
 import time
 from collections.abc import Callable
+from datetime import timedelta
 from typing import Any
 
 import psycopg2
 import pytest
 from django.conf import settings
-from django.db import connection, connections
+from django.db import connection, connections, transaction
 from django.test import Client
 
 from billing.ledger import partitions
@@ -37,7 +38,7 @@ def _waiting_for_the_partition_lock(watcher: Any, timeout_s: float = 60) -> int:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         with watcher.cursor() as cur:
-            cur.execute("SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND NOT granted AND objid = %s",
+            cur.execute("SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND NOT granted AND classid = %s",
                         [partitions._PARTITION_LOCK_KEY])
             row = cur.fetchone()
         if row:
@@ -73,7 +74,8 @@ def _held_while(work: Callable[[], object]) -> list[str]:
     thread = threading.Thread(target=run)
     try:
         with holder.cursor() as cur:
-            cur.execute("SELECT pg_advisory_xact_lock(%s)", [partitions._PARTITION_LOCK_KEY])
+            for table in (partitions.RAW_TABLE, *partitions.MINUTE_TABLES):
+                cur.execute("SELECT pg_advisory_xact_lock(%s, hashtext(%s))", [partitions._PARTITION_LOCK_KEY, table])
         thread.start()
         held = _table_locks(watcher, _waiting_for_the_partition_lock(watcher))
     finally:
@@ -103,3 +105,58 @@ def test_ingest_and_rollup_wait_for_the_partition_lock_holding_no_table_lock(nod
         cur.execute("SELECT count(*) FROM billing_usageminute WHERE node_id = %s",
                     [UsageBatch.objects.get().node_id])
         assert cur.fetchone()[0] >= 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_minute_day_is_created_while_raw_ddl_waits_for_a_reader_of_raw_samples():
+    """The cycle one lock for every table allowed: a transaction that has read raw samples (as the
+    rollup's recompute does) creates a minute day, while ingest, holding the partition lock, waits for
+    that reader to let go of the raw default partition to create its raw day. With a lock per table
+    the minute day does not wait for the raw DDL: both finish, no deadlock."""
+    # (Under one lock for every table this test deadlocks: Postgres breaks it with an error in one of the two.)
+    day = clock.now().date() + timedelta(days=400)  # days nothing else creates
+    partitions._known.clear()
+    watcher = _other_connection()
+    watcher.autocommit = True
+    failures: list[BaseException] = []
+
+    def create_raw_day() -> None:
+        try:
+            partitions.ensure_raw_partitions([day])
+        except BaseException as exc:  # noqa: BLE001 - handed to the test's thread below
+            failures.append(exc)
+        finally:
+            connections.close_all()
+
+    ingest = threading.Thread(target=create_raw_day)
+    try:
+        with transaction.atomic(), connection.cursor() as cur:
+            # A read of raw samples: CREATE TABLE ... PARTITION OF waits for it (an exclusive lock on the parent).
+            cur.execute(f"SELECT count(*) FROM {partitions.RAW_TABLE}")  # noqa: S608 - fixed name
+            ingest.start()
+            _waiting_for_a_table_lock(watcher)  # the raw day's CREATE TABLE waits for this reader
+            # This reader now creates a minute day, as the rollup's recompute may: it must not wait
+            # for the partition lock ingest holds.
+            partitions.ensure_minute_partitions([day])
+    finally:
+        if ingest.is_alive() or failures:
+            ingest.join(timeout=60)
+        watcher.close()
+    assert not failures, failures
+    names = {p.day for t in (partitions.RAW_TABLE, *partitions.MINUTE_TABLES) for p in partitions.list_day_partitions(t)}
+    assert day in names
+    with connection.cursor() as cur:
+        for table in (partitions.RAW_TABLE, *partitions.MINUTE_TABLES):
+            cur.execute(f'DROP TABLE "{partitions.partition_name(day, table)}"')
+    partitions._known.clear()
+
+
+def _waiting_for_a_table_lock(watcher: Any, timeout_s: float = 30) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        with watcher.cursor() as cur:
+            cur.execute("SELECT 1 FROM pg_locks WHERE locktype = 'relation' AND NOT granted")
+            if cur.fetchone():
+                return
+        time.sleep(0.05)
+    raise AssertionError("the raw day's CREATE TABLE never waited")
