@@ -10,13 +10,13 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import date, timedelta
+from datetime import timedelta
 from decimal import Decimal
 from typing import Any
 from urllib.parse import urlencode
 
 from django.contrib.auth.decorators import login_required
-from django.http import Http404, HttpRequest, HttpResponse, QueryDict
+from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import render
 from django.utils import timezone
 from django.utils.translation import gettext as _
@@ -102,16 +102,6 @@ def _query(base: dict[str, str], path: ExplorePath, **extra: str) -> str:
     return urlencode({**base, **dict(path.steps()), **extra})
 
 
-def _with_default_period(data: QueryDict, today: date) -> QueryDict:
-    """No period asked: the month to date, as on the portal."""
-    if {"start", "end"} & set(data):
-        return data
-    out = data.copy()
-    for key, value in PeriodForm.default_initial(today).items():
-        out[key] = value.isoformat()
-    return out
-
-
 @login_required
 @one_snapshot()
 def explore(request: HttpRequest) -> HttpResponse:
@@ -121,7 +111,7 @@ def explore(request: HttpRequest) -> HttpResponse:
         check_tenant_visible(scope, request.GET.get("tenant", ""))
     except TenantNotFound as exc:
         raise Http404("no such tenant") from exc
-    form = ExploreForm(_with_default_period(request.GET, timezone.now().date()))
+    form = ExploreForm(PeriodForm.with_default_period(request.GET, timezone.now().date()))
     as_csv = request.GET.get("format") == "csv"
     if not form.is_valid():
         if as_csv:

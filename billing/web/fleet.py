@@ -9,7 +9,7 @@ from typing import Any
 from urllib.parse import urlencode
 
 from django.contrib.auth.decorators import login_required
-from django.http import HttpRequest, HttpResponse, QueryDict
+from django.http import HttpRequest, HttpResponse
 from django.shortcuts import render
 from django.urls import reverse
 from django.utils import timezone
@@ -41,16 +41,6 @@ _COLUMNS = (
 _PERCENT_PLACES = QUANTITY_PLACES["percent"]
 
 
-def _with_default_period(data: QueryDict, today: date) -> QueryDict:
-    """No period asked: the month to date, as on the dashboard."""
-    if {"start", "end"} & set(data):
-        return data
-    out = data.copy()
-    for key, value in PeriodForm.default_initial(today).items():
-        out[key] = value.isoformat()
-    return out
-
-
 def _bad_request(reason: str, *, as_csv: bool, request: HttpRequest, form: PeriodForm) -> HttpResponse:
     if as_csv:
         return HttpResponse(reason + "\n", status=400, content_type="text/plain; charset=utf-8")
@@ -62,7 +52,7 @@ def _bad_request(reason: str, *, as_csv: bool, request: HttpRequest, form: Perio
 def fleet(request: HttpRequest) -> HttpResponse:
     scope = require_platform(request, "the fleet view shows every tenant's cards: finance and admins only")
     today = timezone.now().date()
-    form = PeriodForm(_with_default_period(request.GET, today))
+    form = PeriodForm(PeriodForm.with_default_period(request.GET, today))
     fmt = request.GET.get("format") or "html"
     sort = request.GET.get("sort") or DEFAULT_SORT
     as_csv = fmt == "csv"

@@ -5,6 +5,7 @@ from datetime import UTC, date, datetime, timedelta
 from typing import Any
 
 from django import forms
+from django.http import QueryDict
 from django.utils.formats import date_format
 from django.utils.translation import gettext
 from django.utils.translation import gettext_lazy as _
@@ -85,6 +86,16 @@ class PeriodForm(forms.Form):
     @staticmethod
     def default_initial(today: date) -> dict[str, date]:
         return {"start": today.replace(day=1), "end": today}
+
+    @staticmethod
+    def with_default_period(data: QueryDict, today: date) -> QueryDict:
+        """`data` with the month to date when it asks for no period (the pages that default to it)."""
+        if {"start", "end"} & set(data):
+            return data
+        out = data.copy()
+        for key, value in PeriodForm.default_initial(today).items():
+            out[key] = value.isoformat()
+        return out
 
     def clean(self) -> dict[str, Any]:
         data = super().clean() or {}
