@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, date, datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 
 from billing.figures import PAGE_PLACES
@@ -22,7 +22,7 @@ from billing.ledger import cards as ledger
 from billing.ledger import totals
 from billing.money import apportion, display_amount, minor_unit_exponent, round_quantities
 from billing.queries.figures import get_figure_tree
-from billing.queries.trends import Change, day_bounds, previous_period
+from billing.queries.trends import Change, PreviousPeriod, day_bounds, previous_period
 from billing.scope import Scope
 
 __all__ = ["DEFAULT_SORT", "SORTS", "TOP_WORKLOADS", "FleetComparison", "FleetFigures", "FleetGpu", "FleetNode",
@@ -125,19 +125,9 @@ class FleetNodeChange:
 
 
 @dataclass(frozen=True)
-class FleetComparison:
-    previous_start: datetime
-    previous_end: datetime
+class FleetComparison(PreviousPeriod):
     nodes: list[FleetNodeChange]  # the page's nodes in its order, then those metered only before
     total: FleetNodeChange
-
-    @property
-    def previous_first(self) -> date:
-        return self.previous_start.date()
-
-    @property
-    def previous_last(self) -> date:
-        return (self.previous_end - _DAY).date()
 
 
 @dataclass(frozen=True)

@@ -28,6 +28,7 @@ __all__ = [
     "Comparison",
     "MonthCost",
     "PeriodCosts",
+    "PreviousPeriod",
     "TenantChange",
     "day_bounds",
     "get_comparison_and_months",
@@ -138,12 +139,27 @@ class TenantChange:
 
 
 @dataclass(frozen=True)
-class Comparison:
-    """The period shown against the previous period: the total and each tenant's cost (the tenants
-    of either period: current order, then those with cost only before)."""
+class PreviousPeriod:
+    """The previous period of a comparison, [previous_start, previous_end), and its first and last
+    day as a page names them (both included)."""
 
     previous_start: datetime
     previous_end: datetime
+
+    @property
+    def previous_first(self) -> date:
+        return self.previous_start.date()
+
+    @property
+    def previous_last(self) -> date:
+        return (self.previous_end - _DAY).date()
+
+
+@dataclass(frozen=True)
+class Comparison(PreviousPeriod):
+    """The period shown against the previous period: the total and each tenant's cost (the tenants
+    of either period: current order, then those with cost only before)."""
+
     total: Change
     tenants: list[TenantChange]
     names: dict[str, str]  # slug -> name of every tenant of the comparison and of the months
@@ -157,14 +173,6 @@ class Comparison:
         if self.idle_platform is None:
             return None
         return Change(self.total.current + self.idle_platform.current, self.total.previous + self.idle_platform.previous)
-
-    @property
-    def previous_first(self) -> date:
-        return self.previous_start.date()
-
-    @property
-    def previous_last(self) -> date:
-        return (self.previous_end - _DAY).date()
 
 
 @dataclass(frozen=True)
