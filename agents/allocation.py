@@ -10,6 +10,7 @@ from types import MappingProxyType
 
 from agents.interfaces import BatchPredictor, GpuInfo, Grant, Prediction, Predictor, UsageReading, Workload
 from allocator import UNLIMITED, AllocationPolicy, GpuCapacity, PredictedPeak, Resources, WorkloadState, allocate_gpu
+from allocator.risk import DEFAULT_MISS_TARGET, DEFAULT_MISS_TARGETS, MissTarget
 
 __all__ = [
     "DEFAULT_SLA_WEIGHTS",
@@ -44,6 +45,9 @@ class Policy:
     # Namespaces whose own budget is enforced with ``throttle`` -> its factor, in (0, 1]. A
     # workload under a throttled tenant and a throttled namespace gets the smaller factor.
     namespace_throttle_factors: Mapping[str, float] = field(default_factory=dict)
+    # Per SLA tier, the share of seconds a grant may fall short of use, per resource
+    # (``allocator.risk``); the service's SLA tiers send them with the weights.
+    miss_targets: Mapping[str, MissTarget] = field(default_factory=lambda: DEFAULT_MISS_TARGETS)
 
     def __post_init__(self) -> None:
         for tier, weight in self.sla_weights.items():
@@ -61,6 +65,10 @@ class Policy:
         except KeyError:
             known = ", ".join(sorted(self.sla_weights))
             raise ValueError(f"unknown SLA tier {tier!r} (known: {known})") from None
+
+    def miss_target_for(self, tier: str) -> MissTarget:
+        """A tier's miss targets; a tier the policy does not name gets ``DEFAULT_MISS_TARGET``."""
+        return self.miss_targets.get(tier, DEFAULT_MISS_TARGET)
 
     def allocation_policy(self) -> AllocationPolicy:
         """The allocator's policy: the ``Predictor``'s one peak stands for the whole look-ahead."""
