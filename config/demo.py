@@ -129,6 +129,17 @@ def burst_scenario(*, gpus: int, guarantee_mb: int) -> dict[str, Any]:
     return {"node": BURST_NODE, "seed": 99, "gpus": cards, "workloads": workloads}
 
 
+def history_agent_args(py: str, *, url: str, token_file: Path, scenario_file: Path, start: datetime, seconds: int,
+                       spool: Path) -> list[str]:
+    """The real agent metering [start, start + seconds) of simulated history on a fast clock (60 s
+    samples, dry-run), as the demo's history runs it (bench/demo_savings.py runs the same)."""
+    return [py, "-m", "agents", "run", "--server", url, "--token-file", str(token_file),
+            "--backend", "sim", "--scenario", str(scenario_file), "--spool", str(spool),
+            "--once-seconds", str(seconds), "--start", f"{start:%Y-%m-%dT%H:%M:%S}Z", "--tick-ms", "60000",
+            "--meter-ms", "60000", "--batch-seconds", "3600", "--no-kube", "--enforcer", "dry-run",
+            "--policy-interval-s", "3600"]
+
+
 class _History(threading.Thread):
     """History, so finance has something to close, compare and chart from the first minutes.
 
@@ -154,13 +165,9 @@ class _History(threading.Thread):
 
     def _agent(self, token_file: Path, scenario_file: Path, *, start: datetime, seconds: int, spool: Path,
                log: BinaryIO) -> subprocess.Popen[bytes]:
-        """The real agent metering [start, start + seconds) on a fast clock (60 s samples, dry-run)."""
         return subprocess.Popen(  # noqa: S603 - the demo's own processes, argument lists, no shell
-            [self.py, "-m", "agents", "run", "--server", self.url, "--token-file", str(token_file),
-             "--backend", "sim", "--scenario", str(scenario_file), "--spool", str(spool),
-             "--once-seconds", str(seconds), "--start", f"{start:%Y-%m-%dT%H:%M:%S}Z", "--tick-ms", "60000",
-             "--meter-ms", "60000", "--batch-seconds", "3600", "--no-kube", "--enforcer", "dry-run",
-             "--policy-interval-s", "3600"],
+            history_agent_args(self.py, url=self.url, token_file=token_file, scenario_file=scenario_file,
+                               start=start, seconds=seconds, spool=spool),
             env=self.env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
 
     def _wait(self, what: str) -> None:
