@@ -4,14 +4,16 @@
 returns the policy document (``vgpu-ledger/node-policy/v1``)::
 
     {"schema": "vgpu-ledger/node-policy/v1", "node": "gpu-node-17",
-     "sla_tiers": {"gold": {"weight": "4.000"}, ...},
+     "sla_tiers": {"gold": {"weight": "4.000",
+                            "miss_targets": {"memory": "0.0000010000", "sm": "0.0000100000"}}, ...},
      "tenants": {"acme": {"default_sla_tier": "gold",
                           "budget": {"state": "enforced", "action": "throttle", "throttle_factor": "0.500"}},
                  "globex": {"default_sla_tier": null, "budget": {"state": "ok"}}},
      "namespaces": {"initech-prod": {"budget": {"state": "enforced", "action": "evict-best-effort",
                                                 "throttle_factor": "0.500"}}}}
 
-and an ``ETag``; a 304 means the policy in hand is still current. Each accepted document
+(``miss_targets``: per tier, the share of its workloads' seconds whose use may exceed the grant,
+per resource; a service that predates them omits them) and an ``ETag``; a 304 means the policy in hand is still current. Each accepted document
 is written (atomically: temporary file, fsync, rename) to a JSON cache next to the spool,
 so the agent keeps enforcing the last known policy while the server is away and after a
 restart. A document that does not parse is refused as a whole: the previous policy stays.
@@ -40,6 +42,7 @@ import requests
 from agents.allocation import Policy
 from agents.clock import utc_now
 from agents.credentials import TokenError
+from allocator.risk import MissTarget
 
 __all__ = [
     "BEST_EFFORT_TIER",
@@ -95,6 +98,21 @@ def _positive_decimal(value: object, path: str) -> float:
     return float(number)
 
 
+def _miss_target(value: object, path: str) -> MissTarget:
+    """``{"memory": "<decimal>", "sm": "<decimal>"}``, each a share in (0, 1)."""
+    targets = _object(value, path)
+    shares = {}
+    for resource in ("memory", "sm"):
+        share = _positive_decimal(targets.get(resource), f"{path}.{resource}")
+        if share >= 1:
+            raise ValueError(f"{path}.{resource}: must be a share in (0, 1), got {targets.get(resource)!r}")
+        shares[resource] = share
+    try:
+        return MissTarget(memory=shares["memory"], sm=shares["sm"])
+    except ValueError as error:  # a decimal too small for a float reads as 0
+        raise ValueError(f"{path}: {error}") from None
+
+
 def _object(value: object, path: str) -> Mapping[str, Any]:
     if not isinstance(value, Mapping):
         raise ValueError(f"{path}: expected a JSON object, got {value!r}")
@@ -106,16 +124,21 @@ def parse_policy(
 ) -> PolicySnapshot:
     """The agent's policy from the service's document; errors name the offending path.
 
-    SLA weights from the server replace ``base``'s for the tiers it names; a tier it does
-    not name keeps ``base``'s weight, so a pod labelled with a tier unknown to the server
-    is still metered. ``headroom`` and the node-wide throttle factor come from ``base``.
+    SLA weights and miss targets from the server replace ``base``'s for the tiers it names; a
+    tier it does not name, or names without ``miss_targets`` (a service that predates them),
+    keeps ``base``'s, so a pod labelled with a tier unknown to the server is still metered.
+    ``headroom`` and the node-wide throttle factor come from ``base``.
     """
     document = _object(body, "policy")
     if document.get("schema") != POLICY_SCHEMA:
         raise ValueError(f"policy.schema: expected {POLICY_SCHEMA!r}, got {document.get('schema')!r}")
     weights = dict(base.sla_weights)
-    for slug, tier in _object(document.get("sla_tiers"), "policy.sla_tiers").items():
-        weights[slug] = _positive_decimal(_object(tier, f"policy.sla_tiers.{slug}").get("weight"), f"policy.sla_tiers.{slug}.weight")
+    miss_targets = dict(base.miss_targets)
+    for slug, raw in _object(document.get("sla_tiers"), "policy.sla_tiers").items():
+        entry = _object(raw, f"policy.sla_tiers.{slug}")
+        weights[slug] = _positive_decimal(entry.get("weight"), f"policy.sla_tiers.{slug}.weight")
+        if "miss_targets" in entry:
+            miss_targets[slug] = _miss_target(entry["miss_targets"], f"policy.sla_tiers.{slug}.miss_targets")
     default_tiers: dict[str, str] = {}
     tenants = _object(document.get("tenants"), "policy.tenants")
     for slug, raw in tenants.items():
@@ -134,6 +157,7 @@ def parse_policy(
         throttle_weight_factor=base.throttle_weight_factor,
         tenant_throttle_factors=by_tenant.throttled,
         namespace_throttle_factors=by_namespace.throttled,
+        miss_targets=miss_targets,
     )
     return PolicySnapshot(
         allocation=allocation,

@@ -6,6 +6,25 @@ from django.core.validators import MaxValueValidator, MinValueValidator, RegexVa
 from django.db import models
 from django.utils.translation import gettext_lazy as _
 
+from allocator.risk import DEFAULT_MISS_TARGET, DEFAULT_MISS_TARGETS
+
+# A miss target is a share of workload-seconds in (0, 1), stored with this many decimal places
+# (1e-10: one second in about 317 years, far below any target a tier would state).
+MISS_TARGET_PLACES = 10
+
+
+def miss_target_decimal(share: float) -> Decimal:
+    """A miss target (allocator.risk's float) as the column stores it: its shortest decimal, quantized."""
+    return Decimal(repr(share)).quantize(Decimal(1).scaleb(-MISS_TARGET_PLACES))
+
+
+def default_miss_targets(slug: str) -> dict[str, Decimal]:
+    """A tier's starting miss targets, as SlaTier's fields: allocator.risk's own for the tiers it
+    names (gold, silver, bronze, best-effort), its DEFAULT_MISS_TARGET for any other."""
+    target = DEFAULT_MISS_TARGETS.get(slug, DEFAULT_MISS_TARGET)
+    return {"miss_target_memory": miss_target_decimal(target.memory), "miss_target_sm": miss_target_decimal(target.sm)}
+
+
 slug_validator = RegexValidator(
     r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$",
     _("Use lower-case letters, digits and '-', at most 63 characters (a DNS label)."),
@@ -27,10 +46,24 @@ class SlaTier(models.Model):
     retired_at = models.DateTimeField(null=True, blank=True)
     retired_by = models.CharField(max_length=150, blank=True)
     retire_reason = models.TextField(blank=True)
+    # The share of its workloads' seconds whose use may exceed the grant, per resource
+    # (allocator.risk.MissTarget): memory, an out-of-memory failure; SMs, a slowdown. Agents get
+    # them with the policy and calibrate each workload's margin toward them. A new tier starts at
+    # allocator.risk's default; the seeded tiers at its per-tier defaults (migration 0038).
+    miss_target_memory = models.DecimalField(max_digits=MISS_TARGET_PLACES + 1, decimal_places=MISS_TARGET_PLACES,
+                                             default=miss_target_decimal(DEFAULT_MISS_TARGET.memory))
+    miss_target_sm = models.DecimalField(max_digits=MISS_TARGET_PLACES + 1, decimal_places=MISS_TARGET_PLACES,
+                                         default=miss_target_decimal(DEFAULT_MISS_TARGET.sm))
 
     class Meta:
         ordering = ["-weight", "slug"]
-        constraints = [models.CheckConstraint(condition=models.Q(weight__gt=0), name="sla_tier_weight_positive")]
+        constraints = [
+            models.CheckConstraint(condition=models.Q(weight__gt=0), name="sla_tier_weight_positive"),
+            models.CheckConstraint(condition=models.Q(miss_target_memory__gt=0, miss_target_memory__lt=1),
+                                   name="sla_tier_miss_target_memory_share"),
+            models.CheckConstraint(condition=models.Q(miss_target_sm__gt=0, miss_target_sm__lt=1),
+                                   name="sla_tier_miss_target_sm_share"),
+        ]
 
     def __str__(self) -> str:
         return self.slug

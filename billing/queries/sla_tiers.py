@@ -30,6 +30,22 @@ class SlaTierView:
     retired_at: datetime | None = None
     retired_by: str = ""
     retire_reason: str = ""
+    # Shares of workload-seconds in (0, 1) whose use may exceed the grant (SlaTier).
+    miss_target_memory: Decimal = Decimal(0)
+    miss_target_sm: Decimal = Decimal(0)
+
+    @property
+    def memory_one_in(self) -> int | None:
+        """The memory target in plain words: 1 second short in this many (None: no target)."""
+        return _one_in(self.miss_target_memory)
+
+    @property
+    def sm_one_in(self) -> int | None:
+        return _one_in(self.miss_target_sm)
+
+
+def _one_in(share: Decimal) -> int | None:
+    return round(1 / share) if share > 0 else None
 
 
 def _views(scope: Scope, *, slug: str | None = None) -> list[SlaTierView]:
@@ -51,6 +67,7 @@ def _views(scope: Scope, *, slug: str | None = None) -> list[SlaTierView]:
             last_changed_by=event.actor_label if event else None,
             last_change_action=event.action if event else None,
             retired_at=t.retired_at, retired_by=t.retired_by, retire_reason=t.retire_reason,
+            miss_target_memory=t.miss_target_memory, miss_target_sm=t.miss_target_sm,
         ))
     return views
 

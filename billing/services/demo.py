@@ -27,6 +27,7 @@ from billing.models import (
     Tenant,
     TenantMembership,
 )
+from billing.models.tenancy import default_miss_targets
 from billing.scope import ADMIN_GROUP, FINANCE_GROUP
 from billing.seeded import SEED_TEXTS, SLA_TIERS, UNATTRIBUTED_NAME
 from billing.services.alerts import save_alert_rule
@@ -111,7 +112,8 @@ def load_demo_data(*, now: datetime, budget_webhook_url: str = "", budget_webhoo
         tiers = {}
         for slug, name, weight, description in SLA_TIERS:
             tiers[slug], _ = SlaTier.objects.get_or_create(
-                slug=slug, defaults={"name": name, "weight": weight, "description": description}
+                slug=slug, defaults={"name": name, "weight": weight, "description": description,
+                                     **default_miss_targets(slug)}
             )
         tenants = {}
         for slug, name, tier in DEMO_TENANTS:

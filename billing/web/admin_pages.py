@@ -22,6 +22,7 @@ from billing import tasks
 from billing.currencies import CURRENCY_CHOICES
 from billing.errors import InvalidInput
 from billing.models import Budget, BudgetAction, BudgetScope, Tenant
+from billing.models.tenancy import default_miss_targets
 from billing.queries.audit import list_audit_events
 from billing.queries.budgets import list_budgets
 from billing.queries.sla_tiers import get_sla_tier, list_sla_tiers
@@ -161,8 +162,14 @@ def budget_new(request: HttpRequest) -> HttpResponse:
                   status=400 if form.errors or which_form.errors else 200)
 
 
+def _share_text(share: Decimal) -> str:
+    """A miss target as an admin types it: fixed-point, no trailing zeros (0.000001, not 1E-6)."""
+    return format(share.normalize(), "f")
+
+
 class SlaTierForm(forms.Form):
-    """Shapes only; the rules (weight range and decimals, blank names) are the service's."""
+    """Shapes only; the rules (weight range and decimals, blank names, miss targets in (0, 1)) are
+    the service's."""
 
     name = forms.CharField(label=gettext_lazy("Name"), max_length=MAX_NAME_LENGTH,
                            widget=forms.TextInput(attrs={"size": 24}))
@@ -170,6 +177,17 @@ class SlaTierForm(forms.Form):
                              widget=forms.TextInput(attrs={"inputmode": "decimal", "size": 8}))
     description = forms.CharField(label=gettext_lazy("Description"), max_length=MAX_DESCRIPTION_LENGTH,
                                   required=False, widget=forms.Textarea(attrs={"rows": 2, "cols": 40}))
+    miss_target_memory = forms.CharField(
+        label=gettext_lazy("Memory miss target"), max_length=40, required=False,
+        help_text=gettext_lazy("The share of this tier's workload-seconds whose memory use may exceed the grant: "
+                               "an out-of-memory failure. 0.000001 is 1 in 1,000,000 seconds. Between 0 and 1, "
+                               "both excluded."),
+        widget=forms.TextInput(attrs={"inputmode": "decimal", "size": 14}))
+    miss_target_sm = forms.CharField(
+        label=gettext_lazy("SM miss target"), max_length=40, required=False,
+        help_text=gettext_lazy("The share of this tier's workload-seconds whose SM use may exceed the grant: "
+                               "a slowdown. 0.00001 is 1 in 100,000 seconds. Between 0 and 1, both excluded."),
+        widget=forms.TextInput(attrs={"inputmode": "decimal", "size": 14}))
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -177,13 +195,22 @@ class SlaTierForm(forms.Form):
             "A tier's share of a contended GPU relative to the other tiers, from %(min)s to %(max)s."
         ) % {"min": MIN_WEIGHT, "max": MAX_WEIGHT}
 
+    def miss_target(self, name: str) -> str | None:
+        """A cleaned miss target; blank is None: the tier keeps its target (a new tier: the default)."""
+        return str(self.cleaned_data[name]).strip() or None
+
 
 class NewSlaTierForm(SlaTierForm):
     slug = forms.CharField(label=gettext_lazy("Slug"), max_length=63,
                            help_text=gettext_lazy("Pods choose this tier with the label vgpu-ledger.io/sla-tier; "
                                                   "the slug cannot change later."),
                            widget=forms.TextInput(attrs={"size": 16, "pattern": "[a-z0-9]([-a-z0-9]*[a-z0-9])?"}))
-    field_order = ["slug", "name", "weight", "description"]
+    field_order = ["slug", "name", "weight", "description", "miss_target_memory", "miss_target_sm"]
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        # A new tier's targets start at the default for a tier the agents do not name.
+        kwargs.setdefault("initial", {field: _share_text(value) for field, value in default_miss_targets("").items()})
+        super().__init__(*args, **kwargs)
 
 
 def _admin_only(request: HttpRequest) -> Scope:
@@ -226,7 +253,8 @@ def sla_tier_create(request: HttpRequest) -> HttpResponse:
         data = form.cleaned_data
         try:
             tier = create_sla_tier(slug=data["slug"], name=data["name"], weight=data["weight"],
-                                   description=data["description"], now=timezone.now(),
+                                   description=data["description"], miss_target_memory=form.miss_target("miss_target_memory"),
+                                   miss_target_sm=form.miss_target("miss_target_sm"), now=timezone.now(),
                                    actor_label=request.user.get_username(), actor_id=request.user.pk)
         except InvalidInput as exc:
             form.add_error(None, str(exc))
@@ -263,17 +291,21 @@ def sla_tier_edit(request: HttpRequest, slug: str) -> HttpResponse:
     if tier is None:
         raise Http404("no such SLA tier")
     form = SlaTierForm(request.POST or None,
-                       initial={"name": tier.name, "weight": tier.weight, "description": tier.description})
+                       initial={"name": tier.name, "weight": tier.weight, "description": tier.description,
+                                "miss_target_memory": _share_text(tier.miss_target_memory),
+                                "miss_target_sm": _share_text(tier.miss_target_sm)})
     if request.method == "POST" and form.is_valid():
         data = form.cleaned_data
         try:
             change_sla_tier(slug=slug, name=data["name"], description=data["description"], weight=data["weight"],
+                            miss_target_memory=form.miss_target("miss_target_memory"),
+                            miss_target_sm=form.miss_target("miss_target_sm"),
                             now=timezone.now(), actor_label=request.user.get_username(), actor_id=request.user.pk)
         except InvalidInput as exc:
             form.add_error(None, str(exc))
         else:
-            messages.success(request, _("SLA tier %(slug)s saved; agents apply a new weight at their next policy "
-                                        "poll.") % {"slug": slug})
+            messages.success(request, _("SLA tier %(slug)s saved; agents apply a new weight and miss targets at "
+                                        "their next policy poll.") % {"slug": slug})
             return redirect("sla-tiers")
     return render(request, "billing/sla_tier_edit.html", {"tier": tier, "form": form},
                   status=400 if form.errors else 200)

@@ -17,6 +17,7 @@ import pytest
 from agents.allocation import CurrentUsePredictor, Policy, compute_grants
 from agents.interfaces import GpuInfo, UsageReading, Workload
 from agents.policy_client import PolicyClient, PollOutcome, parse_policy
+from allocator.risk import DEFAULT_MISS_TARGET, DEFAULT_MISS_TARGETS, MissTarget
 
 FIXTURE = json.loads((Path(__file__).parent / "fixtures" / "node_policy_v1.json").read_text())
 NOW = datetime(2026, 11, 30, 3, 0, 0, tzinfo=UTC)
@@ -128,6 +129,43 @@ def test_an_invalid_document_is_refused_naming_the_field(path: tuple[str, ...], 
     target[path[-1]] = value
     with pytest.raises(ValueError, match=message.replace(".", r"\.")):
         parse_policy(document, base=Policy())
+
+
+def with_miss_targets(**tiers: dict[str, object]) -> dict[str, Any]:
+    """The recorded document (an older service: no miss targets) with `miss_targets` for some tiers."""
+    document = copy.deepcopy(FIXTURE)
+    for slug, targets in tiers.items():
+        document["sla_tiers"][slug]["miss_targets"] = targets
+    return document
+
+
+def test_miss_targets_per_tier_replace_the_bases_and_a_tier_without_them_keeps_the_bases() -> None:
+    document = with_miss_targets(gold={"memory": "0.0000002000", "sm": "0.000003"})
+    document["sla_tiers"]["platinum"] = {"weight": "8.000", "miss_targets": {"memory": "1e-7", "sm": "0.000001"}}
+    base = Policy(miss_targets={**DEFAULT_MISS_TARGETS, "custom": MissTarget(memory=0.01, sm=0.02)})
+    policy = parse_policy(document, base=base).allocation
+    assert policy.miss_target_for("gold") == MissTarget(memory=2e-7, sm=3e-6)
+    assert policy.miss_target_for("platinum") == MissTarget(memory=1e-7, sm=1e-6)
+    # Named without targets (an older service), or not named at all: the base's.
+    assert policy.miss_target_for("silver") == DEFAULT_MISS_TARGETS["silver"]
+    assert policy.miss_target_for("custom") == MissTarget(memory=0.01, sm=0.02)
+    assert policy.miss_target_for("unknown") == DEFAULT_MISS_TARGET
+
+
+def test_a_service_that_predates_miss_targets_leaves_the_agents_defaults() -> None:
+    assert all("miss_targets" not in tier for tier in FIXTURE["sla_tiers"].values())
+    assert dict(parse_policy(FIXTURE, base=Policy()).allocation.miss_targets) == dict(DEFAULT_MISS_TARGETS)
+
+
+@pytest.mark.parametrize("targets", [
+    {"memory": "0", "sm": "0.001"}, {"memory": "1", "sm": "0.001"}, {"memory": "0.001", "sm": "1.5"},
+    {"memory": "-0.001", "sm": "0.001"}, {"memory": "NaN", "sm": "0.001"}, {"memory": "Infinity", "sm": "0.1"},
+    {"memory": "often", "sm": "0.001"}, {"memory": "0.001"}, {"memory": 0.001, "sm": True}, "0.001", None,
+    {"memory": "1e-400", "sm": "0.001"},
+])
+def test_broken_miss_targets_refuse_the_whole_document_naming_the_tier(targets: object) -> None:
+    with pytest.raises(ValueError, match=r"policy\.sla_tiers\.gold\.miss_targets"):
+        parse_policy(with_miss_targets(gold=targets), base=Policy())  # type: ignore[arg-type]
 
 
 def test_a_throttled_tenant_gets_its_own_factor_and_no_burst() -> None:

@@ -8,7 +8,9 @@ from decimal import Decimal
 import pytest
 from django.contrib.auth.models import Group, User
 
+from allocator.risk import DEFAULT_MISS_TARGET
 from billing.models import AuditEvent, Budget, SlaTier, Tenant, TenantMembership
+from billing.models.tenancy import miss_target_decimal
 from billing.scope import ADMIN_GROUP
 from tests import clock
 
@@ -81,7 +83,7 @@ def test_admin_changes_an_sla_weight_audited_and_visible_in_the_policy_api(clien
     event = AuditEvent.objects.get(action="sla_tier.weight_changed")
     assert (event.before, event.after) == ({"weight": "4.000"}, {"weight": "6.000"})
     policy = client.get("/api/v1/nodes/gpu-node-1/policy", HTTP_AUTHORIZATION=f"Bearer {node_token.token}")
-    assert policy.json()["sla_tiers"]["gold"] == {"weight": "6.000"}
+    assert policy.json()["sla_tiers"]["gold"]["weight"] == "6.000"
     assert client.post("/sla-tiers/", {"slug": "gold", "weight": "-1"}).status_code == 400
     assert SlaTier.objects.get(slug="gold").weight == Decimal(6)
 
@@ -117,7 +119,8 @@ def tier_form(**overrides: str) -> dict[str, str]:
 
 
 def sla_snapshot() -> tuple[list[tuple], int]:
-    rows = list(SlaTier.objects.order_by("slug").values_list("slug", "name", "weight", "description"))
+    rows = list(SlaTier.objects.order_by("slug").values_list("slug", "name", "weight", "description",
+                                                              "miss_target_memory", "miss_target_sm"))
     return rows, AuditEvent.objects.count()
 
 
@@ -132,10 +135,15 @@ def test_admin_creates_a_tier_audited_and_agents_receive_it_in_the_policy(client
     event = AuditEvent.objects.get(action="sla_tier.created")
     assert (event.actor_id, event.object_type, event.object_id, event.before) == (admin.pk, "sla_tier", "platinum",
                                                                                   None)
+    # A tier allocator.risk does not name starts at its default miss targets.
     assert event.after == {"slug": "platinum", "name": "Platinum", "weight": "8.000",
-                           "description": "Latency-critical inference"}
+                           "description": "Latency-critical inference",
+                           "miss_target_memory": str(miss_target_decimal(DEFAULT_MISS_TARGET.memory)),
+                           "miss_target_sm": str(miss_target_decimal(DEFAULT_MISS_TARGET.sm))}
     policy = client.get("/api/v1/nodes/gpu-node-1/policy", **auth)
-    assert policy.json()["sla_tiers"]["platinum"] == {"weight": "8.000"}
+    assert policy.json()["sla_tiers"]["platinum"] == {
+        "weight": "8.000", "miss_targets": {"memory": event.after["miss_target_memory"],
+                                            "sm": event.after["miss_target_sm"]}}
     assert policy["ETag"] != etag_before
 
 
@@ -268,3 +276,92 @@ def test_resaving_a_multi_line_description_from_a_browser_records_no_change(clie
                                                  "description": "Training.\r\nGuaranteed memory.\r\n"})
     assert resp.status_code == 302
     assert not AuditEvent.objects.exists()
+
+
+def edit_form(**overrides: str) -> dict[str, str]:
+    data = {"name": "Gold", "description": "", "weight": "4", "miss_target_memory": "0.000001",
+            "miss_target_sm": "0.00002"}
+    return {**data, **overrides}
+
+
+def test_admin_sets_a_tiers_miss_targets_audited_on_their_own_and_sent_to_agents(client, tenants, node_token):
+    from agents.allocation import Policy
+    from agents.policy_client import parse_policy
+    from allocator.risk import MissTarget
+
+    admin = login(client, admin=True)
+    auth = {"HTTP_AUTHORIZATION": f"Bearer {node_token.token}"}
+    etag_before = client.get("/api/v1/nodes/gpu-node-1/policy", **auth)["ETag"]
+    form = client.get("/sla-tiers/gold/edit/").content.decode()
+    # The form starts from the tier's targets, written as an admin types them.
+    assert f'value="{format(miss_target_decimal(DEFAULT_MISS_TARGET.memory).normalize(), "f")}"' in form
+    resp = client.post("/sla-tiers/gold/edit/", edit_form())
+    assert resp.status_code == 302, resp.content.decode()
+    event = AuditEvent.objects.get(action="sla_tier.miss_targets_changed")
+    assert (event.actor_id, event.object_id) == (admin.pk, "gold")
+    assert event.before == {"miss_target_memory": str(miss_target_decimal(DEFAULT_MISS_TARGET.memory)),
+                            "miss_target_sm": str(miss_target_decimal(DEFAULT_MISS_TARGET.sm))}
+    assert event.after == {"miss_target_memory": "0.0000010000", "miss_target_sm": "0.0000200000"}
+    policy = client.get("/api/v1/nodes/gpu-node-1/policy", **auth)
+    assert policy["ETag"] != etag_before
+    assert policy.json()["sla_tiers"]["gold"] == {"weight": "4.000",
+                                                  "miss_targets": {"memory": "0.0000010000", "sm": "0.0000200000"}}
+    # The agent reads the service's document as it is sent.
+    agent_policy = parse_policy(policy.json(), base=Policy()).allocation
+    assert agent_policy.miss_target_for("gold") == MissTarget(memory=1e-6, sm=2e-5)
+    # The page says what the numbers mean in plain words.
+    row = client.get("/sla-tiers/").content.decode().split('data-testid="sla-miss-targets-gold"')[1].split("</td>")[0]
+    assert "Memory: 1 in 1,000,000 seconds" in row
+    assert "SMs: 1 in 50,000 seconds" in row
+    # Blank keeps the targets; the same values again record nothing.
+    count = AuditEvent.objects.count()
+    assert client.post("/sla-tiers/gold/edit/", edit_form(miss_target_memory="", miss_target_sm=" ")).status_code == 302
+    assert client.post("/sla-tiers/gold/edit/", edit_form(miss_target_memory="1e-6")).status_code == 302
+    assert AuditEvent.objects.count() == count
+
+
+@pytest.mark.parametrize(("field", "value", "message"), [
+    ("miss_target_memory", "0", "memory miss target must lie between 0 and 1, both excluded"),
+    ("miss_target_memory", "1", "memory miss target must lie between 0 and 1, both excluded"),
+    ("miss_target_memory", "-0.001", "memory miss target must lie between 0 and 1, both excluded"),
+    ("miss_target_sm", "1.5", "SM miss target must lie between 0 and 1, both excluded"),
+    ("miss_target_sm", "NaN", "SM miss target must lie between 0 and 1, both excluded"),
+    ("miss_target_sm", "-Infinity", "SM miss target must lie between 0 and 1, both excluded"),
+    ("miss_target_sm", "1e-11", "SM miss target may have at most 10 decimal places"),
+    ("miss_target_memory", "1 in 1000", "memory miss target &#x27;1 in 1000&#x27; is not a number"),
+    ("miss_target_memory", "0.001\x00", "Null characters are not allowed"),
+    ("miss_target_memory", "9" * 41, "at most 40 characters"),
+])
+def test_a_broken_miss_target_is_a_400_naming_it_and_changes_nothing(client, tenants, field, value, message):
+    login(client, admin=True)
+    before = sla_snapshot()
+    # A valid name and weight beside it: nothing of the form is applied.
+    resp = client.post("/sla-tiers/gold/edit/", edit_form(name="Renamed", weight="9", **{field: value}))
+    assert resp.status_code == 400
+    assert message in resp.content.decode()
+    assert sla_snapshot() == before
+    created = client.post("/sla-tiers/new/", {**tier_form(), field: value})
+    assert created.status_code == 400
+    assert sla_snapshot() == before
+
+
+def test_a_new_tier_takes_the_miss_targets_given_and_the_seeded_tiers_start_at_allocator_risks(tenants):
+    import importlib
+
+    from django.apps import apps
+
+    from allocator.risk import DEFAULT_MISS_TARGETS
+    from billing.services.pricing.sla import create_sla_tier
+
+    tier = create_sla_tier(slug="platinum", name="Platinum", weight="8", miss_target_memory="1e-7",
+                           miss_target_sm=" 0.000002 ", now=clock.now(), actor_label="cli")
+    assert (tier.miss_target_memory, tier.miss_target_sm) == (Decimal("1e-7"), Decimal("0.000002"))
+    # The migration that added the targets gives every tier allocator.risk's own for its slug.
+    for slug in DEFAULT_MISS_TARGETS:
+        SlaTier.objects.get_or_create(slug=slug, defaults={"name": slug, "weight": Decimal(1)})
+    migration = importlib.import_module("billing.migrations.0038_sla_tier_miss_targets")
+    migration.per_tier_defaults(apps, None)
+    for slug, target in DEFAULT_MISS_TARGETS.items():
+        stored = SlaTier.objects.get(slug=slug)
+        assert (float(stored.miss_target_memory), float(stored.miss_target_sm)) == (target.memory, target.sm)
+    assert float(SlaTier.objects.get(slug="platinum").miss_target_memory) == DEFAULT_MISS_TARGET.memory

@@ -85,6 +85,14 @@ def node_policy_schema() -> dict[str, Any]:
             "throttle_factor": {"type": "string", "description": "a decimal, for action throttle"},
         },
     }
+    share = {"type": "string", "description": "a decimal in (0, 1): a share of workload-seconds"}
+    miss_targets = {
+        "type": "object", "required": ["memory", "sm"],
+        "description": "the share of the tier's workload-seconds whose use may exceed the grant, per resource: "
+                       "memory (an out-of-memory failure) and SMs (a slowdown); an agent calibrates each "
+                       "workload's margin toward them. A service that predates them omits this object.",
+        "properties": {"memory": {**share, "example": "0.0000010000"}, "sm": {**share, "example": "0.0000100000"}},
+    }
     tenant = {"type": "object", "required": ["default_sla_tier", "budget"], "properties": {
         "default_sla_tier": {"type": "string", "nullable": True}, "budget": budget}}
     return {
@@ -95,7 +103,8 @@ def node_policy_schema() -> dict[str, Any]:
             "node": {"type": "string"},
             "sla_tiers": {"type": "object", "description": "by tier slug", "additionalProperties": {
                 "type": "object", "required": ["weight"],
-                "properties": {"weight": {"type": "string", "description": "a decimal", "example": "4.000"}}}},
+                "properties": {"weight": {"type": "string", "description": "a decimal", "example": "4.000"},
+                               "miss_targets": miss_targets}}},
             "tenants": {"type": "object", "description": "by tenant slug", "additionalProperties": tenant},
             "namespaces": {"type": "object", "description": "by namespace: only those whose own budget is "
                                                             "enforced this month (every other namespace is ok)",

@@ -22,7 +22,8 @@ class NodePolicy:
 
 
 def get_node_policy(*, node_name: str, now: datetime) -> NodePolicy:
-    """SLA tiers, each tenant's default tier and, for tenants and namespaces whose budget is
+    """SLA tiers (weight, and miss targets per resource: the share of a workload's seconds its grant
+    may fall short of its use), each tenant's default tier and, for tenants and namespaces whose budget is
     enforced this month with an action a node applies, that action (`throttle`: weight × factor,
     no burst above guarantees; `evict-best-effort`; `block` is enforced at admission and listed for
     completeness). A budget that only notifies, and a label budget (which only notifies), are not
@@ -39,7 +40,9 @@ def get_node_policy(*, node_name: str, now: datetime) -> NodePolicy:
     body: dict[str, Any] = {
         "schema": POLICY_SCHEMA,
         "node": node_name,
-        "sla_tiers": {t.slug: {"weight": str(t.weight)} for t in SlaTier.objects.order_by("slug")},
+        "sla_tiers": {t.slug: {"weight": str(t.weight),
+                               "miss_targets": {"memory": str(t.miss_target_memory), "sm": str(t.miss_target_sm)}}
+                      for t in SlaTier.objects.order_by("slug")},
         "tenants": {
             t.slug: {
                 "default_sla_tier": t.default_sla_tier.slug if t.default_sla_tier else None,

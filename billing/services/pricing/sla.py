@@ -2,11 +2,17 @@
 
 Every rule is checked before anything is written, and a broken one raises `InvalidInput`
 naming the field. Each change is audited with before and after in its own transaction:
-`sla_tier.created`; `sla_tier.weight_changed` when only the weight changes (agents act on it);
+`sla_tier.created`; `sla_tier.weight_changed` when only the weight changes and
+`sla_tier.miss_targets_changed` when only the miss targets do (agents act on both);
 `sla_tier.changed` otherwise, with the changed fields only. A change that changes nothing
 writes nothing. Agents see tiers and weights through the node policy API
 (`billing.services.ingest.policy.get_node_policy` lists every tier) on their next poll; a new tier
 changes the policy's ETag like a new weight does.
+
+A tier's miss targets (`miss_target_memory`, `miss_target_sm`) are the share of its workloads'
+seconds whose use may exceed the grant: memory, an out-of-memory failure; SMs, a slowdown
+(allocator.risk). Each lies strictly between 0 and 1 with at most MISS_TARGET_PLACES decimals; a
+new tier starts at allocator.risk's default for its slug.
 
 Retiring a tier (`retire_sla_tier`, audited `sla_tier.retired`) withdraws it: it can no longer be
 edited, and it is shown as retired. It stays in the node policy, because agents refuse a pod
@@ -27,7 +33,7 @@ from django.utils.translation import gettext as _
 
 from billing.errors import InvalidInput
 from billing.models import SlaTier
-from billing.models.tenancy import slug_validator
+from billing.models.tenancy import MISS_TARGET_PLACES, default_miss_targets, slug_validator
 from billing.services.audit import record_audit_event
 
 __all__ = [
@@ -49,6 +55,7 @@ MAX_WEIGHT = Decimal("1000")
 _WEIGHT_PLACES = 3  # SlaTier.weight: decimal_places=3
 MAX_NAME_LENGTH = 100  # SlaTier.name: max_length=100
 MAX_DESCRIPTION_LENGTH = 2000  # a TextField, but a tier's description is a sentence or two
+_MISS_TARGET_FIELDS = ("miss_target_memory", "miss_target_sm")
 
 
 def _weight(value: str | Decimal) -> Decimal:
@@ -65,6 +72,24 @@ def _weight(value: str | Decimal) -> Decimal:
         raise InvalidInput(_("weight may have at most %(places)s decimal places, not %(value)s")
                            % {"places": _WEIGHT_PLACES, "value": text})
     return weight.quantize(quantum)
+
+
+def _miss_target(value: str | Decimal, field: str) -> Decimal:
+    """A share of workload-seconds in (0, 1), as typed ("0.00001" or "1e-5"); `field` names it."""
+    label = _("memory miss target") if field == "miss_target_memory" else _("SM miss target")
+    text = str(value).strip()
+    try:
+        share = Decimal(text)
+    except InvalidOperation as exc:
+        raise InvalidInput(_("%(field)s %(value)r is not a number") % {"field": label, "value": text[:40]}) from exc
+    if not share.is_finite() or not 0 < share < 1:
+        raise InvalidInput(_("%(field)s must lie between 0 and 1, both excluded (a share of workload-seconds), "
+                             "not %(value)s") % {"field": label, "value": text[:40]})
+    quantum = Decimal(1).scaleb(-MISS_TARGET_PLACES)
+    if share != share.quantize(quantum):
+        raise InvalidInput(_("%(field)s may have at most %(places)s decimal places (1 in 10,000,000,000 seconds), "
+                             "not %(value)s") % {"field": label, "places": MISS_TARGET_PLACES, "value": text[:40]})
+    return share.quantize(quantum)
 
 
 def _name(value: str) -> str:
@@ -107,13 +132,20 @@ def _known_shape(slug: str) -> None:
 
 
 def _snapshot(tier: SlaTier) -> dict[str, Any]:
-    return {"slug": tier.slug, "name": tier.name, "weight": str(tier.weight), "description": tier.description}
+    return {"slug": tier.slug, "name": tier.name, "weight": str(tier.weight), "description": tier.description,
+            **{field: str(getattr(tier, field)) for field in _MISS_TARGET_FIELDS}}
 
 
 def create_sla_tier(*, slug: str, name: str, weight: str | Decimal, description: str = "", now: datetime,
-                    actor_label: str, actor_id: int | None = None) -> SlaTier:
-    """A new tier, in the node policy from the next poll; audited as `sla_tier.created`."""
+                    actor_label: str, actor_id: int | None = None, miss_target_memory: str | Decimal | None = None,
+                    miss_target_sm: str | Decimal | None = None) -> SlaTier:
+    """A new tier, in the node policy from the next poll; audited as `sla_tier.created`. A miss
+    target not given starts at allocator.risk's default for the slug."""
     tier = SlaTier(slug=_slug(slug), name=_name(name), weight=_weight(weight), description=_description(description))
+    given = {"miss_target_memory": miss_target_memory, "miss_target_sm": miss_target_sm}
+    for field, default in default_miss_targets(tier.slug).items():
+        value = given[field]
+        setattr(tier, field, default if value is None else _miss_target(value, field))
     with transaction.atomic():
         if SlaTier.objects.filter(slug=tier.slug).exists():
             raise InvalidInput(_("an SLA tier with slug %(slug)r already exists") % {"slug": tier.slug})
@@ -129,9 +161,11 @@ def create_sla_tier(*, slug: str, name: str, weight: str | Decimal, description:
 
 def change_sla_tier(*, slug: str, now: datetime, actor_label: str, actor_id: int | None = None,
                     name: str | None = None, description: str | None = None,
-                    weight: str | Decimal | None = None) -> SlaTier:
+                    weight: str | Decimal | None = None, miss_target_memory: str | Decimal | None = None,
+                    miss_target_sm: str | Decimal | None = None) -> SlaTier:
     """Change the given fields of tier `slug` (None: keep). The slug never changes: pods and
-    samples name tiers by it. Audited with the changed fields' before and after."""
+    samples name tiers by it. Every value is checked before anything is written. Audited with the
+    changed fields' before and after."""
     wanted: dict[str, Any] = {}
     if name is not None:
         wanted["name"] = _name(name)
@@ -139,6 +173,9 @@ def change_sla_tier(*, slug: str, now: datetime, actor_label: str, actor_id: int
         wanted["description"] = _description(description)
     if weight is not None:
         wanted["weight"] = _weight(weight)
+    for field, value in (("miss_target_memory", miss_target_memory), ("miss_target_sm", miss_target_sm)):
+        if value is not None:
+            wanted[field] = _miss_target(value, field)
     _known_shape(slug)
     with transaction.atomic():
         tier = SlaTier.objects.select_for_update().filter(slug=slug).first()
@@ -154,10 +191,19 @@ def change_sla_tier(*, slug: str, now: datetime, actor_label: str, actor_id: int
             setattr(tier, field, wanted[field])
         tier.save(update_fields=[*changed, "updated_at"])
         after = {field: str(getattr(tier, field)) for field in changed}
-        action = "sla_tier.weight_changed" if changed == ["weight"] else "sla_tier.changed"
+        action = _change_action(changed)
         record_audit_event(at=now, actor_id=actor_id, actor_label=actor_label, action=action,
                            object_type="sla_tier", object_id=slug, before=before, after=after)
     return tier
+
+
+def _change_action(changed: list[str]) -> str:
+    """The audit action of a change: the two agents act on have their own."""
+    if changed == ["weight"]:
+        return "sla_tier.weight_changed"
+    if set(changed) <= set(_MISS_TARGET_FIELDS):
+        return "sla_tier.miss_targets_changed"
+    return "sla_tier.changed"
 
 
 def set_sla_tier_weight(*, slug: str, weight: str | Decimal, now: datetime, actor_label: str,
