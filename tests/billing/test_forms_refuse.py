@@ -337,7 +337,7 @@ def test_a_retired_tier_is_audited_shown_frozen_and_stays_in_the_node_policy(tie
     with pytest.raises(InvalidInput, match="is retired"):
         change_sla_tier(slug="silver", weight="3", now=clock.now(), actor_label="admin")
     # Pods still labelled silver keep its weight: agents refuse a pod whose tier they do not know.
-    assert get_node_policy(node_name="gpu-node-1", now=clock.now()).body["sla_tiers"]["silver"] == {"weight": "2.000"}
+    assert get_node_policy(node_name="gpu-node-1", now=clock.now()).body["sla_tiers"]["silver"]["weight"] == "2.000"
     resp = admin.post("/sla-tiers/gold/retire/", {"reason": "r", "confirm": "on"})
     assert resp.status_code == 400
     assert "is the default tier of acme" in resp.content.decode()
