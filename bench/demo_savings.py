@@ -39,7 +39,7 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from agents.backends.sim import demo_scenario  # noqa: E402 - after the path fix above
+from agents.backends.sim import demo_fleet  # noqa: E402 - after the path fix above
 from bench.ingest import (  # noqa: E402
     ServerConfig,
     bench_database,
@@ -70,10 +70,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def meter(env: dict[str, str], url: str, work: Path, *, nodes: list[str], start: datetime, seconds: int) -> None:
     """Every node's agent over [start, start + seconds), at once, as the demo's history runs them."""
     procs = []
-    for seed, node in enumerate(nodes, start=1):
+    for node, scenario in demo_fleet(nodes, tenants=TENANTS).items():
         token_file, scenario_file = work / f"{node}.token", work / f"{node}.scenario.json"
         token_file.write_text(manage(env, "create_node_token", node).strip().splitlines()[-1] + "\n")
-        scenario_file.write_text(json.dumps(demo_scenario(node, seed=seed, tenants=TENANTS)))
+        scenario_file.write_text(json.dumps(scenario))
         args = history_agent_args(sys.executable, url=url, token_file=token_file, scenario_file=scenario_file,
                                   start=start, seconds=seconds, spool=work / f"{node}.sqlite")
         with (work / f"{node}.log").open("wb") as log:  # the agents' INFO lines, shown if one fails

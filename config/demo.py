@@ -28,7 +28,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from agents.backends.sim import demo_scenario
+from agents.backends.sim import demo_fleet, demo_scenario
 from config.demo_opencost import OpenCostPort, port_from_env
 from config.embedded import DATA_DIR, embedded_services
 
@@ -356,12 +356,12 @@ def main() -> int:  # noqa: PLR0915 - the demo's start-up, step by step in the o
                        *(arg for node in [*NODES, BURST_NODE] for arg in ("--node", node))], env)
         del env["VGPU_DEMO_WEBHOOK_SECRET"]
         agents = []
-        for seed, node in enumerate(NODES, start=1):
+        for node, scenario in demo_fleet(NODES, tenants=TENANTS).items():
             token_file = DEMO_DIR / f"{node}.token"
             token_file.write_text(_run([py, "manage.py", "create_node_token", node], env).strip() + "\n")
             token_file.chmod(0o600)
             scenario_file = DEMO_DIR / f"{node}.scenario.json"
-            scenario_file.write_text(json.dumps(demo_scenario(node, seed=seed, tenants=TENANTS), indent=1))
+            scenario_file.write_text(json.dumps(scenario, indent=1))
             agents.append((node, token_file, scenario_file))
         burst_token = DEMO_DIR / f"{BURST_NODE}.token"
         burst_token.write_text(_run([py, "manage.py", "create_node_token", BURST_NODE], env).strip() + "\n")

@@ -15,7 +15,7 @@ from functools import lru_cache
 
 import numpy as np
 
-__all__ = ["PROFILES", "ProfileUsage", "profile_usage"]
+__all__ = ["PEAKS", "PROFILES", "ProfilePeak", "ProfileUsage", "profile_usage"]
 
 _NOISE_STEP_S = 0.5  # noise changes every half second
 _NOISE_PER_CHUNK = 128  # noise values drawn per generator (64 s)
@@ -35,6 +35,23 @@ class ProfileUsage:
     mem_mb: float  # MiB held
     sm_fraction: float  # share of the card's SMs busy, 0..1
     pcie_mb_per_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class ProfilePeak:
+    """The most a profile's workload ever holds: its use is clipped to these, at every instant."""
+
+    mem_mb: float  # MiB
+    sm_fraction: float  # share of the card's SMs
+
+
+# Each profile's bounds, used by its model below and known before a workload of it has any history
+# (agents.backends.sim places the demo's pods by them).
+PEAKS: dict[str, ProfilePeak] = {
+    "bert-base": ProfilePeak(mem_mb=500.0, sm_fraction=0.10),
+    "resnet50": ProfilePeak(mem_mb=1200.0, sm_fraction=0.45),
+    "llama2-7b-q4": ProfilePeak(mem_mb=_LLAMA_MAX_MB, sm_fraction=0.80),
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,8 +85,9 @@ def _constant(key: int, stream: int, low: float, high: float) -> float:
 
 def _bert_base(key: int, t: float) -> ProfileUsage:
     """BERT-base inference: ~300-500 MB, 5-10 % of SMs, steady with small noise."""
-    mem = _clip(_constant(key, 1, 320.0, 460.0) + 6.0 * _noise(key, 2, t), 300.0, 500.0)
-    sm = _clip(0.075 + 0.01 * _noise(key, 3, t), 0.05, 0.10)
+    peak = PEAKS["bert-base"]
+    mem = _clip(_constant(key, 1, 320.0, 460.0) + 6.0 * _noise(key, 2, t), 300.0, peak.mem_mb)
+    sm = _clip(0.075 + 0.01 * _noise(key, 3, t), 0.05, peak.sm_fraction)
     pcie = max(0.0, 2.0 + 0.4 * _noise(key, 4, t))
     return ProfileUsage(mem_mb=mem, sm_fraction=sm, pcie_mb_per_s=pcie)
 
@@ -79,8 +97,9 @@ def _resnet50(key: int, t: float) -> ProfileUsage:
     period_s = _constant(key, 1, 1.5, 3.0)
     phase = _constant(key, 2, 0.0, 1.0)
     wave = 0.5 + 0.5 * math.sin(2.0 * math.pi * (t / period_s + phase))
-    mem = _clip(1180.0 + 8.0 * _noise(key, 3, t), 1160.0, 1200.0)
-    sm = _clip(0.06 + 0.30 * wave + 0.02 * _noise(key, 4, t), 0.03, 0.45)
+    peak = PEAKS["resnet50"]
+    mem = _clip(1180.0 + 8.0 * _noise(key, 3, t), 1160.0, peak.mem_mb)
+    sm = _clip(0.06 + 0.30 * wave + 0.02 * _noise(key, 4, t), 0.03, peak.sm_fraction)
     pcie = max(0.0, 4.0 + 10.0 * wave + _noise(key, 5, t))
     return ProfileUsage(mem_mb=mem, sm_fraction=sm, pcie_mb_per_s=pcie)
 
@@ -130,8 +149,9 @@ def _llama2_7b_q4(key: int, t: float) -> ProfileUsage:
                 generated = r.output_tokens * (elapsed - r.prefill_s) / r.decode_s
                 kv_tokens += r.prompt_tokens + generated
     base = _LLAMA_BASE_MB + 10.0 * _noise(key, 3, t)
-    mem = _clip(base + kv_tokens * _KV_MB_PER_TOKEN, _LLAMA_BASE_MB - 40.0, _LLAMA_MAX_MB)
-    sm = _clip(sm + 0.02 * _noise(key, 4, t), 0.01, 0.80)
+    peak = PEAKS["llama2-7b-q4"]
+    mem = _clip(base + kv_tokens * _KV_MB_PER_TOKEN, _LLAMA_BASE_MB - 40.0, peak.mem_mb)
+    sm = _clip(sm + 0.02 * _noise(key, 4, t), 0.01, peak.sm_fraction)
     pcie = 0.1 + 0.3 * active
     return ProfileUsage(mem_mb=mem, sm_fraction=sm, pcie_mb_per_s=pcie)
 

@@ -29,23 +29,27 @@ import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from agents.backends._profiles import PROFILES, profile_usage
+from agents.backends._profiles import PEAKS, PROFILES, profile_usage
 from agents.interfaces import Entitlement, GpuInfo, UsageReading, Workload, WorkloadMeta
 from agents.owners import allowed_labels, parse_label_keys
+from allocator.rebalance import SM_MILLI, Pool, PoolNode, PoolWorkload, apply_moves, plan_rebalance
 
 __all__ = [
     "SLA_TIERS",
     "Scenario",
     "SimBackend",
     "SimWorkload",
+    "demo_fleet",
     "demo_scenario",
     "load_scenario",
     "parse_scenario",
+    "predicted_reservation",
 ]
 
 SLA_TIERS = ("gold", "silver", "bronze", "best-effort")
@@ -329,8 +333,10 @@ def _name(rng: np.random.Generator, length: int) -> str:
     return "".join(_NAME_ALPHABET[i] for i in rng.integers(0, len(_NAME_ALPHABET), length))
 
 
-def demo_scenario(node: str, *, seed: int, gpu_count: int = 8, tenants: Sequence[tuple[str, str]]) -> dict[str, Any]:
-    """A realistic node: A100 80GB cards, 2-4 pods each, mixed profiles across ``tenants``.
+def demo_scenario(node: str, *, seed: int, gpu_count: int = 8, tenants: Sequence[tuple[str, str]],
+                  pods_per_gpu: tuple[int, int] = (2, 4)) -> dict[str, Any]:
+    """A realistic node: A100 80GB cards, ``pods_per_gpu`` pods each (from the first to the second,
+    both included), mixed profiles across ``tenants``.
 
     ``tenants`` are ``(slug, sla_tier)`` pairs. The same arguments give the same
     document.
@@ -342,6 +348,9 @@ def demo_scenario(node: str, *, seed: int, gpu_count: int = 8, tenants: Sequence
             raise ValueError(f"tenant {slug!r}: tier {tier!r} not in {SLA_TIERS}")
     if gpu_count < 1:
         raise ValueError(f"gpu_count must be >= 1, got {gpu_count}")
+    fewest, most = pods_per_gpu
+    if not 1 <= fewest <= most:
+        raise ValueError(f"pods_per_gpu must be (fewest, most) with 1 <= fewest <= most, got {pods_per_gpu}")
     rng = np.random.default_rng([seed, _stable_int("demo", node)])
     gpus = [
         {
@@ -355,7 +364,7 @@ def demo_scenario(node: str, *, seed: int, gpu_count: int = 8, tenants: Sequence
     profiles = list(_APPS)
     workloads: list[dict[str, Any]] = []
     for gpu in gpus:
-        for _ in range(int(rng.integers(2, 5))):
+        for _ in range(int(rng.integers(fewest, most + 1))):
             slug, tier = tenants[int(rng.integers(0, len(tenants)))]
             profile = profiles[int(rng.choice(len(profiles), p=_PROFILE_MIX))]
             app, container, guarantee_mb, limit_mb = _APPS[profile]
@@ -384,3 +393,45 @@ def demo_scenario(node: str, *, seed: int, gpu_count: int = 8, tenants: Sequence
                 }
             )
     return {"node": node, "seed": seed, "gpus": gpus, "workloads": workloads}
+
+
+def predicted_reservation(profile: str) -> tuple[int, int]:
+    """What a pod of ``profile`` is predicted to hold of a card before it has any history, in the
+    rebalance planner's units (memory MB, SM milli), rounded up: its profile's peak, per resource.
+
+    Use never exceeds the peak (agents.backends._profiles clips to it), so a card whose pods'
+    reservations fit never runs short, at any tier's miss target; a headroom on top would guard a
+    forecast's error, and a bound has none. A pod's request plays no part: it is what whole-card and
+    request-fraction scheduling reserve, not what the pod uses."""
+    peak = PEAKS[profile]
+    return math.ceil(round(peak.mem_mb, 6)), math.ceil(round(peak.sm_fraction * SM_MILLI, 6))
+
+
+def demo_fleet(nodes: Sequence[str], *, tenants: Sequence[tuple[str, str]], gpu_count: int = 8) -> dict[str, dict[str, Any]]:
+    """The demo's fleet: a scenario per node (seeded by its position in ``nodes``, from 1), with
+    its pods placed by their predicted reservations.
+
+    The pods arrive as a scheduler of whole cards places them, one per card, so that every static
+    alternative fits on the fleet (a whole card needs a card per pod). The product's placement then
+    packs them by what they are predicted to hold (``predicted_reservation``): the rebalance planner
+    (allocator.rebalance), each card a node of one GPU (as the replay plans pools), empties every
+    card whose pods fit, at their reservations, on cards that stay busy. The cards it empties are
+    the saving dynamic allocation makes; a pod may land on another node's card. The same arguments
+    give the same documents."""
+    drawn = [demo_scenario(node, seed=seed, gpu_count=gpu_count, tenants=tenants, pods_per_gpu=(1, 1))
+             for seed, node in enumerate(nodes, start=1)]
+    # A card's name in the pool sorts in the fleet's order (node, then index), which orders the
+    # planner's ties, as the static alternatives are placed in the fleet's order.
+    cards = {f"{doc['node']}/{index:03d}": (doc["node"], gpu) for doc in drawn for index, gpu in enumerate(doc["gpus"])}
+    name_of = {gpu["uuid"]: name for name, (_, gpu) in cards.items()}
+    pods = {w["pod_uid"]: w for doc in drawn for w in doc["workloads"]}
+    pool = Pool.build(
+        [PoolNode(name=name, model=gpu["model"], gpus=1, gpu_memory_mb=gpu["memory_mb"]) for name, (_, gpu) in cards.items()],
+        [PoolWorkload(key=uid, node=name_of[w["gpu"]], gpus=(0,), memory_mb=predicted_reservation(w["profile"])[0],
+                      sm_milli=predicted_reservation(w["profile"])[1]) for uid, w in pods.items()],
+    )
+    plan = plan_rebalance(pool, max_moves=len(pods), price_per_gpu_hour=Decimal(0))
+    placed = {w.key: cards[w.node] for w in apply_moves(pool, plan.moves).workloads}
+    return {doc["node"]: {**doc, "workloads": [{**w, "gpu": placed[uid][1]["uuid"]} for uid, w in pods.items()
+                                               if placed[uid][0] == doc["node"]]}
+            for doc in drawn}
