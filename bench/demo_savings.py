@@ -8,7 +8,7 @@ provides them). It never touches DATABASE_URL's database: it drops and creates
 
 1. migrate and `manage.py load_demo` (the demo's tiers, tenants and A100 rate card), a node token
    per demo node, and each node's scenario exactly as `make demo` writes it (config/demo.py: same
-   nodes, seeds and tenants);
+   nodes, seeds and tenants; agents.backends.sim.demo_fleet places the pods);
 2. the real agent on each node, run as the demo's history runs it (config.demo.history_agent_args:
    sim backend, 60 s ticks and samples, the agent's default policy, uploading to gunicorn), for
    `--hours` simulated hours from midnight two days ago (UTC), all nodes at once;
@@ -16,7 +16,7 @@ provides them). It never touches DATABASE_URL's database: it drops and creates
    organisation's figures (dynamic as run against every static alternative: feasible or not, cost,
    cards at the busiest minute) and the paired per-workload figures.
 
-It answers "is dynamic below every static baseline on the demo's fleet?" in a couple of minutes
+It answers "is dynamic below every static baseline on the demo's fleet?" in about a minute
 instead of a `make demo` run; the demo's report covers whole days and its burst node's hours too,
 which this leaves out (docs/billing.md, The demo's paired report).
 """

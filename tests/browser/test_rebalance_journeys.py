@@ -4,9 +4,9 @@ exactly the nodes to cordon and the pods to evict; Confirm (a POST with CSRF) ap
 demo's Celery worker executes it, and the page and the audit log show the outcome as the database
 records it. The demo has no Kubernetes API server, so the execution fails, and must say so.
 
-The demo's three nodes are full at their workloads' peaks, so no node of theirs can be emptied and
-their plan moves nothing: a spare node with one small pod joins for the journey (a node token and
-a batch over the real API), the node a plan can hand back with one eviction."""
+The demo's pods are packed by their predicted reservations onto fewer cards than its three nodes
+have (agents.backends.sim.demo_fleet), so the plan empties one of the demo's own nodes by moving
+its few pods onto the cards left free on the others."""
 
 from __future__ import annotations
 
@@ -15,18 +15,15 @@ import re
 import subprocess
 import sys
 import time
-from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import psycopg2
 import pytest
-import requests
 from playwright.sync_api import Page, expect
 
-from tests import clock
+from config.demo import NODES
 from tests.browser.test_polish_journeys import measure_layout
-from tests.conftest import make_batch
 
 pytestmark = [pytest.mark.browser, pytest.mark.timeout(900)]
 
@@ -34,42 +31,6 @@ ROOT = Path(__file__).resolve().parents[2]
 # What the page calls each outcome, per language (the plan's status as the model names it).
 STATUS_LABEL = {"en": {"failed": "failed", "done": "done"}, "zh-hans": {"failed": "失败", "done": "已完成"}}
 WAIT_MS = 20_000  # the demo shares its machine with the suite: pages can take seconds
-
-
-SPARE = "sim-a100-spare"
-_spare_metered_until: list[datetime] = []  # a GPU-second is metered once: the next batch starts after
-
-
-def _spare_node(demo: Any) -> None:
-    """A node with one small pod (0.5 GB, 10 % of the SMs) on one of its two A100s, metered for
-    up to the last 30 seconds (after what an earlier call metered), so that the plan proposed next
-    empties it."""
-    token = subprocess.run([sys.executable, "manage.py", "create_node_token", SPARE], cwd=ROOT,
-                           env={**os.environ, **demo.env}, capture_output=True, text=True, check=True,
-                           timeout=60).stdout.strip()
-    clock.wait_until_the_month_holds(timedelta(seconds=40))
-    start = max([clock.now().replace(microsecond=0) - timedelta(seconds=30), *_spare_metered_until])
-    while (clock.now() - start).total_seconds() < 10:
-        time.sleep(1)
-    seconds = min(30, int((clock.now() - start).total_seconds()))
-    _spare_metered_until[:] = [start + timedelta(seconds=seconds)]
-    batch = make_batch(node=SPARE, seq=int(start.timestamp()), start=start, seconds=seconds, gpus=2, workloads=[
-        {"gpu": 0, "tenant": "acme", "pod": "spare-bert", "pod_uid": "uid-spare-bert", "mem_used": 500.0,
-         "mem_granted": 500.0, "sm_used": 10.8, "sm_granted": 10.8}])
-    resp = requests.post(f"{demo.base}/api/v1/usage/batches", json=batch, timeout=30,
-                         headers={"Authorization": f"Bearer {token}"})
-    assert resp.status_code == 201, resp.text
-    deadline = time.monotonic() + 90
-    while time.monotonic() < deadline:
-        with psycopg2.connect(demo.env["DATABASE_URL"]) as conn, conn.cursor() as cur:
-            cur.execute("select count(*) from billing_usageminute u join billing_node n on n.id = u.node_id "
-                        "where n.name = %s and u.minute >= date_trunc('minute', %s::timestamptz)", [SPARE, start])
-            (rows,) = cur.fetchone()
-        conn.close()
-        if rows:
-            return
-        time.sleep(1)
-    raise AssertionError("the spare node's minutes were not rolled up within 90 s")
 
 
 def _propose(demo: Any) -> int:
@@ -107,14 +68,15 @@ def _ended(demo: Any, plan_id: int, timeout_s: float = 120) -> dict[str, Any]:
 
 @pytest.mark.parametrize("language", ["en", "zh-hans"])
 def test_admin_approves_through_the_confirmation_page_and_sees_the_outcome(sign_in, demo, language):
-    _spare_node(demo)
     plan_id = _propose(demo)
     planned = _plan(demo, plan_id)
     assert planned["status"] == "proposed"
-    # It claims the spare node only, both its GPUs, for the one eviction that empties it.
-    assert planned["summary"]["freed_nodes"] == [SPARE]
-    assert planned["summary"]["gpus_released"] == 2
-    assert [m["pod"] for m in planned["moves"]] == ["spare-bert"]
+    # It claims whole demo nodes, all 8 GPUs of each, and evicts only their pods.
+    freed = planned["summary"]["freed_nodes"]
+    assert freed, planned["summary"]
+    assert set(freed) <= set(NODES)
+    assert planned["summary"]["gpus_released"] == 8 * len(freed)
+    assert {m["from_node"] for m in planned["moves"]} == set(freed)
     s = sign_in("admin")
     page = s.page
     _language(page, language)
