@@ -414,8 +414,8 @@ def demo_fleet(nodes: Sequence[str], *, tenants: Sequence[tuple[str, str]], gpu_
     The pods arrive as a scheduler of whole cards places them, one per card, so that every static
     alternative fits on the fleet (a whole card needs a card per pod). The product's placement then
     packs them by what they are predicted to hold (``predicted_reservation``): the rebalance planner
-    (allocator.rebalance), each card a node of one GPU (as the replay plans pools), empties every
-    card whose pods fit, at their reservations, on cards that stay busy. The cards it empties are
+    (allocator.rebalance), each card a node of one GPU so that it empties cards rather than whole
+    nodes, empties every card whose pods fit, at their reservations, on cards that stay busy. The cards it empties are
     the saving dynamic allocation makes; a pod may land on another node's card. The same arguments
     give the same documents."""
     drawn = [demo_scenario(node, seed=seed, gpu_count=gpu_count, tenants=tenants, pods_per_gpu=(1, 1))
@@ -425,10 +425,11 @@ def demo_fleet(nodes: Sequence[str], *, tenants: Sequence[tuple[str, str]], gpu_
     cards = {f"{doc['node']}/{index:03d}": (doc["node"], gpu) for doc in drawn for index, gpu in enumerate(doc["gpus"])}
     name_of = {gpu["uuid"]: name for name, (_, gpu) in cards.items()}
     pods = {w["pod_uid"]: w for doc in drawn for w in doc["workloads"]}
+    reserved = {uid: predicted_reservation(w["profile"]) for uid, w in pods.items()}
     pool = Pool.build(
         [PoolNode(name=name, model=gpu["model"], gpus=1, gpu_memory_mb=gpu["memory_mb"]) for name, (_, gpu) in cards.items()],
-        [PoolWorkload(key=uid, node=name_of[w["gpu"]], gpus=(0,), memory_mb=predicted_reservation(w["profile"])[0],
-                      sm_milli=predicted_reservation(w["profile"])[1]) for uid, w in pods.items()],
+        [PoolWorkload(key=uid, node=name_of[w["gpu"]], gpus=(0,), memory_mb=reserved[uid][0], sm_milli=reserved[uid][1])
+         for uid, w in pods.items()],
     )
     plan = plan_rebalance(pool, max_moves=len(pods), price_per_gpu_hour=Decimal(0))
     placed = {w.key: cards[w.node] for w in apply_moves(pool, plan.moves).workloads}
