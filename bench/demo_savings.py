@@ -1,6 +1,6 @@
 """The demo's paired report, fast: the demo's fleet metered for a few simulated hours, then reported.
 
-    python bench/demo_savings.py [--hours 3] [--nodes 3] [--keep-db] [--json-out FILE]
+    python bench/demo_savings.py [--hours 3] [--nodes 3] [--agent-arg=ARG ...] [--keep-db] [--json-out FILE]
 
 DATABASE_URL and REDIS_URL must be set (`python -m config.embedded -- python bench/demo_savings.py`
 provides them). It never touches DATABASE_URL's database: it drops and creates
@@ -11,7 +11,8 @@ provides them). It never touches DATABASE_URL's database: it drops and creates
    nodes, seeds and tenants; agents.backends.sim.demo_fleet places the pods);
 2. the real agent on each node, run as the demo's history runs it (config.demo.history_agent_args:
    sim backend, 60 s ticks and samples, the agent's default policy, uploading to gunicorn), for
-   `--hours` simulated hours from midnight two days ago (UTC), all nodes at once;
+   `--hours` simulated hours from midnight two days ago (UTC), all nodes at once; each `--agent-arg`
+   is added to the agent's command line, to measure another agent policy (`--agent-arg=--predictor=current-use`);
 3. `manage.py rollup_usage`, then `manage.py paired_report --json` of that day, and prints the
    organisation's figures (dynamic as run against every static alternative: feasible or not, cost,
    cards at the busiest minute) and the paired per-workload figures.
@@ -57,6 +58,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--hours", type=int, default=3, help="simulated hours per node (1-24)")
     parser.add_argument("--nodes", type=int, default=len(NODES), help=f"how many of the demo's {len(NODES)} nodes")
+    parser.add_argument("--agent-arg", action="append", default=[], metavar="ARG",
+                        help="added to every agent's command line (another policy: --agent-arg=--predictor=current-use)")
     parser.add_argument("--keep-db", action="store_true", help="keep the database for a look afterwards")
     parser.add_argument("--json-out", type=Path, help="also write the whole report as JSON here")
     args = parser.parse_args(argv)
@@ -67,7 +70,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
-def meter(env: dict[str, str], url: str, work: Path, *, nodes: list[str], start: datetime, seconds: int) -> None:
+def meter(env: dict[str, str], url: str, work: Path, *, nodes: list[str], start: datetime, seconds: int,
+          agent_args: list[str]) -> None:
     """Every node's agent over [start, start + seconds), at once, as the demo's history runs them."""
     procs = []
     for node, scenario in demo_fleet(nodes, tenants=TENANTS).items():
@@ -75,7 +79,7 @@ def meter(env: dict[str, str], url: str, work: Path, *, nodes: list[str], start:
         token_file.write_text(manage(env, "create_node_token", node).strip().splitlines()[-1] + "\n")
         scenario_file.write_text(json.dumps(scenario))
         args = history_agent_args(sys.executable, url=url, token_file=token_file, scenario_file=scenario_file,
-                                  start=start, seconds=seconds, spool=work / f"{node}.sqlite")
+                                  start=start, seconds=seconds, spool=work / f"{node}.sqlite") + agent_args
         with (work / f"{node}.log").open("wb") as log:  # the agents' INFO lines, shown if one fails
             procs.append((node, subprocess.Popen(args, cwd=REPO, env=env, stdout=log,
                                                  stderr=subprocess.STDOUT)))
@@ -128,7 +132,7 @@ def main(argv: list[str] | None = None) -> int:
         with tempfile.TemporaryDirectory(prefix="demo-savings-") as work, \
                 gunicorn(env, ServerConfig("sync", 2, 1)) as server:
             meter(env, f"http://127.0.0.1:{server.port}", Path(work), nodes=nodes, start=day,
-                  seconds=args.hours * 3600)
+                  seconds=args.hours * 3600, agent_args=args.agent_arg)
         manage(env, "rollup_usage")
         output = manage(env, "paired_report", "--from", f"{day:%Y-%m-%d}", "--to",
                         f"{day + timedelta(days=1):%Y-%m-%d}", "--json")
