@@ -45,8 +45,7 @@ __all__ = ["DEFAULT_SAMPLE_RETENTION", "BatchState", "CheckpointPeriod", "Spool"
 
 BatchState = Literal["pending", "sent", "dead"]
 # How long the per-second samples stay on the node after their batch (``--sample-retention-days``):
-# the service keeps integrals only, so these are the evidence an audit of a bill reads. Two weeks at
-# 1-second metering of 8 GPUs x 16 workloads are about 2 GB of gzipped JSON (docs/agent.md).
+# the service keeps integrals only, so these are the evidence an audit of a bill reads (docs/agent.md).
 DEFAULT_SAMPLE_RETENTION = timedelta(days=14)
 SpoolKind = Literal["live", "replay"]
 
