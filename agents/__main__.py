@@ -119,8 +119,9 @@ def _parser() -> argparse.ArgumentParser:  # noqa: PLR0915 - one add_argument pe
         "--batch-seconds", type=int, default=60,
         help="batch window width, s (default 60: a fifth of the ingest CPU per sample of 10 s batches, docs/benchmarks.md)",
     )
-    run.add_argument("--wire", choices=["v1", "v2"], default="v1",
-                     help="batch protocol: v2 sends integrals per workload-minute, v1 per-second samples (docs/protocol.md)")
+    run.add_argument("--wire", choices=["v1", "v2"], default="v2",
+                     help="batch protocol: v2 (default) sends integrals per workload-minute, v1 per-second samples "
+                          "(docs/protocol.md)")
     run.add_argument("--sample-retention-days", type=float, default=DEFAULT_SAMPLE_RETENTION.days,
                      help="days the spool keeps per-second samples for an audit (export-samples)")
     run.add_argument("--timeout-s", type=float, default=10.0, help="HTTP timeout per upload, s")

@@ -185,7 +185,7 @@ def render_batch(
     samples: Sequence[Sample],
     cluster: str = "",
     energy_j: Mapping[str, float] | None = None,
-    wire: str = "v1",
+    wire: str,
 ) -> bytes:
     """The exact bytes sent for a batch (compact JSON, stable ordering); ``cluster`` only when set.
     ``energy_j``: the joules each GPU drew over the whole window, for the GPUs that metered it (an

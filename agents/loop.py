@@ -55,7 +55,7 @@ class AgentConfig:
     policy: Policy = field(default_factory=Policy)
     cluster: str = ""  # the batches' optional ``cluster`` (``--cluster``); "" sends none
     # Wire protocol of the batches (``--wire``): "v2" sends integrals per workload-minute, "v1" the samples.
-    wire: str = "v1"
+    wire: str = "v2"
 
     def __post_init__(self) -> None:
         if not self.node:
@@ -322,7 +322,7 @@ class Agent:
             # The per-second samples stay on the node as the audit's evidence (docs/agent.md).
             evidence=lambda batch_seq: render_batch(
                 node=self._config.node, batch_seq=batch_seq, window_start=window_start, window_end=end,
-                gpus=gpus, samples=inside, cluster=self._config.cluster, energy_j=energy,
+                gpus=gpus, samples=inside, cluster=self._config.cluster, energy_j=energy, wire="v1",
             ),
         )
         batch.advance(to=end)

@@ -171,10 +171,10 @@ def test_mps_and_watchdog_together_drive_the_mps_control_daemon(
 
 
 def granted_over_used(spool_path: Path) -> float:
-    """Memory granted ÷ memory used over every spooled sample."""
+    """Memory granted ÷ memory used over every spooled batch (v2: its per-minute integrals)."""
     spool = Spool(spool_path, node="gpu-node-03", now=clock.now)
-    samples = [s for b in spool.list_batches() for s in json.loads(b.json_bytes())["samples"]]
-    return sum(s["mem_granted_mb_s"] for s in samples) / sum(s["mem_used_mb_s"] for s in samples)
+    windows = [w for b in spool.list_batches() for w in json.loads(b.json_bytes())["windows"]]
+    return sum(w["mem_granted_mb_s"] for w in windows) / sum(w["mem_used_mb_s"] for w in windows)
 
 
 def test_the_default_predictor_reserves_ahead_and_current_use_does_not(

@@ -262,7 +262,7 @@ def test_what_the_simulated_agent_renders_validates_and_lands_per_pod(post_batch
     ]
     body = render_batch(node="gpu-node-1", batch_seq=1, window_start=minute_start,
                         window_end=minute_start + timedelta(seconds=1), gpus=scenario.gpus, samples=samples,
-                        cluster="demo")
+                        cluster="demo", wire="v2")
     resp = post_batch(None, raw=body)
     assert resp.status_code == 201, resp.content
     pods = {w.workload.pod: w.workload for w in scenario.workloads}
