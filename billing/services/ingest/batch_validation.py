@@ -69,6 +69,7 @@ MAX_PCIE_MB_PER_S = 1e7
 # A workload is one container on one GPU: it may be metered once per second.
 _WORKLOAD = (1, 2, 3, 4)  # indexes of namespace, pod, container, pod_uid in a sample's names
 _MINUTE = timedelta(minutes=1)
+MINUTE_SECONDS = 60  # the most seconds a v2 window meters: one UTC minute
 YEARS = (2000, 9000)
 _FLOAT_MAX = sys.float_info.max
 
@@ -574,7 +575,7 @@ def _validate_windows(  # noqa: PLR0915 - every rule of a v2 window, in the prot
         minute = _window_minute(item.get("minute"), at, minutes, errors)
         seconds: Any = item.get("seconds")
         ok = minute is not None
-        if (type(seconds) is not float and type(seconds) is not int) or not 0 < seconds <= _MINUTE.total_seconds():
+        if (type(seconds) is not float and type(seconds) is not int) or not 0 < seconds <= MINUTE_SECONDS:
             errors.add(f"{at}.seconds", "must be a number in (0, 60]")
             ok = False
         gpu_id = item.get("gpu")
