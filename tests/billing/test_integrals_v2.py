@@ -21,9 +21,10 @@ from hypothesis import strategies as st
 
 from agents.batch import Sample, render_batch
 from agents.interfaces import GpuInfo, Workload
-from billing.ledger.models import UsageMinute
+from billing.ledger.models import GpuDay, GpuHour, GpuMinute, UsageDay, UsageHour, UsageMinute
 from billing.ledger.pricing import GpuWindowUsage, Rate, WorkloadQuantities, price_gpu_window
-from billing.ledger.rollup import rollup_usage
+from billing.ledger.rollup import rebuild_ledger, rollup_usage
+from billing.models import RateCard
 from billing.services.ingest.batch_validation import summed_per_minute, validate_batch
 from tests import clock
 from tests.conftest import A100
@@ -146,3 +147,47 @@ def test_a_v1_and_a_v2_batch_of_the_same_seconds_write_the_same_minutes(post_bat
         minutes[row["gpu_uuid"]].append({k: v for k, v in row.items() if k not in {"id", "gpu_uuid", "node_id"}})
     assert len(minutes["GPU-prop-0"]) == 4  # two workloads in each of two minutes
     assert minutes["GPU-prop-0"] == minutes["GPU-prop-1"]
+
+
+def _ledger_of(card: GpuInfo) -> dict[str, list[dict[str, Any]]]:
+    """Every ledger row of one card, minutes to days, without its ids or the card's uuid."""
+    tables = {"usage minutes": (UsageMinute, "minute"), "gpu minutes": (GpuMinute, "minute"),
+              "usage hours": (UsageHour, "hour"), "gpu hours": (GpuHour, "hour"),
+              "usage days": (UsageDay, "day"), "gpu days": (GpuDay, "day")}
+    return {name: sorted(({k: v for k, v in row.items() if k not in {"id", "gpu_uuid"}}
+                          for row in model.objects.filter(gpu_uuid=card.uuid).values()),
+                         key=lambda row, time=time: (row[time], row.get("pod", "")))
+            for name, (model, time) in tables.items()}
+
+
+@pytest.mark.django_db
+def test_a_rebuild_after_a_rate_card_change_equals_a_fresh_ingest_under_the_new_card(
+        post_batch, one_usd_per_gpu_second):
+    """The stored integrals are all a re-pricing needs: card 0's minutes, metered under the old card
+    (a v2 batch, then a late v1 batch into the same minutes) and rebuilt after the card changed,
+    equal card 1's, sent the same batches after the change, in every quantity and amount."""
+    # Two minutes inside one hour and one UTC day, whatever the time the test runs.
+    start = clock.now().replace(minute=20, second=0, microsecond=0) - timedelta(hours=1)
+    samples = [Sample(start=start + timedelta(seconds=s), seconds=1, gpu=GPU.uuid, workload=_workload(w),
+                      mem_used_mb_s=(1000 + 37 * s + w) / Q * 100, mem_granted_mb_s=20480.0 * (w + 1),
+                      sm_used_s=(s % 7) * 3.25 + 30 * w, sm_granted_s=13.5 * (w + 1), pcie_mb=0.0009765625 * s)
+               for s in range(90) for w in range(2)]
+    early = [s for s in samples if s.start < start + timedelta(seconds=40)]
+    late = [s for s in samples if s.start >= start + timedelta(seconds=40)]
+    cards = [GPU, GpuInfo(uuid="GPU-prop-1", model=GPU.model, memory_mb=GPU.memory_mb, sm_count=GPU.sm_count)]
+
+    def meter(card: GpuInfo, seq: int) -> None:
+        for wire, part, at in (("v2", early, start), ("v1", late, start + timedelta(seconds=40))):
+            assert post_batch(_document(part, wire, seq=seq, gpu=card, start=at)).status_code == 201
+            rollup_usage(now=clock.now())  # the late batch lands in minutes already rolled up
+            seq += 1
+
+    meter(cards[0], seq=1)
+    RateCard.objects.filter(pk=one_usd_per_gpu_second.pk).update(
+        price_per_gpu_hour=Decimal("2.7183"), alpha=Decimal("0.35"), billed_basis="max", idle_policy="proportional")
+    rebuild_ledger(start=start, end=start + timedelta(minutes=2))
+    meter(cards[1], seq=3)
+    rebuilt, fresh = _ledger_of(cards[0]), _ledger_of(cards[1])
+    assert [len(rows) for rows in rebuilt.values()] == [4, 2, 2, 1, 2, 1]
+    assert rebuilt == fresh
+    assert rebuilt["gpu minutes"][0]["card_cost"] == Decimal("2.7183") / 60  # the new price, to the last digit
