@@ -322,8 +322,10 @@ def _prune_batches() -> int:
     before it looks for a duplicate. Returns how many batches went."""
     with connection.cursor() as cur:
         before = _watermark(cur, "raw")
+    if before is None:  # no raw day was ever dropped
+        return 0
     pruned = 0
-    while before is not None:
+    while True:
         with transaction.atomic(), connection.cursor() as cur:
             # window_start first: the batches' window index finds them; window_end is the rule.
             cur.execute(
@@ -332,9 +334,10 @@ def _prune_batches() -> int:
                 "gpus AS (DELETE FROM billing_batchgpu WHERE batch_id IN (SELECT id FROM gone)) "
                 "DELETE FROM billing_usagebatch WHERE id IN (SELECT id FROM gone)",
                 [before, before, _PRUNE_CHUNK])
-            pruned += cur.rowcount
-            if cur.rowcount < _PRUNE_CHUNK:
-                break
+            deleted: int = cur.rowcount
+        pruned += deleted
+        if deleted < _PRUNE_CHUNK:
+            break
     if pruned:
         log.info("event=retention_batches_pruned batches=%d before=%s", pruned, before.isoformat())
     return pruned

@@ -151,13 +151,20 @@ def test_a_v1_and_a_v2_batch_of_the_same_seconds_write_the_same_minutes(post_bat
 
 def _ledger_of(card: GpuInfo) -> dict[str, list[dict[str, Any]]]:
     """Every ledger row of one card, minutes to days, without its ids or the card's uuid."""
-    tables = {"usage minutes": (UsageMinute, "minute"), "gpu minutes": (GpuMinute, "minute"),
-              "usage hours": (UsageHour, "hour"), "gpu hours": (GpuHour, "hour"),
-              "usage days": (UsageDay, "day"), "gpu days": (GpuDay, "day")}
-    return {name: sorted(({k: v for k, v in row.items() if k not in {"id", "gpu_uuid"}}
-                          for row in model.objects.filter(gpu_uuid=card.uuid).values()),
-                         key=lambda row, time=time: (row[time], row.get("pod", "")))
-            for name, (model, time) in tables.items()}
+    tables: dict[str, tuple[Any, str]] = {
+        "usage minutes": (UsageMinute, "minute"), "gpu minutes": (GpuMinute, "minute"),
+        "usage hours": (UsageHour, "hour"), "gpu hours": (GpuHour, "hour"),
+        "usage days": (UsageDay, "day"), "gpu days": (GpuDay, "day")}
+    ledger = {}
+    for name, (model, time) in tables.items():
+        rows = [{k: v for k, v in row.items() if k not in {"id", "gpu_uuid"}}
+                for row in model.objects.filter(gpu_uuid=card.uuid).values()]
+        ledger[name] = _in_order(rows, time)
+    return ledger
+
+
+def _in_order(rows: list[dict[str, Any]], time: str) -> list[dict[str, Any]]:
+    return sorted(rows, key=lambda row: (row[time], row.get("pod", "")))
 
 
 @pytest.mark.django_db
