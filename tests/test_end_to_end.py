@@ -39,10 +39,10 @@ def agent_files(tmp_path: Path, transactional_db) -> dict[str, Path]:
     return files
 
 
-def run_agent(files: dict[str, Path], server: str, seconds: int, start: datetime) -> int:
+def run_agent(files: dict[str, Path], server: str, seconds: int, start: datetime, *, wire: str = "v2") -> int:
     return agent_main([
         "run", "--server", server, "--token-file", str(files["token"]), "--backend", "sim",
-        "--scenario", str(files["scenario"]), "--spool", str(files["spool"]),
+        "--scenario", str(files["scenario"]), "--spool", str(files["spool"]), "--wire", wire,
         "--batch-seconds", "10", "--once-seconds", str(seconds), "--start", start.isoformat().replace("+00:00", "Z"),
     ])
 
@@ -57,7 +57,9 @@ def metered_totals(spool_path: Path) -> tuple[dict[str, Decimal], int, int]:
         for s in spool.export_samples(start=datetime(2000, 1, 1, tzinfo=UTC), end=datetime(2100, 1, 1, tzinfo=UTC)):
             for q in QUANTITIES:
                 totals[q] += Decimal(repr(s[q]))
-        windows = sum(len(json.loads(b.json_bytes())["windows"]) for b in batches)
+        # What each batch carried: its windows (v2) or its samples (an agent run with --wire v1).
+        documents = [json.loads(b.json_bytes()) for b in batches]
+        windows = sum(len(d["windows"] if "windows" in d else d["samples"]) for d in documents)
         return totals, windows, len(batches)
     finally:
         spool.close()
@@ -74,9 +76,10 @@ def closed_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def test_agent_to_priced_ledger_with_exact_totals(agent_files, live_server):
+@pytest.mark.parametrize("wire", ["v2", "v1"])  # v1: an agent not yet upgraded keeps working
+def test_agent_to_priced_ledger_with_exact_totals(agent_files, live_server, wire):
     start = clock.now().replace(second=0, microsecond=0) - timedelta(minutes=5)  # whole batches: they close on whole 10 s
-    assert run_agent(agent_files, live_server.url, 60, start) == 0
+    assert run_agent(agent_files, live_server.url, 60, start, wire=wire) == 0
     expected, windows, batches = metered_totals(agent_files["spool"])
     assert batches == 6
     assert windows > 0
