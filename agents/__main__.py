@@ -63,7 +63,7 @@ from agents.prediction import (
     WorkloadPredictors,
     make_workload_predictors,
 )
-from agents.spool import Spool, SpooledBatch, SpoolKind, spool_node
+from agents.spool import DEFAULT_SAMPLE_RETENTION, Spool, SpooledBatch, SpoolKind, spool_node
 from agents.undelivered import UndeliveredReporter
 from agents.uploader import Outcome, RetryPolicy, SendResult, Uploader
 from agents.watchdog import Evict, WatchdogAction, WatchdogEnforcer, WatchdogPolicy
@@ -89,6 +89,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.command == "redrive":
             return _redrive(args)
+        if args.command == "export-samples":
+            return _export_samples(args)
         return _run(args)
     except _Fatal as error:
         print(f"vgpu-agent: error: {error}", file=sys.stderr)
@@ -117,6 +119,11 @@ def _parser() -> argparse.ArgumentParser:  # noqa: PLR0915 - one add_argument pe
         "--batch-seconds", type=int, default=60,
         help="batch window width, s (default 60: a fifth of the ingest CPU per sample of 10 s batches, docs/benchmarks.md)",
     )
+    run.add_argument("--wire", choices=["v1", "v2"], default="v2",
+                     help="batch protocol: v2 (default) sends integrals per workload-minute, v1 per-second samples "
+                          "(docs/protocol.md)")
+    run.add_argument("--sample-retention-days", type=float, default=DEFAULT_SAMPLE_RETENTION.days,
+                     help="days the spool keeps per-second samples for an audit (export-samples)")
     run.add_argument("--timeout-s", type=float, default=10.0, help="HTTP timeout per upload, s")
     run.add_argument("--gzip", action=argparse.BooleanOptionalAction, default=True)
     run.add_argument(
@@ -216,6 +223,12 @@ def _parser() -> argparse.ArgumentParser:  # noqa: PLR0915 - one add_argument pe
     redrive.add_argument("--list", action="store_true", help="list the undelivered batches, change nothing")
     redrive.add_argument("--timeout-s", type=float, default=10.0, help="HTTP timeout per request, s")
 
+    export = commands.add_parser(
+        "export-samples", help="write the per-second samples a spool keeps, as JSON lines, for an audit")
+    export.add_argument("--spool", required=True, type=Path, help="the spool database")
+    export.add_argument("--from", dest="start", required=True, type=_aware_datetime,
+                        help="first instant, ISO-8601 with offset (e.g. 2026-11-30T00:00:00Z)")
+    export.add_argument("--to", dest="end", required=True, type=_aware_datetime, help="end instant, excluded")
     scenario = commands.add_parser("scenario", help="print a demo scenario for --backend sim")
     scenario.add_argument("--node", required=True)
     scenario.add_argument("--seed", type=int, required=True)
@@ -346,7 +359,7 @@ def _run(args: argparse.Namespace) -> int:
     nvml = _load_nvml() if sim is None else None
     try:
         config = AgentConfig(node=node, tick_ms=args.tick_ms, meter_ms=args.meter_ms, batch_seconds=args.batch_seconds,
-                             cluster=args.cluster)
+                             cluster=args.cluster, wire=args.wire)
         retry = RetryPolicy(timeout_s=args.timeout_s)
         watchdog_policy = WatchdogPolicy(
             action=WatchdogAction(args.watchdog_action),
@@ -365,7 +378,11 @@ def _run(args: argparse.Namespace) -> int:
     token = partial(read_token, args.token_file)
     # A replay (history, backfill) gets a sequence space of its own: it may run beside the live agent.
     kind: SpoolKind = "replay" if args.once_seconds is not None else "live"
-    spool = Spool(spool_path, node=node, now=utc_now, compress=args.gzip, kind=kind)
+    try:
+        spool = Spool(spool_path, node=node, now=utc_now, compress=args.gzip, kind=kind,
+                      sample_retention=timedelta(days=args.sample_retention_days))
+    except ValueError as error:
+        raise _Fatal(str(error)) from error
     metrics = AgentMetrics() if args.metrics_port else None
     reporter = UndeliveredReporter(spool=spool, server=args.server, node=node, token=token, retry=retry)
     parts = _Parts(
@@ -624,6 +641,21 @@ def _run_forever(
     pending = uploader.flush_once()
     final = events.flush()  # the last actions (e.g. an eviction just before SIGTERM) reach the audit log
     log.info("event=agent_exit pending=%d events_pending=%d", pending, final.pending)
+    return 0
+
+
+def _export_samples(args: argparse.Namespace) -> int:
+    """One JSON object per line: each per-second sample in [--from, --to) with its batch_seq."""
+    try:
+        node = spool_node(args.spool)
+        spool = Spool(args.spool, node=node, now=utc_now)
+        try:
+            for sample in spool.export_samples(start=args.start, end=args.end):
+                sys.stdout.write(json.dumps(sample, separators=(",", ":")) + "\n")
+        finally:
+            spool.close()
+    except ValueError as error:
+        raise _Fatal(str(error)) from error
     return 0
 
 

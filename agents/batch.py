@@ -1,4 +1,6 @@
-"""Wire format v1 of a usage batch (docs/protocol.md): one place renders it."""
+"""Wire formats of a usage batch (docs/protocol.md): one place renders them. v1 carries the
+per-second samples (what the spool keeps as evidence, and what an agent run with ``--wire v1``
+sends); v2 carries their integrals per workload, GPU and UTC minute (``windows_of``)."""
 
 from __future__ import annotations
 
@@ -10,9 +12,12 @@ from typing import Any
 
 from agents.interfaces import GpuInfo, Workload, WorkloadMeta
 
-__all__ = ["SCHEMA", "Sample", "format_utc", "gpu_from_wire", "gpu_to_wire", "parse_utc", "render_batch"]
+__all__ = ["SCHEMA", "SCHEMA_V2", "Sample", "Window", "format_utc", "gpu_from_wire", "gpu_to_wire", "parse_utc",
+           "render_batch", "windows_of"]
 
 SCHEMA = "vgpu-ledger/usage-batch/v1"
+SCHEMA_V2 = "vgpu-ledger/usage-batch/v2"
+_MINUTE_S = 60
 
 
 def format_utc(moment: datetime) -> str:
@@ -109,6 +114,67 @@ class Sample:
         )
 
 
+@dataclass(frozen=True, slots=True)
+class Window:
+    """One workload's integrals on one GPU over the part of one UTC minute its samples cover: the
+    sums of those samples, and of max(used, granted) per sample (the ``max`` billed basis). Each
+    sample's integrals are multiples of 2^-10 (agents/meter.py), so these float sums are exact."""
+
+    minute: datetime
+    gpu: str
+    workload: Workload
+    seconds: int = 0
+    mem_used_mb_s: float = 0.0
+    mem_granted_mb_s: float = 0.0
+    mem_billed_mb_s: float = 0.0
+    sm_used_s: float = 0.0
+    sm_granted_s: float = 0.0
+    sm_billed_s: float = 0.0
+    pcie_mb: float = 0.0
+    mem_peak_mb: float = 0.0  # the largest per-sample mean of used memory
+    sm_peak: float = 0.0
+
+    def plus(self, s: Sample) -> Window:
+        return Window(
+            minute=self.minute, gpu=self.gpu, workload=s.workload, seconds=self.seconds + s.seconds,
+            mem_used_mb_s=self.mem_used_mb_s + s.mem_used_mb_s,
+            mem_granted_mb_s=self.mem_granted_mb_s + s.mem_granted_mb_s,
+            mem_billed_mb_s=self.mem_billed_mb_s + max(s.mem_used_mb_s, s.mem_granted_mb_s),
+            sm_used_s=self.sm_used_s + s.sm_used_s, sm_granted_s=self.sm_granted_s + s.sm_granted_s,
+            sm_billed_s=self.sm_billed_s + max(s.sm_used_s, s.sm_granted_s), pcie_mb=self.pcie_mb + s.pcie_mb,
+            mem_peak_mb=max(self.mem_peak_mb, s.mem_used_mb_s / s.seconds),
+            sm_peak=max(self.sm_peak, s.sm_used_s / s.seconds),
+        )
+
+    def to_wire(self) -> dict[str, Any]:
+        w = self.workload
+        wire: dict[str, Any] = {
+            "minute": format_utc(self.minute), "seconds": self.seconds, "gpu": self.gpu,
+            "tenant": w.tenant, "namespace": w.namespace, "pod": w.pod, "container": w.container,
+            "pod_uid": w.pod_uid, "sla_tier": w.sla_tier,
+            "mem_used_mb_s": self.mem_used_mb_s, "mem_granted_mb_s": self.mem_granted_mb_s,
+            "mem_billed_mb_s": self.mem_billed_mb_s, "sm_used_s": self.sm_used_s, "sm_granted_s": self.sm_granted_s,
+            "sm_billed_s": self.sm_billed_s, "pcie_mb": self.pcie_mb,
+            "mem_peak_mb": self.mem_peak_mb, "sm_peak": self.sm_peak,
+        }
+        wire.update(w.meta.to_wire())  # the newest sample's grouping fields, as v1's latest sample wins
+        return wire
+
+
+def windows_of(samples: Sequence[Sample]) -> list[Window]:
+    """The samples summed per (GPU, workload, UTC minute), in time order. A sample never crosses a
+    minute: the meter's periods are whole seconds that divide a minute or are whole minutes
+    (agents.loop.AgentConfig), and a period longer than a minute is split by the service in v1 only."""
+    windows: dict[tuple[datetime, str, str], Window] = {}
+    for s in sorted(samples, key=lambda s: (s.start, s.gpu, s.workload.key)):
+        if s.seconds > _MINUTE_S or (s.start.second + s.seconds) > _MINUTE_S:
+            raise ValueError(f"a sample of {s.seconds} s at {s.start.isoformat()} crosses a UTC minute")
+        minute = s.start.replace(second=0)
+        key = (minute, s.gpu, s.workload.key)
+        windows[key] = windows.get(key, Window(minute=minute, gpu=s.gpu, workload=s.workload)).plus(s)
+    return list(windows.values())
+
+
 def render_batch(
     *,
     node: str,
@@ -119,20 +185,27 @@ def render_batch(
     samples: Sequence[Sample],
     cluster: str = "",
     energy_j: Mapping[str, float] | None = None,
+    wire: str,
 ) -> bytes:
     """The exact bytes sent for a batch (compact JSON, stable ordering); ``cluster`` only when set.
     ``energy_j``: the joules each GPU drew over the whole window, for the GPUs that metered it (an
-    optional field of the batch's GPU, docs/protocol.md); to the millijoule."""
+    optional field of the batch's GPU, docs/protocol.md); to the millijoule. ``wire``: "v1" sends
+    the samples, "v2" their integrals per workload-minute."""
+    if wire not in {"v1", "v2"}:
+        raise ValueError(f"wire must be 'v1' or 'v2', got {wire!r}")
     if window_end <= window_start:
         raise ValueError(f"empty batch window [{window_start}, {window_end})")
     ordered = sorted(samples, key=lambda s: (s.start, s.gpu, s.workload.key))
-    document: dict[str, Any] = {"schema": SCHEMA, "node": node}
+    document: dict[str, Any] = {"schema": SCHEMA if wire == "v1" else SCHEMA_V2, "node": node}
     if cluster:
         document["cluster"] = cluster
     document |= {
         "batch_seq": batch_seq,
         "window": {"start": format_utc(window_start), "end": format_utc(window_end)},
         "gpus": [_with_energy(gpu_to_wire(g), (energy_j or {}).get(g.uuid)) for g in gpus],
-        "samples": [s.to_wire() for s in ordered],
     }
+    if wire == "v1":
+        document["samples"] = [s.to_wire() for s in ordered]
+    else:
+        document["windows"] = [w.to_wire() for w in windows_of(ordered)]
     return json.dumps(document, separators=(",", ":"), allow_nan=False).encode("utf-8")

@@ -54,6 +54,8 @@ class AgentConfig:
     batch_seconds: int = 60  # width of one batch window; a multiple of the sample width
     policy: Policy = field(default_factory=Policy)
     cluster: str = ""  # the batches' optional ``cluster`` (``--cluster``); "" sends none
+    # Wire protocol of the batches (``--wire``): "v2" sends integrals per workload-minute, "v1" the samples.
+    wire: str = "v2"
 
     def __post_init__(self) -> None:
         if not self.node:
@@ -64,6 +66,11 @@ class AgentConfig:
             raise ValueError(f"tick_ms must be in [10, meter_ms={self.meter_ms}], got {self.tick_ms}")
         if self.batch_seconds < 1 or (self.batch_seconds * 1000) % self.meter_ms:
             raise ValueError(f"batch_seconds must be a positive multiple of meter_ms/1000, got {self.batch_seconds}")
+        if self.wire not in {"v1", "v2"}:
+            raise ValueError(f"wire must be v1 or v2, got {self.wire!r}")
+        if self.wire == "v2" and 60 % self.period_s:
+            # A v2 window is a UTC minute: a sample must not cross one (periods are aligned to the epoch).
+            raise ValueError(f"--wire v2 needs meter_ms dividing a minute, got {self.meter_ms}")
 
     @property
     def period_s(self) -> int:
@@ -255,7 +262,9 @@ class Agent:
         seqs: list[int] = []
         for run in runs:
             start, end = run[0].start, run[-1].end
-            seq = self._spool.store_batch(window_start=start, window_end=end, render=self._render_recovered(run))
+            seq = self._spool.store_batch(window_start=start, window_end=end,
+                                          render=self._render_recovered(run, wire=self._config.wire),
+                                          evidence=self._render_recovered(run, wire="v1"))
             log.warning(
                 "event=checkpoint_recovered batch_seq=%d window_start=%s window_end=%s samples=%d"
                 " detail='the previous run stopped without closing its batch'",
@@ -269,7 +278,7 @@ class Agent:
             seqs.append(seq)
         return seqs
 
-    def _render_recovered(self, run: Sequence[CheckpointPeriod]) -> Callable[[int], bytes]:
+    def _render_recovered(self, run: Sequence[CheckpointPeriod], *, wire: str) -> Callable[[int], bytes]:
         gpus = [gpu_from_wire(g) for g in run[0].gpus]  # the inventory of the run that metered them
         samples = [Sample.from_wire(s) for p in run for s in p.samples]
 
@@ -282,6 +291,7 @@ class Agent:
                 gpus=gpus,
                 samples=samples,
                 cluster=self._config.cluster,
+                wire=wire,
             )
 
         return render
@@ -307,6 +317,12 @@ class Agent:
                 samples=inside,
                 cluster=self._config.cluster,
                 energy_j=energy,
+                wire=self._config.wire,
+            ),
+            # The per-second samples stay on the node as the audit's evidence (docs/agent.md).
+            evidence=lambda batch_seq: render_batch(
+                node=self._config.node, batch_seq=batch_seq, window_start=window_start, window_end=end,
+                gpus=gpus, samples=inside, cluster=self._config.cluster, energy_j=energy, wire="v1",
             ),
         )
         batch.advance(to=end)
@@ -333,7 +349,10 @@ class _OpenBatch:
 
     @property
     def end(self) -> datetime:
-        return self.start + timedelta(seconds=self.seconds)
+        """The next multiple of ``seconds`` since the epoch: batches close on whole minutes (of 60 s
+        batches), so a v2 batch holds each workload-minute once, not split between two batches."""
+        into = to_us(self.start) % (self.seconds * 1_000_000)
+        return self.start + timedelta(microseconds=self.seconds * 1_000_000 - into)
 
     def advance(self, *, to: datetime) -> None:
         self.samples = [s for s in self.samples if s.start >= to]

@@ -35,15 +35,18 @@ import threading
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any, Literal
 
 from agents.clock import to_us
 
-__all__ = ["BatchState", "CheckpointPeriod", "Spool", "SpoolKind", "SpooledBatch", "compose_batch_seq", "spool_node"]
+__all__ = ["DEFAULT_SAMPLE_RETENTION", "BatchState", "CheckpointPeriod", "Spool", "SpoolKind", "SpooledBatch", "compose_batch_seq", "spool_node"]
 
 BatchState = Literal["pending", "sent", "dead"]
+# How long the per-second samples stay on the node after their batch (``--sample-retention-days``):
+# the service keeps integrals only, so these are the evidence an audit of a bill reads (docs/agent.md).
+DEFAULT_SAMPLE_RETENTION = timedelta(days=14)
 SpoolKind = Literal["live", "replay"]
 
 _ID_BITS = 20
@@ -69,6 +72,13 @@ CREATE TABLE IF NOT EXISTS batches (
     finished_at TEXT
 );
 CREATE INDEX IF NOT EXISTS batches_state_seq ON batches (state, batch_seq);
+CREATE TABLE IF NOT EXISTS samples (
+    batch_seq INTEGER PRIMARY KEY,
+    window_start TEXT NOT NULL,
+    window_end TEXT NOT NULL,
+    body BLOB NOT NULL
+);
+CREATE INDEX IF NOT EXISTS samples_window_end ON samples (window_end);
 CREATE TABLE IF NOT EXISTS open_periods (
     period_start TEXT PRIMARY KEY,
     period_end TEXT NOT NULL,
@@ -152,11 +162,15 @@ class Spool:
         now: Callable[[], datetime],
         compress: bool = True,
         keep_sent: int = 1000,
+        sample_retention: timedelta = DEFAULT_SAMPLE_RETENTION,
         kind: SpoolKind = "live",
         rng: random.Random | None = None,
     ) -> None:
         if keep_sent < 0:
             raise ValueError(f"keep_sent must be >= 0, got {keep_sent}")
+        if sample_retention <= timedelta(0):
+            raise ValueError(f"sample_retention must be positive, got {sample_retention}")
+        self._sample_retention = sample_retention
         self._now = now
         self._compress = compress
         self._keep_sent = keep_sent
@@ -214,9 +228,12 @@ class Spool:
         with self._lock:
             return int(self._meta("spool_id") or "0")
 
-    def store_batch(self, *, window_start: datetime, window_end: datetime, render: Callable[[int], bytes]) -> int:
+    def store_batch(self, *, window_start: datetime, window_end: datetime, render: Callable[[int], bytes],
+                    evidence: Callable[[int], bytes] | None = None) -> int:
         """Assign the next ``batch_seq``, render the batch with it and store it atomically.
 
+        ``evidence``: the batch's per-second samples as a v1 document, kept (gzipped) for the sample
+        retention whatever happens to the batch, for an audit (``export_samples``); older ones go.
         Checkpointed periods the batch now covers are dropped in the same transaction.
         """
         if window_end <= window_start:
@@ -229,9 +246,30 @@ class Spool:
                 )
             seq = self._take_seq()
             self._insert(seq=seq, window_start=window_start, window_end=window_end, document=render(seq))
+            if evidence is not None:
+                self._db.execute("INSERT INTO samples (batch_seq, window_start, window_end, body) VALUES (?, ?, ?, ?)",
+                                 (seq, window_start.isoformat(), window_end.isoformat(),
+                                  gzip.compress(evidence(seq), mtime=0)))
+            self._db.execute("DELETE FROM samples WHERE window_end < ?",
+                             ((self._now() - self._sample_retention).isoformat(),))
             self._set_meta("last_window_end", window_end.isoformat())
             self._db.execute("DELETE FROM open_periods WHERE period_start < ?", (window_end.isoformat(),))
         return seq
+
+    def export_samples(self, *, start: datetime, end: datetime) -> Iterator[dict[str, Any]]:
+        """The per-second samples kept as evidence that start in ``[start, end)``, in time order, each
+        as the v1 wire writes it (docs/protocol.md) plus its ``batch_seq``."""
+        if end <= start:
+            raise ValueError(f"empty range [{start.isoformat()}, {end.isoformat()})")
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT batch_seq, body FROM samples WHERE window_end > ? AND window_start < ? ORDER BY window_start",
+                (start.isoformat(), end.isoformat())).fetchall()
+        for batch_seq, body in rows:
+            for sample in json.loads(gzip.decompress(body))["samples"]:
+                at = datetime.fromisoformat(sample["start"].replace("Z", "+00:00"))
+                if start <= at < end:
+                    yield {"batch_seq": batch_seq, **sample}
 
     def _take_seq(self) -> int:
         """Inside a transaction: the next stamp, persisted before the transaction commits."""

@@ -43,12 +43,12 @@ def undelivered_payload(batches: Sequence[SpooledBatch]) -> bytes:
 
 
 def _report(batch: SpooledBatch) -> dict[str, Any]:
-    document = batch.json_bytes()
-    samples = json.loads(document).get("samples")
+    document = json.loads(batch.json_bytes())
+    items = document.get("windows", document.get("samples"))  # what the batch carries: v2 windows, v1 samples
     return {
         "batch_seq": batch.batch_seq,
         "window": {"start": format_utc(batch.window_start), "end": format_utc(batch.window_end)},
-        "samples": len(samples) if isinstance(samples, list) else 0,
+        "samples": len(items) if isinstance(items, list) else 0,
         "size_bytes": len(batch.body),  # as sent (gzipped when the spool compresses)
         "status": batch.last_status,
         "reason": (batch.last_error or "")[:MAX_REASON_CHARS],

@@ -1,15 +1,23 @@
-"""Disk per ledger row, indexes included: what docs/operations.md's disk budget is built from.
+"""Disk per ledger row, indexes included, and what the ledger writes a day at a fleet's size:
+what docs/operations.md's disk budget is built from.
 
     python bench/ledger_disk.py [--agents 4] [--gpus 8] [--workloads-per-gpu 4] [--minutes 30]
-                                [--rows 200000]
+                                [--rows 200000] [--fleet-gpus 10000] [--fleet-workloads-per-gpu 16]
 
 DATABASE_URL must be set (`python -m config.embedded -- python bench/ledger_disk.py` provides it).
-Like bench/rollup.py it drops and creates `<dbname>_bench`, stores 1-second batches through the
-ingest service and rolls them up with the real rollup. Raw samples are measured as stored. The
-minute, hour and day ledgers of a short run have too few rows for a per-row figure (a table and
-each index start at one 8 KiB page), so their real rows are repeated, shifted by whole windows,
-up to `--rows` rows each before measuring: same values and widths, same indexes.
-Bytes per row = pg_total_relation_size (heap + indexes + TOAST, all partitions) / rows.
+Like bench/rollup.py it drops and creates `<dbname>_bench`, stores minute batches of 1-second
+samples through the ingest service (which sums them per workload-minute, as a v2 batch sends them:
+one integral row per batch, workload, GPU and minute) and rolls them up with the real rollup. A
+short run has too few rows for a per-row figure (a table and each index start at one 8 KiB page),
+so every table's real rows are repeated, shifted by whole windows, up to `--rows` rows each
+before measuring: same values and widths, same indexes (batches and their GPUs get new batch
+numbers, so their constraints and the overlap trigger still hold).
+Bytes per row = pg_total_relation_size (heap + indexes + TOAST, all partitions) / rows, after
+VACUUM: what a day of rows holds, not the dead versions the rollup's rewrites leave for vacuum.
+
+The candidate row is measured the same way: the real minute rows rewritten as one per-minute
+store keyed by small ids (docs/scaling.md, One per-minute store): integrals as float8 (exact for
+the agents' 2^-10 quanta), amounts as numeric, the key (minute, card, workload) as its primary key.
 """
 
 from __future__ import annotations
@@ -40,6 +48,7 @@ from bench.ingest import (  # noqa: E402 - after the path fix above
 
 # table -> (time column, shift step of one copy): copies never collide with real rows or each other.
 LEDGERS = {
+    "billing_raw_sample": ("start", "1 hour"),
     "billing_usageminute": ("minute", "1 hour"),
     "billing_gpuminute": ("minute", "1 hour"),
     "billing_usagehour": ("hour", "1 day"),
@@ -47,13 +56,22 @@ LEDGERS = {
     "billing_usageday": ("day", "1 day"),
     "billing_gpuday": ("day", "1 day"),
 }
-# Rows per day per 1,000 GPUs with 4 workloads each (the fleet docs/scaling.md sizes), by table.
-ROWS_PER_DAY_PER_1000 = {
-    "billing_raw_sample": 1000 * 4 * 86400,
-    "billing_usageminute": 1000 * 4 * 1440, "billing_gpuminute": 1000 * 1440,
-    "billing_usagehour": 1000 * 4 * 24, "billing_gpuhour": 1000 * 24,
-    "billing_usageday": 1000 * 4, "billing_gpuday": 1000,
-}
+BATCH_TABLES = ("billing_usagebatch", "billing_batchgpu")
+CANDIDATE = "bench_minute_store"
+GPUS_PER_NODE = 8  # a node's batch covers its GPUs: one batch row per node and minute
+
+
+def rows_per_day(table: str, *, gpus: int, workloads_per_gpu: int) -> float:
+    """Rows a day of a steady fleet writes (held, not rewritten) with minute batches."""
+    workload_minutes = gpus * workloads_per_gpu * 1440
+    return {
+        "billing_raw_sample": workload_minutes, CANDIDATE: workload_minutes,
+        "billing_usageminute": workload_minutes, "billing_gpuminute": gpus * 1440,
+        "billing_usagehour": gpus * workloads_per_gpu * 24, "billing_gpuhour": gpus * 24,
+        "billing_usageday": gpus * workloads_per_gpu, "billing_gpuday": gpus,
+        "billing_usagebatch": gpus / GPUS_PER_NODE * 1440, "billing_batchgpu": gpus * 1440,
+        "bench_gpu_minute_store": gpus * 1440, "bench_batch_card": gpus * 1440,
+    }[table]
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -64,6 +82,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--minutes", type=int, default=30)
     p.add_argument("--rows", type=int, default=200_000)
     p.add_argument("--seed", type=int, default=20261201)
+    p.add_argument("--fleet-gpus", type=int, default=10_000, help="the fleet the GB a day are projected to")
+    p.add_argument("--fleet-workloads-per-gpu", type=int, default=16)
     return p.parse_args(argv)
 
 
@@ -97,8 +117,8 @@ def _generate(args: argparse.Namespace) -> None:
     agents = [make_agent(i, gpus=args.gpus, workloads_per_gpu=args.workloads_per_gpu, rng=rng)
               for i in range(args.agents)]
     end = timezone.now().replace(second=0, microsecond=0) - timedelta(minutes=5)
-    batches = args.minutes * 6  # 10-second batches of 1-second samples
-    payloads = build_payloads(agents, Timeline(end=end, seconds=10, total=batches).take(batches), 10, rng)
+    # Minute batches of 1-second samples: agents close batches on whole minutes (docs/agent.md).
+    payloads = build_payloads(agents, Timeline(end=end, seconds=60, total=args.minutes).take(args.minutes), 60, rng)
     for agent, agent_batches in zip(agents, payloads, strict=True):
         issue_node_token(node_name=agent.node, now=timezone.now(), actor_label="bench")
         node = Node.objects.get(name=agent.node)
@@ -109,13 +129,14 @@ def _generate(args: argparse.Namespace) -> None:
 
 def _repeat(cur, table: str, column: str, step: str, rows: int) -> None:
     """Copies of the real rows, each shifted by one more `step`, until `rows` rows (new ids)."""
-    from billing.ledger.partitions import days_between, ensure_minute_partitions
+    from billing.ledger.partitions import days_between, ensure_minute_partitions, ensure_raw_partitions
 
     cur.execute(f"SELECT count(*), min({column}), max({column}) FROM {table}")  # noqa: S608 - fixed names
     real, lo, hi = cur.fetchone()
     copies = max(0, -(-rows // real) - 1)
-    if column == "minute":  # the copies' days need their partitions
-        ensure_minute_partitions(days_between(lo, hi + timedelta(hours=copies) + timedelta(minutes=1)))
+    ensure = {"minute": ensure_minute_partitions, "start": ensure_raw_partitions}.get(column)
+    if ensure is not None:  # the copies' days need their partitions
+        ensure(days_between(lo, hi + timedelta(hours=copies) + timedelta(minutes=1)))
     cur.execute(
         "SELECT string_agg(quote_ident(attname), ', ' ORDER BY attnum) FROM pg_attribute "
         "WHERE attrelid = %s::regclass AND attnum > 0 AND NOT attisdropped AND attname NOT IN ('id', %s)",
@@ -129,6 +150,90 @@ def _repeat(cur, table: str, column: str, step: str, rows: int) -> None:
     )
 
 
+def _repeat_batches(cur, rows: int) -> None:
+    """Copies of the batches and their GPUs, a day later each (new batch numbers), until `rows` GPU rows."""
+    cur.execute("SELECT count(*) FROM billing_batchgpu")
+    copies = max(0, -(-rows // cur.fetchone()[0]) - 1)
+    shift = 10**12  # above every real batch_seq of the run
+    cur.execute(
+        "INSERT INTO billing_usagebatch (node_id, batch_seq, content_sha256, window_start, window_end, sample_count, "
+        "received_at, rolled_up_at, quarantined_at, quarantine_error) SELECT node_id, batch_seq + k * %s, "
+        "content_sha256, window_start + k * interval '1 day', window_end + k * interval '1 day', sample_count, "
+        "received_at, rolled_up_at, quarantined_at, quarantine_error FROM billing_usagebatch, generate_series(1, %s) k",
+        [shift, copies])
+    cur.execute(
+        "INSERT INTO billing_batchgpu (batch_id, node_id, gpu_uuid, model, memory_mb, sm_count, window_start, "
+        "window_end, energy_j) SELECT n.id, g.node_id, g.gpu_uuid, g.model, g.memory_mb, g.sm_count, "
+        "g.window_start + (n.batch_seq / %s) * interval '1 day', g.window_end + (n.batch_seq / %s) * interval '1 day', "
+        "g.energy_j FROM billing_batchgpu g JOIN billing_usagebatch b ON b.id = g.batch_id "
+        "JOIN billing_usagebatch n ON n.node_id = b.node_id AND n.batch_seq %% %s = b.batch_seq AND n.batch_seq > %s",
+        [shift, shift, shift, shift])
+
+
+# The candidate per-minute store: the integrals an agent sends and the amounts pricing gives, keyed
+# by small ids (a card is a node's GPU; a workload is its six names), no surrogate id, no NULLs (so
+# no null bitmap), the rate card on the GPU-minute only (one per card and minute), and its primary
+# key the only index, minute first: rows arrive in time order, so the index fills its pages
+# instead of splitting them (written in key order here, as a day's rows arrive).
+_CANDIDATE_SQL = """
+CREATE TABLE bench_card (id serial PRIMARY KEY, node_id bigint NOT NULL, gpu_uuid varchar(128) NOT NULL,
+                         UNIQUE (node_id, gpu_uuid));
+CREATE TABLE bench_workload (id serial PRIMARY KEY, tenant varchar(63), namespace varchar(253), pod varchar(253),
+                             container varchar(253), pod_uid varchar(64), sla_tier varchar(63),
+                             UNIQUE (tenant, namespace, pod, container, pod_uid, sla_tier));
+INSERT INTO bench_card (node_id, gpu_uuid) SELECT DISTINCT node_id, gpu_uuid FROM billing_usageminute;
+INSERT INTO bench_workload (tenant, namespace, pod, container, pod_uid, sla_tier)
+    SELECT DISTINCT tenant, namespace, pod, container, pod_uid, sla_tier FROM billing_usageminute;
+CREATE TABLE bench_minute_store (
+    minute timestamptz NOT NULL, card_id int NOT NULL, workload_id int NOT NULL, seconds float8 NOT NULL, mem_used_mb_s float8 NOT NULL, mem_granted_mb_s float8 NOT NULL,
+    mem_billed_mb_s float8 NOT NULL, sm_used_s float8 NOT NULL, sm_granted_s float8 NOT NULL,
+    sm_billed_s float8 NOT NULL, pcie_mb float8 NOT NULL,
+    share_gpu_s numeric NOT NULL, charge numeric NOT NULL, idle_share numeric NOT NULL, energy_j numeric NOT NULL,
+    PRIMARY KEY (minute, card_id, workload_id)
+);
+INSERT INTO bench_minute_store SELECT m.minute, c.id, w.id, m.seconds, m.mem_used_mb_s,
+    m.mem_granted_mb_s, m.mem_billed_mb_s, m.sm_used_s, m.sm_granted_s, m.sm_billed_s, m.pcie_mb,
+    m.share_gpu_s, m.charge, m.idle_share, m.energy_j
+  FROM billing_usageminute m JOIN bench_card c ON c.node_id = m.node_id AND c.gpu_uuid = m.gpu_uuid
+  JOIN bench_workload w ON (w.tenant, w.namespace, w.pod, w.container, w.pod_uid, w.sla_tier)
+                         = (m.tenant, m.namespace, m.pod, m.container, m.pod_uid, m.sla_tier)
+  ORDER BY 1, 2, 3;
+CREATE TABLE bench_gpu_minute_store (
+    minute timestamptz NOT NULL, card_id int NOT NULL, rate_card_id int NOT NULL, priced bool NOT NULL,
+    metered_seconds float8 NOT NULL, committed_seconds float8 NOT NULL, energy_seconds float8 NOT NULL,
+    card_cost numeric NOT NULL, charged numeric NOT NULL, idle_cost numeric NOT NULL, idle_allocated numeric NOT NULL,
+    committed_cost numeric NOT NULL, energy_j numeric NOT NULL, idle_energy_j numeric NOT NULL,
+    PRIMARY KEY (minute, card_id)
+);
+INSERT INTO bench_gpu_minute_store SELECT m.minute, c.id, coalesce(m.rate_card_id, 0), m.priced, m.metered_seconds,
+    m.committed_seconds, m.energy_seconds, m.card_cost, m.charged, m.idle_cost, m.idle_allocated, m.committed_cost,
+    m.energy_j, m.idle_energy_j
+  FROM billing_gpuminute m JOIN bench_card c ON c.node_id = m.node_id AND c.gpu_uuid = m.gpu_uuid ORDER BY 1, 2;
+CREATE TABLE bench_batch_card (
+    batch_id bigint NOT NULL, card_id int NOT NULL, memory_mb int NOT NULL, sm_count int NOT NULL,
+    window_start timestamptz NOT NULL, window_end timestamptz NOT NULL, energy_j numeric,
+    PRIMARY KEY (batch_id, card_id)
+);
+CREATE INDEX bench_batch_card_end ON bench_batch_card (card_id, window_end);
+INSERT INTO bench_batch_card SELECT g.batch_id, c.id, g.memory_mb, g.sm_count, g.window_start, g.window_end, g.energy_j
+  FROM billing_batchgpu g JOIN bench_card c ON c.node_id = g.node_id AND c.gpu_uuid = g.gpu_uuid ORDER BY 1, 2;
+"""
+# Each candidate and the table it replaces.
+CANDIDATES = {CANDIDATE: ("billing_raw_sample", "billing_usageminute"), "bench_gpu_minute_store": ("billing_gpuminute",),
+              "bench_batch_card": ("billing_batchgpu",)}
+
+
+def _measure(cur, table: str) -> tuple[int, float]:
+    cur.execute(
+        "SELECT count(*), (SELECT sum(pg_total_relation_size(c.oid)) FROM pg_class c "  # noqa: S608 - fixed names
+        "WHERE c.oid = %s::regclass OR c.oid IN (SELECT inhrelid FROM pg_inherits "
+        f"WHERE inhparent = %s::regclass)) FROM {table}",
+        [table, table],
+    )
+    rows, size = cur.fetchone()
+    return rows, int(size) / rows
+
+
 def run(args: argparse.Namespace) -> int:
     from django.db import connection, transaction
 
@@ -136,22 +241,32 @@ def run(args: argparse.Namespace) -> int:
     with transaction.atomic(), connection.cursor() as cur:
         for table, (column, step) in LEDGERS.items():
             _repeat(cur, table, column, step, args.rows)
+        _repeat_batches(cur, args.rows)
+        cur.execute(_CANDIDATE_SQL)
     with connection.cursor() as cur:
         cur.execute("VACUUM ANALYZE")
-    print("| table | rows measured | bytes per row (indexes included) | MB per day per 1,000 GPUs |")
-    print("|---|---:|---:|---:|")
+    fleet = {"gpus": args.fleet_gpus, "workloads_per_gpu": args.fleet_workloads_per_gpu}
+    per_workload_minute = 1 / (args.fleet_gpus * args.fleet_workloads_per_gpu * 1440)
+    print(f"At {args.fleet_gpus:,} GPUs x {args.fleet_workloads_per_gpu} workloads, minute batches "
+          f"({args.fleet_gpus // GPUS_PER_NODE:,} nodes of {GPUS_PER_NODE} GPUs):\n")
+    print("| table | rows measured | bytes per row (indexes included) | rows per day | GB per day | "
+          "bytes per workload-minute |")
+    print("|---|---:|---:|---:|---:|---:|")
+    totals: dict[str, float] = {}
     with connection.cursor() as cur:
-        for table in ("billing_raw_sample", *LEDGERS):
-            cur.execute(
-                "SELECT count(*), (SELECT sum(pg_total_relation_size(c.oid)) FROM pg_class c "  # noqa: S608 - fixed names
-                "WHERE c.oid = %s::regclass OR c.oid IN (SELECT inhrelid FROM pg_inherits "
-                f"WHERE inhparent = %s::regclass)) FROM {table}",
-                [table, table],
-            )
-            rows, size = cur.fetchone()
-            per_row = int(size) / rows
-            per_day_mb = per_row * ROWS_PER_DAY_PER_1000[table] / 1e6
-            print(f"| {table} | {rows:,} | {per_row:,.0f} | {per_day_mb:,.1f} |")
+        for table in (*LEDGERS, *BATCH_TABLES, *CANDIDATES):
+            rows, per_row = _measure(cur, table)
+            day = rows_per_day(table, **fleet)
+            totals[table] = per_row * day
+            print(f"| {table} | {rows:,} | {per_row:,.0f} | {day:,.0f} | {per_row * day / 1e9:,.1f} | "
+                  f"{per_row * day * per_workload_minute:,.1f} |")
+    today = sum(v for t, v in totals.items() if t not in CANDIDATES)
+    one_store = today - totals["billing_raw_sample"] - totals["billing_usageminute"] + totals[CANDIDATE]
+    lean = today + sum(totals[c] - sum(totals[t] for t in replaced) for c, replaced in CANDIDATES.items())
+    for label, total in (("every table as stored today", today),
+                         (f"{CANDIDATE} in place of raw rows and usage minutes", one_store),
+                         ("every candidate in place of the tables it replaces", lean)):
+        print(f"\n{label}: {total / 1e9:,.1f} GB per day, {total * per_workload_minute:,.0f} bytes per workload-minute")
     return 0
 
 

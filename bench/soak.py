@@ -647,7 +647,8 @@ def drain(run: Run, node: HonestNode, *, timeout_s: float) -> int:
 
 
 def metered(node: HonestNode) -> tuple[dict[str, Decimal], Counter[str], int]:
-    """Σ of each quantity over the node's spooled batches, batches by state, and sent ones kept."""
+    """Σ of each quantity over the node's spooled batches (their per-minute integrals, wire protocol
+    v2), batches by state, and sent ones kept."""
     spool = Spool(node.spool, node=node.name, now=utc_now)
     try:
         batches = spool.list_batches()
@@ -655,9 +656,9 @@ def metered(node: HonestNode) -> tuple[dict[str, Decimal], Counter[str], int]:
         spool.close()
     totals = dict.fromkeys(QUANTITIES, Decimal(0))
     for batch in batches:
-        for sample in json.loads(batch.json_bytes())["samples"]:
+        for window in json.loads(batch.json_bytes())["windows"]:
             for q in QUANTITIES:
-                totals[q] += Decimal(repr(sample[q]))
+                totals[q] += Decimal(repr(window[q]))
     return totals, Counter(b.state for b in batches), sum(b.state == "sent" for b in batches)
 
 

@@ -95,12 +95,13 @@ def ensure_raw_partitions() -> list[str]:
     retry_backoff=True,
     max_retries=5,
 )
-def apply_retention() -> dict[str, list[str]]:
+def apply_retention() -> dict[str, list[str] | int]:
     """Hourly: drop raw and minute day partitions past their retention, keeping those that hold
-    samples of pending or quarantined batches. Idempotent: a second run finds nothing to drop."""
+    samples of pending or quarantined batches, then the batches whose raw samples are gone.
+    Idempotent: a second run finds nothing to drop."""
     result = _apply_retention(now=timezone.now())
     return {"dropped": list(result.dropped), "held": [h.name for h in result.held],
-            "lock_busy": list(result.lock_busy)}
+            "lock_busy": list(result.lock_busy), "batches_pruned": result.batches_pruned}
 
 
 @shared_task(name="billing.tasks.analyze_ledger_partitions", acks_late=True)

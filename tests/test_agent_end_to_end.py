@@ -13,7 +13,6 @@ driven by the official client over HTTP).
 
 from __future__ import annotations
 
-import gzip
 import json
 import uuid
 from collections.abc import Iterator
@@ -113,13 +112,10 @@ def run_agent(files: dict[str, Path], server: str, kube: FakeKubernetes, *, seco
 
 
 def spooled_samples(spool_path: Path) -> list[dict[str, Any]]:
+    """The per-second samples the spool keeps beside the batches it sends (their per-minute integrals)."""
     spool = Spool(spool_path, node=NODE, now=clock.now)
     try:
-        samples = []
-        for batch in spool.list_batches():
-            body = batch.json_bytes()
-            samples.extend(json.loads(gzip.decompress(body) if body[:2] == b"\x1f\x8b" else body)["samples"])
-        return samples
+        return list(spool.export_samples(start=datetime(2000, 1, 1, tzinfo=UTC), end=datetime(2100, 1, 1, tzinfo=UTC)))
     finally:
         spool.close()
 

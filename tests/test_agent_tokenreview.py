@@ -86,7 +86,7 @@ def spooled(tmp_path: Path, node: str) -> list[dict[str, Any]]:
             body = batch.json_bytes()
             document = json.loads(gzip.decompress(body) if body[:2] == b"\x1f\x8b" else body)
             rows.append({"seq": batch.batch_seq, "state": batch.state, "status": batch.last_status,
-                         "error": batch.last_error, "samples": len(document["samples"])})
+                         "error": batch.last_error, "windows": len(document["windows"])})
         return rows
     finally:
         spool.close()
@@ -104,7 +104,7 @@ def test_the_agent_uploads_with_its_service_account_token_through_tokenreview_an
     (tmp_path / "token").write_text(
         kube.issue_service_account_token(namespace="vgpu-ledger", pod=AGENT_POD, audiences=["vgpu-ledger"]) + "\n"
     )
-    start = clock.now().replace(microsecond=0) - timedelta(minutes=3)
+    start = clock.now().replace(second=0, microsecond=0) - timedelta(minutes=3)  # whole batches: they close on whole 10 s
 
     # The API server is unreachable: 503 with Retry-After, every batch stays in the spool.
     settings.VGPU_KUBE_API = f"http://127.0.0.1:{_closed_port()}"
@@ -125,7 +125,7 @@ def test_the_agent_uploads_with_its_service_account_token_through_tokenreview_an
     assert len(delivered) > len(held)
     assert all(b["state"] == "sent" for b in delivered)
     stored = dict(UsageBatch.objects.filter(node__name=NODE_A).values_list("batch_seq", "sample_count"))
-    assert stored == {b["seq"]: b["samples"] for b in delivered}
+    assert stored == {b["seq"]: b["windows"] for b in delivered}  # a v2 batch counts its windows
     assert AuditEvent.objects.get(action="node.registered").actor_label == (
         "system:serviceaccount:vgpu-ledger:vgpu-agent"
     )

@@ -4,7 +4,6 @@ ledger's totals equal exactly what the agent metered — also across a server ou
 
 from __future__ import annotations
 
-import gzip
 import json
 import socket
 from datetime import UTC, datetime, timedelta
@@ -40,29 +39,28 @@ def agent_files(tmp_path: Path, transactional_db) -> dict[str, Path]:
     return files
 
 
-def run_agent(files: dict[str, Path], server: str, seconds: int, start: datetime) -> int:
+def run_agent(files: dict[str, Path], server: str, seconds: int, start: datetime, *, wire: str = "v2") -> int:
     return agent_main([
         "run", "--server", server, "--token-file", str(files["token"]), "--backend", "sim",
-        "--scenario", str(files["scenario"]), "--spool", str(files["spool"]),
+        "--scenario", str(files["scenario"]), "--spool", str(files["spool"]), "--wire", wire,
         "--batch-seconds", "10", "--once-seconds", str(seconds), "--start", start.isoformat().replace("+00:00", "Z"),
     ])
 
 
 def metered_totals(spool_path: Path) -> tuple[dict[str, Decimal], int, int]:
-    """What the agent metered: Σ of each quantity over every spooled batch, samples, batches."""
+    """What the agent metered: Σ of each quantity over every per-second sample the spool keeps as
+    evidence, the windows its batches sent (their per-minute integrals), and the batches."""
     spool = Spool(spool_path, node=NODE, now=clock.now)
     try:
         batches = spool.list_batches()
         totals = dict.fromkeys(QUANTITIES, Decimal(0))
-        samples = 0
-        for b in batches:
-            body = b.json_bytes()
-            doc = json.loads(gzip.decompress(body) if body[:2] == b"\x1f\x8b" else body)
-            samples += len(doc["samples"])
-            for s in doc["samples"]:
-                for q in QUANTITIES:
-                    totals[q] += Decimal(repr(s[q]))
-        return totals, samples, len(batches)
+        for s in spool.export_samples(start=datetime(2000, 1, 1, tzinfo=UTC), end=datetime(2100, 1, 1, tzinfo=UTC)):
+            for q in QUANTITIES:
+                totals[q] += Decimal(repr(s[q]))
+        # What each batch carried: its windows (v2) or its samples (an agent run with --wire v1).
+        documents = [json.loads(b.json_bytes()) for b in batches]
+        windows = sum(len(d["windows"] if "windows" in d else d["samples"]) for d in documents)
+        return totals, windows, len(batches)
     finally:
         spool.close()
 
@@ -78,14 +76,15 @@ def closed_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def test_agent_to_priced_ledger_with_exact_totals(agent_files, live_server):
-    start = clock.now().replace(microsecond=0) - timedelta(minutes=5)
-    assert run_agent(agent_files, live_server.url, 60, start) == 0
-    expected, samples, batches = metered_totals(agent_files["spool"])
+@pytest.mark.parametrize("wire", ["v2", "v1"])  # v1: an agent not yet upgraded keeps working
+def test_agent_to_priced_ledger_with_exact_totals(agent_files, live_server, wire):
+    start = clock.now().replace(second=0, microsecond=0) - timedelta(minutes=5)  # whole batches: they close on whole 10 s
+    assert run_agent(agent_files, live_server.url, 60, start, wire=wire) == 0
+    expected, windows, batches = metered_totals(agent_files["spool"])
     assert batches == 6
-    assert samples > 0
+    assert windows > 0
     assert UsageBatch.objects.count() == 6
-    assert UsageBatch.objects.aggregate(n=Sum("sample_count"))["n"] == samples
+    assert UsageBatch.objects.aggregate(n=Sum("sample_count"))["n"] == windows
     rollup_usage(now=clock.now())
     assert ledger_totals() == expected
     for gm in GpuMinute.objects.all():
@@ -97,17 +96,17 @@ def test_agent_to_priced_ledger_with_exact_totals(agent_files, live_server):
 
 
 def test_spooled_batches_survive_a_server_outage_and_land_exactly_once(agent_files, live_server):
-    start = clock.now().replace(microsecond=0) - timedelta(minutes=5)
+    start = clock.now().replace(second=0, microsecond=0) - timedelta(minutes=5)  # whole batches: they close on whole 10 s
     down = f"http://127.0.0.1:{closed_port()}"
     # Server down: the agent meters and spools, and exits 75 with batches pending.
     assert run_agent(agent_files, down, 30, start) == 75
     assert UsageBatch.objects.count() == 0
     # Server back: the old batches go first, then the new ones; nothing is lost or doubled.
     assert run_agent(agent_files, live_server.url, 30, start + timedelta(seconds=30)) == 0
-    expected, samples, batches = metered_totals(agent_files["spool"])
+    expected, windows, batches = metered_totals(agent_files["spool"])
     assert batches == 6
     assert UsageBatch.objects.count() == 6
-    assert UsageBatch.objects.aggregate(n=Sum("sample_count"))["n"] == samples
+    assert UsageBatch.objects.aggregate(n=Sum("sample_count"))["n"] == windows
     # A replay of every batch (e.g. an agent restored from a backup) answers duplicate.
     spool = Spool(agent_files["spool"], node=NODE, now=clock.now)
     try:

@@ -1,8 +1,8 @@
-"""Accepted batches, their GPUs and their raw samples: how ingest writes them (docs/protocol.md).
+"""Accepted batches, their GPUs and their integral rows: how ingest writes them (docs/protocol.md).
 
 One call stores one validated batch inside the caller's transaction: the GPU claims, the batch
-row (unique per node and batch_seq), its GPU rows, its samples through COPY into the
-day-partitioned raw table, the node's cluster and one WorkloadMeta row per pod (the optional
+row (unique per node and batch_seq), its GPU rows, its integral rows (per workload, GPU and
+minute) through COPY into the day-partitioned raw table, the node's cluster and one WorkloadMeta row per pod (the optional
 grouping fields, docs/protocol.md). A retry of the same content answers "duplicate" and writes
 nothing.
 """
@@ -30,7 +30,7 @@ log = logging.getLogger(__name__)
 
 COPY_COLUMNS = (
     "batch_id, node_id, gpu_uuid, start, seconds, tenant, namespace, pod, container, pod_uid, "
-    "sla_tier, mem_used_mb_s, mem_granted_mb_s, sm_used_s, sm_granted_s, pcie_mb"
+    "sla_tier, mem_used_mb_s, mem_granted_mb_s, mem_billed_mb_s, sm_used_s, sm_granted_s, sm_billed_s, pcie_mb"
 )
 
 
@@ -67,10 +67,12 @@ class ValidatedBatch:
     window_start: datetime
     window_end: datetime
     gpus: tuple[BatchGpuDecl, ...]
-    # COPY rows: (gpu_uuid, start, seconds, tenant, namespace, pod, container, pod_uid,
-    # sla_tier, mem_used_mb_s, mem_granted_mb_s, sm_used_s, sm_granted_s, pcie_mb).
-    # A sample that crosses a UTC minute boundary is split pro rata (integrals are
-    # assumed uniform inside a sample), so every row lies inside one minute.
+    # COPY rows: (gpu_uuid, start, seconds, tenant, namespace, pod, container, pod_uid, sla_tier,
+    # mem_used_mb_s, mem_granted_mb_s, mem_billed_mb_s, sm_used_s, sm_granted_s, sm_billed_s, pcie_mb):
+    # integrals of one workload on one GPU inside one UTC minute, billed = Σ per-second max(used,
+    # granted). A v1 sample that crosses a minute boundary is split pro rata (integrals are assumed
+    # uniform inside a sample); ingest then sums a batch's rows per workload-minute where that is
+    # exact (billing.services.ingest.batch_validation.summed_per_minute).
     rows: list[tuple[Any, ...]]
     sample_count: int
     cluster: str | None = None  # the batch's optional `cluster`; None: not reported
@@ -100,7 +102,8 @@ def _copy_buffer(batch_id: int, node_id: int, batch: ValidatedBatch) -> io.Strin
         named = names.get(key)
         if named is None:
             named = names[key] = "\t".join(key)
-        lines.append(f"{prefix}{r[0]}\t{start}\t{r[2]!r}\t{named}\t{r[9]!r}\t{r[10]!r}\t{r[11]!r}\t{r[12]!r}\t{r[13]!r}\n")
+        lines.append(f"{prefix}{r[0]}\t{start}\t{r[2]!r}\t{named}\t{r[9]!r}\t{r[10]!r}\t{r[11]!r}\t{r[12]!r}\t{r[13]!r}"
+                     f"\t{r[14]!r}\t{r[15]!r}\n")
     return io.StringIO("".join(lines))
 
 

@@ -6,6 +6,10 @@ Kept for (docs/operations.md, "Retention and disk"):
   (VGPU_RAW_RETENTION_MARGIN): as long as a batch may still arrive, be rolled up, or be re-priced;
 - minutes: VGPU_MINUTE_RETENTION (at least as long as raw samples, so any minute the rollup or a
   rebuild can recompute still has every other minute of its hour);
+- batches and their GPU rows: as long as their raw samples (pruned once their window ends before
+  the raw watermark, if rolled up and not quarantined): they give the rollup each GPU-minute's
+  metered seconds and ingest its exactly-once, and neither can happen again past the late-usage
+  horizon (ingest refuses such a window, a recompute that old is refused below);
 - hours and days: forever (billing history).
 
 A day past its period is dropped with DROP TABLE of its partition, never a DELETE: no dead
@@ -66,6 +70,9 @@ _HOLDS = "billing_ledger_retention_hold"
 _DROP_LOCK_TIMEOUT = "2s"
 # Batch ids named in a held partition's log line and hold row.
 _BLOCKER_IDS_SHOWN = 20
+# Batches pruned per transaction: a day of 10,000 GPUs in nodes of 8 is 1.8 M batches and 14.4 M
+# GPU rows, which the hourly run deletes an hour's worth at a time in short transactions.
+_PRUNE_CHUNK = 5_000
 
 
 @dataclass(frozen=True)
@@ -141,6 +148,7 @@ class RetentionResult:
     held: tuple[HeldPartition, ...]
     # Past retention, no batch in the way, but the table lock was not granted in time: next run.
     lock_busy: tuple[str, ...]
+    batches_pruned: int = 0  # batches deleted with their GPU rows, their raw samples gone
 
 
 @dataclass(frozen=True)
@@ -302,7 +310,37 @@ def apply_retention(*, now: datetime) -> RetentionResult:
                 busy.append(partition.name)
     if dropped:
         log.info("event=retention_dropped partitions=%s", ",".join(dropped))
-    return RetentionResult(dropped=tuple(dropped), held=tuple(held), lock_busy=tuple(busy))
+    return RetentionResult(dropped=tuple(dropped), held=tuple(held), lock_busy=tuple(busy),
+                           batches_pruned=_prune_batches())
+
+
+def _prune_batches() -> int:
+    """Delete the batches whose window ended before the raw watermark, with their GPU rows, a chunk
+    per transaction. Only rolled-up ones: a pending or quarantined batch holds its raw day, so its
+    rows stay with it. Nothing reads them after: their raw samples are gone, so no rollup or
+    rebuild recomputes their minutes, and ingest refuses a window that old (a retry of it included)
+    before it looks for a duplicate. Returns how many batches went."""
+    with connection.cursor() as cur:
+        before = _watermark(cur, "raw")
+    if before is None:  # no raw day was ever dropped
+        return 0
+    pruned = 0
+    while True:
+        with transaction.atomic(), connection.cursor() as cur:
+            # window_start first: the batches' window index finds them; window_end is the rule.
+            cur.execute(
+                "WITH gone AS (SELECT id FROM billing_usagebatch WHERE window_start < %s AND window_end <= %s "
+                "AND rolled_up_at IS NOT NULL AND quarantined_at IS NULL ORDER BY id LIMIT %s), "
+                "gpus AS (DELETE FROM billing_batchgpu WHERE batch_id IN (SELECT id FROM gone)) "
+                "DELETE FROM billing_usagebatch WHERE id IN (SELECT id FROM gone)",
+                [before, before, _PRUNE_CHUNK])
+            deleted: int = cur.rowcount
+        pruned += deleted
+        if deleted < _PRUNE_CHUNK:
+            break
+    if pruned:
+        log.info("event=retention_batches_pruned batches=%d before=%s", pruned, before.isoformat())
+    return pruned
 
 
 def get_retention_state(*, now: datetime) -> RetentionState:

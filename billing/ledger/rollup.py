@@ -500,26 +500,31 @@ def _commitment_cover(cur: CursorWrapper, windows: dict[Key, _Window], cards: Ra
     return covered_now, flipped
 
 
-# The integrals each workload-minute sums, in the ledger's column order.
-_RAW_SUMS = ("r.seconds", "r.mem_used_mb_s", "r.mem_granted_mb_s", "greatest(r.mem_used_mb_s, r.mem_granted_mb_s)",
-             "r.sm_used_s", "r.sm_granted_s", "greatest(r.sm_used_s, r.sm_granted_s)", "r.pcie_mb")
-_RAW_COLUMNS = ("seconds", "mem_used_mb_s", "mem_granted_mb_s", "sm_used_s", "sm_granted_s", "pcie_mb")
+# The integrals each workload-minute sums, in the ledger's column order. A row stored before wire
+# protocol v2 was one sample and has no billed maximum: max(used, granted) of that row is it.
+_RAW_SUMS = ("r.seconds", "r.mem_used_mb_s", "r.mem_granted_mb_s", "r.mem_billed", "r.sm_used_s", "r.sm_granted_s",
+             "r.sm_billed", "r.pcie_mb")
+_BILLED = ("coalesce(mem_billed_mb_s, greatest(mem_used_mb_s, mem_granted_mb_s)) AS mem_billed, "
+           "coalesce(sm_billed_s, greatest(sm_used_s, sm_granted_s)) AS sm_billed")
+_RAW_COLUMNS = ("seconds", "mem_used_mb_s", "mem_granted_mb_s", "coalesce(mem_billed_mb_s, 0)", "sm_used_s",
+                "sm_granted_s", "coalesce(sm_billed_s, 0)", "pcie_mb")
 # Casting every float8 to numeric cost the rollup most of its time (2/3 of the raw GROUP BY,
-# docs/benchmarks.md), so it is kept for the rows that need it. Agents report integrals in
-# multiples of 2^-10 (agents/meter.py); such a value below 10^5 has at most 15 significant digits,
-# so its numeric cast (15 digits) is the value itself, and float8 adds such values exactly (every
-# partial sum is a multiple of 2^-10, far below 2^43); the greater of two such values is one too.
-# A row whose values all are (`q`, computed once per row: OFFSET 0 keeps the planner from copying
-# it into every aggregate) is summed in float8, any other row (what else a client sent) through
-# numeric, and the caller adds the two exactly (Decimal(float) is the float's exact value): the
-# same totals as summing the casts.
-_QUANTIZED = " AND ".join(f"{c} < 1e5 AND {c} * 1024 = trunc({c} * 1024)" for c in _RAW_COLUMNS)
+# docs/benchmarks.md), and it is not exact: the cast keeps 15 significant digits. Agents report
+# integrals in multiples of 2^-10 (agents/meter.py), and ingest sums them per workload-minute
+# (billing.services.ingest.batch_validation.summed_per_minute); float8 adds such values exactly
+# while every partial sum stays below 2^43, which a workload-minute's does (at most 60 s of a card
+# whose capacity fits an int4, or of 10 TB/s of PCIe, doubled for billed), and the greater of two
+# such values is one too. A row whose values all are (`q`, computed once per row: OFFSET 0 keeps
+# the planner from copying it into every aggregate) is summed in float8, any other row (what else a
+# client sent) through numeric, and the caller adds the two exactly (Decimal(float) is the float's
+# exact value).
+_QUANTIZED = " AND ".join(f"{c} < 8796093022208 AND {c} * 1024 = trunc({c} * 1024)" for c in _RAW_COLUMNS)
 _WORKLOADS_SQL = (
     "SELECT r.node_id, r.gpu_uuid, date_trunc('minute', r.start), r.tenant, r.namespace, r.pod, r.container, "  # noqa: S608 - fixed SQL built from constant column lists; values are parameters
     "r.pod_uid, r.sla_tier, "
     + ", ".join(f"sum({e}) FILTER (WHERE r.q), sum({e}::numeric) FILTER (WHERE NOT r.q)" for e in _RAW_SUMS)
-    + f" FROM (SELECT *, {_QUANTIZED} AS q FROM billing_raw_sample WHERE node_id = ANY(%s) AND gpu_uuid = ANY(%s) "  # noqa: S608 - as above
-    "AND start >= %s AND start < %s AND batch_id = ANY(%s) OFFSET 0) r "
+    + f" FROM (SELECT *, {_BILLED}, {_QUANTIZED} AS q FROM billing_raw_sample WHERE node_id = ANY(%s) "  # noqa: S608 - as above
+    "AND gpu_uuid = ANY(%s) AND start >= %s AND start < %s AND batch_id = ANY(%s) OFFSET 0) r "
     "GROUP BY 1, 2, 3, 4, 5, 6, 7, 8, 9 ORDER BY 1, 2, 3, 4, 5, 6, 7, 8, 9"
 )
 _ZERO = Decimal(0)

@@ -67,7 +67,7 @@ def test_a_window_with_a_period_of_unknown_energy_has_none() -> None:
 def test_a_batch_names_each_gpus_energy_only_when_it_has_one() -> None:
     other = GpuInfo(uuid="GPU-b", model=GPU.model, memory_mb=GPU.memory_mb, sm_count=GPU.sm_count)
     body = render_batch(node="n", batch_seq=1, window_start=T0, window_end=T0 + timedelta(seconds=10),
-                        gpus=[GPU, other], samples=[], energy_j={"GPU-a": 1234.56789})
+                        gpus=[GPU, other], samples=[], energy_j={"GPU-a": 1234.56789}, wire="v2")
     assert b'"uuid":"GPU-a","model":"NVIDIA A100-SXM4-80GB","memory_mb":81920,"sm_count":108,"energy_j":1234.568}' in body
     assert b'"uuid":"GPU-b","model":"NVIDIA A100-SXM4-80GB","memory_mb":81920,"sm_count":108}' in body
 

@@ -52,6 +52,12 @@ def parse_z(text: str) -> datetime:
     return datetime.fromisoformat(text.replace("Z", "+00:00"))
 
 
+def evidence(spool: Spool, batch: dict[str, Any]) -> list[dict[str, Any]]:
+    """The per-second samples the spool keeps for a batch (it sends their per-minute integrals)."""
+    start, end = parse_z(batch["window"]["start"]), parse_z(batch["window"]["end"])
+    return [s for s in spool.export_samples(start=start, end=end) if s["batch_seq"] == batch["batch_seq"]]
+
+
 def test_batches_tile_the_run_with_contiguous_windows(tmp_path: Path) -> None:
     batches, _ = run_agent(tmp_path / "spool.sqlite", seconds=30)
     windows = [(b["window"]["start"], b["window"]["end"]) for b in batches]
@@ -61,19 +67,23 @@ def test_batches_tile_the_run_with_contiguous_windows(tmp_path: Path) -> None:
         ("2026-11-30T03:00:20Z", "2026-11-30T03:00:30Z"),
     ]
     assert [b["batch_seq"] for b in batches] == sorted({b["batch_seq"] for b in batches})
-    assert all(b["schema"] == "vgpu-ledger/usage-batch/v1" and b["node"] == "gpu-node-01" for b in batches)
+    assert all(b["schema"] == "vgpu-ledger/usage-batch/v2" and b["node"] == "gpu-node-01" for b in batches)
 
 
 def test_every_workload_has_one_sample_per_gpu_per_second_inside_the_window(tmp_path: Path) -> None:
-    batches, _ = run_agent(tmp_path / "spool.sqlite", seconds=20)
+    batches, spool = run_agent(tmp_path / "spool.sqlite", seconds=20)
     scenario = parse_scenario(demo_scenario("gpu-node-01", seed=7, gpu_count=2, tenants=TENANTS))
     for batch in batches:
         assert [g["uuid"] for g in batch["gpus"]] == [g.uuid for g in scenario.gpus]
         start, end = parse_z(batch["window"]["start"]), parse_z(batch["window"]["end"])
-        keys = [(s["start"], s["gpu"], s["namespace"], s["pod"], s["container"]) for s in batch["samples"]]
+        # Sent: one window per workload (the batch lies inside one minute) holding all its seconds.
+        assert sorted((w["gpu"], w["pod"], w["container"], w["seconds"]) for w in batch["windows"]) == sorted(
+            (w.gpu, w.workload.pod, w.workload.container, (end - start).total_seconds()) for w in scenario.workloads)
+        samples = evidence(spool, batch)
+        keys = [(s["start"], s["gpu"], s["namespace"], s["pod"], s["container"]) for s in samples]
         assert len(keys) == len(set(keys))
         assert len(keys) == len(scenario.workloads) * int((end - start).total_seconds())
-        for s in batch["samples"]:
+        for s in samples:
             assert s["seconds"] == 1
             assert start <= parse_z(s["start"]) < end
             assert s["start"].endswith("Z")
@@ -140,8 +150,7 @@ def test_a_stalled_tick_is_integrated_not_lost(tmp_path: Path) -> None:
         spool=spool,
     ).run(stop=threading.Event(), start=T0, until=T0 + timedelta(seconds=10))
     (batch,) = spool.list_batches()
-    document = json.loads(batch.json_bytes())
-    seconds = {s["start"] for s in document["samples"]}
+    seconds = {s["start"] for s in evidence(spool, json.loads(batch.json_bytes()))}
     assert len(seconds) == 10  # every second of the window is present, the stall included
 
 
@@ -155,14 +164,14 @@ def test_granted_per_gpu_per_second_never_exceeds_capacity_in_produced_batches(
     tmp_path_factory: pytest.TempPathFactory, seed: int, tick_ms: int, offset_s: int
 ) -> None:
     path = tmp_path_factory.mktemp("spool") / "spool.sqlite"
-    batches, _ = run_agent(
+    batches, spool = run_agent(
         path, seconds=12, seed=seed, gpu_count=3, tick_ms=tick_ms, start=T0 + timedelta(seconds=offset_s)
     )
     for batch in batches:
         gpus = {g["uuid"]: gpu_from_wire(g) for g in batch["gpus"]}
         mem: dict[tuple[str, str], float] = {}
         sm: dict[tuple[str, str], float] = {}
-        for s in batch["samples"]:
+        for s in evidence(spool, batch):
             gpu = gpus[s["gpu"]]
             for field, cap in (
                 ("mem_used_mb_s", gpu.memory_mb),

@@ -191,10 +191,10 @@ def test_the_batch_carries_the_fields_only_when_known_and_the_checkpoint_keeps_t
                           "sla_tier", "mem_used_mb_s", "mem_granted_mb_s", "sm_used_s", "sm_granted_s", "pcie_mb"}
     window = (datetime(2026, 11, 30, 3, 0, tzinfo=UTC), datetime(2026, 11, 30, 3, 0, 10, tzinfo=UTC))
     with_cluster = json.loads(render_batch(node=NODE, batch_seq=1, window_start=window[0], window_end=window[1],
-                                           gpus=[GPU], samples=[described], cluster="prod-eu-west-1"))
+                                           gpus=[GPU], samples=[described], cluster="prod-eu-west-1", wire="v2"))
     assert with_cluster["cluster"] == "prod-eu-west-1"
     without = json.loads(render_batch(node=NODE, batch_seq=1, window_start=window[0], window_end=window[1],
-                                      gpus=[GPU], samples=[described]))
+                                      gpus=[GPU], samples=[described], wire="v2"))
     assert "cluster" not in without
 
 

@@ -105,17 +105,17 @@ def test_the_cli_sends_the_cluster_and_the_allow_listed_labels(tmp_path, monkeyp
 
     (batch,) = run("a.sqlite", "--cluster", "prod-eu-west-1", "--labels", "app")
     assert batch["cluster"] == "prod-eu-west-1"
-    assert {tuple(s["labels"]) for s in batch["samples"]} == {("app",)}
-    assert all(s["controller_kind"] and s["mem_requested_mb"] > 0 for s in batch["samples"])
+    assert {tuple(s["labels"]) for s in batch["windows"]} == {("app",)}
+    assert all(s["controller_kind"] and s["mem_requested_mb"] > 0 for s in batch["windows"])
     monkeypatch.setenv("VGPU_AGENT_CLUSTER", "from-env")
     monkeypatch.setenv("VGPU_AGENT_LABELS", "team")
     (batch,) = run("b.sqlite")
     assert batch["cluster"] == "from-env"
-    assert {tuple(s["labels"]) for s in batch["samples"]} == {("team",)}
+    assert {tuple(s["labels"]) for s in batch["windows"]} == {("team",)}
     monkeypatch.delenv("VGPU_AGENT_CLUSTER")
     (batch,) = run("c.sqlite", "--labels", "")
     assert "cluster" not in batch
-    assert not any("labels" in s for s in batch["samples"])
+    assert not any("labels" in s for s in batch["windows"])
     for bad in (["--cluster", "a b"], ["--labels", "no spaces"]):
         with pytest.raises(SystemExit):
             main(["run", "--server", url, "--token-file", str(tmp_path / "token"), *bad])

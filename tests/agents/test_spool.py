@@ -8,11 +8,14 @@ import sqlite3
 import subprocess
 import sys
 import textwrap
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
 
+from agents.batch import Sample, render_batch
+from agents.interfaces import GpuInfo, Workload
 from agents.spool import Spool
 
 T0 = datetime(2026, 11, 30, 3, 0, 0, tzinfo=UTC)
@@ -216,3 +219,29 @@ def test_spool_file_is_in_wal_mode(tmp_path: Path) -> None:
     open_spool(path).close()
     with sqlite3.connect(path) as db:
         assert db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+
+
+def test_the_spool_keeps_per_second_samples_for_their_retention_and_exports_a_range(tmp_path: Path) -> None:
+    now = [datetime(2026, 11, 30, 3, 1, tzinfo=UTC)]
+    spool = Spool(tmp_path / "s.sqlite", node="n", now=lambda: now[0], sample_retention=timedelta(days=1))
+    gpu = GpuInfo(uuid="GPU-0", model="m", memory_mb=10, sm_count=2)
+    start = datetime(2026, 11, 30, 3, 0, tzinfo=UTC)
+    samples = [Sample(start=start + timedelta(seconds=s), seconds=1, gpu="GPU-0",
+                      workload=Workload(tenant="t", namespace="ns", pod="p", container="c", pod_uid="u", sla_tier="g"),
+                      mem_used_mb_s=1.0, mem_granted_mb_s=2.0, sm_used_s=0.5, sm_granted_s=1.0, pcie_mb=0.0)
+               for s in range(60)]
+
+    def render(wire: str) -> Callable[[int], bytes]:
+        return lambda seq: render_batch(node="n", batch_seq=seq, window_start=start, window_end=start + timedelta(minutes=1),
+                                        gpus=[gpu], samples=samples, wire=wire)
+
+    seq = spool.store_batch(window_start=start, window_end=start + timedelta(minutes=1), render=render("v2"),
+                            evidence=render("v1"))
+    assert json.loads(spool.oldest_pending().json_bytes())["windows"][0]["seconds"] == 60  # type: ignore[union-attr]
+    exported = list(spool.export_samples(start=start + timedelta(seconds=10), end=start + timedelta(seconds=13)))
+    assert [(e["batch_seq"], e["start"]) for e in exported] == [
+        (seq, f"2026-11-30T03:00:{s}Z") for s in (10, 11, 12)]
+    now[0] += timedelta(days=1, minutes=1)  # past the retention: the next stored batch prunes them
+    spool.store_batch(window_start=start + timedelta(minutes=1), window_end=start + timedelta(minutes=2),
+                      render=render("v2"))
+    assert list(spool.export_samples(start=start, end=start + timedelta(minutes=1))) == []

@@ -52,7 +52,8 @@ def test_a_batch_with_the_fields_and_one_without_both_store(post_batch, minute_s
     new["cluster"] = "prod-eu-west-1"
     resp = post_batch(new)
     assert resp.status_code == 201, resp.content
-    assert raw_rows() == 40  # the fields change nothing of what is metered
+    # The fields change nothing of what is metered: 40 samples, one row per batch and workload-minute.
+    assert raw_rows() == 4
 
 
 def test_ingest_stores_one_row_per_pod_with_its_controller_labels_and_requests(post_batch, minute_start):
@@ -261,7 +262,7 @@ def test_what_the_simulated_agent_renders_validates_and_lands_per_pod(post_batch
     ]
     body = render_batch(node="gpu-node-1", batch_seq=1, window_start=minute_start,
                         window_end=minute_start + timedelta(seconds=1), gpus=scenario.gpus, samples=samples,
-                        cluster="demo")
+                        cluster="demo", wire="v2")
     resp = post_batch(None, raw=body)
     assert resp.status_code == 201, resp.content
     pods = {w.workload.pod: w.workload for w in scenario.workloads}

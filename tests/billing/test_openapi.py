@@ -62,7 +62,7 @@ def test_every_operation_names_its_security_scheme_and_its_errors_body(client):
             # Bodies: the batch and the other agent bodies are published, never a bare object.
             if method == "post":
                 body = operation["requestBody"]["content"]["application/json"]["schema"]
-                assert body.get("required"), route
+                assert all(one.get("required") for one in body.get("oneOf", [body])), route
             for code, answer in operation["responses"].items():
                 if code.startswith(("4", "5")) and route != "/api/v1/admission/pods":
                     errors = "AllocationError" if reading and code != "503" else "Errors"
@@ -112,9 +112,15 @@ def test_the_document_is_valid_openapi_and_publishes_the_batch_schema(client):
     validate(document)  # openapi-spec-validator: the document a client generates from is well formed
     body = document["paths"][BATCHES]["post"]["requestBody"]["content"]["application/json"]["schema"]
     assert body == usage_batch_schema()
-    sample = body["properties"]["samples"]["items"]
-    assert sample["properties"]["tenant"]["maxLength"] == 63
-    assert sample["properties"]["pod_uid"]["anyOf"]
+    v1, v2 = body["oneOf"]
+    assert v1["properties"]["schema"]["enum"] == ["vgpu-ledger/usage-batch/v1"]
+    assert v2["properties"]["schema"]["enum"] == ["vgpu-ledger/usage-batch/v2"]
+    sample, window = v1["properties"]["samples"]["items"], v2["properties"]["windows"]["items"]
+    for item in (sample, window):
+        assert item["properties"]["tenant"]["maxLength"] == 63
+        assert item["properties"]["pod_uid"]["anyOf"]
+    assert {"mem_billed_mb_s", "sm_billed_s", "mem_peak_mb", "sm_peak"} <= set(window["required"])
+    assert window["properties"]["seconds"]["maximum"] == 60
 
 
 @pytest.fixture

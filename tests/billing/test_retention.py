@@ -28,6 +28,7 @@ from hypothesis import strategies as st
 
 from billing import tasks
 from billing.checks import check_retention
+from billing.ledger.models import BatchGpu as Gpu
 from billing.ledger.models import GpuMinute, UsageBatch, UsageMinute
 from billing.ledger.partitions import (
     MINUTE_TABLES,
@@ -141,8 +142,10 @@ def test_running_retention_twice_drops_nothing_the_second_time() -> None:
     ensure_minute_partitions([day])
     first = tasks.apply_retention.apply().get()
     second = tasks.apply_retention.apply().get()
-    assert partition_name(day) in first["dropped"]
-    assert second == {"dropped": [], "held": [], "lock_busy": []}
+    dropped = first["dropped"]
+    assert isinstance(dropped, list)
+    assert partition_name(day) in dropped
+    assert second == {"dropped": [], "held": [], "lock_busy": [], "batches_pruned": 0}
 
 
 # --- what is never dropped --------------------------------------------------------------------
@@ -197,6 +200,34 @@ def test_a_day_with_a_quarantined_batch_is_kept_even_after_the_rollup_moves_on(p
     assert kept <= {h.name for h in result.held}
     assert kept <= names(RAW_TABLE)
     assert not kept & set(result.dropped)
+
+
+@pytest.mark.django_db
+def test_batches_go_with_their_raw_day_once_rolled_up_and_a_retry_of_one_is_refused_not_billed_again(
+        post_batch: PostBatch, time_machine: Any) -> None:
+    held_day = clock.now().date() - timedelta(days=120)
+    noon = datetime(held_day.year, held_day.month, held_day.day, 12, tzinfo=UTC)
+    time_machine.move_to(noon + timedelta(days=1, minutes=5), tick=False)
+    poisoned, billed = make_batch(start=noon, seq=1), make_batch(start=noon + timedelta(days=1), seq=2)
+    assert post_batch(poisoned).status_code == 201
+    assert post_batch(billed).status_code == 201
+    quarantine_batch(batch_id=UsageBatch.objects.get(batch_seq=1).pk, error="test: poisoned", now=noon)
+    rollup_usage(now=clock.now())
+    later = day_bounds(held_day + timedelta(days=1))[1] + policy().raw_retention + timedelta(days=1)
+    result = apply_retention(now=later)
+    # The quarantined batch's day is held; the next day goes, and its rolled-up batch with it.
+    assert partition_name(held_day + timedelta(days=1)) in result.dropped
+    assert result.batches_pruned == 1
+    assert list(UsageBatch.objects.values_list("batch_seq", flat=True)) == [1]
+    assert not Gpu.objects.filter(batch__batch_seq=2).exists()
+    minutes = UsageMinute.objects.count()
+    assert minutes == 1  # what it billed stays: minutes for their retention, hours and days for good
+    assert apply_retention(now=later).batches_pruned == 0
+    time_machine.move_to(later, tick=False)
+    answer = post_batch(billed)  # the agent retries it: far past the late-usage horizon
+    assert answer.status_code == 400, answer.content
+    assert UsageBatch.objects.count() == 1
+    assert UsageMinute.objects.count() == minutes
 
 
 @pytest.mark.django_db

@@ -1,4 +1,4 @@
-"""The usage batch's JSON Schema (wire protocol v1), published in the OpenAPI document.
+"""The usage batch's JSON Schema (wire protocol v1 and v2, one of them), published in the OpenAPI document.
 
 Built from the same bounds as validation (billing.services.ingest.batch_validation), so the schema a
 client generates from and the rules the server checks cannot drift apart. Validation checks
@@ -77,11 +77,31 @@ def usage_batch_schema() -> dict[str, Any]:
             **_grouping_fields(),
         },
     }
+    window = {
+        "type": "object",
+        "required": ["minute", "seconds", "gpu", *rules.NAME_FIELDS, *rules.WINDOW_QUANTITIES, *rules.WINDOW_PEAKS],
+        "description": "one workload's integrals on one GPU over the seconds of one UTC minute the batch metered; "
+                       "*_billed_* is the sum over its seconds of max(used, granted)",
+        "properties": {
+            "minute": {**_TIMESTAMP, "example": "2026-11-30T03:00:00Z", "description": "a whole UTC minute"},
+            "seconds": {"type": "number", "minimum": 0, "exclusiveMinimum": True,
+                        "maximum": rules.MINUTE_SECONDS},
+            "gpu": {"type": "string", "description": "the uuid of one of $.gpus"},
+            **{key: _name(key) for key in rules.NAME_FIELDS},
+            **dict.fromkeys((*rules.WINDOW_QUANTITIES, *rules.WINDOW_PEAKS), _QUANTITY),
+            **_grouping_fields(),
+        },
+    }
+    return {"oneOf": [_batch(gpu, rules.SCHEMA, "samples", sample), _batch(gpu, rules.SCHEMA_V2, "windows", window)]}
+
+
+def _batch(gpu: dict[str, Any], schema: str, key: str, item: dict[str, Any]) -> dict[str, Any]:
+    """A batch of one protocol version: its header, its GPUs and its list of ``key`` (the items)."""
     return {
         "type": "object",
-        "required": ["schema", "node", "batch_seq", "window", "gpus", "samples"],
+        "required": ["schema", "node", "batch_seq", "window", "gpus", key],
         "properties": {
-            "schema": {"type": "string", "enum": [rules.SCHEMA]},
+            "schema": {"type": "string", "enum": [schema]},
             "node": {"type": "string", "minLength": 1, "maxLength": rules.NODE_MAX},
             "cluster": {"type": "string", "minLength": 1, "maxLength": rules.CLUSTER_MAX,
                         "pattern": rules.CLUSTER_PATTERN, "example": "prod-eu-west-1",
@@ -90,6 +110,6 @@ def usage_batch_schema() -> dict[str, Any]:
             "window": {"type": "object", "required": ["start", "end"],
                        "properties": {"start": _TIMESTAMP, "end": _TIMESTAMP}},
             "gpus": {"type": "array", "minItems": 1, "items": gpu},
-            "samples": {"type": "array", "maxItems": settings.VGPU_INGEST_MAX_SAMPLES, "items": sample},
+            key: {"type": "array", "maxItems": settings.VGPU_INGEST_MAX_SAMPLES, "items": item},
         },
     }

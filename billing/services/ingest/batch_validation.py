@@ -18,6 +18,7 @@ import itertools
 import re
 import sys
 from collections import defaultdict
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -33,9 +34,12 @@ from billing.ledger.columns import (
 from billing.models import Node
 from billing.services.input_limits import max_length
 
-__all__ = ["SCHEMA", "BatchGpuDecl", "PodMeta", "ValidatedBatch", "label_problem", "validate_batch"]
+__all__ = ["SCHEMA", "SCHEMA_V2", "BatchGpuDecl", "PodMeta", "ValidatedBatch", "label_problem", "summed_per_minute",
+           "validate_batch"]
 
 SCHEMA = "vgpu-ledger/usage-batch/v1"
+SCHEMA_V2 = "vgpu-ledger/usage-batch/v2"  # per workload-minute integrals (docs/protocol.md)
+SCHEMAS = (SCHEMA, SCHEMA_V2)
 MAX_ERRORS = 50
 MAX_SAMPLE_SECONDS = 3600.0
 # The most a GPU may draw on average over a batch window, W: well above any board made (1,200 W), so a
@@ -65,6 +69,7 @@ MAX_PCIE_MB_PER_S = 1e7
 # A workload is one container on one GPU: it may be metered once per second.
 _WORKLOAD = (1, 2, 3, 4)  # indexes of namespace, pod, container, pod_uid in a sample's names
 _MINUTE = timedelta(minutes=1)
+MINUTE_SECONDS = 60  # the most seconds a v2 window meters: one UTC minute
 YEARS = (2000, 9000)
 _FLOAT_MAX = sys.float_info.max
 
@@ -119,8 +124,8 @@ def _validate_header(  # noqa: PLR0912 - one check per header field, in the prot
     if not isinstance(payload, dict):
         errors.add("$", "the body must be a JSON object")
         return None
-    if payload.get("schema") != SCHEMA:
-        errors.add("$.schema", f"must be {SCHEMA!r}")
+    if payload.get("schema") not in SCHEMAS:
+        errors.add("$.schema", f"must be {SCHEMA!r} or {SCHEMA_V2!r}")
     node = payload.get("node")
     if not isinstance(node, str) or not 1 <= len(node) <= NODE_MAX:
         errors.add("$.node", f"must be a node name of 1 to {NODE_MAX} characters")
@@ -275,6 +280,7 @@ class _Pods:
 def _validate_meta(
     sample: dict[str, Any], i: int, *, pod: tuple[str, ...], container: str, start: datetime | None,
     gpu: BatchGpuDecl | None, pods: _Pods, good_labels: set[tuple[str, str]], errors: _Errors,
+    where: str = "$.samples",
 ) -> bool:
     """Check a sample's optional grouping fields and note them for its pod; False when one is wrong.
 
@@ -286,20 +292,20 @@ def _validate_meta(
     if kind is not None or name is not None:
         held = pods.controller.get(pod)
         if held is None or held[0] != kind or held[1] != name:
-            ok = _check_controller(kind, name, i, pod=pod, held=held, pods=pods, errors=errors)
+            ok = _check_controller(kind, name, i, pod=pod, held=held, pods=pods, errors=errors, where=where)
     if "labels" in sample:
         labels: Any = sample["labels"]
         held_labels = pods.labels.get(pod)
         if held_labels is not None and labels == held_labels[1] and type(labels) is dict:
             if start is not None and start >= held_labels[0]:
                 pods.labels[pod] = (start, held_labels[1])
-        elif _validate_labels(labels, i, good=good_labels, errors=errors):
+        elif _validate_labels(labels, i, good=good_labels, errors=errors, where=where):
             if start is not None and (held_labels is None or start >= held_labels[0]):
                 pods.labels[pod] = (start, labels)
         else:
             ok = False
     if "mem_requested_mb" in sample or "sm_requested" in sample:
-        asked = _requested(sample, i, gpu=gpu, errors=errors)
+        asked = _requested(sample, i, gpu=gpu, errors=errors, where=where)
         if asked is None:
             ok = False
         elif start is not None:
@@ -311,29 +317,30 @@ def _validate_meta(
 
 
 def _check_controller(kind: Any, name: Any, i: int, *, pod: tuple[str, ...], held: tuple[str, str, int] | None,
-                      pods: _Pods, errors: _Errors) -> bool:
+                      pods: _Pods, errors: _Errors, where: str) -> bool:
     ok = True
     if not isinstance(kind, str) or len(kind) > CONTROLLER_MAX["controller_kind"] or not _KIND_RE.fullmatch(kind):
-        errors.add(f"$.samples[{i}].controller_kind", "must be a Kubernetes kind (a letter, then letters and digits; "
+        errors.add(f"{where}[{i}].controller_kind", "must be a Kubernetes kind (a letter, then letters and digits; "
                                                       f"at most {CONTROLLER_MAX['controller_kind']}), given with "
                                                       "controller_name")
         ok = False
     if not isinstance(name, str) or len(name) > CONTROLLER_MAX["controller_name"] or not _NAME_RE.fullmatch(name):
-        errors.add(f"$.samples[{i}].controller_name", "must be the controller's name (letters, digits and . _ : / -; "
+        errors.add(f"{where}[{i}].controller_name", "must be the controller's name (letters, digits and . _ : / -; "
                                                       f"at most {CONTROLLER_MAX['controller_name']}), given with "
                                                       "controller_kind")
         ok = False
     if not ok:
         return False
     if held is not None:
-        errors.add(f"$.samples[{i}].controller_kind", f"pod {pod[0]}/{pod[1]} is owned by {held[0]}/{held[1]} in "
-                                                      f"samples[{held[2]}]; a pod has one controller")
+        errors.add(f"{where}[{i}].controller_kind", f"pod {pod[0]}/{pod[1]} is owned by {held[0]}/{held[1]} in "
+                                                      f"{where[2:]}[{held[2]}]; a pod has one controller")
         return False
     pods.controller[pod] = (kind, name, i)
     return True
 
 
-def _requested(sample: dict[str, Any], i: int, *, gpu: BatchGpuDecl | None, errors: _Errors) -> dict[str, float] | None:
+def _requested(sample: dict[str, Any], i: int, *, gpu: BatchGpuDecl | None, errors: _Errors,
+               where: str) -> dict[str, float] | None:
     """The sample's request per GPU ({"mem_mb", "sm"}, the keys it has), or None when one is wrong."""
     asked: dict[str, float] = {}
     ok = True
@@ -341,7 +348,7 @@ def _requested(sample: dict[str, Any], i: int, *, gpu: BatchGpuDecl | None, erro
         mem: Any = sample["mem_requested_mb"]
         cap = gpu.memory_mb if gpu is not None else CAPACITY_MAX["memory_mb"]
         if type(mem) is not int or not 0 <= mem <= cap:
-            errors.add(f"$.samples[{i}].mem_requested_mb",
+            errors.add(f"{where}[{i}].mem_requested_mb",
                        f"must be an integer of MiB per GPU in [0, {cap}] (the GPU's memory)")
             ok = False
         else:
@@ -351,32 +358,66 @@ def _requested(sample: dict[str, Any], i: int, *, gpu: BatchGpuDecl | None, erro
         top = gpu.sm_count if gpu is not None else CAPACITY_MAX["sm_count"]
         # NaN fails the comparisons; exact types: bool is not a number here.
         if (type(sm) is not float and type(sm) is not int) or not 0 <= sm <= top:
-            errors.add(f"$.samples[{i}].sm_requested", f"must be a number of SMs in [0, {top}] (the GPU's SM count)")
+            errors.add(f"{where}[{i}].sm_requested", f"must be a number of SMs in [0, {top}] (the GPU's SM count)")
             ok = False
         else:
             asked["sm"] = sm
     return asked if ok else None
 
 
-def _validate_labels(labels: Any, i: int, *, good: set[tuple[str, str]], errors: _Errors) -> bool:
+def _validate_labels(labels: Any, i: int, *, good: set[tuple[str, str]], errors: _Errors, where: str) -> bool:
     if not isinstance(labels, dict):
-        errors.add(f"$.samples[{i}].labels", "must be an object of label key to value (strings)")
+        errors.add(f"{where}[{i}].labels", "must be an object of label key to value (strings)")
         return False
     if len(labels) > MAX_LABELS:
-        errors.add(f"$.samples[{i}].labels", f"holds {len(labels)} labels; at most {MAX_LABELS} (the agent's allow-list)")
+        errors.add(f"{where}[{i}].labels", f"holds {len(labels)} labels; at most {MAX_LABELS} (the agent's allow-list)")
         return False
     for key, value in labels.items():
         if isinstance(value, str) and (key, value) in good:
             continue
         problem = label_problem(key, value)
         if problem is not None:
-            errors.add(f"$.samples[{i}].labels", problem)
+            errors.add(f"{where}[{i}].labels", problem)
             return False
         good.add((key, value))
     return True
 
 
-def validate_batch(  # noqa: PLR0912, PLR0915 - every rule of the protocol, in its order, in one pass over the samples
+def _names(item: dict[str, Any], at: str, good_names: set[str], errors: _Errors) -> list[str] | None:
+    """The six workload names of a sample or window, in NAME_FIELDS order; None when one is wrong."""
+    names: list[str] = []
+    ok = True
+    for key in NAME_FIELDS:
+        value = item.get(key)
+        # A str before the set look-up: a list or an object there is unhashable (a 500, found by schemathesis).
+        if type(value) is str and value in good_names:
+            names.append(value)
+            continue
+        if value == "" and key in OPTIONAL_NAMES:
+            names.append(value)
+            continue
+        if not isinstance(value, str) or len(value) > NAME_MAX[key] or not _NAME_RE.fullmatch(value):
+            errors.add(f"{at}.{key}", f"must be a name of letters, digits and . _ : / - (at most {NAME_MAX[key]} characters)")
+            ok = False
+        else:
+            good_names.add(value)
+            names.append(value)
+    return names if ok else None
+
+
+def _quantities(item: dict[str, Any], keys: tuple[str, ...], at: str, errors: _Errors) -> list[float] | None:
+    values: list[float] = []
+    for key in keys:
+        value = item.get(key)
+        # NaN fails both comparisons, ±inf and ints beyond float range fail the upper one.
+        if (type(value) is float or type(value) is int) and 0 <= value <= _FLOAT_MAX:
+            values.append(value)
+        else:
+            errors.add(f"{at}.{key}", "must be a finite number >= 0")
+    return values if len(values) == len(keys) else None
+
+
+def validate_batch(
     payload: Any, *, now: datetime, max_skew: timedelta, max_samples: int, horizon: timedelta | None = None
 ) -> ValidatedBatch:
     """Check every rule of docs/protocol.md; raise InvalidBatch listing the violations."""
@@ -389,12 +430,36 @@ def validate_batch(  # noqa: PLR0912, PLR0915 - every rule of the protocol, in i
     # The window bounds energy; a malformed window is its own error, and energy is then only checked for shape.
     window_s = (window_end - window_start).total_seconds() if window_start and window_end else None
     gpus = _validate_gpus(payload.get("gpus"), errors, window_s=window_s)
-    samples = payload.get("samples")
-    if not isinstance(samples, list):
-        errors.add("$.samples", "must be a list (it may be empty)")
+    kind = "windows" if payload.get("schema") == SCHEMA_V2 else "samples"
+    items = payload.get(kind)
+    if not isinstance(items, list):
+        errors.add(f"$.{kind}", "must be a list (it may be empty)")
         raise InvalidBatch(errors.items)
-    if len(samples) > max_samples:
-        raise PayloadTooLarge(f"$.samples holds {len(samples)} samples; at most {max_samples} per batch")
+    if len(items) > max_samples:
+        raise PayloadTooLarge(f"$.{kind} holds {len(items)} {kind}; at most {max_samples} per batch")
+    check = _validate_windows if kind == "windows" else _validate_samples
+    rows, pods = check(items, gpus=gpus, window=(window_start, window_end), errors=errors)
+    if errors:
+        raise InvalidBatch(errors.items)
+    return ValidatedBatch(
+        node=node,
+        batch_seq=seq,
+        window_start=window_start,
+        window_end=window_end,
+        gpus=tuple(gpus.values()),
+        rows=rows,
+        sample_count=len(items),
+        cluster=cluster,
+        pods=pods.meta(),
+    )
+
+
+def _validate_samples(  # noqa: PLR0912, PLR0915 - every rule of a v1 sample, in the protocol's order, in one pass
+    samples: list[Any], *, gpus: dict[str, BatchGpuDecl], window: tuple[datetime | None, datetime | None],
+    errors: _Errors,
+) -> tuple[list[tuple[Any, ...]], _Pods]:
+    """v1: check each per-second sample; its rows split at minute boundaries, billed = max(used, granted)."""
+    window_start, window_end = window
 
     times: dict[str, datetime] = {}
     # (start, seconds) -> (end, lies inside one UTC minute); samples of one batch share few spans.
@@ -432,34 +497,10 @@ def validate_batch(  # noqa: PLR0912, PLR0915 - every rule of the protocol, in i
         if gpu is None:
             errors.add(f"$.samples[{i}].gpu", f"unknown GPU {gpu_id!r}: not listed in $.gpus")
             bad = True
-        names = []
-        for key in NAME_FIELDS:
-            value = sample.get(key)
-            # A str before the set look-up: a list or an object there is unhashable (a 500, found by schemathesis).
-            if type(value) is str and value in good_names:
-                names.append(value)
-                continue
-            if value == "" and key in OPTIONAL_NAMES:
-                names.append(value)
-                continue
-            if not isinstance(value, str) or len(value) > NAME_MAX[key] or not _NAME_RE.fullmatch(value):
-                errors.add(
-                    f"$.samples[{i}].{key}",
-                    f"must be a name of letters, digits and . _ : / - (at most {NAME_MAX[key]} characters)",
-                )
-                bad = True
-            else:
-                good_names.add(value)
-                names.append(value)
-        values: list[float] = []
-        for key in QUANTITIES:
-            value = sample.get(key)
-            # NaN fails both comparisons, ±inf and ints beyond float range fail the upper one.
-            if (type(value) is float or type(value) is int) and 0 <= value <= _FLOAT_MAX:
-                values.append(value)
-            else:
-                errors.add(f"$.samples[{i}].{key}", "must be a finite number >= 0")
-                bad = True
+        names = _names(sample, f"$.samples[{i}]", good_names, errors)
+        values = _quantities(sample, QUANTITIES, f"$.samples[{i}]", errors)
+        if names is None or values is None:
+            continue
         if not bad:
             pod = (names[1], names[2], names[4])  # namespace, pod, pod_uid: the ledger's key of a pod
             pods.seen[pod] = None
@@ -492,29 +533,170 @@ def validate_batch(  # noqa: PLR0912, PLR0915 - every rule of the protocol, in i
         acc[2] += pcie / seconds
         metered[(gpu.uuid, *(names[k] for k in _WORKLOAD))].append((start, end, i))
         if in_one_minute:
-            rows.append((gpu.uuid, start, seconds, *names, mem_used, mem_granted, sm_used, sm_granted, pcie))
+            rows.append((gpu.uuid, start, seconds, *names, mem_used, mem_granted, max(mem_used, mem_granted),
+                         sm_used, sm_granted, max(sm_used, sm_granted), pcie))
         else:
             for piece_start, piece_seconds in _split_at_minutes(start, seconds):
                 f = piece_seconds / seconds
-                rows.append(
-                    (gpu.uuid, piece_start, piece_seconds, *names, *(v * f for v in values))
-                )
+                u, g, su, sg, p = (v * f for v in values)
+                rows.append((gpu.uuid, piece_start, piece_seconds, *names, u, g, max(u, g), su, sg, max(su, sg), p))
     if not errors:
         _check_granted_within_capacity(granted, gpus, errors)
         _check_metered_once(metered, errors)
-    if errors:
-        raise InvalidBatch(errors.items)
-    return ValidatedBatch(
-        node=node,
-        batch_seq=seq,
-        window_start=window_start,
-        window_end=window_end,
-        gpus=tuple(gpus.values()),
-        rows=rows,
-        sample_count=len(samples),
-        cluster=cluster,
-        pods=pods.meta(),
-    )
+    return rows, pods
+
+
+# v2 windows: the integrals a sample has, plus the billed maximum of each resource, then the peaks.
+WINDOW_QUANTITIES = ("mem_used_mb_s", "mem_granted_mb_s", "mem_billed_mb_s", "sm_used_s", "sm_granted_s",
+                     "sm_billed_s", "pcie_mb")
+WINDOW_PEAKS = ("mem_peak_mb", "sm_peak")
+
+
+def _validate_windows(  # noqa: PLR0915 - every rule of a v2 window, in the protocol's order, in one pass
+    windows: list[Any], *, gpus: dict[str, BatchGpuDecl], window: tuple[datetime | None, datetime | None],
+    errors: _Errors,
+) -> tuple[list[tuple[Any, ...]], _Pods]:
+    """v2: check each window's integrals against its card and the seconds of its minute the batch
+    covers; one row each, already per workload-minute."""
+    window_start, window_end = window
+    good_names: set[str] = set()
+    good_labels: set[tuple[str, str]] = set()
+    minutes: dict[str, datetime] = {}
+    rows: list[tuple[Any, ...]] = []
+    pods = _Pods()
+    seen: dict[tuple[str, ...], int] = {}
+    # (gpu, minute) -> [Σ granted MB·s, Σ granted SM·s, Σ PCIe MB, seconds of the minute inside the window]
+    per_minute: dict[tuple[str, datetime], list[float]] = {}
+    for i, item in enumerate(windows):
+        at = f"$.windows[{i}]"
+        if not isinstance(item, dict):
+            errors.add(at, "must be an object")
+            continue
+        minute = _window_minute(item.get("minute"), at, minutes, errors)
+        seconds: Any = item.get("seconds")
+        ok = minute is not None
+        if (type(seconds) is not float and type(seconds) is not int) or not 0 < seconds <= MINUTE_SECONDS:
+            errors.add(f"{at}.seconds", "must be a number in (0, 60]")
+            ok = False
+        gpu_id = item.get("gpu")
+        gpu = gpus.get(gpu_id) if isinstance(gpu_id, str) else None
+        if gpu is None:
+            errors.add(f"{at}.gpu", f"unknown GPU {gpu_id!r}: not listed in $.gpus")
+        names = _names(item, at, good_names, errors)
+        values = _quantities(item, WINDOW_QUANTITIES, at, errors)
+        peaks = _quantities(item, WINDOW_PEAKS, at, errors)
+        if not ok or gpu is None or names is None or values is None or peaks is None or minute is None:
+            continue
+        pod = (names[1], names[2], names[4])
+        pods.seen[pod] = None
+        if any(key in item for key in _META_KEYS) and not _validate_meta(
+                item, i, pod=pod, container=names[3], start=minute, gpu=gpu, pods=pods, good_labels=good_labels,
+                errors=errors, where="$.windows"):
+            continue
+        if window_start is None or window_end is None:
+            continue
+        covered = (min(minute + _MINUTE, window_end) - max(minute, window_start)).total_seconds()
+        if covered <= 0 or seconds > covered * (1 + _TOLERANCE):
+            errors.add(at, f"{seconds} s of minute {minute.isoformat()} lie outside the batch window")
+            continue
+        key = (gpu.uuid, *(names[k] for k in _WORKLOAD), minute.isoformat())
+        if key in seen:
+            errors.add(at, f"meters {names[1]}/{names[2]}/{names[3]} on GPU {gpu.uuid} in minute "
+                           f"{minute.isoformat()} again: windows[{seen[key]}] already does")
+            continue
+        seen[key] = i
+        if not _window_within_card(values, peaks, gpu=gpu, seconds=seconds, at=at, errors=errors):
+            continue
+        acc = per_minute.setdefault((gpu.uuid, minute), [0.0, 0.0, 0.0, covered])
+        acc[0] += values[1]
+        acc[1] += values[4]
+        acc[2] += values[6]
+        rows.append((gpu.uuid, max(minute, window_start), seconds, *names, *values))
+    if not errors:
+        _check_minutes_within_capacity(per_minute, gpus, errors)
+    return rows, pods
+
+
+_META_KEYS = ("labels", "controller_kind", "controller_name", "mem_requested_mb", "sm_requested")
+
+
+def _window_minute(value: Any, at: str, cache: dict[str, datetime], errors: _Errors) -> datetime | None:
+    minute = cache.get(value) if isinstance(value, str) else None
+    if minute is not None:
+        return minute
+    try:
+        minute = _parse_time(value)
+    except (ValueError, TypeError) as exc:
+        errors.add(f"{at}.minute", str(exc))
+        return None
+    if minute.second or minute.microsecond:
+        errors.add(f"{at}.minute", "must be a whole UTC minute")
+        return None
+    cache[value] = minute
+    return minute
+
+
+def _window_within_card(values: list[float], peaks: list[float], *, gpu: BatchGpuDecl, seconds: float, at: str,
+                        errors: _Errors) -> bool:
+    """A window's integrals fit its card over its seconds, and each billed maximum is one a sum of
+    per-second maxima can be: at least the larger sum, at most both sums together."""
+    mem_used, mem_granted, mem_billed, sm_used, sm_granted, sm_billed, _ = values
+    for what, used, granted, billed, cap in (("memory", mem_used, mem_granted, mem_billed, gpu.memory_mb),
+                                             ("SM·s", sm_used, sm_granted, sm_billed, gpu.sm_count)):
+        if max(used, granted, billed) > cap * seconds * (1 + _TOLERANCE):
+            errors.add(at, f"{what} above capacity × seconds ({cap} × {seconds} s)")
+            return False
+        if not max(used, granted) * (1 - _TOLERANCE) <= billed <= (used + granted) * (1 + _TOLERANCE):
+            errors.add(at, f"billed {what} must lie between the larger of used and granted and their sum")
+            return False
+    if peaks[0] > gpu.memory_mb or peaks[1] > gpu.sm_count:
+        errors.add(at, f"a peak above the card ({gpu.memory_mb} MB, {gpu.sm_count} SMs)")
+        return False
+    return True
+
+
+def _check_minutes_within_capacity(per_minute: dict[tuple[str, datetime], list[float]],
+                                   gpus: dict[str, BatchGpuDecl], errors: _Errors) -> None:
+    """v1's per-instant rule, as integrals can show it: Σ granted of a GPU's windows in a minute fits
+    the card over the seconds of that minute the batch covers, and so does Σ PCIe at 10 TB/s."""
+    for (uuid, minute), (mem, sm, pcie, covered) in per_minute.items():
+        gpu = gpus[uuid]
+        slack = covered * (1 + _TOLERANCE)
+        if mem > gpu.memory_mb * slack or sm > gpu.sm_count * slack or pcie > MAX_PCIE_MB_PER_S * slack:
+            errors.add("$.windows", f"Σ granted memory, SM·s or PCIe on GPU {uuid} in minute {minute.isoformat()} "
+                                    f"is above what the card holds over {covered:g} s")
+            return
+
+
+# Integrals our agents send are multiples of 2^-10 (agents/meter.py). Below 2^33, sums of such
+# values over a workload-minute are exact in binary floating point (every partial sum a multiple of
+# 2^-10 below 2^43); the rollup sums them in float8 for the same reason (billing.ledger.rollup).
+_EXACT_BELOW = 2.0**33
+
+
+def _exact(row: tuple[Any, ...]) -> bool:
+    return all(v < _EXACT_BELOW and (v * 1024) % 1 == 0 for v in (row[2], *row[9:]))
+
+
+def summed_per_minute(batch: ValidatedBatch) -> ValidatedBatch:
+    """The batch with its rows summed per (GPU, workload, UTC minute): what a v2 batch sends, made
+    from a v1 batch's per-second samples (docs/protocol.md, v1 is converted). A group holding a value
+    that is not a multiple of 2^-10 below 2^33 is kept row by row, so the rollup sums it in numeric
+    as before: the ledger prices the same numbers either way. Rows keep the order they came in."""
+    groups: dict[tuple[Any, ...], list[tuple[Any, ...]]] = {}
+    for row in batch.rows:
+        groups.setdefault((row[0], row[1].replace(second=0, microsecond=0), *row[3:9]), []).append(row)
+    if len(groups) == len(batch.rows):
+        return batch
+    rows: list[tuple[Any, ...]] = []
+    for group in groups.values():
+        if len(group) == 1 or not all(_exact(r) for r in group):
+            rows.extend(group)
+            continue
+        first = group[0]
+        sums = [sum(r[c] for r in group) for c in (2, *range(9, 16))]
+        rows.append((first[0], min(r[1] for r in group), sums[0], *first[3:9], *sums[1:]))
+    return replace(batch, rows=rows)
 
 
 def _check_metered_once(metered: dict[tuple[str, ...], list[tuple[datetime, datetime, int]]], errors: _Errors) -> None:

@@ -21,7 +21,7 @@ from django.db import IntegrityError, transaction
 from billing.errors import FieldError, Forbidden, InvalidBatch, PayloadTooLarge, UnsupportedMediaType
 from billing.ledger.batches import IngestResult, overlap_message, prepare_partitions, store_batch
 from billing.models import Node
-from billing.services.ingest.batch_validation import validate_batch
+from billing.services.ingest.batch_validation import summed_per_minute, validate_batch
 from billing.services.ingest.tenant_mapping import map_batch_tenants, note_claim_mismatches
 
 __all__ = ["IngestResult", "decode_body", "record_usage_batch"]
@@ -96,6 +96,7 @@ def record_usage_batch(*, node: Node, payload: object, content: bytes, now: date
     # the node's claim (billing.services.ingest.tenant_mapping); the digest stays that of the bytes sent,
     # so a retry of the same batch is still a duplicate.
     batch, mismatches = map_batch_tenants(batch)
+    batch = summed_per_minute(batch)  # after the mapping, which counts the claims per sample as sent
     digest = hashlib.sha256(content).hexdigest()
     prepare_partitions(batch)  # before the transaction below takes any lock
     try:
