@@ -15,6 +15,6 @@ DROP = "ALTER TABLE billing_raw_sample DROP COLUMN mem_billed_mb_s, DROP COLUMN 
 
 
 class Migration(migrations.Migration):
-    dependencies = [("billing", "0037_node_location_energy_prices")]
+    dependencies = [("billing", "0038_sla_tier_miss_targets")]
 
     operations = [migrations.RunSQL(ADD, reverse_sql=DROP)]
