@@ -13,7 +13,9 @@ from allocator.replay._trace import Fleet, PodTrace, read_azure_requests, read_f
 from allocator.replay._usage import BurstSignals, PodUsage, UsageModel, build_burst_signals, build_pod_usage
 
 __all__ = [
+    "COMPARED",
     "DEFAULT_TRACES",
+    "SHIPPED",
     "Comparison",
     "ReplayInputs",
     "SensitivityRow",
@@ -26,6 +28,10 @@ __all__ = [
 ]
 
 DYNAMIC_ORDER: tuple[Policy, ...] = ("dynamic-current-use", "dynamic-predicted")
+# What --compare replays: the static baselines, the one-line rule and the agent's shipped policy.
+# dynamic-predicted (the LSTM at the replay's 60 s step) is on the frontier and under --policy.
+COMPARED: tuple[Policy, ...] = ("static-whole", "static-request", "static-profile", "dynamic-current-use", "agent-default")
+SHIPPED: Policy = "agent-default"  # exactly what `vgpu-agent run` does with no flags
 
 # data/traces in the repository (copies of the public traces; see their README).
 DEFAULT_TRACES = Path(__file__).resolve().parents[2] / "data" / "traces"
@@ -85,15 +91,18 @@ class Comparison:
         return self.result(policy).containers_per_card / base if base else 0.0
 
     def to_dict(self) -> dict[str, object]:
-        dynamic: Policy = "dynamic-predicted"
+        others = [r.policy for r in self.results if r.policy != SHIPPED]
         return {
             "policies": {r.policy: r.to_dict() for r in self.results},
-            "comparison": {
-                f"{dynamic}_cost_change_vs_{b}": self.cost_change(dynamic, b) for b in POLICIES if b != dynamic
-            }
-            | {f"{dynamic}_density_ratio_vs_{b}": self.density_ratio(dynamic, b) for b in POLICIES if b != dynamic}
+            "comparison": {f"{SHIPPED}_cost_change_vs_{b}": self.cost_change(SHIPPED, b) for b in others}
+            | {f"{SHIPPED}_density_ratio_vs_{b}": self.density_ratio(SHIPPED, b) for b in others}
+            | {f"{SHIPPED}_peak_pool_ratio_vs_{b}": self.pool_ratio(SHIPPED, b) for b in others}
             | {"gpus_peak": {r.policy: r.gpus_peak for r in self.results}},
         }
+
+    def pool_ratio(self, policy: Policy, baseline: Policy) -> float:
+        base = self.result(baseline).gpus_peak
+        return self.result(policy).gpus_peak / base if base else 0.0
 
 
 def compare_policies(
@@ -117,7 +126,7 @@ def compare_policies(
                     usd_per_gpu_hour=usd_per_gpu_hour,
                 ),
             )
-            for policy in POLICIES
+            for policy in COMPARED
         )
     )
 
@@ -163,14 +172,13 @@ def format_comparison(comparison: Comparison) -> str:
     table = [line(rows[0]), "|" + "|".join("-" * (w + 1) + (":" if i else "-") for i, w in enumerate(widths)) + "|"]
     table += [line(row) for row in rows[1:]]
     table.append("")
-    dynamic: Policy = "dynamic-predicted"
     table.append(
-        f"{dynamic}: "
+        f"{SHIPPED}: "
         + "; ".join(
-            f"vs {b} cost {comparison.cost_change(dynamic, b):+.1%}, containers per card "
-            f"×{comparison.density_ratio(dynamic, b):.2f}"
-            for b in POLICIES
-            if b != dynamic
+            f"vs {r.policy} cost {comparison.cost_change(SHIPPED, r.policy):+.1%}, containers per card "
+            f"×{comparison.density_ratio(SHIPPED, r.policy):.2f}, peak pool ×{comparison.pool_ratio(SHIPPED, r.policy):.2f}"
+            for r in res
+            if r.policy != SHIPPED
         )
     )
     return "\n".join(table)

@@ -42,7 +42,10 @@ import numpy as np
 import numpy.typing as npt
 
 from allocator.fairshare import Claim, fair_share
+from allocator.policy import DEFAULT_MARGIN_CONFIG, MarginConfig
 from allocator.predict import Resource
+from allocator.replay._agent import AgentRows, agent_rows, capped_outcomes
+from allocator.risk import DEFAULT_MISS_TARGET, MissTarget
 from allocator.replay._predicted import PREDICTOR_CHOICES, PredictorChoice, history_window, step_forecasts
 from allocator.replay._usage import BurstSignals, PodUsage, UsageModel, shortfall
 
@@ -66,9 +69,11 @@ __all__ = [
 
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
-Policy = Literal["static-whole", "static-request", "static-profile", "dynamic-current-use", "dynamic-predicted"]
+Policy = Literal[
+    "static-whole", "static-request", "static-profile", "dynamic-current-use", "dynamic-predicted", "agent-default"
+]
 POLICIES: tuple[Policy, ...] = get_args(Policy)
-DYNAMIC_POLICIES: frozenset[Policy] = frozenset({"dynamic-current-use", "dynamic-predicted"})
+DYNAMIC_POLICIES: frozenset[Policy] = frozenset({"dynamic-current-use", "dynamic-predicted", "agent-default"})
 
 SLICES_PER_CARD = 7
 _UNITS = 7_000  # a card in placement units: 1,000 per slice, 7 per gpu_milli
@@ -117,6 +122,10 @@ class ReplayConfig:
     lag_steps: int = 0  # dynamic: a grant for step t is decided from use up to step t - 1 - lag_steps
     predictor: PredictorChoice = "default"  # dynamic-predicted: calibrated default predictors, or raw
     usd_per_gpu_hour: Decimal = Decimal("5.12")  # the project's demo A100-80GB rate card
+    # agent-default: the policy object's knobs and the miss target its margins calibrate toward
+    # (the trace names no SLA tier: every pod has the tier-less default).
+    margin: MarginConfig = DEFAULT_MARGIN_CONFIG
+    miss_target: MissTarget = DEFAULT_MISS_TARGET
 
     def __post_init__(self) -> None:
         if self.policy not in POLICIES:
@@ -566,12 +575,12 @@ def replay(
     """Replay ``usage`` under ``config.policy``; deterministic for equal inputs."""
     if usage.step_s != model.step_s or signals.step_s != model.step_s:
         raise ValueError("usage, signals and model must share one step length")
-    n = len(usage.pods)
     num_gpu = np.array([p.num_gpu for p in usage.pods], dtype=np.int64)
     profiles: Mapping[str, int] = {}
     invariants: Invariants | None = None
-    cap_sm = float(model.card_sm_count)
 
+    if config.policy == "agent-default":
+        return _replay_agent(usage, model, signals, config)
     if config.policy in DYNAMIC_POLICIES:
         grants, gpus_peak, busy = dynamic_grants(usage, model, config)
         rows, grant_sm, grant_mem = grants.rows, grants.sm, grants.mem
@@ -593,6 +602,86 @@ def replay(
     over_sm, over_mem, short_sm, short_mem = _misses(usage, model, signals, rows, grant_sm, grant_mem)
     missed = float(np.sum(np.minimum(over_sm + over_mem, seconds) * weight))
 
+    return _result(
+        usage,
+        model,
+        config,
+        _Totals(gpus_peak=gpus_peak, busy=busy, served_sm=served_sm, used_mem=used_mem, granted_mem=granted_mem,
+                missed=missed, missed_sm=float(np.sum(over_sm * weight)), missed_mem=float(np.sum(over_mem * weight)),
+                short_sm=float(np.sum(short_sm * weight)), short_mem=float(np.sum(short_mem * weight))),
+        profiles=profiles,
+        invariants=invariants,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class _Totals:
+    """A replay's sums, before they become figures."""
+
+    gpus_peak: int
+    busy: float  # busy card-seconds
+    served_sm: float
+    used_mem: float
+    granted_mem: float
+    missed: float
+    missed_sm: float
+    missed_mem: float
+    short_sm: float
+    short_mem: float
+
+
+def _replay_agent(usage: PodUsage, model: UsageModel, signals: BurstSignals, config: ReplayConfig) -> ReplayResult:
+    """agent-default: the policy object over per-second use (``_agent``), placed and fair-shared by its reservations.
+
+    Placement reads the reservation in force at each step's first second; a card-step whose
+    shards' largest reservations exceed the card is fair-shared on them, and those shards'
+    seconds are counted again against the reservations cut to their share.
+    """
+    agent = agent_rows(usage, model, signals, margin=config.margin, target=config.miss_target)
+    cards, placement = _place_dynamic(usage, model, agent.first[:, 1], agent.first[:, 0])
+    rows, slots = _shard_rows(usage, placement)
+    grants = _grant_dynamic(usage, model, config, rows, slots, agent.peak[:, 1], agent.peak[:, 0])
+    missed, short = agent.missed[rows], agent.short[rows]
+    served, reserved = agent.served_sm[rows], agent.reserved_mem[rows]
+    cut = np.flatnonzero((grants.sm < agent.peak[rows, 1] - _EPS) | (grants.mem < agent.peak[rows, 0] - _EPS))
+    if cut.size:
+        grant = np.stack([grants.mem[cut], grants.sm[cut]], axis=1)
+        missed[cut], short[cut], served[cut], reserved[cut] = capped_outcomes(usage, model, signals, agent, rows[cut], grant)
+    scale = usage.seconds[rows] / float(usage.step_s)  # the burst window is the step; the pod held part of it
+    return _result(
+        usage,
+        model,
+        config,
+        _Totals(
+            gpus_peak=cards.peak,
+            busy=cards.busy_seconds,
+            served_sm=float(np.sum(served * scale)),
+            used_mem=float(np.sum(usage.mem_mean_mb[rows] * usage.seconds[rows])),
+            granted_mem=float(np.sum(reserved * scale)),
+            missed=float(np.sum(missed[:, 2] * scale)),
+            missed_sm=float(np.sum(missed[:, 1] * scale)),
+            missed_mem=float(np.sum(missed[:, 0] * scale)),
+            short_sm=float(np.sum(short[:, 1] * scale)),
+            short_mem=float(np.sum(short[:, 0] * scale)),
+        ),
+        profiles={},
+        invariants=grants.invariants,
+    )
+
+
+def _result(  # noqa: PLR0917 - the replay's one assembly of figures
+    usage: PodUsage,
+    model: UsageModel,
+    config: ReplayConfig,
+    totals: _Totals,
+    *,
+    profiles: Mapping[str, int],
+    invariants: Invariants | None,
+) -> ReplayResult:
+    n = len(usage.pods)
+    cap_sm = float(model.card_sm_count)
+    busy, gpus_peak = totals.busy, totals.gpus_peak
+    served_sm, used_mem, granted_mem, missed = totals.served_sm, totals.used_mem, totals.granted_mem, totals.missed
     span = (max(p.end_s for p in usage.pods) - min(p.start_s for p in usage.pods)) if n else 0.0
     workload = float(sum(p.num_gpu * p.duration_s for p in usage.pods))
     gpu_hours = busy / 3_600.0
@@ -602,7 +691,7 @@ def replay(
         policy=config.policy,
         step_s=model.step_s,
         pods=n,
-        gpu_shards=int(num_gpu.sum()),
+        gpu_shards=sum(p.num_gpu for p in usage.pods),
         span_s=span,
         workload_seconds=workload,
         gpus_peak=gpus_peak,
@@ -616,11 +705,11 @@ def replay(
         memory_granted_share=granted_mem / card_mb_s if busy else 0.0,
         containers_per_card=workload / busy if busy else 0.0,
         slo_miss_workload_s=missed,
-        slo_miss_sm_workload_s=float(np.sum(over_sm * weight)),
-        slo_miss_memory_workload_s=float(np.sum(over_mem * weight)),
+        slo_miss_sm_workload_s=totals.missed_sm,
+        slo_miss_memory_workload_s=totals.missed_mem,
         slo_miss_share=missed / workload if workload else 0.0,
-        sm_short_sm_s=float(np.sum(short_sm * weight)),
-        memory_short_mb_s=float(np.sum(short_mem * weight)),
+        sm_short_sm_s=totals.short_sm,
+        memory_short_mb_s=totals.short_mem,
         profiles=profiles,
         invariants=invariants,
     )

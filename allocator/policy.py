@@ -1,0 +1,324 @@
+"""The node's allocation policy: each workload's reservation from its own recent use (docs/prediction.md).
+
+One object, two callers. The agent feeds it every tick (:meth:`MarginPolicy.observe`, a reading
+per workload); the replay feeds it a whole block of per-second use for every active workload at
+once (:meth:`MarginPolicy.observe_block`). Both run the same arithmetic on the same state, so
+a workload fed the same seconds gets the same reservations (a test holds them to that).
+
+The rule, per workload and resource (memory, SMs), in the workload's own seconds:
+
+- the reservation decided after reading second ``s`` is ``min(cap, peak × factor)``, where
+  ``peak`` is the largest use read over the last ``block_s`` seconds (``s`` included) and
+  ``factor = 1 + margin``; it is in force until the next reading and is checked against the
+  use of second ``s + 1`` (a reading tells what was used since the one before it);
+- a **miss** is a second whose use exceeds the reservation in force for it;
+- the margin is relative to the workload's own level (a factor on its peak, never absolute
+  SMs or MB) and is calibrated per workload and resource toward its tier's miss target
+  (``allocator.risk``): it is held on a level in integer steps, constant within a block of
+  ``block_s`` seconds counted from the workload's first reading; when a block closes, each
+  missed second in it (at most ``max_misses_per_block``) raises ``ln(factor)`` by ``step`` and
+  the block lowers it by ``step × block_s × target``. At equilibrium a workload misses
+  ``target`` of its seconds: a bursty workload climbs to a wide margin, a calm one sinks to a
+  narrow one. A new workload starts at ``prior_margin`` (conservative) and narrows only as
+  seconds without a miss accrue.
+
+Levels are integers and the factor of a level is computed by :func:`math.exp` on each distinct
+level, so the per-tick path and the block path cannot drift apart in floating point.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+from allocator.risk import MissTarget
+
+__all__ = ["DEFAULT_MARGIN_CONFIG", "RESOURCES", "BlockOutcome", "MarginConfig", "MarginPolicy", "block_reservations"]
+
+FloatArray = npt.NDArray[np.float64]
+IntArray = npt.NDArray[np.int64]
+BoolArray = npt.NDArray[np.bool_]
+
+RESOURCES = ("memory", "sm")  # the last axis of every (workload, resource) array, in this order
+_LEVELS_PER_STEP = 1_000_000  # integer levels per ``step`` of ln(factor): fine enough for any target
+
+
+@dataclass(frozen=True, slots=True)
+class MarginConfig:
+    """The knobs of the rule; the defaults are the shipped ones (docs/prediction.md argues them)."""
+
+    block_s: int = 60  # peak window and calibration block, seconds of the workload's readings
+    prior_margin: float = 0.5  # margin of a new workload: peak x 1.5
+    min_margin: float = 0.05  # the narrowest a calm workload gets
+    max_margin: float = 3.0  # the widest a bursty one gets (peak x 4)
+    step: float = 0.25  # rise of ln(1 + margin) per missed second
+    max_misses_per_block: int = 4  # a block full of misses moves the margin by this many steps at most
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.block_s <= 3_600:
+            raise ValueError(f"block_s must be in 1..3600, got {self.block_s!r}")
+        for name, value in (("min_margin", self.min_margin), ("step", self.step)):
+            if not (math.isfinite(value) and value >= 0):
+                raise ValueError(f"{name} must be finite and >= 0, got {value!r}")
+        if not self.step > 0:
+            raise ValueError(f"step must be > 0, got {self.step!r}")
+        if not (math.isfinite(self.max_margin) and self.min_margin <= self.prior_margin <= self.max_margin):
+            raise ValueError("margins must satisfy min_margin <= prior_margin <= max_margin (finite)")
+        if self.max_misses_per_block < 1:
+            raise ValueError(f"max_misses_per_block must be >= 1, got {self.max_misses_per_block!r}")
+
+    def _level(self, margin: float) -> int:
+        return round(math.log((1.0 + margin) / (1.0 + self.min_margin)) / self.step * _LEVELS_PER_STEP)
+
+    @property
+    def max_level(self) -> int:
+        return self._level(self.max_margin)
+
+    @property
+    def prior_level(self) -> int:
+        return self._level(self.prior_margin)
+
+    def decay(self, target: float) -> int:
+        """Levels a block without a miss lowers the margin by, for a miss target ``target``."""
+        if not 0 < target < 1:
+            raise ValueError(f"miss target must be in (0, 1), got {target!r}")
+        return max(1, round(_LEVELS_PER_STEP * self.block_s * target))
+
+    def decays(self, target: MissTarget) -> tuple[int, int]:
+        """(memory, SM) decays of one tier's targets, in ``RESOURCES`` order."""
+        return self.decay(target.memory), self.decay(target.sm)
+
+    def factors(self, levels: IntArray) -> FloatArray:
+        """1 + margin of each level (any shape); one :func:`math.exp` per distinct level."""
+        flat = np.asarray(levels, dtype=np.int64).reshape(-1)
+        distinct, inverse = np.unique(flat, return_inverse=True)
+        base, scale = 1.0 + self.min_margin, self.step / _LEVELS_PER_STEP
+        values = np.array([base * math.exp(int(q) * scale) for q in distinct], dtype=np.float64)
+        result: FloatArray = values[inverse.reshape(-1)].reshape(np.shape(levels))
+        return result
+
+    def next_levels(self, levels: IntArray, misses: IntArray, decays: IntArray, blocks: IntArray | int = 1) -> IntArray:
+        """Levels after closing blocks with ``misses`` (the first of ``blocks`` closed blocks; the rest had none)."""
+        counted = np.minimum(misses, self.max_misses_per_block)
+        moved = levels + counted * _LEVELS_PER_STEP - decays * blocks
+        result: IntArray = np.clip(moved, 0, self.max_level)
+        return result
+
+    def margin_of(self, level: int) -> float:
+        return float(self.factors(np.array([level], dtype=np.int64))[0]) - 1.0
+
+
+DEFAULT_MARGIN_CONFIG = MarginConfig()
+
+
+def block_reservations(  # noqa: PLR0917 - the rule's five inputs, in the order the docstring explains them
+    previous: FloatArray, use: FloatArray, first: FloatArray, factors: FloatArray, cap: FloatArray
+) -> FloatArray:
+    """Reservations in force for each second of ``k`` consecutive blocks, shape (n, k, block_s, resources).
+
+    ``previous`` (n, block_s, resources) is the block before the first (NaN where the workload had
+    no such second), ``use`` (n, k, block_s, resources) the blocks, ``factors`` (n, k, resources)
+    the factor of each block. Second 0 of the first block has ``first``, decided before (NaN:
+    none, the workload's first second); second 0 of a later block was decided after reading the
+    block before it: that block's peak times that block's factor. Second ``i > 0`` was decided
+    after reading second ``i - 1``: the peak of the ``block_s`` seconds up to it (the block before
+    from ``i`` on and this block before ``i``: one suffix and one prefix maximum) times the
+    block's factor. Every reservation is capped at ``cap``.
+    """
+    blocks = np.concatenate([previous[:, None], use[:, :-1]], axis=1)  # the block before each block
+    tail = np.maximum.accumulate(blocks[:, :, :0:-1], axis=2)[:, :, ::-1]  # seconds i..end, i >= 1; NaN stays
+    head = np.maximum.accumulate(use[:, :, :-1], axis=2)  # seconds 0..i-1
+    peak = np.fmax(tail, head)  # fmax: a second the workload did not have is ignored
+    limit = cap[:, None, None, :]
+    result: FloatArray = np.empty_like(use)
+    result[:, :, 1:] = np.minimum(limit, peak * factors[:, :, None, :])
+    result[:, 0, 0] = first
+    if use.shape[1] > 1:
+        result[:, 1:, 0] = np.minimum(limit[:, :, 0], use[:, :-1].max(axis=2) * factors[:, :-1])
+    return result
+
+
+@dataclass(frozen=True, slots=True)
+class BlockOutcome:
+    """What :meth:`MarginPolicy.observe_blocks` decided; only each slot's first ``consumed`` blocks count."""
+
+    reservations: FloatArray  # (n, k, block_s, resources): in force for each second; NaN: none yet
+    missed: BoolArray  # (n, k, block_s, resources): use above the reservation in force
+    factors: FloatArray  # (n, k, resources): 1 + margin of each block's seconds after its first
+    consumed: IntArray  # (n,): blocks taken in; the state now follows the last of them
+
+
+class MarginPolicy:
+    """Per-workload state of the rule, vectorised over workload slots (numpy arrays).
+
+    A slot is taken by :meth:`admit` and given back by :meth:`release`. Per tick the agent calls
+    :meth:`observe` with the slots read and their use; the replay calls :meth:`observe_block`
+    with ``block_s`` seconds of use for slots at a block boundary. The two give the same
+    reservations for the same seconds.
+    """
+
+    def __init__(self, config: MarginConfig = DEFAULT_MARGIN_CONFIG, *, capacity: int = 16) -> None:
+        self.config = config
+        self._size = 0
+        self._free: list[int] = []
+        self._allocate(max(1, capacity))
+
+    def _allocate(self, size: int) -> None:
+        old = self._size
+        b, r = self.config.block_s, len(RESOURCES)
+
+        def grow(array: npt.NDArray[np.generic] | None, shape: tuple[int, ...], fill: object) -> npt.NDArray[np.generic]:
+            new = np.full(shape, fill, dtype=np.float64 if isinstance(fill, float) else np.int64)
+            if array is not None:
+                new[:old] = array
+            return new
+
+        first = old == 0
+        self._start: IntArray = grow(None if first else self._start, (size,), 0)  # type: ignore[assignment]
+        self._last: IntArray = grow(None if first else self._last, (size,), -1)  # type: ignore[assignment]
+        self._block: IntArray = grow(None if first else self._block, (size,), 0)  # type: ignore[assignment]
+        self._level: IntArray = grow(None if first else self._level, (size, r), 0)  # type: ignore[assignment]
+        self._factor: FloatArray = grow(None if first else self._factor, (size, r), 1.0)  # type: ignore[assignment]
+        self._decay: IntArray = grow(None if first else self._decay, (size, r), 1)  # type: ignore[assignment]
+        self._misses: IntArray = grow(None if first else self._misses, (size, r), 0)  # type: ignore[assignment]
+        self._missed_now: IntArray = grow(None if first else self._missed_now, (size, r), 0)  # type: ignore[assignment]
+        # Use of the workload's seconds, at (second - start) % block_s; NaN: not read.
+        self._ring: FloatArray = grow(None if first else self._ring, (size, b, r), math.nan)  # type: ignore[assignment]
+        self._ring_s: IntArray = grow(None if first else self._ring_s, (size, b), -1)  # type: ignore[assignment]
+        self._in_force: FloatArray = grow(None if first else self._in_force, (size, r), math.nan)  # type: ignore[assignment]
+        self._next: FloatArray = grow(None if first else self._next, (size, r), math.nan)  # type: ignore[assignment]
+        self._free.extend(range(size - 1, old - 1, -1))
+        self._size = size
+
+    def admit(self, *, second: int, decays: tuple[int, int]) -> int:
+        """A slot for a workload whose first reading is at ``second``; ``decays`` from ``MarginConfig.decays``."""
+        if not self._free:
+            self._allocate(self._size * 2)
+        slot = self._free.pop()
+        level = self.config.prior_level
+        self._start[slot], self._last[slot], self._block[slot] = second, second - 1, 0
+        self._level[slot] = level
+        self._factor[slot] = self.config.factors(np.array([level]))[0]
+        self._decay[slot] = decays
+        self._misses[slot] = 0
+        self._missed_now[slot] = 0
+        self._ring[slot] = math.nan
+        self._ring_s[slot] = -1
+        self._in_force[slot] = math.nan
+        self._next[slot] = math.nan
+        return slot
+
+    def admit_many(self, *, seconds: Sequence[int], decays: IntArray) -> IntArray:
+        return np.array(
+            [self.admit(second=int(s), decays=(int(d[0]), int(d[1]))) for s, d in zip(seconds, decays, strict=True)],
+            dtype=np.int64,
+        )
+
+    def release(self, slot: int) -> None:
+        self._free.append(slot)
+
+    def set_decays(self, slots: IntArray, decays: IntArray) -> None:
+        """A tier's targets changed (the policy API): the next blocks decay at the new rate."""
+        self._decay[slots] = decays
+
+    def levels(self, slots: IntArray) -> IntArray:
+        result: IntArray = self._level[slots].copy()
+        return result
+
+    def factors(self, slots: IntArray) -> FloatArray:
+        """1 + margin in force for each slot, per resource."""
+        result: FloatArray = self._factor[slots].copy()
+        return result
+
+    def margins(self, slots: IntArray) -> FloatArray:
+        result: FloatArray = self._factor[slots] - 1.0
+        return result
+
+    def _close(self, slots: IntArray, blocks: IntArray) -> None:
+        """Close the open block of ``slots`` (``blocks`` blocks have passed) and price the new level."""
+        level = self.config.next_levels(self._level[slots], self._misses[slots], self._decay[slots], blocks[:, None])
+        self._level[slots] = level
+        self._factor[slots] = self.config.factors(level)
+        self._misses[slots] = 0
+        self._block[slots] += blocks
+
+    def observe(self, slots: IntArray, second: int, use: FloatArray, cap: FloatArray) -> FloatArray:
+        """Readings of ``second`` (``use``, (n, resources)) → the reservations in force from now on.
+
+        A second read twice (two ticks in one second) counts its larger reading; a miss is
+        counted once per second and resource.
+        """
+        b = self.config.block_s
+        last = self._last[slots]
+        if np.any(second < last):
+            raise ValueError("readings must not go back in time")
+        new = slots[second > last]
+        if new.size:
+            local = second - self._start[new]
+            passed = local // b - self._block[new]
+            closing = passed > 0
+            if closing.any():
+                self._close(new[closing], passed[closing])
+            self._in_force[new] = self._next[new]
+            self._missed_now[new] = 0
+            at = local % b
+            self._ring[new, at] = math.nan
+            self._ring_s[new, at] = second
+            self._last[new] = second
+        at = (second - self._start[slots]) % b
+        value = np.fmax(self._ring[slots, at], use)
+        self._ring[slots, at] = value
+        over = (value > self._in_force[slots]) & (self._missed_now[slots] == 0)  # NaN: none in force
+        self._misses[slots] += over
+        self._missed_now[slots] |= over
+        fresh = self._ring_s[slots] > second - b
+        peak = np.max(np.where(fresh[:, :, None], self._ring[slots], -math.inf), axis=1)
+        reserved: FloatArray = np.minimum(cap, peak * self._factor[slots])
+        self._next[slots] = reserved
+        return reserved
+
+    def observe_blocks(
+        self, slots: IntArray, use: FloatArray, cap: FloatArray, valid: IntArray | None = None
+    ) -> BlockOutcome:
+        """Up to ``k`` whole blocks of readings per slot, (n, k, block_s, resources), from a block boundary on.
+
+        The same as feeding the seconds to :meth:`observe` one by one, in a few array operations.
+        A block's margin depends on the misses of the block before, so the blocks are evaluated
+        as if none missed, and each slot takes in blocks up to and including its first block
+        with a miss (and at most ``valid``): those were decided exactly; the caller feeds the rest
+        again. Without misses, a call takes in all ``k``.
+        """
+        config, b = self.config, self.config.block_s
+        n, k = use.shape[0], use.shape[1]
+        local = self._last[slots] + 1 - self._start[slots]
+        if np.any(local % b) or use.shape[2:] != (b, len(RESOURCES)):
+            raise ValueError("observe_blocks needs whole blocks of (block_s, resources) from a block boundary")
+        started = (local > 0)[:, None]
+        decay = self._decay[slots]
+        level = np.where(started, config.next_levels(self._level[slots], self._misses[slots], decay), self._level[slots])
+        levels = np.clip(level[:, None, :] - decay[:, None, :] * np.arange(k)[None, :, None], 0, config.max_level)
+        factors = config.factors(levels)
+        previous = np.where(started[:, :, None], self._ring[slots], math.nan)
+        reservations = block_reservations(previous, use, self._next[slots], factors, cap)
+        missed = use > reservations  # NaN (no reservation yet) is never a miss
+        block_missed = missed.any(axis=(2, 3))
+        consumed = np.where(block_missed.any(axis=1), np.argmax(block_missed, axis=1) + 1, k)
+        if valid is not None:
+            consumed = np.minimum(consumed, valid)
+        at, each = consumed - 1, np.arange(n)
+        self._level[slots] = levels[each, at]
+        self._factor[slots] = factors[each, at]
+        self._misses[slots] = missed[each, at].sum(axis=1)
+        self._missed_now[slots] = missed[each, at, -1]
+        self._ring[slots] = use[each, at]
+        self._block[slots] = local // b + at
+        last = self._start[slots] + local + consumed * b - 1
+        self._ring_s[slots] = last[:, None] - np.arange(b - 1, -1, -1)[None, :]
+        self._last[slots] = last
+        self._in_force[slots] = reservations[each, at, -1]
+        self._next[slots] = np.minimum(cap, use[each, at].max(axis=1) * factors[each, at])
+        return BlockOutcome(reservations=reservations, missed=missed, factors=factors, consumed=consumed)
