@@ -38,7 +38,7 @@ from kubernetes import client as kube_client
 from kubernetes import config as kube_config
 from kubernetes.client.exceptions import ApiException
 
-from agents.allocation import CurrentUsePredictor
+from agents.allocation import CurrentUsePredictor, Policy
 from agents.attribution import KubeAttributor, PidAttributor
 from agents.backends.sim import SLA_TIERS, SimBackend, demo_scenario, load_scenario
 from agents.budget_enforcement import BestEffortEvictor
@@ -60,6 +60,7 @@ from agents.prediction import (
     DEFAULT_UNDERPREDICTION_TARGET,
     PREDICTOR_CHOICES,
     Calibration,
+    MarginPredictor,
     WorkloadPredictors,
     make_workload_predictors,
 )
@@ -133,8 +134,9 @@ def _parser() -> argparse.ArgumentParser:  # noqa: PLR0915 - one add_argument pe
     predict.add_argument(
         "--predictor",
         choices=PREDICTOR_CHOICES,
-        default="lstm",
-        help="peak predictor per workload (default lstm: memory the LSTM, SMs last value + margin, calibrated)",
+        default="margin",
+        help="peak predictor per workload (default margin: the workload's last-minute peak x a margin calibrated "
+        "toward its SLA tier's miss targets; lstm: memory the LSTM, SMs last value + margin)",
     )
     predict.add_argument(
         "--online-calibration",
@@ -492,7 +494,9 @@ def _agent(
                     namespaces=lambda: policy.current().evict_best_effort_namespaces,
                 )
             )
-    predictor = _predictor(args, gpus=backend.inventory())
+    predictor = _predictor(args, gpus=backend.inventory(), policy=policy.allocation_policy)
+    if isinstance(predictor, MarginPredictor):
+        observers.insert(0, predictor)  # forgets the workloads that left before the others see the tick
     if isinstance(predictor, WorkloadPredictors):
         observers.insert(0, predictor)  # forgets the workloads that left before the others see the tick
         if parts.metrics is not None:
@@ -523,8 +527,10 @@ def _agent(
     )
 
 
-def _predictor(args: argparse.Namespace, *, gpus: Sequence[GpuInfo]) -> Predictor:
-    """``--predictor``: per-workload predictors from the shipped bundle, or current use (no prediction)."""
+def _predictor(args: argparse.Namespace, *, gpus: Sequence[GpuInfo], policy: Callable[[], Policy]) -> Predictor:
+    """``--predictor``: the margin policy (default), per-workload predictors from the shipped bundle, or current use."""
+    if args.predictor == "margin":
+        return MarginPredictor(gpus=gpus, targets=lambda tier: policy().miss_target_for(tier))
     if args.predictor == "current-use":
         return CurrentUsePredictor()
     try:

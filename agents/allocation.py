@@ -36,7 +36,9 @@ class Policy:
     """Node allocation policy; ``agents.policy_client`` builds it from the service's policy API."""
 
     sla_weights: Mapping[str, float] = field(default_factory=lambda: DEFAULT_SLA_WEIGHTS)
-    headroom: float = 0.2  # demand = predicted peak x (1 + headroom)
+    # demand = predicted peak x (1 + headroom), on top of the predictor's own margin. 0: the default
+    # predictor (agents.prediction.MarginPredictor) calibrates a margin per workload instead.
+    headroom: float = 0.0
     throttled_tenants: frozenset[str] = frozenset()  # budgets in ``throttle`` state (docs/design.md, Enforcement)
     throttle_weight_factor: float = 0.5  # a throttled tenant's weight x this; in (0, 1]
     # Per throttled tenant, its budget's own factor (the policy API's ``throttle_factor``);

@@ -33,7 +33,10 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Literal
 
+import numpy as np
+
 from agents.interfaces import GpuInfo, Grant, Prediction, UsageReading, Workload
+from allocator.policy import DEFAULT_MARGIN_CONFIG, MarginConfig, MarginPolicy
 from allocator.predict import (
     DEFAULT_KIND,
     STEP_S,
@@ -45,11 +48,13 @@ from allocator.predict import (
     predict_peaks,
 )
 from allocator.predict import shipped_bundle as _shipped_bundle
+from allocator.risk import DEFAULT_MISS_TARGET, DEFAULT_MISS_TARGETS, MissTarget
 
 __all__ = [
     "DEFAULT_UNDERPREDICTION_TARGET",
     "PREDICTOR_CHOICES",
     "Calibration",
+    "MarginPredictor",
     "PredictionStats",
     "WorkloadPredictors",
     "make_workload_predictors",
@@ -60,7 +65,7 @@ DEFAULT_UNDERPREDICTION_TARGET = 0.05
 LOOKAHEAD_S = 2.0  # the longest horizon: a forecast is checked against the use read over the next 2 s
 # ``vgpu-agent run --predictor``: "lstm" is the calibrated default (memory: the LSTM, SMs: last value +
 # margin, ``allocator.predict.DEFAULT_KIND``); the baselines use that kind for both resources.
-PREDICTOR_CHOICES = ("lstm", "last-value", "ewma", "holt", "current-use")
+PREDICTOR_CHOICES = ("margin", "lstm", "last-value", "ewma", "holt", "current-use")
 
 PredictorFactory = Callable[[Resource], PeakPredictor]
 
@@ -357,3 +362,82 @@ def make_workload_predictors(
         model_sm_count=bundle.resources["sm"].capacity,
         calibration=calibration,
     )
+
+
+def _default_targets(tier: str) -> MissTarget:
+    return DEFAULT_MISS_TARGETS.get(tier, DEFAULT_MISS_TARGET)
+
+
+class MarginPredictor:
+    """The agent's default ``Predictor`` (and ``TickObserver``): :class:`allocator.policy.MarginPolicy`.
+
+    Each workload's reservation is its own peak over the last minute times a margin calibrated
+    toward its SLA tier's miss targets (``targets``, read every tick: the policy API may change
+    them); the replay runs the same object (docs/replay.md). The "forecast" handed to the
+    allocator is the reservation itself, capped at the workload's limit (else the card), so the
+    allocation policy's headroom should be 0 with it. A reading belongs to its whole second
+    (``now`` floored): two ticks in one second are one reading, the larger.
+    """
+
+    def __init__(
+        self,
+        *,
+        gpus: Sequence[GpuInfo],
+        targets: Callable[[str], MissTarget] = _default_targets,
+        config: MarginConfig = DEFAULT_MARGIN_CONFIG,
+    ) -> None:
+        self._gpus: Mapping[str, GpuInfo] = {g.uuid: g for g in gpus}
+        self._targets = targets
+        self._policy = MarginPolicy(config)
+        self._slots: dict[tuple[str, str], int] = {}
+        self._lock = threading.Lock()
+
+    @property
+    def policy(self) -> MarginPolicy:
+        return self._policy
+
+    def predict(self, *, reading: UsageReading, now: datetime) -> Prediction:
+        return self.predict_many(readings=(reading,), now=now)[0]
+
+    def predict_many(self, *, readings: Sequence[UsageReading], now: datetime) -> list[Prediction]:
+        if not readings:
+            return []
+        second = math.floor(now.timestamp())
+        n = len(readings)
+        use, cap, decays = np.empty((n, 2)), np.empty((n, 2)), np.empty((n, 2), dtype=np.int64)
+        by_tier: dict[str, tuple[int, int]] = {}
+        config = self._policy.config
+        with self._lock:
+            slots = np.empty(n, dtype=np.int64)
+            for i, r in enumerate(readings):
+                gpu = self._gpus.get(r.gpu)
+                if gpu is None:
+                    raise ValueError(f"reading for unknown GPU {r.gpu!r} ({r.workload.key})")
+                tier = r.workload.sla_tier
+                decay = by_tier.get(tier)
+                if decay is None:
+                    decay = by_tier[tier] = config.decays(self._targets(tier))
+                key = (r.workload.key, r.gpu)
+                slot = self._slots.get(key)
+                if slot is None:
+                    slot = self._slots[key] = self._policy.admit(second=second, decays=decay)
+                slots[i] = slot
+                decays[i] = decay
+                e = r.entitlement
+                use[i] = (r.mem_used_mb, r.sm_used)
+                cap[i] = (
+                    float(gpu.memory_mb) if e.limit_mem_mb is None else e.limit_mem_mb,
+                    float(gpu.sm_count) if e.limit_sm is None else e.limit_sm,
+                )
+            if len(set(slots.tolist())) < n:
+                raise ValueError("a workload was read twice on one GPU in one tick")
+            self._policy.set_decays(slots, decays)
+            reserved = self._policy.observe(slots, second, use, cap)
+        return [Prediction(mem_peak_mb=float(m), sm_peak=float(s)) for m, s in reserved.tolist()]
+
+    def observe(self, *, grants: Sequence[Grant], readings: Sequence[UsageReading]) -> None:
+        """Forget the workloads absent from this tick's readings."""
+        present = {(r.workload.key, r.gpu) for r in readings}
+        with self._lock:
+            for key in [k for k in self._slots if k not in present]:
+                self._policy.release(self._slots.pop(key))

@@ -115,7 +115,7 @@ class MarginConfig:
 DEFAULT_MARGIN_CONFIG = MarginConfig()
 
 
-def block_reservations(  # noqa: PLR0917 - the rule's five inputs, in the order the docstring explains them
+def block_reservations(
     previous: FloatArray, use: FloatArray, first: FloatArray, factors: FloatArray, cap: FloatArray
 ) -> FloatArray:
     """Reservations in force for each second of ``k`` consecutive blocks, shape (n, k, block_s, resources).

@@ -22,10 +22,10 @@ import numpy as np
 import numpy.typing as npt
 
 from allocator.policy import RESOURCES, MarginConfig, MarginPolicy, block_reservations
-from allocator.risk import MissTarget
 from allocator.replay._usage import BurstSignals, PodUsage, UsageModel
+from allocator.risk import MissTarget
 
-__all__ = ["AgentRows", "admission_prior", "agent_rows", "row_outcomes", "row_use"]
+__all__ = ["AgentRows", "admission_prior", "agent_rows", "capped_outcomes", "row_outcomes", "row_reservations", "row_use"]
 
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
@@ -152,15 +152,10 @@ def agent_rows(
     )
 
 
-def capped_outcomes(  # noqa: PLR0917 - the replay's fair-share step passes its arrays in order
-    usage: PodUsage,
-    model: UsageModel,
-    signals: BurstSignals,
-    agent: AgentRows,
-    rows: IntArray,
-    grant: FloatArray,
-) -> tuple[FloatArray, FloatArray, FloatArray, FloatArray]:
-    """``row_outcomes`` of ``rows`` whose reservations fair share cut to ``grant`` (n, 2) on a contended card."""
+def row_reservations(
+    usage: PodUsage, model: UsageModel, signals: BurstSignals, agent: AgentRows, rows: IntArray
+) -> tuple[FloatArray, FloatArray]:
+    """Per-second use and the reservations in force of ``rows``, each (n, step_s, 2), from the policy's per-row state."""
     use = row_use(usage, model, signals, rows)
     pod = np.searchsorted(usage.offset, rows, side="right") - 1
     has_previous = rows > usage.offset[pod]
@@ -170,4 +165,17 @@ def capped_outcomes(  # noqa: PLR0917 - the replay's fair-share step passes its 
     reserved = block_reservations(
         previous, use[:, None], agent.first[rows], agent.factor[rows][:, None], _request(usage, model)[pod]
     )[:, 0]
+    return use, reserved
+
+
+def capped_outcomes(  # noqa: PLR0917 - the replay's fair-share step passes its arrays in order
+    usage: PodUsage,
+    model: UsageModel,
+    signals: BurstSignals,
+    agent: AgentRows,
+    rows: IntArray,
+    grant: FloatArray,
+) -> tuple[FloatArray, FloatArray, FloatArray, FloatArray]:
+    """``row_outcomes`` of ``rows`` whose reservations fair share cut to ``grant`` (n, 2) on a contended card."""
+    use, reserved = row_reservations(usage, model, signals, agent, rows)
     return row_outcomes(use, np.minimum(reserved, grant[:, None, :]))

@@ -8,7 +8,7 @@ from decimal import Decimal
 from pathlib import Path
 
 from allocator.replay._predicted import PREDICTOR_CHOICES, PredictorChoice
-from allocator.replay._replay import POLICIES, Policy, ReplayConfig, ReplayResult, replay
+from allocator.replay._replay import Policy, ReplayConfig, ReplayResult, replay
 from allocator.replay._trace import Fleet, PodTrace, read_azure_requests, read_fleet, read_pod_trace
 from allocator.replay._usage import BurstSignals, PodUsage, UsageModel, build_burst_signals, build_pod_usage
 

@@ -44,10 +44,10 @@ import numpy.typing as npt
 from allocator.fairshare import Claim, fair_share
 from allocator.policy import DEFAULT_MARGIN_CONFIG, MarginConfig
 from allocator.predict import Resource
-from allocator.replay._agent import AgentRows, agent_rows, capped_outcomes
-from allocator.risk import DEFAULT_MISS_TARGET, MissTarget
+from allocator.replay._agent import agent_rows, capped_outcomes
 from allocator.replay._predicted import PREDICTOR_CHOICES, PredictorChoice, history_window, step_forecasts
 from allocator.replay._usage import BurstSignals, PodUsage, UsageModel, shortfall
+from allocator.risk import DEFAULT_MISS_TARGET, MissTarget
 
 __all__ = [
     "DYNAMIC_POLICIES",
@@ -669,7 +669,7 @@ def _replay_agent(usage: PodUsage, model: UsageModel, signals: BurstSignals, con
     )
 
 
-def _result(  # noqa: PLR0917 - the replay's one assembly of figures
+def _result(
     usage: PodUsage,
     model: UsageModel,
     config: ReplayConfig,
