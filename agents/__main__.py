@@ -529,14 +529,14 @@ def _agent(
 
 def _predictor(args: argparse.Namespace, *, gpus: Sequence[GpuInfo], policy: Callable[[], Policy]) -> Predictor:
     """``--predictor``: the margin policy (default), per-workload predictors from the shipped bundle, or current use."""
-    if args.predictor == "margin":
-        return MarginPredictor(gpus=gpus, targets=lambda tier: policy().miss_target_for(tier))
-    if args.predictor == "current-use":
-        return CurrentUsePredictor()
     try:
         calibration = Calibration(enabled=args.online_calibration, target=args.underprediction_target)
     except ValueError as error:
         raise _Fatal(f"--underprediction-target: {error}") from error
+    if args.predictor == "margin":
+        return MarginPredictor(gpus=gpus, targets=lambda tier: policy().miss_target_for(tier))
+    if args.predictor == "current-use":
+        return CurrentUsePredictor()
     return make_workload_predictors(args.predictor, gpus=gpus, calibration=calibration)
 
 

@@ -3,13 +3,16 @@
 Replays the Alibaba ``openb`` pod trace in time with a usage model (workload classes
 from the study, bursts from the Azure LLM inference trace) under five policies —
 ``static-whole``, ``static-request``, ``static-profile``, ``dynamic-current-use`` and
-``dynamic-predicted`` — and reports GPUs needed,
+``dynamic-predicted`` and ``agent-default`` (the agent's own policy object, ``allocator.policy``,
+fed per-second use) — and reports GPUs needed,
 GPU-hours, cost, utilisation, idle memory, containers per card and SLO violations.
 ``python -m allocator.replay --help`` is the command-line entry point.
 """
 
 from allocator.replay._compare import (
+    COMPARED,
     DEFAULT_TRACES,
+    SHIPPED,
     Comparison,
     ReplayInputs,
     compare_policies,
@@ -70,6 +73,7 @@ from allocator.replay._usage import (
 __all__ = [
     "A100_MEMORY_MB",
     "A100_SM_COUNT",
+    "COMPARED",
     "DEFAULT_CLASSES",
     "DEFAULT_RATE",
     "DEFAULT_TRACES",
@@ -78,6 +82,7 @@ __all__ = [
     "MIG_PROFILES",
     "POLICIES",
     "PREDICTOR_CHOICES",
+    "SHIPPED",
     "SLICES_PER_CARD",
     "AzureRequests",
     "BurstSignals",

@@ -36,7 +36,7 @@ def reading(
 
 def grants_of(readings: list[UsageReading], policy: Policy | None = None) -> dict[str, tuple[float, float]]:
     result = compute_grants(
-        gpus=[GPU], readings=readings, policy=policy or Policy(), predictor=CurrentUsePredictor(), now=NOW
+        gpus=[GPU], readings=readings, policy=policy or Policy(headroom=0.2), predictor=CurrentUsePredictor(), now=NOW
     )
     return {g.workload.pod: (g.mem_mb, g.sm) for g in result.grants}
 
@@ -101,7 +101,7 @@ def test_policy_rejects_negative_headroom() -> None:
 
 
 def test_a_throttled_tenant_gets_its_guarantee_and_memory_in_use_but_no_burst() -> None:
-    policy = Policy(throttled_tenants=frozenset({"over-budget"}))
+    policy = Policy(throttled_tenants=frozenset({"over-budget"}), headroom=0.2)
     grants = grants_of(
         [
             reading(
@@ -140,7 +140,7 @@ def test_a_predicted_peak_is_granted_before_it_arrives() -> None:
     result = compute_grants(
         gpus=[GPU],
         readings=[reading("llm", "gold", mem=1000, sm=10)],
-        policy=Policy(),
+        policy=Policy(headroom=0.2),
         predictor=RisingPredictor(),
         now=NOW,
     )
@@ -154,7 +154,7 @@ def test_pcie_traffic_does_not_limit_grants_while_bandwidth_is_unconstrained() -
 
 def test_grants_on_each_gpu_stay_within_its_capacity_and_headroom_is_the_rest() -> None:
     readings = [reading(f"p{i}", tier, mem=8000 + 300 * i, sm=20 + i) for i, tier in enumerate(["gold", "silver"] * 4)]
-    result = compute_grants(gpus=[GPU], readings=readings, policy=Policy(), predictor=CurrentUsePredictor(), now=NOW)
+    result = compute_grants(gpus=[GPU], readings=readings, policy=Policy(headroom=0.2), predictor=CurrentUsePredictor(), now=NOW)
     mem = math.fsum(g.mem_mb for g in result.grants)
     sm = math.fsum(g.sm for g in result.grants)
     assert mem <= GPU.memory_mb

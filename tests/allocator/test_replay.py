@@ -20,6 +20,7 @@ from hypothesis import strategies as st
 
 from allocator.predict import make_predictor
 from allocator.replay import (
+    COMPARED,
     GPU_RATES,
     MIG_PROFILES,
     POLICIES,
@@ -352,12 +353,13 @@ def test_cli_prints_json_with_every_metric(tmp_path: Path, capsys: pytest.Captur
     assert payload["fleet"]["gpus"] == 10
     assert main([*args, "--compare"]) == 0
     compared = json.loads(capsys.readouterr().out)
-    assert set(compared["policies"]) == set(POLICIES)
+    assert set(compared["policies"]) == set(COMPARED)
     for figures in compared["policies"].values():
         assert figures.keys() >= REQUIRED_KEYS
     assert {
-        "dynamic-predicted_cost_change_vs_static-whole",
-        "dynamic-predicted_density_ratio_vs_static-request",
+        "agent-default_cost_change_vs_static-whole",
+        "agent-default_density_ratio_vs_static-request",
+        "agent-default_peak_pool_ratio_vs_static-whole",
     } <= compared["comparison"].keys()
     assert main([*args, "--compare", "--per-model"]) == 0
     priced = json.loads(capsys.readouterr().out)["per_model"]
@@ -386,7 +388,7 @@ def test_python_dash_m_runs_the_comparison_table(tmp_path: Path) -> None:
         timeout=60,
     )
     assert "| containers per card" in completed.stdout
-    assert "dynamic-predicted: vs static-whole cost" in completed.stdout
+    assert "agent-default: vs static-whole cost" in completed.stdout
 
 
 # --- grants use only what was known before each step -------------------------------------------
@@ -533,7 +535,7 @@ def test_per_model_costs_are_each_pools_gpu_hours_at_its_rate_and_sum_to_the_tot
     priced = compare_per_model(_inputs(pods, fleet))
     assert {p.model for p in priced.pools} == {"T4", "V100M32"}
     assert sum(p.pods for p in priced.pools) == len(pods)
-    for policy in POLICIES:
+    for policy in COMPARED:
         total = Decimal("0")
         for pool in priced.pools:
             result = pool.comparison.result(policy)
