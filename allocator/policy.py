@@ -52,11 +52,13 @@ class MarginConfig:
     """The knobs of the rule; the defaults are the shipped ones (docs/prediction.md argues them)."""
 
     block_s: int = 60  # peak window and calibration block, seconds of the workload's readings
-    prior_margin: float = 0.5  # margin of a new workload: peak x 1.5
+    prior_margin: float = 1.0  # margin of a new workload: peak x 2
     min_margin: float = 0.05  # the narrowest a calm workload gets
     max_margin: float = 3.0  # the widest a bursty one gets (peak x 4)
-    step: float = 0.25  # rise of ln(1 + margin) per missed second
-    max_misses_per_block: int = 4  # a block full of misses moves the margin by this many steps at most
+    step: float = 0.5  # rise of ln(1 + margin) per missed second
+    # A block full of misses moves the margin by this many steps at most; at the block's length every
+    # miss counts, so the equilibrium is the target (fewer: a burst counts less and misses more).
+    max_misses_per_block: int = 60
 
     def __post_init__(self) -> None:
         if not 1 <= self.block_s <= 3_600:

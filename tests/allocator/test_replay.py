@@ -23,7 +23,6 @@ from allocator.replay import (
     COMPARED,
     GPU_RATES,
     MIG_PROFILES,
-    POLICIES,
     AzureRequests,
     BurstSignals,
     Fleet,
