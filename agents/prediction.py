@@ -403,14 +403,17 @@ class MarginPredictor:
         if not readings:
             return []
         second = math.floor(now.timestamp())
-        n = len(readings)
-        use, cap, decays = np.empty((n, 2)), np.empty((n, 2)), np.empty((n, 2), dtype=np.int64)
+        # Plain lists, turned into arrays once: per-row numpy writes cost a microsecond each, and
+        # this runs for every workload every tick (docs/allocation.md, Tick latency).
+        slots: list[int] = []
+        decays: list[tuple[int, int]] = []
+        use: list[tuple[float, float]] = []
+        cap: list[tuple[float, float]] = []
         by_tier: dict[str, tuple[int, int]] = {}
-        config = self._policy.config
+        config, gpus, known = self._policy.config, self._gpus, self._slots
         with self._lock:
-            slots = np.empty(n, dtype=np.int64)
-            for i, r in enumerate(readings):
-                gpu = self._gpus.get(r.gpu)
+            for r in readings:
+                gpu = gpus.get(r.gpu)
                 if gpu is None:
                     raise ValueError(f"reading for unknown GPU {r.gpu!r} ({r.workload.key})")
                 tier = r.workload.sla_tier
@@ -418,22 +421,23 @@ class MarginPredictor:
                 if decay is None:
                     decay = by_tier[tier] = config.decays(self._targets(tier))
                 key = (r.workload.key, r.gpu)
-                slot = self._slots.get(key)
+                slot = known.get(key)
                 if slot is None:
-                    slot = self._slots[key] = self._policy.admit(second=second, decays=decay)
-                slots[i] = slot
-                decays[i] = decay
+                    slot = known[key] = self._policy.admit(second=second, decays=decay)
+                slots.append(slot)
+                decays.append(decay)
+                use.append((r.mem_used_mb, r.sm_used))
                 e = r.entitlement
-                use[i] = (r.mem_used_mb, r.sm_used)
-                cap[i] = (
+                cap.append((
                     float(gpu.memory_mb) if e.limit_mem_mb is None else e.limit_mem_mb,
                     float(gpu.sm_count) if e.limit_sm is None else e.limit_sm,
-                )
-            if len(set(slots.tolist())) < n:
+                ))
+            if len(set(slots)) < len(slots):
                 raise ValueError("a workload was read twice on one GPU in one tick")
-            self._policy.set_decays(slots, decays)
-            reserved = self._policy.observe(slots, second, use, cap)
-        return [Prediction(mem_peak_mb=float(m), sm_peak=float(s)) for m, s in reserved.tolist()]
+            at = np.array(slots, dtype=np.int64)
+            self._policy.set_decays(at, np.array(decays, dtype=np.int64))
+            reserved = self._policy.observe(at, second, np.array(use, dtype=np.float64), np.array(cap, dtype=np.float64))
+        return [Prediction(mem_peak_mb=m, sm_peak=s) for m, s in reserved.tolist()]
 
     def observe(self, *, grants: Sequence[Grant], readings: Sequence[UsageReading]) -> None:
         """Forget the workloads absent from this tick's readings."""
