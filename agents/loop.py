@@ -36,7 +36,7 @@ from agents.interfaces import (
     UsageReading,
 )
 from agents.meter import Meter, Rate
-from agents.prediction import MarginPredictor, WorkloadPredictors
+from agents.prediction import DEFAULT_PREDICTOR, MarginPredictor, WorkloadPredictors, agent_predictor
 from agents.spool import CheckpointPeriod, Spool
 
 __all__ = ["Agent", "AgentConfig", "RunSummary"]
@@ -137,7 +137,9 @@ class Agent:
         if not gpus:
             raise ValueError("the backend reports no GPUs")
         if self._predictor is None:
-            self._predictor = MarginPredictor(gpus=gpus, targets=lambda tier: self._policy().miss_target_for(tier))
+            self._predictor = agent_predictor(
+                DEFAULT_PREDICTOR, gpus=gpus, targets=lambda tier: self._policy().miss_target_for(tier)
+            )
             self._with_predictor_observer()
         predictor = self._predictor
         origin_us = to_us(self._clock.now())

@@ -31,11 +31,13 @@ from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Literal
+from types import MappingProxyType
+from typing import Literal, get_args
 
 import numpy as np
 
-from agents.interfaces import GpuInfo, Grant, Prediction, UsageReading, Workload
+from agents.allocation import CurrentUsePredictor
+from agents.interfaces import GpuInfo, Grant, Prediction, Predictor, UsageReading, Workload
 from allocator.policy import DEFAULT_MARGIN_CONFIG, MarginConfig, MarginPolicy
 from allocator.predict import (
     DEFAULT_KIND,
@@ -51,21 +53,36 @@ from allocator.predict import shipped_bundle as _shipped_bundle
 from allocator.risk import DEFAULT_MISS_TARGET, DEFAULT_MISS_TARGETS, MissTarget
 
 __all__ = [
+    "DEFAULT_HEADROOM",
+    "DEFAULT_PREDICTOR",
     "DEFAULT_UNDERPREDICTION_TARGET",
     "PREDICTOR_CHOICES",
     "Calibration",
     "MarginPredictor",
     "PredictionStats",
+    "PredictorChoice",
     "WorkloadPredictors",
+    "agent_predictor",
     "make_workload_predictors",
 ]
 
 # The rate the shipped margins were fitted for (docs/prediction.md, "Calibration").
 DEFAULT_UNDERPREDICTION_TARGET = 0.05
 LOOKAHEAD_S = 2.0  # the longest horizon: a forecast is checked against the use read over the next 2 s
-# ``vgpu-agent run --predictor``: "lstm" is the calibrated default (memory: the LSTM, SMs: last value +
-# margin, ``allocator.predict.DEFAULT_KIND``); the baselines use that kind for both resources.
-PREDICTOR_CHOICES = ("margin", "lstm", "last-value", "ewma", "holt", "current-use")
+# ``vgpu-agent run --predictor``: "margin" is the default (``MarginPredictor``); "lstm" is the calibrated
+# forecaster pair (memory: the LSTM, SMs: last value + margin, ``allocator.predict.DEFAULT_KIND``); the
+# baselines use one kind for both resources; "current-use" expects the next seconds to look like now.
+PredictorChoice = Literal["margin", "lstm", "last-value", "ewma", "holt", "current-use"]
+PREDICTOR_CHOICES: tuple[PredictorChoice, ...] = get_args(PredictorChoice)
+DEFAULT_PREDICTOR: PredictorChoice = "margin"
+# The allocator's headroom (demand = forecast x (1 + headroom)) each predictor is meant for, unless
+# ``--headroom`` says otherwise. The margin policy's reservation already is the workload's peak x its
+# calibrated margin, so it takes none (the replay's agent-default applies none either); the
+# forecasters' margins were fitted for a 0.2 headroom on top (docs/prediction.md), and current use
+# has no margin of its own.
+DEFAULT_HEADROOM: Mapping[PredictorChoice, float] = MappingProxyType(
+    {"margin": 0.0, "lstm": 0.2, "last-value": 0.2, "ewma": 0.2, "holt": 0.2, "current-use": 0.2}
+)
 
 PredictorFactory = Callable[[Resource], PeakPredictor]
 
@@ -396,6 +413,11 @@ class MarginPredictor:
     def policy(self) -> MarginPolicy:
         return self._policy
 
+    @property
+    def targets(self) -> Callable[[str], MissTarget]:
+        """A tier's miss targets, as this predictor reads them each tick."""
+        return self._targets
+
     def predict(self, *, reading: UsageReading, now: datetime) -> Prediction:
         return self.predict_many(readings=(reading,), now=now)[0]
 
@@ -445,3 +467,22 @@ class MarginPredictor:
         with self._lock:
             for key in [k for k in self._slots if k not in present]:
                 self._policy.release(self._slots.pop(key))
+
+
+def agent_predictor(
+    kind: PredictorChoice,
+    *,
+    gpus: Sequence[GpuInfo],
+    targets: Callable[[str], MissTarget],
+    calibration: Calibration | None = None,
+) -> Predictor:
+    """The predictor ``vgpu-agent run --predictor kind`` runs: the one place each choice is built.
+
+    ``targets`` gives a tier's miss targets (the margin policy reads them every tick);
+    ``calibration`` is the forecasters' online calibration.
+    """
+    if kind == "margin":
+        return MarginPredictor(gpus=gpus, targets=targets)
+    if kind == "current-use":
+        return CurrentUsePredictor()
+    return make_workload_predictors(kind, gpus=gpus, calibration=calibration)
