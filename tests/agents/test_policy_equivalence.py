@@ -36,7 +36,7 @@ TARGET = MissTarget(memory=0.02, sm=0.05)
 MARGIN = MarginConfig(prior_margin=0.1, min_margin=0.0, step=0.2)
 
 
-def _signals():  # type: ignore[no-untyped-def]
+def _signals():
     rng = np.random.default_rng(3)
     arrival = np.sort(rng.uniform(0.0, 900.0, 3_000))
     arrival -= arrival[0]
