@@ -22,9 +22,9 @@ Gen4 x16 in practice):
   ``compute_grants`` asks reading by reading and each workload's LSTM runs its own
   ``lstm_forward`` (how the agent predicted before the batched pass). Both lstm rows are
   checked to grant the same on the same ticks.
-- start-up: a fresh interpreter importing ``agents.__main__``, then the default predictor's first tick in that process against its later ticks:
-  the default compiles nothing and loads no model at start, so the first tick costs what the
-  others do and a restarted agent meters from its first second.
+- start-up: a fresh interpreter importing ``agents.__main__``, then the default predictor's
+  first tick in that process against its later ticks, and which compilers or tensor
+  libraries are loaded by then (none: no JIT or compile step at start).
 
 Inputs are contended on purpose (the slow path: demand above capacity on every resource,
 memory in use below the card so that growth is settled by weight), with predictions at
