@@ -34,8 +34,6 @@ from datetime import datetime
 from types import MappingProxyType
 from typing import Literal, get_args
 
-import numpy as np
-
 from agents.allocation import CurrentUsePredictor
 from agents.interfaces import GpuInfo, Grant, Prediction, Predictor, UsageReading, Workload
 from allocator.policy import DEFAULT_MARGIN_CONFIG, MarginConfig, MarginPolicy
@@ -407,6 +405,7 @@ class MarginPredictor:
         self._targets = targets
         self._policy = MarginPolicy(config)
         self._slots: dict[tuple[str, str], int] = {}
+        self._decay_of: dict[MissTarget, tuple[int, int]] = {}
         self._lock = threading.Lock()
 
     @property
@@ -425,14 +424,12 @@ class MarginPredictor:
         if not readings:
             return []
         second = math.floor(now.timestamp())
-        # Plain lists, turned into arrays once: per-row numpy writes cost a microsecond each, and
-        # this runs for every workload every tick (docs/allocation.md, Tick latency).
         slots: list[int] = []
         decays: list[tuple[int, int]] = []
         use: list[tuple[float, float]] = []
         cap: list[tuple[float, float]] = []
         by_tier: dict[str, tuple[int, int]] = {}
-        config, gpus, known = self._policy.config, self._gpus, self._slots
+        gpus, known = self._gpus, self._slots
         with self._lock:
             for r in readings:
                 gpu = gpus.get(r.gpu)
@@ -441,7 +438,7 @@ class MarginPredictor:
                 tier = r.workload.sla_tier
                 decay = by_tier.get(tier)
                 if decay is None:
-                    decay = by_tier[tier] = config.decays(self._targets(tier))
+                    decay = by_tier[tier] = self._decays(self._targets(tier))
                 key = (r.workload.key, r.gpu)
                 slot = known.get(key)
                 if slot is None:
@@ -456,10 +453,15 @@ class MarginPredictor:
                 ))
             if len(set(slots)) < len(slots):
                 raise ValueError("a workload was read twice on one GPU in one tick")
-            at = np.array(slots, dtype=np.int64)
-            self._policy.set_decays(at, np.array(decays, dtype=np.int64))
-            reserved = self._policy.observe(at, second, np.array(use, dtype=np.float64), np.array(cap, dtype=np.float64))
-        return [Prediction(mem_peak_mb=m, sm_peak=s) for m, s in reserved.tolist()]
+            reserved = self._policy.observe(slots, second, use, cap, decays)
+        return [Prediction(mem_peak_mb=m, sm_peak=s) for m, s in reserved]
+
+    def _decays(self, target: MissTarget) -> tuple[int, int]:
+        """A tier's decays, priced once per distinct target rather than every tick."""
+        decays = self._decay_of.get(target)
+        if decays is None:
+            decays = self._decay_of[target] = self._policy.config.decays(target)
+        return decays
 
     def observe(self, *, grants: Sequence[Grant], readings: Sequence[UsageReading]) -> None:
         """Forget the workloads absent from this tick's readings."""

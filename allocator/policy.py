@@ -2,8 +2,9 @@
 
 One object, two callers. The agent feeds it every tick (:meth:`MarginPolicy.observe`, a reading
 per workload); the replay feeds it a whole block of per-second use for every active workload at
-once (:meth:`MarginPolicy.observe_block`). Both run the same arithmetic on the same state, so
-a workload fed the same seconds gets the same reservations (a test holds them to that).
+once (:meth:`MarginPolicy.observe_blocks`). Both run the same arithmetic, so a workload fed the
+same seconds gets the same reservations (tests hold them to that); the per-tick path does it in
+plain Python per workload, the block path in arrays over workloads and seconds.
 
 The rule, per workload and resource (memory, SMs), in the workload's own seconds:
 
@@ -22,13 +23,16 @@ The rule, per workload and resource (memory, SMs), in the workload's own seconds
   narrow one. A new workload starts at ``prior_margin`` (conservative) and narrows only as
   seconds without a miss accrue.
 
-Levels are integers and the factor of a level is computed by :func:`math.exp` on each distinct
-level, so the per-tick path and the block path cannot drift apart in floating point.
+Levels are integers and the factor of a level is computed by one formula
+(:meth:`MarginConfig.factor`), so the per-tick path and the block path cannot drift apart in
+floating point.
 """
 
 from __future__ import annotations
 
 import math
+import sys
+from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -44,6 +48,7 @@ IntArray = npt.NDArray[np.int64]
 BoolArray = npt.NDArray[np.bool_]
 
 RESOURCES = ("memory", "sm")  # the last axis of every (workload, resource) array, in this order
+_MAX = sys.float_info.max  # 0 <= x <= _MAX: finite and >= 0 in one comparison
 _LEVELS_PER_STEP = 1_000_000  # integer levels per ``step`` of ln(factor): fine enough for any target
 
 
@@ -94,14 +99,22 @@ class MarginConfig:
         """(memory, SM) decays of one tier's targets, in ``RESOURCES`` order."""
         return self.decay(target.memory), self.decay(target.sm)
 
+    def factor(self, level: int) -> float:
+        """1 + margin of one level: the one formula both paths price a level with."""
+        return (1.0 + self.min_margin) * math.exp(level * (self.step / _LEVELS_PER_STEP))
+
     def factors(self, levels: IntArray) -> FloatArray:
         """1 + margin of each level (any shape); one :func:`math.exp` per distinct level."""
         flat = np.asarray(levels, dtype=np.int64).reshape(-1)
         distinct, inverse = np.unique(flat, return_inverse=True)
-        base, scale = 1.0 + self.min_margin, self.step / _LEVELS_PER_STEP
-        values = np.array([base * math.exp(int(q) * scale) for q in distinct], dtype=np.float64)
+        values = np.array([self.factor(int(q)) for q in distinct], dtype=np.float64)
         result: FloatArray = values[inverse.reshape(-1)].reshape(np.shape(levels))
         return result
+
+    def next_level(self, level: int, misses: int, decay: int, blocks: int) -> int:
+        """:meth:`next_levels` of one level, in Python integers (the per-tick path: no array per call)."""
+        moved = level + min(misses, self.max_misses_per_block) * _LEVELS_PER_STEP - decay * blocks
+        return 0 if moved < 0 else min(moved, self.max_level)
 
     def next_levels(self, levels: IntArray, misses: IntArray, decays: IntArray, blocks: IntArray | int = 1) -> IntArray:
         """Levels after closing blocks with ``misses`` (the first of ``blocks`` closed blocks; the rest had none)."""
@@ -154,19 +167,75 @@ class BlockOutcome:
     consumed: IntArray  # (n,): blocks taken in; the state now follows the last of them
 
 
+class _TickResource:
+    """One resource of one slot on the per-tick path: its calibration and the running peak."""
+
+    __slots__ = ("decay", "factor", "in_force", "level", "missed", "misses", "next", "window")
+
+    def __init__(self, *, level: int, factor: float) -> None:
+        self.level, self.factor, self.decay = level, factor, 1
+        self.misses, self.missed = 0, False
+        self.in_force = self.next = math.nan  # NaN: none decided yet, never a miss
+        # (second, its use), use strictly decreasing: the front is the peak of the window. Each second
+        # enters once and leaves once, so the peak costs O(1) a reading instead of a scan of block_s.
+        self.window: deque[tuple[int, float]] = deque()
+
+    def close(self, config: MarginConfig, blocks: int) -> None:
+        """``blocks`` blocks have passed since the open one began: price the new level."""
+        self.level = config.next_level(self.level, self.misses, self.decay, blocks)
+        self.factor = config.factor(self.level)
+        self.misses = 0
+
+    def begin(self) -> None:
+        """A new second: the reservation decided after the last reading is now in force."""
+        self.in_force, self.missed = self.next, False
+
+    def read(self, second: int, value: float, cap: float, block_s: int) -> float:
+        """A reading of ``second`` → the reservation from now on (conditionals, not min/max: hot path)."""
+        window = self.window
+        if window and window[-1][0] == second:  # read before in this second: the larger counts
+            earlier = window.pop()[1]
+            value = earlier if earlier > value else value
+        if value > self.in_force and not self.missed:
+            self.misses += 1
+            self.missed = True
+        while window and window[-1][1] <= value:
+            window.pop()
+        window.append((second, value))
+        while window[0][0] <= second - block_s:
+            window.popleft()
+        reserved = window[0][1] * self.factor
+        reserved = cap if reserved > cap else reserved
+        self.next = reserved
+        return reserved
+
+
+class _TickSlot:
+    """One slot on the per-tick path: its block clock and its two resources."""
+
+    __slots__ = ("block", "last", "memory", "sm", "start")
+
+    def __init__(self, *, start: int, last: int, memory: _TickResource, sm: _TickResource) -> None:
+        self.start, self.last, self.block = start, last, 0
+        self.memory, self.sm = memory, sm
+
+
 class MarginPolicy:
     """Per-workload state of the rule, vectorised over workload slots (numpy arrays).
 
     A slot is taken by :meth:`admit` and given back by :meth:`release`. Per tick the agent calls
-    :meth:`observe` with the slots read and their use; the replay calls :meth:`observe_block`
+    :meth:`observe` with the slots read and their use; the replay calls :meth:`observe_blocks`
     with ``block_s`` seconds of use for slots at a block boundary. The two give the same
-    reservations for the same seconds.
+    reservations for the same seconds. A slot is fed by one of the two: the per-tick path keeps
+    a slot's state in plain Python objects from its first tick on (the arrays, which the block
+    path reads, then no longer follow it).
     """
 
     def __init__(self, config: MarginConfig = DEFAULT_MARGIN_CONFIG, *, capacity: int = 16) -> None:
         self.config = config
         self._size = 0
         self._free: list[int] = []
+        self._ticks: dict[int, _TickSlot] = {}  # the per-tick path's state of each slot it has read
         self._allocate(max(1, capacity))
 
     def _allocate(self, size: int) -> None:
@@ -221,11 +290,8 @@ class MarginPolicy:
         )
 
     def release(self, slot: int) -> None:
+        self._ticks.pop(slot, None)
         self._free.append(slot)
-
-    def set_decays(self, slots: IntArray, decays: IntArray) -> None:
-        """A tier's targets changed (the policy API): the next blocks decay at the new rate."""
-        self._decay[slots] = decays
 
     def levels(self, slots: IntArray) -> IntArray:
         result: IntArray = self._level[slots].copy()
@@ -240,49 +306,61 @@ class MarginPolicy:
         result: FloatArray = self._factor[slots] - 1.0
         return result
 
-    def _close(self, slots: IntArray, blocks: IntArray) -> None:
-        """Close the open block of ``slots`` (``blocks`` blocks have passed) and price the new level."""
-        level = self.config.next_levels(self._level[slots], self._misses[slots], self._decay[slots], blocks[:, None])
-        self._level[slots] = level
-        self._factor[slots] = self.config.factors(level)
-        self._misses[slots] = 0
-        self._block[slots] += blocks
+    def observe(
+        self,
+        slots: Sequence[int],
+        second: int,
+        use: Sequence[tuple[float, float]],
+        cap: Sequence[tuple[float, float]],
+        decays: Sequence[tuple[int, int]],
+    ) -> list[tuple[float, float]]:
+        """Readings of ``second`` (``use``: (memory, SMs) per slot) → the reservations in force from now on.
 
-    def observe(self, slots: IntArray, second: int, use: FloatArray, cap: FloatArray) -> FloatArray:
-        """Readings of ``second`` (``use``, (n, resources)) → the reservations in force from now on.
-
-        A second read twice (two ticks in one second) counts its larger reading; a miss is
-        counted once per second and resource.
+        ``cap`` bounds each reservation; ``decays`` are each slot's tier's (``MarginConfig.decays``),
+        read every tick since the policy API may change them. A second read twice (two ticks in one
+        second) counts its larger reading; a miss is counted once per second and resource. Plain
+        Python, not arrays: at a tick's few workloads numpy's cost per call (a microsecond or more,
+        some forty calls) outweighed the arithmetic, and a running maximum replaces the scan of each
+        workload's last ``block_s`` seconds.
         """
-        b = self.config.block_s
-        last = self._last[slots]
-        if np.any(second < last):
-            raise ValueError("readings must not go back in time")
-        new = slots[second > last]
-        if new.size:
-            local = second - self._start[new]
-            passed = local // b - self._block[new]
-            closing = passed > 0
-            if closing.any():
-                self._close(new[closing], passed[closing])
-            self._in_force[new] = self._next[new]
-            self._missed_now[new] = 0
-            at = local % b
-            self._ring[new, at] = math.nan
-            self._ring_s[new, at] = second
-            self._last[new] = second
-        at = (second - self._start[slots]) % b
-        value = np.fmax(self._ring[slots, at], use)
-        self._ring[slots, at] = value
-        over = (value > self._in_force[slots]) & (self._missed_now[slots] == 0)  # NaN: none in force
-        self._misses[slots] += over
-        self._missed_now[slots] |= over
-        fresh = self._ring_s[slots] > second - b
-        # max(where=) rather than max(np.where(...)): no masked copy of the rings, half the tick's policy time.
-        peak = np.max(self._ring[slots], axis=1, where=fresh[:, :, None], initial=-math.inf)
-        reserved: FloatArray = np.minimum(cap, peak * self._factor[slots])
-        self._next[slots] = reserved
+        ticks = self._ticks
+        states = [ticks.get(slot) or self._tick_state(slot) for slot in slots]
+        # Check everything before changing anything: a bad reading leaves the state as it was.
+        for state, (mem, sm) in zip(states, use, strict=True):
+            if not (second >= state.last and 0.0 <= mem <= _MAX and 0.0 <= sm <= _MAX):
+                raise ValueError(
+                    "readings must not go back in time"
+                    if second < state.last
+                    else f"use must be finite and >= 0, got {(mem, sm)!r}"
+                )
+        b, config = self.config.block_s, self.config
+        reserved: list[tuple[float, float]] = []
+        for state, (mem, sm), (mem_cap, sm_cap), (mem_decay, sm_decay) in zip(states, use, cap, decays, strict=True):
+            memory, compute = state.memory, state.sm
+            memory.decay, compute.decay = mem_decay, sm_decay
+            if second > state.last:
+                passed = (second - state.start) // b - state.block
+                if passed > 0:  # a block closed: its misses move the level
+                    memory.close(config, passed)
+                    compute.close(config, passed)
+                    state.block += passed
+                memory.begin()
+                compute.begin()
+                state.last = second
+            reserved.append((memory.read(second, mem, mem_cap, b), compute.read(second, sm, sm_cap, b)))
         return reserved
+
+    def _tick_state(self, slot: int) -> _TickSlot:
+        """A slot's per-tick state from its admission (the arrays hold it until the first tick)."""
+        level = self._level[slot]
+        state = _TickSlot(
+            start=int(self._start[slot]),
+            last=int(self._last[slot]),
+            memory=_TickResource(level=int(level[0]), factor=self.config.factor(int(level[0]))),
+            sm=_TickResource(level=int(level[1]), factor=self.config.factor(int(level[1]))),
+        )
+        self._ticks[slot] = state
+        return state
 
     def observe_blocks(
         self, slots: IntArray, use: FloatArray, cap: FloatArray, valid: IntArray | None = None
