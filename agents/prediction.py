@@ -454,7 +454,7 @@ class MarginPredictor:
             if len(set(slots)) < len(slots):
                 raise ValueError("a workload was read twice on one GPU in one tick")
             reserved = self._policy.observe(slots, second, use, cap, decays)
-        return [Prediction(mem_peak_mb=m, sm_peak=s) for m, s in reserved]
+        return [Prediction(m, s) for m, s in reserved]  # positional: cheaper, every workload every tick
 
     def _decays(self, target: MissTarget) -> tuple[int, int]:
         """A tier's decays, priced once per distinct target rather than every tick."""

@@ -286,16 +286,18 @@ class WorkloadState:
             and g.mem_mb <= _MAX
             and g.sm <= _MAX
             and g.pcie_mbps <= _MAX
-            and all(
-                0.0 < p.horizon_s <= _MAX
-                and 0.0 <= p.peak.mem_mb <= _MAX
-                and 0.0 <= p.peak.sm <= _MAX
-                and 0.0 <= p.peak.pcie_mbps <= _MAX
-                for p in self.predicted
-            )
             and (len(self.predicted) < 2 or len({p.horizon_s for p in self.predicted}) == len(self.predicted))
         ):
             self._raise_invalid()
+        for p in self.predicted:  # a loop, not all(<generator>): a generator per workload costs as much as the rest
+            peak = p.peak
+            if not (
+                0.0 < p.horizon_s <= _MAX
+                and 0.0 <= peak.mem_mb <= _MAX
+                and 0.0 <= peak.sm <= _MAX
+                and 0.0 <= peak.pcie_mbps <= _MAX
+            ):
+                self._raise_invalid()
 
     def _raise_invalid(self) -> None:
         where = f"workload {self.key!r}"
