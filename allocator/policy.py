@@ -120,27 +120,33 @@ DEFAULT_MARGIN_CONFIG = MarginConfig()
 def block_reservations(
     previous: FloatArray, use: FloatArray, first: FloatArray, factors: FloatArray, cap: FloatArray
 ) -> FloatArray:
-    """Reservations in force for each second of ``k`` consecutive blocks, shape (n, k, block_s, resources).
+    """Reservations in force for each second of ``k`` consecutive blocks, shape (n, k, resources, block_s).
 
-    ``previous`` (n, block_s, resources) is the block before the first (NaN where the workload had
-    no such second), ``use`` (n, k, block_s, resources) the blocks, ``factors`` (n, k, resources)
-    the factor of each block. Second 0 of the first block has ``first``, decided before (NaN:
-    none, the workload's first second); second 0 of a later block was decided after reading the
-    block before it: that block's peak times that block's factor. Second ``i > 0`` was decided
-    after reading second ``i - 1``: the peak of the ``block_s`` seconds up to it (the block before
-    from ``i`` on and this block before ``i``: one suffix and one prefix maximum) times the
-    block's factor. Every reservation is capped at ``cap``.
+    Seconds are the last axis, so every running maximum below walks contiguous memory.
+    ``previous`` (n, resources, block_s) is the block before the first (NaN where the workload
+    had no such second), ``use`` (n, k, resources, block_s) the blocks, ``factors`` (n, k,
+    resources) the factor of each block. Second 0 of the first block has ``first``, decided
+    before (NaN: none, the workload's first second); second 0 of a later block was decided after
+    reading the block before it: that block's peak times that block's factor. Second ``i > 0``
+    was decided after reading second ``i - 1``: the peak of the ``block_s`` seconds up to it (the
+    block before from ``i`` on and this block before ``i``: one suffix and one prefix maximum)
+    times the block's factor. Every reservation is capped at ``cap``.
     """
-    blocks = np.concatenate([previous[:, None], use[:, :-1]], axis=1)  # the block before each block
-    tail = np.maximum.accumulate(blocks[:, :, :0:-1], axis=2)[:, :, ::-1]  # seconds i..end, i >= 1; NaN stays
-    head = np.maximum.accumulate(use[:, :, :-1], axis=2)  # seconds 0..i-1
-    peak = np.fmax(tail, head)  # fmax: a second the workload did not have is ignored
-    limit = cap[:, None, None, :]
+    b = use.shape[3]
+    suffix = np.maximum.accumulate(use[..., ::-1], axis=3)  # [..., m]: the block's seconds b-1-m .. b-1
+    head = np.maximum.accumulate(use[..., :-1], axis=3)  # [..., i-1]: seconds 0 .. i-1
+    before = np.maximum.accumulate(previous[..., ::-1], axis=2)  # NaN stays NaN
+    # Second i >= 1 sees the block before from i on: suffix index b-1-i, for i = 1 .. b-1.
+    peak = np.empty_like(head)
+    np.fmax(suffix[:, :-1, :, b - 2 :: -1], head[:, 1:], out=peak[:, 1:])  # fmax: a missing second is ignored
+    np.fmax(before[:, :, b - 2 :: -1], head[:, 0], out=peak[:, 0])
+    limit = cap[:, None, :, None]
     result: FloatArray = np.empty_like(use)
-    result[:, :, 1:] = np.minimum(limit, peak * factors[:, :, None, :])
-    result[:, 0, 0] = first
+    np.multiply(peak, factors[:, :, :, None], out=result[..., 1:])
+    np.minimum(result[..., 1:], limit, out=result[..., 1:])
+    result[:, 0, :, 0] = first
     if use.shape[1] > 1:
-        result[:, 1:, 0] = np.minimum(limit[:, :, 0], use[:, :-1].max(axis=2) * factors[:, :-1])
+        result[:, 1:, :, 0] = np.minimum(cap[:, None, :], suffix[:, :-1, :, -1] * factors[:, :-1])
     return result
 
 
@@ -148,8 +154,8 @@ def block_reservations(
 class BlockOutcome:
     """What :meth:`MarginPolicy.observe_blocks` decided; only each slot's first ``consumed`` blocks count."""
 
-    reservations: FloatArray  # (n, k, block_s, resources): in force for each second; NaN: none yet
-    missed: BoolArray  # (n, k, block_s, resources): use above the reservation in force
+    reservations: FloatArray  # (n, k, resources, block_s): in force for each second; NaN: none yet
+    missed: BoolArray  # (n, k, resources, block_s): use above the reservation in force
     factors: FloatArray  # (n, k, resources): 1 + margin of each block's seconds after its first
     consumed: IntArray  # (n,): blocks taken in; the state now follows the last of them
 
@@ -188,8 +194,8 @@ class MarginPolicy:
         self._decay: IntArray = grow(None if first else self._decay, (size, r), 1)  # type: ignore[assignment]
         self._misses: IntArray = grow(None if first else self._misses, (size, r), 0)  # type: ignore[assignment]
         self._missed_now: IntArray = grow(None if first else self._missed_now, (size, r), 0)  # type: ignore[assignment]
-        # Use of the workload's seconds, at (second - start) % block_s; NaN: not read.
-        self._ring: FloatArray = grow(None if first else self._ring, (size, b, r), math.nan)  # type: ignore[assignment]
+        # Use of the workload's seconds, at (second - start) % block_s (seconds last); NaN: not read.
+        self._ring: FloatArray = grow(None if first else self._ring, (size, r, b), math.nan)  # type: ignore[assignment]
         self._ring_s: IntArray = grow(None if first else self._ring_s, (size, b), -1)  # type: ignore[assignment]
         self._in_force: FloatArray = grow(None if first else self._in_force, (size, r), math.nan)  # type: ignore[assignment]
         self._next: FloatArray = grow(None if first else self._next, (size, r), math.nan)  # type: ignore[assignment]
@@ -268,17 +274,17 @@ class MarginPolicy:
             self._in_force[new] = self._next[new]
             self._missed_now[new] = 0
             at = local % b
-            self._ring[new, at] = math.nan
+            self._ring[new, :, at] = math.nan
             self._ring_s[new, at] = second
             self._last[new] = second
         at = (second - self._start[slots]) % b
-        value = np.fmax(self._ring[slots, at], use)
-        self._ring[slots, at] = value
+        value = np.fmax(self._ring[slots, :, at], use)
+        self._ring[slots, :, at] = value
         over = (value > self._in_force[slots]) & (self._missed_now[slots] == 0)  # NaN: none in force
         self._misses[slots] += over
         self._missed_now[slots] |= over
         fresh = self._ring_s[slots] > second - b
-        peak = np.max(np.where(fresh[:, :, None], self._ring[slots], -math.inf), axis=1)
+        peak = np.max(np.where(fresh[:, None, :], self._ring[slots], -math.inf), axis=2)
         reserved: FloatArray = np.minimum(cap, peak * self._factor[slots])
         self._next[slots] = reserved
         return reserved
@@ -286,7 +292,7 @@ class MarginPolicy:
     def observe_blocks(
         self, slots: IntArray, use: FloatArray, cap: FloatArray, valid: IntArray | None = None
     ) -> BlockOutcome:
-        """Up to ``k`` whole blocks of readings per slot, (n, k, block_s, resources), from a block boundary on.
+        """Up to ``k`` whole blocks of readings per slot, (n, k, resources, block_s), from a block boundary on.
 
         The same as feeding the seconds to :meth:`observe` one by one, in a few array operations.
         A block's margin depends on the misses of the block before, so the blocks are evaluated
@@ -297,8 +303,8 @@ class MarginPolicy:
         config, b = self.config, self.config.block_s
         n, k = use.shape[0], use.shape[1]
         local = self._last[slots] + 1 - self._start[slots]
-        if np.any(local % b) or use.shape[2:] != (b, len(RESOURCES)):
-            raise ValueError("observe_blocks needs whole blocks of (block_s, resources) from a block boundary")
+        if np.any(local % b) or use.shape[2:] != (len(RESOURCES), b):
+            raise ValueError("observe_blocks needs whole blocks of (resources, block_s) from a block boundary")
         started = (local > 0)[:, None]
         decay = self._decay[slots]
         level = np.where(started, config.next_levels(self._level[slots], self._misses[slots], decay), self._level[slots])
@@ -314,13 +320,13 @@ class MarginPolicy:
         at, each = consumed - 1, np.arange(n)
         self._level[slots] = levels[each, at]
         self._factor[slots] = factors[each, at]
-        self._misses[slots] = missed[each, at].sum(axis=1)
-        self._missed_now[slots] = missed[each, at, -1]
+        self._misses[slots] = missed[each, at].sum(axis=2)
+        self._missed_now[slots] = missed[each, at, :, -1]
         self._ring[slots] = use[each, at]
         self._block[slots] = local // b + at
         last = self._start[slots] + local + consumed * b - 1
         self._ring_s[slots] = last[:, None] - np.arange(b - 1, -1, -1)[None, :]
         self._last[slots] = last
-        self._in_force[slots] = reservations[each, at, -1]
-        self._next[slots] = np.minimum(cap, use[each, at].max(axis=1) * factors[each, at])
+        self._in_force[slots] = reservations[each, at, :, -1]
+        self._next[slots] = np.minimum(cap, use[each, at].max(axis=2) * factors[each, at])
         return BlockOutcome(reservations=reservations, missed=missed, factors=factors, consumed=consumed)

@@ -92,8 +92,11 @@ def test_agent_loop_and_replay_grant_the_same_every_second(tmp_path: Path) -> No
     usage = build_pod_usage(pods, model, signals)
     agent = agent_rows(usage, model, signals, margin=MARGIN, target=TARGET)
     use, reserved = row_reservations(usage, model, signals, agent, np.arange(usage.rows, dtype=np.int64))
-    per_pod_use = [use[usage.offset[i] : usage.offset[i] + STEPS].reshape(-1, 2) for i in range(len(pods))]
-    per_pod_reserved = [reserved[usage.offset[i] : usage.offset[i] + STEPS].reshape(-1, 2) for i in range(len(pods))]
+    # (steps, resources, step_s) → one (second, resource) row per second
+    per_pod_use = [use[usage.offset[i] : usage.offset[i] + STEPS].transpose(0, 2, 1).reshape(-1, 2) for i in range(len(pods))]
+    per_pod_reserved = [
+        reserved[usage.offset[i] : usage.offset[i] + STEPS].transpose(0, 2, 1).reshape(-1, 2) for i in range(len(pods))
+    ]
     assert max(float(r[1:, 1].max()) for r in per_pod_reserved) * len(pods) < GPU.sm_count  # no contention
 
     workloads = [Workload(tenant="t", namespace="n", pod=p.name, container="c", pod_uid=p.name, sla_tier="bronze")
