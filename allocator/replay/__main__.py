@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 import time
 from collections.abc import Sequence
@@ -31,7 +32,7 @@ from allocator.replay._compare import (
 from allocator.replay._predicted import PREDICTOR_CHOICES
 from allocator.replay._pricing import compare_per_model, format_per_model
 from allocator.replay._replay import POLICIES, ReplayConfig
-from allocator.replay._trace import TraceError
+from allocator.replay._trace import DEFAULT_SNAPSHOT_S, TraceError
 from allocator.replay._usage import UsageModel
 
 
@@ -42,6 +43,16 @@ def _rate(text: str) -> Decimal:
         raise argparse.ArgumentTypeError(f"not a decimal number: {text!r}") from None
     if not value.is_finite() or value < 0:
         raise argparse.ArgumentTypeError(f"must be a finite number >= 0, got {text!r}")
+    return value
+
+
+def _hours(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not (math.isfinite(value) and 0 < value <= 24 * 366):
+        raise argparse.ArgumentTypeError(f"must be in (0, 8784] hours, got {text!r}")
     return value
 
 
@@ -72,6 +83,13 @@ def _parser() -> argparse.ArgumentParser:
         action="store_true",
         help="with --compare: also replay each GPU model of the fleet as its own pool, priced at its rate",
     )
+    parser.add_argument(
+        "--snapshot-hours",
+        type=_hours,
+        default=DEFAULT_SNAPSHOT_S / 3_600,
+        help="a pod list without times (a snapshot, e.g. openb's multigpu lists): every pod runs from 0 for this "
+        "many hours (default %(default)g)",
+    )
     parser.add_argument("--json", action="store_true", help="print JSON instead of text")
     parser.add_argument("--seed", type=int, default=UsageModel().seed, help="seed of class and burst assignment")
     parser.add_argument("--step-seconds", type=int, default=60, help="time step of the use model (1..3600)")
@@ -101,6 +119,7 @@ def _context(inputs: ReplayInputs) -> dict[str, object]:
             "pending_left_out": trace.pending,
             "empty_interval_left_out": trace.empty_interval,
             "still_running_at_end": trace.still_running,
+            "snapshot_s": trace.snapshot_s,
         },
         "fleet": {"nodes": inputs.fleet.nodes, "gpus": inputs.fleet.gpus},
         "usage_model": {
@@ -119,7 +138,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     started = time.perf_counter()  # the reported run time; results never depend on it
     try:
         model = UsageModel(step_s=args.step_seconds, seed=args.seed)
-        inputs = load_inputs(pods_path=args.pods, nodes_path=args.nodes, azure_path=args.azure, model=model)
+        inputs = load_inputs(
+            pods_path=args.pods,
+            nodes_path=args.nodes,
+            azure_path=args.azure,
+            model=model,
+            snapshot_s=args.snapshot_hours * 3_600,
+        )
         if args.sensitivity:
             rows = sensitivity(inputs)
             payload: dict[str, object] = {
@@ -177,10 +202,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(json.dumps(payload, indent=2, sort_keys=True))
     else:
         fleet = inputs.fleet.gpus
+        snapshot = inputs.trace.snapshot_s
+        held = f"a snapshot: every pod held from 0 for {snapshot / 3_600:g} h; " if snapshot else ""
         print(text)
         print(
             f"\n{len(inputs.trace.pods):,} GPU pods replayed of {inputs.trace.rows:,} rows "
-            f"({inputs.trace.cpu_only:,} CPU-only and {inputs.trace.pending:,} Pending left out); "
+            f"({held}{inputs.trace.cpu_only:,} CPU-only and {inputs.trace.pending:,} Pending left out); "
             f"fleet {fleet:,} GPUs; the first table sizes and prices every card as an A100-80GB; run time {run_time:.1f} s"
         )
     return 0

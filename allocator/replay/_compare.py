@@ -9,7 +9,14 @@ from pathlib import Path
 
 from allocator.replay._predicted import PREDICTOR_CHOICES, PredictorChoice
 from allocator.replay._replay import Policy, ReplayConfig, ReplayResult, replay
-from allocator.replay._trace import Fleet, PodTrace, read_azure_requests, read_fleet, read_pod_trace
+from allocator.replay._trace import (
+    DEFAULT_SNAPSHOT_S,
+    Fleet,
+    PodTrace,
+    read_azure_requests,
+    read_fleet,
+    read_pod_trace,
+)
 from allocator.replay._usage import BurstSignals, PodUsage, UsageModel, build_burst_signals, build_pod_usage
 
 __all__ = [
@@ -54,10 +61,11 @@ def load_inputs(
     nodes_path: Path | str = DEFAULT_TRACES / "openb_node_list_gpu_node.csv",
     azure_path: Path | str = DEFAULT_TRACES / "AzureLLMInferenceTrace_conv.csv",
     model: UsageModel | None = None,
+    snapshot_s: float = DEFAULT_SNAPSHOT_S,
 ) -> ReplayInputs:
-    """Read the three traces and build every pod's use under ``model``."""
+    """Read the three traces and build every pod's use under ``model`` (a pod list without times: a snapshot held ``snapshot_s``)."""
     model = model or UsageModel()
-    trace = read_pod_trace(pods_path)
+    trace = read_pod_trace(pods_path, snapshot_s=snapshot_s)
     if not trace.pods:
         raise ValueError(f"{pods_path}: no GPU pod held a GPU (nothing to replay)")
     fleet = read_fleet(nodes_path)

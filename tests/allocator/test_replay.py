@@ -323,6 +323,40 @@ def test_pod_trace_names_a_missing_column(tmp_path: Path) -> None:
         read_pod_trace(path)
 
 
+def test_a_pod_list_without_times_is_a_snapshot_held_for_the_stated_time(tmp_path: Path) -> None:
+    path = tmp_path / "multigpu.csv"
+    path.write_text(
+        "name,cpu_milli,memory_mib,num_gpu,gpu_milli\npod-0,1000,1024,2,1000\npod-1,1000,1024,1,300\npod-2,8000,4096,0,0\n",
+        encoding="utf-8",
+    )
+    trace = read_pod_trace(path, snapshot_s=7_200.0)
+    assert trace.snapshot_s == 7_200.0
+    assert (trace.rows, trace.cpu_only, trace.pending) == (3, 1, 0)
+    assert [(p.name, p.num_gpu, p.gpu_milli, p.start_s, p.end_s) for p in trace.pods] == [
+        ("pod-0", 2, 1000, 0.0, 7_200.0),
+        ("pod-1", 1, 300, 0.0, 7_200.0),
+    ]
+    assert read_pod_trace(path).pods[0].end_s == 24 * 3_600.0  # the stated default
+    # A list with some time columns but not all is damaged, not a snapshot.
+    damaged = tmp_path / "damaged.csv"
+    damaged.write_text("name,num_gpu,gpu_milli,creation_time\npod-0,1,500,3\n", encoding="utf-8")
+    with pytest.raises(TraceError, match="missing column"):
+        read_pod_trace(damaged)
+
+
+def test_cli_replays_a_snapshot_for_the_hours_asked(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    _, nodes, azure = _write_traces(tmp_path)
+    pods = tmp_path / "snapshot.csv"
+    pods.write_text("name,num_gpu,gpu_milli\npod-0,1,500\npod-1,1,250\n", encoding="utf-8")
+    args = ["--pods", str(pods), "--nodes", str(nodes), "--azure", str(azure), "--json"]
+    assert main([*args, "--policy", "static-whole", "--snapshot-hours", "0.5"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["trace"]["snapshot_s"] == 1_800.0
+    assert out["gpu_hours"] == pytest.approx(1.0)  # two whole cards for half an hour
+    with pytest.raises(SystemExit):
+        main([*args, "--policy", "static-whole", "--snapshot-hours", "0"])
+
+
 REQUIRED_KEYS = {
     "gpus_peak",
     "gpus_time_avg",
