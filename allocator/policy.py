@@ -312,8 +312,8 @@ class MarginPolicy:
         factors = config.factors(levels)
         previous = np.where(started[:, :, None], self._ring[slots], math.nan)
         reservations = block_reservations(previous, use, self._next[slots], factors, cap)
-        missed = use > reservations  # NaN (no reservation yet) is never a miss
-        block_missed = missed.any(axis=(2, 3))
+        missed: BoolArray = use > reservations  # NaN (no reservation yet) is never a miss
+        block_missed = np.any(missed, axis=(2, 3))
         consumed = np.where(block_missed.any(axis=1), np.argmax(block_missed, axis=1) + 1, k)
         if valid is not None:
             consumed = np.minimum(consumed, valid)

@@ -4,6 +4,7 @@ Examples::
 
     python -m allocator.replay --policy dynamic --json
     python -m allocator.replay --compare
+    python -m allocator.replay --frontier --svg docs/replay-frontier.svg
     python -m allocator.replay --nodes data/traces/openb_node_list_gpu_node.csv \\
         --pods data/traces/openb_pod_list_default.csv --compare --json
 """
@@ -24,11 +25,10 @@ from allocator.replay._compare import (
     ReplayInputs,
     compare_policies,
     format_comparison,
-    format_sensitivity,
     load_inputs,
     run_policy,
-    sensitivity,
 )
+from allocator.replay._frontier import format_frontier, frontier, frontier_svg
 from allocator.replay._predicted import PREDICTOR_CHOICES
 from allocator.replay._pricing import compare_per_model, format_per_model
 from allocator.replay._replay import POLICIES, ReplayConfig
@@ -44,6 +44,14 @@ def _rate(text: str) -> Decimal:
     if not value.is_finite() or value < 0:
         raise argparse.ArgumentTypeError(f"must be a finite number >= 0, got {text!r}")
     return value
+
+
+FRONTIER_SOURCES = ("AzureLLMInferenceTrace_conv.csv", "AzureLLMInferenceTrace_code.csv")
+
+
+def _source_label(path: Path) -> str:
+    """``AzureLLMInferenceTrace_code.csv`` → ``code``: the burst source's name in tables and the picture."""
+    return path.stem.removeprefix("AzureLLMInferenceTrace_") or path.stem
 
 
 def _hours(text: str) -> float:
@@ -74,10 +82,17 @@ def _parser() -> argparse.ArgumentParser:
     mode.add_argument("--policy", choices=POLICIES)
     mode.add_argument("--compare", action="store_true", help="replay every policy and compare them")
     mode.add_argument(
-        "--sensitivity",
+        "--frontier",
         action="store_true",
-        help="both dynamic policies over headroom 0/0.2/0.5 x lag 0/1/5 steps (and both predictor choices)",
+        help="sweep each dynamic policy's knob over each --frontier-azure burst source: cost against SLO misses",
     )
+    parser.add_argument(
+        "--frontier-azure",
+        type=Path,
+        action="append",
+        help="with --frontier: a burst source (repeat for several; default the shipped conversation and code traces)",
+    )
+    parser.add_argument("--svg", type=Path, help="with --frontier: also draw the frontier into this SVG file")
     parser.add_argument(
         "--per-model",
         action="store_true",
@@ -130,68 +145,63 @@ def _context(inputs: ReplayInputs) -> dict[str, object]:
     }
 
 
+def _load(args: argparse.Namespace, model: UsageModel, azure: Path) -> ReplayInputs:
+    return load_inputs(
+        pods_path=args.pods, nodes_path=args.nodes, azure_path=azure, model=model, snapshot_s=args.snapshot_hours * 3_600
+    )
+
+
+def _frontier(args: argparse.Namespace, model: UsageModel) -> tuple[ReplayInputs, dict[str, object], str]:
+    """Every knob over every burst source; the SVG where asked. Returns the first source's inputs for the context."""
+    sources = args.frontier_azure or [DEFAULT_TRACES / name for name in FRONTIER_SOURCES]
+    traces = {_source_label(path): _load(args, model, path) for path in sources}
+    points = frontier(traces)
+    if args.svg:
+        args.svg.write_text(frontier_svg(points), encoding="utf-8")
+    return next(iter(traces.values())), {"frontier": [p.to_dict() for p in points]}, format_frontier(points)
+
+
+def _compare(args: argparse.Namespace, inputs: ReplayInputs) -> tuple[dict[str, object], str]:
+    comparison = compare_policies(
+        inputs, headroom=args.headroom, lag_steps=args.lag_steps, predictor=args.predictor, usd_per_gpu_hour=args.rate
+    )
+    payload = comparison.to_dict()
+    text = format_comparison(comparison)
+    if args.per_model:
+        priced = compare_per_model(inputs, headroom=args.headroom, lag_steps=args.lag_steps, predictor=args.predictor)
+        payload["per_model"] = priced.to_dict()
+        text += "\n\nPer GPU model of the fleet (each its own pool, priced at its rate):\n\n"
+        text += format_per_model(priced)
+    return payload, text
+
+
+def _one(args: argparse.Namespace, inputs: ReplayInputs) -> tuple[dict[str, object], str]:
+    config = ReplayConfig(
+        policy=args.policy,
+        headroom=args.headroom,
+        lag_steps=args.lag_steps,
+        predictor=args.predictor,
+        usd_per_gpu_hour=args.rate,
+    )
+    payload = run_policy(inputs, config).to_dict()
+    return payload, "\n".join(f"{key}: {value}" for key, value in payload.items())
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
     if args.per_model and not args.compare:
         parser.error("--per-model needs --compare")
+    if (args.svg or args.frontier_azure) and not args.frontier:
+        parser.error("--svg and --frontier-azure need --frontier")
     started = time.perf_counter()  # the reported run time; results never depend on it
     try:
         model = UsageModel(step_s=args.step_seconds, seed=args.seed)
-        inputs = load_inputs(
-            pods_path=args.pods,
-            nodes_path=args.nodes,
-            azure_path=args.azure,
-            model=model,
-            snapshot_s=args.snapshot_hours * 3_600,
-        )
-        if args.sensitivity:
-            rows = sensitivity(inputs)
-            payload: dict[str, object] = {
-                "sensitivity": [
-                    {
-                        "policy": row.config.policy,
-                        "predictor": row.config.predictor,
-                        "headroom": row.config.headroom,
-                        "lag_steps": row.config.lag_steps,
-                        "cost_change_vs_static_whole": row.cost_change_vs_static_whole,
-                        "cost_change_vs_static_request": row.cost_change_vs_static_request,
-                        "result": row.result.to_dict(),
-                    }
-                    for row in rows
-                ]
-            }
-            text = format_sensitivity(rows)
-        elif args.compare:
-            comparison = compare_policies(
-                inputs,
-                headroom=args.headroom,
-                lag_steps=args.lag_steps,
-                predictor=args.predictor,
-                usd_per_gpu_hour=args.rate,
-            )
-            payload = comparison.to_dict()
-            text = format_comparison(comparison)
-            if args.per_model:
-                priced = compare_per_model(
-                    inputs, headroom=args.headroom, lag_steps=args.lag_steps, predictor=args.predictor
-                )
-                payload["per_model"] = priced.to_dict()
-                text += "\n\nPer GPU model of the fleet (each its own pool, priced at its rate):\n\n"
-                text += format_per_model(priced)
+        if args.frontier:
+            inputs, payload, text = _frontier(args, model)
         else:
-            result = run_policy(
-                inputs,
-                ReplayConfig(
-                    policy=args.policy,
-                    headroom=args.headroom,
-                    lag_steps=args.lag_steps,
-                    predictor=args.predictor,
-                    usd_per_gpu_hour=args.rate,
-                ),
-            )
-            payload = result.to_dict()
-            text = "\n".join(f"{key}: {value}" for key, value in payload.items())
+            inputs = _load(args, model, args.azure)
+            payload, text = _compare(args, inputs) if args.compare else _one(args, inputs)
     except (OSError, TraceError, ValueError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2

@@ -22,7 +22,7 @@ import numpy as np
 import numpy.typing as npt
 
 from allocator.policy import RESOURCES, MarginConfig, MarginPolicy, block_reservations
-from allocator.replay._usage import BurstSignals, PodUsage, UsageModel
+from allocator.replay._usage import BurstSignals, Driver, PodUsage, UsageModel
 from allocator.risk import MissTarget
 
 __all__ = ["AgentRows", "admission_prior", "agent_rows", "capped_outcomes", "row_outcomes", "row_reservations", "row_use"]
@@ -66,7 +66,7 @@ def row_use(usage: PodUsage, model: UsageModel, signals: BurstSignals, rows: Int
 def _windows(signals: BurstSignals, step_s: int) -> FloatArray:
     """(driver, window start, second of the window): each signal's ``step_s`` seconds from every start."""
     index = (np.arange(signals.length_s)[:, None] + np.arange(step_s)[None, :]) % signals.length_s
-    drivers = ("requests", "tokens", "none")
+    drivers: tuple[Driver, ...] = ("requests", "tokens", "none")
     result: FloatArray = np.stack([signals.per_second(d)[index] for d in drivers])
     return result
 
@@ -91,7 +91,8 @@ def admission_prior(usage: PodUsage, model: UsageModel, margin: MarginConfig) ->
 
 
 def _request(usage: PodUsage, model: UsageModel) -> FloatArray:
-    return usage.share[:, None] * np.array([model.card_memory_mb, float(model.card_sm_count)])[None, :]
+    result: FloatArray = usage.share[:, None] * np.array([model.card_memory_mb, float(model.card_sm_count)])[None, :]
+    return result
 
 
 def row_outcomes(use: FloatArray, reserved: FloatArray) -> tuple[FloatArray, FloatArray, FloatArray, FloatArray]:

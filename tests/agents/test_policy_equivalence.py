@@ -24,7 +24,7 @@ from agents.loop import Agent, AgentConfig
 from agents.prediction import MarginPredictor
 from agents.spool import Spool
 from allocator.policy import MarginConfig
-from allocator.replay import AzureRequests, GpuPod, UsageModel, build_burst_signals, build_pod_usage
+from allocator.replay import AzureRequests, BurstSignals, GpuPod, UsageModel, build_burst_signals, build_pod_usage
 from allocator.replay._agent import agent_rows, row_reservations
 from allocator.risk import MissTarget
 
@@ -36,7 +36,7 @@ TARGET = MissTarget(memory=0.02, sm=0.05)
 MARGIN = MarginConfig(prior_margin=0.1, min_margin=0.0, step=0.2)
 
 
-def _signals():  # type: ignore[no-untyped-def]
+def _signals() -> BurstSignals:
     rng = np.random.default_rng(3)
     arrival = np.sort(rng.uniform(0.0, 900.0, 3_000))
     arrival -= arrival[0]

@@ -21,6 +21,7 @@ from hypothesis import strategies as st
 from allocator.predict import make_predictor
 from allocator.replay import (
     COMPARED,
+    FRONTIER_KNOBS,
     GPU_RATES,
     MIG_PROFILES,
     AzureRequests,
@@ -40,6 +41,7 @@ from allocator.replay import (
     build_pod_usage,
     compare_per_model,
     dynamic_grants,
+    frontier,
     read_pod_trace,
     replay,
     select_profile,
@@ -193,6 +195,26 @@ def test_dynamic_keeps_a_pods_shards_on_distinct_cards() -> None:
     assert peak == 4
     for step in np.unique(grants.global_step):
         assert sorted(grants.slots[grants.global_step == step]) == [0, 1, 2, 3]
+
+
+def test_the_rebalance_planner_empties_a_card_the_departures_left_nearly_idle() -> None:
+    # Two cards fill up (each pod reserves over half a card's SMs at admission); then all but one
+    # pod on each card leave. Without a rebalance both cards stay busy to the end; the hourly plan
+    # (the service's planner, at the service's schedule) moves one pod over and frees a card.
+    pods = [GpuPod(f"a{i}", num_gpu=1, gpu_milli=1_000, start_s=0, end_s=600) for i in range(8)]
+    pods += [GpuPod(f"stay{i}", num_gpu=1, gpu_milli=250, start_s=0, end_s=4 * 3_600) for i in range(2)]
+    usage = build_pod_usage(pods, MODEL, SIGNALS)
+    never = replay(usage, MODEL, SIGNALS, ReplayConfig(policy="dynamic-current-use", rebalance_every_s=None))
+    hourly = replay(usage, MODEL, SIGNALS, ReplayConfig(policy="dynamic-current-use"))
+    assert never.shards_moved == 0
+    assert never.gpus_peak == hourly.gpus_peak >= 2
+    assert hourly.shards_moved >= 1
+    assert hourly.rebalance_plans >= 1
+    assert hourly.gpu_hours < never.gpu_hours
+    # After the move the two remaining pods share one card: each later step's grants sit on one slot.
+    grants, _, _ = dynamic_grants(usage, MODEL, ReplayConfig(policy="dynamic-current-use"))
+    late = grants.global_step >= 2 * 60
+    assert np.unique(grants.slots[late]).size == 1
 
 
 pod_strategy = st.builds(
@@ -355,6 +377,34 @@ def test_cli_replays_a_snapshot_for_the_hours_asked(tmp_path: Path, capsys: pyte
     assert out["gpu_hours"] == pytest.approx(1.0)  # two whole cards for half an hour
     with pytest.raises(SystemExit):
         main([*args, "--policy", "static-whole", "--snapshot-hours", "0"])
+
+
+def test_cli_frontier_sweeps_every_knob_on_every_burst_source_and_draws_them(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pods, nodes, azure = _write_traces(tmp_path)
+    other = tmp_path / "AzureLLMInferenceTrace_other.csv"
+    other.write_text(azure.read_text(encoding="utf-8"), encoding="utf-8")
+    svg = tmp_path / "frontier.svg"
+    few = tuple(k for k in FRONTIER_KNOBS if k.policy != "dynamic-predicted")[::2] + tuple(
+        k for k in FRONTIER_KNOBS if k.shipped
+    )
+    monkeypatch.setattr("allocator.replay.__main__.frontier", lambda traces: frontier(traces, few))
+    args = ["--pods", str(pods), "--nodes", str(nodes), "--frontier", "--json", "--svg", str(svg)]
+    assert main([*args, "--frontier-azure", str(azure), "--frontier-azure", str(other)]) == 0
+    points = json.loads(capsys.readouterr().out)["frontier"]
+    assert {p["trace"] for p in points} == {azure.stem, "other"}
+    assert len(points) == 2 * len(few)
+    assert sum(p["shipped"] for p in points) == 2  # the shipped default, once per burst source
+    for p in points:
+        assert -1.0 <= p["cost_change_vs_static_whole"] <= 0.0
+        assert 0.0 <= p["slo_miss_share"] <= 1.0
+    drawn = svg.read_text(encoding="utf-8")
+    assert drawn.startswith("<svg")
+    assert drawn.count("<polyline") == 2 * len({k.policy for k in few})
+    assert drawn.count('r="8"') == 2 + 1  # a ring per shipped point, and the legend's
+    with pytest.raises(SystemExit):
+        main(["--pods", str(pods), "--nodes", str(nodes), "--compare", "--svg", str(svg)])
 
 
 REQUIRED_KEYS = {
