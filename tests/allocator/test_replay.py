@@ -448,10 +448,6 @@ def test_cli_prints_json_with_every_metric(tmp_path: Path, capsys: pytest.Captur
     priced = json.loads(capsys.readouterr().out)["per_model"]
     pool_costs = [Decimal(pool["cost_usd"]["static-whole"]) for pool in priced["pools"].values()]
     assert Decimal(priced["total_cost_usd"]["static-whole"]) == sum(pool_costs, Decimal("0"))
-    assert main([*args, "--sensitivity"]) == 0
-    rows = json.loads(capsys.readouterr().out)["sensitivity"]
-    assert len(rows) == 3 * 3 * 3  # current use, predicted (default, raw); headroom × lag
-    assert {(r["headroom"], r["lag_steps"]) for r in rows} == {(h, g) for h in (0.0, 0.2, 0.5) for g in (0, 1, 5)}
 
 
 def test_cli_reports_a_bad_file_without_a_traceback(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
