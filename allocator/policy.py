@@ -8,7 +8,8 @@ a workload fed the same seconds gets the same reservations (a test holds them to
 The rule, per workload and resource (memory, SMs), in the workload's own seconds:
 
 - the reservation decided after reading second ``s`` is ``min(cap, peak × factor)``, where
-  ``peak`` is the largest use read over the last ``block_s`` seconds (``s`` included) and
+  ``peak`` is the largest use read over the last ``window_blocks × block_s`` seconds (``s``
+  included: the peak window) and
   ``factor = 1 + margin``; it is in force until the next reading and is checked against the
   use of second ``s + 1`` (a reading tells what was used since the one before it);
 - a **miss** is a second whose use exceeds the reservation in force for it;
@@ -45,13 +46,18 @@ BoolArray = npt.NDArray[np.bool_]
 
 RESOURCES = ("memory", "sm")  # the last axis of every (workload, resource) array, in this order
 _LEVELS_PER_STEP = 1_000_000  # integer levels per ``step`` of ln(factor): fine enough for any target
+_NEVER = -(2**62)  # the second of a ring position never read: outside every window
 
 
 @dataclass(frozen=True, slots=True)
 class MarginConfig:
     """The knobs of the rule; the defaults are the shipped ones (docs/prediction.md argues them)."""
 
-    block_s: int = 60  # peak window and calibration block, seconds of the workload's readings
+    block_s: int = 60  # calibration block, seconds of the workload's readings
+    # The peak window, in blocks: a reservation covers the largest use of the last 3 minutes, so a
+    # workload whose requests pause for a minute or two is not caught by its next burst (the Azure
+    # code trace has such pauses; docs/replay.md, the frontier).
+    window_blocks: int = 3
     prior_margin: float = 1.0  # margin of a new workload: peak x 2
     min_margin: float = 0.05  # the narrowest a calm workload gets
     max_margin: float = 3.0  # the widest a bursty one gets (peak x 4)
@@ -63,6 +69,8 @@ class MarginConfig:
     def __post_init__(self) -> None:
         if not 1 <= self.block_s <= 3_600:
             raise ValueError(f"block_s must be in 1..3600, got {self.block_s!r}")
+        if not 1 <= self.window_blocks <= 60:
+            raise ValueError(f"window_blocks must be in 1..60, got {self.window_blocks!r}")
         for name, value in (("min_margin", self.min_margin), ("step", self.step)):
             if not (math.isfinite(value) and value >= 0):
                 raise ValueError(f"{name} must be finite and >= 0, got {value!r}")
@@ -72,6 +80,11 @@ class MarginConfig:
             raise ValueError("margins must satisfy min_margin <= prior_margin <= max_margin (finite)")
         if self.max_misses_per_block < 1:
             raise ValueError(f"max_misses_per_block must be >= 1, got {self.max_misses_per_block!r}")
+
+    @property
+    def window_s(self) -> int:
+        """The peak window in seconds."""
+        return self.block_s * self.window_blocks
 
     def _level(self, margin: float) -> int:
         return round(math.log((1.0 + margin) / (1.0 + self.min_margin)) / self.step * _LEVELS_PER_STEP)
@@ -123,31 +136,45 @@ def block_reservations(
     """Reservations in force for each second of ``k`` consecutive blocks, shape (n, k, resources, block_s).
 
     Seconds are the last axis, so every running maximum below walks contiguous memory.
-    ``previous`` (n, resources, block_s) is the block before the first (NaN where the workload
-    had no such second), ``use`` (n, k, resources, block_s) the blocks, ``factors`` (n, k,
-    resources) the factor of each block. Second 0 of the first block has ``first``, decided
-    before (NaN: none, the workload's first second); second 0 of a later block was decided after
-    reading the block before it: that block's peak times that block's factor. Second ``i > 0``
-    was decided after reading second ``i - 1``: the peak of the ``block_s`` seconds up to it (the
-    block before from ``i`` on and this block before ``i``: one suffix and one prefix maximum)
-    times the block's factor. Every reservation is capped at ``cap``.
+    ``previous`` (n, w, resources, block_s) is the ``w`` blocks before the first, oldest first (the
+    peak window is ``w`` blocks; NaN where the workload had no such second), ``use`` (n, k,
+    resources, block_s) the blocks, ``factors`` (n, k, resources) the factor of each block.
+    Second 0 of the first block has ``first``, decided before (NaN: none, the workload's first
+    second). Any other second ``i`` of block ``j`` was decided after reading the second before it:
+    the peak of the window up to it times the factor in force then (block ``j``'s, or block
+    ``j - 1``'s for second 0). That window is block ``j - w`` from ``i`` on, the whole blocks
+    ``j - w + 1 .. j - 1``, and block ``j`` before ``i``: a suffix maximum, block maxima and a
+    prefix maximum. Every reservation is capped at ``cap``.
     """
-    b = use.shape[3]
-    suffix = np.maximum.accumulate(use[..., ::-1], axis=3)  # [..., m]: the block's seconds b-1-m .. b-1
+    n, k, _, b = use.shape
+    w = previous.shape[1]
+    # Suffix maxima of every block, the ``w`` before the first included: [..., m] is seconds b-1-m .. b-1.
+    suffix = np.maximum.accumulate(np.concatenate([previous, use], axis=1)[..., ::-1], axis=3)  # NaN stays NaN
+    whole = suffix[..., -1]  # (n, w + k, resources): each block's maximum
+    tail = suffix[:, :k]  # block j - w for each block j, as suffix maxima
+    middle = np.full((n, k, use.shape[2]), np.nan)
+    for d in range(1, w):  # the whole blocks j - w + 1 .. j - 1
+        middle = np.fmax(middle, whole[:, d : d + k])
     head = np.maximum.accumulate(use[..., :-1], axis=3)  # [..., i-1]: seconds 0 .. i-1
-    before = np.maximum.accumulate(previous[..., ::-1], axis=2)  # NaN stays NaN
-    # Second i >= 1 sees the block before from i on: suffix index b-1-i, for i = 1 .. b-1.
-    peak = np.empty_like(head)
-    np.fmax(suffix[:, :-1, :, b - 2 :: -1], head[:, 1:], out=peak[:, 1:])  # fmax: a missing second is ignored
-    np.fmax(before[:, :, b - 2 :: -1], head[:, 0], out=peak[:, 0])
+    peak = np.fmax(tail[..., b - 2 :: -1], middle[..., None])  # fmax: a missing second is ignored
+    np.fmax(peak, head, out=peak)
     limit = cap[:, None, :, None]
     result: FloatArray = np.empty_like(use)
     np.multiply(peak, factors[:, :, :, None], out=result[..., 1:])
     np.minimum(result[..., 1:], limit, out=result[..., 1:])
     result[:, 0, :, 0] = first
-    if use.shape[1] > 1:
-        result[:, 1:, :, 0] = np.minimum(cap[:, None, :], suffix[:, :-1, :, -1] * factors[:, :-1])
+    if k > 1:
+        # Second 0 of block j: the whole window before it, blocks j - w .. j - 1, at block j - 1's factor.
+        result[:, 1:, :, 0] = np.minimum(cap[:, None, :], np.fmax(whole[:, 1:k], middle[:, 1:]) * factors[:, :-1])
     return result
+
+
+def _ring_of(blocks: npt.NDArray[np.generic], position: IntArray) -> npt.NDArray[np.generic]:
+    """(n, w, resources, b) blocks put at ``position`` (n, w) of a (n, resources, w × b) ring."""
+    n, w, r, b = blocks.shape
+    ring = np.empty((n, r, w, b), dtype=blocks.dtype)
+    ring[np.arange(n)[:, None], :, position] = blocks
+    return ring.reshape(n, r, w * b)
 
 
 @dataclass(frozen=True, slots=True)
@@ -177,7 +204,7 @@ class MarginPolicy:
 
     def _allocate(self, size: int) -> None:
         old = self._size
-        b, r = self.config.block_s, len(RESOURCES)
+        b, r = self.config.window_s, len(RESOURCES)
 
         def grow(array: npt.NDArray[np.generic] | None, shape: tuple[int, ...], fill: object) -> npt.NDArray[np.generic]:
             new = np.full(shape, fill, dtype=np.float64 if isinstance(fill, float) else np.int64)
@@ -194,9 +221,10 @@ class MarginPolicy:
         self._decay: IntArray = grow(None if first else self._decay, (size, r), 1)  # type: ignore[assignment]
         self._misses: IntArray = grow(None if first else self._misses, (size, r), 0)  # type: ignore[assignment]
         self._missed_now: IntArray = grow(None if first else self._missed_now, (size, r), 0)  # type: ignore[assignment]
-        # Use of the workload's seconds, at (second - start) % block_s (seconds last); NaN: not read.
+        # Use of the workload's seconds in the peak window, at (second - start) % window_s (seconds
+        # last); NaN: not read.
         self._ring: FloatArray = grow(None if first else self._ring, (size, r, b), math.nan)  # type: ignore[assignment]
-        self._ring_s: IntArray = grow(None if first else self._ring_s, (size, b), -1)  # type: ignore[assignment]
+        self._ring_s: IntArray = grow(None if first else self._ring_s, (size, b), _NEVER)  # type: ignore[assignment]
         self._in_force: FloatArray = grow(None if first else self._in_force, (size, r), math.nan)  # type: ignore[assignment]
         self._next: FloatArray = grow(None if first else self._next, (size, r), math.nan)  # type: ignore[assignment]
         self._free.extend(range(size - 1, old - 1, -1))
@@ -215,7 +243,7 @@ class MarginPolicy:
         self._misses[slot] = 0
         self._missed_now[slot] = 0
         self._ring[slot] = math.nan
-        self._ring_s[slot] = -1
+        self._ring_s[slot] = _NEVER
         self._in_force[slot] = math.nan
         self._next[slot] = math.nan
         return slot
@@ -260,7 +288,7 @@ class MarginPolicy:
         A second read twice (two ticks in one second) counts its larger reading; a miss is
         counted once per second and resource.
         """
-        b = self.config.block_s
+        b, window = self.config.block_s, self.config.window_s
         last = self._last[slots]
         if np.any(second < last):
             raise ValueError("readings must not go back in time")
@@ -273,17 +301,17 @@ class MarginPolicy:
                 self._close(new[closing], passed[closing])
             self._in_force[new] = self._next[new]
             self._missed_now[new] = 0
-            at = local % b
+            at = local % window
             self._ring[new, :, at] = math.nan
             self._ring_s[new, at] = second
             self._last[new] = second
-        at = (second - self._start[slots]) % b
+        at = (second - self._start[slots]) % window
         value = np.fmax(self._ring[slots, :, at], use)
         self._ring[slots, :, at] = value
         over = (value > self._in_force[slots]) & (self._missed_now[slots] == 0)  # NaN: none in force
         self._misses[slots] += over
         self._missed_now[slots] |= over
-        fresh = self._ring_s[slots] > second - b
+        fresh = self._ring_s[slots] > second - window
         peak = np.max(np.where(fresh[:, None, :], self._ring[slots], -math.inf), axis=2)
         reserved: FloatArray = np.minimum(cap, peak * self._factor[slots])
         self._next[slots] = reserved
@@ -300,7 +328,7 @@ class MarginPolicy:
         with a miss (and at most ``valid``): those were decided exactly; the caller feeds the rest
         again. Without misses, a call takes in all ``k``.
         """
-        config, b = self.config, self.config.block_s
+        config, b, w = self.config, self.config.block_s, self.config.window_blocks
         n, k = use.shape[0], use.shape[1]
         local = self._last[slots] + 1 - self._start[slots]
         if np.any(local % b) or use.shape[2:] != (len(RESOURCES), b):
@@ -310,7 +338,10 @@ class MarginPolicy:
         level = np.where(started, config.next_levels(self._level[slots], self._misses[slots], decay), self._level[slots])
         levels = np.clip(level[:, None, :] - decay[:, None, :] * np.arange(k)[None, :, None], 0, config.max_level)
         factors = config.factors(levels)
-        previous = np.where(started[:, :, None], self._ring[slots], math.nan)
+        # The ring holds block q of the workload at position q % w: the w blocks before, oldest first.
+        order = (local[:, None] // b - w + np.arange(w)[None, :]) % w
+        ring = self._ring[slots].reshape(n, len(RESOURCES), w, b).transpose(0, 2, 1, 3)
+        previous = np.where(started[:, :, None, None], ring[np.arange(n)[:, None], order], math.nan)
         reservations = block_reservations(previous, use, self._next[slots], factors, cap)
         missed: BoolArray = use > reservations  # NaN (no reservation yet) is never a miss
         block_missed = np.any(missed, axis=(2, 3))
@@ -322,11 +353,17 @@ class MarginPolicy:
         self._factor[slots] = factors[each, at]
         self._misses[slots] = missed[each, at].sum(axis=2)
         self._missed_now[slots] = missed[each, at, :, -1]
-        self._ring[slots] = use[each, at]
+        # The w blocks up to the last one taken in (of ``previous`` then ``use``), back at their positions.
+        blocks = np.concatenate([previous, use], axis=1)[each[:, None], at[:, None] + 1 + np.arange(w)[None, :]]
+        index = (local // b + at)[:, None] - w + 1 + np.arange(w)[None, :]  # the blocks' numbers, oldest first
+        self._ring[slots] = _ring_of(blocks, index % w)
         self._block[slots] = local // b + at
         last = self._start[slots] + local + consumed * b - 1
-        self._ring_s[slots] = last[:, None] - np.arange(b - 1, -1, -1)[None, :]
+        seconds = last[:, None] - np.arange(w * b - 1, -1, -1)[None, :]  # the window's seconds, oldest first
+        seconds = np.where(np.repeat(index, b, axis=1) < 0, _NEVER, seconds)  # before the workload's first
+        self._ring_s[slots] = _ring_of(seconds.reshape(n, 1, w, b).transpose(0, 2, 1, 3), index % w)[:, 0]
         self._last[slots] = last
         self._in_force[slots] = reservations[each, at, :, -1]
-        self._next[slots] = np.minimum(cap, use[each, at].max(axis=2) * factors[each, at])
+        peak = np.fmax.reduce(np.fmax.reduce(blocks, axis=3), axis=1)  # the window's; NaN: a block not read
+        self._next[slots] = np.minimum(cap, peak * factors[each, at])
         return BlockOutcome(reservations=reservations, missed=missed, factors=factors, consumed=consumed)

@@ -156,20 +156,21 @@ def agent_rows(
 
 
 def row_reservations(
-    usage: PodUsage, model: UsageModel, signals: BurstSignals, agent: AgentRows, rows: IntArray
+    usage: PodUsage, model: UsageModel, signals: BurstSignals, agent: AgentRows, rows: IntArray, *, window_blocks: int
 ) -> tuple[FloatArray, FloatArray]:
     """Per-second use and the reservations in force of ``rows``, each (n, 2, step_s), from the policy's per-row state.
 
-    A row's reservations read the row before it too; each distinct row's use is built once (the
-    rows asked for are often runs of one pod, and a pod's shards share their rows).
+    A row's reservations read the ``window_blocks`` rows before it too; each distinct row's use is
+    built once (the rows asked for are often runs of one pod, and a pod's shards share their rows).
     """
     pod = np.searchsorted(usage.offset, rows, side="right") - 1
-    has_previous = rows > usage.offset[pod]
-    needed, inverse = np.unique(np.concatenate([rows, rows[has_previous] - 1]), return_inverse=True)
+    before = rows[:, None] - np.arange(window_blocks, 0, -1)[None, :]  # oldest first
+    has = before >= usage.offset[pod][:, None]
+    needed, inverse = np.unique(np.concatenate([rows, before[has]]), return_inverse=True)
     built = row_use(usage, model, signals, needed)
     use = built[inverse[: rows.size]]
-    previous = np.full_like(use, np.nan)
-    previous[has_previous] = built[inverse[rows.size :]]
+    previous = np.full((rows.size, window_blocks, *use.shape[1:]), np.nan)
+    previous[has] = built[inverse[rows.size :]]
     reserved = block_reservations(
         previous, use[:, None], agent.first[rows], agent.factor[rows][:, None], _request(usage, model)[pod]
     )[:, 0]
@@ -183,11 +184,13 @@ def capped_outcomes(  # noqa: PLR0917 - the replay's fair-share step passes its 
     agent: AgentRows,
     rows: IntArray,
     grant: FloatArray,
+    *,
+    window_blocks: int,
 ) -> tuple[FloatArray, FloatArray, FloatArray, FloatArray]:
     """``row_outcomes`` of ``rows`` whose reservations fair share cut to ``grant`` (n, 2) on a contended card."""
     parts = []
     for at in range(0, rows.size, _CALL_BLOCKS):  # bounded per-second arrays, as in agent_rows
-        use, reserved = row_reservations(usage, model, signals, agent, rows[at : at + _CALL_BLOCKS])
+        use, reserved = row_reservations(usage, model, signals, agent, rows[at : at + _CALL_BLOCKS], window_blocks=window_blocks)
         parts.append(row_outcomes(use, np.minimum(reserved, grant[at : at + _CALL_BLOCKS, :, None])))
     missed, short, served, reserved_mem = (np.concatenate([p[i] for p in parts]) for i in range(4))
     return missed, short, served, reserved_mem

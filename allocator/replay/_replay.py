@@ -77,8 +77,8 @@ POLICIES: tuple[Policy, ...] = get_args(Policy)
 DYNAMIC_POLICIES: frozenset[Policy] = frozenset({"dynamic-current-use", "dynamic-predicted", "agent-default"})
 
 SLICES_PER_CARD = 7
-# The service's rebalance (config/settings.py, billing/services/fleet/rebalance.py): a plan of at most
-# 10 moves every hour, each pod's demand its largest per-minute mean use over the last 24 hours.
+# The service's rebalance schedule (config/settings.py, billing/services/fleet/rebalance.py): a plan of at
+# most 10 moves every hour, each pod's demand its largest over the last 24 hours.
 REBALANCE_EVERY_S = 3_600.0
 REBALANCE_MAX_MOVES = 10
 REBALANCE_WINDOW_S = 24 * 3_600.0
@@ -408,10 +408,16 @@ def _rebalance_times(usage: PodUsage, every_s: float | None) -> list[float]:
     return [float(t) for t in np.arange(first, last, every_s, dtype=np.float64)]
 
 
-def _pool_at(usage: PodUsage, model: UsageModel, cards: _Cards, now_step: int, window_steps: int) -> Pool:
-    """The pool as the service's rebalance sees it (billing/services/fleet/rebalance.py): each busy card a
-    node of one GPU (the replay has no node layout), each shard a workload whose demand is its largest
-    per-minute mean use over the window before now, rounded up; multi-GPU pods are pinned."""
+def _pool_at(  # noqa: PLR0917 - a private helper whose one caller passes its loop's state in order
+    usage: PodUsage, model: UsageModel, cards: _Cards, now_step: int, window_steps: int, demand: _Demand
+) -> Pool:
+    """The pool the planner is given: each busy card a node of one GPU (the replay has no node layout),
+    each shard a workload whose demand is its largest reservation over the window before now, rounded
+    up, in the planner's units; multi-GPU pods are pinned, as the service pins them.
+
+    The service (billing/services/fleet/rebalance.py) gives the planner each pod's largest
+    per-minute mean *use*; a shard moved on that figure lands where its reservations, which follow
+    its per-second peaks, do not fit, and fair share then cuts them (docs/replay.md, the pool)."""
     nodes: list[PoolNode] = []
     workloads: list[PoolWorkload] = []
     sm_milli = SM_MILLI / float(model.card_sm_count)
@@ -421,9 +427,11 @@ def _pool_at(usage: PodUsage, model: UsageModel, cards: _Cards, now_step: int, w
         for pod in sorted(cards.members[slot]):
             first, offset = int(usage.first_step[pod]), int(usage.offset[pod])
             lo, hi = max(0, now_step - window_steps - first), min(int(usage.steps[pod]), now_step - first)
-            rows = slice(offset + lo, offset + max(lo, hi))  # a pod not metered yet has no demand, as in the service
-            memory = float(usage.mem_mean_mb[rows].max(initial=0.0))
-            sm = float(usage.sm_mean[rows].max(initial=0.0))
+            rows = slice(offset + lo, offset + max(lo, hi))  # before its first step ends: its admission reservation
+            if hi <= lo:
+                rows = slice(offset, offset + 1)
+            memory = float(demand.mem[rows].max(initial=0.0))
+            sm = float(demand.sm[rows].max(initial=0.0))
             movable = usage.pods[pod].num_gpu == 1
             workloads.append(
                 PoolWorkload(
@@ -438,8 +446,16 @@ def _pool_at(usage: PodUsage, model: UsageModel, cards: _Cards, now_step: int, w
     return Pool.build(nodes, workloads)
 
 
-def _place_dynamic(
-    usage: PodUsage, model: UsageModel, res_sm: FloatArray, res_mem: FloatArray, config: ReplayConfig
+@dataclass(frozen=True, slots=True)
+class _Demand:
+    """Per row of the usage: what the planner reads as the shard's demand (its reservations)."""
+
+    sm: FloatArray
+    mem: FloatArray
+
+
+def _place_dynamic(  # noqa: PLR0917 - the dynamic replays pass their arrays in order
+    usage: PodUsage, model: UsageModel, res_sm: FloatArray, res_mem: FloatArray, config: ReplayConfig, demand: _Demand
 ) -> _Placement:
     """Online best fit on reserved SM among cards where the reservation fits; at the service's schedule,
     the rebalance planner's moves (``allocator.rebalance``, as the service runs it) are applied."""
@@ -467,7 +483,7 @@ def _place_dynamic(
                 continue
             now = round(time / step)
             plan = plan_rebalance(
-                _pool_at(usage, model, cards, now, window_steps),
+                _pool_at(usage, model, cards, now, window_steps, demand),
                 max_moves=config.rebalance_max_moves,
                 price_per_gpu_hour=config.usd_per_gpu_hour,
             )
@@ -633,7 +649,7 @@ def _dynamic(usage: PodUsage, model: UsageModel, config: ReplayConfig) -> tuple[
     if config.policy not in DYNAMIC_POLICIES:
         raise ValueError(f"dynamic_grants needs a dynamic policy, got {config.policy!r}")
     res_sm, res_mem = _reservations(usage, model, config)
-    placement = _place_dynamic(usage, model, res_sm, res_mem, config)
+    placement = _place_dynamic(usage, model, res_sm, res_mem, config, _Demand(sm=res_sm, mem=res_mem))
     rows, slots = _shard_rows(usage, placement)
     return _grant_dynamic(usage, model, config, rows, slots, res_sm, res_mem), placement
 
@@ -763,7 +779,8 @@ def _replay_agent(usage: PodUsage, model: UsageModel, signals: BurstSignals, con
     seconds are counted again against the reservations cut to their share.
     """
     agent = agent_rows(usage, model, signals, margin=config.margin, target=config.miss_target)
-    placement = _place_dynamic(usage, model, agent.first[:, 1], agent.first[:, 0], config)
+    demand = _Demand(sm=agent.peak[:, 1], mem=agent.peak[:, 0])
+    placement = _place_dynamic(usage, model, agent.first[:, 1], agent.first[:, 0], config, demand)
     rows, slots = _shard_rows(usage, placement)
     cards = placement.cards
     grants = _grant_dynamic(usage, model, config, rows, slots, agent.peak[:, 1], agent.peak[:, 0])
@@ -772,7 +789,9 @@ def _replay_agent(usage: PodUsage, model: UsageModel, signals: BurstSignals, con
     cut = np.flatnonzero((grants.sm < agent.peak[rows, 1] - _EPS) | (grants.mem < agent.peak[rows, 0] - _EPS))
     if cut.size:
         grant = np.stack([grants.mem[cut], grants.sm[cut]], axis=1)
-        missed[cut], short[cut], served[cut], reserved[cut] = capped_outcomes(usage, model, signals, agent, rows[cut], grant)
+        missed[cut], short[cut], served[cut], reserved[cut] = capped_outcomes(
+            usage, model, signals, agent, rows[cut], grant, window_blocks=config.margin.window_blocks
+        )
     scale = usage.seconds[rows] / float(usage.step_s)  # the burst window is the step; the pod held part of it
     return _result(
         usage,

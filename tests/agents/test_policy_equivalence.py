@@ -91,7 +91,7 @@ def test_agent_loop_and_replay_grant_the_same_every_second(tmp_path: Path) -> No
             for i, milli in enumerate((250, 400, 300))]
     usage = build_pod_usage(pods, model, signals)
     agent = agent_rows(usage, model, signals, margin=MARGIN, target=TARGET)
-    use, reserved = row_reservations(usage, model, signals, agent, np.arange(usage.rows, dtype=np.int64))
+    use, reserved = row_reservations(usage, model, signals, agent, np.arange(usage.rows, dtype=np.int64), window_blocks=MARGIN.window_blocks)
     # (steps, resources, step_s) → one (second, resource) row per second
     per_pod_use = [use[usage.offset[i] : usage.offset[i] + STEPS].transpose(0, 2, 1).reshape(-1, 2) for i in range(len(pods))]
     per_pod_reserved = [
