@@ -9,7 +9,8 @@ plain Python per workload, the block path in arrays over workloads and seconds.
 The rule, per workload and resource (memory, SMs), in the workload's own seconds:
 
 - the reservation decided after reading second ``s`` is ``min(cap, peak × factor)``, where
-  ``peak`` is the largest use read over the last ``block_s`` seconds (``s`` included) and
+  ``peak`` is the largest use read over the last ``window_blocks × block_s`` seconds (``s``
+  included: the peak window) and
   ``factor = 1 + margin``; it is in force until the next reading and is checked against the
   use of second ``s + 1`` (a reading tells what was used since the one before it);
 - a **miss** is a second whose use exceeds the reservation in force for it;
@@ -50,13 +51,18 @@ BoolArray = npt.NDArray[np.bool_]
 RESOURCES = ("memory", "sm")  # the last axis of every (workload, resource) array, in this order
 _MAX = sys.float_info.max  # 0 <= x <= _MAX: finite and >= 0 in one comparison
 _LEVELS_PER_STEP = 1_000_000  # integer levels per ``step`` of ln(factor): fine enough for any target
+_NEVER = -(2**62)  # the second of a ring position never read: outside every window
 
 
 @dataclass(frozen=True, slots=True)
 class MarginConfig:
     """The knobs of the rule; the defaults are the shipped ones (docs/prediction.md argues them)."""
 
-    block_s: int = 60  # peak window and calibration block, seconds of the workload's readings
+    block_s: int = 60  # calibration block, seconds of the workload's readings
+    # The peak window, in blocks: a reservation covers the largest use of the last 3 minutes, so a
+    # workload whose requests pause for a minute or two is not caught by its next burst (the Azure
+    # code trace has such pauses; docs/replay.md, the frontier).
+    window_blocks: int = 3
     prior_margin: float = 1.0  # margin of a new workload: peak x 2
     min_margin: float = 0.05  # the narrowest a calm workload gets
     max_margin: float = 3.0  # the widest a bursty one gets (peak x 4)
@@ -68,6 +74,8 @@ class MarginConfig:
     def __post_init__(self) -> None:
         if not 1 <= self.block_s <= 3_600:
             raise ValueError(f"block_s must be in 1..3600, got {self.block_s!r}")
+        if not 1 <= self.window_blocks <= 60:
+            raise ValueError(f"window_blocks must be in 1..60, got {self.window_blocks!r}")
         for name, value in (("min_margin", self.min_margin), ("step", self.step)):
             if not (math.isfinite(value) and value >= 0):
                 raise ValueError(f"{name} must be finite and >= 0, got {value!r}")
@@ -77,6 +85,11 @@ class MarginConfig:
             raise ValueError("margins must satisfy min_margin <= prior_margin <= max_margin (finite)")
         if self.max_misses_per_block < 1:
             raise ValueError(f"max_misses_per_block must be >= 1, got {self.max_misses_per_block!r}")
+
+    @property
+    def window_s(self) -> int:
+        """The peak window in seconds."""
+        return self.block_s * self.window_blocks
 
     def _level(self, margin: float) -> int:
         return round(math.log((1.0 + margin) / (1.0 + self.min_margin)) / self.step * _LEVELS_PER_STEP)
@@ -133,36 +146,56 @@ DEFAULT_MARGIN_CONFIG = MarginConfig()
 def block_reservations(
     previous: FloatArray, use: FloatArray, first: FloatArray, factors: FloatArray, cap: FloatArray
 ) -> FloatArray:
-    """Reservations in force for each second of ``k`` consecutive blocks, shape (n, k, block_s, resources).
+    """Reservations in force for each second of ``k`` consecutive blocks, shape (n, k, resources, block_s).
 
-    ``previous`` (n, block_s, resources) is the block before the first (NaN where the workload had
-    no such second), ``use`` (n, k, block_s, resources) the blocks, ``factors`` (n, k, resources)
-    the factor of each block. Second 0 of the first block has ``first``, decided before (NaN:
-    none, the workload's first second); second 0 of a later block was decided after reading the
-    block before it: that block's peak times that block's factor. Second ``i > 0`` was decided
-    after reading second ``i - 1``: the peak of the ``block_s`` seconds up to it (the block before
-    from ``i`` on and this block before ``i``: one suffix and one prefix maximum) times the
-    block's factor. Every reservation is capped at ``cap``.
+    Seconds are the last axis, so every running maximum below walks contiguous memory.
+    ``previous`` (n, w, resources, block_s) is the ``w`` blocks before the first, oldest first (the
+    peak window is ``w`` blocks; NaN where the workload had no such second), ``use`` (n, k,
+    resources, block_s) the blocks, ``factors`` (n, k, resources) the factor of each block.
+    Second 0 of the first block has ``first``, decided before (NaN: none, the workload's first
+    second). Any other second ``i`` of block ``j`` was decided after reading the second before it:
+    the peak of the window up to it times the factor in force then (block ``j``'s, or block
+    ``j - 1``'s for second 0). That window is block ``j - w`` from ``i`` on, the whole blocks
+    ``j - w + 1 .. j - 1``, and block ``j`` before ``i``: a suffix maximum, block maxima and a
+    prefix maximum. Every reservation is capped at ``cap``.
     """
-    blocks = np.concatenate([previous[:, None], use[:, :-1]], axis=1)  # the block before each block
-    tail = np.maximum.accumulate(blocks[:, :, :0:-1], axis=2)[:, :, ::-1]  # seconds i..end, i >= 1; NaN stays
-    head = np.maximum.accumulate(use[:, :, :-1], axis=2)  # seconds 0..i-1
-    peak = np.fmax(tail, head)  # fmax: a second the workload did not have is ignored
-    limit = cap[:, None, None, :]
+    n, k, _, b = use.shape
+    w = previous.shape[1]
+    # Suffix maxima of every block, the ``w`` before the first included: [..., m] is seconds b-1-m .. b-1.
+    suffix = np.maximum.accumulate(np.concatenate([previous, use], axis=1)[..., ::-1], axis=3)  # NaN stays NaN
+    whole = suffix[..., -1]  # (n, w + k, resources): each block's maximum
+    tail = suffix[:, :k]  # block j - w for each block j, as suffix maxima
+    middle = np.full((n, k, use.shape[2]), np.nan)
+    for d in range(1, w):  # the whole blocks j - w + 1 .. j - 1
+        middle = np.fmax(middle, whole[:, d : d + k])
+    head = np.maximum.accumulate(use[..., :-1], axis=3)  # [..., i-1]: seconds 0 .. i-1
+    peak = np.fmax(tail[..., b - 2 :: -1], middle[..., None])  # fmax: a missing second is ignored
+    np.fmax(peak, head, out=peak)
+    limit = cap[:, None, :, None]
     result: FloatArray = np.empty_like(use)
-    result[:, :, 1:] = np.minimum(limit, peak * factors[:, :, None, :])
-    result[:, 0, 0] = first
-    if use.shape[1] > 1:
-        result[:, 1:, 0] = np.minimum(limit[:, :, 0], use[:, :-1].max(axis=2) * factors[:, :-1])
+    np.multiply(peak, factors[:, :, :, None], out=result[..., 1:])
+    np.minimum(result[..., 1:], limit, out=result[..., 1:])
+    result[:, 0, :, 0] = first
+    if k > 1:
+        # Second 0 of block j: the whole window before it, blocks j - w .. j - 1, at block j - 1's factor.
+        result[:, 1:, :, 0] = np.minimum(cap[:, None, :], np.fmax(whole[:, 1:k], middle[:, 1:]) * factors[:, :-1])
     return result
+
+
+def _ring_of(blocks: npt.NDArray[np.generic], position: IntArray) -> npt.NDArray[np.generic]:
+    """(n, w, resources, b) blocks put at ``position`` (n, w) of a (n, resources, w × b) ring."""
+    n, w, r, b = blocks.shape
+    ring = np.empty((n, r, w, b), dtype=blocks.dtype)
+    ring[np.arange(n)[:, None], :, position] = blocks
+    return ring.reshape(n, r, w * b)
 
 
 @dataclass(frozen=True, slots=True)
 class BlockOutcome:
     """What :meth:`MarginPolicy.observe_blocks` decided; only each slot's first ``consumed`` blocks count."""
 
-    reservations: FloatArray  # (n, k, block_s, resources): in force for each second; NaN: none yet
-    missed: BoolArray  # (n, k, block_s, resources): use above the reservation in force
+    reservations: FloatArray  # (n, k, resources, block_s): in force for each second; NaN: none yet
+    missed: BoolArray  # (n, k, resources, block_s): use above the reservation in force
     factors: FloatArray  # (n, k, resources): 1 + margin of each block's seconds after its first
     consumed: IntArray  # (n,): blocks taken in; the state now follows the last of them
 
@@ -177,7 +210,7 @@ class _TickResource:
         self.misses, self.missed = 0, False
         self.in_force = self.next = math.nan  # NaN: none decided yet, never a miss
         # (second, its use), use strictly decreasing: the front is the peak of the window. Each second
-        # enters once and leaves once, so the peak costs O(1) a reading instead of a scan of block_s.
+        # enters once and leaves once, so the peak costs O(1) a reading instead of a scan of the window.
         self.window: deque[tuple[int, float]] = deque()
 
     def close(self, config: MarginConfig, blocks: int) -> None:
@@ -190,7 +223,7 @@ class _TickResource:
         """A new second: the reservation decided after the last reading is now in force."""
         self.in_force, self.missed = self.next, False
 
-    def read(self, second: int, value: float, cap: float, block_s: int) -> float:
+    def read(self, second: int, value: float, cap: float, window_s: int) -> float:
         """A reading of ``second`` → the reservation from now on (conditionals, not min/max: hot path)."""
         window = self.window
         if window and window[-1][0] == second:  # read before in this second: the larger counts
@@ -202,7 +235,7 @@ class _TickResource:
         while window and window[-1][1] <= value:
             window.pop()
         window.append((second, value))
-        while window[0][0] <= second - block_s:
+        while window[0][0] <= second - window_s:
             window.popleft()
         reserved = window[0][1] * self.factor
         reserved = cap if reserved > cap else reserved
@@ -240,7 +273,7 @@ class MarginPolicy:
 
     def _allocate(self, size: int) -> None:
         old = self._size
-        b, r = self.config.block_s, len(RESOURCES)
+        b, r = self.config.window_s, len(RESOURCES)
 
         def grow(array: npt.NDArray[np.generic] | None, shape: tuple[int, ...], fill: object) -> npt.NDArray[np.generic]:
             new = np.full(shape, fill, dtype=np.float64 if isinstance(fill, float) else np.int64)
@@ -257,9 +290,10 @@ class MarginPolicy:
         self._decay: IntArray = grow(None if first else self._decay, (size, r), 1)  # type: ignore[assignment]
         self._misses: IntArray = grow(None if first else self._misses, (size, r), 0)  # type: ignore[assignment]
         self._missed_now: IntArray = grow(None if first else self._missed_now, (size, r), 0)  # type: ignore[assignment]
-        # Use of the workload's seconds, at (second - start) % block_s; NaN: not read.
-        self._ring: FloatArray = grow(None if first else self._ring, (size, b, r), math.nan)  # type: ignore[assignment]
-        self._ring_s: IntArray = grow(None if first else self._ring_s, (size, b), -1)  # type: ignore[assignment]
+        # Use of the workload's seconds in the peak window, at (second - start) % window_s (seconds
+        # last); NaN: not read.
+        self._ring: FloatArray = grow(None if first else self._ring, (size, r, b), math.nan)  # type: ignore[assignment]
+        self._ring_s: IntArray = grow(None if first else self._ring_s, (size, b), _NEVER)  # type: ignore[assignment]
         self._in_force: FloatArray = grow(None if first else self._in_force, (size, r), math.nan)  # type: ignore[assignment]
         self._next: FloatArray = grow(None if first else self._next, (size, r), math.nan)  # type: ignore[assignment]
         self._free.extend(range(size - 1, old - 1, -1))
@@ -278,7 +312,7 @@ class MarginPolicy:
         self._misses[slot] = 0
         self._missed_now[slot] = 0
         self._ring[slot] = math.nan
-        self._ring_s[slot] = -1
+        self._ring_s[slot] = _NEVER
         self._in_force[slot] = math.nan
         self._next[slot] = math.nan
         return slot
@@ -295,15 +329,24 @@ class MarginPolicy:
 
     def levels(self, slots: IntArray) -> IntArray:
         result: IntArray = self._level[slots].copy()
+        for row, tick in self._tick_rows(slots):
+            result[row] = (tick.memory.level, tick.sm.level)
         return result
 
     def factors(self, slots: IntArray) -> FloatArray:
         """1 + margin in force for each slot, per resource."""
         result: FloatArray = self._factor[slots].copy()
+        for row, tick in self._tick_rows(slots):
+            result[row] = (tick.memory.factor, tick.sm.factor)
         return result
 
+    def _tick_rows(self, slots: IntArray) -> list[tuple[int, _TickSlot]]:
+        """The slots the per-tick path feeds (their state is not in the arrays), by row."""
+        ticks = self._ticks
+        return [(row, ticks[slot]) for row, slot in enumerate(slots.tolist()) if slot in ticks]
+
     def margins(self, slots: IntArray) -> FloatArray:
-        result: FloatArray = self._factor[slots] - 1.0
+        result: FloatArray = self.factors(slots) - 1.0
         return result
 
     def observe(
@@ -321,7 +364,7 @@ class MarginPolicy:
         second) counts its larger reading; a miss is counted once per second and resource. Plain
         Python, not arrays: at a tick's few workloads numpy's cost per call (a microsecond or more,
         some forty calls) outweighed the arithmetic, and a running maximum replaces the scan of each
-        workload's last ``block_s`` seconds.
+        workload's peak window.
         """
         ticks = self._ticks
         states = [ticks.get(slot) or self._tick_state(slot) for slot in slots]
@@ -333,7 +376,7 @@ class MarginPolicy:
                     if second < state.last
                     else f"use must be finite and >= 0, got {(mem, sm)!r}"
                 )
-        b, config = self.config.block_s, self.config
+        b, window, config = self.config.block_s, self.config.window_s, self.config
         reserved: list[tuple[float, float]] = []
         for state, (mem, sm), (mem_cap, sm_cap), (mem_decay, sm_decay) in zip(states, use, cap, decays, strict=True):
             memory, compute = state.memory, state.sm
@@ -347,7 +390,7 @@ class MarginPolicy:
                 memory.begin()
                 compute.begin()
                 state.last = second
-            reserved.append((memory.read(second, mem, mem_cap, b), compute.read(second, sm, sm_cap, b)))
+            reserved.append((memory.read(second, mem, mem_cap, window), compute.read(second, sm, sm_cap, window)))
         return reserved
 
     def _tick_state(self, slot: int) -> _TickSlot:
@@ -365,7 +408,7 @@ class MarginPolicy:
     def observe_blocks(
         self, slots: IntArray, use: FloatArray, cap: FloatArray, valid: IntArray | None = None
     ) -> BlockOutcome:
-        """Up to ``k`` whole blocks of readings per slot, (n, k, block_s, resources), from a block boundary on.
+        """Up to ``k`` whole blocks of readings per slot, (n, k, resources, block_s), from a block boundary on.
 
         The same as feeding the seconds to :meth:`observe` one by one, in a few array operations.
         A block's margin depends on the misses of the block before, so the blocks are evaluated
@@ -373,19 +416,22 @@ class MarginPolicy:
         with a miss (and at most ``valid``): those were decided exactly; the caller feeds the rest
         again. Without misses, a call takes in all ``k``.
         """
-        config, b = self.config, self.config.block_s
+        config, b, w = self.config, self.config.block_s, self.config.window_blocks
         n, k = use.shape[0], use.shape[1]
         local = self._last[slots] + 1 - self._start[slots]
-        if np.any(local % b) or use.shape[2:] != (b, len(RESOURCES)):
-            raise ValueError("observe_blocks needs whole blocks of (block_s, resources) from a block boundary")
+        if np.any(local % b) or use.shape[2:] != (len(RESOURCES), b):
+            raise ValueError("observe_blocks needs whole blocks of (resources, block_s) from a block boundary")
         started = (local > 0)[:, None]
         decay = self._decay[slots]
         level = np.where(started, config.next_levels(self._level[slots], self._misses[slots], decay), self._level[slots])
         levels = np.clip(level[:, None, :] - decay[:, None, :] * np.arange(k)[None, :, None], 0, config.max_level)
         factors = config.factors(levels)
-        previous = np.where(started[:, :, None], self._ring[slots], math.nan)
+        # The ring holds block q of the workload at position q % w: the w blocks before, oldest first.
+        order = (local[:, None] // b - w + np.arange(w)[None, :]) % w
+        ring = self._ring[slots].reshape(n, len(RESOURCES), w, b).transpose(0, 2, 1, 3)
+        previous = np.where(started[:, :, None, None], ring[np.arange(n)[:, None], order], math.nan)
         reservations = block_reservations(previous, use, self._next[slots], factors, cap)
-        missed = use > reservations  # NaN (no reservation yet) is never a miss
+        missed: BoolArray = use > reservations  # NaN (no reservation yet) is never a miss
         block_missed = np.any(missed, axis=(2, 3))
         consumed = np.where(block_missed.any(axis=1), np.argmax(block_missed, axis=1) + 1, k)
         if valid is not None:
@@ -393,13 +439,19 @@ class MarginPolicy:
         at, each = consumed - 1, np.arange(n)
         self._level[slots] = levels[each, at]
         self._factor[slots] = factors[each, at]
-        self._misses[slots] = missed[each, at].sum(axis=1)
-        self._missed_now[slots] = missed[each, at, -1]
-        self._ring[slots] = use[each, at]
+        self._misses[slots] = missed[each, at].sum(axis=2)
+        self._missed_now[slots] = missed[each, at, :, -1]
+        # The w blocks up to the last one taken in (of ``previous`` then ``use``), back at their positions.
+        blocks = np.concatenate([previous, use], axis=1)[each[:, None], at[:, None] + 1 + np.arange(w)[None, :]]
+        index = (local // b + at)[:, None] - w + 1 + np.arange(w)[None, :]  # the blocks' numbers, oldest first
+        self._ring[slots] = _ring_of(blocks, index % w)
         self._block[slots] = local // b + at
         last = self._start[slots] + local + consumed * b - 1
-        self._ring_s[slots] = last[:, None] - np.arange(b - 1, -1, -1)[None, :]
+        seconds = last[:, None] - np.arange(w * b - 1, -1, -1)[None, :]  # the window's seconds, oldest first
+        seconds = np.where(np.repeat(index, b, axis=1) < 0, _NEVER, seconds)  # before the workload's first
+        self._ring_s[slots] = _ring_of(seconds.reshape(n, 1, w, b).transpose(0, 2, 1, 3), index % w)[:, 0]
         self._last[slots] = last
-        self._in_force[slots] = reservations[each, at, -1]
-        self._next[slots] = np.minimum(cap, use[each, at].max(axis=1) * factors[each, at])
+        self._in_force[slots] = reservations[each, at, :, -1]
+        peak = np.fmax.reduce(np.fmax.reduce(blocks, axis=3), axis=1)  # the window's; NaN: a block not read
+        self._next[slots] = np.minimum(cap, peak * factors[each, at])
         return BlockOutcome(reservations=reservations, missed=missed, factors=factors, consumed=consumed)

@@ -20,6 +20,7 @@ from allocator.replay._compare import (
     load_inputs,
     run_policy,
 )
+from allocator.replay._frontier import FRONTIER_KNOBS, FrontierPoint, Knob, format_frontier, frontier, frontier_svg
 from allocator.replay._predicted import PREDICTOR_CHOICES, PredictorChoice
 from allocator.replay._pricing import (
     DEFAULT_RATE,
@@ -78,6 +79,7 @@ __all__ = [
     "DEFAULT_RATE",
     "DEFAULT_TRACES",
     "DYNAMIC_POLICIES",
+    "FRONTIER_KNOBS",
     "GPU_RATES",
     "MIG_PROFILES",
     "POLICIES",
@@ -89,9 +91,11 @@ __all__ = [
     "Comparison",
     "DynamicGrants",
     "Fleet",
+    "FrontierPoint",
     "GpuPod",
     "GpuRate",
     "Invariants",
+    "Knob",
     "MigProfile",
     "ModelPool",
     "PodTrace",
@@ -113,7 +117,10 @@ __all__ = [
     "compare_policies",
     "dynamic_grants",
     "format_comparison",
+    "format_frontier",
     "format_per_model",
+    "frontier",
+    "frontier_svg",
     "load_inputs",
     "read_azure_requests",
     "read_fleet",

@@ -58,7 +58,7 @@ def _coefficients(usage: PodUsage, model: UsageModel) -> tuple[FloatArray, Float
 
 
 def row_use(usage: PodUsage, model: UsageModel, signals: BurstSignals, rows: IntArray) -> FloatArray:
-    """Per-second use of ``rows``, (n, step_s, 2): memory MB and SMs, as the usage model defines it."""
+    """Per-second use of ``rows``, (n, 2, step_s): memory MB and SMs, as the usage model defines it."""
     base, burst, driver = _coefficients(usage, model)
     return _use(usage, _windows(signals, usage.step_s), base, burst, driver, rows)
 
@@ -75,8 +75,9 @@ def _use(  # noqa: PLR0917 - a private helper whose callers pass the loop's prec
     usage: PodUsage, windows: FloatArray, base: FloatArray, burst: FloatArray, driver: IntArray, rows: IntArray
 ) -> FloatArray:
     pod = np.searchsorted(usage.offset, rows, side="right") - 1
-    x = windows[driver[pod], usage.window[rows][:, None]]  # (n, 2, step): one contiguous window per resource
-    use: FloatArray = base[pod][:, None, :] + burst[pod][:, None, :] * x.transpose(0, 2, 1)
+    use: FloatArray = windows[driver[pod], usage.window[rows][:, None]]  # (n, 2, step): one window per resource
+    use *= burst[pod][:, :, None]
+    use += base[pod][:, :, None]
     return use
 
 
@@ -95,12 +96,13 @@ def _request(usage: PodUsage, model: UsageModel) -> FloatArray:
 
 
 def row_outcomes(use: FloatArray, reserved: FloatArray) -> tuple[FloatArray, FloatArray, FloatArray, FloatArray]:
-    """Per row: seconds missed (memory, SM, either), amounts short, SM-seconds served, MB-seconds reserved."""
+    """Per row (use and reserved (n, 2, step_s)): seconds missed (memory, SM, either), amounts short,
+    SM-seconds served, MB-seconds reserved."""
     over = use > reserved
-    missed = np.concatenate([over.sum(axis=1), over.any(axis=2).sum(axis=1)[:, None]], axis=1).astype(np.float64)
-    short = np.where(over, use - reserved, 0.0).sum(axis=1)
-    served = np.minimum(use[:, :, 1], reserved[:, :, 1]).sum(axis=1)
-    return missed, short, served, reserved[:, :, 0].sum(axis=1)
+    missed = np.concatenate([over.sum(axis=2), over.any(axis=1).sum(axis=1)[:, None]], axis=1).astype(np.float64)
+    short = np.where(over, use - reserved, 0.0).sum(axis=2)
+    served = np.minimum(use[:, 1], reserved[:, 1]).sum(axis=1)
+    return missed, short, served, reserved[:, 0].sum(axis=1)
 
 
 def agent_rows(
@@ -138,14 +140,14 @@ def agent_rows(
             each = np.arange(k)[None, :]
             local = np.minimum(done[chunk, None] + each, usage.steps[chunk, None] - 1)
             rows = (usage.offset[chunk, None] + local).reshape(-1)
-            use = _use(usage, windows, base, burst, driver, rows).reshape(chunk.size, k, usage.step_s, resources)
+            use = _use(usage, windows, base, burst, driver, rows).reshape(chunk.size, k, resources, usage.step_s)
             outcome = policy.observe_blocks(slot[chunk], use, cap[chunk], valid=left[chunk])
             taken = each < outcome.consumed[:, None]
             res = outcome.reservations[taken]
             got = rows.reshape(chunk.size, k)[taken]
             fresh = np.isnan(res[:, 0, 0])  # a pod's first second: the admission prior
-            res[fresh, 0] = prior[chunk[np.nonzero(taken)[0][fresh]]]
-            first[got], peak[got], factor[got] = res[:, 0], res.max(axis=1), outcome.factors[taken]
+            res[fresh, :, 0] = prior[chunk[np.nonzero(taken)[0][fresh]]]
+            first[got], peak[got], factor[got] = res[:, :, 0], res.max(axis=2), outcome.factors[taken]
             missed[got], short[got], served[got], reserved_mem[got] = row_outcomes(use[taken], res)
             done[chunk] += outcome.consumed
     return AgentRows(
@@ -154,15 +156,21 @@ def agent_rows(
 
 
 def row_reservations(
-    usage: PodUsage, model: UsageModel, signals: BurstSignals, agent: AgentRows, rows: IntArray
+    usage: PodUsage, model: UsageModel, signals: BurstSignals, agent: AgentRows, rows: IntArray, *, window_blocks: int
 ) -> tuple[FloatArray, FloatArray]:
-    """Per-second use and the reservations in force of ``rows``, each (n, step_s, 2), from the policy's per-row state."""
-    use = row_use(usage, model, signals, rows)
+    """Per-second use and the reservations in force of ``rows``, each (n, 2, step_s), from the policy's per-row state.
+
+    A row's reservations read the ``window_blocks`` rows before it too; each distinct row's use is
+    built once (the rows asked for are often runs of one pod, and a pod's shards share their rows).
+    """
     pod = np.searchsorted(usage.offset, rows, side="right") - 1
-    has_previous = rows > usage.offset[pod]
-    previous = np.full_like(use, np.nan)
-    if has_previous.any():
-        previous[has_previous] = row_use(usage, model, signals, rows[has_previous] - 1)
+    before = rows[:, None] - np.arange(window_blocks, 0, -1)[None, :]  # oldest first
+    has = before >= usage.offset[pod][:, None]
+    needed, inverse = np.unique(np.concatenate([rows, before[has]]), return_inverse=True)
+    built = row_use(usage, model, signals, needed)
+    use = built[inverse[: rows.size]]
+    previous = np.full((rows.size, window_blocks, *use.shape[1:]), np.nan)
+    previous[has] = built[inverse[rows.size :]]
     reserved = block_reservations(
         previous, use[:, None], agent.first[rows], agent.factor[rows][:, None], _request(usage, model)[pod]
     )[:, 0]
@@ -176,7 +184,13 @@ def capped_outcomes(  # noqa: PLR0917 - the replay's fair-share step passes its 
     agent: AgentRows,
     rows: IntArray,
     grant: FloatArray,
+    *,
+    window_blocks: int,
 ) -> tuple[FloatArray, FloatArray, FloatArray, FloatArray]:
     """``row_outcomes`` of ``rows`` whose reservations fair share cut to ``grant`` (n, 2) on a contended card."""
-    use, reserved = row_reservations(usage, model, signals, agent, rows)
-    return row_outcomes(use, np.minimum(reserved, grant[:, None, :]))
+    parts = []
+    for at in range(0, rows.size, _CALL_BLOCKS):  # bounded per-second arrays, as in agent_rows
+        use, reserved = row_reservations(usage, model, signals, agent, rows[at : at + _CALL_BLOCKS], window_blocks=window_blocks)
+        parts.append(row_outcomes(use, np.minimum(reserved, grant[at : at + _CALL_BLOCKS, :, None])))
+    missed, short, served, reserved_mem = (np.concatenate([p[i] for p in parts]) for i in range(4))
+    return missed, short, served, reserved_mem

@@ -24,7 +24,7 @@ from agents.loop import Agent, AgentConfig
 from agents.prediction import MarginPredictor
 from agents.spool import Spool
 from allocator.policy import MarginConfig
-from allocator.replay import AzureRequests, GpuPod, UsageModel, build_burst_signals, build_pod_usage
+from allocator.replay import AzureRequests, BurstSignals, GpuPod, UsageModel, build_burst_signals, build_pod_usage
 from allocator.replay._agent import agent_rows, row_reservations
 from allocator.risk import MissTarget
 
@@ -36,7 +36,7 @@ TARGET = MissTarget(memory=0.02, sm=0.05)
 MARGIN = MarginConfig(prior_margin=0.1, min_margin=0.0, step=0.2)
 
 
-def _signals():
+def _signals() -> BurstSignals:
     rng = np.random.default_rng(3)
     arrival = np.sort(rng.uniform(0.0, 900.0, 3_000))
     arrival -= arrival[0]
@@ -91,9 +91,12 @@ def test_agent_loop_and_replay_grant_the_same_every_second(tmp_path: Path) -> No
             for i, milli in enumerate((250, 400, 300))]
     usage = build_pod_usage(pods, model, signals)
     agent = agent_rows(usage, model, signals, margin=MARGIN, target=TARGET)
-    use, reserved = row_reservations(usage, model, signals, agent, np.arange(usage.rows, dtype=np.int64))
-    per_pod_use = [use[usage.offset[i] : usage.offset[i] + STEPS].reshape(-1, 2) for i in range(len(pods))]
-    per_pod_reserved = [reserved[usage.offset[i] : usage.offset[i] + STEPS].reshape(-1, 2) for i in range(len(pods))]
+    use, reserved = row_reservations(usage, model, signals, agent, np.arange(usage.rows, dtype=np.int64), window_blocks=MARGIN.window_blocks)
+    # (steps, resources, step_s) → one (second, resource) row per second
+    per_pod_use = [use[usage.offset[i] : usage.offset[i] + STEPS].transpose(0, 2, 1).reshape(-1, 2) for i in range(len(pods))]
+    per_pod_reserved = [
+        reserved[usage.offset[i] : usage.offset[i] + STEPS].transpose(0, 2, 1).reshape(-1, 2) for i in range(len(pods))
+    ]
     assert max(float(r[1:, 1].max()) for r in per_pod_reserved) * len(pods) < GPU.sm_count  # no contention
 
     workloads = [Workload(tenant="t", namespace="n", pod=p.name, container="c", pod_uid=p.name, sla_tier="bronze")
