@@ -401,7 +401,8 @@ class MarginPredictor:
         targets: Callable[[str], MissTarget] = _default_targets,
         config: MarginConfig = DEFAULT_MARGIN_CONFIG,
     ) -> None:
-        self._gpus: Mapping[str, GpuInfo] = {g.uuid: g for g in gpus}
+        # Each card's (memory, SMs): what a reservation is capped at when the entitlement sets no limit.
+        self._cards: Mapping[str, tuple[float, float]] = {g.uuid: (float(g.memory_mb), float(g.sm_count)) for g in gpus}
         self._targets = targets
         self._policy = MarginPolicy(config)
         self._slots: dict[tuple[str, str], int] = {}
@@ -429,11 +430,11 @@ class MarginPredictor:
         use: list[tuple[float, float]] = []
         cap: list[tuple[float, float]] = []
         by_tier: dict[str, tuple[int, int]] = {}
-        gpus, known = self._gpus, self._slots
+        cards, known = self._cards, self._slots
         with self._lock:
             for r in readings:
-                gpu = gpus.get(r.gpu)
-                if gpu is None:
+                card = cards.get(r.gpu)
+                if card is None:
                     raise ValueError(f"reading for unknown GPU {r.gpu!r} ({r.workload.key})")
                 tier = r.workload.sla_tier
                 decay = by_tier.get(tier)
@@ -447,14 +448,17 @@ class MarginPredictor:
                 decays.append(decay)
                 use.append((r.mem_used_mb, r.sm_used))
                 e = r.entitlement
-                cap.append((
-                    float(gpu.memory_mb) if e.limit_mem_mb is None else e.limit_mem_mb,
-                    float(gpu.sm_count) if e.limit_sm is None else e.limit_sm,
-                ))
+                if e.limit_mem_mb is None and e.limit_sm is None:  # the common case: the card, one shared tuple
+                    cap.append(card)
+                else:
+                    cap.append((
+                        card[0] if e.limit_mem_mb is None else e.limit_mem_mb,
+                        card[1] if e.limit_sm is None else e.limit_sm,
+                    ))
             if len(set(slots)) < len(slots):
                 raise ValueError("a workload was read twice on one GPU in one tick")
             reserved = self._policy.observe(slots, second, use, cap, decays)
-        return [Prediction(m, s) for m, s in reserved]  # positional: cheaper, every workload every tick
+        return list(map(Prediction._make, reserved))  # no per-field call: every workload, every tick
 
     def _decays(self, target: MissTarget) -> tuple[int, int]:
         """A tier's decays, priced once per distinct target rather than every tick."""
