@@ -44,8 +44,8 @@ __all__ = [
     "GpuColumns",
     "GpuGrants",
     "PredictedPeak",
-    "Resources",
     "ResourceColumns",
+    "Resources",
     "Shares",
     "WorkloadState",
     "allocate_columns",
@@ -411,12 +411,11 @@ class ColumnGrants(NamedTuple):
 
 def workload_demand(workload: WorkloadState, policy: AllocationPolicy) -> Resources:
     """The demand ``allocate_gpu`` shares for ``workload`` (memory: never below current use)."""
-    columns = _columns_of([workload], policy.horizons_s)
-    grow, throttled, pcie = 1.0 + policy.headroom, columns.throttled, columns.pcie
-    assert pcie is not None  # _columns_of always fills it
+    mem, sm, pcie = _resources_of([workload], policy.horizons_s)
+    grow, throttled = 1.0 + policy.headroom, (workload.throttled,)
     return Resources(
-        mem_mb=_memory_targets(columns.memory, throttled, grow)[0],
-        sm=_preemptible_targets(columns.sm, throttled, grow)[0],
+        mem_mb=_memory_targets(mem, throttled, grow)[0],
+        sm=_preemptible_targets(sm, throttled, grow)[0],
         pcie_mbps=_preemptible_targets(pcie, throttled, grow)[0],
     )
 
@@ -518,7 +517,7 @@ def _check_columns(columns: GpuColumns, policy: AllocationPolicy, *, pcie_needed
                 f"workload key {a!r} appears more than once" if a == b else f"keys must be in order: {a!r} before {b!r}"
             )
     for i, (w, mu, mp, mg, ml, su, sp, sg, sl) in enumerate(
-        zip(columns.weights, mem.used, mem.peak, mem.guarantee, mem.limit, sm.used, sm.peak, sm.guarantee, sm.limit)
+        zip(columns.weights, mem.used, mem.peak, mem.guarantee, mem.limit, sm.used, sm.peak, sm.guarantee, sm.limit, strict=True)
     ):
         if not (
             0.0 < w <= _MAX
@@ -533,7 +532,7 @@ def _check_columns(columns: GpuColumns, policy: AllocationPolicy, *, pcie_needed
         ):
             _reject_row(columns, i, policy)
     if pcie is not None:
-        for i, (u, p, g, lim) in enumerate(zip(pcie.used, pcie.peak, pcie.guarantee, pcie.limit)):
+        for i, (u, p, g, lim) in enumerate(zip(pcie.used, pcie.peak, pcie.guarantee, pcie.limit, strict=True)):
             if not (0.0 <= u <= _MAX and 0.0 <= p <= _MAX and 0.0 <= g <= lim and g <= _MAX):
                 _reject_row(columns, i, policy)
 
@@ -560,7 +559,22 @@ def _reject_row(columns: GpuColumns, i: int, policy: AllocationPolicy) -> None:
 
 
 def _columns_of(ordered: Sequence[WorkloadState], horizons: tuple[float, ...]) -> GpuColumns:
-    """Validated states as columns; each peak is the largest prediction over ``horizons``, from the use up."""
+    """Validated states in key order as columns."""
+    mem, sm, pcie = _resources_of(ordered, horizons)
+    return GpuColumns(
+        keys=[w.key for w in ordered],
+        weights=[w.weight for w in ordered],
+        throttled=[w.throttled for w in ordered],
+        memory=mem,
+        sm=sm,
+        pcie=pcie,
+    )
+
+
+def _resources_of(
+    ordered: Sequence[WorkloadState], horizons: tuple[float, ...]
+) -> tuple[ResourceColumns, ResourceColumns, ResourceColumns]:
+    """Memory, SM and PCIe columns; each peak is the largest prediction over ``horizons``, from the use up."""
     used: list[list[float]] = [[], [], []]
     peak: list[list[float]] = [[], [], []]
     for w in ordered:
@@ -585,14 +599,7 @@ def _columns_of(ordered: Sequence[WorkloadState], horizons: tuple[float, ...]) -
             used[k], peak[k], [getattr(w.guarantee, name) for w in ordered], [getattr(w.limit, name) for w in ordered]
         )
 
-    return GpuColumns(
-        keys=[w.key for w in ordered],
-        weights=[w.weight for w in ordered],
-        throttled=[w.throttled for w in ordered],
-        memory=resource(0, "mem_mb"),
-        sm=resource(1, "sm"),
-        pcie=resource(2, "pcie_mbps"),
-    )
+    return resource(0, "mem_mb"), resource(1, "sm"), resource(2, "pcie_mbps")
 
 
 def _allocation(keys: Sequence[str], shares: Shares) -> Allocation:

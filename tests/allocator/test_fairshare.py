@@ -681,39 +681,31 @@ def test_the_columnar_entry_grants_what_allocate_gpu_does_to_the_bit(
         assert _bits(by_columns.pcie, keys) == _bits_of(by_states.pcie, keys)
 
 
-def _one_row(**changes: object) -> GpuColumns:
-    """Two valid workloads as columns, ``changes`` replacing columns (``mem_used``: memory's ``used``)."""
-    resources = {
-        name: {"used": [1.0, 2.0], "peak": [1.0, 3.0], "guarantee": [0.0, 1.0], "limit": [math.inf, 4.0]}
-        for name in ("memory", "sm")
-    }
-    top = {"keys": ["a", "b"], "weights": [1.0, 2.0], "throttled": [False, True]}
-    for name, value in changes.items():
-        resource, _, column = name.partition("_")
-        if resource in resources and column:
-            resources[resource][column] = value  # type: ignore[assignment]
-        else:
-            top[name] = value  # type: ignore[assignment]
-    return GpuColumns(
-        keys=top["keys"],  # type: ignore[arg-type]
-        weights=top["weights"],  # type: ignore[arg-type]
-        throttled=top["throttled"],  # type: ignore[arg-type]
-        memory=ResourceColumns(**resources["memory"]),
-        sm=ResourceColumns(**resources["sm"]),
+_TWO = ResourceColumns(used=[1.0, 2.0], peak=[1.0, 3.0], guarantee=[0.0, 1.0], limit=[math.inf, 4.0])
+TWO_ROWS = GpuColumns(keys=["a", "b"], weights=[1.0, 2.0], throttled=[False, True], memory=_TWO, sm=_TWO)
+
+
+def _with(memory: dict[str, list[float]] | None = None, sm: dict[str, list[float]] | None = None, **top: object) -> GpuColumns:
+    """``TWO_ROWS`` (two valid workloads) with some columns replaced."""
+    return dataclasses.replace(
+        TWO_ROWS,
+        memory=dataclasses.replace(_TWO, **(memory or {})),
+        sm=dataclasses.replace(_TWO, **(sm or {})),
+        **top,  # type: ignore[arg-type]
     )
 
 
 @pytest.mark.parametrize(
     ("columns", "message"),
     [
-        (_one_row(sm_used=[1.0, math.nan]), "workload 'b': current.sm must be finite and >= 0, got nan"),
-        (_one_row(memory_peak=[-1.0, 3.0]), r"workload 'a': predicted peak at 2.0 s.mem_mb must be finite and >= 0"),
-        (_one_row(sm_limit=[math.inf, 0.5]), "workload 'b': limit.sm 0.5 must be >= guarantee.sm 1.0"),
-        (_one_row(weights=[1.0, math.inf]), "workload 'b': weight must be finite and > 0, got inf"),
-        (_one_row(keys=["", "b"]), "workload key must not be empty"),
-        (_one_row(keys=["b", "a"]), "keys must be in order: 'b' before 'a'"),
-        (_one_row(keys=["a", "a"]), "workload key 'a' appears more than once"),
-        (_one_row(throttled=[False]), r"every column must have one entry per workload, got lengths \[1, 2\]"),
+        (_with(sm={"used": [1.0, math.nan]}), "workload 'b': current.sm must be finite and >= 0, got nan"),
+        (_with(memory={"peak": [-1.0, 3.0]}), r"workload 'a': predicted peak at 2.0 s.mem_mb must be finite and >= 0"),
+        (_with(sm={"limit": [math.inf, 0.5]}), "workload 'b': limit.sm 0.5 must be >= guarantee.sm 1.0"),
+        (_with(weights=[1.0, math.inf]), "workload 'b': weight must be finite and > 0, got inf"),
+        (_with(keys=["", "b"]), "workload key must not be empty"),
+        (_with(keys=["b", "a"]), "keys must be in order: 'b' before 'a'"),
+        (_with(keys=["a", "a"]), "workload key 'a' appears more than once"),
+        (_with(throttled=[False]), r"every column must have one entry per workload, got lengths \[1, 2\]"),
     ],
 )
 def test_bad_columns_are_rejected_as_the_workload_state_of_their_row_would_be(columns: GpuColumns, message: str) -> None:
@@ -724,5 +716,5 @@ def test_bad_columns_are_rejected_as_the_workload_state_of_their_row_would_be(co
 def test_a_pcie_capacity_needs_pcie_columns() -> None:
     with pytest.raises(ValueError, match="a PCIe capacity needs the workloads' PCIe columns"):
         allocate_columns(
-            capacity=GpuCapacity(mem_mb=10.0, sm=10.0, pcie_mbps=10.0), columns=_one_row(), policy=AllocationPolicy()
+            capacity=GpuCapacity(mem_mb=10.0, sm=10.0, pcie_mbps=10.0), columns=TWO_ROWS, policy=AllocationPolicy()
         )
