@@ -6,10 +6,11 @@
 What is timed, per tick, on one A100-80GB (81,920 MiB, 108 SMs; PCIe taken as 25,000 MB/s,
 Gen4 x16 in practice):
 
-- ``allocate_gpu``: the decision itself, memory + SMs + PCIe, from ready ``WorkloadState``s;
+- ``allocate_columns``: the decision itself, memory + SMs + PCIe, from ready columns (what
+  the agent hands the allocator; ``allocate_gpu`` is the same over ``WorkloadState``s);
 - ``agent round``: ``agents.allocation.compute_grants`` for that GPU, i.e. what the agent
-  pays every tick: ``UsageReading`` -> prediction -> ``WorkloadState`` (validated) ->
-  ``allocate_gpu`` -> ``Grant``s (PCIe unconstrained there, as in the agent), the predictions
+  pays every tick: ``UsageReading`` -> prediction -> columns (validated) ->
+  ``allocate_columns`` -> ``Grant``s (PCIe unconstrained there, as in the agent), the predictions
   served from the pool (a dict look-up, no model);
 - ``agent round + <predictor>``: the same round with the agent's own predictors, built as
   ``vgpu-agent run --predictor <name>`` builds them (``agents.prediction.agent_predictor``, each
@@ -84,12 +85,14 @@ from agents.prediction import (  # noqa: E402 - after the path fix above
 from allocator import (  # noqa: E402 - after the path fix above
     AllocationPolicy,
     GpuCapacity,
+    GpuColumns,
     PredictedPeak,
     Resources,
     WorkloadState,
+    allocate_columns,
     allocate_gpu,
 )
-from allocator.fairshare import _water_fill  # noqa: E402 - after the path fix above; the private kernel, timed on its own
+from allocator.fairshare import _columns_of, _water_fill  # noqa: E402 - after the path fix above; private: the columns of states, the kernel timed on its own
 
 DOCS = ROOT / "docs" / "allocation.md"
 SECTION = "## Tick latency"
@@ -110,6 +113,7 @@ FloatArray = npt.NDArray[np.float64]
 @dataclass(frozen=True, slots=True)
 class Tick:
     states: list[WorkloadState]
+    columns: GpuColumns  # the states as the allocator's columns
     readings: list[UsageReading]
     peaks: dict[str, Prediction]
 
@@ -205,7 +209,8 @@ def make_tick(rng: random.Random, n: int) -> Tick:
         )
         top = predicted[-1].peak
         peaks[workload.key] = Prediction(mem_peak_mb=top.mem_mb, sm_peak=top.sm)
-    return Tick(states=states, readings=readings, peaks=peaks)
+    columns = _columns_of(sorted(states, key=lambda s: s.key), AllocationPolicy().horizons_s)
+    return Tick(states=states, columns=columns, readings=readings, peaks=peaks)
 
 
 @dataclass(frozen=True, slots=True)
@@ -270,7 +275,7 @@ def run_benchmark(
     agent_policy = Policy(throttled_tenants=frozenset({"tenant-0"}), headroom=policy.headroom)
     now = datetime(2026, 11, 30, tzinfo=UTC)
     results: dict[str, list[tuple[int, Timing]]] = {
-        "allocate_gpu": [],
+        "allocate_columns": [],
         "agent round": [],
         **{f"agent round + {name}": [] for name in PREDICTORS},
         "python": [],
@@ -280,7 +285,7 @@ def run_benchmark(
         pool = [make_tick(rng, n) for _ in range(POOL)]
 
         def decide(i: int, pool: list[Tick] = pool) -> object:
-            return allocate_gpu(capacity=CAPACITY, workloads=pool[i % POOL].states, policy=policy)
+            return allocate_columns(capacity=CAPACITY, columns=pool[i % POOL].columns, policy=policy)
 
         predictor = _PoolPredictor()
 
@@ -289,7 +294,7 @@ def run_benchmark(
             predictor.peaks = tick.peaks
             return compute_grants(gpus=[GPU], readings=tick.readings, policy=agent_policy, predictor=predictor, now=now)
 
-        results["allocate_gpu"].append((n, measure(decide, ticks)))
+        results["allocate_columns"].append((n, measure(decide, ticks)))
         results["agent round"].append((n, measure(agent_round, ticks)))
         for name in PREDICTORS:
             results[f"agent round + {name}"].append(
@@ -530,7 +535,7 @@ def render(
         "",
         *_HEADER,
     ]
-    for what in ("allocate_gpu", "agent round"):
+    for what in ("allocate_columns", "agent round"):
         for n, t in results[what]:
             lines.append(_row(n, what, t))
     lines += [
