@@ -38,7 +38,7 @@ from kubernetes import client as kube_client
 from kubernetes import config as kube_config
 from kubernetes.client.exceptions import ApiException
 
-from agents.allocation import CurrentUsePredictor
+from agents.allocation import Policy
 from agents.attribution import KubeAttributor, PidAttributor
 from agents.backends.sim import SLA_TIERS, SimBackend, demo_scenario, load_scenario
 from agents.budget_enforcement import BestEffortEvictor
@@ -57,11 +57,13 @@ from agents.mps import DEFAULT_CONTROL_COMMAND, MpsControlCli, MpsEnforcer
 from agents.owners import DEFAULT_LABEL_KEYS, ControllerResolver, parse_label_keys
 from agents.policy_client import PolicyClient
 from agents.prediction import (
+    DEFAULT_HEADROOM,
+    DEFAULT_PREDICTOR,
     DEFAULT_UNDERPREDICTION_TARGET,
     PREDICTOR_CHOICES,
     Calibration,
     WorkloadPredictors,
-    make_workload_predictors,
+    agent_predictor,
 )
 from agents.spool import DEFAULT_SAMPLE_RETENTION, Spool, SpooledBatch, SpoolKind, spool_node
 from agents.undelivered import UndeliveredReporter
@@ -140,8 +142,16 @@ def _parser() -> argparse.ArgumentParser:  # noqa: PLR0915 - one add_argument pe
     predict.add_argument(
         "--predictor",
         choices=PREDICTOR_CHOICES,
-        default="lstm",
-        help="peak predictor per workload (default lstm: memory the LSTM, SMs last value + margin, calibrated)",
+        default=DEFAULT_PREDICTOR,
+        help="peak predictor per workload (default margin: the workload's last-minute peak x a margin calibrated "
+        "toward its SLA tier's miss targets; lstm: memory the LSTM, SMs last value + margin)",
+    )
+    predict.add_argument(
+        "--headroom",
+        type=float,
+        help="demand = predicted peak x (1 + this), >= 0 (default: the predictor's own, "
+        + ", ".join(f"{kind} {value:g}" for kind, value in DEFAULT_HEADROOM.items())
+        + ")",
     )
     predict.add_argument(
         "--online-calibration",
@@ -403,6 +413,7 @@ def _run(args: argparse.Namespace) -> int:
             node=node,
             token=token,
             cache_path=args.policy_cache or spool_path.with_name(f"{spool_path.stem}.policy.json"),
+            base=_base_policy(args),
             session=requests.Session(),
             interval_s=args.policy_interval_s,
             timeout_s=args.timeout_s,
@@ -509,11 +520,11 @@ def _agent(
                     namespaces=lambda: policy.current().evict_best_effort_namespaces,
                 )
             )
-    predictor = _predictor(args, gpus=backend.inventory())
-    if isinstance(predictor, WorkloadPredictors):
-        observers.insert(0, predictor)  # forgets the workloads that left before the others see the tick
-        if parts.metrics is not None:
-            parts.metrics.watch_predictions(predictor.stats)
+    predictor = _predictor(args, gpus=backend.inventory(), policy=policy.allocation_policy)
+    # The Agent puts a per-workload predictor first among the observers: it forgets the workloads
+    # that left before the others see the tick.
+    if isinstance(predictor, WorkloadPredictors) and parts.metrics is not None:
+        parts.metrics.watch_predictions(predictor.stats)
     if parts.metrics is not None:
         observers.append(parts.metrics)
     enforcer: Enforcer = DryRunEnforcer()
@@ -540,15 +551,23 @@ def _agent(
     )
 
 
-def _predictor(args: argparse.Namespace, *, gpus: Sequence[GpuInfo]) -> Predictor:
-    """``--predictor``: per-workload predictors from the shipped bundle, or current use (no prediction)."""
-    if args.predictor == "current-use":
-        return CurrentUsePredictor()
+def _predictor(args: argparse.Namespace, *, gpus: Sequence[GpuInfo], policy: Callable[[], Policy]) -> Predictor:
+    """``--predictor``: the margin policy (default), per-workload predictors from the shipped bundle, or current use."""
     try:
         calibration = Calibration(enabled=args.online_calibration, target=args.underprediction_target)
     except ValueError as error:
         raise _Fatal(f"--underprediction-target: {error}") from error
-    return make_workload_predictors(args.predictor, gpus=gpus, calibration=calibration)
+    return agent_predictor(args.predictor, gpus=gpus, targets=lambda tier: policy().miss_target_for(tier),
+                           calibration=calibration)
+
+
+def _base_policy(args: argparse.Namespace) -> Policy:
+    """The node's policy before the service's document: ``--headroom``, else the predictor's own."""
+    headroom = args.headroom if args.headroom is not None else DEFAULT_HEADROOM[args.predictor]
+    try:
+        return Policy(headroom=headroom)
+    except ValueError as error:
+        raise _Fatal(f"--headroom: {error}") from error
 
 
 def _count_upload_error(metrics: AgentMetrics, result: SendResult) -> None:

@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from types import MappingProxyType
+from typing import cast
 
 from agents.interfaces import BatchPredictor, GpuInfo, Grant, Prediction, Predictor, UsageReading, Workload
-from allocator import UNLIMITED, AllocationPolicy, GpuCapacity, PredictedPeak, Resources, WorkloadState, allocate_gpu
+from allocator import AllocationPolicy, GpuCapacity, GpuColumns, ResourceColumns, allocate_columns
 from allocator.risk import DEFAULT_MISS_TARGET, DEFAULT_MISS_TARGETS, MissTarget
 
 __all__ = [
@@ -28,7 +30,6 @@ DEFAULT_SLA_WEIGHTS: Mapping[str, float] = MappingProxyType(
 # ``Predictor.predict`` returns one peak over the whole look-ahead (0.5-2 s, interfaces.Prediction):
 # it is handed to the allocator as the peak of its longest horizon.
 PREDICTION_HORIZON_S = 2.0
-_NOTHING = Resources()
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,7 +37,9 @@ class Policy:
     """Node allocation policy; ``agents.policy_client`` builds it from the service's policy API."""
 
     sla_weights: Mapping[str, float] = field(default_factory=lambda: DEFAULT_SLA_WEIGHTS)
-    headroom: float = 0.2  # demand = predicted peak x (1 + headroom)
+    # demand = predicted peak x (1 + headroom), on top of the predictor's own margin. 0: the default
+    # predictor (agents.prediction.MarginPredictor) calibrates a margin per workload instead.
+    headroom: float = 0.0
     throttled_tenants: frozenset[str] = frozenset()  # budgets in ``throttle`` state (docs/design.md, Enforcement)
     throttle_weight_factor: float = 0.5  # a throttled tenant's weight x this; in (0, 1]
     # Per throttled tenant, its budget's own factor (the policy API's ``throttle_factor``);
@@ -72,11 +75,15 @@ class Policy:
 
     def allocation_policy(self) -> AllocationPolicy:
         """The allocator's policy: the ``Predictor``'s one peak stands for the whole look-ahead."""
-        return AllocationPolicy(
-            headroom=self.headroom,
-            horizons_s=(PREDICTION_HORIZON_S,),
-            throttle_weight_factor=self.throttle_weight_factor,
-        )
+        return _allocation_policy(self.headroom, self.throttle_weight_factor)
+
+
+@functools.lru_cache(maxsize=16)
+def _allocation_policy(headroom: float, throttle_weight_factor: float) -> AllocationPolicy:
+    # Built and validated once per pair rather than every round: the policy changes rarely.
+    return AllocationPolicy(
+        headroom=headroom, horizons_s=(PREDICTION_HORIZON_S,), throttle_weight_factor=throttle_weight_factor
+    )
 
 
 def _throttle_factor(policy: Policy, workload: Workload) -> float | None:
@@ -124,38 +131,38 @@ def compute_grants(
         if reading.gpu not in by_gpu:
             raise ValueError(f"reading for unknown GPU {reading.gpu!r} ({reading.workload.key})")
     # One call for the whole round where the predictor batches (one LSTM pass for every workload).
-    if isinstance(predictor, BatchPredictor):
-        peaks = predictor.predict_many(readings=readings, now=now)
+    if _batches(type(predictor)):
+        peaks = cast(BatchPredictor, predictor).predict_many(readings=readings, now=now)
     else:
         peaks = [predictor.predict(reading=r, now=now) for r in readings]
     for reading, peak in zip(readings, peaks, strict=True):
         by_gpu[reading.gpu].append((reading, peak))
 
     allocation_policy = policy.allocation_policy()
+    weigh = _Weights(policy)
     grants: list[Grant] = []
     mem_headroom: dict[str, float] = {}
     sm_headroom: dict[str, float] = {}
     overcommitted: list[str] = []
     for gpu in gpus:
         on_gpu = by_gpu[gpu.uuid]
-        result = allocate_gpu(
-            capacity=GpuCapacity(mem_mb=float(gpu.memory_mb), sm=float(gpu.sm_count)),
-            workloads=[_state(reading=r, policy=policy, peak=peak) for r, peak in on_gpu],
+        # The allocator takes the workloads in key order; grants go out in the readings' order.
+        keys = [r.workload.key for r, _ in on_gpu]  # a property that formats a string: once per reading
+        order = sorted(range(len(keys)), key=keys.__getitem__)
+        rows = [on_gpu[i] for i in order]
+        result = allocate_columns(
+            capacity=GpuCapacity(float(gpu.memory_mb), float(gpu.sm_count)),
+            columns=_columns([keys[i] for i in order], rows, weigh),
             policy=allocation_policy,
         )
         mem_headroom[gpu.uuid] = result.memory.headroom
         sm_headroom[gpu.uuid] = result.sm.headroom
         if result.memory.overcommitted:
             overcommitted.append(gpu.uuid)
-        grants.extend(
-            Grant(
-                workload=r.workload,
-                gpu=gpu.uuid,
-                mem_mb=result.memory.grants[r.workload.key],
-                sm=result.sm.grants[r.workload.key],
-            )
-            for r, _ in on_gpu
-        )
+        mem, sm = result.memory.grants, result.sm.grants
+        rank = sorted(range(len(order)), key=order.__getitem__)  # each reading's place in key order
+        # Positional arguments: a frozen dataclass built with keywords costs about half as much again.
+        grants.extend([Grant(r.workload, gpu.uuid, mem[k], sm[k]) for (r, _), k in zip(on_gpu, rank, strict=True)])
     return AllocationRound(
         grants=tuple(grants),
         mem_headroom_mb=MappingProxyType(mem_headroom),
@@ -164,38 +171,63 @@ def compute_grants(
     )
 
 
-def _state(*, reading: UsageReading, policy: Policy, peak: Prediction) -> WorkloadState:
-    e = reading.entitlement
-    if e.guarantee_mem_mb or e.guarantee_sm:
-        guarantee = Resources(mem_mb=e.guarantee_mem_mb, sm=e.guarantee_sm)
-    else:
-        guarantee = _NOTHING  # the common case; shared rather than rebuilt every tick
-    if e.limit_mem_mb is None and e.limit_sm is None:
-        limit = UNLIMITED
-    else:
-        limit = Resources(
-            mem_mb=e.limit_mem_mb if e.limit_mem_mb is not None else math.inf,
-            sm=e.limit_sm if e.limit_sm is not None else math.inf,
-            pcie_mbps=math.inf,
-        )
-    weight = e.weight if e.weight is not None else policy.weight_for(reading.workload.sla_tier)
-    factor = _throttle_factor(policy, reading.workload)
-    throttled = factor is not None
-    if factor is not None and factor != policy.throttle_weight_factor:
-        # The allocator multiplies every throttled weight by the one node-wide factor; a budget
-        # with its own factor gets weight x its factor overall.
-        weight *= factor / policy.throttle_weight_factor
-    return WorkloadState(
-        key=reading.workload.key,
-        weight=weight,
-        current=Resources(mem_mb=reading.mem_used_mb, sm=reading.sm_used, pcie_mbps=reading.pcie_mb_per_s),
-        predicted=(
-            PredictedPeak(
-                horizon_s=PREDICTION_HORIZON_S,
-                peak=Resources(mem_mb=peak.mem_peak_mb, sm=peak.sm_peak, pcie_mbps=reading.pcie_mb_per_s),
-            ),
+@functools.cache
+def _batches(kind: type) -> bool:
+    # isinstance() on a runtime-checkable protocol inspects its members on every call (~20 µs on
+    # the bench machine, a tenth of the tick budget); whether a class batches does not change.
+    return issubclass(kind, BatchPredictor)
+
+
+class _Weights:
+    """Each reading's weight and whether a budget throttles it, for one round: each tier's weight
+    looked up once, and the throttle factors only when some budget throttles."""
+
+    def __init__(self, policy: Policy) -> None:
+        self._policy = policy
+        self._tiers: dict[str, float] = {}
+        self._throttling = bool(policy.throttled_tenants or policy.namespace_throttle_factors)
+
+    def of(self, reading: UsageReading) -> tuple[float, bool]:
+        weight = reading.entitlement.weight
+        if weight is None:
+            tier = reading.workload.sla_tier
+            weight = self._tiers.get(tier)
+            if weight is None:
+                weight = self._tiers[tier] = self._policy.weight_for(tier)
+        if not self._throttling:
+            return weight, False
+        policy = self._policy
+        factor = _throttle_factor(policy, reading.workload)
+        if factor is None:
+            return weight, False
+        if factor != policy.throttle_weight_factor:
+            # The allocator multiplies every throttled weight by the one node-wide factor; a budget
+            # with its own factor gets weight x its factor overall.
+            weight *= factor / policy.throttle_weight_factor
+        return weight, True
+
+
+def _columns(keys: list[str], rows: list[tuple[UsageReading, Prediction]], weigh: _Weights) -> GpuColumns:
+    """The allocator's view of one GPU's readings, in key order: a list per attribute rather than an
+    object per workload (every workload, every tick). The prediction is the peak of the policy's one
+    horizon; PCIe is carried by the readings but not shared (see ``compute_grants``)."""
+    readings = [r for r, _ in rows]
+    entitlements = [r.entitlement for r in readings]
+    weights, throttled = zip(*map(weigh.of, readings), strict=True) if readings else ((), ())
+    return GpuColumns(
+        keys,
+        weights,
+        throttled,
+        ResourceColumns(
+            [r.mem_used_mb for r in readings],
+            [p.mem_peak_mb for _, p in rows],
+            [e.guarantee_mem_mb for e in entitlements],
+            [math.inf if e.limit_mem_mb is None else e.limit_mem_mb for e in entitlements],
         ),
-        guarantee=guarantee,
-        limit=limit,
-        throttled=throttled,
+        ResourceColumns(
+            [r.sm_used for r in readings],
+            [p.sm_peak for _, p in rows],
+            [e.guarantee_sm for e in entitlements],
+            [math.inf if e.limit_sm is None else e.limit_sm for e in entitlements],
+        ),
     )

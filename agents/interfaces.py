@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Protocol, runtime_checkable
+from typing import NamedTuple, Protocol, runtime_checkable
 
 __all__ = [
     "NO_META",
@@ -111,9 +111,12 @@ class UsageReading:
     entitlement: Entitlement = field(default_factory=Entitlement)
 
 
-@dataclass(frozen=True, slots=True)
-class Grant:
-    """What the allocation loop grants a workload on one GPU for the next tick."""
+class Grant(NamedTuple):
+    """What the allocation loop grants a workload on one GPU for the next tick.
+
+    A named tuple, not a frozen dataclass: the agent builds one per workload every tick, and a
+    frozen dataclass's ``__init__`` (one ``object.__setattr__`` per field) cost three times as much.
+    """
 
     workload: Workload
     gpu: str
@@ -121,9 +124,9 @@ class Grant:
     sm: float  # SMs
 
 
-@dataclass(frozen=True, slots=True)
-class Prediction:
-    """Predicted peak use over the look-ahead horizon (0.5-2 s, docs/prediction.md)."""
+class Prediction(NamedTuple):
+    """Predicted peak use over the look-ahead horizon (0.5-2 s, docs/prediction.md); a named
+    tuple for the reason ``Grant`` is one."""
 
     mem_peak_mb: float
     sm_peak: float

@@ -36,7 +36,7 @@ from agents.interfaces import (
     UsageReading,
 )
 from agents.meter import Meter, Rate
-from agents.prediction import WorkloadPredictors, make_workload_predictors
+from agents.prediction import DEFAULT_PREDICTOR, MarginPredictor, WorkloadPredictors, agent_predictor
 from agents.spool import CheckpointPeriod, Spool
 
 __all__ = ["Agent", "AgentConfig", "RunSummary"]
@@ -106,7 +106,8 @@ class Agent:
         self._clock = clock
         self._enforcer = enforcer
         self._spool = spool
-        # None: the calibrated default (``agents.prediction``), built in ``run`` once the GPUs are known.
+        # None: the default (``agents.prediction.MarginPredictor`` toward the policy's miss targets),
+        # built in ``run`` once the GPUs are known.
         self._predictor = predictor
         self._on_batch = on_batch
         # Read every tick; default: the configuration's fixed policy.
@@ -124,7 +125,7 @@ class Agent:
 
     def _with_predictor_observer(self) -> None:
         # Per-workload predictors forget a workload when a tick's readings no longer have it.
-        if isinstance(self._predictor, WorkloadPredictors) and self._predictor not in self._observers:
+        if isinstance(self._predictor, WorkloadPredictors | MarginPredictor) and self._predictor not in self._observers:
             self._observers = (self._predictor, *self._observers)
 
     def run(
@@ -143,7 +144,9 @@ class Agent:
         if not gpus:
             raise ValueError("the backend reports no GPUs")
         if self._predictor is None:
-            self._predictor = make_workload_predictors("lstm", gpus=gpus)
+            self._predictor = agent_predictor(
+                DEFAULT_PREDICTOR, gpus=gpus, targets=lambda tier: self._policy().miss_target_for(tier)
+            )
             self._with_predictor_observer()
         predictor = self._predictor
         origin_us = to_us(self._clock.now())

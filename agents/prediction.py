@@ -31,9 +31,12 @@ from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Literal
+from types import MappingProxyType
+from typing import Literal, get_args
 
-from agents.interfaces import GpuInfo, Grant, Prediction, UsageReading, Workload
+from agents.allocation import CurrentUsePredictor
+from agents.interfaces import GpuInfo, Grant, Prediction, Predictor, UsageReading, Workload
+from allocator.policy import DEFAULT_MARGIN_CONFIG, MarginConfig, MarginPolicy
 from allocator.predict import (
     DEFAULT_KIND,
     STEP_S,
@@ -45,22 +48,39 @@ from allocator.predict import (
     predict_peaks,
 )
 from allocator.predict import shipped_bundle as _shipped_bundle
+from allocator.risk import DEFAULT_MISS_TARGET, DEFAULT_MISS_TARGETS, MissTarget
 
 __all__ = [
+    "DEFAULT_HEADROOM",
+    "DEFAULT_PREDICTOR",
     "DEFAULT_UNDERPREDICTION_TARGET",
     "PREDICTOR_CHOICES",
     "Calibration",
+    "MarginPredictor",
     "PredictionStats",
+    "PredictorChoice",
     "WorkloadPredictors",
+    "agent_predictor",
     "make_workload_predictors",
 ]
 
 # The rate the shipped margins were fitted for (docs/prediction.md, "Calibration").
 DEFAULT_UNDERPREDICTION_TARGET = 0.05
 LOOKAHEAD_S = 2.0  # the longest horizon: a forecast is checked against the use read over the next 2 s
-# ``vgpu-agent run --predictor``: "lstm" is the calibrated default (memory: the LSTM, SMs: last value +
-# margin, ``allocator.predict.DEFAULT_KIND``); the baselines use that kind for both resources.
-PREDICTOR_CHOICES = ("lstm", "last-value", "ewma", "holt", "current-use")
+# ``vgpu-agent run --predictor``: "margin" is the default (``MarginPredictor``); "lstm" is the calibrated
+# forecaster pair (memory: the LSTM, SMs: last value + margin, ``allocator.predict.DEFAULT_KIND``); the
+# baselines use one kind for both resources; "current-use" expects the next seconds to look like now.
+PredictorChoice = Literal["margin", "lstm", "last-value", "ewma", "holt", "current-use"]
+PREDICTOR_CHOICES: tuple[PredictorChoice, ...] = get_args(PredictorChoice)
+DEFAULT_PREDICTOR: PredictorChoice = "margin"
+# The allocator's headroom (demand = forecast x (1 + headroom)) each predictor is meant for, unless
+# ``--headroom`` says otherwise. The margin policy's reservation already is the workload's peak x its
+# calibrated margin, so it takes none (the replay's agent-default applies none either); the
+# forecasters' margins were fitted for a 0.2 headroom on top (docs/prediction.md), and current use
+# has no margin of its own.
+DEFAULT_HEADROOM: Mapping[PredictorChoice, float] = MappingProxyType(
+    {"margin": 0.0, "lstm": 0.2, "last-value": 0.2, "ewma": 0.2, "holt": 0.2, "current-use": 0.2}
+)
 
 PredictorFactory = Callable[[Resource], PeakPredictor]
 
@@ -357,3 +377,118 @@ def make_workload_predictors(
         model_sm_count=bundle.resources["sm"].capacity,
         calibration=calibration,
     )
+
+
+def _default_targets(tier: str) -> MissTarget:
+    return DEFAULT_MISS_TARGETS.get(tier, DEFAULT_MISS_TARGET)
+
+
+class MarginPredictor:
+    """The agent's default ``Predictor`` (and ``TickObserver``): :class:`allocator.policy.MarginPolicy`.
+
+    Each workload's reservation is its own peak over the last minute times a margin calibrated
+    toward its SLA tier's miss targets (``targets``, read every tick: the policy API may change
+    them); the replay runs the same object (docs/replay.md). The "forecast" handed to the
+    allocator is the reservation itself, capped at the workload's limit (else the card), so the
+    allocation policy's headroom should be 0 with it. A reading belongs to its whole second
+    (``now`` floored): two ticks in one second are one reading, the larger.
+    """
+
+    def __init__(
+        self,
+        *,
+        gpus: Sequence[GpuInfo],
+        targets: Callable[[str], MissTarget] = _default_targets,
+        config: MarginConfig = DEFAULT_MARGIN_CONFIG,
+    ) -> None:
+        # Each card's (memory, SMs): what a reservation is capped at when the entitlement sets no limit.
+        self._cards: Mapping[str, tuple[float, float]] = {g.uuid: (float(g.memory_mb), float(g.sm_count)) for g in gpus}
+        self._targets = targets
+        self._policy = MarginPolicy(config)
+        self._slots: dict[tuple[str, str], int] = {}
+        self._decay_of: dict[MissTarget, tuple[int, int]] = {}
+        self._lock = threading.Lock()
+
+    @property
+    def policy(self) -> MarginPolicy:
+        return self._policy
+
+    @property
+    def targets(self) -> Callable[[str], MissTarget]:
+        """A tier's miss targets, as this predictor reads them each tick."""
+        return self._targets
+
+    def predict(self, *, reading: UsageReading, now: datetime) -> Prediction:
+        return self.predict_many(readings=(reading,), now=now)[0]
+
+    def predict_many(self, *, readings: Sequence[UsageReading], now: datetime) -> list[Prediction]:
+        if not readings:
+            return []
+        second = math.floor(now.timestamp())
+        slots: list[int] = []
+        decays: list[tuple[int, int]] = []
+        use: list[tuple[float, float]] = []
+        cap: list[tuple[float, float]] = []
+        by_tier: dict[str, tuple[int, int]] = {}
+        cards, known = self._cards, self._slots
+        with self._lock:
+            for r in readings:
+                card = cards.get(r.gpu)
+                if card is None:
+                    raise ValueError(f"reading for unknown GPU {r.gpu!r} ({r.workload.key})")
+                tier = r.workload.sla_tier
+                decay = by_tier.get(tier)
+                if decay is None:
+                    decay = by_tier[tier] = self._decays(self._targets(tier))
+                key = (r.workload.key, r.gpu)
+                slot = known.get(key)
+                if slot is None:
+                    slot = known[key] = self._policy.admit(second=second, decays=decay)
+                slots.append(slot)
+                decays.append(decay)
+                use.append((r.mem_used_mb, r.sm_used))
+                e = r.entitlement
+                if e.limit_mem_mb is None and e.limit_sm is None:  # the common case: the card, one shared tuple
+                    cap.append(card)
+                else:
+                    cap.append((
+                        card[0] if e.limit_mem_mb is None else e.limit_mem_mb,
+                        card[1] if e.limit_sm is None else e.limit_sm,
+                    ))
+            if len(set(slots)) < len(slots):
+                raise ValueError("a workload was read twice on one GPU in one tick")
+            reserved = self._policy.observe(slots, second, use, cap, decays)
+        return list(map(Prediction._make, reserved))  # no per-field call: every workload, every tick
+
+    def _decays(self, target: MissTarget) -> tuple[int, int]:
+        """A tier's decays, priced once per distinct target rather than every tick."""
+        decays = self._decay_of.get(target)
+        if decays is None:
+            decays = self._decay_of[target] = self._policy.config.decays(target)
+        return decays
+
+    def observe(self, *, grants: Sequence[Grant], readings: Sequence[UsageReading]) -> None:
+        """Forget the workloads absent from this tick's readings."""
+        present = {(r.workload.key, r.gpu) for r in readings}
+        with self._lock:
+            for key in [k for k in self._slots if k not in present]:
+                self._policy.release(self._slots.pop(key))
+
+
+def agent_predictor(
+    kind: PredictorChoice,
+    *,
+    gpus: Sequence[GpuInfo],
+    targets: Callable[[str], MissTarget],
+    calibration: Calibration | None = None,
+) -> Predictor:
+    """The predictor ``vgpu-agent run --predictor kind`` runs: the one place each choice is built.
+
+    ``targets`` gives a tier's miss targets (the margin policy reads them every tick);
+    ``calibration`` is the forecasters' online calibration.
+    """
+    if kind == "margin":
+        return MarginPredictor(gpus=gpus, targets=targets)
+    if kind == "current-use":
+        return CurrentUsePredictor()
+    return make_workload_predictors(kind, gpus=gpus, calibration=calibration)

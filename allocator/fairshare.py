@@ -14,11 +14,14 @@ docs/design.md (Weighted fair sharing; Enforcement), per GPU and per resource:
   the growth above it; SMs and PCIe bandwidth are preemptible;
 - whatever is not granted is reported as headroom, never given away.
 
-:func:`fair_share` is the one-resource primitive; :func:`allocate_gpu` is one GPU tick
-over the three resources. Both are pure and deterministic: the result depends on the
-set of inputs, not their order (workloads are processed in key order; ties in the
-water-filling are broken by key). Plain Python loops: at <= 64 workloads they beat
-numpy's per-call overhead (docs/allocation.md has the measurements).
+:func:`fair_share` is the one-resource primitive; :func:`allocate_columns` is one GPU tick
+over the three resources, its workloads given as columns (one list per attribute, in key
+order: what the agent builds every tick, without an object per workload), and
+:func:`allocate_gpu` is the same tick over :class:`WorkloadState` objects, through
+:func:`allocate_columns`. All are pure and deterministic: the result depends on the set of
+inputs, not their order (workloads are processed in key order; ties in the water-filling
+are broken by key). Plain Python loops: at <= 64 workloads they beat numpy's per-call
+overhead (docs/allocation.md has the measurements).
 """
 
 from __future__ import annotations
@@ -29,17 +32,23 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from itertools import accumulate, pairwise
 from types import MappingProxyType
+from typing import NamedTuple
 
 __all__ = [
     "UNLIMITED",
     "Allocation",
     "AllocationPolicy",
     "Claim",
+    "ColumnGrants",
     "GpuCapacity",
+    "GpuColumns",
     "GpuGrants",
     "PredictedPeak",
+    "ResourceColumns",
     "Resources",
+    "Shares",
     "WorkloadState",
+    "allocate_columns",
     "allocate_gpu",
     "fair_share",
     "workload_demand",
@@ -84,28 +93,32 @@ def fair_share(*, capacity: float, claims: Sequence[Claim]) -> Allocation:
     ordered = sorted(claims, key=lambda c: c.key)  # float sums below then ignore input order
     floors = [0.0 if c.preemptible else c.current_use for c in ordered]
     targets = [max(min(max(c.demand, c.guarantee), c.limit), f) for c, f in zip(ordered, floors, strict=True)]
-    grants, headroom, overcommitted = _share(
+    shares = _share(
         capacity=capacity,
         weights=[c.weight for c in ordered],
         targets=targets,
         guarantees=[c.guarantee for c in ordered],
         floors=floors,
     )
-    return Allocation(
-        grants=MappingProxyType({c.key: g for c, g in zip(ordered, grants, strict=True)}),
-        headroom=headroom,
-        overcommitted=overcommitted,
-    )
+    return _allocation([c.key for c in ordered], shares)
+
+
+class Shares(NamedTuple):
+    """One resource of one GPU shared: the grants in the order of the inputs."""
+
+    grants: list[float]
+    headroom: float  # capacity left unclaimed, >= 0
+    overcommitted: bool  # current use of non-preemptible claims alone exceeds capacity
 
 
 def _share(
     *,
     capacity: float,
-    weights: list[float],
-    targets: list[float],
-    guarantees: list[float],
-    floors: list[float] | None,
-) -> tuple[list[float], float, bool]:
+    weights: Sequence[float],
+    targets: Sequence[float],
+    guarantees: Sequence[float],
+    floors: Sequence[float] | None,
+) -> Shares:
     """Grants (same order as the inputs), headroom, overcommitted.
 
     ``floors`` is None for a preemptible resource (no floor). Preconditions (callers
@@ -116,7 +129,7 @@ def _share(
     wanted = math.fsum(targets)
     if wanted <= capacity:
         # Uncontended (the common tick): everyone gets the clamped demand.
-        return list(targets), capacity - wanted, False
+        return Shares(list(targets), capacity - wanted, False)
     # Guarantee phase: each up to min(guarantee, target), never below its floor.
     base = [g if g < t else t for g, t in zip(guarantees, targets, strict=True)]
     if floors is None:
@@ -125,7 +138,7 @@ def _share(
         floor_total = math.fsum(floors)
         if floor_total > capacity:
             # Memory already in use cannot be reclaimed: report it, never invent capacity.
-            return list(floors), 0.0, True
+            return Shares(list(floors), 0.0, True)
         base = [b if b > f else f for b, f in zip(base, floors, strict=True)]
     if math.fsum(base) > capacity:  # guarantees alone exceed capacity: share them by weight
         if floors is None:
@@ -149,10 +162,10 @@ def _share(
         grants = [t if b + e > t else b + e for b, e, t in zip(base, extra, targets, strict=True)]
     granted = _trim_to_capacity(grants=grants, floors=floors, capacity=capacity)
     left = capacity - granted
-    return grants, (left if left > 0 else 0.0), False
+    return Shares(grants, (left if left > 0 else 0.0), False)
 
 
-def _water_fill(*, available: float, caps: list[float], weights: list[float]) -> list[float]:
+def _water_fill(*, available: float, caps: list[float], weights: Sequence[float]) -> list[float]:
     """Weighted max-min split of ``available`` with item ``i`` capped at ``caps[i]``.
 
     Items saturate in order of cap per unit weight (ties: input order, i.e. key order);
@@ -181,7 +194,7 @@ def _water_fill(*, available: float, caps: list[float], weights: list[float]) ->
     return shares
 
 
-def _trim_to_capacity(*, grants: list[float], floors: list[float] | None, capacity: float) -> float:
+def _trim_to_capacity(*, grants: list[float], floors: Sequence[float] | None, capacity: float) -> float:
     """Remove float rounding excess in place so that neither sum nor fsum exceeds capacity.
 
     Returns ``fsum(grants)`` after trimming.
@@ -286,16 +299,18 @@ class WorkloadState:
             and g.mem_mb <= _MAX
             and g.sm <= _MAX
             and g.pcie_mbps <= _MAX
-            and all(
-                0.0 < p.horizon_s <= _MAX
-                and 0.0 <= p.peak.mem_mb <= _MAX
-                and 0.0 <= p.peak.sm <= _MAX
-                and 0.0 <= p.peak.pcie_mbps <= _MAX
-                for p in self.predicted
-            )
             and (len(self.predicted) < 2 or len({p.horizon_s for p in self.predicted}) == len(self.predicted))
         ):
             self._raise_invalid()
+        for p in self.predicted:  # a loop, not all(<generator>): a generator per workload costs as much as the rest
+            peak = p.peak
+            if not (
+                0.0 < p.horizon_s <= _MAX
+                and 0.0 <= peak.mem_mb <= _MAX
+                and 0.0 <= peak.sm <= _MAX
+                and 0.0 <= peak.pcie_mbps <= _MAX
+            ):
+                self._raise_invalid()
 
     def _raise_invalid(self) -> None:
         where = f"workload {self.key!r}"
@@ -360,15 +375,49 @@ class GpuGrants:
         return Resources(mem_mb=self.memory.grants[key], sm=self.sm.grants[key], pcie_mbps=pcie)
 
 
+@dataclass(frozen=True, slots=True)
+class ResourceColumns:
+    """One resource of a GPU's workloads, one entry per workload in the order of ``GpuColumns.keys``."""
+
+    used: Sequence[float]  # use now, each >= 0
+    peak: Sequence[float]  # the largest predicted peak over the policy's horizons (the use when none), >= 0
+    guarantee: Sequence[float]  # each >= 0
+    limit: Sequence[float]  # each >= its guarantee; inf: up to the card
+
+
+@dataclass(frozen=True, slots=True)
+class GpuColumns:
+    """A GPU's workloads as columns (what :class:`WorkloadState` holds, one list per attribute).
+
+    ``keys`` strictly increase: the workloads in key order, each once. Not checked here but by
+    :func:`allocate_columns`, which words a bad entry as the ``WorkloadState`` of its row would.
+    """
+
+    keys: Sequence[str]
+    weights: Sequence[float]  # > 0; SLA weights (before throttling)
+    throttled: Sequence[bool]  # the tenant's budget is in ``throttle`` state
+    memory: ResourceColumns  # MiB
+    sm: ResourceColumns  # SMs
+    pcie: ResourceColumns | None = None  # MB/s; needed when the capacity states a PCIe bandwidth
+
+
+class ColumnGrants(NamedTuple):
+    """One GPU's grants for the next tick, per resource in the order of the columns (see :class:`GpuGrants`)."""
+
+    memory: Shares
+    sm: Shares
+    pcie: Shares | None  # None: bandwidth not constrained
+
+
 def workload_demand(workload: WorkloadState, policy: AllocationPolicy) -> Resources:
     """The demand ``allocate_gpu`` shares for ``workload`` (memory: never below current use)."""
-    _, mem, sm, pcie = _demand(
-        workload,
-        grow=1.0 + policy.headroom,
-        horizons=policy.horizons_s,
-        factor=policy.throttle_weight_factor,
+    mem, sm, pcie = _resources_of([workload], policy.horizons_s)
+    grow, throttled = 1.0 + policy.headroom, (workload.throttled,)
+    return Resources(
+        mem_mb=_memory_targets(mem, throttled, grow)[0],
+        sm=_preemptible_targets(sm, throttled, grow)[0],
+        pcie_mbps=_preemptible_targets(pcie, throttled, grow)[0],
     )
-    return Resources(mem_mb=mem, sm=sm, pcie_mbps=pcie)
 
 
 def allocate_gpu(
@@ -378,91 +427,186 @@ def allocate_gpu(
     policy: AllocationPolicy,
 ) -> GpuGrants:
     """Fair-share one GPU's memory, SMs and PCIe bandwidth among its workloads (docs/allocation.md)."""
-    ordered = sorted(workloads, key=lambda w: w.key)
-    keys = [w.key for w in ordered]
-    for a, b in pairwise(keys):
-        if a == b:
-            raise ValueError(f"workload key {a!r} appears more than once")
-    grow = 1.0 + policy.headroom
-    horizons = policy.horizons_s
-    factor = policy.throttle_weight_factor
-    n = len(ordered)
-    weights = [0.0] * n
-    mem_t, sm_t, pcie_t = [0.0] * n, [0.0] * n, [0.0] * n  # targets: the clamped demands
-    for i, w in enumerate(ordered):
-        weights[i], mem_t[i], sm_t[i], pcie_t[i] = _demand(w, grow=grow, horizons=horizons, factor=factor)
-    memory = _allocation(
-        keys,
-        *_share(
-            capacity=capacity.mem_mb,
-            weights=weights,
-            targets=mem_t,
-            guarantees=[w.guarantee.mem_mb for w in ordered],
-            floors=[w.current.mem_mb for w in ordered],
-        ),
+    columns = _columns_of(sorted(workloads, key=lambda w: w.key), policy.horizons_s)
+    result = allocate_columns(capacity=capacity, columns=columns, policy=policy)
+    keys = columns.keys
+    return GpuGrants(
+        memory=_allocation(keys, result.memory),
+        sm=_allocation(keys, result.sm),
+        pcie=None if result.pcie is None else _allocation(keys, result.pcie),
     )
-    sm = _allocation(
-        keys,
-        *_share(
-            capacity=capacity.sm,
-            weights=weights,
-            targets=sm_t,
-            guarantees=[w.guarantee.sm for w in ordered],
-            floors=None,
-        ),
+
+
+def allocate_columns(*, capacity: GpuCapacity, columns: GpuColumns, policy: AllocationPolicy) -> ColumnGrants:
+    """:func:`allocate_gpu` over columns: the same grants, bit for bit, in the columns' order.
+
+    The agent's tick: no object per workload, and the grants come back as lists it zips with
+    its readings. Bandwidth is shared when ``capacity.pcie_mbps`` is set (``columns.pcie`` is
+    then required) and not otherwise.
+    """
+    _check_columns(columns, policy, pcie_needed=capacity.pcie_mbps is not None)
+    grow, factor, throttled = 1.0 + policy.headroom, policy.throttle_weight_factor, columns.throttled
+    weights = [w * factor if t else w for w, t in zip(columns.weights, throttled, strict=True)]
+    mem, sm = columns.memory, columns.sm
+    memory = _share(
+        capacity=capacity.mem_mb,
+        weights=weights,
+        targets=_memory_targets(mem, throttled, grow),
+        guarantees=mem.guarantee,
+        floors=mem.used,
+    )
+    sms = _share(
+        capacity=capacity.sm,
+        weights=weights,
+        targets=_preemptible_targets(sm, throttled, grow),
+        guarantees=sm.guarantee,
+        floors=None,
     )
     pcie = None
-    if capacity.pcie_mbps is not None:
-        pcie = _allocation(
-            keys,
-            *_share(
-                capacity=capacity.pcie_mbps,
-                weights=weights,
-                targets=pcie_t,
-                guarantees=[w.guarantee.pcie_mbps for w in ordered],
-                floors=None,
-            ),
+    if capacity.pcie_mbps is not None and columns.pcie is not None:
+        pcie = _share(
+            capacity=capacity.pcie_mbps,
+            weights=weights,
+            targets=_preemptible_targets(columns.pcie, throttled, grow),
+            guarantees=columns.pcie.guarantee,
+            floors=None,
         )
-    return GpuGrants(memory=memory, sm=sm, pcie=pcie)
+    return ColumnGrants(memory, sms, pcie)
 
 
-def _demand(
-    w: WorkloadState, *, grow: float, horizons: tuple[float, ...], factor: float
-) -> tuple[float, float, float, float]:
-    """(weight, memory, SM, PCIe demand) of one workload; conditionals, not min/max: hot path."""
-    cur, g, lim = w.current, w.guarantee, w.limit
-    mem, sm, pcie = cur.mem_mb, cur.sm, cur.pcie_mbps
-    for p in w.predicted:
-        if p.horizon_s in horizons:  # pre-reservation: demand rises before the peak arrives
-            peak = p.peak
-            if peak.mem_mb > mem:
-                mem = peak.mem_mb
-            if peak.sm > sm:
-                sm = peak.sm
-            if peak.pcie_mbps > pcie:
-                pcie = peak.pcie_mbps
-    mem, sm, pcie = mem * grow, sm * grow, pcie * grow
-    # Clamped between the guarantee and the limit; limit >= guarantee is validated.
-    mem = g.mem_mb if mem < g.mem_mb else lim.mem_mb if mem > lim.mem_mb else mem
-    sm = g.sm if sm < g.sm else lim.sm if sm > lim.sm else sm
-    pcie = g.pcie_mbps if pcie < g.pcie_mbps else lim.pcie_mbps if pcie > lim.pcie_mbps else pcie
-    weight = w.weight
-    if w.throttled:  # no burst above the guarantee; memory in use cannot be taken back anyway
-        weight *= factor
-        cap = g.mem_mb if g.mem_mb > cur.mem_mb else cur.mem_mb
-        if mem > cap:
-            mem = cap
-        sm, pcie = g.sm, g.pcie_mbps
-    if mem < cur.mem_mb:  # memory is not preemptible: never below use, even above the limit
-        mem = cur.mem_mb
-    return weight, mem, sm, pcie
+def _memory_targets(c: ResourceColumns, throttled: Sequence[bool], grow: float) -> list[float]:
+    """Memory demands: peak x grow clamped to [guarantee, limit]; a throttled tenant no higher than
+    its guarantee or its use; never below use (memory cannot be taken back, even above the limit).
+    Conditionals, not min/max: the hot path."""
+    targets = []
+    for u, p, g, lim, t in zip(c.used, c.peak, c.guarantee, c.limit, throttled, strict=True):
+        d = (p if p > u else u) * grow  # pre-reservation: demand rises before the peak arrives
+        d = g if d < g else lim if d > lim else d
+        if t:
+            cap = g if g > u else u
+            if d > cap:
+                d = cap
+        targets.append(u if d < u else d)
+    return targets
 
 
-def _allocation(keys: list[str], grants: list[float], headroom: float, overcommitted: bool) -> Allocation:
+def _preemptible_targets(c: ResourceColumns, throttled: Sequence[bool], grow: float) -> list[float]:
+    """SM and bandwidth demands: peak x grow clamped to [guarantee, limit]; a throttled tenant's is its guarantee."""
+    return [
+        g if t else g if (d := (p if p > u else u) * grow) < g else lim if d > lim else d
+        for u, p, g, lim, t in zip(c.used, c.peak, c.guarantee, c.limit, throttled, strict=True)
+    ]
+
+
+def _check_columns(columns: GpuColumns, policy: AllocationPolicy, *, pcie_needed: bool) -> None:
+    """The checks of :class:`WorkloadState`, one chained comparison per value; a row that fails is
+    built as a ``WorkloadState``, which words the error."""
+    keys, mem, sm, pcie = columns.keys, columns.memory, columns.sm, columns.pcie
+    groups = (mem, sm) if pcie is None else (mem, sm, pcie)
+    lengths = {len(keys), len(columns.weights), len(columns.throttled)}
+    lengths.update(len(x) for c in groups for x in (c.used, c.peak, c.guarantee, c.limit))
+    if len(lengths) > 1:
+        raise ValueError(f"every column must have one entry per workload, got lengths {sorted(lengths)}")
+    if pcie_needed and pcie is None:
+        raise ValueError("a PCIe capacity needs the workloads' PCIe columns")
+    if keys and not keys[0]:
+        raise ValueError("workload key must not be empty")
+    for a, b in pairwise(keys):
+        if not a < b:
+            raise ValueError(
+                f"workload key {a!r} appears more than once" if a == b else f"keys must be in order: {a!r} before {b!r}"
+            )
+    for i, (w, mu, mp, mg, ml, su, sp, sg, sl) in enumerate(
+        zip(columns.weights, mem.used, mem.peak, mem.guarantee, mem.limit, sm.used, sm.peak, sm.guarantee, sm.limit, strict=True)
+    ):
+        if not (
+            0.0 < w <= _MAX
+            and 0.0 <= mu <= _MAX
+            and 0.0 <= mp <= _MAX
+            and 0.0 <= mg <= ml
+            and mg <= _MAX
+            and 0.0 <= su <= _MAX
+            and 0.0 <= sp <= _MAX
+            and 0.0 <= sg <= sl
+            and sg <= _MAX
+        ):
+            _reject_row(columns, i, policy)
+    if pcie is not None:
+        for i, (u, p, g, lim) in enumerate(zip(pcie.used, pcie.peak, pcie.guarantee, pcie.limit, strict=True)):
+            if not (0.0 <= u <= _MAX and 0.0 <= p <= _MAX and 0.0 <= g <= lim and g <= _MAX):
+                _reject_row(columns, i, policy)
+
+
+def _reject_row(columns: GpuColumns, i: int, policy: AllocationPolicy) -> None:
+    """Raise the error ``WorkloadState`` gives for row ``i`` (its peak as the policy's longest horizon's)."""
+    mem, sm, pcie = columns.memory, columns.sm, columns.pcie
+
+    def amounts(what: str) -> Resources:
+        return Resources(
+            getattr(mem, what)[i], getattr(sm, what)[i], 0.0 if pcie is None else getattr(pcie, what)[i]
+        )
+
+    WorkloadState(
+        columns.keys[i],
+        columns.weights[i],
+        amounts("used"),
+        (PredictedPeak(max(policy.horizons_s), amounts("peak")),),
+        amounts("guarantee"),
+        amounts("limit") if pcie is not None else Resources(mem.limit[i], sm.limit[i], math.inf),
+        columns.throttled[i],
+    )
+    raise ValueError(f"workload {columns.keys[i]!r}: invalid state")  # WorkloadState checks the same values
+
+
+def _columns_of(ordered: Sequence[WorkloadState], horizons: tuple[float, ...]) -> GpuColumns:
+    """Validated states in key order as columns."""
+    mem, sm, pcie = _resources_of(ordered, horizons)
+    return GpuColumns(
+        keys=[w.key for w in ordered],
+        weights=[w.weight for w in ordered],
+        throttled=[w.throttled for w in ordered],
+        memory=mem,
+        sm=sm,
+        pcie=pcie,
+    )
+
+
+def _resources_of(
+    ordered: Sequence[WorkloadState], horizons: tuple[float, ...]
+) -> tuple[ResourceColumns, ResourceColumns, ResourceColumns]:
+    """Memory, SM and PCIe columns; each peak is the largest prediction over ``horizons``, from the use up."""
+    used: list[list[float]] = [[], [], []]
+    peak: list[list[float]] = [[], [], []]
+    for w in ordered:
+        cur = w.current
+        m, s, b = cur.mem_mb, cur.sm, cur.pcie_mbps
+        for p in w.predicted:
+            if p.horizon_s in horizons:
+                top = p.peak
+                if top.mem_mb > m:
+                    m = top.mem_mb
+                if top.sm > s:
+                    s = top.sm
+                if top.pcie_mbps > b:
+                    b = top.pcie_mbps
+        for column, value in zip(used, (cur.mem_mb, cur.sm, cur.pcie_mbps), strict=True):
+            column.append(value)
+        for column, value in zip(peak, (m, s, b), strict=True):
+            column.append(value)
+
+    def resource(k: int, name: str) -> ResourceColumns:
+        return ResourceColumns(
+            used[k], peak[k], [getattr(w.guarantee, name) for w in ordered], [getattr(w.limit, name) for w in ordered]
+        )
+
+    return resource(0, "mem_mb"), resource(1, "sm"), resource(2, "pcie_mbps")
+
+
+def _allocation(keys: Sequence[str], shares: Shares) -> Allocation:
     return Allocation(
-        grants=MappingProxyType(dict(zip(keys, grants, strict=True))),
-        headroom=headroom,
-        overcommitted=overcommitted,
+        grants=MappingProxyType(dict(zip(keys, shares.grants, strict=True))),
+        headroom=shares.headroom,
+        overcommitted=shares.overcommitted,
     )
 
 

@@ -3,13 +3,16 @@
 Replays the Alibaba ``openb`` pod trace in time with a usage model (workload classes
 from the study, bursts from the Azure LLM inference trace) under five policies —
 ``static-whole``, ``static-request``, ``static-profile``, ``dynamic-current-use`` and
-``dynamic-predicted`` — and reports GPUs needed,
+``dynamic-predicted`` and ``agent-default`` (the agent's own policy object, ``allocator.policy``,
+fed per-second use) — and reports GPUs needed,
 GPU-hours, cost, utilisation, idle memory, containers per card and SLO violations.
 ``python -m allocator.replay --help`` is the command-line entry point.
 """
 
 from allocator.replay._compare import (
+    COMPARED,
     DEFAULT_TRACES,
+    SHIPPED,
     Comparison,
     ReplayInputs,
     compare_policies,
@@ -17,6 +20,7 @@ from allocator.replay._compare import (
     load_inputs,
     run_policy,
 )
+from allocator.replay._frontier import FRONTIER_KNOBS, FrontierPoint, Knob, format_frontier, frontier, frontier_svg
 from allocator.replay._predicted import PREDICTOR_CHOICES, PredictorChoice
 from allocator.replay._pricing import (
     DEFAULT_RATE,
@@ -70,23 +74,28 @@ from allocator.replay._usage import (
 __all__ = [
     "A100_MEMORY_MB",
     "A100_SM_COUNT",
+    "COMPARED",
     "DEFAULT_CLASSES",
     "DEFAULT_RATE",
     "DEFAULT_TRACES",
     "DYNAMIC_POLICIES",
+    "FRONTIER_KNOBS",
     "GPU_RATES",
     "MIG_PROFILES",
     "POLICIES",
     "PREDICTOR_CHOICES",
+    "SHIPPED",
     "SLICES_PER_CARD",
     "AzureRequests",
     "BurstSignals",
     "Comparison",
     "DynamicGrants",
     "Fleet",
+    "FrontierPoint",
     "GpuPod",
     "GpuRate",
     "Invariants",
+    "Knob",
     "MigProfile",
     "ModelPool",
     "PodTrace",
@@ -108,7 +117,10 @@ __all__ = [
     "compare_policies",
     "dynamic_grants",
     "format_comparison",
+    "format_frontier",
     "format_per_model",
+    "frontier",
+    "frontier_svg",
     "load_inputs",
     "read_azure_requests",
     "read_fleet",

@@ -4,6 +4,7 @@ Examples::
 
     python -m allocator.replay --policy dynamic --json
     python -m allocator.replay --compare
+    python -m allocator.replay --frontier --svg docs/replay-frontier.svg
     python -m allocator.replay --nodes data/traces/openb_node_list_gpu_node.csv \\
         --pods data/traces/openb_pod_list_default.csv --compare --json
 """
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 import time
 from collections.abc import Sequence
@@ -23,15 +25,14 @@ from allocator.replay._compare import (
     ReplayInputs,
     compare_policies,
     format_comparison,
-    format_sensitivity,
     load_inputs,
     run_policy,
-    sensitivity,
 )
+from allocator.replay._frontier import format_frontier, frontier, frontier_svg
 from allocator.replay._predicted import PREDICTOR_CHOICES
 from allocator.replay._pricing import compare_per_model, format_per_model
 from allocator.replay._replay import POLICIES, ReplayConfig
-from allocator.replay._trace import TraceError
+from allocator.replay._trace import DEFAULT_SNAPSHOT_S, TraceError
 from allocator.replay._usage import UsageModel
 
 
@@ -42,6 +43,24 @@ def _rate(text: str) -> Decimal:
         raise argparse.ArgumentTypeError(f"not a decimal number: {text!r}") from None
     if not value.is_finite() or value < 0:
         raise argparse.ArgumentTypeError(f"must be a finite number >= 0, got {text!r}")
+    return value
+
+
+FRONTIER_SOURCES = ("AzureLLMInferenceTrace_conv.csv", "AzureLLMInferenceTrace_code.csv")
+
+
+def _source_label(path: Path) -> str:
+    """``AzureLLMInferenceTrace_code.csv`` → ``code``: the burst source's name in tables and the picture."""
+    return path.stem.removeprefix("AzureLLMInferenceTrace_") or path.stem
+
+
+def _hours(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not (math.isfinite(value) and 0 < value <= 24 * 366):
+        raise argparse.ArgumentTypeError(f"must be in (0, 8784] hours, got {text!r}")
     return value
 
 
@@ -63,14 +82,28 @@ def _parser() -> argparse.ArgumentParser:
     mode.add_argument("--policy", choices=POLICIES)
     mode.add_argument("--compare", action="store_true", help="replay every policy and compare them")
     mode.add_argument(
-        "--sensitivity",
+        "--frontier",
         action="store_true",
-        help="both dynamic policies over headroom 0/0.2/0.5 x lag 0/1/5 steps (and both predictor choices)",
+        help="sweep each dynamic policy's knob over each --frontier-azure burst source: cost against SLO misses",
     )
+    parser.add_argument(
+        "--frontier-azure",
+        type=Path,
+        action="append",
+        help="with --frontier: a burst source (repeat for several; default the shipped conversation and code traces)",
+    )
+    parser.add_argument("--svg", type=Path, help="with --frontier: also draw the frontier into this SVG file")
     parser.add_argument(
         "--per-model",
         action="store_true",
         help="with --compare: also replay each GPU model of the fleet as its own pool, priced at its rate",
+    )
+    parser.add_argument(
+        "--snapshot-hours",
+        type=_hours,
+        default=DEFAULT_SNAPSHOT_S / 3_600,
+        help="a pod list without times (a snapshot, e.g. openb's multigpu lists): every pod runs from 0 for this "
+        "many hours (default %(default)g)",
     )
     parser.add_argument("--json", action="store_true", help="print JSON instead of text")
     parser.add_argument("--seed", type=int, default=UsageModel().seed, help="seed of class and burst assignment")
@@ -101,6 +134,7 @@ def _context(inputs: ReplayInputs) -> dict[str, object]:
             "pending_left_out": trace.pending,
             "empty_interval_left_out": trace.empty_interval,
             "still_running_at_end": trace.still_running,
+            "snapshot_s": trace.snapshot_s,
         },
         "fleet": {"nodes": inputs.fleet.nodes, "gpus": inputs.fleet.gpus},
         "usage_model": {
@@ -111,62 +145,63 @@ def _context(inputs: ReplayInputs) -> dict[str, object]:
     }
 
 
+def _load(args: argparse.Namespace, model: UsageModel, azure: Path) -> ReplayInputs:
+    return load_inputs(
+        pods_path=args.pods, nodes_path=args.nodes, azure_path=azure, model=model, snapshot_s=args.snapshot_hours * 3_600
+    )
+
+
+def _frontier(args: argparse.Namespace, model: UsageModel) -> tuple[ReplayInputs, dict[str, object], str]:
+    """Every knob over every burst source; the SVG where asked. Returns the first source's inputs for the context."""
+    sources = args.frontier_azure or [DEFAULT_TRACES / name for name in FRONTIER_SOURCES]
+    traces = {_source_label(path): _load(args, model, path) for path in sources}
+    points = frontier(traces)
+    if args.svg:
+        args.svg.write_text(frontier_svg(points), encoding="utf-8")
+    return next(iter(traces.values())), {"frontier": [p.to_dict() for p in points]}, format_frontier(points)
+
+
+def _compare(args: argparse.Namespace, inputs: ReplayInputs) -> tuple[dict[str, object], str]:
+    comparison = compare_policies(
+        inputs, headroom=args.headroom, lag_steps=args.lag_steps, predictor=args.predictor, usd_per_gpu_hour=args.rate
+    )
+    payload = comparison.to_dict()
+    text = format_comparison(comparison)
+    if args.per_model:
+        priced = compare_per_model(inputs, headroom=args.headroom, lag_steps=args.lag_steps, predictor=args.predictor)
+        payload["per_model"] = priced.to_dict()
+        text += "\n\nPer GPU model of the fleet (each its own pool, priced at its rate):\n\n"
+        text += format_per_model(priced)
+    return payload, text
+
+
+def _one(args: argparse.Namespace, inputs: ReplayInputs) -> tuple[dict[str, object], str]:
+    config = ReplayConfig(
+        policy=args.policy,
+        headroom=args.headroom,
+        lag_steps=args.lag_steps,
+        predictor=args.predictor,
+        usd_per_gpu_hour=args.rate,
+    )
+    payload = run_policy(inputs, config).to_dict()
+    return payload, "\n".join(f"{key}: {value}" for key, value in payload.items())
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
     if args.per_model and not args.compare:
         parser.error("--per-model needs --compare")
+    if (args.svg or args.frontier_azure) and not args.frontier:
+        parser.error("--svg and --frontier-azure need --frontier")
     started = time.perf_counter()  # the reported run time; results never depend on it
     try:
         model = UsageModel(step_s=args.step_seconds, seed=args.seed)
-        inputs = load_inputs(pods_path=args.pods, nodes_path=args.nodes, azure_path=args.azure, model=model)
-        if args.sensitivity:
-            rows = sensitivity(inputs)
-            payload: dict[str, object] = {
-                "sensitivity": [
-                    {
-                        "policy": row.config.policy,
-                        "predictor": row.config.predictor,
-                        "headroom": row.config.headroom,
-                        "lag_steps": row.config.lag_steps,
-                        "cost_change_vs_static_whole": row.cost_change_vs_static_whole,
-                        "cost_change_vs_static_request": row.cost_change_vs_static_request,
-                        "result": row.result.to_dict(),
-                    }
-                    for row in rows
-                ]
-            }
-            text = format_sensitivity(rows)
-        elif args.compare:
-            comparison = compare_policies(
-                inputs,
-                headroom=args.headroom,
-                lag_steps=args.lag_steps,
-                predictor=args.predictor,
-                usd_per_gpu_hour=args.rate,
-            )
-            payload = comparison.to_dict()
-            text = format_comparison(comparison)
-            if args.per_model:
-                priced = compare_per_model(
-                    inputs, headroom=args.headroom, lag_steps=args.lag_steps, predictor=args.predictor
-                )
-                payload["per_model"] = priced.to_dict()
-                text += "\n\nPer GPU model of the fleet (each its own pool, priced at its rate):\n\n"
-                text += format_per_model(priced)
+        if args.frontier:
+            inputs, payload, text = _frontier(args, model)
         else:
-            result = run_policy(
-                inputs,
-                ReplayConfig(
-                    policy=args.policy,
-                    headroom=args.headroom,
-                    lag_steps=args.lag_steps,
-                    predictor=args.predictor,
-                    usd_per_gpu_hour=args.rate,
-                ),
-            )
-            payload = result.to_dict()
-            text = "\n".join(f"{key}: {value}" for key, value in payload.items())
+            inputs = _load(args, model, args.azure)
+            payload, text = _compare(args, inputs) if args.compare else _one(args, inputs)
     except (OSError, TraceError, ValueError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
@@ -177,10 +212,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(json.dumps(payload, indent=2, sort_keys=True))
     else:
         fleet = inputs.fleet.gpus
+        snapshot = inputs.trace.snapshot_s
+        held = f"a snapshot: every pod held from 0 for {snapshot / 3_600:g} h; " if snapshot else ""
         print(text)
         print(
             f"\n{len(inputs.trace.pods):,} GPU pods replayed of {inputs.trace.rows:,} rows "
-            f"({inputs.trace.cpu_only:,} CPU-only and {inputs.trace.pending:,} Pending left out); "
+            f"({held}{inputs.trace.cpu_only:,} CPU-only and {inputs.trace.pending:,} Pending left out); "
             f"fleet {fleet:,} GPUs; the first table sizes and prices every card as an A100-80GB; run time {run_time:.1f} s"
         )
     return 0

@@ -2,30 +2,38 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 from decimal import Decimal
 from pathlib import Path
 
-from allocator.replay._predicted import PREDICTOR_CHOICES, PredictorChoice
-from allocator.replay._replay import POLICIES, Policy, ReplayConfig, ReplayResult, replay
-from allocator.replay._trace import Fleet, PodTrace, read_azure_requests, read_fleet, read_pod_trace
+from allocator.replay._predicted import PredictorChoice
+from allocator.replay._replay import Policy, ReplayConfig, ReplayResult, replay
+from allocator.replay._trace import (
+    DEFAULT_SNAPSHOT_S,
+    Fleet,
+    PodTrace,
+    read_azure_requests,
+    read_fleet,
+    read_pod_trace,
+)
 from allocator.replay._usage import BurstSignals, PodUsage, UsageModel, build_burst_signals, build_pod_usage
 
 __all__ = [
+    "COMPARED",
     "DEFAULT_TRACES",
+    "SHIPPED",
     "Comparison",
     "ReplayInputs",
-    "SensitivityRow",
     "compare_policies",
     "format_comparison",
-    "format_sensitivity",
     "load_inputs",
     "run_policy",
-    "sensitivity",
 ]
 
-DYNAMIC_ORDER: tuple[Policy, ...] = ("dynamic-current-use", "dynamic-predicted")
+# What --compare replays: the static baselines, the one-line rule and the agent's shipped policy.
+# dynamic-predicted (the LSTM at the replay's 60 s step) is on the frontier and under --policy.
+COMPARED: tuple[Policy, ...] = ("static-whole", "static-request", "static-profile", "dynamic-current-use", "agent-default")
+SHIPPED: Policy = "agent-default"  # exactly what `vgpu-agent run` does with no flags
 
 # data/traces in the repository (copies of the public traces; see their README).
 DEFAULT_TRACES = Path(__file__).resolve().parents[2] / "data" / "traces"
@@ -48,10 +56,11 @@ def load_inputs(
     nodes_path: Path | str = DEFAULT_TRACES / "openb_node_list_gpu_node.csv",
     azure_path: Path | str = DEFAULT_TRACES / "AzureLLMInferenceTrace_conv.csv",
     model: UsageModel | None = None,
+    snapshot_s: float = DEFAULT_SNAPSHOT_S,
 ) -> ReplayInputs:
-    """Read the three traces and build every pod's use under ``model``."""
+    """Read the three traces and build every pod's use under ``model`` (a pod list without times: a snapshot held ``snapshot_s``)."""
     model = model or UsageModel()
-    trace = read_pod_trace(pods_path)
+    trace = read_pod_trace(pods_path, snapshot_s=snapshot_s)
     if not trace.pods:
         raise ValueError(f"{pods_path}: no GPU pod held a GPU (nothing to replay)")
     fleet = read_fleet(nodes_path)
@@ -85,15 +94,18 @@ class Comparison:
         return self.result(policy).containers_per_card / base if base else 0.0
 
     def to_dict(self) -> dict[str, object]:
-        dynamic: Policy = "dynamic-predicted"
+        others = [r.policy for r in self.results if r.policy != SHIPPED]
         return {
             "policies": {r.policy: r.to_dict() for r in self.results},
-            "comparison": {
-                f"{dynamic}_cost_change_vs_{b}": self.cost_change(dynamic, b) for b in POLICIES if b != dynamic
-            }
-            | {f"{dynamic}_density_ratio_vs_{b}": self.density_ratio(dynamic, b) for b in POLICIES if b != dynamic}
+            "comparison": {f"{SHIPPED}_cost_change_vs_{b}": self.cost_change(SHIPPED, b) for b in others}
+            | {f"{SHIPPED}_density_ratio_vs_{b}": self.density_ratio(SHIPPED, b) for b in others}
+            | {f"{SHIPPED}_peak_pool_ratio_vs_{b}": self.pool_ratio(SHIPPED, b) for b in others}
             | {"gpus_peak": {r.policy: r.gpus_peak for r in self.results}},
         }
+
+    def pool_ratio(self, policy: Policy, baseline: Policy) -> float:
+        base = self.result(baseline).gpus_peak
+        return self.result(policy).gpus_peak / base if base else 0.0
 
 
 def compare_policies(
@@ -117,7 +129,7 @@ def compare_policies(
                     usd_per_gpu_hour=usd_per_gpu_hour,
                 ),
             )
-            for policy in POLICIES
+            for policy in COMPARED
         )
     )
 
@@ -163,14 +175,13 @@ def format_comparison(comparison: Comparison) -> str:
     table = [line(rows[0]), "|" + "|".join("-" * (w + 1) + (":" if i else "-") for i, w in enumerate(widths)) + "|"]
     table += [line(row) for row in rows[1:]]
     table.append("")
-    dynamic: Policy = "dynamic-predicted"
     table.append(
-        f"{dynamic}: "
+        f"{SHIPPED}: "
         + "; ".join(
-            f"vs {b} cost {comparison.cost_change(dynamic, b):+.1%}, containers per card "
-            f"×{comparison.density_ratio(dynamic, b):.2f}"
-            for b in POLICIES
-            if b != dynamic
+            f"vs {r.policy} cost {comparison.cost_change(SHIPPED, r.policy):+.1%}, containers per card "
+            f"×{comparison.density_ratio(SHIPPED, r.policy):.2f}, peak pool ×{comparison.pool_ratio(SHIPPED, r.policy):.2f}"
+            for r in res
+            if r.policy != SHIPPED
         )
     )
     return "\n".join(table)
@@ -178,59 +189,3 @@ def format_comparison(comparison: Comparison) -> str:
 
 def _per(total: float, seconds: float) -> str:
     return f"{total / seconds:,.1f}" if seconds else "-"
-
-
-@dataclass(frozen=True, slots=True)
-class SensitivityRow:
-    """One dynamic policy under one (headroom, lag, predictor), against the static baselines of the same usage."""
-
-    config: ReplayConfig
-    result: ReplayResult
-    cost_change_vs_static_whole: float
-    cost_change_vs_static_request: float
-
-
-def sensitivity(
-    inputs: ReplayInputs,
-    *,
-    headrooms: Sequence[float] = (0.0, 0.2, 0.5),
-    lags: Sequence[int] = (0, 1, 5),
-    predictors: Sequence[PredictorChoice] = PREDICTOR_CHOICES,
-) -> tuple[SensitivityRow, ...]:
-    """Both dynamic policies over headroom × lag (dynamic-predicted also over ``predictors``)."""
-    whole = run_policy(inputs, ReplayConfig(policy="static-whole")).gpu_hours
-    request = run_policy(inputs, ReplayConfig(policy="static-request")).gpu_hours
-    rows: list[SensitivityRow] = []
-    for policy in DYNAMIC_ORDER:
-        for predictor in predictors if policy == "dynamic-predicted" else ("default",):
-            for headroom in headrooms:
-                for lag in lags:
-                    config = ReplayConfig(policy=policy, headroom=headroom, lag_steps=lag, predictor=predictor)
-                    result = run_policy(inputs, config)
-                    rows.append(
-                        SensitivityRow(
-                            config=config,
-                            result=result,
-                            cost_change_vs_static_whole=result.gpu_hours / whole - 1.0 if whole else 0.0,
-                            cost_change_vs_static_request=result.gpu_hours / request - 1.0 if request else 0.0,
-                        )
-                    )
-    return tuple(rows)
-
-
-def format_sensitivity(rows: Sequence[SensitivityRow]) -> str:
-    lines = [
-        "| policy | predictor | headroom | lag (steps) | cost vs static-whole | cost vs static-request "
-        "| GPUs peak | containers per card | SLO misses, share | SM misses, workload-s "
-        "| memory misses, workload-s |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
-    ]
-    for row in rows:
-        c, r = row.config, row.result
-        predictor = c.predictor if c.policy == "dynamic-predicted" else "-"
-        lines.append(
-            f"| {c.policy} | {predictor} | {c.headroom:g} | {c.lag_steps} | {row.cost_change_vs_static_whole:+.1%} "
-            f"| {row.cost_change_vs_static_request:+.1%} | {r.gpus_peak} | {r.containers_per_card:.2f} "
-            f"| {r.slo_miss_share:.3%} | {r.slo_miss_sm_workload_s:,.0f} | {r.slo_miss_memory_workload_s:,.0f} |"
-        )
-    return "\n".join(lines)

@@ -19,9 +19,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from decimal import Decimal
 
-from allocator.replay._compare import Comparison, ReplayInputs, compare_policies
+from allocator.replay._compare import COMPARED, SHIPPED, Comparison, ReplayInputs, compare_policies
 from allocator.replay._predicted import PredictorChoice
-from allocator.replay._replay import POLICIES, Policy
+from allocator.replay._replay import Policy
 from allocator.replay._trace import Fleet, GpuPod
 from allocator.replay._usage import build_pod_usage
 
@@ -132,8 +132,8 @@ class PricedComparison:
                 }
                 for p in self.pools
             },
-            "total_cost_usd": {policy: str(self.cost_usd(policy)) for policy in POLICIES},
-            "total_gpu_hours": {policy: self.gpu_hours(policy) for policy in POLICIES},
+            "total_cost_usd": {policy: str(self.cost_usd(policy)) for policy in COMPARED},
+            "total_gpu_hours": {policy: self.gpu_hours(policy) for policy in COMPARED},
         }
 
 
@@ -166,22 +166,22 @@ def compare_per_model(
 
 def format_per_model(priced: PricedComparison) -> str:
     """A Markdown table: per model, its rate, pods, and each policy's GPU-hours and cost; then the totals."""
-    head = ["model", "GPUs in fleet", "pods", "USD/GPU-h"] + [f"{p}, GPU-h / USD" for p in POLICIES]
+    head = ["model", "GPUs in fleet", "pods", "USD/GPU-h"] + [f"{p}, GPU-h / USD" for p in COMPARED]
     lines = ["| " + " | ".join(head) + " |", "|---|" + "---:|" * (len(head) - 1)]
     for pool in priced.pools:
         rate = f"{pool.rate.usd_per_gpu_hour}" + ("" if pool.rate.public else " (assumed)")
         cells = [pool.model, f"{pool.gpus_in_fleet:,}", f"{pool.pods:,}", rate]
-        for policy in POLICIES:
+        for policy in COMPARED:
             r = pool.comparison.result(policy)
             cells.append(f"{r.gpu_hours:,.0f} / {r.cost_usd:,}")
         lines.append("| " + " | ".join(cells) + " |")
     total = ["**all**", f"{sum(p.gpus_in_fleet for p in priced.pools):,}", f"{sum(p.pods for p in priced.pools):,}", ""]
-    total += [f"{priced.gpu_hours(p):,.0f} / {priced.cost_usd(p):,}" for p in POLICIES]
+    total += [f"{priced.gpu_hours(p):,.0f} / {priced.cost_usd(p):,}" for p in COMPARED]
     lines.append("| " + " | ".join(total) + " |")
-    dynamic: Policy = "dynamic-predicted"
+    dynamic: Policy = SHIPPED
     lines.append("")
     lines.append(
         f"{dynamic}, priced per model: "
-        + "; ".join(f"vs {b} {priced.cost_change(dynamic, b):+.1%}" for b in POLICIES if b != dynamic)
+        + "; ".join(f"vs {b} {priced.cost_change(dynamic, b):+.1%}" for b in COMPARED if b != dynamic)
     )
     return "\n".join(lines)

@@ -42,9 +42,13 @@ import numpy as np
 import numpy.typing as npt
 
 from allocator.fairshare import Claim, fair_share
+from allocator.policy import DEFAULT_MARGIN_CONFIG, MarginConfig
 from allocator.predict import Resource
+from allocator.rebalance import SM_MILLI, Pool, PoolNode, PoolWorkload, plan_rebalance
+from allocator.replay._agent import agent_rows, capped_outcomes
 from allocator.replay._predicted import PREDICTOR_CHOICES, PredictorChoice, history_window, step_forecasts
 from allocator.replay._usage import BurstSignals, PodUsage, UsageModel, shortfall
+from allocator.risk import DEFAULT_MISS_TARGET, MissTarget
 
 __all__ = [
     "DYNAMIC_POLICIES",
@@ -66,11 +70,18 @@ __all__ = [
 
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
-Policy = Literal["static-whole", "static-request", "static-profile", "dynamic-current-use", "dynamic-predicted"]
+Policy = Literal[
+    "static-whole", "static-request", "static-profile", "dynamic-current-use", "dynamic-predicted", "agent-default"
+]
 POLICIES: tuple[Policy, ...] = get_args(Policy)
-DYNAMIC_POLICIES: frozenset[Policy] = frozenset({"dynamic-current-use", "dynamic-predicted"})
+DYNAMIC_POLICIES: frozenset[Policy] = frozenset({"dynamic-current-use", "dynamic-predicted", "agent-default"})
 
 SLICES_PER_CARD = 7
+# The service's rebalance schedule (config/settings.py, billing/services/fleet/rebalance.py): a plan of at
+# most 10 moves every hour, each pod's demand its largest over the last 24 hours.
+REBALANCE_EVERY_S = 3_600.0
+REBALANCE_MAX_MOVES = 10
+REBALANCE_WINDOW_S = 24 * 3_600.0
 _UNITS = 7_000  # a card in placement units: 1,000 per slice, 7 per gpu_milli
 _EPS = 1e-9
 _CENT = Decimal("0.01")
@@ -117,6 +128,13 @@ class ReplayConfig:
     lag_steps: int = 0  # dynamic: a grant for step t is decided from use up to step t - 1 - lag_steps
     predictor: PredictorChoice = "default"  # dynamic-predicted: calibrated default predictors, or raw
     usd_per_gpu_hour: Decimal = Decimal("5.12")  # the project's demo A100-80GB rate card
+    # agent-default: the policy object's knobs and the miss target its margins calibrate toward
+    # (the trace names no SLA tier: every pod has the tier-less default).
+    margin: MarginConfig = DEFAULT_MARGIN_CONFIG
+    miss_target: MissTarget = DEFAULT_MISS_TARGET
+    # dynamic: the rebalance planner's schedule (None: never) and its cap on moves per plan
+    rebalance_every_s: float | None = REBALANCE_EVERY_S
+    rebalance_max_moves: int = REBALANCE_MAX_MOVES
 
     def __post_init__(self) -> None:
         if self.policy not in POLICIES:
@@ -127,6 +145,12 @@ class ReplayConfig:
             raise ValueError(f"lag_steps must be in 0..1000, got {self.lag_steps!r}")
         if self.predictor not in PREDICTOR_CHOICES:
             raise ValueError(f"predictor must be one of {', '.join(PREDICTOR_CHOICES)}, got {self.predictor!r}")
+        if self.rebalance_every_s is not None and not (
+            math.isfinite(self.rebalance_every_s) and self.rebalance_every_s >= 60
+        ):
+            raise ValueError(f"rebalance_every_s must be None or >= 60, got {self.rebalance_every_s!r}")
+        if not 0 <= self.rebalance_max_moves <= 1_000:
+            raise ValueError(f"rebalance_max_moves must be in 0..1000, got {self.rebalance_max_moves!r}")
         if not (self.usd_per_gpu_hour.is_finite() and self.usd_per_gpu_hour >= 0):
             raise ValueError(f"usd_per_gpu_hour must be finite and >= 0, got {self.usd_per_gpu_hour!r}")
 
@@ -169,6 +193,8 @@ class ReplayResult:
     memory_short_mb_s: float  # Σ over missed seconds of (memory use − memory grant)
     profiles: Mapping[str, int] = field(default_factory=dict)  # static-profile: shards per profile
     invariants: Invariants | None = None  # dynamic only
+    rebalance_plans: int = 0  # dynamic: plans the rebalance planner made (at least two busy cards)
+    shards_moved: int = 0  # dynamic: moves those plans made
 
     def to_dict(self) -> dict[str, object]:
         """JSON-ready: money as a decimal string, everything else numbers."""
@@ -196,6 +222,8 @@ class ReplayResult:
             "sm_short_sm_s": self.sm_short_sm_s,
             "memory_short_mb_s": self.memory_short_mb_s,
             "profiles": dict(self.profiles),
+            "rebalance_plans": self.rebalance_plans,
+            "shards_moved": self.shards_moved,
         }
         if self.invariants is not None:
             inv = self.invariants
@@ -350,17 +378,99 @@ def _reservations(usage: PodUsage, model: UsageModel, config: ReplayConfig) -> t
     )
 
 
-def _place_dynamic(
-    usage: PodUsage, model: UsageModel, res_sm: FloatArray, res_mem: FloatArray
-) -> tuple[_Cards, list[tuple[int, ...]]]:
-    """Online best fit on reserved SM among cards where the reservation fits."""
+@dataclass(frozen=True, slots=True)
+class _Moved:
+    """A shard the rebalance planner moved: from ``step`` on it sits on ``slot``."""
+
+    pod: int
+    step: int
+    slot: int
+
+
+@dataclass(frozen=True, slots=True)
+class _Placement:
+    """Where each pod's shards were placed on arrival, the moves since, and the occupancy."""
+
+    cards: _Cards
+    initial: list[tuple[int, ...]]
+    moves: list[_Moved]
+    rebalances: int  # plans made
+    moved: int  # shards moved in all
+
+
+def _rebalance_times(usage: PodUsage, every_s: float | None) -> list[float]:
+    """The planner's schedule: every ``every_s`` from the first step boundary after the first arrival."""
+    if every_s is None or not usage.pods:
+        return []
+    step = float(usage.step_s)
+    first = (math.floor(min(p.start_s for p in usage.pods) / step) + 1) * step
+    last = max(p.end_s for p in usage.pods)
+    return [float(t) for t in np.arange(first, last, every_s, dtype=np.float64)]
+
+
+def _pool_at(  # noqa: PLR0917 - a private helper whose one caller passes its loop's state in order
+    usage: PodUsage, model: UsageModel, cards: _Cards, now_step: int, window_steps: int, demand: _Demand
+) -> Pool:
+    """The pool the planner is given: each busy card a node of one GPU (the replay has no node layout),
+    each shard a workload whose demand is its largest reservation over the window before now, rounded
+    up, in the planner's units; multi-GPU pods are pinned, as the service pins them.
+
+    The service (billing/services/fleet/rebalance.py) gives the planner each pod's largest
+    per-minute mean *use*; a shard moved on that figure lands where its reservations, which follow
+    its per-second peaks, do not fit, and fair share then cuts them (docs/replay.md, the pool)."""
+    nodes: list[PoolNode] = []
+    workloads: list[PoolWorkload] = []
+    sm_milli = SM_MILLI / float(model.card_sm_count)
+    for slot in cards.busy_slots():
+        name = f"card-{slot}"
+        nodes.append(PoolNode(name=name, model="A100-80GB", gpus=1, gpu_memory_mb=int(model.card_memory_mb)))
+        for pod in sorted(cards.members[slot]):
+            first, offset = int(usage.first_step[pod]), int(usage.offset[pod])
+            lo, hi = max(0, now_step - window_steps - first), min(int(usage.steps[pod]), now_step - first)
+            rows = slice(offset + lo, offset + max(lo, hi))  # before its first step ends: its admission reservation
+            if hi <= lo:
+                rows = slice(offset, offset + 1)
+            memory = float(demand.mem[rows].max(initial=0.0))
+            sm = float(demand.sm[rows].max(initial=0.0))
+            movable = usage.pods[pod].num_gpu == 1
+            workloads.append(
+                PoolWorkload(
+                    key=f"{pod}@{slot}",
+                    node=name,
+                    gpus=(0,),
+                    memory_mb=math.ceil(memory),
+                    sm_milli=math.ceil(sm * sm_milli),
+                    movable=movable,
+                )
+            )
+    return Pool.build(nodes, workloads)
+
+
+@dataclass(frozen=True, slots=True)
+class _Demand:
+    """Per row of the usage: what the planner reads as the shard's demand (its reservations)."""
+
+    sm: FloatArray
+    mem: FloatArray
+
+
+def _place_dynamic(  # noqa: PLR0917 - the dynamic replays pass their arrays in order
+    usage: PodUsage, model: UsageModel, res_sm: FloatArray, res_mem: FloatArray, config: ReplayConfig, demand: _Demand
+) -> _Placement:
+    """Online best fit on reserved SM among cards where the reservation fits; at the service's schedule,
+    the rebalance planner's moves (``allocator.rebalance``, as the service runs it) are applied."""
     cards = _Cards()
     placement: list[tuple[int, ...]] = [() for _ in usage.pods]
+    moves: list[_Moved] = []
     step = float(usage.step_s)
     cap_sm, cap_mem = float(model.card_sm_count), model.card_memory_mb
-    events = _events(usage)
+    events = [(t, 2, -1) for t in _rebalance_times(usage, config.rebalance_every_s)] + _events(usage)
+    events.sort()  # at equal times: leave, arrive, rebalance
     if events:
         cards.last_time = events[0][0]
+    window_steps = round(REBALANCE_WINDOW_S / step)
+    rebalances = 0
+    moved_to: dict[int, int] = {}  # a moved (single-GPU) pod's card now
 
     def row_at(pod: int, global_step: int) -> int:
         local = min(max(global_step - int(usage.first_step[pod]), 0), int(usage.steps[pod]) - 1)
@@ -368,8 +478,26 @@ def _place_dynamic(
 
     for time, kind, pod in events:
         cards.advance(time)
+        if kind == 2:
+            if cards.busy < 2:  # nothing to empty a card onto
+                continue
+            now = round(time / step)
+            plan = plan_rebalance(
+                _pool_at(usage, model, cards, now, window_steps, demand),
+                max_moves=config.rebalance_max_moves,
+                price_per_gpu_hour=config.usd_per_gpu_hour,
+            )
+            rebalances += 1
+            for move in plan.moves:
+                moved, source = (int(part) for part in move.workload.split("@"))
+                target = int(move.to_node.removeprefix("card-"))
+                cards.remove(source, moved, 0)
+                cards.add(target, moved, 0)
+                moves.append(_Moved(pod=moved, step=now, slot=target))
+                moved_to[moved] = target
+            continue
         if kind == 0:
-            for slot in placement[pod]:
+            for slot in (moved_to[pod],) if pod in moved_to else placement[pod]:
                 cards.remove(slot, pod, 0)
             continue
         now = math.floor(time / step)
@@ -393,7 +521,7 @@ def _place_dynamic(
             sm, mem = sums.get(slot, (0.0, 0.0))
             sums[slot] = (sm + need_sm, mem + need_mem)
         placement[pod] = tuple(chosen)
-    return cards, placement
+    return _Placement(cards=cards, initial=placement, moves=moves, rebalances=rebalances, moved=len(moves))
 
 
 @dataclass(frozen=True, slots=True)
@@ -409,14 +537,25 @@ class DynamicGrants:
     invariants: Invariants
 
 
-def _shard_rows(usage: PodUsage, placement: Sequence[tuple[int, ...]]) -> tuple[IntArray, IntArray]:
-    """Row of ``usage`` and card slot of every (shard, step)."""
-    shard_pod = np.array([p for p, slots in enumerate(placement) for _ in slots], dtype=np.int64)
-    shard_slot = np.array([s for slots in placement for s in slots], dtype=np.int64)
+def _shard_rows(usage: PodUsage, placement: _Placement) -> tuple[IntArray, IntArray]:
+    """Row of ``usage`` and card slot of every (shard, step), moves applied from their step on."""
+    initial = placement.initial
+    shard_pod = np.array([p for p, slots in enumerate(initial) for _ in slots], dtype=np.int64)
+    shard_slot = np.array([s for slots in initial for s in slots], dtype=np.int64)
     lengths = usage.steps[shard_pod]
     starts = usage.offset[shard_pod]
-    within = np.arange(int(lengths.sum()), dtype=np.int64) - np.repeat(np.cumsum(lengths) - lengths, lengths)
-    return np.repeat(starts, lengths) + within, np.repeat(shard_slot, lengths)
+    begins = np.cumsum(lengths) - lengths
+    within = np.arange(int(lengths.sum()), dtype=np.int64) - np.repeat(begins, lengths)
+    slots = np.repeat(shard_slot, lengths)
+    if placement.moves:
+        # Only single-GPU pods move: their one shard's entries are contiguous; later moves override.
+        first_shard = np.searchsorted(shard_pod, np.arange(len(initial)))
+        for move in placement.moves:
+            local = max(0, move.step - int(usage.first_step[move.pod]))
+            shard = int(first_shard[move.pod])
+            if local < lengths[shard]:
+                slots[begins[shard] + local : begins[shard] + lengths[shard]] = move.slot
+    return np.repeat(starts, lengths) + within, slots
 
 
 def _grant_dynamic(  # noqa: PLR0917 - a private helper whose one caller passes its loop's state in order
@@ -502,12 +641,17 @@ def _grant_dynamic(  # noqa: PLR0917 - a private helper whose one caller passes 
 
 def dynamic_grants(usage: PodUsage, model: UsageModel, config: ReplayConfig) -> tuple[DynamicGrants, int, float]:
     """Place and grant under a dynamic policy: (grants, peak busy cards, busy card-seconds)."""
+    grants, placement = _dynamic(usage, model, config)
+    return grants, placement.cards.peak, placement.cards.busy_seconds
+
+
+def _dynamic(usage: PodUsage, model: UsageModel, config: ReplayConfig) -> tuple[DynamicGrants, _Placement]:
     if config.policy not in DYNAMIC_POLICIES:
         raise ValueError(f"dynamic_grants needs a dynamic policy, got {config.policy!r}")
     res_sm, res_mem = _reservations(usage, model, config)
-    cards, placement = _place_dynamic(usage, model, res_sm, res_mem)
+    placement = _place_dynamic(usage, model, res_sm, res_mem, config, _Demand(sm=res_sm, mem=res_mem))
     rows, slots = _shard_rows(usage, placement)
-    return _grant_dynamic(usage, model, config, rows, slots, res_sm, res_mem), cards.peak, cards.busy_seconds
+    return _grant_dynamic(usage, model, config, rows, slots, res_sm, res_mem), placement
 
 
 @dataclass(frozen=True, slots=True)
@@ -566,14 +710,17 @@ def replay(
     """Replay ``usage`` under ``config.policy``; deterministic for equal inputs."""
     if usage.step_s != model.step_s or signals.step_s != model.step_s:
         raise ValueError("usage, signals and model must share one step length")
-    n = len(usage.pods)
     num_gpu = np.array([p.num_gpu for p in usage.pods], dtype=np.int64)
     profiles: Mapping[str, int] = {}
     invariants: Invariants | None = None
-    cap_sm = float(model.card_sm_count)
 
+    if config.policy == "agent-default":
+        return _replay_agent(usage, model, signals, config)
+    plans = moved = 0
     if config.policy in DYNAMIC_POLICIES:
-        grants, gpus_peak, busy = dynamic_grants(usage, model, config)
+        grants, placement = _dynamic(usage, model, config)
+        gpus_peak, busy = placement.cards.peak, placement.cards.busy_seconds
+        plans, moved = placement.rebalances, placement.moved
         rows, grant_sm, grant_mem = grants.rows, grants.sm, grants.mem
         invariants = grants.invariants
         weight = np.ones(rows.shape[0])  # one entry per shard
@@ -593,6 +740,95 @@ def replay(
     over_sm, over_mem, short_sm, short_mem = _misses(usage, model, signals, rows, grant_sm, grant_mem)
     missed = float(np.sum(np.minimum(over_sm + over_mem, seconds) * weight))
 
+    return _result(
+        usage,
+        model,
+        config,
+        _Totals(gpus_peak=gpus_peak, busy=busy, served_sm=served_sm, used_mem=used_mem, granted_mem=granted_mem,
+                missed=missed, missed_sm=float(np.sum(over_sm * weight)), missed_mem=float(np.sum(over_mem * weight)),
+                short_sm=float(np.sum(short_sm * weight)), short_mem=float(np.sum(short_mem * weight)),
+                rebalance_plans=plans, shards_moved=moved),
+        profiles=profiles,
+        invariants=invariants,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class _Totals:
+    """A replay's sums, before they become figures."""
+
+    gpus_peak: int
+    busy: float  # busy card-seconds
+    served_sm: float
+    used_mem: float
+    granted_mem: float
+    missed: float
+    missed_sm: float
+    missed_mem: float
+    short_sm: float
+    short_mem: float
+    rebalance_plans: int = 0
+    shards_moved: int = 0
+
+
+def _replay_agent(usage: PodUsage, model: UsageModel, signals: BurstSignals, config: ReplayConfig) -> ReplayResult:
+    """agent-default: the policy object over per-second use (``_agent``), placed and fair-shared by its reservations.
+
+    Placement reads the reservation in force at each step's first second; a card-step whose
+    shards' largest reservations exceed the card is fair-shared on them, and those shards'
+    seconds are counted again against the reservations cut to their share.
+    """
+    agent = agent_rows(usage, model, signals, margin=config.margin, target=config.miss_target)
+    demand = _Demand(sm=agent.peak[:, 1], mem=agent.peak[:, 0])
+    placement = _place_dynamic(usage, model, agent.first[:, 1], agent.first[:, 0], config, demand)
+    rows, slots = _shard_rows(usage, placement)
+    cards = placement.cards
+    grants = _grant_dynamic(usage, model, config, rows, slots, agent.peak[:, 1], agent.peak[:, 0])
+    missed, short = agent.missed[rows], agent.short[rows]
+    served, reserved = agent.served_sm[rows], agent.reserved_mem[rows]
+    cut = np.flatnonzero((grants.sm < agent.peak[rows, 1] - _EPS) | (grants.mem < agent.peak[rows, 0] - _EPS))
+    if cut.size:
+        grant = np.stack([grants.mem[cut], grants.sm[cut]], axis=1)
+        missed[cut], short[cut], served[cut], reserved[cut] = capped_outcomes(
+            usage, model, signals, agent, rows[cut], grant, window_blocks=config.margin.window_blocks
+        )
+    scale = usage.seconds[rows] / float(usage.step_s)  # the burst window is the step; the pod held part of it
+    return _result(
+        usage,
+        model,
+        config,
+        _Totals(
+            gpus_peak=cards.peak,
+            busy=cards.busy_seconds,
+            served_sm=float(np.sum(served * scale)),
+            used_mem=float(np.sum(usage.mem_mean_mb[rows] * usage.seconds[rows])),
+            granted_mem=float(np.sum(reserved * scale)),
+            missed=float(np.sum(missed[:, 2] * scale)),
+            missed_sm=float(np.sum(missed[:, 1] * scale)),
+            missed_mem=float(np.sum(missed[:, 0] * scale)),
+            short_sm=float(np.sum(short[:, 1] * scale)),
+            short_mem=float(np.sum(short[:, 0] * scale)),
+            rebalance_plans=placement.rebalances,
+            shards_moved=placement.moved,
+        ),
+        profiles={},
+        invariants=grants.invariants,
+    )
+
+
+def _result(
+    usage: PodUsage,
+    model: UsageModel,
+    config: ReplayConfig,
+    totals: _Totals,
+    *,
+    profiles: Mapping[str, int],
+    invariants: Invariants | None,
+) -> ReplayResult:
+    n = len(usage.pods)
+    cap_sm = float(model.card_sm_count)
+    busy, gpus_peak = totals.busy, totals.gpus_peak
+    served_sm, used_mem, granted_mem, missed = totals.served_sm, totals.used_mem, totals.granted_mem, totals.missed
     span = (max(p.end_s for p in usage.pods) - min(p.start_s for p in usage.pods)) if n else 0.0
     workload = float(sum(p.num_gpu * p.duration_s for p in usage.pods))
     gpu_hours = busy / 3_600.0
@@ -602,7 +838,7 @@ def replay(
         policy=config.policy,
         step_s=model.step_s,
         pods=n,
-        gpu_shards=int(num_gpu.sum()),
+        gpu_shards=sum(p.num_gpu for p in usage.pods),
         span_s=span,
         workload_seconds=workload,
         gpus_peak=gpus_peak,
@@ -616,11 +852,13 @@ def replay(
         memory_granted_share=granted_mem / card_mb_s if busy else 0.0,
         containers_per_card=workload / busy if busy else 0.0,
         slo_miss_workload_s=missed,
-        slo_miss_sm_workload_s=float(np.sum(over_sm * weight)),
-        slo_miss_memory_workload_s=float(np.sum(over_mem * weight)),
+        slo_miss_sm_workload_s=totals.missed_sm,
+        slo_miss_memory_workload_s=totals.missed_mem,
         slo_miss_share=missed / workload if workload else 0.0,
-        sm_short_sm_s=float(np.sum(short_sm * weight)),
-        memory_short_mb_s=float(np.sum(short_mem * weight)),
+        sm_short_sm_s=totals.short_sm,
+        memory_short_mb_s=totals.short_mem,
         profiles=profiles,
         invariants=invariants,
+        rebalance_plans=totals.rebalance_plans,
+        shards_moved=totals.shards_moved,
     )

@@ -11,6 +11,10 @@ Holding rule for pods (docs/replay.md §Trace): a GPU pod holds its GPUs over
 is empty on a pod that is not Pending; a missing ``deletion_time`` means the pod still
 runs at the end of the trace (the latest timestamp in the file). Pending pods never
 held a GPU and are left out, as are CPU-only pods and pods whose interval is empty.
+
+A pod list with none of the time columns (``pod_phase``, ``creation_time``,
+``deletion_time``, ``scheduled_time``; openb's ``multigpu*`` lists, made for packing) is a
+**snapshot**: every GPU pod in it is present from second 0 and held for ``snapshot_s``.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ import numpy as np
 import numpy.typing as npt
 
 __all__ = [
+    "DEFAULT_SNAPSHOT_S",
     "AzureRequests",
     "Fleet",
     "GpuPod",
@@ -39,7 +44,9 @@ __all__ = [
 FloatArray = npt.NDArray[np.float64]
 
 GPU_MILLI = 1000  # one whole GPU in the trace's unit
-_POD_COLUMNS = ("name", "num_gpu", "gpu_milli", "pod_phase", "creation_time", "deletion_time", "scheduled_time")
+_POD_COLUMNS = ("name", "num_gpu", "gpu_milli")
+_TIME_COLUMNS = ("pod_phase", "creation_time", "deletion_time", "scheduled_time")
+DEFAULT_SNAPSHOT_S = 24 * 3_600.0  # how long a snapshot's pods are held when the caller names no time
 _NODE_COLUMNS = ("sn", "gpu", "model")
 _AZURE_COLUMNS = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
 
@@ -90,6 +97,7 @@ class PodTrace:
     pending: int  # pod_phase == Pending: never scheduled, never held a GPU
     empty_interval: int  # deletion at or before the start: nothing held
     still_running: int  # no deletion_time: held until the end of the trace
+    snapshot_s: float | None = None  # a list without times: every pod held over [0, snapshot_s)
 
     def __post_init__(self) -> None:
         names = [p.name for p in self.pods]
@@ -152,23 +160,47 @@ def _integer(row: Mapping[str, str], column: str, where: str) -> int:
     return int(value)
 
 
-def read_pod_trace(path: Path | str) -> PodTrace:
-    """Read an ``openb_pod_list_*.csv`` file and apply the holding rule of this module."""
+def _gpu_request(row: Mapping[str, str], where: str) -> tuple[str, int, int]:
+    """(name, num_gpu, gpu_milli) of a row; num_gpu or gpu_milli 0: CPU-only."""
+    name = (row["name"] or "").strip()
+    if not name:
+        raise TraceError(f"{where}: empty pod name")
+    return name, _integer(row, "num_gpu", where), _integer(row, "gpu_milli", where)
+
+
+def _check_milli(milli: int, where: str) -> None:
+    if milli > GPU_MILLI:
+        raise TraceError(f"{where}: gpu_milli must be <= {GPU_MILLI}, got {milli}")
+
+
+def read_pod_trace(path: Path | str, *, snapshot_s: float = DEFAULT_SNAPSHOT_S) -> PodTrace:
+    """Read an ``openb_pod_list_*.csv`` file and apply the holding rule of this module.
+
+    A list without time columns is a snapshot, each GPU pod held over ``[0, snapshot_s)``.
+    """
     path = Path(path)
+    if not (math.isfinite(snapshot_s) and snapshot_s > 0):
+        raise TraceError(f"snapshot_s must be finite and > 0, got {snapshot_s!r}")
     raw: list[tuple[str, int, int, float, float | None]] = []
     rows = cpu_only = pending = empty = running = 0
     latest = 0.0
     with path.open(newline="", encoding="utf-8") as handle:
         reader = csv.DictReader(handle)
-        _columns(path, list(reader.fieldnames or []), _POD_COLUMNS)
+        header = list(reader.fieldnames or [])
+        timed = any(c in header for c in _TIME_COLUMNS)
+        # All the time columns or none (a snapshot): a list with some is damaged, not a snapshot.
+        _columns(path, header, _POD_COLUMNS + (_TIME_COLUMNS if timed else ()))
         for line, row in enumerate(reader, start=2):
             rows += 1
             where = f"{path}:{line}"
-            name = (row["name"] or "").strip()
-            if not name:
-                raise TraceError(f"{where}: empty pod name")
-            num_gpu = _integer(row, "num_gpu", where)
-            milli = _integer(row, "gpu_milli", where)
+            name, num_gpu, milli = _gpu_request(row, where)
+            if not timed:
+                if num_gpu and milli:
+                    _check_milli(milli, where)
+                    raw.append((name, num_gpu, milli, 0.0, snapshot_s))
+                else:
+                    cpu_only += 1
+                continue
             created = _number(row, "creation_time", where)
             deleted = _number(row, "deletion_time", where)
             scheduled = _number(row, "scheduled_time", where)
@@ -181,10 +213,8 @@ def read_pod_trace(path: Path | str) -> PodTrace:
             if (row["pod_phase"] or "").strip() == "Pending":
                 pending += 1
                 continue
-            if milli > GPU_MILLI:
-                raise TraceError(f"{where}: gpu_milli must be <= {GPU_MILLI}, got {milli}")
-            start = scheduled if scheduled is not None else created
-            raw.append((name, num_gpu, milli, start, deleted))
+            _check_milli(milli, where)
+            raw.append((name, num_gpu, milli, scheduled if scheduled is not None else created, deleted))
     pods: list[GpuPod] = []
     for name, num_gpu, milli, start, deleted in raw:
         if deleted is None:
@@ -202,6 +232,7 @@ def read_pod_trace(path: Path | str) -> PodTrace:
         pending=pending,
         empty_interval=empty,
         still_running=running,
+        snapshot_s=None if timed else snapshot_s,
     )
 
 

@@ -176,6 +176,16 @@ class BurstSignals:
     tokens_p99: float  # tokens in flight that maps to 1.0
     requests_sorted: FloatArray = field(repr=False)
     tokens_sorted: FloatArray = field(repr=False)
+    requests_s: FloatArray = field(repr=False)  # per second, in [0, 1]: what a pod reads second by second
+    tokens_s: FloatArray = field(repr=False)
+
+    def per_second(self, driver: Driver) -> FloatArray:
+        """The signal second by second (``none``: zeros)."""
+        if driver == "requests":
+            return self.requests_s
+        if driver == "tokens":
+            return self.tokens_s
+        return np.zeros(self.length_s)
 
     def sorted_windows(self, driver: Driver) -> FloatArray:
         if driver == "requests":
@@ -208,13 +218,17 @@ def build_burst_signals(requests: AzureRequests, *, step_s: int, decode_tokens_p
     if rate_p99 <= 0 or tokens_p99 <= 0:
         raise ValueError("the request trace is too sparse to give a burst signal (99th percentile is 0)")
     index = (np.arange(length)[:, None] + np.arange(step_s)[None, :]) % length
+    requests_s = np.minimum(1.0, rate / rate_p99)
+    tokens_s = np.minimum(1.0, tokens / tokens_p99)
     return BurstSignals(
         length_s=length,
         step_s=step_s,
         requests_p99=rate_p99,
         tokens_p99=tokens_p99,
-        requests_sorted=np.sort(np.minimum(1.0, rate / rate_p99)[index], axis=1),
-        tokens_sorted=np.sort(np.minimum(1.0, tokens / tokens_p99)[index], axis=1),
+        requests_sorted=np.sort(requests_s[index], axis=1),
+        tokens_sorted=np.sort(tokens_s[index], axis=1),
+        requests_s=requests_s,
+        tokens_s=tokens_s,
     )
 
 

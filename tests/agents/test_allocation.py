@@ -6,9 +6,12 @@ import math
 from datetime import UTC, datetime
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from agents.allocation import CurrentUsePredictor, Policy, compute_grants
+from agents.allocation import PREDICTION_HORIZON_S, CurrentUsePredictor, Policy, compute_grants
 from agents.interfaces import Entitlement, GpuInfo, Prediction, UsageReading, Workload
+from allocator import GpuCapacity, PredictedPeak, Resources, WorkloadState, allocate_gpu
 
 NOW = datetime(2026, 11, 30, 3, 0, 0, tzinfo=UTC)
 GPU = GpuInfo(uuid="GPU-a", model="NVIDIA A100-SXM4-80GB", memory_mb=81920, sm_count=108)
@@ -36,7 +39,7 @@ def reading(
 
 def grants_of(readings: list[UsageReading], policy: Policy | None = None) -> dict[str, tuple[float, float]]:
     result = compute_grants(
-        gpus=[GPU], readings=readings, policy=policy or Policy(), predictor=CurrentUsePredictor(), now=NOW
+        gpus=[GPU], readings=readings, policy=policy or Policy(headroom=0.2), predictor=CurrentUsePredictor(), now=NOW
     )
     return {g.workload.pod: (g.mem_mb, g.sm) for g in result.grants}
 
@@ -101,7 +104,7 @@ def test_policy_rejects_negative_headroom() -> None:
 
 
 def test_a_throttled_tenant_gets_its_guarantee_and_memory_in_use_but_no_burst() -> None:
-    policy = Policy(throttled_tenants=frozenset({"over-budget"}))
+    policy = Policy(throttled_tenants=frozenset({"over-budget"}), headroom=0.2)
     grants = grants_of(
         [
             reading(
@@ -140,7 +143,7 @@ def test_a_predicted_peak_is_granted_before_it_arrives() -> None:
     result = compute_grants(
         gpus=[GPU],
         readings=[reading("llm", "gold", mem=1000, sm=10)],
-        policy=Policy(),
+        policy=Policy(headroom=0.2),
         predictor=RisingPredictor(),
         now=NOW,
     )
@@ -154,7 +157,7 @@ def test_pcie_traffic_does_not_limit_grants_while_bandwidth_is_unconstrained() -
 
 def test_grants_on_each_gpu_stay_within_its_capacity_and_headroom_is_the_rest() -> None:
     readings = [reading(f"p{i}", tier, mem=8000 + 300 * i, sm=20 + i) for i, tier in enumerate(["gold", "silver"] * 4)]
-    result = compute_grants(gpus=[GPU], readings=readings, policy=Policy(), predictor=CurrentUsePredictor(), now=NOW)
+    result = compute_grants(gpus=[GPU], readings=readings, policy=Policy(headroom=0.2), predictor=CurrentUsePredictor(), now=NOW)
     mem = math.fsum(g.mem_mb for g in result.grants)
     sm = math.fsum(g.sm for g in result.grants)
     assert mem <= GPU.memory_mb
@@ -183,3 +186,92 @@ def test_a_throttled_namespace_loses_weight_and_under_a_throttled_tenant_too_the
     assert spender_share(both) == pytest.approx(0.2)
     with pytest.raises(ValueError, match="namespace 'acme-prod': throttle factor"):
         Policy(namespace_throttle_factors={"acme-prod": 1.5})
+
+
+class _Peaks:
+    """Serves each reading's drawn peak."""
+
+    def __init__(self, peaks: dict[tuple[str, str], Prediction]) -> None:
+        self.peaks = peaks
+
+    def predict(self, *, reading: UsageReading, now: datetime) -> Prediction:
+        return self.peaks[(reading.workload.key, reading.gpu)]
+
+
+def _as_state(r: UsageReading, peak: Prediction, policy: Policy) -> WorkloadState:
+    """A reading as the allocator's WorkloadState, as docs/allocation.md describes the agent's mapping."""
+    e, w = r.entitlement, r.workload
+    factors = [policy.tenant_throttle_factors.get(w.tenant, policy.throttle_weight_factor)] * (
+        w.tenant in policy.throttled_tenants
+    ) + ([policy.namespace_throttle_factors[w.namespace]] if w.namespace in policy.namespace_throttle_factors else [])
+    weight = e.weight if e.weight is not None else policy.weight_for(w.sla_tier)
+    if factors:
+        weight *= min(factors) / policy.throttle_weight_factor
+    return WorkloadState(
+        key=w.key,
+        weight=weight,
+        current=Resources(r.mem_used_mb, r.sm_used, r.pcie_mb_per_s),
+        predicted=(PredictedPeak(PREDICTION_HORIZON_S, Resources(peak.mem_peak_mb, peak.sm_peak, 0.0)),),
+        guarantee=Resources(e.guarantee_mem_mb, e.guarantee_sm, 0.0),
+        limit=Resources(
+            math.inf if e.limit_mem_mb is None else e.limit_mem_mb, math.inf if e.limit_sm is None else e.limit_sm, math.inf
+        ),
+        throttled=bool(factors),
+    )
+
+
+@st.composite
+def _round(draw: st.DrawFn) -> tuple[list[UsageReading], dict[tuple[str, str], Prediction], Policy]:
+    gpus = (GPU, GPU_SMALL)
+    amount = st.floats(min_value=0.0, max_value=50_000.0)
+    readings, peaks = [], {}
+    for k in draw(st.permutations(range(draw(st.integers(min_value=0, max_value=10))))):
+        gpu = gpus[draw(st.integers(0, 1))]
+        guarantee_mem, guarantee_sm = draw(amount), draw(st.floats(0.0, 60.0))
+        entitlement = Entitlement(
+            guarantee_mem_mb=guarantee_mem,
+            limit_mem_mb=draw(st.none() | st.floats(guarantee_mem, 90_000.0)),
+            guarantee_sm=guarantee_sm,
+            limit_sm=draw(st.none() | st.floats(guarantee_sm, 120.0)),
+            weight=draw(st.none() | st.floats(0.1, 8.0)),
+        )
+        workload = Workload(
+            tenant=draw(st.sampled_from(["t1", "t2", "t3"])), namespace=draw(st.sampled_from(["a", "b"])),
+            pod=f"p{k}", container="c", pod_uid=f"u{k}", sla_tier=draw(st.sampled_from(["gold", "bronze"])),
+        )
+        readings.append(UsageReading(workload, gpu.uuid, draw(amount), draw(st.floats(0.0, 120.0)), draw(amount), entitlement))
+        peaks[(workload.key, gpu.uuid)] = Prediction(draw(amount), draw(st.floats(0.0, 150.0)))
+    policy = Policy(
+        headroom=draw(st.sampled_from([0.0, 0.2])),
+        throttled_tenants=frozenset(draw(st.sets(st.sampled_from(["t1", "t2"])))),
+        tenant_throttle_factors={"t1": 0.3},
+        namespace_throttle_factors=draw(st.sampled_from([{}, {"b": 0.4}])),
+    )
+    return readings, peaks, policy
+
+
+GPU_SMALL = GpuInfo(uuid="GPU-b", model="half an A100", memory_mb=40960, sm_count=54)
+
+
+@settings(max_examples=25)
+@given(_round())
+def test_a_round_grants_what_the_allocator_grants_the_readings_as_workload_states_to_the_bit(
+    case: tuple[list[UsageReading], dict[tuple[str, str], Prediction], Policy],
+) -> None:
+    """The agent hands the allocator columns, not objects: the same grants, in the readings' order."""
+    readings, peaks, policy = case
+    result = compute_grants(gpus=[GPU, GPU_SMALL], readings=readings, policy=policy, predictor=_Peaks(peaks), now=NOW)
+    expected = []
+    for gpu in (GPU, GPU_SMALL):
+        on_gpu = [r for r in readings if r.gpu == gpu.uuid]
+        states = [_as_state(r, peaks[(r.workload.key, r.gpu)], policy) for r in on_gpu]
+        bare = allocate_gpu(
+            capacity=GpuCapacity(mem_mb=float(gpu.memory_mb), sm=float(gpu.sm_count)),
+            workloads=states,
+            policy=policy.allocation_policy(),
+        )
+        expected += [(r.workload, gpu.uuid, bare.memory.grants[r.workload.key].hex(), bare.sm.grants[r.workload.key].hex())
+                     for r in on_gpu]
+        assert result.mem_headroom_mb[gpu.uuid] == bare.memory.headroom
+        assert result.sm_headroom[gpu.uuid] == bare.sm.headroom
+    assert [(g.workload, g.gpu, g.mem_mb.hex(), g.sm.hex()) for g in result.grants] == expected

@@ -9,9 +9,13 @@ from pathlib import Path
 
 import pytest
 
-from agents.__main__ import EXIT_PENDING, main
+from agents.__main__ import EXIT_PENDING, _base_policy, _parser, _predictor, main
+from agents.allocation import Policy
 from agents.backends.sim import demo_scenario
+from agents.interfaces import GpuInfo
+from agents.prediction import MarginPredictor
 from agents.spool import Spool
+from allocator.replay import SHIPPED, ReplayConfig
 from tests import clock
 
 
@@ -187,8 +191,58 @@ def test_the_default_predictor_reserves_ahead_and_current_use_does_not(
     current = {**files, "spool": tmp_path / "current.sqlite"}
     args = run_args(closed_port_url, current, "--once-seconds", "20", "--start", start, "--predictor", "current-use")
     assert main(args) == EXIT_PENDING
-    # Both grant use x (1 + headroom 0.2) at least; the default adds the predicted peak above use.
+    # current-use grants use x (1 + its headroom 0.2); the default reserves the last minute's peak x 2 at first.
     assert granted_over_used(files["spool"]) > granted_over_used(current["spool"]) + 0.05
+
+
+def test_the_agents_defaults_are_the_replays_agent_default() -> None:
+    """`vgpu-agent run` with no flags builds the policy the replay reports as agent-default."""
+    args = _parser().parse_args(["run", "--server", "http://ledger:8000", "--token-file", "token"])
+    base = _base_policy(args)
+    gpu = GpuInfo(uuid="GPU-0", model="NVIDIA A100-SXM4-80GB", memory_mb=81_920, sm_count=108)
+    predictor = _predictor(args, gpus=[gpu], policy=lambda: base)
+    replay = ReplayConfig(policy=SHIPPED)
+    assert SHIPPED == "agent-default"
+    assert isinstance(predictor, MarginPredictor)
+    assert predictor.policy.config == replay.margin
+    # The replay's trace names no tier: the agent's target for a tier the policy does not name.
+    assert predictor.targets("a-tier-nobody-named") == replay.miss_target
+    assert base.headroom == 0  # the replay reserves exactly the policy's reservation
+
+
+@pytest.mark.parametrize(
+    ("flags", "headroom"),
+    [((), 0.0), (("--predictor", "lstm"), 0.2), (("--predictor", "current-use"), 0.2),
+     (("--predictor", "lstm", "--headroom", "0.5"), 0.5), (("--headroom", "0.1"), 0.1)],
+)
+def test_each_predictor_has_its_own_headroom_unless_stated(flags: tuple[str, ...], headroom: float) -> None:
+    args = _parser().parse_args(["run", "--server", "http://ledger:8000", "--token-file", "token", *flags])
+    assert _base_policy(args) == Policy(headroom=headroom)
+
+
+def test_a_negative_headroom_is_one_clear_error(
+    closed_port_url: str, files: dict[str, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(run_args(closed_port_url, files, "--once-seconds", "5", "--headroom", "-0.1")) == 1
+    assert "--headroom: headroom must be finite and >= 0, got -0.1" in capsys.readouterr().err
+
+
+def test_a_restarted_agent_reserves_from_its_first_second(closed_port_url: str, files: dict[str, Path]) -> None:
+    """No warm-up: a new process (empty predictor state) grants every workload its memory in use
+    and more from the first second it meters."""
+    start = "2026-11-30T03:00:00Z"
+    assert main(run_args(closed_port_url, files, "--once-seconds", "2", "--start", start)) == EXIT_PENDING
+    assert main(run_args(closed_port_url, files, "--once-seconds", "2", "--start", start)) == EXIT_PENDING
+    spool = Spool(files["spool"], node="gpu-node-03", now=clock.now)
+    first, restarted = (json.loads(b.json_bytes()) for b in spool.list_batches())
+    for batch in (first, restarted):
+        opening = [s for s in batch["samples"] if s["start"] == batch["window"]["start"]]
+        later = {(s["pod"], s["container"]) for s in batch["samples"] if s["start"] != batch["window"]["start"]}
+        assert opening
+        assert {(s["pod"], s["container"]) for s in opening} == later  # every workload metered from the start
+        assert all(s["mem_granted_mb_s"] > s["mem_used_mb_s"] for s in opening)
+        assert all(s["sm_granted_s"] > 0 for s in opening if s["sm_used_s"] > 0)
+    assert restarted["window"]["start"] == first["window"]["end"]
 
 
 def test_an_underprediction_target_outside_0_1_is_one_clear_error(

@@ -169,7 +169,7 @@ def test_broken_miss_targets_refuse_the_whole_document_naming_the_tier(targets: 
 
 
 def test_a_throttled_tenant_gets_its_own_factor_and_no_burst() -> None:
-    snapshot = parse_policy(FIXTURE, base=Policy())
+    snapshot = parse_policy(FIXTURE, base=Policy(headroom=0.2))  # current use's own headroom: the burst shows
     gpu = GpuInfo(uuid="GPU-1", model="A100", memory_mb=81920, sm_count=108)
 
     def reading(tenant: str) -> UsageReading:

@@ -18,7 +18,7 @@ from agents.fakes.clock import FakeClock
 from agents.interfaces import GpuInfo, Grant, Prediction, Predictor, UsageReading, Workload
 from agents.loop import Agent, AgentConfig
 from agents.metrics import AgentMetrics
-from agents.prediction import Calibration, WorkloadPredictors, make_workload_predictors
+from agents.prediction import Calibration, MarginPredictor, WorkloadPredictors, make_workload_predictors
 from agents.spool import Spool
 from allocator.predict import default_predictor
 
@@ -76,7 +76,7 @@ def reading(workload: Workload, *, mem_mb: float, sm: float) -> UsageReading:
 
 def test_grants_rise_before_the_memory_arrives_on_a_ramp(tmp_path: Path) -> None:
     agent, grants = run_ramp(tmp_path, predictor=None)
-    assert isinstance(agent.predictor, WorkloadPredictors)  # the default, no predictor passed
+    assert isinstance(agent.predictor, MarginPredictor)  # the default, no predictor passed
     ramp = [t for t in grants if RAMP_START_S < t < RAMP_END_S]
     assert len(ramp) >= 10
     for t in ramp:

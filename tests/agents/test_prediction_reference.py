@@ -25,7 +25,7 @@ import pytest
 
 from agents.allocation import Policy, compute_grants
 from agents.interfaces import GpuInfo, UsageReading, Workload
-from agents.prediction import make_workload_predictors
+from agents.prediction import DEFAULT_HEADROOM, make_workload_predictors
 
 FIXTURE = Path(__file__).parent / "fixtures" / "prediction_reference.json"
 T0 = datetime(2026, 11, 30, 3, 0, 0, tzinfo=UTC)
@@ -59,7 +59,9 @@ def drive(kind: Literal["lstm", "last-value"], seed: int) -> list[Record]:
         Workload(tenant=f"t{k % 5}", namespace="ns", pod=f"p{k}", container="c", pod_uid=f"u{k}", sla_tier="silver")
         for k in range(WORKLOADS)
     ]
-    policy = Policy(throttled_tenants=frozenset({"t4"}))
+    # The headroom ``vgpu-agent run --predictor KIND`` applies: these forecasters' margins were fitted
+    # for it, and the Policy's own default (0) is the margin predictor's.
+    policy = Policy(throttled_tenants=frozenset({"t4"}), headroom=DEFAULT_HEADROOM[kind])
     records: list[Record] = []
     t = 0.0
     for i in range(TICKS):

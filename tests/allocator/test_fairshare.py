@@ -17,10 +17,14 @@ from allocator import (
     AllocationPolicy,
     Claim,
     GpuCapacity,
+    GpuColumns,
     GpuGrants,
     PredictedPeak,
+    ResourceColumns,
     Resources,
+    Shares,
     WorkloadState,
+    allocate_columns,
     allocate_gpu,
     fair_share,
     workload_demand,
@@ -621,3 +625,96 @@ def test_an_idle_gpu_is_all_headroom() -> None:
     assert (result.memory.headroom, result.sm.headroom) == (81_920.0, 108.0)
     assert result.pcie is not None
     assert result.pcie.headroom == 25_000.0
+
+
+def _columns(workloads: list[WorkloadState], policy: AllocationPolicy) -> GpuColumns:
+    """The workloads as a caller builds the columns: key order, each peak the largest selected prediction."""
+    ordered = sorted(workloads, key=lambda w: w.key)
+
+    def resource(name: str) -> ResourceColumns:
+        used = [getattr(w.current, name) for w in ordered]
+        peaks = [
+            max([u] + [getattr(p.peak, name) for p in w.predicted if p.horizon_s in policy.horizons_s])
+            for u, w in zip(used, ordered, strict=True)
+        ]
+        return ResourceColumns(
+            used, peaks, [getattr(w.guarantee, name) for w in ordered], [getattr(w.limit, name) for w in ordered]
+        )
+
+    return GpuColumns(
+        keys=[w.key for w in ordered],
+        weights=[w.weight for w in ordered],
+        throttled=[w.throttled for w in ordered],
+        memory=resource("mem_mb"),
+        sm=resource("sm"),
+        pcie=resource("pcie_mbps"),
+    )
+
+
+def _bits(shares: Shares, keys: list[str]) -> tuple[object, ...]:
+    return tuple(zip(keys, map(float.hex, shares.grants), strict=True)), shares.headroom.hex(), shares.overcommitted
+
+
+def _bits_of(allocation: Allocation, keys: list[str]) -> tuple[object, ...]:
+    grants = [allocation.grants[k] for k in keys]
+    return tuple(zip(keys, map(float.hex, grants), strict=True)), allocation.headroom.hex(), allocation.overcommitted
+
+
+@settings(max_examples=40)  # the decision is shared; this holds the columns' meaning (order, peaks), bit for bit
+@given(gpu_tick(max_workloads=8), st.randoms(use_true_random=False))
+def test_the_columnar_entry_grants_what_allocate_gpu_does_to_the_bit(
+    case: tuple[GpuCapacity, list[WorkloadState], AllocationPolicy], rnd: random.Random
+) -> None:
+    capacity, workloads, policy = case
+    shuffled = list(workloads)
+    rnd.shuffle(shuffled)
+    columns = _columns(workloads, policy)
+    keys = list(columns.keys)
+    by_states = allocate_gpu(capacity=capacity, workloads=shuffled, policy=policy)
+    by_columns = allocate_columns(capacity=capacity, columns=columns, policy=policy)
+    assert _bits(by_columns.memory, keys) == _bits_of(by_states.memory, keys)
+    assert _bits(by_columns.sm, keys) == _bits_of(by_states.sm, keys)
+    if by_states.pcie is None:
+        assert by_columns.pcie is None
+    else:
+        assert by_columns.pcie is not None
+        assert _bits(by_columns.pcie, keys) == _bits_of(by_states.pcie, keys)
+
+
+_TWO = ResourceColumns(used=[1.0, 2.0], peak=[1.0, 3.0], guarantee=[0.0, 1.0], limit=[math.inf, 4.0])
+TWO_ROWS = GpuColumns(keys=["a", "b"], weights=[1.0, 2.0], throttled=[False, True], memory=_TWO, sm=_TWO)
+
+
+def _with(memory: dict[str, list[float]] | None = None, sm: dict[str, list[float]] | None = None, **top: object) -> GpuColumns:
+    """``TWO_ROWS`` (two valid workloads) with some columns replaced."""
+    return dataclasses.replace(
+        TWO_ROWS,
+        memory=dataclasses.replace(_TWO, **(memory or {})),
+        sm=dataclasses.replace(_TWO, **(sm or {})),
+        **top,  # type: ignore[arg-type]
+    )
+
+
+@pytest.mark.parametrize(
+    ("columns", "message"),
+    [
+        (_with(sm={"used": [1.0, math.nan]}), "workload 'b': current.sm must be finite and >= 0, got nan"),
+        (_with(memory={"peak": [-1.0, 3.0]}), r"workload 'a': predicted peak at 2.0 s.mem_mb must be finite and >= 0"),
+        (_with(sm={"limit": [math.inf, 0.5]}), "workload 'b': limit.sm 0.5 must be >= guarantee.sm 1.0"),
+        (_with(weights=[1.0, math.inf]), "workload 'b': weight must be finite and > 0, got inf"),
+        (_with(keys=["", "b"]), "workload key must not be empty"),
+        (_with(keys=["b", "a"]), "keys must be in order: 'b' before 'a'"),
+        (_with(keys=["a", "a"]), "workload key 'a' appears more than once"),
+        (_with(throttled=[False]), r"every column must have one entry per workload, got lengths \[1, 2\]"),
+    ],
+)
+def test_bad_columns_are_rejected_as_the_workload_state_of_their_row_would_be(columns: GpuColumns, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        allocate_columns(capacity=GpuCapacity(mem_mb=10.0, sm=10.0), columns=columns, policy=AllocationPolicy(horizons_s=(2.0,)))
+
+
+def test_a_pcie_capacity_needs_pcie_columns() -> None:
+    with pytest.raises(ValueError, match="a PCIe capacity needs the workloads' PCIe columns"):
+        allocate_columns(
+            capacity=GpuCapacity(mem_mb=10.0, sm=10.0, pcie_mbps=10.0), columns=TWO_ROWS, policy=AllocationPolicy()
+        )
