@@ -63,7 +63,7 @@ class MarginConfig:
     # workload whose requests pause for a minute or two is not caught by its next burst (the Azure
     # code trace has such pauses; docs/replay.md, the frontier).
     window_blocks: int = 3
-    prior_margin: float = 1.0  # margin of a new workload: peak x 2
+    prior_margin: float = 1.5  # margin of a new workload: peak x 2.5
     min_margin: float = 0.05  # the narrowest a calm workload gets
     max_margin: float = 3.0  # the widest a bursty one gets (peak x 4)
     step: float = 0.5  # rise of ln(1 + margin) per missed second

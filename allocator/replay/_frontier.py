@@ -37,7 +37,7 @@ def _targets(scale: float) -> MissTarget:
 def _knobs() -> tuple[Knob, ...]:
     current = tuple(
         Knob("dynamic-current-use", f"headroom {h:g}", ReplayConfig(policy="dynamic-current-use", headroom=h))
-        for h in (0.2, 0.35, 0.5, 0.75, 1.0)
+        for h in (0.2, 0.5, 1.0)
     )
     # agent-default's knob: its tier-less miss targets, scaled together (x1: the shipped targets).
     agent = tuple(
@@ -47,11 +47,11 @@ def _knobs() -> tuple[Knob, ...]:
             ReplayConfig(policy=SHIPPED, miss_target=_targets(s)),
             shipped=s == 1,
         )
-        for s in (10.0, 3.0, 1.0, 0.3, 0.1)
+        for s in (10.0, 1.0, 0.1)
     )
     predicted = tuple(
         Knob("dynamic-predicted", f"headroom {h:g}", ReplayConfig(policy="dynamic-predicted", headroom=h))
-        for h in (0.0, 0.2, 0.5)
+        for h in (0.0, 0.5)
     )
     return current + agent + predicted
 
