@@ -17,6 +17,7 @@ from agents.prediction import MarginPredictor
 from agents.spool import Spool
 from allocator.replay import SHIPPED, ReplayConfig
 from tests import clock
+from tests.agents.helpers import evidence
 
 
 @pytest.fixture
@@ -236,8 +237,9 @@ def test_a_restarted_agent_reserves_from_its_first_second(closed_port_url: str, 
     spool = Spool(files["spool"], node="gpu-node-03", now=clock.now)
     first, restarted = (json.loads(b.json_bytes()) for b in spool.list_batches())
     for batch in (first, restarted):
-        opening = [s for s in batch["samples"] if s["start"] == batch["window"]["start"]]
-        later = {(s["pod"], s["container"]) for s in batch["samples"] if s["start"] != batch["window"]["start"]}
+        samples = evidence(spool, batch)  # the per-second samples behind the batch's per-minute integrals
+        opening = [s for s in samples if s["start"] == batch["window"]["start"]]
+        later = {(s["pod"], s["container"]) for s in samples if s["start"] != batch["window"]["start"]}
         assert opening
         assert {(s["pod"], s["container"]) for s in opening} == later  # every workload metered from the start
         assert all(s["mem_granted_mb_s"] > s["mem_used_mb_s"] for s in opening)

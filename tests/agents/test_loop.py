@@ -19,6 +19,7 @@ from agents.fakes.clock import FakeClock
 from agents.interfaces import UsageReading
 from agents.loop import Agent, AgentConfig
 from agents.spool import Spool
+from tests.agents.helpers import evidence
 
 T0 = datetime(2026, 11, 30, 3, 0, 0, tzinfo=UTC)
 TENANTS = [("acme", "gold"), ("globex", "silver"), ("initech", "bronze")]
@@ -51,11 +52,6 @@ def run_agent(
 def parse_z(text: str) -> datetime:
     return datetime.fromisoformat(text.replace("Z", "+00:00"))
 
-
-def evidence(spool: Spool, batch: dict[str, Any]) -> list[dict[str, Any]]:
-    """The per-second samples the spool keeps for a batch (it sends their per-minute integrals)."""
-    start, end = parse_z(batch["window"]["start"]), parse_z(batch["window"]["end"])
-    return [s for s in spool.export_samples(start=start, end=end) if s["batch_seq"] == batch["batch_seq"]]
 
 
 def test_batches_tile_the_run_with_contiguous_windows(tmp_path: Path) -> None:

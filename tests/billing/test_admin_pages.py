@@ -280,7 +280,7 @@ def test_resaving_a_multi_line_description_from_a_browser_records_no_change(clie
 
 def edit_form(**overrides: str) -> dict[str, str]:
     data = {"name": "Gold", "description": "", "weight": "4", "miss_target_memory": "0.000001",
-            "miss_target_sm": "0.00002"}
+            "miss_target_sm": "0.00004"}
     return {**data, **overrides}
 
 
@@ -301,18 +301,18 @@ def test_admin_sets_a_tiers_miss_targets_audited_on_their_own_and_sent_to_agents
     assert (event.actor_id, event.object_id) == (admin.pk, "gold")
     assert event.before == {"miss_target_memory": str(miss_target_decimal(DEFAULT_MISS_TARGET.memory)),
                             "miss_target_sm": str(miss_target_decimal(DEFAULT_MISS_TARGET.sm))}
-    assert event.after == {"miss_target_memory": "0.0000010000", "miss_target_sm": "0.0000200000"}
+    assert event.after == {"miss_target_memory": "0.0000010000", "miss_target_sm": "0.0000400000"}
     policy = client.get("/api/v1/nodes/gpu-node-1/policy", **auth)
     assert policy["ETag"] != etag_before
     assert policy.json()["sla_tiers"]["gold"] == {"weight": "4.000",
-                                                  "miss_targets": {"memory": "0.0000010000", "sm": "0.0000200000"}}
+                                                  "miss_targets": {"memory": "0.0000010000", "sm": "0.0000400000"}}
     # The agent reads the service's document as it is sent.
     agent_policy = parse_policy(policy.json(), base=Policy()).allocation
-    assert agent_policy.miss_target_for("gold") == MissTarget(memory=1e-6, sm=2e-5)
+    assert agent_policy.miss_target_for("gold") == MissTarget(memory=1e-6, sm=4e-5)
     # The page says what the numbers mean in plain words.
     row = client.get("/sla-tiers/").content.decode().split('data-testid="sla-miss-targets-gold"')[1].split("</td>")[0]
     assert "Memory: 1 in 1,000,000 seconds" in row
-    assert "SMs: 1 in 50,000 seconds" in row
+    assert "SMs: 1 in 25,000 seconds" in row
     # Blank keeps the targets; the same values again record nothing.
     count = AuditEvent.objects.count()
     assert client.post("/sla-tiers/gold/edit/", edit_form(miss_target_memory="", miss_target_sm=" ")).status_code == 302
