@@ -62,6 +62,7 @@ from agents.prediction import (
     DEFAULT_UNDERPREDICTION_TARGET,
     PREDICTOR_CHOICES,
     Calibration,
+    MarginPredictor,
     WorkloadPredictors,
     agent_predictor,
 )
@@ -523,7 +524,7 @@ def _agent(
     predictor = _predictor(args, gpus=backend.inventory(), policy=policy.allocation_policy)
     # The Agent puts a per-workload predictor first among the observers: it forgets the workloads
     # that left before the others see the tick.
-    if isinstance(predictor, WorkloadPredictors) and parts.metrics is not None:
+    if isinstance(predictor, WorkloadPredictors | MarginPredictor) and parts.metrics is not None:
         parts.metrics.watch_predictions(predictor.stats)
     if parts.metrics is not None:
         observers.append(parts.metrics)

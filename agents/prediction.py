@@ -407,6 +407,8 @@ class MarginPredictor:
         self._policy = MarginPolicy(config)
         self._slots: dict[tuple[str, str], int] = {}
         self._decay_of: dict[MissTarget, tuple[int, int]] = {}
+        # Per (workload, GPU): its last reading and reservation, for the agent's /metrics (``stats``).
+        self._last: dict[tuple[str, str], tuple[UsageReading, tuple[float, float]]] = {}
         self._lock = threading.Lock()
 
     @property
@@ -458,7 +460,26 @@ class MarginPredictor:
             if len(set(slots)) < len(slots):
                 raise ValueError("a workload was read twice on one GPU in one tick")
             reserved = self._policy.observe(slots, second, use, cap, decays)
+            last = self._last
+            for r, res in zip(readings, reserved, strict=True):
+                last[(r.workload.key, r.gpu)] = (r, res)
         return list(map(Prediction._make, reserved))  # no per-field call: every workload, every tick
+
+    def stats(self) -> list[PredictionStats]:
+        """Each workload's reservation as of its last tick, for /metrics. The margin reported is the
+        reservation above the use last read (MiB, SMs); the policy checks its misses per 60 s block
+        rather than per forecast, so there is no rolling under-prediction rate to report."""
+        with self._lock:
+            rows = list(self._last.values())
+        return [
+            PredictionStats(
+                workload=r.workload, gpu=r.gpu, mem_predicted_mb=mem, mem_used_mb=r.mem_used_mb, sm_predicted=sm,
+                sm_used=r.sm_used, mem_underprediction_rate=None, sm_underprediction_rate=None,
+                mem_over_reservation_mb=None, sm_over_reservation=None,
+                mem_margin_mb=max(mem - r.mem_used_mb, 0.0), sm_margin=max(sm - r.sm_used, 0.0),
+            )
+            for r, (mem, sm) in rows
+        ]
 
     def _decays(self, target: MissTarget) -> tuple[int, int]:
         """A tier's decays, priced once per distinct target rather than every tick."""
@@ -473,6 +494,7 @@ class MarginPredictor:
         with self._lock:
             for key in [k for k in self._slots if k not in present]:
                 self._policy.release(self._slots.pop(key))
+                self._last.pop(key, None)
 
 
 def agent_predictor(

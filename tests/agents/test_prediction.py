@@ -260,3 +260,22 @@ def test_predict_many_with_a_workload_read_twice_is_reading_by_reading() -> None
     for i in range(5):
         now = T0 + timedelta(seconds=0.5 * i)
         assert batched.predict_many(readings=readings, now=now) == [single.predict(reading=r, now=now) for r in readings]
+
+
+def test_the_default_margin_policy_exports_each_workloads_reservation() -> None:
+    """The agent's default predictor feeds /metrics too: an SRE sees each workload's reservation and
+    how far it stands above the use read, and a workload that left is no longer exported."""
+    predictor = MarginPredictor(gpus=[GPU])
+    metrics = AgentMetrics()
+    metrics.watch_predictions(predictor.stats)
+    r = reading(LLM, mem_mb=9000.0, sm=10.0)
+    (prediction,) = predictor.predict_many(readings=[r], now=T0)
+    series = scrape(metrics)
+    mib = 1024 * 1024
+    assert prediction.mem_peak_mb > 9000.0
+    assert series[("vgpu_agent_memory_predicted_bytes", "llm-0")] == pytest.approx(prediction.mem_peak_mb * mib)
+    assert series[("vgpu_agent_sm_predicted", "llm-0")] == pytest.approx(prediction.sm_peak)
+    assert series[("vgpu_agent_memory_prediction_margin_bytes", "llm-0")] == pytest.approx((prediction.mem_peak_mb - 9000.0) * mib)
+    assert ("vgpu_agent_memory_underprediction_ratio", "llm-0") not in series
+    predictor.observe(grants=(), readings=())
+    assert scrape(metrics) == {}
