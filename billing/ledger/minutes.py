@@ -199,25 +199,40 @@ GROUP BY m.node_id, n.name, m.gpu_uuid, m.run
 ORDER BY n.name, m.gpu_uuid, min(m.minute)
 """
 
-# Each workload (container instance) on each GPU in [start, end), priced minutes: when it ran, the
-# most it used in one minute (per-minute means), what it asked for (WorkloadMeta's requests of
-# its container, when the agent sent them), its card's cost for every second it was present,
-# and what the ledger charged it.
+# Each workload (container instance) on each GPU in [start, end), priced minutes: the unbroken runs
+# of minutes it ran (a workload metered before and after a stretch with no minute of it, e.g. the
+# node's agent down, held no card in that stretch), the most it used in one minute (per-minute
+# means), what it asked for (WorkloadMeta's requests of its container, when the agent sent them),
+# its card's cost for every second it was present, and what the ledger charged it.
 _WORKLOAD_SPANS = """
-WITH w AS (
-    SELECT u.tenant, u.namespace, u.pod, u.container, u.pod_uid, u.node_id, u.gpu_uuid,
-           max(g.gpu_model) AS model, min(u.minute) AS first_minute, max(u.minute) AS last_minute,
-           max(u.mem_used_mb_s / u.seconds) AS peak_mem_mb, max(u.sm_used_s / u.seconds) AS peak_sm,
-           sum(u.seconds * g.card_cost / g.metered_seconds) AS whole_card_cost,
-           sum(u.charge + u.idle_share) AS dynamic_cost
+WITH m AS (
+    SELECT u.tenant, u.namespace, u.pod, u.container, u.pod_uid, u.node_id, u.gpu_uuid, u.minute,
+           g.gpu_model, u.mem_used_mb_s / u.seconds AS mem_mb, u.sm_used_s / u.seconds AS sm,
+           u.seconds * g.card_cost / g.metered_seconds AS whole_card_cost, u.charge + u.idle_share AS dynamic_cost,
+           u.minute - dense_rank() OVER (PARTITION BY u.tenant, u.namespace, u.pod, u.container, u.pod_uid,
+                                                      u.node_id, u.gpu_uuid ORDER BY u.minute)
+                      * interval '1 minute' AS run
     FROM billing_usageminute u
     JOIN billing_gpuminute g ON g.node_id = u.node_id AND g.gpu_uuid = u.gpu_uuid AND g.minute = u.minute
     WHERE u.minute >= %(start)s AND u.minute < %(end)s AND g.minute >= %(start)s AND g.minute < %(end)s
       AND g.priced AND g.metered_seconds > 0 AND u.seconds > 0
-    GROUP BY u.tenant, u.namespace, u.pod, u.container, u.pod_uid, u.node_id, u.gpu_uuid
+), runs AS (
+    SELECT tenant, namespace, pod, container, pod_uid, node_id, gpu_uuid, max(gpu_model) AS model,
+           min(minute) AS first_minute, max(minute) AS last_minute, max(mem_mb) AS peak_mem_mb,
+           max(sm) AS peak_sm, sum(whole_card_cost) AS whole_card_cost, sum(dynamic_cost) AS dynamic_cost
+    FROM m
+    GROUP BY tenant, namespace, pod, container, pod_uid, node_id, gpu_uuid, run
+), w AS (
+    SELECT tenant, namespace, pod, container, pod_uid, node_id, gpu_uuid, max(model) AS model,
+           array_agg(first_minute ORDER BY first_minute) AS run_firsts,
+           array_agg(last_minute ORDER BY first_minute) AS run_lasts,
+           max(peak_mem_mb) AS peak_mem_mb, max(peak_sm) AS peak_sm,
+           sum(whole_card_cost) AS whole_card_cost, sum(dynamic_cost) AS dynamic_cost
+    FROM runs
+    GROUP BY tenant, namespace, pod, container, pod_uid, node_id, gpu_uuid
 )
 SELECT w.tenant, w.namespace, w.pod, w.container, w.pod_uid, w.gpu_uuid, w.model,
-       b.memory_mb, b.sm_count, w.first_minute, w.last_minute, w.peak_mem_mb, w.peak_sm,
+       b.memory_mb, b.sm_count, w.run_firsts, w.run_lasts, w.peak_mem_mb, w.peak_sm,
        (m.requests -> w.container ->> 'mem_mb')::numeric AS requested_mem_mb,
        (m.requests -> w.container ->> 'sm')::numeric AS requested_sm,
        w.whole_card_cost, w.dynamic_cost
@@ -268,8 +283,8 @@ class WorkloadSpan:
     model: str
     memory_mb: int  # of the card it ran on
     sm_count: int
-    first_minute: datetime
-    last_minute: datetime
+    run_firsts: list[datetime]  # the first minute of each unbroken run of its minutes, in order
+    run_lasts: list[datetime]  # the last minute of each run
     peak_mem_mb: Decimal  # the largest minute mean
     peak_sm: Decimal  # SMs busy, the largest minute mean
     requested_mem_mb: Decimal | None  # per GPU, as the agent resolved the container's request

@@ -196,6 +196,25 @@ def _spread_and_packed(post_batch, *, gpus: int, placement: list[tuple[int, str,
     rollup_usage(now=clock.now())
 
 
+def test_a_workload_holds_a_static_slice_only_in_the_minutes_it_ran(post_batch, one_usd_per_gpu_second):
+    """Pod "a" ran on the node's one card in minutes 0-4 and 10-14, pod "b" in minutes 5-9 (the
+    ledger has no minute of "a" between): one card holds each alternative at every minute, so
+    whole cards are feasible and cost the card's 15 minutes, not a second card for the stretch
+    "a" was away."""
+    for i in range(15):
+        pod = "b" if 5 <= i < 10 else "a"
+        workloads = [{"gpu": 0, "tenant": "acme", "pod": pod, "mem_used": 20000.0, "mem_granted": 20000.0,
+                      "sm_used": 27.0, "sm_granted": 27.0}]
+        batch = make_batch(start=START + timedelta(minutes=i), seq=i + 1, seconds=60, gpus=1, workloads=workloads)
+        assert post_batch(batch).status_code == 201
+    rollup_usage(now=clock.now())
+    report = compute_paired_report(start=START, end=START + timedelta(hours=1), now=clock.now())
+    alternatives = report["fleet"]["alternatives"]
+    assert {name: alt["shortfall"] for name, alt in alternatives.items()} == dict.fromkeys(alternatives)
+    assert _costs(report) == {"dynamic": 900, "whole_card": 900, "request_fraction": 900, "fixed_profile": 900}
+    assert alternatives["whole_card"]["peak_cards"] == 1
+
+
 def test_dynamic_dearer_than_the_cheapest_feasible_alternative_says_so(post_batch, one_usd_per_gpu_second):
     """Dynamic allocation left two small workloads on two cards; request fractions and fixed profiles
     put them on one: dynamic cost twice as much, and the headline says so with a negative saving."""

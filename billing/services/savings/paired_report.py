@@ -111,17 +111,20 @@ def _paired_test(x: list[float], y: list[float]) -> dict[str, Any]:
 
 
 def workload_slices(spans: Sequence[WorkloadSpan]) -> list[WorkloadSlice]:
-    """Each workload on each GPU as a static slice: from its first minute to the minute after its
-    last, needing the larger of its request and its busiest minute, per resource (a resource it
-    did not ask for: its busiest minute)."""
+    """Each workload on each GPU as a static slice for each unbroken run of its minutes: from the
+    run's first minute to the minute after its last (a stretch the ledger has no minute of it,
+    e.g. its node's agent was down, it held no card; its card held none either), needing the
+    larger of its request and its busiest minute in the period, per resource (a resource it did
+    not ask for: its busiest minute), the same size in every run as a static pod's size is fixed."""
     return [
         WorkloadSlice(
             key=(w.tenant, w.namespace, w.pod, w.container, w.pod_uid, w.gpu_uuid), model=w.model,
-            memory_mb=w.memory_mb, sm_count=w.sm_count, start=w.first_minute, end=w.last_minute + _MINUTE,
+            memory_mb=w.memory_mb, sm_count=w.sm_count, start=first, end=last + _MINUTE,
             mem_mb=max(w.peak_mem_mb, w.requested_mem_mb or Decimal(0)),
             sm=max(w.peak_sm, w.requested_sm or Decimal(0)),
         )
         for w in spans
+        for first, last in zip(w.run_firsts, w.run_lasts, strict=True)
     ]
 
 

@@ -17,8 +17,9 @@ hold the workload's busiest minute (less memory would have killed it, fewer SMs 
 
 Slices are placed on the fleet's own cards of the model the workload ran on, first-fit in the
 fleet's order (node name, GPU UUID), largest slice first among workloads that start in the same
-minute; a slice stays on its card until the workload ends (or the card leaves the fleet, when it
-is placed again). A slice that fits on none of the fleet's cards goes on a card the fleet does
+minute; a slice stays on its card until the workload's run of minutes ends (or the card leaves
+the fleet, when it is placed again): a workload the ledger has no minute of for a while is one
+slice per run, all of one size. A slice that fits on none of the fleet's cards goes on a card the fleet does
 not have: the alternative is then not feasible, and what it lacked is reported, never priced.
 """
 
@@ -381,7 +382,7 @@ class _Run:
                  shares: dict[tuple[str, ...], Decimal]) -> None:
         self.fleet = _Fleet(alternative)
         self.shares = shares
-        self.slices = {s.key: s for s in slices}
+        self.slices = {s.key: s for s in slices}  # a workload's runs share their key, model and size
         self.card_starts: dict[datetime, list[FleetCard]] = defaultdict(list)
         self.card_ends: dict[datetime, list[FleetCard]] = defaultdict(list)
         for c in cards:
