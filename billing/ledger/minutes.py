@@ -22,7 +22,7 @@ __all__ = [
     "CardSpan",
     "CardTime",
     "FleetCardCost",
-    "PodMinuteUse",
+    "PodMinuteDemand",
     "PodPlacement",
     "SteadyWorkloadGpuDay",
     "WorkloadSpan",
@@ -30,7 +30,7 @@ __all__ = [
     "get_fleet_card_cost",
     "get_last_ledger_minute",
     "list_card_spans",
-    "list_pod_minute_use",
+    "list_pod_minute_demand",
     "list_recent_placements",
     "list_steady_workload_gpu_days",
     "list_workload_spans",
@@ -333,27 +333,28 @@ def price_card_time(*, start: datetime, end: datetime,
 # -- the pool rebalance ----------------------------------------------------------------------
 
 @dataclass(frozen=True)
-class PodMinuteUse:
-    """One pod on one GPU in one minute: the sum over its containers of their mean use."""
+class PodMinuteDemand:
+    """One pod on one GPU in one minute: the sum over its containers of their mean billed amount,
+    max(used, granted) per second, i.e. what the agent reserved for them or, above it, what they used."""
 
     pod_uid: str
     gpu_uuid: str
     minute: datetime
     mem_mb: Decimal
-    sm: Decimal  # SMs busy (SM·s per second)
+    sm: Decimal  # SMs (SM·s per second)
 
 
-def list_pod_minute_use(*, start: datetime, end: datetime, gpus: Collection[str]) -> list[PodMinuteUse]:
+def list_pod_minute_demand(*, start: datetime, end: datetime, gpus: Collection[str]) -> list[PodMinuteDemand]:
     """Minutes in [start, end) with metered time, on these GPUs (the days read analysed first when
     stale, as for the paired report)."""
     analyze_minute_days(start=start, end=end)
     rows = (
         UsageMinute.objects.filter(minute__gte=start, minute__lt=end, seconds__gt=0, gpu_uuid__in=list(gpus))
         .values("pod_uid", "gpu_uuid", "minute")
-        .annotate(mem=Sum(F("mem_used_mb_s") / F("seconds")), sm=Sum(F("sm_used_s") / F("seconds")))
+        .annotate(mem=Sum(F("mem_billed_mb_s") / F("seconds")), sm=Sum(F("sm_billed_s") / F("seconds")))
     )
-    return [PodMinuteUse(pod_uid=r["pod_uid"], gpu_uuid=r["gpu_uuid"], minute=r["minute"], mem_mb=Decimal(r["mem"]),
-                         sm=Decimal(r["sm"])) for r in rows]
+    return [PodMinuteDemand(pod_uid=r["pod_uid"], gpu_uuid=r["gpu_uuid"], minute=r["minute"],
+                            mem_mb=Decimal(r["mem"]), sm=Decimal(r["sm"])) for r in rows]
 
 
 @dataclass(frozen=True)

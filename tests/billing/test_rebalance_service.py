@@ -41,14 +41,18 @@ A100 = "NVIDIA A100-SXM4-80GB"
 
 
 def usage(node: Node, gpu: str, minute: datetime, *, pod: str, uid: str, mem_mb: float, sms: float,
-          namespace: str = "acme-prod", container: str = "main") -> None:
+          namespace: str = "acme-prod", container: str = "main", granted_mb: float = 0,
+          granted_sms: float = 0) -> None:
+    """A minute of steady use under a steady grant (the agent's reservation): billed is max(used,
+    granted) every second, as the agent sums it."""
     zero = Decimal(0)
     UsageMinute.objects.create(
         minute=minute, gpu_uuid=gpu, node=node, tenant="acme", namespace=namespace, pod=pod,
         container=container, pod_uid=uid, sla_tier="standard", seconds=Decimal(60),
-        mem_used_mb_s=Decimal(str(mem_mb * 60)), mem_granted_mb_s=zero, mem_billed_mb_s=zero,
-        sm_used_s=Decimal(str(sms * 60)), sm_granted_s=zero, sm_billed_s=zero, pcie_mb=zero,
-        share_gpu_s=zero, charge=zero, idle_share=zero,
+        mem_used_mb_s=Decimal(str(mem_mb * 60)), mem_granted_mb_s=Decimal(str(granted_mb * 60)),
+        mem_billed_mb_s=Decimal(str(max(mem_mb, granted_mb) * 60)), sm_used_s=Decimal(str(sms * 60)),
+        sm_granted_s=Decimal(str(granted_sms * 60)), sm_billed_s=Decimal(str(max(sms, granted_sms) * 60)),
+        pcie_mb=zero, share_gpu_s=zero, charge=zero, idle_share=zero,
     )
 
 
@@ -114,6 +118,39 @@ def test_build_pool_peak_sums_containers_in_a_minute(fleet):
     assert ledger is not None
     a0 = next(w for w in ledger.pool.workloads if w.key == "acme-prod/bert-a0")
     assert (a0.memory_mb, a0.sm_milli) == (800, 200)
+
+
+def test_build_pool_demand_is_the_reservation_not_the_mean_use(fleet):
+    # bert-a1 used 400-500 MB and 5.4-10.8 SMs, but the agent reserved 60000 MB and 54 SMs for it
+    # (its bursts' peak x its margin) in the last minute: it is planned at its reservation.
+    node_a = Node.objects.get(name="node-a")
+    UsageMinute.objects.filter(pod="bert-a1", minute=NOW - timedelta(minutes=1)).delete()
+    usage(node_a, "GPU-node-a-1", NOW - timedelta(minutes=1), pod="bert-a1", uid="uid-bert-a1", mem_mb=400, sms=5.4,
+          granted_mb=60000, granted_sms=54)
+    # bert-a0's use rose above its grant for half a minute: 1000 MB for 30 s under a 500 MB grant,
+    # then 0: mean use 500, mean grant 500, billed max(used, granted) = 750 MB on average.
+    UsageMinute.objects.filter(pod="bert-a0", minute=NOW - timedelta(minutes=2)).update(
+        mem_used_mb_s=Decimal(30000), mem_granted_mb_s=Decimal(30000), mem_billed_mb_s=Decimal(45000))
+    ledger = build_pool(NOW)
+    assert ledger is not None
+    by_key = {w.key: w for w in ledger.pool.workloads}
+    assert (by_key["acme-prod/bert-a1"].memory_mb, by_key["acme-prod/bert-a1"].sm_milli) == (60000, 500)
+    assert by_key["acme-prod/bert-a0"].memory_mb == 750
+    a1 = next(s for s in ledger.series if s.key == "acme-prod/bert-a1#GPU-node-a-1")
+    assert (a1.memory_mb[-1], a1.sm_milli[-1]) == (60000, 500)  # right-sizing reads the same demand
+
+
+def test_pods_whose_reservations_do_not_fit_together_are_not_packed_by_their_mean_use(fleet):
+    # Every pod reserved 60000 MB in its last minute: two of them on one 81920 MB card would be cut
+    # by fair share, so no node can be emptied, though their mean use (400 MB) would fit all four on one.
+    for pod, (node, uuid, uid) in fleet.items():
+        UsageMinute.objects.filter(pod=pod, minute=NOW - timedelta(minutes=1)).delete()
+        usage(node, uuid, NOW - timedelta(minutes=1), pod=pod, uid=uid, mem_mb=400, sms=5.4, granted_mb=60000)
+    plan = propose_rebalance(now=NOW, max_moves=10)
+    assert plan is not None
+    assert (plan.moves, plan.nodes_freed, plan.projected_savings) == ([], 0, Decimal(0))
+    assert plan.summary["smallest_release"] is None  # no node's pods fit on the others
+    assert plan.right_sizing["estimates"][1]["gpus_needed"] == 4  # P99: each pod's reservation on its own card
 
 
 def test_propose_stores_a_dry_run_plan_that_empties_a_node_with_the_fewest_evictions(fleet):
@@ -622,8 +659,9 @@ def _ran(node: Node, gpu: str, minutes: range, *, pod: str, mem_mb: int, sms: fl
     UsageMinute.objects.bulk_create(UsageMinute(
         minute=NOW - timedelta(minutes=m), gpu_uuid=gpu, node=node, tenant="acme", namespace="acme-batch",
         pod=pod, container="main", pod_uid=f"uid-{pod}", sla_tier="standard", seconds=Decimal(60),
-        mem_used_mb_s=Decimal(mem_mb * 60), mem_granted_mb_s=zero, mem_billed_mb_s=zero,
-        sm_used_s=Decimal(str(sms * 60)), sm_granted_s=zero, sm_billed_s=zero, pcie_mb=zero, share_gpu_s=zero,
+        mem_used_mb_s=Decimal(mem_mb * 60), mem_granted_mb_s=zero, mem_billed_mb_s=Decimal(mem_mb * 60),
+        sm_used_s=Decimal(str(sms * 60)), sm_granted_s=zero, sm_billed_s=Decimal(str(sms * 60)), pcie_mb=zero,
+        share_gpu_s=zero,
         charge=zero, idle_share=zero) for m in minutes)
 
 

@@ -3,7 +3,8 @@
 
 * ``build_pool(now)``: GPUs from ``Gpu`` (seen within the demand window), workloads = pods seen
   on a GPU in the last ``placement`` minutes of the minute ledger (billing.ledger.minutes), demand = each pod's peak over
-  the window of its per-minute mean memory (MB) and SM use (SM milli), rounded up. Right-sizing
+  the window of its per-minute mean billed memory (MB) and SMs (SM milli), max(used, granted) per
+  second: what the agents reserved for it, or its use where that was higher; rounded up. Right-sizing
   reads the window's metered minutes only (a minute some pod used a GPU): the fleet's total demand
   in each, every pod that ran then included, and each running pod's own percentile over the
   minutes it ran; a minute outside the metered history is never a minute of no demand.
@@ -65,7 +66,7 @@ from allocator.rebalance import (
 )
 from allocator.rebalance import RebalancePlan as Plan
 from billing.errors import InvalidInput
-from billing.ledger.minutes import list_pod_minute_use, list_recent_placements
+from billing.ledger.minutes import list_pod_minute_demand, list_recent_placements
 from billing.models import Gpu, RateCard, RebalancePlan, RebalanceStatus
 from billing.money import display_amount
 from billing.services.audit import record_audit_event
@@ -134,6 +135,13 @@ def build_pool(
     A node's GPUs are indexed in UUID order; its model is its most common model and its GPU
     memory the smallest of its GPUs (the planner assumes a node's GPUs alike). A pod holding
     more than one GPU, or GPUs on more than one node, is pinned.
+
+    Demand is the billed amount, max(used, granted) per second, not the use: the agent grants a
+    workload its reservation (its peak of the last 3 minutes x a calibrated margin, clamped to its
+    guarantee and limit) and hands no spare capacity out, so a grant is the reservation wherever
+    the card could hold it. A pod packed at its mean use lands where its reservation does not
+    fit, and fair share then cuts it: the trace replay missed 4.5 % of workload-seconds so
+    (docs/rebalance.md, In the service).
     """
     start = now - window
     gpus = list(Gpu.objects.filter(last_seen_at__gte=start).select_related("node").order_by("node__name", "uuid"))
@@ -155,13 +163,13 @@ def build_pool(
             where[card.uuid] = (name, index)
             sm_count[card.uuid] = max(1, card.sm_count)
 
-    # Per (pod, GPU, minute): the sum over the pod's containers of their mean use that minute.
+    # Per (pod, GPU, minute): the sum over the pod's containers of their mean demand that minute.
     per_minute: dict[tuple[str, str], dict[datetime, tuple[int, int]]] = defaultdict(dict)
     minutes: set[datetime] = set()
-    for use in list_pod_minute_use(start=start, end=now, gpus=where):
-        sm_milli = _ceil(use.sm * SM_MILLI / sm_count[use.gpu_uuid])
-        per_minute[(use.pod_uid, use.gpu_uuid)][use.minute] = (_ceil(use.mem_mb), sm_milli)
-        minutes.add(use.minute)
+    for demand in list_pod_minute_demand(start=start, end=now, gpus=where):
+        sm_milli = _ceil(demand.sm * SM_MILLI / sm_count[demand.gpu_uuid])
+        per_minute[(demand.pod_uid, demand.gpu_uuid)][demand.minute] = (_ceil(demand.mem_mb), sm_milli)
+        minutes.add(demand.minute)
 
     # Who runs where now: the latest identity of each pod seen in the last `placement`.
     placed: dict[str, dict[str, Any]] = {}
