@@ -2,6 +2,7 @@
 card in effect (hour ledger sums), of one tenant (an invoice's file) or of every tenant (the fleet
 dataset); each GPU-day's whole-card cost that split allocation divides (the origin charge); and
 the idle each GPU-day leaves to the platform. Priced hours only: unpriced ones cost nothing.
+Each read is refused (HoursPruned) for a period starting before the earliest hour kept.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from django.db import connection
 
 from billing.ledger.energy import co2e_sql, energy_cost_sql, energy_rate_join
 from billing.ledger.reads import fetch_rows
+from billing.ledger.retention import require_hours_retained
 
 __all__ = ["FleetFocusLedgerRow", "FocusLedgerRow", "OriginCost", "PlatformIdleRow", "list_fleet_focus_ledger_rows",
            "list_focus_ledger_rows", "list_origin_costs", "list_platform_idle"]
@@ -89,6 +91,7 @@ _FOCUS_ROWS = (
 
 def list_focus_ledger_rows(*, tenant: str, start: datetime, end: datetime) -> list[FocusLedgerRow]:
     """The tenant's priced usage in [start, end), per (day, GPU, workload, card), in that order."""
+    require_hours_retained(start=start)
     with connection.cursor() as cur:
         cur.execute(_FOCUS_ROWS, [tenant, start, end])
         return fetch_rows(cur, FocusLedgerRow)
@@ -119,6 +122,7 @@ _ORIGIN_COSTS = (
 
 def list_origin_costs(*, start: datetime, end: datetime, gpus: Iterable[str]) -> list[OriginCost]:
     """The origin charge of these GPUs per (day, GPU, card) in [start, end)."""
+    require_hours_retained(start=start)
     with connection.cursor() as cur:
         cur.execute(_ORIGIN_COSTS, [start, end, sorted(set(gpus))])
         return fetch_rows(cur, OriginCost)
@@ -142,6 +146,7 @@ _FLEET_FOCUS_ROWS = (
 
 def list_fleet_focus_ledger_rows(*, start: datetime, end: datetime) -> list[FleetFocusLedgerRow]:
     """Every tenant's priced usage in [start, end), per (tenant, day, GPU, workload, card)."""
+    require_hours_retained(start=start)
     with connection.cursor() as cur:
         cur.execute(_FLEET_FOCUS_ROWS, [start, end])
         return fetch_rows(cur, FleetFocusLedgerRow)
@@ -183,6 +188,7 @@ _PLATFORM_IDLE = (
 
 def list_platform_idle(*, start: datetime, end: datetime) -> list[PlatformIdleRow]:
     """Every GPU-day's platform idle in [start, end), zero ones included (the caller decides)."""
+    require_hours_retained(start=start)
     with connection.cursor() as cur:
         cur.execute(_PLATFORM_IDLE, [start, end])
         return fetch_rows(cur, PlatformIdleRow)
