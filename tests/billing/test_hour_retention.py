@@ -72,7 +72,7 @@ def ledger(db) -> Node:
     return node
 
 
-def day_rows() -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+def day_rows() -> tuple[list[Any], list[Any]]:
     return (list(UsageDay.objects.order_by("id").values()), list(GpuDay.objects.order_by("id").values()))
 
 
