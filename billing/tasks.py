@@ -105,7 +105,8 @@ def apply_retention() -> dict[str, list[str] | int | str | None]:
             "lock_busy": list(result.lock_busy), "batches_pruned": result.batches_pruned,
             "hour_days_pruned": [d.isoformat() for d in hours.days] if hours else [],
             "hour_rows_pruned": hours.usage_rows + hours.gpu_rows if hours else 0,
-            "hour_day_held": hours.held_day.isoformat() if hours and hours.held_day else None}
+            "hour_day_held": hours.held_day.isoformat() if hours and hours.held_day else None,
+            "hour_days_kept": [d.isoformat() for d, _ in hours.kept_days] if hours else []}
 
 
 @shared_task(name="billing.tasks.analyze_ledger_partitions", acks_late=True)

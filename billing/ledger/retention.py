@@ -53,6 +53,7 @@ from billing.ledger.partitions import (
 )
 
 __all__ = [
+    "PRUNED_HOUR_DAYS",
     "HeldPartition",
     "HoursPruned",
     "HoursPrunedResult",
@@ -67,6 +68,7 @@ __all__ = [
     "hours_retained_from",
     "is_past_retention",
     "require_hours_retained",
+    "require_hours_where_days_cannot_answer",
     "require_minutes_retained",
     "require_raw_samples",
 ]
@@ -179,14 +181,17 @@ class RetentionResult:
 
 @dataclass(frozen=True)
 class HoursPrunedResult:
-    """The UTC days whose hour rows one run deleted, how many rows, and the first day past retention
-    it kept (its day rows do not hold what its hours sum to, or its minutes are still there) with why."""
+    """The UTC days whose hour rows one run deleted, how many rows, the days past retention whose hours
+    are kept for good, and the first day past retention held until fixed (its day rows do not hold what
+    its hours sum to, or its minutes are still there) with why."""
 
     days: tuple[date, ...]
     usage_rows: int
     gpu_rows: int
     held_day: date | None = None
     held_reason: str = ""
+    # Days past retention whose hours are kept for good, with why (billing.ledger.exports reads them).
+    kept_days: tuple[tuple[date, str], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -271,6 +276,30 @@ def require_hours_retained(*, start: datetime) -> None:
         % {"earliest": retained_from.isoformat(), "days": policy.hour_retention.days, "start": start.isoformat()},
         retained_from=retained_from,
     )
+
+
+# The UTC days meeting [%(start)s, %(end)s) whose hours retention pruned, as a CTE body: before the hour
+# watermark and without hour rows (a day's hours go in one transaction, so a day has all or none). A read
+# answers these days from the day ledger and every other day from hours; deciding per day in the read's
+# own statement means a prune committing meanwhile cannot make a day be read from neither or both.
+PRUNED_HOUR_DAYS = (
+    "SELECT d.day FROM generate_series(date_trunc('day', %(start)s::timestamptz, 'UTC'), %(end)s::timestamptz, "  # noqa: S608 - fixed name
+    "interval '1 day') AS d(day) WHERE d.day < "
+    f"(SELECT dropped_before FROM {_WATERMARKS} WHERE kind = 'hour') "
+    "AND NOT EXISTS (SELECT 1 FROM billing_gpuhour h WHERE h.hour >= d.day AND h.hour < d.day + interval '1 day')"
+)
+
+
+def _midnight_utc(at: datetime) -> datetime:
+    return at.astimezone(UTC).replace(hour=0, minute=0, second=0, microsecond=0)
+
+
+def require_hours_where_days_cannot_answer(*, start: datetime, end: datetime) -> None:
+    """Refuse a per-day read of [start, end) (one that answers pruned days from the day ledger) whose
+    first or last day is only partly inside it and may have been pruned: a day row cannot be cut."""
+    for at in (start, end):
+        if at != _midnight_utc(at):
+            require_hours_retained(start=_midnight_utc(at))
 
 
 def _blocking_batches(cur: CursorWrapper, day: date) -> tuple[int, tuple[int, ...]]:
@@ -376,11 +405,50 @@ def apply_retention(*, now: datetime) -> RetentionResult:
                            batches_pruned=_prune_batches(), hours=_prune_hours(policy.hour_keep_from(now)))
 
 
-def _oldest_hour_day(cur: CursorWrapper) -> date | None:
-    """The UTC day of the oldest hour row (of either table: both are read, each by its hour index)."""
-    cur.execute("SELECT least((SELECT min(hour) FROM billing_gpuhour), (SELECT min(hour) FROM billing_usagehour))")
+def _next_hour_day(cur: CursorWrapper, since: datetime | None) -> date | None:
+    """The UTC day of the oldest hour row from `since` on (of either table: both are read, each by its
+    hour index)."""
+    lo = since or datetime.min.replace(tzinfo=UTC)
+    cur.execute("SELECT least((SELECT min(hour) FROM billing_gpuhour WHERE hour >= %(lo)s), "
+                "(SELECT min(hour) FROM billing_usagehour WHERE hour >= %(lo)s))", {"lo": lo})
     oldest = cur.fetchone()[0]
     return None if oldest is None else oldest.astimezone(UTC).date()
+
+
+# A day whose hours could not be rebuilt from its day rows by the per-day reads (FOCUS files, which
+# price each hour under the rate card of its hour): a card of a model present that day began or ended
+# inside it, or some GPU's hours differ in model, currency or being priced (its day row holds one of
+# each). Its hours are kept for good. Energy prices need no such rule: they are set per UTC date
+# (LocationRate, NodeLocation), so one applies all day by construction.
+_CARD_CHANGED = (
+    "SELECT count(*) FROM billing_ratecard r WHERE r.gpu_model IN (SELECT gpu_model FROM billing_gpuhour "
+    "WHERE hour >= %(lo)s AND hour < %(hi)s) AND ((r.effective_from > %(lo)s AND r.effective_from < %(hi)s) "
+    "OR (r.effective_to > %(lo)s AND r.effective_to < %(hi)s))"
+)
+_GPU_HOURS_DIFFER = (
+    "SELECT count(*) FROM (SELECT 1 FROM billing_gpuhour WHERE hour >= %(lo)s AND hour < %(hi)s "
+    "GROUP BY node_id, gpu_uuid HAVING count(DISTINCT gpu_model) > 1 OR count(DISTINCT currency) > 1 "
+    "OR bool_and(priced) <> bool_or(priced)) x"
+)
+
+
+def _why_hours_kept(cur: CursorWrapper, lo: datetime, hi: datetime) -> str:
+    """Why the day [lo, hi) keeps its hours for good ('' when its day rows can stand for them)."""
+    cur.execute(_CARD_CHANGED, {"lo": lo, "hi": hi})
+    if cards := int(cur.fetchone()[0]):
+        return f"{cards} rate card(s) of its GPU models began or ended inside it"
+    cur.execute(_GPU_HOURS_DIFFER, {"lo": lo, "hi": hi})
+    if gpus := int(cur.fetchone()[0]):
+        return f"{gpus} GPU(s) whose hours differ in model, currency or being priced"
+    return ""
+
+
+@dataclass(frozen=True)
+class _Kept:
+    """A day not pruned: for good (its hours say what its day rows cannot), or until fixed (stop there)."""
+
+    reason: str
+    for_good: bool
 
 
 # Keys of the (node, GPU, day) and workload-day groups a day row sums, and the figures compared: a
@@ -411,15 +479,18 @@ def _day_rows_missing(cur: CursorWrapper, lo: datetime, hi: datetime) -> int:
     return missing
 
 
-def _prune_hour_day(day: date) -> tuple[int, int] | str:
+def _prune_hour_day(day: date) -> tuple[int, int] | _Kept:
     """Delete one UTC day of hour rows and raise the hour watermark past it, in one transaction under
     the exclusive ledger lock (so no rebuild_days reads the day meanwhile and every later one sees
     the watermark). Returns (usage rows, GPU rows) deleted, or why the day is kept."""
     lo, hi = day_bounds(day)
     with transaction.atomic(), connection.cursor() as cur:
         lock_ledger()
+        if reason := _why_hours_kept(cur, lo, hi):
+            return _Kept(reason, for_good=True)
         if missing := _day_rows_missing(cur, lo, hi):
-            return f"{missing} day rows missing or not equal to the sum of their hours (run rebuild_days)"
+            return _Kept(f"{missing} day rows missing or not equal to the sum of their hours (run rebuild_days)",
+                         for_good=False)
         cur.execute("DELETE FROM billing_usagehour WHERE hour >= %s AND hour < %s", [lo, hi])
         usage_rows = int(cur.rowcount)
         cur.execute("DELETE FROM billing_gpuhour WHERE hour >= %s AND hour < %s", [lo, hi])
@@ -435,37 +506,50 @@ def _prune_hour_day(day: date) -> tuple[int, int] | str:
 
 def _prune_hours(keep_from: datetime) -> HoursPrunedResult | None:
     """Delete the hour rows of each UTC day wholly older than `keep_from`, oldest first, a day per
-    transaction (at 10,000 GPUs a day is 3.8 M usage rows and 240,000 GPU rows). A day whose minute
-    partitions are still there (held with its raw day) may still have hours recomputed, and one
-    whose day rows do not hold its hours' sums would lose figures: either stops the run there, so
-    the hour watermark always has every hour after it. Idempotent: a second run finds no day."""
+    transaction (at 10,000 GPUs a day is 3.8 M usage rows and 240,000 GPU rows). A day whose hours say
+    what its day rows cannot (_why_hours_kept) keeps them for good and the run goes on past it. A day
+    whose minute partitions are still there (held with its raw day) may still have hours recomputed, and
+    one whose day rows do not hold its hours' sums would lose figures: either stops the run there, so
+    every hour after the hour watermark is kept, and before it a day has all its hours or none.
+    Idempotent: a second run prunes no day."""
     minute_days = {p.day for table in MINUTE_TABLES for p in list_day_partitions(table)}
     days: list[date] = []
+    kept: list[tuple[date, str]] = []
     usage_rows = gpu_rows = 0
     held_day, reason = None, ""
+    since: datetime | None = None
     while True:
         with connection.cursor() as cur:
-            day = _oldest_hour_day(cur)
+            day = _next_hour_day(cur, since)
         if day is None or not is_past_retention(day, keep_from=keep_from):
             break
-        if day in minute_days:
-            held_day, reason = day, "its minute partitions are still there (held with its raw day)"
-            break
-        outcome = _prune_hour_day(day)
-        if isinstance(outcome, str):
-            held_day, reason = day, outcome
+        since = day_bounds(day)[1]
+        outcome = (_Kept("its minute partitions are still there (held with its raw day)", for_good=False)
+                   if day in minute_days else _prune_hour_day(day))
+        if isinstance(outcome, _Kept) and outcome.for_good:
+            kept.append((day, outcome.reason))
+            continue
+        if isinstance(outcome, _Kept):
+            held_day, reason = day, outcome.reason
             break
         days.append(day)
         usage_rows, gpu_rows = usage_rows + outcome[0], gpu_rows + outcome[1]
+    _log_hours(days, kept, held_day, reason, (usage_rows, gpu_rows))
+    if not days and not kept and held_day is None:
+        return None
+    return HoursPrunedResult(days=tuple(days), usage_rows=usage_rows, gpu_rows=gpu_rows, held_day=held_day,
+                             held_reason=reason, kept_days=tuple(kept))
+
+
+def _log_hours(days: list[date], kept: list[tuple[date, str]], held_day: date | None, reason: str,
+               rows: tuple[int, int]) -> None:
+    for day, why in kept:
+        log.info("event=retention_hours_kept day=%s reason=%s", day, why)
     if held_day is not None:
         log.warning("event=retention_hours_held day=%s reason=%s", held_day, reason)
     if days:
         log.info("event=retention_hours_pruned days=%s usage_rows=%d gpu_rows=%d",
-                 ",".join(d.isoformat() for d in days), usage_rows, gpu_rows)
-    if not days and held_day is None:
-        return None
-    return HoursPrunedResult(days=tuple(days), usage_rows=usage_rows, gpu_rows=gpu_rows, held_day=held_day,
-                             held_reason=reason)
+                 ",".join(d.isoformat() for d in days), *rows)
 
 
 def _prune_batches() -> int:

@@ -23,6 +23,11 @@ from billing import tasks
 from billing.checks import check_retention
 from billing.ledger import reads, totals
 from billing.ledger.exports import list_focus_ledger_rows
+from billing.models.fleet import Location, LocationRate, NodeLocation
+from billing.scope import Scope
+from billing.services.exports.focus import build_focus_rows
+from billing.services.exports.focus_dataset import build_fleet_focus_rows
+from billing.services.exports.invoices import get_invoice_document
 from billing.ledger.models import GpuDay, GpuHour, UsageDay, UsageHour
 from billing.ledger.partitions import day_bounds
 from billing.ledger.retention import HoursPruned, RetentionPolicy, apply_retention, get_retention_state
@@ -159,8 +164,8 @@ def test_ledger_reads_of_pruned_hours_are_refused_naming_the_earliest_hour_kept(
     assert refused.value.retained_from == day_bounds(OLD)[1]
     with pytest.raises(HoursPruned):
         reads.bucketed_ledger(at(OLD, 0), at(OLD + timedelta(days=1), 0), "hour")
-    with pytest.raises(HoursPruned):
-        list_focus_ledger_rows(tenant="acme", start=at(OLD, 0), end=at(OLD + timedelta(days=1), 0))
+    with pytest.raises(HoursPruned):  # a day row cannot be cut
+        list_focus_ledger_rows(tenant="acme", start=at(OLD, 6), end=at(OLD + timedelta(days=1), 0))
     with pytest.raises(HoursPruned):  # days recomputed from what is left would lose the pruned hours
         rebuild_days(start=at(OLD, 0), end=at(OLD + timedelta(days=1), 0))
     assert reads.ledger_for(at(OLD, 0), at(OLD + timedelta(days=1), 0)) is reads.DAYS
@@ -207,3 +212,88 @@ def test_the_dashboard_of_a_pruned_day_charts_it_by_day_from_the_day_ledger(ledg
     assert (timeline.granularity, timeline.buckets) == ("day", [at(OLD, 0)])
     assert [sum(s.values) for s in timeline.series if s.key == "acme"] == [D("1.75")]
     assert after.context["summary"].total_gpu_cost == before.context["summary"].total_gpu_cost == D(6)
+
+
+# --- FOCUS files of invoices whose hours were pruned ---------------------------------------------
+
+CARD_CHANGE = datetime(2026, 1, 15, 12, tzinfo=UTC)  # a new A100 price from noon: the 15th keeps its hours
+
+
+def month_hours(node: Node) -> None:
+    """January 2026 of one GPU, four hours a day shared by two tenants (one spreads idle onto its
+    workload, one drew energy), the price changing at noon on the 15th; then its day rows."""
+    gpus, usage = [], []
+    for day in range(1, 32):
+        for hour in (3, 9, 13, 20):
+            at_ = datetime(2026, 1, day, hour, tzinfo=UTC)
+            gpus.append(GpuHour(gpu_uuid="GPU-a", node=node, gpu_model="A100", hour=at_, metered_seconds=D(3600),
+                                card_cost=D(3), charged=D("2.5"), idle_cost=D("0.5"), idle_allocated=D("0.25"),
+                                currency="USD", priced=True, energy_j=D(900), idle_energy_j=D(100)))
+            for tenant, charge in (("acme", "1.5"), ("beta", "1")):
+                usage.append(UsageHour(gpu_uuid="GPU-a", node=node, tenant=tenant, namespace=f"{tenant}-ns",
+                                       pod="bert", container="main", pod_uid=f"uid-{tenant}", sla_tier="gold",
+                                       seconds=D(3600), share_gpu_s=D(charge) * 1200, charge=D(charge),
+                                       idle_share=D("0.25") if tenant == "acme" else D(0),
+                                       energy_j=D(hour * 10 + day), hour=at_, **_ZEROS))
+    GpuHour.objects.bulk_create(gpus)
+    UsageHour.objects.bulk_create(usage)
+    rebuild_days(start=at(JAN, 0), end=at(date(2026, 2, 1), 0))
+
+
+@pytest.fixture
+def january(db) -> None:
+    RateCard.objects.create(gpu_model="A100", currency="USD", price_per_gpu_hour=D("3"), source_url="https://example.org",
+                            effective_from=datetime(2020, 1, 1, tzinfo=UTC), effective_to=CARD_CHANGE)
+    RateCard.objects.create(gpu_model="A100", currency="USD", price_per_gpu_hour=D("4"), source_url="https://example.org",
+                            effective_from=CARD_CHANGE, idle_policy="proportional")
+    for slug in ("acme", "beta"):
+        Tenant.objects.create(slug=slug, name=slug)
+    node = Node.objects.create(name="node-1", cluster="east")
+    created = datetime(2025, 1, 1, tzinfo=UTC)
+    place = Location.objects.create(label="dc-1", created_at=created)
+    NodeLocation.objects.create(node=node, location=place, effective_from=date(2025, 1, 1), created_at=created)
+    for effective_from, price in ((date(2025, 1, 1), "0.1"), (date(2026, 1, 20), "0.2")):  # energy: by UTC date
+        LocationRate.objects.create(location=place, effective_from=effective_from, price_per_kwh=D(price),
+                                    currency="USD", co2e_kg_per_kwh=D("0.4"), created_at=created)
+    month_hours(node)
+    close_period(month=JAN, now=datetime(2026, 2, 2, tzinfo=UTC))
+
+
+def focus_files() -> list[list[dict[str, Any]]]:
+    everyone = Scope(tenants=None, is_finance=True, is_admin=True)
+    return [build_focus_rows(get_invoice_document(scope=everyone, number=number))
+            for number in Invoice.objects.order_by("number").values_list("number", flat=True)]
+
+
+def test_invoices_focus_files_and_the_fleet_dataset_are_the_same_after_their_hours_are_pruned(january: None) -> None:
+    invoices_before, fleet_before = focus_files(), build_fleet_focus_rows(JAN)
+    assert len(invoices_before) == 2
+    # Per day: two workloads, acme's idle and the platform's idle, each twice on the 15th (one per card).
+    assert len(fleet_before) == 4 * 31 + 4
+
+    result = apply_retention(now=day_bounds(date(2026, 1, 31))[1] + RetentionPolicy.from_settings().hour_retention)
+
+    assert result.hours is not None
+    assert len(result.hours.days) == 30
+    assert result.hours.kept_days == ((date(2026, 1, 15), "2 rate card(s) of its GPU models began or ended inside it"),)
+    assert hour_days() == {date(2026, 1, 15)}
+    assert focus_files() == invoices_before
+    assert build_fleet_focus_rows(JAN) == fleet_before
+
+
+def test_a_day_whose_gpu_hours_differ_in_being_priced_keeps_them_and_later_days_still_go(ledger: Node) -> None:
+    GpuHour.objects.filter(hour=at(OLD, 11)).update(priced=False)
+    rebuild_days(start=at(OLD, 0), end=at(OLD + timedelta(days=1), 0))
+    hour_rows(ledger, at(OLD + timedelta(days=1), 5), charge="1")  # the day after: pruned past it
+    rebuild_days(start=at(OLD, 0), end=at(OLD + timedelta(days=2), 0))
+    day = (at(OLD, 0), at(OLD + timedelta(days=2), 0))
+    rows_before = list_focus_ledger_rows(tenant="acme", start=day[0], end=day[1])
+
+    result = apply_retention(now=PRUNE_AT + timedelta(days=1))
+
+    assert result.hours is not None
+    assert result.hours.days == (OLD + timedelta(days=1),)
+    assert result.hours.kept_days == ((OLD, "1 GPU(s) whose hours differ in model, currency or being priced"),)
+    assert hour_days() == {OLD, NEW}
+    assert list_focus_ledger_rows(tenant="acme", start=day[0], end=day[1]) == rows_before
+    assert [r.charge for r in rows_before] == [D("1.25"), D(1)]  # the unpriced hour is in neither
