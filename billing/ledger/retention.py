@@ -14,7 +14,9 @@ Kept for (docs/operations.md, "Retention and disk"):
 - hours: VGPU_HOUR_RETENTION (13 months by default, at least the minute retention: an hour is
   recomputed from its minutes, so its minutes go first); a day of hours is deleted (the hour
   tables are not partitioned) one UTC day per transaction, and only once its day rows hold what
-  its hours sum to, so no figure of the day ledger ever depends on a pruned hour;
+  its hours sum to, so no figure of the day ledger ever depends on a pruned hour; a day on which a
+  rate card began or ended, or a GPU's hours differ in pricing, keeps its hours for good (the FOCUS
+  reads could not tell it from its day rows; billing.ledger.exports);
 - days: forever (billing history; invoices are stored documents and never read back from hours).
 
 A day past its period is dropped with DROP TABLE of its partition, never a DELETE: no dead

@@ -2,8 +2,9 @@
 invoices are kept for good: pruning leaves every day row and invoice as it was, prunes only whole
 days past retention whose day rows hold their hours' sums, twice is once, and an unsound setting
 prunes nothing. Reads that need hours before the earliest hour kept answer from days where the
-period is whole UTC days (the dashboard's chart) or are refused naming that hour (API, exports,
-rebuild_days), never summed from what is left."""
+period is whole UTC days (the dashboard's chart) or are refused naming that hour (API,
+rebuild_days), never summed from what is left. FOCUS files answer pruned days from days, the same
+rows; a day whose days could not give them (a price change inside it) keeps its hours for good."""
 
 from __future__ import annotations
 
@@ -23,17 +24,16 @@ from billing import tasks
 from billing.checks import check_retention
 from billing.ledger import reads, totals
 from billing.ledger.exports import list_focus_ledger_rows
-from billing.models.fleet import Location, LocationRate, NodeLocation
-from billing.scope import Scope
-from billing.services.exports.focus import build_focus_rows
-from billing.services.exports.focus_dataset import build_fleet_focus_rows
-from billing.services.exports.invoices import get_invoice_document
 from billing.ledger.models import GpuDay, GpuHour, UsageDay, UsageHour
 from billing.ledger.partitions import day_bounds
 from billing.ledger.retention import HoursPruned, RetentionPolicy, apply_retention, get_retention_state
 from billing.ledger.rollup import rebuild_days
 from billing.models import Invoice, InvoiceLine, Node, RateCard, Tenant
-from billing.scope import FINANCE_GROUP
+from billing.models.fleet import Location, LocationRate, NodeLocation
+from billing.scope import FINANCE_GROUP, Scope
+from billing.services.exports.focus import build_focus_rows
+from billing.services.exports.focus_dataset import build_fleet_focus_rows
+from billing.services.exports.invoices import get_invoice_document
 from billing.services.invoicing.close import close_period
 from tests.conftest import user_in
 
