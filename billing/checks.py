@@ -80,14 +80,15 @@ def check_node_identity(app_configs: Any = None, **kwargs: Any) -> list[CheckMes
 
 @register()
 def check_retention(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
-    """Retention settings that would drop raw samples or minutes still needed (billing.ledger.retention
-    refuses to drop anything while they hold, so the operator hears it here first)."""
+    """Retention settings that would drop raw samples, minutes or hours still needed
+    (billing.ledger.retention refuses to drop anything while they hold, so the operator hears it
+    here first)."""
     problems = RetentionPolicy.from_settings().problems()
     if not problems:
         return []
     return [Error(f"Retention is misconfigured, so nothing is dropped: {'; '.join(problems)}.",
-                  hint="e.g. VGPU_RAW_RETENTION_MARGIN_DAYS=2 VGPU_MINUTE_RETENTION_DAYS=100 (docs/operations.md, "
-                       "Retention)", id="billing.E004")]
+                  hint="e.g. VGPU_RAW_RETENTION_MARGIN_DAYS=2 VGPU_MINUTE_RETENTION_DAYS=100 "
+                       "VGPU_HOUR_RETENTION_DAYS=396 (docs/operations.md, Retention)", id="billing.E004")]
 
 
 @register()

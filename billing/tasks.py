@@ -95,13 +95,18 @@ def ensure_raw_partitions() -> list[str]:
     retry_backoff=True,
     max_retries=5,
 )
-def apply_retention() -> dict[str, list[str] | int]:
+def apply_retention() -> dict[str, list[str] | int | str | None]:
     """Hourly: drop raw and minute day partitions past their retention, keeping those that hold
-    samples of pending or quarantined batches, then the batches whose raw samples are gone.
-    Idempotent: a second run finds nothing to drop."""
+    samples of pending or quarantined batches, then the batches whose raw samples are gone, then
+    the days of hours past theirs. Idempotent: a second run finds nothing to drop."""
     result = _apply_retention(now=timezone.now())
+    hours = result.hours
     return {"dropped": list(result.dropped), "held": [h.name for h in result.held],
-            "lock_busy": list(result.lock_busy), "batches_pruned": result.batches_pruned}
+            "lock_busy": list(result.lock_busy), "batches_pruned": result.batches_pruned,
+            "hour_days_pruned": [d.isoformat() for d in hours.days] if hours else [],
+            "hour_rows_pruned": hours.usage_rows + hours.gpu_rows if hours else 0,
+            "hour_day_held": hours.held_day.isoformat() if hours and hours.held_day else None,
+            "hour_days_kept": [d.isoformat() for d, _ in hours.kept_days] if hours else []}
 
 
 @shared_task(name="billing.tasks.analyze_ledger_partitions", acks_late=True)

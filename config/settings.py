@@ -276,10 +276,14 @@ def _days(name: str, default: int) -> timedelta:
 # late-usage horizon plus this margin (at least 1 day: a batch accepted at the horizon's edge must
 # still be rolled up and re-priceable), then their day partitions are dropped; minutes are kept
 # this long (at least the raw retention; the default covers a paired report over either of the two
-# previous months with its 7-day look-back). Hours and days are kept forever. billing.E004 checks
-# the rules at startup and the task refuses to drop anything while they are broken.
+# previous months with its 7-day look-back); hours this long (at least the minute retention; the
+# default keeps last year's same month whole at hour precision until this month ends: 13 months
+# are at most 397 days, and a day goes only once all of it is older, docs/operations.md). Days
+# are kept forever. billing.E004 checks the rules at startup and the task refuses to drop
+# anything while they are broken.
 VGPU_RAW_RETENTION_MARGIN = _days("VGPU_RAW_RETENTION_MARGIN_DAYS", 2)
 VGPU_MINUTE_RETENTION = _days("VGPU_MINUTE_RETENTION_DAYS", 100)
+VGPU_HOUR_RETENTION = _days("VGPU_HOUR_RETENTION_DAYS", 396)
 # A month closing with no progress written for this many seconds is shown as stalled (its Celery
 # task was probably lost), and finance or an admin may resume it from the periods page.
 VGPU_PERIOD_CLOSE_STALE_S = int(os.environ.get("VGPU_PERIOD_CLOSE_STALE_S", "900"))

@@ -117,7 +117,7 @@ def set_ledger(start: datetime, end: datetime, starts: Sequence[datetime] | None
     """Days when the window and every set are whole UTC days, else hours."""
     ledger = reads.ledger_for(start, end)
     if starts is not None and any(s.hour or s.minute or s.second or s.microsecond for s in starts):
-        return reads.HOURS
+        return reads.hour_ledger(start)
     return ledger
 
 

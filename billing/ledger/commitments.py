@@ -12,6 +12,7 @@ from decimal import Decimal
 from django.db import connection
 
 from billing.ledger.reads import fetch_rows
+from billing.ledger.retention import require_hours_retained
 
 __all__ = ["CommittedHour", "list_committed_hours"]
 
@@ -28,6 +29,7 @@ class CommittedHour:
 
 def list_committed_hours(*, gpu_models: Collection[str], start: datetime, end: datetime) -> list[CommittedHour]:
     """Per GPU model and hour in [start, end), the covered card-seconds and their cost (hours with any)."""
+    require_hours_retained(start=start)
     with connection.cursor() as cur:
         cur.execute(
             "SELECT gpu_model, hour, sum(committed_seconds) AS committed_seconds, sum(committed_cost) AS committed_cost "

@@ -29,6 +29,7 @@ from typing import Any
 from django.db import connection
 
 from billing.ledger.pricing import PricedCard, RateCards, load_rate_cards
+from billing.ledger.retention import require_hours_retained
 
 __all__ = ["AppliedRate", "LineKey", "list_line_rates"]
 
@@ -111,6 +112,7 @@ def _read_line_rates(
     cards: RateCards, *, start: datetime, end: datetime, keys: list[LineKey]
 ) -> dict[LineKey, tuple[AppliedRate, ...]]:
     wanted = set(keys)
+    require_hours_retained(start=start)
     rows = _fetch(_HOURS_SQL, {"start": start, "end": end, "tenants": sorted({k[0] for k in keys}),
                                "models": sorted({k[1] for k in keys})})
     used_cards: dict[LineKey, set[int]] = defaultdict(set)

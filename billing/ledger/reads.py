@@ -1,5 +1,7 @@
 """Which ledger table a read uses: the day ledger for a period of whole UTC days, else the hour
-ledger (`ledger_for`, the one place that picks). The read functions of billing.ledger.totals,
+ledger (`ledger_for`, the one place that picks). The hour ledger is pruned past
+VGPU_HOUR_RETENTION_DAYS, the day ledger never: a read that needs hours from before the earliest
+hour kept is refused (HoursPruned, naming it) rather than summing what is left. The read functions of billing.ledger.totals,
 .series and .exports take a period and pick through here; callers outside the ledger never see
 a table or a model.
 
@@ -20,8 +22,10 @@ from django.db.backends.utils import CursorWrapper
 from django.db.models import F, Q, Sum
 
 from billing.ledger.models import GpuDay, GpuHour, UsageDay, UsageHour
+from billing.ledger.retention import require_hours_retained
 
-__all__ = ["DAYS", "HOURS", "Granularity", "Ledger", "bucketed_ledger", "fetch_rows", "ledger_for", "period_read_cursor"]
+__all__ = ["DAYS", "HOURS", "Granularity", "Ledger", "bucketed_ledger", "fetch_rows", "hour_ledger", "ledger_for",
+           "period_read_cursor"]
 
 Granularity = Literal["hour", "day"]
 _Row = TypeVar("_Row")
@@ -84,16 +88,22 @@ def _midnight(at: datetime) -> bool:
     return (at.hour, at.minute, at.second, at.microsecond) == (0, 0, 0, 0)
 
 
+def hour_ledger(start: datetime) -> Ledger:
+    """The hour ledger for a read from `start` on; HoursPruned when retention pruned hours after it."""
+    require_hours_retained(start=start)
+    return HOURS
+
+
 def ledger_for(start: datetime, end: datetime) -> Ledger:
     """The day ledger for a period of whole UTC days (what the period picker gives), else hours."""
-    return DAYS if _midnight(start) and _midnight(end) else HOURS
+    return DAYS if _midnight(start) and _midnight(end) else hour_ledger(start)
 
 
 def bucketed_ledger(start: datetime, end: datetime, granularity: Granularity) -> Ledger:
     """Hour buckets need the hour ledger; day buckets read days when the period is whole days.
     (Every read of the ledger picks through this module's `ledger_for`, so one patch of it makes
     them all read hours: tests/billing/test_daily_ledger.py proves days equal hours that way.)"""
-    return ledger_for(start, end) if granularity == "day" else HOURS
+    return ledger_for(start, end) if granularity == "day" else hour_ledger(start)
 
 
 # Planner settings for the reads over a period's rows (period_read_cursor), measured at

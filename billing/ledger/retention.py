@@ -1,5 +1,6 @@
-"""The ledger's data lifecycle: how long raw samples and minutes are kept, dropping whole day
-partitions past that, and analysing partitions whose statistics are missing or stale.
+"""The ledger's data lifecycle: how long raw samples, minutes and hours are kept, dropping whole
+day partitions (or pruning whole days of hours) past that, and analysing partitions whose
+statistics are missing or stale.
 
 Kept for (docs/operations.md, "Retention and disk"):
 - raw samples: the late-usage horizon (ingest refuses older usage) plus a margin
@@ -10,7 +11,13 @@ Kept for (docs/operations.md, "Retention and disk"):
   the raw watermark, if rolled up and not quarantined): they give the rollup each GPU-minute's
   metered seconds and ingest its exactly-once, and neither can happen again past the late-usage
   horizon (ingest refuses such a window, a recompute that old is refused below);
-- hours and days: forever (billing history).
+- hours: VGPU_HOUR_RETENTION (13 months by default, at least the minute retention: an hour is
+  recomputed from its minutes, so its minutes go first); a day of hours is deleted (the hour
+  tables are not partitioned) one UTC day per transaction, and only once its day rows hold what
+  its hours sum to, so no figure of the day ledger ever depends on a pruned hour; a day on which a
+  rate card began or ended, or a GPU's hours differ in pricing, keeps its hours for good (the FOCUS
+  reads could not tell it from its day rows; billing.ledger.exports);
+- days: forever (billing history; invoices are stored documents and never read back from hours).
 
 A day past its period is dropped with DROP TABLE of its partition, never a DELETE: no dead
 tuples, no vacuum debt, the disk given back at once. A day that still holds samples of a batch
@@ -21,14 +28,15 @@ vgpu_ledger_retention_held_partitions, and dropped by the first run after its ba
 Each drop raises a watermark (`billing_ledger_retention`, migration 0018): the instant before
 which raw samples (or minutes) may be gone. A rebuild or a re-pricing that starts before the raw
 watermark is refused (RawSamplesDropped), a paired report that reads minutes before the minute
-watermark too (MinutesPruned): recomputing from what is left would give wrong numbers silently.
+watermark too (MinutesPruned), a read that picks hours before the hour watermark (HoursPruned):
+recomputing or summing from what is left would give wrong numbers silently.
 """
 
 from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from datetime import date, datetime, timedelta
+from datetime import UTC, date, datetime, timedelta
 
 from django.conf import settings
 from django.db import OperationalError, connection, transaction
@@ -47,7 +55,10 @@ from billing.ledger.partitions import (
 )
 
 __all__ = [
+    "PRUNED_HOUR_DAYS",
     "HeldPartition",
+    "HoursPruned",
+    "HoursPrunedResult",
     "LedgerDataDropped",
     "MinutesPruned",
     "RawSamplesDropped",
@@ -56,7 +67,10 @@ __all__ = [
     "RetentionState",
     "apply_retention",
     "get_retention_state",
+    "hours_retained_from",
     "is_past_retention",
+    "require_hours_retained",
+    "require_hours_where_days_cannot_answer",
     "require_minutes_retained",
     "require_raw_samples",
 ]
@@ -80,12 +94,14 @@ class RetentionPolicy:
     late_usage_horizon: timedelta
     raw_margin: timedelta
     minute_retention: timedelta
+    hour_retention: timedelta
 
     @classmethod
     def from_settings(cls) -> RetentionPolicy:
         return cls(late_usage_horizon=settings.VGPU_LATE_USAGE_HORIZON,
                    raw_margin=settings.VGPU_RAW_RETENTION_MARGIN,
-                   minute_retention=settings.VGPU_MINUTE_RETENTION)
+                   minute_retention=settings.VGPU_MINUTE_RETENTION,
+                   hour_retention=settings.VGPU_HOUR_RETENTION)
 
     @property
     def raw_retention(self) -> timedelta:
@@ -105,6 +121,11 @@ class RetentionPolicy:
                 f"VGPU_MINUTE_RETENTION_DAYS ({self.minute_retention.days}) must be at least the raw retention, "
                 f"VGPU_LATE_USAGE_HORIZON_DAYS + VGPU_RAW_RETENTION_MARGIN_DAYS ({self.raw_retention.days}): "
                 "a minute recomputed from raw samples needs the other minutes of its hour")
+        if self.hour_retention < self.minute_retention:
+            problems.append(
+                f"VGPU_HOUR_RETENTION_DAYS ({self.hour_retention.days}) must be at least VGPU_MINUTE_RETENTION_DAYS "
+                f"({self.minute_retention.days}): an hour recomputed from its minutes needs every hour of its day "
+                "for the day's row")
         return problems
 
     def raw_keep_from(self, now: datetime) -> datetime:
@@ -112,6 +133,9 @@ class RetentionPolicy:
 
     def minute_keep_from(self, now: datetime) -> datetime:
         return now - self.minute_retention
+
+    def hour_keep_from(self, now: datetime) -> datetime:
+        return now - self.hour_retention
 
 
 class LedgerDataDropped(InvalidInput):
@@ -129,6 +153,11 @@ class RawSamplesDropped(LedgerDataDropped):
 
 class MinutesPruned(LedgerDataDropped):
     """A read of the minute ledger over a range that was pruned."""
+
+
+class HoursPruned(LedgerDataDropped):
+    """A read of the hour ledger (hour buckets, or a period not of whole UTC days) over a range that
+    was pruned."""
 
 
 @dataclass(frozen=True)
@@ -149,6 +178,22 @@ class RetentionResult:
     # Past retention, no batch in the way, but the table lock was not granted in time: next run.
     lock_busy: tuple[str, ...]
     batches_pruned: int = 0  # batches deleted with their GPU rows, their raw samples gone
+    hours: HoursPrunedResult | None = None  # None: no day of hours was past its retention
+
+
+@dataclass(frozen=True)
+class HoursPrunedResult:
+    """The UTC days whose hour rows one run deleted, how many rows, the days past retention whose hours
+    are kept for good, and the first day past retention held until fixed (its day rows do not hold what
+    its hours sum to, or its minutes are still there) with why."""
+
+    days: tuple[date, ...]
+    usage_rows: int
+    gpu_rows: int
+    held_day: date | None = None
+    held_reason: str = ""
+    # Days past retention whose hours are kept for good, with why (billing.ledger.exports reads them).
+    kept_days: tuple[tuple[date, str], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -159,6 +204,7 @@ class RetentionState:
     held_bytes: dict[str, int]
     raw_retained_from: datetime | None  # None: nothing was ever dropped
     minutes_retained_from: datetime | None
+    hours_retained_from: datetime | None = None
 
 
 def is_past_retention(day: date, *, keep_from: datetime) -> bool:
@@ -209,6 +255,53 @@ def require_minutes_retained(*, start: datetime, lookback: timedelta = timedelta
            "earliest": (retained_from + lookback).isoformat(), "start": start.isoformat()},
         retained_from=retained_from,
     )
+
+
+def hours_retained_from() -> datetime | None:
+    """The first instant from which the hour ledger is complete (None: no hour was ever pruned)."""
+    with connection.cursor() as cur:
+        return _watermark(cur, "hour")
+
+
+def require_hours_retained(*, start: datetime) -> None:
+    """Refuse a read of the hour ledger from `start` on when hours before it were pruned; the
+    message names the earliest hour still kept. A read of whole UTC days reads the day ledger
+    (kept for good) and does not call this."""
+    retained_from = hours_retained_from()
+    if retained_from is None or start >= retained_from:
+        return
+    policy = RetentionPolicy.from_settings()
+    raise HoursPruned(
+        _("the hour ledger before %(earliest)s was pruned (VGPU_HOUR_RETENTION_DAYS = %(days)s), so hourly figures "
+          "from %(start)s cannot be shown; the earliest hour kept is %(earliest)s (UTC). Whole UTC days before it "
+          "are still answered from the day ledger")
+        % {"earliest": retained_from.isoformat(), "days": policy.hour_retention.days, "start": start.isoformat()},
+        retained_from=retained_from,
+    )
+
+
+# The UTC days meeting [%(start)s, %(end)s) whose hours retention pruned, as a CTE body: before the hour
+# watermark and without hour rows (a day's hours go in one transaction, so a day has all or none). A read
+# answers these days from the day ledger and every other day from hours; deciding per day in the read's
+# own statement means a prune committing meanwhile cannot make a day be read from neither or both.
+PRUNED_HOUR_DAYS = (
+    "SELECT d.day FROM generate_series(date_trunc('day', %(start)s::timestamptz, 'UTC'), %(end)s::timestamptz, "  # noqa: S608 - fixed name
+    "interval '1 day') AS d(day) WHERE d.day < "
+    f"(SELECT dropped_before FROM {_WATERMARKS} WHERE kind = 'hour') "
+    "AND NOT EXISTS (SELECT 1 FROM billing_gpuhour h WHERE h.hour >= d.day AND h.hour < d.day + interval '1 day')"
+)
+
+
+def _midnight_utc(at: datetime) -> datetime:
+    return at.astimezone(UTC).replace(hour=0, minute=0, second=0, microsecond=0)
+
+
+def require_hours_where_days_cannot_answer(*, start: datetime, end: datetime) -> None:
+    """Refuse a per-day read of [start, end) (one that answers pruned days from the day ledger) whose
+    first or last day is only partly inside it and may have been pruned: a day row cannot be cut."""
+    for at in (start, end):
+        if at != _midnight_utc(at):
+            require_hours_retained(start=_midnight_utc(at))
 
 
 def _blocking_batches(cur: CursorWrapper, day: date) -> tuple[int, tuple[int, ...]]:
@@ -311,7 +404,154 @@ def apply_retention(*, now: datetime) -> RetentionResult:
     if dropped:
         log.info("event=retention_dropped partitions=%s", ",".join(dropped))
     return RetentionResult(dropped=tuple(dropped), held=tuple(held), lock_busy=tuple(busy),
-                           batches_pruned=_prune_batches())
+                           batches_pruned=_prune_batches(), hours=_prune_hours(policy.hour_keep_from(now)))
+
+
+def _next_hour_day(cur: CursorWrapper, since: datetime | None) -> date | None:
+    """The UTC day of the oldest hour row from `since` on (of either table: both are read, each by its
+    hour index)."""
+    lo = since or datetime.min.replace(tzinfo=UTC)
+    cur.execute("SELECT least((SELECT min(hour) FROM billing_gpuhour WHERE hour >= %(lo)s), "
+                "(SELECT min(hour) FROM billing_usagehour WHERE hour >= %(lo)s))", {"lo": lo})
+    oldest = cur.fetchone()[0]
+    return None if oldest is None else oldest.astimezone(UTC).date()
+
+
+# A day whose hours could not be rebuilt from its day rows by the per-day reads (FOCUS files, which
+# price each hour under the rate card of its hour): a card of a model present that day began or ended
+# inside it, or some GPU's hours differ in model, currency or being priced (its day row holds one of
+# each). Its hours are kept for good. Energy prices need no such rule: they are set per UTC date
+# (LocationRate, NodeLocation), so one applies all day by construction.
+_CARD_CHANGED = (
+    "SELECT count(*) FROM billing_ratecard r WHERE r.gpu_model IN (SELECT gpu_model FROM billing_gpuhour "
+    "WHERE hour >= %(lo)s AND hour < %(hi)s) AND ((r.effective_from > %(lo)s AND r.effective_from < %(hi)s) "
+    "OR (r.effective_to > %(lo)s AND r.effective_to < %(hi)s))"
+)
+_GPU_HOURS_DIFFER = (
+    "SELECT count(*) FROM (SELECT 1 FROM billing_gpuhour WHERE hour >= %(lo)s AND hour < %(hi)s "
+    "GROUP BY node_id, gpu_uuid HAVING count(DISTINCT gpu_model) > 1 OR count(DISTINCT currency) > 1 "
+    "OR bool_and(priced) <> bool_or(priced)) x"
+)
+
+
+def _why_hours_kept(cur: CursorWrapper, lo: datetime, hi: datetime) -> str:
+    """Why the day [lo, hi) keeps its hours for good ('' when its day rows can stand for them)."""
+    cur.execute(_CARD_CHANGED, {"lo": lo, "hi": hi})
+    if cards := int(cur.fetchone()[0]):
+        return f"{cards} rate card(s) of its GPU models began or ended inside it"
+    cur.execute(_GPU_HOURS_DIFFER, {"lo": lo, "hi": hi})
+    if gpus := int(cur.fetchone()[0]):
+        return f"{gpus} GPU(s) whose hours differ in model, currency or being priced"
+    return ""
+
+
+@dataclass(frozen=True)
+class _Kept:
+    """A day not pruned: for good (its hours say what its day rows cannot), or until fixed (stop there)."""
+
+    reason: str
+    for_good: bool
+
+
+# Keys of the (node, GPU, day) and workload-day groups a day row sums, and the figures compared: a
+# day row that exists but is stale (hours written in bulk without rebuild_days) holds the day too.
+_GPU_DAY_UNMATCHED = (
+    "SELECT count(*) FROM (SELECT node_id, gpu_uuid, sum(metered_seconds) AS s, sum(card_cost) AS c "
+    "FROM billing_gpuhour WHERE hour >= %(lo)s AND hour < %(hi)s GROUP BY 1, 2) h WHERE NOT EXISTS ("
+    "SELECT 1 FROM billing_gpuday d WHERE d.node_id = h.node_id AND d.gpu_uuid = h.gpu_uuid AND d.day = %(lo)s "
+    "AND d.metered_seconds = h.s AND d.card_cost = h.c)"
+)
+_WORKLOAD = ("tenant", "namespace", "pod", "container", "pod_uid", "sla_tier")
+_USAGE_DAY_UNMATCHED = (
+    f"SELECT count(*) FROM (SELECT node_id, gpu_uuid, {', '.join(_WORKLOAD)}, sum(seconds) AS s, "  # noqa: S608 - constant names
+    "sum(charge) AS c, sum(idle_share) AS i FROM billing_usagehour WHERE hour >= %(lo)s AND hour < %(hi)s "
+    f"GROUP BY {', '.join(str(i) for i in range(1, 3 + len(_WORKLOAD)))}) h WHERE NOT EXISTS ("
+    "SELECT 1 FROM billing_usageday d WHERE d.node_id = h.node_id AND d.gpu_uuid = h.gpu_uuid AND d.day = %(lo)s "
+    + "".join(f"AND d.{k} = h.{k} " for k in _WORKLOAD)
+    + "AND d.seconds = h.s AND d.charge = h.c AND d.idle_share = h.i)"
+)
+
+
+def _day_rows_missing(cur: CursorWrapper, lo: datetime, hi: datetime) -> int:
+    """How many GPU-day and workload-day groups of the day's hours have no day row equal to their sum."""
+    missing = 0
+    for sql in (_GPU_DAY_UNMATCHED, _USAGE_DAY_UNMATCHED):
+        cur.execute(sql, {"lo": lo, "hi": hi})
+        missing += int(cur.fetchone()[0])
+    return missing
+
+
+def _prune_hour_day(day: date) -> tuple[int, int] | _Kept:
+    """Delete one UTC day of hour rows and raise the hour watermark past it, in one transaction under
+    the exclusive ledger lock (so no rebuild_days reads the day meanwhile and every later one sees
+    the watermark). Returns (usage rows, GPU rows) deleted, or why the day is kept."""
+    lo, hi = day_bounds(day)
+    with transaction.atomic(), connection.cursor() as cur:
+        lock_ledger()
+        if reason := _why_hours_kept(cur, lo, hi):
+            return _Kept(reason, for_good=True)
+        if missing := _day_rows_missing(cur, lo, hi):
+            return _Kept(f"{missing} day rows missing or not equal to the sum of their hours (run rebuild_days)",
+                         for_good=False)
+        cur.execute("DELETE FROM billing_usagehour WHERE hour >= %s AND hour < %s", [lo, hi])
+        usage_rows = int(cur.rowcount)
+        cur.execute("DELETE FROM billing_gpuhour WHERE hour >= %s AND hour < %s", [lo, hi])
+        gpu_rows = int(cur.rowcount)
+        cur.execute(
+            f"INSERT INTO {_WATERMARKS} (kind, dropped_before) VALUES ('hour', %s) "  # noqa: S608 - fixed name
+            f"ON CONFLICT (kind) DO UPDATE SET dropped_before = greatest({_WATERMARKS}.dropped_before, "
+            "EXCLUDED.dropped_before)",
+            [hi],
+        )
+    return usage_rows, gpu_rows
+
+
+def _prune_hours(keep_from: datetime) -> HoursPrunedResult | None:
+    """Delete the hour rows of each UTC day wholly older than `keep_from`, oldest first, a day per
+    transaction (at 10,000 GPUs a day is 3.8 M usage rows and 240,000 GPU rows). A day whose hours say
+    what its day rows cannot (_why_hours_kept) keeps them for good and the run goes on past it. A day
+    whose minute partitions are still there (held with its raw day) may still have hours recomputed, and
+    one whose day rows do not hold its hours' sums would lose figures: either stops the run there, so
+    every hour after the hour watermark is kept, and before it a day has all its hours or none.
+    Idempotent: a second run prunes no day."""
+    minute_days = {p.day for table in MINUTE_TABLES for p in list_day_partitions(table)}
+    days: list[date] = []
+    kept: list[tuple[date, str]] = []
+    usage_rows = gpu_rows = 0
+    held_day, reason = None, ""
+    since: datetime | None = None
+    while True:
+        with connection.cursor() as cur:
+            day = _next_hour_day(cur, since)
+        if day is None or not is_past_retention(day, keep_from=keep_from):
+            break
+        since = day_bounds(day)[1]
+        outcome = (_Kept("its minute partitions are still there (held with its raw day)", for_good=False)
+                   if day in minute_days else _prune_hour_day(day))
+        if isinstance(outcome, _Kept) and outcome.for_good:
+            kept.append((day, outcome.reason))
+            continue
+        if isinstance(outcome, _Kept):
+            held_day, reason = day, outcome.reason
+            break
+        days.append(day)
+        usage_rows, gpu_rows = usage_rows + outcome[0], gpu_rows + outcome[1]
+    _log_hours(days, kept, held_day, reason, (usage_rows, gpu_rows))
+    if not days and not kept and held_day is None:
+        return None
+    return HoursPrunedResult(days=tuple(days), usage_rows=usage_rows, gpu_rows=gpu_rows, held_day=held_day,
+                             held_reason=reason, kept_days=tuple(kept))
+
+
+def _log_hours(days: list[date], kept: list[tuple[date, str]], held_day: date | None, reason: str,
+               rows: tuple[int, int]) -> None:
+    for day, why in kept:
+        log.info("event=retention_hours_kept day=%s reason=%s", day, why)
+    if held_day is not None:
+        log.warning("event=retention_hours_held day=%s reason=%s", held_day, reason)
+    if days:
+        log.info("event=retention_hours_pruned days=%s usage_rows=%d gpu_rows=%d",
+                 ",".join(d.isoformat() for d in days), *rows)
 
 
 def _prune_batches() -> int:
@@ -360,6 +600,6 @@ def get_retention_state(*, now: datetime) -> RetentionState:
                     held[_kind(table)] += 1
                     cur.execute("SELECT pg_total_relation_size(%s::regclass)", [f'"{partition.name}"'])
                     held_bytes[_kind(table)] += int(cur.fetchone()[0])
-        raw_from, minute_from = _watermark(cur, "raw"), _watermark(cur, "minute")
+        raw_from, minute_from, hour_from = _watermark(cur, "raw"), _watermark(cur, "minute"), _watermark(cur, "hour")
     return RetentionState(held_partitions=held, held_bytes=held_bytes, raw_retained_from=raw_from,
-                          minutes_retained_from=minute_from)
+                          minutes_retained_from=minute_from, hours_retained_from=hour_from)

@@ -55,7 +55,7 @@ from billing.ledger.pricing import (
     price_gpu_window,
 )
 from billing.ledger.reads import fetch_rows
-from billing.ledger.retention import require_raw_samples
+from billing.ledger.retention import require_hours_retained, require_raw_samples
 from billing.ledger.statistics import analyze_stale_partitions
 from billing.money import ledger_amount
 
@@ -680,11 +680,13 @@ def rebuild_days(*, start: datetime, end: datetime, gpu_uuid: str | None = None)
     """Recompute the day ledger for every UTC day that meets [start, end) (of one GPU, or of all)
     from the hour ledger as it is: for hour rows written other than by the rollup (the web-pages
     benchmark's COPY, hour rows saved through the ORM). Returns the number of GpuDay rows written.
-    Holds the ledger lock exclusively."""
+    Holds the ledger lock exclusively. Refused for days whose hours retention pruned: recomputed
+    from what is left, the days would lose them."""
     if end <= start:
         raise ValueError("end must be after start")
     with transaction.atomic(), connection.cursor() as cur:
         lock_ledger()
+        require_hours_retained(start=start.astimezone(UTC).replace(hour=0, minute=0, second=0, microsecond=0))
         cur.execute(
             "SELECT date_trunc('day', %s::timestamptz, 'UTC'), "
             "date_trunc('day', %s::timestamptz - interval '1 microsecond', 'UTC') + interval '1 day'",

@@ -35,6 +35,7 @@ from django.db.models import Q
 
 from billing.ledger.models import WorkloadMeta
 from billing.ledger.reads import fetch_rows, period_read_cursor
+from billing.ledger.retention import require_hours_retained
 from billing.models.pricing import RateCard
 
 __all__ = [
@@ -149,11 +150,16 @@ class _Split:
 
 
 def _split(start: datetime, end: datetime, now: datetime | None) -> _Split:
+    """Refused (HoursPruned) when the part read from hours begins before the earliest hour kept."""
     days = None if now is None else closed_days(start, end, now)
     if days is None:
-        return _Split(start, start, ((start, end),))
-    first, last = days
-    return _Split(first, last, tuple(r for r in ((start, first), (last, end)) if r[0] < r[1]))
+        split = _Split(start, start, ((start, end),))
+    else:
+        first, last = days
+        split = _Split(first, last, tuple(r for r in ((start, first), (last, end)) if r[0] < r[1]))
+    if split.hour_ranges:
+        require_hours_retained(start=split.hour_ranges[0][0])
+    return split
 
 
 def hour_ranges_sql(ranges: Sequence[tuple[datetime, datetime]], column: str, params: dict[str, Any]) -> str:
@@ -228,6 +234,8 @@ def priced_split(start: datetime, end: datetime, now: datetime) -> PricedSplit:
     split = _split(start, end, now)
     hour_days = tuple(sorted(_days_with_card_changes(split.days_from, split.days_to)
                              | _days_partly_priced(split.days_from, split.days_to)))
+    if hour_days:
+        require_hours_retained(start=hour_days[0])
     return PricedSplit(split.days_from, split.days_to, hour_days,
                        (*split.hour_ranges, *((day, day + _DAY) for day in hour_days)))
 

@@ -13,11 +13,11 @@ from dataclasses import dataclass
 from datetime import UTC, date, datetime
 from decimal import Decimal
 
-from django.db.models import Q, Sum
+from django.db.models import Sum
 from django.db.models.functions import TruncMonth
 
 from billing.ledger import reads
-from billing.ledger.models import GpuDay, GpuHour, UsageHour
+from billing.ledger.models import GpuDay, GpuHour, UsageDay
 from billing.ledger.reads import fetch_rows, period_read_cursor
 
 __all__ = [
@@ -218,26 +218,27 @@ class MonthSeconds:
 
 
 def list_monthly_card_seconds(*, start: datetime | None, end: datetime | None) -> list[MonthSeconds]:
-    """Metered card-seconds per month of the GPU hour ledger (one row per card-hour, far fewer
-    than workload-hours), within [start, end) when given."""
-    cards = GpuHour.objects.all()
+    """Metered card-seconds per month of the GPU day ledger (months are whole UTC days, and days are
+    kept for good while hours are pruned), within [start, end) (whole months) when given."""
+    cards = GpuDay.objects.all()
     if start is not None and end is not None:
-        cards = cards.filter(hour__gte=start, hour__lt=end)
-    rows = (cards.annotate(m=TruncMonth("hour", tzinfo=UTC)).values("m")
-            .annotate(metered=Sum("metered_seconds"), unpriced=Sum("metered_seconds", filter=Q(priced=False))))
+        cards = cards.filter(day__gte=start, day__lt=end)
+    rows = (cards.annotate(m=TruncMonth("day", tzinfo=UTC)).values("m")
+            .annotate(metered=Sum("metered_seconds"), unpriced=Sum("unpriced_seconds")))
     return [MonthSeconds(month=r["m"].date(), seconds=r["metered"] or _ZERO, unpriced_seconds=r["unpriced"] or _ZERO)
             for r in rows]
 
 
 def list_monthly_share_seconds(*, start: datetime | None, end: datetime | None,
                                tenants: Collection[str] | None) -> list[MonthSeconds]:
-    """Σ share_gpu_s per month of these tenants' hour-ledger usage, within [start, end) when given."""
-    usage = UsageHour.objects.all()
+    """Σ share_gpu_s per month of these tenants' day-ledger usage, within [start, end) (whole months)
+    when given."""
+    usage = UsageDay.objects.all()
     if start is not None and end is not None:
-        usage = usage.filter(hour__gte=start, hour__lt=end)
+        usage = usage.filter(day__gte=start, day__lt=end)
     if tenants is not None:
         usage = usage.filter(tenant__in=tenants)
-    rows = usage.annotate(m=TruncMonth("hour", tzinfo=UTC)).values("m").annotate(share=Sum("share_gpu_s"))
+    rows = usage.annotate(m=TruncMonth("day", tzinfo=UTC)).values("m").annotate(share=Sum("share_gpu_s"))
     return [MonthSeconds(month=r["m"].date(), seconds=r["share"] or _ZERO, unpriced_seconds=_ZERO) for r in rows]
 
 

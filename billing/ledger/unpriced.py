@@ -14,6 +14,8 @@ from decimal import Decimal
 
 from django.db import connection
 
+from billing.ledger.retention import require_hours_retained
+
 __all__ = ["UnpricedUsage", "list_unpriced_usage"]
 
 _S_PER_H = Decimal(3600)
@@ -33,6 +35,7 @@ class UnpricedUsage:
 
 def list_unpriced_usage(*, start: datetime, end: datetime) -> list[UnpricedUsage]:
     """Unpriced GPU-hours of [start, end) by GPU model (in name order) with the tenants they touch."""
+    require_hours_retained(start=start)
     with connection.cursor() as cur:
         cur.execute(
             "SELECT gpu_model, sum(metered_seconds) FROM billing_gpuhour WHERE hour >= %(start)s "

@@ -26,6 +26,7 @@ from billing.errors import InvalidInput
 from billing.figures import FigureTree
 from billing.ledger import series, totals
 from billing.ledger.reads import Granularity
+from billing.ledger.retention import hours_retained_from
 from billing.models import PairedReport, RebalancePlan
 from billing.models.rebalance import RebalanceStatus
 from billing.money import display_amount
@@ -198,7 +199,19 @@ class FinanceDashboard:
 
 
 def granularity_for(start: datetime, end: datetime) -> Granularity:
-    return "hour" if end - start <= HOURLY_UP_TO else "day"
+    """Hour buckets for a short period, except where retention pruned its hours: a period of whole
+    UTC days (what the period form gives) is then charted by day, from the day ledger, kept for
+    good; any other period is refused by the hourly read, naming the earliest hour kept."""
+    if end - start > HOURLY_UP_TO:
+        return "day"
+    pruned_before = hours_retained_from()
+    if pruned_before is not None and start < pruned_before and _whole_utc_days(start, end):
+        return "day"
+    return "hour"
+
+
+def _whole_utc_days(start: datetime, end: datetime) -> bool:
+    return all(at.astimezone(UTC).timetz().replace(tzinfo=None) == datetime.min.time() for at in (start, end))
 
 
 def _buckets(start: datetime, end: datetime, granularity: Granularity) -> list[datetime]:

@@ -145,7 +145,8 @@ def test_running_retention_twice_drops_nothing_the_second_time() -> None:
     dropped = first["dropped"]
     assert isinstance(dropped, list)
     assert partition_name(day) in dropped
-    assert second == {"dropped": [], "held": [], "lock_busy": [], "batches_pruned": 0}
+    assert second == {"dropped": [], "held": [], "lock_busy": [], "batches_pruned": 0, "hour_days_pruned": [],
+                      "hour_rows_pruned": 0, "hour_day_held": None, "hour_days_kept": []}
 
 
 # --- what is never dropped --------------------------------------------------------------------
