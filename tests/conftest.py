@@ -8,7 +8,7 @@ import json
 import os
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
-from typing import Any, TypedDict, TypeVar
+from typing import TYPE_CHECKING, Any, TypedDict, TypeVar
 
 import hypothesis
 import pytest
@@ -24,6 +24,9 @@ from billing.services.budgets.spend import BudgetEvent, BudgetTransition
 from billing.services.identity.tokens import IssuedToken, issue_node_token
 from tests import clock, workers
 from tests.demo_process import Demo, demo_environment, running_demo
+
+if TYPE_CHECKING:
+    from tests.test_slim_agent import AgentInstall
 
 # Hypothesis times each example (a 200 ms deadline, the too_slow health check). On a shared machine
 # running the suite in several processes, that measures the load, not the code: a property is
@@ -69,8 +72,26 @@ def node_token(db) -> IssuedToken:
     return issue_node_token(node_name="gpu-node-1", now=clock.now(), actor_label="test")
 
 
+# The slim agent's test (tests/test_slim_agent.py) installs the agent with pip, which needs no demo:
+# after the demo's start-up it was minutes of the suite's longest chain.
+SLIM_AGENT_TEST = "tests/test_slim_agent.py::"
+
+
 @pytest.fixture(scope="session")
-def demo(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Demo]:
+def slim_agent_install(tmp_path_factory: pytest.TempPathFactory) -> Iterator[AgentInstall]:
+    """The agent's install in a fresh venv, started in the background (the demo fixture starts it
+    first when the slim agent's test is in the run, so the two overlap)."""
+    from tests.test_slim_agent import start_agent_install
+
+    install = start_agent_install(tmp_path_factory.mktemp("slim-agent"))
+    yield install
+    if install.proc.poll() is None:
+        install.proc.kill()
+        install.proc.wait()
+
+
+@pytest.fixture(scope="session")
+def demo(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Demo]:
     """One `make demo` for every test that reads the running product (browser journeys, the page
     sums walk, the slim agent, the allocation API): a demo takes minutes to start and simulate its
     history, and each one more was minutes more of the suite. Serially its tests run last
@@ -81,6 +102,8 @@ def demo(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Demo]:
     # (on the 1st there is none, as `make test-dates` runs it); each more day is about 40 s of the
     # demo's start-up, on the suite's longest path. `make screenshots` asks for a week.
     days = int(os.environ.get("VGPU_BROWSER_HISTORY_DAYS", "1"))
+    if any(item.nodeid.startswith(SLIM_AGENT_TEST) for item in request.session.items):
+        request.getfixturevalue("slim_agent_install")  # runs while the demo starts (SLIM_AGENT_TEST)
     with demo_environment(data, name=f"vgpu_shared_demo_{os.getpid()}", redis_db=workers.redis_db("shared-demo"),
                           history_days=days) as env:
         # A web worker's first request imports the whole service (scipy included); on a loaded

@@ -33,7 +33,8 @@ SERIAL_GROUP = "load-sensitive"
 SERIAL = (
     "tests/agents/test_shutdown.py::",  # an agent's start-up inside a few seconds' budget
     "tests/bench/test_fleet_bench.py::",  # the fleet harness within its 110 s
-    "tests/billing/test_openapi.py::test_schemathesis_",  # a guard on the fuzzing's wall time
+    # A guard on the fuzzing's wall time (the in-process schemathesis test has none: it is only slow).
+    "tests/billing/test_openapi.py::test_schemathesis_on_a_live_server_",
     "tests/billing/test_retention.py::test_a_drop_gives_way_",  # ANALYZE within 2 s
     "tests/test_soak.py::",  # the whole product under faults, on deadlines
 )
@@ -66,6 +67,7 @@ SLOW = (
     "tests/billing/test_ingest_fields.py::test_any_valid_label_set_round_trips_",
     "tests/billing/test_ingest_hostile.py::test_any_batch_the_api_accepts_rolls_up",
     "tests/billing/test_ledger_integrity.py::test_healthz_turns_degraded_when_the_rollup_falls_behind",
+    "tests/billing/test_openapi.py::test_schemathesis_against_the_running_app_finds_no_server_error",
     "tests/billing/test_login_lockout.py::",
     "tests/billing/test_node_identity.py::test_an_agent_pods_token_uploads_for_its_node_and_registers_the_node_audited",
     "tests/billing/test_node_self.py::",
