@@ -7,6 +7,7 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
+from itertools import repeat
 from types import MappingProxyType
 from typing import cast
 
@@ -139,7 +140,6 @@ def compute_grants(
         by_gpu[reading.gpu].append((reading, peak))
 
     allocation_policy = policy.allocation_policy()
-    weigh = _Weights(policy)
     grants: list[Grant] = []
     mem_headroom: dict[str, float] = {}
     sm_headroom: dict[str, float] = {}
@@ -152,7 +152,7 @@ def compute_grants(
         rows = [on_gpu[i] for i in order]
         result = allocate_columns(
             capacity=GpuCapacity(float(gpu.memory_mb), float(gpu.sm_count)),
-            columns=_columns([keys[i] for i in order], rows, weigh),
+            columns=_columns([keys[i] for i in order], rows, policy),
             policy=allocation_policy,
         )
         mem_headroom[gpu.uuid] = result.memory.headroom
@@ -161,8 +161,10 @@ def compute_grants(
             overcommitted.append(gpu.uuid)
         mem, sm = result.memory.grants, result.sm.grants
         rank = sorted(range(len(order)), key=order.__getitem__)  # each reading's place in key order
-        # Positional arguments: a frozen dataclass built with keywords costs about half as much again.
-        grants.extend([Grant(r.workload, gpu.uuid, mem[k], sm[k]) for (r, _), k in zip(on_gpu, rank, strict=True)])
+        # Each Grant built from a zipped row by tuple.__new__ (what ``Grant._make`` does, without its
+        # Python-level call): the loop stays in C, one Grant per reading every tick.
+        rows_out = zip([r.workload for r, _ in on_gpu], repeat(gpu.uuid), map(mem.__getitem__, rank), map(sm.__getitem__, rank))
+        grants.extend(map(tuple.__new__, repeat(Grant), rows_out))
     return AllocationRound(
         grants=tuple(grants),
         mem_headroom_mb=MappingProxyType(mem_headroom),
@@ -178,42 +180,39 @@ def _batches(kind: type) -> bool:
     return issubclass(kind, BatchPredictor)
 
 
-class _Weights:
-    """Each reading's weight and whether a budget throttles it, for one round: each tier's weight
-    looked up once, and the throttle factors only when some budget throttles."""
-
-    def __init__(self, policy: Policy) -> None:
-        self._policy = policy
-        self._tiers: dict[str, float] = {}
-        self._throttling = bool(policy.throttled_tenants or policy.namespace_throttle_factors)
-
-    def of(self, reading: UsageReading) -> tuple[float, bool]:
+def _weights(readings: list[UsageReading], policy: Policy) -> tuple[list[float], list[bool]]:
+    """Each reading's weight and whether a budget throttles it: each tier's weight looked up once a
+    round, and the throttle factors only for the readings some budget throttles."""
+    by_tier: dict[str, float] = {}
+    weights: list[float] = []
+    for reading in readings:
         weight = reading.entitlement.weight
         if weight is None:
             tier = reading.workload.sla_tier
-            weight = self._tiers.get(tier)
+            weight = by_tier.get(tier)
             if weight is None:
-                weight = self._tiers[tier] = self._policy.weight_for(tier)
-        if not self._throttling:
-            return weight, False
-        policy = self._policy
-        factor = _throttle_factor(policy, reading.workload)
-        if factor is None:
-            return weight, False
-        if factor != policy.throttle_weight_factor:
-            # The allocator multiplies every throttled weight by the one node-wide factor; a budget
-            # with its own factor gets weight x its factor overall.
-            weight *= factor / policy.throttle_weight_factor
-        return weight, True
+                weight = by_tier[tier] = policy.weight_for(tier)
+        weights.append(weight)
+    tenants, namespaces = policy.throttled_tenants, policy.namespace_throttle_factors
+    throttled = [r.workload.tenant in tenants or r.workload.namespace in namespaces for r in readings]
+    node_factor = policy.throttle_weight_factor
+    for i, reading in enumerate(readings):
+        if throttled[i]:
+            factor = _throttle_factor(policy, reading.workload)
+            if factor is not None and factor != node_factor:
+                # The allocator multiplies every throttled weight by the one node-wide factor; a budget
+                # with its own factor gets weight x its factor overall.
+                weights[i] *= factor / node_factor
+    return weights, throttled
 
 
-def _columns(keys: list[str], rows: list[tuple[UsageReading, Prediction]], weigh: _Weights) -> GpuColumns:
+def _columns(keys: list[str], rows: list[tuple[UsageReading, Prediction]], policy: Policy) -> GpuColumns:
     """The allocator's view of one GPU's readings, in key order: a list per attribute rather than an
     object per workload (every workload, every tick). The prediction is the peak of the policy's one
     horizon; PCIe is carried by the readings but not shared (see ``compute_grants``)."""
     readings = [r for r, _ in rows]
     entitlements = [r.entitlement for r in readings]
-    weights, throttled = zip(*map(weigh.of, readings), strict=True) if readings else ((), ())
+    weights, throttled = _weights(readings, policy)
     return GpuColumns(
         keys,
         weights,

@@ -81,11 +81,12 @@ class Workload:
     # Description, not identity: two readings of one container are one workload whatever their
     # labels say, so it takes no part in equality (nor in ``key``).
     meta: WorkloadMeta = field(default=NO_META, compare=False)
+    # Unique per node: a container is one workload. Formatted once here rather than by a property:
+    # the round, the predictor and its forgetting pass each read it per reading every tick.
+    key: str = field(init=False, repr=False, compare=False)
 
-    @property
-    def key(self) -> str:
-        """Unique per node: a container is one workload."""
-        return f"{self.namespace}/{self.pod}/{self.container}"
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "key", f"{self.namespace}/{self.pod}/{self.container}")
 
 
 @dataclass(frozen=True, slots=True)

@@ -203,25 +203,22 @@ class BlockOutcome:
 class _TickResource:
     """One resource of one slot on the per-tick path: its calibration and the running peak."""
 
-    __slots__ = ("decay", "factor", "in_force", "level", "missed", "misses", "next", "window")
+    __slots__ = ("factor", "in_force", "level", "missed", "misses", "next", "window")
 
     def __init__(self, *, level: int, factor: float) -> None:
-        self.level, self.factor, self.decay = level, factor, 1
+        self.level, self.factor = level, factor
         self.misses, self.missed = 0, False
         self.in_force = self.next = math.nan  # NaN: none decided yet, never a miss
         # (second, its use), use strictly decreasing: the front is the peak of the window. Each second
         # enters once and leaves once, so the peak costs O(1) a reading instead of a scan of the window.
         self.window: deque[tuple[int, float]] = deque()
 
-    def close(self, config: MarginConfig, blocks: int) -> None:
-        """``blocks`` blocks have passed since the open one began: price the new level."""
-        self.level = config.next_level(self.level, self.misses, self.decay, blocks)
+    def close(self, config: MarginConfig, blocks: int, decay: int) -> None:
+        """``blocks`` blocks have passed since the open one began: price the new level (``decay``: the
+        tier's, as read at the tick that closes them)."""
+        self.level = config.next_level(self.level, self.misses, decay, blocks)
         self.factor = config.factor(self.level)
         self.misses = 0
-
-    def begin(self) -> None:
-        """A new second: the reservation decided after the last reading is now in force."""
-        self.in_force, self.missed = self.next, False
 
     def read(self, second: int, value: float, cap: float, window_s: int) -> float:
         """A reading of ``second`` → the reservation from now on (conditionals, not min/max: hot path)."""
@@ -229,6 +226,8 @@ class _TickResource:
         if window and window[-1][0] == second:  # read before in this second: the larger counts
             earlier = window.pop()[1]
             value = earlier if earlier > value else value
+        else:  # a new second: the reservation decided after the last reading is now in force
+            self.in_force, self.missed = self.next, False
         if value > self.in_force and not self.missed:
             self.misses += 1
             self.missed = True
@@ -378,19 +377,15 @@ class MarginPolicy:
                 )
         b, window, config = self.config.block_s, self.config.window_s, self.config
         reserved: list[tuple[float, float]] = []
-        for state, (mem, sm), (mem_cap, sm_cap), (mem_decay, sm_decay) in zip(states, use, cap, decays, strict=True):
-            memory, compute = state.memory, state.sm
-            memory.decay, compute.decay = mem_decay, sm_decay
-            if second > state.last:
+        for state, (mem, sm), (mem_cap, sm_cap), decay in zip(states, use, cap, decays, strict=True):
+            if second > state.last:  # a new second (each resource's ``read`` sees it too)
                 passed = (second - state.start) // b - state.block
-                if passed > 0:  # a block closed: its misses move the level
-                    memory.close(config, passed)
-                    compute.close(config, passed)
+                if passed > 0:  # a block closed: its misses move the level, at the tier's decay read now
+                    state.memory.close(config, passed, decay[0])
+                    state.sm.close(config, passed, decay[1])
                     state.block += passed
-                memory.begin()
-                compute.begin()
                 state.last = second
-            reserved.append((memory.read(second, mem, mem_cap, window), compute.read(second, sm, sm_cap, window)))
+            reserved.append((state.memory.read(second, mem, mem_cap, window), state.sm.read(second, sm, sm_cap, window)))
         return reserved
 
     def _tick_state(self, slot: int) -> _TickSlot:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from datetime import UTC, datetime
 
 import pytest
@@ -275,3 +276,17 @@ def test_a_round_grants_what_the_allocator_grants_the_readings_as_workload_state
         assert result.mem_headroom_mb[gpu.uuid] == bare.memory.headroom
         assert result.sm_headroom[gpu.uuid] == bare.sm.headroom
     assert [(g.workload, g.gpu, g.mem_mb.hex(), g.sm.hex()) for g in result.grants] == expected
+
+
+def test_a_workloads_key_is_set_once_and_follows_a_replaced_identity() -> None:
+    """``Workload.key`` is a field set at construction (read per reading every tick): it must
+    follow ``dataclasses.replace`` and take no part in equality, hashing or ``repr``."""
+    w = Workload(tenant="t", namespace="ns", pod="p", container="c", pod_uid="u", sla_tier="gold")
+    assert w.key == "ns/p/c"
+    moved = replace(w, pod="q")
+    assert moved.key == "ns/q/c"
+    assert replace(moved, pod="p") == w
+    assert hash(replace(moved, pod="p")) == hash(w)
+    assert "key" not in repr(w)
+    with pytest.raises(ValueError, match="init=False"):
+        replace(w, key="other")  # derived from the identity, never given
