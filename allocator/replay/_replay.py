@@ -250,7 +250,7 @@ class _Cards:
 
     members: list[set[int]] = field(default_factory=list)
     load: FloatArray = field(default_factory=lambda: np.zeros((0, 2)))
-    busy_mask: npt.NDArray[np.bool_] = field(default_factory=lambda: np.zeros(0, dtype=np.bool_))
+    busy_mask: BoolMask = field(default_factory=lambda: np.zeros(0, dtype=np.bool_))
     empty_slots: list[int] = field(default_factory=list)  # heap
     busy: int = 0
     peak: int = 0
