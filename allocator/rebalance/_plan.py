@@ -203,7 +203,7 @@ def _every_set(pool: Pool, candidates: Sequence[str], max_moves: int) -> tuple[t
     for _, mask, nodes in sorted(sets):
         if any(mask & f == f for f in failed):
             continue
-        moves = _empty(pool, nodes)
+        moves = _empty(state, nodes)
         if moves is not None:
             return nodes, moves
         failed.append(sum(1 << index[n] for n in nodes))
@@ -238,8 +238,9 @@ def _smallest_release(pool: Pool, candidates: Sequence[str]) -> tuple[str, int] 
     """The node that could be emptied with the fewest evictions, were K no limit."""
     state = PoolState(pool)
     for node in sorted(candidates, key=lambda n: (_evictions(state, n), -state.nodes[n].gpus, n)):
-        if _empty(pool, (node,)) is not None:
-            return node, _evictions(state, node)
+        evictions = _evictions(state, node)  # before the moves that empty it
+        if _empty(state, (node,)) is not None:
+            return node, evictions
     return None
 
 
@@ -256,9 +257,9 @@ def _slack_after(state: PoolState, key: str, target: GpuRef) -> float:
     return 2.0 - state.gpu_load(target) - w.memory_mb / node.gpu_memory_mb - w.sm_milli / node.gpu_sm_milli
 
 
-def _empty(pool: Pool, nodes: Sequence[str]) -> list[Move] | None:
-    """Moves that put every workload of ``nodes`` on GPUs of the nodes that stay busy, or None."""
-    state = PoolState(pool)
+def _empty(state: PoolState, nodes: Sequence[str]) -> list[Move] | None:
+    """Moves that put every workload of ``nodes`` on GPUs of the nodes that stay busy, applied to
+    ``state``, or None with ``state`` as it was (so one state serves every set tried)."""
     leaving = set(nodes)
     staying = [ref for ref in state.gpus() if ref.node not in leaving and state.node_busy(ref.node)]
     return _fit(state, [k for n in nodes for k in _keys_on(state, n)], staying)
@@ -268,10 +269,27 @@ def _fit(state: PoolState, keys: Sequence[str], targets: Sequence[GpuRef]) -> li
     """Best fit of ``keys``, largest first, onto ``targets``; when that fails, for up to
     EXACT_FIT_WORKLOADS workloads, a bounded search. None (the state as it was) when neither fits."""
     keys = sorted(keys, key=lambda k: (-_size(state, k), k))
+    targets = _with_room(state, keys, targets)
     moves = _best_fit(state, keys, targets)
     if moves is None and len(keys) <= EXACT_FIT_WORKLOADS:
         moves = _search(state, keys, targets, [_EXACT_FIT_STEPS])
     return moves
+
+
+def _with_room(state: PoolState, keys: Sequence[str], targets: Sequence[GpuRef]) -> list[GpuRef]:
+    """The targets with room for the least memory and the least SM among ``keys``: no other could
+    take any of them, since a fit only adds load to its targets. Checking only these keeps a plan
+    on a pool of thousands of packed GPUs from weighing every workload against every GPU."""
+    if not keys:
+        return list(targets)
+    memory = min(state.workloads[k].memory_mb for k in keys)
+    sm = min(state.workloads[k].sm_milli for k in keys)
+    room: list[GpuRef] = []
+    for ref in targets:
+        node = state.nodes[ref.node]
+        if state.gpu_memory_mb[ref] + memory <= node.gpu_memory_mb and state.gpu_sm_milli[ref] + sm <= node.gpu_sm_milli:
+            room.append(ref)
+    return room
 
 
 def _best_fit(state: PoolState, keys: Sequence[str], targets: Sequence[GpuRef]) -> list[Move] | None:

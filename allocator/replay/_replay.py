@@ -70,6 +70,7 @@ __all__ = [
 
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
+BoolMask = npt.NDArray[np.bool_]
 Policy = Literal[
     "static-whole", "static-request", "static-profile", "dynamic-current-use", "dynamic-predicted", "agent-default"
 ]
@@ -238,10 +239,18 @@ class ReplayResult:
 
 @dataclass(slots=True)
 class _Cards:
-    """Occupancy of card slots over time; slots are reused lowest-first once empty."""
+    """Occupancy of card slots over time; slots are reused lowest-first once empty.
+
+    ``load`` holds, per slot, what its shards take in the placement's two units (static: units of
+    ``_UNITS`` and nothing; dynamic: SMs and MB reserved), and ``busy_mask`` which slots hold a
+    shard: arrays, so that an arrival weighs every card at once. A pod list without times places
+    all its pods at one instant, on thousands of cards; a scan per card and arrival would be
+    quadratic in Python.
+    """
 
     members: list[set[int]] = field(default_factory=list)
-    free_units: list[int] = field(default_factory=list)
+    load: FloatArray = field(default_factory=lambda: np.zeros((0, 2)))
+    busy_mask: BoolMask = field(default_factory=lambda: np.zeros(0, dtype=np.bool_))
     empty_slots: list[int] = field(default_factory=list)  # heap
     busy: int = 0
     peak: int = 0
@@ -253,28 +262,45 @@ class _Cards:
         self.last_time = time
 
     def busy_slots(self) -> list[int]:
-        return [slot for slot, held in enumerate(self.members) if held]
+        return [int(slot) for slot in np.flatnonzero(self.busy_mask)]
 
     def open_slot(self) -> int:
         if self.empty_slots:
             return heapq.heappop(self.empty_slots)
+        slot = len(self.members)
         self.members.append(set())
-        self.free_units.append(_UNITS)
-        return len(self.members) - 1
+        if slot == self.load.shape[0]:  # grow by doubling: amortised O(1) per new card
+            size = max(64, 2 * slot)
+            self.load = np.concatenate([self.load, np.zeros((size - slot, 2))])
+            self.busy_mask = np.concatenate([self.busy_mask, np.zeros(size - slot, dtype=np.bool_)])
+        return slot
 
-    def add(self, slot: int, pod: int, units: int) -> None:
+    def add(self, slot: int, pod: int, load: tuple[float, float] = (0.0, 0.0)) -> None:
         if not self.members[slot]:
             self.busy += 1
             self.peak = max(self.peak, self.busy)
+            self.busy_mask[slot] = True
         self.members[slot].add(pod)
-        self.free_units[slot] -= units
+        self.load[slot] += load
 
-    def remove(self, slot: int, pod: int, units: int) -> None:
+    def remove(self, slot: int, pod: int, load: tuple[float, float] = (0.0, 0.0)) -> None:
         self.members[slot].discard(pod)
-        self.free_units[slot] += units
+        self.load[slot] -= load
         if not self.members[slot]:
             self.busy -= 1
+            self.busy_mask[slot] = False
+            self.load[slot] = 0.0
             heapq.heappush(self.empty_slots, slot)
+
+    def fitting(self, room: tuple[float, float], need: tuple[float, float], exclude: Sequence[int]) -> BoolMask:
+        """Which busy slots, not in ``exclude``, still take ``need`` within ``room`` (up to ``_EPS``)."""
+        size = len(self.members)
+        load = self.load[:size]
+        fits = self.busy_mask[:size].copy()
+        fits &= load[:, 0] + need[0] <= room[0] + _EPS
+        fits &= load[:, 1] + need[1] <= room[1] + _EPS
+        fits[list(exclude)] = False
+        return fits
 
 
 def _events(usage: PodUsage) -> list[tuple[float, int, int]]:
@@ -297,16 +323,14 @@ def _place_static(usage: PodUsage, units: Sequence[int]) -> tuple[_Cards, list[t
         need = units[pod]
         if kind == 0:
             for slot in placement[pod]:
-                cards.remove(slot, pod, need)
+                cards.remove(slot, pod, (need, 0.0))
             continue
         chosen: list[int] = []
         for _ in range(usage.pods[pod].num_gpu):
-            fitting = next(
-                (s for s, held in enumerate(cards.members) if held and s not in chosen and cards.free_units[s] >= need),
-                None,
-            )
-            slot = cards.open_slot() if fitting is None else fitting
-            cards.add(slot, pod, need)
+            fits = cards.fitting((_UNITS, 0.0), (need, 0.0), chosen)
+            first = int(np.argmax(fits)) if fits.any() else None  # the lowest slot that fits
+            slot = cards.open_slot() if first is None else first
+            cards.add(slot, pod, (need, 0.0))
             chosen.append(slot)
         placement[pod] = tuple(chosen)
     return cards, placement
@@ -454,6 +478,18 @@ class _Demand:
     mem: FloatArray
 
 
+def _load_reservations(usage: PodUsage, cards: _Cards, now: int, res_sm: FloatArray, res_mem: FloatArray) -> None:
+    """Set each busy card's load to its shards' reservations at step ``now`` (a shard past its last step
+    keeps its last one: it leaves within the step)."""
+    pairs = [(slot, pod) for slot in cards.busy_slots() for pod in cards.members[slot]]
+    slots, pods = np.array(pairs, dtype=np.int64).reshape(-1, 2).T
+    local = np.clip(now - usage.first_step[pods], 0, usage.steps[pods] - 1)
+    rows = usage.offset[pods] + local
+    size = cards.load.shape[0]
+    cards.load[:, 0] = np.bincount(slots, weights=res_sm[rows], minlength=size)
+    cards.load[:, 1] = np.bincount(slots, weights=res_mem[rows], minlength=size)
+
+
 def _place_dynamic(  # noqa: PLR0917 - the dynamic replays pass their arrays in order
     usage: PodUsage, model: UsageModel, res_sm: FloatArray, res_mem: FloatArray, config: ReplayConfig, demand: _Demand
 ) -> _Placement:
@@ -472,9 +508,7 @@ def _place_dynamic(  # noqa: PLR0917 - the dynamic replays pass their arrays in 
     rebalances = 0
     moved_to: dict[int, int] = {}  # a moved (single-GPU) pod's card now
 
-    def row_at(pod: int, global_step: int) -> int:
-        local = min(max(global_step - int(usage.first_step[pod]), 0), int(usage.steps[pod]) - 1)
-        return int(usage.offset[pod]) + local
+    loaded_step: int | None = None  # the step ``cards.load`` holds the reservations of; None: stale
 
     for time, kind, pod in events:
         cards.advance(time)
@@ -491,35 +525,31 @@ def _place_dynamic(  # noqa: PLR0917 - the dynamic replays pass their arrays in 
             for move in plan.moves:
                 moved, source = (int(part) for part in move.workload.split("@"))
                 target = int(move.to_node.removeprefix("card-"))
-                cards.remove(source, moved, 0)
-                cards.add(target, moved, 0)
+                cards.remove(source, moved)
+                cards.add(target, moved)
                 moves.append(_Moved(pod=moved, step=now, slot=target))
                 moved_to[moved] = target
+            loaded_step = None
             continue
         if kind == 0:
             for slot in (moved_to[pod],) if pod in moved_to else placement[pod]:
-                cards.remove(slot, pod, 0)
+                cards.remove(slot, pod)
+            loaded_step = None
             continue
         now = math.floor(time / step)
-        sums: dict[int, tuple[float, float]] = {}
-        for slot in cards.busy_slots():
-            rows = [row_at(m, now) for m in cards.members[slot]]
-            sums[slot] = (float(res_sm[rows].sum()), float(res_mem[rows].sum()))
+        if loaded_step != now:
+            _load_reservations(usage, cards, now, res_sm, res_mem)
+            loaded_step = now
         first = int(usage.offset[pod])
-        need_sm, need_mem = float(res_sm[first]), float(res_mem[first])
+        need = (float(res_sm[first]), float(res_mem[first]))
         chosen: list[int] = []
         for _ in range(usage.pods[pod].num_gpu):
-            best: int | None = None
-            for slot, (sm, mem) in sums.items():
-                if slot in chosen or sm + need_sm > cap_sm + _EPS or mem + need_mem > cap_mem + _EPS:
-                    continue
-                if best is None or sm > sums[best][0]:
-                    best = slot
+            fits = cards.fitting((cap_sm, cap_mem), need, chosen)
+            # Best fit: the most reserved SM among the cards it fits on, the lowest slot of equals.
+            best = int(np.argmax(np.where(fits, cards.load[: fits.size, 0], -np.inf))) if fits.any() else None
             slot = cards.open_slot() if best is None else best
-            cards.add(slot, pod, 0)
+            cards.add(slot, pod, need)
             chosen.append(slot)
-            sm, mem = sums.get(slot, (0.0, 0.0))
-            sums[slot] = (sm + need_sm, mem + need_mem)
         placement[pod] = tuple(chosen)
     return _Placement(cards=cards, initial=placement, moves=moves, rebalances=rebalances, moved=len(moves))
 

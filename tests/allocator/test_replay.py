@@ -197,6 +197,62 @@ def test_dynamic_keeps_a_pods_shards_on_distinct_cards() -> None:
         assert sorted(grants.slots[grants.global_step == step]) == [0, 1, 2, 3]
 
 
+def _snapshot_pods(count: int = 300, seed: int = 5) -> list[GpuPod]:
+    """A pod list without times as the replay reads one: every pod present from second 0, shares and
+    GPU counts mixed as in openb's multi-GPU lists."""
+    rng = np.random.default_rng(seed)
+    gpus = rng.choice([1, 1, 1, 1, 2, 4, 8], size=count)
+    milli = rng.choice([50, 100, 250, 460, 500, 1_000], size=count)
+    return [
+        GpuPod(f"s{i}", num_gpu=int(g), gpu_milli=1_000 if g > 1 else int(m), start_s=0, end_s=7_200)
+        for i, (g, m) in enumerate(zip(gpus, milli, strict=True))
+    ]
+
+
+def test_a_snapshot_is_placed_as_pod_by_pod_best_fit_would_place_it() -> None:
+    # Hundreds of pods arrive at one instant, so each card's load is carried from one arrival to the
+    # next within the step: placement must still be best fit on reserved SM, the lowest card of
+    # equals, a pod's shards on distinct cards, and static-request first fit.
+    pods = _snapshot_pods()
+    usage = build_pod_usage(pods, MODEL, SIGNALS)
+    config = ReplayConfig(policy="dynamic-current-use")
+    res_sm, res_mem = _reservations(usage, MODEL, config)
+    cards: list[list[float]] = []  # per card: SM and memory reserved at step 0
+    expected: dict[int, set[int]] = {}
+    for pod in range(len(usage.pods)):  # all arrive at second 0: in pod order
+        need = (float(res_sm[usage.offset[pod]]), float(res_mem[usage.offset[pod]]))
+        chosen: list[int] = []
+        for _ in range(usage.pods[pod].num_gpu):
+            fits = [
+                c for c, (sm, mem) in enumerate(cards)
+                if c not in chosen and sm + need[0] <= MODEL.card_sm_count + 1e-9 and mem + need[1] <= MODEL.card_memory_mb + 1e-9
+            ]
+            card = max(fits, key=lambda c: (cards[c][0], -c)) if fits else len(cards)
+            if not fits:
+                cards.append([0.0, 0.0])
+            cards[card][0] += need[0]
+            cards[card][1] += need[1]
+            chosen.append(card)
+        expected[pod] = set(chosen)
+    grants, peak, _ = dynamic_grants(usage, MODEL, config)
+    first = grants.global_step == 0
+    placed: dict[int, set[int]] = defaultdict(set)
+    for pod, slot in zip(usage.pod_of_row()[grants.rows[first]], grants.slots[first], strict=True):
+        placed[int(pod)].add(int(slot))
+    assert placed == expected
+    assert peak >= len(cards) > 20
+    units: list[int] = []  # static-request: first fit by units of 7 per gpu_milli
+    for p in usage.pods:
+        used: list[int] = []
+        for _ in range(p.num_gpu):
+            card = next((c for c, u in enumerate(units) if c not in used and u + 7 * p.gpu_milli <= 7_000), len(units))
+            if card == len(units):
+                units.append(0)
+            units[card] += 7 * p.gpu_milli
+            used.append(card)
+    assert _replay(pods, "static-request")["gpus_peak"] == len(units)
+
+
 def test_the_rebalance_planner_empties_a_card_the_departures_left_nearly_idle() -> None:
     # Twelve whole-card pods arrive at once and need several cards by their reservations; all but the
     # first and the last leave after ten minutes, on two cards. Without a rebalance both cards
