@@ -24,6 +24,7 @@ from datetime import datetime, timedelta
 from agents.allocation import Policy, compute_grants
 from agents.batch import Sample, gpu_from_wire, gpu_to_wire, render_batch
 from agents.clock import ceil_to_seconds, from_us, to_us
+from agents.collection import TickCollector
 from agents.interfaces import (
     Clock,
     EnergyReader,
@@ -179,33 +180,36 @@ class Agent:
         )
         # The first tick lands one tick before ``begin`` so that rates are known from its first instant.
         next_tick_us = begin_us - tick_us
-        try:
-            while not stop.is_set():
-                if until_us is not None and next_tick_us > until_us:
-                    break
-                self._clock.sleep(max(0, next_tick_us - now_us()) / 1_000_000)
-                if stop.is_set():
-                    break
-                at = from_us(now_us())
-                samples = meter.update(at=at, rates=self._tick(gpus=gpus, at=at, predictor=predictor),
-                                       energy_j=self._energy(at))
-                ticks += 1
+        # Garbage is collected between ticks, not inside them (agents.collection).
+        with TickCollector(tick_s=tick_us / 1_000_000) as collector:
+            try:
+                while not stop.is_set():
+                    if until_us is not None and next_tick_us > until_us:
+                        break
+                    self._clock.sleep(max(0, next_tick_us - now_us()) / 1_000_000)
+                    if stop.is_set():
+                        break
+                    at = from_us(now_us())
+                    samples = meter.update(at=at, rates=self._tick(gpus=gpus, at=at, predictor=predictor),
+                                           energy_j=self._energy(at))
+                    ticks += 1
+                    batches.extend(self._close_full(batch=batch, samples=samples, meter=meter, gpus=gpus))
+                    if self._checkpoint:
+                        self._checkpoint_open(batch=batch, until=meter.completed_until, gpus=gpus)
+                    # Missed ticks (a stall) are skipped, not replayed: rates are piecewise constant.
+                    next_tick_us = begin_us + ((to_us(at) - begin_us) // tick_us + 1) * tick_us
+                    collector.between_ticks()
+            finally:
+                end = from_us(now_us() if until_us is None else min(now_us(), until_us))
+                samples = meter.advance(to=max(end, meter.start))
                 batches.extend(self._close_full(batch=batch, samples=samples, meter=meter, gpus=gpus))
-                if self._checkpoint:
-                    self._checkpoint_open(batch=batch, until=meter.completed_until, gpus=gpus)
-                # Missed ticks (a stall) are skipped, not replayed: rates are piecewise constant.
-                next_tick_us = begin_us + ((to_us(at) - begin_us) // tick_us + 1) * tick_us
-        finally:
-            end = from_us(now_us() if until_us is None else min(now_us(), until_us))
-            samples = meter.advance(to=max(end, meter.start))
-            batches.extend(self._close_full(batch=batch, samples=samples, meter=meter, gpus=gpus))
-            batches.extend(self._close_partial(batch=batch, until=meter.completed_until, gpus=gpus, meter=meter))
-            log.info(
-                "event=agent_stopped node=%s metered_until=%s batches=%d",
-                config.node,
-                batch.start.isoformat(),
-                len(batches),
-            )
+                batches.extend(self._close_partial(batch=batch, until=meter.completed_until, gpus=gpus, meter=meter))
+                log.info(
+                    "event=agent_stopped node=%s metered_until=%s batches=%d",
+                    config.node,
+                    batch.start.isoformat(),
+                    len(batches),
+                )
         return RunSummary(start=begin, metered_until=batch.start, batches=tuple(batches), ticks=ticks)
 
     def _energy(self, at: datetime) -> Mapping[str, float] | None:
