@@ -181,19 +181,17 @@ def _batches(kind: type) -> bool:
 
 
 def _weights(readings: list[UsageReading], policy: Policy) -> tuple[list[float], list[bool]]:
-    """Each reading's weight and whether a budget throttles it: each tier's weight looked up once a
-    round, and the throttle factors only for the readings some budget throttles."""
-    by_tier: dict[str, float] = {}
-    weights: list[float] = []
-    for reading in readings:
-        weight = reading.entitlement.weight
-        if weight is None:
-            tier = reading.workload.sla_tier
-            weight = by_tier.get(tier)
-            if weight is None:
-                weight = by_tier[tier] = policy.weight_for(tier)
-        weights.append(weight)
+    """Each reading's weight and whether a budget throttles it: the tier's weight where the
+    entitlement states none, and the throttle factors only for the readings some budget throttles.
+    Comprehensions, not a loop body per reading: every workload, every tick."""
+    tiers = policy.sla_weights
+    try:
+        weights = [w if (w := r.entitlement.weight) is not None else tiers[r.workload.sla_tier] for r in readings]
+    except KeyError:
+        weights = [w if (w := r.entitlement.weight) is not None else policy.weight_for(r.workload.sla_tier) for r in readings]
     tenants, namespaces = policy.throttled_tenants, policy.namespace_throttle_factors
+    if not (tenants or namespaces):
+        return weights, [False] * len(readings)
     throttled = [r.workload.tenant in tenants or r.workload.namespace in namespaces for r in readings]
     node_factor = policy.throttle_weight_factor
     for i, reading in enumerate(readings):

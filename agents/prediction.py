@@ -426,6 +426,7 @@ class MarginPredictor:
         self._policy = MarginPolicy(config)
         self._followed: dict[tuple[str, str], _Followed] = {}  # per (workload key, GPU uuid)
         self._decay_of: dict[str, tuple[MissTarget, tuple[int, int]]] = {}  # per tier: its targets, their decays
+        self._predicted: Sequence[UsageReading] = ()  # the readings of the last tick predicted
         self._lock = threading.Lock()
 
     @property
@@ -467,6 +468,7 @@ class MarginPredictor:
             )
             for row, r, res in zip(rows, readings, reserved, strict=True):
                 row.reading, row.reserved = r, res  # type: ignore[union-attr]
+            self._predicted = readings
         # tuple.__new__ builds each named tuple from its pair without a Python-level call (``_make``,
         # ``__new__``): half the cost, every workload, every tick.
         return list(map(tuple.__new__, repeat(Prediction, len(reserved)), reserved))
@@ -513,9 +515,13 @@ class MarginPredictor:
 
     def observe(self, *, grants: Sequence[Grant], readings: Sequence[UsageReading]) -> None:
         """Forget the workloads absent from this tick's readings."""
-        present = {(r.workload.key, r.gpu) for r in readings}
         with self._lock:
             followed = self._followed
+            # This tick's readings were all followed by ``predict_many`` (each once: it refuses a
+            # workload read twice), so when they are as many as the workloads followed, none is absent.
+            if readings is self._predicted and len(readings) == len(followed):
+                return
+            present = {(r.workload.key, r.gpu) for r in readings}
             for key in [k for k in followed if k not in present]:
                 self._policy.release(followed.pop(key).slot)
 

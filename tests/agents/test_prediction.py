@@ -279,3 +279,19 @@ def test_the_default_margin_policy_exports_each_workloads_reservation() -> None:
     assert ("vgpu_agent_memory_underprediction_ratio", "llm-0") not in series
     predictor.observe(grants=(), readings=())
     assert scrape(metrics) == {}
+
+
+def test_the_default_forgets_a_workload_gone_in_the_tick_another_arrives() -> None:
+    """The forgetting pass skips its search when every followed workload was read this tick; a tick
+    that reads as many workloads as before, one of them new, must still forget the one that left."""
+    predictor = MarginPredictor(gpus=[GPU])
+    first = [reading(LLM, mem_mb=9000.0, sm=10.0)]
+    predictor.predict_many(readings=first, now=T0)
+    predictor.observe(grants=(), readings=first)
+    then = [reading(OTHER, mem_mb=2000.0, sm=5.0)]
+    predictor.predict_many(readings=then, now=T0 + timedelta(seconds=1))
+    predictor.observe(grants=(), readings=then)
+    assert [s.workload for s in predictor.stats()] == [OTHER]
+    predictor.predict_many(readings=then, now=T0 + timedelta(seconds=2))
+    predictor.observe(grants=(), readings=then)  # the same workloads: nothing to forget
+    assert [s.workload for s in predictor.stats()] == [OTHER]
