@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import csv
 import math
+from array import array
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import date
@@ -255,23 +256,43 @@ def read_fleet(path: Path | str) -> Fleet:
 
 
 def _stamp_seconds(stamp: str, where: str) -> float:
-    """``2023-11-16 18:15:46.6805900`` → seconds since 0001-01-01 (naive; only differences matter)."""
+    """A request's TIMESTAMP → seconds since 0001-01-01 UTC (only differences matter).
+
+    The 2023 traces write stamps without an offset, with 7 fractional digits
+    (``2023-11-16 18:15:46.6805900``, read as UTC); the 2024 week-long ones add a UTC offset and
+    sometimes drop the fraction (``2024-05-10 00:00:00.009930+00:00``, ``2024-05-10 00:00:01+00:00``).
+    Parsed by hand rather than by ``datetime``, which keeps six fractional digits.
+    """
+    text = stamp.strip()
+    offset = 0.0
     try:
-        day, clock = stamp.strip().split(" ")
+        if text.endswith("Z"):
+            text = text[:-1]
+        elif len(text) > 6 and text[-6] in "+-" and text[-3] == ":":
+            sign = 1.0 if text[-6] == "+" else -1.0
+            offset = sign * (int(text[-5:-3]) * 3_600.0 + int(text[-2:]) * 60.0)
+            text = text[:-6]
+        day, clock = text.replace("T", " ", 1).split(" ")
         hours, minutes, seconds = clock.split(":")
         return (
-            date.fromisoformat(day).toordinal() * 86_400.0 + int(hours) * 3_600.0 + int(minutes) * 60.0 + float(seconds)
+            date.fromisoformat(day).toordinal() * 86_400.0
+            + int(hours) * 3_600.0
+            + int(minutes) * 60.0
+            + float(seconds)
+            - offset
         )
     except ValueError:
-        raise TraceError(f"{where}: TIMESTAMP is not 'YYYY-MM-DD HH:MM:SS[.f]': {stamp!r}") from None
+        raise TraceError(f"{where}: TIMESTAMP is not 'YYYY-MM-DD HH:MM:SS[.f][+HH:MM]': {stamp!r}") from None
 
 
 def read_azure_requests(path: Path | str) -> AzureRequests:
-    """Read ``TIMESTAMP,ContextTokens,GeneratedTokens`` (Azure LLM inference trace 2023)."""
+    """Read ``TIMESTAMP,ContextTokens,GeneratedTokens`` (Azure LLM inference traces, 2023 and 2024).
+
+    Values go into typed arrays (8 bytes each, not a Python float's 32): the 2024 traces hold a week
+    of requests. Rows out of time order are put in order (stably: equal stamps keep the file's order).
+    """
     path = Path(path)
-    arrivals: list[float] = []
-    contexts: list[float] = []
-    generated: list[float] = []
+    arrivals, contexts, generated = array("d"), array("d"), array("d")
     with path.open(newline="", encoding="utf-8") as handle:
         reader = csv.DictReader(handle)
         _columns(path, list(reader.fieldnames or []), _AZURE_COLUMNS)
@@ -280,11 +301,12 @@ def read_azure_requests(path: Path | str) -> AzureRequests:
             arrivals.append(_stamp_seconds(row["TIMESTAMP"] or "", where))
             contexts.append(_number(row, "ContextTokens", where) or 0.0)
             generated.append(_number(row, "GeneratedTokens", where) or 0.0)
-    arrival = np.asarray(arrivals, dtype=np.float64)
+    arrival = np.array(arrivals, dtype=np.float64)
+    context = np.array(contexts, dtype=np.float64)
+    output = np.array(generated, dtype=np.float64)
+    if len(arrival) and np.any(np.diff(arrival) < 0):
+        order = np.argsort(arrival, kind="stable")
+        arrival, context, output = arrival[order], context[order], output[order]
     if len(arrival):
         arrival -= arrival[0]
-    return AzureRequests(
-        arrival_s=arrival,
-        context_tokens=np.asarray(contexts, dtype=np.float64),
-        generated_tokens=np.asarray(generated, dtype=np.float64),
-    )
+    return AzureRequests(arrival_s=arrival, context_tokens=context, generated_tokens=output)

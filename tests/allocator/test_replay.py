@@ -42,6 +42,7 @@ from allocator.replay import (
     compare_per_model,
     dynamic_grants,
     frontier,
+    read_azure_requests,
     read_pod_trace,
     replay,
     select_profile,
@@ -691,3 +692,60 @@ def test_per_model_costs_are_each_pools_gpu_hours_at_its_rate_and_sum_to_the_tot
     t4 = next(p for p in priced.pools if p.model == "T4")
     whole = t4.comparison.result("static-whole")
     assert whole.cost_usd == (Decimal(repr(whole.gpu_hours)) * Decimal("0.526")).quantize(Decimal("0.01"))
+
+
+# --- the request traces' two spellings -------------------------------------------------------------
+
+SHIPPED_CODE_TRACE = Path(__file__).resolve().parents[2] / "data" / "traces" / "AzureLLMInferenceTrace_code.csv"
+
+
+def _respelled(tmp_path: Path, spell: Any, *, rows: int = 2_000) -> Path:
+    """The shipped 2023 code trace's first rows, each TIMESTAMP rewritten by ``spell``."""
+    lines = SHIPPED_CODE_TRACE.read_text(encoding="utf-8").splitlines()[: rows + 1]
+    out = [lines[0]]
+    for line in lines[1:]:
+        stamp, rest = line.split(",", 1)
+        out.append(f"{spell(stamp)},{rest}")
+    path = tmp_path / "respelled.csv"
+    path.write_text("\n".join(out) + "\n", encoding="utf-8")
+    return path
+
+
+def test_the_2024_traces_stamps_with_a_utc_offset_read_as_the_same_instants(tmp_path: Path) -> None:
+    """The 2024 week-long traces end each stamp with its UTC offset (``...+00:00``): the same instants
+    written that way, or in another zone, or with ``T`` and ``Z``, give the same arrivals, to the bit."""
+    plain = read_azure_requests(_respelled(tmp_path, lambda s: s))
+    for spell in (
+        lambda s: f"{s}+00:00",
+        lambda s: f"{s.replace(' ', 'T')}Z",
+        # Two hours ahead, written with its offset (the trace starts after 02:00, so the day stays).
+        lambda s: f"{s[:11]}{int(s[11:13]) + 2:02d}{s[13:]}+02:00",
+    ):
+        other = read_azure_requests(_respelled(tmp_path, spell))
+        assert np.array_equal(other.arrival_s, plain.arrival_s)
+        assert np.array_equal(other.context_tokens, plain.context_tokens)
+        assert np.array_equal(other.generated_tokens, plain.generated_tokens)
+
+
+def test_stamps_without_a_fraction_and_rows_out_of_order_are_read(tmp_path: Path) -> None:
+    path = tmp_path / "week.csv"
+    path.write_text(
+        "TIMESTAMP,ContextTokens,GeneratedTokens\n"
+        "2024-05-10 00:00:01+00:00,100,10\n"
+        "2024-05-10 00:00:00.009930+00:00,200,20\n"
+        "2024-05-10 00:00:02.5+00:00,300,30\n",
+        encoding="utf-8",
+    )
+    requests = read_azure_requests(path)
+    # Seconds since year 1 hold about 8 µs of precision: ample for per-second signals.
+    assert requests.arrival_s.tolist() == pytest.approx([0.0, 1.0 - 0.00993, 2.5 - 0.00993], abs=1e-4)
+    assert requests.context_tokens.tolist() == [200.0, 100.0, 300.0]
+    assert requests.generated_tokens.tolist() == [20.0, 10.0, 30.0]
+
+
+@pytest.mark.parametrize("stamp", ["2024-05-10", "2024-05-10 00:00:xx+00:00", "2024-05-10 00:00:00+0x:00"])
+def test_a_malformed_stamp_names_its_row(tmp_path: Path, stamp: str) -> None:
+    path = tmp_path / "bad.csv"
+    path.write_text(f"TIMESTAMP,ContextTokens,GeneratedTokens\n{stamp},1,1\n", encoding="utf-8")
+    with pytest.raises(TraceError, match=r"bad\.csv:2: TIMESTAMP"):
+        read_azure_requests(path)
