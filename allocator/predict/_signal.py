@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import csv
 import math
+from array import array
 from dataclasses import dataclass
 from datetime import date
 from pathlib import Path
@@ -103,32 +104,81 @@ class LoadSignal:
     sm: FloatArray  # shape (replicas, steps), mean SM demand over each step
 
 
+AZURE_COLUMNS = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
+
+
 def read_azure_llm_trace(path: Path | str) -> RequestTrace:
-    """Read ``TIMESTAMP,ContextTokens,GeneratedTokens`` (Azure LLM inference trace 2023)."""
-    arrivals: list[float] = []
-    contexts: list[float] = []
-    generated: list[float] = []
-    with Path(path).open(newline="", encoding="utf-8") as handle:
+    """Read ``TIMESTAMP,ContextTokens,GeneratedTokens`` (Azure LLM inference traces, 2023 and 2024).
+
+    Values go into typed arrays (8 bytes each, not a Python float's 32): the 2024 traces hold a week
+    of requests. Rows out of time order are put in order (stably: equal stamps keep the file's order);
+    an empty token count reads as 0. A malformed file raises ValueError naming the file, row and column.
+    """
+    path = Path(path)
+    arrivals, contexts, generated = array("d"), array("d"), array("d")
+    with path.open(newline="", encoding="utf-8") as handle:
         reader = csv.DictReader(handle)
-        for row in reader:
-            arrivals.append(_seconds(row["TIMESTAMP"]))
-            contexts.append(float(row["ContextTokens"]))
-            generated.append(float(row["GeneratedTokens"]))
-    arrival = np.asarray(arrivals, dtype=np.float64)
+        missing = [c for c in AZURE_COLUMNS if c not in (reader.fieldnames or [])]
+        if missing:
+            raise ValueError(f"{path}: missing column(s) {', '.join(missing)}")
+        for line, row in enumerate(reader, start=2):
+            where = f"{path}:{line}"
+            arrivals.append(_stamp_seconds(row["TIMESTAMP"] or "", where))
+            contexts.append(_tokens(row["ContextTokens"], "ContextTokens", where))
+            generated.append(_tokens(row["GeneratedTokens"], "GeneratedTokens", where))
+    arrival = np.array(arrivals, dtype=np.float64)
+    context = np.array(contexts, dtype=np.float64)
+    output = np.array(generated, dtype=np.float64)
+    if len(arrival) and np.any(np.diff(arrival) < 0):
+        order = np.argsort(arrival, kind="stable")
+        arrival, context, output = arrival[order], context[order], output[order]
     if len(arrival):
         arrival -= arrival[0]
-    return RequestTrace(
-        arrival_s=arrival,
-        context_tokens=np.asarray(contexts, dtype=np.float64),
-        generated_tokens=np.asarray(generated, dtype=np.float64),
-    )
+    return RequestTrace(arrival_s=arrival, context_tokens=context, generated_tokens=output)
 
 
-def _seconds(stamp: str) -> float:
-    """``2023-11-16 18:15:46.6805900`` → seconds since 0001-01-01 (naive: only differences matter)."""
-    day, clock = stamp.strip().split(" ")
-    hours, minutes, seconds = clock.split(":")
-    return date.fromisoformat(day).toordinal() * 86_400.0 + int(hours) * 3_600.0 + int(minutes) * 60.0 + float(seconds)
+def _stamp_seconds(stamp: str, where: str) -> float:
+    """A request's TIMESTAMP → seconds since 0001-01-01 UTC (only differences matter).
+
+    The 2023 traces write stamps without an offset, with 7 fractional digits
+    (``2023-11-16 18:15:46.6805900``, read as UTC); the 2024 week-long ones add a UTC offset and
+    sometimes drop the fraction (``2024-05-10 00:00:00.009930+00:00``, ``2024-05-10 00:00:01+00:00``).
+    Parsed by hand rather than by ``datetime``, which keeps six fractional digits.
+    """
+    text = stamp.strip()
+    offset = 0.0
+    try:
+        if text.endswith("Z"):
+            text = text[:-1]
+        elif len(text) > 6 and text[-6] in "+-" and text[-3] == ":":
+            sign = 1.0 if text[-6] == "+" else -1.0
+            offset = sign * (int(text[-5:-3]) * 3_600.0 + int(text[-2:]) * 60.0)
+            text = text[:-6]
+        day, clock = text.replace("T", " ", 1).split(" ")
+        hours, minutes, seconds = clock.split(":")
+        return (
+            date.fromisoformat(day).toordinal() * 86_400.0
+            + int(hours) * 3_600.0
+            + int(minutes) * 60.0
+            + float(seconds)
+            - offset
+        )
+    except ValueError:
+        raise ValueError(f"{where}: TIMESTAMP is not 'YYYY-MM-DD HH:MM:SS[.f][+HH:MM]': {stamp!r}") from None
+
+
+def _tokens(cell: str | None, column: str, where: str) -> float:
+    """A token count: empty reads as 0; anything else must be a finite number >= 0."""
+    text = (cell or "").strip()
+    if not text:
+        return 0.0
+    try:
+        value = float(text)
+    except ValueError:
+        raise ValueError(f"{where}: {column} is not a number: {text!r}") from None
+    if not math.isfinite(value) or value < 0:
+        raise ValueError(f"{where}: {column} must be finite and >= 0, got {text!r}")
+    return value
 
 
 def build_load_signal(trace: RequestTrace, model: LoadModel | None = None) -> LoadSignal:

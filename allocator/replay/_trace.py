@@ -21,14 +21,14 @@ from __future__ import annotations
 
 import csv
 import math
-from array import array
 from collections.abc import Mapping
 from dataclasses import dataclass
-from datetime import date
 from pathlib import Path
 
 import numpy as np
 import numpy.typing as npt
+
+from allocator.predict import read_azure_llm_trace
 
 __all__ = [
     "DEFAULT_SNAPSHOT_S",
@@ -49,7 +49,6 @@ _POD_COLUMNS = ("name", "num_gpu", "gpu_milli")
 _TIME_COLUMNS = ("pod_phase", "creation_time", "deletion_time", "scheduled_time")
 DEFAULT_SNAPSHOT_S = 24 * 3_600.0  # how long a snapshot's pods are held when the caller names no time
 _NODE_COLUMNS = ("sn", "gpu", "model")
-_AZURE_COLUMNS = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
 
 
 class TraceError(ValueError):
@@ -255,58 +254,14 @@ def read_fleet(path: Path | str) -> Fleet:
     return Fleet(nodes=nodes, gpus=sum(by_model.values()), gpus_by_model=dict(sorted(by_model.items())))
 
 
-def _stamp_seconds(stamp: str, where: str) -> float:
-    """A request's TIMESTAMP → seconds since 0001-01-01 UTC (only differences matter).
-
-    The 2023 traces write stamps without an offset, with 7 fractional digits
-    (``2023-11-16 18:15:46.6805900``, read as UTC); the 2024 week-long ones add a UTC offset and
-    sometimes drop the fraction (``2024-05-10 00:00:00.009930+00:00``, ``2024-05-10 00:00:01+00:00``).
-    Parsed by hand rather than by ``datetime``, which keeps six fractional digits.
-    """
-    text = stamp.strip()
-    offset = 0.0
-    try:
-        if text.endswith("Z"):
-            text = text[:-1]
-        elif len(text) > 6 and text[-6] in "+-" and text[-3] == ":":
-            sign = 1.0 if text[-6] == "+" else -1.0
-            offset = sign * (int(text[-5:-3]) * 3_600.0 + int(text[-2:]) * 60.0)
-            text = text[:-6]
-        day, clock = text.replace("T", " ", 1).split(" ")
-        hours, minutes, seconds = clock.split(":")
-        return (
-            date.fromisoformat(day).toordinal() * 86_400.0
-            + int(hours) * 3_600.0
-            + int(minutes) * 60.0
-            + float(seconds)
-            - offset
-        )
-    except ValueError:
-        raise TraceError(f"{where}: TIMESTAMP is not 'YYYY-MM-DD HH:MM:SS[.f][+HH:MM]': {stamp!r}") from None
-
-
 def read_azure_requests(path: Path | str) -> AzureRequests:
-    """Read ``TIMESTAMP,ContextTokens,GeneratedTokens`` (Azure LLM inference traces, 2023 and 2024).
-
-    Values go into typed arrays (8 bytes each, not a Python float's 32): the 2024 traces hold a week
-    of requests. Rows out of time order are put in order (stably: equal stamps keep the file's order).
-    """
-    path = Path(path)
-    arrivals, contexts, generated = array("d"), array("d"), array("d")
-    with path.open(newline="", encoding="utf-8") as handle:
-        reader = csv.DictReader(handle)
-        _columns(path, list(reader.fieldnames or []), _AZURE_COLUMNS)
-        for line, row in enumerate(reader, start=2):
-            where = f"{path}:{line}"
-            arrivals.append(_stamp_seconds(row["TIMESTAMP"] or "", where))
-            contexts.append(_number(row, "ContextTokens", where) or 0.0)
-            generated.append(_number(row, "GeneratedTokens", where) or 0.0)
-    arrival = np.array(arrivals, dtype=np.float64)
-    context = np.array(contexts, dtype=np.float64)
-    output = np.array(generated, dtype=np.float64)
-    if len(arrival) and np.any(np.diff(arrival) < 0):
-        order = np.argsort(arrival, kind="stable")
-        arrival, context, output = arrival[order], context[order], output[order]
-    if len(arrival):
-        arrival -= arrival[0]
-    return AzureRequests(arrival_s=arrival, context_tokens=context, generated_tokens=output)
+    """Read ``TIMESTAMP,ContextTokens,GeneratedTokens`` (Azure LLM inference traces, 2023 and 2024)
+    with the predictors' reader (:func:`allocator.predict.read_azure_llm_trace`: one reading of the
+    format); its errors come out as :class:`TraceError`."""
+    try:
+        trace = read_azure_llm_trace(path)
+    except ValueError as error:
+        raise TraceError(str(error)) from None
+    return AzureRequests(
+        arrival_s=trace.arrival_s, context_tokens=trace.context_tokens, generated_tokens=trace.generated_tokens
+    )
