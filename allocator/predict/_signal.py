@@ -168,10 +168,16 @@ def _stamp_seconds(stamp: str, where: str) -> float:
 
 
 def _tokens(cell: str | None, column: str, where: str) -> float:
-    """A token count: empty reads as 0; anything else must be a finite number >= 0."""
+    """A token count: empty reads as 0."""
+    value = cell_number(cell, column, where)
+    return 0.0 if value is None else value
+
+
+def cell_number(cell: str | None, column: str, where: str) -> float | None:
+    """A CSV cell that must be a finite number >= 0 (None: empty); ``where`` names the file and row."""
     text = (cell or "").strip()
     if not text:
-        return 0.0
+        return None
     try:
         value = float(text)
     except ValueError:

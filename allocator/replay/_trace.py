@@ -29,6 +29,7 @@ import numpy as np
 import numpy.typing as npt
 
 from allocator.predict import read_azure_llm_trace
+from allocator.predict._signal import cell_number  # the one reading of a trace's number cell
 
 __all__ = [
     "DEFAULT_SNAPSHOT_S",
@@ -141,16 +142,10 @@ def _columns(path: Path, header: list[str] | None, needed: tuple[str, ...]) -> N
 
 
 def _number(row: Mapping[str, str], column: str, where: str) -> float | None:
-    text = (row.get(column) or "").strip()
-    if not text:
-        return None
     try:
-        value = float(text)
-    except ValueError:
-        raise TraceError(f"{where}: {column} is not a number: {text!r}") from None
-    if not math.isfinite(value) or value < 0:
-        raise TraceError(f"{where}: {column} must be finite and >= 0, got {text!r}")
-    return value
+        return cell_number(row.get(column), column, where)
+    except ValueError as error:
+        raise TraceError(str(error)) from None
 
 
 def _integer(row: Mapping[str, str], column: str, where: str) -> int:
