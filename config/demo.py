@@ -262,6 +262,14 @@ def _run(args: list[str], env: dict[str, str]) -> str:
     return result.stdout
 
 
+def _token_file(node: str, token: str) -> Path:
+    """The node's token in a file only its owner reads, as the agent's --token-file takes it."""
+    path = DEMO_DIR / f"{node}.token"
+    path.write_text(token + "\n")
+    path.chmod(0o600)
+    return path
+
+
 def _wait_healthy(url: str, procs: dict[str, subprocess.Popen[bytes]], timeout_s: float | None = None) -> dict[str, Any]:
     # VGPU_DEMO_HEALTHY_TIMEOUT_S: more patience on a loaded machine (tests on shared CPUs).
     timeout_s = float(os.environ.get("VGPU_DEMO_HEALTHY_TIMEOUT_S", "120")) if timeout_s is None else timeout_s
@@ -355,17 +363,16 @@ def main() -> int:  # noqa: PLR0915 - the demo's start-up, step by step in the o
                        webhooks.url.replace("/budget-events", "/alert-events"), "--slack-url", slack.url,
                        *(arg for node in [*NODES, BURST_NODE] for arg in ("--node", node))], env)
         del env["VGPU_DEMO_WEBHOOK_SECRET"]
+        # Every node's token from one command: each Django start-up is seconds of the demo's.
+        names = [*NODES, BURST_NODE]
+        tokens = dict(zip(names, _run([py, "manage.py", "create_node_token", *names], env).split(), strict=True))
         agents = []
         for node, scenario in demo_fleet(NODES, tenants=TENANTS).items():
-            token_file = DEMO_DIR / f"{node}.token"
-            token_file.write_text(_run([py, "manage.py", "create_node_token", node], env).strip() + "\n")
-            token_file.chmod(0o600)
+            token_file = _token_file(node, tokens[node])
             scenario_file = DEMO_DIR / f"{node}.scenario.json"
             scenario_file.write_text(json.dumps(scenario, indent=1))
             agents.append((node, token_file, scenario_file))
-        burst_token = DEMO_DIR / f"{BURST_NODE}.token"
-        burst_token.write_text(_run([py, "manage.py", "create_node_token", BURST_NODE], env).strip() + "\n")
-        burst_token.chmod(0o600)
+        burst_token = _token_file(BURST_NODE, tokens[BURST_NODE])
         url = f"http://127.0.0.1:{port}"
         commands: dict[str, list[str]] = {
             "worker": [str(bindir / "celery"), "-A", "config", "worker", "--loglevel", "INFO", "--concurrency", "2",
