@@ -189,12 +189,15 @@ class _History(threading.Thread):
         if marker.exists():
             return
         hours = [(self.spike_hour - timedelta(weeks=k), 1, 16384) for k in range(_BURST_WEEKS, 0, -1)]
+        # The hours at once, each on a spool of its own whose batch numbers carry its own random id
+        # (agents/spool.py), as the live and history agents of one node already run side by side.
+        self.procs = []
         for hour, gpus, guarantee_mb in [*hours, (self.spike_hour, 8, 65536)]:
             scenario = DEMO_DIR / f"{BURST_NODE}.{hour:%Y%m%dT%H}.scenario.json"
             scenario.write_text(json.dumps(burst_scenario(gpus=gpus, guarantee_mb=guarantee_mb), indent=1))
-            self.procs = [self._agent(self.burst_token, scenario, start=hour, seconds=3600,
-                                      spool=DEMO_DIR / f"{BURST_NODE}.{hour:%Y%m%dT%H}.sqlite", log=log)]
-            self._wait(f"agent ({BURST_NODE}, {hour:%Y-%m-%d %H:00})")
+            self.procs.append(self._agent(self.burst_token, scenario, start=hour, seconds=3600,
+                                          spool=DEMO_DIR / f"{BURST_NODE}.{hour:%Y%m%dT%H}.sqlite", log=log))
+        self._wait(f"agent ({BURST_NODE}, the training job's hours)")
         self._manage(log, "rollup_usage")
         marker.touch()
         print(f"demo: a spend spike is scripted: globex's training job ran on 8 cards at {self.spike_hour:%Y-%m-%d %H:00} "
