@@ -462,6 +462,7 @@ class Run:
     worker: Child | None = None
     beat: Child | None = None
     rogue: Child | None = None
+    rogue_token: str = ""
     nodes: list[HonestNode] = field(default_factory=list)
     outages: list[Outage] = field(default_factory=list)
     events: list[str] = field(default_factory=list)
@@ -507,11 +508,14 @@ def prepare(run: Run) -> None:
                                   "--hostname", "soak-worker@%h"], logs / "worker.log")
     run.beat = Child("beat", [str(bindir / "celery"), "-A", "config", "beat", "--loglevel", "WARNING",
                               "--schedule", str(run.dir / "celerybeat-schedule")], logs / "beat.log")
-    for index in range(1, run.args.agents + 1):
-        name = f"soak-node-{index}"
+    names = [f"soak-node-{index}" for index in range(1, run.args.agents + 1)]
+    # Every node's token, the rogue's included, from one Django start-up.
+    tokens = dict(zip([*names, ROGUE], manage(run.env, "create_node_token", *names, ROGUE).split(), strict=True))
+    run.rogue_token = tokens[ROGUE]
+    for index, name in enumerate(names, start=1):
         scenario = demo_scenario(name, seed=run.args.seed * 100 + index, gpu_count=2, tenants=TENANTS)
         (run.dir / f"{name}.scenario.json").write_text(json.dumps(scenario))
-        token = manage(run.env, "create_node_token", name).strip()
+        token = tokens[name]
         token_file = run.dir / f"{name}.token"
         token_file.write_text(token + "\n")
         spool = run.dir / f"{name}.spool.sqlite"
@@ -523,8 +527,7 @@ def prepare(run: Run) -> None:
 
 
 def start_rogue(run: Run, *, deadline: float) -> None:
-    token = manage(run.env, "create_node_token", ROGUE).strip()
-    config = {"url": run.url + "/api/v1/usage/batches", "token": token, "seed": run.args.seed,
+    config = {"url": run.url + "/api/v1/usage/batches", "token": run.rogue_token, "seed": run.args.seed,
               "own_gpu": "GPU-soak-rogue-0", "victim_gpus": [g for n in run.nodes for g in n.gpus],
               "deadline": deadline, "max_requests": int((deadline - _now()) / run.args.rogue_interval_s) + 1,
               "interval_s": run.args.rogue_interval_s, "results": str(run.dir / "rogue.jsonl")}

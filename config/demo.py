@@ -189,12 +189,15 @@ class _History(threading.Thread):
         if marker.exists():
             return
         hours = [(self.spike_hour - timedelta(weeks=k), 1, 16384) for k in range(_BURST_WEEKS, 0, -1)]
+        # The hours at once, each on a spool of its own whose batch numbers carry its own random id
+        # (agents/spool.py), as the live and history agents of one node already run side by side.
+        self.procs = []
         for hour, gpus, guarantee_mb in [*hours, (self.spike_hour, 8, 65536)]:
             scenario = DEMO_DIR / f"{BURST_NODE}.{hour:%Y%m%dT%H}.scenario.json"
             scenario.write_text(json.dumps(burst_scenario(gpus=gpus, guarantee_mb=guarantee_mb), indent=1))
-            self.procs = [self._agent(self.burst_token, scenario, start=hour, seconds=3600,
-                                      spool=DEMO_DIR / f"{BURST_NODE}.{hour:%Y%m%dT%H}.sqlite", log=log)]
-            self._wait(f"agent ({BURST_NODE}, {hour:%Y-%m-%d %H:00})")
+            self.procs.append(self._agent(self.burst_token, scenario, start=hour, seconds=3600,
+                                          spool=DEMO_DIR / f"{BURST_NODE}.{hour:%Y%m%dT%H}.sqlite", log=log))
+        self._wait(f"agent ({BURST_NODE}, the training job's hours)")
         self._manage(log, "rollup_usage")
         marker.touch()
         print(f"demo: a spend spike is scripted: globex's training job ran on 8 cards at {self.spike_hour:%Y-%m-%d %H:00} "
@@ -260,6 +263,14 @@ def _run(args: list[str], env: dict[str, str]) -> str:
         sys.stderr.write(result.stdout + result.stderr)
         raise SystemExit(f"demo: `{' '.join(args[1:3])}` failed with exit code {result.returncode}")
     return result.stdout
+
+
+def _token_file(node: str, token: str) -> Path:
+    """The node's token in a file only its owner reads, as the agent's --token-file takes it."""
+    path = DEMO_DIR / f"{node}.token"
+    path.write_text(token + "\n")
+    path.chmod(0o600)
+    return path
 
 
 def _wait_healthy(url: str, procs: dict[str, subprocess.Popen[bytes]], timeout_s: float | None = None) -> dict[str, Any]:
@@ -355,17 +366,16 @@ def main() -> int:  # noqa: PLR0915 - the demo's start-up, step by step in the o
                        webhooks.url.replace("/budget-events", "/alert-events"), "--slack-url", slack.url,
                        *(arg for node in [*NODES, BURST_NODE] for arg in ("--node", node))], env)
         del env["VGPU_DEMO_WEBHOOK_SECRET"]
+        # Every node's token from one command: each Django start-up is seconds of the demo's.
+        names = [*NODES, BURST_NODE]
+        tokens = dict(zip(names, _run([py, "manage.py", "create_node_token", *names], env).split(), strict=True))
         agents = []
         for node, scenario in demo_fleet(NODES, tenants=TENANTS).items():
-            token_file = DEMO_DIR / f"{node}.token"
-            token_file.write_text(_run([py, "manage.py", "create_node_token", node], env).strip() + "\n")
-            token_file.chmod(0o600)
+            token_file = _token_file(node, tokens[node])
             scenario_file = DEMO_DIR / f"{node}.scenario.json"
             scenario_file.write_text(json.dumps(scenario, indent=1))
             agents.append((node, token_file, scenario_file))
-        burst_token = DEMO_DIR / f"{BURST_NODE}.token"
-        burst_token.write_text(_run([py, "manage.py", "create_node_token", BURST_NODE], env).strip() + "\n")
-        burst_token.chmod(0o600)
+        burst_token = _token_file(BURST_NODE, tokens[BURST_NODE])
         url = f"http://127.0.0.1:{port}"
         commands: dict[str, list[str]] = {
             "worker": [str(bindir / "celery"), "-A", "config", "worker", "--loglevel", "INFO", "--concurrency", "2",

@@ -166,8 +166,33 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.xdist_group(SERIAL_GROUP))
 
 
+# How much a worker off the suite's longest chains gives way (os.nice; `make test` nices lint as
+# much). The run is CPU-bound on a 2-core machine and its length is the shared demo's chain (its
+# start-up, then its tests one after another on one worker); the other tests only have to fit beside
+# it. At the same priority a third worker took a third of the CPU, from the demo and its browser as
+# much as from anything, and the chain grew by as much. At nice 5 it gets about a third of the share
+# of a process at 0 when the CPU is contended, and every cycle the chains leave idle (the demo's
+# history, their sleeps), and all of it once they are done. Not more: tests on it still wait on
+# subprocesses they start (a Celery worker, gunicorn) within deadlines. The load-sensitive group is
+# not niced: it asserts on wall time.
+OFF_THE_CHAIN_NICE = 5
+
+
 class _OnWorkers:
     """After every other plugin's collection hook, on a worker of `--dist loadgroup`."""
+
+    def __init__(self) -> None:
+        self._first_test_seen = False
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_runtest_setup(self, item: pytest.Item) -> None:
+        """The scheduler hands out each group whole, with a worker's first tests: a worker whose
+        first test is in neither chain's group never runs one, and gives way (OFF_THE_CHAIN_NICE)."""
+        if self._first_test_seen:
+            return
+        self._first_test_seen = True
+        if not (item.get_closest_marker("demo") or item.get_closest_marker("serial")):
+            os.nice(OFF_THE_CHAIN_NICE)
 
     @pytest.hookimpl(trylast=True)
     def pytest_collection_modifyitems(self, items: list[pytest.Item]) -> None:

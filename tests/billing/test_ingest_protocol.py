@@ -220,6 +220,25 @@ def test_create_node_token_prints_only_the_token_and_stores_its_hash(db):
     assert len(row.token_sha256) == 64
 
 
+def test_create_node_token_issues_one_token_a_line_for_several_nodes_or_none(db):
+    from io import StringIO
+
+    from django.core.management import CommandError, call_command
+
+    from billing.models import NodeToken
+    from billing.services.identity.tokens import token_sha256
+
+    out = StringIO()
+    call_command("create_node_token", "gpu-node-9", "gpu-node-10", stdout=out)
+    tokens = out.getvalue().split()
+    assert len(tokens) == 2
+    assert [NodeToken.objects.get(token_sha256=token_sha256(t)).node.name for t in tokens] == ["gpu-node-9", "gpu-node-10"]
+    # A refused name issues nothing, not even for the names before it.
+    with pytest.raises(CommandError):
+        call_command("create_node_token", "gpu-node-11", "Not A Node Name!", stdout=StringIO())
+    assert not NodeToken.objects.filter(node__name="gpu-node-11").exists()
+
+
 def test_policy_endpoint_answers_with_etag_and_304_when_unchanged(client, node_token):
     auth = {"HTTP_AUTHORIZATION": f"Bearer {node_token.token}"}
     first = client.get("/api/v1/nodes/gpu-node-1/policy", **auth)

@@ -2,8 +2,9 @@
 product (gunicorn, Celery worker and beat, simulated agents) on loopback.
 
 Never `playwright install`: the browser is the system's /usr/bin/chromium, which `make test`
-installs with apt. Screenshots go to $VGPU_SCREENSHOTS_DIR when set (`make screenshots` sets
-it to docs/screenshots), else to a temporary folder.
+installs with apt. The journeys' screenshots are taken when $VGPU_SCREENSHOTS_DIR is set (`make
+screenshots` sets it) and go there; a failed journey's pages are saved there, or else to a
+temporary folder.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from playwright.sync_api import Browser, BrowserContext, Locator, Page, expect, 
 from tests.demo_process import Demo
 
 CHROMIUM = os.environ.get("VGPU_CHROMIUM", "/usr/bin/chromium")
+SHOTS_WANTED = bool(os.environ.get("VGPU_SCREENSHOTS_DIR"))
 # The flags a headless Chromium needs as root on a machine with no outside network.
 CHROMIUM_ARGS = [
     "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
@@ -82,7 +84,10 @@ class Session:
         return self.page
 
     def shot(self, name: str) -> None:
-        self.page.screenshot(path=str(self.screenshots / f"{name}.png"), full_page=True)
+        """A full-page screenshot for `make screenshots`. Nothing else reads them, and each is about
+        0.2 s of the browser's CPU on the suite's longest chain (the shared demo's), sixty a run."""
+        if SHOTS_WANTED:
+            self.page.screenshot(path=str(self.screenshots / f"{name}.png"), full_page=True)
 
 
 @pytest.hookimpl(wrapper=True, tryfirst=True)
