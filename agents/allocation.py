@@ -127,17 +127,19 @@ def compute_grants(
     PCIe bandwidth is carried (current use) but not constrained: ``GpuInfo`` has no
     link capacity and ``Grant`` no bandwidth field, so nothing could enforce it yet.
     """
-    by_gpu: dict[str, list[tuple[UsageReading, Prediction]]] = {g.uuid: [] for g in gpus}
-    for reading in readings:
-        if reading.gpu not in by_gpu:
+    by_gpu: dict[str, list[int]] = {g.uuid: [] for g in gpus}  # each GPU's readings, by position
+    for i, reading in enumerate(readings):
+        on_gpu = by_gpu.get(reading.gpu)
+        if on_gpu is None:
             raise ValueError(f"reading for unknown GPU {reading.gpu!r} ({reading.workload.key})")
+        on_gpu.append(i)
     # One call for the whole round where the predictor batches (one LSTM pass for every workload).
     if _batches(type(predictor)):
         peaks = cast(BatchPredictor, predictor).predict_many(readings=readings, now=now)
     else:
         peaks = [predictor.predict(reading=r, now=now) for r in readings]
-    for reading, peak in zip(readings, peaks, strict=True):
-        by_gpu[reading.gpu].append((reading, peak))
+    if len(peaks) != len(readings):
+        raise ValueError(f"the predictor gave {len(peaks)} predictions for {len(readings)} readings")
 
     allocation_policy = policy.allocation_policy()
     grants: list[Grant] = []
@@ -145,14 +147,16 @@ def compute_grants(
     sm_headroom: dict[str, float] = {}
     overcommitted: list[str] = []
     for gpu in gpus:
-        on_gpu = by_gpu[gpu.uuid]
+        at = by_gpu[gpu.uuid]
+        on_gpu_readings = [readings[i] for i in at]
         # The allocator takes the workloads in key order; grants go out in the readings' order.
-        keys = [r.workload.key for r, _ in on_gpu]  # a property that formats a string: once per reading
+        keys = [r.workload.key for r in on_gpu_readings]
         order = sorted(range(len(keys)), key=keys.__getitem__)
-        rows = [on_gpu[i] for i in order]
         result = allocate_columns(
             capacity=GpuCapacity(float(gpu.memory_mb), float(gpu.sm_count)),
-            columns=_columns([keys[i] for i in order], rows, policy),
+            columns=_columns(
+                [keys[j] for j in order], [on_gpu_readings[j] for j in order], [peaks[at[j]] for j in order], policy
+            ),
             policy=allocation_policy,
         )
         mem_headroom[gpu.uuid] = result.memory.headroom
@@ -163,7 +167,9 @@ def compute_grants(
         rank = sorted(range(len(order)), key=order.__getitem__)  # each reading's place in key order
         # Each Grant built from a zipped row by tuple.__new__ (what ``Grant._make`` does, without its
         # Python-level call): the loop stays in C, one Grant per reading every tick.
-        rows_out = zip([r.workload for r, _ in on_gpu], repeat(gpu.uuid), map(mem.__getitem__, rank), map(sm.__getitem__, rank))
+        rows_out = zip(
+            [r.workload for r in on_gpu_readings], repeat(gpu.uuid), map(mem.__getitem__, rank), map(sm.__getitem__, rank)
+        )
         grants.extend(map(tuple.__new__, repeat(Grant), rows_out))
     return AllocationRound(
         grants=tuple(grants),
@@ -204,11 +210,11 @@ def _weights(readings: list[UsageReading], policy: Policy) -> tuple[list[float],
     return weights, throttled
 
 
-def _columns(keys: list[str], rows: list[tuple[UsageReading, Prediction]], policy: Policy) -> GpuColumns:
-    """The allocator's view of one GPU's readings, in key order: a list per attribute rather than an
-    object per workload (every workload, every tick). The prediction is the peak of the policy's one
-    horizon; PCIe is carried by the readings but not shared (see ``compute_grants``)."""
-    readings = [r for r, _ in rows]
+def _columns(keys: list[str], readings: list[UsageReading], peaks: list[Prediction], policy: Policy) -> GpuColumns:
+    """The allocator's view of one GPU's readings and their predictions, in key order: a list per
+    attribute rather than an object per workload (every workload, every tick). The prediction is the
+    peak of the policy's one horizon; PCIe is carried by the readings but not shared (see
+    ``compute_grants``)."""
     entitlements = [r.entitlement for r in readings]
     weights, throttled = _weights(readings, policy)
     return GpuColumns(
@@ -217,13 +223,13 @@ def _columns(keys: list[str], rows: list[tuple[UsageReading, Prediction]], polic
         throttled,
         ResourceColumns(
             [r.mem_used_mb for r in readings],
-            [p.mem_peak_mb for _, p in rows],
+            [p.mem_peak_mb for p in peaks],
             [e.guarantee_mem_mb for e in entitlements],
             [math.inf if e.limit_mem_mb is None else e.limit_mem_mb for e in entitlements],
         ),
         ResourceColumns(
             [r.sm_used for r in readings],
-            [p.sm_peak for _, p in rows],
+            [p.sm_peak for p in peaks],
             [e.guarantee_sm for e in entitlements],
             [math.inf if e.limit_sm is None else e.limit_sm for e in entitlements],
         ),

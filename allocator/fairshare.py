@@ -203,7 +203,7 @@ def _trim_to_capacity(*, grants: list[float], floors: Sequence[float] | None, ca
     while (excess := max(total := math.fsum(grants), sum(grants)) - capacity) > 0:
         # The largest grant above its floor gives up the excess; ties: the last key (a search from the
         # end rather than max() with a key function: no Python-level call per grant).
-        above = [g - low for g, low in zip(grants, lows, strict=True)]
+        above = grants if floors is None else [g - low for g, low in zip(grants, lows, strict=True)]
         i = len(above) - 1 - above[::-1].index(max(above))
         if grants[i] <= lows[i]:
             break  # nothing above the floors left; only the overcommit path gets here
@@ -504,9 +504,13 @@ def _check_columns(columns: GpuColumns, policy: AllocationPolicy, *, pcie_needed
     """The checks of :class:`WorkloadState`, one chained comparison per value; a row that fails is
     built as a ``WorkloadState``, which words the error."""
     keys, mem, sm, pcie = columns.keys, columns.memory, columns.sm, columns.pcie
-    groups = (mem, sm) if pcie is None else (mem, sm, pcie)
-    lengths = {len(keys), len(columns.weights), len(columns.throttled)}
-    lengths.update(len(x) for c in groups for x in (c.used, c.peak, c.guarantee, c.limit))
+    lengths = {
+        len(keys), len(columns.weights), len(columns.throttled),
+        len(mem.used), len(mem.peak), len(mem.guarantee), len(mem.limit),
+        len(sm.used), len(sm.peak), len(sm.guarantee), len(sm.limit),
+    }  # a set display, not a generator over the columns: every GPU, every tick
+    if pcie is not None:
+        lengths.update((len(pcie.used), len(pcie.peak), len(pcie.guarantee), len(pcie.limit)))
     if len(lengths) > 1:
         raise ValueError(f"every column must have one entry per workload, got lengths {sorted(lengths)}")
     if pcie_needed and pcie is None:

@@ -224,8 +224,13 @@ class _TickResource:
         """A reading of ``second`` → the reservation from now on (conditionals, not min/max: hot path)."""
         window = self.window
         if window and window[-1][0] == second:  # read before in this second: the larger counts
-            earlier = window.pop()[1]
-            value = earlier if earlier > value else value
+            earlier = window[-1][1]
+            if value <= earlier:  # the second's reading stands: the window, and any miss, are as they were
+                reserved = window[0][1] * self.factor
+                reserved = cap if reserved > cap else reserved
+                self.next = reserved
+                return reserved
+            window.pop()
         else:  # a new second: the reservation decided after the last reading is now in force
             self.in_force, self.missed = self.next, False
         if value > self.in_force and not self.missed:

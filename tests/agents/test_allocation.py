@@ -89,6 +89,28 @@ def test_unknown_sla_tier_is_a_clear_error() -> None:
         grants_of([reading("x", "platinum", mem=1, sm=1)])
 
 
+class _ShortPredictor:
+    """A batch predictor that drops a reading: the round must refuse, not grant the rest."""
+
+    def predict(self, *, reading: UsageReading, now: datetime) -> Prediction:
+        return Prediction(mem_peak_mb=reading.mem_used_mb, sm_peak=reading.sm_used)
+
+    def predict_many(self, *, readings: list[UsageReading], now: datetime) -> list[Prediction]:
+        return [self.predict(reading=r, now=now) for r in readings[1:]]
+
+
+def test_a_predictor_that_answers_for_fewer_readings_is_refused() -> None:
+    readings = [reading("x", "gold", mem=1, sm=1), reading("y", "gold", mem=1, sm=1)]
+    with pytest.raises(ValueError, match="the predictor gave 1 predictions for 2 readings"):
+        compute_grants(gpus=[GPU], readings=readings, policy=Policy(), predictor=_ShortPredictor(), now=NOW)
+
+
+def test_a_reading_of_a_gpu_the_node_does_not_have_is_refused() -> None:
+    stray = replace(reading("x", "gold", mem=1, sm=1), gpu="GPU-elsewhere")
+    with pytest.raises(ValueError, match="reading for unknown GPU 'GPU-elsewhere'"):
+        grants_of([stray])
+
+
 def test_policy_rejects_non_positive_weights() -> None:
     with pytest.raises(ValueError, match="SLA tier 'gold': weight must be finite and > 0"):
         Policy(sla_weights={"gold": 0.0})
