@@ -181,7 +181,7 @@ class Agent:
         # The first tick lands one tick before ``begin`` so that rates are known from its first instant.
         next_tick_us = begin_us - tick_us
         # Garbage is collected between ticks, not inside them (agents.collection).
-        with TickCollector(tick_s=tick_us / 1_000_000) as collector:
+        with TickCollector() as collector:
             try:
                 while not stop.is_set():
                     if until_us is not None and next_tick_us > until_us:

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from datetime import timedelta
 from pathlib import Path
 
@@ -40,7 +41,7 @@ def _collector_restored() -> object:
 
 def test_no_automatic_collection_inside_and_the_loop_collects_between_ticks() -> None:
     gc.enable()
-    with TickCollector(tick_s=0.5) as collector:
+    with TickCollector() as collector:
         assert not gc.isenabled()
         _Cycle()
         for _ in range(5_000):  # far past any threshold: nothing collects on its own
@@ -51,28 +52,66 @@ def test_no_automatic_collection_inside_and_the_loop_collects_between_ticks() ->
     assert gc.isenabled()  # left as found
 
 
+class _Minutes:
+    """The collector's clock, set by hand (seconds)."""
+
+    def __init__(self) -> None:
+        self.at = 0.0
+
+    def __call__(self) -> float:
+        return self.at
+
+
+@contextlib.contextmanager
+def _full_passes() -> Iterator[list[int]]:
+    """The passes that collected everything (their generation), while it is open."""
+    full: list[int] = []
+
+    def record(phase: str, info: dict[str, int]) -> None:
+        if phase == "start" and info["generation"] == 2:
+            full.append(2)
+
+    gc.callbacks.append(record)
+    try:
+        yield full
+    finally:
+        gc.callbacks.remove(record)
+
+
 def test_a_cycle_that_grew_old_goes_with_the_full_pass_once_a_minute() -> None:
-    with TickCollector(tick_s=30.0) as collector:  # a full pass every 2 ticks
+    clock = _Minutes()
+    with TickCollector(now=clock) as collector:
         held = _Cycle()
         gc.collect(1)  # held, it moves up to the oldest generation, which the young passes do not look at
         del held
         assert _cycle_alive(_Cycle)
-        collector.between_ticks()  # tick 1: young generations only
+        clock.at = 59.9
+        collector.between_ticks()  # young generations only
         assert _cycle_alive(_Cycle)
-        collector.between_ticks()  # tick 2: everything
+        clock.at = 60.0
+        collector.between_ticks()  # a minute since the last full pass: everything
         assert not _cycle_alive(_Cycle)
+
+
+def test_ticks_back_to_back_share_the_minutes_full_pass() -> None:
+    """An agent metering history ticks a simulated minute in milliseconds: a minute of its own
+    ticks is not a minute of the process's, and it collects everything once a minute like any."""
+    clock = _Minutes()
+    with TickCollector(now=clock) as collector, _full_passes() as full:
+        for _ in range(1_000):
+            collector.between_ticks()
+        assert full == []
+        clock.at = 61.0
+        for _ in range(1_000):
+            collector.between_ticks()
+        assert full == [2]
 
 
 def test_collection_left_off_stays_off() -> None:
     gc.disable()
-    with TickCollector(tick_s=0.5):
+    with TickCollector():
         pass
     assert not gc.isenabled()
-
-
-def test_tick_length_must_be_positive() -> None:
-    with pytest.raises(ValueError, match="tick_s"):
-        TickCollector(tick_s=0)
 
 
 class _Recorder:
