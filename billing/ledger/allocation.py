@@ -331,7 +331,7 @@ class FigureRows:
 
 def list_figure_rows(
     *, start: datetime, end: datetime, depth: int, filters: Mapping[str, Sequence[str]],
-    tenants: Collection[str] | None, top_pods: int | None = None,
+    tenants: Collection[str] | None, top_pods: int | None = None, top_order: Sequence[str] = (),
 ) -> FigureRows:
     """Usage of [start, end) of `tenants` (None: all) matching every filter (key -> allowed values),
     summed per invoice line (tenant, GPU model, SLA tier) and per node of each tenant's tree down
@@ -339,10 +339,12 @@ def list_figure_rows(
     exact. Unordered.
 
     With `top_pods` (depth: the pod instance) the tree holds the `top_pods` costliest pod instances
-    (cost, then keys in code-point order, as the pages rank them) and only what their shown figures
-    are apportioned among: the pods of their controllers and the instances of their pods, not the
-    period's every pod (the dashboard shows ten; a month of 1,000 GPUs runs ~100k). The levels above
-    are whole, and each tenant's count of pod instances comes with it."""
+    (by cost, then by the keys of `top_order`, default the path, in code-point order: as the page
+    ranks them) and only what their shown figures are apportioned among: the pods of their
+    controllers and every instance of their pods' names, not the period's every pod (the dashboard
+    shows ten; a month of 1,000 GPUs runs ~100k). The levels above are whole, and each tenant's
+    count of pod instances comes with it. Other nodes of those levels are partial: their figures
+    are not to be shown."""
     if not 1 <= depth <= len(FIGURE_LEVELS):
         raise ValueError(f"depth must be 1..{len(FIGURE_LEVELS)}")
     if top_pods is not None and depth != FIGURE_LEVELS.index("pod_uid") + 1:
@@ -378,22 +380,25 @@ def list_figure_rows(
         params["top"] = top_pods
         uid_keys = [k[c] for c in path]
         pod, uid = uid_keys[_POD_LEVEL], uid_keys[_POD_LEVEL + 1]
-        controller_keys, pod_keys = uid_keys[:_POD_LEVEL], uid_keys[: _POD_LEVEL + 1]
-        ranked = ", ".join(f'{c} COLLATE "C"' for c in uid_keys)
+        controller_keys = uid_keys[:_POD_LEVEL]
+        # A pod's name, across controllers: the pages tell its instances apart by it.
+        name_keys = [k[c] for c in path if c in ("tenant", "namespace", "pod")]
+        ranked = ", ".join(f'{k[c]} COLLATE "C"' for c in top_order or path)
         top = (f", top AS MATERIALIZED (SELECT {', '.join(uid_keys)} FROM leaf "  # noqa: S608 - fixed SQL
                f"GROUP BY {', '.join(uid_keys)} ORDER BY sum(charge) + sum(idle_share) DESC, {ranked} LIMIT %(top)s)")
         # A pod is kept in the controllers of the top pod instances (its figure is apportioned among
-        # them), a pod instance in the pods of the top ones; elsewhere the key is NULL and HAVING drops
-        # its group (no key of the ledger is NULL). A pod instance's first leaf counts it, in its
-        # namespace's row (that level is whole).
-        kept = {pod: f"CASE WHEN c.hit THEN leaf.{pod} END AS {pod}", uid: f"CASE WHEN p.hit THEN leaf.{uid} END AS {uid}"}
+        # them), a pod instance (and its pod) where a top one's pod name is; elsewhere the key is NULL
+        # and HAVING drops its group (no key of the ledger is NULL). A pod instance's first leaf
+        # counts it, in its namespace's row (that level is whole).
+        kept = {pod: f"CASE WHEN c.hit OR p.hit THEN leaf.{pod} END AS {pod}",
+                uid: f"CASE WHEN p.hit THEN leaf.{uid} END AS {uid}"}
         source = (
             f"(SELECT {', '.join(kept.get(c, f'leaf.{c}') for c in k.values())}, "  # noqa: S608 - fixed SQL
             f"{', '.join(f'leaf.{c}' for c in _LEAF_COLUMNS)}, "
             f"row_number() OVER (PARTITION BY {', '.join(f'leaf.{c}' for c in uid_keys)}) = 1 AS pod_first FROM leaf "
             f"LEFT JOIN (SELECT DISTINCT {', '.join(controller_keys)}, true AS hit FROM top) c "
             f"USING ({', '.join(controller_keys)}) "
-            f"LEFT JOIN (SELECT DISTINCT {', '.join(pod_keys)}, true AS hit FROM top) p USING ({', '.join(pod_keys)})) s"
+            f"LEFT JOIN (SELECT DISTINCT {', '.join(name_keys)}, true AS hit FROM top) p USING ({', '.join(name_keys)})) s"
         )
         having = (f" HAVING (GROUPING({pod}) = 1 OR {pod} IS NOT NULL) "
                   f"AND (GROUPING({uid}) = 1 OR {uid} IS NOT NULL)")

@@ -5,7 +5,9 @@ apportioned among. Both give the figures of the one-pass read they replace, to t
 - every row of every depth equals the one-pass GROUPING SETS statement's (kept below as the
   reference), over the day ledger and the hour ledger, for every tenant or some;
 - with `top_pods` the tenants, their lines, their counts of pod instances and the top pods' shown
-  figures are those of the whole tree.
+  figures are those of the whole tree;
+- the tenant portal listing its costliest few workloads (which reads only those) lists them, counts
+  them and charts them per day as the portal reading every workload (its CSV) does.
 
 On random ledgers: pods on two nodes and several GPUs, two containers, two tiers and GPU models,
 controllers and requests known, unknown or malformed, energy priced at one location (the CO2e factor
@@ -18,6 +20,7 @@ from dataclasses import dataclass
 from datetime import UTC, date, datetime, timedelta
 from decimal import Decimal
 from typing import Any
+from unittest import mock
 
 import pytest
 from django.db import connection, transaction
@@ -28,7 +31,10 @@ from billing.figures import LEVELS, FigureNode, FigureRow, FigureTree, build_tre
 from billing.ledger.allocation import FigureRows, list_figure_rows
 from billing.ledger.models import GpuHour, UsageHour, WorkloadMeta
 from billing.ledger.rollup import rebuild_days
-from billing.models import Gpu, Location, LocationRate, Node, NodeLocation
+from billing.models import Gpu, Location, LocationRate, Node, NodeLocation, Tenant
+from billing.queries import portal
+from billing.queries.portal import get_tenant_portal
+from billing.scope import Scope
 
 pytestmark = pytest.mark.django_db
 
@@ -89,6 +95,8 @@ def ledgers(draw: st.DrawFn) -> Ledger:
 
 
 def _fleet(ledger: Ledger) -> list[Gpu]:
+    Tenant.objects.create(slug="acme", name="Acme")
+    Tenant.objects.create(slug="globex", name="环球科技")
     nodes = [Node.objects.create(name="node-a"), Node.objects.create(name="node-b")]
     gpus = [Gpu.objects.create(uuid=f"GPU-{i}", node=nodes[0 if i < 2 else 1], model=MODELS[i % 2], memory_mb=mem,
                                sm_count=sms, first_seen_at=START, last_seen_at=START)
@@ -211,6 +219,25 @@ def _check(period: tuple[datetime, datetime]) -> None:
                                                tenants=tenants, top_pods=top), top)
 
 
+def _check_portal(period: tuple[datetime, datetime]) -> None:
+    start, end = period
+    # A chart of two series: one workload and the others', which the few listed do not hold.
+    with mock.patch.object(portal, "CHART_SERIES", 2):
+        for slug in ("acme", "globex"):
+            _check_portal_of(slug, start, end)
+
+
+def _check_portal_of(slug: str, start: datetime, end: datetime) -> None:
+    scope = Scope(tenants=frozenset({slug}), is_finance=False, is_admin=False)
+    every = get_tenant_portal(scope=scope, slug=slug, start=start, end=end, now=end, reasons=False, trends=False)
+    for limit in (1, 2, 100):
+        listed = get_tenant_portal(scope=scope, slug=slug, start=start, end=end, now=end, workload_limit=limit,
+                                   reasons=False, trends=False)
+        assert listed.workloads == every.workloads[:limit]
+        assert (listed.workload_count, listed.daily, listed.period_cost) == (
+            every.workload_count, every.daily, every.period_cost)
+
+
 def _check_top(whole: FigureTree, read: FigureRows, top: int) -> None:
     """The pruned tree shows what the whole tree shows of tenants and of the top pods."""
     tree = build_tree(read.rows, currency="USD", places=2)
@@ -219,6 +246,10 @@ def _check_top(whole: FigureTree, read: FigureRows, top: int) -> None:
         assert tree.lines[slug] == whole.lines[slug]
         assert tree.shown(tree.roots[slug]) == whole.shown(root)
         assert read.pod_instances.get(slug, 0) == len(whole.nodes("pod_uid", {"tenant": slug}))
+        # What the portal's chart relies on: the pod instances' figures add up to their tenant's, so
+        # the workloads not listed show the tenant's figure less the listed ones'.
+        assert sum((whole.shown(n).cost for n in whole.nodes("pod_uid", {"tenant": slug})), Decimal(0)) == \
+            whole.shown(root).cost
     def rank(n: FigureNode) -> tuple[Decimal, tuple[str, ...]]:
         return (-n.exact.cost, n.keys)
 
@@ -241,6 +272,7 @@ def test_the_two_step_read_and_the_pruned_tree_give_the_one_pass_figures(ledger:
         _check(period)
         _reprice()
         _check(period)
+        _check_portal(period)
         transaction.set_rollback(True)
 
 
