@@ -305,6 +305,12 @@ _LEAF_SUMS = (
     "sum(u.energy_j * coalesce(er.co2e_kg_per_kwh, 0)) AS co2e_jkg"
 )
 _LEAF_COLUMNS = ("container", *re.findall(r" AS (\w+)", _LEAF_SUMS))
+# The planner takes every usage row for a leaf of its own (it cannot know a pod spans days) and
+# sorts them all to group them, on disk: at 1,000 GPUs x 16 workloads 150 MB, 8 s of the month's
+# 20 s statement. Hashing them (the leaves fit in memory: a row per pod instance and container) took
+# the statement from 12-18 s to 7-8 s there (docs/benchmarks.md). The per-level sets still sort: the
+# distinct lists need it.
+_FIGURE_READ_SETTINGS = {"enable_sort": "off"}
 _LEVEL_SUMS = (
     "min(first_hour) AS first_hour, max(last_hour) AS last_hour, sum(seconds) AS seconds, "
     "sum(share_gpu_s) AS share_gpu_s, sum(charge) AS charge, sum(idle_share) AS idle_share, "
@@ -419,7 +425,7 @@ def list_figure_rows(
     names = [f.name for f in dataclasses.fields(FigureRow) if f.name not in ("level", "keys", "containers", "sla_tiers")]
     out: list[FigureRow] = []
     pod_instances: dict[str, int] = defaultdict(int)
-    with period_read_cursor() as cur:
+    with period_read_cursor(_FIGURE_READ_SETTINGS) as cur:
         cur.execute(sql, params)
         for raw in cur.fetchall():
             row = dict(zip([c[0] for c in cur.description], raw, strict=True))
