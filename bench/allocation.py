@@ -64,8 +64,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def add_workload_meta(first_seen: datetime) -> int:
-    """One WorkloadMeta row per pod instance of the usage ledger: a controller per pod name, an `app`
-    label on 3 pods of 4, and a request for every container the pod ran."""
+    """One WorkloadMeta row per pod instance and node of the usage ledger (the metadata's key since
+    nodes speak only for their own pods): a controller per pod name, an `app` label on 3 pods of 4,
+    and a request for every container the pod ran."""
     from django.db import connection
 
     from billing.ledger.models import WorkloadMeta
@@ -73,13 +74,13 @@ def add_workload_meta(first_seen: datetime) -> int:
     table = WorkloadMeta._meta.db_table
     with connection.cursor() as cur:
         cur.execute(
-            f"INSERT INTO {table} (namespace, pod, pod_uid, controller_kind, controller_name, labels, requests, "  # noqa: S608 - the model's own table name; values are fixed
-            "first_seen, last_seen) SELECT namespace, pod, pod_uid, 'deployment', split_part(pod, '-', 1), "
+            f"INSERT INTO {table} (node_id, namespace, pod, pod_uid, controller_kind, controller_name, labels, requests, "  # noqa: S608 - the model's own table name; values are fixed
+            "first_seen, last_seen) SELECT node_id, namespace, pod, pod_uid, 'deployment', split_part(pod, '-', 1), "
             "CASE WHEN abs(hashtext(pod_uid)) %% 4 = 0 THEN '{}'::jsonb "
             "ELSE jsonb_build_object('app', 'app-' || (abs(hashtext(pod)) %% 12)) END, "
             "jsonb_object_agg(container, jsonb_build_object('mem_mb', 8192, 'sm', 20)), %s, %s "
-            "FROM (SELECT DISTINCT namespace, pod, pod_uid, container FROM billing_usageday) p "
-            "GROUP BY namespace, pod, pod_uid ON CONFLICT DO NOTHING", [first_seen, first_seen])
+            "FROM (SELECT DISTINCT node_id, namespace, pod, pod_uid, container FROM billing_usageday) p "
+            "GROUP BY node_id, namespace, pod, pod_uid ON CONFLICT DO NOTHING", [first_seen, first_seen])
         count = cur.rowcount
         cur.execute(f"ANALYZE {table}")
     return int(count)

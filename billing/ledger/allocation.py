@@ -18,6 +18,8 @@ calendar months alike. Every statement is one pass over the window's rows.
 from __future__ import annotations
 
 import dataclasses
+import re
+from collections import defaultdict
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -40,6 +42,7 @@ __all__ = [
     "UNALLOCATED",
     "AllOf",
     "AnyOf",
+    "FigureRows",
     "FilterTree",
     "IdleRow",
     "Match",
@@ -275,47 +278,99 @@ def list_usage_groups(
 # The pod instance is a grouping the figures need (two instances of a StatefulSet's pod share a
 # name); the allocation API has no such key, so it is not one of GROUP_KEYS.
 _FIGURE_KEY_SQL = {**_KEY_SQL, "pod_uid": "u.pod_uid"}
+_POD_LEVEL = FIGURE_LEVELS.index("pod") + 1
+
+# The figure read aggregates in two steps. First the period's usage rows per leaf (every key of
+# every level asked, and the container), with nothing but sums, mins and flags; then the leaves per
+# level (GROUPING SETS), where the sorts of each set and the distinct lists of containers and tiers
+# meet one row per leaf instead of one per usage row (a pod's days or hours).
+# Sums of numeric are exact, so summing sums gives Postgres' own figures to the last digit; a
+# figure unknown in any row (a request, an energy price) stays unknown through a flag per leaf.
+_LEAF_SUMS = (
+    "min(u.{first}) AS first_hour, max(u.{last}) AS last_hour, "
+    "sum(u.seconds) AS seconds, sum(u.share_gpu_s) AS share_gpu_s, sum(u.charge) AS charge, "
+    "sum(u.idle_share) AS idle_share, sum(u.mem_used_mb_s) AS mem_used_mb_s, "
+    "sum(u.mem_granted_mb_s) AS mem_granted_mb_s, sum(u.sm_used_s) AS sm_used_s, sum(u.sm_granted_s) AS sm_granted_s, "
+    "bool_and({mem_req} IS NOT NULL) AS mem_req_known, sum({mem_req}) AS mem_req, "
+    "bool_and({sm_req} IS NOT NULL) AS sm_req_known, sum({sm_req}) AS sm_req, "
+    "sum(u.mem_billed_mb_s) AS mem_billed_mb_s, sum(u.sm_billed_s) AS sm_billed_s, "
+    "sum(u.mem_billed_mb_s / nullif(gp.memory_mb, 0)) AS mem_billed_card_s, "
+    "sum(u.mem_used_mb_s / nullif(gp.memory_mb, 0)) AS mem_used_card_s, "
+    "sum(u.sm_billed_s / nullif(gp.sm_count, 0)) AS sm_billed_card_s, "
+    "sum(u.sm_used_s / nullif(gp.sm_count, 0)) AS sm_used_card_s, sum(u.energy_j) AS energy_j, "
+    # billing.ledger.energy's known sums, split: the flag and the sum, recombined per level.
+    "bool_and(u.energy_j = 0 OR er.price_per_kwh IS NOT NULL) AS cost_known, "
+    "sum(u.energy_j * coalesce(er.price_per_kwh, 0)) AS energy_cost_jp, "
+    "bool_and(u.energy_j = 0 OR er.co2e_kg_per_kwh IS NOT NULL) AS co2e_known, "
+    "sum(u.energy_j * coalesce(er.co2e_kg_per_kwh, 0)) AS co2e_jkg"
+)
+_LEAF_COLUMNS = ("container", *re.findall(r" AS (\w+)", _LEAF_SUMS))
+# The planner takes every usage row for a leaf of its own (it cannot know a pod spans days) and
+# sorts them all to group them, on disk: at 1,000 GPUs x 16 workloads 150 MB, 8 s of the month's
+# 20 s statement. Hashing them (the leaves fit in memory: a row per pod instance and container) took
+# the statement from 12-18 s to 7-8 s there (docs/benchmarks.md). The per-level sets still sort: the
+# distinct lists need it.
+_FIGURE_READ_SETTINGS = {"enable_sort": "off"}
+_LEVEL_SUMS = (
+    "min(first_hour) AS first_hour, max(last_hour) AS last_hour, sum(seconds) AS seconds, "
+    "sum(share_gpu_s) AS share_gpu_s, sum(charge) AS charge, sum(idle_share) AS idle_share, "
+    "sum(mem_used_mb_s) AS mem_used_mb_s, sum(mem_granted_mb_s) AS mem_granted_mb_s, sum(sm_used_s) AS sm_used_s, "
+    "sum(sm_granted_s) AS sm_granted_s, "
+    "CASE WHEN bool_and(mem_req_known) THEN sum(mem_req) END AS mem_requested_mb_s, "
+    "CASE WHEN bool_and(sm_req_known) THEN sum(sm_req) END AS sm_requested_s, "
+    "sum(mem_billed_mb_s) AS mem_billed_mb_s, sum(sm_billed_s) AS sm_billed_s, "
+    "coalesce(sum(mem_billed_card_s), 0) AS mem_billed_card_s, coalesce(sum(mem_used_card_s), 0) AS mem_used_card_s, "
+    "coalesce(sum(sm_billed_card_s), 0) AS sm_billed_card_s, coalesce(sum(sm_used_card_s), 0) AS sm_used_card_s, "
+    "sum(energy_j) AS energy_j, CASE WHEN bool_and(cost_known) THEN sum(energy_cost_jp) END AS energy_cost_jp, "
+    "CASE WHEN bool_and(co2e_known) THEN sum(co2e_jkg) END AS co2e_jkg"
+)
+
+
+@dataclass(frozen=True)
+class FigureRows:
+    """list_figure_rows' answer: the rows, and with `top_pods` the pod instances each tenant has
+    (its tree then holds only some of them)."""
+
+    rows: list[FigureRow]
+    pod_instances: dict[str, int]
 
 
 def list_figure_rows(
     *, start: datetime, end: datetime, depth: int, filters: Mapping[str, Sequence[str]],
-    tenants: Collection[str] | None,
-) -> list[FigureRow]:
+    tenants: Collection[str] | None, top_pods: int | None = None, top_order: Sequence[str] = (),
+) -> FigureRows:
     """Usage of [start, end) of `tenants` (None: all) matching every filter (key -> allowed values),
     summed per invoice line (tenant, GPU model, SLA tier) and per node of each tenant's tree down
-    to FIGURE_LEVELS[depth - 1], in one pass (GROUPING SETS): every level's sums are Postgres',
-    exact. Unordered."""
+    to FIGURE_LEVELS[depth - 1], in one statement (GROUPING SETS): every level's sums are Postgres',
+    exact. Unordered.
+
+    With `top_pods` (depth: the pod instance) the tree holds the `top_pods` costliest pod instances
+    (by cost, then by the keys of `top_order`, default the path, in code-point order: as the page
+    ranks them) and only what their shown figures are apportioned among: the pods of their
+    controllers and every instance of their pods' names, not the period's every pod (the dashboard
+    shows ten; a month of 1,000 GPUs runs ~100k). The levels above are whole, and each tenant's
+    count of pod instances comes with it. Other nodes of those levels are partial: their figures
+    are not to be shown."""
     if not 1 <= depth <= len(FIGURE_LEVELS):
         raise ValueError(f"depth must be 1..{len(FIGURE_LEVELS)}")
+    if top_pods is not None and depth != FIGURE_LEVELS.index("pod_uid") + 1:
+        raise ValueError("top_pods needs the tree down to pod instances")
     ledger = set_ledger(start, end, None)
     params: dict[str, Any] = {"start": start, "end": end, "tenants": None if tenants is None else sorted(tenants)}
     where = _filters_sql(filters, params, _key_sql)
     path = ["tenant", *(k for level in FIGURE_LEVELS[:depth] for k in (("node", "gpu") if level == "gpu" else (level,)))]
     columns = ["tenant", "gpu_model", "sla_tier", *path[1:]]
     expr = {k: _FIGURE_KEY_SQL[k] for k in columns} | {"gpu_model": "coalesce(g.gpu_model, '')"}
+    k = {name: f"k_{i}" for i, name in enumerate(columns)}
     sets: list[tuple[str, ...]] = [("tenant", "gpu_model", "sla_tier")]
     sets += [tuple(path[: i + 1]) for i in range(1, len(path)) if path[i] != "node"]
-    grouping_sets = ", ".join("(" + ", ".join(expr[k] for k in one) + ")" for one in sets)
-    mem_req, sm_req = requested_sql("mem_mb"), requested_sql("sm")
-    sql = (
-        f"SELECT GROUPING({', '.join(expr[k] for k in columns)}) AS mask, "
-        + ", ".join(f"({expr[k]})::text AS k_{i}" for i, k in enumerate(columns)) + ", "
-        # Names order as Python orders str (code points: "C"), whatever the database's collation.
-        'array_agg(DISTINCT u.container COLLATE "C" ORDER BY u.container COLLATE "C") AS containers, '
-        'array_agg(DISTINCT u.sla_tier COLLATE "C" ORDER BY u.sla_tier COLLATE "C") AS sla_tiers, '
-        f"min(u.{ledger.first_hour}) AS first_hour, max(u.{ledger.last_hour}) AS last_hour, "
-        "sum(u.seconds) AS seconds, sum(u.share_gpu_s) AS share_gpu_s, sum(u.charge) AS charge, "
-        "sum(u.idle_share) AS idle_share, sum(u.mem_used_mb_s) AS mem_used_mb_s, "
-        "sum(u.mem_granted_mb_s) AS mem_granted_mb_s, sum(u.sm_used_s) AS sm_used_s, sum(u.sm_granted_s) AS sm_granted_s, "
-        f"CASE WHEN bool_and({mem_req} IS NOT NULL) THEN sum({mem_req}) END AS mem_requested_mb_s, "
-        f"CASE WHEN bool_and({sm_req} IS NOT NULL) THEN sum({sm_req}) END AS sm_requested_s, "
-        "sum(u.mem_billed_mb_s) AS mem_billed_mb_s, sum(u.sm_billed_s) AS sm_billed_s, "
-        "coalesce(sum(u.mem_billed_mb_s / nullif(gp.memory_mb, 0)), 0) AS mem_billed_card_s, "
-        "coalesce(sum(u.mem_used_mb_s / nullif(gp.memory_mb, 0)), 0) AS mem_used_card_s, "
-        "coalesce(sum(u.sm_billed_s / nullif(gp.sm_count, 0)), 0) AS sm_billed_card_s, "
-        "coalesce(sum(u.sm_used_s / nullif(gp.sm_count, 0)), 0) AS sm_used_card_s, sum(u.energy_j) AS energy_j, "
-        f"{energy_cost_sql()} AS energy_cost_jp, {co2e_sql()} AS co2e_jkg "
-        f"FROM {ledger.usage_table} u JOIN {_NODE} n ON n.id = u.node_id{energy_rate_join('u', ledger.at)}"
+    grouping_sets = ", ".join("(" + ", ".join(k[c] for c in one) + ")" for one in sets)
+    key_list = ", ".join(k.values())
+    leaf = (
+        f"SELECT {', '.join(f'({expr[c]})::text AS {k[c]}' for c in columns)}, u.container::text AS container, "  # noqa: S608 - fixed SQL
+        + _LEAF_SUMS.format(first=ledger.first_hour, last=ledger.last_hour, mem_req=requested_sql("mem_mb"),
+                            sm_req=requested_sql("sm"))
+        + f" FROM {ledger.usage_table} u JOIN {_NODE} n ON n.id = u.node_id{energy_rate_join('u', ledger.at)}"
         f"LEFT JOIN {_GPU} gp ON gp.uuid = u.gpu_uuid "
         # Left: a usage row always has its GPU row (the rollup writes both), but a model is only a line's name.
         f"LEFT JOIN {ledger.gpu_table} g ON g.node_id = u.node_id AND g.gpu_uuid = u.gpu_uuid AND g.{ledger.at} = u.{ledger.at} "
@@ -324,25 +379,63 @@ def list_figure_rows(
         "AND m.pod_uid = u.pod_uid "
         f"WHERE u.{ledger.at} >= %(start)s AND u.{ledger.at} < %(end)s "
         "AND (%(tenants)s::text[] IS NULL OR u.tenant = ANY(%(tenants)s::text[]))"
-        f"{where} GROUP BY GROUPING SETS ({grouping_sets})"
+        f"{where} GROUP BY {key_list}, container"
+    )
+    top, source, having, count = "", "leaf", "", ""
+    if top_pods is not None:
+        params["top"] = top_pods
+        uid_keys = [k[c] for c in path]
+        pod, uid = uid_keys[_POD_LEVEL], uid_keys[_POD_LEVEL + 1]
+        controller_keys = uid_keys[:_POD_LEVEL]
+        # A pod's name, across controllers: the pages tell its instances apart by it.
+        name_keys = [k[c] for c in path if c in ("tenant", "namespace", "pod")]
+        ranked = ", ".join(f'{k[c]} COLLATE "C"' for c in top_order or path)
+        top = (f", top AS MATERIALIZED (SELECT {', '.join(uid_keys)} FROM leaf "  # noqa: S608 - fixed SQL
+               f"GROUP BY {', '.join(uid_keys)} ORDER BY sum(charge) + sum(idle_share) DESC, {ranked} LIMIT %(top)s)")
+        # A pod is kept in the controllers of the top pod instances (its figure is apportioned among
+        # them), a pod instance (and its pod) where a top one's pod name is; elsewhere the key is NULL
+        # and HAVING drops its group (no key of the ledger is NULL). A pod instance's first leaf
+        # counts it, in its namespace's row (that level is whole).
+        kept = {pod: f"CASE WHEN c.hit OR p.hit THEN leaf.{pod} END AS {pod}",
+                uid: f"CASE WHEN p.hit THEN leaf.{uid} END AS {uid}"}
+        source = (
+            f"(SELECT {', '.join(kept.get(c, f'leaf.{c}') for c in k.values())}, "  # noqa: S608 - fixed SQL
+            f"{', '.join(f'leaf.{c}' for c in _LEAF_COLUMNS)}, "
+            f"row_number() OVER (PARTITION BY {', '.join(f'leaf.{c}' for c in uid_keys)}) = 1 AS pod_first FROM leaf "
+            f"LEFT JOIN (SELECT DISTINCT {', '.join(controller_keys)}, true AS hit FROM top) c "
+            f"USING ({', '.join(controller_keys)}) "
+            f"LEFT JOIN (SELECT DISTINCT {', '.join(name_keys)}, true AS hit FROM top) p USING ({', '.join(name_keys)})) s"
+        )
+        having = (f" HAVING (GROUPING({pod}) = 1 OR {pod} IS NOT NULL) "
+                  f"AND (GROUPING({uid}) = 1 OR {uid} IS NOT NULL)")
+        count = ", count(*) FILTER (WHERE pod_first) AS pod_instances"
+    sql = (
+        f"WITH leaf AS MATERIALIZED ({leaf}){top} "  # noqa: S608 - fixed SQL; values are parameters
+        f"SELECT GROUPING({key_list}) AS mask, {key_list}, "
+        # Names order as Python orders str (code points: "C"), whatever the database's collation.
+        'array_agg(DISTINCT container COLLATE "C" ORDER BY container COLLATE "C") AS containers, '
+        f'array_agg(DISTINCT {k["sla_tier"]} COLLATE "C" ORDER BY {k["sla_tier"]} COLLATE "C") AS sla_tiers, '
+        f"{_LEVEL_SUMS}{count} FROM {source} GROUP BY GROUPING SETS ({grouping_sets}){having}"
     )
     # GROUPING's mask has a bit set for each column the row is not grouped by (the first column
     # the highest bit): a set's mask names its level.
     width = len(columns)
-    levels = {sum(1 << (width - 1 - i) for i, k in enumerate(columns) if k not in one): n
+    levels = {sum(1 << (width - 1 - i) for i, c in enumerate(columns) if c not in one): n
               for n, one in enumerate(sets)}
-    with period_read_cursor() as cur:
+    names = [f.name for f in dataclasses.fields(FigureRow) if f.name not in ("level", "keys", "containers", "sla_tiers")]
+    out: list[FigureRow] = []
+    pod_instances: dict[str, int] = defaultdict(int)
+    with period_read_cursor(_FIGURE_READ_SETTINGS) as cur:
         cur.execute(sql, params)
-        names = [c[0] for c in cur.description]
-        out = []
         for raw in cur.fetchall():
-            row = dict(zip(names, raw, strict=True))
+            row = dict(zip([c[0] for c in cur.description], raw, strict=True))
             level = levels[row["mask"]]
-            keys = tuple(row[f"k_{i}"] for i, k in enumerate(columns) if k in sets[level])
-            values = {f.name: row[f.name] for f in dataclasses.fields(FigureRow) if f.name not in ("level", "keys")}
-            values.update(containers=tuple(row["containers"]), sla_tiers=tuple(row["sla_tiers"]))
-            out.append(FigureRow(level=level, keys=keys, **values))
-    return out
+            if top_pods is not None and level == 1:
+                pod_instances[row["k_0"]] += row["pod_instances"]
+            keys = tuple(row[f"k_{i}"] for i, c in enumerate(columns) if c in sets[level])
+            out.append(FigureRow(level=level, keys=keys, containers=tuple(row["containers"]),
+                                 sla_tiers=tuple(row["sla_tiers"]), **{n: row[n] for n in names}))
+    return FigureRows(out, dict(pod_instances))
 
 
 @dataclass(frozen=True)

@@ -116,15 +116,16 @@ _PERIOD_READ_SETTINGS = {"enable_nestloop": "off", "jit": "off", "work_mem": "32
 
 
 @contextmanager
-def period_read_cursor() -> Iterator[CursorWrapper]:
-    """A cursor under _PERIOD_READ_SETTINGS, for the statements run with it only: put back as they
-    were afterwards, for a transaction that was already open (set_config(..., true) lasts a
-    transaction)."""
+def period_read_cursor(extra: dict[str, str] | None = None) -> Iterator[CursorWrapper]:
+    """A cursor under _PERIOD_READ_SETTINGS (and `extra`, a statement's own), for the statements run
+    with it only: put back as they were afterwards, for a transaction that was already open
+    (set_config(..., true) lasts a transaction)."""
+    settings = {**_PERIOD_READ_SETTINGS, **(extra or {})}
     with transaction.atomic(), connection.cursor() as cur:
-        names = list(_PERIOD_READ_SETTINGS)
+        names = list(settings)
         cur.execute("SELECT " + ", ".join(f"current_setting('{n}')" for n in names))
         before = cur.fetchone()
-        _set_local(cur, dict(_PERIOD_READ_SETTINGS))
+        _set_local(cur, settings)
         yield cur
         _set_local(cur, dict(zip(names, before, strict=True)))
 

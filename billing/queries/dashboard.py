@@ -272,6 +272,8 @@ def _utilisation(start: datetime, end: datetime, granularity: Granularity) -> li
 
 
 def _top_workloads(summary: CostSummary, tree: FigureTree) -> list[WorkloadCost]:
+    """The TOP_WORKLOADS costliest pod instances: the tree holds them and those they are
+    apportioned among (get_cost_summary_and_tree's top_pods), ranked here as the read ranked them."""
     names = {t.tenant: t.name for t in summary.tenants}
     pods = sorted(tree.nodes("pod_uid"), key=lambda n: (-n.exact.cost, n.keys))[:TOP_WORKLOADS]
     out = []
@@ -351,7 +353,7 @@ def get_finance_dashboard(*, scope: Scope, start: datetime, end: datetime, now: 
     in flight and whether the period may be reported on yet; `places`: of the tenants' and workloads' quantities (the CSVs
     ask for more than the page); `trends`: the comparison with the previous period and the months'
     chart (one more read; the CSVs have neither)."""
-    summary, tree = get_cost_summary_and_tree(scope=scope, start=start, end=end, places=places)
+    summary, tree = get_cost_summary_and_tree(scope=scope, start=start, end=end, places=places, top_pods=TOP_WORKLOADS)
     granularity = granularity_for(start, end)
     platform = scope.sees_platform
     now = now or timezone.now()

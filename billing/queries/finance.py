@@ -12,7 +12,7 @@ from decimal import Decimal
 from billing.figures import PAGE_PLACES, FigureTree
 from billing.ledger import totals
 from billing.models import Tenant
-from billing.queries.figures import get_figure_tree
+from billing.queries.figures import get_top_figure_tree
 from billing.scope import Scope
 
 __all__ = ["PAGE_PLACES", "CostSummary", "TenantCost", "get_cost_summary", "get_cost_summary_and_tree"]
@@ -68,15 +68,16 @@ class CostSummary:
 
 
 def get_cost_summary(*, scope: Scope, start: datetime, end: datetime, places: int = PAGE_PLACES) -> CostSummary:
-    return get_cost_summary_and_tree(scope=scope, start=start, end=end, places=places)[0]
+    return get_cost_summary_and_tree(scope=scope, start=start, end=end, places=places, top_pods=0)[0]
 
 
-def get_cost_summary_and_tree(*, scope: Scope, start: datetime, end: datetime,
-                              places: int = PAGE_PLACES) -> tuple[CostSummary, FigureTree]:
-    """The cost summary and the figure tree it was read from, down to pod instances (one pass over
-    the period's usage)."""
+def get_cost_summary_and_tree(*, scope: Scope, start: datetime, end: datetime, places: int = PAGE_PLACES,
+                              top_pods: int) -> tuple[CostSummary, FigureTree]:
+    """The cost summary and the figure tree it was read from (one pass over the period's usage):
+    whole down to controllers, with the pods only where the `top_pods` costliest pod instances
+    are shown from (billing.queries.figures.get_top_figure_tree)."""
     names = dict(Tenant.objects.values_list("slug", "name"))
-    tree = get_figure_tree(scope=scope, start=start, end=end, places=places, depth="pod_uid")
+    tree, pod_instances = get_top_figure_tree(scope=scope, start=start, end=end, places=places, top_pods=top_pods)
     tenants = []
     # Costliest first by the exact figure (two tenants shown alike keep the ledger's order).
     for slug, root in sorted(tree.roots.items(), key=lambda item: (-item[1].exact.cost, item[0])):
@@ -84,7 +85,7 @@ def get_cost_summary_and_tree(*, scope: Scope, start: datetime, end: datetime,
         tenants.append(TenantCost(
             tenant=slug, name=names.get(slug, slug), charge=lines.charge, idle_share=lines.idle_share,
             gpu_hours_equivalent=shown.gpu_hours, mem_used_gb_h=shown.mem_used_gb_h, sm_used_h=shown.sm_used_h,
-            workloads=len(tree.nodes("pod_uid", {"tenant": slug})),
+            workloads=pod_instances.get(slug, 0),
             energy_kwh=shown.energy_kwh, energy_cost=shown.energy_cost, co2e_kg=shown.co2e_kg,
         ))
     attributed = sum((t.total for t in tenants), Decimal(0))

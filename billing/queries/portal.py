@@ -29,7 +29,7 @@ from billing.models import BudgetAction, BudgetScope, RateCard, Tenant
 from billing.money import apportion
 from billing.queries.budgets import BudgetView, list_budgets
 from billing.queries.cost_reasons import CostReasons, get_cost_reasons
-from billing.queries.figures import get_figure_tree
+from billing.queries.figures import get_figure_tree, get_top_figure_tree
 from billing.queries.finance import PAGE_PLACES
 from billing.queries.trends import Comparison, MonthCost, get_comparison_and_months
 from billing.scope import Scope
@@ -264,8 +264,17 @@ def get_tenant_portal(*, scope: Scope, slug: str, start: datetime, end: datetime
     currency = _currency(now)
     budgets = list_budgets(scope=own, now=now, spends={slug: spend})
     budget = next((b for b in budgets if b.scope == BudgetScope.TENANT), None)
-    tree = get_figure_tree(scope=own, start=start, end=end, places=places, depth="pod_uid")
-    workloads = _workloads(tree)
+    # A page lists the costliest few (and charts at most CHART_SERIES): only those are read with what
+    # their figures are apportioned among; a CSV (no limit) reads every one.
+    read = None if workload_limit is None else max(workload_limit, CHART_SERIES)
+    if read is None:
+        tree = get_figure_tree(scope=own, start=start, end=end, places=places, depth="pod_uid")
+        count = len(tree.nodes("pod_uid"))
+    else:
+        tree, counts = get_top_figure_tree(scope=own, start=start, end=end, places=places, top_pods=read,
+                                           top_order=_WORKLOAD_ORDER)
+        count = counts.get(slug, 0)
+    workloads = _workloads(tree, read)
     listed = workloads[:workload_limit]
     if reasons:
         # The listed workloads only: the panel explains what the table shows.
@@ -287,10 +296,11 @@ def get_tenant_portal(*, scope: Scope, slug: str, start: datetime, end: datetime
         month_to_date_shown=spend.month_to_date_shown(currency),
         forecast=spend.forecast, forecast_rate_hours=spend.rate_hours, budget=budget,
         scoped_budgets=tuple(b for b in budgets if b.scope != BudgetScope.TENANT), start=start, end=end,
-        workloads=listed, workload_count=len(workloads),
+        workloads=listed, workload_count=count,
         period_cost=shown.cost if shown else Decimal(0),
         period_quantities={name: getattr(shown, attr) if shown else Decimal(0) for name, attr in _QUANTITIES},
-        daily=_daily(slug, workloads, len(workloads), start=start, end=end, now=now, money_places=tree.money_places),
+        daily=_daily(slug, workloads, count, shown.cost if shown else Decimal(0), start=start, end=end, now=now,
+                     money_places=tree.money_places),
         invoices=tuple(i for i in list_invoices(scope=own, today=now.date()) if i.tenant_slug == slug),
         upcoming=upcoming, upcoming_error=upcoming_error, comparison=comparison, months=months,
         period_energy_cost=shown.energy_cost if shown else None, period_co2e_kg=shown.co2e_kg if shown else None,
@@ -333,14 +343,18 @@ _QUANTITIES = (("gpu_hours_equivalent", "gpu_hours"), ("mem_used_gb_h", "mem_use
                ("energy_kwh", "energy_kwh"))
 
 
-def _workloads(tree: FigureTree) -> tuple[WorkloadUsage, ...]:
-    """Every pod instance of the tree, costliest first (by its exact cost; then by name)."""
-    nodes = sorted(tree.nodes("pod_uid"), key=lambda n: (-n.exact.cost, n.key("namespace"), n.key("pod"),
-                                                         n.key("pod_uid")))
+# Workloads of equal cost order by these (a pod instance's controller last: two nodes may disagree on it).
+_WORKLOAD_ORDER = ("tenant", "namespace", "pod", "pod_uid", "controller")
+
+
+def _workloads(tree: FigureTree, limit: int | None) -> tuple[WorkloadUsage, ...]:
+    """The tree's `limit` costliest pod instances (None: all), costliest first (by exact cost, then
+    _WORKLOAD_ORDER), labelled apart from the tree's other instances of the same pod name."""
+    nodes = sorted(tree.nodes("pod_uid"), key=lambda n: (-n.exact.cost, *(n.key(level) for level in _WORKLOAD_ORDER)))
     same_name: dict[tuple[str, str], int] = {}
     for n in nodes:
         same_name[(n.key("namespace"), n.key("pod"))] = same_name.get((n.key("namespace"), n.key("pod")), 0) + 1
-    return tuple(_workload(tree, n, same_name[(n.key("namespace"), n.key("pod"))]) for n in nodes)
+    return tuple(_workload(tree, n, same_name[(n.key("namespace"), n.key("pod"))]) for n in nodes[:limit])
 
 
 def _workload(tree: FigureTree, node: FigureNode, same_name_instances: int) -> WorkloadUsage:
@@ -365,9 +379,10 @@ def _with_reasons(workloads: tuple[WorkloadUsage, ...],
     return tuple(dataclasses.replace(w, reasons=reasons.get(w.key)) for w in workloads)
 
 
-def _daily(slug: str, workloads: tuple[WorkloadUsage, ...], count: int, *, start: datetime, end: datetime,
-           now: datetime, money_places: int) -> DailyWorkloadSeries:
-    """`workloads`: the costliest first (at least CHART_SERIES of them when there are); `count`: all of them.
+def _daily(slug: str, workloads: tuple[WorkloadUsage, ...], count: int, total: Decimal, *, start: datetime,
+           end: datetime, now: datetime, money_places: int) -> DailyWorkloadSeries:
+    """`workloads`: the costliest first (at least CHART_SERIES of them when there are); `count`: all of
+    them; `total`: the tenant's figure, which its workloads' figures add up to (billing.figures).
     A series' days add up to the figure the workload table shows (the other series: to the sum of the
     figures of the workloads it gathers), as a figure opens into its parts (`_apportion_days`)."""
     # The chart stops at today: days that have not begun are not drawn (nor their zeros).
@@ -391,7 +406,8 @@ def _daily(slug: str, workloads: tuple[WorkloadUsage, ...], count: int, *, start
             continue
         cost[series][d] += r.cost
         mem[series][d] += r.mem_used_mb_s / _MB_PER_GB / _S_PER_H
-    shown = [w.cost for w in top] + ([sum((w.cost for w in workloads[len(top):]), _ZERO)] if has_other else [])
+    # The other series: the figures of the workloads it gathers, which with the top ones make the total.
+    shown = [w.cost for w in top] + ([total - sum((w.cost for w in top), _ZERO)] if has_other else [])
     return DailyWorkloadSeries(
         days=days, names=tuple(w.label for w in top),
         cost=tuple(_apportion_days(figure, days_cost, money_places) for figure, days_cost in zip(shown, cost, strict=True)),

@@ -38,7 +38,7 @@ def read_month_tree(*, start: datetime, end: datetime, places: int) -> FigureTre
     """The figure tree of [start, end) down to the breakdown's level, every tenant, no filters: the
     read the drill-down makes (billing.queries.figures), whose per-tenant figures do not depend on
     the other tenants read with it."""
-    rows = list_figure_rows(start=start, end=end, depth=LEVELS.index(BREAKDOWN_LEVEL), filters={}, tenants=None)
+    rows = list_figure_rows(start=start, end=end, depth=LEVELS.index(BREAKDOWN_LEVEL), filters={}, tenants=None).rows
     return build_tree(rows, currency=get_window_currency(start=start, end=end), places=places)
 
 
