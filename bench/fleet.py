@@ -649,6 +649,8 @@ class IngestRun:
     gunicorn_worker_rss_max: int
     postgres_uss_sum: int  # this database's backends, over the whole run (ingest and rollup)
     machine_busy_s: float | None = None  # every process on the (shared) machine, from /proc/stat
+    window_cpu_s: list[float] = field(default_factory=list)  # the service's CPU seconds (gunicorn + Postgres)
+    window_busy_s: list[float | None] = field(default_factory=list)  # the whole machine's, per window
 
 
 @dataclass(frozen=True)
@@ -745,11 +747,14 @@ class RollupWorkers:
     def pids(self) -> list[int]:
         return [p.pid for p in self._procs if p.pid]
 
-    def roll_up(self) -> None:
-        """Every worker rolls its shard up until nothing is pending; returns when all have."""
+    def roll_up(self) -> float:
+        """Every worker rolls its shard up until nothing is pending; returns when all have, with the
+        CPU seconds the workers used."""
         for q in self._commands:
             q.put(True)
-        self.totals = [total.plus(r.get(timeout=3600)) for total, r in zip(self.totals, self._reports, strict=True)]
+        reports = [r.get(timeout=3600) for r in self._reports]
+        self.totals = [total.plus(r) for total, r in zip(self.totals, reports, strict=True)]
+        return sum(r.cpu_s for r in reports)
 
     def close(self) -> None:
         for q in self._commands:
@@ -767,6 +772,8 @@ class RollupRun:
     max_batches: int
     machine_busy_s: float | None = None  # every process on the (shared) machine, from /proc/stat
     window_s: list[float] = field(default_factory=list)  # wall seconds of each batch window's rollup
+    window_cpu_s: list[float] = field(default_factory=list)  # the service's CPU seconds (workers + Postgres)
+    window_busy_s: list[float | None] = field(default_factory=list)  # the whole machine's, per window
 
 
 @dataclass
@@ -779,10 +786,14 @@ class _Phase:
     client: float = 0.0
     busy: float | None = 0.0
     windows: list[float] = field(default_factory=list)
+    window_cpu: list[float] = field(default_factory=list)  # the service's CPU seconds in each window
+    window_busy: list[float | None] = field(default_factory=list)  # the whole machine's busy CPU seconds
 
-    def add(self, wall: float, cpu: CpuUse) -> None:
+    def add(self, wall: float, cpu: CpuUse, service_cpu: float) -> None:
         self.wall += wall
         self.windows.append(wall)
+        self.window_cpu.append(service_cpu)
+        self.window_busy.append(cpu.busy)
         self.gunicorn += cpu.gunicorn
         self.postgres += cpu.postgres or 0.0
         self.client += cpu.client
@@ -809,12 +820,15 @@ def run_fleet(env: dict[str, str], database: str, tokens: dict[str, str], batche
                     before, started = CpuSnapshot.take(database, server.proc.pid), time.perf_counter()
                     results += ingest_window(server.port, work)
                     middle, ingested = CpuSnapshot.take(database, server.proc.pid), time.perf_counter()
-                    pool.roll_up()
+                    workers_cpu = pool.roll_up()
                     after, rolled = CpuSnapshot.take(database, server.proc.pid), time.perf_counter()
-                    ingest.add(ingested - started, CpuUse.between(before, middle))
-                    roll.add(rolled - ingested, CpuUse.between(middle, after))
-                    log(f"  window {window + 1}/{shape.windows}: ingest {ingested - started:.1f} s, "
-                        f"rollup {rolled - ingested:.1f} s")
+                    cpu = CpuUse.between(before, middle)
+                    ingest.add(ingested - started, cpu, cpu.gunicorn + (cpu.postgres or 0.0))
+                    cpu = CpuUse.between(middle, after)
+                    roll.add(rolled - ingested, cpu, workers_cpu + (cpu.postgres or 0.0))
+                    log(f"  window {window + 1}/{shape.windows}: ingest {ingested - started:.1f} s "
+                        f"({ingest.window_cpu[-1]:.1f} CPU s), rollup {rolled - ingested:.1f} s "
+                        f"({roll.window_cpu[-1]:.1f} CPU s)")
                 memory.sample()
         finally:
             pool.close()
@@ -830,10 +844,11 @@ def run_fleet(env: dict[str, str], database: str, tokens: dict[str, str], batche
         gunicorn_worker_rss_max=max((v for pid, v in memory.max_rss.items()
                                      if pid != server.proc.pid and pid not in rollup_pids), default=0),
         postgres_uss_sum=memory.pg_uss_total, machine_busy_s=ingest.busy,
+        window_cpu_s=ingest.window_cpu, window_busy_s=ingest.window_busy,
     )
     totals = pool.totals
     rollup_run = RollupRun(roll.wall, totals, sum(w.cpu_s for w in totals), roll.postgres, max_batches, roll.busy,
-                           roll.windows)
+                           roll.windows, roll.window_cpu, roll.window_busy)
     return ingest_run, rollup_run
 
 
@@ -1273,13 +1288,20 @@ def speed_table(report: Report) -> str:
 
 
 def steady_table(report: Report) -> str:
-    """The headline setting's wall seconds of each batch window's ingest and rollup:
-    flat after the first window or two is the steady state the per-1,000 figures need."""
-    s = report.settings[0]
-    rows = [f"| batch window ({report.shape['batch_seconds']} s of fleet time) | ingest s | rollup s | ingest + rollup, "
-            "x real time |", "|---:|---:|---:|---:|"]
-    rows.extend(f"| {k + 1} | {i:.1f} | {r:.1f} | {report.shape['batch_seconds'] / (i + r):.2f} |"
-                for k, (i, r) in enumerate(zip(s.ingest.window_s, s.rollup.window_s, strict=True)))
+    """The headline setting's wall and CPU seconds of each batch window's ingest and rollup. Flat CPU
+    after the first window is the steady state the per-1,000 figures need; wall seconds that move
+    while the CPU does not are the shared machine's other work (its busy cores say how much)."""
+    s, batch_s = report.settings[0], report.shape["batch_seconds"]
+    rows = [f"| batch window ({batch_s} s of fleet time) | ingest: wall s | CPU s | rollup: wall s | CPU s "
+            "| busy cores of the whole machine, ingest / rollup | ingest + rollup, x real time |",
+            "|---:|---:|---:|---:|---:|---:|---:|"]
+    ingest, rollup = s.ingest, s.rollup
+    for k in range(len(ingest.window_s)):
+        busy = " / ".join("n/a" if b is None else f"{b / wall:.2f}"
+                          for b, wall in ((ingest.window_busy_s[k], ingest.window_s[k]),
+                                          (rollup.window_busy_s[k], rollup.window_s[k])))
+        rows.append(f"| {k + 1} | {ingest.window_s[k]:.1f} | {ingest.window_cpu_s[k]:.1f} | {rollup.window_s[k]:.1f} "
+                    f"| {rollup.window_cpu_s[k]:.1f} | {busy} | {batch_s / (ingest.window_s[k] + rollup.window_s[k]):.2f} |")
     return "\n".join(rows)
 
 
@@ -1421,7 +1443,8 @@ def tables(report: Report) -> str:
     plan_source = ("measured at this size (the per-1,000 figures x 10)" if measured
                    else "scaled from this run (linear in GPUs)")
     return (f"Speed (fleet time is {fleet_seconds(report)} s; \"x real time\" is fleet seconds per wall second):\n\n"
-            f"{speed_table(report)}\n\nSteady state: wall seconds of each batch window's ingest and rollup, "
+            f"{speed_table(report)}\n\nSteady state: wall and CPU seconds (the service's: gunicorn or rollup workers, and Postgres) of "
+            f"each batch window's ingest and rollup, "
             f"{report.settings[0].meter_ms} ms setting:\n\n{steady_table(report)}\n\n"
             f"Cores per 1,000 GPUs (CPU seconds per second of fleet time, scaled from "
             f"{report.shape['gpus']:,} GPUs):\n\n{cores_table(report)}\n\nDisk per GPU-day and per 1,000 GPUs a day: "
