@@ -1328,8 +1328,8 @@ def cores_table(report: Report) -> str:
         busy = " / ".join("n/a" if b is None else f"{b / wall:.2f}"
                           for b, wall in ((s.ingest.machine_busy_s, s.ingest.wall_s),
                                           (s.rollup.machine_busy_s, s.rollup.wall_s)))
-        rows.append(f"| {s.meter_ms} ms | " + " | ".join(f"{cores(report, x):.2f}" for x in parts)
-                    + f" | **{cores(report, sum(parts)):.2f}** | {cores(report, s.ingest.cpu_client_s):.2f} | {busy} |")
+        rows.append(f"| {s.meter_ms} ms | " + " | ".join(f"{cores(report, x):.3f}" for x in parts)
+                    + f" | **{cores(report, sum(parts)):.3f}** | {cores(report, s.ingest.cpu_client_s):.3f} | {busy} |")
     return "\n".join(rows)
 
 
@@ -1481,7 +1481,7 @@ same Postgres server during the run; compare ratios within the run):
 
 {machine}
 
-Fleet: {sh['gpus']} A100-80GB GPUs on {-(-sh['gpus'] // sh['gpus_per_node'])} nodes of {sh['gpus_per_node']},
+Fleet: {sh['gpus']:,} A100-80GB GPUs on {-(-sh['gpus'] // sh['gpus_per_node']):,} nodes of {sh['gpus_per_node']},
 {sh['workloads_per_gpu']} workloads per GPU, {sh['seconds'] // 60} simulated minutes, one wire {report.wire} batch
 per node per {sh['batch_seconds']} s; {report.rollup_workers[0]} rollup worker process(es) in the headline rows. The load and what each
 column means: `bench/fleet.py`'s docstring and `bench/README.md`; what the numbers mean for
