@@ -63,7 +63,7 @@ def test_fleet_benchmark_accounts_for_every_sample_and_cent_at_each_meter_width(
         # Every batch window's ingest and rollup was timed (the steady-state table).
         for run in (ingest, s["rollup"]):
             assert len(run["window_s"]) == len(run["window_cpu_s"]) == fleet_seconds // BATCH_S
-            assert min(run["window_cpu_s"]) > 0
+            assert sum(run["window_cpu_s"]) > 0  # /proc counts 10 ms ticks: a tiny window may read 0
         assert acc["pending_batches"] == acc["quarantined_batches"] == 0
         # Money reconciles: Σ charges + idle = Σ card cost = price x every GPU-second of the run.
         assert acc["gpu_seconds"] == GPUS * fleet_seconds
