@@ -1,10 +1,10 @@
-"""Fleet-scale benchmark (docs/scaling.md): a synthetic fleet, run faster than real time through
+"""Fleet-scale benchmark (docs/scaling.md): a synthetic fleet, sending what agents send, through
 HTTP ingest (gunicorn), the rollup (N worker processes) and a few pages, reported per 1,000 GPUs
-in cores, disk and memory, for 1-second samples and coarser metering, with what coarser metering
-costs in billing precision.
+in cores, disk and memory, and as wall seconds per fleet minute (the steady state); optionally
+with coarser metering and what it costs in billing precision.
 
     python bench/fleet.py [--gpus 200] [--gpus-per-node 8] [--workloads-per-gpu 16] [--minutes 10]
-                          [--meter-ms 1000 5000 15000 60000] [--batch-seconds 60] [--agents 4]
+                          [--meter-ms 1000 [5000 ...]] [--wire v2|v1] [--batch-seconds 60] [--agents 4]
                           [--gunicorn-workers 3] [--rollup-workers 1 [2 ...]] [--rollup-batches N]
                           [--parallel-query] [--page-runs 3] [--seed 14] [--db-name NAME] [--keep-db]
                           [--json-out FILE] [--from-json FILE] [--write-docs]
@@ -23,45 +23,69 @@ a granted share of the card that the allocator re-grants now and then (a new lev
 minutes, 1-5 s, 1.2-1.5 x the grant: what the watchdog's grace period or dry-run enforcement lets
 through). Σ granted stays under 0.66 of a card and Σ used under 0.99, so every batch is valid.
 
-Metering. `--meter-ms M` is the agent's own option (agents/__main__.py `run --meter-ms`,
-AgentConfig.meter_ms: the width of one usage sample, whole seconds from 1000 to 60000). The same
-1-second series is integrated into M/1000-second samples exactly as the agent's meter does:
-integrals add, so a coarse sample is the sum of its seconds. Batches are the agent's: one per node
-per --batch-seconds window (AgentConfig.batch_seconds, default 60), every GPU of the node in it,
-samples ordered by (start, gpu), compact JSON, gzip. Every body is built before timing.
+Each node's series are drawn on their own, seeded by (--seed, node), so a fleet of any size is built
+one node at a time.
 
-Per meter setting, in order:
+Metering and the wire. `--meter-ms M` is the agent's own option (agents/__main__.py `run
+--meter-ms`, AgentConfig.meter_ms: the width of one usage sample, whole seconds from 1000 to
+60000). The 1-second series is integrated into M/1000-second samples exactly as the agent's meter
+does: integrals add, so a coarse sample is the sum of its seconds. Batches are the agent's: one
+per node per --batch-seconds window (AgentConfig.batch_seconds, default 60), every GPU of the node
+in it, rendered by the agent's own agents.batch.render_batch from agents.batch.Sample objects and
+gzipped as its spool does. `--wire` is the agent's option too: v2 (its default, docs/protocol.md)
+sends one window per workload, GPU and UTC minute, the integrals of its samples (agents.batch
+windows_of), v1 every sample. Every body is built before timing, on a process per core.
+
+With v2 the meter no longer changes what the service does: a window carries the same integrals of
+used and granted memory, SM·s and PCIe whatever the meter (exact sums of the same 1/1024 quanta),
+one row per workload-minute. What a coarser meter changes is the `max` basis' billed integral, Σ
+per sample of max(used, granted), which a wider sample lowers when a burst above the grant is
+absorbed by the rest of the sample's headroom; so the default is --meter-ms 1000 alone, and more
+widths (--meter-ms 1000 5000 ...) add a precision table against the first.
+
+Per meter setting, batch window by batch window (as a steady fleet runs: every node uploads the
+window's batch, and the rollup, a beat cycle behind, rolls up what is pending), faster than real
+time where the machine allows, with gunicorn and the rollup workers running through all windows:
 1. ingest: gunicorn (config.wsgi, sync workers, the product's gunicorn.conf.py) on loopback;
-   --agents client threads post the nodes' batches in time order as fast as answered. CPU of the
+   --agents client threads post every node's batch of the window as fast as answered. CPU of the
    gunicorn tree, this database's Postgres backends (+ auxiliaries) and the client, from /proc.
    Parallel query is off (PGOPTIONS) unless --parallel-query: a parallel worker's CPU cannot be
    attributed to this database and leaves /proc with the worker.
-2. rollup: --rollup-workers N processes, each with its own connection, call
+2. rollup: then --rollup-workers N processes, each with its own connection kept for the run, call
    billing.ledger.rollup.rollup_usage(now=..., shard=k, shards=N, max_batches=--rollup-batches),
    as the service's shard tasks do, until nothing of their shard is pending. A call answered
    skipped=True (a node of it was held by another session) sleeps 0.2 s and tries again; such
-   calls are counted and reported. Default --rollup-batches: what one
-   beat cycle (VGPU_ROLLUP_EVERY_S, 15 s) finds when nodes upload evenly. With several counts
-   (--rollup-workers 1 2) the 1-second setting is rolled up once per count, each time from a copy
-   of the database taken after ingest; the first count's run is the headline.
-3. checks: every batch rolled up, none quarantined; samples accepted x seconds = seconds in the
-   minute ledger; per GPU-day Σ charges + idle = card cost; card cost = price x GPU-seconds.
-4. disk: pg_total_relation_size (indexes and TOAST included, summed over partitions) of raw
-   samples, batches, batch GPUs and the minute, hour and day ledgers, the last five after VACUUM
-   FULL (the rollup's rewrites leave dead rows a short run has not vacuumed); WAL from
+   calls are counted and reported. Default --rollup-batches: the service's VGPU_ROLLUP_MAX_BATCHES.
+   Ingest and rollup never overlap, so each one's CPU is measured alone. With several counts
+   (--rollup-workers 1 2) the 1-second setting runs once per count, each from a fresh copy of the
+   template; the first count's run is the headline, the others' rollups are compared with it.
+3. checks: every batch rolled up, none quarantined; samples (v1) or windows (v2) sent = accepted;
+   their workload-seconds = every workload's seconds of the run = seconds in the minute and day
+   ledgers; Σ of every integral in the minute ledger (used, granted, billed memory and SM·s, PCIe)
+   = the metered series summed in 1/1024 units, exactly; per GPU-day Σ charges + idle = card cost;
+   card cost = price x GPU-seconds.
+4. disk: pg_total_relation_size (indexes and TOAST included, summed over partitions) of the
+   integral rows ingest writes (the raw table: one row per batch, workload, GPU and minute, v1
+   samples summed per minute at ingest), batches, batch GPUs and the minute, hour and day
+   ledgers, the last five as a fresh copy of their live rows (compact_bytes: what VACUUM FULL
+   leaves; the rollup's rewrites leave dead rows a short run has not vacuumed); WAL from
    pg_current_wal_lsn() around ingest + rollup (cluster-wide: on a shared server it includes other
    databases' writes, so it is an upper bound).
 5. memory: the largest RSS of a gunicorn worker and of a rollup worker, and the private memory (USS)
-   of this database's Postgres backends, sampled every 0.5 s (psutil); shared_buffers apart.
+   of this database's Postgres backends, sampled every 0.5 s (psutil) through the whole run;
+   shared_buffers apart.
 6. pages: /finance/, /tenants/, the biggest tenant's portal and /invoices/ through Django's test
    client (median of --page-runs after one warm-up).
-7. precision: each workload's charge (and billed MB·s, SM·s) from the day ledger, compared with
-   the 1-second setting of the same load.
+7. precision (with more than one --meter-ms): each workload's charge (and billed MB·s, SM·s) from
+   the day ledger, compared with the 1-second setting of the same load.
+8. steady state: wall seconds of each batch window's ingest and rollup. The first window pays for
+   cold caches and the first claim of every GPU; later ones should be flat.
 
 Per 1,000 GPUs: CPU seconds per second of fleet time x 1000 / --gpus (the cores a fleet of 1,000
 such GPUs keeps busy); bytes per GPU-day = bytes per row x rows per GPU-day of a steady fleet (a
 run of minutes already holds whole hour and day rows, so bytes do not scale with its length); WAL
-bytes x 86400 / (GPUs x fleet seconds). A plan table scales it all to PLAN_GPUS GPUs.
+bytes x 86400 / (GPUs x fleet seconds). A plan table scales it all to PLAN_GPUS GPUs (measured,
+not extrapolated, when --gpus is PLAN_GPUS).
 
 A benchmark is not a test: it reports numbers and never fails on speed. It fails (exit 1) when
 the ledger does not account for what was sent, because then its numbers mean nothing.
@@ -90,7 +114,6 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from datetime import UTC, date, datetime, timedelta
 from decimal import Decimal
-from multiprocessing.synchronize import Event as EventType
 from pathlib import Path
 from typing import Any
 
@@ -106,7 +129,6 @@ from bench.ingest import (  # noqa: E402 - after the path fix above
     A100,
     API_PATH,
     DOCS_FILE,
-    SCHEMA,
     CpuSnapshot,
     CpuUse,
     ServerConfig,
@@ -135,7 +157,6 @@ BURST_EVERY_S = 120  # mean seconds between two bursts of a workload (memory and
 BURST_MAX_S = 5
 BURST_RANGE = (1.2, 1.5)  # use in a burst, relative to the grant
 PCIE_MB_PER_S = 400.0
-ROLLUP_EVERY_S = 15  # the beat's default period (config/settings.py VGPU_ROLLUP_EVERY_S)
 SKIPPED_RETRY_S = 0.2
 SAMPLE_EVERY_S = 0.5
 PAGES = (("finance", "/finance/"), ("tenants", "/tenants/"), ("portal", "/tenants/{big}/"),
@@ -152,17 +173,21 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--gpus-per-node", type=int, default=8)
     p.add_argument("--workloads-per-gpu", type=int, default=16, help="containers sharing each GPU")
     p.add_argument("--minutes", type=int, default=10, help="simulated fleet minutes")
-    p.add_argument("--meter-ms", type=int, nargs="+", default=[1000, 5000, 15000, 60000],
-                   help="sample widths (the agent's --meter-ms); the first must be 1000, the precision baseline")
+    p.add_argument("--meter-ms", type=int, nargs="+", default=[1000],
+                   help="sample widths (the agent's --meter-ms); the first must be 1000, the precision baseline of "
+                        "the others (with wire v2 the service's work does not depend on it)")
+    p.add_argument("--wire", choices=("v1", "v2"), default="v2",
+                   help="the batches' wire protocol (the agent's --wire; v2, one window per workload-minute, is its "
+                        "default)")
     p.add_argument("--batch-seconds", type=int, default=60, help="batch window (the agent's --batch-seconds)")
     p.add_argument("--agents", type=int, default=4, help="client threads posting the nodes' batches")
     p.add_argument("--gunicorn-workers", type=int, default=3, help="sync gunicorn workers")
     p.add_argument("--rollup-workers", type=int, nargs="+", default=[1],
                    help="rollup processes calling rollup_usage at once; the first count is the headline, and "
-                        "with more counts the 1-second setting's rollup is repeated with each, from a copy of "
-                        "the database taken after ingest (one run compares them)")
+                        "with more counts the 1-second setting is run again with each, from a copy of the "
+                        "template (one run compares them)")
     p.add_argument("--rollup-batches", type=int, default=0,
-                   help="max_batches per rollup_usage call (default: one beat cycle's worth of batches)")
+                   help="max_batches per rollup_usage call (default: the service's VGPU_ROLLUP_MAX_BATCHES)")
     p.add_argument("--parallel-query", action="store_true",
                    help="let Postgres use parallel workers (their CPU is then missing from the Postgres columns)")
     p.add_argument("--page-runs", type=int, default=3, help="timed runs per page (after one warm-up)")
@@ -219,7 +244,7 @@ class Shape:
 
 @dataclass(frozen=True)
 class Load:
-    """Integrals per (GPU, workload, second) in 1/1024 units (int64 arrays of shape G x W x S)."""
+    """One node's integrals per (GPU, workload, second) in 1/1024 units (int64 arrays G x W x S)."""
 
     gpu_uuids: list[str]
     names: list[list[dict[str, str]]]  # [gpu][workload] -> tenant, namespace, pod, container, pod_uid, sla_tier
@@ -271,10 +296,13 @@ def _quanta(values: np.ndarray[Any, np.dtype[np.float64]]) -> np.ndarray[Any, np
     return quanta
 
 
-def make_load(shape: Shape, seed: int) -> Load:
-    rng = np.random.default_rng(seed)
-    names_rng = random.Random(seed)
-    g, w, s = shape.gpus, shape.workloads_per_gpu, shape.seconds
+def make_load(shape: Shape, seed: int, node: int) -> Load:
+    """The load of one node's GPUs, seeded by (seed, node): each node's series is drawn on its own,
+    so a fleet of any size is built one node at a time (10,000 GPUs x 16 workloads x 5 minutes
+    would be 2 GB per series at once) and every meter setting redraws the same load."""
+    rng = np.random.default_rng([seed, node])
+    names_rng = random.Random(f"{seed}/{node}")
+    g, w, s = len(shape.node_gpus(node)), shape.workloads_per_gpu, shape.seconds
     dims = (g, w, s)
     base = rng.uniform(0.5, 1.0, (g, w))
     base = (base / base.sum(axis=1, keepdims=True) * GRANTED_FRACTION)[..., None]
@@ -303,53 +331,104 @@ def make_load(shape: Shape, seed: int) -> Load:
     )
 
 
-def iso(moment: datetime) -> str:
-    return moment.strftime("%Y-%m-%dT%H:%M:%SZ")
+# --------------------------------------------------------------------------------------------
+# The agents' batches, rendered by the agent's own code (agents/batch.py)
+
+# The integrals the minute ledger must hold, in 1/1024 units: what was metered, summed.
+INTEGRALS = ("mem_used_mb_s", "mem_granted_mb_s", "mem_billed_mb_s", "sm_used_s", "sm_granted_s", "sm_billed_s",
+             "pcie_mb")
 
 
 @dataclass(frozen=True)
 class Batch:
     node: int
     seq: int
-    samples: int
+    items: int  # samples (v1) or windows (v2): what ingest answers as `accepted`
     body: bytes  # gzip of the compact JSON
 
 
-def build_batches(load: Load, shape: Shape, *, start: datetime, period_s: int) -> list[list[Batch]]:
-    """Per node, its batches in time order, as agents/batch.py renders them."""
+@dataclass
+class Sent:
+    """What the fleet's batches carry, summed: the ledger must account for all of it, exactly."""
+
+    items: int = 0
+    workload_seconds: int = 0
+    quanta: dict[str, int] = field(default_factory=lambda: dict.fromkeys(INTEGRALS, 0))
+
+    def add(self, coarse: dict[str, np.ndarray[Any, np.dtype[np.int64]]], period_s: int) -> None:
+        """One node's metered series: each period is a sample, billed = max(used, granted) per sample."""
+        self.workload_seconds += int(coarse["mem_used"].size) * period_s
+        for name, series in (("mem_used_mb_s", coarse["mem_used"]), ("mem_granted_mb_s", coarse["mem_granted"]),
+                             ("mem_billed_mb_s", np.maximum(coarse["mem_used"], coarse["mem_granted"])),
+                             ("sm_used_s", coarse["sm_used"]), ("sm_granted_s", coarse["sm_granted"]),
+                             ("sm_billed_s", np.maximum(coarse["sm_used"], coarse["sm_granted"])),
+                             ("pcie_mb", coarse["pcie"])):
+            self.quanta[name] += int(series.sum())
+
+    def merge(self, other: Sent) -> None:
+        self.items += other.items
+        self.workload_seconds += other.workload_seconds
+        for name, quanta in other.quanta.items():
+            self.quanta[name] += quanta
+
+
+def node_batches(shape: Shape, seed: int, node: int, *, start: datetime, period_s: int,
+                 wire: str) -> tuple[list[Batch], Sent]:
+    """One node's batches in time order, rendered by agents.batch.render_batch exactly as the agent
+    renders them (v1: the samples; v2: their integrals per workload, GPU and minute, `windows_of`),
+    from `Sample`s of `period_s` seconds as the agent's meter closes them, gzipped as its spool does."""
+    from agents.batch import Sample, render_batch
+    from agents.interfaces import GpuInfo, Workload
+
+    load = make_load(shape, seed, node)
     coarse = load.coarsened(period_s)
+    sent = Sent()
+    sent.add(coarse, period_s)
+    gpus = [GpuInfo(uuid=u, model=str(A100["model"]), memory_mb=int(A100["memory_mb"]), sm_count=int(A100["sm_count"]))
+            for u in load.gpu_uuids]
+    # Per (GPU, workload): its identity and its five series as Python floats in agent units (exact:
+    # multiples of 1/1024 far below 2^53), one node's worth (the whole fleet's would be GBs).
+    series = [(coarse[name] / Q).tolist() for name in ("mem_used", "mem_granted", "sm_used", "sm_granted", "pcie")]
+    columns = [(gpu.uuid, Workload(tenant=n["tenant"], namespace=n["namespace"], pod=n["pod"], container=n["container"],
+                                   pod_uid=n["pod_uid"], sla_tier=n["sla_tier"]), *(x[i][w] for x in series))
+               for i, gpu in enumerate(gpus) for w, n in enumerate(load.names[i])]
     per_window = shape.batch_seconds // period_s
-    gpu_wire = [{"uuid": u, **A100} for u in load.gpu_uuids]
-    out: list[list[Batch]] = []
-    for node in range(shape.nodes):
-        gpus = shape.node_gpus(node)
-        # Python numbers of this node's GPUs only (the whole fleet's would be hundreds of MB of ints).
-        series = {k: v[gpus.start:gpus.stop].tolist() for k, v in coarse.items()}
-        batches = []
-        for window in range(shape.windows):
-            w_start = start + timedelta(seconds=window * shape.batch_seconds)
-            samples = []
-            for k in range(window * per_window, (window + 1) * per_window):
-                at = iso(start + timedelta(seconds=k * period_s))
-                for i, g in enumerate(gpus):
-                    for w, names in enumerate(load.names[g]):
-                        samples.append({
-                            "start": at, "seconds": period_s, "gpu": load.gpu_uuids[g], **names,
-                            "mem_used_mb_s": series["mem_used"][i][w][k] / Q,
-                            "mem_granted_mb_s": series["mem_granted"][i][w][k] / Q,
-                            "sm_used_s": series["sm_used"][i][w][k] / Q,
-                            "sm_granted_s": series["sm_granted"][i][w][k] / Q,
-                            "pcie_mb": series["pcie"][i][w][k] / Q,
-                        })
-            payload = {
-                "schema": SCHEMA, "node": node_name(node), "batch_seq": window + 1,
-                "window": {"start": iso(w_start), "end": iso(w_start + timedelta(seconds=shape.batch_seconds))},
-                "gpus": [gpu_wire[g] for g in gpus], "samples": samples,
-            }
-            body = gzip.compress(json.dumps(payload, separators=(",", ":"), allow_nan=False).encode(), 6)
-            batches.append(Batch(node, window + 1, len(samples), body))
-        out.append(batches)
-    return out
+    starts = [start + timedelta(seconds=k * period_s) for k in range(shape.seconds // period_s)]
+    batches = []
+    for window in range(shape.windows):
+        w_start = start + timedelta(seconds=window * shape.batch_seconds)
+        samples = [Sample(starts[k], period_s, uuid_, workload, mem_used[k], mem_granted[k], sm_used[k], sm_granted[k],
+                          pcie[k])
+                   for k in range(window * per_window, (window + 1) * per_window)
+                   for uuid_, workload, mem_used, mem_granted, sm_used, sm_granted, pcie in columns]
+        body = render_batch(node=node_name(node), batch_seq=window + 1, window_start=w_start,
+                            window_end=w_start + timedelta(seconds=shape.batch_seconds), gpus=gpus, samples=samples,
+                            wire=wire)
+        items = len(json.loads(body)["samples" if wire == "v1" else "windows"])  # what ingest will count
+        batches.append(Batch(node, window + 1, items, gzip.compress(body, mtime=0)))
+    sent.items = sum(b.items for b in batches)
+    return batches, sent
+
+
+def _node_batches(job: tuple[Shape, int, int, datetime, int, str]) -> tuple[list[Batch], Sent]:
+    shape, seed, node, start, period_s, wire = job
+    return node_batches(shape, seed, node, start=start, period_s=period_s, wire=wire)
+
+
+def build_batches(shape: Shape, seed: int, *, start: datetime, period_s: int,
+                  wire: str) -> tuple[list[list[Batch]], Sent]:
+    """Every node's batches, before anything is timed, one node per task on a process per core
+    (rendering 1-second samples into v2 windows is about 17 µs of Python per sample, 14 CPU
+    minutes for 5 minutes of 10,000 GPUs x 16 workloads). Kept in memory: at v2 a node-minute is
+    about 13 KB of gzip."""
+    jobs = [(shape, seed, node, start, period_s, wire) for node in range(shape.nodes)]
+    ctx = multiprocessing.get_context("spawn")  # fresh interpreters: no Django connection inherited
+    with ctx.Pool(os.cpu_count() or 1) as pool:
+        built = pool.map(_node_batches, jobs, chunksize=max(1, len(jobs) // (8 * (os.cpu_count() or 1))))
+    total = Sent()
+    for _, sent in built:
+        total.merge(sent)
+    return [batches for batches, _ in built], total
 
 
 def node_name(index: int) -> str:
@@ -365,11 +444,6 @@ class Databases:
     admin_url: str  # the maintenance database of the server
     name: str
     template: str
-
-    @property
-    def after_ingest(self) -> str:
-        """A copy of `name` taken after ingest, for rollups with other worker counts."""
-        return f"{self.name}ing"
 
     @property
     def url(self) -> str:
@@ -491,7 +565,8 @@ def _children(pid: int) -> list[int]:
 
 
 # --------------------------------------------------------------------------------------------
-# Phase 1: ingest over HTTP
+# The run, batch window by batch window: every node's batch of the window over HTTP (ingest), then
+# the rollup of what is pending, as a steady fleet keeps the rollup one window behind its uploads
 
 
 @dataclass
@@ -503,7 +578,7 @@ class PosterResult:
 
 
 def _post_all(port: int, work: list[tuple[str, Batch]], result: PosterResult) -> None:
-    """One client thread: its nodes' batches, in time order, on one keep-alive connection."""
+    """One client thread: its nodes' batches of one window, on one keep-alive connection."""
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=300)
     try:
         for token, batch in work:
@@ -546,60 +621,36 @@ def _wait_ready(port: int, timeout_s: float = 60.0) -> None:
         time.sleep(0.2)
 
 
+def ingest_window(port: int, work: list[list[tuple[str, Batch]]]) -> list[PosterResult]:
+    """One window's batches, each client thread posting its nodes' as fast as answered."""
+    results = [PosterResult() for _ in work]
+    threads = [threading.Thread(target=_post_all, args=(port, w, r), daemon=True)
+               for w, r in zip(work, results, strict=True)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return results
+
+
 @dataclass(frozen=True)
 class IngestRun:
     wall_s: float
     batches: int
-    accepted: int
+    accepted: int  # samples (v1) or windows (v2), as ingest answered
     sent: int
     errors: list[str]
+    window_s: list[float]  # wall seconds of each batch window's ingest
     latency_p50_ms: float
     latency_p99_ms: float
     cpu_gunicorn_s: float
     cpu_postgres_s: float
     cpu_client_s: float
     gunicorn_worker_rss_max: int
-    postgres_uss_sum: int
+    postgres_uss_sum: int  # this database's backends, over the whole run (ingest and rollup)
     machine_busy_s: float | None = None  # every process on the (shared) machine, from /proc/stat
-
-
-def ingest(env: dict[str, str], database: str, tokens: dict[str, str], batches: list[list[Batch]],
-           args: argparse.Namespace) -> IngestRun:
-    work: list[list[tuple[str, Batch]]] = [[] for _ in range(args.agents)]
-    for node, node_batches in enumerate(batches):
-        work[node % args.agents].extend((tokens[node_name(node)], b) for b in node_batches)
-    for items in work:
-        items.sort(key=lambda tb: (tb[1].seq, tb[1].node))  # the fleet advances together, window by window
-    results = [PosterResult() for _ in work]
-    config = ServerConfig("sync", args.gunicorn_workers, 1)
-    with gunicorn(env, config) as server:
-        _wait_ready(server.port)
-        with MemorySampler(database, lambda: _children(server.proc.pid)) as memory:
-            threads = [threading.Thread(target=_post_all, args=(server.port, w, r), daemon=True)
-                       for w, r in zip(work, results, strict=True)]
-            before = CpuSnapshot.take(database, server.proc.pid)
-            started = time.perf_counter()
-            for thread in threads:
-                thread.start()
-            for thread in threads:
-                thread.join()
-            wall = time.perf_counter() - started
-            cpu = CpuUse.between(before, CpuSnapshot.take(database, server.proc.pid))
-            memory.sample()
-    latencies = sorted(x for r in results for x in r.latencies)
-    return IngestRun(
-        wall_s=wall, batches=sum(r.batches for r in results), accepted=sum(r.accepted for r in results),
-        sent=sum(b.samples for node in batches for b in node), errors=[e for r in results for e in r.errors],
-        latency_p50_ms=1000 * statistics.median(latencies) if latencies else 0.0,
-        latency_p99_ms=1000 * latencies[min(len(latencies) - 1, int(0.99 * len(latencies)))] if latencies else 0.0,
-        cpu_gunicorn_s=cpu.gunicorn, cpu_postgres_s=cpu.postgres or 0.0, cpu_client_s=cpu.client,
-        gunicorn_worker_rss_max=max((v for pid, v in memory.max_rss.items() if pid != server.proc.pid), default=0),
-        postgres_uss_sum=memory.pg_uss_total, machine_busy_s=cpu.busy,
-    )
-
-
-# --------------------------------------------------------------------------------------------
-# Phase 2: the rollup, N processes
+    window_cpu_s: list[float] = field(default_factory=list)  # the service's CPU seconds (gunicorn + Postgres)
+    window_busy_s: list[float | None] = field(default_factory=list)  # the whole machine's, per window
 
 
 @dataclass(frozen=True)
@@ -614,51 +665,102 @@ class WorkerReport:
     max_rss: int
     error: str = ""
 
+    def plus(self, other: WorkerReport) -> WorkerReport:
+        """This worker's windows so far and one more."""
+        return WorkerReport(self.cycles + other.cycles, self.skipped + other.skipped, self.batches + other.batches,
+                            self.gpu_minutes + other.gpu_minutes, self.quarantined + other.quarantined,
+                            self.busy_s + other.busy_s, self.cpu_s + other.cpu_s, max(self.max_rss, other.max_rss),
+                            self.error or other.error)
+
 
 def _cpu_self() -> float:
     usage = resource.getrusage(resource.RUSAGE_SELF)
     return usage.ru_utime + usage.ru_stime
 
 
-def rollup_worker(env: dict[str, str], shard: tuple[int, int], max_batches: int, start: EventType, finish: EventType,
-                  ready: multiprocessing.Queue[int], queue: multiprocessing.Queue[WorkerReport]) -> None:
-    """One rollup process: its own Django connection, rolling up its shard (k of N, as the service's
-    shard tasks do: the nodes with node_id % N == k) until nothing of it is pending. The connection
-    stays open until `finish`: a backend that exits takes its CPU time out of /proc before the
-    parent's last snapshot."""
+def _roll_up_pending(shard: tuple[int, int], max_batches: int) -> WorkerReport:
+    """rollup_usage on the shard until nothing of it is pending (one window's batches)."""
+    from billing.ledger.rollup import rollup_usage
+
     cycles = skipped = batches = minutes = quarantined = 0
-    busy = cpu_at_start = 0.0
+    busy, cpu_at_start = 0.0, _cpu_self()
+    while True:
+        began = time.perf_counter()
+        result = rollup_usage(now=datetime.now(UTC), shard=shard[0], shards=shard[1], max_batches=max_batches)
+        # A call can roll some nodes up and find others held (skipped): count what it did.
+        if result.batches or result.quarantined:
+            busy += time.perf_counter() - began
+            cycles, batches = cycles + 1, batches + result.batches
+            minutes, quarantined = minutes + result.gpu_minutes, quarantined + result.quarantined
+        if result.skipped:
+            skipped += 1
+            time.sleep(SKIPPED_RETRY_S)
+            continue
+        if result.batches == 0 and result.quarantined == 0:
+            break
+    return WorkerReport(cycles, skipped, batches, minutes, quarantined, busy, _cpu_self() - cpu_at_start,
+                        resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
+
+
+def _idle(error: str = "") -> WorkerReport:
+    return WorkerReport(0, 0, 0, 0, 0, 0.0, 0.0, 0, error)
+
+
+def rollup_worker(env: dict[str, str], shard: tuple[int, int], max_batches: int,
+                  commands: multiprocessing.Queue[bool], reports: multiprocessing.Queue[WorkerReport]) -> None:
+    """One rollup process for the whole run: its own Django connection, rolling up its shard (k of
+    N, as the service's shard tasks do: the nodes with node_id % N == k) each time it is told to,
+    until nothing of it is pending. The connection stays open between windows, as a long-running
+    worker's does, and until the end: a backend that exits takes its CPU time out of /proc before
+    the parent's last snapshot. It answers every command, failed or not, so the parent never waits
+    in vain; an error fails the run."""
     error = ""
     try:
         setup_django(env)
         from django.db import connection
 
-        from billing.ledger.rollup import rollup_usage
-
-        connection.ensure_connection()  # connected before the start, as a long-running worker is
-        ready.put(os.getpid())
-        start.wait()
-        cpu_at_start = _cpu_self()  # Django's start-up is not the rollup's cost
-        while True:
-            began = time.perf_counter()
-            result = rollup_usage(now=datetime.now(UTC), shard=shard[0], shards=shard[1], max_batches=max_batches)
-            # A call can roll some nodes up and find others held (skipped): count what it did.
-            if result.batches or result.quarantined:
-                busy += time.perf_counter() - began
-                cycles, batches = cycles + 1, batches + result.batches
-                minutes, quarantined = minutes + result.gpu_minutes, quarantined + result.quarantined
-            if result.skipped:
-                skipped += 1
-                time.sleep(SKIPPED_RETRY_S)
-                continue
-            if result.batches == 0 and result.quarantined == 0:
-                break
+        connection.ensure_connection()  # connected before the first window, as a long-running worker is
     except Exception as exc:  # noqa: BLE001 - reported by the parent, which fails the run
         error = f"{type(exc).__name__}: {exc}"
-        ready.put(os.getpid())
-    queue.put(WorkerReport(cycles, skipped, batches, minutes, quarantined, busy, _cpu_self() - cpu_at_start,
-                           resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, error))
-    finish.wait(timeout=600)
+    reports.put(_idle(error))  # ready
+    while commands.get():
+        try:
+            reports.put(_idle(error) if error else _roll_up_pending(shard, max_batches))
+        except Exception as exc:  # noqa: BLE001 - reported by the parent, which fails the run
+            reports.put(_idle(f"{type(exc).__name__}: {exc}"))
+
+
+class RollupWorkers:
+    """N rollup processes that roll up on request, each reporting per request."""
+
+    def __init__(self, env: dict[str, str], workers: int, max_batches: int) -> None:
+        ctx = multiprocessing.get_context("spawn")  # fresh interpreters: no Django state or sockets inherited
+        self._commands: list[multiprocessing.Queue[bool]] = [ctx.Queue() for _ in range(workers)]
+        self._reports: list[multiprocessing.Queue[WorkerReport]] = [ctx.Queue() for _ in range(workers)]
+        self._procs = [ctx.Process(target=rollup_worker, args=(env, (k, workers), max_batches, c, r))
+                       for k, (c, r) in enumerate(zip(self._commands, self._reports, strict=True))]
+        for proc in self._procs:
+            proc.start()
+        # Every worker connected before the first window; a start-up error stays in its totals.
+        self.totals = [r.get(timeout=300) for r in self._reports]
+
+    def pids(self) -> list[int]:
+        return [p.pid for p in self._procs if p.pid]
+
+    def roll_up(self) -> float:
+        """Every worker rolls its shard up until nothing is pending; returns when all have, with the
+        CPU seconds the workers used."""
+        for q in self._commands:
+            q.put(True)
+        reports = [r.get(timeout=3600) for r in self._reports]
+        self.totals = [total.plus(r) for total, r in zip(self.totals, reports, strict=True)]
+        return sum(r.cpu_s for r in reports)
+
+    def close(self) -> None:
+        for q in self._commands:
+            q.put(False)
+        for proc in self._procs:
+            proc.join(timeout=60)
 
 
 @dataclass(frozen=True)
@@ -667,34 +769,87 @@ class RollupRun:
     workers: list[WorkerReport]
     cpu_workers_s: float
     cpu_postgres_s: float
-    postgres_uss_sum: int
     max_batches: int
     machine_busy_s: float | None = None  # every process on the (shared) machine, from /proc/stat
+    window_s: list[float] = field(default_factory=list)  # wall seconds of each batch window's rollup
+    window_cpu_s: list[float] = field(default_factory=list)  # the service's CPU seconds (workers + Postgres)
+    window_busy_s: list[float | None] = field(default_factory=list)  # the whole machine's, per window
 
 
-def rollup(env: dict[str, str], database: str, workers: int, max_batches: int) -> RollupRun:
-    ctx = multiprocessing.get_context("spawn")  # fresh interpreters: no Django state or sockets inherited
-    start, finish = ctx.Event(), ctx.Event()
-    ready: multiprocessing.Queue[int] = ctx.Queue()
-    queue: multiprocessing.Queue[WorkerReport] = ctx.Queue()
-    procs = [ctx.Process(target=rollup_worker, args=(env, (k, workers), max_batches, start, finish, ready, queue))
-             for k in range(workers)]
-    for proc in procs:
-        proc.start()
-    for _ in procs:
-        ready.get(timeout=300)  # every worker connected: the clock starts with all of them able to work
-    with MemorySampler(database, lambda: [p.pid for p in procs if p.pid]) as memory:
-        before = CpuSnapshot.take(database)
-        started = time.perf_counter()
-        start.set()
-        reports = [queue.get(timeout=3600) for _ in procs]
-        wall = time.perf_counter() - started
-        cpu = CpuUse.between(before, CpuSnapshot.take(database))
-    finish.set()
-    for proc in procs:
-        proc.join()
-    return RollupRun(wall, reports, sum(r.cpu_s for r in reports), cpu.postgres or 0.0, memory.pg_uss_total,
-                     max_batches, cpu.busy)
+@dataclass
+class _Phase:
+    """Wall and CPU seconds of one phase, summed over the windows."""
+
+    wall: float = 0.0
+    gunicorn: float = 0.0
+    postgres: float = 0.0
+    client: float = 0.0
+    busy: float | None = 0.0
+    windows: list[float] = field(default_factory=list)
+    window_cpu: list[float] = field(default_factory=list)  # the service's CPU seconds in each window
+    window_busy: list[float | None] = field(default_factory=list)  # the whole machine's busy CPU seconds
+
+    def add(self, wall: float, cpu: CpuUse, service_cpu: float) -> None:
+        self.wall += wall
+        self.windows.append(wall)
+        self.window_cpu.append(service_cpu)
+        self.window_busy.append(cpu.busy)
+        self.gunicorn += cpu.gunicorn
+        self.postgres += cpu.postgres or 0.0
+        self.client += cpu.client
+        self.busy = None if self.busy is None or cpu.busy is None else self.busy + cpu.busy
+
+
+def run_fleet(env: dict[str, str], database: str, tokens: dict[str, str], batches: list[list[Batch]],
+              args: argparse.Namespace, shape: Shape, workers: int, max_batches: int) -> tuple[IngestRun, RollupRun]:
+    """Batch window by batch window: every node's batch of the window posted over HTTP (ingest),
+    then rolled up by the rollup workers (rollup); each phase timed and its CPU read from /proc on
+    its own, so the two never share a measurement."""
+    by_window: list[list[list[tuple[str, Batch]]]] = [[[] for _ in range(args.agents)] for _ in range(shape.windows)]
+    for node, node_batches in enumerate(batches):
+        for window, batch in enumerate(node_batches):
+            by_window[window][node % args.agents].append((tokens[node_name(node)], batch))
+    results: list[PosterResult] = []
+    ingest, roll = _Phase(), _Phase()
+    with gunicorn(env, ServerConfig("sync", args.gunicorn_workers, 1)) as server:
+        _wait_ready(server.port)
+        pool = RollupWorkers(env, workers, max_batches)
+        try:
+            with MemorySampler(database, lambda: _children(server.proc.pid) + pool.pids()) as memory:
+                for window, work in enumerate(by_window):
+                    before, started = CpuSnapshot.take(database, server.proc.pid), time.perf_counter()
+                    results += ingest_window(server.port, work)
+                    middle, ingested = CpuSnapshot.take(database, server.proc.pid), time.perf_counter()
+                    workers_cpu = pool.roll_up()
+                    after, rolled = CpuSnapshot.take(database, server.proc.pid), time.perf_counter()
+                    cpu = CpuUse.between(before, middle)
+                    ingest.add(ingested - started, cpu, cpu.gunicorn + (cpu.postgres or 0.0))
+                    cpu = CpuUse.between(middle, after)
+                    roll.add(rolled - ingested, cpu, workers_cpu + (cpu.postgres or 0.0))
+                    log(f"  window {window + 1}/{shape.windows}: ingest {ingested - started:.1f} s "
+                        f"({ingest.window_cpu[-1]:.1f} CPU s), rollup {rolled - ingested:.1f} s "
+                        f"({roll.window_cpu[-1]:.1f} CPU s)")
+                memory.sample()
+        finally:
+            pool.close()
+    latencies = sorted(x for r in results for x in r.latencies)
+    rollup_pids = set(pool.pids())
+    ingest_run = IngestRun(
+        wall_s=ingest.wall, batches=sum(r.batches for r in results), accepted=sum(r.accepted for r in results),
+        sent=sum(b.items for node in batches for b in node), errors=[e for r in results for e in r.errors],
+        window_s=ingest.windows,
+        latency_p50_ms=1000 * statistics.median(latencies) if latencies else 0.0,
+        latency_p99_ms=1000 * latencies[min(len(latencies) - 1, int(0.99 * len(latencies)))] if latencies else 0.0,
+        cpu_gunicorn_s=ingest.gunicorn, cpu_postgres_s=ingest.postgres, cpu_client_s=ingest.client,
+        gunicorn_worker_rss_max=max((v for pid, v in memory.max_rss.items()
+                                     if pid != server.proc.pid and pid not in rollup_pids), default=0),
+        postgres_uss_sum=memory.pg_uss_total, machine_busy_s=ingest.busy,
+        window_cpu_s=ingest.window_cpu, window_busy_s=ingest.window_busy,
+    )
+    totals = pool.totals
+    rollup_run = RollupRun(roll.wall, totals, sum(w.cpu_s for w in totals), roll.postgres, max_batches, roll.busy,
+                           roll.windows, roll.window_cpu, roll.window_busy)
+    return ingest_run, rollup_run
 
 
 # --------------------------------------------------------------------------------------------
@@ -744,19 +899,22 @@ def accounting(price_per_gpu_hour: Decimal) -> Accounting:
     )
 
 
-def check(acc: Accounting, run: IngestRun, period_s: int, shape: Shape) -> list[str]:
+def check(acc: Accounting, run: IngestRun, sent: Sent, shape: Shape) -> list[str]:
     """What must hold for the numbers to mean anything (every item a failure)."""
-    tolerance = Decimal("1e-6")  # money: ledger rows carry 12 decimals, sums over ~10^5 rows
+    tolerance = Decimal("1e-6")  # money: ledger rows carry 12 decimals, sums over ~10^6 rows
     problems = []
     if run.errors:
         problems.append(f"{len(run.errors)} batches not stored, e.g. {run.errors[0]}")
     if run.accepted != run.sent:
-        problems.append(f"samples sent {run.sent:,} != accepted {run.accepted:,}")
+        problems.append(f"samples or windows sent {run.sent:,} != accepted {run.accepted:,}")
     if acc.pending_batches or acc.quarantined_batches:
         problems.append(f"{acc.pending_batches} batches pending, {acc.quarantined_batches} quarantined")
+    metered = shape.gpus * shape.workloads_per_gpu * shape.seconds
+    if sent.workload_seconds != metered:
+        problems.append(f"the batches carry {sent.workload_seconds} workload-seconds, the fleet metered {metered}")
     for label, seconds in (("minute", acc.seconds_in_minutes), ("day", acc.seconds_in_days)):
-        if seconds != run.accepted * period_s:
-            problems.append(f"{label} ledger holds {seconds} workload-seconds, accepted {run.accepted * period_s}")
+        if seconds != sent.workload_seconds:
+            problems.append(f"{label} ledger holds {seconds} workload-seconds, sent {sent.workload_seconds}")
     if acc.gpu_seconds != shape.gpus * shape.seconds:
         problems.append(f"GPU-seconds metered {acc.gpu_seconds} != {shape.gpus * shape.seconds}")
     if abs(acc.charges + acc.idle - acc.card_cost) > tolerance:
@@ -768,11 +926,22 @@ def check(acc: Accounting, run: IngestRun, period_s: int, shape: Shape) -> list[
     return problems
 
 
+def integral_problems(sent: Sent) -> list[str]:
+    """Every integral the batches carried is in the minute ledger exactly: Σ used, granted and billed
+    memory and SM·s and PCIe MB, against the metered series summed in the agent's 1/1024 units
+    (billed = Σ per sample of max(used, granted), the `max` basis' integral)."""
+    from django.db.models import Sum
+
+    stored = _model("UsageMinute").objects.aggregate(**{name: Sum(name) for name in INTEGRALS})
+    return [f"minute ledger holds {name} = {stored[name]}, sent {Decimal(quanta) / Q}"
+            for name, quanta in sent.quanta.items() if Decimal(stored[name] or 0) != Decimal(quanta) / Q]
+
+
 def table_bytes(database_url: str) -> dict[str, int]:
     """Bytes on disk (heap, indexes, TOAST; every partition) of each ledger table."""
     from billing.ledger.partitions import RAW_TABLE
 
-    tables = {"raw samples": RAW_TABLE, **{m: _model(m)._meta.db_table for m in LEDGER_MODELS}}
+    tables = {"integral rows": RAW_TABLE, **{m: _model(m)._meta.db_table for m in LEDGER_MODELS}}
     conn = psycopg2.connect(database_url)
     try:
         with conn.cursor() as cur:
@@ -789,32 +958,55 @@ def table_bytes(database_url: str) -> dict[str, int]:
         conn.close()
 
 
-def vacuum_full(database_url: str) -> None:
-    """Rewrite the batch, minute, hour and day tables compactly (not the raw samples: written once,
-    never updated). Every rollup cycle deletes and rewrites the hour and day rows of each GPU it
-    touches, and in a run of minutes autovacuum has not reclaimed those dead rows: measured before,
-    they inflate the bytes per row of a short run far beyond a steady fleet's."""
+def compact_bytes(database_url: str) -> dict[str, int]:
+    """Bytes of each batch, minute, hour and day table (heap, indexes, TOAST) holding its live rows
+    only: a fresh copy with the same columns and indexes, the indexes built in bulk, which is what
+    VACUUM FULL leaves. Every rollup cycle rewrites the hour and day rows of each GPU it touches
+    (and marks batches rolled up), and in a run of minutes autovacuum has not reclaimed those dead
+    rows: measured as the run left them, they inflate a short run's bytes per row far beyond a steady
+    fleet's. VACUUM FULL itself cannot be relied on on a shared server: a transaction left open in any
+    database of the cluster is running to every snapshot taken here, so the dead rows stay
+    "recently dead" and are kept (seen: x 2.8 on the hour ledger after VACUUM FULL). The integral
+    rows are written once and never updated: their size as stored is their size."""
     conn = psycopg2.connect(database_url)
     try:
         conn.autocommit = True
+        out = {}
         with conn.cursor() as cur:
             for m in LEDGER_MODELS:
-                cur.execute(f'VACUUM FULL "{_model(m)._meta.db_table}"')
+                table = _model(m)._meta.db_table
+                cur.execute(f'CREATE TEMP TABLE fleet_compact (LIKE "{table}" INCLUDING ALL)')
+                cur.execute(f'INSERT INTO fleet_compact SELECT * FROM "{table}"')  # noqa: S608 - a model's table name
+                cur.execute("REINDEX TABLE fleet_compact")
+                cur.execute("SELECT pg_total_relation_size('fleet_compact')")
+                out[m] = int(cur.fetchone()[0])
+                cur.execute("DROP TABLE fleet_compact")
+        return out
     finally:
         conn.close()
 
 
-def table_rows(samples: int) -> dict[str, int]:
-    """Rows of each ledger table (raw samples: the samples accepted, every one a row)."""
-    return {"raw samples": samples, **{m: int(_model(m).objects.count()) for m in LEDGER_MODELS}}
+def table_rows() -> dict[str, int]:
+    """Rows of each ledger table."""
+    from django.db import connection
+
+    from billing.ledger.partitions import RAW_TABLE
+
+    with connection.cursor() as cur:
+        cur.execute(f"SELECT count(*) FROM {RAW_TABLE}")  # noqa: S608 - our constant table name, no input
+        raw = int(cur.fetchone()[0])
+    return {"integral rows": raw, **{m: int(_model(m).objects.count()) for m in LEDGER_MODELS}}
 
 
-def rows_per_gpu_day(shape: dict[str, int], meter_ms: int) -> dict[str, float]:
+def rows_per_gpu_day(shape: dict[str, int]) -> dict[str, float]:
     """Rows each table gains per GPU and day in a steady fleet (the same workloads all day): the
-    minute, hour and day ledgers have one row per window, however short the run was."""
-    w, per_node = shape["workloads_per_gpu"], shape["gpus_per_node"]
-    batches = 86400 / shape["batch_seconds"]
-    return {"raw samples": 86400 / (meter_ms / 1000) * w, "UsageBatch": batches / per_node, "BatchGpu": batches,
+    minute, hour and day ledgers have one row per window, however short the run was. Integral rows:
+    one per batch, workload, GPU and UTC minute, whatever the meter or the wire (ingest sums v1
+    samples per minute), so one per workload-minute with minute batches."""
+    w, per_node, batch_s = shape["workloads_per_gpu"], shape["gpus_per_node"], shape["batch_seconds"]
+    batches = 86400 / batch_s
+    return {"integral rows": w * 86400 * max(1, batch_s // 60) / batch_s, "UsageBatch": batches / per_node,
+            "BatchGpu": batches,
             "UsageMinute": 1440.0 * w, "GpuMinute": 1440.0, "UsageHour": 24.0 * w, "GpuHour": 24.0,
             "UsageDay": float(w), "GpuDay": 1.0}
 
@@ -923,66 +1115,62 @@ def time_pages(runs: int) -> dict[str, float]:
 @dataclass(frozen=True)
 class Setting:
     meter_ms: int
-    samples: int
+    items: int  # samples (wire v1) or windows (v2) accepted
     batches: int
     body_bytes: int
     ingest: IngestRun
     rollup: RollupRun
     accounting: dict[str, str]
     problems: list[str]
-    table_bytes: dict[str, int]  # after VACUUM FULL of every table but the raw samples
+    table_bytes: dict[str, int]  # live rows only (compact_bytes) for every table but the integral rows
     table_rows: dict[str, int]
     wal_bytes: int
     pages_s: dict[str, float]
     precision: Precision | None = None
-    table_bytes_before_vacuum: dict[str, int] = field(default_factory=dict)
+    table_bytes_as_left: dict[str, int] = field(default_factory=dict)
     # The same ingested rows rolled up again with each further --rollup-workers count (1-second setting).
     rollup_scaling: list[RollupRun] = field(default_factory=list)
 
 
-def run_setting(env: dict[str, str], dbs: Databases, tokens: dict[str, str], load: Load, shape: Shape,
+def run_setting(env: dict[str, str], dbs: Databases, tokens: dict[str, str], shape: Shape,
                 start: datetime, meter_ms: int, args: argparse.Namespace) -> tuple[Setting, dict[WorkloadKey, Any]]:
     period_s = meter_ms // 1000
-    log(f"meter {meter_ms} ms: building batches")
-    batches = build_batches(load, shape, start=start, period_s=period_s)
-    wal_before = wal_lsn(dbs.url)
-    log(f"meter {meter_ms} ms: ingest, {sum(len(b) for b in batches):,} batches over HTTP")
-    run = ingest(env, dbs.name, tokens, batches, args)
-    ingest_wal = wal_lsn(dbs.url) - wal_before
-    log(f"  {run.accepted:,} samples in {run.wall_s:.1f} s ({run.accepted / run.wall_s:,.0f}/s), "
-        f"{len(run.errors)} errors")
-    max_batches = args.rollup_batches or max(1, math.ceil(shape.nodes * ROLLUP_EVERY_S / shape.batch_seconds))
+    log(f"meter {meter_ms} ms: building {args.wire} batches")
+    batches, sent = build_batches(shape, args.seed, start=start, period_s=period_s, wire=args.wire)
+    body_bytes = sum(len(b.body) for node in batches for b in node)
+    log(f"  {sent.items:,} {items_label(args.wire)}, {body_bytes / 2**20:,.1f} MiB of gzip")
+    from django.conf import settings
+
+    max_batches = args.rollup_batches or settings.VGPU_ROLLUP_MAX_BATCHES  # what the shard task passes
     counts = args.rollup_workers if meter_ms == 1000 else args.rollup_workers[:1]
-    if len(counts) > 1:
-        copy_database(dbs, source=dbs.name, target=dbs.after_ingest)
-    runs: list[RollupRun] = []
+    runs: list[tuple[IngestRun, RollupRun]] = []
     problems: list[str] = []
     for i, workers in enumerate(reversed(counts)):  # the headline count last: its database is the one kept
         if i:
-            copy_database(dbs, source=dbs.after_ingest, target=dbs.name)
+            copy_database(dbs, source=dbs.template, target=dbs.name)
         wal_start = wal_lsn(dbs.url)
-        log(f"meter {meter_ms} ms: rollup, {workers} worker(s), max_batches={max_batches}")
-        rolled = rollup(env, dbs.name, workers, max_batches)
-        log(f"  {rolled.wall_s:.1f} s; " + "; ".join(
-            f"worker {n}: {w.cycles} cycles, {w.skipped} skipped, {w.batches} batches{' ' + w.error if w.error else ''}"
-            for n, w in enumerate(rolled.workers)))
+        log(f"meter {meter_ms} ms: {len(batches) * shape.windows:,} batches over HTTP, rolled up after each window "
+            f"by {workers} worker(s), max_batches={max_batches}")
+        run, rolled = run_fleet(env, dbs.name, tokens, batches, args, shape, workers, max_batches)
+        log(f"  ingest {run.accepted:,} {items_label(args.wire)} in {run.wall_s:.1f} s, {len(run.errors)} errors; "
+            f"rollup {rolled.wall_s:.1f} s; together {shape.seconds / (run.wall_s + rolled.wall_s):.2f} x real time; "
+            + "; ".join(f"worker {n}: {w.cycles} cycles, {w.skipped} skipped, {w.batches} batches"
+                        f"{' ' + w.error if w.error else ''}" for n, w in enumerate(rolled.workers)))
         acc = accounting(PRICE_PER_GPU_HOUR)
-        problems += [f"{workers} rollup worker(s): {p}" for p in check(acc, run, period_s, shape)]
+        problems += [f"{workers} rollup worker(s): {p}" for p in check(acc, run, sent, shape) + integral_problems(sent)]
         problems += [f"rollup worker: {w.error}" for w in rolled.workers if w.error]
-        runs.insert(0, rolled)
-    if len(counts) > 1:
-        recreate_database(dbs.admin_url, dbs.after_ingest, drop_only=True)
-    # WAL of ingest and of the headline rollup (the repeated rollups' own WAL is left out).
-    wal = wal_lsn(dbs.url) - wal_start + ingest_wal
+        runs.insert(0, (run, rolled))
+    del batches  # a large fleet's bodies are not needed past ingest
+    wal = wal_lsn(dbs.url) - wal_start  # the headline run's ingest and rollup
     sizes_before = table_bytes(dbs.url)
-    vacuum_full(dbs.url)
-    sizes = table_bytes(dbs.url)
+    sizes = sizes_before | compact_bytes(dbs.url)
     log(f"meter {meter_ms} ms: pages")
     pages = time_pages(args.page_runs)
-    setting = Setting(meter_ms, run.accepted, run.batches, sum(len(b.body) for node in batches for b in node), run,
-                      runs[0], {k: str(v) for k, v in asdict(acc).items()}, problems, sizes,
-                      table_rows(run.accepted), wal, pages,
-                      rollup_scaling=runs[1:], table_bytes_before_vacuum=sizes_before)
+    run = runs[0][0]
+    setting = Setting(meter_ms, run.accepted, run.batches, body_bytes, run,
+                      runs[0][1], {k: str(v) for k, v in asdict(acc).items()}, problems, sizes,
+                      table_rows(), wal, pages,
+                      rollup_scaling=[rolled for _, rolled in runs[1:]], table_bytes_as_left=sizes_before)
     return setting, per_workload()
 
 
@@ -994,10 +1182,15 @@ class Report:
     shape: dict[str, int]
     rollup_workers: list[int]
     settings: list[Setting]
+    wire: str
 
     @property
     def problems(self) -> list[str]:
         return [f"meter {s.meter_ms} ms: {p}" for s in self.settings for p in s.problems]
+
+
+def items_label(wire: str) -> str:
+    return "samples" if wire == "v1" else "windows"
 
 
 def log(message: str) -> None:
@@ -1013,8 +1206,7 @@ def run(args: argparse.Namespace, argv: list[str]) -> Report:
     end = started.replace(second=0, microsecond=0) - timedelta(minutes=2)
     start = end - timedelta(seconds=shape.seconds)
     dbs = databases(base_url, args.db_name)
-    log(f"load: {shape.gpus} GPUs x {shape.workloads_per_gpu} workloads x {shape.seconds} s")
-    load = make_load(shape, args.seed)
+    log(f"load: {shape.gpus} GPUs x {shape.workloads_per_gpu} workloads x {shape.seconds} s, wire {args.wire}")
     log(f"database {dbs.name}: migrate, reference rows, template {dbs.template}")
     if not args.parallel_query:
         # Every CPU second of the ledger's queries in a backend of this database, where /proc can
@@ -1029,7 +1221,7 @@ def run(args: argparse.Namespace, argv: list[str]) -> Report:
         for i, meter_ms in enumerate(args.meter_ms):
             if i:
                 copy_database(dbs, source=dbs.template, target=dbs.name)
-            setting, workloads = run_setting(env, dbs, tokens, load, shape, start, meter_ms, args)
+            setting, workloads = run_setting(env, dbs, tokens, shape, start, meter_ms, args)
             if i == 0:
                 fine = workloads
             else:
@@ -1046,7 +1238,7 @@ def run(args: argparse.Namespace, argv: list[str]) -> Report:
             recreate_database(dbs.admin_url, dbs.name, drop_only=True)
             recreate_database(dbs.admin_url, dbs.template, drop_only=True)
     return Report("python bench/fleet.py" + (" " + shlex.join(argv) if argv else ""), f"{started:%Y-%m-%d %H:%M} UTC",
-                  machine, asdict(shape), args.rollup_workers, settings)
+                  machine, asdict(shape), args.rollup_workers, settings, args.wire)
 
 
 # --------------------------------------------------------------------------------------------
@@ -1081,16 +1273,35 @@ def _gb_day(report: Report, n: int) -> float:
 
 
 def speed_table(report: Report) -> str:
-    rows = ["| meter | samples | batches | gzip MiB | ingest s | samples/s | x real time | rollup s | samples/s "
+    items = items_label(report.wire)
+    rows = [f"| meter | {items} | batches | gzip MiB | ingest s | {items}/s | x real time | rollup s | {items}/s "
             "| x real time | rollup ÷ ingest rate | rollup cycles (skipped) per worker |",
             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
     for s in report.settings:
         cycles = ", ".join(f"{w.cycles} ({w.skipped})" for w in s.rollup.workers)
-        rows.append(f"| {s.meter_ms} ms | {s.samples:,} | {s.batches:,} | {_mib(s.body_bytes)} | {s.ingest.wall_s:.1f} "
-                    f"| {s.samples / s.ingest.wall_s:,.0f} | {fleet_seconds(report) / s.ingest.wall_s:.1f} "
-                    f"| {s.rollup.wall_s:.1f} | {s.samples / s.rollup.wall_s:,.0f} "
-                    f"| {fleet_seconds(report) / s.rollup.wall_s:.1f} | {s.ingest.wall_s / s.rollup.wall_s:.2f} "
+        rows.append(f"| {s.meter_ms} ms | {s.items:,} | {s.batches:,} | {_mib(s.body_bytes)} | {s.ingest.wall_s:.1f} "
+                    f"| {s.items / s.ingest.wall_s:,.0f} | {fleet_seconds(report) / s.ingest.wall_s:.2f} "
+                    f"| {s.rollup.wall_s:.1f} | {s.items / s.rollup.wall_s:,.0f} "
+                    f"| {fleet_seconds(report) / s.rollup.wall_s:.2f} | {s.ingest.wall_s / s.rollup.wall_s:.2f} "
                     f"| {cycles} |")
+    return "\n".join(rows)
+
+
+def steady_table(report: Report) -> str:
+    """The headline setting's wall and CPU seconds of each batch window's ingest and rollup. Flat CPU
+    after the first window is the steady state the per-1,000 figures need; wall seconds that move
+    while the CPU does not are the shared machine's other work (its busy cores say how much)."""
+    s, batch_s = report.settings[0], report.shape["batch_seconds"]
+    rows = [f"| batch window ({batch_s} s of fleet time) | ingest: wall s | CPU s | rollup: wall s | CPU s "
+            "| busy cores of the whole machine, ingest / rollup | ingest + rollup, x real time |",
+            "|---:|---:|---:|---:|---:|---:|---:|"]
+    ingest, rollup = s.ingest, s.rollup
+    for k in range(len(ingest.window_s)):
+        busy = " / ".join("n/a" if b is None else f"{b / wall:.2f}"
+                          for b, wall in ((ingest.window_busy_s[k], ingest.window_s[k]),
+                                          (rollup.window_busy_s[k], rollup.window_s[k])))
+        rows.append(f"| {k + 1} | {ingest.window_s[k]:.1f} | {ingest.window_cpu_s[k]:.1f} | {rollup.window_s[k]:.1f} "
+                    f"| {rollup.window_cpu_s[k]:.1f} | {busy} | {batch_s / (ingest.window_s[k] + rollup.window_s[k]):.2f} |")
     return "\n".join(rows)
 
 
@@ -1099,11 +1310,11 @@ def scaling_table(report: Report) -> str:
     s = report.settings[0]
     if not s.rollup_scaling:
         return ""
-    rows = ["| rollup workers | wall s | samples/s | vs first | per worker: cycles (skipped), batches "
+    rows = [f"| rollup workers | wall s | {items_label(report.wire)}/s | vs first | per worker: cycles (skipped), batches "
             "| CPU s, workers | CPU s, Postgres |", "|---:|---:|---:|---:|---|---:|---:|"]
     for r in (s.rollup, *s.rollup_scaling):
         workers = "; ".join(f"{w.cycles} ({w.skipped}), {w.batches}" for w in r.workers)
-        rows.append(f"| {len(r.workers)} | {r.wall_s:.1f} | {s.samples / r.wall_s:,.0f} | "
+        rows.append(f"| {len(r.workers)} | {r.wall_s:.1f} | {s.items / r.wall_s:,.0f} | "
                     f"{s.rollup.wall_s / r.wall_s:.2f} | {workers} | {r.cpu_workers_s:.1f} | {r.cpu_postgres_s:.1f} |")
     return "\n".join(rows)
 
@@ -1117,12 +1328,12 @@ def cores_table(report: Report) -> str:
         busy = " / ".join("n/a" if b is None else f"{b / wall:.2f}"
                           for b, wall in ((s.ingest.machine_busy_s, s.ingest.wall_s),
                                           (s.rollup.machine_busy_s, s.rollup.wall_s)))
-        rows.append(f"| {s.meter_ms} ms | " + " | ".join(f"{cores(report, x):.2f}" for x in parts)
-                    + f" | **{cores(report, sum(parts)):.2f}** | {cores(report, s.ingest.cpu_client_s):.2f} | {busy} |")
+        rows.append(f"| {s.meter_ms} ms | " + " | ".join(f"{cores(report, x):.3f}" for x in parts)
+                    + f" | **{cores(report, sum(parts)):.3f}** | {cores(report, s.ingest.cpu_client_s):.3f} | {busy} |")
     return "\n".join(rows)
 
 
-DISK_ROWS = (("raw samples", ("raw samples",)), ("batches + batch GPUs", ("UsageBatch", "BatchGpu")),
+DISK_ROWS = (("integral rows", ("integral rows",)), ("batches + batch GPUs", ("UsageBatch", "BatchGpu")),
              ("minute ledger", ("UsageMinute", "GpuMinute")), ("hour ledger", ("UsageHour", "GpuHour")),
              ("day ledger", ("UsageDay", "GpuDay")))
 
@@ -1130,12 +1341,12 @@ DISK_ROWS = (("raw samples", ("raw samples",)), ("batches + batch GPUs", ("Usage
 def bytes_per_gpu_day(report: Report, s: Setting, table: str) -> float:
     """Bytes per row measured in this run x rows per GPU-day in a steady fleet."""
     rows = s.table_rows[table]
-    return s.table_bytes[table] / rows * rows_per_gpu_day(report.shape, s.meter_ms)[table] if rows else 0.0
+    return s.table_bytes[table] / rows * rows_per_gpu_day(report.shape)[table] if rows else 0.0
 
 
 def disk_table(report: Report) -> str:
     head = " | ".join(f"{s.meter_ms} ms" for s in report.settings)
-    rows = [f"| table (heap + indexes + TOAST) | bytes per row, {report.settings[0].meter_ms} ms | before VACUUM FULL "
+    rows = [f"| table (heap + indexes + TOAST) | bytes per row, {report.settings[0].meter_ms} ms | as the run left it "
             f"| bytes per GPU-day: {head} | GB/day per 1,000 GPUs: {head} |",
             "|---|---:|---:|" + "---:|" * (2 * len(report.settings))]
     first = report.settings[0]
@@ -1143,7 +1354,7 @@ def disk_table(report: Report) -> str:
         per_day = [sum(bytes_per_gpu_day(report, s, n) for n in names) for s in report.settings]
         n_rows = sum(first.table_rows[n] for n in names)
         per_row = f"{sum(first.table_bytes[n] for n in names) / n_rows:,.0f}" if n_rows and len(names) < 3 else "-"
-        before = sum(first.table_bytes_before_vacuum.get(n, 0) for n in names)
+        before = sum(first.table_bytes_as_left.get(n, 0) for n in names)
         bloat = f"x {before / sum(first.table_bytes[n] for n in names):.1f}" if before and len(names) < 3 else "-"
         rows.append(f"| {label} | {per_row} | {bloat} | " + " | ".join(f"{b:,.0f}" for b in per_day) + " | "
                     + " | ".join(f"{b * 1000 / 1e9:,.2f}" for b in per_day) + " |")
@@ -1155,11 +1366,10 @@ def disk_table(report: Report) -> str:
 
 
 def memory_table(report: Report) -> str:
-    rows = ["| meter | gunicorn worker RSS, max MiB | rollup worker RSS, max MiB | Postgres backends USS, Σ MiB "
-            "(ingest / rollup) |", "|---|---:|---:|---:|"]
+    rows = ["| meter | gunicorn worker RSS, max MiB | rollup worker RSS, max MiB | Postgres backends USS, Σ MiB |",
+            "|---|---:|---:|---:|"]
     rows.extend(f"| {s.meter_ms} ms | {_mib(s.ingest.gunicorn_worker_rss_max)} "
-                f"| {_mib(max(w.max_rss for w in s.rollup.workers))} "
-                f"| {_mib(s.ingest.postgres_uss_sum)} / {_mib(s.rollup.postgres_uss_sum)} |"
+                f"| {_mib(max(w.max_rss for w in s.rollup.workers))} | {_mib(s.ingest.postgres_uss_sum)} |"
                 for s in report.settings)
     return "\n".join(rows)
 
@@ -1187,19 +1397,21 @@ def pages_table(report: Report) -> str:
 
 
 # Retention held by the plan (docs/scaling.md), the shipped defaults (docs/operations.md, "Retention
-# and disk"): raw samples for the late-usage horizon (45 days) plus the 2-day margin, the minute
-# ledger 100 days. Batches, their GPUs, hours and days are kept: the plan counts one year of them.
+# and disk"): integral rows for the late-usage horizon (45 days) plus the 2-day margin, and the
+# batches with their GPU rows as long as them; the minute ledger 100 days, hours 396 (13 months).
+# Days are kept forever: the plan counts one year of them.
 PLAN_GPUS = 10_000
 PLAN_UTILISATION = 0.5  # cores planned at half busy: headroom for peaks and for catching up a backlog
-PLAN_DAYS = {"raw samples": 47, "UsageBatch": 365, "BatchGpu": 365, "UsageMinute": 100, "GpuMinute": 100,
-             "UsageHour": 365, "GpuHour": 365, "UsageDay": 365, "GpuDay": 365}
+PLAN_DAYS = {"integral rows": 47, "UsageBatch": 47, "BatchGpu": 47, "UsageMinute": 100, "GpuMinute": 100,
+             "UsageHour": 396, "GpuHour": 396, "UsageDay": 365, "GpuDay": 365}
 
 
 def plan_table(report: Report) -> str:
     """What PLAN_GPUS GPUs with this run's workloads per GPU need, from this run's per-1,000 figures."""
     scale = PLAN_GPUS / 1000
     rows = [f"| meter | cores at {PLAN_UTILISATION:.0%} busy: web/ingest + Postgres + rollup = total | ledger GB/day "
-            "| WAL GB/day | disk held, TB (raw 47 d, minutes 100 d, batches/hours/days 1 year) | RAM: gunicorn + rollup workers, GiB |",
+            "| WAL GB/day | disk held, TB (integral rows and batches 47 d, minutes 100 d, hours 396 d, days 1 year) "
+            "| RAM: gunicorn + rollup workers, GiB |",
             "|---|---|---:|---:|---:|---:|"]
     for s in report.settings:
         web = cores(report, s.ingest.cpu_gunicorn_s) * scale / PLAN_UTILISATION
@@ -1219,22 +1431,32 @@ def plan_table(report: Report) -> str:
 def tables(report: Report) -> str:
     scaling = scaling_table(report)
     if scaling:
-        scaling = (f"\n\nThe 1-second setting's rollup with each worker count, every one from a copy of the "
-                   f"database taken after ingest (max_batches={report.settings[0].rollup.max_batches} per call; a "
+        scaling = (f"\n\nThe 1-second setting's rollup with each worker count, each a run of its own from a copy "
+                   f"of the template (max_batches={report.settings[0].rollup.max_batches} per call; a "
                    f"call answered skipped=True waits {SKIPPED_RETRY_S} s):\n\n{scaling}")
+    precision = ""
+    if len(report.settings) > 1:
+        precision = (f"\n\nBilling precision against 1-second samples of the same load (charges per workload from "
+                     f"the day ledger; negative = billed less; only the `max` basis' billed integral depends on the "
+                     f"meter):\n\n{precision_table(report)}")
+    measured = report.shape["gpus"] == PLAN_GPUS
+    plan_source = ("measured at this size (the per-1,000 figures x 10)" if measured
+                   else "scaled from this run (linear in GPUs)")
     return (f"Speed (fleet time is {fleet_seconds(report)} s; \"x real time\" is fleet seconds per wall second):\n\n"
-            f"{speed_table(report)}\n\nCores per 1,000 GPUs (CPU seconds per second of fleet time, scaled from "
-            f"{report.shape['gpus']} GPUs):\n\n{cores_table(report)}\n\nDisk per GPU-day and per 1,000 GPUs a day: "
+            f"{speed_table(report)}\n\nSteady state: wall and CPU seconds (the service's: gunicorn or rollup workers, and Postgres) of "
+            f"each batch window's ingest and rollup, "
+            f"{report.settings[0].meter_ms} ms setting:\n\n{steady_table(report)}\n\n"
+            f"Cores per 1,000 GPUs (CPU seconds per second of fleet time, scaled from "
+            f"{report.shape['gpus']:,} GPUs):\n\n{cores_table(report)}\n\nDisk per GPU-day and per 1,000 GPUs a day: "
             f"bytes per row (pg_total_relation_size / rows after the run) x rows per GPU-day of a steady fleet "
-            f"(raw: 86400 / meter s x workloads; minute, hour, day ledgers: one row per workload and window; "
-            f"batch GPUs: one per batch window), all but the raw samples measured after VACUUM FULL (\"before\": the size "
-            f"the run left, dead rows of the rollup's rewrites included); WAL scaled by GPU-days:\n\n{disk_table(report)}\n\nMemory (peaks sampled "
-            f"every {SAMPLE_EVERY_S} s; Postgres' shared_buffers come on top):\n\n{memory_table(report)}\n\n"
-            f"Billing precision against 1-second samples of the same load (charges per workload from the day "
-            f"ledger; negative = billed less):\n\n{precision_table(report)}{scaling}\n\n"
-            f"{PLAN_GPUS:,} GPUs x {report.shape['workloads_per_gpu']} workloads, scaled from this run (linear in "
-            f"GPUs; retention as assumed in bench/fleet.py PLAN_DAYS; Postgres' own RAM is planned in "
-            f"docs/scaling.md):\n\n{plan_table(report)}\n\nPages after the run (median of the "
+            f"(integral rows, minute, hour, day ledgers: one row per workload and window; "
+            f"batch GPUs: one per batch window), all but the integral rows measured as a fresh copy of their live rows, "
+            f"which is what VACUUM FULL leaves (\"as the run left it\": dead rows of the rollup's rewrites included); WAL scaled by GPU-days:\n\n{disk_table(report)}\n\nMemory (peaks sampled "
+            f"every {SAMPLE_EVERY_S} s; Postgres' shared_buffers come on top):\n\n{memory_table(report)}"
+            f"{precision}{scaling}\n\n"
+            f"{PLAN_GPUS:,} GPUs x {report.shape['workloads_per_gpu']} workloads, {plan_source}; retention as "
+            f"assumed in bench/fleet.py PLAN_DAYS; Postgres' own RAM is planned in "
+            f"docs/scaling.md:\n\n{plan_table(report)}\n\nPages after the run (median of the "
             f"timed runs; {fleet_seconds(report) // 60} minutes of data, so they say little about "
             f"pages at a month's scale: bench/web_pages.py measures that):\n\n{pages_table(report)}")
 
@@ -1243,8 +1465,9 @@ def render_section(report: Report) -> str:
     machine = "\n".join(f"- {k}: {v}" for k, v in report.machine.items())
     sh = report.shape
     problems = ("failed:\n\n" + "\n".join(f"- {p}" for p in report.problems) if report.problems else
-                "all passed: every sample sent is in the ledger, every batch rolled up, and per GPU-day "
-                "charges + idle = card cost = price x GPU-seconds.")
+                f"all passed: every {items_label(report.wire)[:-1]} sent is in the ledger (its workload-seconds and "
+                "every integral, exactly), every batch rolled up, and per GPU-day charges + idle = card cost = "
+                "price x GPU-seconds.")
     return f"""{SECTION_TITLE}
 
 Measured {report.started} with
@@ -1258,9 +1481,9 @@ same Postgres server during the run; compare ratios within the run):
 
 {machine}
 
-Fleet: {sh['gpus']} A100-80GB GPUs on {-(-sh['gpus'] // sh['gpus_per_node'])} nodes of {sh['gpus_per_node']},
-{sh['workloads_per_gpu']} workloads per GPU, {sh['seconds'] // 60} simulated minutes, one batch per node
-per {sh['batch_seconds']} s; {report.rollup_workers[0]} rollup worker process(es) in the headline rows. The load and what each
+Fleet: {sh['gpus']:,} A100-80GB GPUs on {-(-sh['gpus'] // sh['gpus_per_node']):,} nodes of {sh['gpus_per_node']},
+{sh['workloads_per_gpu']} workloads per GPU, {sh['seconds'] // 60} simulated minutes, one wire {report.wire} batch
+per node per {sh['batch_seconds']} s; {report.rollup_workers[0]} rollup worker process(es) in the headline rows. The load and what each
 column means: `bench/fleet.py`'s docstring and `bench/README.md`; what the numbers mean for
 10,000 GPUs, and the design for a distributed Postgres: `docs/scaling.md`.
 
@@ -1287,7 +1510,8 @@ def report_from_json(data: dict[str, Any]) -> Report:
                            "precision": Precision(**s["precision"]) if s["precision"] else None,
                            "rollup_scaling": [rollup_run(r) for r in s["rollup_scaling"]]})
                 for s in data["settings"]]
-    return Report(data["command"], data["started"], data["machine"], data["shape"], data["rollup_workers"], settings)
+    return Report(data["command"], data["started"], data["machine"], data["shape"], data["rollup_workers"], settings,
+                  data["wire"])
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,6 +1,7 @@
 """The fleet benchmark (bench/fleet.py, docs/scaling.md) at a tiny size, so that it cannot rot: a
-real gunicorn, real agent-shaped batches, two rollup processes at once, the pages; and the report
-it writes must account for every sample and every cent, or its capacity figures mean nothing."""
+real gunicorn, batches rendered by the agent's own code (wire v2 as agents send by default, and v1),
+two rollup processes at once, the pages; and the report it writes must account for every sample,
+every integral and every cent, or its capacity figures mean nothing."""
 
 from __future__ import annotations
 
@@ -24,14 +25,15 @@ METERS_MS = (1000, 5000)
 CENT = Decimal("1e-6")  # the ledger keeps 12 decimals; sums over a few hundred rows
 
 
-def _run_harness(tmp_path: Path) -> tuple[dict[str, Any], str]:
+def _run_harness(tmp_path: Path, wire: str) -> tuple[dict[str, Any], str]:
     base = os.environ["DATABASE_URL"]
     db_name = (urllib.parse.urlsplit(base).path.lstrip("/") or "postgres") + "_fleetsmoke"
     out = tmp_path / "fleet.json"
     command = [sys.executable, "bench/fleet.py", "--gpus", str(GPUS), "--gpus-per-node", str(PER_NODE),
                "--workloads-per-gpu", str(WORKLOADS), "--minutes", str(MINUTES), "--batch-seconds", str(BATCH_S),
                "--meter-ms", *map(str, METERS_MS), "--agents", "2", "--gunicorn-workers", "1",
-               "--rollup-workers", "2", "--page-runs", "1", "--db-name", db_name, "--json-out", str(out)]
+               "--rollup-workers", "2", "--page-runs", "1", "--db-name", db_name, "--json-out", str(out),
+               "--wire", wire]
     done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=110, check=False)
     log = (done.stdout + done.stderr)[-6000:]
     assert done.returncode == 0, log
@@ -39,22 +41,29 @@ def _run_harness(tmp_path: Path) -> tuple[dict[str, Any], str]:
 
 
 @pytest.mark.timeout(120)
-def test_fleet_benchmark_accounts_for_every_sample_and_cent_at_each_meter_width(tmp_path: Path) -> None:
-    report, log = _run_harness(tmp_path)
+@pytest.mark.parametrize("wire", ["v2", "v1"])
+def test_fleet_benchmark_accounts_for_every_sample_and_cent_at_each_meter_width(tmp_path: Path, wire: str) -> None:
+    report, log = _run_harness(tmp_path, wire)
     assert report["problems"] == [], log
+    assert report["wire"] == wire
     fleet_seconds = MINUTES * 60
     nodes = GPUS // PER_NODE
     by_meter = {s["meter_ms"]: s for s in report["settings"]}
     assert list(by_meter) == list(METERS_MS)
     for meter_ms, s in by_meter.items():
         period_s = meter_ms // 1000
-        samples = GPUS * WORKLOADS * fleet_seconds // period_s
+        # v1 sends every sample; v2 one window per workload, GPU and minute, whatever the meter.
+        items = GPUS * WORKLOADS * (fleet_seconds // period_s if wire == "v1" else MINUTES)
         ingest, acc = s["ingest"], {k: Decimal(v) for k, v in s["accounting"].items()}
-        # Samples in = samples stored = samples rolled up (as workload-seconds in both ledgers).
-        assert ingest["sent"] == ingest["accepted"] == s["samples"] == samples, meter_ms
+        # Sent = stored = rolled up, as every workload-second in both ledgers.
+        assert ingest["sent"] == ingest["accepted"] == s["items"] == items, meter_ms
         assert ingest["batches"] == s["batches"] == nodes * fleet_seconds // BATCH_S
         assert ingest["errors"] == []
-        assert acc["seconds_in_minutes"] == acc["seconds_in_days"] == samples * period_s
+        assert acc["seconds_in_minutes"] == acc["seconds_in_days"] == GPUS * WORKLOADS * fleet_seconds
+        # Every batch window's ingest and rollup was timed (the steady-state table).
+        for run in (ingest, s["rollup"]):
+            assert len(run["window_s"]) == len(run["window_cpu_s"]) == fleet_seconds // BATCH_S
+            assert sum(run["window_cpu_s"]) > 0  # /proc counts 10 ms ticks: a tiny window may read 0
         assert acc["pending_batches"] == acc["quarantined_batches"] == 0
         # Money reconciles: Σ charges + idle = Σ card cost = price x every GPU-second of the run.
         assert acc["gpu_seconds"] == GPUS * fleet_seconds
@@ -72,11 +81,11 @@ def test_fleet_benchmark_accounts_for_every_sample_and_cent_at_each_meter_width(
         assert s["rollup"]["cpu_workers_s"] > 0
         assert ingest["gunicorn_worker_rss_max"] > 0
         assert min(w["max_rss"] for w in workers) > 0
-        assert all(s["table_bytes"][t] > 0 for t in ("raw samples", "UsageBatch", "BatchGpu", "UsageMinute",
+        assert all(s["table_bytes"][t] > 0 for t in ("integral rows", "UsageBatch", "BatchGpu", "UsageMinute",
                                                       "GpuMinute", "UsageHour", "GpuHour", "UsageDay", "GpuDay"))
         rows = s["table_rows"]  # one row per workload (GPU) and minute, hour, day; one batch GPU per window
         # Two when the run spans midnight.
-        assert rows["raw samples"] == samples
+        assert rows["integral rows"] == GPUS * WORKLOADS * MINUTES  # one per workload-minute, either wire
         assert rows["BatchGpu"] == GPUS * fleet_seconds // BATCH_S
         assert rows["UsageMinute"] == GPUS * WORKLOADS * MINUTES
         assert rows["GpuMinute"] == GPUS * MINUTES
@@ -87,7 +96,7 @@ def test_fleet_benchmark_accounts_for_every_sample_and_cent_at_each_meter_width(
     fine, coarse = by_meter[1000], by_meter[5000]
     # Ingest keeps one integral row per workload-minute whatever the meter width (wire v2; v1 samples
     # summed at ingest), so coarser metering no longer stores less.
-    assert coarse["table_bytes"]["raw samples"] == fine["table_bytes"]["raw samples"]
+    assert coarse["table_rows"]["integral rows"] == fine["table_rows"]["integral rows"]
     assert fine["precision"] is None
     p = coarse["precision"]
     assert p["workloads"] == GPUS * WORKLOADS
@@ -108,7 +117,7 @@ def test_any_synthetic_load_is_valid_and_coarsens_as_the_meter_integrates(seed: 
     from bench.fleet import Q, Shape, make_load
     from bench.ingest import A100
 
-    load = make_load(Shape(gpus, 8, workloads, 60, 60), seed)
+    load = make_load(Shape(gpus, 8, workloads, 60, 60), seed, 0)
     memory_mb, sm_count = A100["memory_mb"] * Q, A100["sm_count"] * Q  # in 1/1024 units
     # What ingest would refuse (docs/protocol.md): use or grant above the card, Σ granted on a GPU above it.
     for used, granted, capacity in ((load.mem_used, load.mem_granted, memory_mb),
@@ -123,3 +132,4 @@ def test_any_synthetic_load_is_valid_and_coarsens_as_the_meter_integrates(seed: 
     # billed = max(used, granted): per coarse sample never more than the sum of its seconds' maxima.
     fine_max = np.maximum(load.mem_used, load.mem_granted).reshape(gpus, workloads, -1, period_s).sum(axis=3)
     assert (np.maximum(coarse["mem_used"], coarse["mem_granted"]) <= fine_max).all()
+
