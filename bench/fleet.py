@@ -4,10 +4,11 @@ in cores, disk and memory, and as wall seconds per fleet minute (the steady stat
 with coarser metering and what it costs in billing precision.
 
     python bench/fleet.py [--gpus 200] [--gpus-per-node 8] [--workloads-per-gpu 16] [--minutes 10]
-                          [--meter-ms 1000 [5000 ...]] [--wire v2|v1] [--batch-seconds 60] [--agents 4]
-                          [--gunicorn-workers 3] [--rollup-workers 1 [2 ...]] [--rollup-batches N]
-                          [--parallel-query] [--page-runs 3] [--seed 14] [--db-name NAME] [--keep-db]
-                          [--json-out FILE] [--from-json FILE] [--write-docs]
+                          [--meter-ms 1000 [5000 ...]] [--wire v2|v1] [--batch-seconds 60]
+                          [--pod-minutes 5 360] [--agents 4] [--gunicorn-workers 3]
+                          [--rollup-workers 1 [2 ...]] [--concurrent] [--rollup-every-s S]
+                          [--rollup-batches N] [--parallel-query] [--page-runs 3] [--seed 14]
+                          [--db-name NAME] [--keep-db] [--json-out FILE] [--from-json FILE] [--write-docs]
 
 DATABASE_URL and REDIS_URL must be set. Nothing is written to DATABASE_URL's database: the
 benchmark builds `<dbname>_fleet` on the same server (migrate, node tokens, a rate card, tenants,
@@ -16,8 +17,8 @@ a fresh copy of that template, so the settings never see each other's rows. Both
 the end unless --keep-db.
 
 The load. One synthetic fleet: --gpus A100-80GB GPUs on nodes of --gpus-per-node, each GPU shared
-by --workloads-per-gpu containers, over the last --minutes minutes (ending two minutes ago, so no
-window is in the future). Per workload and second (numpy, seeded, in the agent's 1/1024 units):
+by --workloads-per-gpu workload slots (a container each), over the last --minutes minutes (ending
+two minutes ago, so no window is in the future). Per workload and second (numpy, seeded, in the agent's 1/1024 units):
 a granted share of the card that the allocator re-grants now and then (a new level about every
 20 s), use below the grant most of the time, and short bursts above it (about one every two
 minutes, 1-5 s, 1.2-1.5 x the grant: what the watchdog's grace period or dry-run enforcement lets
@@ -26,15 +27,29 @@ through). Σ granted stays under 0.66 of a card and Σ used under 0.99, so every
 Each node's series are drawn on their own, seeded by (--seed, node), so a fleet of any size is built
 one node at a time.
 
+Pod churn. A slot's pods come and go: each lives --pod-minutes LOW HIGH minutes (default 5 to 360,
+log-uniform: many short jobs, a few servers of hours; mean 83 minutes), and when one ends a new pod
+(new name, UID and tenant) takes the slot in the same second, so the card's load, the series and
+the workload-seconds are the same as without churn and only the identities change. The pod the run
+finds in a slot is the one a steady fleet shows at a random moment (its lifetime length-biased, part
+of it gone), so churn starts at its steady rate. Pods change on multiples of every --meter-ms
+period (their least common multiple), so no sample spans two pods and every setting bills the same
+pods. Lifetimes come from a random stream of their own: the series, the GPUs and each slot's first
+pod are the same with churn or without, and --pod-minutes 0 0 (one pod per slot for the whole run)
+sends the batches the bench sent before churn, byte for byte.
+
 Metering and the wire. `--meter-ms M` is the agent's own option (agents/__main__.py `run
 --meter-ms`, AgentConfig.meter_ms: the width of one usage sample, whole seconds from 1000 to
 60000). The 1-second series is integrated into M/1000-second samples exactly as the agent's meter
 does: integrals add, so a coarse sample is the sum of its seconds. Batches are the agent's: one
 per node per --batch-seconds window (AgentConfig.batch_seconds, default 60), every GPU of the node
-in it, rendered by the agent's own agents.batch.render_batch from agents.batch.Sample objects and
-gzipped as its spool does. `--wire` is the agent's option too: v2 (its default, docs/protocol.md)
-sends one window per workload, GPU and UTC minute, the integrals of its samples (agents.batch
-windows_of), v1 every sample. Every body is built before timing, on a process per core.
+in it, gzipped as its spool does. `--wire` is the agent's option too: v2 (its default,
+docs/protocol.md) sends one window per pod, GPU and UTC minute, the integrals of its samples, v1
+every sample. v1 batches are rendered by the agent's agents.batch.render_batch from Sample objects;
+v2 windows are summed from the arrays with numpy (v2_windows: what agents.batch.windows_of makes
+of the same samples, to the bit) and rendered by the agent's agents.batch.render_windows, so a v2
+body is byte for byte what render_batch would send (tests/bench/test_fleet_load.py) at about 2 ms
+of CPU per node-batch instead of about 40. Every body is built before timing, on a process per core.
 
 With v2 the meter no longer changes what the service does: a window carries the same integrals of
 used and granted memory, SM·s and PCIe whatever the meter (exact sums of the same 1/1024 quanta),
@@ -59,11 +74,24 @@ time where the machine allows, with gunicorn and the rollup workers running thro
    Ingest and rollup never overlap, so each one's CPU is measured alone. With several counts
    (--rollup-workers 1 2) the 1-second setting runs once per count, each from a fresh copy of the
    template; the first count's run is the headline, the others' rollups are compared with it.
-3. checks: every batch rolled up, none quarantined; samples (v1) or windows (v2) sent = accepted;
-   their workload-seconds = every workload's seconds of the run = seconds in the minute and day
-   ledgers; Σ of every integral in the minute ledger (used, granted, billed memory and SM·s, PCIe)
-   = the metered series summed in 1/1024 units, exactly; per GPU-day Σ charges + idle = card cost;
-   card cost = price x GPU-seconds.
+2b. concurrent (--concurrent, 1-second setting): ingest and rollup at once, as production runs
+   them, once per --rollup-workers count, each from a fresh copy of the template and before the
+   alternating runs. The windows are posted back to back, as fast as answered, while each rollup
+   worker calls rollup_usage once per beat (--rollup-every-s, default the service's
+   VGPU_ROLLUP_EVERY_S; a call that outlasts the beat is followed at once by the next, as Celery
+   runs the beats it queued), until a call that began after the last post finds nothing of its
+   shard pending. Wall time runs from the first post to the return of the last call that rolled
+   something up, and x real time is fleet seconds over it; while the fleet runs faster than real
+   time, a beat of wall seconds covers more fleet time than in production, so each cycle is bigger.
+   CPU over the whole run: gunicorn, the rollup workers, and Postgres split by backend (the rollup
+   workers' own backends, the rest of this database's and the auxiliaries as ingest's).
+3. checks, after every run: every batch rolled up, none quarantined; samples (v1) or windows (v2)
+   sent = accepted; their workload-seconds = every slot's seconds of the run = seconds in the
+   minute and day ledgers; Σ of every integral in the minute ledger (used, granted, billed memory
+   and SM·s, PCIe) = the metered series summed in 1/1024 units, exactly; every pod in the day
+   ledger with exactly its own seconds, and no other pod; per GPU-day Σ charges + idle = card
+   cost; card cost = price x GPU-seconds. The minute ledger is read in one place (minute_sums)
+   and the day ledger per pod in one (day_by_pod), by value columns and the pod's UID.
 4. disk: pg_total_relation_size (indexes and TOAST included, summed over partitions) of the
    integral rows ingest writes (the raw table: one row per batch, workload, GPU and minute, v1
    samples summed per minute at ingest), batches, batch GPUs and the minute, hour and day
@@ -76,14 +104,15 @@ time where the machine allows, with gunicorn and the rollup workers running thro
    shared_buffers apart.
 6. pages: /finance/, /tenants/, the biggest tenant's portal and /invoices/ through Django's test
    client (median of --page-runs after one warm-up).
-7. precision (with more than one --meter-ms): each workload's charge (and billed MB·s, SM·s) from
+7. precision (with more than one --meter-ms): each pod's charge (and billed MB·s, SM·s) from
    the day ledger, compared with the 1-second setting of the same load.
 8. steady state: wall seconds of each batch window's ingest and rollup. The first window pays for
    cold caches and the first claim of every GPU; later ones should be flat.
 
 Per 1,000 GPUs: CPU seconds per second of fleet time x 1000 / --gpus (the cores a fleet of 1,000
 such GPUs keeps busy); bytes per GPU-day = bytes per row x rows per GPU-day of a steady fleet (a
-run of minutes already holds whole hour and day rows, so bytes do not scale with its length); WAL
+run of minutes already holds whole hour and day rows, so bytes do not scale with its length; with
+churn, a pod that starts inside a minute, hour or day adds a row of it: rows_per_gpu_day); WAL
 bytes x 86400 / (GPUs x fleet seconds). A plan table scales it all to PLAN_GPUS GPUs (measured,
 not extrapolated, when --gpus is PLAN_GPUS).
 
@@ -810,13 +839,15 @@ class WorkerReport:
     max_rss: int
     error: str = ""
     backend_pid: int = 0  # its Postgres backend, kept for the run: the rollup's share of Postgres' CPU
+    last_rolled_at: float = 0.0  # Unix time its last call that rolled something up returned
 
     def plus(self, other: WorkerReport) -> WorkerReport:
         """This worker's windows so far and one more."""
         return WorkerReport(self.cycles + other.cycles, self.skipped + other.skipped, self.batches + other.batches,
                             self.gpu_minutes + other.gpu_minutes, self.quarantined + other.quarantined,
                             self.busy_s + other.busy_s, self.cpu_s + other.cpu_s, max(self.max_rss, other.max_rss),
-                            self.error or other.error, self.backend_pid or other.backend_pid)
+                            self.error or other.error, self.backend_pid or other.backend_pid,
+                            max(self.last_rolled_at, other.last_rolled_at))
 
 
 def _cpu_self() -> float:
@@ -834,6 +865,7 @@ class _Calls:
     minutes: int = 0
     quarantined: int = 0
     busy: float = 0.0
+    last_rolled_at: float = 0.0
     cpu_at_start: float = field(default_factory=_cpu_self)
 
     def call(self, shard: tuple[int, int], max_batches: int) -> Any:
@@ -845,6 +877,7 @@ class _Calls:
         result = rollup_usage(now=datetime.now(UTC), shard=shard[0], shards=shard[1], max_batches=max_batches)
         if result.batches or result.quarantined:
             self.busy += time.perf_counter() - began
+            self.last_rolled_at = time.time()  # compared across processes: the wall clock, not perf_counter
             self.cycles, self.batches = self.cycles + 1, self.batches + result.batches
             self.minutes, self.quarantined = self.minutes + result.gpu_minutes, self.quarantined + result.quarantined
         self.skipped += bool(result.skipped)
@@ -852,7 +885,8 @@ class _Calls:
 
     def report(self) -> WorkerReport:
         return WorkerReport(self.cycles, self.skipped, self.batches, self.minutes, self.quarantined, self.busy,
-                            _cpu_self() - self.cpu_at_start, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
+                            _cpu_self() - self.cpu_at_start, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+                            last_rolled_at=self.last_rolled_at)
 
 
 def _roll_up_pending(shard: tuple[int, int], max_batches: int) -> WorkerReport:
@@ -1087,7 +1121,7 @@ class ConcurrentRun:
     workers: list[WorkerReport]
     rollup_every_s: float
     max_batches: int
-    wall_s: float  # first post to the last batch rolled up
+    wall_s: float  # first post to the return of the last call that rolled something up
     ingest_s: float  # first post to the last answer
     window_s: list[float]  # wall seconds of each batch window's posts
     batches: int
@@ -1101,6 +1135,7 @@ class ConcurrentRun:
     cpu_postgres_rollup_s: float
     cpu_client_s: float
     machine_busy_s: float | None
+    cpu_span_s: float  # first post to the end of the call that found nothing left: what the CPU figures cover
 
     @property
     def cpu_service_s(self) -> float:
@@ -1117,19 +1152,21 @@ def run_concurrent(env: dict[str, str], database: str, tokens: dict[str, str], b
         _wait_ready(server.port)
         pool = RollupWorkers(env, workers, max_batches, every_s)
         try:
-            before, started = CpuSnapshot.take(database, server.proc.pid), time.perf_counter()
+            before, started = CpuSnapshot.take(database, server.proc.pid), time.time()
             pool.start("beats")
             for window, work in enumerate(_by_window(tokens, batches, shape, args.agents)):
                 began = time.perf_counter()
                 results += ingest_window(server.port, work)
                 windows.append(time.perf_counter() - began)
                 log(f"  window {window + 1}/{shape.windows}: ingest {windows[-1]:.1f} s")
-            ingested = time.perf_counter()
+            ingested = time.time()
             pool.ingest_done.set()
             workers_cpu = pool.wait()
-            after, rolled = CpuSnapshot.take(database, server.proc.pid), time.perf_counter()
+            after, measured = CpuSnapshot.take(database, server.proc.pid), time.time()
         finally:
             pool.close()
+    # Done when the last batch was rolled up, not when the next beat found nothing more to do.
+    rolled = max(w.last_rolled_at for w in pool.totals)
     cpu, rollup_backends = CpuUse.between(before, after), pool.backend_pids()
     postgres_rollup = sum(after.postgres.get(pid, 0.0) - before.postgres.get(pid, 0.0) for pid in rollup_backends)
     posted = Posted.of(results)
@@ -1137,7 +1174,7 @@ def run_concurrent(env: dict[str, str], database: str, tokens: dict[str, str], b
     return ConcurrentRun(pool.totals, every_s, max_batches, rolled - started, ingested - started, windows,
                          posted.batches, posted.accepted, posted.errors, posted.latency_p50_ms, posted.latency_p99_ms,
                          cpu.gunicorn, (cpu.postgres or 0.0) - postgres_rollup, workers_cpu, postgres_rollup,
-                         cpu.client, cpu.busy)
+                         cpu.client, cpu.busy, measured - started)
 
 
 # --------------------------------------------------------------------------------------------
@@ -1687,21 +1724,23 @@ def modes_table(report: Report) -> str:
             "| **service** | cores per 1,000 GPUs | rollup calls that rolled up (skipped) per worker "
             "| busy cores (whole machine) |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|"]
 
-    def row(mode: str, workers: list[WorkerReport], wall: float, ingest: float, p50: float, p99: float,
-            cpu: tuple[float, float, float, float], busy: float | None) -> str:
+    def row(mode: str, workers: list[WorkerReport], wall: float, ingest: float, latency: tuple[float, float],
+            cpu: tuple[float, float, float, float], busy: float | None, span: float) -> str:
         calls = ", ".join(f"{w.cycles} ({w.skipped})" for w in workers)
         return (f"| {mode} | {len(workers)} | {wall:.1f} | {fleet_seconds(report) / wall:.2f} | {ingest:.1f} "
-                f"| {wall - ingest:.1f} | {p50:,.0f} / {p99:,.0f} | " + " | ".join(f"{x:.1f}" for x in cpu)
-                + f" | **{sum(cpu):.1f}** | {cores(report, sum(cpu)):.3f} | {calls} "
-                f"| {'n/a' if busy is None else f'{busy / wall:.2f}'} |")
+                f"| {wall - ingest:.1f} | {latency[0]:,.0f} / {latency[1]:,.0f} | "
+                + " | ".join(f"{x:.1f}" for x in cpu) + f" | **{sum(cpu):.1f}** | {cores(report, sum(cpu)):.3f} "
+                f"| {calls} | {'n/a' if busy is None else f'{busy / span:.2f}'} |")
 
     i, r = s.ingest, s.rollup
     busy = None if i.machine_busy_s is None or r.machine_busy_s is None else i.machine_busy_s + r.machine_busy_s
-    rows.append(row("alternating", r.workers, i.wall_s + r.wall_s, i.wall_s, i.latency_p50_ms, i.latency_p99_ms,
-                    (i.cpu_gunicorn_s, i.cpu_postgres_s, r.cpu_workers_s, r.cpu_postgres_s), busy))
-    rows.extend(row(f"concurrent, every {c.rollup_every_s:g} s", c.workers, c.wall_s, c.ingest_s, c.latency_p50_ms,
-                    c.latency_p99_ms, (c.cpu_gunicorn_s, c.cpu_postgres_ingest_s, c.cpu_workers_s,
-                                       c.cpu_postgres_rollup_s), c.machine_busy_s) for c in s.concurrent)
+    rows.append(row("alternating", r.workers, i.wall_s + r.wall_s, i.wall_s, (i.latency_p50_ms, i.latency_p99_ms),
+                    (i.cpu_gunicorn_s, i.cpu_postgres_s, r.cpu_workers_s, r.cpu_postgres_s), busy,
+                    i.wall_s + r.wall_s))
+    rows.extend(row(f"concurrent, every {c.rollup_every_s:g} s", c.workers, c.wall_s, c.ingest_s,
+                    (c.latency_p50_ms, c.latency_p99_ms), (c.cpu_gunicorn_s, c.cpu_postgres_ingest_s,
+                                                           c.cpu_workers_s, c.cpu_postgres_rollup_s),
+                    c.machine_busy_s, c.cpu_span_s) for c in s.concurrent)
     return "\n".join(rows)
 
 
@@ -1826,7 +1865,8 @@ def tables(report: Report) -> str:
                  f"each rollup worker calls rollup_usage on the beat's cadence; each run from a copy of the template), "
                  f"beside the headline run, which alternates them; \"ingest s\" ends with the last post's answer, "
                  f"and in the concurrent runs Postgres' CPU is split by backend (the rollup workers' own, the rest "
-                 f"as ingest's):\n\n{modes}")
+                 f"as ingest's; the CPU and the machine's busy cores of a concurrent run cover it up to the "
+                 f"call that found nothing left, the next beat after the last batch rolled up):\n\n{modes}")
     precision = ""
     if len(report.settings) > 1:
         precision = (f"\n\nBilling precision against 1-second samples of the same load (charges per workload from "
