@@ -48,8 +48,8 @@ docs/protocol.md) sends one window per pod, GPU and UTC minute, the integrals of
 every sample. v1 batches are rendered by the agent's agents.batch.render_batch from Sample objects;
 v2 windows are summed from the arrays with numpy (v2_windows: what agents.batch.windows_of makes
 of the same samples, to the bit) and rendered by the agent's agents.batch.render_windows, so a v2
-body is byte for byte what render_batch would send (tests/bench/test_fleet_load.py) at about 2 ms
-of CPU per node-batch instead of about 40. Every body is built before timing, on a process per core.
+body is byte for byte what render_batch would send (tests/bench/test_fleet_load.py) at about a
+twentieth of the CPU (bench/README.md). Every body is built before timing, on a process per core.
 
 With v2 the meter no longer changes what the service does: a window carries the same integrals of
 used and granted memory, SM·s and PCIe whatever the meter (exact sums of the same 1/1024 quanta),
@@ -1882,7 +1882,8 @@ def tables(report: Report) -> str:
             f"Cores per 1,000 GPUs (CPU seconds per second of fleet time, scaled from "
             f"{report.shape['gpus']:,} GPUs):\n\n{cores_table(report)}\n\nDisk per GPU-day and per 1,000 GPUs a day: "
             f"bytes per row (pg_total_relation_size / rows after the run) x rows per GPU-day of a steady fleet "
-            f"(integral rows, minute, hour, day ledgers: one row per workload and window; "
+            f"(integral rows, minute, hour, day ledgers: one row per workload and window, and with churn one more per "
+            f"pod starting inside a window; "
             f"batch GPUs: one per batch window), all but the integral rows measured as a fresh copy of their live rows, "
             f"which is what VACUUM FULL leaves (\"as the run left it\": dead rows of the rollup's rewrites included); WAL scaled by GPU-days:\n\n{disk_table(report)}\n\nMemory (peaks sampled "
             f"every {SAMPLE_EVERY_S} s; Postgres' shared_buffers come on top):\n\n{memory_table(report)}"
@@ -1902,8 +1903,8 @@ def render_section(report: Report) -> str:
                 "every integral, exactly), every pod with its own seconds, every batch rolled up, and per GPU-day "
                 "charges + idle = card cost = price x GPU-seconds.")
     first = report.settings[0]
-    churn = (f"pods living {sh['pod_minutes_low']}-{sh['pod_minutes_high']} minutes (log-uniform; a new pod takes a "
-             f"slot when one ends), {first.pods:,} pods in all" if sh.get("pod_minutes_high")
+    churn = (f"pods living {sh['pod_minutes_low']}-{sh['pod_minutes_high']} minutes, log-uniform, a new pod taking "
+             f"a slot when one ends: {first.pods:,} pods in all" if sh.get("pod_minutes_high")
              else "one pod per slot for the whole run")
     built = f"; every batch built in {first.build_s:.1f} s before anything was timed" if first.build_s else ""
     return f"""{SECTION_TITLE}
