@@ -6,7 +6,7 @@ with coarser metering and what it costs in billing precision.
     python bench/fleet.py [--gpus 200] [--gpus-per-node 8] [--workloads-per-gpu 16] [--minutes 10]
                           [--meter-ms 1000 [5000 ...]] [--wire v2|v1] [--batch-seconds 60]
                           [--pod-minutes 5 360] [--agents 4] [--gunicorn-workers 3]
-                          [--rollup-workers 1 [2 ...]] [--concurrent] [--rollup-every-s S]
+                          [--rollup-workers 1 [2 ...]] [--concurrent] [--real-time] [--rollup-every-s S]
                           [--rollup-batches N] [--parallel-query] [--page-runs 3] [--seed 14]
                           [--db-name NAME] [--keep-db] [--json-out FILE] [--from-json FILE] [--write-docs]
 
@@ -82,7 +82,12 @@ time where the machine allows, with gunicorn and the rollup workers running thro
    runs the beats it queued), until a call that began after the last post finds nothing of its
    shard pending. Wall time runs from the first post to the return of the last call that rolled
    something up, and x real time is fleet seconds over it; while the fleet runs faster than real
-   time, a beat of wall seconds covers more fleet time than in production, so each cycle is bigger.
+   time, a beat of wall seconds covers more fleet time than in production, so each cycle is bigger
+   and the rollup's fixed cost per cycle is spread thinner. --real-time posts on the fleet's clock
+   instead: each window's batches spread evenly over its --batch-seconds (agents start at different
+   moments, so their windows end, and they upload, all through the minute), so the beats cover
+   what they cover in production; the run then lasts at least the fleet time, and what it reports
+   is CPU and how long the last batch waited.
    CPU over the whole run: gunicorn, the rollup workers, and Postgres split by backend (the rollup
    workers' own backends, the rest of this database's and the auxiliaries as ingest's).
 3. checks, after every run: every batch rolled up, none quarantined; samples (v1) or windows (v2)
@@ -231,6 +236,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="also run ingest and rollup at once, as production does (the windows posted back to back "
                         "while each rollup worker runs on the beat's cadence), with each --rollup-workers count, "
                         "each from a copy of the template")
+    p.add_argument("--real-time", action="store_true",
+                   help="in the concurrent runs, post on the fleet's clock (each window's batches spread evenly "
+                        "over its --batch-seconds) instead of back to back, so each beat covers the fleet time it "
+                        "covers in production; such a run lasts at least the fleet time")
     p.add_argument("--rollup-every-s", type=float, default=0.0,
                    help="the beat's cadence in the concurrent runs (default: the service's VGPU_ROLLUP_EVERY_S)")
     p.add_argument("--rollup-batches", type=int, default=0,
@@ -751,11 +760,14 @@ class PosterResult:
     latencies: list[float] = field(default_factory=list)
 
 
-def _post_all(port: int, work: list[tuple[str, Batch]], result: PosterResult) -> None:
-    """One client thread: its nodes' batches of one window, on one keep-alive connection."""
+def _post_all(port: int, work: list[tuple[str, Batch]], result: PosterResult, spread: tuple[float, float]) -> None:
+    """One client thread: its nodes' batches of one window, on one keep-alive connection; with a
+    spread (start, seconds), the j-th of n batches no earlier than start + j x seconds / n."""
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=300)
     try:
-        for token, batch in work:
+        for j, (token, batch) in enumerate(work):
+            if spread[1]:
+                time.sleep(max(0.0, spread[0] + j * spread[1] / len(work) - time.time()))
             headers = {"Authorization": f"Bearer {token}", "Content-Type": "application/json",
                        "Content-Encoding": "gzip"}
             started = time.perf_counter()
@@ -795,10 +807,12 @@ def _wait_ready(port: int, timeout_s: float = 60.0) -> None:
         time.sleep(0.2)
 
 
-def ingest_window(port: int, work: list[list[tuple[str, Batch]]]) -> list[PosterResult]:
-    """One window's batches, each client thread posting its nodes' as fast as answered."""
+def ingest_window(port: int, work: list[list[tuple[str, Batch]]],
+                  spread: tuple[float, float] = (0.0, 0.0)) -> list[PosterResult]:
+    """One window's batches, each client thread posting its nodes' as fast as answered or, with a
+    spread (start, seconds), evenly over those seconds from that Unix time."""
     results = [PosterResult() for _ in work]
-    threads = [threading.Thread(target=_post_all, args=(port, w, r), daemon=True)
+    threads = [threading.Thread(target=_post_all, args=(port, w, r, spread), daemon=True)
                for w, r in zip(work, results, strict=True)]
     for thread in threads:
         thread.start()
@@ -1121,6 +1135,7 @@ class ConcurrentRun:
     workers: list[WorkerReport]
     rollup_every_s: float
     max_batches: int
+    real_time: bool  # windows posted on the fleet's clock (--real-time), not back to back
     wall_s: float  # first post to the return of the last call that rolled something up
     ingest_s: float  # first post to the last answer
     window_s: list[float]  # wall seconds of each batch window's posts
@@ -1155,8 +1170,11 @@ def run_concurrent(env: dict[str, str], database: str, tokens: dict[str, str], b
             before, started = CpuSnapshot.take(database, server.proc.pid), time.time()
             pool.start("beats")
             for window, work in enumerate(_by_window(tokens, batches, shape, args.agents)):
+                # With --real-time, spread over the window's fleet time: agents start at different
+                # moments, so their batch windows end, and they upload, all through the minute.
+                spread = (started + window * shape.batch_seconds, float(shape.batch_seconds) if args.real_time else 0.0)
                 began = time.perf_counter()
-                results += ingest_window(server.port, work)
+                results += ingest_window(server.port, work, spread)
                 windows.append(time.perf_counter() - began)
                 log(f"  window {window + 1}/{shape.windows}: ingest {windows[-1]:.1f} s")
             ingested = time.time()
@@ -1171,7 +1189,7 @@ def run_concurrent(env: dict[str, str], database: str, tokens: dict[str, str], b
     postgres_rollup = sum(after.postgres.get(pid, 0.0) - before.postgres.get(pid, 0.0) for pid in rollup_backends)
     posted = Posted.of(results)
     log(f"  ingest {ingested - started:.1f} s, last batch rolled up {rolled - ingested:.1f} s later")
-    return ConcurrentRun(pool.totals, every_s, max_batches, rolled - started, ingested - started, windows,
+    return ConcurrentRun(pool.totals, every_s, max_batches, args.real_time, rolled - started, ingested - started, windows,
                          posted.batches, posted.accepted, posted.errors, posted.latency_p50_ms, posted.latency_p99_ms,
                          cpu.gunicorn, (cpu.postgres or 0.0) - postgres_rollup, workers_cpu, postgres_rollup,
                          cpu.client, cpu.busy, measured - started)
@@ -1737,7 +1755,7 @@ def modes_table(report: Report) -> str:
     rows.append(row("alternating", r.workers, i.wall_s + r.wall_s, i.wall_s, (i.latency_p50_ms, i.latency_p99_ms),
                     (i.cpu_gunicorn_s, i.cpu_postgres_s, r.cpu_workers_s, r.cpu_postgres_s), busy,
                     i.wall_s + r.wall_s))
-    rows.extend(row(f"concurrent, every {c.rollup_every_s:g} s", c.workers, c.wall_s, c.ingest_s,
+    rows.extend(row(f"concurrent{', real time' if c.real_time else ''}, every {c.rollup_every_s:g} s", c.workers, c.wall_s, c.ingest_s,
                     (c.latency_p50_ms, c.latency_p99_ms), (c.cpu_gunicorn_s, c.cpu_postgres_ingest_s,
                                                            c.cpu_workers_s, c.cpu_postgres_rollup_s),
                     c.machine_busy_s, c.cpu_span_s) for c in s.concurrent)

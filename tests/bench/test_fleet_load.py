@@ -1,12 +1,16 @@
 """The fleet benchmark's synthetic load (bench/fleet.py), without a database: any seed's load is
 valid and coarsens as the agent's meter integrates, pods churn as documented without changing the
-series, and the v2 batches it sends are byte for byte what the agent's render_batch would send."""
+series, the v2 batches it sends are byte for byte what the agent's render_batch would send, and
+--real-time spreads a window's posts over the window."""
 
 from __future__ import annotations
 
 import gzip
+import json
 import math
+import threading
 from datetime import UTC, datetime, timedelta
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import numpy as np
 from hypothesis import given, settings
@@ -14,8 +18,19 @@ from hypothesis import strategies as st
 
 from agents.batch import render_batch
 from agents.interfaces import GpuInfo
-from bench.fleet import Q, Shape, make_load, node_batches, pod_starts_per_slot_day, rows_per_gpu_day, v1_samples
+from bench.fleet import (
+    Batch,
+    Q,
+    Shape,
+    ingest_window,
+    make_load,
+    node_batches,
+    pod_starts_per_slot_day,
+    rows_per_gpu_day,
+    v1_samples,
+)
 from bench.ingest import A100
+from tests.clock import now
 
 START = datetime(2026, 12, 31, 23, 57, tzinfo=UTC)  # a fixed minute: batches cross midnight and a year
 
@@ -103,3 +118,40 @@ def test_a_steady_fleet_with_churn_adds_a_row_per_pod_started_inside_a_window() 
     assert more["GpuMinute"] == base["GpuMinute"]
     # On a whole-minute grid no pod starts inside a minute.
     assert rows_per_gpu_day(churned | {"pod_grid_s": 60})["UsageMinute"] == base["UsageMinute"]
+
+
+def test_real_time_posting_spreads_each_threads_batches_over_the_window() -> None:
+    """--real-time: a client thread posts its j-th of n batches no earlier than j/n of the window in,
+    to a real (loopback) server; without a spread, back to back."""
+    arrivals: list[float] = []
+
+    class Ingest(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            arrivals.append(now().timestamp())
+            self.rfile.read(int(self.headers["Content-Length"]))
+            body = json.dumps({"accepted": 1}).encode()
+            self.send_response(201)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Ingest)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        work = [[("token", Batch(0, seq, 1, gzip.compress(b"{}"))) for seq in range(4)]]
+        start = now().timestamp()
+        [spread] = ingest_window(server.server_address[1], work, (start, 1.0))
+        assert spread.batches == spread.accepted == 4
+        # None early (to a millisecond: the clock reads microseconds).
+        assert [a - start >= j / 4 - 1e-3 for j, a in enumerate(arrivals)] == [True] * 4
+        assert arrivals[-1] - start >= 0.75
+        arrivals.clear()
+        start = now().timestamp()
+        ingest_window(server.server_address[1], work)
+        assert arrivals[-1] - start < 0.5  # as fast as answered
+    finally:
+        server.shutdown()
+        server.server_close()
