@@ -1879,8 +1879,9 @@ def tables(report: Report) -> str:
                    f"call answered skipped=True waits {SKIPPED_RETRY_S} s):\n\n{scaling}")
     modes = modes_table(report)
     if modes:
-        modes = (f"\n\nIngest and rollup at once, as production runs them (the windows posted back to back while "
-                 f"each rollup worker calls rollup_usage on the beat's cadence; each run from a copy of the template), "
+        modes = (f"\n\nIngest and rollup at once, as production runs them (the windows posted back to back, or with "
+                 f"--real-time on the fleet's clock, while each rollup worker calls rollup_usage on the beat's "
+                 f"cadence; each run from a copy of the template), "
                  f"beside the headline run, which alternates them; \"ingest s\" ends with the last post's answer, "
                  f"and in the concurrent runs Postgres' CPU is split by backend (the rollup workers' own, the rest "
                  f"as ingest's; the CPU and the machine's busy cores of a concurrent run cover it up to the "
