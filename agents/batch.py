@@ -13,7 +13,7 @@ from typing import Any
 from agents.interfaces import GpuInfo, Workload, WorkloadMeta
 
 __all__ = ["SCHEMA", "SCHEMA_V2", "Sample", "Window", "format_utc", "gpu_from_wire", "gpu_to_wire", "parse_utc",
-           "render_batch", "windows_of"]
+           "render_batch", "render_windows", "windows_of"]
 
 SCHEMA = "vgpu-ledger/usage-batch/v1"
 SCHEMA_V2 = "vgpu-ledger/usage-batch/v2"
@@ -193,19 +193,50 @@ def render_batch(
     the samples, "v2" their integrals per workload-minute."""
     if wire not in {"v1", "v2"}:
         raise ValueError(f"wire must be 'v1' or 'v2', got {wire!r}")
+    ordered = sorted(samples, key=lambda s: (s.start, s.gpu, s.workload.key))
+    if wire == "v2":
+        return render_windows(node=node, batch_seq=batch_seq, window_start=window_start, window_end=window_end,
+                              gpus=gpus, windows=windows_of(ordered), cluster=cluster, energy_j=energy_j)
+    document = _head(SCHEMA, node=node, batch_seq=batch_seq, window_start=window_start, window_end=window_end,
+                     gpus=gpus, cluster=cluster, energy_j=energy_j)
+    document["samples"] = [s.to_wire() for s in ordered]
+    return _encode(document)
+
+
+def render_windows(
+    *,
+    node: str,
+    batch_seq: int,
+    window_start: datetime,
+    window_end: datetime,
+    gpus: Sequence[GpuInfo],
+    windows: Sequence[Window],
+    cluster: str = "",
+    energy_j: Mapping[str, float] | None = None,
+) -> bytes:
+    """A v2 batch of windows already summed, in the order given (``windows_of``'s: by first
+    sample, GPU and workload key). ``render_batch`` sends what this renders from the samples'
+    ``windows_of``; a caller that sums the windows itself (bench/fleet.py, from arrays) gets the
+    same bytes for the same windows."""
+    document = _head(SCHEMA_V2, node=node, batch_seq=batch_seq, window_start=window_start, window_end=window_end,
+                     gpus=gpus, cluster=cluster, energy_j=energy_j)
+    document["windows"] = [w.to_wire() for w in windows]
+    return _encode(document)
+
+
+def _head(schema: str, *, node: str, batch_seq: int, window_start: datetime, window_end: datetime,
+          gpus: Sequence[GpuInfo], cluster: str, energy_j: Mapping[str, float] | None) -> dict[str, Any]:
     if window_end <= window_start:
         raise ValueError(f"empty batch window [{window_start}, {window_end})")
-    ordered = sorted(samples, key=lambda s: (s.start, s.gpu, s.workload.key))
-    document: dict[str, Any] = {"schema": SCHEMA if wire == "v1" else SCHEMA_V2, "node": node}
+    document: dict[str, Any] = {"schema": schema, "node": node}
     if cluster:
         document["cluster"] = cluster
-    document |= {
+    return document | {
         "batch_seq": batch_seq,
         "window": {"start": format_utc(window_start), "end": format_utc(window_end)},
         "gpus": [_with_energy(gpu_to_wire(g), (energy_j or {}).get(g.uuid)) for g in gpus],
     }
-    if wire == "v1":
-        document["samples"] = [s.to_wire() for s in ordered]
-    else:
-        document["windows"] = [w.to_wire() for w in windows_of(ordered)]
+
+
+def _encode(document: dict[str, Any]) -> bytes:
     return json.dumps(document, separators=(",", ":"), allow_nan=False).encode("utf-8")

@@ -1,7 +1,9 @@
 """The fleet benchmark (bench/fleet.py, docs/scaling.md) at a tiny size, so that it cannot rot: a
-real gunicorn, batches rendered by the agent's own code (wire v2 as agents send by default, and v1),
-two rollup processes at once, the pages; and the report it writes must account for every sample,
-every integral and every cent, or its capacity figures mean nothing."""
+real gunicorn, batches rendered by the agent's own code (wire v2 as agents send by default, with pods
+that come and go, and v1 with one pod per slot), two rollup processes at once, ingest and rollup
+alternating and, with v2, at once on a beat; the pages; and the report it writes must account for
+every sample, every integral, every pod and every cent, or its capacity figures mean nothing.
+tests/bench/test_fleet_load.py checks the load and the batches without a database."""
 
 from __future__ import annotations
 
@@ -14,15 +16,20 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
+
+from bench.fleet import Shape, make_load
 
 REPO = Path(__file__).resolve().parents[2]
 GPUS, PER_NODE, WORKLOADS, MINUTES, BATCH_S = 4, 2, 3, 2, 60
 METERS_MS = (1000, 5000)
 CENT = Decimal("1e-6")  # the ledger keeps 12 decimals; sums over a few hundred rows
+
+
+# v2, the agent's default, with short-lived pods (every slot changes pods in the run) and the
+# concurrent mode beside the alternating one; v1 with one pod per slot for the whole run.
+CHURN = {"v2": (1, 2), "v1": (0, 0)}
+BEAT_S = 0.5
 
 
 def _run_harness(tmp_path: Path, wire: str) -> tuple[dict[str, Any], str]:
@@ -33,11 +40,26 @@ def _run_harness(tmp_path: Path, wire: str) -> tuple[dict[str, Any], str]:
                "--workloads-per-gpu", str(WORKLOADS), "--minutes", str(MINUTES), "--batch-seconds", str(BATCH_S),
                "--meter-ms", *map(str, METERS_MS), "--agents", "2", "--gunicorn-workers", "1",
                "--rollup-workers", "2", "--page-runs", "1", "--db-name", db_name, "--json-out", str(out),
-               "--wire", wire]
+               "--wire", wire, "--pod-minutes", *map(str, CHURN[wire])]
+    if wire == "v2":
+        command += ["--concurrent", "--rollup-every-s", str(BEAT_S)]
     done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=110, check=False)
     log = (done.stdout + done.stderr)[-6000:]
     assert done.returncode == 0, log
     return json.loads(out.read_text()), log
+
+
+def _pods_and_pod_minutes(wire: str) -> tuple[int, int]:
+    """Pods the run meters, and (pod, minute) pairs: v2 sends one window for each."""
+    shape = Shape(GPUS, PER_NODE, WORKLOADS, MINUTES * 60, BATCH_S, *CHURN[wire], 5)  # grid: lcm of 1 s and 5 s
+    pods = pod_minutes = 0
+    for node in range(GPUS // PER_NODE):
+        for gpu in make_load(shape, 14, node).starts:
+            for starts in gpu:
+                ends = [*starts[1:], MINUTES * 60]
+                pods += len(starts)
+                pod_minutes += sum(len(range(b // 60, (e - 1) // 60 + 1)) for b, e in zip(starts, ends, strict=True))
+    return pods, pod_minutes
 
 
 @pytest.mark.timeout(120)
@@ -48,12 +70,15 @@ def test_fleet_benchmark_accounts_for_every_sample_and_cent_at_each_meter_width(
     assert report["wire"] == wire
     fleet_seconds = MINUTES * 60
     nodes = GPUS // PER_NODE
+    pods, pod_minutes = _pods_and_pod_minutes(wire)
+    assert pods > GPUS * WORKLOADS if wire == "v2" else pods == GPUS * WORKLOADS
     by_meter = {s["meter_ms"]: s for s in report["settings"]}
     assert list(by_meter) == list(METERS_MS)
     for meter_ms, s in by_meter.items():
         period_s = meter_ms // 1000
-        # v1 sends every sample; v2 one window per workload, GPU and minute, whatever the meter.
-        items = GPUS * WORKLOADS * (fleet_seconds // period_s if wire == "v1" else MINUTES)
+        assert s["pods"] == pods
+        # v1 sends every sample; v2 one window per pod, GPU and minute, whatever the meter.
+        items = GPUS * WORKLOADS * fleet_seconds // period_s if wire == "v1" else pod_minutes
         ingest, acc = s["ingest"], {k: Decimal(v) for k, v in s["accounting"].items()}
         # Sent = stored = rolled up, as every workload-second in both ledgers.
         assert ingest["sent"] == ingest["accepted"] == s["items"] == items, meter_ms
@@ -85,21 +110,22 @@ def test_fleet_benchmark_accounts_for_every_sample_and_cent_at_each_meter_width(
                                                       "GpuMinute", "UsageHour", "GpuHour", "UsageDay", "GpuDay"))
         rows = s["table_rows"]  # one row per workload (GPU) and minute, hour, day; one batch GPU per window
         # Two when the run spans midnight.
-        assert rows["integral rows"] == GPUS * WORKLOADS * MINUTES  # one per workload-minute, either wire
+        assert rows["integral rows"] == pod_minutes  # one per pod-minute, either wire
         assert rows["BatchGpu"] == GPUS * fleet_seconds // BATCH_S
-        assert rows["UsageMinute"] == GPUS * WORKLOADS * MINUTES
+        assert rows["UsageMinute"] == pod_minutes
         assert rows["GpuMinute"] == GPUS * MINUTES
-        assert rows["UsageDay"] >= GPUS * WORKLOADS
+        assert rows["UsageDay"] >= pods
         assert rows["GpuDay"] >= GPUS
         assert set(s["pages_s"]) == {"finance", "tenants", "portal", "invoices"}
         assert all(v > 0 for v in s["pages_s"].values())
+    _check_concurrent_runs(by_meter[1000], report["shape"], wire)
     fine, coarse = by_meter[1000], by_meter[5000]
     # Ingest keeps one integral row per workload-minute whatever the meter width (wire v2; v1 samples
     # summed at ingest), so coarser metering no longer stores less.
     assert coarse["table_rows"]["integral rows"] == fine["table_rows"]["integral rows"]
     assert fine["precision"] is None
     p = coarse["precision"]
-    assert p["workloads"] == GPUS * WORKLOADS
+    assert p["workloads"] == pods
     # billed = max(used, granted): a coarse sample's max of sums never exceeds the sum of the
     # 1-second maxima, so coarser metering can only bill less, and this load's bursts make it so.
     assert p["charge_rel_mean"] < 0
@@ -109,27 +135,25 @@ def test_fleet_benchmark_accounts_for_every_sample_and_cent_at_each_meter_width(
     assert abs(p["charge_rel_mean"]) <= p["charge_rel_max_abs"] < 0.5
 
 
-@given(seed=st.integers(0, 2**32 - 1), gpus=st.integers(1, 3), workloads=st.integers(1, 16),
-       period_s=st.sampled_from((1, 2, 5, 10, 15, 30, 60)))
-@settings(max_examples=25, deadline=None)
-def test_any_synthetic_load_is_valid_and_coarsens_as_the_meter_integrates(seed: int, gpus: int, workloads: int,
-                                                                          period_s: int) -> None:
-    from bench.fleet import Q, Shape, make_load
-    from bench.ingest import A100
-
-    load = make_load(Shape(gpus, 8, workloads, 60, 60), seed, 0)
-    memory_mb, sm_count = A100["memory_mb"] * Q, A100["sm_count"] * Q  # in 1/1024 units
-    # What ingest would refuse (docs/protocol.md): use or grant above the card, Σ granted on a GPU above it.
-    for used, granted, capacity in ((load.mem_used, load.mem_granted, memory_mb),
-                                    (load.sm_used, load.sm_granted, sm_count)):
-        assert used.min() >= 0
-        assert used.max() <= capacity
-        assert granted.max() <= capacity
-        assert granted.sum(axis=1).max() <= capacity
-    coarse = load.coarsened(period_s)
-    for name in ("mem_used", "mem_granted", "sm_used", "sm_granted", "pcie"):
-        assert int(coarse[name].sum()) == int(getattr(load, name).sum())  # integrals add, exactly
-    # billed = max(used, granted): per coarse sample never more than the sum of its seconds' maxima.
-    fine_max = np.maximum(load.mem_used, load.mem_granted).reshape(gpus, workloads, -1, period_s).sum(axis=3)
-    assert (np.maximum(coarse["mem_used"], coarse["mem_granted"]) <= fine_max).all()
-
+def _check_concurrent_runs(s: dict[str, Any], shape: dict[str, int], wire: str) -> None:
+    """With --concurrent (v2 here), one run per rollup worker count, each checked by the bench like
+    the alternating ones (its problems would be in the report's): every batch stored and rolled up,
+    on the beat, after the last post."""
+    if wire == "v1":
+        assert s["concurrent"] == []
+        return
+    assert [len(c["workers"]) for c in s["concurrent"]] == [2]
+    for c in s["concurrent"]:
+        assert c["rollup_every_s"] == BEAT_S
+        assert c["errors"] == []
+        assert c["batches"] == s["batches"]
+        assert c["accepted"] == s["items"]
+        assert sum(w["batches"] for w in c["workers"]) == s["batches"]
+        assert all(w["error"] == "" and w["backend_pid"] > 0 for w in c["workers"])
+        assert len(c["window_s"]) == shape["seconds"] // shape["batch_seconds"]
+        # Done when the last batch was rolled up; the CPU runs on to the beat that found nothing left.
+        assert 0 < c["ingest_s"] < c["wall_s"] <= c["cpu_span_s"]
+        # The rollup's share of Postgres is its workers' backends; both sides did some work.
+        assert c["cpu_gunicorn_s"] > 0
+        assert c["cpu_workers_s"] > 0
+        assert c["cpu_postgres_ingest_s"] + c["cpu_postgres_rollup_s"] > 0
