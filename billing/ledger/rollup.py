@@ -44,6 +44,7 @@ from django.db.backends.utils import CursorWrapper
 
 from billing.errors import InvalidInput
 from billing.ledger.locks import lock_ledger, try_lock_ledger_shared
+from billing.ledger.months import rebuild_months, recompute_months
 from billing.ledger.partitions import days_between, ensure_minute_partitions, partition_name
 from billing.ledger.pricing import (
     GpuWindowUsage,
@@ -674,6 +675,7 @@ def _recompute_days(cur: CursorWrapper, days: set[Key]) -> None:
                     "WHERE d.node_id = a.node_id AND d.gpu_uuid = a.gpu_uuid AND d.day = a.day", keys)
     cur.execute(_usage_days_insert(_TOUCHED_DAYS), keys)
     cur.execute(_gpu_days_insert(_TOUCHED_DAYS), keys)
+    recompute_months(cur, days)
 
 
 def rebuild_days(*, start: datetime, end: datetime, gpu_uuid: str | None = None) -> int:
@@ -700,4 +702,6 @@ def rebuild_days(*, start: datetime, end: datetime, gpu_uuid: str | None = None)
         in_range = "WHERE h.hour >= %s AND h.hour < %s" + gpu.replace("gpu_uuid", "h.gpu_uuid")
         cur.execute(_usage_days_insert(in_range), params)
         cur.execute(_gpu_days_insert(in_range), params)
-        return int(cur.rowcount)
+        written = int(cur.rowcount)
+        rebuild_months(cur, lo=lo, hi=hi, gpu_uuid=gpu_uuid)
+        return written

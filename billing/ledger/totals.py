@@ -147,8 +147,7 @@ _WORKLOAD_SUMMARY = """
 WITH per_tier AS MATERIALIZED (
     SELECT tenant, namespace, pod, pod_uid, sla_tier, sum(charge) AS charge, sum(idle_share) AS idle_share,
            sum(share_gpu_s) AS share, sum(mem_used_mb_s) AS mem, sum(sm_used_s) AS sm
-    FROM {usage_table}
-    WHERE {at} >= %(start)s AND {at} < %(end)s AND (%(tenants)s::text[] IS NULL OR tenant = ANY(%(tenants)s::text[]))
+    FROM {usage_rows} u
     GROUP BY pod_uid, sla_tier, tenant, namespace, pod
 ), per_pod AS MATERIALIZED (
     SELECT tenant, namespace, pod, pod_uid, sum(charge) AS charge, sum(idle_share) AS idle_share,
@@ -193,9 +192,10 @@ def summarise_workloads(*, start: datetime, end: datetime, tenants: Collection[s
     """Per tenant over [start, end) (`tenants` only unless None), and the `top` costliest pod
     instances, in one statement under the period-read planner settings."""
     ledger = reads.ledger_for(start, end)
+    params = {"tenants": _tenant_list(tenants), "limit": top}
     with reads.period_read_cursor() as cur:
-        cur.execute(_WORKLOAD_SUMMARY.format(at=ledger.at, usage_table=ledger.usage_table),
-                    {"start": start, "end": end, "tenants": _tenant_list(tenants), "limit": top})
+        cur.execute(_WORKLOAD_SUMMARY.format(usage_rows=reads.usage_rows(ledger, start, end, params, months=reads.month_range(ledger, start, end))),
+                    params)
         rows = fetch_rows(cur, _SummaryRow)
     return WorkloadSummary(
         tenants=[TenantTotals(tenant=r.tenant, charge=r.charge, idle_share=r.idle_share, share_gpu_s=r.share_gpu_s,
