@@ -481,27 +481,50 @@ def list_idle_rows(
 ) -> list[IdleRow]:
     """Per set (and node) of [start, end): the GPU rows' platform idle and metered seconds, and the
     usage on the same GPU rows (every tenant's), restricted by the filters on GPU_KEYS only (the
-    others name workloads, which idle has none of). Unordered."""
+    others name workloads, which idle has none of). Unordered.
+
+    The usage is summed per GPU and set, whole months from the month ledger (billing.ledger.reads.
+    usage_rows), then met by the GPU rows summed per GPU and set: a usage row counts where it has a
+    GPU row (its model is that row's) and that row passes the filters, which read the same node, GPU
+    and model on either side."""
     ledger = set_ledger(start, end, starts)
-    params: dict[str, Any] = {"start": start, "end": end}
+    params: dict[str, Any] = {"start": start, "end": end, "tenants": None}
     gpu_filters = {k: v for k, v in filters.items() if k in GPU_KEYS}
-    where = _filters_sql(gpu_filters, params, lambda key, _params: _GPU_KEY_SQL[key])
-    if tree is not None:
-        where += f" AND {_tree_sql(tree, params, lambda key, _params: _GPU_KEY_SQL.get(key))}"
+
+    def where_of(sql_of: Mapping[str, str]) -> str:
+        where = _filters_sql(gpu_filters, params, lambda key, _params: sql_of[key])
+        if tree is not None:
+            where += f" AND {_tree_sql(tree, params, lambda key, _params: sql_of.get(key))}"
+        return where
+
     node = "n.name" if by_node else "''"
     cluster = _KEY_SQL["cluster"] if by_node else "''"
     at = ledger.at
+    rows = reads.usage_rows(ledger, start, end, params, months=reads.month_range(ledger, start, end, starts=starts),
+                            model=True)
+    used_where = where_of({**_GPU_KEY_SQL, "gpu_model": "u.gpu_model", "gpu": "u.gpu_uuid"})
+    gpu_where = where_of(_GPU_KEY_SQL)
     sql = (
-        f"WITH used AS (SELECT node_id, gpu_uuid, {at}, sum(share_gpu_s) AS share, sum(charge) AS charge "  # noqa: S608 - fixed SQL
-        f"FROM {ledger.usage_table} WHERE {at} >= %(start)s AND {at} < %(end)s GROUP BY 1, 2, 3) "
-        f"SELECT {_set_sql(at, 'g', starts, params)} AS set_start, {node} AS node, {cluster} AS cluster, "
+        f"WITH used AS (SELECT u.node_id, u.gpu_uuid, {_set_sql('at', 'u', starts, params)} AS set_start, "  # noqa: S608 - fixed SQL
+        f"sum(u.share_gpu_s) AS share, sum(u.charge) AS charge FROM {rows} u JOIN {_NODE} n ON n.id = u.node_id "
+        f"WHERE u.gpu_model IS NOT NULL{used_where} GROUP BY 1, 2, 3), "
+        # The GPU rows per GPU and set: energy is priced per GPU row, by its date.
+        f"cards AS (SELECT {_set_sql(at, 'g', starts, params)} AS set_start, g.node_id, g.gpu_uuid, "
         "sum(g.idle_cost - g.idle_allocated) AS platform_idle, sum(g.metered_seconds) AS metered_seconds, "
-        "coalesce(sum(used.share), 0) AS share_gpu_s, coalesce(sum(used.charge), 0) AS charge, "
-        "coalesce(max(nullif(g.currency, '')), '') AS currency, sum(g.idle_energy_j) AS idle_energy_j, "
-        f"{energy_cost_sql('g', 'idle_energy_j')} AS energy_cost_jp, {co2e_sql('g', 'idle_energy_j')} AS co2e_jkg "
+        "max(nullif(g.currency, '')) AS currency, sum(g.idle_energy_j) AS idle_energy_j, "
+        "bool_and(g.idle_energy_j = 0 OR er.price_per_kwh IS NOT NULL) AS cost_known, "
+        "sum(g.idle_energy_j * coalesce(er.price_per_kwh, 0)) AS energy_cost_jp, "
+        "bool_and(g.idle_energy_j = 0 OR er.co2e_kg_per_kwh IS NOT NULL) AS co2e_known, "
+        "sum(g.idle_energy_j * coalesce(er.co2e_kg_per_kwh, 0)) AS co2e_jkg "
         f"FROM {ledger.gpu_table} g JOIN {_NODE} n ON n.id = g.node_id{energy_rate_join('g', at)}"
-        f"LEFT JOIN used ON used.node_id = g.node_id AND used.gpu_uuid = g.gpu_uuid AND used.{at} = g.{at} "
-        f"WHERE g.{at} >= %(start)s AND g.{at} < %(end)s{where} GROUP BY 1, 2, 3"
+        f"WHERE g.{at} >= %(start)s AND g.{at} < %(end)s{gpu_where} GROUP BY 1, 2, 3) "
+        f"SELECT c.set_start, {node} AS node, {cluster} AS cluster, sum(c.platform_idle) AS platform_idle, "
+        "sum(c.metered_seconds) AS metered_seconds, coalesce(sum(used.share), 0) AS share_gpu_s, "
+        "coalesce(sum(used.charge), 0) AS charge, coalesce(max(c.currency), '') AS currency, "
+        "sum(c.idle_energy_j) AS idle_energy_j, CASE WHEN bool_and(c.cost_known) THEN sum(c.energy_cost_jp) END "
+        "AS energy_cost_jp, CASE WHEN bool_and(c.co2e_known) THEN sum(c.co2e_jkg) END AS co2e_jkg "
+        f"FROM cards c JOIN {_NODE} n ON n.id = c.node_id LEFT JOIN used ON used.node_id = c.node_id "
+        "AND used.gpu_uuid = c.gpu_uuid AND used.set_start = c.set_start GROUP BY 1, 2, 3"
     )
     with period_read_cursor() as cur:
         cur.execute(sql, params)

@@ -161,38 +161,44 @@ def month_range(ledger: Ledger, start: datetime, end: datetime, *, starts: Seque
 def _energy_rates_change(first: datetime, last: datetime) -> bool:
     """Whether some node's location or some location's rate starts on a date inside a month of
     [first, last) other than its first day."""
-    lo, hi = first.date(), last.date()
-    inside = Q(effective_from__gt=lo, effective_from__lt=hi) & ~Q(effective_from__day=1)
-    return NodeLocation.objects.filter(inside).exists() or LocationRate.objects.filter(inside).exists()
+    inside = "effective_from > %(lo)s AND effective_from < %(hi)s AND extract(day FROM effective_from) <> 1"
+    with connection.cursor() as cur:
+        cur.execute(f"SELECT EXISTS (SELECT 1 FROM {NodeLocation._meta.db_table} WHERE {inside}) "  # noqa: S608 - the models' own table names
+                    f"OR EXISTS (SELECT 1 FROM {LocationRate._meta.db_table} WHERE {inside})",
+                    {"lo": first.date(), "hi": last.date()})
+        return bool(cur.fetchone()[0])
 
 
 def _cards_changed(first: datetime, last: datetime) -> bool:
     """Whether a GPU's memory or SM count differs from what its month rows in [first, last) were divided by."""
     with connection.cursor() as cur:
         cur.execute(
-            f"SELECT EXISTS (SELECT 1 FROM {UsageMonth._meta.db_table} u LEFT JOIN {Gpu._meta.db_table} gp "  # noqa: S608 - the models' own table names
-            "ON gp.uuid = u.gpu_uuid WHERE u.month >= %s AND u.month < %s AND (gp.memory_mb IS DISTINCT FROM "
-            "u.memory_mb OR gp.sm_count IS DISTINCT FROM u.sm_count))", [first, last])
+            # Each GPU's divisors once (a GPU-month has one), then compared: not a lookup per month row.
+            f"SELECT EXISTS (SELECT 1 FROM (SELECT DISTINCT gpu_uuid, memory_mb, sm_count FROM {UsageMonth._meta.db_table} "  # noqa: S608 - the models' own table names
+            f"WHERE month >= %s AND month < %s) u LEFT JOIN {Gpu._meta.db_table} gp ON gp.uuid = u.gpu_uuid "
+            "WHERE gp.memory_mb IS DISTINCT FROM u.memory_mb OR gp.sm_count IS DISTINCT FROM u.sm_count)", [first, last])
         return bool(cur.fetchone()[0])
 
 
 def usage_rows(ledger: Ledger, start: datetime, end: datetime, params: dict[str, Any], *,
-               months: tuple[datetime, datetime] | None, model: bool = False, card_seconds: bool = False) -> str:
+               months: tuple[datetime, datetime] | None, model: bool = False, card_seconds: bool = False,
+               name: str = "rows") -> str:
     """A subquery of the usage rows of [start, end) in `ledger`, of `params["tenants"]` (None: all):
     the month rows of `months` (month_range's) and the rows of `ledger` of the rest. Each row has the
     usage columns, `at` (its hour, day or month), `first_hour`, `last_hour`, `gpu_model` (its GPU row's,
     NULL where it has none; NULL for every hour or day row unless `model`) and, with `card_seconds`,
-    the card-seconds columns (billing.ledger.months). Parameters are added to `params`."""
+    the card-seconds columns (billing.ledger.months). Parameters are added to `params`, named after
+    `name` (one per subquery of a statement)."""
     columns = ", ".join(f"u.{c}" for c in (*_USAGE_KEYS, *_USAGE_SUMS))
     tenants = "(%(tenants)s::text[] IS NULL OR u.tenant = ANY(%(tenants)s::text[]))"
     cards = "".join(f", u.{c}" for c in _CARD_SECONDS) if card_seconds else ""
     ranges = [(start, end)]
     parts = []
     if months is not None:
-        params["months_from"], params["months_to"] = months
+        params[f"{name}_months_from"], params[f"{name}_months_to"] = months
         parts.append(f"SELECT {columns}, u.month AS at, u.first_hour, u.last_hour, u.gpu_model{cards} "  # noqa: S608 - fixed names
-                     f"FROM {UsageMonth._meta.db_table} u WHERE u.month >= %(months_from)s "
-                     f"AND u.month < %(months_to)s AND {tenants}")
+                     f"FROM {UsageMonth._meta.db_table} u WHERE u.month >= %({name}_months_from)s "
+                     f"AND u.month < %({name}_months_to)s AND {tenants}")
         ranges = [r for r in ((start, months[0]), (months[1], end)) if r[0] < r[1]]
     if ranges:
         at = ledger.at
@@ -201,8 +207,8 @@ def usage_rows(ledger: Ledger, start: datetime, end: datetime, params: dict[str,
         joins += f" LEFT JOIN {Gpu._meta.db_table} gp ON gp.uuid = u.gpu_uuid" if card_seconds else ""
         within = []
         for i, (lo, hi) in enumerate(ranges):
-            params[f"rows_{i}_from"], params[f"rows_{i}_to"] = lo, hi
-            within.append(f"(u.{at} >= %(rows_{i}_from)s AND u.{at} < %(rows_{i}_to)s)")
+            params[f"{name}_{i}_from"], params[f"{name}_{i}_to"] = lo, hi
+            within.append(f"(u.{at} >= %({name}_{i}_from)s AND u.{at} < %({name}_{i}_to)s)")
         cards_sql = "".join(f", {q} AS {c}" for c, q in _CARD_SECONDS.items()) if card_seconds else ""
         parts.append(
             f"SELECT {columns}, u.{at} AS at, u.{ledger.first_hour} AS first_hour, u.{ledger.last_hour} AS last_hour, "  # noqa: S608 - fixed names

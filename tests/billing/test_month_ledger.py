@@ -151,7 +151,7 @@ def test_the_rollup_keeps_the_month_rows_of_the_days_it_writes(post_batch: Any) 
 
 def _reads() -> dict[str, Any]:
     """Every read that takes whole months from the month ledger, over Feb 20 - April 1 (a partial
-    month and a whole one) and over March alone, by several groupings and sets."""
+    month and a whole one) and over March alone, by several groupings, sets and filters."""
     out: dict[str, Any] = {}
     for name, (start, end) in {"feb20-apr": (FEB_20, APRIL), "march": (MARCH, APRIL)}.items():
         for depth in (1, 6):
@@ -167,6 +167,13 @@ def _reads() -> dict[str, Any]:
         out[f"{name} model filter"] = sorted(allocation.list_usage_groups(
             start=start, end=end, starts=None, keys=["pod"], filters={"gpu_model": ["H100"]}, tenants={"acme"},
             by_node=False), key=repr)
+        for starts in (None, [start, MARCH] if start < MARCH else None, [start, start + timedelta(days=9)]):
+            out[f"{name} idle {starts}"] = sorted(allocation.list_idle_rows(
+                start=start, end=end, starts=starts, filters={}, by_node=True), key=repr)
+        out[f"{name} idle of H100s"] = sorted(allocation.list_idle_rows(
+            start=start, end=end, starts=None, filters={"gpu_model": ["H100"]}, by_node=False), key=repr)
+        out[f"{name} line costs"] = sorted(totals.list_period_line_costs(
+            periods=[(start, end), (MARCH, APRIL), (FEB_20, MARCH)], tenants={"acme"}), key=repr)
         summary = totals.summarise_workloads(start=start, end=end, tenants=None, top=3)
         out[f"{name} summary"] = (sorted(summary.tenants, key=repr), summary.top)
     return out
