@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib
 from collections import defaultdict
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, timedelta
 from decimal import Decimal
@@ -98,7 +99,9 @@ def _months_as_sums_of_days() -> dict[tuple[Any, ...], dict[str, Any]]:
     """What the month rows must be: the day rows' sums per month and workload identity (and model)."""
     models = {(g.node_id, g.gpu_uuid, g.day): g.gpu_model for g in GpuDay.objects.all()}
     out: dict[tuple[Any, ...], dict[str, Any]] = defaultdict(lambda: defaultdict(Decimal))
-    for d in UsageDay.objects.values():
+    # Rows as plain mappings: the columns are read by name from the lists above.
+    days: list[Mapping[str, Any]] = list(UsageDay.objects.values())
+    for d in days:
         month = d["day"].replace(day=1)
         row = out[(month, *(d[k] for k in KEY), models.get((d["node_id"], d["gpu_uuid"], d["day"])))]
         for c in SUMS:
@@ -109,8 +112,9 @@ def _months_as_sums_of_days() -> dict[tuple[Any, ...], dict[str, Any]]:
 
 
 def _months() -> dict[tuple[Any, ...], dict[str, Any]]:
+    months: list[Mapping[str, Any]] = list(UsageMonth.objects.values())
     return {(m["month"], *(m[k] for k in KEY), m["gpu_model"]): {c: m[c] for c in (*SUMS, "first_hour", "last_hour")}
-            for m in UsageMonth.objects.values()}
+            for m in months}
 
 
 def _snapshot() -> list[tuple[Any, ...]]:
