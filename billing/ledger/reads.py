@@ -29,7 +29,7 @@ from billing.ledger.models import GpuDay, GpuHour, UsageDay, UsageHour, UsageMon
 from billing.ledger.retention import require_hours_retained
 from billing.models.fleet import Gpu, LocationRate, NodeLocation
 
-__all__ = ["DAYS", "HOURS", "Granularity", "Ledger", "bucketed_ledger", "fetch_rows", "hour_ledger", "ledger_for",
+__all__ = ["CLOSED_THROUGH", "DAYS", "HOURS", "Granularity", "Ledger", "bucketed_ledger", "fetch_rows", "hour_ledger", "ledger_for",
            "month_range", "period_read_cursor", "usage_rows"]
 
 Granularity = Literal["hour", "day"]
@@ -112,6 +112,10 @@ def bucketed_ledger(start: datetime, end: datetime, granularity: Granularity) ->
 
 
 # --- Whole months from the month ledger ---------------------------------------------------------
+
+# The first UTC day the month rows do not hold yet (billing.ledger.months), as a scalar subquery: a read
+# puts it in the statement that reads the month rows, so both come from one snapshot.
+CLOSED_THROUGH = "(SELECT closed_through FROM billing_month_closed)"
 
 _USAGE_KEYS = ("node_id", "gpu_uuid", "tenant", "namespace", "pod", "container", "pod_uid", "sla_tier")
 _USAGE_SUMS = ("seconds", "mem_used_mb_s", "mem_granted_mb_s", "mem_billed_mb_s", "sm_used_s", "sm_granted_s",
@@ -199,21 +203,24 @@ def usage_rows(ledger: Ledger, start: datetime, end: datetime, params: dict[str,
         parts.append(f"SELECT {columns}, u.month AS at, u.first_hour, u.last_hour, u.gpu_model{cards} "  # noqa: S608 - fixed names
                      f"FROM {UsageMonth._meta.db_table} u WHERE u.month >= %({name}_months_from)s "
                      f"AND u.month < %({name}_months_to)s AND {tenants}")
+        # The month rows hold the closed days; the days of those months from CLOSED_THROUGH on are read as days.
         ranges = [r for r in ((start, months[0]), (months[1], end)) if r[0] < r[1]]
-    if ranges:
-        at = ledger.at
-        joins = (f" LEFT JOIN {ledger.gpu_table} g ON g.node_id = u.node_id AND g.gpu_uuid = u.gpu_uuid AND g.{at} = u.{at}"
-                 if model else "")
-        joins += f" LEFT JOIN {Gpu._meta.db_table} gp ON gp.uuid = u.gpu_uuid" if card_seconds else ""
-        within = []
-        for i, (lo, hi) in enumerate(ranges):
-            params[f"{name}_{i}_from"], params[f"{name}_{i}_to"] = lo, hi
-            within.append(f"(u.{at} >= %({name}_{i}_from)s AND u.{at} < %({name}_{i}_to)s)")
-        cards_sql = "".join(f", {q} AS {c}" for c, q in _CARD_SECONDS.items()) if card_seconds else ""
-        parts.append(
-            f"SELECT {columns}, u.{at} AS at, u.{ledger.first_hour} AS first_hour, u.{ledger.last_hour} AS last_hour, "  # noqa: S608 - fixed names
-            f"{'g.gpu_model' if model else 'NULL::varchar'} AS gpu_model{cards_sql} FROM {ledger.usage_table} u{joins} "
-            f"WHERE ({' OR '.join(within)}) AND {tenants}")
+    at = ledger.at
+    joins = (f" LEFT JOIN {ledger.gpu_table} g ON g.node_id = u.node_id AND g.gpu_uuid = u.gpu_uuid AND g.{at} = u.{at}"
+             if model else "")
+    joins += f" LEFT JOIN {Gpu._meta.db_table} gp ON gp.uuid = u.gpu_uuid" if card_seconds else ""
+    within = []
+    for i, (lo, hi) in enumerate(ranges):
+        params[f"{name}_{i}_from"], params[f"{name}_{i}_to"] = lo, hi
+        within.append(f"(u.{at} >= %({name}_{i}_from)s AND u.{at} < %({name}_{i}_to)s)")
+    if months is not None:
+        within.append(f"(u.{at} >= %({name}_months_from)s AND u.{at} < %({name}_months_to)s "
+                      f"AND u.{at} >= {CLOSED_THROUGH})")
+    cards_sql = "".join(f", {q} AS {c}" for c, q in _CARD_SECONDS.items()) if card_seconds else ""
+    parts.append(
+        f"SELECT {columns}, u.{at} AS at, u.{ledger.first_hour} AS first_hour, u.{ledger.last_hour} AS last_hour, "  # noqa: S608 - fixed names
+        f"{'g.gpu_model' if model else 'NULL::varchar'} AS gpu_model{cards_sql} FROM {ledger.usage_table} u{joins} "
+        f"WHERE ({' OR '.join(within)}) AND {tenants}")
     return "(" + " UNION ALL ".join(parts) + ")"
 
 

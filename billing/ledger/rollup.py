@@ -44,7 +44,7 @@ from django.db.backends.utils import CursorWrapper
 
 from billing.errors import InvalidInput
 from billing.ledger.locks import lock_ledger, try_lock_ledger_shared
-from billing.ledger.months import rebuild_months, recompute_months
+from billing.ledger.months import close_days, rebuild_months, recompute_months
 from billing.ledger.partitions import days_between, ensure_minute_partitions, partition_name
 from billing.ledger.pricing import (
     GpuWindowUsage,
@@ -161,6 +161,7 @@ def rollup_usage(*, now: datetime, max_batches: int = 5000, shard: int = 0, shar
         raise ValueError(f"shard must lie in [0, shards) and shards be >= 1, got shard {shard} of {shards}")
     if max_batches < 1:
         raise ValueError("max_batches must be >= 1")
+    close_days(now=now)  # yesterday into the month ledger, once, by the first cycle after midnight
     node_ids = _pending_nodes(shard=shard, shards=shards)
     if not node_ids:
         return _NOTHING

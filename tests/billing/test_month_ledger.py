@@ -16,12 +16,14 @@ from typing import Any
 
 import pytest
 from django.db import connection
+from django.db.models import Sum
 from hypothesis import HealthCheck, given
 from hypothesis import settings as hypothesis_settings
 from hypothesis import strategies as st
 
 from billing.ledger import allocation, reads, totals
 from billing.ledger.models import GpuDay, GpuHour, UsageDay, UsageHour, UsageMonth, WorkloadMeta
+from billing.ledger.months import close_days
 from billing.ledger.rollup import rebuild_days, rollup_usage
 from billing.models import Gpu, Location, LocationRate, Node, NodeLocation
 from tests import clock
@@ -95,12 +97,24 @@ def _write(rows: list[Row], *, gpu_rows: bool) -> None:
     rebuild_days(start=FEB_20, end=APRIL)
 
 
+def _closed_through() -> datetime:
+    with connection.cursor() as cur:
+        cur.execute("SELECT closed_through FROM billing_month_closed")
+        return cur.fetchone()[0]
+
+
+def _set_closed_through(at: datetime) -> None:
+    """Say the month rows hold the days before `at` (the rows are derived afterwards, by _write)."""
+    with connection.cursor() as cur:
+        cur.execute("UPDATE billing_month_closed SET closed_through = %s", [at])
+
+
 def _months_as_sums_of_days() -> dict[tuple[Any, ...], dict[str, Any]]:
-    """What the month rows must be: the day rows' sums per month and workload identity (and model)."""
+    """What the month rows must be: the closed day rows' sums per month and workload identity (and model)."""
     models = {(g.node_id, g.gpu_uuid, g.day): g.gpu_model for g in GpuDay.objects.all()}
     out: dict[tuple[Any, ...], dict[str, Any]] = defaultdict(lambda: defaultdict(Decimal))
     # Rows as plain mappings: the columns are read by name from the lists above.
-    days: list[Mapping[str, Any]] = list(UsageDay.objects.values())
+    days: list[Mapping[str, Any]] = list(UsageDay.objects.filter(day__lt=_closed_through()).values())
     for d in days:
         month = d["day"].replace(day=1)
         row = out[(month, *(d[k] for k in KEY), models.get((d["node_id"], d["gpu_uuid"], d["day"])))]
@@ -139,15 +153,45 @@ def test_months_are_the_exact_sums_of_days_and_the_backfill_agrees(db: Any, rows
         assert _snapshot() == derived
 
 
+@hypothesis_settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(rows=rows_st, gpu_rows=st.booleans(), closed=st.sampled_from((FEB_20 + timedelta(days=3), MARCH,
+                                                                     MARCH + timedelta(days=15))))
+def test_closing_days_merges_them_into_the_months_as_a_rebuild_would(db: Any, rows: list[Row], gpu_rows: bool,
+                                                                    closed: datetime) -> None:
+    """Months hold the days before `closed_through` only; closing more days (the rollup does it after
+    midnight) merges them into the month rows, and gives what deriving every month again gives."""
+    for model in (UsageMonth, UsageDay, GpuDay, UsageHour, GpuHour):
+        model.objects.all().delete()
+    _set_closed_through(closed)
+    _write(rows, gpu_rows=gpu_rows)
+    assert _months() == _months_as_sums_of_days()
+    assert close_days(now=closed + timedelta(hours=23)) == 0  # the day in progress stays out
+    assert close_days(now=APRIL + timedelta(hours=5)) == (APRIL - closed).days
+    assert _closed_through() == APRIL
+    merged = _snapshot()
+    assert _months() == _months_as_sums_of_days()
+    rebuild_days(start=FEB_20, end=APRIL)
+    assert _snapshot() == merged
+    assert close_days(now=APRIL) == 0  # never backwards
+
+
 def test_the_rollup_keeps_the_month_rows_of_the_days_it_writes(post_batch: Any) -> None:
     base = clock.now().astimezone(UTC).replace(hour=0, minute=0, second=0, microsecond=0) - timedelta(days=2)
     workloads = [{"gpu": 0, "tenant": "acme", "pod": "bert-1", "mem_used": 400.0, "mem_granted": 600.0,
                   "sm_used": 6.0, "sm_granted": 9.0}]
-    for seq, offset in enumerate((timedelta(hours=1), timedelta(days=1, hours=3)), start=1):
+    today = base + timedelta(days=2)
+    for seq, offset in enumerate((timedelta(hours=1), timedelta(days=1, hours=3), timedelta(days=2)), start=1):
         post_batch(make_batch(seq=seq, start=base + offset, gpus=1, workloads=workloads))
         rollup_usage(now=clock.now())
         assert _months() == _months_as_sums_of_days()
+    assert _closed_through() == today
     assert UsageMonth.objects.exists()
+    in_months = UsageMonth.objects.aggregate(s=Sum("seconds"))["s"]
+    assert in_months == UsageDay.objects.filter(day__lt=today).aggregate(s=Sum("seconds"))["s"]
+    rollup_usage(now=clock.now() + timedelta(days=1))  # the first cycle after midnight closes today
+    assert _closed_through() == today + timedelta(days=1)
+    assert _months() == _months_as_sums_of_days()
+    assert UsageMonth.objects.aggregate(s=Sum("seconds"))["s"] == UsageDay.objects.aggregate(s=Sum("seconds"))["s"]
 
 
 # --- Reads: months and days against days alone --------------------------------------------------
@@ -195,10 +239,14 @@ def _meta() -> None:
 
 
 @hypothesis_settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(rows=rows_st, gpu_rows=st.booleans(), energy=st.booleans())
-def test_reads_from_months_are_the_reads_from_days(db: Any, rows: list[Row], gpu_rows: bool, energy: bool) -> None:
+@given(rows=rows_st, gpu_rows=st.booleans(), energy=st.booleans(),
+       closed=st.sampled_from((APRIL, MARCH, MARCH + timedelta(days=15))))
+def test_reads_from_months_are_the_reads_from_days(db: Any, rows: list[Row], gpu_rows: bool, energy: bool,
+                                                   closed: datetime) -> None:
+    """Also while March is in progress for the month ledger (its rows hold the days before `closed`)."""
     for model in (UsageMonth, UsageDay, GpuDay, UsageHour, GpuHour, WorkloadMeta, NodeLocation, LocationRate):
         model.objects.all().delete()
+    _set_closed_through(closed)
     _write(rows, gpu_rows=gpu_rows)
     _meta()
     if energy:  # one node's location priced from before the period, the other's never
