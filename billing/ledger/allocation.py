@@ -31,7 +31,7 @@ from billing.ledger import reads
 from billing.ledger.energy import co2e_sql, energy_cost_sql, energy_rate_join
 from billing.ledger.models import WorkloadMeta
 from billing.ledger.reads import fetch_rows, period_read_cursor
-from billing.models.fleet import Gpu, Node
+from billing.models.fleet import Node
 
 __all__ = [
     "CONTROLLER_SQL",
@@ -64,7 +64,6 @@ LABEL_PREFIX = "label:"
 _DAY = timedelta(days=1)
 
 _META = WorkloadMeta._meta.db_table
-_GPU = Gpu._meta.db_table
 _NODE = Node._meta.db_table
 
 # Grouping key -> SQL over the usage row `u`, its GPU row `g`, node `n` and metadata `m`.
@@ -87,7 +86,7 @@ _KEY_SQL: dict[str, str] = {
     "pod": "u.pod",
     "container": "u.container",
     "tenant": "u.tenant",
-    "gpu_model": "g.gpu_model",
+    "gpu_model": "u.gpu_model",
     "sla_tier": "u.sla_tier",
     "gpu": "u.gpu_uuid",
 }
@@ -152,14 +151,14 @@ class UsageGroupRow:
     co2e_jkg: Decimal | None = None
 
 
-def _set_sql(ledger: reads.Ledger, alias: str, starts: Sequence[datetime] | None, params: dict[str, Any]) -> str:
+def _set_sql(at: str, alias: str, starts: Sequence[datetime] | None, params: dict[str, Any]) -> str:
     """The start of the set a row belongs to: the window start, or the last of `starts` (sorted,
     the first the window's start) at or before the row (so calendar months, of unequal length,
     are sets as well as fixed steps)."""
     if starts is None:
         return "%(start)s::timestamptz"
     params["starts"] = list(starts)
-    return (f"(%(starts)s::timestamptz[])[width_bucket({alias}.{ledger.at}, %(starts)s::timestamptz[])]")
+    return (f"(%(starts)s::timestamptz[])[width_bucket({alias}.{at}, %(starts)s::timestamptz[])]")
 
 
 def _filters_sql(filters: Mapping[str, Sequence[str]], params: dict[str, Any], sql_of: Any) -> str:
@@ -229,6 +228,27 @@ def requested_sql(field: str) -> str:
     return f"(CASE WHEN jsonb_typeof({value}) = 'number' THEN ({value})::text::numeric * u.seconds END)"
 
 
+# Each container's request per GPU as numbers: one row per WorkloadMeta row and container it names,
+# the value requested_sql reads, or NULL where it does not read a number. Joined to the usage rows on
+# the metadata's key and the container, it evaluates each request once per container rather than
+# four JSON extractions per usage row (8 of the 11 s of a week's hourly sets at 1,000 GPUs,
+# docs/benchmarks.md). max() over the one row each group has gives the planner a row count to plan
+# by (a set-returning function it takes for 100 rows per metadata row).
+_REQUESTS = (
+    "SELECT m.node_id, m.namespace, m.pod, m.pod_uid, c.key AS container, "  # noqa: S608 - fixed SQL
+    "max(CASE WHEN jsonb_typeof(c.value -> 'mem_mb') = 'number' THEN (c.value -> 'mem_mb')::text::numeric END) AS mem_mb, "
+    "max(CASE WHEN jsonb_typeof(c.value -> 'sm') = 'number' THEN (c.value -> 'sm')::text::numeric END) AS sm "
+    f"FROM {_META} m CROSS JOIN LATERAL jsonb_each(CASE WHEN jsonb_typeof(m.requests) = 'object' THEN m.requests "
+    "ELSE '{}'::jsonb END) c GROUP BY 1, 2, 3, 4, 5"
+)
+_REQUESTS_JOIN = (f" LEFT JOIN ({_REQUESTS}) r ON r.node_id = u.node_id AND r.namespace = u.namespace "
+                  "AND r.pod = u.pod AND r.pod_uid = u.pod_uid AND r.container = u.container")
+_META_JOIN = (f" LEFT JOIN {_META} m ON m.node_id = u.node_id AND m.namespace = u.namespace AND m.pod = u.pod "
+              "AND m.pod_uid = u.pod_uid")
+# A usage row's requested quantity × its seconds, as requested_sql, over the requests' join `r`.
+_REQUESTED = {"mem_mb": "(r.mem_mb * u.seconds)", "sm": "(r.sm * u.seconds)"}
+
+
 def list_usage_groups(
     *, start: datetime, end: datetime, starts: Sequence[datetime] | None, keys: Sequence[str],
     filters: Mapping[str, Sequence[str]], tenants: Collection[str] | None, by_node: bool,
@@ -244,35 +264,39 @@ def list_usage_groups(
     where = _filters_sql(filters, params, _key_sql)
     if tree is not None:
         where += f" AND {_tree_sql(tree, params, _key_sql)}"
+    # A row is grouped or filtered by its GPU row's model only where it has a GPU row (the rollup
+    # writes both; a hand-written ledger may not).
     needs_gpu = "gpu_model" in keys or "gpu_model" in filters or "gpu_model" in tree_keys(tree)
-    gpu_join = (f" JOIN {ledger.gpu_table} g ON g.node_id = u.node_id AND g.gpu_uuid = u.gpu_uuid"
-                f" AND g.{ledger.at} = u.{ledger.at} AND g.{ledger.at} >= %(start)s AND g.{ledger.at} < %(end)s"
-                if needs_gpu else "")
+    if needs_gpu:
+        where += " AND u.gpu_model IS NOT NULL"
+    rows_sql = reads.usage_rows(ledger, start, end, params, months=reads.month_range(ledger, start, end, starts=starts),
+                                model=needs_gpu)
     keys_array = "ARRAY[" + ", ".join(f"({s})::text" for s in key_sql) + "]::text[]" if key_sql else "ARRAY[]::text[]"
     node = "n.name" if by_node else "''"
-    mem_req, sm_req = requested_sql("mem_mb"), requested_sql("sm")
+    mem_req, sm_req = _REQUESTED["mem_mb"], _REQUESTED["sm"]
+    # The metadata itself only where a key or filter reads it (its key is unique: at most one row).
+    meta = _META_JOIN if re.search(r"\bm\.", " ".join(key_sql) + where) else ""
     # A group's requested figure is known only if every one of its rows' is.
     sql = (
-        f"SELECT {_set_sql(ledger, 'u', starts, params)} AS set_start, {keys_array} AS keys, {node} AS node, "  # noqa: S608 - fixed SQL
-        f"min(u.{ledger.first_hour}) AS first_hour, max(u.{ledger.last_hour}) AS last_hour, "
+        f"SELECT {_set_sql('at', 'u', starts, params)} AS set_start, {keys_array} AS keys, {node} AS node, "  # noqa: S608 - fixed SQL
+        "min(u.first_hour) AS first_hour, max(u.last_hour) AS last_hour, "
         "sum(u.seconds) AS seconds, sum(u.share_gpu_s) AS share_gpu_s, sum(u.charge) AS charge, "
         "sum(u.idle_share) AS idle_share, sum(u.mem_used_mb_s) AS mem_used_mb_s, "
         "sum(u.mem_granted_mb_s) AS mem_granted_mb_s, sum(u.sm_used_s) AS sm_used_s, sum(u.sm_granted_s) AS sm_granted_s, "
         f"CASE WHEN bool_and({mem_req} IS NOT NULL) THEN sum({mem_req}) END AS mem_requested_mb_s, "
         f"CASE WHEN bool_and({sm_req} IS NOT NULL) THEN sum({sm_req}) END AS sm_requested_s, "
         f"sum(u.energy_j) AS energy_j, {energy_cost_sql()} AS energy_cost_jp, {co2e_sql()} AS co2e_jkg "
-        f"FROM {ledger.usage_table} u JOIN {_NODE} n ON n.id = u.node_id{gpu_join}{energy_rate_join('u', ledger.at)}"
-        f"LEFT JOIN {_META} m ON m.node_id = u.node_id AND m.namespace = u.namespace AND m.pod = u.pod "
-        "AND m.pod_uid = u.pod_uid "
-        f"WHERE u.{ledger.at} >= %(start)s AND u.{ledger.at} < %(end)s "
-        "AND (%(tenants)s::text[] IS NULL OR u.tenant = ANY(%(tenants)s::text[]))"
-        f"{where} GROUP BY 1, 2, 3"
+        f"FROM {rows_sql} u JOIN {_NODE} n ON n.id = u.node_id{energy_rate_join('u', 'at')}{_REQUESTS_JOIN}{meta} "
+        f"WHERE TRUE{where} GROUP BY 1, 2, 3"
     )
     with period_read_cursor() as cur:
         cur.execute(sql, params)
-        rows = fetch_rows(cur, UsageGroupRow)
-    # Postgres hands the grouping keys back as an array (a list); the row's keys are a tuple.
-    return [dataclasses.replace(r, keys=tuple(r.keys)) for r in rows]
+        names = [column.name for column in cur.description]
+        keys_at = names.index("keys")
+        # Postgres hands the grouping keys back as an array (a list); the row's keys are a tuple.
+        return [UsageGroupRow(**dict(zip(names, (*values[:keys_at], tuple(values[keys_at]), *values[keys_at + 1:]),
+                                         strict=True)))
+                for values in cur.fetchall()]
 
 
 # The pod instance is a grouping the figures need (two instances of a StatefulSet's pod share a
@@ -287,17 +311,15 @@ _POD_LEVEL = FIGURE_LEVELS.index("pod") + 1
 # Sums of numeric are exact, so summing sums gives Postgres' own figures to the last digit; a
 # figure unknown in any row (a request, an energy price) stays unknown through a flag per leaf.
 _LEAF_SUMS = (
-    "min(u.{first}) AS first_hour, max(u.{last}) AS last_hour, "
+    "min(u.first_hour) AS first_hour, max(u.last_hour) AS last_hour, "
     "sum(u.seconds) AS seconds, sum(u.share_gpu_s) AS share_gpu_s, sum(u.charge) AS charge, "
     "sum(u.idle_share) AS idle_share, sum(u.mem_used_mb_s) AS mem_used_mb_s, "
     "sum(u.mem_granted_mb_s) AS mem_granted_mb_s, sum(u.sm_used_s) AS sm_used_s, sum(u.sm_granted_s) AS sm_granted_s, "
     "bool_and({mem_req} IS NOT NULL) AS mem_req_known, sum({mem_req}) AS mem_req, "
     "bool_and({sm_req} IS NOT NULL) AS sm_req_known, sum({sm_req}) AS sm_req, "
     "sum(u.mem_billed_mb_s) AS mem_billed_mb_s, sum(u.sm_billed_s) AS sm_billed_s, "
-    "sum(u.mem_billed_mb_s / nullif(gp.memory_mb, 0)) AS mem_billed_card_s, "
-    "sum(u.mem_used_mb_s / nullif(gp.memory_mb, 0)) AS mem_used_card_s, "
-    "sum(u.sm_billed_s / nullif(gp.sm_count, 0)) AS sm_billed_card_s, "
-    "sum(u.sm_used_s / nullif(gp.sm_count, 0)) AS sm_used_card_s, sum(u.energy_j) AS energy_j, "
+    "sum(u.mem_billed_card_s) AS mem_billed_card_s, sum(u.mem_used_card_s) AS mem_used_card_s, "
+    "sum(u.sm_billed_card_s) AS sm_billed_card_s, sum(u.sm_used_card_s) AS sm_used_card_s, sum(u.energy_j) AS energy_j, "
     # billing.ledger.energy's known sums, split: the flag and the sum, recombined per level.
     "bool_and(u.energy_j = 0 OR er.price_per_kwh IS NOT NULL) AS cost_known, "
     "sum(u.energy_j * coalesce(er.price_per_kwh, 0)) AS energy_cost_jp, "
@@ -356,11 +378,12 @@ def list_figure_rows(
     if top_pods is not None and depth != FIGURE_LEVELS.index("pod_uid") + 1:
         raise ValueError("top_pods needs the tree down to pod instances")
     ledger = set_ledger(start, end, None)
+    months = reads.month_range(ledger, start, end, card_seconds=True)
     params: dict[str, Any] = {"start": start, "end": end, "tenants": None if tenants is None else sorted(tenants)}
     where = _filters_sql(filters, params, _key_sql)
     path = ["tenant", *(k for level in FIGURE_LEVELS[:depth] for k in (("node", "gpu") if level == "gpu" else (level,)))]
     columns = ["tenant", "gpu_model", "sla_tier", *path[1:]]
-    expr = {k: _FIGURE_KEY_SQL[k] for k in columns} | {"gpu_model": "coalesce(g.gpu_model, '')"}
+    expr = {k: _FIGURE_KEY_SQL[k] for k in columns} | {"gpu_model": "coalesce(u.gpu_model, '')"}
     k = {name: f"k_{i}" for i, name in enumerate(columns)}
     sets: list[tuple[str, ...]] = [("tenant", "gpu_model", "sla_tier")]
     sets += [tuple(path[: i + 1]) for i in range(1, len(path)) if path[i] != "node"]
@@ -368,18 +391,12 @@ def list_figure_rows(
     key_list = ", ".join(k.values())
     leaf = (
         f"SELECT {', '.join(f'({expr[c]})::text AS {k[c]}' for c in columns)}, u.container::text AS container, "  # noqa: S608 - fixed SQL
-        + _LEAF_SUMS.format(first=ledger.first_hour, last=ledger.last_hour, mem_req=requested_sql("mem_mb"),
-                            sm_req=requested_sql("sm"))
-        + f" FROM {ledger.usage_table} u JOIN {_NODE} n ON n.id = u.node_id{energy_rate_join('u', ledger.at)}"
-        f"LEFT JOIN {_GPU} gp ON gp.uuid = u.gpu_uuid "
-        # Left: a usage row always has its GPU row (the rollup writes both), but a model is only a line's name.
-        f"LEFT JOIN {ledger.gpu_table} g ON g.node_id = u.node_id AND g.gpu_uuid = u.gpu_uuid AND g.{ledger.at} = u.{ledger.at} "
-        f"AND g.{ledger.at} >= %(start)s AND g.{ledger.at} < %(end)s "
-        f"LEFT JOIN {_META} m ON m.node_id = u.node_id AND m.namespace = u.namespace AND m.pod = u.pod "
-        "AND m.pod_uid = u.pod_uid "
-        f"WHERE u.{ledger.at} >= %(start)s AND u.{ledger.at} < %(end)s "
-        "AND (%(tenants)s::text[] IS NULL OR u.tenant = ANY(%(tenants)s::text[]))"
-        f"{where} GROUP BY {key_list}, container"
+        + _LEAF_SUMS.format(mem_req=_REQUESTED["mem_mb"], sm_req=_REQUESTED["sm"])
+        # The rows' GPU model: a usage row always has its GPU row (the rollup writes both), but a
+        # model is only a line's name, so a row without one stays (model "").
+        + f" FROM {reads.usage_rows(ledger, start, end, params, months=months, model=True, card_seconds=True)} u "
+        f"JOIN {_NODE} n ON n.id = u.node_id{energy_rate_join('u', 'at')}{_REQUESTS_JOIN}{_META_JOIN} "
+        f"WHERE TRUE{where} GROUP BY {key_list}, u.container"
     )
     top, source, having, count = "", "leaf", "", ""
     if top_pods is not None:
@@ -464,27 +481,50 @@ def list_idle_rows(
 ) -> list[IdleRow]:
     """Per set (and node) of [start, end): the GPU rows' platform idle and metered seconds, and the
     usage on the same GPU rows (every tenant's), restricted by the filters on GPU_KEYS only (the
-    others name workloads, which idle has none of). Unordered."""
+    others name workloads, which idle has none of). Unordered.
+
+    The usage is summed per GPU and set, whole months from the month ledger (billing.ledger.reads.
+    usage_rows), then met by the GPU rows summed per GPU and set: a usage row counts where it has a
+    GPU row (its model is that row's) and that row passes the filters, which read the same node, GPU
+    and model on either side."""
     ledger = set_ledger(start, end, starts)
-    params: dict[str, Any] = {"start": start, "end": end}
+    params: dict[str, Any] = {"start": start, "end": end, "tenants": None}
     gpu_filters = {k: v for k, v in filters.items() if k in GPU_KEYS}
-    where = _filters_sql(gpu_filters, params, lambda key, _params: _GPU_KEY_SQL[key])
-    if tree is not None:
-        where += f" AND {_tree_sql(tree, params, lambda key, _params: _GPU_KEY_SQL.get(key))}"
+
+    def where_of(sql_of: Mapping[str, str]) -> str:
+        where = _filters_sql(gpu_filters, params, lambda key, _params: sql_of[key])
+        if tree is not None:
+            where += f" AND {_tree_sql(tree, params, lambda key, _params: sql_of.get(key))}"
+        return where
+
     node = "n.name" if by_node else "''"
     cluster = _KEY_SQL["cluster"] if by_node else "''"
     at = ledger.at
+    rows = reads.usage_rows(ledger, start, end, params, months=reads.month_range(ledger, start, end, starts=starts),
+                            model=True)
+    used_where = where_of({**_GPU_KEY_SQL, "gpu_model": "u.gpu_model", "gpu": "u.gpu_uuid"})
+    gpu_where = where_of(_GPU_KEY_SQL)
     sql = (
-        f"WITH used AS (SELECT node_id, gpu_uuid, {at}, sum(share_gpu_s) AS share, sum(charge) AS charge "  # noqa: S608 - fixed SQL
-        f"FROM {ledger.usage_table} WHERE {at} >= %(start)s AND {at} < %(end)s GROUP BY 1, 2, 3) "
-        f"SELECT {_set_sql(ledger, 'g', starts, params)} AS set_start, {node} AS node, {cluster} AS cluster, "
+        f"WITH used AS (SELECT u.node_id, u.gpu_uuid, {_set_sql('at', 'u', starts, params)} AS set_start, "  # noqa: S608 - fixed SQL
+        f"sum(u.share_gpu_s) AS share, sum(u.charge) AS charge FROM {rows} u JOIN {_NODE} n ON n.id = u.node_id "
+        f"WHERE u.gpu_model IS NOT NULL{used_where} GROUP BY 1, 2, 3), "
+        # The GPU rows per GPU and set: energy is priced per GPU row, by its date.
+        f"cards AS (SELECT {_set_sql(at, 'g', starts, params)} AS set_start, g.node_id, g.gpu_uuid, "
         "sum(g.idle_cost - g.idle_allocated) AS platform_idle, sum(g.metered_seconds) AS metered_seconds, "
-        "coalesce(sum(used.share), 0) AS share_gpu_s, coalesce(sum(used.charge), 0) AS charge, "
-        "coalesce(max(nullif(g.currency, '')), '') AS currency, sum(g.idle_energy_j) AS idle_energy_j, "
-        f"{energy_cost_sql('g', 'idle_energy_j')} AS energy_cost_jp, {co2e_sql('g', 'idle_energy_j')} AS co2e_jkg "
+        "max(nullif(g.currency, '')) AS currency, sum(g.idle_energy_j) AS idle_energy_j, "
+        "bool_and(g.idle_energy_j = 0 OR er.price_per_kwh IS NOT NULL) AS cost_known, "
+        "sum(g.idle_energy_j * coalesce(er.price_per_kwh, 0)) AS energy_cost_jp, "
+        "bool_and(g.idle_energy_j = 0 OR er.co2e_kg_per_kwh IS NOT NULL) AS co2e_known, "
+        "sum(g.idle_energy_j * coalesce(er.co2e_kg_per_kwh, 0)) AS co2e_jkg "
         f"FROM {ledger.gpu_table} g JOIN {_NODE} n ON n.id = g.node_id{energy_rate_join('g', at)}"
-        f"LEFT JOIN used ON used.node_id = g.node_id AND used.gpu_uuid = g.gpu_uuid AND used.{at} = g.{at} "
-        f"WHERE g.{at} >= %(start)s AND g.{at} < %(end)s{where} GROUP BY 1, 2, 3"
+        f"WHERE g.{at} >= %(start)s AND g.{at} < %(end)s{gpu_where} GROUP BY 1, 2, 3) "
+        f"SELECT c.set_start, {node} AS node, {cluster} AS cluster, sum(c.platform_idle) AS platform_idle, "
+        "sum(c.metered_seconds) AS metered_seconds, coalesce(sum(used.share), 0) AS share_gpu_s, "
+        "coalesce(sum(used.charge), 0) AS charge, coalesce(max(c.currency), '') AS currency, "
+        "sum(c.idle_energy_j) AS idle_energy_j, CASE WHEN bool_and(c.cost_known) THEN sum(c.energy_cost_jp) END "
+        "AS energy_cost_jp, CASE WHEN bool_and(c.co2e_known) THEN sum(c.co2e_jkg) END AS co2e_jkg "
+        f"FROM cards c JOIN {_NODE} n ON n.id = c.node_id LEFT JOIN used ON used.node_id = c.node_id "
+        "AND used.gpu_uuid = c.gpu_uuid AND used.set_start = c.set_start GROUP BY 1, 2, 3"
     )
     with period_read_cursor() as cur:
         cur.execute(sql, params)

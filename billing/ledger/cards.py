@@ -2,7 +2,7 @@
 what each card cost, what of it was charged to workloads and what stood idle, how busy it was, the
 energy it drew (and what it cost and emitted), and its costliest workloads. Two statements, whatever
 the fleet's size: one over the GPU rows (with the usage they carry for utilisation), one over the
-usage rows for the workloads.
+usage rows for the workloads (whole months from the month ledger: billing.ledger.reads.usage_rows).
 Raw ledger sums in ledger units; rounding and ratios are the caller's.
 """
 
@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime
 from decimal import Decimal
+from typing import Any
 
 from billing.ledger import reads
 from billing.ledger.allocation import CONTROLLER_SQL
@@ -64,7 +65,7 @@ WITH cards AS (
     GROUP BY g.node_id, g.gpu_uuid
 ), used AS (
     SELECT node_id, gpu_uuid, sum(sm_used_s) AS sm, sum(mem_used_mb_s) AS mem
-    FROM {usage_table} WHERE {at} >= %(start)s AND {at} < %(end)s
+    FROM {usage_rows} u
     GROUP BY node_id, gpu_uuid
 )
 SELECT n.name AS node, c.gpu_uuid, c.gpu_model, c.card_cost, c.charged, c.idle_cost, c.idle_allocated,
@@ -81,11 +82,12 @@ ORDER BY n.name, c.gpu_uuid
 def list_cards(*, start: datetime, end: datetime) -> list[CardRow]:
     """Every GPU with GPU rows in [start, end), by node name and GPU."""
     ledger = reads.ledger_for(start, end)
-    sql = _CARDS.format(at=ledger.at, gpu_table=ledger.gpu_table, usage_table=ledger.usage_table,
-                        node_table=_NODE, inventory=_GPU, rate_join=energy_rate_join("g", ledger.at),
-                        energy_cost=energy_cost_sql("g"), co2e=co2e_sql("g"))
+    params: dict[str, Any] = {"start": start, "end": end, "tenants": None}
+    sql = _CARDS.format(at=ledger.at, gpu_table=ledger.gpu_table, node_table=_NODE, inventory=_GPU,
+                        usage_rows=reads.usage_rows(ledger, start, end, params, months=reads.month_range(ledger, start, end)),
+                        rate_join=energy_rate_join("g", ledger.at), energy_cost=energy_cost_sql("g"), co2e=co2e_sql("g"))
     with period_read_cursor() as cur:
-        cur.execute(sql, {"start": start, "end": end})
+        cur.execute(sql, params)
         return fetch_rows(cur, CardRow)
 
 
@@ -110,7 +112,7 @@ class CardWorkloadRow:
 _WORKLOADS = """
 WITH per_pod AS (
     SELECT node_id, gpu_uuid, tenant, namespace, pod, pod_uid, sum(charge) + sum(idle_share) AS cost
-    FROM {usage_table} WHERE {at} >= %(start)s AND {at} < %(end)s
+    FROM {usage_rows} u
     GROUP BY node_id, gpu_uuid, tenant, namespace, pod, pod_uid
 ), ranked AS (
     SELECT p.*, row_number() OVER (PARTITION BY node_id, gpu_uuid ORDER BY cost DESC, tenant, namespace, pod, pod_uid) AS rank,
@@ -130,8 +132,9 @@ def list_card_workloads(*, start: datetime, end: datetime, top: int) -> list[Car
     """Per GPU with usage in [start, end), its `top` costliest pod instances (ties by name), each
     with the card's count of pod instances."""
     ledger = reads.ledger_for(start, end)
-    sql = _WORKLOADS.format(at=ledger.at, usage_table=ledger.usage_table, node_table=_NODE, meta_table=_META,
-                            controller=CONTROLLER_SQL)
+    params: dict[str, Any] = {"top": top, "tenants": None}
+    sql = _WORKLOADS.format(node_table=_NODE, meta_table=_META, controller=CONTROLLER_SQL,
+                            usage_rows=reads.usage_rows(ledger, start, end, params, months=reads.month_range(ledger, start, end)))
     with period_read_cursor() as cur:
-        cur.execute(sql, {"start": start, "end": end, "top": top})
+        cur.execute(sql, params)
         return fetch_rows(cur, CardWorkloadRow)

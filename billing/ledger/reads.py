@@ -7,11 +7,15 @@ a table or a model.
 
 Both tables of a granularity have the same columns besides the time column `at` (the start of
 the hour or of the UTC day); a day row keeps the first and last hour it saw usage in.
+
+A read of usage over whole days takes the whole UTC months in it from the month ledger (UsageMonth,
+billing.ledger.months) and the other days from days (`usage_rows`): the same rows summed, so the same
+sums to the last digit, where a month row can stand in for its days (`month_range`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -21,11 +25,12 @@ from django.db import connection, transaction
 from django.db.backends.utils import CursorWrapper
 from django.db.models import F, Q, Sum
 
-from billing.ledger.models import GpuDay, GpuHour, UsageDay, UsageHour
+from billing.ledger.models import GpuDay, GpuHour, UsageDay, UsageHour, UsageMonth
 from billing.ledger.retention import require_hours_retained
+from billing.models.fleet import Gpu, LocationRate, NodeLocation
 
-__all__ = ["DAYS", "HOURS", "Granularity", "Ledger", "bucketed_ledger", "fetch_rows", "hour_ledger", "ledger_for",
-           "period_read_cursor"]
+__all__ = ["CLOSED_THROUGH", "DAYS", "HOURS", "Granularity", "Ledger", "bucketed_ledger", "fetch_rows", "hour_ledger", "ledger_for",
+           "month_range", "period_read_cursor", "usage_rows"]
 
 Granularity = Literal["hour", "day"]
 _Row = TypeVar("_Row")
@@ -104,6 +109,119 @@ def bucketed_ledger(start: datetime, end: datetime, granularity: Granularity) ->
     (Every read of the ledger picks through this module's `ledger_for`, so one patch of it makes
     them all read hours: tests/billing/test_daily_ledger.py proves days equal hours that way.)"""
     return ledger_for(start, end) if granularity == "day" else hour_ledger(start)
+
+
+# --- Whole months from the month ledger ---------------------------------------------------------
+
+# The first UTC day the month rows do not hold yet (billing.ledger.months), as a scalar subquery: a read
+# puts it in the statement that reads the month rows, so both come from one snapshot.
+CLOSED_THROUGH = "(SELECT closed_through FROM billing_month_closed)"
+
+_USAGE_KEYS = ("node_id", "gpu_uuid", "tenant", "namespace", "pod", "container", "pod_uid", "sla_tier")
+_USAGE_SUMS = ("seconds", "mem_used_mb_s", "mem_granted_mb_s", "mem_billed_mb_s", "sm_used_s", "sm_granted_s",
+               "sm_billed_s", "share_gpu_s", "charge", "idle_share", "energy_j")
+# A day or hour row's card-seconds, as the month ledger stores them summed per day (billing.ledger.months).
+_CARD_SECONDS = {
+    "mem_billed_card_s": "u.mem_billed_mb_s / nullif(gp.memory_mb, 0)",
+    "mem_used_card_s": "u.mem_used_mb_s / nullif(gp.memory_mb, 0)",
+    "sm_billed_card_s": "u.sm_billed_s / nullif(gp.sm_count, 0)",
+    "sm_used_card_s": "u.sm_used_s / nullif(gp.sm_count, 0)",
+}
+
+
+def _month_start(at: datetime) -> bool:
+    return _midnight(at) and at.astimezone(UTC).day == 1
+
+
+def _next_month(at: datetime) -> datetime:
+    at = at.astimezone(UTC)
+    return at.replace(year=at.year + at.month // 12, month=at.month % 12 + 1, day=1, hour=0, minute=0, second=0,
+                      microsecond=0)
+
+
+def month_range(ledger: Ledger, start: datetime, end: datetime, *, starts: Sequence[datetime] | None = None,
+                card_seconds: bool = False) -> tuple[datetime, datetime] | None:
+    """[first, last) month starts: the whole UTC months of [start, end) that a read of `ledger` (the
+    day ledger: a read of hours takes no months) may take from the month ledger, None when none.
+
+    A month row stands in for its days where the read puts them all in one group and joins them all
+    alike: no set of `starts` begins inside a month (a set is the last start at or before a row), no
+    node's location nor any location's rate starts inside a month (energy is priced by the row's
+    date, billing.ledger.energy), and, with `card_seconds`, no GPU's memory or SM count differs
+    from what its month rows were divided by. Otherwise every month of the read comes from days."""
+    if ledger is not DAYS:
+        return None
+    first = start if _month_start(start) else _next_month(start)
+    last = end.astimezone(UTC).replace(day=1, hour=0, minute=0, second=0, microsecond=0)
+    if first >= last:
+        return None
+    if starts is not None and any(first < s < last and not _month_start(s) for s in starts):
+        return None
+    if _energy_rates_change(first, last) or (card_seconds and _cards_changed(first, last)):
+        return None
+    return first, last
+
+
+def _energy_rates_change(first: datetime, last: datetime) -> bool:
+    """Whether some node's location or some location's rate starts on a date inside a month of
+    [first, last) other than its first day."""
+    inside = "effective_from > %(lo)s AND effective_from < %(hi)s AND extract(day FROM effective_from) <> 1"
+    with connection.cursor() as cur:
+        cur.execute(f"SELECT EXISTS (SELECT 1 FROM {NodeLocation._meta.db_table} WHERE {inside}) "  # noqa: S608 - the models' own table names
+                    f"OR EXISTS (SELECT 1 FROM {LocationRate._meta.db_table} WHERE {inside})",
+                    {"lo": first.date(), "hi": last.date()})
+        return bool(cur.fetchone()[0])
+
+
+def _cards_changed(first: datetime, last: datetime) -> bool:
+    """Whether a GPU's memory or SM count differs from what its month rows in [first, last) were divided by."""
+    with connection.cursor() as cur:
+        cur.execute(
+            # Each GPU's divisors once (a GPU-month has one), then compared: not a lookup per month row.
+            f"SELECT EXISTS (SELECT 1 FROM (SELECT DISTINCT gpu_uuid, memory_mb, sm_count FROM {UsageMonth._meta.db_table} "  # noqa: S608 - the models' own table names
+            f"WHERE month >= %s AND month < %s) u LEFT JOIN {Gpu._meta.db_table} gp ON gp.uuid = u.gpu_uuid "
+            "WHERE gp.memory_mb IS DISTINCT FROM u.memory_mb OR gp.sm_count IS DISTINCT FROM u.sm_count)", [first, last])
+        return bool(cur.fetchone()[0])
+
+
+def usage_rows(ledger: Ledger, start: datetime, end: datetime, params: dict[str, Any], *,
+               months: tuple[datetime, datetime] | None, model: bool = False, card_seconds: bool = False,
+               name: str = "rows") -> str:
+    """A subquery of the usage rows of [start, end) in `ledger`, of `params["tenants"]` (None: all):
+    the month rows of `months` (month_range's) and the rows of `ledger` of the rest. Each row has the
+    usage columns, `at` (its hour, day or month), `first_hour`, `last_hour`, `gpu_model` (its GPU row's,
+    NULL where it has none; NULL for every hour or day row unless `model`) and, with `card_seconds`,
+    the card-seconds columns (billing.ledger.months). Parameters are added to `params`, named after
+    `name` (one per subquery of a statement)."""
+    columns = ", ".join(f"u.{c}" for c in (*_USAGE_KEYS, *_USAGE_SUMS))
+    tenants = "(%(tenants)s::text[] IS NULL OR u.tenant = ANY(%(tenants)s::text[]))"
+    cards = "".join(f", u.{c}" for c in _CARD_SECONDS) if card_seconds else ""
+    ranges = [(start, end)]
+    parts = []
+    if months is not None:
+        params[f"{name}_months_from"], params[f"{name}_months_to"] = months
+        parts.append(f"SELECT {columns}, u.month AS at, u.first_hour, u.last_hour, u.gpu_model{cards} "  # noqa: S608 - fixed names
+                     f"FROM {UsageMonth._meta.db_table} u WHERE u.month >= %({name}_months_from)s "
+                     f"AND u.month < %({name}_months_to)s AND {tenants}")
+        # The month rows hold the closed days; the days of those months from CLOSED_THROUGH on are read as days.
+        ranges = [r for r in ((start, months[0]), (months[1], end)) if r[0] < r[1]]
+    at = ledger.at
+    joins = (f" LEFT JOIN {ledger.gpu_table} g ON g.node_id = u.node_id AND g.gpu_uuid = u.gpu_uuid AND g.{at} = u.{at}"
+             if model else "")
+    joins += f" LEFT JOIN {Gpu._meta.db_table} gp ON gp.uuid = u.gpu_uuid" if card_seconds else ""
+    within = []
+    for i, (lo, hi) in enumerate(ranges):
+        params[f"{name}_{i}_from"], params[f"{name}_{i}_to"] = lo, hi
+        within.append(f"(u.{at} >= %({name}_{i}_from)s AND u.{at} < %({name}_{i}_to)s)")
+    if months is not None:
+        within.append(f"(u.{at} >= %({name}_months_from)s AND u.{at} < %({name}_months_to)s "
+                      f"AND u.{at} >= {CLOSED_THROUGH})")
+    cards_sql = "".join(f", {q} AS {c}" for c, q in _CARD_SECONDS.items()) if card_seconds else ""
+    parts.append(
+        f"SELECT {columns}, u.{at} AS at, u.{ledger.first_hour} AS first_hour, u.{ledger.last_hour} AS last_hour, "  # noqa: S608 - fixed names
+        f"{'g.gpu_model' if model else 'NULL::varchar'} AS gpu_model{cards_sql} FROM {ledger.usage_table} u{joins} "
+        f"WHERE ({' OR '.join(within)}) AND {tenants}")
+    return "(" + " UNION ALL ".join(parts) + ")"
 
 
 # Planner settings for the reads over a period's rows (period_read_cursor), measured at

@@ -44,6 +44,7 @@ from django.db.backends.utils import CursorWrapper
 
 from billing.errors import InvalidInput
 from billing.ledger.locks import lock_ledger, try_lock_ledger_shared
+from billing.ledger.months import close_days, rebuild_months, recompute_months
 from billing.ledger.partitions import days_between, ensure_minute_partitions, partition_name
 from billing.ledger.pricing import (
     GpuWindowUsage,
@@ -160,6 +161,7 @@ def rollup_usage(*, now: datetime, max_batches: int = 5000, shard: int = 0, shar
         raise ValueError(f"shard must lie in [0, shards) and shards be >= 1, got shard {shard} of {shards}")
     if max_batches < 1:
         raise ValueError("max_batches must be >= 1")
+    close_days(now=now)  # yesterday into the month ledger, once, by the first cycle after midnight
     node_ids = _pending_nodes(shard=shard, shards=shards)
     if not node_ids:
         return _NOTHING
@@ -674,6 +676,7 @@ def _recompute_days(cur: CursorWrapper, days: set[Key]) -> None:
                     "WHERE d.node_id = a.node_id AND d.gpu_uuid = a.gpu_uuid AND d.day = a.day", keys)
     cur.execute(_usage_days_insert(_TOUCHED_DAYS), keys)
     cur.execute(_gpu_days_insert(_TOUCHED_DAYS), keys)
+    recompute_months(cur, days)
 
 
 def rebuild_days(*, start: datetime, end: datetime, gpu_uuid: str | None = None) -> int:
@@ -700,4 +703,6 @@ def rebuild_days(*, start: datetime, end: datetime, gpu_uuid: str | None = None)
         in_range = "WHERE h.hour >= %s AND h.hour < %s" + gpu.replace("gpu_uuid", "h.gpu_uuid")
         cur.execute(_usage_days_insert(in_range), params)
         cur.execute(_gpu_days_insert(in_range), params)
-        return int(cur.rowcount)
+        written = int(cur.rowcount)
+        rebuild_months(cur, lo=lo, hi=hi, gpu_uuid=gpu_uuid)
+        return written

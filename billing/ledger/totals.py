@@ -12,6 +12,7 @@ from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from datetime import UTC, date, datetime
 from decimal import Decimal
+from typing import Any
 
 from django.db.models import Sum
 from django.db.models.functions import TruncMonth
@@ -147,8 +148,7 @@ _WORKLOAD_SUMMARY = """
 WITH per_tier AS MATERIALIZED (
     SELECT tenant, namespace, pod, pod_uid, sla_tier, sum(charge) AS charge, sum(idle_share) AS idle_share,
            sum(share_gpu_s) AS share, sum(mem_used_mb_s) AS mem, sum(sm_used_s) AS sm
-    FROM {usage_table}
-    WHERE {at} >= %(start)s AND {at} < %(end)s AND (%(tenants)s::text[] IS NULL OR tenant = ANY(%(tenants)s::text[]))
+    FROM {usage_rows} u
     GROUP BY pod_uid, sla_tier, tenant, namespace, pod
 ), per_pod AS MATERIALIZED (
     SELECT tenant, namespace, pod, pod_uid, sum(charge) AS charge, sum(idle_share) AS idle_share,
@@ -193,9 +193,10 @@ def summarise_workloads(*, start: datetime, end: datetime, tenants: Collection[s
     """Per tenant over [start, end) (`tenants` only unless None), and the `top` costliest pod
     instances, in one statement under the period-read planner settings."""
     ledger = reads.ledger_for(start, end)
+    params = {"tenants": _tenant_list(tenants), "limit": top}
     with reads.period_read_cursor() as cur:
-        cur.execute(_WORKLOAD_SUMMARY.format(at=ledger.at, usage_table=ledger.usage_table),
-                    {"start": start, "end": end, "tenants": _tenant_list(tenants), "limit": top})
+        cur.execute(_WORKLOAD_SUMMARY.format(usage_rows=reads.usage_rows(ledger, start, end, params, months=reads.month_range(ledger, start, end))),
+                    params)
         rows = fetch_rows(cur, _SummaryRow)
     return WorkloadSummary(
         tenants=[TenantTotals(tenant=r.tenant, charge=r.charge, idle_share=r.idle_share, share_gpu_s=r.share_gpu_s,
@@ -318,28 +319,25 @@ class PeriodLineCost:
 def list_period_line_costs(*, periods: Sequence[tuple[datetime, datetime]],
                            tenants: Collection[str] | None) -> list[PeriodLineCost]:
     """Per period of whole UTC days and per invoice line, the sums a figure tree of that period
-    holds at its line level (billing.ledger.allocation.list_figure_rows, level 0: the same day-ledger
-    rows and GPU join; its node join always matches, the usage row's node being a protected key), of `tenants` (None: all): six months and a previous period in one
-    statement instead of a tree each, which would also read every workload. Unordered; a period
-    without usage has no rows."""
-    if not periods:
+    holds at its line level (billing.ledger.allocation.list_figure_rows, level 0: the same usage rows,
+    whole months from the month ledger and the rest from days, and their GPU rows' model), of
+    `tenants` (None: all): six months and a previous period in one statement instead of a tree each,
+    which would also read every workload. Unordered; a period without usage has no rows."""
+    params: dict[str, Any] = {"tenants": _tenant_list(tenants)}
+    parts = []
+    for i, (lo, hi) in enumerate(periods):
+        rows = reads.usage_rows(reads.DAYS, lo, hi, params, months=reads.month_range(reads.DAYS, lo, hi), model=True,
+                                name=f"p{i}")
+        params[f"p{i}_lo"], params[f"p{i}_hi"] = lo, hi
+        parts.append(
+            # The period's currency as get_window_currency picks it: a GPU-day with some priced hour.
+            f"SELECT {i} AS period, coalesce((SELECT g.currency FROM {reads.DAYS.gpu_table} g "  # noqa: S608 - fixed names; values are parameters
+            f"WHERE g.day >= %(p{i}_lo)s AND g.day < %(p{i}_hi)s AND g.metered_seconds > g.unpriced_seconds LIMIT 1), '') "
+            # A usage row always has its GPU row (the rollup writes both), but a model only names a line.
+            "AS currency, u.tenant, coalesce(u.gpu_model, '') AS gpu_model, u.sla_tier, sum(u.charge) AS charge, "
+            f"sum(u.idle_share) AS idle_share FROM {rows} u GROUP BY 1, 2, 3, 4, 5")
+    if not parts:
         return []
-    params = {"los": [lo for lo, _hi in periods], "his": [hi for _lo, hi in periods],
-              "tenants": _tenant_list(tenants)}
-    days, gpus = reads.DAYS.usage_table, reads.DAYS.gpu_table
-    sql = (
-        "WITH p AS (SELECT lo, hi, i FROM unnest(%(los)s::timestamptz[], %(his)s::timestamptz[]) "  # noqa: S608 - fixed names; values are parameters
-        "WITH ORDINALITY AS p(lo, hi, i)) "
-        # The period's currency as get_window_currency picks it: a GPU-day with some priced hour.
-        "SELECT (p.i - 1)::int AS period, coalesce(c.currency, '') AS currency, u.tenant, "
-        "coalesce(g.gpu_model, '') AS gpu_model, u.sla_tier, sum(u.charge) AS charge, sum(u.idle_share) AS idle_share "
-        f"FROM p LEFT JOIN LATERAL (SELECT g2.currency FROM {gpus} g2 WHERE g2.day >= p.lo AND g2.day < p.hi "
-        "AND g2.metered_seconds > g2.unpriced_seconds LIMIT 1) c ON true "
-        f"JOIN {days} u ON u.day >= p.lo AND u.day < p.hi "
-        # Left: a usage row always has its GPU row (the rollup writes both), but a model only names a line.
-        f"LEFT JOIN {gpus} g ON g.node_id = u.node_id AND g.gpu_uuid = u.gpu_uuid AND g.day = u.day "
-        "WHERE (%(tenants)s::text[] IS NULL OR u.tenant = ANY(%(tenants)s::text[])) GROUP BY 1, 2, 3, 4, 5"
-    )
     with period_read_cursor() as cur:
-        cur.execute(sql, params)
+        cur.execute(" UNION ALL ".join(parts), params)
         return fetch_rows(cur, PeriodLineCost)

@@ -221,6 +221,15 @@ class _Group:
     energy_cost_jp: Decimal | None = _ZERO
     co2e_jkg: Decimal | None = _ZERO
 
+    @classmethod
+    def of(cls, row: ledger.UsageGroupRow, shared_idle: Decimal) -> _Group:
+        """The group of its first row: its sums as they are (adding them to zeros gives the same
+        Decimals, the ledger's exponents being at most 0), a Decimal addition per field saved for
+        the usual group of one row (per pod, a month is ~40k groups at 1,000 GPUs)."""
+        return cls(row.first_hour, row.last_hour, row.seconds, row.share_gpu_s, row.charge, row.idle_share + shared_idle,
+                   row.mem_used_mb_s, row.mem_granted_mb_s, row.mem_requested_mb_s, row.sm_used_s, row.sm_granted_s,
+                   row.sm_requested_s, row.energy_j, row.energy_cost_jp, row.co2e_jkg)
+
     def add(self, row: ledger.UsageGroupRow, shared_idle: Decimal) -> None:
         self.first_hour = min(self.first_hour, row.first_hour)
         self.last_hour = max(self.last_hour, row.last_hour)
@@ -322,8 +331,12 @@ def allocation_sets(  # noqa: PLR0912 - one branch per OpenCost option
     shared = _shared_idle(rows, share_key) if share else [_ZERO] * len(rows)
     groups: list[dict[tuple[str, ...], _Group]] = [{} for _ in bounds]
     for row, part in zip(rows, shared, strict=True):
-        group = groups[index[row.set_start]].setdefault(row.keys, _Group(row.first_hour, row.last_hour))
-        group.add(row, part)
+        in_set = groups[index[row.set_start]]
+        group = in_set.get(row.keys)
+        if group is None:
+            in_set[row.keys] = _Group.of(row, part)
+        else:
+            group.add(row, part)
 
     for i, bound in enumerate(bounds):
         for keys, g in sorted(groups[i].items()):

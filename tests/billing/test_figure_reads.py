@@ -173,7 +173,7 @@ def _one_pass_rows(*, start: datetime, end: datetime, depth: int, tenants: list[
         "coalesce(sum(u.sm_used_s / nullif(gp.sm_count, 0)), 0) AS sm_used_card_s, sum(u.energy_j) AS energy_j, "
         f"{energy_cost_sql()} AS energy_cost_jp, {co2e_sql()} AS co2e_jkg "
         f"FROM {ledger.usage_table} u JOIN {a._NODE} n ON n.id = u.node_id{energy_rate_join('u', ledger.at)}"
-        f"LEFT JOIN {a._GPU} gp ON gp.uuid = u.gpu_uuid "
+        f"LEFT JOIN {Gpu._meta.db_table} gp ON gp.uuid = u.gpu_uuid "
         f"LEFT JOIN {ledger.gpu_table} g ON g.node_id = u.node_id AND g.gpu_uuid = u.gpu_uuid AND g.{ledger.at} = u.{ledger.at} "
         f"AND g.{ledger.at} >= %(start)s AND g.{ledger.at} < %(end)s "
         f"LEFT JOIN {a._META} m ON m.node_id = u.node_id AND m.namespace = u.namespace AND m.pod = u.pod "
