@@ -22,6 +22,7 @@ from agents.batch import Sample
 from agents.interfaces import GpuInfo
 from billing.ledger.models import UsageBatch, UsageMinute
 from billing.ledger.rollup import quarantine_batch, rollup_usage
+from billing.services.ingest.rollup import redrive_batches
 from tests import clock
 from tests.billing.test_integrals_v2 import GPU, START, _document, _ledger_of, _per_second, series
 from tests.billing.test_rollup_sharded import keep_inbox
@@ -99,6 +100,11 @@ def test_a_quarantined_batch_keeps_its_rows_in_the_inbox_until_it_is_rolled_up(p
     with connection.cursor() as cur:
         cur.execute("SELECT batch_id, count(*) FROM billing_raw_sample GROUP BY 1")
         assert dict(cur.fetchall()) == {held.pk: stored[held.pk]}
+    redrive_batches(batch_ids=[held.pk], node=None, now=clock.now(), actor_label="test")
+    assert rollup_usage(now=clock.now()).batches == 1
+    with connection.cursor() as cur:
+        cur.execute("SELECT count(*) FROM billing_raw_sample")
+        assert cur.fetchone()[0] == 0  # re-driven and rolled up: its rows went into the minutes
 
 
 @pytest.mark.django_db
