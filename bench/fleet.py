@@ -99,7 +99,8 @@ time where the machine allows, with gunicorn and the rollup workers running thro
    and the day ledger per pod in one (day_by_pod), by value columns and the pod's UID.
 4. disk: pg_total_relation_size (indexes and TOAST included, summed over partitions) of the
    integral rows ingest writes (the raw table: one row per batch, workload, GPU and minute, v1
-   samples summed per minute at ingest), batches, batch GPUs and the minute, hour and day
+   samples summed per minute at ingest; an inbox the rollup empties into the minutes, so with every
+   batch rolled up it holds no live row and counts 0 a day), batches, batch GPUs and the minute, hour and day
    ledgers, the last five as a fresh copy of their live rows (compact_bytes: what VACUUM FULL
    leaves; the rollup's rewrites leave dead rows a short run has not vacuumed); WAL from
    pg_current_wal_lsn() around ingest + rollup (cluster-wide: on a shared server it includes other
@@ -447,8 +448,9 @@ def make_load(shape: Shape, seed: int, node: int) -> Load:
 # The agents' batches: v2 windows summed from the arrays and rendered by the agent's own code
 # (agents/batch.py render_windows); v1 samples rendered by agents.batch.render_batch
 
-# The integrals the minute ledger must hold, in 1/1024 units: what was metered, summed.
-INTEGRALS = ("mem_used_mb_s", "mem_granted_mb_s", "mem_billed_mb_s", "sm_used_s", "sm_granted_s", "sm_billed_s",
+# The integrals the minute ledger must hold, in 1/1024 units: what was metered, summed (the billed
+# maxima are the store's mem_max_mb_s and sm_max_s).
+INTEGRALS = ("mem_used_mb_s", "mem_granted_mb_s", "mem_max_mb_s", "sm_used_s", "sm_granted_s", "sm_max_s",
              "pcie_mb")
 PodKey = tuple[str, str]  # (gpu_uuid, pod_uid)
 
@@ -474,9 +476,9 @@ class Sent:
         """One node's metered series: each period is a sample, billed = max(used, granted) per sample."""
         self.workload_seconds += int(coarse["mem_used"].size) * period_s
         for name, series in (("mem_used_mb_s", coarse["mem_used"]), ("mem_granted_mb_s", coarse["mem_granted"]),
-                             ("mem_billed_mb_s", np.maximum(coarse["mem_used"], coarse["mem_granted"])),
+                             ("mem_max_mb_s", np.maximum(coarse["mem_used"], coarse["mem_granted"])),
                              ("sm_used_s", coarse["sm_used"]), ("sm_granted_s", coarse["sm_granted"]),
-                             ("sm_billed_s", np.maximum(coarse["sm_used"], coarse["sm_granted"])),
+                             ("sm_max_s", np.maximum(coarse["sm_used"], coarse["sm_granted"])),
                              ("pcie_mb", coarse["pcie"])):
             self.quanta[name] += int(series.sum())
 

@@ -7,7 +7,10 @@ what docs/operations.md's disk budget is built from.
 DATABASE_URL must be set (`python -m config.embedded -- python bench/ledger_disk.py` provides it).
 Like bench/rollup.py it drops and creates `<dbname>_bench`, stores minute batches of 1-second
 samples through the ingest service (which sums them per workload-minute, as a v2 batch sends them:
-one integral row per batch, workload, GPU and minute) and rolls them up with the real rollup. A
+one integral row per batch, workload, GPU and minute) and rolls them up with the real rollup, which
+adds the integral rows into the minutes and deletes them: the raw table is an inbox that holds
+only the rows of batches not rolled up. The integral rows are also measured as they were held
+before (47 days beside the minutes), from a copy taken before the rollup. A
 short run has too few rows for a per-row figure (a table and each index start at one 8 KiB page),
 so every table's real rows are repeated, shifted by whole windows, up to `--rows` rows each
 before measuring: same values and widths, same indexes (batches and their GPUs get new batch
@@ -15,7 +18,7 @@ numbers, so their constraints and the overlap trigger still hold).
 Bytes per row = pg_total_relation_size (heap + indexes + TOAST, all partitions) / rows, after
 VACUUM: what a day of rows holds, not the dead versions the rollup's rewrites leave for vacuum.
 
-The candidate row is measured the same way: the real minute rows rewritten as one per-minute
+The candidate rows are measured the same way: the real minute rows rewritten as one per-minute
 store keyed by small ids (docs/scaling.md, One per-minute store): integrals as float8 (exact for
 the agents' 2^-10 quanta), amounts as numeric, the key (minute, card, workload) as its primary key.
 """
@@ -57,6 +60,8 @@ LEDGERS = {
     "billing_gpuday": ("day", "1 day"),
 }
 BATCH_TABLES = ("billing_usagebatch", "billing_batchgpu")
+# The integral rows as ingest wrote them, before the rollup emptied the inbox (same columns and index).
+INTEGRAL_ROWS = "bench_integral_rows"
 CANDIDATE = "bench_minute_store"
 GPUS_PER_NODE = 8  # a node's batch covers its GPUs: one batch row per node and minute
 
@@ -65,7 +70,8 @@ def rows_per_day(table: str, *, gpus: int, workloads_per_gpu: int) -> float:
     """Rows a day of a steady fleet writes (held, not rewritten) with minute batches."""
     workload_minutes = gpus * workloads_per_gpu * 1440
     return {
-        "billing_raw_sample": workload_minutes, CANDIDATE: workload_minutes,
+        # The inbox holds a rollup cycle's rows, not a day's: nothing a day adds to the disk held.
+        "billing_raw_sample": 0, INTEGRAL_ROWS: workload_minutes, CANDIDATE: workload_minutes,
         "billing_usageminute": workload_minutes, "billing_gpuminute": gpus * 1440,
         "billing_usagehour": gpus * workloads_per_gpu * 24, "billing_gpuhour": gpus * 24,
         "billing_usageday": gpus * workloads_per_gpu, "billing_gpuday": gpus,
@@ -104,6 +110,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _generate(args: argparse.Namespace) -> None:
+    from django.db import connection
     from django.utils import timezone
 
     from billing.ledger.rollup import rollup_usage
@@ -124,6 +131,9 @@ def _generate(args: argparse.Namespace) -> None:
         node = Node.objects.get(name=agent.node)
         for payload in agent_batches:
             record_usage_batch(node=node, payload=payload, content=json.dumps(payload).encode(), now=timezone.now())
+    with connection.cursor() as cur:
+        cur.execute(f"CREATE TABLE {INTEGRAL_ROWS} (LIKE billing_raw_sample INCLUDING ALL)")
+        cur.execute(f"INSERT INTO {INTEGRAL_ROWS} SELECT * FROM billing_raw_sample")  # noqa: S608 - fixed names
     rollup_usage(now=timezone.now(), max_batches=10**6)
 
 
@@ -192,7 +202,7 @@ CREATE TABLE bench_minute_store (
     PRIMARY KEY (minute, card_id, workload_id)
 );
 INSERT INTO bench_minute_store SELECT m.minute, c.id, w.id, m.seconds, m.mem_used_mb_s,
-    m.mem_granted_mb_s, m.mem_billed_mb_s, m.sm_used_s, m.sm_granted_s, m.sm_billed_s, m.pcie_mb,
+    m.mem_granted_mb_s, m.mem_max_mb_s, m.sm_used_s, m.sm_granted_s, m.sm_max_s, m.pcie_mb,
     m.share_gpu_s, m.charge, m.idle_share, m.energy_j
   FROM billing_usageminute m JOIN bench_card c ON c.node_id = m.node_id AND c.gpu_uuid = m.gpu_uuid
   JOIN bench_workload w ON (w.tenant, w.namespace, w.pod, w.container, w.pod_uid, w.sla_tier)
@@ -219,7 +229,7 @@ INSERT INTO bench_batch_card SELECT g.batch_id, c.id, g.memory_mb, g.sm_count, g
   FROM billing_batchgpu g JOIN bench_card c ON c.node_id = g.node_id AND c.gpu_uuid = g.gpu_uuid ORDER BY 1, 2;
 """
 # Each candidate and the table it replaces.
-CANDIDATES = {CANDIDATE: ("billing_raw_sample", "billing_usageminute"), "bench_gpu_minute_store": ("billing_gpuminute",),
+CANDIDATES = {CANDIDATE: ("billing_usageminute",), "bench_gpu_minute_store": ("billing_gpuminute",),
               "bench_batch_card": ("billing_batchgpu",)}
 
 
@@ -239,7 +249,9 @@ def run(args: argparse.Namespace) -> int:
 
     _generate(args)
     with transaction.atomic(), connection.cursor() as cur:
-        for table, (column, step) in LEDGERS.items():
+        for table, (column, step) in (*LEDGERS.items(), (INTEGRAL_ROWS, ("start", "1 hour"))):
+            if table == "billing_raw_sample":
+                continue  # the inbox, empty once rolled up: nothing to repeat
             _repeat(cur, table, column, step, args.rows)
         _repeat_batches(cur, args.rows)
         cur.execute(_CANDIDATE_SQL)
@@ -254,17 +266,21 @@ def run(args: argparse.Namespace) -> int:
     print("|---|---:|---:|---:|---:|---:|")
     totals: dict[str, float] = {}
     with connection.cursor() as cur:
-        for table in (*LEDGERS, *BATCH_TABLES, *CANDIDATES):
+        for table in (*LEDGERS, *BATCH_TABLES, INTEGRAL_ROWS, *CANDIDATES):
+            if table == "billing_raw_sample":
+                continue  # the inbox: empty once rolled up, nothing held a day
             rows, per_row = _measure(cur, table)
             day = rows_per_day(table, **fleet)
             totals[table] = per_row * day
             print(f"| {table} | {rows:,} | {per_row:,.0f} | {day:,.0f} | {per_row * day / 1e9:,.1f} | "
                   f"{per_row * day * per_workload_minute:,.1f} |")
-    today = sum(v for t, v in totals.items() if t not in CANDIDATES)
-    one_store = today - totals["billing_raw_sample"] - totals["billing_usageminute"] + totals[CANDIDATE]
+    today = sum(v for t, v in totals.items() if t not in CANDIDATES and t != INTEGRAL_ROWS)
+    before = today + totals[INTEGRAL_ROWS]
+    one_store = today - totals["billing_usageminute"] + totals[CANDIDATE]
     lean = today + sum(totals[c] - sum(totals[t] for t in replaced) for c, replaced in CANDIDATES.items())
-    for label, total in (("every table as stored today", today),
-                         (f"{CANDIDATE} in place of raw rows and usage minutes", one_store),
+    for label, total in (("before the minutes stored the integrals (the integral rows held too)", before),
+                         ("every table as stored today (the integral rows an inbox)", today),
+                         (f"{CANDIDATE} in place of usage minutes", one_store),
                          ("every candidate in place of the tables it replaces", lean)):
         print(f"\n{label}: {total / 1e9:,.1f} GB per day, {total * per_workload_minute:,.0f} bytes per workload-minute")
     return 0

@@ -13,13 +13,14 @@ machine:
    bench/ingest.py's machinery; samples/s from the first timed request to the last answer.
 2. rollup, 1 worker: one real process (its own connection) runs billing.ledger.rollup.rollup_usage
    with shards=1 until nothing is pending.
-3. rollup, 2 workers: the ledger is emptied and every batch set pending again (the same rows),
+3. rollup, 2 workers: the ledger is emptied, every batch set pending again and its integral rows
+   put back in the inbox (the rollup deletes them once they are in the minutes: the same rows),
    then two processes run shard 0 and shard 1 of 2 at once.
 
 A first run with 1 worker reads the freshly ingested rows cold (and sets their hint bits): it is
 reported, not used in the ratios. Then steps 2 and 3 alternate `--repeats` times (1w, 2w, 1w,
 2w, ...), each over the same rows from an empty ledger; the table gives every run, and the ratios
-use the medians. Last, a steady cycle: the newest batch of every node pending again, rolled up
+use the medians. Last, a steady cycle: every batch rolled up but the newest of each node, which is then rolled up
 in-process. Worker processes start Django before the clock starts and wait for a go line on
 stdin. Each run's ledger is checked to be identical to the first run's (every minute, hour and
 day row), so a faster rollup cannot be a wrong one. A benchmark never fails on speed.
@@ -107,9 +108,12 @@ def worker_main(shard: int, shards: int) -> int:
     from billing.ledger.rollup import rollup_usage
 
     connection.ensure_connection()
+    with connection.cursor() as cur:
+        cur.execute("SELECT pg_backend_pid()")
+        backend = cur.fetchone()[0]
     print("ready", flush=True)
     sys.stdin.readline()
-    began = time.perf_counter()
+    began, cpu_began = time.perf_counter(), time.process_time() + _backend_cpu(backend)
     batches = minutes = 0
     while True:
         result = rollup_usage(now=timezone.now(), shard=shard, shards=shards, max_batches=100_000)
@@ -117,8 +121,20 @@ def worker_main(shard: int, shards: int) -> int:
         if result.batches == 0 and not result.skipped:
             break
     print(json.dumps({"shard": shard, "batches": batches, "gpu_minutes": minutes,
-                      "seconds": time.perf_counter() - began}), flush=True)
+                      "seconds": time.perf_counter() - began,
+                      "cpu_s": time.process_time() + _backend_cpu(backend) - cpu_began}), flush=True)
     return 0
+
+
+def _backend_cpu(pid: int) -> float:
+    """CPU seconds (user + system) of a Postgres backend on this machine, from /proc (10 ms ticks):
+    with the worker's own, what the rollup costs whatever else the shared machine runs. 0 where the
+    server is on another machine."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 @dataclass(frozen=True)
@@ -127,6 +143,7 @@ class RollupRun:
     seconds: float
     batches: int
     gpu_minutes: int
+    cpu_s: float = 0.0  # the workers' CPU and their Postgres backends'
 
 
 def run_workers(env: dict[str, str], workers: int) -> RollupRun:
@@ -149,18 +166,33 @@ def run_workers(env: dict[str, str], workers: int) -> RollupRun:
         if proc.returncode:
             raise RuntimeError(f"rollup worker exited with {proc.returncode}")
     elapsed = time.perf_counter() - began
-    return RollupRun(workers, elapsed, sum(r["batches"] for r in results), sum(r["gpu_minutes"] for r in results))
+    return RollupRun(workers, elapsed, sum(r["batches"] for r in results), sum(r["gpu_minutes"] for r in results),
+                     sum(r["cpu_s"] for r in results))
+
+
+# A copy of the inbox as ingest left it: the rollup deletes a batch's integral rows once it has
+# added them into the minutes, so each run from an empty ledger gets them back from here.
+INBOX_COPY = "bench_inbox_copy"
+
+
+def keep_inbox() -> None:
+    from django.db import connection
+
+    with connection.cursor() as cur:
+        cur.execute(f"CREATE TABLE {INBOX_COPY} AS SELECT * FROM billing_raw_sample")  # noqa: S608 - fixed name
 
 
 def reset_ledger() -> None:
-    """Every batch pending again and the ledger empty: the next run rolls up the same rows."""
+    """Every batch pending again, its integral rows back in the inbox, and the ledger empty: the next
+    run rolls up the same rows."""
     from django.db import connection, transaction
 
     with transaction.atomic(), connection.cursor() as cur:
-        cur.execute(f"TRUNCATE {', '.join(LEDGER_TABLES)}")
+        cur.execute(f"TRUNCATE {', '.join(LEDGER_TABLES)}, billing_raw_sample")
+        cur.execute(f"INSERT INTO billing_raw_sample SELECT * FROM {INBOX_COPY}")  # noqa: S608 - fixed name
         cur.execute("UPDATE billing_usagebatch SET rolled_up_at = NULL")
     with connection.cursor() as cur:
-        cur.execute(f"VACUUM ANALYZE {', '.join(LEDGER_TABLES)}, billing_usagebatch")
+        cur.execute(f"VACUUM ANALYZE {', '.join(LEDGER_TABLES)}, billing_raw_sample, billing_usagebatch")
 
 
 def ledger_digest() -> str:
@@ -179,19 +211,26 @@ def ledger_digest() -> str:
 
 
 def steady_cycle() -> RollupRun:
-    """A cycle as the beat runs it once caught up: the newest batch of every node pending again
-    (its minutes, hours and days re-derived), one in-process worker."""
+    """A cycle as the beat runs it once caught up: every batch rolled up but the newest of each node,
+    then those rolled up (their minutes, hours and days re-derived), one in-process worker."""
     from django.db import connection
     from django.utils import timezone
 
     from billing.ledger.rollup import rollup_usage
 
+    newest = "id IN (SELECT max(id) FROM billing_usagebatch GROUP BY node_id)"
+    reset_ledger()
     with connection.cursor() as cur:
-        cur.execute("UPDATE billing_usagebatch SET rolled_up_at = NULL WHERE id IN "
-                    "(SELECT max(id) FROM billing_usagebatch GROUP BY node_id)")
-    began = time.perf_counter()
+        cur.execute(f"UPDATE billing_usagebatch SET quarantined_at = now() WHERE {newest}")  # noqa: S608 - fixed SQL
+    rollup_usage(now=timezone.now())
+    with connection.cursor() as cur:
+        cur.execute("UPDATE billing_usagebatch SET quarantined_at = NULL")
+        cur.execute("SELECT pg_backend_pid()")
+        backend = cur.fetchone()[0]
+    began, cpu_began = time.perf_counter(), time.process_time() + _backend_cpu(backend)
     result = rollup_usage(now=timezone.now())
-    return RollupRun(1, time.perf_counter() - began, result.batches, result.gpu_minutes)
+    return RollupRun(1, time.perf_counter() - began, result.batches, result.gpu_minutes,
+                     time.process_time() + _backend_cpu(backend) - cpu_began)
 
 
 # --------------------------------------------------------------------------------------------
@@ -258,6 +297,7 @@ def run(args: argparse.Namespace) -> Result:
         log(f"  {ingest.rate:,.0f} samples/s")
         # The first read of freshly ingested rows also sets their hint bits and warms the caches:
         # that cold run is reported apart, so that the timed runs compare like with like.
+        keep_inbox()
         reset_ledger()
         cold = run_workers(env, 1)
         log(f"  rollup, 1 worker, cold: {cold.seconds:.2f} s, {cold.batches} batches")
@@ -288,6 +328,10 @@ def run(args: argparse.Namespace) -> Result:
 # Report
 
 
+def _cpu_ms(run: RollupRun) -> str:
+    return f"{1000 * run.cpu_s / run.gpu_minutes:.2f}" if run.cpu_s and run.gpu_minutes else "-"
+
+
 def _median(runs: list[RollupRun], workers: int) -> float:
     return statistics.median(r.seconds for r in runs if r.workers == workers)
 
@@ -312,21 +356,22 @@ def render(result: Result) -> str:
         "Each rollup run starts from an empty ledger with every batch pending and rolls up all of them; "
         "each worker is a real process with its own connection, shard k of N (node_id % N).",
         "",
-        "| step | seconds | samples/s | GPU-minutes/s |",
-        "|---|---:|---:|---:|",
+        "| step | seconds | samples/s | GPU-minutes/s | CPU ms per GPU-minute (workers + their Postgres backends) |",
+        "|---|---:|---:|---:|---:|",
         f"| ingest, HTTP end to end ({result.ingest_samples:,} timed samples) | {result.ingest_seconds:.2f} "
-        f"| {ingest_rate:,.0f} | {result.ingest_samples / result.samples * result.gpu_minutes / result.ingest_seconds:,.1f} |",
+        f"| {ingest_rate:,.0f} | {result.ingest_samples / result.samples * result.gpu_minutes / result.ingest_seconds:,.1f} "
+        "| - |",
     ]
     c = result.cold
     lines.append(f"| rollup, 1 worker, first run after ingest (cold; not in the ratios) | {c.seconds:.2f} "
-                 f"| {result.samples / c.seconds:,.0f} | {c.gpu_minutes / c.seconds:,.1f} |")
+                 f"| {result.samples / c.seconds:,.0f} | {c.gpu_minutes / c.seconds:,.1f} | {_cpu_ms(c)} |")
     for i, r in enumerate(result.runs, start=1):
         lines.append(f"| rollup, {r.workers} worker{'s' if r.workers > 1 else ''} (run {i}) | {r.seconds:.2f} "
-                     f"| {result.samples / r.seconds:,.0f} | {r.gpu_minutes / r.seconds:,.1f} |")
+                     f"| {result.samples / r.seconds:,.0f} | {r.gpu_minutes / r.seconds:,.1f} | {_cpu_ms(r)} |")
     st = result.steady
     lines.append(f"| steady cycle: the newest batch of each node, 1 worker in-process | {st.seconds:.2f} "
                  f"| {st.batches * result.samples / result.runs[0].batches / st.seconds:,.0f} "
-                 f"| {st.gpu_minutes / st.seconds:,.1f} |")
+                 f"| {st.gpu_minutes / st.seconds:,.1f} | {_cpu_ms(st)} |")
     lines += [
         "",
         f"- rollup / ingest (samples/s, medians): 1 worker **{result.samples / one / ingest_rate:.2f}x**, "

@@ -97,7 +97,7 @@ def ensure_raw_partitions() -> list[str]:
 )
 def apply_retention() -> dict[str, list[str] | int | str | None]:
     """Hourly: drop raw and minute day partitions past their retention, keeping those that hold
-    samples of pending or quarantined batches, then the batches whose raw samples are gone, then
+    samples of pending or quarantined batches, then the batches whose raw days are gone, then
     the days of hours past theirs. Idempotent: a second run finds nothing to drop."""
     result = _apply_retention(now=timezone.now())
     hours = result.hours

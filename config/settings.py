@@ -272,10 +272,11 @@ def _days(name: str, default: int) -> timedelta:
     return timedelta(days=int(text))
 
 
-# Retention (billing.ledger.retention, docs/operations.md "Retention"): raw samples are kept for the
-# late-usage horizon plus this margin (at least 1 day: a batch accepted at the horizon's edge must
-# still be rolled up and re-priceable), then their day partitions are dropped; minutes are kept
-# this long (at least the raw retention; the default covers a paired report over either of the two
+# Retention (billing.ledger.retention, docs/operations.md "Retention"): raw day partitions (the
+# integral rows' inbox) and the batches are kept for the late-usage horizon plus this margin (at
+# least 1 day: a batch accepted at the horizon's edge must still be rolled up and re-priceable),
+# then dropped; minutes (the store of the integrals) are kept this long (at least the raw
+# retention: a late batch adds into its minutes; the default covers a paired report over either of the two
 # previous months with its 7-day look-back); hours this long (at least the minute retention; the
 # default keeps last year's same month whole at hour precision until this month ends: 13 months
 # are at most 397 days, and a day goes only once all of it is older, docs/operations.md). Days

@@ -1,10 +1,12 @@
 """The ledger's tables: accepted batches and their GPUs, and the minute, hour and day ledgers
-(rollups of raw samples, priced; docs/billing.md). Only billing.ledger reads or writes them.
+(the batches' integrals, priced; docs/billing.md). Only billing.ledger reads or writes them.
 
-The raw sample table is not a model: see billing.ledger.partitions and migration 0002.
+The raw sample table (the integral rows' inbox) is not a model: see billing.ledger.partitions and
+migration 0002.
 
-Ledger rows are derived data: the rollup replaces a GPU-minute's rows wholesale from raw
-samples, which makes it idempotent and lets late batches land. Amounts are Decimal with
+The usage minutes store the integrals; every other figure is derived: the rollup prices a
+GPU-minute's rows again wholesale from its stored integrals plus those of the batches it rolls up,
+which lets late batches land. Amounts are Decimal with
 LEDGER_PLACES decimal places (billing.money); customer-facing rounding happens once per
 invoice line. Invariant per GPU and window: Σ workload charge + idle_cost = card_cost.
 
@@ -96,8 +98,16 @@ class _GpuWindow(models.Model):
 
 
 class UsageMinute(_WorkloadUsage):
+    """A workload's minute on one GPU: the store of its integrals (every rolled-up batch's, summed) and
+    what they were priced to. mem_billed_mb_s and sm_billed_s are what the rate card billed (by its
+    basis); the billed maxima, Σ per-second max(used, granted), are kept apart so that a late batch or
+    a re-pricing prices the minute again from the integrals alone (billing.ledger.rollup)."""
+
     minute = models.DateTimeField()
     rate_card = models.ForeignKey(RateCard, on_delete=models.PROTECT, null=True, related_name="+")
+    # 0 in the database too, for minutes written by hand (tests, a shell), which no batch ever reaches.
+    mem_max_mb_s = models.DecimalField(max_digits=30, decimal_places=10, default=Decimal(0), db_default=Decimal(0))
+    sm_max_s = models.DecimalField(max_digits=30, decimal_places=10, default=Decimal(0), db_default=Decimal(0))
 
     class Meta:
         indexes = [

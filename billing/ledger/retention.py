@@ -3,14 +3,17 @@ day partitions (or pruning whole days of hours) past that, and analysing partiti
 statistics are missing or stale.
 
 Kept for (docs/operations.md, "Retention and disk"):
-- raw samples: the late-usage horizon (ingest refuses older usage) plus a margin
-  (VGPU_RAW_RETENTION_MARGIN): as long as a batch may still arrive, be rolled up, or be re-priced;
-- minutes: VGPU_MINUTE_RETENTION (at least as long as raw samples, so any minute the rollup or a
-  rebuild can recompute still has every other minute of its hour);
-- batches and their GPU rows: as long as their raw samples (pruned once their window ends before
-  the raw watermark, if rolled up and not quarantined): they give the rollup each GPU-minute's
-  metered seconds and ingest its exactly-once, and neither can happen again past the late-usage
-  horizon (ingest refuses such a window, a recompute that old is refused below);
+- raw day partitions: the late-usage horizon (ingest refuses older usage) plus a margin
+  (VGPU_RAW_RETENTION_MARGIN): as long as a batch may still arrive or wait to be rolled up. They
+  are an inbox: the rollup adds a batch's integral rows into the minutes and deletes them, so a day
+  past its period holds only the rows of batches not rolled up (which hold it) and dead rows;
+- minutes: VGPU_MINUTE_RETENTION, at least as long as raw days: the minutes are the store of the
+  integrals, and a late batch adds into its minutes and prices each GPU-minute again with all its
+  workloads, so they must be there for as long as one may arrive (and a rebuild re-prices them);
+- batches and their GPU rows: as long as raw days (pruned once their window ends before the raw
+  watermark, if rolled up and not quarantined): they give a re-pricing each GPU-minute's metered
+  seconds and ingest its exactly-once, and neither can happen again past the late-usage horizon
+  (ingest refuses such a window, a re-pricing that old is refused below);
 - hours: VGPU_HOUR_RETENTION (13 months by default, at least the minute retention: an hour is
   recomputed from its minutes, so its minutes go first); a day of hours is deleted (the hour
   tables are not partitioned) one UTC day per transaction, and only once its day rows hold what
@@ -26,8 +29,8 @@ drop usage that was never billed. It is logged once (when first held), counted i
 vgpu_ledger_retention_held_partitions, and dropped by the first run after its batches are done.
 
 Each drop raises a watermark (`billing_ledger_retention`, migration 0018): the instant before
-which raw samples (or minutes) may be gone. A rebuild or a re-pricing that starts before the raw
-watermark is refused (RawSamplesDropped), a paired report that reads minutes before the minute
+which raw days, with the batches of that time (or minutes), may be gone. A rebuild or a re-pricing
+that starts before the raw or the minute watermark is refused (BatchesPruned), a paired report that reads minutes before the minute
 watermark too (MinutesPruned), a read that picks hours before the hour watermark (HoursPruned):
 recomputing or summing from what is left would give wrong numbers silently.
 """
@@ -56,12 +59,12 @@ from billing.ledger.partitions import (
 
 __all__ = [
     "PRUNED_HOUR_DAYS",
+    "BatchesPruned",
     "HeldPartition",
     "HoursPruned",
     "HoursPrunedResult",
     "LedgerDataDropped",
     "MinutesPruned",
-    "RawSamplesDropped",
     "RetentionPolicy",
     "RetentionResult",
     "RetentionState",
@@ -72,7 +75,7 @@ __all__ = [
     "require_hours_retained",
     "require_hours_where_days_cannot_answer",
     "require_minutes_retained",
-    "require_raw_samples",
+    "require_repriceable",
 ]
 
 log = logging.getLogger(__name__)
@@ -120,7 +123,7 @@ class RetentionPolicy:
             problems.append(
                 f"VGPU_MINUTE_RETENTION_DAYS ({self.minute_retention.days}) must be at least the raw retention, "
                 f"VGPU_LATE_USAGE_HORIZON_DAYS + VGPU_RAW_RETENTION_MARGIN_DAYS ({self.raw_retention.days}): "
-                "a minute recomputed from raw samples needs the other minutes of its hour")
+                "a late batch adds into the minutes it meets, which must still hold every workload's integrals")
         if self.hour_retention < self.minute_retention:
             problems.append(
                 f"VGPU_HOUR_RETENTION_DAYS ({self.hour_retention.days}) must be at least VGPU_MINUTE_RETENTION_DAYS "
@@ -147,8 +150,9 @@ class LedgerDataDropped(InvalidInput):
         self.retained_from = retained_from
 
 
-class RawSamplesDropped(LedgerDataDropped):
-    """A rebuild / re-pricing over a range whose raw samples are gone."""
+class BatchesPruned(LedgerDataDropped):
+    """A rebuild / re-pricing over a range whose batches (each GPU-minute's metered seconds) or minutes
+    (the stored integrals) retention pruned."""
 
 
 class MinutesPruned(LedgerDataDropped):
@@ -177,7 +181,7 @@ class RetentionResult:
     held: tuple[HeldPartition, ...]
     # Past retention, no batch in the way, but the table lock was not granted in time: next run.
     lock_busy: tuple[str, ...]
-    batches_pruned: int = 0  # batches deleted with their GPU rows, their raw samples gone
+    batches_pruned: int = 0  # batches deleted with their GPU rows, their raw days gone
     hours: HoursPrunedResult | None = None  # None: no day of hours was past its retention
 
 
@@ -222,18 +226,20 @@ def _watermark(cur: CursorWrapper, kind: str) -> datetime | None:
     return None if row is None else row[0]
 
 
-def require_raw_samples(*, start: datetime) -> None:
-    """Refuse a recompute of the ledger from `start` on when raw samples before the end of a
-    dropped day are gone (call it holding the rollup's lock, which retention takes to drop)."""
+def require_repriceable(*, start: datetime) -> None:
+    """Refuse a re-pricing of the ledger from `start` on when what it prices is gone: the batches'
+    GPU rows (the metered seconds), pruned with the raw days, or the minutes (the integrals). Call it
+    holding the rollup's lock, which retention takes to drop."""
     with connection.cursor() as cur:
-        retained_from = _watermark(cur, "raw")
+        marks = [m for m in (_watermark(cur, "raw"), _watermark(cur, "minute")) if m is not None]
+    retained_from = max(marks, default=None)
     if retained_from is None or start >= retained_from:
         return
     policy = RetentionPolicy.from_settings()
-    raise RawSamplesDropped(
-        _("raw samples before %(earliest)s were dropped by retention (kept %(days)s days: the late-usage horizon "
-          "plus VGPU_RAW_RETENTION_MARGIN_DAYS), so the ledger cannot be recomputed from %(start)s; the earliest "
-          "instant that can be re-priced is %(earliest)s (UTC)")
+    raise BatchesPruned(
+        _("batches and minutes before %(earliest)s were pruned by retention (kept %(days)s days: the late-usage "
+          "horizon plus VGPU_RAW_RETENTION_MARGIN_DAYS), so the ledger cannot be re-priced from %(start)s; the "
+          "earliest instant that can be re-priced is %(earliest)s (UTC)")
         % {"earliest": retained_from.isoformat(), "days": policy.raw_retention.days, "start": start.isoformat()},
         retained_from=retained_from,
     )
@@ -557,8 +563,8 @@ def _log_hours(days: list[date], kept: list[tuple[date, str]], held_day: date | 
 def _prune_batches() -> int:
     """Delete the batches whose window ended before the raw watermark, with their GPU rows, a chunk
     per transaction. Only rolled-up ones: a pending or quarantined batch holds its raw day, so its
-    rows stay with it. Nothing reads them after: their raw samples are gone, so no rollup or
-    rebuild recomputes their minutes, and ingest refuses a window that old (a retry of it included)
+    rows stay with it. Nothing reads them after: a re-pricing that old is refused (require_repriceable),
+    and ingest refuses a window that old (a retry of it included)
     before it looks for a duplicate. Returns how many batches went."""
     with connection.cursor() as cur:
         before = _watermark(cur, "raw")

@@ -1,15 +1,19 @@
-"""Rollup of raw samples into the priced minute, hour and day ledgers (docs/billing.md; docs/design.md, Scale path).
+"""Rollup of the batches' integral rows into the priced minute, hour and day ledgers (docs/billing.md;
+docs/design.md, Scale path).
 
 The unit of work is a node-GPU-minute: the ledger's key is (node, GPU, window), the distribution
 key first (docs/scaling.md). Nodes are rolled up a few at a time, in one transaction per group
 (VGPU_ROLLUP_NODES_PER_TRANSACTION): it takes the nodes' pending batches, finds the node-GPU-minutes
-they touch, and recomputes those minutes wholesale from raw samples, then their hours from minutes
-and their UTC days from hours. Recomputing instead of adding makes the rollup idempotent (running
-it twice changes nothing) and lets late batches land in already-rolled minutes.
+they touch, takes the batches' integral rows out of the inbox (billing_raw_sample) and adds them to
+the integrals the minutes store, prices those minutes again wholesale, then derives their hours
+from minutes and their UTC days from hours, and marks the batches rolled up. Each batch is added
+once (marked in the same transaction); pricing the whole GPU-minute from its sums lets late
+batches land in already-rolled minutes, and a rebuild prices the stored integrals alone.
 
-What a recompute reads is a function of the batches, not of timing: the batches of the node that
-are rolled up and not quarantined, plus the ones this transaction rolls up. A batch another
-connection is still storing, or one waiting for a later cycle, stays out until its own rollup.
+What a recompute reads is a function of the batches, not of timing: the card seconds of the
+node's batches that are rolled up and not quarantined, plus the ones this transaction rolls up,
+and the integrals of the latter. A batch another connection is still storing, or one waiting for
+a later cycle, stays out until its own rollup.
 
 Locks (transaction-level advisory locks, so a worker killed mid-rollup releases them with its
 connection and leaves nothing half-applied):
@@ -56,7 +60,7 @@ from billing.ledger.pricing import (
     price_gpu_window,
 )
 from billing.ledger.reads import fetch_rows
-from billing.ledger.retention import require_hours_retained, require_raw_samples
+from billing.ledger.retention import require_hours_retained, require_repriceable
 from billing.ledger.statistics import analyze_stale_partitions
 from billing.money import ledger_amount
 
@@ -83,6 +87,8 @@ _USAGE_COLUMNS = (
     "mem_used_mb_s", "mem_granted_mb_s", "mem_billed_mb_s", "sm_used_s", "sm_granted_s", "sm_billed_s",
     "pcie_mb", "share_gpu_s", "charge", "idle_share", "energy_j",
 )
+# A usage minute is also the store of the integrals: it keeps the billed maxima the pricing reads.
+_MINUTE_COLUMNS = (*_USAGE_COLUMNS, "mem_max_mb_s", "sm_max_s")
 _GPU_COLUMNS = (
     "gpu_uuid", "node_id", "gpu_model", "metered_seconds", "card_cost", "charged", "idle_cost",
     "idle_allocated", "currency", "priced", "committed_seconds", "committed_cost", "energy_j", "idle_energy_j",
@@ -304,8 +310,9 @@ def _quarantine(cur: CursorWrapper, batch_id: int, *, error: str, now: datetime,
 
 
 def quarantine_batch(*, batch_id: int, error: str, now: datetime) -> QuarantinedBatch:
-    """Keep a batch out of the ledger with its error, inside the caller's transaction (the caller
-    audits it: billing.services.ingest.rollup)."""
+    """Keep a pending batch out of the ledger with its error, inside the caller's transaction (the
+    caller audits it: billing.services.ingest.rollup). A batch already rolled up is refused: its
+    integrals were added into the minute store's sums and cannot be taken out of them."""
     with connection.cursor() as cur:
         return _mark_quarantined(cur, batch_id=batch_id, error=error, now=now)
 
@@ -313,12 +320,13 @@ def quarantine_batch(*, batch_id: int, error: str, now: datetime) -> Quarantined
 def _mark_quarantined(cur: CursorWrapper, *, batch_id: int, error: str, now: datetime) -> QuarantinedBatch:
     cur.execute(
         "UPDATE billing_usagebatch b SET quarantined_at = %s, quarantine_error = %s FROM billing_node n "
-        "WHERE b.id = %s AND n.id = b.node_id RETURNING b.node_id, n.name, b.batch_seq, b.quarantine_error",
+        "WHERE b.id = %s AND n.id = b.node_id AND b.rolled_up_at IS NULL "
+        "RETURNING b.node_id, n.name, b.batch_seq, b.quarantine_error",
         [now, error[:_QUARANTINE_ERROR_MAX_CHARS], batch_id],
     )
     row = cur.fetchone()
     if row is None:
-        raise ValueError(f"no usage batch {batch_id}")
+        raise ValueError(f"no usage batch {batch_id} that is not rolled up")
     node_id, node_name, batch_seq, kept = row
     return QuarantinedBatch(batch_id=batch_id, node_id=node_id, node_name=node_name, batch_seq=batch_seq, error=kept)
 
@@ -345,14 +353,14 @@ def release_quarantined(*, batch_ids: list[int] | None, node: str | None) -> lis
 
 
 def rebuild_ledger(*, start: datetime, end: datetime) -> RollupResult:
-    """Recompute every GPU-minute in [start, end) from raw samples (after a rate-card change), day
-    by day, under the exclusive ledger lock."""
+    """Price every GPU-minute in [start, end) again from the integrals the minutes store and the
+    batches' card seconds (after a rate-card change), day by day, under the exclusive ledger lock."""
     if end <= start:
         raise ValueError("end must be after start")
     total = _NOTHING
     with transaction.atomic(), connection.cursor() as cur:
         lock_ledger()
-        require_raw_samples(start=start)  # retention may have dropped the samples: refuse, never guess
+        require_repriceable(start=start)  # retention may have pruned batches or minutes: refuse, never guess
         _tune_transaction(cur)
         cards = load_rate_cards()
         cur.execute(
@@ -397,25 +405,29 @@ _UNNEST = "unnest(%s::bigint[], %s::varchar[], %s::timestamptz[])"
 
 def _recompute(cur: CursorWrapper, affected: set[Key], *, rolling: Sequence[int],
                cards: RateCards) -> tuple[int, int]:
-    """Replace the minute rows of `affected` (node, GPU, minute), then their hours and days. Reads
-    the batches of those nodes that are rolled up and not quarantined, plus `rolling` (the ones
-    being rolled up)."""
+    """Replace the minute rows of `affected` (node, GPU, minute), then their hours and days. The
+    integrals are those stored in the minutes (every batch rolled up so far) plus the inbox rows of
+    `rolling` (the batches being rolled up); the card seconds come from the GPU rows of the batches
+    of those nodes that are rolled up and not quarantined, plus `rolling`."""
     if not affected:
         return 0, 0
     lo = min(k[2] for k in affected)
     hi = max(k[2] for k in affected) + _MINUTE
     nodes = sorted({k[0] for k in affected})
     gpus = sorted({k[1] for k in affected})
-    windows, included = _windows(cur, nodes, gpus, lo, hi, affected, rolling=rolling)
+    windows = _windows(cur, nodes, gpus, lo, hi, affected, rolling=rolling)
     covered, flipped = _commitment_cover(cur, windows, cards)
     if flipped:  # other nodes' cards whose cover this recompute changes are recomputed with it
-        more, more_included = _windows(cur, sorted({k[0] for k in flipped}), sorted({k[1] for k in flipped}), lo, hi,
-                                       flipped, rolling=rolling)
-        windows.update(more)
-        included = sorted(set(included) | set(more_included))
+        windows.update(_windows(cur, sorted({k[0] for k in flipped}), sorted({k[1] for k in flipped}), lo, hi,
+                                flipped, rolling=rolling))
         affected = affected | flipped
         nodes, gpus = sorted({k[0] for k in affected}), sorted({k[1] for k in affected})
-    workloads = _workloads(cur, nodes, gpus, lo, hi, affected, included) if included else {}
+    workloads = _workloads(cur, nodes, gpus, lo, hi, affected, rolling)
+    if unmetered := workloads.keys() - windows.keys():
+        # Only what is priced is written back: integrals of a GPU-minute with no card seconds
+        # would be lost. Refused, so the batch is quarantined instead.
+        raise ValueError(f"integrals without metered card seconds in {len(unmetered)} GPU-minute(s), "
+                         f"e.g. {min(unmetered)}")
     usage_buf, gpu_buf = _priced_rows(windows, workloads, cards, covered)
     ensure_minute_partitions(days_between(lo, hi))  # the minute ledger is day-partitioned (retention)
     for table in ("billing_usageminute", "billing_gpuminute"):
@@ -424,7 +436,7 @@ def _recompute(cur: CursorWrapper, affected: set[Key], *, rolling: Sequence[int]
             "WHERE m.node_id = a.node_id AND m.gpu_uuid = a.gpu_uuid AND m.minute = a.minute",
             [*_arrays(affected)],
         )
-    cur.copy_expert(f"COPY billing_usageminute (minute, {', '.join(_USAGE_COLUMNS)}, rate_card_id) FROM STDIN",
+    cur.copy_expert(f"COPY billing_usageminute (minute, {', '.join(_MINUTE_COLUMNS)}, rate_card_id) FROM STDIN",
                     usage_buf)
     cur.copy_expert(f"COPY billing_gpuminute (minute, {', '.join(_GPU_COLUMNS)}, rate_card_id) FROM STDIN", gpu_buf)
     hours = {(n, g, m.replace(minute=0)) for n, g, m in affected}
@@ -434,12 +446,11 @@ def _recompute(cur: CursorWrapper, affected: set[Key], *, rolling: Sequence[int]
 
 
 def _windows(cur: CursorWrapper, nodes: list[int], gpus: list[str], lo: datetime, hi: datetime, affected: set[Key],  # noqa: PLR0917 - a private helper whose one caller passes its loop's state in order
-             *, rolling: Sequence[int]) -> tuple[dict[Key, _Window], list[int]]:
-    """Card seconds per affected node-GPU-minute (the overlap of the GPU's batch windows on that
-    node with the minute), and the ids of the batches they come from: the only batches whose
-    samples count."""
+             *, rolling: Sequence[int]) -> dict[Key, _Window]:
+    """Card seconds per affected node-GPU-minute: the overlap of the GPU's batch windows on that
+    node with the minute."""
     cur.execute(
-        "SELECT bg.batch_id, bg.node_id, bg.gpu_uuid, bg.window_start, bg.window_end, bg.model, bg.memory_mb, "
+        "SELECT bg.node_id, bg.gpu_uuid, bg.window_start, bg.window_end, bg.model, bg.memory_mb, "
         "bg.sm_count, bg.energy_j FROM billing_batchgpu bg JOIN billing_usagebatch b ON b.node_id = bg.node_id "
         "AND b.id = bg.batch_id WHERE bg.node_id = ANY(%s) AND bg.gpu_uuid = ANY(%s) AND bg.window_end > %s "
         "AND bg.window_start < %s AND b.quarantined_at IS NULL AND (b.rolled_up_at IS NOT NULL OR b.id = ANY(%s))",
@@ -448,8 +459,7 @@ def _windows(cur: CursorWrapper, nodes: list[int], gpus: list[str], lo: datetime
     seconds: dict[Key, Decimal] = defaultdict(Decimal)
     energy: dict[Key, list[Decimal]] = defaultdict(lambda: [Decimal(0), Decimal(0)])  # joules, seconds metered
     card: dict[Key, tuple[str, int, int]] = {}
-    included: set[int] = set()
-    for batch_id, node_id, gpu_uuid, start, end, model, memory_mb, sm_count, energy_j in cur.fetchall():
+    for node_id, gpu_uuid, start, end, model, memory_mb, sm_count, energy_j in cur.fetchall():
         window_s = Decimal((end - start) // timedelta(microseconds=1)) / _MICROSECONDS
         for minute in _minutes(max(start, lo), min(end, hi)):
             key = (node_id, gpu_uuid, minute)
@@ -465,12 +475,10 @@ def _windows(cur: CursorWrapper, nodes: list[int], gpus: list[str], lo: datetime
             seen = card.get(key)
             card[key] = (model, memory_mb, sm_count) if seen is None else (
                 max(seen[0], model), max(seen[1], memory_mb), max(seen[2], sm_count))
-            included.add(batch_id)
-    windows = {k: _Window(model=card[k][0], memory_mb=card[k][1], sm_count=card[k][2], seconds=s,
+    return {k: _Window(model=card[k][0], memory_mb=card[k][1], sm_count=card[k][2], seconds=s,
                           energy_j=ledger_amount(energy[k][0]) if k in energy else Decimal(0),
                           energy_seconds=energy[k][1] if k in energy else Decimal(0))
                for k, s in seconds.items()}
-    return windows, sorted(included)
 
 
 def _commitment_cover(cur: CursorWrapper, windows: dict[Key, _Window], cards: RateCards) -> tuple[set[Key], set[Key]]:
@@ -521,12 +529,38 @@ _RAW_COLUMNS = ("seconds", "mem_used_mb_s", "mem_granted_mb_s", "coalesce(mem_bi
 # client sent) through numeric, and the caller adds the two exactly (Decimal(float) is the float's
 # exact value).
 _QUANTIZED = " AND ".join(f"{c} < 8796093022208 AND {c} * 1024 = trunc({c} * 1024)" for c in _RAW_COLUMNS)
-_WORKLOADS_SQL = (
-    "SELECT r.node_id, r.gpu_uuid, date_trunc('minute', r.start), r.tenant, r.namespace, r.pod, r.container, "  # noqa: S608 - fixed SQL built from constant column lists; values are parameters
+_KEY_COLUMNS = "node_id, gpu_uuid, minute, tenant, namespace, pod, container, pod_uid, sla_tier"
+# The inbox: the integral rows of the batches being rolled up, taken out of it (DELETE ... RETURNING:
+# one scan reads and deletes them), each integral as (float8, numeric), the one its path sums, the
+# other NULL.
+_INBOX_SQL = (
+    "WITH inbox AS (DELETE FROM billing_raw_sample WHERE node_id = ANY(%s) AND gpu_uuid = ANY(%s) AND start >= %s "  # noqa: S608 - fixed SQL built from constant column lists; values are parameters
+    "AND start < %s AND batch_id = ANY(%s) RETURNING node_id, gpu_uuid, start, tenant, namespace, pod, container, "
+    f"pod_uid, sla_tier, seconds, mem_used_mb_s, mem_granted_mb_s, sm_used_s, sm_granted_s, pcie_mb, {_BILLED}, "
+    f"{_QUANTIZED} AS q) "
+)
+_INBOX_ROWS = (
+    "SELECT r.node_id, r.gpu_uuid, date_trunc('minute', r.start), r.tenant, r.namespace, r.pod, r.container, "  # noqa: S608 - as above
     "r.pod_uid, r.sla_tier, "
-    + ", ".join(f"sum({e}) FILTER (WHERE r.q), sum({e}::numeric) FILTER (WHERE NOT r.q)" for e in _RAW_SUMS)
-    + f" FROM (SELECT *, {_BILLED}, {_QUANTIZED} AS q FROM billing_raw_sample WHERE node_id = ANY(%s) "  # noqa: S608 - as above
-    "AND gpu_uuid = ANY(%s) AND start >= %s AND start < %s AND batch_id = ANY(%s) OFFSET 0) r "
+    + ", ".join(f"CASE WHEN r.q THEN {e} END, CASE WHEN NOT r.q THEN {e}::numeric END" for e in _RAW_SUMS)
+    + " FROM inbox r"
+)
+# The store: the integrals of every batch rolled up so far for exactly the GPU-minutes recomputed,
+# in the inbox's column order (numeric).
+_STORED_INTEGRALS = ("seconds", "mem_used_mb_s", "mem_granted_mb_s", "mem_max_mb_s", "sm_used_s", "sm_granted_s",
+                     "sm_max_s", "pcie_mb")
+_STORED_SQL = (
+    "SELECT " + ", ".join(f"m.{c}" for c in _KEY_COLUMNS.split(", ")) + ", "  # noqa: S608 - fixed SQL built from constant column lists; values are parameters
+    + ", ".join(f"NULL::float8, m.{c}" for c in _STORED_INTEGRALS)
+    + f" FROM billing_usageminute m JOIN {_UNNEST} AS a(node_id, gpu_uuid, minute) ON m.node_id = a.node_id "
+    "AND m.gpu_uuid = a.gpu_uuid AND m.minute = a.minute WHERE m.minute >= %s AND m.minute < %s"
+)
+# One aggregation over both (not the inbox summed first): it costs what summing the inbox alone did.
+_WORKLOADS_SQL = (
+    f"{_INBOX_SQL}SELECT {_KEY_COLUMNS}, "  # noqa: S608 - as above
+    f"{', '.join(f'sum(f{i}), sum(x{i})' for i in range(len(_STORED_INTEGRALS)))} "
+    f"FROM ({_INBOX_ROWS} UNION ALL {_STORED_SQL}) "
+    f"AS w({_KEY_COLUMNS}, {', '.join(f'f{i}, x{i}' for i in range(len(_STORED_INTEGRALS)))}) "
     "GROUP BY 1, 2, 3, 4, 5, 6, 7, 8, 9 ORDER BY 1, 2, 3, 4, 5, 6, 7, 8, 9"
 )
 _ZERO = Decimal(0)
@@ -537,17 +571,18 @@ def _total(fast: float | None, exact: Decimal | None) -> Decimal:
 
 
 def _workloads(cur: CursorWrapper, nodes: list[int], gpus: list[str], lo: datetime, hi: datetime,  # noqa: PLR0917 - a private helper whose one caller passes its loop's state in order
-               affected: set[Key], included: list[int]) -> dict[Key, list[tuple[Any, ...]]]:
-    """Each workload's integrals per affected GPU-minute, summed exactly, from the raw samples of
-    `included` batches: (tenant, namespace, pod, container, pod_uid, sla_tier, seconds, mem used,
-    granted, max, sm used, granted, max, pcie). Ordered by workload identity within a minute: the
-    order the largest-remainder allocation breaks ties in."""
-    cur.execute(_WORKLOADS_SQL, [nodes, gpus, lo, hi, included])
+               affected: set[Key], rolling: Sequence[int]) -> dict[Key, list[tuple[Any, ...]]]:
+    """Each workload's integrals per affected GPU-minute, summed exactly: those the minute store
+    holds plus the inbox rows of the `rolling` batches, which it deletes (the caller writes the sums
+    into the store in the same transaction): (tenant, namespace, pod, container, pod_uid, sla_tier,
+    seconds, mem used, granted, max, sm used, granted, max, pcie). Ordered by workload identity
+    within a minute: the order the largest-remainder allocation breaks ties in. The rolling
+    batches' rows lie in their GPUs' windows (ingest checks it), which `affected` holds; the caller
+    refuses any other, which would be deleted unpriced."""
+    cur.execute(_WORKLOADS_SQL, [nodes, gpus, lo, hi, list(rolling), *_arrays(affected), lo, hi])
     workloads: dict[Key, list[tuple[Any, ...]]] = defaultdict(list)
     for r in cur.fetchall():
-        key = (r[0], r[1], r[2])
-        if key in affected:
-            workloads[key].append((*r[3:9], *(_total(r[i], r[i + 1]) for i in range(9, 25, 2))))
+        workloads[(r[0], r[1], r[2])].append((*r[3:9], *(_total(r[i], r[i + 1]) for i in range(9, 25, 2))))
     return workloads
 
 
@@ -593,7 +628,7 @@ def _priced_rows(windows: dict[Key, _Window], workloads: dict[Key, list[tuple[An
                 f"{prefix}{r[0]}\t{r[1]}\t{r[2]}\t{r[3]}\t{r[4]}\t{r[5]}\t{r[6]}\t{r[7]}\t{r[8]}\t"
                 f"{priced.billed_mem_mb_s[i]}\t{r[10]}\t{r[11]}\t{priced.billed_sm_s[i]}\t{r[13]}\t"
                 f"{priced.share_gpu_s[i]}\t{priced.charges[i]}\t{priced.idle_shares[i]}\t{priced.energies[i]}\t"
-                f"{card_id}\n"
+                f"{r[9]}\t{r[12]}\t{card_id}\n"
             )
         committed = (w.seconds, priced.card_cost) if is_covered else (0, 0)
         gpu_lines.append(

@@ -110,7 +110,7 @@ def test_fleet_benchmark_accounts_for_every_sample_and_cent_at_each_meter_width(
                                                       "GpuMinute", "UsageHour", "GpuHour", "UsageDay", "GpuDay"))
         rows = s["table_rows"]  # one row per workload (GPU) and minute, hour, day; one batch GPU per window
         # Two when the run spans midnight.
-        assert rows["integral rows"] == pod_minutes  # one per pod-minute, either wire
+        assert rows["integral rows"] == 0  # an inbox: the rollup added every row into the minutes
         assert rows["BatchGpu"] == GPUS * fleet_seconds // BATCH_S
         assert rows["UsageMinute"] == pod_minutes
         assert rows["GpuMinute"] == GPUS * MINUTES
@@ -120,9 +120,9 @@ def test_fleet_benchmark_accounts_for_every_sample_and_cent_at_each_meter_width(
         assert all(v > 0 for v in s["pages_s"].values())
     _check_concurrent_runs(by_meter[1000], report["shape"], wire)
     fine, coarse = by_meter[1000], by_meter[5000]
-    # Ingest keeps one integral row per workload-minute whatever the meter width (wire v2; v1 samples
-    # summed at ingest), so coarser metering no longer stores less.
-    assert coarse["table_rows"]["integral rows"] == fine["table_rows"]["integral rows"]
+    # The minutes hold one row per workload-minute whatever the meter width (wire v2; v1 samples summed
+    # at ingest), so coarser metering no longer stores less.
+    assert coarse["table_rows"]["UsageMinute"] == fine["table_rows"]["UsageMinute"]
     assert fine["precision"] is None
     p = coarse["precision"]
     assert p["workloads"] == pods

@@ -90,12 +90,30 @@ def snapshot() -> dict[str, list[tuple[str, ...]]]:
                                    for row in model.objects.values()) for model in LEDGER}
 
 
-def reset_ledger(batch_ids: list[int] | None = None, gpu_prefix: str = "") -> None:
-    """Ledger rows removed and batches pending again, as before any rollup."""
+Inbox = tuple[list[str], list[tuple[Any, ...]]]  # the raw table's columns and rows
+
+
+def keep_inbox(batch_ids: list[int] | None = None) -> Inbox:
+    """The integral rows of the batches (all when None): the rollup deletes them once it has added them
+    into the minute store, so a test that rolls the same batches up again must give them back."""
+    with connection.cursor() as cur:
+        cur.execute("SELECT * FROM billing_raw_sample WHERE %(ids)s::bigint[] IS NULL OR batch_id = ANY(%(ids)s)",
+                    {"ids": batch_ids})
+        return [c.name for c in cur.description], cur.fetchall()
+
+
+def reset_ledger(inbox: Inbox, batch_ids: list[int] | None = None, gpu_prefix: str = "") -> None:
+    """Ledger rows removed, the batches' integral rows back in the inbox and the batches pending again,
+    as before any rollup."""
     for model in LEDGER:
         model.objects.filter(gpu_uuid__startswith=gpu_prefix).delete()
     batches = UsageBatch.objects.all() if batch_ids is None else UsageBatch.objects.filter(pk__in=batch_ids)
     batches.update(rolled_up_at=None)
+    columns, rows = inbox
+    with connection.cursor() as cur:
+        cur.execute("DELETE FROM billing_raw_sample WHERE batch_id = ANY(%s)", [list(batches.values_list("pk", flat=True))])
+        cur.executemany(f"INSERT INTO billing_raw_sample ({', '.join(columns)}) "  # noqa: S608 - the table's own column names
+                        f"VALUES ({', '.join(['%s'] * len(columns))})", rows)
 
 
 def database_url() -> str:
@@ -139,11 +157,12 @@ def backends(app: str, *, waiting: bool = False) -> int:
 @pytest.mark.django_db(transaction=True)
 def test_parallel_worker_processes_write_exactly_the_ledger_of_one_worker_each_batch_once(client, fleet, rate_card):
     batches = ingest_fleet(client, fleet, clock.now().replace(second=0, microsecond=0) - timedelta(minutes=10))
+    inbox = keep_inbox()
     one = finish(start_worker(0, 1))
     assert one["batches"] == batches
     expected = snapshot()
     assert len(expected["GpuMinute"]) == len(NODES) * 2 * 4  # 5 nodes x 2 GPUs x (3 minutes + the late one)
-    reset_ledger()
+    reset_ledger(inbox)
     # Two shards of 2 and, as if N changed between the beat and the workers, shard 1 of 3 at once.
     workers = [start_worker(0, 2), start_worker(1, 2), start_worker(1, 3)]
     totals = [finish(w) for w in workers]
@@ -156,9 +175,10 @@ def test_parallel_worker_processes_write_exactly_the_ledger_of_one_worker_each_b
 def test_a_worker_killed_mid_rollup_leaves_nothing_half_applied_and_a_rerun_completes_the_ledger(
         client, fleet, rate_card):
     ingest_fleet(client, fleet, clock.now().replace(second=0, microsecond=0) - timedelta(minutes=10))
+    inbox = keep_inbox()
     finish(start_worker(0, 1))
     expected = snapshot()
-    reset_ledger()
+    reset_ledger(inbox)
     first, second = sorted(Node.objects.filter(name__in=NODES).values_list("pk", flat=True))[:2]
     with transaction.atomic(), connection.cursor() as cur:
         # The second node's batches are row-locked: its rollup blocks on marking them rolled up,
@@ -184,6 +204,7 @@ def test_a_worker_killed_mid_rollup_leaves_nothing_half_applied_and_a_rerun_comp
 def test_rebuild_ledger_among_running_shard_workers_ends_with_the_one_worker_ledger(client, fleet, rate_card):
     start = clock.now().replace(second=0, microsecond=0) - timedelta(minutes=10)
     batches = ingest_fleet(client, fleet, start)
+    inbox = keep_inbox()
     workers = [start_worker(0, 2), start_worker(1, 2)]
     rebuilds = 0
     while any(w.poll() is None for w in workers) or rebuilds < 3:
@@ -191,7 +212,7 @@ def test_rebuild_ledger_among_running_shard_workers_ends_with_the_one_worker_led
         rebuilds += 1
     assert sum(finish(w)["batches"] for w in workers) == batches
     during = snapshot()
-    reset_ledger()
+    reset_ledger(inbox)
     assert rollup_usage(now=clock.now()).batches == batches
     assert snapshot() == during
 
@@ -342,7 +363,7 @@ def test_any_partition_and_order_of_shards_gives_the_one_worker_ledger(client, f
     # Examples share the database: each meters GPUs of its own and compares only their rows.
     prefix = f"GPU-s{next(_example)}-"
     base = clock.now().replace(second=0, microsecond=0) - timedelta(hours=1)
-    ids, rolled = [], 0
+    ids, rolled, rows = [], 0, []
     for i, (node, minute, block, seconds, workloads) in enumerate(batches):
         name = NODES[node]
         payload = make_batch(node=name, seq=next(_seq), start=base + timedelta(minutes=minute, seconds=10 * block),
@@ -353,6 +374,8 @@ def test_any_partition_and_order_of_shards_gives_the_one_worker_ledger(client, f
             s["gpu"] = s["gpu"].replace(f"GPU-{name}-", prefix + f"{node}-")
         post(client, fleet[name], payload)
         ids.append(UsageBatch.objects.latest("pk").pk)
+        columns, kept = keep_inbox(ids[-1:])
+        rows.extend(kept)
         for after, shards, chosen in steps:
             if after == i:
                 for shard in chosen:
@@ -361,7 +384,7 @@ def test_any_partition_and_order_of_shards_gives_the_one_worker_ledger(client, f
     assert rolled == len(ids)  # each batch once
     assert not UsageBatch.objects.filter(pk__in=ids, rolled_up_at__isnull=True).exists()
     sharded = snapshot_of(prefix)
-    reset_ledger(ids, gpu_prefix=prefix)
+    reset_ledger((columns, rows), ids, gpu_prefix=prefix)
     assert rollup_usage(now=clock.now()).batches == len(ids)
     assert snapshot_of(prefix) == sharded
 
@@ -413,7 +436,6 @@ def test_minute_sums_equal_the_exact_numeric_sums_of_the_raw_samples_whatever_th
     long["samples"][0].update(seconds=60, mem_used_mb_s=4_000_000.0009765625, mem_granted_mb_s=4_915_200.0,
                               sm_used_s=6000.5, sm_granted_s=6480.0, pcie_mb=123_456.75)
     assert post_batch(long).status_code == 201, post_batch(long).content
-    rollup_usage(now=clock.now())
     with connection.cursor() as cur:
         # A multiple of 2^-10 exactly (x * 1024 is a whole number the cast keeps), any other value as
         # numeric's cast has it: the float path is exact where the cast's 15 digits are not.
@@ -426,7 +448,8 @@ def test_minute_sums_equal_the_exact_numeric_sums_of_the_raw_samples_whatever_th
             "FROM billing_raw_sample GROUP BY 1, 2")
         # Stored at the ledger's 10 places, as the rollup always stored them.
         expected = {(r[0], r[1]): tuple(v.quantize(Decimal("1e-10")) for v in r[2:]) for r in cur.fetchall()}
-    rows = {(u.minute, u.pod): (u.seconds, u.mem_used_mb_s, u.mem_granted_mb_s, u.mem_billed_mb_s, u.sm_used_s,
+    rollup_usage(now=clock.now())
+    rows = {(u.minute, u.pod): (u.seconds, u.mem_used_mb_s, u.mem_granted_mb_s, u.mem_max_mb_s, u.sm_used_s,
                                 u.sm_granted_s, u.pcie_mb) for u in UsageMinute.objects.all()}
     assert len(rows) == 3
     assert rows == expected

@@ -15,7 +15,7 @@ def _utc(text: str) -> datetime:
 
 
 class Command(BaseCommand):
-    help = "Recompute the minute and hour ledgers of [--from, --to) from raw samples (e.g. after a rate-card fix)."
+    help = "Price the minute and hour ledgers of [--from, --to) again from their stored integrals (e.g. after a rate-card fix)."
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("--from", dest="start", required=True, help="UTC date or timestamp, inclusive")
