@@ -16,8 +16,9 @@ provides them). Nothing is written to that database: the benchmark drops and cre
    GPU (a slot's pod is replaced every 12-240 h), charges that reconcile per GPU-hour
    (Σ charge + idle_cost = card_cost, to the 1e-12 unit), with the secondary indexes dropped for the
    COPY and rebuilt from their own definitions after it, then VACUUM ANALYZE; then the day ledger
-   (UsageDay, GpuDay) derived from those hours by billing.ledger.rollup.rebuild_days, as the
-   rollup would have written it, timed apart.
+   (UsageDay, GpuDay, and UsageMonth from the closed days) derived from those hours by
+   billing.ledger.rollup.rebuild_days, as the rollup would have written it, timed apart, and
+   compacted (VACUUM FULL, ANALYZE).
 2. Time, warm, with django.utils.timezone.now fixed at the month's last hour: the queries the pages
    call (get_finance_dashboard for the month to date and for 7 days, get_tenant_portal for the
    biggest tenant, list_tenant_portals, list_billing_periods, preview_invoices), then the pages
@@ -31,7 +32,9 @@ provides them). Nothing is written to that database: the benchmark drops and cre
 --reuse-db measures against the `<dbname>_webbench` database an earlier run left (--keep-db) instead
 of filling a new one (it is migrated first; the fill is minutes at fleet scale): for iterating on a fix.
 The row counts are read from it; its fill times are not measured again. The run it came from must have
-had the same options and seed.
+had the same options and seed. Its derived ledger (days and months) is compacted first: the day step
+measured at the end of each run rewrites a day of every GPU, and on a server with autovacuum off the
+dead rows would pile up run after run (vacuum_derived_ledger).
 
 --explain N prints EXPLAIN (ANALYZE, BUFFERS) of the N slowest statements seen. --save-json keeps
 the results; --before-json adds the results of an earlier run (e.g. before a fix) as columns.
@@ -613,7 +616,7 @@ def render_section(args: argparse.Namespace, argv: list[str], fill: FillStats, r
         f"{fill.pods:,} pods; " + ("the database of an earlier fill, reused (--reuse-db): fill times not measured. Day "
                                   "ledger: " if fill.reused else
                                   f"COPY + VACUUM ANALYZE took {fill.seconds:.0f} s. Day ledger derived from those hours "
-                                  f"(`rebuild_days`, + VACUUM ANALYZE) in {fill.days_seconds:.0f} s: ")
+                                  f"(`rebuild_days`, + VACUUM FULL, ANALYZE) in {fill.days_seconds:.0f} s: ")
         + f"{fill.gpu_days:,} GpuDay rows "
         f"({fill.table_mb.get('billing_gpuday', 0):,.0f} MiB) and {fill.usage_days:,} UsageDay rows "
         f"({fill.table_mb.get('billing_usageday', 0):,.0f} MiB). Warm: median and p95 of {args.runs} "
