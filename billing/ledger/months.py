@@ -60,7 +60,7 @@ def _day_rows(source: str) -> str:
 def _insert(rows: str) -> str:
     """Month rows summed from month-shaped `rows`."""
     group = ", ".join(f"r.{c}" for c in _GROUP)
-    sums = ", ".join(f"sum(r.{c})" for c in (*_SUMS,))
+    sums = ", ".join(f"sum(r.{c})" for c in _SUMS)
     cards = ", ".join(f"sum(r.{c})" for c in _CARD_SECONDS)
     return (
         f"INSERT INTO billing_usagemonth ({', '.join(_COLUMNS)}) "  # noqa: S608 - built from constant column lists
