@@ -292,7 +292,7 @@ def _shared_idle(rows: Sequence[ledger.UsageGroupRow],
     return parts
 
 
-def allocation_sets(  # noqa: PLR0912 - one branch per OpenCost option
+def allocation_sets(
     scope: Scope, *, window: Window, aggregate: Sequence[str], step: timedelta | None = None,
     accumulate: bool | str | None = False, include_idle: bool = False, share_idle: bool = False,
     idle_by_node: bool = False, filters: Mapping[str, Sequence[str]] | None = None,
@@ -340,39 +340,8 @@ def allocation_sets(  # noqa: PLR0912 - one branch per OpenCost option
 
     # Shared per node only with idleByNode; split_idle alone reads idle per node to name it, not to share it.
     share_key = idle_by_key if idle_by_node or not split_idle else _merge_nodes(idle_rows)
-    shared = _shared_idle(rows, share_key) if share else [_ZERO] * len(rows)
-    # A group of one row without shared idle (a per-pod month's usual group, ~40k at 1,000 GPUs) is
-    # its row until a second row arrives: no _Group, its sums the row's Decimals as they are.
-    groups: list[dict[tuple[str, ...], _Group | ledger.UsageGroupRow]] = [{} for _ in bounds]
-    for row, part in zip(rows, shared, strict=True):
-        in_set = groups[index[row.set_start]]
-        group = in_set.get(row.keys)
-        if group is None:
-            in_set[row.keys] = _Group.of(row, part) if share else row
-        elif isinstance(group, _Group):
-            group.add(row, part)
-        else:
-            in_set[row.keys] = merged = _Group.of(group, _ZERO)
-            merged.add(row, part)
-
-    minutes: dict[tuple[datetime, datetime], Decimal] = {}
-    for i, bound in enumerate(bounds):
-        for keys, g in sorted(groups[i].items()):
-            row = g.allocation_sums() if isinstance(g, _Group) else g
-            start = max(bound.start, row.first_hour)
-            end = min(bound.end, row.last_hour + _HOUR)
-            span = minutes.get((start, end))
-            if span is None:
-                span = minutes[start, end] = _minutes(start, end)
-            name = _name(keys)
-            sets[i][name] = CostAllocation(
-                name=name, properties=dict(zip(aggregate, keys, strict=True)), start=start, end=end, minutes=span,
-                gpu_hours=row.share_gpu_s / _S_PER_H, gpu_cost=row.charge, shared_idle_cost=row.idle_share,
-                total_cost=row.charge + row.idle_share, currency=currency, mem_used_mb_s=row.mem_used_mb_s,
-                mem_granted_mb_s=row.mem_granted_mb_s, mem_requested_mb_s=row.mem_requested_mb_s,
-                sm_used_s=row.sm_used_s, sm_granted_s=row.sm_granted_s, sm_requested_s=row.sm_requested_s,
-                seconds=row.seconds, energy_j=row.energy_j, energy_cost_jp=row.energy_cost_jp, co2e_jkg=row.co2e_jkg,
-            )
+    shared = _shared_idle(rows, share_key) if share else None
+    _add_groups(sets, bounds, rows, aggregate=aggregate, shared=shared, currency=currency)
     if platform and include_idle:
         for r in sorted(idle_rows, key=lambda r: (r.set_start, r.node)):
             # Shared idle leaves __idle__ only where the cards carried no charge to share it by.
@@ -383,6 +352,45 @@ def allocation_sets(  # noqa: PLR0912 - one branch per OpenCost option
             name, properties = _idle_name(r, split=split_idle, by_node=idle_by_node)
             _add_idle(sets[i], name, properties, bounds[i], r, left, currency)
     return sets
+
+
+def _add_groups(sets: list[dict[str, CostAllocation]], bounds: Sequence[Window], rows: Sequence[ledger.UsageGroupRow], *,
+                aggregate: Sequence[str], shared: Sequence[Decimal] | None, currency: str) -> None:
+    """Each set's allocations of the usage rows (with `shared`, each row's part of the platform's
+    idle), sorted by their keys."""
+    index = {b.start: i for i, b in enumerate(bounds)}
+    # A group of one row without shared idle (a per-pod month's usual group, ~40k at 1,000 GPUs) is
+    # its row until a second row arrives: no _Group, its sums the row's Decimals as they are.
+    groups: list[dict[tuple[str, ...], _Group | ledger.UsageGroupRow]] = [{} for _ in bounds]
+    for i, row in enumerate(rows):
+        part = _ZERO if shared is None else shared[i]
+        in_set = groups[index[row.set_start]]
+        group = in_set.get(row.keys)
+        if group is None:
+            in_set[row.keys] = row if shared is None else _Group.of(row, part)
+        elif isinstance(group, _Group):
+            group.add(row, part)
+        else:
+            in_set[row.keys] = merged = _Group.of(group, _ZERO)
+            merged.add(row, part)
+    minutes: dict[tuple[datetime, datetime], Decimal] = {}
+    for i, bound in enumerate(bounds):
+        for keys, g in sorted(groups[i].items()):
+            one = g.allocation_sums() if isinstance(g, _Group) else g
+            start = max(bound.start, one.first_hour)
+            end = min(bound.end, one.last_hour + _HOUR)
+            span = minutes.get((start, end))
+            if span is None:
+                span = minutes[start, end] = _minutes(start, end)
+            name = _name(keys)
+            sets[i][name] = CostAllocation(
+                name=name, properties=dict(zip(aggregate, keys, strict=True)), start=start, end=end, minutes=span,
+                gpu_hours=one.share_gpu_s / _S_PER_H, gpu_cost=one.charge, shared_idle_cost=one.idle_share,
+                total_cost=one.charge + one.idle_share, currency=currency, mem_used_mb_s=one.mem_used_mb_s,
+                mem_granted_mb_s=one.mem_granted_mb_s, mem_requested_mb_s=one.mem_requested_mb_s,
+                sm_used_s=one.sm_used_s, sm_granted_s=one.sm_granted_s, sm_requested_s=one.sm_requested_s,
+                seconds=one.seconds, energy_j=one.energy_j, energy_cost_jp=one.energy_cost_jp, co2e_jkg=one.co2e_jkg,
+            )
 
 
 def _idle_name(r: ledger.IdleRow, *, split: bool, by_node: bool) -> tuple[str, dict[str, str]]:
