@@ -292,8 +292,12 @@ def list_usage_groups(
         params["starts"] = list(starts)
     node = "n.name" if by_node else "''"
     mem_req, sm_req = _REQUESTED["mem_mb"], _REQUESTED["sm"]
-    # The metadata itself only where a key or filter reads it (its key is unique: at most one row).
-    meta = _META_JOIN if re.search(r"\bm\.", " ".join(key_sql) + where) else ""
+    # The metadata and the node only where a key or filter reads them (each is at most one row per
+    # usage row, and every usage row has its node): a join per row less (~0.5 s of a week's hourly
+    # sets at 1,000 GPUs).
+    read = " ".join([*key_sql, where, node])
+    meta = _META_JOIN if re.search(r"\bm\.", read) else ""
+    node_join = f" JOIN {_NODE} n ON n.id = u.node_id" if re.search(r"\bn\.", read) else ""
     # A group's requested figure is known only if every one of its rows' is.
     sql = (
         f"SELECT {set_index} AS set_index, {key_columns}{node} AS node, "  # noqa: S608 - fixed SQL
@@ -305,7 +309,7 @@ def list_usage_groups(
         "sum(u.sm_used_s) AS sm_used_s, sum(u.sm_granted_s) AS sm_granted_s, "
         f"CASE WHEN bool_and({sm_req} IS NOT NULL) THEN sum({sm_req}) END AS sm_requested_s, "
         f"sum(u.energy_j) AS energy_j, {energy_cost_sql()} AS energy_cost_jp, {co2e_sql()} AS co2e_jkg "
-        f"FROM {rows_sql} u JOIN {_NODE} n ON n.id = u.node_id{energy_rate_join('u', 'at')}{_REQUESTS_JOIN}{meta} "
+        f"FROM {rows_sql} u{node_join}{energy_rate_join('u', 'at')}{_REQUESTS_JOIN}{meta} "
         f"WHERE TRUE{where} GROUP BY {', '.join(str(i) for i in range(1, len(key_sql) + 3))}"
     )
     expected = ("set_index", *(f"k_{i}" for i in range(len(key_sql))), "node", *_GROUP_ROW_SUMS)
@@ -526,10 +530,11 @@ def list_idle_rows(
     rows = reads.usage_rows(ledger, start, end, params, months=reads.month_range(ledger, start, end, starts=starts),
                             model=True)
     used_where = where_of({**_GPU_KEY_SQL, "gpu_model": "u.gpu_model", "gpu": "u.gpu_uuid"})
+    used_node = f" JOIN {_NODE} n ON n.id = u.node_id" if re.search(r"\bn\.", used_where) else ""
     gpu_where = where_of(_GPU_KEY_SQL)
     sql = (
         f"WITH used AS (SELECT u.node_id, u.gpu_uuid, {_set_sql('at', 'u', starts, params)} AS set_start, "  # noqa: S608 - fixed SQL
-        f"sum(u.share_gpu_s) AS share, sum(u.charge) AS charge FROM {rows} u JOIN {_NODE} n ON n.id = u.node_id "
+        f"sum(u.share_gpu_s) AS share, sum(u.charge) AS charge FROM {rows} u{used_node} "
         f"WHERE u.gpu_model IS NOT NULL{used_where} GROUP BY 1, 2, 3), "
         # The GPU rows per GPU and set: energy is priced per GPU row, by its date.
         f"cards AS (SELECT {_set_sql(at, 'g', starts, params)} AS set_start, g.node_id, g.gpu_uuid, "

@@ -129,7 +129,7 @@ def _expected(window: Window, starts: list[datetime], keys: list[str]) -> list[d
                 "properties": dict(zip(keys, k, strict=True)), "start": start, "end": end,
                 "minutes": D(int((end - start).total_seconds())) / 60, "gpu_hours": g["share_gpu_s"] / 3600,
                 "gpu_cost": g["charge"], "shared_idle_cost": g["idle_share"],
-                "total_cost": g["charge"] + g["idle_share"], "currency": "USD",
+                "total_cost": g["charge"] + g["idle_share"], "currency": "USD", "is_idle": False,
                 "mem_requested_mb_s": g["mem_requested_mb_s"], "sm_requested_s": g["sm_requested_s"],
                 # No node has a location: energy without a price is unknown; none at all, joules × 0.
                 "energy_cost_jp": None if g["energy_j"] else NO_ENERGY, "co2e_jkg": None if g["energy_j"] else NO_ENERGY,
@@ -141,7 +141,7 @@ def _expected(window: Window, starts: list[datetime], keys: list[str]) -> list[d
 
 
 def _figures(a: CostAllocation) -> dict[str, Any]:
-    return {f: getattr(a, f) for f in ("properties", "start", "end", "minutes", "gpu_hours", "gpu_cost",
+    return {f: getattr(a, f) for f in ("is_idle", "properties", "start", "end", "minutes", "gpu_hours", "gpu_cost",
                                        "shared_idle_cost", "total_cost", "currency", "mem_requested_mb_s",
                                        "sm_requested_s", "energy_cost_jp", "co2e_jkg", "seconds", "mem_used_mb_s",
                                        "mem_granted_mb_s", "sm_used_s", "sm_granted_s", "energy_j")}
