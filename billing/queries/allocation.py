@@ -226,15 +226,15 @@ class _Group:
     @classmethod
     def of(cls, row: ledger.UsageGroupRow, shared_idle: Decimal) -> _Group:
         """The group of its first row: its sums as they are (adding them to zeros gives the same
-        Decimals, the ledger's exponents being at most 0), a Decimal addition per field saved for
-        the usual group of one row (per pod, a month is ~40k groups at 1,000 GPUs)."""
+        Decimals, the ledger's exponents being at most 0). Without shared idle a group of one row
+        stays that row (_add_groups); this is the group a second row, or a part of idle, needs."""
         return cls(row.first_hour, row.last_hour, row.seconds, row.share_gpu_s, row.charge, row.idle_share + shared_idle,
                    row.mem_used_mb_s, row.mem_granted_mb_s, row.mem_requested_mb_s, row.sm_used_s, row.sm_granted_s,
                    row.sm_requested_s, row.energy_j, row.energy_cost_jp, row.co2e_jkg)
 
     def allocation_sums(self) -> ledger.UsageGroupRow:
-        """The group's sums in a row's shape (its idle as the row's idle share), for building its
-        allocation as a group of one row's."""
+        """The group's sums in a row's shape (its idle as the row's idle share), so its allocation is
+        built as a group of one row's; the row's set, keys and node are not read there."""
         return ledger.UsageGroupRow(
             set_start=self.first_hour, keys=(), node="", first_hour=self.first_hour, last_hour=self.last_hour,
             seconds=self.seconds, share_gpu_s=self.share_gpu_s, charge=self.charge, idle_share=self.idle,
