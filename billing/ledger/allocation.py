@@ -24,7 +24,7 @@ from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from decimal import Decimal
-from typing import Any
+from typing import Any, NamedTuple
 
 from billing.figures import FIGURE_LEVELS, FigureRow
 from billing.ledger import reads
@@ -123,11 +123,12 @@ def set_ledger(start: datetime, end: datetime, starts: Sequence[datetime] | None
     return ledger
 
 
-@dataclass(frozen=True)
-class UsageGroupRow:
+class UsageGroupRow(NamedTuple):
     """Usage of one set (`set_start`) and one group (`keys`, in the order asked; `node` too when
     asked per node), ledger units. A requested figure is None when any row of the group has no
-    known request."""
+    known request. A named tuple, not a frozen dataclass: a per-pod month is ~40k of them at 1,000
+    GPUs, and a frozen dataclass's `__init__` sets each of its 18 fields through
+    `object.__setattr__` (docs/architecture.md, "Per-pod allocation reads")."""
 
     set_start: datetime
     keys: tuple[str, ...]
@@ -151,7 +152,7 @@ class UsageGroupRow:
     co2e_jkg: Decimal | None = None
 
 
-_GROUP_ROW_FIELDS = tuple(f.name for f in dataclasses.fields(UsageGroupRow))
+_GROUP_ROW_SUMS = UsageGroupRow._fields[3:]
 
 
 def _set_sql(at: str, alias: str, starts: Sequence[datetime] | None, params: dict[str, Any]) -> str:
@@ -252,6 +253,15 @@ _META_JOIN = (f" LEFT JOIN {_META} m ON m.node_id = u.node_id AND m.namespace = 
 _REQUESTED = {"mem_mb": "(r.mem_mb * u.seconds)", "sm": "(r.sm * u.seconds)"}
 
 
+# The groups' and idle's reads hash: the planner sorted the rows (every hour row of a week of hourly
+# sets, 922k at 1,000 GPUs, on disk) for merge joins into the requests and for sorted aggregates,
+# taking the requests' relation (a set-returning function per metadata row) for 100 rows per pod.
+# Hash joins and hash aggregates took a week's hourly sets from 10.5 s to 5.8 s (groups) and 6.2 s
+# to 4.5 s (idle), a per-pod month's groups from 1.1 s to 0.9 s, on the loaded bench machine
+# (EXPLAIN ANALYZE, docs/benchmarks.md).
+_GROUP_READ_SETTINGS = {"enable_sort": "off", "enable_mergejoin": "off"}
+
+
 def list_usage_groups(
     *, start: datetime, end: datetime, starts: Sequence[datetime] | None, keys: Sequence[str],
     filters: Mapping[str, Sequence[str]], tenants: Collection[str] | None, by_node: bool,
@@ -274,14 +284,23 @@ def list_usage_groups(
         where += " AND u.gpu_model IS NOT NULL"
     rows_sql = reads.usage_rows(ledger, start, end, params, months=reads.month_range(ledger, start, end, starts=starts),
                                 model=needs_gpu)
-    keys_array = "ARRAY[" + ", ".join(f"({s})::text" for s in key_sql) + "]::text[]" if key_sql else "ARRAY[]::text[]"
+    # Each key its own column (not one array per row to hash and parse), the set as its index in
+    # `starts` (not a timestamp to parse per row): both turned back into the row's fields below.
+    key_columns = "".join(f"({s})::text AS k_{i}, " for i, s in enumerate(key_sql))
+    set_index = "width_bucket(u.at, %(starts)s::timestamptz[])" if starts is not None else "1"
+    if starts is not None:
+        params["starts"] = list(starts)
     node = "n.name" if by_node else "''"
     mem_req, sm_req = _REQUESTED["mem_mb"], _REQUESTED["sm"]
-    # The metadata itself only where a key or filter reads it (its key is unique: at most one row).
-    meta = _META_JOIN if re.search(r"\bm\.", " ".join(key_sql) + where) else ""
+    # The metadata and the node only where a key or filter reads them (each is at most one row per
+    # usage row, and every usage row has its node): a join per row less (~0.5 s of a week's hourly
+    # sets at 1,000 GPUs).
+    read = " ".join([*key_sql, where, node])
+    meta = _META_JOIN if re.search(r"\bm\.", read) else ""
+    node_join = f" JOIN {_NODE} n ON n.id = u.node_id" if re.search(r"\bn\.", read) else ""
     # A group's requested figure is known only if every one of its rows' is.
     sql = (
-        f"SELECT {_set_sql('at', 'u', starts, params)} AS set_start, {keys_array} AS keys, {node} AS node, "  # noqa: S608 - fixed SQL
+        f"SELECT {set_index} AS set_index, {key_columns}{node} AS node, "  # noqa: S608 - fixed SQL
         "min(u.first_hour) AS first_hour, max(u.last_hour) AS last_hour, "
         "sum(u.seconds) AS seconds, sum(u.share_gpu_s) AS share_gpu_s, sum(u.charge) AS charge, "
         "sum(u.idle_share) AS idle_share, sum(u.mem_used_mb_s) AS mem_used_mb_s, "
@@ -290,18 +309,20 @@ def list_usage_groups(
         "sum(u.sm_used_s) AS sm_used_s, sum(u.sm_granted_s) AS sm_granted_s, "
         f"CASE WHEN bool_and({sm_req} IS NOT NULL) THEN sum({sm_req}) END AS sm_requested_s, "
         f"sum(u.energy_j) AS energy_j, {energy_cost_sql()} AS energy_cost_jp, {co2e_sql()} AS co2e_jkg "
-        f"FROM {rows_sql} u JOIN {_NODE} n ON n.id = u.node_id{energy_rate_join('u', 'at')}{_REQUESTS_JOIN}{meta} "
-        f"WHERE TRUE{where} GROUP BY 1, 2, 3"
+        f"FROM {rows_sql} u{node_join}{energy_rate_join('u', 'at')}{_REQUESTS_JOIN}{meta} "
+        f"WHERE TRUE{where} GROUP BY {', '.join(str(i) for i in range(1, len(key_sql) + 3))}"
     )
-    with period_read_cursor() as cur:
+    expected = ("set_index", *(f"k_{i}" for i in range(len(key_sql))), "node", *_GROUP_ROW_SUMS)
+    set_starts = [None, *(starts or [start])]  # width_bucket counts from 1
+    with period_read_cursor(_GROUP_READ_SETTINGS) as cur:
         cur.execute(sql, params)
         names = tuple(column.name for column in cur.description)
-        if names != _GROUP_ROW_FIELDS:
-            raise TypeError(f"the statement's columns {names} are not UsageGroupRow's fields {_GROUP_ROW_FIELDS}")
+        if names != expected:
+            raise TypeError(f"the statement's columns {names} are not {expected}")
         # Built by position, the columns being the fields in order (checked above): a per-pod month is
-        # ~40k rows at 1,000 GPUs, and a dict per row cost 0.3-0.4 s of it. Postgres hands the
-        # grouping keys back as an array (a list); the row's keys are a tuple.
-        return [UsageGroupRow(v[0], tuple(v[1]), *v[2:]) for v in cur.fetchall()]
+        # ~40k rows at 1,000 GPUs.
+        after = len(key_sql) + 1
+        return [tuple.__new__(UsageGroupRow, (set_starts[v[0]], v[1:after], *v[after:])) for v in cur.fetchall()]
 
 
 # The pod instance is a grouping the figures need (two instances of a StatefulSet's pod share a
@@ -509,10 +530,11 @@ def list_idle_rows(
     rows = reads.usage_rows(ledger, start, end, params, months=reads.month_range(ledger, start, end, starts=starts),
                             model=True)
     used_where = where_of({**_GPU_KEY_SQL, "gpu_model": "u.gpu_model", "gpu": "u.gpu_uuid"})
+    used_node = f" JOIN {_NODE} n ON n.id = u.node_id" if re.search(r"\bn\.", used_where) else ""
     gpu_where = where_of(_GPU_KEY_SQL)
     sql = (
         f"WITH used AS (SELECT u.node_id, u.gpu_uuid, {_set_sql('at', 'u', starts, params)} AS set_start, "  # noqa: S608 - fixed SQL
-        f"sum(u.share_gpu_s) AS share, sum(u.charge) AS charge FROM {rows} u JOIN {_NODE} n ON n.id = u.node_id "
+        f"sum(u.share_gpu_s) AS share, sum(u.charge) AS charge FROM {rows} u{used_node} "
         f"WHERE u.gpu_model IS NOT NULL{used_where} GROUP BY 1, 2, 3), "
         # The GPU rows per GPU and set: energy is priced per GPU row, by its date.
         f"cards AS (SELECT {_set_sql(at, 'g', starts, params)} AS set_start, g.node_id, g.gpu_uuid, "
@@ -532,7 +554,7 @@ def list_idle_rows(
         f"FROM cards c JOIN {_NODE} n ON n.id = c.node_id LEFT JOIN used ON used.node_id = c.node_id "
         "AND used.gpu_uuid = c.gpu_uuid AND used.set_start = c.set_start GROUP BY 1, 2, 3"
     )
-    with period_read_cursor() as cur:
+    with period_read_cursor(_GROUP_READ_SETTINGS) as cur:
         cur.execute(sql, params)
         return fetch_rows(cur, IdleRow)
 

@@ -22,9 +22,10 @@ so a tenant scope never gets `__idle__` and share_idle adds nothing for it.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from decimal import Decimal
+from typing import NamedTuple
 
 from django.utils.translation import gettext
 
@@ -85,11 +86,12 @@ class Window:
     end: datetime
 
 
-@dataclass(frozen=True)
-class CostAllocation:
+class CostAllocation(NamedTuple):
     """One allocation of a set, in OpenCost's sense: the cost of a group of workloads (or `__idle__`)
     over the set's window, ledger units. (allocator's `Allocation` is the other meaning: the memory
-    and SM share a container is granted.)"""
+    and SM share a container is granted.) A named tuple, as the ledger's UsageGroupRow: a per-pod
+    month is ~40k of them at 1,000 GPUs, and a frozen dataclass sets each field through
+    `object.__setattr__` (docs/architecture.md, "Per-pod allocation reads")."""
 
     name: str
     properties: Mapping[str, str]  # aggregate key -> this group's value (label keys as "label:<name>")
@@ -108,7 +110,7 @@ class CostAllocation:
     sm_granted_s: Decimal
     sm_requested_s: Decimal | None
     seconds: Decimal = _ZERO  # Σ metered workload-seconds (per GPU)
-    is_idle: bool = field(default=False)
+    is_idle: bool = False
     # GPU energy, joules: a workload group's as the ledger split it (docs/billing.md, Energy), idle's the
     # cards' energy no workload was attributed. Sharing idle cost (shareIdle) does not move energy.
     energy_j: Decimal = _ZERO
@@ -224,11 +226,21 @@ class _Group:
     @classmethod
     def of(cls, row: ledger.UsageGroupRow, shared_idle: Decimal) -> _Group:
         """The group of its first row: its sums as they are (adding them to zeros gives the same
-        Decimals, the ledger's exponents being at most 0), a Decimal addition per field saved for
-        the usual group of one row (per pod, a month is ~40k groups at 1,000 GPUs)."""
+        Decimals, the ledger's exponents being at most 0). Without shared idle a group of one row
+        stays that row (_add_groups); this is the group a second row, or a part of idle, needs."""
         return cls(row.first_hour, row.last_hour, row.seconds, row.share_gpu_s, row.charge, row.idle_share + shared_idle,
                    row.mem_used_mb_s, row.mem_granted_mb_s, row.mem_requested_mb_s, row.sm_used_s, row.sm_granted_s,
                    row.sm_requested_s, row.energy_j, row.energy_cost_jp, row.co2e_jkg)
+
+    def allocation_sums(self) -> ledger.UsageGroupRow:
+        """The group's sums in a row's shape (its idle as the row's idle share), so its allocation is
+        built as a group of one row's; the row's set, keys and node are not read there."""
+        return ledger.UsageGroupRow(
+            set_start=self.first_hour, keys=(), node="", first_hour=self.first_hour, last_hour=self.last_hour,
+            seconds=self.seconds, share_gpu_s=self.share_gpu_s, charge=self.charge, idle_share=self.idle,
+            mem_used_mb_s=self.mem_used, mem_granted_mb_s=self.mem_granted, mem_requested_mb_s=self.mem_requested,
+            sm_used_s=self.sm_used, sm_granted_s=self.sm_granted, sm_requested_s=self.sm_requested,
+            energy_j=self.energy_j, energy_cost_jp=self.energy_cost_jp, co2e_jkg=self.co2e_jkg)
 
     def add(self, row: ledger.UsageGroupRow, shared_idle: Decimal) -> None:
         self.first_hour = min(self.first_hour, row.first_hour)
@@ -280,7 +292,7 @@ def _shared_idle(rows: Sequence[ledger.UsageGroupRow],
     return parts
 
 
-def allocation_sets(  # noqa: PLR0912 - one branch per OpenCost option
+def allocation_sets(
     scope: Scope, *, window: Window, aggregate: Sequence[str], step: timedelta | None = None,
     accumulate: bool | str | None = False, include_idle: bool = False, share_idle: bool = False,
     idle_by_node: bool = False, filters: Mapping[str, Sequence[str]] | None = None,
@@ -328,28 +340,8 @@ def allocation_sets(  # noqa: PLR0912 - one branch per OpenCost option
 
     # Shared per node only with idleByNode; split_idle alone reads idle per node to name it, not to share it.
     share_key = idle_by_key if idle_by_node or not split_idle else _merge_nodes(idle_rows)
-    shared = _shared_idle(rows, share_key) if share else [_ZERO] * len(rows)
-    groups: list[dict[tuple[str, ...], _Group]] = [{} for _ in bounds]
-    for row, part in zip(rows, shared, strict=True):
-        in_set = groups[index[row.set_start]]
-        group = in_set.get(row.keys)
-        if group is None:
-            in_set[row.keys] = _Group.of(row, part)
-        else:
-            group.add(row, part)
-
-    for i, bound in enumerate(bounds):
-        for keys, g in sorted(groups[i].items()):
-            start = max(bound.start, g.first_hour)
-            end = min(bound.end, g.last_hour + _HOUR)
-            sets[i][_name(keys)] = CostAllocation(
-                name=_name(keys), properties=dict(zip(aggregate, keys, strict=True)), start=start, end=end,
-                minutes=_minutes(start, end), gpu_hours=g.share_gpu_s / _S_PER_H, gpu_cost=g.charge,
-                shared_idle_cost=g.idle, total_cost=g.charge + g.idle, currency=currency,
-                mem_used_mb_s=g.mem_used, mem_granted_mb_s=g.mem_granted, mem_requested_mb_s=g.mem_requested,
-                sm_used_s=g.sm_used, sm_granted_s=g.sm_granted, sm_requested_s=g.sm_requested, seconds=g.seconds,
-                energy_j=g.energy_j, energy_cost_jp=g.energy_cost_jp, co2e_jkg=g.co2e_jkg,
-            )
+    shared = _shared_idle(rows, share_key) if share else None
+    _add_groups(sets, bounds, rows, aggregate=aggregate, shared=shared, currency=currency)
     if platform and include_idle:
         for r in sorted(idle_rows, key=lambda r: (r.set_start, r.node)):
             # Shared idle leaves __idle__ only where the cards carried no charge to share it by.
@@ -360,6 +352,45 @@ def allocation_sets(  # noqa: PLR0912 - one branch per OpenCost option
             name, properties = _idle_name(r, split=split_idle, by_node=idle_by_node)
             _add_idle(sets[i], name, properties, bounds[i], r, left, currency)
     return sets
+
+
+def _add_groups(sets: list[dict[str, CostAllocation]], bounds: Sequence[Window], rows: Sequence[ledger.UsageGroupRow], *,
+                aggregate: Sequence[str], shared: Sequence[Decimal] | None, currency: str) -> None:
+    """Each set's allocations of the usage rows (with `shared`, each row's part of the platform's
+    idle), sorted by their keys."""
+    index = {b.start: i for i, b in enumerate(bounds)}
+    # A group of one row without shared idle (a per-pod month's usual group, ~40k at 1,000 GPUs) is
+    # its row until a second row arrives: no _Group, its sums the row's Decimals as they are.
+    groups: list[dict[tuple[str, ...], _Group | ledger.UsageGroupRow]] = [{} for _ in bounds]
+    for i, row in enumerate(rows):
+        part = _ZERO if shared is None else shared[i]
+        in_set = groups[index[row.set_start]]
+        group = in_set.get(row.keys)
+        if group is None:
+            in_set[row.keys] = row if shared is None else _Group.of(row, part)
+        elif isinstance(group, _Group):
+            group.add(row, part)
+        else:
+            in_set[row.keys] = merged = _Group.of(group, _ZERO)
+            merged.add(row, part)
+    minutes: dict[timedelta, Decimal] = {}  # per length: groups of one set share a few lengths
+    for i, bound in enumerate(bounds):
+        for keys, g in sorted(groups[i].items()):
+            one = g.allocation_sums() if isinstance(g, _Group) else g
+            start = max(bound.start, one.first_hour)
+            end = min(bound.end, one.last_hour + _HOUR)
+            span = minutes.get(end - start)
+            if span is None:
+                span = minutes[end - start] = _minutes(start, end)
+            name = _name(keys)
+            # By position (CostAllocation's field order; tuple.__new__ skips the named tuple's Python-level
+            # __new__, as agents.interfaces builds its Grants): tests/billing/test_allocation_groups.py
+            # checks every field against the rows summed in Python.
+            sets[i][name] = tuple.__new__(CostAllocation, (
+                name, dict(zip(aggregate, keys, strict=True)), start, end, span, one.share_gpu_s / _S_PER_H,
+                one.charge, one.idle_share, one.charge + one.idle_share, currency, one.mem_used_mb_s,
+                one.mem_granted_mb_s, one.mem_requested_mb_s, one.sm_used_s, one.sm_granted_s, one.sm_requested_s,
+                one.seconds, False, one.energy_j, one.energy_cost_jp, one.co2e_jkg))
 
 
 def _idle_name(r: ledger.IdleRow, *, split: bool, by_node: bool) -> tuple[str, dict[str, str]]:
@@ -377,7 +408,7 @@ def _add_idle(one: dict[str, CostAllocation], name: str, properties: dict[str, s
     gpu_hours = (r.metered_seconds - r.share_gpu_s) / _S_PER_H
     before = one.get(name)
     if before is not None:
-        one[name] = replace(before, gpu_hours=before.gpu_hours + gpu_hours, gpu_cost=before.gpu_cost + left,
+        one[name] = before._replace(gpu_hours=before.gpu_hours + gpu_hours, gpu_cost=before.gpu_cost + left,
                             total_cost=before.total_cost + left, energy_j=before.energy_j + r.idle_energy_j,
                             energy_cost_jp=plus(before.energy_cost_jp, r.energy_cost_jp),
                             co2e_jkg=plus(before.co2e_jkg, r.co2e_jkg))
@@ -412,8 +443,8 @@ def accumulated(sets: Sequence[Mapping[str, CostAllocation]]) -> dict[str, CostA
     for one in sets:
         for name, a in one.items():
             b = out.get(name)
-            out[name] = a if b is None else replace(
-                b, start=min(a.start, b.start), end=max(a.end, b.end),
+            out[name] = a if b is None else b._replace(
+                start=min(a.start, b.start), end=max(a.end, b.end),
                 minutes=_minutes(min(a.start, b.start), max(a.end, b.end)),
                 gpu_hours=a.gpu_hours + b.gpu_hours, gpu_cost=a.gpu_cost + b.gpu_cost,
                 shared_idle_cost=a.shared_idle_cost + b.shared_idle_cost, total_cost=a.total_cost + b.total_cost,

@@ -1,0 +1,176 @@
+"""The allocation API's groups read as OpenCost reads them, figure by figure: for random ledgers,
+keys, steps and windows (hours, and whole days from the day ledger), every allocation of
+`allocation_sets` equals the same allocation summed in Python from the hour rows and the workload
+metadata, to the last digit (the reads build rows and allocations by position, groups of one row
+without a running sum: docs/architecture.md, "Per-pod allocation reads")."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from decimal import Decimal
+from typing import Any
+
+import pytest
+from django.db import transaction
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from billing.ledger.models import GpuHour, UsageHour, WorkloadMeta
+from billing.ledger.rollup import rebuild_days
+from billing.models import Node
+from billing.queries.allocation import UNALLOCATED, CostAllocation, Window, allocation_sets
+from billing.scope import Scope
+
+pytestmark = pytest.mark.django_db
+
+D = Decimal
+FINANCE = Scope(tenants=None, is_finance=True, is_admin=False)
+START = datetime(2026, 5, 1, tzinfo=UTC)
+HOUR = timedelta(hours=1)
+NO_ENERGY = D(0).scaleb(-12)  # Σ joules (12 places) × 0
+# The keys computed below from a row and its metadata (the ledger's SQL computes them its own way).
+KEYS = ("cluster", "node", "namespace", "controller", "pod", "container", "tenant", "sla_tier", "gpu")
+SUMS = ("seconds", "share_gpu_s", "charge", "idle_share", "mem_used_mb_s", "mem_granted_mb_s", "sm_used_s",
+        "sm_granted_s", "energy_j")
+# What each pod's containers asked for: a number, a malformed value, or nothing.
+REQUESTS = {"p1": {"main": {"mem_mb": 4096, "sm": 12.5}, "side": {"mem_mb": 512, "sm": 3}},
+            "p2": {"main": {"mem_mb": "lots", "sm": 20}}, "p3": {}}
+
+
+@dataclass(frozen=True)
+class Use:
+    gpu: int
+    hour: int
+    tenant: str
+    pod: str
+    container: str
+    tier: str
+    units: tuple[int, ...]  # one per SUMS field, in 10^-6
+
+
+_use = st.builds(Use, gpu=st.integers(0, 2), hour=st.integers(0, 47), tenant=st.sampled_from(("acme", "globex")),
+                 pod=st.sampled_from(("p1", "p2", "p3", "p4")), container=st.sampled_from(("main", "side")),
+                 tier=st.sampled_from(("gold", "silver")),
+                 units=st.tuples(*(st.integers(0, 10**12) for _ in SUMS)))
+
+
+def _write(uses: list[Use]) -> list[tuple[Node, str]]:
+    nodes = [Node.objects.create(name="grp-east", cluster="east"), Node.objects.create(name="grp-none")]
+    gpus = [(nodes[0], "GPU-g0"), (nodes[0], "GPU-g1"), (nodes[1], "GPU-g2")]
+    for node in nodes:
+        for pod, requests in REQUESTS.items():
+            WorkloadMeta.objects.create(node=node, namespace=f"ns-{pod}", pod=pod, pod_uid=f"uid-{pod}",
+                                        controller_kind="Deployment" if pod != "p3" else "", controller_name=f"c-{pod}",
+                                        requests=requests, first_seen=START, last_seen=START)
+    cards = set()
+    for u in uses:
+        node, uuid = gpus[u.gpu]
+        UsageHour.objects.create(
+            gpu_uuid=uuid, node=node, tenant=u.tenant, namespace=f"ns-{u.pod}", pod=u.pod, container=u.container,
+            pod_uid=f"uid-{u.pod}", sla_tier=u.tier, hour=START + u.hour * HOUR, mem_billed_mb_s=D(0), sm_billed_s=D(0),
+            pcie_mb=D(0), **{f: D(n).scaleb(-6) for f, n in zip(SUMS, u.units, strict=True)})
+        cards.add((u.gpu, u.hour))
+    for gpu, hour in cards:
+        node, uuid = gpus[gpu]
+        GpuHour.objects.create(gpu_uuid=uuid, node=node, gpu_model="A100", hour=START + hour * HOUR,
+                               metered_seconds=D(3600), card_cost=D(2), charged=D(1), idle_cost=D(1),
+                               idle_allocated=D(0), currency="USD", priced=True)
+    rebuild_days(start=START, end=START + timedelta(days=2))
+    return gpus
+
+
+def _key(row: UsageHour, key: str) -> str:
+    meta = WorkloadMeta.objects.filter(node=row.node, namespace=row.namespace, pod=row.pod,
+                                       pod_uid=row.pod_uid).first()
+    if key == "controller":
+        if meta is None or not meta.controller_name:
+            return UNALLOCATED
+        return meta.controller_name if not meta.controller_kind else f"{meta.controller_kind.lower()}:{meta.controller_name}"
+    if key == "cluster":
+        return row.node.cluster or UNALLOCATED
+    if key == "node":
+        return str(row.node.name)
+    if key == "gpu":
+        return str(row.gpu_uuid)
+    return str(getattr(row, {"tier": "sla_tier"}.get(key, key)))
+
+
+def _requested(row: UsageHour, field: str) -> Decimal | None:
+    meta = WorkloadMeta.objects.filter(node=row.node, namespace=row.namespace, pod=row.pod,
+                                       pod_uid=row.pod_uid).first()
+    value = None if meta is None else meta.requests.get(row.container, {}).get(field)
+    if not isinstance(value, int | float) or isinstance(value, bool):
+        return None
+    return D(str(value)) * row.seconds
+
+
+def _expected(window: Window, starts: list[datetime], keys: list[str]) -> list[dict[str, dict[str, Any]]]:
+    """Each set's allocations summed in Python from the hour rows: the figures the read gives."""
+    groups: list[dict[tuple[str, ...], dict[str, Any]]] = [defaultdict(dict) for _ in starts]
+    ends = [*starts[1:], window.end]
+    for row in UsageHour.objects.filter(hour__gte=window.start, hour__lt=window.end).select_related("node"):
+        i = max(j for j, s in enumerate(starts) if s <= row.hour)
+        g = groups[i][tuple(_key(row, k) for k in keys)]
+        g["first"] = min(g.get("first", row.hour), row.hour)
+        g["last"] = max(g.get("last", row.hour), row.hour)
+        for f in SUMS:
+            g[f] = g.get(f, D(0)) + getattr(row, f)
+        for f, field in (("mem_requested_mb_s", "mem_mb"), ("sm_requested_s", "sm")):
+            part = _requested(row, field)
+            g[f] = None if part is None or g.get(f, D(0)) is None else g.get(f, D(0)) + part
+    out = []
+    for i, one in enumerate(groups):
+        figures = {}
+        for k, g in one.items():
+            start, end = max(starts[i], g["first"]), min(ends[i], g["last"] + HOUR)
+            figures["/".join(k)] = {
+                "properties": dict(zip(keys, k, strict=True)), "start": start, "end": end,
+                "minutes": D(int((end - start).total_seconds())) / 60, "gpu_hours": g["share_gpu_s"] / 3600,
+                "gpu_cost": g["charge"], "shared_idle_cost": g["idle_share"],
+                "total_cost": g["charge"] + g["idle_share"], "currency": "USD", "is_idle": False,
+                "mem_requested_mb_s": g["mem_requested_mb_s"], "sm_requested_s": g["sm_requested_s"],
+                # No node has a location: energy without a price is unknown; none at all, joules × 0.
+                "energy_cost_jp": None if g["energy_j"] else NO_ENERGY, "co2e_jkg": None if g["energy_j"] else NO_ENERGY,
+                **{f: g[f] for f in ("seconds", "mem_used_mb_s", "mem_granted_mb_s", "sm_used_s", "sm_granted_s",
+                                     "energy_j")},
+            }
+        out.append(figures)
+    return out
+
+
+def _figures(a: CostAllocation) -> dict[str, Any]:
+    return {f: getattr(a, f) for f in ("is_idle", "properties", "start", "end", "minutes", "gpu_hours", "gpu_cost",
+                                       "shared_idle_cost", "total_cost", "currency", "mem_requested_mb_s",
+                                       "sm_requested_s", "energy_cost_jp", "co2e_jkg", "seconds", "mem_used_mb_s",
+                                       "mem_granted_mb_s", "sm_used_s", "sm_granted_s", "energy_j")}
+
+
+def _digits(value: Any) -> Any:
+    """A figure to compare to the last digit: a Decimal's sign, digits and exponent alike."""
+    return value.as_tuple() if isinstance(value, Decimal) else value
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(uses=st.lists(_use, max_size=14, unique_by=lambda u: (u.gpu, u.hour, u.tenant, u.pod, u.container, u.tier)),
+       keys=st.lists(st.sampled_from(KEYS), min_size=1, max_size=3, unique=True),
+       step_h=st.sampled_from([None, 1, 5, 24]), whole_days=st.booleans(), offset_h=st.integers(1, 3))
+def test_allocations_are_the_hour_rows_summed(db: Any, uses: list[Use], keys: list[str], step_h: int | None,
+                                              whole_days: bool, offset_h: int) -> None:
+    with transaction.atomic():
+        _write(uses)
+        window = (Window(START, START + timedelta(days=2)) if whole_days
+                  else Window(START + offset_h * HOUR, START + timedelta(days=2) - offset_h * HOUR))
+        step = None if step_h is None else timedelta(hours=step_h)
+        sets = allocation_sets(FINANCE, window=window, aggregate=keys, step=step)
+        starts = ([window.start] if step is None
+                  else [window.start + i * step for i in range(-(-(window.end - window.start) // step))])
+        expected = _expected(window, starts, keys)
+        assert len(sets) == len(expected)
+        for got, want in zip(sets, expected, strict=True):
+            assert list(got) == sorted(want, key=lambda name: tuple(want[name]["properties"].values()))
+            for name, allocation in got.items():
+                figures = _figures(allocation)
+                assert {f: _digits(v) for f, v in figures.items()} == {f: _digits(v) for f, v in want[name].items()}
+        transaction.set_rollback(True)
