@@ -285,7 +285,7 @@ def get_tenant_portal(*, scope: Scope, slug: str, start: datetime, end: datetime
     comparison, months = None, None
     if trends:
         comparison, month_list = get_comparison_and_months(
-            scope=own, start=start, end=end, current={slug: shown.cost} if shown else {})
+            scope=own, start=start, end=end, current={slug: shown.cost} if shown else {}, currency=tree.currency)
         months = tuple(month_list)
     try:
         upcoming, upcoming_error = preview_invoice(tenant=slug, month=_current_month(now), now=now), ""
