@@ -5,7 +5,8 @@ Every figure here is the one the finance dashboard shows for that period (billin
 tenant's cost is its invoice lines for the period, each rounded once to the currency's minor unit,
 added; a total is the sum of its tenants' figures. The lines of every period asked for come from
 one day-ledger read (billing.ledger.totals.list_period_line_costs), not a figure tree per period:
-the sums are the tree's line sums to the ledger unit, and the rounding is the tree's.
+the sums are the tree's line sums to the ledger unit, and the rounding is the tree's; so a month the
+page shows whole is its own figures, not read again.
 """
 
 from __future__ import annotations
