@@ -207,6 +207,10 @@ class FigureTree:
     roots: dict[str, FigureNode]
     lines: dict[str, TenantLines]
     _line_quantities: dict[str, Decimal]
+    # Each tenant's (charge, idle share) per invoice line, ledger precision, in the lines' order (GPU
+    # model, SLA tier): what `lines` rounds, and what a month to date is made of
+    # (billing.ledger.spend.TenantSpend.lines).
+    line_sums: dict[str, tuple[tuple[Decimal, Decimal], ...]] = field(default_factory=dict)
     _shown: dict[tuple[str, ...], Figures] = field(default_factory=dict)
 
     @property
@@ -304,9 +308,11 @@ def build_tree(rows: Sequence[FigureRow], *, currency: str, places: int) -> Figu
     line_exact: dict[str, Figures] = {}
     line_seconds: dict[str, Decimal] = defaultdict(Decimal)
     by_level: dict[int, list[FigureRow]] = defaultdict(list)
+    by_line: dict[str, list[FigureRow]] = defaultdict(list)
     for r in rows:
         if r.level == 0:
             tenant = r.keys[0]
+            by_line[tenant].append(r)
             charges[tenant].append(r.charge)
             idles[tenant].append(r.idle_share)
             hours[tenant].append(r.share_gpu_s / _S_PER_H)
@@ -325,7 +331,8 @@ def build_tree(rows: Sequence[FigureRow], *, currency: str, places: int) -> Figu
             index[node.keys] = node
     lines = {t: TenantLines(round_parts(charges[t], currency)[1], round_parts(idles[t], currency)[1]) for t in roots}
     quantities = {t: round_quantities(hours[t], places)[1] for t in roots}
-    return FigureTree(currency, places, roots, lines, quantities)
+    sums = {t: tuple((r.charge, r.idle_share) for r in sorted(by_line[t], key=lambda r: r.keys)) for t in roots}
+    return FigureTree(currency, places, roots, lines, quantities, sums)
 
 
 def shown_sum(tree: FigureTree, nodes: Iterable[FigureNode]) -> Figures:

@@ -24,6 +24,7 @@
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Sequence
 from decimal import ROUND_FLOOR, ROUND_HALF_EVEN, Context, Decimal, InvalidOperation, localcontext
 
@@ -175,14 +176,19 @@ def apportion(total: Decimal, parts: Sequence[Decimal], places: int) -> list[Dec
         weight_sum = sum(parts, Decimal(0))
         weights = list(parts) if weight_sum else [Decimal(1)] * len(parts)
         weight_sum = weight_sum or Decimal(len(parts))
-        exact = [Decimal(units_int) * w / weight_sum for w in weights]
-        floors = [int(x.to_integral_value(rounding=ROUND_FLOOR)) for x in exact]
-        # Hand the left-over units to the largest fractional parts; ties by position.
-        order = sorted(range(len(exact)), key=lambda i: (-(exact[i] - floors[i]), i))
-        for i in order[: units_int - sum(floors)]:
-            floors[i] += 1
-        quantum = Decimal(1).scaleb(-places)
-        return [Decimal(u).scaleb(-places).quantize(quantum) for u in floors]
+        scaled = Decimal(units_int)
+        exact = [scaled * w / weight_sum for w in weights]
+        # Every part is >= 0 here: truncation is the floor. A page opens figures into hundreds of
+        # parts per call (bench/web_pages.py): only the few left-over units need ranking, not a sort.
+        floors = [int(x) for x in exact]
+        left = units_int - sum(floors)
+        if left:
+            # Hand the left-over units to the largest fractional parts; ties by position
+            # (heapq.nsmallest is sorted(...)[:left]).
+            for i in heapq.nsmallest(left, range(len(exact)), key=lambda i: (floors[i] - exact[i], i)):
+                floors[i] += 1
+        # Decimal(u).scaleb(-places) has exactly `places` decimals (the exponent -places).
+        return [Decimal(u).scaleb(-places) for u in floors]
 
 
 def round_parts(parts: Sequence[Decimal], currency: str = "") -> tuple[list[Decimal], Decimal]:

@@ -361,7 +361,8 @@ def get_finance_dashboard(*, scope: Scope, start: datetime, end: datetime, now: 
     if trends:
         # The tenants' figures of the period as the table shows them: the comparison starts from them.
         comparison, months = get_comparison_and_months(
-            scope=scope, start=start, end=end, current={t.tenant: t.total for t in summary.tenants})
+            scope=scope, start=start, end=end, current={t.tenant: t.total for t in summary.tenants},
+            currency=tree.currency)
         if platform and summary.idle_platform is not None:
             comparison = replace(comparison, idle_platform=_idle_change(summary, comparison))
     return FinanceDashboard(

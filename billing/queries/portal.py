@@ -24,7 +24,7 @@ from django.db.models import Q, QuerySet
 
 from billing.errors import DomainError, InvalidInput
 from billing.figures import FigureNode, FigureTree
-from billing.ledger.spend import list_workload_days
+from billing.ledger.spend import TenantSpend, list_workload_days
 from billing.models import BudgetAction, BudgetScope, RateCard, Tenant
 from billing.money import apportion
 from billing.queries.budgets import BudgetView, list_budgets
@@ -260,10 +260,6 @@ def get_tenant_portal(*, scope: Scope, slug: str, start: datetime, end: datetime
         raise TenantNotFound(f"no tenant {slug!r}")
     # Everything below reads this one tenant only, whatever the caller may see besides.
     own = dataclasses.replace(scope, tenants=frozenset({slug}))
-    spend = get_month_spend(tenant=slug, now=now)
-    currency = _currency(now)
-    budgets = list_budgets(scope=own, now=now, spends={slug: spend})
-    budget = next((b for b in budgets if b.scope == BudgetScope.TENANT), None)
     # A page lists the costliest few (and charts at most CHART_SERIES): only those are read with what
     # their figures are apportioned among; a CSV (no limit) reads every one.
     read = None if workload_limit is None else max(workload_limit, CHART_SERIES)
@@ -274,6 +270,14 @@ def get_tenant_portal(*, scope: Scope, slug: str, start: datetime, end: datetime
         tree, counts = get_top_figure_tree(scope=own, start=start, end=end, places=places, top_pods=read,
                                            top_order=_WORKLOAD_ORDER)
         count = counts.get(slug, 0)
+    # Showing the month to date (TenantPortal.shows_month_to_date), the tree's invoice lines are the
+    # month to date's (one figure, docs/billing.md): read once.
+    month_start = now.replace(day=1, hour=0, minute=0, second=0, microsecond=0)
+    spend = get_month_spend(tenant=slug, now=now,
+                            month_to_date=_month_to_date(tree, slug) if start == month_start and end >= now else None)
+    currency = _currency(now)
+    budgets = list_budgets(scope=own, now=now, spends={slug: spend})
+    budget = next((b for b in budgets if b.scope == BudgetScope.TENANT), None)
     workloads = _workloads(tree, read)
     listed = workloads[:workload_limit]
     if reasons:
@@ -285,7 +289,7 @@ def get_tenant_portal(*, scope: Scope, slug: str, start: datetime, end: datetime
     comparison, months = None, None
     if trends:
         comparison, month_list = get_comparison_and_months(
-            scope=own, start=start, end=end, current={slug: shown.cost} if shown else {})
+            scope=own, start=start, end=end, current={slug: shown.cost} if shown else {}, currency=tree.currency)
         months = tuple(month_list)
     try:
         upcoming, upcoming_error = preview_invoice(tenant=slug, month=_current_month(now), now=now), ""
@@ -309,6 +313,13 @@ def get_tenant_portal(*, scope: Scope, slug: str, start: datetime, end: datetime
 
 def _current_month(now: datetime) -> date:
     return now.astimezone(UTC).date().replace(day=1)
+
+
+def _month_to_date(tree: FigureTree, slug: str) -> TenantSpend:
+    """The tenant's month to date from the figure tree of its month to date: the exact sums of its
+    invoice lines (get_month_to_date_parts sums the same usage rows by the same lines)."""
+    lines = tree.line_sums.get(slug, ())
+    return TenantSpend(slug, sum((c for c, _i in lines), _ZERO), sum((i for _c, i in lines), _ZERO), lines)
 
 
 def get_upcoming_invoice(*, scope: Scope, slug: str, now: datetime) -> InvoicePreview:

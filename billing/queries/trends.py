@@ -5,7 +5,8 @@ Every figure here is the one the finance dashboard shows for that period (billin
 tenant's cost is its invoice lines for the period, each rounded once to the currency's minor unit,
 added; a total is the sum of its tenants' figures. The lines of every period asked for come from
 one day-ledger read (billing.ledger.totals.list_period_line_costs), not a figure tree per period:
-the sums are the tree's line sums to the ledger unit, and the rounding is the tree's.
+the sums are the tree's line sums to the ledger unit, and the rounding is the tree's; so a month the
+page shows whole is its own figures, not read again.
 """
 
 from __future__ import annotations
@@ -184,15 +185,23 @@ class MonthCost:
     costs: PeriodCosts
 
 
-def get_comparison_and_months(*, scope: Scope, start: datetime, end: datetime,
-                              current: Mapping[str, Decimal]) -> tuple[Comparison, list[MonthCost]]:
+def get_comparison_and_months(*, scope: Scope, start: datetime, end: datetime, current: Mapping[str, Decimal],
+                              currency: str) -> tuple[Comparison, list[MonthCost]]:
     """[start, end) (whole UTC days) against its previous period, given the tenants' figures of
-    [start, end) the page shows (`current`, slug -> figure, in the page's order), and the MONTHS
-    months up to the one of the period's last day: one ledger read for all of them."""
+    [start, end) the page shows (`current`, slug -> figure, in the page's order; `currency`, theirs:
+    their figure tree's), and the MONTHS months up to the one of the period's last day: one ledger
+    read for all of them. A period that is the last of those months (a page showing a month) is its
+    bar as the page shows it, not read again; a previous period that is one of them is read once."""
     first, last = start.astimezone(UTC).date(), (end.astimezone(UTC) - _DAY).date()
     previous = day_bounds(*previous_period(first, last))
     months = [_months_back(last.replace(day=1), n) for n in range(MONTHS - 1, -1, -1)]
-    costs = get_period_costs(scope=scope, periods=[previous, *(month_bounds(m) for m in months)])
+    periods = [previous, *(month_bounds(m) for m in months)]
+    # The tenants of the page's figure tree are the tenants with usage lines in the period, and each
+    # figure is its lines rounded once as get_period_costs rounds them: the same PeriodCosts.
+    shown = {periods[-1]: PeriodCosts(*periods[-1], currency, dict(current))} if (start, end) == periods[-1] else {}
+    unread = list(dict.fromkeys(p for p in periods if p not in shown))
+    read = dict(zip(unread, get_period_costs(scope=scope, periods=unread), strict=True))
+    costs = [shown[p] if p in shown else read[p] for p in periods]
     before = costs[0].tenants
     order = [*current, *sorted(t for t in before if t not in current)]
     slugs = set(order).union(*(c.tenants for c in costs))

@@ -83,17 +83,19 @@ def _period(form: PeriodForm) -> dict[str, str]:
     return {"start": form.cleaned_data["start"].isoformat(), "end": form.cleaned_data["end"].isoformat()}
 
 
-def _explore_link(period: dict[str, str], w: FleetWorkload) -> str:
-    """Explore at the workload's own level: its containers, over the same period."""
+def _explore_link(explore: str, period: dict[str, str], w: FleetWorkload) -> str:
+    """Explore (`explore`: its URL, resolved once per page: the page links every workload of the
+    fleet) at the workload's own level: its containers, over the same period."""
     query = {**period, "tenant": w.tenant, "namespace": w.namespace, "controller": w.controller, "pod": w.pod}
-    return f"{reverse('explore')}?{urlencode(query)}"
+    return f"{explore}?{urlencode(query)}"
 
 
 def _context(form: PeriodForm, view: FleetView, today: date) -> dict[str, Any]:
     period = _period(form)
     columns = [{"key": key, "label": label, "query": urlencode({**period, "sort": key}), "active": key == view.sort,
                 "order": "descending" if SORTS[key] else "ascending"} for key, label in _COLUMNS]
-    nodes = [{"node": n, "gpus": [{"gpu": g, "workloads": [(w, _explore_link(period, w)) for w in g.workloads]}
+    explore = reverse("explore")
+    nodes = [{"node": n, "gpus": [{"gpu": g, "workloads": [(w, _explore_link(explore, period, w)) for w in g.workloads]}
                                   for g in n.gpus]}
              for n in view.nodes]
     c = view.comparison

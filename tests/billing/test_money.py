@@ -3,7 +3,9 @@ billing.money, and the pages, the invoice CSV and the FOCUS export all go throug
 
 from __future__ import annotations
 
+import math
 from decimal import Decimal
+from fractions import Fraction
 
 import pytest
 from django.utils import translation
@@ -138,6 +140,25 @@ def test_children_add_up_exactly_to_the_row_that_opened_them(parts: list[Decimal
     assert all(abs(s - e) < unit for s, e in zip(shown, exact, strict=True))
     # Deterministic: the same figures split the same way.
     assert apportion(total, parts, places) == shown
+
+
+@given(parts=st.lists(st.decimals(min_value=0, max_value=Decimal("1e7"), places=12), min_size=1, max_size=40),
+       places=st.integers(min_value=0, max_value=4), nudge=st.integers(min_value=-40, max_value=40))
+def test_apportion_is_the_largest_remainder_with_ties_to_the_earlier_part(parts: list[Decimal], places: int,
+                                                                       nudge: int) -> None:
+    """The split is Hamilton's, computed here in exact fractions: every part gets the floor of its
+    share, the units left over go one each to the largest remainders, equal remainders to the
+    earlier part. (apportion ranks only the few units left over instead of sorting every part.)"""
+    unit = Decimal(1).scaleb(-places)
+    total = max(round_quantities([sum(parts, Decimal(0))], places)[1] + nudge * unit, Decimal(0))
+    units = int(total.scaleb(places))
+    weights = [Fraction(p) for p in parts] if any(parts) else [Fraction(1)] * len(parts)
+    shares = [units * w / sum(weights) for w in weights]
+    floors = [math.floor(s) for s in shares]
+    for i in sorted(range(len(parts)), key=lambda i: (floors[i] - shares[i], i))[:units - sum(floors)]:
+        floors[i] += 1
+    assert apportion(total, parts, places) == [Decimal(u).scaleb(-places) for u in floors]
+    assert apportion(Decimal("0.02"), [Decimal(1)] * 3, 2) == [Decimal("0.01"), Decimal("0.01"), Decimal("0.00")]
 
 
 def test_apportion_follows_the_issue_case_and_refuses_what_it_cannot_split() -> None:

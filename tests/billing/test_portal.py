@@ -12,6 +12,7 @@ from decimal import Decimal
 from html.parser import HTMLParser
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import pytest
 import time_machine
@@ -20,11 +21,12 @@ from django.test import Client
 
 from billing.calendar import month_bounds
 from billing.ledger.models import GpuHour, UsageHour, WorkloadMeta
+from billing.ledger.spend import list_month_to_date_spends
 from billing.models import BillingPeriod, BudgetStatus, Gpu, Invoice, Node, RateCard, Tenant
 from billing.queries.budgets import BudgetView
 from billing.queries.portal import TenantNotFound, get_tenant_portal
 from billing.scope import ADMIN_GROUP, FINANCE_GROUP, get_scope
-from billing.services.budgets.spend import evaluate_budgets, set_budget
+from billing.services.budgets.spend import evaluate_budgets, get_month_spend, set_budget
 from billing.web import portal as portal_views
 from tests import clock
 from tests.conftest import A100, user_in, with_day
@@ -166,6 +168,25 @@ def test_user_without_membership_sees_no_portal(client, ledger):
     resp = client.get("/tenants/")
     assert resp.status_code == 200
     assert resp.context["tenants"] == []
+
+
+def test_the_portal_of_the_month_to_date_takes_it_from_its_workloads_figures_and_reads_it_once(ledger):
+    """Showing the month to date, the portal's workloads are read from the ledger's month to date: its
+    month to date is their invoice lines' sums, the same as the budgets' read, which it does not
+    repeat; any other period reads the month to date on its own."""
+    now = clock.now()
+    scope = get_scope(user_in(FINANCE_GROUP))
+    start, end = month_bounds(now.date().replace(day=1))
+    read = get_month_spend(tenant="acme", now=now)
+    with mock.patch("billing.services.budgets.spend.list_month_to_date_spends",
+                    wraps=list_month_to_date_spends) as month_to_date:
+        portal = get_tenant_portal(scope=scope, slug="acme", start=start, end=end, now=now, workload_limit=100)
+        assert not [c for c in month_to_date.call_args_list if "acme" in c.kwargs["tenants"]]
+        other = get_tenant_portal(scope=scope, slug="acme", start=start - timedelta(days=3), end=end, now=now)
+        assert [c for c in month_to_date.call_args_list if "acme" in c.kwargs["tenants"]]
+    assert portal.month_to_date == other.month_to_date == read.month_to_date == Decimal("5.25")
+    assert portal.month_to_date_shown == read.month_to_date_shown("USD") == portal.period_cost
+    assert portal.forecast == read.forecast
 
 
 def test_finance_lists_every_tenant_with_month_to_date_and_opens_any_portal(client, ledger):

@@ -8,6 +8,7 @@ import csv
 import io
 from datetime import UTC, date, datetime, timedelta
 from decimal import Decimal
+from unittest import mock
 
 import pytest
 import time_machine
@@ -17,7 +18,7 @@ from hypothesis import strategies as st
 from billing.ledger.models import GpuHour
 from billing.models import Node, RateCard, Tenant
 from billing.queries.dashboard import get_finance_dashboard
-from billing.queries.trends import Change, previous_period
+from billing.queries.trends import Change, get_period_costs, previous_period
 from billing.scope import FINANCE_GROUP, get_scope
 from billing.web.tables import shown_costs
 from billing.web.trends import TOP_BARS, level_bars, month_series
@@ -182,6 +183,26 @@ def test_each_months_bar_is_that_months_figure_on_the_dashboard(small_ledger) ->
     series = month_series(months)
     for i, m in enumerate(months):
         assert sum(values[i] for _key, _slug, values in series) == m.costs.total
+
+
+def test_a_whole_month_shown_is_its_own_bar_and_the_month_before_is_read_once(small_ledger) -> None:
+    """A page showing a whole month has that month's figures already: the month's bar is them, not a
+    second read, and the previous period (the month before, also a bar) is read once. The bars are
+    those of the same months read from the ledger (the month-to-date board above reads November)."""
+    finance = get_scope(user_in(FINANCE_GROUP))
+    with time_machine.travel(NOW, tick=False):
+        with mock.patch("billing.queries.trends.get_period_costs", wraps=get_period_costs) as read:
+            whole = get_finance_dashboard(scope=finance, start=at(date(2026, 11, 1), 0), end=at(date(2026, 12, 1), 0))
+        to_date = get_finance_dashboard(scope=finance, start=at(date(2026, 11, 1), 0), end=at(date(2026, 11, 21), 0))
+    read_months = [date(2026, 10, 1), *(date(2026, m, 1) for m in range(6, 10))]
+    assert [p[0].date() for p in read.call_args.kwargs["periods"]] == read_months
+    assert whole.months is not None
+    assert to_date.months is not None
+    assert whole.comparison is not None
+    assert whole.months[-1].costs.tenants == {t.tenant: t.total for t in whole.summary.tenants}
+    # No usage after November 20: November to date is the whole of November.
+    assert [(m.month, m.costs.tenants) for m in whole.months] == [(m.month, m.costs.tenants) for m in to_date.months]
+    assert whole.comparison.total.previous == whole.months[-2].costs.total == Decimal("13.00")
 
 
 def test_a_member_compares_only_their_own_tenant(small_ledger) -> None:

@@ -241,18 +241,29 @@ def shown_spend(spend: TenantSpend, currency: str) -> Decimal:
     return round_parts(charges, currency)[1] + round_parts(idles, currency)[1]
 
 
-def get_month_spend(*, tenant: str, now: datetime) -> MonthSpend:
-    return get_month_spends(tenants=[tenant], now=now)[tenant]
+def get_month_spend(*, tenant: str, now: datetime, month_to_date: TenantSpend | None = None) -> MonthSpend:
+    """`get_month_spends` of one tenant. `month_to_date`: its month to date at `now` when the caller
+    has read it already (the portal showing the month to date: its figure tree's invoice lines,
+    the same sums), else read here; the forecast's hours are read either way."""
+    if month_to_date is None:
+        return get_month_spends(tenants=[tenant], now=now)[tenant]
+    return _month_spend(month_to_date, _window_hours([tenant], now).get(tenant, []), now=now)
 
 
 def get_month_spends(*, tenants: Collection[str], now: datetime) -> dict[str, MonthSpend]:
     """Month to date and forecast (MonthSpend) of each of `tenants`, in two queries."""
     month_to_date = get_month_to_date_parts(tenants=tenants, now=now)
+    hours = _window_hours(tenants, now)
+    return {tenant: _month_spend(parts, hours.get(tenant, []), now=now) for tenant, parts in month_to_date.items()}
+
+
+def _window_hours(tenants: Collection[str], now: datetime) -> dict[str, list[tuple[datetime, Decimal]]]:
+    """Each tenant's spend of each complete hour of the forecast's rate window, sorted by hour."""
     window_start, hour = _rate_window(now)
     hours: dict[str, list[tuple[datetime, Decimal]]] = {}
     for row in list_hour_spends(tenants=tenants, since=window_start, until=hour):
         hours.setdefault(row.tenant, []).append((row.hour, row.spend))
-    return {tenant: _month_spend(parts, hours.get(tenant, []), now=now) for tenant, parts in month_to_date.items()}
+    return hours
 
 
 def get_budget_spends(*, budgets: Collection[Budget], now: datetime,
