@@ -87,12 +87,17 @@ _USAGE_COLUMNS = (
     "mem_used_mb_s", "mem_granted_mb_s", "mem_billed_mb_s", "sm_used_s", "sm_granted_s", "sm_billed_s",
     "pcie_mb", "share_gpu_s", "charge", "idle_share", "energy_j",
 )
-# A usage minute is also the store of the integrals: it keeps the billed maxima the pricing reads.
-_MINUTE_COLUMNS = (*_USAGE_COLUMNS, "mem_max_mb_s", "sm_max_s")
-_GPU_COLUMNS = (
-    "gpu_uuid", "node_id", "gpu_model", "metered_seconds", "card_cost", "charged", "idle_cost",
-    "idle_allocated", "currency", "priced", "committed_seconds", "committed_cost", "energy_j", "idle_energy_j",
-    "energy_seconds",
+# The slim minute store (migration 0043; docs/architecture.md, "The slim minute store"): a usage
+# minute is also the store of the integrals, so it keeps the billed maxima the pricing reads.
+USAGE_STORE, GPU_STORE = MINUTE_TABLES
+_STORE_COLUMNS = (
+    "minute", "card_id", "workload_id", "seconds", "mem_used_mb_s", "mem_granted_mb_s", "mem_billed_mb_s",
+    "mem_max_mb_s", "sm_used_s", "sm_granted_s", "sm_billed_s", "sm_max_s", "pcie_mb", "share_gpu_s", "charge",
+    "idle_share", "energy_j",
+)
+_GPU_STORE_COLUMNS = (
+    "minute", "card_id", "rate_card_id", "metered_seconds", "committed_seconds", "energy_seconds", "card_cost",
+    "charged", "idle_cost", "idle_allocated", "committed_cost", "energy_j", "idle_energy_j", "priced", "currency",
 )
 # Rollups that price a committed GPU model take this lock (class, 0) before they read which of its
 # cards other nodes metered: the cover of one card depends on the others' (docs/billing.md).
@@ -436,17 +441,21 @@ def _recompute(cur: CursorWrapper, affected: set[Key], *, rolling: Sequence[int]
         # would be lost. Refused, so the batch is quarantined instead.
         raise ValueError(f"integrals without metered card seconds in {len(unmetered)} GPU-minute(s), "
                          f"e.g. {min(unmetered)}")
-    usage_buf, gpu_buf = _priced_rows(windows, workloads, cards, covered)
+    card_ids = _ids(cur, "billing_card", ("node_id", "gpu_uuid", "gpu_model"), ("bigint", "varchar", "varchar"),
+                    {(n, g, w.model) for (n, g, _), w in windows.items()})
+    workload_ids = _ids(cur, "billing_workload", _WORKLOAD_KEY, ("varchar",) * len(_WORKLOAD_KEY),
+                        {r[:6] for rows in workloads.values() for r in rows})
+    usage_buf, gpu_buf = _priced_rows(windows, workloads, cards, covered, card_ids=card_ids,
+                                      workload_ids=workload_ids)
     ensure_minute_partitions(days_between(lo, hi))  # the minute ledger is day-partitioned (retention)
-    for table in ("billing_usageminute", "billing_gpuminute"):
+    for table in MINUTE_TABLES:  # every card of the node's GPU: the minute's model may have changed
         cur.execute(
-            f"DELETE FROM {table} m USING {_UNNEST} AS a(node_id, gpu_uuid, minute) "  # noqa: S608 - fixed names
-            "WHERE m.node_id = a.node_id AND m.gpu_uuid = a.gpu_uuid AND m.minute = a.minute",
+            f"DELETE FROM {table} m USING {_UNNEST} AS a(node_id, gpu_uuid, minute) JOIN billing_card c "  # noqa: S608 - fixed names
+            "ON c.node_id = a.node_id AND c.gpu_uuid = a.gpu_uuid WHERE m.card_id = c.id AND m.minute = a.minute",
             [*_arrays(affected)],
         )
-    cur.copy_expert(f"COPY billing_usageminute (minute, {', '.join(_MINUTE_COLUMNS)}, rate_card_id) FROM STDIN",
-                    usage_buf)
-    cur.copy_expert(f"COPY billing_gpuminute (minute, {', '.join(_GPU_COLUMNS)}, rate_card_id) FROM STDIN", gpu_buf)
+    cur.copy_expert(f"COPY {USAGE_STORE} ({', '.join(_STORE_COLUMNS)}) FROM STDIN", usage_buf)
+    cur.copy_expert(f"COPY {GPU_STORE} ({', '.join(_GPU_STORE_COLUMNS)}) FROM STDIN", gpu_buf)
     hours = {(n, g, m.replace(minute=0)) for n, g, m in affected}
     _recompute_hours(cur, hours)
     _recompute_days(cur, {(n, g, h.replace(hour=0)) for n, g, h in hours})
@@ -536,7 +545,11 @@ _RAW_COLUMNS = ("seconds", "mem_used_mb_s", "mem_granted_mb_s", "coalesce(mem_bi
 # the planner from copying it into every aggregate) is summed in float8, any other row (what else a
 # client sent) through numeric, and the caller adds the two exactly (Decimal(float) is the float's
 # exact value).
-_QUANTIZED = " AND ".join(f"{c} < 8796093022208 AND {c} * 1024 = trunc({c} * 1024)" for c in _RAW_COLUMNS)
+def _quantized(c: str) -> str:
+    return f"{c} < 8796093022208 AND {c} * 1024 = trunc({c} * 1024)"
+
+
+_QUANTIZED = " AND ".join(_quantized(c) for c in _RAW_COLUMNS)
 _KEY_COLUMNS = "node_id, gpu_uuid, minute, tenant, namespace, pod, container, pod_uid, sla_tier"
 # The inbox: the integral rows of the batches being rolled up, taken out of it (DELETE ... RETURNING:
 # one scan reads and deletes them), each integral as (float8, numeric), the one its path sums, the
@@ -554,14 +567,18 @@ _INBOX_ROWS = (
     + " FROM inbox r"
 )
 # The store: the integrals of every batch rolled up so far for exactly the GPU-minutes recomputed,
-# in the inbox's column order (numeric).
+# in the inbox's column order, each as (float8, numeric) like the inbox's: the store keeps them as
+# float8, and one that is a multiple of 2^-10 below 2^43 (every sum of our agents' values) is summed
+# in float8, any other converted (billing_exact, migration 0043) and summed in numeric.
 _STORED_INTEGRALS = ("seconds", "mem_used_mb_s", "mem_granted_mb_s", "mem_max_mb_s", "sm_used_s", "sm_granted_s",
                      "sm_max_s", "pcie_mb")
 _STORED_SQL = (
-    "SELECT " + ", ".join(f"m.{c}" for c in _KEY_COLUMNS.split(", ")) + ", "  # noqa: S608 - fixed SQL built from constant column lists; values are parameters
-    + ", ".join(f"NULL::float8, m.{c}" for c in _STORED_INTEGRALS)
-    + f" FROM billing_usageminute m JOIN {_UNNEST} AS a(node_id, gpu_uuid, minute) ON m.node_id = a.node_id "
-    "AND m.gpu_uuid = a.gpu_uuid AND m.minute = a.minute WHERE m.minute >= %s AND m.minute < %s"
+    "SELECT a.node_id, a.gpu_uuid, a.minute, " + ", ".join(f"w.{k}" for k in _WORKLOAD_KEY) + ", "  # noqa: S608 - fixed SQL built from constant column lists; values are parameters
+    + ", ".join(f"CASE WHEN {_quantized(f'm.{c}')} THEN m.{c} END, "
+                f"CASE WHEN NOT ({_quantized(f'm.{c}')}) THEN billing_exact(m.{c}) END" for c in _STORED_INTEGRALS)
+    + f" FROM {_UNNEST} AS a(node_id, gpu_uuid, minute) JOIN billing_card c ON c.node_id = a.node_id "
+    f"AND c.gpu_uuid = a.gpu_uuid JOIN {USAGE_STORE} m ON m.card_id = c.id AND m.minute = a.minute "
+    "JOIN billing_workload w ON w.id = m.workload_id WHERE m.minute >= %s AND m.minute < %s"
 )
 # One aggregation over both (not the inbox summed first): it costs what summing the inbox alone did.
 _WORKLOADS_SQL = (
@@ -609,10 +626,12 @@ def _rate_of(cards: RateCards, model: str, minute: datetime, *, covered: bool) -
     return Rate(price_per_gpu_hour=Decimal(0)), "", False
 
 
-def _priced_rows(windows: dict[Key, _Window], workloads: dict[Key, list[tuple[Any, ...]]],
-                 cards: RateCards, covered: set[Key]) -> tuple[io.StringIO, io.StringIO]:
-    """COPY text of the minute rows: each GPU-minute priced by the commitment that covers it, else by
-    the card in force (docs/billing.md, Rate cards; Commitments and on-prem cards)."""
+def _priced_rows(windows: dict[Key, _Window], workloads: dict[Key, list[tuple[Any, ...]]],  # noqa: PLR0913 - a private helper of _recompute
+                 cards: RateCards, covered: set[Key], *, card_ids: dict[tuple[Any, ...], int],
+                 workload_ids: dict[tuple[Any, ...], int]) -> tuple[io.StringIO, io.StringIO]:
+    """COPY text of the minute rows, for the slim store (_STORE_COLUMNS, _GPU_STORE_COLUMNS): each
+    GPU-minute priced by the commitment that covers it, else by the card in force (docs/billing.md,
+    Rate cards; Commitments and on-prem cards)."""
     usage_lines: list[str] = []
     gpu_lines: list[str] = []
     for (node_id, gpu_uuid, minute), w in windows.items():
@@ -628,51 +647,81 @@ def _priced_rows(windows: dict[Key, _Window], workloads: dict[Key, list[tuple[An
                                   energy_j=w.energy_j),
             rate=rate,
         )
-        at = minute.isoformat()
-        card_id = str(card.id) if card else "\\N"
-        prefix = f"{at}\t{gpu_uuid}\t{node_id}\t"
+        prefix = f"{minute.isoformat()}\t{card_ids[(node_id, gpu_uuid, w.model)]}\t"
         for i, r in enumerate(rows):
             usage_lines.append(
-                f"{prefix}{r[0]}\t{r[1]}\t{r[2]}\t{r[3]}\t{r[4]}\t{r[5]}\t{r[6]}\t{r[7]}\t{r[8]}\t"
-                f"{priced.billed_mem_mb_s[i]}\t{r[10]}\t{r[11]}\t{priced.billed_sm_s[i]}\t{r[13]}\t"
-                f"{priced.share_gpu_s[i]}\t{priced.charges[i]}\t{priced.idle_shares[i]}\t{priced.energies[i]}\t"
-                f"{r[9]}\t{r[12]}\t{card_id}\n"
+                f"{prefix}{workload_ids[r[:6]]}\t{r[6]}\t{r[7]}\t{r[8]}\t{priced.billed_mem_mb_s[i]}\t{r[9]}\t"
+                f"{r[10]}\t{r[11]}\t{priced.billed_sm_s[i]}\t{r[12]}\t{r[13]}\t"
+                f"{priced.share_gpu_s[i]}\t{priced.charges[i]}\t{priced.idle_shares[i]}\t{priced.energies[i]}\n"
             )
         committed = (w.seconds, priced.card_cost) if is_covered else (0, 0)
         gpu_lines.append(
-            f"{prefix}{w.model}\t{w.seconds}\t{priced.card_cost}\t{priced.charged}\t{priced.idle_cost}\t"
-            f"{priced.idle_allocated}\t{currency}\t{'t' if is_priced else 'f'}\t{committed[0]}\t{committed[1]}\t"
-            f"{w.energy_j}\t{priced.idle_energy_j}\t{w.energy_seconds}\t{card_id}\n"
+            f"{prefix}{card.id if card else 0}\t{w.seconds}\t{committed[0]}\t{w.energy_seconds}\t"
+            f"{priced.card_cost}\t{priced.charged}\t{priced.idle_cost}\t{priced.idle_allocated}\t{committed[1]}\t"
+            f"{w.energy_j}\t{priced.idle_energy_j}\t{'t' if is_priced else 'f'}\t{currency}\n"
         )
     return io.StringIO("".join(usage_lines)), io.StringIO("".join(gpu_lines))
 
 
+def _ids(cur: CursorWrapper, table: str, columns: Sequence[str], types: Sequence[str],
+         keys: set[tuple[Any, ...]]) -> dict[tuple[Any, ...], int]:
+    """The id of each key in a small table of the store (billing_card, billing_workload), made for
+    the keys it lacks. Only missing keys are inserted: an insert that conflicts still draws an id from
+    the sequence, and an int4 id drawn for every key of every cycle would run out within days. Keys
+    go in sorted, so two rollups that insert the same new keys wait for each other, never deadlock."""
+    if not keys:
+        return {}
+    ordered = sorted(keys)
+    arrays = [[k[i] for k in ordered] for i in range(len(columns))]
+    cols = ", ".join(columns)
+    unnest = f"unnest({', '.join(f'%s::{t}[]' for t in types)}) WITH ORDINALITY AS v({cols}, ord)"
+    same = " AND ".join(f"t.{c} = v.{c}" for c in columns)
+    select = f"SELECT t.id, {', '.join(f't.{c}' for c in columns)} FROM {table} t JOIN {unnest} ON {same}"  # noqa: S608 - fixed names
+    cur.execute(
+        f"WITH made AS (INSERT INTO {table} ({cols}) SELECT {cols} FROM {unnest} WHERE NOT EXISTS "  # noqa: S608 - fixed names
+        f"(SELECT 1 FROM {table} t WHERE {same}) ORDER BY v.ord ON CONFLICT DO NOTHING RETURNING id, {cols}) "
+        f"SELECT * FROM made UNION ALL {select}",
+        [*arrays, *arrays],
+    )
+    ids = {tuple(r[1:]): r[0] for r in cur.fetchall()}
+    if len(ids) < len(ordered):  # made by a rollup that committed after this statement began
+        cur.execute(select, arrays)
+        ids.update({tuple(r[1:]): r[0] for r in cur.fetchall()})
+    return ids
+
+
 def _recompute_hours(cur: CursorWrapper, hours: set[Key]) -> None:
+    """Replace the hour rows of `hours` (node, GPU, hour) with the sums of their minutes. The store is
+    read minute by minute of each hour (its key is (minute, card, workload): a range of minutes
+    would read the whole fleet's index entries of the hour for each card)."""
     node_col, gpu_col, hour_col = _arrays(hours)
     keys: list[Any] = [node_col, gpu_col, hour_col]
     touched = f"{_UNNEST} AS a(node_id, gpu_uuid, hour)"
     for table in ("billing_usagehour", "billing_gpuhour"):
         cur.execute(f"DELETE FROM {table} h USING {touched} WHERE h.node_id = a.node_id "  # noqa: S608 - fixed names
                     "AND h.gpu_uuid = a.gpu_uuid AND h.hour = a.hour", keys)
-    workload = ", ".join(f"m.{k}" for k in _WORKLOAD_KEY)
-    sums = ", ".join(f"sum(m.{c})" for c in _USAGE_COLUMNS[8:])
-    of_touched = (f"JOIN {touched} ON m.node_id = a.node_id AND m.gpu_uuid = a.gpu_uuid AND m.minute >= a.hour "
-                  "AND m.minute < a.hour + interval '1 hour'")
+    minutes = (f"FROM {touched} JOIN billing_card c ON c.node_id = a.node_id AND c.gpu_uuid = a.gpu_uuid "
+               "CROSS JOIN LATERAL generate_series(a.hour, a.hour + interval '59 minutes', interval '1 minute') "
+               "AS s(minute) ")
+    integrals = ", ".join(f"sum(billing_exact(m.{c})) AS {c}" for c in _USAGE_COLUMNS[8:16])
+    amounts = ", ".join(f"sum(m.{c}) AS {c}" for c in _USAGE_COLUMNS[16:])
     cur.execute(
         f"INSERT INTO billing_usagehour (hour, {', '.join(_USAGE_COLUMNS)}) "  # noqa: S608 - fixed column names
-        f"SELECT a.hour, m.gpu_uuid, m.node_id, {workload}, {sums} FROM billing_usageminute m {of_touched} "
-        f"GROUP BY a.hour, m.gpu_uuid, m.node_id, {workload}",
+        f"SELECT h.hour, h.gpu_uuid, h.node_id, {', '.join(f'w.{k}' for k in _WORKLOAD_KEY)}, "
+        f"{', '.join(f'h.{c}' for c in _USAGE_COLUMNS[8:])} FROM (SELECT a.hour, a.gpu_uuid, a.node_id, m.workload_id, "
+        f"{integrals}, {amounts} {minutes}JOIN {USAGE_STORE} m ON m.minute = s.minute AND m.card_id = c.id "
+        "GROUP BY a.hour, a.gpu_uuid, a.node_id, m.workload_id) h JOIN billing_workload w ON w.id = h.workload_id",
         keys,
     )
     cur.execute(
         "INSERT INTO billing_gpuhour (hour, gpu_uuid, node_id, gpu_model, metered_seconds, card_cost, charged, "  # noqa: S608 - fixed SQL; values are parameters
         "idle_cost, idle_allocated, currency, priced, committed_seconds, committed_cost, energy_j, idle_energy_j, "
         "energy_seconds) "
-        "SELECT a.hour, m.gpu_uuid, m.node_id, max(m.gpu_model), sum(m.metered_seconds), sum(m.card_cost), "
-        "sum(m.charged), sum(m.idle_cost), sum(m.idle_allocated), max(m.currency), bool_and(m.priced), "
-        "sum(m.committed_seconds), sum(m.committed_cost), sum(m.energy_j), sum(m.idle_energy_j), "
-        "sum(m.energy_seconds) "
-        f"FROM billing_gpuminute m {of_touched} GROUP BY a.hour, m.gpu_uuid, m.node_id",
+        "SELECT a.hour, a.gpu_uuid, a.node_id, max(c.gpu_model), sum(billing_exact(m.metered_seconds)), "
+        "sum(m.card_cost), sum(m.charged), sum(m.idle_cost), sum(m.idle_allocated), max(m.currency), "
+        "bool_and(m.priced), sum(billing_exact(m.committed_seconds)), sum(m.committed_cost), sum(m.energy_j), "
+        "sum(m.idle_energy_j), sum(billing_exact(m.energy_seconds)) "
+        f"{minutes}JOIN {GPU_STORE} m ON m.minute = s.minute AND m.card_id = c.id GROUP BY a.hour, a.gpu_uuid, a.node_id",
         keys,
     )
 
