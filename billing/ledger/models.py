@@ -329,15 +329,14 @@ class UsageBatch(models.Model):
 class BatchGpu(models.Model):
     """A GPU present and metered for a whole batch window, with the capacity the agent declared.
 
-    These rows give each GPU-minute its metered seconds, hence its whole-card cost and its idle.
+    These rows give each GPU-minute its metered seconds, hence its whole-card cost and its idle. The
+    GPU is named by its card (the batch's node, the GPU's uuid and the model it declared; migration
+    0044): the key is (batch, card), no surrogate id.
     """
 
-    batch = models.ForeignKey(UsageBatch, on_delete=models.PROTECT, related_name="gpus")
-    # The batch's node, repeated: the distribution key, so the rollup reads a node's windows
-    # without joining billing_usagebatch.
-    node = models.ForeignKey(Node, on_delete=models.PROTECT, related_name="+")
-    gpu_uuid = models.CharField(max_length=128)
-    model = models.CharField(max_length=128)
+    pk = models.CompositePrimaryKey("batch_id", "card_id")
+    batch = models.ForeignKey(UsageBatch, on_delete=models.PROTECT, related_name="gpus", db_index=False)
+    card = models.ForeignKey(Card, on_delete=models.PROTECT, related_name="+", db_index=False)
     memory_mb = models.PositiveIntegerField()
     sm_count = models.PositiveIntegerField()
     window_start = models.DateTimeField()
@@ -347,19 +346,16 @@ class BatchGpu(models.Model):
     energy_j = models.DecimalField(max_digits=30, decimal_places=10, null=True, blank=True)
 
     class Meta:
-        constraints = [
-            models.UniqueConstraint(fields=["node", "batch", "gpu_uuid"], name="batch_gpu_node_unique"),
-        ]
         indexes = [
-            # A GPU-second is metered once: windows of one GPU never overlap across batches, of any
-            # node (trigger `batch_gpu_no_overlap`, migration 0003, looks up by this index).
-            models.Index(fields=["gpu_uuid", "window_end"], name="batch_gpu_uuid_end_idx"),
-            # The rollup's card seconds: a node's GPU windows meeting a range of minutes.
-            models.Index(fields=["node", "gpu_uuid", "window_end"], name="batch_gpu_node_end_idx"),
+            # A GPU-second is metered once: windows of one GPU never overlap across batches, of any node
+            # (trigger `batch_gpu_no_overlap`, migrations 0003 and 0044, looks a GPU's cards up by uuid,
+            # then their windows by this index); and the rollup's card seconds, a card's windows meeting
+            # a range of minutes.
+            models.Index(fields=["card", "window_end"], name="batch_gpu_card_end_idx"),
         ]
 
     def __str__(self) -> str:
-        return f"{self.gpu_uuid} in batch {self.batch_id}"
+        return f"card {self.card_id} in batch {self.batch_id}"
 
 
 class WorkloadMeta(models.Model):

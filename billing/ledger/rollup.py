@@ -47,6 +47,7 @@ from django.db import connection, transaction
 from django.db.backends.utils import CursorWrapper
 
 from billing.errors import InvalidInput
+from billing.ledger.ids import card_ids, workload_ids
 from billing.ledger.locks import lock_ledger, try_lock_ledger_shared
 from billing.ledger.months import close_days, rebuild_months, recompute_months
 from billing.ledger.partitions import MINUTE_TABLES, RAW_TABLE, days_between, ensure_minute_partitions, partition_name
@@ -284,8 +285,8 @@ def _tune_transaction(cur: CursorWrapper) -> None:
 def _roll_up(cur: CursorWrapper, batch_ids: list[int], *, now: datetime,
              cards: RateCards) -> tuple[int, int]:
     """Recompute the node-GPU-minutes that `batch_ids` touch, and mark them rolled up."""
-    cur.execute("SELECT node_id, gpu_uuid, window_start, window_end FROM billing_batchgpu "
-                "WHERE batch_id = ANY(%s)", [batch_ids])
+    cur.execute("SELECT c.node_id, c.gpu_uuid, g.window_start, g.window_end FROM billing_batchgpu g "
+                "JOIN billing_card c ON c.id = g.card_id WHERE g.batch_id = ANY(%s)", [batch_ids])
     affected: set[Key] = set()
     for node_id, gpu_uuid, start, end in cur.fetchall():
         affected.update((node_id, gpu_uuid, m) for m in _minutes(start, end))
@@ -377,8 +378,8 @@ def rebuild_ledger(*, start: datetime, end: datetime) -> RollupResult:
         _tune_transaction(cur)
         cards = load_rate_cards()
         cur.execute(
-            "SELECT node_id, gpu_uuid, greatest(window_start, %s), least(window_end, %s) FROM billing_batchgpu "
-            "WHERE window_start < %s AND window_end > %s",
+            "SELECT c.node_id, c.gpu_uuid, greatest(g.window_start, %s), least(g.window_end, %s) FROM billing_batchgpu g "
+            "JOIN billing_card c ON c.id = g.card_id WHERE g.window_start < %s AND g.window_end > %s",
             [start, end, end, start],
         )
         chunks: dict[date, set[Key]] = defaultdict(set)  # a UTC day of every node at a time
@@ -441,12 +442,9 @@ def _recompute(cur: CursorWrapper, affected: set[Key], *, rolling: Sequence[int]
         # would be lost. Refused, so the batch is quarantined instead.
         raise ValueError(f"integrals without metered card seconds in {len(unmetered)} GPU-minute(s), "
                          f"e.g. {min(unmetered)}")
-    card_ids = _ids(cur, "billing_card", ("node_id", "gpu_uuid", "gpu_model"), ("bigint", "varchar", "varchar"),
-                    {(n, g, w.model) for (n, g, _), w in windows.items()})
-    workload_ids = _ids(cur, "billing_workload", _WORKLOAD_KEY, ("varchar",) * len(_WORKLOAD_KEY),
-                        {r[:6] for rows in workloads.values() for r in rows})
-    usage_buf, gpu_buf = _priced_rows(windows, workloads, cards, covered, card_ids=card_ids,
-                                      workload_ids=workload_ids)
+    usage_buf, gpu_buf = _priced_rows(
+        windows, workloads, cards, covered, card_ids=card_ids(cur, {(n, g, w.model) for (n, g, _), w in windows.items()}),
+        workload_ids=workload_ids(cur, {r[:6] for rows in workloads.values() for r in rows}))
     ensure_minute_partitions(days_between(lo, hi))  # the minute ledger is day-partitioned (retention)
     for table in MINUTE_TABLES:  # every card of the node's GPU: the minute's model may have changed
         cur.execute(
@@ -467,9 +465,10 @@ def _windows(cur: CursorWrapper, nodes: list[int], gpus: list[str], lo: datetime
     """Card seconds per affected node-GPU-minute: the overlap of the GPU's batch windows on that
     node with the minute."""
     cur.execute(
-        "SELECT bg.node_id, bg.gpu_uuid, bg.window_start, bg.window_end, bg.model, bg.memory_mb, "
-        "bg.sm_count, bg.energy_j FROM billing_batchgpu bg JOIN billing_usagebatch b ON b.node_id = bg.node_id "
-        "AND b.id = bg.batch_id WHERE bg.node_id = ANY(%s) AND bg.gpu_uuid = ANY(%s) AND bg.window_end > %s "
+        "SELECT c.node_id, c.gpu_uuid, bg.window_start, bg.window_end, c.gpu_model, bg.memory_mb, "
+        "bg.sm_count, bg.energy_j FROM billing_card c JOIN billing_batchgpu bg ON bg.card_id = c.id "
+        "JOIN billing_usagebatch b ON b.node_id = c.node_id AND b.id = bg.batch_id WHERE c.node_id = ANY(%s) "
+        "AND c.gpu_uuid = ANY(%s) AND bg.window_end > %s "
         "AND bg.window_start < %s AND b.quarantined_at IS NULL AND (b.rolled_up_at IS NOT NULL OR b.id = ANY(%s))",
         [nodes, gpus, lo, hi, list(rolling)],
     )
@@ -661,33 +660,6 @@ def _priced_rows(windows: dict[Key, _Window], workloads: dict[Key, list[tuple[An
             f"{w.energy_j}\t{priced.idle_energy_j}\t{'t' if is_priced else 'f'}\t{currency}\n"
         )
     return io.StringIO("".join(usage_lines)), io.StringIO("".join(gpu_lines))
-
-
-def _ids(cur: CursorWrapper, table: str, columns: Sequence[str], types: Sequence[str],
-         keys: set[tuple[Any, ...]]) -> dict[tuple[Any, ...], int]:
-    """The id of each key in a small table of the store (billing_card, billing_workload), made for
-    the keys it lacks. Only missing keys are inserted: an insert that conflicts still draws an id from
-    the sequence, and an int4 id drawn for every key of every cycle would run out within days. Keys
-    go in sorted, so two rollups that insert the same new keys wait for each other, never deadlock."""
-    if not keys:
-        return {}
-    ordered = sorted(keys)
-    arrays = [[k[i] for k in ordered] for i in range(len(columns))]
-    cols = ", ".join(columns)
-    unnest = f"unnest({', '.join(f'%s::{t}[]' for t in types)}) WITH ORDINALITY AS v({cols}, ord)"
-    same = " AND ".join(f"t.{c} = v.{c}" for c in columns)
-    select = f"SELECT t.id, {', '.join(f't.{c}' for c in columns)} FROM {table} t JOIN {unnest} ON {same}"  # noqa: S608 - fixed names
-    cur.execute(
-        f"WITH made AS (INSERT INTO {table} ({cols}) SELECT {cols} FROM {unnest} WHERE NOT EXISTS "  # noqa: S608 - fixed names
-        f"(SELECT 1 FROM {table} t WHERE {same}) ORDER BY v.ord ON CONFLICT DO NOTHING RETURNING id, {cols}) "
-        f"SELECT * FROM made UNION ALL {select}",
-        [*arrays, *arrays],
-    )
-    ids = {tuple(r[1:]): r[0] for r in cur.fetchall()}
-    if len(ids) < len(ordered):  # made by a rollup that committed after this statement began
-        cur.execute(select, arrays)
-        ids.update({tuple(r[1:]): r[0] for r in cur.fetchall()})
-    return ids
 
 
 def _recompute_hours(cur: CursorWrapper, hours: set[Key]) -> None:
