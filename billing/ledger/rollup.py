@@ -92,10 +92,23 @@ _USAGE_COLUMNS = (
 # minute is also the store of the integrals, so it keeps the billed maxima the pricing reads.
 USAGE_STORE, GPU_STORE = MINUTE_TABLES
 _STORE_COLUMNS = (
-    "minute", "card_id", "workload_id", "seconds", "mem_used_mb_s", "mem_granted_mb_s", "mem_billed_mb_s",
-    "mem_max_mb_s", "sm_used_s", "sm_granted_s", "sm_billed_s", "sm_max_s", "pcie_mb", "share_gpu_s", "charge",
-    "idle_share", "energy_j",
+    "minute", "card_id", "workload_id", "seconds", "mem_used_mb_s", "mem_granted_mb_s", "mem_max_mb_s", "sm_used_s",
+    "sm_granted_s", "sm_max_s", "pcie_mb", "billed_basis", "share_gpu_s", "charge", "idle_share", "energy_j",
 )
+# What the rate card billed is one of the integrals, by its basis: the store keeps the basis.
+_BASIS_CODE = {"max": "m", "granted": "g", "used": "u"}
+# The billed integrals as the view gives them (migration 0043): the basis's integral.
+_BILLED_FROM_BASIS = {
+    "mem_billed_mb_s": "CASE {m}.billed_basis WHEN 'g' THEN {m}.mem_granted_mb_s WHEN 'u' THEN {m}.mem_used_mb_s "
+                       "ELSE {m}.mem_max_mb_s END",
+    "sm_billed_s": "CASE {m}.billed_basis WHEN 'g' THEN {m}.sm_granted_s WHEN 'u' THEN {m}.sm_used_s "
+                   "ELSE {m}.sm_max_s END",
+}
+
+
+def _stored(column: str, alias: str) -> str:
+    """A usage minute's integral as the store keeps it (float8), a billed one by its basis."""
+    return _BILLED_FROM_BASIS[column].format(m=alias) if column in _BILLED_FROM_BASIS else f"{alias}.{column}"
 _GPU_STORE_COLUMNS = (
     "minute", "card_id", "rate_card_id", "metered_seconds", "committed_seconds", "energy_seconds", "card_cost",
     "charged", "idle_cost", "idle_allocated", "committed_cost", "energy_j", "idle_energy_j", "priced", "currency",
@@ -647,11 +660,11 @@ def _priced_rows(windows: dict[Key, _Window], workloads: dict[Key, list[tuple[An
             rate=rate,
         )
         prefix = f"{minute.isoformat()}\t{card_ids[(node_id, gpu_uuid, w.model)]}\t"
+        basis = _BASIS_CODE[rate.billed_basis]  # priced.billed_*: the integrals of that basis
         for i, r in enumerate(rows):
             usage_lines.append(
-                f"{prefix}{workload_ids[r[:6]]}\t{r[6]}\t{r[7]}\t{r[8]}\t{priced.billed_mem_mb_s[i]}\t{r[9]}\t"
-                f"{r[10]}\t{r[11]}\t{priced.billed_sm_s[i]}\t{r[12]}\t{r[13]}\t"
-                f"{priced.share_gpu_s[i]}\t{priced.charges[i]}\t{priced.idle_shares[i]}\t{priced.energies[i]}\n"
+                f"{prefix}{workload_ids[r[:6]]}\t{r[6]}\t{r[7]}\t{r[8]}\t{r[9]}\t{r[10]}\t{r[11]}\t{r[12]}\t{r[13]}\t"
+                f"{basis}\t{priced.share_gpu_s[i]}\t{priced.charges[i]}\t{priced.idle_shares[i]}\t{priced.energies[i]}\n"
             )
         committed = (w.seconds, priced.card_cost) if is_covered else (0, 0)
         gpu_lines.append(
@@ -677,7 +690,7 @@ def _recompute_hours(cur: CursorWrapper, hours: set[Key]) -> None:
     # cards x 16 workloads, against 3,807 for the range of the hour, which reads every card's entries.
     of_hour = ("m.minute = ANY(ARRAY(SELECT generate_series(a.hour, a.hour + interval '59 minutes', "
                "interval '1 minute'))) AND m.card_id = c.id")
-    integrals = ", ".join(f"sum(billing_exact(m.{c})) AS {c}" for c in _USAGE_COLUMNS[8:16])
+    integrals = ", ".join(f"sum(billing_exact({_stored(c, 'm')})) AS {c}" for c in _USAGE_COLUMNS[8:16])
     amounts = ", ".join(f"sum(m.{c}) AS {c}" for c in _USAGE_COLUMNS[16:])
     cur.execute(
         f"INSERT INTO billing_usagehour (hour, {', '.join(_USAGE_COLUMNS)}) "  # noqa: S608 - fixed column names

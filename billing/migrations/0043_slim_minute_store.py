@@ -39,13 +39,12 @@ CREATE TABLE billing_usageminute_store (
     seconds float8 NOT NULL,
     mem_used_mb_s float8 NOT NULL,
     mem_granted_mb_s float8 NOT NULL,
-    mem_billed_mb_s float8 NOT NULL,
     mem_max_mb_s float8 NOT NULL,
     sm_used_s float8 NOT NULL,
     sm_granted_s float8 NOT NULL,
-    sm_billed_s float8 NOT NULL,
     sm_max_s float8 NOT NULL,
     pcie_mb float8 NOT NULL,
+    billed_basis "char" NOT NULL CHECK (billed_basis IN ('m', 'g', 'u')),
     share_gpu_s numeric(30, 12) NOT NULL,
     charge numeric(30, 12) NOT NULL,
     idle_share numeric(30, 12) NOT NULL,
@@ -74,8 +73,46 @@ CREATE TABLE billing_gpuminute_store (
 CREATE TABLE billing_gpuminute_store_default PARTITION OF billing_gpuminute_store DEFAULT;
 """
 
+# What the store keeps of a usage minute's integrals. What the rate card billed is one of them, by its
+# basis (billing.ledger.pricing: max, granted or used), so the store keeps the basis ('m', 'g', 'u':
+# one byte) instead of two more float8s, and the view gives the billed figures from it.
+_STORED = ("seconds", "mem_used_mb_s", "mem_granted_mb_s", "mem_max_mb_s", "sm_used_s", "sm_granted_s", "sm_max_s",
+           "pcie_mb")
 _INTEGRALS = ("seconds", "mem_used_mb_s", "mem_granted_mb_s", "mem_billed_mb_s", "mem_max_mb_s", "sm_used_s",
               "sm_granted_s", "sm_billed_s", "sm_max_s", "pcie_mb")
+BILLED = {
+    "mem_billed_mb_s": "CASE {m}.billed_basis WHEN 'g' THEN {m}.mem_granted_mb_s WHEN 'u' THEN {m}.mem_used_mb_s "
+                       "ELSE {m}.mem_max_mb_s END",
+    "sm_billed_s": "CASE {m}.billed_basis WHEN 'g' THEN {m}.sm_granted_s WHEN 'u' THEN {m}.sm_used_s "
+                   "ELSE {m}.sm_max_s END",
+}
+
+
+def _stored(column: str, alias: str) -> str:
+    """A usage minute's integral as the store keeps it (float8), the billed ones by their basis."""
+    return BILLED[column].format(m=alias) if column in BILLED else f"{alias}.{column}"
+
+
+# The basis a row's billed figures are, from its figures: the first of max, granted, used that both
+# billed figures equal. A row whose billed figures are none of them (written by hand) is stored with
+# its billed figures as its maxima, basis max: what it bills is kept.
+def _basis(r: str) -> str:
+    return (f"CASE WHEN {r}.mem_billed_mb_s = {r}.mem_max_mb_s AND {r}.sm_billed_s = {r}.sm_max_s THEN 'm' "
+            f"WHEN {r}.mem_billed_mb_s = {r}.mem_granted_mb_s AND {r}.sm_billed_s = {r}.sm_granted_s THEN 'g' "
+            f"WHEN {r}.mem_billed_mb_s = {r}.mem_used_mb_s AND {r}.sm_billed_s = {r}.sm_used_s THEN 'u' ELSE 'm' END")
+
+
+def _max(r: str, column: str, billed: str) -> str:
+    """The maximum the store keeps: the row's, or its billed figure where no basis gives the billed ones."""
+    return f"CASE WHEN ({_basis(r)}) = 'm' AND NOT ({r}.mem_billed_mb_s = {r}.mem_max_mb_s AND " \
+           f"{r}.sm_billed_s = {r}.sm_max_s) THEN {r}.{billed} ELSE {r}.{column} END"
+
+
+def _stored_values(r: str) -> str:
+    """A wide row's (or a view row's) integrals in the store's column order, then its basis."""
+    values = [_max(r, c, "mem_billed_mb_s" if c.startswith("mem") else "sm_billed_s") if c.endswith("max_mb_s")
+              or c == "sm_max_s" else f"{r}.{c}" for c in _STORED]
+    return ", ".join(values) + f", {_basis(r)}"
 _AMOUNTS = ("share_gpu_s", "charge", "idle_share", "energy_j")
 _GPU_QUANTITIES = ("metered_seconds", "committed_seconds", "energy_seconds")
 _GPU_AMOUNTS = ("card_cost", "charged", "idle_cost", "idle_allocated", "committed_cost", "energy_j", "idle_energy_j")
@@ -83,7 +120,7 @@ _GPU_AMOUNTS = ("card_cost", "charged", "idle_cost", "idle_allocated", "committe
 VIEWS = f"""
 CREATE VIEW billing_usageminute AS
 SELECT m.minute, m.card_id, m.workload_id, c.node_id, c.gpu_uuid, w.tenant, w.namespace, w.pod, w.container,
-       w.pod_uid, w.sla_tier, {", ".join(f"billing_exact(m.{c}) AS {c}" for c in _INTEGRALS)},
+       w.pod_uid, w.sla_tier, {", ".join(f"billing_exact({_stored(c, 'm')}) AS {c}" for c in _INTEGRALS)},
        {", ".join(f"m.{c}" for c in _AMOUNTS)}
 FROM billing_usageminute_store m JOIN billing_card c ON c.id = m.card_id JOIN billing_workload w ON w.id = m.workload_id;
 CREATE VIEW billing_gpuminute AS
@@ -133,9 +170,14 @@ BEGIN
     NEW.energy_j := coalesce(NEW.energy_j, 0);
     NEW.mem_max_mb_s := coalesce(NEW.mem_max_mb_s, 0);
     NEW.sm_max_s := coalesce(NEW.sm_max_s, 0);
-    INSERT INTO billing_usageminute_store (minute, card_id, workload_id, {", ".join(_INTEGRALS)}, {", ".join(_AMOUNTS)})
-        VALUES (NEW.minute, NEW.card_id, NEW.workload_id, {", ".join(f"NEW.{c}" for c in _INTEGRALS)},
-                {", ".join(f"NEW.{c}" for c in _AMOUNTS)});
+    INSERT INTO billing_usageminute_store (minute, card_id, workload_id, {", ".join(_STORED)}, billed_basis,
+                                           {", ".join(_AMOUNTS)})
+        SELECT NEW.minute, NEW.card_id, NEW.workload_id, {_stored_values("r")}, {", ".join(f"NEW.{c}" for c in _AMOUNTS)}
+        FROM (SELECT NEW.*) r;
+    IF ({_basis("NEW")}) = 'm' AND NOT (NEW.mem_billed_mb_s = NEW.mem_max_mb_s AND NEW.sm_billed_s = NEW.sm_max_s) THEN
+        NEW.mem_max_mb_s := NEW.mem_billed_mb_s;  -- as stored: what it bills is kept
+        NEW.sm_max_s := NEW.sm_billed_s;
+    END IF;
     RETURN NEW;
 END $$;
 CREATE TRIGGER billing_usageminute_write INSTEAD OF INSERT OR UPDATE OR DELETE ON billing_usageminute
@@ -168,8 +210,9 @@ UNION SELECT DISTINCT u.node_id, u.gpu_uuid, '' FROM billing_usageminute u WHERE
 ORDER BY 1, 2, 3;
 INSERT INTO billing_workload (tenant, namespace, pod, container, pod_uid, sla_tier)
 SELECT DISTINCT tenant, namespace, pod, container, pod_uid, sla_tier FROM billing_usageminute ORDER BY 1, 2, 3, 4, 5, 6;
-INSERT INTO billing_usageminute_store
-SELECT u.minute, c.id, w.id, {", ".join(f"u.{c}" for c in _INTEGRALS)}, {", ".join(f"u.{c}" for c in _AMOUNTS)}
+INSERT INTO billing_usageminute_store (minute, card_id, workload_id, {", ".join(_STORED)}, billed_basis,
+                                       {", ".join(_AMOUNTS)})
+SELECT u.minute, c.id, w.id, {_stored_values("u")}, {", ".join(f"u.{c}" for c in _AMOUNTS)}
 FROM billing_usageminute u
 LEFT JOIN billing_gpuminute g ON g.node_id = u.node_id AND g.gpu_uuid = u.gpu_uuid AND g.minute = u.minute
 JOIN billing_card c ON c.node_id = u.node_id AND c.gpu_uuid = u.gpu_uuid AND c.gpu_model = coalesce(g.gpu_model, '')

@@ -63,7 +63,7 @@ def test_a_poisoned_batch_is_quarantined_and_its_neighbour_in_the_same_minute_is
     audit = AuditEvent.objects.get(action="usage_batch.quarantined")
     assert audit.object_id == "gpu-node-1/1"
     assert audit.after is not None
-    assert "NumericValueOutOfRange" in audit.after["error"]
+    assert "numeric field overflow" in audit.after["error"]
     health = healthz_as_admin().json()
     assert health["ledger"]["ok"] is False
     assert health["ledger"]["quarantined_batches"] == 1
