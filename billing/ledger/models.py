@@ -4,6 +4,10 @@
 The raw sample table (the integral rows' inbox) is not a model: see billing.ledger.partitions and
 migration 0002.
 
+The minute ledger is a slim store (migrations 0043, 0044; docs/architecture.md): the usage and GPU
+minutes, and the batch GPU rows, name a GPU by its card (Card) and a workload by its id (Workload);
+UsageMinute and GpuMinute are unmanaged models over the views that join them back.
+
 The usage minutes store the integrals; every other figure is derived: the rollup prices a
 GPU-minute's rows again wholesale from its stored integrals plus those of the batches it rolls up,
 which lets late batches land. Amounts are Decimal with
