@@ -168,9 +168,9 @@ def _repeat(cur, table: str, column: str, step: str, rows: int) -> None:
     others = cur.fetchone()[0]
     order = ""
     if table in MINUTE_TABLES:  # minute by minute, the nodes of a minute in an arbitrary order
-        order = (" ORDER BY 1, md5((SELECT c.node_id FROM billing_card c WHERE c.id = t.card_id)::text || "
-                 "(t.minute + k * interval '1 hour')::text), t.card_id" + (", t.workload_id" if "workload_id" in others
-                                                                            else ""))
+        node = "(SELECT c.node_id FROM billing_card c WHERE c.id = t.card_id)"
+        workload = ", t.workload_id" if "workload_id" in others else ""
+        order = f" ORDER BY 1, md5({node}::text || (t.minute + k * interval '1 hour')::text), t.card_id{workload}"
     cur.execute(
         f"INSERT INTO {table} ({column}, {others}) SELECT t.{column} + k * interval '{step}', {others} "  # noqa: S608 - names read from the catalogue, the count a parameter
         f"FROM {table} t, generate_series(1, %s) k{order}",

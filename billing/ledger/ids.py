@@ -26,8 +26,9 @@ def workload_ids(cur: CursorWrapper, keys: Iterable[tuple[str, ...]]) -> dict[tu
     return _ids(cur, "billing_workload", WORKLOAD_KEY, ("varchar",) * len(WORKLOAD_KEY), set(keys))
 
 
-def _ids(cur: CursorWrapper, table: str, columns: Sequence[str], types: Sequence[str],
-         keys: set[tuple[Any, ...]]) -> dict[tuple[Any, ...], int]:
+def _ids(
+    cur: CursorWrapper, table: str, columns: Sequence[str], types: Sequence[str], keys: set[tuple[Any, ...]]
+) -> dict[tuple[Any, ...], int]:
     """The id of each key, made for the keys the table lacks. Only missing keys are inserted: an insert
     that conflicts still draws an id from the sequence, and an int4 drawn for every key of every cycle
     would run out within days. Keys go in sorted, so two transactions that insert the same new keys

@@ -47,7 +47,7 @@ from django.db import connection, transaction
 from django.db.backends.utils import CursorWrapper
 
 from billing.errors import InvalidInput
-from billing.ledger.ids import card_ids, workload_ids
+from billing.ledger.ids import WORKLOAD_KEY, card_ids, workload_ids
 from billing.ledger.locks import lock_ledger, try_lock_ledger_shared
 from billing.ledger.months import close_days, rebuild_months, recompute_months
 from billing.ledger.partitions import MINUTE_TABLES, RAW_TABLE, days_between, ensure_minute_partitions, partition_name
@@ -82,7 +82,7 @@ _NODE_LOCK_CLASS = 0x6E6F6465  # "node"
 _INT4 = 2**31
 _MINUTE = timedelta(minutes=1)
 _MICROSECONDS = Decimal(1_000_000)
-_WORKLOAD_KEY = ("tenant", "namespace", "pod", "container", "pod_uid", "sla_tier")
+_WORKLOAD_KEY = WORKLOAD_KEY
 _USAGE_COLUMNS = (
     "gpu_uuid", "node_id", "tenant", "namespace", "pod", "container", "pod_uid", "sla_tier", "seconds",
     "mem_used_mb_s", "mem_granted_mb_s", "mem_billed_mb_s", "sm_used_s", "sm_granted_s", "sm_billed_s",
@@ -638,7 +638,7 @@ def _rate_of(cards: RateCards, model: str, minute: datetime, *, covered: bool) -
     return Rate(price_per_gpu_hour=Decimal(0)), "", False
 
 
-def _priced_rows(windows: dict[Key, _Window], workloads: dict[Key, list[tuple[Any, ...]]],  # noqa: PLR0913 - a private helper of _recompute
+def _priced_rows(windows: dict[Key, _Window], workloads: dict[Key, list[tuple[Any, ...]]],
                  cards: RateCards, covered: set[Key], *, card_ids: dict[tuple[Any, ...], int],
                  workload_ids: dict[tuple[Any, ...], int]) -> tuple[io.StringIO, io.StringIO]:
     """COPY text of the minute rows, for the slim store (_STORE_COLUMNS, _GPU_STORE_COLUMNS): each
@@ -701,7 +701,7 @@ def _recompute_hours(cur: CursorWrapper, hours: set[Key]) -> None:
         keys,
     )
     cur.execute(
-        "INSERT INTO billing_gpuhour (hour, gpu_uuid, node_id, gpu_model, metered_seconds, card_cost, charged, "  # noqa: S608 - fixed SQL; values are parameters
+        "INSERT INTO billing_gpuhour (hour, gpu_uuid, node_id, gpu_model, metered_seconds, card_cost, charged, "
         "idle_cost, idle_allocated, currency, priced, committed_seconds, committed_cost, energy_j, idle_energy_j, "
         "energy_seconds) "
         "SELECT a.hour, a.gpu_uuid, a.node_id, max(c.gpu_model), sum(billing_exact(m.metered_seconds)), "
