@@ -195,3 +195,21 @@ def test_the_slim_store_migration_converts_an_empty_and_a_filled_ledger_both_way
     assert any(len(str(v).replace(".", "").strip("0")) > 15 for r in rows["billing_usageminute"] for v in r)
     there_and_back()
     assert _minute_rows() == rows
+
+
+@pytest.mark.django_db
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(quanta=st.integers(min_value=0, max_value=2**53 - 1),
+       digits=st.decimals(min_value=0, max_value=Decimal("9999999999.99999"), places=5, allow_nan=False))
+def test_the_store_gives_back_every_integral_it_holds_as_the_decimal_it_was(quanta: int, digits: Decimal) -> None:
+    """float8 in the store, numeric in the views (billing_exact): a multiple of 2^-10 below 2^43 (what
+    agents send, and every sum of it a minute holds) comes back digit for digit, though it may have
+    more significant digits than a float8 -> numeric cast keeps; a decimal of at most 15 significant
+    digits (what another client may send) comes back as itself."""
+    on_grid = Decimal(quanta) / 1024
+    with connection.cursor() as cur:
+        cur.execute("SELECT billing_exact(%s::numeric::float8), billing_exact(%s::numeric::float8)",
+                    [on_grid, digits])
+        back_on_grid, back_digits = cur.fetchone()
+    assert back_on_grid == on_grid
+    assert back_digits == digits
