@@ -1,10 +1,11 @@
 """The minute ledger becomes a slim store (docs/architecture.md, "The slim minute store"): the
 usage and GPU minutes are kept in billing_usageminute_store and billing_gpuminute_store, keyed by
 small ids (billing_card: a node's GPU and its model; billing_workload: the six names) instead of the
-repeated strings, their integrals as float8, no surrogate id, no NULLs, the primary key the only
-index. billing_usageminute and billing_gpuminute become views that join the small tables back and
-give every column its old name and type, so readers (and hand-written minutes, through the views'
-INSTEAD OF triggers) are unchanged.
+repeated strings, their integrals as float8 (what the rate card billed as its basis, one byte), no
+surrogate id, no NULLs (no rate card is 0), the primary key the only index. billing_usageminute
+and billing_gpuminute become views that join the small tables back and give every column its old
+name and type, so readers (and hand-written minutes, through the views' INSTEAD OF triggers) are
+unchanged.
 
 Existing rows are converted: each card and workload named gets its id, each minute is copied once
 into the store of its day (one partition per day that has rows, plus the DEFAULT partition), the
@@ -354,10 +355,6 @@ def backward(apps: Any, schema_editor: Any) -> None:
         cur.execute(WIDE_ROWS)
         cur.execute("DROP TABLE slim_usage, slim_gpu")
         _rename_holds(cur, stores)
-
-
-def _wide_field(places: int) -> "models.DecimalField[Any, Any]":
-    return models.DecimalField(max_digits=30, decimal_places=places)
 
 
 class Migration(migrations.Migration):
