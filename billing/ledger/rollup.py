@@ -197,9 +197,9 @@ def rollup_usage(*, now: datetime, max_batches: int = 5000, shard: int = 0, shar
     # (billing.ledger.partitions says why); inside them they are cache hits.
     ensure_minute_partitions(days)
     # The inbox's and the minute store's partitions it reads: a day's partitions fill all day, and the
-    # stored integrals' lookup, planned on an empty day's statistics, took the (minute, tenant) index
-    # and read every workload of the fleet's minute once per GPU-minute: 11 s a statement at 10,000
-    # GPUs, 15 ms once the partition was analysed (by its (GPU, minute) index).
+    # stored integrals' lookup, planned on an empty day's statistics, read every workload of the
+    # fleet's minute once per GPU-minute (the wide minute table's (minute, tenant) index): 11 s a
+    # statement at 10,000 GPUs, 15 ms once the partition was analysed.
     analyze_stale_partitions(only=_partitions(days))
     total = _NOTHING
     per = settings.VGPU_ROLLUP_NODES_PER_TRANSACTION
