@@ -1318,11 +1318,18 @@ def pod_problems(sent: Sent, pods: dict[PodKey, PodTotals]) -> list[str]:
             f"ledger {pods[example].seconds if example in pods else None}"]
 
 
+def _stored_table(model: str) -> str:
+    """Where a ledger model's rows are stored: the minute models read views over the minute store."""
+    from billing.ledger.partitions import MINUTE_TABLES
+
+    return dict(zip(("UsageMinute", "GpuMinute"), MINUTE_TABLES, strict=True)).get(model) or _model(model)._meta.db_table
+
+
 def table_bytes(database_url: str) -> dict[str, int]:
     """Bytes on disk (heap, indexes, TOAST; every partition) of each ledger table."""
     from billing.ledger.partitions import RAW_TABLE
 
-    tables = {"integral rows": RAW_TABLE, **{m: _model(m)._meta.db_table for m in LEDGER_MODELS}}
+    tables = {"integral rows": RAW_TABLE, **{m: _stored_table(m) for m in LEDGER_MODELS}}
     conn = psycopg2.connect(database_url)
     try:
         with conn.cursor() as cur:
@@ -1355,7 +1362,7 @@ def compact_bytes(database_url: str) -> dict[str, int]:
         out = {}
         with conn.cursor() as cur:
             for m in LEDGER_MODELS:
-                table = _model(m)._meta.db_table
+                table = _stored_table(m)
                 cur.execute(f'CREATE TEMP TABLE fleet_compact (LIKE "{table}" INCLUDING ALL)')
                 cur.execute(f'INSERT INTO fleet_compact SELECT * FROM "{table}"')  # noqa: S608 - a model's table name
                 cur.execute("REINDEX TABLE fleet_compact")

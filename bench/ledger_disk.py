@@ -18,9 +18,15 @@ numbers, so their constraints and the overlap trigger still hold).
 Bytes per row = pg_total_relation_size (heap + indexes + TOAST, all partitions) / rows, after
 VACUUM: what a day of rows holds, not the dead versions the rollup's rewrites leave for vacuum.
 
-The candidate rows are measured the same way: the real minute rows rewritten as one per-minute
-store keyed by small ids (docs/scaling.md, One per-minute store): integrals as float8 (exact for
-the agents' 2^-10 quanta), amounts as numeric, the key (minute, card, workload) as its primary key.
+The minute ledger is the slim store (migration 0043): billing_usageminute_store and
+billing_gpuminute_store, keyed by card and workload ids. Its copies are written as a day's rows arrive:
+minute by minute, the nodes of a minute in an arbitrary order (the rollup's node groups), each node's
+rows in key order. The layout before it (the wide minute tables of migration 0042, rebuilt here from
+the views with the same columns, keys, indexes and foreign keys) is measured beside it, as are the
+small tables of cards and workloads (they grow with new GPUs and pods, not with minutes).
+The batch GPU rows are keyed by card id too (migration 0044); their layout before it
+(`bench_wide_batchgpu`: node, uuid and model strings, a surrogate id and four indexes) is measured
+beside them the same way.
 """
 
 from __future__ import annotations
@@ -52,17 +58,20 @@ from bench.ingest import (  # noqa: E402 - after the path fix above
 # table -> (time column, shift step of one copy): copies never collide with real rows or each other.
 LEDGERS = {
     "billing_raw_sample": ("start", "1 hour"),
-    "billing_usageminute": ("minute", "1 hour"),
-    "billing_gpuminute": ("minute", "1 hour"),
+    "billing_usageminute_store": ("minute", "1 hour"),
+    "billing_gpuminute_store": ("minute", "1 hour"),
     "billing_usagehour": ("hour", "1 day"),
     "billing_gpuhour": ("hour", "1 day"),
     "billing_usageday": ("day", "1 day"),
     "billing_gpuday": ("day", "1 day"),
 }
 BATCH_TABLES = ("billing_usagebatch", "billing_batchgpu")
+SMALL_TABLES = ("billing_card", "billing_workload")
 # The integral rows as ingest wrote them, before the rollup emptied the inbox (same columns and index).
 INTEGRAL_ROWS = "bench_integral_rows"
-CANDIDATE = "bench_minute_store"
+# The tables before the slim store (migration 0042's layout) and what replaced each.
+WIDE = {"bench_wide_usageminute": "billing_usageminute_store", "bench_wide_gpuminute": "billing_gpuminute_store",
+        "bench_wide_batchgpu": "billing_batchgpu"}
 GPUS_PER_NODE = 8  # a node's batch covers its GPUs: one batch row per node and minute
 
 
@@ -71,12 +80,15 @@ def rows_per_day(table: str, *, gpus: int, workloads_per_gpu: int) -> float:
     workload_minutes = gpus * workloads_per_gpu * 1440
     return {
         # The inbox holds a rollup cycle's rows, not a day's: nothing a day adds to the disk held.
-        "billing_raw_sample": 0, INTEGRAL_ROWS: workload_minutes, CANDIDATE: workload_minutes,
-        "billing_usageminute": workload_minutes, "billing_gpuminute": gpus * 1440,
+        "billing_raw_sample": 0, INTEGRAL_ROWS: workload_minutes,
+        "billing_usageminute_store": workload_minutes, "bench_wide_usageminute": workload_minutes,
+        "billing_gpuminute_store": gpus * 1440, "bench_wide_gpuminute": gpus * 1440,
         "billing_usagehour": gpus * workloads_per_gpu * 24, "billing_gpuhour": gpus * 24,
         "billing_usageday": gpus * workloads_per_gpu, "billing_gpuday": gpus,
         "billing_usagebatch": gpus / GPUS_PER_NODE * 1440, "billing_batchgpu": gpus * 1440,
-        "bench_gpu_minute_store": gpus * 1440, "bench_batch_card": gpus * 1440,
+        "bench_wide_batchgpu": gpus * 1440,
+        # Rows per new GPU or pod, not per minute: nothing a steady fleet's day adds.
+        "billing_card": 0, "billing_workload": 0,
     }[table]
 
 
@@ -138,8 +150,9 @@ def _generate(args: argparse.Namespace) -> None:
 
 
 def _repeat(cur, table: str, column: str, step: str, rows: int) -> None:
-    """Copies of the real rows, each shifted by one more `step`, until `rows` rows (new ids)."""
-    from billing.ledger.partitions import days_between, ensure_minute_partitions, ensure_raw_partitions
+    """Copies of the real rows, each shifted by one more `step`, until `rows` rows (new ids). The minute
+    store's copies go in as a day's rows arrive (the module's docstring)."""
+    from billing.ledger.partitions import MINUTE_TABLES, days_between, ensure_minute_partitions, ensure_raw_partitions
 
     cur.execute(f"SELECT count(*), min({column}), max({column}) FROM {table}")  # noqa: S608 - fixed names
     real, lo, hi = cur.fetchone()
@@ -153,9 +166,14 @@ def _repeat(cur, table: str, column: str, step: str, rows: int) -> None:
         [table, column],
     )
     others = cur.fetchone()[0]
+    order = ""
+    if table in MINUTE_TABLES:  # minute by minute, the nodes of a minute in an arbitrary order
+        node = "(SELECT c.node_id FROM billing_card c WHERE c.id = t.card_id)"
+        workload = ", t.workload_id" if "workload_id" in others else ""
+        order = f" ORDER BY 1, md5({node}::text || (t.minute + k * interval '1 hour')::text), t.card_id{workload}"
     cur.execute(
         f"INSERT INTO {table} ({column}, {others}) SELECT t.{column} + k * interval '{step}', {others} "  # noqa: S608 - names read from the catalogue, the count a parameter
-        f"FROM {table} t, generate_series(1, %s) k",
+        f"FROM {table} t, generate_series(1, %s) k{order}",
         [copies],
     )
 
@@ -172,65 +190,51 @@ def _repeat_batches(cur, rows: int) -> None:
         "received_at, rolled_up_at, quarantined_at, quarantine_error FROM billing_usagebatch, generate_series(1, %s) k",
         [shift, copies])
     cur.execute(
-        "INSERT INTO billing_batchgpu (batch_id, node_id, gpu_uuid, model, memory_mb, sm_count, window_start, "
-        "window_end, energy_j) SELECT n.id, g.node_id, g.gpu_uuid, g.model, g.memory_mb, g.sm_count, "
-        "g.window_start + (n.batch_seq / %s) * interval '1 day', g.window_end + (n.batch_seq / %s) * interval '1 day', "
-        "g.energy_j FROM billing_batchgpu g JOIN billing_usagebatch b ON b.id = g.batch_id "
-        "JOIN billing_usagebatch n ON n.node_id = b.node_id AND n.batch_seq %% %s = b.batch_seq AND n.batch_seq > %s",
+        "INSERT INTO billing_batchgpu (batch_id, card_id, memory_mb, sm_count, window_start, window_end, energy_j) "
+        "SELECT n.id, g.card_id, g.memory_mb, g.sm_count, g.window_start + (n.batch_seq / %s) * interval '1 day', "
+        "g.window_end + (n.batch_seq / %s) * interval '1 day', g.energy_j FROM billing_batchgpu g "
+        "JOIN billing_usagebatch b ON b.id = g.batch_id "
+        "JOIN billing_usagebatch n ON n.node_id = b.node_id AND n.batch_seq %% %s = b.batch_seq AND n.batch_seq > %s "
+        "ORDER BY n.id, g.card_id",
         [shift, shift, shift, shift])
 
 
-# The candidate per-minute store: the integrals an agent sends and the amounts pricing gives, keyed
-# by small ids (a card is a node's GPU; a workload is its six names), no surrogate id, no NULLs (so
-# no null bitmap), the rate card on the GPU-minute only (one per card and minute), and its primary
-# key the only index, minute first: rows arrive in time order, so the index fills its pages
-# instead of splitting them (written in key order here, as a day's rows arrive).
-_CANDIDATE_SQL = """
-CREATE TABLE bench_card (id serial PRIMARY KEY, node_id bigint NOT NULL, gpu_uuid varchar(128) NOT NULL,
-                         UNIQUE (node_id, gpu_uuid));
-CREATE TABLE bench_workload (id serial PRIMARY KEY, tenant varchar(63), namespace varchar(253), pod varchar(253),
-                             container varchar(253), pod_uid varchar(64), sla_tier varchar(63),
-                             UNIQUE (tenant, namespace, pod, container, pod_uid, sla_tier));
-INSERT INTO bench_card (node_id, gpu_uuid) SELECT DISTINCT node_id, gpu_uuid FROM billing_usageminute;
-INSERT INTO bench_workload (tenant, namespace, pod, container, pod_uid, sla_tier)
-    SELECT DISTINCT tenant, namespace, pod, container, pod_uid, sla_tier FROM billing_usageminute;
-CREATE TABLE bench_minute_store (
-    minute timestamptz NOT NULL, card_id int NOT NULL, workload_id int NOT NULL, seconds float8 NOT NULL, mem_used_mb_s float8 NOT NULL, mem_granted_mb_s float8 NOT NULL,
-    mem_billed_mb_s float8 NOT NULL, sm_used_s float8 NOT NULL, sm_granted_s float8 NOT NULL,
-    sm_billed_s float8 NOT NULL, pcie_mb float8 NOT NULL,
-    share_gpu_s numeric NOT NULL, charge numeric NOT NULL, idle_share numeric NOT NULL, energy_j numeric NOT NULL,
-    PRIMARY KEY (minute, card_id, workload_id)
+# The wide minute tables of migration 0042 (the layout before the slim store), with its keys, indexes
+# and foreign keys, filled from the views in key order (ids in arrival order, as the rollup gave them).
+def _wide_sql() -> str:
+    import importlib
+
+    migration = importlib.import_module("billing.migrations.0043_slim_minute_store")
+    sql = migration.WIDE + migration.WIDE_INDEXES
+    sql = sql.replace("billing_usageminute", "bench_wide_usageminute").replace("billing_gpuminute", "bench_wide_gpuminute")
+    for index in ("gpu_minute_minute_idx", "usage_minute_gpu_idx", "usage_minute_tenant_idx", "gpu_minute_unique"):
+        sql = sql.replace(index, f"bench_{index}")
+    rows = migration.WIDE_ROWS.replace("billing_usageminute", "bench_wide_usageminute").replace(
+        "billing_gpuminute", "bench_wide_gpuminute")
+    rows = rows.replace("slim_usage", "billing_usageminute").replace("slim_gpu", "billing_gpuminute")
+    return (sql + "CREATE TABLE bench_wide_usageminute_default PARTITION OF bench_wide_usageminute DEFAULT;\n"
+            "CREATE TABLE bench_wide_gpuminute_default PARTITION OF bench_wide_gpuminute DEFAULT;\n" + rows)
+
+
+# The batch GPU rows as migration 0032 left them (before migration 0044), filled in arrival order.
+_WIDE_BATCH_GPU_SQL = """
+CREATE TABLE bench_wide_batchgpu (
+    id bigint GENERATED BY DEFAULT AS IDENTITY PRIMARY KEY, gpu_uuid varchar(128) NOT NULL,
+    model varchar(128) NOT NULL, memory_mb integer NOT NULL CHECK (memory_mb >= 0),
+    sm_count integer NOT NULL CHECK (sm_count >= 0), window_start timestamptz NOT NULL,
+    window_end timestamptz NOT NULL, batch_id bigint NOT NULL REFERENCES billing_usagebatch (id),
+    node_id bigint NOT NULL REFERENCES billing_node (id), energy_j numeric(30, 10),
+    UNIQUE (node_id, batch_id, gpu_uuid)
 );
-INSERT INTO bench_minute_store SELECT m.minute, c.id, w.id, m.seconds, m.mem_used_mb_s,
-    m.mem_granted_mb_s, m.mem_max_mb_s, m.sm_used_s, m.sm_granted_s, m.sm_max_s, m.pcie_mb,
-    m.share_gpu_s, m.charge, m.idle_share, m.energy_j
-  FROM billing_usageminute m JOIN bench_card c ON c.node_id = m.node_id AND c.gpu_uuid = m.gpu_uuid
-  JOIN bench_workload w ON (w.tenant, w.namespace, w.pod, w.container, w.pod_uid, w.sla_tier)
-                         = (m.tenant, m.namespace, m.pod, m.container, m.pod_uid, m.sla_tier)
-  ORDER BY 1, 2, 3;
-CREATE TABLE bench_gpu_minute_store (
-    minute timestamptz NOT NULL, card_id int NOT NULL, rate_card_id int NOT NULL, priced bool NOT NULL,
-    metered_seconds float8 NOT NULL, committed_seconds float8 NOT NULL, energy_seconds float8 NOT NULL,
-    card_cost numeric NOT NULL, charged numeric NOT NULL, idle_cost numeric NOT NULL, idle_allocated numeric NOT NULL,
-    committed_cost numeric NOT NULL, energy_j numeric NOT NULL, idle_energy_j numeric NOT NULL,
-    PRIMARY KEY (minute, card_id)
-);
-INSERT INTO bench_gpu_minute_store SELECT m.minute, c.id, coalesce(m.rate_card_id, 0), m.priced, m.metered_seconds,
-    m.committed_seconds, m.energy_seconds, m.card_cost, m.charged, m.idle_cost, m.idle_allocated, m.committed_cost,
-    m.energy_j, m.idle_energy_j
-  FROM billing_gpuminute m JOIN bench_card c ON c.node_id = m.node_id AND c.gpu_uuid = m.gpu_uuid ORDER BY 1, 2;
-CREATE TABLE bench_batch_card (
-    batch_id bigint NOT NULL, card_id int NOT NULL, memory_mb int NOT NULL, sm_count int NOT NULL,
-    window_start timestamptz NOT NULL, window_end timestamptz NOT NULL, energy_j numeric,
-    PRIMARY KEY (batch_id, card_id)
-);
-CREATE INDEX bench_batch_card_end ON bench_batch_card (card_id, window_end);
-INSERT INTO bench_batch_card SELECT g.batch_id, c.id, g.memory_mb, g.sm_count, g.window_start, g.window_end, g.energy_j
-  FROM billing_batchgpu g JOIN bench_card c ON c.node_id = g.node_id AND c.gpu_uuid = g.gpu_uuid ORDER BY 1, 2;
+CREATE INDEX ON bench_wide_batchgpu (node_id, gpu_uuid, window_end);
+CREATE INDEX ON bench_wide_batchgpu (gpu_uuid, window_end);
+CREATE INDEX ON bench_wide_batchgpu (batch_id);
+CREATE INDEX ON bench_wide_batchgpu (node_id);
+INSERT INTO bench_wide_batchgpu (batch_id, node_id, gpu_uuid, model, memory_mb, sm_count, window_start, window_end,
+                                 energy_j)
+SELECT g.batch_id, c.node_id, c.gpu_uuid, c.gpu_model, g.memory_mb, g.sm_count, g.window_start, g.window_end, g.energy_j
+FROM billing_batchgpu g JOIN billing_card c ON c.id = g.card_id ORDER BY g.batch_id, c.gpu_uuid;
 """
-# Each candidate and the table it replaces.
-CANDIDATES = {CANDIDATE: ("billing_usageminute",), "bench_gpu_minute_store": ("billing_gpuminute",),
-              "bench_batch_card": ("billing_batchgpu",)}
 
 
 def _measure(cur, table: str) -> tuple[int, float]:
@@ -254,7 +258,8 @@ def run(args: argparse.Namespace) -> int:
                 continue  # the inbox, empty once rolled up: nothing to repeat
             _repeat(cur, table, column, step, args.rows)
         _repeat_batches(cur, args.rows)
-        cur.execute(_CANDIDATE_SQL)
+        cur.execute(_wide_sql())
+        cur.execute(_WIDE_BATCH_GPU_SQL)
     with connection.cursor() as cur:
         cur.execute("VACUUM ANALYZE")
     fleet = {"gpus": args.fleet_gpus, "workloads_per_gpu": args.fleet_workloads_per_gpu}
@@ -266,7 +271,7 @@ def run(args: argparse.Namespace) -> int:
     print("|---|---:|---:|---:|---:|---:|")
     totals: dict[str, float] = {}
     with connection.cursor() as cur:
-        for table in (*LEDGERS, *BATCH_TABLES, INTEGRAL_ROWS, *CANDIDATES):
+        for table in (*LEDGERS, *BATCH_TABLES, *SMALL_TABLES, INTEGRAL_ROWS, *WIDE):
             if table == "billing_raw_sample":
                 continue  # the inbox: empty once rolled up, nothing held a day
             rows, per_row = _measure(cur, table)
@@ -274,14 +279,12 @@ def run(args: argparse.Namespace) -> int:
             totals[table] = per_row * day
             print(f"| {table} | {rows:,} | {per_row:,.0f} | {day:,.0f} | {per_row * day / 1e9:,.1f} | "
                   f"{per_row * day * per_workload_minute:,.1f} |")
-    today = sum(v for t, v in totals.items() if t not in CANDIDATES and t != INTEGRAL_ROWS)
-    before = today + totals[INTEGRAL_ROWS]
-    one_store = today - totals["billing_usageminute"] + totals[CANDIDATE]
-    lean = today + sum(totals[c] - sum(totals[t] for t in replaced) for c, replaced in CANDIDATES.items())
+    today = sum(v for t, v in totals.items() if t not in {*WIDE, INTEGRAL_ROWS})
+    wide = today + sum(totals[old] - totals[new] for old, new in WIDE.items())
+    before = wide + totals[INTEGRAL_ROWS]
     for label, total in (("before the minutes stored the integrals (the integral rows held too)", before),
-                         ("every table as stored today (the integral rows an inbox)", today),
-                         (f"{CANDIDATE} in place of usage minutes", one_store),
-                         ("every candidate in place of the tables it replaces", lean)):
+                         ("the wide minute and batch GPU tables (migration 0042), the integral rows an inbox", wide),
+                         ("every table as stored now (the slim minute store, batch GPUs by card)", today)):
         print(f"\n{label}: {total / 1e9:,.1f} GB per day, {total * per_workload_minute:,.0f} bytes per workload-minute")
     return 0
 

@@ -69,8 +69,10 @@ from bench.ingest import (  # noqa: E402 - after the path fix above
 )
 
 SECTION_TITLE = "## Rollup: sharded by node"
+# The ledger as read (the minute views) and as stored (the minute store's tables in their place).
 LEDGER_TABLES = ("billing_usageminute", "billing_gpuminute", "billing_usagehour", "billing_gpuhour",
                  "billing_usageday", "billing_gpuday")
+STORED_TABLES = ("billing_usageminute_store", "billing_gpuminute_store", *LEDGER_TABLES[2:])
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -188,11 +190,11 @@ def reset_ledger() -> None:
     from django.db import connection, transaction
 
     with transaction.atomic(), connection.cursor() as cur:
-        cur.execute(f"TRUNCATE {', '.join(LEDGER_TABLES)}, billing_raw_sample")
+        cur.execute(f"TRUNCATE {', '.join(STORED_TABLES)}, billing_raw_sample")
         cur.execute(f"INSERT INTO billing_raw_sample SELECT * FROM {INBOX_COPY}")  # noqa: S608 - fixed name
         cur.execute("UPDATE billing_usagebatch SET rolled_up_at = NULL")
     with connection.cursor() as cur:
-        cur.execute(f"VACUUM ANALYZE {', '.join(LEDGER_TABLES)}, billing_raw_sample, billing_usagebatch")
+        cur.execute(f"VACUUM ANALYZE {', '.join(STORED_TABLES)}, billing_raw_sample, billing_usagebatch")
 
 
 def ledger_digest() -> str:
@@ -203,7 +205,7 @@ def ledger_digest() -> str:
     with connection.cursor() as cur:
         for table in LEDGER_TABLES:
             cur.execute(f"SELECT * FROM {table} LIMIT 0")  # noqa: S608 - fixed names
-            columns = [c.name for c in cur.description if c.name != "id"]
+            columns = [c.name for c in cur.description if c.name not in {"id", "card_id", "workload_id"}]
             cur.execute(f"SELECT md5(string_agg(t::text, '|' ORDER BY t::text)) FROM "  # noqa: S608 - fixed table names and their catalogue columns
                         f"(SELECT {', '.join(columns)} FROM {table}) t")
             digest.update(f"{table}:{cur.fetchone()[0]}".encode())

@@ -674,13 +674,14 @@ def ledger(run: Run) -> dict[str, dict[str, Decimal]]:
 def integrity(run: Run) -> dict[str, Any]:
     honest = [g for n in run.nodes for g in n.gpus]
     rogue_on_honest = _query(run, "SELECT count(*) FROM billing_batchgpu g JOIN billing_usagebatch b ON b.id = g.batch_id "
-                             "JOIN billing_node n ON n.id = b.node_id WHERE n.name = %s AND g.gpu_uuid = ANY(%s)",
-                             [ROGUE, honest])[0][0]
+                             "JOIN billing_card c ON c.id = g.card_id JOIN billing_node n ON n.id = b.node_id "
+                             "WHERE n.name = %s AND c.gpu_uuid = ANY(%s)", [ROGUE, honest])[0][0]
     # Two stored batches covering the same GPU-second would bill it twice.
     overlap = _query(run, "SELECT coalesce(sum(extract(epoch FROM least(a.window_end, b.window_end) "
-                     "- greatest(a.window_start, b.window_start))), 0) FROM billing_batchgpu a JOIN billing_batchgpu b "
-                     "ON a.gpu_uuid = b.gpu_uuid AND a.id < b.id AND a.window_start < b.window_end "
-                     "AND b.window_start < a.window_end")[0][0]
+                     "- greatest(a.window_start, b.window_start))), 0) FROM billing_batchgpu a "
+                     "JOIN billing_card ca ON ca.id = a.card_id JOIN billing_card cb ON cb.gpu_uuid = ca.gpu_uuid "
+                     "JOIN billing_batchgpu b ON b.card_id = cb.id AND (a.batch_id, a.card_id) < (b.batch_id, b.card_id) "
+                     "AND a.window_start < b.window_end AND b.window_start < a.window_end")[0][0]
     batches = _query(run, "SELECT count(*) FILTER (WHERE quarantined_at IS NOT NULL), "
                      "count(*) FILTER (WHERE rolled_up_at IS NULL AND quarantined_at IS NULL) FROM billing_usagebatch")[0]
     return {"rogue_batches_with_honest_gpu": int(rogue_on_honest), "duplicate_gpu_seconds": Decimal(overlap),

@@ -24,12 +24,13 @@ LINT_IMPORTS = Path(sys.executable).with_name("lint-imports")
 
 LEDGER_TABLES = (
     "billing_raw_sample", "billing_usagebatch", "billing_batchgpu", "billing_usageminute", "billing_gpuminute",
-    "billing_usagehour", "billing_gpuhour", "billing_usageday", "billing_gpuday",
+    "billing_usagehour", "billing_gpuhour", "billing_usageday", "billing_gpuday", "billing_card",
+    "billing_workload(?!meta)",  # the minute store's workloads, not the pods' metadata
 )
 # billing_raw_sample's partitions are billing_raw_sample_YYYYMMDD.
 _TABLE = re.compile(r"\b(" + "|".join(LEDGER_TABLES) + r")\w*\b")
 LEDGER_MODELS = frozenset({"UsageBatch", "BatchGpu", "UsageMinute", "GpuMinute", "UsageHour", "GpuHour",
-                           "UsageDay", "GpuDay"})
+                           "UsageDay", "GpuDay", "Card", "Workload"})
 
 # Django registers the ledger's models through billing.models (registration, not use).
 REGISTRATION = "billing/models/__init__.py"

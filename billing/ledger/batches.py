@@ -20,6 +20,7 @@ from django.db import connection
 from django.db.backends.utils import CursorWrapper
 
 from billing.errors import BatchConflict, Forbidden
+from billing.ledger.ids import card_ids
 from billing.ledger.partitions import RAW_TABLE, ensure_raw_partitions
 from billing.models import Node
 
@@ -124,9 +125,10 @@ def overlap_message(batch: ValidatedBatch) -> str:
     """Which stored batch holds the GPU-seconds this one declares again (read after the rollback)."""
     with connection.cursor() as cur:
         cur.execute(
-            "SELECT g.gpu_uuid, n.name, b.batch_seq, g.window_start, g.window_end FROM billing_batchgpu g "
-            "JOIN billing_usagebatch b ON b.id = g.batch_id JOIN billing_node n ON n.id = b.node_id "
-            "WHERE g.gpu_uuid = ANY(%s) AND g.window_start < %s AND g.window_end > %s "
+            "SELECT c.gpu_uuid, n.name, b.batch_seq, g.window_start, g.window_end FROM billing_card c "
+            "JOIN billing_batchgpu g ON g.card_id = c.id JOIN billing_usagebatch b ON b.id = g.batch_id "
+            "JOIN billing_node n ON n.id = b.node_id "
+            "WHERE c.gpu_uuid = ANY(%s) AND g.window_start < %s AND g.window_end > %s "
             "ORDER BY g.window_start LIMIT 1",
             [[g.uuid for g in batch.gpus], batch.window_end, batch.window_start],
         )
@@ -186,18 +188,21 @@ def store_batch(*, node: Node, batch: ValidatedBatch, digest: str, now: datetime
     )
     with connection.cursor() as cur:
         _claim_gpus(cur, node=node, columns=columns, now=now)
+        # The batch's cards (the node's GPUs as declared), made the first time they are seen.
+        cards = card_ids(cur, {(node.pk, g.uuid, g.model) for g in gpus})
         # One round trip: the batch row and, only if it is new, its GPU rows.
         cur.execute(
             "WITH b AS (INSERT INTO billing_usagebatch (node_id, batch_seq, content_sha256, window_start, "
             "window_end, sample_count, received_at) VALUES (%s, %s, %s, %s, %s, %s, %s) "
             "ON CONFLICT (node_id, batch_seq) DO NOTHING RETURNING id), "
-            "g AS (INSERT INTO billing_batchgpu (batch_id, node_id, gpu_uuid, model, memory_mb, sm_count, "
-            "window_start, window_end, energy_j) SELECT b.id, %s, v.uuid, v.model, v.memory_mb, v.sm_count, %s, %s, "
-            "v.energy_j::numeric FROM b, unnest(%s::varchar[], %s::varchar[], %s::int[], %s::int[], %s::float8[]) "
-            "WITH ORDINALITY AS v(uuid, model, memory_mb, sm_count, energy_j, ord) ORDER BY v.ord) "
+            "g AS (INSERT INTO billing_batchgpu (batch_id, card_id, memory_mb, sm_count, window_start, window_end, "
+            "energy_j) SELECT b.id, v.card_id, v.memory_mb, v.sm_count, %s, %s, v.energy_j::numeric "
+            "FROM b, unnest(%s::int[], %s::int[], %s::int[], %s::float8[]) "
+            "WITH ORDINALITY AS v(card_id, memory_mb, sm_count, energy_j, ord) ORDER BY v.ord) "
             "SELECT id FROM b",
             [node.pk, batch.batch_seq, digest, batch.window_start, batch.window_end, batch.sample_count, now,
-             node.pk, batch.window_start, batch.window_end, *columns, [g.energy_j for g in gpus]],
+             batch.window_start, batch.window_end, [cards[(node.pk, g.uuid, g.model)] for g in gpus],
+             columns[2], columns[3], [g.energy_j for g in gpus]],
         )
         row = cur.fetchone()
         if row is None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from django.db import connection, models
 
-from billing.ledger.models import BatchGpu, UsageMinute, WorkloadMeta
+from billing.ledger.models import BatchGpu, Card, UsageMinute, Workload, WorkloadMeta
 
 __all__ = ["gpu_capacity_max", "gpu_model_max_length", "gpu_uuid_max_length", "integer_max", "max_length",
            "workload_meta_max_length", "workload_name_max_length"]
@@ -35,16 +35,19 @@ def integer_max(model: type[models.Model], field: str) -> int:
 
 def workload_name_max_length(field: str) -> int:
     """A workload name (tenant, namespace, pod, container, pod_uid, sla_tier) as every ledger
-    table and the raw samples store it: they share the minute ledger's widths."""
-    return max_length(UsageMinute, field)
+    table and the raw samples store it: they share the minute store's workload table's widths."""
+    width = max_length(Workload, field)
+    if width != max_length(UsageMinute, field):
+        raise TypeError(f"UsageMinute.{field} must have billing_workload's width")
+    return width
 
 
 def gpu_uuid_max_length() -> int:
-    return max_length(BatchGpu, "gpu_uuid")
+    return max_length(Card, "gpu_uuid")
 
 
 def gpu_model_max_length() -> int:
-    return max_length(BatchGpu, "model")
+    return max_length(Card, "gpu_model")
 
 
 def gpu_capacity_max(field: str) -> int:

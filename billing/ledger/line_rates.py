@@ -11,7 +11,7 @@ in, read cheaply:
   covered some of its GPU-minutes and whether the market card priced some; a card is counted in the
   hours its interval overlaps and a pool in the hours it covered;
 - an hour two cards share (a card replaced from a minute inside it) is settled from its minutes
-  (`UsageMinute.rate_card`): only the cards that priced the line's minutes count. If those minutes
+  (`GpuMinute.rate_card`): only the cards that priced the line's minutes count. If those minutes
   were pruned, every card of the hour counts.
 
 Only priced usage counts, as on the invoice (a GPU-hour not wholly priced is left off it).
@@ -94,7 +94,7 @@ _HOURS_SQL = (
     " GROUP BY 1, 2, 3, 4"
 )
 _MINUTE_CARDS_SQL = (
-    "SELECT DISTINCT u.rate_card_id FROM billing_usageminute u JOIN billing_gpuminute g"
+    "SELECT DISTINCT g.rate_card_id FROM billing_usageminute u JOIN billing_gpuminute g"
     " ON g.node_id = u.node_id AND g.gpu_uuid = u.gpu_uuid AND g.minute = u.minute"
     " WHERE u.minute >= %(hour)s AND u.minute < %(hour_end)s AND g.minute >= %(hour)s AND g.minute < %(hour_end)s"
     " AND u.tenant = %(tenant)s AND u.sla_tier = %(tier)s AND g.gpu_model = %(model)s AND g.priced"

@@ -4,6 +4,10 @@
 The raw sample table (the integral rows' inbox) is not a model: see billing.ledger.partitions and
 migration 0002.
 
+The minute ledger is a slim store (migrations 0043, 0044; docs/architecture.md): the usage and GPU
+minutes, and the batch GPU rows, name a GPU by its card (Card) and a workload by its id (Workload);
+UsageMinute and GpuMinute are unmanaged models over the views that join them back.
+
 The usage minutes store the integrals; every other figure is derived: the rollup prices a
 GPU-minute's rows again wholesale from its stored integrals plus those of the batches it rolls up,
 which lets late batches land. Amounts are Decimal with
@@ -97,35 +101,92 @@ class _GpuWindow(models.Model):
         abstract = True
 
 
+class Card(models.Model):
+    """A node's GPU and its model: what a minute of the slim store names by id (docs/architecture.md,
+    "The slim minute store"). A GPU that declares another model gets another card, so a minute keeps the
+    model it was priced for. Written by the rollup (and by the minute views' triggers)."""
+
+    id = models.AutoField(primary_key=True)
+    # No index of its own: the key's first column.
+    node = models.ForeignKey(Node, on_delete=models.PROTECT, related_name="+", db_index=False)
+    gpu_uuid = models.CharField(max_length=128)
+    gpu_model = models.CharField(max_length=128)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["node", "gpu_uuid", "gpu_model"], name="card_key")]
+        # A GPU's cards on every node (a GPU-second is metered once, of any node).
+        indexes = [models.Index(fields=["gpu_uuid"], name="card_gpu_uuid_idx")]
+
+    def __str__(self) -> str:
+        return f"{self.gpu_uuid} ({self.gpu_model}) on node {self.node_id}"
+
+
+class Workload(models.Model):
+    """A workload's six names, named by id in the slim minute store."""
+
+    id = models.AutoField(primary_key=True)
+    tenant = models.CharField(max_length=63)
+    namespace = models.CharField(max_length=253)
+    pod = models.CharField(max_length=253)
+    container = models.CharField(max_length=253)
+    pod_uid = models.CharField(max_length=64)
+    sla_tier = models.CharField(max_length=63)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["tenant", "namespace", "pod", "container", "pod_uid", "sla_tier"],
+                                               name="workload_key")]
+
+    def __str__(self) -> str:
+        return f"{self.tenant} {self.namespace}/{self.pod}/{self.container}"
+
+
+class _StoreId(models.IntegerField):  # type: ignore[type-arg]
+    """A card or workload id the minute views' INSERT trigger finds or makes: read back (RETURNING)
+    after an insert through the ORM, so the saved row has its whole key."""
+
+    db_returning = True
+
+
 class UsageMinute(_WorkloadUsage):
     """A workload's minute on one GPU: the store of its integrals (every rolled-up batch's, summed) and
     what they were priced to. mem_billed_mb_s and sm_billed_s are what the rate card billed (by its
     basis); the billed maxima, Σ per-second max(used, granted), are kept apart so that a late batch or
-    a re-pricing prices the minute again from the integrals alone (billing.ledger.rollup)."""
+    a re-pricing prices the minute again from the integrals alone (billing.ledger.rollup).
 
+    A view (migration 0043) over the slim store billing_usageminute_store, which keys the row by card
+    and workload id and keeps the integrals as float8: the view joins the names back and gives each
+    integral as the exact decimal it stores. The rollup writes the store; rows written through this
+    model (tests, a shell) go through the view's trigger, which finds or makes their ids. The rate card
+    that priced a minute is its GPU minute's."""
+
+    pk = models.CompositePrimaryKey("minute", "card_id", "workload_id")
     minute = models.DateTimeField()
-    rate_card = models.ForeignKey(RateCard, on_delete=models.PROTECT, null=True, related_name="+")
+    card_id = _StoreId()
+    workload_id = _StoreId()
     # 0 in the database too, for minutes written by hand (tests, a shell), which no batch ever reaches.
     mem_max_mb_s = models.DecimalField(max_digits=30, decimal_places=10, default=Decimal(0), db_default=Decimal(0))
     sm_max_s = models.DecimalField(max_digits=30, decimal_places=10, default=Decimal(0), db_default=Decimal(0))
 
     class Meta:
-        indexes = [
-            models.Index(fields=["gpu_uuid", "minute"], name="usage_minute_gpu_idx"),
-            models.Index(fields=["minute", "tenant"], name="usage_minute_tenant_idx"),
-        ]
+        managed = False
+        db_table = "billing_usageminute"
 
     def __str__(self) -> str:
         return f"{self.minute:%Y-%m-%d %H:%M} {self.gpu_uuid} {self.tenant}/{self.pod}"
 
 
 class GpuMinute(_GpuWindow):
+    """One GPU's minute: a view (migration 0043) over billing_gpuminute_store, keyed by card id (the
+    node, GPU and model)."""
+
+    pk = models.CompositePrimaryKey("minute", "card_id")
     minute = models.DateTimeField()
+    card_id = _StoreId()
     rate_card = models.ForeignKey(RateCard, on_delete=models.PROTECT, null=True, related_name="+")
 
     class Meta:
-        constraints = [models.UniqueConstraint(fields=["node", "gpu_uuid", "minute"], name="gpu_minute_unique")]
-        indexes = [models.Index(fields=["minute"], name="gpu_minute_minute_idx")]
+        managed = False
+        db_table = "billing_gpuminute"
 
     def __str__(self) -> str:
         return f"{self.minute:%Y-%m-%d %H:%M} {self.gpu_uuid}"
@@ -272,15 +333,14 @@ class UsageBatch(models.Model):
 class BatchGpu(models.Model):
     """A GPU present and metered for a whole batch window, with the capacity the agent declared.
 
-    These rows give each GPU-minute its metered seconds, hence its whole-card cost and its idle.
+    These rows give each GPU-minute its metered seconds, hence its whole-card cost and its idle. The
+    GPU is named by its card (the batch's node, the GPU's uuid and the model it declared; migration
+    0044): the key is (batch, card), no surrogate id.
     """
 
-    batch = models.ForeignKey(UsageBatch, on_delete=models.PROTECT, related_name="gpus")
-    # The batch's node, repeated: the distribution key, so the rollup reads a node's windows
-    # without joining billing_usagebatch.
-    node = models.ForeignKey(Node, on_delete=models.PROTECT, related_name="+")
-    gpu_uuid = models.CharField(max_length=128)
-    model = models.CharField(max_length=128)
+    pk = models.CompositePrimaryKey("batch_id", "card_id")
+    batch = models.ForeignKey(UsageBatch, on_delete=models.PROTECT, related_name="gpus", db_index=False)
+    card = models.ForeignKey(Card, on_delete=models.PROTECT, related_name="+", db_index=False)
     memory_mb = models.PositiveIntegerField()
     sm_count = models.PositiveIntegerField()
     window_start = models.DateTimeField()
@@ -290,19 +350,16 @@ class BatchGpu(models.Model):
     energy_j = models.DecimalField(max_digits=30, decimal_places=10, null=True, blank=True)
 
     class Meta:
-        constraints = [
-            models.UniqueConstraint(fields=["node", "batch", "gpu_uuid"], name="batch_gpu_node_unique"),
-        ]
         indexes = [
-            # A GPU-second is metered once: windows of one GPU never overlap across batches, of any
-            # node (trigger `batch_gpu_no_overlap`, migration 0003, looks up by this index).
-            models.Index(fields=["gpu_uuid", "window_end"], name="batch_gpu_uuid_end_idx"),
-            # The rollup's card seconds: a node's GPU windows meeting a range of minutes.
-            models.Index(fields=["node", "gpu_uuid", "window_end"], name="batch_gpu_node_end_idx"),
+            # A GPU-second is metered once: windows of one GPU never overlap across batches, of any node
+            # (trigger `batch_gpu_no_overlap`, migrations 0003 and 0044, looks a GPU's cards up by uuid,
+            # then their windows by this index); and the rollup's card seconds, a card's windows meeting
+            # a range of minutes.
+            models.Index(fields=["card", "window_end"], name="batch_gpu_card_end_idx"),
         ]
 
     def __str__(self) -> str:
-        return f"{self.gpu_uuid} in batch {self.batch_id}"
+        return f"card {self.card_id} in batch {self.batch_id}"
 
 
 class WorkloadMeta(models.Model):

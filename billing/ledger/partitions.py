@@ -1,7 +1,9 @@
 """Day partitions of the ledger's time-partitioned tables (range on a timestamptz column, UTC days).
 
 - `billing_raw_sample` on `start` (migration 0002): written by ingest's COPY, read by the rollup.
-- `billing_usageminute` and `billing_gpuminute` on `minute` (migration 0018): written by the rollup.
+- `billing_usageminute_store` and `billing_gpuminute_store` on `minute` (migrations 0018, 0043): the
+  slim minute store, written by the rollup and read through the views `billing_usageminute` and
+  `billing_gpuminute`.
   They also have a DEFAULT partition, so a row written through the ORM for a day whose partition
   does not exist yet (hand-written ledgers in tests, a shell) is stored rather than refused; the
   product's writes create the day first (`ensure_minute_partitions`), and creating a day moves any
@@ -46,9 +48,9 @@ __all__ = [
 ]
 
 RAW_TABLE = "billing_raw_sample"
-MINUTE_TABLES = ("billing_usageminute", "billing_gpuminute")
+MINUTE_TABLES = ("billing_usageminute_store", "billing_gpuminute_store")
 # The partition key of each table.
-_KEY = {RAW_TABLE: "start", "billing_usageminute": "minute", "billing_gpuminute": "minute"}
+_KEY = {RAW_TABLE: "start", **dict.fromkeys(MINUTE_TABLES, "minute")}
 # (table, day) pairs this process knows exist; creating one is idempotent, the cache only saves a
 # round trip. Retention forgets the days it drops.
 _known: set[tuple[str, date]] = set()

@@ -47,6 +47,7 @@ from django.db import connection, transaction
 from django.db.backends.utils import CursorWrapper
 
 from billing.errors import InvalidInput
+from billing.ledger.ids import WORKLOAD_KEY, card_ids, workload_ids
 from billing.ledger.locks import lock_ledger, try_lock_ledger_shared
 from billing.ledger.months import close_days, rebuild_months, recompute_months
 from billing.ledger.partitions import MINUTE_TABLES, RAW_TABLE, days_between, ensure_minute_partitions, partition_name
@@ -81,19 +82,39 @@ _NODE_LOCK_CLASS = 0x6E6F6465  # "node"
 _INT4 = 2**31
 _MINUTE = timedelta(minutes=1)
 _MICROSECONDS = Decimal(1_000_000)
-_WORKLOAD_KEY = ("tenant", "namespace", "pod", "container", "pod_uid", "sla_tier")
+_WORKLOAD_KEY = WORKLOAD_KEY
 _USAGE_COLUMNS = (
     "gpu_uuid", "node_id", "tenant", "namespace", "pod", "container", "pod_uid", "sla_tier", "seconds",
     "mem_used_mb_s", "mem_granted_mb_s", "mem_billed_mb_s", "sm_used_s", "sm_granted_s", "sm_billed_s",
     "pcie_mb", "share_gpu_s", "charge", "idle_share", "energy_j",
 )
-# A usage minute is also the store of the integrals: it keeps the billed maxima the pricing reads.
-_MINUTE_COLUMNS = (*_USAGE_COLUMNS, "mem_max_mb_s", "sm_max_s")
-_GPU_COLUMNS = (
-    "gpu_uuid", "node_id", "gpu_model", "metered_seconds", "card_cost", "charged", "idle_cost",
-    "idle_allocated", "currency", "priced", "committed_seconds", "committed_cost", "energy_j", "idle_energy_j",
-    "energy_seconds",
+# The slim minute store (migration 0043; docs/architecture.md, "The slim minute store"): a usage
+# minute is also the store of the integrals, so it keeps the billed maxima the pricing reads.
+USAGE_STORE, GPU_STORE = MINUTE_TABLES
+_STORE_COLUMNS = (
+    "minute", "card_id", "workload_id", "seconds", "mem_used_mb_s", "mem_granted_mb_s", "mem_max_mb_s", "sm_used_s",
+    "sm_granted_s", "sm_max_s", "pcie_mb", "billed_basis", "share_gpu_s", "charge", "idle_share", "energy_j",
 )
+# What the rate card billed is one of the integrals, by its basis: the store keeps the basis.
+_BASIS_CODE = {"max": "m", "granted": "g", "used": "u"}
+# The billed integrals as the view gives them (migration 0043): the basis's integral.
+_BILLED_FROM_BASIS = {
+    "mem_billed_mb_s": "CASE {m}.billed_basis WHEN 'g' THEN {m}.mem_granted_mb_s WHEN 'u' THEN {m}.mem_used_mb_s "
+                       "ELSE {m}.mem_max_mb_s END",
+    "sm_billed_s": "CASE {m}.billed_basis WHEN 'g' THEN {m}.sm_granted_s WHEN 'u' THEN {m}.sm_used_s "
+                   "ELSE {m}.sm_max_s END",
+}
+_GPU_STORE_COLUMNS = (
+    "minute", "card_id", "rate_card_id", "metered_seconds", "committed_seconds", "energy_seconds", "card_cost",
+    "charged", "idle_cost", "idle_allocated", "committed_cost", "energy_j", "idle_energy_j", "priced", "currency",
+)
+
+
+def _stored(column: str, alias: str) -> str:
+    """A usage minute's integral as the store keeps it (float8), a billed one by its basis."""
+    return _BILLED_FROM_BASIS[column].format(m=alias) if column in _BILLED_FROM_BASIS else f"{alias}.{column}"
+
+
 # Rollups that price a committed GPU model take this lock (class, 0) before they read which of its
 # cards other nodes metered: the cover of one card depends on the others' (docs/billing.md).
 _COMMITMENT_LOCK_CLASS = 0x636F6D6D  # "comm"
@@ -176,9 +197,9 @@ def rollup_usage(*, now: datetime, max_batches: int = 5000, shard: int = 0, shar
     # (billing.ledger.partitions says why); inside them they are cache hits.
     ensure_minute_partitions(days)
     # The inbox's and the minute store's partitions it reads: a day's partitions fill all day, and the
-    # stored integrals' lookup, planned on an empty day's statistics, took the (minute, tenant) index
-    # and read every workload of the fleet's minute once per GPU-minute: 11 s a statement at 10,000
-    # GPUs, 15 ms once the partition was analysed (by its (GPU, minute) index).
+    # stored integrals' lookup, planned on an empty day's statistics, read every workload of the
+    # fleet's minute once per GPU-minute (the wide minute table's (minute, tenant) index): 11 s a
+    # statement at 10,000 GPUs, 15 ms once the partition was analysed.
     analyze_stale_partitions(only=_partitions(days))
     total = _NOTHING
     per = settings.VGPU_ROLLUP_NODES_PER_TRANSACTION
@@ -279,8 +300,8 @@ def _tune_transaction(cur: CursorWrapper) -> None:
 def _roll_up(cur: CursorWrapper, batch_ids: list[int], *, now: datetime,
              cards: RateCards) -> tuple[int, int]:
     """Recompute the node-GPU-minutes that `batch_ids` touch, and mark them rolled up."""
-    cur.execute("SELECT node_id, gpu_uuid, window_start, window_end FROM billing_batchgpu "
-                "WHERE batch_id = ANY(%s)", [batch_ids])
+    cur.execute("SELECT c.node_id, c.gpu_uuid, g.window_start, g.window_end FROM billing_batchgpu g "
+                "JOIN billing_card c ON c.id = g.card_id WHERE g.batch_id = ANY(%s)", [batch_ids])
     affected: set[Key] = set()
     for node_id, gpu_uuid, start, end in cur.fetchall():
         affected.update((node_id, gpu_uuid, m) for m in _minutes(start, end))
@@ -372,8 +393,8 @@ def rebuild_ledger(*, start: datetime, end: datetime) -> RollupResult:
         _tune_transaction(cur)
         cards = load_rate_cards()
         cur.execute(
-            "SELECT node_id, gpu_uuid, greatest(window_start, %s), least(window_end, %s) FROM billing_batchgpu "
-            "WHERE window_start < %s AND window_end > %s",
+            "SELECT c.node_id, c.gpu_uuid, greatest(g.window_start, %s), least(g.window_end, %s) FROM billing_batchgpu g "
+            "JOIN billing_card c ON c.id = g.card_id WHERE g.window_start < %s AND g.window_end > %s",
             [start, end, end, start],
         )
         chunks: dict[date, set[Key]] = defaultdict(set)  # a UTC day of every node at a time
@@ -436,17 +457,18 @@ def _recompute(cur: CursorWrapper, affected: set[Key], *, rolling: Sequence[int]
         # would be lost. Refused, so the batch is quarantined instead.
         raise ValueError(f"integrals without metered card seconds in {len(unmetered)} GPU-minute(s), "
                          f"e.g. {min(unmetered)}")
-    usage_buf, gpu_buf = _priced_rows(windows, workloads, cards, covered)
+    usage_buf, gpu_buf = _priced_rows(
+        windows, workloads, cards, covered, card_ids=card_ids(cur, {(n, g, w.model) for (n, g, _), w in windows.items()}),
+        workload_ids=workload_ids(cur, {r[:6] for rows in workloads.values() for r in rows}))
     ensure_minute_partitions(days_between(lo, hi))  # the minute ledger is day-partitioned (retention)
-    for table in ("billing_usageminute", "billing_gpuminute"):
+    for table in MINUTE_TABLES:  # every card of the node's GPU: the minute's model may have changed
         cur.execute(
-            f"DELETE FROM {table} m USING {_UNNEST} AS a(node_id, gpu_uuid, minute) "  # noqa: S608 - fixed names
-            "WHERE m.node_id = a.node_id AND m.gpu_uuid = a.gpu_uuid AND m.minute = a.minute",
+            f"DELETE FROM {table} m USING {_UNNEST} AS a(node_id, gpu_uuid, minute) JOIN billing_card c "  # noqa: S608 - fixed names
+            "ON c.node_id = a.node_id AND c.gpu_uuid = a.gpu_uuid WHERE m.card_id = c.id AND m.minute = a.minute",
             [*_arrays(affected)],
         )
-    cur.copy_expert(f"COPY billing_usageminute (minute, {', '.join(_MINUTE_COLUMNS)}, rate_card_id) FROM STDIN",
-                    usage_buf)
-    cur.copy_expert(f"COPY billing_gpuminute (minute, {', '.join(_GPU_COLUMNS)}, rate_card_id) FROM STDIN", gpu_buf)
+    cur.copy_expert(f"COPY {USAGE_STORE} ({', '.join(_STORE_COLUMNS)}) FROM STDIN", usage_buf)
+    cur.copy_expert(f"COPY {GPU_STORE} ({', '.join(_GPU_STORE_COLUMNS)}) FROM STDIN", gpu_buf)
     hours = {(n, g, m.replace(minute=0)) for n, g, m in affected}
     _recompute_hours(cur, hours)
     _recompute_days(cur, {(n, g, h.replace(hour=0)) for n, g, h in hours})
@@ -458,9 +480,10 @@ def _windows(cur: CursorWrapper, nodes: list[int], gpus: list[str], lo: datetime
     """Card seconds per affected node-GPU-minute: the overlap of the GPU's batch windows on that
     node with the minute."""
     cur.execute(
-        "SELECT bg.node_id, bg.gpu_uuid, bg.window_start, bg.window_end, bg.model, bg.memory_mb, "
-        "bg.sm_count, bg.energy_j FROM billing_batchgpu bg JOIN billing_usagebatch b ON b.node_id = bg.node_id "
-        "AND b.id = bg.batch_id WHERE bg.node_id = ANY(%s) AND bg.gpu_uuid = ANY(%s) AND bg.window_end > %s "
+        "SELECT c.node_id, c.gpu_uuid, bg.window_start, bg.window_end, c.gpu_model, bg.memory_mb, "
+        "bg.sm_count, bg.energy_j FROM billing_card c JOIN billing_batchgpu bg ON bg.card_id = c.id "
+        "JOIN billing_usagebatch b ON b.node_id = c.node_id AND b.id = bg.batch_id WHERE c.node_id = ANY(%s) "
+        "AND c.gpu_uuid = ANY(%s) AND bg.window_end > %s "
         "AND bg.window_start < %s AND b.quarantined_at IS NULL AND (b.rolled_up_at IS NOT NULL OR b.id = ANY(%s))",
         [nodes, gpus, lo, hi, list(rolling)],
     )
@@ -536,7 +559,11 @@ _RAW_COLUMNS = ("seconds", "mem_used_mb_s", "mem_granted_mb_s", "coalesce(mem_bi
 # the planner from copying it into every aggregate) is summed in float8, any other row (what else a
 # client sent) through numeric, and the caller adds the two exactly (Decimal(float) is the float's
 # exact value).
-_QUANTIZED = " AND ".join(f"{c} < 8796093022208 AND {c} * 1024 = trunc({c} * 1024)" for c in _RAW_COLUMNS)
+def _quantized(c: str) -> str:
+    return f"{c} < 8796093022208 AND {c} * 1024 = trunc({c} * 1024)"
+
+
+_QUANTIZED = " AND ".join(_quantized(c) for c in _RAW_COLUMNS)
 _KEY_COLUMNS = "node_id, gpu_uuid, minute, tenant, namespace, pod, container, pod_uid, sla_tier"
 # The inbox: the integral rows of the batches being rolled up, taken out of it (DELETE ... RETURNING:
 # one scan reads and deletes them), each integral as (float8, numeric), the one its path sums, the
@@ -554,14 +581,18 @@ _INBOX_ROWS = (
     + " FROM inbox r"
 )
 # The store: the integrals of every batch rolled up so far for exactly the GPU-minutes recomputed,
-# in the inbox's column order (numeric).
+# in the inbox's column order, each as (float8, numeric) like the inbox's: the store keeps them as
+# float8, and one that is a multiple of 2^-10 below 2^43 (every sum of our agents' values) is summed
+# in float8, any other converted (billing_exact, migration 0043) and summed in numeric.
 _STORED_INTEGRALS = ("seconds", "mem_used_mb_s", "mem_granted_mb_s", "mem_max_mb_s", "sm_used_s", "sm_granted_s",
                      "sm_max_s", "pcie_mb")
 _STORED_SQL = (
-    "SELECT " + ", ".join(f"m.{c}" for c in _KEY_COLUMNS.split(", ")) + ", "  # noqa: S608 - fixed SQL built from constant column lists; values are parameters
-    + ", ".join(f"NULL::float8, m.{c}" for c in _STORED_INTEGRALS)
-    + f" FROM billing_usageminute m JOIN {_UNNEST} AS a(node_id, gpu_uuid, minute) ON m.node_id = a.node_id "
-    "AND m.gpu_uuid = a.gpu_uuid AND m.minute = a.minute WHERE m.minute >= %s AND m.minute < %s"
+    "SELECT a.node_id, a.gpu_uuid, a.minute, " + ", ".join(f"w.{k}" for k in _WORKLOAD_KEY) + ", "  # noqa: S608 - fixed SQL built from constant column lists; values are parameters
+    + ", ".join(f"CASE WHEN {_quantized(f'm.{c}')} THEN m.{c} END, "
+                f"CASE WHEN NOT ({_quantized(f'm.{c}')}) THEN billing_exact(m.{c}) END" for c in _STORED_INTEGRALS)
+    + f" FROM {_UNNEST} AS a(node_id, gpu_uuid, minute) JOIN billing_card c ON c.node_id = a.node_id "
+    f"AND c.gpu_uuid = a.gpu_uuid JOIN {USAGE_STORE} m ON m.card_id = c.id AND m.minute = a.minute "
+    "JOIN billing_workload w ON w.id = m.workload_id WHERE m.minute >= %s AND m.minute < %s"
 )
 # One aggregation over both (not the inbox summed first): it costs what summing the inbox alone did.
 _WORKLOADS_SQL = (
@@ -610,9 +641,11 @@ def _rate_of(cards: RateCards, model: str, minute: datetime, *, covered: bool) -
 
 
 def _priced_rows(windows: dict[Key, _Window], workloads: dict[Key, list[tuple[Any, ...]]],
-                 cards: RateCards, covered: set[Key]) -> tuple[io.StringIO, io.StringIO]:
-    """COPY text of the minute rows: each GPU-minute priced by the commitment that covers it, else by
-    the card in force (docs/billing.md, Rate cards; Commitments and on-prem cards)."""
+                 cards: RateCards, covered: set[Key], *, card_ids: dict[tuple[Any, ...], int],
+                 workload_ids: dict[tuple[Any, ...], int]) -> tuple[io.StringIO, io.StringIO]:
+    """COPY text of the minute rows, for the slim store (_STORE_COLUMNS, _GPU_STORE_COLUMNS): each
+    GPU-minute priced by the commitment that covers it, else by the card in force (docs/billing.md,
+    Rate cards; Commitments and on-prem cards)."""
     usage_lines: list[str] = []
     gpu_lines: list[str] = []
     for (node_id, gpu_uuid, minute), w in windows.items():
@@ -628,51 +661,56 @@ def _priced_rows(windows: dict[Key, _Window], workloads: dict[Key, list[tuple[An
                                   energy_j=w.energy_j),
             rate=rate,
         )
-        at = minute.isoformat()
-        card_id = str(card.id) if card else "\\N"
-        prefix = f"{at}\t{gpu_uuid}\t{node_id}\t"
+        prefix = f"{minute.isoformat()}\t{card_ids[(node_id, gpu_uuid, w.model)]}\t"
+        basis = _BASIS_CODE[rate.billed_basis]  # priced.billed_*: the integrals of that basis
         for i, r in enumerate(rows):
             usage_lines.append(
-                f"{prefix}{r[0]}\t{r[1]}\t{r[2]}\t{r[3]}\t{r[4]}\t{r[5]}\t{r[6]}\t{r[7]}\t{r[8]}\t"
-                f"{priced.billed_mem_mb_s[i]}\t{r[10]}\t{r[11]}\t{priced.billed_sm_s[i]}\t{r[13]}\t"
-                f"{priced.share_gpu_s[i]}\t{priced.charges[i]}\t{priced.idle_shares[i]}\t{priced.energies[i]}\t"
-                f"{r[9]}\t{r[12]}\t{card_id}\n"
+                f"{prefix}{workload_ids[r[:6]]}\t{r[6]}\t{r[7]}\t{r[8]}\t{r[9]}\t{r[10]}\t{r[11]}\t{r[12]}\t{r[13]}\t"
+                f"{basis}\t{priced.share_gpu_s[i]}\t{priced.charges[i]}\t{priced.idle_shares[i]}\t{priced.energies[i]}\n"
             )
         committed = (w.seconds, priced.card_cost) if is_covered else (0, 0)
         gpu_lines.append(
-            f"{prefix}{w.model}\t{w.seconds}\t{priced.card_cost}\t{priced.charged}\t{priced.idle_cost}\t"
-            f"{priced.idle_allocated}\t{currency}\t{'t' if is_priced else 'f'}\t{committed[0]}\t{committed[1]}\t"
-            f"{w.energy_j}\t{priced.idle_energy_j}\t{w.energy_seconds}\t{card_id}\n"
+            f"{prefix}{card.id if card else 0}\t{w.seconds}\t{committed[0]}\t{w.energy_seconds}\t"
+            f"{priced.card_cost}\t{priced.charged}\t{priced.idle_cost}\t{priced.idle_allocated}\t{committed[1]}\t"
+            f"{w.energy_j}\t{priced.idle_energy_j}\t{'t' if is_priced else 'f'}\t{currency}\n"
         )
     return io.StringIO("".join(usage_lines)), io.StringIO("".join(gpu_lines))
 
 
 def _recompute_hours(cur: CursorWrapper, hours: set[Key]) -> None:
+    """Replace the hour rows of `hours` (node, GPU, hour) with the sums of their minutes. The store is
+    read minute by minute of each hour (its key is (minute, card, workload): a range of minutes
+    would read the whole fleet's index entries of the hour for each card; docs/architecture.md)."""
     node_col, gpu_col, hour_col = _arrays(hours)
     keys: list[Any] = [node_col, gpu_col, hour_col]
     touched = f"{_UNNEST} AS a(node_id, gpu_uuid, hour)"
     for table in ("billing_usagehour", "billing_gpuhour"):
         cur.execute(f"DELETE FROM {table} h USING {touched} WHERE h.node_id = a.node_id "  # noqa: S608 - fixed names
                     "AND h.gpu_uuid = a.gpu_uuid AND h.hour = a.hour", keys)
-    workload = ", ".join(f"m.{k}" for k in _WORKLOAD_KEY)
-    sums = ", ".join(f"sum(m.{c})" for c in _USAGE_COLUMNS[8:])
-    of_touched = (f"JOIN {touched} ON m.node_id = a.node_id AND m.gpu_uuid = a.gpu_uuid AND m.minute >= a.hour "
-                  "AND m.minute < a.hour + interval '1 hour'")
+    minutes = f"FROM {touched} JOIN billing_card c ON c.node_id = a.node_id AND c.gpu_uuid = a.gpu_uuid "
+    # Each minute of the hour probed by (minute, card): 378 buffers for one card-hour of a day of 1,000
+    # cards x 16 workloads, against 3,799 for the range of the hour, which reads every card's entries.
+    of_hour = ("m.minute = ANY(ARRAY(SELECT generate_series(a.hour, a.hour + interval '59 minutes', "
+               "interval '1 minute'))) AND m.card_id = c.id")
+    integrals = ", ".join(f"sum(billing_exact({_stored(c, 'm')})) AS {c}" for c in _USAGE_COLUMNS[8:16])
+    amounts = ", ".join(f"sum(m.{c}) AS {c}" for c in _USAGE_COLUMNS[16:])
     cur.execute(
         f"INSERT INTO billing_usagehour (hour, {', '.join(_USAGE_COLUMNS)}) "  # noqa: S608 - fixed column names
-        f"SELECT a.hour, m.gpu_uuid, m.node_id, {workload}, {sums} FROM billing_usageminute m {of_touched} "
-        f"GROUP BY a.hour, m.gpu_uuid, m.node_id, {workload}",
+        f"SELECT h.hour, h.gpu_uuid, h.node_id, {', '.join(f'w.{k}' for k in _WORKLOAD_KEY)}, "
+        f"{', '.join(f'h.{c}' for c in _USAGE_COLUMNS[8:])} FROM (SELECT a.hour, a.gpu_uuid, a.node_id, m.workload_id, "
+        f"{integrals}, {amounts} {minutes}JOIN {USAGE_STORE} m ON {of_hour} "
+        "GROUP BY a.hour, a.gpu_uuid, a.node_id, m.workload_id) h JOIN billing_workload w ON w.id = h.workload_id",
         keys,
     )
     cur.execute(
-        "INSERT INTO billing_gpuhour (hour, gpu_uuid, node_id, gpu_model, metered_seconds, card_cost, charged, "  # noqa: S608 - fixed SQL; values are parameters
+        "INSERT INTO billing_gpuhour (hour, gpu_uuid, node_id, gpu_model, metered_seconds, card_cost, charged, "
         "idle_cost, idle_allocated, currency, priced, committed_seconds, committed_cost, energy_j, idle_energy_j, "
         "energy_seconds) "
-        "SELECT a.hour, m.gpu_uuid, m.node_id, max(m.gpu_model), sum(m.metered_seconds), sum(m.card_cost), "
-        "sum(m.charged), sum(m.idle_cost), sum(m.idle_allocated), max(m.currency), bool_and(m.priced), "
-        "sum(m.committed_seconds), sum(m.committed_cost), sum(m.energy_j), sum(m.idle_energy_j), "
-        "sum(m.energy_seconds) "
-        f"FROM billing_gpuminute m {of_touched} GROUP BY a.hour, m.gpu_uuid, m.node_id",
+        "SELECT a.hour, a.gpu_uuid, a.node_id, max(c.gpu_model), sum(billing_exact(m.metered_seconds)), "
+        "sum(m.card_cost), sum(m.charged), sum(m.idle_cost), sum(m.idle_allocated), max(m.currency), "
+        "bool_and(m.priced), sum(billing_exact(m.committed_seconds)), sum(m.committed_cost), sum(m.energy_j), "
+        "sum(m.idle_energy_j), sum(billing_exact(m.energy_seconds)) "
+        f"{minutes}JOIN {GPU_STORE} m ON {of_hour} GROUP BY a.hour, a.gpu_uuid, a.node_id",
         keys,
     )
 

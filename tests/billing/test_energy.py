@@ -35,7 +35,7 @@ def with_energy(batch: dict, *joules: float) -> dict:
 
 def test_energy_is_stored_per_batch_gpu_and_optional(post_batch, minute_start):
     assert post_batch(with_energy(make_batch(start=minute_start, seconds=10, gpus=2), 2500.5)).status_code == 201
-    stored = dict(BatchGpu.objects.values_list("gpu_uuid", "energy_j"))
+    stored = dict(BatchGpu.objects.values_list("card__gpu_uuid", "energy_j"))
     assert stored == {"GPU-gpu-node-1-0": Decimal("2500.5000000000"), "GPU-gpu-node-1-1": None}
 
 

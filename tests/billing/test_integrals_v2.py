@@ -144,9 +144,13 @@ def test_a_v1_and_a_v2_batch_of_the_same_seconds_write_the_same_minutes(post_bat
     rollup_usage(now=clock.now())
     minutes = defaultdict(list)
     for row in UsageMinute.objects.order_by("minute", "pod").values():
-        minutes[row["gpu_uuid"]].append({k: v for k, v in row.items() if k not in {"id", "gpu_uuid", "node_id"}})
+        minutes[row["gpu_uuid"]].append({k: v for k, v in row.items() if k not in {*IDS, "gpu_uuid", "node_id"}})
     assert len(minutes["GPU-prop-0"]) == 4  # two workloads in each of two minutes
     assert minutes["GPU-prop-0"] == minutes["GPU-prop-1"]
+
+
+# A row's ids: the hours' and days' own, and the card and workload ids of the minute store's key.
+IDS = ("id", "card_id", "workload_id")
 
 
 def _ledger_of(card: GpuInfo) -> dict[str, list[dict[str, Any]]]:
@@ -157,7 +161,7 @@ def _ledger_of(card: GpuInfo) -> dict[str, list[dict[str, Any]]]:
         "usage days": (UsageDay, "day"), "gpu days": (GpuDay, "day")}
     ledger = {}
     for name, (model, time) in tables.items():
-        rows = [{k: v for k, v in row.items() if k not in {"id", "gpu_uuid"}}
+        rows = [{k: v for k, v in row.items() if k not in {*IDS, "gpu_uuid"}}
                 for row in model.objects.filter(gpu_uuid=card.uuid).values()]
         ledger[name] = _in_order(rows, time)
     return ledger

@@ -56,14 +56,14 @@ def test_a_poisoned_batch_is_quarantined_and_its_neighbour_in_the_same_minute_is
     assert (result.batches, result.quarantined) == (1, 1)
     poisoned = UsageBatch.objects.get(batch_seq=1)
     assert poisoned.quarantined_at is not None
-    assert "NumericValueOutOfRange" in poisoned.quarantine_error
+    assert "numeric field overflow" in poisoned.quarantine_error
     assert UsageBatch.objects.get(batch_seq=2).rolled_up_at is not None
     assert pods_in(minute_start) == {"llm-1"}
     assert GpuMinute.objects.get(minute=minute_start).metered_seconds == 10  # the good batch's window alone
     audit = AuditEvent.objects.get(action="usage_batch.quarantined")
     assert audit.object_id == "gpu-node-1/1"
     assert audit.after is not None
-    assert "NumericValueOutOfRange" in audit.after["error"]
+    assert "numeric field overflow" in audit.after["error"]
     health = healthz_as_admin().json()
     assert health["ledger"]["ok"] is False
     assert health["ledger"]["quarantined_batches"] == 1
@@ -169,5 +169,5 @@ def test_admins_see_each_nodes_quarantined_batches_with_their_error(client, pois
     assert 'data-count="1"' in cell
     assert "1 batch quarantined" in cell
     assert 'data-testid="quarantined-gpu-node-1-1"' in cell
-    assert "NumericValueOutOfRange" in cell
+    assert "numeric field overflow" in cell
     assert "redrive_batches --id" in page

@@ -150,3 +150,66 @@ def test_the_migration_gives_existing_minutes_their_maxima_and_empties_the_inbox
         assert [r[0] for r in cur.fetchall()] == [pending.pk]  # only the batch not rolled up keeps its rows
     assert sorted(UsageMinute.objects.values_list("minute", "pod", "mem_max_mb_s", "sm_max_s")) == rolled
     assert any(m > 0 for _, _, m, _ in rolled)
+
+
+def _minute_rows() -> dict[str, list[tuple[Any, ...]]]:
+    """Every usage and GPU minute as the views give them, without the store's ids."""
+    with connection.cursor() as cur:
+        out = {}
+        for view in ("billing_usageminute", "billing_gpuminute"):
+            cur.execute(f"SELECT * FROM {view} LIMIT 0")  # noqa: S608 - fixed names
+            columns = [c.name for c in cur.description if c.name not in {"id", "card_id", "workload_id"}]
+            cur.execute(f"SELECT {', '.join(columns)} FROM {view} ORDER BY {', '.join(columns)}")  # noqa: S608 - fixed names and their catalogue columns
+            out[view] = cur.fetchall()
+        return out
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_slim_store_migration_converts_an_empty_and_a_filled_ledger_both_ways(
+        post_batch, minute_start, one_usd_per_gpu_second):
+    """Migration 0043 back to the wide minute tables and forward to the slim store: an empty ledger,
+    then one the rollup wrote (a late batch in rolled minutes, two workloads, integrals past 15
+    significant digits), gives back every minute row to the last digit."""
+    from django.db.migrations.executor import MigrationExecutor
+
+    wide = [("billing", "0042_minute_store_integrals")]
+
+    def there_and_back() -> None:
+        executor = MigrationExecutor(connection)
+        executor.migrate(wide)
+        executor = MigrationExecutor(connection)
+        executor.migrate(executor.loader.graph.leaf_nodes())
+
+    there_and_back()
+    assert _minute_rows() == {"billing_usageminute": [], "billing_gpuminute": []}
+    two = [{"gpu": 0, "tenant": "acme", "pod": "p", "mem_used": 81000.0009765625, "mem_granted": 512.0,
+            "sm_used": 3.0, "sm_granted": 13.5},
+           {"gpu": 0, "tenant": "beta", "pod": "q", "mem_used": 100.5, "mem_granted": 0.0, "sm_used": 1.0,
+            "sm_granted": 0.0}]
+    assert post_batch(make_batch(start=minute_start + timedelta(seconds=10), seq=2, workloads=two)).status_code == 201
+    rollup_usage(now=clock.now())
+    assert post_batch(make_batch(start=minute_start, seq=1, workloads=two)).status_code == 201
+    rollup_usage(now=clock.now())
+    rows = _minute_rows()
+    assert len(rows["billing_usageminute"]) == 2
+    assert any(len(str(v).replace(".", "").strip("0")) > 15 for r in rows["billing_usageminute"] for v in r)
+    there_and_back()
+    assert _minute_rows() == rows
+
+
+@pytest.mark.django_db
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(quanta=st.integers(min_value=0, max_value=2**53 - 1),
+       digits=st.decimals(min_value=0, max_value=Decimal("9999999999.99999"), places=5, allow_nan=False))
+def test_the_store_gives_back_every_integral_it_holds_as_the_decimal_it_was(quanta: int, digits: Decimal) -> None:
+    """float8 in the store, numeric in the views (billing_exact): a multiple of 2^-10 below 2^43 (what
+    agents send, and every sum of it a minute holds) comes back digit for digit, though it may have
+    more significant digits than a float8 -> numeric cast keeps; a decimal of at most 15 significant
+    digits (what another client may send) comes back as itself."""
+    on_grid = Decimal(quanta) / 1024
+    with connection.cursor() as cur:
+        cur.execute("SELECT billing_exact(%s::numeric::float8), billing_exact(%s::numeric::float8)",
+                    [on_grid, digits])
+        back_on_grid, back_digits = cur.fetchone()
+    assert back_on_grid == on_grid
+    assert back_digits == digits

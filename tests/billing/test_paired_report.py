@@ -16,6 +16,7 @@ from django.core.management import call_command
 from django.utils import translation
 
 from billing.errors import InvalidInput
+from billing.ledger.partitions import MINUTE_TABLES, partition_name
 from billing.ledger.rollup import rollup_usage
 from billing.models import AuditEvent, PairedReport, Tenant
 from billing.services.savings import headline_text, savings_tables
@@ -97,7 +98,7 @@ def test_the_report_reads_minutes_planned_on_their_statistics(fifteen_minutes):
     reads first (on three fresh demo days its main read took 115 s unplanned, 4 s analysed)."""
     from django.db import connection
 
-    partitions = [f"billing_{table}_p{START:%Y%m%d}" for table in ("usageminute", "gpuminute")]
+    partitions = [partition_name(START.date(), table) for table in MINUTE_TABLES]
 
     def reltuples() -> dict[str, float]:
         with connection.cursor() as cur:

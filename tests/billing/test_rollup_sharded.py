@@ -262,10 +262,6 @@ def test_no_rollup_runs_while_the_ledger_is_locked_for_re_pricing(client, fleet,
 # The node is in the key
 
 
-def _minute_keyed_by_node() -> bool:
-    return any(set(getattr(c, "fields", ())) == {"node", "gpu_uuid", "minute"} for c in GpuMinute._meta.constraints)
-
-
 def moved_gpu_batches(client: Client, fleet: dict[str, str], *, at: datetime, handover: timedelta) -> tuple[int, int]:
     """GPU-moving metered by node 1 for `handover`, reassigned, then by node 2 up to the next whole
     minute. Returns the two node ids, which lie in different shards of 2."""
@@ -325,7 +321,6 @@ def test_a_gpu_moved_inside_an_hour_between_shards_is_billed_per_node_on_its_own
 
 
 @pytest.mark.django_db
-@pytest.mark.skipif(not _minute_keyed_by_node(), reason="needs the minute ledger keyed by node (migration 0018)")
 def test_a_gpu_moved_inside_a_minute_has_a_minute_row_per_node(client, fleet, rate_card):
     at = clock.now().replace(minute=0, second=0, microsecond=0) - timedelta(hours=2)
     first, second = moved_gpu_batches(client, fleet, at=at, handover=timedelta(seconds=20))
