@@ -1210,7 +1210,8 @@ def _model(name: str) -> Any:
     return apps.get_model("billing", name)
 
 
-LEDGER_MODELS = ("UsageBatch", "BatchGpu", "UsageMinute", "GpuMinute", "UsageHour", "GpuHour", "UsageDay", "GpuDay")
+LEDGER_MODELS = ("UsageBatch", "BatchGpu", "UsageMinute", "GpuMinute", "Workload", "UsageHour", "GpuHour", "UsageDay",
+                 "GpuDay")
 
 
 def minute_sums() -> dict[str, Decimal]:
@@ -1402,7 +1403,8 @@ def rows_per_gpu_day(shape: dict[str, int]) -> dict[str, float]:
     inside a window (the slot's old pod has a row of the window too); a pod starts on a multiple of
     pod_grid_s, so at a window's edge in grid / lcm(grid, window) of the cases. Integral rows: one per
     batch, workload, GPU and UTC minute, whatever the meter or the wire (ingest sums v1 samples per
-    minute), so one per workload-minute with minute batches."""
+    minute), so one per workload-minute with minute batches. Workloads (the minute store's names):
+    one per pod started."""
     w, per_node, batch_s = shape["workloads_per_gpu"], shape["gpus_per_node"], shape["batch_seconds"]
     starts, grid = w * pod_starts_per_slot_day(shape), shape.get("pod_grid_s", 1)
 
@@ -1412,7 +1414,8 @@ def rows_per_gpu_day(shape: dict[str, int]) -> dict[str, float]:
     batches = 86400 / batch_s
     return {"integral rows": w * 86400 * max(1, batch_s // 60) / batch_s + inside(60),
             "UsageBatch": batches / per_node, "BatchGpu": batches,
-            "UsageMinute": 1440.0 * w + inside(60), "GpuMinute": 1440.0, "UsageHour": 24.0 * w + inside(3600),
+            "UsageMinute": 1440.0 * w + inside(60), "GpuMinute": 1440.0, "Workload": starts,
+            "UsageHour": 24.0 * w + inside(3600),
             "GpuHour": 24.0, "UsageDay": float(w) + inside(86400), "GpuDay": 1.0}
 
 
@@ -1786,13 +1789,13 @@ def cores_table(report: Report) -> str:
 
 
 DISK_ROWS = (("integral rows", ("integral rows",)), ("batches + batch GPUs", ("UsageBatch", "BatchGpu")),
-             ("minute ledger", ("UsageMinute", "GpuMinute")), ("hour ledger", ("UsageHour", "GpuHour")),
+             ("minute ledger", ("UsageMinute", "GpuMinute")), ("workloads (the minutes' names)", ("Workload",)), ("hour ledger", ("UsageHour", "GpuHour")),
              ("day ledger", ("UsageDay", "GpuDay")))
 
 
 def bytes_per_gpu_day(report: Report, s: Setting, table: str) -> float:
     """Bytes per row measured in this run x rows per GPU-day in a steady fleet."""
-    rows = s.table_rows[table]
+    rows = s.table_rows.get(table, 0)  # a report from before a table was counted has none of it
     return s.table_bytes[table] / rows * rows_per_gpu_day(report.shape)[table] if rows else 0.0
 
 
@@ -1804,7 +1807,7 @@ def disk_table(report: Report) -> str:
     first = report.settings[0]
     for label, names in (*DISK_ROWS, ("**all ledger tables**", tuple(n for _, ns in DISK_ROWS for n in ns))):
         per_day = [sum(bytes_per_gpu_day(report, s, n) for n in names) for s in report.settings]
-        n_rows = sum(first.table_rows[n] for n in names)
+        n_rows = sum(first.table_rows.get(n, 0) for n in names)
         per_row = f"{sum(first.table_bytes[n] for n in names) / n_rows:,.0f}" if n_rows and len(names) < 3 else "-"
         before = sum(first.table_bytes_as_left.get(n, 0) for n in names)
         bloat = f"x {before / sum(first.table_bytes[n] for n in names):.1f}" if before and len(names) < 3 else "-"
@@ -1848,35 +1851,42 @@ def pages_table(report: Report) -> str:
     return "\n".join(rows)
 
 
-# Retention held by the plan (docs/scaling.md), the shipped defaults (docs/operations.md, "Retention
-# and disk"): integral rows for the late-usage horizon (45 days) plus the 2-day margin, and the
-# batches with their GPU rows as long as them; the minute ledger 100 days, hours 396 (13 months).
-# Days are kept forever: the plan counts one year of them.
+# Retention held by the plan, two ways (docs/operations.md, "Retention and disk"; docs/scaling.md,
+# "Held under 2 TB"): the shipped defaults (the integral rows' day partitions and the batches for the
+# late-usage horizon, 45 days, plus the 2-day margin; minutes and their workloads 100 days) and the
+# retention documented for a fleet of 10,000 GPUs (a 21-day horizon: 23 days of batches, minutes and
+# workloads). Both keep hours 396 days (13 months); days are kept forever: the plan counts a year.
 PLAN_GPUS = 10_000
 PLAN_UTILISATION = 0.5  # cores planned at half busy: headroom for peaks and for catching up a backlog
-PLAN_DAYS = {"integral rows": 47, "UsageBatch": 47, "BatchGpu": 47, "UsageMinute": 100, "GpuMinute": 100,
-             "UsageHour": 396, "GpuHour": 396, "UsageDay": 365, "GpuDay": 365}
+_KEPT_ALWAYS = {"UsageHour": 396, "GpuHour": 396, "UsageDay": 365, "GpuDay": 365}
+PLAN_RETENTIONS = {
+    "shipped defaults": {"integral rows": 47, "UsageBatch": 47, "BatchGpu": 47, "UsageMinute": 100, "GpuMinute": 100,
+                         "Workload": 100, **_KEPT_ALWAYS},
+    "10,000-GPU retention": {"integral rows": 23, "UsageBatch": 23, "BatchGpu": 23, "UsageMinute": 23, "GpuMinute": 23,
+                             "Workload": 23, **_KEPT_ALWAYS},
+}
 
 
 def plan_table(report: Report) -> str:
     """What PLAN_GPUS GPUs with this run's workloads per GPU need, from this run's per-1,000 figures."""
     scale = PLAN_GPUS / 1000
     rows = [f"| meter | cores at {PLAN_UTILISATION:.0%} busy: web/ingest + Postgres + rollup = total | ledger GB/day "
-            "| WAL GB/day | disk held, TB (integral rows and batches 47 d, minutes 100 d, hours 396 d, days 1 year) "
+            "| WAL GB/day | disk held, TB: shipped defaults (batches 47 d, minutes 100 d, hours 396 d, days 1 year) "
+            "| disk held, TB: 10,000-GPU retention (batches and minutes 23 d, hours 396 d, days 1 year) "
             "| RAM: gunicorn + rollup workers, GiB |",
-            "|---|---|---:|---:|---:|---:|"]
+            "|---|---|---:|---:|---:|---:|---:|"]
     for s in report.settings:
         web = cores(report, s.ingest.cpu_gunicorn_s) * scale / PLAN_UTILISATION
         pg = cores(report, s.ingest.cpu_postgres_s + s.rollup.cpu_postgres_s) * scale / PLAN_UTILISATION
         roll = cores(report, s.rollup.cpu_workers_s) * scale / PLAN_UTILISATION
-        per_day = {t: bytes_per_gpu_day(report, s, t) * PLAN_GPUS for t in PLAN_DAYS}
-        held = sum(per_day[t] * days for t, days in PLAN_DAYS.items())
+        per_day = {t: bytes_per_gpu_day(report, s, t) * PLAN_GPUS for t in PLAN_RETENTIONS["shipped defaults"]}
+        held = [sum(per_day[t] * days for t, days in kept.items()) for kept in PLAN_RETENTIONS.values()]
         # One sync gunicorn worker or rollup process uses at most one core: a process per planned core.
         ram = (math.ceil(web) * s.ingest.gunicorn_worker_rss_max
                + math.ceil(roll) * max(w.max_rss for w in s.rollup.workers)) / 2**30
         rows.append(f"| {s.meter_ms} ms | {web:.1f} + {pg:.1f} + {roll:.1f} = **{web + pg + roll:.1f}** "
                     f"| {sum(per_day.values()) / 1e9:,.0f} | {_gb_day(report, s.wal_bytes) * scale:,.0f} "
-                    f"| {held / 1e12:,.1f} | {ram:,.1f} |")
+                    f"| {held[0] / 1e12:,.2f} | **{held[1] / 1e12:,.2f}** | {ram:,.1f} |")
     return "\n".join(rows)
 
 
@@ -1917,7 +1927,7 @@ def tables(report: Report) -> str:
             f"every {SAMPLE_EVERY_S} s; Postgres' shared_buffers come on top):\n\n{memory_table(report)}"
             f"{precision}{scaling}{modes}\n\n"
             f"{PLAN_GPUS:,} GPUs x {report.shape['workloads_per_gpu']} workloads, {plan_source}; retention as "
-            f"assumed in bench/fleet.py PLAN_DAYS; Postgres' own RAM is planned in "
+            f"assumed in bench/fleet.py PLAN_RETENTIONS; Postgres' own RAM is planned in "
             f"docs/scaling.md:\n\n{plan_table(report)}\n\nPages after the run (median of the "
             f"timed runs; {fleet_seconds(report) // 60} minutes of data, so they say little about "
             f"pages at a month's scale: bench/web_pages.py measures that):\n\n{pages_table(report)}")

@@ -97,12 +97,14 @@ def ensure_raw_partitions() -> list[str]:
 )
 def apply_retention() -> dict[str, list[str] | int | str | None]:
     """Hourly: drop raw and minute day partitions past their retention, keeping those that hold
-    samples of pending or quarantined batches, then the batches whose raw days are gone, then
-    the days of hours past theirs. Idempotent: a second run finds nothing to drop."""
+    samples of pending or quarantined batches, then the batches whose raw days are gone and the
+    workloads whose minute days are, then the days of hours past theirs. Idempotent: a second run
+    finds nothing to drop."""
     result = _apply_retention(now=timezone.now())
     hours = result.hours
     return {"dropped": list(result.dropped), "held": [h.name for h in result.held],
             "lock_busy": list(result.lock_busy), "batches_pruned": result.batches_pruned,
+            "workloads_pruned": result.workloads_pruned,
             "hour_days_pruned": [d.isoformat() for d in hours.days] if hours else [],
             "hour_rows_pruned": hours.usage_rows + hours.gpu_rows if hours else 0,
             "hour_day_held": hours.held_day.isoformat() if hours and hours.held_day else None,

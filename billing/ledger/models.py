@@ -28,6 +28,7 @@ The month ledger (UsageMonth) is derived from the day ledger the same way, in th
 from decimal import Decimal
 
 from django.db import models
+from django.db.models.functions import Cast, Now
 
 from billing.models.fleet import Node
 from billing.models.pricing import RateCard
@@ -131,10 +132,17 @@ class Workload(models.Model):
     container = models.CharField(max_length=253)
     pod_uid = models.CharField(max_length=64)
     sla_tier = models.CharField(max_length=63)
+    # The UTC day of the latest minute the store holds of it, or a later day: the rollup raises it as it
+    # writes minutes, and retention deletes the workload once the minute days up to it are dropped
+    # (billing.ledger.retention), so that the table holds the pods of the retained minutes, not every pod
+    # ever seen (millions a day in a fleet whose pods churn). Rows made otherwise (the minute views'
+    # trigger) take the day they are made.
+    last_day = models.DateField(db_default=Cast(Now(), models.DateField()))
 
     class Meta:
         constraints = [models.UniqueConstraint(fields=["tenant", "namespace", "pod", "container", "pod_uid", "sla_tier"],
                                                name="workload_key")]
+        indexes = [models.Index(fields=["last_day"], name="workload_last_day_idx")]
 
     def __str__(self) -> str:
         return f"{self.tenant} {self.namespace}/{self.pod}/{self.container}"

@@ -90,6 +90,9 @@ _BLOCKER_IDS_SHOWN = 20
 # Batches pruned per transaction: a day of 10,000 GPUs in nodes of 8 is 1.8 M batches and 14.4 M
 # GPU rows, which the hourly run deletes an hour's worth at a time in short transactions.
 _PRUNE_CHUNK = 5_000
+# Workloads deleted per transaction: each holds the ledger lock (rollups skip a cycle meanwhile), and a
+# fleet whose pods churn retires millions a day.
+_WORKLOAD_CHUNK = 50_000
 
 
 @dataclass(frozen=True)
@@ -182,6 +185,7 @@ class RetentionResult:
     # Past retention, no batch in the way, but the table lock was not granted in time: next run.
     lock_busy: tuple[str, ...]
     batches_pruned: int = 0  # batches deleted with their GPU rows, their raw days gone
+    workloads_pruned: int = 0  # workloads whose minute days are all gone (billing_workload)
     hours: HoursPrunedResult | None = None  # None: no day of hours was past its retention
 
 
@@ -410,7 +414,8 @@ def apply_retention(*, now: datetime) -> RetentionResult:
     if dropped:
         log.info("event=retention_dropped partitions=%s", ",".join(dropped))
     return RetentionResult(dropped=tuple(dropped), held=tuple(held), lock_busy=tuple(busy),
-                           batches_pruned=_prune_batches(), hours=_prune_hours(policy.hour_keep_from(now)))
+                           batches_pruned=_prune_batches(), workloads_pruned=_prune_workloads(),
+                           hours=_prune_hours(policy.hour_keep_from(now)))
 
 
 def _next_hour_day(cur: CursorWrapper, since: datetime | None) -> date | None:
@@ -586,6 +591,31 @@ def _prune_batches() -> int:
             break
     if pruned:
         log.info("event=retention_batches_pruned batches=%d before=%s", pruned, before.isoformat())
+    return pruned
+
+
+def _prune_workloads() -> int:
+    """Delete the workloads (billing_workload) whose latest minute lies before the minute watermark:
+    every minute day up to their last_day is dropped, so no minute row names them, and the hour, day
+    and month ledgers spell the names out. A chunk per transaction, under the ledger lock: a rollup
+    in flight may have just found one of them for a late minute and be about to raise its last_day
+    (it takes the shared lock, so it has either committed that or not begun). Returns how many went."""
+    with connection.cursor() as cur:
+        before = _watermark(cur, "minute")
+    if before is None:  # no minute day was ever dropped
+        return 0
+    pruned = 0
+    while True:
+        with transaction.atomic(), connection.cursor() as cur:
+            lock_ledger()
+            cur.execute("DELETE FROM billing_workload WHERE id IN (SELECT id FROM billing_workload WHERE last_day < %s "
+                        "ORDER BY last_day LIMIT %s)", [before.astimezone(UTC).date(), _WORKLOAD_CHUNK])
+            deleted: int = cur.rowcount
+        pruned += deleted
+        if deleted < _WORKLOAD_CHUNK:
+            break
+    if pruned:
+        log.info("event=retention_workloads_pruned workloads=%d before=%s", pruned, before.isoformat())
     return pruned
 
 

@@ -459,7 +459,7 @@ def _recompute(cur: CursorWrapper, affected: set[Key], *, rolling: Sequence[int]
                          f"e.g. {min(unmetered)}")
     usage_buf, gpu_buf = _priced_rows(
         windows, workloads, cards, covered, card_ids=card_ids(cur, {(n, g, w.model) for (n, g, _), w in windows.items()}),
-        workload_ids=workload_ids(cur, {r[:6] for rows in workloads.values() for r in rows}))
+        workload_ids=workload_ids(cur, _last_days(workloads)))
     ensure_minute_partitions(days_between(lo, hi))  # the minute ledger is day-partitioned (retention)
     for table in MINUTE_TABLES:  # every card of the node's GPU: the minute's model may have changed
         cur.execute(
@@ -590,7 +590,7 @@ _STORED_SQL = (
     "SELECT a.node_id, a.gpu_uuid, a.minute, " + ", ".join(f"w.{k}" for k in _WORKLOAD_KEY) + ", "  # noqa: S608 - fixed SQL built from constant column lists; values are parameters
     + ", ".join(f"CASE WHEN {_quantized(f'm.{c}')} THEN m.{c} END, "
                 f"CASE WHEN NOT ({_quantized(f'm.{c}')}) THEN billing_exact(m.{c}) END" for c in _STORED_INTEGRALS)
-    + f" FROM {_UNNEST} AS a(node_id, gpu_uuid, minute) JOIN billing_card c ON c.node_id = a.node_id "
+    + f" FROM {_UNNEST} AS a(node_id, gpu_uuid, minute) JOIN billing_card c ON c.node_id = a.node_id "  # noqa: S608 - as above
     # One lookup into the key per card-minute, whatever the statistics say: the minute being rolled up
     # is written by this very cycle, after its partition's last ANALYZE, so the planner took the
     # minute's range for one row and hashed all of it (9.3 s per transaction of 4 nodes at 10,000
@@ -643,6 +643,17 @@ def _rate_of(cards: RateCards, model: str, minute: datetime, *, covered: bool) -
     if card is not None:
         return card.rate, card.currency, True
     return Rate(price_per_gpu_hour=Decimal(0)), "", False
+
+
+def _last_days(workloads: dict[Key, list[tuple[Any, ...]]]) -> dict[tuple[Any, ...], date]:
+    """Each workload written and the UTC day of its latest minute among them."""
+    days: dict[tuple[Any, ...], date] = {}
+    for (_, _, minute), rows in workloads.items():
+        day = minute.astimezone(UTC).date()
+        for r in rows:
+            if days.get(r[:6], day) <= day:
+                days[r[:6]] = day
+    return days
 
 
 def _priced_rows(windows: dict[Key, _Window], workloads: dict[Key, list[tuple[Any, ...]]],

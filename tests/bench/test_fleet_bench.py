@@ -113,6 +113,7 @@ def test_fleet_benchmark_accounts_for_every_sample_and_cent_at_each_meter_width(
         assert rows["integral rows"] == 0  # an inbox: the rollup added every row into the minutes
         assert rows["BatchGpu"] == GPUS * fleet_seconds // BATCH_S
         assert rows["UsageMinute"] == pod_minutes
+        assert rows["Workload"] == pods  # one container a pod: a workload each, its names stored once
         assert rows["GpuMinute"] == GPUS * MINUTES
         assert rows["UsageDay"] >= pods
         assert rows["GpuDay"] >= GPUS

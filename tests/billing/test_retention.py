@@ -29,7 +29,7 @@ from hypothesis import strategies as st
 from billing import tasks
 from billing.checks import check_retention
 from billing.ledger.models import BatchGpu as Gpu
-from billing.ledger.models import GpuMinute, UsageBatch, UsageMinute
+from billing.ledger.models import GpuMinute, UsageBatch, UsageDay, UsageMinute, Workload
 from billing.ledger.partitions import (
     MINUTE_TABLES,
     RAW_TABLE,
@@ -145,8 +145,8 @@ def test_running_retention_twice_drops_nothing_the_second_time() -> None:
     dropped = first["dropped"]
     assert isinstance(dropped, list)
     assert partition_name(day) in dropped
-    assert second == {"dropped": [], "held": [], "lock_busy": [], "batches_pruned": 0, "hour_days_pruned": [],
-                      "hour_rows_pruned": 0, "hour_day_held": None, "hour_days_kept": []}
+    assert second == {"dropped": [], "held": [], "lock_busy": [], "batches_pruned": 0, "workloads_pruned": 0,
+                      "hour_days_pruned": [], "hour_rows_pruned": 0, "hour_day_held": None, "hour_days_kept": []}
 
 
 # --- what is never dropped --------------------------------------------------------------------
@@ -229,6 +229,35 @@ def test_batches_go_with_their_raw_day_once_rolled_up_and_a_retry_of_one_is_refu
     assert answer.status_code == 400, answer.content
     assert UsageBatch.objects.count() == 1
     assert UsageMinute.objects.count() == minutes
+
+
+def test_a_workload_goes_once_the_minute_days_up_to_its_last_one_are_dropped_and_not_before(
+        post_batch: PostBatch, time_machine: Any) -> None:
+    first = clock.now().date() - timedelta(days=150)
+    noon = datetime(first.year, first.month, first.day, 12, tzinfo=UTC)
+    stays = [{"gpu": 0, "tenant": "acme", "pod": "stays", "mem_used": 1.0, "mem_granted": 2.0, "sm_used": 1.0,
+              "sm_granted": 2.0}]
+    time_machine.move_to(noon + timedelta(minutes=5), tick=False)
+    assert post_batch(make_batch(start=noon, seq=1, workloads=[*stays, {**stays[0], "pod": "leaves"}])).status_code == 201
+    rollup_usage(now=clock.now())
+    assert dict(Workload.objects.values_list("pod", "last_day")) == {"stays": first, "leaves": first}
+    second = first + timedelta(days=2)  # the same pod again two days later: its last day moves on
+    time_machine.move_to(noon + timedelta(days=2, minutes=5), tick=False)
+    assert post_batch(make_batch(start=noon + timedelta(days=2), seq=2, workloads=stays)).status_code == 201
+    rollup_usage(now=clock.now())
+    assert dict(Workload.objects.values_list("pod", "last_day")) == {"stays": second, "leaves": first}
+
+    first_gone = day_bounds(first)[1] + policy().minute_retention
+    assert apply_retention(now=first_gone - timedelta(microseconds=1)).workloads_pruned == 0
+    result = apply_retention(now=first_gone)
+    assert partition_name(first, MINUTE_TABLES[0]) in result.dropped
+    assert result.workloads_pruned == 1
+    assert list(Workload.objects.values_list("pod", flat=True)) == ["stays"]  # its minutes of the later day are kept
+    assert UsageMinute.objects.filter(pod="stays").count() == 1
+    result = apply_retention(now=day_bounds(second)[1] + policy().minute_retention)
+    assert (result.workloads_pruned, Workload.objects.count(), UsageMinute.objects.count()) == (1, 0, 0)
+    # What they billed stays, names and all, in the hours and days.
+    assert set(UsageDay.objects.values_list("pod", flat=True)) == {"stays", "leaves"}
 
 
 @pytest.mark.django_db
