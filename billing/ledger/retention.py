@@ -40,6 +40,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, timedelta
+from typing import Any
 
 from django.conf import settings
 from django.db import OperationalError, connection, transaction
@@ -565,6 +566,21 @@ def _log_hours(days: list[date], kept: list[tuple[date, str]], held_day: date | 
                  ",".join(d.isoformat() for d in days), *rows)
 
 
+def _delete_in_chunks(sql: str, params: list[Any], *, chunk: int, locked: bool) -> int:
+    """Run a DELETE whose last parameter is its chunk's size, a transaction per chunk (under the
+    ledger lock when `locked`), until a chunk comes back short. Returns the rows deleted."""
+    total = 0
+    while True:
+        with transaction.atomic(), connection.cursor() as cur:
+            if locked:
+                lock_ledger()
+            cur.execute(sql, [*params, chunk])
+            deleted: int = cur.rowcount
+        total += deleted
+        if deleted < chunk:
+            return total
+
+
 def _prune_batches() -> int:
     """Delete the batches whose window ended before the raw watermark, with their GPU rows, a chunk
     per transaction. Only rolled-up ones: a pending or quarantined batch holds its raw day, so its
@@ -575,20 +591,13 @@ def _prune_batches() -> int:
         before = _watermark(cur, "raw")
     if before is None:  # no raw day was ever dropped
         return 0
-    pruned = 0
-    while True:
-        with transaction.atomic(), connection.cursor() as cur:
-            # window_start first: the batches' window index finds them; window_end is the rule.
-            cur.execute(
-                "WITH gone AS (SELECT id FROM billing_usagebatch WHERE window_start < %s AND window_end <= %s "
-                "AND rolled_up_at IS NOT NULL AND quarantined_at IS NULL ORDER BY id LIMIT %s), "
-                "gpus AS (DELETE FROM billing_batchgpu WHERE batch_id IN (SELECT id FROM gone)) "
-                "DELETE FROM billing_usagebatch WHERE id IN (SELECT id FROM gone)",
-                [before, before, _PRUNE_CHUNK])
-            deleted: int = cur.rowcount
-        pruned += deleted
-        if deleted < _PRUNE_CHUNK:
-            break
+    # window_start first: the batches' window index finds them; window_end is the rule.
+    pruned = _delete_in_chunks(
+        "WITH gone AS (SELECT id FROM billing_usagebatch WHERE window_start < %s AND window_end <= %s "
+        "AND rolled_up_at IS NOT NULL AND quarantined_at IS NULL ORDER BY id LIMIT %s), "
+        "gpus AS (DELETE FROM billing_batchgpu WHERE batch_id IN (SELECT id FROM gone)) "
+        "DELETE FROM billing_usagebatch WHERE id IN (SELECT id FROM gone)",
+        [before, before], chunk=_PRUNE_CHUNK, locked=False)
     if pruned:
         log.info("event=retention_batches_pruned batches=%d before=%s", pruned, before.isoformat())
     return pruned
@@ -604,16 +613,9 @@ def _prune_workloads() -> int:
         before = _watermark(cur, "minute")
     if before is None:  # no minute day was ever dropped
         return 0
-    pruned = 0
-    while True:
-        with transaction.atomic(), connection.cursor() as cur:
-            lock_ledger()
-            cur.execute("DELETE FROM billing_workload WHERE id IN (SELECT id FROM billing_workload WHERE last_day < %s "
-                        "ORDER BY last_day LIMIT %s)", [before.astimezone(UTC).date(), _WORKLOAD_CHUNK])
-            deleted: int = cur.rowcount
-        pruned += deleted
-        if deleted < _WORKLOAD_CHUNK:
-            break
+    pruned = _delete_in_chunks(
+        "DELETE FROM billing_workload WHERE id IN (SELECT id FROM billing_workload WHERE last_day < %s "
+        "ORDER BY last_day LIMIT %s)", [before.astimezone(UTC).date()], chunk=_WORKLOAD_CHUNK, locked=True)
     if pruned:
         log.info("event=retention_workloads_pruned workloads=%d before=%s", pruned, before.isoformat())
     return pruned
