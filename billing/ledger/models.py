@@ -28,6 +28,7 @@ The month ledger (UsageMonth) is derived from the day ledger the same way, in th
 from decimal import Decimal
 
 from django.db import models
+from django.db.models import F, Func
 from django.db.models.functions import Cast, Now
 
 from billing.models.fleet import Node
@@ -269,6 +270,11 @@ class ExactDecimalField(models.DecimalField):  # type: ignore[type-arg]
         return "numeric"
 
 
+# What usage_month_key_idx hashes of a month row: its group but the month and node (billing.ledger.months).
+MONTH_KEY_HASHED = ("gpu_uuid", "tenant", "namespace", "pod", "container", "pod_uid", "sla_tier", "gpu_model", "memory_mb",
+                    "sm_count")
+
+
 class UsageMonth(_WorkloadUsage):
     """A workload's usage on one GPU for one UTC month: the sum of its UsageDay rows of that month
     (billing.ledger.months), for reads of whole UTC months (~5x fewer rows than days where a pod lives
@@ -292,7 +298,11 @@ class UsageMonth(_WorkloadUsage):
 
     class Meta:
         indexes = [
-            models.Index(fields=["node", "gpu_uuid", "month"], name="usage_month_node_gpu_idx"),
+            # A node's rows of a month, and in them a month row's group (but node and month) hashed: where
+            # closing a day merges the day's rows into the month rows of the same group (billing.ledger.months),
+            # and where a GPU-month's rows are replaced. The function: migration 0046.
+            models.Index(F("node"), F("month"), Func(*(F(c) for c in MONTH_KEY_HASHED), function="billing_month_key",
+                                                     output_field=models.BigIntegerField()), name="usage_month_key_idx"),
             models.Index(fields=["month", "tenant"], name="usage_month_tenant_idx"),
         ]
 

@@ -131,6 +131,13 @@ def _months() -> dict[tuple[Any, ...], dict[str, Any]]:
             for m in months}
 
 
+def _row_versions() -> dict[tuple[Any, ...], tuple[str, str]]:
+    """Each month row's (ctid, xmin) by its group: a row rewritten gets a new one."""
+    with connection.cursor() as cur:
+        cur.execute(f"SELECT month, {', '.join(KEY)}, gpu_model, ctid::text, xmin::text FROM billing_usagemonth")  # noqa: S608 - constant column names
+        return {tuple(r[:-2]): (r[-2], r[-1]) for r in cur.fetchall()}
+
+
 def _snapshot() -> list[tuple[Any, ...]]:
     return sorted(tuple(v for k, v in r.items() if k != "id") for r in UsageMonth.objects.values())
 
@@ -166,13 +173,38 @@ def test_closing_days_merges_them_into_the_months_as_a_rebuild_would(db: Any, ro
     _write(rows, gpu_rows=gpu_rows)
     assert _months() == _months_as_sums_of_days()
     assert close_days(now=closed + timedelta(hours=23)) == 0  # the day in progress stays out
+    before = _row_versions()
     assert close_days(now=APRIL + timedelta(hours=5)) == (APRIL - closed).days
+    # A month row no closed day adds to is left where it was, not rewritten (its tuple is the same).
+    days: list[Mapping[str, Any]] = list(UsageDay.objects.filter(day__gte=closed).values())
+    added = {(d["day"].replace(day=1), *(d[k] for k in KEY)) for d in days}
+    untouched = {k: v for k, v in before.items() if k[:-1] not in added}
+    assert {k: v for k, v in _row_versions().items() if k in untouched} == untouched
     assert _closed_through() == APRIL
     merged = _snapshot()
     assert _months() == _months_as_sums_of_days()
     rebuild_days(start=FEB_20, end=APRIL)
     assert _snapshot() == merged
     assert close_days(now=APRIL) == 0  # never backwards
+
+
+def test_closing_a_day_rewrites_only_the_month_rows_of_its_workloads(db: Any) -> None:
+    """Pod a ran on March 2 only, pod b on March 2 and 20: closing March 20 merges b's month row and
+    leaves a's as it was (where pods churn, most of a month's rows are of pods long gone)."""
+    closed = MARCH + timedelta(days=15)
+    _set_closed_through(closed)
+    charge = 10**12
+    _write([Row(0, MARCH + timedelta(days=1), "acme", "a", "main", charge, 7, 11, 0),
+            Row(0, MARCH + timedelta(days=1, hours=1), "acme", "b", "main", charge, 7, 11, 0),
+            Row(0, MARCH + timedelta(days=19), "acme", "b", "main", charge, 7, 11, 0)], gpu_rows=True)
+    before = _row_versions()
+    assert close_days(now=APRIL) == (APRIL - closed).days
+    after = _row_versions()
+    pod_a, pod_b = (next(k for k in before if k[5] == pod) for pod in ("a", "b"))
+    assert after[pod_a] == before[pod_a]
+    assert after[pod_b] != before[pod_b]
+    assert UsageMonth.objects.get(pod="b").charge == 2 * charge * UNIT
+    assert _months() == _months_as_sums_of_days()
 
 
 def test_the_rollup_keeps_the_month_rows_of_the_days_it_writes(post_batch: Any) -> None:
