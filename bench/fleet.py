@@ -1210,8 +1210,8 @@ def _model(name: str) -> Any:
     return apps.get_model("billing", name)
 
 
-LEDGER_MODELS = ("UsageBatch", "BatchGpu", "UsageMinute", "GpuMinute", "Workload", "UsageHour", "GpuHour", "UsageDay",
-                 "GpuDay")
+LEDGER_MODELS = ("UsageBatch", "BatchGpu", "UsageMinute", "GpuMinute", "Workload", "WorkloadMeta", "UsageHour", "GpuHour",
+                 "UsageDay", "GpuDay", "UsageMonth")
 
 
 def minute_sums() -> dict[str, Decimal]:
@@ -1397,6 +1397,9 @@ def pod_starts_per_slot_day(shape: dict[str, int]) -> float:
     return 1440 / mean_minutes
 
 
+MONTH_DAYS = 365.25 / 12  # a mean month
+
+
 def rows_per_gpu_day(shape: dict[str, int]) -> dict[str, float]:
     """Rows each table gains per GPU and day in a steady fleet: the minute, hour and day ledgers have
     one row per workload and window, however short the run was, and one more for each pod that starts
@@ -1404,7 +1407,8 @@ def rows_per_gpu_day(shape: dict[str, int]) -> dict[str, float]:
     pod_grid_s, so at a window's edge in grid / lcm(grid, window) of the cases. Integral rows: one per
     batch, workload, GPU and UTC minute, whatever the meter or the wire (ingest sums v1 samples per
     minute), so one per workload-minute with minute batches. Workloads (the minute store's names):
-    one per pod started."""
+    one per pod started, and so are the pods' metadata rows (WorkloadMeta: one per pod and node, upserted by
+    every batch, never pruned). Months: kept for good like days, one row per pod and GPU and month."""
     w, per_node, batch_s = shape["workloads_per_gpu"], shape["gpus_per_node"], shape["batch_seconds"]
     starts, grid = w * pod_starts_per_slot_day(shape), shape.get("pod_grid_s", 1)
 
@@ -1414,9 +1418,22 @@ def rows_per_gpu_day(shape: dict[str, int]) -> dict[str, float]:
     batches = 86400 / batch_s
     return {"integral rows": w * 86400 * max(1, batch_s // 60) / batch_s + inside(60),
             "UsageBatch": batches / per_node, "BatchGpu": batches,
-            "UsageMinute": 1440.0 * w + inside(60), "GpuMinute": 1440.0, "Workload": starts,
+            "UsageMinute": 1440.0 * w + inside(60), "GpuMinute": 1440.0, "Workload": starts, "WorkloadMeta": starts,
             "UsageHour": 24.0 * w + inside(3600),
-            "GpuHour": 24.0, "UsageDay": float(w) + inside(86400), "GpuDay": 1.0}
+            "GpuHour": 24.0, "UsageDay": float(w) + inside(86400), "GpuDay": 1.0,
+            # A month is no fixed length: a slot's pod of the month, and a row for each pod that starts
+            # (any start but the month's first instant; none falls on it in a day's worth).
+            "UsageMonth": w / MONTH_DAYS + starts}
+
+
+def close_days_of_run(end: datetime) -> None:
+    """Month rows hold closed days only (billing.ledger.months): close the run's days as the next
+    midnight's first rollup would, so that the month ledger is measured with the others."""
+    from billing.ledger.months import close_days
+
+    began = time.perf_counter()
+    closed = close_days(now=end + timedelta(days=1))
+    log(f"  closed {closed} day(s) into the month ledger in {time.perf_counter() - began:.1f} s")
 
 
 def wal_lsn(database_url: str) -> int:
@@ -1585,6 +1602,7 @@ def run_setting(env: dict[str, str], dbs: Databases, tokens: dict[str, str], sha
         runs.insert(0, (run, rolled))
     del batches  # a large fleet's bodies are not needed past ingest
     wal = wal_lsn(dbs.url) - wal_start  # the headline run's ingest and rollup
+    close_days_of_run(start + timedelta(seconds=shape.seconds))
     sizes_before = table_bytes(dbs.url)
     sizes = sizes_before | compact_bytes(dbs.url)
     log(f"meter {meter_ms} ms: pages")
@@ -1789,8 +1807,9 @@ def cores_table(report: Report) -> str:
 
 
 DISK_ROWS = (("integral rows", ("integral rows",)), ("batches + batch GPUs", ("UsageBatch", "BatchGpu")),
-             ("minute ledger", ("UsageMinute", "GpuMinute")), ("workloads (the minutes' names)", ("Workload",)), ("hour ledger", ("UsageHour", "GpuHour")),
-             ("day ledger", ("UsageDay", "GpuDay")))
+             ("minute ledger", ("UsageMinute", "GpuMinute")), ("workloads (the minutes' names)", ("Workload",)),
+             ("pods' metadata (WorkloadMeta)", ("WorkloadMeta",)), ("hour ledger", ("UsageHour", "GpuHour")),
+             ("day ledger", ("UsageDay", "GpuDay")), ("month ledger", ("UsageMonth",)))
 
 
 def bytes_per_gpu_day(report: Report, s: Setting, table: str) -> float:
@@ -1858,7 +1877,7 @@ def pages_table(report: Report) -> str:
 # workloads). Both keep hours 396 days (13 months); days are kept forever: the plan counts a year.
 PLAN_GPUS = 10_000
 PLAN_UTILISATION = 0.5  # cores planned at half busy: headroom for peaks and for catching up a backlog
-_KEPT_ALWAYS = {"UsageHour": 396, "GpuHour": 396, "UsageDay": 365, "GpuDay": 365}
+_KEPT_ALWAYS = {"UsageHour": 396, "GpuHour": 396, "UsageDay": 365, "GpuDay": 365, "UsageMonth": 365, "WorkloadMeta": 365}
 PLAN_RETENTIONS = {
     "shipped defaults": {"integral rows": 47, "UsageBatch": 47, "BatchGpu": 47, "UsageMinute": 100, "GpuMinute": 100,
                          "Workload": 100, **_KEPT_ALWAYS},
@@ -1871,8 +1890,8 @@ def plan_table(report: Report) -> str:
     """What PLAN_GPUS GPUs with this run's workloads per GPU need, from this run's per-1,000 figures."""
     scale = PLAN_GPUS / 1000
     rows = [f"| meter | cores at {PLAN_UTILISATION:.0%} busy: web/ingest + Postgres + rollup = total | ledger GB/day "
-            "| WAL GB/day | disk held, TB: shipped defaults (batches 47 d, minutes 100 d, hours 396 d, days 1 year) "
-            "| disk held, TB: 10,000-GPU retention (batches and minutes 23 d, hours 396 d, days 1 year) "
+            "| WAL GB/day | disk held, TB: shipped defaults (batches 47 d, minutes 100 d, hours 396 d, days, months and pods' metadata 1 year) "
+            "| disk held, TB: 10,000-GPU retention (batches and minutes 23 d, hours 396 d, days, months and pods' metadata 1 year) "
             "| RAM: gunicorn + rollup workers, GiB |",
             "|---|---|---:|---:|---:|---:|---:|"]
     for s in report.settings:

@@ -64,6 +64,7 @@ LEDGERS = {
     "billing_gpuhour": ("hour", "1 day"),
     "billing_usageday": ("day", "1 day"),
     "billing_gpuday": ("day", "1 day"),
+    "billing_usagemonth": ("month", "1 month"),
 }
 BATCH_TABLES = ("billing_usagebatch", "billing_batchgpu")
 SMALL_TABLES = ("billing_card", "billing_workload")
@@ -85,6 +86,8 @@ def rows_per_day(table: str, *, gpus: int, workloads_per_gpu: int) -> float:
         "billing_gpuminute_store": gpus * 1440, "bench_wide_gpuminute": gpus * 1440,
         "billing_usagehour": gpus * workloads_per_gpu * 24, "billing_gpuhour": gpus * 24,
         "billing_usageday": gpus * workloads_per_gpu, "billing_gpuday": gpus,
+        # A month's rows over its days (a mean month): the same workloads all month.
+        "billing_usagemonth": gpus * workloads_per_gpu / (365.25 / 12),
         "billing_usagebatch": gpus / GPUS_PER_NODE * 1440, "billing_batchgpu": gpus * 1440,
         "bench_wide_batchgpu": gpus * 1440,
         # Rows per new GPU or pod, not per minute: nothing a steady fleet's day adds.
@@ -125,6 +128,7 @@ def _generate(args: argparse.Namespace) -> None:
     from django.db import connection
     from django.utils import timezone
 
+    from billing.ledger.months import close_days
     from billing.ledger.rollup import rollup_usage
     from billing.models import Node, RateCard
     from billing.services.identity.tokens import issue_node_token
@@ -147,6 +151,9 @@ def _generate(args: argparse.Namespace) -> None:
         cur.execute(f"CREATE TABLE {INTEGRAL_ROWS} (LIKE billing_raw_sample INCLUDING ALL)")
         cur.execute(f"INSERT INTO {INTEGRAL_ROWS} SELECT * FROM billing_raw_sample")  # noqa: S608 - fixed names
     rollup_usage(now=timezone.now(), max_batches=10**6)
+    # Month rows hold closed days only (billing.ledger.months): close the run's days as the next
+    # midnight would, so the month ledger has its rows too.
+    close_days(now=timezone.now() + timedelta(days=1))
 
 
 def _repeat(cur, table: str, column: str, step: str, rows: int) -> None:
