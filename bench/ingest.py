@@ -334,6 +334,23 @@ def setup_django(env: dict[str, str]) -> None:
     django.setup()
 
 
+def in_fresh_database(run: Callable[[], int]) -> int:
+    """`run()` with Django set up on a freshly migrated `<dbname>_bench` (DATABASE_URL's server),
+    dropped again afterwards, whatever `run` did."""
+    admin_url, name = bench_database(os.environ["DATABASE_URL"])
+    recreate_database(admin_url, name)
+    try:
+        env = child_env(with_database(admin_url, name))
+        manage(env, "migrate", "--noinput")
+        setup_django(env)
+        return run()
+    finally:
+        from django.db import connections
+
+        connections.close_all()
+        recreate_database(admin_url, name, drop_only=True)
+
+
 def ensure_partitions(days: set[date]) -> None:
     from django.db import transaction
 

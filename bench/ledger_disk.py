@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import random
 import sys
 from datetime import UTC, datetime, timedelta
@@ -43,17 +42,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from bench.ingest import (  # noqa: E402 - after the path fix above
-    Timeline,
-    bench_database,
-    build_payloads,
-    child_env,
-    make_agent,
-    manage,
-    recreate_database,
-    setup_django,
-    with_database,
-)
+from bench.ingest import Timeline, build_payloads, in_fresh_database, make_agent  # noqa: E402 - after the path fix above
 
 # table -> (time column, shift step of one copy): copies never collide with real rows or each other.
 LEDGERS = {
@@ -110,18 +99,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    admin_url, name = bench_database(os.environ["DATABASE_URL"])
-    recreate_database(admin_url, name)
-    try:
-        env = child_env(with_database(admin_url, name))
-        manage(env, "migrate", "--noinput")
-        setup_django(env)
-        return run(args)
-    finally:
-        from django.db import connections
-
-        connections.close_all()
-        recreate_database(admin_url, name, drop_only=True)
+    return in_fresh_database(lambda: run(args))
 
 
 def _generate(args: argparse.Namespace) -> None:

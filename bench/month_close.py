@@ -23,7 +23,6 @@ never fails on speed.
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import sys
 import time
@@ -34,7 +33,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from bench.ingest import bench_database, child_env, manage, recreate_database, setup_django  # noqa: E402
+from bench.ingest import in_fresh_database  # noqa: E402 - after the path fix above
 
 GPUS_PER_NODE = 8
 MONTH = datetime(2026, 3, 1, tzinfo=UTC)
@@ -54,18 +53,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    admin_url, name = bench_database(os.environ["DATABASE_URL"])
-    recreate_database(admin_url, name)
-    try:
-        env = child_env(admin_url.rsplit("/", 1)[0] + f"/{name}")
-        manage(env, "migrate", "--noinput")
-        setup_django(env)
-        return run(args)
-    finally:
-        from django.db import connections
-
-        connections.close_all()
-        recreate_database(admin_url, name, drop_only=True)
+    return in_fresh_database(lambda: run(args))
 
 
 def _fill(args: argparse.Namespace) -> None:
