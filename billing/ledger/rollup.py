@@ -471,7 +471,7 @@ def _recompute(cur: CursorWrapper, affected: set[Key], *, rolling: Sequence[int]
     cur.copy_expert(f"COPY {GPU_STORE} ({', '.join(_GPU_STORE_COLUMNS)}) FROM STDIN", gpu_buf)
     hours = {(n, g, m.replace(minute=0)) for n, g, m in affected}
     _recompute_hours(cur, hours)
-    _recompute_days(cur, {(n, g, h.replace(hour=0)) for n, g, h in hours})
+    _recompute_days(cur, hours)
     return len(windows), len(hours)
 
 
@@ -762,16 +762,41 @@ def _gpu_days_insert(source: str) -> str:
 
 _TOUCHED_DAYS = (f"JOIN {_UNNEST} AS a(node_id, gpu_uuid, day) ON h.node_id = a.node_id "
                  "AND h.gpu_uuid = a.gpu_uuid AND h.hour >= a.day AND h.hour < a.day + interval '1 day'")
+# The workload-days of the hours just recomputed: each (node, GPU, UTC day) with a workload's names.
+_WORKLOAD_DAYS = f"unnest(%s::bigint[], %s::varchar[], %s::timestamptz[], {', '.join(['%s::varchar[]'] * 6)})"
+_WORKLOAD_DAY_COLUMNS = f"node_id, gpu_uuid, day, {', '.join(_WORKLOAD_KEY)}"
+_TOUCHED_WORKLOAD_DAYS = (
+    f"SELECT DISTINCT h.node_id, h.gpu_uuid, {_DAY_OF}, {', '.join(f'h.{k}' for k in _WORKLOAD_KEY)} "  # noqa: S608 - built from constant column lists
+    f"FROM billing_usagehour h JOIN {_UNNEST} AS a(node_id, gpu_uuid, hour) ON h.node_id = a.node_id "
+    "AND h.gpu_uuid = a.gpu_uuid AND h.hour = a.hour"
+)
+_SAME_WORKLOAD = " AND ".join(f"{{t}}.{k} = a.{k}" for k in ("node_id", "gpu_uuid", *_WORKLOAD_KEY))
 
 
-def _recompute_days(cur: CursorWrapper, days: set[Key]) -> None:
-    """Replace the day rows of every node-GPU-day whose hours were just recomputed."""
-    node_col, gpu_col, day_col = _arrays(days)
-    keys: list[Any] = [node_col, gpu_col, day_col]
-    for table in ("billing_usageday", "billing_gpuday"):
-        cur.execute(f"DELETE FROM {table} d USING {_UNNEST} AS a(node_id, gpu_uuid, day) "  # noqa: S608 - the table is one of two literals; values are parameters
-                    "WHERE d.node_id = a.node_id AND d.gpu_uuid = a.gpu_uuid AND d.day = a.day", keys)
-    cur.execute(_usage_days_insert(_TOUCHED_DAYS), keys)
+def _recompute_days(cur: CursorWrapper, hours: set[Key]) -> None:
+    """Replace the day rows of the workloads whose hour rows in `hours` (node, GPU, hour) were just
+    recomputed, and the GPU-day rows of those GPU-days.
+
+    Only those workloads: a GPU-day holds a row for every pod that ran on it that day, and where
+    pods churn that is many times the pods running now (the fleet bench's pods, living 5-360
+    minutes, are 277 a GPU by the day's end against 16 at a time), so re-deriving every row of the
+    GPU-day on each cycle rewrote the whole day's pods every minute, growing through the day. The
+    hours just recomputed hold every workload whose figures changed: a minute priced again changes
+    only its own workloads, and a recompute never drops a workload from an hour (integrals add)."""
+    node_col, gpu_col, hour_col = _arrays(hours)
+    cur.execute(_TOUCHED_WORKLOAD_DAYS, [node_col, gpu_col, hour_col])
+    touched = sorted(cur.fetchall())
+    if touched:
+        columns = [list(c) for c in zip(*touched, strict=True)]
+        cur.execute(f"DELETE FROM billing_usageday d USING {_WORKLOAD_DAYS} AS a({_WORKLOAD_DAY_COLUMNS}) "  # noqa: S608 - built from constant column lists; values are parameters
+                    f"WHERE d.day = a.day AND {_SAME_WORKLOAD.format(t='d')}", columns)
+        cur.execute(_usage_days_insert(
+            f"JOIN {_WORKLOAD_DAYS} AS a({_WORKLOAD_DAY_COLUMNS}) ON h.hour >= a.day AND h.hour < a.day + interval '1 day' "
+            f"AND {_SAME_WORKLOAD.format(t='h')}"), columns)
+    days = {(n, g, h.replace(hour=0)) for n, g, h in hours}
+    keys: list[Any] = list(_arrays(days))
+    cur.execute("DELETE FROM billing_gpuday d USING " + _UNNEST + " AS a(node_id, gpu_uuid, day) "  # noqa: S608 - fixed SQL; values are parameters
+                "WHERE d.node_id = a.node_id AND d.gpu_uuid = a.gpu_uuid AND d.day = a.day", keys)
     cur.execute(_gpu_days_insert(_TOUCHED_DAYS), keys)
     recompute_months(cur, days)
 

@@ -182,6 +182,34 @@ def test_a_late_batch_for_an_earlier_day_updates_that_day_only(post_batch, rate_
     assert_days_equal_hours()
 
 
+def _day_row_versions() -> dict[str, tuple[str, str]]:
+    """Each usage-day row's (ctid, xmin) by its pod: a row rewritten gets a new one."""
+    with connection.cursor() as cur:
+        cur.execute("SELECT pod, ctid::text, xmin::text FROM billing_usageday")
+        return {pod: (ctid, xmin) for pod, ctid, xmin in cur.fetchall()}
+
+
+def test_a_cycle_rewrites_the_day_rows_of_its_own_workloads_only(post_batch, rate_card):
+    """Pod a ran at 05:00, pod b at 08:00 on the same GPU and day: rolling b's batch up rewrites b's
+    day row and the GPU-day, and leaves a's day row as it was (where pods churn, a GPU-day holds many
+    pods that are long gone)."""
+    at = base_day() + timedelta(hours=5)
+    post_batch(make_batch(seq=1, start=at, workloads=[{"gpu": 0, "tenant": "acme", "pod": "a", "mem_used": 100.0,
+                                                       "mem_granted": 200.0, "sm_used": 5.0, "sm_granted": 9.0}]))
+    rollup_usage(now=clock.now())
+    before = _day_row_versions()
+    post_batch(make_batch(seq=2, start=at + timedelta(hours=3), seconds=20,
+                          workloads=[{"gpu": 0, "tenant": "acme", "pod": "b", "mem_used": 300.0, "mem_granted": 400.0,
+                                      "sm_used": 7.0, "sm_granted": 8.0}]))
+    assert rollup_usage(now=clock.now()).batches == 1
+    after = _day_row_versions()
+    assert after["a"] == before["a"]
+    assert set(after) == {"a", "b"}
+    assert {d.pod: d.seconds for d in UsageDay.objects.all()} == {"a": Decimal(10), "b": Decimal(20)}
+    assert GpuDay.objects.get().metered_seconds == Decimal(30)
+    assert_days_equal_hours()
+
+
 def test_rebuild_ledger_reprices_the_days_too(post_batch):
     at = base_day() + timedelta(hours=9)
     post_batch(make_batch(seq=1, start=at))
