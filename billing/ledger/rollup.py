@@ -763,14 +763,33 @@ def _gpu_days_insert(source: str) -> str:
 _TOUCHED_DAYS = (f"JOIN {_UNNEST} AS a(node_id, gpu_uuid, day) ON h.node_id = a.node_id "
                  "AND h.gpu_uuid = a.gpu_uuid AND h.hour >= a.day AND h.hour < a.day + interval '1 day'")
 # The workload-days of the hours just recomputed: each (node, GPU, UTC day) with a workload's names.
-_WORKLOAD_DAYS = f"unnest(%s::bigint[], %s::varchar[], %s::timestamptz[], {', '.join(['%s::varchar[]'] * 6)})"
-_WORKLOAD_DAY_COLUMNS = f"node_id, gpu_uuid, day, {', '.join(_WORKLOAD_KEY)}"
 _TOUCHED_WORKLOAD_DAYS = (
     f"SELECT DISTINCT h.node_id, h.gpu_uuid, {_DAY_OF}, {', '.join(f'h.{k}' for k in _WORKLOAD_KEY)} "  # noqa: S608 - built from constant column lists
     f"FROM billing_usagehour h JOIN {_UNNEST} AS a(node_id, gpu_uuid, hour) ON h.node_id = a.node_id "
     "AND h.gpu_uuid = a.gpu_uuid AND h.hour = a.hour"
 )
-_SAME_WORKLOAD = " AND ".join(f"{{t}}.{k} = a.{k}" for k in ("node_id", "gpu_uuid", *_WORKLOAD_KEY))
+_WORKLOAD_DAY = f"node_id, gpu_uuid, day, {', '.join(_WORKLOAD_KEY)}"
+# Rows of the GPU-days (a) that are one of those workload-days: each GPU-day's rows read by its index
+# (node, GPU, time) behind a fence, then kept by a hashed lookup of the workload-days, so that a
+# cycle reads a GPU-day's rows once whatever the planner makes of the arrays' sizes.
+_OF_WORKLOAD_DAYS = (
+    f"IN (SELECT * FROM unnest(%s::bigint[], %s::varchar[], %s::timestamptz[], {', '.join(['%s::varchar[]'] * 6)}))"  # noqa: S608 - fixed SQL; values are parameters
+)
+_USAGE_DAYS_OF_WORKLOADS = (
+    f"INSERT INTO billing_usageday (day, {', '.join(_USAGE_COLUMNS)}, first_hour, last_hour) "  # noqa: S608 - built from constant column lists
+    f"SELECT {_DAY_OF}, h.gpu_uuid, h.node_id, {', '.join(f'h.{k}' for k in _WORKLOAD_KEY)}, "
+    f"{', '.join(f'sum(h.{c})' for c in _USAGE_COLUMNS[8:])}, min(h.hour), max(h.hour) "
+    f"FROM {_UNNEST} AS a(node_id, gpu_uuid, day) CROSS JOIN LATERAL (SELECT * FROM billing_usagehour u "
+    "WHERE u.node_id = a.node_id AND u.gpu_uuid = a.gpu_uuid AND u.hour >= a.day AND u.hour < a.day + interval '1 day' "
+    f"OFFSET 0) h WHERE (h.node_id, h.gpu_uuid, {_DAY_OF}, {', '.join(f'h.{k}' for k in _WORKLOAD_KEY)}) "
+    f"{_OF_WORKLOAD_DAYS} GROUP BY {_DAY_OF}, h.gpu_uuid, h.node_id, {', '.join(f'h.{k}' for k in _WORKLOAD_KEY)}"
+)
+_DELETE_USAGE_DAYS_OF_WORKLOADS = (
+    "DELETE FROM billing_usageday WHERE ctid = ANY(ARRAY(SELECT d.ctid "  # noqa: S608 - built from constant column lists
+    f"FROM {_UNNEST} AS a(node_id, gpu_uuid, day) CROSS JOIN LATERAL (SELECT u.ctid, u.* FROM billing_usageday u "
+    "WHERE u.node_id = a.node_id AND u.gpu_uuid = a.gpu_uuid AND u.day = a.day OFFSET 0) d "
+    f"WHERE (d.{_WORKLOAD_DAY.replace(', ', ', d.')}) {_OF_WORKLOAD_DAYS}))"
+)
 
 
 def _recompute_days(cur: CursorWrapper, hours: set[Key]) -> None:
@@ -785,16 +804,12 @@ def _recompute_days(cur: CursorWrapper, hours: set[Key]) -> None:
     only its own workloads, and a recompute never drops a workload from an hour (integrals add)."""
     node_col, gpu_col, hour_col = _arrays(hours)
     cur.execute(_TOUCHED_WORKLOAD_DAYS, [node_col, gpu_col, hour_col])
-    touched = sorted(cur.fetchall())
-    if touched:
-        columns = [list(c) for c in zip(*touched, strict=True)]
-        cur.execute(f"DELETE FROM billing_usageday d USING {_WORKLOAD_DAYS} AS a({_WORKLOAD_DAY_COLUMNS}) "  # noqa: S608 - built from constant column lists; values are parameters
-                    f"WHERE d.day = a.day AND {_SAME_WORKLOAD.format(t='d')}", columns)
-        cur.execute(_usage_days_insert(
-            f"JOIN {_WORKLOAD_DAYS} AS a({_WORKLOAD_DAY_COLUMNS}) ON h.hour >= a.day AND h.hour < a.day + interval '1 day' "
-            f"AND {_SAME_WORKLOAD.format(t='h')}"), columns)
+    touched = [list(c) for c in zip(*sorted(cur.fetchall()), strict=True)]
     days = {(n, g, h.replace(hour=0)) for n, g, h in hours}
     keys: list[Any] = list(_arrays(days))
+    if touched:
+        cur.execute(_DELETE_USAGE_DAYS_OF_WORKLOADS, [*keys, *touched])
+        cur.execute(_USAGE_DAYS_OF_WORKLOADS, [*keys, *touched])
     cur.execute("DELETE FROM billing_gpuday d USING " + _UNNEST + " AS a(node_id, gpu_uuid, day) "  # noqa: S608 - fixed SQL; values are parameters
                 "WHERE d.node_id = a.node_id AND d.gpu_uuid = a.gpu_uuid AND d.day = a.day", keys)
     cur.execute(_gpu_days_insert(_TOUCHED_DAYS), keys)
