@@ -14,14 +14,16 @@ derived from them. Then, each alternating with its baseline from the same state 
 savepoint), `--runs` times, and checked to leave the same rows:
 
 1. **the day step of one rollup cycle at the day's end**: the day rows after every GPU's last hour
-   was recomputed (billing.ledger.rollup._recompute_days). Shipped: the day rows of the workloads of
+   was recomputed (billing.ledger.rollup._recompute_days), one call per transaction's nodes
+   (VGPU_ROLLUP_NODES_PER_TRANSACTION) as the rollup makes it. Shipped: the day rows of the workloads of
    those hours; baseline: every day row of each GPU-day, deleted and summed again from its hours
    (the day step before).
 2. **the month close of that day**: shipped `close_days`, which merges the day's rows into the month
    rows of the same workloads and leaves the others; baseline: the month's rows all deleted and
    summed again with the day's, in one statement (close_days before the month key index).
 
-A benchmark never fails on speed.
+Each is timed and its WAL measured (pg_current_wal_insert_lsn before and after: what a commit would
+flush and a replica receive). A benchmark never fails on speed.
 """
 
 from __future__ import annotations
@@ -140,19 +142,30 @@ def _last_hours(day: datetime) -> set[tuple[int, str, datetime]]:
         return set(cur.fetchall())
 
 
+def _node_groups(day: datetime) -> list[set[tuple[int, str, datetime]]]:
+    """The cycle's hours by the rollup's transactions: VGPU_ROLLUP_NODES_PER_TRANSACTION nodes each."""
+    from django.conf import settings
+
+    hours = _last_hours(day)
+    nodes = sorted({n for n, _, _ in hours})
+    per = settings.VGPU_ROLLUP_NODES_PER_TRANSACTION
+    return [{h for h in hours if h[0] in nodes[i:i + per]} for i in range(0, len(nodes), per)]
+
+
 def _day_step_baseline(day: datetime) -> None:
     """Every day row of each GPU-day deleted and summed again from all its hours (the day step before)."""
     from django.db import connection
 
     from billing.ledger import rollup
 
-    keys: list[Any] = list(rollup._arrays({(n, g, day) for n, g, _ in _last_hours(day)}))
     with connection.cursor() as cur:
-        for table in ("billing_usageday", "billing_gpuday"):
-            cur.execute(f"DELETE FROM {table} d USING {rollup._UNNEST} AS a(node_id, gpu_uuid, day) "  # noqa: S608 - fixed names
-                        "WHERE d.node_id = a.node_id AND d.gpu_uuid = a.gpu_uuid AND d.day = a.day", keys)
-        cur.execute(rollup._usage_days_insert(rollup._TOUCHED_DAYS), keys)
-        cur.execute(rollup._gpu_days_insert(rollup._TOUCHED_DAYS), keys)
+        for group in _node_groups(day):
+            keys: list[Any] = list(rollup._arrays({(n, g, day) for n, g, _ in group}))
+            for table in ("billing_usageday", "billing_gpuday"):
+                cur.execute(f"DELETE FROM {table} d USING {rollup._UNNEST} AS a(node_id, gpu_uuid, day) "  # noqa: S608 - fixed names
+                            "WHERE d.node_id = a.node_id AND d.gpu_uuid = a.gpu_uuid AND d.day = a.day", keys)
+            cur.execute(rollup._usage_days_insert(rollup._TOUCHED_DAYS), keys)
+            cur.execute(rollup._gpu_days_insert(rollup._TOUCHED_DAYS), keys)
 
 
 def _day_step_shipped(day: datetime) -> None:
@@ -161,7 +174,8 @@ def _day_step_shipped(day: datetime) -> None:
     from billing.ledger.rollup import _recompute_days
 
     with connection.cursor() as cur:
-        _recompute_days(cur, _last_hours(day))
+        for group in _node_groups(day):
+            _recompute_days(cur, group)
 
 
 def _close_baseline(day: datetime) -> None:
@@ -192,39 +206,46 @@ _MONTH_ROWS = ("SELECT md5(string_agg(t::text, ',' ORDER BY t::text)) FROM (SELE
                "WHERE %s IS NOT NULL) t")
 
 
-def _timed(step: Callable[[datetime], None], day: datetime, checksum: str) -> tuple[float, object]:
-    """Seconds `step` took, and the checksum of what it left; then everything is rolled back."""
+def _timed(step: Callable[[datetime], None], day: datetime, checksum: str) -> tuple[float, int, object]:
+    """Seconds `step` took, the WAL it wrote (what a commit would flush, and a replica receive), and
+    the checksum of what it left; then everything is rolled back."""
     from django.db import connection, transaction
 
-    with transaction.atomic():
+    with transaction.atomic(), connection.cursor() as cur:
         sid = transaction.savepoint()
+        cur.execute("SELECT pg_current_wal_insert_lsn()")
+        lsn = cur.fetchone()[0]
         began = time.perf_counter()
         step(day)
         seconds = time.perf_counter() - began
-        with connection.cursor() as cur:
-            cur.execute(checksum, [day])
-            rows = cur.fetchone()[0]
+        cur.execute("SELECT pg_wal_lsn_diff(pg_current_wal_insert_lsn(), %s)", [lsn])
+        wal = int(cur.fetchone()[0])
+        cur.execute(checksum, [day])
+        rows = cur.fetchone()[0]
         transaction.savepoint_rollback(sid)
-    return seconds, rows
+    return seconds, wal, rows
 
 
 def _compare(title: str, steps: dict[str, tuple[str, Callable[[datetime], None]]], day: datetime, checksum: str,
              runs: int) -> bool:
     """Baseline and shipped alternately from the same state; prints their table, returns whether they agree."""
     times: dict[str, list[float]] = {label: [] for label in steps}
+    wal: dict[str, list[int]] = {label: [] for label in steps}
     results = {}
     labels = list(steps)
     for i in range(runs):
         for label in labels if i % 2 else reversed(labels):
-            seconds, results[label] = _timed(steps[label][1], day, checksum)
+            seconds, written, results[label] = _timed(steps[label][1], day, checksum)
             times[label].append(seconds)
+            wal[label].append(written)
     same = len(set(results.values())) == 1
-    print(f"| {title} | runs, s | median s | × baseline |")
-    print("|---|---|---:|---:|")
-    base = statistics.median(times["baseline"])
+    print(f"| {title} | runs, s | median s | × baseline | WAL, MB (median) | × baseline |")
+    print("|---|---|---:|---:|---:|---:|")
+    base, base_wal = statistics.median(times["baseline"]), statistics.median(wal["baseline"])
     for label in labels:
-        median = statistics.median(times[label])
-        print(f"| {steps[label][0]} | {', '.join(f'{t:.2f}' for t in times[label])} | {median:.2f} | {median / base:.2f} |")
+        median, median_wal = statistics.median(times[label]), statistics.median(wal[label])
+        print(f"| {steps[label][0]} | {', '.join(f'{t:.2f}' for t in times[label])} | {median:.2f} | {median / base:.2f} "
+              f"| {median_wal / 1e6:,.1f} | {median_wal / base_wal:.2f} |")
     print(f"\nrows left by the two: {'identical' if same else 'DIFFERENT'}\n")
     return same
 
