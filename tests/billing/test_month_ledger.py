@@ -358,6 +358,52 @@ def test_duplicate_month_rows_of_a_group_are_merged_whole(db: Any) -> None:
     assert UsageMonth.objects.get().charge == 3 * 10**12 * UNIT
 
 
+def _month_rows_read(plan: Mapping[str, Any]) -> int:
+    """From an EXPLAIN (ANALYZE, FORMAT JSON) plan: the month rows its scans of billing_usagemonth
+    read, kept and filtered out."""
+    read, stack = 0, [plan["Plan"]]
+    while stack:
+        node = stack.pop()
+        stack.extend(node.get("Plans", []))
+        if node.get("Relation Name") == "billing_usagemonth" and "Scan" in node["Node Type"]:
+            read += (node["Actual Rows"] + node.get("Rows Removed by Filter", 0)
+                     + node.get("Rows Removed by Index Recheck", 0)) * node["Actual Loops"]
+    return read
+
+
+def test_a_late_batch_replaces_a_gpu_months_rows_reading_those_rows_only(db: Any) -> None:
+    """The day step re-derives the month rows of a closed day's GPU-month (a late batch: every GPU
+    has one after midnight, the batch that ends the day, rolled up after the day is closed): the rows
+    of that GPU-month are deleted through usage_month_node_gpu_idx, reading those rows only, not the
+    node's other GPUs' nor the whole ledger (without the index, at 182k month rows, the planner read
+    them all)."""
+    _set_closed_through(APRIL)
+    node = Node.objects.create(name="month-node-busy")
+    with connection.cursor() as cur:
+        # 8 GPUs x 100 pods x 2 months: a GPU-month is 100 of the node's 1,600 month rows.
+        cur.execute(
+            f"INSERT INTO billing_usagemonth ({', '.join(months._COLUMNS)}) "  # noqa: S608 - constant column names
+            f"SELECT m, 'GPU-busy-' || g, %s, 'acme', 'acme-ns', 'pod-' || p, 'main', 'uid-' || p, 'gold', 'A100', "
+            f"40960, 108, {', '.join(['1'] * len(SUMS))}, m, m, NULL, NULL, NULL, NULL "
+            "FROM generate_series(0, 7) g, generate_series(0, 99) p, unnest(%s::timestamptz[]) m",
+            [node.id, [datetime(2026, 2, 1, tzinfo=UTC), MARCH]])
+        cur.execute("ANALYZE billing_usagemonth")
+    plans = []
+
+    def explain(execute: Any, sql: str, params: Any, many: bool, context: dict[str, Any]) -> Any:
+        if not sql.startswith("DELETE FROM billing_usagemonth"):
+            return execute(sql, params, many, context)
+        execute("EXPLAIN (ANALYZE, FORMAT JSON) " + sql, params, many, context)
+        plans.append(context["cursor"].fetchone()[0][0])
+        return None
+
+    with connection.execute_wrapper(explain), connection.cursor() as cur:
+        months.recompute_months(cur, {(node.id, "GPU-busy-3", MARCH + timedelta(days=4))})
+    assert [_month_rows_read(p) for p in plans] == [100]
+    assert not UsageMonth.objects.filter(gpu_uuid="GPU-busy-3", month=MARCH).exists()  # no day rows to re-derive
+    assert UsageMonth.objects.count() == 1500
+
+
 def test_the_rollup_keeps_the_month_rows_of_the_days_it_writes(post_batch: Any) -> None:
     base = clock.now().astimezone(UTC).replace(hour=0, minute=0, second=0, microsecond=0) - timedelta(days=2)
     workloads = [{"gpu": 0, "tenant": "acme", "pod": "bert-1", "mem_used": 400.0, "mem_granted": 600.0,
