@@ -300,9 +300,11 @@ class UsageMonth(_WorkloadUsage):
 
     class Meta:
         indexes = [
+            # A GPU-month's rows: where the day step replaces them (billing.ledger.months.recompute_months).
+            models.Index(fields=["node", "gpu_uuid", "month"], name="usage_month_node_gpu_idx"),
             # A node's rows of a month, and in them a month row's group (but node and month) hashed: where
-            # closing a day merges the day's rows into the month rows of the same group (billing.ledger.months),
-            # and where a GPU-month's rows are replaced. The function: migration 0046.
+            # closing a day merges the day's rows into the month rows of the same group (billing.ledger.months).
+            # The function: migration 0046.
             models.Index(F("node"), F("month"), Func(*(F(c) for c in MONTH_KEY_HASHED), function="billing_month_key",
                                                      output_field=models.BigIntegerField()), name="usage_month_key_idx"),
             models.Index(fields=["month", "tenant"], name="usage_month_tenant_idx"),

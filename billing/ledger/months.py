@@ -82,6 +82,8 @@ def recompute_months(cur: CursorWrapper, days: set[tuple[int, str, datetime]]) -
     if not keys:
         return
     params: list[Any] = [[k[0] for k in keys], [k[1] for k in keys], [k[2] for k in keys]]
+    # Deleted through usage_month_node_gpu_idx (node, GPU, month): the GPU-months' rows only. By node and
+    # month it would read the node's every GPU, and at 182k month rows the planner scanned the whole table.
     touched = "unnest(%s::bigint[], %s::varchar[], %s::timestamptz[]) AS a(node_id, gpu_uuid, month)"
     cur.execute(f"DELETE FROM billing_usagemonth u USING {touched} WHERE u.node_id = a.node_id "  # noqa: S608 - fixed SQL; values are parameters
                 "AND u.gpu_uuid = a.gpu_uuid AND u.month = a.month", params)

@@ -1,7 +1,8 @@
 """Closing a day merges its rows into the month rows of the same workload and leaves the others
-(billing.ledger.months): the month ledger's node-GPU index becomes one by node, month and a hash of
-the rest of a month row's group, which finds the row a day's workload merges into in one probe, and
-still serves the replacement of a GPU-month's rows (by node and month)."""
+(billing.ledger.months): an index by node, month and a hash of the rest of a month row's group finds
+the row a day's workload merges into in one probe. The node-GPU index stays: the day step replaces a
+GPU-month's rows through it (a late batch into a closed day), reading those rows only; by node and
+month it would read the node's every GPU, and the planner scanned the whole table instead."""
 
 from django.db import migrations, models
 from django.db.models import F, Func
@@ -28,7 +29,6 @@ class Migration(migrations.Migration):
 
     operations = [
         migrations.RunSQL(KEY_FUNCTION, reverse_sql="DROP FUNCTION billing_month_key"),
-        migrations.RemoveIndex(model_name="usagemonth", name="usage_month_node_gpu_idx"),
         migrations.AddIndex(
             model_name="usagemonth",
             index=models.Index(F("node"), F("month"), Func(*(F(c) for c in HASHED), function="billing_month_key",

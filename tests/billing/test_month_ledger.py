@@ -9,19 +9,19 @@ from __future__ import annotations
 import importlib
 from collections import defaultdict
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, date, datetime, timedelta
 from decimal import Decimal
 from typing import Any
 
 import pytest
-from django.db import connection
+from django.db import connection, transaction
 from django.db.models import Sum
 from hypothesis import HealthCheck, given
 from hypothesis import settings as hypothesis_settings
 from hypothesis import strategies as st
 
-from billing.ledger import allocation, reads, totals
+from billing.ledger import allocation, months, reads, totals
 from billing.ledger.models import GpuDay, GpuHour, UsageDay, UsageHour, UsageMonth, WorkloadMeta
 from billing.ledger.months import close_days
 from billing.ledger.rollup import rebuild_days, rollup_usage
@@ -41,9 +41,17 @@ SUMS = ("seconds", "mem_used_mb_s", "mem_granted_mb_s", "mem_billed_mb_s", "sm_u
 KEY = ("node_id", "gpu_uuid", "tenant", "namespace", "pod", "container", "pod_uid", "sla_tier")
 
 
+# What billing_month_key (migration 0046) joins a month row's group with: names that contain it give
+# two groups one key (pod "a" + SEP with container "side", pod "a" with container SEP + "side"), as
+# does a model named NO_MODEL with a day that has no GPU row; closing a day must not add one into the other.
+SEP, NO_MODEL = "\x1f", "\x1e"
+
+
 @dataclass(frozen=True)
 class Row:
-    """One workload-hour on GPU `gpu` (of node gpu % 2), ledger units and odd quantities."""
+    """One workload-hour on GPU `gpu` (of node gpu % 2; GPU-m3 has no GPU record, so no divisors),
+    ledger units and odd quantities; `model`: its GPU-hour's (None: no GPU-hour row; the first row
+    of a GPU-hour decides)."""
 
     gpu: int
     hour: datetime
@@ -54,6 +62,7 @@ class Row:
     mem_mb_s: int
     sm_s: int
     energy_units: int
+    model: str | None = "A100"
 
 
 def _hours() -> st.SearchStrategy[datetime]:
@@ -64,31 +73,58 @@ def _hours() -> st.SearchStrategy[datetime]:
         lambda i: FEB_20 + timedelta(hours=i))
 
 
+# (tenant, pod, container): few, so that a workload often has days on both sides of a close.
+WORKLOADS = (("acme", "a", "main"), ("acme", "b", "side"), ("globex", "a", "main"), ("globex", "c", "side"),
+             ("acme", "a" + SEP, "side"), ("acme", "a", SEP + "side"))
+
+
+def _row(workload: tuple[str, str, str], **fields: Any) -> Row:
+    return Row(tenant=workload[0], pod=workload[1], container=workload[2], **fields)
+
+
 rows_st = st.lists(
-    st.builds(Row, gpu=st.integers(0, 2), hour=_hours(), tenant=st.sampled_from(("acme", "globex")),
-              pod=st.sampled_from(("a", "b", "c")), container=st.sampled_from(("main", "side")),
+    st.builds(_row, gpu=st.integers(0, 3), hour=_hours(), workload=st.sampled_from(WORKLOADS),
               charge_units=st.integers(0, 10**15), mem_mb_s=st.integers(0, 3 * 10**8), sm_s=st.integers(0, 400_000),
-              energy_units=st.one_of(st.just(0), st.integers(1, 10**16))),
+              energy_units=st.one_of(st.just(0), st.integers(1, 10**16)),
+              model=st.sampled_from(("A100", "H100", NO_MODEL, None))),
     max_size=30, unique_by=lambda r: (r.gpu, r.hour, r.tenant, r.pod, r.container))
+
+
+@st.composite
+def runs_st(draw: st.DrawFn) -> list[Row]:
+    """rows_st's rows, each repeated on some days before and after it (its model may change from day
+    to day): workloads that run on several days, so that a close often meets their month rows."""
+    rows = []
+    for row in draw(rows_st):
+        for days in draw(st.sets(st.integers(-20, 20), max_size=4)) | {0}:
+            hour = row.hour + timedelta(days=days)
+            if FEB_20 <= hour < APRIL:
+                rows.append(replace(row, hour=hour, model=draw(st.sampled_from((row.model, row.model, "H100", None)))))
+    return list({(r.gpu, r.hour, r.tenant, r.pod, r.container): r for r in rows}.values())
 
 
 def _write(rows: list[Row], *, gpu_rows: bool) -> None:
     """Hand-written hour rows (and GPU-hours unless not `gpu_rows`), the day and month ledgers derived."""
     nodes = [Node.objects.get_or_create(name=f"month-node-{i}")[0] for i in range(2)]
-    for i in range(3):
+    for i in range(3):  # not GPU-m3: its month rows have no divisors (NULL)
         # Memory and SMs that divide unevenly: each day's quotient is rounded to its own scale.
-        Gpu.objects.get_or_create(uuid=f"GPU-m{i}", defaults={
+        # As new in every example (a test may change a GPU's memory).
+        Gpu.objects.update_or_create(uuid=f"GPU-m{i}", defaults={
             "node": nodes[i % 2], "model": "A100", "memory_mb": (40960, 81920, 12345)[i], "sm_count": (108, 7, 132)[i],
             "first_seen_at": FEB_20, "last_seen_at": APRIL})
     if gpu_rows:
+        models: dict[tuple[int, datetime], str | None] = {}
+        for r in rows:
+            models.setdefault((r.gpu, r.hour), r.model)
         GpuHour.objects.bulk_create([
-            GpuHour(gpu_uuid=f"GPU-m{gpu}", node=nodes[gpu % 2], gpu_model=("A100", "H100", "A100")[gpu], hour=hour,
+            GpuHour(gpu_uuid=f"GPU-m{gpu}", node=nodes[gpu % 2], gpu_model=model, hour=hour,
                     metered_seconds=3600, card_cost=UNIT, charged=0, idle_cost=UNIT, idle_allocated=0, currency="USD",
                     priced=True)
-            for gpu, hour in sorted({(r.gpu, r.hour) for r in rows})])
+            for (gpu, hour), model in sorted(models.items()) if model is not None])
     UsageHour.objects.bulk_create([
+        # "a" + SEP is another pod with a's uid: its group and a's can differ by where SEP falls only.
         UsageHour(gpu_uuid=f"GPU-m{r.gpu}", node=nodes[r.gpu % 2], tenant=r.tenant, namespace=f"{r.tenant}-ns",
-                  pod=r.pod, container=r.container, pod_uid=f"uid-{r.pod}", sla_tier="gold", hour=r.hour,
+                  pod=r.pod, container=r.container, pod_uid=f"uid-{r.pod.rstrip(SEP)}", sla_tier="gold", hour=r.hour,
                   seconds=Decimal("3599.5"), mem_used_mb_s=Decimal(r.mem_mb_s) / 3, mem_granted_mb_s=r.mem_mb_s,
                   mem_billed_mb_s=Decimal(r.mem_mb_s) / 7, sm_used_s=Decimal(r.sm_s) / 3, sm_granted_s=r.sm_s,
                   sm_billed_s=Decimal(r.sm_s) / 11, pcie_mb=1, share_gpu_s=Decimal("0.3"), charge=r.charge_units * UNIT,
@@ -134,12 +170,14 @@ def _months() -> dict[tuple[Any, ...], dict[str, Any]]:
 def _row_versions() -> dict[tuple[Any, ...], tuple[str, str]]:
     """Each month row's (ctid, xmin) by its group: a row rewritten gets a new one."""
     with connection.cursor() as cur:
-        cur.execute(f"SELECT month, {', '.join(KEY)}, gpu_model, ctid::text, xmin::text FROM billing_usagemonth")  # noqa: S608 - constant column names
+        cur.execute(f"SELECT month, {', '.join(KEY)}, gpu_model, memory_mb, sm_count, ctid::text, xmin::text "  # noqa: S608 - constant column names
+                    "FROM billing_usagemonth")
         return {tuple(r[:-2]): (r[-2], r[-1]) for r in cur.fetchall()}
 
 
 def _snapshot() -> list[tuple[Any, ...]]:
-    return sorted(tuple(v for k, v in r.items() if k != "id") for r in UsageMonth.objects.values())
+    # Sorted by repr: a NULL model or divisor does not compare with a value.
+    return sorted((tuple(v for k, v in r.items() if k != "id") for r in UsageMonth.objects.values()), key=repr)
 
 
 @hypothesis_settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -160,32 +198,71 @@ def test_months_are_the_exact_sums_of_days_and_the_backfill_agrees(db: Any, rows
         assert _snapshot() == derived
 
 
-@hypothesis_settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(rows=rows_st, gpu_rows=st.booleans(), closed=st.sampled_from((FEB_20 + timedelta(days=3), MARCH,
-                                                                     MARCH + timedelta(days=15))))
-def test_closing_days_merges_them_into_the_months_as_a_rebuild_would(db: Any, rows: list[Row], gpu_rows: bool,
-                                                                    closed: datetime) -> None:
+def _closed_by_rewriting(midnight: datetime) -> list[tuple[Any, ...]]:
+    """The month rows that closing the days before `midnight` gave before close_days merged by
+    workload: every month row of a month those days meet deleted and summed again with their day
+    rows (the simplest correct close). Rolled back: the ledger is left as it was."""
+    days = months._day_rows("WHERE d.day >= %(lo)s AND d.day < %(hi)s")
+    rewrite = ("WITH gone AS (DELETE FROM billing_usagemonth WHERE month = %(month)s RETURNING *) "  # noqa: S608 - constant column names
+               + months._insert(f"SELECT {', '.join(months._COLUMNS)} FROM gone UNION ALL {days}"))  # noqa: S608 - as above
+    sid = transaction.savepoint()
+    try:
+        old = _closed_through()
+        _set_closed_through(midnight)
+        with connection.cursor() as cur:
+            for month in (datetime(2026, 2, 1, tzinfo=UTC), MARCH):
+                end = datetime(month.year, month.month + 1, 1, tzinfo=UTC)
+                if month < midnight and end > old:
+                    cur.execute(rewrite, {"month": month, "lo": max(old, month), "hi": min(midnight, end)})
+        return _snapshot()
+    finally:
+        transaction.savepoint_rollback(sid)
+
+
+def _close_through(midnight: datetime) -> None:
+    """close_days up to `midnight`: the month rows it leaves are those the whole months rewritten
+    leave, and a month row of a workload the closed days do not have is not rewritten."""
+    old = _closed_through()
+    expected = _closed_by_rewriting(midnight)
+    before = _row_versions()
+    assert close_days(now=midnight + timedelta(hours=5)) == (midnight - old).days
+    assert _snapshot() == expected
+    days: list[Mapping[str, Any]] = list(UsageDay.objects.filter(day__gte=old, day__lt=midnight).values())
+    added = {(d["day"].replace(day=1), *(d[k] for k in KEY)) for d in days}
+    untouched = {k: v for k, v in before.items() if k[:len(KEY) + 1] not in added}
+    assert {k: v for k, v in _row_versions().items() if k in untouched} == untouched
+
+
+@hypothesis_settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(rows=runs_st(), gpu_rows=st.booleans(), closed=st.sampled_from((FEB_20 + timedelta(days=3), MARCH,
+                                                                       MARCH + timedelta(days=15))),
+       steps=st.sets(st.integers(1, 40), max_size=2), resize_at=st.sampled_from((None, 0, 1)))
+def test_closing_days_merges_them_into_the_months_as_a_rebuild_would(
+        db: Any, rows: list[Row], gpu_rows: bool, closed: datetime, steps: set[int], resize_at: int | None) -> None:
     """Months hold the days before `closed_through` only; closing more days (the rollup does it after
-    midnight) merges them into the month rows, and gives what deriving every month again gives."""
+    midnight), one or many at a time, across a month's end, merges them into the month rows: what
+    rewriting the whole months gave, and what deriving every month again gives. With `resize_at`,
+    GPU-m1's memory and SMs change before that close: the days closed after it are divided by the new
+    ones, in month rows of their own (a rebuild would divide every day by the new ones)."""
     for model in (UsageMonth, UsageDay, GpuDay, UsageHour, GpuHour):
         model.objects.all().delete()
     _set_closed_through(closed)
     _write(rows, gpu_rows=gpu_rows)
     assert _months() == _months_as_sums_of_days()
     assert close_days(now=closed + timedelta(hours=23)) == 0  # the day in progress stays out
-    before = _row_versions()
-    assert close_days(now=APRIL + timedelta(hours=5)) == (APRIL - closed).days
-    # A month row no closed day adds to is left where it was, not rewritten (its tuple is the same).
-    days: list[Mapping[str, Any]] = list(UsageDay.objects.filter(day__gte=closed).values())
-    added = {(d["day"].replace(day=1), *(d[k] for k in KEY)) for d in days}
-    untouched = {k: v for k, v in before.items() if k[:-1] not in added}
-    assert {k: v for k, v in _row_versions().items() if k in untouched} == untouched
+    midnights = sorted({min(closed + timedelta(days=n), APRIL) for n in steps} | {APRIL})
+    for i, midnight in enumerate(midnights):
+        if i == resize_at:
+            Gpu.objects.filter(uuid="GPU-m1").update(memory_mb=54321, sm_count=13)
+        _close_through(midnight)
     assert _closed_through() == APRIL
-    merged = _snapshot()
-    assert _months() == _months_as_sums_of_days()
-    rebuild_days(start=FEB_20, end=APRIL)
-    assert _snapshot() == merged
     assert close_days(now=APRIL) == 0  # never backwards
+    if resize_at is None or resize_at >= len(midnights):
+        merged = _snapshot()
+        assert _months() == _months_as_sums_of_days()
+        assert UsageMonth.objects.count() == len(_months())  # one row per group: none inserted twice
+        rebuild_days(start=FEB_20, end=APRIL)
+        assert _snapshot() == merged
 
 
 def test_closing_a_day_rewrites_only_the_month_rows_of_its_workloads(db: Any) -> None:
@@ -205,6 +282,126 @@ def test_closing_a_day_rewrites_only_the_month_rows_of_its_workloads(db: Any) ->
     assert after[pod_b] != before[pod_b]
     assert UsageMonth.objects.get(pod="b").charge == 2 * charge * UNIT
     assert _months() == _months_as_sums_of_days()
+
+
+def _month_keys() -> list[int]:
+    """billing_month_key of every month row: what usage_month_key_idx finds a group by."""
+    with connection.cursor() as cur:
+        cur.execute(f"SELECT {months._month_key('u')} FROM billing_usagemonth u")  # noqa: S608 - constant column names
+        return [r[0] for r in cur.fetchall()]
+
+
+def test_groups_of_one_hash_are_told_apart_by_their_columns(db: Any) -> None:
+    """Two pairs of groups that hash alike, each a month row and a day closed into it: pod "a" + SEP
+    with container "side" and pod "a" with container SEP + "side" (GPU-m0), and a day with a GPU-hour
+    of model NO_MODEL and one without a GPU-hour (GPU-m1, pod b). Neither is merged into the other."""
+    closed = MARCH + timedelta(days=15)
+    _set_closed_through(closed)
+    _write([Row(0, MARCH + timedelta(days=1), "acme", "a" + SEP, "side", 10**12, 7, 11, 0),
+            Row(0, MARCH + timedelta(days=19), "acme", "a", SEP + "side", 3 * 10**12, 7, 11, 0),
+            Row(1, MARCH + timedelta(days=1), "acme", "b", "main", 5 * 10**12, 7, 11, 0, model=NO_MODEL),
+            Row(1, MARCH + timedelta(days=19), "acme", "b", "main", 7 * 10**12, 7, 11, 0, model=None)], gpu_rows=True)
+    assert close_days(now=APRIL) == (APRIL - closed).days
+    assert UsageMonth.objects.count() == 4
+    assert len(set(_month_keys())) == 2  # the premise: each pair shares its hash
+    assert sorted(UsageMonth.objects.values_list("charge", flat=True)) == [n * 10**12 * UNIT for n in (1, 3, 5, 7)]
+    assert _months() == _months_as_sums_of_days()
+    merged = _snapshot()
+    rebuild_days(start=FEB_20, end=APRIL)
+    assert _snapshot() == merged
+
+
+def test_a_group_without_model_or_divisors_merges_into_its_month_row(db: Any) -> None:
+    """GPU-m3 has no GPU record and no GPU-hours: its month rows' model, memory and SMs are NULL, and
+    a NULL is no different from a NULL when the day's rows are matched with them (one row, summed)."""
+    closed = MARCH + timedelta(days=15)
+    _set_closed_through(closed)
+    _write([Row(3, MARCH + timedelta(days=1), "acme", "a", "main", 10**12, 7, 11, 0, model=None),
+            Row(3, MARCH + timedelta(days=19), "acme", "a", "main", 2 * 10**12, 7, 11, 0, model=None)], gpu_rows=True)
+    assert close_days(now=APRIL) == (APRIL - closed).days
+    month = UsageMonth.objects.get()
+    assert (month.gpu_model, month.memory_mb, month.sm_count, month.charge) == (None, None, None, 3 * 10**12 * UNIT)
+
+
+def test_a_gpu_resized_between_closes_gets_month_rows_of_its_new_divisors(db: Any) -> None:
+    """A month row keeps the memory and SMs its days were divided by: the days closed after the GPU
+    changed go to a row of their own, and reads of card-seconds take that month from days."""
+    closed = MARCH + timedelta(days=15)
+    _set_closed_through(closed)
+    _write([Row(0, MARCH + timedelta(days=1), "acme", "a", "main", 10**12, 40960 * 3, 11, 0),
+            Row(0, MARCH + timedelta(days=19), "acme", "a", "main", 10**12, 40960 * 3, 11, 0)], gpu_rows=True)
+    Gpu.objects.filter(uuid="GPU-m0").update(memory_mb=81920, sm_count=7)
+    expected = _closed_by_rewriting(APRIL)
+    assert close_days(now=APRIL) == (APRIL - closed).days
+    assert _snapshot() == expected
+    rows = {(m.memory_mb, m.sm_count): m for m in UsageMonth.objects.all()}
+    assert set(rows) == {(40960, 108), (81920, 7)}
+    with connection.cursor() as cur:  # the later day's MB·s divided, in Postgres, by the memory it was closed with
+        cur.execute("SELECT mem_billed_mb_s / 81920 FROM billing_usageday WHERE day = %s", [MARCH + timedelta(days=19)])
+        assert rows[(81920, 7)].mem_billed_card_s == cur.fetchone()[0]
+    assert reads.month_range(reads.DAYS, FEB_20, APRIL, card_seconds=True) is None
+
+
+def test_duplicate_month_rows_of_a_group_are_merged_whole(db: Any) -> None:
+    """No writer leaves two month rows of one group, but were there two, a close that meets the group
+    would sum both with the day, as rewriting the whole month did: none is left behind or counted twice."""
+    closed = MARCH + timedelta(days=15)
+    _set_closed_through(closed)
+    _write([Row(0, MARCH + timedelta(days=1), "acme", "a", "main", 10**12, 7, 11, 0),
+            Row(0, MARCH + timedelta(days=19), "acme", "a", "main", 10**12, 7, 11, 0)], gpu_rows=True)
+    columns = ", ".join(months._COLUMNS)
+    with connection.cursor() as cur:
+        cur.execute(f"INSERT INTO billing_usagemonth ({columns}) SELECT {columns} FROM billing_usagemonth")  # noqa: S608 - constant column names
+    expected = _closed_by_rewriting(APRIL)
+    assert close_days(now=APRIL) == (APRIL - closed).days
+    assert _snapshot() == expected
+    assert UsageMonth.objects.get().charge == 3 * 10**12 * UNIT
+
+
+def _month_rows_read(plan: Mapping[str, Any]) -> int:
+    """From an EXPLAIN (ANALYZE, FORMAT JSON) plan: the month rows its scans of billing_usagemonth
+    read, kept and filtered out."""
+    read, stack = 0, [plan["Plan"]]
+    while stack:
+        node = stack.pop()
+        stack.extend(node.get("Plans", []))
+        if node.get("Relation Name") == "billing_usagemonth" and "Scan" in node["Node Type"]:
+            read += (node["Actual Rows"] + node.get("Rows Removed by Filter", 0)
+                     + node.get("Rows Removed by Index Recheck", 0)) * node["Actual Loops"]
+    return read
+
+
+def test_a_late_batch_replaces_a_gpu_months_rows_reading_those_rows_only(db: Any) -> None:
+    """The day step re-derives the month rows of a closed day's GPU-month (a late batch: every GPU
+    has one after midnight, the batch that ends the day, rolled up after the day is closed): the rows
+    of that GPU-month are deleted through usage_month_node_gpu_idx, reading those rows only, not the
+    node's other GPUs' nor the whole ledger (without the index, at 182k month rows, the planner read
+    them all)."""
+    _set_closed_through(APRIL)
+    node = Node.objects.create(name="month-node-busy")
+    with connection.cursor() as cur:
+        # 8 GPUs x 100 pods x 2 months: a GPU-month is 100 of the node's 1,600 month rows.
+        cur.execute(
+            f"INSERT INTO billing_usagemonth ({', '.join(months._COLUMNS)}) "  # noqa: S608 - constant column names
+            f"SELECT m, 'GPU-busy-' || g, %s, 'acme', 'acme-ns', 'pod-' || p, 'main', 'uid-' || p, 'gold', 'A100', "
+            f"40960, 108, {', '.join(['1'] * len(SUMS))}, m, m, NULL, NULL, NULL, NULL "
+            "FROM generate_series(0, 7) g, generate_series(0, 99) p, unnest(%s::timestamptz[]) m",
+            [node.id, [datetime(2026, 2, 1, tzinfo=UTC), MARCH]])
+        cur.execute("ANALYZE billing_usagemonth")
+    plans = []
+
+    def explain(execute: Any, sql: str, params: Any, many: bool, context: dict[str, Any]) -> Any:
+        if not sql.startswith("DELETE FROM billing_usagemonth"):
+            return execute(sql, params, many, context)
+        execute("EXPLAIN (ANALYZE, FORMAT JSON) " + sql, params, many, context)
+        plans.append(context["cursor"].fetchone()[0][0])
+        return None
+
+    with connection.execute_wrapper(explain), connection.cursor() as cur:
+        months.recompute_months(cur, {(node.id, "GPU-busy-3", MARCH + timedelta(days=4))})
+    assert [_month_rows_read(p) for p in plans] == [100]
+    assert not UsageMonth.objects.filter(gpu_uuid="GPU-busy-3", month=MARCH).exists()  # no day rows to re-derive
+    assert UsageMonth.objects.count() == 1500
 
 
 def test_the_rollup_keeps_the_month_rows_of_the_days_it_writes(post_batch: Any) -> None:
