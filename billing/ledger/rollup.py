@@ -175,6 +175,14 @@ class _Window:
 OnQuarantine = Callable[[QuarantinedBatch], None]
 
 
+# How long after midnight a day stays open to the month ledger. The batches that end a day arrive
+# after it (a minute's batch a minute later, an hour's an hour later): rolled up once their day is
+# closed, each would make the day step re-derive its GPU's whole month from days (recompute_months),
+# which after every midnight is every GPU of the fleet, a month of day rows. Rolled up before the
+# close, they are in the day rows the close merges. A batch later still re-derives its own GPUs' months.
+CLOSE_GRACE = timedelta(hours=1)
+
+
 def rollup_usage(*, now: datetime, max_batches: int = 5000, shard: int = 0, shards: int = 1,
                  on_quarantine: OnQuarantine | None = None) -> RollupResult:
     """Roll up the pending batches of the nodes of shard `shard` of `shards` (node_id % shards),
@@ -188,7 +196,7 @@ def rollup_usage(*, now: datetime, max_batches: int = 5000, shard: int = 0, shar
         raise ValueError(f"shard must lie in [0, shards) and shards be >= 1, got shard {shard} of {shards}")
     if max_batches < 1:
         raise ValueError("max_batches must be >= 1")
-    close_days(now=now)  # yesterday into the month ledger, once, by the first cycle after midnight
+    close_days(now=now - CLOSE_GRACE)  # yesterday into the month ledger, once, by the first cycle past the grace
     node_ids = _pending_nodes(shard=shard, shards=shards)
     if not node_ids:
         return _NOTHING

@@ -22,9 +22,11 @@ from hypothesis import settings as hypothesis_settings
 from hypothesis import strategies as st
 
 from billing.ledger import allocation, months, reads, totals
+from billing.ledger import months as months_module
+from billing.ledger import rollup as rollup_module
 from billing.ledger.models import GpuDay, GpuHour, UsageDay, UsageHour, UsageMonth, WorkloadMeta
 from billing.ledger.months import close_days
-from billing.ledger.rollup import rebuild_days, rollup_usage
+from billing.ledger.rollup import CLOSE_GRACE, rebuild_days, rollup_usage
 from billing.models import Gpu, Location, LocationRate, Node, NodeLocation
 from tests import clock
 from tests.conftest import make_batch
@@ -409,18 +411,49 @@ def test_the_rollup_keeps_the_month_rows_of_the_days_it_writes(post_batch: Any) 
     workloads = [{"gpu": 0, "tenant": "acme", "pod": "bert-1", "mem_used": 400.0, "mem_granted": 600.0,
                   "sm_used": 6.0, "sm_granted": 9.0}]
     today = base + timedelta(days=2)
+    cycle = max(clock.now(), today + CLOSE_GRACE)  # past the grace, at whatever hour the test runs
     for seq, offset in enumerate((timedelta(hours=1), timedelta(days=1, hours=3), timedelta(days=2)), start=1):
         post_batch(make_batch(seq=seq, start=base + offset, gpus=1, workloads=workloads))
-        rollup_usage(now=clock.now())
+        rollup_usage(now=cycle)
         assert _months() == _months_as_sums_of_days()
     assert _closed_through() == today
     assert UsageMonth.objects.exists()
     in_months = UsageMonth.objects.aggregate(s=Sum("seconds"))["s"]
     assert in_months == UsageDay.objects.filter(day__lt=today).aggregate(s=Sum("seconds"))["s"]
-    rollup_usage(now=clock.now() + timedelta(days=1))  # the first cycle after midnight closes today
+    rollup_usage(now=cycle + timedelta(days=1))  # the first cycle past tomorrow's grace closes today
     assert _closed_through() == today + timedelta(days=1)
     assert _months() == _months_as_sums_of_days()
     assert UsageMonth.objects.aggregate(s=Sum("seconds"))["s"] == UsageDay.objects.aggregate(s=Sum("seconds"))["s"]
+
+
+def test_the_batch_that_ends_a_day_is_in_its_day_before_the_close(post_batch: Any,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """The batch of a day's last seconds arrives after midnight. Rolled up within the grace, it lands
+    in its day before the day is closed, so the close merges it and no GPU-month is re-derived from
+    days (after every midnight that was every GPU of the fleet)."""
+    today = clock.now().astimezone(UTC).replace(hour=0, minute=0, second=0, microsecond=0)
+    _set_closed_through(today - timedelta(days=1))  # yesterday still open
+    rederived: list[tuple[Any, ...]] = []
+    real = months_module.recompute_months
+
+    def recording(cur: Any, days: set[tuple[Any, ...]]) -> None:
+        rederived.extend(d for d in days if d[2] < _closed_through())
+        real(cur, days)
+
+    monkeypatch.setattr(rollup_module, "recompute_months", recording)
+    workloads = [{"gpu": 0, "tenant": "acme", "pod": "bert-1", "mem_used": 400.0, "mem_granted": 600.0,
+                  "sm_used": 6.0, "sm_granted": 9.0}]
+    post_batch(make_batch(seq=1, start=today - timedelta(hours=2), gpus=1, workloads=workloads))
+    rollup_usage(now=today + CLOSE_GRACE / 2)
+    assert _closed_through() == today - timedelta(days=1)
+    post_batch(make_batch(seq=2, start=today - timedelta(seconds=10), gpus=1, workloads=workloads))
+    rollup_usage(now=today + CLOSE_GRACE / 2)  # the day's last batch, within the grace: not closed yet
+    assert _closed_through() == today - timedelta(days=1)
+    rollup_usage(now=today + CLOSE_GRACE)  # past the grace: yesterday closed, with both batches
+    assert _closed_through() == today
+    assert rederived == []
+    assert UsageMonth.objects.get().seconds == Decimal(20)
+    assert _months() == _months_as_sums_of_days()
 
 
 # --- Reads: months and days against days alone --------------------------------------------------
