@@ -25,6 +25,7 @@ from django.db import connection, transaction
 from django.db.backends.utils import CursorWrapper
 
 from billing.ledger.locks import lock_ledger
+from billing.ledger.models import MONTH_KEY_HASHED
 from billing.ledger.reads import CLOSED_THROUGH, period_read_cursor
 
 __all__ = ["close_days", "rebuild_months", "recompute_months"]
@@ -154,9 +155,11 @@ def _merge_days(cur: CursorWrapper, *, month: datetime, lo: datetime, hi: dateti
 
 
 # A month row's group but its month (the days merged are all of one month), and that group hashed as
-# usage_month_key_idx hashes it (migration 0046): the node is the index's first column, so not hashed.
+# usage_month_key_idx hashes it (the model's index, whose columns are the group's but month and node:
+# the node is the index's first column, so not hashed). Taken from the model, so that the probe is the
+# index's expression: a probe that differs from it finds nothing by the index and scans instead.
 _KEY_GROUP = ", ".join(c for c in _GROUP if c != "month")
-_HASHED = tuple(c for c in _GROUP if c not in ("month", "node_id"))
+_HASHED = MONTH_KEY_HASHED
 
 
 def _month_key(alias: str) -> str:

@@ -426,6 +426,16 @@ def test_the_rollup_keeps_the_month_rows_of_the_days_it_writes(post_batch: Any) 
     assert UsageMonth.objects.aggregate(s=Sum("seconds"))["s"] == UsageDay.objects.aggregate(s=Sum("seconds"))["s"]
 
 
+def test_the_merge_probes_the_month_key_index_by_its_own_expression() -> None:
+    """The probe hashes what the index hashes, in its order (a probe that differs from the index's
+    expression finds nothing through it and scans the month ledger instead), and that is the month
+    group but its month and node, the index's other columns."""
+    index = next(i for i in UsageMonth._meta.indexes if i.name == "usage_month_key_idx")
+    hashed = next(e for e in index.expressions if getattr(e, "extra", {}).get("function") == "billing_month_key")
+    assert tuple(f.name for f in hashed.get_source_expressions()) == months_module._HASHED
+    assert set(months_module._HASHED) == set(months_module._GROUP) - {"month", "node_id"}
+
+
 def test_the_batch_that_ends_a_day_is_in_its_day_before_the_close(post_batch: Any,
                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     """The batch of a day's last seconds arrives after midnight. Rolled up within the grace, it lands
