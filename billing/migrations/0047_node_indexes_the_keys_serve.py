@@ -10,46 +10,22 @@ import django.db.models.deletion
 from django.db import migrations, models
 
 
+def _no_index_of_its_own(model_name: str, **related: str) -> migrations.AlterField:
+    return migrations.AlterField(
+        model_name=model_name,
+        name="node",
+        field=models.ForeignKey(db_index=False, on_delete=django.db.models.deletion.PROTECT, to="billing.node", **related),
+    )
+
+
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('billing', '0046_month_key_index'),
+        ("billing", "0046_month_key_index"),
     ]
 
     operations = [
-        migrations.AlterField(
-            model_name='gpuday',
-            name='node',
-            field=models.ForeignKey(db_index=False, on_delete=django.db.models.deletion.PROTECT, related_name='+', to='billing.node'),
-        ),
-        migrations.AlterField(
-            model_name='gpuhour',
-            name='node',
-            field=models.ForeignKey(db_index=False, on_delete=django.db.models.deletion.PROTECT, related_name='+', to='billing.node'),
-        ),
-        migrations.AlterField(
-            model_name='usagebatch',
-            name='node',
-            field=models.ForeignKey(db_index=False, on_delete=django.db.models.deletion.PROTECT, to='billing.node'),
-        ),
-        migrations.AlterField(
-            model_name='usageday',
-            name='node',
-            field=models.ForeignKey(db_index=False, on_delete=django.db.models.deletion.PROTECT, related_name='+', to='billing.node'),
-        ),
-        migrations.AlterField(
-            model_name='usagehour',
-            name='node',
-            field=models.ForeignKey(db_index=False, on_delete=django.db.models.deletion.PROTECT, related_name='+', to='billing.node'),
-        ),
-        migrations.AlterField(
-            model_name='usagemonth',
-            name='node',
-            field=models.ForeignKey(db_index=False, on_delete=django.db.models.deletion.PROTECT, related_name='+', to='billing.node'),
-        ),
-        migrations.AlterField(
-            model_name='workloadmeta',
-            name='node',
-            field=models.ForeignKey(db_index=False, on_delete=django.db.models.deletion.PROTECT, related_name='+', to='billing.node'),
-        ),
+        *(_no_index_of_its_own(m, related_name="+")
+          for m in ("gpuday", "gpuhour", "usageday", "usagehour", "usagemonth", "workloadmeta")),
+        _no_index_of_its_own("usagebatch"),
     ]
