@@ -10,11 +10,12 @@ import django.db.models.deletion
 from django.db import migrations, models
 
 
-def _no_index_of_its_own(model_name: str, **related: str) -> migrations.AlterField:
+def _no_index_of_its_own(model_name: str, related_name: str | None = None) -> migrations.AlterField:
     return migrations.AlterField(
         model_name=model_name,
         name="node",
-        field=models.ForeignKey(db_index=False, on_delete=django.db.models.deletion.PROTECT, to="billing.node", **related),
+        field=models.ForeignKey(db_index=False, on_delete=django.db.models.deletion.PROTECT, to="billing.node",
+                                related_name=related_name),
     )
 
 
