@@ -3,6 +3,7 @@ embedded servers that `make test` starts (python -m config.embedded)."""
 
 from __future__ import annotations
 
+import functools
 import gzip
 import json
 import os
@@ -13,6 +14,7 @@ from typing import TYPE_CHECKING, Any, TypedDict, TypeVar
 import hypothesis
 import pytest
 from django.conf import settings as django_settings
+from django.contrib.auth.hashers import make_password
 from django.contrib.auth.models import Group, User
 from django.test import Client
 from django.test.testcases import QuietWSGIRequestHandler
@@ -138,11 +140,31 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     clock.collection_finished()
 
 
+# The password of the users tests create (user_in, new_user). Few tests log in with it; most sign in
+# with force_login.
+USER_PASSWORD = "pw-not-used-123"
+
+
+@functools.cache
+def _hashed_user_password() -> str:
+    """USER_PASSWORD as the settings' first hasher stores it, hashed once per process: each Argon2id
+    hash is about 0.07 s of CPU (billing/services/identity/passwords.py), and the suite creates well
+    over a thousand users, which was a tenth of the CPU of its unit tests. Every user gets the same
+    stored value, as create_user would give it: the same hasher, parameters and password, only the
+    salt shared. tests/billing/test_passwords.py checks create_user's own hashing."""
+    return make_password(USER_PASSWORD)
+
+
+def new_user(username: str, **fields: Any) -> User:
+    """A user whose password is USER_PASSWORD (see _hashed_user_password)."""
+    return User.objects.create(username=username, password=_hashed_user_password(), **fields)
+
+
 def user_in(group: str | None = None, tenant: str | None = None, *, tenants: tuple[str, ...] = ()) -> User:
     """A user in `group` (finance, platform-admin) and/or a member of `tenant` / `tenants`
-    (created when missing)."""
+    (created when missing); their password is USER_PASSWORD."""
     slugs = (*tenants, *((tenant,) if tenant else ()))
-    user = User.objects.create_user(username=f"u-{group}-{'-'.join(slugs)}", password="pw-not-used-123")
+    user = new_user(f"u-{group}-{'-'.join(slugs)}")
     if group:
         user.groups.add(Group.objects.get_or_create(name=group)[0])
     for slug in slugs:

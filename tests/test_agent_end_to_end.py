@@ -22,7 +22,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from django.contrib.auth.models import User
 
 from agents.__main__ import main as agent_main
 from agents.backends.sim import demo_scenario
@@ -36,7 +35,7 @@ from billing.services.demo import A100_80GB_MODEL
 from billing.services.identity.api_tokens import issue_api_token
 from billing.services.identity.tokens import issue_node_token
 from tests import clock
-from tests.conftest import iso, make_batch, state_transitions
+from tests.conftest import iso, make_batch, new_user, state_transitions
 
 NODE = "agent-e2e-node"
 GPU = "GPU-7d1f3c2e-0000-4000-8000-00000000e2e0"
@@ -255,7 +254,7 @@ def test_a_refused_batch_is_kept_reported_and_delivered_by_a_redrive(node_files:
     assert report.size_bytes > 0
     assert "different content" in report.reason
     # /healthz shows its figures to an admin only: here through an admin's API token.
-    User.objects.create_user(username="sre", password="pw-not-used-123", is_staff=True)
+    new_user("sre", is_staff=True)
     sre = issue_api_token(username="sre", name="healthz", expires_at=None, now=clock.now(), actor_label="test").token
     health = requests.get(f"{url}/healthz", headers={"Authorization": f"Bearer {sre}"}, timeout=10).json()
     assert health["ledger"]["undelivered_batches"] == 1

@@ -13,12 +13,13 @@ from billing.models import AuditEvent, Budget, SlaTier, Tenant, TenantMembership
 from billing.models.tenancy import miss_target_decimal
 from billing.scope import ADMIN_GROUP
 from tests import clock
+from tests.conftest import new_user
 
 pytestmark = pytest.mark.django_db
 
 
 def login(client, *, admin: bool = False, tenant: str | None = None) -> User:
-    user = User.objects.create_user(username=f"u{admin}{tenant}", password="pw-not-used-123")
+    user = new_user(f"u{admin}{tenant}")
     if admin:
         user.groups.add(Group.objects.get_or_create(name=ADMIN_GROUP)[0])
     if tenant:

@@ -8,7 +8,6 @@ from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 
 import pytest
-from django.contrib.auth.models import User
 
 from billing.ledger.rollup import rollup_usage
 from billing.models import RateCard, Tenant
@@ -16,7 +15,7 @@ from billing.queries.figures import get_figure_tree
 from billing.queries.finance import get_cost_summary
 from billing.scope import FINANCE_GROUP, get_scope
 from tests import clock
-from tests.conftest import A100, make_batch, user_in
+from tests.conftest import A100, make_batch, new_user, user_in
 
 pytestmark = pytest.mark.django_db
 
@@ -82,7 +81,7 @@ def test_tenant_member_sees_only_their_tenant_and_no_platform_totals(client, led
 
 
 def test_user_with_no_role_sees_nothing(client, ledger):
-    client.force_login(User.objects.create_user(username="nobody", password="pw-not-used-123"))
+    client.force_login(new_user("nobody"))
     summary = client.get("/finance/", period(ledger)).context["summary"]
     assert summary.tenants == []
     assert summary.total_gpu_cost is None

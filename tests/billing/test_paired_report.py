@@ -24,7 +24,7 @@ from billing.services.savings.paired_report import compute_paired_report
 from billing.services.savings.report_pdf import render_paired_report_pdf
 from billing.services.savings.reports import request_paired_report, run_paired_report
 from tests import clock
-from tests.conftest import SHARED_GPU_WORKLOADS, make_batch
+from tests.conftest import SHARED_GPU_WORKLOADS, make_batch, new_user
 
 pytestmark = pytest.mark.django_db
 
@@ -357,11 +357,11 @@ def test_a_report_shows_the_last_day_asked_for_its_currency_and_its_definitions(
 
 
 def test_report_pages_request_show_progress_then_results_and_a_pdf(fifteen_minutes, client, django_capture_on_commit_callbacks):
-    from django.contrib.auth.models import Group, User
+    from django.contrib.auth.models import Group
 
     from billing.scope import FINANCE_GROUP
 
-    user = User.objects.create_user(username="fin", password="pw-not-used-123")
+    user = new_user("fin")
     user.groups.add(Group.objects.get_or_create(name=FINANCE_GROUP)[0])
     client.force_login(user)
     from unittest import mock
@@ -407,12 +407,12 @@ def test_a_period_already_being_computed_is_joined_not_computed_twice(fifteen_mi
                                                                       django_capture_on_commit_callbacks):
     from unittest import mock
 
-    from django.contrib.auth.models import Group, User
+    from django.contrib.auth.models import Group
 
     from billing.scope import FINANCE_GROUP
     from billing.services.savings.reports import IN_FLIGHT_REUSE
 
-    user = User.objects.create_user(username="fin", password="pw-not-used-123")
+    user = new_user("fin")
     user.groups.add(Group.objects.get_or_create(name=FINANCE_GROUP)[0])
     client.force_login(user)
     period = {"start": "2026-11-20", "end": "2026-11-20"}
@@ -455,9 +455,7 @@ def test_a_period_already_being_computed_is_joined_not_computed_twice(fifteen_mi
 
 
 def test_report_pages_are_for_finance_and_admins_only(client):
-    from django.contrib.auth.models import User
-
-    client.force_login(User.objects.create_user(username="tenant-user", password="pw-not-used-123"))
+    client.force_login(new_user("tenant-user"))
     assert client.get("/reports/").status_code == 403
 
 

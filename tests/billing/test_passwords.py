@@ -10,14 +10,15 @@ from django.contrib.auth.models import User
 from django.test import Client
 
 from billing.services.identity.passwords import Argon2idHasher
+from tests.conftest import USER_PASSWORD as PASSWORD
 from tests.conftest import user_in
 
 pytestmark = pytest.mark.django_db
-PASSWORD = "pw-not-used-123"  # tests.conftest.user_in's
 
 
 def test_a_new_password_is_stored_with_argon2id_at_32_mib_and_2_passes():
-    user = user_in(tenant="acme")
+    # create_user's own hashing (user_in stores one hash made once for every user it creates).
+    user = User.objects.create_user(username="new-user", password=PASSWORD)
     assert user.password.startswith("argon2$argon2id$v=19$m=32768,t=2,p=1$")
     assert isinstance(identify_hasher(user.password), Argon2idHasher)
     assert check_password(PASSWORD, user.password)

@@ -33,6 +33,7 @@ from billing.services.fleet.rebalance import (
     run_execution,
 )
 from billing.services.identity.kube_api import new_api_client
+from tests.conftest import new_user
 
 pytestmark = pytest.mark.django_db
 
@@ -199,7 +200,7 @@ def test_propose_without_a_fleet_stores_nothing(db):
 
 
 def login(client, *, admin: bool) -> User:
-    user = User.objects.create_user(username=f"admin{admin}", password="pw-not-used-123")
+    user = new_user(f"admin{admin}")
     if admin:
         user.groups.add(Group.objects.get_or_create(name=ADMIN_GROUP)[0])
     client.force_login(user)
@@ -342,7 +343,7 @@ def test_finance_reads_plans_and_savings_but_cannot_decide(client, fleet):
 
     plan = propose_rebalance(now=NOW, max_moves=10)
     assert plan is not None
-    user = User.objects.create_user(username="fin", password="pw-not-used-123")
+    user = new_user("fin")
     user.groups.add(Group.objects.get_or_create(name=FINANCE_GROUP)[0])
     client.force_login(user)
     html = client.get("/rebalance/").content.decode()
@@ -418,7 +419,7 @@ def test_finance_gets_no_confirmation_page(client, fleet):
 
     plan = propose_rebalance(now=NOW, max_moves=10)
     assert plan is not None
-    user = User.objects.create_user(username="fin", password="pw-not-used-123")
+    user = new_user("fin")
     user.groups.add(Group.objects.get_or_create(name=FINANCE_GROUP)[0])
     client.force_login(user)
     assert client.get(f"/rebalance/{plan.pk}/approve/").status_code == 403

@@ -29,7 +29,7 @@ from billing.services.invoicing.close import (
     scheduled_close_at,
 )
 from tests import clock
-from tests.conftest import A100, SHARED_GPU_WORKLOADS, make_batch
+from tests.conftest import A100, SHARED_GPU_WORKLOADS, make_batch, new_user
 
 pytestmark = pytest.mark.django_db
 
@@ -156,7 +156,7 @@ def this_month(mid_month, post_batch, one_usd_per_gpu_second, minute_start) -> d
 
 
 def member_of(client, slug: str) -> User:
-    user = User.objects.create_user(username=f"member-{slug}", password="pw-not-used-123")
+    user = new_user(f"member-{slug}")
     TenantMembership.objects.create(user=user, tenant=Tenant.objects.get(slug=slug))
     client.force_login(user)
     return user
@@ -240,7 +240,7 @@ def test_another_tenants_preview_and_csv_answer_404_like_a_missing_tenant(client
 
 
 def test_the_invoice_list_shows_each_visible_tenants_upcoming_total(client, this_month):
-    finance = User.objects.create_user(username="finance", password="pw-not-used-123")
+    finance = new_user("finance")
     finance.groups.add(Group.objects.get_or_create(name=FINANCE_GROUP)[0])
     client.force_login(finance)
     upcoming = section(client.get("/invoices/").content.decode(), "upcoming-invoices")

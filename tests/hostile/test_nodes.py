@@ -13,7 +13,6 @@ from typing import Any
 
 import pytest
 import requests
-from django.contrib.auth.models import User
 from django.test import Client
 
 from billing.ledger.models import UsageMinute, WorkloadMeta
@@ -22,7 +21,7 @@ from billing.services.identity.api_tokens import issue_api_token
 from billing.services.identity.tokens import issue_node_token
 from billing.services.ingest.rollup import run_rollup
 from tests import clock
-from tests.conftest import iso, make_batch
+from tests.conftest import iso, make_batch, new_user
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -86,7 +85,7 @@ def test_a_tenant_claim_is_billed_by_the_namespace_mapping_and_counted(live_serv
     assert node.last_tenant_claim_mismatch_at is not None
     # Counted where an admin looks: the nodes page and /metrics.
     admin = Client()
-    admin.force_login(User.objects.create_user(username="root", password="pw-not-used-123", is_superuser=True))
+    admin.force_login(new_user("root", is_superuser=True))
     page = admin.get("/nodes/").content.decode()
     assert 'data-testid="node-tenant-mismatches-node-b" data-count="20"' in page
     assert 'data-testid="node-tenant-mismatches-node-a" data-count="0"' in page
@@ -149,7 +148,7 @@ def test_anonymous_healthz_says_the_status_and_nothing_else(live_server, nodes):
     assert set(anonymous.json()) == {"status"}
     assert "worker" not in anonymous.text
     assert "backlog" not in anonymous.text
-    User.objects.create_user(username="sre", password="pw-not-used-123", is_staff=True)
+    new_user("sre", is_staff=True)
     api = issue_api_token(username="sre", name="t", expires_at=None, now=clock.now(), actor_label="test").token
     detailed = requests.get(f"{live_server.url}/healthz", headers={"Authorization": f"Bearer {api}"}, timeout=30)
     assert detailed.status_code == anonymous.status_code
