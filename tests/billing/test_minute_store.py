@@ -14,7 +14,7 @@ from decimal import Decimal
 from typing import Any
 
 import pytest
-from django.db import connection
+from django.db import IntegrityError, connection, transaction
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -22,6 +22,7 @@ from agents.batch import Sample
 from agents.interfaces import GpuInfo
 from billing.ledger.models import UsageBatch, UsageMinute
 from billing.ledger.rollup import quarantine_batch, rollup_usage
+from billing.models import Node
 from billing.services.ingest.rollup import redrive_batches
 from tests import clock
 from tests.billing.test_integrals_v2 import GPU, START, _document, _ledger_of, _per_second, series
@@ -213,3 +214,27 @@ def test_the_store_gives_back_every_integral_it_holds_as_the_decimal_it_was(quan
         back_on_grid, back_digits = cur.fetchone()
     assert back_on_grid == on_grid
     assert back_digits == digits
+
+
+@pytest.mark.django_db
+def test_a_hand_written_minute_whose_key_is_taken_is_refused_and_the_first_is_kept() -> None:
+    """The store's index is (minute, card), not unique (migration 0048): the view's trigger keeps
+    (minute, card, workload) a key for minutes written by hand, with the error the key gave."""
+    node = Node.objects.create(name="node-key")
+    zero = Decimal(0)
+
+    def write(charge: str, pod: str = "p") -> UsageMinute:
+        return UsageMinute.objects.create(
+            minute=datetime(2030, 6, 30, 12, 0, tzinfo=START.tzinfo), gpu_uuid="GPU-key", node=node, tenant="acme",
+            namespace="acme-prod", pod=pod, container="c", pod_uid="u", sla_tier="gold", seconds=Decimal(60),
+            mem_used_mb_s=zero, mem_granted_mb_s=zero, mem_billed_mb_s=zero, sm_used_s=zero, sm_granted_s=zero,
+            sm_billed_s=zero, pcie_mb=zero, share_gpu_s=zero, charge=Decimal(charge), idle_share=zero)
+
+    first = write("0.5")
+    with pytest.raises(IntegrityError, match="exists already"), transaction.atomic():
+        write("0.7")
+    write("0.9", pod="q")  # another workload of the same GPU-minute is its own key
+    assert sorted(UsageMinute.objects.values_list("pod", "charge")) == [("p", Decimal("0.5")), ("q", Decimal("0.9"))]
+    first.charge = Decimal("0.6")
+    first.save()  # an update through the view replaces the row under its own key
+    assert UsageMinute.objects.get(pod="p").charge == Decimal("0.6")
