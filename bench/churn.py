@@ -21,6 +21,10 @@ savepoint), `--runs` times, and checked to leave the same rows:
 2. **the month close of that day**: shipped `close_days`, which merges the day's rows into the month
    rows of the same workloads and leaves the others; baseline: the month's rows all deleted and
    summed again with the day's, in one statement (close_days before the month key index).
+3. **a late batch into the day before, already closed**, on every GPU: the month rows of the
+   workloads of that day's last hour re-derived (billing.ledger.months.recompute_months), one call
+   per transaction's nodes. Shipped: those workloads' month rows; baseline: every month row of each
+   GPU-month, deleted and summed again from its days (the month step before).
 
 Each is timed and its WAL measured (pg_current_wal_insert_lsn before and after: what a commit would
 flush and a replica receive). A benchmark never fails on speed.
@@ -178,6 +182,40 @@ def _day_step_shipped(day: datetime) -> None:
             _recompute_days(cur, group)
 
 
+def _late_groups(day: datetime) -> list[list[tuple[Any, ...]]]:
+    """A late batch into the closed `day` on every GPU, by the rollup's transactions: the workload-days
+    of its last hour (the pods whose day rows the day step replaced)."""
+    from django.db import connection
+
+    with connection.cursor() as cur:
+        cur.execute("SELECT node_id, gpu_uuid, day, tenant, namespace, pod, container, pod_uid, sla_tier "
+                    "FROM billing_usageday WHERE day = %s AND last_hour = %s", [day, day + timedelta(hours=23)])
+        rows = cur.fetchall()
+    groups = _node_groups(day + timedelta(days=1))
+    return [[r for r in rows if r[0] in {n for n, _, _ in group}] for group in groups]
+
+
+def _late_baseline(day: datetime) -> None:
+    """Every month row of each GPU-month the late batch touched, deleted and summed again from its days."""
+    from django.db import connection
+
+    from billing.ledger.months import recompute_months
+
+    with connection.cursor() as cur:
+        for group in _late_groups(day):
+            recompute_months(cur, [], {(r[0], r[1], r[2]) for r in group})
+
+
+def _late_shipped(day: datetime) -> None:
+    from django.db import connection
+
+    from billing.ledger.months import recompute_months
+
+    with connection.cursor() as cur:
+        for group in _late_groups(day):
+            recompute_months(cur, group)
+
+
 def _close_baseline(day: datetime) -> None:
     """The month's rows all deleted and summed again with the closing day's rows."""
     from django.db import connection
@@ -272,7 +310,11 @@ def run(args: argparse.Namespace) -> int:
         "baseline": ("BASELINE: the month's rows all rewritten", _close_baseline),
         "shipped": ("close_days: the day's workloads' month rows merged", _close_shipped)},
         day, _MONTH_ROWS, args.runs)
-    return 0 if day_ok and close_ok else 1
+    late_ok = _compare("late batch into a closed day", {
+        "baseline": ("BASELINE: the GPU-months' rows all rewritten", _late_baseline),
+        "shipped": ("recompute_months: the late workloads' month rows", _late_shipped)},
+        day - timedelta(days=1), _MONTH_ROWS, args.runs)
+    return 0 if day_ok and close_ok and late_ok else 1
 
 
 if __name__ == "__main__":

@@ -18,6 +18,7 @@ when a month row may stand in for its days.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from datetime import UTC, datetime
 from typing import Any
 
@@ -45,15 +46,15 @@ _GROUP = ("month", "gpu_uuid", "node_id", *_KEYS, "gpu_model", "memory_mb", "sm_
 _COLUMNS = (*_GROUP, *_SUMS, "first_hour", "last_hour", *_CARD_SECONDS)
 
 
-def _day_rows(source: str) -> str:
-    """One month-shaped row per day row of `source` (joins and a WHERE over the day row `d`), closed
-    days only."""
+def _day_rows(source: str, days: str = "billing_usageday") -> str:
+    """One month-shaped row per day row `d` of `days` (a table or subquery) with `source` (joins and a
+    WHERE over `d`), closed days only."""
     return (
         f"SELECT date_trunc('month', d.day, 'UTC') AS month, d.gpu_uuid, d.node_id, "  # noqa: S608 - built from constant column lists
         f"{', '.join(f'd.{k}' for k in _KEYS)}, g.gpu_model, gp.memory_mb, gp.sm_count, "
         f"{', '.join(f'd.{c}' for c in _SUMS)}, d.first_hour, d.last_hour, "
         f"{', '.join(f'{q} AS {c}' for c, q in _CARD_SECONDS.items())} "
-        "FROM billing_usageday d LEFT JOIN billing_gpuday g ON g.node_id = d.node_id AND g.gpu_uuid = d.gpu_uuid "
+        f"FROM {days} d LEFT JOIN billing_gpuday g ON g.node_id = d.node_id AND g.gpu_uuid = d.gpu_uuid "
         f"AND g.day = d.day LEFT JOIN billing_gpu gp ON gp.uuid = d.gpu_uuid {source} AND d.day < {CLOSED_THROUGH}"
     )
 
@@ -75,21 +76,61 @@ def _closed_through(cur: CursorWrapper) -> datetime:
     return closed
 
 
-def recompute_months(cur: CursorWrapper, days: set[tuple[int, str, datetime]]) -> None:
-    """Replace the month rows of every node-GPU-month of `days` ((node, GPU, midnight) whose day rows
-    were just replaced) that are closed days; the others are not in month rows yet."""
+def recompute_months(cur: CursorWrapper, workload_days: Iterable[tuple[Any, ...]],
+                     gpu_days: Iterable[tuple[int, str, datetime]] = ()) -> None:
+    """Replace the month rows of the workloads of `workload_days` ((node, GPU, midnight, *the six
+    names) whose day rows were just replaced), and every month row of the GPU-months of `gpu_days`
+    ((node, GPU, midnight) whose GPU-day row changed its model), in months of closed days; the other
+    days are not in month rows yet.
+
+    The workloads' rows only, not their GPU-months': a late batch (one past CLOSE_GRACE) changes the
+    day rows of its own workloads, but a GPU-month holds a row for every pod the GPU ran that month
+    (8,000 by the month's end where pods churn), and re-deriving them all rewrote them for each late
+    batch. A GPU-day whose model changed changes the group of every month row of that day (the model
+    is in it), so its whole GPU-month is re-derived."""
     closed = _closed_through(cur)
-    keys = sorted({(node, gpu, _month(day)) for node, gpu, day in days if day < closed})
-    if not keys:
-        return
-    params: list[Any] = [[k[0] for k in keys], [k[1] for k in keys], [k[2] for k in keys]]
-    # Deleted through usage_month_node_gpu_idx (node, GPU, month): the GPU-months' rows only. By node and
-    # month it would read the node's every GPU, and at 182k month rows the planner scanned the whole table.
-    touched = "unnest(%s::bigint[], %s::varchar[], %s::timestamptz[]) AS a(node_id, gpu_uuid, month)"
-    cur.execute(f"DELETE FROM billing_usagemonth u USING {touched} WHERE u.node_id = a.node_id "  # noqa: S608 - fixed SQL; values are parameters
-                "AND u.gpu_uuid = a.gpu_uuid AND u.month = a.month", params)
-    cur.execute(_insert(_day_rows(f"JOIN {touched} ON d.node_id = a.node_id AND d.gpu_uuid = a.gpu_uuid "
-                                  "AND d.day >= a.month AND d.day < a.month + interval '1 month' WHERE true")), params)
+    whole = {(n, g, _month(d)) for n, g, d in gpu_days if d < closed}
+    if whole:
+        _replace(cur, sorted(whole), None)
+    keys = sorted({(n, g, _month(d), *names) for n, g, d, *names in workload_days
+                   if d < closed and (n, g, _month(d)) not in whole})
+    if keys:
+        _replace(cur, sorted({k[:3] for k in keys}), keys)
+
+
+# The GPU-months being replaced, and each one's rows read by its index (usage_month_node_gpu_idx for
+# month rows, usage_day_node_gpu_idx for days) behind a fence, then kept by a hashed lookup of the
+# workloads where only some are replaced: a GPU-month's rows are read once whatever the planner makes
+# of the arrays' sizes (without the index, at 182k month rows, it read the whole ledger).
+_GPU_MONTHS = "unnest(%(nodes)s::bigint[], %(gpus)s::varchar[], %(months)s::timestamptz[]) AS a(node_id, gpu_uuid, month)"
+_MONTH_ROWS_OF = (
+    f"SELECT u.* FROM {_GPU_MONTHS} CROSS JOIN LATERAL (SELECT u.ctid, u.* FROM billing_usagemonth u "  # noqa: S608 - fixed SQL; values are parameters
+    "WHERE u.node_id = a.node_id AND u.gpu_uuid = a.gpu_uuid AND u.month = a.month OFFSET 0) u"
+)
+_DAY_ROWS_OF = (
+    f"(SELECT u.* FROM {_GPU_MONTHS} CROSS JOIN LATERAL (SELECT * FROM billing_usageday u "  # noqa: S608 - fixed SQL; values are parameters
+    "WHERE u.node_id = a.node_id AND u.gpu_uuid = a.gpu_uuid AND u.day >= a.month "
+    "AND u.day < a.month + interval '1 month' OFFSET 0) u)"
+)
+_WORKLOAD_MONTH = ("node_id", "gpu_uuid", "month", *_KEYS)
+_OF_WORKLOADS = (f"IN (SELECT * FROM unnest(%(w0)s::bigint[], %(w1)s::varchar[], %(w2)s::timestamptz[], "  # noqa: S608 - fixed SQL; values are parameters
+                 f"{', '.join(f'%(w{i})s::varchar[]' for i in range(3, len(_WORKLOAD_MONTH)))}))")
+
+
+def _replace(cur: CursorWrapper, gpu_months: list[tuple[Any, ...]], workloads: list[tuple[Any, ...]] | None) -> None:
+    """Delete the month rows of `gpu_months` (of `workloads` only, where given) and sum them again
+    from their closed days."""
+    params: dict[str, Any] = {"nodes": [k[0] for k in gpu_months], "gpus": [k[1] for k in gpu_months],
+                              "months": [k[2] for k in gpu_months]}
+    month_of, day_of = "true", "true"
+    if workloads is not None:
+        params.update({f"w{i}": [k[i] for k in workloads] for i in range(len(_WORKLOAD_MONTH))})
+        month_of = f"({', '.join(f'u.{c}' for c in _WORKLOAD_MONTH)}) {_OF_WORKLOADS}"
+        day_of = (f"(d.node_id, d.gpu_uuid, date_trunc('month', d.day, 'UTC'), {', '.join(f'd.{k}' for k in _KEYS)}) "
+                  f"{_OF_WORKLOADS}")
+    cur.execute(f"DELETE FROM billing_usagemonth WHERE ctid = ANY(ARRAY(SELECT u.ctid FROM ({_MONTH_ROWS_OF}) u "  # noqa: S608 - fixed SQL; values are parameters
+                f"WHERE {month_of}))", params)
+    cur.execute(_insert(_day_rows(f"WHERE {day_of}", days=_DAY_ROWS_OF)), params)
 
 
 def rebuild_months(cur: CursorWrapper, *, lo: datetime, hi: datetime, gpu_uuid: str | None) -> None:

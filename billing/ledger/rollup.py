@@ -812,16 +812,20 @@ def _recompute_days(cur: CursorWrapper, hours: set[Key]) -> None:
     only its own workloads, and a recompute never drops a workload from an hour (integrals add)."""
     node_col, gpu_col, hour_col = _arrays(hours)
     cur.execute(_TOUCHED_WORKLOAD_DAYS, [node_col, gpu_col, hour_col])
-    touched = [list(c) for c in zip(*sorted(cur.fetchall()), strict=True)]
+    workload_days = sorted(cur.fetchall())
+    touched = [list(c) for c in zip(*workload_days, strict=True)]
     days = {(n, g, h.replace(hour=0)) for n, g, h in hours}
     keys: list[Any] = list(_arrays(days))
     if touched:
         cur.execute(_DELETE_USAGE_DAYS_OF_WORKLOADS, [*keys, *touched])
         cur.execute(_USAGE_DAYS_OF_WORKLOADS, [*keys, *touched])
     cur.execute("DELETE FROM billing_gpuday d USING " + _UNNEST + " AS a(node_id, gpu_uuid, day) "  # noqa: S608 - fixed SQL; values are parameters
-                "WHERE d.node_id = a.node_id AND d.gpu_uuid = a.gpu_uuid AND d.day = a.day", keys)
-    cur.execute(_gpu_days_insert(_TOUCHED_DAYS), keys)
-    recompute_months(cur, days)
+                "WHERE d.node_id = a.node_id AND d.gpu_uuid = a.gpu_uuid AND d.day = a.day "
+                "RETURNING d.node_id, d.gpu_uuid, d.day, d.gpu_model", keys)
+    models_before = set(cur.fetchall())
+    cur.execute(_gpu_days_insert(_TOUCHED_DAYS) + " RETURNING node_id, gpu_uuid, day, gpu_model", keys)
+    remodelled = {r[:3] for r in models_before ^ set(cur.fetchall())}  # a month row's group has the model
+    recompute_months(cur, workload_days, remodelled)
 
 
 def rebuild_days(*, start: datetime, end: datetime, gpu_uuid: str | None = None) -> int:

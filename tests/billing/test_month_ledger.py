@@ -373,12 +373,12 @@ def _month_rows_read(plan: Mapping[str, Any]) -> int:
     return read
 
 
-def test_a_late_batch_replaces_a_gpu_months_rows_reading_those_rows_only(db: Any) -> None:
-    """The day step re-derives the month rows of a closed day's GPU-month (a late batch: every GPU
-    has one after midnight, the batch that ends the day, rolled up after the day is closed): the rows
-    of that GPU-month are deleted through usage_month_node_gpu_idx, reading those rows only, not the
-    node's other GPUs' nor the whole ledger (without the index, at 182k month rows, the planner read
-    them all)."""
+def test_a_late_batch_replaces_its_workloads_month_rows_reading_its_gpu_months_rows_only(db: Any) -> None:
+    """The day step re-derives the month rows of the workloads whose closed day rows it replaced (a
+    batch later than the close): it reads that GPU-month's rows through usage_month_node_gpu_idx, not
+    the node's other GPUs' nor the whole ledger (without the index, at 182k month rows, the planner
+    read them all), and replaces the workload's row only; a GPU-day whose model changed has its whole
+    GPU-month replaced."""
     _set_closed_through(APRIL)
     node = Node.objects.create(name="month-node-busy")
     with connection.cursor() as cur:
@@ -399,11 +399,65 @@ def test_a_late_batch_replaces_a_gpu_months_rows_reading_those_rows_only(db: Any
         plans.append(context["cursor"].fetchone()[0][0])
         return None
 
+    day = MARCH + timedelta(days=4)
+    before = _row_versions()
     with connection.execute_wrapper(explain), connection.cursor() as cur:
-        months.recompute_months(cur, {(node.id, "GPU-busy-3", MARCH + timedelta(days=4))})
-    assert [_month_rows_read(p) for p in plans] == [100]
-    assert not UsageMonth.objects.filter(gpu_uuid="GPU-busy-3", month=MARCH).exists()  # no day rows to re-derive
+        months.recompute_months(cur, [(node.id, "GPU-busy-3", day, "acme", "acme-ns", "pod-7", "main", "uid-7", "gold")])
+    assert [_month_rows_read(p) for p in plans] == [100 + 1]  # the GPU-month's rows, then the one deleted by its ctid
+    assert UsageMonth.objects.count() == 1599  # its row gone: it has no day rows to re-derive it from
+    assert not UsageMonth.objects.filter(gpu_uuid="GPU-busy-3", month=MARCH, pod="pod-7").exists()
+    after = _row_versions()
+    assert {k: v for k, v in before.items() if k in after} == after  # no other row rewritten
+    plans.clear()
+    with connection.execute_wrapper(explain), connection.cursor() as cur:
+        months.recompute_months(cur, [], [(node.id, "GPU-busy-3", day)])
+    assert [_month_rows_read(p) for p in plans] == [99 + 99]
     assert UsageMonth.objects.count() == 1500
+    assert not UsageMonth.objects.filter(gpu_uuid="GPU-busy-3", month=MARCH).exists()
+
+
+def _late_batch_ledger(post_batch: Any, late_model: str | None) -> tuple[dict[tuple[Any, ...], tuple[str, str]], datetime]:
+    """Two pods on one GPU yesterday, the day closed, then a late batch of one of them into it (of
+    another GPU model where `late_model` is given): the month rows' versions before the late batch."""
+    today = clock.now().astimezone(UTC).replace(hour=0, minute=0, second=0, microsecond=0)
+    yesterday = today - timedelta(days=1)
+    two = [{"gpu": 0, "tenant": "acme", "pod": "bert-1", "mem_used": 400.0, "mem_granted": 600.0, "sm_used": 6.0,
+            "sm_granted": 9.0},
+           {"gpu": 0, "tenant": "beta", "pod": "gpt-2", "mem_used": 100.0, "mem_granted": 200.0, "sm_used": 2.0,
+            "sm_granted": 3.0}]
+    assert post_batch(make_batch(seq=1, start=yesterday + timedelta(hours=3), gpus=1, workloads=two)).status_code == 201
+    cycle = max(clock.now(), today + CLOSE_GRACE)
+    rollup_usage(now=cycle)
+    assert _closed_through() == today
+    assert UsageMonth.objects.count() == 2
+    before = _row_versions()
+    late = make_batch(seq=2, start=yesterday + timedelta(hours=5), gpus=1, workloads=two[:1])
+    if late_model is not None:
+        late["gpus"][0]["model"] = late_model
+    assert post_batch(late).status_code == 201
+    rollup_usage(now=cycle)
+    return before, yesterday
+
+
+def test_a_late_batch_into_a_closed_day_rewrites_its_own_workloads_month_row_only(post_batch: Any) -> None:
+    before, _ = _late_batch_ledger(post_batch, None)
+    assert _months() == _months_as_sums_of_days()
+    after = _row_versions()
+    assert [k[3] for k in before if before[k] != after.get(k)] == ["acme"]  # beta's month row untouched
+    assert UsageMonth.objects.get(tenant="acme").seconds == Decimal(20)
+    assert UsageMonth.objects.get(tenant="beta").seconds == Decimal(10)
+
+
+def test_a_late_batch_that_changes_its_gpu_days_model_rewrites_the_gpu_month(post_batch: Any) -> None:
+    """The GPU-day's model is in every month row's group of that day: the late batch's card sorts
+    after the A100 (a GPU-day takes the greatest model of its hours), so every row of the GPU-month
+    moves to the new model, the other pod's too."""
+    before, yesterday = _late_batch_ledger(post_batch, "NVIDIA H100 80GB HBM3")
+    assert GpuDay.objects.get(day=yesterday).gpu_model == "NVIDIA H100 80GB HBM3"
+    assert _months() == _months_as_sums_of_days()
+    assert set(UsageMonth.objects.values_list("tenant", "gpu_model")) == {("acme", "NVIDIA H100 80GB HBM3"),
+                                                                          ("beta", "NVIDIA H100 80GB HBM3")}
+    assert not before.keys() & _row_versions().keys()  # the A100 rows of both pods are gone
 
 
 def test_the_rollup_keeps_the_month_rows_of_the_days_it_writes(post_batch: Any) -> None:
@@ -446,9 +500,9 @@ def test_the_batch_that_ends_a_day_is_in_its_day_before_the_close(post_batch: An
     rederived: list[tuple[Any, ...]] = []
     real = months_module.recompute_months
 
-    def recording(cur: Any, days: set[tuple[Any, ...]]) -> None:
-        rederived.extend(d for d in days if d[2] < _closed_through())
-        real(cur, days)
+    def recording(cur: Any, workload_days: list[tuple[Any, ...]], gpu_days: Any = ()) -> None:
+        rederived.extend(d for d in [*workload_days, *gpu_days] if d[2] < _closed_through())
+        real(cur, workload_days, gpu_days)
 
     monkeypatch.setattr(rollup_module, "recompute_months", recording)
     workloads = [{"gpu": 0, "tenant": "acme", "pod": "bert-1", "mem_used": 400.0, "mem_granted": 600.0,
