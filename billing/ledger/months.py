@@ -87,7 +87,9 @@ def recompute_months(cur: CursorWrapper, workload_days: Iterable[tuple[Any, ...]
     day rows of its own workloads, but a GPU-month holds a row for every pod the GPU ran that month
     (8,000 by the month's end where pods churn), and re-deriving them all rewrote them for each late
     batch. A GPU-day whose model changed changes the group of every month row of that day (the model
-    is in it), so its whole GPU-month is re-derived."""
+    is in it), so its whole GPU-month is re-derived. A GPU resized since its month rows were summed
+    keeps rows of both divisors in the month (the close leaves them so too): a read of card-seconds
+    then takes that month from days (billing.ledger.reads.month_range)."""
     closed = _closed_through(cur)
     whole = {(n, g, _month(d)) for n, g, d in gpu_days if d < closed}
     if whole:

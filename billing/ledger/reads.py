@@ -177,7 +177,7 @@ def _cards_changed(first: datetime, last: datetime) -> bool:
     """Whether a GPU's memory or SM count differs from what its month rows in [first, last) were divided by."""
     with connection.cursor() as cur:
         cur.execute(
-            # Each GPU's divisors once (a GPU-month has one), then compared: not a lookup per month row.
+            # Each GPU's divisors once (a GPU-month has one set, or a few after a resize), then compared: not a lookup per month row.
             f"SELECT EXISTS (SELECT 1 FROM (SELECT DISTINCT gpu_uuid, memory_mb, sm_count FROM {UsageMonth._meta.db_table} "  # noqa: S608 - the models' own table names
             f"WHERE month >= %s AND month < %s) u LEFT JOIN {Gpu._meta.db_table} gp ON gp.uuid = u.gpu_uuid "
             "WHERE gp.memory_mb IS DISTINCT FROM u.memory_mb OR gp.sm_count IS DISTINCT FROM u.sm_count)", [first, last])

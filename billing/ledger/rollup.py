@@ -177,9 +177,10 @@ OnQuarantine = Callable[[QuarantinedBatch], None]
 
 # How long after midnight a day stays open to the month ledger. The batches that end a day arrive
 # after it (a minute's batch a minute later, an hour's an hour later): rolled up once their day is
-# closed, each would make the day step re-derive its GPU's whole month from days (recompute_months),
-# which after every midnight is every GPU of the fleet, a month of day rows. Rolled up before the
-# close, they are in the day rows the close merges. A batch later still re-derives its own GPUs' months.
+# closed, each would make the day step re-derive its workloads' month rows from days
+# (recompute_months), reading its GPUs' month of day rows, which after every midnight is every GPU of
+# the fleet. Rolled up before the close, they are in the day rows the close merges. A batch later
+# still re-derives its own workloads' month rows.
 CLOSE_GRACE = timedelta(hours=1)
 
 
@@ -703,7 +704,7 @@ def _priced_rows(windows: dict[Key, _Window], workloads: dict[Key, list[tuple[An
 
 def _recompute_hours(cur: CursorWrapper, hours: set[Key]) -> None:
     """Replace the hour rows of `hours` (node, GPU, hour) with the sums of their minutes. The store is
-    read minute by minute of each hour (its key is (minute, card, workload): a range of minutes
+    read minute by minute of each hour (its index is (minute, card): a range of minutes
     would read the whole fleet's index entries of the hour for each card; docs/architecture.md)."""
     node_col, gpu_col, hour_col = _arrays(hours)
     keys: list[Any] = [node_col, gpu_col, hour_col]
