@@ -118,11 +118,15 @@ test: browser-deps monitoring-deps pdf-deps
 # the suite's Python processes (its workers, and the demos, agents, Celery workers, gunicorn and
 # manage.py commands they start) compiled every module of ours it imported, about 0.35 s of CPU
 # for each Django start. Processes still read what is here; a source edited later is compiled
-# again (the cache compares modification times).
+# again (the cache compares modification times). pytest's own cache of the modules whose asserts it
+# rewrites (the tests, the conftests and the pytest plugins' packages) is written here too, once, for
+# the same reason: each of the suite's pytest processes rewrote them again, about 8 s of CPU each
+# (tests/rewrite_cache.py).
 SOURCES := config billing agents allocator tests bench manage.py
 .PHONY: bytecode
 bytecode: | $(PY)
 	$(PY) -m compileall -q $(SOURCES)
+	$(PY) -m tests.rewrite_cache
 
 # The whole suite, without lint (`make test` runs lint beside it).
 suite: $(DEV) focus-validator bytecode

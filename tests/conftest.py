@@ -26,6 +26,7 @@ from billing.models import Tenant, TenantMembership
 from billing.services.budgets.spend import BudgetEvent, BudgetTransition
 from billing.services.identity.tokens import IssuedToken, issue_node_token
 from tests import clock, workers
+from tests import flush as test_flush
 from tests.demo_process import Demo, demo_environment, running_demo
 
 if TYPE_CHECKING:
@@ -43,6 +44,10 @@ hypothesis.settings.load_profile("suite")
 # Linux), so every request to it took 40 ms more than its view: 66 ms for a 2 ms refusal, most of
 # the wall time of the tests that send it a thousand requests (the hostile-input probe, `st run`).
 QuietWSGIRequestHandler.disable_nagle_algorithm = True
+
+# The flush after each transactional test leaves content types and permissions in place instead of
+# deleting and rebuilding the same rows (tests/flush.py): most of each such test's teardown.
+test_flush.install()
 
 
 class GpuSpec(TypedDict):
