@@ -259,7 +259,7 @@ _REQUESTED = {"mem_mb": "(r.mem_mb * u.seconds)", "sm": "(r.sm * u.seconds)"}
 # Hash joins and hash aggregates took a week's hourly sets from 10.5 s to 5.8 s (groups) and 6.2 s
 # to 4.5 s (idle), a per-pod month's groups from 1.1 s to 0.9 s, on the loaded bench machine
 # (EXPLAIN ANALYZE, docs/benchmarks.md).
-_GROUP_READ_SETTINGS = {"enable_sort": "off", "enable_mergejoin": "off"}
+_GROUP_READ_SETTINGS = {"enable_sort": "off", "enable_mergejoin": "off", "work_mem": "64MB"}
 
 
 def list_usage_groups(
@@ -510,10 +510,12 @@ def list_idle_rows(
     usage on the same GPU rows (every tenant's), restricted by the filters on GPU_KEYS only (the
     others name workloads, which idle has none of). Unordered.
 
-    The usage is summed per GPU and set, whole months from the month ledger (billing.ledger.reads.
-    usage_rows), then met by the GPU rows summed per GPU and set: a usage row counts where it has a
-    GPU row (its model is that row's) and that row passes the filters, which read the same node, GPU
-    and model on either side."""
+    A usage row counts where it has a GPU row (its model is that row's: billing.ledger.reads.
+    usage_rows, whole months from the month ledger) and that row passes the filters. The filters
+    read the same node, GPU and model on either side, so the usage rows that pass are exactly those
+    on the GPU rows that pass, and each side is summed per set (and node) on its own before they
+    meet: not per GPU and set, which for a week's hourly sets at 1,000 GPUs was two aggregates of
+    160k groups each (spilled to disk) and their join, for 168 rows (docs/benchmarks.md)."""
     ledger = set_ledger(start, end, starts)
     params: dict[str, Any] = {"start": start, "end": end, "tenants": None}
     gpu_filters = {k: v for k, v in filters.items() if k in GPU_KEYS}
@@ -524,20 +526,22 @@ def list_idle_rows(
             where += f" AND {_tree_sql(tree, params, lambda key, _params: sql_of.get(key))}"
         return where
 
-    node = "n.name" if by_node else "''"
-    cluster = _KEY_SQL["cluster"] if by_node else "''"
+    # Per node only when asked (its id: node names are unique); else one group per set.
+    used_by, cards_by = ("u.node_id", "g.node_id") if by_node else ("0", "0")
     at = ledger.at
     rows = reads.usage_rows(ledger, start, end, params, months=reads.month_range(ledger, start, end, starts=starts),
                             model=True)
     used_where = where_of({**_GPU_KEY_SQL, "gpu_model": "u.gpu_model", "gpu": "u.gpu_uuid"})
     used_node = f" JOIN {_NODE} n ON n.id = u.node_id" if re.search(r"\bn\.", used_where) else ""
     gpu_where = where_of(_GPU_KEY_SQL)
+    node, cluster = ("n.name", _KEY_SQL["cluster"]) if by_node else ("''", "''")
+    node_join = f" JOIN {_NODE} n ON n.id = c.node_id" if by_node else ""
     sql = (
-        f"WITH used AS (SELECT u.node_id, u.gpu_uuid, {_set_sql('at', 'u', starts, params)} AS set_start, "  # noqa: S608 - fixed SQL
+        f"WITH used AS (SELECT {_set_sql('at', 'u', starts, params)} AS set_start, {used_by} AS node_id, "  # noqa: S608 - fixed SQL
         f"sum(u.share_gpu_s) AS share, sum(u.charge) AS charge FROM {rows} u{used_node} "
-        f"WHERE u.gpu_model IS NOT NULL{used_where} GROUP BY 1, 2, 3), "
-        # The GPU rows per GPU and set: energy is priced per GPU row, by its date.
-        f"cards AS (SELECT {_set_sql(at, 'g', starts, params)} AS set_start, g.node_id, g.gpu_uuid, "
+        f"WHERE u.gpu_model IS NOT NULL{used_where} GROUP BY 1, 2), "
+        # The GPU rows per set (and node): energy is priced per GPU row, by its date.
+        f"cards AS (SELECT {_set_sql(at, 'g', starts, params)} AS set_start, {cards_by} AS node_id, "
         "sum(g.idle_cost - g.idle_allocated) AS platform_idle, sum(g.metered_seconds) AS metered_seconds, "
         "max(nullif(g.currency, '')) AS currency, sum(g.idle_energy_j) AS idle_energy_j, "
         "bool_and(g.idle_energy_j = 0 OR er.price_per_kwh IS NOT NULL) AS cost_known, "
@@ -545,14 +549,12 @@ def list_idle_rows(
         "bool_and(g.idle_energy_j = 0 OR er.co2e_kg_per_kwh IS NOT NULL) AS co2e_known, "
         "sum(g.idle_energy_j * coalesce(er.co2e_kg_per_kwh, 0)) AS co2e_jkg "
         f"FROM {ledger.gpu_table} g JOIN {_NODE} n ON n.id = g.node_id{energy_rate_join('g', at)}"
-        f"WHERE g.{at} >= %(start)s AND g.{at} < %(end)s{gpu_where} GROUP BY 1, 2, 3) "
-        f"SELECT c.set_start, {node} AS node, {cluster} AS cluster, sum(c.platform_idle) AS platform_idle, "
-        "sum(c.metered_seconds) AS metered_seconds, coalesce(sum(used.share), 0) AS share_gpu_s, "
-        "coalesce(sum(used.charge), 0) AS charge, coalesce(max(c.currency), '') AS currency, "
-        "sum(c.idle_energy_j) AS idle_energy_j, CASE WHEN bool_and(c.cost_known) THEN sum(c.energy_cost_jp) END "
-        "AS energy_cost_jp, CASE WHEN bool_and(c.co2e_known) THEN sum(c.co2e_jkg) END AS co2e_jkg "
-        f"FROM cards c JOIN {_NODE} n ON n.id = c.node_id LEFT JOIN used ON used.node_id = c.node_id "
-        "AND used.gpu_uuid = c.gpu_uuid AND used.set_start = c.set_start GROUP BY 1, 2, 3"
+        f"WHERE g.{at} >= %(start)s AND g.{at} < %(end)s{gpu_where} GROUP BY 1, 2) "
+        f"SELECT c.set_start, {node} AS node, {cluster} AS cluster, c.platform_idle, c.metered_seconds, "
+        "coalesce(used.share, 0) AS share_gpu_s, coalesce(used.charge, 0) AS charge, coalesce(c.currency, '') AS currency, "
+        "c.idle_energy_j, CASE WHEN c.cost_known THEN c.energy_cost_jp END AS energy_cost_jp, "
+        "CASE WHEN c.co2e_known THEN c.co2e_jkg END AS co2e_jkg "
+        f"FROM cards c{node_join} LEFT JOIN used ON used.set_start = c.set_start AND used.node_id = c.node_id"
     )
     with period_read_cursor(_GROUP_READ_SETTINGS) as cur:
         cur.execute(sql, params)

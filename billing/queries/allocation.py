@@ -375,10 +375,20 @@ def _add_groups(sets: list[dict[str, CostAllocation]], bounds: Sequence[Window],
             merged.add(row, part)
     minutes: dict[timedelta, Decimal] = {}  # per length: groups of one set share a few lengths
     for i, bound in enumerate(bounds):
-        for keys, g in sorted(groups[i].items()):
+        out, in_set = sets[i], groups[i]
+        # The keys' order as tuples of them sort (code points, element by element), by one string
+        # each: joined on NUL, which sorts below every character and which no text from PostgreSQL
+        # holds. Half the time of sorting the tuples, whose every comparison compares elements in
+        # Python (a per-pod month's 40k groups at 1,000 GPUs).
+        for keys in sorted(in_set, key="\x00".join):
+            g = in_set[keys]
             one = g.allocation_sums() if isinstance(g, _Group) else g
-            start = max(bound.start, one.first_hour)
-            end = min(bound.end, one.last_hour + _HOUR)
+            # Unpacked once, by position (UsageGroupRow's field order): an attribute of a named tuple
+            # is a descriptor call, and a row's eighteen were a third of this loop.
+            (_, _, _, first_hour, last_hour, seconds, share_gpu_s, charge, idle_share, mem_used, mem_granted,
+             mem_requested, sm_used, sm_granted, sm_requested, energy_j, energy_cost_jp, co2e_jkg) = one
+            start = max(bound.start, first_hour)
+            end = min(bound.end, last_hour + _HOUR)
             span = minutes.get(end - start)
             if span is None:
                 span = minutes[end - start] = _minutes(start, end)
@@ -386,11 +396,10 @@ def _add_groups(sets: list[dict[str, CostAllocation]], bounds: Sequence[Window],
             # By position (CostAllocation's field order; tuple.__new__ skips the named tuple's Python-level
             # __new__, as agents.interfaces builds its Grants): tests/billing/test_allocation_groups.py
             # checks every field against the rows summed in Python.
-            sets[i][name] = tuple.__new__(CostAllocation, (
-                name, dict(zip(aggregate, keys, strict=True)), start, end, span, one.share_gpu_s / _S_PER_H,
-                one.charge, one.idle_share, one.charge + one.idle_share, currency, one.mem_used_mb_s,
-                one.mem_granted_mb_s, one.mem_requested_mb_s, one.sm_used_s, one.sm_granted_s, one.sm_requested_s,
-                one.seconds, False, one.energy_j, one.energy_cost_jp, one.co2e_jkg))
+            out[name] = tuple.__new__(CostAllocation, (
+                name, dict(zip(aggregate, keys, strict=True)), start, end, span, share_gpu_s / _S_PER_H,
+                charge, idle_share, charge + idle_share, currency, mem_used, mem_granted, mem_requested, sm_used,
+                sm_granted, sm_requested, seconds, False, energy_j, energy_cost_jp, co2e_jkg))
 
 
 def _idle_name(r: ledger.IdleRow, *, split: bool, by_node: bool) -> tuple[str, dict[str, str]]:

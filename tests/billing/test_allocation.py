@@ -13,6 +13,7 @@ import pytest
 
 from billing.api.allocation_params import parse_aggregate, parse_bool, parse_step, parse_window
 from billing.ledger import reads
+from billing.ledger.allocation import list_idle_rows
 from billing.ledger.models import GpuHour, UsageHour, WorkloadMeta
 from billing.models import Node
 from billing.queries.allocation import (
@@ -284,6 +285,24 @@ def test_idle_by_node_and_shared(fleet) -> None:
     [s] = allocation_sets(FINANCE, window=Window(H + timedelta(hours=1), H + timedelta(hours=2)),
                           aggregate=["namespace"], include_idle=True, share_idle=True)
     assert costs(s) == {IDLE: D(10)}
+
+
+def test_idle_counts_the_usage_on_the_gpu_rows_that_pass_the_filters_only(fleet) -> None:
+    """The idle read sums each side per set (and node) on its own: a usage row without a GPU row of
+    its hour, or on a GPU row a filter drops, must still count for nothing."""
+    n1 = Node.objects.get(name="node-1")
+    usage_hour(n1, "GPU-z", H, tenant="acme", pod="ghost", charge="5", share="100")  # GPU-z has no GPU row
+    usage_hour(n1, "GPU-a", H + timedelta(hours=2), tenant="acme", pod="late", charge="7", share="50")  # nor GPU-a then
+
+    def idle(**kw: Any) -> list[tuple[str, D, D, D, D]]:
+        rows = list_idle_rows(start=H, end=H + timedelta(hours=3), starts=None, tree=None, **{"filters": {}, **kw})
+        return sorted((r.node, r.platform_idle, r.metered_seconds, r.share_gpu_s, r.charge) for r in rows)
+
+    # H: GPU-a idle 4 (1 of it spread), GPU-b 3; H+1: GPU-a 10; shares 1440 + 720 + 1800, charges 4 + 2 + 3.
+    assert idle(by_node=False) == [("", D(16), D(3 * 3600), D(3960), D(9))]
+    assert idle(by_node=True) == [("node-1", D(13), D(2 * 3600), D(2160), D(6)), ("node-2", D(3), D(3600), D(1800), D(3))]
+    assert idle(by_node=False, filters={"gpu_model": ["H100"]}) == [("", D(3), D(3600), D(1800), D(3))]
+    assert idle(by_node=False, filters={"gpu": ["GPU-a"]}) == [("", D(13), D(2 * 3600), D(2160), D(6))]
 
 
 def test_a_tenant_sees_only_its_own_and_no_platform_idle(fleet) -> None:
