@@ -48,7 +48,6 @@ __all__ = [
     "Match",
     "NodeAssetRow",
     "UsageGroupRow",
-    "get_window_currency",
     "is_group_key",
     "list_figure_rows",
     "list_idle_rows",
@@ -559,13 +558,6 @@ def list_idle_rows(
     with period_read_cursor(_GROUP_READ_SETTINGS) as cur:
         cur.execute(sql, params)
         return fetch_rows(cur, IdleRow)
-
-
-def get_window_currency(*, start: datetime, end: datetime) -> str:
-    """The currency of the window's priced GPU rows ("" when none): one fleet bills in one."""
-    ledger = reads.ledger_for(start, end)
-    currency = ledger.gpu_rows(start, end).filter(ledger.priced_rows()).values_list("currency", flat=True).first()
-    return str(currency or "")
 
 
 @dataclass(frozen=True)

@@ -82,8 +82,10 @@ def get_priced_currency(*, start: datetime, end: datetime) -> str:
     """The currency of the period's priced GPU rows, "" when nothing is priced (one fleet bills in
     one currency; the close enforces it)."""
     ledger = reads.ledger_for(start, end)
-    currency = ledger.gpu_rows(start, end).filter(ledger.priced_rows()).values_list("currency", flat=True).first()
-    return str(currency or "")
+    # Any one row, not .first(): that orders by id, sorting every priced GPU row of the period (160k
+    # for a week of hours at 1,000 GPUs: 0.2 s) to take one currency they all share.
+    rows = ledger.gpu_rows(start, end).filter(ledger.priced_rows()).values_list("currency", flat=True)[:1]
+    return str(next(iter(rows), ""))
 
 
 def get_gpu_totals(*, start: datetime, end: datetime) -> GpuTotals:
@@ -330,7 +332,7 @@ def list_period_line_costs(*, periods: Sequence[tuple[datetime, datetime]],
                                 name=f"p{i}")
         params[f"p{i}_lo"], params[f"p{i}_hi"] = lo, hi
         parts.append(
-            # The period's currency as get_window_currency picks it: a GPU-day with some priced hour.
+            # The period's currency as get_priced_currency picks it: a GPU-day with some priced hour.
             f"SELECT {i} AS period, coalesce((SELECT g.currency FROM {reads.DAYS.gpu_table} g "  # noqa: S608 - fixed names; values are parameters
             f"WHERE g.day >= %(p{i}_lo)s AND g.day < %(p{i}_hi)s AND g.metered_seconds > g.unpriced_seconds LIMIT 1), '') "
             # A usage row always has its GPU row (the rollup writes both), but a model only names a line.

@@ -32,6 +32,7 @@ from django.utils.translation import gettext
 from billing.calendar import floor_to, utc_midnight
 from billing.errors import InvalidInput
 from billing.ledger import allocation as ledger
+from billing.ledger.totals import get_priced_currency
 from billing.money import allocate
 from billing.scope import Scope
 
@@ -334,7 +335,7 @@ def allocation_sets(
     idle_rows = (ledger.list_idle_rows(start=window.start, end=window.end, starts=starts, filters=filters,
                                        by_node=idle_by_node or split_idle, tree=tree)
                  if platform and (include_idle or share) else [])
-    currency = ledger.get_window_currency(start=window.start, end=window.end)
+    currency = get_priced_currency(start=window.start, end=window.end)
     index = {b.start: i for i, b in enumerate(bounds)}
     idle_by_key = {(r.set_start, r.node): r for r in idle_rows}
 

@@ -9,6 +9,7 @@ from datetime import datetime
 
 from billing.figures import LEVELS, FigureTree, build_tree
 from billing.ledger import allocation as ledger
+from billing.ledger.totals import get_priced_currency
 from billing.scope import Scope
 
 __all__ = ["get_figure_tree", "get_top_figure_tree"]
@@ -18,7 +19,7 @@ def get_figure_tree(*, scope: Scope, start: datetime, end: datetime, places: int
                     filters: Mapping[str, Sequence[str]] | None = None) -> FigureTree:
     """The figures of [start, end) of the scope's tenants (and rows matching `filters`: allocation
     keys -> allowed values), down to the level `depth`, quantities shown at `places`."""
-    currency = ledger.get_window_currency(start=start, end=end)
+    currency = get_priced_currency(start=start, end=end)
     if scope.tenants is not None and not scope.tenants:
         return build_tree([], currency=currency, places=places)
     read = ledger.list_figure_rows(start=start, end=end, depth=LEVELS.index(depth), filters=dict(filters or {}),
@@ -34,7 +35,7 @@ def get_top_figure_tree(*, scope: Scope, start: datetime, end: datetime, places:
     instances (`top_order`: the levels that rank pods of equal cost, default the path). Those tenants'
     and pods' shown figures are the whole tree's; the tree's other pods are missing or partial, so
     nothing else may be read from its pod levels."""
-    currency = ledger.get_window_currency(start=start, end=end)
+    currency = get_priced_currency(start=start, end=end)
     if scope.tenants is not None and not scope.tenants:
         return build_tree([], currency=currency, places=places), {}
     read = ledger.list_figure_rows(start=start, end=end, depth=LEVELS.index("pod_uid"), filters={},

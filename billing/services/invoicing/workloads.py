@@ -16,7 +16,8 @@ from datetime import datetime
 from decimal import Decimal
 
 from billing.figures import LEVELS, FigureTree, build_tree
-from billing.ledger.allocation import get_window_currency, list_figure_rows
+from billing.ledger.allocation import list_figure_rows
+from billing.ledger.totals import get_priced_currency
 from billing.money import to_minor_units
 
 __all__ = ["BREAKDOWN_LEVEL", "WorkloadAmount", "read_month_tree", "workloads_of"]
@@ -39,7 +40,7 @@ def read_month_tree(*, start: datetime, end: datetime, places: int) -> FigureTre
     read the drill-down makes (billing.queries.figures), whose per-tenant figures do not depend on
     the other tenants read with it."""
     rows = list_figure_rows(start=start, end=end, depth=LEVELS.index(BREAKDOWN_LEVEL), filters={}, tenants=None).rows
-    return build_tree(rows, currency=get_window_currency(start=start, end=end), places=places)
+    return build_tree(rows, currency=get_priced_currency(start=start, end=end), places=places)
 
 
 def workloads_of(tree: FigureTree, tenant: str) -> list[WorkloadAmount]:
