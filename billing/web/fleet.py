@@ -61,7 +61,8 @@ def _bad_request(reason: str, *, as_csv: bool, request: HttpRequest, form: Perio
 
 
 def _page_number(text: str) -> int | None:
-    """A page number as a reader may type it (digits, from 1), else None."""
+    """A page number as a reader may type it (ASCII digits, from 1; nine at most, past any fleet's
+    last page), else None."""
     text = text.strip()
     return int(text) if text.isascii() and text.isdigit() and 0 < len(text) <= 9 and int(text) >= 1 else None
 
@@ -119,19 +120,20 @@ def _period(form: PeriodForm) -> dict[str, str]:
     return {"start": form.cleaned_data["start"].isoformat(), "end": form.cleaned_data["end"].isoformat()}
 
 
-def _query(period: dict[str, str], *, sort: str, page_size: int | None, page: int = 1, **extra: str) -> str:
+def _query(period: dict[str, str], *, sort: str, page_size: int | None, page: int = 1) -> str:
     """A link's query over `period`: the defaults (the first page, DEFAULT_PAGE_SIZE) left out."""
     return urlencode({**period, "sort": sort, **({"page_size": page_size} if page_size != DEFAULT_PAGE_SIZE else {}),
-                      **({"page": page} if page != 1 else {}), **extra})
+                      **({"page": page} if page != 1 else {})})
 
 
 def _page_numbers(page: int, pages: int) -> list[int | None]:
-    """The pages to link: the first, the last and _PAGE_NEIGHBOURS each side of `page`; None for a gap."""
+    """The pages to link: the first, the last and _PAGE_NEIGHBOURS each side of `page`; None for a gap
+    (a gap of one page is that page: "…" would take as much room)."""
     kept = sorted({1, pages, *range(max(1, page - _PAGE_NEIGHBOURS), min(pages, page + _PAGE_NEIGHBOURS) + 1)})
     out: list[int | None] = []
-    for n in kept:
-        if out and n > (out[-1] or 0) + 1:
-            out.append(None)
+    for before, n in zip([0, *kept], kept, strict=False):
+        if before and n > before + 1:
+            out.append(before + 1 if n == before + 2 else None)
         out.append(n)
     return out
 

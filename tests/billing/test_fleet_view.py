@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 from django.contrib.auth.models import User
 from django.test import Client
+from django.urls import resolve
 from hypothesis import HealthCheck, given
 from hypothesis import settings as hypothesis_settings
 from hypothesis import strategies as st
@@ -480,3 +481,18 @@ def test_the_pages_speak_simplified_chinese(client: Client, big_fleet: None) -> 
     bad = client.get("/fleet/", {**PERIOD, "page": "3"}, HTTP_ACCEPT_LANGUAGE="zh-hans").content.decode()
     for text in ("第 3 页超出了最后一页", "此期间共 30 个节点", "每页 25 个"):
         assert text in bad, text
+
+
+@pytest.mark.parametrize(("page", "pages", "links"), [
+    (1, 1, [1]),
+    (1, 5, [1, 2, 3, 4, 5]),  # a gap of one page is that page
+    (1, 7, [1, 2, 3, None, 7]),
+    (10, 40, [1, None, 8, 9, 10, 11, 12, None, 40]),
+    (40, 40, [1, None, 38, 39, 40]),
+])
+def test_the_pager_links_the_first_the_last_and_the_pages_near_the_current(page: int, pages: int,
+                                                                            links: list[int | None]) -> None:
+    resolve("/fleet/")  # the URLconf imports the web modules in the order their imports need
+    from billing.web.fleet import _page_numbers
+
+    assert _page_numbers(page, pages) == links
