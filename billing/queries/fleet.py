@@ -8,25 +8,30 @@ Figures add up as shown: the fleet's card cost is the finance dashboard's total 
 shown total is apportioned over every card's charged and idle parts by the largest remainder
 (billing.money.apportion). So a card's cost is its attributed plus its idle, a node's figures are
 its cards' sums, and the totals row is the nodes' sums, exactly as displayed.
+
+A page shows `page_size` nodes of the sorted fleet (the CSV every node): the figures are the whole
+fleet's whichever page shows them, the totals are over every node, and the nodes on other pages
+are one row of their sums (`FleetView.others`), so a page's rows still add up to the total.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 
+from billing.errors import InvalidInput
 from billing.figures import PAGE_PLACES
 from billing.ledger import cards as ledger
 from billing.ledger import totals
 from billing.money import apportion, display_amount, minor_unit_exponent, round_quantities
-from billing.queries.figures import get_figure_tree
-from billing.queries.trends import Change, PreviousPeriod, day_bounds, previous_period
+from billing.queries.trends import Change, PeriodCosts, PreviousPeriod, day_bounds, get_period_costs, previous_period
 from billing.scope import Scope
 
-__all__ = ["DEFAULT_SORT", "SORTS", "TOP_WORKLOADS", "FleetComparison", "FleetFigures", "FleetGpu", "FleetNode",
-           "FleetNodeChange", "FleetView", "FleetWorkload", "get_fleet", "shown_card_cost"]
+__all__ = ["DEFAULT_PAGE_SIZE", "DEFAULT_SORT", "PAGE_SIZES", "SORTS", "TOP_WORKLOADS", "FleetComparison",
+           "FleetFigures", "FleetGpu", "FleetNode", "FleetNodeChange", "FleetOthers", "FleetView", "FleetWorkload",
+           "PageOutOfRange", "get_fleet"]
 
 TOP_WORKLOADS = 3
 # Column -> the order it sorts in: money, shares and energy costliest (largest) first, names A to Z.
@@ -35,6 +40,10 @@ SORTS: dict[str, bool] = {
     "energy_kwh": True, "workloads": True, "name": False, "gpu_model": False,
 }
 DEFAULT_SORT = "idle_cost"  # the cards that earn least of their keep first
+# Nodes a page shows: a fleet of 1,000 GPUs on one page was 2.5 MB of HTML and most of a 1.6 s
+# answer (docs/benchmarks.md, "The fleet view at 1,000 GPUs"); the CSV keeps every GPU.
+PAGE_SIZES = (25, 50, 100)
+DEFAULT_PAGE_SIZE = 25
 _J_PER_KWH = Decimal(3_600_000)
 _ZERO = Decimal(0)
 _DAY = timedelta(days=1)
@@ -126,8 +135,27 @@ class FleetNodeChange:
 
 @dataclass(frozen=True)
 class FleetComparison(PreviousPeriod):
-    nodes: list[FleetNodeChange]  # the page's nodes in its order, then those metered only before
+    # The page's nodes in its order, then (on the last page) those metered only before.
+    nodes: list[FleetNodeChange]
     total: FleetNodeChange
+    others: FleetNodeChange | None = None  # every node not in `nodes`, summed; None when there is none
+
+
+@dataclass(frozen=True)
+class FleetOthers:
+    """The nodes on other pages, summed as shown: with the page's nodes they add up to the total."""
+
+    nodes: int
+    gpus: int
+    figures: FleetFigures
+
+
+class PageOutOfRange(InvalidInput):
+    """A page past the last one of the period's nodes."""
+
+    def __init__(self, page: int, pages: int, nodes: int) -> None:
+        super().__init__(f"page {page} is past the last page, {pages}, of {nodes} nodes")
+        self.page, self.pages, self.nodes = page, pages, nodes
 
 
 @dataclass(frozen=True)
@@ -136,14 +164,29 @@ class FleetView:
     end: datetime
     currency: str
     sort: str
-    nodes: list[FleetNode]
-    total: FleetFigures
-    gpu_count: int
+    nodes: list[FleetNode]  # the page's (every node with page None)
+    total: FleetFigures  # the whole fleet's, whichever page
+    gpu_count: int  # the whole fleet's
+    node_count: int
+    page: int = 1
+    pages: int = 1
+    page_size: int | None = None  # None: every node on one page (the CSV)
+    others: FleetOthers | None = None  # the nodes on other pages; None when the page shows every node
     comparison: FleetComparison | None = None
 
     @property
     def gpus(self) -> list[FleetGpu]:
+        """The page's cards, in its order."""
         return [g for n in self.nodes for g in n.gpus]
+
+    @property
+    def first_node(self) -> int:
+        """The page's first node's position in the sorted fleet, from 1 (0 when it has none)."""
+        return (self.page - 1) * (self.page_size or 0) + 1 if self.nodes else 0
+
+    @property
+    def last_node(self) -> int:
+        return self.first_node + len(self.nodes) - 1 if self.nodes else 0
 
 
 def _pct(part: Decimal, whole: Decimal) -> Decimal | None:
@@ -191,15 +234,6 @@ def _exact(card: ledger.CardRow) -> _Exact:
                   card.mem_used_mb_s if known else _ZERO, card.mem_capacity_mb_s or _ZERO)
 
 
-def shown_card_cost(*, scope: Scope, start: datetime, end: datetime, currency: str, idle_platform: Decimal) -> Decimal:
-    """The fleet's card cost as the finance dashboard shows it (billing.web.tables.shown_costs): the
-    tenants' invoice lines, each rounded once, plus the platform's idle rounded once."""
-    # The shallowest tree: the lines (level 0) come with it; namespaces are few.
-    tree = get_figure_tree(scope=scope, start=start, end=end, places=PAGE_PLACES, depth="namespace")
-    attributed = sum((lines.total for lines in tree.lines.values()), _ZERO)
-    return attributed + display_amount(idle_platform, currency)
-
-
 def _sort_key(sort: str) -> Callable[[FleetNode | FleetGpu], tuple[object, ...]]:
     descending = SORTS[sort]
 
@@ -215,25 +249,27 @@ def _sort_key(sort: str) -> Callable[[FleetNode | FleetGpu], tuple[object, ...]]
     return key
 
 
-def _shown_parts(*, scope: Scope, start: datetime, end: datetime, currency: str,
-                 cards: Sequence[ledger.CardRow]) -> list[Decimal]:
-    """Every card's (attributed, idle) as shown, flat: the dashboard's total GPU cost apportioned."""
+def _shown_parts(*, costs: PeriodCosts, currency: str, cards: Sequence[ledger.CardRow]) -> list[Decimal]:
+    """Every card's (attributed, idle) as shown, flat: the finance dashboard's total GPU cost
+    (billing.web.tables.shown_costs: the tenants' invoice lines, each rounded once, `costs`, plus
+    the platform's idle rounded once) apportioned."""
     idle_platform = sum((c.idle_cost - c.idle_allocated for c in cards), _ZERO)
-    total = shown_card_cost(scope=scope, start=start, end=end, currency=currency, idle_platform=idle_platform)
+    total = costs.total + display_amount(idle_platform, currency)
     # One shown total over every card's two parts: each part within a cent of its own figure.
     return apportion(total, [x for c in cards for x in (c.charged, c.idle_cost)],
                      minor_unit_exponent(currency)) if cards else []
 
 
-def _comparison(*, scope: Scope, start: datetime, end: datetime, nodes: Sequence[FleetNode],
+def _comparison(*, costs: PeriodCosts, nodes: Sequence[FleetNode], shown: Sequence[FleetNode], last_page: bool,
                 total: FleetFigures) -> FleetComparison:
-    """The previous period (billing.queries.trends.previous_period, the dashboard's rule) as /fleet/
-    shows it: one more read of the same cards statement, apportioned the same way."""
-    first, last = start.astimezone(UTC).date(), (end.astimezone(UTC) - _DAY).date()
-    p_start, p_end = day_bounds(*previous_period(first, last))
+    """The previous period (`costs`: its tenants' figures; billing.queries.trends.previous_period,
+    the dashboard's rule) as /fleet/ shows it: one more read of the same cards statement, apportioned
+    the same way. Rows for the page's nodes (`shown`, of the sorted fleet's `nodes`), then on the last
+    page the nodes metered only before, and one row summing every other node."""
+    p_start, p_end = costs.start, costs.end
     currency = totals.get_priced_currency(start=p_start, end=p_end)
     cards = ledger.list_cards(start=p_start, end=p_end)
-    parts = _shown_parts(scope=scope, start=p_start, end=p_end, currency=currency, cards=cards)
+    parts = _shown_parts(costs=costs, currency=currency, cards=cards)
     before: dict[str, tuple[Decimal, Decimal]] = {}
     for i, c in enumerate(cards):
         card, idle = before.get(c.node, (_ZERO, _ZERO))
@@ -244,27 +280,42 @@ def _comparison(*, scope: Scope, start: datetime, end: datetime, nodes: Sequence
         return FleetNodeChange(name, Change(now.card_cost if now else _ZERO, card),
                                Change(now.idle_cost if now else _ZERO, idle))
 
-    shown = {n.name for n in nodes}
-    rows = [change(n.name, n.figures) for n in nodes] + [change(name, None) for name in sorted(before)
-                                                         if name not in shown]
+    current = {n.name for n in nodes}
+    only_before = [name for name in sorted(before) if name not in current]
+    rows = [change(n.name, n.figures) for n in shown] + [change(name, None) for name in only_before if last_page]
     previous_total = (sum(parts, _ZERO), sum(parts[1::2], _ZERO))
-    return FleetComparison(p_start, p_end, rows, FleetNodeChange("", Change(total.card_cost, previous_total[0]),
-                                                                 Change(total.idle_cost, previous_total[1])))
+    fleet = FleetNodeChange("", Change(total.card_cost, previous_total[0]), Change(total.idle_cost, previous_total[1]))
+
+    def rest(figure: str) -> Change:
+        # The total less the rows shown: every figure here is a sum of shown figures, so exact.
+        whole, listed = getattr(fleet, figure), [getattr(r, figure) for r in rows]
+        return Change(whole.current - sum((c.current for c in listed), _ZERO),
+                      whole.previous - sum((c.previous for c in listed), _ZERO))
+
+    others = None
+    if len(rows) < len(nodes) + len(only_before):
+        others = FleetNodeChange("", rest("card_cost"), rest("idle_cost"))
+    return FleetComparison(p_start, p_end, rows, fleet, others)
 
 
-def get_fleet(*, scope: Scope, start: datetime, end: datetime, sort: str = DEFAULT_SORT,
-              energy_places: int = PAGE_PLACES, compare: bool = True) -> FleetView:
+def get_fleet(*, scope: Scope, start: datetime, end: datetime, sort: str = DEFAULT_SORT, page: int | None = 1,
+              page_size: int = DEFAULT_PAGE_SIZE, energy_places: int = PAGE_PLACES, compare: bool = True) -> FleetView:
     """Every card with GPU rows in [start, end), by node, sorted by `sort` (one of SORTS; nodes by
-    their own figure of it, cards within their node); energy and kg CO2e shown at `energy_places`;
-    with `compare`, against the previous period."""
+    their own figure of it, cards within their node); `page` (from 1) of `page_size` (one of
+    PAGE_SIZES) nodes, or every node with page None; energy and kg CO2e shown at `energy_places`;
+    with `compare`, against the previous period. Every figure is the whole fleet's, whichever page
+    shows it. PageOutOfRange for a page past the last (page 1 always is one, if empty)."""
     if sort not in SORTS:
         raise ValueError(f"unknown sort {sort!r}")
+    if page_size not in PAGE_SIZES or (page is not None and page < 1):
+        raise ValueError(f"no page {page!r} of {page_size!r} nodes")
     currency = totals.get_priced_currency(start=start, end=end)
     cards = ledger.list_cards(start=start, end=end)
-    top: dict[tuple[str, str], list[ledger.CardWorkloadRow]] = {}
-    for w in ledger.list_card_workloads(start=start, end=end, top=TOP_WORKLOADS):
-        top.setdefault((w.node, w.gpu_uuid), []).append(w)
-    parts = _shown_parts(scope=scope, start=start, end=end, currency=currency, cards=cards)
+    first, last = start.astimezone(UTC).date(), (end.astimezone(UTC) - _DAY).date()
+    # The tenants' figures of the period and of the previous one in one read (their invoice lines).
+    periods = [(start, end), day_bounds(*previous_period(first, last))] if compare else [(start, end)]
+    costs = get_period_costs(scope=scope, periods=periods)
+    parts = _shown_parts(costs=costs[0], currency=currency, cards=cards)
     energy, _ = round_quantities([c.energy_j / _J_PER_KWH for c in cards], energy_places)
     energy_cost = _shown_priced([None if c.energy_cost_jp is None else c.energy_cost_jp / _J_PER_KWH for c in cards],
                                 minor_unit_exponent(currency), lambda x: display_amount(x, currency))
@@ -273,14 +324,11 @@ def get_fleet(*, scope: Scope, start: datetime, end: datetime, sort: str = DEFAU
     by_node: dict[str, list[FleetGpu]] = {}
     exact_by_node: dict[str, _Exact] = {}
     for i, c in enumerate(cards):
-        ranked = top.get((c.node, c.gpu_uuid), [])
-        count = ranked[0].workloads if ranked else 0
         gpu = FleetGpu(
             node=c.node, gpu_uuid=c.gpu_uuid, gpu_model=c.gpu_model,
-            figures=_figures((parts[2 * i], parts[2 * i + 1], energy[i]), (energy_cost[i], co2e[i]), _exact(c), count),
-            workloads=[FleetWorkload(w.tenant, w.namespace, w.controller, w.pod, w.pod_uid,
-                                     display_amount(w.cost, currency)) for w in ranked],
-            more_workloads=count - len(ranked),
+            figures=_figures((parts[2 * i], parts[2 * i + 1], energy[i]), (energy_cost[i], co2e[i]), _exact(c),
+                             c.workloads),
+            workloads=[], more_workloads=0,  # the page's cards get theirs (_with_workloads)
         )
         by_node.setdefault(c.node, []).append(gpu)
         exact_by_node[c.node] = exact_by_node.get(c.node, _Exact()) + _exact(c)
@@ -288,8 +336,36 @@ def get_fleet(*, scope: Scope, start: datetime, end: datetime, sort: str = DEFAU
     nodes = [FleetNode(name, _sum([g.figures for g in gpus], exact_by_node[name]), sorted(gpus, key=key))
              for name, gpus in by_node.items()]
     nodes.sort(key=key)
-    fleet_exact = sum(exact_by_node.values(), _Exact())
-    total = _sum([n.figures for n in nodes], fleet_exact)
-    comparison = _comparison(scope=scope, start=start, end=end, nodes=nodes, total=total) if compare else None
-    return FleetView(start=start, end=end, currency=currency, sort=sort, nodes=nodes, total=total,
-                     gpu_count=len(cards), comparison=comparison)
+    total = _sum([n.figures for n in nodes], sum(exact_by_node.values(), _Exact()))
+    pages = max(1, -(-len(nodes) // page_size)) if page is not None else 1
+    if page is not None and page > pages:
+        raise PageOutOfRange(page, pages, len(nodes))
+    first_shown, after_shown = (0, len(nodes)) if page is None else ((page - 1) * page_size, page * page_size)
+    shown, rest = nodes[first_shown:after_shown], nodes[:first_shown] + nodes[after_shown:]
+    others = FleetOthers(len(rest), sum(len(n.gpus) for n in rest),
+                         _sum([n.figures for n in rest], sum((exact_by_node[n.name] for n in rest), _Exact()))
+                         ) if rest else None
+    shown = _with_workloads(start=start, end=end, nodes=shown, currency=currency, every=page is None)
+    comparison = _comparison(costs=costs[1], nodes=nodes, shown=shown, last_page=page is None or page == pages,
+                             total=total) if compare else None
+    return FleetView(start=start, end=end, currency=currency, sort=sort, nodes=shown, total=total,
+                     gpu_count=len(cards), node_count=len(nodes), page=page or 1, pages=pages,
+                     page_size=None if page is None else page_size, others=others, comparison=comparison)
+
+
+def _with_workloads(*, start: datetime, end: datetime, nodes: Sequence[FleetNode], currency: str,
+                    every: bool) -> list[FleetNode]:
+    """The nodes with each card's costliest workloads: one read, of these nodes' cards only (of
+    every card when they are `every` node)."""
+    cards = None if every else [(g.node, g.gpu_uuid) for n in nodes for g in n.gpus]
+    top: dict[tuple[str, str], list[ledger.CardWorkloadRow]] = {}
+    for w in ledger.list_card_workloads(start=start, end=end, top=TOP_WORKLOADS, cards=cards) if nodes else []:
+        top.setdefault((w.node, w.gpu_uuid), []).append(w)
+
+    def ranked(g: FleetGpu) -> FleetGpu:
+        rows = top.get((g.node, g.gpu_uuid), [])
+        return replace(g, workloads=[FleetWorkload(w.tenant, w.namespace, w.controller, w.pod, w.pod_uid,
+                                                   display_amount(w.cost, currency)) for w in rows],
+                       more_workloads=g.figures.workloads - len(rows))
+
+    return [replace(n, gpus=[ranked(g) for g in n.gpus]) for n in nodes]

@@ -1,6 +1,6 @@
 """The fleet view, /fleet/ (docs/billing.md, Fleet view): per node and GPU, card cost, attributed and
-idle cost, utilisation, energy and the costliest workloads, for finance and admins; ?format=csv is
-its GPU rows."""
+idle cost, utilisation, energy and the costliest workloads, for finance and admins, a page of nodes
+at a time (?page=, ?page_size=) over the whole fleet's totals; ?format=csv is every GPU row."""
 
 from __future__ import annotations
 
@@ -14,11 +14,21 @@ from django.shortcuts import render
 from django.urls import reverse
 from django.utils import timezone
 from django.utils.translation import gettext as _
-from django.utils.translation import gettext_lazy
+from django.utils.translation import gettext_lazy, ngettext
 
 from billing.csv_files import amount_cell, csv_writer, download_name, number, quantity_cell
 from billing.money import QUANTITY_PLACES
-from billing.queries.fleet import DEFAULT_SORT, SORTS, FleetFigures, FleetView, FleetWorkload, get_fleet
+from billing.queries.fleet import (
+    DEFAULT_PAGE_SIZE,
+    DEFAULT_SORT,
+    PAGE_SIZES,
+    SORTS,
+    FleetFigures,
+    FleetView,
+    FleetWorkload,
+    PageOutOfRange,
+    get_fleet,
+)
 from billing.queries.snapshot import one_snapshot
 from billing.web.access import require_platform
 from billing.web.forms import PeriodForm
@@ -39,12 +49,22 @@ _COLUMNS = (
     ("workloads", gettext_lazy("Workloads")),
 )
 _PERCENT_PLACES = QUANTITY_PLACES["percent"]
+_PAGE_NEIGHBOURS = 2  # page links each side of the current page, besides the first and the last
 
 
-def _bad_request(reason: str, *, as_csv: bool, request: HttpRequest, form: PeriodForm) -> HttpResponse:
+def _bad_request(reason: str, *, as_csv: bool, request: HttpRequest, form: PeriodForm,
+                 retry_query: str = "") -> HttpResponse:
     if as_csv:
         return HttpResponse(reason + "\n", status=400, content_type="text/plain; charset=utf-8")
-    return render(request, "billing/fleet.html", {"form": form, "error": reason}, status=400)
+    return render(request, "billing/fleet.html", {"form": form, "error": reason, "retry_query": retry_query},
+                  status=400)
+
+
+def _page_number(text: str) -> int | None:
+    """A page number as a reader may type it (ASCII digits, from 1; nine at most, past any fleet's
+    last page), else None."""
+    text = text.strip()
+    return int(text) if text.isascii() and text.isdigit() and 0 < len(text) <= 9 and int(text) >= 1 else None
 
 
 @login_required
@@ -55,6 +75,8 @@ def fleet(request: HttpRequest) -> HttpResponse:
     form = PeriodForm(PeriodForm.with_default_period(request.GET, today))
     fmt = request.GET.get("format") or "html"
     sort = request.GET.get("sort") or DEFAULT_SORT
+    page_text, size_text = request.GET.get("page") or "1", request.GET.get("page_size") or str(DEFAULT_PAGE_SIZE)
+    page, page_size = _page_number(page_text), _page_number(size_text)
     as_csv = fmt == "csv"
     # Checked before any read: a bad parameter changes nothing and costs no ledger scan.
     if fmt not in _FORMATS:
@@ -63,6 +85,12 @@ def fleet(request: HttpRequest) -> HttpResponse:
     if sort not in SORTS:
         return _bad_request(_("Unknown sort “%(sort)s”: choose one of %(sorts)s.") % {
             "sort": sort, "sorts": ", ".join(SORTS)}, as_csv=as_csv, request=request, form=form)
+    if page_size not in PAGE_SIZES:
+        return _bad_request(_("Unknown page size “%(size)s”: choose one of %(sizes)s nodes a page.") % {
+            "size": size_text, "sizes": ", ".join(map(str, PAGE_SIZES))}, as_csv=as_csv, request=request, form=form)
+    if page is None:
+        return _bad_request(_("“%(page)s” is not a page number: pages are numbered from 1.") % {"page": page_text},
+                            as_csv=as_csv, request=request, form=form)
     if not form.is_valid():
         if as_csv:
             reasons = " ".join(str(e) for errors in form.errors.values() for e in errors)
@@ -71,9 +99,18 @@ def fleet(request: HttpRequest) -> HttpResponse:
                       status=400)
     start, end = form.bounds()
     # The CSV states energy to a quantity's places, the page to the page's (docs/exports.md).
-    # The CSV is the period's GPU rows alone: no read of the previous period for it.
-    view = get_fleet(scope=scope, start=start, end=end, sort=sort, compare=not as_csv,
-                     **({"energy_places": QUANTITY_PLACES["gb_h"]} if as_csv else {}))
+    # The CSV is every GPU row of the period, whatever page the link was on, and no previous period.
+    try:
+        view = get_fleet(scope=scope, start=start, end=end, sort=sort, compare=not as_csv,
+                         page=None if as_csv else page, page_size=page_size,
+                         **({"energy_places": QUANTITY_PLACES["gb_h"]} if as_csv else {}))
+    except PageOutOfRange as e:
+        return _bad_request(ngettext(
+            "Page %(page)s is past the last page, %(pages)s, of this period's %(nodes)s node at %(size)s a page.",
+            "Page %(page)s is past the last page, %(pages)s, of this period's %(nodes)s nodes at %(size)s a page.",
+            e.nodes) % {"page": e.page, "pages": e.pages, "nodes": e.nodes, "size": page_size},
+            as_csv=False, request=request, form=form,
+            retry_query=_query(_period(form), sort=sort, page_size=page_size, page=e.pages))
     if as_csv:
         return _csv(view)
     return render(request, "billing/fleet.html", _context(form, view, today))
@@ -81,6 +118,41 @@ def fleet(request: HttpRequest) -> HttpResponse:
 
 def _period(form: PeriodForm) -> dict[str, str]:
     return {"start": form.cleaned_data["start"].isoformat(), "end": form.cleaned_data["end"].isoformat()}
+
+
+def _query(period: dict[str, str], *, sort: str, page_size: int | None, page: int = 1) -> str:
+    """A link's query over `period`: the defaults (the first page, DEFAULT_PAGE_SIZE) left out."""
+    return urlencode({**period, "sort": sort, **({"page_size": page_size} if page_size != DEFAULT_PAGE_SIZE else {}),
+                      **({"page": page} if page != 1 else {})})
+
+
+def _page_numbers(page: int, pages: int) -> list[int | None]:
+    """The pages to link: the first, the last and _PAGE_NEIGHBOURS each side of `page`; None for a gap
+    (a gap of one page is that page: "…" would take as much room)."""
+    kept = sorted({1, pages, *range(max(1, page - _PAGE_NEIGHBOURS), min(pages, page + _PAGE_NEIGHBOURS) + 1)})
+    out: list[int | None] = []
+    for before, n in zip([0, *kept], kept, strict=False):
+        if before and n > before + 1:
+            out.append(before + 1 if n == before + 2 else None)
+        out.append(n)
+    return out
+
+
+def _pager(period: dict[str, str], view: FleetView) -> dict[str, Any]:
+    size = view.page_size or DEFAULT_PAGE_SIZE
+
+    def link(page: int) -> str:
+        return _query(period, sort=view.sort, page_size=size, page=page)
+
+    return {
+        "previous": link(view.page - 1) if view.page > 1 else "",
+        "next": link(view.page + 1) if view.page < view.pages else "",
+        "pages": [{"number": n, "query": link(n), "current": n == view.page} if n else None
+                  for n in _page_numbers(view.page, view.pages)],
+        # Another page size starts again at the first page: the same page number would show other nodes.
+        "sizes": [{"size": s, "query": _query(period, sort=view.sort, page_size=s), "current": s == size}
+                  for s in PAGE_SIZES],
+    }
 
 
 def _explore_link(explore: str, period: dict[str, str], w: FleetWorkload) -> str:
@@ -92,8 +164,10 @@ def _explore_link(explore: str, period: dict[str, str], w: FleetWorkload) -> str
 
 def _context(form: PeriodForm, view: FleetView, today: date) -> dict[str, Any]:
     period = _period(form)
-    columns = [{"key": key, "label": label, "query": urlencode({**period, "sort": key}), "active": key == view.sort,
-                "order": "descending" if SORTS[key] else "ascending"} for key, label in _COLUMNS]
+    # A new order starts at its first page, at the same page size.
+    columns = [{"key": key, "label": label, "query": _query(period, sort=key, page_size=view.page_size),
+                "active": key == view.sort, "order": "descending" if SORTS[key] else "ascending"}
+               for key, label in _COLUMNS]
     explore = reverse("explore")
     nodes = [{"node": n, "gpus": [{"gpu": g, "workloads": [(w, _explore_link(explore, period, w)) for w in g.workloads]}
                                   for g in n.gpus]}
@@ -103,7 +177,8 @@ def _context(form: PeriodForm, view: FleetView, today: date) -> dict[str, Any]:
     return {
         "form": form, "fleet": view, "columns": columns, "nodes": nodes, "quick_periods": quick_periods(today, form),
         "csv_query": urlencode({**period, "sort": view.sort, "format": "csv"}),
-        "previous_query": urlencode({**previous, "sort": view.sort}),
+        "previous_query": _query(previous, sort=view.sort, page_size=view.page_size),
+        "pager": _pager(period, view), "default_page_size": DEFAULT_PAGE_SIZE,
     }
 
 

@@ -1,7 +1,8 @@
 """The fleet view, /fleet/ (docs/billing.md, Fleet view): per node and GPU over a hand-written ledger
 (two nodes, two models, cards with charge and idle), exact figures that add up as shown, the total
 card cost the finance dashboard's, sorting and its 400s, finance and admins only, the CSV inert and
-adding up, and the workload links that open Explore."""
+adding up, the workload links that open Explore, and pages of nodes that keep the whole fleet's
+figures and totals (the CSV every GPU)."""
 
 from __future__ import annotations
 
@@ -9,18 +10,21 @@ import csv
 import io
 from datetime import UTC, date, datetime, timedelta
 from decimal import Decimal
+from html import unescape
 from typing import Any
 
 import pytest
 from django.contrib.auth.models import User
 from django.test import Client
+from django.urls import resolve
 from hypothesis import HealthCheck, given
 from hypothesis import settings as hypothesis_settings
 from hypothesis import strategies as st
 
 from billing.ledger.models import GpuDay, GpuHour, UsageDay, UsageHour, WorkloadMeta
 from billing.models import Gpu, Node, Tenant
-from billing.scope import ADMIN_GROUP, FINANCE_GROUP
+from billing.queries.fleet import get_fleet
+from billing.scope import ADMIN_GROUP, FINANCE_GROUP, get_scope
 from tests.billing.test_energy_prices import place, rate
 from tests.conftest import user_in, with_day
 from tests.test_page_sums import Walk, _check_csv, _check_page, _marks
@@ -330,3 +334,165 @@ def test_the_previous_period_is_what_the_fleet_and_the_dashboard_show_for_it(cli
     walk = Walk()
     _check_page("/fleet/", _marks(html), walk)
     assert {"compared-card", "compared-card-previous", "compared-idle", "compared-idle-previous"} <= walk.groups_checked
+
+
+@pytest.fixture
+def big_fleet(ledger: None) -> None:
+    """node-a and node-b, and 28 more nodes of one card each (node-p00 … node-p27, 1.00 to 28.00 of card
+    cost, a third of it charged to a pod of acme): 30 nodes, two pages of 25 and more; a day before on
+    node-p00 and on node-gone (metered only then), for the comparison."""
+    for i in range(28):
+        node = Node.objects.create(name=f"node-p{i:02d}")
+        cost = D(i + 1)
+        card(node, f"GPU-P{i:02d}", model="A100", memory_mb=40960, sm_count=108, cost=str(cost),
+             charged=str(cost / 3), energy_kwh="0.5")
+        usage(node, f"GPU-P{i:02d}", tenant="acme", pod=f"p-{i}", charge=str(cost / 3))
+    gone = Node.objects.create(name="node-gone")
+    for node, gpu in ((Node.objects.get(name="node-p00"), "GPU-P00"), (gone, "GPU-GONE")):
+        with_day(GpuHour.objects.create(
+            gpu_uuid=gpu, node=node, gpu_model="A100", hour=H - timedelta(days=1), metered_seconds=D(3600),
+            card_cost=D(3), charged=D(0), idle_cost=D(3), idle_allocated=D(0), currency="USD", priced=True))
+
+
+def _pages(client: Client, **params: str) -> list[Any]:
+    """Every page of the fleet view, from the first, following its own "next" links."""
+    query: dict[str, str] = {**PERIOD, **params}
+    views = []
+    while True:
+        resp = client.get("/fleet/", query)
+        assert resp.status_code == 200
+        views.append(resp)
+        if not resp.context["pager"]["next"]:
+            return views
+        query = dict(part.split("=") for part in resp.context["pager"]["next"].split("&"))
+
+
+@pytest.mark.parametrize("sort", ["idle_cost", "name", "workloads"])
+def test_pages_split_the_sorted_fleet_and_keep_the_whole_fleets_totals(client: Client, big_fleet: None,
+                                                                     sort: str) -> None:
+    finance(client)
+    whole = get_fleet(scope=get_scope(User.objects.get(groups__name=FINANCE_GROUP)),
+                      start=H.replace(hour=0), end=H.replace(hour=0) + timedelta(days=1), sort=sort, page=None)
+    pages = _pages(client, sort=sort)
+    assert len(pages) == 2
+    views = [p.context["fleet"] for p in pages]
+    # The pages, in order, are the whole fleet's nodes in its order, each card with the same figures.
+    assert [n.name for v in views for n in v.nodes] == [n.name for n in whole.nodes]
+    assert [g.figures for v in views for g in v.gpus] == [g.figures for g in whole.gpus]
+    assert [len(v.nodes) for v in views] == [25, 5]
+    for v in views:
+        # Every page shows the whole fleet's total, and its nodes plus the others row add up to it.
+        assert v.total == whole.total
+        assert (v.node_count, v.gpu_count, v.pages) == (30, 31, 2)
+        assert v.others is not None
+        assert v.others.nodes == 30 - len(v.nodes)
+        for figure in ("card_cost", "attributed", "idle_cost", "energy_kwh", "workloads"):
+            assert sum((getattr(n.figures, figure) for n in v.nodes), getattr(v.others.figures, figure)) == getattr(
+                v.total, figure), figure
+    for resp in pages:
+        # As displayed: the page's node rows and the others row add up to the totals row (the others
+        # row is a part of each fleet-… group), in the table and in the comparison.
+        walk = Walk()
+        _check_page("/fleet/", _marks(resp.content.decode()), walk)
+        assert {"fleet-card", "fleet-attributed", "fleet-idle", "fleet-energy", "row", "compared-card",
+                "compared-card-previous", "compared-idle-previous"} <= walk.groups_checked
+    # The comparison: the page's nodes, the node metered only before on the last page, the rest summed.
+    first, last = (v.comparison for v in views)
+    assert [r.name for r in first.nodes] == [n.name for n in views[0].nodes]
+    assert [r.name for r in last.nodes] == [*(n.name for n in views[1].nodes), "node-gone"]
+    assert first.total == last.total
+    assert first.total.card_cost.previous == D("6.00")
+    assert first.others is not None
+    assert last.others is not None
+    assert first.others.card_cost.previous + sum(r.card_cost.previous for r in first.nodes) == D("6.00")
+
+
+def test_a_page_shows_only_its_cards_workloads_and_the_page_size_is_chosen(client: Client, big_fleet: None) -> None:
+    finance(client)
+    resp = client.get("/fleet/", {**PERIOD, "sort": "name"})
+    html = resp.content.decode()
+    assert 'data-testid="fleet-pager"' in html
+    assert 'data-testid="fleet-others"' in html
+    assert "Nodes 1–25 of 30 (page 1 of 2)" in html
+    # node-p23 … node-p27 are on page 2 (by name: node-a, node-b, node-p00 …): not on page 1.
+    assert "GPU-P27" not in html
+    assert resp.context["pager"]["next"] == "start=2026-03-02&end=2026-03-02&sort=name&page=2"
+    # A sort link starts again at the first page; the CSV link has no page: every GPU.
+    assert 'href="?start=2026-03-02&amp;end=2026-03-02&amp;sort=card_cost"' in html
+    assert "page=" not in resp.context["csv_query"]
+    # 50 a page: the whole fleet on one page, no others row, the pager still offers the sizes.
+    resp = client.get("/fleet/", {**PERIOD, "sort": "name", "page_size": "50"})
+    view = resp.context["fleet"]
+    assert (len(view.nodes), view.pages, view.others) == (30, 1, None)
+    assert view.comparison.others is None
+    html = resp.content.decode()
+    assert 'data-testid="fleet-others"' not in html
+    assert 'data-testid="page-size-25"' in html
+    assert '<input type="hidden" name="page_size" value="50">' in html
+    # Each card's workloads are its own, on whichever page it is.
+    p27 = next(g for g in view.gpus if g.gpu_uuid == "GPU-P27")
+    assert [w.pod for w in p27.workloads] == ["p-27"]
+    page2 = client.get("/fleet/", {**PERIOD, "sort": "name", "page": "2"}).context["fleet"]
+    assert next(g for g in page2.gpus if g.gpu_uuid == "GPU-P27").workloads == p27.workloads
+
+
+def test_the_csv_is_every_gpu_of_the_fleet_whatever_the_page(client: Client, big_fleet: None) -> None:
+    finance(client)
+    for page in ("1", "2"):
+        resp = client.get("/fleet/", {**PERIOD, "format": "csv", "page": page})
+        assert resp.status_code == 200
+        rows = list(csv.reader(io.StringIO(resp.content.decode("utf-8-sig"))))
+        _check_csv("fleet-gpus-20260302-20260302.csv", rows)
+        assert len(rows) == 1 + 31 + 1  # the header, every GPU, the total
+        html_total = client.get("/fleet/", {**PERIOD, "page": page}).context["fleet"].total
+        assert rows[-1][rows[0].index("card_cost")] == str(html_total.card_cost)
+
+
+@pytest.mark.parametrize(("params", "reason"), [
+    ({"page": "3"}, "Page 3 is past the last page, 2, of this period's 30 nodes at 25 a page."),
+    ({"page": "0"}, "is not a page number"),
+    ({"page": "two"}, "is not a page number"),
+    ({"page": "-1"}, "is not a page number"),
+    ({"page": "99999999999999999999"}, "is not a page number"),
+    ({"page_size": "7"}, "Unknown page size"),
+    ({"page_size": "all", "format": "csv"}, "Unknown page size"),
+])
+def test_a_bad_page_answers_400_with_the_reason(client: Client, big_fleet: None, params: dict[str, str],
+                                                reason: str) -> None:
+    resp = finance(client).get("/fleet/", {**PERIOD, **params})
+    assert resp.status_code == 400
+    assert reason in unescape(resp.content.decode())
+
+
+def test_a_page_past_the_last_links_to_the_last(client: Client, big_fleet: None) -> None:
+    resp = finance(client).get("/fleet/", {**PERIOD, "page": "9", "page_size": "25"})
+    assert resp.status_code == 400
+    assert 'href="?start=2026-03-02&amp;end=2026-03-02&amp;sort=idle_cost&amp;page=2"' in resp.content.decode()
+    # An empty period still has its first page, and no other.
+    assert client.get("/fleet/", {"start": "2026-04-01", "end": "2026-04-01"}).status_code == 200
+    assert client.get("/fleet/", {"start": "2026-04-01", "end": "2026-04-01", "page": "2"}).status_code == 400
+
+
+def test_the_pages_speak_simplified_chinese(client: Client, big_fleet: None) -> None:
+    finance(client)
+    page = client.get("/fleet/", PERIOD, HTTP_ACCEPT_LANGUAGE="zh-hans").content.decode()
+    for text in ("第 1–25 个节点", "共 30 个（第 1 页", "其他页上的 5 个节点（5 块 GPU）", "下一页"):
+        assert text in page, text
+    bad = client.get("/fleet/", {**PERIOD, "page": "3"}, HTTP_ACCEPT_LANGUAGE="zh-hans").content.decode()
+    for text in ("第 3 页超出了最后一页", "此期间共 30 个节点", "每页 25 个"):
+        assert text in bad, text
+
+
+@pytest.mark.parametrize(("page", "pages", "links"), [
+    (1, 1, [1]),
+    (1, 5, [1, 2, 3, 4, 5]),  # a gap of one page is that page
+    (1, 7, [1, 2, 3, None, 7]),
+    (10, 40, [1, None, 8, 9, 10, 11, 12, None, 40]),
+    (40, 40, [1, None, 38, 39, 40]),
+])
+def test_the_pager_links_the_first_the_last_and_the_pages_near_the_current(page: int, pages: int,
+                                                                            links: list[int | None]) -> None:
+    resolve("/fleet/")  # the URLconf imports the web modules in the order their imports need
+    from billing.web.fleet import _page_numbers
+
+    assert _page_numbers(page, pages) == links

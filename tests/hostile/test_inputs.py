@@ -62,7 +62,7 @@ GET_PAGES: dict[str, tuple[str, ...]] = {
     "/finance/": (*PERIOD, "format", "table"),
     "/explore/": (*PERIOD, "format", "tenant", "namespace", "controller", "pod", "container", "label", "node",
                   "gpu_model", "sla_tier"),
-    "/fleet/": (*PERIOD, "format", "sort"),
+    "/fleet/": (*PERIOD, "format", "sort", "page", "page_size"),
     "/tenants/": (),
     "/tenants/acme/": (*PERIOD, "format"),
     "/budgets/": (),
