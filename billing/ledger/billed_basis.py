@@ -169,19 +169,24 @@ def list_container_use(*, tenant: str, start: datetime, end: datetime,
         # Where the listed workloads ran, one span of hours per node, GPU and day (a day row per
         # container and tier: merged, so that no hour is read twice). The day ledger holds every
         # hour's day (billing.ledger.models), so the spans cover every hour of these workloads.
-        "WITH spans AS (SELECT d.node_id, d.gpu_uuid, d.namespace, d.pod, d.pod_uid, min(d.first_hour) AS first_hour, "  # noqa: S608 - fixed SQL
-        f"max(d.last_hour) AS last_hour FROM {_USAGE_DAY} d{_workloads_sql('d', workloads, params)} "
+        # Each span carries its pod's metadata (WorkloadMeta is keyed by node and pod instance, as a
+        # span is): one probe per span rather than one per hour row (~1k against ~21k for the
+        # portal's 100 workloads at 1,000 GPUs).
+        "WITH spans AS (SELECT s.*, m.requests FROM (SELECT d.node_id, d.gpu_uuid, d.namespace, d.pod, d.pod_uid, "  # noqa: S608 - fixed SQL
+        f"min(d.first_hour) AS first_hour, max(d.last_hour) AS last_hour FROM {_USAGE_DAY} d{_workloads_sql('d', workloads, params)} "
         "WHERE d.tenant = %(tenant)s AND d.day >= %(first_day)s AND d.day < %(end)s "
-        "GROUP BY d.node_id, d.gpu_uuid, d.namespace, d.pod, d.pod_uid, d.day), "
+        "GROUP BY d.node_id, d.gpu_uuid, d.namespace, d.pod, d.pod_uid, d.day) s "
+        f"LEFT JOIN {_META} m ON m.node_id = s.node_id AND m.namespace = s.namespace AND m.pod = s.pod "
+        "AND m.pod_uid = s.pod_uid), "
         "hours AS (SELECT u.namespace, u.pod, u.pod_uid, u.container, u.hour, sum(u.seconds) AS s, "
         "sum(u.mem_used_mb_s) AS mem, sum(u.sm_used_s) AS sm, "
         "sum(u.mem_granted_mb_s) AS mem_granted, sum(u.sm_granted_s) AS sm_granted, "
         f"bool_and({mem_req} IS NOT NULL) AS mem_known, sum({mem_req}) AS mem_req, "
         f"bool_and({sm_req} IS NOT NULL) AS sm_known, sum({sm_req}) AS sm_req "
-        f"FROM spans k JOIN {_USAGE} u ON u.node_id = k.node_id AND u.gpu_uuid = k.gpu_uuid "
-        "AND u.hour >= k.first_hour AND u.hour <= k.last_hour AND u.namespace = k.namespace AND u.pod = k.pod "
-        f"AND u.pod_uid = k.pod_uid LEFT JOIN {_META} m ON m.node_id = u.node_id AND m.namespace = u.namespace "
-        "AND m.pod = u.pod AND m.pod_uid = u.pod_uid "
+        # The span is `m` to requested_sql, which reads the requests as m.requests.
+        f"FROM spans m JOIN {_USAGE} u ON u.node_id = m.node_id AND u.gpu_uuid = m.gpu_uuid "
+        "AND u.hour >= m.first_hour AND u.hour <= m.last_hour AND u.namespace = m.namespace AND u.pod = m.pod "
+        "AND u.pod_uid = m.pod_uid "
         "WHERE u.tenant = %(tenant)s AND u.hour >= %(start)s AND u.hour < %(end)s "
         "GROUP BY u.namespace, u.pod, u.pod_uid, u.container, u.hour) "
         "SELECT namespace, pod, pod_uid, container, sum(s) AS seconds, sum(mem) AS mem_used_mb_s, "
