@@ -121,7 +121,7 @@ def test_a_period_read_sets_its_planner_settings_for_its_own_statements_and_puts
 
     def current() -> tuple[str, ...]:
         with connection.cursor() as cur:
-            cur.execute("SELECT " + ", ".join(f"current_setting('{n}')" for n in names))  # noqa: S608 - fixed names
+            cur.execute("SELECT " + ", ".join(f"current_setting('{n}')" for n in names))
             return tuple(cur.fetchone())
 
     with connection.cursor() as cur:
