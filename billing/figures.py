@@ -274,8 +274,10 @@ class FigureTree:
                 columns[name] = [_rounded(p, places) for p in parts]
             else:
                 columns[name] = list(apportion(whole, [p for p in parts if p is not None], places))
-        for i, child in enumerate(children):
-            self._shown[child.keys] = _from_columns({name: columns[name][i] for name in _NAMES})
+        # Built by position (_NAMES is Figures' field order): thousands of children per page, and
+        # what _from_columns checks holds here (a parent's and its children's known figures are known).
+        for child, values in zip(children, zip(*(columns[name] for name in _NAMES), strict=True), strict=True):
+            self._shown[child.keys] = Figures(*values)
 
 
 def _depth_len(level: int) -> int:

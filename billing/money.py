@@ -163,9 +163,8 @@ def apportion(total: Decimal, parts: Sequence[Decimal], places: int) -> list[Dec
         if total:
             raise ValueError(f"cannot apportion {total} over no parts")
         return []
-    negative = total < 0 or any(p < 0 for p in parts)
-    if negative:
-        if total > 0 or any(p > 0 for p in parts):
+    if total < 0 or min(parts) < 0:
+        if total > 0 or max(parts) > 0:
             raise ValueError("apportion needs the total and its parts on one side of zero")
         return [-x for x in apportion(-total, [-p for p in parts], places)]
     with localcontext(_CONTEXT):
@@ -177,15 +176,17 @@ def apportion(total: Decimal, parts: Sequence[Decimal], places: int) -> list[Dec
         weights = list(parts) if weight_sum else [Decimal(1)] * len(parts)
         weight_sum = weight_sum or Decimal(len(parts))
         scaled = Decimal(units_int)
-        exact = [scaled * w / weight_sum for w in weights]
-        # Every part is >= 0 here: truncation is the floor. A page opens figures into hundreds of
-        # parts per call (bench/web_pages.py): only the few left-over units need ranking, not a sort.
-        floors = [int(x) for x in exact]
+        # Each share as its floor and remainder (units × part = floor × Σ parts + remainder, exactly):
+        # one division per part, and the remainders rank the fractional parts exactly (they share
+        # the denominator Σ parts). A page opens figures into thousands of parts (bench/web_pages.py):
+        # only the few left-over units need ranking, not a sort. Every part is >= 0 here.
+        shares = [divmod(scaled * w, weight_sum) for w in weights]
+        floors = [int(q) for q, _r in shares]
         left = units_int - sum(floors)
         if left:
             # Hand the left-over units to the largest fractional parts; ties by position
             # (heapq.nsmallest is sorted(...)[:left]).
-            for i in heapq.nsmallest(left, range(len(exact)), key=lambda i: (floors[i] - exact[i], i)):
+            for _r, i in heapq.nsmallest(left, [(-r, i) for i, (_q, r) in enumerate(shares)]):
                 floors[i] += 1
         # Decimal(u).scaleb(-places) has exactly `places` decimals (the exponent -places).
         return [Decimal(u).scaleb(-places) for u in floors]

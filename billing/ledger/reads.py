@@ -30,7 +30,7 @@ from billing.ledger.retention import require_hours_retained
 from billing.models.fleet import Gpu, LocationRate, NodeLocation
 
 __all__ = ["CLOSED_THROUGH", "DAYS", "HOURS", "Granularity", "Ledger", "bucketed_ledger", "fetch_rows", "hour_ledger", "ledger_for",
-           "month_range", "period_read_cursor", "usage_rows"]
+           "month_range", "month_ranges", "period_read_cursor", "usage_rows"]
 
 Granularity = Literal["hour", "day"]
 _Row = TypeVar("_Row")
@@ -139,6 +139,16 @@ def _next_month(at: datetime) -> datetime:
                       microsecond=0)
 
 
+def _whole_months(ledger: Ledger, start: datetime, end: datetime) -> tuple[datetime, datetime] | None:
+    """[first, last) month starts of the whole UTC months of [start, end) in a read of `ledger` (days
+    only), None when none."""
+    if ledger is not DAYS:
+        return None
+    first = start if _month_start(start) else _next_month(start)
+    last = end.astimezone(UTC).replace(day=1, hour=0, minute=0, second=0, microsecond=0)
+    return (first, last) if first < last else None
+
+
 def month_range(ledger: Ledger, start: datetime, end: datetime, *, starts: Sequence[datetime] | None = None,
                 card_seconds: bool = False) -> tuple[datetime, datetime] | None:
     """[first, last) month starts: the whole UTC months of [start, end) that a read of `ledger` (the
@@ -149,28 +159,38 @@ def month_range(ledger: Ledger, start: datetime, end: datetime, *, starts: Seque
     node's location nor any location's rate starts inside a month (energy is priced by the row's
     date, billing.ledger.energy), and, with `card_seconds`, no GPU's memory or SM count differs
     from what its month rows were divided by. Otherwise every month of the read comes from days."""
-    if ledger is not DAYS:
+    months = _whole_months(ledger, start, end)
+    if months is None:
         return None
-    first = start if _month_start(start) else _next_month(start)
-    last = end.astimezone(UTC).replace(day=1, hour=0, minute=0, second=0, microsecond=0)
-    if first >= last:
-        return None
+    first, last = months
     if starts is not None and any(first < s < last and not _month_start(s) for s in starts):
         return None
-    if _energy_rates_change(first, last) or (card_seconds and _cards_changed(first, last)):
+    if _energy_rates_change([months])[0] or (card_seconds and _cards_changed(first, last)):
         return None
-    return first, last
+    return months
 
 
-def _energy_rates_change(first: datetime, last: datetime) -> bool:
-    """Whether some node's location or some location's rate starts on a date inside a month of
-    [first, last) other than its first day."""
-    inside = "effective_from > %(lo)s AND effective_from < %(hi)s AND extract(day FROM effective_from) <> 1"
+def month_ranges(ledger: Ledger, periods: Sequence[tuple[datetime, datetime]]) -> list[tuple[datetime, datetime] | None]:
+    """`month_range` of each of `periods` (no sets, no card-seconds), in their order: the energy rates
+    of all of them checked in one statement (a page's six months and previous period were seven)."""
+    months = [_whole_months(ledger, start, end) for start, end in periods]
+    asked = list(dict.fromkeys(m for m in months if m is not None))
+    changed = dict(zip(asked, _energy_rates_change(asked), strict=True))
+    return [None if m is None or changed[m] else m for m in months]
+
+
+def _energy_rates_change(months: Sequence[tuple[datetime, datetime]]) -> list[bool]:
+    """For each [first, last) of `months`: whether some node's location or some location's rate
+    starts on a date inside one of its months other than its first day. One statement for them all."""
+    if not months:
+        return []
+    inside = "effective_from > r.lo AND effective_from < r.hi AND extract(day FROM effective_from) <> 1"
     with connection.cursor() as cur:
         cur.execute(f"SELECT EXISTS (SELECT 1 FROM {NodeLocation._meta.db_table} WHERE {inside}) "  # noqa: S608 - the models' own table names
-                    f"OR EXISTS (SELECT 1 FROM {LocationRate._meta.db_table} WHERE {inside})",
-                    {"lo": first.date(), "hi": last.date()})
-        return bool(cur.fetchone()[0])
+                    f"OR EXISTS (SELECT 1 FROM {LocationRate._meta.db_table} WHERE {inside}) "
+                    "FROM unnest(%s::date[], %s::date[]) WITH ORDINALITY AS r(lo, hi, i) ORDER BY r.i",
+                    [[first.date() for first, _last in months], [last.date() for _first, last in months]])
+        return [bool(row[0]) for row in cur.fetchall()]
 
 
 def _cards_changed(first: datetime, last: datetime) -> bool:
@@ -241,13 +261,21 @@ def period_read_cursor(extra: dict[str, str] | None = None) -> Iterator[CursorWr
     settings = {**_PERIOD_READ_SETTINGS, **(extra or {})}
     with transaction.atomic(), connection.cursor() as cur:
         names = list(settings)
-        cur.execute("SELECT " + ", ".join(f"current_setting('{n}')" for n in names))
-        before = cur.fetchone()
-        _set_local(cur, settings)
+        # The settings as they were, read by the statement that sets the new ones: the subquery's
+        # row (OFFSET 0 keeps it a subquery) is read before the outer list sets them.
+        sets, params = _set_config(settings)
+        current = ", ".join(f"current_setting('{n}')" for n in names)
+        cur.execute(f"SELECT b.*, {sets} FROM (SELECT {current} OFFSET 0) b", params)  # noqa: S608 - fixed setting names
+        before = cur.fetchone()[: len(names)]
         yield cur
         _set_local(cur, dict(zip(names, before, strict=True)))
 
 
+def _set_config(values: dict[str, str]) -> tuple[str, list[str]]:
+    """`set_config(name, value, true), ...` for `values` (transaction-local) and its parameters."""
+    return ", ".join(["set_config(%s, %s, true)"] * len(values)), [x for item in values.items() for x in item]
+
+
 def _set_local(cur: Any, values: dict[str, str]) -> None:
-    cur.execute("SELECT " + ", ".join(["set_config(%s, %s, true)"] * len(values)),
-                [x for item in values.items() for x in item])
+    sets, params = _set_config(values)
+    cur.execute(f"SELECT {sets}", params)

@@ -327,9 +327,8 @@ def list_period_line_costs(*, periods: Sequence[tuple[datetime, datetime]],
     which would also read every workload. Unordered; a period without usage has no rows."""
     params: dict[str, Any] = {"tenants": _tenant_list(tenants)}
     parts = []
-    for i, (lo, hi) in enumerate(periods):
-        rows = reads.usage_rows(reads.DAYS, lo, hi, params, months=reads.month_range(reads.DAYS, lo, hi), model=True,
-                                name=f"p{i}")
+    for i, ((lo, hi), months) in enumerate(zip(periods, reads.month_ranges(reads.DAYS, periods), strict=True)):
+        rows = reads.usage_rows(reads.DAYS, lo, hi, params, months=months, model=True, name=f"p{i}")
         params[f"p{i}_lo"], params[f"p{i}_hi"] = lo, hi
         parts.append(
             # The period's currency as get_priced_currency picks it: a GPU-day with some priced hour.

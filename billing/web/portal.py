@@ -92,10 +92,11 @@ def tenant_portal(request: HttpRequest, slug: str) -> HttpResponse:
     # An invalid period still reads the tenant (at the default period) so that a 400 is never
     # answered for a tenant the user may not see: scope first, then the period's error.
     start, end = form.bounds() if valid else _default_bounds(default)
+    scope = get_scope(request.user)
     try:
         # The page's table shows the costliest workloads; the CSV has every one, to more places.
         as_csv = valid and request.GET.get("format") == "csv"
-        portal = get_tenant_portal(scope=get_scope(request.user), slug=slug, start=start, end=end, now=now,
+        portal = get_tenant_portal(scope=scope, slug=slug, start=start, end=end, now=now,
                                    places=QUANTITY_PLACES["gpu_hours"] if as_csv else PAGE_PLACES,
                                    workload_limit=None if as_csv else WORKLOAD_TABLE_ROWS, reasons=not as_csv,
                                    trends=not as_csv)
@@ -105,6 +106,8 @@ def tenant_portal(request: HttpRequest, slug: str) -> HttpResponse:
         return _workloads_csv(portal)
     budget = portal.budget
     context = {
+        # The navigation's scope (billing.web.context reads it again otherwise).
+        "scope": scope,
         "portal": portal, "form": form, "period_valid": valid, "formats": EXPORT_FORMATS,
         "budget_bar_pct": min(int(budget.used_pct), 100) if budget else 0,
         "budget_action_label": BudgetAction(budget.hard_action).label if budget else "",

@@ -14,7 +14,7 @@ anywhere in the month), with pods on several GPUs in one hour."""
 from __future__ import annotations
 
 from collections import defaultdict
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from typing import Any
 
@@ -26,12 +26,13 @@ from hypothesis import strategies as st
 from billing.calendar import month_bounds
 from billing.ledger import spend
 from billing.ledger.billed_basis import list_billed_basis_rows, list_container_use
-from billing.ledger.models import UsageHour
+from billing.ledger.models import UsageHour, WorkloadMeta
 from billing.models import Gpu, Node
 from billing.queries.figures import get_figure_tree
 from billing.queries.periods import list_billing_periods
 from billing.scope import Scope
 from tests.billing import test_spend_equivalence as random_ledgers
+from tests.conftest import with_day
 
 pytestmark = pytest.mark.django_db
 
@@ -121,3 +122,49 @@ def test_the_periods_page_attributes_the_gpu_hours_the_months_figure_tree_shows(
             assert view.split.attributed == sum((tree.shown(root).gpu_hours for root in tree.roots.values()),
                                                 Decimal(0)), view.month
         transaction.set_rollback(True)
+
+
+def test_right_sizing_requests_are_each_hours_request_times_its_seconds_on_every_node() -> None:
+    """The requests are joined once per span of a pod's hours (node and pod instance, WorkloadMeta's
+    key), not once per hour row: still each hour's request × its seconds, summed, per container; a
+    container that one node never reported a request for (or reported one that is not a number) is
+    unknown, on every node."""
+    start = datetime(2026, 3, 1, tzinfo=UTC)
+    nodes = [Node.objects.create(name=f"gpu-node-{i}") for i in (1, 2)]
+    # The pod ran on node 1 for two days (two GPUs on the first), then on node 2, where its
+    # sidecar's request was never reported and its trainer's is malformed.
+    requests: list[dict[str, dict[str, Any]]] = [
+        {"server": {"mem_mb": 40960, "sm": 54}, "sidecar": {"mem_mb": 1024.5, "sm": 2}, "trainer": {"sm": 8}},
+        {"server": {"mem_mb": 20480, "sm": 27}, "trainer": {"mem_mb": "lots", "sm": 8}},
+    ]
+    for node, request in zip(nodes, requests, strict=True):
+        WorkloadMeta.objects.create(node=node, namespace="ml", pod="bert", pod_uid="uid-bert", requests=request,
+                                    first_seen=start, last_seen=start)
+    rows = [(nodes[0], "GPU-0", 0, 3, "server", 3600), (nodes[0], "GPU-1", 0, 3, "server", 1800),
+            (nodes[0], "GPU-0", 1, 5, "sidecar", 3600), (nodes[0], "GPU-0", 26, 2, "trainer", 900),
+            (nodes[1], "GPU-7", 50, 4, "server", 3600), (nodes[1], "GPU-7", 50, 4, "trainer", 1200),
+            (nodes[1], "GPU-7", 51, 1, "sidecar", 600)]
+    for node, gpu, first, hours, container, seconds in rows:
+        for h in range(first, first + hours):
+            with_day(UsageHour.objects.create(
+                hour=start + timedelta(hours=h), gpu_uuid=gpu, node=node, tenant="acme", namespace="ml", pod="bert",
+                container=container, pod_uid="uid-bert", sla_tier="gold", seconds=seconds, mem_used_mb_s=seconds * 100,
+                mem_granted_mb_s=seconds * 200, mem_billed_mb_s=seconds * 200, sm_used_s=seconds, sm_granted_s=seconds * 2,
+                sm_billed_s=seconds * 2, pcie_mb=0, share_gpu_s=seconds, charge=Decimal(1), idle_share=Decimal(0)))
+    # Each hour row's request × its seconds, summed per container; unknown once any row's is.
+    expected: dict[str, dict[str, Decimal | None]] = {}
+    for u in UsageHour.objects.all():
+        request = requests[nodes.index(u.node)].get(u.container, {})
+        sums = expected.setdefault(u.container, {"mem_mb": Decimal(0), "sm": Decimal(0)})
+        for field in ("mem_mb", "sm"):
+            value, before = request.get(field), sums[field]
+            known = isinstance(value, int | float) and before is not None
+            sums[field] = before + Decimal(str(value)) * u.seconds if known and before is not None else None
+    got = {r.container: {"mem_mb": r.mem_requested_mb_s, "sm": r.sm_requested_s}
+           for r in list_container_use(tenant="acme", start=start, end=start + timedelta(days=31),
+                                       workloads=[("ml", "bert", "uid-bert")])}
+    assert got == expected
+    assert got["server"] == {"mem_mb": Decimal(40960 * 3600 * 3 + 40960 * 1800 * 3 + 20480 * 3600 * 4),
+                             "sm": Decimal(54 * 5400 * 3 + 27 * 3600 * 4)}
+    assert got["sidecar"] == {"mem_mb": None, "sm": None}
+    assert got["trainer"] == {"mem_mb": None, "sm": Decimal(8 * 1800 + 8 * 4800)}

@@ -18,6 +18,7 @@ import pytest
 import time_machine
 from django.db import connection, connections
 from django.test import Client
+from django.test.utils import CaptureQueriesContext
 
 from billing.calendar import month_bounds
 from billing.ledger.models import GpuHour, UsageHour, WorkloadMeta
@@ -704,3 +705,27 @@ def test_a_rollup_committing_while_the_portal_is_built_moves_none_of_its_month_t
     # The next page load sees it, everywhere at once.
     html = client.get("/tenants/acme/").content.decode()
     assert {text_of(html, name) for name in ("mtd-cost", "workload-total")} == {"12.25 USD"}
+
+
+# Statements of the portal of the month to date on the `ledger` fixture, the page's own (session,
+# scope) included: the figure tree, the forecast's hours, budgets, the cost panel's two reads, the
+# months' lines, the upcoming invoice, the daily chart, invoices, and the planner settings around the
+# period reads. At 1,000 GPUs every one of them is a read of the ledger or beside one; a count that
+# grows is a read added or repeated (docs/benchmarks.md, "The tenant portal at 1,000 GPUs").
+# 60 and 66 before: the months' energy checks were a statement each, the planner settings two per
+# period read, and the page read the user's scope twice.
+PORTAL_STATEMENTS = 51
+PORTAL_PAGE_STATEMENTS = 54
+
+
+def test_the_portal_reads_the_ledger_in_a_bounded_number_of_statements(client: Client, ledger: datetime) -> None:
+    now = clock.now()
+    start, end = month_bounds(now.date().replace(day=1))
+    scope = get_scope(user_in(FINANCE_GROUP))
+    with CaptureQueriesContext(connection) as portal:
+        get_tenant_portal(scope=scope, slug="acme", start=start, end=end, now=now, workload_limit=100)
+    client.force_login(user_in(tenants=("acme",)))
+    with CaptureQueriesContext(connection) as page:
+        assert client.get("/tenants/acme/").status_code == 200
+    assert len(portal.captured_queries) <= PORTAL_STATEMENTS
+    assert len(page.captured_queries) <= PORTAL_PAGE_STATEMENTS

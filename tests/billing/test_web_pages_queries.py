@@ -13,6 +13,7 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
 from billing.ledger.models import UsageHour
+from billing.ledger.reads import period_read_cursor
 from billing.models import Node, Tenant
 from billing.queries.portal import list_tenant_portals
 from billing.scope import Scope
@@ -110,3 +111,25 @@ def test_top_workloads_of_a_member_hold_only_their_tenants_pods_with_every_tier(
     everyone = get_finance_dashboard(scope=FINANCE, start=MONTH_START, end=NOW + timedelta(hours=2)).top_workloads
     # As every page shows them (billing.queries.figures): 101.250000000001 to the cent.
     assert [(w.tenant, w.pod, w.cost) for w in everyone][:2] == [("acme", "p", D("101.25")), ("ledger-only", "p", D(9))]
+
+
+def test_a_period_read_sets_its_planner_settings_for_its_own_statements_and_puts_them_back(db) -> None:
+    """The settings as they were are read by the statement that sets the read's own, then put back:
+    inside, the period-read settings (and a statement's extra ones); after, what was there before
+    (here a transaction's own work_mem), around a savepoint."""
+    names = ("enable_nestloop", "jit", "work_mem", "enable_sort")
+
+    def current() -> tuple[str, ...]:
+        with connection.cursor() as cur:
+            cur.execute("SELECT " + ", ".join(f"current_setting('{n}')" for n in names))
+            return tuple(cur.fetchone())
+
+    with connection.cursor() as cur:
+        cur.execute("SELECT set_config('work_mem', '5MB', true)")
+    before = current()
+    with CaptureQueriesContext(connection) as around, period_read_cursor({"enable_sort": "off"}):
+        inside = current()
+    assert inside == ("off", "off", "32MB", "off")
+    assert current() == before
+    assert before[2] == "5MB"
+    assert len(around.captured_queries) == 1 + 4  # the read of `inside`; savepoint, settings, back, release
