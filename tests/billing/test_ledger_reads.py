@@ -4,12 +4,13 @@
 from __future__ import annotations
 
 import dataclasses
+import gc
 from dataclasses import dataclass
 
 import pytest
 from django.db import connection
 
-from billing.ledger.reads import fetch_rows
+from billing.ledger.reads import fetch_rows, no_cycle_collection
 
 
 @dataclass(frozen=True)
@@ -36,3 +37,26 @@ def test_a_statement_whose_columns_are_not_the_rows_fields_is_an_error(sql: str)
         with pytest.raises(TypeError):
             fetch_rows(cur, _Pair)
 
+
+
+def test_the_cycle_collector_is_paused_inside_a_read_and_resumed_after_it_even_when_it_fails() -> None:
+    assert gc.isenabled()
+    with no_cycle_collection():
+        assert not gc.isenabled()
+        with no_cycle_collection():  # nested: the inner one does not resume it
+            pass
+        assert not gc.isenabled()
+    assert gc.isenabled()
+    with pytest.raises(ValueError, match="boom"), no_cycle_collection():
+        raise ValueError("boom")
+    assert gc.isenabled()
+
+
+def test_a_collector_paused_by_someone_else_stays_paused() -> None:
+    gc.disable()
+    try:
+        with no_cycle_collection():
+            pass
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
