@@ -24,6 +24,7 @@ from django.db.models import Q, QuerySet
 
 from billing.errors import DomainError, InvalidInput
 from billing.figures import FigureNode, FigureTree
+from billing.ledger.reads import no_cycle_collection
 from billing.ledger.spend import TenantSpend, list_workload_days
 from billing.models import BudgetAction, BudgetScope, RateCard, Tenant
 from billing.money import apportion
@@ -247,6 +248,8 @@ def list_tenant_portals(*, scope: Scope, now: datetime) -> list[TenantPortalRow]
     ]
 
 
+# Its figure rows and tree are tens of thousands of objects: no cycle collections while it reads them.
+@no_cycle_collection()
 def get_tenant_portal(*, scope: Scope, slug: str, start: datetime, end: datetime, now: datetime,
                       places: int = PAGE_PLACES, workload_limit: int | None = None,
                       reasons: bool = True, trends: bool = True) -> TenantPortal:
