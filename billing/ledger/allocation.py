@@ -340,29 +340,49 @@ def list_usage_groups(
 _FIGURE_KEY_SQL = {**_KEY_SQL, "pod_uid": "u.pod_uid"}
 _POD_LEVEL = FIGURE_LEVELS.index("pod") + 1
 
-# The figure read aggregates in two steps. First the period's usage rows per leaf (every key of
-# every level asked, and the container), with nothing but sums, mins and flags; then the leaves per
-# level (GROUPING SETS), where the sorts of each set and the distinct lists of containers and tiers
-# meet one row per leaf instead of one per usage row (a pod's days or hours).
+# The figure read aggregates in two steps. First the period's usage rows (`base`: each row with what
+# its keys and figures need joined, nothing summed) per leaf (every key of every level asked, and
+# the container), with nothing but sums, mins and flags; then the leaves per level (GROUPING SETS),
+# where the sorts of each set and the distinct lists of containers and tiers meet one row per leaf
+# instead of one per usage row (a pod's days or hours).
 # Sums of numeric are exact, so summing sums gives Postgres' own figures to the last digit; a
 # figure unknown in any row (a request, an energy price) stays unknown through a flag per leaf.
+_BASE_COLUMNS = (
+    "u.first_hour, u.last_hour, u.seconds, u.share_gpu_s, u.charge, u.idle_share, u.mem_used_mb_s, u.mem_granted_mb_s, "
+    f"u.sm_used_s, u.sm_granted_s, {_REQUESTED['mem_mb']} AS mem_req, {_REQUESTED['sm']} AS sm_req, "
+    "u.mem_billed_mb_s, u.sm_billed_s, u.mem_billed_card_s, u.mem_used_card_s, u.sm_billed_card_s, u.sm_used_card_s, "
+    "u.energy_j, er.price_per_kwh, er.co2e_kg_per_kwh"
+)
 _LEAF_SUMS = (
     "min(u.first_hour) AS first_hour, max(u.last_hour) AS last_hour, "
     "sum(u.seconds) AS seconds, sum(u.share_gpu_s) AS share_gpu_s, sum(u.charge) AS charge, "
     "sum(u.idle_share) AS idle_share, sum(u.mem_used_mb_s) AS mem_used_mb_s, "
     "sum(u.mem_granted_mb_s) AS mem_granted_mb_s, sum(u.sm_used_s) AS sm_used_s, sum(u.sm_granted_s) AS sm_granted_s, "
-    "bool_and({mem_req} IS NOT NULL) AS mem_req_known, sum({mem_req}) AS mem_req, "
-    "bool_and({sm_req} IS NOT NULL) AS sm_req_known, sum({sm_req}) AS sm_req, "
+    "bool_and(u.mem_req IS NOT NULL) AS mem_req_known, sum(u.mem_req) AS mem_req, "
+    "bool_and(u.sm_req IS NOT NULL) AS sm_req_known, sum(u.sm_req) AS sm_req, "
     "sum(u.mem_billed_mb_s) AS mem_billed_mb_s, sum(u.sm_billed_s) AS sm_billed_s, "
     "sum(u.mem_billed_card_s) AS mem_billed_card_s, sum(u.mem_used_card_s) AS mem_used_card_s, "
     "sum(u.sm_billed_card_s) AS sm_billed_card_s, sum(u.sm_used_card_s) AS sm_used_card_s, sum(u.energy_j) AS energy_j, "
     # billing.ledger.energy's known sums, split: the flag and the sum, recombined per level.
-    "bool_and(u.energy_j = 0 OR er.price_per_kwh IS NOT NULL) AS cost_known, "
-    "sum(u.energy_j * coalesce(er.price_per_kwh, 0)) AS energy_cost_jp, "
-    "bool_and(u.energy_j = 0 OR er.co2e_kg_per_kwh IS NOT NULL) AS co2e_known, "
-    "sum(u.energy_j * coalesce(er.co2e_kg_per_kwh, 0)) AS co2e_jkg"
+    "bool_and(u.energy_j = 0 OR u.price_per_kwh IS NOT NULL) AS cost_known, "
+    "sum(u.energy_j * coalesce(u.price_per_kwh, 0)) AS energy_cost_jp, "
+    "bool_and(u.energy_j = 0 OR u.co2e_kg_per_kwh IS NOT NULL) AS co2e_known, "
+    "sum(u.energy_j * coalesce(u.co2e_kg_per_kwh, 0)) AS co2e_jkg"
 )
-_LEAF_COLUMNS = ("container", *re.findall(r" AS (\w+)", _LEAF_SUMS))
+# Each container's request per GPU as numbers, read once per distinct requests document (agents
+# resolve the same few per controller: 3 among the 39k pod instances at 1,000 GPUs) and joined to a
+# usage row on its metadata's document and its container; NULL where it is not a JSON number, as
+# requested_sql reads it (documents equal as jsonb, 8192 and 8192.0, are one: their numbers are
+# equal). _REQUESTS reads the JSON of every metadata row, whether or not the period has its pod:
+# 0.1 s of CPU at 1,000 GPUs against 0.02 s for the distinct documents.
+_FIGURE_REQUESTS = (
+    "SELECT d.requests, c.key AS container, "  # noqa: S608 - fixed SQL
+    "CASE WHEN jsonb_typeof(c.value -> 'mem_mb') = 'number' THEN (c.value -> 'mem_mb')::text::numeric END AS mem_mb, "
+    "CASE WHEN jsonb_typeof(c.value -> 'sm') = 'number' THEN (c.value -> 'sm')::text::numeric END AS sm "
+    f"FROM (SELECT DISTINCT requests FROM {_META}) d CROSS JOIN LATERAL jsonb_each(CASE WHEN "
+    "jsonb_typeof(d.requests) = 'object' THEN d.requests ELSE '{}'::jsonb END) c"
+)
+_FIGURE_REQUESTS_JOIN = f" LEFT JOIN ({_FIGURE_REQUESTS}) r ON r.requests = m.requests AND r.container = u.container"
 # The planner takes every usage row for a leaf of its own (it cannot know a pod spans days) and
 # sorts them all to group them, on disk: at 1,000 GPUs x 16 workloads 150 MB, 8 s of the month's
 # 20 s statement. Hashing them (the leaves fit in memory: a row per pod instance and container) took
@@ -393,6 +413,69 @@ class FigureRows:
     pod_instances: dict[str, int]
 
 
+@dataclass(frozen=True)
+class _Part:
+    """Grouping sets of the figure read summed in one SELECT: over the leaves `where` holds, rows
+    `having` holds."""
+
+    sets: list[tuple[str, ...]]
+    where: str = ""
+    having: str = ""
+
+
+def _kept_pods_sql(path: Sequence[str], k: Mapping[str, str], top_order: Sequence[str]) -> tuple[str, str, dict[str, str]]:
+    """With top_pods: the CTEs that rank the pod instances of `base` (`top`) and count them per
+    namespace (`counts`), the joins that find a leaf's pod among those kept, and the leaf's keys
+    of pod and pod instance (NULL where not kept)."""
+    instance = ", ".join(k[c] for c in path)
+    ranked = ", ".join(f'{k[c]} COLLATE "C"' for c in top_order or path)
+    # Which pod instances are the costliest needs two sums per pod instance, not every figure per
+    # leaf: the rows are read once (materialised) for the ranking and for the leaves, which then keep
+    # only the pods the tree shows.
+    ctes = (
+        f", pods AS (SELECT {instance}, sum(charge) + sum(idle_share) AS cost FROM base GROUP BY {instance}), "  # noqa: S608 - fixed SQL
+        f"top AS (SELECT {instance} FROM pods ORDER BY cost DESC, {ranked} LIMIT %(top)s), "
+        # Each tenant's pod instances, counted per namespace (that level is whole).
+        f"counts AS (SELECT {k['tenant']}, {k['namespace']}, count(*) AS pod_instances FROM pods "
+        f"GROUP BY {k['tenant']}, {k['namespace']})"
+    )
+    # A pod is kept in the controllers of the top pod instances (its figure is apportioned among
+    # them), a pod instance (and its pod) where a top one's pod name is. Elsewhere the key is NULL (no
+    # key of the ledger is): a controller's other pods are one leaf per line and container, summed
+    # into the levels above and in no pod's set.
+    names = [c for c in path if c in ("tenant", "namespace", "pod")]  # a pod's name, across controllers
+    kept = "".join(
+        f" LEFT JOIN (SELECT DISTINCT {', '.join(k[c] for c in on)}, true AS hit FROM top) {alias} "  # noqa: S608 - fixed SQL
+        f"USING ({', '.join(k[c] for c in on)})"
+        for alias, on in (("c", path[:_POD_LEVEL]), ("p", names)))
+    pod, uid = k[path[_POD_LEVEL]], k[path[_POD_LEVEL + 1]]
+    return ctes, kept, {path[_POD_LEVEL]: f"CASE WHEN c.hit OR p.hit THEN u.{pod} END",
+                        path[_POD_LEVEL + 1]: f"CASE WHEN p.hit THEN u.{uid} END"}
+
+
+def _levels_sql(parts: Sequence[_Part], sets: Sequence[tuple[str, ...]], columns: Sequence[str],
+                k: Mapping[str, str]) -> tuple[str, dict[tuple[int, int], int]]:
+    """The leaves summed per level, one SELECT per part; and (part, GROUPING's mask) -> level.
+    GROUPING's mask has a bit set for each column of its part a row is not grouped by (the part's
+    first column the highest bit)."""
+    levels: dict[tuple[int, int], int] = {}
+    selects = []
+    for i, part in enumerate(parts):
+        grouped = [c for c in columns if any(c in one for one in part.sets)]
+        for one in part.sets:
+            levels[i, sum(1 << (len(grouped) - 1 - j) for j, c in enumerate(grouped) if c not in one)] = sets.index(one)
+        selects.append(
+            f"SELECT {i} AS part, GROUPING({', '.join(k[c] for c in grouped)}) AS mask, "  # noqa: S608 - fixed SQL
+            + ", ".join(k[c] if c in grouped else f"NULL::text AS {k[c]}" for c in columns) + ", "
+            # Names order as Python orders str (code points: "C"), whatever the database's collation.
+            'array_agg(DISTINCT container COLLATE "C" ORDER BY container COLLATE "C") AS containers, '
+            f'array_agg(DISTINCT {k["sla_tier"]} COLLATE "C" ORDER BY {k["sla_tier"]} COLLATE "C") AS sla_tiers, '
+            f"{_LEVEL_SUMS} FROM leaf{part.where} GROUP BY GROUPING SETS "
+            f"({', '.join('(' + ', '.join(k[c] for c in one) + ')' for one in part.sets)}){part.having}"
+        )
+    return " UNION ALL ".join(selects), levels
+
+
 def list_figure_rows(
     *, start: datetime, end: datetime, depth: int, filters: Mapping[str, Sequence[str]],
     tenants: Collection[str] | None, top_pods: int | None = None, top_order: Sequence[str] = (),
@@ -419,62 +502,45 @@ def list_figure_rows(
     where = _filters_sql(filters, params, _key_sql)
     path = ["tenant", *(k for level in FIGURE_LEVELS[:depth] for k in (("node", "gpu") if level == "gpu" else (level,)))]
     columns = ["tenant", "gpu_model", "sla_tier", *path[1:]]
-    expr = {k: _FIGURE_KEY_SQL[k] for k in columns} | {"gpu_model": "coalesce(u.gpu_model, '')"}
     k = {name: f"k_{i}" for i, name in enumerate(columns)}
+    # The rows' GPU model: a usage row always has its GPU row (the rollup writes both), but a
+    # model is only a line's name, so a row without one stays (model "").
+    expr = {c: f"({_FIGURE_KEY_SQL[c]})::text" for c in columns} | {"gpu_model": "(coalesce(u.gpu_model, ''))::text"}
+    # The node only where a key or filter reads it (every usage row has its node).
+    node = f" JOIN {_NODE} n ON n.id = u.node_id" if re.search(r"\bn\.", " ".join([*expr.values(), where])) else ""
+    rows = reads.usage_rows(ledger, start, end, params, months=months, model=True, card_seconds=True)
+    base = (
+        f"SELECT {', '.join(f'{expr[c]} AS {k[c]}' for c in columns)}, u.container::text AS container, "  # noqa: S608 - fixed SQL
+        f"{_BASE_COLUMNS} FROM {rows} u{node}{energy_rate_join('u', 'at')}{_META_JOIN}{_FIGURE_REQUESTS_JOIN} "
+        f"WHERE TRUE{where}"
+    )
     sets: list[tuple[str, ...]] = [("tenant", "gpu_model", "sla_tier")]
     sets += [tuple(path[: i + 1]) for i in range(1, len(path)) if path[i] != "node"]
-    grouping_sets = ", ".join("(" + ", ".join(k[c] for c in one) + ")" for one in sets)
-    key_list = ", ".join(k.values())
-    leaf = (
-        f"SELECT {', '.join(f'({expr[c]})::text AS {k[c]}' for c in columns)}, u.container::text AS container, "  # noqa: S608 - fixed SQL
-        + _LEAF_SUMS.format(mem_req=_REQUESTED["mem_mb"], sm_req=_REQUESTED["sm"])
-        # The rows' GPU model: a usage row always has its GPU row (the rollup writes both), but a
-        # model is only a line's name, so a row without one stays (model "").
-        + f" FROM {reads.usage_rows(ledger, start, end, params, months=months, model=True, card_seconds=True)} u "
-        f"JOIN {_NODE} n ON n.id = u.node_id{energy_rate_join('u', 'at')}{_REQUESTS_JOIN}{_META_JOIN} "
-        f"WHERE TRUE{where} GROUP BY {key_list}, u.container"
-    )
-    top, source, having, count = "", "leaf", "", ""
+    leaf_keys = {c: f"u.{k[c]}" for c in columns}
+    ctes, kept, parts = "", "", [_Part(sets)]
     if top_pods is not None:
         params["top"] = top_pods
-        uid_keys = [k[c] for c in path]
-        pod, uid = uid_keys[_POD_LEVEL], uid_keys[_POD_LEVEL + 1]
-        controller_keys = uid_keys[:_POD_LEVEL]
-        # A pod's name, across controllers: the pages tell its instances apart by it.
-        name_keys = [k[c] for c in path if c in ("tenant", "namespace", "pod")]
-        ranked = ", ".join(f'{k[c]} COLLATE "C"' for c in top_order or path)
-        top = (f", top AS MATERIALIZED (SELECT {', '.join(uid_keys)} FROM leaf "  # noqa: S608 - fixed SQL
-               f"GROUP BY {', '.join(uid_keys)} ORDER BY sum(charge) + sum(idle_share) DESC, {ranked} LIMIT %(top)s)")
-        # A pod is kept in the controllers of the top pod instances (its figure is apportioned among
-        # them), a pod instance (and its pod) where a top one's pod name is; elsewhere the key is NULL
-        # and HAVING drops its group (no key of the ledger is NULL). A pod instance's first leaf
-        # counts it, in its namespace's row (that level is whole).
-        kept = {pod: f"CASE WHEN c.hit OR p.hit THEN leaf.{pod} END AS {pod}",
-                uid: f"CASE WHEN p.hit THEN leaf.{uid} END AS {uid}"}
-        source = (
-            f"(SELECT {', '.join(kept.get(c, f'leaf.{c}') for c in k.values())}, "  # noqa: S608 - fixed SQL
-            f"{', '.join(f'leaf.{c}' for c in _LEAF_COLUMNS)}, "
-            f"row_number() OVER (PARTITION BY {', '.join(f'leaf.{c}' for c in uid_keys)}) = 1 AS pod_first FROM leaf "
-            f"LEFT JOIN (SELECT DISTINCT {', '.join(controller_keys)}, true AS hit FROM top) c "
-            f"USING ({', '.join(controller_keys)}) "
-            f"LEFT JOIN (SELECT DISTINCT {', '.join(name_keys)}, true AS hit FROM top) p USING ({', '.join(name_keys)})) s"
-        )
-        having = (f" HAVING (GROUPING({pod}) = 1 OR {pod} IS NOT NULL) "
-                  f"AND (GROUPING({uid}) = 1 OR {uid} IS NOT NULL)")
-        count = ", count(*) FILTER (WHERE pod_first) AS pod_instances"
-    sql = (
-        f"WITH leaf AS MATERIALIZED ({leaf}){top} "  # noqa: S608 - fixed SQL; values are parameters
-        f"SELECT GROUPING({key_list}) AS mask, {key_list}, "
-        # Names order as Python orders str (code points: "C"), whatever the database's collation.
-        'array_agg(DISTINCT container COLLATE "C" ORDER BY container COLLATE "C") AS containers, '
-        f'array_agg(DISTINCT {k["sla_tier"]} COLLATE "C" ORDER BY {k["sla_tier"]} COLLATE "C") AS sla_tiers, '
-        f"{_LEVEL_SUMS}{count} FROM {source} GROUP BY GROUPING SETS ({grouping_sets}){having}"
+        ctes, kept, kept_keys = _kept_pods_sql(path, k, top_order)
+        leaf_keys |= kept_keys
+        pod, uid = k[path[_POD_LEVEL]], k[path[_POD_LEVEL + 1]]
+        # The sets of every leaf, and those of the pods kept over their leaves only (a pod instance's
+        # set holds only those a top one's name kept, of its pod's and the controller's).
+        parts = [_Part([s for s in sets if "pod" not in s]),
+                 _Part([s for s in sets if "pod" in s], where=f" WHERE {pod} IS NOT NULL",
+                       having=f" HAVING GROUPING({uid}) = 1 OR {uid} IS NOT NULL")]
+    leaf = (
+        f"SELECT {', '.join(f'{leaf_keys[c]} AS {k[c]}' for c in columns)}, u.container, {_LEAF_SUMS} "  # noqa: S608 - fixed SQL
+        # By position: the kept pods' joins have columns of the keys' names.
+        f"FROM base u{kept} GROUP BY {', '.join(str(i) for i in range(1, len(columns) + 2))}"
     )
-    # GROUPING's mask has a bit set for each column the row is not grouped by (the first column
-    # the highest bit): a set's mask names its level.
-    width = len(columns)
-    levels = {sum(1 << (width - 1 - i) for i, c in enumerate(columns) if c not in one): n
-              for n, one in enumerate(sets)}
+    body, levels = _levels_sql(parts, sets, columns, k)
+    if top_pods is not None:
+        part, mask = next(key for key, level in levels.items() if level == 1)
+        body = (f"SELECT f.*, coalesce(counts.pod_instances, 0) AS pod_instances FROM ({body}) f "  # noqa: S608 - fixed SQL
+                f"LEFT JOIN counts ON f.part = {part} AND f.mask = {mask} AND counts.{k['tenant']} = f.{k['tenant']} "
+                f"AND counts.{k['namespace']} = f.{k['namespace']}")
+    # A CTE read twice is materialised: with top_pods, the rows (ranked, then summed) and the leaves.
+    sql = f"WITH base AS ({base}){ctes}, leaf AS ({leaf}) {body}"
     names = [f.name for f in dataclasses.fields(FigureRow) if f.name not in ("level", "keys", "containers", "sla_tiers")]
     out: list[FigureRow] = []
     pod_instances: dict[str, int] = defaultdict(int)
@@ -483,7 +549,7 @@ def list_figure_rows(
         described = [c[0] for c in cur.description]
         for raw in cur.fetchall():
             row = dict(zip(described, raw, strict=True))
-            level = levels[row["mask"]]
+            level = levels[row["part"], row["mask"]]
             if top_pods is not None and level == 1:
                 pod_instances[row["k_0"]] += row["pod_instances"]
             keys = tuple(row[f"k_{i}"] for i, c in enumerate(columns) if c in sets[level])

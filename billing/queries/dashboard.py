@@ -236,9 +236,8 @@ def _until_now(start: datetime, end: datetime, granularity: Granularity, now: da
     return _buckets(start, min(end, max(now, last + timedelta(microseconds=1))), granularity)
 
 
-def _timeline(scope: Scope, summary: CostSummary, granularity: Granularity, now: datetime) -> CostTimeline:
-    rows = series.list_tenant_cost_buckets(start=summary.start, end=summary.end, granularity=granularity,
-                                           tenants=scope.tenants)
+def _timeline(scope: Scope, summary: CostSummary, granularity: Granularity, now: datetime,
+              rows: list[series.TenantCostBucket]) -> CostTimeline:
     idle_rows = (series.list_platform_idle_buckets(start=summary.start, end=summary.end, granularity=granularity)
                  if scope.sees_platform else [])
     buckets = _until_now(summary.start, summary.end, granularity, now,
@@ -266,9 +265,10 @@ def _timeline(scope: Scope, summary: CostSummary, granularity: Granularity, now:
     return CostTimeline(granularity, buckets, lines)
 
 
-def _utilisation(start: datetime, end: datetime, granularity: Granularity) -> list[UtilisationPoint]:
+def _utilisation(start: datetime, end: datetime, granularity: Granularity,
+                 used: list[series.UsedBucket]) -> list[UtilisationPoint]:
     return [UtilisationPoint(**asdict(b))
-            for b in series.list_utilisation_buckets(start=start, end=end, granularity=granularity)]
+            for b in series.list_utilisation_buckets(start=start, end=end, granularity=granularity, used=used)]
 
 
 def _top_workloads(summary: CostSummary, tree: FigureTree) -> list[WorkloadCost]:
@@ -365,11 +365,13 @@ def get_finance_dashboard(*, scope: Scope, start: datetime, end: datetime, now: 
             currency=tree.currency)
         if platform and summary.idle_platform is not None:
             comparison = replace(comparison, idle_platform=_idle_change(summary, comparison))
+    # The chart's tenants and the fleet's use per bucket in one read (a platform caller's is every tenant's).
+    costs, used = series.list_tenant_cost_buckets(start=start, end=end, granularity=granularity, tenants=scope.tenants)
     return FinanceDashboard(
         summary=summary,
-        timeline=_timeline(scope, summary, granularity, now),
+        timeline=_timeline(scope, summary, granularity, now, costs),
         top_workloads=_top_workloads(summary, tree),
-        utilisation=_utilisation(start, end, granularity) if platform else None,
+        utilisation=_utilisation(start, end, granularity, used) if platform else None,
         savings=_savings(start, end, now) if platform else None,
         rebalance=_rebalance() if platform else None,
         comparison=comparison,

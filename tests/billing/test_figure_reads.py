@@ -10,9 +10,10 @@ apportioned among. Both give the figures of the one-pass read they replace, to t
   them and charts them per day as the portal reading every workload (its CSV) does.
 
 On random ledgers: pods on two nodes and several GPUs, two containers, two tiers and GPU models,
-controllers and requests known, unknown or malformed, energy priced at one location (the CO2e factor
-sometimes unknown, the rate changing mid-month) and not at the other node; checked again after late
-usage lands and after the month is re-priced (its hours' charges rewritten, the days re-derived)."""
+controllers and requests known (for one container or both, one written two ways), unknown or
+malformed, energy priced at one location (the CO2e factor sometimes unknown, the rate changing
+mid-month) and not at the other node; checked again after late usage lands and after the month is
+re-priced (its hours' charges rewritten, the days re-derived)."""
 
 from __future__ import annotations
 
@@ -89,7 +90,11 @@ def ledgers(draw: st.DrawFn) -> Ledger:
     namespaces = [f"{t}-{n}" for t in ("acme", "globex") for n in ("prod", "dev")]
     for key in draw(st.sets(st.tuples(st.sampled_from(("node-a", "node-b")), st.sampled_from(namespaces),
                                       st.sampled_from(("bert", "llm", "vit")), st.integers(0, 1)), max_size=12)):
-        requests = draw(st.sampled_from(({"main": {"mem_mb": 8192, "sm": 20}}, {"main": {"mem_mb": "lots"}}, {})))
+        # The read takes each distinct document's numbers once: the same request written as 8192.0
+        # (an equal document) and a document of two containers, or not an object, are read alike.
+        requests = draw(st.sampled_from(({"main": {"mem_mb": 8192, "sm": 20}}, {"main": {"mem_mb": "lots"}}, {},
+                                         {"main": {"mem_mb": 8192.0, "sm": 20}, "side": {"mem_mb": 1024, "sm": 7}},
+                                         ["main"])))
         metas[key] = (draw(st.sampled_from(("Deployment", "StatefulSet", ""))), requests)
     return Ledger(draw(_rows(40)), draw(_rows(8)), metas, draw(st.booleans()))
 

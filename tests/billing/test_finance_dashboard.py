@@ -145,6 +145,29 @@ def test_utilisation_and_idle_memory_are_fleet_ratios_per_bucket(fleet):
     assert (day2.sm_utilisation_pct, day2.idle_memory_pct) == (D(0), D(100))
 
 
+@pytest.mark.parametrize("days", [3, 2])  # day buckets, hour buckets
+def test_the_chart_and_the_use_are_read_together_and_a_gpu_missing_from_the_inventory_is_cost_not_use(fleet, days):
+    g1, _g2 = fleet
+    # A card the inventory lacks (its capacity unknown): its usage is its tenant's cost, never the fleet's use.
+    usage_hour(Gpu(uuid="GPU-GONE", node=g1.node, model="A100"), H1, tenant="globex", pod="old-1", charge="3",
+               sm="50000", mem="1000000")
+    start = datetime(2026, 3, 1, tzinfo=UTC)
+    d = get_finance_dashboard(scope=FINANCE, start=start, end=start + timedelta(days=days))
+    assert d.utilisation is not None
+    step = timedelta(days=1) if d.timeline.granularity == "day" else timedelta(hours=1)
+    point = next(p for p in d.utilisation if p.bucket <= H1 < p.bucket + step)
+    assert (point.sm_used_s, point.mem_used_mb_s) == (D(108000 + 36000), D(72000000 + 28800000))
+    assert point.sm_utilisation_pct == D(32)
+    series = {s.key: s for s in d.timeline.series}
+    i = max(i for i, b in enumerate(d.timeline.buckets) if b <= H1)
+    assert (series["acme"].values[i], series["globex"].values[i]) == (D(5), D(2 + 3))
+    # A tenant's chart counts its own usage only, and it sees no use of the fleet.
+    mine = get_finance_dashboard(scope=Scope(tenants=frozenset({"globex"}), is_finance=False, is_admin=False),
+                                 start=start, end=start + timedelta(days=days))
+    assert mine.utilisation is None
+    assert [(s.key, s.values[i]) for s in mine.timeline.series] == [("globex", D(5))]
+
+
 def test_top_workloads_are_the_ten_costliest_pods_summed_over_containers_gpus_and_hours(fleet):
     _g1, g2 = fleet
     hour = H1 + timedelta(hours=2)
