@@ -25,7 +25,7 @@ from django.utils.translation import gettext as _
 from billing.errors import InvalidInput
 from billing.figures import FigureTree
 from billing.ledger import series, totals
-from billing.ledger.reads import Granularity
+from billing.ledger.reads import Granularity, no_cycle_collection
 from billing.ledger.retention import hours_retained_from
 from billing.models import PairedReport, RebalancePlan
 from billing.models.rebalance import RebalanceStatus
@@ -347,6 +347,8 @@ def _idle_change(summary: CostSummary, comparison: Comparison) -> Change:
     return Change(display_amount(summary.idle_platform or _ZERO, currency), display_amount(before.idle_platform, currency))
 
 
+# Its figure rows and trees are tens of thousands of objects: no cycle collections while it reads them.
+@no_cycle_collection()
 def get_finance_dashboard(*, scope: Scope, start: datetime, end: datetime, now: datetime | None = None,
                           places: int = PAGE_PLACES, trends: bool = True) -> FinanceDashboard:
     """`now` (default: the clock) decides where the charts over time stop, which reports are still
