@@ -15,9 +15,11 @@ from __future__ import annotations
 
 from decimal import Decimal
 
+from django.db import connection
+
 from billing.models.fleet import LocationRate, NodeLocation
 
-__all__ = ["J_PER_KWH", "co2e_sql", "energy_cost_sql", "energy_rate_join"]
+__all__ = ["J_PER_KWH", "any_energy_rate", "co2e_sql", "energy_cost_sql", "energy_rate_join"]
 
 J_PER_KWH = Decimal(3_600_000)
 _NODE_LOCATION = NodeLocation._meta.db_table
@@ -36,9 +38,30 @@ _RATES_BY_NODE = (
 )
 
 
-def energy_rate_join(usage: str, at: str) -> str:
+# Whether any node has a location with a rate: without one, no row has a price or a factor.
+_ANY_RATE = (f"SELECT EXISTS (SELECT 1 FROM {_NODE_LOCATION} nl JOIN {_RATE} r "  # noqa: S608 - fixed SQL
+             "ON r.location_id = nl.location_id)")
+_NO_RATE = " CROSS JOIN (SELECT NULL::numeric AS price_per_kwh, NULL::numeric AS co2e_kg_per_kwh) er "
+
+
+def any_energy_rate() -> bool:
+    """Whether some node has a location with a rate (energy_rate_join's `rates`)."""
+    with connection.cursor() as cur:
+        cur.execute(_ANY_RATE)
+        (found,) = cur.fetchone()
+    return bool(found)
+
+
+def energy_rate_join(usage: str, at: str, *, rates: bool = True) -> str:
     """A LEFT JOIN giving each row of `usage` (alias) its node's rate as `er` (price_per_kwh,
-    co2e_kg_per_kwh; NULLs where none), on the UTC date of its column `at`."""
+    co2e_kg_per_kwh; NULLs where none), on the UTC date of its column `at`.
+
+    `rates` False (any_energy_rate(), asked by a read as it builds its statement): no node has a
+    rate, and `er` is one row of NULLs instead, the same figures without a join and its date test
+    per usage row (energy prices are optional, and a fleet that sets none is common; docs/benchmarks.md,
+    the hourly sets). A rate set between that question and the read is seen by the next read."""
+    if not rates:
+        return _NO_RATE
     day = f"({usage}.{at} AT TIME ZONE 'UTC')::date"
     return (f" LEFT JOIN ({_RATES_BY_NODE}) er ON er.node_id = {usage}.node_id "
             f"AND {day} >= er.f AND {day} < er.t ")

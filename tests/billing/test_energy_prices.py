@@ -16,6 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from billing.calendar import month_of
+from billing.ledger.energy import any_energy_rate
 from billing.ledger.models import GpuHour, UsageHour
 from billing.models import AuditEvent, Location, LocationRate, Node, NodeLocation, RateCard, Tenant
 from billing.queries.portal import get_tenant_portal
@@ -130,6 +131,26 @@ def test_energy_without_a_location_or_a_price_is_unknown_not_zero(ledger):
     # A workload that drew no energy is never unknown: 0 kWh costs 0.
     usage("gpu-c", datetime(ledger.year, ledger.month, ledger.day, 12, tzinfo=UTC), pod="idle-1", kwh="0")
     assert {w.pod: w.energy_cost for w in portal(ledger).workloads}["idle-1"] == Decimal("0.00")
+
+
+def test_a_fleet_with_no_rate_at_all_reads_energy_cost_as_unknown_and_no_energy_as_zero(client, ledger):
+    """No node has a location with a rate: the reads skip the rates' join (billing.ledger.energy) and
+    give what the join gives when it finds none."""
+    NodeLocation.objects.all().delete()
+    assert not any_energy_rate()
+    usage("gpu-c", datetime(ledger.year, ledger.month, ledger.day, 12, tzinfo=UTC), pod="idle-1", kwh="0")
+    page = portal(ledger)
+    assert {w.pod: (w.energy_kwh, w.energy_cost, w.co2e_kg) for w in page.workloads} == {
+        "bert-1": (Decimal("3.00"), None, None), "llm-1": (Decimal("0.50"), None, None),
+        "idle-1": (Decimal("0.00"), Decimal("0.00"), Decimal("0.000"))}
+    assert (page.period_energy_cost, page.period_co2e_kg) == (None, None)
+    admin_client(client)
+    start = datetime(ledger.year, ledger.month, ledger.day, tzinfo=UTC)
+    window = f"{start:%Y-%m-%dT%H:%M:%SZ},{start + timedelta(days=2):%Y-%m-%dT%H:%M:%SZ}"
+    pods = client.get(f"/allocation/compute?window={window}&aggregate=pod&accumulate=true").json()["data"][0]
+    assert (pods["bert-1"]["gpuEnergyKWh"], pods["bert-1"]["gpuEnergyCost"], pods["bert-1"]["gpuCO2eKg"]) == (
+        pytest.approx(3.0), None, None)
+    assert (pods["idle-1"]["gpuEnergyCost"], pods["idle-1"]["gpuCO2eKg"]) == (0, 0)
 
 
 def test_energy_cost_is_never_on_the_invoice(ledger):
