@@ -520,7 +520,7 @@ def list_figure_rows(
     rows = reads.usage_rows(ledger, start, end, params, months=months, model=True, card_seconds=True)
     base = (
         f"SELECT {', '.join(f'{expr[c]} AS {k[c]}' for c in columns)}, u.container::text AS container, "  # noqa: S608 - fixed SQL
-        f"{_BASE_COLUMNS} FROM {rows} u{node}{energy_rate_join('u', 'at', rates=any_energy_rate())}{_META_JOIN}{_FIGURE_REQUESTS_JOIN} "
+        f"{_BASE_COLUMNS} FROM {rows} u{node}{energy_rate_join('u', 'at')}{_META_JOIN}{_FIGURE_REQUESTS_JOIN} "
         f"WHERE TRUE{where}"
     )
     sets: list[tuple[str, ...]] = [("tenant", "gpu_model", "sla_tier")]
