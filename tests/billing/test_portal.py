@@ -729,3 +729,15 @@ def test_the_portal_reads_the_ledger_in_a_bounded_number_of_statements(client: C
         assert client.get("/tenants/acme/").status_code == 200
     assert len(portal.captured_queries) <= PORTAL_STATEMENTS
     assert len(page.captured_queries) <= PORTAL_PAGE_STATEMENTS
+
+
+def test_the_upcoming_invoice_of_the_month_to_date_is_the_one_read_on_its_own(ledger: datetime) -> None:
+    """This ledger's usage rows have no GPU rows (the figures count them under no GPU model, the
+    invoice not at all): the portal's upcoming invoice is still exactly the preview's."""
+    from billing.services.invoicing import preview_invoice
+
+    now = clock.now()
+    start, end = month_bounds(now.date().replace(day=1))
+    scope = get_scope(user_in(FINANCE_GROUP))
+    portal = get_tenant_portal(scope=scope, slug="acme", start=start, end=end, now=now, workload_limit=100)
+    assert portal.upcoming == preview_invoice(tenant="acme", month=start.date(), now=now)

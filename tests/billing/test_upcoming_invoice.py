@@ -258,3 +258,42 @@ def test_the_invoice_list_shows_each_visible_tenants_upcoming_total(client, this
     assert "1.00 USD" in upcoming
     assert "globex" not in upcoming
     assert "2.00 USD" not in upcoming
+
+
+
+# --- The portal's upcoming invoice -------------------------------------------------------------------
+# The portal's figure tree of the month holds lines that look like the invoice's, but it left-joins
+# GPU rows where the invoice keeps priced ones, and may read another granularity (days against hours):
+# whatever the portal reuses, its upcoming invoice must stay the one read on its own.
+
+def _portal_upcoming(*, start: datetime, end: datetime, now: datetime):
+    from billing.queries.portal import get_tenant_portal
+    from billing.scope import get_scope
+
+    finance, _ = User.objects.get_or_create(username="portal-finance")
+    finance.groups.add(Group.objects.get_or_create(name=FINANCE_GROUP)[0])
+    return get_tenant_portal(scope=get_scope(finance), slug="acme", start=start, end=end, now=now,
+                             workload_limit=100).upcoming
+
+
+@pytest.mark.parametrize(("now", "end"), [
+    (datetime(2026, 11, 30, 12, tzinfo=UTC), datetime(2026, 12, 1, tzinfo=UTC)),  # the whole month
+    (datetime(2026, 11, 11, 12, tzinfo=UTC), datetime(2026, 12, 1, tzinfo=UTC)),  # a day in progress, from hours
+    (datetime(2026, 11, 10, 12, tzinfo=UTC), datetime(2026, 11, 11, tzinfo=UTC)),  # usage past the period
+])
+def test_the_portals_upcoming_invoice_is_the_one_read_on_its_own(november_with_idle_and_a_late_october, now, end):
+    upcoming = _portal_upcoming(start=datetime(2026, 11, 1, tzinfo=UTC), end=end, now=now)
+    assert upcoming == preview_invoice(tenant="acme", month=NOV, now=now)
+
+
+def test_the_portals_upcoming_invoice_keeps_to_priced_gpu_rows(november_with_idle_and_a_late_october):
+    """Usage on an unpriced GPU-day, or on a day whose GPU-day is missing (its hours are there), is
+    no invoice's; the portal's figures still count it."""
+    from billing.ledger.models import GpuDay
+
+    now = datetime(2026, 11, 30, 12, tzinfo=UTC)
+    start, end = datetime(2026, 11, 1, tzinfo=UTC), datetime(2026, 12, 1, tzinfo=UTC)
+    GpuDay.objects.filter(day=datetime(2026, 11, 11, tzinfo=UTC)).update(priced=False)
+    assert _portal_upcoming(start=start, end=end, now=now) == preview_invoice(tenant="acme", month=NOV, now=now)
+    GpuDay.objects.filter(day=datetime(2026, 11, 10, tzinfo=UTC)).delete()
+    assert _portal_upcoming(start=start, end=end, now=now) == preview_invoice(tenant="acme", month=NOV, now=now)
