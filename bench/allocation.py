@@ -146,6 +146,12 @@ def run_measurements(args: argparse.Namespace, now: datetime) -> list[wp.Result]
          sets(aggregate=["namespace"], window=hours, step=timedelta(hours=1), include_idle=True)),
         ("http", "GET /allocation/compute, month, aggregate=namespace,label:app, includeIdle",
          wp._client_get(client, f"/allocation/compute?{q}&aggregate=namespace,label:app&includeIdle=true")),
+        # The per-pod month as a client receives it: the query above plus tens of MB of JSON.
+        ("http_pod", "GET /allocation/compute, month, aggregate=pod (the whole answer, its JSON included)",
+         wp._client_get(client, f"/allocation/compute?{q}&aggregate=pod")),
+        ("http_hours", "GET /allocation/compute, the 7 days above, aggregate=namespace, step=1h, includeIdle",
+         wp._client_get(client, f"/allocation/compute?window={hours.start:%Y-%m-%dT%H:%M:%SZ},"
+                                f"{hours.end:%Y-%m-%dT%H:%M:%SZ}&aggregate=namespace&step=1h&includeIdle=true")),
     ]
     return [wp.measure(key, label, fn, args.runs) for key, label, fn in items]
 

@@ -13,6 +13,7 @@ totals right to the cent, not to the ledger unit.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
@@ -24,6 +25,7 @@ from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema, inline_serializer
 from rest_framework import exceptions, serializers
 from rest_framework.permissions import IsAuthenticated
+from rest_framework.renderers import BrowsableAPIRenderer
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
@@ -38,6 +40,7 @@ from billing.api.allocation_params import (
     parse_step,
     parse_window,
 )
+from billing.api.renderers import FastJSONRenderer
 from billing.ledger import allocation as ledger
 from billing.money import ledger_amount
 from billing.queries.allocation import (
@@ -52,7 +55,7 @@ from billing.queries.allocation import (
 )
 from billing.scope import get_scope
 
-__all__ = ["AllocationSummaryView", "AllocationView", "AssetsView", "AutocompleteView"]
+__all__ = ["MAX_ALLOCATIONS", "AllocationSummaryView", "AllocationView", "AssetsView", "AutocompleteView"]
 
 # OpenCost's names for the unaggregated properties; ours keep their own names.
 _RESPONSE = inline_serializer("AllocationResponse", {
@@ -102,10 +105,15 @@ def _per_kwh(joules_times_rate: Decimal | None, *, money: bool) -> float | None:
     """Σ joules × a per-kWh rate as that rate's unit (money at ledger precision); None where unknown."""
     if joules_times_rate is None:
         return None
+    if not joules_times_rate:
+        return 0.0  # no energy drawn: 0 at any precision, without a quantize per allocation
     value = joules_times_rate / _J_PER_KWH
     return float(ledger_amount(value) if money else value)
 
 
+# A set's allocations share its window and a few hours as their start and end: 4 of these per
+# allocation were 0.34 s of a per-pod month's 2.7 s answer at 1,000 GPUs (docs/benchmarks.md).
+@functools.lru_cache(maxsize=4096)
 def _iso(at: datetime) -> str:
     return at.astimezone(UTC).isoformat().replace("+00:00", "Z")
 
@@ -147,6 +155,9 @@ _ZERO_FIELDS = (
     "ramBytes", "ramByteRequestAverage", "ramByteLimitAverage", "ramByteUsageAverage", "ramByteHours", "ramCost",
     "ramCostAdjustment", "ramCostIdle", "ramEfficiency", "gpuCostAdjustment", "sharedCost", "externalCost",
 )
+# Copied into each allocation's body (one dict built once, not one per allocation: 0.24 s of a
+# per-pod month's answer at 1,000 GPUs).
+_ZEROES = dict.fromkeys(_ZERO_FIELDS, 0.0)
 
 
 @dataclass(frozen=True)
@@ -178,7 +189,9 @@ def _render(allocation: CostAllocation, window: Window) -> dict[str, Any]:
         "start": _iso(allocation.start),
         "end": _iso(allocation.end),
         "minutes": float(allocation.minutes),
-        **dict.fromkeys(_ZERO_FIELDS, 0.0),
+    }
+    body.update(_ZEROES)
+    body.update({
         "gpuCount": gpu.count,
         # OpenCost keeps these two on the Allocation but writes them only inside gpuAllocation
         # (allocation_json.go: `json:"-"`); clients read both places, so both carry them.
@@ -216,7 +229,7 @@ def _render(allocation: CostAllocation, window: Window) -> dict[str, Any]:
         # What it cost and emitted at its nodes' locations (docs/allocation-api.md); null where unknown.
         "gpuEnergyCost": _per_kwh(allocation.energy_cost_jp, money=True),
         "gpuCO2eKg": _per_kwh(allocation.co2e_jkg, money=False),
-    }
+    })
     return body
 
 
@@ -290,10 +303,17 @@ def _parse(request: Request) -> _Query:
     )
 
 
+# The most workload allocations one answer holds (idle's come on top: a few per set). A week of
+# per-pod hourly sets at 1,000 GPUs is 922k of them: 1.8 GB of JSON and 75 s, enough to take a web
+# worker's memory; 100k is about 190 MB and a few seconds (docs/allocation-api.md, Limits).
+MAX_ALLOCATIONS = 100_000
+
+
 def _sets(request: Request, q: _Query) -> list[tuple[dict[str, CostAllocation], Window]]:
     sets = allocation_sets(get_scope(request.user), window=q.window, aggregate=q.aggregate, step=q.step,
                            accumulate=q.accumulate, include_idle=q.include_idle, share_idle=q.share_idle,
-                           idle_by_node=q.idle_by_node, split_idle=q.split_idle, filters=q.filters, tree=q.tree)
+                           idle_by_node=q.idle_by_node, split_idle=q.split_idle, filters=q.filters, tree=q.tree,
+                           max_allocations=MAX_ALLOCATIONS)
     windows = set_windows(q.window, q.step, q.accumulate)
     return list(zip(sets, windows, strict=True))
 
@@ -303,6 +323,8 @@ class _OpenCostView(APIView):  # type: ignore[misc]  # DRF ships no type hints
     OpenCost's error shape for every answer that is not a 200."""
 
     permission_classes = [IsAuthenticated]
+    # Their answers can be tens of MB (billing.api.renderers); the browsable API as DRF's default.
+    renderer_classes = [FastJSONRenderer, BrowsableAPIRenderer]
 
     def get_authenticate_header(self, request: Request) -> str:
         # 401 rather than DRF's 403 for a session-only setup: the caller has not said who it is.

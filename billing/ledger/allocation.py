@@ -281,11 +281,12 @@ _LATERAL_READ_SETTINGS = {"enable_nestloop": "on"}
 def list_usage_groups(
     *, start: datetime, end: datetime, starts: Sequence[datetime] | None, keys: Sequence[str],
     filters: Mapping[str, Sequence[str]], tenants: Collection[str] | None, by_node: bool,
-    tree: FilterTree | None = None,
+    tree: FilterTree | None = None, limit: int | None = None,
 ) -> list[UsageGroupRow]:
     """Usage of [start, end) per set (from each of `starts`, sorted, the first `start`; None: one
     set) and per value of `keys` (and per node with `by_node`), of `tenants` only unless None, of
-    rows matching every filter (key -> allowed values) and `tree`. Unordered."""
+    rows matching every filter (key -> allowed values) and `tree`; at most `limit` of them (which,
+    unsaid: for a caller that refuses a larger answer). Unordered."""
     ledger = set_ledger(start, end, starts)
     params: dict[str, Any] = {"start": start, "end": end,
                               "tenants": None if tenants is None else sorted(tenants)}
@@ -329,7 +330,9 @@ def list_usage_groups(
         f"sum(u.energy_j) AS energy_j, {energy_cost_sql()} AS energy_cost_jp, {co2e_sql()} AS co2e_jkg "
         f"FROM {rows_sql} u{node_join}{energy_rate_join('u', 'at', rates=any_energy_rate())}{_REQUESTS_JOIN}{meta} "
         f"WHERE TRUE{where} GROUP BY {', '.join(str(i) for i in range(1, len(key_sql) + 3))}"
+        + ("" if limit is None else " LIMIT %(limit)s")
     )
+    params["limit"] = limit
     expected = ("set_index", *(f"k_{i}" for i in range(len(key_sql))), "node", *_GROUP_ROW_SUMS)
     set_starts = [None, *(starts or [start])]  # width_bucket counts from 1
     settings = _PER_POD_READ_SETTINGS if _PER_POD_KEYS & set(keys) else _GROUP_READ_SETTINGS

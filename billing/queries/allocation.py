@@ -300,7 +300,7 @@ def allocation_sets(
     scope: Scope, *, window: Window, aggregate: Sequence[str], step: timedelta | None = None,
     accumulate: bool | str | None = False, include_idle: bool = False, share_idle: bool = False,
     idle_by_node: bool = False, filters: Mapping[str, Sequence[str]] | None = None,
-    tree: ledger.FilterTree | None = None, split_idle: bool = False,
+    tree: ledger.FilterTree | None = None, split_idle: bool = False, max_allocations: int | None = None,
 ) -> list[dict[str, CostAllocation]]:
     """One dict per set (name -> Allocation; one set with `accumulate` or no `step`), in time order,
     each sorted by name with idle last. `window` is aligned to whole hours first (align_window);
@@ -308,7 +308,9 @@ def allocation_sets(
     docstring for the money and scope rules. `accumulate` True (or `all`) is one set, a word of
     ACCUMULATE_UNITS one set per calendar unit; `tree` is OpenCost's filter (parse_filter_tree),
     ANDed with `filters`. Idle is one `__idle__` per set, as OpenCost merges it, unless `split_idle`:
-    then `<node>/__idle__` with idle_by_node, else `<cluster>/__idle__`."""
+    then `<node>/__idle__` with idle_by_node, else `<cluster>/__idle__`. With `max_allocations`, a
+    query whose sets would hold more workload allocations than that is refused (ParameterError)
+    before any is built."""
     window = align_window(window)
     aggregate = tuple(aggregate) or DEFAULT_AGGREGATE
     filters = dict(filters or {})
@@ -334,7 +336,12 @@ def allocation_sets(
     platform = scope.sees_platform
     share = share_idle and platform
     rows = ledger.list_usage_groups(start=window.start, end=window.end, starts=starts, keys=aggregate,
-                                    filters=filters, tenants=scope.tenants, by_node=share and idle_by_node, tree=tree)
+                                    filters=filters, tenants=scope.tenants, by_node=share and idle_by_node, tree=tree,
+                                    limit=None if max_allocations is None else max_allocations + 1)
+    if max_allocations is not None and len(rows) > max_allocations:
+        raise ParameterError("aggregate", gettext(
+            "the answer would hold more than %(max)s allocations; aggregate by fewer or coarser keys, take a "
+            "longer step, or ask for a shorter window") % {"max": f"{max_allocations:,}"})
     idle_rows = (ledger.list_idle_rows(start=window.start, end=window.end, starts=starts, filters=filters,
                                        by_node=idle_by_node or split_idle, tree=tree)
                  if platform and (include_idle or share) else [])

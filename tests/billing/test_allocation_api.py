@@ -166,6 +166,26 @@ def test_label_aggregation_and_daily_steps(february, time_machine) -> None:
     assert body["data"][0]["acme-ns"]["totalCost"] == pytest.approx(0.669 + 0.333333333333 + 2.115 + 3)
 
 
+def test_an_answer_over_the_allocation_limit_is_a_400_that_says_how_to_ask(february, time_machine, monkeypatch) -> None:
+    """february's pod-hours by pod and hour are 3 allocations (bert twice, llm once): a limit of 2
+    refuses them, a limit of 3 answers; the cluster by day (2) fits under 2."""
+    time_machine.move_to(datetime(2028, 3, 1, 0, 30, tzinfo=UTC), tick=False)
+    params = {"window": "2028-02-28T00:00:00Z,2028-03-01T00:00:00Z", "aggregate": "pod", "step": "1h"}
+    monkeypatch.setattr("billing.api.allocation.MAX_ALLOCATIONS", 2)
+    code, body = get(finance_client(), **params)
+    assert code == 400
+    assert body["parameter"] == "aggregate"
+    assert "more than 2 allocations" in body["message"]
+    code, body = get(finance_client(), "/allocation/summary", **params)
+    assert code == 400
+    code, body = get(finance_client(), **{**params, "step": "1d", "aggregate": "cluster"})
+    assert code == 200
+    monkeypatch.setattr("billing.api.allocation.MAX_ALLOCATIONS", 3)
+    code, body = get(finance_client(), **params)
+    assert code == 200
+    assert sum(len(one) for one in body["data"]) == 3
+
+
 def test_a_tenant_token_sees_only_its_tenant(february, time_machine) -> None:
     time_machine.move_to(datetime(2028, 3, 10, tzinfo=UTC), tick=False)
     client = Client()
