@@ -315,6 +315,7 @@ def list_usage_groups(
     read = " ".join([*key_sql, where, node])
     meta = _META_JOIN if re.search(r"\bm\.", read) else ""
     node_join = f" JOIN {_NODE} n ON n.id = u.node_id" if re.search(r"\bn\.", read) else ""
+    rates = any_energy_rate()
     # A group's requested figure is known only if every one of its rows' is: its request (a row's
     # seconds are never NULL), not the product, which Postgres would compute a second time per row
     # (~0.1 s of a week's hourly sets at 1,000 GPUs).
@@ -327,8 +328,9 @@ def list_usage_groups(
         f"CASE WHEN bool_and(r.mem_mb IS NOT NULL) THEN sum({mem_req}) END AS mem_requested_mb_s, "
         "sum(u.sm_used_s) AS sm_used_s, sum(u.sm_granted_s) AS sm_granted_s, "
         f"CASE WHEN bool_and(r.sm IS NOT NULL) THEN sum({sm_req}) END AS sm_requested_s, "
-        f"sum(u.energy_j) AS energy_j, {energy_cost_sql()} AS energy_cost_jp, {co2e_sql()} AS co2e_jkg "
-        f"FROM {rows_sql} u{node_join}{energy_rate_join('u', 'at', rates=any_energy_rate())}{_REQUESTS_JOIN}{meta} "
+        f"sum(u.energy_j) AS energy_j, {energy_cost_sql(rates=rates)} AS energy_cost_jp, "
+        f"{co2e_sql(rates=rates)} AS co2e_jkg "
+        f"FROM {rows_sql} u{node_join}{energy_rate_join('u', 'at', rates=rates)}{_REQUESTS_JOIN}{meta} "
         f"WHERE TRUE{where} GROUP BY {', '.join(str(i) for i in range(1, len(key_sql) + 3))}"
         + ("" if limit is None else " LIMIT %(limit)s")
     )

@@ -67,16 +67,20 @@ def energy_rate_join(usage: str, at: str, *, rates: bool = True) -> str:
             f"AND {day} >= er.f AND {day} < er.t ")
 
 
-def _known_sum(usage: str, energy: str, factor: str) -> str:
+def _known_sum(usage: str, energy: str, factor: str, rates: bool) -> str:
+    if not rates:
+        # No rate anywhere (energy_rate_join's `rates`): known, and 0, only where no energy was drawn.
+        # Postgres computes the two identical bool_ands once, and no product per row.
+        return f"CASE WHEN bool_and({usage}.{energy} = 0) THEN 0::numeric END"
     return (f"CASE WHEN bool_and({usage}.{energy} = 0 OR er.{factor} IS NOT NULL) "
             f"THEN sum({usage}.{energy} * coalesce(er.{factor}, 0)) END")
 
 
-def energy_cost_sql(usage: str = "u", energy: str = "energy_j") -> str:
+def energy_cost_sql(usage: str = "u", energy: str = "energy_j", *, rates: bool = True) -> str:
     """Σ joules × price per kWh of the group, NULL where any energy had no price."""
-    return _known_sum(usage, energy, "price_per_kwh")
+    return _known_sum(usage, energy, "price_per_kwh", rates)
 
 
-def co2e_sql(usage: str = "u", energy: str = "energy_j") -> str:
+def co2e_sql(usage: str = "u", energy: str = "energy_j", *, rates: bool = True) -> str:
     """Σ joules × kg CO2e per kWh of the group, NULL where any energy had no factor."""
-    return _known_sum(usage, energy, "co2e_kg_per_kwh")
+    return _known_sum(usage, energy, "co2e_kg_per_kwh", rates)
