@@ -118,6 +118,8 @@ def _iso(at: datetime) -> str:
     return at.astimezone(UTC).isoformat().replace("+00:00", "Z")
 
 
+# One dict per set's window, shared by its allocations (the renderer only reads it).
+@functools.lru_cache(maxsize=1024)
 def _window(window: Window) -> dict[str, str]:
     return {"start": _iso(window.start), "end": _iso(window.end)}
 
@@ -160,77 +162,70 @@ _ZERO_FIELDS = (
 _ZEROES = dict.fromkeys(_ZERO_FIELDS, 0.0)
 
 
-@dataclass(frozen=True)
-class _Gpu:
-    """The GPU figures OpenCost derives (Allocation.GPUs, GPUEfficiency): GPUs held on average over
-    the allocation's minutes, the SM share of them used, and that ratio."""
-
-    count: float
-    usage: float
-    efficiency: float
-
-
-def _gpu(allocation: CostAllocation) -> _Gpu:
-    hours = allocation.minutes / 60
-    count = allocation.gpu_hours / hours if hours > 0 and not allocation.is_idle else Decimal(0)
+def _gpu(minutes: Decimal, gpu_hours: Decimal, sm_used_s: Decimal, sm_granted_s: Decimal) -> tuple[float, float, float]:
+    """The GPU figures OpenCost derives (Allocation.GPUs, GPUEfficiency) of a workload allocation:
+    GPUs held on average over its minutes, the SM share of them used, and that ratio."""
+    hours = minutes / 60
+    count = gpu_hours / hours if hours > 0 else Decimal(0)
     # SM-seconds used over SM-seconds granted: the card share the workload kept busy.
-    efficiency = (allocation.sm_used_s / allocation.sm_granted_s
-                  if allocation.sm_granted_s > 0 and not allocation.is_idle else Decimal(0))
-    return _Gpu(count=float(count), usage=float(count * efficiency), efficiency=float(efficiency))
+    efficiency = sm_used_s / sm_granted_s if sm_granted_s > 0 else Decimal(0)
+    return float(count), float(count * efficiency), float(efficiency)
 
 
 def _render(allocation: CostAllocation, window: Window) -> dict[str, Any]:
-    gpu = _gpu(allocation)
-    idle_in_cost = allocation.total_cost if allocation.is_idle else allocation.shared_idle_cost
-    body: dict[str, Any] = {
-        "name": allocation.name,
+    # Unpacked once, by position (CostAllocation's field order): a per-pod month renders ~40k of them
+    # at 1,000 GPUs, and thirty attribute reads of a named tuple each were a third of this function.
+    (name, properties, start, end, minutes, gpu_hours, gpu_cost, shared_idle_cost, total_cost, currency,
+     mem_used_mb_s, mem_granted_mb_s, mem_requested_mb_s, sm_used_s, sm_granted_s, sm_requested_s, _seconds,
+     is_idle, energy_j, energy_cost_jp, co2e_jkg) = allocation
+    count, usage, efficiency = (0.0, 0.0, 0.0) if is_idle else _gpu(minutes, gpu_hours, sm_used_s, sm_granted_s)
+    total = float(total_cost)
+    return {
+        "name": name,
         "properties": _properties(allocation),
         "window": _window(window),
-        "start": _iso(allocation.start),
-        "end": _iso(allocation.end),
-        "minutes": float(allocation.minutes),
-    }
-    body.update(_ZEROES)
-    body.update({
-        "gpuCount": gpu.count,
+        "start": _iso(start),
+        "end": _iso(end),
+        "minutes": float(minutes),
+        **_ZEROES,
+        "gpuCount": count,
         # OpenCost keeps these two on the Allocation but writes them only inside gpuAllocation
         # (allocation_json.go: `json:"-"`); clients read both places, so both carry them.
-        "gpuRequestAverage": gpu.count,
-        "gpuUsageAverage": gpu.usage,
-        "gpuHours": float(allocation.gpu_hours),
+        "gpuRequestAverage": count,
+        "gpuUsageAverage": usage,
+        "gpuHours": float(gpu_hours),
         # OpenCost folds shared idle into the resource's cost; the parts are ours.
-        "gpuCost": float(allocation.total_cost),
-        "gpuCostIdle": float(idle_in_cost),
-        "gpuEfficiency": gpu.efficiency,
+        "gpuCost": total,
+        "gpuCostIdle": total if is_idle else float(shared_idle_cost),
+        "gpuEfficiency": efficiency,
         "pvs": {},
-        "totalCost": float(allocation.total_cost),
+        "totalCost": total,
         # GPUs are the only resource with a cost here, so the cost-weighted efficiency is the GPU's.
-        "totalEfficiency": gpu.efficiency,
+        "totalEfficiency": efficiency,
         "lbAllocations": None,
         "proportionalAssetResourceCosts": None,
         "sharedCostBreakdown": None,
-        "gpuAllocation": None if allocation.is_idle else {
-            "gpuDevice": "", "gpuModel": str(allocation.properties.get("gpu_model", "")),
-            "gpuUUID": str(allocation.properties.get("gpu", "")), "isGPUShared": None,
-            "gpuUsageAverage": gpu.usage, "gpuRequestAverage": gpu.count,
+        "gpuAllocation": None if is_idle else {
+            "gpuDevice": "", "gpuModel": str(properties.get("gpu_model", "")),
+            "gpuUUID": str(properties.get("gpu", "")), "isGPUShared": None,
+            "gpuUsageAverage": usage, "gpuRequestAverage": count,
         },
         # Ours.
-        "gpuUsageCost": float(allocation.gpu_cost),
-        "sharedIdleCost": float(allocation.shared_idle_cost),
-        "currency": allocation.currency,
-        "gpuMemUsedMBSeconds": float(allocation.mem_used_mb_s),
-        "gpuMemGrantedMBSeconds": float(allocation.mem_granted_mb_s),
-        "gpuMemRequestedMBSeconds": _number(allocation.mem_requested_mb_s),
-        "gpuSMUsedSeconds": float(allocation.sm_used_s),
-        "gpuSMGrantedSeconds": float(allocation.sm_granted_s),
-        "gpuSMRequestedSeconds": _number(allocation.sm_requested_s),
+        "gpuUsageCost": float(gpu_cost),
+        "sharedIdleCost": float(shared_idle_cost),
+        "currency": currency,
+        "gpuMemUsedMBSeconds": float(mem_used_mb_s),
+        "gpuMemGrantedMBSeconds": float(mem_granted_mb_s),
+        "gpuMemRequestedMBSeconds": _number(mem_requested_mb_s),
+        "gpuSMUsedSeconds": float(sm_used_s),
+        "gpuSMGrantedSeconds": float(sm_granted_s),
+        "gpuSMRequestedSeconds": _number(sm_requested_s),
         # GPU energy as the ledger split it (docs/billing.md, Energy; docs/allocation-api.md).
-        "gpuEnergyKWh": float(allocation.energy_j / _J_PER_KWH),
+        "gpuEnergyKWh": float(energy_j / _J_PER_KWH) if energy_j else 0.0,
         # What it cost and emitted at its nodes' locations (docs/allocation-api.md); null where unknown.
-        "gpuEnergyCost": _per_kwh(allocation.energy_cost_jp, money=True),
-        "gpuCO2eKg": _per_kwh(allocation.co2e_jkg, money=False),
-    })
-    return body
+        "gpuEnergyCost": _per_kwh(energy_cost_jp, money=True),
+        "gpuCO2eKg": _per_kwh(co2e_jkg, money=False),
+    }
 
 
 # OpenCost's SummaryAllocation: the fields its summary endpoints write.

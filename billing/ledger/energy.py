@@ -69,9 +69,10 @@ def energy_rate_join(usage: str, at: str, *, rates: bool = True) -> str:
 
 def _known_sum(usage: str, energy: str, factor: str, rates: bool) -> str:
     if not rates:
-        # No rate anywhere (energy_rate_join's `rates`): known, and 0, only where no energy was drawn.
-        # Postgres computes the two identical bool_ands once, and no product per row.
-        return f"CASE WHEN bool_and({usage}.{energy} = 0) THEN 0::numeric END"
+        # No rate anywhere (energy_rate_join's `rates`): known, and 0, only where no energy was drawn;
+        # 0 as the sum of the products would be, at the joules' scale. Postgres computes identical
+        # aggregates once (these bool_ands, and the sum beside them), and no product per row.
+        return f"CASE WHEN bool_and({usage}.{energy} = 0) THEN sum({usage}.{energy}) * 0 END"
     return (f"CASE WHEN bool_and({usage}.{energy} = 0 OR er.{factor} IS NOT NULL) "
             f"THEN sum({usage}.{energy} * coalesce(er.{factor}, 0)) END")
 
