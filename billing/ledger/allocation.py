@@ -285,8 +285,8 @@ def list_usage_groups(
 ) -> list[UsageGroupRow]:
     """Usage of [start, end) per set (from each of `starts`, sorted, the first `start`; None: one
     set) and per value of `keys` (and per node with `by_node`), of `tenants` only unless None, of
-    rows matching every filter (key -> allowed values) and `tree`; at most `limit` of them (which,
-    unsaid: for a caller that refuses a larger answer). Unordered."""
+    rows matching every filter (key -> allowed values) and `tree`. Unordered. With `limit`, at most
+    that many, which ones unsaid: for a caller that refuses a larger answer rather than reads it."""
     ledger = set_ledger(start, end, starts)
     params: dict[str, Any] = {"start": start, "end": end,
                               "tenants": None if tenants is None else sorted(tenants)}
