@@ -474,6 +474,11 @@ def run_measurements(args: argparse.Namespace, tenants: list[str], now: datetime
         ("page_finance_7d", f"page /finance/?{q7} (finance)", _client_get(finance_client, f"/finance/?{q7}")),
         ("page_tenants", "page /tenants/ (finance)", _client_get(finance_client, "/tenants/")),
         ("page_portal", f"page /tenants/{big}/ (tenant member)", _client_get(member_client, f"/tenants/{big}/")),
+        ("page_portal_7d", f"page /tenants/{big}/?{q7} (tenant member; the last 7 days)",
+         _client_get(member_client, f"/tenants/{big}/?{q7}")),
+        # A download, not a page: every workload of the month with its reasons.
+        ("portal_csv", f"download /tenants/{big}/?{q}&format=csv (tenant member; every workload)",
+         _client_get(member_client, f"/tenants/{big}/?{q}&format=csv")),
         ("page_periods", "page /periods/ (finance)", _client_get(finance_client, "/periods/")),
         ("page_invoices", "page /invoices/ (finance; upcoming invoices)", _client_get(finance_client, "/invoices/")),
         ("page_explore", f"page /explore/?{q} (finance; the tenants)", _client_get(finance_client, f"/explore/?{q}")),
