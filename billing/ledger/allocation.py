@@ -281,12 +281,13 @@ _LATERAL_READ_SETTINGS = {"enable_nestloop": "on"}
 def list_usage_groups(
     *, start: datetime, end: datetime, starts: Sequence[datetime] | None, keys: Sequence[str],
     filters: Mapping[str, Sequence[str]], tenants: Collection[str] | None, by_node: bool,
-    tree: FilterTree | None = None, limit: int | None = None,
+    tree: FilterTree | None = None, limit: int | None = None, rates: bool | None = None,
 ) -> list[UsageGroupRow]:
     """Usage of [start, end) per set (from each of `starts`, sorted, the first `start`; None: one
     set) and per value of `keys` (and per node with `by_node`), of `tenants` only unless None, of
     rows matching every filter (key -> allowed values) and `tree`. Unordered. With `limit`, at most
-    that many, which ones unsaid: for a caller that refuses a larger answer rather than reads it."""
+    that many, which ones unsaid: for a caller that refuses a larger answer rather than reads it.
+    `rates`: billing.ledger.energy.any_energy_rate() where the caller asked already (None: asked here)."""
     ledger = set_ledger(start, end, starts)
     params: dict[str, Any] = {"start": start, "end": end,
                               "tenants": None if tenants is None else sorted(tenants)}
@@ -315,7 +316,7 @@ def list_usage_groups(
     read = " ".join([*key_sql, where, node])
     meta = _META_JOIN if re.search(r"\bm\.", read) else ""
     node_join = f" JOIN {_NODE} n ON n.id = u.node_id" if re.search(r"\bn\.", read) else ""
-    rates = any_energy_rate()
+    rates = any_energy_rate() if rates is None else rates
     # A group's requested figure is known only if every one of its rows' is: its request (a row's
     # seconds are never NULL), not the product, which Postgres would compute a second time per row
     # (~0.1 s of a week's hourly sets at 1,000 GPUs).
@@ -594,7 +595,7 @@ class IdleRow:
 
 def list_idle_rows(
     *, start: datetime, end: datetime, starts: Sequence[datetime] | None, filters: Mapping[str, Sequence[str]],
-    by_node: bool, tree: FilterTree | None = None,
+    by_node: bool, tree: FilterTree | None = None, rates: bool | None = None,
 ) -> list[IdleRow]:
     """Per set (and node) of [start, end): the GPU rows' platform idle and metered seconds, and the
     usage on the same GPU rows (every tenant's), restricted by the filters on GPU_KEYS only (the
@@ -605,7 +606,8 @@ def list_idle_rows(
     read the same node, GPU and model on either side, so the usage rows that pass are exactly those
     on the GPU rows that pass, and each side is summed per set (and node) on its own before they
     meet: not per GPU and set, which for a week's hourly sets at 1,000 GPUs was two aggregates of
-    160k groups each (spilled to disk) and their join, for 168 rows (docs/benchmarks.md)."""
+    160k groups each (spilled to disk) and their join, for 168 rows (docs/benchmarks.md). `rates` as
+    list_usage_groups'."""
     ledger = set_ledger(start, end, starts)
     params: dict[str, Any] = {"start": start, "end": end, "tenants": None}
     gpu_filters = {k: v for k, v in filters.items() if k in GPU_KEYS}
@@ -638,7 +640,7 @@ def list_idle_rows(
         "sum(g.idle_energy_j * coalesce(er.price_per_kwh, 0)) AS energy_cost_jp, "
         "bool_and(g.idle_energy_j = 0 OR er.co2e_kg_per_kwh IS NOT NULL) AS co2e_known, "
         "sum(g.idle_energy_j * coalesce(er.co2e_kg_per_kwh, 0)) AS co2e_jkg "
-        f"FROM {ledger.gpu_table} g JOIN {_NODE} n ON n.id = g.node_id{energy_rate_join('g', at, rates=any_energy_rate())}"
+        f"FROM {ledger.gpu_table} g JOIN {_NODE} n ON n.id = g.node_id{energy_rate_join('g', at, rates=any_energy_rate() if rates is None else rates)}"
         f"WHERE g.{at} >= %(start)s AND g.{at} < %(end)s{gpu_where} GROUP BY 1, 2) "
         f"SELECT c.set_start, {node} AS node, {cluster} AS cluster, c.platform_idle, c.metered_seconds, "
         "coalesce(used.share, 0) AS share_gpu_s, coalesce(used.charge, 0) AS charge, coalesce(c.currency, '') AS currency, "

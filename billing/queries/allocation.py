@@ -32,6 +32,7 @@ from django.utils.translation import gettext
 from billing.calendar import floor_to, utc_midnight
 from billing.errors import InvalidInput
 from billing.ledger import allocation as ledger
+from billing.ledger.energy import any_energy_rate
 from billing.ledger.reads import no_cycle_collection
 from billing.ledger.totals import get_priced_currency
 from billing.money import allocate
@@ -335,15 +336,16 @@ def allocation_sets(
         return sets
     platform = scope.sees_platform
     share = share_idle and platform
+    rates = any_energy_rate()  # asked once for both reads
     rows = ledger.list_usage_groups(start=window.start, end=window.end, starts=starts, keys=aggregate,
                                     filters=filters, tenants=scope.tenants, by_node=share and idle_by_node, tree=tree,
-                                    limit=None if max_allocations is None else max_allocations + 1)
+                                    limit=None if max_allocations is None else max_allocations + 1, rates=rates)
     if max_allocations is not None and len(rows) > max_allocations:
         raise ParameterError("aggregate", gettext(
             "the answer would hold more than %(max)s allocations; aggregate by fewer or coarser keys, take a "
             "longer step, or ask for a shorter window") % {"max": f"{max_allocations:,}"})
     idle_rows = (ledger.list_idle_rows(start=window.start, end=window.end, starts=starts, filters=filters,
-                                       by_node=idle_by_node or split_idle, tree=tree)
+                                       by_node=idle_by_node or split_idle, tree=tree, rates=rates)
                  if platform and (include_idle or share) else [])
     currency = get_priced_currency(start=window.start, end=window.end)
     index = {b.start: i for i, b in enumerate(bounds)}
