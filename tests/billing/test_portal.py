@@ -28,6 +28,7 @@ from billing.queries.budgets import BudgetView
 from billing.queries.portal import TenantNotFound, get_tenant_portal
 from billing.scope import ADMIN_GROUP, FINANCE_GROUP, get_scope
 from billing.services.budgets.spend import evaluate_budgets, get_month_spend, set_budget
+from billing.services.invoicing import preview_invoice
 from billing.web import portal as portal_views
 from tests import clock
 from tests.conftest import A100, user_in, with_day
@@ -734,8 +735,6 @@ def test_the_portal_reads_the_ledger_in_a_bounded_number_of_statements(client: C
 def test_the_upcoming_invoice_of_the_month_to_date_is_the_one_read_on_its_own(ledger: datetime) -> None:
     """This ledger's usage rows have no GPU rows (the figures count them under no GPU model, the
     invoice not at all): the portal's upcoming invoice is still exactly the preview's."""
-    from billing.services.invoicing import preview_invoice
-
     now = clock.now()
     start, end = month_bounds(now.date().replace(day=1))
     scope = get_scope(user_in(FINANCE_GROUP))
