@@ -236,7 +236,7 @@ def create_reference_rows(args: argparse.Namespace, first_hour: datetime, rng: r
 
 
 GPU_COLUMNS = ("gpu_uuid", "node_id", "gpu_model", "metered_seconds", "card_cost", "charged", "idle_cost",
-               "idle_allocated", "currency", "priced", "hour")
+               "idle_allocated", "currency", "priced", "share_gpu_s", "hour")
 USAGE_COLUMNS = ("gpu_uuid", "node_id", "tenant", "namespace", "pod", "container", "pod_uid", "sla_tier", "seconds",
                  "mem_used_mb_s", "mem_granted_mb_s", "mem_billed_mb_s", "sm_used_s", "sm_granted_s", "sm_billed_s",
                  "pcie_mb", "share_gpu_s", "charge", "idle_share", "hour")
@@ -322,7 +322,7 @@ def fill_ledger(args: argparse.Namespace, database_url: str, ref: dict[str, Any]
                         metered = 3600 if rng.random() > 0.03 else rng.randint(300, 3599)
                         card = PRICE_PER_HOUR[gpu.model] * UNIT * metered // 3600
                         card_units = int(card)
-                        charged = 0
+                        charged, shared = 0, Decimal(0)
                         prefix = f"{gpu.uuid}\t{gpu.node_id}\t"
                         for slot in gpu_slots:
                             if rng.random() < 0.03:
@@ -334,15 +334,17 @@ def fill_ledger(args: argparse.Namespace, database_url: str, ref: dict[str, Any]
                             charged += charge
                             mem_g = slot.mem_mb * metered
                             sm_g = slot.sm * metered
+                            slot_share = f"{slot.weight * metered:.6f}"
+                            shared += Decimal(slot_share)
                             usage_buf.write(
                                 f"{prefix}{slot.tenant}\t{slot.namespace}\t{slot.pod}\t{slot.container}\t"
                                 f"{slot.pod_uid}\t{slot.tier}\t{metered}\t{mem_g * rng.uniform(0.2, 1.0):.3f}\t"
                                 f"{mem_g}\t{mem_g}\t{sm_g * rng.uniform(0.05, 1.0):.3f}\t{sm_g:.3f}\t{sm_g:.3f}\t"
-                                f"{rng.uniform(0, 4e5):.3f}\t{slot.weight * metered:.6f}\t{_amount(charge)}\t0\t{at}\n"
+                                f"{rng.uniform(0, 4e5):.3f}\t{slot_share}\t{_amount(charge)}\t0\t{at}\n"
                             )
                             stats.usage_hours += 1
                         gpu_buf.write(f"{prefix}{gpu.model}\t{metered}\t{_amount(card_units)}\t{_amount(charged)}\t"
-                                      f"{_amount(card_units - charged)}\t0\tUSD\tt\t{at}\n")
+                                      f"{_amount(card_units - charged)}\t0\tUSD\tt\t{shared}\t{at}\n")
                         stats.gpu_hours += 1
                 for table, columns, buf in (("billing_gpuhour", GPU_COLUMNS, gpu_buf),
                                             ("billing_usagehour", USAGE_COLUMNS, usage_buf)):

@@ -598,55 +598,41 @@ def list_idle_rows(
     by_node: bool, tree: FilterTree | None = None, rates: bool | None = None,
 ) -> list[IdleRow]:
     """Per set (and node) of [start, end): the GPU rows' platform idle and metered seconds, and the
-    usage on the same GPU rows (every tenant's), restricted by the filters on GPU_KEYS only (the
-    others name workloads, which idle has none of). Unordered.
+    share and charge of the usage on them (every tenant's), restricted by the filters on GPU_KEYS
+    only (the others name workloads, which idle has none of). Unordered.
 
-    A usage row counts where it has a GPU row (its model is that row's: billing.ledger.reads.
-    usage_rows, whole months from the month ledger) and that row passes the filters. The filters
-    read the same node, GPU and model on either side, so the usage rows that pass are exactly those
-    on the GPU rows that pass, and each side is summed per set (and node) on its own before they
-    meet: not per GPU and set, which for a week's hourly sets at 1,000 GPUs was two aggregates of
-    160k groups each (spilled to disk) and their join, for 168 rows (docs/benchmarks.md). `rates` as
+    The usage on a card is the GPU row's own sums: `charged` (Σ its workloads' charge, as priced)
+    and `share_gpu_s` (Σ their share, written with them), so a usage row counts exactly where it
+    has a GPU row, and the usage rows are not read again: for a week's hourly sets at 1,000 GPUs
+    that read was 0.9 s of the 1.0 s of this statement (docs/benchmarks.md). `rates` as
     list_usage_groups'."""
     ledger = set_ledger(start, end, starts)
-    params: dict[str, Any] = {"start": start, "end": end, "tenants": None}
-    gpu_filters = {k: v for k, v in filters.items() if k in GPU_KEYS}
-
-    def where_of(sql_of: Mapping[str, str]) -> str:
-        where = _filters_sql(gpu_filters, params, lambda key, _params: sql_of[key])
-        if tree is not None:
-            where += f" AND {_tree_sql(tree, params, lambda key, _params: sql_of.get(key))}"
-        return where
-
+    params: dict[str, Any] = {"start": start, "end": end}
+    where = _filters_sql({k: v for k, v in filters.items() if k in GPU_KEYS}, params, lambda key, _params: _GPU_KEY_SQL[key])
+    if tree is not None:
+        where += f" AND {_tree_sql(tree, params, lambda key, _params: _GPU_KEY_SQL.get(key))}"
     # Per node only when asked (its id: node names are unique); else one group per set.
-    used_by, cards_by = ("u.node_id", "g.node_id") if by_node else ("0", "0")
+    cards_by = "g.node_id" if by_node else "0"
     at = ledger.at
-    rows = reads.usage_rows(ledger, start, end, params, months=reads.month_range(ledger, start, end, starts=starts),
-                            model=True)
-    used_where = where_of({**_GPU_KEY_SQL, "gpu_model": "u.gpu_model", "gpu": "u.gpu_uuid"})
-    used_node = f" JOIN {_NODE} n ON n.id = u.node_id" if re.search(r"\bn\.", used_where) else ""
-    gpu_where = where_of(_GPU_KEY_SQL)
     node, cluster = ("n.name", _KEY_SQL["cluster"]) if by_node else ("''", "''")
     node_join = f" JOIN {_NODE} n ON n.id = c.node_id" if by_node else ""
     sql = (
-        f"WITH used AS (SELECT {_set_sql('at', 'u', starts, params)} AS set_start, {used_by} AS node_id, "  # noqa: S608 - fixed SQL
-        f"sum(u.share_gpu_s) AS share, sum(u.charge) AS charge FROM {rows} u{used_node} "
-        f"WHERE u.gpu_model IS NOT NULL{used_where} GROUP BY 1, 2), "
         # The GPU rows per set (and node): energy is priced per GPU row, by its date.
-        f"cards AS (SELECT {_set_sql(at, 'g', starts, params)} AS set_start, {cards_by} AS node_id, "
+        f"WITH cards AS (SELECT {_set_sql(at, 'g', starts, params)} AS set_start, {cards_by} AS node_id, "  # noqa: S608 - fixed SQL
         "sum(g.idle_cost - g.idle_allocated) AS platform_idle, sum(g.metered_seconds) AS metered_seconds, "
+        "sum(g.share_gpu_s) AS share_gpu_s, sum(g.charged) AS charge, "
         "max(nullif(g.currency, '')) AS currency, sum(g.idle_energy_j) AS idle_energy_j, "
         "bool_and(g.idle_energy_j = 0 OR er.price_per_kwh IS NOT NULL) AS cost_known, "
         "sum(g.idle_energy_j * coalesce(er.price_per_kwh, 0)) AS energy_cost_jp, "
         "bool_and(g.idle_energy_j = 0 OR er.co2e_kg_per_kwh IS NOT NULL) AS co2e_known, "
         "sum(g.idle_energy_j * coalesce(er.co2e_kg_per_kwh, 0)) AS co2e_jkg "
         f"FROM {ledger.gpu_table} g JOIN {_NODE} n ON n.id = g.node_id{energy_rate_join('g', at, rates=any_energy_rate() if rates is None else rates)}"
-        f"WHERE g.{at} >= %(start)s AND g.{at} < %(end)s{gpu_where} GROUP BY 1, 2) "
+        f"WHERE g.{at} >= %(start)s AND g.{at} < %(end)s{where} GROUP BY 1, 2) "
         f"SELECT c.set_start, {node} AS node, {cluster} AS cluster, c.platform_idle, c.metered_seconds, "
-        "coalesce(used.share, 0) AS share_gpu_s, coalesce(used.charge, 0) AS charge, coalesce(c.currency, '') AS currency, "
+        "c.share_gpu_s, c.charge, coalesce(c.currency, '') AS currency, "
         "c.idle_energy_j, CASE WHEN c.cost_known THEN c.energy_cost_jp END AS energy_cost_jp, "
         "CASE WHEN c.co2e_known THEN c.co2e_jkg END AS co2e_jkg "
-        f"FROM cards c{node_join} LEFT JOIN used ON used.set_start = c.set_start AND used.node_id = c.node_id"
+        f"FROM cards c{node_join}"
     )
     with period_read_cursor(_GROUP_READ_SETTINGS) as cur:
         cur.execute(sql, params)

@@ -217,8 +217,16 @@ class UsageHour(_WorkloadUsage):
         return f"{self.hour:%Y-%m-%d %H}h {self.gpu_uuid} {self.tenant}/{self.pod}"
 
 
+# Σ the share_gpu_s of the card's usage rows of the same node, GPU and window (the rollup writes it with
+# them; rebuild_days for hours written otherwise): the platform's idle of a period is read from the GPU
+# rows alone, not from every usage row on them again (billing.ledger.allocation.list_idle_rows).
+def _card_share() -> "models.DecimalField[Decimal | int | str, Decimal]":
+    return models.DecimalField(max_digits=30, decimal_places=12, default=Decimal(0), db_default=Decimal(0))
+
+
 class GpuHour(_GpuWindow):
     hour = models.DateTimeField()
+    share_gpu_s = _card_share()
 
     class Meta:
         # Keyed by node (the distribution key): a GPU moved to another node inside an hour has one
@@ -255,6 +263,7 @@ class GpuDay(_GpuWindow):
 
     day = models.DateTimeField()  # 00:00 UTC
     unpriced_seconds = _quantity()
+    share_gpu_s = _card_share()
 
     class Meta:
         constraints = [models.UniqueConstraint(fields=["node", "gpu_uuid", "day"], name="gpu_day_node_unique")]

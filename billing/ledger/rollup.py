@@ -727,17 +727,24 @@ def _recompute_hours(cur: CursorWrapper, hours: set[Key]) -> None:
         "GROUP BY a.hour, a.gpu_uuid, a.node_id, m.workload_id) h JOIN billing_workload w ON w.id = h.workload_id",
         keys,
     )
+    # The card's Σ share from the usage rows just written (a GPU-hour's few, by their index): what idle
+    # reads instead of the usage rows (GpuHour.share_gpu_s).
     cur.execute(
         "INSERT INTO billing_gpuhour (hour, gpu_uuid, node_id, gpu_model, metered_seconds, card_cost, charged, "
         "idle_cost, idle_allocated, currency, priced, committed_seconds, committed_cost, energy_j, idle_energy_j, "
-        "energy_seconds) "
+        "energy_seconds, share_gpu_s) "
         "SELECT a.hour, a.gpu_uuid, a.node_id, max(c.gpu_model), sum(billing_exact(m.metered_seconds)), "
         "sum(m.card_cost), sum(m.charged), sum(m.idle_cost), sum(m.idle_allocated), max(m.currency), "
         "bool_and(m.priced), sum(billing_exact(m.committed_seconds)), sum(m.committed_cost), sum(m.energy_j), "
-        "sum(m.idle_energy_j), sum(billing_exact(m.energy_seconds)) "
+        f"sum(m.idle_energy_j), sum(billing_exact(m.energy_seconds)), {_CARD_SHARE_OF_HOUR} "
         f"{minutes}JOIN {GPU_STORE} m ON {of_hour} GROUP BY a.hour, a.gpu_uuid, a.node_id",
         keys,
     )
+
+
+# Σ the share of the usage rows of the GPU-hour `a` (its node, GPU and hour): GpuHour.share_gpu_s.
+_CARD_SHARE_OF_HOUR = ("coalesce((SELECT sum(u.share_gpu_s) FROM billing_usagehour u WHERE u.node_id = a.node_id "
+                       "AND u.gpu_uuid = a.gpu_uuid AND u.hour = a.hour), 0)")
 
 
 # Day rows are grouped exactly like hour rows (node, GPU + workload identity), per UTC day. The
@@ -760,11 +767,11 @@ def _gpu_days_insert(source: str) -> str:
     return (
         "INSERT INTO billing_gpuday (day, gpu_uuid, node_id, gpu_model, metered_seconds, card_cost, charged, "  # noqa: S608 - built from constant column lists
         "idle_cost, idle_allocated, currency, priced, unpriced_seconds, committed_seconds, committed_cost, "
-        "energy_j, idle_energy_j, energy_seconds) "
+        "energy_j, idle_energy_j, energy_seconds, share_gpu_s) "
         f"SELECT {_DAY_OF}, h.gpu_uuid, h.node_id, max(h.gpu_model), sum(h.metered_seconds), sum(h.card_cost), "
         "sum(h.charged), sum(h.idle_cost), sum(h.idle_allocated), max(h.currency), bool_and(h.priced), "
         "coalesce(sum(h.metered_seconds) FILTER (WHERE NOT h.priced), 0), sum(h.committed_seconds), "
-        "sum(h.committed_cost), sum(h.energy_j), sum(h.idle_energy_j), sum(h.energy_seconds) "
+        "sum(h.committed_cost), sum(h.energy_j), sum(h.idle_energy_j), sum(h.energy_seconds), sum(h.share_gpu_s) "
         f"FROM billing_gpuhour h {source} GROUP BY {_DAY_OF}, h.gpu_uuid, h.node_id"
     )
 
@@ -848,6 +855,11 @@ def rebuild_days(*, start: datetime, end: datetime, gpu_uuid: str | None = None)
         lo, hi = cur.fetchone()
         gpu = "" if gpu_uuid is None else " AND gpu_uuid = %s"
         params = [lo, hi] if gpu_uuid is None else [lo, hi, gpu_uuid]
+        # Hours written other than by the rollup carry no Σ share of their usage rows (or a stale one).
+        cur.execute("UPDATE billing_gpuhour a SET share_gpu_s = s.share FROM (SELECT a.ctid AS at_row, "  # noqa: S608 - as below
+                    f"{_CARD_SHARE_OF_HOUR} AS share FROM billing_gpuhour a WHERE a.hour >= %s AND a.hour < %s"
+                    f"{gpu.replace('gpu_uuid', 'a.gpu_uuid')}) s WHERE a.ctid = s.at_row "
+                    "AND a.share_gpu_s IS DISTINCT FROM s.share", params)
         cur.execute(f"DELETE FROM billing_usageday WHERE day >= %s AND day < %s{gpu}", params)  # noqa: S608 - a constant filter; values are parameters
         cur.execute(f"DELETE FROM billing_gpuday WHERE day >= %s AND day < %s{gpu}", params)  # noqa: S608 - as above
         in_range = "WHERE h.hour >= %s AND h.hour < %s" + gpu.replace("gpu_uuid", "h.gpu_uuid")

@@ -36,7 +36,7 @@ ACME = Scope(tenants=frozenset({"acme"}), is_finance=False, is_admin=False)
 WORKLOAD_KEY = ("gpu_uuid", "tenant", "namespace", "pod", "container", "pod_uid", "sla_tier")
 USAGE_SUMS = ("seconds", "mem_used_mb_s", "mem_granted_mb_s", "mem_billed_mb_s", "sm_used_s", "sm_granted_s",
               "sm_billed_s", "pcie_mb", "share_gpu_s", "charge", "idle_share")
-GPU_SUMS = ("metered_seconds", "card_cost", "charged", "idle_cost", "idle_allocated")
+GPU_SUMS = ("metered_seconds", "card_cost", "charged", "idle_cost", "idle_allocated", "share_gpu_s")
 POD = {  # pod -> tenant, tier
     "bert-1": ("acme", "gold"), "llm-2": ("globex", "silver"), "resnet-3": ("acme", "bronze"),
     "sdxl-4": ("initech", "gold"),
@@ -84,6 +84,15 @@ def assert_days_equal_hours() -> None:
     assert gpu_days == {k: dict(v) for k, v in gpus.items()}
     for g in GpuDay.objects.all():  # the hour ledger's invariant holds per day as well
         assert g.charged + g.idle_cost == g.card_cost
+    # Each GPU-hour carries its usage rows' Σ share and Σ charge (what idle reads in their place).
+    on_card: dict[tuple, list[Decimal]] = defaultdict(lambda: [Decimal(0), Decimal(0)])
+    for h in usage_hours:
+        sums = on_card[(h["node_id"], h["gpu_uuid"], h["hour"])]
+        sums[0] += h["share_gpu_s"]
+        sums[1] += h["charge"]
+    for gh in gpu_hours:
+        assert [gh["share_gpu_s"], gh["charged"]] == on_card.get((gh["node_id"], gh["gpu_uuid"], gh["hour"]),
+                                                                 [Decimal(0), Decimal(0)]), gh
 
 
 def day_snapshot() -> tuple[list[tuple], list[tuple]]:
@@ -235,6 +244,7 @@ def test_rebuild_ledger_reprices_the_days_too(post_batch):
 
 def test_the_migration_backfill_and_rebuild_days_give_what_the_rollup_wrote(post_batch, rate_card):
     migration = importlib.import_module("billing.migrations.0013_daily_ledger")
+    shares = importlib.import_module("billing.migrations.0049_card_share")  # the GPU-days' Σ share, since
     base = base_day()
     workloads = [{"gpu": 0, "tenant": "acme", "pod": "bert-1", "mem_used": 400.0, "mem_granted": 600.0,
                   "sm_used": 6.0, "sm_granted": 9.0},
@@ -251,6 +261,7 @@ def test_the_migration_backfill_and_rebuild_days_give_what_the_rollup_wrote(post
     with connection.cursor() as cur:
         cur.execute(migration.BACKFILL_USAGE_DAYS)
         cur.execute(migration.BACKFILL_GPU_DAYS)
+        cur.execute(shares.BACKFILL_GPU_DAYS)
     assert day_snapshot() == rolled
     rebuild_days(start=base + timedelta(hours=5), end=base + timedelta(days=2, hours=1))  # whole days it meets
     assert day_snapshot() == rolled
