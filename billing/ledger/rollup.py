@@ -856,10 +856,9 @@ def rebuild_days(*, start: datetime, end: datetime, gpu_uuid: str | None = None)
         gpu = "" if gpu_uuid is None else " AND gpu_uuid = %s"
         params = [lo, hi] if gpu_uuid is None else [lo, hi, gpu_uuid]
         # Hours written other than by the rollup carry no Σ share of their usage rows (or a stale one).
-        cur.execute("UPDATE billing_gpuhour a SET share_gpu_s = s.share FROM (SELECT a.ctid AS at_row, "  # noqa: S608 - as below
-                    f"{_CARD_SHARE_OF_HOUR} AS share FROM billing_gpuhour a WHERE a.hour >= %s AND a.hour < %s"
-                    f"{gpu.replace('gpu_uuid', 'a.gpu_uuid')}) s WHERE a.ctid = s.at_row "
-                    "AND a.share_gpu_s IS DISTINCT FROM s.share", params)
+        cur.execute(f"UPDATE billing_gpuhour a SET share_gpu_s = {_CARD_SHARE_OF_HOUR} "  # noqa: S608 - as below
+                    f"WHERE a.hour >= %s AND a.hour < %s{gpu.replace('gpu_uuid', 'a.gpu_uuid')} "
+                    f"AND a.share_gpu_s <> {_CARD_SHARE_OF_HOUR}", params)
         cur.execute(f"DELETE FROM billing_usageday WHERE day >= %s AND day < %s{gpu}", params)  # noqa: S608 - a constant filter; values are parameters
         cur.execute(f"DELETE FROM billing_gpuday WHERE day >= %s AND day < %s{gpu}", params)  # noqa: S608 - as above
         in_range = "WHERE h.hour >= %s AND h.hour < %s" + gpu.replace("gpu_uuid", "h.gpu_uuid")
