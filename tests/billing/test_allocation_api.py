@@ -4,6 +4,7 @@ a hypothesis property: Σ over any aggregation and any step = Σ ungrouped = the
 
 from __future__ import annotations
 
+import gc
 import json
 from datetime import UTC, date, datetime, timedelta
 from decimal import Decimal
@@ -208,6 +209,24 @@ def test_a_summary_allocation_is_the_allocations_own_fields(february, time_machi
             assert {key: allocation[key] for key in shared} == {key: whole[name][key] for key in shared}
             assert set(allocation) - set(shared) == {"ramBytesRequestAverage", "ramBytesUsageAverage"}
             assert allocation["ramBytesRequestAverage"] == allocation["ramBytesUsageAverage"] == 0.0
+
+
+@pytest.mark.parametrize(("path", "params", "status"), [
+    ("/allocation", {"window": "2028-02-01T00:00:00Z,2028-03-01T00:00:00Z", "aggregate": "pod"}, 200),
+    ("/allocation/summary", {"window": "2028-02-01T00:00:00Z,2028-03-01T00:00:00Z", "aggregate": "pod"}, 200),
+    ("/allocation", {"window": "fortnight"}, 400),
+    ("/allocation/summary", {"window": "7d", "step": "0m"}, 400),
+])
+def test_the_cycle_collector_is_back_on_after_an_answer(february, time_machine, path: str, params: dict[str, str],
+                                                        status: int) -> None:
+    """The views pause the collector while they build and render an answer (billing.api.allocation):
+    after one, whether it answered or refused, the collector runs again, and the answer is whole JSON."""
+    time_machine.move_to(datetime(2028, 3, 1, 0, 30, tzinfo=UTC), tick=False)
+    assert gc.isenabled()
+    code, body = get(finance_client(), path, **params)
+    assert code == status
+    assert gc.isenabled()
+    assert body["code"] == status
 
 
 def test_a_tenant_token_sees_only_its_tenant(february, time_machine) -> None:
