@@ -63,26 +63,33 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
-def add_workload_meta(first_seen: datetime) -> int:
+def add_workload_meta(first_seen: datetime, end: datetime) -> int:
     """One WorkloadMeta row per pod instance and node of the usage ledger (the metadata's key since
     nodes speak only for their own pods): a controller per pod name, an `app` label on 3 pods of 4,
-    and a request for every container the pod ran."""
+    and a request for every container the pod ran. Then the hour rows' requested figures stored from
+    them, as the rollup writes them (billing.ledger.requests), and the hour table rewritten in time
+    order without the versions that left dead, as migration 0052 leaves it."""
     from django.db import connection
 
-    from billing.ledger.models import WorkloadMeta
+    from billing.ledger.models import UsageHour, WorkloadMeta
+    from billing.ledger.requests import store_requests
 
     table = WorkloadMeta._meta.db_table
     with connection.cursor() as cur:
         cur.execute(
             f"INSERT INTO {table} (node_id, namespace, pod, pod_uid, controller_kind, controller_name, labels, requests, "  # noqa: S608 - the model's own table name; values are fixed
-            "first_seen, last_seen) SELECT node_id, namespace, pod, pod_uid, 'deployment', split_part(pod, '-', 1), "
-            "CASE WHEN abs(hashtext(pod_uid)) %% 4 = 0 THEN '{}'::jsonb "
+            "first_seen, last_seen, requests_changed) SELECT node_id, namespace, pod, pod_uid, 'deployment', "
+            "split_part(pod, '-', 1), CASE WHEN abs(hashtext(pod_uid)) %% 4 = 0 THEN '{}'::jsonb "
             "ELSE jsonb_build_object('app', 'app-' || (abs(hashtext(pod)) %% 12)) END, "
-            "jsonb_object_agg(container, jsonb_build_object('mem_mb', 8192, 'sm', 20)), %s, %s "
+            "jsonb_object_agg(container, jsonb_build_object('mem_mb', 8192, 'sm', 20)), %s, %s, false "
             "FROM (SELECT DISTINCT node_id, namespace, pod, pod_uid, container FROM billing_usageday) p "
-            "GROUP BY node_id, namespace, pod, pod_uid ON CONFLICT DO NOTHING", [first_seen, first_seen])
+            "GROUP BY node_id, namespace, pod, pod_uid ON CONFLICT DO NOTHING", [first_seen, end])
         count = cur.rowcount
         cur.execute(f"ANALYZE {table}")
+        store_requests(cur, start=first_seen, end=end)
+        hours = UsageHour._meta.db_table
+        cur.execute(f"CLUSTER {hours} USING usage_hour_tenant_idx")
+        cur.execute(f"ANALYZE {hours}")
     return int(count)
 
 
@@ -183,7 +190,7 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
             fill = wp.fill_ledger(args, url, ref, first_hour, rng)
             wp.fill_days(fill, first_hour, month_end)
             wp.log(f"filled {fill.gpu_hours:,} GPU-hours, {fill.usage_hours:,} usage-hours, "
-                   f"{add_workload_meta(first_hour):,} WorkloadMeta rows")
+                   f"{add_workload_meta(first_hour, month_end):,} WorkloadMeta rows")
         with mock.patch("django.utils.timezone.now", return_value=now):
             results = run_measurements(args, now)
         machine = machine_info(url)

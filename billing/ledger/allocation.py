@@ -31,6 +31,7 @@ from billing.ledger import reads
 from billing.ledger.energy import any_energy_rate, co2e_sql, energy_cost_sql, energy_rate_join
 from billing.ledger.models import WorkloadMeta
 from billing.ledger.reads import fetch_rows, period_read_cursor
+from billing.ledger.requests import hour_requested
 from billing.models.fleet import Node
 
 __all__ = [
@@ -53,7 +54,6 @@ __all__ = [
     "list_idle_rows",
     "list_node_assets",
     "list_usage_groups",
-    "requested_sql",
     "set_ledger",
     "tree_keys",
 ]
@@ -224,13 +224,6 @@ def _tree_sql(tree: FilterTree, params: dict[str, Any], sql_of: Any) -> str:
     return f"(NOT {found})" if tree.op.startswith("!") else found
 
 
-def requested_sql(field: str) -> str:
-    """A row's requested quantity × its seconds, NULL unless the container's request is a JSON number
-    (a malformed one is unknown, not an error)."""
-    value = f"m.requests -> u.container -> '{field}'"
-    return f"(CASE WHEN jsonb_typeof({value}) = 'number' THEN ({value})::text::numeric * u.seconds END)"
-
-
 # Each container's request per GPU as numbers: one row per WorkloadMeta row and container it names,
 # the value requested_sql reads, or NULL where it does not read a number. Joined to the usage rows on
 # the metadata's key and the container, it evaluates each request once per container rather than
@@ -300,8 +293,10 @@ def list_usage_groups(
     needs_gpu = "gpu_model" in keys or "gpu_model" in filters or "gpu_model" in tree_keys(tree)
     if needs_gpu:
         where += " AND u.gpu_model IS NOT NULL"
+    # Hours store their requested figures (billing.ledger.requests); days and months join the requests.
+    stored = ledger is reads.HOURS
     rows_sql = reads.usage_rows(ledger, start, end, params, months=reads.month_range(ledger, start, end, starts=starts),
-                                model=needs_gpu)
+                                model=needs_gpu, requested=stored)
     # Each key its own column (not one array per row to hash and parse), the set as its index in
     # `starts` (not a timestamp to parse per row): both turned back into the row's fields below.
     key_columns = "".join(f"({s})::text AS k_{i}, " for i, s in enumerate(key_sql))
@@ -309,7 +304,13 @@ def list_usage_groups(
     if starts is not None:
         params["starts"] = list(starts)
     node = "n.name" if by_node else "''"
-    mem_req, sm_req = _REQUESTED["mem_mb"], _REQUESTED["sm"]
+    if stored:
+        hour = hour_requested()
+        requests_join, mem_req, sm_req = hour.join, hour.mem_mb, hour.sm
+        mem_known, sm_known = f"{mem_req} IS NOT NULL", f"{sm_req} IS NOT NULL"
+    else:
+        requests_join, mem_req, sm_req = _REQUESTS_JOIN, _REQUESTED["mem_mb"], _REQUESTED["sm"]
+        mem_known, sm_known = "r.mem_mb IS NOT NULL", "r.sm IS NOT NULL"
     # The metadata and the node only where a key or filter reads them (each is at most one row per
     # usage row, and every usage row has its node): a join per row less (~0.5 s of a week's hourly
     # sets at 1,000 GPUs).
@@ -326,12 +327,12 @@ def list_usage_groups(
         "sum(u.seconds) AS seconds, sum(u.share_gpu_s) AS share_gpu_s, sum(u.charge) AS charge, "
         "sum(u.idle_share) AS idle_share, sum(u.mem_used_mb_s) AS mem_used_mb_s, "
         "sum(u.mem_granted_mb_s) AS mem_granted_mb_s, "
-        f"CASE WHEN bool_and(r.mem_mb IS NOT NULL) THEN sum({mem_req}) END AS mem_requested_mb_s, "
+        f"CASE WHEN bool_and({mem_known}) THEN sum({mem_req}) END AS mem_requested_mb_s, "
         "sum(u.sm_used_s) AS sm_used_s, sum(u.sm_granted_s) AS sm_granted_s, "
-        f"CASE WHEN bool_and(r.sm IS NOT NULL) THEN sum({sm_req}) END AS sm_requested_s, "
+        f"CASE WHEN bool_and({sm_known}) THEN sum({sm_req}) END AS sm_requested_s, "
         f"sum(u.energy_j) AS energy_j, {energy_cost_sql(rates=rates)} AS energy_cost_jp, "
         f"{co2e_sql(rates=rates)} AS co2e_jkg "
-        f"FROM {rows_sql} u{node_join}{energy_rate_join('u', 'at', rates=rates)}{_REQUESTS_JOIN}{meta} "
+        f"FROM {rows_sql} u{node_join}{energy_rate_join('u', 'at', rates=rates)}{requests_join}{meta} "
         f"WHERE TRUE{where} GROUP BY {', '.join(str(i) for i in range(1, len(key_sql) + 3))}"
         + ("" if limit is None else " LIMIT %(limit)s")
     )
@@ -339,7 +340,8 @@ def list_usage_groups(
     expected = ("set_index", *(f"k_{i}" for i in range(len(key_sql))), "node", *_GROUP_ROW_SUMS)
     set_starts = [None, *(starts or [start])]  # width_bucket counts from 1
     settings = _PER_POD_READ_SETTINGS if _PER_POD_KEYS & set(keys) else _GROUP_READ_SETTINGS
-    with period_read_cursor(settings if needs_gpu else {**settings, **_LATERAL_READ_SETTINGS}) as cur:
+    lateral = not needs_gpu and not stored  # the requests' relation is read, and nothing else needs nested loops off
+    with period_read_cursor({**settings, **_LATERAL_READ_SETTINGS} if lateral else settings) as cur:
         cur.execute(sql, params)
         names = tuple(column.name for column in cur.description)
         if names != expected:

@@ -261,11 +261,14 @@ def _store_cluster(cur: CursorWrapper, *, node: Node, cluster: str) -> None:
 # winning for a container both name. Rows go in key order, so two batches naming the same pods
 # (retries racing each other) lock them in one order and cannot deadlock. The row is the reporting
 # node's own (node, namespace, pod, pod_uid): a node describes only the pods it runs, and what it
-# says never touches another node's row, whatever pod names its batch carries.
+# says never touches another node's row, whatever pod names its batch carries. A new row has no hour
+# rows yet (the rollup writes them from it); a row whose requests this changes is flagged until the
+# rollup stores its hours' requested figures again (billing.ledger.requests).
 _UPSERT_PODS = """
 INSERT INTO billing_workloadmeta AS w
-    (node_id, namespace, pod, pod_uid, controller_kind, controller_name, labels, requests, first_seen, last_seen)
-SELECT %s, v.namespace, v.pod, v.pod_uid, v.kind, v.name, v.labels, v.requests, %s, %s
+    (node_id, namespace, pod, pod_uid, controller_kind, controller_name, labels, requests, first_seen, last_seen,
+     requests_changed)
+SELECT %s, v.namespace, v.pod, v.pod_uid, v.kind, v.name, v.labels, v.requests, %s, %s, false
 FROM unnest(%s::varchar[], %s::varchar[], %s::varchar[], %s::varchar[], %s::varchar[], %s::jsonb[], %s::jsonb[])
     AS v(namespace, pod, pod_uid, kind, name, labels, requests)
 ORDER BY v.namespace, v.pod, v.pod_uid
@@ -278,6 +281,9 @@ ON CONFLICT (node_id, namespace, pod, pod_uid) DO UPDATE SET
                   THEN EXCLUDED.labels ELSE w.labels END,
     requests = CASE WHEN EXCLUDED.last_seen >= w.last_seen THEN w.requests || EXCLUDED.requests
                     ELSE EXCLUDED.requests || w.requests END,
+    requests_changed = w.requests_changed OR CASE WHEN EXCLUDED.last_seen >= w.last_seen
+                                                  THEN w.requests || EXCLUDED.requests
+                                                  ELSE EXCLUDED.requests || w.requests END <> w.requests,
     first_seen = LEAST(w.first_seen, EXCLUDED.first_seen),
     last_seen = GREATEST(w.last_seen, EXCLUDED.last_seen)
 """

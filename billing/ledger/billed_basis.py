@@ -36,9 +36,9 @@ from typing import Any
 
 from django.db import connection
 
-from billing.ledger.allocation import requested_sql
 from billing.ledger.models import GpuDay, GpuHour, UsageDay, UsageHour, WorkloadMeta
 from billing.ledger.reads import fetch_rows
+from billing.ledger.requests import requested_sql
 from billing.ledger.spend import hour_ranges_sql, priced_split
 from billing.models.fleet import Gpu
 from billing.models.pricing import RateCard

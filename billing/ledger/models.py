@@ -45,6 +45,15 @@ def _quantity() -> "models.DecimalField[Decimal | int | str, Decimal]":
     return models.DecimalField(max_digits=30, decimal_places=10)
 
 
+class ExactDecimalField(models.DecimalField):  # type: ignore[type-arg]
+    """A Decimal stored as PostgreSQL's unconstrained `numeric`: every digit a statement computed
+    (a quotient's scale depends on its operands), so a sum of stored quotients is the sum of the
+    quotients themselves. max_digits/decimal_places only satisfy Django's checks."""
+
+    def db_type(self, connection: object) -> str:
+        return "numeric"
+
+
 class _WorkloadUsage(models.Model):
     gpu_uuid = models.CharField(max_length=128)
     # No index of its own: every table of these rows has an index that starts with the node, which serves
@@ -205,6 +214,14 @@ class GpuMinute(_GpuWindow):
 
 class UsageHour(_WorkloadUsage):
     hour = models.DateTimeField()
+    # The container's request per GPU (its WorkloadMeta's requests) x the row's seconds, as
+    # billing.ledger.requests.requested_sql reads it; NULL where that is not a number (unknown). Stored
+    # so that a read of hours sums them instead of joining every hour row to the requests (most of a
+    # week's hourly allocation sets at 1,000 GPUs; docs/architecture.md, "Requests stored in hours").
+    # Current only while the pod's WorkloadMeta.requests_changed is false: readers take the request
+    # from the metadata for the pods where it is true.
+    mem_requested_mb_s = ExactDecimalField(max_digits=1000, decimal_places=40, null=True)
+    sm_requested_s = ExactDecimalField(max_digits=1000, decimal_places=40, null=True)
 
     class Meta:
         indexes = [
@@ -271,15 +288,6 @@ class GpuDay(_GpuWindow):
 
     def __str__(self) -> str:
         return f"{self.day:%Y-%m-%d} {self.gpu_uuid}"
-
-class ExactDecimalField(models.DecimalField):  # type: ignore[type-arg]
-    """A Decimal stored as PostgreSQL's unconstrained `numeric`: every digit a statement computed
-    (a quotient's scale depends on its operands), so a sum of stored quotients is the sum of the
-    quotients themselves. max_digits/decimal_places only satisfy Django's checks."""
-
-    def db_type(self, connection: object) -> str:
-        return "numeric"
-
 
 # What usage_month_key_idx hashes of a month row: its group but the month and node (billing.ledger.months).
 MONTH_KEY_HASHED = ("gpu_uuid", "tenant", "namespace", "pod", "container", "pod_uid", "sla_tier", "gpu_model", "memory_mb",
@@ -418,11 +426,20 @@ class WorkloadMeta(models.Model):
     requests = models.JSONField(default=dict)
     first_seen = models.DateTimeField()
     last_seen = models.DateTimeField()
+    # True while the requested figures stored in this pod's hour rows (UsageHour.mem_requested_mb_s,
+    # sm_requested_s) may differ from `requests`: set by the ingest that changes them, cleared by the
+    # rollup of the node that stores them again (billing.ledger.requests). A row written otherwise
+    # (through the ORM: tests, hand-written ledgers) starts true, so readers take its requests from here.
+    requests_changed = models.BooleanField(default=True)
 
     class Meta:
         constraints = [models.UniqueConstraint(fields=["node", "namespace", "pod", "pod_uid"],
                                                name="workload_meta_node_key")]
-        indexes = [models.Index(fields=["controller_kind", "controller_name"], name="workload_meta_controller_idx")]
+        indexes = [
+            models.Index(fields=["controller_kind", "controller_name"], name="workload_meta_controller_idx"),
+            # The few rows whose stored requests are behind: what every read of hours looks up.
+            models.Index(fields=["node"], condition=models.Q(requests_changed=True), name="workload_meta_changed_idx"),
+        ]
 
     def __str__(self) -> str:
         owner = f"{self.controller_kind}/{self.controller_name}" if self.controller_kind else "-"

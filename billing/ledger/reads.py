@@ -137,6 +137,7 @@ CLOSED_THROUGH = "(SELECT closed_through FROM billing_month_closed)"
 _USAGE_KEYS = ("node_id", "gpu_uuid", "tenant", "namespace", "pod", "container", "pod_uid", "sla_tier")
 _USAGE_SUMS = ("seconds", "mem_used_mb_s", "mem_granted_mb_s", "mem_billed_mb_s", "sm_used_s", "sm_granted_s",
                "sm_billed_s", "share_gpu_s", "charge", "idle_share", "energy_j")
+_REQUESTED = ("mem_requested_mb_s", "sm_requested_s")
 # A day or hour row's card-seconds, as the month ledger stores them summed per day (billing.ledger.months).
 _CARD_SECONDS = {
     "mem_billed_card_s": "u.mem_billed_mb_s / nullif(gp.memory_mb, 0)",
@@ -223,14 +224,17 @@ def _cards_changed(first: datetime, last: datetime) -> bool:
 
 def usage_rows(ledger: Ledger, start: datetime, end: datetime, params: dict[str, Any], *,
                months: tuple[datetime, datetime] | None, model: bool = False, card_seconds: bool = False,
-               name: str = "rows") -> str:
+               requested: bool = False, name: str = "rows") -> str:
     """A subquery of the usage rows of [start, end) in `ledger`, of `params["tenants"]` (None: all):
     the month rows of `months` (month_range's) and the rows of `ledger` of the rest. Each row has the
     usage columns, `at` (its hour, day or month), `first_hour`, `last_hour`, `gpu_model` (its GPU row's,
     NULL where it has none; NULL for every hour or day row unless `model`) and, with `card_seconds`,
-    the card-seconds columns (billing.ledger.months). Parameters are added to `params`, named after
-    `name` (one per subquery of a statement)."""
-    columns = ", ".join(f"u.{c}" for c in (*_USAGE_KEYS, *_USAGE_SUMS))
+    the card-seconds columns (billing.ledger.months) and, with `requested` (a read of hours only),
+    the requested figures the hour rows store (billing.ledger.requests). Parameters are added to
+    `params`, named after `name` (one per subquery of a statement)."""
+    if requested and (ledger is not HOURS or months is not None):
+        raise ValueError("only hour rows store requested figures")
+    columns = ", ".join(f"u.{c}" for c in (*_USAGE_KEYS, *_USAGE_SUMS, *(_REQUESTED if requested else ())))
     tenants = "(%(tenants)s::text[] IS NULL OR u.tenant = ANY(%(tenants)s::text[]))"
     cards = "".join(f", u.{c}" for c in _CARD_SECONDS) if card_seconds else ""
     ranges = [(start, end)]

@@ -61,6 +61,7 @@ from billing.ledger.pricing import (
     price_gpu_window,
 )
 from billing.ledger.reads import fetch_rows
+from billing.ledger.requests import REQUESTED_COLUMNS, requested_sql, store_changed_requests, store_requests
 from billing.ledger.retention import require_hours_retained, require_repriceable
 from billing.ledger.statistics import analyze_stale_partitions
 from billing.money import ledger_amount
@@ -315,6 +316,8 @@ def _roll_up(cur: CursorWrapper, batch_ids: list[int], *, now: datetime,
     for node_id, gpu_uuid, start, end in cur.fetchall():
         affected.update((node_id, gpu_uuid, m) for m in _minutes(start, end))
     minutes, hours = _recompute(cur, affected, rolling=batch_ids, cards=cards)
+    # After the hours: the requests the batches changed (their ingest flagged the pods) stored again.
+    store_changed_requests(cur, sorted({node_id for node_id, _gpu, _minute in affected}))
     cur.execute("UPDATE billing_usagebatch SET rolled_up_at = %s WHERE id = ANY(%s)", [now, batch_ids])
     return minutes, hours
 
@@ -719,12 +722,18 @@ def _recompute_hours(cur: CursorWrapper, hours: set[Key]) -> None:
                "interval '1 minute'))) AND m.card_id = c.id")
     integrals = ", ".join(f"sum(billing_exact({_stored(c, 'm')})) AS {c}" for c in _USAGE_COLUMNS[8:16])
     amounts = ", ".join(f"sum(m.{c}) AS {c}" for c in _USAGE_COLUMNS[16:])
+    # Each row with its container's requested figures from the pod's metadata as it is now
+    # (billing.ledger.requests: a change committed after this statement flags the pod).
+    requested = ", ".join(requested_sql(f, requests="r.requests", container="w.container", seconds="h.seconds")
+                          for f in REQUESTED_COLUMNS)
     cur.execute(
-        f"INSERT INTO billing_usagehour (hour, {', '.join(_USAGE_COLUMNS)}) "  # noqa: S608 - fixed column names
+        f"INSERT INTO billing_usagehour (hour, {', '.join(_USAGE_COLUMNS)}, {', '.join(REQUESTED_COLUMNS.values())}) "  # noqa: S608 - fixed column names
         f"SELECT h.hour, h.gpu_uuid, h.node_id, {', '.join(f'w.{k}' for k in _WORKLOAD_KEY)}, "
-        f"{', '.join(f'h.{c}' for c in _USAGE_COLUMNS[8:])} FROM (SELECT a.hour, a.gpu_uuid, a.node_id, m.workload_id, "
-        f"{integrals}, {amounts} {minutes}JOIN {USAGE_STORE} m ON {of_hour} "
-        "GROUP BY a.hour, a.gpu_uuid, a.node_id, m.workload_id) h JOIN billing_workload w ON w.id = h.workload_id",
+        f"{', '.join(f'h.{c}' for c in _USAGE_COLUMNS[8:])}, {requested} FROM (SELECT a.hour, a.gpu_uuid, a.node_id, "
+        f"m.workload_id, {integrals}, {amounts} {minutes}JOIN {USAGE_STORE} m ON {of_hour} "
+        "GROUP BY a.hour, a.gpu_uuid, a.node_id, m.workload_id) h JOIN billing_workload w ON w.id = h.workload_id "
+        "LEFT JOIN billing_workloadmeta r ON r.node_id = h.node_id AND r.namespace = w.namespace AND r.pod = w.pod "
+        "AND r.pod_uid = w.pod_uid",
         keys,
     )
     # The card's Σ share from the usage rows just written (a GPU-hour's few, by their index): what idle
@@ -859,6 +868,8 @@ def rebuild_days(*, start: datetime, end: datetime, gpu_uuid: str | None = None)
         cur.execute(f"UPDATE billing_gpuhour a SET share_gpu_s = {_CARD_SHARE_OF_HOUR} "  # noqa: S608 - as below
                     f"WHERE a.hour >= %s AND a.hour < %s{gpu.replace('gpu_uuid', 'a.gpu_uuid')} "
                     f"AND a.share_gpu_s <> {_CARD_SHARE_OF_HOUR}", params)
+        # Nor the requested figures of their pods' metadata (billing.ledger.requests).
+        store_requests(cur, start=lo, end=hi, gpu_uuid=gpu_uuid)
         cur.execute(f"DELETE FROM billing_usageday WHERE day >= %s AND day < %s{gpu}", params)  # noqa: S608 - a constant filter; values are parameters
         cur.execute(f"DELETE FROM billing_gpuday WHERE day >= %s AND day < %s{gpu}", params)  # noqa: S608 - as above
         in_range = "WHERE h.hour >= %s AND h.hour < %s" + gpu.replace("gpu_uuid", "h.gpu_uuid")

@@ -150,6 +150,7 @@ def _one_pass_rows(*, start: datetime, end: datetime, depth: int, tenants: list[
     from billing.figures import FIGURE_LEVELS
     from billing.ledger import allocation as a
     from billing.ledger.energy import co2e_sql, energy_cost_sql, energy_rate_join
+    from billing.ledger.requests import requested_sql
 
     ledger = a.set_ledger(start, end, None)
     params: dict[str, Any] = {"start": start, "end": end, "tenants": tenants}
@@ -159,7 +160,7 @@ def _one_pass_rows(*, start: datetime, end: datetime, depth: int, tenants: list[
     sets: list[tuple[str, ...]] = [("tenant", "gpu_model", "sla_tier")]
     sets += [tuple(path[: i + 1]) for i in range(1, len(path)) if path[i] != "node"]
     grouping_sets = ", ".join("(" + ", ".join(expr[k] for k in one) + ")" for one in sets)
-    mem_req, sm_req = a.requested_sql("mem_mb"), a.requested_sql("sm")
+    mem_req, sm_req = requested_sql("mem_mb"), requested_sql("sm")
     sql = (
         f"SELECT GROUPING({', '.join(expr[k] for k in columns)}) AS mask, "
         + ", ".join(f"({expr[k]})::text AS k_{i}" for i, k in enumerate(columns)) + ", "

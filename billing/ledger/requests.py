@@ -1,0 +1,130 @@
+"""What each container asked for, with its usage: the requested figures (a container's request per
+GPU from its WorkloadMeta.requests, x the seconds it ran), which the allocation API and the
+drill-down show beside what was used and granted.
+
+The hour rows store them (UsageHour.mem_requested_mb_s, sm_requested_s): a read of a week's hours
+at 1,000 GPUs joined each of its 922k rows to the requests, and that join was 0.4 of the 1.0 s of
+the hourly allocation sets' statement (docs/architecture.md, "Requests stored in hours"). Reads of
+days and months still join: a pod has one row there where it has hours by the dozen.
+
+A pod's requests can change after its hours were written (a later batch reports new ones, a Kubernetes
+in-place resize), and the figures read are always those of the requests stored now, as the join
+gives them. So the ingest that changes a pod's requests flags its metadata (`requests_changed`), in
+the same statement; the rollup of the pod's node stores its hours' figures again and clears the flag,
+in its own transaction under the node's lock; and a read of hours takes the stored figures only for
+the pods not flagged, the request from the metadata for the others (`hour_requested`: a join to the
+flagged rows, none or a few, not to every pod's). Nothing waits for the rollup to be right.
+
+Why this holds without a lock between ingest and rollup: the flag is set and cleared on the metadata
+row, whose row lock orders them. A rollup's hour rows read the requests of their statement's snapshot;
+an ingest that commits after it leaves the flag set, and the flag stays set until a later rollup of
+the node (the batch that carried the change is pending for that node, so there is one) stores them
+again. A pod's hour rows all lie in its metadata's [first_seen, last_seen) (every pod a batch meters
+is upserted with the batch's window), which bounds what storing them again reads.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+
+from django.db import connection
+from django.db.backends.utils import CursorWrapper
+
+from billing.ledger.models import Card, UsageHour, WorkloadMeta
+
+__all__ = ["REQUESTED_COLUMNS", "HourRequested", "hour_requested", "requested_sql", "store_changed_requests",
+           "store_requests"]
+
+_HOUR = UsageHour._meta.db_table
+_META = WorkloadMeta._meta.db_table
+_CARD = Card._meta.db_table
+
+# The request's key in WorkloadMeta.requests -> the hour row's column that stores it x seconds.
+REQUESTED_COLUMNS = {"mem_mb": "mem_requested_mb_s", "sm": "sm_requested_s"}
+
+
+def requested_sql(field: str, *, requests: str = "m.requests", container: str = "u.container",
+                  seconds: str = "u.seconds") -> str:
+    """A row's requested quantity x its seconds, NULL unless the container's request is a JSON number
+    (a malformed one is unknown, not an error). The one expression every writer and reader uses."""
+    value = f"{requests} -> {container} -> '{field}'"
+    return f"(CASE WHEN jsonb_typeof({value}) = 'number' THEN ({value})::text::numeric * {seconds} END)"
+
+
+# The pods whose stored figures are behind their requests (`f`), joined to the hour rows `u` of a read.
+_CHANGED_JOIN = (
+    f" LEFT JOIN (SELECT node_id, namespace, pod, pod_uid, requests FROM {_META} WHERE requests_changed) f "  # noqa: S608 - the model's own table
+    "ON f.node_id = u.node_id AND f.namespace = u.namespace AND f.pod = u.pod AND f.pod_uid = u.pod_uid"
+)
+
+
+@dataclass(frozen=True)
+class HourRequested:
+    """What a read of hour rows `u` adds to its FROM (`join`) and sums (`mem_mb`, `sm`) for its
+    requested figures."""
+
+    join: str
+    mem_mb: str
+    sm: str
+
+
+def hour_requested() -> HourRequested:
+    """The stored figures, and where some pod's requests changed since they were stored, that
+    pod's from its metadata instead (a join to the flagged rows).
+
+    Asked before the read's statement, not in it: even a join to no rows hashes every hour row (0.15 s
+    of a week's hourly sets at 1,000 GPUs). What a read sees is still one request's figures for each
+    pod: a change that commits between the two statements leaves the pod's rows as they were (the
+    request before it) until a rollup stores them all again, in one statement."""
+    with connection.cursor() as cur:
+        cur.execute(f"SELECT EXISTS (SELECT 1 FROM {_META} WHERE requests_changed)")  # noqa: S608 - the model's own table
+        changed = bool(cur.fetchone()[0])
+    if not changed:
+        return HourRequested("", *(f"u.{column}" for column in REQUESTED_COLUMNS.values()))
+    return HourRequested(_CHANGED_JOIN, *(
+        f"(CASE WHEN f.node_id IS NULL THEN u.{column} ELSE {requested_sql(field, requests='f.requests')} END)"
+        for field, column in REQUESTED_COLUMNS.items()))
+
+
+def _values(requests: str) -> str:
+    return ", ".join(requested_sql(field, requests=requests) for field in REQUESTED_COLUMNS)
+
+
+def _set_requested(requests: str) -> str:
+    return ", ".join(f"{column} = {requested_sql(field, requests=requests)}" for field, column in REQUESTED_COLUMNS.items())
+
+
+# Each flagged pod's hour rows found by the hour index (node, GPU, hour): its node's cards, the hours
+# of its metadata's [first_seen, last_seen).
+_STORE_CHANGED = (
+    f"WITH changed AS (UPDATE {_META} m SET requests_changed = false WHERE m.node_id = ANY(%s) "  # noqa: S608 - the models' own tables
+    "AND m.requests_changed RETURNING m.node_id, m.namespace, m.pod, m.pod_uid, m.requests, m.first_seen, m.last_seen) "
+    f"UPDATE {_HOUR} u SET {_set_requested('c.requests')} FROM changed c JOIN {_CARD} k ON k.node_id = c.node_id "
+    "WHERE u.node_id = c.node_id AND u.gpu_uuid = k.gpu_uuid AND u.hour >= date_trunc('hour', c.first_seen, 'UTC') "
+    "AND u.hour < c.last_seen AND u.namespace = c.namespace AND u.pod = c.pod AND u.pod_uid = c.pod_uid"
+)
+
+
+def store_changed_requests(cur: CursorWrapper, node_ids: list[int]) -> int:
+    """Store again the requested figures of the hour rows of the pods on `node_ids` whose requests
+    changed, and clear their flags. In the rollup's transaction, under the nodes' locks, after it
+    wrote its hours. Returns the hour rows written."""
+    cur.execute(_STORE_CHANGED, [node_ids])
+    return int(cur.rowcount)
+
+
+def store_requests(cur: CursorWrapper, *, start: datetime, end: datetime, gpu_uuid: str | None = None) -> None:
+    """The requested figures of the hour rows in [start, end) (of one GPU, or of all) from the
+    metadata as it is now: for hour rows written other than by the rollup (rebuild_days). A row
+    whose pod has no metadata has none (unknown), as a read's join gives it."""
+    gpu = "" if gpu_uuid is None else " AND u.gpu_uuid = %s"
+    params: list[datetime | str] = [start, end] if gpu_uuid is None else [start, end, gpu_uuid]
+    cur.execute(
+        f"UPDATE {_HOUR} u SET {_set_requested('m.requests')} FROM {_HOUR} h LEFT JOIN {_META} m "  # noqa: S608 - the models' own tables
+        "ON m.node_id = h.node_id AND m.namespace = h.namespace AND m.pod = h.pod AND m.pod_uid = h.pod_uid "
+        f"WHERE h.id = u.id AND u.hour >= %s AND u.hour < %s{gpu} "
+        # Only the rows whose figures differ: the others are not rewritten.
+        f"AND (u.mem_requested_mb_s, u.sm_requested_s) IS DISTINCT FROM ({_values('m.requests')})",
+        params,
+    )

@@ -1,0 +1,171 @@
+"""The requested figures stored in the hour rows (billing.ledger.requests): the rollup writes them
+from the pods' metadata, a read of hours sums them, and whatever order batches, request changes and
+rollups come in, a read of hours gives what a join of every hour row to the metadata gives (the
+figures of the requests stored now), to the last digit."""
+
+from __future__ import annotations
+
+import importlib
+import itertools
+from datetime import UTC, datetime, timedelta
+from decimal import Decimal
+from typing import Any
+
+import pytest
+from django.db import connection
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from billing.ledger import allocation
+from billing.ledger.models import UsageHour, WorkloadMeta
+from billing.ledger.rollup import rebuild_days, rollup_usage
+from billing.models import Node, RateCard
+from tests import clock
+from tests.conftest import A100, make_batch
+
+pytestmark = pytest.mark.django_db
+
+PODS = ("bert-1", "llm-2")
+_seq = itertools.count(1)
+_example = itertools.count(1)
+
+
+@pytest.fixture
+def rate_card(db: Any) -> RateCard:
+    return RateCard.objects.create(gpu_model=A100["model"], currency="USD", price_per_gpu_hour=Decimal("3.6"),
+                                   effective_from=datetime(2020, 1, 1, tzinfo=UTC), source_url="https://example.org")
+
+
+def base_hour() -> datetime:
+    """An hour two days ago: every batch is in the past, not on midnights (a read of it is of hours)."""
+    return clock.now().astimezone(UTC).replace(minute=0, second=0, microsecond=0) - timedelta(days=2, hours=-3)
+
+
+def batch(start: datetime, requests: dict[str, tuple[Any, Any] | None], *, suffix: str = "") -> dict[str, Any]:
+    """A minute of both pods (their names + `suffix`), each with the request of `requests` (mem MB,
+    SMs) on every sample, or none."""
+    workloads = [{"gpu": i, "tenant": "acme", "pod": pod + suffix, "mem_used": 300.0, "mem_granted": 500.0,
+                  "sm_used": 5.0, "sm_granted": 9.0} for i, pod in enumerate(PODS)]
+    body = make_batch(seq=next(_seq), start=start, seconds=60, gpus=2, workloads=workloads)
+    for sample in body["samples"]:
+        asked = requests.get(sample["pod"].removesuffix(suffix))
+        if asked is not None:
+            sample["mem_requested_mb"], sample["sm_requested"] = asked
+    return body
+
+
+def hourly(start: datetime, end: datetime) -> list[allocation.UsageGroupRow]:
+    """Per pod and hour: what the allocation API's hourly sets read."""
+    starts = [start + timedelta(hours=h) for h in range(int((end - start) / timedelta(hours=1)))]
+    return sorted(allocation.list_usage_groups(start=start, end=end, starts=starts, keys=["pod"], filters={},
+                                               tenants=None, by_node=False), key=repr)
+
+
+def joined(start: datetime, end: datetime) -> list[allocation.UsageGroupRow]:
+    """The same read with every pod's requests taken from its metadata: the join of every hour row."""
+    with connection.cursor() as cur:
+        cur.execute("SAVEPOINT joined")
+        WorkloadMeta.objects.update(requests_changed=True)
+        rows = hourly(start, end)
+        cur.execute("ROLLBACK TO SAVEPOINT joined")
+    return rows
+
+
+def requested(rows: list[allocation.UsageGroupRow]) -> dict[str, Decimal | None]:
+    """Each pod's memory requested over the read's sets: unknown if unknown in any."""
+    out: dict[str, Decimal | None] = {}
+    for row in rows:
+        pod, before = row.keys[0], out.get(row.keys[0], Decimal(0))
+        out[pod] = None if before is None or row.mem_requested_mb_s is None else before + row.mem_requested_mb_s
+    return out
+
+
+def test_the_rollup_stores_each_hour_rows_requested_figures(post_batch, rate_card) -> None:
+    start = base_hour()
+    assert post_batch(batch(start, {"bert-1": (8192, 20), "llm-2": None})).status_code == 201
+    rollup_usage(now=clock.now())
+    rows = {r.pod: r for r in UsageHour.objects.all()}
+    assert rows["bert-1"].mem_requested_mb_s == Decimal(8192 * 60)
+    assert rows["bert-1"].sm_requested_s == Decimal(20 * 60)
+    assert rows["llm-2"].mem_requested_mb_s is None  # asked for nothing: unknown, not 0
+    assert not WorkloadMeta.objects.filter(requests_changed=True).exists()
+    read = hourly(start, start + timedelta(hours=1))
+    assert requested(read) == {"bert-1": Decimal(8192 * 60), "llm-2": None}
+    assert read == joined(start, start + timedelta(hours=1))
+
+
+def test_a_changed_request_is_read_at_once_and_stored_again_by_the_next_rollup(post_batch, rate_card) -> None:
+    start = base_hour()
+    end = start + timedelta(hours=3)
+    post_batch(batch(start, {"bert-1": (8192, 20), "llm-2": (1000, 5)}))
+    post_batch(batch(start + timedelta(hours=1), {"bert-1": (8192, 20), "llm-2": (1000, 5)}))
+    rollup_usage(now=clock.now())
+    # A later batch says bert-1 asks for twice the memory now (an in-place resize).
+    post_batch(batch(start + timedelta(hours=2), {"bert-1": (16384, 20), "llm-2": (1000, 5)}))
+    assert list(WorkloadMeta.objects.filter(requests_changed=True).values_list("pod", flat=True)) == ["bert-1"]
+    # Before any rollup: the stored figures are the old request's, the read is the new one's.
+    assert {r.mem_requested_mb_s for r in UsageHour.objects.filter(pod="bert-1")} == {Decimal(8192 * 60)}
+    assert requested(hourly(start, end)) == {"bert-1": Decimal(16384 * 120), "llm-2": Decimal(1000 * 120)}
+    assert hourly(start, end) == joined(start, end)
+    rollup_usage(now=clock.now())
+    assert not WorkloadMeta.objects.filter(requests_changed=True).exists()
+    assert {r.mem_requested_mb_s for r in UsageHour.objects.filter(pod="bert-1")} == {Decimal(16384 * 60)}
+    assert requested(hourly(start, end)) == {"bert-1": Decimal(16384 * 180), "llm-2": Decimal(1000 * 180)}
+    assert hourly(start, end) == joined(start, end)
+
+
+_REQUEST = st.one_of(st.none(), st.tuples(st.sampled_from([0, 1024, 8192, 40960]), st.sampled_from([5, 20, 54.5])))
+_STEP = st.one_of(
+    st.tuples(st.just("batch"), st.integers(0, 3), st.fixed_dictionaries(dict.fromkeys(PODS, _REQUEST))),
+    st.just(("rollup",)),
+)
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(steps=st.lists(_STEP, min_size=1, max_size=6))
+def test_reads_of_hours_are_the_join_whatever_the_order(post_batch, rate_card, steps: list[tuple[Any, ...]]) -> None:
+    """Batches (some late, into earlier hours) that change requests or stop reporting them, rollups
+    between them: after every step, the hourly read is the join's. Each example's pods and hours are
+    its own (a GPU-second is metered once)."""
+    example = next(_example)
+    suffix = f"-x{example}"
+    start = base_hour() - timedelta(hours=4 * example)
+    end = start + timedelta(hours=4)
+    for minute, step in enumerate([*steps, ("rollup",)]):
+        if step[0] == "batch":
+            assert post_batch(batch(start + timedelta(hours=step[1], minutes=minute), step[2], suffix=suffix)).status_code == 201
+        else:
+            rollup_usage(now=clock.now())
+        assert hourly(start, end) == joined(start, end)
+    assert not WorkloadMeta.objects.filter(requests_changed=True).exists()  # the last rollup stored them all
+
+
+def test_rebuild_days_stores_the_figures_of_hours_written_by_hand(db, rate_card) -> None:
+    """An hour row written other than by the rollup (a test's, the benchmark's COPY) has no figures
+    until rebuild_days, which stores them from the metadata, as it derives the days."""
+    node = Node.objects.create(name="hand-node")
+    hour = base_hour()
+    row = UsageHour.objects.create(
+        hour=hour, gpu_uuid="GPU-hand", node=node, tenant="acme", namespace="ml", pod="bert", container="main",
+        pod_uid="uid-bert", sla_tier="gold", seconds=Decimal(3600), mem_used_mb_s=0, mem_granted_mb_s=0,
+        mem_billed_mb_s=0, sm_used_s=0, sm_granted_s=0, sm_billed_s=0, pcie_mb=0, share_gpu_s=0, charge=0, idle_share=0)
+    WorkloadMeta.objects.create(node=node, namespace="ml", pod="bert", pod_uid="uid-bert", requests={"main": {"mem_mb": 2.5}},
+                                first_seen=hour, last_seen=hour + timedelta(hours=1), requests_changed=False)
+    row.refresh_from_db()
+    assert row.mem_requested_mb_s is None
+    rebuild_days(start=hour.replace(hour=0), end=hour.replace(hour=0) + timedelta(days=1))
+    row.refresh_from_db()
+    assert (row.mem_requested_mb_s, row.sm_requested_s) == (Decimal(9000), None)
+
+
+def test_the_migration_backfill_stores_what_the_rollup_stores(post_batch, rate_card) -> None:
+    migration = importlib.import_module("billing.migrations.0051_requests_stored_in_hours")
+    start = base_hour()
+    post_batch(batch(start, {"bert-1": (8192, 54.5), "llm-2": None}))
+    rollup_usage(now=clock.now())
+    stored = sorted(UsageHour.objects.values_list("pod", "mem_requested_mb_s", "sm_requested_s"))
+    UsageHour.objects.update(mem_requested_mb_s=None, sm_requested_s=None)
+    with connection.cursor() as cur:
+        cur.execute(migration.BACKFILL)
+    assert sorted(UsageHour.objects.values_list("pod", "mem_requested_mb_s", "sm_requested_s")) == stored
+    assert stored[0][1:] == (Decimal(8192 * 60), Decimal("54.5") * 60)
