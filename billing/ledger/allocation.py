@@ -31,7 +31,7 @@ from billing.ledger import reads
 from billing.ledger.energy import any_energy_rate, co2e_sql, energy_cost_sql, energy_rate_join
 from billing.ledger.models import WorkloadMeta
 from billing.ledger.reads import fetch_rows, period_read_cursor
-from billing.ledger.requests import hour_requested
+from billing.ledger.requests import row_requested_sql, stored_requested
 from billing.models.fleet import Node
 
 __all__ = [
@@ -224,34 +224,13 @@ def _tree_sql(tree: FilterTree, params: dict[str, Any], sql_of: Any) -> str:
     return f"(NOT {found})" if tree.op.startswith("!") else found
 
 
-# Each container's request per GPU as numbers: one row per WorkloadMeta row and container it names,
-# the value requested_sql reads, or NULL where it does not read a number. Joined to the usage rows on
-# the metadata's key and the container, it evaluates each request once per container rather than
-# four JSON extractions per usage row (8 of the 11 s of a week's hourly sets at 1,000 GPUs,
-# docs/benchmarks.md). The planner takes a set-returning function for 100 rows per call, so it
-# planned this relation at 100 rows per pod (3.9M at 1,000 GPUs for 39k) and hashed it in 8-16
-# batches, writing every usage row to disk and back. The filter on each entry's type (a container
-# whose request is no object requests nothing either way) is one the planner estimates at 0.5 %,
-# which brings the estimate to the rows there are; a JSON object's keys are unique, so each row is
-# already one pod instance's container.
-_REQUESTS = (
-    "SELECT m.node_id, m.namespace, m.pod, m.pod_uid, c.key AS container, "  # noqa: S608 - fixed SQL
-    "CASE WHEN jsonb_typeof(c.value -> 'mem_mb') = 'number' THEN (c.value -> 'mem_mb')::text::numeric END AS mem_mb, "
-    "CASE WHEN jsonb_typeof(c.value -> 'sm') = 'number' THEN (c.value -> 'sm')::text::numeric END AS sm "
-    f"FROM {_META} m CROSS JOIN LATERAL jsonb_each(CASE WHEN jsonb_typeof(m.requests) = 'object' THEN m.requests "
-    "ELSE '{}'::jsonb END) c WHERE jsonb_typeof(c.value) = 'object'"
-)
-_REQUESTS_JOIN = (f" LEFT JOIN ({_REQUESTS}) r ON r.node_id = u.node_id AND r.namespace = u.namespace "
-                  "AND r.pod = u.pod AND r.pod_uid = u.pod_uid AND r.container = u.container")
 _META_JOIN = (f" LEFT JOIN {_META} m ON m.node_id = u.node_id AND m.namespace = u.namespace AND m.pod = u.pod "
               "AND m.pod_uid = u.pod_uid")
-# A usage row's requested quantity × its seconds, as requested_sql, over the requests' join `r`.
-_REQUESTED = {"mem_mb": "(r.mem_mb * u.seconds)", "sm": "(r.sm * u.seconds)"}
 
 
 # The groups' and idle's reads hash: the planner sorted the rows (every hour row of a week of hourly
-# sets, 922k at 1,000 GPUs, on disk) for merge joins into the requests and for sorted aggregates,
-# taking the requests' relation (a set-returning function per metadata row) for 100 rows per pod.
+# sets, 922k at 1,000 GPUs, on disk) for merge joins into the requests (a relation they joined
+# then, before the rows stored their requested figures) and for sorted aggregates.
 # Hash joins and hash aggregates took a week's hourly sets from 10.5 s to 5.8 s (groups) and 6.2 s
 # to 4.5 s (idle), a per-pod month's groups from 1.1 s to 0.9 s, on the loaded bench machine
 # (EXPLAIN ANALYZE, docs/benchmarks.md).
@@ -263,12 +242,6 @@ _GROUP_READ_SETTINGS = {"enable_sort": "off", "enable_mergejoin": "off", "work_m
 # groups (a namespace, a day) still hash.
 _PER_POD_KEYS = frozenset({"pod", "container"})
 _PER_POD_READ_SETTINGS = {**_GROUP_READ_SETTINGS, "enable_sort": "on", "enable_hashagg": "off"}
-# The requests' relation is a nested loop by nature (jsonb_each per metadata row, LATERAL). The period
-# reads turn nested loops off for the usage rows' join to their GPU rows (billing.ledger.reads), which
-# priced every plan with that loop as disabled, and the planner then kept the whole read on one core:
-# where a read has no such join, nested loops are allowed again, and it reads in parallel (a week's
-# hourly sets at 1,000 GPUs: the groups' statement 1.5-1.65 s serial, 1.06-1.27 s parallel).
-_LATERAL_READ_SETTINGS = {"enable_nestloop": "on"}
 
 
 def list_usage_groups(
@@ -293,10 +266,8 @@ def list_usage_groups(
     needs_gpu = "gpu_model" in keys or "gpu_model" in filters or "gpu_model" in tree_keys(tree)
     if needs_gpu:
         where += " AND u.gpu_model IS NOT NULL"
-    # Hours store their requested figures (billing.ledger.requests); days and months join the requests.
-    stored = ledger is reads.HOURS
     rows_sql = reads.usage_rows(ledger, start, end, params, months=reads.month_range(ledger, start, end, starts=starts),
-                                model=needs_gpu, requested=stored)
+                                model=needs_gpu, requested=True)
     # Each key its own column (not one array per row to hash and parse), the set as its index in
     # `starts` (not a timestamp to parse per row): both turned back into the row's fields below.
     key_columns = "".join(f"({s})::text AS k_{i}, " for i, s in enumerate(key_sql))
@@ -304,13 +275,8 @@ def list_usage_groups(
     if starts is not None:
         params["starts"] = list(starts)
     node = "n.name" if by_node else "''"
-    if stored:
-        hour = hour_requested()
-        requests_join, mem_req, sm_req = hour.join, hour.mem_mb, hour.sm
-        mem_known, sm_known = f"{mem_req} IS NOT NULL", f"{sm_req} IS NOT NULL"
-    else:
-        requests_join, mem_req, sm_req = _REQUESTS_JOIN, _REQUESTED["mem_mb"], _REQUESTED["sm"]
-        mem_known, sm_known = "r.mem_mb IS NOT NULL", "r.sm IS NOT NULL"
+    # The rows' stored requested figures (billing.ledger.requests), not a join of each to the requests.
+    requested = stored_requested()
     # The metadata and the node only where a key or filter reads them (each is at most one row per
     # usage row, and every usage row has its node): a join per row less (~0.5 s of a week's hourly
     # sets at 1,000 GPUs).
@@ -327,12 +293,12 @@ def list_usage_groups(
         "sum(u.seconds) AS seconds, sum(u.share_gpu_s) AS share_gpu_s, sum(u.charge) AS charge, "
         "sum(u.idle_share) AS idle_share, sum(u.mem_used_mb_s) AS mem_used_mb_s, "
         "sum(u.mem_granted_mb_s) AS mem_granted_mb_s, "
-        f"CASE WHEN bool_and({mem_known}) THEN sum({mem_req}) END AS mem_requested_mb_s, "
+        f"CASE WHEN bool_and({requested.mem_mb} IS NOT NULL) THEN sum({requested.mem_mb}) END AS mem_requested_mb_s, "
         "sum(u.sm_used_s) AS sm_used_s, sum(u.sm_granted_s) AS sm_granted_s, "
-        f"CASE WHEN bool_and({sm_known}) THEN sum({sm_req}) END AS sm_requested_s, "
+        f"CASE WHEN bool_and({requested.sm} IS NOT NULL) THEN sum({requested.sm}) END AS sm_requested_s, "
         f"sum(u.energy_j) AS energy_j, {energy_cost_sql(rates=rates)} AS energy_cost_jp, "
         f"{co2e_sql(rates=rates)} AS co2e_jkg "
-        f"FROM {rows_sql} u{node_join}{energy_rate_join('u', 'at', rates=rates)}{requests_join}{meta} "
+        f"FROM {rows_sql} u{node_join}{energy_rate_join('u', 'at', rates=rates)}{requested.join}{meta} "
         f"WHERE TRUE{where} GROUP BY {', '.join(str(i) for i in range(1, len(key_sql) + 3))}"
         + ("" if limit is None else " LIMIT %(limit)s")
     )
@@ -340,8 +306,7 @@ def list_usage_groups(
     expected = ("set_index", *(f"k_{i}" for i in range(len(key_sql))), "node", *_GROUP_ROW_SUMS)
     set_starts = [None, *(starts or [start])]  # width_bucket counts from 1
     settings = _PER_POD_READ_SETTINGS if _PER_POD_KEYS & set(keys) else _GROUP_READ_SETTINGS
-    lateral = not needs_gpu and not stored  # the requests' relation is read, and nothing else needs nested loops off
-    with period_read_cursor({**settings, **_LATERAL_READ_SETTINGS} if lateral else settings) as cur:
+    with period_read_cursor(settings) as cur:
         cur.execute(sql, params)
         names = tuple(column.name for column in cur.description)
         if names != expected:
@@ -366,7 +331,7 @@ _POD_LEVEL = FIGURE_LEVELS.index("pod") + 1
 # figure unknown in any row (a request, an energy price) stays unknown through a flag per leaf.
 _BASE_COLUMNS = (
     "u.first_hour, u.last_hour, u.seconds, u.share_gpu_s, u.charge, u.idle_share, u.mem_used_mb_s, u.mem_granted_mb_s, "
-    f"u.sm_used_s, u.sm_granted_s, {_REQUESTED['mem_mb']} AS mem_req, {_REQUESTED['sm']} AS sm_req, "
+    f"u.sm_used_s, u.sm_granted_s, {row_requested_sql('mem_mb')} AS mem_req, {row_requested_sql('sm')} AS sm_req, "
     "u.mem_billed_mb_s, u.sm_billed_s, u.mem_billed_card_s, u.mem_used_card_s, u.sm_billed_card_s, u.sm_used_card_s, "
     "u.energy_j, er.price_per_kwh, er.co2e_kg_per_kwh"
 )
@@ -386,20 +351,6 @@ _LEAF_SUMS = (
     "bool_and(u.energy_j = 0 OR u.co2e_kg_per_kwh IS NOT NULL) AS co2e_known, "
     "sum(u.energy_j * coalesce(u.co2e_kg_per_kwh, 0)) AS co2e_jkg"
 )
-# Each container's request per GPU as numbers, read once per distinct requests document (agents
-# resolve the same few per controller: 3 among the 39k pod instances at 1,000 GPUs) and joined to a
-# usage row on its metadata's document and its container; NULL where it is not a JSON number, as
-# requested_sql reads it (documents equal as jsonb, 8192 and 8192.0, are one: their numbers are
-# equal). _REQUESTS reads the JSON of every metadata row, whether or not the period has its pod:
-# 0.1 s of CPU at 1,000 GPUs against 0.02 s for the distinct documents.
-_FIGURE_REQUESTS = (
-    "SELECT d.requests, c.key AS container, "  # noqa: S608 - fixed SQL
-    "CASE WHEN jsonb_typeof(c.value -> 'mem_mb') = 'number' THEN (c.value -> 'mem_mb')::text::numeric END AS mem_mb, "
-    "CASE WHEN jsonb_typeof(c.value -> 'sm') = 'number' THEN (c.value -> 'sm')::text::numeric END AS sm "
-    f"FROM (SELECT DISTINCT requests FROM {_META}) d CROSS JOIN LATERAL jsonb_each(CASE WHEN "
-    "jsonb_typeof(d.requests) = 'object' THEN d.requests ELSE '{}'::jsonb END) c"
-)
-_FIGURE_REQUESTS_JOIN = f" LEFT JOIN ({_FIGURE_REQUESTS}) r ON r.requests = m.requests AND r.container = u.container"
 # The planner takes every usage row for a leaf of its own (it cannot know a pod spans days) and
 # sorts them all to group them, on disk: at 1,000 GPUs x 16 workloads 150 MB, 8 s of the month's
 # 20 s statement. Hashing them (the leaves fit in memory: a row per pod instance and container) took
@@ -525,10 +476,10 @@ def list_figure_rows(
     expr = {c: f"({_FIGURE_KEY_SQL[c]})::text" for c in columns} | {"gpu_model": "(coalesce(u.gpu_model, ''))::text"}
     # The node only where a key or filter reads it (every usage row has its node).
     node = f" JOIN {_NODE} n ON n.id = u.node_id" if re.search(r"\bn\.", " ".join([*expr.values(), where])) else ""
-    rows = reads.usage_rows(ledger, start, end, params, months=months, model=True, card_seconds=True)
+    rows = reads.usage_rows(ledger, start, end, params, months=months, model=True, card_seconds=True, requested=True)
     base = (
         f"SELECT {', '.join(f'{expr[c]} AS {k[c]}' for c in columns)}, u.container::text AS container, "  # noqa: S608 - fixed SQL
-        f"{_BASE_COLUMNS} FROM {rows} u{node}{energy_rate_join('u', 'at')}{_META_JOIN}{_FIGURE_REQUESTS_JOIN} "
+        f"{_BASE_COLUMNS} FROM {rows} u{node}{energy_rate_join('u', 'at')}{_META_JOIN} "
         f"WHERE TRUE{where}"
     )
     sets: list[tuple[str, ...]] = [("tenant", "gpu_model", "sla_tier")]

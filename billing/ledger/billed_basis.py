@@ -38,7 +38,7 @@ from django.db import connection
 
 from billing.ledger.models import GpuDay, GpuHour, UsageDay, UsageHour, WorkloadMeta
 from billing.ledger.reads import fetch_rows
-from billing.ledger.requests import requested_sql
+from billing.ledger.requests import row_requested_sql
 from billing.ledger.spend import hour_ranges_sql, priced_split
 from billing.models.fleet import Gpu
 from billing.models.pricing import RateCard
@@ -164,7 +164,8 @@ def list_container_use(*, tenant: str, start: datetime, end: datetime,
     keys), one per pod instance and container. Unordered."""
     params: dict[str, Any] = {"tenant": tenant, "start": start, "end": end,
                               "first_day": start.astimezone(UTC).replace(hour=0, minute=0, second=0, microsecond=0)}
-    mem_req, sm_req = requested_sql("mem_mb"), requested_sql("sm")
+    # The hour rows' stored requested figures, the span's metadata's where they are behind it.
+    mem_req, sm_req = row_requested_sql("mem_mb"), row_requested_sql("sm")
     sql = (
         # Where the listed workloads ran, one span of hours per node, GPU and day (a day row per
         # container and tier: merged, so that no hour is read twice). The day ledger holds every
@@ -174,7 +175,7 @@ def list_container_use(*, tenant: str, start: datetime, end: datetime,
         # portal's 100 workloads at 1,000 GPUs), and its pod instance's number `w`, which the hours
         # are grouped by instead of its three names (narrower rows: the ~21k hour groups were
         # sorted on disk at 1,000 GPUs).
-        "WITH spans AS MATERIALIZED (SELECT s.*, m.requests, dense_rank() OVER (ORDER BY s.namespace, s.pod, s.pod_uid) AS w "  # noqa: S608 - fixed SQL
+        "WITH spans AS MATERIALIZED (SELECT s.*, m.requests, m.requests_changed, dense_rank() OVER (ORDER BY s.namespace, s.pod, s.pod_uid) AS w "  # noqa: S608 - fixed SQL
         "FROM (SELECT d.node_id, d.gpu_uuid, d.namespace, d.pod, d.pod_uid, min(d.first_hour) AS first_hour, "
         f"max(d.last_hour) AS last_hour FROM {_USAGE_DAY} d{_workloads_sql('d', workloads, params)} "
         "WHERE d.tenant = %(tenant)s AND d.day >= %(first_day)s AND d.day < %(end)s "
@@ -185,7 +186,7 @@ def list_container_use(*, tenant: str, start: datetime, end: datetime,
         "sum(u.sm_used_s) AS sm, sum(u.mem_granted_mb_s) AS mem_granted, sum(u.sm_granted_s) AS sm_granted, "
         f"bool_and({mem_req} IS NOT NULL) AS mem_known, sum({mem_req}) AS mem_req, "
         f"bool_and({sm_req} IS NOT NULL) AS sm_known, sum({sm_req}) AS sm_req "
-        # The span is `m` to requested_sql, which reads the requests as m.requests.
+        # The span is `m` to row_requested_sql, which reads the metadata as m.
         f"FROM spans m JOIN {_USAGE} u ON u.node_id = m.node_id AND u.gpu_uuid = m.gpu_uuid "
         "AND u.hour >= m.first_hour AND u.hour <= m.last_hour AND u.namespace = m.namespace AND u.pod = m.pod "
         "AND u.pod_uid = m.pod_uid "

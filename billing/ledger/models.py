@@ -212,16 +212,23 @@ class GpuMinute(_GpuWindow):
         return f"{self.minute:%Y-%m-%d %H:%M} {self.gpu_uuid}"
 
 
-class UsageHour(_WorkloadUsage):
-    hour = models.DateTimeField()
-    # The container's request per GPU (its WorkloadMeta's requests) x the row's seconds, as
-    # billing.ledger.requests.requested_sql reads it; NULL where that is not a number (unknown). Stored
-    # so that a read of hours sums them instead of joining every hour row to the requests (most of a
-    # week's hourly allocation sets at 1,000 GPUs; docs/architecture.md, "Requests stored in hours").
-    # Current only while the pod's WorkloadMeta.requests_changed is false: readers take the request
-    # from the metadata for the pods where it is true.
+class _Requested(models.Model):
+    """The container's request per GPU (its WorkloadMeta's requests) x the row's seconds, as
+    billing.ledger.requests.requested_sql reads it; NULL where that is not a number (unknown). Stored
+    so that a read sums them instead of joining every row to the requests (most of a week's hourly
+    allocation sets at 1,000 GPUs; docs/architecture.md, "Requests stored in the ledger rows").
+    Current only while the pod's WorkloadMeta.requests_changed is false: readers take the request
+    from the metadata for the pods where it is true."""
+
     mem_requested_mb_s = ExactDecimalField(max_digits=1000, decimal_places=40, null=True)
     sm_requested_s = ExactDecimalField(max_digits=1000, decimal_places=40, null=True)
+
+    class Meta:
+        abstract = True
+
+
+class UsageHour(_WorkloadUsage, _Requested):
+    hour = models.DateTimeField()
 
     class Meta:
         indexes = [
@@ -255,7 +262,7 @@ class GpuHour(_GpuWindow):
         return f"{self.hour:%Y-%m-%d %H}h {self.gpu_uuid}"
 
 
-class UsageDay(_WorkloadUsage):
+class UsageDay(_WorkloadUsage, _Requested):
     """A workload's usage on one GPU for one UTC day: the sum of its UsageHour rows of that day."""
 
     day = models.DateTimeField()  # 00:00 UTC
@@ -294,7 +301,7 @@ MONTH_KEY_HASHED = ("gpu_uuid", "tenant", "namespace", "pod", "container", "pod_
                     "sm_count")
 
 
-class UsageMonth(_WorkloadUsage):
+class UsageMonth(_WorkloadUsage, _Requested):
     """A workload's usage on one GPU for one UTC month: the sum of its UsageDay rows of that month
     (billing.ledger.months), for reads of whole UTC months (~5x fewer rows than days where a pod lives
     days, up to 31x for pods that live the month).

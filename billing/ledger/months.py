@@ -28,6 +28,7 @@ from django.db.backends.utils import CursorWrapper
 from billing.ledger.locks import lock_ledger
 from billing.ledger.models import MONTH_KEY_HASHED
 from billing.ledger.reads import CLOSED_THROUGH, period_read_cursor
+from billing.ledger.requests import REQUESTED_COLUMNS, requested_sums
 
 __all__ = ["close_days", "rebuild_months", "recompute_months"]
 
@@ -43,7 +44,8 @@ _CARD_SECONDS = {
 }
 _WHOLE_MONTHS = {"enable_sort": "off", "work_mem": "64MB"}
 _GROUP = ("month", "gpu_uuid", "node_id", *_KEYS, "gpu_model", "memory_mb", "sm_count")
-_COLUMNS = (*_GROUP, *_SUMS, "first_hour", "last_hour", *_CARD_SECONDS)
+_REQUESTED = tuple(REQUESTED_COLUMNS.values())
+_COLUMNS = (*_GROUP, *_SUMS, "first_hour", "last_hour", *_CARD_SECONDS, *_REQUESTED)
 
 
 def _day_rows(source: str, days: str = "billing_usageday") -> str:
@@ -53,7 +55,7 @@ def _day_rows(source: str, days: str = "billing_usageday") -> str:
         f"SELECT date_trunc('month', d.day, 'UTC') AS month, d.gpu_uuid, d.node_id, "  # noqa: S608 - built from constant column lists
         f"{', '.join(f'd.{k}' for k in _KEYS)}, g.gpu_model, gp.memory_mb, gp.sm_count, "
         f"{', '.join(f'd.{c}' for c in _SUMS)}, d.first_hour, d.last_hour, "
-        f"{', '.join(f'{q} AS {c}' for c, q in _CARD_SECONDS.items())} "
+        f"{', '.join(f'{q} AS {c}' for c, q in _CARD_SECONDS.items())}, {', '.join(f'd.{c}' for c in _REQUESTED)} "
         f"FROM {days} d LEFT JOIN billing_gpuday g ON g.node_id = d.node_id AND g.gpu_uuid = d.gpu_uuid "
         f"AND g.day = d.day LEFT JOIN billing_gpu gp ON gp.uuid = d.gpu_uuid {source} AND d.day < {CLOSED_THROUGH}"
     )
@@ -66,7 +68,8 @@ def _insert(rows: str) -> str:
     cards = ", ".join(f"sum(r.{c})" for c in _CARD_SECONDS)
     return (
         f"INSERT INTO billing_usagemonth ({', '.join(_COLUMNS)}) "  # noqa: S608 - built from constant column lists
-        f"SELECT {group}, {sums}, min(r.first_hour), max(r.last_hour), {cards} FROM ({rows}) r GROUP BY {group}"
+        f"SELECT {group}, {sums}, min(r.first_hour), max(r.last_hour), {cards}, {requested_sums('r')} "
+        f"FROM ({rows}) r GROUP BY {group}"
     )
 
 

@@ -229,11 +229,9 @@ def usage_rows(ledger: Ledger, start: datetime, end: datetime, params: dict[str,
     the month rows of `months` (month_range's) and the rows of `ledger` of the rest. Each row has the
     usage columns, `at` (its hour, day or month), `first_hour`, `last_hour`, `gpu_model` (its GPU row's,
     NULL where it has none; NULL for every hour or day row unless `model`) and, with `card_seconds`,
-    the card-seconds columns (billing.ledger.months) and, with `requested` (a read of hours only),
-    the requested figures the hour rows store (billing.ledger.requests). Parameters are added to
-    `params`, named after `name` (one per subquery of a statement)."""
-    if requested and (ledger is not HOURS or months is not None):
-        raise ValueError("only hour rows store requested figures")
+    the card-seconds columns (billing.ledger.months) and, with `requested`, the requested figures
+    the rows store (billing.ledger.requests). Parameters are added to `params`, named after `name`
+    (one per subquery of a statement)."""
     columns = ", ".join(f"u.{c}" for c in (*_USAGE_KEYS, *_USAGE_SUMS, *(_REQUESTED if requested else ())))
     tenants = "(%(tenants)s::text[] IS NULL OR u.tenant = ANY(%(tenants)s::text[]))"
     cards = "".join(f", u.{c}" for c in _CARD_SECONDS) if card_seconds else ""

@@ -2,25 +2,27 @@
 GPU from its WorkloadMeta.requests, x the seconds it ran), which the allocation API and the
 drill-down show beside what was used and granted.
 
-The hour rows store them (UsageHour.mem_requested_mb_s, sm_requested_s): a read of a week's hours
-at 1,000 GPUs joined each of its 922k rows to the requests, and that join was 0.4 of the 1.0 s of
-the hourly allocation sets' statement (docs/architecture.md, "Requests stored in hours"). Reads of
-days and months still join: a pod has one row there where it has hours by the dozen.
+The hour, day and month rows store them (`mem_requested_mb_s`, `sm_requested_s`): a read of a
+week's hours at 1,000 GPUs joined each of its 922k rows to the requests, and that join was 0.4 of
+the 1.0 s of the hourly allocation sets' statement (docs/architecture.md, "Requests stored in the
+ledger rows"). The rollup writes an hour's from the metadata, a day's and a month's as the sums of
+their hours' and days' (`requested_sums`).
 
-A pod's requests can change after its hours were written (a later batch reports new ones, a Kubernetes
-in-place resize), and the figures read are always those of the requests stored now, as the join
-gives them. So the ingest that changes a pod's requests flags its metadata (`requests_changed`), in
-the same statement; the rollup of the pod's node stores its hours' figures again and clears the flag,
-in its own transaction under the node's lock; and a read of hours takes the stored figures only for
-the pods not flagged, the request from the metadata for the others (`hour_requested`: a join to the
-flagged rows, none or a few, not to every pod's). Nothing waits for the rollup to be right.
+A pod's requests can change after its rows were written (a later batch reports new ones, a
+Kubernetes in-place resize), and the figures read are always those of the requests stored now, as a
+join gives them. So the ingest that changes a pod's requests flags its metadata (`requests_changed`),
+in the same statement; the rollup of the pod's node stores its rows' figures again and clears the
+flag, in its own transaction under the node's lock (`store_changed_requests`); and a read takes the
+stored figures only for the pods not flagged, the request from the metadata for the others: a read
+that joins each row's metadata anyway reads the flag there (`row_requested_sql`), the others join
+the flagged rows only, none or a few (`stored_requested`). Nothing waits for the rollup to be right.
 
 Why this holds without a lock between ingest and rollup: the flag is set and cleared on the metadata
-row, whose row lock orders them. A rollup's hour rows read the requests of their statement's snapshot;
-an ingest that commits after it leaves the flag set, and the flag stays set until a later rollup of
-the node (the batch that carried the change is pending for that node, so there is one) stores them
-again. A pod's hour rows all lie in its metadata's [first_seen, last_seen) (every pod a batch meters
-is upserted with the batch's window), which bounds what storing them again reads.
+row, whose row lock orders them. A rollup's rows read the requests of their statement's snapshot; an
+ingest that commits after it leaves the flag set, and the flag stays set until a later rollup of the
+node (the batch that carried the change is pending for that node, so there is one) stores them
+again. A pod's rows all lie in its metadata's [first_seen, last_seen) (every pod a batch meters is
+upserted with the batch's window), which bounds what storing them again reads.
 """
 
 from __future__ import annotations
@@ -31,17 +33,27 @@ from datetime import datetime
 from django.db import connection
 from django.db.backends.utils import CursorWrapper
 
-from billing.ledger.models import Card, UsageHour, WorkloadMeta
+from billing.ledger.models import Card, UsageDay, UsageHour, UsageMonth, WorkloadMeta
 
-__all__ = ["REQUESTED_COLUMNS", "HourRequested", "hour_requested", "requested_sql", "store_changed_requests",
-           "store_requests"]
+__all__ = ["REQUESTED_COLUMNS", "StoredRequested", "requested_sql", "requested_sums", "row_requested_sql",
+           "store_changed_requests", "store_requests", "stored_requested"]
 
 _HOUR = UsageHour._meta.db_table
+_DAY = UsageDay._meta.db_table
+_MONTH = UsageMonth._meta.db_table
 _META = WorkloadMeta._meta.db_table
 _CARD = Card._meta.db_table
 
 # The request's key in WorkloadMeta.requests -> the hour row's column that stores it x seconds.
 REQUESTED_COLUMNS = {"mem_mb": "mem_requested_mb_s", "sm": "sm_requested_s"}
+
+
+def requested_sums(alias: str) -> str:
+    """The requested figures of rows `alias` summed into one (a day from its hours, a month from its
+    days), unknown where any row's is: the same as the request times the summed seconds, since a
+    workload's rows carry one request."""
+    return ", ".join(f"CASE WHEN bool_and({alias}.{c} IS NOT NULL) THEN sum({alias}.{c}) END"
+                     for c in REQUESTED_COLUMNS.values())
 
 
 def requested_sql(field: str, *, requests: str = "m.requests", container: str = "u.container",
@@ -60,8 +72,8 @@ _CHANGED_JOIN = (
 
 
 @dataclass(frozen=True)
-class HourRequested:
-    """What a read of hour rows `u` adds to its FROM (`join`) and sums (`mem_mb`, `sm`) for its
+class StoredRequested:
+    """What a read of ledger rows `u` adds to its FROM (`join`) and sums (`mem_mb`, `sm`) for its
     requested figures."""
 
     join: str
@@ -69,22 +81,30 @@ class HourRequested:
     sm: str
 
 
-def hour_requested() -> HourRequested:
-    """The stored figures, and where some pod's requests changed since they were stored, that
-    pod's from its metadata instead (a join to the flagged rows).
+def stored_requested() -> StoredRequested:
+    """For a read that does not join each row's metadata: the stored figures, and where some pod's
+    requests changed since they were stored, that pod's from its metadata instead (a join to the
+    flagged rows).
 
-    Asked before the read's statement, not in it: even a join to no rows hashes every hour row (0.15 s
-    of a week's hourly sets at 1,000 GPUs). What a read sees is still one request's figures for each
+    Asked before the read's statement, not in it: even a join to no rows hashes every row (0.15 s of
+    a week's hourly sets at 1,000 GPUs). What a read sees is still one request's figures for each
     pod: a change that commits between the two statements leaves the pod's rows as they were (the
     request before it) until a rollup stores them all again, in one statement."""
     with connection.cursor() as cur:
         cur.execute(f"SELECT EXISTS (SELECT 1 FROM {_META} WHERE requests_changed)")  # noqa: S608 - the model's own table
         changed = bool(cur.fetchone()[0])
     if not changed:
-        return HourRequested("", *(f"u.{column}" for column in REQUESTED_COLUMNS.values()))
-    return HourRequested(_CHANGED_JOIN, *(
+        return StoredRequested("", *(f"u.{column}" for column in REQUESTED_COLUMNS.values()))
+    return StoredRequested(_CHANGED_JOIN, *(
         f"(CASE WHEN f.node_id IS NULL THEN u.{column} ELSE {requested_sql(field, requests='f.requests')} END)"
         for field, column in REQUESTED_COLUMNS.items()))
+
+
+def row_requested_sql(field: str) -> str:
+    """For a read that joins each row `u` its metadata `m` (its labels, its controller): the stored
+    figure, or the metadata's where the pod's requests changed since it was stored."""
+    return (f"(CASE WHEN m.requests_changed THEN {requested_sql(field, requests='m.requests')} "
+            f"ELSE u.{REQUESTED_COLUMNS[field]} END)")
 
 
 def _values(requests: str) -> str:
@@ -95,23 +115,30 @@ def _set_requested(requests: str) -> str:
     return ", ".join(f"{column} = {requested_sql(field, requests=requests)}" for field, column in REQUESTED_COLUMNS.items())
 
 
-# Each flagged pod's hour rows found by the hour index (node, GPU, hour): its node's cards, the hours
-# of its metadata's [first_seen, last_seen).
+# Each flagged pod's rows found by each table's index (node, GPU, time): its node's cards, the
+# hours, days and months that meet its metadata's [first_seen, last_seen). A data-modifying CTE runs
+# whether or not the statement reads it.
+def _store_changed_in(table: str, at: str, unit: str) -> str:
+    return (
+        f"UPDATE {table} u SET {_set_requested('c.requests')} FROM changed c JOIN {_CARD} k ON k.node_id = c.node_id "  # noqa: S608 - the models' own tables
+        f"WHERE u.node_id = c.node_id AND u.gpu_uuid = k.gpu_uuid AND u.{at} >= date_trunc('{unit}', c.first_seen, 'UTC') "
+        f"AND u.{at} < c.last_seen AND u.namespace = c.namespace AND u.pod = c.pod AND u.pod_uid = c.pod_uid"
+    )
+
+
 _STORE_CHANGED = (
     f"WITH changed AS (UPDATE {_META} m SET requests_changed = false WHERE m.node_id = ANY(%s) "  # noqa: S608 - the models' own tables
-    "AND m.requests_changed RETURNING m.node_id, m.namespace, m.pod, m.pod_uid, m.requests, m.first_seen, m.last_seen) "
-    f"UPDATE {_HOUR} u SET {_set_requested('c.requests')} FROM changed c JOIN {_CARD} k ON k.node_id = c.node_id "
-    "WHERE u.node_id = c.node_id AND u.gpu_uuid = k.gpu_uuid AND u.hour >= date_trunc('hour', c.first_seen, 'UTC') "
-    "AND u.hour < c.last_seen AND u.namespace = c.namespace AND u.pod = c.pod AND u.pod_uid = c.pod_uid"
+    "AND m.requests_changed RETURNING m.node_id, m.namespace, m.pod, m.pod_uid, m.requests, m.first_seen, m.last_seen), "
+    f"hours AS ({_store_changed_in(_HOUR, 'hour', 'hour')}), days AS ({_store_changed_in(_DAY, 'day', 'day')}) "
+    f"{_store_changed_in(_MONTH, 'month', 'month')}"
 )
 
 
-def store_changed_requests(cur: CursorWrapper, node_ids: list[int]) -> int:
-    """Store again the requested figures of the hour rows of the pods on `node_ids` whose requests
-    changed, and clear their flags. In the rollup's transaction, under the nodes' locks, after it
-    wrote its hours. Returns the hour rows written."""
+def store_changed_requests(cur: CursorWrapper, node_ids: list[int]) -> None:
+    """Store again the requested figures of the hour, day and month rows of the pods on `node_ids`
+    whose requests changed, and clear their flags. In the rollup's transaction, under the nodes'
+    locks, after it wrote its hours and days."""
     cur.execute(_STORE_CHANGED, [node_ids])
-    return int(cur.rowcount)
 
 
 def store_requests(cur: CursorWrapper, *, start: datetime, end: datetime, gpu_uuid: str | None = None) -> None:

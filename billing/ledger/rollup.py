@@ -61,7 +61,13 @@ from billing.ledger.pricing import (
     price_gpu_window,
 )
 from billing.ledger.reads import fetch_rows
-from billing.ledger.requests import REQUESTED_COLUMNS, requested_sql, store_changed_requests, store_requests
+from billing.ledger.requests import (
+    REQUESTED_COLUMNS,
+    requested_sql,
+    requested_sums,
+    store_changed_requests,
+    store_requests,
+)
 from billing.ledger.retention import require_hours_retained, require_repriceable
 from billing.ledger.statistics import analyze_stale_partitions
 from billing.money import ledger_amount
@@ -760,14 +766,16 @@ _CARD_SHARE_OF_HOUR = ("coalesce((SELECT sum(u.share_gpu_s) FROM billing_usageho
 # migration 0013 backfill froze the same SQL before the node joined the key (one node per GPU-day
 # then); tests/billing/test_daily_ledger.py checks they agree.
 _DAY_OF = "date_trunc('day', h.hour, 'UTC')"
+# A day row's columns as the day step writes them: the hours' sums, first and last hour, requested figures.
+_DAY_COLUMNS = (*_USAGE_COLUMNS, "first_hour", "last_hour", *REQUESTED_COLUMNS.values())
 
 
 def _usage_days_insert(source: str) -> str:
     keys = ", ".join(f"h.{k}" for k in _WORKLOAD_KEY)
     sums = ", ".join(f"sum(h.{c})" for c in _USAGE_COLUMNS[8:])
     return (
-        f"INSERT INTO billing_usageday (day, {', '.join(_USAGE_COLUMNS)}, first_hour, last_hour) "  # noqa: S608 - built from constant column lists
-        f"SELECT {_DAY_OF}, h.gpu_uuid, h.node_id, {keys}, {sums}, min(h.hour), max(h.hour) "
+        f"INSERT INTO billing_usageday (day, {', '.join(_DAY_COLUMNS)}) "  # noqa: S608 - built from constant column lists
+        f"SELECT {_DAY_OF}, h.gpu_uuid, h.node_id, {keys}, {sums}, min(h.hour), max(h.hour), {requested_sums('h')} "
         f"FROM billing_usagehour h {source} GROUP BY {_DAY_OF}, h.gpu_uuid, h.node_id, {keys}"
     )
 
@@ -801,9 +809,9 @@ _OF_WORKLOAD_DAYS = (
     f"IN (SELECT * FROM unnest(%s::bigint[], %s::varchar[], %s::timestamptz[], {', '.join(['%s::varchar[]'] * 6)}))"  # noqa: S608 - fixed SQL; values are parameters
 )
 _USAGE_DAYS_OF_WORKLOADS = (
-    f"INSERT INTO billing_usageday (day, {', '.join(_USAGE_COLUMNS)}, first_hour, last_hour) "  # noqa: S608 - built from constant column lists
+    f"INSERT INTO billing_usageday (day, {', '.join(_DAY_COLUMNS)}) "  # noqa: S608 - built from constant column lists
     f"SELECT {_DAY_OF}, h.gpu_uuid, h.node_id, {', '.join(f'h.{k}' for k in _WORKLOAD_KEY)}, "
-    f"{', '.join(f'sum(h.{c})' for c in _USAGE_COLUMNS[8:])}, min(h.hour), max(h.hour) "
+    f"{', '.join(f'sum(h.{c})' for c in _USAGE_COLUMNS[8:])}, min(h.hour), max(h.hour), {requested_sums('h')} "
     f"FROM {_UNNEST} AS a(node_id, gpu_uuid, day) CROSS JOIN LATERAL (SELECT * FROM billing_usagehour u "
     "WHERE u.node_id = a.node_id AND u.gpu_uuid = a.gpu_uuid AND u.hour >= a.day AND u.hour < a.day + interval '1 day' "
     f"OFFSET 0) h WHERE (h.node_id, h.gpu_uuid, {_DAY_OF}, {', '.join(f'h.{k}' for k in _WORKLOAD_KEY)}) "

@@ -386,7 +386,7 @@ def test_a_late_batch_replaces_its_workloads_month_rows_reading_its_gpu_months_r
         cur.execute(
             f"INSERT INTO billing_usagemonth ({', '.join(months._COLUMNS)}) "  # noqa: S608 - constant column names
             f"SELECT m, 'GPU-busy-' || g, %s, 'acme', 'acme-ns', 'pod-' || p, 'main', 'uid-' || p, 'gold', 'A100', "
-            f"40960, 108, {', '.join(['1'] * len(SUMS))}, m, m, NULL, NULL, NULL, NULL "
+            f"40960, 108, {', '.join(['1'] * len(SUMS))}, m, m, NULL, NULL, NULL, NULL, NULL, NULL "
             "FROM generate_series(0, 7) g, generate_series(0, 99) p, unnest(%s::timestamptz[]) m",
             [node.id, [datetime(2026, 2, 1, tzinfo=UTC), MARCH]])
         cur.execute("ANALYZE billing_usagemonth")

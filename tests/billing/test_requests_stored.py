@@ -1,7 +1,7 @@
-"""The requested figures stored in the hour rows (billing.ledger.requests): the rollup writes them
-from the pods' metadata, a read of hours sums them, and whatever order batches, request changes and
-rollups come in, a read of hours gives what a join of every hour row to the metadata gives (the
-figures of the requests stored now), to the last digit."""
+"""The requested figures stored in the hour, day and month rows (billing.ledger.requests): the
+rollup writes them from the pods' metadata, reads sum them, and whatever order batches, request
+changes, rollups and month closes come in, a read gives what a join of every row to the metadata
+gives (the figures of the requests stored now), to the last digit."""
 
 from __future__ import annotations
 
@@ -16,8 +16,9 @@ from django.db import connection
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from billing.ledger import allocation
+from billing.ledger import allocation, requests
 from billing.ledger.models import UsageHour, WorkloadMeta
+from billing.ledger.months import close_days
 from billing.ledger.rollup import rebuild_days, rollup_usage
 from billing.models import Node, RateCard
 from tests import clock
@@ -41,13 +42,23 @@ def base_hour() -> datetime:
     return clock.now().astimezone(UTC).replace(minute=0, second=0, microsecond=0) - timedelta(days=2, hours=-3)
 
 
+def month_end() -> datetime:
+    """The latest start of a UTC month at least two days ago: late batches on both sides of it are
+    within the late-usage horizon, and its days are closed by a month close."""
+    now = clock.now().astimezone(UTC) - timedelta(days=2)
+    return now.replace(day=1, hour=0, minute=0, second=0, microsecond=0)
+
+
 def batch(start: datetime, requests: dict[str, tuple[Any, Any] | None], *, suffix: str = "") -> dict[str, Any]:
     """A minute of both pods (their names + `suffix`), each with the request of `requests` (mem MB,
     SMs) on every sample, or none."""
     workloads = [{"gpu": i, "tenant": "acme", "pod": pod + suffix, "mem_used": 300.0, "mem_granted": 500.0,
                   "sm_used": 5.0, "sm_granted": 9.0} for i, pod in enumerate(PODS)]
     body = make_batch(seq=next(_seq), start=start, seconds=60, gpus=2, workloads=workloads)
+    for gpu in body["gpus"]:  # the example's own GPUs: a GPU-second is metered once
+        gpu["uuid"] += suffix
     for sample in body["samples"]:
+        sample["gpu"] += suffix
         asked = requests.get(sample["pod"].removesuffix(suffix))
         if asked is not None:
             sample["mem_requested_mb"], sample["sm_requested"] = asked
@@ -55,8 +66,9 @@ def batch(start: datetime, requests: dict[str, tuple[Any, Any] | None], *, suffi
 
 
 def hourly(start: datetime, end: datetime) -> list[allocation.UsageGroupRow]:
-    """Per pod and hour: what the allocation API's hourly sets read."""
-    starts = [start + timedelta(hours=h) for h in range(int((end - start) / timedelta(hours=1)))]
+    """Per pod and hour (per pod and day, for whole days): what the allocation API's sets read."""
+    step = timedelta(days=1) if start.hour == end.hour == 0 else timedelta(hours=1)
+    starts = [start + step * i for i in range(int((end - start) / step))]
     return sorted(allocation.list_usage_groups(start=start, end=end, starts=starts, keys=["pod"], filters={},
                                                tenants=None, by_node=False), key=repr)
 
@@ -69,6 +81,26 @@ def joined(start: datetime, end: datetime) -> list[allocation.UsageGroupRow]:
         rows = hourly(start, end)
         cur.execute("ROLLBACK TO SAVEPOINT joined")
     return rows
+
+
+def days(start: datetime) -> tuple[datetime, datetime]:
+    """The whole UTC days around `start`'s hours: a read of them is of days (and months, once closed)."""
+    midnight = start.replace(hour=0)
+    return midnight - timedelta(days=1), midnight + timedelta(days=2)
+
+
+def assert_rows_store_their_requests() -> None:
+    """Every hour, day and month row of a pod not flagged stores its request x its seconds, as the
+    metadata holds them now (NULL: unknown, where the metadata has no number)."""
+    expected = " IS NOT DISTINCT FROM ".join(
+        f"({', '.join(f'u.{c}' for c in requests.REQUESTED_COLUMNS.values())})"
+        if i == 0 else f"({', '.join(requests.requested_sql(f) for f in requests.REQUESTED_COLUMNS)})" for i in range(2))
+    with connection.cursor() as cur:
+        for table in ("billing_usagehour", "billing_usageday", "billing_usagemonth"):
+            cur.execute(f"SELECT count(*) FROM {table} u LEFT JOIN billing_workloadmeta m ON m.node_id = u.node_id "  # noqa: S608 - fixed names
+                        "AND m.namespace = u.namespace AND m.pod = u.pod AND m.pod_uid = u.pod_uid "
+                        f"WHERE NOT coalesce(m.requests_changed, false) AND NOT ({expected})")
+            assert cur.fetchone()[0] == 0, table
 
 
 def requested(rows: list[allocation.UsageGroupRow]) -> dict[str, Decimal | None]:
@@ -118,25 +150,30 @@ _REQUEST = st.one_of(st.none(), st.tuples(st.sampled_from([0, 1024, 8192, 40960]
 _STEP = st.one_of(
     st.tuples(st.just("batch"), st.integers(0, 3), st.fixed_dictionaries(dict.fromkeys(PODS, _REQUEST))),
     st.just(("rollup",)),
+    st.just(("close",)),
 )
 
 
 @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(steps=st.lists(_STEP, min_size=1, max_size=6))
-def test_reads_of_hours_are_the_join_whatever_the_order(post_batch, rate_card, steps: list[tuple[Any, ...]]) -> None:
+def test_reads_are_the_join_whatever_the_order(post_batch, rate_card, steps: list[tuple[Any, ...]]) -> None:
     """Batches (some late, into earlier hours) that change requests or stop reporting them, rollups
-    between them: after every step, the hourly read is the join's. Each example's pods and hours are
-    its own (a GPU-second is metered once)."""
-    example = next(_example)
-    suffix = f"-x{example}"
-    start = base_hour() - timedelta(hours=4 * example)
+    and month closes between them, over four hours across a month's end: after every step, the
+    hourly and daily reads are the join's, and every row not flagged stores its requests. Each
+    example's pods and GPUs are its own."""
+    suffix = f"-x{next(_example)}"
+    start = month_end() - timedelta(hours=2)
     end = start + timedelta(hours=4)
     for minute, step in enumerate([*steps, ("rollup",)]):
         if step[0] == "batch":
             assert post_batch(batch(start + timedelta(hours=step[1], minutes=minute), step[2], suffix=suffix)).status_code == 201
-        else:
+        elif step[0] == "rollup":
             rollup_usage(now=clock.now())
+        else:  # the days before today into the month rows
+            close_days(now=clock.now())
         assert hourly(start, end) == joined(start, end)
+        assert hourly(*days(start)) == joined(*days(start))
+        assert_rows_store_their_requests()
     assert not WorkloadMeta.objects.filter(requests_changed=True).exists()  # the last rollup stored them all
 
 
@@ -159,13 +196,13 @@ def test_rebuild_days_stores_the_figures_of_hours_written_by_hand(db, rate_card)
 
 
 def test_the_migration_backfill_stores_what_the_rollup_stores(post_batch, rate_card) -> None:
-    migration = importlib.import_module("billing.migrations.0051_requests_stored_in_hours")
+    migration = importlib.import_module("billing.migrations.0051_requests_stored")
     start = base_hour()
     post_batch(batch(start, {"bert-1": (8192, 54.5), "llm-2": None}))
     rollup_usage(now=clock.now())
     stored = sorted(UsageHour.objects.values_list("pod", "mem_requested_mb_s", "sm_requested_s"))
     UsageHour.objects.update(mem_requested_mb_s=None, sm_requested_s=None)
     with connection.cursor() as cur:
-        cur.execute(migration.BACKFILL)
+        cur.execute(migration.backfill("billing_usagehour"))
     assert sorted(UsageHour.objects.values_list("pod", "mem_requested_mb_s", "sm_requested_s")) == stored
     assert stored[0][1:] == (Decimal(8192 * 60), Decimal("54.5") * 60)
