@@ -144,14 +144,20 @@ def store_changed_requests(cur: CursorWrapper, node_ids: list[int]) -> None:
 def store_requests(cur: CursorWrapper, *, start: datetime, end: datetime, gpu_uuid: str | None = None) -> None:
     """The requested figures of the hour rows in [start, end) (of one GPU, or of all) from the
     metadata as it is now: for hour rows written other than by the rollup (rebuild_days). A row
-    whose pod has no metadata has none (unknown), as a read's join gives it."""
+    whose pod has no metadata has none (unknown), as a read's join gives it. Only the rows whose
+    figures differ are written."""
     gpu = "" if gpu_uuid is None else " AND u.gpu_uuid = %s"
     params: list[datetime | str] = [start, end] if gpu_uuid is None else [start, end, gpu_uuid]
+    stored = f"({', '.join(f'u.{c}' for c in REQUESTED_COLUMNS.values())})"
+    of_pod = "m.node_id = u.node_id AND m.namespace = u.namespace AND m.pod = u.pod AND m.pod_uid = u.pod_uid"
     cur.execute(
-        f"UPDATE {_HOUR} u SET {_set_requested('m.requests')} FROM {_HOUR} h LEFT JOIN {_META} m "  # noqa: S608 - the models' own tables
-        "ON m.node_id = h.node_id AND m.namespace = h.namespace AND m.pod = h.pod AND m.pod_uid = h.pod_uid "
-        f"WHERE h.id = u.id AND u.hour >= %s AND u.hour < %s{gpu} "
-        # Only the rows whose figures differ: the others are not rewritten.
-        f"AND (u.mem_requested_mb_s, u.sm_requested_s) IS DISTINCT FROM ({_values('m.requests')})",
+        f"UPDATE {_HOUR} u SET {_set_requested('m.requests')} FROM {_META} m "  # noqa: S608 - the models' own tables
+        f"WHERE {of_pod} AND u.hour >= %s AND u.hour < %s{gpu} AND {stored} IS DISTINCT FROM ({_values('m.requests')})",
+        params,
+    )
+    cur.execute(
+        f"UPDATE {_HOUR} u SET {', '.join(f'{c} = NULL' for c in REQUESTED_COLUMNS.values())} "  # noqa: S608 - the models' own tables
+        f"WHERE u.hour >= %s AND u.hour < %s{gpu} AND {stored} IS DISTINCT FROM (NULL, NULL) "
+        f"AND NOT EXISTS (SELECT 1 FROM {_META} m WHERE {of_pod})",
         params,
     )

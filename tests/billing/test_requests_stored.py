@@ -17,7 +17,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from billing.ledger import allocation, requests
-from billing.ledger.models import UsageHour, WorkloadMeta
+from billing.ledger.models import UsageDay, UsageHour, WorkloadMeta
 from billing.ledger.months import close_days
 from billing.ledger.rollup import rebuild_days, rollup_usage
 from billing.models import Node, RateCard
@@ -193,6 +193,12 @@ def test_rebuild_days_stores_the_figures_of_hours_written_by_hand(db, rate_card)
     rebuild_days(start=hour.replace(hour=0), end=hour.replace(hour=0) + timedelta(days=1))
     row.refresh_from_db()
     assert (row.mem_requested_mb_s, row.sm_requested_s) == (Decimal(9000), None)
+    day = UsageDay.objects.get()
+    assert (day.mem_requested_mb_s, day.sm_requested_s) == (Decimal(9000), None)  # the day's, from its hours
+    WorkloadMeta.objects.all().delete()  # no metadata: unknown, as a join gives it
+    rebuild_days(start=hour.replace(hour=0), end=hour.replace(hour=0) + timedelta(days=1))
+    row.refresh_from_db()
+    assert (row.mem_requested_mb_s, row.sm_requested_s) == (None, None)
 
 
 def test_the_migration_backfill_stores_what_the_rollup_stores(post_batch, rate_card) -> None:
