@@ -115,30 +115,45 @@ def _set_requested(requests: str) -> str:
     return ", ".join(f"{column} = {requested_sql(field, requests=requests)}" for field, column in REQUESTED_COLUMNS.items())
 
 
-# Each flagged pod's rows found by each table's index (node, GPU, time): its node's cards, the
-# hours, days and months that meet its metadata's [first_seen, last_seen). A data-modifying CTE runs
-# whether or not the statement reads it.
+_CLEAR_FLAGS = (
+    f"UPDATE {_META} SET requests_changed = false WHERE node_id = ANY(%s) AND requests_changed "  # noqa: S608 - the model's own table
+    "RETURNING node_id, namespace, pod, pod_uid, first_seen, last_seen"
+)
+
+
 def _store_changed_in(table: str, at: str, unit: str) -> str:
+    """The rows of `table` of the pods listed (arrays: node, namespace, pod, pod UID, first and last
+    seen) with their figures from their metadata. Each pod's rows are found by the table's index
+    (node, GPU, time), one probe per card of its node over its [first_seen, last_seen), behind a
+    fence: joined by the planner, the cards and their rows were hashed for every node of the fleet
+    (the whole table), however few the pods."""
+    of_pod = "m.node_id = u.node_id AND m.namespace = u.namespace AND m.pod = u.pod AND m.pod_uid = u.pod_uid"
     return (
-        f"UPDATE {table} u SET {_set_requested('c.requests')} FROM changed c JOIN {_CARD} k ON k.node_id = c.node_id "  # noqa: S608 - the models' own tables
-        f"WHERE u.node_id = c.node_id AND u.gpu_uuid = k.gpu_uuid AND u.{at} >= date_trunc('{unit}', c.first_seen, 'UTC') "
-        f"AND u.{at} < c.last_seen AND u.namespace = c.namespace AND u.pod = c.pod AND u.pod_uid = c.pod_uid"
+        f"UPDATE {table} u SET ({', '.join(REQUESTED_COLUMNS.values())}) = (SELECT {_values('m.requests')} "  # noqa: S608 - the models' own tables
+        f"FROM {_META} m WHERE {of_pod}) WHERE u.ctid = ANY(ARRAY(SELECT r.ctid FROM unnest(%s::bigint[], "
+        "%s::varchar[], %s::varchar[], %s::varchar[], %s::timestamptz[], %s::timestamptz[]) "
+        f"AS c(node_id, namespace, pod, pod_uid, first_seen, last_seen) JOIN {_CARD} k ON k.node_id = c.node_id "
+        f"CROSS JOIN LATERAL (SELECT r.ctid FROM {table} r WHERE r.node_id = c.node_id AND r.gpu_uuid = k.gpu_uuid "
+        f"AND r.{at} >= date_trunc('{unit}', c.first_seen, 'UTC') AND r.{at} < c.last_seen AND r.namespace = c.namespace "
+        "AND r.pod = c.pod AND r.pod_uid = c.pod_uid OFFSET 0) r))"
     )
 
 
-_STORE_CHANGED = (
-    f"WITH changed AS (UPDATE {_META} m SET requests_changed = false WHERE m.node_id = ANY(%s) "  # noqa: S608 - the models' own tables
-    "AND m.requests_changed RETURNING m.node_id, m.namespace, m.pod, m.pod_uid, m.requests, m.first_seen, m.last_seen), "
-    f"hours AS ({_store_changed_in(_HOUR, 'hour', 'hour')}), days AS ({_store_changed_in(_DAY, 'day', 'day')}) "
-    f"{_store_changed_in(_MONTH, 'month', 'month')}"
-)
+_STORE_CHANGED = tuple(_store_changed_in(*t) for t in ((_HOUR, "hour", "hour"), (_DAY, "day", "day"),
+                                                         (_MONTH, "month", "month")))
 
 
 def store_changed_requests(cur: CursorWrapper, node_ids: list[int]) -> None:
     """Store again the requested figures of the hour, day and month rows of the pods on `node_ids`
     whose requests changed, and clear their flags. In the rollup's transaction, under the nodes'
-    locks, after it wrote its hours and days."""
-    cur.execute(_STORE_CHANGED, [node_ids])
+    locks, after it wrote its hours and days. One statement when no pod is flagged, as nearly always."""
+    cur.execute(_CLEAR_FLAGS, [node_ids])
+    pods = cur.fetchall()
+    if not pods:
+        return
+    columns = [list(c) for c in zip(*pods, strict=True)]
+    for statement in _STORE_CHANGED:
+        cur.execute(statement, columns)
 
 
 def store_requests(cur: CursorWrapper, *, start: datetime, end: datetime, gpu_uuid: str | None = None) -> None:

@@ -17,7 +17,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from billing.ledger import allocation, requests
-from billing.ledger.models import UsageDay, UsageHour, WorkloadMeta
+from billing.ledger.models import UsageDay, UsageHour, UsageMonth, WorkloadMeta
 from billing.ledger.months import close_days
 from billing.ledger.rollup import rebuild_days, rollup_usage
 from billing.models import Node, RateCard
@@ -144,6 +144,24 @@ def test_a_changed_request_is_read_at_once_and_stored_again_by_the_next_rollup(p
     assert {r.mem_requested_mb_s for r in UsageHour.objects.filter(pod="bert-1")} == {Decimal(16384 * 60)}
     assert requested(hourly(start, end)) == {"bert-1": Decimal(16384 * 180), "llm-2": Decimal(1000 * 180)}
     assert hourly(start, end) == joined(start, end)
+
+
+def test_a_change_reaches_the_days_and_months_its_batch_does_not_touch(post_batch, rate_card) -> None:
+    """A pod that ran before a month's end, its days closed into the month rows, then reports another
+    request after it: the next rollup stores the new request's figures in the earlier day and month
+    rows too, which no batch of that cycle touched."""
+    edge = month_end()
+    post_batch(batch(edge - timedelta(hours=1), {"bert-1": (8192, 20), "llm-2": (1000, 5)}, suffix="-edge"))
+    rollup_usage(now=clock.now())
+    close_days(now=clock.now())
+    before = UsageMonth.objects.get(pod="bert-1-edge")
+    assert before.mem_requested_mb_s == Decimal(8192 * 60)
+    post_batch(batch(edge + timedelta(hours=1), {"bert-1": (16384, 20), "llm-2": (1000, 5)}, suffix="-edge"))
+    rollup_usage(now=clock.now())
+    assert UsageDay.objects.get(pod="bert-1-edge", day=edge - timedelta(days=1)).mem_requested_mb_s == Decimal(16384 * 60)
+    assert UsageMonth.objects.get(pk=before.pk).mem_requested_mb_s == Decimal(16384 * 60)
+    assert UsageMonth.objects.get(pod="llm-2-edge", month__lt=edge).mem_requested_mb_s == Decimal(1000 * 60)  # unchanged
+    assert_rows_store_their_requests()
 
 
 _REQUEST = st.one_of(st.none(), st.tuples(st.sampled_from([0, 1024, 8192, 40960]), st.sampled_from([5, 20, 54.5])))
