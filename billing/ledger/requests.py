@@ -89,7 +89,7 @@ def stored_requested() -> StoredRequested:
     Asked before the read's statement, not in it: even a join to no rows hashes every row (0.15 s of
     a week's hourly sets at 1,000 GPUs). What a read sees is still one request's figures for each
     pod: a change that commits between the two statements leaves the pod's rows as they were (the
-    request before it) until a rollup stores them all again, in one statement."""
+    request before it) until a rollup stores them all again, in one transaction."""
     with connection.cursor() as cur:
         cur.execute(f"SELECT EXISTS (SELECT 1 FROM {_META} WHERE requests_changed)")  # noqa: S608 - the model's own table
         changed = bool(cur.fetchone()[0])
