@@ -44,8 +44,15 @@ _MONTH = UsageMonth._meta.db_table
 _META = WorkloadMeta._meta.db_table
 _CARD = Card._meta.db_table
 
-# The request's key in WorkloadMeta.requests -> the hour row's column that stores it x seconds.
+# The request's key in WorkloadMeta.requests -> the ledger rows' column that stores it x seconds.
 REQUESTED_COLUMNS = {"mem_mb": "mem_requested_mb_s", "sm": "sm_requested_s"}
+_STORED = ", ".join(REQUESTED_COLUMNS.values())
+
+
+def _of_pod(meta: str) -> str:
+    """The metadata row `meta` of the ledger row `u`: its node's, of its pod instance."""
+    return (f"{meta}.node_id = u.node_id AND {meta}.namespace = u.namespace AND {meta}.pod = u.pod "
+            f"AND {meta}.pod_uid = u.pod_uid")
 
 
 def requested_sums(alias: str) -> str:
@@ -67,7 +74,7 @@ def requested_sql(field: str, *, requests: str = "m.requests", container: str = 
 # The pods whose stored figures are behind their requests (`f`), joined to the hour rows `u` of a read.
 _CHANGED_JOIN = (
     f" LEFT JOIN (SELECT node_id, namespace, pod, pod_uid, requests FROM {_META} WHERE requests_changed) f "  # noqa: S608 - the model's own table
-    "ON f.node_id = u.node_id AND f.namespace = u.namespace AND f.pod = u.pod AND f.pod_uid = u.pod_uid"
+    f"ON {_of_pod('f')}"
 )
 
 
@@ -111,10 +118,6 @@ def _values(requests: str) -> str:
     return ", ".join(requested_sql(field, requests=requests) for field in REQUESTED_COLUMNS)
 
 
-def _set_requested(requests: str) -> str:
-    return ", ".join(f"{column} = {requested_sql(field, requests=requests)}" for field, column in REQUESTED_COLUMNS.items())
-
-
 _CLEAR_FLAGS = (
     f"UPDATE {_META} SET requests_changed = false WHERE node_id = ANY(%s) AND requests_changed "  # noqa: S608 - the model's own table
     "RETURNING node_id, namespace, pod, pod_uid, first_seen, last_seen"
@@ -127,10 +130,9 @@ def _store_changed_in(table: str, at: str, unit: str) -> str:
     (node, GPU, time), one probe per card of its node over its [first_seen, last_seen), behind a
     fence: joined by the planner, the cards and their rows were hashed for every node of the fleet
     (the whole table), however few the pods."""
-    of_pod = "m.node_id = u.node_id AND m.namespace = u.namespace AND m.pod = u.pod AND m.pod_uid = u.pod_uid"
     return (
-        f"UPDATE {table} u SET ({', '.join(REQUESTED_COLUMNS.values())}) = (SELECT {_values('m.requests')} "  # noqa: S608 - the models' own tables
-        f"FROM {_META} m WHERE {of_pod}) WHERE u.ctid = ANY(ARRAY(SELECT r.ctid FROM unnest(%s::bigint[], "
+        f"UPDATE {table} u SET ({_STORED}) = (SELECT {_values('m.requests')} "  # noqa: S608 - the models' own tables
+        f"FROM {_META} m WHERE {_of_pod('m')}) WHERE u.ctid = ANY(ARRAY(SELECT r.ctid FROM unnest(%s::bigint[], "
         "%s::varchar[], %s::varchar[], %s::varchar[], %s::timestamptz[], %s::timestamptz[]) "
         f"AS c(node_id, namespace, pod, pod_uid, first_seen, last_seen) JOIN {_CARD} k ON k.node_id = c.node_id "
         f"CROSS JOIN LATERAL (SELECT r.ctid FROM {table} r WHERE r.node_id = c.node_id AND r.gpu_uuid = k.gpu_uuid "
@@ -164,15 +166,14 @@ def store_requests(cur: CursorWrapper, *, start: datetime, end: datetime, gpu_uu
     gpu = "" if gpu_uuid is None else " AND u.gpu_uuid = %s"
     params: list[datetime | str] = [start, end] if gpu_uuid is None else [start, end, gpu_uuid]
     stored = f"({', '.join(f'u.{c}' for c in REQUESTED_COLUMNS.values())})"
-    of_pod = "m.node_id = u.node_id AND m.namespace = u.namespace AND m.pod = u.pod AND m.pod_uid = u.pod_uid"
     cur.execute(
-        f"UPDATE {_HOUR} u SET {_set_requested('m.requests')} FROM {_META} m "  # noqa: S608 - the models' own tables
-        f"WHERE {of_pod} AND u.hour >= %s AND u.hour < %s{gpu} AND {stored} IS DISTINCT FROM ({_values('m.requests')})",
+        f"UPDATE {_HOUR} u SET ({_STORED}) = ({_values('m.requests')}) FROM {_META} m "  # noqa: S608 - the models' own tables
+        f"WHERE {_of_pod('m')} AND u.hour >= %s AND u.hour < %s{gpu} "
+        f"AND {stored} IS DISTINCT FROM ({_values('m.requests')})",
         params,
     )
     cur.execute(
-        f"UPDATE {_HOUR} u SET {', '.join(f'{c} = NULL' for c in REQUESTED_COLUMNS.values())} "  # noqa: S608 - the models' own tables
-        f"WHERE u.hour >= %s AND u.hour < %s{gpu} AND {stored} IS DISTINCT FROM (NULL, NULL) "
-        f"AND NOT EXISTS (SELECT 1 FROM {_META} m WHERE {of_pod})",
+        f"UPDATE {_HOUR} u SET ({_STORED}) = (NULL, NULL) WHERE u.hour >= %s AND u.hour < %s{gpu} "  # noqa: S608 - the models' own tables
+        f"AND {stored} IS DISTINCT FROM (NULL, NULL) AND NOT EXISTS (SELECT 1 FROM {_META} m WHERE {_of_pod('m')})",
         params,
     )
