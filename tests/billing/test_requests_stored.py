@@ -195,6 +195,12 @@ def test_reads_are_the_join_whatever_the_order(post_batch, rate_card, steps: lis
     assert not WorkloadMeta.objects.filter(requests_changed=True).exists()  # the last rollup stored them all
 
 
+def stored(row: UsageHour) -> tuple[Decimal | None, Decimal | None]:
+    """The requested figures an hour row holds now."""
+    fresh = UsageHour.objects.get(pk=row.pk)
+    return fresh.mem_requested_mb_s, fresh.sm_requested_s
+
+
 def test_rebuild_days_stores_the_figures_of_hours_written_by_hand(db, rate_card) -> None:
     """An hour row written other than by the rollup (a test's, the benchmark's COPY) has no figures
     until rebuild_days, which stores them from the metadata, as it derives the days."""
@@ -206,17 +212,14 @@ def test_rebuild_days_stores_the_figures_of_hours_written_by_hand(db, rate_card)
         mem_billed_mb_s=0, sm_used_s=0, sm_granted_s=0, sm_billed_s=0, pcie_mb=0, share_gpu_s=0, charge=0, idle_share=0)
     WorkloadMeta.objects.create(node=node, namespace="ml", pod="bert", pod_uid="uid-bert", requests={"main": {"mem_mb": 2.5}},
                                 first_seen=hour, last_seen=hour + timedelta(hours=1), requests_changed=False)
-    row.refresh_from_db()
-    assert row.mem_requested_mb_s is None
+    assert stored(row) == (None, None)
     rebuild_days(start=hour.replace(hour=0), end=hour.replace(hour=0) + timedelta(days=1))
-    row.refresh_from_db()
-    assert (row.mem_requested_mb_s, row.sm_requested_s) == (Decimal(9000), None)
+    assert stored(row) == (Decimal(9000), None)
     day = UsageDay.objects.get()
     assert (day.mem_requested_mb_s, day.sm_requested_s) == (Decimal(9000), None)  # the day's, from its hours
     WorkloadMeta.objects.all().delete()  # no metadata: unknown, as a join gives it
     rebuild_days(start=hour.replace(hour=0), end=hour.replace(hour=0) + timedelta(days=1))
-    row.refresh_from_db()
-    assert (row.mem_requested_mb_s, row.sm_requested_s) == (None, None)
+    assert stored(row) == (None, None)
 
 
 def test_the_migration_backfill_stores_what_the_rollup_stores(post_batch, rate_card) -> None:
