@@ -18,7 +18,9 @@ provides them). Nothing is written to that database: the benchmark drops and cre
    COPY and rebuilt from their own definitions after it, then VACUUM ANALYZE; then the day ledger
    (UsageDay, GpuDay, and UsageMonth from the closed days) derived from those hours by
    billing.ledger.rollup.rebuild_days, as the rollup would have written it, timed apart, and
-   compacted (VACUUM FULL, ANALYZE).
+   compacted (VACUUM FULL, ANALYZE). The closed days are those before the last day's midnight, as
+   the rollup's close leaves them at the benchmark's `now` (close_month_ledger), not those before
+   the machine's date: the last day is in day rows only.
 2. Time, warm, with django.utils.timezone.now fixed at the month's last hour: the queries the pages
    call (get_finance_dashboard for the month to date and for 7 days, get_tenant_portal for the
    biggest tenant, list_tenant_portals, list_billing_periods, preview_invoices), then the pages
@@ -173,10 +175,12 @@ class FillStats:
     reused: bool = False  # --reuse-db: counts read from the kept database, fill times not measured
 
 
-def reused_fill_stats() -> FillStats:
-    """What a kept database holds (--reuse-db), vacuumed first (vacuum_derived_ledger)."""
+def reused_fill_stats(start: datetime, end: datetime, now: datetime) -> FillStats:
+    """What a kept database holds (--reuse-db), its month ledger closed as of `now` (close_month_ledger)
+    and vacuumed first (vacuum_derived_ledger)."""
     from django.db import connection
 
+    close_month_ledger(start, end, now)
     vacuum_derived_ledger()
     stats = FillStats(reused=True)
     with connection.cursor() as cur:
@@ -260,14 +264,36 @@ def vacuum_derived_ledger() -> None:
             cur.execute(f"VACUUM (FULL, ANALYZE) {table}")
 
 
-def fill_days(stats: FillStats, start: datetime, end: datetime) -> None:
-    """Derive the day ledger from the hours just COPYed, as the rollup keeps it (one transaction)."""
+def close_month_ledger(start: datetime, end: datetime, now: datetime) -> None:
+    """The month ledger of [start, end) as the rollup leaves it at `now`: the days before now's
+    midnight closed into month rows (the close's grace, an hour, is past at the benchmark's now), the
+    day in progress in day rows only (billing.ledger.months). Not as of the machine's date, which the
+    migrations close through: the fill is dated in the past, and closed through today the month rows
+    held the fill's last day too, which no ledger holds at its `now`, and reads that take closed days
+    from the month rows could not (billing.ledger.spend.list_month_to_date_spends)."""
+    from django.db import connection, transaction
+
+    from billing.ledger.months import rebuild_months
+
+    midnight = now.astimezone(UTC).replace(hour=0, minute=0, second=0, microsecond=0)
+    with transaction.atomic(), connection.cursor() as cur:
+        cur.execute("SELECT closed_through FROM billing_month_closed")
+        if cur.fetchone()[0] == midnight:
+            return
+        cur.execute("UPDATE billing_month_closed SET closed_through = %s", [midnight])
+        rebuild_months(cur, lo=start, hi=end, gpu_uuid=None)
+
+
+def fill_days(stats: FillStats, start: datetime, end: datetime, now: datetime) -> None:
+    """Derive the day ledger from the hours just COPYed, as the rollup keeps it (one transaction), and
+    the month ledger as it is at `now` (close_month_ledger)."""
     from django.db import connection
 
     from billing.ledger.models import UsageDay
     from billing.ledger.rollup import rebuild_days
 
     t0 = time.perf_counter()
+    close_month_ledger(start, end, now)  # first: rebuild_days derives the months of the closed days
     stats.gpu_days = rebuild_days(start=start, end=end)
     vacuum_derived_ledger()
     with connection.cursor() as cur:
@@ -665,7 +691,7 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
         warnings.filterwarnings("ignore", message="No directory at")  # no collectstatic for a benchmark
         setup_django(env)
         if args.reuse_db:
-            fill = reused_fill_stats()
+            fill = reused_fill_stats(first_hour, month_end, now)
             tenants = [slug for slug, _name in TENANT_NAMES[:args.tenants]]
             log(f"reused {fill.gpu_hours:,} GPU-hours, {fill.usage_hours:,} usage-hours")
         else:
@@ -674,7 +700,7 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
             log(f"fill: {args.gpus} GPUs x {args.days} days x {args.workloads_per_gpu} workloads")
             fill = fill_ledger(args, url, ref, first_hour, rng)
             log(f"filled {fill.gpu_hours:,} GPU-hours, {fill.usage_hours:,} usage-hours in {fill.seconds:.0f} s")
-            fill_days(fill, first_hour, month_end)
+            fill_days(fill, first_hour, month_end, now)
             log(f"derived {fill.gpu_days:,} GPU-days, {fill.usage_days:,} usage-days in {fill.days_seconds:.0f} s")
         with mock.patch("django.utils.timezone.now", return_value=now):
             results = run_measurements(args, tenants, now)
