@@ -34,7 +34,7 @@ from django.db import connection
 from django.db.models import Q
 
 from billing.ledger.models import WorkloadMeta
-from billing.ledger.reads import fetch_rows, period_read_cursor
+from billing.ledger.reads import CLOSED_THROUGH, fetch_rows, period_read_cursor
 from billing.ledger.retention import require_hours_retained
 from billing.models.pricing import RateCard
 
@@ -338,15 +338,27 @@ def list_month_to_date_spends(*, tenants: Collection[str], start: datetime, now:
     spends = {slug: TenantSpend(slug, _ZERO, _ZERO) for slug in sorted(set(tenants))}
     if spends and now >= start:
         split = _split(start, now + _TICK, now)
-        params: dict[str, Any] = {"tenants": list(spends), "days_from": split.days_from, "days_to": split.days_to}
+        params: dict[str, Any] = {"tenants": list(spends), "days_from": split.days_from, "days_to": split.days_to,
+                                  "month": start}
         tenant = _TENANTS.format(col="u.tenant")
-        # Left joins: a usage row always has its GPU row (the rollup writes both); the model only names a line.
+        # The month's closed days from its month rows (billing.ledger.months), which hold the days
+        # before CLOSED_THROUGH, wherever those are days of this read only: CLOSED_THROUGH not after the
+        # last day read (a `now` before the last close, as a back-dated read asks, is read from days).
+        # A big tenant has a row per workload there against one per workload and day (9.8k against
+        # 52k day rows at the month's end at 1,000 GPUs). CLOSED_THROUGH is read by the statement
+        # itself, so that month and day rows are one state of the ledger (a close moves days over).
+        months = f"{CLOSED_THROUGH} <= %(days_to)s" if _is_month_start(start) else "FALSE"
+        # Left joins: a usage row always has its GPU row (the rollup writes both); the model only names a
+        # line, and a month row carries its GPU-days' model.
         rows = _fetch(
             "SELECT tenant, gpu_model, sla_tier, sum(charge), sum(idle_share) FROM ("  # noqa: S608 - fixed SQL; values are parameters
-            " SELECT u.tenant, coalesce(g.gpu_model, '') AS gpu_model, u.sla_tier, u.charge, u.idle_share"
+            " SELECT u.tenant, coalesce(u.gpu_model, '') AS gpu_model, u.sla_tier, u.charge, u.idle_share"
+            f" FROM billing_usagemonth u WHERE u.month = %(month)s AND {months} AND {tenant}"
+            " UNION ALL SELECT u.tenant, coalesce(g.gpu_model, ''), u.sla_tier, u.charge, u.idle_share"
             " FROM billing_usageday u LEFT JOIN billing_gpuday g ON g.node_id = u.node_id AND g.gpu_uuid = u.gpu_uuid"
             " AND g.day = u.day AND g.day >= %(days_from)s AND g.day < %(days_to)s"
-            f" WHERE u.day >= %(days_from)s AND u.day < %(days_to)s AND {tenant}"
+            f" WHERE u.day >= (CASE WHEN {months} THEN greatest({CLOSED_THROUGH}, %(days_from)s) ELSE %(days_from)s END)"
+            f" AND u.day < %(days_to)s AND {tenant}"
             " UNION ALL SELECT u.tenant, coalesce(g.gpu_model, ''), u.sla_tier, u.charge, u.idle_share"
             " FROM billing_usagehour u LEFT JOIN billing_gpuhour g ON g.node_id = u.node_id AND g.gpu_uuid = u.gpu_uuid"
             f" AND g.hour = u.hour AND {hour_ranges_sql(split.hour_ranges, 'g.hour', params)}"
@@ -358,6 +370,11 @@ def list_month_to_date_spends(*, tenants: Collection[str], start: datetime, now:
         spends.update({slug: TenantSpend(slug, sum((c for c, _i in parts), _ZERO), sum((i for _c, i in parts), _ZERO),
                                          tuple(parts)) for slug, parts in lines.items()})
     return list(spends.values())
+
+
+def _is_month_start(at: datetime) -> bool:
+    """Whether `at` is a UTC month's first midnight (a month row's month)."""
+    return at == at.astimezone(UTC).replace(day=1, hour=0, minute=0, second=0, microsecond=0)
 
 
 def list_hour_spends(*, tenants: Collection[str], since: datetime, until: datetime) -> list[HourSpend]:

@@ -21,7 +21,7 @@ from hypothesis import HealthCheck, given
 from hypothesis import settings as hypothesis_settings
 from hypothesis import strategies as st
 
-from billing.ledger import allocation, months, reads, totals
+from billing.ledger import allocation, months, reads, spend, totals
 from billing.ledger import months as months_module
 from billing.ledger import rollup as rollup_module
 from billing.ledger.models import GpuDay, GpuHour, UsageDay, UsageHour, UsageMonth, WorkloadMeta
@@ -610,3 +610,43 @@ def test_a_month_is_read_from_days_where_a_month_row_cannot_stand_in_for_them(db
     LocationRate.objects.create(location=location, effective_from=date(2026, 3, 17), currency="USD",
                                 price_per_kwh=Decimal("0.3"), created_at=FEB_20)
     assert reads.month_range(reads.DAYS, FEB_20, APRIL) is None
+
+
+def _month_to_date(now: datetime) -> list[Any]:
+    return spend.list_month_to_date_spends(tenants=["acme", "globex", "initech"], start=MARCH, now=now)
+
+
+@hypothesis_settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(rows=runs_st(), gpu_rows=st.booleans(),
+       closed=st.sampled_from((MARCH, MARCH + timedelta(days=9), MARCH + timedelta(days=21), APRIL)),
+       now=st.sampled_from((MARCH + timedelta(minutes=30), MARCH + timedelta(days=9, hours=5),
+                            MARCH + timedelta(days=21, minutes=1), APRIL - timedelta(minutes=1))))
+def test_the_month_to_date_from_month_rows_is_the_month_to_date_from_days(
+        db: Any, rows: list[Row], gpu_rows: bool, closed: datetime, now: datetime) -> None:
+    """Whether the close has reached `now`'s day or not yet (its grace), or has gone past it (a
+    back-dated `now`, read from days): the same lines, to the Decimal's exponent."""
+    for model in (UsageMonth, UsageDay, GpuDay, UsageHour, GpuHour):
+        model.objects.all().delete()
+    _set_closed_through(closed)
+    _write(rows, gpu_rows=gpu_rows)
+    from_months = _month_to_date(now)
+    with pytest.MonkeyPatch.context() as days_only:
+        days_only.setattr(spend, "_is_month_start", lambda _at: False)
+        from_days = _month_to_date(now)
+    assert repr(from_months) == repr(from_days)
+
+
+def test_the_month_to_date_reads_the_closed_days_from_the_month_rows(db: Any) -> None:
+    _set_closed_through(MARCH + timedelta(days=10))
+    _write([Row(0, MARCH + timedelta(days=2, hours=5), "acme", "a", "main", 10**12, 10**8, 1000, 0),
+            Row(1, MARCH + timedelta(days=12, hours=5), "acme", "b", "side", 3 * 10**12, 10**8, 1000, 0),
+            Row(0, MARCH + timedelta(days=14, hours=1), "acme", "a", "main", 5 * 10**12, 10**8, 1000, 0)],
+           gpu_rows=True)
+    now = MARCH + timedelta(days=14, hours=1, minutes=30)
+    expected = _month_to_date(now)
+    assert expected[0].charge == 9  # every hour up to now's, closed or not
+    # The closed day's row gone, its month row holds it: the read does not take it from days.
+    UsageDay.objects.filter(day__lt=MARCH + timedelta(days=10)).delete()
+    assert _month_to_date(now) == expected
+    # A `now` before the close is read from days, which no longer hold the 3rd.
+    assert _month_to_date(MARCH + timedelta(days=5))[0].charge == 0
