@@ -152,6 +152,16 @@ class UsageGroupRow(NamedTuple):
 
 
 _GROUP_ROW_SUMS = UsageGroupRow._fields[3:]
+# A group's sums without its memory, requests and energy (list_usage_groups without `quantities`):
+# OpenCost's summary of a per-pod month shows GPU-hours, cost and SM efficiency only, and the seven
+# sums it does not show, the requests' pre-check and the energy rates' join were a third of the
+# statement and of its rows' conversion (docs/benchmarks.md). The rows carry zeros and None (unknown)
+# in their place, the values of a group that used no memory and asked for none.
+_LEAN_READ = ("first_hour", "last_hour", "seconds", "share_gpu_s", "charge", "idle_share", "sm_used_s", "sm_granted_s")
+_LEAN_SUMS_SQL = ("sum(u.seconds) AS seconds, sum(u.share_gpu_s) AS share_gpu_s, sum(u.charge) AS charge, "
+                  "sum(u.idle_share) AS idle_share, sum(u.sm_used_s) AS sm_used_s, sum(u.sm_granted_s) AS sm_granted_s")
+_LEAN_MEMORY = (Decimal(0), Decimal(0), None)  # mem_used_mb_s, mem_granted_mb_s, mem_requested_mb_s
+_LEAN_REST = (None, Decimal(0), Decimal(0), Decimal(0))  # sm_requested_s, energy_j, energy_cost_jp, co2e_jkg
 
 
 def _set_sql(at: str, alias: str, starts: Sequence[datetime] | None, params: dict[str, Any]) -> str:
@@ -247,13 +257,15 @@ _PER_POD_READ_SETTINGS = {**_GROUP_READ_SETTINGS, "enable_sort": "on", "enable_h
 def list_usage_groups(
     *, start: datetime, end: datetime, starts: Sequence[datetime] | None, keys: Sequence[str],
     filters: Mapping[str, Sequence[str]], tenants: Collection[str] | None, by_node: bool,
-    tree: FilterTree | None = None, limit: int | None = None, rates: bool | None = None,
+    tree: FilterTree | None = None, limit: int | None = None, rates: bool | None = None, quantities: bool = True,
 ) -> list[UsageGroupRow]:
     """Usage of [start, end) per set (from each of `starts`, sorted, the first `start`; None: one
     set) and per value of `keys` (and per node with `by_node`), of `tenants` only unless None, of
     rows matching every filter (key -> allowed values) and `tree`. Unordered. With `limit`, at most
     that many, which ones unsaid: for a caller that refuses a larger answer rather than reads it.
-    `rates`: billing.ledger.energy.any_energy_rate() where the caller asked already (None: asked here)."""
+    `rates`: billing.ledger.energy.any_energy_rate() where the caller asked already (None: asked here).
+    Without `quantities`, the rows' memory, requests and energy are not read (_LEAN_SUMS): for a
+    caller that shows none of them."""
     ledger = set_ledger(start, end, starts)
     params: dict[str, Any] = {"start": start, "end": end,
                               "tenants": None if tenants is None else sorted(tenants)}
@@ -276,34 +288,41 @@ def list_usage_groups(
         params["starts"] = list(starts)
     node = "n.name" if by_node else "''"
     # The rows' stored requested figures (billing.ledger.requests), not a join of each to the requests.
-    requested = stored_requested()
+    requested = stored_requested() if quantities else None
     # The metadata and the node only where a key or filter reads them (each is at most one row per
     # usage row, and every usage row has its node): a join per row less (~0.5 s of a week's hourly
     # sets at 1,000 GPUs).
     read = " ".join([*key_sql, where, node])
     meta = _META_JOIN if re.search(r"\bm\.", read) else ""
     node_join = f" JOIN {_NODE} n ON n.id = u.node_id" if re.search(r"\bn\.", read) else ""
-    rates = any_energy_rate() if rates is None else rates
-    # A group's requested figure is known only if every one of its rows' is: its request (a row's
-    # seconds are never NULL), not the product, which Postgres would compute a second time per row
-    # (~0.1 s of a week's hourly sets at 1,000 GPUs).
+    if requested is None:
+        sums, joins = _LEAN_SUMS_SQL, ""
+    else:
+        rates = any_energy_rate() if rates is None else rates
+        # A group's requested figure is known only if every one of its rows' is: its request (a row's
+        # seconds are never NULL), not the product, which Postgres would compute a second time per row
+        # (~0.1 s of a week's hourly sets at 1,000 GPUs).
+        sums = (
+            "sum(u.seconds) AS seconds, sum(u.share_gpu_s) AS share_gpu_s, sum(u.charge) AS charge, "
+            "sum(u.idle_share) AS idle_share, sum(u.mem_used_mb_s) AS mem_used_mb_s, "
+            "sum(u.mem_granted_mb_s) AS mem_granted_mb_s, "
+            f"CASE WHEN bool_and({requested.mem_mb} IS NOT NULL) THEN sum({requested.mem_mb}) END AS mem_requested_mb_s, "
+            "sum(u.sm_used_s) AS sm_used_s, sum(u.sm_granted_s) AS sm_granted_s, "
+            f"CASE WHEN bool_and({requested.sm} IS NOT NULL) THEN sum({requested.sm}) END AS sm_requested_s, "
+            f"sum(u.energy_j) AS energy_j, {energy_cost_sql(rates=rates)} AS energy_cost_jp, "
+            f"{co2e_sql(rates=rates)} AS co2e_jkg"
+        )
+        joins = f"{energy_rate_join('u', 'at', rates=rates)}{requested.join}"
     sql = (
         f"SELECT {set_index} AS set_index, {key_columns}{node} AS node, "  # noqa: S608 - fixed SQL
-        "min(u.first_hour) AS first_hour, max(u.last_hour) AS last_hour, "
-        "sum(u.seconds) AS seconds, sum(u.share_gpu_s) AS share_gpu_s, sum(u.charge) AS charge, "
-        "sum(u.idle_share) AS idle_share, sum(u.mem_used_mb_s) AS mem_used_mb_s, "
-        "sum(u.mem_granted_mb_s) AS mem_granted_mb_s, "
-        f"CASE WHEN bool_and({requested.mem_mb} IS NOT NULL) THEN sum({requested.mem_mb}) END AS mem_requested_mb_s, "
-        "sum(u.sm_used_s) AS sm_used_s, sum(u.sm_granted_s) AS sm_granted_s, "
-        f"CASE WHEN bool_and({requested.sm} IS NOT NULL) THEN sum({requested.sm}) END AS sm_requested_s, "
-        f"sum(u.energy_j) AS energy_j, {energy_cost_sql(rates=rates)} AS energy_cost_jp, "
-        f"{co2e_sql(rates=rates)} AS co2e_jkg "
-        f"FROM {rows_sql} u{node_join}{energy_rate_join('u', 'at', rates=rates)}{requested.join}{meta} "
+        f"min(u.first_hour) AS first_hour, max(u.last_hour) AS last_hour, {sums} "
+        f"FROM {rows_sql} u{node_join}{joins}{meta} "
         f"WHERE TRUE{where} GROUP BY {', '.join(str(i) for i in range(1, len(key_sql) + 3))}"
         + ("" if limit is None else " LIMIT %(limit)s")
     )
     params["limit"] = limit
-    expected = ("set_index", *(f"k_{i}" for i in range(len(key_sql))), "node", *_GROUP_ROW_SUMS)
+    read_sums = _GROUP_ROW_SUMS if quantities else _LEAN_READ
+    expected = ("set_index", *(f"k_{i}" for i in range(len(key_sql))), "node", *read_sums)
     set_starts = [None, *(starts or [start])]  # width_bucket counts from 1
     settings = _PER_POD_READ_SETTINGS if _PER_POD_KEYS & set(keys) else _GROUP_READ_SETTINGS
     with period_read_cursor(settings) as cur:
@@ -314,7 +333,10 @@ def list_usage_groups(
         # Built by position, the columns being the fields in order (checked above): a per-pod month is
         # ~40k rows at 1,000 GPUs.
         after = len(key_sql) + 1
-        return [tuple.__new__(UsageGroupRow, (set_starts[v[0]], v[1:after], *v[after:])) for v in cur.fetchall()]
+        if quantities:
+            return [tuple.__new__(UsageGroupRow, (set_starts[v[0]], v[1:after], *v[after:])) for v in cur.fetchall()]
+        return [tuple.__new__(UsageGroupRow, (set_starts[v[0]], v[1:after], *v[after:-2], *_LEAN_MEMORY, *v[-2:],
+                                              *_LEAN_REST)) for v in cur.fetchall()]
 
 
 # The pod instance is a grouping the figures need (two instances of a StatefulSet's pod share a

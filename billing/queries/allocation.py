@@ -302,6 +302,7 @@ def allocation_sets(
     accumulate: bool | str | None = False, include_idle: bool = False, share_idle: bool = False,
     idle_by_node: bool = False, filters: Mapping[str, Sequence[str]] | None = None,
     tree: ledger.FilterTree | None = None, split_idle: bool = False, max_allocations: int | None = None,
+    quantities: bool = True,
 ) -> list[dict[str, CostAllocation]]:
     """One dict per set (name -> Allocation; one set with `accumulate` or no `step`), in time order,
     each sorted by name with idle last. `window` is aligned to whole hours first (align_window);
@@ -311,7 +312,8 @@ def allocation_sets(
     ANDed with `filters`. Idle is one `__idle__` per set, as OpenCost merges it, unless `split_idle`:
     then `<node>/__idle__` with idle_by_node, else `<cluster>/__idle__`. With `max_allocations`, a
     query whose sets would hold more workload allocations than that is refused (ParameterError)
-    before any is built."""
+    before any is built. Without `quantities`, the workload allocations' memory, requests and energy
+    are not read: zeros (None for requests), for a caller that shows none of them (OpenCost's summary)."""
     window = align_window(window)
     aggregate = tuple(aggregate) or DEFAULT_AGGREGATE
     filters = dict(filters or {})
@@ -339,7 +341,8 @@ def allocation_sets(
     rates = any_energy_rate()  # asked once for both reads
     rows = ledger.list_usage_groups(start=window.start, end=window.end, starts=starts, keys=aggregate,
                                     filters=filters, tenants=scope.tenants, by_node=share and idle_by_node, tree=tree,
-                                    limit=None if max_allocations is None else max_allocations + 1, rates=rates)
+                                    limit=None if max_allocations is None else max_allocations + 1, rates=rates,
+                                    quantities=quantities)
     if max_allocations is not None and len(rows) > max_allocations:
         raise ParameterError("aggregate", gettext(
             "the answer would hold more than %(max)s allocations; aggregate by fewer or coarser keys, take a "

@@ -173,4 +173,15 @@ def test_allocations_are_the_hour_rows_summed(db: Any, uses: list[Use], keys: li
             for name, allocation in got.items():
                 figures = _figures(allocation)
                 assert {f: _digits(v) for f, v in figures.items()} == {f: _digits(v) for f, v in want[name].items()}
+        # Without quantities (OpenCost's summary): the same allocations, every figure it reads alike to
+        # the last digit, and the memory, requests and energy it does not read as zeros and unknowns.
+        lean = allocation_sets(FINANCE, window=window, aggregate=keys, step=step, quantities=False)
+        unread = {"mem_used_mb_s": D(0), "mem_granted_mb_s": D(0), "mem_requested_mb_s": None, "sm_requested_s": None,
+                  "energy_j": D(0), "energy_cost_jp": D(0), "co2e_jkg": D(0)}
+        for got, whole in zip(lean, sets, strict=True):
+            assert list(got) == list(whole)
+            for name, allocation in got.items():
+                expected_lean = {**_figures(whole[name]), **unread}
+                assert {f: _digits(v) for f, v in _figures(allocation).items()} == {
+                    f: _digits(v) for f, v in expected_lean.items()}
         transaction.set_rollback(True)
