@@ -21,9 +21,13 @@ all of them cost the portal 1.7 s of its 2.9 s; docs/benchmarks.md).
   invoice does (billing.ledger.spend.priced_split: the days on which a GPU-day cannot name the card of
   each of its hours come from hours); to the ledger unit the same as reading every hour
   (tests/billing/test_page_reads_equivalence.py).
-- Right-sizing needs each container's peak hour, which only hours hold. The listed workloads' hours
-  are found through their day rows (node, GPU and the first and last hour of each day), which the
-  hour ledger's (node, GPU, hour) index answers, instead of scanning the tenant's month of hours.
+- Right-sizing needs each container's peak hour. A day row holds its hours' highest mean
+  (UsageDay.peak_hour_mean_mb), which is the container's for that day where each of the pod's
+  containers ran on one GPU and SLA tier all day (one hour row per hour): those days are read from
+  their day rows. The others (a container on two GPUs or tiers, a day the period cuts) are read from
+  their hours, found through their day rows (node, GPU and the first and last hour of each day), which
+  the hour ledger's (node, GPU, hour) index answers, instead of scanning the tenant's month of hours.
+  tests/billing/test_page_reads_equivalence.py holds both to the hour rows.
 """
 
 from __future__ import annotations
@@ -164,43 +168,58 @@ def list_container_use(*, tenant: str, start: datetime, end: datetime,
     keys), one per pod instance and container. Unordered."""
     params: dict[str, Any] = {"tenant": tenant, "start": start, "end": end,
                               "first_day": start.astimezone(UTC).replace(hour=0, minute=0, second=0, microsecond=0)}
-    # The hour rows' stored requested figures, the span's metadata's where they are behind it.
+    # The stored requested figures of a row `u` (an hour or a day row), its pod's metadata's where the
+    # figures are behind it (billing.ledger.requests).
     mem_req, sm_req = row_requested_sql("mem_mb"), row_requested_sql("sm")
     sql = (
-        # Where the listed workloads ran, one span of hours per node, GPU and day (a day row per
-        # container and tier: merged, so that no hour is read twice). The day ledger holds every
-        # hour's day (billing.ledger.models), so the spans cover every hour of these workloads.
-        # Each span carries its pod's metadata (WorkloadMeta is keyed by node and pod instance, as a
-        # span is): one probe per span rather than one per hour row (~1k against ~21k for the
-        # portal's 100 workloads at 1,000 GPUs), and its pod instance's number `w`, which the hours
-        # are grouped by instead of its three names (narrower rows: the ~21k hour groups were
-        # sorted on disk at 1,000 GPUs).
-        "WITH spans AS MATERIALIZED (SELECT s.*, m.requests, m.requests_changed, dense_rank() OVER (ORDER BY s.namespace, s.pod, s.pod_uid) AS w "  # noqa: S608 - fixed SQL
-        "FROM (SELECT d.node_id, d.gpu_uuid, d.namespace, d.pod, d.pod_uid, min(d.first_hour) AS first_hour, "
-        f"max(d.last_hour) AS last_hour FROM {_USAGE_DAY} d{_workloads_sql('d', workloads, params)} "
-        "WHERE d.tenant = %(tenant)s AND d.day >= %(first_day)s AND d.day < %(end)s "
-        "GROUP BY d.node_id, d.gpu_uuid, d.namespace, d.pod, d.pod_uid, d.day) s "
-        f"LEFT JOIN {_META} m ON m.node_id = s.node_id AND m.namespace = s.namespace AND m.pod = s.pod "
-        "AND m.pod_uid = s.pod_uid), "
-        "hours AS (SELECT m.w, u.container, u.hour, sum(u.seconds) AS s, sum(u.mem_used_mb_s) AS mem, "
+        # The listed workloads' day rows, each with its pod instance's number `w` (the containers are
+        # grouped by it instead of its three names) and whether its pod's day is `stored`: read from
+        # the day rows themselves, peaks included (UsageDay.peak_hour_mean_mb), because each of the
+        # pod's containers ran on one GPU and SLA tier that day (one day row each, so its every hour
+        # is one hour row, whose mean the day row's peak is), the day is wholly in the period, and
+        # the peaks were derived from the hours. The other days are read from their hours below.
+        "WITH day_rows AS (SELECT u.*, m.requests_changed, "  # noqa: S608 - fixed SQL
+        f"{mem_req} AS mem_req, {sm_req} AS sm_req, "
+        "count(*) OVER (PARTITION BY u.namespace, u.pod, u.pod_uid, u.container, u.day) = 1 "
+        "AND u.day >= %(start)s AND u.day + interval '1 day' <= %(end)s "
+        "AND (u.peak_hour_mean_mb IS NOT NULL OR u.seconds = 0) AS alone "
+        f"FROM {_USAGE_DAY} u{_workloads_sql('u', workloads, params)} "
+        f"LEFT JOIN {_META} m ON m.node_id = u.node_id AND m.namespace = u.namespace AND m.pod = u.pod "
+        "AND m.pod_uid = u.pod_uid WHERE u.tenant = %(tenant)s AND u.day >= %(first_day)s AND u.day < %(end)s), "
+        "days AS MATERIALIZED (SELECT *, dense_rank() OVER (ORDER BY namespace, pod, pod_uid) AS w, "
+        "bool_and(alone) OVER (PARTITION BY namespace, pod, pod_uid, day) AS stored FROM day_rows), "
+        # Where the other days' workloads ran, one span of hours per node, GPU and day (the pod's
+        # containers and tiers merged, so that no hour is read twice), which the hour ledger's (node,
+        # GPU, hour) index answers. The day ledger holds every hour's day (billing.ledger.models), so
+        # the spans cover every hour of these days.
+        "spans AS (SELECT node_id, gpu_uuid, namespace, pod, pod_uid, w, min(first_hour) AS first_hour, "
+        "max(last_hour) AS last_hour FROM days WHERE NOT stored "
+        "GROUP BY node_id, gpu_uuid, namespace, pod, pod_uid, w, day), "
+        "hours AS (SELECT s.w, u.container, sum(u.seconds) AS s, sum(u.mem_used_mb_s) AS mem, "
         "sum(u.sm_used_s) AS sm, sum(u.mem_granted_mb_s) AS mem_granted, sum(u.sm_granted_s) AS sm_granted, "
         f"bool_and({mem_req} IS NOT NULL) AS mem_known, sum({mem_req}) AS mem_req, "
         f"bool_and({sm_req} IS NOT NULL) AS sm_known, sum({sm_req}) AS sm_req "
-        # The span is `m` to row_requested_sql, which reads the metadata as m.
-        f"FROM spans m JOIN {_USAGE} u ON u.node_id = m.node_id AND u.gpu_uuid = m.gpu_uuid "
-        "AND u.hour >= m.first_hour AND u.hour <= m.last_hour AND u.namespace = m.namespace AND u.pod = m.pod "
-        "AND u.pod_uid = m.pod_uid "
+        f"FROM spans s JOIN {_USAGE} u ON u.node_id = s.node_id AND u.gpu_uuid = s.gpu_uuid "
+        "AND u.hour >= s.first_hour AND u.hour <= s.last_hour AND u.namespace = s.namespace AND u.pod = s.pod "
+        f"AND u.pod_uid = s.pod_uid LEFT JOIN {_META} m ON m.node_id = s.node_id AND m.namespace = s.namespace "
+        "AND m.pod = s.pod AND m.pod_uid = s.pod_uid "
         "WHERE u.tenant = %(tenant)s AND u.hour >= %(start)s AND u.hour < %(end)s "
-        "GROUP BY m.w, u.container, u.hour), "
+        "GROUP BY s.w, u.container, u.hour), "
+        # Each container's hours of the other days and its stored days, one row each with its mean
+        # (an hour's) or highest mean (a day's).
+        "parts AS (SELECT w, container, s, mem, sm, mem_granted, sm_granted, mem_known, mem_req, sm_known, sm_req, "
+        "mem / nullif(s, 0) AS peak_mb, sm / nullif(s, 0) AS peak_sm FROM hours "
+        "UNION ALL SELECT w, container, seconds, mem_used_mb_s, sm_used_s, mem_granted_mb_s, sm_granted_s, "
+        "mem_req IS NOT NULL, mem_req, sm_req IS NOT NULL, sm_req, peak_hour_mean_mb, peak_hour_mean_sm "
+        "FROM days WHERE stored), "
         "containers AS (SELECT w, container, sum(s) AS seconds, sum(mem) AS mem_used_mb_s, sum(sm) AS sm_used_s, "
         "CASE WHEN bool_and(mem_known) THEN sum(mem_req) END AS mem_requested_mb_s, "
         "CASE WHEN bool_and(sm_known) THEN sum(sm_req) END AS sm_requested_s, "
-        "coalesce(max(mem / nullif(s, 0)), 0) AS peak_hour_mean_mb, "
-        "coalesce(max(sm / nullif(s, 0)), 0) AS peak_hour_mean_sm, "
-        "sum(mem_granted) AS mem_granted_mb_s, sum(sm_granted) AS sm_granted_s FROM hours GROUP BY w, container) "
+        "coalesce(max(peak_mb), 0) AS peak_hour_mean_mb, coalesce(max(peak_sm), 0) AS peak_hour_mean_sm, "
+        "sum(mem_granted) AS mem_granted_mb_s, sum(sm_granted) AS sm_granted_s FROM parts GROUP BY w, container) "
         "SELECT p.namespace, p.pod, p.pod_uid, c.container, c.seconds, c.mem_used_mb_s, c.sm_used_s, "
         "c.mem_requested_mb_s, c.sm_requested_s, c.peak_hour_mean_mb, c.peak_hour_mean_sm, c.mem_granted_mb_s, "
-        "c.sm_granted_s FROM containers c JOIN (SELECT DISTINCT w, namespace, pod, pod_uid FROM spans) p ON p.w = c.w"
+        "c.sm_granted_s FROM containers c JOIN (SELECT DISTINCT w, namespace, pod, pod_uid FROM days) p ON p.w = c.w"
     )
     # Not under the period-read settings: they turn nested loops off, and a nested loop over the
     # spans probing the hour ledger's index is the point (bench/web_pages.py measured the scan of the

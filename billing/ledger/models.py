@@ -269,6 +269,12 @@ class UsageDay(_WorkloadUsage, _Requested):
     # Start of the first and last ledger hour with usage that day, so readers keep hour precision.
     first_hour = models.DateTimeField()
     last_hour = models.DateTimeField()
+    # The highest hourly mean of the day's hours (MB·s ÷ seconds, SM·s ÷ seconds of one hour row, as
+    # a statement divides them; NULL where no hour had a metered second, or for a row written other
+    # than from its hours): what right-sizing reads instead of the hours where a container ran on one
+    # GPU and tier all day (billing.ledger.billed_basis.list_container_use).
+    peak_hour_mean_mb = ExactDecimalField(max_digits=1000, decimal_places=40, null=True)
+    peak_hour_mean_sm = ExactDecimalField(max_digits=1000, decimal_places=40, null=True)
 
     class Meta:
         indexes = [

@@ -767,7 +767,10 @@ _CARD_SHARE_OF_HOUR = ("coalesce((SELECT sum(u.share_gpu_s) FROM billing_usageho
 # then); tests/billing/test_daily_ledger.py checks they agree.
 _DAY_OF = "date_trunc('day', h.hour, 'UTC')"
 # A day row's columns as the day step writes them: the hours' sums, first and last hour, requested figures.
-_DAY_COLUMNS = (*_USAGE_COLUMNS, "first_hour", "last_hour", *REQUESTED_COLUMNS.values())
+_DAY_COLUMNS = (*_USAGE_COLUMNS, "first_hour", "last_hour", *REQUESTED_COLUMNS.values(), "peak_hour_mean_mb",
+                "peak_hour_mean_sm")
+# A day row's highest hourly means, of its hour rows `h` (UsageDay.peak_hour_mean_mb).
+_DAY_PEAKS = "max(h.mem_used_mb_s / nullif(h.seconds, 0)), max(h.sm_used_s / nullif(h.seconds, 0))"
 
 
 def _usage_days_insert(source: str) -> str:
@@ -775,8 +778,8 @@ def _usage_days_insert(source: str) -> str:
     sums = ", ".join(f"sum(h.{c})" for c in _USAGE_COLUMNS[8:])
     return (
         f"INSERT INTO billing_usageday (day, {', '.join(_DAY_COLUMNS)}) "  # noqa: S608 - built from constant column lists
-        f"SELECT {_DAY_OF}, h.gpu_uuid, h.node_id, {keys}, {sums}, min(h.hour), max(h.hour), {requested_sums('h')} "
-        f"FROM billing_usagehour h {source} GROUP BY {_DAY_OF}, h.gpu_uuid, h.node_id, {keys}"
+        f"SELECT {_DAY_OF}, h.gpu_uuid, h.node_id, {keys}, {sums}, min(h.hour), max(h.hour), {requested_sums('h')}, "
+        f"{_DAY_PEAKS} FROM billing_usagehour h {source} GROUP BY {_DAY_OF}, h.gpu_uuid, h.node_id, {keys}"
     )
 
 
@@ -811,8 +814,8 @@ _OF_WORKLOAD_DAYS = (
 _USAGE_DAYS_OF_WORKLOADS = (
     f"INSERT INTO billing_usageday (day, {', '.join(_DAY_COLUMNS)}) "  # noqa: S608 - built from constant column lists
     f"SELECT {_DAY_OF}, h.gpu_uuid, h.node_id, {', '.join(f'h.{k}' for k in _WORKLOAD_KEY)}, "
-    f"{', '.join(f'sum(h.{c})' for c in _USAGE_COLUMNS[8:])}, min(h.hour), max(h.hour), {requested_sums('h')} "
-    f"FROM {_UNNEST} AS a(node_id, gpu_uuid, day) CROSS JOIN LATERAL (SELECT * FROM billing_usagehour u "
+    f"{', '.join(f'sum(h.{c})' for c in _USAGE_COLUMNS[8:])}, min(h.hour), max(h.hour), {requested_sums('h')}, "
+    f"{_DAY_PEAKS} FROM {_UNNEST} AS a(node_id, gpu_uuid, day) CROSS JOIN LATERAL (SELECT * FROM billing_usagehour u "
     "WHERE u.node_id = a.node_id AND u.gpu_uuid = a.gpu_uuid AND u.hour >= a.day AND u.hour < a.day + interval '1 day' "
     f"OFFSET 0) h WHERE (h.node_id, h.gpu_uuid, {_DAY_OF}, {', '.join(f'h.{k}' for k in _WORKLOAD_KEY)}) "
     f"{_OF_WORKLOAD_DAYS} GROUP BY {_DAY_OF}, h.gpu_uuid, h.node_id, {', '.join(f'h.{k}' for k in _WORKLOAD_KEY)}"

@@ -245,6 +245,7 @@ def test_rebuild_ledger_reprices_the_days_too(post_batch):
 def test_the_migration_backfill_and_rebuild_days_give_what_the_rollup_wrote(post_batch, rate_card):
     migration = importlib.import_module("billing.migrations.0013_daily_ledger")
     shares = importlib.import_module("billing.migrations.0049_card_share")  # the GPU-days' Σ share, since
+    peaks = importlib.import_module("billing.migrations.0053_day_peak_hour_means")  # the days' peak hours, since
     base = base_day()
     workloads = [{"gpu": 0, "tenant": "acme", "pod": "bert-1", "mem_used": 400.0, "mem_granted": 600.0,
                   "sm_used": 6.0, "sm_granted": 9.0},
@@ -262,6 +263,7 @@ def test_the_migration_backfill_and_rebuild_days_give_what_the_rollup_wrote(post
         cur.execute(migration.BACKFILL_USAGE_DAYS)
         cur.execute(migration.BACKFILL_GPU_DAYS)
         cur.execute(shares.BACKFILL_GPU_DAYS)
+        cur.execute(peaks.BACKFILL)
     assert day_snapshot() == rolled
     rebuild_days(start=base + timedelta(hours=5), end=base + timedelta(days=2, hours=1))  # whole days it meets
     assert day_snapshot() == rolled

@@ -26,7 +26,7 @@ from hypothesis import strategies as st
 from billing.calendar import month_bounds
 from billing.ledger import spend
 from billing.ledger.billed_basis import list_billed_basis_rows, list_container_use
-from billing.ledger.models import UsageHour, WorkloadMeta
+from billing.ledger.models import UsageDay, UsageHour, WorkloadMeta
 from billing.models import Gpu, Node
 from billing.queries.figures import get_figure_tree
 from billing.queries.periods import list_billing_periods
@@ -72,15 +72,24 @@ def _check_panel(ledger: random_ledgers.Ledger, monkeypatch: pytest.MonkeyPatch)
                                                        workloads=keys), key=repr)
         assert read == from_hours, tenant
         assert {(r.namespace, r.pod, r.pod_uid) for r in read} == set(keys)
-        # Right-sizing: each container's sums and peak hour, from the hour rows themselves.
-        expected = _container_use_from_hours(tenant, start, end)
-        for listed in (keys, keys[:1]):
-            rows = list_container_use(tenant=tenant, start=start, end=end, workloads=listed)
-            # The peak is a quotient: Postgres' and Python's last digits differ, not the hour it comes from.
-            got = {(r.namespace, r.pod, r.pod_uid, r.container): (r.seconds, r.mem_used_mb_s,
-                                                                  round(r.peak_hour_mean_mb, 15), r.sm_granted_s)
-                   for r in rows}
-            assert got == {k: v for k, v in expected.items() if k[:3] in listed}, tenant
+        # Right-sizing: each container's sums and peak hour, from the hour rows themselves, over whole
+        # days (the days of a pod on one GPU and tier read from their rows) and over a period that
+        # begins and ends inside a day (those days read from their hours).
+        for lo, hi in ((start, end), (start + timedelta(hours=5), end - timedelta(hours=7))):
+            expected = _container_use_from_hours(tenant, lo, hi)
+            for listed in (keys, keys[:1]):
+                rows = list_container_use(tenant=tenant, start=lo, end=hi, workloads=listed)
+                # The peak is a quotient: Postgres' and Python's last digits differ, not the hour it comes from.
+                got = {(r.namespace, r.pod, r.pod_uid, r.container): (r.seconds, r.mem_used_mb_s,
+                                                                      round(r.peak_hour_mean_mb, 15), r.sm_granted_s)
+                       for r in rows}
+                assert got == {k: v for k, v in expected.items() if k[:3] in listed}, tenant
+                # The days' stored peaks and sums are what their hours give, every figure to its exponent.
+                with transaction.atomic():
+                    UsageDay.objects.update(peak_hour_mean_mb=None, peak_hour_mean_sm=None)
+                    from_hours = list_container_use(tenant=tenant, start=lo, end=hi, workloads=listed)
+                    transaction.set_rollback(True)
+                assert sorted(map(repr, rows)) == sorted(map(repr, from_hours)), tenant
 
 
 def _container_use_from_hours(tenant: str, start: datetime, end: datetime) -> dict[tuple[str, ...], tuple[Any, ...]]:
@@ -168,3 +177,17 @@ def test_right_sizing_requests_are_each_hours_request_times_its_seconds_on_every
                              "sm": Decimal(54 * 5400 * 3 + 27 * 3600 * 4)}
     assert got["sidecar"] == {"mem_mb": None, "sm": None}
     assert got["trainer"] == {"mem_mb": None, "sm": Decimal(8 * 1800 + 8 * 4800)}
+    # The days on which each of the pod's containers ran on one GPU and tier are read from their day
+    # rows, peaks included: without their hours, the same figures. Its first day (its server on two
+    # GPUs) is read from its hours only.
+    def read() -> list[str]:
+        return sorted(map(repr, list_container_use(tenant="acme", start=start, end=start + timedelta(days=31),
+                                                   workloads=[("ml", "bert", "uid-bert")])))
+
+    before = read()
+    UsageHour.objects.filter(hour__gte=start + timedelta(days=1)).delete()
+    assert read() == before
+    UsageHour.objects.filter(hour__lt=start + timedelta(days=1)).delete()
+    server = next(r for r in list_container_use(tenant="acme", start=start, end=start + timedelta(days=31),
+                                                workloads=[("ml", "bert", "uid-bert")]) if r.container == "server")
+    assert server.seconds == 3600 * 4  # node 2's day only

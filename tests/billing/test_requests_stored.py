@@ -233,3 +233,20 @@ def test_the_migration_backfill_stores_what_the_rollup_stores(post_batch, rate_c
         cur.execute(migration.backfill("billing_usagehour"))
     assert sorted(UsageHour.objects.values_list("pod", "mem_requested_mb_s", "sm_requested_s")) == stored
     assert stored[0][1:] == (Decimal(8192 * 60), Decimal("54.5") * 60)
+
+
+def test_the_peak_hours_backfill_stores_what_the_rollup_stores(post_batch, rate_card) -> None:
+    """Migration 0053 gives each day row the highest hourly means the rollup's day step derives."""
+    migration = importlib.import_module("billing.migrations.0053_day_peak_hour_means")
+    start = base_hour()
+    for hour in range(3):
+        post_batch(batch(start + timedelta(hours=hour), {"bert-1": (8192, 54.5), "llm-2": None}))
+    rollup_usage(now=clock.now())
+    columns = ("pod", "container", "peak_hour_mean_mb", "peak_hour_mean_sm")
+    stored = sorted(UsageDay.objects.values_list(*columns))
+    assert stored
+    assert all(peak_mb is not None and peak_sm is not None for _p, _c, peak_mb, peak_sm in stored)
+    UsageDay.objects.update(peak_hour_mean_mb=None, peak_hour_mean_sm=None)
+    with connection.cursor() as cur:
+        cur.execute(migration.BACKFILL)
+    assert sorted(UsageDay.objects.values_list(*columns)) == stored
