@@ -67,12 +67,14 @@ def add_workload_meta(first_seen: datetime, end: datetime) -> int:
     """One WorkloadMeta row per pod instance and node of the usage ledger (the metadata's key since
     nodes speak only for their own pods): a controller per pod name, an `app` label on 3 pods of 4,
     and a request for every container the pod ran. Then the hour rows' requested figures stored from
-    them, as the rollup writes them (billing.ledger.requests), and the hour table rewritten in the
-    rollup's order without the versions that left dead."""
+    them, as the rollup writes them (billing.ledger.requests), the hour table rewritten in the
+    rollup's order without the versions that left dead, and the day and month rows derived again
+    from those hours."""
     from django.db import connection
 
     from billing.ledger.models import UsageHour, WorkloadMeta
     from billing.ledger.requests import store_requests
+    from billing.ledger.rollup import rebuild_days
 
     table = WorkloadMeta._meta.db_table
     with connection.cursor() as cur:
@@ -98,6 +100,11 @@ def add_workload_meta(first_seen: datetime, end: datetime) -> int:
         cur.execute(f"CLUSTER {hours} USING bench_hour_written_order")
         cur.execute("DROP INDEX bench_hour_written_order")
         cur.execute(f"ANALYZE {hours}")
+    # The day and month rows derived again from the hours, which now store their requested figures:
+    # derived before the pods' metadata existed (fill_days), they stored none, unknown to every read
+    # of days and months, which no ledger the rollup writes holds (its day rows sum their hours').
+    rebuild_days(start=first_seen, end=end)
+    wp.vacuum_derived_ledger()
     return int(count)
 
 
