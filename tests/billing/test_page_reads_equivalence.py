@@ -87,9 +87,9 @@ def _check_panel(ledger: random_ledgers.Ledger, monkeypatch: pytest.MonkeyPatch)
                 # The days' stored peaks and sums are what their hours give, every figure to its exponent.
                 with transaction.atomic():
                     UsageDay.objects.update(peak_hour_mean_mb=None, peak_hour_mean_sm=None)
-                    from_hours = list_container_use(tenant=tenant, start=lo, end=hi, workloads=listed)
+                    without_peaks = list_container_use(tenant=tenant, start=lo, end=hi, workloads=listed)
                     transaction.set_rollback(True)
-                assert sorted(map(repr, rows)) == sorted(map(repr, from_hours)), tenant
+                assert sorted(map(repr, rows)) == sorted(map(repr, without_peaks)), tenant
 
 
 def _container_use_from_hours(tenant: str, start: datetime, end: datetime) -> dict[tuple[str, ...], tuple[Any, ...]]:
@@ -184,9 +184,9 @@ def test_right_sizing_requests_are_each_hours_request_times_its_seconds_on_every
         return sorted(map(repr, list_container_use(tenant="acme", start=start, end=start + timedelta(days=31),
                                                    workloads=[("ml", "bert", "uid-bert")])))
 
-    before = read()
+    as_read = read()
     UsageHour.objects.filter(hour__gte=start + timedelta(days=1)).delete()
-    assert read() == before
+    assert read() == as_read
     UsageHour.objects.filter(hour__lt=start + timedelta(days=1)).delete()
     server = next(r for r in list_container_use(tenant="acme", start=start, end=start + timedelta(days=31),
                                                 workloads=[("ml", "bert", "uid-bert")]) if r.container == "server")
