@@ -264,7 +264,7 @@ def list_usage_groups(
     rows matching every filter (key -> allowed values) and `tree`. Unordered. With `limit`, at most
     that many, which ones unsaid: for a caller that refuses a larger answer rather than reads it.
     `rates`: billing.ledger.energy.any_energy_rate() where the caller asked already (None: asked here).
-    Without `quantities`, the rows' memory, requests and energy are not read (_LEAN_SUMS): for a
+    Without `quantities`, the rows' memory, requests and energy are not read (_LEAN_READ): for a
     caller that shows none of them."""
     ledger = set_ledger(start, end, starts)
     params: dict[str, Any] = {"start": start, "end": end,

@@ -33,6 +33,7 @@ from typing import Any, TypeVar
 from django.db import connection
 from django.db.models import Q
 
+from billing.calendar import month_bounds
 from billing.ledger.models import WorkloadMeta
 from billing.ledger.reads import CLOSED_THROUGH, fetch_rows, period_read_cursor
 from billing.ledger.retention import require_hours_retained
@@ -347,7 +348,7 @@ def list_month_to_date_spends(*, tenants: Collection[str], start: datetime, now:
         # A big tenant has a row per workload there against one per workload and day (9.8k against
         # 52k day rows at the month's end at 1,000 GPUs). CLOSED_THROUGH is read by the statement
         # itself, so that month and day rows are one state of the ledger (a close moves days over).
-        months = f"{CLOSED_THROUGH} <= %(days_to)s" if _is_month_start(start) else "FALSE"
+        months = f"{CLOSED_THROUGH} <= %(days_to)s" if _month_to_date(start, now) else "FALSE"
         # Left joins: a usage row always has its GPU row (the rollup writes both); the model only names a
         # line, and a month row carries its GPU-days' model.
         rows = _fetch(
@@ -372,9 +373,11 @@ def list_month_to_date_spends(*, tenants: Collection[str], start: datetime, now:
     return list(spends.values())
 
 
-def _is_month_start(at: datetime) -> bool:
-    """Whether `at` is a UTC month's first midnight (a month row's month)."""
-    return at == at.astimezone(UTC).replace(day=1, hour=0, minute=0, second=0, microsecond=0)
+def _month_to_date(start: datetime, now: datetime) -> bool:
+    """Whether [start, now] is a month to date: `start` a UTC month's first midnight (a month row's
+    month) and `now` inside that month, so that the month's rows hold no day after the ones read."""
+    first, after = month_bounds(start.astimezone(UTC).date())
+    return start == first and now < after
 
 
 def list_hour_spends(*, tenants: Collection[str], since: datetime, until: datetime) -> list[HourSpend]:

@@ -631,7 +631,7 @@ def test_the_month_to_date_from_month_rows_is_the_month_to_date_from_days(
     _write(rows, gpu_rows=gpu_rows)
     from_months = _month_to_date(now)
     with pytest.MonkeyPatch.context() as days_only:
-        days_only.setattr(spend, "_is_month_start", lambda _at: False)
+        days_only.setattr(spend, "_month_to_date", lambda _start, _now: False)
         from_days = _month_to_date(now)
     assert repr(from_months) == repr(from_days)
 
@@ -650,3 +650,7 @@ def test_the_month_to_date_reads_the_closed_days_from_the_month_rows(db: Any) ->
     assert _month_to_date(now) == expected
     # A `now` before the close is read from days, which no longer hold the 3rd.
     assert _month_to_date(MARCH + timedelta(days=5))[0].charge == 0
+    # So is a `now` in a later month: March's rows would not hold April's closed days.
+    assert spend._month_to_date(MARCH, MARCH + timedelta(days=14))
+    assert not spend._month_to_date(MARCH, APRIL + timedelta(days=2))
+    assert not spend._month_to_date(MARCH + timedelta(days=1), MARCH + timedelta(days=14))
