@@ -64,17 +64,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def add_workload_meta(first_seen: datetime, end: datetime) -> int:
-    """One WorkloadMeta row per pod instance and node of the usage ledger (the metadata's key since
+    """One WorkloadMeta row per pod instance and node of the hour ledger (the metadata's key since
     nodes speak only for their own pods): a controller per pod name, an `app` label on 3 pods of 4,
-    and a request for every container the pod ran. Then the hour rows' requested figures stored from
-    them, as the rollup writes them (billing.ledger.requests), the hour table rewritten in the
-    rollup's order without the versions that left dead, and the day and month rows derived again
-    from those hours."""
+    and a request for every container the pod ran. Before the day ledger is derived (fill_days),
+    whose rebuild_days stores the hours' requested figures from it and sums them into the days and
+    months, as the rollup writes them (billing.ledger.requests)."""
     from django.db import connection
 
-    from billing.ledger.models import UsageHour, WorkloadMeta
-    from billing.ledger.requests import store_requests
-    from billing.ledger.rollup import rebuild_days
+    from billing.ledger.models import WorkloadMeta
 
     table = WorkloadMeta._meta.db_table
     with connection.cursor() as cur:
@@ -84,28 +81,31 @@ def add_workload_meta(first_seen: datetime, end: datetime) -> int:
             "split_part(pod, '-', 1), CASE WHEN abs(hashtext(pod_uid)) %% 4 = 0 THEN '{}'::jsonb "
             "ELSE jsonb_build_object('app', 'app-' || (abs(hashtext(pod)) %% 12)) END, "
             "jsonb_object_agg(container, jsonb_build_object('mem_mb', 8192, 'sm', 20)), %s, %s, false "
-            "FROM (SELECT DISTINCT node_id, namespace, pod, pod_uid, container FROM billing_usageday) p "
+            "FROM (SELECT DISTINCT node_id, namespace, pod, pod_uid, container FROM billing_usagehour) p "
             "GROUP BY node_id, namespace, pod, pod_uid ON CONFLICT DO NOTHING", [first_seen, end])
         count = cur.rowcount
         cur.execute(f"ANALYZE {table}")
-        store_requests(cur, start=first_seen, end=end)
-        # The hour rows put back in the order the rollup writes them, not by tenant: each drain deletes
-        # and inserts a GPU-hour's rows together, the hours in time order, so a GPU's rows of an hour
-        # share pages. Ordered by tenant instead (as migration 0052 leaves the rows it found), the
-        # portal's peak hours (billing.ledger.billed_basis), which probe a GPU's hours, read about 6x the
-        # pages, 0.36-0.5 s against 0.18, while a week's hourly sets read 3-8 % faster than production
-        # would (docs/benchmarks.md). CLUSTER needs an index for the order: one made for it, then dropped.
-        hours = UsageHour._meta.db_table
+    return int(count)
+
+
+def order_hours_as_written() -> None:
+    """The hour table rewritten in the order the rollup writes it, without the versions that storing
+    the requested figures left dead. Each drain deletes and inserts a GPU-hour's rows together, the
+    hours in time order, so a GPU's rows of an hour share pages. Ordered by tenant instead (as
+    migration 0052 leaves the rows it found), the portal's peak hours (billing.ledger.billed_basis),
+    which probed a GPU's hours, read about 6x the pages, 0.36-0.5 s against 0.18, while a week's
+    hourly sets read 3-8 % faster than production would (docs/benchmarks.md). CLUSTER needs an index
+    for the order: one made for it, then dropped."""
+    from django.db import connection
+
+    from billing.ledger.models import UsageHour
+
+    hours = UsageHour._meta.db_table
+    with connection.cursor() as cur:
         cur.execute(f"CREATE INDEX bench_hour_written_order ON {hours} (hour, node_id, gpu_uuid)")
         cur.execute(f"CLUSTER {hours} USING bench_hour_written_order")
         cur.execute("DROP INDEX bench_hour_written_order")
         cur.execute(f"ANALYZE {hours}")
-    # The day and month rows derived again from the hours, which now store their requested figures:
-    # derived before the pods' metadata existed (fill_days), they stored none, unknown to every read
-    # of days and months, which no ledger the rollup writes holds (its day rows sum their hours').
-    rebuild_days(start=first_seen, end=end)
-    wp.vacuum_derived_ledger()
-    return int(count)
 
 
 def run_measurements(args: argparse.Namespace, now: datetime) -> list[wp.Result]:
@@ -203,9 +203,10 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
         else:
             ref = wp.create_reference_rows(args, first_hour, rng)
             fill = wp.fill_ledger(args, url, ref, first_hour, rng)
+            metas = add_workload_meta(first_hour, month_end)
             wp.fill_days(fill, first_hour, month_end, now)
-            wp.log(f"filled {fill.gpu_hours:,} GPU-hours, {fill.usage_hours:,} usage-hours, "
-                   f"{add_workload_meta(first_hour, month_end):,} WorkloadMeta rows")
+            order_hours_as_written()
+            wp.log(f"filled {fill.gpu_hours:,} GPU-hours, {fill.usage_hours:,} usage-hours, {metas:,} WorkloadMeta rows")
         with mock.patch("django.utils.timezone.now", return_value=now):
             results = run_measurements(args, now)
         machine = machine_info(url)
