@@ -18,6 +18,7 @@ calendar months alike. Every statement is one pass over the window's rows.
 from __future__ import annotations
 
 import dataclasses
+import operator
 import re
 from collections import defaultdict
 from collections.abc import Collection, Mapping, Sequence
@@ -373,6 +374,20 @@ _LEAF_SUMS = (
     "bool_and(u.energy_j = 0 OR u.co2e_kg_per_kwh IS NOT NULL) AS co2e_known, "
     "sum(u.energy_j * coalesce(u.co2e_kg_per_kwh, 0)) AS co2e_jkg"
 )
+# A leaf that is one usage row, for a read whose rows are already about one per leaf (_LEAF_SUMS of
+# one row, column by column): each of a whole-month read's rows is a pod's month on a card, and
+# summing them per leaf first gained nothing and cost a sixth of the portal's month statement at
+# 1,000 GPUs (docs/benchmarks.md).
+_LEAF_ROW = (
+    "u.first_hour, u.last_hour, u.seconds, u.share_gpu_s, u.charge, u.idle_share, u.mem_used_mb_s, "
+    "u.mem_granted_mb_s, u.sm_used_s, u.sm_granted_s, u.mem_req IS NOT NULL AS mem_req_known, u.mem_req, "
+    "u.sm_req IS NOT NULL AS sm_req_known, u.sm_req, u.mem_billed_mb_s, u.sm_billed_s, u.mem_billed_card_s, "
+    "u.mem_used_card_s, u.sm_billed_card_s, u.sm_used_card_s, u.energy_j, "
+    "u.energy_j = 0 OR u.price_per_kwh IS NOT NULL AS cost_known, "
+    "u.energy_j * coalesce(u.price_per_kwh, 0) AS energy_cost_jp, "
+    "u.energy_j = 0 OR u.co2e_kg_per_kwh IS NOT NULL AS co2e_known, "
+    "u.energy_j * coalesce(u.co2e_kg_per_kwh, 0) AS co2e_jkg"
+)
 # The planner takes every usage row for a leaf of its own (it cannot know a pod spans days) and
 # sorts them all to group them, on disk: at 1,000 GPUs x 16 workloads 150 MB, 8 s of the month's
 # 20 s statement. Hashing them (the leaves fit in memory: a row per pod instance and container) took
@@ -518,11 +533,14 @@ def list_figure_rows(
         parts = [_Part([s for s in sets if "pod" not in s]),
                  _Part([s for s in sets if "pod" in s], where=f" WHERE {pod} IS NOT NULL",
                        having=f" HAVING GROUPING({uid}) = 1 OR {uid} IS NOT NULL")]
-    leaf = (
-        f"SELECT {', '.join(f'{leaf_keys[c]} AS {k[c]}' for c in columns)}, u.container, {_LEAF_SUMS} "  # noqa: S608 - fixed SQL
+    leaf = f"SELECT {', '.join(f'{leaf_keys[c]} AS {k[c]}' for c in columns)}, u.container, "
+    if months == (start, end):
+        # Whole months: a month row per pod, card and container, and the day rows of the days not yet
+        # closed into them (a day or two), so rows are about leaves already.
+        leaf += f"{_LEAF_ROW} FROM base u{kept}"
+    else:
         # By position: the kept pods' joins have columns of the keys' names.
-        f"FROM base u{kept} GROUP BY {', '.join(str(i) for i in range(1, len(columns) + 2))}"
-    )
+        leaf += f"{_LEAF_SUMS} FROM base u{kept} GROUP BY {', '.join(str(i) for i in range(1, len(columns) + 2))}"
     body, levels = _levels_sql(parts, sets, columns, k)
     if top_pods is not None:
         part, mask = next(key for key, level in levels.items() if level == 1)
@@ -531,20 +549,25 @@ def list_figure_rows(
                 f"AND counts.{k['namespace']} = f.{k['namespace']}")
     # A CTE read twice is materialised: with top_pods, the rows (ranked, then summed) and the leaves.
     sql = f"WITH base AS ({base}){ctes}, leaf AS ({leaf}) {body}"
-    names = [f.name for f in dataclasses.fields(FigureRow) if f.name not in ("level", "keys", "containers", "sla_tiers")]
     out: list[FigureRow] = []
     pod_instances: dict[str, int] = defaultdict(int)
     with period_read_cursor(_FIGURE_READ_SETTINGS) as cur:
         cur.execute(sql, params)
-        described = [c[0] for c in cur.description]
+        at = {c[0]: i for i, c in enumerate(cur.description)}
+        # Each row taken apart by position, with getters made once: a month's portal reads ~10k rows
+        # of thirty columns at 1,000 GPUs, and a dict per row and FigureRow's fields by name made this
+        # loop take 40 % longer.
+        figures = operator.itemgetter(*(at[f.name] for f in dataclasses.fields(FigureRow)[4:]))
+        # A tuple each: every level has two keys or more (a line's three, a node's tenant and its own).
+        keys_of = {level: operator.itemgetter(*(at[f"k_{i}"] for i, c in enumerate(columns) if c in sets[level]))
+                   for level in set(levels.values())}
+        part, mask, containers, tiers = at["part"], at["mask"], at["containers"], at["sla_tiers"]
         for raw in cur.fetchall():
-            row = dict(zip(described, raw, strict=True))
-            level = levels[row["part"], row["mask"]]
+            level = levels[raw[part], raw[mask]]
             if top_pods is not None and level == 1:
-                pod_instances[row["k_0"]] += row["pod_instances"]
-            keys = tuple(row[f"k_{i}"] for i, c in enumerate(columns) if c in sets[level])
-            out.append(FigureRow(level=level, keys=keys, containers=tuple(row["containers"]),
-                                 sla_tiers=tuple(row["sla_tiers"]), **{n: row[n] for n in names}))
+                pod_instances[raw[at["k_0"]]] += raw[at["pod_instances"]]
+            out.append(FigureRow(level, keys_of[level](raw), tuple(raw[containers]),
+                                 tuple(raw[tiers]), *figures(raw)))
     return FigureRows(out, dict(pod_instances))
 
 
