@@ -26,6 +26,7 @@ where any part's request was never reported; a node whose parent's is unknown sh
 
 from __future__ import annotations
 
+import operator
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
@@ -128,6 +129,7 @@ class Figures:
 
 
 _NAMES = tuple(f.name for f in fields(Figures))
+_all_figures = operator.attrgetter(*_NAMES)  # a Figures' values in _NAMES' order
 ZERO_FIGURES = Figures(*(_ZERO for _ in _NAMES))
 # Figures in money, shown to the currency's minor unit; the rest are quantities, at the tree's places.
 _MONEY = frozenset({"cost", "energy_cost"})
@@ -265,10 +267,13 @@ class FigureTree:
         above = self.shown(parent)
         children = list(parent.children.values())
         columns: dict[str, list[Decimal | None]] = {}
-        for name in _NAMES:
+        # The children's figures by column, each child's read at once: a month's controller has
+        # hundreds of pods at 1,000 GPUs, and a getattr per pod and figure was 5 % of opening them.
+        by_column = zip(*(_all_figures(c.exact) for c in children), strict=True) if children else ((),) * len(_NAMES)
+        for name, parts_of in zip(_NAMES, by_column, strict=True):
             places = self._places(name)
             whole = getattr(above, name)
-            parts = [getattr(c.exact, name) for c in children]
+            parts = list(parts_of)
             if whole is None or any(p is None for p in parts):
                 # Unknown above: each child that is known is a figure of its own, rounded once.
                 columns[name] = [_rounded(p, places) for p in parts]
