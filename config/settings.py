@@ -259,6 +259,9 @@ VGPU_OUTAGE_RETRY_AFTER_S = int(os.environ.get("VGPU_OUTAGE_RETRY_AFTER_S", "15"
 VGPU_INGEST_MAX_IN_FLIGHT = int(os.environ.get("VGPU_INGEST_MAX_IN_FLIGHT", "8"))
 VGPU_INGEST_RETRY_AFTER_S = int(os.environ.get("VGPU_INGEST_RETRY_AFTER_S", "5"))
 DATA_UPLOAD_MAX_MEMORY_SIZE = VGPU_INGEST_MAX_BODY_BYTES
+# Side threads per web process for a page's reads that can run beside its others, each with its own
+# database connection in the page's snapshot (billing.queries.snapshot.alongside); 0: none.
+VGPU_PAGE_READ_THREADS = int(os.environ.get("VGPU_PAGE_READ_THREADS", "2"))
 # Raw and minute partitions are created this many days ahead by the beat task (and on demand by
 # ingest and the rollup).
 VGPU_PARTITION_DAYS_AHEAD = int(os.environ.get("VGPU_PARTITION_DAYS_AHEAD", "7"))

@@ -296,6 +296,7 @@ def _truncate_raw_samples_after_transactional_tests(request, django_db_blocker):
         from django.db import connection
 
         from billing.ledger import partitions
+        from billing.queries import snapshot
 
         with django_db_blocker.unblock(), connection.cursor() as cur:
             cur.execute("TRUNCATE billing_raw_sample")
@@ -307,6 +308,9 @@ def _truncate_raw_samples_after_transactional_tests(request, django_db_blocker):
             for (name,) in cur.fetchall():
                 cur.execute(f'DROP TABLE IF EXISTS "{name}"')
         partitions._known.clear()
+        # A page built in this test read beside itself on connections of their own (committed rows
+        # are shareable): none is left open on the test database.
+        snapshot.close_side_threads()
 
 
 @pytest.fixture(autouse=True)

@@ -16,22 +16,26 @@ the close's own lines and rounding over the ledger as it is now; nothing is writ
 from __future__ import annotations
 
 import dataclasses
+import functools
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, timedelta
 from decimal import Decimal
+from typing import TypeVar
 
 from django.db.models import Q, QuerySet
 
 from billing.errors import DomainError, InvalidInput
 from billing.figures import FigureNode, FigureTree
 from billing.ledger.reads import no_cycle_collection
-from billing.ledger.spend import TenantSpend, list_workload_days
+from billing.ledger.spend import TenantSpend, WorkloadDay, list_workload_days
 from billing.models import BudgetAction, BudgetScope, RateCard, Tenant
 from billing.money import apportion
 from billing.queries.budgets import BudgetView, list_budgets
 from billing.queries.cost_reasons import CostReasons, get_cost_reasons
 from billing.queries.figures import get_figure_tree, get_top_figure_tree
 from billing.queries.finance import PAGE_PLACES
+from billing.queries.snapshot import alongside
 from billing.queries.trends import Comparison, MonthCost, get_comparison_and_months
 from billing.scope import Scope
 from billing.services.budgets import get_month_spend, get_month_to_date_parts, shown_spend
@@ -65,6 +69,7 @@ CHART_SERIES = 8
 WORKLOAD_TABLE_ROWS = 100
 
 _ZERO = Decimal(0)
+_S = TypeVar("_S")
 _MB_PER_GB = Decimal(1024)
 _S_PER_H = Decimal(3600)
 
@@ -263,6 +268,8 @@ def get_tenant_portal(*, scope: Scope, slug: str, start: datetime, end: datetime
         raise TenantNotFound(f"no tenant {slug!r}")
     # Everything below reads this one tenant only, whatever the caller may see besides.
     own = dataclasses.replace(scope, tenants=frozenset({slug}))
+    # The month in progress as its invoice would be now needs nothing else the page reads.
+    upcoming_read = alongside(functools.partial(_upcoming, slug, now))
     # A page lists the costliest few (and charts at most CHART_SERIES): only those are read with what
     # their figures are apportioned among; a CSV (no limit) reads every one.
     read = None if workload_limit is None else max(workload_limit, CHART_SERIES)
@@ -273,6 +280,14 @@ def get_tenant_portal(*, scope: Scope, slug: str, start: datetime, end: datetime
         tree, counts = get_top_figure_tree(scope=own, start=start, end=end, places=places, top_pods=read,
                                            top_order=_WORKLOAD_ORDER)
         count = counts.get(slug, 0)
+    # Which workloads the page lists and charts (the costliest) is known from the tree's exact
+    # figures: why they cost what they do and their days are read beside the figures they show.
+    ranked = _ranked(tree)
+    listed_keys = [_key(n) for n in ranked[:workload_limit]]
+    reasons_read = alongside(functools.partial(get_cost_reasons, tenant=slug, start=start, end=end, now=now,
+                                               workloads=listed_keys)) if reasons else None
+    days_read = alongside(functools.partial(list_workload_days, tenant=slug, start=start, end=end, now=now,
+                                            workloads=[_key(n) for n in _chart_series(ranked, count)]))
     # Showing the month to date (TenantPortal.shows_month_to_date), the tree's invoice lines are the
     # month to date's (one figure, docs/billing.md): read once.
     month_start = now.replace(day=1, hour=0, minute=0, second=0, microsecond=0)
@@ -281,12 +296,11 @@ def get_tenant_portal(*, scope: Scope, slug: str, start: datetime, end: datetime
     currency = _currency(now)
     budgets = list_budgets(scope=own, now=now, spends={slug: spend})
     budget = next((b for b in budgets if b.scope == BudgetScope.TENANT), None)
-    workloads = _workloads(tree, read)
+    workloads = _workloads(tree, ranked, read)
     listed = workloads[:workload_limit]
-    if reasons:
+    if reasons_read is not None:
         # The listed workloads only: the panel explains what the table shows.
-        listed = _with_reasons(listed, get_cost_reasons(tenant=slug, start=start, end=end, now=now,
-                                                        workloads=[w.key for w in listed]))
+        listed = _with_reasons(listed, reasons_read())
     root = tree.roots.get(slug)
     shown = tree.shown(root) if root is not None else None
     comparison, months = None, None
@@ -294,10 +308,7 @@ def get_tenant_portal(*, scope: Scope, slug: str, start: datetime, end: datetime
         comparison, month_list = get_comparison_and_months(
             scope=own, start=start, end=end, current={slug: shown.cost} if shown else {}, currency=tree.currency)
         months = tuple(month_list)
-    try:
-        upcoming, upcoming_error = preview_invoice(tenant=slug, month=_current_month(now), now=now), ""
-    except InvalidInput as exc:
-        upcoming, upcoming_error = None, str(exc)
+    upcoming, upcoming_error = upcoming_read()
     return TenantPortal(
         slug=slug, name=tenant[1], currency=currency, now=now, month_to_date=spend.month_to_date,
         month_to_date_shown=spend.month_to_date_shown(currency),
@@ -306,12 +317,20 @@ def get_tenant_portal(*, scope: Scope, slug: str, start: datetime, end: datetime
         workloads=listed, workload_count=count,
         period_cost=shown.cost if shown else Decimal(0),
         period_quantities={name: getattr(shown, attr) if shown else Decimal(0) for name, attr in _QUANTITIES},
-        daily=_daily(slug, workloads, count, shown.cost if shown else Decimal(0), start=start, end=end, now=now,
+        daily=_daily(workloads, count, shown.cost if shown else Decimal(0), days_read(), start=start, end=end, now=now,
                      money_places=tree.money_places),
         invoices=tuple(i for i in list_invoices(scope=own, today=now.date()) if i.tenant_slug == slug),
         upcoming=upcoming, upcoming_error=upcoming_error, comparison=comparison, months=months,
         period_energy_cost=shown.energy_cost if shown else None, period_co2e_kg=shown.co2e_kg if shown else None,
     )
+
+
+def _upcoming(slug: str, now: datetime) -> tuple[InvoicePreview | None, str]:
+    """The tenant's upcoming invoice, or None and why it cannot be computed."""
+    try:
+        return preview_invoice(tenant=slug, month=_current_month(now), now=now), ""
+    except InvalidInput as exc:
+        return None, str(exc)
 
 
 def _current_month(now: datetime) -> date:
@@ -361,14 +380,29 @@ _QUANTITIES = (("gpu_hours_equivalent", "gpu_hours"), ("mem_used_gb_h", "mem_use
 _WORKLOAD_ORDER = ("tenant", "namespace", "pod", "pod_uid", "controller")
 
 
-def _workloads(tree: FigureTree, limit: int | None) -> tuple[WorkloadUsage, ...]:
-    """The tree's `limit` costliest pod instances (None: all), costliest first (by exact cost, then
-    _WORKLOAD_ORDER), labelled apart from the tree's other instances of the same pod name."""
-    nodes = sorted(tree.nodes("pod_uid"), key=lambda n: (-n.exact.cost, *(n.key(level) for level in _WORKLOAD_ORDER)))
+def _ranked(tree: FigureTree) -> list[FigureNode]:
+    """The tree's pod instances, costliest first (by exact cost, then _WORKLOAD_ORDER)."""
+    return sorted(tree.nodes("pod_uid"), key=lambda n: (-n.exact.cost, *(n.key(level) for level in _WORKLOAD_ORDER)))
+
+
+def _key(node: FigureNode) -> tuple[str, str, str]:
+    """A pod instance's key, as WorkloadUsage.key."""
+    return (node.key("namespace"), node.key("pod"), node.key("pod_uid"))
+
+
+def _chart_series(ranked: Sequence[_S], count: int) -> Sequence[_S]:
+    """The workloads the charts draw a series of: all of them when they fit, else the costliest
+    CHART_SERIES - 1 (the rest are one "other" series)."""
+    return ranked if count <= CHART_SERIES else ranked[:CHART_SERIES - 1]
+
+
+def _workloads(tree: FigureTree, ranked: list[FigureNode], limit: int | None) -> tuple[WorkloadUsage, ...]:
+    """The `limit` first of `ranked` (the tree's pod instances, _ranked; None: all), labelled apart
+    from the tree's other instances of the same pod name."""
     same_name: dict[tuple[str, str], int] = {}
-    for n in nodes:
+    for n in ranked:
         same_name[(n.key("namespace"), n.key("pod"))] = same_name.get((n.key("namespace"), n.key("pod")), 0) + 1
-    return tuple(_workload(tree, n, same_name[(n.key("namespace"), n.key("pod"))]) for n in nodes[:limit])
+    return tuple(_workload(tree, n, same_name[(n.key("namespace"), n.key("pod"))]) for n in ranked[:limit])
 
 
 def _workload(tree: FigureTree, node: FigureNode, same_name_instances: int) -> WorkloadUsage:
@@ -393,16 +427,17 @@ def _with_reasons(workloads: tuple[WorkloadUsage, ...],
     return tuple(dataclasses.replace(w, reasons=reasons.get(w.key)) for w in workloads)
 
 
-def _daily(slug: str, workloads: tuple[WorkloadUsage, ...], count: int, total: Decimal, *, start: datetime,
-           end: datetime, now: datetime, money_places: int) -> DailyWorkloadSeries:
+def _daily(workloads: tuple[WorkloadUsage, ...], count: int, total: Decimal, rows: Sequence[WorkloadDay], *,
+           start: datetime, end: datetime, now: datetime, money_places: int) -> DailyWorkloadSeries:
     """`workloads`: the costliest first (at least CHART_SERIES of them when there are); `count`: all of
-    them; `total`: the tenant's figure, which its workloads' figures add up to (billing.figures).
+    them; `total`: the tenant's figure, which its workloads' figures add up to (billing.figures);
+    `rows`: list_workload_days of the charted ones (_chart_series).
     A series' days add up to the figure the workload table shows (the other series: to the sum of the
     figures of the workloads it gathers), as a figure opens into its parts (`_apportion_days`)."""
     # The chart stops at today: days that have not begun are not drawn (nor their zeros).
     days = tuple(d for d in (start.date() + timedelta(days=i) for i in range((end - start).days))
                  if datetime(d.year, d.month, d.day, tzinfo=UTC) <= now)
-    top = workloads if count <= CHART_SERIES else workloads[:CHART_SERIES - 1]
+    top = _chart_series(workloads, count)
     index = {w.key: i for i, w in enumerate(top)}
     has_other = count > len(top)
     n_series = len(top) + has_other
@@ -411,7 +446,6 @@ def _daily(slug: str, workloads: tuple[WorkloadUsage, ...], count: int, total: D
     # takes its part of the figure, so the drawn days never claim it.
     cost = [[_ZERO] * (len(days) + 1) for _ in range(n_series)]
     mem = [[_ZERO] * len(days) for _ in range(n_series)]
-    rows = list_workload_days(tenant=slug, start=start, end=end, now=now, workloads=[w.key for w in top])
     for r in rows:
         series = len(top) if r.workload is None else index[r.workload]
         d = day_index.get(r.day)

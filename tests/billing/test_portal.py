@@ -26,6 +26,7 @@ from billing.ledger.spend import list_month_to_date_spends
 from billing.models import BillingPeriod, BudgetStatus, Gpu, Invoice, Node, RateCard, Tenant
 from billing.queries.budgets import BudgetView
 from billing.queries.portal import TenantNotFound, get_tenant_portal
+from billing.queries.snapshot import one_snapshot
 from billing.scope import ADMIN_GROUP, FINANCE_GROUP, get_scope
 from billing.services.budgets.spend import evaluate_budgets, get_month_spend, set_budget
 from billing.services.invoicing import preview_invoice
@@ -706,6 +707,28 @@ def test_a_rollup_committing_while_the_portal_is_built_moves_none_of_its_month_t
     # The next page load sees it, everywhere at once.
     html = client.get("/tenants/acme/").content.decode()
     assert {text_of(html, name) for name in ("mtd-cost", "workload-total")} == {"12.25 USD"}
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_portal_read_beside_itself_is_the_portal_read_in_turn(ledger: datetime, settings: Any) -> None:
+    """Committed rows: the page reads its upcoming invoice, its listed workloads' reasons and its
+    chart's days on side connections in its snapshot (billing.queries.snapshot), and shows the same."""
+    now = clock.now()
+    start, end = month_bounds(now.date().replace(day=1))
+    scope = get_scope(user_in(FINANCE_GROUP))
+    portals = []
+    for threads in (2, 0):
+        settings.VGPU_PAGE_READ_THREADS = threads
+        with one_snapshot():
+            portals.append(get_tenant_portal(scope=scope, slug="acme", start=start, end=end, now=now,
+                                             workload_limit=1))
+        if threads:
+            assert any(t.name.startswith("page-read") for t in threading.enumerate())
+    beside, in_turn = portals
+    assert beside == in_turn
+    assert beside.upcoming is not None
+    assert beside.workloads[0].reasons is not None
+    assert beside.daily.days
 
 
 # Statements of the portal of the month to date on the `ledger` fixture, the page's own (session,
