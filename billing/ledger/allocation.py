@@ -374,10 +374,7 @@ _LEAF_SUMS = (
     "bool_and(u.energy_j = 0 OR u.co2e_kg_per_kwh IS NOT NULL) AS co2e_known, "
     "sum(u.energy_j * coalesce(u.co2e_kg_per_kwh, 0)) AS co2e_jkg"
 )
-# A leaf that is one usage row, for a read whose rows are already about one per leaf (_LEAF_SUMS of
-# one row, column by column): each of a whole-month read's rows is a pod's month on a card, and
-# summing them per leaf first gained nothing and cost a sixth of the portal's month statement at
-# 1,000 GPUs (docs/benchmarks.md).
+# A leaf that is one usage row (_LEAF_SUMS of one row, column by column): _leaf_sql.
 _LEAF_ROW = (
     "u.first_hour, u.last_hour, u.seconds, u.share_gpu_s, u.charge, u.idle_share, u.mem_used_mb_s, "
     "u.mem_granted_mb_s, u.sm_used_s, u.sm_granted_s, u.mem_req IS NOT NULL AS mem_req_known, u.mem_req, "
@@ -481,6 +478,26 @@ def _levels_sql(parts: Sequence[_Part], sets: Sequence[tuple[str, ...]], columns
     return " UNION ALL ".join(selects), levels
 
 
+def _leaf_sql(keys: str, key_count: int, kept: str, *, whole_months: bool, top_pods: bool) -> str:
+    """The leaves of the figure read: the base rows summed per leaf (`keys`, the first `key_count`
+    columns, through the `kept` pods' joins); in a read of whole months down to pod instances, each
+    row of a pod with its own leaf is that leaf on its own (_LEAF_ROW): a month row per pod, card
+    and container, and the day rows of the day or two not yet closed into them, so summing them per
+    leaf first gained nothing and was a sixth of the portal's month statement at 1,000 GPUs. The
+    pods a top read does not keep are one leaf per line, controller and container: summed first."""
+    def summed(where: str = "") -> str:
+        # By position: the kept pods' joins have columns of the keys' names.
+        return (f"SELECT {keys}, {_LEAF_SUMS} FROM base u{kept}{where} "  # noqa: S608 - fixed SQL
+                f"GROUP BY {', '.join(map(str, range(1, key_count + 1)))}")
+
+    if not whole_months:
+        return summed()
+    own = f"SELECT {keys}, {_LEAF_ROW} FROM base u{kept}"  # noqa: S608 - fixed SQL
+    if not top_pods:
+        return own
+    return f"{own} WHERE c.hit OR p.hit UNION ALL {summed(' WHERE NOT coalesce(c.hit OR p.hit, false)')}"
+
+
 def list_figure_rows(
     *, start: datetime, end: datetime, depth: int, filters: Mapping[str, Sequence[str]],
     tenants: Collection[str] | None, top_pods: int | None = None, top_order: Sequence[str] = (),
@@ -533,14 +550,8 @@ def list_figure_rows(
         parts = [_Part([s for s in sets if "pod" not in s]),
                  _Part([s for s in sets if "pod" in s], where=f" WHERE {pod} IS NOT NULL",
                        having=f" HAVING GROUPING({uid}) = 1 OR {uid} IS NOT NULL")]
-    leaf = f"SELECT {', '.join(f'{leaf_keys[c]} AS {k[c]}' for c in columns)}, u.container, "
-    if months == (start, end):
-        # Whole months: a month row per pod, card and container, and the day rows of the days not yet
-        # closed into them (a day or two), so rows are about leaves already.
-        leaf += f"{_LEAF_ROW} FROM base u{kept}"
-    else:
-        # By position: the kept pods' joins have columns of the keys' names.
-        leaf += f"{_LEAF_SUMS} FROM base u{kept} GROUP BY {', '.join(str(i) for i in range(1, len(columns) + 2))}"
+    leaf = _leaf_sql(f"{', '.join(f'{leaf_keys[c]} AS {k[c]}' for c in columns)}, u.container", len(columns) + 1,
+                     kept, whole_months=months == (start, end) and "pod_uid" in path, top_pods=top_pods is not None)
     body, levels = _levels_sql(parts, sets, columns, k)
     if top_pods is not None:
         part, mask = next(key for key, level in levels.items() if level == 1)
