@@ -32,6 +32,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from datetime import UTC, datetime
 from decimal import Decimal
+from typing import Any
 
 from billing.money import apportion, minor_unit_exponent, round_parts, round_quantities
 
@@ -214,6 +215,11 @@ class FigureTree:
     # (billing.ledger.spend.TenantSpend.lines).
     line_sums: dict[str, tuple[tuple[Decimal, Decimal], ...]] = field(default_factory=dict)
     _shown: dict[tuple[str, ...], Figures] = field(default_factory=dict)
+    # An opened parent's children's shown figures by column, and each child's position in them: a
+    # child's Figures is made when it is asked for (a page shows a few hundred of the ~10k children
+    # a month's portal opens at 1,000 GPUs).
+    _opened: dict[tuple[str, ...], tuple[dict[tuple[str, ...], int], list[list[Decimal | None]]]] = field(
+        default_factory=dict)
 
     @property
     def money_places(self) -> int:
@@ -224,13 +230,17 @@ class FigureTree:
         known = self._shown.get(node.keys)
         if known is None:
             if node.level == 0:
-                self._shown[node.keys] = self._root(node)
+                known = self._root(node)
             else:
                 parent = self.roots[node.keys[0]]
                 for i in range(1, node.level):
                     parent = parent.children[node.keys[: _depth_len(i)]]
-                self._open(parent)
-            known = self._shown[node.keys]
+                positions, columns = self._opened.get(parent.keys) or self._open(parent)
+                at = positions[node.keys]
+                # By position: a parent's and its children's known figures are known (_open).
+                values: tuple[Any, ...] = tuple(column[at] for column in columns)
+                known = Figures(*values)
+            self._shown[node.keys] = known
         return known
 
     def nodes(self, level: str, where: Mapping[str, str] | None = None) -> list[FigureNode]:
@@ -262,8 +272,9 @@ class FigureTree:
         rounded = {name: _rounded(getattr(node.exact, name), self._places(name)) for name in _NAMES}
         return _from_columns({**rounded, "cost": self.lines[tenant].total, "gpu_hours": self._line_quantities[tenant]})
 
-    def _open(self, parent: FigureNode) -> None:
-        """Every child of `parent` shown: the parent's shown figure apportioned over them."""
+    def _open(self, parent: FigureNode) -> tuple[dict[tuple[str, ...], int], list[list[Decimal | None]]]:
+        """Every child of `parent` shown: the parent's shown figure apportioned over them, by column
+        (_NAMES' order, Figures' fields), and each child's position in the columns."""
         above = self.shown(parent)
         children = list(parent.children.values())
         columns: dict[str, list[Decimal | None]] = {}
@@ -279,10 +290,11 @@ class FigureTree:
                 columns[name] = [_rounded(p, places) for p in parts]
             else:
                 columns[name] = list(apportion(whole, [p for p in parts if p is not None], places))
-        # Built by position (_NAMES is Figures' field order): thousands of children per page, and
-        # what _from_columns checks holds here (a parent's and its children's known figures are known).
-        for child, values in zip(children, zip(*(columns[name] for name in _NAMES), strict=True), strict=True):
-            self._shown[child.keys] = Figures(*values)
+        # Figures are built by position from these (_NAMES is Figures' field order), and what
+        # _from_columns checks holds here (a parent's and its children's known figures are known).
+        opened = self._opened[parent.keys] = ({c.keys: i for i, c in enumerate(children)},
+                                              [columns[name] for name in _NAMES])
+        return opened
 
 
 def _depth_len(level: int) -> int:
