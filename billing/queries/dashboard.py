@@ -13,6 +13,7 @@ are None for them, decided here and not in templates.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import asdict, dataclass, replace
 from datetime import UTC, date, datetime, timedelta
 from decimal import Decimal
@@ -31,6 +32,7 @@ from billing.models import PairedReport, RebalancePlan
 from billing.models.rebalance import RebalanceStatus
 from billing.money import display_amount
 from billing.queries.finance import PAGE_PLACES, CostSummary, get_cost_summary_and_tree
+from billing.queries.snapshot import alongside
 from billing.queries.trends import Change, Comparison, MonthCost, get_comparison_and_months
 from billing.scope import Scope
 from billing.services.savings import (
@@ -355,8 +357,12 @@ def get_finance_dashboard(*, scope: Scope, start: datetime, end: datetime, now: 
     in flight and whether the period may be reported on yet; `places`: of the tenants' and workloads' quantities (the CSVs
     ask for more than the page); `trends`: the comparison with the previous period and the months'
     chart (one more read; the CSVs have neither)."""
-    summary, tree = get_cost_summary_and_tree(scope=scope, start=start, end=end, places=places, top_pods=TOP_WORKLOADS)
     granularity = granularity_for(start, end)
+    # The chart's tenants and the fleet's use per bucket in one read (a platform caller's is every
+    # tenant's), which needs nothing of the figures: read beside them (billing.queries.snapshot).
+    buckets = alongside(functools.partial(series.list_tenant_cost_buckets, start=start, end=end,
+                                          granularity=granularity, tenants=scope.tenants))
+    summary, tree = get_cost_summary_and_tree(scope=scope, start=start, end=end, places=places, top_pods=TOP_WORKLOADS)
     platform = scope.sees_platform
     now = now or timezone.now()
     comparison, months = None, None
@@ -367,8 +373,7 @@ def get_finance_dashboard(*, scope: Scope, start: datetime, end: datetime, now: 
             currency=tree.currency)
         if platform and summary.idle_platform is not None:
             comparison = replace(comparison, idle_platform=_idle_change(summary, comparison))
-    # The chart's tenants and the fleet's use per bucket in one read (a platform caller's is every tenant's).
-    costs, used = series.list_tenant_cost_buckets(start=start, end=end, granularity=granularity, tenants=scope.tenants)
+    costs, used = buckets()
     return FinanceDashboard(
         summary=summary,
         timeline=_timeline(scope, summary, granularity, now, costs),

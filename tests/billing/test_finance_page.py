@@ -109,3 +109,26 @@ def test_finance_page_speaks_simplified_chinese_when_asked(client, ledger):
     html = resp.content.decode()
     assert "GPU 总成本" in html
     assert "按租户的成本" in html
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_dashboard_read_beside_itself_is_the_dashboard_read_in_turn(ledger, settings):
+    """Committed rows: the page reads its chart's buckets on a side connection in its snapshot
+    (billing.queries.snapshot), and shows the same."""
+    import threading
+
+    from billing.queries.dashboard import get_finance_dashboard
+    from billing.queries.snapshot import one_snapshot
+
+    start = ledger.replace(hour=0, minute=0)
+    scope = get_scope(user_in(FINANCE_GROUP))
+    boards = []
+    for threads in (2, 0):
+        settings.VGPU_PAGE_READ_THREADS = threads
+        with one_snapshot():
+            boards.append(get_finance_dashboard(scope=scope, start=start, end=start + timedelta(days=1), now=clock.now()))
+        if threads:
+            assert any(t.name.startswith("page-read") for t in threading.enumerate())
+    beside, in_turn = boards
+    assert beside == in_turn
+    assert beside.timeline.series
