@@ -286,7 +286,10 @@ def _truncate_raw_samples_after_transactional_tests(request, django_db_blocker):
     The day partitions such a test created (raw samples, minutes) are committed too, and a later
     test that lists partitions (retention) would find them: they are dropped, back to what the
     migrations leave (the minute tables' DEFAULT partitions only). Serially pytest-django runs the
-    transactional tests last, which hid this; a pytest-xdist worker runs tests in any order."""
+    transactional tests last, which hid this; a pytest-xdist worker runs tests in any order.
+
+    A page built in such a test reads beside itself on side connections (committed rows can share
+    its snapshot, billing.queries.snapshot): they are closed, so none is left on the test database."""
     yield
     marker = request.node.get_closest_marker("django_db")
     transactional = bool(marker and marker.kwargs.get("transaction")) or bool(
@@ -308,8 +311,6 @@ def _truncate_raw_samples_after_transactional_tests(request, django_db_blocker):
             for (name,) in cur.fetchall():
                 cur.execute(f'DROP TABLE IF EXISTS "{name}"')
         partitions._known.clear()
-        # A page built in this test read beside itself on connections of their own (committed rows
-        # are shareable): none is left open on the test database.
         snapshot.close_side_threads()
 
 

@@ -573,10 +573,11 @@ def list_figure_rows(
         keys_of = {level: operator.itemgetter(*(at[f"k_{i}"] for i, c in enumerate(columns) if c in sets[level]))
                    for level in set(levels.values())}
         part, mask, containers, tiers = at["part"], at["mask"], at["containers"], at["sla_tiers"]
+        tenant, instances = at["k_0"], at.get("pod_instances")
         for raw in cur.fetchall():
             level = levels[raw[part], raw[mask]]
-            if top_pods is not None and level == 1:
-                pod_instances[raw[at["k_0"]]] += raw[at["pod_instances"]]
+            if instances is not None and level == 1:
+                pod_instances[raw[tenant]] += raw[instances]
             out.append(FigureRow(level, keys_of[level](raw), tuple(raw[containers]),
                                  tuple(raw[tiers]), *figures(raw)))
     return FigureRows(out, dict(pod_instances))
