@@ -181,6 +181,7 @@ def _render(allocation: CostAllocation, window: Window) -> dict[str, Any]:
      is_idle, energy_j, energy_cost_jp, co2e_jkg) = allocation
     count, usage, efficiency = (0.0, 0.0, 0.0) if is_idle else _gpu(minutes, gpu_hours, sm_used_s, sm_granted_s)
     total = float(total_cost)
+    shared_idle = float(shared_idle_cost)  # written twice: converted once (a Decimal's float is a string's)
     return {
         "name": name,
         "properties": _properties(allocation),
@@ -197,7 +198,7 @@ def _render(allocation: CostAllocation, window: Window) -> dict[str, Any]:
         "gpuHours": float(gpu_hours),
         # OpenCost folds shared idle into the resource's cost; the parts are ours.
         "gpuCost": total,
-        "gpuCostIdle": _cost_idle(total, shared_idle_cost, is_idle=is_idle),
+        "gpuCostIdle": _cost_idle(total, shared_idle, is_idle=is_idle),
         "gpuEfficiency": efficiency,
         "pvs": {},
         "totalCost": total,
@@ -213,7 +214,7 @@ def _render(allocation: CostAllocation, window: Window) -> dict[str, Any]:
         },
         # Ours.
         "gpuUsageCost": float(gpu_cost),
-        "sharedIdleCost": float(shared_idle_cost),
+        "sharedIdleCost": shared_idle,
         "currency": currency,
         "gpuMemUsedMBSeconds": float(mem_used_mb_s),
         "gpuMemGrantedMBSeconds": float(mem_granted_mb_s),
@@ -229,9 +230,9 @@ def _render(allocation: CostAllocation, window: Window) -> dict[str, Any]:
     }
 
 
-def _cost_idle(total: float, shared_idle_cost: Decimal, *, is_idle: bool) -> float:
+def _cost_idle(total: float, shared_idle: float, *, is_idle: bool) -> float:
     """OpenCost's gpuCostIdle: an idle allocation's whole cost, a workload's shared idle."""
-    return total if is_idle else float(shared_idle_cost)
+    return total if is_idle else shared_idle
 
 
 # OpenCost's SummaryAllocation: the fields its summary endpoints write, with _render's values, built
@@ -247,7 +248,7 @@ def _summary(allocation: CostAllocation, window: Window) -> dict[str, Any]:
         "name": name, "properties": _properties(allocation), "window": _window(window), "start": _iso(start),
         "end": _iso(end), "cpuCoreRequestAverage": 0.0, "cpuCoreUsageAverage": 0.0, "cpuCost": 0.0,
         "cpuCostIdle": 0.0, "gpuRequestAverage": count, "gpuUsageAverage": usage, "gpuCost": total,
-        "gpuCostIdle": _cost_idle(total, shared_idle_cost, is_idle=is_idle), "networkCost": 0.0,
+        "gpuCostIdle": _cost_idle(total, float(shared_idle_cost), is_idle=is_idle), "networkCost": 0.0,
         "loadBalancerCost": 0.0, "pvCost": 0.0, "ramCost": 0.0, "ramCostIdle": 0.0, "sharedCost": 0.0,
         "externalCost": 0.0, "totalCost": total, "totalEfficiency": efficiency, "gpuEfficiency": efficiency,
         "gpuCount": count, "gpuHours": float(gpu_hours), "currency": currency, "ramBytesRequestAverage": 0.0,

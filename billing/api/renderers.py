@@ -24,6 +24,7 @@ __all__ = ["FastJSONRenderer"]
 # U+2028 and U+2029 in UTF-8: E2 80 A8 and E2 80 A9.
 _SEPARATORS = re.compile(b"\xe2\x80[\xa8\xa9]")
 _ESCAPED = {"\u2028".encode(): b"\\u2028", "\u2029".encode(): b"\\u2029"}
+_LEAD = b"\xe2"
 
 
 class FastJSONRenderer(JSONRenderer):  # type: ignore[misc]  # DRF ships no type hints
@@ -34,5 +35,10 @@ class FastJSONRenderer(JSONRenderer):  # type: ignore[misc]  # DRF ships no type
         if self.get_indent(accepted_media_type, renderer_context or {}) is not None:
             return bytes(super().render(data, accepted_media_type, renderer_context))
         out = orjson.dumps(data, default=self.encoder_class().default)
-        # One search for either (0.02 s over 58 MB, against 0.08 s for two), then the replace.
-        return _SEPARATORS.sub(lambda m: _ESCAPED[m.group()], out) if _SEPARATORS.search(out) else out
+        # Both separators start with the byte E2, which most answers never hold: looking for that one
+        # byte (memchr) takes 7 ms over a per-pod month's 73 MB, where the pattern's search took 43.
+        # Where it is there (any character from U+2000 to U+2FFF), one search for either separator,
+        # then the replace.
+        if _LEAD not in out or not _SEPARATORS.search(out):
+            return out
+        return _SEPARATORS.sub(lambda m: _ESCAPED[m.group()], out)
