@@ -163,14 +163,15 @@ _ZERO_FIELDS = (
 _ZEROES = dict.fromkeys(_ZERO_FIELDS, 0.0)
 
 
-def _gpu(minutes: Decimal, gpu_hours: Decimal, sm_used_s: Decimal, sm_granted_s: Decimal) -> tuple[float, float, float]:
+def _gpu(minutes: float, gpu_hours: float, sm_used_s: float, sm_granted_s: float) -> tuple[float, float, float]:
     """The GPU figures OpenCost derives (Allocation.GPUs, GPUEfficiency) of a workload allocation:
-    GPUs held on average over its minutes, the SM share of them used, and that ratio."""
+    GPUs held on average over its minutes, the SM share of them used, and that ratio. Ratios of
+    the figures' floats, as a client would divide them."""
     hours = minutes / 60
-    count = gpu_hours / hours if hours > 0 else Decimal(0)
+    count = gpu_hours / hours if hours > 0 else 0.0
     # SM-seconds used over SM-seconds granted: the card share the workload kept busy.
-    efficiency = sm_used_s / sm_granted_s if sm_granted_s > 0 else Decimal(0)
-    return float(count), float(count * efficiency), float(efficiency)
+    efficiency = sm_used_s / sm_granted_s if sm_granted_s > 0 else 0.0
+    return count, count * efficiency, efficiency
 
 
 def _render(allocation: CostAllocation, window: Window) -> dict[str, Any]:
@@ -179,23 +180,25 @@ def _render(allocation: CostAllocation, window: Window) -> dict[str, Any]:
     (name, properties, start, end, minutes, gpu_hours, gpu_cost, shared_idle_cost, total_cost, currency,
      mem_used_mb_s, mem_granted_mb_s, mem_requested_mb_s, sm_used_s, sm_granted_s, sm_requested_s, _seconds,
      is_idle, energy_j, energy_cost_jp, co2e_jkg) = allocation
-    count, usage, efficiency = (0.0, 0.0, 0.0) if is_idle else _gpu(minutes, gpu_hours, sm_used_s, sm_granted_s)
+    # Each converted once (a Decimal's float goes through its text; a float's is itself).
+    minutes_f, hours, sm_used, sm_granted = float(minutes), float(gpu_hours), float(sm_used_s), float(sm_granted_s)
+    count, usage, efficiency = (0.0, 0.0, 0.0) if is_idle else _gpu(minutes_f, hours, sm_used, sm_granted)
     total = float(total_cost)
-    shared_idle = float(shared_idle_cost)  # written twice: converted once (a Decimal's float is a string's)
+    shared_idle = float(shared_idle_cost)
     return {
         "name": name,
         "properties": _properties(allocation),
         "window": _window(window),
         "start": _iso(start),
         "end": _iso(end),
-        "minutes": float(minutes),
+        "minutes": minutes_f,
         **_ZEROES,
         "gpuCount": count,
         # OpenCost keeps these two on the Allocation but writes them only inside gpuAllocation
         # (allocation_json.go: `json:"-"`); clients read both places, so both carry them.
         "gpuRequestAverage": count,
         "gpuUsageAverage": usage,
-        "gpuHours": float(gpu_hours),
+        "gpuHours": hours,
         # OpenCost folds shared idle into the resource's cost; the parts are ours.
         "gpuCost": total,
         "gpuCostIdle": _cost_idle(total, shared_idle, is_idle=is_idle),
@@ -219,8 +222,8 @@ def _render(allocation: CostAllocation, window: Window) -> dict[str, Any]:
         "gpuMemUsedMBSeconds": float(mem_used_mb_s),
         "gpuMemGrantedMBSeconds": float(mem_granted_mb_s),
         "gpuMemRequestedMBSeconds": _number(mem_requested_mb_s),
-        "gpuSMUsedSeconds": float(sm_used_s),
-        "gpuSMGrantedSeconds": float(sm_granted_s),
+        "gpuSMUsedSeconds": sm_used,
+        "gpuSMGrantedSeconds": sm_granted,
         "gpuSMRequestedSeconds": _number(sm_requested_s),
         # GPU energy as the ledger split it (docs/billing.md, Energy; docs/allocation-api.md).
         "gpuEnergyKWh": float(energy_j / _J_PER_KWH) if energy_j else 0.0,
@@ -242,7 +245,9 @@ def _summary(allocation: CostAllocation, window: Window) -> dict[str, Any]:
     (name, _props, start, end, minutes, gpu_hours, _gpu_cost, shared_idle_cost, total_cost, currency,
      _mem_used, _mem_granted, _mem_requested, sm_used_s, sm_granted_s, *_rest) = allocation
     is_idle = allocation.is_idle
-    count, usage, efficiency = (0.0, 0.0, 0.0) if is_idle else _gpu(minutes, gpu_hours, sm_used_s, sm_granted_s)
+    hours = float(gpu_hours)
+    count, usage, efficiency = (0.0, 0.0, 0.0) if is_idle else _gpu(float(minutes), hours, float(sm_used_s),
+                                                                      float(sm_granted_s))
     total = float(total_cost)
     return {
         "name": name, "properties": _properties(allocation), "window": _window(window), "start": _iso(start),
@@ -251,7 +256,7 @@ def _summary(allocation: CostAllocation, window: Window) -> dict[str, Any]:
         "gpuCostIdle": _cost_idle(total, float(shared_idle_cost), is_idle=is_idle), "networkCost": 0.0,
         "loadBalancerCost": 0.0, "pvCost": 0.0, "ramCost": 0.0, "ramCostIdle": 0.0, "sharedCost": 0.0,
         "externalCost": 0.0, "totalCost": total, "totalEfficiency": efficiency, "gpuEfficiency": efficiency,
-        "gpuCount": count, "gpuHours": float(gpu_hours), "currency": currency, "ramBytesRequestAverage": 0.0,
+        "gpuCount": count, "gpuHours": hours, "currency": currency, "ramBytesRequestAverage": 0.0,
         "ramBytesUsageAverage": 0.0,
     }
 
@@ -320,10 +325,11 @@ MAX_ALLOCATIONS = 100_000
 
 
 def _sets(request: Request, q: _Query, *, quantities: bool = True) -> list[tuple[dict[str, CostAllocation], Window]]:
+    # The figures as floats (each the double nearest the ledger's): they are written as JSON numbers.
     sets = allocation_sets(get_scope(request.user), window=q.window, aggregate=q.aggregate, step=q.step,
                            accumulate=q.accumulate, include_idle=q.include_idle, share_idle=q.share_idle,
                            idle_by_node=q.idle_by_node, split_idle=q.split_idle, filters=q.filters, tree=q.tree,
-                           max_allocations=MAX_ALLOCATIONS, quantities=quantities)
+                           max_allocations=MAX_ALLOCATIONS, quantities=quantities, floats=True)
     windows = set_windows(q.window, q.step, q.accumulate)
     return list(zip(sets, windows, strict=True))
 

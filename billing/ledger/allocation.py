@@ -135,6 +135,8 @@ class UsageGroupRow(NamedTuple):
     node: str
     first_hour: datetime  # start of the first ledger hour with usage
     last_hour: datetime  # start of the last
+    # The sums from `seconds` to `sm_requested_s` are floats where list_usage_groups was asked for
+    # `floats` (_FLOAT_SUMS): each the double nearest to its exact sum.
     seconds: Decimal
     share_gpu_s: Decimal
     charge: Decimal
@@ -150,19 +152,30 @@ class UsageGroupRow(NamedTuple):
     # some energy had none (billing.ledger.energy).
     energy_cost_jp: Decimal | None = None
     co2e_jkg: Decimal | None = None
+    # With `floats`, charge + idle_share as one double: the double nearest their exact sum, which the
+    # sum of their two doubles may miss by a unit in the last place. None otherwise.
+    cost: float | None = None
 
 
-_GROUP_ROW_SUMS = UsageGroupRow._fields[3:]
+_GROUP_ROW_SUMS = UsageGroupRow._fields[3:-1]
 # A group's sums without its memory, requests and energy (list_usage_groups without `quantities`):
 # OpenCost's summary of a per-pod month shows GPU-hours, cost and SM efficiency only, and the seven
 # sums it does not show, the requests' pre-check and the energy rates' join were a third of the
 # statement and of its rows' conversion (docs/benchmarks.md). The rows carry zeros and None (unknown)
 # in their place, the values of a group that used no memory and asked for none.
 _LEAN_READ = ("first_hour", "last_hour", "seconds", "share_gpu_s", "charge", "idle_share", "sm_used_s", "sm_granted_s")
-_LEAN_SUMS_SQL = ("sum(u.seconds) AS seconds, sum(u.share_gpu_s) AS share_gpu_s, sum(u.charge) AS charge, "
-                  "sum(u.idle_share) AS idle_share, sum(u.sm_used_s) AS sm_used_s, sum(u.sm_granted_s) AS sm_granted_s")
+_LEAN_SUMS = (("sum(u.seconds)", "seconds"), ("sum(u.share_gpu_s)", "share_gpu_s"), ("sum(u.charge)", "charge"),
+              ("sum(u.idle_share)", "idle_share"), ("sum(u.sm_used_s)", "sm_used_s"), ("sum(u.sm_granted_s)", "sm_granted_s"))
 _LEAN_MEMORY = (Decimal(0), Decimal(0), None)  # mem_used_mb_s, mem_granted_mb_s, mem_requested_mb_s
 _LEAN_REST = (None, Decimal(0), Decimal(0), Decimal(0))  # sm_requested_s, energy_j, energy_cost_jp, co2e_jkg
+# The sums list_usage_groups reads as float8 with `floats`: for a caller that writes them as JSON
+# numbers (the allocation API), Postgres' exact sum converted once to the nearest double is the
+# float the Decimal would give, and it costs less to make than the Decimal alone: a per-pod month is
+# ~40k rows of ten such sums at 1,000 GPUs, and their numeric text, Decimals and float() were ~0.3 s
+# of the answer against ~0.1 s as float8 (docs/benchmarks.md). Energy stays exact: its cost is
+# rounded at ledger precision before it is written.
+_FLOAT_SUMS = frozenset({"seconds", "share_gpu_s", "charge", "idle_share", "mem_used_mb_s", "mem_granted_mb_s",
+                        "mem_requested_mb_s", "sm_used_s", "sm_granted_s", "sm_requested_s"})
 
 
 def _set_sql(at: str, alias: str, starts: Sequence[datetime] | None, params: dict[str, Any]) -> str:
@@ -259,6 +272,7 @@ def list_usage_groups(
     *, start: datetime, end: datetime, starts: Sequence[datetime] | None, keys: Sequence[str],
     filters: Mapping[str, Sequence[str]], tenants: Collection[str] | None, by_node: bool,
     tree: FilterTree | None = None, limit: int | None = None, rates: bool | None = None, quantities: bool = True,
+    floats: bool = False,
 ) -> list[UsageGroupRow]:
     """Usage of [start, end) per set (from each of `starts`, sorted, the first `start`; None: one
     set) and per value of `keys` (and per node with `by_node`), of `tenants` only unless None, of
@@ -266,7 +280,8 @@ def list_usage_groups(
     that many, which ones unsaid: for a caller that refuses a larger answer rather than reads it.
     `rates`: billing.ledger.energy.any_energy_rate() where the caller asked already (None: asked here).
     Without `quantities`, the rows' memory, requests and energy are not read (_LEAN_READ): for a
-    caller that shows none of them."""
+    caller that shows none of them. With `floats`, the _FLOAT_SUMS are floats: for a caller that
+    writes them as JSON numbers and adds none of them up."""
     ledger = set_ledger(start, end, starts)
     params: dict[str, Any] = {"start": start, "end": end,
                               "tenants": None if tenants is None else sorted(tenants)}
@@ -296,24 +311,29 @@ def list_usage_groups(
     read = " ".join([*key_sql, where, node])
     meta = _META_JOIN if re.search(r"\bm\.", read) else ""
     node_join = f" JOIN {_NODE} n ON n.id = u.node_id" if re.search(r"\bn\.", read) else ""
+    sum_columns: tuple[tuple[str, str], ...]  # (SQL, name)
     if requested is None:
-        sums, joins = _LEAN_SUMS_SQL, ""
+        sum_columns, joins = _LEAN_SUMS, ""
     else:
         rates = any_energy_rate() if rates is None else rates
         # A group's requested figure is known only if every one of its rows' is: its request (a row's
         # seconds are never NULL), not the product, which Postgres would compute a second time per row
         # (~0.1 s of a week's hourly sets at 1,000 GPUs).
-        sums = (
-            "sum(u.seconds) AS seconds, sum(u.share_gpu_s) AS share_gpu_s, sum(u.charge) AS charge, "
-            "sum(u.idle_share) AS idle_share, sum(u.mem_used_mb_s) AS mem_used_mb_s, "
-            "sum(u.mem_granted_mb_s) AS mem_granted_mb_s, "
-            f"CASE WHEN bool_and({requested.mem_mb} IS NOT NULL) THEN sum({requested.mem_mb}) END AS mem_requested_mb_s, "
-            "sum(u.sm_used_s) AS sm_used_s, sum(u.sm_granted_s) AS sm_granted_s, "
-            f"CASE WHEN bool_and({requested.sm} IS NOT NULL) THEN sum({requested.sm}) END AS sm_requested_s, "
-            f"sum(u.energy_j) AS energy_j, {energy_cost_sql(rates=rates)} AS energy_cost_jp, "
-            f"{co2e_sql(rates=rates)} AS co2e_jkg"
+        sum_columns = (
+            ("sum(u.seconds)", "seconds"), ("sum(u.share_gpu_s)", "share_gpu_s"), ("sum(u.charge)", "charge"),
+            ("sum(u.idle_share)", "idle_share"), ("sum(u.mem_used_mb_s)", "mem_used_mb_s"),
+            ("sum(u.mem_granted_mb_s)", "mem_granted_mb_s"),
+            (f"CASE WHEN bool_and({requested.mem_mb} IS NOT NULL) THEN sum({requested.mem_mb}) END", "mem_requested_mb_s"),
+            ("sum(u.sm_used_s)", "sm_used_s"), ("sum(u.sm_granted_s)", "sm_granted_s"),
+            (f"CASE WHEN bool_and({requested.sm} IS NOT NULL) THEN sum({requested.sm}) END", "sm_requested_s"),
+            ("sum(u.energy_j)", "energy_j"), (energy_cost_sql(rates=rates), "energy_cost_jp"),
+            (co2e_sql(rates=rates), "co2e_jkg"),
         )
         joins = f"{energy_rate_join('u', 'at', rates=rates)}{requested.join}"
+    sums = ", ".join(f"({sql})::float8 AS {name}" if floats and name in _FLOAT_SUMS else f"{sql} AS {name}"
+                     for sql, name in sum_columns)
+    if floats:
+        sums += ", (sum(u.charge) + sum(u.idle_share))::float8 AS cost"
     sql = (
         f"SELECT {set_index} AS set_index, {key_columns}{node} AS node, "  # noqa: S608 - fixed SQL
         f"min(u.first_hour) AS first_hour, max(u.last_hour) AS last_hour, {sums} "
@@ -323,7 +343,7 @@ def list_usage_groups(
     )
     params["limit"] = limit
     read_sums = _GROUP_ROW_SUMS if quantities else _LEAN_READ
-    expected = ("set_index", *(f"k_{i}" for i in range(len(key_sql))), "node", *read_sums)
+    expected = ("set_index", *(f"k_{i}" for i in range(len(key_sql))), "node", *read_sums, *(("cost",) if floats else ()))
     set_starts = [None, *(starts or [start])]  # width_bucket counts from 1
     settings = _PER_POD_READ_SETTINGS if _PER_POD_KEYS & set(keys) else _GROUP_READ_SETTINGS
     with period_read_cursor(settings) as cur:
@@ -334,10 +354,15 @@ def list_usage_groups(
         # Built by position, the columns being the fields in order (checked above): a per-pod month is
         # ~40k rows at 1,000 GPUs.
         after = len(key_sql) + 1
+        # Without `floats`, no cost column: None in its place.
+        cost = () if floats else (None,)
         if quantities:
-            return [tuple.__new__(UsageGroupRow, (set_starts[v[0]], v[1:after], *v[after:])) for v in cur.fetchall()]
-        return [tuple.__new__(UsageGroupRow, (set_starts[v[0]], v[1:after], *v[after:-2], *_LEAN_MEMORY, *v[-2:],
-                                              *_LEAN_REST)) for v in cur.fetchall()]
+            return [tuple.__new__(UsageGroupRow, (set_starts[v[0]], v[1:after], *v[after:], *cost))
+                    for v in cur.fetchall()]
+        # The node, the lean sums from first_hour to idle_share, then sm_used_s and sm_granted_s (_LEAN_READ).
+        sm, rest = after + 7, after + 9
+        return [tuple.__new__(UsageGroupRow, (set_starts[v[0]], v[1:after], *v[after:sm], *_LEAN_MEMORY, *v[sm:rest],
+                                              *_LEAN_REST, *v[rest:], *cost)) for v in cur.fetchall()]
 
 
 # The pod instance is a grouping the figures need (two instances of a StatefulSet's pod share a

@@ -70,6 +70,7 @@ _ZERO = Decimal(0)
 _HOUR = timedelta(hours=1)
 _DAY = timedelta(days=1)
 _S_PER_H = Decimal(3600)
+_S_PER_H_FLOAT = 3600.0
 _S_PER_MIN = Decimal(60)
 
 
@@ -96,6 +97,8 @@ class CostAllocation(NamedTuple):
     month is ~40k of them at 1,000 GPUs, and a frozen dataclass sets each field through
     `object.__setattr__` (docs/architecture.md, "Per-pod allocation reads")."""
 
+    # Ledger units: Decimals; from allocation_sets with `floats`, a workload allocation's minutes and
+    # figures are floats, energy's excepted (each the double nearest the ledger's figure).
     name: str
     properties: Mapping[str, str]  # aggregate key -> this group's value (label keys as "label:<name>")
     start: datetime  # first ledger hour with usage in the set (the set's start for idle)
@@ -302,7 +305,7 @@ def allocation_sets(
     accumulate: bool | str | None = False, include_idle: bool = False, share_idle: bool = False,
     idle_by_node: bool = False, filters: Mapping[str, Sequence[str]] | None = None,
     tree: ledger.FilterTree | None = None, split_idle: bool = False, max_allocations: int | None = None,
-    quantities: bool = True,
+    quantities: bool = True, floats: bool = False,
 ) -> list[dict[str, CostAllocation]]:
     """One dict per set (name -> Allocation; one set with `accumulate` or no `step`), in time order,
     each sorted by name with idle last. `window` is aligned to whole hours first (align_window);
@@ -313,7 +316,10 @@ def allocation_sets(
     then `<node>/__idle__` with idle_by_node, else `<cluster>/__idle__`. With `max_allocations`, a
     query whose sets would hold more workload allocations than that is refused (ParameterError)
     before any is built. Without `quantities`, the workload allocations' memory, requests and energy
-    are not read: zeros (None for requests), for a caller that shows none of them (OpenCost's summary)."""
+    are not read: zeros (None for requests), for a caller that shows none of them (OpenCost's summary).
+    With `floats`, the workload allocations' usage figures (GPU-hours, costs, memory, SMs, requests;
+    not energy) are floats, each the double nearest to its exact figure, for a caller that writes
+    them as JSON numbers; not with shared idle, whose parts are split by the exact charges."""
     window = align_window(window)
     aggregate = tuple(aggregate) or DEFAULT_AGGREGATE
     filters = dict(filters or {})
@@ -339,10 +345,11 @@ def allocation_sets(
     platform = scope.sees_platform
     share = share_idle and platform
     rates = any_energy_rate()  # asked once for both reads
+    floats = floats and not share
     rows = ledger.list_usage_groups(start=window.start, end=window.end, starts=starts, keys=aggregate,
                                     filters=filters, tenants=scope.tenants, by_node=share and idle_by_node, tree=tree,
                                     limit=None if max_allocations is None else max_allocations + 1, rates=rates,
-                                    quantities=quantities)
+                                    quantities=quantities, floats=floats)
     if max_allocations is not None and len(rows) > max_allocations:
         raise ParameterError("aggregate", gettext(
             "the answer would hold more than %(max)s allocations; aggregate by fewer or coarser keys, take a "
@@ -357,7 +364,7 @@ def allocation_sets(
     # Shared per node only with idleByNode; split_idle alone reads idle per node to name it, not to share it.
     share_key = idle_by_key if idle_by_node or not split_idle else _merge_nodes(idle_rows)
     shared = _shared_idle(rows, share_key) if share else None
-    _add_groups(sets, bounds, rows, aggregate=aggregate, shared=shared, currency=currency)
+    _add_groups(sets, bounds, rows, aggregate=aggregate, shared=shared, currency=currency, floats=floats)
     if platform and include_idle:
         for r in sorted(idle_rows, key=lambda r: (r.set_start, r.node)):
             # Shared idle leaves __idle__ only where the cards carried no charge to share it by.
@@ -371,14 +378,17 @@ def allocation_sets(
 
 
 def _add_groups(sets: list[dict[str, CostAllocation]], bounds: Sequence[Window], rows: Sequence[ledger.UsageGroupRow], *,
-                aggregate: Sequence[str], shared: Sequence[Decimal] | None, currency: str) -> None:
+                aggregate: Sequence[str], shared: Sequence[Decimal] | None, currency: str, floats: bool) -> None:
     """Each set's allocations of the usage rows (with `shared`, each row's part of the platform's
-    idle), sorted by their keys."""
+    idle), sorted by their keys; with `floats` (rows of floats), their minutes and GPU-hours are
+    floats too."""
     index = {b.start: i for i, b in enumerate(bounds)}
     # A group of one row (a per-pod month's usual group, ~40k at 1,000 GPUs) is its row and its part
     # of shared idle (None without) until a second row arrives: no _Group, its sums the row's
     # Decimals as they are (with shared idle per node, building a _Group per row and its sums back
     # was 9 % of the per-pod month's answer).
+    # Rows of floats are each a group of their own (without shared idle none shares a set and keys
+    # with another): floats are never summed.
     groups: list[dict[tuple[str, ...], _Group | tuple[ledger.UsageGroupRow, Decimal | None]]] = [{} for _ in bounds]
     for i, row in enumerate(rows):
         part = None if shared is None else shared[i]
@@ -386,13 +396,15 @@ def _add_groups(sets: list[dict[str, CostAllocation]], bounds: Sequence[Window],
         group = in_set.get(row.keys)
         if group is None:
             in_set[row.keys] = (row, part)
+        elif floats:
+            raise ValueError(f"a second row of floats for {row.keys}: floats are never summed")
         elif isinstance(group, _Group):
             group.add(row, _ZERO if part is None else part)
         else:
             first, first_part = group
             in_set[row.keys] = merged = _Group.of(first, _ZERO if first_part is None else first_part)
             merged.add(row, _ZERO if part is None else part)
-    minutes: dict[timedelta, Decimal] = {}  # per length: groups of one set share a few lengths
+    minutes: dict[timedelta, Decimal | float] = {}  # per length: groups of one set share a few lengths
     for i, bound in enumerate(bounds):
         out, in_set = sets[i], groups[i]
         # The keys' order as tuples of them sort (code points, element by element), by one string
@@ -405,22 +417,23 @@ def _add_groups(sets: list[dict[str, CostAllocation]], bounds: Sequence[Window],
             # Unpacked once, by position (UsageGroupRow's field order): an attribute of a named tuple
             # is a descriptor call, and a row's eighteen were a third of this loop.
             (_, _, _, first_hour, last_hour, seconds, share_gpu_s, charge, idle_share, mem_used, mem_granted,
-             mem_requested, sm_used, sm_granted, sm_requested, energy_j, energy_cost_jp, co2e_jkg) = one
+             mem_requested, sm_used, sm_granted, sm_requested, energy_j, energy_cost_jp, co2e_jkg, cost) = one
             if part is not None:
                 idle_share += part  # as _Group.of sums a row with its part
             start = max(bound.start, first_hour)
             end = min(bound.end, last_hour + _HOUR)
             span = minutes.get(end - start)
             if span is None:
-                span = minutes[end - start] = _minutes(start, end)
+                span = minutes[end - start] = (end - start).total_seconds() / 60 if floats else _minutes(start, end)
             name = _name(keys)
             # By position (CostAllocation's field order; tuple.__new__ skips the named tuple's Python-level
             # __new__, as agents.interfaces builds its Grants): tests/billing/test_allocation_groups.py
             # checks every field against the rows summed in Python.
             out[name] = tuple.__new__(CostAllocation, (
-                name, dict(zip(aggregate, keys, strict=True)), start, end, span, share_gpu_s / _S_PER_H,
-                charge, idle_share, charge + idle_share, currency, mem_used, mem_granted, mem_requested, sm_used,
-                sm_granted, sm_requested, seconds, False, energy_j, energy_cost_jp, co2e_jkg))
+                name, dict(zip(aggregate, keys, strict=True)), start, end, span,
+                float(share_gpu_s) / _S_PER_H_FLOAT if floats else share_gpu_s / _S_PER_H,
+                charge, idle_share, charge + idle_share if cost is None else cost, currency, mem_used, mem_granted,
+                mem_requested, sm_used, sm_granted, sm_requested, seconds, False, energy_j, energy_cost_jp, co2e_jkg))
 
 
 def _idle_name(r: ledger.IdleRow, *, split: bool, by_node: bool) -> tuple[str, dict[str, str]]:

@@ -184,4 +184,25 @@ def test_allocations_are_the_hour_rows_summed(db: Any, uses: list[Use], keys: li
                 expected_lean = {**_figures(whole[name]), **unread}
                 assert {f: _digits(v) for f, v in _figures(allocation).items()} == {
                     f: _digits(v) for f, v in expected_lean.items()}
+        # As floats (the allocation API's JSON numbers): each figure the double nearest the exact one,
+        # energy's exact as before, and GPU-hours the GPU-seconds' double over 3,600.
+        for quantities in (True, False):
+            exact = sets if quantities else lean
+            floats = allocation_sets(FINANCE, window=window, aggregate=keys, step=step, quantities=quantities,
+                                     floats=True)
+            for got, whole in zip(floats, exact, strict=True):
+                assert list(got) == list(whole)
+                read = [f for f in FLOAT_FIGURES if quantities or f not in unread]
+                for name, allocation in got.items():
+                    wanted = _figures(whole[name])
+                    wanted |= {f: float(v) for f, v in wanted.items() if f in read and v is not None}
+                    wanted["gpu_hours"] = float(whole[name].gpu_hours * 3600) / 3600
+                    figures = _figures(allocation)
+                    assert all(type(figures[f]) is float for f in read if wanted[f] is not None)
+                    assert {f: _digits(v) for f, v in figures.items()} == {f: _digits(v) for f, v in wanted.items()}
         transaction.set_rollback(True)
+
+
+# What allocation_sets gives as floats with `floats` (energy stays exact: its cost is rounded first).
+FLOAT_FIGURES = ("minutes", "gpu_hours", "gpu_cost", "shared_idle_cost", "total_cost", "mem_requested_mb_s",
+                 "sm_requested_s", "seconds", "mem_used_mb_s", "mem_granted_mb_s", "sm_used_s", "sm_granted_s")
