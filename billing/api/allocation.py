@@ -14,6 +14,7 @@ totals right to the cent, not to the ledger unit.
 from __future__ import annotations
 
 import functools
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
@@ -125,12 +126,24 @@ def _window(window: Window) -> dict[str, str]:
     return {"start": _iso(window.start), "end": _iso(window.end)}
 
 
-def _properties(allocation: CostAllocation) -> dict[str, Any]:
+@functools.lru_cache(maxsize=256)
+def _written_as_they_are(keys: tuple[str, ...]) -> bool:
+    """Whether properties of these keys are OpenCost's as they are (_properties changes none)."""
+    return not any(k.startswith((LABEL_PREFIX, ledger.ANNOTATION_PREFIX)) or k in ("controller", "service")
+                   for k in keys)
+
+
+def _properties(allocation: CostAllocation) -> Mapping[str, Any]:
     """OpenCost's AllocationProperties: labels under `labels`, annotations under `annotations`,
     `controller` the bare name beside `controllerKind` (the allocation's name keeps `kind:name`),
-    `service` as OpenCost's `services` list."""
+    `service` as OpenCost's `services` list. Properties of other keys only are the allocation's own
+    (the answer only reads them): a set's allocations share their keys, and looking at each key of
+    each was 0.1 s of a month's answer at 1,000 GPUs per pod and container."""
+    properties = allocation.properties
+    if _written_as_they_are(tuple(properties)):
+        return properties
     out: dict[str, Any] = {}
-    for key, value in allocation.properties.items():
+    for key, value in properties.items():
         if key.startswith(LABEL_PREFIX):
             out.setdefault("labels", {})[key[len(LABEL_PREFIX):]] = value
         elif key.startswith(ledger.ANNOTATION_PREFIX):
