@@ -251,18 +251,23 @@ def _tree_sql(tree: FilterTree, params: dict[str, Any], sql_of: Any) -> str:
 _META_ON = "m.node_id = u.node_id AND m.namespace = u.namespace AND m.pod = u.pod AND m.pod_uid = u.pod_uid"
 
 
-def _meta_join(ledger: reads.Ledger) -> str:
+def _meta_join(ledger: reads.Ledger, tenants: Collection[str] | None) -> str:
     """A usage row's metadata (its pod's, on its node). The metadata is kept for good, a row per pod
-    ever run, so hashing it (what the join becomes with the period reads' nested loops off) grows with
-    the fleet's whole history, while a read grows with its period. A read of days and months (about a
-    row per pod and day, or per pod for whole months) looks each row's up in the metadata's key, row by
-    row: with 13 months of the 1,000-GPU bench's pods (510k rows) the portal's month statement took
-    0.69-0.71 s hashing them, 0.37-0.38 s probing (docs/benchmarks.md). A read of hours has dozens of
-    rows per pod (a week's hourly sets at 1,000 GPUs, 922k) and hashes. The fence (OFFSET 0) keeps the
-    probe a lookup."""
-    if ledger.at == "hour":
-        return f" LEFT JOIN {_META} m ON {_META_ON}"
-    return f" LEFT JOIN LATERAL (SELECT * FROM {_META} m WHERE {_META_ON} OFFSET 0) m ON true"  # noqa: S608 - the model's own table
+    ever run, and the join (hashed: the period reads' nested loops are off) hashes all of it, the
+    fleet's whole history. A read of some tenants' days and months (about a row per pod and day, or
+    per pod for whole months, of a fraction of the fleet's pods) looks each row's up in the
+    metadata's key instead, behind a fence (OFFSET 0) that keeps it a lookup: it grows with those
+    tenants' rows, not with the history. With 13 months of the 1,000-GPU bench's pods' metadata
+    (510k rows) the biggest tenant's month page took 1.44 s hashing it and 1.08 s probing, its last 7
+    days 0.93 and 0.68 s; with one month's (39k rows) both the same (docs/benchmarks.md). A read of
+    the whole fleet probes about as many rows as a month's metadata holds (/finance/'s month 0.83 ->
+    0.93 s with one month's) and a read of hours dozens of rows per pod: both hash. What would bound
+    those too is the slim per-pod ledger's pod id (docs/scaling.md, "Held under 2 TB"): filtering
+    the metadata by its [first_seen, last_seen) would hold only for rows the rollup writes, and an
+    index on `last_seen` would cost every batch's upsert its HOT update."""
+    if tenants is not None and ledger.at == "day":
+        return f" LEFT JOIN LATERAL (SELECT * FROM {_META} m WHERE {_META_ON} OFFSET 0) m ON true"  # noqa: S608 - the model's own table
+    return f" LEFT JOIN {_META} m ON {_META_ON}"
 
 
 # The groups' and idle's reads hash: the planner sorted the rows (every hour row of a week of hourly
@@ -322,7 +327,7 @@ def list_usage_groups(
     # usage row, and every usage row has its node): a join per row less (~0.5 s of a week's hourly
     # sets at 1,000 GPUs).
     read = " ".join([*key_sql, where, node])
-    meta = _meta_join(ledger) if re.search(r"\bm\.", read) else ""
+    meta = _meta_join(ledger, tenants) if re.search(r"\bm\.", read) else ""
     node_join = f" JOIN {_NODE} n ON n.id = u.node_id" if re.search(r"\bn\.", read) else ""
     sum_columns: tuple[tuple[str, str], ...]  # (SQL, name)
     if requested is None:
@@ -571,7 +576,7 @@ def list_figure_rows(
     rows = reads.usage_rows(ledger, start, end, params, months=months, model=True, card_seconds=True, requested=True)
     base = (
         f"SELECT {', '.join(f'{expr[c]} AS {k[c]}' for c in columns)}, u.container::text AS container, "  # noqa: S608 - fixed SQL
-        f"{_BASE_COLUMNS} FROM {rows} u{node}{energy_rate_join('u', 'at')}{_meta_join(ledger)} "
+        f"{_BASE_COLUMNS} FROM {rows} u{node}{energy_rate_join('u', 'at')}{_meta_join(ledger, tenants)} "
         f"WHERE TRUE{where}"
     )
     sets: list[tuple[str, ...]] = [("tenant", "gpu_model", "sla_tier")]
