@@ -136,7 +136,8 @@ class UsageGroupRow(NamedTuple):
     first_hour: datetime  # start of the first ledger hour with usage
     last_hour: datetime  # start of the last
     # The sums from `seconds` to `sm_requested_s` are floats where list_usage_groups was asked for
-    # `floats` (_FLOAT_SUMS): each the double nearest to its exact sum.
+    # `floats` (_FLOAT_SUMS; the charge and idle share not with `exact_costs`): each the double
+    # nearest to its exact sum.
     seconds: Decimal
     share_gpu_s: Decimal
     charge: Decimal
@@ -152,8 +153,8 @@ class UsageGroupRow(NamedTuple):
     # some energy had none (billing.ledger.energy).
     energy_cost_jp: Decimal | None = None
     co2e_jkg: Decimal | None = None
-    # With `floats`, charge + idle_share as one double: the double nearest their exact sum, which the
-    # sum of their two doubles may miss by a unit in the last place. None otherwise.
+    # With `floats` (and not `exact_costs`), charge + idle_share as one double: the double nearest their
+    # exact sum, which the sum of their two doubles may miss by a unit in the last place. None otherwise.
     cost: float | None = None
 
 
@@ -176,6 +177,7 @@ _LEAN_REST = (None, Decimal(0), Decimal(0), Decimal(0))  # sm_requested_s, energ
 # rounded at ledger precision before it is written.
 _FLOAT_SUMS = frozenset({"seconds", "share_gpu_s", "charge", "idle_share", "mem_used_mb_s", "mem_granted_mb_s",
                         "mem_requested_mb_s", "sm_used_s", "sm_granted_s", "sm_requested_s"})
+_COSTS = frozenset({"charge", "idle_share"})
 
 
 def _set_sql(at: str, alias: str, starts: Sequence[datetime] | None, params: dict[str, Any]) -> str:
@@ -290,7 +292,7 @@ def list_usage_groups(
     *, start: datetime, end: datetime, starts: Sequence[datetime] | None, keys: Sequence[str],
     filters: Mapping[str, Sequence[str]], tenants: Collection[str] | None, by_node: bool,
     tree: FilterTree | None = None, limit: int | None = None, rates: bool | None = None, quantities: bool = True,
-    floats: bool = False,
+    floats: bool = False, exact_costs: bool = False,
 ) -> list[UsageGroupRow]:
     """Usage of [start, end) per set (from each of `starts`, sorted, the first `start`; None: one
     set) and per value of `keys` (and per node with `by_node`), of `tenants` only unless None, of
@@ -299,7 +301,8 @@ def list_usage_groups(
     `rates`: billing.ledger.energy.any_energy_rate() where the caller asked already (None: asked here).
     Without `quantities`, the rows' memory, requests and energy are not read (_LEAN_READ): for a
     caller that shows none of them. With `floats`, the _FLOAT_SUMS are floats: for a caller that
-    writes them as JSON numbers and adds none of them up."""
+    writes them as JSON numbers and adds none of them up; with `exact_costs` too, but the charge and
+    idle share, which stay Decimals (and no cost is read): for a caller that splits idle by them."""
     ledger = set_ledger(start, end, starts)
     params: dict[str, Any] = {"start": start, "end": end,
                               "tenants": None if tenants is None else sorted(tenants)}
@@ -348,9 +351,10 @@ def list_usage_groups(
             (co2e_sql(rates=rates), "co2e_jkg"),
         )
         joins = f"{energy_rate_join('u', 'at', rates=rates)}{requested.join}"
-    sums = ", ".join(f"({sql})::float8 AS {name}" if floats and name in _FLOAT_SUMS else f"{sql} AS {name}"
-                     for sql, name in sum_columns)
-    if floats:
+    as_floats = (_FLOAT_SUMS - _COSTS if exact_costs else _FLOAT_SUMS) if floats else frozenset()
+    sums = ", ".join(f"({sql})::float8 AS {name}" if name in as_floats else f"{sql} AS {name}" for sql, name in sum_columns)
+    cost = floats and not exact_costs
+    if cost:
         sums += ", (sum(u.charge) + sum(u.idle_share))::float8 AS cost"
     sql = (
         f"SELECT {set_index} AS set_index, {key_columns}{node} AS node, "  # noqa: S608 - fixed SQL
@@ -361,7 +365,7 @@ def list_usage_groups(
     )
     params["limit"] = limit
     read_sums = _GROUP_ROW_SUMS if quantities else _LEAN_READ
-    expected = ("set_index", *(f"k_{i}" for i in range(len(key_sql))), "node", *read_sums, *(("cost",) if floats else ()))
+    expected = ("set_index", *(f"k_{i}" for i in range(len(key_sql))), "node", *read_sums, *(("cost",) if cost else ()))
     set_starts = [None, *(starts or [start])]  # width_bucket counts from 1
     settings = _PER_POD_READ_SETTINGS if _PER_POD_KEYS & set(keys) else _GROUP_READ_SETTINGS
     with period_read_cursor(settings) as cur:
@@ -372,15 +376,15 @@ def list_usage_groups(
         # Built by position, the columns being the fields in order (checked above): a per-pod month is
         # ~40k rows at 1,000 GPUs.
         after = len(key_sql) + 1
-        # Without `floats`, no cost column: None in its place.
-        cost = () if floats else (None,)
+        # Without the cost column, None in its place.
+        no_cost = () if cost else (None,)
         if quantities:
-            return [tuple.__new__(UsageGroupRow, (set_starts[v[0]], v[1:after], *v[after:], *cost))
+            return [tuple.__new__(UsageGroupRow, (set_starts[v[0]], v[1:after], *v[after:], *no_cost))
                     for v in cur.fetchall()]
         # The node, the lean sums from first_hour to idle_share, then sm_used_s and sm_granted_s (_LEAN_READ).
         sm, rest = after + 7, after + 9
         return [tuple.__new__(UsageGroupRow, (set_starts[v[0]], v[1:after], *v[after:sm], *_LEAN_MEMORY, *v[sm:rest],
-                                              *_LEAN_REST, *v[rest:], *cost)) for v in cur.fetchall()]
+                                              *_LEAN_REST, *v[rest:], *no_cost)) for v in cur.fetchall()]
 
 
 # The pod instance is a grouping the figures need (two instances of a StatefulSet's pod share a

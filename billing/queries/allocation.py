@@ -98,7 +98,8 @@ class CostAllocation(NamedTuple):
     `object.__setattr__` (docs/architecture.md, "Per-pod allocation reads")."""
 
     # Ledger units: Decimals; from allocation_sets with `floats`, a workload allocation's minutes and
-    # figures are floats, energy's excepted (each the double nearest the ledger's figure).
+    # figures are floats (each the double nearest the ledger's figure), energy's excepted, and its
+    # costs with shared idle.
     name: str
     properties: Mapping[str, str]  # aggregate key -> this group's value (label keys as "label:<name>")
     start: datetime  # first ledger hour with usage in the set (the set's start for idle)
@@ -319,7 +320,8 @@ def allocation_sets(
     are not read: zeros (None for requests), for a caller that shows none of them (OpenCost's summary).
     With `floats`, the workload allocations' usage figures (GPU-hours, costs, memory, SMs, requests;
     not energy) are floats, each the double nearest to its exact figure, for a caller that writes
-    them as JSON numbers; not with shared idle, whose parts are split by the exact charges."""
+    them as JSON numbers; with shared idle their costs stay Decimals (the parts are split by the exact
+    charges), and shared per node none is a float (a group's rows per node are summed)."""
     window = align_window(window)
     aggregate = tuple(aggregate) or DEFAULT_AGGREGATE
     filters = dict(filters or {})
@@ -345,11 +347,14 @@ def allocation_sets(
     platform = scope.sees_platform
     share = share_idle and platform
     rates = any_energy_rate()  # asked once for both reads
-    floats = floats and not share
+    # Floats are never summed: not where a group is read per node (shared idle per node), whose rows
+    # are summed per group. Shared idle is split by the exact charges: they stay Decimals.
+    by_node = share and idle_by_node
+    floats = floats and not by_node
     rows = ledger.list_usage_groups(start=window.start, end=window.end, starts=starts, keys=aggregate,
-                                    filters=filters, tenants=scope.tenants, by_node=share and idle_by_node, tree=tree,
+                                    filters=filters, tenants=scope.tenants, by_node=by_node, tree=tree,
                                     limit=None if max_allocations is None else max_allocations + 1, rates=rates,
-                                    quantities=quantities, floats=floats)
+                                    quantities=quantities, floats=floats, exact_costs=share)
     if max_allocations is not None and len(rows) > max_allocations:
         raise ParameterError("aggregate", gettext(
             "the answer would hold more than %(max)s allocations; aggregate by fewer or coarser keys, take a "
@@ -387,7 +392,7 @@ def _add_groups(sets: list[dict[str, CostAllocation]], bounds: Sequence[Window],
     # of shared idle (None without) until a second row arrives: no _Group, its sums the row's
     # Decimals as they are (with shared idle per node, building a _Group per row and its sums back
     # was 9 % of the per-pod month's answer).
-    # Rows of floats are each a group of their own (without shared idle none shares a set and keys
+    # Rows of floats are each a group of their own (read without nodes, none shares a set and keys
     # with another): floats are never summed.
     groups: list[dict[tuple[str, ...], _Group | tuple[ledger.UsageGroupRow, Decimal | None]]] = [{} for _ in bounds]
     for i, row in enumerate(rows):

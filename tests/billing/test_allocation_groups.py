@@ -185,14 +185,16 @@ def test_allocations_are_the_hour_rows_summed(db: Any, uses: list[Use], keys: li
                 assert {f: _digits(v) for f, v in _figures(allocation).items()} == {
                     f: _digits(v) for f, v in expected_lean.items()}
         # As floats (the allocation API's JSON numbers): each figure the double nearest the exact one,
-        # energy's exact as before, and GPU-hours the GPU-seconds' double over 3,600.
-        for quantities in (True, False):
-            exact = sets if quantities else lean
+        # energy's exact as before, and GPU-hours the GPU-seconds' double over 3,600; with shared idle
+        # (split by the exact charges) the costs exact too.
+        shared = allocation_sets(FINANCE, window=window, aggregate=keys, step=step, share_idle=True)
+        for quantities, share in ((True, False), (False, False), (True, True)):
+            exact = shared if share else sets if quantities else lean
             floats = allocation_sets(FINANCE, window=window, aggregate=keys, step=step, quantities=quantities,
-                                     floats=True)
+                                     floats=True, share_idle=share)
             for got, whole in zip(floats, exact, strict=True):
                 assert list(got) == list(whole)
-                read = [f for f in FLOAT_FIGURES if quantities or f not in unread]
+                read = [f for f in FLOAT_FIGURES if (quantities or f not in unread) and not (share and f in COSTS)]
                 for name, allocation in got.items():
                     wanted = _figures(whole[name])
                     wanted |= {f: float(v) for f, v in wanted.items() if f in read and v is not None}
@@ -203,6 +205,8 @@ def test_allocations_are_the_hour_rows_summed(db: Any, uses: list[Use], keys: li
         transaction.set_rollback(True)
 
 
+# An allocation's costs: exact with shared idle, whose parts are split by the exact charges.
+COSTS = ("gpu_cost", "shared_idle_cost", "total_cost")
 # What allocation_sets gives as floats with `floats` (energy stays exact: its cost is rounded first).
 FLOAT_FIGURES = ("minutes", "gpu_hours", "gpu_cost", "shared_idle_cost", "total_cost", "mem_requested_mb_s",
                  "sm_requested_s", "seconds", "mem_used_mb_s", "mem_granted_mb_s", "sm_used_s", "sm_granted_s")
