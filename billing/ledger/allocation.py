@@ -17,7 +17,6 @@ calendar months alike. Every statement is one pass over the window's rows.
 
 from __future__ import annotations
 
-import dataclasses
 import operator
 import re
 from collections import defaultdict
@@ -615,7 +614,7 @@ def list_figure_rows(
         # Each row taken apart by position, with getters made once: a month's portal reads ~10k rows
         # of thirty columns at 1,000 GPUs, and a dict per row and FigureRow's fields by name made this
         # loop take 40 % longer.
-        figures = operator.itemgetter(*(at[f.name] for f in dataclasses.fields(FigureRow)[4:]))
+        figures = operator.itemgetter(*(at[name] for name in FigureRow._fields[4:]))
         # A tuple each: every level has two keys or more (a line's three, a node's tenant and its own).
         keys_of = {level: operator.itemgetter(*(at[f"k_{i}"] for i, c in enumerate(columns) if c in sets[level]))
                    for level in set(levels.values())}
@@ -625,8 +624,10 @@ def list_figure_rows(
             level = levels[raw[part], raw[mask]]
             if instances is not None and level == 1:
                 pod_instances[raw[tenant]] += raw[instances]
-            out.append(FigureRow(level, keys_of[level](raw), tuple(raw[containers]),
-                                 tuple(raw[tiers]), *figures(raw)))
+            # By position (the columns from first_hour on are FigureRow's fields in order, looked up
+            # by name above): tuple.__new__ skips the named tuple's Python-level __new__.
+            out.append(tuple.__new__(FigureRow, (level, keys_of[level](raw), tuple(raw[containers]),
+                                                 tuple(raw[tiers]), *figures(raw))))
     return FigureRows(out, dict(pod_instances))
 
 
