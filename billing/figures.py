@@ -34,7 +34,7 @@ from datetime import UTC, datetime
 from decimal import Decimal
 from typing import Any, NamedTuple
 
-from billing.money import apportion, minor_unit_exponent, round_parts, round_quantities
+from billing.money import apportion, apportion_units, minor_unit_exponent, round_parts, round_quantities
 
 __all__ = [
     "FIGURE_LEVELS",
@@ -217,11 +217,10 @@ class FigureTree:
     # (billing.ledger.spend.TenantSpend.lines).
     line_sums: dict[str, tuple[tuple[Decimal, Decimal], ...]] = field(default_factory=dict)
     _shown: dict[tuple[str, ...], Figures] = field(default_factory=dict)
-    # An opened parent's children's shown figures by column, and each child's position in them: a
-    # child's Figures is made when it is asked for (a page shows a few hundred of the ~10k children
-    # a month's portal opens at 1,000 GPUs).
-    _opened: dict[tuple[str, ...], tuple[dict[tuple[str, ...], int], list[list[Decimal | None]]]] = field(
-        default_factory=dict)
+    # An opened parent's children's shown figures by column (_Column), and each child's position in
+    # them: a child's Figures is made when it is asked for (a page shows a few hundred of the ~10k
+    # children a month's portal opens at 1,000 GPUs).
+    _opened: dict[tuple[str, ...], tuple[dict[tuple[str, ...], int], list[_Column]]] = field(default_factory=dict)
 
     @property
     def money_places(self) -> int:
@@ -240,7 +239,7 @@ class FigureTree:
                 positions, columns = self._opened.get(parent.keys) or self._open(parent)
                 at = positions[node.keys]
                 # By position: a parent's and its children's known figures are known (_open).
-                values: tuple[Any, ...] = tuple(column[at] for column in columns)
+                values: tuple[Any, ...] = tuple(_cell(column, at) for column in columns)
                 known = Figures(*values)
             self._shown[node.keys] = known
         return known
@@ -274,7 +273,7 @@ class FigureTree:
         rounded = {name: _rounded(getattr(node.exact, name), self._places(name)) for name in _NAMES}
         return _from_columns({**rounded, "cost": self.lines[tenant].total, "gpu_hours": self._line_quantities[tenant]})
 
-    def _open(self, parent: FigureNode) -> tuple[dict[tuple[str, ...], int], list[list[Decimal | None]]]:
+    def _open(self, parent: FigureNode) -> tuple[dict[tuple[str, ...], int], list[_Column]]:
         """Every child of `parent` shown: the parent's shown figure apportioned over them, by column
         (_NAMES' order, Figures' fields), and each child's position in the columns."""
         above = self.shown(parent)
@@ -283,7 +282,7 @@ class FigureTree:
             only = children[0]
             opened = self._opened[parent.keys] = ({only.keys: 0}, self._only_child(above, only.exact))
             return opened
-        columns: dict[str, list[Decimal | None]] = {}
+        columns: dict[str, _Column] = {}
         # The children's figures by column, each child's read at once: a month's controller has
         # hundreds of pods at 1,000 GPUs, and a getattr per pod and figure was 5 % of opening them.
         by_column = zip(*(_all_figures(c.exact) for c in children), strict=True) if children else ((),) * len(_NAMES)
@@ -293,9 +292,11 @@ class FigureTree:
             parts = list(parts_of)
             if whole is None or any(p is None for p in parts):
                 # Unknown above: each child that is known is a figure of its own, rounded once.
-                columns[name] = [_rounded(p, places) for p in parts]
+                columns[name] = (parts, places, _ROUND)
+            elif whole >= 0:
+                columns[name] = (apportion_units(whole, parts, places), places, _UNITS)
             else:
-                columns[name] = list(apportion(whole, [p for p in parts if p is not None], places))
+                columns[name] = (apportion(whole, parts, places), places, _AS_IS)
         # Figures are built by position from these (_NAMES is Figures' field order), and what
         # _from_columns checks holds here (a parent's and its children's known figures are known).
         opened = self._opened[parent.keys] = ({c.keys: i for i, c in enumerate(children)},
@@ -303,23 +304,43 @@ class FigureTree:
         return opened
 
 
-    def _only_child(self, above: Figures, exact: Figures) -> list[list[Decimal | None]]:
+    def _only_child(self, above: Figures, exact: Figures) -> list[_Column]:
         """_open's columns for a parent of one child: what apportion gives a single part, its parent's
         shown figure (a multiple of the column's unit), without apportion's checks of a split that
         has nothing to split: a month's CSV opens each of ~10k pods into its one instance at 1,000
         GPUs, 11 columns each, and those calls were a fifth of it. A figure of another sign than its
         parent's goes through apportion, which refuses it."""
-        columns: list[list[Decimal | None]] = []
+        columns: list[_Column] = []
         for name, whole, part in zip(_NAMES, _all_figures(above), _all_figures(exact), strict=True):
             places = self._places(name)
             if whole is None or part is None:
-                columns.append([_rounded(part, places)])
+                columns.append(([part], places, _ROUND))
             elif whole >= 0 and part >= 0:
-                # apportion's one part: the whole in units of the last place, written at that place.
-                columns.append([Decimal(int(whole.scaleb(places))).scaleb(-places)])
+                # apportion's one part: the whole in units of the last place.
+                columns.append(([int(whole.scaleb(places))], places, _UNITS))
             else:
-                columns.append(list(apportion(whole, [part], places)))
+                columns.append((apportion(whole, [part], places), places, _AS_IS))
         return columns
+
+
+# How an opened column holds its children's shown figures: as they are; as whole units of its last
+# place (apportion_units: a Decimal is made for the few children a page shows, not the ~10k a
+# month's portal opens at 1,000 GPUs); or as exact figures, each rounded once when shown (unknown
+# above).
+_AS_IS, _UNITS, _ROUND = 0, 1, 2
+_Column = tuple[Sequence[Any], int, int]  # (values, places, how)
+
+
+def _cell(column: _Column, at: int) -> Decimal | None:
+    """The shown figure at position `at` of an opened column."""
+    values, places, how = column
+    value = values[at]
+    if how == _UNITS:
+        # Exactly `places` decimals (the exponent -places), as apportion writes a share.
+        return Decimal(value).scaleb(-places)
+    if how == _ROUND:
+        return _rounded(value, places)
+    return value  # type: ignore[no-any-return]
 
 
 def _depth_len(level: int) -> int:

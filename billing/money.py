@@ -40,6 +40,7 @@ __all__ = [
     "allocate",
     "amount_text",
     "apportion",
+    "apportion_units",
     "display_amount",
     "format_minor_units",
     "from_minor_units",
@@ -159,14 +160,24 @@ def apportion(total: Decimal, parts: Sequence[Decimal], places: int) -> list[Dec
     `total` and `parts` share a sign (an empty or all-zero `parts` with a zero total gives zeros; a
     non-zero total over parts that sum to zero is split evenly, the remainder to the first ones).
     Money passes the currency's minor-unit exponent as `places`."""
+    if parts and (total < 0 or min(parts) < 0):
+        if total > 0 or max(parts) > 0:
+            raise ValueError("apportion needs the total and its parts on one side of zero")
+        return [-x for x in apportion(-total, [-p for p in parts], places)]
+    # Decimal(u).scaleb(-places) has exactly `places` decimals (the exponent -places).
+    return [Decimal(u).scaleb(-places) for u in apportion_units(total, parts, places)]
+
+
+def apportion_units(total: Decimal, parts: Sequence[Decimal], places: int) -> list[int]:
+    """`apportion` of a total and parts that are not negative, each share as a whole number of units
+    of 10^-places: for a caller that writes few of many shares (a page opens a figure into thousands
+    of parts and shows a hundred; making each a Decimal was a third of the split)."""
     if not parts:
         if total:
             raise ValueError(f"cannot apportion {total} over no parts")
         return []
     if total < 0 or min(parts) < 0:
-        if total > 0 or max(parts) > 0:
-            raise ValueError("apportion needs the total and its parts on one side of zero")
-        return [-x for x in apportion(-total, [-p for p in parts], places)]
+        raise ValueError("apportion_units needs a total and parts that are not negative")
     with localcontext(_CONTEXT):
         units = total.scaleb(places)
         if units != units.to_integral_value():
@@ -175,11 +186,11 @@ def apportion(total: Decimal, parts: Sequence[Decimal], places: int) -> list[Dec
         if not units_int:
             # Nothing to split: every share's floor is 0 and no unit is left over. A figure a fleet
             # does not meter (energy without its readings) is 0 at every node a page opens.
-            return [Decimal(0).scaleb(-places)] * len(parts)
+            return [0] * len(parts)
         if len(parts) == 1:
             # The whole to its one part (what the split below gives it): a figure tree opens every pod
             # into its one instance, ~100k of these for a tenant's CSV of a month at 1,000 GPUs.
-            return [Decimal(units_int).scaleb(-places)]
+            return [units_int]
         weight_sum = sum(parts, Decimal(0))
         weights = list(parts) if weight_sum else [Decimal(1)] * len(parts)
         weight_sum = weight_sum or Decimal(len(parts))
@@ -187,7 +198,7 @@ def apportion(total: Decimal, parts: Sequence[Decimal], places: int) -> list[Dec
         # Each share as its floor and remainder (units × part = floor × Σ parts + remainder, exactly):
         # one division per part, and the remainders rank the fractional parts exactly (they share
         # the denominator Σ parts). A page opens figures into thousands of parts (bench/web_pages.py):
-        # only the few left-over units need ranking, not a sort. Every part is >= 0 here.
+        # only the few left-over units need ranking, not a sort.
         shares = [divmod(scaled * w, weight_sum) for w in weights]
         floors = [int(q) for q, _r in shares]
         left = units_int - sum(floors)
@@ -201,8 +212,7 @@ def apportion(total: Decimal, parts: Sequence[Decimal], places: int) -> list[Dec
             for i in (heapq.nlargest(left, range(size), key=remainders.__getitem__) if left * 8 < size
                       else sorted(range(size), key=remainders.__getitem__, reverse=True)[:left]):
                 floors[i] += 1
-        # Decimal(u).scaleb(-places) has exactly `places` decimals (the exponent -places).
-        return [Decimal(u).scaleb(-places) for u in floors]
+        return floors
 
 
 def round_parts(parts: Sequence[Decimal], currency: str = "") -> tuple[list[Decimal], Decimal]:
