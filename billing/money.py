@@ -24,11 +24,13 @@
 
 from __future__ import annotations
 
+import functools
 import heapq
 from collections.abc import Sequence
 from decimal import ROUND_FLOOR, ROUND_HALF_EVEN, Context, Decimal, InvalidOperation, localcontext
 
-from django.utils.formats import number_format
+from django.utils.formats import get_format, number_format
+from django.utils.translation import get_language
 
 from billing.currencies import MINOR_UNITS
 
@@ -44,6 +46,7 @@ __all__ = [
     "display_amount",
     "format_minor_units",
     "from_minor_units",
+    "grouped_text",
     "ledger_amount",
     "minor_unit_exponent",
     "money_text",
@@ -118,8 +121,34 @@ def money_text(value: object, currency: str = "") -> str:
         amount = display_amount(Decimal(str(value)), currency)
     except InvalidOperation:
         return str(value)
-    text = number_format(amount, minor_unit_exponent(currency), use_l10n=True, force_grouping=True)
+    text = grouped_text(amount, minor_unit_exponent(currency))
     return f"{text} {currency}".strip()
+
+
+def grouped_text(amount: Decimal, places: int) -> str:
+    """`amount`, a Decimal of at most `places` decimals, with `places` decimals and its thousands
+    grouped in the active language's format: what Django's number_format(amount, places,
+    use_l10n=True, force_grouping=True) writes, without its walk over the digits where the language
+    groups by threes (a month's portal writes ~3,000 numbers at 1,000 GPUs)."""
+    table = _separators(get_language())
+    _sign, digits, exponent = amount.as_tuple()
+    if table is None or not isinstance(exponent, int) or -exponent > places or abs(exponent) + len(digits) > 200:
+        return number_format(amount, places, use_l10n=True, force_grouping=True)
+    if not amount:
+        amount = Decimal(0)  # no "-0.00": number_format writes any zero as 0
+    text = f"{amount:,.{places}f}"
+    return text.translate(table) if table else text
+
+
+@functools.lru_cache(maxsize=16)
+def _separators(language: str | None) -> dict[int, str] | None:
+    """What turns a format spec's "." and "," into a language's decimal and thousands separators
+    (empty where they are those), where the language groups digits by threes; else None."""
+    if get_format("NUMBER_GROUPING", language, use_l10n=True) != 3:
+        return None
+    decimal, thousands = (str(get_format(name, language, use_l10n=True))
+                          for name in ("DECIMAL_SEPARATOR", "THOUSAND_SEPARATOR"))
+    return {} if (decimal, thousands) == (".", ",") else {ord("."): decimal, ord(","): thousands}
 
 
 def allocate(total: Decimal, weights: Sequence[Decimal]) -> list[Decimal]:

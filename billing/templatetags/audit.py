@@ -8,10 +8,10 @@ from decimal import Decimal
 
 from django import template
 from django.utils import timezone
-from django.utils.formats import date_format, number_format, time_format
+from django.utils.formats import date_format, time_format
 from django.utils.translation import gettext as _
 
-from billing.money import minor_unit_exponent
+from billing.money import grouped_text, minor_unit_exponent
 from billing.queries.audit import AuditValue
 from billing.templatetags.ledger import money
 
@@ -40,5 +40,5 @@ def _rate(price: Decimal, currency: str) -> str:
     """Every decimal the price was set with, and at least the currency's minor unit."""
     exponent = price.as_tuple().exponent
     places = max(-exponent if isinstance(exponent, int) else 0, minor_unit_exponent(currency))
-    text = number_format(price, places, use_l10n=True, force_grouping=True)
+    text = grouped_text(price, places)
     return f"{text} {currency}".strip()

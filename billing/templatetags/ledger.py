@@ -8,11 +8,10 @@ from datetime import datetime
 from decimal import ROUND_HALF_EVEN, Decimal, InvalidOperation
 
 from django import template
-from django.utils.formats import number_format
 from django.utils.safestring import mark_safe
 
 from billing.figures import figure_key
-from billing.money import money_text
+from billing.money import grouped_text, money_text
 from billing.seeded import seeded_text
 from billing.services.fleet import gib
 
@@ -42,7 +41,7 @@ def number(value: object, places: int = 2) -> str:
         amount = Decimal(str(value)).quantize(Decimal(1).scaleb(-int(places)), rounding=ROUND_HALF_EVEN)
     except InvalidOperation:
         return str(value)
-    return number_format(amount, int(places), use_l10n=True, force_grouping=True)
+    return grouped_text(amount, int(places))
 
 
 @register.simple_tag(takes_context=True)

@@ -9,6 +9,7 @@ from fractions import Fraction
 
 import pytest
 from django.utils import translation
+from django.utils.formats import number_format
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -20,6 +21,7 @@ from billing.money import (
     display_amount,
     format_minor_units,
     from_minor_units,
+    grouped_text,
     minor_unit_exponent,
     quantity_text,
     round_parts,
@@ -193,3 +195,15 @@ def test_csv_numbers_are_written_plainly() -> None:
     assert amount_text(Decimal(0), "USD") == "0.00"
     assert quantity_text(Decimal("12.345678"), QUANTITY_PLACES["gpu_hours"]) == "12.3457"
     assert quantity_text(Decimal("1E+3"), 0) == "1000"
+
+
+@given(amount=st.decimals(min_value=Decimal("-1e15"), max_value=Decimal("1e15"), places=6, allow_nan=False,
+                          allow_infinity=False),
+       places=st.integers(min_value=0, max_value=6), language=st.sampled_from(["en", "zh-hans"]))
+def test_grouped_text_writes_what_djangos_number_format_writes(amount: Decimal, places: int, language: str) -> None:
+    """The pages' one number writer: the same text as Django's number_format with grouping, negative
+    zeros and amounts that need no decimals included, in every language the product speaks."""
+    shown = display_amount(amount, "") if places == 2 else amount.quantize(Decimal(1).scaleb(-places))
+    with translation.override(language):
+        assert grouped_text(shown, places) == number_format(shown, places, use_l10n=True, force_grouping=True)
+        assert grouped_text(-shown, places) == number_format(-shown, places, use_l10n=True, force_grouping=True)
