@@ -41,7 +41,7 @@ from billing.api.allocation_params import (
     parse_step,
     parse_window,
 )
-from billing.api.renderers import FastJSONRenderer
+from billing.api.renderers import FastJSONRenderer, Shared, SharedFields
 from billing.ledger import allocation as ledger
 from billing.ledger.reads import no_cycle_collection
 from billing.money import ledger_amount
@@ -171,9 +171,13 @@ _ZERO_FIELDS = (
     "ramBytes", "ramByteRequestAverage", "ramByteLimitAverage", "ramByteUsageAverage", "ramByteHours", "ramCost",
     "ramCostAdjustment", "ramCostIdle", "ramEfficiency", "gpuCostAdjustment", "sharedCost", "externalCost",
 )
-# Copied into each allocation's body (one dict built once, not one per allocation: 0.24 s of a
-# per-pod month's answer at 1,000 GPUs).
-_ZEROES = dict.fromkeys(_ZERO_FIELDS, 0.0)
+# The fields every workload allocation has alike, written once as JSON and closing each (Shared):
+# a dict of all seventy-five fields per allocation, and their writing, was a quarter of a per-pod
+# month's answer at 1,000 GPUs (docs/benchmarks.md).
+_SAME = SharedFields({
+    **dict.fromkeys(_ZERO_FIELDS, 0.0), "pvs": {}, "lbAllocations": None, "proportionalAssetResourceCosts": None,
+    "sharedCostBreakdown": None,
+})
 
 
 def _gpu(minutes: float, gpu_hours: float, sm_used_s: float, sm_granted_s: float) -> tuple[float, float, float]:
@@ -187,7 +191,7 @@ def _gpu(minutes: float, gpu_hours: float, sm_used_s: float, sm_granted_s: float
     return count, count * efficiency, efficiency
 
 
-def _render(allocation: CostAllocation, window: Window) -> dict[str, Any]:
+def _render(allocation: CostAllocation, window: Window) -> Shared:
     # Unpacked once, by position (CostAllocation's field order): a per-pod month renders ~40k of them
     # at 1,000 GPUs, and thirty attribute reads of a named tuple each were a third of this function.
     (name, properties, start, end, minutes, gpu_hours, gpu_cost, shared_idle_cost, total_cost, currency,
@@ -198,14 +202,13 @@ def _render(allocation: CostAllocation, window: Window) -> dict[str, Any]:
     count, usage, efficiency = (0.0, 0.0, 0.0) if is_idle else _gpu(minutes_f, hours, sm_used, sm_granted)
     total = float(total_cost)
     shared_idle = float(shared_idle_cost)
-    return {
+    return Shared({
         "name": name,
         "properties": _properties(allocation),
         "window": _window(window),
         "start": _iso(start),
         "end": _iso(end),
         "minutes": minutes_f,
-        **_ZEROES,
         "gpuCount": count,
         # OpenCost keeps these two on the Allocation but writes them only inside gpuAllocation
         # (allocation_json.go: `json:"-"`); clients read both places, so both carry them.
@@ -216,13 +219,9 @@ def _render(allocation: CostAllocation, window: Window) -> dict[str, Any]:
         "gpuCost": total,
         "gpuCostIdle": _cost_idle(total, shared_idle, is_idle=is_idle),
         "gpuEfficiency": efficiency,
-        "pvs": {},
         "totalCost": total,
         # GPUs are the only resource with a cost here, so the cost-weighted efficiency is the GPU's.
         "totalEfficiency": efficiency,
-        "lbAllocations": None,
-        "proportionalAssetResourceCosts": None,
-        "sharedCostBreakdown": None,
         "gpuAllocation": None if is_idle else {
             "gpuDevice": "", "gpuModel": str(properties.get("gpu_model", "")),
             "gpuUUID": str(properties.get("gpu", "")), "isGPUShared": None,
@@ -243,7 +242,7 @@ def _render(allocation: CostAllocation, window: Window) -> dict[str, Any]:
         # What it cost and emitted at its nodes' locations (docs/allocation-api.md); null where unknown.
         "gpuEnergyCost": _per_kwh(energy_cost_jp, money=True),
         "gpuCO2eKg": _per_kwh(co2e_jkg, money=False),
-    }
+    }, _SAME)
 
 
 def _cost_idle(total: float, shared_idle: float, *, is_idle: bool) -> float:

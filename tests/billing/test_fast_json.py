@@ -10,7 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from rest_framework.renderers import JSONRenderer
 
-from billing.api.renderers import FastJSONRenderer
+from billing.api.renderers import FastJSONRenderer, Shared, SharedFields
 
 
 def _values(scalars: st.SearchStrategy[object]) -> st.SearchStrategy[object]:
@@ -51,3 +51,26 @@ def test_an_indent_asked_for_is_drfs_own_answer():
     assert (FastJSONRenderer().render(value, "application/json; indent=2")
             == JSONRenderer().render(value, "application/json; indent=2"))
     assert FastJSONRenderer().render(None) == b""
+
+
+_KEYS = st.text(max_size=6)
+
+
+@given(own=st.dictionaries(_KEYS, _values(_EXACT), max_size=5), shared=st.dictionaries(_KEYS, _values(_EXACT), max_size=5),
+       indent=st.booleans())
+def test_shared_fields_are_written_after_each_objects_own(own, shared, indent):
+    """A Shared object is its own fields, then the shared ones, as one JSON object: the same
+    object orjson's fragment or DRF's indented answer writes, with no key written twice."""
+    own = {k: v for k, v in own.items() if k not in shared}
+    fields = SharedFields(shared)
+    media = "application/json; indent=2" if indent else None
+    value = {"sets": [Shared(own, fields), Shared(dict(own), fields)]}
+    pairs: list[list[str]] = []
+
+    def keys_of(items):
+        pairs.append([k for k, _ in items])
+        return dict(items)
+
+    written = json.loads(FastJSONRenderer().render(value, media), object_pairs_hook=keys_of)
+    assert written == {"sets": [{**own, **shared}] * 2}
+    assert all(len(keys) == len(set(keys)) for keys in pairs)
