@@ -84,15 +84,6 @@ class FigureRow(NamedTuple):
     sm_used_s: Decimal
     sm_granted_s: Decimal
     sm_requested_s: Decimal | None
-    # Billed (max(used, granted) per second, the rate card's basis) and its part in use, in
-    # card-seconds of the card's memory and of its SMs (MB·s ÷ the GPU's memory, SM·s ÷ its SMs):
-    # what a workload's cost is made of, for the portal's "why this costs what it does".
-    mem_billed_mb_s: Decimal = Decimal(0)
-    sm_billed_s: Decimal = Decimal(0)
-    mem_billed_card_s: Decimal = Decimal(0)
-    mem_used_card_s: Decimal = Decimal(0)
-    sm_billed_card_s: Decimal = Decimal(0)
-    sm_used_card_s: Decimal = Decimal(0)
     # GPU energy attributed by the ledger's split of each card's energy (docs/billing.md, Energy), joules.
     energy_j: Decimal = Decimal(0)
     # Σ joules × price per kWh and × kg CO2e per kWh of each row's location on its date

@@ -401,7 +401,6 @@ _POD_LEVEL = FIGURE_LEVELS.index("pod") + 1
 _BASE_COLUMNS = (
     "u.first_hour, u.last_hour, u.seconds, u.share_gpu_s, u.charge, u.idle_share, u.mem_used_mb_s, u.mem_granted_mb_s, "
     f"u.sm_used_s, u.sm_granted_s, {row_requested_sql('mem_mb')} AS mem_req, {row_requested_sql('sm')} AS sm_req, "
-    "u.mem_billed_mb_s, u.sm_billed_s, u.mem_billed_card_s, u.mem_used_card_s, u.sm_billed_card_s, u.sm_used_card_s, "
     "u.energy_j, er.price_per_kwh, er.co2e_kg_per_kwh"
 )
 _LEAF_SUMS = (
@@ -410,10 +409,7 @@ _LEAF_SUMS = (
     "sum(u.idle_share) AS idle_share, sum(u.mem_used_mb_s) AS mem_used_mb_s, "
     "sum(u.mem_granted_mb_s) AS mem_granted_mb_s, sum(u.sm_used_s) AS sm_used_s, sum(u.sm_granted_s) AS sm_granted_s, "
     "bool_and(u.mem_req IS NOT NULL) AS mem_req_known, sum(u.mem_req) AS mem_req, "
-    "bool_and(u.sm_req IS NOT NULL) AS sm_req_known, sum(u.sm_req) AS sm_req, "
-    "sum(u.mem_billed_mb_s) AS mem_billed_mb_s, sum(u.sm_billed_s) AS sm_billed_s, "
-    "sum(u.mem_billed_card_s) AS mem_billed_card_s, sum(u.mem_used_card_s) AS mem_used_card_s, "
-    "sum(u.sm_billed_card_s) AS sm_billed_card_s, sum(u.sm_used_card_s) AS sm_used_card_s, sum(u.energy_j) AS energy_j, "
+    "bool_and(u.sm_req IS NOT NULL) AS sm_req_known, sum(u.sm_req) AS sm_req, sum(u.energy_j) AS energy_j, "
     # billing.ledger.energy's known sums, split: the flag and the sum, recombined per level.
     "bool_and(u.energy_j = 0 OR u.price_per_kwh IS NOT NULL) AS cost_known, "
     "sum(u.energy_j * coalesce(u.price_per_kwh, 0)) AS energy_cost_jp, "
@@ -424,8 +420,7 @@ _LEAF_SUMS = (
 _LEAF_ROW = (
     "u.first_hour, u.last_hour, u.seconds, u.share_gpu_s, u.charge, u.idle_share, u.mem_used_mb_s, "
     "u.mem_granted_mb_s, u.sm_used_s, u.sm_granted_s, u.mem_req IS NOT NULL AS mem_req_known, u.mem_req, "
-    "u.sm_req IS NOT NULL AS sm_req_known, u.sm_req, u.mem_billed_mb_s, u.sm_billed_s, u.mem_billed_card_s, "
-    "u.mem_used_card_s, u.sm_billed_card_s, u.sm_used_card_s, u.energy_j, "
+    "u.sm_req IS NOT NULL AS sm_req_known, u.sm_req, u.energy_j, "
     "u.energy_j = 0 OR u.price_per_kwh IS NOT NULL AS cost_known, "
     "u.energy_j * coalesce(u.price_per_kwh, 0) AS energy_cost_jp, "
     "u.energy_j = 0 OR u.co2e_kg_per_kwh IS NOT NULL AS co2e_known, "
@@ -444,9 +439,6 @@ _LEVEL_SUMS = (
     "sum(sm_granted_s) AS sm_granted_s, "
     "CASE WHEN bool_and(mem_req_known) THEN sum(mem_req) END AS mem_requested_mb_s, "
     "CASE WHEN bool_and(sm_req_known) THEN sum(sm_req) END AS sm_requested_s, "
-    "sum(mem_billed_mb_s) AS mem_billed_mb_s, sum(sm_billed_s) AS sm_billed_s, "
-    "coalesce(sum(mem_billed_card_s), 0) AS mem_billed_card_s, coalesce(sum(mem_used_card_s), 0) AS mem_used_card_s, "
-    "coalesce(sum(sm_billed_card_s), 0) AS sm_billed_card_s, coalesce(sum(sm_used_card_s), 0) AS sm_used_card_s, "
     "sum(energy_j) AS energy_j, CASE WHEN bool_and(cost_known) THEN sum(energy_cost_jp) END AS energy_cost_jp, "
     "CASE WHEN bool_and(co2e_known) THEN sum(co2e_jkg) END AS co2e_jkg"
 )
@@ -563,7 +555,7 @@ def list_figure_rows(
     if top_pods is not None and depth != FIGURE_LEVELS.index("pod_uid") + 1:
         raise ValueError("top_pods needs the tree down to pod instances")
     ledger = set_ledger(start, end, None)
-    months = reads.month_range(ledger, start, end, card_seconds=True)
+    months = reads.month_range(ledger, start, end)
     params: dict[str, Any] = {"start": start, "end": end, "tenants": None if tenants is None else sorted(tenants)}
     where = _filters_sql(filters, params, _key_sql)
     path = ["tenant", *(k for level in FIGURE_LEVELS[:depth] for k in (("node", "gpu") if level == "gpu" else (level,)))]
@@ -574,7 +566,7 @@ def list_figure_rows(
     expr = {c: f"({_FIGURE_KEY_SQL[c]})::text" for c in columns} | {"gpu_model": "(coalesce(u.gpu_model, ''))::text"}
     # The node only where a key or filter reads it (every usage row has its node).
     node = f" JOIN {_NODE} n ON n.id = u.node_id" if re.search(r"\bn\.", " ".join([*expr.values(), where])) else ""
-    rows = reads.usage_rows(ledger, start, end, params, months=months, model=True, card_seconds=True, requested=True)
+    rows = reads.usage_rows(ledger, start, end, params, months=months, model=True, requested=True)
     base = (
         f"SELECT {', '.join(f'{expr[c]} AS {k[c]}' for c in columns)}, u.container::text AS container, "  # noqa: S608 - fixed SQL
         f"{_BASE_COLUMNS} FROM {rows} u{node}{energy_rate_join('u', 'at')}{_meta_join(ledger, tenants)} "

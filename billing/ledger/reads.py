@@ -28,7 +28,7 @@ from django.db.models import F, Q, Sum
 
 from billing.ledger.models import GpuDay, GpuHour, UsageDay, UsageHour, UsageMonth
 from billing.ledger.retention import require_hours_retained
-from billing.models.fleet import Gpu, LocationRate, NodeLocation
+from billing.models.fleet import LocationRate, NodeLocation
 
 __all__ = ["CLOSED_THROUGH", "DAYS", "HOURS", "Granularity", "Ledger", "bucketed_ledger", "fetch_rows", "hour_ledger", "ledger_for",
            "month_range", "month_ranges", "no_cycle_collection", "period_read_cursor", "usage_rows"]
@@ -138,13 +138,6 @@ _USAGE_KEYS = ("node_id", "gpu_uuid", "tenant", "namespace", "pod", "container",
 _USAGE_SUMS = ("seconds", "mem_used_mb_s", "mem_granted_mb_s", "mem_billed_mb_s", "sm_used_s", "sm_granted_s",
                "sm_billed_s", "share_gpu_s", "charge", "idle_share", "energy_j")
 _REQUESTED = ("mem_requested_mb_s", "sm_requested_s")
-# A day or hour row's card-seconds, as the month ledger stores them summed per day (billing.ledger.months).
-_CARD_SECONDS = {
-    "mem_billed_card_s": "u.mem_billed_mb_s / nullif(gp.memory_mb, 0)",
-    "mem_used_card_s": "u.mem_used_mb_s / nullif(gp.memory_mb, 0)",
-    "sm_billed_card_s": "u.sm_billed_s / nullif(gp.sm_count, 0)",
-    "sm_used_card_s": "u.sm_used_s / nullif(gp.sm_count, 0)",
-}
 
 
 def _month_start(at: datetime) -> bool:
@@ -167,29 +160,28 @@ def _whole_months(ledger: Ledger, start: datetime, end: datetime) -> tuple[datet
     return (first, last) if first < last else None
 
 
-def month_range(ledger: Ledger, start: datetime, end: datetime, *, starts: Sequence[datetime] | None = None,
-                card_seconds: bool = False) -> tuple[datetime, datetime] | None:
+def month_range(ledger: Ledger, start: datetime, end: datetime, *,
+                starts: Sequence[datetime] | None = None) -> tuple[datetime, datetime] | None:
     """[first, last) month starts: the whole UTC months of [start, end) that a read of `ledger` (the
     day ledger: a read of hours takes no months) may take from the month ledger, None when none.
 
     A month row stands in for its days where the read puts them all in one group and joins them all
-    alike: no set of `starts` begins inside a month (a set is the last start at or before a row), no
+    alike: no set of `starts` begins inside a month (a set is the last start at or before a row), and no
     node's location nor any location's rate starts inside a month (energy is priced by the row's
-    date, billing.ledger.energy), and, with `card_seconds`, no GPU's memory or SM count differs
-    from what its month rows were divided by. Otherwise every month of the read comes from days."""
+    date, billing.ledger.energy). Otherwise every month of the read comes from days."""
     months = _whole_months(ledger, start, end)
     if months is None:
         return None
     first, last = months
     if starts is not None and any(first < s < last and not _month_start(s) for s in starts):
         return None
-    if _energy_rates_change([months])[0] or (card_seconds and _cards_changed(first, last)):
+    if _energy_rates_change([months])[0]:
         return None
     return months
 
 
 def month_ranges(ledger: Ledger, periods: Sequence[tuple[datetime, datetime]]) -> list[tuple[datetime, datetime] | None]:
-    """`month_range` of each of `periods` (no sets, no card-seconds), in their order: the energy rates
+    """`month_range` of each of `periods` (no sets), in their order: the energy rates
     of all of them checked in one statement (a page's six months and previous period were seven)."""
     months = [_whole_months(ledger, start, end) for start, end in periods]
     asked = list(dict.fromkeys(m for m in months if m is not None))
@@ -211,35 +203,22 @@ def _energy_rates_change(months: Sequence[tuple[datetime, datetime]]) -> list[bo
         return [bool(row[0]) for row in cur.fetchall()]
 
 
-def _cards_changed(first: datetime, last: datetime) -> bool:
-    """Whether a GPU's memory or SM count differs from what its month rows in [first, last) were divided by."""
-    with connection.cursor() as cur:
-        cur.execute(
-            # Each GPU's divisors once (a GPU-month has one set, or a few after a resize), then compared: not a lookup per month row.
-            f"SELECT EXISTS (SELECT 1 FROM (SELECT DISTINCT gpu_uuid, memory_mb, sm_count FROM {UsageMonth._meta.db_table} "  # noqa: S608 - the models' own table names
-            f"WHERE month >= %s AND month < %s) u LEFT JOIN {Gpu._meta.db_table} gp ON gp.uuid = u.gpu_uuid "
-            "WHERE gp.memory_mb IS DISTINCT FROM u.memory_mb OR gp.sm_count IS DISTINCT FROM u.sm_count)", [first, last])
-        return bool(cur.fetchone()[0])
-
-
 def usage_rows(ledger: Ledger, start: datetime, end: datetime, params: dict[str, Any], *,
-               months: tuple[datetime, datetime] | None, model: bool = False, card_seconds: bool = False,
-               requested: bool = False, name: str = "rows") -> str:
+               months: tuple[datetime, datetime] | None, model: bool = False, requested: bool = False,
+               name: str = "rows") -> str:
     """A subquery of the usage rows of [start, end) in `ledger`, of `params["tenants"]` (None: all):
     the month rows of `months` (month_range's) and the rows of `ledger` of the rest. Each row has the
     usage columns, `at` (its hour, day or month), `first_hour`, `last_hour`, `gpu_model` (its GPU row's,
-    NULL where it has none; NULL for every hour or day row unless `model`) and, with `card_seconds`,
-    the card-seconds columns (billing.ledger.months) and, with `requested`, the requested figures
-    the rows store (billing.ledger.requests). Parameters are added to `params`, named after `name`
-    (one per subquery of a statement)."""
+    NULL where it has none; NULL for every hour or day row unless `model`) and, with `requested`, the
+    requested figures the rows store (billing.ledger.requests). Parameters are added to `params`,
+    named after `name` (one per subquery of a statement)."""
     columns = ", ".join(f"u.{c}" for c in (*_USAGE_KEYS, *_USAGE_SUMS, *(_REQUESTED if requested else ())))
     tenants = "(%(tenants)s::text[] IS NULL OR u.tenant = ANY(%(tenants)s::text[]))"
-    cards = "".join(f", u.{c}" for c in _CARD_SECONDS) if card_seconds else ""
     ranges = [(start, end)]
     parts = []
     if months is not None:
         params[f"{name}_months_from"], params[f"{name}_months_to"] = months
-        parts.append(f"SELECT {columns}, u.month AS at, u.first_hour, u.last_hour, u.gpu_model{cards} "  # noqa: S608 - fixed names
+        parts.append(f"SELECT {columns}, u.month AS at, u.first_hour, u.last_hour, u.gpu_model "  # noqa: S608 - fixed names
                      f"FROM {UsageMonth._meta.db_table} u WHERE u.month >= %({name}_months_from)s "
                      f"AND u.month < %({name}_months_to)s AND {tenants}")
         # The month rows hold the closed days; the days of those months from CLOSED_THROUGH on are read as days.
@@ -264,11 +243,9 @@ def usage_rows(ledger: Ledger, start: datetime, end: datetime, params: dict[str,
     # it reads from days (31k rows at 1,000 GPUs, about 20 ms of the portal's month statement).
     joins = (f" LEFT JOIN {ledger.gpu_table} g ON g.node_id = u.node_id AND g.gpu_uuid = u.gpu_uuid AND g.{at} = u.{at} "
              f"AND {within('g')}" if model else "")
-    joins += f" LEFT JOIN {Gpu._meta.db_table} gp ON gp.uuid = u.gpu_uuid" if card_seconds else ""
-    cards_sql = "".join(f", {q} AS {c}" for c, q in _CARD_SECONDS.items()) if card_seconds else ""
     parts.append(
         f"SELECT {columns}, u.{at} AS at, u.{ledger.first_hour} AS first_hour, u.{ledger.last_hour} AS last_hour, "  # noqa: S608 - fixed names
-        f"{'g.gpu_model' if model else 'NULL::varchar'} AS gpu_model{cards_sql} FROM {ledger.usage_table} u{joins} "
+        f"{'g.gpu_model' if model else 'NULL::varchar'} AS gpu_model FROM {ledger.usage_table} u{joins} "
         f"WHERE {within('u')} AND {tenants}")
     return "(" + " UNION ALL ".join(parts) + ")"
 

@@ -341,7 +341,6 @@ def test_a_gpu_resized_between_closes_gets_month_rows_of_its_new_divisors(db: An
     with connection.cursor() as cur:  # the later day's MB·s divided, in Postgres, by the memory it was closed with
         cur.execute("SELECT mem_billed_mb_s / 81920 FROM billing_usageday WHERE day = %s", [MARCH + timedelta(days=19)])
         assert rows[(81920, 7)].mem_billed_card_s == cur.fetchone()[0]
-    assert reads.month_range(reads.DAYS, FEB_20, APRIL, card_seconds=True) is None
 
 
 def test_duplicate_month_rows_of_a_group_are_merged_whole(db: Any) -> None:
@@ -581,7 +580,7 @@ def test_reads_from_months_are_the_reads_from_days(db: Any, rows: list[Row], gpu
                                     price_per_kwh=Decimal("0.173"), co2e_kg_per_kwh=Decimal("0.41"), created_at=FEB_20)
         NodeLocation.objects.create(node=Node.objects.get(name="month-node-0"), location=location,
                                     effective_from=date(2026, 1, 1), created_at=FEB_20)
-    assert reads.month_range(reads.DAYS, FEB_20, APRIL, card_seconds=True) == (MARCH, APRIL)
+    assert reads.month_range(reads.DAYS, FEB_20, APRIL) == (MARCH, APRIL)
     from_months = _reads()
     with pytest.MonkeyPatch.context() as days_only:
         days_only.setattr(reads, "month_range", lambda *args, **kwargs: None)
@@ -598,10 +597,9 @@ def test_a_month_is_read_from_days_where_a_month_row_cannot_stand_in_for_them(db
     # Sets: only where every set begins on a month.
     assert reads.month_range(reads.DAYS, FEB_20, APRIL, starts=[FEB_20, MARCH]) == (MARCH, APRIL)
     assert reads.month_range(reads.DAYS, FEB_20, APRIL, starts=[FEB_20, MARCH + timedelta(days=1)]) is None
-    # The GPU's memory changed since its month rows were derived: card-seconds come from days.
+    # The GPU's memory changed since its month rows were derived: no read divides by it.
     Gpu.objects.filter(uuid="GPU-m0").update(memory_mb=1)
     assert reads.month_range(reads.DAYS, FEB_20, APRIL) == (MARCH, APRIL)
-    assert reads.month_range(reads.DAYS, FEB_20, APRIL, card_seconds=True) is None
     # A location's rate (or a node's location) starting inside the month: energy is priced by the date.
     location = Location.objects.create(label="mid-month", created_at=FEB_20)
     LocationRate.objects.create(location=location, effective_from=date(2026, 3, 1), currency="USD",
