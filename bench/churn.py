@@ -240,7 +240,7 @@ def _close_shipped(day: datetime) -> None:
 _DAY_ROWS = ("SELECT md5(string_agg(t::text, ',' ORDER BY t::text)) FROM (SELECT day, node_id, gpu_uuid, tenant, pod, "
              "pod_uid, seconds, charge, first_hour, last_hour FROM billing_usageday WHERE day = %s) t")
 _MONTH_ROWS = ("SELECT md5(string_agg(t::text, ',' ORDER BY t::text)) FROM (SELECT month, node_id, gpu_uuid, tenant, "
-               "pod, pod_uid, gpu_model, seconds, charge, mem_billed_card_s, first_hour, last_hour FROM billing_usagemonth "
+               "pod, pod_uid, gpu_model, seconds, charge, mem_billed_mb_s, first_hour, last_hour FROM billing_usagemonth "
                "WHERE %s IS NOT NULL) t")
 
 

@@ -303,8 +303,7 @@ class GpuDay(_GpuWindow):
         return f"{self.day:%Y-%m-%d} {self.gpu_uuid}"
 
 # What usage_month_key_idx hashes of a month row: its group but the month and node (billing.ledger.months).
-MONTH_KEY_HASHED = ("gpu_uuid", "tenant", "namespace", "pod", "container", "pod_uid", "sla_tier", "gpu_model", "memory_mb",
-                    "sm_count")
+MONTH_KEY_HASHED = ("gpu_uuid", "tenant", "namespace", "pod", "container", "pod_uid", "sla_tier", "gpu_model")
 
 
 class UsageMonth(_WorkloadUsage, _Requested):
@@ -313,20 +312,12 @@ class UsageMonth(_WorkloadUsage, _Requested):
     days, up to 31x for pods that live the month).
 
     Beside the day row's columns, what a read of days joins per row and must not re-derive from the
-    month's sums: the GPU-day's model (NULL where the day had no GPU row), and each day's card-seconds
-    (MB·s ÷ the GPU's memory, SM·s ÷ its SMs, summed per day as the figure read sums them) with the
-    memory and SMs of the GPU row they were divided by, so a read can tell when the GPU row changed since."""
+    month's sums: the GPU-day's model (NULL where the day had no GPU row)."""
 
     month = models.DateTimeField()  # the 1st, 00:00 UTC
     first_hour = models.DateTimeField()
     last_hour = models.DateTimeField()
     gpu_model = models.CharField(max_length=128, null=True)  # noqa: DJ001 - NULL: no GPU row that day, not a model named ""
-    memory_mb = models.IntegerField(null=True)
-    sm_count = models.IntegerField(null=True)
-    mem_billed_card_s = ExactDecimalField(max_digits=1000, decimal_places=40, null=True)
-    mem_used_card_s = ExactDecimalField(max_digits=1000, decimal_places=40, null=True)
-    sm_billed_card_s = ExactDecimalField(max_digits=1000, decimal_places=40, null=True)
-    sm_used_card_s = ExactDecimalField(max_digits=1000, decimal_places=40, null=True)
 
     class Meta:
         indexes = [

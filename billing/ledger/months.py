@@ -9,11 +9,8 @@ and yesterday's almost never. So the rollup's day step keeps the month rows of c
 (`recompute_months`: a late batch for an earlier day), and `close_days` adds each day into its month
 once, when it ends: the month's rows merged with that day's rows, not its days summed again.
 
-A month row also carries what a read of days joins per day row, each exactly as that read computes
-it: the GPU-day's model, and the per-day card-seconds (the day's MB·s ÷ the GPU's memory, SM·s ÷ its
-SMs; a quotient is rounded to its own scale, so the sum of the days' quotients is not the quotient
-of the month's sum) with the memory and SM count they were divided by. billing.ledger.reads decides
-when a month row may stand in for its days.
+A month row also carries what a read of days joins per day row: the GPU-day's model, part of its
+group. billing.ledger.reads decides when a month row may stand in for its days.
 """
 
 from __future__ import annotations
@@ -35,17 +32,10 @@ __all__ = ["close_days", "rebuild_months", "recompute_months"]
 _KEYS = ("tenant", "namespace", "pod", "container", "pod_uid", "sla_tier")
 _SUMS = ("seconds", "mem_used_mb_s", "mem_granted_mb_s", "mem_billed_mb_s", "sm_used_s", "sm_granted_s",
          "sm_billed_s", "pcie_mb", "share_gpu_s", "charge", "idle_share", "energy_j")
-# Card-seconds per day row, as billing.ledger.allocation's figure read divides them.
-_CARD_SECONDS = {
-    "mem_billed_card_s": "d.mem_billed_mb_s / nullif(gp.memory_mb, 0)",
-    "mem_used_card_s": "d.mem_used_mb_s / nullif(gp.memory_mb, 0)",
-    "sm_billed_card_s": "d.sm_billed_s / nullif(gp.sm_count, 0)",
-    "sm_used_card_s": "d.sm_used_s / nullif(gp.sm_count, 0)",
-}
 _WHOLE_MONTHS = {"enable_sort": "off", "work_mem": "64MB"}
-_GROUP = ("month", "gpu_uuid", "node_id", *_KEYS, "gpu_model", "memory_mb", "sm_count")
+_GROUP = ("month", "gpu_uuid", "node_id", *_KEYS, "gpu_model")
 _REQUESTED = tuple(REQUESTED_COLUMNS.values())
-_COLUMNS = (*_GROUP, *_SUMS, "first_hour", "last_hour", *_CARD_SECONDS, *_REQUESTED)
+_COLUMNS = (*_GROUP, *_SUMS, "first_hour", "last_hour", *_REQUESTED)
 
 
 def _day_rows(source: str, days: str = "billing_usageday") -> str:
@@ -53,11 +43,10 @@ def _day_rows(source: str, days: str = "billing_usageday") -> str:
     WHERE over `d`), closed days only."""
     return (
         f"SELECT date_trunc('month', d.day, 'UTC') AS month, d.gpu_uuid, d.node_id, "  # noqa: S608 - built from constant column lists
-        f"{', '.join(f'd.{k}' for k in _KEYS)}, g.gpu_model, gp.memory_mb, gp.sm_count, "
-        f"{', '.join(f'd.{c}' for c in _SUMS)}, d.first_hour, d.last_hour, "
-        f"{', '.join(f'{q} AS {c}' for c, q in _CARD_SECONDS.items())}, {', '.join(f'd.{c}' for c in _REQUESTED)} "
+        f"{', '.join(f'd.{k}' for k in _KEYS)}, g.gpu_model, "
+        f"{', '.join(f'd.{c}' for c in _SUMS)}, d.first_hour, d.last_hour, {', '.join(f'd.{c}' for c in _REQUESTED)} "
         f"FROM {days} d LEFT JOIN billing_gpuday g ON g.node_id = d.node_id AND g.gpu_uuid = d.gpu_uuid "
-        f"AND g.day = d.day LEFT JOIN billing_gpu gp ON gp.uuid = d.gpu_uuid {source} AND d.day < {CLOSED_THROUGH}"
+        f"AND g.day = d.day {source} AND d.day < {CLOSED_THROUGH}"
     )
 
 
@@ -65,10 +54,9 @@ def _insert(rows: str) -> str:
     """Month rows summed from month-shaped `rows`."""
     group = ", ".join(f"r.{c}" for c in _GROUP)
     sums = ", ".join(f"sum(r.{c})" for c in _SUMS)
-    cards = ", ".join(f"sum(r.{c})" for c in _CARD_SECONDS)
     return (
         f"INSERT INTO billing_usagemonth ({', '.join(_COLUMNS)}) "  # noqa: S608 - built from constant column lists
-        f"SELECT {group}, {sums}, min(r.first_hour), max(r.last_hour), {cards}, {requested_sums('r')} "
+        f"SELECT {group}, {sums}, min(r.first_hour), max(r.last_hour), {requested_sums('r')} "
         f"FROM ({rows}) r GROUP BY {group}"
     )
 
@@ -90,9 +78,7 @@ def recompute_months(cur: CursorWrapper, workload_days: Iterable[tuple[Any, ...]
     day rows of its own workloads, but a GPU-month holds a row for every pod the GPU ran that month
     (8,000 by the month's end where pods churn), and re-deriving them all rewrote them for each late
     batch. A GPU-day whose model changed changes the group of every month row of that day (the model
-    is in it), so its whole GPU-month is re-derived. A GPU resized since its month rows were summed
-    keeps rows of both divisors in the month (the close leaves them so too): a read of card-seconds
-    then takes that month from days (billing.ledger.reads.month_range)."""
+    is in it), so its whole GPU-month is re-derived."""
     closed = _closed_through(cur)
     whole = {(n, g, _month(d)) for n, g, d in gpu_days if d < closed}
     if whole:
@@ -178,7 +164,7 @@ def close_days(*, now: datetime) -> int:
 
 def _merge_days(cur: CursorWrapper, *, month: datetime, lo: datetime, hi: datetime) -> None:
     """The day rows of [lo, hi) added into the month's rows: each month row of a workload those days
-    have (its whole group: GPU, names, model and divisors) is deleted and summed with them into its
+    have (its whole group: GPU, names and model) is deleted and summed with them into its
     replacement (sums of exact numerics: the same as summing every day of the month again); a month
     row those days do not have is left as it is.
 

@@ -1,12 +1,11 @@
 """The month ledger (UsageMonth): derived from the day ledger exactly (Σ months = Σ days per month and
-workload identity) by the rollup's day step, by rebuild_days and by the migration's backfill; and the
+workload identity) by the rollup's day step, by closing days and by rebuild_days; and the
 reads that take whole UTC months from it (the figure tree, the allocation API's groups, the
 dashboard's per-pod summary) give what they give from days alone, to the last digit, for random
 ledgers over a partial and a whole month, with and without energy, GPU rows and requests."""
 
 from __future__ import annotations
 
-import importlib
 from collections import defaultdict
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
@@ -51,7 +50,7 @@ SEP, NO_MODEL = "\x1f", "\x1e"
 
 @dataclass(frozen=True)
 class Row:
-    """One workload-hour on GPU `gpu` (of node gpu % 2; GPU-m3 has no GPU record, so no divisors),
+    """One workload-hour on GPU `gpu` (of node gpu % 2; GPU-m3 has no GPU record),
     ledger units and odd quantities; `model`: its GPU-hour's (None: no GPU-hour row; the first row
     of a GPU-hour decides)."""
 
@@ -108,8 +107,7 @@ def runs_st(draw: st.DrawFn) -> list[Row]:
 def _write(rows: list[Row], *, gpu_rows: bool) -> None:
     """Hand-written hour rows (and GPU-hours unless not `gpu_rows`), the day and month ledgers derived."""
     nodes = [Node.objects.get_or_create(name=f"month-node-{i}")[0] for i in range(2)]
-    for i in range(3):  # not GPU-m3: its month rows have no divisors (NULL)
-        # Memory and SMs that divide unevenly: each day's quotient is rounded to its own scale.
+    for i in range(3):  # not GPU-m3: no GPU record
         # As new in every example (a test may change a GPU's memory).
         Gpu.objects.update_or_create(uuid=f"GPU-m{i}", defaults={
             "node": nodes[i % 2], "model": "A100", "memory_mb": (40960, 81920, 12345)[i], "sm_count": (108, 7, 132)[i],
@@ -172,19 +170,19 @@ def _months() -> dict[tuple[Any, ...], dict[str, Any]]:
 def _row_versions() -> dict[tuple[Any, ...], tuple[str, str]]:
     """Each month row's (ctid, xmin) by its group: a row rewritten gets a new one."""
     with connection.cursor() as cur:
-        cur.execute(f"SELECT month, {', '.join(KEY)}, gpu_model, memory_mb, sm_count, ctid::text, xmin::text "  # noqa: S608 - constant column names
+        cur.execute(f"SELECT month, {', '.join(KEY)}, gpu_model, ctid::text, xmin::text "  # noqa: S608 - constant column names
                     "FROM billing_usagemonth")
         return {tuple(r[:-2]): (r[-2], r[-1]) for r in cur.fetchall()}
 
 
 def _snapshot() -> list[tuple[Any, ...]]:
-    # Sorted by repr: a NULL model or divisor does not compare with a value.
+    # Sorted by repr: a NULL model does not compare with a value.
     return sorted((tuple(v for k, v in r.items() if k != "id") for r in UsageMonth.objects.values()), key=repr)
 
 
 @hypothesis_settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(rows=rows_st, gpu_rows=st.booleans())
-def test_months_are_the_exact_sums_of_days_and_the_backfill_agrees(db: Any, rows: list[Row], gpu_rows: bool) -> None:
+def test_months_are_the_exact_sums_of_days_and_a_rebuild_agrees(db: Any, rows: list[Row], gpu_rows: bool) -> None:
     for model in (UsageMonth, UsageDay, GpuDay, UsageHour, GpuHour):
         model.objects.all().delete()
     _write(rows, gpu_rows=gpu_rows)
@@ -193,7 +191,7 @@ def test_months_are_the_exact_sums_of_days_and_the_backfill_agrees(db: Any, rows
     derived = _snapshot()
     UsageMonth.objects.all().delete()
     with connection.cursor() as cur:
-        cur.execute(importlib.import_module("billing.migrations.0041_month_ledger").BACKFILL_USAGE_MONTHS)
+        months.rebuild_months(cur, lo=FEB_20, hi=APRIL, gpu_uuid=None)
     assert _snapshot() == derived
     if rows:  # one GPU's months again: the others' stay as they were
         rebuild_days(start=rows[0].hour, end=rows[0].hour + timedelta(hours=1), gpu_uuid=f"GPU-m{rows[0].gpu}")
@@ -244,8 +242,7 @@ def test_closing_days_merges_them_into_the_months_as_a_rebuild_would(
     """Months hold the days before `closed_through` only; closing more days (the rollup does it after
     midnight), one or many at a time, across a month's end, merges them into the month rows: what
     rewriting the whole months gave, and what deriving every month again gives. With `resize_at`,
-    GPU-m1's memory and SMs change before that close: the days closed after it are divided by the new
-    ones, in month rows of their own (a rebuild would divide every day by the new ones)."""
+    GPU-m1's memory and SMs change before that close, which changes no month row's group."""
     for model in (UsageMonth, UsageDay, GpuDay, UsageHour, GpuHour):
         model.objects.all().delete()
     _set_closed_through(closed)
@@ -259,12 +256,11 @@ def test_closing_days_merges_them_into_the_months_as_a_rebuild_would(
         _close_through(midnight)
     assert _closed_through() == APRIL
     assert close_days(now=APRIL) == 0  # never backwards
-    if resize_at is None or resize_at >= len(midnights):
-        merged = _snapshot()
-        assert _months() == _months_as_sums_of_days()
-        assert UsageMonth.objects.count() == len(_months())  # one row per group: none inserted twice
-        rebuild_days(start=FEB_20, end=APRIL)
-        assert _snapshot() == merged
+    merged = _snapshot()
+    assert _months() == _months_as_sums_of_days()
+    assert UsageMonth.objects.count() == len(_months())  # one row per group: none inserted twice
+    rebuild_days(start=FEB_20, end=APRIL)
+    assert _snapshot() == merged
 
 
 def test_closing_a_day_rewrites_only_the_month_rows_of_its_workloads(db: Any) -> None:
@@ -313,21 +309,21 @@ def test_groups_of_one_hash_are_told_apart_by_their_columns(db: Any) -> None:
     assert _snapshot() == merged
 
 
-def test_a_group_without_model_or_divisors_merges_into_its_month_row(db: Any) -> None:
-    """GPU-m3 has no GPU record and no GPU-hours: its month rows' model, memory and SMs are NULL, and
-    a NULL is no different from a NULL when the day's rows are matched with them (one row, summed)."""
+def test_a_group_without_model_merges_into_its_month_row(db: Any) -> None:
+    """GPU-m3 has no GPU record and no GPU-hours: its month rows' model is NULL, and a NULL is no
+    different from a NULL when the day's rows are matched with them (one row, summed)."""
     closed = MARCH + timedelta(days=15)
     _set_closed_through(closed)
     _write([Row(3, MARCH + timedelta(days=1), "acme", "a", "main", 10**12, 7, 11, 0, model=None),
             Row(3, MARCH + timedelta(days=19), "acme", "a", "main", 2 * 10**12, 7, 11, 0, model=None)], gpu_rows=True)
     assert close_days(now=APRIL) == (APRIL - closed).days
     month = UsageMonth.objects.get()
-    assert (month.gpu_model, month.memory_mb, month.sm_count, month.charge) == (None, None, None, 3 * 10**12 * UNIT)
+    assert (month.gpu_model, month.charge) == (None, 3 * 10**12 * UNIT)
 
 
-def test_a_gpu_resized_between_closes_gets_month_rows_of_its_new_divisors(db: Any) -> None:
-    """A month row keeps the memory and SMs its days were divided by: the days closed after the GPU
-    changed go to a row of their own, and reads of card-seconds take that month from days."""
+def test_a_gpu_resized_between_closes_keeps_one_month_row_per_workload(db: Any) -> None:
+    """A month row's group is the GPU, the workload and the model: the days closed after the GPU's
+    memory and SMs changed merge into the row of the days before."""
     closed = MARCH + timedelta(days=15)
     _set_closed_through(closed)
     _write([Row(0, MARCH + timedelta(days=1), "acme", "a", "main", 10**12, 40960 * 3, 11, 0),
@@ -336,11 +332,7 @@ def test_a_gpu_resized_between_closes_gets_month_rows_of_its_new_divisors(db: An
     expected = _closed_by_rewriting(APRIL)
     assert close_days(now=APRIL) == (APRIL - closed).days
     assert _snapshot() == expected
-    rows = {(m.memory_mb, m.sm_count): m for m in UsageMonth.objects.all()}
-    assert set(rows) == {(40960, 108), (81920, 7)}
-    with connection.cursor() as cur:  # the later day's MB·s divided, in Postgres, by the memory it was closed with
-        cur.execute("SELECT mem_billed_mb_s / 81920 FROM billing_usageday WHERE day = %s", [MARCH + timedelta(days=19)])
-        assert rows[(81920, 7)].mem_billed_card_s == cur.fetchone()[0]
+    assert UsageMonth.objects.get().charge == 2 * 10**12 * UNIT
 
 
 def test_duplicate_month_rows_of_a_group_are_merged_whole(db: Any) -> None:
@@ -385,7 +377,7 @@ def test_a_late_batch_replaces_its_workloads_month_rows_reading_its_gpu_months_r
         cur.execute(
             f"INSERT INTO billing_usagemonth ({', '.join(months._COLUMNS)}) "  # noqa: S608 - constant column names
             f"SELECT m, 'GPU-busy-' || g, %s, 'acme', 'acme-ns', 'pod-' || p, 'main', 'uid-' || p, 'gold', 'A100', "
-            f"40960, 108, {', '.join(['1'] * len(SUMS))}, m, m, NULL, NULL, NULL, NULL, NULL, NULL "
+            f"{', '.join(['1'] * len(SUMS))}, m, m, NULL, NULL "
             "FROM generate_series(0, 7) g, generate_series(0, 99) p, unnest(%s::timestamptz[]) m",
             [node.id, [datetime(2026, 2, 1, tzinfo=UTC), MARCH]])
         cur.execute("ANALYZE billing_usagemonth")
@@ -652,3 +644,47 @@ def test_the_month_to_date_reads_the_closed_days_from_the_month_rows(db: Any) ->
     assert spend._month_to_date(MARCH, MARCH + timedelta(days=14))
     assert not spend._month_to_date(MARCH, APRIL + timedelta(days=2))
     assert not spend._month_to_date(MARCH + timedelta(days=1), MARCH + timedelta(days=14))
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_migration_merges_the_month_rows_a_resize_split() -> None:
+    """Before migration 0054 a month row's group held the GPU's memory and SMs, so a GPU resized
+    within a month had a row per size for one workload: the migration leaves one row of that group,
+    each sum the sum of theirs and the request known only where every row's was; other rows stay."""
+    from django.db.migrations.executor import MigrationExecutor
+
+    node = Node.objects.create(name="resized-node")
+    columns = ("node_id", "gpu_uuid", "tenant", "namespace", "pod", "container", "pod_uid", "sla_tier", "month",
+               "first_hour", "last_hour", "gpu_model", "memory_mb", "sm_count", *SUMS, "mem_requested_mb_s",
+               "sm_requested_s", "mem_billed_card_s")
+
+    def row(pod: str, memory_mb: int, charge: int, first: int, last: int, requested: int | None) -> list[Any]:
+        sums = [Decimal(charge) if c == "charge" else Decimal(1) for c in SUMS]
+        return [node.pk, "GPU-r", "acme", "acme-ns", pod, "main", f"uid-{pod}", "gold", MARCH,
+                MARCH + timedelta(hours=first), MARCH + timedelta(hours=last), "A100", memory_mb, 108, *sums,
+                None if requested is None else Decimal(requested), Decimal(5), Decimal(memory_mb)]
+
+    executor = MigrationExecutor(connection)
+    executor.migrate([("billing", "0053_day_peak_hour_means")])
+    try:
+        with connection.cursor() as cur:
+            for values in (row("a", 40960, 3, 2, 30, 7), row("a", 81920, 4, 400, 500, 9), row("b", 40960, 5, 1, 2, None),
+                           row("b", 81920, 6, 3, 4, 2), row("c", 40960, 7, 1, 1, 1)):
+                cur.execute(f"INSERT INTO billing_usagemonth ({', '.join(columns)}) "  # noqa: S608 - constant column names
+                            f"VALUES ({', '.join(['%s'] * len(columns))})", values)
+    finally:
+        executor = MigrationExecutor(connection)
+        executor.migrate(executor.loader.graph.leaf_nodes())
+    got = {m.pod: m for m in UsageMonth.objects.all()}
+    assert sorted(got) == ["a", "b", "c"]
+    a, b, c = got["a"], got["b"], got["c"]
+    d = Decimal
+    assert (a.charge, a.seconds, a.mem_requested_mb_s, a.sm_requested_s) == (d(7), d(2), d(16), d(10))
+    assert (a.first_hour, a.last_hour) == (MARCH + timedelta(hours=2), MARCH + timedelta(hours=500))
+    assert (b.charge, b.mem_requested_mb_s, b.sm_requested_s) == (d(11), None, d(10))
+    assert (c.charge, c.mem_requested_mb_s) == (d(7), d(1))
+    with connection.cursor() as cur:  # the group's hash over the group as it is now
+        cur.execute("SELECT indexdef FROM pg_indexes WHERE indexname = 'usage_month_key_idx'")
+        definition = cur.fetchone()[0]
+    assert "gpu_model)" in definition
+    assert "memory_mb" not in definition
