@@ -12,8 +12,8 @@ the same numbers to every JSON parser.
 
 An object whose fields are mostly the same in every object of an answer (an OpenCost Allocation's
 thirty-odd zeros for resources the ledger does not meter) can be given as `Shared`: its own fields,
-then fields it shares with the others, written as JSON once (`SharedFields`). Building a dict of
-every field per allocation and writing each was a quarter of a per-pod month's answer.
+then fields it shares with the others, written as JSON once (`SharedFields`). Building and writing
+a per-pod month's 39k allocations took 325 ms so, against 378 as dicts of every field.
 """
 
 from __future__ import annotations
