@@ -317,8 +317,11 @@ def list_usage_groups(
     rows_sql = reads.usage_rows(ledger, start, end, params, months=reads.month_range(ledger, start, end, starts=starts),
                                 model=needs_gpu, requested=True)
     # Each key its own column (not one array per row to hash and parse), the set as its index in
-    # `starts` (not a timestamp to parse per row): both turned back into the row's fields below.
-    key_columns = "".join(f"({s})::text AS k_{i}, " for i, s in enumerate(key_sql))
+    # `starts` (not a timestamp to parse per row): both turned back into the row's fields below. The
+    # keys in the "C" collation: groups are the same (equal is equal bytes in any deterministic
+    # collation), nothing is ordered by them (Python sorts the groups), and a sort of a per-pod month's
+    # 45k rows compares bytes instead of calling strcoll (the statement 220-327 -> 194-205 ms).
+    key_columns = "".join(f'({s})::text COLLATE "C" AS k_{i}, ' for i, s in enumerate(key_sql))
     set_index = "width_bucket(u.at, %(starts)s::timestamptz[])" if starts is not None else "1"
     if starts is not None:
         params["starts"] = list(starts)
