@@ -172,10 +172,16 @@ def allocate(total: Decimal, weights: Sequence[Decimal]) -> list[Decimal]:
         exact = [Decimal(units) * w / weight_sum for w in weights]
         floors = [int(x.to_integral_value(rounding=ROUND_FLOOR)) for x in exact]
         left = units - sum(floors)
-        # Hand the left-over units to the largest fractional parts; ties by position.
-        order = sorted(range(len(exact)), key=lambda i: (-(exact[i] - floors[i]), i))
-        for i in order[:left]:
-            floors[i] += 1
+        if left:
+            # Hand the left-over units to the largest fractional parts; ties by position, as apportion
+            # ranks them (a heap for a few of many, a sort of the positions by fraction for more).
+            # Shared idle splits a card's idle over every pod on it: a per-pod month's 39k at 1,000 GPUs,
+            # where a key of (-fraction, position) per part made the sort most of this function.
+            fractions = [x - f for x, f in zip(exact, floors, strict=True)]
+            size = len(fractions)
+            for i in (heapq.nlargest(left, range(size), key=fractions.__getitem__) if left * 8 < size
+                      else sorted(range(size), key=fractions.__getitem__, reverse=True)[:left]):
+                floors[i] += 1
         return [Decimal(u).scaleb(-LEDGER_PLACES) for u in floors]
 
 

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from decimal import Decimal
+from decimal import ROUND_FLOOR, ROUND_HALF_EVEN, Decimal, localcontext
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from billing import money
 from billing.ledger.pricing import GpuWindowUsage, Rate, WorkloadQuantities, price_gpu_window
 from billing.money import allocate, to_minor_units
 
@@ -120,3 +121,28 @@ def test_minor_units_round_once_half_even():
     assert to_minor_units(Decimal("0.125"), "USD") == 12
     assert to_minor_units(Decimal("0.135"), "USD") == 14
     assert to_minor_units(Decimal("12.5"), "JPY") == 12
+
+
+def _allocate_ranked_by_keys(total: Decimal, weights: list[Decimal]) -> list[Decimal]:
+    """allocate as it ranked the left-over units before: a sort of every part by (-fraction, position)."""
+    weight_sum = sum(weights, Decimal(0))
+    if weight_sum == 0:
+        weights, weight_sum = [Decimal(1)] * len(weights), Decimal(len(weights))
+    with localcontext(money._CONTEXT):
+        units = int(total.scaleb(12).to_integral_value(rounding=ROUND_HALF_EVEN))
+        exact = [Decimal(units) * w / weight_sum for w in weights]
+        floors = [int(x.to_integral_value(rounding=ROUND_FLOOR)) for x in exact]
+        order = sorted(range(len(exact)), key=lambda i: (-(exact[i] - floors[i]), i))
+        for i in order[:units - sum(floors)]:
+            floors[i] += 1
+        return [Decimal(u).scaleb(-12) for u in floors]
+
+
+# Weights drawn from a few values, so that fractions tie; few or many parts, so that both the heap and
+# the sort hand out the units.
+@given(total=st.decimals(min_value=0, max_value=10**6, places=12),
+       weights=st.lists(st.sampled_from([Decimal(0), Decimal(1), Decimal(3), Decimal("7.5"), Decimal("0.000001")])
+                        | st.decimals(min_value=0, max_value=10**6, places=6), min_size=1, max_size=200))
+def test_allocate_hands_the_units_left_to_the_parts_the_sorted_keys_did(total, weights):
+    assert allocate(total, weights) == _allocate_ranked_by_keys(total, weights)
+    assert [p.as_tuple() for p in allocate(total, weights)] == [p.as_tuple() for p in _allocate_ranked_by_keys(total, weights)]
