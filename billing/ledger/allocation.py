@@ -287,6 +287,25 @@ _PER_POD_KEYS = frozenset({"pod", "container"})
 _PER_POD_READ_SETTINGS = {**_GROUP_READ_SETTINGS, "enable_sort": "on", "enable_hashagg": "off"}
 
 
+# The keys that tell most rows apart first (a pod's name before its container's, its node or cluster):
+# where the groups are sorted (_PER_POD_KEYS) a sort compares the first key of two rows and stops
+# there when they differ. A per-pod-and-container month's 45k rows by cluster, node, namespace, pod
+# and container compared the one cluster of every row first: its statement 257-266 ms, 208-230 ms
+# by pod first (EXPLAIN ANALYZE, alternating four times). Groups are the same in any order.
+_MOST_DISTINCT_FIRST = ("pod", "gpu", "controller", "controllerName", "deployment", "statefulset", "daemonset",
+                        "job", "node", "namespace", "container", "controllerKind", "sla_tier", "gpu_model", "tenant")
+
+
+def _group_by(keys: Sequence[str]) -> str:
+    """list_usage_groups' GROUP BY: the keys' columns (2 on, after the set's) by _MOST_DISTINCT_FIRST,
+    labels and annotations after the named keys, then the set's column and the node's."""
+    def rank(i: int) -> int:
+        key = keys[i]
+        return _MOST_DISTINCT_FIRST.index(key) if key in _MOST_DISTINCT_FIRST else len(_MOST_DISTINCT_FIRST)
+
+    return ", ".join(str(c) for c in [*(i + 2 for i in sorted(range(len(keys)), key=rank)), 1, len(keys) + 2])
+
+
 def list_usage_groups(
     *, start: datetime, end: datetime, starts: Sequence[datetime] | None, keys: Sequence[str],
     filters: Mapping[str, Sequence[str]], tenants: Collection[str] | None, by_node: bool,
@@ -362,7 +381,7 @@ def list_usage_groups(
         f"SELECT {set_index} AS set_index, {key_columns}{node} AS node, "  # noqa: S608 - fixed SQL
         f"min(u.first_hour) AS first_hour, max(u.last_hour) AS last_hour, {sums} "
         f"FROM {rows_sql} u{node_join}{joins}{meta} "
-        f"WHERE TRUE{where} GROUP BY {', '.join(str(i) for i in range(1, len(key_sql) + 3))}"
+        f"WHERE TRUE{where} GROUP BY {_group_by(keys)}"
         + ("" if limit is None else " LIMIT %(limit)s")
     )
     params["limit"] = limit
