@@ -10,6 +10,8 @@ usage_month_key_idx finds a month row by (migration 0046), is then taken over th
 them. It reads every month row twice (the merge's grouping and the index's build) under the table's
 lock: 2.6 s for the 1,000-GPU bench's 38,061 month rows; closing days waits for it."""
 
+import importlib
+
 from django.db import migrations, models
 
 GROUP = ("month", "node_id", "gpu_uuid", "tenant", "namespace", "pod", "container", "pod_uid", "sla_tier", "gpu_model")
@@ -46,17 +48,9 @@ RETURN hashtextextended(gpu_uuid || E'\\x1f' || tenant || E'\\x1f' || namespace 
                         || coalesce(gpu_model, E'\\x1e'), 0);
 """
 
-OLD_KEY_FUNCTION = f"""
-DROP FUNCTION billing_month_key({_NEW_ARGS});
-CREATE FUNCTION billing_month_key(gpu_uuid varchar, tenant varchar, namespace varchar, pod varchar,
-                                  container varchar, pod_uid varchar, sla_tier varchar, gpu_model varchar,
-                                  memory_mb integer, sm_count integer) RETURNS bigint
-LANGUAGE sql IMMUTABLE PARALLEL SAFE
-RETURN hashtextextended(gpu_uuid || E'\\x1f' || tenant || E'\\x1f' || namespace || E'\\x1f' || pod || E'\\x1f'
-                        || container || E'\\x1f' || pod_uid || E'\\x1f' || sla_tier || E'\\x1f'
-                        || coalesce(gpu_model, E'\\x1e') || E'\\x1f' || coalesce(memory_mb::text, '')
-                        || E'\\x1f' || coalesce(sm_count::text, ''), 0);
-"""
+# Back: 0046's function, of the group with the divisors.
+OLD_KEY_FUNCTION = (f"DROP FUNCTION billing_month_key({_NEW_ARGS});"
+                    + importlib.import_module("billing.migrations.0046_month_key_index").KEY_FUNCTION)
 
 
 class Migration(migrations.Migration):
