@@ -284,9 +284,9 @@ class FigureTree:
             if whole is None or any(p is None for p in parts):
                 # Unknown above: each child that is known is a figure of its own, rounded once.
                 columns[name] = (parts, places, _ROUND)
-            elif whole >= 0:
+            elif whole >= 0 and min(parts) >= 0:
                 columns[name] = (apportion_units(whole, parts, places), places, _UNITS)
-            else:
+            else:  # apportion's own way with signs: a share of a negative whole, or its refusal
                 columns[name] = (apportion(whole, parts, places), places, _AS_IS)
         # Figures are built by position from these (_NAMES is Figures' field order), and what
         # _from_columns checks holds here (a parent's and its children's known figures are known).
