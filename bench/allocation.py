@@ -171,6 +171,14 @@ def run_measurements(args: argparse.Namespace, now: datetime) -> list[wp.Result]
         # The per-pod month as a client receives it: the query above plus tens of MB of JSON.
         ("http_pod", "GET /allocation/compute, month, aggregate=pod (the whole answer, its JSON included)",
          wp._client_get(client, f"/allocation/compute?{q}&aggregate=pod")),
+        # The other answers of about an allocation per pod, as large: OpenCost's default keys, a
+        # controller's pods (the metadata joined), and idle shared per node (the exact charges read).
+        ("http_default", "GET /allocation/compute, month, unaggregated (cluster/node/namespace/pod/container)",
+         wp._client_get(client, f"/allocation/compute?{q}")),
+        ("http_controller_pod", "GET /allocation/compute, month, aggregate=controller,pod",
+         wp._client_get(client, f"/allocation/compute?{q}&aggregate=controller,pod")),
+        ("http_pod_share", "GET /allocation/compute, month, aggregate=pod, shareIdle, idleByNode",
+         wp._client_get(client, f"/allocation/compute?{q}&aggregate=pod&shareIdle=true&idleByNode=true")),
         ("http_hours", "GET /allocation/compute, the 7 days above, aggregate=namespace, step=1h, includeIdle",
          wp._client_get(client, f"/allocation/compute?window={hours.start:%Y-%m-%dT%H:%M:%SZ},"
                                 f"{hours.end:%Y-%m-%dT%H:%M:%SZ}&aggregate=namespace&step=1h&includeIdle=true")),

@@ -55,6 +55,7 @@ from billing.queries.allocation import (
     node_assets,
     set_windows,
 )
+from billing.queries.snapshot import one_snapshot
 from billing.scope import get_scope
 
 __all__ = ["MAX_ALLOCATIONS", "AllocationSummaryView", "AllocationView", "AssetsView", "AutocompleteView"]
@@ -336,6 +337,9 @@ def _parse(request: Request) -> _Query:
 MAX_ALLOCATIONS = 100_000
 
 
+# One instant of the ledger for the whole answer (its groups, read in parts side by side where they
+# are per pod, its idle and its currency), as a page reads it.
+@one_snapshot()
 def _sets(request: Request, q: _Query, *, quantities: bool = True) -> list[tuple[dict[str, CostAllocation], Window]]:
     # The figures as floats (each the double nearest the ledger's): they are written as JSON numbers.
     sets = allocation_sets(get_scope(request.user), window=q.window, aggregate=q.aggregate, step=q.step,

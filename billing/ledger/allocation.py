@@ -54,6 +54,7 @@ __all__ = [
     "list_idle_rows",
     "list_node_assets",
     "list_usage_groups",
+    "reads_per_pod",
     "set_ledger",
     "tree_keys",
 ]
@@ -296,21 +297,43 @@ _MOST_DISTINCT_FIRST = ("pod", "gpu", "controller", "controllerName", "deploymen
                         "job", "node", "namespace", "container", "controllerKind", "sla_tier", "gpu_model", "tenant")
 
 
-def _group_by(keys: Sequence[str]) -> str:
-    """list_usage_groups' GROUP BY: the keys' columns (2 on, after the set's) by _MOST_DISTINCT_FIRST,
-    labels and annotations after the named keys, then the set's column and the node's."""
+def _most_distinct_first(keys: Sequence[str]) -> list[int]:
+    """The keys' positions by _MOST_DISTINCT_FIRST, labels and annotations after the named keys."""
     def rank(i: int) -> int:
         key = keys[i]
         return _MOST_DISTINCT_FIRST.index(key) if key in _MOST_DISTINCT_FIRST else len(_MOST_DISTINCT_FIRST)
 
-    return ", ".join(str(c) for c in [*(i + 2 for i in sorted(range(len(keys)), key=rank)), 1, len(keys) + 2])
+    return sorted(range(len(keys)), key=rank)
+
+
+def _group_by(keys: Sequence[str]) -> str:
+    """list_usage_groups' GROUP BY: the keys' columns (2 on, after the set's) by _MOST_DISTINCT_FIRST,
+    then the set's column and the node's."""
+    return ", ".join(str(c) for c in [*(i + 2 for i in _most_distinct_first(keys)), 1, len(keys) + 2])
+
+
+def reads_per_pod(keys: Sequence[str]) -> bool:
+    """Whether groups of these keys are about a row each (a pod's or its container's): the reads
+    worth splitting into parts (list_usage_groups' `part`)."""
+    return bool(_PER_POD_KEYS & set(keys))
+
+
+def _part_sql(key_sql: Sequence[str], keys: Sequence[str], part: tuple[int, int], params: dict[str, Any]) -> str:
+    """Rows whose most distinct key hashes to part[0] of part[1] (a power of two): every row of a
+    group is in one part, and the parts together are every row once (a NULL key hashes as '')."""
+    index, count = part
+    if count < 1 or count & (count - 1) or not 0 <= index < count:
+        raise ValueError(f"part {index} of {count}: the count must be a power of two above the index")
+    params["part_mask"], params["part_index"] = count - 1, index
+    first = key_sql[_most_distinct_first(keys)[0]]
+    return f" AND (hashtext(coalesce(({first})::text, '')) & %(part_mask)s) = %(part_index)s"
 
 
 def list_usage_groups(
     *, start: datetime, end: datetime, starts: Sequence[datetime] | None, keys: Sequence[str],
     filters: Mapping[str, Sequence[str]], tenants: Collection[str] | None, by_node: bool,
     tree: FilterTree | None = None, limit: int | None = None, rates: bool | None = None, quantities: bool = True,
-    floats: bool = False, exact_costs: bool = False,
+    floats: bool = False, exact_costs: bool = False, part: tuple[int, int] | None = None,
 ) -> list[UsageGroupRow]:
     """Usage of [start, end) per set (from each of `starts`, sorted, the first `start`; None: one
     set) and per value of `keys` (and per node with `by_node`), of `tenants` only unless None, of
@@ -320,7 +343,9 @@ def list_usage_groups(
     Without `quantities`, the rows' memory, requests and energy are not read (_LEAN_READ): for a
     caller that shows none of them. With `floats`, the _FLOAT_SUMS are floats: for a caller that
     writes them as JSON numbers and adds none of them up; with `exact_costs` too, but the charge and
-    idle share, which stay Decimals (and no cost is read): for a caller that splits idle by them."""
+    idle share, which stay Decimals (and no cost is read): for a caller that splits idle by them.
+    With `part` (i, n), only the groups in part i of n (_part_sql): a caller reads the parts of a
+    large answer side by side, each a statement of its own."""
     ledger = set_ledger(start, end, starts)
     params: dict[str, Any] = {"start": start, "end": end,
                               "tenants": None if tenants is None else sorted(tenants)}
@@ -333,6 +358,8 @@ def list_usage_groups(
     needs_gpu = "gpu_model" in keys or "gpu_model" in filters or "gpu_model" in tree_keys(tree)
     if needs_gpu:
         where += " AND u.gpu_model IS NOT NULL"
+    if part is not None:
+        where += _part_sql(key_sql, keys, part, params)
     rows_sql = reads.usage_rows(ledger, start, end, params, months=reads.month_range(ledger, start, end, starts=starts),
                                 model=needs_gpu, requested=True)
     # Each key its own column (not one array per row to hash and parse), the set as its index in

@@ -33,7 +33,7 @@ from django.db import connection as page_connection
 from django.db import transaction
 from django.utils import timezone, translation
 
-__all__ = ["alongside", "close_side_threads", "one_snapshot"]
+__all__ = ["alongside", "beside", "close_side_threads", "one_snapshot"]
 
 T = TypeVar("T")
 
@@ -83,12 +83,18 @@ def alongside(read: Callable[[], T]) -> Callable[[], T]:
     """Start `read` on a side connection in the page's snapshot (module docstring); the getter
     returned gives its result, or raises what it raised. Without a shareable snapshot or a free side
     thread, the getter runs `read` on this connection."""
+    return beside(read) or read
+
+
+def beside(read: Callable[[], T]) -> Callable[[], T] | None:
+    """`alongside`, but None where `read` cannot start on a side connection: for a caller that would
+    read otherwise in turn (one statement rather than two parts of it)."""
     snapshot = getattr(_state, "snapshot", None)
     if snapshot is None or not snapshot.shareable or settings.VGPU_PAGE_READ_THREADS <= 0:
-        return read
+        return None
     pool, free = _side_threads()
     if not free.acquire(blocking=False):
-        return read
+        return None
     try:
         if not snapshot.exported:
             with page_connection.cursor() as cursor:

@@ -6,21 +6,24 @@ without a running sum: docs/architecture.md, "Per-pod allocation reads")."""
 
 from __future__ import annotations
 
-from collections import defaultdict
+import functools
+from collections import Counter, defaultdict
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from typing import Any
 
 import pytest
-from django.db import transaction
+from django.db import connection, transaction
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from billing.ledger import allocation as ledger
 from billing.ledger.models import GpuHour, UsageHour, WorkloadMeta
 from billing.ledger.rollup import rebuild_days
 from billing.models import Node
 from billing.queries.allocation import UNALLOCATED, CostAllocation, Window, allocation_sets
+from billing.queries.snapshot import one_snapshot
 from billing.scope import Scope
 
 pytestmark = pytest.mark.django_db
@@ -173,6 +176,14 @@ def test_allocations_are_the_hour_rows_summed(db: Any, uses: list[Use], keys: li
             for name, allocation in got.items():
                 figures = _figures(allocation)
                 assert {f: _digits(v) for f, v in figures.items()} == {f: _digits(v) for f, v in want[name].items()}
+        # In parts (read side by side for a per-pod answer): each group in exactly one part.
+        groups_of = functools.partial(ledger.list_usage_groups, start=window.start, end=window.end, starts=None,
+                                      keys=keys, filters={}, tenants=None, by_node=False)
+        at_once = groups_of()
+        for count in (2, 4):
+            parts = [groups_of(part=(i, count)) for i in range(count)]
+            assert Counter(row for part in parts for row in part) == Counter(at_once)
+            assert sum(len({row.keys for row in part}) for part in parts) == len({row.keys for row in at_once})
         # Without quantities (OpenCost's summary): the same allocations, every figure it reads alike to
         # the last digit, and the memory, requests and energy it does not read as zeros and unknowns.
         lean = allocation_sets(FINANCE, window=window, aggregate=keys, step=step, quantities=False)
@@ -210,3 +221,35 @@ COSTS = ("gpu_cost", "shared_idle_cost", "total_cost")
 # What allocation_sets gives as floats with `floats` (energy stays exact: its cost is rounded first).
 FLOAT_FIGURES = ("minutes", "gpu_hours", "gpu_cost", "shared_idle_cost", "total_cost", "mem_requested_mb_s",
                  "sm_requested_s", "seconds", "mem_used_mb_s", "mem_granted_mb_s", "sm_used_s", "sm_granted_s")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_per_pod_answer_read_in_two_parts_side_by_side_is_the_answer_read_at_once(settings: Any) -> None:
+    """Committed rows: per pod, inside one snapshot with a side thread free, the groups are read in two
+    halves on two connections (billing.queries.allocation._groups_in_parts), and the sets are the same,
+    to the last digit, with and without shared idle per node."""
+    uses = [Use(gpu=g, hour=h, tenant=t, pod=p, container=c, tier="gold", units=tuple(range(1 + g + h, 10 + g + h)))
+            for g in range(3) for h in (0, 5, 30) for t, p in (("acme", "p1"), ("globex", "p2"), ("acme", "p4"))
+            for c in ("main", "side")]
+    _write(uses)
+    window = Window(START, START + timedelta(days=2))
+    for keys, share in ((["pod"], False), (["namespace", "pod", "container"], True)):
+        answers = []
+        for threads in (2, 0):
+            settings.VGPU_PAGE_READ_THREADS = threads
+            statements: list[str] = []
+
+            def noted(run: Any, sql: str, *args: Any, seen: list[str] = statements) -> Any:
+                seen.append(sql)
+                return run(sql, *args)
+
+            with one_snapshot(), connection.execute_wrapper(noted):
+                answers.append(allocation_sets(FINANCE, window=window, aggregate=keys, floats=True,
+                                               share_idle=share, idle_by_node=share))
+            # This connection reads one half (a hash of the pod, on its own) and a side connection the other.
+            assert sum("hashtext" in sql for sql in statements) == (1 if threads else 0), keys
+        beside, at_once = answers
+        assert [list(one) for one in beside] == [list(one) for one in at_once]
+        assert [[_figures(a) for a in one.values()] for one in beside] == [[_figures(a) for a in one.values()]
+                                                                          for one in at_once]
+        assert sum(len(one) for one in beside) >= 3
