@@ -1,12 +1,13 @@
 """The allocation API (docs/allocation-api.md) over a month of a fleet: allocation_sets and GET /allocation/compute
 for the reads OpenCost clients make, against the same data generator as bench/web_pages.py.
 
-    python bench/allocation.py [--gpus 100] [--days 31] [--workloads-per-gpu 6] [--runs 3] [--keep-db]
-                               [--reuse-db] [--write-docs]
+    python bench/allocation.py [--gpus 100] [--days 31] [--workloads-per-gpu 6] [--runs 3] [--no-energy]
+                               [--keep-db] [--reuse-db] [--write-docs]
 
 DATABASE_URL and REDIS_URL must be set (`python -m config.embedded -- ...` provides them). Like
 bench/web_pages.py it drops and creates `<dbname>_webbench`, migrates and fills it (its fill: hour
-ledger by COPY, day ledger derived), then adds one WorkloadMeta row per pod instance (a controller,
+ledger by COPY with each card's energy and the nodes' priced locations unless --no-energy, day
+ledger derived), then adds one WorkloadMeta row per pod instance (a controller,
 an `app` label for 3 of 4 pods, a request for each container), and drops it at the end.
 
 Ratios are against two reads measured in the same run: BASELINE, `sum(card_cost)` over the month's
@@ -54,6 +55,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--tenants", type=int, default=20)
     p.add_argument("--runs", type=int, default=3)
     p.add_argument("--seed", type=int, default=20261130)
+    wp.add_energy_option(p)
     p.add_argument("--keep-db", action="store_true")
     p.add_argument("--reuse-db", action="store_true")
     p.add_argument("--write-docs", action="store_true")

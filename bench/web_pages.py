@@ -2,7 +2,7 @@
 portal, the periods page, the upcoming invoices, the drill-down and the fleet view, against a full month of a real fleet.
 
     python bench/web_pages.py [--gpus 200] [--gpus-per-node 8] [--days 31] [--workloads-per-gpu 6]
-                              [--tenants 20] [--runs 5] [--explain 6] [--keep-db] [--reuse-db]
+                              [--tenants 20] [--runs 5] [--explain 6] [--no-energy] [--keep-db] [--reuse-db]
                               [--save-json FILE] [--before-json FILE] [--write-docs]
 
 DATABASE_URL and REDIS_URL must be set (run it under `python -m config.embedded -- ...`, which
@@ -14,7 +14,10 @@ provides them). Nothing is written to that database: the benchmark drops and cre
    then the hour ledger COPYed straight into billing_gpuhour and billing_usagehour: every GPU-hour
    of the last --days days up to the end of a 31-day month, --workloads-per-gpu workload slots per
    GPU (a slot's pod is replaced every 12-240 h), charges that reconcile per GPU-hour
-   (Σ charge + idle_cost = card_cost, to the 1e-12 unit), with the secondary indexes dropped for the
+   (Σ charge + idle_cost = card_cost, to the 1e-12 unit), each card's energy (a steady draw by its
+   model and load) split over its workloads by their share as the rollup splits it, the nodes in two
+   locations whose energy is priced and has a CO2e factor (--no-energy: none of that, the ledger as
+   a fleet without energy readings or locations has it), with the secondary indexes dropped for the
    COPY and rebuilt from their own definitions after it, then VACUUM ANALYZE; then the day ledger
    (UsageDay, GpuDay, and UsageMonth from the closed days) derived from those hours by
    billing.ledger.rollup.rebuild_days, as the rollup would have written it, timed apart, and
@@ -85,6 +88,13 @@ SECTION_TITLE = "## Web pages at fleet scale"
 UNIT = 10**12  # ledger amounts have 12 decimal places (billing.money.LEDGER_PLACES)
 PRICE_PER_HOUR = {"NVIDIA A100-SXM4-80GB": Decimal("2.48"), "NVIDIA H100 80GB HBM3": Decimal("4.10")}
 GPU_SPECS = {"NVIDIA A100-SXM4-80GB": (81920, 108), "NVIDIA H100 80GB HBM3": (81559, 132)}
+# A card's draw in watts: idle, and at full load (its board power); a GPU-hour draws between them by
+# the share of the card its workloads hold.
+WATTS = {"NVIDIA A100-SXM4-80GB": (60, 400), "NVIDIA H100 80GB HBM3": (70, 700)}
+# Where the nodes run (every other node in each): price per kWh in USD and kg CO2e per kWh, from
+# long before the ledger, and again from the month the bench reads (a new tariff on the 1st).
+LOCATIONS = {"bench-dc-east": (("0.118", "0.386"), ("0.124", "0.371")),
+             "bench-dc-west": (("0.091", "0.052"), ("0.093", "0.049"))}
 TIERS = (("gold", "Gold", "1.5"), ("silver", "Silver", "1.0"), ("bronze", "Bronze", "0.7"))
 APPS = ("bert", "llama", "resnet", "whisper", "sdxl", "t5", "vit", "gptj", "mixtral", "clip")
 TENANT_NAMES = [
@@ -110,6 +120,11 @@ def default_month(today: date) -> date:
             return m
 
 
+def add_energy_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--no-energy", dest="energy", action="store_false",
+                   help="no energy in the ledger and no priced locations (as the tables before 2026-12-07 were filled)")
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--gpus", type=int, default=200, help="GPUs in the fleet (the real customer: 800)")
@@ -122,6 +137,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--runs", type=int, default=5, help="timed runs per item, after one warm-up")
     p.add_argument("--explain", type=int, default=0, metavar="N", help="EXPLAIN (ANALYZE, BUFFERS) the N slowest SQL")
     p.add_argument("--seed", type=int, default=20261130)
+    add_energy_option(p)
     p.add_argument("--keep-db", action="store_true", help="keep the <dbname>_webbench database afterwards")
     p.add_argument("--reuse-db", action="store_true",
                    help="measure against the <dbname>_webbench database kept by an earlier run with the same options")
@@ -236,14 +252,31 @@ def create_reference_rows(args: argparse.Namespace, first_hour: datetime, rng: r
         gpus.append(Gpu(uuid=f"GPU-{uuid.UUID(int=rng.getrandbits(128))}", node=node, model=model, memory_mb=mem,
                         sm_count=sms, first_seen_at=first_hour, last_seen_at=first_hour + timedelta(days=args.days)))
     Gpu.objects.bulk_create(gpus)
+    if args.energy:
+        _locate(nodes, first_hour, args.month)
     return {"tenants": [t.slug for t in tenants], "gpus": gpus, "nodes": node_count}
 
 
+def _locate(nodes: list[Any], first_hour: datetime, month: date) -> None:
+    """Every other node in each of LOCATIONS, each priced from before the ledger and anew from `month`."""
+    from billing.models import Location, LocationRate, NodeLocation
+
+    long_before = first_hour.date() - timedelta(days=400)
+    for i, (label, tariffs) in enumerate(LOCATIONS.items()):
+        location = Location.objects.create(label=label, created_at=first_hour)
+        for since, (price, co2e) in zip((long_before, month), tariffs, strict=True):
+            LocationRate.objects.create(location=location, effective_from=since, price_per_kwh=Decimal(price),
+                                        currency="USD", co2e_kg_per_kwh=Decimal(co2e), created_at=first_hour)
+        NodeLocation.objects.bulk_create(NodeLocation(node=node, location=location, effective_from=long_before,
+                                                      created_at=first_hour) for node in nodes[i::len(LOCATIONS)])
+
+
 GPU_COLUMNS = ("gpu_uuid", "node_id", "gpu_model", "metered_seconds", "card_cost", "charged", "idle_cost",
-               "idle_allocated", "currency", "priced", "share_gpu_s", "hour")
+               "idle_allocated", "currency", "priced", "share_gpu_s", "energy_j", "idle_energy_j", "energy_seconds",
+               "hour")
 USAGE_COLUMNS = ("gpu_uuid", "node_id", "tenant", "namespace", "pod", "container", "pod_uid", "sla_tier", "seconds",
                  "mem_used_mb_s", "mem_granted_mb_s", "mem_billed_mb_s", "sm_used_s", "sm_granted_s", "sm_billed_s",
-                 "pcie_mb", "share_gpu_s", "charge", "idle_share", "hour")
+                 "pcie_mb", "share_gpu_s", "charge", "idle_share", "energy_j", "hour")
 
 
 # The ledger tables the rollup derives and rewrites: the day step measured here (rebuild_days) leaves
@@ -349,6 +382,12 @@ def fill_ledger(args: argparse.Namespace, database_url: str, ref: dict[str, Any]
                         card = PRICE_PER_HOUR[gpu.model] * UNIT * metered // 3600
                         card_units = int(card)
                         charged, shared = 0, Decimal(0)
+                        # Joules: the card's draw by the share its slots hold (without a draw from the
+                        # random sequence, so the fill is otherwise the one --no-energy gives).
+                        idle_w, full_w = WATTS[gpu.model]
+                        card_j = (idle_w + (full_w - idle_w) * sum(sl.weight for sl in gpu_slots)) * metered \
+                            if args.energy else 0
+                        card_j_int, attributed_j = int(card_j), 0
                         prefix = f"{gpu.uuid}\t{gpu.node_id}\t"
                         for slot in gpu_slots:
                             if rng.random() < 0.03:
@@ -358,6 +397,8 @@ def fill_ledger(args: argparse.Namespace, database_url: str, ref: dict[str, Any]
                                 stats.pods += 1
                             charge = card_units * int(slot.weight * 1_000_000) // 1_000_000
                             charged += charge
+                            slot_j = card_j_int * int(slot.weight * 1_000_000) // 1_000_000
+                            attributed_j += slot_j
                             mem_g = slot.mem_mb * metered
                             sm_g = slot.sm * metered
                             slot_share = f"{slot.weight * metered:.6f}"
@@ -366,11 +407,12 @@ def fill_ledger(args: argparse.Namespace, database_url: str, ref: dict[str, Any]
                                 f"{prefix}{slot.tenant}\t{slot.namespace}\t{slot.pod}\t{slot.container}\t"
                                 f"{slot.pod_uid}\t{slot.tier}\t{metered}\t{mem_g * rng.uniform(0.2, 1.0):.3f}\t"
                                 f"{mem_g}\t{mem_g}\t{sm_g * rng.uniform(0.05, 1.0):.3f}\t{sm_g:.3f}\t{sm_g:.3f}\t"
-                                f"{rng.uniform(0, 4e5):.3f}\t{slot_share}\t{_amount(charge)}\t0\t{at}\n"
+                                f"{rng.uniform(0, 4e5):.3f}\t{slot_share}\t{_amount(charge)}\t0\t{slot_j}\t{at}\n"
                             )
                             stats.usage_hours += 1
                         gpu_buf.write(f"{prefix}{gpu.model}\t{metered}\t{_amount(card_units)}\t{_amount(charged)}\t"
-                                      f"{_amount(card_units - charged)}\t0\tUSD\tt\t{shared}\t{at}\n")
+                                      f"{_amount(card_units - charged)}\t0\tUSD\tt\t{shared}\t{card_j_int}\t"
+                                      f"{card_j_int - attributed_j}\t{metered if args.energy else 0}\t{at}\n")
                         stats.gpu_hours += 1
                 for table, columns, buf in (("billing_gpuhour", GPU_COLUMNS, gpu_buf),
                                             ("billing_usagehour", USAGE_COLUMNS, usage_buf)):
