@@ -19,9 +19,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from billing.ledger import allocation as ledger
+from billing.ledger import energy
 from billing.ledger.models import GpuHour, UsageHour, WorkloadMeta
 from billing.ledger.rollup import rebuild_days
-from billing.models import Node
+from billing.models import Location, LocationRate, Node, NodeLocation
 from billing.queries.allocation import UNALLOCATED, CostAllocation, Window, allocation_sets
 from billing.queries.snapshot import one_snapshot
 from billing.scope import Scope
@@ -253,3 +254,46 @@ def test_a_per_pod_answer_read_in_two_parts_side_by_side_is_the_answer_read_at_o
         assert [[_figures(a) for a in one.values()] for one in beside] == [[_figures(a) for a in one.values()]
                                                                           for one in at_once]
         assert sum(len(one) for one in beside) >= 3
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(uses=st.lists(_use, min_size=1, max_size=10, unique_by=lambda u: (u.gpu, u.hour, u.tenant, u.pod, u.container, u.tier)),
+       tariffs=st.lists(st.integers(-3, 3), min_size=1, max_size=4, unique=True), moved=st.integers(-2, 2),
+       whole_days=st.booleans(), offset_h=st.integers(1, 20), step_h=st.sampled_from([None, 1, 24]))
+def test_only_the_rates_that_meet_the_window_are_joined_and_the_figures_are_those_of_every_rate(
+        db: Any, monkeypatch: pytest.MonkeyPatch, uses: list[Use], tariffs: list[int], moved: int, whole_days: bool,
+        offset_h: int, step_h: int | None) -> None:
+    """A read joins only the rate ranges that meet its window's dates (billing.ledger.energy's
+    `within`): tariffs and a node's move before, inside and after the window, and every figure the
+    same as with every range joined, to the last digit."""
+    # One use in every window, on the node that moves: its energy is priced whatever else is drawn.
+    drawn = [u for u in uses if (u.gpu, u.hour) != (0, 30)]
+    with transaction.atomic():
+        gpus = _write([*drawn, Use(gpu=0, hour=30, tenant="acme", pod="p1", container="main", tier="gold",
+                                   units=(3_600_000_000,) * len(SUMS))])
+        east, west = (Location.objects.create(label=label, created_at=START) for label in ("east", "west"))
+        for i, day in enumerate(sorted(tariffs)):
+            for n, location in enumerate((east, west)):
+                LocationRate.objects.create(location=location, effective_from=START.date() + timedelta(days=day),
+                                            price_per_kwh=D(f"0.1{i}{n}"), currency="USD",
+                                            co2e_kg_per_kwh=D(f"0.3{i}{n}"), created_at=START)
+        node = gpus[0][0]
+        NodeLocation.objects.create(node=node, location=east, effective_from=START.date() - timedelta(days=9),
+                                    created_at=START)
+        NodeLocation.objects.create(node=node, location=west, effective_from=START.date() + timedelta(days=moved),
+                                    created_at=START)
+        window = (Window(START, START + timedelta(days=2)) if whole_days
+                  else Window(START + offset_h * HOUR, START + timedelta(days=2) - HOUR))
+        step = None if step_h is None else timedelta(hours=step_h)
+        for keys in (["pod"], ["namespace", "node"]):
+            def read(keys: list[str] = keys) -> list[list[dict[str, Any]]]:
+                sets = allocation_sets(FINANCE, window=window, aggregate=keys, step=step, include_idle=True)
+                return [[{f: _digits(v) for f, v in _figures(a).items()} for a in one.values()] for one in sets]
+
+            within = read()
+            monkeypatch.setattr(energy, "_IN_WINDOW", "")
+            every_range = read()
+            monkeypatch.undo()
+            assert within == every_range
+            assert any(a["energy_j"] != (0, (0,), -12) for one in within for a in one)
+        transaction.set_rollback(True)
