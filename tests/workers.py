@@ -32,7 +32,7 @@ _DEMO_ROLES = ("shared-demo", "soak")
 SERIAL_GROUP = "load-sensitive"
 SERIAL = (
     "tests/agents/test_shutdown.py::",  # an agent's start-up inside a few seconds' budget
-    "tests/bench/test_fleet_bench.py::",  # the fleet harness within its 110 s
+    "tests/bench/test_fleet_bench.py::",  # the fleet harness: its gunicorn and rollup processes waited for within deadlines
     # A guard on the fuzzing's wall time (the in-process schemathesis test has none: it is only slow).
     "tests/billing/test_openapi.py::test_schemathesis_on_a_live_server_",
     "tests/billing/test_retention.py::test_a_drop_gives_way_",  # ANALYZE within 2 s

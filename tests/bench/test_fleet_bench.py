@@ -30,6 +30,7 @@ CENT = Decimal("1e-6")  # the ledger keeps 12 decimals; sums over a few hundred 
 # concurrent mode beside the alternating one; v1 with one pod per slot for the whole run.
 CHURN = {"v2": (1, 2), "v1": (0, 0)}
 BEAT_S = 0.5
+HARNESS_LIMIT_S = 270
 
 
 def _run_harness(tmp_path: Path, wire: str) -> tuple[dict[str, Any], str]:
@@ -43,7 +44,9 @@ def _run_harness(tmp_path: Path, wire: str) -> tuple[dict[str, Any], str]:
                "--wire", wire, "--pod-minutes", *map(str, CHURN[wire])]
     if wire == "v2":
         command += ["--concurrent", "--rollup-every-s", str(BEAT_S)]
-    done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=110, check=False)
+    # About 28 s of wall time (25 s of CPU) alone on the 2-core machine; 90-110 s in the suite beside
+    # the shared demo's chain. The limit catches a harness that hangs, not a slow machine.
+    done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=HARNESS_LIMIT_S, check=False)
     log = (done.stdout + done.stderr)[-6000:]
     assert done.returncode == 0, log
     return json.loads(out.read_text()), log
@@ -62,7 +65,7 @@ def _pods_and_pod_minutes(wire: str) -> tuple[int, int]:
     return pods, pod_minutes
 
 
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(HARNESS_LIMIT_S + 20)
 @pytest.mark.parametrize("wire", ["v2", "v1"])
 def test_fleet_benchmark_accounts_for_every_sample_and_cent_at_each_meter_width(tmp_path: Path, wire: str) -> None:
     report, log = _run_harness(tmp_path, wire)
