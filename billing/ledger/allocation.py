@@ -398,7 +398,7 @@ def list_usage_groups(
             ("sum(u.energy_j)", "energy_j"), (energy_cost_sql(rates=rates), "energy_cost_jp"),
             (co2e_sql(rates=rates), "co2e_jkg"),
         )
-        joins = f"{energy_rate_join('u', 'at', rates=rates, within=True)}{requested.join}"
+        joins = f"{energy_rate_join('u', 'at', rates=rates, within=params)}{requested.join}"
     as_floats = (_FLOAT_SUMS - _COSTS if exact_costs else _FLOAT_SUMS) if floats else frozenset()
     sums = ", ".join(f"({sql})::float8 AS {name}" if name in as_floats else f"{sql} AS {name}" for sql, name in sum_columns)
     cost = floats and not exact_costs
@@ -618,7 +618,7 @@ def list_figure_rows(
     rows = reads.usage_rows(ledger, start, end, params, months=months, model=True, requested=True)
     base = (
         f"SELECT {', '.join(f'{expr[c]} AS {k[c]}' for c in columns)}, u.container::text AS container, "  # noqa: S608 - fixed SQL
-        f"{_BASE_COLUMNS} FROM {rows} u{node}{energy_rate_join('u', 'at', within=True)}{_meta_join(ledger, tenants)} "
+        f"{_BASE_COLUMNS} FROM {rows} u{node}{energy_rate_join('u', 'at', within=params)}{_meta_join(ledger, tenants)} "
         f"WHERE TRUE{where}"
     )
     sets: list[tuple[str, ...]] = [("tenant", "gpu_model", "sla_tier")]
@@ -725,7 +725,7 @@ def list_idle_rows(
         "sum(g.idle_energy_j * coalesce(er.price_per_kwh, 0)) AS energy_cost_jp, "
         "bool_and(g.idle_energy_j = 0 OR er.co2e_kg_per_kwh IS NOT NULL) AS co2e_known, "
         "sum(g.idle_energy_j * coalesce(er.co2e_kg_per_kwh, 0)) AS co2e_jkg "
-        f"FROM {ledger.gpu_table} g JOIN {_NODE} n ON n.id = g.node_id{energy_rate_join('g', at, rates=any_energy_rate() if rates is None else rates, within=True)}"
+        f"FROM {ledger.gpu_table} g JOIN {_NODE} n ON n.id = g.node_id{energy_rate_join('g', at, rates=any_energy_rate() if rates is None else rates, within=params)}"
         f"WHERE g.{at} >= %(start)s AND g.{at} < %(end)s{where} GROUP BY 1, 2) "
         f"SELECT c.set_start, {node} AS node, {cluster} AS cluster, c.platform_idle, c.metered_seconds, "
         "c.share_gpu_s, c.charge, coalesce(c.currency, '') AS currency, "
