@@ -256,6 +256,11 @@ def test_a_per_pod_answer_read_in_two_parts_side_by_side_is_the_answer_read_at_o
         assert sum(len(one) for one in beside) >= 3
 
 
+def _joined_as_the_subquery(usage: str, at: str, *, rates: bool = True, within: dict[str, Any] | None = None) -> str:
+    """energy_rate_join with every range joined as the subquery that finds them (no `within`)."""
+    return energy.energy_rate_join(usage, at, rates=rates)
+
+
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(uses=st.lists(_use, min_size=1, max_size=10, unique_by=lambda u: (u.gpu, u.hour, u.tenant, u.pod, u.container, u.tier)),
        tariffs=st.lists(st.integers(-3, 3), min_size=1, max_size=4, unique=True), moved=st.integers(-2, 2),
@@ -263,9 +268,10 @@ def test_a_per_pod_answer_read_in_two_parts_side_by_side_is_the_answer_read_at_o
 def test_only_the_rates_that_meet_the_window_are_joined_and_the_figures_are_those_of_every_rate(
         db: Any, monkeypatch: pytest.MonkeyPatch, uses: list[Use], tariffs: list[int], moved: int, whole_days: bool,
         offset_h: int, step_h: int | None) -> None:
-    """A read joins only the rate ranges that meet its window's dates (billing.ledger.energy's
-    `within`): tariffs and a node's move before, inside and after the window, and every figure the
-    same as with every range joined, to the last digit."""
+    """A read joins only the rate ranges that meet its window's dates, read first and joined as
+    arrays (billing.ledger.energy's `within`): tariffs and a node's move before, inside and after the
+    window, and every figure the same as with every range joined, as arrays and as the subquery that
+    finds them, to the last digit."""
     # One use in every window, on the node that moves: its energy is priced whatever else is drawn.
     drawn = [u for u in uses if (u.gpu, u.hour) != (0, 30)]
     with transaction.atomic():
@@ -294,6 +300,57 @@ def test_only_the_rates_that_meet_the_window_are_joined_and_the_figures_are_thos
             monkeypatch.setattr(energy, "_IN_WINDOW", "")
             every_range = read()
             monkeypatch.undo()
-            assert within == every_range
+            # And the ranges joined as the subquery that finds them, not read first as arrays.
+            monkeypatch.setattr(ledger, "energy_rate_join", _joined_as_the_subquery)
+            as_subquery = read()
+            monkeypatch.undo()
+            assert within == every_range == as_subquery
             assert any(a["energy_j"] != (0, (0,), -12) for one in within for a in one)
+        transaction.set_rollback(True)
+
+
+def _plan(sql: str, params: Any) -> str:
+    """The plan of a captured statement with Postgres told to run every statement it can on a
+    parallel worker (`debug_parallel_query`, `force_parallel_mode` before Postgres 16): a plan that
+    starts with a Gather may run on workers whole; a part only the statement's own process may run
+    keeps it off them. On the few rows of a test, the planner would choose no parallel plan else."""
+    with connection.cursor() as cur:
+        cur.execute("SHOW server_version_num")
+        (version,) = cur.fetchone()
+        mode = "debug_parallel_query" if int(version) >= 160000 else "force_parallel_mode"
+        cur.execute(f"SET LOCAL {mode} = on")
+        cur.execute(f"EXPLAIN {sql}", params)
+        return "\n".join(row[0] for row in cur.fetchall())
+
+
+def test_a_window_read_of_priced_energy_may_run_on_parallel_workers(db: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The rate ranges a window read joins are arrays, not the subquery of window functions that finds
+    them, which kept the join and the aggregation on the statement's own process (a week's hourly sets
+    at 1,000 GPUs had no parallel plan; docs/benchmarks.md, "Energy rate ranges joined as arrays")."""
+    with transaction.atomic():
+        gpus = _write([Use(gpu=g, hour=h, tenant="acme", pod=f"p{g}", container="main", tier="gold",
+                           units=(3_600_000_000,) * len(SUMS)) for g in range(2) for h in range(3)])
+        site = Location.objects.create(label="east", created_at=START)
+        LocationRate.objects.create(location=site, effective_from=START.date() - timedelta(days=3), currency="USD",
+                                    price_per_kwh=D("0.12"), co2e_kg_per_kwh=D("0.3"), created_at=START)
+        NodeLocation.objects.create(node=gpus[0][0], location=site, effective_from=START.date() - timedelta(days=3),
+                                    created_at=START)
+
+        def plan_of_the_read() -> str:
+            captured: list[tuple[str, Any]] = []
+
+            def keep(execute: Any, sql: str, params: Any, many: bool, context: Any) -> Any:
+                if "set_index" in sql:
+                    captured.append((sql, params))
+                return execute(sql, params, many, context)
+
+            with connection.execute_wrapper(keep):
+                ledger.list_usage_groups(start=START, end=START + timedelta(hours=3), starts=None, keys=["namespace"],
+                                         filters={}, tenants=None, by_node=False, rates=True)
+            (sql, params), = captured
+            return _plan(sql, params)
+
+        assert plan_of_the_read().startswith("Gather")
+        monkeypatch.setattr(ledger, "energy_rate_join", _joined_as_the_subquery)
+        assert not plan_of_the_read().startswith("Gather")  # what the arrays changed
         transaction.set_rollback(True)
