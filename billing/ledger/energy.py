@@ -70,22 +70,22 @@ def energy_rate_join(usage: str, at: str, *, rates: bool = True, within: dict[st
     window functions (the ranges' `lead`) and everything above it on the statement's own process,
     while a join to arrays lets it scan, join and aggregate the rows on parallel workers. A week's
     hourly sets at 1,000 GPUs: the statement 2.62-3.29 s -> 1.81-2.10 on the 2-core machine, the
-    same rows (docs/benchmarks.md, "Energy metered and priced..."). Read on the statement's
+    same rows (docs/benchmarks.md, "Energy rate ranges joined as arrays"). Read on the statement's
     connection: in one snapshot with it where the caller holds one (billing.queries.snapshot)."""
     if not rates:
         return _NO_RATE
     day = f"({usage}.{at} AT TIME ZONE 'UTC')::date"
     if within is None:
-        ranges = f"({_RATES_BY_NODE})"
+        ranges = f"({_RATES_BY_NODE}) er"
     else:
         within.update(_ranges_meeting(within["start"], within["end"]))
-        ranges = ("unnest(%(er_node)s::bigint[], %(er_f)s::date[], %(er_t)s::date[], %(er_price)s::numeric[], "
-                  "%(er_co2e)s::numeric[])")
-    return (f" LEFT JOIN {ranges} er{_ER_COLUMNS if within is not None else ''} ON er.node_id = {usage}.node_id "
-            f"AND {day} >= er.f AND {day} < er.t ")
+        ranges = _RANGES_AS_ARRAYS
+    return f" LEFT JOIN {ranges} ON er.node_id = {usage}.node_id AND {day} >= er.f AND {day} < er.t "
 
 
-_ER_COLUMNS = "(node_id, f, t, price_per_kwh, co2e_kg_per_kwh)"
+# _ranges_meeting's arrays as the rows of `er`.
+_RANGES_AS_ARRAYS = ("unnest(%(er_node)s::bigint[], %(er_f)s::date[], %(er_t)s::date[], %(er_price)s::numeric[], "
+                     "%(er_co2e)s::numeric[]) er(node_id, f, t, price_per_kwh, co2e_kg_per_kwh)")
 
 # The rate ranges that meet the UTC dates of [%(start)s, %(end)s): a range [f, t) holds a row's date d
 # only if f <= d < t, and start's date <= d <= end's date.
