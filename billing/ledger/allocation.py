@@ -28,7 +28,7 @@ from typing import Any, NamedTuple
 
 from billing.figures import FIGURE_LEVELS, FigureRow
 from billing.ledger import reads
-from billing.ledger.energy import any_energy_rate, co2e_sql, energy_cost_sql, energy_rate_join
+from billing.ledger.energy import any_energy_rate, energy_rate_join, window_energy
 from billing.ledger.models import WorkloadMeta
 from billing.ledger.reads import fetch_rows, period_read_cursor
 from billing.ledger.requests import row_requested_sql, stored_requested
@@ -384,7 +384,7 @@ def list_usage_groups(
     if requested is None:
         sum_columns, joins = _LEAN_SUMS, ""
     else:
-        rates = any_energy_rate() if rates is None else rates
+        energy = window_energy("u", "at", "energy_j", rates=any_energy_rate() if rates is None else rates, within=params)
         # A group's requested figure is known only if every one of its rows' is: its request (a row's
         # seconds are never NULL), not the product, which Postgres would compute a second time per row
         # (~0.1 s of a week's hourly sets at 1,000 GPUs).
@@ -395,10 +395,9 @@ def list_usage_groups(
             (f"CASE WHEN bool_and({requested.mem_mb} IS NOT NULL) THEN sum({requested.mem_mb}) END", "mem_requested_mb_s"),
             ("sum(u.sm_used_s)", "sm_used_s"), ("sum(u.sm_granted_s)", "sm_granted_s"),
             (f"CASE WHEN bool_and({requested.sm} IS NOT NULL) THEN sum({requested.sm}) END", "sm_requested_s"),
-            ("sum(u.energy_j)", "energy_j"), (energy_cost_sql(rates=rates), "energy_cost_jp"),
-            (co2e_sql(rates=rates), "co2e_jkg"),
+            ("sum(u.energy_j)", "energy_j"), (energy.cost, "energy_cost_jp"), (energy.co2e, "co2e_jkg"),
         )
-        joins = f"{energy_rate_join('u', 'at', rates=rates, within=params)}{requested.join}"
+        joins = f"{energy.join}{requested.join}"
     as_floats = (_FLOAT_SUMS - _COSTS if exact_costs else _FLOAT_SUMS) if floats else frozenset()
     sums = ", ".join(f"({sql})::float8 AS {name}" if name in as_floats else f"{sql} AS {name}" for sql, name in sum_columns)
     cost = floats and not exact_costs
@@ -715,22 +714,18 @@ def list_idle_rows(
     at = ledger.at
     node, cluster = ("n.name", _KEY_SQL["cluster"]) if by_node else ("''", "''")
     node_join = f" JOIN {_NODE} n ON n.id = c.node_id" if by_node else ""
+    energy = window_energy("g", at, "idle_energy_j", rates=any_energy_rate() if rates is None else rates, within=params)
     sql = (
         # The GPU rows per set (and node): energy is priced per GPU row, by its date.
         f"WITH cards AS (SELECT {_set_sql(at, 'g', starts, params)} AS set_start, {cards_by} AS node_id, "  # noqa: S608 - fixed SQL
         "sum(g.idle_cost - g.idle_allocated) AS platform_idle, sum(g.metered_seconds) AS metered_seconds, "
         "sum(g.share_gpu_s) AS share_gpu_s, sum(g.charged) AS charge, "
         "max(nullif(g.currency, '')) AS currency, sum(g.idle_energy_j) AS idle_energy_j, "
-        "bool_and(g.idle_energy_j = 0 OR er.price_per_kwh IS NOT NULL) AS cost_known, "
-        "sum(g.idle_energy_j * coalesce(er.price_per_kwh, 0)) AS energy_cost_jp, "
-        "bool_and(g.idle_energy_j = 0 OR er.co2e_kg_per_kwh IS NOT NULL) AS co2e_known, "
-        "sum(g.idle_energy_j * coalesce(er.co2e_kg_per_kwh, 0)) AS co2e_jkg "
-        f"FROM {ledger.gpu_table} g JOIN {_NODE} n ON n.id = g.node_id{energy_rate_join('g', at, rates=any_energy_rate() if rates is None else rates, within=params)}"
+        f"{energy.cost} AS energy_cost_jp, {energy.co2e} AS co2e_jkg "
+        f"FROM {ledger.gpu_table} g JOIN {_NODE} n ON n.id = g.node_id{energy.join} "
         f"WHERE g.{at} >= %(start)s AND g.{at} < %(end)s{where} GROUP BY 1, 2) "
         f"SELECT c.set_start, {node} AS node, {cluster} AS cluster, c.platform_idle, c.metered_seconds, "
-        "c.share_gpu_s, c.charge, coalesce(c.currency, '') AS currency, "
-        "c.idle_energy_j, CASE WHEN c.cost_known THEN c.energy_cost_jp END AS energy_cost_jp, "
-        "CASE WHEN c.co2e_known THEN c.co2e_jkg END AS co2e_jkg "
+        "c.share_gpu_s, c.charge, coalesce(c.currency, '') AS currency, c.idle_energy_j, c.energy_cost_jp, c.co2e_jkg "
         f"FROM cards c{node_join}"
     )
     with period_read_cursor(_GROUP_READ_SETTINGS) as cur:

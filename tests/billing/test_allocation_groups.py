@@ -256,22 +256,25 @@ def test_a_per_pod_answer_read_in_two_parts_side_by_side_is_the_answer_read_at_o
         assert sum(len(one) for one in beside) >= 3
 
 
-def _joined_as_the_subquery(usage: str, at: str, *, rates: bool = True, within: dict[str, Any] | None = None) -> str:
-    """energy_rate_join with every range joined as the subquery that finds them (no `within`)."""
-    return energy.energy_rate_join(usage, at, rates=rates)
+def _joined_as_the_subquery(usage: str, at: str, within: dict[str, Any], found: Any) -> str:
+    """billing.ledger.energy's join of a window's ranges, as the subquery that finds every range
+    instead of the arrays of those that meet the window."""
+    return energy._range_join(usage, at, f"({energy._RATES_BY_NODE}) er")
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(uses=st.lists(_use, min_size=1, max_size=10, unique_by=lambda u: (u.gpu, u.hour, u.tenant, u.pod, u.container, u.tier)),
        tariffs=st.lists(st.integers(-3, 3), min_size=1, max_size=4, unique=True), moved=st.integers(-2, 2),
-       whole_days=st.booleans(), offset_h=st.integers(1, 20), step_h=st.sampled_from([None, 1, 24]))
-def test_only_the_rates_that_meet_the_window_are_joined_and_the_figures_are_those_of_every_rate(
+       whole_days=st.booleans(), offset_h=st.integers(1, 20), step_h=st.sampled_from([None, 1, 24]),
+       blank=st.integers(-1, 3))
+def test_a_windows_rates_as_classes_or_joined_give_the_figures_of_every_rate(
         db: Any, monkeypatch: pytest.MonkeyPatch, uses: list[Use], tariffs: list[int], moved: int, whole_days: bool,
-        offset_h: int, step_h: int | None) -> None:
-    """A read joins only the rate ranges that meet its window's dates, read first and joined as
-    arrays (billing.ledger.energy's `within`): tariffs and a node's move before, inside and after the
-    window, and every figure the same as with every range joined, as arrays and as the subquery that
-    finds them, to the last digit."""
+        offset_h: int, step_h: int | None, blank: int) -> None:
+    """A read prices energy with only the rate ranges that meet its window's dates, read first: as
+    classes summed per class (billing.ledger.energy.window_energy), or joined as arrays where the
+    classes are too many. Tariffs and a node's move before, inside and after the window, a tariff
+    without a price (east) or a factor (west), and every figure the same all three ways and as with
+    every range joined as the subquery that finds them, to the last digit."""
     # One use in every window, on the node that moves: its energy is priced whatever else is drawn.
     drawn = [u for u in uses if (u.gpu, u.hour) != (0, 30)]
     with transaction.atomic():
@@ -281,8 +284,9 @@ def test_only_the_rates_that_meet_the_window_are_joined_and_the_figures_are_thos
         for i, day in enumerate(sorted(tariffs)):
             for n, location in enumerate((east, west)):
                 LocationRate.objects.create(location=location, effective_from=START.date() + timedelta(days=day),
-                                            price_per_kwh=D(f"0.1{i}{n}"), currency="USD",
-                                            co2e_kg_per_kwh=D(f"0.3{i}{n}"), created_at=START)
+                                            price_per_kwh=None if (i, n) == (blank, 0) else D(f"0.1{i}{n}"),
+                                            currency="USD", created_at=START,
+                                            co2e_kg_per_kwh=None if (i, n) == (blank, 1) else D(f"0.3{i}{n}"))
         node = gpus[0][0]
         NodeLocation.objects.create(node=node, location=east, effective_from=START.date() - timedelta(days=9),
                                     created_at=START)
@@ -296,16 +300,17 @@ def test_only_the_rates_that_meet_the_window_are_joined_and_the_figures_are_thos
                 sets = allocation_sets(FINANCE, window=window, aggregate=keys, step=step, include_idle=True)
                 return [[{f: _digits(v) for f, v in _figures(a).items()} for a in one.values()] for one in sets]
 
-            within = read()
+            as_classes = read()
+            monkeypatch.setattr(energy, "_MAX_CLASSES", -1)  # no classes: the ranges joined as arrays
+            joined = read()
             monkeypatch.setattr(energy, "_IN_WINDOW", "")
             every_range = read()
-            monkeypatch.undo()
             # And the ranges joined as the subquery that finds them, not read first as arrays.
-            monkeypatch.setattr(ledger, "energy_rate_join", _joined_as_the_subquery)
+            monkeypatch.setattr(energy, "_arrays_join", _joined_as_the_subquery)
             as_subquery = read()
             monkeypatch.undo()
-            assert within == every_range == as_subquery
-            assert any(a["energy_j"] != (0, (0,), -12) for one in within for a in one)
+            assert as_classes == joined == every_range == as_subquery
+            assert any(a["energy_j"] != (0, (0,), -12) for one in as_classes for a in one)
         transaction.set_rollback(True)
 
 
@@ -324,9 +329,10 @@ def _plan(sql: str, params: Any) -> str:
 
 
 def test_a_window_read_of_priced_energy_may_run_on_parallel_workers(db: Any, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The rate ranges a window read joins are arrays, not the subquery of window functions that finds
-    them, which kept the join and the aggregation on the statement's own process (a week's hourly sets
-    at 1,000 GPUs had no parallel plan; docs/benchmarks.md, "Energy rate ranges joined as arrays")."""
+    """A window read prices energy by rate classes, or joins its rate ranges as arrays, never as the
+    subquery of window functions that finds them, which kept the join and the aggregation on the
+    statement's own process (a week's hourly sets at 1,000 GPUs had no parallel plan;
+    docs/benchmarks.md, "Energy rate ranges joined as arrays")."""
     with transaction.atomic():
         gpus = _write([Use(gpu=g, hour=h, tenant="acme", pod=f"p{g}", container="main", tier="gold",
                            units=(3_600_000_000,) * len(SUMS)) for g in range(2) for h in range(3)])
@@ -350,7 +356,13 @@ def test_a_window_read_of_priced_energy_may_run_on_parallel_workers(db: Any, mon
             (sql, params), = captured
             return _plan(sql, params)
 
-        assert plan_of_the_read().startswith("Gather")
-        monkeypatch.setattr(ledger, "energy_rate_join", _joined_as_the_subquery)
+        as_classes = plan_of_the_read()
+        assert as_classes.startswith("Gather")
+        assert "er.node_id" not in as_classes  # no join to the rate ranges
+        monkeypatch.setattr(energy, "_MAX_CLASSES", -1)
+        joined = plan_of_the_read()
+        assert joined.startswith("Gather")
+        assert "er.node_id" in joined
+        monkeypatch.setattr(energy, "_arrays_join", _joined_as_the_subquery)
         assert not plan_of_the_read().startswith("Gather")  # what the arrays changed
         transaction.set_rollback(True)
