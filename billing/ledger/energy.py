@@ -153,9 +153,10 @@ def window_energy(usage: str, at: str, energy: str, *, rates: bool, within: dict
     an array per date segment (_rate_classes), and a group's Σ joules × price is Σ over the classes
     of the class's price × the group's joules of that class, summed per class (FILTER), exact as the
     products per row (numeric arithmetic adds and multiplies without rounding). The join of every
-    row to its node's ranges and a product per row were 0.2 s of a week's hourly sets at 1,000
-    GPUs, about a sixth (docs/benchmarks.md, "Energy rates as classes"). Else the ranges are joined
-    as arrays (energy_rate_join's `within`)."""
+    row to its node's ranges and a product per row were 0.23-0.27 s of a week's hourly sets at 1,000
+    GPUs (1.16-1.20 -> 0.93 s; docs/benchmarks.md, "Energy rates as classes"); a price looked up per
+    row without the join gained nothing. Else the ranges are joined as arrays (energy_rate_join's
+    `within`)."""
     if not rates:
         return EnergySums("", energy_cost_sql(usage, energy, rates=False), co2e_sql(usage, energy, rates=False))
     found = _ranges_meeting(within["start"], within["end"])
