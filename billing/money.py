@@ -71,17 +71,27 @@ _CONTEXT = Context(prec=50)
 QUANTITY_PLACES = {"gpu_hours": 4, "gb_h": 4, "sm_h": 4, "seconds": 0, "mb_s": 0, "sm_s": 0, "percent": 1}
 
 
+@functools.cache
+def _quantum(places: int) -> Decimal:
+    return Decimal(1).scaleb(-places)
+
+
+def _half_even(value: Decimal, places: int) -> Decimal:
+    """`value` rounded once, half-even, to `places` decimals, in _CONTEXT. The context is passed, not
+    entered: a per-pod month's answer or CSV rounds ~100k figures, and entering a local context
+    for each was as long as the rounding (the flags it sets are never read)."""
+    return value.quantize(_quantum(places), rounding=ROUND_HALF_EVEN, context=_CONTEXT)
+
+
 def ledger_amount(value: Decimal) -> Decimal:
     """Quantize a computed amount to ledger precision (half-even)."""
-    with localcontext(_CONTEXT):
-        return value.quantize(LEDGER_QUANTUM, rounding=ROUND_HALF_EVEN)
+    return _half_even(value, LEDGER_PLACES)
 
 
 def unit_price(value: Decimal) -> Decimal:
     """A derived price per unit (an amortised rate per GPU-hour) rounded once, half-even, to
     PRICE_PLACES: the precision every stored price has."""
-    with localcontext(_CONTEXT):
-        return value.quantize(Decimal(1).scaleb(-PRICE_PLACES), rounding=ROUND_HALF_EVEN)
+    return _half_even(value, PRICE_PLACES)
 
 
 def minor_unit_exponent(currency: str) -> int:
@@ -108,8 +118,7 @@ def format_minor_units(minor: int, currency: str) -> str:
 def display_amount(amount: Decimal, currency: str = "") -> Decimal:
     """A ledger amount rounded (half-even) to the currency's minor unit, for showing only; an
     unknown or empty currency shows 2 places. Stored amounts are never rounded here."""
-    with localcontext(_CONTEXT):
-        return amount.quantize(Decimal(1).scaleb(-minor_unit_exponent(currency)), rounding=ROUND_HALF_EVEN)
+    return _half_even(amount, minor_unit_exponent(currency))
 
 
 def money_text(value: object, currency: str = "") -> str:
@@ -262,9 +271,7 @@ def round_parts(parts: Sequence[Decimal], currency: str = "") -> tuple[list[Deci
 def round_quantities(parts: Sequence[Decimal], places: int) -> tuple[list[Decimal], Decimal]:
     """`round_parts` for quantities (GPU-hours, GB·h...): each to `places` decimals, half-even,
     and the total the sum of the rounded parts."""
-    quantum = Decimal(1).scaleb(-places)
-    with localcontext(_CONTEXT):
-        rounded = [p.quantize(quantum, rounding=ROUND_HALF_EVEN) for p in parts]
+    rounded = [_half_even(p, places) for p in parts]
     return rounded, _exact_sum(rounded, places)
 
 
@@ -287,8 +294,7 @@ def amount_text(amount: Decimal, currency: str) -> str:
 
 def quantity_text(value: Decimal, places: int) -> str:
     """A quantity as a CSV writes it: `places` decimals (half-even), no grouping, no exponent."""
-    with localcontext(_CONTEXT):
-        return f"{value.quantize(Decimal(1).scaleb(-places), rounding=ROUND_HALF_EVEN):.{places}f}"
+    return f"{_half_even(value, places):.{places}f}"
 
 
 def _exact_sum(values: Sequence[Decimal], places: int) -> Decimal:
