@@ -168,6 +168,9 @@ def run_measurements(args: argparse.Namespace, now: datetime) -> list[wp.Result]
         ("tenant", f"month, aggregate=pod, tenant scope ({big})", sets(aggregate=["pod"], scope_=tenant_scope)),
         ("hours", "7 days not on midnights (hour ledger), aggregate=namespace, step=1h",
          sets(aggregate=["namespace"], window=hours, step=timedelta(hours=1), include_idle=True)),
+        # Every hour row of the month, one set per hour (docs/scaling.md, "Long windows at an hour's step").
+        ("month_hours", "month, aggregate=namespace, step=1h, includeIdle (744 sets of the hour ledger)",
+         sets(aggregate=["namespace"], step=timedelta(hours=1), include_idle=True)),
         ("http", "GET /allocation/compute, month, aggregate=namespace,label:app, includeIdle",
          wp._client_get(client, f"/allocation/compute?{q}&aggregate=namespace,label:app&includeIdle=true")),
         # The per-pod month as a client receives it: the query above plus tens of MB of JSON.
