@@ -170,9 +170,11 @@ def window_energy(usage: str, at: str, energy: str, *, rates: bool, within: dict
                       _class_sum(usage, energy, factors, "rc_co2e", within))
 
 
-# At most this many distinct (price, factor) pairs among the ranges a window meets: a FILTER per
-# class per group (a fleet prices its sites in a handful of tariffs); and at most this many array
-# elements (nodes x date segments) written into the statement. Beyond either, the arrays' join.
+# At most this many distinct (price, factor) pairs among the ranges a window meets: each class is a
+# FILTER per group that evaluates the row's class again, and at 8 the week's hourly statement gained
+# only a tenth over the join (2: a quarter; docs/benchmarks.md, "Energy rates as classes"). A fleet
+# prices its sites in a handful of tariffs. And at most this many array elements (nodes x date
+# segments) written into the statement. Beyond either, the arrays' join.
 _MAX_CLASSES = 8
 _MAX_ELEMENTS = 100_000
 
