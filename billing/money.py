@@ -36,7 +36,6 @@ from billing.currencies import MINOR_UNITS
 
 __all__ = [
     "LEDGER_PLACES",
-    "LEDGER_QUANTUM",
     "MINOR_UNIT_EXPONENT",
     "QUANTITY_PLACES",
     "allocate",
@@ -61,7 +60,6 @@ __all__ = [
 LEDGER_PLACES = 12
 # A price per unit (per GPU-hour) keeps 6 places, as rate cards store it.
 PRICE_PLACES = 6
-LEDGER_QUANTUM = Decimal(1).scaleb(-LEDGER_PLACES)
 # ISO 4217 minor units (billing.currencies, the one list); an unknown code gets 2.
 MINOR_UNIT_EXPONENT = MINOR_UNITS
 _CONTEXT = Context(prec=50)
