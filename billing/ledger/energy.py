@@ -94,13 +94,11 @@ def _utc_date(usage: str, at: str) -> str:
 
 
 def _arrays_join(usage: str, at: str, within: dict[str, Any], found: list[_Range]) -> str:
-    """The ranges `found` joined as arrays put in `within` (energy_rate_join's `within`)."""
-    columns = list(zip(*found, strict=True)) if found else [(), (), (), (), ()]
-    for name, values in zip(("er_node", "er_f", "er_t", "er_price", "er_co2e"), columns, strict=True):
-        within[name] = list(values)
-    # The dates as text: a range open to the future ends at 'infinity', which no Python date holds.
-    within["er_f"] = [d.isoformat() for d in within["er_f"]]
-    within["er_t"] = ["infinity" if d == date.max else d.isoformat() for d in within["er_t"]]
+    """The ranges `found` joined as arrays put in `within` (energy_rate_join's `within`). The dates
+    as text: a range open to the future ends at 'infinity', which no Python date holds."""
+    within.update(er_node=[r.node_id for r in found], er_f=[r.f.isoformat() for r in found],
+                  er_t=["infinity" if r.t == date.max else r.t.isoformat() for r in found],
+                  er_price=[r.price for r in found], er_co2e=[r.co2e for r in found])
     return _range_join(usage, at, _RANGES_AS_ARRAYS)
 
 
